@@ -1,0 +1,47 @@
+# preforkd — see README.md. `make run` and `make test` do all the set-up.
+GO ?= go
+BIN := bin/preforkd
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo none)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+
+.PHONY: all build run test test-race fuzz bench model lint clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/preforkd
+
+run: build
+	./$(BIN) run -config examples/preforkd.toml
+
+# The whole proof: vet, unit and multi-process tests, the race detector on
+# the goroutine tests, a short fuzz of every parser, and the spin model.
+test: lint
+	$(GO) test -count=1 -timeout 10m ./...
+	$(GO) test -count=1 -race -timeout 10m ./...
+	$(MAKE) fuzz FUZZTIME=10s
+	$(MAKE) model
+
+FUZZTIME ?= 30s
+fuzz:
+	@set -e; for spec in $$($(GO) test -list '^Fuzz' ./... 2>/dev/null | awk '/^ok/{pkg=$$2} /^Fuzz/{print pkg":"$$1}'); do \
+		pkg=$${spec%%:*}; fn=$${spec##*:}; \
+		echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null || \
+			{ echo "FAIL: fuzz $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime 1x $$pkg; exit 1; }; \
+	done
+
+bench:
+	bash bench/bench.sh
+
+model:
+	bash model/check.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,212 @@
+package bucket
+
+import (
+	"fmt"
+	"time"
+)
+
+// Algorithm selects how a rule counts.
+type Algorithm uint8
+
+const (
+	// GCRA is the generic cell rate algorithm: a token bucket of Burst
+	// tokens refilled smoothly at Limit per Window, with no rounding loss
+	// (its state is the theoretical arrival time, in microseconds).
+	GCRA Algorithm = iota
+	// FixedWindow lets exactly Limit requests through per aligned Window.
+	FixedWindow
+)
+
+func (a Algorithm) String() string {
+	switch a {
+	case GCRA:
+		return "gcra"
+	case FixedWindow:
+		return "fixed-window"
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm parses "gcra" or "fixed-window".
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch s {
+	case "gcra", "":
+		return GCRA, nil
+	case "fixed-window":
+		return FixedWindow, nil
+	}
+	return 0, fmt.Errorf("bucket: unknown algorithm %q (want gcra or fixed-window)", s)
+}
+
+// Limits of the payload encoding.
+const (
+	MaxLimit  = 1<<countBits - 1                       // requests per window (and burst)
+	MaxWindow = (1<<windowBits - 1) * time.Microsecond // ~203 days
+	MinWindow = time.Millisecond
+
+	countBits  = 20 // fixed window: count in the low bits
+	widxBits   = 28 // fixed window: window index modulo 2^28 in the high bits
+	widxMask   = 1<<widxBits - 1
+	countMask  = 1<<countBits - 1
+	payloadMax = 1<<48 - 1
+	windowBits = 44 // meta: window in microseconds
+)
+
+// Decision is the answer to one request, with what the rate-limit headers
+// need.
+type Decision struct {
+	Allowed    bool
+	Limit      int64         // the rule's limit per window
+	Remaining  int64         // requests still allowed now, after this one
+	ResetAfter time.Duration // until the state is as a fresh key's (bucket full / window over)
+	RetryAfter time.Duration // until the next request can pass; 0 when allowed
+	// Full is set when no slot could be had for the key and the rule's
+	// on_full policy answered (Allowed says how).
+	Full bool
+}
+
+// Policy is a rule compiled for decisions: pure functions over one
+// 48-bit payload and `now` (region time). The zero payload is a fresh key.
+type Policy struct {
+	algo   Algorithm
+	limit  int64
+	burst  int64
+	window int64 // µs
+	t      int64 // GCRA emission interval, µs, rounded up so the rate is never exceeded
+	tau    int64 // GCRA capacity in time: burst × t
+}
+
+// Take decides one request at now against payload and returns the payload
+// to store when it is allowed. A refusal changes nothing.
+func (p *Policy) Take(payload uint64, now time.Duration) (next uint64, d Decision) {
+	us := max(int64(now/time.Microsecond), 0)
+	if p.algo == FixedWindow {
+		return p.takeWindow(payload, us)
+	}
+	return p.takeGCRA(payload, us)
+}
+
+// Peek reports what the state means at now without taking anything:
+// Remaining is what could still pass, Allowed whether one more would.
+func (p *Policy) Peek(payload uint64, now time.Duration) Decision {
+	_, d := p.Take(payload, now)
+	if d.Allowed {
+		d.Remaining++
+	}
+	return d
+}
+
+// Refund gives back one request taken at or before now, as if it had not
+// been served. It never gives back more than was taken in the current
+// window (fixed window) or than the bucket holds (GCRA).
+func (p *Policy) Refund(payload uint64, now time.Duration) (next uint64, changed bool) {
+	if payload == 0 {
+		return 0, false
+	}
+	us := max(int64(now/time.Microsecond), 0)
+	if p.algo == FixedWindow {
+		_, cnt, over := p.window3(payload, us)
+		if over || cnt == 0 {
+			return payload, false
+		}
+		return payload - 1, true
+	}
+	tat := int64(payload)
+	if tat <= us {
+		return payload, false
+	}
+	tat = max(tat-p.t, us)
+	return uint64(tat), true
+}
+
+// Fresh reports whether payload is equivalent at now to a key never seen.
+func (p *Policy) Fresh(payload uint64, now time.Duration) bool {
+	return fresh(p.algo, p.window, payload, max(int64(now/time.Microsecond), 0))
+}
+
+func fresh(algo Algorithm, window int64, payload uint64, us int64) bool {
+	if payload == 0 {
+		return true
+	}
+	if algo == FixedWindow {
+		widx := uint64(us/window) & widxMask
+		stored := payload >> countBits
+		return payload&countMask == 0 || widxDiff(widx, stored) > 0
+	}
+	return int64(payload) <= us
+}
+
+// widxDiff is cur − stored as a signed distance modulo 2^28.
+func widxDiff(cur, stored uint64) int64 {
+	d := int64((cur - stored) & widxMask)
+	if d >= 1<<(widxBits-1) {
+		d -= 1 << widxBits
+	}
+	return d
+}
+
+// window3 decodes a fixed-window payload at us: the absolute index of the
+// window to count in and its count so far. That is the current window, or
+// the stored one if it is later (the clock went backwards: that grants
+// nothing); over reports that the stored window has ended.
+func (p *Policy) window3(payload uint64, us int64) (abs int64, cnt int64, over bool) {
+	now := us / p.window
+	if payload == 0 {
+		return now, 0, true
+	}
+	d := widxDiff(uint64(now)&widxMask, payload>>countBits)
+	if d > 0 {
+		return now, 0, true
+	}
+	return now - d, int64(payload & countMask), false
+}
+
+func (p *Policy) takeWindow(payload uint64, us int64) (uint64, Decision) {
+	abs, cnt, _ := p.window3(payload, us)
+	reset := time.Duration((abs+1)*p.window-us) * time.Microsecond
+	d := Decision{Limit: p.limit, ResetAfter: reset}
+	if cnt >= p.limit {
+		d.RetryAfter = reset
+		return payload, d
+	}
+	cnt++
+	d.Allowed = true
+	d.Remaining = p.limit - cnt
+	return uint64(abs)&widxMask<<countBits | uint64(cnt), d
+}
+
+func (p *Policy) takeGCRA(payload uint64, us int64) (uint64, Decision) {
+	tat := max(int64(payload), us) // a clock that went back finds tat ahead: nothing granted
+	next := tat + p.t
+	d := Decision{Limit: p.limit}
+	if next-us > p.tau {
+		// Allowed once next − t − tau ≤ now.
+		d.RetryAfter = time.Duration(next-p.tau-us) * time.Microsecond
+		d.ResetAfter = time.Duration(tat-us) * time.Microsecond
+		return payload, d
+	}
+	if next > payloadMax {
+		next = payloadMax
+	}
+	d.Allowed = true
+	d.Remaining = (p.tau - (next - us)) / p.t
+	d.ResetAfter = time.Duration(next-us) * time.Microsecond
+	return uint64(next), d
+}
+
+// Meta describes the rule in a slot, for a stranger to judge freshness:
+// tag (16 bits) · algorithm (4 bits) · window in µs (44 bits).
+func (p *Policy) meta(tag uint16) uint64 {
+	return uint64(tag)<<48 | uint64(p.algo)<<windowBits | uint64(p.window)
+}
+
+// Fresh is the table-wide freshness judgement for slots written by
+// limiters of this package (see shm.Counters.SetFresh).
+func Fresh(meta, payload uint64, now time.Duration) bool {
+	algo := Algorithm(meta >> windowBits & 0xf)
+	window := int64(meta & (1<<windowBits - 1))
+	if window <= 0 {
+		return payload == 0
+	}
+	return fresh(algo, window, payload, max(int64(now/time.Microsecond), 0))
+}

@@ -1,0 +1,277 @@
+package bucket
+
+import (
+	"testing"
+	"time"
+)
+
+// step is one request at a fixed instant and what it must get.
+type step struct {
+	at        time.Duration
+	allowed   bool
+	remaining int64
+	retry     time.Duration // checked when non-zero
+	reset     time.Duration // checked when non-zero
+}
+
+func run(t *testing.T, r Rule, steps []step) {
+	t.Helper()
+	p, err := r.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payload uint64
+	for i, s := range steps {
+		next, d := p.Take(payload, s.at)
+		if d.Allowed != s.allowed || d.Remaining != s.remaining {
+			t.Fatalf("step %d at %v: allowed=%v remaining=%d, want %v %d (%+v)", i, s.at, d.Allowed, d.Remaining, s.allowed, s.remaining, d)
+		}
+		if s.retry != 0 && d.RetryAfter != s.retry {
+			t.Fatalf("step %d at %v: retry after %v, want %v", i, s.at, d.RetryAfter, s.retry)
+		}
+		if s.reset != 0 && d.ResetAfter != s.reset {
+			t.Fatalf("step %d at %v: reset after %v, want %v", i, s.at, d.ResetAfter, s.reset)
+		}
+		if !d.Allowed && next != payload {
+			t.Fatalf("step %d: a refusal changed the state", i)
+		}
+		if d.Allowed && d.RetryAfter != 0 {
+			t.Fatalf("step %d: allowed with a retry-after", i)
+		}
+		payload = next
+	}
+}
+
+const s = time.Second
+
+func TestFixedWindow(t *testing.T) {
+	r := Rule{Name: "fw", Limit: 3, Window: 10 * s, Algorithm: FixedWindow}
+	run(t, r, []step{
+		{at: 100 * s, allowed: true, remaining: 2, reset: 10 * s},
+		{at: 101 * s, allowed: true, remaining: 1, reset: 9 * s},
+		{at: 109 * s, allowed: true, remaining: 0, reset: 1 * s},
+		{at: 109*s + 500*time.Millisecond, allowed: false, remaining: 0, retry: 500 * time.Millisecond},
+		// The window rolls at 110 s: a fresh count.
+		{at: 110 * s, allowed: true, remaining: 2, reset: 10 * s},
+		{at: 110 * s, allowed: true, remaining: 1},
+		{at: 110 * s, allowed: true, remaining: 0},
+		{at: 110 * s, allowed: false, remaining: 0, retry: 10 * s},
+		// Several windows later: fresh again.
+		{at: 200 * s, allowed: true, remaining: 2},
+	})
+}
+
+func TestFixedWindowClockBackwards(t *testing.T) {
+	r := Rule{Name: "fw", Limit: 2, Window: 10 * s, Algorithm: FixedWindow}
+	run(t, r, []step{
+		{at: 25 * s, allowed: true, remaining: 1},
+		{at: 25 * s, allowed: true, remaining: 0},
+		// The clock goes back into the previous window: that is no new
+		// window, the later one still counts.
+		{at: 15 * s, allowed: false, remaining: 0, retry: 15 * s},
+		{at: 29 * s, allowed: false, remaining: 0, retry: 1 * s},
+		{at: 30 * s, allowed: true, remaining: 1},
+	})
+}
+
+func TestGCRA(t *testing.T) {
+	// 5 per minute, burst 5: one token every 12 s.
+	r := Rule{Name: "g", Limit: 5, Window: time.Minute}
+	run(t, r, []step{
+		{at: 1000 * s, allowed: true, remaining: 4, reset: 12 * s},
+		{at: 1000 * s, allowed: true, remaining: 3},
+		{at: 1000 * s, allowed: true, remaining: 2},
+		{at: 1000 * s, allowed: true, remaining: 1},
+		{at: 1000 * s, allowed: true, remaining: 0, reset: 60 * s},
+		{at: 1000 * s, allowed: false, remaining: 0, retry: 12 * s, reset: 60 * s},
+		{at: 1011 * s, allowed: false, remaining: 0, retry: 1 * s},
+		// One token back after 12 s.
+		{at: 1012 * s, allowed: true, remaining: 0},
+		{at: 1012 * s, allowed: false, remaining: 0, retry: 12 * s},
+		// Fully refilled after a window of quiet.
+		{at: 1100 * s, allowed: true, remaining: 4},
+	})
+}
+
+func TestGCRABurst(t *testing.T) {
+	// 10 per second with a burst of 2: two at once, then one per 100 ms.
+	r := Rule{Name: "g", Limit: 10, Window: s, Burst: 2}
+	ms := time.Millisecond
+	run(t, r, []step{
+		{at: 5 * s, allowed: true, remaining: 1},
+		{at: 5 * s, allowed: true, remaining: 0},
+		{at: 5 * s, allowed: false, retry: 100 * ms},
+		{at: 5*s + 50*ms, allowed: false, retry: 50 * ms},
+		{at: 5*s + 100*ms, allowed: true, remaining: 0},
+		{at: 5*s + 300*ms, allowed: true, remaining: 1},
+	})
+}
+
+func TestGCRAClockBackwards(t *testing.T) {
+	r := Rule{Name: "g", Limit: 2, Window: 10 * s}
+	run(t, r, []step{
+		{at: 100 * s, allowed: true, remaining: 1},
+		{at: 100 * s, allowed: true, remaining: 0},
+		// Going back a minute grants nothing.
+		{at: 40 * s, allowed: false, retry: 65 * s},
+		{at: 104 * s, allowed: false, retry: 1 * s},
+		{at: 105 * s, allowed: true, remaining: 0},
+	})
+}
+
+func TestGCRAExtremeRates(t *testing.T) {
+	// 10,000 per second, burst 1: exactly one every 100 µs.
+	us := time.Microsecond
+	run(t, Rule{Name: "fast", Limit: 10000, Window: s, Burst: 1}, []step{
+		{at: s, allowed: true},
+		{at: s + 99*us, allowed: false, retry: 1 * us},
+		{at: s + 100*us, allowed: true},
+		{at: s + 150*us, allowed: false, retry: 50 * us},
+		{at: s + 200*us, allowed: true},
+	})
+	// 1 per hour.
+	run(t, Rule{Name: "slow", Limit: 1, Window: time.Hour}, []step{
+		{at: s, allowed: true, reset: time.Hour},
+		{at: s + 59*time.Minute, allowed: false, retry: time.Minute},
+		{at: s + time.Hour, allowed: true},
+	})
+}
+
+// The rounding-loss trap: a naive bucket that drops the fractional refill
+// at every request starves a client that sends often. GCRA keeps the
+// fraction in its arrival time: 5/min sent every 10 ms for 10 minutes
+// allows 5 (the burst) + 10 min × 5/min = 55.
+func TestGCRANoRoundingLoss(t *testing.T) {
+	p, err := Rule{Name: "g", Limit: 5, Window: time.Minute}.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payload uint64
+	allowed := 0
+	start := 3 * s
+	for at := start; at <= start+10*time.Minute; at += 10 * time.Millisecond {
+		next, d := p.Take(payload, at)
+		if d.Allowed {
+			allowed++
+			payload = next
+		}
+	}
+	if allowed != 55 {
+		t.Fatalf("allowed %d, want 55", allowed)
+	}
+}
+
+// A fractional emission interval (3 per second) refills exactly one token
+// per 333,334 µs (rounded up: never more than the rate).
+func TestGCRAFractionalRefill(t *testing.T) {
+	r := Rule{Name: "g", Limit: 3, Window: s, Burst: 1}
+	us := time.Microsecond
+	run(t, r, []step{
+		{at: 10 * s, allowed: true},
+		{at: 10*s + 333333*us, allowed: false, retry: us},
+		{at: 10*s + 333334*us, allowed: true},
+	})
+	// A client that retries exactly when told gets 3/s over a long run:
+	// no fraction lost, none gained.
+	p, _ := r.Compile()
+	var payload uint64
+	n := 0
+	for at := time.Duration(0); at < 1000*s; {
+		next, d := p.Take(payload, at)
+		if d.Allowed {
+			n++
+			payload = next
+			continue
+		}
+		at += d.RetryAfter
+	}
+	if n != 3000 {
+		t.Fatalf("allowed %d in 1000 s at 3/s, want 3000", n)
+	}
+}
+
+func TestRefund(t *testing.T) {
+	for _, algo := range []Algorithm{GCRA, FixedWindow} {
+		p, _ := Rule{Name: "r", Limit: 2, Window: 10 * s, Algorithm: algo}.Compile()
+		var payload uint64
+		payload, _ = p.Take(payload, 5*s)
+		payload, _ = p.Take(payload, 5*s)
+		if _, d := p.Take(payload, 5*s); d.Allowed {
+			t.Fatalf("%v: third allowed", algo)
+		}
+		back, ok := p.Refund(payload, 5*s)
+		if !ok {
+			t.Fatalf("%v: refund refused", algo)
+		}
+		if _, d := p.Take(back, 5*s); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%v: after a refund: %+v", algo, d)
+		}
+		// Nothing to refund on a fresh key.
+		if _, ok := p.Refund(0, 5*s); ok {
+			t.Fatalf("%v: refunded a fresh key", algo)
+		}
+	}
+}
+
+func TestFresh(t *testing.T) {
+	for _, tc := range []struct {
+		algo  Algorithm
+		taken time.Duration // when the only request was taken
+		at    time.Duration
+		fresh bool
+	}{
+		{GCRA, 10 * s, 10 * s, false},
+		{GCRA, 10 * s, 14 * s, false},
+		{GCRA, 10 * s, 15 * s, true}, // limit 2 per 10 s: one token back after 5 s
+		{FixedWindow, 10 * s, 19 * s, false},
+		{FixedWindow, 10 * s, 20 * s, true},
+		{FixedWindow, 25 * s, 15 * s, false}, // clock backwards: a later window is not over
+	} {
+		r := Rule{Name: "f", Limit: 2, Window: 10 * s, Algorithm: tc.algo}
+		p, _ := r.Compile()
+		payload, _ := p.Take(0, tc.taken)
+		if got := p.Fresh(payload, tc.at); got != tc.fresh {
+			t.Errorf("%v taken at %v, fresh at %v = %v, want %v", tc.algo, tc.taken, tc.at, got, tc.fresh)
+		}
+		// The table-wide judgement from the slot's meta agrees.
+		if got := Fresh(p.meta(r.Tag()), payload, tc.at); got != tc.fresh {
+			t.Errorf("%v: Fresh(meta) = %v, want %v", tc.algo, got, tc.fresh)
+		}
+	}
+}
+
+func TestCompileErrors(t *testing.T) {
+	for _, r := range []Rule{
+		{Limit: 1, Window: s},
+		{Name: "x", Limit: 0, Window: s},
+		{Name: "x", Limit: MaxLimit + 1, Window: s},
+		{Name: "x", Limit: 1, Window: time.Microsecond},
+		{Name: "x", Limit: 1, Window: MaxWindow + time.Second},
+		{Name: "x", Limit: 1, Window: s, Burst: -1},
+		{Name: "x", Limit: 1, Window: s, Burst: 2, Algorithm: FixedWindow},
+		{Name: "x", Limit: 1, Window: s, Algorithm: 7},
+	} {
+		if _, err := r.Compile(); err == nil {
+			t.Errorf("%+v compiled", r)
+		}
+	}
+}
+
+func TestNamespace(t *testing.T) {
+	base := Rule{Name: "login", Limit: 5, Window: time.Minute}
+	more := base
+	more.Limit = 10
+	if base.Namespace() != more.Namespace() {
+		t.Error("a changed limit changed the namespace: counts would not survive a reload")
+	}
+	other := base
+	other.Window = time.Hour
+	if base.Namespace() == other.Namespace() {
+		t.Error("a changed window kept the namespace: payloads would be misread")
+	}
+	fw := base
+	fw.Algorithm = FixedWindow
+	if base.Namespace() == fw.Namespace() {
+		t.Error("a changed algorithm kept the namespace")
+	}
+}

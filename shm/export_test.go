@@ -1,0 +1,22 @@
+package shm
+
+import "sync/atomic"
+
+// SetTestHook installs the crash-point hook for tests of this package.
+func SetTestHook(f func(stage string)) { testHook = f }
+
+// LiveKeys lists the key of every LIVE slot, duplicates included.
+func (c *Counters) LiveKeys() []Key {
+	var out []Key
+	for i := range c.slots {
+		sl := &c.slots[i]
+		if phaseOf(atomic.LoadUint64(&sl.state)) == phaseLive {
+			out = append(out, Key{atomic.LoadUint64(&sl.keyA), atomic.LoadUint64(&sl.keyB)})
+		}
+	}
+	return out
+}
+
+// Retire bumps worker w's incarnation without sweeping, so that only the
+// lazy release by other processes can free what it held.
+func (r *Region) Retire(w int) { r.workers[w].retire() }

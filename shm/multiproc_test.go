@@ -1,0 +1,356 @@
+package shm_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Child processes are this test binary re-executed with SHM_CHILD set to a
+// role; the region arrives as fd 3 and a start pipe as fd 4 (the child
+// blocks on it so that every child starts hammering at once).
+func TestMain(m *testing.M) {
+	if role := os.Getenv("SHM_CHILD"); role != "" {
+		if err := child(role); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// childSpec is what the parent tells a child, as JSON in SHM_SPEC.
+type childSpec struct {
+	Worker     int
+	Rule       bucket.Rule
+	Keys       []string
+	Goroutines int
+	Attempts   int           // per goroutine
+	Frozen     time.Duration // fixed region time; 0 = read the region clock
+	Stage      string        // role "stall": the crash point to stop at
+	Pause      time.Duration // role "hammer": pause inside every claim (widens races)
+	For        time.Duration // role "hammer": stop early after this long (0 = run all attempts)
+}
+
+// childResult is what a hammer child prints: allowed decisions per key
+// and window index (the window of the `now` the decision used), and how
+// many decisions the on_full policy answered.
+type childResult struct {
+	Allowed map[string]map[int64]int
+	Full    int
+}
+
+func child(role string) error {
+	var spec childSpec
+	if err := json.Unmarshal([]byte(os.Getenv("SHM_SPEC")), &spec); err != nil {
+		return err
+	}
+	r, err := shm.Attach(os.NewFile(3, "region"))
+	if err != nil {
+		return err
+	}
+	if err := r.Join(spec.Worker); err != nil {
+		return err
+	}
+	lim, err := bucket.NewLimiter(spec.Rule, r.Counters())
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	start := os.NewFile(4, "start")
+	var b [1]byte
+	start.Read(b[:]) // EOF when the parent closes its end
+
+	switch role {
+	case "stall":
+		shm.SetTestHook(func(stage string) {
+			if stage == spec.Stage {
+				fmt.Println("stopped", stage)
+				time.Sleep(time.Hour) // held until the parent kills us
+			}
+		})
+		lim.Allow(spec.Keys[0], r.Now())
+		return errors.New("the crash point was never reached")
+	case "hammer":
+		if spec.Pause > 0 {
+			shm.SetTestHook(func(stage string) {
+				if stage == "busy" {
+					time.Sleep(spec.Pause)
+				}
+			})
+		}
+		res := childResult{Allowed: map[string]map[int64]int{}}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(spec.For)
+		for g := 0; g < spec.Goroutines; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < spec.Attempts; i++ {
+					if spec.For > 0 && i%64 == 0 && time.Now().After(deadline) {
+						return
+					}
+					key := spec.Keys[(g+i)%len(spec.Keys)]
+					now := spec.Frozen
+					if now == 0 {
+						now = r.Now()
+					}
+					d := lim.Allow(key, now)
+					mu.Lock()
+					switch {
+					case d.Full:
+						res.Full++
+					case d.Allowed:
+						if res.Allowed[key] == nil {
+							res.Allowed[key] = map[int64]int{}
+						}
+						// The window the decision counted in: the one
+						// that ends ResetAfter from now (not always the
+						// window of now: a later one counts when the
+						// clock reads behind the key's state).
+						res.Allowed[key][int64((now+d.ResetAfter)/spec.Rule.Window)-1]++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+type proc struct {
+	cmd *exec.Cmd
+	out *bufio.Reader
+}
+
+// spawn starts children of one role; they wait until release is called.
+func spawn(t *testing.T, r *shm.Region, role string, specs []childSpec) (procs []*proc, release func()) {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	for _, spec := range specs {
+		js, _ := json.Marshal(spec)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		t.Cleanup(cancel)
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "SHM_CHILD="+role, "SHM_SPEC="+string(js))
+		cmd.ExtraFiles = []*os.File{r.File(), pr}
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		procs = append(procs, &proc{cmd: cmd, out: bufio.NewReader(out)})
+	}
+	return procs, func() {
+		for i, p := range procs {
+			if line, err := p.out.ReadString('\n'); line != "ready\n" {
+				t.Fatalf("child %d: %q %v", i, line, err)
+			}
+		}
+		pw.Close()
+	}
+}
+
+// hammer runs n processes × g goroutines over keys and merges their counts.
+func hammer(t *testing.T, r *shm.Region, n int, spec childSpec) childResult {
+	t.Helper()
+	specs := make([]childSpec, n)
+	for i := range specs {
+		specs[i] = spec
+		specs[i].Worker = i + 1
+	}
+	procs, release := spawn(t, r, "hammer", specs)
+	release()
+	total := childResult{Allowed: map[string]map[int64]int{}}
+	for i, p := range procs {
+		var res childResult
+		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		if err := p.cmd.Wait(); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		total.Full += res.Full
+		for k, wins := range res.Allowed {
+			if total.Allowed[k] == nil {
+				total.Allowed[k] = map[int64]int{}
+			}
+			for w, c := range wins {
+				total.Allowed[k][w] += c
+			}
+		}
+	}
+	return total
+}
+
+func newRegion(t *testing.T, o shm.Options) *shm.Region {
+	t.Helper()
+	r, err := shm.Create(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if err := r.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// checkTable asserts that no key is LIVE twice and nothing is left BUSY or
+// locked.
+func checkTable(t *testing.T, c *shm.Counters) {
+	t.Helper()
+	seen := map[shm.Key]bool{}
+	for _, k := range c.LiveKeys() {
+		if seen[k] {
+			t.Fatalf("key %x is LIVE in two slots", k)
+		}
+		seen[k] = true
+	}
+	if st := c.Stats(); st.Busy != 0 || st.Locked != 0 {
+		t.Fatalf("left behind: %d BUSY slots, %d insert locks", st.Busy, st.Locked)
+	}
+}
+
+// One key, a frozen clock, 3 processes × 4 goroutines: exactly L allowed,
+// for both algorithms.
+func TestMultiProcessExact(t *testing.T) {
+	const limit = 500
+	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.GCRA} {
+		t.Run(algo.String(), func(t *testing.T) {
+			r := newRegion(t, shm.Options{Counters: 1024})
+			res := hammer(t, r, 3, childSpec{
+				Rule:       bucket.Rule{Name: "exact", Limit: limit, Window: time.Hour, Algorithm: algo},
+				Keys:       []string{"client"},
+				Goroutines: 4,
+				Attempts:   400, // 4,800 attempts in all
+				Frozen:     42 * time.Second,
+				Pause:      time.Millisecond,
+			})
+			got := 0
+			for _, c := range res.Allowed["client"] {
+				got += c
+			}
+			if got != limit || res.Full != 0 {
+				t.Fatalf("allowed %d (full %d), want exactly %d", got, res.Full, limit)
+			}
+			checkTable(t, r.Counters())
+		})
+	}
+}
+
+// A table of 8 slots and 32 keys on a running clock: claims and reclaims
+// all the time, and per key and window never more than the limit.
+func TestMultiProcessTinyTable(t *testing.T) {
+	r := newRegion(t, shm.Options{Counters: 8})
+	keys := make([]string, 32)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	const limit = 3
+	rule := bucket.Rule{Name: "tiny", Limit: limit, Window: 2 * time.Millisecond, Algorithm: bucket.FixedWindow}
+	res := hammer(t, r, 3, childSpec{Rule: rule, Keys: keys, Goroutines: 3, Attempts: 1 << 30, Pause: 20 * time.Microsecond, For: 1500 * time.Millisecond})
+	total := 0
+	for k, wins := range res.Allowed {
+		for w, c := range wins {
+			total += c
+			if c > limit {
+				t.Errorf("key %s window %d: %d allowed, limit %d", k, w, c, limit)
+			}
+		}
+	}
+	st := r.Counters().Stats()
+	t.Logf("allowed %d, full %d, stats %+v", total, res.Full, st)
+	if st.Reclaims == 0 || total == 0 {
+		t.Fatalf("the test did not exercise reclaims: %+v", st)
+	}
+	checkTable(t, r.Counters())
+}
+
+// A process killed at each crash point leaves nothing stuck: after the
+// supervisor's reap (or, without it, the lazy release by whoever meets the
+// stale owner) every key is reachable, none is LIVE twice, limits hold.
+func TestCrashInjection(t *testing.T) {
+	for _, stage := range []string{"locked", "busy", "keyed", "published"} {
+		for _, sweep := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/sweep=%v", stage, sweep), func(t *testing.T) {
+				r := newRegion(t, shm.Options{Counters: 64})
+				rule := bucket.Rule{Name: "crash", Limit: 2, Window: time.Hour, Algorithm: bucket.FixedWindow}
+				procs, release := spawn(t, r, "stall", []childSpec{{Worker: 5, Rule: rule, Keys: []string{"victim"}, Stage: stage}})
+				release()
+				line, err := procs[0].out.ReadString('\n')
+				if err != nil || !strings.HasPrefix(line, "stopped "+stage) {
+					t.Fatalf("child did not stop at %s: %q %v", stage, line, err)
+				}
+				// While the child lives, its insert lock is respected: a
+				// claim of the same key waits, then gives up (bounded).
+				lim, _ := bucket.NewLimiter(rule, r.Counters())
+				if stage != "published" {
+					r.Counters().SetLockWait(20 * time.Millisecond)
+					if d := lim.Allow("victim", time.Second); !d.Full {
+						t.Fatalf("claim under a live holder's lock did not wait: %+v", d)
+					}
+				}
+				procs[0].cmd.Process.Signal(syscall.SIGKILL)
+				procs[0].cmd.Wait()
+				if sweep {
+					if n, err := r.Reap(5); err != nil || n == 0 {
+						t.Fatalf("reap released %d (%v), want at least the lock", n, err)
+					}
+				} else {
+					r.Retire(5)
+				}
+				r.Counters().SetLockWait(time.Second)
+				allowed := 0
+				for i := 0; i < 5; i++ {
+					d := lim.Allow("victim", time.Second)
+					if d.Full {
+						t.Fatalf("attempt %d: key unreachable after recovery: %+v", i, d)
+					}
+					if d.Allowed {
+						allowed++
+					}
+				}
+				if allowed != 2 {
+					t.Fatalf("allowed %d after the crash, want the limit 2", allowed)
+				}
+				// Other keys homed anywhere are reachable too.
+				for i := 0; i < 20; i++ {
+					if d := lim.Allow("other"+strconv.Itoa(i), time.Second); !d.Allowed || d.Full {
+						t.Fatalf("key %d: %+v", i, d)
+					}
+				}
+				if !sweep {
+					// Lazy release frees only what it meets: sweep the rest.
+					r.Reap(5)
+				}
+				checkTable(t, r.Counters())
+			})
+		}
+	}
+}

@@ -1,0 +1,219 @@
+package shm_test
+
+import (
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+func privateRegion(t testing.TB, o shm.Options) *shm.Region {
+	t.Helper()
+	r, err := shm.CreatePrivate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A key being limited stays limited after more distinct keys than the
+// table has slots were thrown at it: only slots equivalent to fresh keys
+// are reclaimed.
+func TestFlood(t *testing.T) {
+	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.GCRA} {
+		t.Run(algo.String(), func(t *testing.T) {
+			r := privateRegion(t, shm.Options{Counters: 64})
+			lim, _ := bucket.NewLimiter(bucket.Rule{Name: "f", Limit: 3, Window: time.Minute, Algorithm: algo}, r.Counters())
+			short, _ := bucket.NewLimiter(bucket.Rule{Name: "short", Limit: 1, Window: time.Second, Algorithm: algo}, r.Counters())
+			now := 10 * time.Second
+			for i := 0; i < 3; i++ {
+				lim.Allow("attacker", now)
+			}
+			if d := lim.Allow("attacker", now); d.Allowed {
+				t.Fatal("not limited to begin with")
+			}
+			full := 0
+			for i := 0; i < 1000; i++ {
+				// Keys of a short rule: each turns fresh a second later,
+				// so the flood keeps reclaiming slots.
+				now += 10 * time.Millisecond
+				if d := short.Allow("flood"+strconv.Itoa(i), now); d.Full {
+					full++
+				}
+			}
+			if d := lim.Allow("attacker", now); d.Allowed || d.Full {
+				t.Fatalf("attacker freed by a flood: %+v", d)
+			}
+			st := r.Counters().Stats()
+			if st.Reclaims == 0 || full == 0 {
+				t.Fatalf("flood did not fill the table: %d full, %+v", full, st)
+			}
+			// Once its own minute is over the attacker is served again.
+			if d := lim.Allow("attacker", now+time.Minute); !d.Allowed {
+				t.Fatalf("attacker still refused after its window: %+v", d)
+			}
+		})
+	}
+}
+
+// Goroutines on a heap-backed region, so that -race sees the accesses.
+func TestGoroutinesExact(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 16})
+	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.GCRA} {
+		lim, _ := bucket.NewLimiter(bucket.Rule{Name: "g" + algo.String(), Limit: 100, Window: time.Hour, Algorithm: algo}, r.Counters())
+		var allowed atomic.Int64
+		var wg sync.WaitGroup
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 100; i++ {
+					// 8 keys, 100 attempts each per goroutine.
+					key := "k" + strconv.Itoa((g+i)%8)
+					if d := lim.Allow(key, time.Minute); d.Allowed && !d.Full {
+						allowed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if got := allowed.Load(); got != 8*100 {
+			t.Fatalf("%v: allowed %d, want 800 (8 keys × limit 100)", algo, got)
+		}
+	}
+	checkTable(t, r.Counters())
+}
+
+func TestPeekResetRefund(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 64})
+	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "login", Limit: 2, Window: time.Minute}, r.Counters())
+	now := time.Hour
+	if d := lim.Peek("u", now); !d.Allowed || d.Remaining != 2 {
+		t.Fatalf("peek of a fresh key: %+v", d)
+	}
+	lim.Allow("u", now)
+	lim.Allow("u", now)
+	if d := lim.Peek("u", now); d.Allowed || d.Remaining != 0 {
+		t.Fatalf("peek at the limit: %+v", d)
+	}
+	lim.RefundKey(lim.Key([]byte("u")), now)
+	if d := lim.Allow("u", now); !d.Allowed {
+		t.Fatalf("refunded request not given back: %+v", d)
+	}
+	lim.Reset("u", now)
+	if d := lim.Peek("u", now); d.Remaining != 2 {
+		t.Fatalf("after reset: %+v", d)
+	}
+}
+
+func TestNotJoined(t *testing.T) {
+	r, err := shm.CreatePrivate(shm.Options{Counters: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Counters().Update(shm.Key{A: 1, B: 2}, 0, 0, func(p uint64, _ time.Duration) (uint64, bool) { return p + 1, true })
+	if !errors.Is(err, shm.ErrNotJoined) {
+		t.Fatalf("update before join: %v", err)
+	}
+}
+
+func TestAllowDoesNotAllocate(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 1024})
+	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "a", Limit: 1000000, Window: time.Second}, r.Counters())
+	n := testing.AllocsPerRun(1000, func() { lim.Allow("some-client-key", r.Now()) })
+	if n != 0 {
+		t.Fatalf("Allow allocates %v times per call", n)
+	}
+}
+
+func TestGeometry(t *testing.T) {
+	r, err := shm.Create(shm.Options{Counters: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if g := r.Geometry(); g.Counters != 1024 || g.Probe != shm.DefaultProbe || g.MaxWorkers != shm.DefaultMaxWorkers {
+		t.Fatalf("geometry %+v", g)
+	}
+	// An inherited descriptor attaches to the same table and clock.
+	dup, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(r.File().Fd())), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := shm.Attach(dup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if a.Geometry() != r.Geometry() {
+		t.Fatalf("attached geometry %+v", a.Geometry())
+	}
+	s1, s2 := r.Seeds()
+	if t1, t2 := a.Seeds(); t1 != s1 || t2 != s2 || s1 == s2 {
+		t.Fatal("seeds differ between mappings or are equal")
+	}
+	before := r.Now()
+	if d := a.Now() - before; d < 0 || d > time.Second {
+		t.Fatalf("clocks of two mappings differ by %v", d)
+	}
+}
+
+// A region larger than the machine can hold fails at creation, clearly.
+func TestTooLarge(t *testing.T) {
+	_, err := shm.Create(shm.Options{Counters: shm.MaxCounters})
+	if err == nil {
+		t.Skip("this machine holds a 64 GiB region")
+	}
+	if !strings.Contains(err.Error(), "does not fit in the memory available") {
+		t.Fatalf("unclear error: %v", err)
+	}
+	if _, err := shm.Create(shm.Options{Counters: shm.MaxCounters * 2}); err == nil || !strings.Contains(err.Error(), "maximum") {
+		t.Fatalf("over the maximum: %v", err)
+	}
+}
+
+// Attach refuses a file that is not a region, or a damaged header.
+func TestAttachRefuses(t *testing.T) {
+	r, err := shm.Create(shm.Options{Counters: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	good := append([]byte(nil), r.Bytes()...)
+	for _, tc := range []struct {
+		name   string
+		mutate func([]byte) []byte
+		want   string
+	}{
+		{"magic", func(b []byte) []byte { b[0] = 'X'; return b }, "magic"},
+		{"version", func(b []byte) []byte { b[8] = 99; return b }, "layout version"},
+		{"geometry", func(b []byte) []byte { b[24] = 3; return b }, "geometry"},
+		{"truncated", func(b []byte) []byte { return b[:len(b)-4096] }, "size"},
+		{"short", func(b []byte) []byte { return b[:100] }, "too small"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := t.TempDir() + "/region"
+			if err := os.WriteFile(path, tc.mutate(append([]byte(nil), good...)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := shm.Attach(f); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("attach: %v, want an error about %s", err, tc.want)
+			}
+		})
+	}
+}
