@@ -217,3 +217,71 @@ func TestAttachRefuses(t *testing.T) {
 		})
 	}
 }
+
+func TestLiveRegion(t *testing.T) {
+	path := t.TempDir() + "/live"
+	lock, err := shm.LockLive(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shm.LockLive(path); !errors.Is(err, shm.ErrLiveInUse) {
+		t.Fatalf("second lock: %v", err)
+	}
+	r, err := shm.CreateFile(path, shm.Options{Counters: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Join(3)
+	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "l", Limit: 2, Window: time.Hour}, r.Counters())
+	lim.Allow("k", time.Minute)
+	lim.Allow("k", time.Minute)
+	r.Close()
+	lock.Unlock()
+
+	lock, err = shm.LockLive(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Unlock()
+	r2, err := shm.OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	r2.ReapAll()
+	r2.Join(3)
+	lim2, _ := bucket.NewLimiter(bucket.Rule{Name: "l", Limit: 2, Window: time.Hour}, r2.Counters())
+	if d := lim2.Allow("k", time.Minute); d.Allowed {
+		t.Fatalf("counts lost across re-attach: %+v", d)
+	}
+	n := 0
+	r2.Counters().Range(func(shm.Entry) bool { n++; return true })
+	if n != 1 {
+		t.Fatalf("range saw %d entries", n)
+	}
+}
+
+func TestReseedAndInsert(t *testing.T) {
+	a := privateRegion(t, shm.Options{Counters: 64})
+	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "x", Limit: 1, Window: time.Hour}, a.Counters())
+	lim.Allow("k", time.Minute)
+	var saved []shm.Entry
+	a.Counters().Range(func(e shm.Entry) bool { saved = append(saved, e); return true })
+
+	b := privateRegion(t, shm.Options{Counters: 128})
+	if err := b.SetSeeds(a.Seeds()); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range saved {
+		if err := b.Counters().Insert(e, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.SetSeeds(1, 2); !errors.Is(err, shm.ErrNotEmpty) {
+		t.Fatalf("reseed of a used table: %v", err)
+	}
+	limB, _ := bucket.NewLimiter(bucket.Rule{Name: "x", Limit: 1, Window: time.Hour}, b.Counters())
+	if d := limB.Allow("k", time.Minute); d.Allowed {
+		t.Fatalf("reinserted key forgot its state: %+v", d)
+	}
+}
