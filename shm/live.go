@@ -62,7 +62,7 @@ func CreateFile(path string, opts Options) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, _, size := o.layout()
+	size := o.layout().size
 	if err := checkFits(size); err != nil {
 		return nil, err
 	}

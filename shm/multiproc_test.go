@@ -66,9 +66,11 @@ func child(role string) error {
 	if err := r.Join(spec.Worker); err != nil {
 		return err
 	}
-	lim, err := bucket.NewLimiter(spec.Rule, r.Counters())
-	if err != nil {
-		return err
+	var lim *bucket.Limiter
+	if spec.Rule.Name != "" {
+		if lim, err = bucket.NewLimiter(spec.Rule, r.Counters()); err != nil {
+			return err
+		}
 	}
 	fmt.Println("ready")
 	start := os.NewFile(4, "start")
@@ -76,6 +78,8 @@ func child(role string) error {
 	start.Read(b[:]) // EOF when the parent closes its end
 
 	switch role {
+	case "idem":
+		return idemChild(r, spec)
 	case "stall":
 		shm.SetTestHook(func(stage string) {
 			if stage == spec.Stage {

@@ -28,10 +28,15 @@ const (
 	DefaultMaxWorkers = 256
 	DefaultProbe      = 16
 	MaxCounters       = 1 << 30
+
+	DefaultBlockSize     = 4096
+	DefaultResponseBytes = 64 << 20
+	MaxResponses         = 1 << 26
+	MaxBlocks            = 1<<32 - 2
 	MaxWorkersLimit   = 1 << 16
 
 	headerSize      = 4096
-	workerEntrySize = 64
+	workerEntrySize = 128
 	slotSize        = 64
 	pageSize        = 4096
 )
@@ -54,6 +59,13 @@ const (
 	hSlotSize   = 104 // slotSize, so a reader can check the geometry
 	hOwnerPID   = 112 // pid of the supervisor that holds the region (informative)
 	hReclaimed  = 120 // reclaim watermark: the latest `now` at which a slot was judged fresh and reclaimed
+	hRecords    = 128 // response records
+	hOffRecords = 136
+	hBlockSize  = 144 // response block size in bytes
+	hBlocks     = 152 // response blocks
+	hOffBitmap  = 160 // free bitmap of the blocks, one bit per block
+	hOffBlocks  = 168
+	hRecordSize = 176
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -79,6 +91,15 @@ type Options struct {
 	// Probe is how many slots a key may be placed from its home slot.
 	// 0 means DefaultProbe; it is capped at the number of slots.
 	Probe int
+	// Responses is the number of stored-response records, rounded up to
+	// a power of two. 0 means no response table.
+	Responses int
+	// ResponseBytes is the size of the block pool for stored responses.
+	// 0 means DefaultResponseBytes when Responses > 0.
+	ResponseBytes int64
+	// BlockSize is the size of one block of the pool, a multiple of 64
+	// between 256 and 1 MiB. 0 means DefaultBlockSize.
+	BlockSize int
 }
 
 func (o Options) normalize() (Options, error) {
@@ -102,15 +123,49 @@ func (o Options) normalize() (Options, error) {
 		o.Probe = DefaultProbe
 	}
 	o.Probe = min(o.Probe, o.Counters)
+	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 {
+		return o, fmt.Errorf("shm: negative response geometry %+v", o)
+	}
+	if o.Responses == 0 {
+		o.ResponseBytes, o.BlockSize = 0, 0
+		return o, nil
+	}
+	if o.Responses > MaxResponses {
+		return o, fmt.Errorf("shm: %d response records is more than the maximum %d", o.Responses, MaxResponses)
+	}
+	o.Responses = 1 << bits.Len(uint(o.Responses-1))
+	if o.BlockSize == 0 {
+		o.BlockSize = DefaultBlockSize
+	}
+	if o.BlockSize < 256 || o.BlockSize > 1<<20 || o.BlockSize%64 != 0 {
+		return o, fmt.Errorf("shm: block size %d is not a multiple of 64 in [256, 1 MiB]", o.BlockSize)
+	}
+	if o.ResponseBytes == 0 {
+		o.ResponseBytes = DefaultResponseBytes
+	}
+	if o.ResponseBytes/int64(o.BlockSize) > MaxBlocks {
+		return o, fmt.Errorf("shm: %d response bytes is more than %d blocks", o.ResponseBytes, MaxBlocks)
+	}
+	o.ResponseBytes = max(o.ResponseBytes/int64(o.BlockSize), 1) * int64(o.BlockSize)
 	return o, nil
 }
 
-// layout computes the section offsets and total size for normalized options.
-func (o Options) layout() (offWorkers, offSlots, size uint64) {
-	offWorkers = headerSize
-	offSlots = roundUp(offWorkers+uint64(o.MaxWorkers)*workerEntrySize, pageSize)
-	size = roundUp(offSlots+uint64(o.Counters)*slotSize, pageSize)
-	return
+// sections are the byte offsets of a region's parts and its total size.
+type sections struct {
+	workers, slots, records, bitmap, blocks, size uint64
+}
+
+// layout computes the sections for normalized options.
+func (o Options) layout() sections {
+	var s sections
+	s.workers = headerSize
+	s.slots = roundUp(s.workers+uint64(o.MaxWorkers)*workerEntrySize, pageSize)
+	s.records = roundUp(s.slots+uint64(o.Counters)*slotSize, pageSize)
+	s.bitmap = roundUp(s.records+uint64(o.Responses)*recordSize, pageSize)
+	nblocks := uint64(o.ResponseBytes) / max(uint64(o.BlockSize), 1)
+	s.blocks = roundUp(s.bitmap+(nblocks+63)/64*8, pageSize)
+	s.size = roundUp(s.blocks+uint64(o.ResponseBytes), pageSize)
+	return s
 }
 
 func roundUp(n, to uint64) uint64 { return (n + to - 1) / to * to }
@@ -121,8 +176,7 @@ func (o Options) Size() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	_, _, size := n.layout()
-	return int64(size), nil
+	return int64(n.layout().size), nil
 }
 
 // Region is one mapping of a shared region. It is safe for concurrent use
@@ -140,6 +194,7 @@ type Region struct {
 
 	workers []workerEntry
 	counts  *Counters
+	resps   *Responses
 
 	owner atomic.Uint64 // this process's owner id once joined; 0 before
 	close sync.Once
@@ -155,7 +210,9 @@ type workerEntry struct {
 	claims      uint64 // new keys installed (EMPTY or TOMB slots)
 	reclaims    uint64 // slots taken over from a key equivalent to a fresh one
 	recovered   uint64 // BUSY slots and insert locks released from dead owners
-	_           uint64
+	respFull    uint64 // reservations refused: no response record in the probe window
+	respNoBlock uint64 // responses completed unreplayable: no blocks left to store them
+	_           [7]uint64
 }
 
 // Create makes a new region in an anonymous memory file (memfd) sealed
@@ -168,7 +225,7 @@ func Create(opts Options) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, _, size := o.layout()
+	size := o.layout().size
 	if err := checkFits(size); err != nil {
 		return nil, err
 	}
@@ -216,7 +273,7 @@ func CreatePrivate(opts Options) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, _, size := o.layout()
+	size := o.layout().size
 	if err := checkFits(size); err != nil {
 		return nil, err
 	}
@@ -275,10 +332,10 @@ func (r *Region) format(o Options) error {
 	if err != nil {
 		return err
 	}
-	offWorkers, offSlots, size := o.layout()
+	sec := o.layout()
 	copy(r.data[hMagic:hMagic+8], Magic)
 	r.store(hVersion, LayoutVersion)
-	r.store(hSize, size)
+	r.store(hSize, sec.size)
 	r.store(hSlots, uint64(o.Counters))
 	r.store(hProbe, uint64(o.Probe))
 	r.store(hMaxWorkers, uint64(o.MaxWorkers))
@@ -286,8 +343,15 @@ func (r *Region) format(o Options) error {
 	r.store(hSeed2, s2)
 	r.store(hTimeBase, uint64(nanotime()))
 	r.store(hCreated, uint64(time.Now().UnixNano()))
-	r.store(hOffWorkers, offWorkers)
-	r.store(hOffSlots, offSlots)
+	r.store(hOffWorkers, sec.workers)
+	r.store(hOffSlots, sec.slots)
+	r.store(hRecords, uint64(o.Responses))
+	r.store(hOffRecords, sec.records)
+	r.store(hBlockSize, uint64(o.BlockSize))
+	r.store(hBlocks, uint64(o.ResponseBytes)/max(uint64(o.BlockSize), 1))
+	r.store(hOffBitmap, sec.bitmap)
+	r.store(hOffBlocks, sec.blocks)
+	r.store(hRecordSize, recordSize)
 	r.store(hByteOrder, byteOrderMark)
 	r.store(hSlotSize, slotSize)
 	r.store(hOwnerPID, uint64(os.Getpid()))
@@ -320,25 +384,33 @@ func (r *Region) load() error {
 	if v := r.word(hSlotSize); v != slotSize {
 		return bad("slot size %d, want %d", v, slotSize)
 	}
+	if v := r.word(hRecordSize); v != recordSize {
+		return bad("record size %d, want %d", v, recordSize)
+	}
 	o := Options{
-		Counters:   int(r.word(hSlots)),
-		MaxWorkers: int(r.word(hMaxWorkers)),
-		Probe:      int(r.word(hProbe)),
+		Counters:      int(r.word(hSlots)),
+		MaxWorkers:    int(r.word(hMaxWorkers)),
+		Probe:         int(r.word(hProbe)),
+		Responses:     int(r.word(hRecords)),
+		BlockSize:     int(r.word(hBlockSize)),
+		ResponseBytes: int64(r.word(hBlocks) * r.word(hBlockSize)),
 	}
 	n, err := o.normalize()
 	if err != nil || n != o || o.Counters == 0 {
 		return bad("geometry %+v", o)
 	}
-	offWorkers, offSlots, size := o.layout()
-	if r.word(hOffWorkers) != offWorkers || r.word(hOffSlots) != offSlots ||
-		r.word(hSize) != size || uint64(len(r.data)) != size {
+	sec := o.layout()
+	if r.word(hOffWorkers) != sec.workers || r.word(hOffSlots) != sec.slots ||
+		r.word(hOffRecords) != sec.records || r.word(hOffBitmap) != sec.bitmap || r.word(hOffBlocks) != sec.blocks ||
+		r.word(hSize) != sec.size || uint64(len(r.data)) != sec.size {
 		return bad("section offsets or size (%d bytes mapped, header says %d)", len(r.data), r.word(hSize))
 	}
 	r.geo = o
 	r.seed1, r.seed2 = r.word(hSeed1), r.word(hSeed2)
 	r.timeBase = int64(r.word(hTimeBase))
-	r.workers = unsafe.Slice((*workerEntry)(unsafe.Pointer(&r.data[offWorkers])), o.MaxWorkers)
-	r.counts = newCounters(r, unsafe.Slice((*slot)(unsafe.Pointer(&r.data[offSlots])), o.Counters))
+	r.workers = unsafe.Slice((*workerEntry)(unsafe.Pointer(&r.data[sec.workers])), o.MaxWorkers)
+	r.counts = newCounters(r, unsafe.Slice((*slot)(unsafe.Pointer(&r.data[sec.slots])), o.Counters))
+	r.resps = newResponses(r, sec)
 	return nil
 }
 
@@ -437,7 +509,7 @@ func (r *Region) Reap(w int) (released int, err error) {
 		return 0, fmt.Errorf("shm: worker index %d outside [0, %d)", w, len(r.workers))
 	}
 	r.workers[w].retire()
-	return r.counts.releaseStale(), nil
+	return r.counts.releaseStale() + r.resps.releaseStale(), nil
 }
 
 // ReapAll treats every worker as dead: for a region re-attached after the
@@ -446,7 +518,7 @@ func (r *Region) ReapAll() (released int) {
 	for w := range r.workers {
 		r.workers[w].retire()
 	}
-	return r.counts.releaseStale()
+	return r.counts.releaseStale() + r.resps.releaseStale()
 }
 
 // retire bumps the incarnation (never to 0, which would make owner ids 0).

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -314,35 +313,11 @@ func (c *Counters) raiseReclaimMark(now time.Duration) {
 // lock takes the insert lock of home slot h, releasing it from a dead
 // holder, and waits a bounded time for a live one.
 func (c *Counters) lock(h, owner uint64) error {
-	w := &c.slots[h].ilock
-	var deadline int64
-	for n := 0; ; n++ {
-		cur := atomic.LoadUint64(w)
-		if cur == 0 {
-			if atomic.CompareAndSwapUint64(w, 0, owner) {
-				return nil
-			}
-			continue
-		}
-		if c.r.stale(cur) {
-			if atomic.CompareAndSwapUint64(w, cur, 0) {
-				c.count(func(e *workerEntry) *uint64 { return &e.recovered })
-			}
-			continue
-		}
-		switch {
-		case n < 64:
-			runtime.Gosched()
-		default:
-			if deadline == 0 {
-				deadline = nanotime() + int64(c.lockWait)
-			} else if nanotime() > deadline {
-				c.count(func(e *workerEntry) *uint64 { return &e.lockTimeout })
-				return ErrLockTimeout
-			}
-			time.Sleep(time.Duration(min(n-63, 50)) * 20 * time.Microsecond)
-		}
+	err := lockWord(c.r, &c.slots[h].ilock, owner, c.lockWait)
+	if err != nil {
+		c.count(func(e *workerEntry) *uint64 { return &e.lockTimeout })
 	}
+	return err
 }
 
 func (c *Counters) unlock(h, owner uint64) {

@@ -1,0 +1,189 @@
+package shm
+
+import (
+	"encoding/binary"
+	"math"
+	"math/bits"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// A stored response occupies a chain of blocks: each block starts with the
+// index of the next (noBlock ends it), and the rest holds data, written and
+// read as whole 8-byte words with sync/atomic (a reader may race with a
+// writer that reclaimed the blocks; the record's state and checksum tell).
+
+func (t *Responses) dataPerBlock() int { return t.blockSize - blockHeader }
+
+func (t *Responses) blockWords(b uint32) []uint64 {
+	off := uintptr(b) * uintptr(t.blockSize)
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&t.blocks[off])), t.blockSize/8)
+}
+
+// allocBlock takes one free block from the bitmap.
+func (t *Responses) allocBlock() (uint32, bool) {
+	nw := len(t.bitmap)
+	if nw == 0 {
+		return 0, false
+	}
+	start := int(t.hint.Load()) % nw
+	for k := 0; k < nw; k++ {
+		wi := (start + k) % nw
+		for {
+			w := atomic.LoadUint64(&t.bitmap[wi])
+			if w == math.MaxUint64 {
+				break
+			}
+			bit := bits.TrailingZeros64(^w)
+			idx := uint32(wi*64 + bit)
+			if idx >= t.nblocks {
+				break // the tail bits past the last block
+			}
+			if atomic.CompareAndSwapUint64(&t.bitmap[wi], w, w|1<<bit) {
+				t.hint.Store(uint32(wi))
+				return idx, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func (t *Responses) freeBlock(b uint32) {
+	atomic.AndUint64(&t.bitmap[b/64], ^(uint64(1) << (b % 64)))
+}
+
+// store writes data into a new chain; ok is false when the pool is short.
+func (t *Responses) store(data []byte) (first, count uint32, ok bool) {
+	per := t.dataPerBlock()
+	n := max((len(data)+per-1)/per, 1)
+	if n > int(t.nblocks) {
+		return 0, 0, false
+	}
+	first, prev := uint32(noBlock), uint32(noBlock)
+	for i := 0; i < n; i++ {
+		b, got := t.allocBlock()
+		if !got {
+			t.freeChain(uint64(i)<<32 | uint64(first))
+			return 0, 0, false
+		}
+		words := t.blockWords(b)
+		atomic.StoreUint64(&words[0], noBlock)
+		if prev == noBlock {
+			first = b
+		} else {
+			atomic.StoreUint64(&t.blockWords(prev)[0], uint64(b))
+		}
+		chunk := data[min(i*per, len(data)):min((i+1)*per, len(data))]
+		storeWords(words[1:], chunk)
+		prev = b
+	}
+	return first, uint32(n), true
+}
+
+// load copies a chain of count blocks from first into dst.
+func (t *Responses) load(first, count uint32, dst []byte) bool {
+	per := t.dataPerBlock()
+	if uint64(count) > uint64(t.nblocks) || uint64(len(dst)) > uint64(count)*uint64(per) {
+		return false
+	}
+	b := first
+	for i := 0; i < int(count); i++ {
+		if b >= t.nblocks {
+			return false
+		}
+		words := t.blockWords(b)
+		loadWords(dst[min(i*per, len(dst)):min((i+1)*per, len(dst))], words[1:])
+		b = uint32(atomic.LoadUint64(&words[0]))
+	}
+	return true
+}
+
+// freeChain gives a chain (first block in the low 32 bits, count in the
+// high 32) back to the pool.
+func (t *Responses) freeChain(chain uint64) {
+	b, count := uint32(chain), uint32(chain>>32)
+	for i := uint32(0); i < count && b < t.nblocks; i++ {
+		next := uint32(atomic.LoadUint64(&t.blockWords(b)[0]))
+		t.freeBlock(b)
+		b = next
+	}
+}
+
+func storeWords(words []uint64, src []byte) {
+	var tail [8]byte
+	for i := 0; len(src) > 0; i++ {
+		if len(src) < 8 {
+			tail = [8]byte{}
+			copy(tail[:], src)
+			src = tail[:]
+		}
+		atomic.StoreUint64(&words[i], binary.LittleEndian.Uint64(src))
+		src = src[8:]
+	}
+}
+
+func loadWords(dst []byte, words []uint64) {
+	var tail [8]byte
+	for i := 0; len(dst) > 0; i++ {
+		w := atomic.LoadUint64(&words[i])
+		if len(dst) < 8 {
+			binary.LittleEndian.PutUint64(tail[:], w)
+			copy(dst, tail[:])
+			return
+		}
+		binary.LittleEndian.PutUint64(dst, w)
+		dst = dst[8:]
+	}
+}
+
+// futexWait sleeps while *addr == val, up to d. No FUTEX_PRIVATE_FLAG: the
+// word is in a shared mapping and the waker is another process.
+func futexWait(addr *uint32, val uint32, d time.Duration) {
+	ts := unix.NsecToTimespec(int64(d))
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 0 /* FUTEX_WAIT */, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+func futexWake(addr *uint32) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE */, math.MaxInt32, 0, 0, 0)
+}
+
+// lockWord takes an insert lock word for owner: it releases it from a dead
+// holder at once and waits for a live one up to wait.
+func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
+	var deadline int64
+	for n := 0; ; n++ {
+		cur := atomic.LoadUint64(w)
+		if cur == 0 {
+			if atomic.CompareAndSwapUint64(w, 0, owner) {
+				return nil
+			}
+			continue
+		}
+		if r.stale(cur) {
+			if atomic.CompareAndSwapUint64(w, cur, 0) {
+				r.countRecovered()
+			}
+			continue
+		}
+		if n < 64 {
+			runtime.Gosched()
+			continue
+		}
+		if deadline == 0 {
+			deadline = nanotime() + int64(wait)
+		} else if nanotime() > deadline {
+			return ErrLockTimeout
+		}
+		time.Sleep(time.Duration(min(n-63, 50)) * 20 * time.Microsecond)
+	}
+}
+
+func (r *Region) countRecovered() {
+	if o := r.owner.Load(); o != 0 {
+		atomic.AddUint64(&r.workers[o>>32].recovered, 1)
+	}
+}

@@ -1,0 +1,498 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"math/bits"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// The response table: a fixed index of records, each one key's stored
+// response (or reservation), and a pool of equal-size blocks holding the
+// stored bytes, allocated through a free bitmap.
+//
+// A record's state word: phase (3 bits) · generation (13 bits) · owner
+// (48 bits, while BUSY or RESERVED). Its life:
+//
+//	EMPTY/TOMB/expired COMPLETE ─claim─▶ BUSY ─key, fingerprint─▶ RESERVED
+//	RESERVED ─Complete─▶ COMPLETE      RESERVED ─Release/owner reaped─▶ TOMB
+//
+// Claims follow the counter table's protocol (insert lock on the home
+// record, rescan under it, BUSY while the key is written), so a key is never
+// reserved twice. Key, fingerprint and stored fields are written only while
+// the record is BUSY or RESERVED by its owner and are stable while it is
+// RESERVED or COMPLETE; readers read the state first, copy, and check the
+// state again (and the checksum), so a torn read is a miss, never a wrong
+// replay.
+const (
+	recordSize = 128
+
+	recEmpty    = 0
+	recBusy     = 1
+	recReserved = 2
+	recComplete = 3
+	recTomb     = 4
+
+	recPhaseShift = 61
+	recGenShift   = 48
+	recGenMask    = 1<<13 - 1
+	ownerMask     = 1<<48 - 1
+
+	flagUnreplayable = 1 // completed, but its response was not stored
+
+	blockHeader = 8          // next block index (u32) · spare
+	noBlock     = 1<<32 - 1 // end of a block chain
+)
+
+func recPhase(s uint64) uint64 { return s >> recPhaseShift }
+func recGen(s uint64) uint64   { return s >> recGenShift & recGenMask }
+func recOwner(s uint64) uint64 { return s & ownerMask }
+func mkRec(phase, gen, owner uint64) uint64 {
+	return phase<<recPhaseShift | (gen&recGenMask)<<recGenShift | owner&ownerMask
+}
+
+type record struct {
+	state   uint64 // phase · gen · owner
+	keyA    uint64
+	keyB    uint64
+	ilock   uint64 // insert lock, for keys whose home this record is
+	seq     uint32 // futex word: bumped whenever a RESERVED record leaves that state
+	waiters uint32 // processes parked on seq
+	expiry  uint64 // region time (ns) until which a COMPLETE record replays
+	fp      [4]uint64
+	length  uint64 // stored bytes (low 32) · flags (high 32)
+	chain   uint64 // first block (low 32) · block count (high 32)
+	sum     uint64 // xxhash64 of the stored bytes
+	_       [3]uint64
+}
+
+// Fingerprint identifies a request's content (SHA-256 of method, path,
+// query and body): the same key with another fingerprint is a misuse.
+type Fingerprint [32]byte
+
+// Response is what a completed request stores and a retry replays.
+type Response struct {
+	Status      int
+	ContentType string
+	Location    string
+	Body        []byte
+}
+
+// Outcome is what Begin found for a key.
+type Outcome int
+
+const (
+	// Reserved: the caller owns the key; it runs the request, then
+	// Completes or Releases the ticket.
+	Reserved Outcome = iota
+	// Replay: a completed response for the same fingerprint, copied out.
+	Replay
+	// Mismatch: the key is reserved or completed with another fingerprint.
+	Mismatch
+	// InFlight: another request holds the reservation; Wait on the ticket.
+	InFlight
+	// Unreplayable: completed, but its response was not stored (too large
+	// or no blocks): a retry must not run again.
+	Unreplayable
+)
+
+// Ticket names a record in the state Begin saw it in.
+type Ticket struct {
+	idx   int
+	state uint64
+}
+
+// ErrNoResponses means the region has no response table.
+var ErrNoResponses = errors.New("shm: region has no response table")
+
+// Responses is the table of stored responses in a region.
+type Responses struct {
+	r         *Region
+	recs      []record
+	mask      uint64
+	probe     int
+	bitmap    []uint64
+	blocks    []byte
+	blockSize int
+	nblocks   uint32
+	hint      atomic.Uint32 // where this process starts looking for free blocks
+	lockWait  time.Duration
+}
+
+func newResponses(r *Region, sec sections) *Responses {
+	o := r.geo
+	if o.Responses == 0 {
+		return &Responses{r: r}
+	}
+	nb := uint32(o.ResponseBytes / int64(o.BlockSize))
+	t := &Responses{
+		r:         r,
+		recs:      unsafe.Slice((*record)(unsafe.Pointer(&r.data[sec.records])), o.Responses),
+		mask:      uint64(o.Responses - 1),
+		probe:     min(DefaultProbe, o.Responses),
+		bitmap:    unsafe.Slice((*uint64)(unsafe.Pointer(&r.data[sec.bitmap])), (nb+63)/64),
+		blocks:    r.data[sec.blocks : sec.blocks+uint64(o.ResponseBytes)],
+		blockSize: o.BlockSize,
+		nblocks:   nb,
+		lockWait:  DefaultLockWait,
+	}
+	return t
+}
+
+// Responses returns the region's response table.
+func (r *Region) Responses() *Responses { return r.resps }
+
+// Len is the number of records (0: no response table).
+func (t *Responses) Len() int { return len(t.recs) }
+
+// BlockSize is the size of one block, its first 8 bytes being the chain.
+func (t *Responses) BlockSize() int { return t.blockSize }
+
+// Begin looks up k at region time now. If no live record holds it, it
+// reserves one for the caller (Reserved). For a completed response with
+// the same fingerprint it copies it into dst (Replay). Errors: ErrFull or
+// ErrLockTimeout (no record could be had: answer 503, never run
+// unreserved), ErrNotJoined, ErrNoResponses.
+func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Response) (Outcome, Ticket, error) {
+	if len(t.recs) == 0 {
+		return 0, Ticket{}, ErrNoResponses
+	}
+	owner := t.r.owner.Load()
+	if owner == 0 {
+		return 0, Ticket{}, ErrNotJoined
+	}
+	home := k.A & t.mask
+	locked := false
+	unlock := func() {
+		if locked {
+			atomic.CompareAndSwapUint64(&t.recs[home].ilock, owner, 0)
+			locked = false
+		}
+	}
+	defer unlock()
+	for {
+		i, s, cand, found := t.scan(k, home, now)
+		if found {
+			unlock()
+			out, ok := t.examine(i, s, fp, dst)
+			if ok {
+				return out, Ticket{i, s}, nil
+			}
+			continue // changed while read: look again
+		}
+		if cand < 0 {
+			t.count(func(e *workerEntry) *uint64 { return &e.respFull })
+			return 0, Ticket{}, ErrFull
+		}
+		if !locked {
+			if err := lockWord(t.r, &t.recs[home].ilock, owner, t.lockWait); err != nil {
+				return 0, Ticket{}, err
+			}
+			locked = true
+			continue
+		}
+		if tk, ok := t.claim(cand, k, fp, owner, now); ok {
+			return Reserved, tk, nil
+		}
+	}
+}
+
+// scan probes from home: the record holding k (state read before key), or
+// the first claimable record. Records of dead owners are released on the way.
+func (t *Responses) scan(k Key, home uint64, now time.Duration) (i int, s uint64, cand int, found bool) {
+	cand = -1
+	for j := 0; j < t.probe; j++ {
+		i = int((home + uint64(j)) & t.mask)
+		rec := &t.recs[i]
+		s = atomic.LoadUint64(&rec.state)
+		switch recPhase(s) {
+		case recEmpty:
+			if cand < 0 {
+				cand = i
+			}
+			return i, s, cand, false
+		case recTomb:
+			if cand < 0 {
+				cand = i
+			}
+		case recBusy, recReserved:
+			if t.r.stale(recOwner(s)) {
+				t.releaseRec(rec, s)
+				continue
+			}
+			if recPhase(s) == recReserved && t.keyIs(rec, k) {
+				return i, s, cand, true
+			}
+		case recComplete:
+			expired := time.Duration(atomic.LoadUint64(&rec.expiry)) <= now
+			if t.keyIs(rec, k) && !expired {
+				return i, s, cand, true
+			}
+			if expired && cand < 0 {
+				cand = i
+			}
+		}
+	}
+	return -1, 0, cand, false
+}
+
+func (t *Responses) keyIs(rec *record, k Key) bool {
+	return atomic.LoadUint64(&rec.keyA) == k.A && atomic.LoadUint64(&rec.keyB) == k.B
+}
+
+// examine judges the found record i in state s against fp; ok is false
+// when the record changed while it was read.
+func (t *Responses) examine(i int, s uint64, fp Fingerprint, dst *Response) (Outcome, bool) {
+	rec := &t.recs[i]
+	same := true
+	for w := range rec.fp {
+		if atomic.LoadUint64(&rec.fp[w]) != binary.LittleEndian.Uint64(fp[w*8:]) {
+			same = false
+		}
+	}
+	if atomic.LoadUint64(&rec.state) != s {
+		return 0, false
+	}
+	switch {
+	case !same:
+		return Mismatch, true
+	case recPhase(s) == recReserved:
+		return InFlight, true
+	case atomic.LoadUint64(&rec.length)>>32&flagUnreplayable != 0:
+		return Unreplayable, true
+	}
+	if !t.read(rec, s, dst) {
+		return 0, false
+	}
+	return Replay, true
+}
+
+// claim reserves record i for k under k's insert lock.
+func (t *Responses) claim(i int, k Key, fp Fingerprint, owner uint64, now time.Duration) (Ticket, bool) {
+	rec := &t.recs[i]
+	s := atomic.LoadUint64(&rec.state)
+	switch recPhase(s) {
+	case recEmpty, recTomb:
+	case recComplete:
+		if time.Duration(atomic.LoadUint64(&rec.expiry)) > now {
+			return Ticket{}, false
+		}
+	default:
+		return Ticket{}, false
+	}
+	gen := recGen(s) + 1
+	busy := mkRec(recBusy, gen, owner)
+	if !atomic.CompareAndSwapUint64(&rec.state, s, busy) {
+		return Ticket{}, false
+	}
+	if recPhase(s) == recComplete {
+		t.freeChain(atomic.LoadUint64(&rec.chain))
+	}
+	atomic.StoreUint64(&rec.keyA, k.A)
+	atomic.StoreUint64(&rec.keyB, k.B)
+	for w := range rec.fp {
+		atomic.StoreUint64(&rec.fp[w], binary.LittleEndian.Uint64(fp[w*8:]))
+	}
+	atomic.StoreUint64(&rec.length, 0)
+	atomic.StoreUint64(&rec.chain, noBlock)
+	atomic.StoreUint64(&rec.sum, 0)
+	atomic.StoreUint64(&rec.expiry, 0)
+	reserved := mkRec(recReserved, gen, owner)
+	if !atomic.CompareAndSwapUint64(&rec.state, busy, reserved) {
+		return Ticket{}, false // reaped as dead meanwhile: a zombie claims nothing
+	}
+	return Ticket{i, reserved}, true
+}
+
+// Complete stores resp for the reservation tk, replayable until now+ttl,
+// and wakes the waiters. A nil resp (too large to store) completes the
+// record unreplayable: retries get Unreplayable, never a second run. When
+// the pool has no room, the record is completed unreplayable too and the
+// returned stored is false.
+func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) (stored bool, err error) {
+	rec := &t.recs[tk.idx]
+	if atomic.LoadUint64(&rec.state) != tk.state || recPhase(tk.state) != recReserved {
+		return false, errors.New("shm: complete: reservation lost (its owner was reaped)")
+	}
+	var flags uint64 = flagUnreplayable
+	var n uint32
+	chain := uint64(noBlock)
+	if resp != nil {
+		data := encodeResponse(resp)
+		if first, count, ok := t.store(data); ok {
+			chain = uint64(count)<<32 | uint64(first)
+			flags, n = 0, uint32(len(data))
+			atomic.StoreUint64(&rec.sum, xxhash.Sum64(data))
+		} else {
+			t.count(func(e *workerEntry) *uint64 { return &e.respNoBlock })
+		}
+	}
+	atomic.StoreUint64(&rec.length, flags<<32|uint64(n))
+	atomic.StoreUint64(&rec.chain, chain)
+	atomic.StoreUint64(&rec.expiry, uint64(now+ttl))
+	if !atomic.CompareAndSwapUint64(&rec.state, tk.state, mkRec(recComplete, recGen(tk.state), 0)) {
+		t.freeChain(chain)
+		return false, errors.New("shm: complete: reservation lost (its owner was reaped)")
+	}
+	t.wake(rec)
+	return flags == 0, nil
+}
+
+// Release gives up the reservation tk (the response is not to be kept:
+// 5xx, 408, 429): the key is free again and waiters race for it.
+func (t *Responses) Release(tk Ticket) {
+	t.releaseRec(&t.recs[tk.idx], tk.state)
+}
+
+// releaseRec turns a BUSY or RESERVED record in state s into a tombstone.
+func (t *Responses) releaseRec(rec *record, s uint64) bool {
+	if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
+		return false
+	}
+	if t.r.stale(recOwner(s)) {
+		t.count(func(e *workerEntry) *uint64 { return &e.recovered })
+	}
+	t.wake(rec)
+	return true
+}
+
+// Wait parks until the record of tk leaves the state tk saw, or d passes;
+// then the caller calls Begin again. It sleeps on a futex shared by every
+// process that maps the region, so a completion wakes it at once.
+func (t *Responses) Wait(tk Ticket, d time.Duration) {
+	rec := &t.recs[tk.idx]
+	deadline := nanotime() + int64(d)
+	atomic.AddUint32(&rec.waiters, 1)
+	defer atomic.AddUint32(&rec.waiters, ^uint32(0))
+	for {
+		seq := atomic.LoadUint32(&rec.seq)
+		if atomic.LoadUint64(&rec.state) != tk.state {
+			return
+		}
+		left := deadline - nanotime()
+		if left <= 0 {
+			return
+		}
+		// A dead owner never wakes us: look again at least every 50 ms.
+		futexWait(&rec.seq, seq, time.Duration(min(left, int64(50*time.Millisecond))))
+		if s := atomic.LoadUint64(&rec.state); s == tk.state && t.r.stale(recOwner(s)) {
+			t.releaseRec(rec, s)
+		}
+	}
+}
+
+func (t *Responses) wake(rec *record) {
+	atomic.AddUint32(&rec.seq, 1)
+	if atomic.LoadUint32(&rec.waiters) != 0 {
+		futexWake(&rec.seq)
+	}
+}
+
+// read copies the response of COMPLETE record rec (state s) into dst and
+// reports whether it is intact: the state unchanged after the copy and the
+// checksum right.
+func (t *Responses) read(rec *record, s uint64, dst *Response) bool {
+	n := uint32(atomic.LoadUint64(&rec.length))
+	chain := atomic.LoadUint64(&rec.chain)
+	sum := atomic.LoadUint64(&rec.sum)
+	data := make([]byte, n)
+	if !t.load(uint32(chain), uint32(chain>>32), data) {
+		return false
+	}
+	if atomic.LoadUint64(&rec.state) != s || xxhash.Sum64(data) != sum {
+		return false
+	}
+	return decodeResponse(data, dst)
+}
+
+// count adds one to a counter in this process's worker entry.
+func (t *Responses) count(field func(*workerEntry) *uint64) {
+	if o := t.r.owner.Load(); o != 0 {
+		atomic.AddUint64(field(&t.r.workers[o>>32]), 1)
+	}
+}
+
+// releaseStale releases the records and insert locks of dead owners.
+func (t *Responses) releaseStale() (n int) {
+	for i := range t.recs {
+		rec := &t.recs[i]
+		s := atomic.LoadUint64(&rec.state)
+		if p := recPhase(s); (p == recBusy || p == recReserved) && t.r.stale(recOwner(s)) && t.releaseRec(rec, s) {
+			n++
+		}
+		if l := atomic.LoadUint64(&rec.ilock); l != 0 && t.r.stale(l) && atomic.CompareAndSwapUint64(&rec.ilock, l, 0) {
+			n++
+		}
+	}
+	return n
+}
+
+// encodeResponse lays out a response as stored: status (u16), the lengths
+// of content type and location (u16 each), 2 spare bytes, then the three.
+func encodeResponse(r *Response) []byte {
+	ct, loc := r.ContentType, r.Location
+	if len(ct) > 0xffff {
+		ct = ct[:0xffff]
+	}
+	if len(loc) > 0xffff {
+		loc = loc[:0xffff]
+	}
+	b := make([]byte, 8, 8+len(ct)+len(loc)+len(r.Body))
+	binary.LittleEndian.PutUint16(b[0:], uint16(r.Status))
+	binary.LittleEndian.PutUint16(b[2:], uint16(len(ct)))
+	binary.LittleEndian.PutUint16(b[4:], uint16(len(loc)))
+	b = append(b, ct...)
+	b = append(b, loc...)
+	return append(b, r.Body...)
+}
+
+func decodeResponse(b []byte, dst *Response) bool {
+	if len(b) < 8 {
+		return false
+	}
+	ctLen, locLen := int(binary.LittleEndian.Uint16(b[2:])), int(binary.LittleEndian.Uint16(b[4:]))
+	if 8+ctLen+locLen > len(b) {
+		return false
+	}
+	dst.Status = int(binary.LittleEndian.Uint16(b[0:]))
+	dst.ContentType = string(b[8 : 8+ctLen])
+	dst.Location = string(b[8+ctLen : 8+ctLen+locLen])
+	dst.Body = b[8+ctLen+locLen:]
+	return true
+}
+
+// ResponseStats describes the response table, from a scan.
+type ResponseStats struct {
+	Records    int
+	Reserved   int
+	Complete   int
+	Blocks     int
+	BlocksUsed int
+	Full       uint64 // reservations refused: no record in the probe window
+	NoBlocks   uint64 // responses completed unreplayable for want of blocks
+}
+
+// Stats scans the response table.
+func (t *Responses) Stats() ResponseStats {
+	st := ResponseStats{Records: len(t.recs), Blocks: int(t.nblocks)}
+	for i := range t.recs {
+		switch recPhase(atomic.LoadUint64(&t.recs[i].state)) {
+		case recReserved, recBusy:
+			st.Reserved++
+		case recComplete:
+			st.Complete++
+		}
+	}
+	for i := range t.bitmap {
+		st.BlocksUsed += bits.OnesCount64(atomic.LoadUint64(&t.bitmap[i]))
+	}
+	for w := range t.r.workers {
+		st.Full += atomic.LoadUint64(&t.r.workers[w].respFull)
+		st.NoBlocks += atomic.LoadUint64(&t.r.workers[w].respNoBlock)
+	}
+	return st
+}

@@ -1,0 +1,158 @@
+package shm_test
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// idemResult is what an "idem" child prints.
+type idemResult struct {
+	Executions int      // requests this process ran (it held the reservation)
+	Bodies     []string // bodies every goroutine ended with (run or replayed)
+}
+
+// idemChild: goroutines send the same keyed request; whoever reserves
+// "runs" it (a pause) and stores the response; the others wait and replay.
+// With Stage "hold", the first goroutine reserves and stops there.
+func idemChild(r *shm.Region, spec childSpec) error {
+	tab := r.Responses()
+	k := r.Counters().KeyOf(7, []byte(spec.Keys[0]))
+	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
+	if spec.Stage == "hold" {
+		var got shm.Response
+		if out, _, err := tab.Begin(k, fp, r.Now(), &got); err != nil || out != shm.Reserved {
+			return fmt.Errorf("hold: %v %v", out, err)
+		}
+		fmt.Println("reserved")
+		time.Sleep(time.Hour)
+	}
+	var res idemResult
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := 0; g < spec.Goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var got shm.Response
+			for i := 0; i < 1000; i++ {
+				out, tk, err := tab.Begin(k, fp, r.Now(), &got)
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "begin:", err)
+					return
+				}
+				switch out {
+				case shm.Reserved:
+					body := fmt.Sprintf("order created by pid %d", os.Getpid())
+					mu.Lock()
+					res.Executions++
+					mu.Unlock()
+					time.Sleep(spec.Pause)
+					tab.Complete(tk, &shm.Response{Status: 201, Body: []byte(body)}, r.Now(), time.Hour)
+					got.Body = []byte(body)
+				case shm.InFlight:
+					tab.Wait(tk, 10*time.Second)
+					continue
+				case shm.Replay:
+				default:
+					fmt.Fprintln(os.Stderr, "unexpected outcome", out)
+					return
+				}
+				mu.Lock()
+				res.Bodies = append(res.Bodies, string(got.Body))
+				mu.Unlock()
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+func idemRegion(t *testing.T) *shm.Region {
+	t.Helper()
+	r, err := shm.Create(shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	r.Join(0)
+	return r
+}
+
+// 4 processes × 5 goroutines send one keyed request: it runs once, and
+// all 20 end with the same body.
+func TestResponsesExactlyOnceAcrossProcesses(t *testing.T) {
+	r := idemRegion(t)
+	specs := make([]childSpec, 4)
+	for i := range specs {
+		specs[i] = childSpec{Worker: i + 1, Keys: []string{"order-42"}, Goroutines: 5, Pause: 50 * time.Millisecond}
+	}
+	procs, release := spawn(t, r, "idem", specs)
+	release()
+	executions := 0
+	bodies := map[string]int{}
+	for i, p := range procs {
+		var res idemResult
+		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		p.cmd.Wait()
+		executions += res.Executions
+		for _, b := range res.Bodies {
+			bodies[b]++
+		}
+	}
+	if executions != 1 || len(bodies) != 1 {
+		t.Fatalf("%d executions, bodies %v", executions, bodies)
+	}
+	for b, n := range bodies {
+		if n != 20 || !strings.HasPrefix(b, "order created") {
+			t.Fatalf("body %q seen %d times, want 20", b, n)
+		}
+	}
+}
+
+// A process killed while it holds a reservation leaves the key free once
+// it is reaped: a waiting duplicate then runs (once).
+func TestResponsesReservationReleasedOnReap(t *testing.T) {
+	r := idemRegion(t)
+	procs, release := spawn(t, r, "idem", []childSpec{{Worker: 9, Keys: []string{"order-7"}, Stage: "hold"}})
+	release()
+	if line, _ := procs[0].out.ReadString('\n'); line != "reserved\n" {
+		t.Fatalf("child: %q", line)
+	}
+	tab := r.Responses()
+	k := r.Counters().KeyOf(7, []byte("order-7"))
+	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
+	var got shm.Response
+	out, tk, _ := tab.Begin(k, fp, r.Now(), &got)
+	if out != shm.InFlight {
+		t.Fatalf("duplicate of a live reservation: %v", out)
+	}
+	reaped := make(chan struct{})
+	defer func() { <-reaped }() // the region is unmapped after the test
+	go func() {
+		defer close(reaped)
+		time.Sleep(50 * time.Millisecond)
+		procs[0].cmd.Process.Signal(syscall.SIGKILL)
+		procs[0].cmd.Wait()
+		r.Reap(9)
+	}()
+	start := time.Now()
+	tab.Wait(tk, 5*time.Second)
+	if out, _, _ := tab.Begin(k, fp, r.Now(), &got); out != shm.Reserved {
+		t.Fatalf("after the owner was reaped: %v", out)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("waited %v for the reaped reservation", d)
+	}
+}

@@ -1,0 +1,153 @@
+package shm_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+func respRegion(t testing.TB, records int, poolBytes int64) *shm.Region {
+	t.Helper()
+	r, err := shm.CreatePrivate(shm.Options{Counters: 8, Responses: records, ResponseBytes: poolBytes, BlockSize: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Join(0)
+	return r
+}
+
+func fpOf(s string) shm.Fingerprint { return sha256.Sum256([]byte(s)) }
+
+func TestResponseLifeCycle(t *testing.T) {
+	r := respRegion(t, 64, 64*256)
+	tab := r.Responses()
+	k := r.Counters().KeyOf(1, []byte("order-1"))
+	now := time.Minute
+	var got shm.Response
+
+	out, tk, err := tab.Begin(k, fpOf("a"), now, &got)
+	if err != nil || out != shm.Reserved {
+		t.Fatalf("first: %v %v", out, err)
+	}
+	if out, _, _ := tab.Begin(k, fpOf("a"), now, &got); out != shm.InFlight {
+		t.Fatalf("duplicate while in flight: %v", out)
+	}
+	if out, _, _ := tab.Begin(k, fpOf("b"), now, &got); out != shm.Mismatch {
+		t.Fatalf("other fingerprint while in flight: %v", out)
+	}
+	body := bytes.Repeat([]byte{0, 1, 2, 0xff, 0}, 1000) // NULs, across many 256-byte blocks
+	want := shm.Response{Status: 201, ContentType: "application/octet-stream", Location: "/orders/1", Body: body}
+	if stored, err := tab.Complete(tk, &want, now, time.Hour); !stored || err != nil {
+		t.Fatalf("complete: %v %v", stored, err)
+	}
+	out, _, _ = tab.Begin(k, fpOf("a"), now, &got)
+	if out != shm.Replay || got.Status != 201 || got.ContentType != want.ContentType || got.Location != want.Location || !bytes.Equal(got.Body, body) {
+		t.Fatalf("replay: %v %+v", out, got.Status)
+	}
+	if out, _, _ := tab.Begin(k, fpOf("b"), now, &got); out != shm.Mismatch {
+		t.Fatalf("other fingerprint after completion: %v", out)
+	}
+	// After the ttl the key is free again, and its blocks went back.
+	used := tab.Stats().BlocksUsed
+	out, tk, _ = tab.Begin(k, fpOf("b"), now+time.Hour, &got)
+	if out != shm.Reserved {
+		t.Fatalf("after ttl: %v", out)
+	}
+	if st := tab.Stats(); st.BlocksUsed >= used || st.BlocksUsed != 0 {
+		t.Fatalf("blocks of the expired record not freed: %d → %d", used, st.BlocksUsed)
+	}
+	// A released reservation frees the key.
+	tab.Release(tk)
+	if out, _, _ := tab.Begin(k, fpOf("c"), now+time.Hour, &got); out != shm.Reserved {
+		t.Fatalf("after release: %v", out)
+	}
+}
+
+func TestResponseEmptyAndUnreplayable(t *testing.T) {
+	r := respRegion(t, 64, 4*256)
+	tab := r.Responses()
+	var got shm.Response
+	k := r.Counters().KeyOf(1, []byte("empty"))
+	_, tk, _ := tab.Begin(k, fpOf("x"), 0, &got)
+	tab.Complete(tk, &shm.Response{Status: 204}, 0, time.Hour)
+	if out, _, _ := tab.Begin(k, fpOf("x"), 0, &got); out != shm.Replay || got.Status != 204 || len(got.Body) != 0 || got.ContentType != "" {
+		t.Fatalf("empty 204: %v %+v", out, got)
+	}
+	// Too large for the pool: completed, not replayable, never run again.
+	k2 := r.Counters().KeyOf(1, []byte("big"))
+	_, tk, _ = tab.Begin(k2, fpOf("x"), 0, &got)
+	stored, err := tab.Complete(tk, &shm.Response{Status: 200, Body: make([]byte, 10*256)}, 0, time.Hour)
+	if stored || err != nil {
+		t.Fatalf("oversized stored=%v err=%v", stored, err)
+	}
+	if out, _, _ := tab.Begin(k2, fpOf("x"), 0, &got); out != shm.Unreplayable {
+		t.Fatalf("oversized retry: %v", out)
+	}
+	if st := tab.Stats(); st.NoBlocks != 1 || st.BlocksUsed != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestResponseTableFull(t *testing.T) {
+	r := respRegion(t, 8, 8*256)
+	tab := r.Responses()
+	var got shm.Response
+	full := 0
+	for i := 0; i < 20; i++ {
+		_, _, err := tab.Begin(r.Counters().KeyOf(1, []byte{byte(i)}), fpOf("x"), 0, &got)
+		if errors.Is(err, shm.ErrFull) {
+			full++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if full != 12 {
+		t.Fatalf("%d refused, want 12 (8 records)", full)
+	}
+}
+
+// A waiting duplicate is woken by the completion at once.
+func TestResponseWaitWakes(t *testing.T) {
+	r := respRegion(t, 64, 64*256)
+	tab := r.Responses()
+	k := r.Counters().KeyOf(1, []byte("w"))
+	var got shm.Response
+	_, owner, _ := tab.Begin(k, fpOf("a"), 0, &got)
+	var wg sync.WaitGroup
+	var replays atomic.Int32
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine shm.Response
+			for i := 0; i < 100; i++ {
+				out, tk, err := tab.Begin(k, fpOf("a"), 0, &mine)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if out == shm.Replay {
+					replays.Add(1)
+					return
+				}
+				tab.Wait(tk, 5*time.Second)
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	start := time.Now()
+	tab.Complete(owner, &shm.Response{Status: 200, Body: []byte("done")}, 0, time.Hour)
+	wg.Wait()
+	if replays.Load() != 4 {
+		t.Fatalf("%d replays", replays.Load())
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("waiters took %v to wake", d)
+	}
+}
