@@ -33,7 +33,7 @@ const (
 	DefaultResponseBytes = 64 << 20
 	MaxResponses         = 1 << 26
 	MaxBlocks            = 1<<32 - 2
-	MaxWorkersLimit   = 1 << 16
+	MaxWorkersLimit      = 1 << 16
 
 	headerSize      = 4096
 	workerEntrySize = 128

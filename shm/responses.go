@@ -44,7 +44,7 @@ const (
 
 	flagUnreplayable = 1 // completed, but its response was not stored
 
-	blockHeader = 8          // next block index (u32) · spare
+	blockHeader = 8         // next block index (u32) · spare
 	noBlock     = 1<<32 - 1 // end of a block chain
 )
 
