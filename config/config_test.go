@@ -1,0 +1,477 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rule is a valid [[ratelimit]] of five lines.
+const rule = `[[ratelimit]]
+name = "r"
+path = "/r"
+limit = 1
+window = "1s"
+`
+
+func mustParse(t *testing.T, src string) Config {
+	t.Helper()
+	c, err := Parse([]byte(src), "t.toml")
+	if err != nil {
+		t.Fatalf("Parse: %v\n%s", err, src)
+	}
+	return c
+}
+
+func TestDefault(t *testing.T) {
+	d := Default()
+	for _, tc := range []struct {
+		key       string
+		got, want any
+	}{
+		{"server.listen", d.Server.Listen, "127.0.0.1:8080"},
+		{"server.workers", d.Server.Workers, 0},
+		{"server.upstream", d.Server.Upstream, "builtin:demo"},
+		{"server.trusted_proxies", len(d.Server.TrustedProxies), 0},
+		{"server.ipv6_prefix", d.Server.IPv6Prefix, 64},
+		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
+		{"server.headers", d.Server.Headers, "both"},
+		{"server.max_request_body", d.Server.MaxRequestBody, int64(1 << 20)},
+		{"admin.listen", d.Admin.Listen, ""},
+		{"admin.token_file", d.Admin.TokenFile, ""},
+		{"table.counters", d.Table.Counters, 262144},
+		{"table.responses", d.Table.Responses, 16384},
+		{"table.response_bytes", d.Table.ResponseBytes, int64(64 << 20)},
+		{"persist.path", d.Persist.Path, ""},
+		{"persist.key", d.Persist.Key, ""},
+		{"persist.live", d.Persist.Live, ""},
+		{"rules", len(d.RateLimits) + len(d.Idempotency), 0},
+	} {
+		if !reflect.DeepEqual(tc.got, tc.want) {
+			t.Errorf("%s = %#v, want %#v", tc.key, tc.got, tc.want)
+		}
+	}
+	if err := d.Validate(); err != nil {
+		t.Errorf("Default().Validate() = %v", err)
+	}
+	if got := mustParse(t, "# nothing\n"); !reflect.DeepEqual(got, d) {
+		t.Errorf("Parse(empty) = %+v, want Default() %+v", got, d)
+	}
+}
+
+func TestRuleDefaults(t *testing.T) {
+	c := mustParse(t, "\n"+rule+`
+[[idempotency]]
+path = "/orders"
+`)
+	r, d := c.RateLimits[0], c.Idempotency[0]
+	for _, tc := range []struct {
+		key       string
+		got, want any
+	}{
+		{"ratelimit.methods", len(r.Methods), 0},
+		{"ratelimit.algorithm", r.Algorithm, "gcra"},
+		{"ratelimit.burst", r.Burst, int64(0)},
+		{"ratelimit effective burst", r.EffectiveBurst(), int64(1)},
+		{"ratelimit.by", r.By, "ip"},
+		{"ratelimit.mode", r.Mode, "enforce"},
+		{"ratelimit.on_full", r.OnFull, "open"},
+		{"ratelimit line", r.Line, 2},
+		{"idempotency.methods", d.Methods, []string{"POST", "PATCH"}},
+		{"idempotency.header", d.Header, "Idempotency-Key"},
+		{"idempotency.required", d.Required, false},
+		{"idempotency.ttl", d.TTL, 24 * time.Hour},
+		{"idempotency.wait", d.Wait, 10 * time.Second},
+		{"idempotency.by", d.By, "header:Authorization|ip"},
+		{"idempotency.max_body", d.MaxBody, int64(1 << 20)},
+		{"idempotency line", d.Line, 8},
+	} {
+		if !reflect.DeepEqual(tc.got, tc.want) {
+			t.Errorf("%s = %#v, want %#v", tc.key, tc.got, tc.want)
+		}
+	}
+}
+
+// TestParseEveryKey sets every key to a value other than its default.
+func TestParseEveryKey(t *testing.T) {
+	c := mustParse(t, `
+[server]
+listen = ":9000"
+workers = 3
+upstream = "http://127.0.0.1:3000/app"
+trusted_proxies = ["10.1.2.3/8", "192.0.2.1", "2001:db8::/32", "::1"]
+ipv6_prefix = 56
+shutdown_timeout = "1m30s"
+headers = "ietf"
+max_request_body = 4096
+[admin]
+listen = "127.0.0.1:9901"
+token_file = "/etc/preforkd/token"
+[table]
+counters = 1000
+responses = 0
+response_bytes = "10KB"
+[persist]
+path = "/var/lib/preforkd/dump"
+key = "abc123"
+live = "/dev/shm/preforkd"
+[[ratelimit]]
+name = "Fixed_1.x-y"
+path = "/api/*"
+methods = ["get", "Post"]
+limit = 1048575
+window = "1h"
+algorithm = "fixed-window"
+by = "header:X-Api-Key|header:X-Token|ip"
+mode = "shadow"
+on_full = "closed"
+[[ratelimit]]
+name = "g"
+path = "/*"
+limit = 10
+window = "1ms"
+burst = 20
+by = "global"
+`)
+	want := Config{
+		Server: Server{
+			Listen:   ":9000",
+			Workers:  3,
+			Upstream: "http://127.0.0.1:3000/app",
+			TrustedProxies: []netip.Prefix{
+				netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.1/32"),
+				netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("::1/128"),
+			},
+			IPv6Prefix:      56,
+			ShutdownTimeout: 90 * time.Second,
+			Headers:         "ietf",
+			MaxRequestBody:  4096,
+		},
+		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
+		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
+		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
+		RateLimits: []RateLimit{{
+			Name: "Fixed_1.x-y", Path: "/api/*", Methods: []string{"GET", "POST"}, Limit: 1048575,
+			Window: time.Hour, Algorithm: "fixed-window", By: "header:X-Api-Key|header:X-Token|ip",
+			Mode: "shadow", OnFull: "closed", Line: 22,
+		}, {
+			Name: "g", Path: "/*", Limit: 10, Window: time.Millisecond, Algorithm: "gcra", Burst: 20,
+			By: "global", Mode: "enforce", OnFull: "open", Line: 32,
+		}},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("Parse:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+func TestSizes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string // TOML value of server.max_request_body
+		want int64  // -1: error
+	}{
+		{`512`, 512},
+		{`0`, -1}, // parses, but the body limit must be positive
+		{`"512"`, 512},
+		{`"512B"`, 512},
+		{`"64KiB"`, 64 << 10},
+		{`"1MiB"`, 1 << 20},
+		{`"1GiB"`, 1 << 30},
+		{`"2TiB"`, 2 << 40},
+		{`"10KB"`, 10000},
+		{`"1MB"`, 1000000},
+		{`"3GB"`, 3000000000},
+		{`"1TB"`, 1000000000000},
+		{`" 64 KiB "`, 64 << 10},
+		{`-1`, -1},
+		{`"-1KiB"`, -1},
+		{`"+1KiB"`, -1},
+		{`"1.5MiB"`, -1},
+		{`"1 megabyte"`, -1},
+		{`"1kib"`, -1},
+		{`"KiB"`, -1},
+		{`""`, -1},
+		{`"0x10"`, -1},
+		{`"9999999999TiB"`, -1},
+		{`"99999999999999999999"`, -1},
+		{`1.5`, -1},
+		{`true`, -1},
+	} {
+		c, err := Parse([]byte("[server]\nmax_request_body = "+tc.in+"\n"), "t.toml")
+		switch {
+		case tc.want < 0 && err == nil:
+			t.Errorf("%s: parsed as %d, want an error", tc.in, c.Server.MaxRequestBody)
+		case tc.want >= 0 && err != nil:
+			t.Errorf("%s: %v", tc.in, err)
+		case tc.want >= 0 && c.Server.MaxRequestBody != tc.want:
+			t.Errorf("%s = %d, want %d", tc.in, c.Server.MaxRequestBody, tc.want)
+		}
+	}
+}
+
+func TestDurationsAndCounters(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`"30s"`, "30s"}, {`"1h30m"`, "1h30m0s"}, {`"1.5s"`, "1.5s"}, {`"250ms"`, "250ms"},
+	} {
+		c := mustParse(t, "[server]\nshutdown_timeout = "+tc.in+"\n")
+		if got := c.Server.ShutdownTimeout.String(); got != tc.want {
+			t.Errorf("shutdown_timeout = %s: got %s, want %s", tc.in, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ in, want int }{
+		{8, 8}, {9, 16}, {1000, 1024}, {262144, 262144}, {262145, 524288}, {1<<26 - 1, 1 << 26}, {1 << 26, 1 << 26},
+	} {
+		c := mustParse(t, fmt.Sprintf("[table]\ncounters = %d\n", tc.in))
+		if c.Table.Counters != tc.want {
+			t.Errorf("counters = %d: got %d, want %d", tc.in, c.Table.Counters, tc.want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if err := (Config{}).Validate(); err != nil {
+		t.Errorf("zero Config: %v", err)
+	}
+	// Zero is a setting of its own for the response store: none.
+	want := Default()
+	want.Table.Responses, want.Table.ResponseBytes = 0, 0
+	if got := (Config{}).WithDefaults(); !reflect.DeepEqual(got, want) {
+		t.Errorf("zero Config with defaults = %+v, want %+v", got, want)
+	}
+
+	methods := []string{"post"}
+	c := Config{
+		RateLimits:  []RateLimit{{Name: "a", Path: "/a", Methods: methods, Limit: 1, Window: time.Second}},
+		Idempotency: []Idempotency{{Path: "/o"}},
+		Table:       Table{Responses: 10, ResponseBytes: 1 << 20},
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("rule with zero fields: %v", err)
+	}
+	d := c.WithDefaults()
+	if r := d.RateLimits[0]; r.Algorithm != "gcra" || r.By != "ip" || r.Mode != "enforce" || r.OnFull != "open" || r.Methods[0] != "POST" {
+		t.Errorf("WithDefaults rule = %+v", r)
+	}
+	if i := d.Idempotency[0]; !reflect.DeepEqual(i.Methods, []string{"POST", "PATCH"}) || i.Header != "Idempotency-Key" ||
+		i.TTL != 24*time.Hour || i.Wait != 0 || i.By != "header:Authorization|ip" || i.MaxBody != 1<<20 {
+		t.Errorf("WithDefaults idempotency = %+v", i)
+	}
+	if methods[0] != "post" {
+		t.Errorf("WithDefaults modified the caller's slice: %v", methods)
+	}
+	if !reflect.DeepEqual(d, d.WithDefaults()) {
+		t.Errorf("WithDefaults is not idempotent")
+	}
+
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"workers", func(c *Config) { c.Server.Workers = -1 }, "config: server.workers: must not be negative (0 means one per CPU), got -1"},
+		{"prefix", func(c *Config) { c.Server.TrustedProxies = []netip.Prefix{{}} }, "config: server.trusted_proxies: element 1 is not a valid prefix"},
+		{"limit with line", func(c *Config) { c.RateLimits[0].Limit = 0; c.RateLimits[0].Line = 7 },
+			`config: line 7: ratelimit "a": limit: must be between 1 and 1048575, got 0`},
+		{"duplicate", func(c *Config) { c.RateLimits = append(c.RateLimits, c.RateLimits[0]) },
+			`config: ratelimit "a": name: duplicate rule name (first used at rule 1)`},
+		{"empty methods", func(c *Config) { c.Idempotency[0].Methods = []string{} }, "config: idempotency[1]: methods: is empty"},
+		{"no responses", func(c *Config) { c.Table.Responses = 0 }, "config: table.responses: is 0"},
+		{"bad path", func(c *Config) { c.Idempotency[0].Path = "o"; c.Idempotency[0].Line = 3 }, `config: line 3: idempotency[1]: path: "o" must start`},
+	} {
+		c := c.WithDefaults()
+		tc.edit(&c)
+		err := c.Validate()
+		var e *Error
+		if !errors.As(err, &e) || e.File != "" || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%s: Validate = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestErrorString(t *testing.T) {
+	for _, tc := range []struct {
+		e    Error
+		want string
+	}{
+		{Error{File: "a.toml", Line: 3, Msg: "m"}, "config: a.toml:3: m"},
+		{Error{File: "a.toml", Msg: "m"}, "config: a.toml: m"},
+		{Error{Line: 3, Msg: "m"}, "config: line 3: m"},
+		{Error{Msg: "m"}, "config: m"},
+	} {
+		if got := tc.e.Error(); got != tc.want {
+			t.Errorf("%+v.Error() = %q, want %q", tc.e, got, tc.want)
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "missing.toml"))
+	if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "config: ") {
+		t.Errorf("Load(missing) = %v, want a config: error wrapping fs.ErrNotExist", err)
+	}
+	path := filepath.Join(t.TempDir(), "bad.toml")
+	if err := os.WriteFile(path, []byte("[server]\nworkers = -2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	if want := "config: " + path + ":2: server.workers"; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("Load(bad) = %v, want %s...", err, want)
+	}
+}
+
+func TestWorkerCount(t *testing.T) {
+	if got := (Server{Workers: 3}).WorkerCount(); got != 3 {
+		t.Errorf("WorkerCount(3) = %d", got)
+	}
+	if got := (Server{}).WorkerCount(); got != runtime.NumCPU() {
+		t.Errorf("WorkerCount(0) = %d, want NumCPU %d", got, runtime.NumCPU())
+	}
+}
+
+func TestWriteEffective(t *testing.T) {
+	c := mustParse(t, `
+[server]
+workers = 2
+trusted_proxies = ["10.0.0.0/8", "::1"]
+[admin]
+listen = "127.0.0.1:9901"
+[persist]
+path = "/var/lib/my dump"
+[[ratelimit]]
+name = "login"
+path = "/login"
+limit = 5
+window = "5m"
+[[ratelimit]]
+name = "api"
+path = "/api/*"
+methods = ["GET", "POST"]
+limit = 100
+window = "1m"
+algorithm = "fixed-window"
+by = "header:X-Api-Key|ip"
+mode = "shadow"
+on_full = "closed"
+[[idempotency]]
+path = "/orders"
+max_body = 1000
+`)
+	var b strings.Builder
+	if err := c.WriteEffective(&b); err != nil {
+		t.Fatal(err)
+	}
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB
+admin: listen=127.0.0.1:9901 token_file=""
+table: counters=262144 responses=16384 response_bytes=64MiB
+persist: path="/var/lib/my dump" key="" live=""
+rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open
+rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed
+idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000
+`
+	if got := b.String(); got != want {
+		t.Errorf("WriteEffective:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Defaults are filled in for a Config built in Go, and Workers resolved.
+	b.Reset()
+	if err := (Config{}).WriteEffective(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("server: listen=127.0.0.1:8080 workers=%d ", runtime.NumCPU()); !strings.HasPrefix(b.String(), want) {
+		t.Errorf("WriteEffective(Config{}) = %q, want prefix %q", b.String(), want)
+	}
+
+	if err := c.WriteEffective(failWriter{}); err == nil {
+		t.Errorf("WriteEffective to a failing writer: no error")
+	}
+}
+
+type failWriter struct{}
+
+func (failWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
+
+// TestExample parses examples/preforkd.toml, checks what it promises, and
+// checks that it shows every key the parser accepts, also those of the
+// commented-out [[idempotency]] block, which must be valid when uncommented.
+func TestExample(t *testing.T) {
+	src, err := os.ReadFile("../examples/preforkd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load("../examples/preforkd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	s := c.Server
+	if s.Listen != "127.0.0.1:8080" || s.Workers != 4 || s.Upstream != "builtin:demo" || c.Persist.Path != "" || len(c.Idempotency) != 0 {
+		t.Errorf("example server/persist = %+v %+v", s, c.Persist)
+	}
+	want := []RateLimit{
+		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, Algorithm: "gcra", By: "ip", Mode: "enforce", OnFull: "open"},
+		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, Algorithm: "gcra", By: "header:X-Api-Key|ip", Mode: "enforce", OnFull: "open"},
+	}
+	for i := range c.RateLimits {
+		c.RateLimits[i].Line = 0
+	}
+	if !reflect.DeepEqual(c.RateLimits, want) {
+		t.Errorf("example rules = %+v\nwant %+v", c.RateLimits, want)
+	}
+	var b strings.Builder
+	if err := c.WriteEffective(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open`,
+		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open`,
+	} {
+		if !strings.Contains(b.String(), line+"\n") {
+			t.Errorf("WriteEffective lacks %q:\n%s", line, b.String())
+		}
+	}
+
+	// Uncomment the [[idempotency]] block.
+	var out []string
+	in := false
+	for _, l := range strings.Split(string(src), "\n") {
+		if l == "# [[idempotency]]" {
+			in = true
+		}
+		if in {
+			l = strings.TrimPrefix(strings.TrimPrefix(l, "#"), " ")
+		}
+		out = append(out, l)
+	}
+	full := strings.Join(out, "\n")
+	c, err = Parse([]byte(full), "uncommented")
+	if err != nil {
+		t.Fatalf("example with [[idempotency]] uncommented: %v", err)
+	}
+	if len(c.Idempotency) != 1 || c.Idempotency[0].Path != "/orders" {
+		t.Errorf("uncommented idempotency = %+v", c.Idempotency)
+	}
+	ix := indexLines(full)
+	for _, sec := range []struct {
+		path []string
+		keys []string
+	}{
+		{[]string{"server"}, serverKeys}, {[]string{"admin"}, adminKeys}, {[]string{"table"}, tableKeys},
+		{[]string{"persist"}, persistKeys}, {[]string{"ratelimit", elem(0)}, rateLimitKeys},
+		{[]string{"idempotency", elem(0)}, idempotencyKeys},
+	} {
+		for _, k := range sec.keys {
+			if _, ok := ix[joinPath(append(sec.path, k))]; !ok {
+				t.Errorf("example does not show %s.%s", sec.path[0], k)
+			}
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestErrors checks that each bad file gives an *Error naming the file, the
+// line marked "<-" (or line when set) and a message containing msg.
+func TestErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, src, msg string
+		line           int
+	}{
+		// Syntax, reported by the TOML decoder.
+		{"syntax", "[server]\nlisten = \"x <-\n", "", 0},
+		{"syntax key", "[server]\n= 5 # <-\n", "", 0},
+		{"key defined twice", "[server]\nlisten = \":1\"\nlisten = \":2\" # <-\n", "already been defined", 0},
+
+		// Unknown keys and tables.
+		{"unknown key", "[server]\nlisten = \":1\"\nlisen = \"x\" # <-\n", `unknown key "lisen" in server (did you mean "listen"?)`, 0},
+		{"key in wrong case", "[server]\nListen = \":1\" # <-\n", `unknown key "Listen" in server (did you mean "listen"?)`, 0},
+		{"unknown table", "[server]\n\n[sever] # <-\nlisten = \":1\"\n", `unknown table "sever" (did you mean "server"?)`, 0},
+		{"unknown top-level key", "# c\nfoo = 1 # <-\n", `unknown key "foo"`, 0},
+		{"unknown dotted key", "server.listen = \":1\"\nserver.wrokers = 2 # <-\n", `unknown key "wrokers" in server (did you mean "workers"?)`, 0},
+		{"unknown key in second rule", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimt = 5 # <-\nlimit = 1\nwindow = \"1s\"\n",
+			`unknown key "limt" in ratelimit[2] (did you mean "limit"?)`, 0},
+		{"unknown key in inline table", "\nadmin = { listen = \"\", tokenfile = \"x\" } # <-\n", `unknown key "tokenfile" in admin`, 0},
+		{"unknown key in idempotency", "[[idempotency]]\npath = \"/o\"\nheaders = \"X\" # <-\n", `unknown key "headers" in idempotency[1] (did you mean "header"?)`, 0},
+
+		// Types.
+		{"table not array", "\n[ratelimit] # <-\nname = \"x\"\n", "want an array of tables ([[ratelimit]]), got table", 0},
+		{"section not table", "server = 1 # <-\n", "server: want a table, got integer", 0},
+		{"int as string", "[server]\nworkers = \"4\" # <-\n", "server.workers: want an integer, got string", 0},
+		{"string as int", "[server]\nlisten = 8080 # <-\n", "server.listen: want a string, got integer", 0},
+		{"float limit", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimit = 5.0 # <-\nwindow = \"1s\"\n", "ratelimit[2].limit: want an integer, got float", 0},
+		{"methods not array", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = \"POST\" # <-\nlimit = 1\nwindow = \"1s\"\n", "want an array of strings, got string", 0},
+		{"method not string", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = [\n  \"GET\",\n  1,\n] # <-\nlimit = 1\nwindow = \"1s\"\n", "methods[2]: want a string, got integer", 4},
+		{"bool as string", "[[idempotency]]\npath = \"/o\"\nrequired = \"yes\" # <-\n", "want true or false, got string", 0},
+		{"duration as int", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 300 # <-\n", "want a duration string", 0},
+		{"date", "[persist]\nkey = 1979-05-27 07:32:00Z # <-\n", "want a string, got date-time", 0},
+
+		// Conversions.
+		{"bad duration", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"5 minutes\" # <-\n", `invalid duration "5 minutes"`, 0},
+		{"bad size", "[table]\nresponse_bytes = \"1 megabyte\" # <-\n", `invalid size "1 megabyte"`, 0},
+		{"negative size", "[table]\nresponse_bytes = -5 # <-\n", "negative size", 0},
+		{"bad CIDR", "[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\"] # <-\n", `trusted_proxies[2]: invalid CIDR "10.0.0.0/33"`, 0},
+		{"bad address", "[server]\ntrusted_proxies = [\n\"nonsense\",\n] # <-\n", `invalid IP address or CIDR "nonsense"`, 2},
+		{"zone", "[server]\ntrusted_proxies = [\"fe80::1%eth0\"] # <-\n", "invalid IP address", 0},
+
+		// Values of [server], [admin], [table], [persist].
+		{"listen", "[server]\nlisten = \"8080\" # <-\n", `invalid address "8080"`, 0},
+		{"listen port", "[server]\nlisten = \":http\" # <-\n", "invalid port", 0},
+		{"workers", "[server]\nworkers = -1 # <-\n", "server.workers: must not be negative", 0},
+		{"upstream scheme", "[server]\nupstream = \"ftp://x\" # <-\n", "absolute http:// or https:// URL", 0},
+		{"upstream relative", "[server]\nupstream = \"localhost:8080\" # <-\n", "absolute http:// or https:// URL", 0},
+		{"upstream no host", "[server]\nupstream = \"http:///x\" # <-\n", "with a host", 0},
+		{"upstream builtin", "[server]\nupstream = \"builtin:echo\" # <-\n", "unknown built-in upstream", 0},
+		{"upstream credentials", "[server]\nupstream = \"http://u:p@h\" # <-\n", "credentials", 0},
+		{"ipv6_prefix 0", "[server]\nipv6_prefix = 0 # <-\n", "between 1 and 128, got 0", 0},
+		{"ipv6_prefix 129", "[server]\nipv6_prefix = 129 # <-\n", "between 1 and 128, got 129", 0},
+		{"shutdown_timeout", "[server]\nshutdown_timeout = \"0s\" # <-\n", "must be positive", 0},
+		{"headers", "[server]\nheaders = \"all\" # <-\n", `server.headers: "all" is not one of "ietf", "x", "both", "none"`, 0},
+		{"max_request_body 0", "[server]\nmax_request_body = 0 # <-\n", "must be positive", 0},
+		{"admin listen", "[admin]\nlisten = \"127.0.0.1:8080\" # <-\n", "is also server.listen", 0},
+		{"counters small", "[table]\ncounters = 7 # <-\n", "between 8 and 67108864, got 7", 0},
+		{"counters large", "[table]\ncounters = 67108865 # <-\n", "got 67108865", 0},
+		{"counters huge", "[table]\ncounters = 9223372036854775807 # <-\n", "between 8 and", 0},
+		{"responses negative", "[table]\nresponses = -1 # <-\n", "must not be negative", 0},
+		{"responses 0 with idempotency", "[table]\nresponses = 0 # <-\n[[idempotency]]\npath = \"/o\"\n", "need stored responses", 0},
+		{"persist live", "[persist]\npath = \"/x\"\nlive = \"/x\" # <-\n", "same file", 0},
+
+		// [[ratelimit]].
+		{"duplicate name", rule + "[[ratelimit]]\nname = \"r\" # <-\npath = \"/b\"\nlimit = 1\nwindow = \"1s\"\n", `ratelimit "r": name: duplicate rule name (first used at line 2)`, 0},
+		{"duplicate name inline", "ratelimit = [\n{name = \"a\", path = \"/a\", limit = 1, window = \"1s\"},\n{name = \"a\", path = \"/b\", limit = 1, window = \"1s\"}, # <-\n]\n", "duplicate rule name (first used at line 2)", 0},
+		{"missing name", "\n[[ratelimit]] # <-\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n", "ratelimit[1]: name: is required", 0},
+		{"bad name", "[[ratelimit]]\nname = \"a b\" # <-\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n", "only letters", 0},
+		{"long name", "[[ratelimit]]\nname = \"" + strings.Repeat("a", 65) + "\" # <-\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n", "longer than 64", 0},
+		{"missing limit", "[[ratelimit]] # <-\nname = \"a\"\npath = \"/a\"\nwindow = \"1s\"\n", "limit: must be between 1 and 1048575, got 0", 0},
+		{"limit 0", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 0 # <-\nwindow = \"1s\"\n", `ratelimit "a": limit: must be between 1 and 1048575, got 0`, 0},
+		{"limit too large", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1048576 # <-\nwindow = \"1h\"\n", "got 1048576", 0},
+		{"path without slash", "[[ratelimit]]\nname = \"a\"\npath = \"login\" # <-\nlimit = 1\nwindow = \"1s\"\n", `path: "login" must start with "/"`, 0},
+		{"missing path", "[[ratelimit]] # <-\nname = \"a\"\nlimit = 1\nwindow = \"1s\"\n", "path: is required", 0},
+		{"star inside", "[[ratelimit]]\nname = \"a\"\npath = \"/a*b\" # <-\nlimit = 1\nwindow = \"1s\"\n", `"*" is allowed only as a trailing "/*"`, 0},
+		{"star segment", "[[ratelimit]]\nname = \"a\"\npath = \"/api/*/x\" # <-\nlimit = 1\nwindow = \"1s\"\n", `"*" is allowed only`, 0},
+		{"star without slash", "[[ratelimit]]\nname = \"a\"\npath = \"/api*\" # <-\nlimit = 1\nwindow = \"1s\"\n", `"*" is allowed only`, 0},
+		{"star alone", "[[ratelimit]]\nname = \"a\"\npath = \"*\" # <-\nlimit = 1\nwindow = \"1s\"\n", `must start with "/"`, 0},
+		{"query in path", "[[ratelimit]]\nname = \"a\"\npath = \"/a?b=1\" # <-\nlimit = 1\nwindow = \"1s\"\n", "query", 0},
+		{"bad method", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = [\"GET\", \"PO ST\"] # <-\nlimit = 1\nwindow = \"1s\"\n", `"PO ST" is not a valid HTTP method`, 0},
+		{"method twice", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = [\"GET\", \"get\"] # <-\nlimit = 1\nwindow = \"1s\"\n", "listed twice", 0},
+		{"window too short", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"999us\" # <-\n", "between 1ms and", 0},
+		{"window too long", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"4887h\" # <-\n", "between 1ms and", 0},
+		{"window fraction", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1ms500ns\" # <-\n", "whole number of microseconds", 0},
+		{"window negative", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"-1s\" # <-\n", "between 1ms and", 0},
+		{"rate too high", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 2000\nwindow = \"1ms\" # <-\n", "at least 1µs per request", 0},
+		{"burst refill too long", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1000h\"\nburst = 10 # <-\n", "to refill", 0},
+		{"algorithm", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nalgorithm = \"leaky\" # <-\n", `algorithm: "leaky" is not one of "gcra", "fixed-window"`, 0},
+		{"burst with fixed-window", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nalgorithm = \"fixed-window\"\nburst = 3 # <-\n", `applies to algorithm "gcra" only`, 0},
+		{"burst negative", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nburst = -1 # <-\n", "burst: must be between 0 and 1048575", 0},
+		{"mode", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nmode = \"Shadow\" # <-\n", `mode: "Shadow" is not one of "enforce", "shadow"`, 0},
+		{"on_full", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\non_full = \"fail\" # <-\n", `on_full: "fail" is not one of "open", "closed"`, 0},
+		{"by unknown", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"cookie:sid\" # <-\n", `unknown element "cookie:sid"`, 0},
+		{"by empty", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"\" # <-\n", "by: is empty", 0},
+		{"by global chain", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"global|ip\" # <-\n", `"global" cannot be combined`, 0},
+		{"by after ip", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"ip|header:X\" # <-\n", `nothing after "ip"`, 0},
+		{"by bad header", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"header:X Key|ip\" # <-\n", "not a valid header name", 0},
+		{"by no header", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"header:\" # <-\n", "not a valid header name", 0},
+		{"by header twice", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"header:X|header:x\" # <-\n", "listed twice", 0},
+		{"by spaces", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"header:X | ip\" # <-\n", "not a valid header name", 0},
+
+		// [[idempotency]].
+		{"idempotency path", "[[idempotency]]\npath = \"orders\" # <-\n", `idempotency[1]: path: "orders" must start with "/"`, 0},
+		{"idempotency missing path", "\n[[idempotency]] # <-\nttl = \"1h\"\n", "path: is required", 0},
+		{"idempotency empty methods", "[[idempotency]]\npath = \"/o\"\nmethods = [] # <-\n", "methods: is empty", 0},
+		{"idempotency header", "[[idempotency]]\npath = \"/o\"\nheader = \"Idem Key\" # <-\n", "not a valid header name", 0},
+		{"idempotency ttl", "[[idempotency]]\npath = \"/o\"\nttl = \"0s\" # <-\n", "ttl: must be positive", 0},
+		{"idempotency wait", "[[idempotency]]\npath = \"/o\"\nwait = \"-1s\" # <-\n", "wait: must not be negative", 0},
+		{"idempotency by", "[[idempotency]]\npath = \"/o\"\nby = \"header:Authorization|global\" # <-\n", `"global" cannot be combined`, 0},
+		{"idempotency max_body", "[[idempotency]]\npath = \"/o\"\nmax_body = \"65MiB\" # <-\n", "larger than table.response_bytes", 0},
+		{"idempotency duplicate", "[[idempotency]]\npath = \"/o\"\n[[idempotency]]\npath = \"/o\" # <-\nmethods = [\"PUT\", \"PATCH\"]\n", "PATCH /o is already covered by idempotency[1]", 0},
+
+		// Line numbers after constructs that span lines.
+		{"after multi-line string", "[persist]\nkey = \"\"\"\n[server]\nx = 1\n\"\"\"\nlive = '''\n'''\n[server]\nlisen = 1 # <-\n", `unknown key "lisen"`, 0},
+		{"after multi-line array", "[server]\ntrusted_proxies = [\n  \"10.0.0.0/8\", # comment, \"]\n  '::1',\n]\nworkers = -1 # <-\n", "server.workers", 0},
+		// The first problem in the file wins, whatever the order of checks.
+		{"first in file", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimit = 0 # <-\nwindow = \"1s\"\n[server]\nworkers = -1\n", `ratelimit "b": limit`, 0},
+		{"first in file, decode", "[server]\nlisen = 1 # <-\n[table]\nresponses = \"x\"\n", "lisen", 0},
+		{"byte-order mark and CRLF", "\xef\xbb\xbf[server]\r\nlisten = \":1\"\r\nlisen = 1 # <-\r\n", "lisen", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			line := tc.line
+			if line == 0 {
+				line = markedLine(t, tc.src)
+			}
+			_, err := Parse([]byte(tc.src), "t.toml")
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("Parse = %v, want an *Error\n%s", err, tc.src)
+			}
+			t.Log(err)
+			if e.File != "t.toml" || e.Line != line || !strings.Contains(e.Msg, tc.msg) {
+				t.Errorf("Parse = %q (file %q, line %d)\nwant line %d and a message containing %q", err, e.File, e.Line, line, tc.msg)
+			}
+			if !strings.HasPrefix(err.Error(), fmt.Sprintf("config: t.toml:%d: ", line)) {
+				t.Errorf("Error() = %q", err)
+			}
+		})
+	}
+}
+
+func markedLine(t *testing.T, src string) int {
+	t.Helper()
+	for i, l := range strings.Split(src, "\n") {
+		if strings.Contains(l, "<-") {
+			return i + 1
+		}
+	}
+	t.Fatalf("no line marked <- in\n%s", src)
+	return 0
+}
