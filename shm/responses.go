@@ -496,3 +496,67 @@ func (t *Responses) Stats() ResponseStats {
 	}
 	return st
 }
+
+// StoredEntry is one completed record, as persistence dumps and restores it.
+type StoredEntry struct {
+	Key          Key
+	Fingerprint  Fingerprint
+	Expiry       time.Duration // region time until which it replays
+	Unreplayable bool          // completed without a stored response
+	Response     Response      // when replayable
+}
+
+// Range calls fn for every COMPLETE record that has not expired at now,
+// until fn returns false. Reservations and records in flight are not
+// visited. Persistence calls it after the last worker has exited.
+func (t *Responses) Range(now time.Duration, fn func(StoredEntry) bool) {
+	for i := range t.recs {
+		rec := &t.recs[i]
+		s := atomic.LoadUint64(&rec.state)
+		if recPhase(s) != recComplete {
+			continue
+		}
+		e := StoredEntry{
+			Key:    Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)},
+			Expiry: time.Duration(atomic.LoadUint64(&rec.expiry)),
+		}
+		if e.Expiry <= now {
+			continue
+		}
+		for w := range rec.fp {
+			binary.LittleEndian.PutUint64(e.Fingerprint[w*8:], atomic.LoadUint64(&rec.fp[w]))
+		}
+		e.Unreplayable = atomic.LoadUint64(&rec.length)>>32&flagUnreplayable != 0
+		if !e.Unreplayable && !t.read(rec, s, &e.Response) {
+			continue
+		}
+		if atomic.LoadUint64(&rec.state) != s {
+			continue
+		}
+		if !fn(e) {
+			return
+		}
+	}
+}
+
+// Restore installs a completed entry at region time now (loading a dump,
+// before any worker starts). An entry already expired at now is skipped.
+func (t *Responses) Restore(e StoredEntry, now time.Duration) error {
+	if e.Expiry <= now {
+		return nil
+	}
+	var scratch Response
+	out, tk, err := t.Begin(e.Key, e.Fingerprint, now, &scratch)
+	if err != nil {
+		return err
+	}
+	if out != Reserved {
+		return errors.New("shm: restore: key already present")
+	}
+	resp := &e.Response
+	if e.Unreplayable {
+		resp = nil
+	}
+	_, err = t.Complete(tk, resp, now, e.Expiry-now)
+	return err
+}

@@ -151,3 +151,42 @@ func TestResponseWaitWakes(t *testing.T) {
 		t.Fatalf("waiters took %v to wake", d)
 	}
 }
+
+func TestResponseRangeRestore(t *testing.T) {
+	a := respRegion(t, 64, 64*256)
+	var got shm.Response
+	keys := map[string]bool{"done": true, "big": false, "flight": false, "old": false}
+	for name := range keys {
+		k := a.Counters().KeyOf(3, []byte(name))
+		_, tk, _ := a.Responses().Begin(k, fpOf(name), 0, &got)
+		switch name {
+		case "done":
+			a.Responses().Complete(tk, &shm.Response{Status: 201, Location: "/x", Body: []byte("body")}, 0, time.Hour)
+		case "big":
+			a.Responses().Complete(tk, nil, 0, time.Hour)
+		case "old":
+			a.Responses().Complete(tk, &shm.Response{Status: 200}, 0, time.Second)
+		}
+	}
+	var saved []shm.StoredEntry
+	a.Responses().Range(time.Minute, func(e shm.StoredEntry) bool { saved = append(saved, e); return true })
+	if len(saved) != 2 {
+		t.Fatalf("range saw %d entries, want the completed unexpired two", len(saved))
+	}
+	b := respRegion(t, 64, 64*256)
+	b.SetSeeds(a.Seeds())
+	for _, e := range saved {
+		if err := b.Responses().Restore(e, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("done")), fpOf("done"), time.Minute, &got); out != shm.Replay || string(got.Body) != "body" || got.Location != "/x" {
+		t.Fatalf("restored replay: %v %+v", out, got)
+	}
+	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("big")), fpOf("big"), time.Minute, &got); out != shm.Unreplayable {
+		t.Fatalf("restored unreplayable: %v", out)
+	}
+	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("flight")), fpOf("flight"), time.Minute, &got); out != shm.Reserved {
+		t.Fatalf("a reservation was restored: %v", out)
+	}
+}

@@ -1,0 +1,136 @@
+package clientip
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// ErrBy is wrapped by every error ParseBy returns.
+var ErrBy = errors.New("clientip: invalid by")
+
+// maxHeaderValue is the longest header value a header: key uses; a longer
+// value counts as absent (it is more likely an abuse than an API key).
+const maxHeaderValue = 256
+
+// By is a parsed `by` expression: what a rule counts a request under. The
+// zero By is "ip".
+type By struct {
+	global  bool
+	headers []string // canonical header names tried in order before ip
+}
+
+// ParseBy parses a `by` expression: "ip", "global", "header:NAME", or a chain
+// of header:NAME elements optionally ending in "ip" ("header:X-Api-Key|ip").
+// A chain always ends in ip, written or not. "global" is only valid alone; ip
+// only last; a header only once. NAME is an RFC 9110 token, matched
+// case-insensitively. No spaces are allowed anywhere.
+func ParseBy(s string) (By, error) {
+	switch s {
+	case "global":
+		return By{global: true}, nil
+	case "":
+		return By{}, byError(s, "empty")
+	}
+	var b By
+	rest := s
+	for {
+		elem, tail, more := strings.Cut(rest, "|")
+		rest = tail
+		switch {
+		case elem == "ip":
+			if more {
+				return By{}, byError(s, "ip must be the last element")
+			}
+			return b, nil
+		case elem == "global":
+			return By{}, byError(s, `"global" must stand alone`)
+		case strings.HasPrefix(elem, "header:"):
+			name := elem[len("header:"):]
+			if name == "" {
+				return By{}, byError(s, "empty header name")
+			}
+			for i := 0; i < len(name); i++ {
+				if !isTchar(name[i]) {
+					return By{}, byError(s, fmt.Sprintf("header name %q is not a token", name))
+				}
+			}
+			name = textproto.CanonicalMIMEHeaderKey(name)
+			for _, seen := range b.headers {
+				if seen == name {
+					return By{}, byError(s, fmt.Sprintf("header %s repeated", name))
+				}
+			}
+			b.headers = append(b.headers, name)
+		case elem == "":
+			return By{}, byError(s, "empty element")
+		default:
+			return By{}, byError(s, fmt.Sprintf("unknown element %q (want ip, global or header:NAME)", elem))
+		}
+		if !more {
+			return b, nil
+		}
+	}
+}
+
+func byError(s, why string) error {
+	return fmt.Errorf("%w %q: %s", ErrBy, s, why)
+}
+
+// String returns the canonical form: "global", "ip", or the header chain with
+// canonical names and an explicit trailing ip ("header:X-Api-Key|ip").
+// ParseBy(b.String()) returns an equal By.
+func (b By) String() string {
+	if b.global {
+		return "global"
+	}
+	var sb strings.Builder
+	for _, name := range b.headers {
+		sb.WriteString("header:")
+		sb.WriteString(name)
+		sb.WriteByte('|')
+	}
+	sb.WriteString("ip")
+	return sb.String()
+}
+
+// AppendKey appends the key this request is counted under to dst and returns
+// the extended slice; it does not allocate when dst has room. The key is "g"
+// for global; "h:NAME:value" for the first header of the chain whose first
+// value is usable (non-empty, at most 256 bytes, no control
+// bytes), NAME canonical; otherwise "ip:" and r.Key's address ("ip:" alone
+// when remoteAddr does not parse). Header names are tokens without ':', so
+// keys from different elements never collide.
+func (b By) AppendKey(dst []byte, r *Resolver, remoteAddr string, h http.Header) []byte {
+	if b.global {
+		return append(dst, 'g')
+	}
+	for _, name := range b.headers {
+		if v, ok := usableValue(h[name]); ok {
+			dst = append(dst, "h:"...)
+			dst = append(dst, name...)
+			dst = append(dst, ':')
+			return append(dst, v...)
+		}
+	}
+	dst = append(dst, "ip:"...)
+	return r.Key(remoteAddr, h).AppendTo(dst)
+}
+
+func usableValue(vs []string) (string, bool) {
+	if len(vs) == 0 {
+		return "", false
+	}
+	v := vs[0]
+	if v == "" || len(v) > maxHeaderValue {
+		return "", false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x20 || v[i] == 0x7f {
+			return "", false
+		}
+	}
+	return v, true
+}

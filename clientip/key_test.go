@@ -1,0 +1,190 @@
+package clientip
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestParseBy(t *testing.T) {
+	tests := []struct {
+		in, want string
+	}{
+		{"ip", "ip"},
+		{"global", "global"},
+		{"header:X-Api-Key", "header:X-Api-Key|ip"},
+		{"header:x-api-key", "header:X-Api-Key|ip"},
+		{"header:X-Api-Key|ip", "header:X-Api-Key|ip"},
+		{"header:Authorization|header:X-Api-Key|ip", "header:Authorization|header:X-Api-Key|ip"},
+		{"header:Authorization|header:X-Api-Key", "header:Authorization|header:X-Api-Key|ip"},
+		{"header:X_Odd~Token!", "header:X_odd~token!|ip"},
+	}
+	for _, tt := range tests {
+		b, err := ParseBy(tt.in)
+		if err != nil {
+			t.Errorf("ParseBy(%q): %v", tt.in, err)
+			continue
+		}
+		if got := b.String(); got != tt.want {
+			t.Errorf("ParseBy(%q).String() = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+	if got := (By{}).String(); got != "ip" {
+		t.Errorf("zero By is %q, want ip", got)
+	}
+}
+
+func TestParseByErrors(t *testing.T) {
+	for _, in := range []string{
+		"",
+		"header:",
+		"header:Bad Name",
+		"header:Bad:Name",
+		"global|ip",
+		"ip|global",
+		"header:X|global",
+		"cookie:x",
+		"IP",
+		"Header:X",
+		"header:X|",
+		"|ip",
+		"header:X||ip",
+		"ip|header:X",
+		"ip|ip",
+		"header:X|header:x",
+		"header:X | ip",
+	} {
+		b, err := ParseBy(in)
+		if err == nil {
+			t.Errorf("ParseBy(%q) = %v, want an error", in, b)
+			continue
+		}
+		if !errors.Is(err, ErrBy) || !strings.HasPrefix(err.Error(), "clientip: ") {
+			t.Errorf("ParseBy(%q) error %q does not wrap ErrBy", in, err)
+		}
+	}
+}
+
+func TestAppendKey(t *testing.T) {
+	long := strings.Repeat("k", 257)
+	tests := []struct {
+		by     string
+		remote string
+		h      http.Header
+		want   string
+	}{
+		{"ip", "203.0.113.7:1", nil, "ip:203.0.113.7"},
+		{"ip", "[2001:db8:1:2:3:4:5:6]:1", nil, "ip:2001:db8:1:2::"},
+		{"ip", proxy, hdr(xff, "198.51.100.1"), "ip:198.51.100.1"},
+		{"ip", "@", nil, "ip:"},
+		{"global", "203.0.113.7:1", hdr("X-Api-Key", "k1"), "g"},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "k1"), "h:X-Api-Key:k1"},
+		{"header:x-api-key|ip", "203.0.113.7:1", hdr("X-Api-Key", "k1", "X-Api-Key", "k2"), "h:X-Api-Key:k1"},
+		{"header:X-Api-Key", "203.0.113.7:1", nil, "ip:203.0.113.7"},
+		{"header:X-Api-Key|ip", "203.0.113.7:1", hdr("X-Api-Key", ""), "ip:203.0.113.7"},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "a\x01b"), "ip:203.0.113.7"},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "a\tb"), "ip:203.0.113.7"},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "a\x7fb"), "ip:203.0.113.7"},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", long), "ip:203.0.113.7"},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", long[:256]), "h:X-Api-Key:" + long[:256]},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "ключ"), "h:X-Api-Key:ключ"},
+		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("X-Api-Key", "k1"), "h:X-Api-Key:k1"},
+		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("X-Api-Key", "k1", "Authorization", "Bearer t"), "h:Authorization:Bearer t"},
+		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("Authorization", long, "X-Api-Key", "k1"), "h:X-Api-Key:k1"},
+		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("Authorization", long), "ip:203.0.113.7"},
+	}
+	for _, tt := range tests {
+		b, err := ParseBy(tt.by)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := []byte("prefix/")
+		got := b.AppendKey(dst, &testResolver, tt.remote, tt.h)
+		if string(got) != "prefix/"+tt.want {
+			t.Errorf("%s AppendKey(%q, %v) = %q, want %q", tt.by, tt.remote, tt.h, got, "prefix/"+tt.want)
+		}
+	}
+}
+
+// Chain elements never collide: a header value that spells an address, or
+// another header's key, stays apart from it.
+func TestAppendKeyNamespaces(t *testing.T) {
+	b, err := ParseBy("header:A|header:B|ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, h := range []http.Header{
+		nil,
+		hdr("A", "203.0.113.7"),
+		hdr("B", "203.0.113.7"),
+		hdr("A", "B:203.0.113.7"),
+		hdr("B", "A:203.0.113.7"),
+		hdr("A", "g"),
+	} {
+		k := string(b.AppendKey(nil, nil, "203.0.113.7:1", h))
+		if prev, dup := keys[k]; dup {
+			t.Errorf("key %q from both %s and %v", k, prev, h)
+		}
+		keys[k] = h.Get("A") + "|" + h.Get("B")
+	}
+	if g := string(By{global: true}.AppendKey(nil, nil, "203.0.113.7:1", nil)); keys[g] != "" || len(keys) != 6 {
+		t.Errorf("global key %q collides", g)
+	}
+}
+
+func TestAppendKeyDoesNotAllocate(t *testing.T) {
+	h := hdr(xff, "2001:db8:1:2:3:4:5:6, 10.0.0.5", "X-Api-Key", "k1")
+	for _, by := range []string{"ip", "global", "header:X-Api-Key", "header:Authorization|ip"} {
+		b, err := ParseBy(by)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := make([]byte, 0, 64)
+		allocs := testing.AllocsPerRun(100, func() {
+			dst = b.AppendKey(dst[:0], &testResolver, proxy, h)
+		})
+		if allocs != 0 {
+			t.Errorf("%s: AppendKey allocates %v times per call, want 0", by, allocs)
+		}
+	}
+}
+
+func BenchmarkKey(b *testing.B) {
+	cases := []struct {
+		name, by, remote string
+		h                http.Header
+	}{
+		{"direct", "ip", "203.0.113.7:1234", hdr(xff, "198.51.100.1")},
+		{"direct-v6", "ip", "[2001:db8:1:2:3:4:5:6]:1234", nil},
+		{"xff-3-hops", "ip", proxy, hdr(xff, "198.51.100.1, 198.51.100.2, 10.0.0.5")},
+		{"forwarded-quoted-v6", "ip", proxy, hdr(fwd, `for="[2001:db8::1]:4711";proto=https, for=10.0.0.5`)},
+		{"both-headers", "ip", proxy, hdr(xff, "198.51.100.2, 10.0.0.5", fwd, "for=198.51.100.2, for=10.0.0.5")},
+		{"header", "header:X-Api-Key|ip", "203.0.113.7:1234", hdr("X-Api-Key", "0123456789abcdef")},
+		{"header-absent", "header:X-Api-Key|ip", proxy, hdr(xff, "198.51.100.1")},
+	}
+	for _, c := range cases {
+		by, err := ParseBy(c.by)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			dst := make([]byte, 0, 64)
+			for b.Loop() {
+				dst = by.AppendKey(dst[:0], &testResolver, c.remote, c.h)
+			}
+		})
+	}
+	b.Run("xff-3-hops-parallel", func(b *testing.B) {
+		h := hdr(xff, "198.51.100.1, 198.51.100.2, 10.0.0.5")
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			dst := make([]byte, 0, 64)
+			for pb.Next() {
+				dst = By{}.AppendKey(dst[:0], &testResolver, proxy, h)
+			}
+		})
+	})
+}
