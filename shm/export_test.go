@@ -20,3 +20,6 @@ func (c *Counters) LiveKeys() []Key {
 // Retire bumps worker w's incarnation without sweeping, so that only the
 // lazy release by other processes can free what it held.
 func (r *Region) Retire(w int) { r.workers[w].retire() }
+
+// SetWorkerPID records pid for worker w, as a worker that joined would.
+func (r *Region) SetWorkerPID(w, pid int) { atomic.StoreUint64(&r.workers[w].pid, uint64(pid)) }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -110,4 +112,57 @@ func OpenFile(path string) (*Region, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// KillOrphans kills the processes recorded in the worker table that still
+// map this region's file: workers left by a supervisor that died, which
+// would otherwise keep writing under retired identities. A process that
+// does not map the file (a pid reused since) is left alone. It waits up to
+// timeout for them to go and reports the pids it killed. Call it before
+// ReapAll when re-attaching a live region.
+func (r *Region) KillOrphans(timeout time.Duration) []int {
+	if r.file == nil {
+		return nil
+	}
+	st, err := r.file.Stat()
+	if err != nil {
+		return nil
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	var killed []int
+	for _, w := range r.Workers() {
+		if w.PID <= 0 || w.PID == os.Getpid() || !mapsInode(w.PID, sys.Dev, sys.Ino) {
+			continue
+		}
+		if unix.Kill(w.PID, unix.SIGKILL) == nil {
+			killed = append(killed, w.PID)
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for _, pid := range killed {
+		for unix.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return killed
+}
+
+// mapsInode reports whether process pid maps the file dev:ino.
+func mapsInode(pid int, dev, ino uint64) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	if err != nil {
+		return false
+	}
+	want := " " + strconv.FormatUint(ino, 10) + " "
+	major, minor := unix.Major(dev), unix.Minor(dev)
+	devs := fmt.Sprintf(" %02x:%02x ", major, minor)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, devs) && strings.Contains(line, want) {
+			return true
+		}
+	}
+	return false
 }

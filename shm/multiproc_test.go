@@ -358,3 +358,34 @@ func TestCrashInjection(t *testing.T) {
 		}
 	}
 }
+
+// A re-attaching supervisor kills the orphans that still map a live
+// region, and only them.
+func TestKillOrphans(t *testing.T) {
+	path := t.TempDir() + "/live"
+	r, err := shm.CreateFile(path, shm.Options{Counters: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	procs, release := spawn(t, r, "stall", []childSpec{{Worker: 4, Rule: bucket.Rule{Name: "o", Limit: 1, Window: time.Hour}, Keys: []string{"k"}, Stage: "published"}})
+	release()
+	if line, _ := procs[0].out.ReadString('\n'); !strings.HasPrefix(line, "stopped") {
+		t.Fatalf("child: %q", line)
+	}
+	// A process that does not map the region, recorded under a stale
+	// entry (a reused pid), is left alone.
+	bystander := exec.Command("sleep", "10")
+	bystander.Start()
+	defer func() { bystander.Process.Kill(); bystander.Wait() }()
+	r.Join(5)
+	r.SetWorkerPID(5, bystander.Process.Pid)
+
+	killed := r.KillOrphans(2 * time.Second)
+	if len(killed) != 1 || killed[0] != procs[0].cmd.Process.Pid {
+		t.Fatalf("killed %v, want only the orphan %d", killed, procs[0].cmd.Process.Pid)
+	}
+	if err := bystander.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the bystander was killed: %v", err)
+	}
+}

@@ -79,6 +79,11 @@ var (
 	ErrLockTimeout = errors.New("shm: insert lock timeout")
 	// ErrNotJoined means the region has no worker identity to claim slots with.
 	ErrNotJoined = errors.New("shm: region not joined as a worker")
+	// ErrRetired means this process's worker identity was retired (its
+	// supervisor reaped it, or a new supervisor took the region over): it
+	// may still update keys that exist but claims nothing. Callers treat
+	// it like ErrFull.
+	ErrRetired = errors.New("shm: worker identity retired")
 )
 
 // Options is the geometry of a new region. Zero values are the defaults.

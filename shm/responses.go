@@ -189,6 +189,9 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 			return 0, Ticket{}, ErrFull
 		}
 		if !locked {
+			if t.r.stale(owner) {
+				return 0, Ticket{}, ErrRetired // a retired process reserves nothing
+			}
 			if err := lockWord(t.r, &t.recs[home].ilock, owner, t.lockWait); err != nil {
 				return 0, Ticket{}, err
 			}
@@ -197,6 +200,9 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 		}
 		if tk, ok := t.claim(cand, k, fp, owner, now); ok {
 			return Reserved, tk, nil
+		}
+		if t.r.stale(owner) {
+			return 0, Ticket{}, ErrRetired
 		}
 	}
 }

@@ -160,6 +160,9 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 			return 0, ErrFull
 		}
 		if !locked {
+			if c.r.stale(owner) {
+				return 0, ErrRetired // a retired process claims nothing
+			}
 			// Claims take the home slot's insert lock and rescan under it:
 			// without it two processes can install one key in two slots.
 			if err := c.lock(home, owner); err != nil {
@@ -177,6 +180,9 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 			}
 			c.unlock(home, owner)
 			return c.apply(k, cand, s, meta, max(now, c.reclaimMark()), op)
+		}
+		if c.r.stale(owner) {
+			return 0, ErrRetired // our lock and claims are void: never spin on them
 		}
 	}
 }

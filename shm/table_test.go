@@ -285,3 +285,23 @@ func TestReseedAndInsert(t *testing.T) {
 		t.Fatalf("reinserted key forgot its state: %+v", d)
 	}
 }
+
+// A process whose identity was retired while it runs claims nothing and
+// does not spin: it gets ErrRetired for new keys, and existing keys still
+// count exactly.
+func TestRetiredWorker(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 64})
+	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "r", Limit: 3, Window: time.Hour}, r.Counters())
+	lim.Allow("old", time.Minute)
+	r.ReapAll() // a new supervisor took the region over
+	if d := lim.Allow("old", time.Minute); !d.Allowed || d.Full || d.Remaining != 1 {
+		t.Fatalf("existing key after retirement: %+v", d)
+	}
+	_, err := r.Counters().Update(r.Counters().KeyOfString(1, "new"), 0, time.Minute, func(p uint64, _ time.Duration) (uint64, bool) { return p + 1, true })
+	if !errors.Is(err, shm.ErrRetired) {
+		t.Fatalf("claim by a retired worker: %v", err)
+	}
+	if st := r.Counters().Stats(); st.Busy != 0 || st.Locked != 0 {
+		t.Fatalf("retired worker left %+v", st)
+	}
+}
