@@ -91,7 +91,12 @@ func (p *Policy) Take(payload uint64, now time.Duration) (next uint64, d Decisio
 func (p *Policy) Peek(payload uint64, now time.Duration) Decision {
 	_, d := p.Take(payload, now)
 	if d.Allowed {
+		// As things stand, not as they would after taking one.
 		d.Remaining++
+		if p.algo == GCRA {
+			us := max(int64(now/time.Microsecond), 0)
+			d.ResetAfter = time.Duration(max(int64(payload), us)-us) * time.Microsecond
+		}
 	}
 	return d
 }

@@ -275,3 +275,22 @@ func TestNamespace(t *testing.T) {
 		t.Error("a changed algorithm kept the namespace")
 	}
 }
+
+func TestPeek(t *testing.T) {
+	p, _ := Rule{Name: "p", Limit: 5, Window: time.Minute}.Compile()
+	fresh := p.Peek(0, time.Hour)
+	if !fresh.Allowed || fresh.Remaining != 5 || fresh.ResetAfter != 0 {
+		t.Fatalf("peek of a fresh key: %+v", fresh)
+	}
+	payload, _ := p.Take(0, time.Hour)
+	payload, _ = p.Take(payload, time.Hour)
+	// Two taken: 3 left, full again in 24 s (two tokens of 12 s).
+	if d := p.Peek(payload, time.Hour); !d.Allowed || d.Remaining != 3 || d.ResetAfter != 24*time.Second {
+		t.Fatalf("peek after two: %+v", d)
+	}
+	fw, _ := Rule{Name: "f", Limit: 2, Window: time.Minute, Algorithm: FixedWindow}.Compile()
+	fp, _ := fw.Take(0, time.Hour+10*time.Second)
+	if d := fw.Peek(fp, time.Hour+10*time.Second); d.Remaining != 1 || d.ResetAfter != 50*time.Second {
+		t.Fatalf("fixed-window peek: %+v", d)
+	}
+}

@@ -28,7 +28,7 @@ type Route struct {
 // name the same route.
 func Compile(p string, methods []string) (Route, error) {
 	if p == "" || p[0] != '/' {
-		return Route{}, fmt.Errorf("route: "+"path %q must start with /", p)
+		return Route{}, fmt.Errorf("route: path %q must start with /", p)
 	}
 	rt := Route{}
 	base := p
@@ -37,7 +37,7 @@ func Compile(p string, methods []string) (Route, error) {
 		base = p[:len(p)-1] // keep the slash: "/api/" cleans to "/api", "/" stays "/"
 	}
 	if strings.IndexByte(base, '*') >= 0 {
-		return Route{}, fmt.Errorf("route: "+"path %q: '*' is only allowed as a final \"/*\"", p)
+		return Route{}, fmt.Errorf("route: path %q: '*' is only allowed as a final \"/*\"", p)
 	}
 	rt.base = path.Clean(base)
 	if rt.prefix && rt.base == "/" {
@@ -45,7 +45,7 @@ func Compile(p string, methods []string) (Route, error) {
 	}
 	for _, m := range methods {
 		if m == "" || !IsToken(m) {
-			return Route{}, fmt.Errorf("route: "+"method %q is not a token", m)
+			return Route{}, fmt.Errorf("route: method %q is not a token", m)
 		}
 		rt.methods = append(rt.methods, strings.ToUpper(m))
 	}
@@ -108,10 +108,7 @@ func isClean(p string) bool {
 	if p[0] != '/' {
 		return true
 	}
-	if len(p) > 1 && p[len(p)-1] == '/' {
-		return false
-	}
-	// Look at every element: empty ("//"), "." or "..".
+	// Look at every element: empty ("//", a trailing "/"), "." or "..".
 	for i := 0; i < len(p); {
 		j := i + 1
 		for j < len(p) && p[j] != '/' {

@@ -1,0 +1,797 @@
+package httplimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// t0 is the region time tests start at; wall0 is the wall clock then
+// (2026-01-01T00:00:00Z).
+const t0 = 1000 * time.Second
+
+var wall0 = time.Unix(1_767_225_600, 0)
+
+// clock is a test clock for Options.Now and Options.Wall: frozen until
+// advanced, both readings moving together.
+type clock struct{ d atomic.Int64 }
+
+func newClock() *clock {
+	c := &clock{}
+	c.d.Store(int64(t0))
+	return c
+}
+func (c *clock) Now() time.Duration       { return time.Duration(c.d.Load()) }
+func (c *clock) Wall() time.Time          { return wall0.Add(c.Now() - t0) }
+func (c *clock) Advance(by time.Duration) { c.d.Add(int64(by)) }
+
+func newRegion(t testing.TB, opts shm.Options) *shm.Region {
+	t.Helper()
+	r, err := shm.CreatePrivate(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// app is the next handler: 200 "ok", and it records that it ran.
+type app struct{ calls atomic.Int64 }
+
+func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.calls.Add(1)
+	io.WriteString(w, "ok")
+}
+
+type fixture struct {
+	mw     *Middleware
+	app    *app
+	clock  *clock
+	region *shm.Region
+	logs   *bytes.Buffer
+}
+
+func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
+	t.Helper()
+	f := &fixture{app: &app{}, clock: newClock(), region: newRegion(t, geo), logs: &bytes.Buffer{}}
+	logger := slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+	mw, err := New(cfg, f.region, f.app, Options{Logger: logger, Now: f.clock.Now, Wall: f.clock.Wall})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mw = mw
+	return f
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func request(method, target, remote string, hdr ...string) *http.Request {
+	r := httptest.NewRequest(method, target, nil)
+	r.RemoteAddr = remote
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	return r
+}
+
+func (f *fixture) do(r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	f.mw.ServeHTTP(w, r)
+	return w
+}
+
+func (f *fixture) get(target, remote string, hdr ...string) *httptest.ResponseRecorder {
+	return f.do(request("GET", target, remote, hdr...))
+}
+
+func cfgWith(rules ...config.RateLimit) config.Config {
+	c := config.Default()
+	c.RateLimits = rules
+	return c
+}
+
+// rateHeaders picks the rate-limit and refusal fields out of a response.
+func rateHeaders(h http.Header) map[string]string {
+	out := map[string]string{}
+	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+		if vs := h.Values(k); len(vs) > 0 {
+			out[k] = strings.Join(vs, " | ")
+		}
+	}
+	return out
+}
+
+func checkHeaders(t *testing.T, what string, h http.Header, want map[string]string) {
+	t.Helper()
+	got := rateHeaders(h)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %s = %q, want %q", what, k, got[k], v)
+		}
+	}
+	for k, v := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("%s: unexpected %s: %q", what, k, v)
+		}
+	}
+}
+
+// The story of one client against "3 per minute": three served, the fourth
+// refused, with every header exact.
+func TestLimitOneClient(t *testing.T) {
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "login", Path: "/login", Limit: 3, Window: time.Minute}), shm.Options{Counters: 64})
+	const wall = 1_767_225_600
+	for i, want := range []map[string]string{
+		{"RateLimit": `"login";r=2;t=20`, "X-RateLimit-Remaining": "2", "X-RateLimit-Reset": fmt.Sprint(wall + 20)},
+		{"RateLimit": `"login";r=1;t=40`, "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": fmt.Sprint(wall + 40)},
+		{"RateLimit": `"login";r=0;t=60`, "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": fmt.Sprint(wall + 60)},
+	} {
+		w := f.do(request("POST", "/login", "192.0.2.1:5000"))
+		if w.Code != 200 || w.Body.String() != "ok" {
+			t.Fatalf("request %d: %d %q, want 200 ok", i+1, w.Code, w.Body)
+		}
+		want["RateLimit-Policy"] = `"login";q=3;w=60`
+		want["X-RateLimit-Limit"] = "3"
+		checkHeaders(t, fmt.Sprintf("request %d", i+1), w.Header(), want)
+	}
+
+	w := f.do(request("POST", "/login", "192.0.2.1:5001")) // another port, same client
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("request 4: %d, want 429", w.Code)
+	}
+	// GCRA: one request per 20s; the fourth may pass 20s from now.
+	checkHeaders(t, "request 4", w.Header(), map[string]string{
+		"RateLimit-Policy":      `"login";q=3;w=60`,
+		"RateLimit":             `"login";r=0;t=20`,
+		"X-RateLimit-Limit":     "3",
+		"X-RateLimit-Remaining": "0",
+		"X-RateLimit-Reset":     fmt.Sprint(wall + 20),
+		"Retry-After":           "20",
+	})
+	if got := w.Header().Get("Content-Type"); got != "application/problem+json" {
+		t.Errorf("Content-Type = %q", got)
+	}
+	if got := w.Header().Get("Cache-Control"); got != "no-store" {
+		t.Errorf("Cache-Control = %q", got)
+	}
+	wantBody := `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Too Many Requests","status":429,"detail":"rate limit \"login\" exceeded; retry in 20 seconds","violated-policies":["login"]}` + "\n"
+	if w.Body.String() != wantBody {
+		t.Errorf("body\n got %s\nwant %s", w.Body, wantBody)
+	}
+	if !json.Valid(w.Body.Bytes()) {
+		t.Errorf("body is not JSON")
+	}
+	if got := w.Header().Get("Content-Length"); got != fmt.Sprint(len(wantBody)) {
+		t.Errorf("Content-Length = %s, want %d", got, len(wantBody))
+	}
+	if n := f.app.calls.Load(); n != 3 {
+		t.Errorf("the application ran %d times, want 3", n)
+	}
+
+	// Retry-After is never early: rounded up, still refused 19.5s later,
+	// served at 20s.
+	f.clock.Advance(18500 * time.Millisecond)
+	if w := f.get("/login", "192.0.2.1:1"); w.Code != 429 || w.Header().Get("Retry-After") != "2" {
+		t.Errorf("at +18.5s: %d, Retry-After %q; want 429, 2 (1.5s rounded up)", w.Code, w.Header().Get("Retry-After"))
+	}
+	f.clock.Advance(time.Second)
+	if w := f.get("/login", "192.0.2.1:1"); w.Code != 429 || w.Header().Get("Retry-After") != "1" {
+		t.Errorf("at +19.5s: %d, Retry-After %q; want 429, 1 (0.5s rounded up)", w.Code, w.Header().Get("Retry-After"))
+	}
+	f.clock.Advance(500 * time.Millisecond)
+	if w := f.get("/login", "192.0.2.1:1"); w.Code != 200 {
+		t.Errorf("at +20s: %d, want 200", w.Code)
+	}
+	// Another client has its own budget; another path is not limited.
+	if w := f.get("/login", "192.0.2.2:1"); w.Code != 200 {
+		t.Errorf("other client: %d, want 200", w.Code)
+	}
+	w = f.get("/other", "192.0.2.1:1")
+	if w.Code != 200 || len(rateHeaders(w.Header())) != 0 {
+		t.Errorf("unmatched path: %d %v, want 200 without rate-limit headers", w.Code, rateHeaders(w.Header()))
+	}
+	st := f.mw.Stats()
+	if want := []RuleStats{{Name: "login", Allowed: 5, Refused: 3}}; fmt.Sprint(st) != fmt.Sprint(want) {
+		t.Errorf("Stats = %+v, want %+v", st, want)
+	}
+}
+
+// A fixed window reports the end of the window as t, refused or not.
+func TestFixedWindowHeaders(t *testing.T) {
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "fw", Path: "/x", Limit: 2, Window: 10 * time.Second, Algorithm: "fixed-window"}), shm.Options{Counters: 64})
+	f.clock.Advance(3 * time.Second) // t0 is window-aligned; 7s remain in this one
+	for i, want := range []string{`"fw";r=1;t=7`, `"fw";r=0;t=7`, `"fw";r=0;t=7`} {
+		w := f.get("/x", "192.0.2.1:1")
+		if got := w.Header().Get("RateLimit"); got != want {
+			t.Errorf("request %d: RateLimit = %q, want %q", i+1, got, want)
+		}
+		if i == 2 && (w.Code != 429 || w.Header().Get("Retry-After") != "7") {
+			t.Errorf("request 3: %d, Retry-After %q; want 429, 7", w.Code, w.Header().Get("Retry-After"))
+		}
+	}
+}
+
+// Two rules on one path: B refuses the third request, and A is not charged
+// for it.
+func TestRefusalChargesNoRule(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "A", Path: "/api/*", Limit: 10, Window: time.Minute},
+		config.RateLimit{Name: "B", Path: "/api/*", Limit: 2, Window: time.Minute},
+	), shm.Options{Counters: 64})
+	req := func() *http.Request { return request("GET", "/api/items", "192.0.2.1:1") }
+	remainingA := func() int64 {
+		return f.mw.Limiter("A").Peek(string(f.mw.KeyOf("A", req())), f.clock.Now()).Remaining
+	}
+	for i := 0; i < 2; i++ {
+		if w := f.do(req()); w.Code != 200 {
+			t.Fatalf("request %d: %d", i+1, w.Code)
+		}
+	}
+	if got := remainingA(); got != 8 {
+		t.Fatalf("A remaining after 2 requests = %d, want 8", got)
+	}
+	for i := 0; i < 5; i++ {
+		w := f.do(req())
+		if w.Code != 429 {
+			t.Fatalf("request %d: %d, want 429", i+3, w.Code)
+		}
+		if i == 0 {
+			checkHeaders(t, "refused", w.Header(), map[string]string{
+				"RateLimit-Policy":      `"A";q=10;w=60, "B";q=2;w=60`,
+				"RateLimit":             X
+				"X-RateLimit-Limit":     "2",
+				"X-RateLimit-Remaining": "0",
+				"X-RateLimit-Reset":     "1767225630",
+				"Retry-After":           "30",
+			})
+			if !strings.Contains(w.Body.String(), `"detail":"rate limit \"B\" exceeded; retry in 30 seconds","violated-policies":["B"]}`) {
+				t.Errorf("body %s", w.Body)
+			}
+		}
+	}
+	if got := remainingA(); got != 8 {
+		t.Errorf("A remaining after 5 refusals = %d, want 8 (a refusal charges no rule)", got)
+	}
+	if st := f.mw.Stats(); st[0].Allowed != 2 || st[0].Refused != 0 || st[1].Allowed != 2 || st[1].Refused != 5 {
+		t.Errorf("Stats = %+v", st)
+	}
+}
+
+// A request refused at the peek touches no rule's state: not even a slot
+// for a key A has never seen is claimed (a charge and a refund would).
+func TestRefusalClaimsNoSlot(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "A", Path: "/*", Limit: 10, Window: time.Minute},
+		config.RateLimit{Name: "B", Path: "/*", Limit: 1, Window: time.Minute, By: "global"},
+	), shm.Options{Counters: 64})
+	f.get("/", "192.0.2.1:1") // claims A's slot for this client, and B's one
+	for i := 2; i <= 5; i++ {
+		if w := f.get("/", fmt.Sprintf("192.0.2.%d:1", i)); w.Code != 429 {
+			t.Fatalf("client %d: %d, want 429", i, w.Code)
+		}
+	}
+	if st := f.region.Counters().Stats(); st.Claims != 2 || st.Live != 2 {
+		t.Errorf("%d claims, %d live slots; want 2, 2", st.Claims, st.Live)
+	}
+}
+
+// Several refusing rules: Retry-After is the latest, and every one is named.
+func TestSeveralRulesRefuse(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "short", Path: "/x", Limit: 1, Window: 10 * time.Second},
+		config.RateLimit{Name: "long", Path: "/x", Limit: 1, Window: time.Hour},
+	), shm.Options{Counters: 64})
+	f.get("/x", "192.0.2.1:1")
+	w := f.get("/x", "192.0.2.1:1")
+	if w.Code != 429 || w.Header().Get("Retry-After") != "3600" {
+		t.Fatalf("%d, Retry-After %q; want 429, 3600", w.Code, w.Header().Get("Retry-After"))
+	}
+	if !strings.Contains(w.Body.String(), `rate limit \"long\" exceeded; retry in 3600 seconds","violated-policies":["short","long"]}`) {
+		t.Errorf("body %s", w.Body)
+	}
+	// The conventional headers follow the spec's rule: fewest remaining,
+	// then the soonest reset.
+	if got := w.Header().Get("X-RateLimit-Limit") + " " + w.Header().Get("X-RateLimit-Reset"); got != "1 1767225610" {
+		t.Errorf("X-RateLimit-Limit, -Reset = %s", got)
+	}
+}
+
+// The refund after a phase-2 refusal: A is charged, then B finds no slot
+// for a new key and on_full "closed" refuses (a peek cannot know that); A
+// must get its request back.
+func TestRefundAfterLateRefusal(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "A", Path: "/x", Limit: 100, Window: time.Hour, By: "global"},
+		config.RateLimit{Name: "B", Path: "/x", Limit: 100, Window: time.Hour, OnFull: "closed"},
+	), shm.Options{Counters: 8, Probe: 8})
+	// A's one key and 7 clients of B fill the 8 slots.
+	for i := 1; i <= 7; i++ {
+		if w := f.get("/x", fmt.Sprintf("192.0.2.%d:1", i)); w.Code != 200 {
+			t.Fatalf("client %d: %d", i, w.Code)
+		}
+	}
+	remainingA := func() int64 {
+		return f.mw.Limiter("A").Peek("g", f.clock.Now()).Remaining
+	}
+	if got := remainingA(); got != 93 {
+		t.Fatalf("A remaining = %d, want 93", got)
+	}
+	w := f.get("/x", "192.0.2.99:1")
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("new client in a full table: %d, Retry-After %q; want 503, 1", w.Code, w.Header().Get("Retry-After"))
+	}
+	if got := remainingA(); got != 93 {
+		t.Errorf("A remaining after the refusal = %d, want 93 (refunded)", got)
+	}
+	if got := w.Header().Get("RateLimit"); got != `"A";r=93;t=252, "B";r=0;t=1` {
+		t.Errorf("RateLimit = %q", got)
+	}
+	if st := f.mw.Stats(); st[0].Allowed != 7 || st[1].Refused != 1 || st[1].Full != 1 {
+		t.Errorf("Stats = %+v", st)
+	}
+}
+
+func TestOnFull(t *testing.T) {
+	for _, onFull := range []string{"open", "closed"} {
+		t.Run(onFull, func(t *testing.T) {
+			f := newFixture(t, cfgWith(config.RateLimit{Name: "ip", Path: "/*", Limit: 5, Window: 24 * time.Hour, OnFull: onFull}),
+				shm.Options{Counters: 8, Probe: 8})
+			for i := 1; i <= 8; i++ {
+				if w := f.get("/", fmt.Sprintf("198.51.100.%d:1", i)); w.Code != 200 {
+					t.Fatalf("client %d: %d", i, w.Code)
+				}
+			}
+			// Hours later the 8 keys are still being limited: no slot is
+			// reclaimed from them.
+			f.clock.Advance(time.Hour)
+			w := f.get("/", "198.51.100.200:1")
+			st := f.mw.Stats()[0]
+			switch onFull {
+			case "open":
+				if w.Code != 200 || st.Full != 1 || st.Allowed != 9 {
+					t.Errorf("%d, %+v; want 200, one Full, 9 Allowed", w.Code, st)
+				}
+				if got := w.Header().Get("RateLimit"); got != `"ip";r=4;t=0` {
+					t.Errorf("RateLimit = %q", got)
+				}
+			case "closed":
+				if w.Code != 503 || w.Header().Get("Retry-After") != "1" || st.Full != 1 || st.Refused != 1 {
+					t.Errorf("%d, Retry-After %q, %+v; want 503, 1, one Full and one Refused", w.Code, w.Header().Get("Retry-After"), st)
+				}
+				want := `{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"rate limit \"ip\" is temporarily unavailable; retry in 1 second"}` + "\n"
+				if w.Body.String() != want || w.Header().Get("Content-Type") != "application/problem+json" || w.Header().Get("Cache-Control") != "no-store" {
+					t.Errorf("503: %v\n%s", w.Header(), w.Body)
+				}
+				if f.app.calls.Load() != 8 {
+					t.Errorf("application ran %d times, want 8", f.app.calls.Load())
+				}
+			}
+			// A client that has a slot is unaffected.
+			if w := f.get("/", "198.51.100.1:1"); w.Code != 200 {
+				t.Errorf("known client: %d", w.Code)
+			}
+		})
+	}
+}
+
+func TestForwardedClients(t *testing.T) {
+	rule := config.RateLimit{Name: "ip", Path: "/*", Limit: 2, Window: time.Minute}
+
+	t.Run("untrusted peer", func(t *testing.T) {
+		f := newFixture(t, cfgWith(rule), shm.Options{Counters: 64})
+		for i := 1; i <= 5; i++ {
+			w := f.get("/", "203.0.113.7:4000",
+				"X-Forwarded-For", fmt.Sprintf("10.1.1.%d", i),
+				"Forwarded", fmt.Sprintf("for=10.2.2.%d", i))
+			if want := map[bool]int{true: 200, false: 429}[i <= 2]; w.Code != want {
+				t.Errorf("request %d with a fresh X-Forwarded-For: %d, want %d", i, w.Code, want)
+			}
+		}
+		if got := string(f.mw.KeyOf("ip", request("GET", "/", "203.0.113.7:1", "X-Forwarded-For", "10.1.1.1"))); got != "ip:203.0.113.7" {
+			t.Errorf("KeyOf = %q, want the peer", got)
+		}
+	})
+
+	t.Run("trusted proxy", func(t *testing.T) {
+		cfg := cfgWith(rule)
+		cfg.Server.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		f := newFixture(t, cfg, shm.Options{Counters: 64})
+		for round := 0; round < 2; round++ {
+			for i := 1; i <= 5; i++ {
+				w := f.get("/", "10.0.0.1:4000", "X-Forwarded-For", fmt.Sprintf("192.0.2.%d", i))
+				if w.Code != 200 {
+					t.Errorf("round %d, client %d: %d, want 200 (own budget)", round, i, w.Code)
+				}
+			}
+		}
+		if w := f.get("/", "10.0.0.1:4000", "X-Forwarded-For", "192.0.2.3"); w.Code != 429 {
+			t.Errorf("client 3, third request: %d, want 429", w.Code)
+		}
+		// A client cannot pick a key by prepending to the header.
+		if w := f.get("/", "10.0.0.1:4000", "X-Forwarded-For", "198.51.100.1, 192.0.2.3"); w.Code != 429 {
+			t.Errorf("client 3 with a forged hop: %d, want 429", w.Code)
+		}
+		if got := string(f.mw.KeyOf("ip", request("GET", "/", "10.0.0.1:1", "X-Forwarded-For", "192.0.2.9"))); got != "ip:192.0.2.9" {
+			t.Errorf("KeyOf = %q", got)
+		}
+	})
+}
+
+func TestHeaderModes(t *testing.T) {
+	ietf := []string{"RateLimit-Policy", "RateLimit"}
+	x := []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
+	for _, tt := range []struct {
+		mode string
+		want []string
+	}{
+		{"both", append(append([]string{}, ietf...), x...)},
+		{"", append(append([]string{}, ietf...), x...)}, // the default
+		{"ietf", ietf},
+		{"x", x},
+		{"none", nil},
+	} {
+		t.Run(tt.mode, func(t *testing.T) {
+			cfg := cfgWith(config.RateLimit{Name: "r", Path: "/", Limit: 1, Window: time.Second})
+			cfg.Server.Headers = tt.mode
+			f := newFixture(t, cfg, shm.Options{Counters: 64})
+			for i, code := range []int{200, 429} {
+				w := f.get("/", "192.0.2.1:1")
+				if w.Code != code {
+					t.Fatalf("request %d: %d, want %d", i+1, w.Code, code)
+				}
+				got := rateHeaders(w.Header())
+				want := append([]string{}, tt.want...)
+				if code == 429 {
+					want = append(want, "Retry-After") // always, whatever the mode
+				}
+				for _, k := range want {
+					if got[k] == "" {
+						t.Errorf("request %d: no %s", i+1, k)
+					}
+					delete(got, k)
+				}
+				if len(got) > 0 {
+					t.Errorf("request %d: unexpected %v", i+1, got)
+				}
+			}
+		})
+	}
+	cfg := cfgWith()
+	cfg.Server.Headers = "all"
+	if _, err := New(cfg, newRegion(t, shm.Options{Counters: 64}), &app{}, Options{}); err == nil {
+		t.Error(`headers = "all" accepted`)
+	}
+}
+
+// The headers are on the response whatever the next handler does with its
+// own, and it can read them.
+func TestHeadersSurviveNext(t *testing.T) {
+	region := newRegion(t, shm.Options{Counters: 64})
+	clk := newClock()
+	var seen string
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = w.Header().Get("RateLimit")
+		w.Header().Set("X-App", "1")
+		w.Header().Add("RateLimit", `"upstream";r=7`) // an upstream's own item joins the list
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "created")
+	})
+	mw, err := New(cfgWith(config.RateLimit{Name: "r", Path: "/", Limit: 5, Window: time.Minute}), region, next, Options{Now: clk.Now, Wall: clk.Wall})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw)
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if seen != `"r";r=4;t=12` {
+		t.Errorf("next saw RateLimit %q", seen)
+	}
+	if resp.StatusCode != 201 || resp.Header.Get("X-App") != "1" {
+		t.Errorf("%d %v", resp.StatusCode, resp.Header)
+	}
+	checkHeaders(t, "response", resp.Header, map[string]string{
+		"RateLimit-Policy":      `"r";q=5;w=60`,
+		"RateLimit":             `"r";r=4;t=12 | "upstream";r=7`,
+		"X-RateLimit-Limit":     "5",
+		"X-RateLimit-Remaining": "4",
+		"X-RateLimit-Reset":     "1767225612",
+	})
+}
+
+func TestShadow(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "watch", Path: "/*", Limit: 1, Window: time.Minute, Mode: "shadow"},
+	), shm.Options{Counters: 64})
+	for i := 1; i <= 5; i++ {
+		w := f.get("/page", "192.0.2.1:1")
+		if w.Code != 200 {
+			t.Fatalf("request %d: %d, want 200 (shadow never refuses)", i, w.Code)
+		}
+		// Served: 0 left for 60s; refused in shadow: the next passes in 60s.
+		want := `"watch";r=0;t=60`
+		if got := w.Header().Get("RateLimit"); got != want || w.Header().Get("X-RateLimit-Remaining") != "0" {
+			t.Errorf("request %d: RateLimit %q, X-RateLimit-Remaining %q", i, got, w.Header().Get("X-RateLimit-Remaining"))
+		}
+	}
+	lines := func() []string { return strings.Split(strings.TrimSpace(f.logs.String()), "\n") }
+	if l := lines(); len(l) != 1 || !strings.Contains(l[0], "rule=watch") || !strings.Contains(l[0], "suppressed=0") ||
+		!strings.Contains(l[0], "client=192.0.2.1") || !strings.Contains(l[0], "level=WARN") {
+		t.Fatalf("after 4 would-be refusals in one instant, log:\n%s", f.logs)
+	}
+	f.clock.Advance(999 * time.Millisecond)
+	f.get("/page", "192.0.2.1:1")
+	if l := lines(); len(l) != 1 {
+		t.Fatalf("0.999s later, log:\n%s", f.logs)
+	}
+	f.clock.Advance(time.Millisecond)
+	f.get("/page", "192.0.2.1:1")
+	if l := lines(); len(l) != 2 || !strings.Contains(l[1], "suppressed=4") {
+		t.Fatalf("1s later, log:\n%s", f.logs)
+	}
+	f.clock.Advance(time.Second)
+	f.get("/page", "192.0.2.1:1")
+	if l := lines(); len(l) != 3 || !strings.Contains(l[2], "suppressed=0") {
+		t.Fatalf("2s later, log:\n%s", f.logs)
+	}
+	st := f.mw.Stats()[0]
+	if st != (RuleStats{Name: "watch", Allowed: 1, ShadowRefused: 7}) {
+		t.Errorf("Stats = %+v", st)
+	}
+	if f.app.calls.Load() != 8 {
+		t.Errorf("application ran %d times, want 8", f.app.calls.Load())
+	}
+}
+
+// A shadow rule beside an enforcing one: it is not charged when the
+// enforcing rule refuses, and it reports headers either way.
+func TestShadowBesideEnforce(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "enf", Path: "/*", Limit: 2, Window: time.Minute},
+		config.RateLimit{Name: "shd", Path: "/*", Limit: 10, Window: time.Minute, Mode: "shadow"},
+	), shm.Options{Counters: 64})
+	for i := 0; i < 4; i++ {
+		f.get("/", "192.0.2.1:1")
+	}
+	w := f.get("/", "192.0.2.1:1")
+	if w.Code != 429 || w.Header().Get("RateLimit") != `"enf";r=0;t=30, "shd";r=8;t=12` {
+		t.Errorf("%d, RateLimit %q", w.Code, w.Header().Get("RateLimit"))
+	}
+	if st := f.mw.Stats(); st[1].Allowed != 2 || st[0].Refused != 3 {
+		t.Errorf("Stats = %+v", st)
+	}
+}
+
+func TestConcurrentExact(t *testing.T) {
+	const limit, goroutines, each = 100, 8, 40
+	for _, tt := range []struct {
+		name  string
+		rules []config.RateLimit
+	}{
+		{"one rule", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour}}},
+		{"fixed window", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour, Algorithm: "fixed-window"}}},
+		// A wider rule first: every refusal by L after A's charge must be
+		// refunded to A.
+		{"two rules", []config.RateLimit{
+			{Name: "A", Path: "/*", Limit: 250, Window: time.Hour},
+			{Name: "L", Path: "/*", Limit: limit, Window: time.Hour},
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, cfgWith(tt.rules...), shm.Options{Counters: 64})
+			var ok, refused atomic.Int64
+			var wg sync.WaitGroup
+			for g := 0; g < goroutines; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < each; i++ {
+						switch w := f.get("/", "192.0.2.1:1"); w.Code {
+						case 200:
+							ok.Add(1)
+						case 429:
+							refused.Add(1)
+						default:
+							t.Errorf("status %d", w.Code)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if ok.Load() != limit || refused.Load() != goroutines*each-limit {
+				t.Errorf("%d allowed, %d refused; want exactly %d allowed", ok.Load(), refused.Load(), limit)
+			}
+			if f.mw.Limiter("A") != nil {
+				if got := f.mw.Limiter("A").Peek("ip:192.0.2.1", f.clock.Now()).Remaining; got != 250-limit {
+					t.Errorf("A remaining = %d, want %d: refused requests were charged", got, 250-limit)
+				}
+			}
+		})
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	region := newRegion(t, shm.Options{Counters: 64})
+	good := config.RateLimit{Name: "r", Path: "/", Limit: 1, Window: time.Second}
+	with := func(mod func(*config.RateLimit)) config.Config {
+		r := good
+		mod(&r)
+		return cfgWith(r)
+	}
+	for _, tt := range []struct {
+		name string
+		cfg  config.Config
+		want string
+	}{
+		{"duplicate", cfgWith(good, good), `rule "r" defined twice`},
+		{"path", with(func(r *config.RateLimit) { r.Path = "x" }), `rule "r": route: path "x" must start with /`},
+		{"line", with(func(r *config.RateLimit) { r.Path = "x"; r.Line = 12 }), `rule "r" (line 12)`},
+		{"name", with(func(r *config.RateLimit) { r.Name = "a\nb" }), "printable ASCII"},
+		{"no name", with(func(r *config.RateLimit) { r.Name = "" }), "printable ASCII"},
+		{"limit", with(func(r *config.RateLimit) { r.Limit = 0 }), "limit 0"},
+		{"window", with(func(r *config.RateLimit) { r.Window = 0 }), "window"},
+		{"mode", with(func(r *config.RateLimit) { r.Mode = "log" }), `mode "log"`},
+		{"on_full", with(func(r *config.RateLimit) { r.OnFull = "maybe" }), `on_full "maybe"`},
+		{"by", with(func(r *config.RateLimit) { r.By = "cookie:x" }), "invalid by"},
+		{"algorithm", with(func(r *config.RateLimit) { r.Algorithm = "leaky" }), "unknown algorithm"},
+		{"burst", with(func(r *config.RateLimit) { r.Algorithm = "fixed-window"; r.Burst = 3 }), "burst"},
+	} {
+		_, err := New(tt.cfg, region, &app{}, Options{})
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "httplimit: ") {
+			t.Errorf("%s: New = %v, want an error containing %q", tt.name, err, tt.want)
+		}
+	}
+
+	unjoined, err := shm.CreatePrivate(shm.Options{Counters: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(cfgWith(good), unjoined, &app{}, Options{}); !errors.Is(err, shm.ErrNotJoined) {
+		t.Errorf("unjoined region: %v, want ErrNotJoined", err)
+	}
+	if _, err := New(cfgWith(good), nil, &app{}, Options{}); err == nil {
+		t.Error("nil region accepted")
+	}
+	if _, err := New(cfgWith(good), region, nil, Options{}); err == nil {
+		t.Error("nil next accepted")
+	}
+}
+
+func TestLimiterResetAfterLogin(t *testing.T) {
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "login", Path: "/login", Limit: 2, Window: time.Hour}), shm.Options{Counters: 64})
+	r := request("POST", "/login", "192.0.2.1:1")
+	f.do(r)
+	f.do(r)
+	if w := f.do(r); w.Code != 429 {
+		t.Fatalf("%d, want 429", w.Code)
+	}
+	f.mw.Limiter("login").Reset(string(f.mw.KeyOf("login", r)), f.clock.Now())
+	if w := f.do(r); w.Code != 200 {
+		t.Errorf("after Reset: %d, want 200", w.Code)
+	}
+	if f.mw.Limiter("nope") != nil || f.mw.KeyOf("nope", r) != nil {
+		t.Error("unknown rule: non-nil limiter or key")
+	}
+}
+
+// discardWriter is a ResponseWriter that reuses its header map, so that
+// allocation counts are the middleware's own.
+type discardWriter struct{ h http.Header }
+
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discardWriter) WriteHeader(int)             {}
+
+func TestAllocations(t *testing.T) {
+	region := newRegion(t, shm.Options{Counters: 1024})
+	var tick atomic.Int64
+	// Each reading is 1ms later: with 1000 per second the bucket never runs out.
+	now := func() time.Duration { return time.Duration(tick.Add(int64(time.Millisecond))) }
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	mw, err := New(cfgWith(
+		config.RateLimit{Name: "api", Path: "/api/*", Limit: 1000, Window: time.Second},
+		config.RateLimit{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: time.Minute},
+	), region, next, Options{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &discardWriter{h: http.Header{}}
+	for _, tt := range []struct {
+		target string
+		max    float64
+	}{
+		{"/static/app.js", 0},
+		{"/login", 0}, // a GET: the rule is for POST
+		{"/api/v1/items", 2},
+	} {
+		r := request("GET", tt.target, "192.0.2.1:1234")
+		allocs := testing.AllocsPerRun(200, func() {
+			clear(w.h)
+			mw.ServeHTTP(w, r)
+		})
+		if allocs > tt.max {
+			t.Errorf("GET %s: %v allocations, want at most %v", tt.target, allocs, tt.max)
+		}
+	}
+}
+
+func BenchmarkMiddleware(b *testing.B) {
+	for _, parallel := range []bool{false, true} {
+		for _, target := range []string{"/api/v1/items", "/static/app.js"} {
+			name := map[string]string{"/api/v1/items": "match-allowed", "/static/app.js": "no-match"}[target]
+			if parallel {
+				name += "-parallel"
+			}
+			b.Run(name, func(b *testing.B) {
+				region := newRegion(b, shm.Options{Counters: 1 << 16})
+				var tick atomic.Int64
+				now := func() time.Duration { return time.Duration(tick.Add(int64(time.Microsecond))) }
+				next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+				mw, err := New(cfgWith(
+					config.RateLimit{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: time.Minute},
+					config.RateLimit{Name: "api", Path: "/api/*", Limit: 1_000_000, Window: time.Second},
+				), region, next, Options{Now: now})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				if !parallel {
+					r := request("GET", target, "192.0.2.1:1234")
+					w := &discardWriter{h: http.Header{}}
+					for b.Loop() {
+						clear(w.h)
+						mw.ServeHTTP(w, r)
+					}
+					return
+				}
+				var id atomic.Int32
+				b.RunParallel(func(pb *testing.PB) {
+					// One client per goroutine: contention is the table's, not one key's.
+					r := request("GET", target, fmt.Sprintf("192.0.2.%d:1234", id.Add(1)))
+					w := &discardWriter{h: http.Header{}}
+					for pb.Next() {
+						clear(w.h)
+						mw.ServeHTTP(w, r)
+					}
+				})
+			})
+		}
+	}
+}
