@@ -271,7 +271,7 @@ func TestRefusalChargesNoRule(t *testing.T) {
 		if i == 0 {
 			checkHeaders(t, "refused", w.Header(), map[string]string{
 				"RateLimit-Policy":      `"A";q=10;w=60, "B";q=2;w=60`,
-				"RateLimit":             X
+				"RateLimit":             `"A";r=8;t=12, "B";r=0;t=30`, // A's t from a peek: full again in two emission intervals
 				"X-RateLimit-Limit":     "2",
 				"X-RateLimit-Remaining": "0",
 				"X-RateLimit-Reset":     "1767225630",
