@@ -1,0 +1,98 @@
+// Package prefork runs an http.Handler in several supervised worker
+// processes that share one listening socket and one shared-memory region,
+// so that rate limits hold across all of them. It is the runtime of the
+// preforkd daemon and the way to embed preforkd in a Go program.
+//
+// The call most users want is [Run], first thing in main:
+//
+//	func main() {
+//		err := prefork.Run(context.Background(), prefork.Options{
+//			Config:  cfg,
+//			Handler: func(w *prefork.Worker) (http.Handler, error) { return app(w), nil },
+//		})
+//		if err != nil {
+//			fmt.Fprintln(os.Stderr, err)
+//			os.Exit(1)
+//		}
+//	}
+//
+// # Roles
+//
+// The same program runs as the supervisor and as every worker. The
+// supervisor starts each worker by executing its own binary again
+// (/proc/self/exe, with the same arguments) with the environment variable
+// PREFORKD_WORKER set; [Run] (and [IsWorker]) detect that role. In a worker,
+// Run serves and exits the process itself: it never returns. Hence main
+// calls Run before anything with side effects (opening files, starting
+// goroutines that matter), and the code before Run runs in every process.
+//
+// A worker inherits, as file descriptors 3 to 7: the region, the listening
+// socket, the read end of a lifeline pipe, the write end of its readiness
+// pipe, and the supervisor's configuration (JSON in a sealed memory file).
+// It maps the region, joins it under its worker index, builds the
+// application with [Options.Handler], wraps it in the rate-limit middleware
+// (package httplimit), reports readiness and serves.
+//
+// # Supervisor
+//
+// The supervisor opens the listener and creates the region (with
+// Options.NewRegion or shm.Create) before any worker exists, runs
+// Options.Prepare, starts Server.WorkerCount workers and watches them with
+// one select loop. It never serves a request.
+//
+//   - TERM or INT (or ctx done): graceful drain. Every worker stops
+//     accepting and finishes its requests in flight for up to
+//     Server.ShutdownTimeout; the supervisor kills what is left a little
+//     later. A second TERM or INT kills at once. No worker is started while
+//     draining. After the last worker was reaped, Options.Finish runs and
+//     Run returns.
+//   - HUP: the configuration is read again (Options.LoadConfig or
+//     Options.ConfigPath; without either, the running one is reused). An
+//     invalid one is logged and the running configuration kept. Otherwise
+//     the workers are replaced one at a time: a new one starts, and an old
+//     one is told to drain only once the new one is ready, so that no fewer
+//     than N workers serve and no connection is refused. The region, and
+//     every count in it, carries over. The listen address, the table
+//     geometry and the number of workers need a restart: a reload logs
+//     such a change and keeps the running values.
+//   - A worker that exits without being asked to (a crash) is replaced
+//     after a delay that starts at 100ms and doubles up to 10s while the
+//     crashes go on; a worker that ran for 10s resets it. A crash loop
+//     costs a few process starts per minute, not a spinning CPU. A worker
+//     that has not reported ready a minute after its start is killed and
+//     replaced the same way.
+//   - systemd: with NOTIFY_SOCKET set, READY=1 once every worker reported
+//     ready, RELOADING=1 on HUP and READY=1 when the reload finished (or
+//     was refused), STOPPING=1 at shutdown. Workers do not inherit
+//     NOTIFY_SOCKET.
+//   - Each worker's GOMAXPROCS is its share of the CPUs unless GOMAXPROCS
+//     is set in the environment.
+//
+// # Guarantees
+//
+// Exact across workers: every worker updates the same counters in the
+// region with atomic operations, so a limit of L lets L requests through in
+// total, whatever the number of workers.
+//
+// Crash release: the supervisor reaps every worker and calls
+// shm.Region.Reap for its index before the index is used again, which
+// releases the slots and locks the dead process held; a worker killed in
+// the middle of an update never blocks a key.
+//
+// Death of the supervisor: workers are started with Pdeathsig (SIGKILL) from
+// one OS thread that lives as long as the supervisor, and hold the read end
+// of a pipe that only the supervisor can write; its EOF makes a worker drain
+// and exit. Either way no worker outlives its supervisor, also after a
+// kill -9. Workers live in their own process group: a terminal's Ctrl-C
+// reaches the supervisor only, which then drains them.
+//
+// # Limits
+//
+// Linux only (memfd, Pdeathsig). A TCP listener (any net.Listener with a
+// File method). Workers run the supervisor's own binary, so a new build
+// needs a restart, not a HUP. Worker indexes are allocated from the
+// region's MaxWorkers (2×workers+2 with shm.Create): while draining
+// workers hold indexes, a reload waits for them. Logs are one line per
+// operator event (start, worker started, ready, worker exit with its status,
+// reload, drain), never one per request.
+package prefork

@@ -1,0 +1,89 @@
+package prefork
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/config"
+)
+
+// What a worker process inherits from its supervisor: one environment
+// variable, which marks the process as a worker and names its region worker
+// index, and five file descriptors (exec.Cmd.ExtraFiles, from 3 on).
+const (
+	envWorker = "PREFORKD_WORKER"
+
+	fdRegion   = 3 // the shared-memory region (memfd or tmpfs file)
+	fdListener = 4 // the listening socket, shared by every worker
+	fdLifeline = 5 // read end of a pipe the supervisor never writes: EOF = supervisor gone
+	fdReady    = 6 // write end of this worker's readiness pipe
+	fdConfig   = 7 // the configuration as JSON, read with pread (the offset is shared)
+)
+
+// IsWorker reports whether this process was started by a supervisor as one
+// of its workers. Run answers the same question itself; IsWorker lets a
+// program (or a TestMain) pick its role before doing anything else.
+// A worker's Run removes the marker from its environment, so that programs
+// the application starts are not mistaken for workers.
+func IsWorker() bool {
+	_, ok := os.LookupEnv(envWorker)
+	return ok
+}
+
+// workerIndex parses the worker marker.
+func workerIndex() (int, error) {
+	v := os.Getenv(envWorker)
+	w, err := strconv.Atoi(v)
+	if err != nil || w < 0 {
+		return 0, fmt.Errorf("prefork: %s=%q is not a worker index", envWorker, v)
+	}
+	return w, nil
+}
+
+// configFile writes cfg as JSON into a sealed memory file for the workers
+// of one configuration generation. A file rather than an environment
+// variable: a configuration has no size limit, and it stays out of
+// /proc/PID/environ.
+func configFile(cfg config.Config) (*os.File, error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("prefork: encoding the configuration: %w", err)
+	}
+	fd, err := unix.MemfdCreate("preforkd-config", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("prefork: memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "preforkd-config")
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("prefork: writing the configuration: %w", err)
+	}
+	const seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE | unix.F_SEAL_SEAL
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("prefork: sealing the configuration: %w", err)
+	}
+	return f, nil
+}
+
+// readConfig reads the configuration a worker inherited.
+func readConfig(f *os.File) (config.Config, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return config.Config{}, fmt.Errorf("prefork: inherited configuration: %w", err)
+	}
+	b, err := io.ReadAll(io.NewSectionReader(f, 0, st.Size()))
+	if err != nil {
+		return config.Config{}, fmt.Errorf("prefork: reading the inherited configuration: %w", err)
+	}
+	var cfg config.Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return config.Config{}, fmt.Errorf("prefork: decoding the inherited configuration: %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,374 @@
+package prefork
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The test binary plays three roles (STYLE rule 7): the test itself, a
+// worker (started by a supervisor, detected by IsWorker), and a supervisor
+// of its own (envTestRole, for the test that kills the supervisor).
+const (
+	envTestRole   = "PREFORK_TEST_ROLE"   // "supervisor"
+	envTestConfig = "PREFORK_TEST_CONFIG" // the supervisor role's config.Config as JSON
+	envTestCrash  = "PREFORK_TEST_CRASH"  // set: a worker exits at once with status 3
+)
+
+func TestMain(m *testing.M) {
+	if IsWorker() {
+		level := slog.LevelWarn
+		if os.Getenv("PREFORK_TEST_LOGS") != "" {
+			level = slog.LevelDebug
+		}
+		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		_ = Run(context.Background(), Options{Handler: testHandler, Logger: log})
+		panic("unreachable: Run returned in a worker")
+	}
+	if os.Getenv(envTestRole) == "supervisor" {
+		os.Exit(supervisorRole())
+	}
+	// Workers orphaned by a killed supervisor are reparented to this
+	// process, which can then wait for them.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "PR_SET_CHILD_SUBREAPER:", err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	if code == 0 {
+		if leaked := leakedGoroutines(2 * time.Second); leaked != "" {
+			fmt.Fprintf(os.Stderr, "goroutines of package prefork outlived the tests:\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// supervisorRole runs Run as a whole process with its logs as JSON on stderr.
+func supervisorRole() int {
+	var cfg config.Config
+	if err := json.Unmarshal([]byte(os.Getenv(envTestConfig)), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if err := Run(context.Background(), Options{Config: cfg, Listener: ln, Handler: testHandler, Logger: log}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// testHandler is the application of the test workers.
+func testHandler(w *Worker) (http.Handler, error) {
+	if os.Getenv(envTestCrash) != "" {
+		os.Exit(3)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/pid", func(rw http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(rw, os.Getpid())
+	})
+	// /slow sends its headers at once, so that the client knows the
+	// request is in the handler, and its body after d.
+	mux.HandleFunc("/slow", func(rw http.ResponseWriter, r *http.Request) {
+		d, _ := time.ParseDuration(r.URL.Query().Get("d"))
+		rw.WriteHeader(http.StatusOK)
+		rw.(http.Flusher).Flush()
+		time.Sleep(d)
+		fmt.Fprint(rw, "done")
+	})
+	mux.HandleFunc("/env", func(rw http.ResponseWriter, _ *http.Request) {
+		_, notify := os.LookupEnv(envNotifySocket)
+		_, marker := os.LookupEnv(envWorker)
+		json.NewEncoder(rw).Encode(map[string]any{
+			"notify": notify, "marker": marker, "gomaxprocs": runtime.GOMAXPROCS(0), "index": w.Index,
+		})
+	})
+	mux.HandleFunc("/reset", func(rw http.ResponseWriter, r *http.Request) {
+		rule := r.URL.Query().Get("rule")
+		w.Limiter(rule).Reset(w.ClientKey(rule, r), w.Region.Now())
+	})
+	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "ok") })
+	return mux, nil
+}
+
+// leakedGoroutines waits up to d for the goroutines running this package's
+// code to end, and describes those that did not.
+func leakedGoroutines(d time.Duration) string {
+	deadline := time.Now().Add(d)
+	for {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var leaked []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "/prefork/") && !strings.Contains(g, "_test.go") {
+				leaked = append(leaked, g)
+			}
+		}
+		if len(leaked) == 0 || time.Now().After(deadline) {
+			return strings.Join(leaked, "\n\n")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// record is one log line the supervisor wrote.
+type record struct {
+	msg   string
+	time  time.Time
+	level slog.Level
+	attrs map[string]any
+}
+
+func (r record) int(key string) int {
+	switch v := r.attrs[key].(type) {
+	case int64:
+		return int(v)
+	case float64: // from JSON
+		return int(v)
+	}
+	return -1
+}
+
+// logSink is an slog.Handler that keeps every record for the test to wait on.
+type logSink struct {
+	mu      sync.Mutex
+	recs    []record
+	changed chan struct{} // closed and replaced at every record
+}
+
+func newLogSink() *logSink { return &logSink{changed: make(chan struct{})} }
+
+func (l *logSink) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logSink) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logSink) WithGroup(string) slog.Handler            { return l }
+
+func (l *logSink) Handle(_ context.Context, r slog.Record) error {
+	rec := record{msg: r.Message, level: r.Level, attrs: map[string]any{}, time: r.Time}
+	r.Attrs(func(a slog.Attr) bool {
+		rec.attrs[a.Key] = a.Value.Resolve().Any()
+		return true
+	})
+	l.add(rec)
+	return nil
+}
+
+func (l *logSink) add(rec record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, rec)
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// all returns the records with message msg ("" = every record).
+func (l *logSink) all(msg string) []record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []record
+	for _, r := range l.recs {
+		if msg == "" || r.msg == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// wait waits until at least n records with message msg were logged.
+func (l *logSink) wait(t *testing.T, msg string, n int, timeout time.Duration) []record {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		l.mu.Lock()
+		ch := l.changed
+		l.mu.Unlock()
+		if rs := l.all(msg); len(rs) >= n {
+			return rs
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("after %v: %d %q log lines, want %d; log:\n%s", timeout, len(l.all(msg)), msg, n, l.dump())
+		}
+	}
+}
+
+func (l *logSink) dump() string {
+	var b strings.Builder
+	for _, r := range l.all("") {
+		fmt.Fprintf(&b, "  %s %s %s %v\n", r.time.Format("15:04:05.000"), r.level, r.msg, r.attrs)
+	}
+	return b.String()
+}
+
+// pids returns the "pid" attribute of the records with message msg.
+func (l *logSink) pids(msg string) []int {
+	var out []int
+	for _, r := range l.all(msg) {
+		out = append(out, r.int("pid"))
+	}
+	return out
+}
+
+// harness is a supervisor running in this process (Run in a goroutine)
+// with real worker processes.
+type harness struct {
+	t      *testing.T
+	url    string
+	logs   *logSink
+	region *shm.Region // as Prepare saw it
+	cancel context.CancelFunc
+	result chan error
+	ended  bool
+}
+
+// startSupervisor runs Run with cfg on a loopback listener and waits for
+// its first READY (unless wait is false).
+func startSupervisor(t *testing.T, cfg config.Config, wait bool, edit func(*Options)) *harness {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{t: t, url: "http://" + ln.Addr().String(), logs: newLogSink(), cancel: cancel, result: make(chan error, 1)}
+	opts := Options{
+		Config:   cfg,
+		Listener: ln,
+		Handler:  testHandler,
+		Logger:   slog.New(h.logs),
+		Prepare: func(r *shm.Region, _ config.Config, _ *slog.Logger) error {
+			h.region = r
+			return nil
+		},
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	go func() { h.result <- Run(ctx, opts) }()
+	t.Cleanup(func() {
+		if !h.ended {
+			h.stop(30 * time.Second)
+		}
+		if t.Failed() || os.Getenv("PREFORK_TEST_LOGS") != "" {
+			t.Logf("supervisor log:\n%s", h.logs.dump())
+		}
+	})
+	if wait {
+		h.logs.wait(t, "ready", 1, 15*time.Second)
+	}
+	return h
+}
+
+// stop cancels Run's context and returns Run's result.
+func (h *harness) stop(timeout time.Duration) error {
+	h.cancel()
+	return h.wait(timeout)
+}
+
+// wait returns Run's result, failing the test if it takes longer than timeout.
+func (h *harness) wait(timeout time.Duration) error {
+	h.t.Helper()
+	select {
+	case err := <-h.result:
+		h.ended = true
+		return err
+	case <-time.After(timeout):
+		h.t.Fatalf("Run did not return within %v", timeout)
+		return nil
+	}
+}
+
+// signal sends sig to this process, where Run's signal.Notify receives it.
+func (h *harness) signal(sig unix.Signal) {
+	h.t.Helper()
+	if h.ended {
+		h.t.Fatal("signal after Run returned")
+	}
+	if err := unix.Kill(os.Getpid(), sig); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// client makes every request on a new connection, so that requests spread
+// over the workers and a killed worker's connection is never reused.
+var client = &http.Client{
+	Timeout:   10 * time.Second,
+	Transport: &http.Transport{DisableKeepAlives: true},
+}
+
+// get returns the status and body of a GET of path, with header X-Client
+// set to clientKey when it is not "".
+func (h *harness) get(path, clientKey string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, h.url+path, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if clientKey != "" {
+		req.Header.Set("X-Client", clientKey)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// statuses sends n sequential GETs and counts the statuses.
+func (h *harness) statuses(path, clientKey string, n int) map[int]int {
+	h.t.Helper()
+	out := map[int]int{}
+	for range n {
+		code, _, err := h.get(path, clientKey)
+		if err != nil {
+			h.t.Fatalf("GET %s: %v", path, err)
+		}
+		out[code]++
+	}
+	return out
+}
+
+// testConfig is a small configuration: n workers, a small table, a short
+// drain, and the given rules (by X-Client, falling back to ip).
+func testConfig(n int, rules ...config.RateLimit) config.Config {
+	cfg := config.Config{
+		Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second},
+		Table:  config.Table{Counters: 4096},
+	}
+	for _, r := range rules {
+		if r.By == "" {
+			r.By = "header:X-Client|ip"
+		}
+		cfg.RateLimits = append(cfg.RateLimits, r)
+	}
+	return cfg
+}
+
+// processGone reports whether pid no longer exists: it exited and was
+// waited for.
+func processGone(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return os.IsNotExist(err)
+}

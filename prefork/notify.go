@@ -1,0 +1,66 @@
+package prefork
+
+import (
+	"fmt"
+	"net"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// envNotifySocket is systemd's notification socket: a path, or an abstract
+// socket name starting with '@'.
+const envNotifySocket = "NOTIFY_SOCKET"
+
+// Notification states (sd_notify(3)).
+const (
+	notifyReady    = "READY=1"
+	notifyStopping = "STOPPING=1"
+)
+
+// notifier sends sd_notify(3) messages to the service manager. A nil
+// notifier (NOTIFY_SOCKET unset) sends nothing. It dials for every message,
+// as libsystemd does: messages are rare, and a socket that the manager
+// re-created is found again.
+type notifier struct {
+	addr *net.UnixAddr
+}
+
+// newNotifier returns the notifier for socket, the value of NOTIFY_SOCKET;
+// nil when it is empty.
+func newNotifier(socket string) (*notifier, error) {
+	if socket == "" {
+		return nil, nil
+	}
+	if !strings.HasPrefix(socket, "/") && !strings.HasPrefix(socket, "@") {
+		return nil, fmt.Errorf("prefork: %s=%q: only a path or an abstract '@' name is supported", envNotifySocket, socket)
+	}
+	// Go maps a leading '@' to the abstract namespace (a leading NUL byte).
+	return &notifier{addr: &net.UnixAddr{Name: socket, Net: "unixgram"}}, nil
+}
+
+// send writes one notification.
+func (n *notifier) send(state string) error {
+	if n == nil {
+		return nil
+	}
+	c, err := net.DialUnix("unixgram", nil, n.addr)
+	if err != nil {
+		return fmt.Errorf("prefork: notify %s: %w", n.addr.Name, err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(state)); err != nil {
+		return fmt.Errorf("prefork: notify %s: %w", n.addr.Name, err)
+	}
+	return nil
+}
+
+// reloadingState is the message that starts a reload: systemd's
+// Type=notify-reload wants the CLOCK_MONOTONIC time of the request with it.
+func reloadingState() string {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return "RELOADING=1"
+	}
+	return fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", ts.Nano()/1000)
+}

@@ -1,0 +1,256 @@
+package prefork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Options configures Run. Zero values are the documented defaults.
+type Options struct {
+	// Config is the configuration to run (required). Zero values in it
+	// stand for its defaults (config.Config.WithDefaults). A worker runs
+	// the configuration its supervisor hands it, whatever its own
+	// Options.Config says.
+	Config config.Config
+	// ConfigPath, if set, is read again with config.Load on HUP. A file
+	// that does not load is logged and the running configuration kept.
+	ConfigPath string
+	// LoadConfig, if set, is called on HUP instead of loading ConfigPath,
+	// e.g. to apply command-line overrides to the file again. An error
+	// keeps the running configuration.
+	LoadConfig func() (config.Config, error)
+
+	// Listener is an optional pre-opened TCP listener (tests, socket
+	// activation); Run takes it over and closes it. nil: Run listens on
+	// Config.Server.Listen.
+	Listener net.Listener
+
+	// Handler builds the application, once in each worker process. Run
+	// wraps it in the rate-limit middleware. Required.
+	Handler func(w *Worker) (http.Handler, error)
+
+	// Logger receives one structured line per operator event, in the
+	// supervisor and in every worker. nil means slog.Default().
+	Logger *slog.Logger
+
+	// Prepare, if set, runs in the supervisor after the region is created
+	// and before any worker starts (e.g. to load a dump into it). An error
+	// stops Run.
+	Prepare func(r *shm.Region, cfg config.Config, log *slog.Logger) error
+	// Finish, if set, runs in the supervisor after the last worker was
+	// reaped at shutdown, when nothing else uses the region (e.g. to dump
+	// it). Its error is Run's.
+	Finish func(r *shm.Region, cfg config.Config, log *slog.Logger) error
+	// NewRegion, if set, replaces shm.Create (e.g. a live region on tmpfs).
+	// The region must have room for 2×workers+2 worker indexes.
+	NewRegion func(cfg config.Config) (*shm.Region, error)
+
+	// OnStatus, if set, is called in the supervisor with a new snapshot
+	// whenever a worker starts, becomes ready, retires or exits, and when
+	// a reload or the drain begins. It runs on the supervisor's loop: it
+	// must return at once (store the snapshot, say, for an admin endpoint).
+	OnStatus func(Status)
+}
+
+// Run runs this process in the role it was started in, so that main calls
+// it before it does anything else with side effects.
+//
+// In the supervisor (a process that was not started as a worker, see
+// IsWorker) it opens the listener, creates the region, runs Prepare,
+// starts the workers and supervises them until ctx is done or a TERM or
+// INT arrives; then it drains the workers, runs Finish and returns nil. It
+// returns an error for a failure to start, and Finish's error.
+//
+// In a worker it serves the application until it is told to drain, and
+// then exits the process itself: it never returns.
+func Run(ctx context.Context, opts Options) error {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if IsWorker() {
+		os.Exit(runWorker(ctx, opts))
+	}
+	return runSupervisor(ctx, opts)
+}
+
+// minMaxWorkers is how many region worker indexes n workers need: n
+// running, n draining after a reload, one successor and one spare.
+func minMaxWorkers(n int) int { return 2*n + 2 }
+
+// runSupervisor is Run in the supervisor.
+func runSupervisor(ctx context.Context, opts Options) (err error) {
+	log := opts.Logger
+	if opts.Listener != nil {
+		defer opts.Listener.Close() // Run owns it, whatever happens
+	}
+	if opts.Handler == nil {
+		return errors.New("prefork: Options.Handler is nil")
+	}
+	cfg, err := validated(opts.Config, nil)
+	if err != nil {
+		return err
+	}
+	n := cfg.Server.WorkerCount()
+	note, err := newNotifier(os.Getenv(envNotifySocket))
+	if err != nil {
+		return err
+	}
+
+	// Handled signals only, buffered: a TERM that arrives while the loop is
+	// busy is not lost. Never all signals: the runtime uses some itself.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	ln := opts.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.Server.Listen); err != nil {
+			return fmt.Errorf("prefork: %w", err)
+		}
+	}
+	defer ln.Close()
+	lnFile, err := listenerFile(ln)
+	if err != nil {
+		return err
+	}
+	defer lnFile.Close()
+
+	region, err := newRegion(opts, cfg, n)
+	if err != nil {
+		return err
+	}
+	defer region.Close()
+	if opts.Prepare != nil {
+		if err := opts.Prepare(region, cfg, log); err != nil {
+			return fmt.Errorf("prefork: prepare: %w", err)
+		}
+	}
+
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("prefork: lifeline pipe: %w", err)
+	}
+	defer lifeR.Close()
+	defer lifeW.Close() // only once every worker is gone: its EOF tells them to go
+
+	events := make(chan any)
+	quit := make(chan struct{})
+	env := &osEnv{
+		spawner:  newSpawner(),
+		exe:      "/proc/self/exe", // this very binary, even if a deploy replaced the file
+		args:     os.Args,
+		environ:  workerEnviron(os.Environ(), n),
+		region:   region.File(),
+		listener: lnFile,
+		lifeline: lifeR,
+		events:   events,
+		quit:     quit,
+	}
+	defer env.close()
+	defer close(quit)
+
+	sys := sysEnv{
+		now:    timeNow,
+		start:  env.start,
+		reap:   region.Reap,
+		notify: note.send,
+		stopListening: func() {
+			ln.Close()
+			lnFile.Close()
+		},
+	}
+	switch {
+	case opts.LoadConfig != nil:
+		sys.load = func() (config.Config, error) { return validated(opts.LoadConfig()) }
+	case opts.ConfigPath != "":
+		sys.load = func() (config.Config, error) { return validated(config.Load(opts.ConfigPath)) }
+	}
+
+	log.Info("supervisor started", "pid", os.Getpid(), "listen", ln.Addr().String(),
+		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers)
+	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
+	s.onStatus = opts.OnStatus
+	s.run(ctx, sigs, events)
+	log.Info("drain finished")
+	if s.fatal != nil {
+		err = s.fatal
+	}
+	if opts.Finish != nil {
+		if ferr := opts.Finish(region, s.cfg, log); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("prefork: finish: %w", ferr))
+		}
+	}
+	return err
+}
+
+// listenerFile duplicates ln's socket for the workers. Not with the
+// listener's File method: that *os.File puts the socket in blocking mode
+// whenever its Fd is read, as os/exec does at every start, and the mode
+// belongs to the socket, shared by every worker: their accept would block
+// a thread, and closing the listener to drain would hang.
+func listenerFile(ln net.Listener) (*os.File, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("prefork: a %T cannot be passed to workers", ln)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("prefork: listener: %w", err)
+	}
+	dup := -1
+	cerr := rc.Control(func(fd uintptr) {
+		dup, err = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	})
+	if cerr != nil || err != nil {
+		return nil, fmt.Errorf("prefork: duplicating the listener: %w", errors.Join(cerr, err))
+	}
+	// os.NewFile leaves the mode of a non-blocking descriptor alone.
+	return os.NewFile(uintptr(dup), "listener"), nil
+}
+
+// newRegion creates the shared region before any worker exists.
+func newRegion(opts Options, cfg config.Config, n int) (*shm.Region, error) {
+	need := minMaxWorkers(n)
+	if opts.NewRegion == nil {
+		return shm.Create(shm.Options{Counters: cfg.Table.Counters, MaxWorkers: need})
+	}
+	r, err := opts.NewRegion(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if r.File() == nil {
+		r.Close()
+		return nil, errors.New("prefork: NewRegion returned a private region, which workers cannot map")
+	}
+	if got := r.Geometry().MaxWorkers; got < need {
+		r.Close()
+		return nil, fmt.Errorf("prefork: the region has room for %d workers; %d workers need %d", got, n, need)
+	}
+	return r, nil
+}
+
+// validated checks a configuration that loaded and fills in its defaults.
+func validated(cfg config.Config, err error) (config.Config, error) {
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		return config.Config{}, err
+	}
+	return cfg.WithDefaults(), nil
+}
+
+func timeNow() time.Time { return time.Now() }

@@ -1,0 +1,635 @@
+package prefork
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Tests with real processes: the supervisor runs in this process (or, to
+// be killed, in a child), the workers are this test binary started again.
+
+func TestExactAcrossWorkers(t *testing.T) {
+	h := startSupervisor(t, testConfig(4,
+		config.RateLimit{Name: "login", Path: "/login", Limit: 3, Window: time.Minute, By: "ip"},
+	), true, nil)
+	if n := len(h.logs.all("worker started")); n != 4 {
+		t.Fatalf("%d workers started, want 4", n)
+	}
+
+	const clients = 10
+	codes := make(chan int, clients)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range clients {
+		wg.Go(func() {
+			<-start
+			code, _, err := h.get("/login", "")
+			if err != nil {
+				t.Error(err)
+			}
+			codes <- code
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(codes)
+	got := map[int]int{}
+	for c := range codes {
+		got[c]++
+	}
+	if got[200] != 3 || got[429] != 7 || len(got) != 2 {
+		t.Fatalf("statuses %v, want exactly 3×200 and 7×429", got)
+	}
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDrainFinishesInFlightRequest(t *testing.T) {
+	var mu sync.Mutex
+	var statuses []Status
+	h := startSupervisor(t, testConfig(2), true, func(o *Options) {
+		o.OnStatus = func(st Status) {
+			mu.Lock()
+			statuses = append(statuses, st)
+			mu.Unlock()
+		}
+	})
+	workers := h.logs.pids("worker started")
+
+	// The headers arrive when the request is in the handler; the body 2s later.
+	resp, err := client.Get(h.url + "/slow?d=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	began := time.Now()
+	h.signal(unix.SIGTERM)
+	type result struct {
+		body string
+		err  error
+	}
+	slow := make(chan result, 1)
+	go func() {
+		b, err := io.ReadAll(resp.Body)
+		slow <- result{string(b), err}
+	}()
+
+	if err := h.wait(10 * time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	took := time.Since(began)
+	r := <-slow
+	if r.err != nil || resp.StatusCode != 200 || r.body != "done" {
+		t.Fatalf("in-flight request: %d %q %v, want 200 done", resp.StatusCode, r.body, r.err)
+	}
+	if took < 1500*time.Millisecond {
+		t.Errorf("Run returned after %v: before the in-flight request (2s) finished", took)
+	}
+	if n := len(h.logs.all("worker started")); n != 2 {
+		t.Errorf("%d workers started, want 2: none during the drain", n)
+	}
+	exits := h.logs.all("worker exited")
+	if len(exits) != 2 {
+		t.Errorf("%d worker exits logged, want 2", len(exits))
+	}
+	for _, e := range exits {
+		if e.attrs["status"] != "exit status 0" {
+			t.Errorf("worker %d: %v, want exit status 0", e.int("pid"), e.attrs["status"])
+		}
+	}
+	for _, pid := range workers {
+		if !processGone(pid) {
+			t.Errorf("worker %d still exists after Run returned", pid)
+		}
+	}
+	if _, _, err := h.get("/pid", ""); err == nil {
+		t.Error("the listener still accepts after the drain")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.ContainsFunc(statuses, func(st Status) bool { return st.Ready && len(st.Workers) == 2 }) {
+		t.Errorf("no status with 2 ready workers in %+v", statuses)
+	}
+	if last := statuses[len(statuses)-1]; !last.Draining || len(last.Workers) != 0 {
+		t.Errorf("last status %+v, want draining with no worker", last)
+	}
+}
+
+func TestKilledWorkerIsReplaced(t *testing.T) {
+	const limit = 5
+	h := startSupervisor(t, testConfig(2,
+		config.RateLimit{Name: "exact", Path: "/limited", Limit: limit, Window: time.Hour},
+	), true, nil)
+	victim := h.logs.pids("worker started")[0]
+	victimIndex := h.logs.all("worker started")[0].int("index")
+
+	// Load on an unlimited path while the worker dies.
+	var ok, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if code, _, err := h.get("/pid", ""); err == nil && code == 200 {
+				ok.Add(1)
+			} else {
+				failed.Add(1)
+			}
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+
+	time.Sleep(200 * time.Millisecond)
+	if err := unix.Kill(victim, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	crash := h.logs.wait(t, "worker crashed", 1, 10*time.Second)[0]
+	if crash.int("pid") != victim || crash.attrs["status"] != "signal: killed" {
+		t.Fatalf("crash logged as %v, want pid %d killed", crash.attrs, victim)
+	}
+	started := h.logs.wait(t, "worker started", 3, 10*time.Second)
+	replacement := started[2].int("pid")
+	if replacement == victim {
+		t.Fatal("replacement has the victim's pid")
+	}
+	h.logs.wait(t, "worker ready", 3, 10*time.Second)
+	if inc := h.region.Workers()[victimIndex].Incarnation; inc < 2 {
+		t.Errorf("victim's index %d has incarnation %d: not reaped in the region", victimIndex, inc)
+	}
+	served := ok.Load()
+	time.Sleep(300 * time.Millisecond)
+	if ok.Load() == served {
+		t.Fatal("no request served after the replacement")
+	}
+	t.Logf("load: %d served, %d failed (connections of the killed worker)", ok.Load(), failed.Load())
+
+	// The limit is still exact across the workers.
+	if got := h.statuses("/limited", "after-crash", 2*limit); got[200] != limit || got[429] != limit {
+		t.Fatalf("statuses %v, want exactly %d×200 and %d×429", got, limit, limit)
+	}
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
+	cfg, err := json.Marshal(testConfig(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+	cmd.Env = append(os.Environ(), envTestRole+"=supervisor", envTestConfig+"="+string(cfg))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+
+	// Read the supervisor's JSON log until it is ready.
+	logs := newLogSink()
+	var readers sync.WaitGroup
+	readers.Go(func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				continue
+			}
+			msg, _ := m["msg"].(string)
+			logs.add(record{msg: msg, attrs: m})
+		}
+	})
+	defer readers.Wait() // stderr ends when the supervisor and every worker are gone
+	logs.wait(t, "ready", 1, 15*time.Second)
+	workers := logs.pids("worker started")
+	listen, _ := logs.all("supervisor started")[0].attrs["listen"].(string)
+	if conn, err := net.Dial("tcp", listen); err != nil {
+		t.Fatalf("dialing the supervisor's listener: %v", err)
+	} else {
+		conn.Close()
+	}
+
+	if err := cmd.Process.Signal(unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	// The workers are reparented to this process (a subreaper): wait for them.
+	deadline := time.Now().Add(2 * time.Second)
+	for _, pid := range workers {
+		for {
+			var ws unix.WaitStatus
+			got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			if got == pid || errors.Is(err, unix.ECHILD) && processGone(pid) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d still running 2s after its supervisor was killed", pid)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func TestReload(t *testing.T) {
+	path := t.TempDir() + "/preforkd.toml"
+	writeConfig := func(bLimit string) {
+		t.Helper()
+		src := `
+[server]
+workers = 2
+shutdown_timeout = "5s"
+
+[table]
+counters = 4096
+
+[[ratelimit]]
+name = "a"
+path = "/a"
+limit = 3
+window = "1h"
+algorithm = "fixed-window"
+by = "header:X-Client|ip"
+
+[[ratelimit]]
+name = "b"
+path = "/b"
+limit = ` + bLimit + `
+window = "1h"
+algorithm = "fixed-window"
+by = "header:X-Client|ip"
+`
+		if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConfig("2")
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startSupervisor(t, cfg, true, func(o *Options) { o.ConfigPath = path })
+	expect := func(path, client string, n, ok int) {
+		t.Helper()
+		if got := h.statuses(path, client, n); got[200] != ok || got[429] != n-ok {
+			t.Fatalf("%s for %s: %v, want %d×200 and %d×429", path, client, got, ok, n-ok)
+		}
+	}
+	expect("/a", "k", 2, 2)
+	expect("/b", "k", 3, 2)
+
+	// Client loops run through the reload: no request may fail.
+	var served, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, _, err := h.get("/pid", "")
+				if err == nil && code == 200 {
+					served.Add(1)
+					continue
+				}
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, fmt.Sprint(code, err))
+			}
+		})
+	}
+	writeConfig("4")
+	h.signal(unix.SIGHUP)
+	h.logs.wait(t, "reload finished", 1, 20*time.Second)
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if failed.Load() != 0 || served.Load() == 0 {
+		t.Fatalf("during the reload: %d served, %d failed (first: %v)", served.Load(), failed.Load(), firstErr.Load())
+	}
+	if n := len(h.logs.all("worker started")); n != 4 {
+		t.Errorf("%d workers started, want 2 + 2 replacements", n)
+	}
+	for _, e := range h.logs.wait(t, "worker exited", 2, 10*time.Second) {
+		if e.attrs["status"] != "exit status 0" {
+			t.Errorf("retired worker %d: %v", e.int("pid"), e.attrs["status"])
+		}
+	}
+	if n := len(h.logs.all("worker crashed")); n != 0 {
+		t.Errorf("%d crashes", n)
+	}
+	// Replay the log: a worker retires only while the others ready are
+	// still 2 (its successor is ready before it is told to drain).
+	readySet := map[int]bool{}
+	retired := 0
+	for _, r := range h.logs.all("") {
+		switch r.msg {
+		case "worker ready":
+			readySet[r.int("pid")] = true
+		case "worker retiring":
+			retired++
+			delete(readySet, r.int("pid"))
+			if len(readySet) < 2 {
+				t.Errorf("worker %d retired with %d workers left ready, want 2", r.int("pid"), len(readySet))
+			}
+		case "worker exited", "worker crashed":
+			delete(readySet, r.int("pid"))
+		}
+	}
+	if retired != 2 {
+		t.Errorf("%d workers retired, want 2", retired)
+	}
+	// The counts carried over; the new limit applies.
+	expect("/a", "k", 2, 1)  // 2 of 3 used before the reload
+	expect("/b", "k", 3, 2)  // 2 used, the limit is now 4
+	expect("/b", "k2", 5, 4) // a fresh client gets the new limit
+
+	// A broken file is refused: same workers, same rules.
+	if err := os.WriteFile(path, []byte("[[ratelimit]\nname = "), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.signal(unix.SIGHUP)
+	refused := h.logs.wait(t, "reload refused: keeping the running configuration", 1, 10*time.Second)[0]
+	if !strings.Contains(fmt.Sprint(refused.attrs["err"]), path) {
+		t.Errorf("refusal %v does not name the file", refused.attrs["err"])
+	}
+	if n := len(h.logs.all("reload begun")); n != 1 {
+		t.Errorf("%d reloads begun, want 1", n)
+	}
+	expect("/b", "k3", 5, 4)
+	if n := len(h.logs.all("worker started")); n != 4 {
+		t.Errorf("%d workers started, want no new one after the refused reload", n)
+	}
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCrashLoopBacksOff(t *testing.T) {
+	t.Setenv(envTestCrash, "1")
+	h := startSupervisor(t, testConfig(1), false, nil)
+	time.Sleep(2 * time.Second)
+	starts := len(h.logs.all("worker started"))
+	crashes := h.logs.all("worker crashed")
+	// Delays 100, 200, 400, 800ms: 4 or 5 starts in 2s, never a spin.
+	if starts < 3 || starts > 6 {
+		t.Errorf("%d starts in 2s of a crash loop, want 3..6", starts)
+	}
+	for _, c := range crashes {
+		if c.attrs["status"] != "exit status 3" {
+			t.Errorf("crash logged with status %v", c.attrs["status"])
+		}
+	}
+	if n := len(h.logs.all("ready")); n != 0 {
+		t.Errorf("announced ready %d times", n)
+	}
+	h.signal(unix.SIGTERM)
+	if err := h.wait(10 * time.Second); err != nil {
+		t.Fatalf("Run after a crash loop: %v", err)
+	}
+	for _, pid := range h.logs.pids("worker started") {
+		if !processGone(pid) {
+			t.Errorf("worker %d left behind", pid)
+		}
+	}
+}
+
+func TestSystemdNotify(t *testing.T) {
+	sock := t.TempDir() + "/notify"
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv(envNotifySocket, sock)
+	next := func() string {
+		t.Helper()
+		buf := make([]byte, 256)
+		conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		return string(buf[:n])
+	}
+
+	h := startSupervisor(t, testConfig(2), false, nil)
+	if got := next(); got != "READY=1" {
+		t.Fatalf("first notification %q, want READY=1", got)
+	}
+	if n := len(h.logs.all("worker ready")); n != 2 {
+		t.Errorf("READY=1 with %d workers ready, want 2", n)
+	}
+	_, body, err := h.get("/env", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env map[string]any
+	if err := json.Unmarshal([]byte(body), &env); err != nil {
+		t.Fatal(err)
+	}
+	if env["notify"] != false || env["marker"] != false {
+		t.Errorf("worker environment: %v, want neither NOTIFY_SOCKET nor the worker marker", env)
+	}
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		if want := max(1, runtime.NumCPU()/2); env["gomaxprocs"] != float64(want) {
+			t.Errorf("worker GOMAXPROCS %v, want %d", env["gomaxprocs"], want)
+		}
+	}
+
+	h.signal(unix.SIGHUP)
+	got := next()
+	us, ok := strings.CutPrefix(got, "RELOADING=1\nMONOTONIC_USEC=")
+	if _, err := strconv.ParseUint(us, 10, 64); !ok || err != nil {
+		t.Fatalf("on HUP: %q, want RELOADING=1 and MONOTONIC_USEC", got)
+	}
+	if got := next(); got != "READY=1" {
+		t.Fatalf("after the reload: %q, want READY=1", got)
+	}
+	if n := len(h.logs.all("reload finished")); n != 1 {
+		t.Errorf("READY=1 with %d reloads finished", n)
+	}
+	h.signal(unix.SIGTERM)
+	if got := next(); got != "STOPPING=1" {
+		t.Fatalf("on TERM: %q, want STOPPING=1", got)
+	}
+	if err := h.wait(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNotifyAbstractSocket(t *testing.T) {
+	name := fmt.Sprintf("@preforkd-test-%d", os.Getpid())
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: name, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	n, err := newNotifier(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.send(notifyStopping); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	k, err := conn.Read(buf)
+	if err != nil || string(buf[:k]) != notifyStopping {
+		t.Fatalf("read %q %v", buf[:k], err)
+	}
+	if _, err := newNotifier("vsock:2:1"); err == nil {
+		t.Error("an unsupported NOTIFY_SOCKET was accepted")
+	}
+	if n, err := newNotifier(""); n != nil || err != nil || n.send("X") != nil {
+		t.Error("no NOTIFY_SOCKET must mean a silent notifier")
+	}
+}
+
+// A worker whose supervisor is gone (its lifeline pipe at EOF) drains and
+// exits 0 on its own. This worker is started by hand, without Pdeathsig, so
+// that only the lifeline can tell it.
+func TestWorkerExitsAtLifelineEOF(t *testing.T) {
+	region, err := shm.Create(shm.Options{Counters: 64, MaxWorkers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	lnFile, err := listenerFile(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lnFile.Close()
+	cfgFile, err := configFile(testConfig(1).WithDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cfgFile.Close()
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lifeW.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readyR.Close()
+
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Env = append(workerEnviron(os.Environ(), 1), envWorker+"=2")
+	cmd.Stderr = os.Stderr
+	cmd.ExtraFiles = []*os.File{region.File(), lnFile, lifeR, readyW, cfgFile}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lifeR.Close()
+	readyW.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+	}()
+
+	readyR.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := readyR.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("no readiness report: %v", err)
+	}
+	resp, err := client.Get("http://" + ln.Addr().String() + "/pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != strconv.Itoa(cmd.Process.Pid) {
+		t.Fatalf("served by %q, want the worker %d", body, cmd.Process.Pid)
+	}
+	if region.Workers()[0].PID != cmd.Process.Pid || region.Workers()[0].Index != 2 {
+		t.Errorf("region worker table %+v: the worker did not join as index 2", region.Workers())
+	}
+
+	lifeW.Close() // the "supervisor" is gone
+	select {
+	case err := <-exited:
+		exited <- err
+		if err != nil {
+			t.Fatalf("worker exit at lifeline EOF: %v, want status 0", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("worker still running 2s after its lifeline closed")
+	}
+}
+
+func TestPrepareAndFinish(t *testing.T) {
+	t.Run("prepare fails", func(t *testing.T) {
+		h := startSupervisor(t, testConfig(2), false, func(o *Options) {
+			o.Prepare = func(*shm.Region, config.Config, *slog.Logger) error { return errors.New("no dump for you") }
+		})
+		if err := h.wait(10 * time.Second); err == nil || !strings.Contains(err.Error(), "no dump for you") {
+			t.Fatalf("Run: %v, want the Prepare error", err)
+		}
+		if n := len(h.logs.all("worker started")); n != 0 {
+			t.Fatalf("%d workers started after Prepare failed", n)
+		}
+	})
+	t.Run("finish after the last worker", func(t *testing.T) {
+		var finished []shm.WorkerInfo
+		calls := 0
+		h := startSupervisor(t, testConfig(2), true, func(o *Options) {
+			o.Finish = func(r *shm.Region, _ config.Config, _ *slog.Logger) error {
+				calls++
+				finished = r.Workers()
+				return errors.New("disk full")
+			}
+		})
+		err := h.stop(15 * time.Second)
+		if err == nil || !strings.Contains(err.Error(), "disk full") {
+			t.Fatalf("Run: %v, want the Finish error", err)
+		}
+		if calls != 1 || len(finished) != 2 {
+			t.Fatalf("Finish called %d times, saw workers %+v", calls, finished)
+		}
+		for _, w := range finished {
+			if w.PID != 0 || w.Incarnation < 2 {
+				t.Errorf("worker %+v not reaped when Finish ran", w)
+			}
+		}
+	})
+}

@@ -1,0 +1,200 @@
+package prefork
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/preforkd/preforkd/config"
+)
+
+// readyEvent and exitEvent are what the process watchers send to the
+// supervisor's loop; a worker's readyEvent always comes before its exitEvent.
+type readyEvent struct{ pid int }
+
+type exitEvent struct {
+	pid    int
+	status string // "exit status 0", "signal: killed", ...
+	clean  bool   // exited with status 0
+}
+
+// spawner starts processes from one goroutine locked to its OS thread for
+// its whole life. The kernel sends a child's Pdeathsig when the thread that
+// forked it exits, not the process: starting children from whatever thread
+// the scheduler picks would kill them when the runtime retires that thread.
+type spawner struct {
+	reqs chan spawnRequest
+	done chan struct{}
+}
+
+type spawnRequest struct {
+	cmd   *exec.Cmd
+	reply chan<- error
+}
+
+func newSpawner() *spawner {
+	s := &spawner{reqs: make(chan spawnRequest), done: make(chan struct{})}
+	go s.loop()
+	return s
+}
+
+func (s *spawner) loop() {
+	defer close(s.done)
+	// Never unlocked: when the loop ends, the goroutine exits locked and the
+	// runtime terminates the thread — by then no child of it is alive.
+	runtime.LockOSThread()
+	for r := range s.reqs {
+		r.reply <- r.cmd.Start()
+	}
+}
+
+func (s *spawner) start(cmd *exec.Cmd) error {
+	reply := make(chan error, 1)
+	s.reqs <- spawnRequest{cmd, reply}
+	return <-reply
+}
+
+// stop ends the spawner's goroutine (and thread) and waits for it. Only
+// once every child has exited.
+func (s *spawner) stop() {
+	close(s.reqs)
+	<-s.done
+}
+
+// osEnv is the real seam: it starts workers as copies of this program and
+// watches them. Its files are referenced for the supervisor's whole life:
+// a file collected by the garbage collector would close its descriptor and
+// a later respawn would pass a wrong one.
+type osEnv struct {
+	spawner  *spawner
+	exe      string
+	args     []string
+	environ  []string // for every worker; without NOTIFY_SOCKET and the worker marker
+	region   *os.File
+	listener *os.File
+	lifeline *os.File // read end; the supervisor holds the write end
+
+	cfgGen  int
+	cfgFile *os.File // the configuration of generation cfgGen
+
+	events chan<- any
+	quit   <-chan struct{} // closed when the loop no longer reads events
+	wg     sync.WaitGroup  // one per process watcher
+}
+
+// workerEnviron is the environment of every worker: this process's, without
+// NOTIFY_SOCKET (workers never talk to the service manager) and with
+// GOMAXPROCS sized to a worker's share of the CPUs unless the user set it.
+func workerEnviron(environ []string, workers int) []string {
+	out := make([]string, 0, len(environ)+1)
+	gomaxprocs := false
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case envNotifySocket, envWorker:
+			continue
+		case "GOMAXPROCS":
+			gomaxprocs = true
+		}
+		out = append(out, kv)
+	}
+	if !gomaxprocs {
+		out = append(out, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/max(1, workers))))
+	}
+	return out
+}
+
+// start is sysEnv.start.
+func (e *osEnv) start(sp spawnSpec) (started, error) {
+	cf, err := e.configFor(sp.Gen, sp.Config)
+	if err != nil {
+		return started{}, err
+	}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return started{}, fmt.Errorf("prefork: readiness pipe: %w", err)
+	}
+	cmd := &exec.Cmd{
+		Path:       e.exe,
+		Args:       e.args,
+		Env:        append(e.environ[:len(e.environ):len(e.environ)], envWorker+"="+strconv.Itoa(sp.Index)),
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		ExtraFiles: []*os.File{e.region, e.listener, e.lifeline, readyW, cf}, // fdRegion..fdConfig
+		SysProcAttr: &syscall.SysProcAttr{
+			Setpgid:   true, // a terminal's Ctrl-C reaches the supervisor only
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+	err = e.spawner.start(cmd)
+	readyW.Close() // the child has its copy; EOF on readyR now means it exited
+	if err != nil {
+		readyR.Close()
+		return started{}, fmt.Errorf("prefork: starting a worker: %w", err)
+	}
+	e.wg.Add(1)
+	go e.watch(cmd, readyR)
+	proc := cmd.Process
+	// os.Process signals through a pidfd: a reaped worker's pid may be
+	// reused, its Process is never confused with the new owner.
+	return started{pid: proc.Pid, signal: func(sig syscall.Signal) error { return proc.Signal(sig) }}, nil
+}
+
+// configFor returns the configuration file of generation gen, creating it
+// on the first start of that generation. Older generations are never
+// started again, so their file is closed then.
+func (e *osEnv) configFor(gen int, cfg config.Config) (*os.File, error) {
+	if e.cfgFile != nil && e.cfgGen == gen {
+		return e.cfgFile, nil
+	}
+	f, err := configFile(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if e.cfgFile != nil {
+		e.cfgFile.Close()
+	}
+	e.cfgGen, e.cfgFile = gen, f
+	return f, nil
+}
+
+// watch waits for one worker's readiness report, then for its exit, and
+// sends both to the loop.
+func (e *osEnv) watch(cmd *exec.Cmd, ready *os.File) {
+	defer e.wg.Done()
+	pid := cmd.Process.Pid
+	var b [1]byte
+	if n, _ := ready.Read(b[:]); n == 1 {
+		e.post(readyEvent{pid})
+	}
+	ready.Close()
+	err := cmd.Wait()
+	ev := exitEvent{pid: pid, status: "unknown"}
+	if ps := cmd.ProcessState; ps != nil {
+		ev.status, ev.clean = ps.String(), ps.Success()
+	} else if err != nil {
+		ev.status = err.Error()
+	}
+	e.post(ev)
+}
+
+func (e *osEnv) post(ev any) {
+	select {
+	case e.events <- ev:
+	case <-e.quit:
+	}
+}
+
+// close releases what the env holds, once every worker was reaped.
+func (e *osEnv) close() {
+	e.wg.Wait()
+	e.spawner.stop()
+	if e.cfgFile != nil {
+		e.cfgFile.Close()
+	}
+}

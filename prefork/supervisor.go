@@ -1,0 +1,496 @@
+package prefork
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/config"
+)
+
+// drainGrace is how long past Server.ShutdownTimeout the supervisor waits
+// for a draining worker (which bounds its own drain by ShutdownTimeout)
+// before it kills it.
+const drainGrace = 2 * time.Second
+
+// readyTimeout bounds the start of a worker: one that has not reported
+// ready by then (a handler that hangs while it is built) is killed and
+// replaced like a crashed one, so that it cannot stall a reload forever.
+const readyTimeout = time.Minute
+
+// sysEnv is the supervisor's seam to the operating system (STYLE rule 6):
+// everything that starts, signals or reaps a process, reads the clock or
+// talks to the service manager. The real one is built by newOSEnv; the unit
+// tests drive the state machine with a fake.
+type sysEnv struct {
+	now func() time.Time
+	// start starts a worker process. Its readiness and its exit are
+	// delivered later to the supervisor's onReady and onExit, in that order,
+	// readiness only if the worker reported it.
+	start func(spawnSpec) (started, error)
+	// reap releases what region worker index held (shm.Region.Reap).
+	reap func(index int) (released int, err error)
+	// notify sends a systemd notification (a no-op without NOTIFY_SOCKET).
+	notify func(state string) error
+	// load reads the configuration again on HUP; nil reuses the running one.
+	load func() (config.Config, error)
+	// stopListening closes the supervisor's own copy of the listener.
+	stopListening func()
+}
+
+// spawnSpec is what a worker process is started with.
+type spawnSpec struct {
+	Index  int // region worker index: unique among unreaped workers
+	Gen    int // configuration generation
+	Config config.Config
+}
+
+// started is a worker process as the seam returns it.
+type started struct {
+	pid    int
+	signal func(syscall.Signal) error // safe after the process was reaped
+}
+
+// proc is one worker process, from its start until its exit is handled.
+type proc struct {
+	started
+	index    int // region worker index
+	slot     int
+	gen      int
+	start    time.Time
+	drain    time.Duration // its configuration's shutdown timeout
+	ready    bool
+	retiring bool      // told to drain (shutdown or reload): its exit is no crash
+	killAt   time.Time // when a retiring worker is killed; zero = never
+	killed   bool
+}
+
+// slot is one of the N places a worker fills. During a reload a slot has
+// its running worker (cur) and, at most one slot at a time, a successor
+// that takes over once it is ready.
+type slot struct {
+	cur, succ *proc
+	backoff   backoff
+	respawnAt time.Time // no new worker for this slot before this instant
+}
+
+// supervisor is the state machine of the supervisor: it decides which
+// workers to start, retire and kill. All of its methods run on the one
+// goroutine of its loop (run); it never blocks except in the seam.
+type supervisor struct {
+	env sysEnv
+	log *slog.Logger
+
+	cfg   config.Config // the running configuration
+	gen   int           // its generation, bumped by every accepted reload
+	slots []slot
+	procs map[int]*proc // unreaped workers by pid
+	inUse []bool        // region worker indexes held by unreaped workers
+
+	draining    bool
+	reloading   bool  // a reload was accepted and not all slots run it yet
+	announced   bool  // READY=1 was sent once
+	everStarted bool  // a worker was started: start errors are no longer fatal
+	fatal       error // a startup failure, returned by Run after the drain
+
+	onStatus  func(Status) // Options.OnStatus
+	published *Status      // what onStatus saw last
+}
+
+// newSupervisor prepares a supervisor for cfg (already with defaults) with
+// maxWorkers region worker indexes.
+func newSupervisor(env sysEnv, log *slog.Logger, cfg config.Config, maxWorkers int) *supervisor {
+	n := cfg.Server.WorkerCount()
+	s := &supervisor{
+		env:   env,
+		log:   log,
+		cfg:   cfg,
+		slots: make([]slot, n),
+		procs: make(map[int]*proc),
+		inUse: make([]bool, maxWorkers),
+	}
+	for i := range s.slots {
+		s.slots[i].backoff = newBackoff()
+	}
+	return s
+}
+
+// run is the supervisor's one select loop. It returns once the supervisor
+// drained and every worker was reaped.
+func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-chan any) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	done := ctx.Done()
+	// A signal that arrived during start-up is handled before any worker starts.
+	for pending := true; pending; {
+		select {
+		case sig := <-sigs:
+			s.onSignal(sig)
+		default:
+			pending = false
+		}
+	}
+	s.step()
+	s.publish()
+	for !s.finished() {
+		var wake <-chan time.Time
+		if t, ok := s.nextDeadline(); ok {
+			timer.Reset(t.Sub(s.env.now()))
+			wake = timer.C
+		}
+		select {
+		case sig := <-sigs:
+			s.onSignal(sig)
+		case <-done:
+			done = nil
+			s.beginDrain(context.Cause(ctx).Error())
+		case ev := <-events:
+			switch ev := ev.(type) {
+			case readyEvent:
+				s.onReady(ev.pid)
+			case exitEvent:
+				s.onExit(ev)
+			}
+		case <-wake:
+		}
+		s.step()
+		s.publish()
+	}
+}
+
+// finished reports whether the supervisor drained and reaped every worker.
+func (s *supervisor) finished() bool { return s.draining && len(s.procs) == 0 }
+
+// onSignal handles TERM, INT and HUP.
+func (s *supervisor) onSignal(sig os.Signal) {
+	switch sig {
+	case syscall.SIGHUP:
+		s.reload()
+	case syscall.SIGTERM, syscall.SIGINT:
+		name := unix.SignalName(sig.(syscall.Signal))
+		if s.draining {
+			s.killAll("second " + name)
+			return
+		}
+		s.beginDrain(name)
+	}
+}
+
+// step kills retiring workers that are past their deadline and starts the
+// workers that are due: it is run after every event.
+func (s *supervisor) step() {
+	now := s.env.now()
+	for _, p := range s.sortedProcs() {
+		switch {
+		case p.killed:
+		case p.retiring && !p.killAt.IsZero() && !now.Before(p.killAt):
+			s.log.Warn("worker did not drain in time: killing it", "pid", p.pid, "index", p.index)
+			s.kill(p)
+		case !p.retiring && !p.ready && !now.Before(p.start.Add(readyTimeout)):
+			// Its exit is handled as a crash: replaced after a backoff.
+			s.log.Error("worker not ready in time: killing it", "pid", p.pid, "index", p.index, "timeout", readyTimeout)
+			p.killed = true
+			if err := p.signal(syscall.SIGKILL); err != nil {
+				s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "KILL", "err", err)
+			}
+		}
+	}
+	if s.draining {
+		return
+	}
+	for i := range s.slots {
+		sl := &s.slots[i]
+		if sl.cur == nil && sl.succ == nil && !now.Before(sl.respawnAt) {
+			sl.cur = s.spawn(i)
+			if s.draining { // a fatal start error
+				return
+			}
+		}
+	}
+	// A reload replaces one slot at a time: a successor starts, and the old
+	// worker retires once the successor is ready.
+	if !slices.ContainsFunc(s.slots, func(sl slot) bool { return sl.succ != nil }) {
+		for i := range s.slots {
+			sl := &s.slots[i]
+			if sl.cur != nil && sl.cur.gen != s.gen {
+				// In slot order; a successor that crashed is retried
+				// after its backoff, before any other slot is touched.
+				if !now.Before(sl.respawnAt) {
+					sl.succ = s.spawn(i)
+				}
+				break
+			}
+		}
+	}
+	s.checkReady()
+}
+
+// spawn starts a worker for slot i with the running configuration; nil
+// when none could be started now.
+func (s *supervisor) spawn(i int) *proc {
+	index := slices.Index(s.inUse, false)
+	if index < 0 {
+		// Every index is held by a worker that still drains; its exit
+		// brings the supervisor back here.
+		return nil
+	}
+	st, err := s.env.start(spawnSpec{Index: index, Gen: s.gen, Config: s.cfg})
+	if err != nil {
+		if !s.everStarted {
+			s.fatal = err
+			s.beginDrain("start-up failure")
+			return nil
+		}
+		sl := &s.slots[i]
+		d := sl.backoff.failure(0)
+		sl.respawnAt = s.env.now().Add(d)
+		s.log.Error("worker start failed", "slot", i, "err", err, "retry_in", d)
+		return nil
+	}
+	s.everStarted = true
+	p := &proc{started: st, index: index, slot: i, gen: s.gen, start: s.env.now(), drain: s.cfg.Server.ShutdownTimeout}
+	s.procs[p.pid] = p
+	s.inUse[index] = true
+	s.log.Info("worker started", "pid", p.pid, "index", index, "slot", i, "generation", s.gen)
+	return p
+}
+
+// onReady handles a worker's readiness report.
+func (s *supervisor) onReady(pid int) {
+	p := s.procs[pid]
+	if p == nil || p.retiring {
+		return
+	}
+	p.ready = true
+	s.log.Debug("worker ready", "pid", pid, "index", p.index)
+	sl := &s.slots[p.slot]
+	if sl.succ == p {
+		// The successor serves: now, and only now, the old worker may go,
+		// so that no fewer than N workers are ready during a reload.
+		old := sl.cur
+		sl.cur, sl.succ = p, nil
+		if old != nil {
+			s.retire(old, s.env.now().Add(old.drain+drainGrace))
+		}
+	}
+}
+
+// checkReady announces readiness once every slot runs a ready worker of the
+// running configuration: the first time, and at the end of a reload.
+func (s *supervisor) checkReady() {
+	if s.draining || (s.announced && !s.reloading) {
+		return
+	}
+	for _, sl := range s.slots {
+		if sl.cur == nil || !sl.cur.ready || sl.cur.gen != s.gen || sl.succ != nil {
+			return
+		}
+	}
+	if !s.announced {
+		s.announced = true
+		s.log.Info("ready", "workers", len(s.slots), "generation", s.gen)
+	} else {
+		s.log.Info("reload finished", "workers", len(s.slots), "generation", s.gen)
+	}
+	s.reloading = false
+	s.sendNotify(notifyReady)
+}
+
+// onExit handles the exit of a worker the seam has waited for.
+func (s *supervisor) onExit(ev exitEvent) {
+	p := s.procs[ev.pid]
+	if p == nil {
+		return
+	}
+	delete(s.procs, ev.pid)
+	now := s.env.now()
+	ran := now.Sub(p.start)
+	released, err := s.env.reap(p.index)
+	s.inUse[p.index] = false
+	attrs := []any{"pid", p.pid, "index", p.index, "status", ev.status, "ran", ran.Round(time.Millisecond)}
+	if released > 0 {
+		attrs = append(attrs, "released", released)
+	}
+	if err != nil {
+		s.log.Error("releasing a worker's slots failed", "index", p.index, "err", err)
+	}
+	if p.retiring {
+		if ev.clean {
+			s.log.Info("worker exited", attrs...)
+		} else {
+			s.log.Warn("worker exited", attrs...)
+		}
+		return
+	}
+	// A crash (or an exit nobody asked for): replace the worker after a
+	// delay that grows while the crashes go on.
+	sl := &s.slots[p.slot]
+	switch p {
+	case sl.cur:
+		sl.cur = nil
+	case sl.succ:
+		sl.succ = nil
+	}
+	d := sl.backoff.failure(ran)
+	sl.respawnAt = now.Add(d)
+	s.log.Error("worker crashed", append(attrs, "respawn_in", d)...)
+}
+
+// retire tells p to drain and kills it if it has not exited by killAt.
+func (s *supervisor) retire(p *proc, killAt time.Time) {
+	if p.killAt.IsZero() || killAt.Before(p.killAt) {
+		p.killAt = killAt
+	}
+	if p.retiring {
+		return
+	}
+	p.retiring = true
+	if !s.draining {
+		s.log.Info("worker retiring", "pid", p.pid, "index", p.index, "generation", p.gen)
+	}
+	if err := p.signal(syscall.SIGTERM); err != nil {
+		s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "TERM", "err", err)
+	}
+}
+
+func (s *supervisor) kill(p *proc) {
+	p.retiring, p.killed = true, true
+	if err := p.signal(syscall.SIGKILL); err != nil {
+		s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "KILL", "err", err)
+	}
+}
+
+// beginDrain starts the graceful shutdown: every worker is told to drain,
+// none is started any more.
+func (s *supervisor) beginDrain(reason string) {
+	if s.draining {
+		return
+	}
+	s.draining = true
+	s.sendNotify(notifyStopping)
+	if s.env.stopListening != nil {
+		s.env.stopListening()
+	}
+	s.log.Info("drain begun", "reason", reason, "workers", len(s.procs), "timeout", s.cfg.Server.ShutdownTimeout)
+	now := s.env.now()
+	for _, p := range s.sortedProcs() {
+		s.retire(p, now.Add(p.drain+drainGrace))
+	}
+	for i := range s.slots {
+		s.slots[i].cur, s.slots[i].succ = nil, nil
+	}
+}
+
+// killAll ends the drain now.
+func (s *supervisor) killAll(reason string) {
+	var n int
+	for _, p := range s.sortedProcs() {
+		if !p.killed {
+			s.kill(p)
+			n++
+		}
+	}
+	s.log.Warn("drain shortened: killing workers", "reason", reason, "workers", n)
+}
+
+// reload takes the configuration again (HUP) and, when it is valid, starts
+// replacing the workers with ones that run it.
+func (s *supervisor) reload() {
+	if s.draining {
+		s.log.Warn("reload ignored: draining")
+		return
+	}
+	if s.announced {
+		s.sendNotify(reloadingState())
+	}
+	cfg := s.cfg
+	if s.env.load != nil {
+		var err error
+		if cfg, err = s.env.load(); err != nil {
+			s.log.Error("reload refused: keeping the running configuration", "err", err)
+			if s.announced {
+				s.sendNotify(notifyReady)
+			}
+			return
+		}
+		cfg = keepRestartOnly(s.log, s.cfg, cfg)
+	}
+	s.cfg = cfg
+	s.gen++
+	s.reloading = true
+	s.log.Info("reload begun", "generation", s.gen, "workers", len(s.slots))
+}
+
+// nextDeadline is the earliest instant at which step has something to do.
+func (s *supervisor) nextDeadline() (time.Time, bool) {
+	var next time.Time
+	consider := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for _, p := range s.procs {
+		switch {
+		case p.killed:
+		case p.retiring:
+			consider(p.killAt)
+		case !p.ready:
+			consider(p.start.Add(readyTimeout))
+		}
+	}
+	if !s.draining {
+		now := s.env.now()
+		for _, sl := range s.slots {
+			if sl.respawnAt.After(now) {
+				consider(sl.respawnAt)
+			}
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// sortedProcs lists the unreaped workers by pid, so that the order of
+// signals and log lines does not depend on map iteration.
+func (s *supervisor) sortedProcs() []*proc {
+	ps := make([]*proc, 0, len(s.procs))
+	for _, p := range s.procs {
+		ps = append(ps, p)
+	}
+	slices.SortFunc(ps, func(a, b *proc) int { return a.pid - b.pid })
+	return ps
+}
+
+func (s *supervisor) sendNotify(state string) {
+	if err := s.env.notify(state); err != nil {
+		s.log.Warn("systemd notification failed", "err", err)
+	}
+}
+
+// keepRestartOnly returns next with the settings that only a restart can
+// change (the listener, the region's geometry, the number of workers) taken
+// from running, and logs any such change that was asked for.
+func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Config {
+	var ignored []string
+	if next.Server.Listen != running.Server.Listen {
+		ignored = append(ignored, fmt.Sprintf("server.listen %q", next.Server.Listen))
+		next.Server.Listen = running.Server.Listen
+	}
+	if next.Server.WorkerCount() != running.Server.WorkerCount() {
+		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
+	}
+	next.Server.Workers = running.Server.Workers
+	if next.Table != running.Table {
+		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
+		next.Table = running.Table
+	}
+	if len(ignored) > 0 {
+		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)
+	}
+	return next
+}

@@ -1,0 +1,438 @@
+package prefork
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/config"
+)
+
+// Unit tests of the supervisor's state machine through its seam: no
+// process is started, the clock is a variable.
+
+var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type sent struct {
+	pid int
+	sig syscall.Signal
+}
+
+// fakeSys records what the supervisor asks of the operating system.
+type fakeSys struct {
+	now      time.Time
+	nextPID  int
+	starts   []spawnSpec
+	pids     []int // pid of each start
+	signals  []sent
+	reaps    []int
+	notes    []string
+	stopped  int
+	startErr error
+	load     func() (config.Config, error)
+}
+
+func newFake() *fakeSys { return &fakeSys{now: t0, nextPID: 100} }
+
+func (f *fakeSys) env() sysEnv {
+	e := sysEnv{
+		now: func() time.Time { return f.now },
+		start: func(sp spawnSpec) (started, error) {
+			if f.startErr != nil {
+				return started{}, f.startErr
+			}
+			pid := f.nextPID
+			f.nextPID++
+			f.starts = append(f.starts, sp)
+			f.pids = append(f.pids, pid)
+			return started{pid: pid, signal: func(sig syscall.Signal) error {
+				f.signals = append(f.signals, sent{pid, sig})
+				return nil
+			}}, nil
+		},
+		reap:          func(index int) (int, error) { f.reaps = append(f.reaps, index); return 0, nil },
+		notify:        func(state string) error { f.notes = append(f.notes, state); return nil },
+		stopListening: func() { f.stopped++ },
+	}
+	if f.load != nil {
+		e.load = f.load
+	}
+	return e
+}
+
+// signalled lists the pids that got sig, in order.
+func (f *fakeSys) signalled(sig syscall.Signal) []int {
+	var out []int
+	for _, s := range f.signals {
+		if s.sig == sig {
+			out = append(out, s.pid)
+		}
+	}
+	return out
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// newTestSupervisor returns a supervisor of n workers that has run its
+// first step (started its workers).
+func newTestSupervisor(f *fakeSys, n int) *supervisor {
+	cfg := config.Config{Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second}}
+	s := newSupervisor(f.env(), quietLog(), cfg, minMaxWorkers(n))
+	s.step()
+	return s
+}
+
+// The loop runs step after every event; so do these helpers.
+func ready(s *supervisor, pids ...int) {
+	for _, pid := range pids {
+		s.onReady(pid)
+		s.step()
+	}
+}
+
+func exit(s *supervisor, pid int, clean bool) {
+	status := "signal: killed"
+	if clean {
+		status = "exit status 0"
+	}
+	s.onExit(exitEvent{pid: pid, status: status, clean: clean})
+	s.step()
+}
+
+func sendSignal(s *supervisor, sig syscall.Signal) {
+	s.onSignal(sig)
+	s.step()
+}
+
+func advance(f *fakeSys, s *supervisor, d time.Duration) {
+	f.now = f.now.Add(d)
+	s.step()
+}
+
+func TestBackoff(t *testing.T) {
+	b := newBackoff()
+	short := 50 * time.Millisecond
+	var got []time.Duration
+	for range 9 {
+		got = append(got, b.failure(short))
+	}
+	want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond,
+		800 * time.Millisecond, 1600 * time.Millisecond, 3200 * time.Millisecond, 6400 * time.Millisecond,
+		10 * time.Second, 10 * time.Second}
+	if !slices.Equal(got, want) {
+		t.Fatalf("delays %v, want %v", got, want)
+	}
+	if d := b.failure(backoffStable - time.Millisecond); d != 10*time.Second {
+		t.Errorf("after a run just short of stable: %v, want the maximum", d)
+	}
+	if d := b.failure(backoffStable); d != backoffBase {
+		t.Errorf("after a stable run: %v, want %v", d, backoffBase)
+	}
+	if d := b.failure(short); d != 2*backoffBase {
+		t.Errorf("crash after the reset: %v, want %v", d, 2*backoffBase)
+	}
+}
+
+func TestStartAndAnnounce(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 3)
+	if len(f.starts) != 3 {
+		t.Fatalf("%d starts, want 3", len(f.starts))
+	}
+	for i, sp := range f.starts {
+		if sp.Index != i || sp.Gen != 0 {
+			t.Errorf("start %d: %+v", i, sp)
+		}
+	}
+	ready(s, 100, 101)
+	if len(f.notes) != 0 {
+		t.Fatalf("notified %q before every worker was ready", f.notes)
+	}
+	ready(s, 102)
+	if !slices.Equal(f.notes, []string{notifyReady}) {
+		t.Fatalf("notes %q, want READY=1 once", f.notes)
+	}
+}
+
+func TestCrashRespawnsWithBackoff(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+
+	// Each crash of a short-lived worker doubles the delay; nothing starts before it.
+	pid := 101
+	for i, delay := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
+		advance(f, s, 10*time.Millisecond)
+		exit(s, pid, false)
+		starts := len(f.starts)
+		if next, ok := s.nextDeadline(); !ok || next != f.now.Add(delay) {
+			t.Fatalf("crash %d: next deadline %v %v, want now+%v", i, next.Sub(f.now), ok, delay)
+		}
+		advance(f, s, delay-time.Millisecond)
+		if len(f.starts) != starts {
+			t.Fatalf("crash %d: respawned %v early", i, time.Millisecond)
+		}
+		advance(f, s, time.Millisecond)
+		if len(f.starts) != starts+1 {
+			t.Fatalf("crash %d: not respawned after %v", i, delay)
+		}
+		last := f.starts[len(f.starts)-1]
+		if last.Index != 1 {
+			t.Errorf("crash %d: replacement got index %d, want the freed 1", i, last.Index)
+		}
+		pid = f.pids[len(f.pids)-1]
+	}
+	if !slices.Equal(f.reaps, []int{1, 1, 1}) {
+		t.Errorf("reaped %v, want index 1 at every crash", f.reaps)
+	}
+	// A worker that ran stably resets the delay.
+	ready(s, pid)
+	advance(f, s, backoffStable)
+	exit(s, pid, false)
+	if next, _ := s.nextDeadline(); next != f.now.Add(backoffBase) {
+		t.Errorf("after a stable run: delay %v, want %v", next.Sub(f.now), backoffBase)
+	}
+	if len(f.signals) != 0 {
+		t.Errorf("signals %v, want none", f.signals)
+	}
+}
+
+func TestDrainNeverRespawns(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+	exit(s, 101, false) // a crash: replacement due in 100ms
+	sendSignal(s, syscall.SIGTERM)
+	if !slices.Equal(f.signalled(syscall.SIGTERM), []int{100}) || f.stopped != 1 {
+		t.Fatalf("TERM sent to %v, listener stopped %d times", f.signalled(syscall.SIGTERM), f.stopped)
+	}
+	if f.notes[len(f.notes)-1] != notifyStopping {
+		t.Errorf("notes %q, want STOPPING=1 last", f.notes)
+	}
+	advance(f, s, time.Second) // past the respawn delay
+	exit(s, 100, true)
+	if len(f.starts) != 2 {
+		t.Fatalf("%d starts while draining, want none after the first 2", len(f.starts)-2)
+	}
+	if !s.finished() {
+		t.Fatal("not finished with every worker reaped")
+	}
+	if !slices.Equal(f.reaps, []int{1, 0}) {
+		t.Errorf("reaped %v, want [1 0]", f.reaps)
+	}
+}
+
+func TestDrainDeadlineAndSecondSignal(t *testing.T) {
+	for _, second := range []bool{false, true} {
+		t.Run(fmt.Sprint("second=", second), func(t *testing.T) {
+			f := newFake()
+			s := newTestSupervisor(f, 2)
+			ready(s, 100, 101)
+			sendSignal(s, syscall.SIGINT)
+			exit(s, 100, true)
+			if second {
+				sendSignal(s, syscall.SIGTERM)
+			} else {
+				advance(f, s, 5*time.Second+drainGrace-time.Millisecond)
+				if k := f.signalled(syscall.SIGKILL); len(k) != 0 {
+					t.Fatalf("killed %v before the deadline", k)
+				}
+				advance(f, s, time.Millisecond)
+			}
+			if k := f.signalled(syscall.SIGKILL); !slices.Equal(k, []int{101}) {
+				t.Fatalf("killed %v, want [101]", k)
+			}
+			if s.finished() {
+				t.Fatal("finished before the killed worker was reaped")
+			}
+			exit(s, 101, false)
+			if !s.finished() || len(f.starts) != 2 {
+				t.Fatalf("finished %v with %d starts", s.finished(), len(f.starts))
+			}
+		})
+	}
+}
+
+func TestReloadReplacesOneAtATime(t *testing.T) {
+	f := newFake()
+	next := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
+	f.load = func() (config.Config, error) { return next, nil }
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+
+	sendSignal(s, syscall.SIGHUP)
+	if len(f.notes) != 2 || f.notes[1][:len("RELOADING=1\nMONOTONIC_USEC=")] != "RELOADING=1\nMONOTONIC_USEC=" {
+		t.Fatalf("notes %q, want RELOADING=1 with MONOTONIC_USEC", f.notes)
+	}
+	// One successor at a time; the old worker gets TERM only once its
+	// successor is ready.
+	if len(f.starts) != 3 || f.starts[2].Gen != 1 || f.starts[2].Config.Server.ShutdownTimeout != time.Second {
+		t.Fatalf("starts %+v, want one successor with the new configuration", f.starts)
+	}
+	if len(f.signals) != 0 {
+		t.Fatalf("signals %v before the successor was ready", f.signals)
+	}
+	// The successor crashes before it is ready: backoff, old still serving.
+	exit(s, 102, false)
+	if len(f.starts) != 3 || len(f.signals) != 0 {
+		t.Fatalf("after the successor's crash: starts %d, signals %v", len(f.starts), f.signals)
+	}
+	advance(f, s, backoffBase)
+	if len(f.starts) != 4 {
+		t.Fatalf("successor not restarted after the backoff")
+	}
+	ready(s, 103)
+	if !slices.Equal(f.signalled(syscall.SIGTERM), []int{100}) || len(f.starts) != 5 {
+		t.Fatalf("after the first successor: TERM %v, starts %d", f.signalled(syscall.SIGTERM), len(f.starts))
+	}
+	exit(s, 100, true) // the retired worker drained: no respawn
+	ready(s, 104)
+	if !slices.Equal(f.signalled(syscall.SIGTERM), []int{100, 101}) || len(f.starts) != 5 {
+		t.Fatalf("after the second successor: TERM %v, starts %d", f.signalled(syscall.SIGTERM), len(f.starts))
+	}
+	if f.notes[len(f.notes)-1] != notifyReady || !s.announced || s.reloading {
+		t.Fatalf("notes %q, want READY=1 at the end of the reload", f.notes)
+	}
+	// A retired worker that does not drain is killed after the shutdown
+	// timeout of the configuration it runs (5s; the new one says 1s).
+	advance(f, s, time.Second+drainGrace)
+	if k := f.signalled(syscall.SIGKILL); len(k) != 0 {
+		t.Fatalf("killed %v after the new configuration's timeout", k)
+	}
+	advance(f, s, 4*time.Second)
+	if k := f.signalled(syscall.SIGKILL); !slices.Equal(k, []int{101}) {
+		t.Fatalf("killed %v, want the retired 101", k)
+	}
+	exit(s, 101, false)
+	if len(f.starts) != 5 {
+		t.Fatal("a retired worker was replaced")
+	}
+}
+
+func TestReloadRefused(t *testing.T) {
+	f := newFake()
+	f.load = func() (config.Config, error) { return config.Config{}, errors.New("config: bad") }
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGHUP)
+	if len(f.starts) != 2 || len(f.signals) != 0 || s.gen != 0 {
+		t.Fatalf("refused reload started %d, signalled %v, generation %d", len(f.starts)-2, f.signals, s.gen)
+	}
+	if len(f.notes) != 3 || f.notes[2] != notifyReady {
+		t.Fatalf("notes %q, want READY=1, RELOADING=1, READY=1", f.notes)
+	}
+}
+
+func TestReloadKeepsRestartOnlySettings(t *testing.T) {
+	running := config.Config{
+		Server: config.Server{Listen: "127.0.0.1:1", Workers: 2, Upstream: "http://a"},
+		Table:  config.Table{Counters: 1024},
+	}
+	next := config.Config{
+		Server: config.Server{Listen: "127.0.0.1:2", Workers: 5, Upstream: "http://b"},
+		Table:  config.Table{Counters: 2048},
+	}
+	got := keepRestartOnly(quietLog(), running, next)
+	want := running
+	want.Server.Upstream = "http://b"
+	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table || got.Server.Upstream != "http://b" {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+func TestFirstStartFailureIsFatal(t *testing.T) {
+	f := newFake()
+	f.startErr = errors.New("exec: no such file")
+	s := newTestSupervisor(f, 2)
+	if !s.finished() || s.fatal == nil {
+		t.Fatalf("finished %v, fatal %v", s.finished(), s.fatal)
+	}
+}
+
+func TestIndexesAreNotReusedWhileHeld(t *testing.T) {
+	// A region with room for 3 workers and 2 slots: during a reload the
+	// second successor must wait until a retired worker frees its index.
+	f := newFake()
+	f.load = func() (config.Config, error) { return config.Config{Server: config.Server{Workers: 2}}, nil }
+	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
+	s := newSupervisor(f.env(), quietLog(), cfg, 3)
+	s.step()
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102) // index 2; 100 (index 0) retires
+	if len(f.starts) != 3 {
+		t.Fatalf("%d starts while every index is held, want 3", len(f.starts))
+	}
+	exit(s, 100, true)
+	if len(f.starts) != 4 || f.starts[3].Index != 0 {
+		t.Fatalf("starts %+v, want the freed index 0 next", f.starts)
+	}
+}
+
+func TestWorkerNotReadyInTimeIsReplaced(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 2)
+	ready(s, 100)
+	if next, _ := s.nextDeadline(); next != t0.Add(readyTimeout) {
+		t.Fatalf("next deadline %v, want the readiness timeout", next.Sub(t0))
+	}
+	advance(f, s, readyTimeout)
+	if k := f.signalled(syscall.SIGKILL); !slices.Equal(k, []int{101}) {
+		t.Fatalf("killed %v, want the worker that never got ready", k)
+	}
+	exit(s, 101, false)
+	advance(f, s, backoffBase)
+	if len(f.starts) != 3 || f.starts[2].Index != 1 {
+		t.Fatalf("starts %+v, want a replacement in index 1", f.starts)
+	}
+	if _, ok := s.nextDeadline(); !ok {
+		t.Fatal("no deadline for the replacement's readiness")
+	}
+	ready(s, 102)
+	if _, ok := s.nextDeadline(); ok || !s.announced {
+		t.Fatalf("deadline left or not announced after every worker is ready")
+	}
+}
+
+func TestStatusSnapshots(t *testing.T) {
+	f := newFake()
+	f.load = func() (config.Config, error) { return config.Config{Server: config.Server{Workers: 2}}, nil }
+	var got []Status
+	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
+	s := newSupervisor(f.env(), quietLog(), cfg, minMaxWorkers(2))
+	s.onStatus = func(st Status) { got = append(got, st) }
+	s.step()
+	s.publish()
+	s.publish() // nothing changed: no snapshot
+	if len(got) != 1 || got[0].Ready || len(got[0].Workers) != 2 || got[0].Workers[0].PID != 100 {
+		t.Fatalf("first snapshots %+v", got)
+	}
+	ready(s, 100, 101)
+	s.publish()
+	if last := got[len(got)-1]; !last.Ready || !last.Workers[1].Ready {
+		t.Fatalf("after readiness: %+v", last)
+	}
+	sendSignal(s, syscall.SIGHUP)
+	s.publish()
+	if last := got[len(got)-1]; last.Ready || last.Generation != 1 || len(last.Workers) != 3 || last.Workers[2].Generation != 1 {
+		t.Fatalf("during the reload: %+v", last)
+	}
+	ready(s, 102)
+	s.publish()
+	if last := got[len(got)-1]; !last.Workers[0].Retiring || last.Ready {
+		t.Fatalf("after the first successor: %+v", last)
+	}
+	sendSignal(s, syscall.SIGTERM)
+	s.publish()
+	if last := got[len(got)-1]; !last.Draining || last.Ready {
+		t.Fatalf("draining: %+v", last)
+	}
+	if len(got) != 5 {
+		t.Errorf("%d snapshots, want 5 (one per change)", len(got))
+	}
+}

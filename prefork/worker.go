@@ -1,0 +1,250 @@
+package prefork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/httplimit"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Timeouts of a worker's http.Server. There is no read or write timeout on
+// the whole request: a proxied response may stream for as long as the
+// upstream needs.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+)
+
+// Worker is what a worker process hands to Options.Handler: its place
+// among the workers, the shared region and the configuration it runs.
+type Worker struct {
+	// Index is the region worker index this process joined as: unique
+	// among the running workers, 0 <= Index < the region's MaxWorkers. A
+	// replacement (after a crash or a reload) may get another one.
+	Index int
+	// Region is the shared region, joined as Index.
+	Region *shm.Region
+	// Config is the supervisor's configuration at the time this worker
+	// was started (after a HUP, the new one).
+	Config config.Config
+	// Logger is Options.Logger with the worker's index and pid.
+	Logger *slog.Logger
+
+	mw *httplimit.Middleware
+}
+
+// Limiter returns the limiter of the rate-limit rule name, e.g. to Reset a
+// client after a successful login; nil for an unknown rule, and before
+// Options.Handler has returned. The time it takes is Region.Now().
+func (w *Worker) Limiter(name string) *bucket.Limiter {
+	if w.mw == nil {
+		return nil
+	}
+	return w.mw.Limiter(name)
+}
+
+// ClientKey returns the key the rule called rule counts r under
+// ("ip:192.0.2.1", "h:X-Api-Key:…", "g"): the id to pass to its Limiter,
+// as in w.Limiter("login").Reset(w.ClientKey("login", r), w.Region.Now()).
+// It is "" for an unknown rule.
+func (w *Worker) ClientKey(rule string, r *http.Request) string {
+	if w.mw == nil {
+		return ""
+	}
+	return string(w.mw.KeyOf(rule, r))
+}
+
+// runWorker is Run in a worker: it returns the process's exit code.
+func runWorker(ctx context.Context, opts Options) int {
+	log := opts.Logger.With("pid", os.Getpid())
+	index, err := workerIndex()
+	if err != nil {
+		log.Error("worker failed to start", "err", err)
+		return 1
+	}
+	log = log.With("worker", index)
+	// Nothing this worker starts is a worker, nor inherits its descriptors.
+	os.Unsetenv(envWorker)
+	for fd := fdRegion; fd <= fdConfig; fd++ {
+		syscall.CloseOnExec(fd)
+	}
+	// Ctrl-C and HUP are the supervisor's business; TERM means drain.
+	signal.Ignore(syscall.SIGINT, syscall.SIGHUP)
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+
+	conns := &connTracker{}
+	srv, ln, timeout, err := setUpWorker(opts, index, conns, log)
+	if err != nil {
+		log.Error("worker failed to start", "err", err)
+		return 1
+	}
+	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
+
+	// Ready: the region is joined and the handler built. Connections that
+	// arrive before Serve wait in the shared listener's backlog.
+	ready := os.NewFile(fdReady, "ready")
+	if _, err := ready.Write([]byte{1}); err != nil {
+		log.Error("worker failed to report readiness", "err", err)
+		return 1
+	}
+	ready.Close()
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	var why string
+	select {
+	case err := <-served:
+		log.Error("worker stopped serving", "err", err)
+		return 1
+	case <-term:
+		why = "TERM"
+	case <-lifeline:
+		why = "supervisor gone"
+	case <-ctx.Done():
+		why = context.Cause(ctx).Error()
+	}
+	return drainWorker(srv, ln, served, conns, timeout, why, log)
+}
+
+// setUpWorker maps the region, builds the handler and the server.
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, err error) {
+	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if err := region.Join(index); err != nil {
+		return nil, nil, 0, err
+	}
+	lnFile := os.NewFile(fdListener, "listener")
+	ln, err := net.FileListener(lnFile)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("prefork: inherited listener: %w", err)
+	}
+	lnFile.Close() // FileListener holds its own descriptor
+	if opts.Handler == nil {
+		return nil, nil, 0, errors.New("prefork: Options.Handler is nil")
+	}
+	w := &Worker{Index: index, Region: region, Config: cfg, Logger: log}
+	app, err := opts.Handler(w)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
+	}
+	w.mw, err = httplimit.New(cfg, region, app, httplimit.Options{Logger: log})
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	srv := &http.Server{
+		ConnState:         conns.track,
+		Handler:           w.mw,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return srv, ln, cfg.Server.ShutdownTimeout, nil
+}
+
+// drainWorker stops accepting, lets the requests in flight finish for up
+// to timeout, and returns the exit code: 0, since the drain was asked for.
+//
+// http.Server.Shutdown alone would drop requests: a connection accepted
+// just before it, whose request is read just after it began, is closed
+// without a response. So the worker first closes its listener (the shared
+// socket keeps accepting in the other workers), turns keep-alives off (an
+// idle connection is closed, a busy one after its response), and waits for
+// the connections it accepted to send their request; only then Shutdown.
+func drainWorker(srv *http.Server, ln net.Listener, served <-chan error, conns *connTracker, timeout time.Duration, why string, log *slog.Logger) int {
+	log.Info("worker draining", "reason", why, "timeout", timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ln.Close()
+	srv.SetKeepAlivesEnabled(false)
+	// Once Serve has returned, every connection it accepted is counted.
+	select {
+	case <-served:
+	case <-ctx.Done():
+	}
+	conns.waitNoneNew(ctx)
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
+		srv.Close()
+	}
+	return 0
+}
+
+// connTracker counts the connections that were accepted and have not
+// started a request yet (http.StateNew).
+type connTracker struct {
+	mu    sync.Mutex
+	state map[net.Conn]http.ConnState
+	new   int
+}
+
+// track is an http.Server ConnState hook.
+func (c *connTracker) track(conn net.Conn, st http.ConnState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == nil {
+		c.state = make(map[net.Conn]http.ConnState)
+	}
+	if prev, ok := c.state[conn]; ok && prev == http.StateNew {
+		c.new--
+	}
+	switch st {
+	case http.StateClosed, http.StateHijacked:
+		delete(c.state, conn)
+		return
+	case http.StateNew:
+		c.new++
+	}
+	c.state[conn] = st
+}
+
+func (c *connTracker) newConns() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.new
+}
+
+// waitNoneNew waits until every accepted connection has begun a request
+// (or closed), or ctx is done.
+func (c *connTracker) waitNoneNew(ctx context.Context) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for c.newConns() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// watchLifeline returns a channel closed when the supervisor is gone: the
+// pipe's write end, held by the supervisor only, is closed by its exit,
+// however it dies. The reading goroutine lives as long as the process.
+func watchLifeline(f *os.File) <-chan struct{} {
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		_, _ = io.Copy(io.Discard, f)
+	}()
+	return gone
+}
