@@ -221,11 +221,22 @@ func listenerFile(ln net.Listener) (*os.File, error) {
 	return os.NewFile(uintptr(dup), "listener"), nil
 }
 
+// RegionOptions is the geometry of the region for cfg: its [table]
+// section, and room in the worker table for a reload's overlap.
+func RegionOptions(cfg config.Config) shm.Options {
+	return shm.Options{
+		Counters:      cfg.Table.Counters,
+		MaxWorkers:    minMaxWorkers(cfg.Server.WorkerCount()),
+		Responses:     cfg.Table.Responses,
+		ResponseBytes: cfg.Table.ResponseBytes,
+	}
+}
+
 // newRegion creates the shared region before any worker exists.
 func newRegion(opts Options, cfg config.Config, n int) (*shm.Region, error) {
 	need := minMaxWorkers(n)
 	if opts.NewRegion == nil {
-		return shm.Create(shm.Options{Counters: cfg.Table.Counters, MaxWorkers: need})
+		return shm.Create(RegionOptions(cfg))
 	}
 	r, err := opts.NewRegion(cfg)
 	if err != nil {
