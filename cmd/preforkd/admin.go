@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// adminHooks serves [admin] listen from the supervisor, which never serves
+// application requests: /metrics (Prometheus text format) and /status
+// (JSON), both read-only, from the region's statistics.
+func adminHooks(opts *prefork.Options) {
+	var srv *http.Server
+	prepare, finish := opts.Prepare, opts.Finish
+	opts.Prepare = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+		if prepare != nil {
+			if err := prepare(r, cfg, log); err != nil {
+				return err
+			}
+		}
+		if cfg.Admin.Listen == "" {
+			return nil
+		}
+		ln, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+		srv = &http.Server{Handler: adminMux(r), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("admin endpoint stopped", "err", err)
+			}
+		}()
+		log.Info("admin endpoint listening", "listen", ln.Addr().String())
+		return nil
+	}
+	opts.Finish = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+		if srv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			srv.Shutdown(ctx)
+			cancel()
+		}
+		if finish != nil {
+			return finish(r, cfg, log)
+		}
+		return nil
+	}
+}
+
+func adminMux(r *shm.Region) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		st := r.Counters().Stats()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		metric := func(name, typ, help string, v any) {
+			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s %v\n", name, help, name, typ, name, v)
+		}
+		metric("preforkd_counter_slots", "gauge", "Counter slots in the table.", st.Slots)
+		metric("preforkd_counter_slots_live", "gauge", "Counter slots holding a key.", st.Live)
+		metric("preforkd_counter_slots_busy", "gauge", "Counter slots being installed.", st.Busy)
+		metric("preforkd_counter_slots_tomb", "gauge", "Released counter slots.", st.Tomb)
+		metric("preforkd_counter_probe_max", "gauge", "Largest probe distance of a live key.", st.MaxProbe)
+		metric("preforkd_counter_probe_mean", "gauge", "Mean probe distance of live keys.", st.MeanProbe)
+		metric("preforkd_counter_full_total", "counter", "Decisions answered by on_full: no slot in the probe window.", st.Full)
+		metric("preforkd_counter_lock_timeout_total", "counter", "Decisions answered by on_full: insert lock held too long.", st.LockTimeout)
+		metric("preforkd_counter_claims_total", "counter", "Keys installed in free slots.", st.Claims)
+		metric("preforkd_counter_reclaims_total", "counter", "Slots reclaimed from keys equivalent to fresh ones.", st.Reclaims)
+		metric("preforkd_counter_recovered_total", "counter", "Slots and locks released from dead workers.", st.Recovered)
+		metric("preforkd_workers", "gauge", "Worker processes joined to the region.", liveWorkers(r))
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{
+			"geometry": r.Geometry(),
+			"counters": r.Counters().Stats(),
+			"workers":  r.Workers(),
+			"uptime":   r.Now().String(),
+		})
+	})
+	return mux
+}
+
+func liveWorkers(r *shm.Region) int {
+	n := 0
+	for _, w := range r.Workers() {
+		if w.PID != 0 {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/persist"
+	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/shm"
+)
+
+func dumpFormatVersion() int   { return persist.FormatVersion }
+func regionLayoutVersion() int { return shm.LayoutVersion }
+
+// persistHooks wires [persist] into the supervisor: the live region (if
+// any) replaces the memfd, a dump is loaded before the first worker starts
+// and written after the last one has exited.
+func persistHooks(opts *prefork.Options, build string) {
+	cfg := opts.Config
+	if cfg.Persist.Path == "" && cfg.Persist.Live == "" {
+		return
+	}
+	var lock *shm.LiveLock
+	reattached := false
+	if cfg.Persist.Live != "" {
+		opts.NewRegion = func(cfg config.Config) (*shm.Region, error) {
+			r, l, re, err := persist.OpenRegion(persistOptions(cfg, build), prefork.RegionOptions(cfg), opts.Logger)
+			lock, reattached = l, re
+			return r, err
+		}
+	}
+	prepare, finish := opts.Prepare, opts.Finish
+	opts.Prepare = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+		if cfg.Persist.Path != "" && !reattached {
+			if _, err := persist.Load(r, persistOptions(cfg, build), log); err != nil {
+				log.Error("dump not loaded", "path", cfg.Persist.Path, "err", err)
+			}
+		}
+		if prepare != nil {
+			return prepare(r, cfg, log)
+		}
+		return nil
+	}
+	opts.Finish = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+		var err error
+		if finish != nil {
+			err = finish(r, cfg, log)
+		}
+		if cfg.Persist.Path != "" {
+			if st, derr := persist.Dump(r, persistOptions(cfg, build)); derr != nil {
+				err = errors.Join(err, fmt.Errorf("dump: %w", derr))
+			} else {
+				log.Info("dump written", "path", cfg.Persist.Path, "counters", st.Entries, "responses", st.Responses, "bytes", st.Bytes)
+			}
+		}
+		if lock != nil {
+			lock.Unlock()
+		}
+		return err
+	}
+}
+
+func persistOptions(cfg config.Config, build string) persist.Options {
+	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.Key, Live: cfg.Persist.Live, Build: build}
+	for _, rl := range cfg.RateLimits {
+		algo, _ := bucket.ParseAlgorithm(rl.Algorithm)
+		o.Rules = append(o.Rules, bucket.Rule{Name: rl.Name, Limit: rl.Limit, Window: rl.Window, Algorithm: algo, Burst: rl.Burst})
+	}
+	return o
+}
+
+func cmdInspect(args []string, stdout, stderr io.Writer) error {
+	if len(args) != 1 {
+		return &usageError{"inspect needs exactly one FILE"}
+	}
+	return persist.Inspect(args[0], stdout)
+}

@@ -1,0 +1,316 @@
+package persist
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Options says where the dump lives and what it is checked against. The
+// zero value persists nothing.
+type Options struct {
+	// Path is the dump file (persist.path). "" means no dump: Dump and
+	// Load do nothing.
+	Path string
+	// Key is persist.key, the application's version: stored responses
+	// are dropped at load when it differs from the dump's; counters are
+	// kept.
+	Key string
+	// Live is persist.live, a file on tmpfs that holds the region itself
+	// (see OpenRegion). "" means an anonymous region.
+	Live string
+	// Build names the build that writes the dump (recorded, shown by
+	// Inspect). "" records nothing.
+	Build string
+	// Rules are the rate-limit rules of the configuration in force. Only
+	// counter state of these rules is dumped, and at load only state of
+	// rules whose definition is unchanged is restored.
+	Rules []bucket.Rule
+	// Now is the wall clock, read once by Dump and once by Load to count
+	// the downtime between them. nil means time.Now.
+	Now func() time.Time
+}
+
+func (o Options) wall() time.Time {
+	if o.Now != nil {
+		return o.Now()
+	}
+	return time.Now()
+}
+
+// DumpStats describes a written dump.
+type DumpStats struct {
+	Entries    int           // counter entries written
+	Responses  int           // stored responses written
+	Expired    int           // entries as fresh as a new key at dump time: not written
+	Unowned    int           // entries of no rule in Options.Rules (or of two rules with one tag): not written
+	Bytes      int64         // size of the dump
+	RegionTime time.Duration // the region's clock at dump
+}
+
+// Dump writes r's state to o.Path, replacing the previous dump atomically
+// and durably: a unique temporary file in the same directory is written,
+// fsynced and renamed over the old dump, then the directory is fsynced. A
+// crash at any point leaves the old dump or the new one, never a torn
+// file. Temporary files left by an earlier crash are removed first.
+//
+// Dump requires that nothing writes r: call it after the last worker has
+// exited. Its cost follows the number of live entries (plus one scan of
+// the table), not the table's size on disk.
+func Dump(r *shm.Region, o Options) (DumpStats, error) {
+	if o.Path == "" {
+		return DumpStats{}, nil
+	}
+	removeTemps(o.Path)
+	tmp, st, err := writeTemp(r, o)
+	if err != nil {
+		return st, err
+	}
+	if err := commit(tmp, o.Path); err != nil {
+		os.Remove(tmp)
+		return st, err
+	}
+	return st, nil
+}
+
+// tempPattern names a dump's temporary files: PATH.tmp-RANDOM.
+func tempPattern(path string) string { return filepath.Base(path) + ".tmp-*" }
+
+// removeTemps removes temporary files an earlier Dump left when it crashed
+// before its rename. One supervisor dumps to a path at a time.
+func removeTemps(path string) { removePrefixed(filepath.Dir(path), filepath.Base(path)+".tmp-") }
+
+// removePrefixed removes the files in dir whose names start with prefix.
+func removePrefixed(dir, prefix string) {
+	des, _ := os.ReadDir(dir)
+	for _, de := range des {
+		if strings.HasPrefix(de.Name(), prefix) && de.Type().IsRegular() {
+			os.Remove(filepath.Join(dir, de.Name()))
+		}
+	}
+}
+
+// writeTemp writes the dump to a new temporary file next to o.Path and
+// fsyncs it. It returns the file's name; on error nothing is left behind.
+func writeTemp(r *shm.Region, o Options) (name string, st DumpStats, err error) {
+	f, err := os.CreateTemp(filepath.Dir(o.Path), tempPattern(o.Path))
+	if err != nil {
+		return "", st, fmt.Errorf("persist: dump: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if err := f.Chmod(0o600); err != nil {
+		return "", st, fmt.Errorf("persist: dump: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	st, err = encode(r, o, w, f)
+	if err != nil {
+		return "", st, fmt.Errorf("persist: dump %s: %w", f.Name(), err)
+	}
+	if err := f.Sync(); err != nil {
+		return "", st, fmt.Errorf("persist: dump: fsync %s: %w", f.Name(), err)
+	}
+	if err := f.Close(); err != nil {
+		return "", st, fmt.Errorf("persist: dump: %w", err)
+	}
+	return f.Name(), st, nil
+}
+
+// commit renames tmp over path and makes the rename durable.
+func commit(tmp, path string) error {
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("persist: dump: %w", err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("persist: dump: %w", err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	if err := d.Sync(); err != nil {
+		d.Close()
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return d.Close()
+}
+
+// encoder writes a dump through a buffer, and patches each section's
+// frame (whose length and checksum are known only at its end) with a
+// positioned write once everything is written.
+type encoder struct {
+	w       *bufio.Writer
+	f       *os.File
+	off     int64
+	pending []sectionWriter
+}
+
+func (e *encoder) write(p []byte) {
+	e.w.Write(p) // errors stick in w: Flush reports them
+	e.off += int64(len(p))
+}
+
+// sectionWriter streams one section's payload and sums it.
+type sectionWriter struct {
+	e   *encoder
+	typ uint32
+	at  int64 // its frame
+	crc uint32
+	n   uint64
+	buf []byte // batches small writes
+}
+
+func (e *encoder) section(typ uint32) *sectionWriter {
+	s := &sectionWriter{e: e, typ: typ, at: e.off, buf: make([]byte, 0, 64<<10)}
+	e.write(make([]byte, frameSize))
+	return s
+}
+
+// room makes room for n more bytes in s.buf.
+func (s *sectionWriter) room(n int) {
+	if len(s.buf)+n > cap(s.buf) {
+		s.flush()
+	}
+}
+
+func (s *sectionWriter) flush() {
+	s.crc = crc32.Update(s.crc, crcTable, s.buf)
+	s.n += uint64(len(s.buf))
+	s.e.write(s.buf)
+	s.buf = s.buf[:0]
+}
+
+func (s *sectionWriter) end() {
+	s.flush()
+	s.e.pending = append(s.e.pending, *s)
+}
+
+func (e *encoder) finish() error {
+	if err := e.w.Flush(); err != nil {
+		return err
+	}
+	for _, s := range e.pending {
+		if _, err := e.f.WriteAt(frame(s.typ, s.n, s.crc), s.at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// encode writes the dump of r through w to f.
+func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, error) {
+	now := r.Now()
+	st := DumpStats{RegionTime: now}
+	g := r.Geometry()
+	s1, s2 := r.Seeds()
+	h := header{
+		version:      FormatVersion,
+		byteOrder:    byteOrderMark,
+		regionLayout: shm.LayoutVersion,
+		slotSize:     slotSize,
+		slots:        uint64(g.Counters),
+		probe:        uint32(g.Probe),
+		maxWorkers:   uint32(g.MaxWorkers),
+		seed1:        s1,
+		seed2:        s2,
+		regionTime:   max(now, 0),
+		wall:         o.wall(),
+		created:      r.Created(),
+		sections:     2,
+		build:        o.Build,
+	}
+	e := &encoder{w: w, f: f}
+	e.write(h.encode())
+
+	// Counters: rules, then every live entry of a rule that is not as
+	// fresh as a new key. Entries are written in slot order from a
+	// boundary (see entries), so that a load into a region of the same
+	// geometry fills it front to back and fits every entry again.
+	rules := make([]ruleDef, len(o.Rules))
+	metas := make([]uint64, len(o.Rules))
+	owner := tagOwners(o.Rules)
+	for i, rule := range o.Rules {
+		rules[i] = defOf(rule)
+		metas[i] = rules[i].meta()
+	}
+	cs := e.section(sectionCounters)
+	cs.buf = append(cs.buf, countersHead(s1, s2, rules)...)
+	le := binary.LittleEndian
+	entries(r, func(en shm.Entry) {
+		i := owner[en.Meta>>48]
+		if i < 0 || metas[i] != en.Meta {
+			st.Unowned++
+			return
+		}
+		if bucket.Fresh(en.Meta, en.Payload, now) {
+			st.Expired++
+			return
+		}
+		cs.room(entrySize)
+		cs.buf = le.AppendUint64(cs.buf, en.Key.A)
+		cs.buf = le.AppendUint64(cs.buf, en.Key.B)
+		cs.buf = le.AppendUint64(cs.buf, en.Meta)
+		cs.buf = le.AppendUint64(cs.buf, en.Payload)
+		st.Entries++
+	})
+	cs.end()
+
+	// Responses: the persist.key guard, then every completed response
+	// that has not expired (reservations and requests in flight are not
+	// visited).
+	rs := e.section(sectionResponses)
+	rs.buf = append(rs.buf, responsesHead(s1, s2, o.Key)...)
+	if t := r.Responses(); t != nil {
+		t.Range(now, func(se shm.StoredEntry) bool {
+			rs.room(recordFixed + len(se.Response.ContentType) + len(se.Response.Location) + len(se.Response.Body))
+			rs.buf = appendRecord(rs.buf, &se)
+			st.Responses++
+			return true
+		})
+	}
+	rs.end()
+
+	if err := e.finish(); err != nil {
+		return st, err
+	}
+	st.Bytes = e.off
+	return st, nil
+}
+
+// tagOwners maps each 16-bit tag to the index of the one rule that has it,
+// or -1: no rule, or several (whose entries cannot be told apart, so are
+// neither dumped nor restored).
+func tagOwners(rules []bucket.Rule) *[1 << 16]int32 {
+	var t [1 << 16]int32
+	for i := range t {
+		t[i] = -1
+	}
+	seen := make(map[uint16]bool, len(rules))
+	for i, r := range rules {
+		tag := r.Tag()
+		switch {
+		case seen[tag]:
+			t[tag] = -1
+		default:
+			seen[tag] = true
+			t[tag] = int32(i)
+		}
+	}
+	return &t
+}

@@ -1,0 +1,478 @@
+package persist
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The dump format, version 1. Every integer is little-endian; doc.go has
+// the byte-level table.
+const (
+	// Magic opens every dump (a live region opens with shm.Magic instead).
+	Magic = "PFKDDUMP"
+	// FormatVersion is the version of the dump format this build writes
+	// and the only one it reads: another version is refused, never misread.
+	FormatVersion = 1
+
+	byteOrderMark = 0x0102030405060708
+	slotSize      = 64 // the counter slot size of the regions this format describes
+
+	headerFixed  = 94  // header bytes before the build string
+	maxBuild     = 255 // longest build string kept (longer ones are cut)
+	frameSize    = 24  // section frame: type, flags, length, payload CRC, frame CRC
+	entrySize    = 32  // counter entry: key A, key B, meta, payload
+	ruleFixed    = 24  // rule record before its name
+	countersFix  = 24  // counters payload before its rules: seeds, rule count, reserved
+	responsesFix = 24  // responses payload before its records: seeds, persist.key hash
+	recordFixed  = 72  // stored response before its strings and body
+)
+
+// Section types. A reader skips a type it does not know (after checking
+// its frame and checksum) with a log line.
+const (
+	sectionCounters  = 1
+	sectionResponses = 2
+)
+
+func sectionName(t uint32) string {
+	switch t {
+	case sectionCounters:
+		return "counters"
+	case sectionResponses:
+		return "responses"
+	}
+	return fmt.Sprintf("type %d", t)
+}
+
+// crcTable is CRC-32C (Castagnoli), computed in hardware on amd64 and arm64.
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// Reason names why a dump, a section of it or a rule's state was refused.
+// Each refusal is one log line that carries its Reason.
+type Reason string
+
+// The reasons a load refuses something.
+const (
+	ReasonMagic       Reason = "bad magic"           // not a dump
+	ReasonVersion     Reason = "format version"      // written by a build with another format
+	ReasonLayout      Reason = "layout"              // other slot size or byte order
+	ReasonSeed        Reason = "seed"                // a section's seeds are not the header's
+	ReasonChecksum    Reason = "checksum"            // a header, frame or payload checksum failed
+	ReasonTruncated   Reason = "truncated"           // the file ends before what its header promises
+	ReasonMalformed   Reason = "malformed"           // checksums pass but the content is inconsistent
+	ReasonRuleChanged Reason = "rule changed"        // a rule's definition differs: its state is dropped
+	ReasonKeyChanged  Reason = "persist key changed" // persist.key differs: stored responses are dropped
+	ReasonUnreadable  Reason = "unreadable"          // not a regular file
+)
+
+// Refusal is one thing a load refused.
+type Refusal struct {
+	Reason Reason
+	// What was refused: "dump" (the whole file), a section ("counters",
+	// "responses"), or "rule NAME".
+	What   string
+	Detail string
+}
+
+func (r Refusal) String() string {
+	s := r.What + ": " + string(r.Reason)
+	if r.Detail != "" {
+		s += ": " + r.Detail
+	}
+	return s
+}
+
+// header is the dump header, decoded.
+type header struct {
+	version      uint32
+	byteOrder    uint64
+	regionLayout uint32 // shm.LayoutVersion of the dumped region (informative)
+	slotSize     uint32
+	slots        uint64 // geometry of the dumped region (informative: entries are re-inserted by key)
+	probe        uint32
+	maxWorkers   uint32
+	seed1, seed2 uint64
+	regionTime   time.Duration // the region's clock at dump
+	wall         time.Time     // the wall clock at dump
+	created      time.Time     // when the dumped region was created
+	sections     uint32
+	build        string
+}
+
+func (h *header) encode() []byte {
+	build := h.build
+	if len(build) > maxBuild {
+		build = build[:maxBuild]
+	}
+	n := headerFixed + len(build) + 4
+	b := make([]byte, n)
+	le := binary.LittleEndian
+	copy(b[0:8], Magic)
+	le.PutUint32(b[8:], h.version)
+	le.PutUint32(b[12:], uint32(n))
+	le.PutUint64(b[16:], h.byteOrder)
+	le.PutUint32(b[24:], h.regionLayout)
+	le.PutUint32(b[28:], h.slotSize)
+	le.PutUint64(b[32:], h.slots)
+	le.PutUint32(b[40:], h.probe)
+	le.PutUint32(b[44:], h.maxWorkers)
+	le.PutUint64(b[48:], h.seed1)
+	le.PutUint64(b[56:], h.seed2)
+	le.PutUint64(b[64:], uint64(h.regionTime))
+	le.PutUint64(b[72:], uint64(h.wall.UnixNano()))
+	le.PutUint64(b[80:], uint64(h.created.UnixNano()))
+	le.PutUint32(b[88:], h.sections)
+	le.PutUint16(b[92:], uint16(len(build)))
+	copy(b[headerFixed:], build)
+	le.PutUint32(b[n-4:], crc32.Checksum(b[:n-4], crcTable))
+	return b
+}
+
+// frame is a section frame.
+func frame(typ uint32, length uint64, payloadCRC uint32) []byte {
+	b := make([]byte, frameSize)
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], typ)
+	le.PutUint32(b[4:], 0) // flags: none defined; readers ignore them
+	le.PutUint64(b[8:], length)
+	le.PutUint32(b[16:], payloadCRC)
+	le.PutUint32(b[20:], crc32.Checksum(b[:20], crcTable))
+	return b
+}
+
+// ruleDef is what the dump records of a rule: everything that fixes what
+// its state means. Path, methods, key source, mode and on_full are left
+// out: they choose which requests and clients a rule counts, not what a
+// count is worth, so changing them keeps the state.
+type ruleDef struct {
+	name   string
+	algo   bucket.Algorithm
+	window time.Duration
+	limit  int64
+	burst  int64 // effective: a GCRA burst of 0 is recorded as the limit
+}
+
+func defOf(r bucket.Rule) ruleDef {
+	d := ruleDef{name: r.Name, algo: r.Algorithm, window: r.Window, limit: r.Limit, burst: r.Burst}
+	if d.algo == bucket.GCRA && d.burst == 0 {
+		d.burst = d.limit
+	}
+	return d
+}
+
+func (d ruleDef) tag() uint16 { return uint16(xxhash.Sum64String(d.name)) }
+
+// meta is the meta word a limiter of this rule writes in its slots (see
+// bucket: tag 16 bits · algorithm 4 bits · window in µs 44 bits).
+func (d ruleDef) meta() uint64 {
+	return uint64(d.tag())<<48 | uint64(d.algo&0xf)<<44 | uint64(d.window/time.Microsecond)&(1<<44-1)
+}
+
+// diff describes how d (the dump's) differs from cur, "" when equal.
+func (d ruleDef) diff(cur ruleDef) string {
+	switch {
+	case d.algo != cur.algo:
+		return fmt.Sprintf("algorithm %v → %v", d.algo, cur.algo)
+	case d.window != cur.window:
+		return fmt.Sprintf("window %v → %v", d.window, cur.window)
+	case d.limit != cur.limit:
+		return fmt.Sprintf("limit %d → %d", d.limit, cur.limit)
+	case d.burst != cur.burst:
+		return fmt.Sprintf("burst %d → %d", d.burst, cur.burst)
+	}
+	return ""
+}
+
+func (d ruleDef) String() string {
+	s := fmt.Sprintf("%s %d per %v", d.algo, d.limit, d.window)
+	if d.algo == bucket.GCRA && d.burst != d.limit {
+		s += fmt.Sprintf(" burst %d", d.burst)
+	}
+	return s
+}
+
+func appendRule(b []byte, d ruleDef) []byte {
+	name := d.name
+	if len(name) > 0xffff {
+		name = name[:0xffff] // a name this long cannot match: its state is dropped at load
+	}
+	le := binary.LittleEndian
+	b = le.AppendUint16(b, uint16(len(name)))
+	b = append(b, byte(d.algo), 0, 0, 0, 0, 0)
+	b = le.AppendUint64(b, uint64(d.window))
+	b = le.AppendUint32(b, uint32(d.limit))
+	b = le.AppendUint32(b, uint32(d.burst))
+	return append(b, name...)
+}
+
+// countersHead is the counters payload before its entries.
+func countersHead(seed1, seed2 uint64, rules []ruleDef) []byte {
+	le := binary.LittleEndian
+	b := make([]byte, 0, countersFix+len(rules)*(ruleFixed+16))
+	b = le.AppendUint64(b, seed1)
+	b = le.AppendUint64(b, seed2)
+	b = le.AppendUint32(b, uint32(len(rules)))
+	b = le.AppendUint32(b, 0)
+	for _, d := range rules {
+		b = appendRule(b, d)
+	}
+	return b
+}
+
+// responsesHead is the responses payload before its records.
+func responsesHead(seed1, seed2 uint64, key string) []byte {
+	le := binary.LittleEndian
+	b := make([]byte, 0, responsesFix)
+	b = le.AppendUint64(b, seed1)
+	b = le.AppendUint64(b, seed2)
+	return le.AppendUint64(b, keyHash(key))
+}
+
+const flagUnreplayable = 1 // a stored response's flags: completed, not replayable
+
+// appendRecord encodes one stored response.
+func appendRecord(b []byte, e *shm.StoredEntry) []byte {
+	le := binary.LittleEndian
+	ct, loc, body := e.Response.ContentType, e.Response.Location, e.Response.Body
+	var flags uint32
+	if e.Unreplayable {
+		flags, ct, loc, body = flagUnreplayable, "", "", nil
+	}
+	ct, loc = ct[:min(len(ct), 0xffff)], loc[:min(len(loc), 0xffff)]
+	b = le.AppendUint64(b, e.Key.A)
+	b = le.AppendUint64(b, e.Key.B)
+	b = append(b, e.Fingerprint[:]...)
+	b = le.AppendUint64(b, uint64(e.Expiry))
+	b = le.AppendUint32(b, flags)
+	b = le.AppendUint16(b, uint16(e.Response.Status))
+	b = le.AppendUint16(b, uint16(len(ct)))
+	b = le.AppendUint16(b, uint16(len(loc)))
+	b = le.AppendUint16(b, 0)
+	b = le.AppendUint32(b, uint32(len(body)))
+	b = append(b, ct...)
+	b = append(b, loc...)
+	return append(b, body...)
+}
+
+// keyHash identifies persist.key without storing it.
+func keyHash(key string) uint64 { return xxhash.Sum64String("preforkd persist.key\x00" + key) }
+
+// section is one framed section of a parsed dump.
+type section struct {
+	typ, flags uint32
+	offset     int // of its frame in the file
+	payload    []byte
+}
+
+// parsed is a dump whose framing has been checked.
+type parsed struct {
+	hdr      header
+	sections []section // those whose frame and checksum passed
+	refused  []Refusal // sections refused on their frame or checksum
+	trailing int       // bytes after the last section (ignored)
+}
+
+// parse checks a dump's framing: magic, format version, header checksum,
+// layout, and each section's frame and checksum. A non-nil Refusal
+// refuses the whole file. parse allocates nothing in proportion to a
+// count it has read; every count is checked against the bytes left.
+func parse(data []byte) (*parsed, *Refusal) {
+	refuse := func(r Reason, f string, a ...any) (*parsed, *Refusal) {
+		return nil, &Refusal{Reason: r, What: "dump", Detail: fmt.Sprintf(f, a...)}
+	}
+	le := binary.LittleEndian
+	switch {
+	case len(data) == 0:
+		return refuse(ReasonTruncated, "empty file")
+	case len(data) < len(Magic) && string(data) == Magic[:len(data)]:
+		return refuse(ReasonTruncated, "%d bytes", len(data))
+	case len(data) < len(Magic) || string(data[:len(Magic)]) != Magic:
+		return refuse(ReasonMagic, "%q", data[:min(len(data), len(Magic))])
+	case len(data) < 16:
+		return refuse(ReasonTruncated, "%d bytes, shorter than a header", len(data))
+	}
+	if v := le.Uint32(data[8:]); v != FormatVersion {
+		return refuse(ReasonVersion, "format version %d, this build reads %d", v, FormatVersion)
+	}
+	n := int(le.Uint32(data[12:]))
+	if n < headerFixed+4 || n > headerFixed+maxBuild+4 {
+		return refuse(ReasonMalformed, "header length %d", n)
+	}
+	if n > len(data) {
+		return refuse(ReasonTruncated, "%d bytes, shorter than its %d-byte header", len(data), n)
+	}
+	if got, want := crc32.Checksum(data[:n-4], crcTable), le.Uint32(data[n-4:]); got != want {
+		return refuse(ReasonChecksum, "header checksum %#08x, recorded %#08x", got, want)
+	}
+	h := header{
+		version:      FormatVersion,
+		byteOrder:    le.Uint64(data[16:]),
+		regionLayout: le.Uint32(data[24:]),
+		slotSize:     le.Uint32(data[28:]),
+		slots:        le.Uint64(data[32:]),
+		probe:        le.Uint32(data[40:]),
+		maxWorkers:   le.Uint32(data[44:]),
+		seed1:        le.Uint64(data[48:]),
+		seed2:        le.Uint64(data[56:]),
+		regionTime:   time.Duration(le.Uint64(data[64:])),
+		wall:         time.Unix(0, int64(le.Uint64(data[72:]))),
+		created:      time.Unix(0, int64(le.Uint64(data[80:]))),
+		sections:     le.Uint32(data[88:]),
+	}
+	if b := int(le.Uint16(data[92:])); headerFixed+b+4 != n {
+		return refuse(ReasonMalformed, "build string of %d bytes in a %d-byte header", b, n)
+	}
+	h.build = string(data[headerFixed : n-4])
+	switch {
+	case h.byteOrder != byteOrderMark:
+		return refuse(ReasonLayout, "byte order mark %#016x, want %#016x", h.byteOrder, uint64(byteOrderMark))
+	case h.slotSize != slotSize:
+		return refuse(ReasonLayout, "slot size %d, want %d", h.slotSize, slotSize)
+	case h.regionTime < 0:
+		return refuse(ReasonMalformed, "region clock %v", h.regionTime)
+	}
+	p := &parsed{hdr: h}
+	off := n
+	for i := uint32(0); i < h.sections; i++ {
+		what := fmt.Sprintf("section %d", i+1)
+		if len(data)-off < frameSize {
+			p.refused = append(p.refused, Refusal{ReasonTruncated, what, fmt.Sprintf("file ends at byte %d, inside the frame at %d", len(data), off)})
+			return p, nil
+		}
+		f := data[off : off+frameSize]
+		if got, want := crc32.Checksum(f[:20], crcTable), le.Uint32(f[20:]); got != want {
+			// Its length cannot be trusted, so neither can anything after it.
+			p.refused = append(p.refused, Refusal{ReasonChecksum, what, fmt.Sprintf("frame at byte %d: checksum %#08x, recorded %#08x; it and the sections after it are lost", off, got, want)})
+			return p, nil
+		}
+		s := section{typ: le.Uint32(f), flags: le.Uint32(f[4:]), offset: off}
+		what = sectionName(s.typ)
+		length := le.Uint64(f[8:])
+		start := off + frameSize
+		if length > uint64(len(data)-start) {
+			p.refused = append(p.refused, Refusal{ReasonTruncated, what, fmt.Sprintf("%d payload bytes promised at byte %d, %d in the file", length, start, len(data)-start)})
+			return p, nil
+		}
+		s.payload = data[start : start+int(length)]
+		off = start + int(length)
+		if got, want := crc32.Checksum(s.payload, crcTable), le.Uint32(f[16:]); got != want {
+			p.refused = append(p.refused, Refusal{ReasonChecksum, what, fmt.Sprintf("payload checksum %#08x, recorded %#08x", got, want)})
+			continue
+		}
+		p.sections = append(p.sections, s)
+	}
+	p.trailing = len(data) - off
+	return p, nil
+}
+
+// counters is a decoded counters payload.
+type counters struct {
+	seed1, seed2 uint64
+	rules        []ruleDef
+	entries      []byte // entrySize bytes each: key A, key B, meta, payload
+}
+
+func parseCounters(b []byte) (counters, *Refusal) {
+	bad := func(f string, a ...any) (counters, *Refusal) {
+		return counters{}, &Refusal{Reason: ReasonMalformed, What: "counters", Detail: fmt.Sprintf(f, a...)}
+	}
+	le := binary.LittleEndian
+	if len(b) < countersFix {
+		return bad("%d-byte payload", len(b))
+	}
+	c := counters{seed1: le.Uint64(b), seed2: le.Uint64(b[8:])}
+	n := le.Uint32(b[16:])
+	rest := b[countersFix:]
+	if uint64(n) > uint64(len(rest)/ruleFixed) {
+		return bad("%d rules cannot fit in %d bytes", n, len(rest))
+	}
+	c.rules = make([]ruleDef, 0, n)
+	for i := uint32(0); i < n; i++ {
+		if len(rest) < ruleFixed {
+			return bad("rule %d of %d: %d bytes left", i+1, n, len(rest))
+		}
+		nl := int(le.Uint16(rest))
+		if nl > len(rest)-ruleFixed {
+			return bad("rule %d of %d: name of %d bytes, %d left", i+1, n, nl, len(rest)-ruleFixed)
+		}
+		c.rules = append(c.rules, ruleDef{
+			algo:   bucket.Algorithm(rest[2]),
+			window: time.Duration(le.Uint64(rest[8:])),
+			limit:  int64(le.Uint32(rest[16:])),
+			burst:  int64(le.Uint32(rest[20:])),
+			name:   string(rest[ruleFixed : ruleFixed+nl]),
+		})
+		rest = rest[ruleFixed+nl:]
+	}
+	if len(rest)%entrySize != 0 {
+		return bad("%d bytes of entries is not a whole number of %d-byte entries", len(rest), entrySize)
+	}
+	c.entries = rest
+	return c, nil
+}
+
+// responses is a decoded responses payload.
+type responses struct {
+	seed1, seed2 uint64
+	keyHash      uint64
+	count        int    // records
+	records      []byte // count records, filling the rest of the payload
+}
+
+func parseResponses(b []byte) (responses, *Refusal) {
+	if len(b) < responsesFix {
+		return responses{}, &Refusal{Reason: ReasonMalformed, What: "responses", Detail: fmt.Sprintf("%d-byte payload", len(b))}
+	}
+	le := binary.LittleEndian
+	rs := responses{seed1: le.Uint64(b), seed2: le.Uint64(b[8:]), keyHash: le.Uint64(b[16:]), records: b[responsesFix:]}
+	for rest := rs.records; len(rest) > 0; rs.count++ {
+		_, next, ok := nextRecord(rest)
+		if !ok {
+			return responses{}, &Refusal{Reason: ReasonMalformed, What: "responses",
+				Detail: fmt.Sprintf("record %d overruns the payload by %d bytes", rs.count+1, recordLen(rest)-len(rest))}
+		}
+		rest = next
+	}
+	return rs, nil
+}
+
+// recordLen is the length the record at the start of b claims.
+func recordLen(b []byte) int {
+	if len(b) < recordFixed {
+		return recordFixed
+	}
+	le := binary.LittleEndian
+	return recordFixed + int(le.Uint16(b[62:])) + int(le.Uint16(b[64:])) + int(le.Uint32(b[68:]))
+}
+
+// nextRecord decodes the stored response at the start of b. Its strings
+// are copied; its body aliases b.
+func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
+	if len(b) < recordFixed {
+		return e, nil, false
+	}
+	le := binary.LittleEndian
+	ctLen, locLen, bodyLen := int(le.Uint16(b[62:])), int(le.Uint16(b[64:])), uint64(le.Uint32(b[68:]))
+	end := uint64(recordFixed+ctLen+locLen) + bodyLen
+	if end > uint64(len(b)) {
+		return e, nil, false
+	}
+	e.Key = shm.Key{A: le.Uint64(b), B: le.Uint64(b[8:])}
+	copy(e.Fingerprint[:], b[16:48])
+	e.Expiry = time.Duration(le.Uint64(b[48:]))
+	e.Unreplayable = le.Uint32(b[56:])&flagUnreplayable != 0
+	e.Response.Status = int(le.Uint16(b[60:]))
+	s := recordFixed
+	e.Response.ContentType = string(b[s : s+ctLen])
+	s += ctLen
+	e.Response.Location = string(b[s : s+locLen])
+	s += locLen
+	e.Response.Body = b[s:end]
+	return e, b[end:], true
+}

@@ -1,0 +1,82 @@
+package persist
+
+import (
+	"bytes"
+	"encoding/binary"
+	"hash/crc32"
+	"runtime"
+	"testing"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// FuzzLoad feeds the loader arbitrary bytes, as they are and with their
+// checksums repaired (so that the guards behind them are reached too): it
+// must not panic or hang, and must leave a usable region.
+func FuzzLoad(f *testing.F) {
+	good := goodDump(f, "k")
+	at := offsetsOf(good)
+	f.Add(good)
+	f.Add(good[:at.responses])
+	f.Add(good[:at.countersPayload+countersFix])
+	f.Add([]byte{})
+	f.Add([]byte(Magic))
+	x, y := collidingNames()
+	f.Add(dumpWithRules(f, x, y))
+	withResponses := responseRegion(f)
+	storedResponses(f, withResponses)
+	path := f.TempDir() + "/dump"
+	dumpTo(f, withResponses, Options{Path: path, Key: "k", Rules: rules, Now: wallAt(wall0)})
+	f.Add(readFile(f, path))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, d := range [][]byte{data, fixChecksums(data)} {
+			r, err := shm.CreatePrivate(shm.Options{Counters: 16, MaxWorkers: 4, Responses: 4, ResponseBytes: 1024, BlockSize: 256})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep := newReport()
+			l := &loader{r: r, o: Options{Key: "k", Rules: rules, Now: wallAt(wall0)}, log: quiet, rep: &rep}
+			if err := l.load(d); err != nil {
+				t.Fatalf("load into a fresh region: %v", err)
+			}
+			if rep.Counters > 16 || rep.Counters != r.Counters().Stats().Live {
+				t.Fatalf("restored %d, table holds %d", rep.Counters, r.Counters().Stats().Live)
+			}
+			if rs := r.Responses().Stats(); rep.Responses != rs.Complete || rs.Reserved != 0 {
+				t.Fatalf("restored %d responses, table holds %+v", rep.Responses, rs)
+			}
+			limiter(t, r, login).Allow("x", rep.RegionTime)
+		}
+	})
+}
+
+// TestLoadAllocation: counts in a dump are checked against the bytes left
+// before anything is allocated for them.
+func TestLoadAllocation(t *testing.T) {
+	good := goodDump(t, "k")
+	at := offsetsOf(good)
+	huge := func(f func(d []byte)) []byte {
+		d := bytes.Clone(good)
+		f(d)
+		return fixChecksums(d)
+	}
+	for name, d := range map[string][]byte{
+		"rules":    huge(func(d []byte) { binary.LittleEndian.PutUint32(d[at.countersPayload+16:], 1<<32-1) }),
+		"sections": huge(func(d []byte) { binary.LittleEndian.PutUint32(d[88:], 1<<32-1) }),
+		"length": huge(func(d []byte) {
+			binary.LittleEndian.PutUint64(d[at.counters+8:], 1<<62)
+			binary.LittleEndian.PutUint32(d[at.counters+20:], crc32.Checksum(d[at.counters:at.counters+20], crcTable))
+		}),
+	} {
+		r, _ := shm.CreatePrivate(shm.Options{Counters: 16, MaxWorkers: 4})
+		rep := newReport()
+		l := &loader{r: r, o: Options{Rules: rules}, log: quiet, rep: &rep}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		l.load(d)
+		runtime.ReadMemStats(&after)
+		if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 || len(rep.Refused) == 0 {
+			t.Errorf("%s: %d bytes allocated, refused %v", name, n, rep.Refused)
+		}
+	}
+}

@@ -1,0 +1,226 @@
+package persist
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Inspect describes the dump or live region at path to w: its header, each
+// guard and checksum, its sections and occupancy, and why a load would
+// refuse it. It tells the two apart by their magic. Guards that depend on
+// the configuration (a rule's definition, persist.key) are shown, not
+// judged. A file that would be refused is described, not an error; the
+// error is for a file that cannot be read.
+func Inspect(path string, w io.Writer) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("persist: inspect: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		fmt.Fprintf(w, "%s: not a regular file (%v)\nverdict: refused (%s)\n", path, fi.Mode().Type(), ReasonUnreadable)
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("persist: inspect: %w", err)
+	}
+	magic := make([]byte, 8)
+	n, _ := io.ReadFull(f, magic)
+	f.Close()
+	if string(magic[:n]) == shm.Magic {
+		return inspectLive(path, fi, w)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("persist: inspect: %w", err)
+	}
+	inspectDump(path, fi, data, w)
+	return nil
+}
+
+func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	fmt.Fprintf(w, "file:\t%s (dump, %d bytes, mode %v)\n", path, len(data), fi.Mode().Perm())
+	p, whole := parse(data)
+	if whole != nil {
+		fmt.Fprintf(w, "verdict:\trefused: %s\n", whole)
+		return
+	}
+	h := p.hdr
+	fmt.Fprintf(w, "format:\tversion %d, header checksum ok\n", h.version)
+	fmt.Fprintf(w, "build:\t%q\n", h.build)
+	fmt.Fprintf(w, "written:\t%s (%s ago by this clock)\n", h.wall.UTC().Format(time.RFC3339), time.Since(h.wall).Round(time.Second))
+	fmt.Fprintf(w, "region clock:\t%v at dump; region created %s\n", h.regionTime, h.created.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "layout:\tslot size %d, byte order ok, region layout %d; geometry %d slots, probe %d, %d workers\n",
+		h.slotSize, h.regionLayout, h.slots, h.probe, h.maxWorkers)
+	fmt.Fprintf(w, "seeds:\t%#016x %#016x\n", h.seed1, h.seed2)
+	var verdict []string
+	for _, f := range p.refused {
+		verdict = append(verdict, f.String())
+	}
+	for i, s := range p.sections {
+		fmt.Fprintf(w, "section %d:\t%s, %d bytes at %d, checksum ok\n", i+1, sectionName(s.typ), len(s.payload), s.offset)
+		switch s.typ {
+		case sectionCounters:
+			c, bad := parseCounters(s.payload)
+			if bad != nil {
+				verdict = append(verdict, bad.String())
+				fmt.Fprintf(w, "\t%s\n", bad)
+				continue
+			}
+			if c.seed1 != h.seed1 || c.seed2 != h.seed2 {
+				f := Refusal{ReasonSeed, "counters", "section seeds differ from the header's"}
+				verdict = append(verdict, f.String())
+				fmt.Fprintf(w, "\t%s\n", f)
+			}
+			describeCounters(w, &h, c)
+		case sectionResponses:
+			rs, bad := parseResponses(s.payload)
+			if bad != nil {
+				verdict = append(verdict, bad.String())
+				fmt.Fprintf(w, "\t%s\n", bad)
+				continue
+			}
+			if rs.seed1 != h.seed1 || rs.seed2 != h.seed2 {
+				f := Refusal{ReasonSeed, "responses", "section seeds differ from the header's"}
+				verdict = append(verdict, f.String())
+				fmt.Fprintf(w, "\t%s\n", f)
+			}
+			describeResponses(w, &h, rs)
+		default:
+			fmt.Fprintf(w, "\tunknown to this build: skipped at load\n")
+		}
+	}
+	for _, f := range p.refused {
+		fmt.Fprintf(w, "refused:\t%s\n", f)
+	}
+	if p.trailing > 0 {
+		fmt.Fprintf(w, "trailing:\t%d bytes after the last section (ignored)\n", p.trailing)
+	}
+	if len(verdict) == 0 {
+		fmt.Fprintf(w, "verdict:\tloadable (rule definitions and persist.key are checked against the configuration at load)\n")
+	} else {
+		fmt.Fprintf(w, "verdict:\tpartly refused: %s\n", strings.Join(verdict, "; "))
+	}
+}
+
+func describeCounters(w io.Writer, h *header, c counters) {
+	n := len(c.entries) / entrySize
+	occ := 0.0
+	if h.slots > 0 {
+		occ = 100 * float64(n) / float64(h.slots)
+	}
+	fmt.Fprintf(w, "\t%d entries (%.2f%% of %d slots), %d rules\n", n, occ, h.slots, len(c.rules))
+	owner := tagOwnersOf(c.rules)
+	per := make([]int, len(c.rules))
+	unowned := 0
+	for b := c.entries; len(b) >= entrySize; b = b[entrySize:] {
+		meta := binary.LittleEndian.Uint64(b[16:])
+		if i := owner[meta>>48]; i >= 0 && c.rules[i].meta() == meta {
+			per[i]++
+		} else {
+			unowned++
+		}
+	}
+	for i, d := range c.rules {
+		fmt.Fprintf(w, "\trule %q:\t%s, tag %#04x, %d entries\n", d.name, d, d.tag(), per[i])
+	}
+	if unowned > 0 {
+		fmt.Fprintf(w, "\t%d entries of no rule (dropped at load)\n", unowned)
+	}
+}
+
+func describeResponses(w io.Writer, h *header, rs responses) {
+	var unreplayable, expired, body int
+	for rest := rs.records; len(rest) > 0; {
+		e, next, _ := nextRecord(rest)
+		rest = next
+		if e.Unreplayable {
+			unreplayable++
+		}
+		if e.Expiry <= h.regionTime {
+			expired++
+		}
+		body += len(e.Response.Body)
+	}
+	fmt.Fprintf(w, "\t%d stored responses (%d not replayable, %d expired at dump), %d body bytes; persist.key hash %#016x (kept only under the same persist.key)\n",
+		rs.count, unreplayable, expired, body, rs.keyHash)
+}
+
+func inspectLive(path string, fi os.FileInfo, out io.Writer) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	fmt.Fprintf(w, "file:\t%s (live region, %d bytes, mode %v)\n", path, fi.Size(), fi.Mode().Perm())
+	if holder := lockHolder(path); holder != "" {
+		fmt.Fprintf(w, "lock:\t%s\n", holder)
+	}
+	r, err := shm.OpenFile(path)
+	if err != nil {
+		var he *shm.HeaderError
+		if errors.As(err, &he) {
+			fmt.Fprintf(w, "verdict:\trefused: %v (a supervisor would replace it with a fresh region)\n", err)
+			return nil
+		}
+		return fmt.Errorf("persist: inspect: %w", err)
+	}
+	defer r.Close()
+	g := r.Geometry()
+	s1, s2 := r.Seeds()
+	st := r.Counters().Stats()
+	fmt.Fprintf(w, "layout:\tversion %d, header ok; %d slots, probe %d, %d workers\n", shm.LayoutVersion, g.Counters, g.Probe, g.MaxWorkers)
+	fmt.Fprintf(w, "created:\t%s; region clock %v\n", r.Created().UTC().Format(time.RFC3339), r.Now())
+	fmt.Fprintf(w, "seeds:\t%#016x %#016x\n", s1, s2)
+	fmt.Fprintf(w, "occupancy:\t%.2f%%: %d live, %d busy, %d tombstones, %d empty; %d insert locks held\n",
+		100*st.Occupancy(), st.Live, st.Busy, st.Tomb, st.Empty, st.Locked)
+	fmt.Fprintf(w, "probe:\tmax %d, mean %.2f\n", st.MaxProbe, st.MeanProbe)
+	fmt.Fprintf(w, "counters:\tfull %d, lock timeouts %d, claims %d, reclaims %d, recovered %d\n",
+		st.Full, st.LockTimeout, st.Claims, st.Reclaims, st.Recovered)
+	if t := r.Responses(); t != nil && t.Len() > 0 {
+		rs := t.Stats()
+		fmt.Fprintf(w, "responses:\t%d records: %d complete, %d reserved; blocks %d of %d used (%d B each); full %d, no blocks %d\n",
+			rs.Records, rs.Complete, rs.Reserved, rs.BlocksUsed, rs.Blocks, t.BlockSize(), rs.Full, rs.NoBlocks)
+	}
+	for _, wi := range r.Workers() {
+		state := "no process"
+		if wi.PID != 0 {
+			state = "pid " + strconv.Itoa(wi.PID)
+			if !pidAlive(wi.PID) {
+				state += " (dead: released at re-attach)"
+			}
+		}
+		fmt.Fprintf(w, "worker %d:\tincarnation %d, %s\n", wi.Index, wi.Incarnation, state)
+	}
+	fmt.Fprintf(w, "verdict:\tre-attachable (BUSY slots and insert locks of dead processes are released first)\n")
+	return nil
+}
+
+// lockHolder describes the live region's lock file, without taking it.
+func lockHolder(path string) string {
+	b, err := os.ReadFile(path + ".lock")
+	if err != nil {
+		return ""
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return ""
+	}
+	if pidAlive(pid) {
+		return fmt.Sprintf("last taken by pid %d, which is running (a supervisor may hold the region)", pid)
+	}
+	return fmt.Sprintf("last taken by pid %d, which is gone", pid)
+}
+
+func pidAlive(pid int) bool {
+	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+	return err == nil
+}

@@ -1,0 +1,59 @@
+package persist
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+func TestInspect(t *testing.T) {
+	dir := t.TempDir()
+	good := goodDump(t, "k")
+	at := offsetsOf(good)
+	bad := bytes.Clone(good)
+	bad[at.countersPayload+5] ^= 1
+	live := filepath.Join(dir, "live")
+	r, lock, _, err := OpenRegion(Options{Live: live}, shm.Options{Counters: 64, MaxWorkers: 8}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Unlock()
+	defer r.Close()
+	exhaust(t, r, "c")
+
+	files := map[string][]byte{"good": good, "bad": bad, "notadump": []byte("hello, world")}
+	for name, data := range files {
+		os.WriteFile(filepath.Join(dir, name), data, 0o600)
+	}
+	os.Mkdir(filepath.Join(dir, "adir"), 0o700)
+	for _, tc := range []struct {
+		file string
+		want []string // regexps, each must match
+	}{
+		{"good", []string{`dump, \d+ bytes, mode -rw-------`, `build:\s+"v1"`, `section 1:\s+counters, \d+ bytes at \d+, checksum ok`,
+			`7 entries \(10.94% of 64 slots\), 2 rules`, `rule "login":\s+gcra 1 per 1h0m0s, tag 0x[0-9a-f]+, 1 entries`,
+			`rule "api":\s+fixed-window 2 per 1m0s, tag 0x[0-9a-f]+, 6 entries`, `section 2:\s+responses`, `verdict:\s+loadable`}},
+		{"bad", []string{`refused:\s+counters: checksum`, `verdict:\s+partly refused: counters: checksum`}},
+		{"notadump", []string{`verdict:\s+refused: dump: bad magic`}},
+		{"adir", []string{`not a regular file`, `verdict: refused \(unreadable\)`}},
+		{"live", []string{`live region`, `lock:\s+last taken by pid \d+, which is running`, `occupancy:\s+3.12%: 2 live`,
+			`worker 1:\s+incarnation 1, pid \d+`, `verdict:\s+re-attachable`}},
+	} {
+		var out bytes.Buffer
+		if err := Inspect(filepath.Join(dir, tc.file), &out); err != nil {
+			t.Fatalf("%s: %v", tc.file, err)
+		}
+		for _, re := range tc.want {
+			if !regexp.MustCompile(re).Match(out.Bytes()) {
+				t.Errorf("%s: no match for %q in\n%s", tc.file, re, out.String())
+			}
+		}
+	}
+	if err := Inspect(filepath.Join(dir, "missing"), &bytes.Buffer{}); err == nil {
+		t.Error("no error for a missing file")
+	}
+}

@@ -1,0 +1,158 @@
+package persist
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+	"golang.org/x/sys/unix"
+)
+
+// OpenRegion makes the region of a supervisor that is starting, before
+// any worker exists.
+//
+// Without a live region (o.Live == "") it is shm.Create(geo), and lock is
+// nil.
+//
+// With o.Live it first takes the live region's lock: a second supervisor
+// on the same path gets an error that wraps shm.ErrLiveInUse and names the
+// path and the holder's pid. Then, if a region is left at o.Live (its
+// supervisor died, e.g. by kill -9), it is re-attached: its header is
+// checked, workers of the dead supervisor that still map it are killed,
+// whatever dead processes held (BUSY slots, insert locks, reservations)
+// is released, and any dump at o.Path is moved to PATH.superseded unread,
+// because the live region is newer than any dump. A region of
+// another size than geo asks for is migrated into a new one of that size
+// (its entries re-inserted by key). A region whose header fails is logged
+// and replaced by a fresh one. Otherwise a fresh region is created there.
+//
+// The caller keeps lock until its process ends, or until it has dumped
+// the region and no longer uses it; a nil log means slog.Default().
+func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lock *shm.LiveLock, reattached bool, err error) {
+	if o.Live == "" {
+		r, err = shm.Create(geo)
+		return r, nil, false, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("live", o.Live)
+	lock, err = shm.LockLive(o.Live)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("persist: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			lock.Unlock()
+			lock = nil
+		}
+	}()
+	warnIfNotTmpfs(o.Live, log)
+	// A supervisor that died inside shm.CreateFile left its temporary file.
+	removePrefixed(filepath.Dir(o.Live), filepath.Base(o.Live)+".new-")
+	r, err = shm.OpenFile(o.Live)
+	switch {
+	case err == nil:
+		r, err = reattach(r, o, geo, log)
+		return r, lock, err == nil, err
+	case errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, fs.ErrPermission):
+		return nil, nil, false, fmt.Errorf("persist: %w", err)
+	default:
+		log.Warn("persist: live region refused: creating a fresh one", "detail", err.Error())
+	}
+	r, err = shm.CreateFile(o.Live, geo)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("persist: %w", err)
+	}
+	return r, lock, false, nil
+}
+
+// orphanWait bounds the wait for the workers of a dead supervisor to die.
+const orphanWait = 5 * time.Second
+
+// reattach makes a region left by dead processes usable again.
+func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm.Region, error) {
+	// Workers that outlived their supervisor would go on writing under
+	// identities that ReapAll retires.
+	if killed := r.KillOrphans(orphanWait); len(killed) > 0 {
+		log.Warn("persist: killed the workers of the dead supervisor", "pids", fmt.Sprint(killed))
+	}
+	released := r.ReapAll()
+	st := r.Counters().Stats()
+	log.Info("persist: live region re-attached", "entries", st.Live, "released", released,
+		"created", r.Created().UTC().Format(time.RFC3339), "region_time", r.Now())
+	if want, err := geo.Size(); err == nil && want != int64(len(r.Bytes())) {
+		nr, err := migrate(r, o.Live, geo)
+		if err != nil {
+			log.Warn("persist: live region kept at its old size", "detail", err.Error())
+		} else {
+			log.Info("persist: live region migrated to the configured size", "slots", nr.Geometry().Counters,
+				"entries", nr.Counters().Stats().Live)
+			r = nr
+		}
+	}
+	if o.Path != "" {
+		if _, err := os.Stat(o.Path); err == nil {
+			if err := consume(o.Path, o.Path+SuffixSuperseded); err != nil {
+				r.Close()
+				return nil, err
+			}
+			log.Info("persist: dump superseded by the live region", "path", o.Path, "moved_to", o.Path+SuffixSuperseded)
+		}
+	}
+	return r, nil
+}
+
+// migrate re-creates the live region at path with geometry geo and copies
+// old's counters and stored responses into it (keeping seeds and clock);
+// what the new tables cannot hold is dropped. old is closed on success.
+func migrate(old *shm.Region, path string, geo shm.Options) (*shm.Region, error) {
+	nr, err := shm.CreateFile(path, geo) // renamed over old's file; old's mapping stays valid
+	if err != nil {
+		return nil, err
+	}
+	s1, s2 := old.Seeds()
+	if err := nr.SetSeeds(s1, s2); err != nil {
+		nr.Close()
+		return nil, err
+	}
+	now := old.Now()
+	nr.SetNow(now)
+	pl := newPlacer(nr, now)
+	old.Counters().Range(func(e shm.Entry) bool {
+		if !bucket.Fresh(e.Meta, e.Payload, now) {
+			pl.place(e) // a smaller table may not hold every entry
+		}
+		return true
+	})
+	pl.done()
+	if from, to := old.Responses(), nr.Responses(); from != nil && to != nil && to.Len() > 0 {
+		id := borrowed{r: nr}
+		from.Range(now, func(e shm.StoredEntry) bool {
+			if id.join() == nil {
+				to.Restore(e, now) // likewise
+			}
+			return true
+		})
+		id.release()
+	}
+	old.Close()
+	return nr, nil
+}
+
+// warnIfNotTmpfs warns about a live region on a disk-backed file system:
+// the kernel writes it back to disk for nothing, and after a reboot its
+// clock (CLOCK_MONOTONIC based) would be meaningless.
+func warnIfNotTmpfs(path string, log *slog.Logger) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &fs); err == nil && fs.Type != unix.TMPFS_MAGIC {
+		log.Warn("persist: persist.live is not on tmpfs (e.g. /dev/shm): a region there costs disk writes and must not survive a reboot")
+	}
+}

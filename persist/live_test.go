@@ -1,0 +1,212 @@
+package persist
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+func liveOptions(t *testing.T) Options {
+	dir := t.TempDir()
+	return Options{Live: filepath.Join(dir, "region"), Path: filepath.Join(dir, "dump"), Rules: rules}
+}
+
+// slotWord points at word w of counter slot i of r (layout of slots.go).
+func slotWord(r *shm.Region, i, w int) *uint64 {
+	off := binary.NativeEndian.Uint64(r.Bytes()[rhOffSlots:])
+	return (*uint64)(unsafe.Pointer(&r.Bytes()[int(off)+i*slotSize+w*8]))
+}
+
+func TestLiveRegionSurvivesACrash(t *testing.T) {
+	o := liveOptions(t)
+	geo := shm.Options{Counters: 64, MaxWorkers: 8, Responses: 64, ResponseBytes: 64 << 10}
+	r, lock, reattached, err := OpenRegion(o, geo, quiet)
+	if err != nil || reattached || lock == nil {
+		t.Fatalf("first open: reattached=%v lock=%v err=%v", reattached, lock, err)
+	}
+	r.SetNow(t1)
+	gcra, _ := exhaust(t, r, "c")
+	// What a worker killed mid-claim leaves: a BUSY slot and an insert
+	// lock owned by its incarnation (worker 1, incarnation 1).
+	var free int
+	for free = 0; atomic.LoadUint64(slotWord(r, free, 0)) != 0; free++ {
+	}
+	atomic.StoreUint64(slotWord(r, free, 0), 1<<phaseShift|1<<genShift|1<<32|1)
+	atomic.StoreUint64(slotWord(r, free+1, 4), 1<<32|1)
+	if st := r.Counters().Stats(); st.Busy != 1 || st.Locked != 1 {
+		t.Fatalf("crash state not set up: %+v", st)
+	}
+	// And a request in flight: a reservation of worker 1.
+	var scratch shm.Response
+	if out, _, err := r.Responses().Begin(kFlight, fp1, t1, &scratch); err != nil || out != shm.Reserved {
+		t.Fatalf("reserve: %v %v", out, err)
+	}
+
+	// While the first supervisor holds the region, a second one is refused.
+	_, _, _, err = OpenRegion(o, geo, quiet)
+	if !errors.Is(err, shm.ErrLiveInUse) || !strings.Contains(err.Error(), o.Live) {
+		t.Fatalf("second supervisor: %v", err)
+	}
+
+	// kill -9 of everything: no dump, the lock goes with the process.
+	r.Close()
+	lock.Unlock()
+	// A dump older than the live region is there too; it must not win.
+	os.WriteFile(o.Path, goodDump(t, ""), 0o600)
+
+	log, lines := logBuf()
+	r2, lock2, reattached, err := OpenRegion(o, geo, log)
+	if err != nil || !reattached {
+		t.Fatalf("re-open: reattached=%v err=%v", reattached, err)
+	}
+	defer lock2.Unlock()
+	defer r2.Close()
+	if st := r2.Counters().Stats(); st.Busy != 0 || st.Locked != 0 || st.Live != 2 {
+		t.Fatalf("after re-attach: %+v", st)
+	}
+	if st := r2.Responses().Stats(); st.Reserved != 0 {
+		t.Fatalf("reservation of a dead worker kept: %+v", st)
+	}
+	if !strings.Contains(lines.String(), "released=3") {
+		t.Errorf("release not logged:\n%s", lines)
+	}
+	if d := limiter(t, r2, login).Allow("c", t1); d.Allowed || d.RetryAfter != gcra.RetryAfter {
+		t.Fatalf("count lost across the crash: %+v, want RetryAfter %v", d, gcra.RetryAfter)
+	}
+	if _, err := os.Stat(o.Path + SuffixSuperseded); err != nil {
+		t.Fatalf("the older dump was not set aside: %v", err)
+	}
+	// So the Prepare hook's Load finds nothing to restore over it.
+	if rep, err := Load(r2, o, quiet); err != nil || rep.Found {
+		t.Fatalf("load after re-attach: %+v %v", rep, err)
+	}
+}
+
+func TestLiveRegionBadHeader(t *testing.T) {
+	o := liveOptions(t)
+	os.WriteFile(o.Live, []byte(strings.Repeat("garbage!", 1024)), 0o600)
+	stray := o.Live + ".new-12345" // left by a supervisor that died inside shm.CreateFile
+	os.WriteFile(stray, nil, 0o600)
+	log, lines := logBuf()
+	r, lock, reattached, err := OpenRegion(o, shm.Options{Counters: 64, MaxWorkers: 8}, log)
+	if err != nil || reattached {
+		t.Fatalf("reattached=%v err=%v", reattached, err)
+	}
+	defer lock.Unlock()
+	defer r.Close()
+	if !strings.Contains(lines.String(), "live region refused") {
+		t.Errorf("no log line for the refused region:\n%s", lines)
+	}
+	if st := r.Counters().Stats(); st.Empty != 64 {
+		t.Fatalf("fresh region not empty: %+v", st)
+	}
+	if _, err := os.Stat(stray); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stray temporary region left: %v", err)
+	}
+}
+
+func TestLiveRegionMigrates(t *testing.T) {
+	o := liveOptions(t)
+	r, lock, _, err := OpenRegion(o, shm.Options{Counters: 64, MaxWorkers: 8, Responses: 64, ResponseBytes: 64 << 10}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetNow(t1)
+	exhaust(t, r, "c")
+	storedResponses(t, r)
+	r.Close()
+	lock.Unlock()
+
+	r2, lock2, reattached, err := OpenRegion(o, shm.Options{Counters: 1024, MaxWorkers: 8, Responses: 128, ResponseBytes: 64 << 10}, quiet)
+	if err != nil || !reattached {
+		t.Fatal(reattached, err)
+	}
+	defer lock2.Unlock()
+	defer r2.Close()
+	if g := r2.Geometry(); g.Counters != 1024 {
+		t.Fatalf("geometry %+v after migration", g)
+	}
+	if d := limiter(t, r2, login).Allow("c", r2.Now()); d.Allowed {
+		t.Fatal("count lost in the migration")
+	}
+	var got shm.Response
+	if out, _, err := r2.Responses().Begin(kDone, fp1, t1, &got); err != nil || out != shm.Replay {
+		t.Fatalf("stored response lost in the migration: %v %v", out, err)
+	}
+	// The migrated region is the one at the path now.
+	r3, err := shm.OpenFile(o.Live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r3.Close()
+	if r3.Geometry().Counters != 1024 || r3.Counters().Stats().Live != 2 {
+		t.Fatalf("file at the live path: %+v %+v", r3.Geometry(), r3.Counters().Stats())
+	}
+}
+
+func TestOpenRegionWithoutLive(t *testing.T) {
+	r, lock, reattached, err := OpenRegion(Options{}, shm.Options{Counters: 64, MaxWorkers: 8}, nil)
+	if err != nil || lock != nil || reattached || r.File() == nil {
+		t.Fatal(r, lock, reattached, err)
+	}
+	r.Close()
+}
+
+// TestReattachKillsOrphans: a worker that outlived its supervisor, still
+// mapping the live region, is killed before the region is re-attached.
+func TestReattachKillsOrphans(t *testing.T) {
+	o := liveOptions(t)
+	geo := shm.Options{Counters: 64, MaxWorkers: 8}
+	r, lock, _, err := OpenRegion(o, geo, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), orphanEnv+"="+o.Live)
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("orphan: %q", line)
+	}
+	r.Close()
+	lock.Unlock() // the supervisor dies; its worker does not
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }() // as init reaps the orphans of a dead supervisor
+
+	log, lines := logBuf()
+	r2, lock2, reattached, err := OpenRegion(o, geo, log)
+	if err != nil || !reattached {
+		t.Fatal(reattached, err)
+	}
+	defer lock2.Unlock()
+	defer r2.Close()
+	select {
+	case err := <-done:
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("orphan ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the orphan still runs after the re-attach")
+	}
+	if !strings.Contains(lines.String(), fmt.Sprintf("pids=[%d]", cmd.Process.Pid)) {
+		t.Errorf("no log line for the killed orphan:\n%s", lines)
+	}
+}

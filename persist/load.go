@@ -1,0 +1,392 @@
+package persist
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Why entries of an accepted section were not restored: the keys of
+// Report.Dropped (counters) and Report.DroppedResponses.
+const (
+	DropExpired     = "expired"           // as fresh as a new key at the rebased time (the same as no entry); a response past its TTL
+	DropRuleChanged = "rule changed"      // its rule was changed or removed (one log line per rule)
+	DropNoRule      = "no rule"           // no rule of the dump owns its meta word
+	DropTableFull   = "table full"        // no slot or record in its probe window (a smaller table)
+	DropDuplicate   = "duplicate"         // its key was already restored
+	DropNoTable     = "no response table" // the region has no response table (table.responses = 0)
+)
+
+// Suffixes of a consumed dump: PATH.loaded after a load that restored its
+// counters, PATH.refused after one that restored nothing, PATH.superseded
+// when a live region was preferred to it. Each overwrites an older one.
+const (
+	SuffixLoaded     = ".loaded"
+	SuffixRefused    = ".refused"
+	SuffixSuperseded = ".superseded"
+)
+
+// Report says what Load did. Every refusal in it was also one log line.
+type Report struct {
+	Found bool // a dump was at Options.Path
+	// Loaded: its counters section, or a stored response, passed the
+	// guards and was restored; the region adopted the dump's hash seeds
+	// and continues its clock.
+	Loaded           bool
+	Build            string         // the build that wrote it
+	Written          time.Time      // the wall clock at dump
+	Downtime         time.Duration  // wall-clock time since the dump, counted as elapsed (never negative)
+	RegionTime       time.Duration  // the region's clock after the rebase (when Loaded)
+	Counters         int            // counter entries restored
+	Responses        int            // stored responses restored
+	Dropped          map[string]int // entries of an accepted counters section not restored, by Drop… reason
+	DroppedResponses map[string]int // records of an accepted responses section not restored, by Drop… reason
+	Refused          []Refusal      // what failed a guard, in the order met
+	MovedTo          string         // where the dump went once consumed; "" when it stayed
+}
+
+// Load restores the dump at o.Path into r, which must be a fresh region
+// that no worker uses yet: after shm.Create, before the first worker.
+//
+// Every guard and checksum is verified first. What fails is refused with
+// one log line naming the reason (see Reason), reported in Report.Refused,
+// and not restored; what passed is. A refusal is not an error: the server
+// starts cold or with the sections that passed. Restored state keeps its
+// hash seeds and its region times: the region's clock continues from the
+// dump's plus the wall-clock downtime (clamped at zero, so that a wall
+// clock that jumped back grants nothing), so buckets refill, windows roll
+// and stored responses age over the downtime. Entries that are then as
+// fresh as new keys, entries of changed rules and expired responses are
+// dropped.
+//
+// Restoring stored responses reserves records as a worker: when r has no
+// worker identity, Load borrows index 0 and retires it (shm.Region.Reap)
+// before it returns, so a process that serves from r itself must Join
+// after Load.
+//
+// The dump is then consumed: renamed to PATH.loaded (or PATH.refused when
+// nothing was restored), and the rename fsynced, so that a later crash
+// never restores state older than itself. The error is for I/O trouble
+// (unreadable file, failed rename) and for a region that is not fresh
+// (shm.ErrNotEmpty, and nothing is changed); the caller logs it and
+// starts. A nil log means slog.Default().
+func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
+	rep := newReport()
+	if o.Path == "" {
+		return rep, nil
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("path", o.Path)
+	fi, err := os.Stat(o.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		log.Info("persist: no dump to load")
+		return rep, nil
+	}
+	if err != nil {
+		return rep, fmt.Errorf("persist: load: %w", err)
+	}
+	rep.Found = true
+	l := &loader{r: r, o: o, log: log, rep: &rep}
+	if !fi.Mode().IsRegular() {
+		l.refuse(Refusal{ReasonUnreadable, "dump", fmt.Sprintf("not a regular file (%v)", fi.Mode().Type())})
+		return rep, nil
+	}
+	data, err := os.ReadFile(o.Path)
+	if err != nil {
+		return rep, fmt.Errorf("persist: load: %w", err)
+	}
+	if err := l.load(data); err != nil {
+		return rep, err
+	}
+	dest := o.Path + SuffixRefused
+	if rep.Loaded {
+		dest = o.Path + SuffixLoaded
+	}
+	if err := consume(o.Path, dest); err != nil {
+		return rep, err
+	}
+	rep.MovedTo = dest
+	return rep, nil
+}
+
+func newReport() Report {
+	return Report{Dropped: map[string]int{}, DroppedResponses: map[string]int{}}
+}
+
+// consume renames a dump out of the way, durably.
+func consume(path, dest string) error {
+	if err := os.Rename(path, dest); err != nil {
+		return fmt.Errorf("persist: consuming the dump: %w", err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("persist: consuming the dump: %w", err)
+	}
+	return nil
+}
+
+type loader struct {
+	r   *shm.Region
+	o   Options
+	log *slog.Logger
+	rep *Report
+}
+
+func (l *loader) refuse(f Refusal, attrs ...any) {
+	l.rep.Refused = append(l.rep.Refused, f)
+	l.log.Warn("persist: "+f.What+" refused: "+string(f.Reason), append([]any{"detail", f.Detail}, attrs...)...)
+}
+
+// load restores what passes its guards from the dump in data. Its only
+// error is a region that is not fresh.
+func (l *loader) load(data []byte) error {
+	p, whole := parse(data)
+	if whole != nil {
+		l.refuse(*whole)
+		return nil
+	}
+	l.rep.Build, l.rep.Written = p.hdr.build, p.hdr.wall
+	for _, f := range p.refused {
+		l.refuse(f)
+	}
+	if p.trailing > 0 {
+		l.log.Warn("persist: bytes after the last section ignored", "bytes", p.trailing)
+	}
+	var cs, rs *section
+	for i := range p.sections {
+		s := &p.sections[i]
+		switch {
+		case s.typ == sectionCounters && cs == nil:
+			cs = s
+		case s.typ == sectionResponses && rs == nil:
+			rs = s
+		default:
+			l.log.Warn("persist: section skipped", "section", sectionName(s.typ), "bytes", len(s.payload),
+				"detail", "unknown to this build or repeated")
+		}
+	}
+	// Every guard first; then the region adopts the dump's seeds and clock
+	// if anything is to be restored.
+	var c *counters
+	var resp *responses
+	if cs != nil {
+		if cp, bad := parseCounters(cs.payload); bad != nil {
+			l.refuse(*bad)
+		} else if l.seedsMatch("counters", &p.hdr, cp.seed1, cp.seed2) {
+			c = &cp
+		}
+	}
+	if rs != nil {
+		rp, bad := parseResponses(rs.payload)
+		switch {
+		case bad != nil:
+			l.refuse(*bad)
+		case !l.seedsMatch("responses", &p.hdr, rp.seed1, rp.seed2):
+		case rp.keyHash != keyHash(l.o.Key):
+			l.refuse(Refusal{ReasonKeyChanged, "responses", fmt.Sprintf("%d stored responses dropped; counters are kept", rp.count)})
+		case rp.count > 0:
+			resp = &rp
+		}
+	}
+	if c == nil && resp == nil {
+		return nil
+	}
+	now, err := l.adopt(&p.hdr)
+	if err != nil {
+		return err
+	}
+	if c != nil {
+		l.counters(*c, now)
+	}
+	if resp != nil {
+		l.responses(*resp, now)
+	}
+	for _, m := range []map[string]int{l.rep.Dropped, l.rep.DroppedResponses} {
+		for k, v := range m {
+			if v == 0 {
+				delete(m, k)
+			}
+		}
+	}
+	if l.rep.Loaded {
+		l.log.Info("persist: dump loaded", "build", l.rep.Build, "written", l.rep.Written.UTC().Format(time.RFC3339),
+			"downtime", l.rep.Downtime, "entries", l.rep.Counters, "dropped", dropSummary(l.rep.Dropped),
+			"responses", l.rep.Responses, "dropped_responses", dropSummary(l.rep.DroppedResponses))
+	}
+	return nil
+}
+
+func dropSummary(m map[string]int) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
+}
+
+// ruleVerdicts judges each of the dump's rules against the configuration:
+// why its state must be dropped, or "" to keep it.
+func ruleVerdicts(dumped []ruleDef, current []bucket.Rule) []string {
+	cur := make(map[string]ruleDef, len(current))
+	byTag := map[uint16][]string{}
+	for _, r := range current {
+		d := defOf(r)
+		cur[d.name] = d
+		byTag[d.tag()] = append(byTag[d.tag()], d.name)
+	}
+	dumpTags := map[uint16]int{}
+	for _, d := range dumped {
+		dumpTags[d.tag()]++
+	}
+	out := make([]string, len(dumped))
+	for i, d := range dumped {
+		c, ok := cur[d.name]
+		switch {
+		case !ok:
+			out[i] = "no longer configured"
+		case d.diff(c) != "":
+			out[i] = d.diff(c)
+		case len(byTag[d.tag()]) > 1 || dumpTags[d.tag()] > 1:
+			// Entries carry only the tag: with two rules on one tag they
+			// cannot be told apart, so neither rule's state is trusted.
+			out[i] = fmt.Sprintf("its 16-bit tag %#04x is shared by rules %s", d.tag(), strings.Join(byTag[d.tag()], ", "))
+		}
+	}
+	return out
+}
+
+func (l *loader) seedsMatch(what string, h *header, s1, s2 uint64) bool {
+	if s1 == h.seed1 && s2 == h.seed2 {
+		return true
+	}
+	l.refuse(Refusal{ReasonSeed, what, fmt.Sprintf("section seeds %#x/%#x, header seeds %#x/%#x", s1, s2, h.seed1, h.seed2)})
+	return false
+}
+
+// adopt gives the fresh region the dump's hash seeds (keys are stored as
+// seeded hashes) and continues the dump's region clock over the downtime.
+// It returns the region time to restore at.
+func (l *loader) adopt(h *header) (time.Duration, error) {
+	if err := l.r.SetSeeds(h.seed1, h.seed2); err != nil {
+		return 0, fmt.Errorf("persist: load into a used region: %w", err)
+	}
+	l.rep.Loaded = true
+	if g := l.r.Geometry(); uint64(g.Counters) != h.slots {
+		l.log.Info("persist: table geometry changed: entries re-inserted by key", "dumped_slots", h.slots, "slots", g.Counters)
+	}
+	wall := l.o.wall()
+	down := wall.Sub(h.wall)
+	if down < 0 {
+		l.log.Warn("persist: the wall clock is behind the dump's: no downtime counted",
+			"written", h.wall.UTC().Format(time.RFC3339Nano), "now", wall.UTC().Format(time.RFC3339Nano))
+		down = 0
+	}
+	down = min(down, time.Duration(math.MaxInt64)-h.regionTime)
+	now := h.regionTime + down
+	l.r.SetNow(now)
+	l.rep.Downtime, l.rep.RegionTime = down, now
+	return now, nil
+}
+
+// counters restores the entries of c at region time now.
+func (l *loader) counters(c counters, now time.Duration) {
+	verdict := ruleVerdicts(c.rules, l.o.Rules)
+	owner := tagOwnersOf(c.rules)
+	metas := make([]uint64, len(c.rules))
+	for i, d := range c.rules {
+		metas[i] = d.meta()
+	}
+	changed := make([]int, len(c.rules))
+	pl := newPlacer(l.r, now)
+	defer pl.done()
+	le := binary.LittleEndian
+	for b := c.entries; len(b) >= entrySize; b = b[entrySize:] {
+		e := shm.Entry{
+			Key:     shm.Key{A: le.Uint64(b), B: le.Uint64(b[8:])},
+			Meta:    le.Uint64(b[16:]),
+			Payload: le.Uint64(b[24:]),
+		}
+		i := owner[e.Meta>>48]
+		switch {
+		case i < 0 || metas[i] != e.Meta || e.Payload > shm.PayloadMask:
+			l.rep.Dropped[DropNoRule]++
+		case verdict[i] != "":
+			changed[i]++
+		case bucket.Fresh(e.Meta, e.Payload, now):
+			l.rep.Dropped[DropExpired]++
+		default:
+			switch err := pl.place(e); {
+			case err == nil:
+				l.rep.Counters++
+			case errors.Is(err, errDuplicate):
+				l.rep.Dropped[DropDuplicate]++
+			default:
+				l.rep.Dropped[DropTableFull]++
+			}
+		}
+	}
+	for i, v := range verdict {
+		if v != "" {
+			l.rep.Dropped[DropRuleChanged] += changed[i]
+			l.refuse(Refusal{ReasonRuleChanged, "rule " + c.rules[i].name, v + ": its state is dropped"}, "entries", changed[i])
+		}
+	}
+}
+
+// tagOwnersOf maps each tag to the one dumped rule that has it, or -1.
+func tagOwnersOf(defs []ruleDef) *[1 << 16]int32 {
+	rules := make([]bucket.Rule, len(defs))
+	for i, d := range defs {
+		rules[i] = bucket.Rule{Name: d.name}
+	}
+	return tagOwners(rules)
+}
+
+// responses restores the stored responses of rs at region time now.
+func (l *loader) responses(rs responses, now time.Duration) {
+	t := l.r.Responses()
+	id := borrowed{r: l.r}
+	defer id.release()
+	for rest := rs.records; len(rest) > 0; {
+		e, next, _ := nextRecord(rest) // parseResponses checked every record
+		rest = next
+		var err error
+		switch {
+		case e.Expiry <= now:
+			l.rep.DroppedResponses[DropExpired]++
+			continue
+		case t == nil || t.Len() == 0:
+			err = shm.ErrNoResponses
+		default:
+			if err = id.join(); err == nil {
+				err = t.Restore(e, now)
+			}
+		}
+		switch {
+		case err == nil:
+			l.rep.Responses++
+		case errors.Is(err, shm.ErrNoResponses):
+			l.rep.DroppedResponses[DropNoTable]++
+		case errors.Is(err, shm.ErrFull), errors.Is(err, shm.ErrLockTimeout):
+			l.rep.DroppedResponses[DropTableFull]++
+		default:
+			l.rep.DroppedResponses[DropDuplicate]++
+		}
+	}
+	if n := l.rep.DroppedResponses[DropNoTable]; n > 0 {
+		l.log.Warn("persist: stored responses dropped: the region has no response table", "records", n)
+	}
+}
