@@ -17,6 +17,7 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/httplimit"
+	"github.com/preforkd/preforkd/idempotency"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -147,7 +148,13 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
 	}
-	w.mw, err = httplimit.New(cfg, region, app, httplimit.Options{Logger: log})
+	// Rate limits first, so that a refused request never reserves an
+	// idempotency key; then idempotent replay; then the application.
+	idem, err := idempotency.New(cfg, region, app, idempotency.Options{Logger: log})
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	w.mw, err = httplimit.New(cfg, region, idem, httplimit.Options{Logger: log})
 	if err != nil {
 		return nil, nil, 0, err
 	}

@@ -1,0 +1,556 @@
+package main
+
+// End-to-end tests of idempotent replay (SPEC §6) against the built daemon:
+// preforkd with 4 workers in front of an upstream that this test runs and
+// that counts its executions. Self-contained: the binary is built here,
+// and every helper is prefixed idem, so that nothing depends on the other
+// end-to-end files.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestIdempotencyE2E(t *testing.T) {
+	bin := idemBuild(t)
+	t.Run("ParallelDuplicatesRunOnce", func(t *testing.T) { t.Parallel(); idemTestParallel(t, bin) })
+	t.Run("Mismatch", func(t *testing.T) { t.Parallel(); idemTestMismatch(t, bin) })
+	t.Run("ServerErrorThenCreated", func(t *testing.T) { t.Parallel(); idemTestServerError(t, bin) })
+	t.Run("WorkerKilledMidRequest", func(t *testing.T) { t.Parallel(); idemTestWorkerKilled(t, bin) })
+	t.Run("TableFull", func(t *testing.T) { t.Parallel(); idemTestTableFull(t, bin) })
+}
+
+// (1) 20 identical keyed POSTs at once, spread over 4 workers: the upstream
+// runs once and all 20 clients get the same bytes.
+func idemTestParallel(t *testing.T, bin string) {
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond) // the duplicates arrive while it runs
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/"+strconv.FormatInt(n, 10))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"execution":%d,"at":%d}`, n, time.Now().UnixNano())
+	})
+	d := idemStartDaemon(t, bin, idemConfig(up, 64))
+	c := idemClient()
+
+	answers := make([]idemAnswer, 20)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() {
+			<-start
+			answers[i] = idemPost(c, d.url("/orders"), `"order-1"`, `{"item":42}`)
+		})
+	}
+	close(start)
+	wg.Wait()
+	originals := 0
+	for i, a := range answers {
+		if a.err != nil || a.status != http.StatusCreated || !bytes.Equal(a.body, answers[0].body) {
+			t.Fatalf("answer %d: %v %d %q; answer 0: %q", i, a.err, a.status, a.body, answers[0].body)
+		}
+		if a.header.Get("Idempotent-Replayed") != "true" {
+			originals++
+		}
+	}
+	if n := up.executions.Load(); n != 1 {
+		t.Fatalf("the upstream ran %d times", n)
+	}
+	if originals != 1 {
+		t.Fatalf("%d answers without Idempotent-Replayed: true, want 1", originals)
+	}
+}
+
+// (2) The same key with another body: 422 problem+json, the upstream does
+// not run, and the original still replays.
+func idemTestMismatch(t *testing.T, bin string) {
+	up := idemStartUpstream(t, nil)
+	d := idemStartDaemon(t, bin, idemConfig(up, 64))
+	c := idemClient()
+	first := idemPost(c, d.url("/orders"), "k-mismatch", `{"item":1}`)
+	if first.err != nil || first.status != http.StatusCreated {
+		t.Fatalf("first: %v %d", first.err, first.status)
+	}
+	other := idemPost(c, d.url("/orders"), "k-mismatch", `{"item":2}`)
+	idemWantProblem(t, other, http.StatusUnprocessableEntity)
+	again := idemPost(c, d.url("/orders"), "k-mismatch", `{"item":1}`)
+	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("original again: %d %q", again.status, again.body)
+	}
+	if n := up.executions.Load(); n != 1 {
+		t.Fatalf("the upstream ran %d times", n)
+	}
+}
+
+// (4) The upstream answers 500, then 201: the retry runs again and gets
+// the 201, which later retries replay with its Location.
+func idemTestServerError(t *testing.T, bin string) {
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			http.Error(w, "database unavailable", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/42")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":42,"execution":%d}`, n)
+	})
+	d := idemStartDaemon(t, bin, idemConfig(up, 64))
+	c := idemClient()
+	if a := idemPost(c, d.url("/orders"), "k-retry", "x"); a.status != http.StatusInternalServerError {
+		t.Fatalf("first: %v %d", a.err, a.status)
+	}
+	second := idemPost(c, d.url("/orders"), "k-retry", "x")
+	if second.status != http.StatusCreated || second.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry: %v %d %v", second.err, second.status, second.header)
+	}
+	for range 3 {
+		a := idemPost(c, d.url("/orders"), "k-retry", "x")
+		if a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "true" ||
+			a.header.Get("Location") != "/orders/42" || !bytes.Equal(a.body, second.body) {
+			t.Fatalf("later retry: %v %d %v %q", a.err, a.status, a.header, a.body)
+		}
+	}
+	if n := up.executions.Load(); n != 2 {
+		t.Fatalf("the upstream ran %d times, want 2", n)
+	}
+}
+
+// (6) The worker running a request is killed (-9) while the upstream takes
+// 2 s. Its duplicates, waiting in other workers, are not stuck: once the
+// supervisor reaps the dead worker its reservation is released, one
+// duplicate runs the request again (the upstream's second and last
+// execution), and every duplicate gets that response.
+func idemTestWorkerKilled(t *testing.T, bin string) {
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Second) // not cut short: the kill must not matter here
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "execution %d", n)
+	})
+	d := idemStartDaemon(t, bin, idemConfig(up, 64))
+	c := idemClient()
+
+	origDone := make(chan idemAnswer, 1)
+	go func() { origDone <- idemPost(c, d.url("/orders"), "k-crash", "x") }()
+	var peer string
+	select {
+	case peer = <-up.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the original never reached the upstream")
+	}
+	victim, err := idemPIDOfConn(d.workerPIDs(), peer, up.addr)
+	if err != nil {
+		t.Fatalf("which worker holds the upstream connection from %s: %v", peer, err)
+	}
+
+	const dups = 5
+	answers := make([]idemAnswer, dups)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() { answers[i] = idemPost(c, d.url("/orders"), "k-crash", "x") })
+	}
+	time.Sleep(300 * time.Millisecond) // let the duplicates reach their workers and wait
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	wg.Wait()
+	if a := <-origDone; a.err == nil && a.status == http.StatusCreated && string(a.body) == "execution 1" {
+		t.Fatalf("the original was answered although its worker was killed")
+	}
+	// Duplicates that reached the killed worker died with it: a client
+	// retries those, and gets the same answer as the others.
+	for i, a := range answers {
+		if a.err != nil {
+			answers[i] = idemPost(c, d.url("/orders"), "k-crash", "x")
+		}
+	}
+	for i, a := range answers {
+		if a.err != nil || a.status != http.StatusCreated || string(a.body) != "execution 2" {
+			t.Fatalf("duplicate %d: %v %d %q (after %v), want 201 \"execution 2\"", i, a.err, a.status, a.body, time.Since(start))
+		}
+	}
+	if n := up.executions.Load(); n != 2 {
+		t.Fatalf("the upstream ran %d times, want 2 (the killed one and one rerun)", n)
+	}
+}
+
+// (7) With every record taken, a new key gets 503 with Retry-After and the
+// upstream does not run for it.
+func idemTestTableFull(t *testing.T, bin string) {
+	up := idemStartUpstream(t, nil)
+	d := idemStartDaemon(t, bin, idemConfig(up, 8))
+	c := idemClient()
+	for i := range 8 {
+		if a := idemPost(c, d.url("/orders"), fmt.Sprint("k-full-", i), "x"); a.status != http.StatusCreated {
+			t.Fatalf("key %d: %v %d %q", i, a.err, a.status, a.body)
+		}
+	}
+	for i := 8; i < 12; i++ {
+		a := idemPost(c, d.url("/orders"), fmt.Sprint("k-full-", i), "x")
+		idemWantProblem(t, a, http.StatusServiceUnavailable)
+		if s, err := strconv.Atoi(a.header.Get("Retry-After")); err != nil || s < 1 {
+			t.Fatalf("Retry-After %q", a.header.Get("Retry-After"))
+		}
+	}
+	if n := up.executions.Load(); n != 8 {
+		t.Fatalf("the upstream ran %d times for 8 records", n)
+	}
+}
+
+// ---- helpers ----
+
+// idemBuild builds the preforkd binary into the test's temporary directory.
+func idemBuild(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "preforkd")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// idemConfig is a daemon of 4 workers in front of up, with room for
+// `records` stored responses and POST /orders keyed.
+func idemConfig(up *idemUpstream, records int) string {
+	return fmt.Sprintf(`[server]
+workers = 4
+upstream = "http://%s"
+shutdown_timeout = "5s"
+
+[table]
+counters = 1024
+responses = %d
+response_bytes = "1MiB"
+
+[[idempotency]]
+path = "/orders"
+methods = ["POST"]
+wait = "8s"
+`, up.addr, records)
+}
+
+// idemUpstream is the application behind the daemon; it counts the
+// requests that reach it.
+type idemUpstream struct {
+	addr       string
+	executions atomic.Int64
+	entered    chan string // the peer address of each request, as it arrives
+}
+
+// idemStartUpstream serves answer(n, …) for the n-th request (1-based);
+// nil answers 201 with the execution number.
+func idemStartUpstream(t *testing.T, answer func(n int64, w http.ResponseWriter, r *http.Request)) *idemUpstream {
+	up := &idemUpstream{entered: make(chan string, 64)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n := up.executions.Add(1)
+		select {
+		case up.entered <- r.RemoteAddr:
+		default:
+		}
+		if answer != nil {
+			answer(n, w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"execution":%d}`, n)
+	}))
+	t.Cleanup(srv.Close)
+	up.addr = srv.Listener.Addr().String()
+	return up
+}
+
+// idemDaemon is one `preforkd run` started by a test.
+type idemDaemon struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	addr   string
+	exited chan struct{}
+
+	mu    sync.Mutex
+	lines []string
+	more  chan struct{} // closed and replaced at every line, and at EOF
+	eof   bool
+}
+
+// idemStartDaemon writes config to a file and runs the daemon on a free
+// port until its "ready" line; a port taken meanwhile is retried.
+func idemStartDaemon(t *testing.T, bin, config string) *idemDaemon {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "preforkd.toml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; ; attempt++ {
+		d := &idemDaemon{t: t, addr: idemFreeAddr(t), exited: make(chan struct{}), more: make(chan struct{})}
+		d.cmd = exec.Command(bin, "run", "-config", path, "-listen", d.addr)
+		d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		stderr, err := d.cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go d.read(stderr)
+		t.Cleanup(d.stop)
+		if d.waitLine(30*time.Second, func(l string) bool { return strings.Contains(l, "msg=ready") }) {
+			return d
+		}
+		d.stop()
+		if attempt < 5 && d.logged(func(l string) bool { return strings.Contains(l, "address already in use") }) {
+			continue
+		}
+		t.Fatalf("preforkd did not become ready; log:\n%s", d.log())
+	}
+}
+
+func (d *idemDaemon) read(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		d.mu.Lock()
+		d.lines = append(d.lines, sc.Text())
+		close(d.more)
+		d.more = make(chan struct{})
+		d.mu.Unlock()
+	}
+	d.mu.Lock()
+	d.eof = true
+	close(d.more)
+	d.mu.Unlock()
+	d.cmd.Wait()
+	close(d.exited)
+}
+
+// waitLine waits up to timeout for a line that satisfies match.
+func (d *idemDaemon) waitLine(timeout time.Duration, match func(string) bool) bool {
+	deadline := time.After(timeout)
+	seen := 0
+	for {
+		d.mu.Lock()
+		for ; seen < len(d.lines); seen++ {
+			if match(d.lines[seen]) {
+				d.mu.Unlock()
+				return true
+			}
+		}
+		more, eof := d.more, d.eof
+		d.mu.Unlock()
+		if eof {
+			return false
+		}
+		select {
+		case <-more:
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+func (d *idemDaemon) logged(match func(string) bool) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, l := range d.lines {
+		if match(l) {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *idemDaemon) log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return strings.Join(d.lines, "\n")
+}
+
+// workerPIDs lists the workers the supervisor logged as started.
+func (d *idemDaemon) workerPIDs() []int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var pids []int
+	for _, l := range d.lines {
+		if !strings.Contains(l, `msg="worker started"`) {
+			continue
+		}
+		for _, f := range strings.Fields(l) {
+			if v, ok := strings.CutPrefix(f, "pid="); ok {
+				if pid, err := strconv.Atoi(v); err == nil {
+					pids = append(pids, pid)
+				}
+			}
+		}
+	}
+	return pids
+}
+
+func (d *idemDaemon) url(path string) string { return "http://" + d.addr + path }
+
+// stop drains the daemon (TERM), or kills it and its workers when that
+// takes too long. Safe to call twice.
+func (d *idemDaemon) stop() {
+	select {
+	case <-d.exited:
+	default:
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.exited:
+		case <-time.After(15 * time.Second):
+			d.cmd.Process.Kill()
+			for _, pid := range d.workerPIDs() {
+				if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && exe == d.cmd.Path {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			select {
+			case <-d.exited:
+			case <-time.After(5 * time.Second):
+				d.t.Errorf("preforkd (pid %d) or its workers survived SIGKILL", d.cmd.Process.Pid)
+			}
+		}
+	}
+	if d.t.Failed() {
+		d.t.Logf("preforkd log:\n%s", d.log())
+	}
+}
+
+func idemFreeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// idemClient opens a new connection per request, so that requests spread
+// over the workers.
+func idemClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: 20 * time.Second}
+}
+
+type idemAnswer struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+func idemPost(c *http.Client, url, key, body string) idemAnswer {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return idemAnswer{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := c.Do(req)
+	if err != nil {
+		return idemAnswer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return idemAnswer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+}
+
+// idemWantProblem checks a complete problem+json answer of status.
+func idemWantProblem(t *testing.T, a idemAnswer, status int) {
+	t.Helper()
+	if a.err != nil || a.status != status {
+		t.Fatalf("got %v %d %q, want %d", a.err, a.status, a.body, status)
+	}
+	if ct, cc := a.header.Get("Content-Type"), a.header.Get("Cache-Control"); ct != "application/problem+json" || cc != "no-store" {
+		t.Fatalf("Content-Type %q, Cache-Control %q", ct, cc)
+	}
+	var p struct {
+		Type, Title, Detail string
+		Status              int
+	}
+	if err := json.Unmarshal(a.body, &p); err != nil || p.Status != status || p.Type == "" || p.Title == "" || p.Detail == "" {
+		t.Fatalf("problem %q: %v", a.body, err)
+	}
+}
+
+// idemPIDOfConn finds which of pids holds the TCP connection from local
+// (as the upstream saw its peer) to remote: the socket's inode from
+// /proc/net/tcp, then the process with a descriptor on it.
+func idemPIDOfConn(pids []int, local, remote string) (int, error) {
+	l, err := netip.ParseAddrPort(local)
+	if err != nil {
+		return 0, err
+	}
+	r, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return 0, err
+	}
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return 0, err
+	}
+	inode := ""
+	for _, line := range strings.Split(string(table), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 10 {
+			continue
+		}
+		if idemProcAddr(f[1]) == l && idemProcAddr(f[2]) == r {
+			inode = f[9]
+			break
+		}
+	}
+	if inode == "" || inode == "0" {
+		return 0, fmt.Errorf("no socket %s → %s in /proc/net/tcp", local, remote)
+	}
+	want := "socket:[" + inode + "]"
+	for _, pid := range pids {
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); target == want {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no worker among %v holds %s", pids, want)
+}
+
+// idemProcAddr parses an IPv4 "0100007F:1F90" of /proc/net/tcp (the
+// address in host byte order, little-endian here; the port big-endian).
+func idemProcAddr(s string) netip.AddrPort {
+	ip, port, ok := strings.Cut(s, ":")
+	if !ok || len(ip) != 8 {
+		return netip.AddrPort{}
+	}
+	b, err := hex.DecodeString(ip)
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	p, err := strconv.ParseUint(port, 16, 16)
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[3], b[2], b[1], b[0]}), uint16(p))
+}

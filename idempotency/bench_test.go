@@ -1,0 +1,430 @@
+package idempotency_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/idempotency"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// ---- request and response plumbing that costs nothing per iteration ----
+
+// rewindBody is a request body that can be read again.
+type rewindBody struct {
+	b   []byte
+	off int
+}
+
+func (r *rewindBody) Read(p []byte) (int, error) {
+	if r.off >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.off:])
+	r.off += n
+	return n, nil
+}
+func (r *rewindBody) Close() error { return nil }
+
+// discardWriter is a ResponseWriter that keeps the status and headers.
+type discardWriter struct {
+	header http.Header
+	status int
+	n      int
+	at     time.Duration // region time of the answer (waiterChild)
+}
+
+func newDiscardWriter() *discardWriter { return &discardWriter{header: http.Header{}} }
+
+func (w *discardWriter) Header() http.Header { return w.header }
+func (w *discardWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *discardWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.n += len(p)
+	return len(p), nil
+}
+func (w *discardWriter) reset() {
+	clear(w.header)
+	w.status, w.n = 0, 0
+}
+
+// keyedRequest is a POST /orders with key (none when "") and body.
+func keyedRequest(key string, body []byte) *http.Request {
+	r := &http.Request{
+		Method:        http.MethodPost,
+		URL:           &url.URL{Path: "/orders"},
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer 0123456789abcdef"}},
+		Body:          &rewindBody{b: body},
+		ContentLength: int64(len(body)),
+		RemoteAddr:    "192.0.2.1:4321",
+		Host:          "example.com",
+	}
+	if key != "" {
+		r.Header["Idempotency-Key"] = []string{key}
+	}
+	return r
+}
+
+var (
+	benchReqBody  = []byte(`{"item":42,"quantity":1,"note":"a typical small JSON order body of about a hundred bytes"}`)
+	benchRespBody = []byte(`{"order":"ord_8e03978e","status":"created","total":"42.00","currency":"EUR","items":[{"sku":"42","qty":1}]}`)
+)
+
+// created is the application: it reads the body and answers 201.
+var created = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/orders/ord_8e03978e")
+	w.WriteHeader(http.StatusCreated)
+	w.Write(benchRespBody)
+})
+
+// serve runs one request through h with a rewound body and a clean writer.
+func serve(h http.Handler, r *http.Request, w *discardWriter) {
+	r.Body.(*rewindBody).off = 0
+	w.reset()
+	h.ServeHTTP(w, r)
+}
+
+// serialAndParallel runs op (made per goroutine by mk, which gets the
+// goroutine's number) serially and under RunParallel.
+func serialAndParallel(b *testing.B, mk func(g int) func()) {
+	b.Run("serial", func(b *testing.B) {
+		op := mk(0)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			op()
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		var g atomic.Int32
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			op := mk(int(g.Add(1)))
+			for pb.Next() {
+				op()
+			}
+		})
+	})
+}
+
+func benchMiddleware(b *testing.B, r *shm.Region, blocks []config.Idempotency, opts idempotency.Options) *idempotency.Middleware {
+	b.Helper()
+	m, err := idempotency.New(config.Config{Idempotency: blocks}, r, created, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+func benchRegion(b *testing.B) *shm.Region {
+	b.Helper()
+	r, err := shm.CreatePrivate(shm.Options{Counters: 8, Responses: 4096, ResponseBytes: 16 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.Join(0)
+	return r
+}
+
+// BenchmarkReplay: a retry answered from the table (the handler does not
+// run): key check, body and fingerprint, one Begin that copies the
+// response out, the replay.
+func BenchmarkReplay(b *testing.B) {
+	r := benchRegion(b)
+	m := benchMiddleware(b, r, []config.Idempotency{orders()}, idempotency.Options{})
+	serialAndParallel(b, func(g int) func() {
+		req, w := keyedRequest("replay-"+strconv.Itoa(g), benchReqBody), newDiscardWriter()
+		serve(m, req, w) // the original
+		return func() {
+			serve(m, req, w)
+			if w.status != http.StatusCreated || w.header.Get("Idempotent-Replayed") != "true" {
+				b.Fatalf("not a replay: %d %v", w.status, w.header)
+			}
+		}
+	})
+}
+
+// BenchmarkReserveComplete: a first request, each with a fresh key: the
+// reservation, the handler with the recorder, and the completion that
+// stores the response. The clock jumps a second per reading and the ttl is
+// a millisecond, so each key finds its predecessors' records expired and
+// reusable; keys come from a ring, preformatted.
+func BenchmarkReserveComplete(b *testing.B) {
+	r := benchRegion(b)
+	var clock atomic.Int64
+	blk := orders()
+	blk.TTL = time.Millisecond
+	m := benchMiddleware(b, r, []config.Idempotency{blk}, idempotency.Options{
+		Now: func() time.Duration { return time.Duration(clock.Add(int64(time.Second))) },
+	})
+	serialAndParallel(b, func(g int) func() {
+		keys := make([][]string, 1024)
+		for i := range keys {
+			keys[i] = []string{fmt.Sprintf("g%d-key-%d", g, i)}
+		}
+		req, w := keyedRequest("x", benchReqBody), newDiscardWriter()
+		i := 0
+		return func() {
+			req.Header["Idempotency-Key"] = keys[i%len(keys)]
+			i++
+			serve(m, req, w)
+			if w.status != http.StatusCreated || w.header.Get("Idempotent-Replayed") != "" {
+				b.Fatalf("not an execution: %d %v", w.status, w.header)
+			}
+		}
+	})
+}
+
+// BenchmarkPassthrough: the same route and handler without idempotency:
+// the handler alone, behind a Middleware without blocks, and behind one
+// whose block matches but the request has no key.
+func BenchmarkPassthrough(b *testing.B) {
+	r := benchRegion(b)
+	for _, tt := range []struct {
+		name string
+		h    http.Handler
+	}{
+		{"handler", created},
+		{"no-block", benchMiddleware(b, r, nil, idempotency.Options{})},
+		{"no-key", benchMiddleware(b, r, []config.Idempotency{orders()}, idempotency.Options{})},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			serialAndParallel(b, func(g int) func() {
+				req, w := keyedRequest("", benchReqBody), newDiscardWriter()
+				return func() { serve(tt.h, req, w) }
+			})
+		})
+	}
+}
+
+// ---- wake latency ----
+
+// latencyBlock is the block of the wake-latency trials: every trial has a
+// key of its own, and the records expire after 10s.
+func latencyBlock() config.Idempotency {
+	return config.Idempotency{Path: "/orders", Methods: []string{"POST"}, Wait: 5 * time.Second, TTL: 10 * time.Second}
+}
+
+var latencyReqBody = []byte(`{"item":1}`)
+
+// waiter sends a duplicate for key and reports, once it waits, on parked;
+// its answer (status, replayed, region time) comes on done.
+type waiter interface {
+	start(key string) (parked <-chan struct{}, done <-chan waiterResult)
+	close()
+}
+
+type waiterResult struct {
+	status   int
+	replayed bool
+	at       time.Duration
+	err      error
+}
+
+// BenchmarkWakeLatency measures the extra latency a duplicate that waits
+// for an in-flight original sees once the original is done: per trial,
+// from the original handler's last instruction (before the recorder's
+// Complete: so Complete, the futex wake, the waiter's Begin and the
+// replay are all in it) to the waiter's ServeHTTP returning, on the
+// region's clock, which every process reads alike. Reported as p50 and
+// p99 over b.N trials ("µs"); ns/op is a whole trial. The waiter is a
+// goroutine of this process, or another process on the same region (a
+// second worker).
+func BenchmarkWakeLatency(b *testing.B) {
+	b.Run("goroutine", func(b *testing.B) {
+		r := wakeRegion(b)
+		m, err := idempotency.New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, r,
+			http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "the duplicate ran", http.StatusTeapot) }),
+			idempotency.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wakeLatency(b, r, &goroutineWaiter{r: r, m: m})
+	})
+	b.Run("process", func(b *testing.B) {
+		r := wakeRegion(b)
+		w := startProcessWaiter(b, r)
+		defer w.close()
+		wakeLatency(b, r, w)
+	})
+}
+
+func wakeRegion(b *testing.B) *shm.Region {
+	b.Helper()
+	r, err := shm.Create(shm.Options{Counters: 8, Responses: 1 << 15, ResponseBytes: 8 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	if err := r.Join(0); err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+func wakeLatency(b *testing.B, r *shm.Region, wt waiter) {
+	var completedAt atomic.Int64
+	entered := make(chan struct{}, 1)
+	var release chan struct{}
+	orig, err := idempotency.New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, r,
+		http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			entered <- struct{}{}
+			<-release
+			w.WriteHeader(http.StatusCreated)
+			w.Write(benchRespBody)
+			completedAt.Store(int64(r.Now()))
+		}), idempotency.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var lat []time.Duration
+	trial := 0
+	for b.Loop() {
+		trial++
+		key := "wake-" + strconv.Itoa(trial) + "-" + strconv.Itoa(os.Getpid())
+		release = make(chan struct{})
+		origDone := make(chan struct{})
+		go func() {
+			defer close(origDone)
+			orig.ServeHTTP(newDiscardWriter(), keyedRequest(key, latencyReqBody))
+		}()
+		<-entered
+		parked, done := wt.start(key)
+		select {
+		case <-parked:
+		case res := <-done:
+			b.Fatalf("trial %d: the duplicate did not wait: %+v", trial, res)
+		}
+		time.Sleep(500 * time.Microsecond) // from "waits" to asleep on the futex
+		close(release)
+		res := <-done
+		<-origDone
+		if res.err != nil || res.status != http.StatusCreated || !res.replayed {
+			b.Fatalf("trial %d: waiter got %+v", trial, res)
+		}
+		lat = append(lat, res.at-time.Duration(completedAt.Load()))
+	}
+	slices.Sort(lat)
+	pct := func(p float64) float64 {
+		i := min(int(float64(len(lat))*p+0.5), len(lat)-1)
+		return float64(lat[max(i, 0)]) / float64(time.Microsecond)
+	}
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+	b.ReportMetric(float64(lat[len(lat)-1])/float64(time.Microsecond), "max-µs")
+}
+
+// goroutineWaiter sends the duplicates from this process.
+type goroutineWaiter struct {
+	r *shm.Region
+	m *idempotency.Middleware
+}
+
+func (g *goroutineWaiter) start(key string) (<-chan struct{}, <-chan waiterResult) {
+	parked, done := make(chan struct{}), make(chan waiterResult, 1)
+	before := g.m.Stats().Waits
+	answered := make(chan struct{})
+	go func() {
+		defer close(answered)
+		w := newDiscardWriter()
+		g.m.ServeHTTP(w, keyedRequest(key, latencyReqBody))
+		done <- waiterResult{status: w.status, replayed: w.header.Get("Idempotent-Replayed") == "true", at: g.r.Now()}
+	}()
+	go func() {
+		for g.m.Stats().Waits == before {
+			select {
+			case <-answered:
+				return
+			default:
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+		close(parked)
+	}()
+	return parked, done
+}
+
+func (g *goroutineWaiter) close() {}
+
+// processWaiter sends the duplicates from a child process (waiterChild).
+type processWaiter struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+func startProcessWaiter(b *testing.B, r *shm.Region) *processWaiter {
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=waiter")
+	cmd.ExtraFiles = []*os.File{r.File()}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	return &processWaiter{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+}
+
+func (p *processWaiter) start(key string) (<-chan struct{}, <-chan waiterResult) {
+	parked, done := make(chan struct{}), make(chan waiterResult, 1)
+	fmt.Fprintln(p.stdin, key)
+	go func() {
+		for {
+			line, err := p.out.ReadString('\n')
+			if err != nil {
+				done <- waiterResult{err: err}
+				return
+			}
+			f := strings.Fields(line)
+			switch {
+			case len(f) == 1 && f[0] == "parked":
+				close(parked)
+			case len(f) == 4 && f[0] == "done":
+				st, _ := strconv.Atoi(f[1])
+				at, _ := strconv.ParseInt(f[3], 10, 64)
+				done <- waiterResult{status: st, replayed: f[2] == "true", at: time.Duration(at)}
+				return
+			default:
+				done <- waiterResult{err: fmt.Errorf("child said %q", line)}
+				return
+			}
+		}
+	}()
+	return parked, done
+}
+
+func (p *processWaiter) close() {
+	p.stdin.Close()
+	p.cmd.Wait()
+}
