@@ -188,10 +188,13 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 }
 
 // scan probes from home. It returns the slot holding k (found) with the
-// state read before its key, or else the first slot that could be claimed
-// (cand, -1 if none). Stale BUSY slots met on the way are released.
+// state read before its key, or else the slot a claim should take (cand,
+// -1 if none): the first EMPTY or TOMB slot, and only when there is none
+// the first LIVE slot equivalent to a fresh key — evicting a live key,
+// even one that carries no allowance, costs a lock and a claim later.
+// Stale BUSY slots met on the way are released.
 func (c *Counters) scan(k Key, home uint64, now time.Duration) (i int, s uint64, cand int, found bool) {
-	cand = -1
+	free, fresh := -1, -1
 	for j := 0; j < c.probe; j++ {
 		i = int((home + uint64(j)) & c.mask)
 		sl := &c.slots[i]
@@ -201,13 +204,13 @@ func (c *Counters) scan(k Key, home uint64, now time.Duration) (i int, s uint64,
 		switch phaseOf(s) {
 		case phaseEmpty:
 			// Slots never return to EMPTY, so no key lies beyond one.
-			if cand < 0 {
-				cand = i
+			if free < 0 {
+				free = i
 			}
-			return i, s, cand, false
+			return i, s, free, false
 		case phaseTomb:
-			if cand < 0 {
-				cand = i
+			if free < 0 {
+				free = i
 			}
 		case phaseBusy:
 			if c.r.stale(payloadOf(s)) {
@@ -215,14 +218,17 @@ func (c *Counters) scan(k Key, home uint64, now time.Duration) (i int, s uint64,
 			}
 		case phaseLive:
 			if atomic.LoadUint64(&sl.keyA) == k.A && atomic.LoadUint64(&sl.keyB) == k.B {
-				return i, s, cand, true
+				return i, s, -1, true
 			}
-			if cand < 0 && c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
-				cand = i
+			if free < 0 && fresh < 0 && c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
+				fresh = i
 			}
 		}
 	}
-	return -1, 0, cand, false
+	if free >= 0 {
+		return -1, 0, free, false
+	}
+	return -1, 0, fresh, false
 }
 
 // apply runs op on the LIVE slot i, snapshot s, and CASes the result in.
