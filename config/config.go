@@ -279,6 +279,11 @@ func upperAll(ms []string) []string {
 	return out
 }
 
+// MaxWorkers bounds server.workers: far beyond any machine's CPUs, and
+// within what the region's worker table can hold during a reload (twice
+// the workers, plus two).
+const MaxWorkers = 4096
+
 // WorkerCount is the number of workers to start: Workers, or the number of
 // CPUs when Workers is 0.
 func (s Server) WorkerCount() int {

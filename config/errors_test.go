@@ -54,6 +54,7 @@ func TestErrors(t *testing.T) {
 		{"listen", "[server]\nlisten = \"8080\" # <-\n", `invalid address "8080"`, 0},
 		{"listen port", "[server]\nlisten = \":http\" # <-\n", "invalid port", 0},
 		{"workers", "[server]\nworkers = -1 # <-\n", "server.workers: must not be negative", 0},
+		{"too many workers", "[server]\nworkers = 40000 # <-\n", "server.workers: must be at most 4096, got 40000", 0},
 		{"upstream scheme", "[server]\nupstream = \"ftp://x\" # <-\n", "absolute http:// or https:// URL", 0},
 		{"upstream relative", "[server]\nupstream = \"localhost:8080\" # <-\n", "absolute http:// or https:// URL", 0},
 		{"upstream no host", "[server]\nupstream = \"http:///x\" # <-\n", "with a host", 0},

@@ -69,6 +69,8 @@ func (c Config) checkSections(v *checker) {
 	}
 	if s.Workers < 0 {
 		sf("workers", "must not be negative (0 means one per CPU), got %d", s.Workers)
+	} else if s.Workers > MaxWorkers {
+		sf("workers", "must be at most %d, got %d", MaxWorkers, s.Workers)
 	}
 	if err := checkUpstream(s.Upstream); err != nil {
 		sf("upstream", "%v", err)

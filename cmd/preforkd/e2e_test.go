@@ -1,0 +1,853 @@
+package main
+
+// End-to-end tests of the built preforkd binary (SPEC §3, §4, §5, §7): each
+// scenario runs a real supervisor with real workers (harness_test.go) and
+// counts outcomes exactly. Scenarios that share nothing run in parallel.
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// baseServer is the [server] and [table] part shared by the scenarios: a
+// small table, so that many daemons fit side by side.
+func baseServer(workers int, extra string) string {
+	return fmt.Sprintf(`[server]
+workers = %d
+shutdown_timeout = "10s"
+%s
+[table]
+counters = 1024
+responses = 64
+response_bytes = "64KiB"
+`, workers, extra)
+}
+
+func rule(name, path, algorithm string, limit int, window string) string {
+	return fmt.Sprintf(`
+[[ratelimit]]
+name = %q
+path = %q
+limit = %d
+window = %q
+algorithm = %q
+`, name, path, limit, window, algorithm)
+}
+
+// Scenario 1: a limit of 3 per minute over 4 workers lets exactly 3 of 10
+// concurrent requests from one client through, every time, and refuses the
+// other 7 with a complete 429.
+func TestExactLimitAcrossWorkers(t *testing.T) {
+	t.Parallel()
+	for _, algo := range []string{"fixed-window", "gcra"} {
+		t.Run(algo, func(t *testing.T) {
+			t.Parallel()
+			d := startDaemon(t, daemonOptions{config: baseServer(4, "") + rule("three", "/limited", algo, 3, "1m")})
+			servedBy := map[int]bool{}
+			for run := range 3 {
+				c := newClient(t, freshClientIP(), false)
+				rs := burst(c, d.url("/limited"), 10)
+				got := statuses(rs)
+				if got[200] != 3 || got[429] != 7 || len(got) != 2 {
+					t.Fatalf("run %d: statuses %v, want exactly 3×200 and 7×429 (first error: %s)", run, got, firstErr(rs))
+				}
+				var remaining []int
+				for _, r := range rs {
+					checkRateLimitHeaders(t, r, "three", 3, 60)
+					switch r.status {
+					case 200:
+						b, ok := r.demo()
+						if !ok {
+							t.Errorf("run %d: 200 without the demo body: %q", run, r.body)
+						}
+						servedBy[b.PID] = true
+						n, _ := strconv.Atoi(r.header.Get("X-RateLimit-Remaining"))
+						remaining = append(remaining, n)
+					case 429:
+						checkRefusal(t, r, "three", 60)
+					}
+				}
+				// Each allowed request was one charge of the same slot: after
+				// the k-th charge at most 3-k remain, and the first charge
+				// found a fresh key. A fixed window counts: exactly 2, 1, 0.
+				// GCRA reads each request's clock before its CAS, so a request
+				// charged after one with a later clock reading may see a token
+				// fraction less (never more).
+				slices.Sort(remaining)
+				exact := slices.Equal(remaining, []int{0, 1, 2})
+				bounded := len(remaining) == 3 && remaining[0] == 0 && remaining[1] <= 1 && remaining[2] == 2
+				if (algo == "fixed-window" && !exact) || !bounded {
+					t.Errorf("run %d: X-RateLimit-Remaining of the 200s = %v, want 0, 1, 2 (gcra: the 1 may read 0)", run, remaining)
+				}
+			}
+			// The kernel decides which worker accepts: reported, not asserted.
+			t.Logf("the 9 allowed requests were served by %d worker(s)", len(servedBy))
+		})
+	}
+}
+
+// checkRateLimitHeaders checks the headers every response of a route with
+// one rule carries (SPEC §5), with headers = "both".
+func checkRateLimitHeaders(t *testing.T, r result, name string, limit, windowSec int) {
+	t.Helper()
+	if r.err != nil {
+		t.Errorf("request failed: %v", r.err)
+		return
+	}
+	if got, want := r.header.Get("RateLimit-Policy"), fmt.Sprintf("%q;q=%d;w=%d", name, limit, windowSec); got != want {
+		t.Errorf("%d: RateLimit-Policy = %q, want %q", r.status, got, want)
+	}
+	if got := r.header.Get("RateLimit"); !strings.HasPrefix(got, fmt.Sprintf("%q;r=", name)) {
+		t.Errorf("%d: RateLimit = %q, want an item for %q", r.status, got, name)
+	}
+	if got := r.header.Get("X-RateLimit-Limit"); got != strconv.Itoa(limit) {
+		t.Errorf("%d: X-RateLimit-Limit = %q, want %d", r.status, got, limit)
+	}
+	if _, err := strconv.Atoi(r.header.Get("X-RateLimit-Remaining")); err != nil {
+		t.Errorf("%d: X-RateLimit-Remaining = %q", r.status, r.header.Get("X-RateLimit-Remaining"))
+	}
+	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
+	now := time.Now().Unix()
+	if err != nil || reset < now-1 || reset > now+int64(windowSec)+2 {
+		t.Errorf("%d: X-RateLimit-Reset = %q, want Unix seconds within the window from now (%d)", r.status, r.header.Get("X-RateLimit-Reset"), now)
+	}
+}
+
+// checkRefusal checks a 429 of the one rule name (SPEC §5 "Refusal").
+func checkRefusal(t *testing.T, r result, name string, windowSec int) {
+	t.Helper()
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("429: Content-Type = %q, want application/problem+json", ct)
+	}
+	ra, err := strconv.Atoi(r.header.Get("Retry-After"))
+	if err != nil || ra < 1 || ra > windowSec {
+		t.Errorf("429: Retry-After = %q, want whole seconds in 1..%d", r.header.Get("Retry-After"), windowSec)
+	}
+	if got, want := r.header.Get("RateLimit"), fmt.Sprintf("%q;r=0;t=%d", name, ra); got != want {
+		t.Errorf("429: RateLimit = %q, want %q (t is what Retry-After says)", got, want)
+	}
+	if got := r.header.Get("X-RateLimit-Remaining"); got != "0" {
+		t.Errorf("429: X-RateLimit-Remaining = %q, want 0", got)
+	}
+	var p struct {
+		Type, Title, Detail string
+		Status              int
+	}
+	if err := json.Unmarshal(r.body, &p); err != nil || p.Status != 429 || p.Type == "" || p.Title == "" || !strings.Contains(p.Detail, name) {
+		t.Errorf("429: problem body %q: want type, title, status 429 and a detail naming %q", r.body, name)
+	}
+}
+
+// Scenario 2: X-Forwarded-For from an untrusted peer changes nothing; from
+// a trusted proxy it names the client, right-most untrusted hop first.
+func TestForwardedClients(t *testing.T) {
+	t.Parallel()
+	t.Run("untrusted peer", func(t *testing.T) {
+		t.Parallel()
+		d := startDaemon(t, daemonOptions{config: baseServer(2, "") + rule("xff", "/xff", "gcra", 3, "1m")})
+		c := newClient(t, freshClientIP(), false)
+		var rs []result
+		for i := range 10 {
+			h := http.Header{"X-Forwarded-For": {fmt.Sprintf("203.0.113.%d", i+1)}}
+			if i%2 == 1 {
+				h = http.Header{"Forwarded": {fmt.Sprintf("for=198.51.100.%d", i+1)}}
+			}
+			rs = append(rs, do(c, "GET", d.url("/xff"), h))
+		}
+		if got := statuses(rs); got[200] != 3 || got[429] != 7 {
+			t.Fatalf("rotating X-Forwarded-For/Forwarded from an untrusted peer: %v, want exactly 3×200 and 7×429", got)
+		}
+	})
+	t.Run("trusted proxy", func(t *testing.T) {
+		t.Parallel()
+		d := startDaemon(t, daemonOptions{config: baseServer(2, `trusted_proxies = ["127.0.0.1/32"]`) + rule("xff", "/xff", "gcra", 3, "1m")})
+		proxy := newClient(t, net.IPv4(127, 0, 0, 1), false)
+		client := func(i int) string { return fmt.Sprintf("203.0.113.%d", 10+i) }
+		var rs []result
+		for round := range 3 {
+			for i := range 5 {
+				r := do(proxy, "GET", d.url("/xff"), http.Header{"X-Forwarded-For": {client(i)}})
+				if r.err != nil || r.status != 200 {
+					t.Errorf("round %d, client %s: %d %v, want 200 (each client has its own budget of 3)", round, client(i), r.status, r.err)
+				}
+				rs = append(rs, r)
+			}
+		}
+		for i := range 5 {
+			// The left-most hop is whatever the client wrote: it must not
+			// give it a fresh budget; the right-most untrusted hop is the client.
+			xff := fmt.Sprintf("192.0.2.%d, %s", 100+i, client(i))
+			r := do(proxy, "GET", d.url("/xff"), http.Header{"X-Forwarded-For": {xff}})
+			if r.err != nil || r.status != 429 {
+				t.Errorf("4th request of client %s (X-Forwarded-For: %s): %d %v, want 429", client(i), xff, r.status, r.err)
+			}
+		}
+		// And a peer outside trusted_proxies still cannot choose its key.
+		c := newClient(t, freshClientIP(), false)
+		var spoofed []result
+		for i := range 6 {
+			spoofed = append(spoofed, do(c, "GET", d.url("/xff"), http.Header{"X-Forwarded-For": {fmt.Sprintf("203.0.113.%d", 100+i)}}))
+		}
+		if got := statuses(spoofed); got[200] != 3 || got[429] != 3 {
+			t.Errorf("untrusted peer rotating X-Forwarded-For: %v, want exactly 3×200 and 3×429", got)
+		}
+	})
+}
+
+// Scenario 3: TERM during a 2-second request lets it finish, then the
+// process tree exits 0, without starting a worker during the drain.
+func TestGracefulDrain(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			time.Sleep(2 * time.Second)
+		}
+		fmt.Fprint(w, "slow done")
+	}))
+	t.Cleanup(up.Close)
+	d := startDaemon(t, daemonOptions{config: baseServer(2, fmt.Sprintf("upstream = %q", up.URL))})
+	c := newClient(t, nil, false)
+	start := time.Now()
+	resc := make(chan result, 1)
+	go func() { resc <- get(c, d.url("/slow")) }()
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not reach the upstream within 5s")
+	}
+	time.Sleep(time.Until(start.Add(300 * time.Millisecond)))
+	termAt := time.Now()
+	d.signal(syscall.SIGTERM)
+
+	var r result
+	select {
+	case r = <-resc:
+	case <-time.After(12 * time.Second):
+		t.Fatal("the in-flight request did not complete")
+	}
+	if r.err != nil || r.status != 200 || string(r.body) != "slow done" {
+		t.Errorf("in-flight request: %d %q %v, want 200 \"slow done\"", r.status, r.body, r.err)
+	}
+	code, ok := d.wait(10 * time.Second)
+	if !ok {
+		t.Fatalf("preforkd did not exit within shutdown_timeout (10s) of TERM")
+	}
+	t.Logf("request took %v; exit %v after TERM", r.end.Sub(r.start).Round(time.Millisecond), time.Since(termAt).Round(time.Millisecond))
+	if code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	if r.end.Before(termAt) {
+		t.Errorf("the request ended before TERM: the test did not test a drain")
+	}
+	// Every line, workers' included, is read once nobody holds stderr.
+	if !d.logs.waitEOF(5 * time.Second) {
+		t.Fatal("the daemon's stderr is still open 5s after the supervisor exited")
+	}
+	for _, pid := range d.workerPIDs() {
+		if d.alive(pid) {
+			t.Errorf("worker %d is still running after the supervisor exited", pid)
+		}
+	}
+	if len(d.workerPIDs()) != 2 {
+		t.Errorf("%d workers were started, want 2", len(d.workerPIDs()))
+	}
+	drainAt, _, ok := d.logs.waitFor(0, 5*time.Second, msgIs("drain begun"))
+	if !ok {
+		t.Fatal(`no "drain begun" line`)
+	}
+	lines := d.logs.snapshot()
+	exited := 0
+	for _, l := range lines[drainAt:] {
+		switch l.msg() {
+		case "worker started":
+			t.Errorf("a worker was started during the drain: %s", l.raw)
+		case "worker exited":
+			exited++
+			if l.get("status") != "exit status 0" {
+				t.Errorf("a worker did not drain cleanly: %s", l.raw)
+			}
+		case "worker crashed":
+			t.Errorf("%s", l.raw)
+		}
+	}
+	if exited != 2 {
+		t.Errorf("%d workers exited after the drain began, want 2", exited)
+	}
+	if _, _, ok := d.logs.waitFor(drainAt, time.Second, msgIs("drain finished")); !ok {
+		t.Errorf(`no "drain finished" line`)
+	}
+}
+
+// Scenario 4: kill -9 of a worker under load: it is replaced, the service
+// keeps answering, and the limit stays exact.
+func TestWorkerCrashUnderLoad(t *testing.T) {
+	t.Parallel()
+	cfg := baseServer(4, "") +
+		rule("load", "/load", "gcra", 1000000, "1m") +
+		rule("five", "/five", "gcra", 5, "1m")
+	d := startDaemon(t, daemonOptions{config: cfg})
+
+	const clients, perClient = 2, 100
+	var (
+		done      atomic.Int32
+		lastPID   atomic.Int64
+		killed    = make(chan struct{})
+		mu        sync.Mutex
+		rs        []result
+		wg        sync.WaitGroup
+		killAfter = int32(clients * perClient / 3)
+	)
+	for range clients {
+		c := newClient(t, freshClientIP(), false)
+		wg.Go(func() {
+			for i := range perClient {
+				path := "/free" // no rule
+				if i%2 == 1 {
+					path = "/load" // a rule: the dying worker may be inside the table
+				}
+				r := get(c, d.url(path))
+				if b, ok := r.demo(); ok && r.status == 200 {
+					lastPID.Store(int64(b.PID))
+				}
+				mu.Lock()
+				rs = append(rs, r)
+				mu.Unlock()
+				if done.Add(1) == killAfter {
+					close(killed)
+				}
+			}
+		})
+	}
+	var victim int
+	var killAt time.Time
+	select {
+	case <-killed:
+		victim = int(lastPID.Load()) // a worker that is serving this load
+		if !slices.Contains(d.workerPIDs(), victim) {
+			t.Fatalf("pid %d from a response is not a worker of this daemon", victim)
+		}
+		killAt = time.Now()
+		if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill -9 %d: %v", victim, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the load loop did not make progress")
+	}
+	wg.Wait()
+
+	got := statuses(rs)
+	var errs []string
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, fmt.Sprintf("%v (started %v after the kill, took %v)", r.err,
+				r.start.Sub(killAt).Round(time.Millisecond), r.end.Sub(r.start).Round(time.Millisecond)))
+			// Only a request on a connection the dead worker had accepted can
+			// fail: one in flight at the instant of the kill.
+			if r.start.After(killAt.Add(250*time.Millisecond)) || r.end.Before(killAt) {
+				t.Errorf("a request failed away from the instant of the kill: %v", r.err)
+			}
+		}
+	}
+	t.Logf("load: %v over %d requests; errors: %q", got, len(rs), errs)
+	if got[200] < len(rs)*95/100 || got[200]+got[0] != len(rs) {
+		t.Errorf("load: %v, want ≥ 95%% of %d answered 200 and nothing but 200s and connection errors", got, len(rs))
+	}
+	if got[0] > clients {
+		t.Errorf("%d connection errors, want at most %d (one per client in flight at the kill)", got[0], clients)
+	}
+
+	// Replaced: the supervisor saw the crash and started a new worker.
+	crashAt, _, ok := d.logs.waitFor(0, 5*time.Second, func(l logLine) bool {
+		return l.msg() == "worker crashed" && l.int("pid") == victim
+	})
+	if !ok {
+		t.Fatalf(`no "worker crashed" line for pid %d`, victim)
+	}
+	_, started, ok := d.logs.waitFor(crashAt, 5*time.Second, msgIs("worker started"))
+	if !ok {
+		t.Fatal("the crashed worker was not replaced within 5s")
+	}
+	newPID := started.int("pid")
+	if slices.Contains(d.workerPIDs()[:4], newPID) || d.alive(victim) {
+		t.Fatalf("replacement pid %d (victim %d alive: %v)", newPID, victim, d.alive(victim))
+	}
+	// The replacement serves (the kernel picks the worker: bounded tries).
+	c := newClient(t, nil, false)
+	serving := false
+	for i := 0; i < 200 && !serving; i++ {
+		r := get(c, d.url("/free"))
+		if b, ok := r.demo(); ok && b.PID == newPID {
+			serving = true
+		}
+	}
+	if !serving {
+		t.Logf("the replacement %d served none of 200 requests (accept distribution)", newPID)
+	}
+
+	// Exact afterwards: a fresh client gets exactly 5 of 20 through.
+	five := burst(newClient(t, freshClientIP(), false), d.url("/five"), 20)
+	if got := statuses(five); got[200] != 5 || got[429] != 15 {
+		t.Errorf("limit 5 after the crash: %v, want exactly 5×200 and 15×429", got)
+	}
+	pids := map[int]bool{}
+	for _, r := range five {
+		if b, ok := r.demo(); ok {
+			pids[b.PID] = true
+		}
+	}
+	t.Logf("the 5 allowed requests were served by %d worker(s); replacement serving: %v", len(pids), serving)
+}
+
+// Scenario 5: kill -9 of the supervisor takes every worker with it, at
+// once: also a worker in the middle of a request (a drain would wait for it).
+func TestSupervisorKilled(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	entered := make(chan struct{}, 4)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	d := startDaemon(t, daemonOptions{config: baseServer(4, fmt.Sprintf("upstream = %q", up.URL))})
+	pids := d.workerPIDs()
+	if len(pids) != 4 {
+		t.Fatalf("%d workers started, want 4", len(pids))
+	}
+	for _, pid := range pids {
+		if !d.alive(pid) {
+			t.Fatalf("worker %d is not running before the kill", pid)
+		}
+	}
+	c := newClient(t, nil, false)
+	go get(c, d.url("/hang"))
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not reach the upstream")
+	}
+	killAt := time.Now()
+	d.signal(syscall.SIGKILL)
+	if _, ok := d.wait(2 * time.Second); !ok {
+		t.Fatal("the supervisor survived kill -9")
+	}
+	deadline := killAt.Add(2 * time.Second)
+	var survivors []int
+	for _, pid := range pids {
+		for d.alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if d.alive(pid) {
+			survivors = append(survivors, pid)
+		}
+	}
+	if len(survivors) > 0 {
+		t.Fatalf("workers %v still run 2s after their supervisor was killed", survivors)
+	}
+	t.Logf("all workers gone %v after the kill", time.Since(killAt).Round(time.Millisecond))
+}
+
+// Scenario 6: HUP with a changed limit keeps the counts and refuses no
+// connection; HUP with a broken file keeps the running configuration.
+func TestReload(t *testing.T) {
+	t.Parallel()
+	// An upstream whose /held keeps a request in its worker for a while, so
+	// that the workers being replaced always have requests in flight.
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/held" {
+			time.Sleep(20 * time.Millisecond)
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	config := func(limitA int) string {
+		return baseServer(4, fmt.Sprintf("upstream = %q", up.URL)) +
+			rule("a", "/a", "fixed-window", limitA, "1h") +
+			rule("b", "/b", "gcra", 4, "1h")
+	}
+	d := startDaemon(t, daemonOptions{config: config(3)})
+	client := newClient(t, freshClientIP(), false)
+	for i := range 3 {
+		if r := get(client, d.url("/a")); r.status != 200 {
+			t.Fatalf("A request %d before the reload: %d %v", i, r.status, r.err)
+		}
+	}
+	for i := range 2 {
+		if r := get(client, d.url("/b")); r.status != 200 {
+			t.Fatalf("B request %d before the reload: %d %v", i, r.status, r.err)
+		}
+	}
+	oldPIDs := d.workerPIDs()
+
+	// Client loops through the reload: new connections (where a worker that
+	// drains could drop one it has accepted), a kept-alive one, and requests
+	// held in flight while their worker is told to go.
+	stop := make(chan struct{})
+	var (
+		mu      sync.Mutex
+		loop    []result
+		wg      sync.WaitGroup
+		hupAt   time.Time
+		readyAt time.Time
+	)
+	loops := []struct {
+		path      string
+		keepAlive bool
+	}{{"/free", false}, {"/free", false}, {"/free", false}, {"/free", true}, {"/held", false}, {"/held", false}}
+	for _, l := range loops {
+		c := newClient(t, freshClientIP(), l.keepAlive)
+		wg.Go(func() {
+			for i := 0; i < 5000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := get(c, d.url(l.path))
+				mu.Lock()
+				loop = append(loop, r)
+				mu.Unlock()
+			}
+		})
+	}
+	if err := os.WriteFile(d.cfgPath, []byte(config(6)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	from := d.logs.len()
+	hupAt = time.Now()
+	d.signal(syscall.SIGHUP)
+	finished, _, ok := d.logs.waitFor(from, 20*time.Second, msgIs("reload finished"))
+	readyAt = time.Now()
+	if !ok {
+		close(stop)
+		wg.Wait()
+		t.Fatal(`no "reload finished" within 20s of HUP`)
+	}
+	// Let the old workers finish their drain under the loop too.
+	for _, pid := range oldPIDs {
+		if _, _, ok := d.logs.waitFor(from, 15*time.Second, func(l logLine) bool {
+			return l.msg() == "worker exited" && l.int("pid") == pid
+		}); !ok {
+			t.Errorf("old worker %d did not exit after the reload", pid)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	got := statuses(loop)
+	during := 0
+	for _, r := range loop {
+		if r.end.After(hupAt) && r.start.Before(readyAt) {
+			during++
+		}
+	}
+	t.Logf("loop: %v over %d requests, %d of them during the reload (%v)", got, len(loop), during, readyAt.Sub(hupAt).Round(time.Millisecond))
+	if got[0] != 0 || got[200] != len(loop) {
+		t.Errorf("loop through the reload: %v, want every request 200 (first error: %s)", got, firstErr(loop))
+	}
+	if during == 0 {
+		t.Errorf("no loop request overlapped the reload: it proved nothing")
+	}
+	lines := d.logs.snapshot()
+	newWorkers := 0
+	for _, l := range lines[from:finished] {
+		switch l.msg() {
+		case "worker started":
+			newWorkers++
+			if l.get("generation") != "1" {
+				t.Errorf("reload started a worker of another generation: %s", l.raw)
+			}
+		case "worker crashed":
+			t.Errorf("%s", l.raw)
+		}
+	}
+	if newWorkers != 4 {
+		t.Errorf("the reload started %d workers, want 4", newWorkers)
+	}
+
+	// A: limit 3 → 6, its count of 3 kept: exactly 3 more.
+	var ra, rb []result
+	for range 8 {
+		ra = append(ra, get(client, d.url("/a")))
+	}
+	if got := statuses(ra); got[200] != 3 || got[429] != 5 {
+		t.Errorf("A after the reload: %v, want exactly 3×200 (6 in all) and 5×429", got)
+	}
+	if l := ra[0].header.Get("X-RateLimit-Limit"); l != "6" {
+		t.Errorf("A after the reload: X-RateLimit-Limit = %q, want 6", l)
+	}
+	// B unchanged, its count of 2 kept: exactly 2 more.
+	for range 6 {
+		rb = append(rb, get(client, d.url("/b")))
+	}
+	if got := statuses(rb); got[200] != 2 || got[429] != 4 {
+		t.Errorf("B after the reload: %v, want exactly 2×200 (4 in all) and 4×429", got)
+	}
+
+	// A broken file: reported with its line, the running configuration kept.
+	broken := strings.Replace(config(100), "[server]\n", "[server]\nlisen = \"typo\"\n", 1)
+	if err := os.WriteFile(d.cfgPath, []byte(broken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	from = d.logs.len()
+	d.signal(syscall.SIGHUP)
+	_, refused, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool { return l.get("level") == "ERROR" })
+	if !ok {
+		t.Fatal("HUP with a broken file logged no error")
+	}
+	if want := d.cfgPath + ":2"; !strings.Contains(refused.raw, want) || !strings.Contains(refused.raw, "lisen") {
+		t.Errorf("the error %q does not name %s and the bad key", refused.raw, want)
+	}
+	fresh := newClient(t, freshClientIP(), false)
+	var rc []result
+	for range 8 {
+		rc = append(rc, get(fresh, d.url("/a")))
+	}
+	if got := statuses(rc); got[200] != 6 || got[429] != 2 {
+		t.Errorf("A after a refused reload: %v, want exactly 6×200 (the running limit) and 2×429", got)
+	}
+	for _, l := range d.logs.snapshot()[from:] {
+		if l.msg() == "worker started" || l.msg() == "reload begun" {
+			t.Errorf("a refused reload changed the workers: %s", l.raw)
+		}
+	}
+}
+
+// Scenario 7: configuration and usage errors exit 2 and say where.
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	okRule := "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1m\"\n"
+	cases := []struct {
+		name, file string
+		line       int
+		says       string
+	}{
+		{"unknown key", "[server]\nworkers = 1\nlisen = \"127.0.0.1:1\"\n", 3, "lisen"},
+		{"duplicate rule name", okRule + "\n" + okRule, 8, "duplicate"},
+		{"bad duration", "[server]\nshutdown_timeout = \"10 s\"\n", 2, "10 s"},
+		{"bad CIDR", "[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\"]\n", 2, "10.0.0.0/33"},
+		{"bad mode", okRule + "mode = \"enforcing\"\n", 6, "enforcing"},
+		// More workers than a region can hold (shm.MaxWorkersLimit, 2×workers+2
+		// indexes): `check` must not call ok what `run` refuses.
+		{"too many workers", "[server]\nworkers = 40000\n", 2, "workers"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			path := t.TempDir() + "/bad.toml"
+			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, args := range [][]string{
+				{"check", "-config", path},
+				{"run", "-config", path, "-listen", "127.0.0.1:0"},
+			} {
+				code, _, stderr := runBinary(t, args...)
+				where := fmt.Sprintf("%s:%d", path, tc.line)
+				if code != 2 || !strings.Contains(stderr, where) || !strings.Contains(stderr, tc.says) {
+					t.Errorf("preforkd %s: exit %d, stderr %q; want exit 2 naming %s and %q", args[0], code, stderr, where, tc.says)
+				}
+			}
+		})
+	}
+	t.Run("negative -workers", func(t *testing.T) {
+		t.Parallel()
+		path := t.TempDir() + "/ok.toml"
+		if err := os.WriteFile(path, []byte(okRule), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, _, stderr := runBinary(t, "run", "-config", path, "-listen", "127.0.0.1:0", "-workers", "-3")
+		if code != 2 || !strings.Contains(stderr, "-workers") {
+			t.Errorf("preforkd run -workers -3: exit %d, stderr %q; want exit 2 naming -workers", code, stderr)
+		}
+	})
+	t.Run("no command", func(t *testing.T) {
+		t.Parallel()
+		code, _, stderr := runBinary(t)
+		if code != 2 || !strings.Contains(stderr, "usage:") || !strings.Contains(stderr, "preforkd run") {
+			t.Errorf("preforkd: exit %d, stderr %q; want exit 2 and the usage", code, stderr)
+		}
+	})
+	t.Run("version", func(t *testing.T) {
+		t.Parallel()
+		code, stdout, _ := runBinary(t, "version")
+		if code != 0 || !strings.Contains(stdout, "dump format") {
+			t.Errorf("preforkd version: exit %d, stdout %q; want exit 0 and the dump format", code, stdout)
+		}
+	})
+	t.Run("check ok", func(t *testing.T) {
+		t.Parallel()
+		path := t.TempDir() + "/ok.toml"
+		if err := os.WriteFile(path, []byte(okRule), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, stdout, stderr := runBinary(t, "check", "-config", path)
+		if code != 0 || !strings.Contains(stdout, "ok") {
+			t.Errorf("preforkd check on a good file: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+		}
+	})
+}
+
+// Scenario 8: the admin endpoint serves metrics and status from the region.
+func TestAdminEndpoint(t *testing.T) {
+	t.Parallel()
+	cfg := baseServer(2, "") + "\n[admin]\nlisten = \"ADMIN_ADDR\"\n" + rule("m", "/m", "gcra", 3, "1m")
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	c := newClient(t, nil, false)
+	if r := get(newClient(t, freshClientIP(), false), d.url("/m")); r.status != 200 {
+		t.Fatalf("GET /m: %d %v", r.status, r.err)
+	}
+
+	r := get(c, "http://"+d.admin+"/metrics")
+	if r.err != nil || r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") {
+		t.Fatalf("/metrics: %d %q %v", r.status, r.header.Get("Content-Type"), r.err)
+	}
+	metrics := map[string]string{}
+	for line := range strings.Lines(string(r.body)) {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, " ")
+		if !ok {
+			t.Errorf("/metrics: not Prometheus text: %q", line)
+		}
+		metrics[name] = value
+	}
+	if !strings.Contains(string(r.body), "# TYPE preforkd_counter_slots gauge\n") {
+		t.Errorf("/metrics has no TYPE line for preforkd_counter_slots:\n%s", r.body)
+	}
+	for name, want := range map[string]string{
+		"preforkd_counter_slots":        "1024",
+		"preforkd_counter_slots_live":   "1", // the one client of rule m
+		"preforkd_counter_claims_total": "1",
+		"preforkd_workers":              "2",
+	} {
+		if got := metrics[name]; got != want {
+			t.Errorf("/metrics: %s = %q, want %s", name, got, want)
+		}
+	}
+
+	r = get(c, "http://"+d.admin+"/status")
+	if r.err != nil || r.status != 200 || r.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("/status: %d %q %v", r.status, r.header.Get("Content-Type"), r.err)
+	}
+	var st struct {
+		Workers []struct {
+			Index int
+			PID   int
+		}
+	}
+	if err := json.Unmarshal(r.body, &st); err != nil {
+		t.Fatalf("/status: %v in %s", err, r.body)
+	}
+	var live []int
+	for _, w := range st.Workers {
+		if w.PID != 0 {
+			live = append(live, w.PID)
+		}
+	}
+	want := d.workerPIDs()
+	slices.Sort(live)
+	slices.Sort(want)
+	if !slices.Equal(live, want) {
+		t.Errorf("/status workers %v (body %s), want the running workers %v", live, r.body, want)
+	}
+}
+
+// Scenario 9: systemd notifications, from the supervisor only.
+func TestSystemdNotify(t *testing.T) {
+	t.Parallel()
+	sock := t.TempDir() + "/notify.sock"
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) {
+		err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_PASSCRED, 1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type note struct {
+		state string
+		pid   int32
+	}
+	notes := make(chan note, 16)
+	go func() {
+		defer close(notes)
+		buf, oob := make([]byte, 4096), make([]byte, 1024)
+		for {
+			n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+			if err != nil {
+				return
+			}
+			nt := note{state: string(buf[:n])}
+			if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, m := range msgs {
+					if cred, err := syscall.ParseUnixCredentials(&m); err == nil {
+						nt.pid = cred.Pid
+					}
+				}
+			}
+			notes <- nt
+		}
+	}()
+	next := func(what string) note {
+		t.Helper()
+		select {
+		case n := <-notes:
+			return n
+		case <-time.After(15 * time.Second):
+			t.Fatalf("no notification (waiting for %s)", what)
+			return note{}
+		}
+	}
+
+	d := startDaemon(t, daemonOptions{config: baseServer(2, ""), env: []string{"NOTIFY_SOCKET=" + sock}})
+	// startDaemon returned after the "ready" line, which precedes READY=1.
+	check := func(n note, prefix string) {
+		t.Helper()
+		if !strings.HasPrefix(n.state, prefix) || int(n.pid) != d.pid() {
+			t.Errorf("notification %q from pid %d, want %s from the supervisor %d", n.state, n.pid, prefix, d.pid())
+		}
+	}
+	check(next("READY=1"), "READY=1")
+	d.signal(syscall.SIGHUP)
+	check(next("RELOADING=1"), "RELOADING=1")
+	check(next("READY=1 after the reload"), "READY=1")
+	if _, _, ok := d.logs.waitFor(d.readyAt, 15*time.Second, msgIs("reload finished")); !ok {
+		t.Fatal("the reload did not finish")
+	}
+	d.signal(syscall.SIGTERM)
+	check(next("STOPPING=1"), "STOPPING=1")
+	if code, ok := d.wait(15 * time.Second); !ok || code != 0 {
+		t.Errorf("exit after TERM: code %d, exited %v; want 0", code, ok)
+	}
+	conn.Close()
+	for n := range notes {
+		t.Errorf("unexpected notification %q from pid %d", n.state, n.pid)
+	}
+}

@@ -1,0 +1,586 @@
+package main
+
+// The harness of the end-to-end tests (e2e_test.go): the preforkd binary,
+// built once by TestMain, runs as a real process tree with a config file in
+// t.TempDir(); its slog text lines on stderr tell the tests what happened.
+// Nothing here sleeps for a fixed time to let something happen: every wait
+// is for an observable event, bounded in time.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binPath is the preforkd binary under test, built by TestMain.
+var binPath string
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "preforkd-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binPath = filepath.Join(dir, "preforkd")
+	build := exec.Command("go", "build", "-o", binPath, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building preforkd:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// ---- log lines ----
+
+// logLine is one slog text line: time=… level=INFO msg="worker started" pid=556 …
+type logLine struct {
+	raw string
+	kv  map[string]string
+}
+
+func (l logLine) msg() string           { return l.kv["msg"] }
+func (l logLine) get(key string) string { return l.kv[key] }
+func (l logLine) int(key string) int {
+	n, err := strconv.Atoi(l.kv[key])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// parseLogfmt parses slog's text format: key=value pairs separated by
+// spaces, values quoted (Go syntax) when they need to be.
+func parseLogfmt(s string) map[string]string {
+	kv := make(map[string]string)
+	for s = strings.TrimSpace(s); s != ""; s = strings.TrimLeft(s, " ") {
+		eq := strings.IndexByte(s, '=')
+		sp := strings.IndexByte(s, ' ')
+		if eq < 0 || (sp >= 0 && sp < eq) { // not a key=value pair: skip the word
+			if sp < 0 {
+				break
+			}
+			s = s[sp:]
+			continue
+		}
+		key, rest := s[:eq], s[eq+1:]
+		if strings.HasPrefix(rest, `"`) {
+			end := 1
+			for end < len(rest) && rest[end] != '"' {
+				if rest[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			end = min(end+1, len(rest))
+			v, err := strconv.Unquote(rest[:end])
+			if err != nil {
+				v = rest[:end]
+			}
+			kv[key], s = v, rest[end:]
+			continue
+		}
+		if sp = strings.IndexByte(rest, ' '); sp < 0 {
+			kv[key], s = rest, ""
+		} else {
+			kv[key], s = rest[:sp], rest[sp:]
+		}
+	}
+	return kv
+}
+
+// logBuf collects the lines a daemon (supervisor and workers: they share
+// its stderr) writes, and wakes whoever waits for one.
+type logBuf struct {
+	mu      sync.Mutex
+	lines   []logLine
+	changed chan struct{} // closed and replaced at every new line, and at EOF
+	eof     bool
+	// starts holds each logged worker's start time (/proc/PID/stat), read
+	// when its "worker started" line arrives: with pid_max as low as 32768,
+	// a pid is only our worker while its start time matches.
+	starts map[int]uint64
+}
+
+func newLogBuf() *logBuf {
+	return &logBuf{changed: make(chan struct{}), starts: make(map[int]uint64)}
+}
+
+func (b *logBuf) consume(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := logLine{raw: sc.Text(), kv: parseLogfmt(sc.Text())}
+		var start uint64
+		if line.msg() == "worker started" {
+			start, _ = procStat(line.int("pid"))
+		}
+		b.mu.Lock()
+		if start != 0 {
+			b.starts[line.int("pid")] = start
+		}
+		b.lines = append(b.lines, line)
+		close(b.changed)
+		b.changed = make(chan struct{})
+		b.mu.Unlock()
+	}
+	b.mu.Lock()
+	b.eof = true
+	close(b.changed)
+	b.changed = make(chan struct{})
+	b.mu.Unlock()
+}
+
+func (b *logBuf) snapshot() []logLine {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lines[:len(b.lines):len(b.lines)]
+}
+
+func (b *logBuf) len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.lines)
+}
+
+func (b *logBuf) text() string {
+	var sb strings.Builder
+	for _, l := range b.snapshot() {
+		sb.WriteString(l.raw)
+		sb.WriteByte('\n')
+	}
+	return sb.String()
+}
+
+// waitFor returns the index and the first line at or after index from that
+// satisfies match, waiting up to timeout for it; ok is false on timeout or
+// when the stream ended without one.
+func (b *logBuf) waitFor(from int, timeout time.Duration, match func(logLine) bool) (int, logLine, bool) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		b.mu.Lock()
+		for i := from; i < len(b.lines); i++ {
+			if match(b.lines[i]) {
+				l := b.lines[i]
+				b.mu.Unlock()
+				return i, l, true
+			}
+		}
+		from = len(b.lines)
+		changed, eof := b.changed, b.eof
+		b.mu.Unlock()
+		if eof {
+			return -1, logLine{}, false
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return -1, logLine{}, false
+		}
+	}
+}
+
+// waitEOF waits up to timeout for the end of the stream: every process
+// that held the daemon's stderr has exited and every line was read.
+func (b *logBuf) waitEOF(timeout time.Duration) bool {
+	_, _, _ = b.waitFor(b.len(), timeout, func(logLine) bool { return false })
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.eof
+}
+
+func msgIs(msg string) func(logLine) bool {
+	return func(l logLine) bool { return l.msg() == msg }
+}
+
+// ---- the daemon ----
+
+// daemon is one preforkd supervisor started by a test, with its workers.
+type daemon struct {
+	t       testing.TB
+	cmd     *exec.Cmd
+	addr    string // 127.0.0.1:port of the proxy
+	admin   string // 127.0.0.1:port of the admin endpoint, when asked for
+	cfgPath string
+	logs    *logBuf
+
+	exited  chan struct{} // closed once the supervisor was waited for
+	state   *os.ProcessState
+	readyAt int // index of the "ready" line
+}
+
+type daemonOptions struct {
+	// config is the file's text; "ADMIN_ADDR" in it is replaced by a free
+	// address. The listen address is always given with -listen.
+	config string
+	env    []string // added to the environment
+	admin  bool     // config uses ADMIN_ADDR
+}
+
+// startDaemon starts preforkd run with opts and waits for its "ready" line.
+// A port that turns out to be taken (by a parallel test) is retried with
+// another one.
+func startDaemon(t testing.TB, opts daemonOptions) *daemon {
+	t.Helper()
+	dir := t.TempDir()
+	for attempt := 1; ; attempt++ {
+		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
+		text := opts.config
+		if opts.admin {
+			d.admin = freeAddr(t)
+			text = strings.ReplaceAll(text, "ADMIN_ADDR", d.admin)
+		}
+		if err := os.WriteFile(d.cfgPath, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d.start(opts.env, "run", "-config", d.cfgPath, "-listen", d.addr)
+		i, _, ok := d.logs.waitFor(0, 20*time.Second, msgIs("ready"))
+		if ok {
+			d.readyAt = i
+			return d
+		}
+		d.kill()
+		if attempt < 5 && strings.Contains(d.logs.text(), "address already in use") {
+			t.Logf("attempt %d: a port was taken; retrying", attempt)
+			continue
+		}
+		t.Fatalf("preforkd did not become ready; log:\n%s", d.logs.text())
+	}
+}
+
+// start starts the binary with args as the leader of a new process group.
+func (d *daemon) start(env []string, args ...string) {
+	t := d.t
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.logs, d.exited = newLogBuf(), make(chan struct{})
+	d.cmd = exec.Command(binPath, args...)
+	d.cmd.Env = append(cleanEnviron(), env...)
+	// An *os.File: the processes write to the pipe directly, so that the
+	// supervisor's exit is seen (Wait) even while workers still hold it.
+	// Stdout stays /dev/null for the same reason: a writer that is not a
+	// file would make Wait wait for the workers too.
+	d.cmd.Stderr = pw
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		pw.Close()
+		pr.Close()
+		t.Fatal(err)
+	}
+	pw.Close()
+	go func() {
+		defer pr.Close()
+		d.logs.consume(pr)
+	}()
+	go func() {
+		d.cmd.Wait()
+		d.state = d.cmd.ProcessState
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		d.kill()
+		if t.Failed() {
+			t.Logf("preforkd log (pid %d):\n%s", d.cmd.Process.Pid, d.logs.text())
+		}
+	})
+}
+
+// cleanEnviron is this process's environment without what would change
+// the daemon's role or reach a real service manager.
+func cleanEnviron() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k != "NOTIFY_SOCKET" && k != "PREFORKD_WORKER" {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// kill ends the supervisor's process group and every worker it logged,
+// with SIGKILL, and waits (bounded) for all of them to be gone.
+func (d *daemon) kill() {
+	pgid := d.cmd.Process.Pid
+	select {
+	case <-d.exited:
+	default:
+		syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(5 * time.Second):
+		d.t.Errorf("supervisor %d survived SIGKILL for 5s", pgid)
+	}
+	// Workers die with their supervisor (SPEC §7): every cleanup is one
+	// more witness. Survivors are reported, then killed.
+	pids := d.workerPIDs()
+	deadline := time.Now().Add(2 * time.Second)
+	for _, pid := range pids {
+		for d.alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if d.alive(pid) {
+			d.t.Errorf("worker %d survived its supervisor's death by 2s", pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for d.alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// workerPIDs lists every worker the supervisor logged as started.
+func (d *daemon) workerPIDs() []int {
+	var pids []int
+	for _, l := range d.logs.snapshot() {
+		if l.msg() == "worker started" {
+			pids = append(pids, l.int("pid"))
+		}
+	}
+	return pids
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+func (d *daemon) signal(sig syscall.Signal) {
+	d.t.Helper()
+	if err := syscall.Kill(d.pid(), sig); err != nil {
+		d.t.Fatalf("kill %d %v: %v", d.pid(), sig, err)
+	}
+}
+
+// wait waits up to timeout for the supervisor to exit and returns its exit
+// code (-1 when killed by a signal).
+func (d *daemon) wait(timeout time.Duration) (int, bool) {
+	select {
+	case <-d.exited:
+		return d.state.ExitCode(), true
+	case <-time.After(timeout):
+		return 0, false
+	}
+}
+
+func (d *daemon) url(path string) string { return "http://" + d.addr + path }
+
+// freeAddr returns 127.0.0.1 with a port that was free a moment ago.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// alive reports whether pid is a worker of this daemon that has not
+// exited. A zombie has exited: an orphaned worker waits for init, which
+// may reap it late.
+func (d *daemon) alive(pid int) bool {
+	d.logs.mu.Lock()
+	want, known := d.logs.starts[pid]
+	d.logs.mu.Unlock()
+	start, state := procStat(pid)
+	if !known || start != want {
+		return false // gone, or the pid now belongs to another process
+	}
+	return state != 'Z' && state != 'X'
+}
+
+// procStat returns a process's start time (clock ticks since boot) and
+// state; start is 0 when there is no such process.
+func procStat(pid int) (start uint64, state byte) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0
+	}
+	// pid (comm) state ppid ...: comm may contain spaces and parentheses.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, 0
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 20 {
+		return 0, 0
+	}
+	start, _ = strconv.ParseUint(f[19], 10, 64) // field 22 of stat
+	return start, f[0][0]
+}
+
+// runBinary runs preforkd to completion (bounded) and returns its exit
+// code and output.
+func runBinary(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath, args...)
+	cmd.Env = cleanEnviron()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+	default:
+		t.Fatalf("preforkd %s: %v", strings.Join(args, " "), err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("preforkd %s did not exit within 20s", strings.Join(args, " "))
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// ---- clients ----
+
+// clientIPs hands out loopback addresses: every test client that must be
+// "a fresh client" of the rate limiter connects from its own 127.0.x.y,
+// which the daemon sees as the TCP peer.
+var clientIPs atomic.Uint32
+
+func freshClientIP() net.IP {
+	for {
+		n := clientIPs.Add(1) + 1 // 127.0.0.2 first: 127.0.0.1 is the trusted proxy
+		if b := byte(n); b != 0 && b != 255 {
+			return net.IPv4(127, byte(n>>16), byte(n>>8), b)
+		}
+	}
+}
+
+// newClient returns an HTTP client whose connections come from ip (nil:
+// the kernel's choice, 127.0.0.1), a new one for every request unless
+// keepAlive.
+func newClient(t testing.TB, ip net.IP, keepAlive bool) *http.Client {
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	if ip != nil {
+		dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	}
+	tr := &http.Transport{
+		Proxy:               nil,
+		DialContext:         dialer.DialContext,
+		DisableKeepAlives:   !keepAlive,
+		MaxIdleConnsPerHost: 8,
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 15 * time.Second}
+}
+
+// result is one request's outcome.
+type result struct {
+	status     int
+	header     http.Header
+	body       []byte
+	err        error
+	start, end time.Time
+}
+
+// demoBody is what the built-in demo application answers.
+type demoBody struct {
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	Worker int    `json:"worker"`
+	PID    int    `json:"pid"`
+}
+
+func (r result) demo() (demoBody, bool) {
+	var b demoBody
+	err := json.Unmarshal(r.body, &b)
+	return b, err == nil && b.PID != 0
+}
+
+func do(c *http.Client, method, url string, header http.Header) result {
+	res := result{start: time.Now()}
+	defer func() { res.end = time.Now() }()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		res.err = err
+		res.end = time.Now()
+		return res
+	}
+	defer resp.Body.Close()
+	res.body, res.err = io.ReadAll(resp.Body)
+	res.status, res.header = resp.StatusCode, resp.Header
+	res.end = time.Now()
+	return res
+}
+
+func get(c *http.Client, url string) result { return do(c, http.MethodGet, url, nil) }
+
+// burst sends n GET requests at once, each on its own connection.
+func burst(c *http.Client, url string, n int) []result {
+	out := make([]result, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			out[i] = get(c, url)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+// statuses counts results by status code; transport errors count under 0.
+func statuses(rs []result) map[int]int {
+	m := make(map[int]int)
+	for _, r := range rs {
+		if r.err != nil {
+			m[0]++
+		} else {
+			m[r.status]++
+		}
+	}
+	return m
+}
+
+// firstErr describes the first transport error among rs, for messages.
+func firstErr(rs []result) string {
+	for _, r := range rs {
+		if r.err != nil {
+			return r.err.Error()
+		}
+	}
+	return "none"
+}
