@@ -78,13 +78,32 @@ func adminMux(r *shm.Region) http.Handler {
 		metric("preforkd_workers", "gauge", "Worker processes joined to the region.", liveWorkers(r))
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		geo, st := r.Geometry(), r.Counters().Stats()
+		workers := []map[string]any{}
+		for _, wi := range r.Workers() {
+			if wi.PID != 0 {
+				workers = append(workers, map[string]any{"index": wi.Index, "pid": wi.PID, "incarnation": wi.Incarnation})
+			}
+		}
+		status := map[string]any{
+			"region_clock": r.Now().String(),
+			"workers":      workers,
+			"counters": map[string]any{
+				"slots": geo.Counters, "probe": geo.Probe, "live": st.Live, "busy": st.Busy, "tomb": st.Tomb,
+				"occupancy": st.Occupancy(), "probe_max": st.MaxProbe, "probe_mean": st.MeanProbe,
+				"full": st.Full, "lock_timeouts": st.LockTimeout, "claims": st.Claims,
+				"reclaims": st.Reclaims, "recovered": st.Recovered,
+			},
+		}
+		if rs := r.Responses(); rs.Len() > 0 {
+			s := rs.Stats()
+			status["responses"] = map[string]any{
+				"records": s.Records, "reserved": s.Reserved, "complete": s.Complete,
+				"blocks": s.Blocks, "blocks_used": s.BlocksUsed, "full": s.Full, "no_blocks": s.NoBlocks,
+			}
+		}
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]any{
-			"geometry": r.Geometry(),
-			"counters": r.Counters().Stats(),
-			"workers":  r.Workers(),
-			"uptime":   r.Now().String(),
-		})
+		json.NewEncoder(w).Encode(status)
 	})
 	return mux
 }

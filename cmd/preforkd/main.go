@@ -48,7 +48,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case err == nil:
 		return exitOK
 	case errors.Is(err, flag.ErrHelp):
-		return exitUsage
+		return exitOK // -h: the flag package printed the usage asked for
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "preforkd: %v\n%s", err, usage)
 		return exitUsage
