@@ -51,8 +51,8 @@ type FreshFunc func(meta, payload uint64, now time.Duration) bool
 // Op computes a key's next payload from its current one (0 for a new key)
 // at now. write=false leaves the slot untouched (a refusal writes nothing).
 // Update may call it more than once, so it must be pure. now is the
-// caller's, except for a key that has no slot: then it is at least the
-// reclaim watermark (see Update).
+// caller's, except on payload 0 (a new or reset key): then it is at least
+// the reclaim watermark (see Update).
 type Op func(payload uint64, now time.Duration) (next uint64, write bool)
 
 // Counters is the open-addressed table of counter slots in a region.
@@ -133,10 +133,12 @@ var testHook func(stage string)
 // A key without a slot may be one whose slot was reclaimed, judged fresh at
 // another process's later `now`. Starting it afresh at an earlier `now`
 // (a caller that read the clock and was then descheduled) would grant it a
-// second allowance in a window it had used up. So op runs on a new key at
-// no earlier than the reclaim watermark — the latest `now` at which any
-// slot was reclaimed — where the lost state was certainly fresh: the same
-// rule as for a clock that went backwards (the later time counts).
+// second allowance in a window it had used up. So op runs on a new key —
+// and on any payload 0 — no earlier than the reclaim watermark, the latest
+// `now` at which any slot was reclaimed, where the lost state was
+// certainly fresh: the same rule as for a clock that went backwards (the
+// later time counts). A new key's first decision is published together
+// with the key, so a just-installed key never shows a fresh payload.
 func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64, error) {
 	owner := c.r.owner.Load()
 	if owner == 0 {
@@ -174,12 +176,12 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 			}
 			continue
 		}
-		if s, ok := c.claim(cand, k, meta, owner, now); ok {
+		if ok := c.claim(cand, k, meta, owner, now, op); ok {
 			if testHook != nil {
 				testHook("published")
 			}
 			c.unlock(home, owner)
-			return c.apply(k, cand, s, meta, max(now, c.reclaimMark()), op)
+			return 0, nil
 		}
 		if c.r.stale(owner) {
 			return 0, ErrRetired // our lock and claims are void: never spin on them
@@ -213,8 +215,8 @@ func (c *Counters) scan(k Key, home uint64, now time.Duration) (i int, s uint64,
 				free = i
 			}
 		case phaseBusy:
-			if c.r.stale(payloadOf(s)) {
-				c.releaseBusy(sl, s)
+			if c.r.stale(payloadOf(s)) && c.releaseBusy(sl, s) && free < 0 {
+				free = i // a tombstone now
 			}
 		case phaseLive:
 			if atomic.LoadUint64(&sl.keyA) == k.A && atomic.LoadUint64(&sl.keyB) == k.B {
@@ -238,7 +240,13 @@ func (c *Counters) apply(k Key, i int, s uint64, meta uint64, now time.Duration,
 	sl := &c.slots[i]
 	for {
 		p := payloadOf(s)
-		next, write := op(p, now)
+		at := now
+		if p == 0 {
+			// As fresh as a new key, and perhaps one whose state was
+			// reclaimed at a later `now`: the same rule as in claim.
+			at = max(now, c.reclaimMark())
+		}
+		next, write := op(p, at)
 		if !write {
 			return p, nil
 		}
@@ -256,8 +264,13 @@ func (c *Counters) apply(k Key, i int, s uint64, meta uint64, now time.Duration,
 }
 
 // claim installs k in slot i, which the caller found claimable while
-// holding k's insert lock. It returns the published LIVE state.
-func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration) (uint64, bool) {
+// holding k's insert lock, and publishes op's first decision with it:
+// BUSY → LIVE(op(0)). Publishing a LIVE payload 0 instead and applying op
+// afterwards leaves a window in which the slot looks fresh: another
+// installer can reclaim it (two installers can take one last slot from
+// each other forever), and a process with a stale `now` can apply to the
+// fresh key in a window it has used up. The spin model found both.
+func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op Op) bool {
 	sl := &c.slots[i]
 	s := atomic.LoadUint64(&sl.state)
 	reclaim := false
@@ -265,11 +278,11 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration) (u
 	case phaseEmpty, phaseTomb:
 	case phaseLive:
 		if !c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
-			return 0, false
+			return false
 		}
 		reclaim = true
 	default:
-		return 0, false
+		return false
 	}
 	gen := genOf(s) + 1
 	busy := mkState(phaseBusy, gen, owner)
@@ -279,7 +292,7 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration) (u
 		c.raiseReclaimMark(now)
 	}
 	if !atomic.CompareAndSwapUint64(&sl.state, s, busy) {
-		return 0, false
+		return false
 	}
 	if testHook != nil {
 		testHook("busy")
@@ -290,18 +303,23 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration) (u
 	if testHook != nil {
 		testHook("keyed")
 	}
-	live := mkState(phaseLive, gen, 0)
-	if !atomic.CompareAndSwapUint64(&sl.state, busy, live) {
+	// The key may be one whose slot was reclaimed, judged fresh at another
+	// process's later `now`: decide no earlier than the reclaim watermark.
+	next, write := op(0, max(now, c.reclaimMark()))
+	if !write {
+		next = 0
+	}
+	if !atomic.CompareAndSwapUint64(&sl.state, busy, mkState(phaseLive, gen, next)) {
 		// Only a sweep that judged us dead can have moved it: we were
 		// reaped and are a zombie; nothing we write may count.
-		return 0, false
+		return false
 	}
 	if reclaim {
 		c.count(func(e *workerEntry) *uint64 { return &e.reclaims })
 	} else {
 		c.count(func(e *workerEntry) *uint64 { return &e.claims })
 	}
-	return live, true
+	return true
 }
 
 func (c *Counters) markWord() *uint64 {
