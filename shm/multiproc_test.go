@@ -44,6 +44,7 @@ type childSpec struct {
 	Stage      string        // role "stall": the crash point to stop at
 	Pause      time.Duration // role "hammer": pause inside every claim (widens races)
 	For        time.Duration // role "hammer": stop early after this long (0 = run all attempts)
+	Lag        time.Duration // role "hammer": every 16th decision sleeps this long after reading the clock
 }
 
 // childResult is what a hammer child prints: allowed decisions per key
@@ -113,6 +114,9 @@ func child(role string) error {
 					now := spec.Frozen
 					if now == 0 {
 						now = r.Now()
+					}
+					if spec.Lag > 0 && i%16 == 15 {
+						time.Sleep(spec.Lag) // descheduled between the clock and the decision
 					}
 					d := lim.Allow(key, now)
 					mu.Lock()
@@ -278,7 +282,7 @@ func TestMultiProcessTinyTable(t *testing.T) {
 	}
 	const limit = 3
 	rule := bucket.Rule{Name: "tiny", Limit: limit, Window: 2 * time.Millisecond, Algorithm: bucket.FixedWindow}
-	res := hammer(t, r, 3, childSpec{Rule: rule, Keys: keys, Goroutines: 3, Attempts: 1 << 30, Pause: 20 * time.Microsecond, For: 1500 * time.Millisecond})
+	res := hammer(t, r, 3, childSpec{Rule: rule, Keys: keys, Goroutines: 3, Attempts: 1 << 30, Pause: 20 * time.Microsecond, Lag: 3 * time.Millisecond, For: 1500 * time.Millisecond})
 	total := 0
 	for k, wins := range res.Allowed {
 		for w, c := range wins {
