@@ -305,3 +305,28 @@ func TestRetiredWorker(t *testing.T) {
 		t.Fatalf("retired worker left %+v", st)
 	}
 }
+
+// Both key functions give one identity for the same bytes, short or long,
+// and a different one in another namespace or region.
+func TestKeyOf(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 8})
+	c := r.Counters()
+	for _, n := range []int{0, 1, 7, 8, 119, 120, 121, 500} {
+		id := strings.Repeat("k", n)
+		a, b := c.KeyOf(5, []byte(id)), c.KeyOfString(5, id)
+		if a != b {
+			t.Fatalf("len %d: KeyOf %x, KeyOfString %x", n, a, b)
+		}
+		if c.KeyOfString(6, id) == a {
+			t.Fatalf("len %d: the namespace does not change the key", n)
+		}
+	}
+	other := privateRegion(t, shm.Options{Counters: 8})
+	if other.Counters().KeyOfString(5, "x") == c.KeyOfString(5, "x") {
+		t.Fatal("two regions with their own seeds give one key")
+	}
+	long := strings.Repeat("y", 300)
+	if n := testing.AllocsPerRun(100, func() { c.KeyOfString(1, "10.0.0.1"); c.KeyOfString(1, long) }); n != 0 {
+		t.Fatalf("KeyOfString allocates %v times", n)
+	}
+}
