@@ -37,8 +37,9 @@ fuzz:
 			{ echo "$$out"; echo "FAIL: fuzz $$pkg $$fn (the input is saved under testdata/fuzz)"; exit 1; }; \
 	done
 
+# Every benchmark of SPEC §9 side by side in one run, then wrk (bench/http.sh).
 bench:
-	bash bench/bench.sh
+	PKGS="./bench/ ./persist/ ./idempotency/" AFTER=bench/http.sh bash bench/bench.sh
 
 model:
 	bash model/check.sh
