@@ -391,6 +391,18 @@ func (d *daemon) wait(timeout time.Duration) (int, bool) {
 
 func (d *daemon) url(path string) string { return "http://" + d.addr + path }
 
+// stop sends TERM and requires a clean exit (status 0) within 15 s, with
+// the log read to its end.
+func (d *daemon) stop() {
+	d.t.Helper()
+	d.signal(syscall.SIGTERM)
+	code, ok := d.wait(15 * time.Second)
+	if !ok || code != 0 {
+		d.t.Fatalf("preforkd after TERM: exited=%v code=%d; log:\n%s", ok, code, d.logs.text())
+	}
+	d.logs.waitEOF(5 * time.Second)
+}
+
 // freeAddr returns 127.0.0.1 with a port that was free a moment ago.
 func freeAddr(t testing.TB) string {
 	t.Helper()
@@ -521,9 +533,14 @@ func (r result) demo() (demoBody, bool) {
 }
 
 func do(c *http.Client, method, url string, header http.Header) result {
+	return send(c, method, url, header, "")
+}
+
+// send is do with a request body.
+func send(c *http.Client, method, url string, header http.Header, body string) result {
 	res := result{start: time.Now()}
 	defer func() { res.end = time.Now() }()
-	req, err := http.NewRequest(method, url, nil)
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		res.err = err
 		return res

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,141 +22,15 @@ import (
 // their reason while the server still starts, and stored responses kept
 // or dropped by persist.key.
 
-// peDaemon is one preforkd process with its log.
-type peDaemon struct {
-	cmd  *exec.Cmd
-	addr string
-	mu   sync.Mutex
-	log  strings.Builder
-	done chan struct{}
-}
-
-func peStart(t *testing.T, bin, conf, addr string) *peDaemon {
-	t.Helper()
-	d := &peDaemon{addr: addr, done: make(chan struct{})}
-	d.cmd = exec.Command(bin, "run", "-config", conf)
-	stderr, err := d.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(d.done)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			d.mu.Lock()
-			d.log.WriteString(sc.Text() + "\n")
-			d.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		if d.cmd.ProcessState == nil {
-			d.cmd.Process.Kill()
-			d.cmd.Wait()
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(d.text(), `msg=ready`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("preforkd did not become ready:\n%s", d.text())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return d
-}
-
-func (d *peDaemon) text() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.log.String()
-}
-
-// stop sends TERM and waits for a clean exit.
-func (d *peDaemon) stop(t *testing.T) {
-	t.Helper()
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	exited := make(chan error, 1)
-	go func() { exited <- d.cmd.Wait() }()
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("preforkd exited with %v:\n%s", err, d.text())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("preforkd did not exit after TERM:\n%s", d.text())
-	}
-	<-d.done
-}
-
-// workerPIDs lists the pids of the "worker started" lines.
-func (d *peDaemon) workerPIDs() []int {
-	var pids []int
-	for _, line := range strings.Split(d.text(), "\n") {
-		if strings.Contains(line, `msg="worker started"`) {
-			for _, f := range strings.Fields(line) {
-				if v, ok := strings.CutPrefix(f, "pid="); ok {
-					if pid, err := strconv.Atoi(v); err == nil {
-						pids = append(pids, pid)
-					}
-				}
-			}
-		}
-	}
-	return pids
-}
-
-func peAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func peRequest(t *testing.T, method, url string, header map[string]string, body string) (int, http.Header, string) {
-	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(b)
-}
-
-func peBuild(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "preforkd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func peConfig(t *testing.T, dir, addr, body string) string {
-	t.Helper()
-	conf := filepath.Join(dir, "preforkd.toml")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf("[server]\nlisten = %q\nworkers = 2\nshutdown_timeout = \"5s\"\n%s", addr, body)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return conf
+// persistConfig is a two-worker configuration with body appended.
+func persistConfig(body string) string {
+	return "[server]\nworkers = 2\nshutdown_timeout = \"5s\"\n" + body
 }
 
 func TestPersistEndToEnd(t *testing.T) {
-	bin := peBuild(t)
-
 	t.Run("limited client stays limited across a restart", func(t *testing.T) {
-		dir, addr := t.TempDir(), peAddr(t)
-		conf := peConfig(t, dir, addr, fmt.Sprintf(`
+		dump := filepath.Join(t.TempDir(), "dump")
+		cfg := persistConfig(fmt.Sprintf(`
 [persist]
 path = %q
 [[ratelimit]]
@@ -167,44 +38,44 @@ name = "login"
 path = "/login"
 limit = 3
 window = "1m"
-`, filepath.Join(dir, "dump")))
-		d := peStart(t, bin, conf, addr)
+`, dump))
+		c := newClient(t, nil, false)
+		d := startDaemon(t, daemonOptions{config: cfg})
 		for i := 0; i < 3; i++ {
-			if code, _, _ := peRequest(t, "POST", "http://"+addr+"/login", nil, ""); code != 200 {
-				t.Fatalf("request %d: %d", i+1, code)
+			if r := do(c, "POST", d.url("/login"), nil); r.status != 200 {
+				t.Fatalf("request %d: %d %v", i+1, r.status, r.err)
 			}
 		}
-		code, h, _ := peRequest(t, "POST", "http://"+addr+"/login", nil, "")
-		before, _ := strconv.Atoi(h.Get("Retry-After"))
-		if code != 429 || before < 1 {
-			t.Fatalf("4th: %d, Retry-After %q", code, h.Get("Retry-After"))
+		r := do(c, "POST", d.url("/login"), nil)
+		before, _ := strconv.Atoi(r.header.Get("Retry-After"))
+		if r.status != 429 || before < 1 {
+			t.Fatalf("4th: %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
 		}
 		down := time.Now()
-		d.stop(t)
-		if !strings.Contains(d.text(), `msg="dump written"`) {
-			t.Fatalf("no dump written:\n%s", d.text())
+		d.stop()
+		if !strings.Contains(d.logs.text(), `msg="dump written"`) {
+			t.Fatalf("no dump written:\n%s", d.logs.text())
 		}
-		d = peStart(t, bin, conf, addr)
+		d = startDaemon(t, daemonOptions{config: cfg})
 		downtime := time.Since(down)
-		code, h, _ = peRequest(t, "POST", "http://"+addr+"/login", nil, "")
-		after, _ := strconv.Atoi(h.Get("Retry-After"))
+		r = do(c, "POST", d.url("/login"), nil)
+		after, _ := strconv.Atoi(r.header.Get("Retry-After"))
 		// The same Retry-After, less the seconds spent down (rounding up
 		// on both sides allows one second).
-		if code != 429 || after > before || after < before-int(downtime.Seconds())-1 {
-			t.Fatalf("after restart: %d, Retry-After %d (before %d, down %v):\n%s", code, after, before, downtime, d.text())
+		if r.status != 429 || after > before || after < before-int(downtime.Seconds())-1 {
+			t.Fatalf("after restart: %d, Retry-After %d (before %d, down %v)", r.status, after, before, downtime)
 		}
-		if !strings.Contains(d.text(), `msg="persist: dump loaded"`) {
-			t.Fatalf("dump not loaded:\n%s", d.text())
+		if !strings.Contains(d.logs.text(), `msg="persist: dump loaded"`) {
+			t.Fatalf("dump not loaded:\n%s", d.logs.text())
 		}
-		if _, err := os.Stat(filepath.Join(dir, "dump")); err == nil {
+		if _, err := os.Stat(dump); err == nil {
 			t.Fatal("the dump was not consumed by the load")
 		}
-		d.stop(t)
+		d.stop()
 	})
 
 	t.Run("a window that elapsed while down is served again", func(t *testing.T) {
-		dir, addr := t.TempDir(), peAddr(t)
-		conf := peConfig(t, dir, addr, fmt.Sprintf(`
+		cfg := persistConfig(fmt.Sprintf(`
 [persist]
 path = %q
 [[ratelimit]]
@@ -213,28 +84,28 @@ path = "/w"
 limit = 2
 window = "2s"
 algorithm = "fixed-window"
-`, filepath.Join(dir, "dump")))
-		d := peStart(t, bin, conf, addr)
+`, filepath.Join(t.TempDir(), "dump")))
+		c := newClient(t, nil, false)
+		d := startDaemon(t, daemonOptions{config: cfg})
 		for i := 0; i < 2; i++ {
-			peRequest(t, "GET", "http://"+addr+"/w", nil, "")
+			get(c, d.url("/w"))
 		}
-		if code, _, _ := peRequest(t, "GET", "http://"+addr+"/w", nil, ""); code != 429 {
-			t.Fatalf("3rd in the window: %d", code)
+		if r := get(c, d.url("/w")); r.status != 429 {
+			t.Fatalf("3rd in the window: %d", r.status)
 		}
-		d.stop(t)
+		d.stop()
 		time.Sleep(2100 * time.Millisecond) // the window ends while nothing runs
-		d = peStart(t, bin, conf, addr)
-		if code, _, _ := peRequest(t, "GET", "http://"+addr+"/w", nil, ""); code != 200 {
-			t.Fatalf("after the window elapsed during downtime: %d", code)
+		d = startDaemon(t, daemonOptions{config: cfg})
+		if r := get(c, d.url("/w")); r.status != 200 {
+			t.Fatalf("after the window elapsed during downtime: %d", r.status)
 		}
-		d.stop(t)
+		d.stop()
 	})
 
 	t.Run("live region survives kill -9 of the whole tree", func(t *testing.T) {
-		dir, addr := t.TempDir(), peAddr(t)
 		live := filepath.Join("/dev/shm", fmt.Sprintf("preforkd-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
 		t.Cleanup(func() { os.Remove(live); os.Remove(live + ".lock") })
-		conf := peConfig(t, dir, addr, fmt.Sprintf(`
+		cfg := persistConfig(fmt.Sprintf(`
 [persist]
 live = %q
 [[ratelimit]]
@@ -244,47 +115,44 @@ limit = 40
 window = "1h"
 algorithm = "fixed-window"
 `, live))
-		d := peStart(t, bin, conf, addr)
-		// 25 allowed under concurrent load from 5 clients.
+		c := newClient(t, nil, false)
+		d := startDaemon(t, daemonOptions{config: cfg})
+		// 25 allowed under concurrent load from 5 goroutines.
 		var wg sync.WaitGroup
 		var ok atomic.Int32
-		for g := 0; g < 5; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < 5; i++ {
-					if code, _, _ := peRequest(t, "GET", "http://"+addr+"/api/x", nil, ""); code == 200 {
+		for range 5 {
+			wg.Go(func() {
+				for range 5 {
+					if get(c, d.url("/api/x")).status == 200 {
 						ok.Add(1)
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		if ok.Load() != 25 {
 			t.Fatalf("%d allowed before the crash, want 25", ok.Load())
 		}
 		// A second supervisor on the same live region refuses to start.
-		if out, err := exec.Command(bin, "run", "-config", peConfig(t, t.TempDir(), peAddr(t), fmt.Sprintf("[persist]\nlive = %q\n", live))).CombinedOutput(); err == nil || !strings.Contains(string(out), "in use") {
+		second := filepath.Join(t.TempDir(), "second.toml")
+		os.WriteFile(second, []byte(fmt.Sprintf("[persist]\nlive = %q\n", live)), 0o600)
+		if out, err := exec.Command(binPath, "run", "-config", second, "-listen", freeAddr(t)).CombinedOutput(); err == nil || !strings.Contains(string(out), "in use") {
 			t.Fatalf("second supervisor on the live region: %v\n%s", err, out)
 		}
-		workers := d.workerPIDs()
-		d.cmd.Process.Signal(syscall.SIGKILL)
-		d.cmd.Wait()
-		for _, pid := range workers {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-		<-d.done
-		d = peStart(t, bin, conf, addr)
+		// kill -9 of the supervisor; its workers die with it (and are
+		// checked for by kill).
+		d.kill()
+		d = startDaemon(t, daemonOptions{config: cfg})
 		allowed := 0
-		for i := 0; i < 20; i++ {
-			if code, _, _ := peRequest(t, "GET", "http://"+addr+"/api/x", nil, ""); code == 200 {
+		for range 20 {
+			if get(c, d.url("/api/x")).status == 200 {
 				allowed++
 			}
 		}
 		if allowed != 15 {
-			t.Fatalf("after kill -9 and restart: %d allowed, want exactly the 15 left:\n%s", allowed, d.text())
+			t.Fatalf("after kill -9 and restart: %d allowed, want exactly the 15 left", allowed)
 		}
-		d.stop(t)
+		d.stop()
 	})
 
 	t.Run("refused dumps name their reason and the server serves", func(t *testing.T) {
@@ -298,19 +166,17 @@ algorithm = "fixed-window"
 			{"directory", func(p string) { os.Mkdir(p, 0o700) }, "dump"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				dir, addr := t.TempDir(), peAddr(t)
-				dump := filepath.Join(dir, "dump")
+				dump := filepath.Join(t.TempDir(), "dump")
 				tc.prepare(dump)
-				conf := peConfig(t, dir, addr, fmt.Sprintf("[persist]\npath = %q\n", dump))
-				d := peStart(t, bin, conf, addr)
-				if code, _, _ := peRequest(t, "GET", "http://"+addr+"/", nil, ""); code != 200 {
-					t.Fatalf("server does not serve: %d", code)
+				d := startDaemon(t, daemonOptions{config: persistConfig(fmt.Sprintf("[persist]\npath = %q\n", dump))})
+				if r := get(newClient(t, nil, false), d.url("/")); r.status != 200 {
+					t.Fatalf("server does not serve: %d %v", r.status, r.err)
 				}
-				if !strings.Contains(d.text(), tc.reason) {
-					t.Fatalf("no log line naming %q:\n%s", tc.reason, d.text())
+				if !strings.Contains(d.logs.text(), tc.reason) {
+					t.Fatalf("no log line naming %q:\n%s", tc.reason, d.logs.text())
 				}
-				d.cmd.Process.Signal(syscall.SIGTERM)
-				d.cmd.Wait()
+				d.signal(syscall.SIGTERM)
+				d.wait(15 * time.Second)
 			})
 		}
 	})
@@ -325,9 +191,9 @@ algorithm = "fixed-window"
 			fmt.Fprintf(w, `{"execution":%d}`, n)
 		}))
 		defer up.Close()
-		dir, addr := t.TempDir(), peAddr(t)
+		dump := filepath.Join(t.TempDir(), "dump")
 		config := func(key string) string {
-			return peConfig(t, dir, addr, fmt.Sprintf(`upstream = %q
+			return persistConfig(fmt.Sprintf(`upstream = %q
 [table]
 responses = 64
 response_bytes = "1MiB"
@@ -336,30 +202,32 @@ path = %q
 key = %q
 [[idempotency]]
 path = "/orders"
-`, up.URL, filepath.Join(dir, "dump"), key))
+`, up.URL, dump, key))
 		}
-		post := func() (int, http.Header, string) {
-			return peRequest(t, "POST", "http://"+addr+"/orders", map[string]string{"Idempotency-Key": `"order-1"`}, `{"item":1}`)
+		c := newClient(t, nil, false)
+		post := func(d *daemon) result {
+			return send(c, "POST", d.url("/orders"), http.Header{"Idempotency-Key": {`"order-1"`}}, `{"item":1}`)
 		}
-		d := peStart(t, bin, config("v1"), addr)
-		code, _, first := post()
-		if code != 201 || executions.Load() != 1 {
-			t.Fatalf("first: %d, %d executions", code, executions.Load())
+		d := startDaemon(t, daemonOptions{config: config("v1")})
+		first := post(d)
+		if first.status != 201 || executions.Load() != 1 {
+			t.Fatalf("first: %d %v, %d executions", first.status, first.err, executions.Load())
 		}
-		d.stop(t)
-		d = peStart(t, bin, config("v1"), addr)
-		code, h, body := post()
-		if code != 201 || body != first || h.Get("Idempotent-Replayed") != "true" || h.Get("Location") != "/orders/1" || executions.Load() != 1 {
-			t.Fatalf("same persist.key: %d %q %v, %d executions", code, body, h, executions.Load())
+		d.stop()
+		d = startDaemon(t, daemonOptions{config: config("v1")})
+		r := post(d)
+		if r.status != 201 || string(r.body) != string(first.body) || r.header.Get("Idempotent-Replayed") != "true" ||
+			r.header.Get("Location") != "/orders/1" || executions.Load() != 1 {
+			t.Fatalf("same persist.key: %d %q %v, %d executions", r.status, r.body, r.header, executions.Load())
 		}
-		d.stop(t)
-		d = peStart(t, bin, config("v2"), addr)
-		if code, _, body := post(); code != 201 || executions.Load() != 2 || body == first {
-			t.Fatalf("other persist.key: %d %q, %d executions (want a new execution)", code, body, executions.Load())
+		d.stop()
+		d = startDaemon(t, daemonOptions{config: config("v2")})
+		if r := post(d); r.status != 201 || executions.Load() != 2 || string(r.body) == string(first.body) {
+			t.Fatalf("other persist.key: %d %q, %d executions (want a new execution)", r.status, r.body, executions.Load())
 		}
-		if !strings.Contains(d.text(), "persist") {
-			t.Fatalf("no log line about the dropped responses:\n%s", d.text())
+		if !strings.Contains(d.logs.text(), "persist") {
+			t.Fatalf("no log line about the dropped responses:\n%s", d.logs.text())
 		}
-		d.stop(t)
+		d.stop()
 	})
 }
