@@ -1,25 +1,19 @@
 package main
 
-// End-to-end tests of idempotent replay (SPEC §6) against the built daemon:
-// preforkd with 4 workers in front of an upstream that this test runs and
-// that counts its executions. Self-contained: the binary is built here,
-// and every helper is prefixed idem, so that nothing depends on the other
-// end-to-end files.
+// End-to-end tests of idempotent replay against the built daemon (the
+// harness of harness_test.go): preforkd with 4 workers in front of an
+// upstream that this test runs and that counts its executions.
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,17 +24,16 @@ import (
 )
 
 func TestIdempotencyE2E(t *testing.T) {
-	bin := idemBuild(t)
-	t.Run("ParallelDuplicatesRunOnce", func(t *testing.T) { t.Parallel(); idemTestParallel(t, bin) })
-	t.Run("Mismatch", func(t *testing.T) { t.Parallel(); idemTestMismatch(t, bin) })
-	t.Run("ServerErrorThenCreated", func(t *testing.T) { t.Parallel(); idemTestServerError(t, bin) })
-	t.Run("WorkerKilledMidRequest", func(t *testing.T) { t.Parallel(); idemTestWorkerKilled(t, bin) })
-	t.Run("TableFull", func(t *testing.T) { t.Parallel(); idemTestTableFull(t, bin) })
+	t.Run("ParallelDuplicatesRunOnce", func(t *testing.T) { t.Parallel(); idemTestParallel(t) })
+	t.Run("Mismatch", func(t *testing.T) { t.Parallel(); idemTestMismatch(t) })
+	t.Run("ServerErrorThenCreated", func(t *testing.T) { t.Parallel(); idemTestServerError(t) })
+	t.Run("WorkerKilledMidRequest", func(t *testing.T) { t.Parallel(); idemTestWorkerKilled(t) })
+	t.Run("TableFull", func(t *testing.T) { t.Parallel(); idemTestTableFull(t) })
 }
 
 // (1) 20 identical keyed POSTs at once, spread over 4 workers: the upstream
 // runs once and all 20 clients get the same bytes.
-func idemTestParallel(t *testing.T, bin string) {
+func idemTestParallel(t *testing.T) {
 	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
 		time.Sleep(300 * time.Millisecond) // the duplicates arrive while it runs
 		w.Header().Set("Content-Type", "application/json")
@@ -48,10 +41,10 @@ func idemTestParallel(t *testing.T, bin string) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"execution":%d,"at":%d}`, n, time.Now().UnixNano())
 	})
-	d := idemStartDaemon(t, bin, idemConfig(up, 64))
-	c := idemClient()
+	d := startDaemon(t, daemonOptions{config: idemConfig(up, 64)})
+	c := newClient(t, nil, false)
 
-	answers := make([]idemAnswer, 20)
+	answers := make([]result, 20)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range answers {
@@ -81,10 +74,10 @@ func idemTestParallel(t *testing.T, bin string) {
 
 // (2) The same key with another body: 422 problem+json, the upstream does
 // not run, and the original still replays.
-func idemTestMismatch(t *testing.T, bin string) {
+func idemTestMismatch(t *testing.T) {
 	up := idemStartUpstream(t, nil)
-	d := idemStartDaemon(t, bin, idemConfig(up, 64))
-	c := idemClient()
+	d := startDaemon(t, daemonOptions{config: idemConfig(up, 64)})
+	c := newClient(t, nil, false)
 	first := idemPost(c, d.url("/orders"), "k-mismatch", `{"item":1}`)
 	if first.err != nil || first.status != http.StatusCreated {
 		t.Fatalf("first: %v %d", first.err, first.status)
@@ -102,7 +95,7 @@ func idemTestMismatch(t *testing.T, bin string) {
 
 // (4) The upstream answers 500, then 201: the retry runs again and gets
 // the 201, which later retries replay with its Location.
-func idemTestServerError(t *testing.T, bin string) {
+func idemTestServerError(t *testing.T) {
 	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
 			http.Error(w, "database unavailable", http.StatusInternalServerError)
@@ -113,8 +106,8 @@ func idemTestServerError(t *testing.T, bin string) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":42,"execution":%d}`, n)
 	})
-	d := idemStartDaemon(t, bin, idemConfig(up, 64))
-	c := idemClient()
+	d := startDaemon(t, daemonOptions{config: idemConfig(up, 64)})
+	c := newClient(t, nil, false)
 	if a := idemPost(c, d.url("/orders"), "k-retry", "x"); a.status != http.StatusInternalServerError {
 		t.Fatalf("first: %v %d", a.err, a.status)
 	}
@@ -139,17 +132,17 @@ func idemTestServerError(t *testing.T, bin string) {
 // supervisor reaps the dead worker its reservation is released, one
 // duplicate runs the request again (the upstream's second and last
 // execution), and every duplicate gets that response.
-func idemTestWorkerKilled(t *testing.T, bin string) {
+func idemTestWorkerKilled(t *testing.T) {
 	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
 		time.Sleep(2 * time.Second) // not cut short: the kill must not matter here
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "execution %d", n)
 	})
-	d := idemStartDaemon(t, bin, idemConfig(up, 64))
-	c := idemClient()
+	d := startDaemon(t, daemonOptions{config: idemConfig(up, 64)})
+	c := newClient(t, nil, false)
 
-	origDone := make(chan idemAnswer, 1)
+	origDone := make(chan result, 1)
 	go func() { origDone <- idemPost(c, d.url("/orders"), "k-crash", "x") }()
 	var peer string
 	select {
@@ -163,7 +156,7 @@ func idemTestWorkerKilled(t *testing.T, bin string) {
 	}
 
 	const dups = 5
-	answers := make([]idemAnswer, dups)
+	answers := make([]result, dups)
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Go(func() { answers[i] = idemPost(c, d.url("/orders"), "k-crash", "x") })
@@ -196,10 +189,10 @@ func idemTestWorkerKilled(t *testing.T, bin string) {
 
 // (7) With every record taken, a new key gets 503 with Retry-After and the
 // upstream does not run for it.
-func idemTestTableFull(t *testing.T, bin string) {
+func idemTestTableFull(t *testing.T) {
 	up := idemStartUpstream(t, nil)
-	d := idemStartDaemon(t, bin, idemConfig(up, 8))
-	c := idemClient()
+	d := startDaemon(t, daemonOptions{config: idemConfig(up, 8)})
+	c := newClient(t, nil, false)
 	for i := range 8 {
 		if a := idemPost(c, d.url("/orders"), fmt.Sprint("k-full-", i), "x"); a.status != http.StatusCreated {
 			t.Fatalf("key %d: %v %d %q", i, a.err, a.status, a.body)
@@ -218,17 +211,6 @@ func idemTestTableFull(t *testing.T, bin string) {
 }
 
 // ---- helpers ----
-
-// idemBuild builds the preforkd binary into the test's temporary directory.
-func idemBuild(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "preforkd")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // idemConfig is a daemon of 4 workers in front of up, with room for
 // `records` stored responses and POST /orders keyed.
@@ -282,203 +264,13 @@ func idemStartUpstream(t *testing.T, answer func(n int64, w http.ResponseWriter,
 	return up
 }
 
-// idemDaemon is one `preforkd run` started by a test.
-type idemDaemon struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	addr   string
-	exited chan struct{}
-
-	mu    sync.Mutex
-	lines []string
-	more  chan struct{} // closed and replaced at every line, and at EOF
-	eof   bool
-}
-
-// idemStartDaemon writes config to a file and runs the daemon on a free
-// port until its "ready" line; a port taken meanwhile is retried.
-func idemStartDaemon(t *testing.T, bin, config string) *idemDaemon {
-	t.Helper()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "preforkd.toml")
-	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for attempt := 1; ; attempt++ {
-		d := &idemDaemon{t: t, addr: idemFreeAddr(t), exited: make(chan struct{}), more: make(chan struct{})}
-		d.cmd = exec.Command(bin, "run", "-config", path, "-listen", d.addr)
-		d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		stderr, err := d.cmd.StderrPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go d.read(stderr)
-		t.Cleanup(d.stop)
-		if d.waitLine(30*time.Second, func(l string) bool { return strings.Contains(l, "msg=ready") }) {
-			return d
-		}
-		d.stop()
-		if attempt < 5 && d.logged(func(l string) bool { return strings.Contains(l, "address already in use") }) {
-			continue
-		}
-		t.Fatalf("preforkd did not become ready; log:\n%s", d.log())
-	}
-}
-
-func (d *idemDaemon) read(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		d.mu.Lock()
-		d.lines = append(d.lines, sc.Text())
-		close(d.more)
-		d.more = make(chan struct{})
-		d.mu.Unlock()
-	}
-	d.mu.Lock()
-	d.eof = true
-	close(d.more)
-	d.mu.Unlock()
-	d.cmd.Wait()
-	close(d.exited)
-}
-
-// waitLine waits up to timeout for a line that satisfies match.
-func (d *idemDaemon) waitLine(timeout time.Duration, match func(string) bool) bool {
-	deadline := time.After(timeout)
-	seen := 0
-	for {
-		d.mu.Lock()
-		for ; seen < len(d.lines); seen++ {
-			if match(d.lines[seen]) {
-				d.mu.Unlock()
-				return true
-			}
-		}
-		more, eof := d.more, d.eof
-		d.mu.Unlock()
-		if eof {
-			return false
-		}
-		select {
-		case <-more:
-		case <-deadline:
-			return false
-		}
-	}
-}
-
-func (d *idemDaemon) logged(match func(string) bool) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, l := range d.lines {
-		if match(l) {
-			return true
-		}
-	}
-	return false
-}
-
-func (d *idemDaemon) log() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return strings.Join(d.lines, "\n")
-}
-
-// workerPIDs lists the workers the supervisor logged as started.
-func (d *idemDaemon) workerPIDs() []int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var pids []int
-	for _, l := range d.lines {
-		if !strings.Contains(l, `msg="worker started"`) {
-			continue
-		}
-		for _, f := range strings.Fields(l) {
-			if v, ok := strings.CutPrefix(f, "pid="); ok {
-				if pid, err := strconv.Atoi(v); err == nil {
-					pids = append(pids, pid)
-				}
-			}
-		}
-	}
-	return pids
-}
-
-func (d *idemDaemon) url(path string) string { return "http://" + d.addr + path }
-
-// stop drains the daemon (TERM), or kills it and its workers when that
-// takes too long. Safe to call twice.
-func (d *idemDaemon) stop() {
-	select {
-	case <-d.exited:
-	default:
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.exited:
-		case <-time.After(15 * time.Second):
-			d.cmd.Process.Kill()
-			for _, pid := range d.workerPIDs() {
-				if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && exe == d.cmd.Path {
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-			select {
-			case <-d.exited:
-			case <-time.After(5 * time.Second):
-				d.t.Errorf("preforkd (pid %d) or its workers survived SIGKILL", d.cmd.Process.Pid)
-			}
-		}
-	}
-	if d.t.Failed() {
-		d.t.Logf("preforkd log:\n%s", d.log())
-	}
-}
-
-func idemFreeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// idemClient opens a new connection per request, so that requests spread
-// over the workers.
-func idemClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}, Timeout: 20 * time.Second}
-}
-
-type idemAnswer struct {
-	status int
-	header http.Header
-	body   []byte
-	err    error
-}
-
-func idemPost(c *http.Client, url, key, body string) idemAnswer {
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		return idemAnswer{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := c.Do(req)
-	if err != nil {
-		return idemAnswer{err: err}
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return idemAnswer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+// idemPost sends one keyed POST.
+func idemPost(c *http.Client, url, key, body string) result {
+	return send(c, http.MethodPost, url, http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {key}}, body)
 }
 
 // idemWantProblem checks a complete problem+json answer of status.
-func idemWantProblem(t *testing.T, a idemAnswer, status int) {
+func idemWantProblem(t *testing.T, a result, status int) {
 	t.Helper()
 	if a.err != nil || a.status != status {
 		t.Fatalf("got %v %d %q, want %d", a.err, a.status, a.body, status)
