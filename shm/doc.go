@@ -33,13 +33,22 @@
 //   - An update is one CAS of the state word; a refusal writes nothing.
 //   - A new key is installed only under its home slot's insert lock, after
 //     a rescan under that lock, through BUSY (generation + 1, owner =
-//     worker · incarnation) to LIVE: a key is never LIVE in two slots.
+//     worker · incarnation) to LIVE: a key is never LIVE in two slots. The
+//     key's first decision is published with it (BUSY → LIVE(op(0))), so a
+//     just-installed key never looks fresh to others: publishing payload 0
+//     first let installers reclaim one last slot from each other forever.
+//   - A claim prefers an EMPTY or TOMB slot; it reclaims only when the probe
+//     window has none.
 //   - A LIVE slot is reclaimed for another key only when its state is
 //     equivalent to a fresh key's (judged by the FreshFunc that package
 //     bucket installs), so a full table never resets a client being
-//     limited. An op on a newly installed key runs no earlier than the
-//     reclaim watermark, so a process that read the clock before another
-//     reclaimed the key's slot cannot start it afresh in a window it used up.
+//     limited. An op on payload 0 (a new or reset key) runs no earlier
+//     than the reclaim watermark, so a process that read the clock before
+//     another reclaimed the key's slot cannot start it afresh in a window it
+//     used up.
+//   - A process whose incarnation was retired while it runs claims nothing
+//     ([ErrRetired]); a supervisor re-attaching a live region kills the
+//     orphans that still map it first ([Region.KillOrphans]).
 //   - Slots never return to EMPTY, so a lookup stops at the first EMPTY slot.
 //   - Whatever a dead process held (a BUSY slot, an insert lock) is owned by
 //     an incarnation that [Region.Reap] retires; it is then released by one
