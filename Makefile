@@ -40,7 +40,7 @@ fuzz:
 			{ echo "$$out"; echo "FAIL: fuzz $$pkg $$fn (the input is saved under testdata/fuzz)"; exit 1; }; \
 	done
 
-# Every benchmark of SPEC §9 side by side in one run, then wrk (bench/http.sh).
+# Every benchmark side by side in one run, then wrk (bench/http.sh).
 bench:
 	PKGS="./bench/ ./persist/ ./idempotency/" AFTER=bench/http.sh bash bench/bench.sh
 

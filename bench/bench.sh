@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What `make bench` runs (SPEC §9): the Go benchmarks side by side in one
+# What `make bench` runs: the Go benchmarks side by side in one
 # run, the raw output kept in a file, then the summary table with the
 # target ratios. About 25 s on 2 cores with the defaults (well under the
 # 3-minute budget; raise BENCHTIME or COUNT on a noisy machine).

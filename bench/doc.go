@@ -1,4 +1,4 @@
-// Package bench holds the side-by-side benchmarks of SPEC §9: one rate-limit
+// Package bench holds the side-by-side benchmarks: one rate-limit
 // decision made by preforkd's shared-memory table (shm + bucket) beside the
 // alternatives it replaces, in one run, so that the ratios hold on a noisy
 // machine.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# HTTP throughput on loopback with wrk (SPEC §9): preforkd with an embedded
+# HTTP throughput on loopback with wrk: preforkd with an embedded
 # handler and as a reverse proxy, rules off / on / refusing, and nginx
 # limit_req with the same number of workers when nginx is installed.
 # Prints requests/s and the ratios the targets talk about.

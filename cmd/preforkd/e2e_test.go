@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of the built preforkd binary (SPEC §3, §4, §5, §7): each
+// End-to-end tests of the built preforkd binary: each
 // scenario runs a real supervisor with real workers (harness_test.go) and
 // counts outcomes exactly. Scenarios that share nothing run in parallel.
 
@@ -99,7 +99,7 @@ func TestExactLimitAcrossWorkers(t *testing.T) {
 }
 
 // checkRateLimitHeaders checks the headers every response of a route with
-// one rule carries (SPEC §5), with headers = "both".
+// one rule carries, with headers = "both".
 func checkRateLimitHeaders(t *testing.T, r result, name string, limit, windowSec int) {
 	t.Helper()
 	if r.err != nil {
@@ -125,7 +125,7 @@ func checkRateLimitHeaders(t *testing.T, r result, name string, limit, windowSec
 	}
 }
 
-// checkRefusal checks a 429 of the one rule name (SPEC §5 "Refusal").
+// checkRefusal checks a 429 of the one rule name (README "Rate limiting").
 func checkRefusal(t *testing.T, r result, name string, windowSec int) {
 	t.Helper()
 	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {

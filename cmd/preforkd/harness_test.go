@@ -337,7 +337,7 @@ func (d *daemon) kill() {
 	case <-time.After(5 * time.Second):
 		d.t.Errorf("supervisor %d survived SIGKILL for 5s", pgid)
 	}
-	// Workers die with their supervisor (SPEC §7): every cleanup is one
+	// Workers die with their supervisor: every cleanup is one
 	// more witness. Survivors are reported, then killed.
 	pids := d.workerPIDs()
 	deadline := time.Now().Add(2 * time.Second)

@@ -17,7 +17,7 @@ var (
 	commit  = "none"
 )
 
-// Exit codes (SPEC §3).
+// Exit codes (README "Command line").
 const (
 	exitOK      = 0
 	exitRuntime = 1

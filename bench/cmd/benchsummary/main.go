@@ -1,5 +1,5 @@
 // Command benchsummary reads `go test -bench` output on standard input and
-// prints a table of the results and the ratios SPEC §9's benchmarks are
+// prints a table of the results and the ratios the benchmarks are
 // judged by, each marked met or MISSED. Rows it does not know are listed
 // and otherwise ignored; targets whose rows are missing (a skipped Redis,
 // a package not run) say so instead of failing.

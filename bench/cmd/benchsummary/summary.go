@@ -168,7 +168,7 @@ func medians(rows []map[string]float64) map[string]float64 {
 	return out
 }
 
-// Target is one ratio SPEC §9's benchmarks are judged by:
+// Target is one ratio the benchmarks are judged by:
 // Num's metric ÷ Den's metric, compared with Bound.
 type Target struct {
 	Label  string
