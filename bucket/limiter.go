@@ -106,9 +106,6 @@ func NewLimiter(r Rule, t *shm.Counters) (*Limiter, error) {
 // Rule returns the rule the limiter applies.
 func (l *Limiter) Rule() Rule { return l.rule }
 
-// Policy returns the compiled rule.
-func (l *Limiter) Policy() *Policy { return &l.pol }
-
 // Key returns the table key for id under this rule.
 func (l *Limiter) Key(id []byte) shm.Key { return l.tab.KeyOf(l.ns, id) }
 
