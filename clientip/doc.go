@@ -59,9 +59,12 @@
 // a whole /64.
 //
 // A [By] is "ip", "global", "header:NAME" or a chain "header:A|header:B|ip":
-// the first header whose first value is usable is the key, and a chain
-// always ends in ip. Keys are "ip:192.0.2.1", "g" and "h:X-Api-Key:value";
-// the prefixes keep elements of a chain from ever colliding. A header key is
+// the first header whose first value is usable (non-empty, no control
+// bytes) is the key, and a chain always ends in ip. Keys are
+// "ip:192.0.2.1", "g", "h:X-Api-Key:value" and, for a value longer than
+// [MaxKeyValue] bytes (a JWT), "H:Authorization:" and the value's SHA-256:
+// a long value is never dropped for the next element of the chain. The
+// prefixes keep elements of a chain from ever colliding. A header key is
 // exactly as trustworthy as the header: a chain "header:X-Api-Key|ip" lets
 // anybody escape the ip limit by sending a fresh value each time, unless
 // something upstream of the limiter rejects unknown keys.

@@ -1,19 +1,23 @@
 package clientip
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
+	"unsafe"
 )
 
 // ErrBy is wrapped by every error ParseBy returns.
 var ErrBy = errors.New("clientip: invalid by")
 
-// maxHeaderValue is the longest header value a header: key uses; a longer
-// value counts as absent (it is more likely an abuse than an API key).
-const maxHeaderValue = 256
+// MaxKeyValue is the longest header value a header: key holds as it is; a
+// longer value (a JWT in Authorization) is replaced by its SHA-256, so that
+// a key stays short and two long values never share one.
+const MaxKeyValue = 256
 
 // By is a parsed `by` expression: what a rule counts a request under. The
 // zero By is "ip".
@@ -98,33 +102,52 @@ func (b By) String() string {
 
 // AppendKey appends the key this request is counted under to dst and returns
 // the extended slice; it does not allocate when dst has room. The key is "g"
-// for global; "h:NAME:value" for the first header of the chain whose first
-// value is usable (non-empty, at most 256 bytes, no control
-// bytes), NAME canonical; otherwise "ip:" and r.Key's address ("ip:" alone
-// when remoteAddr does not parse). Header names are tokens without ':', so
-// keys from different elements never collide.
+// for global; for the first header of the chain whose first value is usable
+// (non-empty, no control bytes), "h:NAME:value", or "H:NAME:digest" when the
+// value is longer than MaxKeyValue (digest: its SHA-256 in base64url, so a
+// long value is never dropped for the next element, and two long values
+// never share a key); NAME canonical. Otherwise "ip:" and r.Key's address
+// ("ip:" alone when remoteAddr does not parse). Header names are tokens
+// without ':', and each element has its own prefix, so keys from different
+// elements, or a short value and a long one, never collide.
 func (b By) AppendKey(dst []byte, r *Resolver, remoteAddr string, h http.Header) []byte {
 	if b.global {
 		return append(dst, 'g')
 	}
 	for _, name := range b.headers {
 		if v, ok := usableValue(h[name]); ok {
-			dst = append(dst, "h:"...)
-			dst = append(dst, name...)
-			dst = append(dst, ':')
-			return append(dst, v...)
+			return appendHeaderKey(dst, name, v)
 		}
 	}
 	dst = append(dst, "ip:"...)
 	return r.Key(remoteAddr, h).AppendTo(dst)
 }
 
+// appendHeaderKey appends the key of header name with the usable value v.
+func appendHeaderKey(dst []byte, name, v string) []byte {
+	if len(v) <= MaxKeyValue {
+		dst = append(dst, "h:"...)
+		dst = append(dst, name...)
+		dst = append(dst, ':')
+		return append(dst, v...)
+	}
+	dst = append(dst, "H:"...)
+	dst = append(dst, name...)
+	dst = append(dst, ':')
+	// Sum256 neither keeps nor modifies its input: viewing v's bytes in
+	// place saves copying a long value.
+	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(v), len(v)))
+	return base64.RawURLEncoding.AppendEncode(dst, sum[:])
+}
+
+// usableValue returns the first value of a header if a key can be made of
+// it: present, non-empty, without control bytes.
 func usableValue(vs []string) (string, bool) {
 	if len(vs) == 0 {
 		return "", false
 	}
 	v := vs[0]
-	if v == "" || len(v) > maxHeaderValue {
+	if v == "" {
 		return "", false
 	}
 	for i := 0; i < len(v); i++ {

@@ -1,6 +1,8 @@
 package clientip
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"strings"
@@ -86,13 +88,13 @@ func TestAppendKey(t *testing.T) {
 		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "a\x01b"), "ip:203.0.113.7"},
 		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "a\tb"), "ip:203.0.113.7"},
 		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "a\x7fb"), "ip:203.0.113.7"},
-		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", long), "ip:203.0.113.7"},
+		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", long), "H:X-Api-Key:" + digest(long)},
 		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", long[:256]), "h:X-Api-Key:" + long[:256]},
 		{"header:X-Api-Key", "203.0.113.7:1", hdr("X-Api-Key", "ключ"), "h:X-Api-Key:ключ"},
 		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("X-Api-Key", "k1"), "h:X-Api-Key:k1"},
 		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("X-Api-Key", "k1", "Authorization", "Bearer t"), "h:Authorization:Bearer t"},
-		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("Authorization", long, "X-Api-Key", "k1"), "h:X-Api-Key:k1"},
-		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("Authorization", long), "ip:203.0.113.7"},
+		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("Authorization", long, "X-Api-Key", "k1"), "H:Authorization:" + digest(long)},
+		{"header:Authorization|header:X-Api-Key|ip", "203.0.113.7:1", hdr("Authorization", long), "H:Authorization:" + digest(long)},
 	}
 	for _, tt := range tests {
 		b, err := ParseBy(tt.by)
@@ -104,6 +106,44 @@ func TestAppendKey(t *testing.T) {
 		if string(got) != "prefix/"+tt.want {
 			t.Errorf("%s AppendKey(%q, %v) = %q, want %q", tt.by, tt.remote, tt.h, got, "prefix/"+tt.want)
 		}
+	}
+}
+
+func digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// Long values are hashed, never dropped: two long tokens from one address
+// get two keys (a JWT in Authorization fell back to the shared IP key once),
+// one long token always the same key, and a short value that spells a
+// digest never meets the long value it is the digest of.
+func TestAppendKeyLongValues(t *testing.T) {
+	b, err := ParseBy("header:Authorization|ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokA := "Bearer " + strings.Repeat("a", 900)
+	tokB := "Bearer " + strings.Repeat("a", 899) + "b"
+	key := func(v string) string {
+		return string(b.AppendKey(nil, nil, "203.0.113.7:1", hdr("Authorization", v)))
+	}
+	ka, kb, ip := key(tokA), key(tokB), string(b.AppendKey(nil, nil, "203.0.113.7:1", nil))
+	if ka == kb || ka == ip || kb == ip {
+		t.Errorf("long tokens share a key: %q, %q, ip %q", ka, kb, ip)
+	}
+	if key(tokA) != ka {
+		t.Errorf("one long token, two keys")
+	}
+	if len(ka) > len("H:Authorization:")+43 {
+		t.Errorf("hashed key %q is longer than a digest", ka)
+	}
+	if spelled := key(digest(tokA)); spelled == ka {
+		t.Errorf("a short value spelling the digest collides with the long value: %q", spelled)
+	}
+	h, buf := hdr("Authorization", tokA), make([]byte, 0, 128)
+	if n := testing.AllocsPerRun(100, func() { b.AppendKey(buf, nil, "203.0.113.7:1", h) }); n != 0 {
+		t.Errorf("AppendKey of a long value: %v allocations", n)
 	}
 }
 

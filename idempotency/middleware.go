@@ -103,8 +103,8 @@ type Stats struct {
 }
 
 // keyBufSize is the stack buffer for a key's identity: the `by` key
-// ("h:Authorization:" and up to 256 bytes), a NUL and the key; a longer one
-// costs an allocation.
+// ("h:Authorization:" and up to clientip.MaxKeyValue bytes, or a digest),
+// a NUL and the key; a longer one costs an allocation.
 const keyBufSize = 640
 
 // waitSlice bounds one sleep of a waiting duplicate, so that it notices a

@@ -1,0 +1,71 @@
+package main
+
+// End-to-end tests of what an attacker or an accident meets (SPEC §17),
+// against the built daemon.
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestHardeningE2E(t *testing.T) {
+	t.Run("LongTokensNeverShareAKey", func(t *testing.T) { t.Parallel(); hardenLongTokens(t) })
+}
+
+// Two users behind one address, each with a JWT-sized token: neither is
+// replayed the other's stored response under the same Idempotency-Key,
+// and neither spends the other's rate-limit budget. (Values over 256
+// bytes used to be dropped, and the chain fell back to the shared IP.)
+func hardenLongTokens(t *testing.T) {
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"execution":%d,"user":%q}`, n, r.Header.Get("Authorization")[:12])
+	})
+	cfg := idemConfig(up, 64) + `
+[[ratelimit]]
+name = "per-token"
+path = "/limited"
+limit = 1
+window = "1h"
+by = "header:Authorization|ip"
+`
+	d := startDaemon(t, daemonOptions{config: cfg})
+	c := newClient(t, freshClientIP(), false) // both users share this address
+	tokA := "Bearer A" + strings.Repeat("a", 1200)
+	tokB := "Bearer B" + strings.Repeat("a", 1200)
+	post := func(tok string) result {
+		return send(c, http.MethodPost, d.url("/orders"), http.Header{
+			"Authorization": {tok}, "Content-Type": {"application/json"}, "Idempotency-Key": {`"same-key"`},
+		}, `{"item":1}`)
+	}
+	a, b := post(tokA), post(tokB)
+	if a.status != http.StatusCreated || b.status != http.StatusCreated {
+		t.Fatalf("A %d %v %q, B %d %v %q", a.status, a.err, a.body, b.status, b.err, b.body)
+	}
+	if b.header.Get("Idempotent-Replayed") != "" || bytes.Equal(a.body, b.body) {
+		t.Fatalf("user B was replayed user A's response: %q", b.body)
+	}
+	if n := up.executions.Load(); n != 2 {
+		t.Fatalf("the upstream ran %d times, want 2", n)
+	}
+	if again := post(tokA); again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, a.body) {
+		t.Fatalf("user A's retry: %d %q, want a replay of %q", again.status, again.body, a.body)
+	}
+
+	limited := func(tok string) int {
+		return do(c, http.MethodGet, d.url("/limited"), http.Header{"Authorization": {tok}}).status
+	}
+	if s := limited(tokA); s != http.StatusBadGateway && s != http.StatusOK && s != http.StatusCreated {
+		t.Fatalf("A's first request: %d", s)
+	}
+	if s := limited(tokB); s == http.StatusTooManyRequests {
+		t.Fatalf("B's first request was refused: A's long token spent B's budget")
+	}
+	if s := limited(tokA); s != http.StatusTooManyRequests {
+		t.Fatalf("A's second request: %d, want 429", s)
+	}
+}
