@@ -85,6 +85,12 @@ func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm
 		log.Warn("persist: killed the workers of the dead supervisor", "pids", fmt.Sprint(killed))
 	}
 	released := r.ReapAll()
+	// Never serve negative time: a time base from another boot or time
+	// namespace is replaced by the last beat plus the wall-clock downtime.
+	if res := r.ResumeClock(time.Now()); res.Rebased {
+		log.Warn("persist: live region clock rebased", "reason", res.Reason,
+			"region_time_was", res.Before, "region_time", res.After)
+	}
 	st := r.Counters().Stats()
 	log.Info("persist: live region re-attached", "entries", st.Live, "released", released,
 		"created", r.Created().UTC().Format(time.RFC3339), "region_time", r.Now())

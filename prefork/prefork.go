@@ -183,7 +183,9 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers)
 	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
 	s.onStatus = opts.OnStatus
+	stopBeat := beat(region)
 	s.run(ctx, sigs, events)
+	stopBeat()
 	log.Info("drain finished")
 	if s.fatal != nil {
 		err = s.fatal
@@ -265,3 +267,34 @@ func validated(cfg config.Config, err error) (config.Config, error) {
 }
 
 func timeNow() time.Time { return time.Now() }
+
+// beatInterval is how often the supervisor records the region's clock
+// against the wall clock (shm.Region.Beat), for a region re-attached after
+// a crash whose time base cannot be trusted.
+const beatInterval = time.Second
+
+// beat records the region's clock every beatInterval until the returned
+// function is called; that function waits for the last beat.
+func beat(r *shm.Region) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	r.Beat(time.Now())
+	go func() {
+		defer close(exited)
+		tick := time.NewTicker(beatInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				r.Beat(time.Now())
+				return
+			case <-tick.C:
+				r.Beat(time.Now())
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}

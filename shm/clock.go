@@ -1,10 +1,14 @@
 package shm
 
 import (
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
 	_ "unsafe" // for go:linkname
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // nanotime is the runtime's CLOCK_MONOTONIC reading (through the vDSO): one
@@ -30,4 +34,73 @@ func (r *Region) Now() time.Duration {
 func (r *Region) SetNow(d time.Duration) {
 	r.timeBase = nanotime() - int64(d)
 	atomic.StoreUint64((*uint64)(unsafe.Pointer(&r.data[hTimeBase])), uint64(r.timeBase))
+	r.store(hBootID, bootID())
+}
+
+// Beat records the region time and the wall clock together, so that a
+// region re-attached after its processes died can continue its time from
+// the wall-clock downtime when its time base cannot be trusted (see
+// ResumeClock). The supervisor calls it about once a second; only one
+// process may.
+func (r *Region) Beat(wall time.Time) {
+	r.store(hBeatNow, uint64(r.Now()))
+	r.store(hBeatWall, uint64(wall.UnixNano()))
+}
+
+// ClockResume is what ResumeClock did.
+type ClockResume struct {
+	// Rebased is false when the time base was kept.
+	Rebased bool
+	// Reason says why the time base was not trusted: "another boot",
+	// "time base ahead of the clock", "clock ahead of the wall clock".
+	Reason string
+	// Before is what Now read before, After what it reads after.
+	Before, After time.Duration
+}
+
+// beatSlack is how far the region's clock may have run ahead of the wall
+// clock since the last Beat before it is distrusted: beats are a second
+// apart, and the two clocks drift by NTP's slew at most.
+const beatSlack = 2 * time.Second
+
+// ResumeClock checks the time base of a region re-attached after its
+// processes died, before any worker starts (only then may it be called).
+// The monotonic clock is kept when it is this boot's and agrees with the
+// last Beat: the downtime counted as it passed. Otherwise — a region from
+// another boot, or another time namespace, whose time base may be ahead
+// of this clock (Now would be negative, and every limited client stay
+// limited for the whole offset) or behind it (granting allowance that
+// never elapsed) — the time continues from the last Beat plus the
+// wall-clock time since, never less than zero, as a dump's does.
+func (r *Region) ResumeClock(wall time.Time) ClockResume {
+	now := r.Now()
+	beatNow := time.Duration(r.word(hBeatNow))
+	elapsed := time.Duration(wall.UnixNano() - int64(r.word(hBeatWall)))
+	res := ClockResume{Before: now, After: now}
+	switch {
+	case r.word(hBootID) != bootID():
+		res.Reason = "another boot"
+	case now < beatNow:
+		res.Reason = "time base ahead of the clock"
+	case now-beatNow > max(elapsed, 0)+beatSlack:
+		res.Reason = "clock ahead of the wall clock"
+	default:
+		return res
+	}
+	res.Rebased = true
+	res.After = beatNow + max(elapsed, 0)
+	r.SetNow(res.After)
+	r.Beat(wall)
+	return res
+}
+
+// bootID identifies the running kernel's boot (a hash of
+// /proc/sys/kernel/random/boot_id): CLOCK_MONOTONIC readings compare only
+// within one. 0 when it cannot be read.
+func bootID() uint64 {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return 0
+	}
+	return xxhash.Sum64String(strings.TrimSpace(string(b))) | 1
 }

@@ -23,3 +23,6 @@ func (r *Region) Retire(w int) { r.workers[w].retire() }
 
 // SetWorkerPID records pid for worker w, as a worker that joined would.
 func (r *Region) SetWorkerPID(w, pid int) { atomic.StoreUint64(&r.workers[w].pid, uint64(pid)) }
+
+// SetBootID overwrites the boot id the time base was set under.
+func (r *Region) SetBootID(id uint64) { r.store(hBootID, id) }

@@ -66,6 +66,9 @@ const (
 	hOffBitmap  = 160 // free bitmap of the blocks, one bit per block
 	hOffBlocks  = 168
 	hRecordSize = 176
+	hBootID     = 184 // hash of the kernel's boot id under which hTimeBase was set (0: unknown)
+	hBeatNow    = 192 // region time (ns) at the supervisor's last Beat
+	hBeatWall   = 200 // wall clock (Unix ns) at the last Beat (or creation)
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -352,7 +355,10 @@ func (r *Region) format(o Options) error {
 	r.store(hSeed1, s1)
 	r.store(hSeed2, s2)
 	r.store(hTimeBase, uint64(nanotime()))
-	r.store(hCreated, uint64(time.Now().UnixNano()))
+	created := time.Now().UnixNano()
+	r.store(hCreated, uint64(created))
+	r.store(hBootID, bootID())
+	r.store(hBeatWall, uint64(created))
 	r.store(hOffWorkers, sec.workers)
 	r.store(hOffSlots, sec.slots)
 	r.store(hRecords, uint64(o.Responses))

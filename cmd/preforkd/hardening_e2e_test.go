@@ -7,12 +7,19 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
 )
 
 func TestHardeningE2E(t *testing.T) {
 	t.Run("LongTokensNeverShareAKey", func(t *testing.T) { t.Parallel(); hardenLongTokens(t) })
+	t.Run("LiveRegionTimeBaseAhead", func(t *testing.T) { t.Parallel(); hardenLiveClockAhead(t) })
 }
 
 // Two users behind one address, each with a JWT-sized token: neither is
@@ -67,5 +74,64 @@ by = "header:Authorization|ip"
 	}
 	if s := limited(tokA); s != http.StatusTooManyRequests {
 		t.Fatalf("A's second request: %d, want 429", s)
+	}
+}
+
+// A live region whose time base is 60 s ahead of the clock (a region from
+// another time namespace) is rebased: a limited client is told the rule's
+// own retry time and served again on time, not 60 s later.
+func hardenLiveClockAhead(t *testing.T) {
+	live := filepath.Join("/dev/shm", fmt.Sprintf("preforkd-test-clock-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	t.Cleanup(func() { os.Remove(live); os.Remove(live + ".lock") })
+	cfg := fmt.Sprintf(`[server]
+workers = 2
+shutdown_timeout = "2s"
+
+[table]
+counters = 1024
+
+[persist]
+live = %q
+
+[[ratelimit]]
+name = "slow"
+path = "/slow"
+limit = 1
+window = "3s"
+`, live)
+	d := startDaemon(t, daemonOptions{config: cfg})
+	c := newClient(t, freshClientIP(), false)
+	if r := get(c, d.url("/slow")); r.status != http.StatusOK {
+		t.Fatalf("first request: %d %v", r.status, r.err)
+	}
+	if r := get(c, d.url("/slow")); r.status != http.StatusTooManyRequests {
+		t.Fatalf("second request: %d %v", r.status, r.err)
+	}
+	d.kill()
+
+	r, err := shm.OpenFile(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetNow(r.Now() - 60*time.Second) // the time base is now 60 s in the future
+	r.Close()
+
+	d = startDaemon(t, daemonOptions{config: cfg})
+	if _, _, ok := d.logs.waitFor(0, time.Second, msgIs("persist: live region clock rebased")); !ok {
+		t.Errorf("no log line about the rebase")
+	}
+	first := get(c, d.url("/slow"))
+	if first.status == http.StatusTooManyRequests {
+		if ra, _ := strconv.Atoi(first.header.Get("Retry-After")); ra > 3 {
+			t.Fatalf("Retry-After %d after the restart, want at most the rule's 3 s", ra)
+		}
+	}
+	deadline := time.Now().Add(4 * time.Second)
+	for first.status != http.StatusOK {
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d 4 s after the restart: the region serves negative time", first.status)
+		}
+		time.Sleep(250 * time.Millisecond)
+		first = get(c, d.url("/slow"))
 	}
 }

@@ -1,0 +1,69 @@
+package shm_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// A re-attached region's clock: kept when it is this boot's and agrees
+// with the last beat; otherwise continued from the beat by the wall-clock
+// downtime, never negative.
+func TestResumeClock(t *testing.T) {
+	const down = 5 * time.Second
+	tests := []struct {
+		name   string
+		skew   func(r *shm.Region) // what happened to the region while down
+		reason string              // "" = kept
+		want   time.Duration       // region time after the resume, ± slack (kept: unchecked)
+	}{
+		{"same boot, downtime counted", func(r *shm.Region) {}, "", 0},
+		{"time base 60s ahead", func(r *shm.Region) { r.SetNow(r.Now() - 60*time.Second) }, "time base ahead of the clock", 10*time.Second + down},
+		{"another boot", func(r *shm.Region) { r.SetBootID(12345) }, "another boot", 10*time.Second + down},
+		{"clock 1h ahead", func(r *shm.Region) { r.SetNow(r.Now() + time.Hour) }, "clock ahead of the wall clock", 10*time.Second + down},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := shm.CreatePrivate(shm.Options{Counters: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			r.SetNow(10 * time.Second)
+			beat := time.Now()
+			r.Beat(beat)
+			tt.skew(r)
+			// Resume as if the wall clock said `down` passed since the beat.
+			res := r.ResumeClock(beat.Add(down))
+			if got := res.Reason; got != tt.reason || res.Rebased != (tt.reason != "") {
+				t.Fatalf("ResumeClock: %+v, want reason %q", res, tt.reason)
+			}
+			now := r.Now()
+			if now < 0 {
+				t.Fatalf("region time %v after the resume", now)
+			}
+			if tt.reason != "" && (now < tt.want || now > tt.want+time.Second) {
+				t.Fatalf("region time %v after the resume, want %v", now, tt.want)
+			}
+		})
+	}
+}
+
+// A wall clock that went backwards while down grants nothing: the time
+// continues from the beat.
+func TestResumeClockWallBackwards(t *testing.T) {
+	r, err := shm.CreatePrivate(shm.Options{Counters: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.SetNow(time.Minute)
+	beat := time.Now()
+	r.Beat(beat)
+	r.SetBootID(1)
+	r.ResumeClock(beat.Add(-time.Hour))
+	if now := r.Now(); now < time.Minute || now > time.Minute+time.Second {
+		t.Fatalf("region time %v, want the beat's 1m", now)
+	}
+}
