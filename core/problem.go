@@ -1,0 +1,109 @@
+package core
+
+import (
+	"net/http"
+	"strconv"
+)
+
+// Problem is an RFC 9457 problem+json answer: every answer of preforkd's
+// own (a refusal, an idempotency problem, a bad request, a failed upstream)
+// is one, written by this one function, so that they all look alike.
+// Detail says what the client can act on, never anything about internals.
+type Problem struct {
+	Status int
+	// Type is a URI; "" means "about:blank" (the status says it all).
+	Type string
+	// Title is a short summary; "" means the status text.
+	Title  string
+	Detail string
+	// RetryAfter, in whole seconds, is sent as Retry-After when positive.
+	RetryAfter int64
+	// Extra is appended to the JSON object as it is: more members, each
+	// starting with a comma (`,"violated-policies":["login"]`).
+	Extra []byte
+}
+
+// Problem header field names.
+const (
+	fieldContentType  = "Content-Type"
+	fieldCacheControl = "Cache-Control"
+	fieldNoSniff      = "X-Content-Type-Options"
+	fieldRetryAfter   = "Retry-After"
+	fieldLength       = "Content-Length"
+)
+
+// AppendJSON appends the problem's JSON body (with a final newline).
+func (p *Problem) AppendJSON(dst []byte) []byte {
+	typ, title := p.Type, p.Title
+	if typ == "" {
+		typ = "about:blank"
+	}
+	if title == "" {
+		title = http.StatusText(p.Status)
+	}
+	dst = append(dst, `{"type":`...)
+	dst = appendJSONString(dst, typ)
+	dst = append(dst, `,"title":`...)
+	dst = appendJSONString(dst, title)
+	dst = append(dst, `,"status":`...)
+	dst = strconv.AppendInt(dst, int64(p.Status), 10)
+	dst = append(dst, `,"detail":`...)
+	dst = appendJSONString(dst, p.Detail)
+	dst = append(dst, p.Extra...)
+	return append(dst, "}\n"...)
+}
+
+// ProblemFields appends the header fields of a problem answer whose body
+// has n bytes: Content-Type application/problem+json, Cache-Control
+// no-store (no cache may answer a retry with it), nosniff, Retry-After
+// when positive, Content-Length. The values of the fields that vary are
+// appended to buf, which the returned fields alias.
+func ProblemFields(fields []Field, buf []byte, retryAfter int64, n int) ([]Field, []byte) {
+	fields = append(fields,
+		Field{fieldContentType, valProblemJSON},
+		Field{fieldCacheControl, valNoStore},
+		Field{fieldNoSniff, valNoSniff})
+	if retryAfter > 0 {
+		from := len(buf)
+		buf = strconv.AppendInt(buf, retryAfter, 10)
+		fields = append(fields, Field{fieldRetryAfter, buf[from:len(buf):len(buf)]})
+	}
+	from := len(buf)
+	buf = strconv.AppendInt(buf, int64(n), 10)
+	fields = append(fields, Field{fieldLength, buf[from:len(buf):len(buf)]})
+	return fields, buf
+}
+
+var (
+	valProblemJSON = []byte("application/problem+json")
+	valNoStore     = []byte("no-store")
+	valNoSniff     = []byte("nosniff")
+)
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	dst = appendJSONText(dst, s)
+	return append(dst, '"')
+}
+
+// appendJSONText appends s escaped for the inside of a JSON string. Bytes
+// outside printable ASCII become '?': what the core puts in a problem
+// (rule names, header names) is ASCII, and a broken UTF-8 sequence must
+// never reach a client's JSON parser.
+func appendJSONText(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		case c > 0x7e:
+			dst = append(dst, '?')
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}
