@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/textproto"
 	"strings"
 	"unsafe"
@@ -100,27 +101,98 @@ func (b By) String() string {
 	return sb.String()
 }
 
-// AppendKey appends the key this request is counted under to dst and returns
-// the extended slice; it does not allocate when dst has room. The key is "g"
-// for global; for the first header of the chain whose first value is usable
-// (non-empty, no control bytes), "h:NAME:value", or "H:NAME:digest" when the
-// value is longer than MaxKeyValue (digest: its SHA-256 in base64url, so a
-// long value is never dropped for the next element, and two long values
-// never share a key); NAME canonical. Otherwise "ip:" and r.Key's address
-// ("ip:" alone when remoteAddr does not parse). Header names are tokens
-// without ':', and each element has its own prefix, so keys from different
-// elements, or a short value and a long one, never collide.
-func (b By) AppendKey(dst []byte, r *Resolver, remoteAddr string, h http.Header) []byte {
+// Source is what a request offers a By to make its key of: its header
+// fields and its client. Any HTTP engine can provide one.
+type Source interface {
+	// Header returns the value of the first field line called name
+	// (canonical form) and how many field lines have that name.
+	Header(name string) (first string, lines int)
+	// ClientKey is the client address as a rule counts it
+	// (Resolver.Mask of Resolver.ClientOf); the zero Addr for none.
+	ClientKey() netip.Addr
+}
+
+// RepeatedError means a header a key is made of was sent more than once:
+// the request could be charged under one value and served as the other,
+// so it is refused (400) rather than guessed at.
+type RepeatedError struct{ Header string }
+
+func (e *RepeatedError) Error() string {
+	return "clientip: the " + e.Header + " header was sent more than once"
+}
+
+// AppendKeyOf appends the key a request is counted under to dst and
+// returns the extended slice; it does not allocate when dst has room. The
+// key is "g" for global; for the first header of the chain that is present
+// with a usable value (non-empty, no control bytes), "h:NAME:value", or
+// "H:NAME:digest" when the value is longer than MaxKeyValue (digest: its
+// SHA-256 in base64url, so a long value is never dropped for the next
+// element, and two long values never share a key); NAME canonical.
+// Otherwise "ip:" and the client key address ("ip:" alone when there is
+// none). Header names are tokens without ':', and each element has its own
+// prefix, so keys from different elements, or a short value and a long
+// one, never collide.
+//
+// A header of the chain that is reached and sent more than once is a
+// *RepeatedError.
+func (b By) AppendKeyOf(dst []byte, src Source) ([]byte, error) {
+	return appendKeyOf(b, dst, src)
+}
+
+// appendKeyOf is AppendKeyOf for any Source type, so that a caller with a
+// concrete type does not make it escape through the interface.
+func appendKeyOf[S Source](b By, dst []byte, src S) ([]byte, error) {
 	if b.global {
-		return append(dst, 'g')
+		return append(dst, 'g'), nil
 	}
 	for _, name := range b.headers {
-		if v, ok := usableValue(h[name]); ok {
-			return appendHeaderKey(dst, name, v)
+		v, lines := src.Header(name)
+		if lines > 1 {
+			return dst, &RepeatedError{Header: name}
+		}
+		if lines == 1 && usable(v) {
+			return appendHeaderKey(dst, name, v), nil
 		}
 	}
 	dst = append(dst, "ip:"...)
-	return r.Key(remoteAddr, h).AppendTo(dst)
+	return src.ClientKey().AppendTo(dst), nil
+}
+
+// AppendKey is AppendKeyOf for a net/http request: remoteAddr and h are its
+// RemoteAddr and Header. A repeated header counts as its first line here;
+// request paths that must refuse it use AppendKeyOf.
+func (b By) AppendKey(dst []byte, r *Resolver, remoteAddr string, h http.Header) []byte {
+	out, err := appendKeyOf(b, dst, httpSource{r, remoteAddr, h, true})
+	if err != nil {
+		panic("clientip: AppendKey saw a repeated header") // httpSource reports one line
+	}
+	return out
+}
+
+// httpSource is a Source over a net/http request.
+type httpSource struct {
+	r          *Resolver
+	remoteAddr string
+	h          http.Header
+	firstOnly  bool // report at most one line of a header
+}
+
+func (s httpSource) Header(name string) (string, int) {
+	vs := s.h[name]
+	if len(vs) == 0 {
+		return "", 0
+	}
+	if s.firstOnly {
+		return vs[0], 1
+	}
+	return vs[0], len(vs)
+}
+
+func (s httpSource) ClientKey() netip.Addr { return s.r.Key(s.remoteAddr, s.h) }
+
+// NewHTTPSource returns the Source of a net/http request, for AppendKeyOf.
+func NewHTTPSource(r *Resolver, remoteAddr string, h http.Header) Source {
+	return httpSource{r: r, remoteAddr: remoteAddr, h: h}
 }
 
 // appendHeaderKey appends the key of header name with the usable value v.
@@ -140,20 +212,16 @@ func appendHeaderKey(dst []byte, name, v string) []byte {
 	return base64.RawURLEncoding.AppendEncode(dst, sum[:])
 }
 
-// usableValue returns the first value of a header if a key can be made of
-// it: present, non-empty, without control bytes.
-func usableValue(vs []string) (string, bool) {
-	if len(vs) == 0 {
-		return "", false
-	}
-	v := vs[0]
+// usable reports whether a key can be made of a header value:
+// non-empty, without control bytes.
+func usable(v string) bool {
 	if v == "" {
-		return "", false
+		return false
 	}
 	for i := 0; i < len(v); i++ {
 		if v[i] < 0x20 || v[i] == 0x7f {
-			return "", false
+			return false
 		}
 	}
-	return v, true
+	return true
 }

@@ -228,3 +228,31 @@ func BenchmarkKey(b *testing.B) {
 		})
 	})
 }
+
+// A key header that is reached and sent twice is refused, not guessed at;
+// a repeated header the chain never reaches does not matter.
+func TestAppendKeyOfRepeated(t *testing.T) {
+	b, err := ParseBy("header:X-Api-Key|header:X-Other|ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		h        http.Header
+		repeated string // "" = a key
+	}{
+		{hdr("X-Api-Key", "r123", "X-Api-Key", "k1"), "X-Api-Key"},
+		{hdr("X-Other", "a", "X-Other", "b"), "X-Other"},
+		{hdr("X-Api-Key", "k1", "X-Other", "a", "X-Other", "b"), ""},
+		{hdr("X-Api-Key", "", "X-Api-Key", "k1"), "X-Api-Key"},
+	}
+	for _, tt := range tests {
+		_, err := b.AppendKeyOf(nil, NewHTTPSource(&testResolver, "203.0.113.7:1", tt.h))
+		var re *RepeatedError
+		switch {
+		case tt.repeated == "" && err != nil:
+			t.Errorf("%v: %v", tt.h, err)
+		case tt.repeated != "" && (!errors.As(err, &re) || re.Header != tt.repeated):
+			t.Errorf("%v: error %v, want the repeated %s", tt.h, err, tt.repeated)
+		}
+	}
+}
