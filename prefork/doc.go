@@ -31,7 +31,8 @@
 // pipe, and the supervisor's configuration (JSON in a sealed memory file).
 // It maps the region, joins it under its worker index, builds the
 // application with [Options.Handler], wraps it in the rate-limit middleware
-// (package httplimit), reports readiness and serves.
+// (the decision core, packages core and core/nethttp), reports readiness
+// and serves.
 //
 // # Supervisor
 //

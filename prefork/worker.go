@@ -16,8 +16,8 @@ import (
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/httplimit"
-	"github.com/preforkd/preforkd/idempotency"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/core/nethttp"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -44,17 +44,26 @@ type Worker struct {
 	// Logger is Options.Logger with the worker's index and pid.
 	Logger *slog.Logger
 
-	mw *httplimit.Middleware
+	h *nethttp.Handler
+}
+
+// Core returns the decision core the worker's requests go through; nil
+// before Options.Handler has returned.
+func (w *Worker) Core() *core.Core {
+	if w.h == nil {
+		return nil
+	}
+	return w.h.Core()
 }
 
 // Limiter returns the limiter of the rate-limit rule name, e.g. to Reset a
 // client after a successful login; nil for an unknown rule, and before
 // Options.Handler has returned. The time it takes is Region.Now().
 func (w *Worker) Limiter(name string) *bucket.Limiter {
-	if w.mw == nil {
+	if w.h == nil {
 		return nil
 	}
-	return w.mw.Limiter(name)
+	return w.h.Core().Limiter(name)
 }
 
 // ClientKey returns the key the rule called rule counts r under
@@ -62,10 +71,10 @@ func (w *Worker) Limiter(name string) *bucket.Limiter {
 // as in w.Limiter("login").Reset(w.ClientKey("login", r), w.Region.Now()).
 // It is "" for an unknown rule.
 func (w *Worker) ClientKey(rule string, r *http.Request) string {
-	if w.mw == nil {
+	if w.h == nil {
 		return ""
 	}
-	return string(w.mw.KeyOf(rule, r))
+	return string(w.h.KeyOf(rule, r))
 }
 
 // runWorker is Run in a worker: it returns the process's exit code.
@@ -148,19 +157,17 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
 	}
-	// Rate limits first, so that a refused request never reserves an
-	// idempotency key; then idempotent replay; then the application.
-	idem, err := idempotency.New(cfg, region, app, idempotency.Options{Logger: log})
+	// The core decides first: rate limits, so that a refused request
+	// never reserves an idempotency key; then idempotent replay; then the
+	// application.
+	c, err := NewCore(cfg, region, log)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	w.mw, err = httplimit.New(cfg, region, idem, httplimit.Options{Logger: log})
-	if err != nil {
-		return nil, nil, 0, err
-	}
+	w.h = nethttp.New(c, app)
 	srv := &http.Server{
 		ConnState:         conns.track,
-		Handler:           w.mw,
+		Handler:           w.h,
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

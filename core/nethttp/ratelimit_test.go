@@ -1,9 +1,8 @@
-package httplimit
+package nethttp_test
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -61,7 +61,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 type fixture struct {
-	mw     *Middleware
+	mw     *handler
 	app    *app
 	clock  *clock
 	region *shm.Region
@@ -224,7 +224,7 @@ func TestLimitOneClient(t *testing.T) {
 		t.Errorf("unmatched path: %d %v, want 200 without rate-limit headers", w.Code, rateHeaders(w.Header()))
 	}
 	st := f.mw.Stats()
-	if want := []RuleStats{{Name: "login", Allowed: 5, Refused: 3}}; fmt.Sprint(st) != fmt.Sprint(want) {
+	if want := []core.RuleStats{{Name: "login", Allowed: 5, Refused: 3}}; fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("Stats = %+v, want %+v", st, want)
 	}
 }
@@ -572,7 +572,7 @@ func TestShadow(t *testing.T) {
 		t.Fatalf("2s later, log:\n%s", f.logs)
 	}
 	st := f.mw.Stats()[0]
-	if st != (RuleStats{Name: "watch", Allowed: 1, ShadowRefused: 7}) {
+	if st != (core.RuleStats{Name: "watch", Allowed: 1, ShadowRefused: 7}) {
 		t.Errorf("Stats = %+v", st)
 	}
 	if f.app.calls.Load() != 8 {
@@ -647,53 +647,6 @@ func TestConcurrentExact(t *testing.T) {
 	}
 }
 
-func TestNewErrors(t *testing.T) {
-	region := newRegion(t, shm.Options{Counters: 64})
-	good := config.RateLimit{Name: "r", Path: "/", Limit: 1, Window: time.Second}
-	with := func(mod func(*config.RateLimit)) config.Config {
-		r := good
-		mod(&r)
-		return cfgWith(r)
-	}
-	for _, tt := range []struct {
-		name string
-		cfg  config.Config
-		want string
-	}{
-		{"duplicate", cfgWith(good, good), `rule "r" defined twice`},
-		{"path", with(func(r *config.RateLimit) { r.Path = "x" }), `rule "r": route: path "x" must start with /`},
-		{"line", with(func(r *config.RateLimit) { r.Path = "x"; r.Line = 12 }), `rule "r" (line 12)`},
-		{"name", with(func(r *config.RateLimit) { r.Name = "a\nb" }), "printable ASCII"},
-		{"no name", with(func(r *config.RateLimit) { r.Name = "" }), "printable ASCII"},
-		{"limit", with(func(r *config.RateLimit) { r.Limit = 0 }), "limit 0"},
-		{"window", with(func(r *config.RateLimit) { r.Window = 0 }), "window"},
-		{"mode", with(func(r *config.RateLimit) { r.Mode = "log" }), `mode "log"`},
-		{"on_full", with(func(r *config.RateLimit) { r.OnFull = "maybe" }), `on_full "maybe"`},
-		{"by", with(func(r *config.RateLimit) { r.By = "cookie:x" }), "invalid by"},
-		{"algorithm", with(func(r *config.RateLimit) { r.Algorithm = "leaky" }), "unknown algorithm"},
-		{"burst", with(func(r *config.RateLimit) { r.Algorithm = "fixed-window"; r.Burst = 3 }), "burst"},
-	} {
-		_, err := New(tt.cfg, region, &app{}, Options{})
-		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "httplimit: ") {
-			t.Errorf("%s: New = %v, want an error containing %q", tt.name, err, tt.want)
-		}
-	}
-
-	unjoined, err := shm.CreatePrivate(shm.Options{Counters: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := New(cfgWith(good), unjoined, &app{}, Options{}); !errors.Is(err, shm.ErrNotJoined) {
-		t.Errorf("unjoined region: %v, want ErrNotJoined", err)
-	}
-	if _, err := New(cfgWith(good), nil, &app{}, Options{}); err == nil {
-		t.Error("nil region accepted")
-	}
-	if _, err := New(cfgWith(good), region, nil, Options{}); err == nil {
-		t.Error("nil next accepted")
-	}
-}
-
 func TestLimiterResetAfterLogin(t *testing.T) {
 	f := newFixture(t, cfgWith(config.RateLimit{Name: "login", Path: "/login", Limit: 2, Window: time.Hour}), shm.Options{Counters: 64})
 	r := request("POST", "/login", "192.0.2.1:1")
@@ -711,13 +664,13 @@ func TestLimiterResetAfterLogin(t *testing.T) {
 	}
 }
 
-// discardWriter is a ResponseWriter that reuses its header map, so that
+// headerWriter is a ResponseWriter that reuses its header map, so that
 // allocation counts are the middleware's own.
-type discardWriter struct{ h http.Header }
+type headerWriter struct{ h http.Header }
 
-func (d *discardWriter) Header() http.Header         { return d.h }
-func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) WriteHeader(int)             {}
+func (d *headerWriter) Header() http.Header         { return d.h }
+func (d *headerWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *headerWriter) WriteHeader(int)             {}
 
 func TestAllocations(t *testing.T) {
 	region := newRegion(t, shm.Options{Counters: 1024})
@@ -732,7 +685,7 @@ func TestAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &discardWriter{h: http.Header{}}
+	w := &headerWriter{h: http.Header{}}
 	for _, tt := range []struct {
 		target string
 		max    float64
@@ -774,7 +727,7 @@ func BenchmarkMiddleware(b *testing.B) {
 				b.ReportAllocs()
 				if !parallel {
 					r := request("GET", target, "192.0.2.1:1234")
-					w := &discardWriter{h: http.Header{}}
+					w := &headerWriter{h: http.Header{}}
 					for b.Loop() {
 						clear(w.h)
 						mw.ServeHTTP(w, r)
@@ -785,7 +738,7 @@ func BenchmarkMiddleware(b *testing.B) {
 				b.RunParallel(func(pb *testing.PB) {
 					// One client per goroutine: contention is the table's, not one key's.
 					r := request("GET", target, fmt.Sprintf("192.0.2.%d:1234", id.Add(1)))
-					w := &discardWriter{h: http.Header{}}
+					w := &headerWriter{h: http.Header{}}
 					for pb.Next() {
 						clear(w.h)
 						mw.ServeHTTP(w, r)
@@ -793,5 +746,28 @@ func BenchmarkMiddleware(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// A key header sent twice is a 400 with nothing charged: the client could
+// otherwise be counted under one value (r123) and served as the other
+// (k1). One line stays a key; a repeated header the chain never reaches
+// does not matter.
+func TestRepeatedKeyHeader(t *testing.T) {
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "api", Path: "/api/*", Limit: 2, Window: time.Minute, By: "header:X-Api-Key|ip"}), shm.Options{Counters: 64})
+	w := f.get("/api/x", "192.0.2.1:1", "X-Api-Key", "r123", "X-Api-Key", "k1")
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "X-Api-Key") {
+		t.Fatalf("repeated key header: %d %q", w.Code, w.Body)
+	}
+	if f.app.calls.Load() != 0 || f.region.Counters().Stats().Live != 0 {
+		t.Fatalf("a refused request ran or was charged")
+	}
+	for i := 0; i < 2; i++ {
+		if w := f.get("/api/x", "192.0.2.1:1", "X-Api-Key", "k1"); w.Code != http.StatusOK {
+			t.Fatalf("k1 request %d: %d", i, w.Code)
+		}
+	}
+	if w := f.get("/api/x", "192.0.2.1:1", "X-Api-Key", "k1"); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("k1 over its limit: %d", w.Code)
 	}
 }

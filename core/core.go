@@ -1,0 +1,329 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Options is what a Core decides by. The zero value decides nothing: every
+// request passes untouched.
+type Options struct {
+	// RateLimits are the rate-limit rules, in the order their header items
+	// are sent.
+	RateLimits []RateLimit
+	// Idempotency are the idempotent-replay blocks; the first whose route
+	// matches a request applies.
+	Idempotency []Idempotency
+	// Resolver decides who the client is (trusted proxies, IPv6 prefix).
+	Resolver clientip.Resolver
+	// Headers selects the rate-limit header families. The zero value is
+	// HeadersBoth.
+	Headers HeaderMode
+	// MaxRequestBody is the largest request body read for an idempotency
+	// fingerprint; larger ones get 413. 0 means 1 MiB.
+	MaxRequestBody int64
+	// Logger receives the lines an operator acts on (rate-limited), never
+	// one per request. nil means slog.Default() at the time of the line.
+	Logger *slog.Logger
+	// Now is the clock decisions are made with. nil means the region's
+	// shared monotonic clock (shm.Region.Now). It is read once per request
+	// that a rule or block matches.
+	Now func() time.Duration
+	// Wall is the wall clock, read only for X-RateLimit-Reset. nil means
+	// time.Now.
+	Wall func() time.Time
+}
+
+// RateLimit is one compiled rate-limit rule.
+type RateLimit struct {
+	// Rule is the limit itself (name, limit, window, algorithm, burst,
+	// on_full); its Name must be printable ASCII, as it is sent in headers.
+	Rule  bucket.Rule
+	Route route.Route
+	By    clientip.By
+	// Shadow counts and sends headers but never refuses.
+	Shadow bool
+}
+
+// Idempotency is one compiled idempotent-replay block.
+type Idempotency struct {
+	Route route.Route
+	// Header carries the key. "" means "Idempotency-Key".
+	Header string
+	// Required makes a request without the header a 400.
+	Required bool
+	// TTL is how long a completed response is replayable; must be positive.
+	TTL time.Duration
+	// Wait is how long a duplicate waits for an original in flight before
+	// it gets 409; 0 means it does not wait.
+	Wait time.Duration
+	// By is the key namespace: the same key from two clients never
+	// collides.
+	By clientip.By
+	// MaxBody is the largest response stored for replay; must be positive.
+	MaxBody int64
+}
+
+const defaultMaxRequestBody = 1 << 20
+
+// Core decides about requests for one process: it is built once per worker
+// and is safe for concurrent use. Every process whose Core uses the same
+// region shares its counts and stored responses.
+type Core struct {
+	region   *shm.Region
+	rules    []*rule
+	byName   map[string]*rule
+	blocks   []*block
+	resolver clientip.Resolver
+	headers  HeaderMode
+	maxReq   int64
+	now      func() time.Duration
+	wall     func() time.Time
+	log      *slog.Logger // nil: slog.Default()
+
+	idem idemCounters
+	pool sync.Pool
+}
+
+// New compiles opts over region, which this process must have joined
+// (shm.Region.Join): a region that is not refuses every update. Blocks of
+// opts.Idempotency need a region with a response table.
+func New(region *shm.Region, opts Options) (*Core, error) {
+	switch {
+	case region == nil:
+		return nil, errors.New("core: nil region")
+	case region.Worker() < 0:
+		return nil, fmt.Errorf("core: %w (call Region.Join first)", shm.ErrNotJoined)
+	}
+	if err := opts.Resolver.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Core{
+		region:   region,
+		byName:   make(map[string]*rule, len(opts.RateLimits)),
+		resolver: opts.Resolver,
+		headers:  opts.Headers,
+		maxReq:   opts.MaxRequestBody,
+		now:      opts.Now,
+		wall:     opts.Wall,
+		log:      opts.Logger,
+	}
+	if c.maxReq == 0 {
+		c.maxReq = defaultMaxRequestBody
+	}
+	if c.maxReq < 0 {
+		return nil, fmt.Errorf("core: MaxRequestBody %d is negative", c.maxReq)
+	}
+	if c.now == nil {
+		c.now = region.Now
+	}
+	if c.wall == nil {
+		c.wall = time.Now
+	}
+	if err := c.compileRules(opts.RateLimits); err != nil {
+		return nil, err
+	}
+	if err := c.compileBlocks(opts.Idempotency); err != nil {
+		return nil, err
+	}
+	c.pool.New = func() any { return &Exchange{c: c} }
+	return c, nil
+}
+
+// Exchange is the core's state for one request, from Begin to Release.
+// It is not safe for concurrent use.
+type Exchange struct {
+	c   *Core
+	req Request
+
+	match, forward string // the normalized path, and the one to forward
+
+	now    time.Duration
+	hasNow bool
+
+	client, clientKey netip.Addr
+	hasClient         bool
+
+	// Rate limiting.
+	hits   []hit
+	hitBuf [inlineHits]hit
+
+	// Idempotency.
+	idem     *block
+	tk       shm.Ticket
+	reserved bool // tk is held and must be completed or released
+	stored   shm.Response
+
+	// keyBuf holds the bytes of the key being made: part of the pooled
+	// exchange, since a stack buffer would escape through clientip.Source.
+	keyBuf [idemKeyBufSize]byte
+
+	// What the engine sends.
+	fields   []Field
+	fieldBuf [12]Field
+	buf      []byte
+	bufArr   [1024]byte
+	resp     Response
+}
+
+// Begin starts deciding about req; the Exchange must be given back with
+// Release once the response was sent.
+func (c *Core) Begin(req Request) *Exchange {
+	ex := c.pool.Get().(*Exchange)
+	ex.req = req
+	ex.hits = ex.hitBuf[:0]
+	ex.fields = ex.fieldBuf[:0]
+	ex.buf = ex.bufArr[:0]
+	return ex
+}
+
+// Release ends the exchange. A reservation the engine never completed (the
+// application panicked, the engine gave up) is released, so that the retry
+// runs. The Exchange must not be used after.
+func (ex *Exchange) Release() {
+	if ex.reserved {
+		ex.c.region.Responses().Release(ex.tk)
+		ex.c.idem.released.Add(1)
+	}
+	c := ex.c
+	body := ex.stored.Body
+	*ex = Exchange{c: c}
+	if cap(body) <= maxPooledBody {
+		ex.stored.Body = body[:0] // a replay buffer is worth keeping
+	}
+	c.pool.Put(ex)
+}
+
+// maxPooledBody bounds the replay buffers kept with pooled exchanges.
+const maxPooledBody = 64 << 10
+
+// Decide runs the request through the stages: path checks, rate limits,
+// idempotent replay. It may block while a duplicate waits for its
+// original (up to the block's wait).
+func (ex *Exchange) Decide() Verdict {
+	if v, done := ex.checkPath(); done {
+		return v
+	}
+	if v, done := ex.rateLimit(); done {
+		return v
+	}
+	if v, done := ex.idempotency(); done {
+		return v
+	}
+	return Pass
+}
+
+// Fields are the header fields to add to the application's response
+// (Pass): the rate-limit headers.
+func (ex *Exchange) Fields() []Field { return ex.fields }
+
+// Response is the core's own answer (Respond).
+func (ex *Exchange) Response() *Response { return &ex.resp }
+
+// ForwardPath is the path to forward upstream: the request's, with dot
+// segments removed and slashes merged; everything else as sent.
+func (ex *Exchange) ForwardPath() string { return ex.forward }
+
+// Record reports whether the engine must record the application's response
+// (a reserved idempotency key) and keep up to max bytes of its body; it
+// then gives it back with Complete.
+func (ex *Exchange) Record() (max int64, ok bool) {
+	if !ex.reserved {
+		return 0, false
+	}
+	return ex.idem.maxBody, true
+}
+
+// clock reads the clock once per exchange.
+func (ex *Exchange) clock() time.Duration {
+	if !ex.hasNow {
+		ex.now, ex.hasNow = ex.c.now(), true
+	}
+	return ex.now
+}
+
+// Header and ClientKey make an Exchange the clientip.Source of its request.
+func (ex *Exchange) Header(name string) (string, int) { return ex.req.Header(name) }
+
+// ClientKey is the client address as rules count it.
+func (ex *Exchange) ClientKey() netip.Addr {
+	ex.resolveClient()
+	return ex.clientKey
+}
+
+// Client is the client address: the peer, or the client a trusted proxy
+// names.
+func (ex *Exchange) Client() netip.Addr {
+	ex.resolveClient()
+	return ex.client
+}
+
+func (ex *Exchange) resolveClient() {
+	if ex.hasClient {
+		return
+	}
+	ex.hasClient = true
+	r := &ex.c.resolver
+	peer := ex.req.Peer()
+	if !r.Trusts(peer) {
+		ex.client = peer
+	} else {
+		var xb, fb [4]string
+		xff := ex.req.HeaderLines("X-Forwarded-For", xb[:0])
+		fwd := ex.req.HeaderLines("Forwarded", fb[:0])
+		ex.client = r.ClientOf(peer, xff, fwd)
+	}
+	ex.clientKey = r.Mask(ex.client)
+}
+
+// addField appends a field whose value is appended to the exchange's
+// buffer by fill.
+func (ex *Exchange) addField(name string, fill func([]byte) []byte) {
+	from := len(ex.buf)
+	ex.buf = fill(ex.buf)
+	ex.fields = append(ex.fields, Field{name, ex.buf[from:len(ex.buf):len(ex.buf)]})
+}
+
+// respond makes the exchange's answer a problem.
+func (ex *Exchange) respond(p *Problem, close bool) (Verdict, bool) {
+	from := len(ex.buf)
+	ex.buf = p.AppendJSON(ex.buf)
+	body := ex.buf[from:len(ex.buf):len(ex.buf)]
+	ex.fields, ex.buf = ProblemFields(ex.fields, ex.buf, p.RetryAfter, len(body))
+	ex.resp = Response{Status: p.Status, Fields: ex.fields, Body: body, Close: close}
+	return Respond, true
+}
+
+// checkPath normalizes the request path; a path no application should
+// see is a 400.
+func (ex *Exchange) checkPath() (Verdict, bool) {
+	p := ex.req.Path()
+	match, fwd, err := normalizePath(p)
+	if err != nil {
+		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + err.Error()}, false)
+	}
+	ex.match, ex.forward = match, fwd
+	return Pass, false
+}
+
+// normalizePath returns the path rules match and the path to forward.
+func normalizePath(p string) (match, forward string, err error) {
+	c := route.Clean(p)
+	return c, c, nil
+}
+
+func (c *Core) logger() *slog.Logger {
+	if c.log != nil {
+		return c.log
+	}
+	return slog.Default()
+}

@@ -1,0 +1,349 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The rate-limit stage. Every rule whose route matches counts the request;
+// it is refused if any enforcing rule refuses it, and a refused request is
+// charged to no rule (see charge).
+
+// rule is one compiled rate-limit rule and its in-process counters.
+type rule struct {
+	name   string
+	route  *RateLimit
+	by     clientip.By
+	byIdx  int // index of the first rule with an equal by: equal bys give equal key bytes
+	lim    *bucket.Limiter
+	shadow bool
+	hdr    ruleHeaders
+
+	stats ruleCounters
+	// Shadow logging: region time of the last line (noLog before the
+	// first) and the would-be refusals not logged since.
+	lastLog    atomic.Int64
+	suppressed atomic.Uint64
+}
+
+const noLog = math.MinInt64
+
+type ruleCounters struct {
+	allowed, refused, shadowRefused, full atomic.Uint64
+	_                                     [32]byte // keep two rules' counters off one cache line
+}
+
+// RuleStats counts what one rule decided in this process since New.
+type RuleStats struct {
+	Name string
+	// Allowed counts served requests the rule counted (charged, or let
+	// through by on_full "open").
+	Allowed uint64
+	// Refused counts requests this (enforcing) rule refused: 429s, and
+	// 503s from on_full "closed". When two rules refuse one request, both
+	// count it.
+	Refused uint64
+	// ShadowRefused counts served requests this shadow rule would have
+	// refused.
+	ShadowRefused uint64
+	// Full counts decisions answered by on_full because the table had no
+	// slot for the key, whatever on_full answered.
+	Full uint64
+}
+
+// hit is one rule matching the request being decided.
+type hit struct {
+	r       *rule
+	key     shm.Key
+	d       bucket.Decision
+	decided bool // d holds a decision (a charge or a peek) for this request
+	charged bool // the request is counted in the table: refund it if the request is refused
+	refused bool // an enforcing rule that refuses the request
+}
+
+// inlineHits is how many matching rules a request handles without
+// allocating.
+const inlineHits = 8
+
+func (c *Core) compileRules(rls []RateLimit) error {
+	bys := map[string]int{}
+	for i := range rls {
+		rl := &rls[i]
+		ru, err := compileRule(rl, c.region.Counters())
+		if err != nil {
+			return err
+		}
+		if _, dup := c.byName[ru.name]; dup {
+			return fmt.Errorf("core: rule %q defined twice", ru.name)
+		}
+		b := ru.by.String()
+		if _, ok := bys[b]; !ok {
+			bys[b] = i
+		}
+		ru.byIdx = bys[b]
+		c.rules = append(c.rules, ru)
+		c.byName[ru.name] = ru
+	}
+	return nil
+}
+
+func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
+	if !printableASCII(rl.Rule.Name) {
+		return nil, fmt.Errorf("core: rule %q: a name must be 1 or more printable ASCII characters", rl.Rule.Name)
+	}
+	lim, err := bucket.NewLimiter(rl.Rule, tab)
+	if err != nil {
+		return nil, err // bucket's error names the rule
+	}
+	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, lim: lim, shadow: rl.Shadow,
+		hdr: newRuleHeaders(rl.Rule.Name, rl.Rule.Limit, rl.Rule.Window)}
+	ru.lastLog.Store(noLog)
+	return ru, nil
+}
+
+// printableASCII reports whether a rule name can appear in the headers as
+// it is.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// rateLimit counts the request under every rule that matches it and
+// either refuses it (429, or 503 from on_full "closed") or lets it pass
+// with the rate-limit headers in the exchange's fields.
+func (ex *Exchange) rateLimit() (Verdict, bool) {
+	enforcing := ex.matchRules()
+	if len(ex.hits) == 0 {
+		return Pass, false
+	}
+	now := ex.clock()
+	if err := ex.keys(); err != nil {
+		var re *clientip.RepeatedError
+		if errors.As(err, &re) {
+			return ex.respond(&Problem{Status: http.StatusBadRequest,
+				Detail: "send the " + re.Header + " header at most once"}, false)
+		}
+		panic("core: unexpected key error: " + err.Error())
+	}
+	if refusing := ex.charge(enforcing, now); refusing != nil {
+		return ex.refuse(refusing, now)
+	}
+	ex.served(now)
+	ex.rateLimitFields()
+	return Pass, false
+}
+
+// matchRules appends a hit for every rule whose route matches the request
+// and counts the enforcing ones.
+func (ex *Exchange) matchRules() (enforcing int) {
+	method := ex.req.Method()
+	for _, ru := range ex.c.rules {
+		if ru.route.Route.Match(method, ex.match) {
+			ex.hits = append(ex.hits, hit{r: ru})
+			if !ru.shadow {
+				enforcing++
+			}
+		}
+	}
+	return enforcing
+}
+
+// keys computes each hit's table key. Key bytes are built once for
+// consecutive rules with the same `by`.
+func (ex *Exchange) keys() error {
+	var id []byte
+	last := -1
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		if h.r.byIdx != last {
+			var err error
+			if id, err = h.r.by.AppendKeyOf(ex.keyBuf[:0], ex); err != nil {
+				return err
+			}
+			last = h.r.byIdx
+		}
+		h.key = h.r.lim.Key(id)
+	}
+	return nil
+}
+
+// charge counts the request in every matching rule, or in none: it returns
+// the hit of the enforcing rule that refuses the request (the one with the
+// latest RetryAfter when several do), after undoing any charge it made,
+// or nil when the request is to be served, every rule charged.
+//
+// Phase 1, with two or more enforcing rules: peek at each, so that a
+// refusal is known before anything is charged. Phase 2: charge each
+// enforcing rule. A rule can still refuse here when another worker took
+// the last request between the peek and the charge; then the charges
+// already made for this request are refunded. With a single enforcing
+// rule phase 1 is skipped: its own refusal charges nothing. Shadow rules
+// never refuse, so they are charged last, when the request is served.
+func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
+	hits := ex.hits
+	if enforcing >= 2 {
+		var refusing *hit
+		for i := range hits {
+			h := &hits[i]
+			if h.r.shadow {
+				continue
+			}
+			h.d, h.decided = h.r.lim.PeekKey(h.key, now), true
+			if !h.d.Allowed {
+				h.refused = true
+				if refusing == nil || h.d.RetryAfter > refusing.d.RetryAfter {
+					refusing = h
+				}
+			}
+		}
+		if refusing != nil {
+			return refusing
+		}
+	}
+	for i := range hits {
+		h := &hits[i]
+		if h.r.shadow {
+			continue
+		}
+		h.d, h.decided = h.r.lim.AllowKey(h.key, now), true
+		if h.d.Allowed {
+			h.charged = !h.d.Full // on_full "open" took no slot: nothing to refund
+			continue
+		}
+		h.refused = true
+		for j := range hits[:i] {
+			if o := &hits[j]; o.charged {
+				o.r.lim.RefundKey(o.key, now)
+				o.charged, o.decided = false, false // refuse peeks again for the headers
+			}
+		}
+		return h
+	}
+	for i := range hits {
+		if h := &hits[i]; h.r.shadow {
+			h.d, h.decided = h.r.lim.AllowKey(h.key, now), true
+			h.charged = h.d.Allowed && !h.d.Full
+		}
+	}
+	return nil
+}
+
+// refuse answers a request that refusing refused; nothing is charged for
+// it. The headers report what each rule's state is without the request.
+func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		if !h.decided {
+			h.d, h.decided = h.r.lim.PeekKey(h.key, now), true
+		}
+		if h.refused {
+			h.r.stats.refused.Add(1)
+		}
+		if h.d.Full {
+			h.r.stats.full.Add(1)
+		}
+	}
+	ex.rateLimitFields()
+	var p Problem
+	p, ex.buf = refusalProblem(refusing, ex.hits, ex.buf)
+	return ex.respond(&p, false)
+}
+
+// served counts a request that is about to be served, and logs the shadow
+// rules that would have refused it.
+func (ex *Exchange) served(now time.Duration) {
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		st := &h.r.stats
+		if h.d.Full {
+			st.full.Add(1)
+		}
+		if h.d.Allowed {
+			st.allowed.Add(1)
+			continue
+		}
+		st.shadowRefused.Add(1) // only a shadow rule can refuse a served request
+		ex.logShadow(h, now)
+	}
+}
+
+// logShadow logs a shadow rule's would-be refusal, at most one line per
+// rule per second of region time; the lines left out are counted in the
+// next one.
+func (ex *Exchange) logShadow(h *hit, now time.Duration) {
+	ru := h.r
+	last := ru.lastLog.Load()
+	if last != noLog && now-time.Duration(last) < time.Second || !ru.lastLog.CompareAndSwap(last, int64(now)) {
+		ru.suppressed.Add(1)
+		return
+	}
+	status := http.StatusTooManyRequests
+	if h.d.Full {
+		status = http.StatusServiceUnavailable
+	}
+	// The client address, never the key: a header key may be a secret.
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "shadow rule would refuse",
+		slog.String("rule", ru.name),
+		slog.String("method", ex.req.Method()),
+		slog.String("path", ex.match),
+		slog.String("client", ex.Client().String()),
+		slog.Int("status", status),
+		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)),
+		slog.Uint64("suppressed", ru.suppressed.Swap(0)))
+}
+
+// Limiter returns the limiter of the rule called name, or nil when there
+// is no such rule: a handler can Reset a client's count with it (after a
+// successful login, say), using the key from KeyOf.
+func (c *Core) Limiter(name string) *bucket.Limiter {
+	if ru := c.byName[name]; ru != nil {
+		return ru.lim
+	}
+	return nil
+}
+
+// KeyOf returns the key bytes rule name counts a request under
+// ("ip:192.0.2.1", "h:X-Api-Key:…", "g"), or nil when there is no such
+// rule; src is the request (clientip.NewHTTPSource for net/http). Whether
+// the rule's route matches does not matter. The bytes are the id for the
+// rule's Limiter: Limiter(name).Reset(string(KeyOf(name, src)), now).
+func (c *Core) KeyOf(name string, src clientip.Source) ([]byte, error) {
+	ru := c.byName[name]
+	if ru == nil {
+		return nil, nil
+	}
+	return ru.by.AppendKeyOf(nil, src)
+}
+
+// Resolver is the client resolver the core was built with.
+func (c *Core) Resolver() *clientip.Resolver { return &c.resolver }
+
+// RuleStats reports each rule's counts in this process, in configuration
+// order. Other processes sharing the region count their own.
+func (c *Core) RuleStats() []RuleStats {
+	out := make([]RuleStats, len(c.rules))
+	for i, ru := range c.rules {
+		out[i] = RuleStats{
+			Name:          ru.name,
+			Allowed:       ru.stats.allowed.Load(),
+			Refused:       ru.stats.refused.Load(),
+			ShadowRefused: ru.stats.shadowRefused.Load(),
+			Full:          ru.stats.full.Load(),
+		}
+	}
+	return out
+}
