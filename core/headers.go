@@ -172,9 +172,23 @@ func mostConstraining(hits []hit) int {
 // rateLimitFields adds the header families of the core's mode from the
 // decisions in the exchange's hits (one per matching rule, in
 // configuration order).
+//
+// A rule that let the request through because the table had no slot for
+// its key (on_full "open") knows nothing about the client: it sends no
+// item, and is never the most constraining.
 func (ex *Exchange) rateLimitFields() {
-	hits, mode := ex.hits, ex.c.headers
-	if mode == HeadersNone || len(hits) == 0 {
+	mode := ex.c.headers
+	if mode == HeadersNone || len(ex.hits) == 0 {
+		return
+	}
+	hits := ex.hits
+	for i := range hits {
+		if blind(&hits[i]) {
+			hits = ex.knowing()
+			break
+		}
+	}
+	if len(hits) == 0 {
 		return
 	}
 	if mode.ietf() {
@@ -206,6 +220,23 @@ func (ex *Exchange) rateLimitFields() {
 		wall := ex.c.wall()
 		ex.addField(hdrXReset, func(b []byte) []byte { return strconv.AppendInt(b, unixCeil(wall, t), 10) })
 	}
+}
+
+// blind reports whether a hit knows nothing of the client's state: it
+// was let through by on_full "open".
+func blind(h *hit) bool { return h.d.Full && h.d.Allowed }
+
+// knowing returns the hits that are not blind, in a copy (the hits
+// themselves stay for the counters).
+func (ex *Exchange) knowing() []hit {
+	var buf [inlineHits]hit
+	out := buf[:0]
+	for i := range ex.hits {
+		if !blind(&ex.hits[i]) {
+			out = append(out, ex.hits[i])
+		}
+	}
+	return out
 }
 
 // unixCeil is wall + d in Unix seconds, rounded up.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -30,13 +29,10 @@ type rule struct {
 	hdr    ruleHeaders
 
 	stats ruleCounters
-	// Shadow logging: region time of the last line (noLog before the
-	// first) and the would-be refusals not logged since.
-	lastLog    atomic.Int64
-	suppressed atomic.Uint64
+	// Rate-limited log lines: shadow refusals, keys let through by
+	// on_full "open".
+	shadowLog, fullLog logGate
 }
-
-const noLog = math.MinInt64
 
 type ruleCounters struct {
 	allowed, refused, shadowRefused, full atomic.Uint64
@@ -107,7 +103,8 @@ func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
 	}
 	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, lim: lim, shadow: rl.Shadow,
 		hdr: newRuleHeaders(rl.Rule.Name, rl.Rule.Limit, rl.Rule.Window)}
-	ru.lastLog.Store(noLog)
+	ru.shadowLog.init()
+	ru.fullLog.init()
 	return ru, nil
 }
 
@@ -264,13 +261,17 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 }
 
 // served counts a request that is about to be served, and logs the shadow
-// rules that would have refused it.
+// rules that would have refused it and the rules that let it through
+// without a slot (on_full "open").
 func (ex *Exchange) served(now time.Duration) {
 	for i := range ex.hits {
 		h := &ex.hits[i]
 		st := &h.r.stats
 		if h.d.Full {
 			st.full.Add(1)
+			if h.d.Allowed {
+				ex.logFull(h, now)
+			}
 		}
 		if h.d.Allowed {
 			st.allowed.Add(1)
@@ -285,10 +286,8 @@ func (ex *Exchange) served(now time.Duration) {
 // rule per second of region time; the lines left out are counted in the
 // next one.
 func (ex *Exchange) logShadow(h *hit, now time.Duration) {
-	ru := h.r
-	last := ru.lastLog.Load()
-	if last != noLog && now-time.Duration(last) < time.Second || !ru.lastLog.CompareAndSwap(last, int64(now)) {
-		ru.suppressed.Add(1)
+	suppressed, ok := h.r.shadowLog.allow(now)
+	if !ok {
 		return
 	}
 	status := http.StatusTooManyRequests
@@ -297,13 +296,29 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 	}
 	// The client address, never the key: a header key may be a secret.
 	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "shadow rule would refuse",
-		slog.String("rule", ru.name),
+		slog.String("rule", h.r.name),
 		slog.String("method", ex.req.Method()),
 		slog.String("path", ex.match),
 		slog.String("client", ex.Client().String()),
 		slog.Int("status", status),
 		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)),
-		slog.Uint64("suppressed", ru.suppressed.Swap(0)))
+		slog.Uint64("suppressed", suppressed))
+}
+
+// logFull logs a request that a rule let through unlimited because the
+// table had no slot for its key (on_full "open"), rate-limited like
+// logShadow: the operator must hear that the rule is not being enforced.
+func (ex *Exchange) logFull(h *hit, now time.Duration) {
+	suppressed, ok := h.r.fullLog.allow(now)
+	if !ok {
+		return
+	}
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "rule not enforced: counter table full (on_full open)",
+		slog.String("rule", h.r.name),
+		slog.String("method", ex.req.Method()),
+		slog.String("path", ex.match),
+		slog.String("client", ex.Client().String()),
+		slog.Uint64("suppressed", suppressed))
 }
 
 // Limiter returns the limiter of the rule called name, or nil when there

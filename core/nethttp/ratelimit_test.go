@@ -384,8 +384,18 @@ func TestOnFull(t *testing.T) {
 				if w.Code != 200 || st.Full != 1 || st.Allowed != 9 {
 					t.Errorf("%d, %+v; want 200, one Full, 9 Allowed", w.Code, st)
 				}
-				if got := w.Header().Get("RateLimit"); got != `"ip";r=4;t=0` {
-					t.Errorf("RateLimit = %q", got)
+				// The rule knows nothing of this client: no item of it.
+				if got := rateHeaders(w.Header()); len(got) != 0 {
+					t.Errorf("rate-limit headers of a rule that failed open: %v", got)
+				}
+				if !strings.Contains(f.logs.String(), `msg="rule not enforced: counter table full (on_full open)" rule=ip`) {
+					t.Errorf("no log line about the rule failing open:\n%s", f.logs)
+				}
+				for range 5 {
+					f.get("/", "198.51.100.201:1")
+				}
+				if n := strings.Count(f.logs.String(), "rule not enforced"); n != 1 {
+					t.Errorf("%d log lines in the same second, want 1", n)
 				}
 			case "closed":
 				if w.Code != 503 || w.Header().Get("Retry-After") != "1" || st.Full != 1 || st.Refused != 1 {
@@ -770,4 +780,27 @@ func TestRepeatedKeyHeader(t *testing.T) {
 	if w := f.get("/api/x", "192.0.2.1:1", "X-Api-Key", "k1"); w.Code != http.StatusTooManyRequests {
 		t.Fatalf("k1 over its limit: %d", w.Code)
 	}
+}
+
+// With two rules, one of which fails open, the headers describe only the
+// rule that knows the client.
+func TestFullOpenBesideKnowingRule(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "keyed", Path: "/*", Limit: 5, Window: 24 * time.Hour},
+		config.RateLimit{Name: "global", Path: "/*", Limit: 100, Window: time.Hour, By: "global"},
+	), shm.Options{Counters: 8, Probe: 8})
+	for i := 1; i <= 7; i++ { // 7 client keys and the global key fill the 8 slots
+		if w := f.get("/", fmt.Sprintf("198.51.100.%d:1", i)); w.Code != 200 {
+			t.Fatalf("client %d: %d", i, w.Code)
+		}
+	}
+	w := f.get("/", "198.51.100.200:1")
+	if w.Code != 200 {
+		t.Fatalf("new client: %d", w.Code)
+	}
+	want := map[string]string{
+		"RateLimit-Policy": `"global";q=100;w=3600`, "RateLimit": `"global";r=92;t=288`,
+		"X-RateLimit-Limit": "100", "X-RateLimit-Remaining": "92", "X-RateLimit-Reset": "1767225888",
+	}
+	checkHeaders(t, "new client", w.Header(), want)
 }
