@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
@@ -166,6 +167,8 @@ type Exchange struct {
 	// keyBuf holds the bytes of the key being made: part of the pooled
 	// exchange, since a stack buffer would escape through clientip.Source.
 	keyBuf [idemKeyBufSize]byte
+	// scratch holds a decoded query value while a key is made of it.
+	scratch [256]byte
 
 	// What the engine sends.
 	fields   []Field
@@ -251,8 +254,28 @@ func (ex *Exchange) clock() time.Duration {
 	return ex.now
 }
 
-// Header and ClientKey make an Exchange the clientip.Source of its request.
+// Header, Cookie, Query, Path and ClientKey make an Exchange the
+// clientip.Source of its request.
 func (ex *Exchange) Header(name string) (string, int) { return ex.req.Header(name) }
+
+// Cookie is the first cookie called name in the request's Cookie lines.
+func (ex *Exchange) Cookie(name string) (string, bool) {
+	var lb [4]string
+	return clientip.CookieValue(ex.req.HeaderLines("Cookie", lb[:0]), name)
+}
+
+// Query is the query parameter called name, decoded into the exchange's
+// scratch buffer: valid until the next call.
+func (ex *Exchange) Query(name string) (string, int) {
+	v, n := clientip.QueryValue(ex.req.Query(), name, ex.scratch[:0])
+	if len(v) == 0 {
+		return "", n
+	}
+	return unsafe.String(&v[0], len(v)), n
+}
+
+// Path is the normalized path rules match.
+func (ex *Exchange) Path() string { return ex.match }
 
 // ClientKey is the client address as rules count it.
 func (ex *Exchange) ClientKey() netip.Addr {

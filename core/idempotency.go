@@ -175,7 +175,7 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 		c.idem.invalid.Add(1)
 		var re *clientip.RepeatedError
 		if errors.As(err, &re) {
-			return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "send the " + re.Header + " header at most once"}, false)
+			return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "send " + re.What + " at most once"}, false)
 		}
 		panic("core: unexpected key error: " + err.Error())
 	}

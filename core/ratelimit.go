@@ -132,7 +132,7 @@ func (ex *Exchange) rateLimit() (Verdict, bool) {
 		var re *clientip.RepeatedError
 		if errors.As(err, &re) {
 			return ex.respond(&Problem{Status: http.StatusBadRequest,
-				Detail: "send the " + re.Header + " header at most once"}, false)
+				Detail: "send " + re.What + " at most once"}, false)
 		}
 		panic("core: unexpected key error: " + err.Error())
 	}
@@ -331,17 +331,23 @@ func (c *Core) Limiter(name string) *bucket.Limiter {
 	return nil
 }
 
-// KeyOf returns the key bytes rule name counts a request under
-// ("ip:192.0.2.1", "h:X-Api-Key:…", "g"), or nil when there is no such
-// rule; src is the request (clientip.NewHTTPSource for net/http). Whether
-// the rule's route matches does not matter. The bytes are the id for the
-// rule's Limiter: Limiter(name).Reset(string(KeyOf(name, src)), now).
-func (c *Core) KeyOf(name string, src clientip.Source) ([]byte, error) {
+// KeyOf returns the key bytes rule name counts req under ("ip:192.0.2.1",
+// "h:X-Api-Key:…", "g"), exactly as a decision would make them, or nil
+// when there is no such rule. Whether the rule's route matches does not
+// matter. The bytes are the id for the rule's Limiter:
+// Limiter(name).Reset(string(key), now). A request the core would refuse
+// as malformed (a bad path, a repeated key header) is an error.
+func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 	ru := c.byName[name]
 	if ru == nil {
 		return nil, nil
 	}
-	return ru.by.AppendKeyOf(nil, src)
+	ex := c.Begin(req)
+	defer ex.Release()
+	if _, refused := ex.checkPath(); refused {
+		return nil, errors.New("core: the request path is not acceptable")
+	}
+	return ru.by.AppendKeyOf(nil, ex)
 }
 
 // Resolver is the client resolver the core was built with.

@@ -19,7 +19,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
 )
 
@@ -42,7 +41,7 @@ func (h *Handler) Core() *core.Core { return h.c }
 // core.Core.KeyOf), or nil for no such rule or a request whose key header
 // was sent twice.
 func (h *Handler) KeyOf(name string, r *http.Request) []byte {
-	k, err := h.c.KeyOf(name, clientip.NewHTTPSource(h.c.Resolver(), r.RemoteAddr, r.Header))
+	k, err := h.c.KeyOf(name, &request{r: r})
 	if err != nil {
 		return nil
 	}
