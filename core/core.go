@@ -26,6 +26,11 @@ type Options struct {
 	Idempotency []Idempotency
 	// Resolver decides who the client is (trusted proxies, IPv6 prefix).
 	Resolver clientip.Resolver
+	// Exempt clients (judged on the resolved client address) are never
+	// counted or refused by any rule and get no rate-limit header.
+	Exempt []netip.Prefix
+	// Shadow puts every rule in shadow mode: a dry run.
+	Shadow bool
 	// Headers selects the rate-limit header families. The zero value is
 	// HeadersBoth.
 	Headers HeaderMode
@@ -53,6 +58,51 @@ type RateLimit struct {
 	By    clientip.By
 	// Shadow counts and sends headers but never refuses.
 	Shadow bool
+	// Status is the status of a refusal: 429 (0 means 429) or 503.
+	Status int
+	// Exempt clients are never counted or refused by this rule.
+	Exempt []netip.Prefix
+	// Overrides give some keys or clients another limit.
+	Overrides []Override
+}
+
+// Override is another limit for some keys of a rule (an API key of a
+// paying tier) or for some clients: exactly one of Key and Clients is set.
+// A key an override selects lives in one slot, under the override's limit
+// (never also under the rule's), in a namespace of the override's own, so
+// that changing one override leaves every other key's count alone.
+type Override struct {
+	// Key is an exact key value: the header, cookie or query value (or
+	// the path) that the rule's by made the key of.
+	Key string
+	// Clients are client address ranges.
+	Clients []netip.Prefix
+	// Limit, Window and Burst are as a rule's (Window 0: the rule's).
+	Limit  int64
+	Window time.Duration
+	Burst  int64
+}
+
+// StateRules are the bucket rules whose state a core with these options
+// keeps: each rule's own and each override's, for persistence to guard
+// (each is dropped at load when its definition changed).
+func (o *Options) StateRules() []bucket.Rule {
+	var out []bucket.Rule
+	for i := range o.RateLimits {
+		rl := &o.RateLimits[i]
+		out = append(out, rl.Rule)
+		for j := range rl.Overrides {
+			ov := &rl.Overrides[j]
+			r := rl.Rule
+			r.Name = ov.stateName(rl.Rule.Name)
+			r.Limit, r.Burst = ov.Limit, ov.Burst
+			if ov.Window != 0 {
+				r.Window = ov.Window
+			}
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Idempotency is one compiled idempotent-replay block.
@@ -85,6 +135,7 @@ type Core struct {
 	byName   map[string]*rule
 	blocks   []*block
 	resolver clientip.Resolver
+	exempt   clientip.PrefixSet
 	headers  HeaderMode
 	maxReq   int64
 	now      func() time.Duration
@@ -112,6 +163,7 @@ func New(region *shm.Region, opts Options) (*Core, error) {
 		region:   region,
 		byName:   make(map[string]*rule, len(opts.RateLimits)),
 		resolver: opts.Resolver,
+		exempt:   clientip.NewPrefixSet(opts.Exempt),
 		headers:  opts.Headers,
 		maxReq:   opts.MaxRequestBody,
 		now:      opts.Now,
@@ -130,7 +182,7 @@ func New(region *shm.Region, opts Options) (*Core, error) {
 	if c.wall == nil {
 		c.wall = time.Now
 	}
-	if err := c.compileRules(opts.RateLimits); err != nil {
+	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
 		return nil, err
 	}
 	if err := c.compileBlocks(opts.Idempotency); err != nil {
@@ -155,8 +207,9 @@ type Exchange struct {
 	hasClient         bool
 
 	// Rate limiting.
-	hits   []hit
-	hitBuf [inlineHits]hit
+	hits    []hit
+	hitBuf  [inlineHits]hit
+	refusal Refusal
 
 	// Idempotency.
 	idem     *block

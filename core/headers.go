@@ -197,7 +197,7 @@ func (ex *Exchange) rateLimitFields() {
 				if i > 0 {
 					b = append(b, ", "...)
 				}
-				b = append(b, hits[i].r.hdr.policyItem...)
+				b = append(b, hits[i].v.hdr.policyItem...)
 			}
 			return b
 		})
@@ -207,7 +207,7 @@ func (ex *Exchange) rateLimitFields() {
 					b = append(b, ", "...)
 				}
 				r, t := limitValues(&hits[i].d)
-				b = appendLimitItem(b, hits[i].r.hdr.quotedName, r, t)
+				b = appendLimitItem(b, hits[i].v.hdr.quotedName, r, t)
 			}
 			return b
 		})
@@ -215,7 +215,7 @@ func (ex *Exchange) rateLimitFields() {
 	if mode.x() {
 		most := &hits[mostConstraining(hits)]
 		r, t := limitValues(&most.d)
-		ex.addField(hdrXLimit, func(b []byte) []byte { return append(b, most.r.hdr.limitText...) })
+		ex.addField(hdrXLimit, func(b []byte) []byte { return append(b, most.v.hdr.limitText...) })
 		ex.addField(hdrXRemaining, func(b []byte) []byte { return strconv.AppendInt(b, r, 10) })
 		wall := ex.c.wall()
 		ex.addField(hdrXReset, func(b []byte) []byte { return strconv.AppendInt(b, unixCeil(wall, t), 10) })
@@ -257,15 +257,16 @@ func unixCeil(wall time.Time, d time.Duration) int64 {
 // "about:blank" means (RFC 9457 §4.2.1).
 const problemQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
-// refusalProblem is the answer to a refused request: 429 (or 503 when the
-// refusing rule's table was full), the Retry-After of the rule that refused
-// (refusing, one of hits), a detail that names the rule and when to retry,
-// and nothing about internals; a 429 also lists every rule that refused
+// refusalProblem is the answer to a refused request: the refusing rule's
+// status (429, or 503 by its choice; 503 about:blank when its table was
+// full), the Retry-After of the rule that refused (refusing, one of hits),
+// a detail that names the rule and when to retry, and nothing about
+// internals; a quota refusal also lists every rule that refused
 // (violated-policies, as the draft's problem type defines it). The detail
 // and that list are appended to buf, which the problem aliases.
 func refusalProblem(refusing *hit, hits []hit, buf []byte) (Problem, []byte) {
 	secs := retryAfterSeconds(refusing.d.RetryAfter)
-	p := Problem{Status: http.StatusTooManyRequests, Type: problemQuotaExceeded, RetryAfter: secs}
+	p := Problem{Status: refusing.r.status, Type: problemQuotaExceeded, RetryAfter: secs}
 	what := `" exceeded; retry in `
 	if refusing.d.Full {
 		p.Status, p.Type, what = http.StatusServiceUnavailable, "", `" is temporarily unavailable; retry in `
@@ -281,7 +282,7 @@ func refusalProblem(refusing *hit, hits []hit, buf []byte) (Problem, []byte) {
 		buf = append(buf, " seconds"...)
 	}
 	p.DetailText = buf[from:len(buf):len(buf)]
-	if p.Status == http.StatusTooManyRequests {
+	if !refusing.d.Full {
 		from = len(buf)
 		buf = append(buf, `,"violated-policies":[`...)
 		n := 0

@@ -15,7 +15,9 @@ import (
 )
 
 func testHit(name string, limit int64, window time.Duration, d bucket.Decision) hit {
-	return hit{r: &rule{name: name, hdr: newRuleHeaders(name, limit, window)}, d: d, decided: true}
+	ru := &rule{name: name, status: 429}
+	ru.base.hdr = newRuleHeaders(name, limit, window)
+	return hit{r: ru, v: &ru.base, d: d, decided: true}
 }
 
 // setRateLimitHeaders sets on h the fields an exchange with hits sends

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -24,14 +25,30 @@ type rule struct {
 	route  *RateLimit
 	by     clientip.By
 	byIdx  int // index of the first rule with an equal by: equal bys give equal key bytes
-	lim    *bucket.Limiter
 	shadow bool
-	hdr    ruleHeaders
+	status int // of a refusal: 429 or 503
+	exempt clientip.PrefixSet
+
+	// base is the rule's own limit; overrides replace it for some keys:
+	// byKey by exact key value, then the first whose clients contain the
+	// client.
+	base      variant
+	overrides []*variant
+	byKey     map[string]*variant
 
 	stats ruleCounters
 	// Rate-limited log lines: shadow refusals, keys let through by
 	// on_full "open".
 	shadowLog, fullLog logGate
+}
+
+// variant is one limit of a rule: its own, or an override's. Each has its
+// own key namespace, so a key lives in one slot, under the limit that
+// applies to it.
+type variant struct {
+	lim     *bucket.Limiter
+	hdr     ruleHeaders
+	clients clientip.PrefixSet
 }
 
 type ruleCounters struct {
@@ -60,6 +77,7 @@ type RuleStats struct {
 // hit is one rule matching the request being decided.
 type hit struct {
 	r       *rule
+	v       *variant // the limit that applies to this request's key
 	key     shm.Key
 	d       bucket.Decision
 	decided bool // d holds a decision (a charge or a peek) for this request
@@ -71,7 +89,7 @@ type hit struct {
 // allocating.
 const inlineHits = 8
 
-func (c *Core) compileRules(rls []RateLimit) error {
+func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 	bys := map[string]int{}
 	for i := range rls {
 		rl := &rls[i]
@@ -82,6 +100,7 @@ func (c *Core) compileRules(rls []RateLimit) error {
 		if _, dup := c.byName[ru.name]; dup {
 			return fmt.Errorf("core: rule %q defined twice", ru.name)
 		}
+		ru.shadow = ru.shadow || shadowAll
 		b := ru.by.String()
 		if _, ok := bys[b]; !ok {
 			bys[b] = i
@@ -97,15 +116,93 @@ func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
 	if !printableASCII(rl.Rule.Name) {
 		return nil, fmt.Errorf("core: rule %q: a name must be 1 or more printable ASCII characters", rl.Rule.Name)
 	}
-	lim, err := bucket.NewLimiter(rl.Rule, tab)
-	if err != nil {
+	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, shadow: rl.Shadow, status: rl.Status,
+		exempt: clientip.NewPrefixSet(rl.Exempt)}
+	switch ru.status {
+	case 0:
+		ru.status = http.StatusTooManyRequests
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		return nil, fmt.Errorf("core: rule %q: status %d: want 429 or 503", ru.name, ru.status)
+	}
+	var err error
+	if ru.base, err = newVariant(rl.Rule, tab); err != nil {
 		return nil, err // bucket's error names the rule
 	}
-	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, lim: lim, shadow: rl.Shadow,
-		hdr: newRuleHeaders(rl.Rule.Name, rl.Rule.Limit, rl.Rule.Window)}
+	for i := range rl.Overrides {
+		o := &rl.Overrides[i]
+		if (o.Key == "") == (len(o.Clients) == 0) {
+			return nil, fmt.Errorf("core: rule %q: override %d: give it either a key or clients", ru.name, i+1)
+		}
+		r := rl.Rule
+		r.Name = o.stateName(ru.name)
+		r.Limit, r.Window, r.Burst = o.Limit, o.Window, o.Burst
+		if r.Window == 0 {
+			r.Window = rl.Rule.Window
+		}
+		v, err := newVariant(r, tab)
+		if err != nil {
+			return nil, fmt.Errorf("core: rule %q: override %d: %w", ru.name, i+1, err)
+		}
+		v.hdr = newRuleHeaders(ru.name, r.Limit, r.Window) // clients see the rule's name
+		v.clients = clientip.NewPrefixSet(o.Clients)
+		if o.Key != "" {
+			if ru.byKey == nil {
+				ru.byKey = map[string]*variant{}
+			}
+			if _, dup := ru.byKey[o.Key]; dup {
+				return nil, fmt.Errorf("core: rule %q: override %d: key %q overridden twice", ru.name, i+1, o.Key)
+			}
+			ru.byKey[o.Key] = &v
+		} else {
+			ru.overrides = append(ru.overrides, &v)
+		}
+	}
 	ru.shadowLog.init()
 	ru.fullLog.init()
 	return ru, nil
+}
+
+// stateName is the name an override's state is kept under: the rule's,
+// and what the override selects, so that a reload that changes one
+// override (or a dump guarded by it) touches only that override's keys.
+func (o *Override) stateName(rule string) string {
+	if o.Key != "" {
+		return rule + "\x00key\x00" + o.Key
+	}
+	var b strings.Builder
+	b.WriteString(rule + "\x00clients")
+	for _, p := range o.Clients {
+		b.WriteString("\x00" + p.String())
+	}
+	return b.String()
+}
+
+func newVariant(r bucket.Rule, tab *shm.Counters) (variant, error) {
+	lim, err := bucket.NewLimiter(r, tab)
+	if err != nil {
+		return variant{}, err
+	}
+	return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
+}
+
+// variantOf is the limit that applies to a key made of value for the
+// request's client.
+func (ex *Exchange) variantOf(ru *rule, value string) *variant {
+	if value != "" && ru.byKey != nil {
+		if v := ru.byKey[value]; v != nil {
+			return v
+		}
+	}
+	if len(ru.overrides) > 0 {
+		client := ex.Client()
+		for _, v := range ru.overrides {
+			if v.clients.Contains(client) {
+				return v
+			}
+		}
+	}
+	return &ru.base
 }
 
 // printableASCII reports whether a rule name can appear in the headers as
@@ -145,35 +242,47 @@ func (ex *Exchange) rateLimit() (Verdict, bool) {
 }
 
 // matchRules appends a hit for every rule whose route matches the request
-// and counts the enforcing ones.
+// and whose exempt clients do not hold the request's, and counts the
+// enforcing ones. An exempt client is never counted, never refused and
+// gets no header.
 func (ex *Exchange) matchRules() (enforcing int) {
+	c := ex.c
 	method := ex.req.Method()
-	for _, ru := range ex.c.rules {
-		if ru.route.Route.Match(method, ex.match) {
-			ex.hits = append(ex.hits, hit{r: ru})
-			if !ru.shadow {
-				enforcing++
-			}
+	for _, ru := range c.rules {
+		if !ru.route.Route.Match(method, ex.match) {
+			continue
+		}
+		if c.exempt.Len() > 0 && c.exempt.Contains(ex.Client()) {
+			return 0 // no rule counts this client: nothing matched yet either
+		}
+		if ru.exempt.Len() > 0 && ru.exempt.Contains(ex.Client()) {
+			continue
+		}
+		ex.hits = append(ex.hits, hit{r: ru})
+		if !ru.shadow {
+			enforcing++
 		}
 	}
 	return enforcing
 }
 
-// keys computes each hit's table key. Key bytes are built once for
-// consecutive rules with the same `by`.
+// keys computes each hit's limit and table key. Key bytes are built once
+// for consecutive rules with the same `by`.
 func (ex *Exchange) keys() error {
 	var id []byte
+	var value string
 	last := -1
 	for i := range ex.hits {
 		h := &ex.hits[i]
 		if h.r.byIdx != last {
 			var err error
-			if id, err = h.r.by.AppendKeyOf(ex.keyBuf[:0], ex); err != nil {
+			if id, value, err = h.r.by.AppendKeyValue(ex.keyBuf[:0], ex); err != nil {
 				return err
 			}
 			last = h.r.byIdx
 		}
-		h.key = h.r.lim.Key(id)
+		h.v = ex.variantOf(h.r, value)
+		h.key = h.v.lim.Key(id)
 	}
 	return nil
 }
@@ -199,7 +308,7 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 			if h.r.shadow {
 				continue
 			}
-			h.d, h.decided = h.r.lim.PeekKey(h.key, now), true
+			h.d, h.decided = h.v.lim.PeekKey(h.key, now), true
 			if !h.d.Allowed {
 				h.refused = true
 				if refusing == nil || h.d.RetryAfter > refusing.d.RetryAfter {
@@ -216,7 +325,7 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 		if h.r.shadow {
 			continue
 		}
-		h.d, h.decided = h.r.lim.AllowKey(h.key, now), true
+		h.d, h.decided = h.v.lim.AllowKey(h.key, now), true
 		if h.d.Allowed {
 			h.charged = !h.d.Full // on_full "open" took no slot: nothing to refund
 			continue
@@ -224,7 +333,7 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 		h.refused = true
 		for j := range hits[:i] {
 			if o := &hits[j]; o.charged {
-				o.r.lim.RefundKey(o.key, now)
+				o.v.lim.RefundKey(o.key, now)
 				o.charged, o.decided = false, false // refuse peeks again for the headers
 			}
 		}
@@ -232,7 +341,7 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 	}
 	for i := range hits {
 		if h := &hits[i]; h.r.shadow {
-			h.d, h.decided = h.r.lim.AllowKey(h.key, now), true
+			h.d, h.decided = h.v.lim.AllowKey(h.key, now), true
 			h.charged = h.d.Allowed && !h.d.Full
 		}
 	}
@@ -245,7 +354,7 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 	for i := range ex.hits {
 		h := &ex.hits[i]
 		if !h.decided {
-			h.d, h.decided = h.r.lim.PeekKey(h.key, now), true
+			h.d, h.decided = h.v.lim.PeekKey(h.key, now), true
 		}
 		if h.refused {
 			h.r.stats.refused.Add(1)
@@ -257,7 +366,41 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 	ex.rateLimitFields()
 	var p Problem
 	p, ex.buf = refusalProblem(refusing, ex.hits, ex.buf)
-	return ex.respond(&p, false)
+	n := len(ex.fields)
+	ex.respond(&p, false)
+	ex.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full, Fields: ex.fields[:n:n]}
+	for _, f := range ex.fields[n:] {
+		if f.Name == fieldRetryAfter {
+			ex.refusal.Fields = append(ex.refusal.Fields, f)
+		}
+	}
+	return Respond, true
+}
+
+// Refusal describes a request the rate limits refused, for an embedder
+// that writes the answer itself (its body, its own format).
+type Refusal struct {
+	// Rule is the rule that refused (of several, the one whose retry time
+	// is latest).
+	Rule string
+	// Status is 429, or 503 (the rule's status, or a full table with
+	// on_full "closed").
+	Status int
+	// RetryAfter is when the client may try again.
+	RetryAfter time.Duration
+	// Full means the rule's table had no slot for the key.
+	Full bool
+	// Fields are the rate-limit header fields and Retry-After to send.
+	Fields []Field
+}
+
+// Refusal returns the refusal the exchange answered with, or nil when its
+// answer is something else (Respond for another reason, or Pass).
+func (ex *Exchange) Refusal() *Refusal {
+	if ex.refusal.Status == 0 {
+		return nil
+	}
+	return &ex.refusal
 }
 
 // served counts a request that is about to be served, and logs the shadow
@@ -290,7 +433,7 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 	if !ok {
 		return
 	}
-	status := http.StatusTooManyRequests
+	status := h.r.status
 	if h.d.Full {
 		status = http.StatusServiceUnavailable
 	}
@@ -326,7 +469,7 @@ func (ex *Exchange) logFull(h *hit, now time.Duration) {
 // successful login, say), using the key from KeyOf.
 func (c *Core) Limiter(name string) *bucket.Limiter {
 	if ru := c.byName[name]; ru != nil {
-		return ru.lim
+		return ru.base.lim
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -41,6 +42,11 @@ type Options struct {
 	// Handler builds the application, once in each worker process. Run
 	// wraps it in the rate-limit middleware. Required.
 	Handler func(w *Worker) (http.Handler, error)
+
+	// Refuse, if set, writes the answer to a request the rate limits
+	// refused, in place of the default problem+json (see
+	// nethttp.Options.Refuse).
+	Refuse func(w http.ResponseWriter, r *http.Request, ref *core.Refusal)
 
 	// Logger receives one structured line per operator event, in the
 	// supervisor and in every worker. nil means slog.Default().

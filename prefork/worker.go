@@ -164,7 +164,7 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	w.h = nethttp.New(c, app)
+	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
 		ConnState:         conns.track,
 		Handler:           w.h,

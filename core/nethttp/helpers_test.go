@@ -19,6 +19,7 @@ type Options struct {
 	Logger *slog.Logger
 	Now    func() time.Duration
 	Wall   func() time.Time
+	Refuse func(http.ResponseWriter, *http.Request, *core.Refusal)
 }
 
 // handler is the adapter with the accessors the tests use.
@@ -48,5 +49,5 @@ func New(cfg config.Config, region *shm.Region, next http.Handler, opts Options)
 	if err != nil {
 		return nil, err
 	}
-	return &handler{nethttp.New(c, next)}, nil
+	return &handler{nethttp.New(c, next, nethttp.Options{Refuse: opts.Refuse})}, nil
 }

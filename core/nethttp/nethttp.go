@@ -26,12 +26,22 @@ import (
 type Handler struct {
 	c    *core.Core
 	next http.Handler
+	opts Options
+}
+
+// Options tunes a Handler. The zero value is what most want.
+type Options struct {
+	// Refuse, if set, writes the answer to a request the rate limits
+	// refused, instead of the core's problem+json: the status
+	// (ref.Status) and a body. The rate-limit header fields and
+	// Retry-After (ref.Fields) are set on w already.
+	Refuse func(w http.ResponseWriter, r *http.Request, ref *core.Refusal)
 }
 
 // New returns the handler that decides about each request with c and
 // passes those it lets through to next.
-func New(c *core.Core, next http.Handler) *Handler {
-	return &Handler{c: c, next: next}
+func New(c *core.Core, next http.Handler, opts Options) *Handler {
+	return &Handler{c: c, next: next, opts: opts}
 }
 
 // Core is the decision core the handler applies.
@@ -62,6 +72,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		requests.Put(req)
 	}()
 	if ex.Decide() == core.Respond {
+		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
+			setFields(w.Header(), ref.Fields)
+			h.opts.Refuse(w, r, ref)
+			return
+		}
 		writeResponse(w, ex.Response())
 		return
 	}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/core/nethttp"
+	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -70,8 +72,19 @@ type fixture struct {
 
 func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
 	t.Helper()
+	o, err := prefork.CoreOptions(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newCoreFixture(t, o, geo)
+}
+
+// newCoreFixture is newFixture for core options built in Go (what the
+// configuration cannot express yet, or tests that want the core alone).
+func newCoreFixture(t testing.TB, o core.Options, geo shm.Options) *fixture {
+	t.Helper()
 	f := &fixture{app: &app{}, clock: newClock(), region: newRegion(t, geo), logs: &bytes.Buffer{}}
-	logger := slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, &slog.HandlerOptions{
+	o.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.TimeKey {
 				return slog.Attr{}
@@ -79,11 +92,12 @@ func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
 			return a
 		},
 	}))
-	mw, err := New(cfg, f.region, f.app, Options{Logger: logger, Now: f.clock.Now, Wall: f.clock.Wall})
+	o.Now, o.Wall = f.clock.Now, f.clock.Wall
+	c, err := core.New(f.region, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.mw = mw
+	f.mw = &handler{nethttp.New(c, f.app, nethttp.Options{})}
 	return f
 }
 
