@@ -85,48 +85,6 @@ func (rt *Route) String() string {
 	return rt.base
 }
 
-// Clean returns the request path routes match against: r.URL.Path with
-// "." and ".." elements resolved, repeated slashes collapsed and a trailing
-// slash dropped (path.Clean), so that "/x/../login", "//login" and
-// "/login/" cannot dodge a rule on "/login". An empty path is "/". It
-// allocates only when the path is not already clean.
-func Clean(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if isClean(p) {
-		return p
-	}
-	if p[0] != '/' {
-		return p // "*" (OPTIONS *) and other non-paths: they match no route
-	}
-	return path.Clean(p)
-}
-
-// isClean reports whether path.Clean(p) == p for p starting with '/'.
-func isClean(p string) bool {
-	if p[0] != '/' {
-		return true
-	}
-	// Look at every element: empty ("//", a trailing "/"), "." or "..".
-	for i := 0; i < len(p); {
-		j := i + 1
-		for j < len(p) && p[j] != '/' {
-			j++
-		}
-		switch e := p[i+1 : j]; e {
-		case ".", "..":
-			return false
-		case "":
-			if j < len(p) || i > 0 {
-				return false
-			}
-		}
-		i = j
-	}
-	return true
-}
-
 // IsToken reports whether s is an RFC 9110 token.
 func IsToken(s string) bool {
 	for i := 0; i < len(s); i++ {
