@@ -1,11 +1,3 @@
-// Package route matches request paths and methods against the routes of
-// preforkd's configuration: an exact path ("/login") or a prefix ending in
-// "/*" ("/api/*", which matches "/api" and everything below "/api/", never
-// "/apix"), and a list of methods (empty: every method).
-//
-// Request paths are cleaned before matching ([Clean]), so "/x/../login",
-// "//login" and "/login/" cannot dodge a rule on "/login". Matching does
-// not allocate; most users want [Compile] once and [Route.Match] per request.
 package route
 
 import (
