@@ -818,3 +818,39 @@ func TestFullOpenBesideKnowingRule(t *testing.T) {
 	}
 	checkHeaders(t, "new client", w.Header(), want)
 }
+
+// Path tricks that dodged a /login rule (a bypass for case-insensitive
+// routers and for servers that drop ';' parameters or trailing dots) are
+// counted against it; paths no application should see are 400; the next
+// handler gets the path with dot segments removed and slashes merged.
+func TestPathTricks(t *testing.T) {
+	var seen []string
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "login", Path: "/login", Limit: 100, Window: time.Hour}), shm.Options{Counters: 64})
+	f.mw.Handler = nethttp.New(f.mw.Core(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, r.URL.EscapedPath())
+	}), nethttp.Options{})
+	tricks := []string{"/login", "/LOGIN", "/login;x", "/.;/login", "/login.", "/Login/", "//login", "/x/../login", "/%6Cogin", "/login%2e", "/login;jsessionid=1"}
+	for i, p := range tricks {
+		w := f.get(p, "192.0.2.1:1")
+		if w.Code != 200 {
+			t.Fatalf("%s: %d", p, w.Code)
+		}
+		if got := w.Header().Get("RateLimit"); got != fmt.Sprintf(`"login";r=%d;t=%d`, 100-i-1, 36*(i+1)) {
+			t.Fatalf("%s not counted under login: RateLimit %q", p, got)
+		}
+	}
+	if seen[7] != "/login" || seen[6] != "/login" || seen[2] != "/login;x" {
+		t.Fatalf("forwarded paths %q", seen)
+	}
+	for _, p := range []string{`/\login`, "/a%2Fb", "/a%5cb", "/a%00", "/a%zz", "/a%2"} {
+		req := request("GET", "/", "192.0.2.1:1")
+		req.RequestURI = p
+		w := f.do(req)
+		if w.Code != 400 || w.Header().Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("%q: %d %q, want a 400 problem", p, w.Code, w.Body)
+		}
+	}
+	if len(seen) != len(tricks) {
+		t.Fatalf("a refused path reached the handler: %q", seen)
+	}
+}
