@@ -67,6 +67,14 @@
 //     NOTIFY_SOCKET.
 //   - Each worker's GOMAXPROCS is its share of the CPUs unless GOMAXPROCS
 //     is set in the environment.
+//   - The supervisor and every worker raise their soft limit on open files
+//     to the hard limit at start; the supervisor logs it ("supervisor
+//     started", open_files).
+//   - Workers take the supervisor's process name (its /proc/self/comm:
+//     "preforkd" for the daemon, the program's name when embedded) instead
+//     of "exe", and their command line reads "NAME: worker INDEX
+//     (generation G)", so that ps -C NAME and pgrep -x NAME see the whole
+//     tree. The arguments a worker sees in os.Args are the supervisor's.
 //
 // # Guarantees
 //

@@ -77,10 +77,17 @@ func runWorker(ctx context.Context, opts Options) int {
 		return 1
 	}
 	log = log.With("worker", index)
+	if err := nameWorker(os.Getenv(envName)); err != nil {
+		log.Warn("worker keeps the name the kernel gave it", "err", err)
+	}
 	// Nothing this worker starts is a worker, nor inherits its descriptors.
 	os.Unsetenv(envWorker)
+	os.Unsetenv(envName)
 	for fd := fdRegion; fd <= fdConfig; fd++ {
 		syscall.CloseOnExec(fd)
+	}
+	if n, err := raiseOpenFileLimit(); err != nil {
+		log.Warn("open-file limit not raised", "open_files", n, "err", err)
 	}
 	// Ctrl-C and HUP are the supervisor's business; TERM means drain.
 	signal.Ignore(syscall.SIGINT, syscall.SIGHUP)
