@@ -7,10 +7,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -110,4 +115,112 @@ func wrkResults(out string) (requests int, errs map[string]int, err error) {
 		return 0, nil, fmt.Errorf("an unreadable non-2xx line")
 	}
 	return requests, errs, nil
+}
+
+// 10,000 keep-alive connections to the admin listener, left idle, take at
+// most its cap of the supervisor's descriptors, and the supervisor still
+// reloads (HUP to "reload finished") in under a second.
+func TestAdminConnectionFlood(t *testing.T) {
+	t.Parallel()
+	const flood = 10_000
+	needOpenFiles(t, flood+1000)
+	cfg := baseServer(2, "") + "\n[admin]\nlisten = \"ADMIN_ADDR\"\n"
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	before := openFiles(t, d.pid())
+
+	conns := make([]net.Conn, flood)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	var wg sync.WaitGroup
+	var dialErrs atomic.Int64
+	next := atomic.Int64{}
+	for range 16 {
+		wg.Go(func() {
+			dialer := net.Dialer{Timeout: 5 * time.Second}
+			for i := int(next.Add(1) - 1); i < flood; i = int(next.Add(1) - 1) {
+				c, err := dialer.Dial("tcp", d.admin)
+				if err != nil {
+					dialErrs.Add(1)
+					continue
+				}
+				conns[i] = c
+				// One request, then silence: an idle keep-alive connection.
+				// Past the cap the write may meet a closed connection.
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				io.WriteString(c, "GET /status HTTP/1.1\r\nHost: admin\r\n\r\n")
+			}
+		})
+	}
+	wg.Wait()
+	if n := dialErrs.Load(); n > 0 {
+		t.Fatalf("%d of %d connections could not be opened", n, flood)
+	}
+	during := openFiles(t, d.pid())
+	t.Logf("supervisor descriptors: %d before, %d with %d admin connections open", before, during, flood)
+	if during > before+defaultAdminLimits.maxConns+8 {
+		t.Errorf("the supervisor holds %d descriptors with %d admin connections open (%d before): more than the cap of %d",
+			during, flood, before, defaultAdminLimits.maxConns)
+	}
+	from := d.logs.len()
+	sent := time.Now()
+	d.signal(syscall.SIGHUP)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("reload finished")); !ok {
+		t.Fatal("no \"reload finished\" within 10s of HUP")
+	}
+	took := time.Since(sent)
+	t.Logf("reload with %d admin connections open: %v", flood, took.Round(time.Millisecond))
+	if took >= time.Second {
+		t.Errorf("the reload took %v, want under 1s", took)
+	}
+	if _, _, ok := d.logs.waitFor(0, time.Second, msgIs("admin: connection limit reached; closing new connections")); !ok {
+		t.Error("no warning that admin connections were refused")
+	}
+
+	// Once the clients let go, the endpoint answers again.
+	for _, c := range conns {
+		c.Close()
+	}
+	c := newClient(t, nil, false)
+	deadline := time.Now().Add(5 * time.Second)
+	for r := get(c, "http://"+d.admin+"/status"); r.status != 200; r = get(c, "http://"+d.admin+"/status") {
+		if time.Now().After(deadline) {
+			t.Fatalf("/status after the flood: %d %v", r.status, r.err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// needOpenFiles raises this test process's soft open-file limit to at
+// least n, or fails the test.
+func needOpenFiles(t *testing.T, n uint64) {
+	t.Helper()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if lim.Cur >= n {
+		return
+	}
+	if lim.Max < n {
+		t.Fatalf("the hard open-file limit is %d; this test needs %d descriptors", lim.Max, n)
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openFiles counts a process's open descriptors.
+func openFiles(t *testing.T, pid int) int {
+	t.Helper()
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(fds)
 }
