@@ -20,8 +20,8 @@
 //
 // The same program runs as the supervisor and as every worker. The
 // supervisor starts each worker by executing its own binary again
-// (/proc/self/exe, with the same arguments) with the environment variable
-// PREFORKD_WORKER set; [Run] (and [IsWorker]) detect that role. In a worker,
+// (/proc/self/exe, with the same arguments; argv[0] is the worker's title)
+// with the environment variable PREFORKD_WORKER set; [Run] (and [IsWorker]) detect that role. In a worker,
 // Run serves and exits the process itself: it never returns. Hence main
 // calls Run before anything with side effects (opening files, starting
 // goroutines that matter), and the code before Run runs in every process.
@@ -43,7 +43,10 @@
 //   - TERM or INT (or ctx done): graceful drain. Every worker stops
 //     accepting and finishes its requests in flight for up to
 //     Server.ShutdownTimeout; the supervisor kills what is left a little
-//     later. A second TERM or INT kills at once. No worker is started while
+//     later. A draining worker answers with Connection: close and closes a
+//     keep-alive connection only after that, or after it was idle for a
+//     grace (drain.go states the rule), so that no request is lost to a
+//     connection closed under it. A second TERM or INT kills at once. No worker is started while
 //     draining. After the last worker was reaped, Options.Finish runs and
 //     Run returns.
 //   - HUP: the configuration is read again (Options.LoadConfig or
