@@ -11,6 +11,7 @@ package route
 import (
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -23,12 +24,31 @@ type Route struct {
 	methods []string // upper case; empty matches every method
 }
 
-// Compile parses a configured path ("/login", "/api/*") and methods.
-// Paths are cleaned like request paths, so that "/login/" and "/login"
-// name the same route.
+// An Error is a path or methods that Compile refuses.
+type Error struct {
+	Field string // the argument at fault: "Path" or "Methods"
+	Msg   string // what is wrong, naming the path or method
+}
+
+func (e *Error) Error() string { return "route: " + e.Msg }
+
+// Compile parses a configured path ("/login", "/api/*") and methods, each
+// an RFC 9110 token listed at most once (case-insensitively). A path has no
+// blanks, control characters, query or fragment. Paths are cleaned like
+// request paths, so that "/login/" and "/login" name the same route.
+// Every problem is an *[Error].
 func Compile(p string, methods []string) (Route, error) {
+	bad := func(field, format string, args ...any) (Route, error) {
+		return Route{}, &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	if p == "" || p[0] != '/' {
-		return Route{}, fmt.Errorf("route: path %q must start with /", p)
+		return bad("Path", "path %q must start with /", p)
+	}
+	if i := strings.IndexFunc(p, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+		return bad("Path", "path %q contains a blank or control character", p)
+	}
+	if strings.ContainsAny(p, "?#") {
+		return bad("Path", "path %q: a path has no query or fragment", p)
 	}
 	rt := Route{}
 	base := p
@@ -37,7 +57,7 @@ func Compile(p string, methods []string) (Route, error) {
 		base = p[:len(p)-1] // keep the slash: "/api/" cleans to "/api", "/" stays "/"
 	}
 	if strings.IndexByte(base, '*') >= 0 {
-		return Route{}, fmt.Errorf("route: path %q: '*' is only allowed as a final \"/*\"", p)
+		return bad("Path", "path %q: '*' is only allowed as a final \"/*\"", p)
 	}
 	rt.base = path.Clean(base)
 	if rt.prefix && rt.base == "/" {
@@ -45,9 +65,13 @@ func Compile(p string, methods []string) (Route, error) {
 	}
 	for _, m := range methods {
 		if m == "" || !IsToken(m) {
-			return Route{}, fmt.Errorf("route: method %q is not a token", m)
+			return bad("Methods", "method %q is not a token", m)
 		}
-		rt.methods = append(rt.methods, strings.ToUpper(m))
+		m = strings.ToUpper(m)
+		if slices.Contains(rt.methods, m) {
+			return bad("Methods", "method %q is listed twice", m)
+		}
+		rt.methods = append(rt.methods, m)
 	}
 	return rt, nil
 }
