@@ -141,7 +141,7 @@ func New(cfg config.Config, region *shm.Region, next http.Handler, opts Options)
 		return nil, fmt.Errorf("httplimit: %w", err)
 	}
 	var err error
-	if m.headers, err = parseHeaderMode(cfg.Server.Headers); err != nil {
+	if m.headers, err = parseHeaderMode(cfg.Server.Headers.String()); err != nil {
 		return nil, err
 	}
 	bys := map[string]int{}
@@ -149,9 +149,6 @@ func New(cfg config.Config, region *shm.Region, next http.Handler, opts Options)
 		rl := &cfg.RateLimits[i]
 		ru, err := compileRule(rl, region.Counters())
 		if err != nil {
-			if rl.Line > 0 {
-				return nil, fmt.Errorf("httplimit: rule %q (line %d): %w", rl.Name, rl.Line, err)
-			}
 			return nil, fmt.Errorf("httplimit: rule %q: %w", rl.Name, err)
 		}
 		if _, dup := m.byName[ru.name]; dup {
@@ -180,28 +177,15 @@ func compileRule(rl *config.RateLimit, tab *shm.Counters) (*rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	algo, err := bucket.ParseAlgorithm(rl.Algorithm)
-	if err != nil {
-		return nil, err
-	}
 	ru := &rule{name: rl.Name, route: rt, by: by}
 	switch rl.Mode {
-	case "enforce", "":
-	case "shadow":
+	case config.Enforce:
+	case config.Shadow:
 		ru.shadow = true
 	default:
-		return nil, fmt.Errorf("mode %q: want \"enforce\" or \"shadow\"", rl.Mode)
+		return nil, fmt.Errorf("mode %v: want enforce or shadow", rl.Mode)
 	}
-	var onFull bucket.OnFull
-	switch rl.OnFull {
-	case "open", "":
-	case "closed":
-		onFull = bucket.Closed
-	default:
-		return nil, fmt.Errorf("on_full %q: want \"open\" or \"closed\"", rl.OnFull)
-	}
-	br := bucket.Rule{Name: rl.Name, Limit: rl.Limit, Window: rl.Window, Algorithm: algo, Burst: rl.Burst, OnFull: onFull}
-	if ru.lim, err = bucket.NewLimiter(br, tab); err != nil {
+	if ru.lim, err = bucket.NewLimiter(rl.BucketRule(), tab); err != nil {
 		return nil, err
 	}
 	ru.hdr = newRuleHeaders(rl.Name, rl.Limit, rl.Window)

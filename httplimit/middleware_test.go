@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -231,7 +232,7 @@ func TestLimitOneClient(t *testing.T) {
 
 // A fixed window reports the end of the window as t, refused or not.
 func TestFixedWindowHeaders(t *testing.T) {
-	f := newFixture(t, cfgWith(config.RateLimit{Name: "fw", Path: "/x", Limit: 2, Window: 10 * time.Second, Algorithm: "fixed-window"}), shm.Options{Counters: 64})
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "fw", Path: "/x", Limit: 2, Window: 10 * time.Second, Algorithm: bucket.FixedWindow}), shm.Options{Counters: 64})
 	f.clock.Advance(3 * time.Second) // t0 is window-aligned; 7s remain in this one
 	for i, want := range []string{`"fw";r=1;t=7`, `"fw";r=0;t=7`, `"fw";r=0;t=7`} {
 		w := f.get("/x", "192.0.2.1:1")
@@ -335,7 +336,7 @@ func TestSeveralRulesRefuse(t *testing.T) {
 func TestRefundAfterLateRefusal(t *testing.T) {
 	f := newFixture(t, cfgWith(
 		config.RateLimit{Name: "A", Path: "/x", Limit: 100, Window: time.Hour, By: "global"},
-		config.RateLimit{Name: "B", Path: "/x", Limit: 100, Window: time.Hour, OnFull: "closed"},
+		config.RateLimit{Name: "B", Path: "/x", Limit: 100, Window: time.Hour, OnFull: bucket.Closed},
 	), shm.Options{Counters: 8, Probe: 8})
 	// A's one key and 7 clients of B fill the 8 slots.
 	for i := 1; i <= 7; i++ {
@@ -365,8 +366,8 @@ func TestRefundAfterLateRefusal(t *testing.T) {
 }
 
 func TestOnFull(t *testing.T) {
-	for _, onFull := range []string{"open", "closed"} {
-		t.Run(onFull, func(t *testing.T) {
+	for _, onFull := range []bucket.OnFull{bucket.Open, bucket.Closed} {
+		t.Run(onFull.String(), func(t *testing.T) {
 			f := newFixture(t, cfgWith(config.RateLimit{Name: "ip", Path: "/*", Limit: 5, Window: 24 * time.Hour, OnFull: onFull}),
 				shm.Options{Counters: 8, Probe: 8})
 			for i := 1; i <= 8; i++ {
@@ -380,14 +381,14 @@ func TestOnFull(t *testing.T) {
 			w := f.get("/", "198.51.100.200:1")
 			st := f.mw.Stats()[0]
 			switch onFull {
-			case "open":
+			case bucket.Open:
 				if w.Code != 200 || st.Full != 1 || st.Allowed != 9 {
 					t.Errorf("%d, %+v; want 200, one Full, 9 Allowed", w.Code, st)
 				}
 				if got := w.Header().Get("RateLimit"); got != `"ip";r=4;t=0` {
 					t.Errorf("RateLimit = %q", got)
 				}
-			case "closed":
+			case bucket.Closed:
 				if w.Code != 503 || w.Header().Get("Retry-After") != "1" || st.Full != 1 || st.Refused != 1 {
 					t.Errorf("%d, Retry-After %q, %+v; want 503, 1, one Full and one Refused", w.Code, w.Header().Get("Retry-After"), st)
 				}
@@ -454,16 +455,15 @@ func TestHeaderModes(t *testing.T) {
 	ietf := []string{"RateLimit-Policy", "RateLimit"}
 	x := []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
 	for _, tt := range []struct {
-		mode string
+		mode config.Headers
 		want []string
 	}{
-		{"both", append(append([]string{}, ietf...), x...)},
-		{"", append(append([]string{}, ietf...), x...)}, // the default
-		{"ietf", ietf},
-		{"x", x},
-		{"none", nil},
+		{config.HeadersBoth, append(append([]string{}, ietf...), x...)}, // the zero value
+		{config.HeadersIETF, ietf},
+		{config.HeadersX, x},
+		{config.HeadersNone, nil},
 	} {
-		t.Run(tt.mode, func(t *testing.T) {
+		t.Run(tt.mode.String(), func(t *testing.T) {
 			cfg := cfgWith(config.RateLimit{Name: "r", Path: "/", Limit: 1, Window: time.Second})
 			cfg.Server.Headers = tt.mode
 			f := newFixture(t, cfg, shm.Options{Counters: 64})
@@ -490,9 +490,9 @@ func TestHeaderModes(t *testing.T) {
 		})
 	}
 	cfg := cfgWith()
-	cfg.Server.Headers = "all"
+	cfg.Server.Headers = 9
 	if _, err := New(cfg, newRegion(t, shm.Options{Counters: 64}), &app{}, Options{}); err == nil {
-		t.Error(`headers = "all" accepted`)
+		t.Error("Headers(9) accepted")
 	}
 }
 
@@ -538,7 +538,7 @@ func TestHeadersSurviveNext(t *testing.T) {
 
 func TestShadow(t *testing.T) {
 	f := newFixture(t, cfgWith(
-		config.RateLimit{Name: "watch", Path: "/*", Limit: 1, Window: time.Minute, Mode: "shadow"},
+		config.RateLimit{Name: "watch", Path: "/*", Limit: 1, Window: time.Minute, Mode: config.Shadow},
 	), shm.Options{Counters: 64})
 	for i := 1; i <= 5; i++ {
 		w := f.get("/page", "192.0.2.1:1")
@@ -585,7 +585,7 @@ func TestShadow(t *testing.T) {
 func TestShadowBesideEnforce(t *testing.T) {
 	f := newFixture(t, cfgWith(
 		config.RateLimit{Name: "enf", Path: "/*", Limit: 2, Window: time.Minute},
-		config.RateLimit{Name: "shd", Path: "/*", Limit: 10, Window: time.Minute, Mode: "shadow"},
+		config.RateLimit{Name: "shd", Path: "/*", Limit: 10, Window: time.Minute, Mode: config.Shadow},
 	), shm.Options{Counters: 64})
 	for i := 0; i < 4; i++ {
 		f.get("/", "192.0.2.1:1")
@@ -606,7 +606,7 @@ func TestConcurrentExact(t *testing.T) {
 		rules []config.RateLimit
 	}{
 		{"one rule", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour}}},
-		{"fixed window", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour, Algorithm: "fixed-window"}}},
+		{"fixed window", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour, Algorithm: bucket.FixedWindow}}},
 		// A wider rule first: every refusal by L after A's charge must be
 		// refunded to A.
 		{"two rules", []config.RateLimit{
@@ -662,16 +662,15 @@ func TestNewErrors(t *testing.T) {
 	}{
 		{"duplicate", cfgWith(good, good), `rule "r" defined twice`},
 		{"path", with(func(r *config.RateLimit) { r.Path = "x" }), `rule "r": route: path "x" must start with /`},
-		{"line", with(func(r *config.RateLimit) { r.Path = "x"; r.Line = 12 }), `rule "r" (line 12)`},
 		{"name", with(func(r *config.RateLimit) { r.Name = "a\nb" }), "printable ASCII"},
 		{"no name", with(func(r *config.RateLimit) { r.Name = "" }), "printable ASCII"},
-		{"limit", with(func(r *config.RateLimit) { r.Limit = 0 }), "limit 0"},
+		{"limit", with(func(r *config.RateLimit) { r.Limit = 0 }), "got 0"},
 		{"window", with(func(r *config.RateLimit) { r.Window = 0 }), "window"},
-		{"mode", with(func(r *config.RateLimit) { r.Mode = "log" }), `mode "log"`},
-		{"on_full", with(func(r *config.RateLimit) { r.OnFull = "maybe" }), `on_full "maybe"`},
+		{"mode", with(func(r *config.RateLimit) { r.Mode = 7 }), "mode 7"},
+		{"on_full", with(func(r *config.RateLimit) { r.OnFull = 7 }), "on-full policy OnFull(7)"},
 		{"by", with(func(r *config.RateLimit) { r.By = "cookie:x" }), "invalid by"},
-		{"algorithm", with(func(r *config.RateLimit) { r.Algorithm = "leaky" }), "unknown algorithm"},
-		{"burst", with(func(r *config.RateLimit) { r.Algorithm = "fixed-window"; r.Burst = 3 }), "burst"},
+		{"algorithm", with(func(r *config.RateLimit) { r.Algorithm = 7 }), "unknown algorithm"},
+		{"burst", with(func(r *config.RateLimit) { r.Algorithm = bucket.FixedWindow; r.Burst = 3 }), "burst"},
 	} {
 		_, err := New(tt.cfg, region, &app{}, Options{})
 		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "httplimit: ") {

@@ -130,7 +130,7 @@ func New(cfg config.Config, region *shm.Region, next http.Handler, opts Options)
 	m := &Middleware{
 		next:     next,
 		resolver: clientip.Resolver{Trusted: cfg.Server.TrustedProxies, IPv6Prefix: cfg.Server.IPv6Prefix},
-		maxReq:   cfg.Server.MaxRequestBody,
+		maxReq:   int64(cfg.Server.MaxRequestBody),
 		now:      opts.Now,
 		log:      opts.Logger,
 	}
@@ -158,9 +158,6 @@ func New(cfg config.Config, region *shm.Region, next http.Handler, opts Options)
 		d := &cfg.Idempotency[i]
 		b, err := compileBlock(d, m.maxReq)
 		if err != nil {
-			if d.Line > 0 {
-				return nil, fmt.Errorf("idempotency: block %d (line %d): %w", i+1, d.Line, err)
-			}
 			return nil, fmt.Errorf("idempotency: block %d: %w", i+1, err)
 		}
 		m.blocks = append(m.blocks, b)
@@ -195,7 +192,7 @@ func compileBlock(d *config.Idempotency, maxReq int64) (*block, error) {
 		ttl:      d.TTL,
 		wait:     d.Wait,
 		by:       by,
-		maxBody:  d.MaxBody,
+		maxBody:  int64(d.MaxBody),
 		// The cleaned path, not the methods: a reload that adds a method
 		// keeps the records, and the fingerprint (which has the method)
 		// tells a POST from a PATCH under one key.

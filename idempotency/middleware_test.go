@@ -879,7 +879,6 @@ func TestNewErrors(t *testing.T) {
 	good := config.Config{Idempotency: []config.Idempotency{orders()}}
 	bad := func(f func(*config.Idempotency)) config.Config {
 		d := orders()
-		d.Line = 12
 		f(&d)
 		return config.Config{Idempotency: []config.Idempotency{d}}
 	}
@@ -894,7 +893,7 @@ func TestNewErrors(t *testing.T) {
 		{"nil region", good, nil, next, "nil region"},
 		{"not joined", good, unjoined, next, "not joined"},
 		{"no response table", good, noTable, next, "no response table"},
-		{"bad path", bad(func(d *config.Idempotency) { d.Path = "orders" }), joined, next, "line 12"},
+		{"bad path", bad(func(d *config.Idempotency) { d.Path = "orders" }), joined, next, `block 1: route: path "orders" must start with /`},
 		{"bad by", bad(func(d *config.Idempotency) { d.By = "cookie" }), joined, next, "by"},
 		{"bad header", bad(func(d *config.Idempotency) { d.Header = "Idempotency Key" }), joined, next, "header"},
 		{"negative wait", bad(func(d *config.Idempotency) { d.Wait = -1 }), joined, next, "wait"},
