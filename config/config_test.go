@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -227,6 +228,33 @@ func TestSizes(t *testing.T) {
 		case tc.want >= 0 && c.Server.MaxRequestBody != Size(tc.want):
 			t.Errorf("%s = %d, want %d", tc.in, c.Server.MaxRequestBody, tc.want)
 		}
+	}
+}
+
+// TestTextForms: the typed fields write what they read (the handoff of a
+// configuration to the workers goes through JSON, which uses them), and
+// refuse to write a value they could not read back.
+func TestTextForms(t *testing.T) {
+	for _, v := range []interface {
+		encoding.TextMarshaler
+		fmt.Stringer
+	}{Size(0), Size(1000), Size(1 << 20), Size(3 << 40), Size(1<<63 - 1), Enforce, Shadow, HeadersBoth, HeadersIETF, HeadersX, HeadersNone} {
+		b, err := v.MarshalText()
+		back := reflect.New(reflect.TypeOf(v))
+		if err != nil || string(b) != v.String() || back.Interface().(encoding.TextUnmarshaler).UnmarshalText(b) != nil ||
+			back.Elem().Interface() != v {
+			t.Errorf("%v: marshalled %q (%v), read back %v", v, b, err, back.Elem())
+		}
+	}
+	if b, err := Mode(2).MarshalText(); err == nil {
+		t.Errorf("Mode(2) marshalled as %q", b)
+	}
+	if b, err := Headers(4).MarshalText(); err == nil {
+		t.Errorf("Headers(4) marshalled as %q", b)
+	}
+	var m Mode
+	if err := m.UnmarshalText([]byte("Shadow")); err == nil || err.Error() != `config: "Shadow" is not one of "enforce", "shadow"` {
+		t.Errorf("mode Shadow: %v", err)
 	}
 }
 
