@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -27,7 +28,7 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm parses "gcra" or "fixed-window".
+// ParseAlgorithm parses "gcra" or "fixed-window"; "" is GCRA.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch s {
 	case "gcra", "":
@@ -35,7 +36,28 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	case "fixed-window":
 		return FixedWindow, nil
 	}
-	return 0, fmt.Errorf("bucket: unknown algorithm %q (want gcra or fixed-window)", s)
+	return 0, fmt.Errorf("bucket: unknown algorithm %q (want \"gcra\" or \"fixed-window\")", s)
+}
+
+// MarshalText returns "gcra" or "fixed-window".
+func (a Algorithm) MarshalText() ([]byte, error) {
+	if a != GCRA && a != FixedWindow {
+		return nil, fmt.Errorf("bucket: unknown algorithm %d", uint8(a))
+	}
+	return []byte(a.String()), nil
+}
+
+// UnmarshalText parses "gcra" or "fixed-window". Unlike ParseAlgorithm it
+// refuses "": a text that names no algorithm is a mistake.
+func (a *Algorithm) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		return errors.New(`bucket: empty algorithm (want "gcra" or "fixed-window")`)
+	}
+	v, err := ParseAlgorithm(string(b))
+	if err == nil {
+		*a = v
+	}
+	return err
 }
 
 // Limits of the payload encoding.

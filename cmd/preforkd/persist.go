@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/persist"
 	"github.com/preforkd/preforkd/prefork"
@@ -67,8 +66,7 @@ func persistHooks(opts *prefork.Options, build string) {
 func persistOptions(cfg config.Config, build string) persist.Options {
 	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.Key, Live: cfg.Persist.Live, Build: build}
 	for _, rl := range cfg.RateLimits {
-		algo, _ := bucket.ParseAlgorithm(rl.Algorithm)
-		o.Rules = append(o.Rules, bucket.Rule{Name: rl.Name, Limit: rl.Limit, Window: rl.Window, Algorithm: algo, Burst: rl.Burst})
+		o.Rules = append(o.Rules, rl.BucketRule())
 	}
 	return o
 }
