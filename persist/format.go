@@ -20,8 +20,12 @@ const (
 	// and the only one it reads: another version is refused, never misread.
 	FormatVersion = 1
 
-	byteOrderMark = 0x0102030405060708
-	slotSize      = 64 // the counter slot size of the regions this format describes
+	// Layout fields of the header, fixed in format 1. They describe the
+	// dump, not the region it came from: entries are re-inserted by key,
+	// whatever the region's slot layout. Another value means a writer of
+	// another byte order or entry layout.
+	formatByteOrder = 0x0102030405060708
+	formatSlotSize  = 64
 
 	headerFixed  = 94  // header bytes before the build string
 	maxBuild     = 255 // longest build string kept (longer ones are cut)
@@ -166,13 +170,14 @@ func defOf(r bucket.Rule) ruleDef {
 	return d
 }
 
-func (d ruleDef) tag() uint16 { return uint16(xxhash.Sum64String(d.name)) }
-
-// meta is the meta word a limiter of this rule writes in its slots (see
-// bucket: tag 16 bits · algorithm 4 bits · window in µs 44 bits).
-func (d ruleDef) meta() uint64 {
-	return uint64(d.tag())<<48 | uint64(d.algo&0xf)<<44 | uint64(d.window/time.Microsecond)&(1<<44-1)
+func (d ruleDef) rule() bucket.Rule {
+	return bucket.Rule{Name: d.name, Algorithm: d.algo, Window: d.window, Limit: d.limit, Burst: d.burst}
 }
+
+func (d ruleDef) tag() uint16 { return d.rule().Tag() }
+
+// meta is the meta word a limiter of this rule writes beside its keys.
+func (d ruleDef) meta() uint64 { return d.rule().Meta() }
 
 // diff describes how d (the dump's) differs from cur, "" when equal.
 func (d ruleDef) diff(cur ruleDef) string {
@@ -234,7 +239,7 @@ func responsesHead(seed1, seed2 uint64, key string) []byte {
 	return le.AppendUint64(b, keyHash(key))
 }
 
-const flagUnreplayable = 1 // a stored response's flags: completed, not replayable
+const recordUnreplayable = 1 // a stored response's flags: completed, not replayable
 
 // appendRecord encodes one stored response.
 func appendRecord(b []byte, e *shm.StoredEntry) []byte {
@@ -242,7 +247,7 @@ func appendRecord(b []byte, e *shm.StoredEntry) []byte {
 	ct, loc, body := e.Response.ContentType, e.Response.Location, e.Response.Body
 	var flags uint32
 	if e.Unreplayable {
-		flags, ct, loc, body = flagUnreplayable, "", "", nil
+		flags, ct, loc, body = recordUnreplayable, "", "", nil
 	}
 	ct, loc = ct[:min(len(ct), 0xffff)], loc[:min(len(loc), 0xffff)]
 	b = le.AppendUint64(b, e.Key.A)
@@ -330,10 +335,10 @@ func parse(data []byte) (*parsed, *Refusal) {
 	}
 	h.build = string(data[headerFixed : n-4])
 	switch {
-	case h.byteOrder != byteOrderMark:
-		return refuse(ReasonLayout, "byte order mark %#016x, want %#016x", h.byteOrder, uint64(byteOrderMark))
-	case h.slotSize != slotSize:
-		return refuse(ReasonLayout, "slot size %d, want %d", h.slotSize, slotSize)
+	case h.byteOrder != formatByteOrder:
+		return refuse(ReasonLayout, "byte order mark %#016x, want %#016x", h.byteOrder, uint64(formatByteOrder))
+	case h.slotSize != formatSlotSize:
+		return refuse(ReasonLayout, "slot size %d, want %d", h.slotSize, formatSlotSize)
 	case h.regionTime < 0:
 		return refuse(ReasonMalformed, "region clock %v", h.regionTime)
 	}
@@ -466,7 +471,7 @@ func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
 	e.Key = shm.Key{A: le.Uint64(b), B: le.Uint64(b[8:])}
 	copy(e.Fingerprint[:], b[16:48])
 	e.Expiry = time.Duration(le.Uint64(b[48:]))
-	e.Unreplayable = le.Uint32(b[56:])&flagUnreplayable != 0
+	e.Unreplayable = le.Uint32(b[56:])&recordUnreplayable != 0
 	e.Response.Status = int(le.Uint16(b[60:]))
 	s := recordFixed
 	e.Response.ContentType = string(b[s : s+ctLen])

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -126,7 +127,7 @@ func describeCounters(w io.Writer, h *header, c counters) {
 	unowned := 0
 	for b := c.entries; len(b) >= entrySize; b = b[entrySize:] {
 		meta := binary.LittleEndian.Uint64(b[16:])
-		if i := owner[meta>>48]; i >= 0 && c.rules[i].meta() == meta {
+		if i := owner[bucket.MetaTag(meta)]; i >= 0 && c.rules[i].meta() == meta {
 			per[i]++
 		} else {
 			unowned++

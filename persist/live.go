@@ -21,8 +21,8 @@ import (
 // nil.
 //
 // With o.Live it first takes the live region's lock: a second supervisor
-// on the same path gets an error that wraps shm.ErrLiveInUse and names the
-// path and the holder's pid. Then, if a region is left at o.Live (its
+// on the same path gets an error that wraps ErrInUse and names the path
+// and the holder's pid. Then, if a region is left at o.Live (its
 // supervisor died, e.g. by kill -9), it is re-attached: its header is
 // checked, workers of the dead supervisor that still map it are killed,
 // whatever dead processes held (BUSY slots, insert locks, reservations)
@@ -34,7 +34,7 @@ import (
 //
 // The caller keeps lock until its process ends, or until it has dumped
 // the region and no longer uses it; a nil log means slog.Default().
-func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lock *shm.LiveLock, reattached bool, err error) {
+func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lock *Lock, reattached bool, err error) {
 	if o.Live == "" {
 		r, err = shm.Create(geo)
 		return r, nil, false, err
@@ -43,16 +43,16 @@ func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lo
 		log = slog.Default()
 	}
 	log = log.With("live", o.Live)
-	lock, err = shm.LockLive(o.Live)
-	if err != nil {
-		return nil, nil, false, fmt.Errorf("persist: %w", err)
-	}
+	lock = &Lock{}
 	defer func() {
 		if err != nil {
 			lock.Unlock()
 			lock = nil
 		}
 	}()
+	if err := lock.lock(o.Live); err != nil {
+		return nil, nil, false, err
+	}
 	warnIfNotTmpfs(o.Live, log)
 	// A supervisor that died inside shm.CreateFile left its temporary file.
 	removePrefixed(filepath.Dir(o.Live), filepath.Base(o.Live)+".new-")
@@ -63,13 +63,13 @@ func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lo
 		return r, lock, err == nil, err
 	case errors.Is(err, fs.ErrNotExist):
 	case errors.Is(err, fs.ErrPermission):
-		return nil, nil, false, fmt.Errorf("persist: %w", err)
+		return nil, nil, false, err
 	default:
 		log.Warn("persist: live region refused: creating a fresh one", "detail", err.Error())
 	}
 	r, err = shm.CreateFile(o.Live, geo)
 	if err != nil {
-		return nil, nil, false, fmt.Errorf("persist: %w", err)
+		return nil, nil, false, err
 	}
 	return r, lock, false, nil
 }
@@ -94,7 +94,7 @@ func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm
 	st := r.Counters().Stats()
 	log.Info("persist: live region re-attached", "entries", st.Live, "released", released,
 		"created", r.Created().UTC().Format(time.RFC3339), "region_time", r.Now())
-	if want, err := geo.Size(); err == nil && want != int64(len(r.Bytes())) {
+	if want, err := geo.Size(); err == nil && want != regionSize(r) {
 		nr, err := migrate(r, o.Live, geo)
 		if err != nil {
 			log.Warn("persist: live region kept at its old size", "detail", err.Error())
@@ -131,26 +131,23 @@ func migrate(old *shm.Region, path string, geo shm.Options) (*shm.Region, error)
 	}
 	now := old.Now()
 	nr.SetNow(now)
-	pl := newPlacer(nr, now)
-	old.Counters().Range(func(e shm.Entry) bool {
+	// A smaller table may not hold every entry: what does not fit is dropped.
+	for e := range old.Counters().Snapshot() {
 		if !bucket.Fresh(e.Meta, e.Payload, now) {
-			pl.place(e) // a smaller table may not hold every entry
+			nr.Counters().Place(e)
 		}
-		return true
-	})
-	pl.done()
-	if from, to := old.Responses(), nr.Responses(); from != nil && to != nil && to.Len() > 0 {
-		id := borrowed{r: nr}
-		from.Range(now, func(e shm.StoredEntry) bool {
-			if id.join() == nil {
-				to.Restore(e, now) // likewise
-			}
-			return true
-		})
-		id.release()
+	}
+	for e := range old.Responses().Snapshot(now) {
+		nr.Responses().Place(e, now)
 	}
 	old.Close()
 	return nr, nil
+}
+
+// regionSize is the size of r's mapping.
+func regionSize(r *shm.Region) int64 {
+	n, _ := r.Geometry().Size() // a region's geometry is valid
+	return n
 }
 
 // warnIfNotTmpfs warns about a live region on a disk-backed file system:

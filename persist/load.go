@@ -70,11 +70,6 @@ type Report struct {
 // fresh as new keys, entries of changed rules and expired responses are
 // dropped.
 //
-// Restoring stored responses reserves records as a worker: when r has no
-// worker identity, Load borrows index 0 and retires it (shm.Region.Reap)
-// before it returns, so a process that serves from r itself must Join
-// after Load.
-//
 // The dump is then consumed: renamed to PATH.loaded (or PATH.refused when
 // nothing was restored), and the rename fsynced, so that a later crash
 // never restores state older than itself. The error is for I/O trouble
@@ -310,8 +305,7 @@ func (l *loader) counters(c counters, now time.Duration) {
 		metas[i] = d.meta()
 	}
 	changed := make([]int, len(c.rules))
-	pl := newPlacer(l.r, now)
-	defer pl.done()
+	tab := l.r.Counters()
 	le := binary.LittleEndian
 	for b := c.entries; len(b) >= entrySize; b = b[entrySize:] {
 		e := shm.Entry{
@@ -319,7 +313,7 @@ func (l *loader) counters(c counters, now time.Duration) {
 			Meta:    le.Uint64(b[16:]),
 			Payload: le.Uint64(b[24:]),
 		}
-		i := owner[e.Meta>>48]
+		i := owner[bucket.MetaTag(e.Meta)]
 		switch {
 		case i < 0 || metas[i] != e.Meta || e.Payload > shm.PayloadMask:
 			l.rep.Dropped[DropNoRule]++
@@ -328,10 +322,10 @@ func (l *loader) counters(c counters, now time.Duration) {
 		case bucket.Fresh(e.Meta, e.Payload, now):
 			l.rep.Dropped[DropExpired]++
 		default:
-			switch err := pl.place(e); {
+			switch err := tab.Place(e); {
 			case err == nil:
 				l.rep.Counters++
-			case errors.Is(err, errDuplicate):
+			case errors.Is(err, shm.ErrDuplicate):
 				l.rep.Dropped[DropDuplicate]++
 			default:
 				l.rep.Dropped[DropTableFull]++
@@ -358,32 +352,22 @@ func tagOwnersOf(defs []ruleDef) *[1 << 16]int32 {
 // responses restores the stored responses of rs at region time now.
 func (l *loader) responses(rs responses, now time.Duration) {
 	t := l.r.Responses()
-	id := borrowed{r: l.r}
-	defer id.release()
 	for rest := rs.records; len(rest) > 0; {
 		e, next, _ := nextRecord(rest) // parseResponses checked every record
 		rest = next
-		var err error
-		switch {
-		case e.Expiry <= now:
+		if e.Expiry <= now {
 			l.rep.DroppedResponses[DropExpired]++
 			continue
-		case t == nil || t.Len() == 0:
-			err = shm.ErrNoResponses
-		default:
-			if err = id.join(); err == nil {
-				err = t.Restore(e, now)
-			}
 		}
-		switch {
+		switch err := t.Place(e, now); {
 		case err == nil:
 			l.rep.Responses++
 		case errors.Is(err, shm.ErrNoResponses):
 			l.rep.DroppedResponses[DropNoTable]++
-		case errors.Is(err, shm.ErrFull), errors.Is(err, shm.ErrLockTimeout):
-			l.rep.DroppedResponses[DropTableFull]++
-		default:
+		case errors.Is(err, shm.ErrDuplicate):
 			l.rep.DroppedResponses[DropDuplicate]++
+		default:
+			l.rep.DroppedResponses[DropTableFull]++
 		}
 	}
 	if n := l.rep.DroppedResponses[DropNoTable]; n > 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,7 +153,9 @@ func TestResponseWaitWakes(t *testing.T) {
 	}
 }
 
-func TestResponseRangeRestore(t *testing.T) {
+// A snapshot holds the completed, unexpired records; placed into another
+// region they replay as they did.
+func TestResponseSnapshotPlace(t *testing.T) {
 	a := respRegion(t, 64, 64*256)
 	var got shm.Response
 	keys := map[string]bool{"done": true, "big": false, "flight": false, "old": false}
@@ -168,17 +171,19 @@ func TestResponseRangeRestore(t *testing.T) {
 			a.Responses().Complete(tk, &shm.Response{Status: 200}, 0, time.Second)
 		}
 	}
-	var saved []shm.StoredEntry
-	a.Responses().Range(time.Minute, func(e shm.StoredEntry) bool { saved = append(saved, e); return true })
+	saved := slices.Collect(a.Responses().Snapshot(time.Minute))
 	if len(saved) != 2 {
-		t.Fatalf("range saw %d entries, want the completed unexpired two", len(saved))
+		t.Fatalf("snapshot saw %d entries, want the completed unexpired two", len(saved))
 	}
 	b := respRegion(t, 64, 64*256)
 	b.SetSeeds(a.Seeds())
 	for _, e := range saved {
-		if err := b.Responses().Restore(e, time.Minute); err != nil {
+		if err := b.Responses().Place(e, time.Minute); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := b.Responses().Place(saved[0], time.Minute); !errors.Is(err, shm.ErrDuplicate) {
+		t.Fatalf("a key placed twice: %v", err)
 	}
 	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("done")), fpOf("done"), time.Minute, &got); out != shm.Replay || string(got.Body) != "body" || got.Location != "/x" {
 		t.Fatalf("restored replay: %v %+v", out, got)

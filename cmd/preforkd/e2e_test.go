@@ -645,7 +645,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad duration", "[server]\nshutdown_timeout = \"10 s\"\n", 2, "10 s"},
 		{"bad CIDR", "[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\"]\n", 2, "10.0.0.0/33"},
 		{"bad mode", okRule + "mode = \"enforcing\"\n", 6, "enforcing"},
-		// More workers than a region can hold (shm.MaxWorkersLimit, 2×workers+2
+		// More workers than a region can hold (65536 worker indexes, 2×workers+2
 		// indexes): `check` must not call ok what `run` refuses.
 		{"too many workers", "[server]\nworkers = 40000\n", 2, "workers"},
 	}

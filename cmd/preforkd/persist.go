@@ -24,7 +24,7 @@ func persistHooks(opts *prefork.Options, build string) {
 	if cfg.Persist.Path == "" && cfg.Persist.Live == "" {
 		return
 	}
-	var lock *shm.LiveLock
+	var lock *persist.Lock
 	reattached := false
 	if cfg.Persist.Live != "" {
 		opts.NewRegion = func(cfg config.Config) (*shm.Region, error) {
