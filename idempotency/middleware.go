@@ -270,10 +270,11 @@ func (m *Middleware) serveKeyed(w http.ResponseWriter, r *http.Request, b *block
 		var stored shm.Response
 		out, tk, err := m.tab.Begin(k, fp, m.now(), &stored)
 		if err != nil {
-			// ErrFull and ErrLockTimeout are the table's to say; anything
-			// else (a region without a response table or identity) New
-			// rules out. Either way: no reservation, no execution.
-			if !errors.Is(err, shm.ErrFull) && !errors.Is(err, shm.ErrLockTimeout) {
+			// ErrFull, ErrLockTimeout and ErrRetired (this worker was
+			// reaped while it runs) are the table's to say; anything else
+			// (a region without a response table or identity) New rules
+			// out. Either way: no reservation, no execution.
+			if !errors.Is(err, shm.ErrFull) && !errors.Is(err, shm.ErrLockTimeout) && !errors.Is(err, shm.ErrRetired) {
 				m.logger().LogAttrs(r.Context(), slog.LevelError, "idempotency: reservation refused", slog.String("err", err.Error()))
 			}
 			m.stats.full.Add(1)
