@@ -12,6 +12,10 @@ import (
 // index of the next (noBlock ends it), and the rest holds data, written and
 // read as whole 8-byte words with sync/atomic (a reader may race with a
 // writer that reclaimed the blocks; the record's state and checksum tell).
+const (
+	blockHeader = 8         // next block index (u32) · spare
+	noBlock     = 1<<32 - 1 // end of a block chain
+)
 
 func (t *Responses) dataPerBlock() int { return t.blockSize - blockHeader }
 

@@ -20,11 +20,12 @@ import (
 //	EMPTY/TOMB/expired COMPLETE ─claim─▶ BUSY ─key, fingerprint─▶ RESERVED
 //	RESERVED ─Complete─▶ COMPLETE      RESERVED ─Release/owner reaped─▶ TOMB
 //
+// (and, loading a dump before any worker exists, EMPTY ─Place─▶ COMPLETE).
 // Claims follow the counter table's protocol (insert lock on the home
 // record, rescan under it, BUSY while the key is written), so a key is never
 // reserved twice. Key, fingerprint and stored fields are written only while
-// the record is BUSY or RESERVED by its owner and are stable while it is
-// RESERVED or COMPLETE; readers read the state first, copy, and check the
+// the record is BUSY or RESERVED by its owner (or by Place, alone with the
+// region) and are stable while it is RESERVED or COMPLETE; readers read the state first, copy, and check the
 // state again (and the checksum), so a torn read is a miss, never a wrong
 // replay.
 const (
@@ -40,9 +41,6 @@ const (
 	ownerMask     = 1<<48 - 1
 
 	flagUnreplayable = 1 // completed, but its response was not stored
-
-	blockHeader = 8         // next block index (u32) · spare
-	noBlock     = 1<<32 - 1 // end of a block chain
 )
 
 func recPhase(s uint64) uint64 { return s >> recPhaseShift }
@@ -151,9 +149,9 @@ func (t *Responses) BlockSize() int { return t.blockSize }
 
 // Begin looks up k at region time now. If no live record holds it, it
 // reserves one for the caller (Reserved). For a completed response with
-// the same fingerprint it copies it into dst (Replay). Errors: ErrFull or
-// ErrLockTimeout (no record could be had: answer 503, never run
-// unreserved), ErrNotJoined, ErrNoResponses.
+// the same fingerprint it copies it into dst (Replay). Errors: ErrFull,
+// ErrLockTimeout or ErrRetired (no record could be had: answer 503, never
+// run unreserved), ErrNotJoined, ErrNoResponses.
 func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Response) (Outcome, Ticket, error) {
 	if len(t.recs) == 0 {
 		return 0, Ticket{}, ErrNoResponses

@@ -91,8 +91,8 @@ var testHook func(stage string)
 // Update applies op to k's payload with one CAS and returns the payload op
 // was last applied to (the one its result was based on). A key seen for the
 // first time is installed with meta, its payload starting at 0. Errors:
-// ErrFull or ErrLockTimeout (no slot could be had: the caller's on_full
-// policy decides) and ErrNotJoined.
+// ErrFull, ErrLockTimeout or ErrRetired (no slot could be had: the
+// caller's on_full policy decides) and ErrNotJoined.
 //
 // A key without a slot may be one whose slot was reclaimed, judged fresh at
 // another process's later `now`. Starting it afresh at an earlier `now`
