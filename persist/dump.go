@@ -32,7 +32,11 @@ type Options struct {
 	Build string
 	// Rules are the rate-limit rules of the configuration in force. Only
 	// counter state of these rules is dumped, and at load only state of
-	// rules whose definition is unchanged is restored.
+	// rules whose definition is unchanged is restored. A definition is
+	// what a count is worth: name, algorithm, window, limit and effective
+	// burst (a GCRA burst of 0 is the limit). Path, methods, key source,
+	// mode and on_full choose what a rule counts; changing them keeps the
+	// state.
 	Rules []bucket.Rule
 	// Now is the wall clock, read once by Dump and once by Load to count
 	// the downtime between them. nil means time.Now.

@@ -11,8 +11,63 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
-// The dump format, version 1. Every integer is little-endian; doc.go has
-// the byte-level table.
+// The dump format, version 1. All integers little-endian; CRC is CRC-32C
+// (Castagnoli).
+//
+//	Header
+//	offset  size  field
+//	0       8     magic "PFKDDUMP"
+//	8       4     format version (1)
+//	12      4     header length H = 98 + B
+//	16      8     byte-order mark 0x0102030405060708
+//	24      4     region layout version of the dumped region (informative)
+//	28      4     slot size (64)
+//	32      8     counter slots of the dumped region (informative)
+//	40      4     probe window (informative)
+//	44      4     worker indexes (informative)
+//	48      8     hash seed 1
+//	56      8     hash seed 2
+//	64      8     region clock at dump, ns (≥ 0)
+//	72      8     wall clock at dump, Unix ns
+//	80      8     region created, Unix ns (informative)
+//	88      4     section count
+//	92      2     build string length B (≤ 255)
+//	94      B     build string
+//	94+B    4     CRC of bytes [0, 94+B)
+//
+//	Section frame (repeated "section count" times, right after the header)
+//	0       4     type: 1 counters, 2 responses; others are skipped by readers
+//	4       4     flags (0; ignored by readers)
+//	8       8     payload length L
+//	16      4     CRC of the payload
+//	20      4     CRC of bytes [0, 20) of this frame
+//	24      L     payload
+//
+//	Counters payload
+//	0       8     hash seed 1 (must equal the header's)
+//	8       8     hash seed 2 (must equal the header's)
+//	16      4     rule count R
+//	20      4     reserved (0)
+//	24      …     R rules, each: name length N (2) · algorithm (1: 0 gcra,
+//	              1 fixed-window) · reserved (5) · window ns (8) · limit (4) ·
+//	              effective burst (4) · name (N)
+//	…       32·E  E entries to the end of the payload, in slot order, each:
+//	              key A (8) · key B (8) · meta (8) · payload (8, < 2^48)
+//
+//	Responses payload
+//	0       8     hash seed 1 (must equal the header's)
+//	8       8     hash seed 2 (must equal the header's)
+//	16      8     xxhash64 of "preforkd persist.key\x00" + persist.key
+//	24      …     completed responses to the end of the payload, each:
+//	              key A (8) · key B (8) · request fingerprint (32) ·
+//	              expiry, region ns (8) · flags (4: bit 0 not replayable) ·
+//	              status (2) · content-type length C (2) · location
+//	              length L (2) · reserved (2) · body length N (4) ·
+//	              content type (C) · location (L) · body (N)
+//
+// Bytes after the last section are ignored (and logged). The file's size
+// follows the number of live entries, not the table's: 32 bytes a counter,
+// 72 bytes plus its strings and body a stored response.
 const (
 	// Magic opens every dump (a live region opens with shm.Magic instead).
 	Magic = "PFKDDUMP"

@@ -62,13 +62,36 @@ type Report struct {
 // Every guard and checksum is verified first. What fails is refused with
 // one log line naming the reason (see Reason), reported in Report.Refused,
 // and not restored; what passed is. A refusal is not an error: the server
-// starts cold or with the sections that passed. Restored state keeps its
-// hash seeds and its region times: the region's clock continues from the
-// dump's plus the wall-clock downtime (clamped at zero, so that a wall
-// clock that jumped back grants nothing), so buckets refill, windows roll
-// and stored responses age over the downtime. Entries that are then as
-// fresh as new keys, entries of changed rules and expired responses are
-// dropped.
+// starts cold or with the sections that passed:
+//
+//   - bad magic, format version, layout (slot size or byte order), a
+//     header checksum, a file cut inside its header, a directory or other
+//     non-regular file: the whole dump is refused;
+//   - a section whose frame checksum fails, or that is cut short: that
+//     section is refused, and with a bad frame also every section after it
+//     (its length cannot be trusted); a section whose payload checksum
+//     fails, whose seeds are not the header's, or whose content is
+//     inconsistent (malformed): that section only;
+//   - a rule whose definition changed (algorithm, window, limit or the
+//     effective burst), that was removed, or whose 16-bit tag is shared
+//     with another rule (entries carry only the tag): that rule's state
+//     only; other rules keep theirs;
+//   - another persist.key: the stored responses only; counters are kept.
+//
+// A dump from a table of another size is not refused: entries are
+// re-inserted by key, so that growing table.counters and restarting keeps
+// every limit (a smaller table keeps what fits; the rest is counted as
+// "table full"). Into a table of the same size every entry fits again.
+// The region layout version of the dumped region is recorded but not
+// guarded: what an entry means is fixed by the dump's format version, so
+// an upgrade that changes the region's memory layout keeps the dump.
+//
+// Restored state keeps its hash seeds and its region times: the region's
+// clock continues from the dump's plus the wall-clock downtime (clamped at
+// zero, so that a wall clock that jumped back grants nothing), so buckets
+// refill, windows roll and stored responses age over the downtime.
+// Entries that are then as fresh as new keys, entries of changed rules and
+// expired responses are dropped.
 //
 // The dump is then consumed: renamed to PATH.loaded (or PATH.refused when
 // nothing was restored), and the rename fsynced, so that a later crash
@@ -276,7 +299,7 @@ func (l *loader) seedsMatch(what string, h *header, s1, s2 uint64) bool {
 // It returns the region time to restore at.
 func (l *loader) adopt(h *header) (time.Duration, error) {
 	if err := l.r.SetSeeds(h.seed1, h.seed2); err != nil {
-		return 0, fmt.Errorf("persist: load into a used region: %w", err)
+		return 0, err // shm.ErrNotEmpty: says it all
 	}
 	l.rep.Loaded = true
 	if g := l.r.Geometry(); uint64(g.Counters) != h.slots {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 
@@ -52,7 +51,7 @@ func persistHooks(opts *prefork.Options, build string) {
 		}
 		if cfg.Persist.Path != "" {
 			if st, derr := persist.Dump(r, persistOptions(cfg, build)); derr != nil {
-				err = errors.Join(err, fmt.Errorf("dump: %w", derr))
+				err = errors.Join(err, derr)
 			} else {
 				log.Info("dump written", "path", cfg.Persist.Path, "counters", st.Entries, "responses", st.Responses, "bytes", st.Bytes)
 			}
