@@ -8,6 +8,7 @@
 // The calls a supervisor makes (through package prefork's hooks):
 //
 //	o := persist.Options{Path: path, Key: key, Live: live, Build: version, Rules: rules}
+//	err := persist.CheckDirs(o)                             // at start: the files can be written
 //	r, lock, _, err := persist.OpenRegion(o, geometry, log) // before any worker
 //	rep, err := persist.Load(r, o, log)                     // still before any worker
 //	st, err := persist.Dump(r, o)                           // after the last worker exited
@@ -21,16 +22,18 @@
 // torn file. Only LIVE counter slots and completed responses are written:
 // nothing a worker held in flight survives a dump.
 //
-// Load trusts nothing it has not checked: a guard or a checksum that
-// fails is refused with one log line naming its [Reason], and the rest is
-// restored (see [Load]). The region
-// adopts the dump's hash seeds and continues its clock from the dump's plus
-// the wall-clock downtime, clamped at zero, so buckets refill over the
-// downtime and a wall clock that jumped back grants nothing. A dump is
-// consumed when loaded, so a later crash never restores older state.
+// Load trusts nothing it has not checked: a file another user owns or
+// that group or others may write, a guard or a checksum that fails, is
+// refused with one log line naming its [Reason], and the rest is restored
+// (see [Load]); OpenRegion judges a live region's owner and mode alike.
+// The region adopts the dump's hash seeds and continues its clock from the
+// dump's plus the wall-clock downtime, clamped at zero, so buckets refill
+// over the downtime and a wall clock that jumped back grants nothing. A
+// dump is consumed when loaded, so a later crash never restores older
+// state.
 //
-// One supervisor uses a live region at a time: OpenRegion locks it, and a
-// second supervisor gets [ErrInUse].
+// One supervisor uses a dump path or a live region at a time: OpenRegion
+// locks both, and a second supervisor gets [ErrInUse].
 //
 // # Limits
 //

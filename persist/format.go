@@ -128,6 +128,7 @@ const (
 	ReasonRuleChanged Reason = "rule changed"        // a rule's definition differs: its state is dropped
 	ReasonKeyChanged  Reason = "persist key changed" // persist.key differs: stored responses are dropped
 	ReasonUnreadable  Reason = "unreadable"          // not a regular file
+	ReasonUntrusted   Reason = "untrusted"           // owned by another user, or writable by group or others
 )
 
 // Refusal is one thing a load refused.

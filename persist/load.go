@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"math"
@@ -64,6 +65,9 @@ type Report struct {
 // and not restored; what passed is. A refusal is not an error: the server
 // starts cold or with the sections that passed:
 //
+//   - a file another user owns, or that group or others may write
+//     (checksums are no authentication): the whole dump is refused, and
+//     left where it is;
 //   - bad magic, format version, layout (slot size or byte order), a
 //     header checksum, a file cut inside its header, a directory or other
 //     non-regular file: the whole dump is refused;
@@ -122,9 +126,14 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 		l.refuse(Refusal{ReasonUnreadable, "dump", fmt.Sprintf("not a regular file (%v)", fi.Mode().Type())})
 		return rep, nil
 	}
-	data, err := os.ReadFile(o.Path)
+	data, why, err := readTrusted(o.Path)
 	if err != nil {
-		return rep, fmt.Errorf("persist: load: %w", err)
+		return rep, err
+	}
+	if why != "" {
+		// Not consumed: it is not this service's file to move.
+		l.refuse(Refusal{ReasonUntrusted, "dump", why})
+		return rep, nil
 	}
 	if err := l.load(data); err != nil {
 		return rep, err
@@ -138,6 +147,28 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 	}
 	rep.MovedTo = dest
 	return rep, nil
+}
+
+// readTrusted reads the file at path, unless it cannot be trusted (why
+// says so): its owner and mode are those of the open file, the one read.
+func readTrusted(path string) (data []byte, why string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("persist: load: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, "", fmt.Errorf("persist: load: %w", err)
+	}
+	if why := untrusted(fi); why != "" {
+		return nil, why, nil
+	}
+	data = make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, data); err != nil {
+		return nil, "", fmt.Errorf("persist: load: %w", err)
+	}
+	return data, "", nil
 }
 
 func newReport() Report {
