@@ -77,6 +77,9 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
 		return &configError{err}
 	}
+	if err := checkPersist(cfg); err != nil {
+		return err
+	}
 	opts := prefork.Options{
 		Config:     cfg,
 		LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
@@ -103,6 +106,9 @@ func cmdCheck(args []string, stdout, stderr io.Writer) error {
 	}
 	if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
 		return &configError{err}
+	}
+	if err := checkPersist(cfg); err != nil {
+		return err
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", *path)
 	return cfg.WriteEffective(stdout)
