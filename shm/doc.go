@@ -75,5 +75,7 @@
 // is refused by [Create]. The race detector does not see accesses inside a
 // mapping: [CreatePrivate] makes a heap-backed region for goroutine tests.
 // The bulk operations for persistence ([Counters.Snapshot],
-// [Counters.Place] and their kin) require that no worker runs.
+// [Counters.Place] and their kin) require that no worker runs; with the
+// live-region calls they serve package persist and are not covered by
+// semantic versioning (STABILITY.md lists them).
 package shm
