@@ -17,7 +17,7 @@ import (
 func CheckDirs(o Options) error {
 	for _, f := range []struct{ key, path, pattern string }{
 		{"persist.path", o.Path, tempPattern(o.Path)},
-		{"persist.live", o.Live, liveTempPattern(o.Live)},
+		{"persist.live", o.Live, liveTempPrefix(o.Live) + "*"},
 	} {
 		if f.path == "" {
 			continue

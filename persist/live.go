@@ -70,7 +70,7 @@ func openRegion(o Options, geo shm.Options, log *slog.Logger) (*shm.Region, bool
 	log = log.With("live", o.Live)
 	warnIfNotTmpfs(o.Live, log)
 	// A supervisor that died inside shm.CreateFile left its temporary file.
-	removePrefixed(filepath.Dir(o.Live), filepath.Base(o.Live)+".new-")
+	removePrefixed(filepath.Dir(o.Live), liveTempPrefix(o.Live))
 	r, err := openLive(o.Live)
 	switch {
 	case err == nil:
@@ -111,9 +111,10 @@ func openLive(path string) (*shm.Region, error) {
 	return r, nil
 }
 
-// liveTempPattern names the temporary files of a live region at path:
-// shm.CreateFile's, which OpenRegion removes when a crash left them.
-func liveTempPattern(path string) string { return filepath.Base(path) + ".new-*" }
+// liveTempPrefix starts the names of the temporary files of a live region
+// at path: shm.CreateFile's, which OpenRegion removes when a crash left
+// them.
+func liveTempPrefix(path string) string { return filepath.Base(path) + ".new-" }
 
 // orphanWait bounds the wait for the workers of a dead supervisor to die.
 const orphanWait = 5 * time.Second
