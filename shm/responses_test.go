@@ -194,4 +194,30 @@ func TestResponseSnapshotPlace(t *testing.T) {
 	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("flight")), fpOf("flight"), time.Minute, &got); out != shm.Reserved {
 		t.Fatalf("a reservation was restored: %v", out)
 	}
+
+	// With every record of the probe window live, Place refuses; a record
+	// expired by then is taken, and its blocks go back to the pool.
+	c := respRegion(t, 2, 64*256)
+	entry := func(name string, expiry time.Duration) shm.StoredEntry {
+		return shm.StoredEntry{Key: c.Counters().KeyOf(3, []byte(name)), Fingerprint: fpOf(name), Expiry: expiry,
+			Response: shm.Response{Status: 200, Body: bytes.Repeat([]byte(name), 100)}}
+	}
+	for _, e := range []shm.StoredEntry{entry("a", time.Hour), entry("b", 2*time.Minute)} {
+		if err := c.Responses().Place(e, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := c.Responses().Stats().BlocksUsed
+	if err := c.Responses().Place(entry("c", time.Hour), time.Minute); !errors.Is(err, shm.ErrFull) {
+		t.Fatalf("placed into a full window: %v", err)
+	}
+	if err := c.Responses().Place(entry("c", time.Hour), 3*time.Minute); err != nil {
+		t.Fatalf("an expired record was not reused: %v", err)
+	}
+	if st := c.Responses().Stats(); st.Complete != 2 || st.BlocksUsed != used {
+		t.Fatalf("after reusing an expired record: %+v, %d blocks used before", st, used)
+	}
+	if out, _, _ := c.Responses().Begin(entry("c", 0).Key, fpOf("c"), 3*time.Minute, &got); out != shm.Replay || !bytes.Equal(got.Body, entry("c", 0).Response.Body) {
+		t.Fatalf("the record placed over an expired one: %v %q", out, got.Body)
+	}
 }
