@@ -237,7 +237,7 @@ func TestFresh(t *testing.T) {
 			t.Errorf("%v taken at %v, fresh at %v = %v, want %v", tc.algo, tc.taken, tc.at, got, tc.fresh)
 		}
 		// The table-wide judgement from the slot's meta agrees.
-		if got := Fresh(p.meta(r.Tag()), payload, tc.at); got != tc.fresh {
+		if got := Fresh(r.Meta(), payload, tc.at); got != tc.fresh {
 			t.Errorf("%v: Fresh(meta) = %v, want %v", tc.algo, got, tc.fresh)
 		}
 	}

@@ -140,9 +140,6 @@ func (r Rule) Namespace() uint64 {
 	return d.Sum64()
 }
 
-// Tag is a 16-bit hash of the rule's name, stored in each of its slots.
-func (r Rule) Tag() uint16 { return uint16(xxhash.Sum64String(r.Name)) }
-
 // Limiter applies one rule to a shared counter table. It is safe for
 // concurrent use by goroutines and by every process mapping the table.
 type Limiter struct {
@@ -161,11 +158,8 @@ func NewLimiter(r Rule, t *shm.Counters) (*Limiter, error) {
 		return nil, err
 	}
 	t.SetFresh(Fresh)
-	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: p.meta(r.Tag())}, nil
+	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: r.Meta()}, nil
 }
-
-// Rule returns the rule the limiter applies.
-func (l *Limiter) Rule() Rule { return l.rule }
 
 // Key returns the table key for id under this rule.
 func (l *Limiter) Key(id []byte) shm.Key { return l.tab.KeyOf(l.ns, id) }
