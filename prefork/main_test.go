@@ -351,11 +351,13 @@ func (h *harness) statuses(path, clientKey string, n int) map[int]int {
 }
 
 // testConfig is a small configuration: n workers, a small table, a short
-// drain, and the given rules (by X-Client, falling back to ip).
+// drain, a short canary window, and the given rules (by X-Client, falling
+// back to ip).
 func testConfig(n int, rules ...config.RateLimit) config.Config {
 	cfg := config.Config{
 		Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second},
 		Table:  config.Table{Counters: 4096},
+		Reload: config.Reload{CanaryWindow: 300 * time.Millisecond},
 	}
 	for _, r := range rules {
 		if r.By == "" {

@@ -273,6 +273,9 @@ shutdown_timeout = "5s"
 [table]
 counters = 4096
 
+[reload]
+canary = false
+
 [[ratelimit]]
 name = "a"
 path = "/a"

@@ -103,73 +103,106 @@ func runWorker(ctx context.Context, opts Options) int {
 	signal.Notify(term, syscall.SIGTERM)
 
 	conns := &connTracker{}
-	srv, ln, timeout, err := setUpWorker(opts, index, conns, log)
+	ws, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
-	srv.Handler = conns.closeWhenDraining(srv.Handler)
+	srv, ln := ws.srv, ws.ln
+	lim, err := newLimits(ws.cfg.Server, randomJitter())
+	if err != nil {
+		log.Error("worker failed to start", "err", err)
+		return 1
+	}
+	var recycle <-chan []byte
+	if lim != nil {
+		recycle = lim.trip
+	}
+	srv.Handler = conns.closeWhenDraining(&counter{next: srv.Handler, count: ws.region.CountRequest, limits: lim})
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
 
 	// Ready: the region is joined and the handler built. Connections that
-	// arrive before Serve wait in the shared listener's backlog.
-	ready := os.NewFile(fdReady, "ready")
-	if _, err := ready.Write([]byte{1}); err != nil {
+	// arrive before Serve wait in the shared listener's backlog. The pipe
+	// stays open: a request to be recycled goes the same way.
+	report := os.NewFile(fdReady, "ready")
+	if _, err := report.Write([]byte{1}); err != nil {
 		log.Error("worker failed to report readiness", "err", err)
 		return 1
 	}
-	ready.Close()
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	serving := (<-chan error)(served)
 	var why string
-	select {
-	case err := <-served:
-		log.Error("worker stopped serving", "err", err)
-		return 1
-	case <-term:
-		why = "TERM"
-	case <-lifeline:
-		why = "supervisor gone"
-	case <-ctx.Done():
-		why = context.Cause(ctx).Error()
+	for why == "" {
+		select {
+		case err := <-serving:
+			log.Error("worker stopped serving", "err", err)
+			return 1
+		case msg := <-recycle:
+			// Past a recycling limit: no new connection; the others (or
+			// the successor) take them. The supervisor sends TERM once
+			// the successor is ready, and the drain goes on from here.
+			conns.draining.Store(true)
+			serving = nil // Serve returns when the listener closes: expected now
+			ln.Close()
+			if _, err := report.Write(msg); err != nil {
+				log.Error("worker failed to ask to be recycled", "err", err)
+			}
+			log.Info("worker past a recycling limit: stopped accepting")
+		case <-term:
+			why = "TERM"
+		case <-lifeline:
+			why = "supervisor gone"
+		case <-ctx.Done():
+			why = context.Cause(ctx).Error()
+		}
 	}
-	return drainWorker(srv, ln, served, conns, timeout, why, log)
+	return drainWorker(srv, ln, served, conns, ws.timeout, why, log)
+}
+
+// workerSetup is what setUpWorker builds.
+type workerSetup struct {
+	srv     *http.Server
+	ln      net.Listener
+	cfg     config.Config
+	region  *shm.Region
+	timeout time.Duration // the drain's
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, err error) {
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (workerSetup, error) {
 	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
 	if err != nil {
-		return nil, nil, 0, err
+		return workerSetup{}, err
 	}
 	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
 	if err != nil {
-		return nil, nil, 0, err
+		return workerSetup{}, err
 	}
 	if err := region.Join(index); err != nil {
-		return nil, nil, 0, err
+		return workerSetup{}, err
 	}
 	lnFile := os.NewFile(fdListener, "listener")
 	ln, err := net.FileListener(lnFile)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: inherited listener: %w", err)
+		return workerSetup{}, fmt.Errorf("prefork: inherited listener: %w", err)
 	}
 	lnFile.Close() // FileListener holds its own descriptor
 	if opts.Handler == nil {
-		return nil, nil, 0, errors.New("prefork: Options.Handler is nil")
+		return workerSetup{}, errors.New("prefork: Options.Handler is nil")
 	}
 	w := &Worker{Index: index, Region: region, Config: cfg, Logger: log}
 	app, err := opts.Handler(w)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
+		return workerSetup{}, fmt.Errorf("prefork: building the handler: %w", err)
 	}
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
 	c, err := NewCore(cfg, region, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return workerSetup{}, err
 	}
 	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
@@ -179,7 +212,7 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return srv, ln, cfg.Server.ShutdownTimeout, nil
+	return workerSetup{srv: srv, ln: ln, cfg: cfg, region: region, timeout: cfg.Server.ShutdownTimeout}, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the
