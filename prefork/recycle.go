@@ -77,11 +77,16 @@ func decodeRecycle(pid int, b []byte) (recycleEvent, error) {
 }
 
 // limits is a worker's view of its recycling limits. check trips at most
-// once: it then hands the message to the worker's loop on trip.
+// once: it calls stop, then hands the message to the worker's loop on
+// trip. stop runs before the response that tripped is flushed to its
+// client (the handler has not returned yet), so that a client that waits
+// for that response before it connects again is never accepted by this
+// worker.
 type limits struct {
 	maxRequests int64 // this worker's draw; 0 = none
 	maxRSS      int64 // bytes; 0 = none
 	rss         func() (int64, error)
+	stop        func() // stop accepting; nil = nothing to do
 	tripped     atomic.Bool
 	trip        chan []byte // capacity 1
 }
@@ -126,6 +131,9 @@ func (l *limits) check(served int64) {
 
 func (l *limits) fire(reason byte, value, limit int64) {
 	if l.tripped.CompareAndSwap(false, true) {
+		if l.stop != nil {
+			l.stop()
+		}
 		l.trip <- encodeRecycle(reason, value, limit)
 	}
 }

@@ -117,6 +117,13 @@ func runWorker(ctx context.Context, opts Options) int {
 	var recycle <-chan []byte
 	if lim != nil {
 		recycle = lim.trip
+		// Past a recycling limit: no new connection (the other workers,
+		// or the successor, take them from the shared listener), and
+		// Connection: close on every response from now on.
+		lim.stop = func() {
+			conns.draining.Store(true)
+			ln.Close()
+		}
 	}
 	srv.Handler = conns.closeWhenDraining(&counter{next: srv.Handler, count: ws.region.CountRequest, limits: lim})
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
@@ -137,19 +144,23 @@ func runWorker(ctx context.Context, opts Options) int {
 	for why == "" {
 		select {
 		case err := <-serving:
-			log.Error("worker stopped serving", "err", err)
-			return 1
+			if lim == nil || !lim.tripped.Load() {
+				log.Error("worker stopped serving", "err", err)
+				return 1
+			}
+			// The listener was closed for recycling: wait for TERM, and
+			// let the drain see that Serve returned.
+			serving = nil
+			served = make(chan error, 1)
+			served <- err
 		case msg := <-recycle:
-			// Past a recycling limit: no new connection; the others (or
-			// the successor) take them. The supervisor sends TERM once
-			// the successor is ready, and the drain goes on from here.
-			conns.draining.Store(true)
-			serving = nil // Serve returns when the listener closes: expected now
-			ln.Close()
+			// The supervisor sends TERM once the successor is ready, and
+			// the drain goes on from here.
 			if _, err := report.Write(msg); err != nil {
 				log.Error("worker failed to ask to be recycled", "err", err)
 			}
 			log.Info("worker past a recycling limit: stopped accepting")
+			recycle = nil
 		case <-term:
 			why = "TERM"
 		case <-lifeline:
