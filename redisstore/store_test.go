@@ -278,4 +278,3 @@ func TestOptionsErrors(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
-
