@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -32,6 +33,10 @@ type Options struct {
 	Exempt []netip.Prefix
 	// Shadow puts every rule in shadow mode: a dry run.
 	Shadow bool
+	// CaseSensitive makes a "path" key tell "/A" from "/a", as the routes
+	// do when compiled with route.Options.CaseSensitive; by default they
+	// are one key, as they are one route.
+	CaseSensitive bool
 	// Headers selects the rate-limit header families. The zero value is
 	// HeadersBoth.
 	Headers HeaderMode
@@ -167,6 +172,7 @@ type Core struct {
 	blocks   []*block
 	resolver clientip.Resolver
 	exempt   clientip.PrefixSet
+	caseSens bool
 	headers  HeaderMode
 	maxReq   int64
 	now      func() time.Duration
@@ -196,6 +202,7 @@ func New(region *shm.Region, opts Options) (*Core, error) {
 		byName:   make(map[string]*rule, len(opts.RateLimits)),
 		resolver: opts.Resolver,
 		exempt:   clientip.NewPrefixSet(opts.Exempt),
+		caseSens: opts.CaseSensitive,
 		headers:  opts.Headers,
 		maxReq:   opts.MaxRequestBody,
 		now:      opts.Now,
@@ -208,6 +215,9 @@ func New(region *shm.Region, opts Options) (*Core, error) {
 	}
 	if c.maxReq < 0 {
 		return nil, fmt.Errorf("core: MaxRequestBody %d is negative", c.maxReq)
+	}
+	if _, err := opts.Headers.MarshalText(); err != nil {
+		return nil, err
 	}
 	if c.now == nil {
 		c.now = region.Now
@@ -377,8 +387,32 @@ func (ex *Exchange) Query(name string) (string, int) {
 	return unsafe.String(&v[0], len(v)), n
 }
 
-// Path is the normalized path rules match.
-func (ex *Exchange) Path() string { return ex.match }
+// Path is the normalized path rules match, ASCII-lowercased unless paths
+// are case-sensitive (in the scratch buffer: valid until the next call).
+func (ex *Exchange) Path() string {
+	p := ex.match
+	if ex.c.caseSens || !hasUpper(p) {
+		return p
+	}
+	b := ex.scratch[:0]
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func hasUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			return true
+		}
+	}
+	return false
+}
 
 // ClientKey is the client address as rules count it.
 func (ex *Exchange) ClientKey() netip.Addr {
@@ -429,22 +463,18 @@ func (ex *Exchange) respond(p *Problem, close bool) (Verdict, bool) {
 	return Respond, true
 }
 
-// checkPath normalizes the request path; a path no application should
-// see is a 400.
+// checkPath normalizes the request path (route.Normalize): rules match
+// the normalized path, the application gets the one with dot segments
+// removed and slashes merged. A path no application should see (an
+// encoded slash, a backslash, NUL, a bad escape) is a 400.
 func (ex *Exchange) checkPath() (Verdict, bool) {
-	p := ex.req.Path()
-	match, fwd, err := normalizePath(p)
+	match, fwd, err := route.Normalize(ex.req.Path())
 	if err != nil {
-		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + err.Error()}, false)
+		detail := strings.TrimPrefix(err.Error(), "route: bad request path: ")
+		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + detail}, false)
 	}
 	ex.match, ex.forward = match, fwd
 	return Pass, false
-}
-
-// normalizePath returns the path rules match and the path to forward.
-func normalizePath(p string) (match, forward string, err error) {
-	c := route.Clean(p)
-	return c, c, nil
 }
 
 func (c *Core) logger() *slog.Logger {

@@ -196,7 +196,8 @@ func compileRule(rl *RateLimit, tab *shm.Counters, store *redisstore.Store) (*ru
 		}
 		v.hdr = newRuleHeaders(ru.name, r.Limit, r.Window) // clients see the rule's name
 		if v.fallback != nil {
-			v.fallback.hdr = newRuleHeaders(ru.name, v.fallback.lim.Rule().Limit, r.Window)
+			_, limit := v.remote.LocalShare()
+			v.fallback.hdr = newRuleHeaders(ru.name, limit, r.Window)
 		}
 		v.clients = clientip.NewPrefixSet(o.Clients)
 		if o.Key != "" {
@@ -244,10 +245,10 @@ func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store *redissto
 		return variant{}, err
 	}
 	v := variant{remote: rem, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}
-	if ls := rem.LocalShare(); ls != nil {
+	if ls, limit := rem.LocalShare(); ls != nil {
 		// The share's headers name the rule and announce the limit it
 		// enforces while Redis is away.
-		v.fallback = &variant{lim: ls, hdr: newRuleHeaders(r.Name, ls.Rule().Limit, r.Window)}
+		v.fallback = &variant{lim: ls, hdr: newRuleHeaders(r.Name, limit, r.Window)}
 	}
 	return v, nil
 }

@@ -114,6 +114,10 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
+	openFiles, err := raiseOpenFileLimit()
+	if err != nil {
+		log.Warn("open-file limit not raised", "open_files", openFiles, "err", err)
+	}
 
 	// Handled signals only, buffered: a TERM that arrives while the loop is
 	// busy is not lost. Never all signals: the runtime uses some itself.
@@ -157,6 +161,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	env := &osEnv{
 		spawner:  newSpawner(),
 		exe:      "/proc/self/exe", // this very binary, even if a deploy replaced the file
+		name:     processName(),
 		args:     os.Args,
 		environ:  workerEnviron(os.Environ(), n),
 		region:   region.File(),
@@ -186,7 +191,8 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	}
 
 	log.Info("supervisor started", "pid", os.Getpid(), "listen", ln.Addr().String(),
-		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers)
+		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
+		"open_files", openFiles)
 	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
 	s.onStatus = opts.OnStatus
 	stopBeat := beat(region)
@@ -236,7 +242,7 @@ func RegionOptions(cfg config.Config) shm.Options {
 		Counters:      cfg.Table.Counters,
 		MaxWorkers:    minMaxWorkers(cfg.Server.WorkerCount()),
 		Responses:     cfg.Table.Responses,
-		ResponseBytes: cfg.Table.ResponseBytes,
+		ResponseBytes: int64(cfg.Table.ResponseBytes),
 	}
 }
 

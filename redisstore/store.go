@@ -153,6 +153,7 @@ type Limiter struct {
 
 	denyNS, denyMeta uint64
 	local            *bucket.Limiter // FailLocal: the host's share
+	localLimit       int64
 
 	// Sync mode.
 	hostNS, remoteNS, syncMeta uint64
@@ -200,6 +201,7 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 		if r.Burst > 0 {
 			lr.Burst = max(r.Burst/share, 1)
 		}
+		l.localLimit = lr.Limit
 		if l.local, err = bucket.NewLimiter(lr, s.tab); err != nil {
 			return nil, fmt.Errorf("redisstore: rule %q: its local share (limit %d ÷ %d): %w", r.Name, r.Limit, share, err)
 		}
@@ -221,9 +223,10 @@ func (l *Limiter) Rule() Rule { return l.rule }
 // decisions are local (AllowKey, PeekKey, RefundKey), never Decide's.
 func (l *Limiter) Sync() bool { return l.rule.Sync > 0 }
 
-// LocalShare is the limiter of this host's share, for FailLocal; nil
-// otherwise. Its rule's Name is the rule's own with a suffix.
-func (l *Limiter) LocalShare() *bucket.Limiter { return l.local }
+// LocalShare is the limiter of this host's share and the limit it
+// enforces, for FailLocal; nil otherwise. Its state is kept under the
+// rule's name with a suffix.
+func (l *Limiter) LocalShare() (*bucket.Limiter, int64) { return l.local, l.localLimit }
 
 // Key is one request's key under one Redis rule: the key value's hash,
 // the same on every host (it names the Redis key), and its entries in

@@ -139,7 +139,7 @@ func TestPathKey(t *testing.T) {
 	if got := f.count(3, "/b", "192.0.2.1:1"); got[200] != 2 {
 		t.Fatalf("/b: %v", got)
 	}
-	for _, p := range []string{"/a?x=1", "/a/", "//a", "/x/../a"} {
+	for _, p := range []string{"/a?x=1", "/a/", "//a", "/x/../a", "/A"} {
 		if w := f.get(p, "192.0.2.2:1"); w.Code != 429 {
 			t.Fatalf("%s counts as /a: %d, want 429", p, w.Code)
 		}

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -81,6 +82,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setFields(w.Header(), ex.Fields())
+	if fwd := ex.ForwardPath(); fwd != req.Path() {
+		forwardPath(r, fwd)
+	}
 	if req.body != nil {
 		r.Body = io.NopCloser(bytes.NewReader(req.body))
 	} else if req.bodyRead {
@@ -99,6 +103,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.next.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
 	rec.finish()
 	ex.Complete(rec.recorded())
+}
+
+// forwardPath makes fwd (the path as sent, with dot segments removed and
+// slashes merged) the request's path for the next handler.
+func forwardPath(r *http.Request, fwd string) {
+	p, err := url.PathUnescape(fwd)
+	if err != nil {
+		return // Normalize refuses bad escapes: cannot happen
+	}
+	u := *r.URL
+	u.Path, u.RawPath = p, fwd
+	if u.EscapedPath() != fwd {
+		u.RawPath = ""
+	}
+	r.URL = &u
 }
 
 // request is the core's view of a net/http request.
