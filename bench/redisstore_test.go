@@ -101,4 +101,3 @@ func skipOrFail(b *testing.B, err error) {
 	}
 	b.Fatal(err)
 }
-

@@ -224,6 +224,7 @@ func (p *Policy) takeGCRA(payload uint64, us int64) (uint64, Decision) {
 	d.ResetAfter = time.Duration(next-us) * time.Microsecond
 	return uint64(next), d
 }
+
 // Params returns the policy in microseconds, for a store that runs the
 // same algorithm elsewhere (a Redis script): for GCRA the emission
 // interval and the capacity (burst × interval), for a fixed window the

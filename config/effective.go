@@ -25,6 +25,9 @@ func (c Config) WriteEffective(w io.Writer) error {
 	line(&b, "admin:", c.Admin, "")
 	line(&b, "table:", c.Table, "")
 	line(&b, "persist:", c.Persist, "")
+	if c.Redis.Enabled() {
+		line(&b, "redis:", c.Redis, "")
+	}
 	for _, r := range c.RateLimits {
 		r.Burst = r.EffectiveBurst()
 		line(&b, fmt.Sprintf("rule %q:", r.Name), r, "name")

@@ -103,7 +103,7 @@ func runWorker(ctx context.Context, opts Options) int {
 	signal.Notify(term, syscall.SIGTERM)
 
 	conns := &connTracker{}
-	srv, ln, timeout, err := setUpWorker(opts, index, conns, log)
+	srv, ln, timeout, c, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
@@ -134,42 +134,48 @@ func runWorker(ctx context.Context, opts Options) int {
 	case <-ctx.Done():
 		why = context.Cause(ctx).Error()
 	}
-	return drainWorker(srv, ln, served, conns, timeout, why, log)
+	code := drainWorker(srv, ln, served, conns, timeout, why, log)
+	// Drained: no request decides any more. Closing the core adds the
+	// last sync-mode counts to Redis.
+	if err := c.Close(); err != nil {
+		log.Warn("worker: closing the decision core", "err", err)
+	}
+	return code
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, err error) {
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
 	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	if err := region.Join(index); err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	lnFile := os.NewFile(fdListener, "listener")
 	ln, err := net.FileListener(lnFile)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: inherited listener: %w", err)
+		return nil, nil, 0, nil, fmt.Errorf("prefork: inherited listener: %w", err)
 	}
 	lnFile.Close() // FileListener holds its own descriptor
 	if opts.Handler == nil {
-		return nil, nil, 0, errors.New("prefork: Options.Handler is nil")
+		return nil, nil, 0, nil, errors.New("prefork: Options.Handler is nil")
 	}
 	w := &Worker{Index: index, Region: region, Config: cfg, Logger: log}
 	app, err := opts.Handler(w)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
+		return nil, nil, 0, nil, fmt.Errorf("prefork: building the handler: %w", err)
 	}
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
 	c, err := NewCore(cfg, region, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
@@ -179,7 +185,7 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return srv, ln, cfg.Server.ShutdownTimeout, nil
+	return srv, ln, cfg.Server.ShutdownTimeout, c, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -70,6 +71,19 @@ func (o *Options) Enabled() bool {
 	return o.Client != nil || o.URL != "" || len(o.Cluster) > 0 || o.Sentinel.Master != "" || len(o.Sentinel.Addrs) > 0
 }
 
+// Validate reports the first problem with o (zero values standing for
+// their defaults), as New would: no I/O.
+func (o Options) Validate() error {
+	o, err := o.withDefaults()
+	if err != nil {
+		return err
+	}
+	if o.Client == nil {
+		_, err = clientOptions(o)
+	}
+	return err
+}
+
 // withDefaults fills the zero values and validates.
 func (o Options) withDefaults() (Options, error) {
 	if o.Timeout == 0 {
@@ -123,6 +137,14 @@ func (o Options) withDefaults() (Options, error) {
 // wait (dial, pool, read, write) bounded by the timeout, so that a slow
 // or dead Redis costs a request at most Timeout.
 func newClient(o Options) (redis.UniversalClient, error) {
+	u, err := clientOptions(o)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(u), nil
+}
+
+func clientOptions(o Options) (*redis.UniversalOptions, error) {
 	u := &redis.UniversalOptions{
 		MaxRetries:            -1,
 		DialTimeout:           o.Timeout,
@@ -141,7 +163,8 @@ func newClient(o Options) (redis.UniversalClient, error) {
 	case o.URL != "":
 		p, err := redis.ParseURL(o.URL)
 		if err != nil {
-			return nil, fmt.Errorf("redisstore: url: %w", err)
+			// go-redis's message may quote the URL, password and all.
+			return nil, fmt.Errorf("redisstore: url %q: want redis://[[user]:password@]host:port[/db] or rediss://…", redactURL(o.URL))
 		}
 		u.Addrs = []string{p.Addr}
 		u.Username, u.Password, u.DB = p.Username, p.Password, p.DB
@@ -160,7 +183,7 @@ func newClient(o Options) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redisstore: address %q: want host:port", a)
 		}
 	}
-	return redis.NewUniversalClient(u), nil
+	return u, nil
 }
 
 // OnUnavailable is what a Redis rule answers when Redis cannot decide
@@ -168,13 +191,13 @@ func newClient(o Options) (redis.UniversalClient, error) {
 type OnUnavailable uint8
 
 const (
+	// FailLocal (the zero value) enforces the rule's limit divided by its
+	// local share on this host's own table.
+	FailLocal OnUnavailable = iota
 	// FailOpen lets the request through, uncounted.
-	FailOpen OnUnavailable = iota
+	FailOpen
 	// FailClosed refuses it: 503 with Retry-After.
 	FailClosed
-	// FailLocal enforces the rule's limit divided by its local share on
-	// this host's own table.
-	FailLocal
 )
 
 // ParseOnUnavailable parses "open", "closed" or "local".
@@ -214,3 +237,52 @@ func (u *OnUnavailable) UnmarshalText(b []byte) error {
 
 // MarshalText is the value as ParseOnUnavailable reads it.
 func (u OnUnavailable) MarshalText() ([]byte, error) { return []byte(u.String()), nil }
+
+// RedactURL returns a Redis URL with its password replaced by "xxxxx", for
+// logs and status pages; a string that is no URL is returned as "…".
+func RedactURL(s string) string { return redactURL(s) }
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "…"
+	}
+	return u.Redacted()
+}
+
+// Sync is how a rule's counts reach Redis: 0 ("exact") decides each
+// request in Redis; a positive interval counts on the host and adds the
+// counts to Redis every interval.
+type Sync time.Duration
+
+// ParseSync parses "exact" or a duration of at least a millisecond.
+func ParseSync(s string) (Sync, error) {
+	if s == "exact" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < time.Millisecond || d > time.Hour {
+		return 0, fmt.Errorf("redisstore: sync %q: want \"exact\" or an interval between 1ms and 1h such as \"100ms\"", s)
+	}
+	return Sync(d), nil
+}
+
+func (s Sync) String() string {
+	if s == 0 {
+		return "exact"
+	}
+	return time.Duration(s).String()
+}
+
+// UnmarshalText makes a Sync a configuration value.
+func (s *Sync) UnmarshalText(b []byte) error {
+	v, err := ParseSync(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// MarshalText is the value as ParseSync reads it.
+func (s Sync) MarshalText() ([]byte, error) { return []byte(s.String()), nil }

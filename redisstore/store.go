@@ -173,20 +173,52 @@ const (
 // keeps only the state of its rules: never a deny entry).
 const denyWindow = time.Microsecond
 
-// NewLimiter compiles r for s.
-func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
+// localShare is the rule a host enforces on its own for FailLocal.
+func (r Rule) localShare() bucket.Rule {
+	share := int64(max(r.LocalShare, 1))
+	lr := r.Rule
+	lr.Name = r.Name + "\x00local share"
+	lr.Limit = max(r.Limit/share, 1)
+	if r.Burst > 0 {
+		lr.Burst = max(r.Burst/share, 1)
+	}
+	return lr
+}
+
+// Validate reports the first problem with r, as NewLimiter would.
+func (r Rule) Validate() error {
+	_, err := r.compile()
+	return err
+}
+
+func (r Rule) compile() (bucket.Policy, error) {
 	pol, err := r.Rule.Compile()
 	if err != nil {
+		return pol, err
+	}
+	switch {
+	case r.LocalShare < 0 || r.LocalShare > MaxLocalShare:
+		return pol, fmt.Errorf("redisstore: rule %q: local share %d outside 1..%d", r.Name, r.LocalShare, MaxLocalShare)
+	case r.Sync < 0 || r.Sync > time.Hour:
+		return pol, fmt.Errorf("redisstore: rule %q: sync interval %v outside 0 (exact)..1h", r.Name, r.Sync)
+	case r.Sync > 0 && r.Algorithm != bucket.FixedWindow:
+		return pol, fmt.Errorf("redisstore: rule %q: sync %v needs algorithm fixed-window (gcra is decided in Redis: sync \"exact\")", r.Name, r.Sync)
+	case r.OnUnavailable > FailClosed:
+		return pol, fmt.Errorf("redisstore: rule %q: unknown on_unavailable %d", r.Name, r.OnUnavailable)
+	}
+	if r.OnUnavailable == FailLocal {
+		if _, err := r.localShare().Compile(); err != nil {
+			return pol, fmt.Errorf("redisstore: rule %q: its local share (limit %d ÷ %d) cannot hold one request: %w", r.Name, r.Limit, max(r.LocalShare, 1), err)
+		}
+	}
+	return pol, nil
+}
+
+// NewLimiter compiles r for s.
+func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
+	pol, err := r.compile()
+	if err != nil {
 		return nil, err
-	}
-	if r.LocalShare < 0 || r.LocalShare > MaxLocalShare {
-		return nil, fmt.Errorf("redisstore: rule %q: local share %d outside 1..%d", r.Name, r.LocalShare, MaxLocalShare)
-	}
-	if r.Sync < 0 {
-		return nil, fmt.Errorf("redisstore: rule %q: sync interval %v is negative", r.Name, r.Sync)
-	}
-	if r.Sync > 0 && r.Algorithm != bucket.FixedWindow {
-		return nil, fmt.Errorf("redisstore: rule %q: sync %v needs algorithm fixed-window (gcra is decided in Redis: sync \"exact\")", r.Name, r.Sync)
 	}
 	l := &Limiter{s: s, rule: r, pol: pol, ns: r.Namespace()}
 	l.algo, l.a, l.b, l.cost = pol.Params()
@@ -194,16 +226,10 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 	l.denyNS = l.ns ^ denyTag
 	l.denyMeta = bucket.MetaOf(r.Tag(), bucket.GCRA, denyWindow)
 	if r.OnUnavailable == FailLocal {
-		share := int64(max(r.LocalShare, 1))
-		lr := r.Rule
-		lr.Name = r.Name + "\x00local share"
-		lr.Limit = max(r.Limit/share, 1)
-		if r.Burst > 0 {
-			lr.Burst = max(r.Burst/share, 1)
-		}
+		lr := r.localShare()
 		l.localLimit = lr.Limit
 		if l.local, err = bucket.NewLimiter(lr, s.tab); err != nil {
-			return nil, fmt.Errorf("redisstore: rule %q: its local share (limit %d ÷ %d): %w", r.Name, r.Limit, share, err)
+			return nil, err
 		}
 	}
 	if r.Sync > 0 {
