@@ -46,6 +46,7 @@ type Store struct {
 	flusher   *flusher
 	closeOnce sync.Once
 	closeErr  error
+	warmed    chan struct{} // closed when the warm-up is over
 
 	// clock is Redis's clock minus the region's, in µs, as last measured
 	// by a flush; clockKnown is set once it was.
@@ -85,7 +86,27 @@ func New(region *shm.Region, o Options) (*Store, error) {
 	}
 	s.tab.SetFresh(bucket.Fresh) // the deny cache and the sync counts are judged as bucket's
 	s.br = newSharedBreaker(s.tab, o.Breaker, target(o), region.Worker(), s.log)
+	s.warmed = make(chan struct{})
+	go s.warm()
 	return s, nil
+}
+
+// warmTimeout bounds the warm-up: connecting and loading the scripts
+// happen off the request path, so they may take longer than Timeout.
+const warmTimeout = 2 * time.Second
+
+// warm connects to Redis and loads the scripts once, in the background,
+// so that the first requests neither dial under their timeout nor meet
+// NOSCRIPT. A failure is left to the requests (and the breaker) to find.
+func (s *Store) warm() {
+	defer close(s.warmed)
+	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
+	defer cancel()
+	for _, sc := range []*script{&s.decide, &s.flush} {
+		if err := s.rdb.ScriptLoad(ctx, sc.src).Err(); err != nil {
+			return
+		}
+	}
 }
 
 // target names the Redis a breaker watches, so that a reload to another
@@ -112,6 +133,7 @@ func (s *Store) Close() error {
 		if f != nil {
 			f.stop()
 		}
+		<-s.warmed
 		if s.owns {
 			s.closeErr = s.rdb.Close()
 		}
