@@ -284,7 +284,7 @@ func refusalProblem(refusing *hit, hits []hit, buf []byte) (Problem, []byte) {
 	secs := retryAfterSeconds(refusing.d.RetryAfter)
 	p := Problem{Status: refusing.r.status, Type: problemQuotaExceeded, RetryAfter: secs}
 	what := `" exceeded; retry in `
-	if refusing.d.Full || refusing.unavailable {
+	if refusing.d.Full || refusing.unavailableClosed() {
 		p.Status, p.Type, what = http.StatusServiceUnavailable, "", `" is temporarily unavailable; retry in `
 	}
 	from := len(buf)
@@ -298,7 +298,7 @@ func refusalProblem(refusing *hit, hits []hit, buf []byte) (Problem, []byte) {
 		buf = append(buf, " seconds"...)
 	}
 	p.DetailText = buf[from:len(buf):len(buf)]
-	if !refusing.d.Full && !refusing.unavailable {
+	if !refusing.d.Full && !refusing.unavailableClosed() {
 		from = len(buf)
 		buf = append(buf, `,"violated-policies":[`...)
 		n := 0

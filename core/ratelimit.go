@@ -103,6 +103,13 @@ type hit struct {
 	unavailable, unknown bool
 }
 
+// unavailableClosed reports whether the hit refuses because Redis could
+// not decide and its on_unavailable is "closed" (a 503, like a full
+// table), as opposed to its local share refusing (a 429 like any rule's).
+func (h *hit) unavailableClosed() bool {
+	return h.unavailable && h.v.remote != nil && !h.d.Allowed
+}
+
 // exact reports whether the hit is decided in Redis (a Redis rule not in
 // sync mode, still using Redis).
 func (h *hit) exact() bool { return h.v.remote != nil && !h.v.remote.Sync() }
@@ -604,7 +611,7 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 	n := len(ex.fields)
 	ex.respond(&p, false)
 	ex.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full,
-		Unavailable: refusing.unavailable && !refusing.d.Full, Fields: ex.fields[:n:n]}
+		Unavailable: refusing.unavailableClosed(), Fields: ex.fields[:n:n]}
 	for _, f := range ex.fields[n:] {
 		if f.Name == fieldRetryAfter {
 			ex.refusal.Fields = append(ex.refusal.Fields, f)

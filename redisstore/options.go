@@ -155,6 +155,11 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		PoolTimeout:           o.Timeout,
 		ContextTimeoutEnabled: true,
 		PoolSize:              o.PoolSize,
+		// A new connection costs HELLO (and CLIENT SETINFO, which identity
+		// skips) before its first command: keep two ready, so that a burst
+		// after a restart of Redis does not dial under the timeout.
+		MinIdleConns:    2,
+		DisableIdentity: true,
 		// The server-push maintenance handshake is for managed services;
 		// on any other server it costs a round trip at every connection.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},

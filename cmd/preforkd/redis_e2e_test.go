@@ -200,9 +200,10 @@ local_share = 2
 	stop := make(chan struct{})
 	var slowest atomic.Int64
 	var mu sync.Mutex
-	codes := map[string]map[int]int{"/open": {}, "/closed": {}}
+	codes := map[string]map[int]int{"/open": {}, "/closed": {}, "/plain": {}}
+	var plainSlowest atomic.Int64
 	var wg sync.WaitGroup
-	for _, path := range []string{"/open", "/closed"} {
+	for _, path := range []string{"/open", "/closed", "/plain"} {
 		wg.Go(func() {
 			c := newClient(t, freshClientIP(), true)
 			for {
@@ -212,8 +213,12 @@ local_share = 2
 				default:
 				}
 				r := get(c, d.url(path))
-				if el := r.end.Sub(r.start); el > time.Duration(slowest.Load()) {
-					slowest.Store(int64(el))
+				sl := &slowest
+				if path == "/plain" {
+					sl = &plainSlowest
+				}
+				if el := r.end.Sub(r.start); el > time.Duration(sl.Load()) {
+					sl.Store(int64(el))
 				}
 				mu.Lock()
 				codes[path][r.status]++
@@ -238,8 +243,14 @@ local_share = 2
 	time.Sleep(time.Second) // three backoffs: the probes, and the load goes on
 	close(stop)
 	wg.Wait()
-	if el := time.Duration(slowest.Load()); el > timeout+10*time.Millisecond {
-		t.Errorf("the slowest request took %v, want at most the timeout %v + 10ms", el, timeout)
+	// A request to a path no rule matches (/plain) never waits on Redis:
+	// its slowest is what this machine's scheduling alone costs (a busy
+	// test machine can stall a process for tens of milliseconds), and is
+	// not counted as waiting on Redis.
+	el, stall := time.Duration(slowest.Load()), time.Duration(plainSlowest.Load())
+	t.Logf("slowest Redis-rule request %v; slowest request without a rule %v", el, stall)
+	if el > timeout+10*time.Millisecond+stall {
+		t.Errorf("the slowest request took %v, want at most the timeout %v + 10ms (+ %v that a request without a rule took)", el, timeout, stall)
 	}
 	if served != 5 {
 		t.Errorf("on_unavailable local: %d of 8 served, want 10 ÷ 2 = 5", served)
@@ -282,8 +293,11 @@ local_share = 2
 		}
 	}
 	c := newClient(t, freshClientIP(), false)
-	st := statuses(burst(c, d.url("/local"), 20))
-	if st[200] != 10 || st[429] != 10 {
+	rs := make([]result, 20)
+	for i := range rs {
+		rs[i] = get(c, d.url("/local"))
+	}
+	if st := statuses(rs); st[200] != 10 || st[429] != 10 {
 		t.Fatalf("after recovery, a fresh client on local: %v, want exactly 10 served", st)
 	}
 	if r := get(newClient(t, nil, false), "http://"+d.admin+"/status"); !strings.Contains(string(r.body), `"state":"closed"`) {

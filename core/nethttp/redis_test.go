@@ -226,11 +226,16 @@ func TestRedisUnavailablePolicies(t *testing.T) {
 	}
 	served := 0
 	for range 12 {
-		if w := f.get("/local", "192.0.2.30:1"); w.Code == 200 {
+		w := f.get("/local", "192.0.2.30:1")
+		if got := w.Header().Get("RateLimit-Policy"); got != `"local";q=5;w=60` {
+			t.Fatalf("local share policy header %q", got)
+		}
+		switch {
+		case w.Code == 200:
 			served++
-			if got := w.Header().Get("RateLimit-Policy"); got != `"local";q=5;w=60` {
-				t.Fatalf("local share policy header %q", got)
-			}
+		case w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), "quota-exceeded"):
+			// The share refuses as any rule does: its quota is spent.
+			t.Fatalf("local share refusal: %d %s, want a 429 quota-exceeded", w.Code, w.Body)
 		}
 	}
 	if served != 5 {
