@@ -19,7 +19,7 @@ import (
 
 // redisRule is a rule on path for every client IP, in Redis when rr is
 // set.
-func redisRule(t *testing.T, name, path string, algo bucket.Algorithm, limit int64, window time.Duration, rr *core.RedisRule) core.RateLimit {
+func redisRule(t testing.TB, name, path string, algo bucket.Algorithm, limit int64, window time.Duration, rr *core.RedisRule) core.RateLimit {
 	t.Helper()
 	rt, err := route.Compile(path, nil)
 	if err != nil {
