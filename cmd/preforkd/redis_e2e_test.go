@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -304,4 +305,52 @@ local_share = 2
 		t.Fatalf("/status after recovery: %s", r.body)
 	}
 	_ = http.StatusOK
+}
+
+// check prints each rule's store and the [redis] table, without the
+// password.
+func TestRedisCheckPrintsStore(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/preforkd.toml"
+	cfg := `[redis]
+url = "redis://:hunter2@10.0.0.5:6379/0"
+[[ratelimit]]
+name = "shared"
+path = "/s"
+limit = 10
+window = "1m"
+algorithm = "fixed-window"
+store = "redis"
+on_unavailable = "closed"
+sync = "100ms"
+[[ratelimit]]
+name = "mine"
+path = "/m"
+limit = 10
+window = "1m"
+`
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runBinary(t, "check", "-config", path)
+	if code != 0 {
+		t.Fatalf("check: %d %s", code, errOut)
+	}
+	for _, want := range []string{
+		"redis: url=redis://:xxxxx@10.0.0.5:6379/0 ",
+		`store=redis on_unavailable=closed local_share=1 sync=100ms`,
+		`rule "mine":`, "store=local",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out+errOut, "hunter2") {
+		t.Errorf("check printed the password:\n%s", out)
+	}
+	// A redis rule without [redis] is a configuration error (exit 2).
+	os.WriteFile(path, []byte(cfg[strings.Index(cfg, "[[ratelimit]]"):]), 0o600)
+	if code, _, errOut := runBinary(t, "check", "-config", path); code != 2 || !strings.Contains(errOut, `store: is "redis" but [redis]`) {
+		t.Errorf("check without [redis]: %d %s", code, errOut)
+	}
 }
