@@ -125,9 +125,8 @@ const maxInt = int(^uint(0) >> 1)
 
 // bodyProblem is the answer to a request whose body could not be read.
 func bodyProblem(err error) *badRequest {
-	var ne net.Error
 	switch {
-	case errors.As(err, &ne) && ne.Timeout():
+	case isTimeout(err):
 		return &badRequest{408, "the request body did not arrive in time", true}
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), isConnReset(err):
 		return &badRequest{400, "the request body ended early", true}

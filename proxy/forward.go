@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -197,14 +196,13 @@ func (r *request) retryable() bool {
 
 // upstreamFailed answers 502 or 504 for an upstream that gave no response.
 func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, err error, fields []core.Field) {
-	var ne net.Error
 	var de *dialError
 	switch {
 	case errors.As(err, &de):
 		s.count.upstreamErrors.Add(1)
 		s.warn(warnUpstreamDown, "upstream unreachable", "upstream", s.up.t.addr, "err", err)
 		s.answer(ctx, http.StatusBadGateway, "the application is unreachable", false, fields)
-	case errors.As(err, &ne) && ne.Timeout():
+	case isTimeout(err):
 		s.count.upstreamTimeouts.Add(1)
 		s.warn(warnUpstreamTimeout, "upstream timed out", "upstream", s.up.t.addr, "timeout", s.opts.UpstreamTimeout)
 		s.answer(ctx, http.StatusGatewayTimeout, "the application did not answer in time", false, fields)

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -179,12 +178,11 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 			return
 		}
 	}
-	var ne net.Error
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.As(err, &small), errors.Is(err, fasthttp.ErrSmallReadBuffer):
 		s.refuse(ctx, &badRequest{http.StatusRequestHeaderFieldsTooLarge, "the request header section is too large", true}, nil)
-	case errors.As(err, &ne) && ne.Timeout():
+	case isTimeout(err):
 		s.refuse(ctx, &badRequest{http.StatusRequestTimeout, "the request header did not arrive in time", true}, nil)
 	default:
 		s.refuse(ctx, &badRequest{http.StatusBadRequest, "malformed request", true}, nil)

@@ -230,7 +230,6 @@ func (s *Server) Close() error {
 		l.Close()
 	}
 	for _, c := range conns {
-		c.mute = false
 		c.Conn.Close() // the serving goroutine then closes c itself
 	}
 	s.closeOnce.Do(func() {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -246,8 +245,9 @@ func (rec *recorder) complete(ex Exchange, failed error) {
 	ex.Complete(&rec.rc)
 }
 
-// timeoutError tells a timeout from other errors.
-func timeoutError(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+// isTimeout reports whether err is a timeout (a deadline that passed;
+// fasthttp's own timeout errors are not net.Errors).
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
 }

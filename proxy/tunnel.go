@@ -60,7 +60,7 @@ func (t *tunnelState) copy(dst io.Writer, src io.Reader, deadline net.Conn, dstC
 		}
 		switch {
 		case err == nil:
-		case timeoutError(err) && !t.dead.Load() && time.Since(time.Unix(0, t.last.Load())) < timeout:
+		case isTimeout(err) && !t.dead.Load() && time.Since(time.Unix(0, t.last.Load())) < timeout:
 			// This side was quiet, the other was not: the tunnel lives.
 		case err == io.EOF:
 			if cw, ok := dstConn.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
