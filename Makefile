@@ -1,8 +1,9 @@
 # preforkd — see README.md. `make run` and `make test` do all the set-up.
 GO ?= go
 BIN := bin/preforkd
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo none)
+# Empty without git: the binary then reports what go build recorded in it.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
 .PHONY: all build run test test-race fuzz bench model lint clean

@@ -57,7 +57,7 @@ const (
 type Decision struct {
 	Allowed    bool
 	Limit      int64         // the rule's limit per window
-	Remaining  int64         // requests still allowed now, after this one
+	Remaining  int64         // quota units still available now, after this request (a refused one takes none)
 	ResetAfter time.Duration // until the state is as a fresh key's (bucket full / window over)
 	RetryAfter time.Duration // until the next request can pass; 0 when allowed
 	// Full is set when no slot could be had for the key and the rule's
@@ -74,6 +74,7 @@ type Policy struct {
 	window int64 // µs
 	t      int64 // GCRA emission interval, µs, rounded up so the rate is never exceeded
 	tau    int64 // GCRA capacity in time: burst × t
+	cost   int64 // what one request takes: 1..burst (GCRA), 1..limit (fixed window)
 }
 
 // Take decides one request at now against payload and returns the payload
@@ -92,7 +93,7 @@ func (p *Policy) Peek(payload uint64, now time.Duration) Decision {
 	_, d := p.Take(payload, now)
 	if d.Allowed {
 		// As things stand, not as they would after taking one.
-		d.Remaining++
+		d.Remaining += p.cost
 		if p.algo == GCRA {
 			us := max(int64(now/time.Microsecond), 0)
 			d.ResetAfter = time.Duration(max(int64(payload), us)-us) * time.Microsecond
@@ -101,7 +102,7 @@ func (p *Policy) Peek(payload uint64, now time.Duration) Decision {
 	return d
 }
 
-// Refund gives back one request taken at or before now, as if it had not
+// Refund gives back one request (its cost) taken at or before now, as if it had not
 // been served. It never gives back more than was taken in the current
 // window (fixed window) or than the bucket holds (GCRA).
 func (p *Policy) Refund(payload uint64, now time.Duration) (next uint64, changed bool) {
@@ -114,13 +115,13 @@ func (p *Policy) Refund(payload uint64, now time.Duration) (next uint64, changed
 		if over || cnt == 0 {
 			return payload, false
 		}
-		return payload - 1, true
+		return payload - uint64(min(p.cost, cnt)), true
 	}
 	tat := int64(payload)
 	if tat <= us {
 		return payload, false
 	}
-	tat = max(tat-p.t, us)
+	tat = max(tat-p.cost*p.t, us)
 	return uint64(tat), true
 }
 
@@ -170,11 +171,12 @@ func (p *Policy) takeWindow(payload uint64, us int64) (uint64, Decision) {
 	abs, cnt, _ := p.window3(payload, us)
 	reset := time.Duration((abs+1)*p.window-us) * time.Microsecond
 	d := Decision{Limit: p.limit, ResetAfter: reset}
-	if cnt >= p.limit {
+	if cnt+p.cost > p.limit {
 		d.RetryAfter = reset
+		d.Remaining = p.limit - cnt
 		return payload, d
 	}
-	cnt++
+	cnt += p.cost
 	d.Allowed = true
 	d.Remaining = p.limit - cnt
 	return uint64(abs)&widxMask<<countBits | uint64(cnt), d
@@ -182,12 +184,13 @@ func (p *Policy) takeWindow(payload uint64, us int64) (uint64, Decision) {
 
 func (p *Policy) takeGCRA(payload uint64, us int64) (uint64, Decision) {
 	tat := max(int64(payload), us) // a clock that went back finds tat ahead: nothing granted
-	next := tat + p.t
+	next := tat + p.cost*p.t
 	d := Decision{Limit: p.limit}
 	if next-us > p.tau {
 		// Allowed once next − t − tau ≤ now.
 		d.RetryAfter = time.Duration(next-p.tau-us) * time.Microsecond
 		d.ResetAfter = time.Duration(tat-us) * time.Microsecond
+		d.Remaining = max(p.tau-(tat-us), 0) / p.t
 		return payload, d
 	}
 	if next > payloadMax {

@@ -294,3 +294,46 @@ func TestPeek(t *testing.T) {
 		t.Fatalf("fixed-window peek: %+v", d)
 	}
 }
+
+// cost = 3 with limit 10: three requests pass, the fourth is refused (9 of
+// 10 units spent, 1 left); a refund gives the whole cost back.
+func TestCost(t *testing.T) {
+	for _, algo := range []Algorithm{GCRA, FixedWindow} {
+		p, err := Rule{Name: "c", Limit: 10, Window: time.Minute, Algorithm: algo, Cost: 3}.Compile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var payload uint64
+		now := time.Hour
+		for i := 1; i <= 4; i++ {
+			next, d := p.Take(payload, now)
+			if want := i <= 3; d.Allowed != want {
+				t.Fatalf("%v request %d: allowed %v", algo, i, d.Allowed)
+			}
+			if d.Allowed {
+				payload = next
+				if d.Remaining != int64(10-3*i) {
+					t.Fatalf("%v request %d: remaining %d", algo, i, d.Remaining)
+				}
+			} else if d.Remaining != 1 || d.RetryAfter <= 0 {
+				t.Fatalf("%v refusal: %+v", algo, d)
+			}
+		}
+		if d := p.Peek(payload, now); d.Allowed || d.Remaining != 1 {
+			t.Fatalf("%v peek: %+v", algo, d)
+		}
+		back, ok := p.Refund(payload, now)
+		if !ok {
+			t.Fatalf("%v: nothing refunded", algo)
+		}
+		if d := p.Peek(back, now); !d.Allowed || d.Remaining != 4 {
+			t.Fatalf("%v after refund: %+v, want 4 units", algo, d)
+		}
+	}
+	if _, err := (Rule{Name: "c", Limit: 10, Window: time.Minute, Cost: 11}).Compile(); err == nil {
+		t.Error("cost over the limit accepted")
+	}
+	if _, err := (Rule{Name: "c", Limit: 10, Burst: 2, Window: time.Minute, Cost: 3}).Compile(); err == nil {
+		t.Error("cost over the burst accepted")
+	}
+}

@@ -39,6 +39,10 @@ type Rule struct {
 	Algorithm Algorithm
 	Burst     int64 // GCRA only: bucket size; 0 means Limit
 	OnFull    OnFull
+	// Cost is what one request takes from a key's allowance, 1..burst
+	// (GCRA) or 1..limit (fixed window): an expensive route costs more.
+	// 0 means 1.
+	Cost int64
 }
 
 // Compile validates r and returns its pure decision policy.
@@ -56,10 +60,15 @@ func (r Rule) Compile() (Policy, error) {
 		return Policy{}, fmt.Errorf("bucket: rule %q: burst applies to gcra only", r.Name)
 	case r.Algorithm != GCRA && r.Algorithm != FixedWindow:
 		return Policy{}, fmt.Errorf("bucket: rule %q: unknown algorithm %d", r.Name, r.Algorithm)
+	case r.Cost < 0:
+		return Policy{}, fmt.Errorf("bucket: rule %q: cost %d is negative", r.Name, r.Cost)
 	}
-	p := Policy{algo: r.Algorithm, limit: r.Limit, burst: r.Burst, window: int64(r.Window / time.Microsecond)}
+	p := Policy{algo: r.Algorithm, limit: r.Limit, burst: r.Burst, window: int64(r.Window / time.Microsecond), cost: max(r.Cost, 1)}
 	if p.burst == 0 {
 		p.burst = r.Limit
+	}
+	if capacity := p.burst; p.cost > capacity {
+		return Policy{}, fmt.Errorf("bucket: rule %q: cost %d is more than the %d a key can ever hold: every request would be refused", r.Name, p.cost, capacity)
 	}
 	// Round the emission interval up: the rate may fall short by under a
 	// microsecond per request, but never exceeds Limit per Window.

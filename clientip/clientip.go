@@ -47,12 +47,29 @@ func (r *Resolver) Validate() error {
 // is never an IPv4-mapped IPv6 address. When remoteAddr does not parse (a
 // Unix socket listener) the result is the zero Addr.
 func (r *Resolver) Client(remoteAddr string, h http.Header) netip.Addr {
-	peer, ok := parseNode(remoteAddr, false)
-	if !ok || r == nil || !r.trusts(peer) {
+	peer, _ := parseNode(remoteAddr, false)
+	return r.ClientOf(peer, h["X-Forwarded-For"], h["Forwarded"])
+}
+
+// Trusts reports whether the TCP peer is a trusted proxy, whose forwarding
+// headers ClientOf reads: a caller can skip collecting them otherwise.
+func (r *Resolver) Trusts(peer netip.Addr) bool {
+	return r != nil && peer.IsValid() && r.trusts(peer)
+}
+
+// ClientOf is Client for any HTTP engine: peer is the TCP peer (unmapped,
+// no zone; the zero Addr for none), xff and forwarded the field lines of
+// X-Forwarded-For and Forwarded, in order. They are read only when peer
+// is trusted.
+func (r *Resolver) ClientOf(peer netip.Addr, xff, forwarded []string) netip.Addr {
+	if !r.Trusts(peer) {
 		return peer
 	}
-	xff := hops{lines: h["X-Forwarded-For"]}
-	fwd := hops{lines: h["Forwarded"], forwarded: true}
+	return r.walk(peer, hops{lines: xff}, hops{lines: forwarded, forwarded: true})
+}
+
+// walk finds the client among the hops of a trusted peer's headers.
+func (r *Resolver) walk(peer netip.Addr, xff, fwd hops) netip.Addr {
 	nf, speaks := fwd.count()
 	if !speaks {
 		// A well-formed Forwarded header that names nobody (only proto=,
@@ -110,7 +127,11 @@ func (r *Resolver) Client(remoteAddr string, h http.Header) netip.Addr {
 // Key returns the client address as a rule counts it: an IPv4 address as
 // is, an IPv6 address masked to IPv6Prefix bits.
 func (r *Resolver) Key(remoteAddr string, h http.Header) netip.Addr {
-	a := r.Client(remoteAddr, h)
+	return r.Mask(r.Client(remoteAddr, h))
+}
+
+// Mask returns a client address as a rule counts it (see Key).
+func (r *Resolver) Mask(a netip.Addr) netip.Addr {
 	if !a.Is6() {
 		return a
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -21,6 +22,12 @@ func TestParseBy(t *testing.T) {
 		{"header:Authorization|header:X-Api-Key|ip", "header:Authorization|header:X-Api-Key|ip"},
 		{"header:Authorization|header:X-Api-Key", "header:Authorization|header:X-Api-Key|ip"},
 		{"header:X_Odd~Token!", "header:X_odd~token!|ip"},
+		{"cookie:session|ip", "cookie:session|ip"},
+		{"cookie:Session", "cookie:Session|ip"}, // cookie names are case-sensitive
+		{"query:api_key", "query:api_key|ip"},
+		{"path", "path|ip"},
+		{"header:X-Api-Key|cookie:sid|query:key|path|ip", "header:X-Api-Key|cookie:sid|query:key|path|ip"},
+		{"cookie:a|header:a", "cookie:a|header:A|ip"},
 	}
 	for _, tt := range tests {
 		b, err := ParseBy(tt.in)
@@ -46,7 +53,15 @@ func TestParseByErrors(t *testing.T) {
 		"global|ip",
 		"ip|global",
 		"header:X|global",
-		"cookie:x",
+		"cookie:",
+		"query:",
+		"cookie:a b",
+		"query:k=v",
+		"path:x",
+		"Cookie:x",
+		"path|header:X",
+		"path|path",
+		"cookie:a|cookie:a",
 		"IP",
 		"Header:X",
 		"header:X|",
@@ -227,4 +242,103 @@ func BenchmarkKey(b *testing.B) {
 			}
 		})
 	})
+}
+
+// A key header that is reached and sent twice is refused, not guessed at;
+// a repeated header the chain never reaches does not matter.
+func TestAppendKeyOfRepeated(t *testing.T) {
+	b, err := ParseBy("header:X-Api-Key|header:X-Other|ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		h        http.Header
+		repeated string // "" = a key
+	}{
+		{hdr("X-Api-Key", "r123", "X-Api-Key", "k1"), "X-Api-Key"},
+		{hdr("X-Other", "a", "X-Other", "b"), "X-Other"},
+		{hdr("X-Api-Key", "k1", "X-Other", "a", "X-Other", "b"), ""},
+		{hdr("X-Api-Key", "", "X-Api-Key", "k1"), "X-Api-Key"},
+	}
+	for _, tt := range tests {
+		_, err := b.AppendKeyOf(nil, NewHTTPSource(&testResolver, "203.0.113.7:1", tt.h, "/"))
+		var re *RepeatedError
+		switch {
+		case tt.repeated == "" && err != nil:
+			t.Errorf("%v: %v", tt.h, err)
+		case tt.repeated != "" && (!errors.As(err, &re) || re.What != "the "+tt.repeated+" header"):
+			t.Errorf("%v: error %v, want the repeated %s", tt.h, err, tt.repeated)
+		}
+	}
+}
+
+// fakeSource is a Source with fixed answers.
+type fakeSource struct {
+	headers map[string][]string
+	cookie  string // the Cookie header
+	query   string
+	path    string
+}
+
+func (f fakeSource) Header(name string) (string, int) {
+	vs := f.headers[name]
+	if len(vs) == 0 {
+		return "", 0
+	}
+	return vs[0], len(vs)
+}
+func (f fakeSource) Cookie(name string) (string, bool) { return CookieValue([]string{f.cookie}, name) }
+func (f fakeSource) Query(name string) (string, int) {
+	v, n := QueryValue(f.query, name, nil)
+	return string(v), n
+}
+func (f fakeSource) Path() string { return f.path }
+func (f fakeSource) ClientKey() netip.Addr {
+	return netip.MustParseAddr("192.0.2.1")
+}
+
+// Cookie, query and path elements: their keys, fallbacks, long values and
+// repeats.
+func TestKeysOfCookieQueryPath(t *testing.T) {
+	long := strings.Repeat("v", 300)
+	tests := []struct {
+		by    string
+		src   fakeSource
+		key   string
+		value string
+		err   string
+	}{
+		{"cookie:session|ip", fakeSource{cookie: "a=1; session=s1; b=2"}, "c:session:s1", "s1", ""},
+		{"cookie:session|ip", fakeSource{cookie: `session="s 1"`}, "c:session:s 1", "s 1", ""},
+		{"cookie:session|ip", fakeSource{cookie: "session=first; session=second"}, "c:session:first", "first", ""},
+		{"cookie:session|ip", fakeSource{cookie: "sessionx=1"}, "ip:192.0.2.1", "", ""},
+		{"cookie:session|ip", fakeSource{cookie: "session="}, "ip:192.0.2.1", "", ""},
+		{"query:key|ip", fakeSource{query: "a=1&key=k1"}, "q:key:k1", "k1", ""},
+		{"query:key|ip", fakeSource{query: "key=a%20b+c"}, "q:key:a b c", "a b c", ""},
+		{"query:key|ip", fakeSource{query: "%6Bey=%6B1"}, "q:key:k1", "k1", ""},
+		{"query:key|ip", fakeSource{query: "key=k1&key=k2"}, "", "", "the key query parameter was sent more than once"},
+		{"query:key|ip", fakeSource{query: "keys=1"}, "ip:192.0.2.1", "", ""},
+		{"query:key|ip", fakeSource{query: "key=" + long}, "Q:key:" + digest(long), long, ""},
+		{"cookie:s|ip", fakeSource{cookie: "s=" + long}, "C:s:" + digest(long), long, ""},
+		{"path", fakeSource{path: "/a"}, "p:/a", "/a", ""},
+		{"path", fakeSource{path: "/" + long}, "P:" + digest("/"+long), "/" + long, ""},
+		{"header:X-Api-Key|query:key|path", fakeSource{query: "key=q", path: "/a"}, "q:key:q", "q", ""},
+		{"header:X-Api-Key|query:key|path", fakeSource{path: "/a"}, "p:/a", "/a", ""},
+	}
+	for _, tt := range tests {
+		b, err := ParseBy(tt.by)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, value, err := b.AppendKeyValue(nil, tt.src)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%s %+v: error %v, want %q", tt.by, tt.src, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || string(key) != tt.key || value != tt.value {
+			t.Errorf("%s %+v: %q, %q, %v; want %q, %q", tt.by, tt.src, key, value, err, tt.key, tt.value)
+		}
+	}
 }

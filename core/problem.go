@@ -16,6 +16,8 @@ type Problem struct {
 	// Title is a short summary; "" means the status text.
 	Title  string
 	Detail string
+	// DetailText, when not nil, is the detail instead of Detail.
+	DetailText []byte
 	// RetryAfter, in whole seconds, is sent as Retry-After when positive.
 	RetryAfter int64
 	// Extra is appended to the JSON object as it is: more members, each
@@ -48,7 +50,13 @@ func (p *Problem) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `,"status":`...)
 	dst = strconv.AppendInt(dst, int64(p.Status), 10)
 	dst = append(dst, `,"detail":`...)
-	dst = appendJSONString(dst, p.Detail)
+	if p.DetailText != nil {
+		dst = append(dst, '"')
+		dst = appendJSONText(dst, p.DetailText)
+		dst = append(dst, '"')
+	} else {
+		dst = appendJSONString(dst, p.Detail)
+	}
 	dst = append(dst, p.Extra...)
 	return append(dst, "}\n"...)
 }
@@ -91,7 +99,7 @@ func appendJSONString(dst []byte, s string) []byte {
 // outside printable ASCII become '?': what the core puts in a problem
 // (rule names, header names) is ASCII, and a broken UTF-8 sequence must
 // never reach a client's JSON parser.
-func appendJSONText(dst []byte, s string) []byte {
+func appendJSONText[S string | []byte](dst []byte, s S) []byte {
 	const hex = "0123456789abcdef"
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {

@@ -14,11 +14,16 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
+// ErrRefused is returned by Inspect, after its description, for a file
+// that a load would refuse, in whole or in part.
+var ErrRefused = errors.New("persist: a load would refuse it")
+
 // Inspect describes the dump or live region at path to w: its header, each
 // guard and checksum, its sections and occupancy, and why a load would
 // refuse it. It tells the two apart by their magic. Guards that depend on
 // the configuration (a rule's definition, persist.key) are shown, not
-// judged. A file that would be refused is described, not an error; the
+// judged. For a file that a load would refuse (whole, or a section of it)
+// the description is written and the error wraps ErrRefused; any other
 // error is for a file that cannot be read.
 func Inspect(path string, w io.Writer) error {
 	fi, err := os.Stat(path)
@@ -27,7 +32,7 @@ func Inspect(path string, w io.Writer) error {
 	}
 	if !fi.Mode().IsRegular() {
 		fmt.Fprintf(w, "%s: not a regular file (%v)\nverdict: refused (%s)\n", path, fi.Mode().Type(), ReasonUnreadable)
-		return nil
+		return fmt.Errorf("%w: %s: %s", ErrRefused, path, ReasonUnreadable)
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -43,18 +48,22 @@ func Inspect(path string, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("persist: inspect: %w", err)
 	}
-	inspectDump(path, fi, data, w)
+	if verdict := inspectDump(path, fi, data, w); verdict != "" {
+		return fmt.Errorf("%w: %s: %s", ErrRefused, path, verdict)
+	}
 	return nil
 }
 
-func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) {
+// inspectDump describes a dump; it returns why a load would refuse it (or
+// a part of it), "" when it would not.
+func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	defer w.Flush()
 	fmt.Fprintf(w, "file:\t%s (dump, %d bytes, mode %v)\n", path, len(data), fi.Mode().Perm())
 	p, whole := parse(data)
 	if whole != nil {
 		fmt.Fprintf(w, "verdict:\trefused: %s\n", whole)
-		return
+		return whole.String()
 	}
 	h := p.hdr
 	fmt.Fprintf(w, "format:\tversion %d, header checksum ok\n", h.version)
@@ -109,9 +118,10 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) {
 	}
 	if len(verdict) == 0 {
 		fmt.Fprintf(w, "verdict:\tloadable (rule definitions and persist.key are checked against the configuration at load)\n")
-	} else {
-		fmt.Fprintf(w, "verdict:\tpartly refused: %s\n", strings.Join(verdict, "; "))
+		return ""
 	}
+	fmt.Fprintf(w, "verdict:\tpartly refused: %s\n", strings.Join(verdict, "; "))
+	return "partly: " + strings.Join(verdict, "; ")
 }
 
 func describeCounters(w io.Writer, h *header, c counters) {
@@ -169,7 +179,7 @@ func inspectLive(path string, fi os.FileInfo, out io.Writer) error {
 		var he *shm.HeaderError
 		if errors.As(err, &he) {
 			fmt.Fprintf(w, "verdict:\trefused: %v (a supervisor would replace it with a fresh region)\n", err)
-			return nil
+			return fmt.Errorf("%w: %s: %v", ErrRefused, path, err)
 		}
 		return fmt.Errorf("persist: inspect: %w", err)
 	}

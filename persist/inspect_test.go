@@ -2,6 +2,7 @@ package persist
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,21 +32,23 @@ func TestInspect(t *testing.T) {
 	}
 	os.Mkdir(filepath.Join(dir, "adir"), 0o700)
 	for _, tc := range []struct {
-		file string
-		want []string // regexps, each must match
+		file    string
+		want    []string // regexps, each must match
+		refused bool     // Inspect returns ErrRefused
 	}{
 		{"good", []string{`dump, \d+ bytes, mode -rw-------`, `build:\s+"v1"`, `section 1:\s+counters, \d+ bytes at \d+, checksum ok`,
 			`7 entries \(10.94% of 64 slots\), 2 rules`, `rule "login":\s+gcra 1 per 1h0m0s, tag 0x[0-9a-f]+, 1 entries`,
-			`rule "api":\s+fixed-window 2 per 1m0s, tag 0x[0-9a-f]+, 6 entries`, `section 2:\s+responses`, `verdict:\s+loadable`}},
-		{"bad", []string{`refused:\s+counters: checksum`, `verdict:\s+partly refused: counters: checksum`}},
-		{"notadump", []string{`verdict:\s+refused: dump: bad magic`}},
-		{"adir", []string{`not a regular file`, `verdict: refused \(unreadable\)`}},
+			`rule "api":\s+fixed-window 2 per 1m0s, tag 0x[0-9a-f]+, 6 entries`, `section 2:\s+responses`, `verdict:\s+loadable`}, false},
+		{"bad", []string{`refused:\s+counters: checksum`, `verdict:\s+partly refused: counters: checksum`}, true},
+		{"notadump", []string{`verdict:\s+refused: dump: bad magic`}, true},
+		{"adir", []string{`not a regular file`, `verdict: refused \(unreadable\)`}, true},
 		{"live", []string{`live region`, `lock:\s+last taken by pid \d+, which is running`, `occupancy:\s+3.12%: 2 live`,
-			`worker 1:\s+incarnation 1, pid \d+`, `verdict:\s+re-attachable`}},
+			`worker 1:\s+incarnation 1, pid \d+`, `verdict:\s+re-attachable`}, false},
 	} {
 		var out bytes.Buffer
-		if err := Inspect(filepath.Join(dir, tc.file), &out); err != nil {
-			t.Fatalf("%s: %v", tc.file, err)
+		err := Inspect(filepath.Join(dir, tc.file), &out)
+		if tc.refused && !errors.Is(err, ErrRefused) || !tc.refused && err != nil {
+			t.Fatalf("%s: %v, want ErrRefused %v", tc.file, err, tc.refused)
 		}
 		for _, re := range tc.want {
 			if !regexp.MustCompile(re).Match(out.Bytes()) {
@@ -53,7 +56,7 @@ func TestInspect(t *testing.T) {
 			}
 		}
 	}
-	if err := Inspect(filepath.Join(dir, "missing"), &bytes.Buffer{}); err == nil {
-		t.Error("no error for a missing file")
+	if err := Inspect(filepath.Join(dir, "missing"), &bytes.Buffer{}); err == nil || errors.Is(err, ErrRefused) {
+		t.Errorf("a missing file: %v, want an error other than ErrRefused", err)
 	}
 }

@@ -20,8 +20,8 @@
 //
 // The same program runs as the supervisor and as every worker. The
 // supervisor starts each worker by executing its own binary again
-// (/proc/self/exe, with the same arguments) with the environment variable
-// PREFORKD_WORKER set; [Run] (and [IsWorker]) detect that role. In a worker,
+// (/proc/self/exe, with the same arguments; argv[0] is the worker's title)
+// with the environment variable PREFORKD_WORKER set; [Run] (and [IsWorker]) detect that role. In a worker,
 // Run serves and exits the process itself: it never returns. Hence main
 // calls Run before anything with side effects (opening files, starting
 // goroutines that matter), and the code before Run runs in every process.
@@ -31,7 +31,8 @@
 // pipe, and the supervisor's configuration (JSON in a sealed memory file).
 // It maps the region, joins it under its worker index, builds the
 // application with [Options.Handler], wraps it in the rate-limit middleware
-// (package httplimit), reports readiness and serves.
+// (the decision core, packages core and core/nethttp), reports readiness
+// and serves.
 //
 // # Supervisor
 //
@@ -43,7 +44,10 @@
 //   - TERM or INT (or ctx done): graceful drain. Every worker stops
 //     accepting and finishes its requests in flight for up to
 //     Server.ShutdownTimeout; the supervisor kills what is left a little
-//     later. A second TERM or INT kills at once. No worker is started while
+//     later. A draining worker answers with Connection: close and closes a
+//     keep-alive connection only after that, or after it was idle for a
+//     grace (drain.go states the rule), so that no request is lost to a
+//     connection closed under it. A second TERM or INT kills at once. No worker is started while
 //     draining. After the last worker was reaped, Options.Finish runs and
 //     Run returns.
 //   - HUP: the configuration is read again (Options.LoadConfig or
@@ -67,6 +71,14 @@
 //     NOTIFY_SOCKET.
 //   - Each worker's GOMAXPROCS is its share of the CPUs unless GOMAXPROCS
 //     is set in the environment.
+//   - The supervisor and every worker raise their soft limit on open files
+//     to the hard limit at start; the supervisor logs it ("supervisor
+//     started", open_files).
+//   - Workers take the supervisor's process name (its /proc/self/comm:
+//     "preforkd" for the daemon, the program's name when embedded) instead
+//     of "exe", and their command line reads "NAME: worker INDEX
+//     (generation G)", so that ps -C NAME and pgrep -x NAME see the whole
+//     tree. The arguments a worker sees in os.Args are the supervisor's.
 //
 // # Guarantees
 //

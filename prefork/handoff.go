@@ -12,11 +12,13 @@ import (
 	"github.com/preforkd/preforkd/config"
 )
 
-// What a worker process inherits from its supervisor: one environment
-// variable, which marks the process as a worker and names its region worker
-// index, and five file descriptors (exec.Cmd.ExtraFiles, from 3 on).
+// What a worker process inherits from its supervisor: an environment
+// variable that marks the process as a worker and names its region worker
+// index, one with the supervisor's process name (procname.go), its title as
+// argv[0], and five file descriptors (exec.Cmd.ExtraFiles, from 3 on).
 const (
 	envWorker = "PREFORKD_WORKER"
+	envName   = "PREFORKD_NAME"
 
 	fdRegion   = 3 // the shared-memory region (memfd or tmpfs file)
 	fdListener = 4 // the listening socket, shared by every worker

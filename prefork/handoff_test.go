@@ -54,7 +54,7 @@ func TestConfigHandoffRoundTrip(t *testing.T) {
 }
 
 func TestWorkerEnviron(t *testing.T) {
-	in := []string{"PATH=/bin", "NOTIFY_SOCKET=/run/x", "PREFORKD_WORKER=3", "HOME=/root"}
+	in := []string{"PATH=/bin", "NOTIFY_SOCKET=/run/x", "PREFORKD_WORKER=3", "PREFORKD_NAME=app", "HOME=/root"}
 	got := workerEnviron(in, 1<<20)
 	if want := []string{"PATH=/bin", "HOME=/root", "GOMAXPROCS=1"}; !slices.Equal(got, want) {
 		t.Errorf("got %q, want %q", got, want)

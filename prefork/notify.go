@@ -55,8 +55,12 @@ func (n *notifier) send(state string) error {
 	return nil
 }
 
-// reloadingState is the message that starts a reload: systemd's
-// Type=notify-reload wants the CLOCK_MONOTONIC time of the request with it.
+// reloadingState is the message that starts a reload. systemd's
+// Type=notify-reload sends HUP, then takes RELOADING=1 as the answer to
+// that HUP only with MONOTONIC_USEC (CLOCK_MONOTONIC in µs, decimal) in
+// the same message and no earlier than the instant it sent the signal;
+// then it waits for READY=1. So the time is read here, when the HUP is
+// handled, never cached.
 func reloadingState() string {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {

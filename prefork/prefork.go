@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -41,6 +42,11 @@ type Options struct {
 	// Handler builds the application, once in each worker process. Run
 	// wraps it in the rate-limit middleware. Required.
 	Handler func(w *Worker) (http.Handler, error)
+
+	// Refuse, if set, writes the answer to a request the rate limits
+	// refused, in place of the default problem+json (see
+	// nethttp.Options.Refuse).
+	Refuse func(w http.ResponseWriter, r *http.Request, ref *core.Refusal)
 
 	// Logger receives one structured line per operator event, in the
 	// supervisor and in every worker. nil means slog.Default().
@@ -108,6 +114,10 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
+	openFiles, err := raiseOpenFileLimit()
+	if err != nil {
+		log.Warn("open-file limit not raised", "open_files", openFiles, "err", err)
+	}
 
 	// Handled signals only, buffered: a TERM that arrives while the loop is
 	// busy is not lost. Never all signals: the runtime uses some itself.
@@ -151,6 +161,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	env := &osEnv{
 		spawner:  newSpawner(),
 		exe:      "/proc/self/exe", // this very binary, even if a deploy replaced the file
+		name:     processName(),
 		args:     os.Args,
 		environ:  workerEnviron(os.Environ(), n),
 		region:   region.File(),
@@ -180,7 +191,8 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	}
 
 	log.Info("supervisor started", "pid", os.Getpid(), "listen", ln.Addr().String(),
-		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers)
+		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
+		"open_files", openFiles)
 	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
 	s.onStatus = opts.OnStatus
 	stopBeat := beat(region)

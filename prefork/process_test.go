@@ -10,12 +10,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -632,4 +634,89 @@ func TestPrepareAndFinish(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Workers take their supervisor's process name (here the test binary's,
+// as for any embedding program) instead of "exe", and their command line
+// is their title alone; a reload's workers say their generation.
+func TestWorkersAreNamed(t *testing.T) {
+	name := processName()
+	if name == "" || name == "exe" {
+		t.Fatalf("the test's own process name is %q", name)
+	}
+	h := startSupervisor(t, testConfig(2), true, nil)
+	check := func(gen int) {
+		t.Helper()
+		n := 0
+		for _, r := range h.logs.all("worker started") {
+			if r.int("generation") != gen {
+				continue
+			}
+			n++
+			pid := r.int("pid")
+			comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			if err != nil || string(comm) != name+"\n" {
+				t.Errorf("worker %d: comm %q (%v), want %q", pid, comm, err, name)
+			}
+			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if want := workerTitle(name, r.int("index"), gen) + "\x00"; err != nil || string(cmdline) != want {
+				t.Errorf("worker %d: cmdline %q (%v), want %q", pid, cmdline, err, want)
+			}
+		}
+		if n != 2 {
+			t.Fatalf("%d workers of generation %d", n, gen)
+		}
+	}
+	check(0)
+	h.signal(unix.SIGHUP)
+	h.logs.wait(t, "reload finished", 1, 15*time.Second)
+	check(1)
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The soft limit on open files is raised to the hard limit, and the
+// supervisor says so.
+func TestOpenFileLimitRaised(t *testing.T) {
+	var orig unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	if orig.Max < 64 {
+		t.Fatalf("hard open-file limit %d: too low to test", orig.Max)
+	}
+	lowered := unix.Rlimit{Cur: 64, Max: orig.Max}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, (*syscall.Rlimit)(&lowered)); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Setrlimit(syscall.RLIMIT_NOFILE, (*syscall.Rlimit)(&orig))
+	got, err := raiseOpenFileLimit()
+	var now unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &now)
+	if err != nil || got != orig.Max || now.Cur != orig.Max {
+		t.Fatalf("raised to %d (%v), limit now %d; want the hard limit %d", got, err, now.Cur, orig.Max)
+	}
+
+	// Run raises the lowered limit again, logs it, and the workers run
+	// at the hard limit too.
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, (*syscall.Rlimit)(&lowered)); err != nil {
+		t.Fatal(err)
+	}
+	h := startSupervisor(t, testConfig(1), true, nil)
+	if got := h.logs.all("supervisor started")[0].attrs["open_files"]; got != orig.Max {
+		t.Errorf("supervisor started with open_files=%v, want %d", got, orig.Max)
+	}
+	pid := h.logs.pids("worker started")[0]
+	limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`Max open files\s+%d\s+%d\s`, orig.Max, orig.Max)
+	if !regexp.MustCompile(want).Match(limits) {
+		t.Errorf("worker %d limits:\n%s\nwant soft = hard = %d", pid, limits, orig.Max)
+	}
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -73,8 +73,9 @@ func (s *spawner) stop() {
 type osEnv struct {
 	spawner  *spawner
 	exe      string
-	args     []string
-	environ  []string // for every worker; without NOTIFY_SOCKET and the worker marker
+	name     string   // the supervisor's process name, which workers take
+	args     []string // the supervisor's; a worker's argv[0] is its title
+	environ  []string // for every worker; without NOTIFY_SOCKET and the worker markers
 	region   *os.File
 	listener *os.File
 	lifeline *os.File // read end; the supervisor holds the write end
@@ -96,7 +97,7 @@ func workerEnviron(environ []string, workers int) []string {
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case envNotifySocket, envWorker:
+		case envNotifySocket, envWorker, envName:
 			continue
 		case "GOMAXPROCS":
 			gomaxprocs = true
@@ -119,10 +120,18 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 	if err != nil {
 		return started{}, fmt.Errorf("prefork: readiness pipe: %w", err)
 	}
+	args := []string{workerTitle(e.name, sp.Index, sp.Gen)}
+	if len(e.args) > 1 {
+		args = append(args, e.args[1:]...)
+	}
+	env := append(e.environ[:len(e.environ):len(e.environ)], envWorker+"="+strconv.Itoa(sp.Index))
+	if e.name != "" {
+		env = append(env, envName+"="+e.name)
+	}
 	cmd := &exec.Cmd{
 		Path:       e.exe,
-		Args:       e.args,
-		Env:        append(e.environ[:len(e.environ):len(e.environ)], envWorker+"="+strconv.Itoa(sp.Index)),
+		Args:       args,
+		Env:        env,
 		Stdout:     os.Stdout,
 		Stderr:     os.Stderr,
 		ExtraFiles: []*os.File{e.region, e.listener, e.lifeline, readyW, cf}, // fdRegion..fdConfig

@@ -414,7 +414,10 @@ func (s *supervisor) reload() {
 		var err error
 		if cfg, err = s.env.load(); err != nil {
 			s.log.Error("reload refused: keeping the running configuration", "err", err)
-			if s.announced {
+			// systemd ends a reload at READY=1. While an earlier reload
+			// still replaces workers, its own READY=1 comes when it is
+			// done: sending one now would end the reload early.
+			if s.announced && !s.reloading {
 				s.sendNotify(notifyReady)
 			}
 			return

@@ -6,9 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
 )
@@ -325,6 +329,76 @@ func TestReloadRefused(t *testing.T) {
 	}
 	if len(f.notes) != 3 || f.notes[2] != notifyReady {
 		t.Fatalf("notes %q, want READY=1, RELOADING=1, READY=1", f.notes)
+	}
+}
+
+// systemd's Type=notify-reload pairs RELOADING=1 with the HUP it sent
+// only when MONOTONIC_USEC, in the same message, is no earlier than the
+// instant of the signal (CLOCK_MONOTONIC); else the reload times out.
+func TestReloadingCarriesMonotonicTime(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 1)
+	ready(s, 100)
+	usec := func() uint64 {
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		return uint64(ts.Nano() / 1000)
+	}
+	signalled := usec() // what systemd records before it sends HUP
+	sendSignal(s, syscall.SIGHUP)
+	after := usec()
+	if len(f.notes) != 2 {
+		t.Fatalf("notes %q, want READY=1 then RELOADING=1", f.notes)
+	}
+	fields := strings.Split(f.notes[1], "\n")
+	if len(fields) != 2 || fields[0] != "RELOADING=1" || !strings.HasPrefix(fields[1], "MONOTONIC_USEC=") {
+		t.Fatalf("on HUP: %q, want RELOADING=1 and MONOTONIC_USEC= in one message", f.notes[1])
+	}
+	got, err := strconv.ParseUint(strings.TrimPrefix(fields[1], "MONOTONIC_USEC="), 10, 64)
+	if err != nil || got < signalled || got > after {
+		t.Fatalf("MONOTONIC_USEC=%d (%v), want between %d and %d", got, err, signalled, after)
+	}
+	ready(s, 101)
+	if f.notes[len(f.notes)-1] != notifyReady {
+		t.Fatalf("notes %q, want READY=1 once the reload finished", f.notes)
+	}
+}
+
+// A HUP with a broken file while an earlier reload still replaces workers
+// must not send READY=1: systemd would take the reload as finished while
+// workers of the old configuration still serve. The roll's own READY=1
+// ends it.
+func TestReloadRefusedDuringAReload(t *testing.T) {
+	f := newFake()
+	broken := false
+	f.load = func() (config.Config, error) {
+		if broken {
+			return config.Config{}, errors.New("config: bad")
+		}
+		return config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}, nil
+	}
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGHUP) // accepted: successor 102 starts
+	broken = true
+	sendSignal(s, syscall.SIGHUP) // refused while 102 is not ready yet
+	for _, n := range f.notes[1:] {
+		if n == notifyReady {
+			t.Fatalf("notes %q: READY=1 before the first reload finished", f.notes)
+		}
+	}
+	ready(s, 102)
+	ready(s, 103)
+	readies := 0
+	for _, n := range f.notes[1:] {
+		if n == notifyReady {
+			readies++
+		}
+	}
+	if readies != 1 || f.notes[len(f.notes)-1] != notifyReady {
+		t.Fatalf("notes %q, want exactly one READY=1, at the end of the reload", f.notes)
 	}
 }
 

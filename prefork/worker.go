@@ -10,14 +10,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/httplimit"
-	"github.com/preforkd/preforkd/idempotency"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/core/nethttp"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -44,17 +43,26 @@ type Worker struct {
 	// Logger is Options.Logger with the worker's index and pid.
 	Logger *slog.Logger
 
-	mw *httplimit.Middleware
+	h *nethttp.Handler
+}
+
+// Core returns the decision core the worker's requests go through; nil
+// before Options.Handler has returned.
+func (w *Worker) Core() *core.Core {
+	if w.h == nil {
+		return nil
+	}
+	return w.h.Core()
 }
 
 // Limiter returns the limiter of the rate-limit rule name, e.g. to Reset a
 // client after a successful login; nil for an unknown rule, and before
 // Options.Handler has returned. The time it takes is Region.Now().
 func (w *Worker) Limiter(name string) *bucket.Limiter {
-	if w.mw == nil {
+	if w.h == nil {
 		return nil
 	}
-	return w.mw.Limiter(name)
+	return w.h.Core().Limiter(name)
 }
 
 // ClientKey returns the key the rule called rule counts r under
@@ -62,10 +70,10 @@ func (w *Worker) Limiter(name string) *bucket.Limiter {
 // as in w.Limiter("login").Reset(w.ClientKey("login", r), w.Region.Now()).
 // It is "" for an unknown rule.
 func (w *Worker) ClientKey(rule string, r *http.Request) string {
-	if w.mw == nil {
+	if w.h == nil {
 		return ""
 	}
-	return string(w.mw.KeyOf(rule, r))
+	return string(w.h.KeyOf(rule, r))
 }
 
 // runWorker is Run in a worker: it returns the process's exit code.
@@ -77,10 +85,17 @@ func runWorker(ctx context.Context, opts Options) int {
 		return 1
 	}
 	log = log.With("worker", index)
+	if err := nameWorker(os.Getenv(envName)); err != nil {
+		log.Warn("worker keeps the name the kernel gave it", "err", err)
+	}
 	// Nothing this worker starts is a worker, nor inherits its descriptors.
 	os.Unsetenv(envWorker)
+	os.Unsetenv(envName)
 	for fd := fdRegion; fd <= fdConfig; fd++ {
 		syscall.CloseOnExec(fd)
+	}
+	if n, err := raiseOpenFileLimit(); err != nil {
+		log.Warn("open-file limit not raised", "open_files", n, "err", err)
 	}
 	// Ctrl-C and HUP are the supervisor's business; TERM means drain.
 	signal.Ignore(syscall.SIGINT, syscall.SIGHUP)
@@ -93,6 +108,7 @@ func runWorker(ctx context.Context, opts Options) int {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
+	srv.Handler = conns.closeWhenDraining(srv.Handler)
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
 
 	// Ready: the region is joined and the handler built. Connections that
@@ -148,100 +164,22 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
 	}
-	// Rate limits first, so that a refused request never reserves an
-	// idempotency key; then idempotent replay; then the application.
-	idem, err := idempotency.New(cfg, region, app, idempotency.Options{Logger: log})
+	// The core decides first: rate limits, so that a refused request
+	// never reserves an idempotency key; then idempotent replay; then the
+	// application.
+	c, err := NewCore(cfg, region, log)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	w.mw, err = httplimit.New(cfg, region, idem, httplimit.Options{Logger: log})
-	if err != nil {
-		return nil, nil, 0, err
-	}
+	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
 		ConnState:         conns.track,
-		Handler:           w.mw,
+		Handler:           w.h,
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return srv, ln, cfg.Server.ShutdownTimeout, nil
-}
-
-// drainWorker stops accepting, lets the requests in flight finish for up
-// to timeout, and returns the exit code: 0, since the drain was asked for.
-//
-// http.Server.Shutdown alone would drop requests: a connection accepted
-// just before it, whose request is read just after it began, is closed
-// without a response. So the worker first closes its listener (the shared
-// socket keeps accepting in the other workers), turns keep-alives off (an
-// idle connection is closed, a busy one after its response), and waits for
-// the connections it accepted to send their request; only then Shutdown.
-func drainWorker(srv *http.Server, ln net.Listener, served <-chan error, conns *connTracker, timeout time.Duration, why string, log *slog.Logger) int {
-	log.Info("worker draining", "reason", why, "timeout", timeout)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	ln.Close()
-	srv.SetKeepAlivesEnabled(false)
-	// Once Serve has returned, every connection it accepted is counted.
-	select {
-	case <-served:
-	case <-ctx.Done():
-	}
-	conns.waitNoneNew(ctx)
-	if err := srv.Shutdown(ctx); err != nil {
-		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
-		srv.Close()
-	}
-	return 0
-}
-
-// connTracker counts the connections that were accepted and have not
-// started a request yet (http.StateNew).
-type connTracker struct {
-	mu    sync.Mutex
-	state map[net.Conn]http.ConnState
-	new   int
-}
-
-// track is an http.Server ConnState hook.
-func (c *connTracker) track(conn net.Conn, st http.ConnState) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state == nil {
-		c.state = make(map[net.Conn]http.ConnState)
-	}
-	if prev, ok := c.state[conn]; ok && prev == http.StateNew {
-		c.new--
-	}
-	switch st {
-	case http.StateClosed, http.StateHijacked:
-		delete(c.state, conn)
-		return
-	case http.StateNew:
-		c.new++
-	}
-	c.state[conn] = st
-}
-
-func (c *connTracker) newConns() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.new
-}
-
-// waitNoneNew waits until every accepted connection has begun a request
-// (or closed), or ctx is done.
-func (c *connTracker) waitNoneNew(ctx context.Context) {
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for c.newConns() > 0 {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the

@@ -1,45 +1,63 @@
-// Package route matches request paths and methods against the routes of
-// preforkd's configuration: an exact path ("/login") or a prefix ending in
-// "/*" ("/api/*", which matches "/api" and everything below "/api/", never
-// "/apix"), and a list of methods (empty: every method).
-//
-// Request paths are cleaned before matching ([Clean]), so "/x/../login",
-// "//login" and "/login/" cannot dodge a rule on "/login". Matching does
-// not allocate; most users want [Compile] once and [Route.Match] per request.
 package route
 
 import (
 	"fmt"
-	"path"
 	"strings"
 )
 
-// Route is a compiled `path` and `methods`: what requests it covers.
-type Route struct {
-	// base is the cleaned path: the whole path of an exact route, or the
-	// prefix without its "/*" ("/api" for "/api/*"; "" for "/*").
-	base    string
-	prefix  bool
-	methods []string // upper case; empty matches every method
+// Options are the matching choices shared by the routes of a
+// configuration. The zero value is the default.
+type Options struct {
+	// CaseSensitive compares paths byte for byte. By default ASCII letters
+	// compare without case, because case-insensitive routers (IIS,
+	// ASP.NET, Express's default) serve "/LOGIN" from the "/login"
+	// handler, and a rule must count every request that handler serves.
+	// Non-ASCII letters, percent-encoded in match paths, never fold.
+	CaseSensitive bool
 }
 
-// Compile parses a configured path ("/login", "/api/*") and methods.
-// Paths are cleaned like request paths, so that "/login/" and "/login"
-// name the same route.
+// Route is a compiled `path` and `methods`: what requests it covers.
+type Route struct {
+	// base is the match path (see Normalize): the whole path of an exact
+	// route, or the prefix without its "/*" ("/api" for "/api/*"; "" for
+	// "/*").
+	base          string
+	prefix        bool
+	caseSensitive bool
+	methods       []string // upper case; empty matches every method
+}
+
+// Compile is Options{}.Compile: paths compare without ASCII case.
 func Compile(p string, methods []string) (Route, error) {
+	return Options{}.Compile(p, methods)
+}
+
+// Compile parses a configured path ("/login", "/api/*") and methods. The
+// path is normalized like a request path (see Normalize), so "/login/",
+// "/Login." and "/%6Cogin" name the route "/login" matches; a path that
+// Normalize would refuse is an error, and so is a ';', which would start a
+// parameter that matching ignores.
+func (o Options) Compile(p string, methods []string) (Route, error) {
 	if p == "" || p[0] != '/' {
 		return Route{}, fmt.Errorf("route: path %q must start with /", p)
 	}
-	rt := Route{}
+	rt := Route{caseSensitive: o.CaseSensitive}
 	base := p
 	if strings.HasSuffix(p, "/*") {
 		rt.prefix = true
-		base = p[:len(p)-1] // keep the slash: "/api/" cleans to "/api", "/" stays "/"
+		base = p[:len(p)-1] // keep the slash: "/api/" normalizes to "/api", "/" stays "/"
 	}
 	if strings.IndexByte(base, '*') >= 0 {
 		return Route{}, fmt.Errorf("route: path %q: '*' is only allowed as a final \"/*\"", p)
 	}
-	rt.base = path.Clean(base)
+	if strings.IndexByte(base, ';') >= 0 {
+		return Route{}, fmt.Errorf("route: path %q: ';' starts a parameter, which matching ignores", p)
+	}
+	match, _, err := Normalize(base)
+	if err != nil {
+		return Route{}, fmt.Errorf("route: path %q: %s", p, string(err.(badPath)))
+	}
+	rt.base = match
 	if rt.prefix && rt.base == "/" {
 		rt.base = "" // "/*" matches every path
 	}
@@ -52,16 +70,20 @@ func Compile(p string, methods []string) (Route, error) {
 	return rt, nil
 }
 
-// Match reports whether a request for the cleaned path p (see Clean) with
-// method is covered by rt. It does not allocate.
+// Match reports whether a request with method for the match path p (see
+// Normalize) is covered by rt. It does not allocate.
 func (rt *Route) Match(method, p string) bool {
+	n := len(rt.base)
+	if len(p) < n || !rt.equal(p[:n], rt.base) {
+		return false
+	}
 	if rt.prefix {
 		// "/api/*" matches "/api" and everything below "/api/", never
 		// "/apix".
-		if !strings.HasPrefix(p, rt.base) || len(p) > len(rt.base) && p[len(rt.base)] != '/' {
+		if len(p) > n && p[n] != '/' {
 			return false
 		}
-	} else if p != rt.base {
+	} else if len(p) != n {
 		return false
 	}
 	if len(rt.methods) == 0 {
@@ -77,54 +99,32 @@ func (rt *Route) Match(method, p string) bool {
 	return false
 }
 
-// String is the route as configured after cleaning, for errors and logs.
+// equal compares two paths of equal length byte by byte, folding ASCII
+// letters unless rt is case-sensitive. Folding is done here, per compare,
+// so that no request path is ever lower-cased (copied); match paths hold
+// every non-ASCII byte percent-encoded, so ASCII is all there is to fold.
+func (rt *Route) equal(a, b string) bool {
+	if rt.caseSensitive {
+		return a == b
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == y {
+			continue
+		}
+		if x |= 0x20; x != y|0x20 || x < 'a' || x > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// String is the route as configured after normalizing, for errors and logs.
 func (rt *Route) String() string {
 	if rt.prefix {
 		return rt.base + "/*"
 	}
 	return rt.base
-}
-
-// Clean returns the request path routes match against: r.URL.Path with
-// "." and ".." elements resolved, repeated slashes collapsed and a trailing
-// slash dropped (path.Clean), so that "/x/../login", "//login" and
-// "/login/" cannot dodge a rule on "/login". An empty path is "/". It
-// allocates only when the path is not already clean.
-func Clean(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if isClean(p) {
-		return p
-	}
-	if p[0] != '/' {
-		return p // "*" (OPTIONS *) and other non-paths: they match no route
-	}
-	return path.Clean(p)
-}
-
-// isClean reports whether path.Clean(p) == p for p starting with '/'.
-func isClean(p string) bool {
-	if p[0] != '/' {
-		return true
-	}
-	// Look at every element: empty ("//", a trailing "/"), "." or "..".
-	for i := 0; i < len(p); {
-		j := i + 1
-		for j < len(p) && p[j] != '/' {
-			j++
-		}
-		switch e := p[i+1 : j]; e {
-		case ".", "..":
-			return false
-		case "":
-			if j < len(p) || i > 0 {
-				return false
-			}
-		}
-		i = j
-	}
-	return true
 }
 
 // IsToken reports whether s is an RFC 9110 token.

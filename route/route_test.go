@@ -1,10 +1,18 @@
 package route
 
 import (
+	"fmt"
 	"path"
 	"strings"
 	"testing"
 )
+
+// match normalizes a request path as sent and matches it, as a caller
+// does; a refused path matches nothing.
+func match(rt *Route, method, raw string) bool {
+	p, _, err := Normalize(raw)
+	return err == nil && rt.Match(method, p)
+}
 
 func TestRouteMatch(t *testing.T) {
 	type req struct {
@@ -14,49 +22,99 @@ func TestRouteMatch(t *testing.T) {
 	tests := []struct {
 		path    string
 		methods []string
+		opts    Options
 		reqs    []req
 	}{
-		{"/login", nil, []req{
+		{"/login", nil, Options{}, []req{
 			{"POST", "/login", true},
 			{"GET", "/login", true},
-			{"GET", "/login/", true},      // trailing slash cleaned away
-			{"GET", "//login", true},      // repeated slash
-			{"GET", "/x/../login", true},  // dot-dot resolved
-			{"GET", "/./login/.", true},   // dots
-			{"GET", "/login/x", false},    // exact: nothing below
-			{"GET", "/logins", false},     // not a prefix match
-			{"GET", "/LOGIN", false},      // paths are case-sensitive
-			{"GET", "/", false},           //
-			{"GET", "", false},            // empty path is "/"
-			{"GET", "/login/../x", false}, //
-			{"GET", "/x/login", false},    //
-			{"OPTIONS", "*", false},       // not a path
-			{"GET", "/login%2F", false},   // decoded paths only: "%2F" is literal text here
+			{"GET", "/login/", true},
+			{"GET", "//login", true},
+			{"GET", "/x/../login", true},
+			{"GET", "/./login/.", true},
 			{"GET", "/a/b/../../login", true},
+			{"GET", "/LOGIN", true}, // case-insensitive routers serve it
+			{"GET", "/LoGiN/", true},
+			{"GET", "/login;x", true}, // Tomcat, Spring: a parameter
+			{"GET", "/login;jsessionid=x", true},
+			{"GET", "/.;/login", true},
+			{"GET", "/foo/..;/login", true},
+			{"GET", "/login.", true}, // IIS: trailing dots
+			{"GET", "/login%2e", true},
+			{"GET", "/%2e%2e/login", true},
+			{"GET", "/%6Cogin", true},
+			{"GET", "/%4C%4F%47%49%4E", true},
+			{"GET", "/login/x", false}, // exact: nothing below
+			{"GET", "/logins", false},  // not a prefix match
+			{"GET", "/loginx", false},
+			{"GET", "/login%3B", false}, // an encoded ';' is data
+			{"GET", "/login%20", false},
+			{"GET", "/", false},
+			{"GET", "", false}, // empty path is "/"
+			{"GET", "/login/../x", false},
+			{"GET", "/x/login", false},
 		}},
-		{"/login/", nil, []req{ // configured unclean: same route as "/login"
+		{"/login", nil, Options{CaseSensitive: true}, []req{
+			{"GET", "/login", true},
+			{"GET", "/%6cogin", true}, // decoding is not case
+			{"GET", "/login;x", true},
+			{"GET", "/LOGIN", false},
+			{"GET", "/Login/", false},
+		}},
+		{"/Login", nil, Options{}, []req{ // configured in another case
+			{"GET", "/login", true},
+			{"GET", "/LOGIN", true},
+		}},
+		{"/login/", nil, Options{}, []req{ // configured unclean: same route as "/login"
 			{"GET", "/login", true},
 			{"GET", "/login/", true},
 		}},
-		{"/api/*", nil, []req{
+		{"/%6cogin.", nil, Options{}, []req{ // configured encoded: likewise
+			{"GET", "/login", true},
+		}},
+		{"/users/@me", nil, Options{}, []req{ // characters outside unreserved
+			{"GET", "/users/@me", true},
+			{"GET", "/users/%40me", true},
+			{"GET", "/USERS/%40ME", true},
+			{"GET", "/users/me", false},
+		}},
+		{"/café", nil, Options{}, []req{ // UTF-8: bytes, never folded
+			{"GET", "/café", true},
+			{"GET", "/caf%C3%A9", true},
+			{"GET", "/caf%c3%a9", true},
+			{"GET", "/CAF%C3%A9", true},
+			{"GET", "/CAF%C3%89", false}, // É is not é here
+		}},
+		{"/api/*", nil, Options{}, []req{
 			{"GET", "/api", true}, // the prefix itself
 			{"GET", "/api/", true},
 			{"GET", "/api/v1/users", true},
 			{"GET", "/api//v1", true},
+			{"GET", "/API/v1", true},
+			{"GET", "/api;x/v1", true},
+			{"GET", "/api./v1", true},
+			{"GET", "/%61pi/v1", true},
+			{"GET", "/admin/../api/x", true},
 			{"GET", "/apis", false},
+			{"GET", "/apix", false},
+			{"GET", "/APIX/v1", false},
 			{"GET", "/ap", false},
 			{"GET", "/", false},
 			{"GET", "/v1/api/x", false},
 			{"GET", "/api/../admin", false},
-			{"GET", "/admin/../api/x", true},
+			{"GET", "/api%2Fx", false}, // refused
 		}},
-		{"/*", nil, []req{
+		{"/api/*", nil, Options{CaseSensitive: true}, []req{
+			{"GET", "/api/v1", true},
+			{"GET", "/API/v1", false},
+		}},
+		{"/*", nil, Options{}, []req{
 			{"GET", "/", true},
 			{"GET", "", true},
 			{"GET", "/anything/at/all", true},
-			{"OPTIONS", "*", false},
+			{"OPTIONS", "*", false}, // not a path: refused
 		}},
-		{"/orders", []string{"POST", "patch"}, []req{
+		{"/orders", []string{"POST", "patch"}, Options{}, []req{
 			{"POST", "/orders", true},
 			{"PATCH", "/orders", true}, // configured lower case
 			{"post", "/orders", true},  // methods compare without case
@@ -65,20 +123,64 @@ func TestRouteMatch(t *testing.T) {
 			{"PUT", "/orders", false},
 			{"POST", "/orders/1", false},
 		}},
-		{"/search", []string{"GET"}, []req{
+		{"/search", []string{"GET"}, Options{}, []req{
 			{"GET", "/search", true},
 			{"HEAD", "/search", false}, // HEAD is not GET
 		}},
 	}
 	for _, tt := range tests {
-		rt, err := Compile(tt.path, tt.methods)
+		rt, err := tt.opts.Compile(tt.path, tt.methods)
 		if err != nil {
 			t.Fatalf("Compile(%q, %q): %v", tt.path, tt.methods, err)
 		}
 		for _, rq := range tt.reqs {
-			if got := rt.Match(rq.method, Clean(rq.path)); got != rq.want {
-				t.Errorf("route %q %v: %s %q matched = %v, want %v", tt.path, tt.methods, rq.method, rq.path, got, rq.want)
+			if got := match(&rt, rq.method, rq.path); got != rq.want {
+				t.Errorf("route %q %v %+v: %s %q matched = %v, want %v", tt.path, tt.methods, tt.opts, rq.method, rq.path, got, rq.want)
 			}
+		}
+	}
+}
+
+// TestRouteMatchFoldsOnlyASCII checks Match on paths that Normalize never
+// produces but a caller of the deprecated Clean may pass.
+func TestRouteMatchFoldsOnlyASCII(t *testing.T) {
+	for _, tt := range []struct {
+		route, path string
+		want        bool
+	}{
+		{"/key", "/KeY", true},
+		{"/key", "/\u212aey", false}, // the Kelvin sign is no K here
+		{"/key", "/Kez", false},
+		{"/~key", "/^key", false}, // '~' and '^' differ only in bit 0x20
+		{"/a_b", "/a\x7fb", false},
+		{"/a.b", "/a\x0eb", false},
+	} {
+		rt, err := Compile(tt.route, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rt.Match("GET", tt.path); got != tt.want {
+			t.Errorf("%q matched %q = %v, want %v", tt.route, tt.path, got, tt.want)
+		}
+	}
+}
+
+func TestRouteString(t *testing.T) {
+	for _, tt := range []struct{ path, want string }{
+		{"/login", "/login"},
+		{"/Login/", "/Login"},
+		{"/a/../%6cogin.", "/login"},
+		{"/api/*", "/api/*"},
+		{"/api/./*", "/api/*"},
+		{"/*", "/*"},
+		{"/users/@me", "/users/%40me"},
+	} {
+		rt, err := Compile(tt.path, nil)
+		if err != nil {
+			t.Fatalf("Compile(%q): %v", tt.path, err)
+		}
+		if got := rt.String(); got != tt.want {
+			t.Errorf("Compile(%q).String() = %q, want %q", tt.path, got, tt.want)
 		}
 	}
 }
@@ -89,12 +191,19 @@ func TestCompileRouteErrors(t *testing.T) {
 		methods []string
 		want    string
 	}{
-		{"", nil, "must start with /"},
+		{"", nil, `route: path "" must start with /`},
 		{"login", nil, "must start with /"},
 		{"*", nil, "must start with /"},
 		{"/a*", nil, "only allowed"},
 		{"/api/*/x", nil, "only allowed"},
 		{"/api/**", nil, "only allowed"},
+		{"/login;x", nil, "';' starts a parameter"},
+		{"/api;v=1/*", nil, "';' starts a parameter"},
+		{"/a%2Fb", nil, `route: path "/a%2Fb": encoded slash (%2F)`},
+		{"/a\\b", nil, `route: path "/a\\b": backslash`},
+		{"/a%zz", nil, "bad percent-encoding"},
+		{"/a%00/*", nil, "encoded NUL"},
+		{"/search?q=1", nil, "'?' in path"},
 		{"/x", []string{"GE T"}, "not a token"},
 		{"/x", []string{""}, "not a token"},
 	} {
@@ -106,16 +215,38 @@ func TestCompileRouteErrors(t *testing.T) {
 }
 
 func TestRouteMatchDoesNotAllocate(t *testing.T) {
-	rt, err := Compile("/api/*", []string{"GET", "POST"})
-	if err != nil {
-		t.Fatal(err)
+	for _, opts := range []Options{{}, {CaseSensitive: true}} {
+		rt, err := opts.Compile("/api/*", []string{"GET", "POST"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		allocs := testing.AllocsPerRun(100, func() {
+			p, _, _ := Normalize("/api/v1/orders")
+			ok = rt.Match("POST", p)
+		})
+		if allocs != 0 || !ok {
+			t.Errorf("%+v: match allocated %v times (matched %v)", opts, allocs, ok)
+		}
 	}
-	var ok bool
-	allocs := testing.AllocsPerRun(100, func() {
-		ok = rt.Match("POST", Clean("/api/v1/orders"))
-	})
-	if allocs != 0 || !ok {
-		t.Errorf("match allocated %v times (matched %v)", allocs, ok)
+}
+
+func BenchmarkMatch(b *testing.B) {
+	for _, opts := range []Options{{}, {CaseSensitive: true}} {
+		rt, err := opts.Compile("/api/v1/things", []string{"GET", "POST"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("CaseSensitive=%v", opts.CaseSensitive), func(b *testing.B) {
+			b.ReportAllocs()
+			var ok bool
+			for b.Loop() {
+				ok = rt.Match("POST", "/api/v1/things")
+			}
+			if !ok {
+				b.Fatal("no match")
+			}
+		})
 	}
 }
 

@@ -34,9 +34,10 @@ func adminHooks(opts *prefork.Options) {
 		if err != nil {
 			return fmt.Errorf("admin: %w", err)
 		}
-		srv = &http.Server{Handler: adminMux(r), ReadHeaderTimeout: 5 * time.Second}
+		srv = newAdminServer(adminMux(r), defaultAdminLimits, log)
+		capped := capListener(ln, defaultAdminLimits.maxConns, log)
 		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin endpoint stopped", "err", err)
 			}
 		}()

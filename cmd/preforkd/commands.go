@@ -2,22 +2,100 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
+	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/examples"
 	"github.com/preforkd/preforkd/prefork"
 )
+
+// Set by the build (see the Makefile). Empty: the version and commit that
+// go build recorded in the binary (debug.ReadBuildInfo) are shown.
+var (
+	version string
+	commit  string
+)
+
+// buildVersion is the version and commit this binary reports.
+func buildVersion() (v, c string) {
+	bi, _ := debug.ReadBuildInfo()
+	return versionOf(version, commit, bi)
+}
+
+// versionOf prefers what the Makefile stamped; else the module version
+// that go build or go install recorded in bi (a tag, or a pseudo-version
+// from the VCS, or "(devel)" when it knew none) and the VCS revision.
+func versionOf(stamped, stampedCommit string, bi *debug.BuildInfo) (v, c string) {
+	v, c = stamped, stampedCommit
+	if bi != nil {
+		if v == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+		var rev string
+		var dirty bool
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if c == "" && rev != "" {
+			c = rev[:min(12, len(rev))]
+			if dirty {
+				c += "-dirty"
+			}
+		}
+	}
+	if v == "" {
+		v = "dev"
+	}
+	if c == "" {
+		c = "unknown"
+	}
+	return v, c
+}
+
+// optionalInt is an int flag that knows whether it was given, so that its
+// help shows no made-up default.
+type optionalInt struct {
+	n   int
+	set bool
+}
+
+func (o *optionalInt) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return strconv.Itoa(o.n)
+}
+
+func (o *optionalInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("not a whole number")
+	}
+	if n < 0 {
+		return errors.New("want 0 (one per CPU) or more")
+	}
+	o.n, o.set = n, true
+	return nil
+}
 
 // overrides are the run flags that replace config values, re-applied to
 // the file at every reload.
 type overrides struct {
 	listen   string
-	workers  int
+	workers  optionalInt
 	upstream string
 }
 
@@ -25,8 +103,8 @@ func (o overrides) apply(cfg config.Config) (config.Config, error) {
 	if o.listen != "" {
 		cfg.Server.Listen = o.listen
 	}
-	if o.workers >= 0 {
-		cfg.Server.Workers = o.workers
+	if o.workers.set {
+		cfg.Server.Workers = o.workers.n
 	}
 	if o.upstream != "" {
 		cfg.Server.Upstream = o.upstream
@@ -46,81 +124,95 @@ func loadConfig(path string, o overrides) (config.Config, error) {
 	return cfg, nil
 }
 
-func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	if prefork.IsWorker() {
-		// A worker runs the supervisor's configuration, handed over by it:
-		// the file may have changed (even broken) since.
-		return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log})
-	}
-	fs := newFlags("run", stderr)
-	path := fs.String("config", "", "configuration file (TOML)")
+func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
+	path := fs.String("config", "", "configuration `FILE` (TOML); preforkd example-config prints one")
 	var o overrides
-	fs.StringVar(&o.listen, "listen", "", "listen address, overrides server.listen")
-	fs.IntVar(&o.workers, "workers", -1, "number of workers (0 = CPUs), overrides server.workers")
-	fs.StringVar(&o.upstream, "upstream", "", `upstream URL or "builtin:demo", overrides server.upstream`)
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	fs.StringVar(&o.listen, "listen", "", "listen address `ADDR` (host:port), overrides server.listen")
+	fs.Var(&o.workers, "workers", "`N` worker processes (0 = one per CPU), overrides server.workers")
+	fs.StringVar(&o.upstream, "upstream", "", "upstream `URL` (http://host:port) or \"builtin:demo\", overrides server.upstream")
+	return func(ctx context.Context, args []string, _, stderr io.Writer) error {
+		log := slog.New(slog.NewTextHandler(stderr, nil))
+		if prefork.IsWorker() {
+			// A worker runs the supervisor's configuration, handed over by
+			// it: the file may have changed (even broken) since.
+			return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log})
+		}
+		if err := noArgs(args); err != nil {
+			return err
+		}
+		if *path == "" {
+			return &usageError{"-config FILE is required"}
+		}
+		cfg, err := loadConfig(*path, o)
+		if err != nil {
+			return err
+		}
+		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
+			return &configError{err}
+		}
+		opts := prefork.Options{
+			Config:     cfg,
+			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
+			Handler:    appHandler,
+			Logger:     log,
+		}
+		v, _ := buildVersion()
+		persistHooks(&opts, v)
+		adminHooks(&opts)
+		return prefork.Run(ctx, opts)
 	}
-	if *path == "" {
-		return &usageError{"run needs -config FILE"}
-	}
-	// -1 stands for "not given": a negative count given on purpose is a
-	// mistake, not a request to use the file's value.
-	if o.workers < 0 && flagGiven(fs, "workers") {
-		return &usageError{fmt.Sprintf("-workers %d: want 0 (one per CPU) or more", o.workers)}
-	}
-	cfg, err := loadConfig(*path, o)
-	if err != nil {
-		return err
-	}
-	if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-		return &configError{err}
-	}
-	opts := prefork.Options{
-		Config:     cfg,
-		LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
-		Handler:    appHandler,
-		Logger:     log,
-	}
-	persistHooks(&opts, version)
-	adminHooks(&opts)
-	return prefork.Run(ctx, opts)
 }
 
-func cmdCheck(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("check", stderr)
-	path := fs.String("config", "", "configuration file (TOML)")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
+	path := fs.String("config", "", "configuration `FILE` (TOML)")
+	return func(_ context.Context, args []string, stdout, _ io.Writer) error {
+		if err := noArgs(args); err != nil {
+			return err
+		}
+		if *path == "" {
+			return &usageError{"-config FILE is required"}
+		}
+		cfg, err := loadConfig(*path, overrides{})
+		if err != nil {
+			return err
+		}
+		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
+			return &configError{err}
+		}
+		fmt.Fprintf(stdout, "%s: ok\n", *path)
+		return cfg.WriteEffective(stdout)
 	}
-	if *path == "" {
-		return &usageError{"check needs -config FILE"}
-	}
-	cfg, err := loadConfig(*path, overrides{workers: -1})
-	if err != nil {
-		return err
-	}
-	if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-		return &configError{err}
-	}
-	fmt.Fprintf(stdout, "%s: ok\n", *path)
-	return cfg.WriteEffective(stdout)
 }
 
-func cmdVersion(args []string, stdout io.Writer) error {
-	if len(args) > 0 {
-		return &usageError{fmt.Sprintf("unexpected argument %q", args[0])}
+func setupInspect(*flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
+	return func(_ context.Context, args []string, stdout, stderr io.Writer) error {
+		return cmdInspect(args, stdout, stderr)
 	}
-	fmt.Fprintf(stdout, "preforkd %s (commit %s)\ndump format %d\nregion layout %d\n", version, commit, dumpFormatVersion(), regionLayoutVersion())
+}
+
+func setupExampleConfig(*flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
+	return func(_ context.Context, args []string, stdout, _ io.Writer) error {
+		if err := noArgs(args); err != nil {
+			return err
+		}
+		_, err := io.WriteString(stdout, examples.Config)
+		return err
+	}
+}
+
+func setupVersion(*flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
+	return func(_ context.Context, args []string, stdout, _ io.Writer) error {
+		return runVersion(args, stdout)
+	}
+}
+
+func runVersion(args []string, stdout io.Writer) error {
+	if err := noArgs(args); err != nil {
+		return err
+	}
+	v, c := buildVersion()
+	fmt.Fprintf(stdout, "preforkd %s (commit %s)\ndump format %d\nregion layout %d\n", v, c, dumpFormatVersion(), regionLayoutVersion())
 	return nil
-}
-
-// flagGiven reports whether the flag name was set on the command line.
-func flagGiven(fs *flag.FlagSet, name string) bool {
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
-	return given
 }
 
 // upstreamURL parses server.upstream: nil for the demo application.

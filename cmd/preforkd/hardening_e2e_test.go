@@ -20,6 +20,7 @@ import (
 func TestHardeningE2E(t *testing.T) {
 	t.Run("LongTokensNeverShareAKey", func(t *testing.T) { t.Parallel(); hardenLongTokens(t) })
 	t.Run("LiveRegionTimeBaseAhead", func(t *testing.T) { t.Parallel(); hardenLiveClockAhead(t) })
+	t.Run("RepeatedKeyHeader", func(t *testing.T) { t.Parallel(); hardenRepeatedKeyHeader(t) })
 }
 
 // Two users behind one address, each with a JWT-sized token: neither is
@@ -133,5 +134,38 @@ window = "3s"
 		}
 		time.Sleep(250 * time.Millisecond)
 		first = get(c, d.url("/slow"))
+	}
+}
+
+// A key header sent twice (X-Api-Key: r123, X-Api-Key: k1) is refused with
+// 400, never charged under one value and forwarded with both; the same for
+// an idempotency namespace header.
+func hardenRepeatedKeyHeader(t *testing.T) {
+	up := idemStartUpstream(t, nil)
+	cfg := idemConfig(up, 64) + `
+[[ratelimit]]
+name = "api"
+path = "/api/*"
+limit = 100
+window = "1m"
+by = "header:X-Api-Key|ip"
+`
+	d := startDaemon(t, daemonOptions{config: cfg})
+	c := newClient(t, freshClientIP(), false)
+	r := do(c, http.MethodGet, d.url("/api/things"), http.Header{"X-Api-Key": {"r123", "k1"}})
+	if r.status != http.StatusBadRequest || r.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("repeated X-Api-Key: %d %q %v", r.status, r.body, r.err)
+	}
+	r = send(c, http.MethodPost, d.url("/orders"), http.Header{
+		"Authorization": {"Bearer a", "Bearer b"}, "Idempotency-Key": {"k"},
+	}, "x")
+	if r.status != http.StatusBadRequest {
+		t.Fatalf("repeated Authorization on a keyed request: %d %q %v", r.status, r.body, r.err)
+	}
+	if n := up.executions.Load(); n != 0 {
+		t.Fatalf("the upstream saw %d requests", n)
+	}
+	if r := do(c, http.MethodGet, d.url("/api/things"), http.Header{"X-Api-Key": {"k1"}}); r.status == http.StatusBadRequest {
+		t.Fatalf("one X-Api-Key: %d", r.status)
 	}
 }

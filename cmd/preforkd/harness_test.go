@@ -226,9 +226,10 @@ type daemon struct {
 	cfgPath string
 	logs    *logBuf
 
-	exited  chan struct{} // closed once the supervisor was waited for
-	state   *os.ProcessState
-	readyAt int // index of the "ready" line
+	exited    chan struct{} // closed once the supervisor was waited for
+	state     *os.ProcessState
+	readyAt   int    // index of the "ready" line
+	openFiles uint64 // daemonOptions.openFiles
 }
 
 type daemonOptions struct {
@@ -237,6 +238,9 @@ type daemonOptions struct {
 	config string
 	env    []string // added to the environment
 	admin  bool     // config uses ADMIN_ADDR
+	// openFiles, if not 0, is the soft open-file limit the supervisor
+	// starts with (it is started through sh's ulimit).
+	openFiles uint64
 }
 
 // startDaemon starts preforkd run with opts and waits for its "ready" line.
@@ -246,7 +250,7 @@ func startDaemon(t testing.TB, opts daemonOptions) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	for attempt := 1; ; attempt++ {
-		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
+		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml"), openFiles: opts.openFiles}
 		text := opts.config
 		if opts.admin {
 			d.admin = freeAddr(t)
@@ -280,6 +284,11 @@ func (d *daemon) start(env []string, args ...string) {
 	}
 	d.logs, d.exited = newLogBuf(), make(chan struct{})
 	d.cmd = exec.Command(binPath, args...)
+	if d.openFiles != 0 {
+		// exec keeps the pid: the process is the supervisor all the same.
+		script := fmt.Sprintf(`ulimit -S -n %d && exec "$0" "$@"`, d.openFiles)
+		d.cmd = exec.Command("/bin/sh", append([]string{"-c", script, binPath}, args...)...)
+	}
 	d.cmd.Env = append(cleanEnviron(), env...)
 	// An *os.File: the processes write to the pipe directly, so that the
 	// supervisor's exit is seen (Wait) even while workers still hold it.

@@ -1,4 +1,4 @@
-package idempotency
+package core
 
 // MaxKeyLen is the longest idempotency key accepted, in bytes (after an
 // sf-string's escapes are resolved).
@@ -18,7 +18,8 @@ const (
 	keyMalformed            // neither an sf-string nor a bare token
 )
 
-// parseKey decodes the key header's field lines vs (http.Header values) and
+// parseKey decodes the key header (its first field line, and how many
+// lines there are) and
 // appends the key to dst. The key is a structured-field String (RFC 9651
 // §3.3.3): `"8e03978e"`, with `\"` and `\\` the only escapes, printable
 // ASCII only; or, as many clients send it, a bare token: `8e03978e`, any
@@ -31,14 +32,14 @@ const (
 // cannot both be honoured; parameters (`"k";a=1`) and trailing text are
 // keyMalformed. The key is 1..MaxKeyLen bytes. parseKey does not allocate
 // when dst has room.
-func parseKey(dst []byte, vs []string) ([]byte, keyProblem) {
+func parseKey(dst []byte, first string, lines int) ([]byte, keyProblem) {
 	switch {
-	case len(vs) == 0:
+	case lines == 0:
 		return dst, keyMissing
-	case len(vs) > 1:
+	case lines > 1:
 		return dst, keyRepeated
 	}
-	v := trimOWS(vs[0])
+	v := trimOWS(first)
 	if v == "" {
 		return dst, keyEmpty
 	}

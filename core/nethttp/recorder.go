@@ -1,10 +1,12 @@
-package idempotency
+package nethttp
 
 import (
 	"bufio"
 	"net"
 	"net/http"
 	"sync"
+
+	"github.com/preforkd/preforkd/core"
 )
 
 // recorder is the ResponseWriter a reserved request runs with: a tee that
@@ -151,24 +153,17 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap lets http.ResponseController reach the connection's deadlines.
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
-// storable says what becomes of the reservation once the handler has
-// returned: keep is false for the statuses a client is meant to retry (5xx,
-// 408, 429), whose reservation is released so that the retry runs; a kept
-// response is replayable unless it went over max, the connection was
-// hijacked (what was sent is unknown) or the final status was 101.
-func (rec *recorder) storable() (keep, replayable bool) {
-	switch s := rec.status; {
-	case rec.hijacked:
-		return true, false
-	case s >= 500, s == http.StatusRequestTimeout, s == http.StatusTooManyRequests:
-		return false, false
-	case rec.overflow, s < 200:
-		return true, false
+// recorded is what the recorder saw, for core.Exchange.Complete.
+func (rec *recorder) recorded() *core.Recorded {
+	return &core.Recorded{
+		Status:      rec.status,
+		ContentType: rec.ct,
+		Location:    rec.loc,
+		Body:        rec.body,
+		Overflow:    rec.overflow,
+		Hijacked:    rec.hijacked,
 	}
-	return true, true
 }
 
 // bodyAllowed reports whether a response with status may have a body.
-func bodyAllowed(status int) bool {
-	return !(status >= 100 && status < 200 || status == http.StatusNoContent || status == http.StatusNotModified)
-}
+func bodyAllowed(status int) bool { return core.BodyAllowed(status) }

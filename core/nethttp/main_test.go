@@ -1,4 +1,4 @@
-package idempotency_test
+package nethttp_test
 
 import (
 	"bufio"
@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/idempotency"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -50,7 +49,7 @@ func waiterChild() error {
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the duplicate ran", http.StatusTeapot)
 	})
-	m, err := idempotency.New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, region, next, idempotency.Options{})
+	m, err := New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, region, next, Options{})
 	if err != nil {
 		return err
 	}
@@ -58,7 +57,7 @@ func waiterChild() error {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		key := strings.TrimSpace(sc.Text())
-		before := m.Stats().Waits
+		before := m.IdemStats().Waits
 		answered := make(chan *discardWriter, 1)
 		go func() {
 			w := newDiscardWriter()
@@ -74,7 +73,7 @@ func waiterChild() error {
 				break parking // not in flight any more: answered at once
 			default:
 			}
-			if m.Stats().Waits > before {
+			if m.IdemStats().Waits > before {
 				fmt.Fprintln(out, "parked")
 				out.Flush()
 				break

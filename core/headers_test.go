@@ -1,4 +1,4 @@
-package httplimit
+package core
 
 import (
 	"encoding/json"
@@ -15,7 +15,45 @@ import (
 )
 
 func testHit(name string, limit int64, window time.Duration, d bucket.Decision) hit {
-	return hit{r: &rule{name: name, hdr: newRuleHeaders(name, limit, window)}, d: d, decided: true}
+	ru := &rule{name: name, status: 429}
+	ru.base.hdr = newRuleHeaders(name, limit, window)
+	return hit{r: ru, v: &ru.base, d: d, decided: true}
+}
+
+// setRateLimitHeaders sets on h the fields an exchange with hits sends
+// under mode, at wall.
+func setRateLimitHeaders(h http.Header, mode HeaderMode, hits []hit, wall time.Time) {
+	ex := &Exchange{c: &Core{headers: mode, wall: func() time.Time { return wall }}}
+	ex.fields, ex.buf = ex.fieldBuf[:0], ex.bufArr[:0]
+	ex.hits = hits
+	ex.rateLimitFields()
+	for _, f := range ex.fields {
+		h.Add(f.Name, string(f.Value))
+	}
+}
+
+// rateHeaders picks the rate-limit and refusal fields out of a response.
+func rateHeaders(h http.Header) map[string]string {
+	out := map[string]string{}
+	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+		if vs := h.Values(k); len(vs) > 0 {
+			out[k] = strings.Join(vs, " | ")
+		}
+	}
+	return out
+}
+
+// writeProblem writes the refusal of refusing, one of hits, as an engine
+// would.
+func writeProblem(w http.ResponseWriter, refusing *hit, hits []hit) {
+	p, _ := refusalProblem(refusing, hits, nil)
+	body := p.AppendJSON(nil)
+	fields, _ := ProblemFields(nil, nil, p.RetryAfter, len(body))
+	for _, f := range fields {
+		w.Header().Set(f.Name, string(f.Value))
+	}
+	w.WriteHeader(p.Status)
+	w.Write(body)
 }
 
 func TestSetRateLimitHeaders(t *testing.T) {
@@ -86,7 +124,7 @@ func TestSetRateLimitHeaders(t *testing.T) {
 		}},
 	} {
 		h := http.Header{}
-		setRateLimitHeaders(h, headersIETF|headersX, tt.hits, wall)
+		setRateLimitHeaders(h, HeadersBoth, tt.hits, wall)
 		got := rateHeaders(h)
 		for k, v := range tt.want {
 			if got[k] != v {
@@ -101,7 +139,7 @@ func TestSetRateLimitHeaders(t *testing.T) {
 
 func TestHeaderModeNoneSetsNothing(t *testing.T) {
 	h := http.Header{}
-	setRateLimitHeaders(h, 0, []hit{testHit("a", 1, time.Second, bucket.Decision{Allowed: true})}, time.Time{})
+	setRateLimitHeaders(h, HeadersNone, []hit{testHit("a", 1, time.Second, bucket.Decision{Allowed: true})}, time.Time{})
 	if len(h) != 0 {
 		t.Errorf("mode none set %v", h)
 	}
@@ -232,7 +270,7 @@ func FuzzHeaders(f *testing.F) {
 		wall := time.Unix(wallSec%(1<<40), 0)
 		for n := 1; n <= 2; n++ {
 			h := http.Header{}
-			setRateLimitHeaders(h, headersIETF|headersX, hits[:n], wall)
+			setRateLimitHeaders(h, HeadersBoth, hits[:n], wall)
 			for k, vs := range h {
 				if len(vs) != 1 {
 					t.Fatalf("%s: %d values", k, len(vs))
@@ -285,7 +323,8 @@ func FuzzHeaders(f *testing.F) {
 		for _, status := range []int{429, 503} {
 			hits[0].refused = true
 			w := httptest.NewRecorder()
-			writeProblem(w, status, &hits[0], hits)
+			hits[0].d.Full = status == 503
+			writeProblem(w, &hits[0], hits)
 			var body struct {
 				Type, Title, Detail string
 				Status              int
@@ -301,10 +340,10 @@ func FuzzHeaders(f *testing.F) {
 			if body.Status != status || w.Code != status {
 				t.Fatalf("status %d / %d, want %d", body.Status, w.Code, status)
 			}
-			if validName(name1) && !strings.Contains(body.Detail, `"`+name1+`"`) {
+			if printableASCII(name1) && !strings.Contains(body.Detail, `"`+name1+`"`) {
 				t.Fatalf("detail %q does not name %q", body.Detail, name1)
 			}
-			if status == 429 && (len(body.Violated) != 1 || validName(name1) && body.Violated[0] != name1) {
+			if status == 429 && (len(body.Violated) != 1 || printableASCII(name1) && body.Violated[0] != name1) {
 				t.Fatalf("violated-policies %q", body.Violated)
 			}
 		}

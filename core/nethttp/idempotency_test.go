@@ -1,4 +1,4 @@
-package idempotency_test
+package nethttp_test
 
 import (
 	"bytes"
@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/idempotency"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -44,9 +43,9 @@ func orders() config.Idempotency {
 	return config.Idempotency{Path: "/orders", Methods: []string{"POST"}, Wait: 5 * time.Second}
 }
 
-func newMiddleware(t testing.TB, r *shm.Region, next http.Handler, blocks ...config.Idempotency) *idempotency.Middleware {
+func newMiddleware(t testing.TB, r *shm.Region, next http.Handler, blocks ...config.Idempotency) *handler {
 	t.Helper()
-	m, err := idempotency.New(config.Config{Idempotency: blocks}, r, next, idempotency.Options{})
+	m, err := New(config.Config{Idempotency: blocks}, r, next, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +208,7 @@ func TestParallelDuplicatesRunOnce(t *testing.T) {
 	if originals != 1 {
 		t.Fatalf("%d answers without Idempotent-Replayed, want 1", originals)
 	}
-	if st := m.Stats(); st.Executions != 1 || st.Replays != 19 {
+	if st := m.IdemStats(); st.Executions != 1 || st.Replays != 19 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -223,13 +222,20 @@ func TestMismatch(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("first: %d", first.status)
 	}
-	for _, other := range []struct{ path, body string }{
-		{"/orders", `{"item":2}`},
-		{"/orders?coupon=1", `{"item":1}`},
-		{"/orders", `{"item":1} `},
-		{"/orders", ``},
+	for _, other := range []struct{ path, body, ct string }{
+		{"/orders", `{"item":2}`, ""},
+		{"/orders?coupon=1", `{"item":1}`, ""},
+		{"/orders", `{"item":1} `, ""},
+		{"/orders", ``, ""},
+		// The same bytes as another media type are another request.
+		{"/orders", `{"item":1}`, "application/x-www-form-urlencoded"},
 	} {
-		a := post(m, other.path, "k", other.body)
+		var a answer
+		if other.ct != "" {
+			a = post(m, other.path, "k", other.body, "Content-Type", other.ct)
+		} else {
+			a = post(m, other.path, "k", other.body)
+		}
 		wantProblem(t, a, http.StatusUnprocessableEntity)
 	}
 	// Another method under the same key, with a block that covers it.
@@ -248,8 +254,23 @@ func TestMismatch(t *testing.T) {
 	if again.status != http.StatusCreated || !again.replayed() || !bytes.Equal(again.body, first.body) {
 		t.Fatalf("original again: %d %q replayed=%v", again.status, again.body, again.replayed())
 	}
-	if st := m.Stats(); st.Mismatches != 4 || st.Executions != 1 {
+	if st := m.IdemStats(); st.Mismatches != 5 || st.Executions != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A namespace header sent twice is refused (400), never charged as one
+// client and served as the other; nothing runs.
+func TestRepeatedNamespaceHeader(t *testing.T) {
+	h := &counting{}
+	m := newMiddleware(t, region(t, 64), h, orders())
+	a := post(m, "/orders", "k", "x", "Authorization", "Bearer a", "Authorization", "Bearer b")
+	p := wantProblem(t, a, http.StatusBadRequest)
+	if !strings.Contains(p.Detail, "Authorization") {
+		t.Fatalf("detail %q does not name the header", p.Detail)
+	}
+	if h.count() != 0 {
+		t.Fatalf("the handler ran %d times", h.count())
 	}
 }
 
@@ -320,7 +341,7 @@ func TestServerErrorIsNotStored(t *testing.T) {
 			if h.count() != 2 {
 				t.Fatalf("%d executions", h.count())
 			}
-			if st := m.Stats(); st.Released != 1 || st.Executions != 2 || st.Replays != 3 {
+			if st := m.IdemStats(); st.Released != 1 || st.Executions != 2 || st.Replays != 3 {
 				t.Fatalf("stats %+v", st)
 			}
 		})
@@ -409,7 +430,7 @@ func TestTableFull(t *testing.T) {
 	if a := post(m, "/orders", "k3", "x"); !a.replayed() {
 		t.Fatalf("k3: %d", a.status)
 	}
-	if st := m.Stats(); st.Full != 4 || st.Executions != 8 {
+	if st := m.IdemStats(); st.Full != 4 || st.Executions != 8 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -437,7 +458,7 @@ func TestResponseOverMaxBody(t *testing.T) {
 	if h.count() != 1 {
 		t.Fatalf("%d executions", h.count())
 	}
-	if st := m.Stats(); st.Unreplayable != 1 || st.Conflicts != 3 {
+	if st := m.IdemStats(); st.Unreplayable != 1 || st.Conflicts != 3 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -496,7 +517,7 @@ func TestKeyValidation(t *testing.T) {
 	if h.count() != 3 {
 		t.Fatalf("%d executions", h.count())
 	}
-	if st := m.Stats(); st.Invalid != uint64(len(tests)) {
+	if st := m.IdemStats(); st.Invalid != uint64(len(tests)) {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -566,7 +587,7 @@ func TestWaiterReplaysOriginal(t *testing.T) {
 	for range 3 {
 		go func() { dups <- post(m, "/orders", "k", "x") }()
 	}
-	for m.Stats().Waits < 3 {
+	for m.IdemStats().Waits < 3 {
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
@@ -603,7 +624,7 @@ func TestWaitersRerunAfterRelease(t *testing.T) {
 	for range 4 {
 		go func() { dups <- post(m, "/orders", "k", "x") }()
 	}
-	for m.Stats().Waits < 4 {
+	for m.IdemStats().Waits < 4 {
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
@@ -744,8 +765,8 @@ func TestPassthroughIsUntouched(t *testing.T) {
 			t.Fatalf("%s %s: the handler got a wrapped writer or body", tt.method, tt.path)
 		}
 	}
-	// No blocks at all: New needs no region.
-	none, err := idempotency.New(config.Config{}, nil, next, idempotency.Options{})
+	// No blocks at all.
+	none, err := New(config.Config{}, region(t, 8), next, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -802,7 +823,7 @@ func TestOriginalStreams(t *testing.T) {
 // are read, whether the length is announced or not.
 func TestRequestBodyLimit(t *testing.T) {
 	h := &counting{}
-	m, err := idempotency.New(config.Config{Server: config.Server{MaxRequestBody: 1000}, Idempotency: []config.Idempotency{orders()}}, region(t, 64), h, idempotency.Options{})
+	m, err := New(config.Config{Server: config.Server{MaxRequestBody: 1000}, Idempotency: []config.Idempotency{orders()}}, region(t, 64), h, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -851,8 +872,8 @@ func TestTTL(t *testing.T) {
 	h := &counting{}
 	blk := orders()
 	blk.TTL = time.Hour
-	m, err := idempotency.New(config.Config{Idempotency: []config.Idempotency{blk}}, region(t, 64), h,
-		idempotency.Options{Now: func() time.Duration { return time.Duration(now.Load()) }})
+	m, err := New(config.Config{Idempotency: []config.Idempotency{blk}}, region(t, 64), h,
+		Options{Now: func() time.Duration { return time.Duration(now.Load()) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -864,48 +885,6 @@ func TestTTL(t *testing.T) {
 	now.Store(int64(time.Hour))
 	if a := post(m, "/orders", "k", "x"); a.replayed() || h.count() != 2 {
 		t.Fatalf("after the ttl: replayed=%v, %d executions", a.replayed(), h.count())
-	}
-}
-
-func TestNewErrors(t *testing.T) {
-	next := http.NotFoundHandler()
-	joined := region(t, 64)
-	unjoined, _ := shm.CreatePrivate(shm.Options{Counters: 8, Responses: 8})
-	noTable := func() *shm.Region {
-		r, _ := shm.CreatePrivate(shm.Options{Counters: 8})
-		r.Join(0)
-		return r
-	}()
-	good := config.Config{Idempotency: []config.Idempotency{orders()}}
-	bad := func(f func(*config.Idempotency)) config.Config {
-		d := orders()
-		d.Line = 12
-		f(&d)
-		return config.Config{Idempotency: []config.Idempotency{d}}
-	}
-	tests := []struct {
-		name   string
-		cfg    config.Config
-		region *shm.Region
-		next   http.Handler
-		want   string
-	}{
-		{"nil next", good, joined, nil, "nil next"},
-		{"nil region", good, nil, next, "nil region"},
-		{"not joined", good, unjoined, next, "not joined"},
-		{"no response table", good, noTable, next, "no response table"},
-		{"bad path", bad(func(d *config.Idempotency) { d.Path = "orders" }), joined, next, "line 12"},
-		{"bad by", bad(func(d *config.Idempotency) { d.By = "cookie" }), joined, next, "by"},
-		{"bad header", bad(func(d *config.Idempotency) { d.Header = "Idempotency Key" }), joined, next, "header"},
-		{"negative wait", bad(func(d *config.Idempotency) { d.Wait = -1 }), joined, next, "wait"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := idempotency.New(tt.cfg, tt.region, tt.next, idempotency.Options{})
-			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "idempotency: ") {
-				t.Fatalf("err %v, want one about %q", err, tt.want)
-			}
-		})
 	}
 }
 

@@ -1,9 +1,8 @@
-package httplimit
+package nethttp_test
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +16,9 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/core/nethttp"
+	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -61,7 +63,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 type fixture struct {
-	mw     *Middleware
+	mw     *handler
 	app    *app
 	clock  *clock
 	region *shm.Region
@@ -70,8 +72,19 @@ type fixture struct {
 
 func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
 	t.Helper()
+	o, err := prefork.CoreOptions(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newCoreFixture(t, o, geo)
+}
+
+// newCoreFixture is newFixture for core options built in Go (what the
+// configuration cannot express yet, or tests that want the core alone).
+func newCoreFixture(t testing.TB, o core.Options, geo shm.Options) *fixture {
+	t.Helper()
 	f := &fixture{app: &app{}, clock: newClock(), region: newRegion(t, geo), logs: &bytes.Buffer{}}
-	logger := slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, &slog.HandlerOptions{
+	o.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.TimeKey {
 				return slog.Attr{}
@@ -79,11 +92,12 @@ func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
 			return a
 		},
 	}))
-	mw, err := New(cfg, f.region, f.app, Options{Logger: logger, Now: f.clock.Now, Wall: f.clock.Wall})
+	o.Now, o.Wall = f.clock.Now, f.clock.Wall
+	c, err := core.New(f.region, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.mw = mw
+	f.mw = &handler{nethttp.New(c, f.app, nethttp.Options{})}
 	return f
 }
 
@@ -224,7 +238,7 @@ func TestLimitOneClient(t *testing.T) {
 		t.Errorf("unmatched path: %d %v, want 200 without rate-limit headers", w.Code, rateHeaders(w.Header()))
 	}
 	st := f.mw.Stats()
-	if want := []RuleStats{{Name: "login", Allowed: 5, Refused: 3}}; fmt.Sprint(st) != fmt.Sprint(want) {
+	if want := []core.RuleStats{{Name: "login", Allowed: 5, Refused: 3}}; fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("Stats = %+v, want %+v", st, want)
 	}
 }
@@ -384,8 +398,18 @@ func TestOnFull(t *testing.T) {
 				if w.Code != 200 || st.Full != 1 || st.Allowed != 9 {
 					t.Errorf("%d, %+v; want 200, one Full, 9 Allowed", w.Code, st)
 				}
-				if got := w.Header().Get("RateLimit"); got != `"ip";r=4;t=0` {
-					t.Errorf("RateLimit = %q", got)
+				// The rule knows nothing of this client: no item of it.
+				if got := rateHeaders(w.Header()); len(got) != 0 {
+					t.Errorf("rate-limit headers of a rule that failed open: %v", got)
+				}
+				if !strings.Contains(f.logs.String(), `msg="rule not enforced: counter table full (on_full open)" rule=ip`) {
+					t.Errorf("no log line about the rule failing open:\n%s", f.logs)
+				}
+				for range 5 {
+					f.get("/", "198.51.100.201:1")
+				}
+				if n := strings.Count(f.logs.String(), "rule not enforced"); n != 1 {
+					t.Errorf("%d log lines in the same second, want 1", n)
 				}
 			case "closed":
 				if w.Code != 503 || w.Header().Get("Retry-After") != "1" || st.Full != 1 || st.Refused != 1 {
@@ -572,7 +596,7 @@ func TestShadow(t *testing.T) {
 		t.Fatalf("2s later, log:\n%s", f.logs)
 	}
 	st := f.mw.Stats()[0]
-	if st != (RuleStats{Name: "watch", Allowed: 1, ShadowRefused: 7}) {
+	if st != (core.RuleStats{Name: "watch", Allowed: 1, ShadowRefused: 7}) {
 		t.Errorf("Stats = %+v", st)
 	}
 	if f.app.calls.Load() != 8 {
@@ -647,53 +671,6 @@ func TestConcurrentExact(t *testing.T) {
 	}
 }
 
-func TestNewErrors(t *testing.T) {
-	region := newRegion(t, shm.Options{Counters: 64})
-	good := config.RateLimit{Name: "r", Path: "/", Limit: 1, Window: time.Second}
-	with := func(mod func(*config.RateLimit)) config.Config {
-		r := good
-		mod(&r)
-		return cfgWith(r)
-	}
-	for _, tt := range []struct {
-		name string
-		cfg  config.Config
-		want string
-	}{
-		{"duplicate", cfgWith(good, good), `rule "r" defined twice`},
-		{"path", with(func(r *config.RateLimit) { r.Path = "x" }), `rule "r": route: path "x" must start with /`},
-		{"line", with(func(r *config.RateLimit) { r.Path = "x"; r.Line = 12 }), `rule "r" (line 12)`},
-		{"name", with(func(r *config.RateLimit) { r.Name = "a\nb" }), "printable ASCII"},
-		{"no name", with(func(r *config.RateLimit) { r.Name = "" }), "printable ASCII"},
-		{"limit", with(func(r *config.RateLimit) { r.Limit = 0 }), "limit 0"},
-		{"window", with(func(r *config.RateLimit) { r.Window = 0 }), "window"},
-		{"mode", with(func(r *config.RateLimit) { r.Mode = "log" }), `mode "log"`},
-		{"on_full", with(func(r *config.RateLimit) { r.OnFull = "maybe" }), `on_full "maybe"`},
-		{"by", with(func(r *config.RateLimit) { r.By = "cookie:x" }), "invalid by"},
-		{"algorithm", with(func(r *config.RateLimit) { r.Algorithm = "leaky" }), "unknown algorithm"},
-		{"burst", with(func(r *config.RateLimit) { r.Algorithm = "fixed-window"; r.Burst = 3 }), "burst"},
-	} {
-		_, err := New(tt.cfg, region, &app{}, Options{})
-		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "httplimit: ") {
-			t.Errorf("%s: New = %v, want an error containing %q", tt.name, err, tt.want)
-		}
-	}
-
-	unjoined, err := shm.CreatePrivate(shm.Options{Counters: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := New(cfgWith(good), unjoined, &app{}, Options{}); !errors.Is(err, shm.ErrNotJoined) {
-		t.Errorf("unjoined region: %v, want ErrNotJoined", err)
-	}
-	if _, err := New(cfgWith(good), nil, &app{}, Options{}); err == nil {
-		t.Error("nil region accepted")
-	}
-	if _, err := New(cfgWith(good), region, nil, Options{}); err == nil {
-		t.Error("nil next accepted")
-	}
-}
-
 func TestLimiterResetAfterLogin(t *testing.T) {
 	f := newFixture(t, cfgWith(config.RateLimit{Name: "login", Path: "/login", Limit: 2, Window: time.Hour}), shm.Options{Counters: 64})
 	r := request("POST", "/login", "192.0.2.1:1")
@@ -711,13 +688,13 @@ func TestLimiterResetAfterLogin(t *testing.T) {
 	}
 }
 
-// discardWriter is a ResponseWriter that reuses its header map, so that
+// headerWriter is a ResponseWriter that reuses its header map, so that
 // allocation counts are the middleware's own.
-type discardWriter struct{ h http.Header }
+type headerWriter struct{ h http.Header }
 
-func (d *discardWriter) Header() http.Header         { return d.h }
-func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) WriteHeader(int)             {}
+func (d *headerWriter) Header() http.Header         { return d.h }
+func (d *headerWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *headerWriter) WriteHeader(int)             {}
 
 func TestAllocations(t *testing.T) {
 	region := newRegion(t, shm.Options{Counters: 1024})
@@ -732,7 +709,7 @@ func TestAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &discardWriter{h: http.Header{}}
+	w := &headerWriter{h: http.Header{}}
 	for _, tt := range []struct {
 		target string
 		max    float64
@@ -774,7 +751,7 @@ func BenchmarkMiddleware(b *testing.B) {
 				b.ReportAllocs()
 				if !parallel {
 					r := request("GET", target, "192.0.2.1:1234")
-					w := &discardWriter{h: http.Header{}}
+					w := &headerWriter{h: http.Header{}}
 					for b.Loop() {
 						clear(w.h)
 						mw.ServeHTTP(w, r)
@@ -785,7 +762,7 @@ func BenchmarkMiddleware(b *testing.B) {
 				b.RunParallel(func(pb *testing.PB) {
 					// One client per goroutine: contention is the table's, not one key's.
 					r := request("GET", target, fmt.Sprintf("192.0.2.%d:1234", id.Add(1)))
-					w := &discardWriter{h: http.Header{}}
+					w := &headerWriter{h: http.Header{}}
 					for pb.Next() {
 						clear(w.h)
 						mw.ServeHTTP(w, r)
@@ -793,5 +770,87 @@ func BenchmarkMiddleware(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// A key header sent twice is a 400 with nothing charged: the client could
+// otherwise be counted under one value (r123) and served as the other
+// (k1). One line stays a key; a repeated header the chain never reaches
+// does not matter.
+func TestRepeatedKeyHeader(t *testing.T) {
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "api", Path: "/api/*", Limit: 2, Window: time.Minute, By: "header:X-Api-Key|ip"}), shm.Options{Counters: 64})
+	w := f.get("/api/x", "192.0.2.1:1", "X-Api-Key", "r123", "X-Api-Key", "k1")
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "X-Api-Key") {
+		t.Fatalf("repeated key header: %d %q", w.Code, w.Body)
+	}
+	if f.app.calls.Load() != 0 || f.region.Counters().Stats().Live != 0 {
+		t.Fatalf("a refused request ran or was charged")
+	}
+	for i := 0; i < 2; i++ {
+		if w := f.get("/api/x", "192.0.2.1:1", "X-Api-Key", "k1"); w.Code != http.StatusOK {
+			t.Fatalf("k1 request %d: %d", i, w.Code)
+		}
+	}
+	if w := f.get("/api/x", "192.0.2.1:1", "X-Api-Key", "k1"); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("k1 over its limit: %d", w.Code)
+	}
+}
+
+// With two rules, one of which fails open, the headers describe only the
+// rule that knows the client.
+func TestFullOpenBesideKnowingRule(t *testing.T) {
+	f := newFixture(t, cfgWith(
+		config.RateLimit{Name: "keyed", Path: "/*", Limit: 5, Window: 24 * time.Hour},
+		config.RateLimit{Name: "global", Path: "/*", Limit: 100, Window: time.Hour, By: "global"},
+	), shm.Options{Counters: 8, Probe: 8})
+	for i := 1; i <= 7; i++ { // 7 client keys and the global key fill the 8 slots
+		if w := f.get("/", fmt.Sprintf("198.51.100.%d:1", i)); w.Code != 200 {
+			t.Fatalf("client %d: %d", i, w.Code)
+		}
+	}
+	w := f.get("/", "198.51.100.200:1")
+	if w.Code != 200 {
+		t.Fatalf("new client: %d", w.Code)
+	}
+	want := map[string]string{
+		"RateLimit-Policy": `"global";q=100;w=3600`, "RateLimit": `"global";r=92;t=288`,
+		"X-RateLimit-Limit": "100", "X-RateLimit-Remaining": "92", "X-RateLimit-Reset": "1767225888",
+	}
+	checkHeaders(t, "new client", w.Header(), want)
+}
+
+// Path tricks that dodged a /login rule (a bypass for case-insensitive
+// routers and for servers that drop ';' parameters or trailing dots) are
+// counted against it; paths no application should see are 400; the next
+// handler gets the path with dot segments removed and slashes merged.
+func TestPathTricks(t *testing.T) {
+	var seen []string
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "login", Path: "/login", Limit: 100, Window: time.Hour}), shm.Options{Counters: 64})
+	f.mw.Handler = nethttp.New(f.mw.Core(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, r.URL.EscapedPath())
+	}), nethttp.Options{})
+	tricks := []string{"/login", "/LOGIN", "/login;x", "/.;/login", "/login.", "/Login/", "//login", "/x/../login", "/%6Cogin", "/login%2e", "/login;jsessionid=1"}
+	for i, p := range tricks {
+		w := f.get(p, "192.0.2.1:1")
+		if w.Code != 200 {
+			t.Fatalf("%s: %d", p, w.Code)
+		}
+		if got := w.Header().Get("RateLimit"); got != fmt.Sprintf(`"login";r=%d;t=%d`, 100-i-1, 36*(i+1)) {
+			t.Fatalf("%s not counted under login: RateLimit %q", p, got)
+		}
+	}
+	if seen[7] != "/login" || seen[6] != "/login" || seen[2] != "/login;x" {
+		t.Fatalf("forwarded paths %q", seen)
+	}
+	for _, p := range []string{`/\login`, "/a%2Fb", "/a%5cb", "/a%00", "/a%zz", "/a%2"} {
+		req := request("GET", "/", "192.0.2.1:1")
+		req.RequestURI = p
+		w := f.do(req)
+		if w.Code != 400 || w.Header().Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("%q: %d %q, want a 400 problem", p, w.Code, w.Body)
+		}
+	}
+	if len(seen) != len(tricks) {
+		t.Fatalf("a refused path reached the handler: %q", seen)
 	}
 }

@@ -1,4 +1,4 @@
-package idempotency_test
+package nethttp_test
 
 import (
 	"bufio"
@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/idempotency"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -131,9 +130,9 @@ func serialAndParallel(b *testing.B, mk func(g int) func()) {
 	})
 }
 
-func benchMiddleware(b *testing.B, r *shm.Region, blocks []config.Idempotency, opts idempotency.Options) *idempotency.Middleware {
+func benchMiddleware(b *testing.B, r *shm.Region, blocks []config.Idempotency, opts Options) *handler {
 	b.Helper()
-	m, err := idempotency.New(config.Config{Idempotency: blocks}, r, created, opts)
+	m, err := New(config.Config{Idempotency: blocks}, r, created, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -155,7 +154,7 @@ func benchRegion(b *testing.B) *shm.Region {
 // response out, the replay.
 func BenchmarkReplay(b *testing.B) {
 	r := benchRegion(b)
-	m := benchMiddleware(b, r, []config.Idempotency{orders()}, idempotency.Options{})
+	m := benchMiddleware(b, r, []config.Idempotency{orders()}, Options{})
 	serialAndParallel(b, func(g int) func() {
 		req, w := keyedRequest("replay-"+strconv.Itoa(g), benchReqBody), newDiscardWriter()
 		serve(m, req, w) // the original
@@ -178,7 +177,7 @@ func BenchmarkReserveComplete(b *testing.B) {
 	var clock atomic.Int64
 	blk := orders()
 	blk.TTL = time.Millisecond
-	m := benchMiddleware(b, r, []config.Idempotency{blk}, idempotency.Options{
+	m := benchMiddleware(b, r, []config.Idempotency{blk}, Options{
 		Now: func() time.Duration { return time.Duration(clock.Add(int64(time.Second))) },
 	})
 	serialAndParallel(b, func(g int) func() {
@@ -209,8 +208,8 @@ func BenchmarkPassthrough(b *testing.B) {
 		h    http.Handler
 	}{
 		{"handler", created},
-		{"no-block", benchMiddleware(b, r, nil, idempotency.Options{})},
-		{"no-key", benchMiddleware(b, r, []config.Idempotency{orders()}, idempotency.Options{})},
+		{"no-block", benchMiddleware(b, r, nil, Options{})},
+		{"no-key", benchMiddleware(b, r, []config.Idempotency{orders()}, Options{})},
 	} {
 		b.Run(tt.name, func(b *testing.B) {
 			serialAndParallel(b, func(g int) func() {
@@ -257,9 +256,9 @@ type waiterResult struct {
 func BenchmarkWakeLatency(b *testing.B) {
 	b.Run("goroutine", func(b *testing.B) {
 		r := wakeRegion(b)
-		m, err := idempotency.New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, r,
+		m, err := New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, r,
 			http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "the duplicate ran", http.StatusTeapot) }),
-			idempotency.Options{})
+			Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -290,14 +289,14 @@ func wakeLatency(b *testing.B, r *shm.Region, wt waiter) {
 	var completedAt atomic.Int64
 	entered := make(chan struct{}, 1)
 	var release chan struct{}
-	orig, err := idempotency.New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, r,
+	orig, err := New(config.Config{Idempotency: []config.Idempotency{latencyBlock()}}, r,
 		http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			entered <- struct{}{}
 			<-release
 			w.WriteHeader(http.StatusCreated)
 			w.Write(benchRespBody)
 			completedAt.Store(int64(r.Now()))
-		}), idempotency.Options{})
+		}), Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -341,12 +340,12 @@ func wakeLatency(b *testing.B, r *shm.Region, wt waiter) {
 // goroutineWaiter sends the duplicates from this process.
 type goroutineWaiter struct {
 	r *shm.Region
-	m *idempotency.Middleware
+	m *handler
 }
 
 func (g *goroutineWaiter) start(key string) (<-chan struct{}, <-chan waiterResult) {
 	parked, done := make(chan struct{}), make(chan waiterResult, 1)
-	before := g.m.Stats().Waits
+	before := g.m.IdemStats().Waits
 	answered := make(chan struct{})
 	go func() {
 		defer close(answered)
@@ -355,7 +354,7 @@ func (g *goroutineWaiter) start(key string) (<-chan struct{}, <-chan waiterResul
 		done <- waiterResult{status: w.status, replayed: w.header.Get("Idempotent-Replayed") == "true", at: g.r.Now()}
 	}()
 	go func() {
-		for g.m.Stats().Waits == before {
+		for g.m.IdemStats().Waits == before {
 			select {
 			case <-answered:
 				return

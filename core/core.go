@@ -1,0 +1,432 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Options is what a Core decides by. The zero value decides nothing: every
+// request passes untouched.
+type Options struct {
+	// RateLimits are the rate-limit rules, in the order their header items
+	// are sent.
+	RateLimits []RateLimit
+	// Idempotency are the idempotent-replay blocks; the first whose route
+	// matches a request applies.
+	Idempotency []Idempotency
+	// Resolver decides who the client is (trusted proxies, IPv6 prefix).
+	Resolver clientip.Resolver
+	// Exempt clients (judged on the resolved client address) are never
+	// counted or refused by any rule and get no rate-limit header.
+	Exempt []netip.Prefix
+	// Shadow puts every rule in shadow mode: a dry run.
+	Shadow bool
+	// CaseSensitive makes a "path" key tell "/A" from "/a", as the routes
+	// do when compiled with route.Options.CaseSensitive; by default they
+	// are one key, as they are one route.
+	CaseSensitive bool
+	// Headers selects the rate-limit header families. The zero value is
+	// HeadersBoth.
+	Headers HeaderMode
+	// MaxRequestBody is the largest request body read for an idempotency
+	// fingerprint; larger ones get 413. 0 means 1 MiB.
+	MaxRequestBody int64
+	// Logger receives the lines an operator acts on (rate-limited), never
+	// one per request. nil means slog.Default() at the time of the line.
+	Logger *slog.Logger
+	// Now is the clock decisions are made with. nil means the region's
+	// shared monotonic clock (shm.Region.Now). It is read once per request
+	// that a rule or block matches.
+	Now func() time.Duration
+	// Wall is the wall clock, read only for X-RateLimit-Reset. nil means
+	// time.Now.
+	Wall func() time.Time
+}
+
+// RateLimit is one compiled rate-limit rule.
+type RateLimit struct {
+	// Rule is the limit itself (name, limit, window, algorithm, burst,
+	// on_full); its Name must be printable ASCII, as it is sent in headers.
+	Rule  bucket.Rule
+	Route route.Route
+	By    clientip.By
+	// Shadow counts and sends headers but never refuses.
+	Shadow bool
+	// Status is the status of a refusal: 429 (0 means 429) or 503.
+	Status int
+	// Exempt clients are never counted or refused by this rule.
+	Exempt []netip.Prefix
+	// Overrides give some keys or clients another limit.
+	Overrides []Override
+}
+
+// Override is another limit for some keys of a rule (an API key of a
+// paying tier) or for some clients: exactly one of Key and Clients is set.
+// A key an override selects lives in one slot, under the override's limit
+// (never also under the rule's), in a namespace of the override's own, so
+// that changing one override leaves every other key's count alone.
+type Override struct {
+	// Key is an exact key value: the header, cookie or query value (or
+	// the path) that the rule's by made the key of.
+	Key string
+	// Clients are client address ranges.
+	Clients []netip.Prefix
+	// Limit, Window and Burst are as a rule's (Window 0: the rule's).
+	Limit  int64
+	Window time.Duration
+	Burst  int64
+}
+
+// StateRules are the bucket rules whose state a core with these options
+// keeps: each rule's own and each override's, for persistence to guard
+// (each is dropped at load when its definition changed).
+func (o *Options) StateRules() []bucket.Rule {
+	var out []bucket.Rule
+	for i := range o.RateLimits {
+		rl := &o.RateLimits[i]
+		out = append(out, rl.Rule)
+		for j := range rl.Overrides {
+			ov := &rl.Overrides[j]
+			r := rl.Rule
+			r.Name = ov.stateName(rl.Rule.Name)
+			r.Limit, r.Burst = ov.Limit, ov.Burst
+			if ov.Window != 0 {
+				r.Window = ov.Window
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Idempotency is one compiled idempotent-replay block.
+type Idempotency struct {
+	Route route.Route
+	// Header carries the key. "" means "Idempotency-Key".
+	Header string
+	// Required makes a request without the header a 400.
+	Required bool
+	// TTL is how long a completed response is replayable; must be positive.
+	TTL time.Duration
+	// Wait is how long a duplicate waits for an original in flight before
+	// it gets 409; 0 means it does not wait.
+	Wait time.Duration
+	// By is the key namespace: the same key from two clients never
+	// collides.
+	By clientip.By
+	// MaxBody is the largest response stored for replay; must be positive.
+	MaxBody int64
+}
+
+const defaultMaxRequestBody = 1 << 20
+
+// Core decides about requests for one process: it is built once per worker
+// and is safe for concurrent use. Every process whose Core uses the same
+// region shares its counts and stored responses.
+type Core struct {
+	region   *shm.Region
+	rules    []*rule
+	byName   map[string]*rule
+	blocks   []*block
+	resolver clientip.Resolver
+	exempt   clientip.PrefixSet
+	caseSens bool
+	headers  HeaderMode
+	maxReq   int64
+	now      func() time.Duration
+	wall     func() time.Time
+	log      *slog.Logger // nil: slog.Default()
+
+	idem idemCounters
+	pool sync.Pool
+}
+
+// New compiles opts over region, which this process must have joined
+// (shm.Region.Join): a region that is not refuses every update. Blocks of
+// opts.Idempotency need a region with a response table.
+func New(region *shm.Region, opts Options) (*Core, error) {
+	switch {
+	case region == nil:
+		return nil, errors.New("core: nil region")
+	case region.Worker() < 0:
+		return nil, fmt.Errorf("core: %w (call Region.Join first)", shm.ErrNotJoined)
+	}
+	if err := opts.Resolver.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Core{
+		region:   region,
+		byName:   make(map[string]*rule, len(opts.RateLimits)),
+		resolver: opts.Resolver,
+		exempt:   clientip.NewPrefixSet(opts.Exempt),
+		caseSens: opts.CaseSensitive,
+		headers:  opts.Headers,
+		maxReq:   opts.MaxRequestBody,
+		now:      opts.Now,
+		wall:     opts.Wall,
+		log:      opts.Logger,
+	}
+	if c.maxReq == 0 {
+		c.maxReq = defaultMaxRequestBody
+	}
+	if c.maxReq < 0 {
+		return nil, fmt.Errorf("core: MaxRequestBody %d is negative", c.maxReq)
+	}
+	if c.now == nil {
+		c.now = region.Now
+	}
+	if c.wall == nil {
+		c.wall = time.Now
+	}
+	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
+		return nil, err
+	}
+	if err := c.compileBlocks(opts.Idempotency); err != nil {
+		return nil, err
+	}
+	c.pool.New = func() any { return &Exchange{c: c} }
+	return c, nil
+}
+
+// Exchange is the core's state for one request, from Begin to Release.
+// It is not safe for concurrent use.
+type Exchange struct {
+	c   *Core
+	req Request
+
+	match, forward string // the normalized path, and the one to forward
+
+	now    time.Duration
+	hasNow bool
+
+	client, clientKey netip.Addr
+	hasClient         bool
+
+	// Rate limiting.
+	hits    []hit
+	hitBuf  [inlineHits]hit
+	refusal Refusal
+
+	// Idempotency.
+	idem     *block
+	tk       shm.Ticket
+	reserved bool // tk is held and must be completed or released
+	stored   shm.Response
+
+	// keyBuf holds the bytes of the key being made: part of the pooled
+	// exchange, since a stack buffer would escape through clientip.Source.
+	keyBuf [idemKeyBufSize]byte
+	// scratch holds a decoded query value while a key is made of it.
+	scratch [256]byte
+
+	// What the engine sends.
+	fields   []Field
+	fieldBuf [12]Field
+	buf      []byte
+	bufArr   [1024]byte
+	resp     Response
+}
+
+// Begin starts deciding about req; the Exchange must be given back with
+// Release once the response was sent.
+func (c *Core) Begin(req Request) *Exchange {
+	ex := c.pool.Get().(*Exchange)
+	ex.req = req
+	ex.hits = ex.hitBuf[:0]
+	ex.fields = ex.fieldBuf[:0]
+	ex.buf = ex.bufArr[:0]
+	return ex
+}
+
+// Release ends the exchange. A reservation the engine never completed (the
+// application panicked, the engine gave up) is released, so that the retry
+// runs. The Exchange must not be used after.
+func (ex *Exchange) Release() {
+	if ex.reserved {
+		ex.c.region.Responses().Release(ex.tk)
+		ex.c.idem.released.Add(1)
+	}
+	c := ex.c
+	body := ex.stored.Body
+	*ex = Exchange{c: c}
+	if cap(body) <= maxPooledBody {
+		ex.stored.Body = body[:0] // a replay buffer is worth keeping
+	}
+	c.pool.Put(ex)
+}
+
+// maxPooledBody bounds the replay buffers kept with pooled exchanges.
+const maxPooledBody = 64 << 10
+
+// Decide runs the request through the stages: path checks, rate limits,
+// idempotent replay. It may block while a duplicate waits for its
+// original (up to the block's wait).
+func (ex *Exchange) Decide() Verdict {
+	if v, done := ex.checkPath(); done {
+		return v
+	}
+	if v, done := ex.rateLimit(); done {
+		return v
+	}
+	if v, done := ex.idempotency(); done {
+		return v
+	}
+	return Pass
+}
+
+// Fields are the header fields to add to the application's response
+// (Pass): the rate-limit headers.
+func (ex *Exchange) Fields() []Field { return ex.fields }
+
+// Response is the core's own answer (Respond).
+func (ex *Exchange) Response() *Response { return &ex.resp }
+
+// ForwardPath is the path to forward upstream: the request's, with dot
+// segments removed and slashes merged; everything else as sent.
+func (ex *Exchange) ForwardPath() string { return ex.forward }
+
+// Record reports whether the engine must record the application's response
+// (a reserved idempotency key) and keep up to max bytes of its body; it
+// then gives it back with Complete.
+func (ex *Exchange) Record() (max int64, ok bool) {
+	if !ex.reserved {
+		return 0, false
+	}
+	return ex.idem.maxBody, true
+}
+
+// clock reads the clock once per exchange.
+func (ex *Exchange) clock() time.Duration {
+	if !ex.hasNow {
+		ex.now, ex.hasNow = ex.c.now(), true
+	}
+	return ex.now
+}
+
+// Header, Cookie, Query, Path and ClientKey make an Exchange the
+// clientip.Source of its request.
+func (ex *Exchange) Header(name string) (string, int) { return ex.req.Header(name) }
+
+// Cookie is the first cookie called name in the request's Cookie lines.
+func (ex *Exchange) Cookie(name string) (string, bool) {
+	var lb [4]string
+	return clientip.CookieValue(ex.req.HeaderLines("Cookie", lb[:0]), name)
+}
+
+// Query is the query parameter called name, decoded into the exchange's
+// scratch buffer: valid until the next call.
+func (ex *Exchange) Query(name string) (string, int) {
+	v, n := clientip.QueryValue(ex.req.Query(), name, ex.scratch[:0])
+	if len(v) == 0 {
+		return "", n
+	}
+	return unsafe.String(&v[0], len(v)), n
+}
+
+// Path is the normalized path rules match, ASCII-lowercased unless paths
+// are case-sensitive (in the scratch buffer: valid until the next call).
+func (ex *Exchange) Path() string {
+	p := ex.match
+	if ex.c.caseSens || !hasUpper(p) {
+		return p
+	}
+	b := ex.scratch[:0]
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func hasUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			return true
+		}
+	}
+	return false
+}
+
+// ClientKey is the client address as rules count it.
+func (ex *Exchange) ClientKey() netip.Addr {
+	ex.resolveClient()
+	return ex.clientKey
+}
+
+// Client is the client address: the peer, or the client a trusted proxy
+// names.
+func (ex *Exchange) Client() netip.Addr {
+	ex.resolveClient()
+	return ex.client
+}
+
+func (ex *Exchange) resolveClient() {
+	if ex.hasClient {
+		return
+	}
+	ex.hasClient = true
+	r := &ex.c.resolver
+	peer := ex.req.Peer()
+	if !r.Trusts(peer) {
+		ex.client = peer
+	} else {
+		var xb, fb [4]string
+		xff := ex.req.HeaderLines("X-Forwarded-For", xb[:0])
+		fwd := ex.req.HeaderLines("Forwarded", fb[:0])
+		ex.client = r.ClientOf(peer, xff, fwd)
+	}
+	ex.clientKey = r.Mask(ex.client)
+}
+
+// addField appends a field whose value is appended to the exchange's
+// buffer by fill.
+func (ex *Exchange) addField(name string, fill func([]byte) []byte) {
+	from := len(ex.buf)
+	ex.buf = fill(ex.buf)
+	ex.fields = append(ex.fields, Field{name, ex.buf[from:len(ex.buf):len(ex.buf)]})
+}
+
+// respond makes the exchange's answer a problem.
+func (ex *Exchange) respond(p *Problem, close bool) (Verdict, bool) {
+	from := len(ex.buf)
+	ex.buf = p.AppendJSON(ex.buf)
+	body := ex.buf[from:len(ex.buf):len(ex.buf)]
+	ex.fields, ex.buf = ProblemFields(ex.fields, ex.buf, p.RetryAfter, len(body))
+	ex.resp = Response{Status: p.Status, Fields: ex.fields, Body: body, Close: close}
+	return Respond, true
+}
+
+// checkPath normalizes the request path (route.Normalize): rules match
+// the normalized path, the application gets the one with dot segments
+// removed and slashes merged. A path no application should see (an
+// encoded slash, a backslash, NUL, a bad escape) is a 400.
+func (ex *Exchange) checkPath() (Verdict, bool) {
+	match, fwd, err := route.Normalize(ex.req.Path())
+	if err != nil {
+		detail := strings.TrimPrefix(err.Error(), "route: bad request path: ")
+		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + detail}, false)
+	}
+	ex.match, ex.forward = match, fwd
+	return Pass, false
+}
+
+func (c *Core) logger() *slog.Logger {
+	if c.log != nil {
+		return c.log
+	}
+	return slog.Default()
+}

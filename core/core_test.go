@@ -1,0 +1,95 @@
+package core_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+func mustRoute(t *testing.T, p string, methods ...string) route.Route {
+	t.Helper()
+	rt, err := route.Compile(p, methods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+func joinedRegion(t *testing.T, o shm.Options) *shm.Region {
+	t.Helper()
+	r, err := shm.CreatePrivate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if err := r.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// New refuses what it cannot decide by, each with an error that says which
+// rule or block and why, prefixed once.
+func TestNewErrors(t *testing.T) {
+	withTable := joinedRegion(t, shm.Options{Counters: 64, Responses: 8})
+	noTable := joinedRegion(t, shm.Options{Counters: 64})
+	unjoined, err := shm.CreatePrivate(shm.Options{Counters: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unjoined.Close()
+	good := core.RateLimit{Rule: bucket.Rule{Name: "r", Limit: 1, Window: time.Second}, Route: mustRoute(t, "/")}
+	rule := func(mod func(*core.RateLimit)) core.Options {
+		r := good
+		mod(&r)
+		return core.Options{RateLimits: []core.RateLimit{r}}
+	}
+	orders := core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Hour, MaxBody: 1 << 10}
+	block := func(mod func(*core.Idempotency)) core.Options {
+		d := orders
+		mod(&d)
+		return core.Options{Idempotency: []core.Idempotency{d}}
+	}
+	for _, tt := range []struct {
+		name   string
+		region *shm.Region
+		opts   core.Options
+		want   string
+	}{
+		{"nil region", nil, core.Options{}, "nil region"},
+		{"duplicate", withTable, core.Options{RateLimits: []core.RateLimit{good, good}}, `rule "r" defined twice`},
+		{"name", withTable, rule(func(r *core.RateLimit) { r.Rule.Name = "a\nb" }), "printable ASCII"},
+		{"no name", withTable, rule(func(r *core.RateLimit) { r.Rule.Name = "" }), "printable ASCII"},
+		{"limit", withTable, rule(func(r *core.RateLimit) { r.Rule.Limit = 0 }), "limit 0"},
+		{"window", withTable, rule(func(r *core.RateLimit) { r.Rule.Window = 0 }), "window"},
+		{"burst", withTable, rule(func(r *core.RateLimit) { r.Rule.Algorithm = bucket.FixedWindow; r.Rule.Burst = 3 }), "burst"},
+		{"no response table", noTable, block(func(*core.Idempotency) {}), "no response table"},
+		{"header", withTable, block(func(d *core.Idempotency) { d.Header = "Idempotency Key" }), "header"},
+		{"ttl", withTable, block(func(d *core.Idempotency) { d.TTL = 0 }), "ttl"},
+		{"long ttl", withTable, block(func(d *core.Idempotency) { d.TTL = bucket.MaxWindow + time.Microsecond }), "ttl"},
+		{"wait", withTable, block(func(d *core.Idempotency) { d.Wait = -1 }), "wait"},
+		{"max_body", withTable, block(func(d *core.Idempotency) { d.MaxBody = 0 }), "max_body"},
+		{"resolver", withTable, core.Options{Resolver: clientip.Resolver{IPv6Prefix: 200}}, "IPv6Prefix"},
+		{"max request body", withTable, core.Options{MaxRequestBody: -1}, "MaxRequestBody"},
+	} {
+		_, err := core.New(tt.region, tt.opts)
+		if err == nil {
+			t.Errorf("%s: New accepted it", tt.name)
+			continue
+		}
+		prefixes := strings.Count(err.Error(), "core: ") + strings.Count(err.Error(), "bucket: ") + strings.Count(err.Error(), "clientip: ")
+		if !strings.Contains(err.Error(), tt.want) || prefixes != 1 {
+			t.Errorf("%s: New = %v, want one error about %q", tt.name, err, tt.want)
+		}
+	}
+	if _, err := core.New(unjoined, core.Options{}); !errors.Is(err, shm.ErrNotJoined) {
+		t.Errorf("unjoined region: %v, want ErrNotJoined", err)
+	}
+}

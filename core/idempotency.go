@@ -1,0 +1,471 @@
+package core
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The idempotency stage: requests of an idempotency block that carry its
+// key run at most once per key, and their responses are replayed to
+// retries (draft-ietf-httpapi-idempotency-key-header).
+
+// block is one compiled idempotency block.
+type block struct {
+	route    route.Route
+	header   string // canonical header name
+	required bool
+	ttl      time.Duration
+	wait     time.Duration
+	by       clientip.By
+	maxBody  int64
+	ns       uint64 // key namespace: the block's path, so that reloads keep records
+	problems [nProblems]Problem
+}
+
+type idemCounters struct {
+	executions, replays, mismatches, waits, conflicts, full, unreplayable, released, invalid atomic.Uint64
+}
+
+// IdempotencyStats counts what the idempotency stage did in this process
+// since New. Other processes sharing the region count their own; the
+// table's occupancy is shm.Responses.Stats.
+type IdempotencyStats struct {
+	// Executions counts keyed requests that reserved their key and ran.
+	Executions uint64
+	// Replays counts retries answered with a stored response.
+	Replays uint64
+	// Mismatches counts 422s: a key reused for another request.
+	Mismatches uint64
+	// Waits counts duplicates that waited for an original in flight.
+	Waits uint64
+	// Conflicts counts 409s: an original still in flight after the wait,
+	// or completed without a stored response.
+	Conflicts uint64
+	// Full counts 503s: no record could be had for a new key.
+	Full uint64
+	// Unreplayable counts executions completed without a stored response
+	// (over max_body, no room in the block pool, a hijacked connection):
+	// their retries get 409.
+	Unreplayable uint64
+	// Released counts executions whose reservation was released instead
+	// of completed (5xx, 408, 429, a failure): their retries run again.
+	Released uint64
+	// Invalid counts 400s (a missing or malformed key, an unreadable
+	// body) and 413s.
+	Invalid uint64
+}
+
+// idemKeyBufSize is the buffer for a key's identity: the `by` key
+// ("h:Authorization:" and up to clientip.MaxKeyValue bytes, or a digest),
+// a NUL and the key; a longer one costs an allocation.
+const idemKeyBufSize = 640
+
+// waitSlice bounds one sleep of a waiting duplicate, so that it notices a
+// client that went away. A completion wakes it at once whatever the slice.
+const waitSlice = 250 * time.Millisecond
+
+// Problem retry hints, in seconds.
+const (
+	retryInFlight = 1 // the retry waits again, up to `wait`
+	retryFull     = 1
+)
+
+const defaultIdemHeader = "Idempotency-Key"
+
+// maxTTL bounds a block's ttl: the longest span the region's times are
+// meant to count, as for a rule's window.
+const maxTTL = bucket.MaxWindow
+
+// Check reports what is wrong with a block, as New would.
+func (d *Idempotency) Check() error {
+	if err := d.check(); err != nil {
+		return errors.New("core: " + err.Error())
+	}
+	return nil
+}
+
+func (d *Idempotency) check() error {
+	switch {
+	case d.Header != "" && !route.IsToken(d.Header):
+		return fmt.Errorf("header %q is not a valid header name", d.Header)
+	case d.TTL <= 0:
+		return fmt.Errorf("ttl must be positive, got %v", d.TTL)
+	case d.TTL > maxTTL:
+		return fmt.Errorf("ttl %v is longer than the region's clock can count (%v)", d.TTL, maxTTL)
+	case d.Wait < 0:
+		return fmt.Errorf("wait must not be negative, got %v", d.Wait)
+	case d.MaxBody <= 0:
+		return fmt.Errorf("max_body must be positive, got %d", d.MaxBody)
+	}
+	return nil
+}
+
+func (c *Core) compileBlocks(ds []Idempotency) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	if c.region.Responses().Len() == 0 {
+		return fmt.Errorf("core: %w (idempotency blocks need a response table)", shm.ErrNoResponses)
+	}
+	for i := range ds {
+		d := &ds[i]
+		if err := d.check(); err != nil {
+			return fmt.Errorf("core: idempotency block %d: %w", i+1, err)
+		}
+		header := d.Header
+		if header == "" {
+			header = defaultIdemHeader
+		}
+		b := &block{
+			route:    d.Route,
+			header:   textproto.CanonicalMIMEHeaderKey(header),
+			required: d.Required,
+			ttl:      d.TTL,
+			wait:     d.Wait,
+			by:       d.By,
+			maxBody:  d.MaxBody,
+			// The route's path, not its methods: a reload that adds a
+			// method keeps the records, and the fingerprint (which has the
+			// method) tells a POST from a PATCH under one key.
+			ns: xxhash.Sum64String("idempotency\x00" + d.Route.String()),
+		}
+		for p := range b.problems {
+			b.problems[p] = newIdemProblem(problemKind(p), b.header, c.maxReq)
+		}
+		c.blocks = append(c.blocks, b)
+	}
+	return nil
+}
+
+// idempotency runs a keyed request of the first block whose route matches
+// it: it reserves the key (Pass, with Record asking for the response),
+// replays the stored response, or answers a problem. A duplicate of an
+// original in flight waits for it (real time, up to the block's wait) and
+// looks again. Requests of no block, and requests without the key where
+// it is not required, pass untouched (no body read).
+func (ex *Exchange) idempotency() (Verdict, bool) {
+	b := ex.matchBlock()
+	if b == nil {
+		return Pass, false
+	}
+	first, lines := ex.req.Header(b.header)
+	if lines == 0 && !b.required {
+		return Pass, false
+	}
+	c := ex.c
+	// The key's identity: the client (by) and the key, NUL between them
+	// (by keys hold no control bytes), so that two clients never share a key.
+	id, err := b.by.AppendKeyOf(ex.keyBuf[:0], ex)
+	if err != nil {
+		c.idem.invalid.Add(1)
+		var re *clientip.RepeatedError
+		if errors.As(err, &re) {
+			return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "send " + re.What + " at most once"}, false)
+		}
+		panic("core: unexpected key error: " + err.Error())
+	}
+	id = append(id, 0)
+	id, kp := parseKey(id, first, lines)
+	if kp != keyOK {
+		c.idem.invalid.Add(1)
+		return ex.idemProblem(b, keyProblemKind(kp))
+	}
+	body, err := ex.req.Body(c.maxReq)
+	if err != nil {
+		c.idem.invalid.Add(1)
+		if errors.Is(err, ErrBodyTooLarge) {
+			return ex.idemProblem(b, problemTooLarge)
+		}
+		return ex.idemProblem(b, problemUnreadable)
+	}
+	k := c.region.Counters().KeyOf(b.ns, id)
+	return ex.reserve(b, k, ex.fingerprint(body))
+}
+
+// matchBlock returns the first block whose route covers the request.
+func (ex *Exchange) matchBlock() *block {
+	if len(ex.c.blocks) == 0 {
+		return nil
+	}
+	method := ex.req.Method()
+	for _, b := range ex.c.blocks {
+		if b.route.Match(method, ex.match) {
+			return b
+		}
+	}
+	return nil
+}
+
+// reserve answers a keyed request: it reserves k (Pass), replays the
+// stored response, or refuses; a duplicate of an original in flight waits
+// for it and looks again.
+func (ex *Exchange) reserve(b *block, k shm.Key, fp shm.Fingerprint) (Verdict, bool) {
+	c, tab := ex.c, ex.c.region.Responses()
+	var deadline time.Time
+	for waited := false; ; {
+		out, tk, err := tab.Begin(k, fp, c.now(), &ex.stored)
+		if err != nil {
+			// ErrFull and ErrLockTimeout are the table's to say; anything
+			// else (a region without a response table or identity) New
+			// rules out. Either way: no reservation, no execution.
+			if !errors.Is(err, shm.ErrFull) && !errors.Is(err, shm.ErrLockTimeout) {
+				c.logger().LogAttrs(context.Background(), slog.LevelError, "idempotency: reservation refused", slog.String("err", err.Error()))
+			}
+			c.idem.full.Add(1)
+			return ex.idemProblem(b, problemUnavailable)
+		}
+		switch out {
+		case shm.Reserved:
+			c.idem.executions.Add(1)
+			ex.idem, ex.tk, ex.reserved = b, tk, true
+			return Pass, true
+		case shm.Replay:
+			c.idem.replays.Add(1)
+			return ex.replay()
+		case shm.Mismatch:
+			c.idem.mismatches.Add(1)
+			return ex.idemProblem(b, problemMismatch)
+		case shm.Unreplayable:
+			c.idem.conflicts.Add(1)
+			return ex.idemProblem(b, problemUnreplayable)
+		case shm.InFlight:
+			if !waited {
+				waited, deadline = true, time.Now().Add(b.wait)
+				if b.wait > 0 {
+					c.idem.waits.Add(1)
+				}
+			}
+			left := time.Until(deadline)
+			if left <= 0 {
+				c.idem.conflicts.Add(1)
+				return ex.idemProblem(b, problemInFlight)
+			}
+			if ex.req.Gone() {
+				// The client went away: nobody to answer. A response is
+				// still needed to end the exchange; it is never read.
+				return ex.idemProblem(b, problemInFlight)
+			}
+			tab.Wait(tk, min(left, waitSlice))
+		default:
+			panic(fmt.Sprintf("core: unknown reservation outcome %d", out))
+		}
+	}
+}
+
+// Complete ends a reservation (Record said ok) with what the application
+// answered: the response is stored for replay, recorded as not replayable,
+// or the reservation released so that a retry runs again (5xx, 408, 429,
+// or no whole response).
+func (ex *Exchange) Complete(rec *Recorded) {
+	if !ex.reserved {
+		return
+	}
+	ex.reserved = false
+	c, b, tab := ex.c, ex.idem, ex.c.region.Responses()
+	keep, replayable := storable(rec)
+	if !keep {
+		tab.Release(ex.tk)
+		c.idem.released.Add(1)
+		return
+	}
+	var resp *shm.Response
+	if replayable {
+		resp = &shm.Response{Status: rec.Status, ContentType: rec.ContentType, Location: rec.Location, Body: rec.Body}
+	}
+	stored, err := tab.Complete(ex.tk, resp, c.now(), b.ttl)
+	if err != nil {
+		c.logger().LogAttrs(context.Background(), slog.LevelWarn, "idempotency: response not stored", slog.String("err", err.Error()))
+		return
+	}
+	if !stored {
+		c.idem.unreplayable.Add(1)
+	}
+}
+
+// storable says what becomes of a reservation once the application has
+// answered: keep is false for the statuses a client is meant to retry
+// (5xx, 408, 429) and for no whole response, whose reservation is released
+// so that the retry runs; a kept response is replayable unless it went
+// over max_body, the connection was hijacked (what was sent is unknown)
+// or the final status was 101.
+func storable(rec *Recorded) (keep, replayable bool) {
+	switch s := rec.Status; {
+	case rec.Failed:
+		return false, false
+	case rec.Hijacked:
+		return true, false
+	case s >= 500, s == http.StatusRequestTimeout, s == http.StatusTooManyRequests:
+		return false, false
+	case rec.Overflow, s < 200:
+		return true, false
+	}
+	return true, true
+}
+
+// replay answers with the stored response: status, Content-Type, Location
+// and the body, byte for byte, and Idempotent-Replayed: true. A response
+// stored without Content-Type is replayed without one.
+func (ex *Exchange) replay() (Verdict, bool) {
+	s := &ex.stored
+	if s.ContentType != "" {
+		ex.addField("Content-Type", func(b []byte) []byte { return append(b, s.ContentType...) })
+	}
+	if s.Location != "" {
+		ex.addField("Location", func(b []byte) []byte { return append(b, s.Location...) })
+	}
+	ex.fields = append(ex.fields, Field{"Idempotent-Replayed", valTrue})
+	var body []byte
+	if BodyAllowed(s.Status) {
+		body = s.Body
+		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(len(body)), 10) })
+	}
+	ex.resp = Response{Status: s.Status, Fields: ex.fields, Body: body}
+	return Respond, true
+}
+
+var valTrue = []byte("true")
+
+// BodyAllowed reports whether a response with status may have a body.
+func BodyAllowed(status int) bool {
+	return !(status >= 100 && status < 200 || status == http.StatusNoContent || status == http.StatusNotModified)
+}
+
+// fingerprint is the SHA-256 of the method, the path (as sent), the
+// query, the Content-Type and the body, each prefixed with its length, so
+// that no two different requests can be made to hash the same fields by
+// shifting a boundary. Content-Type is in it because the same bytes sent
+// as JSON and as a form are two different requests.
+func (ex *Exchange) fingerprint(body []byte) shm.Fingerprint {
+	var buf [512]byte
+	ct, _ := ex.req.Header("Content-Type")
+	b := appendField(buf[:0], ex.req.Method())
+	b = appendField(b, ex.req.Path())
+	b = appendField(b, ex.req.Query())
+	b = appendField(b, ct)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
+	h := sha256.New()
+	h.Write(b)
+	h.Write(body)
+	var fp shm.Fingerprint
+	h.Sum(fp[:0])
+	return fp
+}
+
+func appendField(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// IdempotencyStats reports what the idempotency stage did in this process.
+func (c *Core) IdempotencyStats() IdempotencyStats {
+	s := &c.idem
+	return IdempotencyStats{
+		Executions:   s.executions.Load(),
+		Replays:      s.replays.Load(),
+		Mismatches:   s.mismatches.Load(),
+		Waits:        s.waits.Load(),
+		Conflicts:    s.conflicts.Load(),
+		Full:         s.full.Load(),
+		Unreplayable: s.unreplayable.Load(),
+		Released:     s.released.Load(),
+		Invalid:      s.invalid.Load(),
+	}
+}
+
+// problemKind is an answer the idempotency stage gives instead of the
+// application's.
+type problemKind uint8
+
+const (
+	problemNone problemKind = iota
+	problemMissing
+	problemEmpty
+	problemTooLong
+	problemControl
+	problemRepeated
+	problemMalformed
+	problemUnreadable
+	problemTooLarge
+	problemMismatch
+	problemInFlight
+	problemUnreplayable
+	problemUnavailable
+	nProblems
+)
+
+func keyProblemKind(p keyProblem) problemKind {
+	switch p {
+	case keyMissing:
+		return problemMissing
+	case keyEmpty:
+		return problemEmpty
+	case keyTooLong:
+		return problemTooLong
+	case keyControl:
+		return problemControl
+	case keyRepeated:
+		return problemRepeated
+	}
+	return problemMalformed
+}
+
+// newIdemProblem is one of a block's answers, made once per block. Its
+// detail says what is wrong with the request, never anything about the
+// table or the worker.
+func newIdemProblem(p problemKind, header string, maxReq int64) Problem {
+	status, retry, detail := http.StatusBadRequest, 0, ""
+	switch p {
+	case problemNone:
+		return Problem{}
+	case problemMissing:
+		detail = "this request needs the " + header + " header"
+	case problemEmpty:
+		detail = "the " + header + " header is empty"
+	case problemTooLong:
+		detail = "the " + header + " is longer than " + strconv.Itoa(MaxKeyLen) + " bytes"
+	case problemControl:
+		detail = "the " + header + " contains control characters"
+	case problemRepeated:
+		detail = "send exactly one " + header + " header, with one key"
+	case problemMalformed:
+		detail = "the " + header + ` must be a quoted string ("...") or a token`
+	case problemUnreadable:
+		detail = "the request body could not be read"
+	case problemTooLarge:
+		status = http.StatusRequestEntityTooLarge
+		detail = "a request with the " + header + " header may have a body of at most " + strconv.FormatInt(maxReq, 10) + " bytes"
+	case problemMismatch:
+		status = http.StatusUnprocessableEntity
+		detail = "this " + header + " was already used for a request with another method, path, query, content type or body"
+	case problemInFlight:
+		status, retry = http.StatusConflict, retryInFlight
+		detail = "a request with this " + header + " is still being processed; retry later"
+	case problemUnreplayable:
+		status = http.StatusConflict
+		detail = "a request with this " + header + " was already processed, and its response cannot be sent again"
+	case problemUnavailable:
+		status, retry = http.StatusServiceUnavailable, retryFull
+		detail = "this request cannot be made idempotent right now; retry in " + strconv.Itoa(retryFull) + " second"
+	}
+	return Problem{Status: status, Detail: detail, RetryAfter: int64(retry)}
+}
+
+// idemProblem answers with b's problem p.
+func (ex *Exchange) idemProblem(b *block, p problemKind) (Verdict, bool) {
+	return ex.respond(&b.problems[p], false)
+}

@@ -1,0 +1,265 @@
+// Package nethttp runs the decision core (package core) in front of a
+// net/http handler: the adapter preforkd's embedding API serves with.
+//
+//	h := nethttp.New(c, app) // c from core.New, once per worker
+//	srv := &http.Server{Handler: h}
+//
+// It only translates: the rules, the answers and the headers are the
+// core's, the same for every engine.
+package nethttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// Handler applies a Core to the requests it passes to the next handler.
+type Handler struct {
+	c    *core.Core
+	next http.Handler
+	opts Options
+}
+
+// Options tunes a Handler. The zero value is what most want.
+type Options struct {
+	// Refuse, if set, writes the answer to a request the rate limits
+	// refused, instead of the core's problem+json: the status
+	// (ref.Status) and a body. The rate-limit header fields and
+	// Retry-After (ref.Fields) are set on w already.
+	Refuse func(w http.ResponseWriter, r *http.Request, ref *core.Refusal)
+}
+
+// New returns the handler that decides about each request with c and
+// passes those it lets through to next.
+func New(c *core.Core, next http.Handler, opts Options) *Handler {
+	return &Handler{c: c, next: next, opts: opts}
+}
+
+// Core is the decision core the handler applies.
+func (h *Handler) Core() *core.Core { return h.c }
+
+// KeyOf returns the key bytes rule name counts r under (see
+// core.Core.KeyOf), or nil for no such rule or a request whose key header
+// was sent twice.
+func (h *Handler) KeyOf(name string, r *http.Request) []byte {
+	k, err := h.c.KeyOf(name, &request{r: r})
+	if err != nil {
+		return nil
+	}
+	return k
+}
+
+var requests = sync.Pool{New: func() any { return new(request) }}
+
+// ServeHTTP decides about r and either answers it or passes it on, with
+// the core's header fields set.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	req := requests.Get().(*request)
+	req.r = r
+	ex := h.c.Begin(req)
+	defer func() {
+		ex.Release()
+		*req = request{}
+		requests.Put(req)
+	}()
+	if ex.Decide() == core.Respond {
+		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
+			setFields(w.Header(), ref.Fields)
+			h.opts.Refuse(w, r, ref)
+			return
+		}
+		writeResponse(w, ex.Response())
+		return
+	}
+	setFields(w.Header(), ex.Fields())
+	if fwd := ex.ForwardPath(); fwd != req.Path() {
+		forwardPath(r, fwd)
+	}
+	if req.body != nil {
+		r.Body = io.NopCloser(bytes.NewReader(req.body))
+	} else if req.bodyRead {
+		r.Body = http.NoBody
+	}
+	max, record := ex.Record()
+	if !record {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	// The reserved request runs without the client's cancellation: a
+	// client that disconnects does not stop the response from being stored
+	// for its retry. A panic leaves the reservation to Release.
+	rec := newRecorder(w, max)
+	defer rec.release()
+	h.next.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
+	rec.finish()
+	ex.Complete(rec.recorded())
+}
+
+// forwardPath makes fwd (the path as sent, with dot segments removed and
+// slashes merged) the request's path for the next handler.
+func forwardPath(r *http.Request, fwd string) {
+	p, err := url.PathUnescape(fwd)
+	if err != nil {
+		return // Normalize refuses bad escapes: cannot happen
+	}
+	u := *r.URL
+	u.Path, u.RawPath = p, fwd
+	if u.EscapedPath() != fwd {
+		u.RawPath = ""
+	}
+	r.URL = &u
+}
+
+// request is the core's view of a net/http request.
+type request struct {
+	r        *http.Request
+	body     []byte
+	bodyRead bool
+}
+
+func (q *request) Method() string { return q.r.Method }
+
+// Path is the path as sent: from the request line where the server kept
+// it, else re-encoded from the URL.
+func (q *request) Path() string {
+	if t := q.r.RequestURI; t != "" && t[0] == '/' {
+		if i := strings.IndexByte(t, '?'); i >= 0 {
+			return t[:i]
+		}
+		return t
+	}
+	if q.r.URL == nil {
+		return ""
+	}
+	if q.r.URL.Opaque != "" {
+		return q.r.URL.Opaque
+	}
+	return q.r.URL.EscapedPath()
+}
+
+func (q *request) Query() string {
+	if q.r.URL == nil {
+		return ""
+	}
+	return q.r.URL.RawQuery
+}
+
+func (q *request) Peer() netip.Addr {
+	ap, err := netip.ParseAddrPort(q.r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().WithZone("").Unmap()
+}
+
+func (q *request) Header(name string) (string, int) {
+	vs := q.r.Header[name]
+	if len(vs) == 0 {
+		return "", 0
+	}
+	return vs[0], len(vs)
+}
+
+func (q *request) HeaderLines(name string, dst []string) []string {
+	return append(dst, q.r.Header[name]...)
+}
+
+func (q *request) Gone() bool { return q.r.Context().Err() != nil }
+
+// Body reads the request body, never buffering more than max+1 bytes.
+func (q *request) Body(max int64) ([]byte, error) {
+	q.bodyRead = true
+	b, err := readBody(q.r.Body, q.r.ContentLength, max)
+	q.body = b
+	return b, err
+}
+
+// readBody reads a request body of at most max bytes; length is the
+// request's ContentLength (-1: unknown).
+func readBody(body io.Reader, length, max int64) ([]byte, error) {
+	if body == nil || body == http.NoBody {
+		return nil, nil
+	}
+	if length > max {
+		return nil, core.ErrBodyTooLarge
+	}
+	n := 512 // length unknown (-1, or 0 in a request built by a client)
+	if length > 0 {
+		n = int(length) + 1 // +1: room for the read that sees EOF
+	}
+	buf := make([]byte, 0, min(int64(n), max+1))
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, 1)
+		}
+		lim := int(min(int64(cap(buf)), max+1))
+		got, err := body.Read(buf[len(buf):lim])
+		buf = buf[:len(buf)+got]
+		if int64(len(buf)) > max {
+			return nil, core.ErrBodyTooLarge
+		}
+		switch {
+		case err == io.EOF:
+			return buf, nil
+		case err != nil:
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, core.ErrBodyTooLarge
+			}
+			return nil, err
+		}
+	}
+}
+
+// setFields sets the core's fields on h, with one allocation for every
+// value and one for the slices that hold them; each slice is capped, so
+// that an Add by the next handler reallocates rather than write into its
+// neighbour.
+func setFields(h http.Header, fields []core.Field) {
+	if len(fields) == 0 {
+		return
+	}
+	n := 0
+	for _, f := range fields {
+		n += len(f.Value)
+	}
+	var sb strings.Builder
+	sb.Grow(n)
+	for _, f := range fields {
+		sb.Write(f.Value)
+	}
+	all := sb.String()
+	vals := make([]string, len(fields))
+	at := 0
+	for i, f := range fields {
+		vals[i] = all[at : at+len(f.Value)]
+		at += len(f.Value)
+		h[f.Name] = vals[i : i+1 : i+1]
+	}
+}
+
+// writeResponse sends one of the core's own answers.
+func writeResponse(w http.ResponseWriter, resp *core.Response) {
+	h := w.Header()
+	setFields(h, resp.Fields)
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil // none was stored: no sniffing now either
+	}
+	if resp.Close {
+		h.Set("Connection", "close")
+	}
+	w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		_, _ = w.Write(resp.Body) // the client went away: nothing to do
+	}
+}

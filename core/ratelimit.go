@@ -1,0 +1,513 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The rate-limit stage. Every rule whose route matches counts the request;
+// it is refused if any enforcing rule refuses it, and a refused request is
+// charged to no rule (see charge).
+
+// rule is one compiled rate-limit rule and its in-process counters.
+type rule struct {
+	name   string
+	route  *RateLimit
+	by     clientip.By
+	byIdx  int // index of the first rule with an equal by: equal bys give equal key bytes
+	shadow bool
+	status int // of a refusal: 429 or 503
+	exempt clientip.PrefixSet
+
+	// base is the rule's own limit; overrides replace it for some keys:
+	// byKey by exact key value, then the first whose clients contain the
+	// client.
+	base      variant
+	overrides []*variant
+	byKey     map[string]*variant
+
+	stats ruleCounters
+	// Rate-limited log lines: shadow refusals, keys let through by
+	// on_full "open".
+	shadowLog, fullLog logGate
+}
+
+// variant is one limit of a rule: its own, or an override's. Each has its
+// own key namespace, so a key lives in one slot, under the limit that
+// applies to it.
+type variant struct {
+	lim     *bucket.Limiter
+	hdr     ruleHeaders
+	clients clientip.PrefixSet
+}
+
+type ruleCounters struct {
+	allowed, refused, shadowRefused, full atomic.Uint64
+	_                                     [32]byte // keep two rules' counters off one cache line
+}
+
+// RuleStats counts what one rule decided in this process since New.
+type RuleStats struct {
+	Name string
+	// Allowed counts served requests the rule counted (charged, or let
+	// through by on_full "open").
+	Allowed uint64
+	// Refused counts requests this (enforcing) rule refused: 429s, and
+	// 503s from on_full "closed". When two rules refuse one request, both
+	// count it.
+	Refused uint64
+	// ShadowRefused counts served requests this shadow rule would have
+	// refused.
+	ShadowRefused uint64
+	// Full counts decisions answered by on_full because the table had no
+	// slot for the key, whatever on_full answered.
+	Full uint64
+}
+
+// hit is one rule matching the request being decided.
+type hit struct {
+	r       *rule
+	v       *variant // the limit that applies to this request's key
+	key     shm.Key
+	d       bucket.Decision
+	decided bool // d holds a decision (a charge or a peek) for this request
+	charged bool // the request is counted in the table: refund it if the request is refused
+	refused bool // an enforcing rule that refuses the request
+}
+
+// inlineHits is how many matching rules a request handles without
+// allocating.
+const inlineHits = 8
+
+func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
+	bys := map[string]int{}
+	for i := range rls {
+		rl := &rls[i]
+		ru, err := compileRule(rl, c.region.Counters())
+		if err != nil {
+			return err
+		}
+		if _, dup := c.byName[ru.name]; dup {
+			return fmt.Errorf("core: rule %q defined twice", ru.name)
+		}
+		ru.shadow = ru.shadow || shadowAll
+		b := ru.by.String()
+		if _, ok := bys[b]; !ok {
+			bys[b] = i
+		}
+		ru.byIdx = bys[b]
+		c.rules = append(c.rules, ru)
+		c.byName[ru.name] = ru
+	}
+	return nil
+}
+
+func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
+	if !printableASCII(rl.Rule.Name) {
+		return nil, fmt.Errorf("core: rule %q: a name must be 1 or more printable ASCII characters", rl.Rule.Name)
+	}
+	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, shadow: rl.Shadow, status: rl.Status,
+		exempt: clientip.NewPrefixSet(rl.Exempt)}
+	switch ru.status {
+	case 0:
+		ru.status = http.StatusTooManyRequests
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		return nil, fmt.Errorf("core: rule %q: status %d: want 429 or 503", ru.name, ru.status)
+	}
+	var err error
+	if ru.base, err = newVariant(rl.Rule, tab); err != nil {
+		return nil, err // bucket's error names the rule
+	}
+	for i := range rl.Overrides {
+		o := &rl.Overrides[i]
+		if (o.Key == "") == (len(o.Clients) == 0) {
+			return nil, fmt.Errorf("core: rule %q: override %d: give it either a key or clients", ru.name, i+1)
+		}
+		r := rl.Rule
+		r.Name = o.stateName(ru.name)
+		r.Limit, r.Window, r.Burst = o.Limit, o.Window, o.Burst
+		if r.Window == 0 {
+			r.Window = rl.Rule.Window
+		}
+		v, err := newVariant(r, tab)
+		if err != nil {
+			return nil, fmt.Errorf("core: rule %q: override %d: %w", ru.name, i+1, err)
+		}
+		v.hdr = newRuleHeaders(ru.name, r.Limit, r.Window) // clients see the rule's name
+		v.clients = clientip.NewPrefixSet(o.Clients)
+		if o.Key != "" {
+			if ru.byKey == nil {
+				ru.byKey = map[string]*variant{}
+			}
+			if _, dup := ru.byKey[o.Key]; dup {
+				return nil, fmt.Errorf("core: rule %q: override %d: key %q overridden twice", ru.name, i+1, o.Key)
+			}
+			ru.byKey[o.Key] = &v
+		} else {
+			ru.overrides = append(ru.overrides, &v)
+		}
+	}
+	ru.shadowLog.init()
+	ru.fullLog.init()
+	return ru, nil
+}
+
+// stateName is the name an override's state is kept under: the rule's,
+// and what the override selects, so that a reload that changes one
+// override (or a dump guarded by it) touches only that override's keys.
+func (o *Override) stateName(rule string) string {
+	if o.Key != "" {
+		return rule + "\x00key\x00" + o.Key
+	}
+	var b strings.Builder
+	b.WriteString(rule + "\x00clients")
+	for _, p := range o.Clients {
+		b.WriteString("\x00" + p.String())
+	}
+	return b.String()
+}
+
+func newVariant(r bucket.Rule, tab *shm.Counters) (variant, error) {
+	lim, err := bucket.NewLimiter(r, tab)
+	if err != nil {
+		return variant{}, err
+	}
+	return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
+}
+
+// variantOf is the limit that applies to a key made of value for the
+// request's client.
+func (ex *Exchange) variantOf(ru *rule, value string) *variant {
+	if value != "" && ru.byKey != nil {
+		if v := ru.byKey[value]; v != nil {
+			return v
+		}
+	}
+	if len(ru.overrides) > 0 {
+		client := ex.Client()
+		for _, v := range ru.overrides {
+			if v.clients.Contains(client) {
+				return v
+			}
+		}
+	}
+	return &ru.base
+}
+
+// printableASCII reports whether a rule name can appear in the headers as
+// it is.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// rateLimit counts the request under every rule that matches it and
+// either refuses it (429, or 503 from on_full "closed") or lets it pass
+// with the rate-limit headers in the exchange's fields.
+func (ex *Exchange) rateLimit() (Verdict, bool) {
+	enforcing := ex.matchRules()
+	if len(ex.hits) == 0 {
+		return Pass, false
+	}
+	now := ex.clock()
+	if err := ex.keys(); err != nil {
+		var re *clientip.RepeatedError
+		if errors.As(err, &re) {
+			return ex.respond(&Problem{Status: http.StatusBadRequest,
+				Detail: "send " + re.What + " at most once"}, false)
+		}
+		panic("core: unexpected key error: " + err.Error())
+	}
+	if refusing := ex.charge(enforcing, now); refusing != nil {
+		return ex.refuse(refusing, now)
+	}
+	ex.served(now)
+	ex.rateLimitFields()
+	return Pass, false
+}
+
+// matchRules appends a hit for every rule whose route matches the request
+// and whose exempt clients do not hold the request's, and counts the
+// enforcing ones. An exempt client is never counted, never refused and
+// gets no header.
+func (ex *Exchange) matchRules() (enforcing int) {
+	c := ex.c
+	method := ex.req.Method()
+	for _, ru := range c.rules {
+		if !ru.route.Route.Match(method, ex.match) {
+			continue
+		}
+		if c.exempt.Len() > 0 && c.exempt.Contains(ex.Client()) {
+			return 0 // no rule counts this client: nothing matched yet either
+		}
+		if ru.exempt.Len() > 0 && ru.exempt.Contains(ex.Client()) {
+			continue
+		}
+		ex.hits = append(ex.hits, hit{r: ru})
+		if !ru.shadow {
+			enforcing++
+		}
+	}
+	return enforcing
+}
+
+// keys computes each hit's limit and table key. Key bytes are built once
+// for consecutive rules with the same `by`.
+func (ex *Exchange) keys() error {
+	var id []byte
+	var value string
+	last := -1
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		if h.r.byIdx != last {
+			var err error
+			if id, value, err = h.r.by.AppendKeyValue(ex.keyBuf[:0], ex); err != nil {
+				return err
+			}
+			last = h.r.byIdx
+		}
+		h.v = ex.variantOf(h.r, value)
+		h.key = h.v.lim.Key(id)
+	}
+	return nil
+}
+
+// charge counts the request in every matching rule, or in none: it returns
+// the hit of the enforcing rule that refuses the request (the one with the
+// latest RetryAfter when several do), after undoing any charge it made,
+// or nil when the request is to be served, every rule charged.
+//
+// Phase 1, with two or more enforcing rules: peek at each, so that a
+// refusal is known before anything is charged. Phase 2: charge each
+// enforcing rule. A rule can still refuse here when another worker took
+// the last request between the peek and the charge; then the charges
+// already made for this request are refunded. With a single enforcing
+// rule phase 1 is skipped: its own refusal charges nothing. Shadow rules
+// never refuse, so they are charged last, when the request is served.
+func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
+	hits := ex.hits
+	if enforcing >= 2 {
+		var refusing *hit
+		for i := range hits {
+			h := &hits[i]
+			if h.r.shadow {
+				continue
+			}
+			h.d, h.decided = h.v.lim.PeekKey(h.key, now), true
+			if !h.d.Allowed {
+				h.refused = true
+				if refusing == nil || h.d.RetryAfter > refusing.d.RetryAfter {
+					refusing = h
+				}
+			}
+		}
+		if refusing != nil {
+			return refusing
+		}
+	}
+	for i := range hits {
+		h := &hits[i]
+		if h.r.shadow {
+			continue
+		}
+		h.d, h.decided = h.v.lim.AllowKey(h.key, now), true
+		if h.d.Allowed {
+			h.charged = !h.d.Full // on_full "open" took no slot: nothing to refund
+			continue
+		}
+		h.refused = true
+		for j := range hits[:i] {
+			if o := &hits[j]; o.charged {
+				o.v.lim.RefundKey(o.key, now)
+				o.charged, o.decided = false, false // refuse peeks again for the headers
+			}
+		}
+		return h
+	}
+	for i := range hits {
+		if h := &hits[i]; h.r.shadow {
+			h.d, h.decided = h.v.lim.AllowKey(h.key, now), true
+			h.charged = h.d.Allowed && !h.d.Full
+		}
+	}
+	return nil
+}
+
+// refuse answers a request that refusing refused; nothing is charged for
+// it. The headers report what each rule's state is without the request.
+func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		if !h.decided {
+			h.d, h.decided = h.v.lim.PeekKey(h.key, now), true
+		}
+		if h.refused {
+			h.r.stats.refused.Add(1)
+		}
+		if h.d.Full {
+			h.r.stats.full.Add(1)
+		}
+	}
+	ex.rateLimitFields()
+	var p Problem
+	p, ex.buf = refusalProblem(refusing, ex.hits, ex.buf)
+	n := len(ex.fields)
+	ex.respond(&p, false)
+	ex.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full, Fields: ex.fields[:n:n]}
+	for _, f := range ex.fields[n:] {
+		if f.Name == fieldRetryAfter {
+			ex.refusal.Fields = append(ex.refusal.Fields, f)
+		}
+	}
+	return Respond, true
+}
+
+// Refusal describes a request the rate limits refused, for an embedder
+// that writes the answer itself (its body, its own format).
+type Refusal struct {
+	// Rule is the rule that refused (of several, the one whose retry time
+	// is latest).
+	Rule string
+	// Status is 429, or 503 (the rule's status, or a full table with
+	// on_full "closed").
+	Status int
+	// RetryAfter is when the client may try again.
+	RetryAfter time.Duration
+	// Full means the rule's table had no slot for the key.
+	Full bool
+	// Fields are the rate-limit header fields and Retry-After to send.
+	Fields []Field
+}
+
+// Refusal returns the refusal the exchange answered with, or nil when its
+// answer is something else (Respond for another reason, or Pass).
+func (ex *Exchange) Refusal() *Refusal {
+	if ex.refusal.Status == 0 {
+		return nil
+	}
+	return &ex.refusal
+}
+
+// served counts a request that is about to be served, and logs the shadow
+// rules that would have refused it and the rules that let it through
+// without a slot (on_full "open").
+func (ex *Exchange) served(now time.Duration) {
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		st := &h.r.stats
+		if h.d.Full {
+			st.full.Add(1)
+			if h.d.Allowed {
+				ex.logFull(h, now)
+			}
+		}
+		if h.d.Allowed {
+			st.allowed.Add(1)
+			continue
+		}
+		st.shadowRefused.Add(1) // only a shadow rule can refuse a served request
+		ex.logShadow(h, now)
+	}
+}
+
+// logShadow logs a shadow rule's would-be refusal, at most one line per
+// rule per second of region time; the lines left out are counted in the
+// next one.
+func (ex *Exchange) logShadow(h *hit, now time.Duration) {
+	suppressed, ok := h.r.shadowLog.allow(now)
+	if !ok {
+		return
+	}
+	status := h.r.status
+	if h.d.Full {
+		status = http.StatusServiceUnavailable
+	}
+	// The client address, never the key: a header key may be a secret.
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "shadow rule would refuse",
+		slog.String("rule", h.r.name),
+		slog.String("method", ex.req.Method()),
+		slog.String("path", ex.match),
+		slog.String("client", ex.Client().String()),
+		slog.Int("status", status),
+		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)),
+		slog.Uint64("suppressed", suppressed))
+}
+
+// logFull logs a request that a rule let through unlimited because the
+// table had no slot for its key (on_full "open"), rate-limited like
+// logShadow: the operator must hear that the rule is not being enforced.
+func (ex *Exchange) logFull(h *hit, now time.Duration) {
+	suppressed, ok := h.r.fullLog.allow(now)
+	if !ok {
+		return
+	}
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "rule not enforced: counter table full (on_full open)",
+		slog.String("rule", h.r.name),
+		slog.String("method", ex.req.Method()),
+		slog.String("path", ex.match),
+		slog.String("client", ex.Client().String()),
+		slog.Uint64("suppressed", suppressed))
+}
+
+// Limiter returns the limiter of the rule called name, or nil when there
+// is no such rule: a handler can Reset a client's count with it (after a
+// successful login, say), using the key from KeyOf.
+func (c *Core) Limiter(name string) *bucket.Limiter {
+	if ru := c.byName[name]; ru != nil {
+		return ru.base.lim
+	}
+	return nil
+}
+
+// KeyOf returns the key bytes rule name counts req under ("ip:192.0.2.1",
+// "h:X-Api-Key:…", "g"), exactly as a decision would make them, or nil
+// when there is no such rule. Whether the rule's route matches does not
+// matter. The bytes are the id for the rule's Limiter:
+// Limiter(name).Reset(string(key), now). A request the core would refuse
+// as malformed (a bad path, a repeated key header) is an error.
+func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
+	ru := c.byName[name]
+	if ru == nil {
+		return nil, nil
+	}
+	ex := c.Begin(req)
+	defer ex.Release()
+	if _, refused := ex.checkPath(); refused {
+		return nil, errors.New("core: the request path is not acceptable")
+	}
+	return ru.by.AppendKeyOf(nil, ex)
+}
+
+// Resolver is the client resolver the core was built with.
+func (c *Core) Resolver() *clientip.Resolver { return &c.resolver }
+
+// RuleStats reports each rule's counts in this process, in configuration
+// order. Other processes sharing the region count their own.
+func (c *Core) RuleStats() []RuleStats {
+	out := make([]RuleStats, len(c.rules))
+	for i, ru := range c.rules {
+		out[i] = RuleStats{
+			Name:          ru.name,
+			Allowed:       ru.stats.allowed.Load(),
+			Refused:       ru.stats.refused.Load(),
+			ShadowRefused: ru.stats.shadowRefused.Load(),
+			Full:          ru.stats.full.Load(),
+		}
+	}
+	return out
+}
