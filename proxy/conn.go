@@ -136,7 +136,7 @@ func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
 		c.idleSince = time.Now()
 		wait := s.opts.IdleTimeout
 		if s.draining.Load() {
-			wait = s.opts.DrainGrace
+			wait = min(wait, s.opts.DrainIdleGrace)
 		}
 		_ = c.Conn.SetReadDeadline(c.idleSince.Add(wait))
 		c.mu.Unlock()

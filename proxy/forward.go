@@ -16,7 +16,7 @@ import (
 )
 
 // forward sends r upstream and makes the upstream's response the answer.
-func (s *Server) forward(r *request, ex Exchange) {
+func (s *Server) forward(r *request, ex *core.Exchange) {
 	ctx := r.ctx
 	var fields []core.Field
 	if ex != nil {
@@ -32,7 +32,7 @@ func (s *Server) forward(r *request, ex Exchange) {
 		release(ex)
 		return
 	}
-	r.head = r.appendHead(r.head[:0], ex)
+	r.head = r.appendHead(r.head[:0])
 	streamed := !r.body.done
 	if !streamed {
 		r.head = append(r.head, r.body.bytes()...)
@@ -81,7 +81,7 @@ func (s *Server) forward(r *request, ex Exchange) {
 
 // relay makes the upstream response read into r.up the answer, and streams
 // its body from uc unless it is already read.
-func (s *Server) relay(r *request, ex Exchange, uc *upConn, fields []core.Field) {
+func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.Field) {
 	ctx, up := r.ctx, &r.up
 	status := up.StatusCode()
 	if status == http.StatusSwitchingProtocols && !r.upgrade {
@@ -157,7 +157,7 @@ func (s *Server) upDone(uc *upConn, reusable bool) {
 	}
 }
 
-func release(ex Exchange) {
+func release(ex *core.Exchange) {
 	if ex != nil {
 		ex.Release()
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/core"
 )
 
 // Options configures a [Server]. Zero values are the documented defaults,
@@ -23,13 +25,16 @@ type Options struct {
 	Upstream string
 	// App serves the requests itself instead of forwarding them (the
 	// demo application, a fasthttp application embedded in a worker). It
-	// runs after the Gate let the request through; what it writes to
-	// ctx.Response is sent with the Gate's fields added.
+	// runs after the Core let the request through, with the path the
+	// Core forwards; what it writes to ctx.Response is sent with the
+	// Core's fields added.
 	App fasthttp.RequestHandler
 
-	// Gate decides about each request before the application sees it
-	// (rate limits, idempotent replay). nil lets every request through.
-	Gate Gate
+	// Core decides about each request before the application sees it:
+	// rate limits, idempotent replay, the path the application gets. nil
+	// lets every request through, with its path normalized as the core
+	// would (route.Normalize).
+	Core *core.Core
 
 	// ReadHeaderTimeout bounds the reading of a request's header section,
 	// from its first byte (from the accept, on a new connection): the
@@ -66,11 +71,14 @@ type Options struct {
 	// upstream are kept for reuse. 0 means 256; negative keeps none.
 	UpstreamMaxIdle int
 
-	// DrainGrace is how long Shutdown lets a keep-alive connection that is
-	// idle (or a new one that has sent nothing) stay open, so that a
-	// request already on its way is served (with Connection: close) rather
-	// than met by a closed socket. 0 means 1s.
-	DrainGrace time.Duration
+	// DrainIdleGrace is how long Shutdown lets a keep-alive connection
+	// stay open once idle (counted from the end of its last response), so
+	// that a request already on its way is served (with Connection:
+	// close) rather than met by a closed socket. 0 means 1s.
+	DrainIdleGrace time.Duration
+	// DrainNewGrace is the same for a connection that has not sent a
+	// request yet, counted from its accept. 0 means 5s.
+	DrainNewGrace time.Duration
 
 	// Logger receives the warnings (rate-limited: at most one line a
 	// second per kind, with a count of those suppressed). nil means
@@ -88,7 +96,8 @@ const (
 	DefaultUpstreamConnectTimeout = 5 * time.Second
 	DefaultUpstreamTimeout        = 60 * time.Second
 	DefaultUpstreamMaxIdle        = 256
-	DefaultDrainGrace             = time.Second
+	DefaultDrainIdleGrace         = time.Second
+	DefaultDrainNewGrace          = 5 * time.Second
 
 	// MinMaxHeaderBytes is the smallest MaxHeaderBytes: a request line and
 	// the usual headers must fit.
@@ -119,7 +128,8 @@ func (o Options) withDefaults() (_ Options, up target, err error) {
 		{"SendTimeout", &o.SendTimeout, DefaultSendTimeout},
 		{"UpstreamConnectTimeout", &o.UpstreamConnectTimeout, DefaultUpstreamConnectTimeout},
 		{"UpstreamTimeout", &o.UpstreamTimeout, DefaultUpstreamTimeout},
-		{"DrainGrace", &o.DrainGrace, DefaultDrainGrace},
+		{"DrainIdleGrace", &o.DrainIdleGrace, DefaultDrainIdleGrace},
+		{"DrainNewGrace", &o.DrainNewGrace, DefaultDrainNewGrace},
 	}
 	for _, d := range durations {
 		switch {
@@ -148,6 +158,13 @@ func (o Options) withDefaults() (_ Options, up target, err error) {
 		o.Logger = slog.Default()
 	}
 	return o, up, nil
+}
+
+// CheckUpstream reports whether s is an upstream New accepts
+// (Options.Upstream).
+func CheckUpstream(s string) error {
+	_, err := parseUpstream(s)
+	return err
 }
 
 // target is a parsed Options.Upstream.

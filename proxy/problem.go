@@ -98,7 +98,7 @@ var problemPool = sync.Pool{New: func() any { return new(problemScratch) }}
 
 // answer writes an RFC 9457 problem as the response to ctx, in place of
 // anything written so far, closing the connection afterwards when
-// closeConn. extra fields (the Gate's) are added.
+// closeConn. extra fields (the core's) are added.
 func (s *Server) answer(ctx *fasthttp.RequestCtx, status int, detail string, closeConn bool, extra []core.Field) {
 	p := core.Problem{Status: status, Detail: detail}
 	sc := problemPool.Get().(*problemScratch)
@@ -125,7 +125,7 @@ func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *badRequest, extra []core.Fi
 	s.answer(ctx, b.status, b.detail, b.closeConn, extra)
 }
 
-// respond writes the Gate's own answer.
+// respond writes the core's own answer.
 func (s *Server) respond(ctx *fasthttp.RequestCtx, r *core.Response) {
 	resp := &ctx.Response
 	resp.SetStatusCode(r.Status)

@@ -13,7 +13,7 @@ import (
 
 // The request as the server reads it: the request line and the raw header
 // section as they came off the wire (fasthttp keeps a copy), indexed once
-// so that the framing checks, the Gate's header lookups and the forwarded
+// so that the framing checks, the core's header lookups and the forwarded
 // header section all work from the same bytes.
 
 // kind classifies a header field by its name.
@@ -46,7 +46,7 @@ type span struct{ from, to int32 }
 const inlineFields = 48
 
 // request is the server's state for one request, pooled. It is the
-// core.Request the Gate sees.
+// core.Request the decision core sees.
 type request struct {
 	s   *Server
 	ctx *fasthttp.RequestCtx
@@ -60,6 +60,8 @@ type request struct {
 	path   []byte // the path as sent (the authority dropped from an absolute-form target)
 	query  []byte // without '?'; nil when there is none
 	host   []byte // Host, or the authority of an absolute-form target
+	// forward is the path the upstream gets (the core's ForwardPath).
+	forward string
 
 	upgrade   bool // Connection: upgrade with an Upgrade field
 	absolute  bool // absolute-form target: Host is replaced by its authority
@@ -330,15 +332,11 @@ var _ core.Request = (*request)(nil)
 // appendHead appends the request head the upstream gets: the request line
 // with the forward path, the client's header lines as sent but the
 // hop-by-hop ones, X-Forwarded-For/-Proto/-Host, and the body's framing.
-func (r *request) appendHead(dst []byte, ex Exchange) []byte {
+func (r *request) appendHead(dst []byte) []byte {
 	dst = append(dst, r.method...)
 	dst = append(dst, ' ')
 	dst = append(dst, r.s.up.t.prefix...)
-	if ex != nil {
-		dst = append(dst, ex.ForwardPath()...)
-	} else {
-		dst = appendForwardPath(dst, r.path)
-	}
+	dst = append(dst, r.forward...)
 	if r.query != nil {
 		dst = append(dst, '?')
 		dst = append(dst, r.query...)
@@ -371,7 +369,7 @@ func (r *request) appendHead(dst []byte, ex Exchange) []byte {
 		dst = append(dst, "\r\n"...)
 	}
 	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
-	// $proxy_add_x_forwarded_for); which hops to believe is the Gate's
+	// $proxy_add_x_forwarded_for); which hops to believe is the core's
 	// business.
 	dst = append(dst, "X-Forwarded-For: "...)
 	sep := false

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,10 +16,11 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/route"
 )
 
 // Server is an HTTP/1.1 server that forwards requests to one upstream (or
-// serves them with Options.App) after asking a Gate. It is safe for
+// serves them with Options.App) after asking a decision core. It is safe for
 // concurrent use; Serve may be called for several listeners.
 type Server struct {
 	opts Options
@@ -135,7 +138,7 @@ func (s *Server) track(nc net.Conn, l *listener) *conn {
 	}
 	wait := s.opts.ReadHeaderTimeout
 	if s.draining.Load() {
-		wait = min(wait, s.opts.DrainGrace)
+		wait = min(wait, s.opts.DrainNewGrace)
 	}
 	_ = nc.SetReadDeadline(now.Add(wait))
 	s.count.accepted.Add(1)
@@ -166,8 +169,8 @@ func (s *Server) forget(c *conn) {
 // Shutdown drains the server: it stops accepting, lets every request in
 // flight finish, and closes each keep-alive connection either after its
 // next response (which says Connection: close) or once it has been idle
-// for DrainGrace, so that no request that was on its way meets a closed
-// connection. It returns when every connection is closed, or when ctx is
+// for DrainIdleGrace (DrainNewGrace if it never sent a request), so that
+// no request that was on its way meets a closed connection. It returns when every connection is closed, or when ctx is
 // done; then it closes the remaining ones (upgraded connections among
 // them) and returns ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -196,8 +199,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	now := time.Now()
 	for _, c := range conns {
 		c.mu.Lock()
-		if c.state == stateNew || c.state == stateIdle {
-			_ = c.Conn.SetReadDeadline(latest(c.idleSince.Add(s.opts.DrainGrace), now))
+		switch c.state {
+		case stateNew:
+			_ = c.Conn.SetReadDeadline(latest(c.idleSince.Add(min(s.opts.DrainNewGrace, s.opts.ReadHeaderTimeout)), now))
+		case stateIdle:
+			_ = c.Conn.SetReadDeadline(latest(c.idleSince.Add(min(s.opts.DrainIdleGrace, s.opts.IdleTimeout)), now))
 		}
 		c.mu.Unlock()
 	}
@@ -264,14 +270,24 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	r.body.reset(r)
-	var ex Exchange
-	if s.opts.Gate != nil {
-		ex = s.opts.Gate.Begin(r)
+	var ex *core.Exchange
+	if c := s.opts.Core; c != nil {
+		ex = c.Begin(r)
 		if ex.Decide() == core.Respond {
 			s.respond(ctx, ex.Response())
 			ex.Release()
 			return
 		}
+		r.forward = ex.ForwardPath()
+	} else {
+		// The path as the core would pass it on, and the same refusal.
+		_, fwd, err := route.Normalize(r.Path())
+		if err != nil {
+			detail := strings.TrimPrefix(err.Error(), "route: bad request path: ")
+			s.refuse(ctx, &badRequest{http.StatusBadRequest, "the request path is not acceptable: " + detail, false}, nil)
+			return
+		}
+		r.forward = fwd
 	}
 	if s.up == nil {
 		s.runApp(r, ex)
@@ -287,7 +303,7 @@ func (s *Server) done(r *request) {
 	}
 	r.body.release()
 	r.ctx, r.c = nil, nil
-	r.raw, r.fields, r.method, r.path, r.query, r.host = nil, nil, nil, nil, nil, nil
+	r.raw, r.fields, r.method, r.path, r.query, r.host, r.forward = nil, nil, nil, nil, nil, nil, ""
 	r.upgrade, r.absolute = false, false
 	s.requests.Put(r)
 }
@@ -297,11 +313,20 @@ func isOptionsAsterisk(ctx *fasthttp.RequestCtx) bool {
 		string(ctx.Request.Header.RequestURI()) == "*"
 }
 
-// runApp serves a request that passed the Gate with Options.App.
-func (s *Server) runApp(r *request, ex Exchange) {
+// runApp serves a request that passed the core with Options.App.
+func (s *Server) runApp(r *request, ex *core.Exchange) {
 	ctx := r.ctx
+	if r.forward != b2s(r.path) {
+		// The application gets the path the core passes on.
+		r.head = append(r.head[:0], r.forward...)
+		if r.query != nil {
+			r.head = append(r.head, '?')
+			r.head = append(r.head, r.query...)
+		}
+		ctx.Request.SetRequestURIBytes(r.head)
+	}
 	if r.body.done && r.body.buf != nil {
-		// The Gate read the body: the application gets it from memory.
+		// The core read the body: the application gets it from memory.
 		ctx.Request.SetBodyRaw(r.body.bytes())
 	} else if r.body.stream != nil {
 		r.c.bodyTimeout = s.opts.ClientBodyTimeout

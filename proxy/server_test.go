@@ -676,7 +676,7 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 		}
 		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
-	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainGrace: 400 * time.Millisecond})
+	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 400 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -741,7 +741,7 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 func TestShutdownClosesIdleAfterGrace(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainGrace: 300 * time.Millisecond})
+	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 300 * time.Millisecond, DrainNewGrace: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

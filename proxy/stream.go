@@ -23,7 +23,7 @@ type upBody struct {
 	s        *Server
 	uc       *upConn
 	reusable bool // the connection may serve another request after the body
-	ex       Exchange
+	ex       *core.Exchange
 	rec      *recorder
 
 	left       int64 // bytes left: of the body, or of the current chunk
@@ -118,17 +118,24 @@ func (b *upBody) read(p []byte) (int, error) {
 }
 
 // CloseWithError ends the body: the connection goes back to the pool if
-// the body was read to its end and the client took it all, the Gate gets
-// what was recorded.
+// the body was read to its end, the core gets what was recorded. A
+// recorded response is read to its end even when the client went away
+// (werr): the client's retry will be answered with it.
 func (b *upBody) CloseWithError(werr error) error {
-	done := b.eof && werr == nil
-	if done && b.reusable {
+	if werr != nil && b.rec != nil && !b.eof && b.err == nil {
+		bp := tunnelBufPool.Get().(*[]byte)
+		for b.err == nil && !b.eof {
+			_, _ = b.Read(*bp)
+		}
+		tunnelBufPool.Put(bp)
+	}
+	if b.eof && b.reusable {
 		b.s.up.put(b.uc, time.Now())
 	} else {
 		b.uc.Conn.Close()
 	}
 	var failed error
-	if !done {
+	if !b.eof {
 		failed = errors.New("incomplete")
 	}
 	b.rec.complete(b.ex, failed)
@@ -202,7 +209,7 @@ func skipTrailer(br interface {
 	return errBadChunk
 }
 
-// recorder keeps what the Gate asked to see of a response (Exchange.Record).
+// recorder keeps what the core asked to see of a response (Exchange.Record).
 // A nil recorder records nothing.
 type recorder struct {
 	max      int64
@@ -237,7 +244,7 @@ func (rec *recorder) write(p []byte) {
 
 // complete hands the recording to ex; failed means the response did not
 // reach its end.
-func (rec *recorder) complete(ex Exchange, failed error) {
+func (rec *recorder) complete(ex *core.Exchange, failed error) {
 	if rec == nil || ex == nil {
 		return
 	}

@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"runtime/debug"
 	"strconv"
-	"strings"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/examples"
@@ -135,7 +133,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
-			return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log})
+			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log})
 		}
 		if err := noArgs(args); err != nil {
 			return err
@@ -147,13 +145,13 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err != nil {
 			return err
 		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
+		if err := checkUpstream(cfg.Server.Upstream); err != nil {
 			return &configError{err}
 		}
 		opts := prefork.Options{
 			Config:     cfg,
 			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
-			Handler:    appHandler,
+			Engine:     engine,
 			Logger:     log,
 		}
 		v, _ := buildVersion()
@@ -176,7 +174,7 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		if err != nil {
 			return err
 		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
+		if err := checkUpstream(cfg.Server.Upstream); err != nil {
 			return &configError{err}
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", *path)
@@ -213,17 +211,4 @@ func runVersion(args []string, stdout io.Writer) error {
 	v, c := buildVersion()
 	fmt.Fprintf(stdout, "preforkd %s (commit %s)\ndump format %d\nregion layout %d\n", v, c, dumpFormatVersion(), regionLayoutVersion())
 	return nil
-}
-
-// upstreamURL parses server.upstream: nil for the demo application.
-func upstreamURL(s string) (*url.URL, error) {
-	if s == "" || s == demoUpstream {
-		return nil, nil
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("config: server.upstream %q: want http://host:port or %q", s, demoUpstream)
-	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	return u, nil
 }
