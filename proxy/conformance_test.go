@@ -204,6 +204,26 @@ var exchanges = []exchange{
 		upLine: "GET / HTTP/1.1", upCount: 2,
 	},
 	{
+		name:   "an HTTP/1.0 client gets a body of unknown length up to the close",
+		send:   "GET /old HTTP/1.0\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n3\nabc\n3\ndef\n0\n\n",
+		status: 200, body: "abcdef", closed: true, hasNot: []string{"Transfer-Encoding", "Content-Length"},
+		upLine: "GET /old HTTP/1.1",
+	},
+	{
+		name:   "an HTTP/1.0 client keeps its connection with a length",
+		send:   "GET /old HTTP/1.0\nHost: a\nConnection: keep-alive\n\n",
+		status: 200, body: "ok", then: "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "GET /old HTTP/1.1", upCount: 2,
+	},
+	{
+		name:   "no Content-Type where the upstream sent none",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nContent-Length: 3\n\nabc",
+		status: 200, body: "abc", hasNot: []string{"Content-Type"},
+		upLine: "GET / HTTP/1.1",
+	},
+	{
 		name:   "interim responses are not forwarded",
 		send:   "GET / HTTP/1.1\nHost: a\n\n",
 		reply:  "HTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",

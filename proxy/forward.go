@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -142,10 +143,46 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 	default:
 		ub.untilClose, ub.reusable = true, false
 	}
+	if length < 0 && !ctx.Request.Header.IsHTTP11() {
+		s.sendUntilClose(r, ub)
+		return
+	}
 	if length < 0 {
 		length = -1
 	}
 	resp.SetBodyStream(ub, length)
+}
+
+// sendUntilClose sends a response of unknown length to an HTTP/1.0
+// client, which cannot read chunks: its end is the connection's close.
+// fasthttp cannot frame a response so, so the connection is taken over
+// once the handler returns.
+func (s *Server) sendUntilClose(r *request, ub *upBody) {
+	h := &r.ctx.Response.Header
+	h.SetContentLength(-2)
+	h.SetConnectionClose()
+	head := h.AppendBytes(nil)
+	c := r.c
+	r.ctx.HijackSetNoResponse(true)
+	r.ctx.Hijack(func(hc net.Conn) {
+		_, err := hc.Write(head)
+		bp := tunnelBufPool.Get().(*[]byte)
+		for err == nil {
+			var n int
+			n, err = ub.Read(*bp)
+			if n > 0 {
+				if _, werr := hc.Write((*bp)[:n]); werr != nil {
+					err = werr
+				}
+			}
+		}
+		tunnelBufPool.Put(bp)
+		if err == io.EOF {
+			err = nil
+		}
+		ub.CloseWithError(err)
+		c.Close()
+	})
 }
 
 // upDone puts a connection whose response was read back in the pool.
@@ -166,6 +203,8 @@ func release(ex *core.Exchange) {
 // readResponseHead reads the final response's header section into h,
 // skipping interim (1xx) responses but 101: they are not forwarded.
 func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader) error {
+	// What the upstream did not send is not sent: no default Content-Type.
+	h.SetNoDefaultContentType(true)
 	for range 16 {
 		if err := h.Read(br); err != nil {
 			return err
