@@ -15,9 +15,11 @@ import (
 )
 
 // The conformance suite: raw request bytes in, and what the client got
-// back and what the upstream saw, for every engine that serves preforkd's
-// HTTP. Every engine must pass every case: they behave byte for byte the
-// same to a client and to an upstream.
+// back and what the upstream saw. The exchanges here are the data plane's
+// (SPEC §11: framing, hop-by-hop fields, bodies, targets), run against
+// every engine in engines: every engine preforkd proxies with must pass
+// every one. The decision core's answers are compared across the fast
+// engine and the net/http adapter in engines_test.go.
 
 // engine is an HTTP engine under test. start serves ln, forwarding to
 // upstream, until the test ends.
