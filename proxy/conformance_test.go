@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,8 +331,9 @@ func runExchange(t *testing.T, e engine, x exchange) {
 		up = startUpstream(t, nil)
 	} else {
 		reply := crlf(x.reply)
+		var replied atomic.Bool // the follow-up request gets a plain answer
 		up = startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			if req.Line == "GET /again HTTP/1.1" || len(reply) == 0 {
+			if req.Line == "GET /again HTTP/1.1" || replied.Swap(true) {
 				w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 				return
 			}
@@ -340,7 +342,6 @@ func runExchange(t *testing.T, e engine, x exchange) {
 				w.Flush()
 				c.Close()
 			}
-			reply = "" // the follow-up request gets a plain answer
 		})
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
