@@ -53,6 +53,37 @@ type Server struct {
 	// MaxRequestBody is the largest request body buffered for an
 	// idempotency fingerprint; larger ones get 413. 0 means 1 MiB.
 	MaxRequestBody Size `toml:"max_request_body"`
+
+	// The data plane's timeouts and limits (package proxy, whose Options
+	// they fill: see prefork.ProxyOptions).
+
+	// ReadHeaderTimeout bounds the reading of a request's header section
+	// (slowloris). 0 means 10s.
+	ReadHeaderTimeout time.Duration `toml:"read_header_timeout"`
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request. 0 means 75s.
+	IdleTimeout time.Duration `toml:"idle_timeout"`
+	// MaxHeaderBytes bounds a request's line and header section; larger:
+	// 431. At least 4 KiB; 0 means 64 KiB.
+	MaxHeaderBytes Size `toml:"max_header_bytes"`
+	// MaxConnections bounds the client connections each worker has open;
+	// 0 means no bound.
+	MaxConnections int `toml:"max_connections"`
+	// ClientBodyTimeout bounds the wait between two reads of a request
+	// body (408 after it). 0 means 60s.
+	ClientBodyTimeout time.Duration `toml:"client_body_timeout"`
+	// SendTimeout bounds the wait between two writes to a client. 0 means
+	// 60s.
+	SendTimeout time.Duration `toml:"send_timeout"`
+	// UpstreamConnectTimeout bounds a connection attempt to the upstream
+	// (502 after it). 0 means 5s.
+	UpstreamConnectTimeout time.Duration `toml:"upstream_connect_timeout"`
+	// UpstreamTimeout bounds the wait for the upstream's response header
+	// (504 after it), and between two reads of its body. 0 means 60s.
+	UpstreamTimeout time.Duration `toml:"upstream_timeout"`
+	// UpstreamMaxIdle is how many idle keep-alive connections to the
+	// upstream each worker keeps. 0 means 256.
+	UpstreamMaxIdle int `toml:"upstream_max_idle"`
 }
 
 // Admin is the [admin] table. Zero is "off".
@@ -177,6 +208,14 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.IPv6Prefix, 64)
 	setDefault(&s.ShutdownTimeout, 30*time.Second)
 	setDefault(&s.MaxRequestBody, 1<<20)
+	setDefault(&s.ReadHeaderTimeout, 10*time.Second)
+	setDefault(&s.IdleTimeout, 75*time.Second)
+	setDefault(&s.MaxHeaderBytes, 64<<10)
+	setDefault(&s.ClientBodyTimeout, 60*time.Second)
+	setDefault(&s.SendTimeout, 60*time.Second)
+	setDefault(&s.UpstreamConnectTimeout, 5*time.Second)
+	setDefault(&s.UpstreamTimeout, 60*time.Second)
+	setDefault(&s.UpstreamMaxIdle, 256)
 	s.TrustedProxies = slices.Clone(s.TrustedProxies)
 
 	setDefault(&c.Table.Counters, 262144)

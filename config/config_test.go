@@ -49,6 +49,15 @@ func TestDefault(t *testing.T) {
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
 		{"server.headers", d.Server.Headers.String(), "both"},
 		{"server.max_request_body", d.Server.MaxRequestBody, Size(1 << 20)},
+		{"server.read_header_timeout", d.Server.ReadHeaderTimeout, 10 * time.Second},
+		{"server.idle_timeout", d.Server.IdleTimeout, 75 * time.Second},
+		{"server.max_header_bytes", d.Server.MaxHeaderBytes, Size(64 << 10)},
+		{"server.max_connections", d.Server.MaxConnections, 0},
+		{"server.client_body_timeout", d.Server.ClientBodyTimeout, 60 * time.Second},
+		{"server.send_timeout", d.Server.SendTimeout, 60 * time.Second},
+		{"server.upstream_connect_timeout", d.Server.UpstreamConnectTimeout, 5 * time.Second},
+		{"server.upstream_timeout", d.Server.UpstreamTimeout, 60 * time.Second},
+		{"server.upstream_max_idle", d.Server.UpstreamMaxIdle, 256},
 		{"admin.listen", d.Admin.Listen, ""},
 		{"admin.token_file", d.Admin.TokenFile, ""},
 		{"table.counters", d.Table.Counters, 262144},
@@ -114,6 +123,15 @@ ipv6_prefix = 56
 shutdown_timeout = "1m30s"
 headers = "ietf"
 max_request_body = 4096
+read_header_timeout = "3s"
+idle_timeout = "20s"
+max_header_bytes = "16KiB"
+max_connections = 1000
+client_body_timeout = "15s"
+send_timeout = "25s"
+upstream_connect_timeout = "2s"
+upstream_timeout = "2m"
+upstream_max_idle = 32
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -156,6 +174,16 @@ by = "global"
 			ShutdownTimeout: 90 * time.Second,
 			Headers:         HeadersIETF,
 			MaxRequestBody:  4096,
+
+			ReadHeaderTimeout:      3 * time.Second,
+			IdleTimeout:            20 * time.Second,
+			MaxHeaderBytes:         16 << 10,
+			MaxConnections:         1000,
+			ClientBodyTimeout:      15 * time.Second,
+			SendTimeout:            25 * time.Second,
+			UpstreamConnectTimeout: 2 * time.Second,
+			UpstreamTimeout:        2 * time.Minute,
+			UpstreamMaxIdle:        32,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
@@ -413,7 +441,7 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""

@@ -4,14 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/route"
 )
 
@@ -59,6 +60,30 @@ func (c Config) check(r *report) {
 	}
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"read_header_timeout", s.ReadHeaderTimeout},
+		{"idle_timeout", s.IdleTimeout},
+		{"client_body_timeout", s.ClientBodyTimeout},
+		{"send_timeout", s.SendTimeout},
+		{"upstream_connect_timeout", s.UpstreamConnectTimeout},
+		{"upstream_timeout", s.UpstreamTimeout},
+	} {
+		if d.v <= 0 {
+			f(d.key, "must be positive, got %v", d.v)
+		}
+	}
+	if s.MaxHeaderBytes < proxy.MinMaxHeaderBytes {
+		f("max_header_bytes", "must be at least %v, got %v", Size(proxy.MinMaxHeaderBytes), s.MaxHeaderBytes)
+	}
+	if s.MaxConnections < 0 {
+		f("max_connections", "must not be negative (0 means no bound), got %d", s.MaxConnections)
+	}
+	if s.UpstreamMaxIdle < 0 {
+		f("upstream_max_idle", "must not be negative, got %d", s.UpstreamMaxIdle)
 	}
 
 	if a := c.Admin.Listen; a != "" {
@@ -237,14 +262,8 @@ func checkUpstream(s string) error {
 		}
 		return nil
 	}
-	u, err := url.Parse(s)
-	switch {
-	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
-		return fmt.Errorf("%q: want %q or an absolute http:// or https:// URL with a host", s, demoUpstream)
-	case u.User != nil:
-		return fmt.Errorf("%q: credentials in the URL are not sent upstream; remove them", s)
-	case u.Fragment != "":
-		return fmt.Errorf("%q: an upstream URL has no fragment", s)
+	if err := proxy.CheckUpstream(s); err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "proxy: upstream "))
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -125,7 +126,29 @@ func fastEngine(opts Options, w *Worker) (Engine, error) {
 	if app == nil {
 		return nil, errors.New("prefork: Options.FastHandler returned a nil handler")
 	}
-	return proxy.New(proxy.Options{App: app, Core: w.c, Logger: w.Logger})
+	o := ProxyOptions(w.Config)
+	o.App, o.Core, o.Logger = app, w.c, w.Logger
+	return proxy.New(o)
+}
+
+// ProxyOptions translates the [server] timeouts and limits of a
+// configuration into the fast engine's options; the caller adds the
+// application (Upstream or App), the core and the logger.
+func ProxyOptions(cfg config.Config) proxy.Options {
+	s := cfg.WithDefaults().Server
+	return proxy.Options{
+		ReadHeaderTimeout:      s.ReadHeaderTimeout,
+		IdleTimeout:            s.IdleTimeout,
+		ClientBodyTimeout:      s.ClientBodyTimeout,
+		SendTimeout:            s.SendTimeout,
+		MaxHeaderBytes:         int(s.MaxHeaderBytes),
+		MaxConnections:         s.MaxConnections,
+		UpstreamConnectTimeout: s.UpstreamConnectTimeout,
+		UpstreamTimeout:        s.UpstreamTimeout,
+		UpstreamMaxIdle:        s.UpstreamMaxIdle,
+		DrainIdleGrace:         drainIdleGrace,
+		DrainNewGrace:          drainNewGrace,
+	}
 }
 
 // FastHandlerFunc adapts a plain fasthttp handler to Options.FastHandler.

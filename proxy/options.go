@@ -179,16 +179,15 @@ type target struct {
 // "https://app.internal/base").
 func parseUpstream(s string) (target, error) {
 	u, err := url.Parse(s)
-	if err != nil {
-		return target{}, fmt.Errorf("proxy: upstream %q: %w", s, err)
-	}
 	switch {
-	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.Opaque != "":
-		return target{}, fmt.Errorf("proxy: upstream %q: want http://host[:port][/path] or https://…", s)
+	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
+		return target{}, fmt.Errorf("proxy: upstream %q: want an absolute http:// or https:// URL with a host", s)
 	case u.User != nil:
-		return target{}, fmt.Errorf("proxy: upstream %q: user information is not supported", s)
-	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
-		return target{}, fmt.Errorf("proxy: upstream %q: a query or fragment is not supported", s)
+		return target{}, fmt.Errorf("proxy: upstream %q: credentials in the URL are not sent upstream; remove them", s)
+	case u.Fragment != "":
+		return target{}, fmt.Errorf("proxy: upstream %q: an upstream URL has no fragment", s)
+	case u.RawQuery != "" || u.ForceQuery:
+		return target{}, fmt.Errorf("proxy: upstream %q: an upstream URL has no query (requests keep their own)", s)
 	}
 	t := target{tls: u.Scheme == "https", host: u.Hostname(), prefix: strings.TrimSuffix(u.EscapedPath(), "/")}
 	port := u.Port()

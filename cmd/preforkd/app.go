@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"unicode/utf8"
@@ -18,25 +17,14 @@ const demoUpstream = "builtin:demo"
 // package proxy, with the worker's decision core in front, forwarding to
 // server.upstream or serving the demo application.
 func engine(w *prefork.Worker) (prefork.Engine, error) {
-	o := proxy.Options{Core: w.Core(), Logger: w.Logger}
+	o := prefork.ProxyOptions(w.Config)
+	o.Core, o.Logger = w.Core(), w.Logger
 	if u := w.Config.Server.Upstream; u == "" || u == demoUpstream {
 		o.App = demo(w.Index)
 	} else {
 		o.Upstream = u
 	}
 	return proxy.New(o)
-}
-
-// checkUpstream checks server.upstream: "builtin:demo" or what the proxy
-// forwards to.
-func checkUpstream(s string) error {
-	if s == "" || s == demoUpstream {
-		return nil
-	}
-	if err := proxy.CheckUpstream(s); err != nil {
-		return fmt.Errorf("config: server.upstream: %w (or %q)", err, demoUpstream)
-	}
-	return nil
 }
 
 // demo answers every request with 200 and a small JSON body naming the

@@ -145,9 +145,6 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err != nil {
 			return err
 		}
-		if err := checkUpstream(cfg.Server.Upstream); err != nil {
-			return &configError{err}
-		}
 		if err := checkPersist(cfg); err != nil {
 			return err
 		}
@@ -176,9 +173,6 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		cfg, err := loadConfig(*path, overrides{})
 		if err != nil {
 			return err
-		}
-		if err := checkUpstream(cfg.Server.Upstream); err != nil {
-			return &configError{err}
 		}
 		if err := checkPersist(cfg); err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -258,4 +259,163 @@ func procMemKiB(t *testing.T, pid int, field string) int64 {
 	}
 	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
+}
+
+// TestProxyTimeoutsE2E: the [server] timeouts, shortened, through the
+// binary: an upstream that does not answer is a 504 at upstream_timeout;
+// a body at 1 byte/s is cut at client_body_timeout with 408 and never
+// reaches the application.
+func TestProxyTimeoutsE2E(t *testing.T) {
+	t.Parallel()
+	up := startUpstreamProcess(t)
+	silent := silentUpstream(t)
+	d := startDaemon(t, daemonOptions{config: baseServer(1, fmt.Sprintf(`upstream = %q
+upstream_timeout = "500ms"
+client_body_timeout = "500ms"`, "http://"+up))})
+	slow := startDaemon(t, daemonOptions{config: baseServer(1, fmt.Sprintf(`upstream = %q
+upstream_timeout = "500ms"`, "http://"+silent))})
+
+	t.Run("no response header: 504", func(t *testing.T) {
+		t.Parallel()
+		r := get(newClient(t, nil, false), slow.url("/x"))
+		took := r.end.Sub(r.start)
+		if r.err != nil || r.status != 504 || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("%d %v %v", r.status, r.header, r.err)
+		}
+		if took < 400*time.Millisecond || took > 3*time.Second {
+			t.Errorf("504 after %v, want about 500ms", took)
+		}
+		if _, _, ok := slow.logs.waitFor(slow.readyAt, 5*time.Second, msgIs("upstream timed out")); !ok {
+			t.Errorf("no warning; log:\n%s", slow.logs.text())
+		}
+	})
+
+	t.Run("a body at 1 byte/s is cut", func(t *testing.T) {
+		t.Parallel()
+		c, err := net.Dial("tcp", d.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		start := time.Now()
+		io.WriteString(c, "POST /slow-body HTTP/1.1\r\nHost: app\r\nContent-Length: 20\r\n\r\n")
+		go func() {
+			for range 20 {
+				if _, err := c.Write([]byte("x")); err != nil {
+					return
+				}
+				time.Sleep(time.Second)
+			}
+		}()
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: "POST"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != 408 {
+			t.Errorf("status %d, want 408", resp.StatusCode)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("cut after %v, want about 500ms after the first byte", took)
+		}
+		if seen := upstreamSeen(t, up); seen["POST /slow-body"] != 0 {
+			t.Errorf("the application saw the slow request: %v", seen)
+		}
+	})
+}
+
+// silentUpstream accepts connections, reads what comes and never answers.
+func silentUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestSlowlorisE2E: connections that never finish their header are cut at
+// read_header_timeout, a worker never holds more than max_connections of
+// them, and a real client is served once they are gone.
+func TestSlowlorisE2E(t *testing.T) {
+	t.Parallel()
+	const n, maxConns = 60, 10
+	d := startDaemon(t, daemonOptions{config: baseServer(1, `read_header_timeout = "500ms"
+max_connections = 10`)})
+	pid := d.workerPIDs()[0]
+	base := socketCount(t, pid)
+	peak := 0
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			peak = max(peak, socketCount(t, pid)-base)
+		}
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", d.addr)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: app\r\nX-Never: ends")
+			io.Copy(io.Discard, c) // until the worker closes it
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+	took := time.Since(start)
+	if peak > maxConns {
+		t.Errorf("the worker held %d client connections at once, max_connections is %d", peak, maxConns)
+	}
+	// n/max rounds of the header timeout, with room for a loaded machine.
+	if limit := time.Duration(n/maxConns) * 500 * time.Millisecond * 3; took > limit {
+		t.Errorf("%d slow connections took %v to be cut, want under %v", n, took, limit)
+	}
+	if r := get(newClient(t, nil, false), d.url("/after")); r.status != 200 {
+		t.Errorf("a client after the slow ones: %d %v", r.status, r.err)
+	}
+}
+
+// socketCount is the number of sockets process pid has open.
+func socketCount(t *testing.T, pid int) int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink(dir + "/" + e.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
 }
