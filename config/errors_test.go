@@ -122,6 +122,18 @@ func TestErrors(t *testing.T) {
 		{"by header twice", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"header:X|header:x\" # <-\n", "header:X repeated", 0},
 		{"by spaces", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"header:X | ip\" # <-\n", `header name "X " is not a token`, 0},
 
+		{"by cookie and path", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"path|cookie:s\" # <-\n", `nothing after "path" is ever used`, 0},
+		{"cost over the burst", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 10\nwindow = \"1s\"\ncost = 11 # <-\n", `ratelimit "a": cost 11 is more than the 10 a key can ever hold`, 0},
+		{"cost negative", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 10\nwindow = \"1s\"\ncost = -1 # <-\n", "cost must not be negative", 0},
+		{"status", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nstatus = 418 # <-\n", `status 418: want 429 or 503`, 0},
+		{"exempt", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nexempt = [\"10.0.0.0/33\"] # <-\n", `invalid CIDR "10.0.0.0/33"`, 0},
+		{"server exempt", "[server]\nexempt = [\"x\"] # <-\n", `invalid IP address or CIDR "x"`, 0},
+		{"override neither", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit.override]] # <-\nlimit = 5\n", `ratelimit "a": override 1: give it either a key or clients`, 0},
+		{"override both", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit.override]]\nkey = \"k\" # <-\nclient = [\"10.0.0.0/8\"]\nlimit = 5\n", `override 1: give it either a key or clients`, 0},
+		{"override limit", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit.override]]\nkey = \"k\"\nlimit = 3\n[[ratelimit.override]]\nkey = \"j\"\nlimit = 0 # <-\n", `ratelimit "a": override 2: limit must be between 1 and 1048575, got 0`, 0},
+		{"override key twice", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit.override]]\nkey = \"k\"\nlimit = 2\n[[ratelimit.override]]\nkey = \"k\" # <-\nlimit = 3\n", `override 2: key "k" is overridden twice`, 0},
+		{"override unknown key", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit.override]]\nkeys = \"k\" # <-\nlimit = 2\n", `keys`, 0},
+
 		// [[idempotency]].
 		{"idempotency path", "[[idempotency]]\npath = \"orders\" # <-\n", `idempotency[1]: path "orders" must start with /`, 0},
 		{"idempotency missing path", "\n[[idempotency]] # <-\nttl = \"1h\"\n", `idempotency[1]: path "" must start with /`, 0},

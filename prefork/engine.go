@@ -11,7 +11,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -126,29 +125,9 @@ func fastEngine(opts Options, w *Worker) (Engine, error) {
 	if app == nil {
 		return nil, errors.New("prefork: Options.FastHandler returned a nil handler")
 	}
-	o := ProxyOptions(w.Config)
+	o := w.Config.ProxyOptions()
 	o.App, o.Core, o.Logger = app, w.c, w.Logger
 	return proxy.New(o)
-}
-
-// ProxyOptions translates the [server] timeouts and limits of a
-// configuration into the fast engine's options; the caller adds the
-// application (Upstream or App), the core and the logger.
-func ProxyOptions(cfg config.Config) proxy.Options {
-	s := cfg.WithDefaults().Server
-	return proxy.Options{
-		ReadHeaderTimeout:      s.ReadHeaderTimeout,
-		IdleTimeout:            s.IdleTimeout,
-		ClientBodyTimeout:      s.ClientBodyTimeout,
-		SendTimeout:            s.SendTimeout,
-		MaxHeaderBytes:         int(s.MaxHeaderBytes),
-		MaxConnections:         s.MaxConnections,
-		UpstreamConnectTimeout: s.UpstreamConnectTimeout,
-		UpstreamTimeout:        s.UpstreamTimeout,
-		UpstreamMaxIdle:        s.UpstreamMaxIdle,
-		DrainIdleGrace:         drainIdleGrace,
-		DrainNewGrace:          drainNewGrace,
-	}
 }
 
 // FastHandlerFunc adapts a plain fasthttp handler to Options.FastHandler.

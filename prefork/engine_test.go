@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/proxy"
 )
 
 // testFastHandler is the application of the test workers with
@@ -130,5 +131,14 @@ func TestFastHandler(t *testing.T) {
 		if e.attrs["status"] != "exit status 0" {
 			t.Errorf("worker %v: %v, want exit status 0", e.attrs["pid"], e.attrs["status"])
 		}
+	}
+}
+
+// TestFastEngineDrainsByTheRule: the fast engine's drain graces are the
+// retiring worker's (drain.go), which the net/http path applies.
+func TestFastEngineDrainsByTheRule(t *testing.T) {
+	if proxy.DefaultDrainIdleGrace != drainIdleGrace || proxy.DefaultDrainNewGrace != drainNewGrace {
+		t.Errorf("proxy drains with graces %v (idle) and %v (new), the worker rule says %v and %v",
+			proxy.DefaultDrainIdleGrace, proxy.DefaultDrainNewGrace, drainIdleGrace, drainNewGrace)
 	}
 }

@@ -167,7 +167,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := prefork.CoreOptions(cfg)
+	o, err := cfg.CoreOptions()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ const demoUpstream = "builtin:demo"
 // package proxy, with the worker's decision core in front, forwarding to
 // server.upstream or serving the demo application.
 func engine(w *prefork.Worker) (prefork.Engine, error) {
-	o := prefork.ProxyOptions(w.Config)
+	o := w.Config.ProxyOptions()
 	o.Core, o.Logger = w.Core(), w.Logger
 	if u := w.Config.Server.Upstream; u == "" || u == demoUpstream {
 		o.App = demo(w.Index)

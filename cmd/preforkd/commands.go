@@ -95,6 +95,7 @@ type overrides struct {
 	listen   string
 	workers  optionalInt
 	upstream string
+	shadow   bool
 }
 
 func (o overrides) apply(cfg config.Config) (config.Config, error) {
@@ -106,6 +107,9 @@ func (o overrides) apply(cfg config.Config) (config.Config, error) {
 	}
 	if o.upstream != "" {
 		cfg.Server.Upstream = o.upstream
+	}
+	if o.shadow {
+		cfg.Server.Shadow = true
 	}
 	return cfg, cfg.Validate()
 }
@@ -128,6 +132,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 	fs.StringVar(&o.listen, "listen", "", "listen address `ADDR` (host:port), overrides server.listen")
 	fs.Var(&o.workers, "workers", "`N` worker processes (0 = one per CPU), overrides server.workers")
 	fs.StringVar(&o.upstream, "upstream", "", "upstream `URL` (http://host:port) or \"builtin:demo\", overrides server.upstream")
+	fs.BoolVar(&o.shadow, "shadow", false, "every rule in shadow mode (a dry run: nothing refused), as server.shadow = true")
 	return func(ctx context.Context, args []string, _, stderr io.Writer) error {
 		log := slog.New(slog.NewTextHandler(stderr, nil))
 		if prefork.IsWorker() {
