@@ -113,6 +113,13 @@ var exchanges = []exchange{
 		upNot: []string{"Connection", "X-Hop", "Keep-Alive", "TE", "Trailer", "Upgrade", "Proxy-Authorization", "Proxy-Connection"},
 	},
 	{
+		name:   "an upgrade to h2c is not passed on",
+		send:   "GET /h2 HTTP/1.1\nHost: a\nConnection: Upgrade, HTTP2-Settings\nUpgrade: h2c\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\n\n",
+		reply:  "HTTP/1.1 101 Switching Protocols\nConnection: Upgrade\nUpgrade: h2c\n\n",
+		status: 502,
+		upLine: "GET /h2 HTTP/1.1", upNot: []string{"Upgrade", "Connection", "HTTP2-Settings"},
+	},
+	{
 		name:   "Connection: close is the client's, not forwarded",
 		send:   "GET / HTTP/1.1\nHost: a\nConnection: close\n\n",
 		status: 200, closed: true, closeField: true,

@@ -26,7 +26,10 @@
 // chunked. The response comes back without its hop-by-hop fields, its
 // body streamed as it arrives (see [Options.SendTimeout]); HEAD, 1xx, 204
 // and 304 responses carry no body; an upgrade (WebSocket) is tunnelled
-// once the upstream answered 101.
+// once the upstream answered 101 — but an upgrade to h2c, which would let
+// HTTP/2 requests reach the upstream past the core, is forwarded as a
+// plain request without it. A response header section over 16 KiB is a
+// 502, as nginx's proxy_buffer_size makes it.
 //
 // # What is refused
 //

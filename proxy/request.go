@@ -108,7 +108,7 @@ func (r *request) parse() *badRequest {
 		return errVersion
 	}
 	r.fields = r.inline[:0]
-	hasLength, hasEncoding, upgradeToken, hasUpgrade := false, false, false, false
+	hasLength, hasEncoding, upgradeToken, hasUpgrade, h2c := false, false, false, false, false
 	dropped := false
 	for pos := 0; pos < len(r.raw); {
 		end := bytes.IndexByte(r.raw[pos:], '\n')
@@ -144,6 +144,9 @@ func (r *request) parse() *badRequest {
 			hasEncoding = true
 		case kindUpgrade:
 			hasUpgrade = true
+			eachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
+				h2c = h2c || equalFold(t, "h2c")
+			})
 		case kindConnection:
 			eachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
 				switch {
@@ -164,7 +167,10 @@ func (r *request) parse() *badRequest {
 	if dropped {
 		r.dropConnectionNamed()
 	}
-	r.upgrade = upgradeToken && hasUpgrade && h.IsHTTP11()
+	// An upgrade to h2c is never tunnelled: HTTP/2 spoken straight to
+	// the upstream would pass every later request by the core. The
+	// request goes on without it, as HTTP/1.1.
+	r.upgrade = upgradeToken && hasUpgrade && !h2c && h.IsHTTP11()
 	return r.parseTarget()
 }
 
