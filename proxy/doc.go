@@ -1,12 +1,12 @@
-// Package proxy is preforkd's data plane: an HTTP/1.1 server that asks a
-// [Gate] (the decision core: rate limits, idempotent replay) about every
-// request and forwards the ones it lets through to one upstream over a
-// pool of keep-alive connections — or serves them itself with a fasthttp
-// handler (Options.App).
+// Package proxy is preforkd's data plane: an HTTP/1.1 server (on fasthttp)
+// that asks the decision core (package core: rate limits, idempotent
+// replay) about every request and forwards the ones it lets through to
+// one upstream over a pool of keep-alive connections — or serves them
+// itself with a fasthttp handler (Options.App).
 //
 // The call most users want, once per worker process:
 //
-//	srv, err := proxy.New(proxy.Options{Upstream: "http://127.0.0.1:3000", Gate: gate})
+//	srv, err := proxy.New(proxy.Options{Upstream: "http://127.0.0.1:3000", Core: c})
 //	...
 //	go srv.Serve(ln)
 //	...
