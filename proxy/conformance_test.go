@@ -257,7 +257,7 @@ var exchanges = []exchange{
 	},
 	{
 		name:   "obs-fold: 400, closed",
-		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\n c\n\n",
+		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\n c: d\n\n",
 		status: 400, closed: true,
 	},
 	{
