@@ -43,7 +43,7 @@ fuzz:
 
 # Every benchmark side by side in one run, then wrk (bench/http.sh).
 bench:
-	PKGS="./bench/ ./persist/ ./idempotency/" AFTER=bench/http.sh bash bench/bench.sh
+	PKGS="./bench/ ./persist/ ./idempotency/ ./proxy/" AFTER=bench/http.sh bash bench/bench.sh
 
 model:
 	bash model/check.sh
