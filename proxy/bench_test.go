@@ -101,6 +101,7 @@ func benchCore(b *testing.B) *core.Core {
 }
 
 func benchServer(b *testing.B, o proxy.Options) string {
+	o.Logger = quietLog
 	s, err := proxy.New(o)
 	if err != nil {
 		b.Fatal(err)

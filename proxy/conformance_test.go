@@ -35,7 +35,7 @@ var engines = []engine{
 
 func startFast(t *testing.T, ln net.Listener, upstream string) {
 	t.Helper()
-	s, err := proxy.New(proxy.Options{Upstream: upstream, MaxHeaderBytes: 8 << 10})
+	s, err := proxy.New(proxy.Options{Upstream: upstream, MaxHeaderBytes: 8 << 10, Logger: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}

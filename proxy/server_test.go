@@ -27,6 +27,9 @@ import (
 // address; it is shut down when the test ends.
 func serve(t *testing.T, opts proxy.Options) (string, *proxy.Server) {
 	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quietLog
+	}
 	s, err := proxy.New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -676,7 +679,7 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 		}
 		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
-	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 400 * time.Millisecond})
+	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 400 * time.Millisecond, Logger: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
