@@ -128,14 +128,7 @@ func (o *Options) StateRules() []bucket.Rule {
 		}
 		out = append(out, rl.Rule)
 		for j := range rl.Overrides {
-			ov := &rl.Overrides[j]
-			r := rl.Rule
-			r.Name = ov.stateName(rl.Rule.Name)
-			r.Limit, r.Burst = ov.Limit, ov.Burst
-			if ov.Window != 0 {
-				r.Window = ov.Window
-			}
-			out = append(out, r)
+			out = append(out, rl.Overrides[j].rule(rl.Rule))
 		}
 	}
 	return out

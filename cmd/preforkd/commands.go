@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"runtime/debug"
 	"strconv"
-	"strings"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/examples"
@@ -97,6 +95,7 @@ type overrides struct {
 	listen   string
 	workers  optionalInt
 	upstream string
+	shadow   bool
 }
 
 func (o overrides) apply(cfg config.Config) (config.Config, error) {
@@ -108,6 +107,9 @@ func (o overrides) apply(cfg config.Config) (config.Config, error) {
 	}
 	if o.upstream != "" {
 		cfg.Server.Upstream = o.upstream
+	}
+	if o.shadow {
+		cfg.Server.Shadow = true
 	}
 	return cfg, cfg.Validate()
 }
@@ -130,13 +132,14 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 	fs.StringVar(&o.listen, "listen", "", "listen address `ADDR` (host:port), overrides server.listen")
 	fs.Var(&o.workers, "workers", "`N` worker processes (0 = one per CPU), overrides server.workers")
 	fs.StringVar(&o.upstream, "upstream", "", "upstream `URL` (http://host:port) or \"builtin:demo\", overrides server.upstream")
+	fs.BoolVar(&o.shadow, "shadow", false, "every rule in shadow mode (a dry run: nothing refused), as server.shadow = true")
 	return func(ctx context.Context, args []string, _, stderr io.Writer) error {
 		log := slog.New(slog.NewTextHandler(stderr, nil))
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
 			quietRedisLog(log)
-			return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log})
+			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log})
 		}
 		if err := noArgs(args); err != nil {
 			return err
@@ -148,16 +151,13 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err != nil {
 			return err
 		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-			return &configError{err}
-		}
 		if err := checkPersist(cfg); err != nil {
 			return err
 		}
 		opts := prefork.Options{
 			Config:     cfg,
 			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
-			Handler:    appHandler,
+			Engine:     engine,
 			Logger:     log,
 		}
 		v, _ := buildVersion()
@@ -179,9 +179,6 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		cfg, err := loadConfig(*path, overrides{})
 		if err != nil {
 			return err
-		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-			return &configError{err}
 		}
 		if err := checkPersist(cfg); err != nil {
 			return err
@@ -220,17 +217,4 @@ func runVersion(args []string, stdout io.Writer) error {
 	v, c := buildVersion()
 	fmt.Fprintf(stdout, "preforkd %s (commit %s)\ndump format %d\nregion layout %d\n", v, c, dumpFormatVersion(), regionLayoutVersion())
 	return nil
-}
-
-// upstreamURL parses server.upstream: nil for the demo application.
-func upstreamURL(s string) (*url.URL, error) {
-	if s == "" || s == demoUpstream {
-		return nil, nil
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("config: server.upstream %q: want http://host:port or %q", s, demoUpstream)
-	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	return u, nil
 }

@@ -75,19 +75,11 @@ func persistHooks(opts *prefork.Options, build string) {
 
 func persistOptions(cfg config.Config, build string) persist.Options {
 	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.Key, Live: cfg.Persist.Live, Build: build}
-	for _, rl := range cfg.RateLimits {
-		if rl.Store == config.StoreRedis {
-			// Redis holds a Redis rule's counts: nothing of it is
-			// dumped. Its entries in the table (deny cache, sync
-			// counts, local share) and the breaker carry meta words of
-			// no dumped rule, so the dump leaves them out; only a rule
-			// whose 16-bit tag, algorithm and window all equal theirs
-			// could take them for its own, and then they are restored
-			// under keys that only the Redis rule reads, where a stale
-			// count is judged fresh at its window's end.
-			continue
-		}
-		o.Rules = append(o.Rules, rl.BucketRule())
+	// Every limit whose state the core keeps, overrides included, so that
+	// each is guarded by its own definition. The configuration validated,
+	// so it translates.
+	if co, err := cfg.CoreOptions(); err == nil {
+		o.Rules = co.StateRules()
 	}
 	return o
 }
