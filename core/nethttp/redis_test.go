@@ -3,6 +3,7 @@ package nethttp_test
 import (
 	"encoding/json"
 	"net/http"
+	"net/netip"
 	"regexp"
 	"strings"
 	"testing"
@@ -248,6 +249,66 @@ func TestRedisUnavailablePolicies(t *testing.T) {
 	for _, rs := range f.mw.Stats() {
 		if rs.Unavailable == 0 {
 			t.Errorf("rule %s counted no unavailable decision", rs.Name)
+		}
+	}
+}
+
+// Redis rules with the features of local ones: an override (its own
+// limit and its own Redis keys), a cost, a 503 refusal status, exempt
+// clients (never counted: Redis hears nothing) and shadow mode (never
+// refuses, on Redis either).
+func TestRedisRuleFeatures(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rl := redisRule(t, "tiered", "/t", bucket.FixedWindow, 4, time.Minute, exact)
+	rl.Rule.Cost = 2
+	rl.Status = http.StatusServiceUnavailable
+	rl.Overrides = []core.Override{{Clients: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, Limit: 10}}
+	rl.Exempt = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
+	shadow := redisRule(t, "watch", "/w", bucket.GCRA, 1, time.Minute, exact)
+	shadow.Shadow = true
+	f := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{rl, shadow}}, redisstore.Breaker{})
+
+	// Cost 2 of 4: two requests, then the rule's own status.
+	for i, want := range []int{200, 200, 503} {
+		if w := f.get("/t", "192.0.2.40:1"); w.Code != want {
+			t.Fatalf("request %d: %d, want %d", i+1, w.Code, want)
+		}
+	}
+	// The override's clients: 10 ÷ 2 = 5 requests, in keys of their own
+	// (the rule's client above did not spend them).
+	served := 0
+	for range 7 {
+		w := f.get("/t", "198.51.100.7:1")
+		if w.Code == 200 {
+			served++
+			if got := w.Header().Get("RateLimit-Policy"); got != `"tiered";q=10;w=60` {
+				t.Fatalf("override policy %q", got)
+			}
+		}
+	}
+	if served != 5 {
+		t.Fatalf("override: %d served, want 5", served)
+	}
+	// Exempt: no header, no call.
+	before := srv.Calls("evalsha")
+	for range 10 {
+		if w := f.get("/t", "203.0.113.9:1"); w.Code != 200 || w.Header().Get("RateLimit") != "" {
+			t.Fatalf("exempt: %d %q", w.Code, w.Header().Get("RateLimit"))
+		}
+	}
+	if n := srv.Calls("evalsha") - before; n != 0 {
+		t.Fatalf("an exempt client made %d calls", n)
+	}
+	// Shadow: never refuses, and no deny-cache entry holds its key back.
+	for i := range 5 {
+		if w := f.get("/w", "192.0.2.41:1"); w.Code != 200 {
+			t.Fatalf("shadow request %d: %d", i+1, w.Code)
+		}
+	}
+	for _, rs := range f.mw.Stats() {
+		if rs.Name == "watch" && (rs.Allowed != 1 || rs.ShadowRefused != 4) {
+			t.Fatalf("shadow stats %+v, want 1 counted and 4 served that it would have refused", rs)
 		}
 	}
 }
