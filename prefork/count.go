@@ -6,18 +6,14 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 )
 
-// counter wraps a worker's handler: it counts every response in the
-// region under the worker's index (shm.Region.CountRequest, which the
-// supervisor samples to judge a reload's canary), and after each one
-// asks limits whether the worker should be recycled.
+// counter wraps a worker's handler: it hands the status of every
+// response to respond (Worker.Responded) before the response leaves the
+// handler.
 type counter struct {
-	next   http.Handler
-	count  func(status int) // shm.Region.CountRequest
-	limits *limits          // nil: no recycling
-	served atomic.Int64     // responses of this process
+	next    http.Handler
+	respond func(status int)
 }
 
 // The status is the one sent to the client: the final status given to
@@ -39,11 +35,7 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		sw.ResponseWriter = nil
 		statusWriters.Put(sw)
-		c.count(status)
-		n := c.served.Add(1)
-		if c.limits != nil {
-			c.limits.check(n)
-		}
+		c.respond(status)
 	}()
 	c.next.ServeHTTP(sw, r)
 	returned = true

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // The status each response is counted with is the one the client got.
@@ -50,7 +51,7 @@ func TestCounterCountsWhatWasSent(t *testing.T) {
 		rw.WriteString("HTTP/1.1 204 No Content\r\n\r\n")
 		rw.Flush()
 	})
-	srv := httptest.NewUnstartedServer(&counter{next: mux, count: func(status int) {
+	srv := httptest.NewUnstartedServer(&counter{next: mux, respond: func(status int) {
 		mu.Lock()
 		counted = append(counted, status)
 		mu.Unlock()
@@ -103,7 +104,7 @@ func TestCounterCountsWhatWasSent(t *testing.T) {
 }
 
 func TestCounterDoesNotAllocate(t *testing.T) {
-	c := &counter{next: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }), count: func(int) {}}
+	c := &counter{next: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }), respond: func(int) {}}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	c.ServeHTTP(rec, req) // warm the pool
@@ -127,18 +128,30 @@ func TestLimitsTripOnce(t *testing.T) {
 		t.Errorf("no limit: %v %v", l, err)
 	}
 
-	c := &counter{next: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), count: func(int) {}, limits: l}
-	req := httptest.NewRequest(http.MethodGet, "/", nil)
-	for range 899 {
-		c.ServeHTTP(httptest.NewRecorder(), req)
+	region, err := shm.CreatePrivate(shm.Options{Counters: 64, MaxWorkers: 2})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(l.trip) != 0 {
+	defer region.Close()
+	if err := region.Join(1); err != nil {
+		t.Fatal(err)
+	}
+	w := &Worker{Region: region, limits: l}
+	stopped := 0
+	trip := w.recycling(func() { stopped++ })
+	for range 899 {
+		w.Responded(200)
+	}
+	if len(trip) != 0 || stopped != 0 || w.pastLimit() {
 		t.Fatal("tripped before the limit")
 	}
-	c.ServeHTTP(httptest.NewRecorder(), req)
-	c.ServeHTTP(httptest.NewRecorder(), req)
-	if len(l.trip) != 1 {
-		t.Fatalf("%d messages, want 1", len(l.trip))
+	w.Responded(503)
+	w.Responded(200)
+	if len(trip) != 1 || stopped != 1 || !w.pastLimit() {
+		t.Fatalf("%d messages, stopped %d times; want 1 and 1", len(trip), stopped)
+	}
+	if got := region.RequestCounts(1); got != (shm.RequestCounts{Requests: 901, Errors: 1}) {
+		t.Errorf("region counts %+v", got)
 	}
 	ev, err := decodeRecycle(7, <-l.trip)
 	if err != nil || ev != (recycleEvent{pid: 7, reason: "max_requests", value: 900, limit: 900}) {

@@ -2,7 +2,6 @@ package prefork
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,13 +44,49 @@ type Worker struct {
 	Logger *slog.Logger
 
 	h *nethttp.Handler
+	c *core.Core // the core, before h exists or without it
+
+	served atomic.Int64 // responses, counted by Responded
+	limits *limits      // recycling limits; nil without any
 }
 
+// Responded records one response this worker sent, with its status: it
+// counts it in the region under the worker's index (shm.Region.
+// CountRequest: a reload's canary is judged by these counts) and checks
+// the worker's recycling limits (server.max_requests, server.max_rss).
+// The server around Options.Handler and the fast engine of
+// Options.FastHandler call it for every response; an Options.Engine must
+// call it once per response it sends, before the response leaves (as
+// proxy.Options.OnResponse does), so that a worker past a limit stops
+// accepting before its client can connect again.
+func (w *Worker) Responded(status int) {
+	w.Region.CountRequest(status)
+	n := w.served.Add(1)
+	if w.limits != nil {
+		w.limits.check(n)
+	}
+}
+
+// recycling returns the channel on which the message asking to be
+// recycled comes once a limit is passed (nil without limits), after stop
+// has run; stop must stop accepting connections.
+func (w *Worker) recycling(stop func()) <-chan []byte {
+	if w.limits == nil {
+		return nil
+	}
+	w.limits.stop = stop
+	return w.limits.trip
+}
+
+// pastLimit reports whether a recycling limit was passed.
+func (w *Worker) pastLimit() bool { return w.limits != nil && w.limits.tripped.Load() }
+
 // Core returns the decision core the worker's requests go through; nil
-// before Options.Handler has returned.
+// before Options.Handler has returned (with Options.FastHandler and
+// Engine, it is there from the start).
 func (w *Worker) Core() *core.Core {
 	if w.h == nil {
-		return nil
+		return w.c
 	}
 	return w.h.Core()
 }
@@ -59,10 +95,10 @@ func (w *Worker) Core() *core.Core {
 // client after a successful login; nil for an unknown rule, and before
 // Options.Handler has returned. The time it takes is Region.Now().
 func (w *Worker) Limiter(name string) *bucket.Limiter {
-	if w.h == nil {
-		return nil
+	if c := w.Core(); c != nil {
+		return c.Limiter(name)
 	}
-	return w.h.Core().Limiter(name)
+	return nil
 }
 
 // ClientKey returns the key the rule called rule counts r under
@@ -102,30 +138,23 @@ func runWorker(ctx context.Context, opts Options) int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 
+	if opts.Handler == nil {
+		return runEngineWorker(ctx, opts, index, term, log)
+	}
 	conns := &connTracker{}
-	ws, err := setUpWorker(opts, index, conns, log)
+	w, srv, ln, c, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
-	srv, ln := ws.srv, ws.ln
-	lim, err := newLimits(ws.cfg.Server, randomJitter())
-	if err != nil {
-		log.Error("worker failed to start", "err", err)
-		return 1
-	}
-	var recycle <-chan []byte
-	if lim != nil {
-		recycle = lim.trip
-		// Past a recycling limit: no new connection (the other workers,
-		// or the successor, take them from the shared listener), and
-		// Connection: close on every response from now on.
-		lim.stop = func() {
-			conns.draining.Store(true)
-			ln.Close()
-		}
-	}
-	srv.Handler = conns.closeWhenDraining(&counter{next: srv.Handler, count: ws.region.CountRequest, limits: lim})
+	srv.Handler = conns.closeWhenDraining(&counter{next: srv.Handler, respond: w.Responded})
+	// Past a recycling limit: no new connection (the other workers, or
+	// the successor, take them from the shared listener), and Connection:
+	// close on every response from now on.
+	recycle := w.recycling(func() {
+		conns.draining.Store(true)
+		ln.Close()
+	})
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
 
 	// Ready: the region is joined and the handler built. Connections that
@@ -144,7 +173,7 @@ func runWorker(ctx context.Context, opts Options) int {
 	for why == "" {
 		select {
 		case err := <-serving:
-			if lim == nil || !lim.tripped.Load() {
+			if !w.pastLimit() {
 				log.Error("worker stopped serving", "err", err)
 				return 1
 			}
@@ -154,13 +183,8 @@ func runWorker(ctx context.Context, opts Options) int {
 			served = make(chan error, 1)
 			served <- err
 		case msg := <-recycle:
-			// The supervisor sends TERM once the successor is ready, and
-			// the drain goes on from here.
-			if _, err := report.Write(msg); err != nil {
-				log.Error("worker failed to ask to be recycled", "err", err)
-			}
-			log.Info("worker past a recycling limit: stopped accepting")
 			recycle = nil
+			askRecycling(report, msg, log)
 		case <-term:
 			why = "TERM"
 		case <-lifeline:
@@ -169,51 +193,47 @@ func runWorker(ctx context.Context, opts Options) int {
 			why = context.Cause(ctx).Error()
 		}
 	}
-	return drainWorker(srv, ln, served, conns, ws.timeout, why, log)
+	code := drainWorker(srv, ln, served, conns, w.Config.Server.ShutdownTimeout, why, log)
+	closeCore(c, log)
+	return code
 }
 
-// workerSetup is what setUpWorker builds.
-type workerSetup struct {
-	srv     *http.Server
-	ln      net.Listener
-	cfg     config.Config
-	region  *shm.Region
-	timeout time.Duration // the drain's
+// askRecycling tells the supervisor, through the readiness pipe, that
+// this worker passed a recycling limit. The supervisor sends TERM once a
+// successor is ready, and the drain goes on from there.
+func askRecycling(report *os.File, msg []byte, log *slog.Logger) {
+	if _, err := report.Write(msg); err != nil {
+		log.Error("worker failed to ask to be recycled", "err", err)
+		return
+	}
+	log.Info("worker past a recycling limit: stopped accepting")
+}
+
+// closeCore closes a drained worker's core: no request decides any more,
+// and closing adds the last sync-mode counts to Redis.
+func closeCore(c *core.Core, log *slog.Logger) {
+	if err := c.Close(); err != nil {
+		log.Warn("worker: closing the decision core", "err", err)
+	}
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (workerSetup, error) {
-	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *Worker, _ *http.Server, _ net.Listener, _ *core.Core, err error) {
+	w, ln, err := joinWorker(index, log)
 	if err != nil {
-		return workerSetup{}, err
+		return nil, nil, nil, nil, err
 	}
-	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
-	if err != nil {
-		return workerSetup{}, err
-	}
-	if err := region.Join(index); err != nil {
-		return workerSetup{}, err
-	}
-	lnFile := os.NewFile(fdListener, "listener")
-	ln, err := net.FileListener(lnFile)
-	if err != nil {
-		return workerSetup{}, fmt.Errorf("prefork: inherited listener: %w", err)
-	}
-	lnFile.Close() // FileListener holds its own descriptor
-	if opts.Handler == nil {
-		return workerSetup{}, errors.New("prefork: Options.Handler is nil")
-	}
-	w := &Worker{Index: index, Region: region, Config: cfg, Logger: log}
+	cfg, region := w.Config, w.Region
 	app, err := opts.Handler(w)
 	if err != nil {
-		return workerSetup{}, fmt.Errorf("prefork: building the handler: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("prefork: building the handler: %w", err)
 	}
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
 	c, err := NewCore(cfg, region, log)
 	if err != nil {
-		return workerSetup{}, err
+		return nil, nil, nil, nil, err
 	}
 	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
@@ -223,7 +243,34 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return workerSetup{srv: srv, ln: ln, cfg: cfg, region: region, timeout: cfg.Server.ShutdownTimeout}, nil
+	return w, srv, ln, c, nil
+}
+
+// joinWorker reads the configuration the supervisor handed over, joins
+// the region as index and opens the inherited listener.
+func joinWorker(index int, log *slog.Logger) (*Worker, net.Listener, error) {
+	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+	if err != nil {
+		return nil, nil, err
+	}
+	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := region.Join(index); err != nil {
+		return nil, nil, err
+	}
+	lnFile := os.NewFile(fdListener, "listener")
+	ln, err := net.FileListener(lnFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("prefork: inherited listener: %w", err)
+	}
+	lnFile.Close() // FileListener holds its own descriptor
+	lim, err := newLimits(cfg.Server, randomJitter())
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Worker{Index: index, Region: region, Config: cfg, Logger: log, limits: lim}, ln, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the
