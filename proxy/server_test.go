@@ -814,3 +814,88 @@ func TestOnResponse(t *testing.T) {
 		t.Errorf("OnResponse called %d times for 3 answers", len(seen))
 	}
 }
+
+// handingListener hands out the connections sent on conns; its Close
+// first hands over late, as a shared listening socket may (a connection
+// the kernel queued is accepted just before the listener closes), and
+// returns once lateRead is closed.
+type handingListener struct {
+	conns    chan net.Conn
+	late     net.Conn
+	lateRead chan struct{}
+	closed   chan struct{}
+	once     sync.Once
+}
+
+func (l *handingListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *handingListener) Close() error {
+	l.once.Do(func() {
+		if l.late != nil {
+			l.conns <- l.late
+			<-l.lateRead
+		}
+		close(l.closed)
+	})
+	return nil
+}
+
+func (l *handingListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+// A drain that begins while no connection is open still serves one that
+// its listener hands over as it closes: Shutdown waits until the listener
+// is no longer served before it calls the drain done.
+func TestShutdownServesTheLastAcceptedConnection(t *testing.T) {
+	t.Parallel()
+	s, err := proxy.New(proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, server := net.Pipe()
+	defer client.Close()
+	ln := &handingListener{conns: make(chan net.Conn), late: server, lateRead: make(chan struct{}), closed: make(chan struct{})}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+
+	// One request first: Serve is running.
+	first, firstServer := net.Pipe()
+	defer first.Close()
+	ln.conns <- firstServer
+	first.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(first, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+	if resp, _ := readResponse(t, bufio.NewReader(first), "GET"); resp.StatusCode != 200 {
+		t.Fatalf("first request: %d", resp.StatusCode)
+	}
+	first.Close()
+
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	// The late connection's request is read (net.Pipe: the write returns
+	// then) before the listener's Close returns.
+	client.SetDeadline(time.Now().Add(5 * time.Second))
+	go func() {
+		io.WriteString(client, "GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+		close(ln.lateRead)
+	}()
+	resp, body := readResponse(t, bufio.NewReader(client), "GET")
+	if resp.StatusCode != 200 || string(body) != "ok" || !resp.Close {
+		t.Errorf("the connection accepted as the listener closed: %d %q, close %v", resp.StatusCode, body, resp.Close)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
