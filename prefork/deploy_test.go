@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/config"
 )
 
 // loadLoop sends GETs of path, each on a new connection, from n
@@ -221,6 +224,104 @@ func TestRecycleMaxRSS(t *testing.T) {
 		t.Errorf("%d crashes", n)
 	}
 	t.Logf("%d requests; first workers %v; recycled %v", len(answers), first, []int{recycled[0].int("pid"), recycled[1].int("pid")})
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// What Options.OnStatus shows of an aborted reload: the verdict, the
+// quarantined slot, the fleet one short, the generation of each worker;
+// and of the good reload that fills the slot again.
+func TestCanaryStatus(t *testing.T) {
+	cfg := testConfig(3)
+	cfg.Reload.CanaryWindow = time.Second
+	cfg.Reload.CanaryMinRequests = 20
+	var mu sync.Mutex
+	next := cfg
+	var last Status
+	h := startSupervisor(t, cfg, true, func(o *Options) {
+		o.LoadConfig = func() (config.Config, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return next, nil
+		}
+		o.OnStatus = func(st Status) {
+			mu.Lock()
+			last = st
+			mu.Unlock()
+		}
+	})
+	status := func() Status {
+		mu.Lock()
+		defer mu.Unlock()
+		return last
+	}
+	reload := func(key string) {
+		mu.Lock()
+		next.Persist.Key = key
+		mu.Unlock()
+		h.signal(unix.SIGHUP)
+	}
+
+	stop := loadLoop(t, h.url, "/", 3)
+	reload("broken")
+	deadline := time.Now().Add(15 * time.Second)
+	for len(verdictsOf(h.logs)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	v := verdictsOf(h.logs)
+	if len(v) != 1 || !strings.HasPrefix(v[0].msg, "canary unhealthy: 5xx 100.0% (") {
+		t.Fatalf("verdicts %v", v)
+	}
+	canary := v[0].int("pid")
+	deadline = time.Now().Add(15 * time.Second)
+	for slices.ContainsFunc(status().Workers, func(w WorkerStatus) bool { return w.PID == canary }) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // the canary drains
+	}
+	stop()
+	st := status()
+	c := st.Canary
+	if c == nil || c.Verdict != VerdictUnhealthy || !c.Aborted || c.Generation != 1 || c.Slot != 0 || c.PID != canary ||
+		c.Canary.Errors != c.Canary.Requests || c.Fleet.Errors != 0 || c.Fleet.Requests == 0 || c.Test == "" || c.Summary != v[0].msg {
+		t.Errorf("canary status %+v", c)
+	}
+	if !slices.Equal(st.Quarantined, []int{0}) || st.Generation != 0 || !st.Ready {
+		t.Errorf("after the abort: quarantined %v, generation %d, ready %v", st.Quarantined, st.Generation, st.Ready)
+	}
+	if len(st.Workers) != 2 {
+		t.Errorf("workers after the abort %+v, want 2: one short", st.Workers)
+	}
+	for _, w := range st.Workers {
+		if w.Generation != 0 || w.Slot == 0 {
+			t.Errorf("after the abort: %+v", w)
+		}
+	}
+
+	stop = loadLoop(t, h.url, "/", 3)
+	reload("v2")
+	h.logs.wait(t, "reload finished", 1, 15*time.Second)
+	_, failed, first := stop()
+	if failed != 0 {
+		t.Errorf("%d requests failed during the good reload (first: %s)", failed, first)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for len(status().Workers) != 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // the retired ones drain
+	}
+	st = status()
+	if len(st.Quarantined) != 0 || st.Generation != 2 || st.Canary.Verdict != VerdictHealthy || st.Canary.Generation != 2 {
+		t.Errorf("after the good reload: quarantined %v, generation %d, canary %+v", st.Quarantined, st.Generation, st.Canary)
+	}
+	slots := map[int]bool{}
+	for _, w := range st.Workers {
+		slots[w.Slot] = true
+		if w.Generation != 2 || !w.Ready || w.Retiring {
+			t.Errorf("after the good reload: %+v", w)
+		}
+	}
+	if len(slots) != 3 {
+		t.Errorf("workers %+v: want one in each of the 3 slots", st.Workers)
+	}
 	if err := h.stop(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}

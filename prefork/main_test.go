@@ -139,6 +139,13 @@ func testHandler(w *Worker) (http.Handler, error) {
 		rule := r.URL.Query().Get("rule")
 		w.Limiter(rule).Reset(w.ClientKey(rule, r), w.Region.Now())
 	})
+	// A configuration whose application version (persist.key) is
+	// "broken" is a build that answers 500 to everything.
+	if w.Config.Persist.Key == "broken" {
+		return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			http.Error(rw, "broken build", http.StatusInternalServerError)
+		}), nil
+	}
 	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "ok") })
 	return mux, nil
 }
