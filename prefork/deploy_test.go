@@ -178,15 +178,45 @@ func verdictsOf(logs *logSink) []record {
 // A handler that leaks: its worker is replaced once its RSS passed
 // max_rss, and serves no request after the one that took it past.
 func TestRecycleMaxRSS(t *testing.T) {
-	const limit = 48 << 20
 	const growth = 4 << 20 // per /leak
+	// The limit is 32 MiB above what a fresh worker takes (more under the
+	// race detector): measured first, then set by a reload.
 	cfg := testConfig(2)
-	cfg.Server.MaxRSS = limit
-	h := startSupervisor(t, cfg, true, nil)
-	first := h.logs.pids("worker started")
+	var mu sync.Mutex
+	next := cfg
+	h := startSupervisor(t, cfg, true, func(o *Options) {
+		o.LoadConfig = func() (config.Config, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return next, nil
+		}
+	})
+	var base int
+	for range 4 {
+		_, body, err := h.get("/rss", "")
+		n, _ := strconv.Atoi(body)
+		if err != nil || n == 0 {
+			t.Fatalf("/rss: %q %v", body, err)
+		}
+		base = max(base, n)
+	}
+	limit := base + 32<<20
+	mu.Lock()
+	next.Server.MaxRSS = config.SizeLimit(limit)
+	mu.Unlock()
+	h.signal(unix.SIGHUP)
+	h.logs.wait(t, "reload finished", 1, 15*time.Second)
+	for _, r := range h.logs.all("worker retiring") {
+		for !processGone(r.int("pid")) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	h.logs.wait(t, "worker exited", 2, 15*time.Second)
+	exitedBefore := len(h.logs.all("worker exited"))
+	first := h.logs.pids("worker started")[2:]
 	type answer struct{ pid, rss int }
 	var answers []answer
-	for i := 0; i < 200 && len(h.logs.all("worker exited")) < 2; i++ {
+	for i := 0; i < 200 && len(h.logs.all("worker exited")) < exitedBefore+2; i++ {
 		code, body, err := h.get("/leak", "")
 		if err != nil || code != 200 {
 			t.Fatalf("request %d: %d %v", i, code, err)
@@ -215,7 +245,7 @@ func TestRecycleMaxRSS(t *testing.T) {
 			t.Errorf("worker %d served %d requests past the limit, want 1", pid, over[pid])
 		}
 	}
-	for _, r := range h.logs.all("worker exited") {
+	for _, r := range h.logs.all("worker exited")[exitedBefore:] {
 		if r.attrs["status"] != "exit status 0" {
 			t.Errorf("recycled worker %d: %v", r.int("pid"), r.attrs["status"])
 		}

@@ -101,6 +101,10 @@ func testHandler(w *Worker) (http.Handler, error) {
 	// after it.
 	var leakMu sync.Mutex
 	var leaked [][]byte
+	mux.HandleFunc("/rss", func(rw http.ResponseWriter, _ *http.Request) {
+		rss, _ := readRSS()
+		fmt.Fprint(rw, rss)
+	})
 	mux.HandleFunc("/leak", func(rw http.ResponseWriter, _ *http.Request) {
 		b := make([]byte, 4<<20)
 		for i := 0; i < len(b); i += 4096 {

@@ -188,7 +188,7 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 			case recycleEvent:
 				s.onRecycle(ev)
 			case error:
-				s.log.Error("worker watch", "err", ev)
+				s.log.Error("worker broke the protocol of its readiness pipe", "err", ev)
 			}
 		case <-wake:
 		}
