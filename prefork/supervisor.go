@@ -98,6 +98,8 @@ type supervisor struct {
 	announced   bool  // READY=1 was sent once
 	everStarted bool  // a worker was started: start errors are no longer fatal
 	fatal       error // a startup failure, returned by Run after the drain
+	crashes     int   // workers replaced after an exit nobody asked for
+	reloads     ReloadStatus
 
 	onStatus  func(Status) // Options.OnStatus
 	published *Status      // what onStatus saw last
@@ -339,6 +341,7 @@ func (s *supervisor) onExit(ev exitEvent) {
 	}
 	d := sl.backoff.failure(ran)
 	sl.respawnAt = now.Add(d)
+	s.crashes++
 	s.log.Error("worker crashed", append(attrs, "respawn_in", d)...)
 }
 
@@ -410,9 +413,12 @@ func (s *supervisor) reload() {
 		s.sendNotify(reloadingState())
 	}
 	cfg := s.cfg
+	s.reloads.Last = s.env.now()
 	if s.env.load != nil {
 		var err error
 		if cfg, err = s.env.load(); err != nil {
+			s.reloads.Refused++
+			s.reloads.LastError = err.Error()
 			s.log.Error("reload refused: keeping the running configuration", "err", err)
 			// systemd ends a reload at READY=1. While an earlier reload
 			// still replaces workers, its own READY=1 comes when it is
@@ -424,10 +430,35 @@ func (s *supervisor) reload() {
 		}
 		cfg = keepRestartOnly(s.log, s.cfg, cfg)
 	}
+	changes := config.Diff(s.cfg, cfg)
+	s.reloads.Accepted++
+	s.reloads.LastError = ""
 	s.cfg = cfg
 	s.gen++
 	s.reloading = true
-	s.log.Info("reload begun", "generation", s.gen, "workers", len(s.slots))
+	s.log.Info("reload begun", append([]any{"generation", s.gen, "workers", len(s.slots)}, changeAttrs(changes)...)...)
+}
+
+// changeAttrs are the log attributes that say what a reload changes: the
+// keys, never their values (a value may be a secret).
+func changeAttrs(ch config.Changes) []any {
+	if ch.Empty() {
+		return []any{"changed", "nothing"}
+	}
+	var attrs []any
+	add := func(key string, v []string) {
+		if len(v) > 0 {
+			attrs = append(attrs, key, v)
+		}
+	}
+	add("rules_added", ch.RulesAdded)
+	add("rules_removed", ch.RulesRemoved)
+	add("rules_changed", ch.RulesChanged)
+	add("idempotency_added", ch.BlocksAdded)
+	add("idempotency_removed", ch.BlocksRemoved)
+	add("idempotency_changed", ch.BlocksChanged)
+	add("keys_changed", ch.Keys)
+	return attrs
 }
 
 // nextDeadline is the earliest instant at which step has something to do.
