@@ -156,11 +156,16 @@ type Core struct {
 // (shm.Region.Join): a region that is not refuses every update. Blocks of
 // opts.Idempotency need a region with a response table.
 func New(region *shm.Region, opts Options) (*Core, error) {
-	switch {
-	case region == nil:
-		return nil, errors.New("core: nil region")
-	case region.Worker() < 0:
+	if region != nil && region.Worker() < 0 {
 		return nil, fmt.Errorf("core: %w (call Region.Join first)", shm.ErrNotJoined)
+	}
+	return newCore(region, opts)
+}
+
+// newCore is New without the worker identity, which only decisions need.
+func newCore(region *shm.Region, opts Options) (*Core, error) {
+	if region == nil {
+		return nil, errors.New("core: nil region")
 	}
 	if err := opts.Resolver.Validate(); err != nil {
 		return nil, err
