@@ -32,7 +32,8 @@ var ErrKeyRef = errors.New("clientip: invalid key")
 // element (names are tokens, without ':'); the value is the rest, as it
 // is, colons and all.
 func ParseKeyRef(s string) (KeyRef, error) {
-	bad := func(why string) (KeyRef, error) { return KeyRef{}, fmt.Errorf("%w %q: %s", ErrKeyRef, s, why) }
+	// The error leaves the key out: it may be a secret (an API key).
+	bad := func(why string) (KeyRef, error) { return KeyRef{}, fmt.Errorf("%w: %s", ErrKeyRef, why) }
 	if s == "global" {
 		return KeyRef{Element: "global"}, nil
 	}

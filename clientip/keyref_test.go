@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -29,9 +30,13 @@ func TestParseKeyRef(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"", "nope", "ip:", "ip:999.0.0.1", "header:X-Api-Key", "header::v",
-		"header:X Key:v", "header:X-Api-Key:", "cookie:s:a\x01b", "path:relative", "host:example.com"} {
-		if got, err := ParseKeyRef(in); !errors.Is(err, ErrKeyRef) {
+		"header:X Key:s3cret", "header:X-Api-Key:", "cookie:s:s3cret\x01", "path:relative", "host:s3cret"} {
+		got, err := ParseKeyRef(in)
+		if !errors.Is(err, ErrKeyRef) {
 			t.Errorf("ParseKeyRef(%q) = %+v, %v; want an ErrKeyRef", in, got, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseKeyRef(%q): %v shows the value, which may be a secret", in, err)
 		}
 	}
 }
