@@ -1,8 +1,11 @@
 package bucket
 
 import (
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/preforkd/preforkd/shm"
 )
 
 // Algorithm selects how a rule counts.
@@ -27,7 +30,7 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm parses "gcra" or "fixed-window".
+// ParseAlgorithm parses "gcra" or "fixed-window"; "" is GCRA.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch s {
 	case "gcra", "":
@@ -35,7 +38,28 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	case "fixed-window":
 		return FixedWindow, nil
 	}
-	return 0, fmt.Errorf("bucket: unknown algorithm %q (want gcra or fixed-window)", s)
+	return 0, fmt.Errorf("bucket: unknown algorithm %q (want \"gcra\" or \"fixed-window\")", s)
+}
+
+// MarshalText returns "gcra" or "fixed-window".
+func (a Algorithm) MarshalText() ([]byte, error) {
+	if a != GCRA && a != FixedWindow {
+		return nil, fmt.Errorf("bucket: unknown algorithm %d", uint8(a))
+	}
+	return []byte(a.String()), nil
+}
+
+// UnmarshalText parses "gcra" or "fixed-window". Unlike ParseAlgorithm it
+// refuses "": a text that names no algorithm is a mistake.
+func (a *Algorithm) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		return errors.New(`bucket: empty algorithm (want "gcra" or "fixed-window")`)
+	}
+	v, err := ParseAlgorithm(string(b))
+	if err == nil {
+		*a = v
+	}
+	return err
 }
 
 // Limits of the payload encoding.
@@ -48,8 +72,7 @@ const (
 	widxBits   = 28 // fixed window: window index modulo 2^28 in the high bits
 	widxMask   = 1<<widxBits - 1
 	countMask  = 1<<countBits - 1
-	payloadMax = 1<<48 - 1
-	windowBits = 44 // meta: window in microseconds
+	payloadMax = shm.PayloadMask
 )
 
 // Decision is the answer to one request, with what the rate-limit headers
@@ -200,21 +223,4 @@ func (p *Policy) takeGCRA(payload uint64, us int64) (uint64, Decision) {
 	d.Remaining = (p.tau - (next - us)) / p.t
 	d.ResetAfter = time.Duration(next-us) * time.Microsecond
 	return uint64(next), d
-}
-
-// Meta describes the rule in a slot, for a stranger to judge freshness:
-// tag (16 bits) · algorithm (4 bits) · window in µs (44 bits).
-func (p *Policy) meta(tag uint16) uint64 {
-	return uint64(tag)<<48 | uint64(p.algo)<<windowBits | uint64(p.window)
-}
-
-// Fresh is the table-wide freshness judgement for slots written by
-// limiters of this package (see shm.Counters.SetFresh).
-func Fresh(meta, payload uint64, now time.Duration) bool {
-	algo := Algorithm(meta >> windowBits & 0xf)
-	window := int64(meta & (1<<windowBits - 1))
-	if window <= 0 {
-		return payload == 0
-	}
-	return fresh(algo, window, payload, max(int64(now/time.Microsecond), 0))
 }

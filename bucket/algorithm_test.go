@@ -1,6 +1,9 @@
 package bucket
 
 import (
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -234,25 +237,93 @@ func TestFresh(t *testing.T) {
 			t.Errorf("%v taken at %v, fresh at %v = %v, want %v", tc.algo, tc.taken, tc.at, got, tc.fresh)
 		}
 		// The table-wide judgement from the slot's meta agrees.
-		if got := Fresh(p.meta(r.Tag()), payload, tc.at); got != tc.fresh {
+		if got := Fresh(r.Meta(), payload, tc.at); got != tc.fresh {
 			t.Errorf("%v: Fresh(meta) = %v, want %v", tc.algo, got, tc.fresh)
 		}
 	}
 }
 
 func TestCompileErrors(t *testing.T) {
-	for _, r := range []Rule{
-		{Limit: 1, Window: s},
-		{Name: "x", Limit: 0, Window: s},
-		{Name: "x", Limit: MaxLimit + 1, Window: s},
-		{Name: "x", Limit: 1, Window: time.Microsecond},
-		{Name: "x", Limit: 1, Window: MaxWindow + time.Second},
-		{Name: "x", Limit: 1, Window: s, Burst: -1},
-		{Name: "x", Limit: 1, Window: s, Burst: 2, Algorithm: FixedWindow},
-		{Name: "x", Limit: 1, Window: s, Algorithm: 7},
+	for _, tc := range []struct {
+		r          Rule
+		field, msg string
+	}{
+		{Rule{Limit: 1, Window: s}, "Name", "name is empty"},
+		{Rule{Name: "x", Limit: 0, Window: s}, "Limit", "limit must be between 1 and 1048575, got 0"},
+		{Rule{Name: "x", Limit: MaxLimit + 1, Window: s}, "Limit", "got 1048576"},
+		{Rule{Name: "x", Limit: 1, Window: time.Microsecond}, "Window", "window must be between 1ms and"},
+		{Rule{Name: "x", Limit: 1, Window: MaxWindow + time.Microsecond}, "Window", "got 4886h43m6.044416s"},
+		{Rule{Name: "x", Limit: 1, Window: time.Millisecond + time.Nanosecond}, "Window", "not a whole number of microseconds"},
+		{Rule{Name: "x", Limit: 1, Window: s, Algorithm: 7}, "Algorithm", "unknown algorithm Algorithm(7)"},
+		{Rule{Name: "x", Limit: 1, Window: s, Burst: -1}, "Burst", "burst must be between 0 and 1048575"},
+		{Rule{Name: "x", Limit: 1, Window: s, Burst: MaxLimit + 1}, "Burst", "got 1048576"},
+		{Rule{Name: "x", Limit: 1, Window: s, Burst: 2, Algorithm: FixedWindow}, "Burst", "gcra only"},
+		{Rule{Name: "x", Limit: 1, Window: s, OnFull: 2}, "OnFull", "unknown on-full policy OnFull(2)"},
+		// GCRA counts whole microseconds: one request must be worth one,
+		// and refilling a full bucket must fit the largest window.
+		{Rule{Name: "x", Limit: 2000, Window: time.Millisecond}, "Window", "gcra needs at least 1µs per request"},
+		{Rule{Name: "x", Limit: 1, Window: 1000 * time.Hour, Burst: 10}, "Burst", "burst 10 takes longer than"},
+		{Rule{Name: "x", Limit: 1, Window: MaxWindow, Burst: MaxLimit}, "Burst", "to refill"},   // would overflow int64
+		{Rule{Name: "x", Limit: 7, Window: MaxWindow - time.Microsecond}, "Burst", "to refill"}, // by the rounding of 1µs per request
 	} {
-		if _, err := r.Compile(); err == nil {
-			t.Errorf("%+v compiled", r)
+		_, err := tc.r.Compile()
+		var e *RuleError
+		if !errors.As(err, &e) || e.Field != tc.field || !strings.Contains(e.Msg, tc.msg) || e.Rule != tc.r.Name ||
+			err.Error() != fmt.Sprintf("bucket: rule %q: %s", tc.r.Name, e.Msg) {
+			t.Errorf("%+v: Compile = %v, want a *RuleError on %s saying %q", tc.r, err, tc.field, tc.msg)
+		}
+	}
+	// What Compile accepts at the edges: the longest window (its
+	// microseconds fill the 44 bits of a slot's meta word), one request
+	// per microsecond, a full burst refilled in the longest window, and a
+	// fixed window of any rate.
+	for _, r := range []Rule{
+		{Name: "x", Limit: 1, Window: MaxWindow},
+		{Name: "x", Limit: MaxLimit, Window: MaxWindow, Algorithm: FixedWindow},
+		{Name: "x", Limit: 1000, Window: time.Millisecond},
+		{Name: "x", Limit: 1000, Window: time.Millisecond, Burst: MaxLimit},
+		{Name: "x", Limit: 2, Window: MaxWindow - time.Microsecond, Burst: 2},
+		{Name: "x", Limit: 2000, Window: time.Millisecond, Algorithm: FixedWindow},
+		{Name: "x", Limit: 1, Window: s, OnFull: Closed},
+	} {
+		if _, err := r.Compile(); err != nil {
+			t.Errorf("%+v: %v", r, err)
+		}
+	}
+}
+
+// TestText: the text forms that configuration files use, both ways.
+func TestText(t *testing.T) {
+	for _, a := range []Algorithm{GCRA, FixedWindow} {
+		b, err := a.MarshalText()
+		var back Algorithm = 9
+		if err != nil || back.UnmarshalText(b) != nil || back != a {
+			t.Errorf("%v: marshalled %q (%v), read back %v", a, b, err, back)
+		}
+	}
+	for _, o := range []OnFull{Open, Closed} {
+		b, err := o.MarshalText()
+		var back OnFull = 9
+		if err != nil || back.UnmarshalText(b) != nil || back != o {
+			t.Errorf("%v: marshalled %q (%v), read back %v", o, b, err, back)
+		}
+	}
+	if b, err := Algorithm(7).MarshalText(); err == nil {
+		t.Errorf("Algorithm(7) marshalled as %q", b)
+	}
+	if b, err := OnFull(7).MarshalText(); err == nil {
+		t.Errorf("OnFull(7) marshalled as %q", b)
+	}
+	var a Algorithm
+	var o OnFull
+	for _, bad := range []string{"", "GCRA", "leaky", "gcra "} {
+		if err := a.UnmarshalText([]byte(bad)); err == nil || !strings.HasPrefix(err.Error(), "bucket: ") {
+			t.Errorf("algorithm %q: %v", bad, err)
+		}
+	}
+	for _, bad := range []string{"", "Open", "fail"} {
+		if err := o.UnmarshalText([]byte(bad)); err == nil || !strings.HasPrefix(err.Error(), "bucket: ") {
+			t.Errorf("on-full policy %q: %v", bad, err)
 		}
 	}
 }

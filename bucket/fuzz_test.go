@@ -78,7 +78,7 @@ func FuzzFresh(f *testing.F) {
 		}
 		payload &= payloadMax
 		now := time.Duration(nowUS%(1<<47)) * time.Microsecond
-		if !Fresh(p.meta(r.Tag()), payload, now) {
+		if !Fresh(r.Meta(), payload, now) {
 			return
 		}
 		_, got := p.Take(payload, now)

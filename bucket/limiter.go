@@ -1,7 +1,6 @@
 package bucket
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -20,10 +19,34 @@ const (
 )
 
 func (o OnFull) String() string {
-	if o == Closed {
+	switch o {
+	case Open:
+		return "open"
+	case Closed:
 		return "closed"
 	}
-	return "open"
+	return fmt.Sprintf("OnFull(%d)", uint8(o))
+}
+
+// MarshalText returns "open" or "closed".
+func (o OnFull) MarshalText() ([]byte, error) {
+	if o > Closed {
+		return nil, fmt.Errorf("bucket: unknown on-full policy %d", uint8(o))
+	}
+	return []byte(o.String()), nil
+}
+
+// UnmarshalText parses "open" or "closed".
+func (o *OnFull) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "open":
+		*o = Open
+	case "closed":
+		*o = Closed
+	default:
+		return fmt.Errorf("bucket: unknown on-full policy %q (want \"open\" or \"closed\")", b)
+	}
+	return nil
 }
 
 // FullRetryAfter is the Retry-After of a decision refused by on_full
@@ -35,9 +58,9 @@ const FullRetryAfter = time.Second
 type Rule struct {
 	Name      string        // identifies the rule's state across restarts and reloads
 	Limit     int64         // requests per Window, 1..MaxLimit
-	Window    time.Duration // MinWindow..MaxWindow
+	Window    time.Duration // MinWindow..MaxWindow, in whole microseconds
 	Algorithm Algorithm
-	Burst     int64 // GCRA only: bucket size; 0 means Limit
+	Burst     int64 // GCRA only: bucket size, 0..MaxLimit; 0 means Limit
 	OnFull    OnFull
 	// Cost is what one request takes from a key's allowance, 1..burst
 	// (GCRA) or 1..limit (fixed window): an expensive route costs more.
@@ -45,34 +68,63 @@ type Rule struct {
 	Cost int64
 }
 
-// Compile validates r and returns its pure decision policy.
+// A RuleError is a [Rule] that Compile refuses.
+type RuleError struct {
+	Rule  string // the rule's name
+	Field string // the Rule field at fault: "Name", "Limit", "Window", "Algorithm", "Burst", "OnFull" or "Cost"
+	Msg   string // what is wrong, naming the setting
+}
+
+func (e *RuleError) Error() string { return fmt.Sprintf("bucket: rule %q: %s", e.Rule, e.Msg) }
+
+// Compile validates r and returns its pure decision policy. Every problem
+// is a *[RuleError].
 func (r Rule) Compile() (Policy, error) {
+	fail := func(field, format string, args ...any) (Policy, error) {
+		return Policy{}, &RuleError{Rule: r.Name, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case r.Name == "":
-		return Policy{}, errors.New("bucket: rule without a name")
+		return fail("Name", "name is empty")
 	case r.Limit < 1 || r.Limit > MaxLimit:
-		return Policy{}, fmt.Errorf("bucket: rule %q: limit %d outside 1..%d", r.Name, r.Limit, MaxLimit)
+		return fail("Limit", "limit must be between 1 and %d, got %d", MaxLimit, r.Limit)
 	case r.Window < MinWindow || r.Window > MaxWindow:
-		return Policy{}, fmt.Errorf("bucket: rule %q: window %v outside %v..%v", r.Name, r.Window, MinWindow, MaxWindow)
-	case r.Burst < 0 || r.Burst > MaxLimit:
-		return Policy{}, fmt.Errorf("bucket: rule %q: burst %d outside 0..%d", r.Name, r.Burst, MaxLimit)
-	case r.Burst != 0 && r.Algorithm != GCRA:
-		return Policy{}, fmt.Errorf("bucket: rule %q: burst applies to gcra only", r.Name)
+		return fail("Window", "window must be between %v and %v, got %v", MinWindow, MaxWindow, r.Window)
+	case r.Window%time.Microsecond != 0:
+		// The state counts whole microseconds: a fraction would be
+		// dropped without a word.
+		return fail("Window", "window %v is not a whole number of microseconds", r.Window)
 	case r.Algorithm != GCRA && r.Algorithm != FixedWindow:
-		return Policy{}, fmt.Errorf("bucket: rule %q: unknown algorithm %d", r.Name, r.Algorithm)
+		return fail("Algorithm", "unknown algorithm %v", r.Algorithm)
+	case r.Burst < 0 || r.Burst > MaxLimit:
+		return fail("Burst", "burst must be between 0 and %d (0 means limit), got %d", MaxLimit, r.Burst)
+	case r.Burst != 0 && r.Algorithm != GCRA:
+		return fail("Burst", "burst applies to algorithm gcra only, not %v", r.Algorithm)
+	case r.OnFull != Open && r.OnFull != Closed:
+		return fail("OnFull", "unknown on-full policy %v", r.OnFull)
 	case r.Cost < 0:
-		return Policy{}, fmt.Errorf("bucket: rule %q: cost %d is negative", r.Name, r.Cost)
+		return fail("Cost", "cost must not be negative, got %d", r.Cost)
 	}
 	p := Policy{algo: r.Algorithm, limit: r.Limit, burst: r.Burst, window: int64(r.Window / time.Microsecond), cost: max(r.Cost, 1)}
 	if p.burst == 0 {
 		p.burst = r.Limit
 	}
-	if capacity := p.burst; p.cost > capacity {
-		return Policy{}, fmt.Errorf("bucket: rule %q: cost %d is more than the %d a key can ever hold: every request would be refused", r.Name, p.cost, capacity)
+	if p.cost > p.burst {
+		return fail("Cost", "cost %d is more than the %d a key can ever hold: every request would be refused", p.cost, p.burst)
 	}
 	// Round the emission interval up: the rate may fall short by under a
 	// microsecond per request, but never exceeds Limit per Window.
 	p.t = (p.window + r.Limit - 1) / r.Limit
+	if r.Algorithm == GCRA {
+		// The state keeps time in whole microseconds: a request must be
+		// worth at least one, and a full bucket's refill must fit a window.
+		if p.window < r.Limit {
+			return fail("Window", "window %v is too short for %d requests: gcra needs at least 1µs per request", r.Window, r.Limit)
+		}
+		if maxUS := int64(MaxWindow / time.Microsecond); p.t > maxUS/p.burst {
+			return fail("Burst", "burst %d takes longer than %v to refill at %d per %v", p.burst, MaxWindow, r.Limit, r.Window)
+		}
+	}
 	p.tau = p.t * p.burst
 	return p, nil
 }
@@ -87,9 +139,6 @@ func (r Rule) Namespace() uint64 {
 	fmt.Fprintf(&d, "%s\x00%s\x00%d", r.Name, r.Algorithm, int64(r.Window))
 	return d.Sum64()
 }
-
-// Tag is a 16-bit hash of the rule's name, stored in each of its slots.
-func (r Rule) Tag() uint16 { return uint16(xxhash.Sum64String(r.Name)) }
 
 // Limiter applies one rule to a shared counter table. It is safe for
 // concurrent use by goroutines and by every process mapping the table.
@@ -109,11 +158,8 @@ func NewLimiter(r Rule, t *shm.Counters) (*Limiter, error) {
 		return nil, err
 	}
 	t.SetFresh(Fresh)
-	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: p.meta(r.Tag())}, nil
+	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: r.Meta()}, nil
 }
-
-// Rule returns the rule the limiter applies.
-func (l *Limiter) Rule() Rule { return l.rule }
 
 // Key returns the table key for id under this rule.
 func (l *Limiter) Key(id []byte) shm.Key { return l.tab.KeyOf(l.ns, id) }

@@ -163,6 +163,7 @@ func FuzzParseBy(f *testing.F) {
 	for _, seed := range []string{
 		"ip", "global", "header:X-Api-Key", "header:x-api-key|ip", "header:A|header:B|ip",
 		"", "header:", "header:Bad Name", "global|ip", "cookie:x", "header:X|", "ip|header:X",
+		"query:k|path|ip", "path|cookie:a", "cookie:a|header:a",
 	} {
 		f.Add(seed)
 	}

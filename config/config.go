@@ -2,215 +2,166 @@ package config
 
 import (
 	"math/bits"
-	"net/netip"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/preforkd/preforkd/bucket"
 )
 
 // Config is the whole configuration of preforkd. The TOML file is one way to
-// fill it; an embedder may fill it in Go, call [Config.Validate], and pass
-// [Config.WithDefaults] to whatever consumes it.
+// fill it (the toml tags name its keys); an embedder may fill it in Go, call
+// [Config.Validate], and pass [Config.WithDefaults] to whatever consumes it.
 //
 // Fields whose zero value is not a meaningful setting (an empty listen
-// address, a zero window) mean "the default" to [Config.Validate] and
+// address, a zero TTL) mean "the default" to [Config.Validate] and
 // [Config.WithDefaults]. Fields whose zero value is meaningful (Workers,
 // Burst, Wait, Responses) keep it; their comments say what zero does.
 type Config struct {
-	Server      Server
-	Admin       Admin
-	Table       Table
-	Persist     Persist
-	RateLimits  []RateLimit   // TOML [[ratelimit]]
-	Idempotency []Idempotency // TOML [[idempotency]]
+	Server      Server        `toml:"server"`
+	Admin       Admin         `toml:"admin"`
+	Table       Table         `toml:"table"`
+	Persist     Persist       `toml:"persist"`
+	RateLimits  []RateLimit   `toml:"ratelimit"`
+	Idempotency []Idempotency `toml:"idempotency"`
 }
 
 // Server is the [server] table: the proxy itself.
 type Server struct {
 	// Listen is the address of the one socket shared by all workers.
 	// "" means "127.0.0.1:8080".
-	Listen string
-	// Workers is the number of worker processes; 0 means one per CPU
-	// (see [Server.WorkerCount]).
-	Workers int
+	Listen string `toml:"listen"`
+	// Workers is the number of worker processes, at most [MaxWorkers];
+	// 0 means one per CPU (see [Server.WorkerCount]).
+	Workers int `toml:"workers"`
 	// Upstream is "builtin:demo" or an absolute http:// or https:// URL of
 	// the application. "" means "builtin:demo".
-	Upstream string
+	Upstream string `toml:"upstream"`
 	// TrustedProxies are the peers whose X-Forwarded-For and Forwarded
 	// headers are believed. Empty: none is.
-	TrustedProxies []netip.Prefix
+	TrustedProxies Prefixes `toml:"trusted_proxies"`
 	// IPv6Prefix is the prefix length IPv6 clients are keyed by, 1..128.
 	// 0 means 64.
-	IPv6Prefix int
+	IPv6Prefix int `toml:"ipv6_prefix"`
 	// ShutdownTimeout bounds the graceful drain. 0 means 30s.
-	ShutdownTimeout time.Duration
-	// Headers selects the rate-limit response headers: "ietf", "x", "both"
-	// or "none". "" means "both".
-	Headers string
+	ShutdownTimeout time.Duration `toml:"shutdown_timeout"`
+	// Headers selects the rate-limit response headers; the zero value
+	// sends both kinds.
+	Headers Headers `toml:"headers"`
 	// MaxRequestBody is the largest request body buffered for an
-	// idempotency fingerprint, in bytes; larger ones get 413. 0 means 1 MiB.
-	MaxRequestBody int64
+	// idempotency fingerprint; larger ones get 413. 0 means 1 MiB.
+	MaxRequestBody Size `toml:"max_request_body"`
 }
 
 // Admin is the [admin] table. Zero is "off".
 type Admin struct {
-	Listen    string // address of /metrics and /status; "" = off
-	TokenFile string // file holding the bearer token for mutating endpoints; "" = none
+	Listen    string `toml:"listen"`     // address of /metrics and /status; "" = off
+	TokenFile string `toml:"token_file"` // file holding the bearer token for mutating endpoints; "" = none
 }
 
 // Table is the [table] table: the geometry of the shared-memory region.
 type Table struct {
 	// Counters is the number of counter slots (64 bytes each), 8..1<<26.
 	// Parse and WithDefaults round it up to a power of two. 0 means 262144.
-	Counters int
+	Counters int `toml:"counters"`
 	// Responses is the number of stored-response records. 0 means none: no
 	// idempotency rule can then be configured. Default() sets 16384.
-	Responses int
-	// ResponseBytes is the size of the block pool for stored bodies, in
-	// bytes. 0 means none, as for Responses. Default() sets 64 MiB.
-	ResponseBytes int64
+	Responses int `toml:"responses"`
+	// ResponseBytes is the size of the block pool for stored bodies. 0
+	// means none, as for Responses. Default() sets 64 MiB.
+	ResponseBytes Size `toml:"response_bytes"`
 }
 
 // Persist is the [persist] table. Zero is "off".
 type Persist struct {
-	Path string // dump file written on graceful shutdown and loaded at boot; "" = off
-	Key  string // application version; stored responses are dropped when it changes
-	Live string // tmpfs path for the region itself, to survive a crash; "" = off
+	Path string `toml:"path"` // dump file written on graceful shutdown and loaded at boot; "" = off
+	Key  string `toml:"key"`  // application version; stored responses are dropped when it changes
+	Live string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
 }
 
-// RateLimit is one [[ratelimit]] rule.
+// RateLimit is one [[ratelimit]] rule. Limit, Window, Algorithm, Burst and
+// OnFull are those of a [bucket.Rule] (see [RateLimit.BucketRule]), with
+// its limits.
 type RateLimit struct {
 	// Name identifies the rule and its state across restarts: unique,
 	// 1..64 of [A-Za-z0-9_.-]. Required.
-	Name string
+	Name string `toml:"name"`
 	// Path is an exact path ("/login") or a prefix ending in "/*"
-	// ("/api/*"). Required.
-	Path string
-	// Methods are upper-case HTTP methods; empty means every method.
-	Methods []string
+	// ("/api/*"), as route.Compile takes it. Required.
+	Path string `toml:"path"`
+	// Methods are HTTP methods; empty means every method.
+	Methods []string `toml:"methods"`
 	// Limit requests are allowed per Window; 1..1048575. Required.
-	Limit int64
-	// Window is at least 1ms, at most 2^44µs (~203 days), in whole
-	// microseconds. Required.
-	Window time.Duration
-	// Algorithm is "gcra" or "fixed-window". "" means "gcra".
-	Algorithm string
+	Limit int64 `toml:"limit"`
+	// Window is 1ms to about 203 days, in whole microseconds. Required.
+	Window time.Duration `toml:"window"`
+	// Algorithm is gcra (the zero value) or fixed-window.
+	Algorithm bucket.Algorithm `toml:"algorithm"`
 	// Burst is the gcra bucket size, 0..1048575; 0 means Limit (see
-	// [RateLimit.EffectiveBurst]). Must be 0 with "fixed-window".
-	Burst int64
+	// [RateLimit.EffectiveBurst]). Must be 0 with fixed-window.
+	Burst int64 `toml:"burst"`
 	// By is the key: "ip", "global", "header:NAME", or a fallback chain such
-	// as "header:X-Api-Key|ip" (the first present element wins, ip last).
-	// "" means "ip".
-	By string
-	// Mode is "enforce" or "shadow" (count and send headers, never refuse).
-	// "" means "enforce".
-	Mode string
-	// OnFull decides when no slot can be had for a new key: "open" (allow)
-	// or "closed" (503). "" means "open".
-	OnFull string
-	// Line is the line of the file where this rule starts; 0 when the rule
-	// does not come from a file. Errors about the rule carry it.
-	Line int
+	// as "header:X-Api-Key|ip" (see clientip.ParseBy). "" means "ip".
+	By string `toml:"by"`
+	// Mode is Enforce (the zero value) or Shadow.
+	Mode Mode `toml:"mode"`
+	// OnFull decides when no slot can be had for a new key: open (the zero
+	// value: allow) or closed (503).
+	OnFull bucket.OnFull `toml:"on_full"`
 }
 
 // Idempotency is one [[idempotency]] block.
 type Idempotency struct {
 	// Path has the same syntax as [RateLimit.Path]. Required.
-	Path string
-	// Methods are upper-case HTTP methods. nil means POST and PATCH.
-	Methods []string
+	Path string `toml:"path"`
+	// Methods are HTTP methods. nil means POST and PATCH.
+	Methods []string `toml:"methods"`
 	// Header carries the idempotency key. "" means "Idempotency-Key".
-	Header string
+	Header string `toml:"header"`
 	// Required makes a request without the header a 400.
-	Required bool
-	// TTL is how long a completed response is replayable, at most 2^44µs.
-	// 0 means 24h.
-	TTL time.Duration
+	Required bool `toml:"required"`
+	// TTL is how long a completed response is replayable, at most about
+	// 203 days. 0 means 24h.
+	TTL time.Duration `toml:"ttl"`
 	// Wait is how long a duplicate waits for an in-flight original before
 	// it gets 409. 0 means it does not wait; Default and the file use 10s.
-	Wait time.Duration
+	Wait time.Duration `toml:"wait"`
 	// By is the key namespace, same syntax as [RateLimit.By].
 	// "" means "header:Authorization|ip".
-	By string
-	// MaxBody is the largest response stored for replay, in bytes; larger
-	// ones are passed through but not replayable. 0 means 1 MiB.
-	MaxBody int64
-	// Line is the line where this block starts; 0 when not from a file.
-	Line int
+	By string `toml:"by"`
+	// MaxBody is the largest response stored for replay; larger ones are
+	// passed through but not replayable. 0 means 1 MiB.
+	MaxBody Size `toml:"max_body"`
 }
 
-// Defaults that are not the zero value.
+// Defaults that are not the zero value and are used twice; the others are
+// in WithDefaults and Default.
 const (
-	defaultListen          = "127.0.0.1:8080"
-	defaultUpstream        = "builtin:demo"
-	defaultIPv6Prefix      = 64
-	defaultShutdownTimeout = 30 * time.Second
-	defaultHeaders         = "both"
-	defaultMaxRequestBody  = 1 << 20
-	defaultCounters        = 262144
-	defaultResponses       = 16384
-	defaultResponseBytes   = 64 << 20
-	defaultAlgorithm       = "gcra"
-	defaultBy              = "ip"
-	defaultMode            = "enforce"
-	defaultOnFull          = "open"
-	defaultIdemHeader      = "Idempotency-Key"
-	defaultIdemTTL         = 24 * time.Hour
-	defaultIdemWait        = 10 * time.Second
-	defaultIdemBy          = "header:Authorization|ip"
-	defaultIdemMaxBody     = 1 << 20
+	demoUpstream    = "builtin:demo"
+	defaultIdemWait = 10 * time.Second // in the file; zero in Go is no wait
 )
 
-// Limits of the values, dictated by the layout of the shared table: a
-// count has 20 bits, a time 44 bits of microseconds.
+// Limits of the values that no other package owns.
 const (
-	maxLimit      = 1<<20 - 1
-	minWindow     = time.Millisecond
-	maxWindow     = (1 << 44) * time.Microsecond
-	maxWindowText = "2^44µs (~203 days)"
-	minCounters   = 8
-	maxCounters   = 1 << 26 // 4 GiB of 64-byte slots
-	maxNameLen    = 64
+	minCounters = 8
+	maxCounters = 1 << 26 // 4 GiB of 64-byte slots
+	maxNameLen  = 64      // a rule name is a header parameter and a metric label
+	// maxTTL bounds ttl as the longest window, about 203 days: far from
+	// overflowing the region's clock.
+	maxTTL = bucket.MaxWindow
 )
 
-func defaultIdemMethods() []string { return []string{"POST", "PATCH"} }
+// MaxWorkers bounds server.workers: far beyond any machine's CPUs, and
+// within what the region's worker table can hold during a reload (twice
+// the workers, plus two).
+const MaxWorkers = 4096
 
 // Default returns the configuration with every default filled in and no
 // rules: what an empty file parses to.
 func Default() Config {
-	return Config{
-		Server: Server{
-			Listen:          defaultListen,
-			Upstream:        defaultUpstream,
-			IPv6Prefix:      defaultIPv6Prefix,
-			ShutdownTimeout: defaultShutdownTimeout,
-			Headers:         defaultHeaders,
-			MaxRequestBody:  defaultMaxRequestBody,
-		},
-		Table: Table{
-			Counters:      defaultCounters,
-			Responses:     defaultResponses,
-			ResponseBytes: defaultResponseBytes,
-		},
-	}
-}
-
-// defaultRateLimit is a rule before the file's keys are applied.
-func defaultRateLimit() RateLimit {
-	return RateLimit{Algorithm: defaultAlgorithm, By: defaultBy, Mode: defaultMode, OnFull: defaultOnFull}
-}
-
-// defaultIdempotency is a block before the file's keys are applied.
-func defaultIdempotency() Idempotency {
-	return Idempotency{
-		Methods: defaultIdemMethods(),
-		Header:  defaultIdemHeader,
-		TTL:     defaultIdemTTL,
-		Wait:    defaultIdemWait,
-		By:      defaultIdemBy,
-		MaxBody: defaultIdemMaxBody,
-	}
+	return Config{Table: Table{Responses: 16384, ResponseBytes: 64 << 20}}.WithDefaults()
 }
 
 // WithDefaults returns a copy of c in which every zero value that stands for
@@ -221,42 +172,45 @@ func defaultIdempotency() Idempotency {
 // validate: an invalid c stays invalid.
 func (c Config) WithDefaults() Config {
 	s := &c.Server
-	setDefault(&s.Listen, defaultListen)
-	setDefault(&s.Upstream, defaultUpstream)
-	setDefault(&s.IPv6Prefix, defaultIPv6Prefix)
-	setDefault(&s.ShutdownTimeout, defaultShutdownTimeout)
-	setDefault(&s.Headers, defaultHeaders)
-	setDefault(&s.MaxRequestBody, defaultMaxRequestBody)
-	s.TrustedProxies = append([]netip.Prefix(nil), s.TrustedProxies...)
+	setDefault(&s.Listen, "127.0.0.1:8080")
+	setDefault(&s.Upstream, demoUpstream)
+	setDefault(&s.IPv6Prefix, 64)
+	setDefault(&s.ShutdownTimeout, 30*time.Second)
+	setDefault(&s.MaxRequestBody, 1<<20)
+	s.TrustedProxies = slices.Clone(s.TrustedProxies)
 
-	setDefault(&c.Table.Counters, defaultCounters)
+	setDefault(&c.Table.Counters, 262144)
 	if n := c.Table.Counters; n >= minCounters && n <= maxCounters {
 		c.Table.Counters = 1 << bits.Len(uint(n-1))
 	}
 
-	c.RateLimits = append([]RateLimit(nil), c.RateLimits...)
+	c.RateLimits = slices.Clone(c.RateLimits)
 	for i := range c.RateLimits {
-		r := &c.RateLimits[i]
-		r.Methods = upperAll(r.Methods)
-		setDefault(&r.Algorithm, defaultAlgorithm)
-		setDefault(&r.By, defaultBy)
-		setDefault(&r.Mode, defaultMode)
-		setDefault(&r.OnFull, defaultOnFull)
+		c.RateLimits[i] = c.RateLimits[i].withDefaults()
 	}
-	c.Idempotency = append([]Idempotency(nil), c.Idempotency...)
+	c.Idempotency = slices.Clone(c.Idempotency)
 	for i := range c.Idempotency {
-		d := &c.Idempotency[i]
-		if d.Methods == nil {
-			d.Methods = defaultIdemMethods()
-		} else {
-			d.Methods = upperAll(d.Methods)
-		}
-		setDefault(&d.Header, defaultIdemHeader)
-		setDefault(&d.TTL, defaultIdemTTL)
-		setDefault(&d.By, defaultIdemBy)
-		setDefault(&d.MaxBody, defaultIdemMaxBody)
+		c.Idempotency[i] = c.Idempotency[i].withDefaults()
 	}
 	return c
+}
+
+func (r RateLimit) withDefaults() RateLimit {
+	r.Methods = upperAll(r.Methods)
+	setDefault(&r.By, "ip")
+	return r
+}
+
+func (d Idempotency) withDefaults() Idempotency {
+	if d.Methods == nil {
+		d.Methods = []string{"POST", "PATCH"}
+	}
+	d.Methods = upperAll(d.Methods)
+	setDefault(&d.Header, "Idempotency-Key")
+	setDefault(&d.TTL, 24*time.Hour)
+	setDefault(&d.By, "header:Authorization|ip")
+	setDefault(&d.MaxBody, 1<<20)
+	return d
 }
 
 func setDefault[T comparable](p *T, def T) {
@@ -279,11 +233,6 @@ func upperAll(ms []string) []string {
 	return out
 }
 
-// MaxWorkers bounds server.workers: far beyond any machine's CPUs, and
-// within what the region's worker table can hold during a reload (twice
-// the workers, plus two).
-const MaxWorkers = 4096
-
 // WorkerCount is the number of workers to start: Workers, or the number of
 // CPUs when Workers is 0.
 func (s Server) WorkerCount() int {
@@ -291,6 +240,11 @@ func (s Server) WorkerCount() int {
 		return s.Workers
 	}
 	return runtime.NumCPU()
+}
+
+// BucketRule is the rule's rate limit as package bucket applies it.
+func (r RateLimit) BucketRule() bucket.Rule {
+	return bucket.Rule{Name: r.Name, Limit: r.Limit, Window: r.Window, Algorithm: r.Algorithm, Burst: r.Burst, OnFull: r.OnFull}
 }
 
 // EffectiveBurst is the gcra bucket size: Burst, or Limit when Burst is 0.
@@ -305,7 +259,7 @@ func (r RateLimit) EffectiveBurst() int64 {
 // when they are known. Parse, Load and Validate return it as *Error.
 type Error struct {
 	File string // as given to Parse or Load; "" for a Config built in Go
-	Line int    // 1-based; 0 when unknown
+	Line int    // 1-based; 0 when unknown (always, for a Config built in Go)
 	Msg  string
 }
 

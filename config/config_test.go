@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // rule is a valid [[ratelimit]] of five lines.
@@ -43,13 +47,13 @@ func TestDefault(t *testing.T) {
 		{"server.trusted_proxies", len(d.Server.TrustedProxies), 0},
 		{"server.ipv6_prefix", d.Server.IPv6Prefix, 64},
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
-		{"server.headers", d.Server.Headers, "both"},
-		{"server.max_request_body", d.Server.MaxRequestBody, int64(1 << 20)},
+		{"server.headers", d.Server.Headers.String(), "both"},
+		{"server.max_request_body", d.Server.MaxRequestBody, Size(1 << 20)},
 		{"admin.listen", d.Admin.Listen, ""},
 		{"admin.token_file", d.Admin.TokenFile, ""},
 		{"table.counters", d.Table.Counters, 262144},
 		{"table.responses", d.Table.Responses, 16384},
-		{"table.response_bytes", d.Table.ResponseBytes, int64(64 << 20)},
+		{"table.response_bytes", d.Table.ResponseBytes, Size(64 << 20)},
 		{"persist.path", d.Persist.Path, ""},
 		{"persist.key", d.Persist.Key, ""},
 		{"persist.live", d.Persist.Live, ""},
@@ -78,21 +82,19 @@ path = "/orders"
 		got, want any
 	}{
 		{"ratelimit.methods", len(r.Methods), 0},
-		{"ratelimit.algorithm", r.Algorithm, "gcra"},
+		{"ratelimit.algorithm", r.Algorithm.String(), "gcra"},
 		{"ratelimit.burst", r.Burst, int64(0)},
 		{"ratelimit effective burst", r.EffectiveBurst(), int64(1)},
 		{"ratelimit.by", r.By, "ip"},
-		{"ratelimit.mode", r.Mode, "enforce"},
-		{"ratelimit.on_full", r.OnFull, "open"},
-		{"ratelimit line", r.Line, 2},
+		{"ratelimit.mode", r.Mode.String(), "enforce"},
+		{"ratelimit.on_full", r.OnFull.String(), "open"},
 		{"idempotency.methods", d.Methods, []string{"POST", "PATCH"}},
 		{"idempotency.header", d.Header, "Idempotency-Key"},
 		{"idempotency.required", d.Required, false},
 		{"idempotency.ttl", d.TTL, 24 * time.Hour},
 		{"idempotency.wait", d.Wait, 10 * time.Second},
 		{"idempotency.by", d.By, "header:Authorization|ip"},
-		{"idempotency.max_body", d.MaxBody, int64(1 << 20)},
-		{"idempotency line", d.Line, 8},
+		{"idempotency.max_body", d.MaxBody, Size(1 << 20)},
 	} {
 		if !reflect.DeepEqual(tc.got, tc.want) {
 			t.Errorf("%s = %#v, want %#v", tc.key, tc.got, tc.want)
@@ -152,7 +154,7 @@ by = "global"
 			},
 			IPv6Prefix:      56,
 			ShutdownTimeout: 90 * time.Second,
-			Headers:         "ietf",
+			Headers:         HeadersIETF,
 			MaxRequestBody:  4096,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
@@ -160,15 +162,28 @@ by = "global"
 		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
 		RateLimits: []RateLimit{{
 			Name: "Fixed_1.x-y", Path: "/api/*", Methods: []string{"GET", "POST"}, Limit: 1048575,
-			Window: time.Hour, Algorithm: "fixed-window", By: "header:X-Api-Key|header:X-Token|ip",
-			Mode: "shadow", OnFull: "closed", Line: 22,
+			Window: time.Hour, Algorithm: bucket.FixedWindow, By: "header:X-Api-Key|header:X-Token|ip",
+			Mode: Shadow, OnFull: bucket.Closed,
 		}, {
-			Name: "g", Path: "/*", Limit: 10, Window: time.Millisecond, Algorithm: "gcra", Burst: 20,
-			By: "global", Mode: "enforce", OnFull: "open", Line: 32,
+			Name: "g", Path: "/*", Limit: 10, Window: time.Millisecond, Burst: 20, By: "global",
 		}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Parse:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+// TestLongestWindow: the longest window config accepts is one a limiter
+// runs with.
+func TestLongestWindow(t *testing.T) {
+	c := mustParse(t, "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"4886h43m6.044415s\"\n")
+	region, err := shm.CreatePrivate(shm.Options{Counters: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	if _, err := bucket.NewLimiter(c.RateLimits[0].BucketRule(), region.Counters()); err != nil {
+		t.Errorf("NewLimiter(%+v): %v", c.RateLimits[0], err)
 	}
 }
 
@@ -210,9 +225,36 @@ func TestSizes(t *testing.T) {
 			t.Errorf("%s: parsed as %d, want an error", tc.in, c.Server.MaxRequestBody)
 		case tc.want >= 0 && err != nil:
 			t.Errorf("%s: %v", tc.in, err)
-		case tc.want >= 0 && c.Server.MaxRequestBody != tc.want:
+		case tc.want >= 0 && c.Server.MaxRequestBody != Size(tc.want):
 			t.Errorf("%s = %d, want %d", tc.in, c.Server.MaxRequestBody, tc.want)
 		}
+	}
+}
+
+// TestTextForms: the typed fields write what they read (the handoff of a
+// configuration to the workers goes through JSON, which uses them), and
+// refuse to write a value they could not read back.
+func TestTextForms(t *testing.T) {
+	for _, v := range []interface {
+		encoding.TextMarshaler
+		fmt.Stringer
+	}{Size(0), Size(1000), Size(1 << 20), Size(3 << 40), Size(1<<63 - 1), Enforce, Shadow, HeadersBoth, HeadersIETF, HeadersX, HeadersNone} {
+		b, err := v.MarshalText()
+		back := reflect.New(reflect.TypeOf(v))
+		if err != nil || string(b) != v.String() || back.Interface().(encoding.TextUnmarshaler).UnmarshalText(b) != nil ||
+			back.Elem().Interface() != v {
+			t.Errorf("%v: marshalled %q (%v), read back %v", v, b, err, back.Elem())
+		}
+	}
+	if b, err := Mode(2).MarshalText(); err == nil {
+		t.Errorf("Mode(2) marshalled as %q", b)
+	}
+	if b, err := Headers(4).MarshalText(); err == nil {
+		t.Errorf("Headers(4) marshalled as %q", b)
+	}
+	var m Mode
+	if err := m.UnmarshalText([]byte("Shadow")); err == nil || err.Error() != `config: "Shadow" is not one of "enforce", "shadow"` {
+		t.Errorf("mode Shadow: %v", err)
 	}
 }
 
@@ -256,7 +298,7 @@ func TestValidate(t *testing.T) {
 		t.Errorf("rule with zero fields: %v", err)
 	}
 	d := c.WithDefaults()
-	if r := d.RateLimits[0]; r.Algorithm != "gcra" || r.By != "ip" || r.Mode != "enforce" || r.OnFull != "open" || r.Methods[0] != "POST" {
+	if r := d.RateLimits[0]; r.Algorithm != bucket.GCRA || r.By != "ip" || r.Mode != Enforce || r.OnFull != bucket.Open || r.Methods[0] != "POST" {
 		t.Errorf("WithDefaults rule = %+v", r)
 	}
 	if i := d.Idempotency[0]; !reflect.DeepEqual(i.Methods, []string{"POST", "PATCH"}) || i.Header != "Idempotency-Key" ||
@@ -277,19 +319,23 @@ func TestValidate(t *testing.T) {
 	}{
 		{"workers", func(c *Config) { c.Server.Workers = -1 }, "config: server.workers: must not be negative (0 means one per CPU), got -1"},
 		{"prefix", func(c *Config) { c.Server.TrustedProxies = []netip.Prefix{{}} }, "config: server.trusted_proxies: element 1 is not a valid prefix"},
-		{"limit with line", func(c *Config) { c.RateLimits[0].Limit = 0; c.RateLimits[0].Line = 7 },
-			`config: line 7: ratelimit "a": limit: must be between 1 and 1048575, got 0`},
+		{"limit", func(c *Config) { c.RateLimits[0].Limit = 0 }, `config: ratelimit "a": limit must be between 1 and 1048575, got 0`},
+		{"window", func(c *Config) { c.RateLimits[0].Window = bucket.MaxWindow + time.Microsecond }, `config: ratelimit "a": window must be between 1ms and 4886h43m6.044415s, got 4886h43m6.044416s`},
+		{"mode", func(c *Config) { c.RateLimits[0].Mode = 2 }, `config: ratelimit "a": mode: 2 is not one of "enforce", "shadow"`},
+		{"on_full", func(c *Config) { c.RateLimits[0].OnFull = 2 }, `config: ratelimit "a": unknown on-full policy OnFull(2)`},
+		{"headers", func(c *Config) { c.Server.Headers = 4 }, `config: server.headers: 4 is not one of "both", "ietf", "x", "none"`},
+		{"negative size", func(c *Config) { c.Idempotency[0].MaxBody = -1 }, "config: idempotency[1]: max_body: must be positive, got -1"},
 		{"duplicate", func(c *Config) { c.RateLimits = append(c.RateLimits, c.RateLimits[0]) },
 			`config: ratelimit "a": name: duplicate rule name (first used at rule 1)`},
 		{"empty methods", func(c *Config) { c.Idempotency[0].Methods = []string{} }, "config: idempotency[1]: methods: is empty"},
 		{"no responses", func(c *Config) { c.Table.Responses = 0 }, "config: table.responses: is 0"},
-		{"bad path", func(c *Config) { c.Idempotency[0].Path = "o"; c.Idempotency[0].Line = 3 }, `config: line 3: idempotency[1]: path: "o" must start`},
+		{"bad path", func(c *Config) { c.Idempotency[0].Path = "o" }, `config: idempotency[1]: path "o" must start with /`},
 	} {
 		c := c.WithDefaults()
 		tc.edit(&c)
 		err := c.Validate()
 		var e *Error
-		if !errors.As(err, &e) || e.File != "" || !strings.HasPrefix(err.Error(), tc.want) {
+		if !errors.As(err, &e) || e.File != "" || e.Line != 0 || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("%s: Validate = %v, want %q", tc.name, err, tc.want)
 		}
 	}
@@ -417,11 +463,8 @@ func TestExample(t *testing.T) {
 		t.Errorf("example server/persist = %+v %+v", s, c.Persist)
 	}
 	want := []RateLimit{
-		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, Algorithm: "gcra", By: "ip", Mode: "enforce", OnFull: "open"},
-		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, Algorithm: "gcra", By: "header:X-Api-Key|ip", Mode: "enforce", OnFull: "open"},
-	}
-	for i := range c.RateLimits {
-		c.RateLimits[i].Line = 0
+		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip"},
+		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip"},
 	}
 	if !reflect.DeepEqual(c.RateLimits, want) {
 		t.Errorf("example rules = %+v\nwant %+v", c.RateLimits, want)
@@ -464,9 +507,10 @@ func TestExample(t *testing.T) {
 		path []string
 		keys []string
 	}{
-		{[]string{"server"}, serverKeys}, {[]string{"admin"}, adminKeys}, {[]string{"table"}, tableKeys},
-		{[]string{"persist"}, persistKeys}, {[]string{"ratelimit", elem(0)}, rateLimitKeys},
-		{[]string{"idempotency", elem(0)}, idempotencyKeys},
+		{[]string{"server"}, tomlKeys(reflect.TypeFor[Server]())}, {[]string{"admin"}, tomlKeys(reflect.TypeFor[Admin]())},
+		{[]string{"table"}, tomlKeys(reflect.TypeFor[Table]())}, {[]string{"persist"}, tomlKeys(reflect.TypeFor[Persist]())},
+		{[]string{"ratelimit", elem(0)}, tomlKeys(reflect.TypeFor[RateLimit]())},
+		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
 	} {
 		for _, k := range sec.keys {
 			if _, ok := ix[joinPath(append(sec.path, k))]; !ok {

@@ -3,13 +3,14 @@ package config
 import (
 	"fmt"
 	"io"
+	"reflect"
 	"strconv"
 	"strings"
 )
 
 // WriteEffective writes the configuration as it takes effect, defaults
-// filled in and Workers resolved, for `preforkd check`: one line per table
-// and one per rule, for example
+// filled in and Workers and Burst resolved, for `preforkd check`: one line
+// per table and one per rule, every key with its value, for example
 //
 //	server: listen=127.0.0.1:8080 workers=4 upstream=builtin:demo trusted_proxies=[] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB
 //	rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open
@@ -18,35 +19,48 @@ import (
 // are quoted. The format is for people; it may change.
 func (c Config) WriteEffective(w io.Writer) error {
 	c = c.WithDefaults()
+	c.Server.Workers = c.Server.WorkerCount()
 	var b strings.Builder
-	s := c.Server
-	proxies := make([]string, len(s.TrustedProxies))
-	for i, p := range s.TrustedProxies {
-		proxies[i] = p.String()
-	}
-	fmt.Fprintf(&b, "server: listen=%s workers=%d upstream=%s trusted_proxies=[%s] ipv6_prefix=%d shutdown_timeout=%v headers=%s max_request_body=%s\n",
-		quote(s.Listen), s.WorkerCount(), quote(s.Upstream), strings.Join(proxies, ","), s.IPv6Prefix, s.ShutdownTimeout, quote(s.Headers), formatSize(s.MaxRequestBody))
-	fmt.Fprintf(&b, "admin: listen=%s token_file=%s\n", quote(c.Admin.Listen), quote(c.Admin.TokenFile))
-	fmt.Fprintf(&b, "table: counters=%d responses=%d response_bytes=%s\n",
-		c.Table.Counters, c.Table.Responses, formatSize(c.Table.ResponseBytes))
-	fmt.Fprintf(&b, "persist: path=%s key=%s live=%s\n", quote(c.Persist.Path), quote(c.Persist.Key), quote(c.Persist.Live))
+	line(&b, "server:", c.Server, "")
+	line(&b, "admin:", c.Admin, "")
+	line(&b, "table:", c.Table, "")
+	line(&b, "persist:", c.Persist, "")
 	for _, r := range c.RateLimits {
-		fmt.Fprintf(&b, "rule %q: path=%s methods=%s limit=%d window=%v algorithm=%s burst=%d by=%s mode=%s on_full=%s\n",
-			r.Name, quote(r.Path), methods(r.Methods), r.Limit, r.Window, quote(r.Algorithm), r.EffectiveBurst(), quote(r.By), quote(r.Mode), quote(r.OnFull))
+		r.Burst = r.EffectiveBurst()
+		line(&b, fmt.Sprintf("rule %q:", r.Name), r, "name")
 	}
 	for _, d := range c.Idempotency {
-		fmt.Fprintf(&b, "idempotency %s: methods=%s header=%s required=%t ttl=%v wait=%v by=%s max_body=%s\n",
-			quote(d.Path), methods(d.Methods), quote(d.Header), d.Required, d.TTL, d.Wait, quote(d.By), formatSize(d.MaxBody))
+		line(&b, "idempotency "+quote(d.Path)+":", d, "path")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-func methods(ms []string) string {
-	if len(ms) == 0 {
-		return "*"
+// line writes head and key=value for every key of the table v but skip.
+func line(b *strings.Builder, head string, v any, skip string) {
+	b.WriteString(head)
+	rv := reflect.ValueOf(v)
+	for i, k := range tomlKeys(rv.Type()) {
+		if k == skip {
+			continue
+		}
+		var s string
+		switch v := rv.Field(i).Interface().(type) {
+		case string:
+			s = quote(v)
+		case []string:
+			s = "*"
+			if len(v) > 0 {
+				s = quote(strings.Join(v, ","))
+			}
+		case Prefixes:
+			s = strings.ReplaceAll(fmt.Sprint(v), " ", ",") // [a,b]
+		default:
+			s = fmt.Sprint(v)
+		}
+		b.WriteString(" " + k + "=" + s)
 	}
-	return quote(strings.Join(ms, ","))
+	b.WriteByte('\n')
 }
 
 // quote returns s bare when that is unambiguous, else Go-quoted.
@@ -60,17 +74,4 @@ func quote(s string) string {
 		}
 	}
 	return s
-}
-
-// formatSize writes n with the largest binary unit that divides it.
-func formatSize(n int64) string {
-	for _, u := range []struct {
-		name string
-		size int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n > 0 && n%u.size == 0 {
-			return strconv.FormatInt(n/u.size, 10) + u.name
-		}
-	}
-	return strconv.FormatInt(n, 10)
 }

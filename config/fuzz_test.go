@@ -1,15 +1,23 @@
 package config
 
 import (
+	"errors"
 	"io"
 	"os"
 	"reflect"
 	"testing"
+
+	"github.com/BurntSushi/toml"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/route"
 )
 
 // FuzzParse: arbitrary input never panics; what Parse accepts, Validate
-// accepts too, is already in its WithDefaults form, and can be written out;
-// what Parse refuses is an *Error.
+// accepts too, is already in its WithDefaults form, can be written out, and
+// every rule of it compiles in the packages that apply it (a check passed
+// is a worker that runs); what Parse refuses is an *Error, with a line
+// unless the TOML decoder gives none. In any text the decoder accepts,
+// every key it reports has a line.
 func FuzzParse(f *testing.F) {
 	if src, err := os.ReadFile("../examples/preforkd.toml"); err == nil {
 		f.Add(src)
@@ -25,14 +33,25 @@ func FuzzParse(f *testing.F) {
 		"ratelimit = [{name = \"a\", path = \"/a/*\", limit = 1, window = \"1ms\", burst = 2}]\n",
 		"a.b = \"\"\"\nx\n\"\"\"\n[x]\n[[y]]\n",
 		"[persist]\nkey = '''\n'''\n",
+		"[[ratelimit]]\nname = \"w\"\npath = \"/w\"\nlimit = 3\nwindow = \"4886h43m6.044415s\"\nburst = 2\nalgorithm = \"gcra\"\non_full = \"closed\"\nmode = \"shadow\"\n",
+		"[server]\nheaders = \"x\"\nshutdown_timeout = \"1h\"\n[[idempotency]]\npath = \"/o/*\"\nmax_body = \"2KiB\"\nwait = \"0s\"\n",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		md, tomlErr := toml.Decode(string(data), new(map[string]any))
+		if tomlErr == nil {
+			ix := indexLines(string(data))
+			for _, k := range md.Keys() {
+				if ix.line(k...) == 0 {
+					t.Fatalf("key %q has no line in\n%q", k, data)
+				}
+			}
+		}
 		c, err := Parse(data, "fuzz.toml")
 		if err != nil {
-			if _, ok := err.(*Error); !ok {
-				t.Fatalf("Parse error %v is a %T, not *Error", err, err)
+			if e, ok := err.(*Error); !ok || e.Line == 0 && tomlErr == nil {
+				t.Fatalf("Parse error %v is a %T, not an *Error with a line\n%q", err, err, data)
 			}
 			return
 		}
@@ -44,6 +63,21 @@ func FuzzParse(f *testing.F) {
 		}
 		if err := c.WriteEffective(io.Discard); err != nil {
 			t.Fatal(err)
+		}
+		for _, r := range c.RateLimits {
+			_, err1 := r.BucketRule().Compile()
+			_, err2 := route.Compile(r.Path, r.Methods)
+			_, err3 := clientip.ParseBy(r.By)
+			if err := errors.Join(err1, err2, err3); err != nil {
+				t.Fatalf("Parse accepted a rule that does not compile: %v\n%q", err, data)
+			}
+		}
+		for _, d := range c.Idempotency {
+			_, err1 := route.Compile(d.Path, d.Methods)
+			_, err2 := clientip.ParseBy(d.By)
+			if err := errors.Join(err1, err2); err != nil {
+				t.Fatalf("Parse accepted a block that does not compile: %v\n%q", err, data)
+			}
 		}
 	})
 }

@@ -1,30 +1,32 @@
 package config
 
 import (
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/BurntSushi/toml"
 )
 
-// The TOML decoder does not tell where a key is: its positions are not
-// exported, and the elements of an array of tables share one entry. So
-// lineIndex scans the source once more and records the line of every key,
-// table header and array element, by path. It only runs on text the decoder
-// has accepted, so it needs to know just enough TOML to find where keys
-// are; on anything it does not expect it gives up quietly (errors then carry
-// line 0), and it never panics.
+// The TOML decoder knows where each key is but does not say: its positions
+// are not exported, and the elements of an array of tables share one. So
+// when there is a problem to report, indexLines reads the text once more for
+// the line of every key, table header and inline table in an array. It
+// only runs on text the decoder accepted, so it knows just enough TOML to
+// find them; on anything else it stops (lines are then 0).
 
-// lineIndex maps a path (segments joined by pathSep; array elements are
-// "#N") to the 1-based line where it is defined. The first definition wins.
+// lineIndex maps a path (segments joined by NUL; the elements of an array
+// are "#N") to the 1-based line where it is defined. The first definition
+// wins.
 type lineIndex map[string]int
-
-const pathSep = "\x00"
 
 func elem(i int) string { return "#" + strconv.Itoa(i) }
 
-func joinPath(p []string) string { return strings.Join(p, pathSep) }
+func joinPath(p []string) string { return strings.Join(p, "\x00") }
 
-// line returns the line of the most specific defined prefix of path, or 0.
+// line returns the line of the most specific defined prefix of path, or 0:
+// an element of an array of values is at its key's line.
 func (ix lineIndex) line(path ...string) int {
 	for n := len(path); n > 0; n-- {
 		if l, ok := ix[joinPath(path[:n])]; ok {
@@ -34,177 +36,144 @@ func (ix lineIndex) line(path ...string) int {
 	return 0
 }
 
+// token is one TOML token: blanks, a comment, a string of any of the four
+// kinds (a multi-line one may end in up to five quotes), a newline, a
+// punctuation mark, or a run of anything else (a bare key, a number, a
+// date: a value may be several runs).
+var token = regexp.MustCompile(`^(?s:[ \t]+|#[^\n]*|"""(?:\\.|[^\\])*?"""{1,3}|'''.*?'''{1,3}|"(?:\\.|[^"\\\n])*"|'[^'\n]*'|\r?\n|[][{}=,.]|[^][{}=,.# \t\r\n"']+)`)
+
 type lineScanner struct {
-	src  string
-	pos  int
-	line int
-	ix   lineIndex
-	aot  map[string]int // array-of-tables path → number of elements so far
-	bad  bool           // something unexpected: stop
+	toks   []string // newlines are "\n"; blanks and comments are dropped
+	lines  []int    // the line of each token
+	i      int
+	ix     lineIndex
+	arrays map[string]int // array of tables → number of elements so far
 }
 
 func indexLines(src string) lineIndex {
-	// The decoder skips a byte-order mark; so do we. The lengths differ,
-	// but what counts here is lines, not offsets.
-	src = strings.TrimPrefix(src, "\xef\xbb\xbf")
-	s := &lineScanner{src: src, line: 1, ix: lineIndex{}, aot: map[string]int{}}
-	s.document()
+	s := &lineScanner{ix: lineIndex{}, arrays: map[string]int{}}
+	src = strings.TrimPrefix(src, "\ufeff") // as the decoder does
+	for line := 1; src != ""; {
+		t := token.FindString(src)
+		if t == "" {
+			break
+		}
+		if t[0] != ' ' && t[0] != '\t' && t[0] != '#' {
+			s.toks = append(s.toks, strings.TrimPrefix(t, "\r"))
+			s.lines = append(s.lines, line)
+		}
+		line += strings.Count(t, "\n")
+		src = src[len(t):]
+	}
+	var table []string
+	for s.i < len(s.toks) {
+		switch s.peek() {
+		case "\n":
+			s.i++
+		case "[":
+			table = s.header()
+		default:
+			s.keyValue(table)
+		}
+	}
 	return s.ix
 }
 
-func (s *lineScanner) peek(off int) byte {
-	if s.pos+off < len(s.src) {
-		return s.src[s.pos+off]
+func (s *lineScanner) peek() string {
+	if s.i < len(s.toks) {
+		return s.toks[s.i]
 	}
-	return 0
+	return ""
 }
 
-func (s *lineScanner) eof() bool { return s.bad || s.pos >= len(s.src) }
+func (s *lineScanner) eat(t string) bool {
+	if s.peek() == t {
+		s.i++
+		return true
+	}
+	return false
+}
 
-func (s *lineScanner) advance() {
-	if s.pos < len(s.src) {
-		if s.src[s.pos] == '\n' {
-			s.line++
-		}
-		s.pos++
+func (s *lineScanner) newlines() {
+	for s.eat("\n") {
 	}
 }
 
 func (s *lineScanner) record(path []string, line int) {
-	k := joinPath(path)
-	if _, ok := s.ix[k]; !ok {
+	if k := joinPath(path); s.ix[k] == 0 {
 		s.ix[k] = line
 	}
 }
 
-// skip skips blanks, and also newlines and comments when nl is set.
-func (s *lineScanner) skip(nl bool) {
-	for !s.eof() {
-		switch c := s.peek(0); {
-		case c == ' ' || c == '\t':
-			s.advance()
-		case nl && (c == '\n' || c == '\r'):
-			s.advance()
-		case nl && c == '#':
-			s.skipComment()
-		default:
-			return
-		}
-	}
-}
-
-func (s *lineScanner) skipComment() {
-	for !s.eof() && s.peek(0) != '\n' {
-		s.advance()
-	}
-}
-
-func (s *lineScanner) document() {
-	var ctx []string
-	for s.skip(true); !s.eof(); s.skip(true) {
-		start := s.pos
-		line := s.line
-		if s.peek(0) == '[' {
-			ctx = s.header(line)
-		} else {
-			key := s.key()
-			if s.bad || s.peek(0) != '=' {
-				return
-			}
-			s.advance()
-			s.keyValue(ctx, key, line)
-		}
-		// Rest of the line: blanks and a comment.
-		s.skip(false)
-		if s.peek(0) == '#' {
-			s.skipComment()
-		}
-		if s.pos == start {
-			return // no progress: not TOML we understand
-		}
-	}
-}
-
-// header reads "[a.b]" or "[[a.b]]" and returns the new context path.
-func (s *lineScanner) header(line int) []string {
-	s.advance()
-	array := s.peek(0) == '['
-	if array {
-		s.advance()
-	}
-	s.skip(false)
+// header reads "[a.b]" or "[[a.b]]" and returns the path of the table.
+func (s *lineScanner) header() []string {
+	line := s.lines[s.i]
+	s.i++
+	array := s.eat("[")
 	key := s.key()
-	if s.bad {
+	if key == nil {
+		s.i = len(s.toks)
 		return nil
 	}
-	path := s.resolve(key[:len(key)-1])
+	// Step into the current element of each array of tables on the way;
+	// a table the header creates is defined here.
+	var path []string
+	for _, k := range key[:len(key)-1] {
+		path = append(path, k)
+		if n := s.arrays[joinPath(path)]; n > 0 {
+			path = append(path, elem(n-1))
+		}
+		s.record(path, line)
+	}
 	path = append(path, key[len(key)-1])
 	if array {
-		name := joinPath(path)
-		n := s.aot[name]
-		s.aot[name] = n + 1
+		n := s.arrays[joinPath(path)]
+		s.arrays[joinPath(path)] = n + 1
 		s.record(path, line)
 		path = append(path, elem(n))
 	}
 	s.record(path, line)
-	for i := 0; i < 2 && s.peek(0) == ']'; i++ {
-		s.advance()
-	}
+	s.eat("]")
+	s.eat("]")
 	return path
 }
 
-// resolve turns the segments of a table name into a path, stepping into the
-// current element of each array of tables on the way.
-func (s *lineScanner) resolve(key []string) []string {
-	var path []string
-	for _, k := range key {
-		path = append(path, k)
-		if n, ok := s.aot[joinPath(path)]; ok && n > 0 {
-			path = append(path, elem(n-1))
-		}
+// keyValue records a dotted key in table and reads its value.
+func (s *lineScanner) keyValue(table []string) {
+	line := s.lines[s.i]
+	key := s.key()
+	if key == nil || !s.eat("=") {
+		s.i = len(s.toks)
+		return
 	}
-	return path
-}
-
-// keyValue records a dotted key and scans its value.
-func (s *lineScanner) keyValue(ctx, key []string, line int) {
-	path := append([]string(nil), ctx...)
+	path := slices.Clone(table)
 	for _, k := range key {
 		path = append(path, k)
 		s.record(path, line)
 	}
-	s.skip(false)
 	s.value(path)
 }
 
-// key reads a dotted key (bare or quoted parts) and leaves s after it and the
-// blanks that follow.
+// key reads a dotted key; nil if there is none.
 func (s *lineScanner) key() []string {
 	var parts []string
 	for {
-		s.skip(false)
-		var part string
-		switch c := s.peek(0); {
-		case c == '"':
-			part = s.basicString()
-		case c == '\'':
-			part = s.literalString()
-		case isBare(c):
-			start := s.pos
-			for isBare(s.peek(0)) {
-				s.advance()
+		switch t := s.peek(); {
+		case strings.HasPrefix(t, `"`) || strings.HasPrefix(t, "'"):
+			var v struct{ K string } // the decoder reads its own escapes
+			if _, err := toml.Decode("K = "+t, &v); err != nil {
+				return nil
 			}
-			part = s.src[start:s.pos]
+			parts = append(parts, v.K)
+		case t != "" && strings.IndexFunc(t, func(r rune) bool { return r > 0x7f || !isBare(byte(r)) }) < 0:
+			parts = append(parts, t)
 		default:
-			s.bad = true
 			return nil
 		}
-		parts = append(parts, part)
-		s.skip(false)
-		if s.peek(0) != '.' {
+		s.i++
+		if !s.eat(".") {
 			return parts
 		}
-		s.advance()
 	}
 }
 
@@ -212,184 +181,38 @@ func isBare(c byte) bool {
 	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }
 
-// value scans one value, recording the keys of inline tables under path.
+// value reads one value, recording the inline tables under path.
 func (s *lineScanner) value(path []string) {
-	switch c := s.peek(0); c {
-	case '"':
-		if s.peek(1) == '"' && s.peek(2) == '"' {
-			s.multiline('"')
-		} else {
-			s.basicString()
-		}
-	case '\'':
-		if s.peek(1) == '\'' && s.peek(2) == '\'' {
-			s.multiline('\'')
-		} else {
-			s.literalString()
-		}
-	case '[':
-		s.advance()
-		for i := 0; ; i++ {
-			s.skip(true)
-			if s.eof() || s.peek(0) == ']' {
+	switch s.peek() {
+	case "[":
+		s.i++
+		for n := 0; ; n++ {
+			if s.newlines(); s.peek() == "]" || s.peek() == "" {
 				break
 			}
-			p := append(append([]string(nil), path...), elem(i))
-			s.record(p, s.line)
-			start := s.pos
+			start := s.i
+			p := append(slices.Clone(path), elem(n))
+			if s.peek() == "{" {
+				s.record(p, s.lines[s.i])
+			}
 			s.value(p)
-			s.skip(true)
-			if s.peek(0) == ',' {
-				s.advance()
-			} else if s.pos == start {
-				s.bad = true
+			s.newlines()
+			if !s.eat(",") && s.i == start {
+				s.i = len(s.toks)
 			}
 		}
-		s.advance()
-	case '{':
-		s.advance()
-		for {
-			s.skip(true)
-			if s.eof() || s.peek(0) == '}' {
-				break
-			}
-			line := s.line
-			key := s.key()
-			if s.bad || s.peek(0) != '=' {
-				s.bad = true
-				return
-			}
-			s.advance()
-			s.keyValue(path, key, line)
-			s.skip(true)
-			if s.peek(0) == ',' {
-				s.advance()
-			}
+		s.i++
+	case "{":
+		s.i++
+		for s.newlines(); s.peek() != "}" && s.peek() != ""; s.newlines() {
+			s.keyValue(path)
+			s.newlines()
+			s.eat(",")
 		}
-		s.advance()
-	default:
-		s.scalar()
-	}
-}
-
-// scalar skips a number, boolean or date-time. A date and a time may be
-// separated by one space.
-func (s *lineScanner) scalar() {
-	start := s.pos
-	for !s.eof() {
-		c := s.peek(0)
-		if c == ' ' && s.pos-start == 10 && s.src[start+4] == '-' && isDigit(s.peek(1)) {
-			s.advance()
-			continue
-		}
-		if c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == ',' || c == ']' || c == '}' || c == '#' {
-			break
-		}
-		s.advance()
-	}
-	if s.pos == start {
-		s.bad = true
-	}
-}
-
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-
-// basicString reads "..." and returns its unescaped content.
-func (s *lineScanner) basicString() string {
-	s.advance()
-	start := s.pos
-	for !s.eof() && s.peek(0) != '"' && s.peek(0) != '\n' {
-		if s.peek(0) == '\\' {
-			s.advance()
-		}
-		s.advance()
-	}
-	raw := s.src[start:s.pos]
-	s.advance()
-	return unescape(raw)
-}
-
-// literalString reads '...' and returns its content.
-func (s *lineScanner) literalString() string {
-	s.advance()
-	start := s.pos
-	for !s.eof() && s.peek(0) != '\'' && s.peek(0) != '\n' {
-		s.advance()
-	}
-	raw := s.src[start:s.pos]
-	s.advance()
-	return raw
-}
-
-// multiline skips a """...""" or ”'...”' string; up to two quotes may
-// directly precede the closing three.
-func (s *lineScanner) multiline(q byte) {
-	s.pos += 3
-	for !s.eof() {
-		c := s.peek(0)
-		if q == '"' && c == '\\' {
-			s.advance()
-			s.advance()
-			continue
-		}
-		if c == q && s.peek(1) == q && s.peek(2) == q {
-			s.pos += 3
-			for i := 0; i < 2 && s.peek(0) == q; i++ {
-				s.pos++
-			}
-			return
-		}
-		s.advance()
-	}
-}
-
-// unescape decodes the escapes of a TOML basic string. Invalid escapes
-// (which the decoder has already refused) are kept as they are.
-func unescape(raw string) string {
-	if !strings.Contains(raw, `\`) {
-		return raw
-	}
-	var b strings.Builder
-	for i := 0; i < len(raw); i++ {
-		c := raw[i]
-		if c != '\\' || i+1 >= len(raw) {
-			b.WriteByte(c)
-			continue
-		}
-		i++
-		switch e := raw[i]; e {
-		case 'b':
-			b.WriteByte('\b')
-		case 't':
-			b.WriteByte('\t')
-		case 'n':
-			b.WriteByte('\n')
-		case 'f':
-			b.WriteByte('\f')
-		case 'r':
-			b.WriteByte('\r')
-		case 'e':
-			b.WriteByte(0x1b)
-		case '"', '\\':
-			b.WriteByte(e)
-		case 'x', 'u', 'U':
-			n := map[byte]int{'x': 2, 'u': 4, 'U': 8}[e]
-			var v uint64
-			err := strconv.ErrSyntax
-			if i+1+n <= len(raw) {
-				v, err = strconv.ParseUint(raw[i+1:i+1+n], 16, 32)
-			}
-			if err != nil || !utf8.ValidRune(rune(v)) {
-				b.WriteByte('\\')
-				b.WriteByte(e)
-				continue
-			}
-			b.WriteRune(rune(v))
-			i += n
-		default:
-			b.WriteByte('\\')
-			b.WriteByte(e)
+		s.i++
+	default: // a string, or the runs of a number, a boolean or a date-time
+		for t := s.peek(); t != "" && t != "\n" && t != "," && t != "]" && t != "}"; t = s.peek() {
+			s.i++
 		}
 	}
-	return b.String()
 }

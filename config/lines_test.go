@@ -89,17 +89,38 @@ v = 1
 	}
 }
 
-func TestUnescape(t *testing.T) {
+// TestIndexLinesStrings: a multi-line string may end in up to two quotes
+// of its own before its closing three; no string ends a line early.
+func TestIndexLinesStrings(t *testing.T) {
+	for _, v := range []string{`"""a""""`, `"""a"""""`, `'''a''''`, `'''a'''''`, `"""\""""`, `"a # b"`, `'x"y'`, `"\"[z]"`} {
+		src := "k = " + v + "\nnext = 1\n"
+		var m map[string]any
+		if _, err := toml.Decode(src, &m); err != nil {
+			t.Fatalf("test input is not TOML: %v\n%s", err, src)
+		}
+		if got := indexLines(src).line("next"); got != 2 {
+			t.Errorf("after k = %s: line(next) = %d, want 2", v, got)
+		}
+	}
+}
+
+// TestQuotedKeys: a quoted key is indexed under its value, escapes read as
+// the decoder reads them. The scanner stops quietly at an escape the
+// decoder refuses (it never sees one: such a file does not parse).
+func TestQuotedKeys(t *testing.T) {
 	for in, want := range map[string]string{
-		`plain`:                "plain",
-		`a\tb\\c\"d`:           "a\tb\\c\"d",
-		`\u00e9\U0001F600\x41`: "é😀A",
-		`\u00`:                 `\u00`,
-		`\q`:                   `\q`,
-		`end\`:                 `end\`,
+		`"plain"`:                "plain",
+		`'lit\eral'`:             `lit\eral`,
+		`"a\tb\\c\"d"`:           "a\tb\\c\"d",
+		`"\u00e9\U0001F600\x41"`: "é😀A",
 	} {
-		if got := unescape(in); got != want {
-			t.Errorf("unescape(%q) = %q, want %q", in, got, want)
+		if got := indexLines("x = 0\n" + in + " = 1\n").line(want); got != 2 {
+			t.Errorf("key %s: line(%q) = %d, want 2", in, want, got)
+		}
+	}
+	for _, in := range []string{`"\u00"`, `"\q"`, `"end\"`} {
+		if ix := indexLines("x = 0\n" + in + " = 1\ny = 2\n"); ix.line("y") != 0 || ix.line("x") != 1 {
+			t.Errorf("key %s: index %v, want x only", in, ix)
 		}
 	}
 }

@@ -1,12 +1,16 @@
 package config
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
-	"sort"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -26,39 +30,103 @@ func Load(path string) (Config, error) {
 // result. name is the file name used in errors. Every problem is an *Error
 // carrying the line of the offending key; when there are several, the one
 // that comes first in the file is reported.
+//
+// The file is read in three steps. The TOML decoder parses it; then its
+// tree is compared with the types of [Config], key by key, so that every
+// unknown key, value of the wrong type and value its type refuses is
+// found with its path (the decoder would match "Listen" to listen, stop
+// at its first problem, and not say which [[ratelimit]] it was in); then
+// the decoder fills a Config that starts from the defaults, and
+// [Config.Validate]'s checks run on it.
 func Parse(data []byte, name string) (Config, error) {
-	var raw map[string]any
-	if _, err := toml.Decode(string(data), &raw); err != nil {
-		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return Config{}, &Error{File: name, Line: pe.Position.Line, Msg: pe.Message}
-		}
-		return Config{}, &Error{File: name, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+	var doc toml.Primitive
+	md, err := toml.Decode(string(data), &doc)
+	if err != nil {
+		return Config{}, decodeError(name, err)
 	}
-	d := decoder{file: name, lines: indexLines(string(data))}
-	c := d.config(raw)
-	if err := first(d.errs); err != nil {
+	r := &report{file: name, src: string(data)}
+	var tree map[string]any
+	if err := md.PrimitiveDecode(doc, &tree); err != nil {
+		return Config{}, decodeError(name, err)
+	}
+	r.shape(nil, tree, reflect.TypeFor[Config]())
+	if err := r.first(); err != nil {
 		return Config{}, err
 	}
-	if err := c.check(name, func(section string, i int, key string) int {
-		if i < 0 {
-			return d.lines.line(section, key)
-		}
-		return d.lines.line(section, elem(i), key)
-	}); err != nil {
+	c, err := decode(&md, doc)
+	if err != nil {
+		return Config{}, decodeError(name, err) // the shape check let through what the decoder refuses
+	}
+	c.check(r)
+	if err := r.first(); err != nil {
 		return Config{}, err
 	}
 	return c.WithDefaults(), nil
 }
 
-// first returns the error with the lowest line (line 0 counts as last), or
-// nil. Among equal lines the earliest found wins.
-func first(errs []*Error) error {
-	if len(errs) == 0 {
+// decode fills a Config from the defaults and the file. Each element of an
+// array of tables starts from its own defaults, so that a key the file
+// leaves out takes its default while one set to "" or 0 is checked as such.
+func decode(md *toml.MetaData, doc toml.Primitive) (Config, error) {
+	var f struct {
+		Config
+		RateLimits  []toml.Primitive `toml:"ratelimit"`
+		Idempotency []toml.Primitive `toml:"idempotency"`
+	}
+	f.Config = Default()
+	err := md.PrimitiveDecode(doc, &f)
+	c := f.Config
+	for _, p := range f.RateLimits {
+		rl := RateLimit{}.withDefaults()
+		err = errors.Join(err, md.PrimitiveDecode(p, &rl))
+		c.RateLimits = append(c.RateLimits, rl)
+	}
+	for _, p := range f.Idempotency {
+		d := Idempotency{Wait: defaultIdemWait}.withDefaults()
+		err = errors.Join(err, md.PrimitiveDecode(p, &d))
+		c.Idempotency = append(c.Idempotency, d)
+	}
+	return c, err
+}
+
+func decodeError(name string, err error) *Error {
+	var pe toml.ParseError
+	if errors.As(err, &pe) {
+		return &Error{File: name, Line: pe.Position.Line, Msg: pe.Message}
+	}
+	return &Error{File: name, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+}
+
+// report collects the problems of one configuration, each at the line of
+// its key: src is the file's text, "" for a Config built in Go.
+type report struct {
+	file, src string
+	lines     lineIndex // built at the first problem
+	errs      []*Error
+}
+
+// fail reports msg at the line of path: keys, with "#N" for element N of
+// an array.
+func (r *report) fail(path []string, msg string) {
+	r.errs = append(r.errs, &Error{File: r.file, Line: r.line(path...), Msg: msg})
+}
+
+// line is the line of path in the file, 0 when unknown.
+func (r *report) line(path ...string) int {
+	if r.lines == nil {
+		r.lines = indexLines(r.src)
+	}
+	return r.lines.line(path...)
+}
+
+// first returns the problem with the lowest line (line 0 counts as last),
+// or nil. Among equal lines the earliest found wins.
+func (r *report) first() error {
+	if len(r.errs) == 0 {
 		return nil
 	}
-	best := errs[0]
-	for _, e := range errs[1:] {
+	best := r.errs[0]
+	for _, e := range r.errs[1:] {
 		if e.Line > 0 && (best.Line == 0 || e.Line < best.Line) {
 			best = e
 		}
@@ -66,18 +134,109 @@ func first(errs []*Error) error {
 	return best
 }
 
-// decoder turns the decoded TOML tree into a Config. It checks names and
-// types and converts durations, sizes and addresses; everything else is for
-// [Config.check]. Problems are collected, not returned at once, so that the
-// first one in the file can be reported whatever order the tree is walked in.
-type decoder struct {
-	file  string
-	lines lineIndex
-	errs  []*Error
+// shape checks the decoded value v at path against t, the type it will be
+// decoded into (see Parse): keys t has no field for, values of the wrong
+// kind, and values their type's parser refuses.
+func (r *report) shape(path []string, v any, t reflect.Type) {
+	bad := func(want string) { r.fail(path, fmt.Sprintf("%s: want %s, got %s", name(path), want, typeName(v))) }
+	switch u := reflect.New(t).Interface().(type) {
+	case *time.Duration:
+		if s, ok := v.(string); !ok {
+			bad(`a duration string such as "30s", "5m" or "1h30m"`)
+		} else if _, err := time.ParseDuration(s); err != nil {
+			r.fail(path, fmt.Sprintf(`%s: invalid duration %q: want Go syntax such as "30s", "5m" or "1h30m"`, name(path), s))
+		}
+		return
+	case toml.Unmarshaler:
+		if err := u.UnmarshalTOML(v); err != nil {
+			var e *elemError
+			if errors.As(err, &e) {
+				r.fail(path, fmt.Sprintf("%s[%d]: %s", name(path), e.i+1, e.msg))
+			} else {
+				r.fail(path, name(path)+": "+detail(err))
+			}
+		}
+		return
+	case encoding.TextUnmarshaler:
+		s, ok := v.(string)
+		if n, isInt := v.(int64); isInt && t == reflect.TypeFor[Size]() {
+			s, ok = strconv.FormatInt(n, 10), true
+		}
+		if !ok && t == reflect.TypeFor[Size]() {
+			bad(`a size (bytes, or a string such as "64KiB" or "1MB")`)
+		} else if !ok {
+			bad("a string")
+		} else if err := u.UnmarshalText([]byte(s)); err != nil {
+			r.fail(path, name(path)+": "+detail(err))
+		}
+		return
+	}
+	sub := func(k string) []string { return append(path[:len(path):len(path)], k) }
+	switch t.Kind() {
+	case reflect.Struct:
+		m, ok := v.(map[string]any)
+		if !ok {
+			bad("a table")
+			return
+		}
+		keys := tomlKeys(t)
+		for _, k := range slices.Sorted(maps.Keys(m)) { // the same message for two problems on a line
+			if i := slices.Index(keys, k); i >= 0 {
+				r.shape(sub(k), m[k], t.Field(i).Type)
+			} else {
+				r.unknown(sub(k), m[k], keys)
+			}
+		}
+	case reflect.Slice:
+		a := reflect.ValueOf(v)
+		if a.Kind() != reflect.Slice {
+			if t.Elem().Kind() == reflect.Struct {
+				bad(fmt.Sprintf("an array of tables ([[%s]])", name(path)))
+			} else {
+				bad("an array of strings")
+			}
+			return
+		}
+		for i := range a.Len() {
+			r.shape(sub(elem(i)), a.Index(i).Interface(), t.Elem())
+		}
+	case reflect.String:
+		if _, ok := v.(string); !ok {
+			bad("a string")
+		}
+	case reflect.Int, reflect.Int64:
+		if _, ok := v.(int64); !ok {
+			bad("an integer")
+		}
+	case reflect.Bool:
+		if _, ok := v.(bool); !ok {
+			bad("true or false")
+		}
+	default:
+		panic("config: no file form for " + t.String())
+	}
 }
 
-func (d *decoder) fail(path []string, format string, args ...any) {
-	d.errs = append(d.errs, &Error{File: d.file, Line: d.lines.line(path...), Msg: fmt.Sprintf(format, args...)})
+// tomlKeys returns the key of each field of struct type t, in order.
+func tomlKeys(t reflect.Type) []string {
+	keys := make([]string, t.NumField())
+	for i := range keys {
+		keys[i], _, _ = strings.Cut(t.Field(i).Tag.Get("toml"), ",")
+	}
+	return keys
+}
+
+func (r *report) unknown(path []string, v any, known []string) {
+	k := path[len(path)-1]
+	if len(path) == 1 {
+		what := "key"
+		if _, ok := v.(map[string]any); ok {
+			what = "table"
+		}
+		r.fail(path, fmt.Sprintf("unknown %s %q%s", what, k, suggest(k, known)))
+		return
+	}
+	r.fail(path, fmt.Sprintf("unknown key %q in %s%s", k, name(path[:len(path)-1]), suggest(k, known)))
 }
 
 // name is how a path is shown in a message: "server.listen",
@@ -98,228 +257,70 @@ func name(path []string) string {
 	return b.String()
 }
 
-// keysInOrder returns the keys of m in the order of the file.
-func (d *decoder) keysInOrder(path []string, m map[string]any) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// detail is the message of an error from the package that owns a value,
+// without the package name it starts with: the message config writes
+// starts with its own.
+func detail(err error) string {
+	s := err.Error()
+	if pkg, msg, ok := strings.Cut(s, ": "); ok && !strings.ContainsAny(pkg, ` "`) {
+		return msg
 	}
-	at := func(k string) int { return d.lines.line(append(path[:len(path):len(path)], k)...) }
-	sort.Slice(keys, func(i, j int) bool {
-		li, lj := at(keys[i]), at(keys[j])
-		if li != lj {
-			return li < lj
-		}
-		return keys[i] < keys[j]
-	})
-	return keys
+	return s
 }
 
-// table calls field for each key of the table at path, and reports keys
-// that field does not know (field returns false).
-func (d *decoder) table(path []string, v any, known []string, field func(key string, path []string, v any) bool) {
-	m, ok := v.(map[string]any)
-	if !ok {
-		d.fail(path, "%s: want a table, got %s", name(path), typeName(v))
-		return
-	}
-	for _, k := range d.keysInOrder(path, m) {
-		p := append(path[:len(path):len(path)], k)
-		if !field(k, p, m[k]) {
-			d.unknown(p, m[k], known)
-		}
-	}
-}
-
-func (d *decoder) unknown(path []string, v any, known []string) {
-	k := path[len(path)-1]
-	if len(path) == 1 {
-		what := "key"
-		if _, ok := v.(map[string]any); ok {
-			what = "table"
-		}
-		d.fail(path, "unknown %s %q%s", what, k, suggest(k, known))
-		return
-	}
-	d.fail(path, "unknown key %q in %s%s", k, name(path[:len(path)-1]), suggest(k, known))
-}
-
-var (
-	topKeys         = []string{"server", "admin", "table", "persist", "ratelimit", "idempotency"}
-	serverKeys      = []string{"listen", "workers", "upstream", "trusted_proxies", "ipv6_prefix", "shutdown_timeout", "headers", "max_request_body"}
-	adminKeys       = []string{"listen", "token_file"}
-	tableKeys       = []string{"counters", "responses", "response_bytes"}
-	persistKeys     = []string{"path", "key", "live"}
-	rateLimitKeys   = []string{"name", "path", "methods", "limit", "window", "algorithm", "burst", "by", "mode", "on_full"}
-	idempotencyKeys = []string{"path", "methods", "header", "required", "ttl", "wait", "by", "max_body"}
-)
-
-func (d *decoder) config(raw map[string]any) Config {
-	c := Default()
-	d.table(nil, raw, topKeys, func(k string, p []string, v any) bool {
-		switch k {
-		case "server":
-			d.server(p, v, &c.Server)
-		case "admin":
-			d.table(p, v, adminKeys, func(k string, p []string, v any) bool {
-				switch k {
-				case "listen":
-					d.str(p, v, &c.Admin.Listen)
-				case "token_file":
-					d.str(p, v, &c.Admin.TokenFile)
-				default:
-					return false
-				}
-				return true
-			})
-		case "table":
-			d.table(p, v, tableKeys, func(k string, p []string, v any) bool {
-				switch k {
-				case "counters":
-					d.intRange(p, v, &c.Table.Counters)
-				case "responses":
-					d.intRange(p, v, &c.Table.Responses)
-				case "response_bytes":
-					d.size(p, v, &c.Table.ResponseBytes)
-				default:
-					return false
-				}
-				return true
-			})
-		case "persist":
-			d.table(p, v, persistKeys, func(k string, p []string, v any) bool {
-				switch k {
-				case "path":
-					d.str(p, v, &c.Persist.Path)
-				case "key":
-					d.str(p, v, &c.Persist.Key)
-				case "live":
-					d.str(p, v, &c.Persist.Live)
-				default:
-					return false
-				}
-				return true
-			})
-		case "ratelimit":
-			for i, e := range d.tables(p, v) {
-				c.RateLimits = append(c.RateLimits, d.rateLimit(append(p, elem(i)), e))
-			}
-		case "idempotency":
-			for i, e := range d.tables(p, v) {
-				c.Idempotency = append(c.Idempotency, d.idempotency(append(p, elem(i)), e))
-			}
-		default:
-			return false
-		}
-		return true
-	})
-	return c
-}
-
-func (d *decoder) server(path []string, v any, s *Server) {
-	d.table(path, v, serverKeys, func(k string, p []string, v any) bool {
-		switch k {
-		case "listen":
-			d.str(p, v, &s.Listen)
-		case "workers":
-			d.intRange(p, v, &s.Workers)
-		case "upstream":
-			d.str(p, v, &s.Upstream)
-		case "trusted_proxies":
-			s.TrustedProxies = d.prefixes(p, v)
-		case "ipv6_prefix":
-			d.intRange(p, v, &s.IPv6Prefix)
-		case "shutdown_timeout":
-			d.duration(p, v, &s.ShutdownTimeout)
-		case "headers":
-			d.str(p, v, &s.Headers)
-		case "max_request_body":
-			d.size(p, v, &s.MaxRequestBody)
-		default:
-			return false
-		}
-		return true
-	})
-}
-
-// tables returns the elements of an array of tables ([[x]] or x = [{...}]).
-func (d *decoder) tables(path []string, v any) []any {
-	switch v := v.(type) {
-	case []map[string]any:
-		out := make([]any, len(v))
-		for i := range v {
-			out[i] = v[i]
-		}
-		return out
+func typeName(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case int64:
+		return "integer"
+	case float64:
+		return "float"
+	case bool:
+		return "boolean"
 	case []any:
-		return v
+		return "array"
+	case map[string]any:
+		return "table"
+	case []map[string]any:
+		return "array of tables"
+	default:
+		return "date-time"
 	}
-	d.fail(path, "%s: want an array of tables ([[%s]]), got %s", name(path), name(path), typeName(v))
-	return nil
 }
 
-func (d *decoder) rateLimit(path []string, v any) RateLimit {
-	r := defaultRateLimit()
-	r.Line = d.lines.line(path...)
-	d.table(path, v, rateLimitKeys, func(k string, p []string, v any) bool {
-		switch k {
-		case "name":
-			d.str(p, v, &r.Name)
-		case "path":
-			d.str(p, v, &r.Path)
-		case "methods":
-			r.Methods = d.methods(p, v)
-		case "limit":
-			d.int64(p, v, &r.Limit)
-		case "window":
-			d.duration(p, v, &r.Window)
-		case "algorithm":
-			d.str(p, v, &r.Algorithm)
-		case "burst":
-			d.int64(p, v, &r.Burst)
-		case "by":
-			d.str(p, v, &r.By)
-		case "mode":
-			d.str(p, v, &r.Mode)
-		case "on_full":
-			d.str(p, v, &r.OnFull)
-		default:
-			return false
+// suggest returns ` (did you mean "x"?)` for a known key close to k.
+func suggest(k string, known []string) string {
+	best, bestDist := "", 3
+	for _, c := range known {
+		if d := editDistance(strings.ToLower(k), c); d < bestDist {
+			best, bestDist = c, d
 		}
-		return true
-	})
-	return r
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
-func (d *decoder) idempotency(path []string, v any) Idempotency {
-	r := defaultIdempotency()
-	r.Line = d.lines.line(path...)
-	d.table(path, v, idempotencyKeys, func(k string, p []string, v any) bool {
-		switch k {
-		case "path":
-			d.str(p, v, &r.Path)
-		case "methods":
-			r.Methods = d.methods(p, v)
-		case "header":
-			d.str(p, v, &r.Header)
-		case "required":
-			if b, ok := v.(bool); ok {
-				r.Required = b
-			} else {
-				d.fail(p, "%s: want true or false, got %s", name(p), typeName(v))
+func editDistance(a, b string) int {
+	if len(a) > 64 || len(b) > 64 {
+		return 64
+	}
+	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
 			}
-		case "ttl":
-			d.duration(p, v, &r.TTL)
-		case "wait":
-			d.duration(p, v, &r.Wait)
-		case "by":
-			d.str(p, v, &r.By)
-		case "max_body":
-			d.size(p, v, &r.MaxBody)
-		default:
-			return false
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
 		}
-		return true
-	})
-	return r
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

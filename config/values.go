@@ -4,129 +4,52 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/preforkd/preforkd/core"
 )
 
-// The value decoders check a TOML value's type and convert it, reporting
-// problems at the line of its key. A value in error leaves dst unchanged.
+// The types of this file read and write their own text forms, for the file
+// (through the TOML decoder) and for the handoff of a configuration to the
+// workers (as JSON). Their errors start with "config: ".
 
-func (d *decoder) str(path []string, v any, dst *string) {
-	s, ok := v.(string)
-	if !ok {
-		d.fail(path, "%s: want a string, got %s", name(path), typeName(v))
-		return
+// Size is a number of bytes. A file gives it as an integer, or as a string
+// with an optional decimal (KB, MB, GB, TB) or binary (KiB, ...) unit:
+// "512", "64KiB", "1MB".
+type Size int64
+
+// String writes s with the largest binary unit that divides it.
+func (s Size) String() string {
+	for _, u := range []string{"TiB", "GiB", "MiB", "KiB"} {
+		if n := sizeUnits[u]; s > 0 && int64(s)%n == 0 {
+			return strconv.FormatInt(int64(s)/n, 10) + u
+		}
 	}
-	*dst = s
+	return strconv.FormatInt(int64(s), 10)
 }
 
-func (d *decoder) int64(path []string, v any, dst *int64) {
-	n, ok := v.(int64)
-	if !ok {
-		d.fail(path, "%s: want an integer, got %s", name(path), typeName(v))
-		return
+func (s Size) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+func (s *Size) UnmarshalText(b []byte) error {
+	t := strings.TrimSpace(string(b))
+	i := 0
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
 	}
-	*dst = n
-}
-
-// intRange decodes an int-sized integer. Values out of int's range are
-// clamped, so that the range check names a number of the right sign.
-func (d *decoder) intRange(path []string, v any, dst *int) {
-	var n int64
-	d.int64(path, v, &n)
-	*dst = int(max(min(n, math.MaxInt), math.MinInt))
-}
-
-func (d *decoder) strings(path []string, v any) []string {
-	a, ok := v.([]any)
-	if !ok {
-		d.fail(path, "%s: want an array of strings, got %s", name(path), typeName(v))
+	unit, ok := sizeUnits[strings.TrimSpace(t[i:])]
+	switch n, err := strconv.ParseInt(t[:i], 10, 64); {
+	case strings.HasPrefix(t, "-"):
+		return fmt.Errorf("config: negative size %q", b)
+	case i == 0 || !ok:
+		return fmt.Errorf("config: invalid size %q: want a whole number of bytes with an optional unit B, KB, MB, GB, TB, KiB, MiB, GiB or TiB", b)
+	case err != nil || n > math.MaxInt64/unit:
+		return fmt.Errorf("config: size %q is too large", b)
+	default:
+		*s = Size(n * unit)
 		return nil
 	}
-	out := make([]string, 0, len(a))
-	for i, e := range a {
-		s, ok := e.(string)
-		if !ok {
-			d.fail(path, "%s[%d]: want a string, got %s", name(path), i+1, typeName(e))
-			continue
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-// methods decodes a method list, upper-cased; [] stays a non-nil empty slice.
-func (d *decoder) methods(path []string, v any) []string {
-	ms := d.strings(path, v)
-	for i := range ms {
-		ms[i] = strings.ToUpper(ms[i])
-	}
-	return ms
-}
-
-func (d *decoder) duration(path []string, v any, dst *time.Duration) {
-	s, ok := v.(string)
-	if !ok {
-		d.fail(path, "%s: want a duration string such as \"30s\", \"5m\" or \"1h30m\", got %s", name(path), typeName(v))
-		return
-	}
-	t, err := time.ParseDuration(s)
-	if err != nil {
-		d.fail(path, "%s: invalid duration %q: want Go syntax such as \"30s\", \"5m\" or \"1h30m\"", name(path), s)
-		return
-	}
-	*dst = t
-}
-
-func (d *decoder) size(path []string, v any, dst *int64) {
-	switch v := v.(type) {
-	case int64:
-		if v < 0 {
-			d.fail(path, "%s: negative size %d", name(path), v)
-			return
-		}
-		*dst = v
-	case string:
-		n, err := parseSize(v)
-		if err != nil {
-			d.fail(path, "%s: %v", name(path), err)
-			return
-		}
-		*dst = n
-	default:
-		d.fail(path, "%s: want a size (bytes, or a string such as \"64KiB\" or \"1MB\"), got %s", name(path), typeName(v))
-	}
-}
-
-func (d *decoder) prefixes(path []string, v any) []netip.Prefix {
-	var out []netip.Prefix
-	for i, s := range d.strings(path, v) {
-		p, err := parsePrefix(s)
-		if err != nil {
-			d.fail(path, "%s[%d]: %v", name(path), i+1, err)
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-// parsePrefix parses a CIDR, or a bare address as a single-host prefix. Host
-// bits are cleared: "10.1.2.3/8" is 10.0.0.0/8.
-func parsePrefix(s string) (netip.Prefix, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("invalid CIDR %q", s)
-		}
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("invalid IP address or CIDR %q", s)
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 var sizeUnits = map[string]int64{
@@ -135,82 +58,116 @@ var sizeUnits = map[string]int64{
 	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
 }
 
-// parseSize parses "512", "64KiB", "1MiB", "10KB": a whole number of bytes
-// with an optional decimal (KB, MB, GB, TB) or binary (KiB, ...) unit.
-func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := 0
-	for i < len(t) && isDigit(t[i]) {
-		i++
-	}
-	unit, ok := sizeUnits[strings.TrimSpace(t[i:])]
-	if i == 0 || !ok {
-		return 0, fmt.Errorf("invalid size %q: want a whole number of bytes with an optional unit B, KB, MB, GB, TB, KiB, MiB, GiB or TiB", s)
-	}
-	n, err := strconv.ParseInt(t[:i], 10, 64)
-	if err != nil || n > math.MaxInt64/unit {
-		return 0, fmt.Errorf("size %q is too large", s)
-	}
-	return n * unit, nil
-}
+// Prefixes are CIDR prefixes. A file gives them as an array of strings,
+// each a CIDR ("10.0.0.0/8"; host bits are cleared, so "10.1.2.3/8" is
+// 10.0.0.0/8) or a single address ("192.0.2.1" is 192.0.2.1/32). A
+// []netip.Prefix converts to Prefixes and back without a conversion.
+type Prefixes []netip.Prefix
 
-func typeName(v any) string {
-	switch v.(type) {
-	case string:
-		return "string"
-	case int64:
-		return "integer"
-	case float64:
-		return "float"
-	case bool:
-		return "boolean"
-	case []any:
-		return "array"
-	case map[string]any:
-		return "table"
-	case []map[string]any:
-		return "array of tables"
-	case nil:
-		return "nothing"
-	default:
-		return "date-time"
+// UnmarshalTOML decodes an array of strings. (A netip.Prefix reads only the
+// strict CIDR form, so the array decodes itself.)
+func (ps *Prefixes) UnmarshalTOML(v any) error {
+	a, ok := v.([]any)
+	if !ok {
+		return fmt.Errorf("config: want an array of strings, got %s", typeName(v))
 	}
-}
-
-// suggest returns ` (did you mean "x"?)` for a known key close to k.
-func suggest(k string, known []string) string {
-	best, bestDist := "", 3
-	for _, c := range known {
-		dist := editDistance(strings.ToLower(k), c)
-		if dist < bestDist {
-			best, bestDist = c, dist
+	out := make(Prefixes, 0, len(a))
+	for i, e := range a {
+		s, ok := e.(string)
+		if !ok {
+			return &elemError{i, "want a string, got " + typeName(e)}
 		}
-	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-func editDistance(a, b string) int {
-	if len(a) > 64 || len(b) > 64 {
-		return 64
-	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
+		if !strings.Contains(s, "/") {
+			a, err := netip.ParseAddr(s)
+			if err != nil || a.Zone() != "" {
+				return &elemError{i, fmt.Sprintf("invalid IP address or CIDR %q", s)}
 			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
 		}
-		prev, cur = cur, prev
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return &elemError{i, fmt.Sprintf("invalid CIDR %q", s)}
+		}
+		out = append(out, p.Masked())
 	}
-	return prev[len(b)]
+	*ps = out
+	return nil
+}
+
+// An elemError is a problem with element i of a value that decodes itself.
+type elemError struct {
+	i   int
+	msg string
+}
+
+func (e *elemError) Error() string { return fmt.Sprintf("config: element %d: %s", e.i+1, e.msg) }
+
+// Mode is what a rule does with a request over its limit.
+type Mode uint8
+
+const (
+	Enforce Mode = iota // refuse it ("enforce")
+	Shadow              // count it, log it and send the headers, but serve it ("shadow")
+)
+
+// Headers selects the rate-limit headers sent on the responses of a
+// matching route: the decision core's own type, so that one list of
+// names exists.
+type Headers = core.HeaderMode
+
+const (
+	HeadersBoth = core.HeadersBoth // RateLimit-Policy and RateLimit, and X-RateLimit-* ("both")
+	HeadersIETF = core.HeadersIETF // RateLimit-Policy and RateLimit ("ietf")
+	HeadersX    = core.HeadersX    // X-RateLimit-Limit, -Remaining, -Reset ("x")
+	HeadersNone = core.HeadersNone // none ("none")
+)
+
+var modeNames = enum[Mode]{"enforce", "shadow"}
+
+func (m Mode) String() string                { return modeNames.name(m) }
+func (m Mode) MarshalText() ([]byte, error)  { return modeNames.marshal(m) }
+func (m *Mode) UnmarshalText(b []byte) error { return modeNames.unmarshal(b, m) }
+
+// enum holds the names of a small integer type's values, in order: the
+// first is the zero value's, which is the default.
+type enum[T ~uint8] []string
+
+func (e enum[T]) name(v T) string {
+	if int(v) < len(e) {
+		return e[v]
+	}
+	return strconv.Itoa(int(v))
+}
+
+// check refuses a value that has no name (one set in Go).
+func (e enum[T]) check(v T) error {
+	if int(v) < len(e) {
+		return nil
+	}
+	return fmt.Errorf("config: %d is not one of %s", v, e.list())
+}
+
+func (e enum[T]) marshal(v T) ([]byte, error) {
+	if err := e.check(v); err != nil {
+		return nil, err
+	}
+	return []byte(e[v]), nil
+}
+
+func (e enum[T]) unmarshal(b []byte, v *T) error {
+	i := slices.Index(e, string(b))
+	if i < 0 {
+		return fmt.Errorf("config: %q is not one of %s", b, e.list())
+	}
+	*v = T(i)
+	return nil
+}
+
+func (e enum[T]) list() string {
+	q := make([]string, len(e))
+	for i, n := range e {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
 }

@@ -188,6 +188,9 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 	if c.maxReq < 0 {
 		return nil, fmt.Errorf("core: MaxRequestBody %d is negative", c.maxReq)
 	}
+	if _, err := opts.Headers.MarshalText(); err != nil {
+		return nil, err
+	}
 	if c.now == nil {
 		c.now = region.Now
 	}

@@ -67,7 +67,7 @@ func TestNewErrors(t *testing.T) {
 		{"duplicate", withTable, core.Options{RateLimits: []core.RateLimit{good, good}}, `rule "r" defined twice`},
 		{"name", withTable, rule(func(r *core.RateLimit) { r.Rule.Name = "a\nb" }), "printable ASCII"},
 		{"no name", withTable, rule(func(r *core.RateLimit) { r.Rule.Name = "" }), "printable ASCII"},
-		{"limit", withTable, rule(func(r *core.RateLimit) { r.Rule.Limit = 0 }), "limit 0"},
+		{"limit", withTable, rule(func(r *core.RateLimit) { r.Rule.Limit = 0 }), "limit must be between 1"},
 		{"window", withTable, rule(func(r *core.RateLimit) { r.Rule.Window = 0 }), "window"},
 		{"burst", withTable, rule(func(r *core.RateLimit) { r.Rule.Algorithm = bucket.FixedWindow; r.Rule.Burst = 3 }), "burst"},
 		{"no response table", noTable, block(func(*core.Idempotency) {}), "no response table"},

@@ -28,7 +28,7 @@ const (
 // ParseHeaderMode parses "both", "ietf", "x" or "none".
 func ParseHeaderMode(s string) (HeaderMode, error) {
 	switch s {
-	case "both", "":
+	case "both":
 		return HeadersBoth, nil
 	case "ietf":
 		return HeadersIETF, nil
@@ -37,19 +37,35 @@ func ParseHeaderMode(s string) (HeaderMode, error) {
 	case "none":
 		return HeadersNone, nil
 	}
-	return 0, fmt.Errorf("core: headers %q: want \"ietf\", \"x\", \"both\" or \"none\"", s)
+	return 0, fmt.Errorf("core: %q is not one of \"both\", \"ietf\", \"x\", \"none\"", s)
 }
+
+var headerModeNames = [...]string{"both", "ietf", "x", "none"}
 
 // String is the mode as ParseHeaderMode reads it.
 func (m HeaderMode) String() string {
-	return [...]string{"both", "ietf", "x", "none"}[m&3]
+	if int(m) < len(headerModeNames) {
+		return headerModeNames[m]
+	}
+	return "HeaderMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// MarshalText is the mode's name; a value without one is an error.
+func (m HeaderMode) MarshalText() ([]byte, error) {
+	if int(m) >= len(headerModeNames) {
+		return nil, fmt.Errorf("core: %d is not one of \"both\", \"ietf\", \"x\", \"none\"", m)
+	}
+	return []byte(headerModeNames[m]), nil
 }
 
 // UnmarshalText makes a HeaderMode a configuration value.
 func (m *HeaderMode) UnmarshalText(b []byte) error {
 	v, err := ParseHeaderMode(string(b))
+	if err != nil {
+		return err
+	}
 	*m = v
-	return err
+	return nil
 }
 
 func (m HeaderMode) ietf() bool { return m == HeadersBoth || m == HeadersIETF }

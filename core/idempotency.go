@@ -220,10 +220,11 @@ func (ex *Exchange) reserve(b *block, k shm.Key, fp shm.Fingerprint) (Verdict, b
 	for waited := false; ; {
 		out, tk, err := tab.Begin(k, fp, c.now(), &ex.stored)
 		if err != nil {
-			// ErrFull and ErrLockTimeout are the table's to say; anything
-			// else (a region without a response table or identity) New
-			// rules out. Either way: no reservation, no execution.
-			if !errors.Is(err, shm.ErrFull) && !errors.Is(err, shm.ErrLockTimeout) {
+			// ErrFull, ErrLockTimeout and ErrRetired (this worker was
+			// reaped while it runs) are the table's to say; anything else
+			// (a region without a response table or identity) New rules
+			// out. Either way: no reservation, no execution.
+			if !errors.Is(err, shm.ErrFull) && !errors.Is(err, shm.ErrLockTimeout) && !errors.Is(err, shm.ErrRetired) {
 				c.logger().LogAttrs(context.Background(), slog.LevelError, "idempotency: reservation refused", slog.String("err", err.Error()))
 			}
 			c.idem.full.Add(1)

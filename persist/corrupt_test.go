@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/preforkd/preforkd/bucket"
 )
 
@@ -58,7 +57,7 @@ func collidingNames() (string, string) {
 	seen := map[uint16]string{}
 	for i := 0; ; i++ {
 		name := fmt.Sprint("rule", i)
-		tag := uint16(xxhash.Sum64String(name))
+		tag := bucket.Rule{Name: name}.Tag()
 		if other, ok := seen[tag]; ok {
 			return other, name
 		}
@@ -115,7 +114,7 @@ func TestCorruption(t *testing.T) {
 		{name: "wrong magic", mutate: flip(2), want: want{refused: []string{"dump: bad magic"}}},
 		{name: "other format version", mutate: fixed(func(d []byte) { le.PutUint32(d[8:], 2) }), want: want{refused: []string{"dump: format version"}}},
 		{name: "other slot size", mutate: fixed(func(d []byte) { le.PutUint32(d[28:], 128) }), want: want{refused: []string{"dump: layout"}}},
-		{name: "other byte order", mutate: fixed(func(d []byte) { binary.BigEndian.PutUint64(d[16:], byteOrderMark) }), want: want{refused: []string{"dump: layout"}}},
+		{name: "other byte order", mutate: fixed(func(d []byte) { binary.BigEndian.PutUint64(d[16:], formatByteOrder) }), want: want{refused: []string{"dump: layout"}}},
 		{name: "other seed in the counters", mutate: fixed(func(d []byte) { d[at.countersPayload+3] ^= 1 }), want: want{refused: []string{"counters: seed"}}},
 		{name: "other seed in the responses", mutate: fixed(func(d []byte) { d[at.responsesPayload+9] ^= 1 }), want: want{refused: []string{"responses: seed"}, loaded: true, counters: 7}},
 		{name: "rule count beyond the payload", mutate: fixed(func(d []byte) { le.PutUint32(d[at.countersPayload+16:], 1<<30) }), want: want{refused: []string{"counters: malformed"}}},

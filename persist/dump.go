@@ -32,7 +32,11 @@ type Options struct {
 	Build string
 	// Rules are the rate-limit rules of the configuration in force. Only
 	// counter state of these rules is dumped, and at load only state of
-	// rules whose definition is unchanged is restored.
+	// rules whose definition is unchanged is restored. A definition is
+	// what a count is worth: name, algorithm, window, limit and effective
+	// burst (a GCRA burst of 0 is the limit). Path, methods, key source,
+	// mode and on_full choose what a rule counts; changing them keeps the
+	// state.
 	Rules []bucket.Rule
 	// Now is the wall clock, read once by Dump and once by Load to count
 	// the downtime between them. nil means time.Now.
@@ -221,9 +225,9 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 	s1, s2 := r.Seeds()
 	h := header{
 		version:      FormatVersion,
-		byteOrder:    byteOrderMark,
+		byteOrder:    formatByteOrder,
 		regionLayout: shm.LayoutVersion,
-		slotSize:     slotSize,
+		slotSize:     formatSlotSize,
 		slots:        uint64(g.Counters),
 		probe:        uint32(g.Probe),
 		maxWorkers:   uint32(g.MaxWorkers),
@@ -239,9 +243,8 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 	e.write(h.encode())
 
 	// Counters: rules, then every live entry of a rule that is not as
-	// fresh as a new key. Entries are written in slot order from a
-	// boundary (see entries), so that a load into a region of the same
-	// geometry fills it front to back and fits every entry again.
+	// fresh as a new key, in the order of shm's snapshot, so that a load
+	// into a region of the same geometry fits every entry again.
 	rules := make([]ruleDef, len(o.Rules))
 	metas := make([]uint64, len(o.Rules))
 	owner := tagOwners(o.Rules)
@@ -252,15 +255,15 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 	cs := e.section(sectionCounters)
 	cs.buf = append(cs.buf, countersHead(s1, s2, rules)...)
 	le := binary.LittleEndian
-	entries(r, func(en shm.Entry) {
-		i := owner[en.Meta>>48]
+	for en := range r.Counters().Snapshot() {
+		i := owner[bucket.MetaTag(en.Meta)]
 		if i < 0 || metas[i] != en.Meta {
 			st.Unowned++
-			return
+			continue
 		}
 		if bucket.Fresh(en.Meta, en.Payload, now) {
 			st.Expired++
-			return
+			continue
 		}
 		cs.room(entrySize)
 		cs.buf = le.AppendUint64(cs.buf, en.Key.A)
@@ -268,7 +271,7 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 		cs.buf = le.AppendUint64(cs.buf, en.Meta)
 		cs.buf = le.AppendUint64(cs.buf, en.Payload)
 		st.Entries++
-	})
+	}
 	cs.end()
 
 	// Responses: the persist.key guard, then every completed response
@@ -276,13 +279,10 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 	// visited).
 	rs := e.section(sectionResponses)
 	rs.buf = append(rs.buf, responsesHead(s1, s2, o.Key)...)
-	if t := r.Responses(); t != nil {
-		t.Range(now, func(se shm.StoredEntry) bool {
-			rs.room(recordFixed + len(se.Response.ContentType) + len(se.Response.Location) + len(se.Response.Body))
-			rs.buf = appendRecord(rs.buf, &se)
-			st.Responses++
-			return true
-		})
+	for se := range r.Responses().Snapshot(now) {
+		rs.room(recordFixed + len(se.Response.ContentType) + len(se.Response.Location) + len(se.Response.Body))
+		rs.buf = appendRecord(rs.buf, &se)
+		st.Responses++
 	}
 	rs.end()
 

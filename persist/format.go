@@ -11,8 +11,63 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
-// The dump format, version 1. Every integer is little-endian; doc.go has
-// the byte-level table.
+// The dump format, version 1. All integers little-endian; CRC is CRC-32C
+// (Castagnoli).
+//
+//	Header
+//	offset  size  field
+//	0       8     magic "PFKDDUMP"
+//	8       4     format version (1)
+//	12      4     header length H = 98 + B
+//	16      8     byte-order mark 0x0102030405060708
+//	24      4     region layout version of the dumped region (informative)
+//	28      4     slot size (64)
+//	32      8     counter slots of the dumped region (informative)
+//	40      4     probe window (informative)
+//	44      4     worker indexes (informative)
+//	48      8     hash seed 1
+//	56      8     hash seed 2
+//	64      8     region clock at dump, ns (≥ 0)
+//	72      8     wall clock at dump, Unix ns
+//	80      8     region created, Unix ns (informative)
+//	88      4     section count
+//	92      2     build string length B (≤ 255)
+//	94      B     build string
+//	94+B    4     CRC of bytes [0, 94+B)
+//
+//	Section frame (repeated "section count" times, right after the header)
+//	0       4     type: 1 counters, 2 responses; others are skipped by readers
+//	4       4     flags (0; ignored by readers)
+//	8       8     payload length L
+//	16      4     CRC of the payload
+//	20      4     CRC of bytes [0, 20) of this frame
+//	24      L     payload
+//
+//	Counters payload
+//	0       8     hash seed 1 (must equal the header's)
+//	8       8     hash seed 2 (must equal the header's)
+//	16      4     rule count R
+//	20      4     reserved (0)
+//	24      …     R rules, each: name length N (2) · algorithm (1: 0 gcra,
+//	              1 fixed-window) · reserved (5) · window ns (8) · limit (4) ·
+//	              effective burst (4) · name (N)
+//	…       32·E  E entries to the end of the payload, in slot order, each:
+//	              key A (8) · key B (8) · meta (8) · payload (8, < 2^48)
+//
+//	Responses payload
+//	0       8     hash seed 1 (must equal the header's)
+//	8       8     hash seed 2 (must equal the header's)
+//	16      8     xxhash64 of "preforkd persist.key\x00" + persist.key
+//	24      …     completed responses to the end of the payload, each:
+//	              key A (8) · key B (8) · request fingerprint (32) ·
+//	              expiry, region ns (8) · flags (4: bit 0 not replayable) ·
+//	              status (2) · content-type length C (2) · location
+//	              length L (2) · reserved (2) · body length N (4) ·
+//	              content type (C) · location (L) · body (N)
+//
+// Bytes after the last section are ignored (and logged). The file's size
+// follows the number of live entries, not the table's: 32 bytes a counter,
+// 72 bytes plus its strings and body a stored response.
 const (
 	// Magic opens every dump (a live region opens with shm.Magic instead).
 	Magic = "PFKDDUMP"
@@ -20,8 +75,12 @@ const (
 	// and the only one it reads: another version is refused, never misread.
 	FormatVersion = 1
 
-	byteOrderMark = 0x0102030405060708
-	slotSize      = 64 // the counter slot size of the regions this format describes
+	// Layout fields of the header, fixed in format 1. They describe the
+	// dump, not the region it came from: entries are re-inserted by key,
+	// whatever the region's slot layout. Another value means a writer of
+	// another byte order or entry layout.
+	formatByteOrder = 0x0102030405060708
+	formatSlotSize  = 64
 
 	headerFixed  = 94  // header bytes before the build string
 	maxBuild     = 255 // longest build string kept (longer ones are cut)
@@ -69,6 +128,7 @@ const (
 	ReasonRuleChanged Reason = "rule changed"        // a rule's definition differs: its state is dropped
 	ReasonKeyChanged  Reason = "persist key changed" // persist.key differs: stored responses are dropped
 	ReasonUnreadable  Reason = "unreadable"          // not a regular file
+	ReasonUntrusted   Reason = "untrusted"           // owned by another user, or writable by group or others
 )
 
 // Refusal is one thing a load refused.
@@ -166,13 +226,14 @@ func defOf(r bucket.Rule) ruleDef {
 	return d
 }
 
-func (d ruleDef) tag() uint16 { return uint16(xxhash.Sum64String(d.name)) }
-
-// meta is the meta word a limiter of this rule writes in its slots (see
-// bucket: tag 16 bits · algorithm 4 bits · window in µs 44 bits).
-func (d ruleDef) meta() uint64 {
-	return uint64(d.tag())<<48 | uint64(d.algo&0xf)<<44 | uint64(d.window/time.Microsecond)&(1<<44-1)
+func (d ruleDef) rule() bucket.Rule {
+	return bucket.Rule{Name: d.name, Algorithm: d.algo, Window: d.window, Limit: d.limit, Burst: d.burst}
 }
+
+func (d ruleDef) tag() uint16 { return d.rule().Tag() }
+
+// meta is the meta word a limiter of this rule writes beside its keys.
+func (d ruleDef) meta() uint64 { return d.rule().Meta() }
 
 // diff describes how d (the dump's) differs from cur, "" when equal.
 func (d ruleDef) diff(cur ruleDef) string {
@@ -234,7 +295,7 @@ func responsesHead(seed1, seed2 uint64, key string) []byte {
 	return le.AppendUint64(b, keyHash(key))
 }
 
-const flagUnreplayable = 1 // a stored response's flags: completed, not replayable
+const recordUnreplayable = 1 // a stored response's flags: completed, not replayable
 
 // appendRecord encodes one stored response.
 func appendRecord(b []byte, e *shm.StoredEntry) []byte {
@@ -242,7 +303,7 @@ func appendRecord(b []byte, e *shm.StoredEntry) []byte {
 	ct, loc, body := e.Response.ContentType, e.Response.Location, e.Response.Body
 	var flags uint32
 	if e.Unreplayable {
-		flags, ct, loc, body = flagUnreplayable, "", "", nil
+		flags, ct, loc, body = recordUnreplayable, "", "", nil
 	}
 	ct, loc = ct[:min(len(ct), 0xffff)], loc[:min(len(loc), 0xffff)]
 	b = le.AppendUint64(b, e.Key.A)
@@ -330,10 +391,10 @@ func parse(data []byte) (*parsed, *Refusal) {
 	}
 	h.build = string(data[headerFixed : n-4])
 	switch {
-	case h.byteOrder != byteOrderMark:
-		return refuse(ReasonLayout, "byte order mark %#016x, want %#016x", h.byteOrder, uint64(byteOrderMark))
-	case h.slotSize != slotSize:
-		return refuse(ReasonLayout, "slot size %d, want %d", h.slotSize, slotSize)
+	case h.byteOrder != formatByteOrder:
+		return refuse(ReasonLayout, "byte order mark %#016x, want %#016x", h.byteOrder, uint64(formatByteOrder))
+	case h.slotSize != formatSlotSize:
+		return refuse(ReasonLayout, "slot size %d, want %d", h.slotSize, formatSlotSize)
 	case h.regionTime < 0:
 		return refuse(ReasonMalformed, "region clock %v", h.regionTime)
 	}
@@ -466,7 +527,7 @@ func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
 	e.Key = shm.Key{A: le.Uint64(b), B: le.Uint64(b[8:])}
 	copy(e.Fingerprint[:], b[16:48])
 	e.Expiry = time.Duration(le.Uint64(b[48:]))
-	e.Unreplayable = le.Uint32(b[56:])&flagUnreplayable != 0
+	e.Unreplayable = le.Uint32(b[56:])&recordUnreplayable != 0
 	e.Response.Status = int(le.Uint16(b[60:]))
 	s := recordFixed
 	e.Response.ContentType = string(b[s : s+ctLen])

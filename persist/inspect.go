@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -74,6 +75,7 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 		h.slotSize, h.regionLayout, h.slots, h.probe, h.maxWorkers)
 	fmt.Fprintf(w, "seeds:\t%#016x %#016x\n", h.seed1, h.seed2)
 	var verdict []string
+	distrust := trust(fi, "dump")
 	for _, f := range p.refused {
 		verdict = append(verdict, f.String())
 	}
@@ -116,7 +118,11 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 	if p.trailing > 0 {
 		fmt.Fprintf(w, "trailing:\t%d bytes after the last section (ignored)\n", p.trailing)
 	}
-	if len(verdict) == 0 {
+	switch {
+	case distrust != nil:
+		fmt.Fprintf(w, "verdict:\trefused: %s (judged for uid %d, who runs inspect)\n", distrust, os.Geteuid())
+		return distrust.String()
+	case len(verdict) == 0:
 		fmt.Fprintf(w, "verdict:\tloadable (rule definitions and persist.key are checked against the configuration at load)\n")
 		return ""
 	}
@@ -136,7 +142,7 @@ func describeCounters(w io.Writer, h *header, c counters) {
 	unowned := 0
 	for b := c.entries; len(b) >= entrySize; b = b[entrySize:] {
 		meta := binary.LittleEndian.Uint64(b[16:])
-		if i := owner[meta>>48]; i >= 0 && c.rules[i].meta() == meta {
+		if i := owner[bucket.MetaTag(meta)]; i >= 0 && c.rules[i].meta() == meta {
 			per[i]++
 		} else {
 			unowned++
@@ -210,7 +216,20 @@ func inspectLive(path string, fi os.FileInfo, out io.Writer) error {
 		}
 		fmt.Fprintf(w, "worker %d:\tincarnation %d, %s\n", wi.Index, wi.Incarnation, state)
 	}
+	if f := trust(fi, "live region"); f != nil {
+		fmt.Fprintf(w, "verdict:\trefused: %s (judged for uid %d, who runs inspect; a supervisor would replace it with a fresh region)\n", f, os.Geteuid())
+		return nil
+	}
 	fmt.Fprintf(w, "verdict:\tre-attachable (BUSY slots and insert locks of dead processes are released first)\n")
+	return nil
+}
+
+// trust is the refusal a supervisor running as this user would make of a
+// file it cannot trust, or nil.
+func trust(fi os.FileInfo, what string) *Refusal {
+	if why := untrusted(fi); why != "" {
+		return &Refusal{ReasonUntrusted, what, why}
+	}
 	return nil
 }
 

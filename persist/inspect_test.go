@@ -31,6 +31,8 @@ func TestInspect(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, name), data, 0o600)
 	}
 	os.Mkdir(filepath.Join(dir, "adir"), 0o700)
+	os.WriteFile(filepath.Join(dir, "shared"), good, 0o600)
+	os.Chmod(filepath.Join(dir, "shared"), 0o666)
 	for _, tc := range []struct {
 		file    string
 		want    []string // regexps, each must match
@@ -41,6 +43,7 @@ func TestInspect(t *testing.T) {
 			`rule "api":\s+fixed-window 2 per 1m0s, tag 0x[0-9a-f]+, 6 entries`, `section 2:\s+responses`, `verdict:\s+loadable`}, false},
 		{"bad", []string{`refused:\s+counters: checksum`, `verdict:\s+partly refused: counters: checksum`}, true},
 		{"notadump", []string{`verdict:\s+refused: dump: bad magic`}, true},
+		{"shared", []string{`section 1:\s+counters`, `verdict:\s+refused: dump: untrusted: mode 0666: writable by group or others`}, true},
 		{"adir", []string{`not a regular file`, `verdict: refused \(unreadable\)`}, true},
 		{"live", []string{`live region`, `lock:\s+last taken by pid \d+, which is running`, `occupancy:\s+3.12%: 2 live`,
 			`worker 1:\s+incarnation 1, pid \d+`, `verdict:\s+re-attachable`}, false},

@@ -15,64 +15,106 @@ import (
 )
 
 // OpenRegion makes the region of a supervisor that is starting, before
-// any worker exists.
+// any worker exists, and locks the files it persists to.
 //
-// Without a live region (o.Live == "") it is shm.Create(geo), and lock is
-// nil.
+// It first takes the lock of o.Live and of o.Path (a file FILE.lock beside
+// each): a second supervisor on either gets an error that wraps ErrInUse
+// and names the path and the holder's pid. lock is nil when both are "".
 //
-// With o.Live it first takes the live region's lock: a second supervisor
-// on the same path gets an error that wraps shm.ErrLiveInUse and names the
-// path and the holder's pid. Then, if a region is left at o.Live (its
-// supervisor died, e.g. by kill -9), it is re-attached: its header is
-// checked, workers of the dead supervisor that still map it are killed,
-// whatever dead processes held (BUSY slots, insert locks, reservations)
-// is released, and any dump at o.Path is moved to PATH.superseded unread,
-// because the live region is newer than any dump. A region of
-// another size than geo asks for is migrated into a new one of that size
-// (its entries re-inserted by key). A region whose header fails is logged
-// and replaced by a fresh one. Otherwise a fresh region is created there.
+// Without a live region (o.Live == "") the region is shm.Create(geo).
+// With o.Live, if a region is left there (its supervisor died, e.g. by
+// kill -9), it is re-attached: its owner and mode are checked as a dump's
+// are, and its header; workers of the dead supervisor that still map it
+// are killed, whatever dead processes held (BUSY slots, insert locks,
+// reservations) is released, and any dump at o.Path is moved to
+// PATH.superseded unread, because the live region is newer than any dump.
+// A region of another size than geo asks for is migrated into a new one
+// of that size (its entries re-inserted by key). A region that is refused
+// is logged with the reason and replaced by a fresh one. Otherwise a fresh
+// region is created there.
 //
 // The caller keeps lock until its process ends, or until it has dumped
 // the region and no longer uses it; a nil log means slog.Default().
-func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lock *shm.LiveLock, reattached bool, err error) {
-	if o.Live == "" {
+func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lock *Lock, reattached bool, err error) {
+	if o.Path == "" && o.Live == "" {
 		r, err = shm.Create(geo)
 		return r, nil, false, err
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	log = log.With("live", o.Live)
-	lock, err = shm.LockLive(o.Live)
-	if err != nil {
-		return nil, nil, false, fmt.Errorf("persist: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			lock.Unlock()
-			lock = nil
+	l := &Lock{}
+	for _, path := range []string{o.Live, o.Path} {
+		if path == "" {
+			continue
 		}
-	}()
+		if err := l.lock(path); err != nil {
+			l.Unlock()
+			return nil, nil, false, err
+		}
+	}
+	r, reattached, err = openRegion(o, geo, log)
+	if err != nil {
+		l.Unlock()
+		return nil, nil, false, err
+	}
+	return r, l, reattached, nil
+}
+
+// openRegion is OpenRegion once the locks are held.
+func openRegion(o Options, geo shm.Options, log *slog.Logger) (*shm.Region, bool, error) {
+	if o.Live == "" {
+		r, err := shm.Create(geo)
+		return r, false, err
+	}
+	log = log.With("live", o.Live)
 	warnIfNotTmpfs(o.Live, log)
 	// A supervisor that died inside shm.CreateFile left its temporary file.
-	removePrefixed(filepath.Dir(o.Live), filepath.Base(o.Live)+".new-")
-	r, err = shm.OpenFile(o.Live)
+	removePrefixed(filepath.Dir(o.Live), liveTempPrefix(o.Live))
+	r, err := openLive(o.Live)
 	switch {
 	case err == nil:
 		r, err = reattach(r, o, geo, log)
-		return r, lock, err == nil, err
+		return r, err == nil, err
 	case errors.Is(err, fs.ErrNotExist):
 	case errors.Is(err, fs.ErrPermission):
-		return nil, nil, false, fmt.Errorf("persist: %w", err)
+		return nil, false, err
 	default:
 		log.Warn("persist: live region refused: creating a fresh one", "detail", err.Error())
 	}
 	r, err = shm.CreateFile(o.Live, geo)
-	if err != nil {
-		return nil, nil, false, fmt.Errorf("persist: %w", err)
-	}
-	return r, lock, false, nil
+	return r, false, err
 }
+
+// openLive attaches the live region at path, unless it cannot be trusted
+// (see untrusted): its owner and mode are read from the open file, the one
+// that is then mapped.
+func openLive(path string) (*shm.Region, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("persist: live region: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("persist: live region: %w", err)
+	}
+	if why := untrusted(fi); why != "" {
+		f.Close()
+		return nil, fmt.Errorf("persist: live region %s: untrusted: %s", path, why)
+	}
+	r, err := shm.Attach(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// liveTempPrefix starts the names of the temporary files of a live region
+// at path: shm.CreateFile's, which OpenRegion removes when a crash left
+// them.
+func liveTempPrefix(path string) string { return filepath.Base(path) + ".new-" }
 
 // orphanWait bounds the wait for the workers of a dead supervisor to die.
 const orphanWait = 5 * time.Second
@@ -94,7 +136,7 @@ func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm
 	st := r.Counters().Stats()
 	log.Info("persist: live region re-attached", "entries", st.Live, "released", released,
 		"created", r.Created().UTC().Format(time.RFC3339), "region_time", r.Now())
-	if want, err := geo.Size(); err == nil && want != int64(len(r.Bytes())) {
+	if want, err := geo.Size(); err == nil && want != regionSize(r) {
 		nr, err := migrate(r, o.Live, geo)
 		if err != nil {
 			log.Warn("persist: live region kept at its old size", "detail", err.Error())
@@ -131,26 +173,23 @@ func migrate(old *shm.Region, path string, geo shm.Options) (*shm.Region, error)
 	}
 	now := old.Now()
 	nr.SetNow(now)
-	pl := newPlacer(nr, now)
-	old.Counters().Range(func(e shm.Entry) bool {
+	// A smaller table may not hold every entry: what does not fit is dropped.
+	for e := range old.Counters().Snapshot() {
 		if !bucket.Fresh(e.Meta, e.Payload, now) {
-			pl.place(e) // a smaller table may not hold every entry
+			nr.Counters().Place(e)
 		}
-		return true
-	})
-	pl.done()
-	if from, to := old.Responses(), nr.Responses(); from != nil && to != nil && to.Len() > 0 {
-		id := borrowed{r: nr}
-		from.Range(now, func(e shm.StoredEntry) bool {
-			if id.join() == nil {
-				to.Restore(e, now) // likewise
-			}
-			return true
-		})
-		id.release()
+	}
+	for e := range old.Responses().Snapshot(now) {
+		nr.Responses().Place(e, now)
 	}
 	old.Close()
 	return nr, nil
+}
+
+// regionSize is the size of r's mapping.
+func regionSize(r *shm.Region) int64 {
+	n, _ := r.Geometry().Size() // a region's geometry is valid
+	return n
 }
 
 // warnIfNotTmpfs warns about a live region on a disk-backed file system:

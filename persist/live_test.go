@@ -2,7 +2,6 @@ package persist
 
 import (
 	"bufio"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,11 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/preforkd/preforkd/shm"
 )
@@ -26,10 +23,21 @@ func liveOptions(t *testing.T) Options {
 	return Options{Live: filepath.Join(dir, "region"), Path: filepath.Join(dir, "dump"), Rules: rules}
 }
 
-// slotWord points at word w of counter slot i of r (layout of slots.go).
-func slotWord(r *shm.Region, i, w int) *uint64 {
-	off := binary.NativeEndian.Uint64(r.Bytes()[rhOffSlots:])
-	return (*uint64)(unsafe.Pointer(&r.Bytes()[int(off)+i*slotSize+w*8]))
+// crashMidClaim leaves what a worker killed in the middle of installing a
+// key leaves: a BUSY slot and the key's insert lock, owned by r's worker
+// identity. A claim publishes BUSY, writes the key and only then runs the
+// caller's op; an op that panics stops it there, as a kill would.
+func crashMidClaim(t testing.TB, r *shm.Region) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Fatal("the claim never ran its op")
+		}
+	}()
+	tab := r.Counters()
+	tab.Update(tab.KeyOfString(login.Namespace(), "crashed"), login.Meta(), t1, func(uint64, time.Duration) (uint64, bool) {
+		panic("killed")
+	})
 }
 
 func TestLiveRegionSurvivesACrash(t *testing.T) {
@@ -41,13 +49,7 @@ func TestLiveRegionSurvivesACrash(t *testing.T) {
 	}
 	r.SetNow(t1)
 	gcra, _ := exhaust(t, r, "c")
-	// What a worker killed mid-claim leaves: a BUSY slot and an insert
-	// lock owned by its incarnation (worker 1, incarnation 1).
-	var free int
-	for free = 0; atomic.LoadUint64(slotWord(r, free, 0)) != 0; free++ {
-	}
-	atomic.StoreUint64(slotWord(r, free, 0), 1<<phaseShift|1<<genShift|1<<32|1)
-	atomic.StoreUint64(slotWord(r, free+1, 4), 1<<32|1)
+	crashMidClaim(t, r) // as worker 1, incarnation 1
 	if st := r.Counters().Stats(); st.Busy != 1 || st.Locked != 1 {
 		t.Fatalf("crash state not set up: %+v", st)
 	}
@@ -59,7 +61,7 @@ func TestLiveRegionSurvivesACrash(t *testing.T) {
 
 	// While the first supervisor holds the region, a second one is refused.
 	_, _, _, err = OpenRegion(o, geo, quiet)
-	if !errors.Is(err, shm.ErrLiveInUse) || !strings.Contains(err.Error(), o.Live) {
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), o.Live) {
 		t.Fatalf("second supervisor: %v", err)
 	}
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"math"
@@ -62,18 +63,39 @@ type Report struct {
 // Every guard and checksum is verified first. What fails is refused with
 // one log line naming the reason (see Reason), reported in Report.Refused,
 // and not restored; what passed is. A refusal is not an error: the server
-// starts cold or with the sections that passed. Restored state keeps its
-// hash seeds and its region times: the region's clock continues from the
-// dump's plus the wall-clock downtime (clamped at zero, so that a wall
-// clock that jumped back grants nothing), so buckets refill, windows roll
-// and stored responses age over the downtime. Entries that are then as
-// fresh as new keys, entries of changed rules and expired responses are
-// dropped.
+// starts cold or with the sections that passed:
 //
-// Restoring stored responses reserves records as a worker: when r has no
-// worker identity, Load borrows index 0 and retires it (shm.Region.Reap)
-// before it returns, so a process that serves from r itself must Join
-// after Load.
+//   - a file another user owns, or that group or others may write
+//     (checksums are no authentication): the whole dump is refused, and
+//     left where it is;
+//   - bad magic, format version, layout (slot size or byte order), a
+//     header checksum, a file cut inside its header, a directory or other
+//     non-regular file: the whole dump is refused;
+//   - a section whose frame checksum fails, or that is cut short: that
+//     section is refused, and with a bad frame also every section after it
+//     (its length cannot be trusted); a section whose payload checksum
+//     fails, whose seeds are not the header's, or whose content is
+//     inconsistent (malformed): that section only;
+//   - a rule whose definition changed (algorithm, window, limit or the
+//     effective burst), that was removed, or whose 16-bit tag is shared
+//     with another rule (entries carry only the tag): that rule's state
+//     only; other rules keep theirs;
+//   - another persist.key: the stored responses only; counters are kept.
+//
+// A dump from a table of another size is not refused: entries are
+// re-inserted by key, so that growing table.counters and restarting keeps
+// every limit (a smaller table keeps what fits; the rest is counted as
+// "table full"). Into a table of the same size every entry fits again.
+// The region layout version of the dumped region is recorded but not
+// guarded: what an entry means is fixed by the dump's format version, so
+// an upgrade that changes the region's memory layout keeps the dump.
+//
+// Restored state keeps its hash seeds and its region times: the region's
+// clock continues from the dump's plus the wall-clock downtime (clamped at
+// zero, so that a wall clock that jumped back grants nothing), so buckets
+// refill, windows roll and stored responses age over the downtime.
+// Entries that are then as fresh as new keys, entries of changed rules and
+// expired responses are dropped.
 //
 // The dump is then consumed: renamed to PATH.loaded (or PATH.refused when
 // nothing was restored), and the rename fsynced, so that a later crash
@@ -104,9 +126,14 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 		l.refuse(Refusal{ReasonUnreadable, "dump", fmt.Sprintf("not a regular file (%v)", fi.Mode().Type())})
 		return rep, nil
 	}
-	data, err := os.ReadFile(o.Path)
+	data, why, err := readTrusted(o.Path)
 	if err != nil {
-		return rep, fmt.Errorf("persist: load: %w", err)
+		return rep, err
+	}
+	if why != "" {
+		// Not consumed: it is not this service's file to move.
+		l.refuse(Refusal{ReasonUntrusted, "dump", why})
+		return rep, nil
 	}
 	if err := l.load(data); err != nil {
 		return rep, err
@@ -120,6 +147,28 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 	}
 	rep.MovedTo = dest
 	return rep, nil
+}
+
+// readTrusted reads the file at path, unless it cannot be trusted (why
+// says so): its owner and mode are those of the open file, the one read.
+func readTrusted(path string) (data []byte, why string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("persist: load: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, "", fmt.Errorf("persist: load: %w", err)
+	}
+	if why := untrusted(fi); why != "" {
+		return nil, why, nil
+	}
+	data = make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, data); err != nil {
+		return nil, "", fmt.Errorf("persist: load: %w", err)
+	}
+	return data, "", nil
 }
 
 func newReport() Report {
@@ -281,7 +330,7 @@ func (l *loader) seedsMatch(what string, h *header, s1, s2 uint64) bool {
 // It returns the region time to restore at.
 func (l *loader) adopt(h *header) (time.Duration, error) {
 	if err := l.r.SetSeeds(h.seed1, h.seed2); err != nil {
-		return 0, fmt.Errorf("persist: load into a used region: %w", err)
+		return 0, err // shm.ErrNotEmpty: says it all
 	}
 	l.rep.Loaded = true
 	if g := l.r.Geometry(); uint64(g.Counters) != h.slots {
@@ -310,8 +359,7 @@ func (l *loader) counters(c counters, now time.Duration) {
 		metas[i] = d.meta()
 	}
 	changed := make([]int, len(c.rules))
-	pl := newPlacer(l.r, now)
-	defer pl.done()
+	tab := l.r.Counters()
 	le := binary.LittleEndian
 	for b := c.entries; len(b) >= entrySize; b = b[entrySize:] {
 		e := shm.Entry{
@@ -319,7 +367,7 @@ func (l *loader) counters(c counters, now time.Duration) {
 			Meta:    le.Uint64(b[16:]),
 			Payload: le.Uint64(b[24:]),
 		}
-		i := owner[e.Meta>>48]
+		i := owner[bucket.MetaTag(e.Meta)]
 		switch {
 		case i < 0 || metas[i] != e.Meta || e.Payload > shm.PayloadMask:
 			l.rep.Dropped[DropNoRule]++
@@ -328,10 +376,10 @@ func (l *loader) counters(c counters, now time.Duration) {
 		case bucket.Fresh(e.Meta, e.Payload, now):
 			l.rep.Dropped[DropExpired]++
 		default:
-			switch err := pl.place(e); {
+			switch err := tab.Place(e); {
 			case err == nil:
 				l.rep.Counters++
-			case errors.Is(err, errDuplicate):
+			case errors.Is(err, shm.ErrDuplicate):
 				l.rep.Dropped[DropDuplicate]++
 			default:
 				l.rep.Dropped[DropTableFull]++
@@ -358,32 +406,22 @@ func tagOwnersOf(defs []ruleDef) *[1 << 16]int32 {
 // responses restores the stored responses of rs at region time now.
 func (l *loader) responses(rs responses, now time.Duration) {
 	t := l.r.Responses()
-	id := borrowed{r: l.r}
-	defer id.release()
 	for rest := rs.records; len(rest) > 0; {
 		e, next, _ := nextRecord(rest) // parseResponses checked every record
 		rest = next
-		var err error
-		switch {
-		case e.Expiry <= now:
+		if e.Expiry <= now {
 			l.rep.DroppedResponses[DropExpired]++
 			continue
-		case t == nil || t.Len() == 0:
-			err = shm.ErrNoResponses
-		default:
-			if err = id.join(); err == nil {
-				err = t.Restore(e, now)
-			}
 		}
-		switch {
+		switch err := t.Place(e, now); {
 		case err == nil:
 			l.rep.Responses++
 		case errors.Is(err, shm.ErrNoResponses):
 			l.rep.DroppedResponses[DropNoTable]++
-		case errors.Is(err, shm.ErrFull), errors.Is(err, shm.ErrLockTimeout):
-			l.rep.DroppedResponses[DropTableFull]++
-		default:
+		case errors.Is(err, shm.ErrDuplicate):
 			l.rep.DroppedResponses[DropDuplicate]++
+		default:
+			l.rep.DroppedResponses[DropTableFull]++
 		}
 	}
 	if n := l.rep.DroppedResponses[DropNoTable]; n > 0 {

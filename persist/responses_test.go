@@ -72,7 +72,7 @@ func TestResponsesRoundTrip(t *testing.T) {
 	if err != nil || !rep.Loaded || rep.Responses != 2 || rep.DroppedResponses[DropExpired] != 1 || rep.Counters != 1 {
 		t.Fatalf("%+v, %v", rep, err)
 	}
-	if err := b.Join(1); err != nil { // Load retired the identity it borrowed
+	if err := b.Join(1); err != nil { // Load claims nothing as a worker: this process joins to serve
 		t.Fatal(err)
 	}
 	tab := b.Responses()

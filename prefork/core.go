@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
@@ -33,11 +32,8 @@ func CoreOptions(cfg config.Config) (core.Options, error) {
 	s := cfg.Server
 	o := core.Options{
 		Resolver:       clientip.Resolver{Trusted: s.TrustedProxies, IPv6Prefix: s.IPv6Prefix},
-		MaxRequestBody: s.MaxRequestBody,
-	}
-	var err error
-	if o.Headers, err = core.ParseHeaderMode(s.Headers); err != nil {
-		return o, fmt.Errorf("prefork: %w", err)
+		MaxRequestBody: int64(s.MaxRequestBody),
+		Headers:        s.Headers,
 	}
 	for _, rl := range cfg.RateLimits {
 		rt, err := route.Compile(rl.Path, rl.Methods)
@@ -48,19 +44,11 @@ func CoreOptions(cfg config.Config) (core.Options, error) {
 		if err != nil {
 			return o, fmt.Errorf("prefork: rule %q: %w", rl.Name, err)
 		}
-		algo, err := bucket.ParseAlgorithm(rl.Algorithm)
-		if err != nil {
-			return o, fmt.Errorf("prefork: rule %q: %w", rl.Name, err)
-		}
-		onFull := bucket.Open
-		if rl.OnFull == "closed" {
-			onFull = bucket.Closed
-		}
 		o.RateLimits = append(o.RateLimits, core.RateLimit{
-			Rule:   bucket.Rule{Name: rl.Name, Limit: rl.Limit, Window: rl.Window, Algorithm: algo, Burst: rl.Burst, OnFull: onFull},
+			Rule:   rl.BucketRule(),
 			Route:  rt,
 			By:     by,
-			Shadow: rl.Mode == "shadow",
+			Shadow: rl.Mode == config.Shadow,
 		})
 	}
 	for i, d := range cfg.Idempotency {
@@ -73,7 +61,7 @@ func CoreOptions(cfg config.Config) (core.Options, error) {
 			return o, fmt.Errorf("prefork: idempotency block %d: %w", i+1, err)
 		}
 		o.Idempotency = append(o.Idempotency, core.Idempotency{
-			Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: d.Wait, By: by, MaxBody: d.MaxBody,
+			Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: d.Wait, By: by, MaxBody: int64(d.MaxBody),
 		})
 	}
 	return o, nil

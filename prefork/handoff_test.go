@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
 )
 
@@ -20,18 +21,18 @@ func TestConfigHandoffRoundTrip(t *testing.T) {
 		Server: config.Server{
 			Listen: "127.0.0.1:9", Workers: 3, Upstream: "http://127.0.0.1:1",
 			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")},
-			IPv6Prefix:     56, ShutdownTimeout: 7 * time.Second, Headers: "ietf", MaxRequestBody: 1234,
+			IPv6Prefix:     56, ShutdownTimeout: 7 * time.Second, Headers: config.HeadersIETF, MaxRequestBody: 1234,
 		},
 		Admin:   config.Admin{Listen: "127.0.0.1:10", TokenFile: "/t"},
 		Table:   config.Table{Counters: 1024, Responses: 10, ResponseBytes: 4096},
 		Persist: config.Persist{Path: "/p", Key: "k", Live: "/dev/shm/x"},
 		RateLimits: []config.RateLimit{{
 			Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute,
-			Algorithm: "gcra", Burst: 2, By: "header:X|ip", Mode: "shadow", OnFull: "closed", Line: 12,
+			Algorithm: bucket.FixedWindow, Burst: 2, By: "header:X|ip", Mode: config.Shadow, OnFull: bucket.Closed,
 		}},
 		Idempotency: []config.Idempotency{{
 			Path: "/orders", Methods: []string{"POST"}, Header: "Idempotency-Key", Required: true,
-			TTL: time.Hour, Wait: time.Second, By: "ip", MaxBody: 99, Line: 30,
+			TTL: time.Hour, Wait: time.Second, By: "ip", MaxBody: 99,
 		}},
 	}
 	f, err := configFile(cfg)

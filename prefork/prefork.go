@@ -242,7 +242,7 @@ func RegionOptions(cfg config.Config) shm.Options {
 		Counters:      cfg.Table.Counters,
 		MaxWorkers:    minMaxWorkers(cfg.Server.WorkerCount()),
 		Responses:     cfg.Table.Responses,
-		ResponseBytes: cfg.Table.ResponseBytes,
+		ResponseBytes: int64(cfg.Table.ResponseBytes),
 	}
 }
 

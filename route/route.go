@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -32,14 +33,33 @@ func Compile(p string, methods []string) (Route, error) {
 	return Options{}.Compile(p, methods)
 }
 
-// Compile parses a configured path ("/login", "/api/*") and methods. The
-// path is normalized like a request path (see Normalize), so "/login/",
-// "/Login." and "/%6Cogin" name the route "/login" matches; a path that
-// Normalize would refuse is an error, and so is a ';', which would start a
-// parameter that matching ignores.
+// An Error is a path or methods that Compile refuses.
+type Error struct {
+	Field string // the argument at fault: "Path" or "Methods"
+	Msg   string // what is wrong, naming the path or method
+}
+
+func (e *Error) Error() string { return "route: " + e.Msg }
+
+// Compile parses a configured path ("/login", "/api/*") and methods, each
+// an RFC 9110 token listed at most once (case-insensitively). The path is
+// normalized like a request path (see Normalize), so "/login/", "/Login."
+// and "/%6Cogin" name the route "/login" matches; a path that Normalize
+// would refuse is an error, and so are blanks, control characters, a query
+// or fragment, and a ';', which would start a parameter that matching
+// ignores. Every problem is an *[Error].
 func (o Options) Compile(p string, methods []string) (Route, error) {
+	bad := func(field, format string, args ...any) (Route, error) {
+		return Route{}, &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	if p == "" || p[0] != '/' {
-		return Route{}, fmt.Errorf("route: path %q must start with /", p)
+		return bad("Path", "path %q must start with /", p)
+	}
+	if i := strings.IndexFunc(p, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+		return bad("Path", "path %q contains a blank or control character", p)
+	}
+	if strings.ContainsAny(p, "?#") {
+		return bad("Path", "path %q: a path has no query or fragment", p)
 	}
 	rt := Route{caseSensitive: o.CaseSensitive}
 	base := p
@@ -48,14 +68,14 @@ func (o Options) Compile(p string, methods []string) (Route, error) {
 		base = p[:len(p)-1] // keep the slash: "/api/" normalizes to "/api", "/" stays "/"
 	}
 	if strings.IndexByte(base, '*') >= 0 {
-		return Route{}, fmt.Errorf("route: path %q: '*' is only allowed as a final \"/*\"", p)
+		return bad("Path", "path %q: '*' is only allowed as a final \"/*\"", p)
 	}
 	if strings.IndexByte(base, ';') >= 0 {
-		return Route{}, fmt.Errorf("route: path %q: ';' starts a parameter, which matching ignores", p)
+		return bad("Path", "path %q: ';' starts a parameter, which matching ignores", p)
 	}
 	match, _, err := Normalize(base)
 	if err != nil {
-		return Route{}, fmt.Errorf("route: path %q: %s", p, string(err.(badPath)))
+		return bad("Path", "path %q: %s", p, string(err.(badPath)))
 	}
 	rt.base = match
 	if rt.prefix && rt.base == "/" {
@@ -63,9 +83,13 @@ func (o Options) Compile(p string, methods []string) (Route, error) {
 	}
 	for _, m := range methods {
 		if m == "" || !IsToken(m) {
-			return Route{}, fmt.Errorf("route: method %q is not a token", m)
+			return bad("Methods", "method %q is not a token", m)
 		}
-		rt.methods = append(rt.methods, strings.ToUpper(m))
+		m = strings.ToUpper(m)
+		if slices.Contains(rt.methods, m) {
+			return bad("Methods", "method %q is listed twice", m)
+		}
+		rt.methods = append(rt.methods, m)
 	}
 	return rt, nil
 }

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -189,28 +190,39 @@ func TestCompileRouteErrors(t *testing.T) {
 	for _, tt := range []struct {
 		path    string
 		methods []string
+		field   string
 		want    string
 	}{
-		{"", nil, `route: path "" must start with /`},
-		{"login", nil, "must start with /"},
-		{"*", nil, "must start with /"},
-		{"/a*", nil, "only allowed"},
-		{"/api/*/x", nil, "only allowed"},
-		{"/api/**", nil, "only allowed"},
-		{"/login;x", nil, "';' starts a parameter"},
-		{"/api;v=1/*", nil, "';' starts a parameter"},
-		{"/a%2Fb", nil, `route: path "/a%2Fb": encoded slash (%2F)`},
-		{"/a\\b", nil, `route: path "/a\\b": backslash`},
-		{"/a%zz", nil, "bad percent-encoding"},
-		{"/a%00/*", nil, "encoded NUL"},
-		{"/search?q=1", nil, "'?' in path"},
-		{"/x", []string{"GE T"}, "not a token"},
-		{"/x", []string{""}, "not a token"},
+		{"", nil, "Path", `path "" must start with /`},
+		{"login", nil, "Path", "must start with /"},
+		{"*", nil, "Path", "must start with /"},
+		{"/a*", nil, "Path", "only allowed"},
+		{"/api/*/x", nil, "Path", "only allowed"},
+		{"/api/**", nil, "Path", "only allowed"},
+		{"/login;x", nil, "Path", "';' starts a parameter"},
+		{"/api;v=1/*", nil, "Path", "';' starts a parameter"},
+		{"/a%2Fb", nil, "Path", `path "/a%2Fb": encoded slash (%2F)`},
+		{"/a\\b", nil, "Path", `path "/a\\b": backslash`},
+		{"/a%zz", nil, "Path", "bad percent-encoding"},
+		{"/a%00/*", nil, "Path", "encoded NUL"},
+		{"/a b", nil, "Path", `path "/a b" contains a blank or control character`},
+		{"/a\tb", nil, "Path", "blank or control"},
+		{"/a\x7f", nil, "Path", "blank or control"},
+		{"/a?b=1", nil, "Path", "no query or fragment"},
+		{"/a#top", nil, "Path", "no query or fragment"},
+		{"/x", []string{"GE T"}, "Methods", "not a token"},
+		{"/x", []string{""}, "Methods", "not a token"},
+		{"/x", []string{"GET", "get"}, "Methods", `method "GET" is listed twice`},
 	} {
 		_, err := Compile(tt.path, tt.methods)
-		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("Compile(%q, %q) = %v, want an error containing %q", tt.path, tt.methods, err, tt.want)
+		var e *Error
+		if !errors.As(err, &e) || e.Field != tt.field || !strings.Contains(e.Msg, tt.want) || err.Error() != "route: "+e.Msg {
+			t.Errorf("Compile(%q, %q) = %v, want a route error on %s containing %q", tt.path, tt.methods, err, tt.field, tt.want)
 		}
+	}
+	// Non-ASCII is not a control character: "/café" is a path.
+	if _, err := Compile("/café/*", []string{"GET", "POST"}); err != nil {
+		t.Errorf("Compile(/café/*): %v", err)
 	}
 }
 

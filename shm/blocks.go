@@ -4,18 +4,18 @@ import (
 	"encoding/binary"
 	"math"
 	"math/bits"
-	"runtime"
 	"sync/atomic"
-	"time"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // A stored response occupies a chain of blocks: each block starts with the
 // index of the next (noBlock ends it), and the rest holds data, written and
 // read as whole 8-byte words with sync/atomic (a reader may race with a
 // writer that reclaimed the blocks; the record's state and checksum tell).
+const (
+	blockHeader = 8         // next block index (u32) · spare
+	noBlock     = 1<<32 - 1 // end of a block chain
+)
 
 func (t *Responses) dataPerBlock() int { return t.blockSize - blockHeader }
 
@@ -137,53 +137,5 @@ func loadWords(dst []byte, words []uint64) {
 		}
 		binary.LittleEndian.PutUint64(dst, w)
 		dst = dst[8:]
-	}
-}
-
-// futexWait sleeps while *addr == val, up to d. No FUTEX_PRIVATE_FLAG: the
-// word is in a shared mapping and the waker is another process.
-func futexWait(addr *uint32, val uint32, d time.Duration) {
-	ts := unix.NsecToTimespec(int64(d))
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 0 /* FUTEX_WAIT */, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
-}
-
-func futexWake(addr *uint32) {
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE */, math.MaxInt32, 0, 0, 0)
-}
-
-// lockWord takes an insert lock word for owner: it releases it from a dead
-// holder at once and waits for a live one up to wait.
-func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
-	var deadline int64
-	for n := 0; ; n++ {
-		cur := atomic.LoadUint64(w)
-		if cur == 0 {
-			if atomic.CompareAndSwapUint64(w, 0, owner) {
-				return nil
-			}
-			continue
-		}
-		if r.stale(cur) {
-			if atomic.CompareAndSwapUint64(w, cur, 0) {
-				r.countRecovered()
-			}
-			continue
-		}
-		if n < 64 {
-			runtime.Gosched()
-			continue
-		}
-		if deadline == 0 {
-			deadline = nanotime() + int64(wait)
-		} else if nanotime() > deadline {
-			return ErrLockTimeout
-		}
-		time.Sleep(time.Duration(min(n-63, 50)) * 20 * time.Microsecond)
-	}
-}
-
-func (r *Region) countRecovered() {
-	if o := r.owner.Load(); o != 0 {
-		atomic.AddUint64(&r.workers[o>>32].recovered, 1)
 	}
 }

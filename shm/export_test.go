@@ -1,9 +1,25 @@
 package shm
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Geometry defaults and limits, for the tests of the external package.
+const (
+	DefaultProbe      = defaultProbe
+	DefaultMaxWorkers = defaultMaxWorkers
+	MaxCounters       = maxCounters
+)
 
 // SetTestHook installs the crash-point hook for tests of this package.
 func SetTestHook(f func(stage string)) { testHook = f }
+
+// SetLockWait changes the bounded wait for a live insert-lock holder.
+func (c *Counters) SetLockWait(d time.Duration) { c.lockWait = d }
+
+// Bytes is the whole mapped region.
+func (r *Region) Bytes() []byte { return r.data }
 
 // LiveKeys lists the key of every LIVE slot, duplicates included.
 func (c *Counters) LiveKeys() []Key {

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,55 +16,14 @@ import (
 // survives a crash of the whole process tree; the next supervisor attaches
 // it again (after ReapAll) in preference to a dump.
 
-// LiveLock is an exclusive lock on a live-region path, held by one
-// supervisor at a time.
-type LiveLock struct{ f *os.File }
-
-// ErrLiveInUse means another supervisor holds the live region.
-var ErrLiveInUse = errors.New("shm: live region in use by another supervisor")
-
-// LockLive takes the lock of the live region at path (the file path +
-// ".lock"), without waiting: a second supervisor on the same live region
-// gets ErrLiveInUse, wrapped with the holder's pid when known.
-func LockLive(path string) (*LiveLock, error) {
-	f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("shm: live region lock: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		b, _ := os.ReadFile(path + ".lock")
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s (pid %s)", ErrLiveInUse, path, strings.TrimSpace(string(b)))
-		}
-		return nil, fmt.Errorf("shm: live region lock: %w", err)
-	}
-	f.Truncate(0)
-	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	return &LiveLock{f: f}, nil
-}
-
-// Unlock releases the lock. Idempotent.
-func (l *LiveLock) Unlock() error {
-	if l == nil || l.f == nil {
-		return nil
-	}
-	err := l.f.Close()
-	l.f = nil
-	return err
-}
-
 // CreateFile makes a new region in a file at path (normally on tmpfs),
 // written to a temporary name and renamed into place, with its memory
 // reserved up front (on a full tmpfs this fails here, not with SIGBUS
-// later). The caller holds the path's LiveLock.
+// later). The caller holds an exclusive lock on path (package persist
+// takes one), so that no other process creates or attaches it meanwhile.
 func CreateFile(path string, opts Options) (*Region, error) {
-	o, err := opts.normalize()
+	o, size, err := plan(opts)
 	if err != nil {
-		return nil, err
-	}
-	size := o.layout().size
-	if err := checkFits(size); err != nil {
 		return nil, err
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".new-*")
@@ -99,8 +57,8 @@ func CreateFile(path string, opts Options) (*Region, error) {
 }
 
 // OpenFile attaches the region in the file at path (a live region left by
-// an earlier supervisor). The caller holds the path's LiveLock and calls
-// ReapAll before any worker starts.
+// an earlier supervisor). The caller holds an exclusive lock on path and
+// calls ReapAll before any worker starts.
 func OpenFile(path string) (*Region, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {

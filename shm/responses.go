@@ -3,7 +3,6 @@ package shm
 import (
 	"encoding/binary"
 	"errors"
-	"math/bits"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -21,16 +20,15 @@ import (
 //	EMPTY/TOMB/expired COMPLETE ─claim─▶ BUSY ─key, fingerprint─▶ RESERVED
 //	RESERVED ─Complete─▶ COMPLETE      RESERVED ─Release/owner reaped─▶ TOMB
 //
+// (and, loading a dump before any worker exists, EMPTY ─Place─▶ COMPLETE).
 // Claims follow the counter table's protocol (insert lock on the home
 // record, rescan under it, BUSY while the key is written), so a key is never
 // reserved twice. Key, fingerprint and stored fields are written only while
-// the record is BUSY or RESERVED by its owner and are stable while it is
-// RESERVED or COMPLETE; readers read the state first, copy, and check the
+// the record is BUSY or RESERVED by its owner (or by Place, alone with the
+// region) and are stable while it is RESERVED or COMPLETE; readers read the state first, copy, and check the
 // state again (and the checksum), so a torn read is a miss, never a wrong
 // replay.
 const (
-	recordSize = 128
-
 	recEmpty    = 0
 	recBusy     = 1
 	recReserved = 2
@@ -43,9 +41,6 @@ const (
 	ownerMask     = 1<<48 - 1
 
 	flagUnreplayable = 1 // completed, but its response was not stored
-
-	blockHeader = 8         // next block index (u32) · spare
-	noBlock     = 1<<32 - 1 // end of a block chain
 )
 
 func recPhase(s uint64) uint64 { return s >> recPhaseShift }
@@ -109,6 +104,10 @@ type Ticket struct {
 // ErrNoResponses means the region has no response table.
 var ErrNoResponses = errors.New("shm: region has no response table")
 
+// errReservationLost is Complete's error when the reservation's owner was
+// reaped meanwhile (the record may belong to another key by now).
+var errReservationLost = errors.New("shm: complete: reservation lost (its owner was reaped)")
+
 // Responses is the table of stored responses in a region.
 type Responses struct {
 	r         *Region
@@ -123,28 +122,24 @@ type Responses struct {
 	lockWait  time.Duration
 }
 
-func newResponses(r *Region, sec sections) *Responses {
+func newResponses(r *Region, lay sections) *Responses {
 	o := r.geo
 	if o.Responses == 0 {
 		return &Responses{r: r}
 	}
-	nb := uint32(o.ResponseBytes / int64(o.BlockSize))
-	t := &Responses{
+	nb := uint32(o.blocks())
+	return &Responses{
 		r:         r,
-		recs:      unsafe.Slice((*record)(unsafe.Pointer(&r.data[sec.records])), o.Responses),
+		recs:      unsafe.Slice((*record)(r.at(lay.off[secRecords])), o.Responses),
 		mask:      uint64(o.Responses - 1),
-		probe:     min(DefaultProbe, o.Responses),
-		bitmap:    unsafe.Slice((*uint64)(unsafe.Pointer(&r.data[sec.bitmap])), (nb+63)/64),
-		blocks:    r.data[sec.blocks : sec.blocks+uint64(o.ResponseBytes)],
+		probe:     min(defaultProbe, o.Responses),
+		bitmap:    unsafe.Slice((*uint64)(r.at(lay.off[secBitmap])), (nb+63)/64),
+		blocks:    r.data[lay.off[secBlocks] : lay.off[secBlocks]+uint64(o.ResponseBytes)],
 		blockSize: o.BlockSize,
 		nblocks:   nb,
-		lockWait:  DefaultLockWait,
+		lockWait:  defaultLockWait,
 	}
-	return t
 }
-
-// Responses returns the region's response table.
-func (r *Region) Responses() *Responses { return r.resps }
 
 // Len is the number of records (0: no response table).
 func (t *Responses) Len() int { return len(t.recs) }
@@ -154,9 +149,9 @@ func (t *Responses) BlockSize() int { return t.blockSize }
 
 // Begin looks up k at region time now. If no live record holds it, it
 // reserves one for the caller (Reserved). For a completed response with
-// the same fingerprint it copies it into dst (Replay). Errors: ErrFull or
-// ErrLockTimeout (no record could be had: answer 503, never run
-// unreserved), ErrNotJoined, ErrNoResponses.
+// the same fingerprint it copies it into dst (Replay). Errors: ErrFull,
+// ErrLockTimeout or ErrRetired (no record could be had: answer 503, never
+// run unreserved), ErrNotJoined, ErrNoResponses.
 func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Response) (Outcome, Ticket, error) {
 	if len(t.recs) == 0 {
 		return 0, Ticket{}, ErrNoResponses
@@ -169,7 +164,7 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 	locked := false
 	unlock := func() {
 		if locked {
-			atomic.CompareAndSwapUint64(&t.recs[home].ilock, owner, 0)
+			unlockWord(&t.recs[home].ilock, owner)
 			locked = false
 		}
 	}
@@ -185,7 +180,7 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 			continue // changed while read: look again
 		}
 		if cand < 0 {
-			t.count(func(e *workerEntry) *uint64 { return &e.respFull })
+			t.r.count(func(e *workerEntry) *uint64 { return &e.respFull })
 			return 0, Ticket{}, ErrFull
 		}
 		if !locked {
@@ -322,7 +317,7 @@ func (t *Responses) claim(i int, k Key, fp Fingerprint, owner uint64, now time.D
 func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) (stored bool, err error) {
 	rec := &t.recs[tk.idx]
 	if atomic.LoadUint64(&rec.state) != tk.state || recPhase(tk.state) != recReserved {
-		return false, errors.New("shm: complete: reservation lost (its owner was reaped)")
+		return false, errReservationLost
 	}
 	var flags uint64 = flagUnreplayable
 	var n uint32
@@ -334,7 +329,7 @@ func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) 
 			flags, n = 0, uint32(len(data))
 			atomic.StoreUint64(&rec.sum, xxhash.Sum64(data))
 		} else {
-			t.count(func(e *workerEntry) *uint64 { return &e.respNoBlock })
+			t.r.count(func(e *workerEntry) *uint64 { return &e.respNoBlock })
 		}
 	}
 	atomic.StoreUint64(&rec.length, flags<<32|uint64(n))
@@ -342,7 +337,7 @@ func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) 
 	atomic.StoreUint64(&rec.expiry, uint64(now+ttl))
 	if !atomic.CompareAndSwapUint64(&rec.state, tk.state, mkRec(recComplete, recGen(tk.state), 0)) {
 		t.freeChain(chain)
-		return false, errors.New("shm: complete: reservation lost (its owner was reaped)")
+		return false, errReservationLost
 	}
 	t.wake(rec)
 	return flags == 0, nil
@@ -360,7 +355,7 @@ func (t *Responses) releaseRec(rec *record, s uint64) bool {
 		return false
 	}
 	if t.r.stale(recOwner(s)) {
-		t.count(func(e *workerEntry) *uint64 { return &e.recovered })
+		t.r.count(func(e *workerEntry) *uint64 { return &e.recovered })
 	}
 	t.wake(rec)
 	return true
@@ -415,13 +410,6 @@ func (t *Responses) read(rec *record, s uint64, dst *Response) bool {
 	return decodeResponse(data, dst)
 }
 
-// count adds one to a counter in this process's worker entry.
-func (t *Responses) count(field func(*workerEntry) *uint64) {
-	if o := t.r.owner.Load(); o != 0 {
-		atomic.AddUint64(field(&t.r.workers[o>>32]), 1)
-	}
-}
-
 // releaseStale releases the records and insert locks of dead owners.
 func (t *Responses) releaseStale() (n int) {
 	for i := range t.recs {
@@ -435,134 +423,4 @@ func (t *Responses) releaseStale() (n int) {
 		}
 	}
 	return n
-}
-
-// encodeResponse lays out a response as stored: status (u16), the lengths
-// of content type and location (u16 each), 2 spare bytes, then the three.
-func encodeResponse(r *Response) []byte {
-	ct, loc := r.ContentType, r.Location
-	if len(ct) > 0xffff {
-		ct = ct[:0xffff]
-	}
-	if len(loc) > 0xffff {
-		loc = loc[:0xffff]
-	}
-	b := make([]byte, 8, 8+len(ct)+len(loc)+len(r.Body))
-	binary.LittleEndian.PutUint16(b[0:], uint16(r.Status))
-	binary.LittleEndian.PutUint16(b[2:], uint16(len(ct)))
-	binary.LittleEndian.PutUint16(b[4:], uint16(len(loc)))
-	b = append(b, ct...)
-	b = append(b, loc...)
-	return append(b, r.Body...)
-}
-
-func decodeResponse(b []byte, dst *Response) bool {
-	if len(b) < 8 {
-		return false
-	}
-	ctLen, locLen := int(binary.LittleEndian.Uint16(b[2:])), int(binary.LittleEndian.Uint16(b[4:]))
-	if 8+ctLen+locLen > len(b) {
-		return false
-	}
-	dst.Status = int(binary.LittleEndian.Uint16(b[0:]))
-	dst.ContentType = string(b[8 : 8+ctLen])
-	dst.Location = string(b[8+ctLen : 8+ctLen+locLen])
-	dst.Body = b[8+ctLen+locLen:]
-	return true
-}
-
-// ResponseStats describes the response table, from a scan.
-type ResponseStats struct {
-	Records    int
-	Reserved   int
-	Complete   int
-	Blocks     int
-	BlocksUsed int
-	Full       uint64 // reservations refused: no record in the probe window
-	NoBlocks   uint64 // responses completed unreplayable for want of blocks
-}
-
-// Stats scans the response table.
-func (t *Responses) Stats() ResponseStats {
-	st := ResponseStats{Records: len(t.recs), Blocks: int(t.nblocks)}
-	for i := range t.recs {
-		switch recPhase(atomic.LoadUint64(&t.recs[i].state)) {
-		case recReserved, recBusy:
-			st.Reserved++
-		case recComplete:
-			st.Complete++
-		}
-	}
-	for i := range t.bitmap {
-		st.BlocksUsed += bits.OnesCount64(atomic.LoadUint64(&t.bitmap[i]))
-	}
-	for w := range t.r.workers {
-		st.Full += atomic.LoadUint64(&t.r.workers[w].respFull)
-		st.NoBlocks += atomic.LoadUint64(&t.r.workers[w].respNoBlock)
-	}
-	return st
-}
-
-// StoredEntry is one completed record, as persistence dumps and restores it.
-type StoredEntry struct {
-	Key          Key
-	Fingerprint  Fingerprint
-	Expiry       time.Duration // region time until which it replays
-	Unreplayable bool          // completed without a stored response
-	Response     Response      // when replayable
-}
-
-// Range calls fn for every COMPLETE record that has not expired at now,
-// until fn returns false. Reservations and records in flight are not
-// visited. Persistence calls it after the last worker has exited.
-func (t *Responses) Range(now time.Duration, fn func(StoredEntry) bool) {
-	for i := range t.recs {
-		rec := &t.recs[i]
-		s := atomic.LoadUint64(&rec.state)
-		if recPhase(s) != recComplete {
-			continue
-		}
-		e := StoredEntry{
-			Key:    Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)},
-			Expiry: time.Duration(atomic.LoadUint64(&rec.expiry)),
-		}
-		if e.Expiry <= now {
-			continue
-		}
-		for w := range rec.fp {
-			binary.LittleEndian.PutUint64(e.Fingerprint[w*8:], atomic.LoadUint64(&rec.fp[w]))
-		}
-		e.Unreplayable = atomic.LoadUint64(&rec.length)>>32&flagUnreplayable != 0
-		if !e.Unreplayable && !t.read(rec, s, &e.Response) {
-			continue
-		}
-		if atomic.LoadUint64(&rec.state) != s {
-			continue
-		}
-		if !fn(e) {
-			return
-		}
-	}
-}
-
-// Restore installs a completed entry at region time now (loading a dump,
-// before any worker starts). An entry already expired at now is skipped.
-func (t *Responses) Restore(e StoredEntry, now time.Duration) error {
-	if e.Expiry <= now {
-		return nil
-	}
-	var scratch Response
-	out, tk, err := t.Begin(e.Key, e.Fingerprint, now, &scratch)
-	if err != nil {
-		return err
-	}
-	if out != Reserved {
-		return errors.New("shm: restore: key already present")
-	}
-	resp := &e.Response
-	if e.Unreplayable {
-		resp = nil
-	}
-	_, err = t.Complete(tk, resp, now, e.Expiry-now)
-	return err
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,7 +153,9 @@ func TestResponseWaitWakes(t *testing.T) {
 	}
 }
 
-func TestResponseRangeRestore(t *testing.T) {
+// A snapshot holds the completed, unexpired records; placed into another
+// region they replay as they did.
+func TestResponseSnapshotPlace(t *testing.T) {
 	a := respRegion(t, 64, 64*256)
 	var got shm.Response
 	keys := map[string]bool{"done": true, "big": false, "flight": false, "old": false}
@@ -168,17 +171,19 @@ func TestResponseRangeRestore(t *testing.T) {
 			a.Responses().Complete(tk, &shm.Response{Status: 200}, 0, time.Second)
 		}
 	}
-	var saved []shm.StoredEntry
-	a.Responses().Range(time.Minute, func(e shm.StoredEntry) bool { saved = append(saved, e); return true })
+	saved := slices.Collect(a.Responses().Snapshot(time.Minute))
 	if len(saved) != 2 {
-		t.Fatalf("range saw %d entries, want the completed unexpired two", len(saved))
+		t.Fatalf("snapshot saw %d entries, want the completed unexpired two", len(saved))
 	}
 	b := respRegion(t, 64, 64*256)
 	b.SetSeeds(a.Seeds())
 	for _, e := range saved {
-		if err := b.Responses().Restore(e, time.Minute); err != nil {
+		if err := b.Responses().Place(e, time.Minute); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := b.Responses().Place(saved[0], time.Minute); !errors.Is(err, shm.ErrDuplicate) {
+		t.Fatalf("a key placed twice: %v", err)
 	}
 	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("done")), fpOf("done"), time.Minute, &got); out != shm.Replay || string(got.Body) != "body" || got.Location != "/x" {
 		t.Fatalf("restored replay: %v %+v", out, got)
@@ -188,5 +193,31 @@ func TestResponseRangeRestore(t *testing.T) {
 	}
 	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("flight")), fpOf("flight"), time.Minute, &got); out != shm.Reserved {
 		t.Fatalf("a reservation was restored: %v", out)
+	}
+
+	// With every record of the probe window live, Place refuses; a record
+	// expired by then is taken, and its blocks go back to the pool.
+	c := respRegion(t, 2, 64*256)
+	entry := func(name string, expiry time.Duration) shm.StoredEntry {
+		return shm.StoredEntry{Key: c.Counters().KeyOf(3, []byte(name)), Fingerprint: fpOf(name), Expiry: expiry,
+			Response: shm.Response{Status: 200, Body: bytes.Repeat([]byte(name), 100)}}
+	}
+	for _, e := range []shm.StoredEntry{entry("a", time.Hour), entry("b", 2*time.Minute)} {
+		if err := c.Responses().Place(e, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := c.Responses().Stats().BlocksUsed
+	if err := c.Responses().Place(entry("c", time.Hour), time.Minute); !errors.Is(err, shm.ErrFull) {
+		t.Fatalf("placed into a full window: %v", err)
+	}
+	if err := c.Responses().Place(entry("c", time.Hour), 3*time.Minute); err != nil {
+		t.Fatalf("an expired record was not reused: %v", err)
+	}
+	if st := c.Responses().Stats(); st.Complete != 2 || st.BlocksUsed != used {
+		t.Fatalf("after reusing an expired record: %+v, %d blocks used before", st, used)
+	}
+	if out, _, _ := c.Responses().Begin(entry("c", 0).Key, fpOf("c"), 3*time.Minute, &got); out != shm.Replay || !bytes.Equal(got.Body, entry("c", 0).Response.Body) {
+		t.Fatalf("the record placed over an expired one: %v %q", out, got.Body)
 	}
 }

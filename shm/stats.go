@@ -1,6 +1,9 @@
 package shm
 
-import "sync/atomic"
+import (
+	"math/bits"
+	"sync/atomic"
+)
 
 // Stats describes a region's counter table. Any process that maps the
 // region can read it; it is computed by a scan (no cost on the hot path)
@@ -70,22 +73,34 @@ func (c *Counters) Stats() Stats {
 	return st
 }
 
-// WorkerInfo is one worker-table entry.
-type WorkerInfo struct {
-	Index       int
-	Incarnation uint32
-	PID         int // 0 when no process is joined (or it was reaped)
+// ResponseStats describes the response table, from a scan.
+type ResponseStats struct {
+	Records    int
+	Reserved   int
+	Complete   int
+	Blocks     int
+	BlocksUsed int
+	Full       uint64 // reservations refused: no record in the probe window
+	NoBlocks   uint64 // responses completed unreplayable for want of blocks
 }
 
-// Workers lists the worker entries that have a process or have been used.
-func (r *Region) Workers() []WorkerInfo {
-	var out []WorkerInfo
-	for w := range r.workers {
-		e := &r.workers[w]
-		inc, pid := atomic.LoadUint64(&e.incarnation), atomic.LoadUint64(&e.pid)
-		if pid != 0 || inc > 1 {
-			out = append(out, WorkerInfo{Index: w, Incarnation: uint32(inc), PID: int(pid)})
+// Stats scans the response table.
+func (t *Responses) Stats() ResponseStats {
+	st := ResponseStats{Records: len(t.recs), Blocks: int(t.nblocks)}
+	for i := range t.recs {
+		switch recPhase(atomic.LoadUint64(&t.recs[i].state)) {
+		case recReserved, recBusy:
+			st.Reserved++
+		case recComplete:
+			st.Complete++
 		}
 	}
-	return out
+	for i := range t.bitmap {
+		st.BlocksUsed += bits.OnesCount64(atomic.LoadUint64(&t.bitmap[i]))
+	}
+	for w := range t.r.workers {
+		st.Full += atomic.LoadUint64(&t.r.workers[w].respFull)
+		st.NoBlocks += atomic.LoadUint64(&t.r.workers[w].respNoBlock)
+	}
+	return st
 }

@@ -1,12 +1,9 @@
 package shm
 
 import (
-	"encoding/binary"
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // The state word: phase (2 bits) · generation (14 bits) · payload (48 bits).
@@ -40,10 +37,6 @@ type slot struct {
 	_     [3]uint64
 }
 
-// Key is a key's 128-bit identity in one region (two independently seeded
-// 64-bit hashes).
-type Key struct{ A, B uint64 }
-
 // FreshFunc reports whether a LIVE slot's payload, described by its meta,
 // is equivalent at `now` to a key never seen (window over, bucket full):
 // only such a slot may be reclaimed for another key. It must be pure.
@@ -63,18 +56,14 @@ type Counters struct {
 	mask  uint64
 	probe int
 	fresh atomic.Pointer[FreshFunc]
-	// LockWait bounds how long Update waits for an insert lock held by a
-	// live process before it answers ErrLockTimeout.
+	// lockWait bounds how long Update waits for an insert lock held by a
+	// live process before it answers ErrLockTimeout: defaultLockWait,
+	// shortened by tests.
 	lockWait time.Duration
 }
 
-// DefaultLockWait bounds the wait for an insert lock held by a live process.
-// The lock is held for a few stores; a wait this long means the holder is
-// stopped or starved, and the caller's on_full policy answers instead.
-const DefaultLockWait = 250 * time.Millisecond
-
 func newCounters(r *Region, s []slot) *Counters {
-	c := &Counters{r: r, slots: s, mask: uint64(len(s) - 1), probe: r.geo.Probe, lockWait: DefaultLockWait}
+	c := &Counters{r: r, slots: s, mask: uint64(len(s) - 1), probe: r.geo.Probe, lockWait: defaultLockWait}
 	c.SetFresh(zeroIsFresh)
 	return c
 }
@@ -90,60 +79,8 @@ func (c *Counters) isFresh(meta, payload uint64, now time.Duration) bool {
 	return (*c.fresh.Load())(meta, payload, now)
 }
 
-// SetLockWait changes the bounded wait for a live insert-lock holder.
-func (c *Counters) SetLockWait(d time.Duration) { c.lockWait = d }
-
 // Len is the number of slots.
 func (c *Counters) Len() int { return len(c.slots) }
-
-// KeyOf hashes id within namespace ns (e.g. a rule's identity) with the
-// region's seeds. Equal (ns, id) give equal keys in every process of the
-// region. The two halves are xxhash64 of (seed ^ ns) ‖ id for each seed:
-// one pass each over a stack copy for ids up to inlineKey bytes (the
-// streaming digest costs three times as much), the streaming digest,
-// which gives the same hash, beyond.
-func (c *Counters) KeyOf(ns uint64, id []byte) Key {
-	if len(id) <= inlineKey {
-		var buf [8 + inlineKey]byte
-		n := copy(buf[8:], id)
-		return c.keyOfPrefixed(ns, buf[:8+n])
-	}
-	return c.keyOfLong(ns, id, "")
-}
-
-// KeyOfString is KeyOf for a string, without allocating.
-func (c *Counters) KeyOfString(ns uint64, id string) Key {
-	if len(id) <= inlineKey {
-		var buf [8 + inlineKey]byte
-		n := copy(buf[8:], id)
-		return c.keyOfPrefixed(ns, buf[:8+n])
-	}
-	return c.keyOfLong(ns, nil, id)
-}
-
-const inlineKey = 120
-
-// keyOfPrefixed hashes b, whose first 8 bytes are free for the seed.
-func (c *Counters) keyOfPrefixed(ns uint64, b []byte) Key {
-	binary.LittleEndian.PutUint64(b, c.r.seed1^ns)
-	a := xxhash.Sum64(b)
-	binary.LittleEndian.PutUint64(b, c.r.seed2^ns)
-	return Key{A: a, B: xxhash.Sum64(b)}
-}
-
-func (c *Counters) keyOfLong(ns uint64, id []byte, ids string) Key {
-	var seed [8]byte
-	var d xxhash.Digest
-	half := func(s uint64) uint64 {
-		binary.LittleEndian.PutUint64(seed[:], s^ns)
-		d.Reset()
-		d.Write(seed[:])
-		d.Write(id)
-		d.WriteString(ids)
-		return d.Sum64()
-	}
-	return Key{A: half(c.r.seed1), B: half(c.r.seed2)}
-}
 
 // Test hooks: called at the protocol's crash points (nil in production).
 // Stages: "locked" (insert lock held), "busy" (slot claimed, key not
@@ -154,8 +91,8 @@ var testHook func(stage string)
 // Update applies op to k's payload with one CAS and returns the payload op
 // was last applied to (the one its result was based on). A key seen for the
 // first time is installed with meta, its payload starting at 0. Errors:
-// ErrFull or ErrLockTimeout (no slot could be had: the caller's on_full
-// policy decides) and ErrNotJoined.
+// ErrFull, ErrLockTimeout or ErrRetired (no slot could be had: the
+// caller's on_full policy decides) and ErrNotJoined.
 //
 // A key without a slot may be one whose slot was reclaimed, judged fresh at
 // another process's later `now`. Starting it afresh at an earlier `now`
@@ -185,7 +122,7 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 			if locked {
 				c.unlock(home, owner)
 			}
-			c.count(func(e *workerEntry) *uint64 { return &e.full })
+			c.r.count(func(e *workerEntry) *uint64 { return &e.full })
 			return 0, ErrFull
 		}
 		if !locked {
@@ -342,9 +279,9 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op
 		return false
 	}
 	if reclaim {
-		c.count(func(e *workerEntry) *uint64 { return &e.reclaims })
+		c.r.count(func(e *workerEntry) *uint64 { return &e.reclaims })
 	} else {
-		c.count(func(e *workerEntry) *uint64 { return &e.claims })
+		c.r.count(func(e *workerEntry) *uint64 { return &e.claims })
 	}
 	return true
 }
@@ -372,19 +309,17 @@ func (c *Counters) raiseReclaimMark(now time.Duration) {
 func (c *Counters) lock(h, owner uint64) error {
 	err := lockWord(c.r, &c.slots[h].ilock, owner, c.lockWait)
 	if err != nil {
-		c.count(func(e *workerEntry) *uint64 { return &e.lockTimeout })
+		c.r.count(func(e *workerEntry) *uint64 { return &e.lockTimeout })
 	}
 	return err
 }
 
-func (c *Counters) unlock(h, owner uint64) {
-	atomic.CompareAndSwapUint64(&c.slots[h].ilock, owner, 0)
-}
+func (c *Counters) unlock(h, owner uint64) { unlockWord(&c.slots[h].ilock, owner) }
 
 // releaseBusy turns a BUSY slot of a dead owner into a tombstone.
 func (c *Counters) releaseBusy(sl *slot, s uint64) bool {
 	if atomic.CompareAndSwapUint64(&sl.state, s, mkState(phaseTomb, genOf(s), 0)) {
-		c.count(func(e *workerEntry) *uint64 { return &e.recovered })
+		c.r.count(func(e *workerEntry) *uint64 { return &e.recovered })
 		return true
 	}
 	return false
@@ -403,13 +338,6 @@ func (c *Counters) releaseStale() (n int) {
 		}
 	}
 	return n
-}
-
-// count adds one to a counter in this process's worker entry.
-func (c *Counters) count(field func(*workerEntry) *uint64) {
-	if o := c.r.owner.Load(); o != 0 {
-		atomic.AddUint64(field(&c.r.workers[o>>32]), 1)
-	}
 }
 
 // Peek returns k's payload without claiming a slot; ok is false when the

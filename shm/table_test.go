@@ -3,6 +3,7 @@ package shm_test
 import (
 	"errors"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -218,15 +219,9 @@ func TestAttachRefuses(t *testing.T) {
 	}
 }
 
+// A region in a file keeps its counts across a re-attach.
 func TestLiveRegion(t *testing.T) {
 	path := t.TempDir() + "/live"
-	lock, err := shm.LockLive(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := shm.LockLive(path); !errors.Is(err, shm.ErrLiveInUse) {
-		t.Fatalf("second lock: %v", err)
-	}
 	r, err := shm.CreateFile(path, shm.Options{Counters: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -236,13 +231,7 @@ func TestLiveRegion(t *testing.T) {
 	lim.Allow("k", time.Minute)
 	lim.Allow("k", time.Minute)
 	r.Close()
-	lock.Unlock()
 
-	lock, err = shm.LockLive(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Unlock()
 	r2, err := shm.OpenFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -254,26 +243,24 @@ func TestLiveRegion(t *testing.T) {
 	if d := lim2.Allow("k", time.Minute); d.Allowed {
 		t.Fatalf("counts lost across re-attach: %+v", d)
 	}
-	n := 0
-	r2.Counters().Range(func(shm.Entry) bool { n++; return true })
-	if n != 1 {
-		t.Fatalf("range saw %d entries", n)
+	if n := len(slices.Collect(r2.Counters().Snapshot())); n != 1 {
+		t.Fatalf("snapshot saw %d entries", n)
 	}
 }
 
-func TestReseedAndInsert(t *testing.T) {
+// Entries of a snapshot placed into a reseeded region keep their state.
+func TestReseedAndPlace(t *testing.T) {
 	a := privateRegion(t, shm.Options{Counters: 64})
 	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "x", Limit: 1, Window: time.Hour}, a.Counters())
 	lim.Allow("k", time.Minute)
-	var saved []shm.Entry
-	a.Counters().Range(func(e shm.Entry) bool { saved = append(saved, e); return true })
+	saved := slices.Collect(a.Counters().Snapshot())
 
 	b := privateRegion(t, shm.Options{Counters: 128})
 	if err := b.SetSeeds(a.Seeds()); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range saved {
-		if err := b.Counters().Insert(e, time.Minute); err != nil {
+		if err := b.Counters().Place(e); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -163,6 +163,9 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
 			return &configError{err}
 		}
+		if err := checkPersist(cfg); err != nil {
+			return err
+		}
 		opts := prefork.Options{
 			Config:     cfg,
 			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
@@ -196,6 +199,9 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		}
 		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
 			return &configError{err}
+		}
+		if err := checkPersist(cfg); err != nil {
+			return err
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", *path)
 		return cfg.WriteEffective(stdout)

@@ -645,7 +645,10 @@ func TestConfigErrors(t *testing.T) {
 		{"bad duration", "[server]\nshutdown_timeout = \"10 s\"\n", 2, "10 s"},
 		{"bad CIDR", "[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\"]\n", 2, "10.0.0.0/33"},
 		{"bad mode", okRule + "mode = \"enforcing\"\n", 6, "enforcing"},
-		// More workers than a region can hold (shm.MaxWorkersLimit, 2×workers+2
+		// A window that config once passed and every worker then refused:
+		// `check` and `run` must refuse what a worker cannot run.
+		{"window of 2^44µs", strings.Replace(okRule, `"1m"`, `"4886h43m6.044416s"`, 1), 5, "window must be between 1ms and 4886h43m6.044415s"},
+		// More workers than a region can hold (65536 worker indexes, 2×workers+2
 		// indexes): `check` must not call ok what `run` refuses.
 		{"too many workers", "[server]\nworkers = 40000\n", 2, "workers"},
 	}

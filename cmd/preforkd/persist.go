@@ -2,11 +2,9 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 
-	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/persist"
 	"github.com/preforkd/preforkd/prefork"
@@ -16,22 +14,33 @@ import (
 func dumpFormatVersion() int   { return persist.FormatVersion }
 func regionLayoutVersion() int { return shm.LayoutVersion }
 
-// persistHooks wires [persist] into the supervisor: the live region (if
-// any) replaces the memfd, a dump is loaded before the first worker starts
-// and written after the last one has exited.
+// checkPersist refuses a configuration whose dump or live region could
+// not be written (exit 2), at start and in check, rather than losing the
+// state at shutdown.
+func checkPersist(cfg config.Config) error {
+	if err := persist.CheckDirs(persistOptions(cfg, "")); err != nil {
+		return &configError{err}
+	}
+	return nil
+}
+
+// persistHooks wires [persist] into the supervisor: the region is made
+// with persist.path and persist.live locked (the live region, if any,
+// replaces the memfd), a dump is loaded before the first worker starts and
+// written after the last one has exited.
 func persistHooks(opts *prefork.Options, build string) {
 	cfg := opts.Config
 	if cfg.Persist.Path == "" && cfg.Persist.Live == "" {
 		return
 	}
-	var lock *shm.LiveLock
+	var lock *persist.Lock
 	reattached := false
-	if cfg.Persist.Live != "" {
-		opts.NewRegion = func(cfg config.Config) (*shm.Region, error) {
-			r, l, re, err := persist.OpenRegion(persistOptions(cfg, build), prefork.RegionOptions(cfg), opts.Logger)
-			lock, reattached = l, re
-			return r, err
-		}
+	// OpenRegion also locks persist.path, so it makes the region even
+	// without a live one.
+	opts.NewRegion = func(cfg config.Config) (*shm.Region, error) {
+		r, l, re, err := persist.OpenRegion(persistOptions(cfg, build), prefork.RegionOptions(cfg), opts.Logger)
+		lock, reattached = l, re
+		return r, err
 	}
 	prepare, finish := opts.Prepare, opts.Finish
 	opts.Prepare = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
@@ -52,7 +61,7 @@ func persistHooks(opts *prefork.Options, build string) {
 		}
 		if cfg.Persist.Path != "" {
 			if st, derr := persist.Dump(r, persistOptions(cfg, build)); derr != nil {
-				err = errors.Join(err, fmt.Errorf("dump: %w", derr))
+				err = errors.Join(err, derr)
 			} else {
 				log.Info("dump written", "path", cfg.Persist.Path, "counters", st.Entries, "responses", st.Responses, "bytes", st.Bytes)
 			}
@@ -67,8 +76,7 @@ func persistHooks(opts *prefork.Options, build string) {
 func persistOptions(cfg config.Config, build string) persist.Options {
 	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.Key, Live: cfg.Persist.Live, Build: build}
 	for _, rl := range cfg.RateLimits {
-		algo, _ := bucket.ParseAlgorithm(rl.Algorithm)
-		o.Rules = append(o.Rules, bucket.Rule{Name: rl.Name, Limit: rl.Limit, Window: rl.Window, Algorithm: algo, Burst: rl.Burst})
+		o.Rules = append(o.Rules, rl.BucketRule())
 	}
 	return o
 }

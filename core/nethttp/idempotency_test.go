@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -432,6 +433,26 @@ func TestTableFull(t *testing.T) {
 	}
 	if st := m.IdemStats(); st.Full != 4 || st.Executions != 8 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A worker whose identity was retired while it runs (reaped as dead)
+// reserves nothing: 503, as for a full table, without an error line per
+// request.
+func TestRetiredWorker(t *testing.T) {
+	var logs bytes.Buffer
+	r := region(t, 8)
+	h := &counting{}
+	m, err := New(config.Config{Idempotency: []config.Idempotency{orders()}}, r, h,
+		Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ReapAll() // a new supervisor took the region over
+	a := post(m, "/orders", "k", "x")
+	wantProblem(t, a, http.StatusServiceUnavailable)
+	if h.count() != 0 || logs.Len() != 0 {
+		t.Fatalf("%d executions; logged:\n%s", h.count(), logs.String())
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/core/nethttp"
@@ -245,7 +246,7 @@ func TestLimitOneClient(t *testing.T) {
 
 // A fixed window reports the end of the window as t, refused or not.
 func TestFixedWindowHeaders(t *testing.T) {
-	f := newFixture(t, cfgWith(config.RateLimit{Name: "fw", Path: "/x", Limit: 2, Window: 10 * time.Second, Algorithm: "fixed-window"}), shm.Options{Counters: 64})
+	f := newFixture(t, cfgWith(config.RateLimit{Name: "fw", Path: "/x", Limit: 2, Window: 10 * time.Second, Algorithm: bucket.FixedWindow}), shm.Options{Counters: 64})
 	f.clock.Advance(3 * time.Second) // t0 is window-aligned; 7s remain in this one
 	for i, want := range []string{`"fw";r=1;t=7`, `"fw";r=0;t=7`, `"fw";r=0;t=7`} {
 		w := f.get("/x", "192.0.2.1:1")
@@ -349,7 +350,7 @@ func TestSeveralRulesRefuse(t *testing.T) {
 func TestRefundAfterLateRefusal(t *testing.T) {
 	f := newFixture(t, cfgWith(
 		config.RateLimit{Name: "A", Path: "/x", Limit: 100, Window: time.Hour, By: "global"},
-		config.RateLimit{Name: "B", Path: "/x", Limit: 100, Window: time.Hour, OnFull: "closed"},
+		config.RateLimit{Name: "B", Path: "/x", Limit: 100, Window: time.Hour, OnFull: bucket.Closed},
 	), shm.Options{Counters: 8, Probe: 8})
 	// A's one key and 7 clients of B fill the 8 slots.
 	for i := 1; i <= 7; i++ {
@@ -379,8 +380,8 @@ func TestRefundAfterLateRefusal(t *testing.T) {
 }
 
 func TestOnFull(t *testing.T) {
-	for _, onFull := range []string{"open", "closed"} {
-		t.Run(onFull, func(t *testing.T) {
+	for _, onFull := range []bucket.OnFull{bucket.Open, bucket.Closed} {
+		t.Run(onFull.String(), func(t *testing.T) {
 			f := newFixture(t, cfgWith(config.RateLimit{Name: "ip", Path: "/*", Limit: 5, Window: 24 * time.Hour, OnFull: onFull}),
 				shm.Options{Counters: 8, Probe: 8})
 			for i := 1; i <= 8; i++ {
@@ -394,7 +395,7 @@ func TestOnFull(t *testing.T) {
 			w := f.get("/", "198.51.100.200:1")
 			st := f.mw.Stats()[0]
 			switch onFull {
-			case "open":
+			case bucket.Open:
 				if w.Code != 200 || st.Full != 1 || st.Allowed != 9 {
 					t.Errorf("%d, %+v; want 200, one Full, 9 Allowed", w.Code, st)
 				}
@@ -411,7 +412,7 @@ func TestOnFull(t *testing.T) {
 				if n := strings.Count(f.logs.String(), "rule not enforced"); n != 1 {
 					t.Errorf("%d log lines in the same second, want 1", n)
 				}
-			case "closed":
+			case bucket.Closed:
 				if w.Code != 503 || w.Header().Get("Retry-After") != "1" || st.Full != 1 || st.Refused != 1 {
 					t.Errorf("%d, Retry-After %q, %+v; want 503, 1, one Full and one Refused", w.Code, w.Header().Get("Retry-After"), st)
 				}
@@ -478,16 +479,15 @@ func TestHeaderModes(t *testing.T) {
 	ietf := []string{"RateLimit-Policy", "RateLimit"}
 	x := []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
 	for _, tt := range []struct {
-		mode string
+		mode config.Headers
 		want []string
 	}{
-		{"both", append(append([]string{}, ietf...), x...)},
-		{"", append(append([]string{}, ietf...), x...)}, // the default
-		{"ietf", ietf},
-		{"x", x},
-		{"none", nil},
+		{config.HeadersBoth, append(append([]string{}, ietf...), x...)}, // the zero value
+		{config.HeadersIETF, ietf},
+		{config.HeadersX, x},
+		{config.HeadersNone, nil},
 	} {
-		t.Run(tt.mode, func(t *testing.T) {
+		t.Run(tt.mode.String(), func(t *testing.T) {
 			cfg := cfgWith(config.RateLimit{Name: "r", Path: "/", Limit: 1, Window: time.Second})
 			cfg.Server.Headers = tt.mode
 			f := newFixture(t, cfg, shm.Options{Counters: 64})
@@ -514,9 +514,9 @@ func TestHeaderModes(t *testing.T) {
 		})
 	}
 	cfg := cfgWith()
-	cfg.Server.Headers = "all"
+	cfg.Server.Headers = 9
 	if _, err := New(cfg, newRegion(t, shm.Options{Counters: 64}), &app{}, Options{}); err == nil {
-		t.Error(`headers = "all" accepted`)
+		t.Error("Headers(9) accepted")
 	}
 }
 
@@ -562,7 +562,7 @@ func TestHeadersSurviveNext(t *testing.T) {
 
 func TestShadow(t *testing.T) {
 	f := newFixture(t, cfgWith(
-		config.RateLimit{Name: "watch", Path: "/*", Limit: 1, Window: time.Minute, Mode: "shadow"},
+		config.RateLimit{Name: "watch", Path: "/*", Limit: 1, Window: time.Minute, Mode: config.Shadow},
 	), shm.Options{Counters: 64})
 	for i := 1; i <= 5; i++ {
 		w := f.get("/page", "192.0.2.1:1")
@@ -609,7 +609,7 @@ func TestShadow(t *testing.T) {
 func TestShadowBesideEnforce(t *testing.T) {
 	f := newFixture(t, cfgWith(
 		config.RateLimit{Name: "enf", Path: "/*", Limit: 2, Window: time.Minute},
-		config.RateLimit{Name: "shd", Path: "/*", Limit: 10, Window: time.Minute, Mode: "shadow"},
+		config.RateLimit{Name: "shd", Path: "/*", Limit: 10, Window: time.Minute, Mode: config.Shadow},
 	), shm.Options{Counters: 64})
 	for i := 0; i < 4; i++ {
 		f.get("/", "192.0.2.1:1")
@@ -630,7 +630,7 @@ func TestConcurrentExact(t *testing.T) {
 		rules []config.RateLimit
 	}{
 		{"one rule", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour}}},
-		{"fixed window", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour, Algorithm: "fixed-window"}}},
+		{"fixed window", []config.RateLimit{{Name: "L", Path: "/*", Limit: limit, Window: time.Hour, Algorithm: bucket.FixedWindow}}},
 		// A wider rule first: every refusal by L after A's charge must be
 		// refunded to A.
 		{"two rules", []config.RateLimit{

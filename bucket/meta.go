@@ -1,0 +1,44 @@
+package bucket
+
+import (
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// The meta word a limiter stores beside each key (shm's Entry.Meta) tells
+// a process that knows nothing of the rule what the payload means: the
+// rule's tag (16 bits) · algorithm (4 bits) · window in µs (44 bits).
+// Fresh reads it to judge reclaims in every process; persistence reads
+// the tag to find the rule an entry belongs to.
+const (
+	tagShift   = 48
+	algoMask   = 0xf
+	windowBits = 44
+	windowMask = 1<<windowBits - 1
+)
+
+// Tag is a 16-bit hash of the rule's name, stored in each of its slots.
+// Two rules may share one: persistence then trusts neither's state.
+func (r Rule) Tag() uint16 { return uint16(xxhash.Sum64String(r.Name)) }
+
+// Meta is the meta word a limiter of r writes beside each of its keys.
+// It depends on the name, algorithm and window only.
+func (r Rule) Meta() uint64 {
+	return uint64(r.Tag())<<tagShift | uint64(r.Algorithm&algoMask)<<windowBits |
+		uint64(r.Window/time.Microsecond)&windowMask
+}
+
+// MetaTag is the tag of the rule that wrote a meta word.
+func MetaTag(meta uint64) uint16 { return uint16(meta >> tagShift) }
+
+// Fresh is the table-wide freshness judgement for slots written by
+// limiters of this package (see shm.Counters.SetFresh).
+func Fresh(meta, payload uint64, now time.Duration) bool {
+	algo := Algorithm(meta >> windowBits & algoMask)
+	window := int64(meta & windowMask)
+	if window <= 0 {
+		return payload == 0
+	}
+	return fresh(algo, window, payload, max(int64(now/time.Microsecond), 0))
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Persistence refuses what it cannot trust or cannot write, against the
+// built binary: a dump directory that cannot take the dump stops run and
+// check with exit 2; a dump or live region that another user owns or may
+// write is refused with its reason while the server starts cold; a second
+// supervisor on one persist.path refuses to start.
+
+func TestPersistDirCheckedAtStart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notDir := filepath.Join(dir, "file")
+	os.WriteFile(notDir, nil, 0o600)
+	for _, tc := range []struct {
+		name, dump, reason string
+	}{
+		{"missing directory", filepath.Join(dir, "missing", "dump"), "does not exist"},
+		{"not a directory", filepath.Join(notDir, "dump"), "is not a directory"},
+		{"not writable", "/proc/self/dump", "is not writable"}, // not even by root
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := filepath.Join(t.TempDir(), "preforkd.toml")
+			os.WriteFile(cfg, []byte(fmt.Sprintf("[persist]\npath = %q\n", tc.dump)), 0o600)
+			for _, args := range [][]string{
+				{"check", "-config", cfg},
+				{"run", "-config", cfg, "-listen", freeAddr(t)},
+			} {
+				code, stdout, stderr := runBinary(t, args...)
+				if code != 2 || !strings.Contains(stderr, tc.dump) || !strings.Contains(stderr, tc.reason) || strings.Contains(stdout, "ok") {
+					t.Fatalf("preforkd %s: exit %d, want 2 naming %q and %q\nstdout: %s\nstderr: %s",
+						args[0], code, tc.dump, tc.reason, stdout, stderr)
+				}
+			}
+		})
+	}
+}
+
+func TestPersistRefusesUntrustedFiles(t *testing.T) {
+	t.Parallel()
+	rule := `
+[[ratelimit]]
+name = "login"
+path = "/login"
+limit = 1
+window = "1h"
+`
+	// limited leaves the client limited in d and returns.
+	limited := func(t *testing.T, d *daemon) {
+		t.Helper()
+		c := newClient(t, nil, false)
+		if r := do(c, "POST", d.url("/login"), nil); r.status != 200 {
+			t.Fatalf("first: %d %v", r.status, r.err)
+		}
+		if r := do(c, "POST", d.url("/login"), nil); r.status != 429 {
+			t.Fatalf("second: %d %v", r.status, r.err)
+		}
+	}
+	// refusedCold requires the log line of the refusal with its reason,
+	// and a server that starts cold: the client limited before is served.
+	refusedCold := func(t *testing.T, d *daemon, msg, detail string) {
+		t.Helper()
+		if _, _, ok := d.logs.waitFor(0, 5*time.Second, func(l logLine) bool {
+			return l.msg() == msg && strings.Contains(l.get("detail"), detail)
+		}); !ok {
+			t.Fatalf("no %q line naming %q:\n%s", msg, detail, d.logs.text())
+		}
+		if r := do(newClient(t, nil, false), "POST", d.url("/login"), nil); r.status != 200 {
+			t.Fatalf("after the refusal: %d %v, want the client served from a cold table", r.status, r.err)
+		}
+	}
+
+	for _, tc := range []struct {
+		name    string
+		prepare func(t *testing.T, path string)
+		detail  string
+	}{
+		{"dump writable by others", func(t *testing.T, p string) { os.Chmod(p, 0o666) }, "writable by group or others"},
+		{"dump of another user", func(t *testing.T, p string) {
+			if os.Geteuid() != 0 {
+				t.Skip("giving a file to another user takes root")
+			}
+			if err := os.Chown(p, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}, "owned by uid 65534"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dump := filepath.Join(t.TempDir(), "dump")
+			cfg := persistConfig(fmt.Sprintf("[persist]\npath = %q\n", dump) + rule)
+			d := startDaemon(t, daemonOptions{config: cfg})
+			limited(t, d)
+			d.stop()
+			tc.prepare(t, dump)
+			d = startDaemon(t, daemonOptions{config: cfg})
+			refusedCold(t, d, "persist: dump refused: untrusted", tc.detail)
+			d.stop()
+		})
+	}
+
+	t.Run("live region writable by others", func(t *testing.T) {
+		t.Parallel()
+		live := filepath.Join("/dev/shm", fmt.Sprintf("preforkd-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
+		t.Cleanup(func() { os.Remove(live); os.Remove(live + ".lock") })
+		cfg := persistConfig(fmt.Sprintf("[persist]\nlive = %q\n", live) + rule)
+		d := startDaemon(t, daemonOptions{config: cfg})
+		limited(t, d)
+		d.kill() // the region stays behind, as after a crash of the whole tree
+		os.Chmod(live, 0o606)
+		d = startDaemon(t, daemonOptions{config: cfg})
+		refusedCold(t, d, "persist: live region refused: creating a fresh one", "untrusted: mode 0606: writable by group or others")
+		d.stop()
+	})
+}
+
+func TestPersistPathLocked(t *testing.T) {
+	t.Parallel()
+	dump := filepath.Join(t.TempDir(), "dump")
+	cfg := persistConfig(fmt.Sprintf("[persist]\npath = %q\n", dump))
+	d := startDaemon(t, daemonOptions{config: cfg})
+	second := filepath.Join(t.TempDir(), "second.toml")
+	os.WriteFile(second, []byte(cfg), 0o600)
+	code, _, stderr := runBinary(t, "run", "-config", second, "-listen", freeAddr(t))
+	holder := fmt.Sprintf("pid %d", d.pid())
+	if code != 1 || !strings.Contains(stderr, "in use by another supervisor") || !strings.Contains(stderr, dump) || !strings.Contains(stderr, holder) {
+		t.Fatalf("second supervisor on the dump path: exit %d, want 1 naming %s and %s:\n%s", code, dump, holder, stderr)
+	}
+	// The first one is untouched: it serves, and its dump is written.
+	if r := get(newClient(t, nil, false), d.url("/")); r.status != 200 {
+		t.Fatalf("first supervisor: %d %v", r.status, r.err)
+	}
+	d.stop()
+	if _, err := os.Stat(dump); err != nil {
+		t.Fatalf("the first supervisor's dump: %v", err)
+	}
+}

@@ -1,0 +1,219 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"iter"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Bulk operations for persistence: a snapshot of each table, and placement
+// of whole entries into a region that no other process uses yet (a
+// supervisor before its first worker, loading a dump or migrating a live
+// region). They keep the layout inside this package: callers see keys,
+// meta words, payloads and responses, never slots.
+
+// Errors of the bulk operations.
+var (
+	// ErrNotEmpty is returned by SetSeeds on a table that already holds keys.
+	ErrNotEmpty = errors.New("shm: table not empty")
+	// ErrDuplicate is returned by Place for a key the table already holds.
+	ErrDuplicate = errors.New("shm: key already in the table")
+)
+
+// SetSeeds replaces the region's hash seeds, so that keys hashed in an
+// earlier region (a dump) keep their identity. Only an empty table may be
+// reseeded, and only before other processes attach.
+func (r *Region) SetSeeds(s1, s2 uint64) error {
+	for i := range r.counts.slots {
+		if phaseOf(atomic.LoadUint64(&r.counts.slots[i].state)) != phaseEmpty {
+			return ErrNotEmpty
+		}
+	}
+	r.store(hSeed1, s1)
+	r.store(hSeed2, s2)
+	r.seed1, r.seed2 = s1, s2
+	return nil
+}
+
+// Entry is one LIVE counter slot's content.
+type Entry struct {
+	Key     Key
+	Meta    uint64
+	Payload uint64
+}
+
+// Snapshot returns an iterator over the LIVE entries of the table. Each
+// entry is read consistently (state, key, state again: one taken over
+// meanwhile is skipped); while workers run, the whole is a moving picture.
+//
+// When nothing writes the table, the entries come in slot order from a
+// slot that no entry's probe path crosses, so that placing them in that
+// order (Place) into an empty table of the same geometry fits every one
+// again: each lands at most as far from its home as it was. From any other
+// start, an entry that wrapped around the end of the table can take the
+// slot of one that then no longer fits.
+func (c *Counters) Snapshot() iter.Seq[Entry] {
+	return func(yield func(Entry) bool) {
+		b := uint64(c.boundary())
+		for k := range uint64(len(c.slots)) {
+			sl := &c.slots[(b+k)&c.mask]
+			s := atomic.LoadUint64(&sl.state)
+			if phaseOf(s) != phaseLive {
+				continue
+			}
+			e := Entry{
+				Key:     Key{A: atomic.LoadUint64(&sl.keyA), B: atomic.LoadUint64(&sl.keyB)},
+				Meta:    atomic.LoadUint64(&sl.meta),
+				Payload: payloadOf(s),
+			}
+			if atomic.LoadUint64(&sl.state) != s {
+				continue
+			}
+			if !yield(e) {
+				return
+			}
+		}
+	}
+}
+
+// boundary returns a slot index that no LIVE entry's probe path crosses
+// (no entry lies at or after it with its home before it), or 0 when there
+// is none. Any EMPTY slot is followed by one.
+func (c *Counters) boundary() int {
+	for b := range c.slots {
+		crossed := false
+		for j := 0; j < c.probe && !crossed; j++ {
+			i := (uint64(b) + uint64(j)) & c.mask
+			sl := &c.slots[i]
+			crossed = phaseOf(atomic.LoadUint64(&sl.state)) == phaseLive && (i-atomic.LoadUint64(&sl.keyA))&c.mask > uint64(j)
+		}
+		if !crossed {
+			return b
+		}
+	}
+	return 0
+}
+
+// Place installs e in the first EMPTY slot of its probe window, as a claim
+// from EMPTY would (LIVE, generation 1), without the insert lock and
+// without counting a claim. It requires that no other process uses the
+// region and that the table holds only EMPTY slots and entries put there
+// by Place; it costs at most one probe window. Errors: ErrDuplicate (the
+// key is in the table already), ErrFull (no EMPTY slot in the window).
+func (c *Counters) Place(e Entry) error {
+	if e.Payload > PayloadMask {
+		return fmt.Errorf("shm: payload %#x exceeds 48 bits", e.Payload)
+	}
+	home := e.Key.A & c.mask
+	for j := 0; j < c.probe; j++ {
+		sl := &c.slots[(home+uint64(j))&c.mask]
+		if phaseOf(atomic.LoadUint64(&sl.state)) == phaseEmpty {
+			// Plain stores: nobody reads the slot before its state is
+			// published, and a load places a million of them.
+			sl.keyA, sl.keyB, sl.meta = e.Key.A, e.Key.B, e.Meta
+			atomic.StoreUint64(&sl.state, mkState(phaseLive, 1, e.Payload))
+			return nil
+		}
+		if sl.keyA == e.Key.A && sl.keyB == e.Key.B {
+			return ErrDuplicate // a key is never LIVE in two slots
+		}
+	}
+	return ErrFull
+}
+
+// StoredEntry is one completed record, as persistence dumps and restores it.
+type StoredEntry struct {
+	Key          Key
+	Fingerprint  Fingerprint
+	Expiry       time.Duration // region time until which it replays
+	Unreplayable bool          // completed without a stored response
+	Response     Response      // when replayable
+}
+
+// Snapshot returns an iterator over the COMPLETE records that have not
+// expired at now, their responses copied out. Reservations and requests in
+// flight are not visited, nor a record that changed while it was read.
+func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
+	return func(yield func(StoredEntry) bool) {
+		for i := range t.recs {
+			rec := &t.recs[i]
+			s := atomic.LoadUint64(&rec.state)
+			if recPhase(s) != recComplete {
+				continue
+			}
+			e := StoredEntry{
+				Key:    Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)},
+				Expiry: time.Duration(atomic.LoadUint64(&rec.expiry)),
+			}
+			if e.Expiry <= now {
+				continue
+			}
+			for w := range rec.fp {
+				binary.LittleEndian.PutUint64(e.Fingerprint[w*8:], atomic.LoadUint64(&rec.fp[w]))
+			}
+			e.Unreplayable = atomic.LoadUint64(&rec.length)>>32&flagUnreplayable != 0
+			if !e.Unreplayable && !t.read(rec, s, &e.Response) {
+				continue
+			}
+			if atomic.LoadUint64(&rec.state) != s {
+				continue
+			}
+			if !yield(e) {
+				return
+			}
+		}
+	}
+}
+
+// Place installs e as a completed record at region time now, without the
+// insert lock or a worker identity; an entry already expired at now is
+// skipped. It requires that no other process uses the region. When the
+// pool has no room for the response, the record is completed unreplayable,
+// as Complete does. Errors: ErrDuplicate (the key has a live record),
+// ErrFull (no record in the probe window), ErrNoResponses.
+func (t *Responses) Place(e StoredEntry, now time.Duration) error {
+	if len(t.recs) == 0 {
+		return ErrNoResponses
+	}
+	if e.Expiry <= now {
+		return nil
+	}
+	_, _, cand, found := t.scan(e.Key, e.Key.A&t.mask, now)
+	switch {
+	case found:
+		return ErrDuplicate
+	case cand < 0:
+		return ErrFull
+	}
+	rec := &t.recs[cand]
+	s := atomic.LoadUint64(&rec.state)
+	if recPhase(s) == recComplete { // expired
+		t.freeChain(atomic.LoadUint64(&rec.chain))
+	}
+	atomic.StoreUint64(&rec.keyA, e.Key.A)
+	atomic.StoreUint64(&rec.keyB, e.Key.B)
+	for w := range rec.fp {
+		atomic.StoreUint64(&rec.fp[w], binary.LittleEndian.Uint64(e.Fingerprint[w*8:]))
+	}
+	var flags uint64 = flagUnreplayable
+	var n uint32
+	chain, sum := uint64(noBlock), uint64(0)
+	if !e.Unreplayable {
+		data := encodeResponse(&e.Response)
+		if first, count, ok := t.store(data); ok {
+			chain = uint64(count)<<32 | uint64(first)
+			flags, n, sum = 0, uint32(len(data)), xxhash.Sum64(data)
+		}
+	}
+	atomic.StoreUint64(&rec.length, flags<<32|uint64(n))
+	atomic.StoreUint64(&rec.chain, chain)
+	atomic.StoreUint64(&rec.sum, sum)
+	atomic.StoreUint64(&rec.expiry, uint64(e.Expiry))
+	atomic.StoreUint64(&rec.state, mkRec(recComplete, recGen(s)+1, 0))
+	return nil
+}

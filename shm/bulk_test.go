@@ -1,0 +1,102 @@
+package shm_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Entries of a snapshot placed into empty tables (private or mapped;
+// smaller, equal or larger) are found, decided and reclaimed as if they
+// had been claimed.
+func TestPlace(t *testing.T) {
+	login := bucket.Rule{Name: "login", Limit: 1, Window: time.Hour}
+	api := bucket.Rule{Name: "api", Limit: 2, Window: time.Minute, Algorithm: bucket.FixedWindow}
+	limiter := func(r *shm.Region, rule bucket.Rule) *bucket.Limiter {
+		l, err := bucket.NewLimiter(rule, r.Counters())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	now := 10 * time.Minute
+	src := privateRegion(t, shm.Options{Counters: 4096, MaxWorkers: 8})
+	lg, la := limiter(src, login), limiter(src, api)
+	for i := 0; i < 300; i++ {
+		lg.Allow(fmt.Sprint("client", i), now)
+		la.Allow(fmt.Sprint("client", i), now)
+	}
+	entries := slices.Collect(src.Counters().Snapshot())
+	if len(entries) != 600 {
+		t.Fatalf("only %d entries", len(entries))
+	}
+	memfd, err := shm.Create(shm.Options{Counters: 2048, MaxWorkers: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer memfd.Close()
+	small, large := privateRegion(t, shm.Options{Counters: 2048, MaxWorkers: 8}), privateRegion(t, shm.Options{Counters: 8192, MaxWorkers: 8})
+	for _, dst := range []*shm.Region{small, memfd, large} {
+		t.Run(fmt.Sprintf("%d slots, mapped=%v", dst.Geometry().Counters, dst.File() != nil), func(t *testing.T) {
+			if err := dst.SetSeeds(src.Seeds()); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if err := dst.Counters().Place(e); err != nil {
+					t.Fatalf("place: %v", err)
+				}
+			}
+			if err := dst.Counters().Place(entries[0]); !errors.Is(err, shm.ErrDuplicate) {
+				t.Fatalf("a key placed twice: %v", err)
+			}
+			st := dst.Counters().Stats()
+			if st.Live != len(entries) || st.Busy != 0 || st.Locked != 0 || st.MaxProbe > st.Probe {
+				t.Fatalf("stats %+v for %d entries", st, len(entries))
+			}
+			got := map[shm.Entry]bool{}
+			for e := range dst.Counters().Snapshot() {
+				got[e] = true
+			}
+			for _, e := range entries {
+				if !got[e] {
+					t.Fatalf("entry %+v not in the snapshot", e)
+				}
+			}
+			if err := dst.Join(1); err != nil {
+				t.Fatal(err)
+			}
+			fg, fa := limiter(dst, login), limiter(dst, api)
+			for i := 0; i < 300; i += 7 {
+				c := fmt.Sprint("client", i)
+				if fg.Peek(c, now) != lg.Peek(c, now) || fa.Peek(c, now) != la.Peek(c, now) {
+					t.Fatalf("%s: %+v/%+v, was %+v/%+v", c, fg.Peek(c, now), fa.Peek(c, now), lg.Peek(c, now), la.Peek(c, now))
+				}
+			}
+			// The placed slots take part in the protocol: updated, and
+			// reclaimed once fresh.
+			if d := fg.Allow("client1", now); d.Allowed {
+				t.Fatal("a placed key was not limited")
+			}
+			if d := fg.Allow("client1", now+2*time.Hour); !d.Allowed {
+				t.Fatal("a placed key was not updated")
+			}
+		})
+	}
+}
+
+// Placing into a table with no room ends after one probe window (a loader
+// must never spin at boot).
+func TestPlaceFull(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 16, MaxWorkers: 4})
+	for i := 0; i < 17; i++ {
+		err := r.Counters().Place(shm.Entry{Key: shm.Key{A: uint64(i), B: 1}, Meta: 1, Payload: 1})
+		if (err != nil) != (i == 16) || (err != nil && !errors.Is(err, shm.ErrFull)) {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package shm
+
+import (
+	"math"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The two tables' synchronisation beyond a CAS: the insert lock that
+// claims take on a key's home slot or record, and the futex on which a
+// duplicate request waits for the original in another process.
+
+// defaultLockWait bounds the wait for an insert lock held by a live
+// process. The lock is held for a few stores; a wait this long means the
+// holder is stopped or starved, and the caller's on_full policy answers
+// instead.
+const defaultLockWait = 250 * time.Millisecond
+
+// lockWord takes an insert lock word for owner: it releases it from a dead
+// holder at once and waits for a live one up to wait.
+func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
+	var deadline int64
+	for n := 0; ; n++ {
+		cur := atomic.LoadUint64(w)
+		if cur == 0 {
+			if atomic.CompareAndSwapUint64(w, 0, owner) {
+				return nil
+			}
+			continue
+		}
+		if r.stale(cur) {
+			if atomic.CompareAndSwapUint64(w, cur, 0) {
+				r.count(func(e *workerEntry) *uint64 { return &e.recovered })
+			}
+			continue
+		}
+		if n < 64 {
+			runtime.Gosched()
+			continue
+		}
+		if deadline == 0 {
+			deadline = nanotime() + int64(wait)
+		} else if nanotime() > deadline {
+			return ErrLockTimeout
+		}
+		time.Sleep(time.Duration(min(n-63, 50)) * 20 * time.Microsecond)
+	}
+}
+
+// unlockWord releases an insert lock word if owner still holds it.
+func unlockWord(w *uint64, owner uint64) { atomic.CompareAndSwapUint64(w, owner, 0) }
+
+// futexWait sleeps while *addr == val, up to d. No FUTEX_PRIVATE_FLAG: the
+// word is in a shared mapping and the waker is another process.
+func futexWait(addr *uint32, val uint32, d time.Duration) {
+	ts := unix.NsecToTimespec(int64(d))
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 0 /* FUTEX_WAIT */, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+func futexWake(addr *uint32) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE */, math.MaxInt32, 0, 0, 0)
+}
