@@ -4,7 +4,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"unicode"
 )
 
 // Changes is what differs between two configurations, by the file's names,
@@ -113,42 +112,12 @@ func diffFields(prefix string, a, b reflect.Value) []string {
 	return out
 }
 
-// keyName is the file's name of a field: its toml tag, else its Go name in
-// snake case. "" for what is not a key: unexported fields, a tag of "-",
-// and Line, which says where a rule was written, not what it does.
+// keyName is the file's name of a field (its toml tag); "" for a field
+// that is not a key.
 func keyName(f reflect.StructField) string {
-	if !f.IsExported() || f.Name == "Line" {
+	name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+	if name == "-" {
 		return ""
 	}
-	if tag, ok := f.Tag.Lookup("toml"); ok {
-		name, _, _ := strings.Cut(tag, ",")
-		if name == "-" {
-			return ""
-		}
-		if name != "" {
-			return name
-		}
-	}
-	switch f.Name {
-	case "RateLimits":
-		return "ratelimit"
-	case "IPv6Prefix":
-		return "ipv6_prefix"
-	}
-	return snake(f.Name)
-}
-
-// snake turns a Go name into the file's style: "MaxRequestBody" is
-// "max_request_body", "TTL" is "ttl".
-func snake(s string) string {
-	var b strings.Builder
-	rs := []rune(s)
-	for i, r := range rs {
-		if unicode.IsUpper(r) && i > 0 &&
-			(unicode.IsLower(rs[i-1]) || unicode.IsDigit(rs[i-1]) || i+1 < len(rs) && unicode.IsLower(rs[i+1])) {
-			b.WriteByte('_')
-		}
-		b.WriteRune(unicode.ToLower(r))
-	}
-	return b.String()
+	return name
 }

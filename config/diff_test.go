@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/examples"
 )
 
@@ -14,8 +15,8 @@ func TestDiff(t *testing.T) {
 	base := Config{
 		Server: Server{Workers: 2, Upstream: "http://127.0.0.1:9000"},
 		RateLimits: []RateLimit{
-			{Name: "login", Path: "/login", Limit: 5, Window: time.Minute, Line: 10},
-			{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, Line: 20},
+			{Name: "login", Path: "/login", Limit: 5, Window: time.Minute},
+			{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute},
 		},
 		Idempotency: []Idempotency{{Path: "/orders", TTL: time.Hour}},
 	}.WithDefaults()
@@ -33,11 +34,10 @@ func TestDiff(t *testing.T) {
 		want Changes
 	}{
 		{"same", base, Changes{}},
-		{"only lines moved", edit(func(c *Config) {
-			c.RateLimits[0].Line, c.RateLimits[1].Line = 30, 40
+		{"rules moved", edit(func(c *Config) {
 			c.RateLimits[0], c.RateLimits[1] = c.RateLimits[1], c.RateLimits[0]
 		}), Changes{}},
-		{"a default spelled out", edit(func(c *Config) { c.RateLimits[0].Algorithm = "gcra" }), Changes{}},
+		{"a default spelled out", edit(func(c *Config) { c.RateLimits[0].By = "ip" }), Changes{}},
 		{"server keys", edit(func(c *Config) {
 			c.Server.Upstream = "http://127.0.0.1:9001"
 			c.Server.IPv6Prefix = 56
@@ -49,7 +49,7 @@ func TestDiff(t *testing.T) {
 		}), Changes{Keys: []string{"admin.token_file", "persist.key"}}},
 		{"a rule changed, one added, one removed", edit(func(c *Config) {
 			c.RateLimits[0].Limit = 10
-			c.RateLimits[0].OnFull = "closed"
+			c.RateLimits[0].OnFull = bucket.Closed
 			c.RateLimits[1] = RateLimit{Name: "search", Path: "/search", Limit: 1, Window: time.Second}
 		}), Changes{
 			Keys:       []string{"ratelimit.login.limit", "ratelimit.login.on_full"},

@@ -136,7 +136,7 @@ func rulesJSON(cfg config.Config) []ruleJSON {
 	for _, r := range cfg.RateLimits {
 		out = append(out, ruleJSON{
 			Name: r.Name, Path: r.Path, Methods: nonNil(r.Methods), Limit: r.Limit, Window: r.Window.String(),
-			Algorithm: r.Algorithm, Burst: r.EffectiveBurst(), By: r.By, Mode: r.Mode, OnFull: r.OnFull,
+			Algorithm: r.Algorithm.String(), Burst: r.EffectiveBurst(), By: r.By, Mode: r.Mode.String(), OnFull: r.OnFull.String(),
 		})
 	}
 	return out
@@ -146,7 +146,7 @@ func blocksJSON(cfg config.Config) []blockJSON {
 	out := []blockJSON{}
 	for _, d := range cfg.Idempotency {
 		out = append(out, blockJSON{
-			Path: d.Path, Methods: nonNil(d.Methods), Header: d.Header, TTL: d.TTL.String(), By: d.By, MaxBody: d.MaxBody,
+			Path: d.Path, Methods: nonNil(d.Methods), Header: d.Header, TTL: d.TTL.String(), By: d.By, MaxBody: int64(d.MaxBody),
 		})
 	}
 	return out
