@@ -16,6 +16,7 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -236,14 +237,17 @@ func listenerFile(ln net.Listener) (*os.File, error) {
 }
 
 // RegionOptions is the geometry of the region for cfg: its [table]
-// section, and room in the worker table for a reload's overlap.
+// section, room in the worker table for a reload's overlap, and the
+// statistics rows and rule names of package metrics.
 func RegionOptions(cfg config.Config) shm.Options {
-	return shm.Options{
+	o := shm.Options{
 		Counters:      cfg.Table.Counters,
 		MaxWorkers:    minMaxWorkers(cfg.Server.WorkerCount()),
 		Responses:     cfg.Table.Responses,
 		ResponseBytes: int64(cfg.Table.ResponseBytes),
 	}
+	metrics.Geometry(&o, len(cfg.RateLimits))
+	return o
 }
 
 // newRegion creates the shared region before any worker exists.

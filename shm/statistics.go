@@ -314,3 +314,34 @@ func (g Gate) Pass(now, every time.Duration) bool {
 // last one left (0 for none), e.g. a running count, so that the next line
 // can say how many events were held back in between.
 func (g Gate) SwapMark(v uint64) uint64 { return atomic.SwapUint64(&g.g.mark, v) }
+
+// StatTotal is the caller's word i summed over every row, between two
+// folds: one counter's total, without summing whole rows (a rate-limited
+// log line counts what it held back with it).
+func (r *Region) StatTotal(i int) uint64 {
+	st := r.stats
+	if i < 0 || shmWords+i >= st.words {
+		return 0
+	}
+	var deadline int64
+	for {
+		s := atomic.LoadUint64(st.seq)
+		folding := s&1 != 0
+		if folding {
+			if deadline == 0 {
+				deadline = nanotime() + int64(tornWait)
+			}
+			if nanotime() < deadline {
+				runtime.Gosched()
+				continue
+			}
+		}
+		var n uint64
+		for w := 0; w <= st.retired; w++ {
+			n += atomic.LoadUint64(&st.rows[w*st.width+shmWords+i])
+		}
+		if folding || atomic.LoadUint64(st.seq) == s {
+			return n
+		}
+	}
+}

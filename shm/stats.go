@@ -29,6 +29,7 @@ type TableStats struct {
 	RecordsInUse int    // records reserved, being completed, or completed (expired or not)
 	RecordsFull  uint64 // reservations refused: no record in the probe window
 	Blocks       int    // blocks of the response pool
+	BlockSize    int    // bytes of one block
 	BlocksUsed   int    // blocks holding a stored response
 	NoBlocks     uint64 // responses completed unreplayable for want of blocks
 }
@@ -58,6 +59,7 @@ func (r *Region) tableStats(w []uint64) TableStats {
 		RecordsInUse: gauge(w[evRecTaken], w[evRecFreed]),
 		RecordsFull:  w[evRespFull],
 		Blocks:       int(r.resps.nblocks),
+		BlockSize:    r.resps.blockSize,
 		BlocksUsed:   gauge(w[evBlocksTaken], w[evBlocksFreed]),
 		NoBlocks:     w[evRespNoBlock],
 	}

@@ -169,16 +169,3 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 func pid() int { return os.Getpid() }
-
-// serveMetrics writes the region's statistics in the Prometheus text format.
-func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
-	st := a.region.Counters().Stats()
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	metric := func(name, typ, help string, v any) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s %v\n", name, help, name, typ, name, v)
-	}
-	metric("preforkd_counter_slots", "gauge", "Counter slots in the table.", st.Slots)
-	metric("preforkd_counter_slots_live", "gauge", "Counter slots holding a key.", st.Live)
-	metric("preforkd_counter_claims_total", "counter", "Keys installed in free slots.", st.Claims)
-	metric("preforkd_workers", "gauge", "Worker processes joined to the region.", len(a.status.Load().Workers))
-}

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // statusJSON is GET /status. Field names are snake case; times RFC 3339;
@@ -73,6 +75,10 @@ type workerJSON struct {
 	Generation int    `json:"generation"`
 	Started    string `json:"started"`
 	State      string `json:"state"`
+	// Requests and Errors5xx are the responses this process sent since it
+	// started (its row of the statistics), all and 5xx.
+	Requests  uint64 `json:"requests"`
+	Errors5xx uint64 `json:"errors_5xx"`
 }
 
 type tableJSON struct {
@@ -81,23 +87,26 @@ type tableJSON struct {
 }
 
 type countersJSON struct {
-	Slots     int     `json:"slots"`
-	Probe     int     `json:"probe"`
-	Live      int     `json:"live"`
-	Occupancy float64 `json:"occupancy"`
-	Full      uint64  `json:"full"`
-	Claims    uint64  `json:"claims"`
-	Reclaims  uint64  `json:"reclaims"`
-	Recovered uint64  `json:"recovered"`
+	Slots        int     `json:"slots"`
+	Probe        int     `json:"probe"`
+	Used         int     `json:"used"`
+	Occupancy    float64 `json:"occupancy"`
+	Full         uint64  `json:"full"`
+	LockTimeouts uint64  `json:"lock_timeouts"`
+	Claims       uint64  `json:"claims"`
+	Reclaims     uint64  `json:"reclaims"`
+	Recovered    uint64  `json:"recovered"`
+	Loaded       uint64  `json:"loaded"`
 }
 
 type responsesJSON struct {
-	Records    int    `json:"records"`
-	InUse      int    `json:"in_use"`
-	Blocks     int    `json:"blocks"`
-	BlocksUsed int    `json:"blocks_used"`
-	Full       uint64 `json:"full"`
-	NoBlocks   uint64 `json:"no_blocks"`
+	Records     int    `json:"records"`
+	RecordsUsed int    `json:"records_used"`
+	Full        uint64 `json:"full"`
+	Blocks      int    `json:"blocks"`
+	BlockSize   int    `json:"block_size"`
+	BlocksUsed  int    `json:"blocks_used"`
+	NoBlocks    uint64 `json:"no_blocks"`
 }
 
 func (a *admin) serveStatus(w http.ResponseWriter, _ *http.Request) {
@@ -117,15 +126,19 @@ func (a *admin) serveStatus(w http.ResponseWriter, _ *http.Request) {
 		Rules:    rulesJSON(st.Config),
 		Blocks:   blocksJSON(st.Config),
 		Workers:  []workerJSON{},
-		Table:    a.tableJSON(),
 	}
+	var snap metrics.Snapshot
+	metrics.Read(a.region, &snap)
+	out.Table = tableStatsJSON(snap.Table())
 	if !st.Reloads.Last.IsZero() {
 		out.Reloads.Last = st.Reloads.Last.UTC().Format(time.RFC3339)
 	}
 	for _, wk := range st.Workers {
+		metrics.ReadWorker(a.region, wk.Index, &snap)
 		out.Workers = append(out.Workers, workerJSON{
 			Index: wk.Index, PID: wk.PID, Generation: wk.Generation,
 			Started: wk.Started.UTC().Format(time.RFC3339), State: wk.State(),
+			Requests: snap.Requests(), Errors5xx: snap.Errors5xx(),
 		})
 	}
 	writeJSON(w, out)
@@ -152,16 +165,17 @@ func blocksJSON(cfg config.Config) []blockJSON {
 	return out
 }
 
-func (a *admin) tableJSON() tableJSON {
-	cs := a.region.Counters().Stats()
+// tableJSON is the tables' occupancy and events, from the statistics
+// rows: no slot is read.
+func tableStatsJSON(tb shm.TableStats) tableJSON {
 	t := tableJSON{Counters: countersJSON{
-		Slots: cs.Slots, Probe: cs.Probe, Live: cs.Live, Occupancy: cs.Occupancy(),
-		Full: cs.Full + cs.LockTimeout, Claims: cs.Claims, Reclaims: cs.Reclaims, Recovered: cs.Recovered,
+		Slots: tb.Slots, Probe: tb.Probe, Used: tb.Live, Occupancy: tb.Occupancy(),
+		Full: tb.Full, LockTimeouts: tb.LockTimeout, Claims: tb.Claims, Reclaims: tb.Reclaims,
+		Recovered: tb.Recovered, Loaded: tb.Placed,
 	}}
-	if rs := a.region.Responses(); rs.Len() > 0 {
-		s := rs.Stats()
-		t.Responses = &responsesJSON{Records: s.Records, InUse: s.Reserved + s.Complete, Blocks: s.Blocks,
-			BlocksUsed: s.BlocksUsed, Full: s.Full, NoBlocks: s.NoBlocks}
+	if tb.Records > 0 {
+		t.Responses = &responsesJSON{Records: tb.Records, RecordsUsed: tb.RecordsInUse, Full: tb.RecordsFull,
+			Blocks: tb.Blocks, BlockSize: tb.BlockSize, BlocksUsed: tb.BlocksUsed, NoBlocks: tb.NoBlocks}
 	}
 	return t
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/prefork"
 )
 
@@ -25,7 +28,7 @@ func appHandler(w *prefork.Worker) (http.Handler, error) {
 	if u == nil {
 		return demo(w.Index), nil
 	}
-	return newProxy(u, w.Logger), nil
+	return newProxy(u, w), nil
 }
 
 // demo answers every request with 200 and a small JSON body naming the
@@ -45,8 +48,15 @@ func demo(worker int) http.Handler {
 
 // newProxy forwards to u. The X-Forwarded-For chain the client sent is
 // kept and the peer appended (as nginx's $proxy_add_x_forwarded_for does);
-// the rate-limit layer decided already which hops to believe.
-func newProxy(u *url.URL, log *slog.Logger) http.Handler {
+// the rate-limit layer decided already which hops to believe. Upstream
+// failures are counted and logged by the worker's decision core, as every
+// engine's are.
+func newProxy(u *url.URL, wk *prefork.Worker) http.Handler {
+	failed := func(kind core.UpstreamError, err error) {
+		if c := wk.Core(); c != nil {
+			c.UpstreamFailed(kind, u.Host, err)
+		}
+	}
 	transport := &http.Transport{
 		Proxy:                 nil,
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -65,13 +75,58 @@ func newProxy(u *url.URL, log *slog.Logger) http.Handler {
 			}
 			pr.SetXForwarded()
 		},
-		Transport: transport,
+		Transport: brokenBodies{transport, failed},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Debug("upstream error", "path", r.URL.Path, "err", err)
+			if r.Context().Err() != nil {
+				return // the client went away: nobody to answer, nothing the upstream did
+			}
+			var op *net.OpError
+			var ne net.Error
+			switch {
+			case errors.As(err, &op) && op.Op == "dial":
+				failed(core.UpstreamConnect, err)
+			case errors.As(err, &ne) && ne.Timeout():
+				failed(core.UpstreamTimeout, err)
+				writeProblem(w, http.StatusGatewayTimeout, "Gateway Timeout", "the upstream application did not answer in time")
+				return
+			default:
+				failed(core.UpstreamResponse, err)
+			}
 			writeProblem(w, http.StatusBadGateway, "Bad Gateway", "the upstream application did not answer")
 		},
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ErrorLog: slog.NewLogLogger(wk.Logger.Handler(), slog.LevelDebug),
 	}
+}
+
+// brokenBodies reports upstream responses whose body broke off after
+// their header went to the client: ReverseProxy only aborts those.
+type brokenBodies struct {
+	http.RoundTripper
+	failed func(core.UpstreamError, error)
+}
+
+func (b brokenBodies) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := b.RoundTripper.RoundTrip(r)
+	if err == nil && resp.Body != nil {
+		resp.Body = &watchedBody{ReadCloser: resp.Body, req: r, failed: b.failed}
+	}
+	return resp, err
+}
+
+type watchedBody struct {
+	io.ReadCloser
+	req    *http.Request
+	failed func(core.UpstreamError, error)
+	done   bool
+}
+
+func (w *watchedBody) Read(p []byte) (int, error) {
+	n, err := w.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && !w.done && w.req.Context().Err() == nil {
+		w.done = true
+		w.failed(core.UpstreamBroken, err)
+	}
+	return n, err
 }
 
 // writeProblem writes an RFC 9457 problem+json answer.
