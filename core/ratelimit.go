@@ -521,4 +521,3 @@ func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 
 // Resolver is the client resolver the core was built with.
 func (c *Core) Resolver() *clientip.Resolver { return &c.resolver }
-
