@@ -45,11 +45,16 @@ var ErrUnknownRule = errors.New("core: no such rule")
 // KeyError means a key does not name a key of the rule: it does not parse,
 // or the rule does not count by that element.
 type KeyError struct {
-	Rule string
+	Rule string // "" for an idempotency key
 	Msg  string
 }
 
-func (e *KeyError) Error() string { return fmt.Sprintf("core: rule %q: %s", e.Rule, e.Msg) }
+func (e *KeyError) Error() string {
+	if e.Rule == "" {
+		return "core: " + e.Msg
+	}
+	return fmt.Sprintf("core: rule %q: %s", e.Rule, e.Msg)
+}
 
 // KeyState is the state of one key under one rule. It says which element
 // of the rule's `by` the key is, never its value: the value may be a
@@ -142,6 +147,11 @@ func (ct *Control) ruleKey(rule, key string) (*rule, clientip.KeyRef, error) {
 // keyBytes makes the key a request carrying ref's element would be counted
 // under, by the rule's own `by` (the one source of key bytes).
 func (ct *Control) keyBytes(ru *rule, ref clientip.KeyRef) (id []byte, value string) {
+	return ct.keyBytesBy(ru.by, ref)
+}
+
+// keyBytesBy is keyBytes for any `by`.
+func (ct *Control) keyBytesBy(by clientip.By, ref clientip.KeyRef) (id []byte, value string) {
 	src := &refSource{ref: ref}
 	switch ref.Element {
 	case "ip":
@@ -157,7 +167,7 @@ func (ct *Control) keyBytes(ru *rule, ref clientip.KeyRef) (id []byte, value str
 			src.path = strings.ToLower(src.path)
 		}
 	}
-	id, value, err := ru.by.AppendKeyValue(nil, src)
+	id, value, err := by.AppendKeyValue(nil, src)
 	if err != nil {
 		panic("core: a key reference made a repeated key: " + err.Error()) // refSource reports one line
 	}
@@ -212,3 +222,53 @@ func (s *refSource) Query(name string) (string, int) {
 
 func (s *refSource) Path() string          { return s.path }
 func (s *refSource) ClientKey() netip.Addr { return s.addr }
+
+// ErrInFlight means the idempotency key's request is running: forgetting
+// its reservation would let a retry run it a second time.
+var ErrInFlight = errors.New("core: the key's request is still running")
+
+// ForgetResponse drops the responses stored for the idempotency key key
+// (as a client sends it in the block's header: a quoted string or a bare
+// token) of the client named by by (a key reference of the block's `by`,
+// as for KeyState: "ip:192.0.2.1", "header:Authorization:Bearer …"), in
+// every block whose `by` has that element: a retry then runs again. It
+// returns how many it dropped, and ErrInFlight when the request is still
+// running (nothing is dropped for that block).
+func (ct *Control) ForgetResponse(key, by string) (int, error) {
+	c := ct.c
+	if len(c.blocks) == 0 {
+		return 0, &KeyError{Msg: "no idempotency block is configured"}
+	}
+	ref, err := clientip.ParseKeyRef(by)
+	if err != nil {
+		return 0, &KeyError{Msg: "by: " + strings.TrimPrefix(err.Error(), "clientip: ")}
+	}
+	now, tab := c.now(), c.region.Responses()
+	n, matched := 0, false
+	var inFlight error
+	for _, b := range c.blocks {
+		if !slices.Contains(b.by.Elements(), ref.Element) {
+			continue
+		}
+		matched = true
+		id, _ := ct.keyBytesBy(b.by, ref)
+		id = append(id, 0)
+		id, kp := parseKey(id, key, 1)
+		if kp != keyOK {
+			return n, &KeyError{Msg: "key: not a valid " + b.header}
+		}
+		forgot, err := tab.Forget(c.region.Counters().KeyOf(b.ns, id), now)
+		switch {
+		case errors.Is(err, shm.ErrInFlight):
+			inFlight = ErrInFlight
+		case err != nil:
+			return n, err
+		case forgot:
+			n++
+		}
+	}
+	if !matched {
+		return 0, &KeyError{Msg: "by: no idempotency block keys its clients by " + ref.Element}
+	}
+	return n, inFlight
+}

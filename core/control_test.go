@@ -140,3 +140,72 @@ func TestControlResetKey(t *testing.T) {
 		t.Errorf("ResetKey of an unknown rule: %v; want ErrUnknownRule", err)
 	}
 }
+
+// An operator drops a stored response by its key and the client it
+// belongs to: the retry runs again; a request still running is not
+// dropped.
+func TestControlForgetResponse(t *testing.T) {
+	region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10, BlockSize: 256})
+	by, _ := clientip.ParseBy("header:Authorization|ip")
+	opts := core.Options{Idempotency: []core.Idempotency{{Route: mustRoute(t, "/orders", "POST"), TTL: time.Hour, MaxBody: 1 << 10, By: by}}}
+	c, err := core.New(region, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := core.NewControl(region, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := func(auth string) *fakeReq {
+		r := newReq("POST", "/orders", "192.0.2.1", "Idempotency-Key", `"k-1"`)
+		if auth != "" {
+			r.header["Authorization"] = []string{auth}
+		}
+		return r
+	}
+	// run sends a request and completes it (201) when it runs; it reports
+	// whether it ran.
+	run := func(r *fakeReq) bool {
+		ex := c.Begin(r)
+		defer ex.Release()
+		if ex.Decide() != core.Pass {
+			return false
+		}
+		if _, rec := ex.Record(); rec {
+			ex.Complete(&core.Recorded{Status: 201, Body: []byte("created")})
+		}
+		return true
+	}
+	if !run(order("")) || run(order("")) {
+		t.Fatal("the first request did not run, or the retry was not replayed")
+	}
+	if n, err := ctl.ForgetResponse("k-1", "ip:192.0.2.1"); n != 1 || err != nil {
+		t.Fatalf("ForgetResponse = %d, %v; want 1", n, err)
+	}
+	if !run(order("")) {
+		t.Fatal("the retry after ForgetResponse was replayed, want it to run")
+	}
+	// A client keyed by its Authorization value; the token form of the key.
+	run(order("Bearer abc"))
+	if n, _ := ctl.ForgetResponse("k-1", "ip:192.0.2.9"); n != 0 {
+		t.Fatalf("another client's key forgot %d", n)
+	}
+	if n, err := ctl.ForgetResponse(`"k-1"`, "header:authorization:Bearer abc"); n != 1 || err != nil {
+		t.Fatalf("ForgetResponse by header = %d, %v", n, err)
+	}
+	// In flight: not dropped.
+	ex := c.Begin(order("Bearer xyz"))
+	if ex.Decide() != core.Pass {
+		t.Fatal("not reserved")
+	}
+	if _, err := ctl.ForgetResponse("k-1", "header:Authorization:Bearer xyz"); !errors.Is(err, core.ErrInFlight) {
+		t.Errorf("in flight: %v, want ErrInFlight", err)
+	}
+	ex.Release()
+	for _, tc := range []struct{ key, by string }{{"k-1", "cookie:s:v"}, {"", "ip:192.0.2.1"}, {"a b", "ip:192.0.2.1"}, {"k-1", "nope"}} {
+		var ke *core.KeyError
+		if _, err := ctl.ForgetResponse(tc.key, tc.by); !errors.As(err, &ke) {
+			t.Errorf("ForgetResponse(%q, %q) = %v, want a KeyError", tc.key, tc.by, err)
+		}
+	}
+}

@@ -428,3 +428,36 @@ func (t *Responses) releaseStale() (n int) {
 	}
 	return n
 }
+
+// ErrInFlight is Forget's answer for a key whose request is running: its
+// reservation cannot be dropped without letting a retry run it twice.
+var ErrInFlight = errors.New("shm: the key's request is in flight")
+
+// Forget drops the completed response stored for k (an operator's
+// correction): a retry with k runs again. It reports whether there was
+// one (an expired one does not count). It needs no worker identity, so
+// the supervisor can call it; a reader copying the response meanwhile
+// sees the record change and misses.
+func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
+	if len(t.recs) == 0 {
+		return false, ErrNoResponses
+	}
+	for {
+		i, s, _, found := t.scan(k, k.A&t.mask, now)
+		if !found {
+			return false, nil
+		}
+		if recPhase(s) != recComplete {
+			return false, ErrInFlight
+		}
+		rec := &t.recs[i]
+		chain := atomic.LoadUint64(&rec.chain)
+		if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
+			continue // changed meanwhile: look again
+		}
+		t.r.count(evRecFreed, 1)
+		t.freeChain(chain)
+		t.wake(rec)
+		return true, nil
+	}
+}

@@ -105,7 +105,8 @@ func TestAdminToken(t *testing.T) {
 	t.Parallel()
 	const token = "0123456789abcdef-right-token"
 	tokenPath := writeToken(t, 0o600, token)
-	cfg := baseServer(2, "") + adminSection + fmt.Sprintf("token_file = %q\n", tokenPath) + rule("login", "/login", "gcra", 2, "1h")
+	cfg := baseServer(2, "") + adminSection + fmt.Sprintf("token_file = %q\n", tokenPath) + rule("login", "/login", "gcra", 2, "1h") +
+		"\n[[idempotency]]\npath = \"/orders\"\nby = \"ip\"\nmax_body = \"4KiB\"\n"
 	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
 	admin := newClient(t, nil, false)
 	action := func(method, path, tok string) result {
@@ -174,6 +175,30 @@ func TestAdminToken(t *testing.T) {
 	}
 	if r := do(client, http.MethodPost, d.url("/login"), nil); r.status != 200 {
 		t.Errorf("the client's login after the reset: %d, want 200", r.status)
+	}
+
+	// A stored response dropped: the retry runs again.
+	order := func() result {
+		return do(client, http.MethodPost, d.url("/orders"), http.Header{"Idempotency-Key": {`"order-7"`}})
+	}
+	if r := order(); r.status != 200 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first order: %d %v", r.status, r.header)
+	}
+	if r := order(); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: not replayed: %d %v", r.status, r.header)
+	}
+	forget := "/idempotency?key=%22order-7%22&by=ip:" + ip.String()
+	if r := action(http.MethodDelete, forget, "0123456789abcdef-wrong-token"); r.status != http.StatusUnauthorized {
+		t.Errorf("DELETE with a wrong token: %d", r.status)
+	}
+	if r := action(http.MethodDelete, forget, token); r.status != 200 || !strings.Contains(string(r.body), `"deleted": 1`) {
+		t.Fatalf("DELETE %s: %d %s", forget, r.status, r.body)
+	}
+	if r := action(http.MethodDelete, forget, token); r.status != http.StatusNotFound {
+		t.Errorf("DELETE again: %d %s, want 404", r.status, r.body)
+	}
+	if r := order(); r.status != 200 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("retry after the DELETE: replayed (%v), want it to run again", r.header)
 	}
 
 	// A reload that drops the token file turns the actions off.

@@ -19,6 +19,7 @@ type adminAction struct {
 var adminActions = []adminAction{
 	{"GET /ratelimit/{rule}", (*admin).serveKeyState},
 	{"POST /ratelimit/{rule}/reset", (*admin).serveKeyReset},
+	{"DELETE /idempotency", (*admin).serveForgetResponse},
 }
 
 // keyStateJSON is one key's state as the actions report it. It names the
@@ -75,6 +76,39 @@ func (a *admin) serveKeyReset(w http.ResponseWriter, r *http.Request) {
 		Reset  bool         `json:"reset"`
 		Before keyStateJSON `json:"before"`
 	}{true, newKeyStateJSON(before)})
+}
+
+// serveForgetResponse is DELETE /idempotency?key=K&by=V: drop the response
+// stored for idempotency key K of the client V, so that its retry runs
+// again. 404 when none is stored, 409 while its request runs.
+func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	key, by := q.Get("key"), q.Get("by")
+	if key == "" || by == "" {
+		writeProblem(w, http.StatusBadRequest, "Bad Request",
+			"give ?key= (the Idempotency-Key as the client sent it) and ?by= (the client, as the block's by sees it: ip:192.0.2.1, header:NAME:VALUE, ...)")
+		return
+	}
+	ctl, err := a.control()
+	if err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", err.Error())
+		return
+	}
+	n, err := ctl.ForgetResponse(key, by)
+	switch {
+	case errors.Is(err, core.ErrInFlight):
+		writeProblem(w, http.StatusConflict, "Conflict", "the request with this key is still running; try again when it is done")
+		return
+	case a.keyError(w, err):
+		return
+	case n == 0:
+		writeProblem(w, http.StatusNotFound, "Not Found", "no stored response for this key and client")
+		return
+	}
+	a.log.Info("admin: stored response dropped", "records", n, "client", r.RemoteAddr)
+	writeJSON(w, struct {
+		Deleted int `json:"deleted"`
+	}{n})
 }
 
 // keyAction reads what the key actions share: the rules and ?key=.
