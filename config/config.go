@@ -24,6 +24,7 @@ type Config struct {
 	Admin       Admin         `toml:"admin"`
 	Table       Table         `toml:"table"`
 	Persist     Persist       `toml:"persist"`
+	Log         Log           `toml:"log"`
 	RateLimits  []RateLimit   `toml:"ratelimit"`
 	Idempotency []Idempotency `toml:"idempotency"`
 }
@@ -79,6 +80,16 @@ type Persist struct {
 	Path string `toml:"path"` // dump file written on graceful shutdown and loaded at boot; "" = off
 	Key  string `toml:"key"`  // application version; stored responses are dropped when it changes
 	Live string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
+}
+
+// Log is the [log] table: how the supervisor and its workers write their
+// log. The zero value is text at info. A reload applies it.
+type Log struct {
+	// Format is text (logfmt, the zero value) or json.
+	Format LogFormat `toml:"format"`
+	// Level is the least level written: info (the zero value), debug,
+	// warn or error.
+	Level LogLevel `toml:"level"`
 }
 
 // RateLimit is one [[ratelimit]] rule. Limit, Window, Algorithm, Burst and

@@ -25,6 +25,7 @@ func (c Config) WriteEffective(w io.Writer) error {
 	line(&b, "admin:", c.Admin, "")
 	line(&b, "table:", c.Table, "")
 	line(&b, "persist:", c.Persist, "")
+	line(&b, "log:", c.Log, "")
 	for _, r := range c.RateLimits {
 		r.Burst = r.EffectiveBurst()
 		line(&b, fmt.Sprintf("rule %q:", r.Name), r, "name")

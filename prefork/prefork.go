@@ -65,6 +65,13 @@ type Options struct {
 	// The region must have room for 2×workers+2 worker indexes.
 	NewRegion func(cfg config.Config) (*shm.Region, error)
 
+	// Configured, if set, is called with the configuration this process
+	// runs: in the supervisor at start and after every accepted reload (on
+	// its loop: it must return at once), in a worker as soon as it has
+	// read the configuration its supervisor handed it. E.g. to apply a
+	// [log] table to Logger's handler.
+	Configured func(cfg config.Config)
+
 	// OnStatus, if set, is called in the supervisor with a new snapshot
 	// whenever a worker starts, becomes ready, retires or exits, and when
 	// a reload or the drain begins. It runs on the supervisor's loop: it
@@ -109,6 +116,9 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	cfg, err := validated(opts.Config, nil)
 	if err != nil {
 		return err
+	}
+	if opts.Configured != nil {
+		opts.Configured(cfg)
 	}
 	n := cfg.Server.WorkerCount()
 	note, err := newNotifier(os.Getenv(envNotifySocket))
@@ -195,7 +205,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
 		"open_files", openFiles)
 	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
-	s.onStatus = opts.OnStatus
+	s.onStatus, s.onConfig = opts.OnStatus, opts.Configured
 	stopBeat := beat(region)
 	s.run(ctx, sigs, events)
 	stopBeat()

@@ -101,8 +101,9 @@ type supervisor struct {
 	crashes     int   // workers replaced after an exit nobody asked for
 	reloads     ReloadStatus
 
-	onStatus  func(Status) // Options.OnStatus
-	published *Status      // what onStatus saw last
+	onStatus  func(Status)        // Options.OnStatus
+	published *Status             // what onStatus saw last
+	onConfig  func(config.Config) // Options.Configured
 }
 
 // newSupervisor prepares a supervisor for cfg (already with defaults) with
@@ -436,6 +437,9 @@ func (s *supervisor) reload() {
 	s.cfg = cfg
 	s.gen++
 	s.reloading = true
+	if s.onConfig != nil {
+		s.onConfig(cfg)
+	}
 	s.log.Info("reload begun", append([]any{"generation", s.gen, "workers", len(s.slots)}, changeAttrs(changes)...)...)
 }
 

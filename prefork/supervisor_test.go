@@ -561,9 +561,14 @@ func TestReloadLogsChanges(t *testing.T) {
 	f.load = func() (config.Config, error) { return next, nil }
 	var buf strings.Builder
 	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&buf, nil)), base, minMaxWorkers(1))
+	var configured []config.Config
+	s.onConfig = func(c config.Config) { configured = append(configured, c) }
 	s.step()
 	ready(s, 100)
 	sendSignal(s, syscall.SIGHUP)
+	if len(configured) != 1 || configured[0].Server.Upstream != next.Server.Upstream {
+		t.Errorf("Options.Configured saw %d configurations after the reload, want the new one", len(configured))
+	}
 	var line string
 	for l := range strings.Lines(buf.String()) {
 		if strings.Contains(l, `msg="reload begun"`) {

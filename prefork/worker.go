@@ -143,6 +143,9 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 	if err != nil {
 		return nil, nil, 0, err
 	}
+	if opts.Configured != nil {
+		opts.Configured(cfg)
+	}
 	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
 	if err != nil {
 		return nil, nil, 0, err

@@ -141,14 +141,15 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 	var lf logFlags
 	lf.define(fs)
 	return func(ctx context.Context, args []string, _, stderr io.Writer) error {
-		log, err := lf.logger(stderr)
-		if err != nil {
+		if err := lf.check(); err != nil {
 			return err
 		}
+		logs := newLogSwitch(stderr, lf)
+		log := logs.logger()
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
-			return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log})
+			return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log, Configured: func(cfg config.Config) { logs.configure(cfg.Log) }})
 		}
 		if err := noArgs(args); err != nil {
 			return err
@@ -166,11 +167,13 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err := checkPersist(cfg); err != nil {
 			return err
 		}
+		logs.configure(cfg.Log)
 		opts := prefork.Options{
 			Config:     cfg,
 			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
 			Handler:    appHandler,
 			Logger:     log,
+			Configured: func(cfg config.Config) { logs.configure(cfg.Log) },
 		}
 		v, c := buildVersion()
 		abs, err := filepath.Abs(*path)

@@ -110,16 +110,16 @@ func sumRefusals(lines []logLine) int {
 	return n
 }
 
-// -log-format json writes every line, the workers' too, as one JSON
-// object; the first one is the banner.
+// [log] format = "json" writes every line, the workers' too, as one JSON
+// object, the banner first; -log-level overrides the file's level.
 func TestJSONLogs(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
-	if err := os.WriteFile(d.cfgPath, []byte(baseServer(2, "")+rule("login", "/login", "gcra", 1, "1h")), 0o600); err != nil {
+	if err := os.WriteFile(d.cfgPath, []byte(baseServer(2, "")+"\n[log]\nformat = \"json\"\nlevel = \"warn\"\n"+rule("login", "/login", "gcra", 1, "1h")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d.start(nil, "run", "-config", d.cfgPath, "-listen", d.addr, "-log-format", "json", "-log-level", "debug")
+	d.start(nil, "run", "-config", d.cfgPath, "-listen", d.addr, "-log-level", "debug")
 	type line struct {
 		Msg, Level, Config string
 		Rules              []string
