@@ -54,6 +54,46 @@ type Server struct {
 	// MaxRequestBody is the largest request body buffered for an
 	// idempotency fingerprint; larger ones get 413. 0 means 1 MiB.
 	MaxRequestBody Size `toml:"max_request_body"`
+	// Exempt clients (judged on the resolved client address) are never
+	// counted or refused by any rule and get no rate-limit header.
+	Exempt Prefixes `toml:"exempt"`
+	// Shadow puts every rule in shadow mode (a dry run) without editing
+	// them; preforkd run -shadow sets it too.
+	Shadow bool `toml:"shadow"`
+	// CaseSensitive makes rule and block paths match with case; by
+	// default "/LOGIN" is "/login", as case-insensitive routers serve it.
+	CaseSensitive bool `toml:"case_sensitive"`
+
+	// The data plane's timeouts and limits (package proxy, whose Options
+	// they fill: see Config.ProxyOptions).
+
+	// ReadHeaderTimeout bounds the reading of a request's header section
+	// (slowloris). 0 means 10s.
+	ReadHeaderTimeout time.Duration `toml:"read_header_timeout"`
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request. 0 means 75s.
+	IdleTimeout time.Duration `toml:"idle_timeout"`
+	// MaxHeaderBytes bounds a request's line and header section; larger:
+	// 431. At least 4 KiB; 0 means 64 KiB.
+	MaxHeaderBytes Size `toml:"max_header_bytes"`
+	// MaxConnections bounds the client connections each worker has open;
+	// 0 means no bound.
+	MaxConnections int `toml:"max_connections"`
+	// ClientBodyTimeout bounds the wait between two reads of a request
+	// body (408 after it). 0 means 60s.
+	ClientBodyTimeout time.Duration `toml:"client_body_timeout"`
+	// SendTimeout bounds the wait between two writes to a client. 0 means
+	// 60s.
+	SendTimeout time.Duration `toml:"send_timeout"`
+	// UpstreamConnectTimeout bounds a connection attempt to the upstream
+	// (502 after it). 0 means 5s.
+	UpstreamConnectTimeout time.Duration `toml:"upstream_connect_timeout"`
+	// UpstreamTimeout bounds the wait for the upstream's response header
+	// (504 after it), and between two reads of its body. 0 means 60s.
+	UpstreamTimeout time.Duration `toml:"upstream_timeout"`
+	// UpstreamMaxIdle is how many idle keep-alive connections to the
+	// upstream each worker keeps. 0 means 256.
+	UpstreamMaxIdle int `toml:"upstream_max_idle"`
 }
 
 // Admin is the [admin] table. Zero is "off".
@@ -121,6 +161,27 @@ type RateLimit struct {
 	// OnFull decides when no slot can be had for a new key: open (the zero
 	// value: allow) or closed (503).
 	OnFull bucket.OnFull `toml:"on_full"`
+	// Cost is what one request takes from a key's allowance; 0 means 1.
+	Cost int64 `toml:"cost"`
+	// Status is the status of a refusal: 429 (0 means 429) or 503.
+	Status int `toml:"status"`
+	// Exempt clients are never counted or refused by this rule.
+	Exempt Prefixes `toml:"exempt"`
+	// Overrides give some keys or clients another limit
+	// ([[ratelimit.override]]).
+	Overrides []Override `toml:"override"`
+}
+
+// Override is one [[ratelimit.override]]: another limit for an exact key
+// value (Key: an API key, say) or for client ranges (Client); exactly one
+// of the two. Limit is required; Window 0 means the rule's; Burst 0 means
+// Limit.
+type Override struct {
+	Key    string        `toml:"key"`
+	Client Prefixes      `toml:"client"`
+	Limit  int64         `toml:"limit"`
+	Window time.Duration `toml:"window"`
+	Burst  int64         `toml:"burst"`
 }
 
 // Idempotency is one [[idempotency]] block.
@@ -188,7 +249,16 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.IPv6Prefix, 64)
 	setDefault(&s.ShutdownTimeout, 30*time.Second)
 	setDefault(&s.MaxRequestBody, 1<<20)
+	setDefault(&s.ReadHeaderTimeout, 10*time.Second)
+	setDefault(&s.IdleTimeout, 75*time.Second)
+	setDefault(&s.MaxHeaderBytes, 64<<10)
+	setDefault(&s.ClientBodyTimeout, 60*time.Second)
+	setDefault(&s.SendTimeout, 60*time.Second)
+	setDefault(&s.UpstreamConnectTimeout, 5*time.Second)
+	setDefault(&s.UpstreamTimeout, 60*time.Second)
+	setDefault(&s.UpstreamMaxIdle, 256)
 	s.TrustedProxies = slices.Clone(s.TrustedProxies)
+	s.Exempt = slices.Clone(s.Exempt)
 
 	setDefault(&c.Table.Counters, 262144)
 	if n := c.Table.Counters; n >= minCounters && n <= maxCounters {
@@ -209,6 +279,8 @@ func (c Config) WithDefaults() Config {
 func (r RateLimit) withDefaults() RateLimit {
 	r.Methods = upperAll(r.Methods)
 	setDefault(&r.By, "ip")
+	r.Exempt = slices.Clone(r.Exempt)
+	r.Overrides = slices.Clone(r.Overrides)
 	return r
 }
 
@@ -255,7 +327,7 @@ func (s Server) WorkerCount() int {
 
 // BucketRule is the rule's rate limit as package bucket applies it.
 func (r RateLimit) BucketRule() bucket.Rule {
-	return bucket.Rule{Name: r.Name, Limit: r.Limit, Window: r.Window, Algorithm: r.Algorithm, Burst: r.Burst, OnFull: r.OnFull}
+	return bucket.Rule{Name: r.Name, Limit: r.Limit, Window: r.Window, Algorithm: r.Algorithm, Burst: r.Burst, OnFull: r.OnFull, Cost: r.Cost}
 }
 
 // EffectiveBurst is the gcra bucket size: Burst, or Limit when Burst is 0.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +50,15 @@ func TestDefault(t *testing.T) {
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
 		{"server.headers", d.Server.Headers.String(), "both"},
 		{"server.max_request_body", d.Server.MaxRequestBody, Size(1 << 20)},
+		{"server.read_header_timeout", d.Server.ReadHeaderTimeout, 10 * time.Second},
+		{"server.idle_timeout", d.Server.IdleTimeout, 75 * time.Second},
+		{"server.max_header_bytes", d.Server.MaxHeaderBytes, Size(64 << 10)},
+		{"server.max_connections", d.Server.MaxConnections, 0},
+		{"server.client_body_timeout", d.Server.ClientBodyTimeout, 60 * time.Second},
+		{"server.send_timeout", d.Server.SendTimeout, 60 * time.Second},
+		{"server.upstream_connect_timeout", d.Server.UpstreamConnectTimeout, 5 * time.Second},
+		{"server.upstream_timeout", d.Server.UpstreamTimeout, 60 * time.Second},
+		{"server.upstream_max_idle", d.Server.UpstreamMaxIdle, 256},
 		{"admin.listen", d.Admin.Listen, ""},
 		{"admin.token_file", d.Admin.TokenFile, ""},
 		{"table.counters", d.Table.Counters, 262144},
@@ -114,6 +124,15 @@ ipv6_prefix = 56
 shutdown_timeout = "1m30s"
 headers = "ietf"
 max_request_body = 4096
+read_header_timeout = "3s"
+idle_timeout = "20s"
+max_header_bytes = "16KiB"
+max_connections = 1000
+client_body_timeout = "15s"
+send_timeout = "25s"
+upstream_connect_timeout = "2s"
+upstream_timeout = "2m"
+upstream_max_idle = 32
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -156,6 +175,16 @@ by = "global"
 			ShutdownTimeout: 90 * time.Second,
 			Headers:         HeadersIETF,
 			MaxRequestBody:  4096,
+
+			ReadHeaderTimeout:      3 * time.Second,
+			IdleTimeout:            20 * time.Second,
+			MaxHeaderBytes:         16 << 10,
+			MaxConnections:         1000,
+			ClientBodyTimeout:      15 * time.Second,
+			SendTimeout:            25 * time.Second,
+			UpstreamConnectTimeout: 2 * time.Second,
+			UpstreamTimeout:        2 * time.Minute,
+			UpstreamMaxIdle:        32,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
@@ -413,13 +442,13 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""
 log: format=text level=info
-rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open
-rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed
+rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]
+rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[]
 idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000
 `
 	if got := b.String(); got != want {
@@ -464,8 +493,11 @@ func TestExample(t *testing.T) {
 		t.Errorf("example server/persist = %+v %+v", s, c.Persist)
 	}
 	want := []RateLimit{
-		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip"},
-		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip"},
+		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}},
+		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip", Overrides: []Override{
+			{Key: "gold-customer-key", Limit: 1000, Window: time.Minute, Burst: 1000},
+			{Client: Prefixes{netip.MustParsePrefix("198.51.100.0/24")}, Limit: 500},
+		}},
 	}
 	if !reflect.DeepEqual(c.RateLimits, want) {
 		t.Errorf("example rules = %+v\nwant %+v", c.RateLimits, want)
@@ -475,8 +507,9 @@ func TestExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open`,
-		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open`,
+		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]`,
+		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open cost=1 status=429 exempt=[]`,
+		`rule "api" override 1: key=gold-customer-key client=[] limit=1000 window=1m0s burst=1000`,
 	} {
 		if !strings.Contains(b.String(), line+"\n") {
 			t.Errorf("WriteEffective lacks %q:\n%s", line, b.String())
@@ -510,7 +543,9 @@ func TestExample(t *testing.T) {
 	}{
 		{[]string{"server"}, tomlKeys(reflect.TypeFor[Server]())}, {[]string{"admin"}, tomlKeys(reflect.TypeFor[Admin]())},
 		{[]string{"table"}, tomlKeys(reflect.TypeFor[Table]())}, {[]string{"persist"}, tomlKeys(reflect.TypeFor[Persist]())},
-		{[]string{"ratelimit", elem(0)}, tomlKeys(reflect.TypeFor[RateLimit]())},
+		{[]string{"ratelimit", elem(0)}, slices.DeleteFunc(tomlKeys(reflect.TypeFor[RateLimit]()), func(k string) bool { return k == "override" })},
+		{[]string{"ratelimit", elem(1), "override", elem(0)}, []string{"key", "limit", "window", "burst"}},
+		{[]string{"ratelimit", elem(1), "override", elem(1)}, []string{"client", "limit"}},
 		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
 	} {
 		for _, k := range sec.keys {

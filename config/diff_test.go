@@ -102,11 +102,17 @@ func TestDiffNamesAreFileKeys(t *testing.T) {
 			if ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct {
 				ft = ft.Elem()
 			}
-			if prefix == "" && ft.Kind() == reflect.Struct {
-				if !regexp.MustCompile(`(?m)^(# )?\[\[?` + regexp.QuoteMeta(name) + `\]\]?`).MatchString(examples.Config) {
-					t.Errorf("field %s: no [%s] table in the example configuration", f.Name, name)
+			// A table is a struct of this package (a value type, such as
+			// netip.Prefix, is not).
+			if ft.Kind() == reflect.Struct && ft.PkgPath() == reflect.TypeFor[Config]().PkgPath() {
+				table := name
+				if prefix != "" {
+					table = prefix + "." + name
 				}
-				walk(name, ft)
+				if !regexp.MustCompile(`(?m)^(# )?\[\[?` + regexp.QuoteMeta(table) + `\]\]?`).MatchString(examples.Config) {
+					t.Errorf("field %s: no [%s] table in the example configuration", f.Name, table)
+				}
+				walk(table, ft)
 				continue
 			}
 			if !regexp.MustCompile(`(?m)^(# )?` + regexp.QuoteMeta(name) + ` = `).MatchString(examples.Config) {

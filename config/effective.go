@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -13,7 +14,7 @@ import (
 // per table and one per rule, every key with its value, for example
 //
 //	server: listen=127.0.0.1:8080 workers=4 upstream=builtin:demo trusted_proxies=[] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB
-//	rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open
+//	rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]
 //
 // Strings that are empty or contain blanks, quotes or control characters
 // are quoted. The format is for people; it may change.
@@ -26,9 +27,28 @@ func (c Config) WriteEffective(w io.Writer) error {
 	line(&b, "table:", c.Table, "")
 	line(&b, "persist:", c.Persist, "")
 	line(&b, "log:", c.Log, "")
+	if c.Server.Shadow {
+		b.WriteString("shadow: every rule is in shadow mode (a dry run): nothing is refused\n")
+	}
 	for _, r := range c.RateLimits {
 		r.Burst = r.EffectiveBurst()
-		line(&b, fmt.Sprintf("rule %q:", r.Name), r, "name")
+		r.Cost = max(r.Cost, 1)
+		if r.Status == 0 {
+			r.Status = 429
+		}
+		if c.Server.Shadow {
+			r.Mode = Shadow
+		}
+		line(&b, fmt.Sprintf("rule %q:", r.Name), r, "name", "override")
+		for i, o := range r.Overrides {
+			if o.Window == 0 {
+				o.Window = r.Window
+			}
+			if o.Burst == 0 {
+				o.Burst = o.Limit
+			}
+			line(&b, fmt.Sprintf("rule %q override %d:", r.Name, i+1), o)
+		}
 	}
 	for _, d := range c.Idempotency {
 		line(&b, "idempotency "+quote(d.Path)+":", d, "path")
@@ -38,11 +58,11 @@ func (c Config) WriteEffective(w io.Writer) error {
 }
 
 // line writes head and key=value for every key of the table v but skip.
-func line(b *strings.Builder, head string, v any, skip string) {
+func line(b *strings.Builder, head string, v any, skip ...string) {
 	b.WriteString(head)
 	rv := reflect.ValueOf(v)
 	for i, k := range tomlKeys(rv.Type()) {
-		if k == skip {
+		if slices.Contains(skip, k) {
 			continue
 		}
 		var s string

@@ -4,14 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/route"
 )
 
@@ -60,6 +62,30 @@ func (c Config) check(r *report) {
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"read_header_timeout", s.ReadHeaderTimeout},
+		{"idle_timeout", s.IdleTimeout},
+		{"client_body_timeout", s.ClientBodyTimeout},
+		{"send_timeout", s.SendTimeout},
+		{"upstream_connect_timeout", s.UpstreamConnectTimeout},
+		{"upstream_timeout", s.UpstreamTimeout},
+	} {
+		if d.v <= 0 {
+			f(d.key, "must be positive, got %v", d.v)
+		}
+	}
+	if s.MaxHeaderBytes < proxy.MinMaxHeaderBytes {
+		f("max_header_bytes", "must be at least %v, got %v", Size(proxy.MinMaxHeaderBytes), s.MaxHeaderBytes)
+	}
+	if s.MaxConnections < 0 {
+		f("max_connections", "must not be negative (0 means no bound), got %d", s.MaxConnections)
+	}
+	if s.UpstreamMaxIdle < 0 {
+		f("upstream_max_idle", "must not be negative, got %d", s.UpstreamMaxIdle)
+	}
 
 	if a := c.Admin.Listen; a != "" {
 		f := r.at([]string{"admin"}, "admin.")
@@ -100,14 +126,14 @@ func (c Config) check(r *report) {
 
 	names := map[string]int{} // rule name → index of its first use
 	for i, rl := range c.RateLimits {
-		rl.check(r, i, names)
+		rl.check(r, i, names, s.routes())
 	}
 	for i, d := range c.Idempotency {
 		d.check(r, i, c)
 	}
 }
 
-func (rl RateLimit) check(r *report, i int, names map[string]int) {
+func (rl RateLimit) check(r *report, i int, names map[string]int, ro route.Options) {
 	path := []string{"ratelimit", elem(i)}
 	label := fmt.Sprintf("ratelimit[%d]: ", i+1)
 	if checkName(rl.Name) == nil {
@@ -125,11 +151,13 @@ func (rl RateLimit) check(r *report, i int, names map[string]int) {
 	} else {
 		names[rl.Name] = i
 	}
-	r.owned(path, label, reflect.TypeFor[RateLimit](), checkRoute(rl.Path, rl.Methods))
-	_, err := rl.BucketRule().Compile()
-	r.owned(path, label, reflect.TypeFor[RateLimit](), err)
-	if _, err := clientip.ParseBy(rl.By); err != nil {
-		r.fail(append(path, "by"), label+detail(err))
+	if _, err := rl.core(ro); err != nil {
+		var oe *core.OverrideError
+		if errors.As(err, &oe) {
+			r.owned(append(path, "override", elem(oe.Index)), fmt.Sprintf("%soverride %d: ", label, oe.Index+1), reflect.TypeFor[Override](), oe.Err)
+		} else {
+			r.owned(path, label, reflect.TypeFor[RateLimit](), err)
+		}
 	}
 	if err := modeNames.check(rl.Mode); err != nil {
 		f("mode", "%s", detail(err))
@@ -140,7 +168,9 @@ func (d Idempotency) check(r *report, i int, c Config) {
 	path := []string{"idempotency", elem(i)}
 	label := fmt.Sprintf("idempotency[%d]: ", i+1)
 	f := r.at(path, label)
-	r.owned(path, label, reflect.TypeFor[Idempotency](), checkRoute(d.Path, d.Methods))
+	if _, err := d.core(c.Server.routes()); err != nil {
+		r.owned(path, label, reflect.TypeFor[Idempotency](), err)
+	}
 	// Two blocks for one request would make it ambiguous which key
 	// namespace and TTL apply.
 	for j, e := range c.Idempotency[:i] {
@@ -154,31 +184,9 @@ func (d Idempotency) check(r *report, i int, c Config) {
 	if len(d.Methods) == 0 {
 		f("methods", `is empty; leave the key out for the default ["POST", "PATCH"]`)
 	}
-	if !route.IsToken(d.Header) {
-		f("header", "%q is not a valid header name", d.Header)
-	}
-	if d.TTL <= 0 || d.TTL > maxTTL {
-		f("ttl", "must be positive and at most %v, got %v", maxTTL, d.TTL)
-	}
-	if d.Wait < 0 {
-		f("wait", "must not be negative, got %v", d.Wait)
-	}
-	if _, err := clientip.ParseBy(d.By); err != nil {
-		r.fail(append(path, "by"), label+detail(err))
-	}
-	switch {
-	case d.MaxBody <= 0:
-		f("max_body", "must be positive, got %d", d.MaxBody)
-	case c.Table.ResponseBytes > 0 && d.MaxBody > c.Table.ResponseBytes:
+	if c.Table.ResponseBytes > 0 && d.MaxBody > c.Table.ResponseBytes {
 		f("max_body", "%d is larger than table.response_bytes (%d)", d.MaxBody, c.Table.ResponseBytes)
 	}
-}
-
-// checkRoute is where rules and blocks meet route.Compile: their path and
-// methods are checked by the package that matches requests against them.
-func checkRoute(path string, methods []string) error {
-	_, err := route.Compile(path, methods)
-	return err
 }
 
 // at returns a function reporting a problem with a key of the table at
@@ -199,11 +207,16 @@ func (r *report) owned(path []string, label string, t reflect.Type, err error) {
 	field, msg := "", detail(err)
 	var be *bucket.RuleError
 	var re *route.Error
+	var ce *core.FieldError
 	switch {
 	case errors.As(err, &be):
 		field, msg = be.Field, be.Msg
 	case errors.As(err, &re):
 		field, msg = re.Field, re.Msg
+	case errors.As(err, &ce):
+		field, msg = ce.Field, ce.Msg
+	case errors.Is(err, clientip.ErrBy):
+		field = "By"
 	}
 	if sf, ok := t.FieldByName(field); ok {
 		key, _, _ := strings.Cut(sf.Tag.Get("toml"), ",")
@@ -245,14 +258,8 @@ func checkUpstream(s string) error {
 		}
 		return nil
 	}
-	u, err := url.Parse(s)
-	switch {
-	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
-		return fmt.Errorf("%q: want %q or an absolute http:// or https:// URL with a host", s, demoUpstream)
-	case u.User != nil:
-		return fmt.Errorf("%q: credentials in the URL are not sent upstream; remove them", s)
-	case u.Fragment != "":
-		return fmt.Errorf("%q: an upstream URL has no fragment", s)
+	if err := proxy.CheckUpstream(s); err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "proxy: upstream "))
 	}
 	return nil
 }

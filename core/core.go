@@ -98,14 +98,7 @@ func (o *Options) StateRules() []bucket.Rule {
 		rl := &o.RateLimits[i]
 		out = append(out, rl.Rule)
 		for j := range rl.Overrides {
-			ov := &rl.Overrides[j]
-			r := rl.Rule
-			r.Name = ov.stateName(rl.Rule.Name)
-			r.Limit, r.Burst = ov.Limit, ov.Burst
-			if ov.Window != 0 {
-				r.Window = ov.Window
-			}
-			out = append(out, r)
+			out = append(out, rl.Overrides[j].rule(rl.Rule))
 		}
 	}
 	return out
@@ -327,11 +320,18 @@ func (ex *Exchange) Record() (max int64, ok bool) {
 func (ex *Exchange) clock() time.Duration { return ex.now }
 
 // Done counts the response the engine sent for the request, with its
-// status, in the statistics: by code, and its duration from Begin. Both
-// engines call it once per request, for the core's answers and the
-// application's alike, before Release.
+// status, and its duration from Begin (Core.Responded).
 func (ex *Exchange) Done(status int) {
-	ex.c.row.Response(status, ex.c.now()-ex.now)
+	ex.c.Responded(status, ex.c.now()-ex.now)
+}
+
+// Responded counts a response a worker sent, in the statistics: by status
+// code, and its duration (from when the request was read to when the
+// engine handed the response over; a streamed body may go on after).
+// Every engine calls it once per response, for its own answers (a
+// malformed request), the core's and the application's alike.
+func (c *Core) Responded(status int, elapsed time.Duration) {
+	c.row.Response(status, elapsed)
 }
 
 // Header, Cookie, Query, Path and ClientKey make an Exchange the

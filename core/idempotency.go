@@ -58,26 +58,29 @@ const defaultIdemHeader = "Idempotency-Key"
 // meant to count, as for a rule's window.
 const maxTTL = bucket.MaxWindow
 
-// Check reports what is wrong with a block, as New would.
-func (d *Idempotency) Check() error {
-	if err := d.check(); err != nil {
-		return errors.New("core: " + err.Error())
-	}
-	return nil
+// FieldError is an option the core refuses: Field names it (as the field
+// of Idempotency, say: "TTL"), Msg says what is wrong.
+type FieldError struct {
+	Field, Msg string
 }
 
-func (d *Idempotency) check() error {
+func (e *FieldError) Error() string { return "core: " + e.Msg }
+
+// Check reports what is wrong with a block, as New would; every problem
+// is a *FieldError.
+func (d *Idempotency) Check() error {
+	fail := func(field, format string, args ...any) error {
+		return &FieldError{field, fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case d.Header != "" && !route.IsToken(d.Header):
-		return fmt.Errorf("header %q is not a valid header name", d.Header)
-	case d.TTL <= 0:
-		return fmt.Errorf("ttl must be positive, got %v", d.TTL)
-	case d.TTL > maxTTL:
-		return fmt.Errorf("ttl %v is longer than the region's clock can count (%v)", d.TTL, maxTTL)
+		return fail("Header", "header: %q is not a valid header name", d.Header)
+	case d.TTL <= 0 || d.TTL > maxTTL:
+		return fail("TTL", "ttl: must be positive and at most %v, got %v", maxTTL, d.TTL)
 	case d.Wait < 0:
-		return fmt.Errorf("wait must not be negative, got %v", d.Wait)
+		return fail("Wait", "wait: must not be negative, got %v", d.Wait)
 	case d.MaxBody <= 0:
-		return fmt.Errorf("max_body must be positive, got %d", d.MaxBody)
+		return fail("MaxBody", "max_body: must be positive, got %d", d.MaxBody)
 	}
 	return nil
 }
@@ -91,8 +94,8 @@ func (c *Core) compileBlocks(ds []Idempotency) error {
 	}
 	for i := range ds {
 		d := &ds[i]
-		if err := d.check(); err != nil {
-			return fmt.Errorf("core: idempotency block %d: %w", i+1, err)
+		if err := d.Check(); err != nil {
+			return fmt.Errorf("core: idempotency block %d: %s", i+1, err.(*FieldError).Msg)
 		}
 		header := d.Header
 		if header == "" {

@@ -92,46 +92,95 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 	return nil
 }
 
+// OverrideError is a problem with override Index (0-based) of a rule:
+// Err is a *FieldError about the override itself ("Key" when it selects
+// by neither or both of key and clients) or a *bucket.RuleError about
+// its rate.
+type OverrideError struct {
+	Rule  string
+	Index int
+	Err   error
+}
+
+func (e *OverrideError) Error() string {
+	return fmt.Sprintf("core: rule %q: override %d: %s", e.Rule, e.Index+1, strings.TrimPrefix(strings.TrimPrefix(e.Err.Error(), "core: "), "bucket: "))
+}
+
+func (e *OverrideError) Unwrap() error { return e.Err }
+
+// Check reports what is wrong with a rule, as New would: a name that
+// cannot be sent in headers, a refusal status other than 429 or 503, the
+// rate (bucket.Rule.Compile, whose *bucket.RuleError says which field),
+// an override that selects by neither or both of key and clients, or
+// whose own rate is wrong (an *OverrideError around the cause).
+func (rl *RateLimit) Check() error {
+	name := rl.Rule.Name
+	if !printableASCII(name) {
+		return &FieldError{"Name", fmt.Sprintf("rule %q: a name must be 1 or more printable ASCII characters", name)}
+	}
+	switch rl.Status {
+	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		return &FieldError{"Status", fmt.Sprintf("rule %q: status %d: want 429 or 503", name, rl.Status)}
+	}
+	if _, err := rl.Rule.Compile(); err != nil {
+		return err // bucket's error names the rule
+	}
+	keys := map[string]bool{}
+	for i := range rl.Overrides {
+		o := &rl.Overrides[i]
+		fail := func(err error) error { return &OverrideError{name, i, err} }
+		switch {
+		case (o.Key == "") == (len(o.Clients) == 0):
+			return fail(&FieldError{"Key", "give it either a key or clients"})
+		case o.Key != "" && keys[o.Key]:
+			return fail(&FieldError{"Key", fmt.Sprintf("key %q is overridden twice", o.Key)})
+		}
+		keys[o.Key] = true
+		if _, err := o.rule(rl.Rule).Compile(); err != nil {
+			return fail(err)
+		}
+	}
+	return nil
+}
+
+// rule is the bucket rule of an override of base: base's, with the
+// override's rate and a name of its own (see stateName).
+func (o *Override) rule(base bucket.Rule) bucket.Rule {
+	r := base
+	r.Name = o.stateName(base.Name)
+	r.Limit, r.Burst = o.Limit, o.Burst
+	if o.Window != 0 {
+		r.Window = o.Window
+	}
+	return r
+}
+
 func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
-	if !printableASCII(rl.Rule.Name) {
-		return nil, fmt.Errorf("core: rule %q: a name must be 1 or more printable ASCII characters", rl.Rule.Name)
+	if err := rl.Check(); err != nil {
+		return nil, err
 	}
 	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, shadow: rl.Shadow, status: rl.Status,
 		exempt: clientip.NewPrefixSet(rl.Exempt)}
-	switch ru.status {
-	case 0:
+	if ru.status == 0 {
 		ru.status = http.StatusTooManyRequests
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-	default:
-		return nil, fmt.Errorf("core: rule %q: status %d: want 429 or 503", ru.name, ru.status)
 	}
 	var err error
 	if ru.base, err = newVariant(rl.Rule, tab); err != nil {
-		return nil, err // bucket's error names the rule
+		return nil, err
 	}
 	for i := range rl.Overrides {
 		o := &rl.Overrides[i]
-		if (o.Key == "") == (len(o.Clients) == 0) {
-			return nil, fmt.Errorf("core: rule %q: override %d: give it either a key or clients", ru.name, i+1)
-		}
-		r := rl.Rule
-		r.Name = o.stateName(ru.name)
-		r.Limit, r.Window, r.Burst = o.Limit, o.Window, o.Burst
-		if r.Window == 0 {
-			r.Window = rl.Rule.Window
-		}
+		r := o.rule(rl.Rule)
 		v, err := newVariant(r, tab)
 		if err != nil {
-			return nil, fmt.Errorf("core: rule %q: override %d: %w", ru.name, i+1, err)
+			return nil, err
 		}
 		v.hdr = newRuleHeaders(ru.name, r.Limit, r.Window) // clients see the rule's name
 		v.clients = clientip.NewPrefixSet(o.Clients)
 		if o.Key != "" {
 			if ru.byKey == nil {
 				ru.byKey = map[string]*variant{}
-			}
-			if _, dup := ru.byKey[o.Key]; dup {
-				return nil, fmt.Errorf("core: rule %q: override %d: key %q overridden twice", ru.name, i+1, o.Key)
 			}
 			ru.byKey[o.Key] = &v
 		} else {

@@ -147,7 +147,7 @@ func (a *admin) control() (*core.Control, error) {
 	if a.ctl != nil && a.ctlGen == st.Generation {
 		return a.ctl, nil
 	}
-	o, err := prefork.CoreOptions(st.Config)
+	o, err := st.Config.CoreOptions()
 	if err != nil {
 		return nil, err
 	}
@@ -169,3 +169,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 func pid() int { return os.Getpid() }
+
+// writeProblem writes an RFC 9457 problem+json answer.
+func writeProblem(w http.ResponseWriter, status int, title, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail})
+}

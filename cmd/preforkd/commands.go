@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
-	"strings"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/examples"
@@ -98,6 +96,7 @@ type overrides struct {
 	listen   string
 	workers  optionalInt
 	upstream string
+	shadow   bool
 }
 
 func (o overrides) apply(cfg config.Config) (config.Config, error) {
@@ -109,6 +108,9 @@ func (o overrides) apply(cfg config.Config) (config.Config, error) {
 	}
 	if o.upstream != "" {
 		cfg.Server.Upstream = o.upstream
+	}
+	if o.shadow {
+		cfg.Server.Shadow = true
 	}
 	return cfg, cfg.Validate()
 }
@@ -140,6 +142,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 	fs.StringVar(&o.upstream, "upstream", "", "upstream `URL` (http://host:port) or \"builtin:demo\", overrides server.upstream")
 	var lf logFlags
 	lf.define(fs)
+	fs.BoolVar(&o.shadow, "shadow", false, "every rule in shadow mode (a dry run: nothing refused), as server.shadow = true")
 	return func(ctx context.Context, args []string, _, stderr io.Writer) error {
 		if err := lf.check(); err != nil {
 			return err
@@ -149,7 +152,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
-			return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log, Configured: func(cfg config.Config) { logs.configure(cfg.Log) }})
+			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log, Configured: func(cfg config.Config) { logs.configure(cfg.Log) }})
 		}
 		if err := noArgs(args); err != nil {
 			return err
@@ -161,9 +164,6 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err != nil {
 			return err
 		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-			return &configError{err}
-		}
 		if err := checkPersist(cfg); err != nil {
 			return err
 		}
@@ -171,7 +171,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		opts := prefork.Options{
 			Config:     cfg,
 			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
-			Handler:    appHandler,
+			Engine:     engine,
 			Logger:     log,
 			Configured: func(cfg config.Config) { logs.configure(cfg.Log) },
 		}
@@ -199,9 +199,6 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		cfg, err := loadConfig(*path, overrides{})
 		if err != nil {
 			return err
-		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-			return &configError{err}
 		}
 		if err := checkPersist(cfg); err != nil {
 			return err
@@ -256,17 +253,4 @@ func banner(log *slog.Logger, version, commit, path string, cfg config.Config) {
 	log.Info("preforkd starting", "version", version, "commit", commit, "config", path,
 		"listen", cfg.Server.Listen, "workers", cfg.Server.WorkerCount(), "upstream", redactedURL(cfg.Server.Upstream),
 		"rules", rules, "idempotency", blocks, "admin", cfg.Admin.Listen)
-}
-
-// upstreamURL parses server.upstream: nil for the demo application.
-func upstreamURL(s string) (*url.URL, error) {
-	if s == "" || s == demoUpstream {
-		return nil, nil
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("config: server.upstream %q: want http://host:port or %q", s, demoUpstream)
-	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	return u, nil
 }

@@ -36,7 +36,7 @@ type command struct {
 // commands returns every subcommand, in the order the usage lists them.
 func commands() []*command {
 	return []*command{
-		{"run", "-config FILE [-listen ADDR] [-workers N] [-upstream URL]",
+		{"run", "-config FILE [-listen ADDR] [-workers N] [-upstream URL] [-shadow]",
 			"run the supervisor and its workers; flags override the file, also at every reload", setupRun},
 		{"check", "-config FILE",
 			"validate the file and print the effective configuration; exit 2 on error", setupCheck},

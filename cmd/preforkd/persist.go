@@ -75,8 +75,11 @@ func persistHooks(opts *prefork.Options, build string) {
 
 func persistOptions(cfg config.Config, build string) persist.Options {
 	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.Key, Live: cfg.Persist.Live, Build: build}
-	for _, rl := range cfg.RateLimits {
-		o.Rules = append(o.Rules, rl.BucketRule())
+	// Every limit whose state the core keeps, overrides included, so that
+	// each is guarded by its own definition. The configuration validated,
+	// so it translates.
+	if co, err := cfg.CoreOptions(); err == nil {
+		o.Rules = co.StateRules()
 	}
 	return o
 }

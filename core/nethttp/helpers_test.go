@@ -11,7 +11,6 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/core/nethttp"
 	"github.com/preforkd/preforkd/metrics"
-	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -91,12 +90,12 @@ func statRegion(o shm.Options) shm.Options {
 func (h *handler) Limiter(name string) *bucket.Limiter { return h.Core().Limiter(name) }
 
 // New builds the adapter as a worker does: the core compiled from cfg
-// (prefork.CoreOptions) over region, in front of next.
+// (config.Config.CoreOptions) over region, in front of next.
 func New(cfg config.Config, region *shm.Region, next http.Handler, opts Options) (*handler, error) {
 	if next == nil {
 		return nil, errors.New("nil next handler")
 	}
-	o, err := prefork.CoreOptions(cfg)
+	o, err := cfg.CoreOptions()
 	if err != nil {
 		return nil, err
 	}

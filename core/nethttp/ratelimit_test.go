@@ -19,7 +19,6 @@ import (
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/core/nethttp"
-	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -73,7 +72,7 @@ type fixture struct {
 
 func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
 	t.Helper()
-	o, err := prefork.CoreOptions(cfg)
+	o, err := cfg.CoreOptions()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,74 @@
+package config
+
+import (
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/route"
+)
+
+// CoreOptions translates the configuration into the decision core's
+// options: the rules and blocks compiled by the packages that own them. It
+// is the one translation (Validate checks through it), so a configuration
+// that validates always translates.
+func (c Config) CoreOptions() (core.Options, error) {
+	c = c.WithDefaults()
+	s := c.Server
+	o := core.Options{
+		Resolver:       clientip.Resolver{Trusted: s.TrustedProxies, IPv6Prefix: s.IPv6Prefix},
+		Exempt:         s.Exempt,
+		Shadow:         s.Shadow,
+		CaseSensitive:  s.CaseSensitive,
+		MaxRequestBody: int64(s.MaxRequestBody),
+		Headers:        s.Headers,
+	}
+	for _, rl := range c.RateLimits {
+		r, err := rl.core(s.routes())
+		if err != nil {
+			return o, err
+		}
+		o.RateLimits = append(o.RateLimits, r)
+	}
+	for _, d := range c.Idempotency {
+		b, err := d.core(s.routes())
+		if err != nil {
+			return o, err
+		}
+		o.Idempotency = append(o.Idempotency, b)
+	}
+	return o, nil
+}
+
+// routes are the route options of the server's paths.
+func (s Server) routes() route.Options { return route.Options{CaseSensitive: s.CaseSensitive} }
+
+// core is the rule as the core takes it; the error is the first of its
+// route, key or rate.
+func (rl RateLimit) core(ro route.Options) (core.RateLimit, error) {
+	rt, err := ro.Compile(rl.Path, rl.Methods)
+	if err != nil {
+		return core.RateLimit{}, err
+	}
+	by, err := clientip.ParseBy(rl.By)
+	if err != nil {
+		return core.RateLimit{}, err
+	}
+	r := core.RateLimit{Rule: rl.BucketRule(), Route: rt, By: by, Shadow: rl.Mode == Shadow, Status: rl.Status, Exempt: rl.Exempt}
+	for _, o := range rl.Overrides {
+		r.Overrides = append(r.Overrides, core.Override{Key: o.Key, Clients: o.Client, Limit: o.Limit, Window: o.Window, Burst: o.Burst})
+	}
+	return r, r.Check()
+}
+
+// core is the block as the core takes it.
+func (d Idempotency) core(ro route.Options) (core.Idempotency, error) {
+	rt, err := ro.Compile(d.Path, d.Methods)
+	if err != nil {
+		return core.Idempotency{}, err
+	}
+	by, err := clientip.ParseBy(d.By)
+	if err != nil {
+		return core.Idempotency{}, err
+	}
+	b := core.Idempotency{Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: d.Wait, By: by, MaxBody: int64(d.MaxBody)}
+	return b, b.Check()
+}
