@@ -78,6 +78,21 @@ func upstreamMain() int {
 		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
 	})
 	mux.HandleFunc("/ws", websocketEcho)
+	// /cpu spins on the CPU for 15ms, /sleep sleeps 15ms: the two CPU
+	// profiles of preforkd tune's test.
+	mux.HandleFunc("/cpu", func(w http.ResponseWriter, r *http.Request) {
+		x := 0
+		for start := time.Now(); time.Since(start) < 15*time.Millisecond; {
+			for i := range 1000 {
+				x += i * i
+			}
+		}
+		fmt.Fprint(w, x)
+	})
+	mux.HandleFunc("/sleep", func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(15 * time.Millisecond)
+		fmt.Fprint(w, "slept")
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		fmt.Fprint(w, "ok")
