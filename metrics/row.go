@@ -44,23 +44,33 @@ func (r Row) AddRule(f Family, rule, i int, n uint64) {
 // bytes for sizes).
 func (r Row) Observe(f Family, v uint64) {
 	s := &families[f]
-	b := 0
-	for b < len(s.bounds) && v > s.bounds[b] {
-		b++
-	}
 	off := rowLayout.off[f]
-	atomic.AddUint64(&r.w[off+b], 1)
+	atomic.AddUint64(&r.w[off+bucket(s.bounds, v)], 1)
 	atomic.AddUint64(&r.w[off+len(s.bounds)+1], v)
 }
 
-// Response counts a response sent with status code after d.
+func bucket(bounds []uint64, v uint64) int {
+	b := 0
+	for b < len(bounds) && v > bounds[b] {
+		b++
+	}
+	return b
+}
+
+// httpBuckets is the width of a status code's buckets in HTTPRequests.
+var httpBuckets = len(families[HTTPRequests].bounds) + 1
+
+// Response counts a response sent with status code after d: two adds,
+// one for its code and duration bucket, one for the durations' sum.
 func (r Row) Response(code int, d time.Duration) {
 	i := code - minCode
 	if code < minCode || code > maxCode {
 		i = maxCode - minCode + 1 // "other"
 	}
-	r.Add(HTTPRequests, i, 1)
-	r.Observe(HTTPDuration, uint64(max(d, 0)/time.Microsecond))
+	us := uint64(max(d, 0) / time.Microsecond)
+	off := rowLayout.off[HTTPRequests]
+	atomic.AddUint64(&r.w[off+i*httpBuckets+bucket(families[HTTPRequests].bounds, us)], 1)
+	atomic.AddUint64(&r.w[off+len(families[HTTPRequests].values)*httpBuckets], us)
 }
 
 // RuleIndex is the index the rule called name counts under in r, the same
@@ -113,9 +123,21 @@ func (s *Snapshot) Table() shm.TableStats { return s.sum.Table }
 // Consistent is shm.StatSum.Consistent.
 func (s *Snapshot) Consistent() bool { return s.sum.Consistent }
 
-// Value is value i of the family f; 0 when the rows have no such word.
+// Value is value i of the family f (of a histogram, bucket i, the last
+// but one +Inf, the last the sum); 0 when the rows have no such word.
 func (s *Snapshot) Value(f Family, i int) uint64 {
-	if j := rowLayout.off[f] + i; j < len(s.sum.Words) {
+	if families[f].kind == codeHistogram {
+		var n uint64
+		for b := range httpBuckets {
+			n += s.word(rowLayout.off[f] + i*httpBuckets + b)
+		}
+		return n
+	}
+	return s.word(rowLayout.off[f] + i)
+}
+
+func (s *Snapshot) word(j int) uint64 {
+	if j < len(s.sum.Words) {
 		return s.sum.Words[j]
 	}
 	return 0

@@ -14,8 +14,7 @@ type Family uint16
 // follow from the table.
 const (
 	RateLimitRequests      Family = iota // per rule: what each matching rule did with a request
-	HTTPRequests                         // responses sent, by status code
-	HTTPDuration                         // time from the request's decision to its response
+	HTTPRequests                         // responses sent, by status code, with their durations
 	UpstreamErrors                       // requests the upstream failed, by kind
 	IdempotencyRequests                  // keyed requests, by what they got
 	IdempotencyCompletions               // what became of executed keyed requests
@@ -76,6 +75,11 @@ type spec struct {
 	perRule    bool     // a block of words per rule index, labelled rule=NAME
 	bounds     []uint64 // histogram: upper bounds, in counted units; +Inf is implicit
 	per        float64  // histogram: counted units per unit of the family (µs per second)
+	// codeHistogram: the histogram's name and help. Its buckets are kept
+	// per label value, so that a response is one add for its value and
+	// its bucket, and one for the sum; the counter by value and the
+	// histogram are sums of them.
+	hist, histHelp string
 }
 
 type kind uint8
@@ -83,6 +87,7 @@ type kind uint8
 const (
 	counter kind = iota
 	histogram
+	codeHistogram // a counter by label value and a histogram, from one table of buckets by value
 )
 
 var families = [numFamilies]spec{
@@ -92,15 +97,13 @@ var families = [numFamilies]spec{
 		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed"},
 	},
 	HTTPRequests: {
-		name: "preforkd_http_requests_total", kind: counter,
+		name: "preforkd_http_requests_total", kind: codeHistogram,
 		help:  "Responses sent by the workers, by status code (the application's, or preforkd's own).",
 		label: "code", values: codeValues(),
-	},
-	HTTPDuration: {
-		name: "preforkd_http_request_duration_seconds", kind: histogram,
-		help:   "Time from a request's decision to the end of its response.",
-		bounds: []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}, // µs
-		per:    1e6,
+		hist:     "preforkd_http_request_duration_seconds",
+		histHelp: "Time from reading a request to handing its response over (a streamed body may go on after).",
+		bounds:   []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}, // µs
+		per:      1e6,
 	},
 	UpstreamErrors: {
 		name: "preforkd_upstream_errors_total", kind: counter,
@@ -140,8 +143,11 @@ func codeValues() []string {
 // words is how many words a family takes (per rule for a per-rule one):
 // one per label value, or the histogram's buckets, +Inf and the sum.
 func (s *spec) words() int {
-	if s.kind == histogram {
+	switch s.kind {
+	case histogram:
 		return len(s.bounds) + 2
+	case codeHistogram:
+		return len(s.values)*(len(s.bounds)+1) + 1
 	}
 	return max(len(s.values), 1)
 }

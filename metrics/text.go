@@ -118,30 +118,47 @@ func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 				}
 			}
 		case sp.kind == histogram:
-			t.Family(sp.name, "histogram", sp.help)
-			var cum uint64
-			for i, b := range sp.bounds {
-				cum += s.Value(f, i)
-				t.Uint(sp.name+"_bucket", cum, "le", strconv.FormatFloat(float64(b)/sp.per, 'f', -1, 64))
+			appendHistogram(t, sp.name, sp.help, sp, func(b int) uint64 { return s.Value(f, b) }, s.Value(f, len(sp.bounds)+1))
+		case sp.kind == codeHistogram:
+			t.Family(sp.name, "counter", sp.help)
+			off, nb := rowLayout.off[f], len(sp.bounds)+1
+			for i, v := range sp.values {
+				if n := s.Value(f, i); n > 0 { // 501 codes, most never sent
+					t.Uint(sp.name, n, sp.label, v)
+				}
 			}
-			cum += s.Value(f, len(sp.bounds))
-			t.Uint(sp.name+"_bucket", cum, "le", "+Inf")
-			t.Float(sp.name+"_sum", float64(s.Value(f, len(sp.bounds)+1))/sp.per)
-			t.Uint(sp.name+"_count", cum)
+			appendHistogram(t, sp.hist, sp.histHelp, sp, func(b int) uint64 {
+				var n uint64
+				for i := range sp.values {
+					n += s.word(off + i*nb + b)
+				}
+				return n
+			}, s.word(off+len(sp.values)*nb))
 		case sp.label == "":
 			t.Family(sp.name, "counter", sp.help)
 			t.Uint(sp.name, s.Value(f, 0))
 		default:
 			t.Family(sp.name, "counter", sp.help)
 			for i, v := range sp.values {
-				n := s.Value(f, i)
-				if n == 0 && f == HTTPRequests {
-					continue // 501 codes, most never sent
-				}
-				t.Uint(sp.name, n, sp.label, v)
+				t.Uint(sp.name, s.Value(f, i), sp.label, v)
 			}
 		}
 	}
+}
+
+// appendHistogram writes a histogram from its bucket counts (not
+// cumulative; the last is +Inf's) and its sum, in counted units.
+func appendHistogram(t *Text, name, help string, sp *spec, count func(bucket int) uint64, sum uint64) {
+	t.Family(name, "histogram", help)
+	var cum uint64
+	for i, b := range sp.bounds {
+		cum += count(i)
+		t.Uint(name+"_bucket", cum, "le", strconv.FormatFloat(float64(b)/sp.per, 'f', -1, 64))
+	}
+	cum += count(len(sp.bounds))
+	t.Uint(name+"_bucket", cum, "le", "+Inf")
+	t.Float(name+"_sum", float64(sum)/sp.per)
+	t.Uint(name+"_count", cum)
 }
 
 // AppendTable writes the tables' occupancy and events.
