@@ -27,6 +27,9 @@ const (
 
 var upstreamErrorNames = [...]string{"connect", "timeout", "response", "broken"}
 
+// upstreamErrorLines are the log messages of the kinds.
+var upstreamErrorLines = [...]string{"upstream unreachable", "upstream timed out", "upstream failed", "upstream response cut off"}
+
 func (k UpstreamError) String() string {
 	if k < 0 || int(k) >= len(upstreamErrorNames) {
 		return "unknown"
@@ -51,7 +54,7 @@ func (c *Core) UpstreamFailed(kind UpstreamError, upstream string, err error) {
 	if err != nil {
 		msg = err.Error()
 	}
-	c.logger().LogAttrs(context.Background(), slog.LevelWarn, "upstream error",
+	c.logger().LogAttrs(context.Background(), slog.LevelWarn, upstreamErrorLines[kind],
 		slog.String("kind", kind.String()),
 		slog.String("upstream", upstream),
 		slog.String("err", msg),

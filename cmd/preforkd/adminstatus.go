@@ -35,7 +35,9 @@ type statusJSON struct {
 	Rules    []ruleJSON  `json:"rules"`
 	Blocks   []blockJSON `json:"idempotency"`
 	// Workers are the worker processes; a worker's state is "starting",
-	// "ready" or "retiring" (prefork.WorkerStatus.State).
+	// "ready" or "retiring" (prefork.WorkerStatus.State). A canary reload
+	// adds its verdicts, and quarantined worker slots, beside them: as new
+	// fields of this struct, from new fields of prefork.Status.
 	Workers []workerJSON `json:"workers"`
 	Table   tableJSON    `json:"table"`
 }
