@@ -90,8 +90,10 @@ func norm(c Changes) Changes {
 // configuration writes it: a field whose Go name does not turn into its key
 // would be logged under a name no operator can find.
 func TestDiffNamesAreFileKeys(t *testing.T) {
-	var walk func(prefix string, ty reflect.Type)
-	walk = func(prefix string, ty reflect.Type) {
+	// inline: the table is written inline (sentinel = { master = "" }),
+	// its keys anywhere on a line.
+	var walk func(prefix string, ty reflect.Type, inline bool)
+	walk = func(prefix string, ty reflect.Type, inline bool) {
 		for i := range ty.NumField() {
 			f := ty.Field(i)
 			name := keyName(f)
@@ -109,16 +111,26 @@ func TestDiffNamesAreFileKeys(t *testing.T) {
 				if prefix != "" {
 					table = prefix + "." + name
 				}
-				if !regexp.MustCompile(`(?m)^(# )?\[\[?` + regexp.QuoteMeta(table) + `\]\]?`).MatchString(examples.Config) {
+				header := regexp.MustCompile(`(?m)^(# )*\[\[?` + regexp.QuoteMeta(table) + `\]\]?`)
+				inlined := regexp.MustCompile(`(?m)^(# )*` + regexp.QuoteMeta(name) + ` = \{`)
+				switch {
+				case header.MatchString(examples.Config):
+					walk(table, ft, false)
+				case inlined.MatchString(examples.Config):
+					walk(table, ft, true)
+				default:
 					t.Errorf("field %s: no [%s] table in the example configuration", f.Name, table)
 				}
-				walk(table, ft)
 				continue
 			}
-			if !regexp.MustCompile(`(?m)^(# )?` + regexp.QuoteMeta(name) + ` = `).MatchString(examples.Config) {
+			key := `(?m)^(# )*` + regexp.QuoteMeta(name) + ` = `
+			if inline {
+				key = `\b` + regexp.QuoteMeta(name) + ` = `
+			}
+			if !regexp.MustCompile(key).MatchString(examples.Config) {
 				t.Errorf("field %s.%s: no key %q in the example configuration", prefix, f.Name, name)
 			}
 		}
 	}
-	walk("", reflect.TypeFor[Config]())
+	walk("", reflect.TypeFor[Config](), false)
 }

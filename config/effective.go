@@ -27,6 +27,9 @@ func (c Config) WriteEffective(w io.Writer) error {
 	line(&b, "table:", c.Table, "")
 	line(&b, "persist:", c.Persist, "")
 	line(&b, "log:", c.Log, "")
+	if c.Redis.Enabled() {
+		line(&b, "redis:", c.Redis, "")
+	}
 	if c.Server.Shadow {
 		b.WriteString("shadow: every rule is in shadow mode (a dry run): nothing is refused\n")
 	}

@@ -154,6 +154,20 @@ func TestErrors(t *testing.T) {
 		{"first in file", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimit = 0 # <-\nwindow = \"1s\"\n[server]\nworkers = -1\n", `ratelimit "b": limit`, 0},
 		{"first in file, decode", "[server]\nlisen = 1 # <-\n[table]\nresponses = \"x\"\n", "lisen", 0},
 		{"byte-order mark and CRLF", "\xef\xbb\xbf[server]\r\nlisten = \":1\"\r\nlisen = 1 # <-\r\n", "lisen", 0},
+
+		// Redis rules and [redis].
+		{"redis without [redis]", rule + "store = \"redis\" # <-\n", `store: is "redis" but [redis] sets no url, cluster or sentinel`, 0},
+		{"unknown store", rule + "store = \"memcached\" # <-\n", `ratelimit[1].store: "memcached" is not one of "local", "redis"`, 0},
+		{"unknown on_unavailable", rule + "on_unavailable = \"maybe\" # <-\n", `on_unavailable "maybe": want "open", "closed" or "local"`, 0},
+		{"sync on a local rule", rule + "sync = \"100ms\" # <-\n", `sync: applies to store = "redis" only`, 0},
+		{"sync not a duration", rule + "sync = \"often\" # <-\n", `want "exact" or an interval`, 0},
+		{"sync on gcra", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nsync = \"100ms\" # <-\n", "needs algorithm fixed-window", 0},
+		{"local share 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nlocal_share = 0 # <-\n", "local_share: must be between 1 and 65536, got 0", 0},
+		{"local share too large", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nlocal_share = 70000 # <-\n", "local share 70000 outside", 0},
+		{"bad redis url", "[redis]\nurl = \"http://:hunter2@x\" # <-\n", "redis: url", 0},
+		{"two redis targets", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ncluster = [\"a:1\"] # <-\n", "only one of url, cluster and sentinel", 1},
+		{"sentinel without addrs", "[redis]\nsentinel = { master = \"m\" } # <-\n", "sentinel needs both", 0},
+		{"redis timeout", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntimeout = \"2m\" # <-\n", "timeout 2m0s outside 1ms..1m", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line := tc.line

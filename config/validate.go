@@ -14,6 +14,7 @@ import (
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/proxy"
+	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
 )
 
@@ -124,9 +125,28 @@ func (c Config) check(r *report) {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
 	}
 
+	if c.Redis.Enabled() {
+		if err := c.Redis.StoreOptions().Validate(); err != nil {
+			// At the line of the key the message is about, when it names one.
+			path := []string{"redis"}
+			msg := detail(err)
+			for _, k := range []struct{ word, key string }{
+				{"url", "url"}, {"address", "cluster"}, {"sentinel", "sentinel"}, {"timeout", "timeout"},
+				{"pool size", "pool_size"}, {"breaker failures", "breaker_failures"}, {"breaker backoff", "breaker_backoff"},
+			} {
+				if strings.HasPrefix(msg, k.word) && r.line("redis", k.key) > 0 {
+					path = append(path, k.key)
+					break
+				}
+			}
+			r.fail(path, "redis: "+msg)
+		}
+	}
+
 	names := map[string]int{} // rule name → index of its first use
 	for i, rl := range c.RateLimits {
 		rl.check(r, i, names, s.routes())
+		rl.checkStore(r, i, c.Redis.Enabled())
 	}
 	for i, d := range c.Idempotency {
 		d.check(r, i, c)
@@ -161,6 +181,45 @@ func (rl RateLimit) check(r *report, i int, names map[string]int, ro route.Optio
 	}
 	if err := modeNames.check(rl.Mode); err != nil {
 		f("mode", "%s", detail(err))
+	}
+}
+
+// checkStore checks the keys of a rule's store: those of a redis rule by
+// package redisstore, which applies them.
+func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
+	path := []string{"ratelimit", elem(i)}
+	label := fmt.Sprintf("ratelimit %q: ", rl.Name)
+	f := r.at(path, label)
+	if err := storeNames.check(rl.Store); err != nil {
+		f("store", "%s", detail(err))
+		return
+	}
+	if rl.Store == StoreLocal {
+		switch {
+		case rl.Sync != 0:
+			f("sync", "applies to store = \"redis\" only")
+		case rl.LocalShare != 1:
+			f("local_share", "applies to store = \"redis\" only")
+		}
+		return
+	}
+	if !redisOn {
+		f("store", "is \"redis\" but [redis] sets no url, cluster or sentinel")
+		return
+	}
+	if rl.LocalShare < 1 {
+		f("local_share", "must be between 1 and %d, got %d", redisstore.MaxLocalShare, rl.LocalShare)
+		return
+	}
+	if err := rl.RedisRule().Validate(); err != nil {
+		key := "sync"
+		switch msg := err.Error(); {
+		case strings.Contains(msg, "local share"):
+			key = "local_share"
+		case strings.Contains(msg, "on_unavailable"):
+			key = "on_unavailable"
+		}
+		f(key, "%s", strings.TrimPrefix(detail(err), fmt.Sprintf("rule %q: ", rl.Name)))
 	}
 }
 

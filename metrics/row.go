@@ -100,9 +100,10 @@ func UpstreamGate(r *shm.Region, kind int) shm.Gate {
 
 // Kinds of a rule's log lines, for RuleGate.
 const (
-	GateRefused = gateRefused // enforced refusals
-	GateShadow  = gateShadow  // shadow rules' would-be refusals
-	GateFull    = gateFull    // requests let through by on_full open
+	GateRefused     = gateRefused     // enforced refusals
+	GateShadow      = gateShadow      // shadow rules' would-be refusals
+	GateFull        = gateFull        // requests let through by on_full open
+	GateUnavailable = gateUnavailable // requests let through by on_unavailable open
 )
 
 // Snapshot is a sum of statistics rows, read by families.

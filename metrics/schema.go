@@ -14,6 +14,7 @@ type Family uint16
 // follow from the table.
 const (
 	RateLimitRequests      Family = iota // per rule: what each matching rule did with a request
+	RateLimitUnavailable                 // per rule: decisions of a Redis rule that on_unavailable answered
 	HTTPRequests                         // responses sent, by status code, with their durations
 	UpstreamErrors                       // requests the upstream failed, by kind
 	IdempotencyRequests                  // keyed requests, by what they got
@@ -27,11 +28,13 @@ const (
 // counts a request when it is served, and when this rule refuses it; a
 // request refused by another rule is not counted by this one.
 const (
-	Allowed       = iota // counted, within the limit
-	Limited              // refused by this rule's limit (its status: 429 or 503)
-	ShadowLimited        // over the limit of a shadow rule: served all the same
-	FullOpen             // no slot for the key: served uncounted (on_full open, or a shadow rule)
-	FullClosed           // no slot for the key: refused with 503 (on_full closed)
+	Allowed           = iota // counted, within the limit
+	Limited                  // refused by this rule's limit (its status: 429 or 503)
+	ShadowLimited            // over the limit of a shadow rule: served all the same
+	FullOpen                 // no slot for the key: served uncounted (on_full open, or a shadow rule)
+	FullClosed               // no slot for the key: refused with 503 (on_full closed)
+	UnavailableOpen          // a Redis rule that Redis could not decide: served uncounted (on_unavailable open, or a shadow rule)
+	UnavailableClosed        // a Redis rule that Redis could not decide: refused with 503 (on_unavailable closed)
 )
 
 // Kinds of UpstreamErrors.
@@ -93,8 +96,12 @@ const (
 var families = [numFamilies]spec{
 	RateLimitRequests: {
 		name: "preforkd_ratelimit_requests_total", kind: counter, perRule: true,
-		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503).",
-		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed"},
+		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503), unavailable_open and unavailable_closed (a Redis rule Redis could not decide: served uncounted, or refused with 503).",
+		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed"},
+	},
+	RateLimitUnavailable: {
+		name: "preforkd_ratelimit_unavailable_total", kind: counter, perRule: true,
+		help: "Decisions of a Redis rule that Redis could not make (down, slow, the breaker open), answered by its on_unavailable, whatever that answered (with local, the host's share decides).",
 	},
 	HTTPRequests: {
 		name: "preforkd_http_requests_total", kind: codeHistogram,
@@ -182,12 +189,14 @@ func newLayout() layout {
 // DefaultRules is the least number of rule names a region has room for.
 const DefaultRules = 256
 
-// gates: per rule, one each for refusals, shadow refusals and requests let
-// through by on_full open; then one per upstream error kind.
+// gates: per rule, one each for refusals, shadow refusals, requests let
+// through by on_full open and by on_unavailable open; then one per
+// upstream error kind.
 const (
 	gateRefused = iota
 	gateShadow
 	gateFull
+	gateUnavailable
 	gatesPerRule
 	upstreamGates = 4
 )

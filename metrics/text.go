@@ -113,6 +113,9 @@ func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 		case sp.perRule:
 			t.Family(sp.name, "counter", sp.help)
 			for _, r := range rules {
+				if sp.label == "" {
+					t.Uint(sp.name, s.RuleValue(f, r.Index, 0), "rule", r.Name)
+				}
 				for i, v := range sp.values {
 					t.Uint(sp.name, s.RuleValue(f, r.Index, i), "rule", r.Name, sp.label, v)
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/preforkd/preforkd/core"
 	"log/slog"
 	"net"
 	"os"
@@ -51,7 +52,7 @@ func validApplication(opts Options) error {
 // region, builds the core and the engine, reports ready, serves, and
 // drains when told to. It returns the exit code.
 func runEngineWorker(ctx context.Context, opts Options, index int, term <-chan os.Signal, log *slog.Logger) int {
-	eng, ln, timeout, err := setUpEngine(opts, index, log)
+	eng, ln, timeout, c, err := setUpEngine(opts, index, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
@@ -91,17 +92,18 @@ func runEngineWorker(ctx context.Context, opts Options, index int, term <-chan o
 	case <-served:
 	case <-time.After(time.Second): // Serve returns once its listener is closed
 	}
+	closeCore(c, log)
 	return 0
 }
 
 // setUpEngine joins the region and builds the worker's core and engine.
-func setUpEngine(opts Options, index int, log *slog.Logger) (_ Engine, _ net.Listener, shutdown time.Duration, err error) {
+func setUpEngine(opts Options, index int, log *slog.Logger) (_ Engine, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
 	w, ln, err := joinWorker(opts, index, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	if w.c, err = NewCore(w.Config, w.Region, log); err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	var eng Engine
 	if opts.Engine != nil {
@@ -110,9 +112,9 @@ func setUpEngine(opts Options, index int, log *slog.Logger) (_ Engine, _ net.Lis
 		eng, err = fastEngine(opts, w)
 	}
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: building the engine: %w", err)
+		return nil, nil, 0, nil, fmt.Errorf("prefork: building the engine: %w", err)
 	}
-	return eng, ln, w.Config.Server.ShutdownTimeout, nil
+	return eng, ln, w.Config.Server.ShutdownTimeout, w.c, nil
 }
 
 // fastEngine serves Options.FastHandler's application with the fast

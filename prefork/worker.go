@@ -107,7 +107,7 @@ func runWorker(ctx context.Context, opts Options) int {
 		return runEngineWorker(ctx, opts, index, term, log)
 	}
 	conns := &connTracker{}
-	srv, ln, timeout, err := setUpWorker(opts, index, conns, log)
+	srv, ln, timeout, c, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
@@ -138,26 +138,36 @@ func runWorker(ctx context.Context, opts Options) int {
 	case <-ctx.Done():
 		why = context.Cause(ctx).Error()
 	}
-	return drainWorker(srv, ln, served, conns, timeout, why, log)
+	code := drainWorker(srv, ln, served, conns, timeout, why, log)
+	closeCore(c, log)
+	return code
+}
+
+// closeCore closes a drained worker's core: no request decides any more,
+// and closing adds the last sync-mode counts to Redis.
+func closeCore(c *core.Core, log *slog.Logger) {
+	if err := c.Close(); err != nil {
+		log.Warn("worker: closing the decision core", "err", err)
+	}
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, err error) {
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
 	w, ln, err := joinWorker(opts, index, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	cfg, region := w.Config, w.Region
 	app, err := opts.Handler(w)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
+		return nil, nil, 0, nil, fmt.Errorf("prefork: building the handler: %w", err)
 	}
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
 	c, err := NewCore(cfg, region, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
@@ -167,7 +177,7 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return srv, ln, cfg.Server.ShutdownTimeout, nil
+	return srv, ln, cfg.Server.ShutdownTimeout, c, nil
 }
 
 // joinWorker reads the configuration the supervisor handed over (and

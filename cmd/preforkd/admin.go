@@ -13,9 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -159,13 +162,11 @@ func (a *admin) control() (*core.Control, error) {
 	return ctl, nil
 }
 
-// writeJSON answers 200 with v as JSON.
+// writeJSON answers 200 with v as one line of JSON (jq makes it pretty).
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
+	json.NewEncoder(w).Encode(v)
 }
 
 func pid() int { return os.Getpid() }
@@ -176,4 +177,51 @@ func writeProblem(w http.ResponseWriter, status int, title, detail string) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail})
+}
+
+// redisStatus is /status's view of [redis]: where it is (no password),
+// which rules use it, and the breaker the workers share, read from the
+// region.
+func redisStatus(r *shm.Region, cfg config.Config) map[string]any {
+	rd := cfg.WithDefaults().Redis
+	target := map[string]any{}
+	switch {
+	case rd.URL != "":
+		target["url"] = rd.URL.String()
+	case len(rd.Cluster) > 0:
+		target["cluster"] = rd.Cluster
+	default:
+		target["sentinel"] = map[string]any{"master": rd.Sentinel.Master, "addrs": rd.Sentinel.Addrs}
+	}
+	rules := []map[string]any{}
+	for _, rl := range cfg.RateLimits {
+		if rl.Store == config.StoreRedis {
+			rules = append(rules, map[string]any{"name": rl.Name, "on_unavailable": rl.OnUnavailable.String(),
+				"local_share": rl.LocalShare, "sync": rl.Sync.String()})
+		}
+	}
+	b := redisstore.ReadBreaker(r, rd.StoreOptions(), r.Now())
+	breaker := map[string]any{"state": b.Phase.String(), "failures": b.Failures,
+		"threshold": rd.BreakerFailures, "backoff": rd.BreakerBackoff.String()}
+	switch b.Phase {
+	case redisstore.Open:
+		breaker["open_for"] = b.Until.String()
+	case redisstore.HalfOpen:
+		breaker["prober"] = b.Prober
+		breaker["probe_deadline_in"] = b.Until.String()
+	}
+	return map[string]any{"target": target, "timeout": rd.Timeout.String(), "prefix": rd.Prefix,
+		"rules": rules, "breaker": breaker}
+}
+
+// quietRedisLog sends go-redis's own log lines (one per failed dial) to
+// log at debug level: the breaker logs what an operator acts on, once.
+func quietRedisLog(log *slog.Logger) {
+	redis.SetLogger(redisLog{log})
+}
+
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Log(ctx, slog.LevelDebug, "redis client: "+fmt.Sprintf(format, v...))
 }

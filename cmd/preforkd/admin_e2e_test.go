@@ -170,7 +170,7 @@ func TestAdminToken(t *testing.T) {
 			t.Errorf("GET %s: %d %s, want %d", tc.path, r.status, r.body, tc.want)
 		}
 	}
-	if r := action(http.MethodPost, "/ratelimit/login/reset?key=ip:"+ip.String(), token); r.status != 200 || !strings.Contains(string(r.body), `"reset": true`) {
+	if r := action(http.MethodPost, "/ratelimit/login/reset?key=ip:"+ip.String(), token); r.status != 200 || !strings.Contains(string(r.body), `"reset":true`) {
 		t.Fatalf("reset: %d %s", r.status, r.body)
 	}
 	if r := do(client, http.MethodPost, d.url("/login"), nil); r.status != 200 {
@@ -191,7 +191,7 @@ func TestAdminToken(t *testing.T) {
 	if r := action(http.MethodDelete, forget, "0123456789abcdef-wrong-token"); r.status != http.StatusUnauthorized {
 		t.Errorf("DELETE with a wrong token: %d", r.status)
 	}
-	if r := action(http.MethodDelete, forget, token); r.status != 200 || !strings.Contains(string(r.body), `"deleted": 1`) {
+	if r := action(http.MethodDelete, forget, token); r.status != 200 || !strings.Contains(string(r.body), `"deleted":1`) {
 		t.Fatalf("DELETE %s: %d %s", forget, r.status, r.body)
 	}
 	if r := action(http.MethodDelete, forget, token); r.status != http.StatusNotFound {

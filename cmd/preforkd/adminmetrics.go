@@ -6,6 +6,7 @@ import (
 
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/redisstore"
 )
 
 // scrape is the buffers of one /metrics answer, reused.
@@ -36,6 +37,11 @@ func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	}
 	sc.snap.AppendFamilies(&sc.text, sc.rules)
 	sc.snap.AppendTable(&sc.text)
+	if rd := st.Config.Redis; rd.Enabled() {
+		b := redisstore.ReadBreaker(a.region, rd.StoreOptions(), a.region.Now())
+		sc.text.Family("preforkd_redis_breaker_state", "gauge", "The Redis breaker shared by the workers: 0 closed, 1 open, 2 half-open.")
+		sc.text.Uint("preforkd_redis_breaker_state", uint64(b.Phase))
+	}
 	w.Header().Set("Content-Type", metrics.ContentType)
 	w.Write(sc.text.Bytes())
 }

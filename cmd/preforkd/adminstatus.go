@@ -40,6 +40,8 @@ type statusJSON struct {
 	// fields of this struct, from new fields of prefork.Status.
 	Workers []workerJSON `json:"workers"`
 	Table   tableJSON    `json:"table"`
+	// Redis is [redis] and its breaker, when a rule uses Redis.
+	Redis map[string]any `json:"redis,omitempty"`
 }
 
 type reloadsJSON struct {
@@ -132,6 +134,9 @@ func (a *admin) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	var snap metrics.Snapshot
 	metrics.Read(a.region, &snap)
 	out.Table = tableStatsJSON(snap.Table())
+	if st.Config.Redis.Enabled() {
+		out.Redis = redisStatus(a.region, st.Config)
+	}
 	if !st.Reloads.Last.IsZero() {
 		out.Reloads.Last = st.Reloads.Last.UTC().Format(time.RFC3339)
 	}

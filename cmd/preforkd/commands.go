@@ -152,6 +152,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
+			quietRedisLog(log)
 			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log, Configured: func(cfg config.Config) { logs.configure(cfg.Log) }})
 		}
 		if err := noArgs(args); err != nil {

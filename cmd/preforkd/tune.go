@@ -232,8 +232,8 @@ func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOpti
 			r.skip("the upstream: it answered none of the timed requests")
 			up = nil
 		} else if up.cpuErr == nil && len(upPIDs) > 0 {
-			r.evidence("the upstream's process (pid %d) used %v of CPU per request: %.0f%% of the wall time, %s",
-				upPIDs[0], up.cpuPer().Round(time.Microsecond), 100*up.cpuShare(), boundness(up.cpuShare()))
+			r.evidence("the upstream's process (pid %d) used %v of CPU per request: %.0f%% of the wall time it did not spend waiting for a CPU (%v in all), %s",
+				upPIDs[0], up.cpuPer().Round(time.Microsecond), 100*up.cpuShare(), up.waited.Round(time.Millisecond), boundness(up.cpuShare()))
 		}
 	}
 
@@ -268,7 +268,7 @@ func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOpti
 	case up == nil || up.cpuErr != nil || up.pids == 0:
 		r.advice("server.workers = %d (the CPUs of this host): the upstream's CPU is not on this host's books, so the workers are the CPU users here", cpus)
 	case up.cpuShare() < cpuBound:
-		r.advice("server.workers = %d (one per CPU): the application mostly waits (its CPU time is %.0f%% of its requests' wall time), so this host's CPU is the workers' to use; processes of one CPU each (GOMAXPROCS 1) serve more than fewer, larger ones",
+		r.advice("server.workers = %d (one per CPU): the application mostly waits (its CPU time is %.0f%% of its requests' wall time, less what it waited for a CPU), so this host's CPU is the workers' to use; processes of one CPU each (GOMAXPROCS 1) serve more than fewer, larger ones",
 			cpus, 100*up.cpuShare())
 	default:
 		u := up.cpuPer()
@@ -277,7 +277,7 @@ func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOpti
 			share = float64(w) / float64(u+w)
 		}
 		n := min(max(int(math.Ceil(float64(cpus)*share)), 1), cpus)
-		why := fmt.Sprintf("the application is CPU-bound (its CPU time is %.0f%% of its requests' wall time); a request costs it %v of CPU and the workers %v, so when this host's CPUs are all busy preforkd needs %.0f%% of them",
+		why := fmt.Sprintf("the application is CPU-bound (its CPU time is %.0f%% of its requests' wall time, less what it waited for a CPU); a request costs it %v of CPU and the workers %v, so when this host's CPUs are all busy preforkd needs %.0f%% of them",
 			100*up.cpuShare(), u.Round(time.Microsecond), w.Round(time.Microsecond), 100*share)
 		if n < cpus {
 			why += "; more workers would only compete with the application for CPU (a worker serves any number of connections)"
@@ -332,6 +332,7 @@ type timing struct {
 	wall     time.Duration // of all the requests, first to last
 	cpu      time.Duration // of the pids over the same span, less their idle use
 	idle     time.Duration // of the pids over idleWindow without requests
+	waited   time.Duration // the pids' threads ready to run, waiting for a CPU, over the span
 	pids     int
 	cpuErr   error
 }
@@ -381,6 +382,7 @@ func timeRequests(ctx context.Context, target string, n int, pids []int) *timing
 	t.wall = time.Since(start)
 	after, aerr := cpuTimes(pids)
 	t.cpu = max(usedBetween(before, after)-t.idle*t.wall/idleWindow, 0)
+	t.waited = waitedBetween(before, after)
 	t.cpuErr = errors.Join(err, aerr)
 	slices.Sort(t.walls)
 	return t
@@ -395,12 +397,15 @@ func (t *timing) median() time.Duration {
 
 func (t *timing) cpuPer() time.Duration { return t.cpu / time.Duration(max(len(t.walls), 1)) }
 
-// cpuShare is the CPU time over the wall time of the requests.
+// cpuShare is the CPU time over the wall time of the requests, less the
+// time the processes waited for a CPU: on a busy host a CPU-bound handler
+// waits its turn, which says nothing of what it does once it runs.
 func (t *timing) cpuShare() float64 {
-	if t.wall <= 0 {
+	wall := max(t.wall-t.waited, t.cpu)
+	if wall <= 0 {
 		return 0
 	}
-	return float64(t.cpu) / float64(t.wall)
+	return float64(t.cpu) / float64(wall)
 }
 
 func (t *timing) summary() string {

@@ -20,7 +20,13 @@ import (
 // fine, the sum of /proc/PID/task/*/schedstat (nanoseconds, but only of
 // the threads alive now), and coarse, utime+stime of /proc/PID/stat (every
 // thread's, exited ones too, in 10ms clock ticks).
-type cpuSample struct{ fine, coarse time.Duration }
+type cpuSample struct {
+	fine, coarse time.Duration
+	// waited is the time its live threads were ready to run but waited
+	// for a CPU (schedstat's second field): on a busy host, time that
+	// counts in the wall time but is neither work nor waiting for I/O.
+	waited time.Duration
+}
 
 // userHZ is the unit of /proc/PID/stat's times: USER_HZ, 100 on Linux.
 const userHZ = 100
@@ -45,9 +51,12 @@ func cpuTime(pid int) (cpuSample, error) {
 		if err != nil {
 			continue // the thread exited meanwhile
 		}
-		if f := strings.Fields(string(b)); len(f) > 0 {
+		if f := strings.Fields(string(b)); len(f) > 1 {
 			if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
 				s.fine += time.Duration(ns)
+			}
+			if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				s.waited += time.Duration(ns)
 			}
 		}
 	}
@@ -83,6 +92,16 @@ func usedBetween(before, after []cpuSample) time.Duration {
 	var d time.Duration
 	for i := range min(len(before), len(after)) {
 		d += before[i].used(after[i])
+	}
+	return d
+}
+
+// waitedBetween is the time the processes' threads waited for a CPU
+// between two readings.
+func waitedBetween(before, after []cpuSample) time.Duration {
+	var d time.Duration
+	for i := range min(len(before), len(after)) {
+		d += max(after[i].waited-before[i].waited, 0)
 	}
 	return d
 }

@@ -18,11 +18,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const envUpstreamRole = "PREFORKD_E2E_UPSTREAM"
@@ -78,14 +81,21 @@ func upstreamMain() int {
 		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
 	})
 	mux.HandleFunc("/ws", websocketEcho)
-	// /cpu spins on the CPU for 15ms, /sleep sleeps 15ms: the two CPU
-	// profiles of preforkd tune's test.
+	// /cpu works 15ms of its thread's CPU time (as a CPU-bound handler
+	// does a fixed amount of work, however long a busy host makes it
+	// wait), /sleep sleeps 15ms: the two profiles of preforkd tune's test.
 	mux.HandleFunc("/cpu", func(w http.ResponseWriter, r *http.Request) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var ts unix.Timespec
+		unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+		until := ts.Nano() + int64(15*time.Millisecond)
 		x := 0
-		for start := time.Now(); time.Since(start) < 15*time.Millisecond; {
+		for ts.Nano() < until {
 			for i := range 1000 {
 				x += i * i
 			}
+			unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
 		}
 		fmt.Fprint(w, x)
 	})

@@ -41,6 +41,10 @@ func newHandler(c *core.Core, next http.Handler, opts nethttp.Options, region *s
 type ruleCounts struct {
 	Name                                                  string
 	Allowed, Limited, ShadowLimited, FullOpen, FullClosed uint64
+	UnavailableOpen, UnavailableClosed                    uint64
+	// Unavailable counts the decisions on_unavailable answered, whatever
+	// it answered.
+	Unavailable uint64
 }
 
 // Stats are the rate-limit rules' counts in the region, in rule order.
@@ -52,7 +56,9 @@ func (h *handler) Stats() []ruleCounts {
 		i := metrics.RuleIndex(h.region, name)
 		v := func(res int) uint64 { return s.RuleValue(metrics.RateLimitRequests, i, res) }
 		out = append(out, ruleCounts{Name: name, Allowed: v(metrics.Allowed), Limited: v(metrics.Limited),
-			ShadowLimited: v(metrics.ShadowLimited), FullOpen: v(metrics.FullOpen), FullClosed: v(metrics.FullClosed)})
+			ShadowLimited: v(metrics.ShadowLimited), FullOpen: v(metrics.FullOpen), FullClosed: v(metrics.FullClosed),
+			UnavailableOpen: v(metrics.UnavailableOpen), UnavailableClosed: v(metrics.UnavailableClosed),
+			Unavailable: s.RuleValue(metrics.RateLimitUnavailable, i, 0)})
 	}
 	return out
 }
