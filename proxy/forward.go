@@ -239,17 +239,28 @@ func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, err error, fields []co
 	switch {
 	case errors.As(err, &de):
 		s.count.upstreamErrors.Add(1)
-		s.warn(warnUpstreamDown, "upstream unreachable", "upstream", s.up.t.addr, "err", err)
+		s.upstreamWarn(core.UpstreamConnect, warnUpstreamDown, "upstream unreachable", err)
 		s.answer(ctx, http.StatusBadGateway, "the application is unreachable", false, fields)
 	case isTimeout(err):
 		s.count.upstreamTimeouts.Add(1)
-		s.warn(warnUpstreamTimeout, "upstream timed out", "upstream", s.up.t.addr, "timeout", s.opts.UpstreamTimeout)
+		s.upstreamWarn(core.UpstreamTimeout, warnUpstreamTimeout, "upstream timed out", err)
 		s.answer(ctx, http.StatusGatewayTimeout, "the application did not answer in time", false, fields)
 	default:
 		s.count.upstreamErrors.Add(1)
-		s.warn(warnUpstreamDown, "upstream failed", "upstream", s.up.t.addr, "err", err)
+		s.upstreamWarn(core.UpstreamResponse, warnUpstreamDown, "upstream failed", err)
 		s.answer(ctx, http.StatusBadGateway, "the application gave no valid response", false, fields)
 	}
+}
+
+// upstreamWarn reports an upstream failure: to the core, which counts it
+// in the region's statistics and logs it at most once a second across all
+// workers (as every engine's), or, without a core, in this server's log.
+func (s *Server) upstreamWarn(kind core.UpstreamError, w warnKind, msg string, err error) {
+	if c := s.opts.Core; c != nil {
+		c.UpstreamFailed(kind, s.up.t.addr, err)
+		return
+	}
+	s.warn(w, msg, "upstream", s.up.t.addr, "err", err)
 }
 
 // bodyError is a failure to read the client's request body while it was

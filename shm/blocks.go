@@ -45,6 +45,7 @@ func (t *Responses) allocBlock() (uint32, bool) {
 			}
 			if atomic.CompareAndSwapUint64(&t.bitmap[wi], w, w|1<<bit) {
 				t.hint.Store(uint32(wi))
+				t.r.count(evBlocksTaken, 1)
 				return idx, true
 			}
 		}
@@ -54,6 +55,7 @@ func (t *Responses) allocBlock() (uint32, bool) {
 
 func (t *Responses) freeBlock(b uint32) {
 	atomic.AndUint64(&t.bitmap[b/64], ^(uint64(1) << (b % 64)))
+	t.r.count(evBlocksFreed, 1)
 }
 
 // store writes data into a new chain; ok is false when the pool is short.

@@ -9,7 +9,7 @@ import (
 // Magic opens every region; LayoutVersion changes whenever the layout does.
 const (
 	Magic         = "PFKDSHM\x00"
-	LayoutVersion = 1
+	LayoutVersion = 2
 )
 
 // Geometry defaults and limits (see Options).
@@ -73,6 +73,10 @@ const (
 	hBootID     = 184 // hash of the kernel's boot id under which hTimeBase was set (0: unknown)
 	hBeatNow    = 192 // region time (ns) at the supervisor's last Beat
 	hBeatWall   = 200 // wall clock (Unix ns) at the last Beat (or creation)
+	hOffStats   = 208 // statistics section
+	hStatWords  = 216 // the caller's words per statistics row
+	hStatNames  = 224 // entries of the name table
+	hStatGates  = 232 // gates
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -84,6 +88,7 @@ const (
 	secRecords        // response records
 	secBitmap         // free bitmap of the response blocks
 	secBlocks         // response blocks
+	secStats          // statistics: fold sequence, name table, gates, one row per worker index and the retired row
 	numSections
 )
 
@@ -102,6 +107,7 @@ var sectionTable = [numSections]struct {
 	secRecords: {"response records", hOffRecords, func(o Options) uint64 { return uint64(o.Responses) * recordSize }},
 	secBitmap:  {"block bitmap", hOffBitmap, func(o Options) uint64 { return (o.blocks() + 63) / 64 * 8 }},
 	secBlocks:  {"response blocks", hOffBlocks, func(o Options) uint64 { return uint64(o.ResponseBytes) }},
+	secStats:   {"statistics", hOffStats, Options.statBytes},
 }
 
 // sections are the byte offsets of a region's sections and its total size.
@@ -146,6 +152,17 @@ type Options struct {
 	// BlockSize is the size of one block of the pool, a multiple of 64
 	// between 256 and 1 MiB. 0 means 4096.
 	BlockSize int
+
+	// StatWords is the number of the caller's words in each statistics
+	// row (Region.StatRow), at most 65536; shm's own events come on top.
+	// 0 means none.
+	StatWords int
+	// StatNames is the size of the name table (Region.StatName), at most
+	// 65536. 0 means none.
+	StatNames int
+	// StatGates is the number of shared gates (Region.Gate), at most
+	// 2^20. 0 means none.
+	StatGates int
 }
 
 // blocks is the number of response blocks of normalized options.
@@ -172,6 +189,11 @@ func (o Options) normalize() (Options, error) {
 		o.Probe = defaultProbe
 	}
 	o.Probe = min(o.Probe, o.Counters)
+	if o.StatWords < 0 || o.StatWords > maxStatWords || o.StatNames < 0 || o.StatNames > maxStatNames ||
+		o.StatGates < 0 || o.StatGates > maxStatGates {
+		return o, fmt.Errorf("shm: statistics geometry %d words, %d names, %d gates outside [0, %d], [0, %d], [0, %d]",
+			o.StatWords, o.StatNames, o.StatGates, maxStatWords, maxStatNames, maxStatGates)
+	}
 	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 {
 		return o, fmt.Errorf("shm: negative response geometry %+v", o)
 	}

@@ -45,6 +45,7 @@ type Region struct {
 	workers []workerEntry
 	counts  *Counters
 	resps   *Responses
+	stats   *statistics
 
 	owner atomic.Uint64 // this process's owner id once joined; 0 before
 	close sync.Once

@@ -75,10 +75,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ex.Decide() == core.Respond {
 		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
 			setFields(w.Header(), ref.Fields)
-			h.opts.Refuse(w, r, ref)
+			req.sw = statusWriter{w: w}
+			h.opts.Refuse(&req.sw, r, ref)
+			ex.Done(req.sw.final())
 			return
 		}
 		writeResponse(w, ex.Response())
+		ex.Done(ex.Response().Status)
 		return
 	}
 	setFields(w.Header(), ex.Fields())
@@ -92,7 +95,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	max, record := ex.Record()
 	if !record {
-		h.next.ServeHTTP(w, r)
+		req.sw = statusWriter{w: w}
+		h.next.ServeHTTP(&req.sw, r)
+		ex.Done(req.sw.final())
 		return
 	}
 	// The reserved request runs without the client's cancellation: a
@@ -102,7 +107,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer rec.release()
 	h.next.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
 	rec.finish()
-	ex.Complete(rec.recorded())
+	recorded := rec.recorded()
+	ex.Complete(recorded)
+	if recorded.Hijacked && recorded.Status == 0 {
+		recorded.Status = http.StatusSwitchingProtocols
+	}
+	ex.Done(recorded.Status)
 }
 
 // forwardPath makes fwd (the path as sent, with dot segments removed and
@@ -125,6 +135,7 @@ type request struct {
 	r        *http.Request
 	body     []byte
 	bodyRead bool
+	sw       statusWriter // pooled with the request: no allocation per response
 }
 
 func (q *request) Method() string { return q.r.Method }
