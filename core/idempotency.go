@@ -221,7 +221,7 @@ func (ex *Exchange) reserve(b *block, k shm.Key, fp shm.Fingerprint) (Verdict, b
 	c, tab := ex.c, ex.c.region.Responses()
 	var deadline time.Time
 	for waited := false; ; {
-		out, tk, err := tab.Begin(k, fp, c.now(), &ex.stored)
+		out, tk, err := tab.Begin(k, shm.Quota{}, fp, c.now(), &ex.stored)
 		if err != nil {
 			// ErrFull, ErrLockTimeout and ErrRetired (this worker was
 			// reaped while it runs) are the table's to say; anything else

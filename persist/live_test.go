@@ -35,7 +35,7 @@ func crashMidClaim(t testing.TB, r *shm.Region) {
 		}
 	}()
 	tab := r.Counters()
-	tab.Update(tab.KeyOfString(login.Namespace(), "crashed"), login.Meta(), t1, func(uint64, time.Duration) (uint64, bool) {
+	tab.Update(tab.KeyOfString(login.Namespace(), "crashed"), shm.Quota{Account: login.Account()}, login.Meta(), t1, func(uint64, time.Duration) (uint64, bool) {
 		panic("killed")
 	})
 }
@@ -55,7 +55,7 @@ func TestLiveRegionSurvivesACrash(t *testing.T) {
 	}
 	// And a request in flight: a reservation of worker 1.
 	var scratch shm.Response
-	if out, _, err := r.Responses().Begin(kFlight, fp1, t1, &scratch); err != nil || out != shm.Reserved {
+	if out, _, err := r.Responses().Begin(kFlight, shm.Quota{}, fp1, t1, &scratch); err != nil || out != shm.Reserved {
 		t.Fatalf("reserve: %v %v", out, err)
 	}
 
@@ -147,7 +147,7 @@ func TestLiveRegionMigrates(t *testing.T) {
 		t.Fatal("count lost in the migration")
 	}
 	var got shm.Response
-	if out, _, err := r2.Responses().Begin(kDone, fp1, t1, &got); err != nil || out != shm.Replay {
+	if out, _, err := r2.Responses().Begin(kDone, shm.Quota{}, fp1, t1, &got); err != nil || out != shm.Replay {
 		t.Fatalf("stored response lost in the migration: %v %v", out, err)
 	}
 	// The migrated region is the one at the path now.

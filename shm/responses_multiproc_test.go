@@ -29,7 +29,7 @@ func idemChild(r *shm.Region, spec childSpec) error {
 	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
 	if spec.Stage == "hold" {
 		var got shm.Response
-		if out, _, err := tab.Begin(k, fp, r.Now(), &got); err != nil || out != shm.Reserved {
+		if out, _, err := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got); err != nil || out != shm.Reserved {
 			return fmt.Errorf("hold: %v %v", out, err)
 		}
 		fmt.Println("reserved")
@@ -44,7 +44,7 @@ func idemChild(r *shm.Region, spec childSpec) error {
 			defer wg.Done()
 			var got shm.Response
 			for i := 0; i < 1000; i++ {
-				out, tk, err := tab.Begin(k, fp, r.Now(), &got)
+				out, tk, err := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got)
 				if err != nil {
 					fmt.Fprintln(os.Stderr, "begin:", err)
 					return
@@ -134,7 +134,7 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	k := r.Counters().KeyOf(7, []byte("order-7"))
 	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
 	var got shm.Response
-	out, tk, _ := tab.Begin(k, fp, r.Now(), &got)
+	out, tk, _ := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got)
 	if out != shm.InFlight {
 		t.Fatalf("duplicate of a live reservation: %v", out)
 	}
@@ -149,7 +149,7 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	}()
 	start := time.Now()
 	tab.Wait(tk, 5*time.Second)
-	if out, _, _ := tab.Begin(k, fp, r.Now(), &got); out != shm.Reserved {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got); out != shm.Reserved {
 		t.Fatalf("after the owner was reaped: %v", out)
 	}
 	if d := time.Since(start); d > 2*time.Second {

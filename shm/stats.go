@@ -24,7 +24,9 @@ type Stats struct {
 	LockTimeout uint64 // decisions answered by on_full: insert lock held too long
 	Claims      uint64 // new keys installed in EMPTY or TOMB slots
 	Reclaims    uint64 // slots taken over from keys equivalent to fresh ones
-	Recovered   uint64 // BUSY slots and insert locks released from dead processes
+	Recovered   uint64 // BUSY slots, insert locks and account locks released from dead processes
+	Quota       uint64 // new keys refused: their account held its maximum of slots (ErrQuota)
+	Swept       uint64 // slots of fresh keys freed by the sweep of an account at its maximum
 }
 
 // Occupancy is the fraction of slots that hold a key or are being installed.
@@ -69,6 +71,8 @@ func (c *Counters) Stats() Stats {
 		st.Claims += atomic.LoadUint64(&e.claims)
 		st.Reclaims += atomic.LoadUint64(&e.reclaims)
 		st.Recovered += atomic.LoadUint64(&e.recovered)
+		st.Quota += atomic.LoadUint64(&e.quota)
+		st.Swept += atomic.LoadUint64(&e.swept)
 	}
 	return st
 }
@@ -82,6 +86,8 @@ type ResponseStats struct {
 	BlocksUsed int
 	Full       uint64 // reservations refused: no record in the probe window
 	NoBlocks   uint64 // responses completed unreplayable for want of blocks
+	Quota      uint64 // reservations refused: their account held its maximum of records (ErrQuota)
+	Swept      uint64 // expired records freed by the sweep of an account at its maximum
 }
 
 // Stats scans the response table.
@@ -101,6 +107,8 @@ func (t *Responses) Stats() ResponseStats {
 	for w := range t.r.workers {
 		st.Full += atomic.LoadUint64(&t.r.workers[w].respFull)
 		st.NoBlocks += atomic.LoadUint64(&t.r.workers[w].respNoBlock)
+		st.Quota += atomic.LoadUint64(&t.r.workers[w].respQuota)
+		st.Swept += atomic.LoadUint64(&t.r.workers[w].respSwept)
 	}
 	return st
 }

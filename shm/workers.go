@@ -24,7 +24,11 @@ type workerEntry struct {
 	recovered   uint64 // BUSY slots, records and insert locks released from dead owners
 	respFull    uint64 // reservations refused: no response record in the probe window
 	respNoBlock uint64 // responses completed unreplayable: no blocks left to store them
-	_           [7]uint64
+	quota       uint64 // new keys refused: their account held its maximum of slots
+	swept       uint64 // slots of fresh keys freed by an account's sweep
+	respQuota   uint64 // reservations refused: their account held its maximum of records
+	respSwept   uint64 // expired records freed by an account's sweep
+	_           [3]uint64
 }
 
 // Owner ids pack a worker index and its incarnation; 0 is nobody.
@@ -70,6 +74,13 @@ func (r *Region) count(field func(*workerEntry) *uint64) {
 	}
 }
 
+// add adds n to a counter in this process's worker entry.
+func (r *Region) add(field func(*workerEntry) *uint64, n uint64) {
+	if o := r.owner.Load(); o != 0 {
+		atomic.AddUint64(field(&r.workers[o>>32]), n)
+	}
+}
+
 // Reap is called by the supervisor after it has waited for worker w's
 // process: it bumps w's incarnation, so that everything the dead process
 // held is recognisably stale, and releases it at once. It returns how many
@@ -84,12 +95,16 @@ func (r *Region) Reap(w int) (released int, err error) {
 }
 
 // ReapAll treats every worker as dead: for a region re-attached after the
-// whole process tree died.
+// whole process tree died, before any process uses it again. It also
+// counts every account again from its elements' charges.
 func (r *Region) ReapAll() (released int) {
 	for w := range r.workers {
 		r.workers[w].retire()
 	}
-	return r.counts.releaseStale() + r.resps.releaseStale()
+	released = r.counts.releaseStale() + r.resps.releaseStale()
+	r.counts.acc.rebuild()
+	r.resps.acc.rebuild()
+	return released
 }
 
 // retire bumps the incarnation (never to 0, which would make owner ids 0).
