@@ -25,11 +25,11 @@ func newLimiter(t testing.TB, r *shm.Region, rule bucket.Rule) *bucket.Limiter {
 
 func checkAccounts(t testing.TB, r *shm.Region) {
 	t.Helper()
-	if err := r.Counters().CheckAccounts(); err != nil {
+	if err := r.Counters().VerifyAccounts(); err != nil {
 		t.Fatal("counters:", err)
 	}
 	if r.Responses().Len() > 0 {
-		if err := r.Responses().CheckAccounts(); err != nil {
+		if err := r.Responses().VerifyAccounts(); err != nil {
 			t.Fatal("responses:", err)
 		}
 	}
@@ -268,7 +268,7 @@ func TestQuotaPlaceAndRebuild(t *testing.T) {
 	}
 	checkAccounts(t, dst)
 	dst.Counters().SetHeld(acc("a"), 7)
-	if dst.Counters().CheckAccounts() == nil {
+	if dst.Counters().VerifyAccounts() == nil {
 		t.Fatal("CheckAccounts missed a wrong count")
 	}
 	dst.ReapAll()

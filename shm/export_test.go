@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -43,44 +42,6 @@ func (r *Region) SetWorkerPID(w, pid int) { atomic.StoreUint64(&r.workers[w].pid
 
 // SetBootID overwrites the boot id the time base was set under.
 func (r *Region) SetBootID(id uint64) { r.store(hBootID, id) }
-
-// CheckAccounts compares every account's count with a walk of the table:
-// the LIVE slots charged to it. A charge on a slot in another phase is an
-// error too (none is left when nothing is in flight).
-func (c *Counters) CheckAccounts() error {
-	return c.acc.check(func(i int) bool { return phaseOf(atomic.LoadUint64(&c.slots[i].state)) == phaseLive })
-}
-
-// CheckAccounts is Counters.CheckAccounts for records reserved or completed.
-func (t *Responses) CheckAccounts() error {
-	return t.acc.check(func(i int) bool {
-		p := recPhase(atomic.LoadUint64(&t.recs[i].state))
-		return p == recReserved || p == recComplete
-	})
-}
-
-func (as *accounts) check(held func(i int) bool) error {
-	walk := map[uint16]int{}
-	for i := 0; i < as.n; i++ {
-		v := atomic.LoadUint64(as.word(i))
-		if v == 0 {
-			continue
-		}
-		if !held(i) {
-			return fmt.Errorf("element %d (state %#x) is charged to account %d", i, atomic.LoadUint64(as.state(i)), v-1)
-		}
-		walk[uint16(v-1)]++
-	}
-	for a := range as.a {
-		if got, want := atomic.LoadUint64(&as.a[a].held), walk[uint16(a)]; got != uint64(want) {
-			return fmt.Errorf("account %d counts %d, the table holds %d", a, got, want)
-		}
-		if l := atomic.LoadUint64(&as.a[a].lock); l != 0 {
-			return fmt.Errorf("account %d is locked by %#x", a, l)
-		}
-	}
-	return nil
-}
 
 // SetHeld overwrites account a's count, as a bug would.
 func (c *Counters) SetHeld(a uint16, n int) { atomic.StoreUint64(&c.acc.a[a].held, uint64(n)) }

@@ -471,7 +471,7 @@ func TestMultiProcessQuota(t *testing.T) {
 	if st.Quota == 0 || st.Reclaims == 0 || st.Swept == 0 {
 		t.Fatalf("the test did not exercise quotas, reclaims and sweeps: %+v", st)
 	}
-	if err := r.Counters().CheckAccounts(); err != nil {
+	if err := r.Counters().VerifyAccounts(); err != nil {
 		t.Fatal(err)
 	}
 	checkTable(t, r.Counters())
@@ -511,7 +511,7 @@ func TestMultiProcessQuotaExact(t *testing.T) {
 	if st.Quota == 0 {
 		t.Fatalf("no claim was refused: %+v", st)
 	}
-	if err := r.Counters().CheckAccounts(); err != nil {
+	if err := r.Counters().VerifyAccounts(); err != nil {
 		t.Fatal(err)
 	}
 	checkTable(t, r.Counters())
@@ -564,7 +564,7 @@ func TestCrashInjectionAccounts(t *testing.T) {
 					}
 					r.Reap(5) // what no claim met
 				}
-				if err := r.Counters().CheckAccounts(); err != nil {
+				if err := r.Counters().VerifyAccounts(); err != nil {
 					t.Fatal(err)
 				}
 				// The cap of "new" holds exactly: 3 keys, not 2, not 4.
@@ -579,7 +579,7 @@ func TestCrashInjectionAccounts(t *testing.T) {
 				if ln.Keys() != 3 || served != 3-before {
 					t.Fatalf("new held %d slots, %d more were served, and it holds %d: want 3", before, served, ln.Keys())
 				}
-				if err := r.Counters().CheckAccounts(); err != nil {
+				if err := r.Counters().VerifyAccounts(); err != nil {
 					t.Fatal(err)
 				}
 				checkTable(t, r.Counters())
