@@ -406,6 +406,7 @@ algorithm = "fixed-window"
 by = "header:X-Api-Key|ip"
 mode = "shadow"
 on_full = "closed"
+max_keys = 1000
 [[idempotency]]
 path = "/orders"
 max_body = 1000
@@ -418,9 +419,9 @@ max_body = 1000
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""
-rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]
-rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[]
-idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000
+rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072
+rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] max_keys=1000
+idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000 max_records=163
 `
 	if got := b.String(); got != want {
 		t.Errorf("WriteEffective:\n%s\nwant:\n%s", got, want)
@@ -464,7 +465,7 @@ func TestExample(t *testing.T) {
 		t.Errorf("example server/persist = %+v %+v", s, c.Persist)
 	}
 	want := []RateLimit{
-		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}},
+		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}, MaxKeys: 0},
 		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip", Overrides: []Override{
 			{Key: "gold-customer-key", Limit: 1000, Window: time.Minute, Burst: 1000},
 			{Client: Prefixes{netip.MustParsePrefix("198.51.100.0/24")}, Limit: 500},
@@ -478,8 +479,8 @@ func TestExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]`,
-		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open cost=1 status=429 exempt=[]`,
+		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072`,
+		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072`,
 		`rule "api" override 1: key=gold-customer-key client=[] limit=1000 window=1m0s burst=1000`,
 	} {
 		if !strings.Contains(b.String(), line+"\n") {

@@ -28,6 +28,9 @@ type rule struct {
 	shadow bool
 	status int // of a refusal: 429 or 503
 	exempt clientip.PrefixSet
+	// maxKeys bounds the counter slots of the rule's keys, its overrides'
+	// included (bucket.Rule.MaxKeys, the default resolved).
+	maxKeys int
 
 	// base is the rule's own limit; overrides replace it for some keys:
 	// byKey by exact key value, then the first whose clients contain the
@@ -52,8 +55,8 @@ type variant struct {
 }
 
 type ruleCounters struct {
-	allowed, refused, shadowRefused, full atomic.Uint64
-	_                                     [32]byte // keep two rules' counters off one cache line
+	allowed, refused, shadowRefused, full, capped atomic.Uint64
+	_                                             [24]byte // keep two rules' counters off one cache line
 }
 
 // RuleStats counts what one rule decided in this process since New.
@@ -69,9 +72,18 @@ type RuleStats struct {
 	// ShadowRefused counts served requests this shadow rule would have
 	// refused.
 	ShadowRefused uint64
-	// Full counts decisions answered by on_full because the table had no
-	// slot for the key, whatever on_full answered.
+	// Full counts decisions answered by on_full because no slot could be
+	// had for the key, whatever on_full answered: the table had none, or
+	// the rule's keys held MaxKeys slots.
 	Full uint64
+	// Capped counts the decisions of Full answered because the rule's
+	// keys held MaxKeys slots (the table itself had room).
+	Capped uint64
+	// Keys is how many counter slots the rule's keys (its overrides'
+	// included) hold now, in every process sharing the region.
+	Keys int
+	// MaxKeys is the most they may hold.
+	MaxKeys int
 }
 
 // hit is one rule matching the request being decided.
@@ -90,10 +102,17 @@ type hit struct {
 const inlineHits = 8
 
 func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
+	if err := CheckAccounts(rls); err != nil {
+		return err
+	}
+	tab := c.region.Counters()
 	bys := map[string]int{}
 	for i := range rls {
-		rl := &rls[i]
-		ru, err := compileRule(rl, c.region.Counters())
+		rl := rls[i]
+		if rl.Rule.MaxKeys == 0 {
+			rl.Rule.MaxKeys = DefaultMaxKeys(tab.Len(), len(rls))
+		}
+		ru, err := compileRule(&rl, tab)
 		if err != nil {
 			return err
 		}
@@ -108,6 +127,48 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		ru.byIdx = bys[b]
 		c.rules = append(c.rules, ru)
 		c.byName[ru.name] = ru
+	}
+	return nil
+}
+
+// DefaultMaxKeys is a rule's MaxKeys when it sets none: half of the
+// table's slots when there are several rules, so that no rule's keys can
+// take another's room, else all of them.
+func DefaultMaxKeys(slots, rules int) int {
+	if rules > 1 {
+		return max(slots/2, 1)
+	}
+	return slots
+}
+
+// An AccountError is two rules whose names hash to one 16-bit account
+// (bucket.Rule.Account): their keys would share one count of slots, so
+// that one rule's flood could take the other's room, and a dump could not
+// tell their state apart (persistence drops both at every restart).
+// Renaming either rule ends it.
+type AccountError struct {
+	Rule    string // the later rule
+	Index   int    // its index among the rules
+	Other   string // the earlier rule
+	Account uint16
+}
+
+func (e *AccountError) Error() string {
+	return fmt.Sprintf("core: rule %q: its name hashes to the 16-bit account %#04x of rule %q; rename one of them", e.Rule, e.Account, e.Other)
+}
+
+// CheckAccounts reports the first rule whose account an earlier rule
+// has, as an *AccountError. Rules are told apart by a 16-bit hash of
+// their names: two of 20 rules collide with a chance of about 0.3%.
+func CheckAccounts(rls []RateLimit) error {
+	seen := make(map[uint16]string, len(rls))
+	for i := range rls {
+		r := rls[i].Rule
+		a := r.Account()
+		if other, ok := seen[a]; ok && other != r.Name {
+			return &AccountError{Rule: r.Name, Index: i, Other: other, Account: a}
+		}
+		seen[a] = r.Name
 	}
 	return nil
 }
@@ -165,10 +226,14 @@ func (rl *RateLimit) Check() error {
 }
 
 // rule is the bucket rule of an override of base: base's, with the
-// override's rate and a name of its own (see stateName).
+// override's rate and a name of its own (see stateName), in base's group,
+// so that its keys count against base's MaxKeys.
 func (o *Override) rule(base bucket.Rule) bucket.Rule {
 	r := base
 	r.Name = o.stateName(base.Name)
+	if r.Group == "" {
+		r.Group = base.Name
+	}
 	r.Limit, r.Burst = o.Limit, o.Burst
 	if o.Window != 0 {
 		r.Window = o.Window
@@ -181,7 +246,7 @@ func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
 		return nil, err
 	}
 	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, shadow: rl.Shadow, status: rl.Status,
-		exempt: clientip.NewPrefixSet(rl.Exempt)}
+		exempt: clientip.NewPrefixSet(rl.Exempt), maxKeys: rl.Rule.MaxKeys}
 	if ru.status == 0 {
 		ru.status = http.StatusTooManyRequests
 	}
@@ -410,6 +475,9 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 		}
 		if h.d.Full {
 			h.r.stats.full.Add(1)
+			if h.d.Capped {
+				h.r.stats.capped.Add(1)
+			}
 		}
 	}
 	ex.rateLimitFields()
@@ -461,6 +529,9 @@ func (ex *Exchange) served(now time.Duration) {
 		st := &h.r.stats
 		if h.d.Full {
 			st.full.Add(1)
+			if h.d.Capped {
+				st.capped.Add(1)
+			}
 			if h.d.Allowed {
 				ex.logFull(h, now)
 			}
@@ -497,20 +568,28 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 		slog.Uint64("suppressed", suppressed))
 }
 
-// logFull logs a request that a rule let through unlimited because the
-// table had no slot for its key (on_full "open"), rate-limited like
-// logShadow: the operator must hear that the rule is not being enforced.
+// logFull logs a request that a rule let through unlimited because no
+// slot could be had for its key (on_full "open"): the table was full, or
+// the rule's keys held max_keys slots. Rate-limited like logShadow: the
+// operator must hear that the rule is not being enforced.
 func (ex *Exchange) logFull(h *hit, now time.Duration) {
 	suppressed, ok := h.r.fullLog.allow(now)
 	if !ok {
 		return
 	}
-	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "rule not enforced: counter table full (on_full open)",
+	attrs := []slog.Attr{
 		slog.String("rule", h.r.name),
 		slog.String("method", ex.req.Method()),
 		slog.String("path", ex.match),
 		slog.String("client", ex.Client().String()),
-		slog.Uint64("suppressed", suppressed))
+	}
+	msg := "rule not enforced: counter table full (on_full open)"
+	if h.d.Capped {
+		msg = "rule not enforced: its keys hold max_keys counter slots (on_full open)"
+		attrs = append(attrs, slog.Int("max_keys", h.r.maxKeys), slog.Int("keys", h.r.base.lim.Keys()))
+	}
+	attrs = append(attrs, slog.Uint64("suppressed", suppressed))
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
 }
 
 // Limiter returns the limiter of the rule called name, or nil when there
@@ -556,6 +635,9 @@ func (c *Core) RuleStats() []RuleStats {
 			Refused:       ru.stats.refused.Load(),
 			ShadowRefused: ru.stats.shadowRefused.Load(),
 			Full:          ru.stats.full.Load(),
+			Capped:        ru.stats.capped.Load(),
+			Keys:          ru.base.lim.Keys(),
+			MaxKeys:       ru.maxKeys,
 		}
 	}
 	return out
