@@ -46,6 +46,7 @@ type childSpec struct {
 	For        time.Duration // role "hammer": stop early after this long (0 = run all attempts)
 	Lag        time.Duration // role "hammer": every 16th decision sleeps this long after reading the clock
 	Spread     bool          // role "hammer": each goroutine starts at its own share of the keys
+	Quota      shm.Quota     // role "records": the account the records are charged to
 }
 
 // childResult is what a hammer child prints: allowed decisions per key
@@ -82,6 +83,8 @@ func child(role string) error {
 	switch role {
 	case "idem":
 		return idemChild(r, spec)
+	case "records":
+		return recordsChild(r, spec)
 	case "stall":
 		shm.SetTestHook(func(stage string) {
 			if stage == spec.Stage {
