@@ -29,6 +29,10 @@ func (c Config) WriteEffective(w io.Writer) error {
 	line(&b, "admin:", c.Admin, "")
 	line(&b, "table:", c.Table, "")
 	line(&b, "persist:", c.Persist, "")
+	if c.Redis.Enabled() {
+		line(&b, "redis:", c.Redis, "")
+	}
+	line(&b, "reload:", c.Reload, "")
 	if c.Server.Shadow {
 		b.WriteString("shadow: every rule is in shadow mode (a dry run): nothing is refused\n")
 	}
@@ -82,6 +86,8 @@ func line(b *strings.Builder, head string, v any, skip ...string) {
 			if len(v) > 0 {
 				s = quote(strings.Join(v, ","))
 			}
+		case SizeLimit:
+			s = quote(v.String())
 		case Prefixes:
 			s = strings.ReplaceAll(fmt.Sprint(v), " ", ",") // [a,b]
 		default:

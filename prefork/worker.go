@@ -2,7 +2,6 @@ package prefork
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,13 +44,49 @@ type Worker struct {
 	Logger *slog.Logger
 
 	h *nethttp.Handler
+	c *core.Core // the core, before h exists or without it
+
+	served atomic.Int64 // responses, counted by Responded
+	limits *limits      // recycling limits; nil without any
 }
 
+// Responded records one response this worker sent, with its status: it
+// counts it in the region under the worker's index (shm.Region.
+// CountRequest: a reload's canary is judged by these counts) and checks
+// the worker's recycling limits (server.max_requests, server.max_rss).
+// The server around Options.Handler and the fast engine of
+// Options.FastHandler call it for every response; an Options.Engine must
+// call it once per response it sends, before the response leaves (as
+// proxy.Options.OnResponse does), so that a worker past a limit stops
+// accepting before its client can connect again.
+func (w *Worker) Responded(status int) {
+	w.Region.CountRequest(status)
+	n := w.served.Add(1)
+	if w.limits != nil {
+		w.limits.check(n)
+	}
+}
+
+// recycling returns the channel on which the message asking to be
+// recycled comes once a limit is passed (nil without limits), after stop
+// has run; stop must stop accepting connections.
+func (w *Worker) recycling(stop func()) <-chan []byte {
+	if w.limits == nil {
+		return nil
+	}
+	w.limits.stop = stop
+	return w.limits.trip
+}
+
+// pastLimit reports whether a recycling limit was passed.
+func (w *Worker) pastLimit() bool { return w.limits != nil && w.limits.tripped.Load() }
+
 // Core returns the decision core the worker's requests go through; nil
-// before Options.Handler has returned.
+// before Options.Handler has returned (with Options.FastHandler and
+// Engine, it is there from the start).
 func (w *Worker) Core() *core.Core {
 	if w.h == nil {
-		return nil
+		return w.c
 	}
 	return w.h.Core()
 }
@@ -59,10 +95,10 @@ func (w *Worker) Core() *core.Core {
 // client after a successful login; nil for an unknown rule, and before
 // Options.Handler has returned. The time it takes is Region.Now().
 func (w *Worker) Limiter(name string) *bucket.Limiter {
-	if w.h == nil {
-		return nil
+	if c := w.Core(); c != nil {
+		return c.Limiter(name)
 	}
-	return w.h.Core().Limiter(name)
+	return nil
 }
 
 // ClientKey returns the key the rule called rule counts r under
@@ -102,74 +138,102 @@ func runWorker(ctx context.Context, opts Options) int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 
+	if opts.Handler == nil {
+		return runEngineWorker(ctx, opts, index, term, log)
+	}
 	conns := &connTracker{}
-	srv, ln, timeout, err := setUpWorker(opts, index, conns, log)
+	w, srv, ln, c, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
-	srv.Handler = conns.closeWhenDraining(srv.Handler)
+	srv.Handler = conns.closeWhenDraining(&counter{next: srv.Handler, respond: w.Responded})
+	// Past a recycling limit: no new connection (the other workers, or
+	// the successor, take them from the shared listener), and Connection:
+	// close on every response from now on.
+	recycle := w.recycling(func() {
+		conns.draining.Store(true)
+		ln.Close()
+	})
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
 
 	// Ready: the region is joined and the handler built. Connections that
-	// arrive before Serve wait in the shared listener's backlog.
-	ready := os.NewFile(fdReady, "ready")
-	if _, err := ready.Write([]byte{1}); err != nil {
+	// arrive before Serve wait in the shared listener's backlog. The pipe
+	// stays open: a request to be recycled goes the same way.
+	report := os.NewFile(fdReady, "ready")
+	if _, err := report.Write([]byte{1}); err != nil {
 		log.Error("worker failed to report readiness", "err", err)
 		return 1
 	}
-	ready.Close()
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	serving := (<-chan error)(served)
 	var why string
-	select {
-	case err := <-served:
-		log.Error("worker stopped serving", "err", err)
-		return 1
-	case <-term:
-		why = "TERM"
-	case <-lifeline:
-		why = "supervisor gone"
-	case <-ctx.Done():
-		why = context.Cause(ctx).Error()
+	for why == "" {
+		select {
+		case err := <-serving:
+			if !w.pastLimit() {
+				log.Error("worker stopped serving", "err", err)
+				return 1
+			}
+			// The listener was closed for recycling: wait for TERM, and
+			// let the drain see that Serve returned.
+			serving = nil
+			served = make(chan error, 1)
+			served <- err
+		case msg := <-recycle:
+			recycle = nil
+			askRecycling(report, msg, log)
+		case <-term:
+			why = "TERM"
+		case <-lifeline:
+			why = "supervisor gone"
+		case <-ctx.Done():
+			why = context.Cause(ctx).Error()
+		}
 	}
-	return drainWorker(srv, ln, served, conns, timeout, why, log)
+	code := drainWorker(srv, ln, served, conns, w.Config.Server.ShutdownTimeout, why, log)
+	closeCore(c, log)
+	return code
+}
+
+// askRecycling tells the supervisor, through the readiness pipe, that
+// this worker passed a recycling limit. The supervisor sends TERM once a
+// successor is ready, and the drain goes on from there.
+func askRecycling(report *os.File, msg []byte, log *slog.Logger) {
+	if _, err := report.Write(msg); err != nil {
+		log.Error("worker failed to ask to be recycled", "err", err)
+		return
+	}
+	log.Info("worker past a recycling limit: stopped accepting")
+}
+
+// closeCore closes a drained worker's core: no request decides any more,
+// and closing adds the last sync-mode counts to Redis.
+func closeCore(c *core.Core, log *slog.Logger) {
+	if err := c.Close(); err != nil {
+		log.Warn("worker: closing the decision core", "err", err)
+	}
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, err error) {
-	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *Worker, _ *http.Server, _ net.Listener, _ *core.Core, err error) {
+	w, ln, err := joinWorker(index, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, nil, err
 	}
-	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	if err := region.Join(index); err != nil {
-		return nil, nil, 0, err
-	}
-	lnFile := os.NewFile(fdListener, "listener")
-	ln, err := net.FileListener(lnFile)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: inherited listener: %w", err)
-	}
-	lnFile.Close() // FileListener holds its own descriptor
-	if opts.Handler == nil {
-		return nil, nil, 0, errors.New("prefork: Options.Handler is nil")
-	}
-	w := &Worker{Index: index, Region: region, Config: cfg, Logger: log}
+	cfg, region := w.Config, w.Region
 	app, err := opts.Handler(w)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("prefork: building the handler: %w", err)
 	}
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
 	c, err := NewCore(cfg, region, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, nil, err
 	}
 	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
@@ -179,7 +243,34 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return srv, ln, cfg.Server.ShutdownTimeout, nil
+	return w, srv, ln, c, nil
+}
+
+// joinWorker reads the configuration the supervisor handed over, joins
+// the region as index and opens the inherited listener.
+func joinWorker(index int, log *slog.Logger) (*Worker, net.Listener, error) {
+	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+	if err != nil {
+		return nil, nil, err
+	}
+	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := region.Join(index); err != nil {
+		return nil, nil, err
+	}
+	lnFile := os.NewFile(fdListener, "listener")
+	ln, err := net.FileListener(lnFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("prefork: inherited listener: %w", err)
+	}
+	lnFile.Close() // FileListener holds its own descriptor
+	lim, err := newLimits(cfg.Server, randomJitter())
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Worker{Index: index, Region: region, Config: cfg, Logger: log, limits: lim}, ln, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the

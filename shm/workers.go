@@ -24,11 +24,13 @@ type workerEntry struct {
 	recovered   uint64 // BUSY slots, records and insert locks released from dead owners
 	respFull    uint64 // reservations refused: no response record in the probe window
 	respNoBlock uint64 // responses completed unreplayable: no blocks left to store them
+	requests    uint64 // responses sent (requests.go)
+	errors5xx   uint64 // responses sent with a 5xx status (requests.go)
 	quota       uint64 // new keys refused: their account held its maximum of slots
 	swept       uint64 // slots of fresh keys freed by an account's sweep
 	respQuota   uint64 // reservations refused: their account held its maximum of records
 	respSwept   uint64 // expired records freed by an account's sweep
-	_           [3]uint64
+	_           [1]uint64
 }
 
 // Owner ids pack a worker index and its incarnation; 0 is nobody.
