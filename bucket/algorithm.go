@@ -86,6 +86,9 @@ type Decision struct {
 	// Full is set when no slot could be had for the key and the rule's
 	// on_full policy answered (Allowed says how).
 	Full bool
+	// Capped is set with Full when the slot was refused because the keys
+	// of the rule's group hold MaxKeys slots (the table itself had room).
+	Capped bool
 }
 
 // Policy is a rule compiled for decisions: pure functions over one

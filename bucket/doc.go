@@ -41,5 +41,7 @@
 //
 // When the table has no slot for a new key, the rule's [OnFull] answers:
 // [Open] allows, [Closed] refuses with Retry-After [FullRetryAfter]; the
-// decision has Full set, and the table counts it.
+// decision has Full set, and the table counts it. So it does when the keys
+// of the rule's group already hold [Rule.MaxKeys] slots (Capped set too):
+// a flood of new keys on one rule cannot take the others' room.
 package bucket

@@ -66,12 +66,22 @@ type Rule struct {
 	// (GCRA) or 1..limit (fixed window): an expensive route costs more.
 	// 0 means 1.
 	Cost int64
+	// MaxKeys bounds the counter slots that the keys of the rule's group
+	// hold together; past it a new key is answered by OnFull (Decision
+	// Capped), and other groups keep their room. 0 means no bound but the
+	// table's. Keys already counted are decided as usual.
+	MaxKeys int
+	// Group names the rule whose room the keys count against (the
+	// account of [Rule.Account]): "" means Name. Another limit for some
+	// keys of a rule (a tier) is in the rule's group, so that its keys take
+	// the rule's room.
+	Group string
 }
 
 // A RuleError is a [Rule] that Compile refuses.
 type RuleError struct {
 	Rule  string // the rule's name
-	Field string // the Rule field at fault: "Name", "Limit", "Window", "Algorithm", "Burst", "OnFull" or "Cost"
+	Field string // the Rule field at fault: "Name", "Limit", "Window", "Algorithm", "Burst", "OnFull", "Cost" or "MaxKeys"
 	Msg   string // what is wrong, naming the setting
 }
 
@@ -104,6 +114,8 @@ func (r Rule) Compile() (Policy, error) {
 		return fail("OnFull", "unknown on-full policy %v", r.OnFull)
 	case r.Cost < 0:
 		return fail("Cost", "cost must not be negative, got %d", r.Cost)
+	case r.MaxKeys < 0:
+		return fail("MaxKeys", "max_keys must not be negative (0 means no bound but the table), got %d", r.MaxKeys)
 	}
 	p := Policy{algo: r.Algorithm, limit: r.Limit, burst: r.Burst, window: int64(r.Window / time.Microsecond), cost: max(r.Cost, 1)}
 	if p.burst == 0 {
@@ -143,11 +155,12 @@ func (r Rule) Namespace() uint64 {
 // Limiter applies one rule to a shared counter table. It is safe for
 // concurrent use by goroutines and by every process mapping the table.
 type Limiter struct {
-	rule Rule
-	pol  Policy
-	tab  *shm.Counters
-	ns   uint64
-	meta uint64
+	rule  Rule
+	pol   Policy
+	tab   *shm.Counters
+	ns    uint64
+	meta  uint64
+	quota shm.Quota
 }
 
 // NewLimiter binds r to t. It installs this package's freshness judgement
@@ -158,8 +171,13 @@ func NewLimiter(r Rule, t *shm.Counters) (*Limiter, error) {
 		return nil, err
 	}
 	t.SetFresh(Fresh)
-	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: r.Meta()}, nil
+	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: r.Meta(),
+		quota: shm.Quota{Account: r.Account(), Max: r.MaxKeys}}, nil
 }
+
+// Keys reports how many counter slots the keys of the limiter's group
+// hold, in every process: one load.
+func (l *Limiter) Keys() int { return l.tab.Held(l.quota.Account) }
 
 // Key returns the table key for id under this rule.
 func (l *Limiter) Key(id []byte) shm.Key { return l.tab.KeyOf(l.ns, id) }
@@ -173,14 +191,14 @@ func (l *Limiter) Allow(id string, now time.Duration) Decision {
 func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 	var d Decision
 	var at time.Duration
-	_, err := l.tab.Update(k, l.meta, now, func(p uint64, t time.Duration) (uint64, bool) {
+	_, err := l.tab.Update(k, l.quota, l.meta, now, func(p uint64, t time.Duration) (uint64, bool) {
 		var next uint64
 		next, d = l.pol.Take(p, t)
 		at = t
 		return next, d.Allowed
 	})
 	if err != nil {
-		return l.full()
+		return l.full(err == shm.ErrQuota)
 	}
 	if late := at - now; late > 0 {
 		// Decided at the reclaim watermark (see shm.Counters.Update):
@@ -193,8 +211,8 @@ func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 	return d
 }
 
-func (l *Limiter) full() Decision {
-	d := Decision{Limit: l.rule.Limit, Full: true}
+func (l *Limiter) full(capped bool) Decision {
+	d := Decision{Limit: l.rule.Limit, Full: true, Capped: capped}
 	if l.rule.OnFull == Closed {
 		d.RetryAfter = FullRetryAfter
 		return d
@@ -237,7 +255,7 @@ func (l *Limiter) RefundKey(k shm.Key, now time.Duration) {
 	if _, ok := l.tab.Peek(k, now); !ok {
 		return
 	}
-	_, _ = l.tab.Update(k, l.meta, now, func(p uint64, t time.Duration) (uint64, bool) {
+	_, _ = l.tab.Update(k, l.quota, l.meta, now, func(p uint64, t time.Duration) (uint64, bool) {
 		return l.pol.Refund(p, t)
 	})
 }

@@ -29,6 +29,16 @@ func (r Rule) Meta() uint64 {
 		uint64(r.Window/time.Microsecond)&windowMask
 }
 
+// Account is the 16-bit account that the rule's keys are charged to in the
+// counter table, which MaxKeys bounds: the tag of its Group, or of its
+// Name when Group is "". Two rules on one account share its count.
+func (r Rule) Account() uint16 {
+	if r.Group != "" {
+		return uint16(xxhash.Sum64String(r.Group))
+	}
+	return r.Tag()
+}
+
 // MetaTag is the tag of the rule that wrote a meta word.
 func MetaTag(meta uint64) uint16 { return uint16(meta >> tagShift) }
 

@@ -208,6 +208,11 @@ type RateLimit struct {
 	// Overrides give some keys or clients another limit
 	// ([[ratelimit.override]]).
 	Overrides []Override `toml:"override"`
+	// MaxKeys bounds the counter slots the rule's keys (its overrides'
+	// included) hold; past it a new key gets on_full, and other rules
+	// keep their room. 0 means half of table.counters when there are
+	// several rules, else all of it (core.DefaultMaxKeys).
+	MaxKeys int `toml:"max_keys"`
 
 	// Store is where the rule's counts live: local (the zero value: this
 	// host's table) or redis ([redis], shared by every host).
@@ -322,6 +327,10 @@ type Idempotency struct {
 	// MaxBody is the largest response stored for replay; larger ones are
 	// passed through but not replayable. 0 means 1 MiB.
 	MaxBody Size `toml:"max_body"`
+	// MaxRecords bounds the records one client (by) holds in the block,
+	// in flight or stored; past it the client gets 429. 0 means 1% of
+	// table.responses, at least 16 (core.DefaultMaxRecords).
+	MaxRecords int `toml:"max_records"`
 }
 
 // Defaults that are not the zero value and are used twice; the others are
@@ -457,7 +466,7 @@ func (s Server) WorkerCount() int {
 
 // BucketRule is the rule's rate limit as package bucket applies it.
 func (r RateLimit) BucketRule() bucket.Rule {
-	return bucket.Rule{Name: r.Name, Limit: r.Limit, Window: r.Window, Algorithm: r.Algorithm, Burst: r.Burst, OnFull: r.OnFull, Cost: r.Cost}
+	return bucket.Rule{Name: r.Name, Limit: r.Limit, Window: r.Window, Algorithm: r.Algorithm, Burst: r.Burst, OnFull: r.OnFull, Cost: r.Cost, MaxKeys: r.MaxKeys}
 }
 
 // EffectiveBurst is the gcra bucket size: Burst, or Limit when Burst is 0.

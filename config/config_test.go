@@ -490,6 +490,7 @@ algorithm = "fixed-window"
 by = "header:X-Api-Key|ip"
 mode = "shadow"
 on_full = "closed"
+max_keys = 1000
 [[idempotency]]
 path = "/orders"
 max_body = 1000
@@ -504,9 +505,9 @@ table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""
 log: format=text level=info
 reload: canary=true canary_window=10s canary_min_requests=50 canary_max_error_delta=2 canary_inconclusive=continue
-rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact
-rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact
-idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000
+rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072 store=local on_unavailable=local local_share=1 sync=exact
+rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] max_keys=1000 store=local on_unavailable=local local_share=1 sync=exact
+idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000 max_records=163
 `
 	if got := b.String(); got != want {
 		t.Errorf("WriteEffective:\n%s\nwant:\n%s", got, want)
@@ -564,8 +565,8 @@ func TestExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact`,
-		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact`,
+		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072 store=local on_unavailable=local local_share=1 sync=exact`,
+		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072 store=local on_unavailable=local local_share=1 sync=exact`,
 		`rule "api" override 1: key=gold-customer-key client=[] limit=1000 window=1m0s burst=1000`,
 	} {
 		if !strings.Contains(b.String(), line+"\n") {

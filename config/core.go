@@ -74,6 +74,6 @@ func (d Idempotency) core(ro route.Options) (core.Idempotency, error) {
 	if err != nil {
 		return core.Idempotency{}, err
 	}
-	b := core.Idempotency{Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: d.Wait, By: by, MaxBody: int64(d.MaxBody)}
+	b := core.Idempotency{Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: d.Wait, By: by, MaxBody: int64(d.MaxBody), MaxRecords: d.MaxRecords}
 	return b, b.Check()
 }

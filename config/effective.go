@@ -7,14 +7,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/preforkd/preforkd/core"
 )
 
 // WriteEffective writes the configuration as it takes effect, defaults
-// filled in and Workers and Burst resolved, for `preforkd check`: one line
-// per table and one per rule, every key with its value, for example
+// filled in and Workers, Burst, MaxKeys and MaxRecords resolved, for
+// `preforkd check`: one line per table and one per rule, every key with
+// its value, for example
 //
 //	server: listen=127.0.0.1:8080 workers=4 upstream=builtin:demo trusted_proxies=[] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB
-//	rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]
+//	rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=262144
 //
 // Strings that are empty or contain blanks, quotes or control characters
 // are quoted. The format is for people; it may change.
@@ -40,6 +43,9 @@ func (c Config) WriteEffective(w io.Writer) error {
 		if r.Status == 0 {
 			r.Status = 429
 		}
+		if r.MaxKeys == 0 {
+			r.MaxKeys = core.DefaultMaxKeys(c.Table.Counters, len(c.RateLimits))
+		}
 		if c.Server.Shadow {
 			r.Mode = Shadow
 		}
@@ -55,6 +61,9 @@ func (c Config) WriteEffective(w io.Writer) error {
 		}
 	}
 	for _, d := range c.Idempotency {
+		if d.MaxRecords == 0 {
+			d.MaxRecords = core.DefaultMaxRecords(c.Table.Responses)
+		}
 		line(&b, "idempotency "+quote(d.Path)+":", d, "path")
 	}
 	_, err := io.WriteString(w, b.String())

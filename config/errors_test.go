@@ -141,6 +141,9 @@ func TestErrors(t *testing.T) {
 		{"by cookie and path", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"path|cookie:s\" # <-\n", `nothing after "path" is ever used`, 0},
 		{"cost over the burst", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 10\nwindow = \"1s\"\ncost = 11 # <-\n", `ratelimit "a": cost 11 is more than the 10 a key can ever hold`, 0},
 		{"cost negative", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 10\nwindow = \"1s\"\ncost = -1 # <-\n", "cost must not be negative", 0},
+		{"max_keys negative", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 10\nwindow = \"1s\"\nmax_keys = -1 # <-\n", `ratelimit "a": max_keys must not be negative`, 0},
+		{"two rules on one account", "[[ratelimit]]\nname = \"rule-18\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit]]\nname = \"rule-39\" # <-\npath = \"/b\"\nlimit = 1\nwindow = \"1s\"\n",
+			`ratelimit "rule-39": name: its name hashes to the 16-bit account 0xdde1 of rule "rule-18"`, 0},
 		{"status", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nstatus = 418 # <-\n", `status 418: want 429 or 503`, 0},
 		{"exempt", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nexempt = [\"10.0.0.0/33\"] # <-\n", `invalid CIDR "10.0.0.0/33"`, 0},
 		{"server exempt", "[server]\nexempt = [\"x\"] # <-\n", `invalid IP address or CIDR "x"`, 0},
@@ -159,6 +162,7 @@ func TestErrors(t *testing.T) {
 		{"idempotency wait", "[[idempotency]]\npath = \"/o\"\nwait = \"-1s\" # <-\n", "wait: must not be negative", 0},
 		{"idempotency by", "[[idempotency]]\npath = \"/o\"\nby = \"header:Authorization|global\" # <-\n", `idempotency[1]: invalid by "header:Authorization|global": "global" must stand alone`, 0},
 		{"idempotency max_body", "[[idempotency]]\npath = \"/o\"\nmax_body = \"65MiB\" # <-\n", "larger than table.response_bytes", 0},
+		{"idempotency max_records", "[[idempotency]]\npath = \"/o\"\nmax_records = -2 # <-\n", "idempotency[1]: max_records: must not be negative", 0},
 		{"idempotency duplicate", "[[idempotency]]\npath = \"/o\"\n[[idempotency]]\npath = \"/o\" # <-\nmethods = [\"PUT\", \"PATCH\"]\n", "PATCH /o is already covered by idempotency[1]", 0},
 
 		// Line numbers after constructs that span lines.

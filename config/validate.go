@@ -151,9 +151,16 @@ func (c Config) check(r *report) {
 	}
 
 	names := map[string]int{} // rule name → index of its first use
+	rules := make([]core.RateLimit, len(c.RateLimits))
 	for i, rl := range c.RateLimits {
 		rl.check(r, i, names, s.routes())
 		rl.checkStore(r, i, c.Redis.Enabled())
+		rules[i].Rule = rl.BucketRule()
+	}
+	var ae *core.AccountError
+	if errors.As(core.CheckAccounts(rules), &ae) {
+		r.at([]string{"ratelimit", elem(ae.Index)}, fmt.Sprintf("ratelimit %q: ", ae.Rule))("name",
+			"its name hashes to the 16-bit account %#04x of rule %q, which counts their keys; rename one of them", ae.Account, ae.Other)
 	}
 	for i, d := range c.Idempotency {
 		d.check(r, i, c)

@@ -152,7 +152,18 @@ type Idempotency struct {
 	By clientip.By
 	// MaxBody is the largest response stored for replay; must be positive.
 	MaxBody int64
+	// MaxRecords bounds the records one client (one namespace: the
+	// block's path and the client's By key) holds, reserved or stored;
+	// past it the client gets 429 and other clients are unaffected. 0
+	// means DefaultMaxRecords of the response table. Clients are counted
+	// in 65,536 buckets (a hash seeded per region): two clients in one
+	// bucket share its budget.
+	MaxRecords int
 }
+
+// DefaultMaxRecords is a block's MaxRecords when it sets none: 1% of the
+// response table's records, at least 16.
+func DefaultMaxRecords(records int) int { return max(records/100, 16) }
 
 const defaultMaxRequestBody = 1 << 20
 

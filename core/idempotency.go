@@ -34,7 +34,10 @@ type block struct {
 	by       clientip.By
 	maxBody  int64
 	ns       uint64 // key namespace: the block's path, so that reloads keep records
-	problems [nProblems]Problem
+	// maxRecords bounds the records of one client (one account: a hash of
+	// the namespace and the client's `by` key).
+	maxRecords int
+	problems   [nProblems]Problem
 }
 
 // idemKeyBufSize is the buffer for a key's identity: the `by` key
@@ -50,6 +53,11 @@ const waitSlice = 250 * time.Millisecond
 const (
 	retryInFlight = 1 // the retry waits again, up to `wait`
 	retryFull     = 1
+	// A client at its maximum of records gets one back when a request of
+	// its own finishes or a stored response expires (up to the ttl after
+	// it was stored): which one comes first is not recorded, so it is told
+	// to come back in a minute (or the ttl, when shorter).
+	retryCapped = 60
 )
 
 const defaultIdemHeader = "Idempotency-Key"
@@ -81,6 +89,8 @@ func (d *Idempotency) Check() error {
 		return fail("Wait", "wait: must not be negative, got %v", d.Wait)
 	case d.MaxBody <= 0:
 		return fail("MaxBody", "max_body: must be positive, got %d", d.MaxBody)
+	case d.MaxRecords < 0:
+		return fail("MaxRecords", "max_records: must not be negative (0 means 1%% of the table, at least 16), got %d", d.MaxRecords)
 	}
 	return nil
 }
@@ -102,20 +112,24 @@ func (c *Core) compileBlocks(ds []Idempotency) error {
 			header = defaultIdemHeader
 		}
 		b := &block{
-			route:    d.Route,
-			header:   textproto.CanonicalMIMEHeaderKey(header),
-			required: d.Required,
-			ttl:      d.TTL,
-			wait:     d.Wait,
-			by:       d.By,
-			maxBody:  d.MaxBody,
+			route:      d.Route,
+			header:     textproto.CanonicalMIMEHeaderKey(header),
+			required:   d.Required,
+			ttl:        d.TTL,
+			wait:       d.Wait,
+			by:         d.By,
+			maxBody:    d.MaxBody,
+			maxRecords: d.MaxRecords,
 			// The route's path, not its methods: a reload that adds a
 			// method keeps the records, and the fingerprint (which has the
 			// method) tells a POST from a PATCH under one key.
 			ns: xxhash.Sum64String("idempotency\x00" + d.Route.String()),
 		}
+		if b.maxRecords == 0 {
+			b.maxRecords = DefaultMaxRecords(c.region.Responses().Len())
+		}
 		for p := range b.problems {
-			b.problems[p] = newIdemProblem(problemKind(p), b.header, c.maxReq)
+			b.problems[p] = newIdemProblem(problemKind(p), b, c.maxReq)
 		}
 		c.blocks = append(c.blocks, b)
 	}
@@ -149,6 +163,9 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 		}
 		panic("core: unexpected key error: " + err.Error())
 	}
+	// The client's account: a hash of the namespace and its by key, seeded
+	// per region, so that nobody can aim keys at another client's bucket.
+	acct := uint16(c.region.Counters().KeyOf(b.ns^accountSalt, id).A)
 	id = append(id, 0)
 	id, kp := parseKey(id, first, lines)
 	if kp != keyOK {
@@ -164,8 +181,11 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 		return ex.idemProblem(b, problemUnreadable)
 	}
 	k := c.region.Counters().KeyOf(b.ns, id)
-	return ex.reserve(b, k, ex.fingerprint(body))
+	return ex.reserve(b, k, shm.Quota{Account: acct, Max: b.maxRecords}, ex.fingerprint(body))
 }
+
+// accountSalt keeps a client's account hash apart from its keys' hashes.
+const accountSalt = 0x6163636f756e7473 // "accounts"
 
 // matchBlock returns the first block whose route covers the request.
 func (ex *Exchange) matchBlock() *block {
@@ -184,11 +204,17 @@ func (ex *Exchange) matchBlock() *block {
 // reserve answers a keyed request: it reserves k (Pass), replays the
 // stored response, or refuses; a duplicate of an original in flight waits
 // for it and looks again.
-func (ex *Exchange) reserve(b *block, k shm.Key, fp shm.Fingerprint) (Verdict, bool) {
+func (ex *Exchange) reserve(b *block, k shm.Key, q shm.Quota, fp shm.Fingerprint) (Verdict, bool) {
 	c, tab := ex.c, ex.c.region.Responses()
 	var deadline time.Time
 	for waited := false; ; {
-		out, tk, err := tab.Begin(k, fp, c.now(), &ex.stored)
+		out, tk, err := tab.Begin(k, q, fp, c.now(), &ex.stored)
+		if errors.Is(err, shm.ErrQuota) {
+			// This client holds its maximum of records: it waits, others
+			// are unaffected.
+			c.row.Add(metrics.IdempotencyRequests, metrics.IdemCapped, 1)
+			return ex.idemProblem(b, problemCapped)
+		}
 		if err != nil {
 			// ErrFull, ErrLockTimeout and ErrRetired (this worker was
 			// reaped while it runs) are the table's to say; anything else
@@ -366,6 +392,7 @@ const (
 	problemInFlight
 	problemUnreplayable
 	problemUnavailable
+	problemCapped
 	nProblems
 )
 
@@ -388,7 +415,8 @@ func keyProblemKind(p keyProblem) problemKind {
 // newIdemProblem is one of a block's answers, made once per block. Its
 // detail says what is wrong with the request, never anything about the
 // table or the worker.
-func newIdemProblem(p problemKind, header string, maxReq int64) Problem {
+func newIdemProblem(p problemKind, b *block, maxReq int64) Problem {
+	header := b.header
 	status, retry, detail := http.StatusBadRequest, 0, ""
 	switch p {
 	case problemNone:
@@ -422,6 +450,12 @@ func newIdemProblem(p problemKind, header string, maxReq int64) Problem {
 	case problemUnavailable:
 		status, retry = http.StatusServiceUnavailable, retryFull
 		detail = "this request cannot be made idempotent right now; retry in " + strconv.Itoa(retryFull) + " second"
+	case problemCapped:
+		status = http.StatusTooManyRequests
+		retry = int(min(int64(retryCapped), int64((b.ttl+time.Second-1)/time.Second)))
+		detail = "you have " + strconv.Itoa(b.maxRecords) + " requests with an " + header +
+			" in progress or stored, the most allowed; retry in " + strconv.Itoa(retry) + " seconds"
+		return Problem{Status: status, Type: problemQuotaExceeded, Detail: detail, RetryAfter: int64(retry)}
 	}
 	return Problem{Status: status, Detail: detail, RetryAfter: int64(retry)}
 }

@@ -29,6 +29,11 @@ type rule struct {
 	shadow bool
 	status int // of a refusal: 429 or 503
 	exempt clientip.PrefixSet
+	// maxKeys bounds the counter slots of the rule's keys, its overrides'
+	// included (bucket.Rule.MaxKeys, the default resolved), all charged to
+	// account.
+	maxKeys int
+	account uint16
 
 	// base is the rule's own limit; overrides replace it for some keys:
 	// byKey by exact key value, then the first whose clients contain the
@@ -119,13 +124,20 @@ func (h *hit) refund(now time.Duration) {
 const inlineHits = 8
 
 func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
+	if err := CheckAccounts(rls); err != nil {
+		return err
+	}
+	tab := c.region.Counters()
 	bys := map[string]int{}
 	for i := range rls {
-		rl := &rls[i]
+		rl := rls[i]
 		if rl.Redis != nil && c.redis == nil {
 			return fmt.Errorf("core: rule %q is a Redis rule but Options.Redis is nil", rl.Rule.Name)
 		}
-		ru, err := compileRule(rl, c.region.Counters(), c.redis)
+		if rl.Rule.MaxKeys == 0 {
+			rl.Rule.MaxKeys = DefaultMaxKeys(tab.Len(), len(rls))
+		}
+		ru, err := compileRule(&rl, tab, c.redis)
 		if err != nil {
 			return err
 		}
@@ -141,6 +153,48 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		ru.byIdx = bys[b]
 		c.rules = append(c.rules, ru)
 		c.byName[ru.name] = ru
+	}
+	return nil
+}
+
+// DefaultMaxKeys is a rule's MaxKeys when it sets none: half of the
+// table's slots when there are several rules, so that no rule's keys can
+// take another's room, else all of them.
+func DefaultMaxKeys(slots, rules int) int {
+	if rules > 1 {
+		return max(slots/2, 1)
+	}
+	return slots
+}
+
+// An AccountError is two rules whose names hash to one 16-bit account
+// (bucket.Rule.Account): their keys would share one count of slots, so
+// that one rule's flood could take the other's room, and a dump could not
+// tell their state apart (persistence drops both at every restart).
+// Renaming either rule ends it.
+type AccountError struct {
+	Rule    string // the later rule
+	Index   int    // its index among the rules
+	Other   string // the earlier rule
+	Account uint16
+}
+
+func (e *AccountError) Error() string {
+	return fmt.Sprintf("core: rule %q: its name hashes to the 16-bit account %#04x of rule %q; rename one of them", e.Rule, e.Account, e.Other)
+}
+
+// CheckAccounts reports the first rule whose account an earlier rule
+// has, as an *AccountError. Rules are told apart by a 16-bit hash of
+// their names: two of 20 rules collide with a chance of about 0.3%.
+func CheckAccounts(rls []RateLimit) error {
+	seen := make(map[uint16]string, len(rls))
+	for i := range rls {
+		r := rls[i].Rule
+		a := r.Account()
+		if other, ok := seen[a]; ok && other != r.Name {
+			return &AccountError{Rule: r.Name, Index: i, Other: other, Account: a}
+		}
+		seen[a] = r.Name
 	}
 	return nil
 }
@@ -198,10 +252,14 @@ func (rl *RateLimit) Check() error {
 }
 
 // rule is the bucket rule of an override of base: base's, with the
-// override's rate and a name of its own (see stateName).
+// override's rate and a name of its own (see stateName), in base's group,
+// so that its keys count against base's MaxKeys.
 func (o *Override) rule(base bucket.Rule) bucket.Rule {
 	r := base
 	r.Name = o.stateName(base.Name)
+	if r.Group == "" {
+		r.Group = base.Name
+	}
 	r.Limit, r.Burst = o.Limit, o.Burst
 	if o.Window != 0 {
 		r.Window = o.Window
@@ -214,7 +272,7 @@ func compileRule(rl *RateLimit, tab *shm.Counters, store *redisstore.Store) (*ru
 		return nil, err
 	}
 	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, shadow: rl.Shadow, status: rl.Status,
-		exempt: clientip.NewPrefixSet(rl.Exempt)}
+		exempt: clientip.NewPrefixSet(rl.Exempt), maxKeys: rl.Rule.MaxKeys, account: rl.Rule.Account()}
 	if ru.status == 0 {
 		ru.status = http.StatusTooManyRequests
 	}
@@ -265,9 +323,9 @@ func (c *Core) statRule(ru *rule) {
 			return n
 		}}
 	}
-	ru.refusedLog = gate(metrics.GateRefused, metrics.Limited, metrics.FullClosed)
+	ru.refusedLog = gate(metrics.GateRefused, metrics.Limited, metrics.FullClosed, metrics.CappedClosed)
 	ru.shadowLog = gate(metrics.GateShadow, metrics.ShadowLimited)
-	ru.fullLog = gate(metrics.GateFull, metrics.FullOpen)
+	ru.fullLog = gate(metrics.GateFull, metrics.FullOpen, metrics.CappedOpen)
 	ru.unavailableLog = gate(metrics.GateUnavailable, metrics.UnavailableOpen)
 }
 
@@ -646,6 +704,8 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 		switch {
 		case h.refused && h.unavailableClosed():
 			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.UnavailableClosed, 1)
+		case h.refused && h.d.Full && h.d.Capped:
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.CappedClosed, 1)
 		case h.refused && h.d.Full:
 			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.FullClosed, 1)
 		case h.refused:
@@ -712,6 +772,9 @@ func (ex *Exchange) served(now time.Duration) {
 			// Redis could not decide and on_unavailable let it through.
 			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.UnavailableOpen, 1)
 			ex.logUnavailable(h, now)
+		case h.d.Full && h.d.Capped:
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.CappedOpen, 1)
+			ex.logFull(h, now)
 		case h.d.Full:
 			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.FullOpen, 1)
 			ex.logFull(h, now)
@@ -770,25 +833,32 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 		slog.Uint64("suppressed", suppressed))
 }
 
-// logFull logs a request that a rule let through unlimited because the
-// table had no slot for its key (on_full "open", or a shadow rule),
-// rate-limited like logShadow: the operator must hear that the rule is
-// not being enforced.
+// logFull logs a request that a rule let through unlimited because no
+// slot could be had for its key (on_full "open", or a shadow rule): the
+// table was full, or the rule's keys held max_keys slots. Rate-limited
+// like logShadow: the operator must hear that the rule is not being
+// enforced.
 func (ex *Exchange) logFull(h *hit, now time.Duration) {
 	suppressed, ok := h.r.fullLog.allow(now)
 	if !ok {
 		return
 	}
-	msg := "rule not enforced: counter table full (on_full open)"
-	if h.r.shadow {
-		msg = "shadow rule not counting: counter table full"
-	}
-	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, msg,
+	attrs := []slog.Attr{
 		slog.String("rule", h.r.name),
 		slog.String("method", ex.req.Method()),
 		slog.String("path", ex.match),
 		slog.String("client", ex.Client().String()),
-		slog.Uint64("suppressed", suppressed))
+	}
+	msg := "rule not enforced: counter table full (on_full open)"
+	if h.r.shadow {
+		msg = "shadow rule not counting: counter table full"
+	}
+	if h.d.Capped {
+		msg = "rule not enforced: its keys hold max_keys counter slots (on_full open)"
+		attrs = append(attrs, slog.Int("max_keys", h.r.maxKeys), slog.Int("keys", ex.c.region.Counters().Held(h.r.account)))
+	}
+	attrs = append(attrs, slog.Uint64("suppressed", suppressed))
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
 }
 
 // logUnavailable logs a request that a Redis rule let through unlimited
@@ -834,6 +904,17 @@ func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 		return nil, errors.New("core: the request path is not acceptable")
 	}
 	return ru.by.AppendKeyOf(nil, ex)
+}
+
+// Keys reports how many counter slots the keys of rule name (its
+// overrides' included) hold now, in every process sharing the region, and
+// the most they may hold (max_keys); 0, 0 for no such rule.
+func (c *Core) Keys(name string) (held, max int) {
+	ru := c.byName[name]
+	if ru == nil {
+		return 0, 0
+	}
+	return c.region.Counters().Held(ru.account), ru.maxKeys
 }
 
 // Resolver is the client resolver the core was built with.

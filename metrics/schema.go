@@ -35,6 +35,8 @@ const (
 	FullClosed               // no slot for the key: refused with 503 (on_full closed)
 	UnavailableOpen          // a Redis rule that Redis could not decide: served uncounted (on_unavailable open, or a shadow rule)
 	UnavailableClosed        // a Redis rule that Redis could not decide: refused with 503 (on_unavailable closed)
+	CappedOpen               // no slot for a new key: the rule's keys hold max_keys slots; served uncounted
+	CappedClosed             // the same, refused with 503 (on_full closed)
 )
 
 // Kinds of UpstreamErrors.
@@ -53,6 +55,7 @@ const (
 	IdemMismatch        // 422: the key was used for another request
 	IdemFull            // 503: no record could be had
 	IdemInvalid         // 400 or 413: no usable key or body
+	IdemCapped          // 429: the client holds max_records records already
 )
 
 // Results of IdempotencyCompletions: one per executed keyed request.
@@ -96,8 +99,8 @@ const (
 var families = [numFamilies]spec{
 	RateLimitRequests: {
 		name: "preforkd_ratelimit_requests_total", kind: counter, perRule: true,
-		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503), unavailable_open and unavailable_closed (a Redis rule Redis could not decide: served uncounted, or refused with 503).",
-		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed"},
+		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503), unavailable_open and unavailable_closed (a Redis rule Redis could not decide: served uncounted, or refused with 503), capped_open and capped_closed (no slot for a new key because the rule's keys hold max_keys slots: served uncounted, or refused with 503).",
+		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed", "capped_open", "capped_closed"},
 	},
 	RateLimitUnavailable: {
 		name: "preforkd_ratelimit_unavailable_total", kind: counter, perRule: true,
@@ -119,8 +122,8 @@ var families = [numFamilies]spec{
 	},
 	IdempotencyRequests: {
 		name: "preforkd_idempotency_requests_total", kind: counter,
-		help:  "Requests with an idempotency key, by what they got: executed (reserved the key and ran), replayed, conflict (409), mismatch (422), full (503: no record), invalid (400 or 413).",
-		label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid"},
+		help:  "Requests with an idempotency key, by what they got: executed (reserved the key and ran), replayed, conflict (409), mismatch (422), full (503: no record), invalid (400 or 413), capped (429: the client holds max_records records).",
+		label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid", "capped"},
 	},
 	IdempotencyCompletions: {
 		name: "preforkd_idempotency_completions_total", kind: counter,

@@ -33,6 +33,7 @@ start=$(date +%s)
 #   EXPECT: ok | nocycle | violates:TEXT | cycle
 #   TEXT is a fixed string that the violated assertion must contain:
 #     P1 "key[i]==K"  P2 "allowed["  P3 "key[j]!=K"
+#     P6 "held[(K%2)]<="  P7 "held[i]=="  P8 "chg[i]==qa"
 #   WIDTH: log2 of pan's hash table (-w), sized to the state count.
 run() {
   local expect=$1 width=$2; shift 2
@@ -135,6 +136,20 @@ run violates:allowed[ 20   -DN=2 -DNK=3 -DNEWINDOW $built        # P2: "window !
 # has two windows, so no slot is fresh at a lagging `now` and pan finds no
 # counterexample. shm's TestMultiProcessTinyTable (many windows, callers
 # descheduled between clock and decision) fails without it instead.
+
+# --- accounts (-DQUOTA, shm/accounts.go): each key's slot charged to its
+# account (ACC(K) = K mod 2) under the account's lock, at most M slots per
+# account; a dead holder's lock taken over with a recount; EVICT adds the
+# sweep (a fresh slot freed without the insert lock). Must hold: ---
+run ok 23        -DN=2 -DNK=3 -DCRASH $built -DQUOTA
+run ok 23        -DN=3 -DNK=3 -DCRASH $built -DQUOTA
+run ok 24        -DN=2 -DNK=3 -DCRASH -DM=2 $built -DQUOTA -DEVICT
+run ok 20        -DN=1 -DNK=2 -DCRASH -DLOCKTIMEOUT $built -DQUOTA
+run nocycle 22   -DN=2 -DNK=3 -DCRASH $built -DQUOTA -DLIVENESS
+# --- broken variants of the accounts: each must produce a counterexample ---
+run violates:held[i]== 20     -DN=2 -DNK=3 -DCRASH -DM=2 $built -DQUOTA -DEVICT -DNORECOUNT   # P7: a dead holder's half change stays
+run 'violates:held[(K%2)]<=' 20 -DN=3 -DNK=3 $built -DQUOTA -DNOQCHECK                         # P6: the cap checked outside the lock only
+run violates:chg[i]==qa 22    -DN=2 -DNK=3 -DCRASH -DM=2 $built -DQUOTA -DEVICT -DNOSTATECHECK # P8: a releaser clears another's charge
 
 total=$(( $(date +%s) - start ))
 echo "total: ${total}s, $n configurations, $fails failed"

@@ -72,6 +72,22 @@
  *   PUBLISH1     fix: claim publishes LIVE(gen, op(0, max(now, watermark)))
  *                instead of LIVE(gen, 0) followed by apply; the request is
  *                answered by the publish.
+ *   QUOTA        accounts (shm/accounts.go): key K is charged to account
+ *                ACC(K) = K mod 2, at most M (default 1) slots each.  A claim
+ *                moves its BUSY slot's charge (uncharge the old account,
+ *                charge the new one, each under the account's lock, a crash
+ *                point after each half); the pre-check refuses a key of an
+ *                account at M unless its candidate is a fresh slot of its
+ *                own; releasers of a dead owner's slot clear its charge
+ *                under the lock first; a lock taken from a dead holder
+ *                recounts the account.  Adds P6 (held <= M), P7 (at the end
+ *                every count equals the LIVE slots charged to it, nothing
+ *                else is charged, no account locked), P8 (a LIVE slot's
+ *                charge changes only under its owner).
+ *   EVICT        (with QUOTA) each worker may once act as a sweep on a slot:
+ *                a charged LIVE slot as fresh as a new key is freed
+ *                (watermark, LIVE -> BUSY, uncharge, BUSY -> TOMB) without
+ *                the insert lock.
  *   Broken variants, each must yield a counterexample:
  *   KEYFIRST     the scan reads the key word before the state word.
  *   NOLOCK       no insert lock: step 4 is skipped, a claim follows the scan.
@@ -79,6 +95,10 @@
  *   NEWINDOW     fresh / new window compare the stored window with != now
  *                (the design note's wording "its window is not the current
  *                one") instead of bucket's signed distance (< now).
+ *   NORECOUNT    (QUOTA) a lock taken from a dead holder is not recounted.
+ *   NOQCHECK     (QUOTA) the cap is checked by the unlocked pre-check only.
+ *   NOSTATECHECK (QUOTA) a releaser clears a charge without checking that
+ *                the slot is still the BUSY slot it saw.
  */
 
 #ifndef N
@@ -127,6 +147,13 @@
 #endif
 #define FRESH(p)  ((p) == 0 || cntOf(p) == 0 || OVER(p))
 
+#ifdef QUOTA
+#define CAPPED (cand != NONE && held[ACC(K)] >= M && \
+  !(ph[cand] == LIVE && chg[cand] == ACC(K) + 1 && FRESH(pay[cand])))
+#else
+#define CAPPED 0
+#endif
+
 /* ---- shared state ---- */
 byte ph[N]; byte gen[N]; byte pay[N];   /* state word */
 byte key[N];                            /* key words  */
@@ -134,6 +161,46 @@ byte il[N];                             /* insert lock (ilock) of home slot i */
 byte win = 0;                           /* region clock: current window */
 byte inc[NW];                           /* incarnation table */
 byte mark = 0;                          /* reclaim watermark (header word hReclaimed), as a window */
+
+#ifdef QUOTA
+/* Accounts (shm/accounts.go): keys of account ACC(K) hold at most M slots.
+   chg[i] is slot.acct (0: none, a+1: account a); held[a] and alk[a] are the
+   account's count and lock (owner id; SWEEPER for the supervisor; 0 free). */
+#ifndef M
+#define M 1
+#endif
+#define NA 2
+#define ACC(K)      ((K) % NA)
+#define SWEEPER     255
+byte chg[N];
+byte held[NA];
+byte alk[NA];
+/* A lock taken from a dead holder first recounts the account: only lock
+   holders change held[a] or a charge to or from a+1, so the count of the
+   charges is exact (Go walks the table; the model counts in the step that
+   takes the lock, the walk being invisible to others but for held[a],
+   which only the pre-check reads, and only as advice). */
+#ifndef NORECOUNT
+#define RECOUNT(a) \
+  held[a] = 0; ri = 0; \
+  do :: ri < N -> if :: chg[ri] == (a) + 1 -> held[a]++ :: else fi; ri++ :: else -> break od; ri = 0
+#else
+#define RECOUNT(a) skip          /* WRONG: a dead holder's half-done change stays */
+#endif
+#define TAKEABLE(a) (alk[a] == 0 || (alk[a] != SWEEPER && STALE(alk[a])))
+/* accounts.lock: a load and a CAS (0 -> who, or dead holder -> who), one
+   step as for the insert lock; use inside atomic{} guarded by TAKEABLE. */
+#define TAKE(a, who) \
+  if :: alk[a] != 0 -> RECOUNT(a) :: else fi; alk[a] = who
+#define UNLOCKA(a, who) if :: alk[a] == who -> alk[a] = 0 :: else fi
+/* a releaser clears a charge only while the slot is still the BUSY slot
+   it saw (state word unchanged) */
+#ifndef NOSTATECHECK
+#define SAME(i, g, o) (ph[i] == BUSY && gen[i] == (g) && pay[i] == (o))
+#else
+#define SAME(i, g, o) 1          /* WRONG: the charge word alone */
+#endif
+#endif
 
 /* ---- bookkeeping and ghosts (not part of the protocol) ---- */
 bit  dead[NW];                          /* worker died (supervisor's waitpid) */
@@ -166,7 +233,7 @@ byte allowed[(NK + 1) * 2];             /* ghost: allows per (key, window) */
 /* Forget the scan's working variables (keeps the state space small) and
    scan again from home(K). */
 #define RESCAN \
-  cand = NONE; cfree = 0; j = 0; i = 0; k = 0; o = 0; cph = 0; cg = 0; cp = 0; np = 0; ok = 0; sst = 0; lst = 0; \
+  cand = NONE; cfree = 0; j = 0; i = 0; k = 0; o = 0; cph = 0; cg = 0; cp = 0; np = 0; ok = 0; sst = 0; lst = 0; qa = 0; qr = 0; \
   goto scan
 
 /* A LIVE slot whose key word read k: K found, or another key, which is a
@@ -185,7 +252,7 @@ byte allowed[(NK + 1) * 2];             /* ghost: allows per (key, window) */
 /* The request is answered: forget everything but op. */
 #define FINISH \
   op++; K = 0; h = 0; now = 0; \
-  cand = NONE; cfree = 0; j = 0; i = 0; k = 0; o = 0; cph = 0; cg = 0; cp = 0; np = 0; ok = 0; sst = 0; lst = 0; \
+  cand = NONE; cfree = 0; j = 0; i = 0; k = 0; o = 0; cph = 0; cg = 0; cp = 0; np = 0; ok = 0; sst = 0; lst = 0; qa = 0; qr = 0; \
   goto REQUEST
 
 /*
@@ -203,6 +270,8 @@ proctype worker(byte w; byte me) {     /* me: owner id (Region.Join) */
   byte sst, lst;           /* sub-steps of the scan and of the lock loop */
   bit ok, locked;          /* CAS result; insert lock held */
   bit cfree;               /* cand is a free (EMPTY or TOMB) slot */
+  byte qa, ri;             /* QUOTA: a charge word read (account + 1); recount index */
+  bit qr, ev;              /* QUOTA: the charge was refused (ErrQuota); EVICT: evicted once */
 
 #ifdef LIVENESS
 #define REQUEST progress_request
@@ -216,6 +285,11 @@ request:
        K = 1; do :: K < NK -> K++ :: break od; h = home(K);
        now = win;                           /* the clock, read once per request */
        printf("W%d request K=%d now=%d\n", w, K, now) }
+#ifdef EVICT
+  :: atomic { op < OPS && !ev ->              /* a sweep meets slot i (Counters.sweep) */
+       ev = 1; i = 0; do :: i < N - 1 -> i++ :: break od;
+       now = win; goto evict }
+#endif
   :: atomic { op == OPS -> done++; goto end_w }
   fi;
 
@@ -247,6 +321,7 @@ scan:
      load (and the lock's in the same step as its load).  That loses nothing:
      a dead owner's value can only change by another such release (to the
      same result), and inc[w] only grows. */
+#ifndef QUOTA
   :: atomic { sst == 1 ->                   /* BUSY: Region.stale(owner) loads inc[w] */
        if
        :: STALE(cp) ->                      /* releaseBusy: CAS BUSY -> TOMB, same gen (see RELEASE) */
@@ -254,6 +329,31 @@ scan:
        :: else                              /* live owner: skip the slot */
        fi;
        j++; sst = 0; cph = 0; cg = 0; cp = 0; ok = 0 }
+#else
+  :: atomic { sst == 1 ->                   /* BUSY: stale owner? then load the charge word */
+       if
+       :: STALE(cp) -> qa = chg[i]; sst = 5
+       :: else -> j++; sst = 0; cph = 0; cg = 0; cp = 0   /* live owner: skip the slot */
+       fi }
+  :: atomic { sst == 5 ->                   /* releaseBusy of a dead owner's slot */
+       if
+       :: qa == 0 -> sst = 10               /* uncharged: release it */
+       :: qa != 0 && TAKEABLE(qa - 1) -> TAKE(qa - 1, me); sst = 6    /* try-lock, no wait */
+       :: else -> qa = 0; j++; sst = 0; cph = 0; cg = 0; cp = 0       /* live holder: leave it */
+       fi }
+  :: atomic { sst == 6 ->                   /* uncharge: only if the slot is as seen */
+       if
+       :: SAME(i, cg, cp) && chg[i] == qa -> chg[i] = 0; sst = 7; CRASHPOINT   /* "uncharged" */
+       :: SAME(i, cg, cp) && chg[i] != qa -> sst = 8
+       :: else -> sst = 9                   /* released by another meanwhile (errLost) */
+       fi }
+  :: atomic { sst == 7 -> held[qa - 1]--; sst = 8 }
+  :: atomic { sst == 8 -> UNLOCKA(qa - 1, me); qa = 0; sst = 10 }
+  :: atomic { sst == 9 -> UNLOCKA(qa - 1, me); qa = 0; j++; sst = 0; cph = 0; cg = 0; cp = 0 }
+  :: atomic { sst == 10 ->
+       CAS(i, BUSY, cg, cp, TOMB, cg, 0, ok);
+       j++; sst = 0; cph = 0; cg = 0; cp = 0; ok = 0 }
+#endif
 #ifndef KEYFIRST
   :: atomic { sst == 2 ->
        k = key[i];                          /* load key (after the state) */
@@ -265,8 +365,16 @@ scan:
           printf("W%d full K=%d\n", w, K);
           if :: locked -> if :: il[h] == me -> il[h] = 0 :: else fi; locked = 0 :: else fi;
           FINISH
+#ifdef QUOTA
+       /* withinQuota: at its maximum, the account takes only a fresh slot
+          of its own (advice: the charge under the account's lock decides) */
+       :: CAPPED ->
+          printf("W%d capped K=%d\n", w, K);
+          if :: locked -> if :: il[h] == me -> il[h] = 0 :: else fi; locked = 0 :: else fi;
+          FINISH
+#endif
 #ifndef NOLOCK
-       :: cand != NONE && !locked -> goto lock
+       :: cand != NONE && !CAPPED && !locked -> goto lock
 #endif
        :: else ->                           /* step 5: re-load the candidate's state */
           cph = ph[cand]; cg = gen[cand]; cp = pay[cand]; cfree = 0;
@@ -310,6 +418,42 @@ claim:
     :: else -> RESCAN
     fi;
     CRASHPOINT }                            /* C2 "busy" */
+#ifdef QUOTA
+  /* recharge: move the slot's charge to K's account while it is BUSY(me) */
+  atomic { qa = chg[cand] }
+  if
+  :: qa == ACC(K) + 1 -> qa = 0             /* its own account's: nothing to move */
+  :: else ->
+     if
+     :: qa != 0 ->                          /* uncharge the old account */
+        atomic { TAKEABLE(qa - 1) -> TAKE(qa - 1, me) }
+        atomic { assert(ph[cand] == BUSY && gen[cand] == cg && pay[cand] == me && chg[cand] == qa);
+                 chg[cand] = 0; CRASHPOINT }                   /* "uncharged" */
+        atomic { held[qa - 1]-- }
+        atomic { UNLOCKA(qa - 1, me); qa = 0 }
+     :: else
+     fi;
+     atomic { TAKEABLE(ACC(K)) -> TAKE(ACC(K), me) }
+     atomic {
+       assert(ph[cand] == BUSY && gen[cand] == cg && pay[cand] == me);
+       if
+#ifndef NOQCHECK
+       :: held[ACC(K)] >= M -> qr = 1       /* ErrQuota */
+#else
+       :: false -> skip                     /* WRONG: only the unlocked pre-check */
+#endif
+       :: else -> held[ACC(K)]++; assert(held[ACC(K)] <= M); CRASHPOINT   /* "charged"; P6 */
+       fi }
+     if :: !qr -> atomic { chg[cand] = ACC(K) + 1 } :: else fi;
+     atomic { UNLOCKA(ACC(K), me) }
+     if
+     :: qr ->                               /* leave the slot free, answer on_full */
+        atomic { CAS(cand, BUSY, cg, me, TOMB, cg, 0, ok); assert(ok) }
+        atomic { if :: il[h] == me -> il[h] = 0 :: else fi; locked = 0; FINISH }
+     :: else
+     fi
+  fi;
+#endif
   atomic {
     key[cand] = K;                          /* keyA, keyB, meta */
     CRASHPOINT }                            /* C3 "keyed" */
@@ -387,6 +531,26 @@ decide:
     :: else -> RESCAN                                   /* reclaimed: Update again */
     fi }
 
+#ifdef EVICT
+  /* ---- a sweep's step on slot i (Counters.sweep): a charged LIVE slot as
+     fresh as a new key is freed, without the insert lock: the watermark
+     raised, LIVE -> BUSY, the charge cleared, BUSY -> TOMB ---- */
+evict:
+  atomic { qa = chg[i] }                    /* the charge word first (the sweep's filter) */
+  atomic { cph = ph[i]; cg = gen[i]; cp = pay[i];
+           if :: qa != 0 && cph == LIVE && FRESH(cp) -> skip :: else -> FINISH fi }
+  atomic { if :: mark < now -> mark = now :: else fi }
+  atomic { CAS(i, LIVE, cg, cp, BUSY, (cg + 1) % GMOD, me, ok);
+           if :: ok -> cg = (cg + 1) % GMOD; ok = 0 :: else -> FINISH fi;
+           CRASHPOINT }
+  atomic { assert(chg[i] == qa) }          /* P8: a LIVE slot's charge changes only under its owner */
+  atomic { TAKEABLE(qa - 1) -> TAKE(qa - 1, me) }
+  atomic { assert(ph[i] == BUSY && gen[i] == cg && pay[i] == me && chg[i] == qa); chg[i] = 0; CRASHPOINT }   /* "uncharged" */
+  atomic { held[qa - 1]-- }
+  atomic { UNLOCKA(qa - 1, me) }
+  atomic { CAS(i, BUSY, cg, me, TOMB, cg, 0, ok); assert(ok); FINISH }
+#endif
+
 died:
   skip;
 end_w:
@@ -396,16 +560,51 @@ end_w:
 /* Region.Reap(w) after waitpid: retire, then releaseStale. */
 proctype supervisor() {
   byte i, old;
+#ifdef QUOTA
+  byte sg, so, sc, ri, a;
+#endif
 end_wait:
   dead[0];                                  /* waitpid (only worker 0 may crash: symmetry) */
   atomic { old = OWN(0, inc[0]); inc[0] = inc[0] + 1 }   /* retire: (0, old inc) is stale from now on */
   i = 0;
   do
   :: i < N ->                               /* releaseStale, slot by slot (see RELEASE) */
+#ifndef QUOTA
      atomic { if :: ph[i] == BUSY && STALE(pay[i]) -> ph[i] = TOMB; pay[i] = 0 :: else fi }
+#else
+     /* releaseBusy(sweeperID): the charge cleared under the account's lock
+        (waiting for a live holder), if the slot is still as seen; then
+        BUSY -> TOMB.  The supervisor never crashes in this model. */
+     atomic { if :: ph[i] == BUSY && STALE(pay[i]) -> sg = gen[i]; so = pay[i]; sc = chg[i]
+                 :: else -> so = 0 fi }
+     if
+     :: so != 0 && sc != 0 ->
+        atomic { TAKEABLE(sc - 1) -> TAKE(sc - 1, SWEEPER) }
+        atomic { if :: SAME(i, sg, so) && chg[i] == sc -> chg[i] = 0; sc = sc + 100
+                    :: SAME(i, sg, so) && chg[i] != sc -> skip
+                    :: else -> so = 0     /* released by another meanwhile */
+                 fi }
+        if :: sc > 100 -> sc = sc - 100; atomic { held[sc - 1]-- } :: else fi;
+        atomic { UNLOCKA(sc - 1, SWEEPER) }
+     :: else
+     fi;
+     atomic { if :: so != 0 && ph[i] == BUSY && gen[i] == sg && pay[i] == so -> ph[i] = TOMB; pay[i] = 0 :: else fi;
+              sg = 0; so = 0; sc = 0 }
+#endif
      atomic { if :: il[i] != 0 && STALE(il[i]) -> il[i] = 0 :: else fi; i++ }
   :: else -> break
   od;
+#ifdef QUOTA
+  /* accounts.releaseStale: a lock of the dead incarnation is taken over,
+     the account recounted, the lock freed. */
+  a = 0;
+  do
+  :: a < NA ->
+     atomic { if :: alk[a] != 0 && alk[a] != SWEEPER && STALE(alk[a]) -> RECOUNT(a); alk[a] = 0 :: else fi; a++ }
+  :: else -> break
+  od;
+  a = 0;
+#endif
   /* P4: nothing owned by the dead incarnation is left (others may have
      released some of it lazily; nobody can take anything new as it). */
   atomic {
@@ -414,6 +613,13 @@ end_wait:
     :: i < N -> assert(!(ph[i] == BUSY && pay[i] == old) && il[i] != old); i++
     :: else -> break
     od;
+#ifdef QUOTA
+    i = 0;
+    do
+    :: i < NA -> assert(alk[i] != old); i++
+    :: else -> break
+    od;
+#endif
     swept = 1; i = 0; old = 0
   }
 }
@@ -438,6 +644,23 @@ init {
     do
     :: i < N -> assert(ph[i] != BUSY && il[i] == 0); i++
     :: else -> break
+    od;
+#ifdef QUOTA
+    /* P7: every count equals the LIVE slots charged to its account, no
+       other slot is charged, and no account is locked. */
+    i = 0;
+    do
+    :: i < N -> assert(chg[i] == 0 || ph[i] == LIVE); i++
+    :: else -> break
+    od;
+    i = 0;
+    do
+    :: i < NA ->
+       assert(alk[i] == 0);
+       assert(held[i] == (chg[0] == i + 1) + (N > 1 && chg[1 % N] == i + 1) + (N > 2 && chg[2 % N] == i + 1));
+       i++
+    :: else -> break
     od
+#endif
   }
 }

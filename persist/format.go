@@ -62,7 +62,9 @@ import (
 //	              key A (8) · key B (8) · request fingerprint (32) ·
 //	              expiry, region ns (8) · flags (4: bit 0 not replayable) ·
 //	              status (2) · content-type length C (2) · location
-//	              length L (2) · reserved (2) · body length N (4) ·
+//	              length L (2) · account (2: the client's count, see
+//	              shm.Quota; 0 in dumps of builds before accounts, which
+//	              wrote it as reserved) · body length N (4) ·
 //	              content type (C) · location (L) · body (N)
 //
 // Bytes after the last section are ignored (and logged). The file's size
@@ -314,7 +316,7 @@ func appendRecord(b []byte, e *shm.StoredEntry) []byte {
 	b = le.AppendUint16(b, uint16(e.Response.Status))
 	b = le.AppendUint16(b, uint16(len(ct)))
 	b = le.AppendUint16(b, uint16(len(loc)))
-	b = le.AppendUint16(b, 0)
+	b = le.AppendUint16(b, e.Account)
 	b = le.AppendUint32(b, uint32(len(body)))
 	b = append(b, ct...)
 	b = append(b, loc...)
@@ -529,6 +531,7 @@ func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
 	e.Expiry = time.Duration(le.Uint64(b[48:]))
 	e.Unreplayable = le.Uint32(b[56:])&recordUnreplayable != 0
 	e.Response.Status = int(le.Uint16(b[60:]))
+	e.Account = le.Uint16(b[66:])
 	s := recordFixed
 	e.Response.ContentType = string(b[s : s+ctLen])
 	s += ctLen

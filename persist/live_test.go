@@ -35,7 +35,7 @@ func crashMidClaim(t testing.TB, r *shm.Region) {
 		}
 	}()
 	tab := r.Counters()
-	tab.Update(tab.KeyOfString(login.Namespace(), "crashed"), login.Meta(), t1, func(uint64, time.Duration) (uint64, bool) {
+	tab.Update(tab.KeyOfString(login.Namespace(), "crashed"), shm.Quota{Account: login.Account()}, login.Meta(), t1, func(uint64, time.Duration) (uint64, bool) {
 		panic("killed")
 	})
 }
@@ -55,7 +55,7 @@ func TestLiveRegionSurvivesACrash(t *testing.T) {
 	}
 	// And a request in flight: a reservation of worker 1.
 	var scratch shm.Response
-	if out, _, err := r.Responses().Begin(kFlight, fp1, t1, &scratch); err != nil || out != shm.Reserved {
+	if out, _, err := r.Responses().Begin(kFlight, shm.Quota{}, fp1, t1, &scratch); err != nil || out != shm.Reserved {
 		t.Fatalf("reserve: %v %v", out, err)
 	}
 
@@ -83,6 +83,16 @@ func TestLiveRegionSurvivesACrash(t *testing.T) {
 	}
 	if st := r2.Responses().Stats(); st.Reserved != 0 {
 		t.Fatalf("reservation of a dead worker kept: %+v", st)
+	}
+	// The crashed claim's charge went with its slot: counts equal the table.
+	if err := r2.Counters().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Responses().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+	if n := r2.Counters().Held(login.Account()); n != 1 {
+		t.Fatalf("login holds %d slots after the crash, want 1", n)
 	}
 	if !strings.Contains(lines.String(), "released=3") {
 		t.Errorf("release not logged:\n%s", lines)
@@ -146,8 +156,17 @@ func TestLiveRegionMigrates(t *testing.T) {
 	if d := limiter(t, r2, login).Allow("c", r2.Now()); d.Allowed {
 		t.Fatal("count lost in the migration")
 	}
+	if err := r2.Counters().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Responses().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+	if r2.Counters().Held(login.Account()) != 1 || r2.Counters().Held(api.Account()) != 1 {
+		t.Fatalf("accounts after the migration: login %d, api %d", r2.Counters().Held(login.Account()), r2.Counters().Held(api.Account()))
+	}
 	var got shm.Response
-	if out, _, err := r2.Responses().Begin(kDone, fp1, t1, &got); err != nil || out != shm.Replay {
+	if out, _, err := r2.Responses().Begin(kDone, shm.Quota{}, fp1, t1, &got); err != nil || out != shm.Replay {
 		t.Fatalf("stored response lost in the migration: %v %v", out, err)
 	}
 	// The migrated region is the one at the path now.

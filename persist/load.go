@@ -97,6 +97,12 @@ type Report struct {
 // Entries that are then as fresh as new keys, entries of changed rules and
 // expired responses are dropped.
 //
+// Each restored counter is charged to the account of the rule that owns it
+// now (bucket.Rule.Account: a tier's keys to its rule's), and each stored
+// response to the account it was dumped with, so that the region's counts
+// (max_keys, max_records) equal what it holds; a cap lowered since the dump
+// is not applied to restored entries.
+//
 // The dump is then consumed: renamed to PATH.loaded (or PATH.refused when
 // nothing was restored), and the rename fsynced, so that a later crash
 // never restores state older than itself. The error is for I/O trouble
@@ -358,6 +364,16 @@ func (l *loader) counters(c counters, now time.Duration) {
 	for i, d := range c.rules {
 		metas[i] = d.meta()
 	}
+	// A dump does not keep the accounts: a restored entry is charged to
+	// the account of the rule that owns it now (its Group's).
+	accounts := make([]uint16, len(c.rules))
+	for _, r := range l.o.Rules {
+		for i, d := range c.rules {
+			if d.name == r.Name {
+				accounts[i] = r.Account()
+			}
+		}
+	}
 	changed := make([]int, len(c.rules))
 	tab := l.r.Counters()
 	le := binary.LittleEndian
@@ -376,6 +392,7 @@ func (l *loader) counters(c counters, now time.Duration) {
 		case bucket.Fresh(e.Meta, e.Payload, now):
 			l.rep.Dropped[DropExpired]++
 		default:
+			e.Account = accounts[i]
 			switch err := tab.Place(e); {
 			case err == nil:
 				l.rep.Counters++

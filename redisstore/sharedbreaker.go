@@ -30,6 +30,10 @@ type sharedBreaker struct {
 	target string
 }
 
+// breakerQuota charges a breaker's slot to an account of its own (its
+// meta's tag), never to a rule's.
+var breakerQuota = shm.Quota{Account: 0xb4ea}
+
 // breakerNS is the namespace of breaker keys.
 const breakerNS = 0x6272_6561_6b65_7200 // "breaker"
 
@@ -52,7 +56,7 @@ func (b *sharedBreaker) word(now time.Duration) uint64 {
 // one that logs it, once.
 func (b *sharedBreaker) update(now time.Duration, f func(w uint64, now time.Duration) (uint64, Transition, bool)) (tr Transition) {
 	var prev uint64
-	_, err := b.tab.Update(b.key, b.meta, now, func(w uint64, t time.Duration) (uint64, bool) {
+	_, err := b.tab.Update(b.key, breakerQuota, b.meta, now, func(w uint64, t time.Duration) (uint64, bool) {
 		next, t2, write := f(w, t)
 		prev, tr = w, t2
 		return next, write

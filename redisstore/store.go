@@ -174,8 +174,11 @@ type Limiter struct {
 	nsx  string // ns in hex: the rule's part of its Redis keys
 
 	denyNS, denyMeta uint64
-	local            *bucket.Limiter // FailLocal: the host's share
-	localLimit       int64
+	// quota charges the rule's entries in the host's table (deny cache,
+	// sync counts) to its account, within its MaxKeys.
+	quota      shm.Quota
+	local      *bucket.Limiter // FailLocal: the host's share
+	localLimit int64
 
 	// Sync mode.
 	hostNS, remoteNS, syncMeta uint64
@@ -247,6 +250,7 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 	l.nsx = fmt.Sprintf("%016x", l.ns)
 	l.denyNS = l.ns ^ denyTag
 	l.denyMeta = bucket.MetaOf(r.Tag(), bucket.GCRA, denyWindow)
+	l.quota = shm.Quota{Account: r.Account(), Max: r.MaxKeys}
 	if r.OnUnavailable == FailLocal {
 		lr := r.localShare()
 		l.localLimit = lr.Limit
@@ -340,7 +344,7 @@ func (l *Limiter) deny(k *Key, now, retry time.Duration) {
 	if until > shm.PayloadMask {
 		until = shm.PayloadMask
 	}
-	_, _ = l.s.tab.Update(k.deny, l.denyMeta, now, func(p uint64, _ time.Duration) (uint64, bool) {
+	_, _ = l.s.tab.Update(k.deny, l.quota, l.denyMeta, now, func(p uint64, _ time.Duration) (uint64, bool) {
 		return max(p, until), p < until
 	})
 }

@@ -105,7 +105,7 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 	var host int64
 	var reset time.Duration
 	var ok bool
-	_, err := l.s.tab.Update(k.host, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+	_, err := l.s.tab.Update(k.host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
 		host, reset = bucket.WindowCount(p, t, win)
 		ok = host+remote+l.cost <= l.rule.Limit
 		if !ok {
@@ -115,7 +115,7 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 		return bucket.WindowPayload(p, t, win, host), true
 	})
 	if err != nil {
-		return l.full()
+		return l.full(err == shm.ErrQuota)
 	}
 	if ok {
 		widx := int64(-1)
@@ -127,8 +127,10 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 	return l.syncDecision(host, remote, reset, ok)
 }
 
-func (l *Limiter) full() bucket.Decision {
-	d := bucket.Decision{Limit: l.rule.Limit, Full: true}
+// full is the rule's on_full answer for a key with no slot in the host's
+// table; capped: its account holds MaxKeys slots.
+func (l *Limiter) full(capped bool) bucket.Decision {
+	d := bucket.Decision{Limit: l.rule.Limit, Full: true, Capped: capped}
 	if l.rule.OnFull == bucket.Closed {
 		d.RetryAfter = bucket.FullRetryAfter
 		return d
@@ -157,7 +159,7 @@ func (l *Limiter) RefundKey(k *Key, now time.Duration) {
 		return
 	}
 	refunded := false
-	_, _ = l.s.tab.Update(k.host, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+	_, _ = l.s.tab.Update(k.host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
 		host, _ := bucket.WindowCount(p, t, l.rule.Window)
 		refunded = host > 0
 		if !refunded {
@@ -437,7 +439,7 @@ func (s *Store) runFlush(ctx context.Context, items []flushItem) error {
 func (l *Limiter) setRemote(k shm.Key, remote int64, now time.Duration) {
 	mod, _ := l.shift()
 	at := now + mod
-	_, _ = l.s.tab.Update(k, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+	_, _ = l.s.tab.Update(k, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
 		cur, _ := bucket.WindowCount(p, t, l.rule.Window)
 		if remote <= cur {
 			return p, false

@@ -45,6 +45,9 @@ type Entry struct {
 	Key     Key
 	Meta    uint64
 	Payload uint64
+	// Account is the account the slot is charged to (see Quota). A dump
+	// does not keep it: a loader derives it from the entry's rule.
+	Account uint16
 }
 
 // Snapshot returns an iterator over the LIVE entries of the table. Each
@@ -70,6 +73,7 @@ func (c *Counters) Snapshot() iter.Seq[Entry] {
 				Key:     Key{A: atomic.LoadUint64(&sl.keyA), B: atomic.LoadUint64(&sl.keyB)},
 				Meta:    atomic.LoadUint64(&sl.meta),
 				Payload: payloadOf(s),
+				Account: uint16(atomic.LoadUint64(&sl.acct) - 1),
 			}
 			if atomic.LoadUint64(&sl.state) != s {
 				continue
@@ -100,8 +104,8 @@ func (c *Counters) boundary() int {
 }
 
 // Place installs e in the first EMPTY slot of its probe window, as a claim
-// from EMPTY would (LIVE, generation 1), without the insert lock and
-// without counting a claim. It requires that no other process uses the
+// from EMPTY would (LIVE, generation 1, charged to e.Account), without the
+// insert lock, without a quota and without counting a claim. It requires that no other process uses the
 // region and that the table holds only EMPTY slots and entries put there
 // by Place; it costs at most one probe window. Errors: ErrDuplicate (the
 // key is in the table already), ErrFull (no EMPTY slot in the window).
@@ -111,11 +115,13 @@ func (c *Counters) Place(e Entry) error {
 	}
 	home := e.Key.A & c.mask
 	for j := 0; j < c.probe; j++ {
-		sl := &c.slots[(home+uint64(j))&c.mask]
+		i := int((home + uint64(j)) & c.mask)
+		sl := &c.slots[i]
 		if phaseOf(atomic.LoadUint64(&sl.state)) == phaseEmpty {
 			// Plain stores: nobody reads the slot before its state is
 			// published, and a load places a million of them.
 			sl.keyA, sl.keyB, sl.meta = e.Key.A, e.Key.B, e.Meta
+			c.acc.place(i, e.Account)
 			atomic.StoreUint64(&sl.state, mkState(phaseLive, 1, e.Payload))
 			c.r.count(evPlaced, 1)
 			return nil
@@ -134,6 +140,7 @@ type StoredEntry struct {
 	Expiry       time.Duration // region time until which it replays
 	Unreplayable bool          // completed without a stored response
 	Response     Response      // when replayable
+	Account      uint16        // the account the record is charged to (see Quota)
 }
 
 // Snapshot returns an iterator over the COMPLETE records that have not
@@ -148,8 +155,9 @@ func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 				continue
 			}
 			e := StoredEntry{
-				Key:    Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)},
-				Expiry: time.Duration(atomic.LoadUint64(&rec.expiry)),
+				Key:     Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)},
+				Expiry:  time.Duration(atomic.LoadUint64(&rec.expiry)),
+				Account: uint16(atomic.LoadUint64(&rec.acct) - 1),
 			}
 			if e.Expiry <= now {
 				continue
@@ -171,8 +179,9 @@ func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 	}
 }
 
-// Place installs e as a completed record at region time now, without the
-// insert lock or a worker identity; an entry already expired at now is
+// Place installs e as a completed record at region time now, charged to
+// e.Account, without the insert lock, a quota or a worker identity; an
+// entry already expired at now is
 // skipped. It requires that no other process uses the region. When the
 // pool has no room for the response, the record is completed unreplayable,
 // as Complete does. Errors: ErrDuplicate (the key has a live record),
@@ -184,7 +193,7 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	if e.Expiry <= now {
 		return nil
 	}
-	_, _, cand, found := t.scan(e.Key, e.Key.A&t.mask, now)
+	_, _, cand, found := t.scan(e.Key, e.Key.A&t.mask, now, 0)
 	switch {
 	case found:
 		return ErrDuplicate
@@ -199,6 +208,11 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	} else {
 		t.r.count(evRecTaken, 1)
 	}
+	if old := atomic.LoadUint64(&rec.acct); old != 0 {
+		atomic.StoreUint64(&rec.acct, 0)
+		atomic.AddUint64(&t.acc.a[uint16(old-1)].held, ^uint64(0))
+	}
+	t.acc.place(cand, e.Account)
 	atomic.StoreUint64(&rec.keyA, e.Key.A)
 	atomic.StoreUint64(&rec.keyB, e.Key.B)
 	for w := range rec.fp {

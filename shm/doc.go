@@ -12,6 +12,7 @@
 //	| header (4 KiB) | worker table (128 B a worker) | counter slots (64 B each) |
 //	| response records (128 B each) | block bitmap (1 bit a block) | response blocks |
 //	| statistics: fold sequence, name table, gates, a row per worker index and the retired row |
+//	| slot accounts (65,536 × 32 B) | record accounts (65,536 × 32 B, with records) |
 //
 // Each section starts on a page boundary, at the offset its header word
 // records. The header also holds the magic, the layout version, the
@@ -68,6 +69,19 @@
 //     retired process claims nothing ([ErrRetired]); a supervisor that
 //     re-attaches a live region first kills the orphans that still map it
 //     ([Region.KillOrphans]).
+//
+// # Accounts
+//
+// Every slot (and record) is charged to one of 65,536 accounts, named by
+// the [Quota] of the call that claimed it: a rate-limit rule, a client's
+// idempotency namespace. An account's count is one load ([Counters.Held]),
+// maintained on claim, reclaim and release, never by a walk; a claim for
+// an account at its Quota.Max is refused with [ErrQuota] before it takes
+// a slot, unless it takes a fresh slot of its own account (in its probe
+// window, or freed by the account's sweep: a bounded walk, at most once a
+// millisecond). A count and a slot's charge change under the account's
+// lock; whoever takes that lock from a dead process counts the account
+// again, so a crash never makes a count drift.
 //
 // Response records are claimed by the same protocol (insert lock on the
 // home record, rescan, BUSY, then RESERVED); readers copy a response and

@@ -42,3 +42,16 @@ func (r *Region) SetWorkerPID(w, pid int) { atomic.StoreUint64(&r.workers[w].pid
 
 // SetBootID overwrites the boot id the time base was set under.
 func (r *Region) SetBootID(id uint64) { r.store(hBootID, id) }
+
+// SetHeld overwrites account a's count, as a bug would.
+func (c *Counters) SetHeld(a uint16, n int) { atomic.StoreUint64(&c.acc.a[a].held, uint64(n)) }
+
+// AllowSweep lets account a's next sweep start at once.
+func (c *Counters) AllowSweep(a uint16) { atomic.StoreUint64(&c.acc.a[a].sweepAt, 0) }
+
+// AllowSweep lets account a's next sweep start at once.
+func (t *Responses) AllowSweep(a uint16) { atomic.StoreUint64(&t.acc.a[a].sweepAt, 0) }
+
+// StartSweep reports whether a sweep of account a may start now, and
+// starts it (without visiting anything).
+func (c *Counters) StartSweep(a uint16) bool { _, _, ok := c.acc.sweepRange(a); return ok }

@@ -115,7 +115,8 @@ func (r *Region) load() error {
 	r.seed1, r.seed2 = r.word(hSeed1), r.word(hSeed2)
 	r.timeBase = int64(r.word(hTimeBase))
 	r.workers = unsafe.Slice((*workerEntry)(r.at(lay.off[secWorkers])), o.MaxWorkers)
-	r.counts = newCounters(r, unsafe.Slice((*slot)(r.at(lay.off[secSlots])), o.Counters))
+	r.counts = newCounters(r, unsafe.Slice((*slot)(r.at(lay.off[secSlots])), o.Counters),
+		unsafe.Slice((*account)(r.at(lay.off[secSlotAccounts])), numAccounts))
 	r.resps = newResponses(r, lay)
 	r.stats = newStatistics(r, lay.off[secStats])
 	return nil

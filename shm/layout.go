@@ -14,9 +14,15 @@ const (
 
 // Geometry defaults and limits (see Options).
 const (
-	defaultCounters      = 262144
-	defaultMaxWorkers    = 256
-	defaultProbe         = 16
+	defaultCounters   = 262144
+	defaultMaxWorkers = 256
+	// defaultProbe bounds how far from its home slot a key is placed. A
+	// rule's keys may hold half the table (max_keys' default beside other
+	// rules); with linear probing at that occupancy a window of 16 slots
+	// is all taken for about 0.4% of new keys of the other rules, one of
+	// 32 for about 0.01% (simulated), which is what "the other rules keep
+	// their room" needs. A longer window costs only claims of new keys.
+	defaultProbe         = 32
 	defaultBlockSize     = 4096
 	defaultResponseBytes = 64 << 20
 	maxCounters          = 1 << 30
@@ -42,53 +48,58 @@ var (
 	_ = [1]struct{}{}[unsafe.Sizeof(workerEntry{})-workerEntrySize]
 	_ = [1]struct{}{}[unsafe.Sizeof(slot{})-slotSize]
 	_ = [1]struct{}{}[unsafe.Sizeof(record{})-recordSize]
+	_ = [1]struct{}{}[unsafe.Sizeof(account{})-accountSize]
 )
 
 // Header word offsets (bytes). Every field is one 8-byte word; words not
 // listed are zero. A word once used keeps its offset in later layouts.
 const (
-	hMagic      = 0
-	hVersion    = 8 // layout version
-	hSize       = 16
-	hSlots      = 24
-	hProbe      = 32
-	hMaxWorkers = 40
-	hSeed1      = 48
-	hSeed2      = 56
-	hTimeBase   = 64 // CLOCK_MONOTONIC ns at region time zero
-	hCreated    = 72 // wall clock (Unix ns) at creation
-	hOffWorkers = 80
-	hOffSlots   = 88
-	hByteOrder  = 96  // byteOrderMark as written by the creator
-	hSlotSize   = 104 // slotSize, so a reader can check the geometry
-	hOwnerPID   = 112 // pid of the supervisor that holds the region (informative)
-	hReclaimed  = 120 // reclaim watermark: the latest `now` at which a slot was judged fresh and reclaimed
-	hRecords    = 128 // response records
-	hOffRecords = 136
-	hBlockSize  = 144 // response block size in bytes
-	hBlocks     = 152 // response blocks
-	hOffBitmap  = 160 // free bitmap of the blocks, one bit per block
-	hOffBlocks  = 168
-	hRecordSize = 176
-	hBootID     = 184 // hash of the kernel's boot id under which hTimeBase was set (0: unknown)
-	hBeatNow    = 192 // region time (ns) at the supervisor's last Beat
-	hBeatWall   = 200 // wall clock (Unix ns) at the last Beat (or creation)
-	hOffStats   = 208 // statistics section
-	hStatWords  = 216 // the caller's words per statistics row
-	hStatNames  = 224 // entries of the name table
-	hStatGates  = 232 // gates
+	hMagic             = 0
+	hVersion           = 8 // layout version
+	hSize              = 16
+	hSlots             = 24
+	hProbe             = 32
+	hMaxWorkers        = 40
+	hSeed1             = 48
+	hSeed2             = 56
+	hTimeBase          = 64 // CLOCK_MONOTONIC ns at region time zero
+	hCreated           = 72 // wall clock (Unix ns) at creation
+	hOffWorkers        = 80
+	hOffSlots          = 88
+	hByteOrder         = 96  // byteOrderMark as written by the creator
+	hSlotSize          = 104 // slotSize, so a reader can check the geometry
+	hOwnerPID          = 112 // pid of the supervisor that holds the region (informative)
+	hReclaimed         = 120 // reclaim watermark: the latest `now` at which a slot was judged fresh and reclaimed
+	hRecords           = 128 // response records
+	hOffRecords        = 136
+	hBlockSize         = 144 // response block size in bytes
+	hBlocks            = 152 // response blocks
+	hOffBitmap         = 160 // free bitmap of the blocks, one bit per block
+	hOffBlocks         = 168
+	hRecordSize        = 176
+	hBootID            = 184 // hash of the kernel's boot id under which hTimeBase was set (0: unknown)
+	hBeatNow           = 192 // region time (ns) at the supervisor's last Beat
+	hBeatWall          = 200 // wall clock (Unix ns) at the last Beat (or creation)
+	hOffStats          = 208 // statistics section
+	hStatWords         = 216 // the caller's words per statistics row
+	hStatNames         = 224 // entries of the name table
+	hStatGates         = 232 // gates
+	hOffSlotAccounts   = 240
+	hOffRecordAccounts = 248
 )
 
 const byteOrderMark = 0x0102030405060708
 
 // The sections after the header, in this order.
 const (
-	secWorkers = iota // one workerEntry per worker index
-	secSlots          // counter slots
-	secRecords        // response records
-	secBitmap         // free bitmap of the response blocks
-	secBlocks         // response blocks
-	secStats          // statistics: fold sequence, name table, gates, one row per worker index and the retired row
+	secWorkers        = iota // one workerEntry per worker index
+	secSlots                 // counter slots
+	secRecords               // response records
+	secBitmap                // free bitmap of the response blocks
+	secBlocks                // response blocks
+	secStats                 // statistics: fold sequence, name table, gates, one row per worker index and the retired row
+	secSlotAccounts          // the accounts of the counter slots
+	secRecordAccounts        // the accounts of the response records (none without records)
 	numSections
 )
 
@@ -102,12 +113,19 @@ var sectionTable = [numSections]struct {
 	word  int
 	bytes func(Options) uint64
 }{
-	secWorkers: {"worker table", hOffWorkers, func(o Options) uint64 { return uint64(o.MaxWorkers) * workerEntrySize }},
-	secSlots:   {"counter slots", hOffSlots, func(o Options) uint64 { return uint64(o.Counters) * slotSize }},
-	secRecords: {"response records", hOffRecords, func(o Options) uint64 { return uint64(o.Responses) * recordSize }},
-	secBitmap:  {"block bitmap", hOffBitmap, func(o Options) uint64 { return (o.blocks() + 63) / 64 * 8 }},
-	secBlocks:  {"response blocks", hOffBlocks, func(o Options) uint64 { return uint64(o.ResponseBytes) }},
-	secStats:   {"statistics", hOffStats, Options.statBytes},
+	secWorkers:      {"worker table", hOffWorkers, func(o Options) uint64 { return uint64(o.MaxWorkers) * workerEntrySize }},
+	secSlots:        {"counter slots", hOffSlots, func(o Options) uint64 { return uint64(o.Counters) * slotSize }},
+	secRecords:      {"response records", hOffRecords, func(o Options) uint64 { return uint64(o.Responses) * recordSize }},
+	secBitmap:       {"block bitmap", hOffBitmap, func(o Options) uint64 { return (o.blocks() + 63) / 64 * 8 }},
+	secBlocks:       {"response blocks", hOffBlocks, func(o Options) uint64 { return uint64(o.ResponseBytes) }},
+	secStats:        {"statistics", hOffStats, Options.statBytes},
+	secSlotAccounts: {"slot accounts", hOffSlotAccounts, func(o Options) uint64 { return numAccounts * accountSize }},
+	secRecordAccounts: {"record accounts", hOffRecordAccounts, func(o Options) uint64 {
+		if o.Responses == 0 {
+			return 0
+		}
+		return numAccounts * accountSize
+	}},
 }
 
 // sections are the byte offsets of a region's sections and its total size.

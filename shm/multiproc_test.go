@@ -45,6 +45,8 @@ type childSpec struct {
 	Pause      time.Duration // role "hammer": pause inside every claim (widens races)
 	For        time.Duration // role "hammer": stop early after this long (0 = run all attempts)
 	Lag        time.Duration // role "hammer": every 16th decision sleeps this long after reading the clock
+	Spread     bool          // role "hammer": each goroutine starts at its own share of the keys
+	Quota      shm.Quota     // role "records": the account the records are charged to
 }
 
 // childResult is what a hammer child prints: allowed decisions per key
@@ -81,6 +83,8 @@ func child(role string) error {
 	switch role {
 	case "idem":
 		return idemChild(r, spec)
+	case "records":
+		return recordsChild(r, spec)
 	case "stall":
 		shm.SetTestHook(func(stage string) {
 			if stage == spec.Stage {
@@ -88,7 +92,11 @@ func child(role string) error {
 				time.Sleep(time.Hour) // held until the parent kills us
 			}
 		})
-		lim.Allow(spec.Keys[0], r.Now())
+		now := spec.Frozen
+		if now == 0 {
+			now = r.Now()
+		}
+		lim.Allow(spec.Keys[0], now)
 		return errors.New("the crash point was never reached")
 	case "hammer":
 		if spec.Pause > 0 {
@@ -110,7 +118,11 @@ func child(role string) error {
 					if spec.For > 0 && i%64 == 0 && time.Now().After(deadline) {
 						return
 					}
-					key := spec.Keys[(g+i)%len(spec.Keys)]
+					at := g + i
+					if spec.Spread {
+						at = g*len(spec.Keys)/spec.Goroutines + i
+					}
+					key := spec.Keys[at%len(spec.Keys)]
 					now := spec.Frozen
 					if now == 0 {
 						now = r.Now()
@@ -409,5 +421,184 @@ func TestKillOrphans(t *testing.T) {
 	}
 	if err := bystander.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("the bystander was killed: %v", err)
+	}
+}
+
+// Processes claiming, reclaiming and sweeping under quotas on a running
+// clock, one of them SIGKILLed mid-run and reaped: no account ever holds
+// more than its maximum, and every count equals a walk of the table.
+func TestMultiProcessQuota(t *testing.T) {
+	r := newRegion(t, shm.Options{Counters: 512})
+	keys := make([]string, 400)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	capped := bucket.Rule{Name: "capped", Limit: 2, Window: 3 * time.Millisecond, Algorithm: bucket.FixedWindow, MaxKeys: 40}
+	gcra := bucket.Rule{Name: "gcra", Limit: 1, Window: 5 * time.Millisecond, MaxKeys: 60}
+	open := bucket.Rule{Name: "open", Limit: 3, Window: 2 * time.Millisecond, Algorithm: bucket.FixedWindow}
+	spec := func(w int, rule bucket.Rule) childSpec {
+		return childSpec{Worker: w, Rule: rule, Keys: keys, Goroutines: 2, Attempts: 1 << 30, For: 1500 * time.Millisecond}
+	}
+	procs, release := spawn(t, r, "hammer", []childSpec{spec(1, capped), spec(2, capped), spec(3, gcra), spec(4, open)})
+	release()
+	stop := make(chan struct{})
+	over := make(chan string, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				close(over)
+				return
+			default:
+			}
+			for _, rule := range []bucket.Rule{capped, gcra} {
+				if n := r.Counters().Held(rule.Account()); n > rule.MaxKeys {
+					select {
+					case over <- fmt.Sprintf("rule %s holds %d slots, max %d", rule.Name, n, rule.MaxKeys):
+					default:
+					}
+				}
+			}
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	procs[0].cmd.Process.Signal(syscall.SIGKILL)
+	procs[0].cmd.Wait()
+	if _, err := r.Reap(1); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range procs[1:] {
+		var res childResult
+		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
+			t.Fatalf("child %d: %v", i+2, err)
+		}
+		if err := p.cmd.Wait(); err != nil {
+			t.Fatalf("child %d: %v", i+2, err)
+		}
+	}
+	close(stop)
+	if msg, ok := <-over; ok {
+		t.Fatal(msg)
+	}
+	st := r.Counters().Stats()
+	t.Logf("stats %+v; held: capped %d, gcra %d, open %d", st,
+		r.Counters().Held(capped.Account()), r.Counters().Held(gcra.Account()), r.Counters().Held(open.Account()))
+	if st.Quota == 0 || st.Reclaims == 0 || st.Swept == 0 {
+		t.Fatalf("the test did not exercise quotas, reclaims and sweeps: %+v", st)
+	}
+	if err := r.Counters().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+	checkTable(t, r)
+}
+
+// Processes racing for the last slots of a quota, each claim paused
+// between the check of the count and the charge: exactly the maximum of
+// keys get a slot, however many passed the check together.
+func TestMultiProcessQuotaExact(t *testing.T) {
+	r := newRegion(t, shm.Options{Counters: 1024})
+	rule := bucket.Rule{Name: "exact", Limit: 1, Window: time.Hour, MaxKeys: 40}
+	specs := make([]childSpec, 3)
+	for p := range specs {
+		keys := make([]string, 400)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("p%d-k%d", p, i)
+		}
+		specs[p] = childSpec{Worker: p + 1, Rule: rule, Keys: keys, Goroutines: 8, Attempts: 20, Frozen: time.Minute, Pause: time.Millisecond, Spread: true}
+	}
+	procs, release := spawn(t, r, "hammer", specs)
+	release()
+	served := 0
+	for i, p := range procs {
+		var res childResult
+		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		if err := p.cmd.Wait(); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		served += len(res.Allowed)
+	}
+	st := r.Counters().Stats()
+	if served != 40 || r.Counters().Held(rule.Account()) != 40 {
+		t.Fatalf("%d keys served, the rule holds %d slots: want 40 (%+v)", served, r.Counters().Held(rule.Account()), st)
+	}
+	if st.Quota == 0 {
+		t.Fatalf("no claim was refused: %+v", st)
+	}
+	if err := r.Counters().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+	checkTable(t, r)
+}
+
+// A process killed while it changes an account (the count changed, the
+// slot's charge not yet, or the other way round) leaves no drift: the
+// account is counted again by whoever takes its lock from the dead
+// process (the supervisor's reap, or the next claim of the account), and
+// the cap holds.
+func TestCrashInjectionAccounts(t *testing.T) {
+	const frozen = 10 * time.Second
+	// "old" fills the table and is fresh by the time "new" claims: a claim
+	// of "new" takes a slot over from "old", clearing one charge (the stage
+	// "uncharged") before it makes its own ("charged").
+	old := bucket.Rule{Name: "old", Limit: 1, Window: time.Second, Algorithm: bucket.FixedWindow, MaxKeys: 8}
+	nu := bucket.Rule{Name: "new", Limit: 1, Window: time.Hour, MaxKeys: 3}
+	for _, stage := range []string{"charged", "uncharged"} {
+		for _, sweep := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/sweep=%v", stage, sweep), func(t *testing.T) {
+				r := newRegion(t, shm.Options{Counters: 8})
+				lo, ln := newLimiter(t, r, old), newLimiter(t, r, nu)
+				for i := range 8 {
+					if d := lo.Allow("o"+strconv.Itoa(i), time.Second); d.Full {
+						t.Fatalf("filling: %+v", d)
+					}
+				}
+				procs, release := spawn(t, r, "stall", []childSpec{{Worker: 5, Rule: nu, Keys: []string{"victim"}, Stage: stage, Frozen: frozen}})
+				release()
+				line, err := procs[0].out.ReadString('\n')
+				if err != nil || !strings.HasPrefix(line, "stopped "+stage) {
+					t.Fatalf("child did not stop at %s: %q %v", stage, line, err)
+				}
+				procs[0].cmd.Process.Signal(syscall.SIGKILL)
+				procs[0].cmd.Wait()
+				if sweep {
+					if _, err := r.Reap(5); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					r.Retire(5)
+					// The next claims of both accounts meet the dead
+					// holder's lock (and its BUSY slot) and recover them.
+					r.Counters().SetLockWait(time.Second)
+					if d := lo.Allow("o-again", frozen); d.Full {
+						t.Fatalf("old after the crash: %+v", d)
+					}
+					if d := ln.Allow("n0", frozen); d.Full {
+						t.Fatalf("new after the crash: %+v", d)
+					}
+					r.Reap(5) // what no claim met
+				}
+				if err := r.Counters().VerifyAccounts(); err != nil {
+					t.Fatal(err)
+				}
+				// The cap of "new" holds exactly: 3 keys, not 2, not 4.
+				before, served := ln.Keys(), 0
+				for i := range 6 {
+					if d := ln.Allow("n-"+strconv.Itoa(i), frozen); !d.Full {
+						served++
+					} else if !d.Capped {
+						t.Fatalf("key %d: the table was full: %+v", i, d)
+					}
+				}
+				if ln.Keys() != 3 || served != 3-before {
+					t.Fatalf("new held %d slots, %d more were served, and it holds %d: want 3", before, served, ln.Keys())
+				}
+				if err := r.Counters().VerifyAccounts(); err != nil {
+					t.Fatal(err)
+				}
+				checkTable(t, r)
+			})
+		}
 	}
 }

@@ -62,7 +62,8 @@ type record struct {
 	length  uint64 // stored bytes (low 32) · flags (high 32)
 	chain   uint64 // first block (low 32) · block count (high 32)
 	sum     uint64 // xxhash64 of the stored bytes
-	_       [3]uint64
+	acct    uint64 // the account the record is charged to, plus one; 0 = none (see accounts)
+	_       [2]uint64
 }
 
 // Fingerprint identifies a request's content (SHA-256 of method, path,
@@ -120,6 +121,7 @@ type Responses struct {
 	nblocks   uint32
 	hint      atomic.Uint32 // where this process starts looking for free blocks
 	lockWait  time.Duration
+	acc       accounts
 }
 
 func newResponses(r *Region, lay sections) *Responses {
@@ -128,9 +130,10 @@ func newResponses(r *Region, lay sections) *Responses {
 		return &Responses{r: r}
 	}
 	nb := uint32(o.blocks())
+	recs := unsafe.Slice((*record)(r.at(lay.off[secRecords])), o.Responses)
 	return &Responses{
 		r:         r,
-		recs:      unsafe.Slice((*record)(r.at(lay.off[secRecords])), o.Responses),
+		recs:      recs,
 		mask:      uint64(o.Responses - 1),
 		probe:     min(defaultProbe, o.Responses),
 		bitmap:    unsafe.Slice((*uint64)(r.at(lay.off[secBitmap])), (nb+63)/64),
@@ -138,7 +141,20 @@ func newResponses(r *Region, lay sections) *Responses {
 		blockSize: o.BlockSize,
 		nblocks:   nb,
 		lockWait:  defaultLockWait,
+		acc: accounts{r: r, a: unsafe.Slice((*account)(r.at(lay.off[secRecordAccounts])), numAccounts), n: len(recs),
+			word:  func(i int) *uint64 { return &recs[i].acct },
+			state: func(i int) *uint64 { return &recs[i].state },
+		},
 	}
+}
+
+// Held reports how many records the keys of account a hold (reserved,
+// completed, and expired ones not yet taken over): one load.
+func (t *Responses) Held(a uint16) int {
+	if len(t.recs) == 0 {
+		return 0
+	}
+	return t.acc.held(a)
 }
 
 // Len is the number of records (0: no response table).
@@ -148,11 +164,16 @@ func (t *Responses) Len() int { return len(t.recs) }
 func (t *Responses) BlockSize() int { return t.blockSize }
 
 // Begin looks up k at region time now. If no live record holds it, it
-// reserves one for the caller (Reserved). For a completed response with
-// the same fingerprint it copies it into dst (Replay). Errors: ErrFull,
-// ErrLockTimeout or ErrRetired (no record could be had: answer 503, never
-// run unreserved), ErrNotJoined, ErrNoResponses.
-func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Response) (Outcome, Ticket, error) {
+// reserves one for the caller (Reserved), charged to q's account. For a
+// completed response with the same fingerprint it copies it into dst
+// (Replay). Errors: ErrFull, ErrLockTimeout or ErrRetired (no record could
+// be had: answer 503, never run unreserved), ErrQuota (q's account holds
+// q.Max records: this client must wait), ErrNotJoined, ErrNoResponses.
+//
+// A new key of an account at its maximum may take only an expired record
+// of its own account: in its probe window, or freed by a sweep of the
+// account's records (bounded, at most once a millisecond per account).
+func (t *Responses) Begin(k Key, q Quota, fp Fingerprint, now time.Duration, dst *Response) (Outcome, Ticket, error) {
 	if len(t.recs) == 0 {
 		return 0, Ticket{}, ErrNoResponses
 	}
@@ -170,7 +191,7 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 	}
 	defer unlock()
 	for {
-		i, s, cand, found := t.scan(k, home, now)
+		i, s, cand, found := t.scan(k, home, now, owner)
 		if found {
 			unlock()
 			out, ok := t.examine(i, s, fp, dst)
@@ -183,6 +204,10 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 			t.r.count(evRespFull, 1)
 			return 0, Ticket{}, ErrFull
 		}
+		if cand = t.withinQuota(home, cand, q, now, owner); cand < 0 {
+			t.r.count(evRespQuota, 1)
+			return 0, Ticket{}, ErrQuota
+		}
 		if !locked {
 			if t.r.stale(owner) {
 				return 0, Ticket{}, ErrRetired // a retired process reserves nothing
@@ -193,8 +218,15 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 			locked = true
 			continue
 		}
-		if tk, ok := t.claim(cand, k, fp, owner, now); ok {
+		tk, ok, err := t.claim(cand, k, q, fp, owner, now)
+		if ok {
 			return Reserved, tk, nil
+		}
+		if err != nil {
+			if err == ErrQuota {
+				t.r.count(evRespQuota, 1)
+			}
+			return 0, Ticket{}, err
 		}
 		if t.r.stale(owner) {
 			return 0, Ticket{}, ErrRetired
@@ -202,9 +234,82 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 	}
 }
 
+// withinQuota returns the record a new key of q's account may take, given
+// cand, the one the scan chose: cand while the account is under its
+// maximum, else an expired record of the account's own, or -1.
+func (t *Responses) withinQuota(home uint64, cand int, q Quota, now time.Duration, owner uint64) int {
+	if q.Max <= 0 || t.acc.held(q.Account) < q.Max {
+		return cand
+	}
+	want := q.charge()
+	for j := 0; j < t.probe; j++ {
+		i := int((home + uint64(j)) & t.mask)
+		rec := &t.recs[i]
+		s := atomic.LoadUint64(&rec.state)
+		if recPhase(s) == recEmpty {
+			break
+		}
+		if recPhase(s) == recComplete && atomic.LoadUint64(&rec.acct) == want && time.Duration(atomic.LoadUint64(&rec.expiry)) <= now {
+			return i
+		}
+	}
+	if t.sweep(q.Account, now, owner) > 0 && t.acc.held(q.Account) < q.Max {
+		return cand
+	}
+	return -1
+}
+
+// sweep frees the expired records of account a among the next records of
+// the account's sweep (see accounts.sweepRange) and returns how many it
+// freed: COMPLETE → BUSY, blocks freed, the charge cleared, BUSY → TOMB.
+func (t *Responses) sweep(a uint16, now time.Duration, owner uint64) (n int) {
+	from, count, ok := t.acc.sweepRange(a)
+	if !ok {
+		return 0
+	}
+	want := uint64(a) + 1
+	for j := 0; j < count; j++ {
+		i := (from + j) & int(t.mask)
+		rec := &t.recs[i]
+		if atomic.LoadUint64(&rec.acct) != want {
+			continue
+		}
+		s := atomic.LoadUint64(&rec.state)
+		switch recPhase(s) {
+		case recComplete:
+			if time.Duration(atomic.LoadUint64(&rec.expiry)) > now {
+				continue
+			}
+		case recTomb: // a charge left behind by a lock timeout
+		default:
+			continue
+		}
+		gen := recGen(s) + 1
+		busy := mkRec(recBusy, gen, owner)
+		if !atomic.CompareAndSwapUint64(&rec.state, s, busy) {
+			continue
+		}
+		if recPhase(s) == recComplete {
+			t.freeChain(atomic.LoadUint64(&rec.chain))
+			atomic.StoreUint64(&rec.chain, noBlock)
+		}
+		err := t.acc.uncharge(i, busy, owner, t.lockWait)
+		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) && recPhase(s) == recComplete {
+			t.r.count(evRecFreed, 1) // an expired record in use until now
+		}
+		if err == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		t.r.count(evRespSwept, uint64(n))
+	}
+	return n
+}
+
 // scan probes from home: the record holding k (state read before key), or
 // the first claimable record. Records of dead owners are released on the way.
-func (t *Responses) scan(k Key, home uint64, now time.Duration) (i int, s uint64, cand int, found bool) {
+func (t *Responses) scan(k Key, home uint64, now time.Duration, owner uint64) (i int, s uint64, cand int, found bool) {
 	cand = -1
 	for j := 0; j < t.probe; j++ {
 		i = int((home + uint64(j)) & t.mask)
@@ -222,7 +327,7 @@ func (t *Responses) scan(k Key, home uint64, now time.Duration) (i int, s uint64
 			}
 		case recBusy, recReserved:
 			if t.r.stale(recOwner(s)) {
-				t.releaseRec(rec, s)
+				t.releaseRec(i, s, owner, 0)
 				continue
 			}
 			if recPhase(s) == recReserved && t.keyIs(rec, k) {
@@ -272,26 +377,45 @@ func (t *Responses) examine(i int, s uint64, fp Fingerprint, dst *Response) (Out
 	return Replay, true
 }
 
-// claim reserves record i for k under k's insert lock.
-func (t *Responses) claim(i int, k Key, fp Fingerprint, owner uint64, now time.Duration) (Ticket, bool) {
+// claim reserves record i for k under k's insert lock, charged to q's
+// account. It reports false with a nil error when the record was taken
+// meanwhile or this process was reaped; a refusal (ErrQuota,
+// ErrLockTimeout) leaves the record free.
+func (t *Responses) claim(i int, k Key, q Quota, fp Fingerprint, owner uint64, now time.Duration) (Ticket, bool, error) {
 	rec := &t.recs[i]
 	s := atomic.LoadUint64(&rec.state)
 	switch recPhase(s) {
 	case recEmpty, recTomb:
 	case recComplete:
 		if time.Duration(atomic.LoadUint64(&rec.expiry)) > now {
-			return Ticket{}, false
+			return Ticket{}, false, nil
 		}
 	default:
-		return Ticket{}, false
+		return Ticket{}, false, nil
 	}
 	gen := recGen(s) + 1
 	busy := mkRec(recBusy, gen, owner)
 	if !atomic.CompareAndSwapUint64(&rec.state, s, busy) {
-		return Ticket{}, false
+		return Ticket{}, false, nil
 	}
-	if recPhase(s) == recComplete {
+	reused := recPhase(s) == recComplete
+	if reused {
 		t.freeChain(atomic.LoadUint64(&rec.chain))
+		atomic.StoreUint64(&rec.chain, noBlock)
+	}
+	if err := t.recharge(i, busy, q, owner); err != nil {
+		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) {
+			t.wake(rec)
+		}
+		if reused {
+			t.r.count(evRecFreed, 1) // it was in use as the expired record
+		}
+		if err == errLost {
+			return Ticket{}, false, nil
+		}
+		return Ticket{}, false, err
+	}
+	if reused {
 		t.r.count(evRecReused, 1)
 	} else {
 		t.r.count(evRecTaken, 1)
@@ -307,9 +431,24 @@ func (t *Responses) claim(i int, k Key, fp Fingerprint, owner uint64, now time.D
 	atomic.StoreUint64(&rec.expiry, 0)
 	reserved := mkRec(recReserved, gen, owner)
 	if !atomic.CompareAndSwapUint64(&rec.state, busy, reserved) {
-		return Ticket{}, false // reaped as dead meanwhile: a zombie claims nothing
+		return Ticket{}, false, nil // reaped as dead meanwhile: a zombie claims nothing
 	}
-	return Ticket{i, reserved}, true
+	return Ticket{i, reserved}, true, nil
+}
+
+// recharge moves the charge of record i, which owner holds in state busy,
+// to q's account: nothing to do when it is charged to it already.
+func (t *Responses) recharge(i int, busy uint64, q Quota, owner uint64) error {
+	old := atomic.LoadUint64(&t.recs[i].acct)
+	if old == q.charge() {
+		return nil
+	}
+	if old != 0 {
+		if err := t.acc.uncharge(i, busy, owner, t.lockWait); err != nil {
+			return err
+		}
+	}
+	return t.acc.charge(i, busy, q, owner, t.lockWait)
 }
 
 // Complete stores resp for the reservation tk, replayable until now+ttl,
@@ -347,18 +486,35 @@ func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) 
 }
 
 // Release gives up the reservation tk (the response is not to be kept:
-// 5xx, 408, 429): the key is free again and waiters race for it.
+// 5xx, 408, 429): the key is free again, its record no longer charged to
+// its account, and waiters race for it.
 func (t *Responses) Release(tk Ticket) {
-	t.releaseRec(&t.recs[tk.idx], tk.state)
+	t.releaseRec(tk.idx, tk.state, t.r.owner.Load(), t.lockWait)
 }
 
-// releaseRec turns a BUSY or RESERVED record in state s into a tombstone.
-func (t *Responses) releaseRec(rec *record, s uint64) bool {
+// releaseRec turns record i, BUSY or RESERVED in state s, into a
+// tombstone, clearing its charge first (the account's lock taken for
+// owner, waiting up to wait for a live holder). A record whose charge
+// cannot be cleared (a lock timeout) is released by its owner all the
+// same, still charged, for a later claim or sweep to clear; one of a dead
+// owner is then left for later. An owner of 0 releases only uncharged
+// records.
+func (t *Responses) releaseRec(i int, s, owner uint64, wait time.Duration) bool {
+	rec := &t.recs[i]
+	dead := t.r.stale(recOwner(s))
+	if atomic.LoadUint64(&rec.acct) != 0 {
+		if owner == 0 {
+			return false
+		}
+		if err := t.acc.uncharge(i, s, owner, wait); err != nil && (dead || err == errLost) {
+			return false
+		}
+	}
 	if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
 		return false
 	}
 	t.r.count(evRecFreed, 1)
-	if t.r.stale(recOwner(s)) {
+	if dead {
 		t.r.count(evRecovered, 1)
 	}
 	t.wake(rec)
@@ -385,7 +541,7 @@ func (t *Responses) Wait(tk Ticket, d time.Duration) {
 		// A dead owner never wakes us: look again at least every 50 ms.
 		futexWait(&rec.seq, seq, time.Duration(min(left, int64(50*time.Millisecond))))
 		if s := atomic.LoadUint64(&rec.state); s == tk.state && t.r.stale(recOwner(s)) {
-			t.releaseRec(rec, s)
+			t.releaseRec(tk.idx, s, t.r.owner.Load(), 0)
 		}
 	}
 }
@@ -414,17 +570,22 @@ func (t *Responses) read(rec *record, s uint64, dst *Response) bool {
 	return decodeResponse(data, dst)
 }
 
-// releaseStale releases the records and insert locks of dead owners.
+// releaseStale releases the records, insert locks and account locks of
+// dead owners (an account whose lock is taken from a dead owner is counted
+// again). The supervisor calls it, holding account locks as sweeperID.
 func (t *Responses) releaseStale() (n int) {
 	for i := range t.recs {
 		rec := &t.recs[i]
 		s := atomic.LoadUint64(&rec.state)
-		if p := recPhase(s); (p == recBusy || p == recReserved) && t.r.stale(recOwner(s)) && t.releaseRec(rec, s) {
+		if p := recPhase(s); (p == recBusy || p == recReserved) && t.r.stale(recOwner(s)) && t.releaseRec(i, s, sweeperID, t.lockWait) {
 			n++
 		}
 		if l := atomic.LoadUint64(&rec.ilock); l != 0 && t.r.stale(l) && atomic.CompareAndSwapUint64(&rec.ilock, l, 0) {
 			n++
 		}
+	}
+	if len(t.recs) > 0 {
+		n += t.acc.releaseStale()
 	}
 	return n
 }
@@ -443,20 +604,27 @@ func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
 		return false, ErrNoResponses
 	}
 	for {
-		i, s, _, found := t.scan(k, k.A&t.mask, now)
+		i, s, _, found := t.scan(k, k.A&t.mask, now, sweeperID)
 		if !found {
 			return false, nil
 		}
 		if recPhase(s) != recComplete {
 			return false, ErrInFlight
 		}
+		// As a sweep frees an expired record: BUSY for the supervisor,
+		// its blocks and its charge released, then a tombstone.
 		rec := &t.recs[i]
-		chain := atomic.LoadUint64(&rec.chain)
-		if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
+		gen := recGen(s) + 1
+		busy := mkRec(recBusy, gen, sweeperID)
+		if !atomic.CompareAndSwapUint64(&rec.state, s, busy) {
 			continue // changed meanwhile: look again
 		}
-		t.r.count(evRecFreed, 1)
-		t.freeChain(chain)
+		t.freeChain(atomic.LoadUint64(&rec.chain))
+		atomic.StoreUint64(&rec.chain, noBlock)
+		t.acc.uncharge(i, busy, sweeperID, t.lockWait) // a charge kept by a timeout is cleared by a later claim or sweep
+		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) {
+			t.r.count(evRecFreed, 1)
+		}
 		t.wake(rec)
 		return true, nil
 	}

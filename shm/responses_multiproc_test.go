@@ -29,7 +29,7 @@ func idemChild(r *shm.Region, spec childSpec) error {
 	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
 	if spec.Stage == "hold" {
 		var got shm.Response
-		if out, _, err := tab.Begin(k, fp, r.Now(), &got); err != nil || out != shm.Reserved {
+		if out, _, err := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got); err != nil || out != shm.Reserved {
 			return fmt.Errorf("hold: %v %v", out, err)
 		}
 		fmt.Println("reserved")
@@ -44,7 +44,7 @@ func idemChild(r *shm.Region, spec childSpec) error {
 			defer wg.Done()
 			var got shm.Response
 			for i := 0; i < 1000; i++ {
-				out, tk, err := tab.Begin(k, fp, r.Now(), &got)
+				out, tk, err := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got)
 				if err != nil {
 					fmt.Fprintln(os.Stderr, "begin:", err)
 					return
@@ -134,7 +134,7 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	k := r.Counters().KeyOf(7, []byte("order-7"))
 	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
 	var got shm.Response
-	out, tk, _ := tab.Begin(k, fp, r.Now(), &got)
+	out, tk, _ := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got)
 	if out != shm.InFlight {
 		t.Fatalf("duplicate of a live reservation: %v", out)
 	}
@@ -149,10 +149,92 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	}()
 	start := time.Now()
 	tab.Wait(tk, 5*time.Second)
-	if out, _, _ := tab.Begin(k, fp, r.Now(), &got); out != shm.Reserved {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got); out != shm.Reserved {
 		t.Fatalf("after the owner was reaped: %v", out)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("waited %v for the reaped reservation", d)
+	}
+}
+
+// recordsChild: goroutines reserve new keys under spec.Quota for spec.For,
+// and complete each (stored for 3ms of region time) or release it (as a
+// 5xx would), alternately.
+func recordsChild(r *shm.Region, spec childSpec) error {
+	tab := r.Responses()
+	deadline := time.Now().Add(spec.For)
+	var wg sync.WaitGroup
+	for g := range spec.Goroutines {
+		wg.Go(func() {
+			var got shm.Response
+			for i := 0; time.Now().Before(deadline); i++ {
+				k := r.Counters().KeyOf(9, fmt.Appendf(nil, "%d-%d-%d", spec.Worker, g, i))
+				out, tk, err := tab.Begin(k, spec.Quota, shm.Fingerprint{1}, r.Now(), &got)
+				if err != nil || out != shm.Reserved {
+					continue // ErrQuota, mostly: this client holds its maximum
+				}
+				if i%2 == 0 {
+					tab.Release(tk)
+				} else {
+					tab.Complete(tk, &shm.Response{Status: 201, Body: []byte("ok")}, r.Now(), 3*time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// Processes reserving, completing and releasing records of one client
+// under its maximum, one SIGKILLed mid-run and reaped: the client never
+// holds more than its maximum, and its count equals a walk of the table.
+func TestMultiProcessRecordsQuota(t *testing.T) {
+	r := newRegion(t, shm.Options{Counters: 64, Responses: 1024, ResponseBytes: 256 << 10})
+	q := shm.Quota{Account: 77, Max: 30}
+	specs := make([]childSpec, 3)
+	for i := range specs {
+		specs[i] = childSpec{Worker: i + 1, Goroutines: 3, For: time.Second, Quota: q}
+	}
+	procs, release := spawn(t, r, "records", specs)
+	release()
+	stop, over := make(chan struct{}), make(chan int, 1)
+	go func() {
+		defer close(over)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if n := r.Responses().Held(q.Account); n > q.Max {
+				select {
+				case over <- n:
+				default:
+				}
+			}
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	procs[0].cmd.Process.Signal(syscall.SIGKILL)
+	procs[0].cmd.Wait()
+	if _, err := r.Reap(1); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range procs[1:] {
+		if err := p.cmd.Wait(); err != nil {
+			t.Fatalf("child %d: %v", i+2, err)
+		}
+	}
+	close(stop)
+	if n, ok := <-over; ok {
+		t.Fatalf("the client held %d records, max %d", n, q.Max)
+	}
+	st := r.Responses().Stats()
+	t.Logf("stats %+v, held %d", st, r.Responses().Held(q.Account))
+	if st.Quota == 0 || st.Swept+uint64(st.Complete) == 0 {
+		t.Fatalf("the test did not exercise the maximum: %+v", st)
+	}
+	if err := r.Responses().VerifyAccounts(); err != nil {
+		t.Fatal(err)
 	}
 }

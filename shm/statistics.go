@@ -38,7 +38,11 @@ const (
 	evRecReused          // expired completed records taken for another key
 	evBlocksTaken        // response blocks allocated
 	evBlocksFreed        // response blocks freed
-	shmWords      = 16   // room for more events without moving the caller's words
+	evQuota              // new keys refused: their account held its maximum of slots
+	evSwept              // slots of fresh keys freed by an account's sweep
+	evRespQuota          // reservations refused: their account held its maximum of records
+	evRespSwept          // expired records freed by an account's sweep
+	shmWords      = 24   // room for more events without moving the caller's words
 )
 
 // Geometry limits of the statistics section.

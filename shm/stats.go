@@ -24,6 +24,8 @@ type TableStats struct {
 	Reclaims    uint64 // slots taken over from keys equivalent to fresh ones
 	Recovered   uint64 // BUSY slots, records and insert locks released from dead processes
 	Placed      uint64 // slots filled by a load (a dump, a migrated live region)
+	Quota       uint64 // new keys refused: their account held its maximum of slots (ErrQuota)
+	Swept       uint64 // slots of fresh keys freed by the sweep of an account at its maximum
 
 	Records      int    // response records (0: no response table)
 	RecordsInUse int    // records reserved, being completed, or completed (expired or not)
@@ -32,6 +34,8 @@ type TableStats struct {
 	BlockSize    int    // bytes of one block
 	BlocksUsed   int    // blocks holding a stored response
 	NoBlocks     uint64 // responses completed unreplayable for want of blocks
+	RecordsQuota uint64 // reservations refused: their account held its maximum of records
+	RecordsSwept uint64 // expired records freed by the sweep of an account at its maximum
 }
 
 // Occupancy is the fraction of counter slots that hold a key.
@@ -54,6 +58,8 @@ func (r *Region) tableStats(w []uint64) TableStats {
 		Reclaims:    w[evReclaims],
 		Recovered:   w[evRecovered],
 		Placed:      w[evPlaced],
+		Quota:       w[evQuota],
+		Swept:       w[evSwept],
 
 		Records:      len(r.resps.recs),
 		RecordsInUse: gauge(w[evRecTaken], w[evRecFreed]),
@@ -62,6 +68,8 @@ func (r *Region) tableStats(w []uint64) TableStats {
 		BlockSize:    r.resps.blockSize,
 		BlocksUsed:   gauge(w[evBlocksTaken], w[evBlocksFreed]),
 		NoBlocks:     w[evRespNoBlock],
+		RecordsQuota: w[evRespQuota],
+		RecordsSwept: w[evRespSwept],
 	}
 }
 
@@ -86,7 +94,9 @@ type Stats struct {
 	LockTimeout uint64 // decisions answered by on_full: insert lock held too long
 	Claims      uint64 // new keys installed in EMPTY or TOMB slots
 	Reclaims    uint64 // slots taken over from keys equivalent to fresh ones
-	Recovered   uint64 // BUSY slots and insert locks released from dead processes
+	Recovered   uint64 // BUSY slots, insert locks and account locks released from dead processes
+	Quota       uint64 // new keys refused: their account held its maximum of slots (ErrQuota)
+	Swept       uint64 // slots of fresh keys freed by the sweep of an account at its maximum
 }
 
 // Occupancy is the fraction of slots that hold a key or are being installed.
@@ -128,6 +138,7 @@ func (c *Counters) Stats() Stats {
 	c.r.SumStats(&sum)
 	t := sum.Table
 	st.Full, st.LockTimeout, st.Claims, st.Reclaims, st.Recovered = t.Full, t.LockTimeout, t.Claims, t.Reclaims, t.Recovered
+	st.Quota, st.Swept = t.Quota, t.Swept
 	return st
 }
 
@@ -140,6 +151,8 @@ type ResponseStats struct {
 	BlocksUsed int
 	Full       uint64 // reservations refused: no record in the probe window
 	NoBlocks   uint64 // responses completed unreplayable for want of blocks
+	Quota      uint64 // reservations refused: their account held its maximum of records (ErrQuota)
+	Swept      uint64 // expired records freed by the sweep of an account at its maximum
 }
 
 // Stats scans the response table.
@@ -159,5 +172,6 @@ func (t *Responses) Stats() ResponseStats {
 	var sum StatSum
 	t.r.SumStats(&sum)
 	st.Full, st.NoBlocks = sum.Table.RecordsFull, sum.Table.NoBlocks
+	st.Quota, st.Swept = sum.Table.RecordsQuota, sum.Table.RecordsSwept
 	return st
 }

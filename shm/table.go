@@ -34,7 +34,8 @@ type slot struct {
 	keyB  uint64 // key identity, second seeded hash
 	meta  uint64 // caller's description of the key (what a stranger needs to judge freshness)
 	ilock uint64 // insert lock for keys whose home this slot is: owner id, 0 = free
-	_     [3]uint64
+	acct  uint64 // the account the slot is charged to, plus one; 0 = none (see accounts)
+	_     [2]uint64
 }
 
 // FreshFunc reports whether a LIVE slot's payload, described by its meta,
@@ -55,6 +56,7 @@ type Counters struct {
 	slots []slot
 	mask  uint64
 	probe int
+	acc   accounts
 	fresh atomic.Pointer[FreshFunc]
 	// lockWait bounds how long Update waits for an insert lock held by a
 	// live process before it answers ErrLockTimeout: defaultLockWait,
@@ -62,8 +64,12 @@ type Counters struct {
 	lockWait time.Duration
 }
 
-func newCounters(r *Region, s []slot) *Counters {
+func newCounters(r *Region, s []slot, accts []account) *Counters {
 	c := &Counters{r: r, slots: s, mask: uint64(len(s) - 1), probe: r.geo.Probe, lockWait: defaultLockWait}
+	c.acc = accounts{r: r, a: accts, n: len(s),
+		word:  func(i int) *uint64 { return &s[i].acct },
+		state: func(i int) *uint64 { return &s[i].state },
+	}
 	c.SetFresh(zeroIsFresh)
 	return c
 }
@@ -82,17 +88,31 @@ func (c *Counters) isFresh(meta, payload uint64, now time.Duration) bool {
 // Len is the number of slots.
 func (c *Counters) Len() int { return len(c.slots) }
 
+// Held reports how many slots the keys of account a hold: one load, never
+// a walk of the table.
+func (c *Counters) Held(a uint16) int { return c.acc.held(a) }
+
 // Test hooks: called at the protocol's crash points (nil in production).
 // Stages: "locked" (insert lock held), "busy" (slot claimed, key not
-// written), "keyed" (key written, not published), "published" (LIVE, the
-// insert lock still held).
+// written), "charged" (an account's count raised, the element's charge
+// not written, the account's lock held), "uncharged" (a charge cleared,
+// the count not lowered, the lock held), "keyed" (key written, not
+// published), "published" (LIVE, the insert lock still held).
 var testHook func(stage string)
 
 // Update applies op to k's payload with one CAS and returns the payload op
 // was last applied to (the one its result was based on). A key seen for the
-// first time is installed with meta, its payload starting at 0. Errors:
-// ErrFull, ErrLockTimeout or ErrRetired (no slot could be had: the
-// caller's on_full policy decides) and ErrNotJoined.
+// first time is installed with meta, its payload starting at 0, and its
+// slot charged to q's account. Errors: ErrFull, ErrQuota, ErrLockTimeout
+// or ErrRetired (no slot could be had: the caller's on_full policy
+// decides) and ErrNotJoined.
+//
+// A new key of an account that holds q.Max slots already may take only a
+// slot of its own account whose key is as fresh as a new one: in its
+// probe window, or found by a sweep of the account's slots (a bounded
+// number of slots, at most once a millisecond per account), which frees
+// every fresh slot of the account it meets. Otherwise it is refused with
+// ErrQuota, and the other accounts keep their room.
 //
 // A key without a slot may be one whose slot was reclaimed, judged fresh at
 // another process's later `now`. Starting it afresh at an earlier `now`
@@ -103,7 +123,7 @@ var testHook func(stage string)
 // certainly fresh: the same rule as for a clock that went backwards (the
 // later time counts). A new key's first decision is published together
 // with the key, so a just-installed key never shows a fresh payload.
-func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64, error) {
+func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op) (uint64, error) {
 	owner := c.r.owner.Load()
 	if owner == 0 {
 		return 0, ErrNotJoined
@@ -111,12 +131,12 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 	home := k.A & c.mask
 	locked := false
 	for {
-		i, s, cand, found := c.scan(k, home, now)
+		i, s, cand, found := c.scan(k, home, now, owner)
 		if found {
 			if locked {
 				c.unlock(home, owner)
 			}
-			return c.apply(k, i, s, meta, now, op)
+			return c.apply(k, q, i, s, meta, now, op)
 		}
 		if cand < 0 {
 			if locked {
@@ -124,6 +144,13 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 			}
 			c.r.count(evFull, 1)
 			return 0, ErrFull
+		}
+		if cand = c.withinQuota(home, cand, q, now, owner); cand < 0 {
+			if locked {
+				c.unlock(home, owner)
+			}
+			c.r.count(evQuota, 1)
+			return 0, ErrQuota
 		}
 		if !locked {
 			if c.r.stale(owner) {
@@ -140,17 +167,101 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 			}
 			continue
 		}
-		if ok := c.claim(cand, k, meta, owner, now, op); ok {
+		ok, err := c.claim(cand, k, q, meta, owner, now, op)
+		if ok {
 			if testHook != nil {
 				testHook("published")
 			}
 			c.unlock(home, owner)
 			return 0, nil
 		}
+		if err != nil {
+			c.unlock(home, owner)
+			if err == ErrQuota {
+				c.r.count(evQuota, 1)
+			}
+			return 0, err
+		}
 		if c.r.stale(owner) {
 			return 0, ErrRetired // our lock and claims are void: never spin on them
 		}
 	}
+}
+
+// withinQuota returns the slot a new key of q's account may take, given
+// cand, the one the scan chose: cand while the account is under its
+// maximum, else a fresh slot of the account's own (its count unchanged),
+// or -1.
+func (c *Counters) withinQuota(home uint64, cand int, q Quota, now time.Duration, owner uint64) int {
+	if q.Max <= 0 || c.acc.held(q.Account) < q.Max {
+		return cand
+	}
+	want := q.charge()
+	for j := 0; j < c.probe; j++ {
+		i := int((home + uint64(j)) & c.mask)
+		sl := &c.slots[i]
+		s := atomic.LoadUint64(&sl.state)
+		if phaseOf(s) == phaseEmpty {
+			break
+		}
+		if phaseOf(s) == phaseLive && atomic.LoadUint64(&sl.acct) == want && c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
+			return i
+		}
+	}
+	if c.sweep(q.Account, now, owner) > 0 && c.acc.held(q.Account) < q.Max {
+		return cand
+	}
+	return -1
+}
+
+// sweep frees the slots of account a whose keys are as fresh as new ones,
+// among the next slots of the account's sweep (see accounts.sweepRange),
+// and returns how many it freed. A key's state is lost only when it is
+// equivalent to no state, as in a reclaim, which each step is: the reclaim
+// watermark raised, LIVE → BUSY, the charge cleared, BUSY → TOMB.
+func (c *Counters) sweep(a uint16, now time.Duration, owner uint64) (n int) {
+	from, count, ok := c.acc.sweepRange(a)
+	if !ok {
+		return 0
+	}
+	want := uint64(a) + 1
+	for j := 0; j < count; j++ {
+		i := (from + j) & int(c.mask)
+		sl := &c.slots[i]
+		if atomic.LoadUint64(&sl.acct) != want {
+			continue
+		}
+		s := atomic.LoadUint64(&sl.state)
+		switch phaseOf(s) {
+		case phaseLive:
+			if !c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
+				continue
+			}
+			c.raiseReclaimMark(now)
+		case phaseTomb: // a charge left behind by a lock timeout
+		default:
+			continue
+		}
+		gen := genOf(s) + 1
+		busy := mkState(phaseBusy, gen, owner)
+		if !atomic.CompareAndSwapUint64(&sl.state, s, busy) {
+			continue
+		}
+		if phaseOf(s) == phaseLive {
+			c.r.count(evEvictions, 1) // no longer LIVE: the live count follows
+		}
+		err := c.acc.uncharge(i, busy, owner, c.lockWait)
+		// Even with the charge kept (a lock timeout), the slot is free:
+		// a later claim or sweep clears the charge.
+		atomic.CompareAndSwapUint64(&sl.state, busy, mkState(phaseTomb, gen, 0))
+		if err == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		c.r.count(evSwept, uint64(n))
+	}
+	return n
 }
 
 // scan probes from home. It returns the slot holding k (found) with the
@@ -159,7 +270,7 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 // the first LIVE slot equivalent to a fresh key — evicting a live key,
 // even one that carries no allowance, costs a lock and a claim later.
 // Stale BUSY slots met on the way are released.
-func (c *Counters) scan(k Key, home uint64, now time.Duration) (i int, s uint64, cand int, found bool) {
+func (c *Counters) scan(k Key, home uint64, now time.Duration, owner uint64) (i int, s uint64, cand int, found bool) {
 	free, fresh := -1, -1
 	for j := 0; j < c.probe; j++ {
 		i = int((home + uint64(j)) & c.mask)
@@ -179,7 +290,7 @@ func (c *Counters) scan(k Key, home uint64, now time.Duration) (i int, s uint64,
 				free = i
 			}
 		case phaseBusy:
-			if c.r.stale(payloadOf(s)) && c.releaseBusy(sl, s) && free < 0 {
+			if c.r.stale(payloadOf(s)) && c.releaseBusy(i, s, owner, 0) && free < 0 {
 				free = i // a tombstone now
 			}
 		case phaseLive:
@@ -200,7 +311,7 @@ func (c *Counters) scan(k Key, home uint64, now time.Duration) (i int, s uint64,
 // apply runs op on the LIVE slot i, snapshot s, and CASes the result in.
 // On contention it retries on the same slot while its generation holds,
 // and rescans when the slot was taken over.
-func (c *Counters) apply(k Key, i int, s uint64, meta uint64, now time.Duration, op Op) (uint64, error) {
+func (c *Counters) apply(k Key, q Quota, i int, s uint64, meta uint64, now time.Duration, op Op) (uint64, error) {
 	sl := &c.slots[i]
 	for {
 		p := payloadOf(s)
@@ -223,7 +334,7 @@ func (c *Counters) apply(k Key, i int, s uint64, meta uint64, now time.Duration,
 			continue
 		}
 		// The slot was reclaimed (our key had turned fresh): start over.
-		return c.Update(k, meta, now, op)
+		return c.Update(k, q, meta, now, op)
 	}
 }
 
@@ -232,9 +343,14 @@ func (c *Counters) apply(k Key, i int, s uint64, meta uint64, now time.Duration,
 // BUSY → LIVE(op(0)). Publishing a LIVE payload 0 instead and applying op
 // afterwards leaves a window in which the slot looks fresh: another
 // installer can reclaim it (two installers can take one last slot from
-// each other forever), and a process with a stale `now` can apply to the
+// each other for ever), and a process with a stale `now` can apply to the
 // fresh key in a window it has used up. The spin model found both.
-func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op Op) bool {
+//
+// While the slot is BUSY its charge moves to q's account (when it is
+// another's); a refusal (ErrQuota, ErrLockTimeout) leaves the slot free.
+// It reports false with a nil error when the slot was taken meanwhile or
+// this process was reaped.
+func (c *Counters) claim(i int, k Key, q Quota, meta, owner uint64, now time.Duration, op Op) (bool, error) {
 	sl := &c.slots[i]
 	s := atomic.LoadUint64(&sl.state)
 	reclaim := false
@@ -242,11 +358,11 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op
 	case phaseEmpty, phaseTomb:
 	case phaseLive:
 		if !c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
-			return false
+			return false, nil
 		}
 		reclaim = true
 	default:
-		return false
+		return false, nil
 	}
 	gen := genOf(s) + 1
 	busy := mkState(phaseBusy, gen, owner)
@@ -256,13 +372,25 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op
 		c.raiseReclaimMark(now)
 	}
 	if !atomic.CompareAndSwapUint64(&sl.state, s, busy) {
-		return false
+		return false, nil
 	}
 	if reclaim {
 		c.r.count(evEvictions, 1) // no longer LIVE: the live count follows
 	}
 	if testHook != nil {
 		testHook("busy")
+	}
+	if err := c.recharge(i, busy, q, owner); err != nil {
+		// Whatever the slot held is gone (an empty slot, or a fresh key's
+		// state, no loss): leave it free.
+		atomic.CompareAndSwapUint64(&sl.state, busy, mkState(phaseTomb, gen, 0))
+		if err == errLost {
+			return false, nil
+		}
+		if err == ErrLockTimeout {
+			c.r.count(evLockTimeout, 1)
+		}
+		return false, err
 	}
 	atomic.StoreUint64(&sl.keyA, k.A)
 	atomic.StoreUint64(&sl.keyB, k.B)
@@ -279,14 +407,29 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op
 	if !atomic.CompareAndSwapUint64(&sl.state, busy, mkState(phaseLive, gen, next)) {
 		// Only a sweep that judged us dead can have moved it: we were
 		// reaped and are a zombie; nothing we write may count.
-		return false
+		return false, nil
 	}
 	if reclaim {
 		c.r.count(evReclaims, 1)
 	} else {
 		c.r.count(evClaims, 1)
 	}
-	return true
+	return true, nil
+}
+
+// recharge moves the charge of slot i, which owner holds BUSY in state
+// busy, to q's account: nothing to do when it is charged to it already.
+func (c *Counters) recharge(i int, busy uint64, q Quota, owner uint64) error {
+	old := atomic.LoadUint64(&c.slots[i].acct)
+	if old == q.charge() {
+		return nil
+	}
+	if old != 0 {
+		if err := c.acc.uncharge(i, busy, owner, c.lockWait); err != nil {
+			return err
+		}
+	}
+	return c.acc.charge(i, busy, q, owner, c.lockWait)
 }
 
 func (c *Counters) markWord() *uint64 {
@@ -319,8 +462,18 @@ func (c *Counters) lock(h, owner uint64) error {
 
 func (c *Counters) unlock(h, owner uint64) { unlockWord(&c.slots[h].ilock, owner) }
 
-// releaseBusy turns a BUSY slot of a dead owner into a tombstone.
-func (c *Counters) releaseBusy(sl *slot, s uint64) bool {
+// releaseBusy turns slot i, BUSY in state s for a dead owner, into a
+// tombstone, clearing its charge first (its account's lock taken for
+// owner, waiting up to wait for a live holder: when it cannot be had,
+// the slot is left for later). An owner of 0 (a process that never
+// joined) releases only uncharged slots.
+func (c *Counters) releaseBusy(i int, s, owner uint64, wait time.Duration) bool {
+	sl := &c.slots[i]
+	if atomic.LoadUint64(&sl.acct) != 0 {
+		if owner == 0 || c.acc.uncharge(i, s, owner, wait) != nil {
+			return false
+		}
+	}
 	if atomic.CompareAndSwapUint64(&sl.state, s, mkState(phaseTomb, genOf(s), 0)) {
 		c.r.count(evRecovered, 1)
 		return true
@@ -328,25 +481,27 @@ func (c *Counters) releaseBusy(sl *slot, s uint64) bool {
 	return false
 }
 
-// releaseStale sweeps the table for BUSY slots and insert locks of dead
-// owners and releases each with one CAS.
+// releaseStale sweeps the table for BUSY slots, insert locks and account
+// locks of dead owners and releases each (an account whose lock is taken
+// from a dead owner is counted again). The supervisor calls it, holding
+// account locks as sweeperID.
 func (c *Counters) releaseStale() (n int) {
 	for i := range c.slots {
 		sl := &c.slots[i]
-		if s := atomic.LoadUint64(&sl.state); phaseOf(s) == phaseBusy && c.r.stale(payloadOf(s)) && c.releaseBusy(sl, s) {
+		if s := atomic.LoadUint64(&sl.state); phaseOf(s) == phaseBusy && c.r.stale(payloadOf(s)) && c.releaseBusy(i, s, sweeperID, c.lockWait) {
 			n++
 		}
 		if l := atomic.LoadUint64(&sl.ilock); l != 0 && c.r.stale(l) && atomic.CompareAndSwapUint64(&sl.ilock, l, 0) {
 			n++
 		}
 	}
-	return n
+	return n + c.acc.releaseStale()
 }
 
 // Peek returns k's payload without claiming a slot; ok is false when the
 // key has no slot (it is as fresh).
 func (c *Counters) Peek(k Key, now time.Duration) (payload uint64, ok bool) {
-	_, s, _, found := c.scan(k, k.A&c.mask, now)
+	_, s, _, found := c.scan(k, k.A&c.mask, now, c.r.owner.Load())
 	if !found {
 		return 0, false
 	}
@@ -357,7 +512,7 @@ func (c *Counters) Peek(k Key, now time.Duration) (payload uint64, ok bool) {
 // also makes the slot reclaimable.
 func (c *Counters) Reset(k Key, now time.Duration) {
 	for {
-		i, s, _, found := c.scan(k, k.A&c.mask, now)
+		i, s, _, found := c.scan(k, k.A&c.mask, now, c.r.owner.Load())
 		if !found || payloadOf(s) == 0 {
 			return
 		}

@@ -72,14 +72,18 @@ func (r *Region) Reap(w int) (released int, err error) {
 }
 
 // ReapAll treats every worker as dead: for a region re-attached after the
-// whole process tree died.
+// whole process tree died, before any process uses it again. It also
+// counts every account again from its elements' charges.
 func (r *Region) ReapAll() (released int) {
 	r.stats.unlockDead() // a supervisor that died inside a fold
 	for w := range r.workers {
 		r.workers[w].retire()
 		r.stats.fold(w)
 	}
-	return r.counts.releaseStale() + r.resps.releaseStale()
+	released = r.counts.releaseStale() + r.resps.releaseStale()
+	r.counts.acc.rebuild()
+	r.resps.acc.rebuild()
+	return released
 }
 
 // retire bumps the incarnation (never to 0, which would make owner ids 0).

@@ -139,6 +139,7 @@ path = "/fo"
 limit = 100
 window = "1h"
 by = "header:X-Client|ip"
+max_keys = 8 # the whole table: the full table is what is counted here
 
 [[ratelimit]]
 name = "fclosed"
@@ -147,6 +148,7 @@ limit = 100
 window = "1h"
 by = "header:X-Client|ip"
 on_full = "closed"
+max_keys = 8
 `
 	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
 	admin := newClient(t, nil, false)

@@ -42,6 +42,7 @@ type ruleCounts struct {
 	Name                                                  string
 	Allowed, Limited, ShadowLimited, FullOpen, FullClosed uint64
 	UnavailableOpen, UnavailableClosed                    uint64
+	CappedOpen, CappedClosed                              uint64
 	// Unavailable counts the decisions on_unavailable answered, whatever
 	// it answered.
 	Unavailable uint64
@@ -58,6 +59,7 @@ func (h *handler) Stats() []ruleCounts {
 		out = append(out, ruleCounts{Name: name, Allowed: v(metrics.Allowed), Limited: v(metrics.Limited),
 			ShadowLimited: v(metrics.ShadowLimited), FullOpen: v(metrics.FullOpen), FullClosed: v(metrics.FullClosed),
 			UnavailableOpen: v(metrics.UnavailableOpen), UnavailableClosed: v(metrics.UnavailableClosed),
+			CappedOpen: v(metrics.CappedOpen), CappedClosed: v(metrics.CappedClosed),
 			Unavailable: s.RuleValue(metrics.RateLimitUnavailable, i, 0)})
 	}
 	return out
@@ -65,8 +67,8 @@ func (h *handler) Stats() []ruleCounts {
 
 // idemCounts is what the idempotency stage counted in the region.
 type idemCounts struct {
-	Executions, Replays, Mismatches, Waits, Conflicts, Full, Invalid uint64
-	Stored, Unreplayable, Released                                   uint64
+	Executions, Replays, Mismatches, Waits, Conflicts, Full, Invalid, Capped uint64
+	Stored, Unreplayable, Released                                           uint64
 }
 
 // IdemStats are the idempotency stage's counts in the region.
@@ -77,7 +79,7 @@ func (h *handler) IdemStats() idemCounts {
 	c := func(i int) uint64 { return s.Value(metrics.IdempotencyCompletions, i) }
 	return idemCounts{
 		Executions: r(metrics.IdemExecuted), Replays: r(metrics.IdemReplayed), Mismatches: r(metrics.IdemMismatch),
-		Conflicts: r(metrics.IdemConflict), Full: r(metrics.IdemFull), Invalid: r(metrics.IdemInvalid),
+		Conflicts: r(metrics.IdemConflict), Full: r(metrics.IdemFull), Invalid: r(metrics.IdemInvalid), Capped: r(metrics.IdemCapped),
 		Waits:  s.Value(metrics.IdempotencyWaits, 0),
 		Stored: c(metrics.IdemStored), Unreplayable: c(metrics.IdemUnreplayable), Released: c(metrics.IdemReleased),
 	}

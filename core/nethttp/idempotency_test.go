@@ -986,3 +986,70 @@ func passedThrough(got, w http.ResponseWriter) bool {
 	_, hijacks := got.(http.Hijacker)
 	return ok && u.Unwrap() == w && flushes && hijacks
 }
+
+// A client that holds max_records records gets 429 (problem+json,
+// quota-exceeded, Retry-After) for new keys; its stored responses still
+// replay, and another client's keyed request runs exactly once. A
+// released reservation (a 5xx) gives its room back.
+func TestMaxRecords(t *testing.T) {
+	h := &counting{answer: func(n int64, w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Fail") != "" {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "order %d", n)
+	}}
+	m := newMiddleware(t, region(t, 256), h, orders()) // 256 records: max_records defaults to 16
+	alice := func(key string, header ...string) answer {
+		return post(m, "/orders", key, "x", append([]string{"Authorization", "Bearer alice"}, header...)...)
+	}
+	for i := range 40 {
+		a := alice(fmt.Sprint("a", i))
+		switch {
+		case i < 16 && a.status != http.StatusCreated:
+			t.Fatalf("alice's key %d: %d %s", i, a.status, a.body)
+		case i >= 16:
+			p := wantProblem(t, a, http.StatusTooManyRequests)
+			if a.header.Get("Retry-After") != "60" || !strings.Contains(p.Type, "quota-exceeded") || !strings.Contains(p.Detail, "16 requests") {
+				t.Fatalf("alice's key %d: Retry-After %q, %+v", i, a.header.Get("Retry-After"), p)
+			}
+		}
+	}
+	if h.count() != 16 {
+		t.Fatalf("%d executions for alice's 16 records", h.count())
+	}
+	if a := alice("a3"); !a.replayed() {
+		t.Fatalf("alice's stored key: %d %s", a.status, a.body)
+	}
+	bob := post(m, "/orders", "a3", "x", "Authorization", "Bearer bob")
+	if bob.status != http.StatusCreated || bob.replayed() || h.count() != 17 {
+		t.Fatalf("bob: %d %s, %d executions", bob.status, bob.body, h.count())
+	}
+	if again := post(m, "/orders", "a3", "x", "Authorization", "Bearer bob"); !again.replayed() || !bytes.Equal(again.body, bob.body) {
+		t.Fatalf("bob's retry: %d %s", again.status, again.body)
+	}
+	if st := m.IdemStats(); st.Capped != 24 || st.Full != 0 || st.Executions != 17 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Carol's 5xx are released: she never reaches her maximum of 3.
+	few := orders()
+	few.MaxRecords = 3
+	h.n.Store(0)
+	m = newMiddleware(t, region(t, 256), h, few)
+	for i := range 10 {
+		a := post(m, "/orders", fmt.Sprint("c", i), "x", "Authorization", "Bearer carol", "X-Fail", "1")
+		if a.status != http.StatusInternalServerError {
+			t.Fatalf("carol's failing key %d: %d %s", i, a.status, a.body)
+		}
+	}
+	for i := range 4 {
+		a := post(m, "/orders", fmt.Sprint("d", i), "x", "Authorization", "Bearer carol")
+		if want := http.StatusCreated; i == 3 {
+			wantProblem(t, a, http.StatusTooManyRequests)
+		} else if a.status != want {
+			t.Fatalf("carol's key %d: %d %s", i, a.status, a.body)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package nethttp_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -354,8 +355,8 @@ func TestSeveralRulesRefuse(t *testing.T) {
 // must get its request back.
 func TestRefundAfterLateRefusal(t *testing.T) {
 	f := newFixture(t, cfgWith(
-		config.RateLimit{Name: "A", Path: "/x", Limit: 100, Window: time.Hour, By: "global"},
-		config.RateLimit{Name: "B", Path: "/x", Limit: 100, Window: time.Hour, OnFull: bucket.Closed},
+		config.RateLimit{Name: "A", Path: "/x", Limit: 100, Window: time.Hour, By: "global", MaxKeys: 8},
+		config.RateLimit{Name: "B", Path: "/x", Limit: 100, Window: time.Hour, OnFull: bucket.Closed, MaxKeys: 8},
 	), shm.Options{Counters: 8, Probe: 8})
 	// A's one key and 7 clients of B fill the 8 slots.
 	for i := 1; i <= 7; i++ {
@@ -805,8 +806,8 @@ func TestRepeatedKeyHeader(t *testing.T) {
 // rule that knows the client.
 func TestFullOpenBesideKnowingRule(t *testing.T) {
 	f := newFixture(t, cfgWith(
-		config.RateLimit{Name: "keyed", Path: "/*", Limit: 5, Window: 24 * time.Hour},
-		config.RateLimit{Name: "global", Path: "/*", Limit: 100, Window: time.Hour, By: "global"},
+		config.RateLimit{Name: "keyed", Path: "/*", Limit: 5, Window: 24 * time.Hour, MaxKeys: 8},
+		config.RateLimit{Name: "global", Path: "/*", Limit: 100, Window: time.Hour, By: "global", MaxKeys: 8},
 	), shm.Options{Counters: 8, Probe: 8})
 	for i := 1; i <= 7; i++ { // 7 client keys and the global key fill the 8 slots
 		if w := f.get("/", fmt.Sprintf("198.51.100.%d:1", i)); w.Code != 200 {
@@ -857,5 +858,84 @@ func TestPathTricks(t *testing.T) {
 	}
 	if len(seen) != len(tricks) {
 		t.Fatalf("a refused path reached the handler: %q", seen)
+	}
+}
+
+// A flood of new keys on one rule takes at most its max_keys slots (here
+// 32; half the table by default, with two rules): past it that rule fails open
+// (no RateLimit item, a log line naming max_keys) or closed (503), and
+// the other rule keeps its room and stays exact for new clients. An
+// override's keys count against their rule's room.
+func TestMaxKeys(t *testing.T) {
+	for _, onFull := range []bucket.OnFull{bucket.Open, bucket.Closed} {
+		t.Run(onFull.String(), func(t *testing.T) {
+			flood := config.RateLimit{Name: "flood", Path: "/api/*", Limit: 1, Window: time.Hour, By: "header:X-Flood", OnFull: onFull,
+				MaxKeys: 32, Overrides: []config.Override{{Key: "gold", Limit: 50}}}
+			login := config.RateLimit{Name: "login", Path: "/login", Limit: 3, Window: time.Hour}
+			f := newFixture(t, cfgWith(flood, login), shm.Options{Counters: 256})
+			capped := 0
+			for i := range 200 {
+				w := f.get("/api/x", "192.0.2.1:1", "X-Flood", fmt.Sprint("k", i))
+				switch {
+				case i < 32 && (w.Code != 200 || w.Header().Get("RateLimit") == ""):
+					t.Fatalf("flood key %d: %d %v", i, w.Code, rateHeaders(w.Header()))
+				case i >= 32 && onFull == bucket.Open:
+					if w.Code != 200 || len(rateHeaders(w.Header())) != 0 {
+						t.Fatalf("capped key %d: %d %v", i, w.Code, rateHeaders(w.Header()))
+					}
+					capped++
+				case i >= 32:
+					if w.Code != 503 || w.Header().Get("Retry-After") != "1" {
+						t.Fatalf("capped key %d: %d %v", i, w.Code, rateHeaders(w.Header()))
+					}
+					capped++
+				}
+			}
+			if w := f.get("/api/x", "192.0.2.1:1", "X-Flood", "gold"); onFull == bucket.Open && w.Header().Get("RateLimit") != "" || onFull == bucket.Closed && w.Code != 503 {
+				t.Errorf("an override's new key took a slot past the rule's max_keys: %d %v", w.Code, rateHeaders(w.Header()))
+			}
+			if w := f.get("/api/x", "192.0.2.1:1", "X-Flood", "k5"); w.Code != 429 {
+				t.Errorf("a flood key with a slot: %d, want 429", w.Code)
+			}
+			for c := 1; c <= 20; c++ {
+				addr := fmt.Sprintf("198.51.100.%d:1", c)
+				for n := range 4 {
+					w := f.get("/login", addr)
+					if want := map[bool]int{true: 200, false: 429}[n < 3]; w.Code != want {
+						t.Fatalf("login client %d request %d: %d, want %d (%v)", c, n, w.Code, want, rateHeaders(w.Header()))
+					}
+					if r := w.Header().Get("RateLimit"); n < 3 && r != fmt.Sprintf(`"login";r=%d;t=%d`, 2-n, 1200*(n+1)) {
+						t.Fatalf("login client %d request %d: RateLimit %q", c, n, r)
+					}
+				}
+			}
+			st := f.mw.Stats()
+			floodKeys, floodMax := f.mw.Core().Keys("flood")
+			loginKeys, loginMax := f.mw.Core().Keys("login")
+			if st[0].CappedOpen+st[0].CappedClosed != uint64(capped+1) || st[0].FullOpen+st[0].FullClosed != 0 || floodKeys != 32 || floodMax != 32 ||
+				st[1].FullOpen+st[1].FullClosed+st[1].CappedOpen+st[1].CappedClosed != 0 || loginKeys != 20 || loginMax != 128 {
+				t.Fatalf("stats %+v; keys %d of %d, %d of %d", st, floodKeys, floodMax, loginKeys, loginMax)
+			}
+			if onFull == bucket.Open && !strings.Contains(f.logs.String(), `msg="rule not enforced: its keys hold max_keys counter slots (on_full open)" rule=flood method=GET path=/api/x client=192.0.2.1 max_keys=32 keys=32`) {
+				t.Errorf("no log line about max_keys:\n%s", f.logs)
+			}
+		})
+	}
+}
+
+// Two rules whose names hash to one account are refused: they would share
+// one count of slots.
+func TestRulesOnOneAccount(t *testing.T) {
+	o, err := cfgWith(
+		config.RateLimit{Name: "rule-18", Path: "/a", Limit: 1, Window: time.Hour},
+		config.RateLimit{Name: "rule-39", Path: "/b", Limit: 1, Window: time.Hour},
+	).CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = core.New(newRegion(t, shm.Options{Counters: 64}), o)
+	var ae *core.AccountError
+	if !errors.As(err, &ae) || ae.Rule != "rule-39" || ae.Other != "rule-18" || ae.Index != 1 {
+		t.Fatalf("New: %v", err)
 	}
 }

@@ -1,0 +1,334 @@
+package shm_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+func newLimiter(t testing.TB, r *shm.Region, rule bucket.Rule) *bucket.Limiter {
+	t.Helper()
+	l, err := bucket.NewLimiter(rule, r.Counters())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func checkAccounts(t testing.TB, r *shm.Region) {
+	t.Helper()
+	if err := r.Counters().VerifyAccounts(); err != nil {
+		t.Fatal("counters:", err)
+	}
+	if r.Responses().Len() > 0 {
+		if err := r.Responses().VerifyAccounts(); err != nil {
+			t.Fatal("responses:", err)
+		}
+	}
+}
+
+// A flood of new keys on one rule takes at most its MaxKeys slots; the
+// other rule keeps its room and decides exactly, and the flood's own keys
+// that got a slot are still limited.
+func TestQuotaKeepsOtherRulesRoom(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 1024})
+	flood := newLimiter(t, r, bucket.Rule{Name: "flood", Limit: 1, Window: time.Hour, MaxKeys: 300})
+	login := newLimiter(t, r, bucket.Rule{Name: "login", Limit: 2, Window: time.Hour, MaxKeys: 512})
+	now := time.Minute
+	capped := 0
+	for i := range 3000 {
+		d := flood.Allow(fmt.Sprint("flood-", i), now)
+		switch {
+		case d.Capped && d.Full && d.Allowed:
+			capped++
+		case d.Full:
+			t.Fatalf("key %d: %+v: the table itself was full", i, d)
+		}
+	}
+	if flood.Keys() != 300 {
+		t.Fatalf("the flood holds %d slots, want 300", flood.Keys())
+	}
+	if capped != 2700 {
+		t.Fatalf("%d flood keys capped, want 2700", capped)
+	}
+	if d := flood.Allow("flood-7", now); d.Allowed || d.Full {
+		t.Fatalf("a flood key with a slot is no longer limited: %+v", d)
+	}
+	for i := range 100 {
+		id := fmt.Sprint("client-", i)
+		for n := range 3 {
+			d := login.Allow(id, now)
+			if d.Full || d.Allowed != (n < 2) {
+				t.Fatalf("client %d request %d: %+v", i, n, d)
+			}
+		}
+	}
+	if login.Keys() != 100 {
+		t.Fatalf("login holds %d slots, want 100", login.Keys())
+	}
+	if st := r.Counters().Stats(); st.Quota != 2700 || st.Full != 0 {
+		t.Fatalf("stats: %+v", st)
+	}
+	checkAccounts(t, r)
+}
+
+// A rule at its maximum takes the slots of its own keys once they are as
+// fresh as new ones: in the key's probe window, or found by the account's
+// sweep, at most one a millisecond.
+func TestQuotaReusesFreshSlots(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 1 << 14})
+	rule := bucket.Rule{Name: "short", Limit: 1, Window: time.Second, Algorithm: bucket.FixedWindow, MaxKeys: 50}
+	lim := newLimiter(t, r, rule)
+	now := 10 * time.Second
+	for i := range 50 {
+		if d := lim.Allow(fmt.Sprint("a", i), now); d.Full {
+			t.Fatalf("key %d: %+v", i, d)
+		}
+	}
+	if d := lim.Allow("one-too-many", now); !d.Capped {
+		t.Fatalf("51st key: %+v", d)
+	}
+	// Two seconds on every key is fresh. In a table of 16,384 slots a
+	// sweep visits 4,096: four sweeps find all 50.
+	now += 2 * time.Second
+	served := 0
+	for i := range 50 {
+		for attempt := 0; ; attempt++ {
+			d := lim.Allow(fmt.Sprint("b", i), now)
+			if !d.Full {
+				served++
+				break
+			}
+			if !d.Capped || attempt > 8 {
+				t.Fatalf("key b%d: %+v after %d sweeps", i, d, attempt)
+			}
+			r.Counters().AllowSweep(rule.Account())
+		}
+	}
+	if served != 50 || lim.Keys() != 50 {
+		t.Fatalf("served %d, the rule holds %d", served, lim.Keys())
+	}
+	st := r.Counters().Stats()
+	if st.Swept == 0 && st.Reclaims == 0 {
+		t.Fatalf("no slot was taken over: %+v", st)
+	}
+	t.Logf("stats %+v", st)
+	checkAccounts(t, r)
+	// The new keys are counted, not fresh: the rule is capped again.
+	if d := lim.Allow("c", now); !d.Capped {
+		t.Fatalf("a key past the maximum: %+v", d)
+	}
+}
+
+// The sweep of an account is paced: at most one starts per millisecond,
+// whoever asks, so a flood of capped claims costs a bounded walk.
+func TestQuotaSweepPaced(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 1 << 16})
+	c := r.Counters()
+	for attempt := 0; ; attempt++ {
+		c.AllowSweep(3)
+		start := time.Now()
+		first, second := c.StartSweep(3), c.StartSweep(3)
+		if time.Since(start) >= time.Millisecond {
+			if attempt == 20 {
+				t.Skip("two calls never took under 1ms")
+			}
+			continue
+		}
+		if !first || second {
+			t.Fatalf("first sweep started: %v, second within a millisecond: %v", first, second)
+		}
+		break
+	}
+	if !c.StartSweep(4) {
+		t.Fatal("another account's sweep is held back")
+	}
+	time.Sleep(2 * time.Millisecond)
+	if !c.StartSweep(3) {
+		t.Fatal("no sweep 2ms later")
+	}
+}
+
+// Another limit for some keys of a rule (an override) counts against the
+// rule's room: its rule is in the rule's group.
+func TestQuotaGroup(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 256})
+	base := bucket.Rule{Name: "api", Limit: 1, Window: time.Hour, MaxKeys: 10}
+	tier := base
+	tier.Name, tier.Group, tier.Limit = "api\x00key\x00gold", "api", 100
+	lb, lt := newLimiter(t, r, base), newLimiter(t, r, tier)
+	for i := range 6 {
+		lb.Allow(fmt.Sprint("b", i), time.Minute)
+		lt.Allow(fmt.Sprint("t", i), time.Minute)
+	}
+	if lb.Keys() != 10 || lt.Keys() != 10 {
+		t.Fatalf("the group holds %d/%d slots, want 10", lb.Keys(), lt.Keys())
+	}
+	if d := lt.Allow("t-new", time.Minute); !d.Capped {
+		t.Fatalf("a tier key past the rule's maximum: %+v", d)
+	}
+	checkAccounts(t, r)
+}
+
+// Goroutines claiming and reclaiming under several quotas on a running
+// clock: no account ever holds more than its maximum, and every count
+// equals a walk of the table at the end. Under -race it also checks the
+// accounts' synchronisation.
+func TestQuotaGoroutines(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 512})
+	rules := []bucket.Rule{
+		{Name: "a", Limit: 2, Window: 2 * time.Millisecond, Algorithm: bucket.FixedWindow, MaxKeys: 40},
+		{Name: "b", Limit: 1, Window: 3 * time.Millisecond, MaxKeys: 100},
+		{Name: "c", Limit: 3, Window: time.Millisecond, Algorithm: bucket.FixedWindow},
+	}
+	lims := make([]*bucket.Limiter, len(rules))
+	for i, rule := range rules {
+		lims[i] = newLimiter(t, r, rule)
+	}
+	var now atomic.Int64
+	var stop atomic.Bool
+	var over atomic.Value
+	watcher := make(chan struct{})
+	go func() {
+		defer close(watcher)
+		for !stop.Load() {
+			for i, l := range lims {
+				if m := rules[i].MaxKeys; m > 0 && l.Keys() > m {
+					over.Store(fmt.Sprintf("rule %s holds %d slots, max %d", rules[i].Name, l.Keys(), m))
+				}
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for n := range 4000 {
+				if n%64 == 0 {
+					now.Add(int64(100 * time.Microsecond))
+				}
+				l := lims[rng.IntN(len(lims))]
+				l.Allow(fmt.Sprint("k", rng.IntN(300)), time.Duration(now.Load()))
+				if n%512 == 0 {
+					for _, rule := range rules {
+						r.Counters().AllowSweep(rule.Account())
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	stop.Store(true)
+	<-watcher
+	if o := over.Load(); o != nil {
+		t.Fatal(o)
+	}
+	st := r.Counters().Stats()
+	t.Logf("stats %+v", st)
+	if st.Quota == 0 || st.Reclaims+st.Swept == 0 {
+		t.Fatalf("the test did not exercise quotas and reclaims: %+v", st)
+	}
+	checkAccounts(t, r)
+	checkTable(t, r)
+}
+
+// A snapshot placed into another table keeps each entry's account, and
+// ReapAll recounts accounts that went wrong.
+func TestQuotaPlaceAndRebuild(t *testing.T) {
+	src := privateRegion(t, shm.Options{Counters: 1024})
+	a := newLimiter(t, src, bucket.Rule{Name: "a", Limit: 1, Window: time.Hour, MaxKeys: 30})
+	b := newLimiter(t, src, bucket.Rule{Name: "b", Limit: 1, Window: time.Hour})
+	for i := range 50 {
+		a.Allow(fmt.Sprint(i), time.Minute)
+		b.Allow(fmt.Sprint(i), time.Minute)
+	}
+	entries := slices.Collect(src.Counters().Snapshot())
+	dst := privateRegion(t, shm.Options{Counters: 2048})
+	if err := dst.SetSeeds(src.Seeds()); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := dst.Counters().Place(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acc := func(rule string) uint16 { return bucket.Rule{Name: rule}.Account() }
+	if dst.Counters().Held(acc("a")) != 30 || dst.Counters().Held(acc("b")) != 50 {
+		t.Fatalf("placed: a %d, b %d", dst.Counters().Held(acc("a")), dst.Counters().Held(acc("b")))
+	}
+	checkAccounts(t, dst)
+	dst.Counters().SetHeld(acc("a"), 7)
+	if dst.Counters().VerifyAccounts() == nil {
+		t.Fatal("CheckAccounts missed a wrong count")
+	}
+	dst.ReapAll()
+	checkAccounts(t, dst)
+}
+
+// Records: a namespace at its maximum gets ErrQuota while others reserve;
+// a released reservation, and an expired record of its own, give room
+// back.
+func TestResponsesQuota(t *testing.T) {
+	r := privateRegion(t, shm.Options{Counters: 8, Responses: 256, ResponseBytes: 64 << 10})
+	tab := r.Responses()
+	q := shm.Quota{Account: 7, Max: 3}
+	var got shm.Response
+	key := func(s string) shm.Key { return r.Counters().KeyOf(9, []byte(s)) }
+	var tks []shm.Ticket
+	for i := range 3 {
+		out, tk, err := tab.Begin(key(fmt.Sprint("k", i)), q, fpOf("x"), 0, &got)
+		if err != nil || out != shm.Reserved {
+			t.Fatalf("key %d: %v %v", i, out, err)
+		}
+		tks = append(tks, tk)
+	}
+	if _, _, err := tab.Begin(key("k3"), q, fpOf("x"), 0, &got); !errors.Is(err, shm.ErrQuota) {
+		t.Fatalf("4th key: %v", err)
+	}
+	if out, _, err := tab.Begin(key("other"), shm.Quota{Account: 8, Max: 3}, fpOf("x"), 0, &got); err != nil || out != shm.Reserved {
+		t.Fatalf("another namespace: %v %v", out, err)
+	}
+	// A known key of the full namespace is still answered.
+	if out, _, err := tab.Begin(key("k0"), q, fpOf("x"), 0, &got); err != nil || out != shm.InFlight {
+		t.Fatalf("known key: %v %v", out, err)
+	}
+	tab.Release(tks[0])
+	if tab.Held(7) != 2 {
+		t.Fatalf("held %d after a release", tab.Held(7))
+	}
+	out, tk, err := tab.Begin(key("k3"), q, fpOf("x"), 0, &got)
+	if err != nil || out != shm.Reserved {
+		t.Fatalf("after a release: %v %v", out, err)
+	}
+	tks[0] = tk
+	for _, tk := range tks {
+		if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: []byte("done")}, 0, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkAccounts(t, r)
+	if _, _, err := tab.Begin(key("k4"), q, fpOf("x"), 30*time.Second, &got); !errors.Is(err, shm.ErrQuota) {
+		t.Fatalf("before the records expire: %v", err)
+	}
+	tab.AllowSweep(7)
+	if out, _, err := tab.Begin(key("k4"), q, fpOf("x"), 2*time.Minute, &got); err != nil || out != shm.Reserved {
+		t.Fatalf("after the records expired: %v %v", out, err)
+	}
+	if n := tab.Held(7); n > 3 || n < 1 {
+		t.Fatalf("held %d", n)
+	}
+	if st := tab.Stats(); st.Quota != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	checkAccounts(t, r)
+}
