@@ -49,6 +49,7 @@ func (r *Region) format(o Options) error {
 	r.store(hRecordSize, recordSize)
 	r.store(hBlockSize, uint64(o.BlockSize))
 	r.store(hBlocks, o.blocks())
+	r.store(hTags, uint64(o.Tags))
 	r.store(hSeed1, s1)
 	r.store(hSeed2, s2)
 	r.store(hTimeBase, uint64(nanotime()))
@@ -91,6 +92,7 @@ func (r *Region) load() error {
 		Responses:     int(r.word(hRecords)),
 		BlockSize:     int(r.word(hBlockSize)),
 		ResponseBytes: int64(r.word(hBlocks) * r.word(hBlockSize)),
+		Tags:          int(r.word(hTags)),
 	}
 	n, err := o.normalize()
 	if err != nil || n != o || o.Counters == 0 {
@@ -111,6 +113,7 @@ func (r *Region) load() error {
 	r.workers = unsafe.Slice((*workerEntry)(r.at(lay.off[secWorkers])), o.MaxWorkers)
 	r.counts = newCounters(r, unsafe.Slice((*slot)(r.at(lay.off[secSlots])), o.Counters))
 	r.resps = newResponses(r, lay)
+	r.tags = newTags(r, lay)
 	return nil
 }
 

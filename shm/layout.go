@@ -9,7 +9,7 @@ import (
 // Magic opens every region; LayoutVersion changes whenever the layout does.
 const (
 	Magic         = "PFKDSHM\x00"
-	LayoutVersion = 1
+	LayoutVersion = 2
 )
 
 // Geometry defaults and limits (see Options).
@@ -23,6 +23,8 @@ const (
 	maxWorkers           = 1 << 16
 	maxResponses         = 1 << 26
 	maxBlocks            = 1<<32 - 2
+	defaultTags          = 1 << 16
+	maxTags              = 1 << 24
 )
 
 // Sizes of the header, the pages sections are aligned to, and the
@@ -73,6 +75,11 @@ const (
 	hBootID     = 184 // hash of the kernel's boot id under which hTimeBase was set (0: unknown)
 	hBeatNow    = 192 // region time (ns) at the supervisor's last Beat
 	hBeatWall   = 200 // wall clock (Unix ns) at the last Beat (or creation)
+	hTags       = 208 // tag-generation slots (layout 2)
+	hOffTags    = 216
+	hTagEpoch   = 224 // bumped before every tag purge (see Tags.Purge)
+	hTagPurges  = 232 // tag purges, for statistics
+	hURLPurges  = 240 // URL generations bumped (purges and invalidations)
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -84,6 +91,7 @@ const (
 	secRecords        // response records
 	secBitmap         // free bitmap of the response blocks
 	secBlocks         // response blocks
+	secTags           // tag generations of the response cache
 	numSections
 )
 
@@ -102,6 +110,7 @@ var sectionTable = [numSections]struct {
 	secRecords: {"response records", hOffRecords, func(o Options) uint64 { return uint64(o.Responses) * recordSize }},
 	secBitmap:  {"block bitmap", hOffBitmap, func(o Options) uint64 { return (o.blocks() + 63) / 64 * 8 }},
 	secBlocks:  {"response blocks", hOffBlocks, func(o Options) uint64 { return uint64(o.ResponseBytes) }},
+	secTags:    {"tag generations", hOffTags, func(o Options) uint64 { return uint64(o.Tags) * 8 }},
 }
 
 // sections are the byte offsets of a region's sections and its total size.
@@ -146,6 +155,11 @@ type Options struct {
 	// BlockSize is the size of one block of the pool, a multiple of 64
 	// between 256 and 1 MiB. 0 means 4096.
 	BlockSize int
+	// Tags is the number of tag-generation slots of the response cache
+	// (see Tags), rounded up to a power of two, at most 2^24. 0 means
+	// 65536 when Responses > 0; a region without a response table has
+	// none.
+	Tags int
 }
 
 // blocks is the number of response blocks of normalized options.
@@ -172,13 +186,20 @@ func (o Options) normalize() (Options, error) {
 		o.Probe = defaultProbe
 	}
 	o.Probe = min(o.Probe, o.Counters)
-	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 {
+	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 || o.Tags < 0 {
 		return o, fmt.Errorf("shm: negative response geometry %+v", o)
 	}
 	if o.Responses == 0 {
-		o.ResponseBytes, o.BlockSize = 0, 0
+		o.ResponseBytes, o.BlockSize, o.Tags = 0, 0, 0
 		return o, nil
 	}
+	if o.Tags == 0 {
+		o.Tags = defaultTags
+	}
+	if o.Tags > maxTags {
+		return o, fmt.Errorf("shm: %d tag slots is more than the maximum %d", o.Tags, maxTags)
+	}
+	o.Tags = 1 << bits.Len(uint(o.Tags-1))
 	if o.Responses > maxResponses {
 		return o, fmt.Errorf("shm: %d response records is more than the maximum %d", o.Responses, maxResponses)
 	}

@@ -81,6 +81,8 @@ func child(role string) error {
 	switch role {
 	case "idem":
 		return idemChild(r, spec)
+	case "cache":
+		return cacheChild(r, spec)
 	case "stall":
 		shm.SetTestHook(func(stage string) {
 			if stage == spec.Stage {

@@ -76,23 +76,40 @@ func (c *Counters) Stats() Stats {
 // ResponseStats describes the response table, from a scan.
 type ResponseStats struct {
 	Records    int
-	Reserved   int
-	Complete   int
+	Reserved   int // idempotency reservations (and records being claimed)
+	Complete   int // completed idempotency records
+	Cached     int // response cache entries
+	Filling    int // response cache fills in flight
+	CacheBytes int // bytes of the cache entries
 	Blocks     int
 	BlocksUsed int
-	Full       uint64 // reservations refused: no record in the probe window
-	NoBlocks   uint64 // responses completed unreplayable for want of blocks
+	Full       uint64 // reservations and fill locks refused: no record in the probe window
+	NoBlocks   uint64 // responses not stored for want of blocks
+	Evicted    uint64 // cache entries dropped before their expiry to make room
 }
 
 // Stats scans the response table.
 func (t *Responses) Stats() ResponseStats {
 	st := ResponseStats{Records: len(t.recs), Blocks: int(t.nblocks)}
 	for i := range t.recs {
-		switch recPhase(atomic.LoadUint64(&t.recs[i].state)) {
-		case recReserved, recBusy:
+		rec := &t.recs[i]
+		cache := Kind(atomic.LoadUint64(&rec.kind)) == KindCache
+		switch recPhase(atomic.LoadUint64(&rec.state)) {
+		case recReserved:
+			if cache {
+				st.Filling++
+			} else {
+				st.Reserved++
+			}
+		case recBusy:
 			st.Reserved++
 		case recComplete:
-			st.Complete++
+			if cache {
+				st.Cached++
+				st.CacheBytes += int(uint32(atomic.LoadUint64(&rec.length)))
+			} else {
+				st.Complete++
+			}
 		}
 	}
 	for i := range t.bitmap {
@@ -101,6 +118,7 @@ func (t *Responses) Stats() ResponseStats {
 	for w := range t.r.workers {
 		st.Full += atomic.LoadUint64(&t.r.workers[w].respFull)
 		st.NoBlocks += atomic.LoadUint64(&t.r.workers[w].respNoBlock)
+		st.Evicted += atomic.LoadUint64(&t.r.workers[w].respEvicted)
 	}
 	return st
 }
