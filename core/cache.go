@@ -448,8 +448,7 @@ func in304(name string, hasETag bool) bool {
 // ETag, or, without it, If-Modified-Since against its Last-Modified (or
 // Date) (RFC 9110 §13.2.2).
 func (ex *Exchange) notModified(e *entry) bool {
-	var lb [4]string
-	if inm := ex.req.HeaderLines("If-None-Match", lb[:0]); len(inm) > 0 {
+	if inm := ex.req.HeaderLines("If-None-Match", ex.lines[:0]); len(inm) > 0 {
 		etag, ok := e.get("Etag")
 		return ok && etagMatch(inm, etag)
 	}

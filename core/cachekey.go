@@ -59,11 +59,10 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 	b = binary.LittleEndian.AppendUint64(b, ex.cprimary.A)
 	b = binary.LittleEndian.AppendUint64(b, ex.cprimary.B)
-	var lb [8]string
 	for _, n := range names {
 		b = append(b, n...)
 		b = append(b, ':')
-		for i, v := range ex.req.HeaderLines(n, lb[:0]) {
+		for i, v := range ex.req.HeaderLines(n, ex.lines[:0]) {
 			if i > 0 {
 				b = append(b, ',')
 			}

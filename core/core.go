@@ -245,6 +245,9 @@ type Exchange struct {
 	cbuf        []byte // the entry found, copied out of the table
 	cent        entry  // cbuf decoded
 	names       [maxVary]string
+	// lines receives a request field's lines: a stack array would escape
+	// through the Request interface.
+	lines [8]string
 
 	// keyBuf holds the bytes of the key being made: part of the pooled
 	// exchange, since a stack buffer would escape through clientip.Source.

