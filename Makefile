@@ -19,7 +19,7 @@ run: build
 # The race detector runs where goroutines share memory inside the test
 # process; the daemon's end-to-end tests drive a separately built binary.
 RACE_PKGS := ./shm/... ./bucket/... ./httplimit/... ./idempotency/... ./prefork/... \
-	./clientip/... ./config/... ./route/... ./persist/...
+	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/...
 
 # The whole proof: vet, unit and multi-process tests, the race detector on
 # the goroutine tests, a short fuzz of every parser, and the spin model.
@@ -43,7 +43,7 @@ fuzz:
 
 # Every benchmark side by side in one run, then wrk (bench/http.sh).
 bench:
-	PKGS="./bench/ ./persist/ ./idempotency/" AFTER=bench/http.sh bash bench/bench.sh
+	PKGS="./bench/ ./persist/ ./idempotency/ ./proxy/" AFTER=bench/http.sh bash bench/bench.sh
 
 model:
 	bash model/check.sh

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# HTTP throughput on loopback with wrk: preforkd with an embedded
-# handler and as a reverse proxy, rules off / on / refusing, and nginx
-# limit_req with the same number of workers when nginx is installed.
-# Prints requests/s and the ratios the targets talk about.
+# HTTP throughput and tail latency on loopback with wrk, each contender
+# with the same number of workers, in one run so that the ratios hold:
+#
+#   - the embedding API (net/http) with rules off / on / refusing;
+#   - proxy mode (the fast engine) vs nginx proxy_pass (keepalive 64) +
+#     limit_req, both in front of the same upstream (a 1-worker nginx
+#     "return 200", or bench/cmd/hello without nginx), rules off and on;
+#   - builtin:demo with one rule vs nginx static + limit_req.
+#
+# Prints requests/s, p99 latency (wrk --latency) and the ratios the
+# targets talk about.
 #
 #   WORKERS=2 DURATION=8 CONNS=32 bash bench/http.sh
 set -euo pipefail
@@ -16,6 +23,8 @@ PORT=${PORT:-18090}
 UPSTREAM_PORT=$((PORT + 9))
 
 command -v wrk >/dev/null || { echo "http.sh: wrk is not installed (apt-get install wrk)"; exit 1; }
+have_nginx=false
+command -v nginx >/dev/null && have_nginx=true
 
 tmp=$(mktemp -d)
 pids=()
@@ -46,16 +55,34 @@ stop() { # pid
 	kill -KILL "$1" 2>/dev/null || true
 }
 
-declare -A rps
+# to_ms converts wrk's latency ("812.00us", "4.11ms", "1.02s") to ms.
+to_ms() {
+	awk -v v="$1" 'BEGIN {
+		n = v + 0
+		if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n += 0; else if (v ~ /s$/) n *= 1000
+		printf "%.2f", n
+	}'
+}
+
+declare -A rps p99
 measure() { # name url
 	curl -s -o /dev/null "$2" # the first request (the only one "refuse" lets through)
 	local out
-	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "$2")
+	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$2")
 	rps[$1]=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-	local non2xx
+	p99[$1]=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
+	local non2xx errors
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
-	printf '%-26s %12s req/s   non-2xx: %s\n' "$1" "${rps[$1]}" "${non2xx:-0}"
+	errors=$(awk '/Socket errors:/ {print}' <<<"$out")
+	printf '%-30s %12s req/s   p99 %8s ms   non-2xx: %s %s\n' "$1" "${rps[$1]}" "${p99[$1]}" "${non2xx:-0}" "$errors"
 }
+
+rule_toml='
+[[ratelimit]]
+name = "all"
+path = "/*"
+limit = 1000000
+window = "1s"'
 
 run_embedded() { # rules
 	"$tmp/embedserver" -listen "127.0.0.1:$PORT" -workers "$WORKERS" -rules "$1" 2>"$tmp/embed-$1.log" &
@@ -66,95 +93,119 @@ run_embedded() { # rules
 	stop "$pid"
 }
 
-run_proxy() { # rules
-	local conf=$tmp/proxy-$1.toml
+run_preforkd() { # name upstream rules
+	local conf=$tmp/${1//[^a-zA-Z0-9]/-}.toml
 	cat >"$conf" <<EOF
 [server]
 listen = "127.0.0.1:$PORT"
 workers = $WORKERS
-upstream = "http://127.0.0.1:$UPSTREAM_PORT"
+upstream = "$2"
 EOF
-	if [ "$1" = on ]; then
-		cat >>"$conf" <<EOF
-[[ratelimit]]
-name = "all"
-path = "/*"
-limit = 1000000
-window = "1s"
-EOF
-	fi
-	"$tmp/preforkd" run -config "$conf" 2>"$tmp/proxy-$1.log" &
+	[ "$3" = on ] && echo "$rule_toml" >>"$conf"
+	"$tmp/preforkd" run -config "$conf" 2>"${conf%.toml}.log" &
 	local pid=$!
 	pids+=("$pid")
 	wait_up "http://127.0.0.1:$PORT/"
-	measure "proxy rules=$1" "http://127.0.0.1:$PORT/"
+	measure "$1" "http://127.0.0.1:$PORT/"
 	stop "$pid"
 }
 
-run_nginx() { # limit: on|off
-	local dir=$tmp/nginx-$1
+# nginx_conf dir workers listen-port location-body [limit on|off]: an
+# nginx.conf with everything in dir.
+nginx_conf() {
+	local dir=$1 zone="" limit=""
 	mkdir -p "$dir"
-	local limit_zone="" limit=""
-	if [ "$1" = on ]; then
-		limit_zone='limit_req_zone $binary_remote_addr zone=all:10m rate=10000000r/s;'
+	if [ "${5:-off}" = on ]; then
+		zone='limit_req_zone $binary_remote_addr zone=all:10m rate=10000000r/s;'
 		limit='limit_req zone=all burst=1000000 nodelay;'
 	fi
 	cat >"$dir/nginx.conf" <<EOF
-worker_processes $WORKERS;
+worker_processes $2;
 pid $dir/nginx.pid;
 error_log $dir/error.log;
 daemon off;
 events { worker_connections 4096; }
 http {
 	access_log off;
+	keepalive_requests 1000000;
 	client_body_temp_path $dir/body;
 	proxy_temp_path $dir/proxy;
 	fastcgi_temp_path $dir/fastcgi;
 	uwsgi_temp_path $dir/uwsgi;
 	scgi_temp_path $dir/scgi;
-	$limit_zone
+	$zone
+	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
 	server {
-		listen 127.0.0.1:$PORT;
+		listen 127.0.0.1:$3;
 		location / {
 			$limit
-			default_type text/plain;
-			return 200 "hello\n";
+			$4
 		}
 	}
 }
 EOF
+}
+
+run_nginx() { # name location-body limit
+	local dir=$tmp/${1//[^a-zA-Z0-9]/-}
+	nginx_conf "$dir" "$WORKERS" "$PORT" "$2" "$3"
 	nginx -c "$dir/nginx.conf" -p "$dir" &
 	local pid=$!
 	pids+=("$pid")
 	wait_up "http://127.0.0.1:$PORT/"
-	measure "nginx limit_req=$1" "http://127.0.0.1:$PORT/"
+	measure "$1" "http://127.0.0.1:$PORT/"
 	stop "$pid"
 }
 
-echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, $WORKERS workers, $(nproc) CPUs"
+static='default_type text/plain; return 200 "hello\n";'
+proxy_pass='proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";'
+
+echo "wrk -t$THREADS -c$CONNS -d${DURATION}s --latency, $WORKERS workers each, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# The upstream of both proxies.
+if $have_nginx; then
+	nginx_conf "$tmp/upstream" 1 "$UPSTREAM_PORT" "$static"
+	nginx -c "$tmp/upstream/nginx.conf" -p "$tmp/upstream" &
+	echo "upstream: nginx, 1 worker, return 200"
+else
+	"$tmp/hello" -listen "127.0.0.1:$UPSTREAM_PORT" &
+	echo "upstream: bench/cmd/hello (nginx is not installed: no nginx contender; apt-get install nginx-light)"
+fi
+pids+=("$!")
+wait_up "http://127.0.0.1:$UPSTREAM_PORT/"
+
 run_embedded off
 run_embedded on
 run_embedded refuse
-"$tmp/hello" -listen "127.0.0.1:$UPSTREAM_PORT" &
-pids+=("$!")
-wait_up "http://127.0.0.1:$UPSTREAM_PORT/"
-run_proxy off
-run_proxy on
-if command -v nginx >/dev/null; then
-	run_nginx off
-	run_nginx on
-else
-	echo "nginx is not installed: no comparison (apt-get install nginx-light)"
+run_preforkd "proxy rules=off" "http://127.0.0.1:$UPSTREAM_PORT" off
+run_preforkd "proxy rules=on" "http://127.0.0.1:$UPSTREAM_PORT" on
+run_preforkd "demo rules=on" "builtin:demo" on
+if $have_nginx; then
+	run_nginx "nginx proxy_pass" "$proxy_pass" off
+	run_nginx "nginx proxy_pass+limit_req" "$proxy_pass" on
+	run_nginx "nginx static+limit_req" "$static" on
 fi
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-verdict() { awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a") print "n/a"; else if (r + 0 >= t) print "met"; else print "MISSED" }'; }
+verdict() { # ratio target at-least|at-most
+	awk -v r="$1" -v t="$2" -v d="$3" 'BEGIN {
+		if (r == "n/a") print "n/a"
+		else if ((d == "at-least" && r + 0 >= t) || (d == "at-most" && r + 0 <= t)) print "met"
+		else print "MISSED"
+	}'
+}
 echo
-printf '%-52s %8s %8s %s\n' "ratio" "value" "target" ""
-line() { printf '%-52s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3")"; }
-r=$(ratio "${rps[embedded rules=on]}" "${rps[embedded rules=off]}"); line "embedded: rules on / rules off" "$r" 0.95
-r=$(ratio "${rps[proxy rules=on]}" "${rps[proxy rules=off]}"); line "proxy: rules on / rules off" "$r" 0.95
-r=$(ratio "${rps[embedded rules=refuse]}" "${rps[embedded rules=on]}"); line "embedded: 429s / 200s (a 429 costs no more)" "$r" 1.00
-if [ -n "${rps[nginx limit_req=on]:-}" ]; then
-	r=$(ratio "${rps[embedded rules=on]}" "${rps[nginx limit_req=on]}"); line "embedded rules on / nginx limit_req" "$r" 0.60
+printf '%-56s %8s %8s %s\n' "ratio" "value" "target" ""
+atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" at-least)"; }
+atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
+atleast "embedded (net/http): rules on / rules off" "$(ratio "${rps[embedded rules=on]}" "${rps[embedded rules=off]}")" 0.95
+atleast "proxy (fast engine): rules on / rules off" "$(ratio "${rps[proxy rules=on]}" "${rps[proxy rules=off]}")" 0.95
+atleast "embedded: 429s / 200s (a 429 costs no more)" "$(ratio "${rps[embedded rules=refuse]}" "${rps[embedded rules=on]}")" 1.00
+if $have_nginx; then
+	atleast "proxy rules=on / nginx proxy_pass+limit_req" "$(ratio "${rps[proxy rules=on]}" "${rps[nginx proxy_pass+limit_req]}")" 0.90
+	atleast "proxy rules=off / nginx proxy_pass" "$(ratio "${rps[proxy rules=off]}" "${rps[nginx proxy_pass]}")" 0.90
+	atmost "p99: proxy rules=on / nginx proxy_pass+limit_req" "$(ratio "${p99[proxy rules=on]}" "${p99[nginx proxy_pass+limit_req]}")" 1.50
+	atleast "demo rules=on / nginx static+limit_req" "$(ratio "${rps[demo rules=on]}" "${rps[nginx static+limit_req]}")" 0.80
+	atmost "p99: demo rules=on / nginx static+limit_req" "$(ratio "${p99[demo rules=on]}" "${p99[nginx static+limit_req]}")" 1.50
+	atleast "embedded rules on / nginx static+limit_req" "$(ratio "${rps[embedded rules=on]}" "${rps[nginx static+limit_req]}")" 0.60
 fi

@@ -224,3 +224,35 @@ func (p *Policy) takeGCRA(payload uint64, us int64) (uint64, Decision) {
 	d.ResetAfter = time.Duration(next-us) * time.Microsecond
 	return uint64(next), d
 }
+
+// Params returns the policy in microseconds, for a store that runs the
+// same algorithm elsewhere (a Redis script): for GCRA the emission
+// interval and the capacity (burst × interval), for a fixed window the
+// limit and the window; cost is what one request takes.
+func (p *Policy) Params() (algo Algorithm, a, b, cost int64) {
+	if p.algo == FixedWindow {
+		return p.algo, p.limit, p.window, p.cost
+	}
+	return p.algo, p.t, p.tau, p.cost
+}
+
+// WindowCount is the count a fixed-window payload holds for the window of
+// the given length that contains now (0 when the stored window is over),
+// and how long until that window ends. As in Take, a stored window later
+// than now's (a clock that went back) is the one counted in.
+func WindowCount(payload uint64, now, window time.Duration) (count int64, reset time.Duration) {
+	p := Policy{algo: FixedWindow, window: max(int64(window/time.Microsecond), 1)}
+	us := max(int64(now/time.Microsecond), 0)
+	abs, cnt, _ := p.window3(payload, us)
+	return cnt, time.Duration((abs+1)*p.window-us) * time.Microsecond
+}
+
+// WindowPayload is the fixed-window payload that holds count in the window
+// of the given length that contains now, or in the later window a stored
+// payload prev holds (see WindowCount). count is at most MaxLimit.
+func WindowPayload(prev uint64, now, window time.Duration, count int64) uint64 {
+	p := Policy{algo: FixedWindow, window: max(int64(window/time.Microsecond), 1)}
+	us := max(int64(now/time.Microsecond), 0)
+	abs, _, _ := p.window3(prev, us)
+	return uint64(abs)&widxMask<<countBits | uint64(min(max(count, 0), MaxLimit))
+}

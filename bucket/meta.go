@@ -42,3 +42,14 @@ func Fresh(meta, payload uint64, now time.Duration) bool {
 	}
 	return fresh(algo, window, payload, max(int64(now/time.Microsecond), 0))
 }
+
+// MetaOf is the meta word of a slot that holds a payload of algorithm a
+// over window, under a 16-bit tag, so that the table's freshness
+// judgement ([Fresh]) reads it as this package's limiters would: a GCRA
+// payload (a time) is fresh once it has passed, a fixed-window one once its
+// window is over. Other packages keep entries of their own in the table
+// with it (a deny cache, a shared count); a window no rule can have (under
+// [MinWindow]) keeps such an entry apart from every rule's state.
+func MetaOf(tag uint16, a Algorithm, window time.Duration) uint64 {
+	return uint64(tag)<<tagShift | uint64(a&algoMask)<<windowBits | uint64(window/time.Microsecond)&windowMask
+}

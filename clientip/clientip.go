@@ -61,6 +61,29 @@ func (r *Resolver) Trusts(peer netip.Addr) bool {
 // no zone; the zero Addr for none), xff and forwarded the field lines of
 // X-Forwarded-For and Forwarded, in order. They are read only when peer
 // is trusted.
+//
+// The walk: several lines of one header are one list, blank lines
+// contributing nothing. Hops may carry a port ("192.0.2.1:80",
+// "[2001:db8::1]:80", in Forwarded also an obfuscated "_port"); Forwarded
+// values may be quoted with escapes, parameter names are case-insensitive.
+// IPv4-mapped addresses become IPv4 and zones are dropped, in the peer,
+// the hops and Trusted. From the right, trusted hops are skipped; the
+// first untrusted one is the client; if every hop is trusted, the
+// left-most is. A hop that names no usable address (garbage, "unknown",
+// "_hidden", an empty element, a Forwarded element without for= or with
+// two, a syntax error) stops the walk: the client is then the trusted hop
+// just right of it, or the peer.
+//
+// Neither header is preferred: a trusted proxy that writes only one passes
+// the other through from the client. When both list hops, they are
+// aligned on the right and walked together, and a position where they
+// name different addresses, or only the longer has a hop, is malformed; a
+// client that forges the header its proxy does not write is counted under
+// that proxy, shared with every other forger, never under a key of its
+// choosing. A well-formed Forwarded header none of whose elements has
+// for= says nothing about the client and is ignored; a malformed one is
+// not (a client's unterminated quote may have swallowed what its proxy
+// appended).
 func (r *Resolver) ClientOf(peer netip.Addr, xff, forwarded []string) netip.Addr {
 	if !r.Trusts(peer) {
 		return peer

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/redisstore"
 )
 
 // Config is the whole configuration of preforkd. The TOML file is one way to
@@ -24,6 +25,7 @@ type Config struct {
 	Admin       Admin         `toml:"admin"`
 	Table       Table         `toml:"table"`
 	Persist     Persist       `toml:"persist"`
+	Redis       Redis         `toml:"redis"`
 	RateLimits  []RateLimit   `toml:"ratelimit"`
 	Idempotency []Idempotency `toml:"idempotency"`
 	Caches      []Cache       `toml:"cache"`
@@ -63,6 +65,37 @@ type Server struct {
 	// CaseSensitive makes rule and block paths match with case; by
 	// default "/LOGIN" is "/login", as case-insensitive routers serve it.
 	CaseSensitive bool `toml:"case_sensitive"`
+
+	// The data plane's timeouts and limits (package proxy, whose Options
+	// they fill: see Config.ProxyOptions).
+
+	// ReadHeaderTimeout bounds the reading of a request's header section
+	// (slowloris). 0 means 10s.
+	ReadHeaderTimeout time.Duration `toml:"read_header_timeout"`
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request. 0 means 75s.
+	IdleTimeout time.Duration `toml:"idle_timeout"`
+	// MaxHeaderBytes bounds a request's line and header section; larger:
+	// 431. At least 4 KiB; 0 means 64 KiB.
+	MaxHeaderBytes Size `toml:"max_header_bytes"`
+	// MaxConnections bounds the client connections each worker has open;
+	// 0 means no bound.
+	MaxConnections int `toml:"max_connections"`
+	// ClientBodyTimeout bounds the wait between two reads of a request
+	// body (408 after it). 0 means 60s.
+	ClientBodyTimeout time.Duration `toml:"client_body_timeout"`
+	// SendTimeout bounds the wait between two writes to a client. 0 means
+	// 60s.
+	SendTimeout time.Duration `toml:"send_timeout"`
+	// UpstreamConnectTimeout bounds a connection attempt to the upstream
+	// (502 after it). 0 means 5s.
+	UpstreamConnectTimeout time.Duration `toml:"upstream_connect_timeout"`
+	// UpstreamTimeout bounds the wait for the upstream's response header
+	// (504 after it), and between two reads of its body. 0 means 60s.
+	UpstreamTimeout time.Duration `toml:"upstream_timeout"`
+	// UpstreamMaxIdle is how many idle keep-alive connections to the
+	// upstream each worker keeps. 0 means 256.
+	UpstreamMaxIdle int `toml:"upstream_max_idle"`
 }
 
 // Admin is the [admin] table. Zero is "off".
@@ -129,6 +162,84 @@ type RateLimit struct {
 	// Overrides give some keys or clients another limit
 	// ([[ratelimit.override]]).
 	Overrides []Override `toml:"override"`
+
+	// Store is where the rule's counts live: local (the zero value: this
+	// host's table) or redis ([redis], shared by every host).
+	Store Store `toml:"store"`
+	// OnUnavailable answers for a redis rule when Redis cannot decide:
+	// local (the zero value: this host enforces Limit ÷ LocalShare), open
+	// or closed (503).
+	OnUnavailable redisstore.OnUnavailable `toml:"on_unavailable"`
+	// LocalShare is how many hosts share a redis rule, 1..65536. 0 means
+	// 1 in Go; the file's default is 1.
+	LocalShare int `toml:"local_share"`
+	// Sync is exact (the zero value: every decision in Redis) or an
+	// interval (fixed-window redis rules: count locally, add to Redis
+	// every interval).
+	Sync redisstore.Sync `toml:"sync"`
+}
+
+// Redis is the [redis] table: the Redis that rules with store = "redis"
+// share with the other hosts. Zero is "off"; set one of URL, Cluster and
+// Sentinel.
+type Redis struct {
+	// URL is one server, "redis://[[user]:password@]host:6379/0" or
+	// "rediss://…". It is shown with its password redacted.
+	URL RedisURL `toml:"url"`
+	// Cluster are seed addresses of a Redis Cluster.
+	Cluster []string `toml:"cluster"`
+	// Sentinel is a master name and the addresses of its Sentinels.
+	Sentinel Sentinel `toml:"sentinel"`
+	// Timeout bounds each call made for a request; no retries. 0 means
+	// 25ms.
+	Timeout time.Duration `toml:"timeout"`
+	// PoolSize is the connection pool per worker; 0 means go-redis's
+	// default.
+	PoolSize int `toml:"pool_size"`
+	// Prefix starts every key. "" means "preforkd:".
+	Prefix string `toml:"prefix"`
+	// BreakerFailures is how many consecutive failed calls open the
+	// breaker shared by the host's workers. 0 means 5.
+	BreakerFailures int `toml:"breaker_failures"`
+	// BreakerBackoff is how long the breaker stays open before one
+	// worker probes. 0 means 1s.
+	BreakerBackoff time.Duration `toml:"breaker_backoff"`
+}
+
+// Sentinel is the [redis] sentinel table.
+type Sentinel struct {
+	Master string   `toml:"master"`
+	Addrs  []string `toml:"addrs"`
+}
+
+// RedisURL is a Redis URL; it prints with its password redacted.
+type RedisURL string
+
+func (u RedisURL) String() string {
+	if u == "" {
+		return `""`
+	}
+	return redisstore.RedactURL(string(u))
+}
+
+// Enabled reports whether the [redis] table names a Redis.
+func (r Redis) Enabled() bool {
+	return r.URL != "" || len(r.Cluster) > 0 || r.Sentinel.Master != "" || len(r.Sentinel.Addrs) > 0
+}
+
+// StoreOptions are the redisstore options of the [redis] table.
+func (r Redis) StoreOptions() redisstore.Options {
+	return redisstore.Options{
+		URL: string(r.URL), Cluster: r.Cluster,
+		Sentinel: redisstore.Sentinel{Master: r.Sentinel.Master, Addrs: r.Sentinel.Addrs},
+		Timeout:  r.Timeout, PoolSize: r.PoolSize, Prefix: r.Prefix,
+		Breaker: redisstore.Breaker{Failures: r.BreakerFailures, Backoff: r.BreakerBackoff},
+	}
+}
+
+// RedisRule is the rule as package redisstore applies it (store = "redis").
+func (r RateLimit) RedisRule() redisstore.Rule {
+	return redisstore.Rule{Rule: r.BucketRule(), OnUnavailable: r.OnUnavailable, LocalShare: r.LocalShare, Sync: time.Duration(r.Sync)}
 }
 
 // Override is one [[ratelimit.override]]: another limit for an exact key
@@ -240,8 +351,24 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.IPv6Prefix, 64)
 	setDefault(&s.ShutdownTimeout, 30*time.Second)
 	setDefault(&s.MaxRequestBody, 1<<20)
+	setDefault(&s.ReadHeaderTimeout, 10*time.Second)
+	setDefault(&s.IdleTimeout, 75*time.Second)
+	setDefault(&s.MaxHeaderBytes, 64<<10)
+	setDefault(&s.ClientBodyTimeout, 60*time.Second)
+	setDefault(&s.SendTimeout, 60*time.Second)
+	setDefault(&s.UpstreamConnectTimeout, 5*time.Second)
+	setDefault(&s.UpstreamTimeout, 60*time.Second)
+	setDefault(&s.UpstreamMaxIdle, 256)
 	s.TrustedProxies = slices.Clone(s.TrustedProxies)
 	s.Exempt = slices.Clone(s.Exempt)
+
+	rd := &c.Redis
+	setDefault(&rd.Timeout, redisstore.DefaultTimeout)
+	setDefault(&rd.Prefix, redisstore.DefaultPrefix)
+	setDefault(&rd.BreakerFailures, redisstore.DefaultBreakerFailures)
+	setDefault(&rd.BreakerBackoff, redisstore.DefaultBreakerBackoff)
+	rd.Cluster = slices.Clone(rd.Cluster)
+	rd.Sentinel.Addrs = slices.Clone(rd.Sentinel.Addrs)
 
 	setDefault(&c.Table.Counters, 262144)
 	if n := c.Table.Counters; n >= minCounters && n <= maxCounters {
@@ -280,6 +407,7 @@ func (d Cache) withDefaults() Cache {
 func (r RateLimit) withDefaults() RateLimit {
 	r.Methods = upperAll(r.Methods)
 	setDefault(&r.By, "ip")
+	setDefault(&r.LocalShare, 1)
 	r.Exempt = slices.Clone(r.Exempt)
 	r.Overrides = slices.Clone(r.Overrides)
 	return r

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -50,6 +51,15 @@ func TestDefault(t *testing.T) {
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
 		{"server.headers", d.Server.Headers.String(), "both"},
 		{"server.max_request_body", d.Server.MaxRequestBody, Size(1 << 20)},
+		{"server.read_header_timeout", d.Server.ReadHeaderTimeout, 10 * time.Second},
+		{"server.idle_timeout", d.Server.IdleTimeout, 75 * time.Second},
+		{"server.max_header_bytes", d.Server.MaxHeaderBytes, Size(64 << 10)},
+		{"server.max_connections", d.Server.MaxConnections, 0},
+		{"server.client_body_timeout", d.Server.ClientBodyTimeout, 60 * time.Second},
+		{"server.send_timeout", d.Server.SendTimeout, 60 * time.Second},
+		{"server.upstream_connect_timeout", d.Server.UpstreamConnectTimeout, 5 * time.Second},
+		{"server.upstream_timeout", d.Server.UpstreamTimeout, 60 * time.Second},
+		{"server.upstream_max_idle", d.Server.UpstreamMaxIdle, 256},
 		{"admin.listen", d.Admin.Listen, ""},
 		{"admin.token_file", d.Admin.TokenFile, ""},
 		{"table.counters", d.Table.Counters, 262144},
@@ -115,6 +125,15 @@ ipv6_prefix = 56
 shutdown_timeout = "1m30s"
 headers = "ietf"
 max_request_body = 4096
+read_header_timeout = "3s"
+idle_timeout = "20s"
+max_header_bytes = "16KiB"
+max_connections = 1000
+client_body_timeout = "15s"
+send_timeout = "25s"
+upstream_connect_timeout = "2s"
+upstream_timeout = "2m"
+upstream_max_idle = 32
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -126,6 +145,13 @@ response_bytes = "10KB"
 path = "/var/lib/preforkd/dump"
 key = "abc123"
 live = "/dev/shm/preforkd"
+[redis]
+url = "redis://:secret@10.0.0.5:6380/2"
+timeout = "40ms"
+pool_size = 8
+prefix = "app1:"
+breaker_failures = 3
+breaker_backoff = "2s"
 [[ratelimit]]
 name = "Fixed_1.x-y"
 path = "/api/*"
@@ -136,6 +162,10 @@ algorithm = "fixed-window"
 by = "header:X-Api-Key|header:X-Token|ip"
 mode = "shadow"
 on_full = "closed"
+store = "redis"
+on_unavailable = "closed"
+local_share = 3
+sync = "100ms"
 [[ratelimit]]
 name = "g"
 path = "/*"
@@ -157,16 +187,29 @@ by = "global"
 			ShutdownTimeout: 90 * time.Second,
 			Headers:         HeadersIETF,
 			MaxRequestBody:  4096,
+
+			ReadHeaderTimeout:      3 * time.Second,
+			IdleTimeout:            20 * time.Second,
+			MaxHeaderBytes:         16 << 10,
+			MaxConnections:         1000,
+			ClientBodyTimeout:      15 * time.Second,
+			SendTimeout:            25 * time.Second,
+			UpstreamConnectTimeout: 2 * time.Second,
+			UpstreamTimeout:        2 * time.Minute,
+			UpstreamMaxIdle:        32,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
 		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
+		Redis: Redis{URL: "redis://:secret@10.0.0.5:6380/2", Timeout: 40 * time.Millisecond, PoolSize: 8, Prefix: "app1:",
+			BreakerFailures: 3, BreakerBackoff: 2 * time.Second},
 		RateLimits: []RateLimit{{
 			Name: "Fixed_1.x-y", Path: "/api/*", Methods: []string{"GET", "POST"}, Limit: 1048575,
 			Window: time.Hour, Algorithm: bucket.FixedWindow, By: "header:X-Api-Key|header:X-Token|ip",
 			Mode: Shadow, OnFull: bucket.Closed,
+			Store: StoreRedis, OnUnavailable: redisstore.FailClosed, LocalShare: 3, Sync: redisstore.Sync(100 * time.Millisecond),
 		}, {
-			Name: "g", Path: "/*", Limit: 10, Window: time.Millisecond, Burst: 20, By: "global",
+			Name: "g", Path: "/*", Limit: 10, Window: time.Millisecond, Burst: 20, By: "global", LocalShare: 1,
 		}},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -414,12 +457,12 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""
-rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]
-rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[]
+rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact
+rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact
 idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000
 `
 	if got := b.String(); got != want {
@@ -464,8 +507,8 @@ func TestExample(t *testing.T) {
 		t.Errorf("example server/persist = %+v %+v", s, c.Persist)
 	}
 	want := []RateLimit{
-		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}},
-		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip", Overrides: []Override{
+		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}, LocalShare: 1},
+		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip", LocalShare: 1, Overrides: []Override{
 			{Key: "gold-customer-key", Limit: 1000, Window: time.Minute, Burst: 1000},
 			{Client: Prefixes{netip.MustParsePrefix("198.51.100.0/24")}, Limit: 500},
 		}},
@@ -478,8 +521,8 @@ func TestExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[]`,
-		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open cost=1 status=429 exempt=[]`,
+		`rule "login": path=/login methods=POST limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact`,
+		`rule "api": path=/api/* methods=* limit=100 window=1m0s algorithm=gcra burst=100 by=header:X-Api-Key|ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact`,
 		`rule "api" override 1: key=gold-customer-key client=[] limit=1000 window=1m0s burst=1000`,
 	} {
 		if !strings.Contains(b.String(), line+"\n") {
@@ -507,6 +550,9 @@ func TestExample(t *testing.T) {
 	if len(c.Idempotency) != 1 || c.Idempotency[0].Path != "/orders" {
 		t.Errorf("uncommented idempotency = %+v", c.Idempotency)
 	}
+	if !c.Redis.Enabled() {
+		t.Errorf("uncommented [redis] names no Redis: %+v", c.Redis)
+	}
 	ix := indexLines(full)
 	for _, sec := range []struct {
 		path []string
@@ -518,6 +564,7 @@ func TestExample(t *testing.T) {
 		{[]string{"ratelimit", elem(1), "override", elem(0)}, []string{"key", "limit", "window", "burst"}},
 		{[]string{"ratelimit", elem(1), "override", elem(1)}, []string{"client", "limit"}},
 		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
+		{[]string{"redis"}, tomlKeys(reflect.TypeFor[Redis]())},
 	} {
 		for _, k := range sec.keys {
 			if _, ok := ix[joinPath(append(sec.path, k))]; !ok {

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"time"
+
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/route"
@@ -72,6 +74,9 @@ func (rl RateLimit) core(ro route.Options) (core.RateLimit, error) {
 	r := core.RateLimit{Rule: rl.BucketRule(), Route: rt, By: by, Shadow: rl.Mode == Shadow, Status: rl.Status, Exempt: rl.Exempt}
 	for _, o := range rl.Overrides {
 		r.Overrides = append(r.Overrides, core.Override{Key: o.Key, Clients: o.Client, Limit: o.Limit, Window: o.Window, Burst: o.Burst})
+	}
+	if rl.Store == StoreRedis {
+		r.Redis = &core.RedisRule{OnUnavailable: rl.OnUnavailable, LocalShare: rl.LocalShare, Sync: time.Duration(rl.Sync)}
 	}
 	return r, r.Check()
 }

@@ -26,6 +26,9 @@ func (c Config) WriteEffective(w io.Writer) error {
 	line(&b, "admin:", c.Admin, "")
 	line(&b, "table:", c.Table, "")
 	line(&b, "persist:", c.Persist, "")
+	if c.Redis.Enabled() {
+		line(&b, "redis:", c.Redis, "")
+	}
 	if c.Server.Shadow {
 		b.WriteString("shadow: every rule is in shadow mode (a dry run): nothing is refused\n")
 	}

@@ -61,6 +61,11 @@ func TestErrors(t *testing.T) {
 		{"upstream no host", "[server]\nupstream = \"http:///x\" # <-\n", "with a host", 0},
 		{"upstream builtin", "[server]\nupstream = \"builtin:echo\" # <-\n", "unknown built-in upstream", 0},
 		{"upstream credentials", "[server]\nupstream = \"http://u:p@h\" # <-\n", "credentials", 0},
+		{"upstream query", "[server]\nupstream = \"http://h/?a=1\" # <-\n", "no query", 0},
+		{"negative timeout", "[server]\nupstream_timeout = \"-1s\" # <-\n", "upstream_timeout: must be positive", 0},
+		{"small header limit", "[server]\nmax_header_bytes = \"1KiB\" # <-\n", "max_header_bytes: must be at least 4KiB", 0},
+		{"negative connections", "[server]\nmax_connections = -1 # <-\n", "max_connections: must not be negative", 0},
+		{"negative idle pool", "[server]\nupstream_max_idle = -2 # <-\n", "upstream_max_idle: must not be negative", 0},
 		{"ipv6_prefix 0", "[server]\nipv6_prefix = 0 # <-\n", "between 1 and 128, got 0", 0},
 		{"ipv6_prefix 129", "[server]\nipv6_prefix = 129 # <-\n", "between 1 and 128, got 129", 0},
 		{"shutdown_timeout", "[server]\nshutdown_timeout = \"0s\" # <-\n", "must be positive", 0},
@@ -147,6 +152,20 @@ func TestErrors(t *testing.T) {
 		{"first in file", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimit = 0 # <-\nwindow = \"1s\"\n[server]\nworkers = -1\n", `ratelimit "b": limit`, 0},
 		{"first in file, decode", "[server]\nlisen = 1 # <-\n[table]\nresponses = \"x\"\n", "lisen", 0},
 		{"byte-order mark and CRLF", "\xef\xbb\xbf[server]\r\nlisten = \":1\"\r\nlisen = 1 # <-\r\n", "lisen", 0},
+
+		// Redis rules and [redis].
+		{"redis without [redis]", rule + "store = \"redis\" # <-\n", `store: is "redis" but [redis] sets no url, cluster or sentinel`, 0},
+		{"unknown store", rule + "store = \"memcached\" # <-\n", `ratelimit[1].store: "memcached" is not one of "local", "redis"`, 0},
+		{"unknown on_unavailable", rule + "on_unavailable = \"maybe\" # <-\n", `on_unavailable "maybe": want "open", "closed" or "local"`, 0},
+		{"sync on a local rule", rule + "sync = \"100ms\" # <-\n", `sync: applies to store = "redis" only`, 0},
+		{"sync not a duration", rule + "sync = \"often\" # <-\n", `want "exact" or an interval`, 0},
+		{"sync on gcra", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nsync = \"100ms\" # <-\n", "needs algorithm fixed-window", 0},
+		{"local share 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nlocal_share = 0 # <-\n", "local_share: must be between 1 and 65536, got 0", 0},
+		{"local share too large", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nlocal_share = 70000 # <-\n", "local share 70000 outside", 0},
+		{"bad redis url", "[redis]\nurl = \"http://:hunter2@x\" # <-\n", "redis: url", 0},
+		{"two redis targets", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ncluster = [\"a:1\"] # <-\n", "only one of url, cluster and sentinel", 1},
+		{"sentinel without addrs", "[redis]\nsentinel = { master = \"m\" } # <-\n", "sentinel needs both", 0},
+		{"redis timeout", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntimeout = \"2m\" # <-\n", "timeout 2m0s outside 1ms..1m", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line := tc.line

@@ -4,15 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/proxy"
+	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
 )
 
@@ -61,6 +63,30 @@ func (c Config) check(r *report) {
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"read_header_timeout", s.ReadHeaderTimeout},
+		{"idle_timeout", s.IdleTimeout},
+		{"client_body_timeout", s.ClientBodyTimeout},
+		{"send_timeout", s.SendTimeout},
+		{"upstream_connect_timeout", s.UpstreamConnectTimeout},
+		{"upstream_timeout", s.UpstreamTimeout},
+	} {
+		if d.v <= 0 {
+			f(d.key, "must be positive, got %v", d.v)
+		}
+	}
+	if s.MaxHeaderBytes < proxy.MinMaxHeaderBytes {
+		f("max_header_bytes", "must be at least %v, got %v", Size(proxy.MinMaxHeaderBytes), s.MaxHeaderBytes)
+	}
+	if s.MaxConnections < 0 {
+		f("max_connections", "must not be negative (0 means no bound), got %d", s.MaxConnections)
+	}
+	if s.UpstreamMaxIdle < 0 {
+		f("upstream_max_idle", "must not be negative, got %d", s.UpstreamMaxIdle)
+	}
 
 	if a := c.Admin.Listen; a != "" {
 		f := r.at([]string{"admin"}, "admin.")
@@ -95,9 +121,28 @@ func (c Config) check(r *report) {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
 	}
 
+	if c.Redis.Enabled() {
+		if err := c.Redis.StoreOptions().Validate(); err != nil {
+			// At the line of the key the message is about, when it names one.
+			path := []string{"redis"}
+			msg := detail(err)
+			for _, k := range []struct{ word, key string }{
+				{"url", "url"}, {"address", "cluster"}, {"sentinel", "sentinel"}, {"timeout", "timeout"},
+				{"pool size", "pool_size"}, {"breaker failures", "breaker_failures"}, {"breaker backoff", "breaker_backoff"},
+			} {
+				if strings.HasPrefix(msg, k.word) && r.line("redis", k.key) > 0 {
+					path = append(path, k.key)
+					break
+				}
+			}
+			r.fail(path, "redis: "+msg)
+		}
+	}
+
 	names := map[string]int{} // rule name → index of its first use
 	for i, rl := range c.RateLimits {
 		rl.check(r, i, names, s.routes())
+		rl.checkStore(r, i, c.Redis.Enabled())
 	}
 	for i, d := range c.Idempotency {
 		d.check(r, i, c)
@@ -155,6 +200,45 @@ func (rl RateLimit) check(r *report, i int, names map[string]int, ro route.Optio
 	}
 	if err := modeNames.check(rl.Mode); err != nil {
 		f("mode", "%s", detail(err))
+	}
+}
+
+// checkStore checks the keys of a rule's store: those of a redis rule by
+// package redisstore, which applies them.
+func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
+	path := []string{"ratelimit", elem(i)}
+	label := fmt.Sprintf("ratelimit %q: ", rl.Name)
+	f := r.at(path, label)
+	if err := storeNames.check(rl.Store); err != nil {
+		f("store", "%s", detail(err))
+		return
+	}
+	if rl.Store == StoreLocal {
+		switch {
+		case rl.Sync != 0:
+			f("sync", "applies to store = \"redis\" only")
+		case rl.LocalShare != 1:
+			f("local_share", "applies to store = \"redis\" only")
+		}
+		return
+	}
+	if !redisOn {
+		f("store", "is \"redis\" but [redis] sets no url, cluster or sentinel")
+		return
+	}
+	if rl.LocalShare < 1 {
+		f("local_share", "must be between 1 and %d, got %d", redisstore.MaxLocalShare, rl.LocalShare)
+		return
+	}
+	if err := rl.RedisRule().Validate(); err != nil {
+		key := "sync"
+		switch msg := err.Error(); {
+		case strings.Contains(msg, "local share"):
+			key = "local_share"
+		case strings.Contains(msg, "on_unavailable"):
+			key = "on_unavailable"
+		}
+		f(key, "%s", strings.TrimPrefix(detail(err), fmt.Sprintf("rule %q: ", rl.Name)))
 	}
 }
 
@@ -252,14 +336,8 @@ func checkUpstream(s string) error {
 		}
 		return nil
 	}
-	u, err := url.Parse(s)
-	switch {
-	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
-		return fmt.Errorf("%q: want %q or an absolute http:// or https:// URL with a host", s, demoUpstream)
-	case u.User != nil:
-		return fmt.Errorf("%q: credentials in the URL are not sent upstream; remove them", s)
-	case u.Fragment != "":
-		return fmt.Errorf("%q: an upstream URL has no fragment", s)
+	if err := proxy.CheckUpstream(s); err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "proxy: upstream "))
 	}
 	return nil
 }

@@ -129,6 +129,20 @@ func (m Mode) String() string                { return modeNames.name(m) }
 func (m Mode) MarshalText() ([]byte, error)  { return modeNames.marshal(m) }
 func (m *Mode) UnmarshalText(b []byte) error { return modeNames.unmarshal(b, m) }
 
+// Store is where a rule's counts live.
+type Store uint8
+
+const (
+	StoreLocal Store = iota // this host's table ("local")
+	StoreRedis              // the [redis] table, shared by every host ("redis")
+)
+
+var storeNames = enum[Store]{"local", "redis"}
+
+func (s Store) String() string                { return storeNames.name(s) }
+func (s Store) MarshalText() ([]byte, error)  { return storeNames.marshal(s) }
+func (s *Store) UnmarshalText(b []byte) error { return storeNames.unmarshal(b, s) }
+
 // enum holds the names of a small integer type's values, in order: the
 // first is the zero value's, which is the default.
 type enum[T ~uint8] []string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -55,6 +56,10 @@ type Options struct {
 	// Wall is the wall clock, read only for X-RateLimit-Reset. nil means
 	// time.Now.
 	Wall func() time.Time
+	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
+	// shared by every host that uses it. The Core owns it from New on:
+	// Close closes it. nil: no rule may be a Redis rule.
+	Redis *redisstore.Store
 }
 
 // RateLimit is one compiled rate-limit rule.
@@ -72,6 +77,27 @@ type RateLimit struct {
 	Exempt []netip.Prefix
 	// Overrides give some keys or clients another limit.
 	Overrides []Override
+	// Redis, if set, keeps the rule's counts (and each override's) in
+	// Options.Redis instead of this host's table: one limit for every
+	// host.
+	Redis *RedisRule
+}
+
+// RedisRule is how a rule uses Redis.
+type RedisRule struct {
+	// OnUnavailable answers when Redis cannot decide (down, slow, the
+	// breaker open): let the request through, refuse it (503), or enforce
+	// this host's share of the limit on its own table.
+	OnUnavailable redisstore.OnUnavailable
+	// LocalShare is the number of hosts sharing the rule, for
+	// OnUnavailable local: this host enforces the limit (and burst)
+	// divided by it. 0 means 1.
+	LocalShare int
+	// Sync 0 decides every request in Redis (one round trip); a positive
+	// interval counts on this host and adds the counts to Redis every
+	// interval (fixed window only; see package redisstore for the bound
+	// on over-admission).
+	Sync time.Duration
 }
 
 // Override is another limit for some keys of a rule (an API key of a
@@ -92,12 +118,17 @@ type Override struct {
 }
 
 // StateRules are the bucket rules whose state a core with these options
-// keeps: each rule's own and each override's, for persistence to guard
-// (each is dropped at load when its definition changed).
+// keeps in the host's table: each local rule's own and each override's,
+// for persistence to guard (each is dropped at load when its definition
+// changed). Redis rules keep theirs in Redis: nothing of theirs is
+// dumped.
 func (o *Options) StateRules() []bucket.Rule {
 	var out []bucket.Rule
 	for i := range o.RateLimits {
 		rl := &o.RateLimits[i]
+		if rl.Redis != nil {
+			continue
+		}
 		out = append(out, rl.Rule)
 		for j := range rl.Overrides {
 			out = append(out, rl.Overrides[j].rule(rl.Rule))
@@ -143,6 +174,7 @@ type Core struct {
 	now      func() time.Duration
 	wall     func() time.Time
 	log      *slog.Logger // nil: slog.Default()
+	redis    *redisstore.Store
 
 	caches []*cacheBlock
 
@@ -175,6 +207,7 @@ func New(region *shm.Region, opts Options) (*Core, error) {
 		now:      opts.Now,
 		wall:     opts.Wall,
 		log:      opts.Logger,
+		redis:    opts.Redis,
 	}
 	if c.maxReq == 0 {
 		c.maxReq = defaultMaxRequestBody
@@ -204,6 +237,19 @@ func New(region *shm.Region, opts Options) (*Core, error) {
 	return c, nil
 }
 
+// Close releases what the Core owns: Options.Redis (its sync-mode
+// flusher adds its last counts to Redis first). A worker calls it once it
+// has drained; the Core must not decide after. It is idempotent.
+func (c *Core) Close() error {
+	if c.redis != nil {
+		return c.redis.Close()
+	}
+	return nil
+}
+
+// Redis is the Redis store the Core decides Redis rules with, or nil.
+func (c *Core) Redis() *redisstore.Store { return c.redis }
+
 // Exchange is the core's state for one request, from Begin to Release.
 // It is not safe for concurrent use.
 type Exchange struct {
@@ -222,6 +268,9 @@ type Exchange struct {
 	hits    []hit
 	hitBuf  [inlineHits]hit
 	refusal Refusal
+	remotes int // hits of Redis rules
+	rhits   []redisstore.Hit
+	rhitBuf [inlineHits]redisstore.Hit
 
 	// Idempotency.
 	idem     *block
@@ -269,6 +318,7 @@ func (c *Core) Begin(req Request) *Exchange {
 	ex := c.pool.Get().(*Exchange)
 	ex.req = req
 	ex.hits = ex.hitBuf[:0]
+	ex.rhits = ex.rhitBuf[:0]
 	ex.fields = ex.fieldBuf[:0]
 	ex.buf = ex.bufArr[:0]
 	return ex

@@ -240,7 +240,7 @@ func (ex *Exchange) rateLimitFields() {
 
 // blind reports whether a hit knows nothing of the client's state: it
 // was let through by on_full "open".
-func blind(h *hit) bool { return h.d.Full && h.d.Allowed }
+func blind(h *hit) bool { return h.unknown || h.d.Full && h.d.Allowed }
 
 // knowing returns the hits that are not blind, in a copy (the hits
 // themselves stay for the counters).
@@ -284,7 +284,7 @@ func refusalProblem(refusing *hit, hits []hit, buf []byte) (Problem, []byte) {
 	secs := retryAfterSeconds(refusing.d.RetryAfter)
 	p := Problem{Status: refusing.r.status, Type: problemQuotaExceeded, RetryAfter: secs}
 	what := `" exceeded; retry in `
-	if refusing.d.Full {
+	if refusing.d.Full || refusing.unavailableClosed() {
 		p.Status, p.Type, what = http.StatusServiceUnavailable, "", `" is temporarily unavailable; retry in `
 	}
 	from := len(buf)
@@ -298,7 +298,7 @@ func refusalProblem(refusing *hit, hits []hit, buf []byte) (Problem, []byte) {
 		buf = append(buf, " seconds"...)
 	}
 	p.DetailText = buf[from:len(buf):len(buf)]
-	if !refusing.d.Full {
+	if !refusing.d.Full && !refusing.unavailableClosed() {
 		from = len(buf)
 		buf = append(buf, `,"violated-policies":[`...)
 		n := 0

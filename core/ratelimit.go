@@ -12,6 +12,7 @@ import (
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -46,14 +47,20 @@ type rule struct {
 // own key namespace, so a key lives in one slot, under the limit that
 // applies to it.
 type variant struct {
-	lim     *bucket.Limiter
+	lim     *bucket.Limiter // a local rule's; nil for a Redis rule
 	hdr     ruleHeaders
 	clients clientip.PrefixSet
+
+	// A Redis rule's limiter, and for on_unavailable "local" the
+	// variant of this host's share (a local one, headers of its own
+	// limit).
+	remote   *redisstore.Limiter
+	fallback *variant
 }
 
 type ruleCounters struct {
-	allowed, refused, shadowRefused, full atomic.Uint64
-	_                                     [32]byte // keep two rules' counters off one cache line
+	allowed, refused, shadowRefused, full, unavailable atomic.Uint64
+	_                                                  [24]byte // keep two rules' counters off one cache line
 }
 
 // RuleStats counts what one rule decided in this process since New.
@@ -72,17 +79,64 @@ type RuleStats struct {
 	// Full counts decisions answered by on_full because the table had no
 	// slot for the key, whatever on_full answered.
 	Full uint64
+	// Unavailable counts decisions of a Redis rule answered by
+	// on_unavailable because Redis could not decide (down, slow, the
+	// breaker open), whatever it answered.
+	Unavailable uint64
 }
 
 // hit is one rule matching the request being decided.
 type hit struct {
 	r       *rule
 	v       *variant // the limit that applies to this request's key
-	key     shm.Key
+	key     shm.Key  // in the host's table (a local rule, a Redis rule's local share)
+	rk      redisstore.Key
 	d       bucket.Decision
 	decided bool // d holds a decision (a charge or a peek) for this request
 	charged bool // the request is counted in the table: refund it if the request is refused
 	refused bool // an enforcing rule that refuses the request
+	settled bool // d is final: nothing more to decide for this rule
+
+	// unavailable: Redis could not decide, on_unavailable answered;
+	// unknown: nothing is known of the key's state (Redis was not asked,
+	// or on_unavailable "open" let it through): no header item.
+	unavailable, unknown bool
+}
+
+// unavailableClosed reports whether the hit refuses because Redis could
+// not decide and its on_unavailable is "closed" (a 503, like a full
+// table), as opposed to its local share refusing (a 429 like any rule's).
+func (h *hit) unavailableClosed() bool {
+	return h.unavailable && h.v.remote != nil && !h.d.Allowed
+}
+
+// exact reports whether the hit is decided in Redis (a Redis rule not in
+// sync mode, still using Redis).
+func (h *hit) exact() bool { return h.v.remote != nil && !h.v.remote.Sync() }
+
+// allow, peek and refund decide a hit on the host's table: a local
+// rule's, a sync-mode Redis rule's host count, or a Redis rule's local
+// share.
+func (h *hit) allow(now time.Duration) bucket.Decision {
+	if h.v.remote != nil {
+		return h.v.remote.AllowKey(&h.rk, now)
+	}
+	return h.v.lim.AllowKey(h.key, now)
+}
+
+func (h *hit) peek(now time.Duration) bucket.Decision {
+	if h.v.remote != nil {
+		return h.v.remote.PeekKey(&h.rk, now)
+	}
+	return h.v.lim.PeekKey(h.key, now)
+}
+
+func (h *hit) refund(now time.Duration) {
+	if h.v.remote != nil {
+		h.v.remote.RefundKey(&h.rk, now)
+		return
+	}
+	h.v.lim.RefundKey(h.key, now)
 }
 
 // inlineHits is how many matching rules a request handles without
@@ -93,7 +147,10 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 	bys := map[string]int{}
 	for i := range rls {
 		rl := &rls[i]
-		ru, err := compileRule(rl, c.region.Counters())
+		if rl.Redis != nil && c.redis == nil {
+			return fmt.Errorf("core: rule %q is a Redis rule but Options.Redis is nil", rl.Rule.Name)
+		}
+		ru, err := compileRule(rl, c.region.Counters(), c.redis)
 		if err != nil {
 			return err
 		}
@@ -176,7 +233,7 @@ func (o *Override) rule(base bucket.Rule) bucket.Rule {
 	return r
 }
 
-func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
+func compileRule(rl *RateLimit, tab *shm.Counters, store *redisstore.Store) (*rule, error) {
 	if err := rl.Check(); err != nil {
 		return nil, err
 	}
@@ -186,17 +243,21 @@ func compileRule(rl *RateLimit, tab *shm.Counters) (*rule, error) {
 		ru.status = http.StatusTooManyRequests
 	}
 	var err error
-	if ru.base, err = newVariant(rl.Rule, tab); err != nil {
+	if ru.base, err = newVariant(rl.Rule, rl.Redis, tab, store); err != nil {
 		return nil, err
 	}
 	for i := range rl.Overrides {
 		o := &rl.Overrides[i]
 		r := o.rule(rl.Rule)
-		v, err := newVariant(r, tab)
+		v, err := newVariant(r, rl.Redis, tab, store)
 		if err != nil {
 			return nil, err
 		}
 		v.hdr = newRuleHeaders(ru.name, r.Limit, r.Window) // clients see the rule's name
+		if v.fallback != nil {
+			_, limit := v.remote.LocalShare()
+			v.fallback.hdr = newRuleHeaders(ru.name, limit, r.Window)
+		}
 		v.clients = clientip.NewPrefixSet(o.Clients)
 		if o.Key != "" {
 			if ru.byKey == nil {
@@ -227,12 +288,25 @@ func (o *Override) stateName(rule string) string {
 	return b.String()
 }
 
-func newVariant(r bucket.Rule, tab *shm.Counters) (variant, error) {
-	lim, err := bucket.NewLimiter(r, tab)
+func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store *redisstore.Store) (variant, error) {
+	if rr == nil {
+		lim, err := bucket.NewLimiter(r, tab)
+		if err != nil {
+			return variant{}, err
+		}
+		return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
+	}
+	rem, err := store.NewLimiter(redisstore.Rule{Rule: r, OnUnavailable: rr.OnUnavailable, LocalShare: rr.LocalShare, Sync: rr.Sync})
 	if err != nil {
 		return variant{}, err
 	}
-	return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
+	v := variant{remote: rem, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}
+	if ls, limit := rem.LocalShare(); ls != nil {
+		// The share's headers name the rule and announce the limit it
+		// enforces while Redis is away.
+		v.fallback = &variant{lim: ls, hdr: newRuleHeaders(r.Name, limit, r.Window)}
+	}
+	return v, nil
 }
 
 // variantOf is the limit that applies to a key made of value for the
@@ -311,6 +385,9 @@ func (ex *Exchange) matchRules() (enforcing int) {
 		if !ru.shadow {
 			enforcing++
 		}
+		if ru.base.remote != nil {
+			ex.remotes++
+		}
 	}
 	return enforcing
 }
@@ -331,7 +408,15 @@ func (ex *Exchange) keys() error {
 			last = h.r.byIdx
 		}
 		h.v = ex.variantOf(h.r, value)
-		h.key = h.v.lim.Key(id)
+		switch {
+		case h.v.remote == nil:
+			h.key = h.v.lim.Key(id)
+		default:
+			h.rk = h.v.remote.Key(id)
+			if h.v.fallback != nil {
+				h.key = h.v.fallback.lim.Key(id)
+			}
+		}
 	}
 	return nil
 }
@@ -341,23 +426,134 @@ func (ex *Exchange) keys() error {
 // latest RetryAfter when several do), after undoing any charge it made,
 // or nil when the request is to be served, every rule charged.
 //
-// Phase 1, with two or more enforcing rules: peek at each, so that a
-// refusal is known before anything is charged. Phase 2: charge each
-// enforcing rule. A rule can still refuse here when another worker took
-// the last request between the peek and the charge; then the charges
-// already made for this request are refunded. With a single enforcing
-// rule phase 1 is skipped: its own refusal charges nothing. Shadow rules
-// never refuse, so they are charged last, when the request is served.
+// The order, for a request that matches local and Redis rules:
+//
+//  1. Redis rules, with no I/O: a key in the deny cache refuses at once;
+//     an open breaker hands every Redis rule to its on_unavailable.
+//  2. Local rules (and sync-mode Redis rules, counted on this host):
+//     peek, then charge, refunding on a late refusal, as below.
+//  3. Redis rules, in one round trip: the script charges them all or
+//     none. If it refuses, the local charges of step 2 are refunded.
+//
+// Local first, because a local charge is undone by a CAS that cannot
+// fail, while undoing a Redis charge after a late local refusal would cost
+// a second round trip that can fail, leaving every host one request
+// short. The price: for the length of one round trip, a request that
+// Redis then refuses holds a local charge that a concurrent request may
+// see; the deny cache makes that the first refusal of a key per retry
+// time. A client that a local rule refuses costs Redis nothing.
+//
+// Step 2, with two or more enforcing rules: peek at each, so that a
+// refusal is known before anything is charged; then charge each. A rule
+// can still refuse there when another worker took the last request
+// between the peek and the charge; then the charges already made for this
+// request are refunded. With a single enforcing rule the peek is skipped:
+// its own refusal charges nothing. Shadow rules never refuse, so they are
+// charged last, when the request is served.
 func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
+	if ex.remotes > 0 {
+		if h := ex.denied(now); h != nil {
+			return h
+		}
+		if !ex.c.redis.Available(now) {
+			if h := ex.unavailable(now, false); h != nil {
+				return h
+			}
+		}
+	}
+	if h := ex.chargeLocal(now); h != nil {
+		return h
+	}
+	if ex.remotes > 0 {
+		if h := ex.chargeRedis(now); h != nil {
+			ex.refundLocal(now)
+			return h
+		}
+	}
+	for i := range ex.hits {
+		if h := &ex.hits[i]; h.r.shadow && !h.settled && !h.exact() {
+			h.d, h.decided, h.settled = h.allow(now), true, true
+			h.charged = h.d.Allowed && !h.d.Full
+		}
+	}
+	return nil
+}
+
+// denied returns the enforcing Redis rule whose key the deny cache holds
+// (the latest retry of several), or nil.
+func (ex *Exchange) denied(now time.Duration) *hit {
+	var refusing *hit
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		if h.r.shadow || !h.exact() {
+			continue
+		}
+		retry, ok := h.v.remote.Denied(&h.rk, now)
+		if !ok {
+			continue
+		}
+		h.d = bucket.Decision{Limit: h.v.remote.Rule().Limit, RetryAfter: retry}
+		h.decided, h.refused, h.settled = true, true, true
+		if refusing == nil || retry > refusing.d.RetryAfter {
+			refusing = h
+		}
+	}
+	return refusing
+}
+
+// unavailable hands the Redis rules that Redis has not decided to their
+// on_unavailable, because Redis cannot decide: "open" lets the request
+// through (no header item: nothing is known), "closed" refuses it with
+// 503, "local" decides it on this host's share. Sync-mode rules too,
+// unless exactOnly. It returns the first enforcing "closed" rule, or nil.
+func (ex *Exchange) unavailable(now time.Duration, exactOnly bool) *hit {
+	var refusing *hit
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		if h.v.remote == nil || h.settled || exactOnly && !h.exact() {
+			continue
+		}
+		h.unavailable = true
+		switch h.v.remote.Rule().OnUnavailable {
+		case redisstore.FailLocal:
+			h.v = h.v.fallback // decided on the host's table from here on
+		case redisstore.FailClosed:
+			if !h.r.shadow {
+				h.d = bucket.Decision{Limit: h.v.remote.Rule().Limit, RetryAfter: bucket.FullRetryAfter}
+				h.decided, h.refused, h.settled = true, true, true
+				if refusing == nil {
+					refusing = h
+				}
+				continue
+			}
+			fallthrough
+		default:
+			h.d = bucket.Decision{Allowed: true, Limit: h.v.remote.Rule().Limit}
+			h.decided, h.settled, h.unknown = true, true, true
+		}
+	}
+	return refusing
+}
+
+// chargeLocal charges the enforcing rules decided on the host's table
+// that are not settled yet (step 2 of charge), refunding every local
+// charge of the request if one refuses.
+func (ex *Exchange) chargeLocal(now time.Duration) *hit {
 	hits := ex.hits
-	if enforcing >= 2 {
+	pending := 0
+	for i := range hits {
+		if h := &hits[i]; !h.r.shadow && !h.settled && !h.exact() {
+			pending++
+		}
+	}
+	if pending >= 2 {
 		var refusing *hit
 		for i := range hits {
 			h := &hits[i]
-			if h.r.shadow {
+			if h.r.shadow || h.settled || h.exact() {
 				continue
 			}
-			h.d, h.decided = h.v.lim.PeekKey(h.key, now), true
+			h.d, h.decided = h.peek(now), true
 			if !h.d.Allowed {
 				h.refused = true
 				if refusing == nil || h.d.RetryAfter > refusing.d.RetryAfter {
@@ -371,30 +567,69 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 	}
 	for i := range hits {
 		h := &hits[i]
-		if h.r.shadow {
+		if h.r.shadow || h.settled || h.exact() {
 			continue
 		}
-		h.d, h.decided = h.v.lim.AllowKey(h.key, now), true
+		h.d, h.decided, h.settled = h.allow(now), true, true
 		if h.d.Allowed {
 			h.charged = !h.d.Full // on_full "open" took no slot: nothing to refund
 			continue
 		}
 		h.refused = true
-		for j := range hits[:i] {
-			if o := &hits[j]; o.charged {
-				o.v.lim.RefundKey(o.key, now)
-				o.charged, o.decided = false, false // refuse peeks again for the headers
-			}
-		}
+		ex.refundLocal(now)
 		return h
 	}
-	for i := range hits {
-		if h := &hits[i]; h.r.shadow {
-			h.d, h.decided = h.v.lim.AllowKey(h.key, now), true
-			h.charged = h.d.Allowed && !h.d.Full
+	return nil
+}
+
+// refundLocal gives back every charge the request made on the host's
+// table.
+func (ex *Exchange) refundLocal(now time.Duration) {
+	for j := range ex.hits {
+		if o := &ex.hits[j]; o.charged {
+			o.refund(now)
+			o.charged, o.decided = false, false // refuse peeks again for the headers
 		}
 	}
-	return nil
+}
+
+// chargeRedis decides the Redis rules not yet settled in one round trip
+// (step 3 of charge). When Redis cannot decide, on_unavailable answers,
+// "local" on the host's table.
+func (ex *Exchange) chargeRedis(now time.Duration) *hit {
+	rh := ex.rhits[:0]
+	for i := range ex.hits {
+		if h := &ex.hits[i]; h.exact() && !h.settled {
+			rh = append(rh, redisstore.Hit{Lim: h.v.remote, Key: &h.rk, Shadow: h.r.shadow})
+		}
+	}
+	if len(rh) == 0 {
+		return nil
+	}
+	refused, err := ex.c.redis.Decide(rh, now)
+	if err != nil {
+		if h := ex.unavailable(now, true); h != nil {
+			return h
+		}
+		return ex.chargeLocal(now)
+	}
+	var refusing *hit
+	j := 0
+	for i := range ex.hits {
+		h := &ex.hits[i]
+		if !h.exact() || h.settled {
+			continue
+		}
+		h.d, h.decided, h.settled = rh[j].D, true, true
+		j++
+		if !h.d.Allowed && !h.r.shadow && refused {
+			h.refused = true
+			if refusing == nil || h.d.RetryAfter > refusing.d.RetryAfter {
+				refusing = h
+			}
+		}
+	}
+	return refusing
 }
 
 // refuse answers a request that refusing refused; nothing is charged for
@@ -403,7 +638,11 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 	for i := range ex.hits {
 		h := &ex.hits[i]
 		if !h.decided {
-			h.d, h.decided = h.v.lim.PeekKey(h.key, now), true
+			if h.exact() {
+				h.unknown = true // Redis was not asked: no header item
+			} else {
+				h.d, h.decided = h.peek(now), true
+			}
 		}
 		if h.refused {
 			h.r.stats.refused.Add(1)
@@ -411,13 +650,17 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 		if h.d.Full {
 			h.r.stats.full.Add(1)
 		}
+		if h.unavailable {
+			h.r.stats.unavailable.Add(1)
+		}
 	}
 	ex.rateLimitFields()
 	var p Problem
 	p, ex.buf = refusalProblem(refusing, ex.hits, ex.buf)
 	n := len(ex.fields)
 	ex.respond(&p, false)
-	ex.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full, Fields: ex.fields[:n:n]}
+	ex.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full,
+		Unavailable: refusing.unavailableClosed(), Fields: ex.fields[:n:n]}
 	for _, f := range ex.fields[n:] {
 		if f.Name == fieldRetryAfter {
 			ex.refusal.Fields = append(ex.refusal.Fields, f)
@@ -439,6 +682,9 @@ type Refusal struct {
 	RetryAfter time.Duration
 	// Full means the rule's table had no slot for the key.
 	Full bool
+	// Unavailable means the rule is a Redis rule that Redis could not
+	// decide, and its on_unavailable "closed" refused.
+	Unavailable bool
 	// Fields are the rate-limit header fields and Retry-After to send.
 	Fields []Field
 }
@@ -463,6 +709,12 @@ func (ex *Exchange) served(now time.Duration) {
 			st.full.Add(1)
 			if h.d.Allowed {
 				ex.logFull(h, now)
+			}
+		}
+		if h.unavailable {
+			st.unavailable.Add(1)
+			if h.unknown {
+				ex.logUnavailable(h, now)
 			}
 		}
 		if h.d.Allowed {
@@ -513,8 +765,24 @@ func (ex *Exchange) logFull(h *hit, now time.Duration) {
 		slog.Uint64("suppressed", suppressed))
 }
 
+// logUnavailable logs a request that a Redis rule let through unlimited
+// because Redis could not decide (on_unavailable "open"), rate-limited
+// like logFull.
+func (ex *Exchange) logUnavailable(h *hit, now time.Duration) {
+	suppressed, ok := h.r.fullLog.allow(now)
+	if !ok {
+		return
+	}
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "rule not enforced: redis unavailable (on_unavailable open)",
+		slog.String("rule", h.r.name),
+		slog.String("method", ex.req.Method()),
+		slog.String("path", ex.match),
+		slog.String("client", ex.Client().String()),
+		slog.Uint64("suppressed", suppressed))
+}
+
 // Limiter returns the limiter of the rule called name, or nil when there
-// is no such rule: a handler can Reset a client's count with it (after a
+// is no such rule or it is a Redis rule: a handler can Reset a client's count with it (after a
 // successful login, say), using the key from KeyOf.
 func (c *Core) Limiter(name string) *bucket.Limiter {
 	if ru := c.byName[name]; ru != nil {
@@ -556,6 +824,7 @@ func (c *Core) RuleStats() []RuleStats {
 			Refused:       ru.stats.refused.Load(),
 			ShadowRefused: ru.stats.shadowRefused.Load(),
 			Full:          ru.stats.full.Load(),
+			Unavailable:   ru.stats.unavailable.Load(),
 		}
 	}
 	return out

@@ -34,6 +34,15 @@
 // (the decision core, packages core and core/nethttp), reports readiness
 // and serves.
 //
+// # Engines
+//
+// [Options.Handler] is served by net/http. [Options.FastHandler] takes a
+// fasthttp handler (what a Fiber app's Handler() returns) and serves it
+// with the fast engine of package proxy, the same decision core in front;
+// [Options.Engine] takes any [Engine] (preforkd's daemon serves its proxy
+// this way) and leaves the core to it ([Worker.Core]). Every engine drains
+// by the same rule (drain.go).
+//
 // # Supervisor
 //
 // The supervisor opens the listener and creates the region (with

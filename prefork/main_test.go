@@ -28,6 +28,7 @@ const (
 	envTestRole   = "PREFORK_TEST_ROLE"   // "supervisor"
 	envTestConfig = "PREFORK_TEST_CONFIG" // the supervisor role's config.Config as JSON
 	envTestCrash  = "PREFORK_TEST_CRASH"  // set: a worker exits at once with status 3
+	envTestEngine = "PREFORK_TEST_ENGINE" // "fast": workers serve testFastHandler with Options.FastHandler
 )
 
 func TestMain(m *testing.M) {
@@ -37,7 +38,11 @@ func TestMain(m *testing.M) {
 			level = slog.LevelDebug
 		}
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-		_ = Run(context.Background(), Options{Handler: testHandler, Logger: log})
+		opts := Options{Handler: testHandler, Logger: log}
+		if os.Getenv(envTestEngine) == "fast" {
+			opts = Options{FastHandler: testFastHandler, Logger: log}
+		}
+		_ = Run(context.Background(), opts)
 		panic("unreachable: Run returned in a worker")
 	}
 	if os.Getenv(envTestRole) == "supervisor" {

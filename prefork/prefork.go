@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
@@ -39,9 +40,19 @@ type Options struct {
 	// Config.Server.Listen.
 	Listener net.Listener
 
-	// Handler builds the application, once in each worker process. Run
-	// wraps it in the rate-limit middleware. Required.
+	// Handler builds the application, once in each worker process, served
+	// by net/http with the worker's decision core (rate limits, idempotent
+	// replay) in front of it. Exactly one of Handler, FastHandler and
+	// Engine is set.
 	Handler func(w *Worker) (http.Handler, error)
+	// FastHandler builds a fasthttp application (Fiber's app.Handler(),
+	// say), once in each worker process, served by the fast engine
+	// (package proxy) with the worker's decision core in front of it.
+	FastHandler func(w *Worker) (fasthttp.RequestHandler, error)
+	// Engine builds the engine a worker serves with, once in each worker
+	// process: preforkd's proxy, for one. It must ask w.Core() about
+	// every request; nothing else applies the rules for it.
+	Engine func(w *Worker) (Engine, error)
 
 	// Refuse, if set, writes the answer to a request the rate limits
 	// refused, in place of the default problem+json (see
@@ -102,8 +113,8 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if opts.Listener != nil {
 		defer opts.Listener.Close() // Run owns it, whatever happens
 	}
-	if opts.Handler == nil {
-		return errors.New("prefork: Options.Handler is nil")
+	if err := validApplication(opts); err != nil {
+		return err
 	}
 	cfg, err := validated(opts.Config, nil)
 	if err != nil {

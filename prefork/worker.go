@@ -2,7 +2,6 @@ package prefork
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,13 +43,15 @@ type Worker struct {
 	Logger *slog.Logger
 
 	h *nethttp.Handler
+	c *core.Core // the core, before h exists or without it
 }
 
 // Core returns the decision core the worker's requests go through; nil
-// before Options.Handler has returned.
+// before Options.Handler has returned (with Options.FastHandler and
+// Engine, it is there from the start).
 func (w *Worker) Core() *core.Core {
 	if w.h == nil {
-		return nil
+		return w.c
 	}
 	return w.h.Core()
 }
@@ -59,10 +60,10 @@ func (w *Worker) Core() *core.Core {
 // client after a successful login; nil for an unknown rule, and before
 // Options.Handler has returned. The time it takes is Region.Now().
 func (w *Worker) Limiter(name string) *bucket.Limiter {
-	if w.h == nil {
-		return nil
+	if c := w.Core(); c != nil {
+		return c.Limiter(name)
 	}
-	return w.h.Core().Limiter(name)
+	return nil
 }
 
 // ClientKey returns the key the rule called rule counts r under
@@ -102,8 +103,11 @@ func runWorker(ctx context.Context, opts Options) int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 
+	if opts.Handler == nil {
+		return runEngineWorker(ctx, opts, index, term, log)
+	}
 	conns := &connTracker{}
-	srv, ln, timeout, err := setUpWorker(opts, index, conns, log)
+	srv, ln, timeout, c, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
@@ -134,42 +138,36 @@ func runWorker(ctx context.Context, opts Options) int {
 	case <-ctx.Done():
 		why = context.Cause(ctx).Error()
 	}
-	return drainWorker(srv, ln, served, conns, timeout, why, log)
+	code := drainWorker(srv, ln, served, conns, timeout, why, log)
+	closeCore(c, log)
+	return code
+}
+
+// closeCore closes a drained worker's core: no request decides any more,
+// and closing adds the last sync-mode counts to Redis.
+func closeCore(c *core.Core, log *slog.Logger) {
+	if err := c.Close(); err != nil {
+		log.Warn("worker: closing the decision core", "err", err)
+	}
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, err error) {
-	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
+	w, ln, err := joinWorker(index, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
-	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	if err := region.Join(index); err != nil {
-		return nil, nil, 0, err
-	}
-	lnFile := os.NewFile(fdListener, "listener")
-	ln, err := net.FileListener(lnFile)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: inherited listener: %w", err)
-	}
-	lnFile.Close() // FileListener holds its own descriptor
-	if opts.Handler == nil {
-		return nil, nil, 0, errors.New("prefork: Options.Handler is nil")
-	}
-	w := &Worker{Index: index, Region: region, Config: cfg, Logger: log}
+	cfg, region := w.Config, w.Region
 	app, err := opts.Handler(w)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("prefork: building the handler: %w", err)
+		return nil, nil, 0, nil, fmt.Errorf("prefork: building the handler: %w", err)
 	}
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
 	c, err := NewCore(cfg, region, log)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
@@ -179,7 +177,30 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return srv, ln, cfg.Server.ShutdownTimeout, nil
+	return srv, ln, cfg.Server.ShutdownTimeout, c, nil
+}
+
+// joinWorker reads the configuration the supervisor handed over, joins
+// the region as index and opens the inherited listener.
+func joinWorker(index int, log *slog.Logger) (*Worker, net.Listener, error) {
+	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+	if err != nil {
+		return nil, nil, err
+	}
+	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := region.Join(index); err != nil {
+		return nil, nil, err
+	}
+	lnFile := os.NewFile(fdListener, "listener")
+	ln, err := net.FileListener(lnFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("prefork: inherited listener: %w", err)
+	}
+	lnFile.Close() // FileListener holds its own descriptor
+	return &Worker{Index: index, Region: region, Config: cfg, Logger: log}, ln, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the

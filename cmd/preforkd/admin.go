@@ -8,10 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -20,6 +24,19 @@ import (
 // (JSON), both read-only, from the region's statistics.
 func adminHooks(opts *prefork.Options) {
 	var srv *http.Server
+	// The configuration in force, for the [redis] whose breaker /status
+	// shows: the one started with, then each reloaded one.
+	var running atomic.Pointer[config.Config]
+	running.Store(&opts.Config)
+	if load := opts.LoadConfig; load != nil {
+		opts.LoadConfig = func() (config.Config, error) {
+			c, err := load()
+			if err == nil {
+				running.Store(&c)
+			}
+			return c, err
+		}
+	}
 	prepare, finish := opts.Prepare, opts.Finish
 	opts.Prepare = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
 		if prepare != nil {
@@ -34,7 +51,7 @@ func adminHooks(opts *prefork.Options) {
 		if err != nil {
 			return fmt.Errorf("admin: %w", err)
 		}
-		srv = newAdminServer(adminMux(r), defaultAdminLimits, log)
+		srv = newAdminServer(adminMux(r, running.Load), defaultAdminLimits, log)
 		capped := capListener(ln, defaultAdminLimits.maxConns, log)
 		go func() {
 			if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -57,7 +74,7 @@ func adminHooks(opts *prefork.Options) {
 	}
 }
 
-func adminMux(r *shm.Region) http.Handler {
+func adminMux(r *shm.Region, cfg func() *config.Config) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		st := r.Counters().Stats()
@@ -77,6 +94,10 @@ func adminMux(r *shm.Region) http.Handler {
 		metric("preforkd_counter_reclaims_total", "counter", "Slots reclaimed from keys equivalent to fresh ones.", st.Reclaims)
 		metric("preforkd_counter_recovered_total", "counter", "Slots and locks released from dead workers.", st.Recovered)
 		metric("preforkd_workers", "gauge", "Worker processes joined to the region.", liveWorkers(r))
+		if rd := cfg().Redis; rd.Enabled() {
+			b := redisstore.ReadBreaker(r, rd.StoreOptions(), r.Now())
+			metric("preforkd_redis_breaker_state", "gauge", "The Redis breaker shared by the workers: 0 closed, 1 open, 2 half-open.", int(b.Phase))
+		}
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		geo, st := r.Geometry(), r.Counters().Stats()
@@ -96,6 +117,9 @@ func adminMux(r *shm.Region) http.Handler {
 				"reclaims": st.Reclaims, "recovered": st.Recovered,
 			},
 		}
+		if c := cfg(); c.Redis.Enabled() {
+			status["redis"] = redisStatus(r, *c)
+		}
 		if rs := r.Responses(); rs.Len() > 0 {
 			s := rs.Stats()
 			status["responses"] = map[string]any{
@@ -107,6 +131,53 @@ func adminMux(r *shm.Region) http.Handler {
 		json.NewEncoder(w).Encode(status)
 	})
 	return mux
+}
+
+// redisStatus is /status's view of [redis]: where it is (no password),
+// which rules use it, and the breaker the workers share, read from the
+// region.
+func redisStatus(r *shm.Region, cfg config.Config) map[string]any {
+	rd := cfg.WithDefaults().Redis
+	target := map[string]any{}
+	switch {
+	case rd.URL != "":
+		target["url"] = rd.URL.String()
+	case len(rd.Cluster) > 0:
+		target["cluster"] = rd.Cluster
+	default:
+		target["sentinel"] = map[string]any{"master": rd.Sentinel.Master, "addrs": rd.Sentinel.Addrs}
+	}
+	rules := []map[string]any{}
+	for _, rl := range cfg.RateLimits {
+		if rl.Store == config.StoreRedis {
+			rules = append(rules, map[string]any{"name": rl.Name, "on_unavailable": rl.OnUnavailable.String(),
+				"local_share": rl.LocalShare, "sync": rl.Sync.String()})
+		}
+	}
+	b := redisstore.ReadBreaker(r, rd.StoreOptions(), r.Now())
+	breaker := map[string]any{"state": b.Phase.String(), "failures": b.Failures,
+		"threshold": rd.BreakerFailures, "backoff": rd.BreakerBackoff.String()}
+	switch b.Phase {
+	case redisstore.Open:
+		breaker["open_for"] = b.Until.String()
+	case redisstore.HalfOpen:
+		breaker["prober"] = b.Prober
+		breaker["probe_deadline_in"] = b.Until.String()
+	}
+	return map[string]any{"target": target, "timeout": rd.Timeout.String(), "prefix": rd.Prefix,
+		"rules": rules, "breaker": breaker}
+}
+
+// quietRedisLog sends go-redis's own log lines (one per failed dial) to
+// log at debug level: the breaker logs what an operator acts on, once.
+func quietRedisLog(log *slog.Logger) {
+	redis.SetLogger(redisLog{log})
+}
+
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Log(ctx, slog.LevelDebug, "redis client: "+fmt.Sprintf(format, v...))
 }
 
 func liveWorkers(r *shm.Region) int {

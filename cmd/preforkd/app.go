@@ -1,83 +1,78 @@
 package main
 
 import (
-	"encoding/json"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"os"
-	"time"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/proxy"
 )
 
 const demoUpstream = "builtin:demo"
 
-// appHandler builds the application a worker serves: the reverse proxy to
-// server.upstream, or the demo application.
-func appHandler(w *prefork.Worker) (http.Handler, error) {
-	u, err := upstreamURL(w.Config.Server.Upstream)
-	if err != nil {
-		return nil, err
+// engine builds the engine a worker serves with: the fast engine of
+// package proxy, with the worker's decision core in front, forwarding to
+// server.upstream or serving the demo application.
+func engine(w *prefork.Worker) (prefork.Engine, error) {
+	o := w.Config.ProxyOptions()
+	o.Core, o.Logger = w.Core(), w.Logger
+	if u := w.Config.Server.Upstream; u == "" || u == demoUpstream {
+		o.App = demo(w.Index)
+	} else {
+		o.Upstream = u
 	}
-	if u == nil {
-		return demo(w.Index), nil
-	}
-	return newProxy(u, w.Logger), nil
+	return proxy.New(o)
 }
 
 // demo answers every request with 200 and a small JSON body naming the
 // method, path and worker, so that preforkd runs with nothing else.
-func demo(worker int) http.Handler {
-	pid := os.Getpid()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(struct {
-			Method string `json:"method"`
-			Path   string `json:"path"`
-			Worker int    `json:"worker"`
-			PID    int    `json:"pid"`
-		}{r.Method, r.URL.Path, worker, pid})
-	})
+func demo(worker int) fasthttp.RequestHandler {
+	pid := strconv.Itoa(os.Getpid())
+	w := strconv.Itoa(worker)
+	return func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		b := ctx.Response.Body()[:0]
+		b = append(b, `{"method":`...)
+		b = appendJSONString(b, ctx.Method())
+		b = append(b, `,"path":`...)
+		b = appendJSONString(b, ctx.Path())
+		b = append(b, `,"worker":`...)
+		b = append(b, w...)
+		b = append(b, `,"pid":`...)
+		b = append(b, pid...)
+		b = append(b, "}\n"...)
+		ctx.Response.SetBodyRaw(b)
+	}
 }
 
-// newProxy forwards to u. The X-Forwarded-For chain the client sent is
-// kept and the peer appended (as nginx's $proxy_add_x_forwarded_for does);
-// the rate-limit layer decided already which hops to believe.
-func newProxy(u *url.URL, log *slog.Logger) http.Handler {
-	transport := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          512,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 0, // an upstream may take as long as it needs
-		ForceAttemptHTTP2:     false,
-	}
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(u)
-			pr.Out.Host = pr.In.Host
-			if xff := pr.In.Header.Values("X-Forwarded-For"); len(xff) > 0 {
-				pr.Out.Header["X-Forwarded-For"] = xff
+// appendJSONString appends s as a JSON string: quotes, backslashes and
+// control bytes escaped, invalid UTF-8 replaced by U+FFFD.
+func appendJSONString(dst, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		case c < utf8.RuneSelf:
+			dst = append(dst, c)
+		default:
+			r, n := utf8.DecodeRune(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				dst = append(dst, `\ufffd`...)
+			} else {
+				dst = append(dst, s[i:i+n]...)
 			}
-			pr.SetXForwarded()
-		},
-		Transport: transport,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Debug("upstream error", "path", r.URL.Path, "err", err)
-			writeProblem(w, http.StatusBadGateway, "Bad Gateway", "the upstream application did not answer")
-		},
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+			i += n
+			continue
+		}
+		i++
 	}
-}
-
-// writeProblem writes an RFC 9457 problem+json answer.
-func writeProblem(w http.ResponseWriter, status int, title, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail})
+	return append(dst, '"')
 }

@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"runtime/debug"
 	"strconv"
-	"strings"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/examples"
@@ -140,7 +138,8 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
-			return prefork.Run(ctx, prefork.Options{Handler: appHandler, Logger: log})
+			quietRedisLog(log)
+			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log})
 		}
 		if err := noArgs(args); err != nil {
 			return err
@@ -152,16 +151,13 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err != nil {
 			return err
 		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-			return &configError{err}
-		}
 		if err := checkPersist(cfg); err != nil {
 			return err
 		}
 		opts := prefork.Options{
 			Config:     cfg,
 			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
-			Handler:    appHandler,
+			Engine:     engine,
 			Logger:     log,
 		}
 		v, _ := buildVersion()
@@ -183,9 +179,6 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		cfg, err := loadConfig(*path, overrides{})
 		if err != nil {
 			return err
-		}
-		if _, err := upstreamURL(cfg.Server.Upstream); err != nil {
-			return &configError{err}
 		}
 		if err := checkPersist(cfg); err != nil {
 			return err
@@ -224,17 +217,4 @@ func runVersion(args []string, stdout io.Writer) error {
 	v, c := buildVersion()
 	fmt.Fprintf(stdout, "preforkd %s (commit %s)\ndump format %d\nregion layout %d\n", v, c, dumpFormatVersion(), regionLayoutVersion())
 	return nil
-}
-
-// upstreamURL parses server.upstream: nil for the demo application.
-func upstreamURL(s string) (*url.URL, error) {
-	if s == "" || s == demoUpstream {
-		return nil, nil
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("config: server.upstream %q: want http://host:port or %q", s, demoUpstream)
-	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	return u, nil
 }

@@ -32,6 +32,9 @@ import (
 var binPath string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envUpstreamRole) != "" {
+		os.Exit(upstreamMain()) // the application of the data-plane tests
+	}
 	os.Exit(testMain(m))
 }
 

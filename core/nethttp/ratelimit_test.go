@@ -83,7 +83,13 @@ func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
 // configuration cannot express yet, or tests that want the core alone).
 func newCoreFixture(t testing.TB, o core.Options, geo shm.Options) *fixture {
 	t.Helper()
-	f := &fixture{app: &app{}, clock: newClock(), region: newRegion(t, geo), logs: &bytes.Buffer{}}
+	return newCoreFixtureOn(t, o, newRegion(t, geo))
+}
+
+// newCoreFixtureOn is newCoreFixture over a region of the test's.
+func newCoreFixtureOn(t testing.TB, o core.Options, region *shm.Region) *fixture {
+	t.Helper()
+	f := &fixture{app: &app{}, clock: newClock(), region: region, logs: &bytes.Buffer{}}
 	o.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.TimeKey {

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# HTTP throughput of one Redis rule against the same rule on the host's
+# table, with wrk on loopback: under the limit (every request a Redis
+# round trip) and over it (every request answered by the deny cache).
+# Prints requests/s and the two ratios the targets talk about: Redis
+# under its limit ≥ 0.5 × local, over its limit ≥ 0.95 × local.
+#
+#   WORKERS=2 DURATION=5 CONNS=32 bash bench/redis-http.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WORKERS=${WORKERS:-2}
+DURATION=${DURATION:-5}
+CONNS=${CONNS:-32}
+THREADS=${THREADS:-1}
+PORT=${PORT:-18190}
+REDIS_PORT=$((PORT + 9))
+
+command -v wrk >/dev/null || { echo "redis-http.sh: wrk is not installed (apt-get install wrk)"; exit 1; }
+command -v redis-server >/dev/null || { echo "redis-http.sh: redis-server is not installed (apt-get install redis-server)"; exit 1; }
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+go build -o "$tmp/preforkd" ./cmd/preforkd
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+declare -A rps
+# run NAME STORE LIMIT: one daemon with one rule on /, then wrk.
+run() {
+	cat >"$tmp/$1.toml" <<TOML
+[server]
+listen = "127.0.0.1:$PORT"
+workers = $WORKERS
+[redis]
+url = "redis://127.0.0.1:$REDIS_PORT/0"
+timeout = "100ms"
+[[ratelimit]]
+name = "$1"
+path = "/*"
+limit = $3
+window = "1h"
+store = "$2"
+TOML
+	"$tmp/preforkd" run -config "$tmp/$1.toml" 2>"$tmp/$1.log" &
+	local pid=$!
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done
+	curl -s -o /dev/null "http://127.0.0.1:$PORT/" # over the limit: the first refusal fills the deny cache
+	local out
+	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$PORT/")
+	rps[$1]=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+	local non2xx
+	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
+	printf '%-14s %12s req/s   non-2xx: %s\n' "$1" "${rps[$1]}" "${non2xx:-0}"
+	kill -TERM "$pid"
+	wait "$pid" 2>/dev/null || true
+}
+
+echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, $WORKERS workers, one rule, redis-server on loopback"
+# Interleaved, ROUNDS times; the ratios use the best of each (a shared
+# machine's noise only ever slows a run down).
+ROUNDS=${ROUNDS:-2}
+declare -A best
+for _ in $(seq "$ROUNDS"); do
+	for spec in "local-under local 1000000" "redis-under redis 1000000" "local-over local 1" "redis-over redis 1"; do
+		# shellcheck disable=SC2086
+		run $spec
+		name=${spec%% *}
+		if [ -z "${best[$name]:-}" ] || awk -v a="${rps[$name]}" -v b="${best[$name]}" 'BEGIN {exit !(a > b)}'; then
+			best[$name]=${rps[$name]}
+		fi
+	done
+done
+for k in local-under redis-under local-over redis-over; do rps[$k]=${best[$k]}; done
+awk -v a="${rps[redis-under]}" -v b="${rps[local-under]}" -v c="${rps[redis-over]}" -v d="${rps[local-over]}" 'BEGIN {
+	printf "redis/local under the limit: %.2f (target >= 0.5)\n", a / b
+	printf "redis/local over the limit (deny cache): %.2f (target >= 0.95)\n", c / d
+}'

@@ -1,0 +1,356 @@
+package main
+
+// End-to-end tests of store = "redis" rules: real preforkd process trees
+// ("hosts") against a real redis-server started per test.
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/internal/redistest"
+)
+
+// redisConfig is a daemon's file: two workers, [redis] at srv, admin on,
+// and rules. Tests of exactness set a timeout that a busy test machine
+// cannot miss: a call that times out is a failure, which the rule's
+// on_unavailable answers (the point of other tests).
+func redisConfig(srv *redistest.Server, redisExtra, rules string) string {
+	return fmt.Sprintf(`[server]
+workers = 2
+[admin]
+listen = "ADMIN_ADDR"
+[redis]
+url = %q
+%s
+%s`, srv.URL(), redisExtra, rules)
+}
+
+// Two hosts, one Redis: a limit of 10 a minute on one key lets exactly 10
+// of 40 requests through, spread over both hosts and sent at once, in each
+// of three runs, for both algorithms; a SCRIPT FLUSH between runs changes
+// nothing (NOSCRIPT is handled).
+func TestRedisTwoHostsExact(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	cfg := redisConfig(srv, `timeout = "1s"`, `
+[[ratelimit]]
+name = "gcra"
+path = "/gcra"
+limit = 10
+window = "1m"
+store = "redis"
+[[ratelimit]]
+name = "fixed"
+path = "/fixed"
+limit = 10
+window = "1m"
+algorithm = "fixed-window"
+store = "redis"
+`)
+	hosts := []*daemon{startDaemon(t, daemonOptions{config: cfg, admin: true}), startDaemon(t, daemonOptions{config: cfg, admin: true})}
+	for run := 1; run <= 3; run++ {
+		for _, path := range []string{"/gcra", "/fixed"} {
+			c := newClient(t, freshClientIP(), false)
+			out := make([]result, 40)
+			var wg sync.WaitGroup
+			for i := range out {
+				wg.Go(func() { out[i] = get(c, hosts[i%2].url(path)) })
+			}
+			wg.Wait()
+			if st := statuses(out); st[200] != 10 || st[429] != 30 {
+				t.Fatalf("run %d %s: %v (transport error: %s), want exactly 10 × 200 and 30 × 429", run, path, st, firstErr(out))
+			}
+		}
+		if err := srv.Client().ScriptFlush(t.Context()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each host says where its counts are.
+	for _, d := range hosts {
+		var st struct {
+			Redis struct {
+				Target  map[string]any   `json:"target"`
+				Rules   []map[string]any `json:"rules"`
+				Breaker map[string]any   `json:"breaker"`
+			} `json:"redis"`
+		}
+		r := get(newClient(t, nil, false), "http://"+d.admin+"/status")
+		if err := json.Unmarshal(r.body, &st); err != nil {
+			t.Fatalf("/status: %v: %s", err, r.body)
+		}
+		if st.Redis.Breaker["state"] != "closed" || len(st.Redis.Rules) != 2 || st.Redis.Target["url"] == nil {
+			t.Fatalf("/status redis: %s", r.body)
+		}
+	}
+}
+
+// Several Redis rules on one request cost one round trip; a limited
+// client sending 1,000 requests within its retry time costs each host at
+// most one call.
+func TestRedisRoundTripsAndDenyCache(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	cfg := redisConfig(srv, `timeout = "1s"`, `
+[[ratelimit]]
+name = "minute"
+path = "/api/*"
+limit = 5
+window = "1m"
+store = "redis"
+[[ratelimit]]
+name = "hour"
+path = "/api/*"
+limit = 100
+window = "1h"
+store = "redis"
+[[ratelimit]]
+name = "everyone"
+path = "/api/*"
+limit = 1000
+window = "1m"
+algorithm = "fixed-window"
+by = "global"
+store = "redis"
+`)
+	hosts := []*daemon{startDaemon(t, daemonOptions{config: cfg, admin: true}), startDaemon(t, daemonOptions{config: cfg, admin: true})}
+	ip := freshClientIP()
+	c := newClient(t, ip, true)
+	before := srv.Calls("evalsha")
+	for i := range 5 {
+		if r := get(c, hosts[i%2].url("/api/x")); r.status != 200 {
+			t.Fatalf("request %d: %d", i+1, r.status)
+		}
+	}
+	if n := srv.Calls("evalsha") - before; n != 5 {
+		t.Fatalf("5 requests of 3 Redis rules made %d EVALSHA, want 5", n)
+	}
+	// The 6th is refused by "minute": "hour" and "everyone" are not
+	// charged for it (another client sees everyone at 1000 - 5 - 1).
+	if r := get(c, hosts[0].url("/api/x")); r.status != 429 {
+		t.Fatalf("6th: %d", r.status)
+	}
+	other := get(newClient(t, freshClientIP(), false), hosts[1].url("/api/x"))
+	if got := other.header.Get("RateLimit"); !strings.Contains(got, `"everyone";r=994;`) {
+		t.Fatalf("another client: RateLimit %q: the refused request was charged to another rule", got)
+	}
+
+	before = srv.Calls("evalsha")
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	for _, d := range hosts {
+		// One first refusal per host fills its deny cache (the 6th above
+		// did it for host 0), then the flood.
+		get(c, d.url("/api/x"))
+		for range 4 {
+			wg.Go(func() {
+				cc := newClient(t, ip, true)
+				for sent.Add(1) <= 1000 {
+					if r := get(cc, d.url("/api/x")); r.status != 429 || r.header.Get("Retry-After") == "" {
+						t.Errorf("flood: %d %v", r.status, r.err)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if n := srv.Calls("evalsha") - before; n > 1 {
+		t.Fatalf("1,000 requests of a limited client within its retry time made %d calls over 2 hosts, want at most 1 per host (the first refusal on host 1)", n)
+	}
+}
+
+// Redis killed under load: no request waits longer than the timeout plus
+// 10ms; on_unavailable open passes, closed answers 503, local enforces the
+// local share; the breaker opens and calls drop to the probes. Redis
+// restarted: the breaker closes and the limits are exact again.
+func TestRedisKilledUnderLoad(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	d := startDaemon(t, daemonOptions{admin: true, config: redisConfig(srv, "breaker_failures = 3\nbreaker_backoff = \"300ms\"", `
+[[ratelimit]]
+name = "open"
+path = "/open"
+limit = 1000
+window = "1m"
+store = "redis"
+on_unavailable = "open"
+[[ratelimit]]
+name = "closed"
+path = "/closed"
+limit = 1000
+window = "1m"
+store = "redis"
+on_unavailable = "closed"
+[[ratelimit]]
+name = "local"
+path = "/local"
+limit = 10
+window = "1m"
+store = "redis"
+on_unavailable = "local"
+local_share = 2
+`)})
+	const timeout = 25 * time.Millisecond
+	stop := make(chan struct{})
+	var slowest atomic.Int64
+	var mu sync.Mutex
+	codes := map[string]map[int]int{"/open": {}, "/closed": {}, "/plain": {}}
+	var plainSlowest atomic.Int64
+	var wg sync.WaitGroup
+	for _, path := range []string{"/open", "/closed", "/plain"} {
+		wg.Go(func() {
+			c := newClient(t, freshClientIP(), true)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := get(c, d.url(path))
+				sl := &slowest
+				if path == "/plain" {
+					sl = &plainSlowest
+				}
+				if el := r.end.Sub(r.start); el > time.Duration(sl.Load()) {
+					sl.Store(int64(el))
+				}
+				mu.Lock()
+				codes[path][r.status]++
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(100 * time.Millisecond)
+	from := d.logs.len()
+	srv.Kill()
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("redis breaker opened: rules answer by on_unavailable")); !ok {
+		t.Fatal("the breaker never opened")
+	}
+	// The local share: 10 ÷ 2 for a fresh client.
+	lc := newClient(t, freshClientIP(), false)
+	served := 0
+	for range 8 {
+		if r := get(lc, d.url("/local")); r.status == 200 {
+			served++
+		}
+	}
+	time.Sleep(time.Second) // three backoffs: the probes, and the load goes on
+	close(stop)
+	wg.Wait()
+	// A request to a path no rule matches (/plain) never waits on Redis:
+	// its slowest is what this machine's scheduling alone costs (a busy
+	// test machine can stall a process for tens of milliseconds), and is
+	// not counted as waiting on Redis.
+	el, stall := time.Duration(slowest.Load()), time.Duration(plainSlowest.Load())
+	t.Logf("slowest Redis-rule request %v; slowest request without a rule %v", el, stall)
+	if el > timeout+10*time.Millisecond+stall {
+		t.Errorf("the slowest request took %v, want at most the timeout %v + 10ms (+ %v that a request without a rule took)", el, timeout, stall)
+	}
+	if served != 5 {
+		t.Errorf("on_unavailable local: %d of 8 served, want 10 ÷ 2 = 5", served)
+	}
+	mu.Lock()
+	if codes["/open"][200] == 0 || codes["/open"][503] != 0 || codes["/closed"][503] == 0 {
+		t.Errorf("with Redis dead: %v", codes)
+	}
+	requests := codes["/open"][200] + codes["/closed"][503]
+	mu.Unlock()
+	probes, opened := 0, 0
+	for _, l := range d.logs.snapshot()[from:] {
+		switch l.msg() {
+		case "redis breaker half-open: this worker probes", "redis breaker half-open: this worker takes over a probe past its deadline":
+			probes++
+		case "redis breaker opened: rules answer by on_unavailable":
+			opened++
+		}
+	}
+	// Two workers share one breaker: it opened once, and then only the
+	// probes (one per backoff) went to Redis.
+	if opened != 1 || probes == 0 || probes > 5 || requests < 20*probes {
+		t.Errorf("breaker: opened %d, %d probes for %d requests", opened, probes, requests)
+	}
+
+	from = d.logs.len()
+	srv.Restart()
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("redis breaker closed: the probe succeeded")); !ok {
+		// No request, no probe: send some.
+		c := newClient(t, nil, false)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			get(c, d.url("/closed"))
+			if _, _, ok := d.logs.waitFor(from, 50*time.Millisecond, msgIs("redis breaker closed: the probe succeeded")); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the breaker never closed after Redis came back")
+			}
+		}
+	}
+	c := newClient(t, freshClientIP(), false)
+	rs := make([]result, 20)
+	for i := range rs {
+		rs[i] = get(c, d.url("/local"))
+	}
+	if st := statuses(rs); st[200] != 10 || st[429] != 10 {
+		t.Fatalf("after recovery, a fresh client on local: %v, want exactly 10 served", st)
+	}
+	if r := get(newClient(t, nil, false), "http://"+d.admin+"/status"); !strings.Contains(string(r.body), `"state":"closed"`) {
+		t.Fatalf("/status after recovery: %s", r.body)
+	}
+	_ = http.StatusOK
+}
+
+// check prints each rule's store and the [redis] table, without the
+// password.
+func TestRedisCheckPrintsStore(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/preforkd.toml"
+	cfg := `[redis]
+url = "redis://:hunter2@10.0.0.5:6379/0"
+[[ratelimit]]
+name = "shared"
+path = "/s"
+limit = 10
+window = "1m"
+algorithm = "fixed-window"
+store = "redis"
+on_unavailable = "closed"
+sync = "100ms"
+[[ratelimit]]
+name = "mine"
+path = "/m"
+limit = 10
+window = "1m"
+`
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runBinary(t, "check", "-config", path)
+	if code != 0 {
+		t.Fatalf("check: %d %s", code, errOut)
+	}
+	for _, want := range []string{
+		"redis: url=redis://:xxxxx@10.0.0.5:6379/0 ",
+		`store=redis on_unavailable=closed local_share=1 sync=100ms`,
+		`rule "mine":`, "store=local",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out+errOut, "hunter2") {
+		t.Errorf("check printed the password:\n%s", out)
+	}
+	// A redis rule without [redis] is a configuration error (exit 2).
+	os.WriteFile(path, []byte(cfg[strings.Index(cfg, "[[ratelimit]]"):]), 0o600)
+	if code, _, errOut := runBinary(t, "check", "-config", path); code != 2 || !strings.Contains(errOut, `store: is "redis" but [redis]`) {
+		t.Errorf("check without [redis]: %d %s", code, errOut)
+	}
+}

@@ -1,0 +1,138 @@
+package prefork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/preforkd/preforkd/core"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/proxy"
+)
+
+// Engine is an HTTP engine a worker serves its connections with, in place
+// of the net/http server around Options.Handler. *proxy.Server is one.
+type Engine interface {
+	// Serve serves the connections of ln until Shutdown, and then returns
+	// nil; it returns an error if it cannot go on serving.
+	Serve(ln net.Listener) error
+	// Shutdown drains by the rule of a retiring worker (see drain.go:
+	// stop accepting; every response from now on says Connection: close;
+	// a connection with no request in progress is closed only once it has
+	// been idle for a second, or five seconds when it never sent one) and
+	// returns once no connection is left, or with ctx's error when ctx is
+	// done first, having closed them all.
+	Shutdown(ctx context.Context) error
+}
+
+// validApplication checks that exactly one way of serving is set.
+func validApplication(opts Options) error {
+	n := 0
+	for _, set := range []bool{opts.Handler != nil, opts.FastHandler != nil, opts.Engine != nil} {
+		if set {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return errors.New("prefork: none of Options.Handler, FastHandler and Engine is set")
+	case 1:
+		return nil
+	}
+	return errors.New("prefork: more than one of Options.Handler, FastHandler and Engine is set")
+}
+
+// runEngineWorker is runWorker for Options.Engine and Options.FastHandler,
+// from the point where the worker's process is set up: it joins the
+// region, builds the core and the engine, reports ready, serves, and
+// drains when told to. It returns the exit code.
+func runEngineWorker(ctx context.Context, opts Options, index int, term <-chan os.Signal, log *slog.Logger) int {
+	eng, ln, timeout, c, err := setUpEngine(opts, index, log)
+	if err != nil {
+		log.Error("worker failed to start", "err", err)
+		return 1
+	}
+	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
+	ready := os.NewFile(fdReady, "ready")
+	if _, err := ready.Write([]byte{1}); err != nil {
+		log.Error("worker failed to report readiness", "err", err)
+		return 1
+	}
+	ready.Close()
+
+	served := make(chan error, 1)
+	go func() { served <- eng.Serve(ln) }()
+	var why string
+	select {
+	case err := <-served:
+		if err == nil {
+			err = errors.New("the engine returned without being shut down")
+		}
+		log.Error("worker stopped serving", "err", err)
+		return 1
+	case <-term:
+		why = "TERM"
+	case <-lifeline:
+		why = "supervisor gone"
+	case <-ctx.Done():
+		why = context.Cause(ctx).Error()
+	}
+	log.Info("worker draining", "reason", why, "timeout", timeout)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := eng.Shutdown(sctx); err != nil {
+		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
+	}
+	select {
+	case <-served:
+	case <-time.After(time.Second): // Serve returns once its listener is closed
+	}
+	closeCore(c, log)
+	return 0
+}
+
+// setUpEngine joins the region and builds the worker's core and engine.
+func setUpEngine(opts Options, index int, log *slog.Logger) (_ Engine, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
+	w, ln, err := joinWorker(index, log)
+	if err != nil {
+		return nil, nil, 0, nil, err
+	}
+	if w.c, err = NewCore(w.Config, w.Region, log); err != nil {
+		return nil, nil, 0, nil, err
+	}
+	var eng Engine
+	if opts.Engine != nil {
+		eng, err = opts.Engine(w)
+	} else {
+		eng, err = fastEngine(opts, w)
+	}
+	if err != nil {
+		return nil, nil, 0, nil, fmt.Errorf("prefork: building the engine: %w", err)
+	}
+	return eng, ln, w.Config.Server.ShutdownTimeout, w.c, nil
+}
+
+// fastEngine serves Options.FastHandler's application with the fast
+// engine, the worker's core in front of it.
+func fastEngine(opts Options, w *Worker) (Engine, error) {
+	app, err := opts.FastHandler(w)
+	if err != nil {
+		return nil, err
+	}
+	if app == nil {
+		return nil, errors.New("prefork: Options.FastHandler returned a nil handler")
+	}
+	o := w.Config.ProxyOptions()
+	o.App, o.Core, o.Logger = app, w.c, w.Logger
+	return proxy.New(o)
+}
+
+// FastHandlerFunc adapts a plain fasthttp handler to Options.FastHandler.
+func FastHandlerFunc(h fasthttp.RequestHandler) func(*Worker) (fasthttp.RequestHandler, error) {
+	return func(*Worker) (fasthttp.RequestHandler, error) { return h, nil }
+}

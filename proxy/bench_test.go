@@ -1,0 +1,186 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/proxy"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// BenchmarkProxy measures the engine with its core adapter per proxied
+// request, over loopback: a client that writes a canned request and reads
+// the canned-size response, and an upstream that answers every request
+// with the same bytes. Neither allocates per request, so allocs/op is the
+// engine's (and the core's, with rules on).
+func BenchmarkProxy(b *testing.B) {
+	up := cannedUpstream(b)
+	for _, bc := range []struct {
+		name  string
+		rules bool
+		app   bool
+	}{
+		{"proxy/rules=off", false, false},
+		{"proxy/rules=on", true, false},
+		{"app/rules=on", true, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			o := proxy.Options{Upstream: "http://" + up}
+			if bc.app {
+				o = proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.Response.SetBodyRaw(okBody) }}
+			}
+			if bc.rules {
+				o.Core = benchCore(b)
+			}
+			addr := benchServer(b, o)
+			b.ReportAllocs()
+			b.SetParallelism(4)
+			b.RunParallel(func(pb *testing.PB) {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				defer c.Close()
+				br := bufio.NewReaderSize(c, 4096)
+				req := []byte("GET /api/items?id=7 HTTP/1.1\r\nHost: bench.example\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+				for pb.Next() {
+					if _, err := c.Write(req); err != nil {
+						b.Error(err)
+						return
+					}
+					if err := skipResponse(br); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+var okBody = []byte("ok\n")
+
+// benchCore is a core with one rule that never refuses, over a private
+// region.
+func benchCore(b *testing.B) *core.Core {
+	r, err := shm.Create(shm.Options{Counters: 1024, MaxWorkers: 2})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	if err := r.Join(0); err != nil {
+		b.Fatal(err)
+	}
+	rt, err := route.Compile("/api/*", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	by, err := clientip.ParseBy("ip")
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := core.New(r, core.Options{RateLimits: []core.RateLimit{{
+		Rule:  bucket.Rule{Name: "api", Limit: 1<<20 - 1, Window: 2 * time.Second},
+		Route: rt, By: by,
+	}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+func benchServer(b *testing.B, o proxy.Options) string {
+	o.Logger = quietLog
+	s, err := proxy.New(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go s.Serve(ln)
+	b.Cleanup(func() { s.Close() })
+	return ln.Addr().String()
+}
+
+// cannedUpstream answers every request on a connection with the same
+// response, without parsing more than the end of the request head.
+func cannedUpstream(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nok\n")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 16<<10)
+				have := 0
+				for {
+					n, err := c.Read(buf[have:])
+					if err != nil {
+						return
+					}
+					have += n
+					for {
+						i := bytes.Index(buf[:have], []byte("\r\n\r\n"))
+						if i < 0 {
+							break
+						}
+						copy(buf, buf[i+4:have])
+						have -= i + 4
+						if _, err := c.Write(resp); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// skipResponse reads one response with a Content-Length (the canned and
+// the demo ones) without allocating.
+func skipResponse(br *bufio.Reader) error {
+	length := -1
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if len(line) <= 2 {
+			break
+		}
+		const cl = "content-length:"
+		if len(line) > len(cl) && bytes.EqualFold(line[:len(cl)], []byte(cl)) {
+			length = 0
+			for _, c := range bytes.TrimSpace(line[len(cl):]) {
+				length = length*10 + int(c-'0')
+			}
+		}
+	}
+	if length < 0 {
+		return io.ErrUnexpectedEOF
+	}
+	_, err := br.Discard(length)
+	return err
+}

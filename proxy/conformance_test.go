@@ -1,0 +1,516 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/proxy"
+)
+
+// The conformance suite: raw request bytes in, and what the client got
+// back and what the upstream saw. The exchanges here are the data plane's
+// (SPEC §11: framing, hop-by-hop fields, bodies, targets), run against
+// every engine in engines: every engine preforkd proxies with must pass
+// every one. The decision core's answers are compared across the fast
+// engine and the net/http adapter in engines_test.go.
+
+// engine is an HTTP engine under test. start serves ln, forwarding to
+// upstream, until the test ends.
+type engine struct {
+	name  string
+	start func(t *testing.T, ln net.Listener, upstream string)
+}
+
+var engines = []engine{
+	{"fasthttp", startFast},
+}
+
+func startFast(t *testing.T, ln net.Listener, upstream string) {
+	t.Helper()
+	s, err := proxy.New(proxy.Options{Upstream: upstream, MaxHeaderBytes: 8 << 10, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+}
+
+// exchange is one conformance case.
+type exchange struct {
+	name string
+	// send is written to the server as is; "\n" in it stands for CRLF
+	// unless raw.
+	send string
+	raw  bool
+	// reply is what the upstream answers (CRLF as in send); "" is 200
+	// "ok".
+	reply string
+
+	status int      // the client gets this status
+	has    []string // header lines the response has ("Name: value")
+	hasNot []string // header names it has not
+	body   string   // its body, when not ""
+	closed bool     // the server closes the connection after it
+	// closeField: the response says Connection: close (which
+	// http.ReadResponse takes out of the header into Response.Close).
+	closeField bool
+	head       bool     // the request is HEAD (the response has no body)
+	then       string   // a second request on the same connection, answered 200
+	upLine     string   // the upstream saw this request line; "" means it saw no request
+	upHas      []string // header lines the upstream saw
+	upNot      []string // header names it did not see
+	upBody     *string  // the body it got
+	upCount    int      // how many requests the upstream saw, when not 1 (or 0 with upLine "")
+}
+
+func crlf(s string) string { return strings.ReplaceAll(s, "\n", "\r\n") }
+
+func ptr(s string) *string { return &s }
+
+var bigHeader = "GET / HTTP/1.1\nHost: a\nX-Big: " + strings.Repeat("b", 9<<10) + "\n\n"
+
+var exchanges = []exchange{
+	{
+		name:   "forwarded as sent, with X-Forwarded-*",
+		send:   "GET /x/y?a=1&b=%2F HTTP/1.1\nHost: app.example\nUser-Agent: t\nx-custom: Keep Case\nForwarded: for=1.2.3.4\n\n",
+		status: 200, body: "ok", has: []string{"Content-Type: text/plain"},
+		upLine: "GET /x/y?a=1&b=%2F HTTP/1.1",
+		upHas: []string{"Host: app.example", "User-Agent: t", "x-custom: Keep Case", "Forwarded: for=1.2.3.4",
+			"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Proto: http", "X-Forwarded-Host: app.example"},
+	},
+	{
+		name:   "X-Forwarded-For chain kept, peer appended",
+		send:   "GET / HTTP/1.1\nHost: a\nX-Forwarded-For: 192.0.2.1, 10.0.0.1\nx-forwarded-for: 198.51.100.7\nX-Forwarded-Proto: https\nX-Forwarded-Host: evil\n\n",
+		status: 200,
+		upLine: "GET / HTTP/1.1",
+		upHas:  []string{"X-Forwarded-For: 192.0.2.1, 10.0.0.1, 198.51.100.7, 127.0.0.1", "X-Forwarded-Proto: http", "X-Forwarded-Host: a"},
+	},
+	{
+		name: "hop-by-hop request fields dropped",
+		send: "GET / HTTP/1.1\nHost: a\nConnection: keep-alive, X-Hop\nX-Hop: 1\nX-Kept: 2\nKeep-Alive: timeout=5\nTE: trailers\n" +
+			"Trailer: X-T\nUpgrade: h2c\nProxy-Authorization: Basic eA==\nProxy-Connection: keep-alive\n\n",
+		status: 200, then: "GET /again HTTP/1.1\nHost: a\n\n",
+		upLine: "GET / HTTP/1.1", upCount: 2,
+		upHas: []string{"X-Kept: 2"},
+		upNot: []string{"Connection", "X-Hop", "Keep-Alive", "TE", "Trailer", "Upgrade", "Proxy-Authorization", "Proxy-Connection"},
+	},
+	{
+		name:   "an upgrade to h2c is not passed on",
+		send:   "GET /h2 HTTP/1.1\nHost: a\nConnection: Upgrade, HTTP2-Settings\nUpgrade: h2c\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\n\n",
+		reply:  "HTTP/1.1 101 Switching Protocols\nConnection: Upgrade\nUpgrade: h2c\n\n",
+		status: 502,
+		upLine: "GET /h2 HTTP/1.1", upNot: []string{"Upgrade", "Connection", "HTTP2-Settings"},
+	},
+	{
+		name:   "Connection: close is the client's, not forwarded",
+		send:   "GET / HTTP/1.1\nHost: a\nConnection: close\n\n",
+		status: 200, closed: true, closeField: true,
+		upLine: "GET / HTTP/1.1", upNot: []string{"Connection"},
+	},
+	{
+		name: "hop-by-hop response fields dropped",
+		send: "GET / HTTP/1.1\nHost: a\n\n",
+		reply: "HTTP/1.1 200 OK\nConnection: keep-alive, X-Up-Hop\nKeep-Alive: timeout=5\nX-Up-Hop: 1\nProxy-Foo: 2\n" +
+			"Upgrade: h2c\nX-Kept: 3\nSet-Cookie: a=1; Path=/\nSet-Cookie: a=2; Path=/x\ndate: Mon, 01 Jan 2001 00:00:00 GMT\nContent-Length: 2\n\nok",
+		status: 200, body: "ok", then: "GET / HTTP/1.1\nHost: a\n\n",
+		has:    []string{"X-Kept: 3", "Set-Cookie: a=1; Path=/", "Set-Cookie: a=2; Path=/x"},
+		hasNot: []string{"Keep-Alive", "X-Up-Hop", "Proxy-Foo", "Upgrade", "Connection"},
+		upLine: "GET / HTTP/1.1", upCount: 2,
+	},
+	{
+		name:   "dot segments removed and slashes merged, query as sent",
+		send:   "GET /a//b/./c/../d/%2e%2E/e/?q=/../x//y HTTP/1.1\nHost: a\n\n",
+		status: 200,
+		upLine: "GET /a/b/e/?q=/../x//y HTTP/1.1",
+	},
+	{
+		name:   "absolute-form target: its authority is the Host",
+		send:   "GET http://app.example:8080/p?q=1 HTTP/1.1\nHost: other\n\n",
+		status: 200,
+		upLine: "GET /p?q=1 HTTP/1.1", upHas: []string{"Host: app.example:8080", "X-Forwarded-Host: app.example:8080"},
+		upNot: []string{},
+	},
+	{
+		name:   "HEAD: no body, the connection goes on",
+		send:   "HEAD /h HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nContent-Length: 5\nContent-Type: text/plain\n\n",
+		status: 200, head: true, has: []string{"Content-Length: 5"},
+		then:   "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "HEAD /h HTTP/1.1", upCount: 2,
+	},
+	{
+		name:   "204 carries no body",
+		send:   "DELETE /r HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 204 No Content\nX-R: 1\n\n",
+		status: 204, has: []string{"X-R: 1"}, hasNot: []string{"Content-Length", "Transfer-Encoding"},
+		then:   "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "DELETE /r HTTP/1.1", upCount: 2,
+	},
+	{
+		name:   "304 carries no body",
+		send:   "GET /c HTTP/1.1\nHost: a\nIf-None-Match: \"x\"\n\n",
+		reply:  "HTTP/1.1 304 Not Modified\nETag: \"x\"\n\n",
+		status: 304, has: []string{"Etag: \"x\""}, hasNot: []string{"Transfer-Encoding"},
+		then:   "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "GET /c HTTP/1.1", upCount: 2, upHas: []string{"If-None-Match: \"x\""},
+	},
+	{
+		name:   "a body with a Content-Length",
+		send:   "POST /p HTTP/1.1\nHost: a\nContent-Type: application/json\nContent-Length: 8\n\n{\"a\": 1}",
+		status: 200,
+		upLine: "POST /p HTTP/1.1", upHas: []string{"Content-Length: 8", "Content-Type: application/json"},
+		upBody: ptr("{\"a\": 1}"),
+	},
+	{
+		name:   "an empty body keeps its Content-Length: 0",
+		send:   "POST /p HTTP/1.1\nHost: a\nContent-Length: 0\n\n",
+		status: 200,
+		upLine: "POST /p HTTP/1.1", upHas: []string{"Content-Length: 0"}, upBody: ptr(""),
+	},
+	{
+		name:   "a chunked body is sent with its length",
+		send:   "POST /p HTTP/1.1\nHost: a\nTransfer-Encoding: chunked\n\n4;ext=1\nwiki\n5\npedia\n0\nX-Trailer: t\n\n",
+		status: 200, then: "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "POST /p HTTP/1.1", upCount: 2,
+		upHas: []string{"Content-Length: 9"}, upNot: []string{"Transfer-Encoding", "X-Trailer"},
+		upBody: ptr("wikipedia"),
+	},
+	{
+		name:   "Expect: 100-continue is answered here",
+		send:   "POST /e HTTP/1.1\nHost: a\nExpect: 100-continue\nContent-Length: 3\n\nabc",
+		status: 200,
+		upLine: "POST /e HTTP/1.1", upNot: []string{"Expect"}, upBody: ptr("abc"),
+	},
+	{
+		name:   "a chunked response",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n3\nabc\n3;x=y\ndef\n0\nX-T: 1\n\n",
+		status: 200, body: "abcdef", then: "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "GET / HTTP/1.1", upCount: 2,
+	},
+	{
+		name:   "a response delimited by the upstream's close",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nConnection: close\n\nuntil close",
+		status: 200, body: "until close", then: "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "GET / HTTP/1.1", upCount: 2,
+	},
+	{
+		name:   "an HTTP/1.0 client gets a body of unknown length up to the close",
+		send:   "GET /old HTTP/1.0\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n3\nabc\n3\ndef\n0\n\n",
+		status: 200, body: "abcdef", closed: true, hasNot: []string{"Transfer-Encoding", "Content-Length"},
+		upLine: "GET /old HTTP/1.1",
+	},
+	{
+		name:   "an HTTP/1.0 client keeps its connection with a length",
+		send:   "GET /old HTTP/1.0\nHost: a\nConnection: keep-alive\n\n",
+		status: 200, body: "ok", then: "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "GET /old HTTP/1.1", upCount: 2,
+	},
+	{
+		name:   "no Content-Type where the upstream sent none",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nContent-Length: 3\n\nabc",
+		status: 200, body: "abc", hasNot: []string{"Content-Type"},
+		upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "interim responses are not forwarded",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+		status: 200, body: "ok",
+		upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "Content-Length and Transfer-Encoding: 400, closed, nothing forwarded",
+		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nTransfer-Encoding: chunked\n\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true, has: []string{"Content-Type: application/problem+json"},
+	},
+	{
+		name:   "Transfer-Encoding then Content-Length: 400, closed",
+		send:   "POST / HTTP/1.1\nHost: a\ntransfer-encoding: chunked\ncontent-length: 0\n\n0\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "two Content-Lengths: 400, closed",
+		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nContent-Length: 4\n\nabcd",
+		status: 400, closed: true,
+	},
+	{
+		name:   "obs-fold: 400, closed",
+		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\n c: d\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "a bad chunk size: 400, closed, nothing forwarded",
+		send:   "POST / HTTP/1.1\nHost: a\nTransfer-Encoding: chunked\n\nzz\nabc\n0\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "HTTP/1.0 with Transfer-Encoding: 400, closed",
+		send:   "POST / HTTP/1.0\nHost: a\nTransfer-Encoding: chunked\n\n3\nabc\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "CONNECT is refused",
+		send:   "CONNECT a.example:443 HTTP/1.1\nHost: a.example:443\n\n",
+		status: 405, closed: true,
+	},
+	{
+		name:   "PRI is refused",
+		send:   "PRI /x HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "the HTTP/2 preface is refused",
+		send:   "PRI * HTTP/2.0\n\nSM\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "asterisk-form but OPTIONS is refused",
+		send:   "GET * HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "OPTIONS * is answered here",
+		send:   "OPTIONS * HTTP/1.1\nHost: a\n\n",
+		status: 200, has: []string{"Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		then: "GET / HTTP/1.1\nHost: a\n\n", upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a fragment in the target is refused",
+		send:   "GET /a#b HTTP/1.1\nHost: a\n\n",
+		status: 400,
+	},
+	{
+		name:   "HTTP/2.0 on an HTTP/1 connection: 505",
+		send:   "GET / HTTP/2.0\nHost: a\n\n",
+		status: 505, closed: true,
+	},
+	{
+		name:   "a header section over the limit: 431",
+		send:   bigHeader,
+		status: 431, closed: true,
+	},
+	{
+		name:   "a control character in a header value: 400",
+		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\x00c\n\n",
+		status: 400, closed: true,
+	},
+}
+
+func TestConformance(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			t.Parallel()
+			for _, x := range exchanges {
+				t.Run(x.name, func(t *testing.T) {
+					t.Parallel()
+					runExchange(t, e, x)
+				})
+			}
+		})
+	}
+}
+
+func runExchange(t *testing.T, e engine, x exchange) {
+	var up *rawUpstream
+	if x.reply == "" {
+		up = startUpstream(t, nil)
+	} else {
+		reply := crlf(x.reply)
+		var replied atomic.Bool // the follow-up request gets a plain answer
+		up = startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if req.Line == "GET /again HTTP/1.1" || replied.Swap(true) {
+				w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				return
+			}
+			w.WriteString(reply)
+			if strings.Contains(reply, "Connection: close") {
+				w.Flush()
+				c.Close()
+			}
+		})
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start(t, ln, up.url())
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	send := x.send
+	if !x.raw {
+		send = crlf(send)
+	}
+	if _, err := io.WriteString(c, send); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	method := "GET"
+	if x.head {
+		method = "HEAD"
+	}
+	resp, err := http.ReadResponse(br, &http.Request{Method: method})
+	for err == nil && resp.StatusCode < 200 && resp.StatusCode != 101 {
+		resp, err = http.ReadResponse(br, &http.Request{Method: method}) // after an interim response
+	}
+	if err != nil {
+		t.Fatalf("reading the response: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the response body: %v", err)
+	}
+	if resp.StatusCode != x.status {
+		t.Errorf("status %d, want %d (body %q)", resp.StatusCode, x.status, body)
+	}
+	if x.body != "" && string(body) != x.body {
+		t.Errorf("body %q, want %q", body, x.body)
+	}
+	if x.head && len(body) != 0 {
+		t.Errorf("a HEAD response with a body: %q", body)
+	}
+	checkHeader(t, "response", resp.Header, x.has, x.hasNot)
+	if x.closeField && !resp.Close {
+		t.Errorf("the response lacks Connection: close")
+	}
+	if got := resp.Header.Values("Date"); len(got) != 1 {
+		t.Errorf("Date fields %q, want one", got)
+	}
+	if resp.StatusCode >= 400 && resp.Header.Get("Content-Type") != "application/problem+json" {
+		t.Errorf("an error answer of Content-Type %q, want application/problem+json", resp.Header.Get("Content-Type"))
+	}
+
+	if x.then != "" && !x.closed {
+		if _, err := io.WriteString(c, crlf(x.then)); err != nil {
+			t.Fatalf("a second request on the connection: %v", err)
+		}
+		r2, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil {
+			t.Fatalf("the second request on the connection: %v", err)
+		}
+		io.Copy(io.Discard, r2.Body)
+		if r2.StatusCode != 200 {
+			t.Errorf("the second request: status %d", r2.StatusCode)
+		}
+	}
+	if closed := isClosed(t, c, br); closed != x.closed {
+		t.Errorf("connection closed after the response: %v, want %v", closed, x.closed)
+	}
+
+	want := x.upCount
+	if want == 0 && x.upLine != "" {
+		want = 1
+	}
+	seen := up.waitRequests(want, 2*time.Second)
+	if x.upLine == "" {
+		// Give a request that should not have been forwarded a moment to
+		// arrive all the same.
+		time.Sleep(50 * time.Millisecond)
+		seen = up.requests()
+	}
+	if len(seen) != want {
+		var lines []string
+		for _, s := range seen {
+			lines = append(lines, s.Line)
+		}
+		t.Fatalf("the upstream saw %d requests %q, want %d", len(seen), lines, want)
+	}
+	if want == 0 {
+		return
+	}
+	s := seen[0]
+	if s.Line != x.upLine {
+		t.Errorf("upstream request line %q, want %q", s.Line, x.upLine)
+	}
+	upHeader := http.Header{}
+	for _, l := range s.Lines {
+		k, v, _ := strings.Cut(l, ":")
+		upHeader[k] = append(upHeader[k], strings.Trim(v, " \t"))
+	}
+	for _, h := range x.upHas {
+		if !containsLine(s.Lines, h) {
+			t.Errorf("the upstream did not see %q; it saw %q", h, s.Lines)
+		}
+	}
+	for _, name := range x.upNot {
+		if v := s.field(name); len(v) > 0 {
+			t.Errorf("the upstream saw %s: %q", name, v)
+		}
+	}
+	if x.upBody != nil && (string(s.Body) != *x.upBody || !s.BodyOK) {
+		t.Errorf("the upstream got body %q (whole: %v), want %q", s.Body, s.BodyOK, *x.upBody)
+	}
+}
+
+// checkHeader checks lines ("Name: value") present and names absent.
+func checkHeader(t *testing.T, what string, h http.Header, has, hasNot []string) {
+	t.Helper()
+	for _, l := range has {
+		k, v, _ := strings.Cut(l, ": ")
+		found := false
+		for _, got := range h.Values(k) {
+			found = found || got == v
+		}
+		if !found {
+			t.Errorf("%s lacks %q; it has %s: %q", what, l, k, h.Values(k))
+		}
+	}
+	for _, k := range hasNot {
+		if v := h.Values(k); len(v) > 0 {
+			t.Errorf("%s has %s: %q", what, k, v)
+		}
+	}
+}
+
+func containsLine(lines []string, want string) bool {
+	for _, l := range lines {
+		if l == want {
+			return true
+		}
+	}
+	return false
+}
+
+// isClosed reports whether the server closed c (after what br read).
+func isClosed(t *testing.T, c net.Conn, br *bufio.Reader) bool {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	b, err := br.Peek(1)
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return false
+	case err == nil:
+		rest, _ := br.Peek(br.Buffered())
+		t.Errorf("bytes after the response: %q", rest)
+		_ = b
+		return false
+	}
+	return true
+}

@@ -1,0 +1,222 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The server's own bookkeeping of client connections. fasthttp serves
+// them, but the deadlines are set here, at every state change and around
+// every read of a body and every write, so that each timeout of Options
+// means what it says (between two reads, between two writes) and so that
+// a drain can tell an idle connection from a busy one.
+
+// connState is where a client connection is in its life.
+type connState uint8
+
+const (
+	stateNew      connState = iota // accepted; no byte of a request yet
+	stateActive                    // a request is being read or answered
+	stateIdle                      // between two requests
+	stateHijacked                  // upgraded: a tunnel owns it
+)
+
+// lingerTime and lingerBytes bound the reading that a close after an error
+// response does first (see conn.Close).
+const (
+	lingerTime  = 500 * time.Millisecond
+	lingerBytes = 256 << 10
+)
+
+// conn is a client connection as fasthttp sees it.
+type conn struct {
+	net.Conn
+	s    *Server
+	peer netip.Addr // the client's address; zero for a non-IP connection
+
+	// bodyTimeout, when positive, is set as the read deadline before
+	// every read: the request body is being read. Touched only by the
+	// goroutine that serves the connection.
+	bodyTimeout time.Duration
+	// mute drops what is written: an error response to a connection that
+	// sent no byte of a request (an idle timeout, a drain) would be read
+	// as the answer to the client's next request.
+	mute bool
+	// linger makes Close read what the client still sends for a moment
+	// before closing, so that the error response it was sent is not lost
+	// to a TCP reset.
+	linger bool
+
+	mu        sync.Mutex // guards state, served and idleSince against Shutdown
+	state     connState
+	served    int // requests begun on this connection
+	idleSince time.Time
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Read reads from the client, first moving the read deadline when a body
+// is being read: ClientBodyTimeout is the longest wait between two reads.
+func (c *conn) Read(p []byte) (int, error) {
+	if c.bodyTimeout > 0 {
+		if err := c.Conn.SetReadDeadline(time.Now().Add(c.bodyTimeout)); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Read(p)
+}
+
+// Write writes to the client with SendTimeout as the longest wait.
+func (c *conn) Write(p []byte) (int, error) {
+	if c.mute {
+		return len(p), nil
+	}
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.s.opts.SendTimeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}
+
+// Close closes the connection once and forgets it.
+func (c *conn) Close() error {
+	c.closeOnce.Do(func() {
+		if c.linger && !c.mute {
+			lingerClose(c.Conn)
+		}
+		c.closeErr = c.Conn.Close()
+		c.s.forget(c)
+	})
+	return c.closeErr
+}
+
+// lingerClose half-closes nc and discards what the peer still sends for a
+// moment: closing a socket with unread data in it resets the connection,
+// and a reset can destroy the response the peer has not read yet.
+func lingerClose(nc net.Conn) {
+	cw, ok := nc.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	if nc.SetReadDeadline(time.Now().Add(lingerTime)) == nil {
+		_, _ = io.CopyN(io.Discard, nc, lingerBytes)
+	}
+}
+
+// setState is the fasthttp ConnState hook: it moves the read deadline to
+// what the new state allows.
+func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
+	c, ok := nc.(*conn)
+	if !ok {
+		return
+	}
+	switch st {
+	case fasthttp.StateActive:
+		c.mu.Lock()
+		c.state = stateActive
+		c.served++
+		if c.served > 1 {
+			// The header must be complete ReadHeaderTimeout after its
+			// first byte. A new connection keeps the deadline it got at
+			// the accept.
+			_ = c.Conn.SetReadDeadline(time.Now().Add(s.opts.ReadHeaderTimeout))
+		}
+		c.mu.Unlock()
+	case fasthttp.StateIdle:
+		c.bodyTimeout = 0
+		c.mu.Lock()
+		c.state = stateIdle
+		c.idleSince = time.Now()
+		wait := s.opts.IdleTimeout
+		if s.draining.Load() {
+			wait = min(wait, s.opts.DrainIdleGrace)
+		}
+		_ = c.Conn.SetReadDeadline(c.idleSince.Add(wait))
+		c.mu.Unlock()
+	case fasthttp.StateHijacked:
+		c.mu.Lock()
+		c.state = stateHijacked
+		c.mu.Unlock()
+	}
+}
+
+// listener hands fasthttp the connections of the server's listener, at
+// most MaxConnections at a time.
+type listener struct {
+	net.Listener
+	s *Server
+	// slots holds a token per open connection when MaxConnections bounds
+	// them; nil otherwise.
+	slots chan struct{}
+	done  chan struct{} // closed by Close
+	once  sync.Once
+}
+
+// Accept waits for a free slot, then for a connection. Errors that a
+// moment cures (out of descriptors, a connection aborted before it was
+// accepted) are waited out, as net/http does, instead of ending Serve.
+func (l *listener) Accept() (net.Conn, error) {
+	if l.slots != nil {
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+	var backoff time.Duration
+	for {
+		nc, err := l.Listener.Accept()
+		if err == nil {
+			return l.s.track(nc, l), nil
+		}
+		if !transientAcceptError(err) {
+			l.release()
+			select {
+			case <-l.done:
+				return nil, net.ErrClosed
+			default:
+				return nil, err
+			}
+		}
+		backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+		l.s.warn(warnAccept, "accepting a connection failed; retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-l.done:
+			l.release()
+			return nil, net.ErrClosed
+		}
+	}
+}
+
+// Close stops Accept, including one waiting for a slot.
+func (l *listener) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.done)
+		err = l.Listener.Close()
+	})
+	return err
+}
+
+// release gives back the slot of a connection that closed (or was never
+// accepted).
+func (l *listener) release() {
+	if l.slots != nil {
+		<-l.slots
+	}
+}
+
+// transientAcceptError reports whether Accept may succeed if tried again.
+func transientAcceptError(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
+		errors.Is(err, syscall.ECONNABORTED)
+}

@@ -1,0 +1,230 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/core/nethttp"
+	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/proxy"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The decision core behind each engine: the same requests, through the
+// fast engine and through the net/http adapter (core/nethttp, in front of
+// a reverse proxy as the embedding API would serve one), must get the
+// same answers byte for byte and reach the upstream the same way.
+
+// coreEngine serves ln with c in front, forwarding to upstream.
+type coreEngine struct {
+	name  string
+	start func(t *testing.T, ln net.Listener, upstream string, c *core.Core)
+}
+
+var coreEngines = []coreEngine{
+	{"fasthttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
+		s, err := proxy.New(proxy.Options{Upstream: upstream, Core: c, Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Serve(ln)
+		t.Cleanup(func() { s.Close() })
+	}},
+	{"nethttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
+		u, err := url.Parse(upstream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rp := &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.SetURL(u)
+				pr.Out.Host = pr.In.Host
+				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+				pr.SetXForwarded()
+			},
+		}
+		srv := &http.Server{Handler: nethttp.New(c, rp, nethttp.Options{})}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+	}},
+}
+
+var quietLog = slog.New(slog.DiscardHandler)
+
+// coreCase is a story of requests on one keep-alive connection, with the
+// configuration the core is built from.
+type coreCase struct {
+	name   string
+	rules  string // TOML appended to a [table] with a response table
+	steps  []coreStep
+	upSeen []string // the request lines the upstream saw, in order
+}
+
+type coreStep struct {
+	send   string // CRLF as "\n"
+	status int
+	has    []string // "Name: value" lines the response has
+	hasNot []string
+}
+
+var coreCases = []coreCase{
+	{
+		name:  "a rule's headers, then its refusal",
+		rules: `[[ratelimit]]` + "\nname = \"api\"\npath = \"/api/*\"\nlimit = 2\nwindow = \"1m\"\n",
+		steps: []coreStep{
+			{send: "GET /api/a HTTP/1.1\nHost: h\n\n", status: 200,
+				has: []string{`Ratelimit-Policy: "api";q=2;w=60`, "X-Ratelimit-Limit: 2", "X-Ratelimit-Remaining: 1"}},
+			{send: "GET /api/b HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0"}},
+			{send: "GET /api/c HTTP/1.1\nHost: h\n\n", status: 429,
+				has: []string{"Content-Type: application/problem+json", "Cache-Control: no-store", "X-Ratelimit-Remaining: 0"}},
+			{send: "GET /other HTTP/1.1\nHost: h\n\n", status: 200, hasNot: []string{"Ratelimit-Policy", "X-Ratelimit-Limit"}},
+		},
+		upSeen: []string{"GET /api/a HTTP/1.1", "GET /api/b HTTP/1.1", "GET /other HTTP/1.1"},
+	},
+	{
+		name: "a path no application should see is refused; the others are forwarded normalized",
+		steps: []coreStep{
+			{send: "GET /a%2fb HTTP/1.1\nHost: h\n\n", status: 400, has: []string{"Content-Type: application/problem+json"}},
+			{send: "GET /a/./b//c/../d HTTP/1.1\nHost: h\n\n", status: 200},
+		},
+		upSeen: []string{"GET /a/b/d HTTP/1.1"},
+	},
+	{
+		name:  "an idempotent request is replayed, a changed one refused",
+		rules: "[[idempotency]]\npath = \"/orders\"\nmax_body = \"4KiB\"\n",
+		steps: []coreStep{
+			{send: "POST /orders HTTP/1.1\nHost: h\nIdempotency-Key: \"k1\"\nContent-Type: application/json\nContent-Length: 7\n\n{\"n\":1}", status: 201,
+				has: []string{"Location: /orders/1"}, hasNot: []string{"Idempotent-Replayed"}},
+			{send: "POST /orders HTTP/1.1\nHost: h\nIdempotency-Key: \"k1\"\nContent-Type: application/json\nContent-Length: 7\n\n{\"n\":1}", status: 201,
+				has: []string{"Location: /orders/1", "Idempotent-Replayed: true"}},
+			{send: "POST /orders HTTP/1.1\nHost: h\nIdempotency-Key: \"k1\"\nContent-Type: application/json\nContent-Length: 7\n\n{\"n\":2}", status: 422,
+				has: []string{"Content-Type: application/problem+json"}},
+		},
+		upSeen: []string{"POST /orders HTTP/1.1"},
+	},
+	{
+		name:  "a key header sent twice is refused",
+		rules: `[[ratelimit]]` + "\nname = \"key\"\npath = \"/k\"\nlimit = 5\nwindow = \"1m\"\nby = \"header:X-Api-Key\"\n",
+		steps: []coreStep{
+			{send: "GET /k HTTP/1.1\nHost: h\nX-Api-Key: a\nX-Api-Key: b\n\n", status: 400, has: []string{"Content-Type: application/problem+json"}},
+			{send: "GET /k HTTP/1.1\nHost: h\nX-Api-Key: a\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 4"}},
+		},
+		upSeen: []string{"GET /k HTTP/1.1"},
+	},
+}
+
+// answer is what a client got, for comparing engines.
+type answer struct {
+	status int
+	header string // the fields the core owns, in a fixed order
+	body   string
+}
+
+func TestCoreConformance(t *testing.T) {
+	for _, cc := range coreCases {
+		t.Run(cc.name, func(t *testing.T) {
+			t.Parallel()
+			got := map[string][]answer{}
+			for _, e := range coreEngines {
+				got[e.name] = runCoreCase(t, e, cc)
+			}
+			first := coreEngines[0].name
+			for _, e := range coreEngines[1:] {
+				for i := range cc.steps {
+					if a, b := got[first][i], got[e.name][i]; a != b {
+						t.Errorf("step %d: %s and %s differ:\n%s: %+v\n%s: %+v", i, first, e.name, first, a, e.name, b)
+					}
+				}
+			}
+		})
+	}
+}
+
+func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
+	t.Helper()
+	var n atomic.Int32
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		if req.Req.Method == "POST" {
+			id := n.Add(1)
+			fmt.Fprintf(w, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nLocation: /orders/%d\r\nContent-Length: 9\r\n\r\n{\"id\":%d}\n", id, id)
+			return
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+	})
+	cfg, err := config.Parse([]byte("[table]\ncounters = 1024\nresponses = 16\nresponse_bytes = \"64KiB\"\n"+cc.rules), "test.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := shm.Create(prefork.RegionOptions(cfg.WithDefaults()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { region.Close() })
+	if err := region.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	o.Logger = quietLog
+	c, err := core.New(region, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start(t, ln, up.url(), c)
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(conn)
+	var out []answer
+	for i, st := range cc.steps {
+		if _, err := io.WriteString(conn, crlf(st.send)); err != nil {
+			t.Fatalf("%s step %d: %v", e.name, i, err)
+		}
+		resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil {
+			t.Fatalf("%s step %d: %v", e.name, i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != st.status {
+			t.Errorf("%s step %d: status %d, want %d: %s", e.name, i, resp.StatusCode, st.status, body)
+		}
+		checkHeader(t, fmt.Sprintf("%s step %d", e.name, i), resp.Header, st.has, st.hasNot)
+		var h strings.Builder
+		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
+			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length"} {
+			fmt.Fprintf(&h, "%s=%q ", k, resp.Header.Values(k))
+		}
+		out = append(out, answer{resp.StatusCode, h.String(), string(body)})
+	}
+	seen := up.waitRequests(len(cc.upSeen), 2*time.Second)
+	var lines []string
+	for _, s := range seen {
+		lines = append(lines, s.Line)
+	}
+	if fmt.Sprint(lines) != fmt.Sprint(cc.upSeen) {
+		t.Errorf("%s: the upstream saw %q, want %q", e.name, lines, cc.upSeen)
+	}
+	return out
+}

@@ -1,0 +1,442 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// forward sends r upstream and makes the upstream's response the answer.
+func (s *Server) forward(r *request, ex *core.Exchange) {
+	ctx := r.ctx
+	var fields []core.Field
+	if ex != nil {
+		fields = ex.Fields()
+	}
+	if err := r.body.readAhead(r, readAheadBytes); err != nil {
+		s.refuse(ctx, bodyProblem(err), fields)
+		release(ex)
+		return
+	}
+	if r.upgrade && !r.body.done {
+		s.refuse(ctx, &badRequest{http.StatusBadRequest, "an upgrade request with a long body", true}, fields)
+		release(ex)
+		return
+	}
+	r.head = r.appendHead(r.head[:0])
+	streamed := !r.body.done
+	if !streamed {
+		r.head = append(r.head, r.body.bytes()...)
+	}
+	up := &r.up
+	var uc *upConn
+	for attempt := 0; ; attempt++ {
+		var err error
+		if r.upgrade {
+			uc, err = s.up.dial(context.Background()) // it will not come back to the pool
+		} else {
+			uc, err = s.up.get(context.Background(), time.Now())
+		}
+		if err == nil {
+			if streamed {
+				err = s.exchangeStreamed(r, uc)
+			} else {
+				_, err = uc.Write(r.head)
+				if err == nil {
+					err = readResponseHead(uc.br, up)
+				}
+			}
+		}
+		if err == nil {
+			break
+		}
+		if uc != nil {
+			uc.Conn.Close()
+		}
+		var be *bodyError
+		switch {
+		case errors.As(err, &be):
+			s.refuse(ctx, bodyProblem(be.err), fields)
+		case attempt == 0 && uc != nil && uc.reused && !streamed && r.retryable() && staleConn(err):
+			// The upstream had closed the idle connection: nothing was
+			// done with the request, which goes on a new one.
+			continue
+		default:
+			s.upstreamFailed(ctx, err, fields)
+		}
+		release(ex)
+		return
+	}
+	s.relay(r, ex, uc, fields)
+}
+
+// relay makes the upstream response read into r.up the answer, and streams
+// its body from uc unless it is already read.
+func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.Field) {
+	ctx, up := r.ctx, &r.up
+	status := up.StatusCode()
+	if status == http.StatusSwitchingProtocols && !r.upgrade {
+		uc.Conn.Close()
+		s.upstreamFailed(r.ctx, errors.New("proxy: the upstream switched protocols unasked"), fields)
+		release(ex)
+		return
+	}
+	resp := &ctx.Response
+	reusable := !up.ConnectionClose()
+	length := up.ContentLength()
+	copyResponseHeader(&resp.Header, up, status == http.StatusSwitchingProtocols)
+	setFields(resp, fields)
+
+	var rec *recorder
+	if ex != nil {
+		if max, ok := ex.Record(); ok {
+			rec = newRecorder(max, status, up)
+		}
+	}
+	if status == http.StatusSwitchingProtocols {
+		s.tunnel(r, uc)
+		if rec != nil {
+			ex.Complete(&core.Recorded{Status: status, Hijacked: true})
+		}
+		release(ex)
+		return
+	}
+	if r.ctx.IsHead() || status < 200 || status == http.StatusNoContent || status == http.StatusNotModified {
+		// No body, whatever the header says (RFC 9112 §6.3).
+		if length >= 0 {
+			resp.Header.SetContentLength(length)
+		}
+		s.upDone(uc, reusable)
+		rec.complete(ex, nil)
+		release(ex)
+		return
+	}
+	if length >= 0 && length <= uc.br.Buffered() {
+		// The whole body is here: one write to the client, and the
+		// connection is free for another request at once.
+		b, _ := uc.br.Peek(length)
+		resp.SetBody(b)
+		rec.write(b)
+		_, _ = uc.br.Discard(length)
+		s.upDone(uc, reusable)
+		rec.complete(ex, nil)
+		release(ex)
+		return
+	}
+	ub := bodyPool2.Get().(*upBody)
+	*ub = upBody{s: s, uc: uc, reusable: reusable, ex: ex, rec: rec}
+	switch {
+	case length >= 0:
+		ub.left = int64(length)
+	case length == -1:
+		ub.chunked = true
+	default:
+		ub.untilClose, ub.reusable = true, false
+	}
+	if length < 0 && !ctx.Request.Header.IsHTTP11() {
+		s.sendUntilClose(r, ub)
+		return
+	}
+	if length < 0 {
+		length = -1
+	}
+	resp.SetBodyStream(ub, length)
+}
+
+// sendUntilClose sends a response of unknown length to an HTTP/1.0
+// client, which cannot read chunks: its end is the connection's close.
+// fasthttp cannot frame a response so, so the connection is taken over
+// once the handler returns.
+func (s *Server) sendUntilClose(r *request, ub *upBody) {
+	h := &r.ctx.Response.Header
+	h.SetContentLength(-2)
+	h.SetConnectionClose()
+	head := h.AppendBytes(nil)
+	c := r.c
+	r.ctx.HijackSetNoResponse(true)
+	r.ctx.Hijack(func(hc net.Conn) {
+		_, err := hc.Write(head)
+		bp := tunnelBufPool.Get().(*[]byte)
+		for err == nil {
+			var n int
+			n, err = ub.Read(*bp)
+			if n > 0 {
+				if _, werr := hc.Write((*bp)[:n]); werr != nil {
+					err = werr
+				}
+			}
+		}
+		tunnelBufPool.Put(bp)
+		if err == io.EOF {
+			err = nil
+		}
+		ub.CloseWithError(err)
+		c.Close()
+	})
+}
+
+// upDone puts a connection whose response was read back in the pool.
+func (s *Server) upDone(uc *upConn, reusable bool) {
+	if reusable {
+		s.up.put(uc, time.Now())
+	} else {
+		uc.Conn.Close()
+	}
+}
+
+func release(ex *core.Exchange) {
+	if ex != nil {
+		ex.Release()
+	}
+}
+
+// readResponseHead reads the final response's header section into h,
+// skipping interim (1xx) responses but 101: they are not forwarded.
+func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader) error {
+	// What the upstream did not send is not sent: no default Content-Type.
+	h.SetNoDefaultContentType(true)
+	for range 16 {
+		if err := h.Read(br); err != nil {
+			return err
+		}
+		if st := h.StatusCode(); st >= 200 || st == http.StatusSwitchingProtocols {
+			return nil
+		}
+	}
+	return errors.New("proxy: too many interim responses")
+}
+
+// staleConn reports whether err is what a request sent on a connection the
+// upstream had just closed meets: nothing came back.
+func staleConn(err error) bool {
+	return errors.Is(err, io.EOF) || isConnReset(err)
+}
+
+// retryable reports whether the request may be sent again: its method is
+// idempotent (RFC 9110 §9.2.2) or it carries an idempotency key.
+func (r *request) retryable() bool {
+	switch string(r.method) {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		return true
+	}
+	_, n := r.Header("Idempotency-Key")
+	return n > 0
+}
+
+// upstreamFailed answers 502 or 504 for an upstream that gave no response.
+func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, err error, fields []core.Field) {
+	var de *dialError
+	switch {
+	case errors.As(err, &de):
+		s.count.upstreamErrors.Add(1)
+		s.warn(warnUpstreamDown, "upstream unreachable", "upstream", s.up.t.addr, "err", err)
+		s.answer(ctx, http.StatusBadGateway, "the application is unreachable", false, fields)
+	case isTimeout(err):
+		s.count.upstreamTimeouts.Add(1)
+		s.warn(warnUpstreamTimeout, "upstream timed out", "upstream", s.up.t.addr, "timeout", s.opts.UpstreamTimeout)
+		s.answer(ctx, http.StatusGatewayTimeout, "the application did not answer in time", false, fields)
+	default:
+		s.count.upstreamErrors.Add(1)
+		s.warn(warnUpstreamDown, "upstream failed", "upstream", s.up.t.addr, "err", err)
+		s.answer(ctx, http.StatusBadGateway, "the application gave no valid response", false, fields)
+	}
+}
+
+// bodyError is a failure to read the client's request body while it was
+// being sent upstream.
+type bodyError struct{ err error }
+
+func (e *bodyError) Error() string { return "proxy: reading the request body: " + e.err.Error() }
+func (e *bodyError) Unwrap() error { return e.err }
+
+// exchangeStreamed sends the head and a body too long to read ahead, and
+// reads the response head meanwhile: an upstream may answer before it has
+// the whole body (a 413, a 401). Then the rest of the body is not sent,
+// and the connection is not reused.
+func (s *Server) exchangeStreamed(r *request, uc *upConn) error {
+	sent := make(chan error, 1)
+	go func() {
+		err := s.sendBody(r, uc)
+		var be *bodyError
+		if errors.As(err, &be) {
+			// The upstream must not wait for the rest, nor take what it
+			// got for a whole request.
+			uc.Conn.Close()
+		}
+		sent <- err
+	}()
+	err := readResponseHead(uc.br, &r.up)
+	var werr error
+	select {
+	case werr = <-sent:
+	default:
+		if err == nil {
+			// An early answer: stop sending. A write fails from here on;
+			// the sender stops at its next write.
+			if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			}
+			r.up.SetConnectionClose()
+		} else {
+			uc.Conn.Close() // the sender stops at its next write
+		}
+		werr = <-sent
+		if err == nil {
+			return nil
+		}
+	}
+	var be *bodyError
+	if errors.As(werr, &be) {
+		return werr // the client's fault comes first: 400 or 408
+	}
+	if err != nil {
+		return err
+	}
+	if werr != nil {
+		r.up.SetConnectionClose()
+	}
+	return nil
+}
+
+// chunkBufPool holds buffers for streamed request bodies: room for a chunk
+// header, 32 KiB of data and the chunk's CRLF.
+var chunkBufPool = sync.Pool{New: func() any { b := make([]byte, 16+32<<10+2); return &b }}
+
+// sendBody writes the head, the body read ahead and the rest of the body as
+// it arrives: with its Content-Length, or re-chunked.
+func (s *Server) sendBody(r *request, uc *upConn) error {
+	chunked := r.body.length < 0
+	bp := chunkBufPool.Get().(*[]byte)
+	defer chunkBufPool.Put(bp)
+	buf := *bp
+	if _, err := uc.Write(r.head); err != nil {
+		return err
+	}
+	if pre := r.body.bytes(); len(pre) > 0 {
+		if err := writeChunk(uc, buf, pre, chunked); err != nil {
+			return err
+		}
+	}
+	left := r.body.length - int64(len(r.body.bytes()))
+	for chunked || left > 0 {
+		data := buf[16 : len(buf)-2]
+		if !chunked && int64(len(data)) > left {
+			data = data[:left]
+		}
+		n, err := r.body.stream.Read(data)
+		if n > 0 {
+			left -= int64(n)
+			if werr := writeChunkInPlace(uc, buf, n, chunked); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			if !chunked && left > 0 {
+				return &bodyError{io.ErrUnexpectedEOF}
+			}
+			break
+		}
+		if err != nil {
+			return &bodyError{err}
+		}
+	}
+	if chunked {
+		_, err := uc.Write(lastChunk)
+		return err
+	}
+	return nil
+}
+
+var lastChunk = []byte("0\r\n\r\n")
+
+// writeChunk writes p (copied through buf when chunked).
+func writeChunk(w io.Writer, buf, p []byte, chunked bool) error {
+	if !chunked {
+		_, err := w.Write(p)
+		return err
+	}
+	for len(p) > 0 {
+		n := copy(buf[16:len(buf)-2], p)
+		p = p[n:]
+		if err := writeChunkInPlace(w, buf, n, chunked); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeChunkInPlace writes the n bytes at buf[16:], framed as a chunk when
+// chunked, in one write.
+func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
+	if !chunked {
+		_, err := w.Write(buf[16 : 16+n])
+		return err
+	}
+	var hex [16]byte
+	h := strconv.AppendInt(hex[:0], int64(n), 16)
+	h = append(h, '\r', '\n')
+	start := 16 - len(h)
+	copy(buf[start:], h)
+	end := 16 + n
+	buf[end], buf[end+1] = '\r', '\n'
+	_, err := w.Write(buf[start : end+2])
+	return err
+}
+
+// copyResponseHeader copies the upstream's response header to the client's,
+// without the hop-by-hop fields (but Upgrade and Connection on a 101) and
+// without Date, which the server sends itself. Content-Length and
+// Transfer-Encoding are the server's to write: they frame the body it
+// sends.
+func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool) {
+	dst.SetStatusCode(src.StatusCode())
+	var named [8][]byte // fields named by Connection, a few at most
+	nn := 0
+	for k, v := range src.All() {
+		if classify(k) == kindConnection {
+			eachToken(v, func(t []byte) {
+				if nn < len(named) && !equalFold(t, "close") && !equalFold(t, "keep-alive") && !equalFold(t, "upgrade") {
+					named[nn] = t
+					nn++
+				}
+			})
+		}
+	}
+	for k, v := range src.All() {
+		switch classify(k) {
+		case kindOther, kindHost, kindForwardedFor, kindForwardedOther, kindExpect:
+		case kindConnection, kindUpgrade:
+			if !upgraded {
+				continue
+			}
+		default:
+			continue
+		}
+		if equalFold(k, "date") {
+			continue
+		}
+		if isNamed(k, named[:nn]) {
+			continue
+		}
+		dst.AddBytesKV(k, v)
+	}
+}
+
+func isNamed(k []byte, named [][]byte) bool {
+	for _, n := range named {
+		if len(n) == len(k) && equalFold(k, b2s(n)) {
+			return true
+		}
+	}
+	return false
+}

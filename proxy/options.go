@@ -1,0 +1,202 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// Options configures a [Server]. Zero values are the documented defaults,
+// which are nginx's where nginx has the same setting.
+type Options struct {
+	// Upstream is the application requests are forwarded to:
+	// "http://host[:port]" or "https://host[:port]" (its certificate
+	// verified for host), with an optional path that is prepended to every
+	// request's ("http://app/base": "/x" is forwarded as "/base/x").
+	// Exactly one of Upstream and App is set.
+	Upstream string
+	// App serves the requests itself instead of forwarding them (the
+	// demo application, a fasthttp application embedded in a worker). It
+	// runs after the Core let the request through, with the path the
+	// Core forwards; what it writes to ctx.Response is sent with the
+	// Core's fields added.
+	App fasthttp.RequestHandler
+
+	// Core decides about each request before the application sees it:
+	// rate limits, idempotent replay, the path the application gets. nil
+	// lets every request through, with its path normalized as the core
+	// would (route.Normalize).
+	Core *core.Core
+
+	// ReadHeaderTimeout bounds the reading of a request's header section,
+	// from its first byte (from the accept, on a new connection): the
+	// slowloris bound. 0 means 10s.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request. 0 means 75s.
+	IdleTimeout time.Duration
+	// ClientBodyTimeout bounds the wait between two reads of a request
+	// body (nginx's client_body_timeout); a client that stalls longer gets
+	// 408. 0 means 60s.
+	ClientBodyTimeout time.Duration
+	// SendTimeout bounds the wait between two writes to a client (nginx's
+	// send_timeout); a client that reads nothing for longer is
+	// disconnected. 0 means 60s.
+	SendTimeout time.Duration
+	// MaxHeaderBytes bounds the request line and header section together;
+	// a larger one gets 431. 0 means 64 KiB; at least 4 KiB.
+	MaxHeaderBytes int
+	// MaxConnections bounds the client connections open at once; at the
+	// bound the server stops accepting until one closes (other worker
+	// processes on a shared listener accept meanwhile). 0 means no bound.
+	MaxConnections int
+
+	// UpstreamConnectTimeout bounds a connection attempt to the upstream;
+	// a failure is 502. 0 means 5s.
+	UpstreamConnectTimeout time.Duration
+	// UpstreamTimeout bounds the wait for the upstream's response header
+	// (504 when it passes) and then between two reads of its body, like
+	// nginx's proxy_read_timeout; also between two writes of the request.
+	// 0 means 60s.
+	UpstreamTimeout time.Duration
+	// UpstreamMaxIdle is how many idle keep-alive connections to the
+	// upstream are kept for reuse. 0 means 256; negative keeps none.
+	UpstreamMaxIdle int
+
+	// DrainIdleGrace is how long Shutdown lets a keep-alive connection
+	// stay open once idle (counted from the end of its last response), so
+	// that a request already on its way is served (with Connection:
+	// close) rather than met by a closed socket. 0 means 1s.
+	DrainIdleGrace time.Duration
+	// DrainNewGrace is the same for a connection that has not sent a
+	// request yet, counted from its accept. 0 means 5s.
+	DrainNewGrace time.Duration
+
+	// Logger receives the warnings (rate-limited: at most one line a
+	// second per kind, with a count of those suppressed). nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of Options.
+const (
+	DefaultReadHeaderTimeout      = 10 * time.Second
+	DefaultIdleTimeout            = 75 * time.Second
+	DefaultClientBodyTimeout      = 60 * time.Second
+	DefaultSendTimeout            = 60 * time.Second
+	DefaultMaxHeaderBytes         = 64 << 10
+	DefaultUpstreamConnectTimeout = 5 * time.Second
+	DefaultUpstreamTimeout        = 60 * time.Second
+	DefaultUpstreamMaxIdle        = 256
+	DefaultDrainIdleGrace         = time.Second
+	DefaultDrainNewGrace          = 5 * time.Second
+
+	// MinMaxHeaderBytes is the smallest MaxHeaderBytes: a request line and
+	// the usual headers must fit.
+	MinMaxHeaderBytes = 4 << 10
+)
+
+// withDefaults validates o and fills in its defaults; up is the parsed
+// Upstream (zero with App).
+func (o Options) withDefaults() (_ Options, up target, err error) {
+	switch {
+	case o.Upstream == "" && o.App == nil:
+		return o, up, errors.New("proxy: Options: neither Upstream nor App is set")
+	case o.Upstream != "" && o.App != nil:
+		return o, up, errors.New("proxy: Options: both Upstream and App are set")
+	case o.Upstream != "":
+		if up, err = parseUpstream(o.Upstream); err != nil {
+			return o, up, err
+		}
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"ReadHeaderTimeout", &o.ReadHeaderTimeout, DefaultReadHeaderTimeout},
+		{"IdleTimeout", &o.IdleTimeout, DefaultIdleTimeout},
+		{"ClientBodyTimeout", &o.ClientBodyTimeout, DefaultClientBodyTimeout},
+		{"SendTimeout", &o.SendTimeout, DefaultSendTimeout},
+		{"UpstreamConnectTimeout", &o.UpstreamConnectTimeout, DefaultUpstreamConnectTimeout},
+		{"UpstreamTimeout", &o.UpstreamTimeout, DefaultUpstreamTimeout},
+		{"DrainIdleGrace", &o.DrainIdleGrace, DefaultDrainIdleGrace},
+		{"DrainNewGrace", &o.DrainNewGrace, DefaultDrainNewGrace},
+	}
+	for _, d := range durations {
+		switch {
+		case *d.v < 0:
+			return o, up, fmt.Errorf("proxy: Options.%s %v is negative", d.name, *d.v)
+		case *d.v == 0:
+			*d.v = d.def
+		}
+	}
+	switch {
+	case o.MaxHeaderBytes == 0:
+		o.MaxHeaderBytes = DefaultMaxHeaderBytes
+	case o.MaxHeaderBytes < MinMaxHeaderBytes:
+		return o, up, fmt.Errorf("proxy: Options.MaxHeaderBytes %d: want at least %d", o.MaxHeaderBytes, MinMaxHeaderBytes)
+	}
+	if o.MaxConnections < 0 {
+		return o, up, fmt.Errorf("proxy: Options.MaxConnections %d is negative", o.MaxConnections)
+	}
+	switch {
+	case o.UpstreamMaxIdle == 0:
+		o.UpstreamMaxIdle = DefaultUpstreamMaxIdle
+	case o.UpstreamMaxIdle < 0:
+		o.UpstreamMaxIdle = 0
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, up, nil
+}
+
+// CheckUpstream reports whether s is an upstream New accepts
+// (Options.Upstream).
+func CheckUpstream(s string) error {
+	_, err := parseUpstream(s)
+	return err
+}
+
+// target is a parsed Options.Upstream.
+type target struct {
+	addr   string // host:port to connect to
+	tls    bool   // https: TLS with the host's name verified
+	host   string // the name TLS verifies
+	prefix string // path prepended to every request's ("" or "/base")
+}
+
+// parseUpstream checks an upstream URL ("http://app:3000",
+// "https://app.internal/base").
+func parseUpstream(s string) (target, error) {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
+		return target{}, fmt.Errorf("proxy: upstream %q: want an absolute http:// or https:// URL with a host", s)
+	case u.User != nil:
+		return target{}, fmt.Errorf("proxy: upstream %q: credentials in the URL are not sent upstream; remove them", s)
+	case u.Fragment != "":
+		return target{}, fmt.Errorf("proxy: upstream %q: an upstream URL has no fragment", s)
+	case u.RawQuery != "" || u.ForceQuery:
+		return target{}, fmt.Errorf("proxy: upstream %q: an upstream URL has no query (requests keep their own)", s)
+	}
+	t := target{tls: u.Scheme == "https", host: u.Hostname(), prefix: strings.TrimSuffix(u.EscapedPath(), "/")}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if t.tls {
+			port = "443"
+		}
+	}
+	t.addr = net.JoinHostPort(t.host, port)
+	return t, nil
+}

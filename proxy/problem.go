@@ -1,0 +1,196 @@
+package proxy
+
+import (
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// Answers of the server's own, and what it tells the operator about them.
+
+// Stats are the server's counters since New.
+type Stats struct {
+	Accepted    uint64 // client connections accepted
+	Open        int64  // client connections open now
+	BadRequests uint64 // requests refused before anything was forwarded (400, 405, 408, 431, 505)
+	// UpstreamErrors counts 502s: the upstream refused, was unreachable,
+	// or broke off before a whole response header.
+	UpstreamErrors uint64
+	// UpstreamTimeouts counts 504s: no response header within
+	// UpstreamTimeout.
+	UpstreamTimeouts uint64
+	// UpstreamAborts counts responses cut off mid-body: the upstream
+	// stalled or broke off after the header was sent on.
+	UpstreamAborts uint64
+}
+
+type counters struct {
+	accepted, badRequests, upstreamErrors, upstreamTimeouts, upstreamAborts atomic.Uint64
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	open := int64(len(s.conns))
+	s.mu.Unlock()
+	return Stats{
+		Accepted:         s.count.accepted.Load(),
+		Open:             open,
+		BadRequests:      s.count.badRequests.Load(),
+		UpstreamErrors:   s.count.upstreamErrors.Load(),
+		UpstreamTimeouts: s.count.upstreamTimeouts.Load(),
+		UpstreamAborts:   s.count.upstreamAborts.Load(),
+	}
+}
+
+// warnKind is a kind of warning; each is rate-limited on its own.
+type warnKind int
+
+const (
+	warnUpstreamDown warnKind = iota
+	warnUpstreamTimeout
+	warnUpstreamAbort
+	warnAccept
+	warnKinds
+)
+
+// warnLimit is one warning line a second per kind at most; the next line
+// says how many were suppressed.
+type warnLimit struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int64
+}
+
+func (s *Server) warn(k warnKind, msg string, args ...any) {
+	w := &s.warns[k]
+	now := time.Now()
+	w.mu.Lock()
+	if !w.last.IsZero() && now.Sub(w.last) < time.Second {
+		w.suppressed++
+		w.mu.Unlock()
+		return
+	}
+	n := w.suppressed
+	w.last, w.suppressed = now, 0
+	w.mu.Unlock()
+	if n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	s.opts.Logger.Warn(msg, args...)
+}
+
+// problemScratch holds the bytes of one problem answer being built.
+type problemScratch struct {
+	body   []byte
+	fields []core.Field
+	vals   []byte
+}
+
+var problemPool = sync.Pool{New: func() any { return new(problemScratch) }}
+
+// answer writes an RFC 9457 problem as the response to ctx, in place of
+// anything written so far, closing the connection afterwards when
+// closeConn. extra fields (the core's) are added.
+func (s *Server) answer(ctx *fasthttp.RequestCtx, status int, detail string, closeConn bool, extra []core.Field) {
+	p := core.Problem{Status: status, Detail: detail}
+	sc := problemPool.Get().(*problemScratch)
+	sc.body = p.AppendJSON(sc.body[:0])
+	sc.fields, sc.vals = core.ProblemFields(sc.fields[:0], sc.vals[:0], 0, len(sc.body))
+	resp := &ctx.Response
+	resp.Reset()
+	resp.SetStatusCode(status)
+	setFields(resp, sc.fields)
+	setFields(resp, extra)
+	resp.SetBody(sc.body)
+	problemPool.Put(sc)
+	if closeConn {
+		ctx.SetConnectionClose()
+		if c, ok := ctx.Conn().(*conn); ok {
+			c.linger = true
+		}
+	}
+}
+
+// refuse answers a request that will not be forwarded.
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *badRequest, extra []core.Field) {
+	s.count.badRequests.Add(1)
+	s.answer(ctx, b.status, b.detail, b.closeConn, extra)
+}
+
+// respond writes the core's own answer.
+func (s *Server) respond(ctx *fasthttp.RequestCtx, r *core.Response) {
+	resp := &ctx.Response
+	resp.SetStatusCode(r.Status)
+	setFields(resp, r.Fields)
+	resp.SetBody(r.Body)
+	if r.Close {
+		ctx.SetConnectionClose()
+		if c, ok := ctx.Conn().(*conn); ok {
+			c.linger = true
+		}
+	}
+}
+
+// setFields adds fields to resp. Content-Length is fasthttp's to write:
+// it frames the body it is given.
+func setFields(resp *fasthttp.Response, fields []core.Field) {
+	for _, f := range fields {
+		if f.Name == "Content-Length" {
+			continue
+		}
+		resp.Header.AddBytesV(f.Name, f.Value)
+	}
+}
+
+// headerOf returns the first value of the response header field name
+// (any case) and how many there are.
+func headerOf(resp *fasthttp.Response, name string) (first []byte, n int) {
+	for k, v := range resp.Header.All() {
+		if equalFold(k, name) {
+			if n == 0 {
+				first = v
+			}
+			n++
+		}
+	}
+	return first, n
+}
+
+// onError is fasthttp's ErrorHandler: the request could not be read.
+func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
+	c, _ := ctx.Conn().(*conn)
+	if c != nil {
+		c.mu.Lock()
+		quiet := c.state != stateActive
+		c.mu.Unlock()
+		if quiet {
+			// Not one byte of a request arrived (an idle timeout, a
+			// drain): there is nobody to answer.
+			c.mute = true
+			return
+		}
+	}
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &small), errors.Is(err, fasthttp.ErrSmallReadBuffer):
+		s.refuse(ctx, &badRequest{http.StatusRequestHeaderFieldsTooLarge, "the request header section is too large", true}, nil)
+	case isTimeout(err):
+		s.refuse(ctx, &badRequest{http.StatusRequestTimeout, "the request header did not arrive in time", true}, nil)
+	default:
+		s.refuse(ctx, &badRequest{http.StatusBadRequest, "malformed request", true}, nil)
+	}
+}
+
+// isConnReset reports whether err is the peer resetting or having closed
+// the connection.
+func isConnReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

@@ -1,0 +1,494 @@
+package proxy
+
+import (
+	"bytes"
+	"net/netip"
+	"strconv"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// The request as the server reads it: the request line and the raw header
+// section as they came off the wire (fasthttp keeps a copy), indexed once
+// so that the framing checks, the core's header lookups and the forwarded
+// header section all work from the same bytes.
+
+// kind classifies a header field by its name.
+type kind uint8
+
+const (
+	kindOther          kind = iota
+	kindHost                // kept as sent, also sent as X-Forwarded-Host
+	kindHopByHop            // never forwarded (RFC 9110 §7.6.1)
+	kindConnection          // hop-by-hop, and names more hop-by-hop fields
+	kindUpgrade             // hop-by-hop unless the request is upgraded
+	kindLength              // Content-Length: the framing is sent anew
+	kindEncoding            // Transfer-Encoding: likewise
+	kindExpect              // answered here, never forwarded
+	kindForwardedFor        // merged into the one X-Forwarded-For sent
+	kindForwardedOther      // X-Forwarded-Proto/-Host: replaced
+	kindDropped             // named by Connection
+)
+
+// field is one header line: its name and its value (without the spaces
+// around it), as offsets into the raw header section.
+type field struct {
+	name, value span
+	kind        kind
+}
+
+type span struct{ from, to int32 }
+
+// inlineFields is how many header lines are indexed without allocating.
+const inlineFields = 48
+
+// request is the server's state for one request, pooled. It is the
+// core.Request the decision core sees.
+type request struct {
+	s   *Server
+	ctx *fasthttp.RequestCtx
+	c   *conn
+
+	raw    []byte // the raw header section (fasthttp's copy)
+	fields []field
+	inline [inlineFields]field
+
+	method []byte
+	path   []byte // the path as sent (the authority dropped from an absolute-form target)
+	query  []byte // without '?'; nil when there is none
+	host   []byte // Host, or the authority of an absolute-form target
+	// forward is the path the upstream gets (the core's ForwardPath).
+	forward string
+
+	upgrade   bool // Connection: upgrade with an Upgrade field
+	absolute  bool // absolute-form target: Host is replaced by its authority
+	hasLength bool // the client sent a Content-Length
+
+	body body // the request body as read so far
+	// up is the upstream's response header, copied to the client's once
+	// it is whole.
+	up fasthttp.ResponseHeader
+
+	// head is the request head sent upstream; scratch is for short-lived
+	// values (the forward path).
+	head    []byte
+	scratch []byte
+}
+
+// badRequest is why a request cannot be served, before anything is
+// forwarded; closeConn when its framing cannot be trusted (RFC 9112
+// §6.3: the connection must close after the answer).
+type badRequest struct {
+	status    int
+	detail    string
+	closeConn bool
+}
+
+var (
+	errObsFold = &badRequest{400, "obsolete line folding in the header section", true}
+	errCLTE    = &badRequest{400, "both Content-Length and Transfer-Encoding", true}
+	errNoColon = &badRequest{400, "a header line without a colon", true}
+	errTarget  = &badRequest{400, "the request target is not an absolute path", false}
+	errPRI     = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
+	errConnect = &badRequest{405, "CONNECT is not supported", true}
+	errVersion = &badRequest{505, "only HTTP/1.0 and HTTP/1.1 are supported", true}
+)
+
+// parse indexes the request's header section and target and checks what
+// fasthttp let through that a proxy must not forward. It does not
+// allocate unless the request has more than inlineFields header lines.
+func (r *request) parse() *badRequest {
+	h := &r.ctx.Request.Header
+	r.raw = h.RawHeaders()
+	r.method = h.Method()
+	if p := h.Protocol(); !bytes.Equal(p, strHTTP11) && !bytes.Equal(p, strHTTP10) {
+		return errVersion
+	}
+	r.fields = r.inline[:0]
+	hasLength, hasEncoding, upgradeToken, hasUpgrade, h2c := false, false, false, false, false
+	dropped := false
+	for pos := 0; pos < len(r.raw); {
+		end := bytes.IndexByte(r.raw[pos:], '\n')
+		if end < 0 {
+			end = len(r.raw)
+		} else {
+			end += pos
+		}
+		line := span{int32(pos), int32(end)}
+		pos = end + 1
+		if line.to > line.from && r.raw[line.to-1] == '\r' {
+			line.to--
+		}
+		if line.to == line.from {
+			break // the blank line that ends the section
+		}
+		if c := r.raw[line.from]; c == ' ' || c == '\t' {
+			return errObsFold
+		}
+		colon := bytes.IndexByte(r.raw[line.from:line.to], ':')
+		if colon < 0 {
+			return errNoColon
+		}
+		f := field{name: span{line.from, line.from + int32(colon)}}
+		f.value = trimOWS(r.raw, span{f.name.to + 1, line.to})
+		f.kind = classify(r.raw[f.name.from:f.name.to])
+		switch f.kind {
+		case kindHost:
+			r.host = r.raw[f.value.from:f.value.to]
+		case kindLength:
+			hasLength = true
+		case kindEncoding:
+			hasEncoding = true
+		case kindUpgrade:
+			hasUpgrade = true
+			eachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
+				h2c = h2c || equalFold(t, "h2c")
+			})
+		case kindConnection:
+			eachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
+				switch {
+				case equalFold(t, "upgrade"):
+					upgradeToken = true
+				case equalFold(t, "close"), equalFold(t, "keep-alive"):
+				default:
+					dropped = true
+				}
+			})
+		}
+		r.fields = append(r.fields, f)
+	}
+	if hasLength && hasEncoding {
+		return errCLTE
+	}
+	r.hasLength = hasLength
+	if dropped {
+		r.dropConnectionNamed()
+	}
+	// An upgrade to h2c is never tunnelled: HTTP/2 spoken straight to
+	// the upstream would pass every later request by the core. The
+	// request goes on without it, as HTTP/1.1.
+	r.upgrade = upgradeToken && hasUpgrade && !h2c && h.IsHTTP11()
+	return r.parseTarget()
+}
+
+// parseTarget splits the request target into path and query, and refuses
+// the targets and methods a reverse proxy does not forward.
+func (r *request) parseTarget() *badRequest {
+	switch string(r.method) {
+	case "CONNECT":
+		return errConnect
+	case "PRI":
+		return errPRI
+	}
+	uri := r.ctx.Request.Header.RequestURI()
+	if len(uri) > 0 && uri[0] != '/' {
+		// absolute-form: the server must use its authority (RFC 9112
+		// §3.2.2). Only http is spoken here.
+		rest, ok := cutSchemeHTTP(uri)
+		if !ok {
+			return errTarget
+		}
+		i := bytes.IndexAny(rest, "/?")
+		if i < 0 {
+			i = len(rest)
+		}
+		if i == 0 {
+			return errTarget
+		}
+		r.host, r.absolute = rest[:i], true
+		uri = rest[i:]
+		if len(uri) == 0 || uri[0] == '?' {
+			uri = append(r.scratch[:0], '/')
+			uri = append(uri, rest[i:]...)
+			r.scratch = uri
+		}
+	}
+	if len(uri) == 0 || bytes.IndexByte(uri, '#') >= 0 {
+		return errTarget
+	}
+	r.path, r.query = uri, nil
+	if q := bytes.IndexByte(uri, '?'); q >= 0 {
+		r.path, r.query = uri[:q], uri[q+1:]
+	}
+	return nil
+}
+
+// dropConnectionNamed marks the fields named by Connection as hop-by-hop
+// (RFC 9110 §7.6.1), except those whose kind already decides their fate.
+func (r *request) dropConnectionNamed() {
+	for _, cf := range r.fields {
+		if cf.kind != kindConnection {
+			continue
+		}
+		eachToken(r.raw[cf.value.from:cf.value.to], func(t []byte) {
+			for i := range r.fields {
+				f := &r.fields[i]
+				if f.kind == kindOther && bytes.EqualFold(r.raw[f.name.from:f.name.to], t) {
+					f.kind = kindDropped
+				}
+			}
+		})
+	}
+}
+
+// classify tells a header field's kind by its name.
+func classify(name []byte) kind {
+	switch len(name) {
+	case 2:
+		if equalFold(name, "te") {
+			return kindHopByHop
+		}
+	case 4:
+		if equalFold(name, "host") {
+			return kindHost
+		}
+	case 6:
+		if equalFold(name, "expect") {
+			return kindExpect
+		}
+	case 7:
+		switch {
+		case equalFold(name, "upgrade"):
+			return kindUpgrade
+		case equalFold(name, "trailer"):
+			return kindHopByHop
+		}
+	case 10:
+		switch {
+		case equalFold(name, "connection"):
+			return kindConnection
+		case equalFold(name, "keep-alive"):
+			return kindHopByHop
+		}
+	case 14:
+		if equalFold(name, "content-length") {
+			return kindLength
+		}
+	case 15:
+		if equalFold(name, "x-forwarded-for") {
+			return kindForwardedFor
+		}
+	case 16:
+		if equalFold(name, "x-forwarded-host") {
+			return kindForwardedOther
+		}
+	case 17:
+		switch {
+		case equalFold(name, "transfer-encoding"):
+			return kindEncoding
+		case equalFold(name, "x-forwarded-proto"):
+			return kindForwardedOther
+		}
+	}
+	if len(name) > 6 && equalFold(name[:6], "proxy-") {
+		return kindHopByHop // Proxy-Connection, Proxy-Authorization, ...
+	}
+	return kindOther
+}
+
+// Header implements core.Request.
+func (r *request) Header(name string) (first string, lines int) {
+	for _, f := range r.fields {
+		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) {
+			if lines == 0 {
+				first = b2s(r.raw[f.value.from:f.value.to])
+			}
+			lines++
+		}
+	}
+	return first, lines
+}
+
+// HeaderLines implements core.Request.
+func (r *request) HeaderLines(name string, dst []string) []string {
+	for _, f := range r.fields {
+		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) {
+			dst = append(dst, b2s(r.raw[f.value.from:f.value.to]))
+		}
+	}
+	return dst
+}
+
+// Method implements core.Request.
+func (r *request) Method() string { return b2s(r.method) }
+
+// Path implements core.Request.
+func (r *request) Path() string { return b2s(r.path) }
+
+// Query implements core.Request.
+func (r *request) Query() string { return b2s(r.query) }
+
+// Peer implements core.Request.
+func (r *request) Peer() netip.Addr { return r.c.peer }
+
+// Gone implements core.Request: fasthttp cannot tell while a handler
+// runs, and the core's waits are bounded anyway.
+func (r *request) Gone() bool { return false }
+
+// Body implements core.Request: the whole body, read into memory.
+func (r *request) Body(max int64) ([]byte, error) {
+	return r.body.readAll(r, max)
+}
+
+var _ core.Request = (*request)(nil)
+
+// appendHead appends the request head the upstream gets: the request line
+// with the forward path, the client's header lines as sent but the
+// hop-by-hop ones, X-Forwarded-For/-Proto/-Host, and the body's framing.
+func (r *request) appendHead(dst []byte) []byte {
+	dst = append(dst, r.method...)
+	dst = append(dst, ' ')
+	dst = append(dst, r.s.up.t.prefix...)
+	dst = append(dst, r.forward...)
+	if r.query != nil {
+		dst = append(dst, '?')
+		dst = append(dst, r.query...)
+	}
+	dst = append(dst, " HTTP/1.1\r\n"...)
+	if r.absolute || len(r.host) == 0 {
+		host := r.host
+		if len(host) == 0 {
+			host = []byte(r.s.up.t.host) // HTTP/1.0 without Host: HTTP/1.1 needs one
+		}
+		dst = append(dst, "Host: "...)
+		dst = append(dst, host...)
+		dst = append(dst, "\r\n"...)
+	}
+	for _, f := range r.fields {
+		switch f.kind {
+		case kindOther:
+		case kindHost:
+			if r.absolute {
+				continue
+			}
+		case kindUpgrade:
+			if !r.upgrade {
+				continue
+			}
+		default:
+			continue
+		}
+		dst = append(dst, r.raw[f.name.from:f.value.to]...)
+		dst = append(dst, "\r\n"...)
+	}
+	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
+	// $proxy_add_x_forwarded_for); which hops to believe is the core's
+	// business.
+	dst = append(dst, "X-Forwarded-For: "...)
+	sep := false
+	for _, f := range r.fields {
+		if f.kind == kindForwardedFor && f.value.to > f.value.from {
+			if sep {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, r.raw[f.value.from:f.value.to]...)
+			sep = true
+		}
+	}
+	if r.c.peer.IsValid() {
+		if sep {
+			dst = append(dst, ", "...)
+		}
+		dst = r.c.peer.AppendTo(dst)
+	}
+	dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
+	if len(r.host) > 0 {
+		dst = append(dst, "X-Forwarded-Host: "...)
+		dst = append(dst, r.host...)
+		dst = append(dst, "\r\n"...)
+	}
+	if r.upgrade {
+		dst = append(dst, "Connection: Upgrade\r\n"...)
+	}
+	switch b := &r.body; {
+	case b.done:
+		if n := len(b.bytes()); n > 0 || r.hasLength || b.length < 0 {
+			dst = append(dst, "Content-Length: "...)
+			dst = strconv.AppendInt(dst, int64(n), 10)
+			dst = append(dst, "\r\n"...)
+		}
+	case b.length >= 0:
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, b.length, 10)
+		dst = append(dst, "\r\n"...)
+	default:
+		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
+	}
+	return append(dst, "\r\n"...)
+}
+
+var (
+	strHTTP11 = []byte("HTTP/1.1")
+	strHTTP10 = []byte("HTTP/1.0")
+)
+
+// cutSchemeHTTP returns what follows "http://" (in any case) in uri.
+func cutSchemeHTTP(uri []byte) ([]byte, bool) {
+	const scheme = "http://"
+	if len(uri) < len(scheme) || !equalFold(uri[:len(scheme)], scheme) {
+		return nil, false
+	}
+	return uri[len(scheme):], true
+}
+
+// trimOWS trims spaces and tabs from both ends of raw[s].
+func trimOWS(raw []byte, s span) span {
+	for s.from < s.to && (raw[s.from] == ' ' || raw[s.from] == '\t') {
+		s.from++
+	}
+	for s.to > s.from && (raw[s.to-1] == ' ' || raw[s.to-1] == '\t') {
+		s.to--
+	}
+	return s
+}
+
+// eachToken calls f with each element of a comma-separated list, trimmed,
+// skipping empty ones.
+func eachToken(list []byte, f func([]byte)) {
+	for len(list) > 0 {
+		i := bytes.IndexByte(list, ',')
+		var t []byte
+		if i < 0 {
+			t, list = list, nil
+		} else {
+			t, list = list[:i], list[i+1:]
+		}
+		t = bytes.Trim(t, " \t")
+		if len(t) > 0 {
+			f(t)
+		}
+	}
+}
+
+// equalFold reports whether b equals s in ASCII, ignoring case.
+func equalFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		x, y := b[i], s[i]
+		if x != y && lower(x) != lower(y) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// b2s returns b as a string without copying: for the core, which uses
+// what the request returns only while it decides.
+func b2s(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}

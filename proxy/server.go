@@ -1,0 +1,377 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/route"
+)
+
+// Server is an HTTP/1.1 server that forwards requests to one upstream (or
+// serves them with Options.App) after asking a decision core. It is safe for
+// concurrent use; Serve may be called for several listeners.
+type Server struct {
+	opts Options
+	up   *upstream // nil with App
+	srv  *fasthttp.Server
+
+	draining atomic.Bool
+
+	mu       sync.Mutex
+	conns    map[*conn]*listener // open client connections, by the listener that accepted them
+	lns      map[*listener]struct{}
+	drained  chan struct{} // closed when conns empties during a drain; nil before
+	shutdown bool
+
+	closeOnce sync.Once
+
+	count counters
+	warns [warnKinds]warnLimit
+
+	requests sync.Pool // *request
+}
+
+// New returns a Server for opts, or an error for options that make no
+// sense.
+func New(opts Options) (*Server, error) {
+	opts, up, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts:  opts,
+		conns: make(map[*conn]*listener),
+		lns:   make(map[*listener]struct{}),
+	}
+	if opts.Upstream != "" {
+		s.up = newUpstream(up, opts)
+	}
+	s.requests.New = func() any {
+		r := &request{s: s}
+		r.up.DisableNormalizing()
+		return r
+	}
+	s.srv = &fasthttp.Server{
+		Handler:        s.serve,
+		ErrorHandler:   s.onError,
+		HeaderReceived: s.headerReceived,
+		ConnState:      s.setState,
+		Logger:         fasthttpLogger{opts.Logger},
+		// The header section is read into this buffer whole: its size is
+		// the bound on the header.
+		ReadBufferSize: opts.MaxHeaderBytes,
+		// Bodies stream. fasthttp reads ahead at most MaxRequestBodySize
+		// bytes of one before the handler runs, under the deadline
+		// headerReceived sets; the rest is read by the handler, with
+		// ClientBodyTimeout between two reads.
+		StreamRequestBody:            true,
+		MaxRequestBodySize:           1,
+		DisablePreParseMultipartForm: true,
+		// Header fields go upstream and back as they were sent.
+		DisableHeaderNamesNormalizing: true,
+		NoDefaultServerHeader:         true,
+		NoDefaultContentType:          true,
+		// The connection's own goroutine closes an upgraded connection
+		// when its tunnel ends.
+		KeepHijackedConns:     true,
+		SecureErrorLogMessage: true,
+	}
+	return s, nil
+}
+
+// headerReceived runs once a request's header section is read, before
+// fasthttp waits for the first byte of its body (MaxRequestBodySize):
+// from here the body timeout applies.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if n := h.ContentLength(); n > 0 || n == -1 {
+		return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout}
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// Serve serves the connections of ln until ln is closed, Shutdown or
+// Close. It returns nil then, and the listener's error otherwise. The
+// server closes ln when it is done with it.
+func (s *Server) Serve(ln net.Listener) error {
+	l := &listener{Listener: ln, s: s, done: make(chan struct{})}
+	if n := s.opts.MaxConnections; n > 0 {
+		l.slots = make(chan struct{}, n)
+	}
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		ln.Close()
+		return nil
+	}
+	s.lns[l] = struct{}{}
+	s.mu.Unlock()
+	err := s.srv.Serve(l)
+	l.Close()
+	s.mu.Lock()
+	delete(s.lns, l)
+	shut := s.shutdown
+	s.mu.Unlock()
+	if shut || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// track registers a connection just accepted by l.
+func (s *Server) track(nc net.Conn, l *listener) *conn {
+	now := time.Now()
+	c := &conn{Conn: nc, s: s, idleSince: now}
+	if ap, err := netip.ParseAddrPort(nc.RemoteAddr().String()); err == nil {
+		c.peer = ap.Addr().Unmap().WithZone("")
+	}
+	wait := s.opts.ReadHeaderTimeout
+	if s.draining.Load() {
+		wait = min(wait, s.opts.DrainNewGrace)
+	}
+	_ = nc.SetReadDeadline(now.Add(wait))
+	s.count.accepted.Add(1)
+	s.mu.Lock()
+	s.conns[c] = l
+	s.mu.Unlock()
+	return c
+}
+
+// forget unregisters a closed connection and frees its slot.
+func (s *Server) forget(c *conn) {
+	s.mu.Lock()
+	l, ok := s.conns[c]
+	delete(s.conns, c)
+	if s.drained != nil && len(s.conns) == 0 {
+		select {
+		case <-s.drained:
+		default:
+			close(s.drained)
+		}
+	}
+	s.mu.Unlock()
+	if ok {
+		l.release()
+	}
+}
+
+// Shutdown drains the server: it stops accepting, lets every request in
+// flight finish, and closes each keep-alive connection either after its
+// next response (which says Connection: close) or once it has been idle
+// for DrainIdleGrace (DrainNewGrace if it never sent a request), so that
+// no request that was on its way meets a closed connection. It returns when every connection is closed, or when ctx is
+// done; then it closes the remaining ones (upgraded connections among
+// them) and returns ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	s.mu.Lock()
+	s.shutdown = true
+	if s.drained == nil {
+		s.drained = make(chan struct{})
+		if len(s.conns) == 0 {
+			close(s.drained)
+		}
+	}
+	lns := make([]*listener, 0, len(s.lns))
+	for l := range s.lns {
+		lns = append(lns, l)
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	drained := s.drained
+	s.mu.Unlock()
+	for _, l := range lns {
+		l.Close()
+	}
+	now := time.Now()
+	for _, c := range conns {
+		c.mu.Lock()
+		switch c.state {
+		case stateNew:
+			_ = c.Conn.SetReadDeadline(latest(c.idleSince.Add(min(s.opts.DrainNewGrace, s.opts.ReadHeaderTimeout)), now))
+		case stateIdle:
+			_ = c.Conn.SetReadDeadline(latest(c.idleSince.Add(min(s.opts.DrainIdleGrace, s.opts.IdleTimeout)), now))
+		}
+		c.mu.Unlock()
+	}
+	var err error
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.Close()
+	return err
+}
+
+// Close closes the listeners and every connection at once, and the idle
+// upstream connections.
+func (s *Server) Close() error {
+	s.draining.Store(true)
+	s.mu.Lock()
+	s.shutdown = true
+	lns := make([]*listener, 0, len(s.lns))
+	for l := range s.lns {
+		lns = append(lns, l)
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, l := range lns {
+		l.Close()
+	}
+	for _, c := range conns {
+		c.Conn.Close() // the serving goroutine then closes c itself
+	}
+	s.closeOnce.Do(func() {
+		if s.up != nil {
+			s.up.close()
+		}
+	})
+	return nil
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// serve is the fasthttp handler: every request that could be read.
+func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	r := s.requests.Get().(*request)
+	r.ctx, r.c = ctx, ctx.Conn().(*conn)
+	defer s.done(r)
+	if bad := r.parse(); bad != nil {
+		if bad == errTarget && isOptionsAsterisk(ctx) {
+			// OPTIONS * asks about the server, not a resource: answered
+			// here, never forwarded.
+			ctx.Response.SetStatusCode(fasthttp.StatusOK)
+			ctx.Response.Header.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+			return
+		}
+		s.refuse(ctx, bad, nil)
+		return
+	}
+	r.body.reset(r)
+	var ex *core.Exchange
+	if c := s.opts.Core; c != nil {
+		ex = c.Begin(r)
+		if ex.Decide() == core.Respond {
+			s.respond(ctx, ex.Response())
+			ex.Release()
+			return
+		}
+		r.forward = ex.ForwardPath()
+	} else {
+		// The path as the core would pass it on, and the same refusal.
+		_, fwd, err := route.Normalize(r.Path())
+		if err != nil {
+			detail := strings.TrimPrefix(err.Error(), "route: bad request path: ")
+			s.refuse(ctx, &badRequest{http.StatusBadRequest, "the request path is not acceptable: " + detail, false}, nil)
+			return
+		}
+		r.forward = fwd
+	}
+	if s.up == nil {
+		s.runApp(r, ex)
+		return
+	}
+	s.forward(r, ex)
+}
+
+// done ends a request's handler.
+func (s *Server) done(r *request) {
+	if s.draining.Load() {
+		r.ctx.SetConnectionClose()
+	}
+	r.body.release()
+	r.ctx, r.c = nil, nil
+	r.raw, r.fields, r.method, r.path, r.query, r.host, r.forward = nil, nil, nil, nil, nil, nil, ""
+	r.upgrade, r.absolute = false, false
+	s.requests.Put(r)
+}
+
+func isOptionsAsterisk(ctx *fasthttp.RequestCtx) bool {
+	return string(ctx.Request.Header.Method()) == fasthttp.MethodOptions &&
+		string(ctx.Request.Header.RequestURI()) == "*"
+}
+
+// runApp serves a request that passed the core with Options.App.
+func (s *Server) runApp(r *request, ex *core.Exchange) {
+	ctx := r.ctx
+	if r.forward != b2s(r.path) {
+		// The application gets the path the core passes on.
+		r.head = append(r.head[:0], r.forward...)
+		if r.query != nil {
+			r.head = append(r.head, '?')
+			r.head = append(r.head, r.query...)
+		}
+		ctx.Request.SetRequestURIBytes(r.head)
+	}
+	if r.body.done && r.body.buf != nil {
+		// The core read the body: the application gets it from memory.
+		ctx.Request.SetBodyRaw(r.body.bytes())
+	} else if r.body.stream != nil {
+		r.c.bodyTimeout = s.opts.ClientBodyTimeout
+	}
+	if ex == nil {
+		s.opts.App(ctx)
+		return
+	}
+	s.opts.App(ctx)
+	setFields(&ctx.Response, ex.Fields())
+	max, rec := ex.Record()
+	if !rec {
+		ex.Release()
+		return
+	}
+	if ctx.Response.IsBodyStream() {
+		// The application streams: what it sent is unknown here.
+		ex.Complete(&core.Recorded{Status: ctx.Response.StatusCode(), Overflow: true})
+		ex.Release()
+		return
+	}
+	b := ctx.Response.Body()
+	rc := core.Recorded{
+		Status:      ctx.Response.StatusCode(),
+		ContentType: string(ctx.Response.Header.ContentType()),
+		Overflow:    int64(len(b)) > max,
+		Hijacked:    ctx.Hijacked(),
+	}
+	if loc, n := headerOf(&ctx.Response, "Location"); n > 0 {
+		rc.Location = string(loc)
+	}
+	if !rc.Overflow {
+		rc.Body = b
+	}
+	ex.Complete(&rc)
+	ex.Release()
+}
+
+// fasthttpLogger sends fasthttp's own log lines (errors it met serving a
+// connection) to the debug level: the operator hears of what matters
+// through the server's warnings.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	if f.l.Enabled(context.Background(), slog.LevelDebug) {
+		f.l.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
+	}
+}

@@ -1,0 +1,772 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/proxy"
+)
+
+// Stories of the fast engine that a table of exchanges cannot tell:
+// streaming, timeouts, limits, upgrades, the drain.
+
+// serve starts a Server with opts on a loopback listener and returns its
+// address; it is shut down when the test ends.
+func serve(t *testing.T, opts proxy.Options) (string, *proxy.Server) {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quietLog
+	}
+	s, err := proxy.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return ln.Addr().String(), s
+}
+
+// dial connects to addr with a deadline for the whole test step.
+func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
+func readResponse(t *testing.T, br *bufio.Reader, method string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, &http.Request{Method: method})
+	if err != nil {
+		t.Fatalf("reading a response: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading a response body: %v", err)
+	}
+	return resp, body
+}
+
+func TestServerSentEventsArriveOneByOne(t *testing.T) {
+	t.Parallel()
+	next := make(chan struct{})
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := range 3 {
+			ev := fmt.Sprintf("data: %d\n\n", i)
+			fmt.Fprintf(w, "%x\r\n%s\r\n", len(ev), ev)
+			w.Flush()
+			<-next // the client must have seen this event before the next is sent
+		}
+		w.WriteString("0\r\n\r\n")
+	})
+	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
+	}
+	events := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		line, err := events.ReadString('\n')
+		if err != nil {
+			t.Fatalf("event %d did not arrive on its own: %v", i, err)
+		}
+		if want := fmt.Sprintf("data: %d\n", i); line != want {
+			t.Fatalf("event %d: %q, want %q", i, line, want)
+		}
+		events.ReadString('\n')
+		next <- struct{}{}
+	}
+	if rest, err := io.ReadAll(resp.Body); err != nil || len(rest) != 0 {
+		t.Errorf("after the events: %q, %v", rest, err)
+	}
+}
+
+// patterned is a reader of n bytes that are not all alike.
+func patterned(n int64) io.Reader {
+	return io.LimitReader(&counting{}, n)
+}
+
+type counting struct{ i byte }
+
+func (c *counting) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = c.i
+		c.i = c.i*31 + 7
+	}
+	return len(p), nil
+}
+
+func sum(r io.Reader) ([32]byte, int64) {
+	h := sha256.New()
+	n, _ := io.Copy(h, r)
+	var out [32]byte
+	copy(out[:], h.Sum(nil))
+	return out, n
+}
+
+// TestLargeBodiesStream sends bodies far over the read-ahead both ways,
+// with a length and chunked, and checks every byte arrives.
+func TestLargeBodiesStream(t *testing.T) {
+	t.Parallel()
+	const size = 8 << 20
+	want, _ := sum(patterned(size))
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		got, n := sum(bytes.NewReader(req.Body))
+		if req.Req.Method == "POST" {
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n%x", got)
+			_ = n
+			return
+		}
+		if req.Req.URL.Query().Get("chunked") != "" {
+			w.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+			buf := make([]byte, 100<<10)
+			r := patterned(size)
+			for {
+				n, err := io.ReadFull(r, buf)
+				if n > 0 {
+					fmt.Fprintf(w, "%x\r\n", n)
+					w.Write(buf[:n])
+					w.WriteString("\r\n")
+				}
+				if err != nil {
+					break
+				}
+			}
+			w.WriteString("0\r\n\r\n")
+			return
+		}
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+		io.Copy(w, patterned(size))
+	})
+	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	for _, chunked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("upload chunked=%v", chunked), func(t *testing.T) {
+			c, br := dial(t, addr)
+			if chunked {
+				io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+				cw := httpChunkedWriter(c)
+				io.Copy(cw, patterned(size))
+				cw.Close()
+			} else {
+				fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+				io.Copy(c, patterned(size))
+			}
+			resp, body := readResponse(t, br, "POST")
+			if resp.StatusCode != 200 || string(body) != fmt.Sprintf("%x", want) {
+				t.Errorf("upload: status %d, the upstream got sha256 %s, want %x", resp.StatusCode, body, want)
+			}
+			seen := up.requests()
+			last := seen[len(seen)-1]
+			wantFraming := []string{strconv.Itoa(size)}
+			if chunked {
+				if got := last.field("Transfer-Encoding"); len(got) != 1 || got[0] != "chunked" {
+					t.Errorf("a long chunked upload went upstream with Transfer-Encoding %q", got)
+				}
+			} else if got := last.field("Content-Length"); fmt.Sprint(got) != fmt.Sprint(wantFraming) {
+				t.Errorf("Content-Length upstream %q, want %q", got, wantFraming)
+			}
+		})
+		t.Run(fmt.Sprintf("download chunked=%v", chunked), func(t *testing.T) {
+			c, br := dial(t, addr)
+			q := ""
+			if chunked {
+				q = "?chunked=1"
+			}
+			io.WriteString(c, "GET /down"+q+" HTTP/1.1\r\nHost: a\r\n\r\n")
+			resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, n := sum(resp.Body)
+			if got != want || n != size {
+				t.Errorf("download: %d bytes, sha256 %x, want %d, %x", n, got, size, want)
+			}
+			if !chunked && resp.ContentLength != size {
+				t.Errorf("download Content-Length %d, want %d", resp.ContentLength, size)
+			}
+		})
+	}
+}
+
+// httpChunkedWriter frames what is written to w as chunks.
+func httpChunkedWriter(w io.Writer) io.WriteCloser { return &chunkWriter{w} }
+
+type chunkWriter struct{ w io.Writer }
+
+func (c *chunkWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if _, err := fmt.Fprintf(c.w, "%x\r\n%s\r\n", len(p), p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *chunkWriter) Close() error {
+	_, err := io.WriteString(c.w, "0\r\n\r\n")
+	return err
+}
+
+func TestUpstreamFailures(t *testing.T) {
+	t.Parallel()
+	// 502: nothing listens.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedPort := ln.Addr().String()
+	ln.Close()
+
+	// 502 at the connect timeout: a listener whose backlog is full drops
+	// the SYNs of new connections.
+	full := fullBacklog(t)
+
+	// 504: an upstream that reads the request and says nothing.
+	silent := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		time.Sleep(2 * time.Second)
+	})
+	// 502: an upstream that closes without an answer.
+	rude := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		c.Close()
+	})
+
+	cases := []struct {
+		name     string
+		upstream string
+		status   int
+		within   time.Duration
+		atLeast  time.Duration
+	}{
+		{"refused", "http://" + closedPort, 502, time.Second, 0},
+		{"connect timeout", "http://" + full, 502, 2 * time.Second, 300 * time.Millisecond},
+		{"no response header", silent.url(), 504, 2 * time.Second, 300 * time.Millisecond},
+		{"closed without a response", rude.url(), 502, time.Second, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			addr, s := serve(t, proxy.Options{Upstream: tc.upstream,
+				UpstreamConnectTimeout: 300 * time.Millisecond, UpstreamTimeout: 300 * time.Millisecond})
+			c, br := dial(t, addr)
+			start := time.Now()
+			io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+			resp, body := readResponse(t, br, "GET")
+			took := time.Since(start)
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d: %s", resp.StatusCode, tc.status, body)
+			}
+			if resp.Header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
+			}
+			if took > tc.within || took < tc.atLeast {
+				t.Errorf("answered after %v, want between %v and %v", took, tc.atLeast, tc.within)
+			}
+			st := s.Stats()
+			if got := st.UpstreamErrors + st.UpstreamTimeouts; got != 1 || (tc.status == 504) != (st.UpstreamTimeouts == 1) {
+				t.Errorf("stats %+v", st)
+			}
+			// The client's connection is fine: the next request is answered.
+			io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+			if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != tc.status {
+				t.Errorf("second request: %d", resp.StatusCode)
+			}
+		})
+	}
+}
+
+// fullBacklog returns the address of a loopback listener that accepts
+// nothing and whose backlog is full: a connection attempt to it hangs.
+func fullBacklog(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the backlog: these connect at once, and the next ones hang.
+	for range 4 {
+		d := net.Dialer{Timeout: 100 * time.Millisecond}
+		if c, err := d.Dial("tcp", addr); err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	d := net.Dialer{Timeout: 200 * time.Millisecond}
+	if c, err := d.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Skip("this kernel accepts connections beyond a full backlog")
+	}
+	return addr
+}
+
+func TestSlowBodyIsCut(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), ClientBodyTimeout: 300 * time.Millisecond})
+	c, br := dial(t, addr)
+	start := time.Now()
+	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
+	// One byte a second: each gap is over the timeout.
+	go func() {
+		for range 10 {
+			if _, err := c.Write([]byte("x")); err != nil {
+				return
+			}
+			time.Sleep(time.Second)
+		}
+	}()
+	resp, _ := readResponse(t, br, "POST")
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("status %d, want 408", resp.StatusCode)
+	}
+	if took := time.Since(start); took > 900*time.Millisecond {
+		t.Errorf("cut after %v, want about 300ms", took)
+	}
+	if !isClosed(t, c, br) {
+		t.Errorf("the connection stays open after a body timeout")
+	}
+	if n := len(up.requests()); n != 0 {
+		t.Errorf("the upstream saw %d requests", n)
+	}
+	if s.Stats().BadRequests != 1 {
+		t.Errorf("stats %+v", s.Stats())
+	}
+}
+
+// TestBodyTimeoutIsBetweenReads sends a body slowly but faster than the
+// timeout: it is never cut.
+func TestBodyTimeoutIsBetweenReads(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	addr, _ := serve(t, proxy.Options{Upstream: up.url(), ClientBodyTimeout: 400 * time.Millisecond})
+	c, br := dial(t, addr)
+	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n")
+	for range 6 {
+		time.Sleep(150 * time.Millisecond)
+		c.Write([]byte("y"))
+	}
+	resp, _ := readResponse(t, br, "POST")
+	if resp.StatusCode != 200 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	if seen := up.requests(); len(seen) != 1 || string(seen[0].Body) != "yyyyyy" {
+		t.Errorf("upstream saw %v", seen)
+	}
+}
+
+func TestHeaderAndIdleTimeouts(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	addr, _ := serve(t, proxy.Options{Upstream: up.url(),
+		ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 500 * time.Millisecond})
+
+	t.Run("a header that never ends: 408", func(t *testing.T) {
+		t.Parallel()
+		c, br := dial(t, addr)
+		start := time.Now()
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+		resp, _ := readResponse(t, br, "GET")
+		if resp.StatusCode != http.StatusRequestTimeout {
+			t.Errorf("status %d", resp.StatusCode)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("answered after %v", took)
+		}
+	})
+	t.Run("a connection that sends nothing is closed silently", func(t *testing.T) {
+		t.Parallel()
+		c, _ := dial(t, addr)
+		start := time.Now()
+		b, err := io.ReadAll(c)
+		if err != nil || len(b) != 0 {
+			t.Errorf("read %q, %v; want a quiet close", b, err)
+		}
+		if took := time.Since(start); took < 250*time.Millisecond || took > time.Second {
+			t.Errorf("closed after %v, want about 300ms", took)
+		}
+	})
+	t.Run("an idle keep-alive connection is closed at the idle timeout", func(t *testing.T) {
+		t.Parallel()
+		c, br := dial(t, addr)
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		readResponse(t, br, "GET")
+		start := time.Now()
+		b, err := io.ReadAll(br)
+		if err != nil || len(b) != 0 {
+			t.Errorf("read %q, %v; want a quiet close", b, err)
+		}
+		// Longer than the header timeout: idle is not reading a header.
+		if took := time.Since(start); took < 450*time.Millisecond || took > 1500*time.Millisecond {
+			t.Errorf("closed after %v, want about 500ms", took)
+		}
+	})
+}
+
+func TestSendTimeout(t *testing.T) {
+	t.Parallel()
+	const size = 64 << 20
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+		io.Copy(w, patterned(size))
+	})
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), SendTimeout: 300 * time.Millisecond})
+	c, _ := dial(t, addr)
+	c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	// Read nothing: the server's writes stall, and it must give up.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && s.Stats().Open > 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if open := s.Stats().Open; open != 0 {
+		t.Fatalf("a client that reads nothing still holds its connection after 5s")
+	}
+}
+
+func TestMaxConnections(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), MaxConnections: 2})
+	c1, br1 := dial(t, addr)
+	c2, _ := dial(t, addr)
+	c3, br3 := dial(t, addr) // the kernel accepts it; the server does not yet
+	_ = c2
+	io.WriteString(c3, "GET /third HTTP/1.1\r\nHost: a\r\n\r\n")
+	c3.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := br3.Peek(1); err == nil {
+		t.Fatal("a third connection was served with MaxConnections 2")
+	}
+	if open := s.Stats().Open; open != 2 {
+		t.Errorf("%d connections open, want 2", open)
+	}
+	io.WriteString(c1, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+	readResponse(t, br1, "GET")
+	c3.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if resp, _ := readResponse(t, br3, "GET"); resp.StatusCode != 200 {
+		t.Errorf("the third connection, once a slot was free: %d", resp.StatusCode)
+	}
+}
+
+// TestSlowloris opens many connections that send a partial header and
+// nothing more: each is cut at the header timeout, and the server never
+// holds more than MaxConnections.
+func TestSlowloris(t *testing.T) {
+	t.Parallel()
+	const n, max = 200, 50
+	up := startUpstream(t, nil)
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	peak := int64(0)
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if o := s.Stats().Open; o > peak {
+				mu.Lock()
+				peak = o
+				mu.Unlock()
+			}
+		}
+	}()
+	start := time.Now()
+	for range n {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n")
+			io.Copy(io.Discard, c) // until the server closes it
+		})
+	}
+	wg.Wait()
+	close(stop)
+	took := time.Since(start)
+	mu.Lock()
+	defer mu.Unlock()
+	if peak > max {
+		t.Errorf("%d connections open at once, over MaxConnections %d", peak, max)
+	}
+	// n/max rounds of the header timeout, and some slack.
+	if want := time.Duration(n/max+2) * 300 * time.Millisecond * 2; took > want {
+		t.Errorf("%d slow connections took %v to be cut, want under %v", n, took, want)
+	}
+	// A real client gets in once they are gone.
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != 200 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+}
+
+func TestUpgradeIsTunnelled(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		if req.Req.Header.Get("Upgrade") != "echo" {
+			w.WriteString("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+			return
+		}
+		w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\nX-Up: 1\r\n\r\nhello ")
+		w.Flush()
+		// Echo until the client half-closes, then say bye.
+		br := bufio.NewReader(c)
+		io.Copy(c, br)
+		io.WriteString(c, "bye")
+		c.Close()
+	})
+	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n")
+	resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("X-Up") != "1" ||
+		!strings.EqualFold(resp.Header.Get("Connection"), "upgrade") {
+		t.Fatalf("response %d %v", resp.StatusCode, resp.Header)
+	}
+	io.WriteString(c, "ping 1, ")
+	io.WriteString(c, "ping 2")
+	c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "hello ping 1, ping 2bye" {
+		t.Errorf("through the tunnel: %q", got)
+	}
+	seen := up.requests()
+	if len(seen) != 1 || fmt.Sprint(seen[0].field("Connection")) != "[Upgrade]" || fmt.Sprint(seen[0].field("Upgrade")) != "[echo]" {
+		t.Errorf("the upstream saw %+v", seen[0].Lines)
+	}
+}
+
+func TestUpgradeRefusedByUpstream(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil) // answers 200 to everything
+	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	resp, body := readResponse(t, br, "GET")
+	if resp.StatusCode != 200 || string(body) != "ok" {
+		t.Errorf("%d %q", resp.StatusCode, body)
+	}
+	io.WriteString(c, "GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+	if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != 200 {
+		t.Errorf("the connection after a refused upgrade: %d", resp.StatusCode)
+	}
+}
+
+// TestStaleUpstreamConnection: the upstream closes every keep-alive
+// connection right after its response; requests sent on such a pooled
+// connection are sent again on a new one, never answered 502.
+func TestStaleUpstreamConnection(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		w.Flush()
+		time.Sleep(20 * time.Millisecond)
+		c.Close()
+	})
+	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	c, br := dial(t, addr)
+	for i := range 5 {
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp, body := readResponse(t, br, "GET"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestEarlyResponse: the upstream answers 413 after the head of a long
+// upload, without reading it.
+func TestEarlyResponse(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
+				c.(*net.TCPConn).CloseWrite()
+				io.Copy(io.Discard, br)
+			}()
+		}
+	}()
+	addr, _ := serve(t, proxy.Options{Upstream: "http://" + ln.Addr().String()})
+	c, br := dial(t, addr)
+	const size = 4 << 20
+	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+	go io.Copy(c, patterned(size))
+	resp, body := readResponse(t, br, "POST")
+	if resp.StatusCode != 413 || string(body) != "big" {
+		t.Errorf("%d %q", resp.StatusCode, body)
+	}
+}
+
+// TestShutdownFailsNoRequest: a drain lets the request in flight finish,
+// tells a busy keep-alive connection Connection: close, serves a request
+// that arrives on an idle connection within the grace, and closes idle
+// connections after it.
+func TestShutdownFailsNoRequest(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		if req.Req.URL.Path == "/slow" {
+			<-release
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 400 * time.Millisecond, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	addr := ln.Addr().String()
+
+	busy, busyR := dial(t, addr)
+	idle, idleR := dial(t, addr)
+	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	readResponse(t, idleR, "GET")
+	io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+	up.waitRequests(2, 2*time.Second)
+
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	// A request on the idle connection within the grace is served, and
+	// told that the connection ends.
+	time.Sleep(100 * time.Millisecond)
+	io.WriteString(idle, "GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, _ := readResponse(t, idleR, "GET")
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("a request on an idle connection during the drain: %d, close %v", resp.StatusCode, resp.Close)
+	}
+	// New connections are not accepted any more.
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		if b, _ := io.ReadAll(c); len(b) != 0 {
+			t.Errorf("a connection made after Shutdown was served: %q", b)
+		}
+		c.Close()
+	}
+	close(release)
+	resp, _ = readResponse(t, busyR, "GET")
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("the request in flight: %d, close %v", resp.StatusCode, resp.Close)
+	}
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return")
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
+// TestShutdownClosesIdleAfterGrace: an idle connection that sends nothing
+// is closed once idle for the grace, quietly.
+func TestShutdownClosesIdleAfterGrace(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 300 * time.Millisecond, DrainNewGrace: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go s.Serve(ln)
+	idle, idleR := dial(t, ln.Addr().String())
+	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	readResponse(t, idleR, "GET")
+	fresh, _ := dial(t, ln.Addr().String()) // accepted, nothing sent
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Shutdown took %v", took)
+	}
+	for _, c := range []io.Reader{idleR, fresh} {
+		if b, err := io.ReadAll(c); len(b) != 0 || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
+			t.Errorf("an idle connection at the drain read %q, %v; want a quiet close", b, err)
+		}
+	}
+}

@@ -1,0 +1,260 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// upBody is an upstream response body as fasthttp copies it to the client:
+// every Read returns what one read of the upstream brought, so that each
+// piece goes out as it came (fasthttp flushes a chunked body at every
+// Read; a body with a Content-Length is flushed whenever its write buffer
+// fills). fasthttp calls CloseWithError once the body was written, or the
+// client failed.
+type upBody struct {
+	s        *Server
+	uc       *upConn
+	reusable bool // the connection may serve another request after the body
+	ex       *core.Exchange
+	rec      *recorder
+
+	left       int64 // bytes left: of the body, or of the current chunk
+	chunked    bool
+	untilClose bool // the body ends when the upstream closes
+	crlf       bool // a chunk's CRLF is due before the next size line
+	eof        bool // the body was read to its end
+	err        error
+}
+
+var bodyPool2 = sync.Pool{New: func() any { return new(upBody) }}
+
+// Read implements io.Reader.
+func (b *upBody) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.read(p)
+	if n > 0 {
+		b.rec.write(p[:n])
+	}
+	switch {
+	case err == io.EOF:
+		b.eof = true
+	case err != nil:
+		b.err = err
+		b.s.count.upstreamAborts.Add(1)
+		b.s.warn(warnUpstreamAbort, "upstream response cut off", "upstream", b.s.up.t.addr, "err", err)
+	}
+	return n, err
+}
+
+func (b *upBody) read(p []byte) (int, error) {
+	br := b.uc.br
+	switch {
+	case b.untilClose:
+		n, err := br.Read(p)
+		return n, err
+	case !b.chunked:
+		if b.left == 0 {
+			return 0, io.EOF
+		}
+		if int64(len(p)) > b.left {
+			p = p[:b.left]
+		}
+		n, err := br.Read(p)
+		b.left -= int64(n)
+		if err == io.EOF {
+			return n, io.ErrUnexpectedEOF
+		}
+		if err == nil && b.left == 0 {
+			err = io.EOF
+		}
+		return n, err
+	}
+	if b.left == 0 {
+		if b.crlf {
+			if err := readCRLF(br); err != nil {
+				return 0, err
+			}
+			b.crlf = false
+		}
+		size, err := readChunkSize(br)
+		if err != nil {
+			return 0, err
+		}
+		if size == 0 {
+			// The trailer section: dropped, as the chunked framing it
+			// belongs to.
+			if err := skipTrailer(br); err != nil {
+				return 0, err
+			}
+			return 0, io.EOF
+		}
+		b.left = size
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := br.Read(p)
+	b.left -= int64(n)
+	if b.left == 0 {
+		b.crlf = true
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// CloseWithError ends the body: the connection goes back to the pool if
+// the body was read to its end, the core gets what was recorded. A
+// recorded response is read to its end even when the client went away
+// (werr): the client's retry will be answered with it.
+func (b *upBody) CloseWithError(werr error) error {
+	if werr != nil && b.rec != nil && !b.eof && b.err == nil {
+		bp := tunnelBufPool.Get().(*[]byte)
+		for b.err == nil && !b.eof {
+			_, _ = b.Read(*bp)
+		}
+		tunnelBufPool.Put(bp)
+	}
+	if b.eof && b.reusable {
+		b.s.up.put(b.uc, time.Now())
+	} else {
+		b.uc.Conn.Close()
+	}
+	var failed error
+	if !b.eof {
+		failed = errors.New("incomplete")
+	}
+	b.rec.complete(b.ex, failed)
+	release(b.ex)
+	*b = upBody{}
+	bodyPool2.Put(b)
+	return nil
+}
+
+var errBadChunk = errors.New("proxy: malformed chunked response body")
+
+// readChunkSize reads a chunk-size line, extensions ignored.
+func readChunkSize(br interface {
+	ReadSlice(byte) ([]byte, error)
+}) (int64, error) {
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, err
+	}
+	line = bytes.TrimRight(line, "\r\n")
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i]
+	}
+	line = bytes.TrimRight(line, " \t")
+	if len(line) == 0 || len(line) > 15 {
+		return 0, errBadChunk
+	}
+	n, err := strconv.ParseInt(string(line), 16, 64)
+	if err != nil || n < 0 {
+		return 0, errBadChunk
+	}
+	return n, nil
+}
+
+// readCRLF reads the line end that follows a chunk's data.
+func readCRLF(br interface{ ReadByte() (byte, error) }) error {
+	c, err := br.ReadByte()
+	if err == nil && c == '\r' {
+		c, err = br.ReadByte()
+	}
+	switch {
+	case err == io.EOF:
+		return io.ErrUnexpectedEOF
+	case err != nil:
+		return err
+	case c != '\n':
+		return errBadChunk
+	}
+	return nil
+}
+
+// skipTrailer reads trailer lines up to the empty one.
+func skipTrailer(br interface {
+	ReadSlice(byte) ([]byte, error)
+}) error {
+	for range 100 {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			return nil
+		}
+	}
+	return errBadChunk
+}
+
+// recorder keeps what the core asked to see of a response (Exchange.Record).
+// A nil recorder records nothing.
+type recorder struct {
+	max      int64
+	rc       core.Recorded
+	body     []byte
+	overflow bool
+}
+
+func newRecorder(max int64, status int, h *fasthttp.ResponseHeader) *recorder {
+	rec := &recorder{max: max}
+	rec.rc.Status = status
+	rec.rc.ContentType = string(h.ContentType())
+	for k, v := range h.All() {
+		if equalFold(k, "location") {
+			rec.rc.Location = string(v)
+			break
+		}
+	}
+	return rec
+}
+
+func (rec *recorder) write(p []byte) {
+	if rec == nil || rec.overflow {
+		return
+	}
+	if int64(len(rec.body)+len(p)) > rec.max {
+		rec.overflow, rec.body = true, nil
+		return
+	}
+	rec.body = append(rec.body, p...)
+}
+
+// complete hands the recording to ex; failed means the response did not
+// reach its end.
+func (rec *recorder) complete(ex *core.Exchange, failed error) {
+	if rec == nil || ex == nil {
+		return
+	}
+	rec.rc.Body, rec.rc.Overflow, rec.rc.Failed = rec.body, rec.overflow, failed != nil
+	ex.Complete(&rec.rc)
+}
+
+// isTimeout reports whether err is a timeout (a deadline that passed;
+// fasthttp's own timeout errors are not net.Errors).
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}

@@ -1,0 +1,115 @@
+package redisstore
+
+import (
+	"testing"
+	"time"
+)
+
+// The breaker's story, with fixed instants: closed, failures up to the
+// threshold, open for the backoff, one probe, a probe that dies and is
+// taken over, a failed probe, a successful one.
+func TestBreakerStory(t *testing.T) {
+	b := Breaker{Failures: 3, Backoff: time.Second, ProbeTimeout: 100 * time.Millisecond}
+	t0 := 10 * time.Hour
+	var w uint64
+	step := func(name string, next uint64, tr, want Transition) uint64 {
+		t.Helper()
+		if tr != want {
+			t.Fatalf("%s: transition %v, want %v", name, tr, want)
+		}
+		return next
+	}
+	admit := func(name string, at time.Duration, self int, want Admission) {
+		t.Helper()
+		next, a, tr, write := b.Admit(w, at, self)
+		if a != want {
+			t.Fatalf("%s: admission %d, want %d (state %+v)", name, a, want, DecodeBreaker(w, at))
+		}
+		if write {
+			w = next
+			if tr != Probing {
+				t.Fatalf("%s: a write with transition %v", name, tr)
+			}
+		}
+	}
+	admit("fresh", t0, 1, Call)
+	for i := 1; i <= 2; i++ {
+		next, tr, _ := b.Failure(w, t0, 1, false)
+		w = step("failure", next, tr, NoTransition)
+	}
+	if s := DecodeBreaker(w, t0); s.Phase != Closed || s.Failures != 2 {
+		t.Fatalf("after 2 failures: %+v", s)
+	}
+	// A success resets the count: failures must be consecutive.
+	next, tr, write := b.Success(w, t0, 2, false)
+	if !write || next != 0 || tr != NoTransition {
+		t.Fatalf("success after failures: %#x %v %v", next, tr, write)
+	}
+	w = next
+	if _, _, write := b.Success(w, t0, 2, false); write {
+		t.Fatal("a success on a clean breaker writes: the hot path must not")
+	}
+	for i := 1; i <= 3; i++ {
+		want := NoTransition
+		if i == 3 {
+			want = Opened
+		}
+		next, tr, _ := b.Failure(w, t0, 1, false)
+		w = step("failure", next, tr, want)
+	}
+	admit("open", t0+999*time.Millisecond, 2, Refuse)
+	// Failures reported by calls that began before it opened change nothing.
+	if _, _, write := b.Failure(w, t0, 2, false); write {
+		t.Fatal("a late failure moved an open breaker")
+	}
+	if _, _, write := b.Success(w, t0, 2, false); write {
+		t.Fatal("a late success closed an open breaker: only a probe may")
+	}
+	t1 := t0 + time.Second
+	admit("backoff over: worker 7 probes", t1, 7, Probe)
+	admit("others wait for the probe", t1+time.Millisecond, 8, Refuse)
+	admit("the prober itself sends nothing else", t1+time.Millisecond, 7, Refuse)
+	// Worker 7 dies: past the deadline, worker 8 takes over.
+	t2 := t1 + 101*time.Millisecond
+	admit("probe past its deadline", t2, 8, Probe)
+	if s := DecodeBreaker(w, t2); s.Phase != HalfOpen || s.Prober != 8 {
+		t.Fatalf("after the takeover: %+v", s)
+	}
+	// The dead prober's late answer changes nothing.
+	if _, _, write := b.Success(w, t2, 7, true); write {
+		t.Fatal("a taken-over probe's success closed the breaker")
+	}
+	next, tr, _ = b.Failure(w, t2, 8, true)
+	w = step("failed probe", next, tr, Opened)
+	admit("open again", t2+500*time.Millisecond, 9, Refuse)
+	t3 := t2 + time.Second
+	admit("second probe", t3, 9, Probe)
+	next, tr, _ = b.Success(w, t3, 9, true)
+	w = step("successful probe", next, tr, Recovered)
+	if w != 0 {
+		t.Fatalf("a recovered breaker is %#x, want 0 (fresh: its slot may be reclaimed)", w)
+	}
+}
+
+// Stored times are modulo 2^30 ms: the breaker reads them right across
+// the wrap, and a time far in the past never reads as a future one.
+func TestBreakerTimeWraps(t *testing.T) {
+	b := Breaker{Failures: 1, Backoff: 2 * time.Second, ProbeTimeout: time.Second}
+	wrap := time.Duration(1<<30) * time.Millisecond
+	for _, t0 := range []time.Duration{0, wrap - time.Second, wrap, 3*wrap + 5*time.Millisecond} {
+		w, tr, _ := b.Failure(0, t0, 1, false)
+		if tr != Opened {
+			t.Fatalf("at %v: %v", t0, tr)
+		}
+		if s := DecodeBreaker(w, t0+time.Second); s.Phase != Open || s.Until != time.Second {
+			t.Fatalf("at %v+1s: %+v, want open for 1s more", t0, s)
+		}
+		if _, a, _, _ := b.Admit(w, t0+2*time.Second, 2); a != Probe {
+			t.Fatalf("at %v+2s: admission %d, want a probe", t0, a)
+		}
+		// Untouched for days: still over, not a future time.
+		if _, a, _, _ := b.Admit(w, t0+5*24*time.Hour, 2); a != Probe {
+			t.Fatalf("at %v+5 days: admission %d, want a probe", t0, a)
+		}
+	}
+}

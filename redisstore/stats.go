@@ -1,0 +1,68 @@
+package redisstore
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// counters are a Store's counts in this process.
+type counters struct {
+	calls, errors, timeouts, noscript, shortCircuits, denyHits atomic.Uint64
+	latency                                                    atomic.Uint64 // ns, summed over calls
+	flushes, flushErrors, flushedCounts                        atomic.Uint64
+}
+
+// Stats are what a Store did in this process since New, and the shared
+// breaker's state. Every worker counts its own; the breaker is the
+// host's.
+type Stats struct {
+	// Calls counts round trips to Redis made for requests (one per
+	// request decided in Redis; a Cluster request over several slots
+	// counts one per pipeline).
+	Calls uint64
+	// Errors and Timeouts count calls that failed, by kind.
+	Errors, Timeouts uint64
+	// NoScript counts calls that found the script missing (a restart,
+	// a failover, SCRIPT FLUSH) and sent it again.
+	NoScript uint64
+	// ShortCircuits counts requests that made no call because the
+	// breaker was open.
+	ShortCircuits uint64
+	// DenyHits counts decisions answered by the deny cache: a refusal
+	// that still stood, with no call.
+	DenyHits uint64
+	// Latency is the time spent in calls, summed.
+	Latency time.Duration
+	// Flushes and FlushErrors count the sync-mode flushes (one pipeline
+	// each) and those that failed; Flushed is the count they added.
+	Flushes, FlushErrors, Flushed uint64
+	// Breaker is the shared breaker's state.
+	Breaker BreakerState
+}
+
+// Stats reports the Store's counts at now (region time, for the breaker).
+func (s *Store) Stats(now time.Duration) Stats {
+	st := &s.st
+	return Stats{
+		Calls: st.calls.Load(), Errors: st.errors.Load(), Timeouts: st.timeouts.Load(),
+		NoScript: st.noscript.Load(), ShortCircuits: st.shortCircuits.Load(), DenyHits: st.denyHits.Load(),
+		Latency: time.Duration(st.latency.Load()),
+		Flushes: st.flushes.Load(), FlushErrors: st.flushErrors.Load(), Flushed: st.flushedCounts.Load(),
+		Breaker: DecodeBreaker(s.br.word(now), now),
+	}
+}
+
+// Available reports whether a request may count on Redis now: false while
+// the shared breaker is open or a probe is in flight. Sync-mode rules,
+// which never wait on Redis, answer by OnUnavailable then, as the others.
+func (s *Store) Available(now time.Duration) bool { return !s.br.open(now) }
+
+// ReadBreaker is the state of the breaker of the Redis o names, read from
+// region without joining it: what a supervisor's status page shows.
+func ReadBreaker(region *shm.Region, o Options, now time.Duration) BreakerState {
+	c := region.Counters()
+	w, _ := c.Peek(c.KeyOfString(breakerNS, target(o)), now)
+	return DecodeBreaker(w, now)
+}

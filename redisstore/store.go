@@ -1,0 +1,572 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// ErrUnavailable means Redis did not decide: the call failed or timed
+// out, or the breaker is open. The rule's OnUnavailable answers.
+var ErrUnavailable = errors.New("redisstore: redis unavailable")
+
+// Store keeps the counts of rate-limit rules in Redis, shared by every
+// host, with a deny cache and a circuit breaker in the host's region. One
+// Store per process; it is safe for concurrent use.
+type Store struct {
+	rdb     redis.UniversalClient
+	owns    bool // Close closes rdb
+	cluster bool
+	tab     *shm.Counters
+	region  *shm.Region
+	timeout time.Duration
+	prefix  string
+	host    string
+	log     *slog.Logger
+
+	decide, flush script
+	br            sharedBreaker
+	st            counters
+
+	syncMu    sync.Mutex
+	syncRules []*Limiter
+	flusher   *flusher
+	closeOnce sync.Once
+	closeErr  error
+	warmed    chan struct{} // closed when the warm-up is over
+
+	// clock is Redis's clock minus the region's, in µs, as last measured
+	// by a flush; clockKnown is set once it was.
+	clock      atomic.Int64
+	clockKnown atomic.Bool
+}
+
+// New connects a Store to Redis (lazily: nothing is sent yet) over
+// region, which this process has joined.
+func New(region *shm.Region, o Options) (*Store, error) {
+	if region == nil {
+		return nil, errors.New("redisstore: nil region")
+	}
+	if region.Worker() < 0 {
+		return nil, fmt.Errorf("redisstore: %w (call Region.Join first)", shm.ErrNotJoined)
+	}
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		rdb: o.Client, cluster: len(o.Cluster) > 0, tab: region.Counters(), region: region,
+		timeout: o.Timeout, prefix: o.Prefix, host: o.Host, log: o.Logger,
+		decide: newScript(decideScript), flush: newScript(flushScript),
+	}
+	if s.rdb == nil {
+		if s.rdb, err = newClient(o); err != nil {
+			return nil, err
+		}
+		s.owns = true
+	} else if _, ok := s.rdb.(*redis.ClusterClient); ok {
+		s.cluster = true
+	}
+	if s.host == "" {
+		a, b := region.Seeds()
+		s.host = fmt.Sprintf("%016x", a^b*0x9e3779b97f4a7c15)
+	}
+	s.tab.SetFresh(bucket.Fresh) // the deny cache and the sync counts are judged as bucket's
+	s.br = newSharedBreaker(s.tab, o.Breaker, target(o), region.Worker(), s.log)
+	s.warmed = make(chan struct{})
+	go s.warm()
+	return s, nil
+}
+
+// warmTimeout bounds the warm-up: connecting and loading the scripts
+// happen off the request path, so they may take longer than Timeout.
+const warmTimeout = 2 * time.Second
+
+// warm connects to Redis and loads the scripts once, in the background,
+// so that the first requests neither dial under their timeout nor meet
+// NOSCRIPT. A failure is left to the requests (and the breaker) to find.
+func (s *Store) warm() {
+	defer close(s.warmed)
+	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
+	defer cancel()
+	for _, sc := range []*script{&s.decide, &s.flush} {
+		if err := s.rdb.ScriptLoad(ctx, sc.src).Err(); err != nil {
+			return
+		}
+	}
+}
+
+// target names the Redis a breaker watches, so that a reload to another
+// Redis starts with a breaker of its own.
+func target(o Options) string {
+	switch {
+	case o.URL != "":
+		return "url\x00" + o.URL
+	case len(o.Cluster) > 0:
+		return fmt.Sprint("cluster\x00", o.Cluster)
+	case o.Sentinel.Master != "":
+		return fmt.Sprint("sentinel\x00", o.Sentinel.Master, o.Sentinel.Addrs)
+	}
+	return "client"
+}
+
+// Close stops the sync flusher after a last flush, and closes the client
+// the Store built. It is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.syncMu.Lock()
+		f := s.flusher
+		s.syncMu.Unlock()
+		if f != nil {
+			f.stop()
+		}
+		<-s.warmed
+		if s.owns {
+			s.closeErr = s.rdb.Close()
+		}
+	})
+	return s.closeErr
+}
+
+// Client is the go-redis client the Store calls.
+func (s *Store) Client() redis.UniversalClient { return s.rdb }
+
+// Rule is a rate-limit rule whose counts Redis keeps.
+type Rule struct {
+	bucket.Rule
+	// OnUnavailable answers when Redis cannot decide.
+	OnUnavailable OnUnavailable
+	// LocalShare is the number of hosts that share the rule: with
+	// FailLocal this host enforces Limit (and Burst) divided by it,
+	// rounded down, at least 1. 0 means 1.
+	LocalShare int
+	// Sync 0 decides every request in Redis; a positive interval counts
+	// on this host and adds the counts to Redis every interval (fixed
+	// window only).
+	Sync time.Duration
+}
+
+// MaxLocalShare bounds Rule.LocalShare.
+const MaxLocalShare = 1 << 16
+
+// Limiter applies one Rule through a Store.
+type Limiter struct {
+	s    *Store
+	rule Rule
+	pol  bucket.Policy
+	algo bucket.Algorithm
+	a, b int64 // the script's parameters (see decideScript)
+	cost int64
+	ns   uint64
+	nsx  string // ns in hex: the rule's part of its Redis keys
+
+	denyNS, denyMeta uint64
+	local            *bucket.Limiter // FailLocal: the host's share
+	localLimit       int64
+
+	// Sync mode.
+	hostNS, remoteNS, syncMeta uint64
+	pending                    pendingCounts
+}
+
+// Key tags of the table entries a Limiter keeps under its rule's
+// namespace: xored into it, they keep each kind in a namespace of its own.
+const (
+	denyTag   = 0x64656e79_00000001 // "deny"
+	hostTag   = 0x686f7374_00000002 // "host": this host's count (sync)
+	remoteTag = 0x72656d6f_00000003 // "remo": the other hosts' count (sync)
+)
+
+// denyWindow is the window in the meta word of deny-cache entries: under
+// bucket.MinWindow, so that no rule's state has the same meta word (a dump
+// keeps only the state of its rules: never a deny entry).
+const denyWindow = time.Microsecond
+
+// localShare is the rule a host enforces on its own for FailLocal.
+func (r Rule) localShare() bucket.Rule {
+	share := int64(max(r.LocalShare, 1))
+	lr := r.Rule
+	lr.Name = r.Name + "\x00local share"
+	lr.Limit = max(r.Limit/share, 1)
+	if r.Burst > 0 {
+		lr.Burst = max(r.Burst/share, 1)
+	}
+	return lr
+}
+
+// Validate reports the first problem with r, as NewLimiter would.
+func (r Rule) Validate() error {
+	_, err := r.compile()
+	return err
+}
+
+func (r Rule) compile() (bucket.Policy, error) {
+	pol, err := r.Rule.Compile()
+	if err != nil {
+		return pol, err
+	}
+	switch {
+	case r.LocalShare < 0 || r.LocalShare > MaxLocalShare:
+		return pol, fmt.Errorf("redisstore: rule %q: local share %d outside 1..%d", r.Name, r.LocalShare, MaxLocalShare)
+	case r.Sync < 0 || r.Sync > time.Hour:
+		return pol, fmt.Errorf("redisstore: rule %q: sync interval %v outside 0 (exact)..1h", r.Name, r.Sync)
+	case r.Sync > 0 && r.Algorithm != bucket.FixedWindow:
+		return pol, fmt.Errorf("redisstore: rule %q: sync %v needs algorithm fixed-window (gcra is decided in Redis: sync \"exact\")", r.Name, r.Sync)
+	case r.OnUnavailable > FailClosed:
+		return pol, fmt.Errorf("redisstore: rule %q: unknown on_unavailable %d", r.Name, r.OnUnavailable)
+	}
+	if r.OnUnavailable == FailLocal {
+		if _, err := r.localShare().Compile(); err != nil {
+			return pol, fmt.Errorf("redisstore: rule %q: its local share (limit %d ÷ %d) cannot hold one request: %w", r.Name, r.Limit, max(r.LocalShare, 1), err)
+		}
+	}
+	return pol, nil
+}
+
+// NewLimiter compiles r for s.
+func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
+	pol, err := r.compile()
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{s: s, rule: r, pol: pol, ns: r.Namespace()}
+	l.algo, l.a, l.b, l.cost = pol.Params()
+	l.nsx = fmt.Sprintf("%016x", l.ns)
+	l.denyNS = l.ns ^ denyTag
+	l.denyMeta = bucket.MetaOf(r.Tag(), bucket.GCRA, denyWindow)
+	if r.OnUnavailable == FailLocal {
+		lr := r.localShare()
+		l.localLimit = lr.Limit
+		if l.local, err = bucket.NewLimiter(lr, s.tab); err != nil {
+			return nil, err
+		}
+	}
+	if r.Sync > 0 {
+		l.hostNS, l.remoteNS = l.ns^hostTag, l.ns^remoteTag
+		l.syncMeta = bucket.MetaOf(r.Tag(), bucket.FixedWindow, r.Window)
+		l.pending.m = make(map[pendingKey]pendingVal)
+		s.addSync(l)
+	}
+	s.tab.SetFresh(bucket.Fresh)
+	return l, nil
+}
+
+// Rule is the rule the limiter applies.
+func (l *Limiter) Rule() Rule { return l.rule }
+
+// Sync reports whether the limiter counts on this host (sync mode): its
+// decisions are local (AllowKey, PeekKey, RefundKey), never Decide's.
+func (l *Limiter) Sync() bool { return l.rule.Sync > 0 }
+
+// LocalShare is the limiter of this host's share and the limit it
+// enforces, for FailLocal; nil otherwise. Its state is kept under the
+// rule's name with a suffix.
+func (l *Limiter) LocalShare() (*bucket.Limiter, int64) { return l.local, l.localLimit }
+
+// Key is one request's key under one Redis rule: the key value's hash,
+// the same on every host (it names the Redis key), and its entries in
+// this host's table.
+type Key struct {
+	id           [2]uint64
+	deny         shm.Key
+	host, remote shm.Key
+}
+
+// Key returns the key of id (key bytes as core makes them).
+func (l *Limiter) Key(id []byte) Key {
+	k := Key{id: idHash(id), deny: l.s.tab.KeyOf(l.denyNS, id)}
+	if l.Sync() {
+		k.host = l.s.tab.KeyOf(l.hostNS, id)
+		k.remote = l.s.tab.KeyOf(l.remoteNS, id)
+	}
+	return k
+}
+
+// idHash is a 128-bit hash of a key value with fixed seeds: every host
+// names the same Redis key for it (the region's seeds differ per host).
+func idHash(id []byte) [2]uint64 {
+	var d xxhash.Digest
+	d.ResetWithSeed(0x7072_6566_6f72_6b64) // "prefork d"
+	d.Write(id)
+	a := d.Sum64()
+	d.ResetWithSeed(0x7265_6469_735f_6b65) // "redis_ke"
+	d.Write(id)
+	return [2]uint64{a, d.Sum64()}
+}
+
+// redisKey is prefix{id hash}:rule: the hash tag puts every rule's key of
+// one key value in one Cluster slot, so one script decides them all.
+func (l *Limiter) redisKey(k *Key, suffix string) string {
+	var b [32]byte
+	binary.BigEndian.PutUint64(b[:8], k.id[0])
+	binary.BigEndian.PutUint64(b[8:16], k.id[1])
+	var h [32]byte
+	hex.Encode(h[:], b[:16])
+	return l.s.prefix + "{" + string(h[:]) + "}:" + l.nsx + suffix
+}
+
+// Denied reports whether the deny cache holds k at now: a refusal by
+// Redis that still stands, for every worker of the host. retry is how
+// long it stands.
+func (l *Limiter) Denied(k *Key, now time.Duration) (retry time.Duration, ok bool) {
+	p, found := l.s.tab.Peek(k.deny, now)
+	if !found {
+		return 0, false
+	}
+	until := time.Duration(p) * time.Microsecond
+	if until <= now {
+		return 0, false
+	}
+	l.s.st.denyHits.Add(1)
+	return until - now, true
+}
+
+// deny remembers that k is refused until now + retry.
+func (l *Limiter) deny(k *Key, now, retry time.Duration) {
+	until := uint64((now + retry + time.Microsecond - 1) / time.Microsecond)
+	if until > shm.PayloadMask {
+		until = shm.PayloadMask
+	}
+	_, _ = l.s.tab.Update(k.deny, l.denyMeta, now, func(p uint64, _ time.Duration) (uint64, bool) {
+		return max(p, until), p < until
+	})
+}
+
+// Hit is one Redis rule's part of a request, for Decide.
+type Hit struct {
+	Lim    *Limiter
+	Key    *Key
+	Shadow bool // never refuses
+	// D is the decision, set by Decide: for an allowed request, the state
+	// after it was charged; for a refused one, each rule's state as it
+	// stands (Allowed reports whether that rule would have let it pass).
+	D bucket.Decision
+}
+
+// Decide decides a request's hits (limiters not in sync mode) in one
+// round trip: one EVALSHA of every key when they can share a script (one
+// server, or one Cluster slot), else one pipeline of a script per slot.
+// refused reports that an enforcing hit refused the request: no rule was
+// charged, and each refusing key is remembered in the deny cache until
+// its retry time. An error (ErrUnavailable) means Redis did not decide:
+// nothing is known and the caller's OnUnavailable answers. now is the
+// region's clock, for the deny cache and the breaker; the decisions use
+// Redis's.
+func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) {
+	if len(hits) == 0 {
+		return false, nil
+	}
+	adm := s.br.admit(now)
+	if adm == Refuse {
+		s.st.shortCircuits.Add(1)
+		return false, ErrUnavailable
+	}
+	probe := adm == Probe
+	start := time.Now()
+	refused, err = s.call(hits)
+	s.st.latency.Add(uint64(time.Since(start)))
+	if err != nil {
+		s.failed(err, now, probe)
+		return false, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	s.br.success(now, probe)
+	if refused {
+		for i := range hits {
+			h := &hits[i]
+			if !h.Shadow && !h.D.Allowed {
+				h.Lim.deny(h.Key, now, h.D.RetryAfter)
+			}
+		}
+	}
+	return refused, nil
+}
+
+// failed counts a failed call and tells the breaker.
+func (s *Store) failed(err error, now time.Duration, probe bool) {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		s.st.timeouts.Add(1)
+	} else {
+		s.st.errors.Add(1)
+	}
+	s.br.failure(now, probe)
+}
+
+// call runs the decide script for hits and fills their decisions.
+func (s *Store) call(hits []Hit) (refused bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	if !s.cluster || oneSlot(hits) {
+		keys, args := s.scriptArgs(hits, "d")
+		s.st.calls.Add(1)
+		v, noscript, err := s.decide.run(ctx, s.rdb, keys, args)
+		if noscript {
+			s.st.noscript.Add(1)
+		}
+		if err != nil {
+			return false, err
+		}
+		return fill(hits, v)
+	}
+	return s.callSlots(ctx, hits)
+}
+
+func oneSlot(hits []Hit) bool {
+	for i := 1; i < len(hits); i++ {
+		if hits[i].Key.id != hits[0].Key.id {
+			return false
+		}
+	}
+	return true
+}
+
+// scriptArgs are the keys and arguments of decideScript for hits.
+func (s *Store) scriptArgs(hits []Hit, mode string) ([]string, []any) {
+	keys := make([]string, len(hits))
+	args := make([]any, 1, 1+5*len(hits))
+	args[0] = mode
+	for i := range hits {
+		h := &hits[i]
+		l := h.Lim
+		keys[i] = l.redisKey(h.Key, "")
+		shadow := 0
+		if h.Shadow {
+			shadow = 1
+		}
+		args = append(args, int(l.algo), l.a, l.b, l.cost, shadow)
+	}
+	return keys, args
+}
+
+// fill reads decideScript's answer into hits.
+func fill(hits []Hit, v any) (refused bool, err error) {
+	r, err := ints(v, 1+6*len(hits))
+	if err != nil {
+		return false, err
+	}
+	for i := range hits {
+		h := &hits[i]
+		o := 1 + 6*i
+		h.D = bucket.Decision{
+			Allowed:    r[o] == 1,
+			Limit:      h.Lim.rule.Limit,
+			Remaining:  r[o+1],
+			ResetAfter: time.Duration(r[o+2]) * time.Microsecond,
+			RetryAfter: time.Duration(r[o+3]) * time.Microsecond,
+		}
+	}
+	return r[0] == 1, nil
+}
+
+// callSlots decides hits whose keys lie in several Cluster slots: one
+// pipeline of a script per slot, each charging its keys or none. When one
+// slot refused and others charged, a second pipeline refunds those: a
+// refusal charges no rule here too, at the price of a round trip.
+func (s *Store) callSlots(ctx context.Context, hits []Hit) (refused bool, err error) {
+	// Group the hits by key value (one hash tag, one slot), keeping
+	// each hit's place.
+	var groups [][]Hit
+	seen := map[[2]uint64]int{}
+	var order [][]int
+	for i := range hits {
+		g, ok := seen[hits[i].Key.id]
+		if !ok {
+			g = len(order)
+			seen[hits[i].Key.id] = g
+			order = append(order, nil)
+		}
+		order[g] = append(order[g], i)
+	}
+	for _, o := range order {
+		g := make([]Hit, len(o))
+		for j, i := range o {
+			g[j] = hits[i]
+		}
+		groups = append(groups, g)
+	}
+	run := func(mode string, which []int) ([]any, error) {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(which))
+		for j, g := range which {
+			keys, args := s.scriptArgs(groups[g], mode)
+			cmds[j] = pipe.EvalSha(ctx, s.decide.sha, keys, args...)
+		}
+		s.st.calls.Add(1)
+		_, _ = pipe.Exec(ctx)
+		var retry []int
+		out := make([]any, len(which))
+		for j, c := range cmds {
+			v, err := c.Result()
+			if isNoScript(err) {
+				retry = append(retry, j)
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			out[j] = v
+		}
+		if len(retry) > 0 {
+			s.st.noscript.Add(1)
+			pipe := s.rdb.Pipeline()
+			ev := make([]*redis.Cmd, len(retry))
+			for k, j := range retry {
+				keys, args := s.scriptArgs(groups[which[j]], mode)
+				ev[k] = pipe.Eval(ctx, s.decide.src, keys, args...)
+			}
+			_, _ = pipe.Exec(ctx)
+			for k, j := range retry {
+				v, err := ev[k].Result()
+				if err != nil {
+					return nil, err
+				}
+				out[j] = v
+			}
+		}
+		return out, nil
+	}
+	all := make([]int, len(groups))
+	for g := range all {
+		all[g] = g
+	}
+	res, err := run("d", all)
+	if err != nil {
+		return false, err
+	}
+	var charged []int
+	for g, v := range res {
+		r, err := fill(groups[g], v)
+		if err != nil {
+			return false, err
+		}
+		if r {
+			refused = true
+		} else {
+			charged = append(charged, g)
+		}
+	}
+	if refused && len(charged) > 0 {
+		if _, err := run("r", charged); err != nil {
+			s.log.Warn("redis: refunding a refused request failed: it stays counted", "err", err)
+		}
+	}
+	for g, o := range order {
+		for j, i := range o {
+			hits[i].D = groups[g][j].D
+		}
+	}
+	return refused, nil
+}

@@ -1,0 +1,280 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/redistest"
+	"github.com/preforkd/preforkd/redisstore"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// host is one "host": a region of its own (joined as worker w) and a
+// Store over it.
+type host struct {
+	region *shm.Region
+	store  *redisstore.Store
+}
+
+func newHost(t *testing.T, srv *redistest.Server, w int, o redisstore.Options) *host {
+	t.Helper()
+	r, err := shm.CreatePrivate(shm.Options{Counters: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Join(w); err != nil {
+		t.Fatal(err)
+	}
+	if o.URL == "" && o.Client == nil {
+		o.URL = srv.URL()
+	}
+	s, err := redisstore.New(r, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return &host{region: r, store: s}
+}
+
+func (h *host) limiter(t *testing.T, r redisstore.Rule) *redisstore.Limiter {
+	t.Helper()
+	l, err := h.store.NewLimiter(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// decide decides one request for id under lims (all enforcing).
+func (h *host) decide(t *testing.T, id string, lims ...*redisstore.Limiter) (refused bool, hits []redisstore.Hit, err error) {
+	t.Helper()
+	keys := make([]redisstore.Key, len(lims))
+	hits = make([]redisstore.Hit, len(lims))
+	for i, l := range lims {
+		keys[i] = l.Key([]byte(id))
+		hits[i] = redisstore.Hit{Lim: l, Key: &keys[i]}
+	}
+	refused, err = h.store.Decide(hits, h.region.Now())
+	return refused, hits, err
+}
+
+func rule(name string, algo bucket.Algorithm, limit int64, window time.Duration) redisstore.Rule {
+	return redisstore.Rule{Rule: bucket.Rule{Name: name, Limit: limit, Window: window, Algorithm: algo}}
+}
+
+// Two hosts (two regions, two stores, one Redis): a limit of 10 per
+// minute lets exactly 10 of 40 requests through, for either algorithm.
+func TestExactAcrossHosts(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
+		a, b := newHost(t, srv, 0, redisstore.Options{}), newHost(t, srv, 0, redisstore.Options{})
+		r := rule("exact-"+algo.String(), algo, 10, time.Minute)
+		la, lb := a.limiter(t, r), b.limiter(t, r)
+		allowed := 0
+		for i := range 40 {
+			h, l := a, la
+			if i%2 == 1 {
+				h, l = b, lb
+			}
+			refused, hits, err := h.decide(t, "client", l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !refused {
+				allowed++
+				if d := hits[0].D; !d.Allowed || d.Remaining != int64(10-allowed) {
+					t.Fatalf("%v: allowed #%d: %+v", algo, allowed, d)
+				}
+			} else if d := hits[0].D; d.Allowed || d.RetryAfter <= 0 || d.Remaining != 0 {
+				t.Fatalf("%v: refusal: %+v", algo, d)
+			}
+		}
+		if allowed != 10 {
+			t.Fatalf("%v: %d of 40 allowed, want exactly 10", algo, allowed)
+		}
+	}
+}
+
+// Several rules on one request: one EVALSHA, and when one refuses, no
+// rule is charged.
+func TestOneRoundTripAndRefusalChargesNone(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := newHost(t, srv, 0, redisstore.Options{})
+	wide := h.limiter(t, rule("wide", bucket.GCRA, 100, time.Minute))
+	narrow := h.limiter(t, rule("narrow", bucket.FixedWindow, 2, time.Minute))
+	third := h.limiter(t, rule("third", bucket.GCRA, 50, time.Hour))
+	before := srv.Calls("evalsha")
+	for i := range 5 {
+		refused, hits, err := h.decide(t, "k", wide, narrow, third)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if refused != (i >= 2) {
+			t.Fatalf("request %d: refused %v", i+1, refused)
+		}
+		if refused && (hits[1].D.Allowed || !hits[0].D.Allowed || !hits[2].D.Allowed) {
+			t.Fatalf("request %d: decisions %+v", i+1, hits)
+		}
+	}
+	if n := srv.Calls("evalsha") - before; n != 5 {
+		t.Fatalf("%d EVALSHA for 5 requests of 3 rules, want 5", n)
+	}
+	// Three refused requests charged nothing: wide took 2 of 100.
+	_, hits, err := h.decide(t, "k", wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hits[0].D.Remaining; got != 97 {
+		t.Fatalf("wide has %d remaining after 2 served requests and this one, want 97", got)
+	}
+}
+
+// A refused key is remembered for every worker of the host: no call until
+// its retry time.
+func TestDenyCache(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := newHost(t, srv, 0, redisstore.Options{})
+	l := h.limiter(t, rule("deny", bucket.FixedWindow, 1, time.Minute))
+	if refused, _, err := h.decide(t, "flood", l); err != nil || refused {
+		t.Fatalf("first: refused %v, %v", refused, err)
+	}
+	refused, hits, err := h.decide(t, "flood", l)
+	if err != nil || !refused {
+		t.Fatalf("second: refused %v, %v", refused, err)
+	}
+	k := l.Key([]byte("flood"))
+	retry, ok := l.Denied(&k, h.region.Now())
+	if !ok || retry <= 0 || retry > hits[0].D.RetryAfter {
+		t.Fatalf("deny cache: %v %v, the refusal said retry in %v", retry, ok, hits[0].D.RetryAfter)
+	}
+	// Another worker of the host (another Store on the same region).
+	other, err := redisstore.New(h.region, redisstore.Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	lo, _ := other.NewLimiter(rule("deny", bucket.FixedWindow, 1, time.Minute))
+	ko := lo.Key([]byte("flood"))
+	if _, ok := lo.Denied(&ko, h.region.Now()); !ok {
+		t.Fatal("the deny entry is not seen by another store on the region")
+	}
+	if _, ok := l.Denied(&k, h.region.Now()+retry); ok {
+		t.Fatal("the deny entry outlived its retry time")
+	}
+	other2 := l.Key([]byte("someone else"))
+	if _, ok := l.Denied(&other2, h.region.Now()); ok {
+		t.Fatal("another key is denied")
+	}
+	if got := h.store.Stats(h.region.Now()).DenyHits; got != 1 {
+		t.Fatalf("deny hits %d", got)
+	}
+}
+
+// After SCRIPT FLUSH (or a restart) the first call finds NOSCRIPT and
+// decisions go on.
+func TestNoScript(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := newHost(t, srv, 0, redisstore.Options{})
+	l := h.limiter(t, rule("noscript", bucket.GCRA, 3, time.Minute))
+	for i := range 5 {
+		if i == 1 || i == 3 {
+			if err := srv.Client().ScriptFlush(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		refused, _, err := h.decide(t, "k", l)
+		if err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		if refused != (i >= 3) {
+			t.Fatalf("request %d: refused %v", i+1, refused)
+		}
+	}
+	if n := h.store.Stats(h.region.Now()).NoScript; n != 3 { // the first call ever, and after each flush
+		t.Fatalf("NoScript %d, want 3", n)
+	}
+}
+
+// Redis killed: every call fails within the timeout, the breaker opens
+// after the configured failures and calls stop but for the probes;
+// restarted, a probe closes it.
+func TestBreakerOpensAndRecovers(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := newHost(t, srv, 0, redisstore.Options{Breaker: redisstore.Breaker{Failures: 3, Backoff: 200 * time.Millisecond}})
+	l := h.limiter(t, rule("breaker", bucket.GCRA, 1000, time.Minute))
+	if _, _, err := h.decide(t, "k", l); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	for i := range 10 {
+		start := time.Now()
+		_, _, err := h.decide(t, "k", l)
+		if !errors.Is(err, redisstore.ErrUnavailable) {
+			t.Fatalf("call %d with Redis dead: %v", i+1, err)
+		}
+		if d := time.Since(start); d > redisstore.DefaultTimeout+10*time.Millisecond {
+			t.Fatalf("call %d took %v", i+1, d)
+		}
+	}
+	st := h.store.Stats(h.region.Now())
+	if st.Breaker.Phase != redisstore.Open || st.Errors+st.Timeouts != 3 || st.ShortCircuits != 7 {
+		t.Fatalf("after 10 failed decisions: %+v", st)
+	}
+	srv.Restart()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, _, err := h.decide(t, "k", l)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the breaker never closed: %+v", h.store.Stats(h.region.Now()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := h.store.Stats(h.region.Now()); st.Breaker.Phase != redisstore.Closed || st.Breaker.Failures != 0 {
+		t.Fatalf("after recovery: %+v", st.Breaker)
+	}
+}
+
+func TestOptionsErrors(t *testing.T) {
+	r, _ := shm.CreatePrivate(shm.Options{Counters: 64})
+	r.Join(0)
+	for _, c := range []struct {
+		o    redisstore.Options
+		want string
+	}{
+		{redisstore.Options{}, "no Redis"},
+		{redisstore.Options{URL: "redis://x:1", Cluster: []string{"a:1"}}, "only one"},
+		{redisstore.Options{Sentinel: redisstore.Sentinel{Master: "m"}}, "both a master name and addresses"},
+		{redisstore.Options{URL: "http://x"}, "url"},
+		{redisstore.Options{URL: "redis://x:1", Timeout: time.Hour}, "timeout"},
+	} {
+		_, err := redisstore.New(r, c.o)
+		if err == nil || !contains(err.Error(), c.want) || !contains(err.Error(), "redisstore: ") {
+			t.Errorf("%+v: %v, want an error about %q", c.o, err, c.want)
+		}
+	}
+	s, err := redisstore.New(r, redisstore.Options{URL: "redis://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.NewLimiter(redisstore.Rule{Rule: bucket.Rule{Name: "g", Limit: 1, Window: time.Second}, Sync: time.Second}); err == nil {
+		t.Error("sync on a gcra rule accepted")
+	}
+	if _, err := s.NewLimiter(redisstore.Rule{Rule: bucket.Rule{Name: "c", Limit: 4, Window: time.Second, Cost: 3}, OnUnavailable: redisstore.FailLocal, LocalShare: 2}); err == nil {
+		t.Error("a local share that cannot hold one request's cost accepted")
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -1,0 +1,447 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Sync mode: a fixed-window rule counted on this host and added to Redis
+// every interval.
+//
+// Two entries per key in the host's table, both fixed-window payloads
+// (bucket.WindowPayload), so the table judges their freshness as a rule's:
+// "host" counts what this host admitted in the window (every worker, one
+// CAS each), "remote" what the other hosts had added to Redis when this
+// host last asked. A request is admitted when host + remote + cost ≤
+// limit. Each worker keeps what it admitted since its last flush
+// (pending) and, every interval, adds it to Redis with one pipeline of
+// HINCRBY (one per key: this host's field and the total), which answers
+// the total: remote = total − this host's part. Keys this worker counted
+// in the current window are asked again every interval even with nothing
+// to add, so that its view of the others is never older than an interval
+// plus a round trip.
+//
+// Windows follow Redis's clock: each flush measures it against the
+// region's, and decisions shift the region's clock by that offset modulo
+// the window, so that every host's windows begin and end together.
+//
+// The bound on over-admission: with H hosts, each admitting at most R
+// requests per second of one key, interval I and flush round trip d, a
+// window admits at most limit + H × R × (2I + d). Proof sketch: take the
+// window's last admission, on host h. Its view lacks of each other host g
+// at most what g admitted in the last 2I + d (g flushes what it admitted
+// within I; h reads the totals within I + d), so the others' part is over
+// by at most (H − 1) × R × (2I + d). If h first counted the key in the
+// last I + d it had no view yet: then h admitted at most R × (I + d) in
+// all, and the others, bounded on their own by the same argument, admit
+// no more for h's counts. Counts a worker admitted but could not flush
+// (Redis down, the worker killed) never reach the other hosts: they are
+// over the bound by as much.
+
+// pendingKey is one key in one window of Redis's clock.
+type pendingKey struct {
+	id   [2]uint64
+	widx int64 // window index in Redis time; -1: Redis's clock was not known yet
+}
+
+type pendingVal struct {
+	n      int64 // admitted since the last flush (net of refunds)
+	remote shm.Key
+}
+
+// pendingCounts is what one worker admitted per key since its last flush,
+// and the keys it counted in the current window (n = 0).
+type pendingCounts struct {
+	mu sync.Mutex
+	m  map[pendingKey]pendingVal
+}
+
+func (p *pendingCounts) add(k pendingKey, remote shm.Key, n int64) {
+	p.mu.Lock()
+	v := p.m[k]
+	v.n += n
+	v.remote = remote
+	p.m[k] = v
+	p.mu.Unlock()
+}
+
+// shift is the offset, modulo the limiter's window, that aligns the
+// region's clock with Redis's windows, and the whole windows between them.
+func (l *Limiter) shift() (mod time.Duration, whole int64) {
+	if !l.s.clockKnown.Load() {
+		return 0, 0
+	}
+	w := l.b // µs
+	off := l.s.clock.Load()
+	m := (off%w + w) % w
+	return time.Duration(m) * time.Microsecond, (off - m) / w
+}
+
+// syncDecision computes a sync-mode decision from the two counts.
+func (l *Limiter) syncDecision(host, remote int64, reset time.Duration, allowed bool) bucket.Decision {
+	d := bucket.Decision{Allowed: allowed, Limit: l.rule.Limit, ResetAfter: reset}
+	d.Remaining = max(l.rule.Limit-host-remote, 0)
+	if !allowed {
+		d.RetryAfter = reset
+	}
+	return d
+}
+
+// AllowKey decides one request of a sync-mode limiter at now on this
+// host's counts.
+func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
+	mod, whole := l.shift()
+	at := now + mod
+	win := l.rule.Window
+	rp, _ := l.s.tab.Peek(k.remote, at)
+	remote, _ := bucket.WindowCount(rp, at, win)
+	var host int64
+	var reset time.Duration
+	var ok bool
+	_, err := l.s.tab.Update(k.host, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+		host, reset = bucket.WindowCount(p, t, win)
+		ok = host+remote+l.cost <= l.rule.Limit
+		if !ok {
+			return p, false
+		}
+		host += l.cost
+		return bucket.WindowPayload(p, t, win, host), true
+	})
+	if err != nil {
+		return l.full()
+	}
+	if ok {
+		widx := int64(-1)
+		if l.s.clockKnown.Load() {
+			widx = int64(at/time.Microsecond)/l.b + whole
+		}
+		l.pending.add(pendingKey{id: k.id, widx: widx}, k.remote, l.cost)
+	}
+	return l.syncDecision(host, remote, reset, ok)
+}
+
+func (l *Limiter) full() bucket.Decision {
+	d := bucket.Decision{Limit: l.rule.Limit, Full: true}
+	if l.rule.OnFull == bucket.Closed {
+		d.RetryAfter = bucket.FullRetryAfter
+		return d
+	}
+	d.Allowed, d.Remaining = true, l.rule.Limit-1
+	return d
+}
+
+// PeekKey reports a sync-mode key's state at now without taking anything.
+func (l *Limiter) PeekKey(k *Key, now time.Duration) bucket.Decision {
+	mod, _ := l.shift()
+	at := now + mod
+	rp, _ := l.s.tab.Peek(k.remote, at)
+	hp, _ := l.s.tab.Peek(k.host, at)
+	remote, _ := bucket.WindowCount(rp, at, l.rule.Window)
+	host, reset := bucket.WindowCount(hp, at, l.rule.Window)
+	return l.syncDecision(host, remote, reset, host+remote+l.cost <= l.rule.Limit)
+}
+
+// RefundKey gives back one request a sync-mode limiter admitted at or
+// before now (another rule refused it).
+func (l *Limiter) RefundKey(k *Key, now time.Duration) {
+	mod, whole := l.shift()
+	at := now + mod
+	if _, ok := l.s.tab.Peek(k.host, at); !ok {
+		return
+	}
+	refunded := false
+	_, _ = l.s.tab.Update(k.host, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+		host, _ := bucket.WindowCount(p, t, l.rule.Window)
+		refunded = host > 0
+		if !refunded {
+			return p, false
+		}
+		return bucket.WindowPayload(p, t, l.rule.Window, host-min(l.cost, host)), true
+	})
+	if refunded {
+		widx := int64(-1)
+		if l.s.clockKnown.Load() {
+			widx = int64(at/time.Microsecond)/l.b + whole
+		}
+		l.pending.add(pendingKey{id: k.id, widx: widx}, k.remote, -l.cost)
+	}
+}
+
+// addSync registers a sync-mode limiter and starts the flusher with the
+// first one.
+func (s *Store) addSync(l *Limiter) {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	s.syncRules = append(s.syncRules, l)
+	if s.flusher == nil {
+		s.flusher = newFlusher(s)
+	} else {
+		s.flusher.interval <- l.rule.Sync
+	}
+}
+
+// flusher is the goroutine of a Store that adds its sync-mode counts to
+// Redis every interval (the shortest of its rules': each rule is flushed
+// when its own interval has passed). Store.Close stops it after a last
+// flush.
+type flusher struct {
+	s        *Store
+	interval chan time.Duration
+	quit     chan struct{}
+	done     chan struct{}
+	once     sync.Once
+	last     map[*Limiter]time.Duration
+}
+
+func newFlusher(s *Store) *flusher {
+	f := &flusher{s: s, interval: make(chan time.Duration, 16), quit: make(chan struct{}), done: make(chan struct{}), last: map[*Limiter]time.Duration{}}
+	first := s.syncRules[0].rule.Sync
+	go f.run(first)
+	return f
+}
+
+func (f *flusher) stop() {
+	f.once.Do(func() { close(f.quit) })
+	<-f.done
+}
+
+func (f *flusher) run(every time.Duration) {
+	defer close(f.done)
+	f.s.measureClock()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case d := <-f.interval:
+			if d < every {
+				every = d
+				t.Reset(every)
+			}
+		case <-t.C:
+			f.flush(false)
+		case <-f.quit:
+			f.flush(true)
+			return
+		}
+	}
+}
+
+// measureClock reads Redis's clock once, to align the windows before the
+// first flush does.
+func (s *Store) measureClock() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.flushTimeout())
+	defer cancel()
+	before := s.region.Now()
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return // the first flush measures it
+	}
+	s.setClock(t.UnixMicro(), before, s.region.Now())
+}
+
+// setClock records Redis's clock (µs) as read between two region times.
+func (s *Store) setClock(redisUS int64, before, after time.Duration) {
+	mid := int64((before + (after-before)/2) / time.Microsecond)
+	s.clock.Store(redisUS - mid)
+	s.clockKnown.Store(true)
+}
+
+func (s *Store) flushTimeout() time.Duration {
+	var every time.Duration
+	for _, l := range s.syncRules {
+		if every == 0 || l.rule.Sync < every {
+			every = l.rule.Sync
+		}
+	}
+	return max(s.timeout, every)
+}
+
+// flushItem is one key's count on its way to Redis.
+type flushItem struct {
+	l   *Limiter
+	k   pendingKey
+	v   pendingVal
+	cmd *redis.Cmd
+}
+
+// flush adds every rule's pending counts to Redis (those whose interval
+// has passed, or all when final) in one pipeline, and records the totals
+// it answers as the other hosts' counts.
+func (f *flusher) flush(final bool) {
+	s := f.s
+	s.syncMu.Lock()
+	rules := append([]*Limiter(nil), s.syncRules...)
+	s.syncMu.Unlock()
+	now := s.region.Now()
+	var items []flushItem
+	for _, l := range rules {
+		if !final && now-f.last[l] < l.rule.Sync {
+			continue
+		}
+		f.last[l] = now
+		items = l.takePending(items, now)
+	}
+	if len(items) == 0 {
+		return
+	}
+	probe := false
+	if !final {
+		switch s.br.admit(now) {
+		case Refuse:
+			s.putBack(items)
+			return
+		case Probe:
+			probe = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.flushTimeout())
+	defer cancel()
+	before := s.region.Now()
+	err := s.runFlush(ctx, items)
+	after := s.region.Now()
+	s.st.flushes.Add(1)
+	if err != nil {
+		s.st.flushErrors.Add(1)
+		s.failed(err, after, probe)
+		s.putBack(items)
+		if final {
+			s.log.Warn("redis: the last flush of sync counts failed: other hosts will not see them", "err", err)
+		}
+		return
+	}
+	s.br.success(after, probe)
+	var redisNow int64
+	for i := range items {
+		it := &items[i]
+		r, err := ints(it.cmd.Val(), 3)
+		if err != nil {
+			continue
+		}
+		total, mine := r[0], r[1]
+		redisNow = r[2]
+		if it.v.n > 0 {
+			s.st.flushedCounts.Add(uint64(it.v.n))
+		}
+		if it.k.widx == it.l.window(after) {
+			it.l.setRemote(it.v.remote, total-mine, after)
+		}
+	}
+	if redisNow != 0 {
+		s.setClock(redisNow, before, after)
+	}
+}
+
+// window is the index of the window of Redis's clock that holds region
+// time now.
+func (l *Limiter) window(now time.Duration) int64 {
+	mod, whole := l.shift()
+	return int64((now+mod)/time.Microsecond)/l.b + whole
+}
+
+// takePending moves the limiter's pending counts into items: every key of
+// the current window (those with nothing to add are asked for the total),
+// and the counts of past windows (dropped when their window is over:
+// nobody counts in it any more).
+func (l *Limiter) takePending(items []flushItem, now time.Duration) []flushItem {
+	cur := l.window(now)
+	known := l.s.clockKnown.Load()
+	l.pending.mu.Lock()
+	defer l.pending.mu.Unlock()
+	for k, v := range l.pending.m {
+		if k.widx < 0 && known {
+			// Counted before Redis's clock was known: into the current window.
+			delete(l.pending.m, k)
+			k.widx = cur
+			if o, ok := l.pending.m[k]; ok {
+				v.n += o.n
+			}
+		}
+		switch {
+		case k.widx < 0:
+			continue // no clock yet: keep it for a flush that has one
+		case k.widx < cur:
+			delete(l.pending.m, k)
+			continue
+		}
+		items = append(items, flushItem{l: l, k: k, v: v})
+		l.pending.m[k] = pendingVal{remote: v.remote} // asked again next interval
+	}
+	return items
+}
+
+// putBack returns the counts of a flush that failed to their pending
+// entries.
+func (s *Store) putBack(items []flushItem) {
+	for i := range items {
+		it := &items[i]
+		if it.v.n != 0 {
+			it.l.pending.add(it.k, it.v.remote, it.v.n)
+		}
+	}
+}
+
+// runFlush sends one pipeline of flushScript calls, and again with EVAL
+// those the server did not know.
+func (s *Store) runFlush(ctx context.Context, items []flushItem) error {
+	send := func(eval bool, which []int) error {
+		pipe := s.rdb.Pipeline()
+		for _, i := range which {
+			it := &items[i]
+			key := it.l.redisKey(&Key{id: it.k.id}, ":w"+strconv.FormatInt(it.k.widx, 10))
+			ttl := 2 * it.l.b / 1000 // ms: the window, and one more for late flushes
+			args := []any{s.host, it.v.n, max(ttl, 1)}
+			if eval {
+				it.cmd = pipe.Eval(ctx, s.flush.src, []string{key}, args...)
+			} else {
+				it.cmd = pipe.EvalSha(ctx, s.flush.sha, []string{key}, args...)
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+		return nil
+	}
+	all := make([]int, len(items))
+	for i := range all {
+		all[i] = i
+	}
+	send(false, all)
+	var again []int
+	for i := range items {
+		err := items[i].cmd.Err()
+		if isNoScript(err) {
+			again = append(again, i)
+		} else if err != nil {
+			return err
+		}
+	}
+	if len(again) > 0 {
+		s.st.noscript.Add(1)
+		send(true, again)
+		for _, i := range again {
+			if err := items[i].cmd.Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// setRemote records the other hosts' count of a key in the current
+// window: it only grows within a window (a late answer never lowers it).
+func (l *Limiter) setRemote(k shm.Key, remote int64, now time.Duration) {
+	mod, _ := l.shift()
+	at := now + mod
+	_, _ = l.s.tab.Update(k, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+		cur, _ := bucket.WindowCount(p, t, l.rule.Window)
+		if remote <= cur {
+			return p, false
+		}
+		return bucket.WindowPayload(p, t, l.rule.Window, remote), true
+	})
+}

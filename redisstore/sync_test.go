@@ -1,0 +1,103 @@
+package redisstore_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/redistest"
+	"github.com/preforkd/preforkd/redisstore"
+)
+
+// Sync mode, measured: two hosts send R requests a second each at one key
+// for a whole window; the window admits at least the limit and no more
+// than the documented bound, limit + H × R × (2I + d), with d the flush
+// round trip (at most the flush timeout, the interval here).
+func TestSyncOverAdmissionBound(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const (
+		hosts    = 2
+		limit    = 200 // above what the bound allows over it: without syncing, each host would admit the limit
+		window   = time.Second
+		interval = 50 * time.Millisecond
+		rate     = 400 // requests per second per host
+	)
+	r := redisstore.Rule{Rule: bucket.Rule{Name: "sync", Limit: limit, Window: window, Algorithm: bucket.FixedWindow}, Sync: interval}
+	var hs [hosts]*host
+	var ls [hosts]*redisstore.Limiter
+	for i := range hs {
+		hs[i] = newHost(t, srv, 0, redisstore.Options{})
+		ls[i] = hs[i].limiter(t, r)
+	}
+	// Start just after a window of Redis's clock begins, stop just before
+	// it ends: every admission counted falls in that one window.
+	rt, err := srv.Client().Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now().Add(window - time.Duration(rt.UnixNano())%window + 10*time.Millisecond)
+	end := begin.Add(window - 30*time.Millisecond)
+	time.Sleep(time.Until(begin))
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for i := range hs {
+		wg.Go(func() {
+			k := ls[i].Key([]byte("shared-key"))
+			tick := time.NewTicker(time.Second / rate)
+			defer tick.Stop()
+			for time.Now().Before(end) {
+				<-tick.C
+				if d := ls[i].AllowKey(&k, hs[i].region.Now()); d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	a := admitted.Load()
+	d := interval // the flush timeout: max(timeout, interval)
+	bound := limit + int64(float64(hosts*rate)*(2*interval+d).Seconds())
+	t.Logf("sync %v, %d hosts at %d/s: %d admitted in one window of limit %d (bound %d)", interval, hosts, rate, a, limit, bound)
+	if a < limit || a > bound {
+		t.Fatalf("%d admitted, want %d..%d", a, limit, bound)
+	}
+	for i := range hs {
+		if st := hs[i].store.Stats(hs[i].region.Now()); st.Flushes == 0 || st.Flushed == 0 || st.FlushErrors != 0 {
+			t.Fatalf("host %d: %+v", i, st)
+		}
+	}
+}
+
+// Without flushes (an interval longer than the run) each host admits the
+// whole limit: the test above would fail if sync mode did not sync.
+func TestSyncWithoutFlushIsPerHost(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := redisstore.Rule{Rule: bucket.Rule{Name: "sync-slow", Limit: 10, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour}
+	a, b := newHost(t, srv, 0, redisstore.Options{}), newHost(t, srv, 0, redisstore.Options{})
+	la, lb := a.limiter(t, r), b.limiter(t, r)
+	n := 0
+	for i := range 40 {
+		h, l := a, la
+		if i%2 == 1 {
+			h, l = b, lb
+		}
+		k := l.Key([]byte("k"))
+		if l.AllowKey(&k, h.region.Now()).Allowed {
+			n++
+		}
+	}
+	if n != 20 {
+		t.Fatalf("%d admitted, want 10 per host", n)
+	}
+	// Close flushes: the counts reach Redis.
+	a.store.Close()
+	b.store.Close()
+	if st := a.store.Stats(a.region.Now()); st.Flushed != 10 {
+		t.Fatalf("host a flushed %d at close, want 10", st.Flushed)
+	}
+}
