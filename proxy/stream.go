@@ -228,6 +228,7 @@ func newRecorder(max int64, status int, h *fasthttp.ResponseHeader) *recorder {
 			break
 		}
 	}
+	rec.rc.Header = headerFields(h)
 	return rec
 }
 
