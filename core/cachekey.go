@@ -118,12 +118,28 @@ var ErrPurgeTarget = errors.New("core: purge: not a path with an optional query,
 // must be the same bytes) or an absolute http:// or https:// URL, whose
 // host is ignored. The path is normalized as a request's is (dot segments
 // removed, slashes merged). It reports false for a region without a
-// response table.
+// response table; the error (ErrPurgeTarget) is CheckPurgeURL's.
 func PurgeURL(r *shm.Region, target string) (bool, error) {
+	id, err := purgeID(target)
+	if err != nil {
+		return false, err
+	}
+	return r.Tags().Bump(r.Counters().KeyOf(nsCacheURL, id).A), nil
+}
+
+// CheckPurgeURL reports what PurgeURL would refuse in target, so that a
+// caller with several targets can refuse them all before purging any.
+func CheckPurgeURL(target string) error {
+	_, err := purgeID(target)
+	return err
+}
+
+// purgeID is the URL identity of a purge target (see appendURL).
+func purgeID(target string) ([]byte, error) {
 	if i := strings.Index(target, "://"); i >= 0 {
 		scheme := strings.ToLower(target[:i])
 		if scheme != "http" && scheme != "https" {
-			return false, ErrPurgeTarget
+			return nil, ErrPurgeTarget
 		}
 		rest := target[i+3:]
 		j := strings.IndexAny(rest, "/?#")
@@ -139,13 +155,12 @@ func PurgeURL(r *shm.Region, target string) (bool, error) {
 	target, _, _ = strings.Cut(target, "#")
 	path, query, _ := strings.Cut(target, "?")
 	if path == "" || path[0] != '/' {
-		return false, ErrPurgeTarget
+		return nil, ErrPurgeTarget
 	}
 	_, fwd, err := route.Normalize(path)
 	if err != nil {
-		return false, fmt.Errorf("%w: %s", ErrPurgeTarget, strings.TrimPrefix(err.Error(), "route: "))
+		return nil, fmt.Errorf("%w: %s", ErrPurgeTarget, strings.TrimPrefix(err.Error(), "route: "))
 	}
 	id := make([]byte, 0, len(fwd)+1+len(query))
-	id = append(append(append(id, fwd...), '?'), query...)
-	return r.Tags().Bump(r.Counters().KeyOf(nsCacheURL, id).A), nil
+	return append(append(append(id, fwd...), '?'), query...), nil
 }

@@ -107,7 +107,7 @@ func runWorker(ctx context.Context, opts Options) int {
 		return runEngineWorker(ctx, opts, index, term, log)
 	}
 	conns := &connTracker{}
-	srv, ln, timeout, c, err := setUpWorker(opts, index, conns, log)
+	srv, ln, timeout, h, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
@@ -139,8 +139,28 @@ func runWorker(ctx context.Context, opts Options) int {
 		why = context.Cause(ctx).Error()
 	}
 	code := drainWorker(srv, ln, served, conns, timeout, why, log)
-	closeCore(c, log)
+	waitRefreshes(h, log)
+	closeCore(h.Core(), log)
 	return code
+}
+
+// refreshWait bounds the wait for the cache's background refreshes once a
+// worker drained: one cut short gives up its lock when the worker is
+// reaped, and the next request fetches instead.
+const refreshWait = 5 * time.Second
+
+// waitRefreshes waits, up to refreshWait, for h's background refreshes.
+func waitRefreshes(h *nethttp.Handler, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		h.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(refreshWait):
+		log.Warn("worker: cache refreshes still running at exit")
+	}
 }
 
 // closeCore closes a drained worker's core: no request decides any more,
@@ -152,7 +172,7 @@ func closeCore(c *core.Core, log *slog.Logger) {
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, _ *nethttp.Handler, err error) {
 	w, ln, err := joinWorker(index, log)
 	if err != nil {
 		return nil, nil, 0, nil, err
@@ -177,7 +197,7 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return srv, ln, cfg.Server.ShutdownTimeout, c, nil
+	return srv, ln, cfg.Server.ShutdownTimeout, w.h, nil
 }
 
 // joinWorker reads the configuration the supervisor handed over, joins

@@ -51,7 +51,7 @@ func adminHooks(opts *prefork.Options) {
 		if err != nil {
 			return fmt.Errorf("admin: %w", err)
 		}
-		srv = newAdminServer(adminMux(r, running.Load), defaultAdminLimits, log)
+		srv = newAdminServer(adminMux(r, running.Load, log), defaultAdminLimits, log)
 		capped := capListener(ln, defaultAdminLimits.maxConns, log)
 		go func() {
 			if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -74,8 +74,10 @@ func adminHooks(opts *prefork.Options) {
 	}
 }
 
-func adminMux(r *shm.Region, cfg func() *config.Config) http.Handler {
+func adminMux(r *shm.Region, cfg func() *config.Config, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
+	tokenFile := func() string { return cfg().Admin.TokenFile }
+	mux.HandleFunc("POST /cache/purge", withToken(tokenFile, log, serveCachePurge(r, log)))
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		st := r.Counters().Stats()
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
