@@ -15,11 +15,17 @@ import (
 
 // getRequest is a GET as an engine's view would show it.
 type getRequest struct {
+	method      string // "" is GET
 	path, query string
 	header      map[string][]string
 }
 
-func (r *getRequest) Method() string   { return "GET" }
+func (r *getRequest) Method() string {
+	if r.method == "" {
+		return "GET"
+	}
+	return r.method
+}
 func (r *getRequest) Path() string     { return r.path }
 func (r *getRequest) Query() string    { return r.query }
 func (r *getRequest) Peer() netip.Addr { return netip.AddrFrom4([4]byte{192, 0, 2, 1}) }
@@ -39,7 +45,7 @@ func (r *getRequest) Gone() bool                 { return false }
 // cacheCore is a core with one cache block over every path, on a private
 // region, with the response for every URL stored by a first miss: a 4 KiB
 // body and the fields a typical application sends.
-func cacheCore(b *testing.B, urls int) (*core.Core, []*getRequest) {
+func cacheCore(b testing.TB, urls int) (*core.Core, []*getRequest) {
 	b.Helper()
 	r, err := shm.CreatePrivate(shm.Options{Counters: 64, Responses: 4096, ResponseBytes: 64 << 20})
 	if err != nil {

@@ -17,7 +17,9 @@ import (
 
 // completeCache ends the cache's part of a recorded exchange.
 func (ex *Exchange) completeCache(rec *Recorded) {
-	if ex.cflags&cInvalidate != 0 && !rec.Failed && rec.Status >= 200 && rec.Status < 400 {
+	// The status says the application did it, even when the body did not
+	// reach the client whole.
+	if ex.cflags&cInvalidate != 0 && rec.Status >= 200 && rec.Status < 400 {
 		ex.invalidate(rec)
 	}
 	if ex.cflags&cFill == 0 {

@@ -383,8 +383,10 @@ func (ex *Exchange) ForwardPath() string { return ex.forward }
 
 // Record reports whether the engine must record the application's response
 // and keep up to max bytes of its body (a reserved idempotency key, a
-// cache fill; an unsafe request to a cached path needs only the status
-// and fields); it then gives it back with Complete.
+// cache fill); it then gives it back with Complete. max is 0 when only the
+// status and fields are needed (an unsafe request to a cached path): such
+// a request needs no body kept and need not outlive its client, where one
+// with a body to keep runs to its end for the retry or the cache.
 func (ex *Exchange) Record() (max int64, ok bool) {
 	switch {
 	case ex.reserved:

@@ -107,13 +107,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	// The recorded request runs without the client's cancellation: a
-	// client that disconnects does not stop the response from being stored
-	// for its retry (or for the cache). A panic leaves the reservation to
-	// Release.
+	// A request whose response is kept runs without the client's
+	// cancellation: a client that disconnects does not stop the response
+	// from being stored for its retry (or for the cache). A panic leaves
+	// the reservation to Release.
 	rec := newRecorder(w, max, ex.Fallback)
 	defer rec.release()
-	h.next.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
+	if max > 0 {
+		r = r.WithContext(context.WithoutCancel(r.Context()))
+	}
+	h.next.ServeHTTP(rec, r)
 	rec.finish()
 	if rec.replaced != nil {
 		// The application failed and the cache has a stale response that
