@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -86,10 +88,38 @@ func supervisorRole() int {
 
 // testHandler is the application of the test workers.
 func testHandler(w *Worker) (http.Handler, error) {
-	if os.Getenv(envTestCrash) != "" {
+	build := buildMarker()
+	if os.Getenv(envTestCrash) != "" || build == "crash" {
 		os.Exit(3)
 	}
 	mux := http.NewServeMux()
+	// /build names the build this worker runs (deployBuild).
+	mux.HandleFunc("/build", func(rw http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(rw, build)
+	})
+	// /leak keeps 4 MiB more, touched, and reports the pid and the RSS
+	// after it.
+	var leakMu sync.Mutex
+	var leaked [][]byte
+	mux.HandleFunc("/rss", func(rw http.ResponseWriter, _ *http.Request) {
+		rss, _ := readRSS()
+		fmt.Fprint(rw, rss)
+	})
+	mux.HandleFunc("/leak", func(rw http.ResponseWriter, _ *http.Request) {
+		b := make([]byte, 4<<20)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		leakMu.Lock()
+		leaked = append(leaked, b)
+		leakMu.Unlock()
+		rss, err := readRSS()
+		if err != nil {
+			rw.WriteHeader(500)
+			return
+		}
+		fmt.Fprintf(rw, "%d %d", os.Getpid(), rss)
+	})
 	mux.HandleFunc("/pid", func(rw http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(rw, os.Getpid())
 	})
@@ -113,8 +143,74 @@ func testHandler(w *Worker) (http.Handler, error) {
 		rule := r.URL.Query().Get("rule")
 		w.Limiter(rule).Reset(w.ClientKey(rule, r), w.Region.Now())
 	})
+	// A configuration whose application version (persist.key) is
+	// "broken" is a build that answers 500 to everything.
+	if w.Config.Persist.Key == "broken" {
+		return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			http.Error(rw, "broken build", http.StatusInternalServerError)
+		}), nil
+	}
 	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "ok") })
 	return mux, nil
+}
+
+// buildMarker is what deployBuild appended to the binary this process
+// runs; "" for the test binary as go test built it.
+func buildMarker() string {
+	f, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() < 64 {
+		return ""
+	}
+	tail := make([]byte, 64)
+	if _, err := f.ReadAt(tail, st.Size()-64); err != nil {
+		return ""
+	}
+	_, marker, ok := strings.Cut(string(tail), buildMarkerPrefix)
+	if !ok {
+		return ""
+	}
+	return strings.TrimSpace(marker)
+}
+
+const buildMarkerPrefix = "\nPREFORK-TEST-BUILD:"
+
+// deployBuild deploys "another build" of this program at path, as an
+// operator should: written beside it, then renamed over it. It is the
+// test binary with marker appended (an ELF file runs the same with bytes
+// after its end); its workers serve marker at /build, and exit at start
+// with status 3 when marker is "crash".
+func deployBuild(t *testing.T, path, marker string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, buildMarkerPrefix+marker+"\n"...)
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readRSS is this process's resident set size in bytes.
+func readRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0, err
+	}
+	return parseStatmRSS(b, int64(os.Getpagesize()))
 }
 
 // leakedGoroutines waits up to d for the goroutines running this package's
@@ -356,11 +452,13 @@ func (h *harness) statuses(path, clientKey string, n int) map[int]int {
 }
 
 // testConfig is a small configuration: n workers, a small table, a short
-// drain, and the given rules (by X-Client, falling back to ip).
+// drain, a short canary window, and the given rules (by X-Client, falling
+// back to ip).
 func testConfig(n int, rules ...config.RateLimit) config.Config {
 	cfg := config.Config{
 		Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second},
 		Table:  config.Table{Counters: 4096},
+		Reload: config.Reload{CanaryWindow: 300 * time.Millisecond},
 	}
 	for _, r := range rules {
 		if r.By == "" {
@@ -369,6 +467,79 @@ func testConfig(n int, rules ...config.RateLimit) config.Config {
 		cfg.RateLimits = append(cfg.RateLimits, r)
 	}
 	return cfg
+}
+
+// supervisorProcess is Run in a child process started from exe in the
+// supervisor role, with its JSON log read into logs.
+type supervisorProcess struct {
+	cmd  *exec.Cmd
+	logs *logSink
+	addr string // its listener
+	// ended is closed once its stderr is closed: the supervisor and every
+	// worker are gone.
+	ended chan struct{}
+}
+
+// startSupervisorProcess starts it and waits for its first READY.
+func startSupervisorProcess(t *testing.T, exe string, cfg config.Config) *supervisorProcess {
+	t.Helper()
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envTestRole+"=supervisor", envTestConfig+"="+string(js))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sp := &supervisorProcess{cmd: cmd, logs: newLogSink(), ended: make(chan struct{})}
+	go func() {
+		defer close(sp.ended)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				continue // a worker's text log
+			}
+			msg, _ := m["msg"].(string)
+			sp.logs.add(record{msg: msg, attrs: m})
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		select {
+		case <-sp.ended:
+		case <-time.After(10 * time.Second):
+			t.Error("the supervisor's workers outlived it by 10s")
+		}
+		_ = cmd.Wait() // a second Wait, after the test's, just fails
+		if t.Failed() {
+			t.Logf("supervisor log:\n%s", sp.logs.dump())
+		}
+	})
+	sp.logs.wait(t, "ready", 1, 15*time.Second)
+	sp.addr, _ = sp.logs.all("supervisor started")[0].attrs["listen"].(string)
+	return sp
+}
+
+// exit sends sig and returns the supervisor's exit code, once it and
+// every worker are gone.
+func (sp *supervisorProcess) exit(t *testing.T, sig unix.Signal, timeout time.Duration) int {
+	t.Helper()
+	if err := sp.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sp.ended:
+	case <-time.After(timeout):
+		t.Fatalf("the supervisor and its workers still run %v after %v", timeout, sig)
+	}
+	_ = sp.cmd.Wait()
+	return sp.cmd.ProcessState.ExitCode()
 }
 
 // processGone reports whether pid no longer exists: it exited and was

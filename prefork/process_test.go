@@ -1,7 +1,6 @@
 package prefork
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -201,40 +200,10 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 }
 
 func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
-	cfg, err := json.Marshal(testConfig(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
-	cmd.Env = append(os.Environ(), envTestRole+"=supervisor", envTestConfig+"="+string(cfg))
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-
-	// Read the supervisor's JSON log until it is ready.
-	logs := newLogSink()
-	var readers sync.WaitGroup
-	readers.Go(func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) != nil {
-				continue
-			}
-			msg, _ := m["msg"].(string)
-			logs.add(record{msg: msg, attrs: m})
-		}
-	})
-	defer readers.Wait() // stderr ends when the supervisor and every worker are gone
-	logs.wait(t, "ready", 1, 15*time.Second)
+	sp := startSupervisorProcess(t, "/proc/self/exe", testConfig(2))
+	cmd, logs := sp.cmd, sp.logs
 	workers := logs.pids("worker started")
-	listen, _ := logs.all("supervisor started")[0].attrs["listen"].(string)
-	if conn, err := net.Dial("tcp", listen); err != nil {
+	if conn, err := net.Dial("tcp", sp.addr); err != nil {
 		t.Fatalf("dialing the supervisor's listener: %v", err)
 	} else {
 		conn.Close()
@@ -272,6 +241,9 @@ shutdown_timeout = "5s"
 
 [table]
 counters = 4096
+
+[reload]
+canary = false
 
 [[ratelimit]]
 name = "a"

@@ -25,7 +25,9 @@ type workerEntry struct {
 	respFull    uint64 // reservations refused: no response record in the probe window
 	respNoBlock uint64 // responses completed unreplayable: no blocks left to store them
 	respEvicted uint64 // cache entries evicted before their expiry, to make room
-	_           [6]uint64
+	requests    uint64 // responses sent (requests.go)
+	errors5xx   uint64 // responses sent with a 5xx status (requests.go)
+	_           [4]uint64
 }
 
 // Owner ids pack a worker index and its incarnation; 0 is nobody.
