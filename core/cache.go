@@ -284,7 +284,9 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		case state == stFresh:
 			return ex.serve(age, xHit)
 		case state == stRevalidate:
-			if !f.Filling {
+			// The refresh is a copy of the request: a HEAD's would store
+			// no body.
+			if !f.Filling && ex.req.Method() == http.MethodGet {
 				if lock, held, err := tab.CacheLock(ex.ckey, now); err == nil && held {
 					ex.clockTicket = lock
 					ex.cflags |= cFill | cRefresh

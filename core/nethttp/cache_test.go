@@ -515,7 +515,18 @@ func TestCacheStaleWhileRevalidate(t *testing.T) {
 	// Beyond the window: a miss.
 	f.advance(41 * time.Second)
 	f.want(f.get("/s"), 200, "MISS", "/s #3")
-	if st := f.h.Core().CacheStats(); st.Refreshes != 1 || st.Stale != 1 {
+	// A stale HEAD is answered but refreshes nothing: its copy would
+	// store no body.
+	f.advance(15 * time.Second)
+	f.want(f.do(http.MethodHead, "/s"), 200, "STALE", "")
+	f.h.Wait()
+	if n := f.o.count("/s"); n != 3 {
+		t.Fatalf("%d fetches after a stale HEAD, want 3", n)
+	}
+	f.want(f.get("/s"), 200, "STALE", "/s #3")
+	f.h.Wait()
+	f.want(f.get("/s"), 200, "HIT", "/s #4")
+	if st := f.h.Core().CacheStats(); st.Refreshes != 2 || st.Stale != 3 {
 		t.Fatalf("stats: %+v", st)
 	}
 
