@@ -215,6 +215,17 @@ func (l *Limiter) PeekKey(k shm.Key, now time.Duration) Decision {
 	return l.pol.Peek(p, now)
 }
 
+// Lookup is PeekKey that also reports whether k has a slot in the table:
+// ok is false for a key never seen or whose slot went to another (its
+// state is a fresh key's).
+func (l *Limiter) Lookup(k shm.Key, now time.Duration) (d Decision, ok bool) {
+	p, ok := l.tab.Peek(k, now)
+	return l.pol.Peek(p, now), ok
+}
+
+// ResetKey is Reset for a key from Key.
+func (l *Limiter) ResetKey(k shm.Key, now time.Duration) { l.tab.Reset(k, now) }
+
 // Reset forgets id's state (e.g. after a successful login).
 func (l *Limiter) Reset(id string, now time.Duration) {
 	l.tab.Reset(l.tab.KeyOfString(l.ns, id), now)

@@ -25,6 +25,7 @@ type Config struct {
 	Admin       Admin         `toml:"admin"`
 	Table       Table         `toml:"table"`
 	Persist     Persist       `toml:"persist"`
+	Log         Log           `toml:"log"`
 	Redis       Redis         `toml:"redis"`
 	Reload      Reload        `toml:"reload"`
 	RateLimits  []RateLimit   `toml:"ratelimit"`
@@ -159,6 +160,16 @@ const (
 	minCanaryWindow = 100 * time.Millisecond
 	maxCanaryWindow = time.Hour
 )
+
+// Log is the [log] table: how the supervisor and its workers write their
+// log. The zero value is text at info. A reload applies it.
+type Log struct {
+	// Format is text (logfmt, the zero value) or json.
+	Format LogFormat `toml:"format"`
+	// Level is the least level written: info (the zero value), debug,
+	// warn or error.
+	Level LogLevel `toml:"level"`
+}
 
 // RateLimit is one [[ratelimit]] rule. Limit, Window, Algorithm, Burst and
 // OnFull are those of a [bucket.Rule] (see [RateLimit.BucketRule]), with

@@ -533,6 +533,7 @@ max_body = 1000
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""
+log: format=text level=info
 reload: canary=true canary_window=10s canary_min_requests=50 canary_max_error_delta=2 canary_inconclusive=continue
 rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact
 rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact

@@ -26,6 +26,7 @@ func (c Config) WriteEffective(w io.Writer) error {
 	line(&b, "admin:", c.Admin, "")
 	line(&b, "table:", c.Table, "")
 	line(&b, "persist:", c.Persist, "")
+	line(&b, "log:", c.Log, "")
 	if c.Redis.Enabled() {
 		line(&b, "redis:", c.Redis, "")
 	}

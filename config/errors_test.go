@@ -55,6 +55,8 @@ func TestErrors(t *testing.T) {
 		{"listen", "[server]\nlisten = \"8080\" # <-\n", `invalid address "8080"`, 0},
 		{"listen port", "[server]\nlisten = \":http\" # <-\n", "invalid port", 0},
 		{"workers", "[server]\nworkers = -1 # <-\n", "server.workers: must not be negative", 0},
+		{"log format", "[log]\nformat = \"xml\" # <-\n", `"xml" is not one of "text", "json"`, 0},
+		{"log level", "[log]\nlevel = \"verbose\" # <-\n", `"verbose" is not one of "info", "debug", "warn", "error"`, 0},
 		{"too many workers", "[server]\nworkers = 40000 # <-\n", "server.workers: must be at most 4096, got 40000", 0},
 		{"upstream scheme", "[server]\nupstream = \"ftp://x\" # <-\n", "absolute http:// or https:// URL", 0},
 		{"upstream relative", "[server]\nupstream = \"localhost:8080\" # <-\n", "absolute http:// or https:// URL", 0},

@@ -124,6 +124,14 @@ func (c Config) check(r *report) {
 		f("response_bytes", "is 0 but [[cache]] blocks need room for stored bodies")
 	}
 
+	f = r.at([]string{"log"}, "log.")
+	if err := logFormatNames.check(c.Log.Format); err != nil {
+		f("format", "%s", detail(err))
+	}
+	if err := logLevelNames.check(c.Log.Level); err != nil {
+		f("level", "%s", detail(err))
+	}
+
 	if p := c.Persist; p.Path != "" && p.Path == p.Live {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
 	}

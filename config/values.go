@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/netip"
 	"slices"
@@ -235,6 +236,49 @@ const (
 )
 
 var modeNames = enum[Mode]{"enforce", "shadow"}
+
+// LogFormat is how log lines are written.
+type LogFormat uint8
+
+const (
+	LogText LogFormat = iota // logfmt: key=value pairs ("text")
+	LogJSON                  // one JSON object a line ("json")
+)
+
+var logFormatNames = enum[LogFormat]{"text", "json"}
+
+func (f LogFormat) String() string                { return logFormatNames.name(f) }
+func (f LogFormat) MarshalText() ([]byte, error)  { return logFormatNames.marshal(f) }
+func (f *LogFormat) UnmarshalText(b []byte) error { return logFormatNames.unmarshal(b, f) }
+
+// LogLevel is the least level of the lines written.
+type LogLevel uint8
+
+const (
+	LogInfo  LogLevel = iota // "info"
+	LogDebug                 // "debug"
+	LogWarn                  // "warn"
+	LogError                 // "error"
+)
+
+var logLevelNames = enum[LogLevel]{"info", "debug", "warn", "error"}
+
+func (l LogLevel) String() string                { return logLevelNames.name(l) }
+func (l LogLevel) MarshalText() ([]byte, error)  { return logLevelNames.marshal(l) }
+func (l *LogLevel) UnmarshalText(b []byte) error { return logLevelNames.unmarshal(b, l) }
+
+// Slog is the level as log/slog has it.
+func (l LogLevel) Slog() slog.Level {
+	switch l {
+	case LogDebug:
+		return slog.LevelDebug
+	case LogWarn:
+		return slog.LevelWarn
+	case LogError:
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
 
 func (m Mode) String() string                { return modeNames.name(m) }
 func (m Mode) MarshalText() ([]byte, error)  { return modeNames.marshal(m) }

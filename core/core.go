@@ -12,6 +12,7 @@ import (
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
@@ -49,9 +50,9 @@ type Options struct {
 	// Logger receives the lines an operator acts on (rate-limited), never
 	// one per request. nil means slog.Default() at the time of the line.
 	Logger *slog.Logger
-	// Now is the clock decisions are made with. nil means the region's
-	// shared monotonic clock (shm.Region.Now). It is read once per request
-	// that a rule or block matches.
+	// Now is the clock decisions are made with and durations measured by.
+	// nil means the region's shared monotonic clock (shm.Region.Now). It
+	// is read at Begin and at Done (and by a duplicate that waits).
 	Now func() time.Duration
 	// Wall is the wall clock, read only for X-RateLimit-Reset. nil means
 	// time.Now.
@@ -177,21 +178,27 @@ type Core struct {
 	redis    *redisstore.Store
 
 	caches []*cacheBlock
+	cache  cacheCounters
 
-	idem  idemCounters
-	cache cacheCounters
-	pool  sync.Pool
+	row          metrics.Row // this process's statistics row
+	upstreamLogs [metrics.UpstreamBroken + 1]lineGate
+	pool         sync.Pool
 }
 
 // New compiles opts over region, which this process must have joined
 // (shm.Region.Join): a region that is not refuses every update. Blocks of
 // opts.Idempotency need a region with a response table.
 func New(region *shm.Region, opts Options) (*Core, error) {
-	switch {
-	case region == nil:
-		return nil, errors.New("core: nil region")
-	case region.Worker() < 0:
+	if region != nil && region.Worker() < 0 {
 		return nil, fmt.Errorf("core: %w (call Region.Join first)", shm.ErrNotJoined)
+	}
+	return newCore(region, opts)
+}
+
+// newCore is New without the worker identity, which only decisions need.
+func newCore(region *shm.Region, opts Options) (*Core, error) {
+	if region == nil {
+		return nil, errors.New("core: nil region")
 	}
 	if err := opts.Resolver.Validate(); err != nil {
 		return nil, err
@@ -223,6 +230,11 @@ func New(region *shm.Region, opts Options) (*Core, error) {
 	}
 	if c.wall == nil {
 		c.wall = time.Now
+	}
+	c.row = metrics.NewRow(region)
+	for kind := range c.upstreamLogs {
+		c.upstreamLogs[kind] = lineGate{g: metrics.UpstreamGate(region, kind),
+			total: func() uint64 { return metrics.Total(region, metrics.UpstreamErrors, kind) }}
 	}
 	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
 		return nil, err
@@ -258,8 +270,7 @@ type Exchange struct {
 
 	match, forward string // the normalized path, and the one to forward
 
-	now    time.Duration
-	hasNow bool
+	now time.Duration // region time at Begin: decisions are made at it
 
 	client, clientKey netip.Addr
 	hasClient         bool
@@ -313,10 +324,13 @@ type Exchange struct {
 }
 
 // Begin starts deciding about req; the Exchange must be given back with
-// Release once the response was sent.
+// Release once the response was sent, and Done said with what status. It
+// reads the clock once: decisions are made at that instant, and the
+// request's duration counts from it.
 func (c *Core) Begin(req Request) *Exchange {
 	ex := c.pool.Get().(*Exchange)
 	ex.req = req
+	ex.now = c.now()
 	ex.hits = ex.hitBuf[:0]
 	ex.rhits = ex.rhitBuf[:0]
 	ex.fields = ex.fieldBuf[:0]
@@ -330,7 +344,7 @@ func (c *Core) Begin(req Request) *Exchange {
 func (ex *Exchange) Release() {
 	if ex.reserved {
 		ex.c.region.Responses().Release(ex.tk)
-		ex.c.idem.released.Add(1)
+		ex.c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
 	}
 	if ex.cblk != nil {
 		ex.releaseCache()
@@ -399,12 +413,22 @@ func (ex *Exchange) Record() (max int64, ok bool) {
 	return 0, false
 }
 
-// clock reads the clock once per exchange.
-func (ex *Exchange) clock() time.Duration {
-	if !ex.hasNow {
-		ex.now, ex.hasNow = ex.c.now(), true
-	}
-	return ex.now
+// clock is the instant the exchange decides at, read by Begin.
+func (ex *Exchange) clock() time.Duration { return ex.now }
+
+// Done counts the response the engine sent for the request, with its
+// status, and its duration from Begin (Core.Responded).
+func (ex *Exchange) Done(status int) {
+	ex.c.Responded(status, ex.c.now()-ex.now)
+}
+
+// Responded counts a response a worker sent, in the statistics: by status
+// code, and its duration (from when the request was read to when the
+// engine handed the response over; a streamed body may go on after).
+// Every engine calls it once per response, for its own answers (a
+// malformed request), the core's and the application's alike.
+func (c *Core) Responded(status int, elapsed time.Duration) {
+	c.row.Response(status, elapsed)
 }
 
 // Header, Cookie, Query, Path and ClientKey make an Exchange the

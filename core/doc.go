@@ -14,6 +14,15 @@
 //	}
 //	// forward to ex.ForwardPath() with ex.Fields() on the response; if
 //	// ex.Record() asks, tee the response and give it to ex.Complete.
+//	// Count the response sent: ex.Done(status) (or c.Responded for an
+//	// answer of the engine's own); an upstream failure: c.UpstreamFailed.
+//
+// What the core decides is counted in the region's statistics (package
+// metrics), in this worker's row, so that every engine counts alike; the
+// lines an operator acts on (refusals, shadow refusals, a full table,
+// upstream failures) are logged at most once a second across all workers.
+// [Control] inspects and forgets single keys, also from a process that
+// never joined the region (the supervisor's admin endpoint).
 //
 // A Core is safe for concurrent use. Its state lives in the region, so
 // every process deciding over one region shares counts and stored

@@ -10,12 +10,12 @@ import (
 	"net/http"
 	"net/textproto"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -35,39 +35,6 @@ type block struct {
 	maxBody  int64
 	ns       uint64 // key namespace: the block's path, so that reloads keep records
 	problems [nProblems]Problem
-}
-
-type idemCounters struct {
-	executions, replays, mismatches, waits, conflicts, full, unreplayable, released, invalid atomic.Uint64
-}
-
-// IdempotencyStats counts what the idempotency stage did in this process
-// since New. Other processes sharing the region count their own; the
-// table's occupancy is shm.Responses.Stats.
-type IdempotencyStats struct {
-	// Executions counts keyed requests that reserved their key and ran.
-	Executions uint64
-	// Replays counts retries answered with a stored response.
-	Replays uint64
-	// Mismatches counts 422s: a key reused for another request.
-	Mismatches uint64
-	// Waits counts duplicates that waited for an original in flight.
-	Waits uint64
-	// Conflicts counts 409s: an original still in flight after the wait,
-	// or completed without a stored response.
-	Conflicts uint64
-	// Full counts 503s: no record could be had for a new key.
-	Full uint64
-	// Unreplayable counts executions completed without a stored response
-	// (over max_body, no room in the block pool, a hijacked connection):
-	// their retries get 409.
-	Unreplayable uint64
-	// Released counts executions whose reservation was released instead
-	// of completed (5xx, 408, 429, a failure): their retries run again.
-	Released uint64
-	// Invalid counts 400s (a missing or malformed key, an unreadable
-	// body) and 413s.
-	Invalid uint64
 }
 
 // idemKeyBufSize is the buffer for a key's identity: the `by` key
@@ -175,7 +142,7 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 	// (by keys hold no control bytes), so that two clients never share a key.
 	id, err := b.by.AppendKeyOf(ex.keyBuf[:0], ex)
 	if err != nil {
-		c.idem.invalid.Add(1)
+		c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
 		var re *clientip.RepeatedError
 		if errors.As(err, &re) {
 			return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "send " + re.What + " at most once"}, false)
@@ -185,12 +152,12 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 	id = append(id, 0)
 	id, kp := parseKey(id, first, lines)
 	if kp != keyOK {
-		c.idem.invalid.Add(1)
+		c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
 		return ex.idemProblem(b, keyProblemKind(kp))
 	}
 	body, err := ex.req.Body(c.maxReq)
 	if err != nil {
-		c.idem.invalid.Add(1)
+		c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
 		if errors.Is(err, ErrBodyTooLarge) {
 			return ex.idemProblem(b, problemTooLarge)
 		}
@@ -230,38 +197,39 @@ func (ex *Exchange) reserve(b *block, k shm.Key, fp shm.Fingerprint) (Verdict, b
 			if !errors.Is(err, shm.ErrFull) && !errors.Is(err, shm.ErrLockTimeout) && !errors.Is(err, shm.ErrRetired) {
 				c.logger().LogAttrs(context.Background(), slog.LevelError, "idempotency: reservation refused", slog.String("err", err.Error()))
 			}
-			c.idem.full.Add(1)
+			c.row.Add(metrics.IdempotencyRequests, metrics.IdemFull, 1)
 			return ex.idemProblem(b, problemUnavailable)
 		}
 		switch out {
 		case shm.Reserved:
-			c.idem.executions.Add(1)
+			c.row.Add(metrics.IdempotencyRequests, metrics.IdemExecuted, 1)
 			ex.idem, ex.tk, ex.reserved = b, tk, true
 			return Pass, true
 		case shm.Replay:
-			c.idem.replays.Add(1)
+			c.row.Add(metrics.IdempotencyRequests, metrics.IdemReplayed, 1)
 			return ex.replay()
 		case shm.Mismatch:
-			c.idem.mismatches.Add(1)
+			c.row.Add(metrics.IdempotencyRequests, metrics.IdemMismatch, 1)
 			return ex.idemProblem(b, problemMismatch)
 		case shm.Unreplayable:
-			c.idem.conflicts.Add(1)
+			c.row.Add(metrics.IdempotencyRequests, metrics.IdemConflict, 1)
 			return ex.idemProblem(b, problemUnreplayable)
 		case shm.InFlight:
 			if !waited {
 				waited, deadline = true, time.Now().Add(b.wait)
 				if b.wait > 0 {
-					c.idem.waits.Add(1)
+					c.row.Add(metrics.IdempotencyWaits, 0, 1)
 				}
 			}
 			left := time.Until(deadline)
 			if left <= 0 {
-				c.idem.conflicts.Add(1)
+				c.row.Add(metrics.IdempotencyRequests, metrics.IdemConflict, 1)
 				return ex.idemProblem(b, problemInFlight)
 			}
 			if ex.req.Gone() {
 				// The client went away: nobody to answer. A response is
 				// still needed to end the exchange; it is never read.
+				c.row.Add(metrics.IdempotencyRequests, metrics.IdemConflict, 1)
 				return ex.idemProblem(b, problemInFlight)
 			}
 			tab.Wait(tk, min(left, waitSlice))
@@ -291,7 +259,7 @@ func (ex *Exchange) completeIdem(rec *Recorded) {
 	keep, replayable := storable(rec)
 	if !keep {
 		tab.Release(ex.tk)
-		c.idem.released.Add(1)
+		c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
 		return
 	}
 	var resp *shm.Response
@@ -299,12 +267,17 @@ func (ex *Exchange) completeIdem(rec *Recorded) {
 		resp = &shm.Response{Status: rec.Status, ContentType: rec.ContentType, Location: rec.Location, Body: rec.Body}
 	}
 	stored, err := tab.Complete(ex.tk, resp, c.now(), b.ttl)
-	if err != nil {
+	switch {
+	case err != nil:
+		// The reservation was lost (this worker was reaped meanwhile):
+		// the key is free again, as after a release.
+		c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
 		c.logger().LogAttrs(context.Background(), slog.LevelWarn, "idempotency: response not stored", slog.String("err", err.Error()))
-		return
-	}
-	if !stored {
-		c.idem.unreplayable.Add(1)
+	case stored:
+		c.row.Add(metrics.IdempotencyCompletions, metrics.IdemStored, 1)
+		c.row.Observe(metrics.IdempotencyStoredBytes, uint64(len(rec.Body)+len(rec.ContentType)+len(rec.Location)))
+	default:
+		c.row.Add(metrics.IdempotencyCompletions, metrics.IdemUnreplayable, 1)
 	}
 }
 
@@ -380,22 +353,6 @@ func (ex *Exchange) fingerprint(body []byte) shm.Fingerprint {
 func appendField(b []byte, s string) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
 	return append(b, s...)
-}
-
-// IdempotencyStats reports what the idempotency stage did in this process.
-func (c *Core) IdempotencyStats() IdempotencyStats {
-	s := &c.idem
-	return IdempotencyStats{
-		Executions:   s.executions.Load(),
-		Replays:      s.replays.Load(),
-		Mismatches:   s.mismatches.Load(),
-		Waits:        s.waits.Load(),
-		Conflicts:    s.conflicts.Load(),
-		Full:         s.full.Load(),
-		Unreplayable: s.unreplayable.Load(),
-		Released:     s.released.Load(),
-		Invalid:      s.invalid.Load(),
-	}
 }
 
 // problemKind is an answer the idempotency stage gives instead of the

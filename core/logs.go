@@ -1,30 +1,31 @@
 package core
 
 import (
-	"math"
-	"sync/atomic"
 	"time"
+
+	"github.com/preforkd/preforkd/shm"
 )
 
-// logGate lets one log line a second through (region time) and counts the
-// lines it holds back, for the next one: lines an operator acts on, which
-// a flood of requests could otherwise multiply.
-type logGate struct {
-	last       atomic.Int64 // region time of the last line; noLog before the first
-	suppressed atomic.Uint64
+// lineGate lets one log line a second through, across every worker of the
+// region (shm.Gate), and says how many it held back: the total of the
+// events it gates, over all workers, less the total at the last line
+// (which that line's writer left as the gate's mark). The lines are the
+// ones an operator acts on, which a flood of requests in many workers
+// would otherwise multiply.
+type lineGate struct {
+	g     shm.Gate
+	total func() uint64 // the events counted so far, every worker's
 }
 
-const noLog = math.MinInt64
-
-func (g *logGate) init() { g.last.Store(noLog) }
-
-// allow reports whether a line may be written at now, and how many were
-// held back since the last one.
-func (g *logGate) allow(now time.Duration) (suppressed uint64, ok bool) {
-	last := g.last.Load()
-	if last != noLog && now-time.Duration(last) < time.Second || !g.last.CompareAndSwap(last, int64(now)) {
-		g.suppressed.Add(1)
+// allow reports whether a line may be written at now (region time), and
+// how many events since the last line went without one.
+func (g *lineGate) allow(now time.Duration) (suppressed uint64, ok bool) {
+	if !g.g.Pass(now, time.Second) {
 		return 0, false
 	}
-	return g.suppressed.Swap(0), true
+	t := g.total()
+	if prev := g.g.SwapMark(t); t > prev {
+		return t - prev - 1, true
+	}
+	return 0, true
 }

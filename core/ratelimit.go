@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -37,10 +37,12 @@ type rule struct {
 	overrides []*variant
 	byKey     map[string]*variant
 
-	stats ruleCounters
-	// Rate-limited log lines: shadow refusals, keys let through by
-	// on_full "open".
-	shadowLog, fullLog logGate
+	// stat is the rule's index in the region's statistics (-1: none, its
+	// requests are not counted).
+	stat int
+	// Rate-limited log lines: refusals, shadow refusals, keys let through
+	// by on_full "open" and by on_unavailable "open".
+	refusedLog, shadowLog, fullLog, unavailableLog lineGate
 }
 
 // variant is one limit of a rule: its own, or an override's. Each has its
@@ -56,33 +58,6 @@ type variant struct {
 	// limit).
 	remote   *redisstore.Limiter
 	fallback *variant
-}
-
-type ruleCounters struct {
-	allowed, refused, shadowRefused, full, unavailable atomic.Uint64
-	_                                                  [24]byte // keep two rules' counters off one cache line
-}
-
-// RuleStats counts what one rule decided in this process since New.
-type RuleStats struct {
-	Name string
-	// Allowed counts served requests the rule counted (charged, or let
-	// through by on_full "open").
-	Allowed uint64
-	// Refused counts requests this (enforcing) rule refused: 429s, and
-	// 503s from on_full "closed". When two rules refuse one request, both
-	// count it.
-	Refused uint64
-	// ShadowRefused counts served requests this shadow rule would have
-	// refused.
-	ShadowRefused uint64
-	// Full counts decisions answered by on_full because the table had no
-	// slot for the key, whatever on_full answered.
-	Full uint64
-	// Unavailable counts decisions of a Redis rule answered by
-	// on_unavailable because Redis could not decide (down, slow, the
-	// breaker open), whatever it answered.
-	Unavailable uint64
 }
 
 // hit is one rule matching the request being decided.
@@ -154,6 +129,7 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		if err != nil {
 			return err
 		}
+		c.statRule(ru)
 		if _, dup := c.byName[ru.name]; dup {
 			return fmt.Errorf("core: rule %q defined twice", ru.name)
 		}
@@ -268,9 +244,31 @@ func compileRule(rl *RateLimit, tab *shm.Counters, store *redisstore.Store) (*ru
 			ru.overrides = append(ru.overrides, &v)
 		}
 	}
-	ru.shadowLog.init()
-	ru.fullLog.init()
 	return ru, nil
+}
+
+// statRule gives ru its index in the region's statistics and its log
+// gates. A region whose name table is full (more distinct rule names over
+// its life than it has room for) counts the rule nowhere: said once, here.
+func (c *Core) statRule(ru *rule) {
+	r := c.region
+	ru.stat = metrics.RuleIndex(r, ru.name)
+	if ru.stat < 0 {
+		c.logger().Warn("rule not counted in the metrics: the region has no room for another rule name (a restart makes room)", "rule", ru.name)
+	}
+	gate := func(kind int, results ...int) lineGate {
+		return lineGate{g: metrics.RuleGate(r, ru.stat, kind), total: func() uint64 {
+			var n uint64
+			for _, res := range results {
+				n += metrics.RuleTotal(r, metrics.RateLimitRequests, ru.stat, res)
+			}
+			return n
+		}}
+	}
+	ru.refusedLog = gate(metrics.GateRefused, metrics.Limited, metrics.FullClosed)
+	ru.shadowLog = gate(metrics.GateShadow, metrics.ShadowLimited)
+	ru.fullLog = gate(metrics.GateFull, metrics.FullOpen)
+	ru.unavailableLog = gate(metrics.GateUnavailable, metrics.UnavailableOpen)
 }
 
 // stateName is the name an override's state is kept under: the rule's,
@@ -635,6 +633,7 @@ func (ex *Exchange) chargeRedis(now time.Duration) *hit {
 // refuse answers a request that refusing refused; nothing is charged for
 // it. The headers report what each rule's state is without the request.
 func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
+	row := &ex.c.row
 	for i := range ex.hits {
 		h := &ex.hits[i]
 		if !h.decided {
@@ -644,14 +643,16 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 				h.d, h.decided = h.peek(now), true
 			}
 		}
-		if h.refused {
-			h.r.stats.refused.Add(1)
-		}
-		if h.d.Full {
-			h.r.stats.full.Add(1)
+		switch {
+		case h.refused && h.unavailableClosed():
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.UnavailableClosed, 1)
+		case h.refused && h.d.Full:
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.FullClosed, 1)
+		case h.refused:
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.Limited, 1)
 		}
 		if h.unavailable {
-			h.r.stats.unavailable.Add(1)
+			row.AddRule(metrics.RateLimitUnavailable, h.r.stat, 0, 1)
 		}
 	}
 	ex.rateLimitFields()
@@ -666,6 +667,7 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 			ex.refusal.Fields = append(ex.refusal.Fields, f)
 		}
 	}
+	ex.logRefusal(refusing, now)
 	return Respond, true
 }
 
@@ -700,34 +702,56 @@ func (ex *Exchange) Refusal() *Refusal {
 
 // served counts a request that is about to be served, and logs the shadow
 // rules that would have refused it and the rules that let it through
-// without a slot (on_full "open").
+// without a slot (on_full "open", or a shadow rule).
 func (ex *Exchange) served(now time.Duration) {
+	row := &ex.c.row
 	for i := range ex.hits {
 		h := &ex.hits[i]
-		st := &h.r.stats
-		if h.d.Full {
-			st.full.Add(1)
-			if h.d.Allowed {
-				ex.logFull(h, now)
-			}
+		switch {
+		case h.unavailable && h.unknown:
+			// Redis could not decide and on_unavailable let it through.
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.UnavailableOpen, 1)
+			ex.logUnavailable(h, now)
+		case h.d.Full:
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.FullOpen, 1)
+			ex.logFull(h, now)
+		case h.d.Allowed:
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.Allowed, 1)
+		default: // only a shadow rule can refuse a served request
+			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.ShadowLimited, 1)
+			ex.logShadow(h, now)
 		}
 		if h.unavailable {
-			st.unavailable.Add(1)
-			if h.unknown {
-				ex.logUnavailable(h, now)
-			}
+			row.AddRule(metrics.RateLimitUnavailable, h.r.stat, 0, 1)
 		}
-		if h.d.Allowed {
-			st.allowed.Add(1)
-			continue
-		}
-		st.shadowRefused.Add(1) // only a shadow rule can refuse a served request
-		ex.logShadow(h, now)
 	}
 }
 
+// logRefusal logs an enforced refusal under the rule that answered it, at
+// most one line per rule a second across all workers; the refusals left
+// out are counted in the next line. It names the client's address, never
+// its key: a header key may be a secret.
+func (ex *Exchange) logRefusal(h *hit, now time.Duration) {
+	suppressed, ok := h.r.refusedLog.allow(now)
+	if !ok {
+		return
+	}
+	msg := "request refused"
+	if h.d.Full {
+		msg = "request refused: counter table full (on_full closed)"
+	}
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelInfo, msg,
+		slog.String("rule", h.r.name),
+		slog.String("method", ex.req.Method()),
+		slog.String("path", ex.match),
+		slog.String("client", ex.Client().String()),
+		slog.Int("status", ex.resp.Status),
+		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)),
+		slog.Uint64("suppressed", suppressed))
+}
+
 // logShadow logs a shadow rule's would-be refusal, at most one line per
-// rule per second of region time; the lines left out are counted in the
+// rule a second across all workers; the lines left out are counted in the
 // next one.
 func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 	suppressed, ok := h.r.shadowLog.allow(now)
@@ -735,9 +759,6 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 		return
 	}
 	status := h.r.status
-	if h.d.Full {
-		status = http.StatusServiceUnavailable
-	}
 	// The client address, never the key: a header key may be a secret.
 	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "shadow rule would refuse",
 		slog.String("rule", h.r.name),
@@ -750,14 +771,19 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 }
 
 // logFull logs a request that a rule let through unlimited because the
-// table had no slot for its key (on_full "open"), rate-limited like
-// logShadow: the operator must hear that the rule is not being enforced.
+// table had no slot for its key (on_full "open", or a shadow rule),
+// rate-limited like logShadow: the operator must hear that the rule is
+// not being enforced.
 func (ex *Exchange) logFull(h *hit, now time.Duration) {
 	suppressed, ok := h.r.fullLog.allow(now)
 	if !ok {
 		return
 	}
-	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "rule not enforced: counter table full (on_full open)",
+	msg := "rule not enforced: counter table full (on_full open)"
+	if h.r.shadow {
+		msg = "shadow rule not counting: counter table full"
+	}
+	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, msg,
 		slog.String("rule", h.r.name),
 		slog.String("method", ex.req.Method()),
 		slog.String("path", ex.match),
@@ -769,7 +795,7 @@ func (ex *Exchange) logFull(h *hit, now time.Duration) {
 // because Redis could not decide (on_unavailable "open"), rate-limited
 // like logFull.
 func (ex *Exchange) logUnavailable(h *hit, now time.Duration) {
-	suppressed, ok := h.r.fullLog.allow(now)
+	suppressed, ok := h.r.unavailableLog.allow(now)
 	if !ok {
 		return
 	}
@@ -812,20 +838,3 @@ func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 
 // Resolver is the client resolver the core was built with.
 func (c *Core) Resolver() *clientip.Resolver { return &c.resolver }
-
-// RuleStats reports each rule's counts in this process, in configuration
-// order. Other processes sharing the region count their own.
-func (c *Core) RuleStats() []RuleStats {
-	out := make([]RuleStats, len(c.rules))
-	for i, ru := range c.rules {
-		out[i] = RuleStats{
-			Name:          ru.name,
-			Allowed:       ru.stats.allowed.Load(),
-			Refused:       ru.stats.refused.Load(),
-			ShadowRefused: ru.stats.shadowRefused.Load(),
-			Full:          ru.stats.full.Load(),
-			Unavailable:   ru.stats.unavailable.Load(),
-		}
-	}
-	return out
-}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/shm"
 )
 
 // A canary reload (SPEC §14). On HUP, the first worker replaced is the
@@ -47,7 +46,7 @@ type canaryRun struct {
 	started  time.Time // start of the window
 	end      time.Time // end of the window
 	// The canary's and every index's counts at the start of the window.
-	startCanary, startTotal shm.RequestCounts
+	startCanary, startTotal RequestCounts
 }
 
 // CanaryStatus is a reload's canary, as Status reports it: the one being
@@ -63,7 +62,7 @@ type CanaryStatus struct {
 	Aborted bool
 	// Canary and Fleet are what the canary and every other worker sent
 	// over the window: requests and 5xx.
-	Canary, Fleet shm.RequestCounts
+	Canary, Fleet RequestCounts
 	// PValue is the one-sided p-value of the canary's 5xx rate being above
 	// the fleet's, by Test ("fisher" or "z"); 1 and "" when no test was
 	// made (inconclusive, failed).
@@ -173,7 +172,7 @@ func (s *supervisor) judgeCanary() {
 }
 
 // ratio formats a rate with its counts: "63.4% (71/112)".
-func ratio(c shm.RequestCounts, r float64) string {
+func ratio(c RequestCounts, r float64) string {
 	return fmt.Sprintf("%.1f%% (%d/%d)", r*100, c.Errors, c.Requests)
 }
 
@@ -234,6 +233,9 @@ func (s *supervisor) abortCanary(st CanaryStatus, what string, attrs []any) {
 		fate = fmt.Sprintf("slot %d refilled with generation %d: the fleet never goes below one worker", c.slot, s.good.gen)
 	}
 	s.gen, s.cfg = s.good.gen, s.good.cfg
+	if s.onConfig != nil {
+		s.onConfig(s.cfg) // the aborted configuration's settings (its log) no longer apply
+	}
 	s.canary = nil
 	st.Aborted = true
 	st.Summary = what + "; reload aborted, " + fate

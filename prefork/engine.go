@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/preforkd/preforkd/core"
 	"log/slog"
 	"net"
 	"os"
 	"time"
+
+	"github.com/preforkd/preforkd/core"
 
 	"github.com/valyala/fasthttp"
 
@@ -131,7 +132,7 @@ func runEngineWorker(ctx context.Context, opts Options, index int, term <-chan o
 
 // setUpEngine joins the region and builds the worker's core and engine.
 func setUpEngine(opts Options, index int, log *slog.Logger) (_ *Worker, _ Engine, _ net.Listener, _ *core.Core, err error) {
-	w, ln, err := joinWorker(index, log)
+	w, ln, err := joinWorker(opts, index, log)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

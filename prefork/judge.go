@@ -2,8 +2,6 @@ package prefork
 
 import (
 	"math"
-
-	"github.com/preforkd/preforkd/shm"
 )
 
 // Verdict is the outcome of a reload's canary.
@@ -67,7 +65,7 @@ type judgement struct {
 //
 // With fewer than minRequests canary requests, or no fleet request at
 // all, there is nothing to judge by: inconclusive.
-func judge(canary, fleet shm.RequestCounts, minRequests int, maxDelta float64) judgement {
+func judge(canary, fleet RequestCounts, minRequests int, maxDelta float64) judgement {
 	j := judgement{pValue: 1, canaryRate: rate(canary), fleetRate: rate(fleet)}
 	if canary.Requests < uint64(max(minRequests, 1)) || fleet.Requests == 0 {
 		j.verdict = VerdictInconclusive
@@ -82,7 +80,7 @@ func judge(canary, fleet shm.RequestCounts, minRequests int, maxDelta float64) j
 	return j
 }
 
-func rate(c shm.RequestCounts) float64 {
+func rate(c RequestCounts) float64 {
 	if c.Requests == 0 {
 		return 0
 	}
@@ -91,7 +89,7 @@ func rate(c shm.RequestCounts) float64 {
 
 // proportionTest returns the test used and the one-sided p-value of the
 // canary's error rate being above the fleet's; both must have requests.
-func proportionTest(canary, fleet shm.RequestCounts) (string, float64) {
+func proportionTest(canary, fleet RequestCounts) (string, float64) {
 	n1, n2 := float64(canary.Requests), float64(fleet.Requests)
 	x1, x2 := float64(canary.Errors), float64(fleet.Errors)
 	n, k := n1+n2, x1+x2
@@ -137,4 +135,17 @@ func logChoose(n, k uint64) float64 {
 	b, _ := math.Lgamma(float64(k) + 1)
 	c, _ := math.Lgamma(float64(n-k) + 1)
 	return a - b - c
+}
+
+// RequestCounts are responses sent, and the 5xx among them: what a canary
+// is judged by, from the per-worker statistics of the region
+// (metrics.Snapshot.Requests and Errors5xx).
+type RequestCounts struct {
+	Requests uint64
+	Errors   uint64 // status 500..599
+}
+
+// Sub returns c − earlier: what was counted between two samples.
+func (c RequestCounts) Sub(earlier RequestCounts) RequestCounts {
+	return RequestCounts{Requests: c.Requests - earlier.Requests, Errors: c.Errors - earlier.Errors}
 }

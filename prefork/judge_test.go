@@ -3,19 +3,17 @@ package prefork
 import (
 	"math"
 	"testing"
-
-	"github.com/preforkd/preforkd/shm"
 )
 
 // The statistics of the canary with fixed counts. The p-values were
 // computed apart, with exact rational arithmetic for Fisher's test.
 func TestJudge(t *testing.T) {
-	rc := func(errors, requests uint64) shm.RequestCounts {
-		return shm.RequestCounts{Requests: requests, Errors: errors}
+	rc := func(errors, requests uint64) RequestCounts {
+		return RequestCounts{Requests: requests, Errors: errors}
 	}
 	for _, tc := range []struct {
 		name          string
-		canary, fleet shm.RequestCounts
+		canary, fleet RequestCounts
 		min           int
 		delta         float64
 		want          Verdict

@@ -17,6 +17,7 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -75,6 +76,13 @@ type Options struct {
 	// The region must have room for 2×workers+2 worker indexes.
 	NewRegion func(cfg config.Config) (*shm.Region, error)
 
+	// Configured, if set, is called with the configuration this process
+	// runs: in the supervisor at start and after every accepted reload (on
+	// its loop: it must return at once), in a worker as soon as it has
+	// read the configuration its supervisor handed it. E.g. to apply a
+	// [log] table to Logger's handler.
+	Configured func(cfg config.Config)
+
 	// OnStatus, if set, is called in the supervisor with a new snapshot
 	// whenever a worker starts, becomes ready, retires or exits, and when
 	// a reload or the drain begins. It runs on the supervisor's loop: it
@@ -119,6 +127,9 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	cfg, err := validated(opts.Config, nil)
 	if err != nil {
 		return err
+	}
+	if opts.Configured != nil {
+		opts.Configured(cfg)
 	}
 	n := cfg.Server.WorkerCount()
 	note, err := newNotifier(os.Getenv(envNotifySocket))
@@ -193,9 +204,18 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		start:  env.start,
 		reap:   region.Reap,
 		notify: note.send,
-		// Every worker's counts, including those of reaped ones.
-		requests:      region.RequestCounts,
-		totalRequests: region.TotalRequestCounts,
+		// From the region's statistics: a worker index's row, and the sum
+		// of every row and of the reaped workers' (it never goes down).
+		requests: func(w int) RequestCounts {
+			var s metrics.Snapshot
+			metrics.ReadWorker(region, w, &s)
+			return RequestCounts{Requests: s.Requests(), Errors: s.Errors5xx()}
+		},
+		totalRequests: func() RequestCounts {
+			var s metrics.Snapshot
+			metrics.Read(region, &s)
+			return RequestCounts{Requests: s.Requests(), Errors: s.Errors5xx()}
+		},
 		stopListening: func() {
 			ln.Close()
 			lnFile.Close()
@@ -212,7 +232,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
 		"open_files", openFiles)
 	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
-	s.onStatus = opts.OnStatus
+	s.onStatus, s.onConfig = opts.OnStatus, opts.Configured
 	stopBeat := beat(region)
 	s.run(ctx, sigs, events)
 	stopBeat()
@@ -254,14 +274,17 @@ func listenerFile(ln net.Listener) (*os.File, error) {
 }
 
 // RegionOptions is the geometry of the region for cfg: its [table]
-// section, and room in the worker table for a reload's overlap.
+// section, room in the worker table for a reload's overlap, and the
+// statistics rows and rule names of package metrics.
 func RegionOptions(cfg config.Config) shm.Options {
-	return shm.Options{
+	o := shm.Options{
 		Counters:      cfg.Table.Counters,
 		MaxWorkers:    minMaxWorkers(cfg.Server.WorkerCount()),
 		Responses:     cfg.Table.Responses,
 		ResponseBytes: int64(cfg.Table.ResponseBytes),
 	}
+	metrics.Geometry(&o, len(cfg.RateLimits))
+	return o
 }
 
 // newRegion creates the shared region before any worker exists.

@@ -3,15 +3,26 @@ package prefork
 import (
 	"reflect"
 	"time"
+
+	"github.com/preforkd/preforkd/config"
 )
 
 // Status is a snapshot of the supervisor, for an admin endpoint or a test.
 type Status struct {
 	// Generation counts the accepted reloads: 0 at start.
 	Generation int
+	// Config is the running configuration (with defaults), the one
+	// workers of Generation run.
+	Config config.Config
 	// Ready: every worker slot runs a ready worker of the running
 	// configuration (false while starting, reloading or draining).
-	Ready    bool
+	Ready bool
+	// Serving is what a load balancer's readiness check wants: every slot
+	// had a ready worker once (READY=1 was sent), no drain has begun, and
+	// a ready worker serves now. It stays true during a reload, whose old
+	// workers serve until their successors are ready, and while a crashed
+	// worker is replaced beside others that serve.
+	Serving  bool
 	Draining bool
 	// Workers are the worker processes not yet reaped, by pid; during a
 	// reload, or a drain, there may be more than Server.Workers.
@@ -26,6 +37,21 @@ type Status struct {
 	// Recycled counts the workers replaced for server.max_requests or
 	// server.max_rss.
 	Recycled int
+	// Crashes counts the workers that exited without being asked to (and
+	// the ones killed for not becoming ready in time): each is replaced.
+	Crashes int
+	// Reloads says how the reloads went.
+	Reloads ReloadStatus
+}
+
+// ReloadStatus counts the reloads (HUP) and says how the last one went.
+type ReloadStatus struct {
+	Accepted int // configurations taken (each bumped the generation)
+	Refused  int // configurations that did not load or validate
+	// Last is when the last reload was asked for (zero: never); LastError
+	// is why it was refused, "" when it was accepted.
+	Last      time.Time
+	LastError string
 }
 
 // WorkerStatus is one worker process.
@@ -39,13 +65,32 @@ type WorkerStatus struct {
 	Retiring   bool // told to drain (reload or shutdown)
 }
 
+// State names the worker's phase for people: "starting" (not yet ready),
+// "ready" or "retiring".
+func (w WorkerStatus) State() string {
+	switch {
+	case w.Retiring:
+		return "retiring"
+	case w.Ready:
+		return "ready"
+	}
+	return "starting"
+}
+
 // status takes the snapshot.
 func (s *supervisor) status() Status {
-	st := Status{Generation: s.gen, Draining: s.draining, Ready: !s.draining && s.announced && !s.reloading, Recycled: s.recycled}
+	st := Status{
+		Generation: s.gen, Config: s.cfg, Draining: s.draining,
+		Ready:   !s.draining && s.announced && !s.reloading,
+		Crashes: s.crashes, Reloads: s.reloads, Recycled: s.recycled,
+	}
 	for _, p := range s.sortedProcs() {
 		st.Workers = append(st.Workers, WorkerStatus{
 			PID: p.pid, Index: p.index, Slot: p.slot, Generation: p.gen, Started: p.start, Ready: p.ready, Retiring: p.retiring,
 		})
+		if p.ready && !p.retiring {
+			st.Serving = true
+		}
 	}
 	if s.canary != nil {
 		c := s.canaryStatus()
@@ -59,6 +104,7 @@ func (s *supervisor) status() Status {
 			st.Quarantined = append(st.Quarantined, i)
 		}
 	}
+	st.Serving = st.Serving && s.announced && !s.draining
 	return st
 }
 

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/shm"
 )
 
 // drainGrace is how long past Server.ShutdownTimeout the supervisor waits
@@ -43,10 +42,11 @@ type sysEnv struct {
 	load func() (config.Config, error)
 	// stopListening closes the supervisor's own copy of the listener.
 	stopListening func()
-	// requests samples what region worker index counted
-	// (shm.Region.RequestCounts); totalRequests sums every index.
-	requests      func(index int) shm.RequestCounts
-	totalRequests func() shm.RequestCounts
+	// requests samples what a region worker index counted since the
+	// process joined as it; totalRequests what every worker counted,
+	// reaped ones included (see RequestCounts).
+	requests      func(index int) RequestCounts
+	totalRequests func() RequestCounts
 }
 
 // spawnSpec is what a worker process is started with.
@@ -126,9 +126,12 @@ type supervisor struct {
 	announced   bool  // READY=1 was sent once
 	everStarted bool  // a worker was started: start errors are no longer fatal
 	fatal       error // a startup failure, returned by Run after the drain
+	crashes     int   // workers replaced after an exit nobody asked for
+	reloads     ReloadStatus
 
-	onStatus  func(Status) // Options.OnStatus
-	published *Status      // what onStatus saw last
+	onStatus  func(Status)        // Options.OnStatus
+	published *Status             // what onStatus saw last
+	onConfig  func(config.Config) // Options.Configured
 }
 
 // newSupervisor prepares a supervisor for cfg (already with defaults) with
@@ -428,6 +431,7 @@ func (s *supervisor) onExit(ev exitEvent) {
 	}
 	d := sl.backoff.failure(ran)
 	sl.respawnAt = now.Add(d)
+	s.crashes++
 	s.log.Error("worker crashed", append(attrs, "respawn_in", d)...)
 }
 
@@ -503,9 +507,12 @@ func (s *supervisor) reload() {
 		s.sendNotify(reloadingState())
 	}
 	cfg := s.cfg
+	s.reloads.Last = s.env.now()
 	if s.env.load != nil {
 		var err error
 		if cfg, err = s.env.load(); err != nil {
+			s.reloads.Refused++
+			s.reloads.LastError = err.Error()
 			s.log.Error("reload refused: keeping the running configuration", "err", err)
 			// systemd ends a reload at READY=1. While an earlier reload
 			// still replaces workers, its own READY=1 comes when it is
@@ -520,9 +527,15 @@ func (s *supervisor) reload() {
 	if s.canary != nil {
 		s.supersedeCanary()
 	}
+	changes := config.Diff(s.cfg, cfg)
+	s.reloads.Accepted++
+	s.reloads.LastError = ""
 	s.lastGen++
 	s.cfg, s.gen = cfg, s.lastGen
 	s.reloading = true
+	if s.onConfig != nil {
+		s.onConfig(cfg)
+	}
 	attrs := []any{"generation", s.gen, "workers", len(s.slots)}
 	if cfg.Reload.Canary.IsOn(true) {
 		s.canary = &canaryRun{gen: s.gen, settings: cfg.WithDefaults().Reload}
@@ -533,7 +546,29 @@ func (s *supervisor) reload() {
 		s.good = generation{s.gen, cfg}
 		s.clearQuarantine()
 	}
-	s.log.Info("reload begun", attrs...)
+	s.log.Info("reload begun", append(attrs, changeAttrs(changes)...)...)
+}
+
+// changeAttrs are the log attributes that say what a reload changes: the
+// keys, never their values (a value may be a secret).
+func changeAttrs(ch config.Changes) []any {
+	if ch.Empty() {
+		return []any{"changed", "nothing"}
+	}
+	var attrs []any
+	add := func(key string, v []string) {
+		if len(v) > 0 {
+			attrs = append(attrs, key, v)
+		}
+	}
+	add("rules_added", ch.RulesAdded)
+	add("rules_removed", ch.RulesRemoved)
+	add("rules_changed", ch.RulesChanged)
+	add("idempotency_added", ch.BlocksAdded)
+	add("idempotency_removed", ch.BlocksRemoved)
+	add("idempotency_changed", ch.BlocksChanged)
+	add("keys_changed", ch.Keys)
+	return attrs
 }
 
 // nextDeadline is the earliest instant at which step has something to do.

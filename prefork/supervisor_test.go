@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/shm"
 )
 
 // Unit tests of the supervisor's state machine through its seam: no
@@ -42,12 +41,12 @@ type fakeSys struct {
 	load     func() (config.Config, error)
 	// counts are what each region worker index counted (never reset, as
 	// in the region); retired adds what no index shows any more.
-	counts  map[int]shm.RequestCounts
-	retired shm.RequestCounts
+	counts  map[int]RequestCounts
+	retired RequestCounts
 }
 
 func newFake() *fakeSys {
-	return &fakeSys{now: t0, nextPID: 100, counts: map[int]shm.RequestCounts{}}
+	return &fakeSys{now: t0, nextPID: 100, counts: map[int]RequestCounts{}}
 }
 
 // serve counts requests and 5xx for region worker index.
@@ -77,8 +76,8 @@ func (f *fakeSys) env() sysEnv {
 		reap:          func(index int) (int, error) { f.reaps = append(f.reaps, index); return 0, nil },
 		notify:        func(state string) error { f.notes = append(f.notes, state); return nil },
 		stopListening: func() { f.stopped++ },
-		requests:      func(index int) shm.RequestCounts { return f.counts[index] },
-		totalRequests: func() shm.RequestCounts {
+		requests:      func(index int) RequestCounts { return f.counts[index] },
+		totalRequests: func() RequestCounts {
 			t := f.retired
 			for _, c := range f.counts {
 				t.Requests += c.Requests
@@ -506,38 +505,117 @@ func TestWorkerNotReadyInTimeIsReplaced(t *testing.T) {
 
 func TestStatusSnapshots(t *testing.T) {
 	f := newFake()
-	f.load = func() (config.Config, error) { return noCanary(config.Config{Server: config.Server{Workers: 2}}), nil }
+	reloaded := noCanary(config.Config{Server: config.Server{Workers: 2, Upstream: "http://127.0.0.1:9"}}).WithDefaults()
+	var loadErr error
+	f.load = func() (config.Config, error) { return reloaded, loadErr }
 	var got []Status
 	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
 	s := newSupervisor(f.env(), quietLog(), cfg, minMaxWorkers(2))
 	s.onStatus = func(st Status) { got = append(got, st) }
+	last := func() Status { return got[len(got)-1] }
 	s.step()
 	s.publish()
 	s.publish() // nothing changed: no snapshot
-	if len(got) != 1 || got[0].Ready || len(got[0].Workers) != 2 || got[0].Workers[0].PID != 100 {
+	if len(got) != 1 || got[0].Ready || got[0].Serving || len(got[0].Workers) != 2 || got[0].Workers[0].PID != 100 ||
+		got[0].Workers[0].State() != "starting" {
 		t.Fatalf("first snapshots %+v", got)
 	}
-	ready(s, 100, 101)
+	ready(s, 100)
 	s.publish()
-	if last := got[len(got)-1]; !last.Ready || !last.Workers[1].Ready {
-		t.Fatalf("after readiness: %+v", last)
+	if st := last(); st.Ready || st.Serving {
+		t.Fatalf("one of two workers ready: Ready %v, Serving %v; want neither", st.Ready, st.Serving)
 	}
+	ready(s, 101)
+	s.publish()
+	if st := last(); !st.Ready || !st.Serving || !st.Workers[1].Ready || st.Workers[1].State() != "ready" {
+		t.Fatalf("after readiness: %+v", st)
+	}
+
+	// A reload: not Ready until every slot runs the new configuration,
+	// Serving throughout.
+	f.now = f.now.Add(time.Minute)
 	sendSignal(s, syscall.SIGHUP)
 	s.publish()
-	if last := got[len(got)-1]; last.Ready || last.Generation != 1 || len(last.Workers) != 3 || last.Workers[2].Generation != 1 {
-		t.Fatalf("during the reload: %+v", last)
+	st := last()
+	if st.Ready || !st.Serving || st.Generation != 1 || len(st.Workers) != 3 || st.Workers[2].Generation != 1 {
+		t.Fatalf("during the reload: %+v", st)
+	}
+	if st.Config.Server.Upstream != reloaded.Server.Upstream || st.Reloads != (ReloadStatus{Accepted: 1, Last: f.now}) {
+		t.Fatalf("during the reload: config upstream %q, reloads %+v", st.Config.Server.Upstream, st.Reloads)
 	}
 	ready(s, 102)
 	s.publish()
-	if last := got[len(got)-1]; !last.Workers[0].Retiring || last.Ready {
-		t.Fatalf("after the first successor: %+v", last)
+	if st := last(); !st.Workers[0].Retiring || st.Workers[0].State() != "retiring" || st.Ready || !st.Serving {
+		t.Fatalf("after the first successor: %+v", st)
 	}
+
+	// A refused reload is counted, with its reason.
+	loadErr = errors.New("config: bad file")
+	sendSignal(s, syscall.SIGHUP)
+	s.publish()
+	if r := last().Reloads; r.Accepted != 1 || r.Refused != 1 || r.LastError != "config: bad file" {
+		t.Fatalf("after a refused reload: %+v", r)
+	}
+
+	// A crash is counted; the others serve meanwhile.
+	exit(s, 101, false)
+	s.publish()
+	if st := last(); st.Crashes != 1 || !st.Serving {
+		t.Fatalf("after a crash: crashes %d, serving %v", st.Crashes, st.Serving)
+	}
+
 	sendSignal(s, syscall.SIGTERM)
 	s.publish()
-	if last := got[len(got)-1]; !last.Draining || last.Ready {
-		t.Fatalf("draining: %+v", last)
+	if st := last(); !st.Draining || st.Ready || st.Serving {
+		t.Fatalf("draining: %+v", st)
 	}
-	if len(got) != 5 {
-		t.Errorf("%d snapshots, want 5 (one per change)", len(got))
+	if len(got) != 8 {
+		t.Errorf("%d snapshots, want 8 (one per change)", len(got))
+	}
+}
+
+// A reload logs what it changes, by key and never by value.
+func TestReloadLogsChanges(t *testing.T) {
+	f := newFake()
+	base := config.Config{
+		Server:     config.Server{Workers: 1, Upstream: "http://127.0.0.1:9000"},
+		RateLimits: []config.RateLimit{{Name: "login", Path: "/login", Limit: 5, Window: time.Minute}},
+	}.WithDefaults()
+	next := base
+	next.Server.Upstream = "http://user:s3cret@127.0.0.1:9001"
+	next.RateLimits = []config.RateLimit{
+		{Name: "login", Path: "/login", Limit: 10, Window: time.Minute},
+		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute},
+	}
+	next = next.WithDefaults()
+	f.load = func() (config.Config, error) { return next, nil }
+	var buf strings.Builder
+	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&buf, nil)), base, minMaxWorkers(1))
+	var configured []config.Config
+	s.onConfig = func(c config.Config) { configured = append(configured, c) }
+	s.step()
+	ready(s, 100)
+	sendSignal(s, syscall.SIGHUP)
+	if len(configured) != 1 || configured[0].Server.Upstream != next.Server.Upstream {
+		t.Errorf("Options.Configured saw %d configurations after the reload, want the new one", len(configured))
+	}
+	var line string
+	for l := range strings.Lines(buf.String()) {
+		if strings.Contains(l, `msg="reload begun"`) {
+			line = l
+		}
+	}
+	for _, want := range []string{"rules_added=[api]", "rules_changed=[login]",
+		"keys_changed=\"[server.upstream ratelimit.login.limit]\""} {
+		if !strings.Contains(line, want) {
+			t.Errorf("reload line %q lacks %s", line, want)
+		}
+	}
+	if strings.Contains(buf.String(), "s3cret") {
+		t.Errorf("the log shows a changed value:\n%s", buf.String())
+	}
+	sendSignal(s, syscall.SIGHUP)
+	if !strings.Contains(buf.String(), "changed=nothing") {
+		t.Errorf("a reload of the same file does not say that nothing changed:\n%s", buf.String())
 	}
 }

@@ -50,17 +50,16 @@ type Worker struct {
 	limits *limits      // recycling limits; nil without any
 }
 
-// Responded records one response this worker sent, with its status: it
-// counts it in the region under the worker's index (shm.Region.
-// CountRequest: a reload's canary is judged by these counts) and checks
-// the worker's recycling limits (server.max_requests, server.max_rss).
+// Responded records one response this worker sent, with its status, for
+// the worker's recycling limits (server.max_requests, server.max_rss); the
+// statistics a reload's canary is judged by are counted by the core
+// (core.Core.Responded), whatever the engine.
 // The server around Options.Handler and the fast engine of
 // Options.FastHandler call it for every response; an Options.Engine must
 // call it once per response it sends, before the response leaves (as
 // proxy.Options.OnResponse does), so that a worker past a limit stops
 // accepting before its client can connect again.
 func (w *Worker) Responded(status int) {
-	w.Region.CountRequest(status)
 	n := w.served.Add(1)
 	if w.limits != nil {
 		w.limits.check(n)
@@ -239,7 +238,7 @@ func closeCore(c *core.Core, log *slog.Logger) {
 
 // setUpWorker maps the region, builds the handler and the server.
 func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *Worker, _ *http.Server, _ net.Listener, _ *core.Core, err error) {
-	w, ln, err := joinWorker(index, log)
+	w, ln, err := joinWorker(opts, index, log)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -266,12 +265,16 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 	return w, srv, ln, c, nil
 }
 
-// joinWorker reads the configuration the supervisor handed over, joins
-// the region as index and opens the inherited listener.
-func joinWorker(index int, log *slog.Logger) (*Worker, net.Listener, error) {
+// joinWorker reads the configuration the supervisor handed over (and
+// hands it to Options.Configured), joins the region as index and opens
+// the inherited listener.
+func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listener, error) {
 	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
 	if err != nil {
 		return nil, nil, err
+	}
+	if opts.Configured != nil {
+		opts.Configured(cfg)
 	}
 	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
 	if err != nil {

@@ -253,15 +253,15 @@ func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *core.Exchange, err
 	switch {
 	case errors.As(err, &de):
 		s.count.upstreamErrors.Add(1)
-		s.warn(warnUpstreamDown, "upstream unreachable", "upstream", s.up.t.addr, "err", err)
+		s.upstreamWarn(core.UpstreamConnect, warnUpstreamDown, "upstream unreachable", err)
 		detail = "the application is unreachable"
 	case isTimeout(err):
 		s.count.upstreamTimeouts.Add(1)
-		s.warn(warnUpstreamTimeout, "upstream timed out", "upstream", s.up.t.addr, "timeout", s.opts.UpstreamTimeout)
+		s.upstreamWarn(core.UpstreamTimeout, warnUpstreamTimeout, "upstream timed out", err)
 		status, detail = http.StatusGatewayTimeout, "the application did not answer in time"
 	default:
 		s.count.upstreamErrors.Add(1)
-		s.warn(warnUpstreamDown, "upstream failed", "upstream", s.up.t.addr, "err", err)
+		s.upstreamWarn(core.UpstreamResponse, warnUpstreamDown, "upstream failed", err)
 	}
 	if ex != nil {
 		if fb := ex.Fallback(status); fb != nil {
@@ -272,6 +272,17 @@ func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *core.Exchange, err
 		}
 	}
 	s.answer(ctx, status, detail, false, fields)
+}
+
+// upstreamWarn reports an upstream failure: to the core, which counts it
+// in the region's statistics and logs it at most once a second across all
+// workers (as every engine's), or, without a core, in this server's log.
+func (s *Server) upstreamWarn(kind core.UpstreamError, w warnKind, msg string, err error) {
+	if c := s.opts.Core; c != nil {
+		c.UpstreamFailed(kind, s.up.t.addr, err)
+		return
+	}
+	s.warn(w, msg, "upstream", s.up.t.addr, "err", err)
 }
 
 // bodyError is a failure to read the client's request body while it was

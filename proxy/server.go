@@ -313,13 +313,17 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	s.forward(r, ex)
 }
 
-// done ends a request's handler.
+// done ends a request's handler: the response is counted here, whatever
+// answered it (this server, the core, the upstream or the application).
 func (s *Server) done(r *request) {
 	if s.opts.OnResponse != nil {
 		s.opts.OnResponse(r.ctx.Response.StatusCode())
 	}
 	if s.draining.Load() {
 		r.ctx.SetConnectionClose()
+	}
+	if c := s.opts.Core; c != nil {
+		c.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
 	}
 	r.body.release()
 	r.ctx, r.c = nil, nil

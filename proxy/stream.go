@@ -54,7 +54,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	case err != nil:
 		b.err = err
 		b.s.count.upstreamAborts.Add(1)
-		b.s.warn(warnUpstreamAbort, "upstream response cut off", "upstream", b.s.up.t.addr, "err", err)
+		b.s.upstreamWarn(core.UpstreamBroken, warnUpstreamAbort, "upstream response cut off", err)
 	}
 	return n, err
 }

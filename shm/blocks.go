@@ -46,6 +46,7 @@ func (t *Responses) allocBlock() (uint32, bool) {
 			}
 			if atomic.CompareAndSwapUint64(&t.bitmap[wi], w, w|1<<bit) {
 				t.hint.Store(uint32(wi))
+				t.r.count(evBlocksTaken, 1)
 				return idx, true
 			}
 		}
@@ -55,6 +56,7 @@ func (t *Responses) allocBlock() (uint32, bool) {
 
 func (t *Responses) freeBlock(b uint32) {
 	atomic.AndUint64(&t.bitmap[b/64], ^(uint64(1) << (b % 64)))
+	t.r.count(evBlocksFreed, 1)
 }
 
 // store writes data into a new chain; ok is false when the pool is short.
@@ -198,7 +200,7 @@ func (t *Responses) evictBlocks(need int, now time.Duration) (freed int) {
 		t.freeChain(chain)
 		freed += int(min(chain>>32, uint64(t.nblocks)))
 		if !expired {
-			t.r.count(func(e *workerEntry) *uint64 { return &e.respEvicted })
+			t.r.count(evCacheEvicted, 1)
 		}
 	}
 	t.hand.Store(uint32((start + j) & int(t.mask)))
@@ -212,6 +214,7 @@ func (t *Responses) drop(rec *record, s uint64) bool {
 	if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
 		return false
 	}
+	t.r.count(evRecFreed, 1)
 	t.wake(rec)
 	return true
 }

@@ -117,6 +117,7 @@ func (c *Counters) Place(e Entry) error {
 			// published, and a load places a million of them.
 			sl.keyA, sl.keyB, sl.meta = e.Key.A, e.Key.B, e.Meta
 			atomic.StoreUint64(&sl.state, mkState(phaseLive, 1, e.Payload))
+			c.r.count(evPlaced, 1)
 			return nil
 		}
 		if sl.keyA == e.Key.A && sl.keyB == e.Key.B {
@@ -226,6 +227,9 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	s := atomic.LoadUint64(&rec.state)
 	if recPhase(s) == recComplete { // expired
 		t.freeChain(atomic.LoadUint64(&rec.chain))
+		t.r.count(evRecReused, 1)
+	} else {
+		t.r.count(evRecTaken, 1)
 	}
 	atomic.StoreUint64(&rec.keyA, e.Key.A)
 	atomic.StoreUint64(&rec.keyB, e.Key.B)

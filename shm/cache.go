@@ -141,7 +141,7 @@ func (t *Responses) CacheLock(k Key, now time.Duration) (tk Ticket, held bool, e
 			return lock, false, nil
 		}
 		if cand < 0 {
-			t.r.count(func(e *workerEntry) *uint64 { return &e.respFull })
+			t.r.count(evRespFull, 1)
 			return Ticket{}, false, ErrFull
 		}
 		if !locked {
@@ -223,7 +223,7 @@ func (t *Responses) CacheFill(tk Ticket, data []byte, expiry, now time.Duration)
 	}
 	first, count, ok := t.storeEvicting(data, now)
 	if !ok {
-		t.r.count(func(e *workerEntry) *uint64 { return &e.respNoBlock })
+		t.r.count(evRespNoBlock, 1)
 		t.Release(tk)
 		return false, nil
 	}
@@ -294,11 +294,7 @@ func (t *Responses) dropEntries(k Key, keep int) (n int) {
 }
 
 // Evicted counts the cache entries this process evicted before their
-// expiry to make room.
+// expiry to make room (in its statistics row: since it joined).
 func (t *Responses) Evicted() uint64 {
-	o := t.r.owner.Load()
-	if o == 0 {
-		return 0
-	}
-	return atomic.LoadUint64(&t.r.workers[o>>32].respEvicted)
+	return atomic.LoadUint64(&t.r.ownRow()[evCacheEvicted])
 }

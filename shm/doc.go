@@ -11,15 +11,27 @@
 //
 //	| header (4 KiB) | worker table (128 B a worker) | counter slots (64 B each) |
 //	| response records (128 B each) | block bitmap (1 bit a block) | response blocks |
+//	| statistics: fold sequence, name table, gates, a row per worker index and the retired row |
 //	| tag generations (8 B each) |
 //
 // Each section starts on a page boundary, at the offset its header word
 // records. The header also holds the magic, the layout version, the
 // geometry, two hash seeds (random per region), the time base of the
 // region's clock and the reclaim watermark. A worker entry holds the
-// worker's incarnation and pid, and the counters only that worker writes,
-// among them its responses and their 5xx ([Region.CountRequest]), which
-// the supervisor samples to judge a reload's canary.
+// worker's incarnation and pid.
+//
+// # Statistics
+//
+// Each worker index has a row of counters that only the process joined as
+// that index writes, with atomic adds on cache lines no other worker
+// touches: shm's own events (claims, reclaims, on_full answers, records
+// and blocks taken and freed, from which the occupancies follow without a
+// scan) and the caller's words ([Region.StatRow]). [Region.Reap] folds the
+// row of the reaped process into a retired row under a sequence lock, and
+// [Region.SumStats] sums the rows between two folds, so that a sum never
+// goes down and never counts anything twice. A name table gives each name
+// (a rule) one index for the region's life, and gates let one log line a
+// second through across all workers.
 // The region holds no Go pointers, only offsets; every word that two
 // processes share is read and written with sync/atomic on an 8-byte-aligned
 // address inside one cache line.

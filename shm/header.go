@@ -49,6 +49,9 @@ func (r *Region) format(o Options) error {
 	r.store(hRecordSize, recordSize)
 	r.store(hBlockSize, uint64(o.BlockSize))
 	r.store(hBlocks, o.blocks())
+	r.store(hStatWords, uint64(o.StatWords))
+	r.store(hStatNames, uint64(o.StatNames))
+	r.store(hStatGates, uint64(o.StatGates))
 	r.store(hTags, uint64(o.Tags))
 	r.store(hSeed1, s1)
 	r.store(hSeed2, s2)
@@ -92,6 +95,9 @@ func (r *Region) load() error {
 		Responses:     int(r.word(hRecords)),
 		BlockSize:     int(r.word(hBlockSize)),
 		ResponseBytes: int64(r.word(hBlocks) * r.word(hBlockSize)),
+		StatWords:     int(r.word(hStatWords)),
+		StatNames:     int(r.word(hStatNames)),
+		StatGates:     int(r.word(hStatGates)),
 		Tags:          int(r.word(hTags)),
 	}
 	n, err := o.normalize()
@@ -113,6 +119,7 @@ func (r *Region) load() error {
 	r.workers = unsafe.Slice((*workerEntry)(r.at(lay.off[secWorkers])), o.MaxWorkers)
 	r.counts = newCounters(r, unsafe.Slice((*slot)(r.at(lay.off[secSlots])), o.Counters))
 	r.resps = newResponses(r, lay)
+	r.stats = newStatistics(r, lay.off[secStats])
 	r.tags = newTags(r, lay)
 	return nil
 }

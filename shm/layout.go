@@ -9,7 +9,7 @@ import (
 // Magic opens every region; LayoutVersion changes whenever the layout does.
 const (
 	Magic         = "PFKDSHM\x00"
-	LayoutVersion = 2
+	LayoutVersion = 3
 )
 
 // Geometry defaults and limits (see Options).
@@ -75,11 +75,15 @@ const (
 	hBootID     = 184 // hash of the kernel's boot id under which hTimeBase was set (0: unknown)
 	hBeatNow    = 192 // region time (ns) at the supervisor's last Beat
 	hBeatWall   = 200 // wall clock (Unix ns) at the last Beat (or creation)
-	hTags       = 208 // tag-generation slots (layout 2)
-	hOffTags    = 216
-	hTagEpoch   = 224 // bumped before every tag purge (see Tags.Purge)
-	hTagPurges  = 232 // tag purges, for statistics
-	hURLPurges  = 240 // URL generations bumped (purges and invalidations)
+	hOffStats   = 208 // statistics section
+	hStatWords  = 216 // the caller's words per statistics row
+	hStatNames  = 224 // entries of the name table
+	hStatGates  = 232 // gates
+	hTags       = 240 // tag-generation slots of the response cache
+	hOffTags    = 248
+	hTagEpoch   = 256 // bumped before every tag purge (see Tags.Purge)
+	hTagPurges  = 264 // tag purges, for statistics
+	hURLPurges  = 272 // URL generations bumped (purges and invalidations)
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -91,6 +95,7 @@ const (
 	secRecords        // response records
 	secBitmap         // free bitmap of the response blocks
 	secBlocks         // response blocks
+	secStats          // statistics: fold sequence, name table, gates, one row per worker index and the retired row
 	secTags           // tag generations of the response cache
 	numSections
 )
@@ -110,6 +115,7 @@ var sectionTable = [numSections]struct {
 	secRecords: {"response records", hOffRecords, func(o Options) uint64 { return uint64(o.Responses) * recordSize }},
 	secBitmap:  {"block bitmap", hOffBitmap, func(o Options) uint64 { return (o.blocks() + 63) / 64 * 8 }},
 	secBlocks:  {"response blocks", hOffBlocks, func(o Options) uint64 { return uint64(o.ResponseBytes) }},
+	secStats:   {"statistics", hOffStats, Options.statBytes},
 	secTags:    {"tag generations", hOffTags, func(o Options) uint64 { return uint64(o.Tags) * 8 }},
 }
 
@@ -160,6 +166,17 @@ type Options struct {
 	// 65536 when Responses > 0; a region without a response table has
 	// none.
 	Tags int
+
+	// StatWords is the number of the caller's words in each statistics
+	// row (Region.StatRow), at most 65536; shm's own events come on top.
+	// 0 means none.
+	StatWords int
+	// StatNames is the size of the name table (Region.StatName), at most
+	// 65536. 0 means none.
+	StatNames int
+	// StatGates is the number of shared gates (Region.Gate), at most
+	// 2^20. 0 means none.
+	StatGates int
 }
 
 // blocks is the number of response blocks of normalized options.
@@ -186,6 +203,11 @@ func (o Options) normalize() (Options, error) {
 		o.Probe = defaultProbe
 	}
 	o.Probe = min(o.Probe, o.Counters)
+	if o.StatWords < 0 || o.StatWords > maxStatWords || o.StatNames < 0 || o.StatNames > maxStatNames ||
+		o.StatGates < 0 || o.StatGates > maxStatGates {
+		return o, fmt.Errorf("shm: statistics geometry %d words, %d names, %d gates outside [0, %d], [0, %d], [0, %d]",
+			o.StatWords, o.StatNames, o.StatGates, maxStatWords, maxStatNames, maxStatGates)
+	}
 	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 || o.Tags < 0 {
 		return o, fmt.Errorf("shm: negative response geometry %+v", o)
 	}

@@ -34,7 +34,7 @@ func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
 		}
 		if r.stale(cur) {
 			if atomic.CompareAndSwapUint64(w, cur, 0) {
-				r.count(func(e *workerEntry) *uint64 { return &e.recovered })
+				r.count(evRecovered, 1)
 			}
 			continue
 		}

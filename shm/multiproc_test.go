@@ -231,10 +231,12 @@ func newRegion(t *testing.T, o shm.Options) *shm.Region {
 	return r
 }
 
-// checkTable asserts that no key is LIVE twice and nothing is left BUSY or
-// locked.
-func checkTable(t *testing.T, c *shm.Counters) {
+// checkTable asserts that no key is LIVE twice, nothing is left BUSY or
+// locked, and the occupancy the processes counted (Region.SumStats) is the
+// one a scan finds.
+func checkTable(t *testing.T, r *shm.Region) {
 	t.Helper()
+	c := r.Counters()
 	seen := map[shm.Key]bool{}
 	for _, k := range c.LiveKeys() {
 		if seen[k] {
@@ -242,8 +244,14 @@ func checkTable(t *testing.T, c *shm.Counters) {
 		}
 		seen[k] = true
 	}
-	if st := c.Stats(); st.Busy != 0 || st.Locked != 0 {
+	st := c.Stats()
+	if st.Busy != 0 || st.Locked != 0 {
 		t.Fatalf("left behind: %d BUSY slots, %d insert locks", st.Busy, st.Locked)
+	}
+	var sum shm.StatSum
+	r.SumStats(&sum)
+	if sum.Table.Live != st.Live || !sum.Consistent {
+		t.Fatalf("counted %d live slots (consistent %v), the scan finds %d", sum.Table.Live, sum.Consistent, st.Live)
 	}
 }
 
@@ -269,7 +277,7 @@ func TestMultiProcessExact(t *testing.T) {
 			if got != limit || res.Full != 0 {
 				t.Fatalf("allowed %d (full %d), want exactly %d", got, res.Full, limit)
 			}
-			checkTable(t, r.Counters())
+			checkTable(t, r)
 		})
 	}
 }
@@ -299,7 +307,11 @@ func TestMultiProcessTinyTable(t *testing.T) {
 	if st.Reclaims == 0 || total == 0 {
 		t.Fatalf("the test did not exercise reclaims: %+v", st)
 	}
-	checkTable(t, r.Counters())
+	// Every on_full answer of every process is in the statistics rows.
+	if got := st.Full + st.LockTimeout; got != uint64(res.Full) {
+		t.Errorf("the rows count %d on_full answers, the processes saw %d", got, res.Full)
+	}
+	checkTable(t, r)
 }
 
 // A process killed at each crash point leaves nothing stuck: after the
@@ -365,7 +377,7 @@ func TestCrashInjection(t *testing.T) {
 					// Lazy release frees only what it meets: sweep the rest.
 					r.Reap(5)
 				}
-				checkTable(t, r.Counters())
+				checkTable(t, r)
 			})
 		}
 	}

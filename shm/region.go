@@ -46,6 +46,7 @@ type Region struct {
 	counts  *Counters
 	resps   *Responses
 	tags    *Tags
+	stats   *statistics
 
 	owner atomic.Uint64 // this process's owner id once joined; 0 before
 	close sync.Once

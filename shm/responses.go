@@ -196,7 +196,7 @@ func (t *Responses) Begin(k Key, fp Fingerprint, now time.Duration, dst *Respons
 			continue // changed while read: look again
 		}
 		if cand < 0 {
-			t.r.count(func(e *workerEntry) *uint64 { return &e.respFull })
+			t.r.count(evRespFull, 1)
 			return 0, Ticket{}, ErrFull
 		}
 		if !locked {
@@ -325,9 +325,12 @@ func (t *Responses) claim(i int, k Key, kind Kind, fp *Fingerprint, owner uint64
 	}
 	if recPhase(s) == recComplete {
 		t.freeChain(atomic.LoadUint64(&rec.chain))
+		t.r.count(evRecReused, 1)
 		if evict {
-			t.r.count(func(e *workerEntry) *uint64 { return &e.respEvicted })
+			t.r.count(evCacheEvicted, 1)
 		}
+	} else {
+		t.r.count(evRecTaken, 1)
 	}
 	atomic.StoreUint64(&rec.keyA, k.A)
 	atomic.StoreUint64(&rec.keyB, k.B)
@@ -371,7 +374,7 @@ func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) 
 			flags, n = 0, uint32(len(data))
 			atomic.StoreUint64(&rec.sum, xxhash.Sum64(data))
 		} else {
-			t.r.count(func(e *workerEntry) *uint64 { return &e.respNoBlock })
+			t.r.count(evRespNoBlock, 1)
 		}
 	}
 	atomic.StoreUint64(&rec.length, flags<<32|uint64(n))
@@ -396,8 +399,9 @@ func (t *Responses) releaseRec(rec *record, s uint64) bool {
 	if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
 		return false
 	}
+	t.r.count(evRecFreed, 1)
 	if t.r.stale(recOwner(s)) {
-		t.r.count(func(e *workerEntry) *uint64 { return &e.recovered })
+		t.r.count(evRecovered, 1)
 	}
 	t.wake(rec)
 	return true
@@ -465,4 +469,37 @@ func (t *Responses) releaseStale() (n int) {
 		}
 	}
 	return n
+}
+
+// ErrInFlight is Forget's answer for a key whose request is running: its
+// reservation cannot be dropped without letting a retry run it twice.
+var ErrInFlight = errors.New("shm: the key's request is in flight")
+
+// Forget drops the completed response stored for k (an operator's
+// correction): a retry with k runs again. It reports whether there was
+// one (an expired one does not count). It needs no worker identity, so
+// the supervisor can call it; a reader copying the response meanwhile
+// sees the record change and misses.
+func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
+	if len(t.recs) == 0 {
+		return false, ErrNoResponses
+	}
+	for {
+		i, s, _, found := t.scan(k, k.A&t.mask, now)
+		if !found {
+			return false, nil
+		}
+		if recPhase(s) != recComplete {
+			return false, ErrInFlight
+		}
+		rec := &t.recs[i]
+		chain := atomic.LoadUint64(&rec.chain)
+		if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
+			continue // changed meanwhile: look again
+		}
+		t.r.count(evRecFreed, 1)
+		t.freeChain(chain)
+		t.wake(rec)
+		return true, nil
+	}
 }

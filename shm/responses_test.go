@@ -221,3 +221,38 @@ func TestResponseSnapshotPlace(t *testing.T) {
 		t.Fatalf("the record placed over an expired one: %v %q", out, got.Body)
 	}
 }
+
+// Forget drops a completed response (its blocks too), refuses one in
+// flight, and a retry runs again.
+func TestResponseForget(t *testing.T) {
+	r := respRegion(t, 64, 64*256)
+	tab := r.Responses()
+	k := r.Counters().KeyOf(1, []byte("order-1"))
+	now := time.Minute
+	var got shm.Response
+	_, tk, err := tab.Begin(k, fpOf("a"), now, &got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := tab.Forget(k, now); ok || !errors.Is(err, shm.ErrInFlight) {
+		t.Fatalf("Forget in flight: %v, %v; want ErrInFlight", ok, err)
+	}
+	if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: make([]byte, 1000)}, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if tab.Stats().BlocksUsed == 0 {
+		t.Fatal("the response took no block")
+	}
+	if ok, err := tab.Forget(k, now); !ok || err != nil {
+		t.Fatalf("Forget: %v, %v", ok, err)
+	}
+	if st := tab.Stats(); st.BlocksUsed != 0 || st.Complete != 0 {
+		t.Fatalf("after Forget: %+v", st)
+	}
+	if ok, err := tab.Forget(k, now); ok || err != nil {
+		t.Fatalf("Forget again: %v, %v; want nothing to forget", ok, err)
+	}
+	if out, _, _ := tab.Begin(k, fpOf("a"), now, &got); out != shm.Reserved {
+		t.Fatalf("a retry after Forget: %v, want Reserved (it runs again)", out)
+	}
+}

@@ -5,9 +5,73 @@ import (
 	"sync/atomic"
 )
 
-// Stats describes a region's counter table. Any process that maps the
-// region can read it; it is computed by a scan (no cost on the hot path)
-// and is a moving picture while workers run.
+// TableStats are the two tables' occupancy and events, from the counts
+// every process keeps in its statistics row as it changes a slot or a
+// record: reading them scans nothing. The occupancies are exact while no
+// worker is between a change and its count, which is a few instructions;
+// a worker killed right there leaves them off by one.
+type TableStats struct {
+	Slots int // counter slots in the table
+	Probe int // how far from its home a key may be placed
+	// Live is the slots that hold a key: installed, and not taken over
+	// since. A key whose state turned fresh still holds its slot until
+	// another key reclaims it.
+	Live int
+
+	Full        uint64 // decisions answered by on_full: no slot in the probe window
+	LockTimeout uint64 // decisions answered by on_full: insert lock held too long
+	Claims      uint64 // keys installed in EMPTY or TOMB slots
+	Reclaims    uint64 // slots taken over from keys equivalent to fresh ones
+	Recovered   uint64 // BUSY slots, records and insert locks released from dead processes
+	Placed      uint64 // slots filled by a load (a dump, a migrated live region)
+
+	Records      int    // response records (0: no response table)
+	RecordsInUse int    // records reserved, being completed, or completed (expired or not)
+	RecordsFull  uint64 // reservations refused: no record in the probe window
+	Blocks       int    // blocks of the response pool
+	BlockSize    int    // bytes of one block
+	BlocksUsed   int    // blocks holding a stored response
+	NoBlocks     uint64 // responses completed unreplayable for want of blocks
+	CacheEvicted uint64 // cache entries dropped before their expiry to make room
+}
+
+// Occupancy is the fraction of counter slots that hold a key.
+func (s TableStats) Occupancy() float64 {
+	if s.Slots == 0 {
+		return 0
+	}
+	return float64(s.Live) / float64(s.Slots)
+}
+
+// tableStats decodes shm's words of a summed row.
+func (r *Region) tableStats(w []uint64) TableStats {
+	gauge := func(in, out uint64) int { return int(max(int64(in-out), 0)) }
+	return TableStats{
+		Slots: len(r.counts.slots), Probe: r.counts.probe,
+		Live:        gauge(w[evClaims]+w[evReclaims]+w[evPlaced], w[evEvictions]),
+		Full:        w[evFull],
+		LockTimeout: w[evLockTimeout],
+		Claims:      w[evClaims],
+		Reclaims:    w[evReclaims],
+		Recovered:   w[evRecovered],
+		Placed:      w[evPlaced],
+
+		Records:      len(r.resps.recs),
+		RecordsInUse: gauge(w[evRecTaken], w[evRecFreed]),
+		RecordsFull:  w[evRespFull],
+		Blocks:       int(r.resps.nblocks),
+		BlockSize:    r.resps.blockSize,
+		BlocksUsed:   gauge(w[evBlocksTaken], w[evBlocksFreed]),
+		NoBlocks:     w[evRespNoBlock],
+		CacheEvicted: w[evCacheEvicted],
+	}
+}
+
+// Stats describes a region's counter table by a scan of every slot, for
+// what only a scan can tell (probe distances, tombstones): `preforkd
+// inspect`, and tests that check the maintained counts against it. Any
+// process that maps the region can call it; while workers run it is a
+// moving picture. Metrics use Region.SumStats, which scans nothing.
 type Stats struct {
 	Slots int // slots in the table
 	Probe int // probe limit: how far from its home a key may be placed
@@ -35,7 +99,7 @@ func (s Stats) Occupancy() float64 {
 	return float64(s.Live+s.Busy) / float64(s.Slots)
 }
 
-// Stats scans the table and sums the per-worker counters.
+// Stats scans the table and sums the events of the statistics rows.
 func (c *Counters) Stats() Stats {
 	st := Stats{Slots: len(c.slots), Probe: c.probe}
 	var dist int
@@ -62,14 +126,10 @@ func (c *Counters) Stats() Stats {
 	if st.Live > 0 {
 		st.MeanProbe = 1 + float64(dist)/float64(st.Live)
 	}
-	for w := range c.r.workers {
-		e := &c.r.workers[w]
-		st.Full += atomic.LoadUint64(&e.full)
-		st.LockTimeout += atomic.LoadUint64(&e.lockTimeout)
-		st.Claims += atomic.LoadUint64(&e.claims)
-		st.Reclaims += atomic.LoadUint64(&e.reclaims)
-		st.Recovered += atomic.LoadUint64(&e.recovered)
-	}
+	var sum StatSum
+	c.r.SumStats(&sum)
+	t := sum.Table
+	st.Full, st.LockTimeout, st.Claims, st.Reclaims, st.Recovered = t.Full, t.LockTimeout, t.Claims, t.Reclaims, t.Recovered
 	return st
 }
 
@@ -115,10 +175,8 @@ func (t *Responses) Stats() ResponseStats {
 	for i := range t.bitmap {
 		st.BlocksUsed += bits.OnesCount64(atomic.LoadUint64(&t.bitmap[i]))
 	}
-	for w := range t.r.workers {
-		st.Full += atomic.LoadUint64(&t.r.workers[w].respFull)
-		st.NoBlocks += atomic.LoadUint64(&t.r.workers[w].respNoBlock)
-		st.Evicted += atomic.LoadUint64(&t.r.workers[w].respEvicted)
-	}
+	var sum StatSum
+	t.r.SumStats(&sum)
+	st.Full, st.NoBlocks, st.Evicted = sum.Table.RecordsFull, sum.Table.NoBlocks, sum.Table.CacheEvicted
 	return st
 }

@@ -122,7 +122,7 @@ func (c *Counters) Update(k Key, meta uint64, now time.Duration, op Op) (uint64,
 			if locked {
 				c.unlock(home, owner)
 			}
-			c.r.count(func(e *workerEntry) *uint64 { return &e.full })
+			c.r.count(evFull, 1)
 			return 0, ErrFull
 		}
 		if !locked {
@@ -258,6 +258,9 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op
 	if !atomic.CompareAndSwapUint64(&sl.state, s, busy) {
 		return false
 	}
+	if reclaim {
+		c.r.count(evEvictions, 1) // no longer LIVE: the live count follows
+	}
 	if testHook != nil {
 		testHook("busy")
 	}
@@ -279,9 +282,9 @@ func (c *Counters) claim(i int, k Key, meta, owner uint64, now time.Duration, op
 		return false
 	}
 	if reclaim {
-		c.r.count(func(e *workerEntry) *uint64 { return &e.reclaims })
+		c.r.count(evReclaims, 1)
 	} else {
-		c.r.count(func(e *workerEntry) *uint64 { return &e.claims })
+		c.r.count(evClaims, 1)
 	}
 	return true
 }
@@ -309,7 +312,7 @@ func (c *Counters) raiseReclaimMark(now time.Duration) {
 func (c *Counters) lock(h, owner uint64) error {
 	err := lockWord(c.r, &c.slots[h].ilock, owner, c.lockWait)
 	if err != nil {
-		c.r.count(func(e *workerEntry) *uint64 { return &e.lockTimeout })
+		c.r.count(evLockTimeout, 1)
 	}
 	return err
 }
@@ -319,7 +322,7 @@ func (c *Counters) unlock(h, owner uint64) { unlockWord(&c.slots[h].ilock, owner
 // releaseBusy turns a BUSY slot of a dead owner into a tombstone.
 func (c *Counters) releaseBusy(sl *slot, s uint64) bool {
 	if atomic.CompareAndSwapUint64(&sl.state, s, mkState(phaseTomb, genOf(s), 0)) {
-		c.r.count(func(e *workerEntry) *uint64 { return &e.recovered })
+		c.r.count(evRecovered, 1)
 		return true
 	}
 	return false

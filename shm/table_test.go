@@ -92,7 +92,7 @@ func TestGoroutinesExact(t *testing.T) {
 			t.Fatalf("%v: allowed %d, want 800 (8 keys × limit 100)", algo, got)
 		}
 	}
-	checkTable(t, r.Counters())
+	checkTable(t, r)
 }
 
 func TestPeekResetRefund(t *testing.T) {

@@ -12,22 +12,12 @@ import (
 // process it bumps the incarnation, which makes all of it recognisably
 // stale, to be released by one CAS.
 
-// workerEntry is one worker's line in the worker table: its incarnation and
-// counters only it writes (so the hot path shares no line with another worker).
+// workerEntry is one worker's line in the worker table: its identity. Its
+// counters are in the statistics section (Region.StatRow).
 type workerEntry struct {
 	incarnation uint64 // bumped by the supervisor when the worker is reaped
 	pid         uint64
-	full        uint64 // decisions answered by on_full: no slot in the probe window
-	lockTimeout uint64 // decisions answered by on_full: insert lock held too long
-	claims      uint64 // new keys installed (EMPTY or TOMB slots)
-	reclaims    uint64 // slots taken over from a key equivalent to a fresh one
-	recovered   uint64 // BUSY slots, records and insert locks released from dead owners
-	respFull    uint64 // reservations refused: no response record in the probe window
-	respNoBlock uint64 // responses completed unreplayable: no blocks left to store them
-	respEvicted uint64 // cache entries evicted before their expiry, to make room
-	requests    uint64 // responses sent (requests.go)
-	errors5xx   uint64 // responses sent with a 5xx status (requests.go)
-	_           [4]uint64
+	_           [14]uint64
 }
 
 // Owner ids pack a worker index and its incarnation; 0 is nobody.
@@ -65,32 +55,29 @@ func (r *Region) stale(o uint64) bool {
 	return uint32(atomic.LoadUint64(&r.workers[w].incarnation)) != uint32(o)
 }
 
-// count adds one to a counter in this process's worker entry (nothing
-// when it has not joined).
-func (r *Region) count(field func(*workerEntry) *uint64) {
-	if o := r.owner.Load(); o != 0 {
-		atomic.AddUint64(field(&r.workers[o>>32]), 1)
-	}
-}
-
 // Reap is called by the supervisor after it has waited for worker w's
 // process: it bumps w's incarnation, so that everything the dead process
 // held is recognisably stale, and releases it at once. It returns how many
-// BUSY slots, reservations and insert locks it released. The next process
-// to Join(w) gets the new incarnation.
+// BUSY slots, reservations and insert locks it released. It also folds
+// w's statistics row into the retired row: the totals keep the dead
+// process's counts, and w's row starts at zero for the next process to
+// Join(w), which gets the new incarnation.
 func (r *Region) Reap(w int) (released int, err error) {
 	if w < 0 || w >= len(r.workers) {
 		return 0, fmt.Errorf("shm: worker index %d outside [0, %d)", w, len(r.workers))
 	}
 	r.workers[w].retire()
+	r.stats.fold(w)
 	return r.counts.releaseStale() + r.resps.releaseStale(), nil
 }
 
 // ReapAll treats every worker as dead: for a region re-attached after the
 // whole process tree died.
 func (r *Region) ReapAll() (released int) {
+	r.stats.unlockDead() // a supervisor that died inside a fold
 	for w := range r.workers {
 		r.workers[w].retire()
+		r.stats.fold(w)
 	}
 	return r.counts.releaseStale() + r.resps.releaseStale()
 }

@@ -8,36 +8,61 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// adminHooks serves [admin] listen from the supervisor, which never serves
-// application requests: /metrics (Prometheus text format) and /status
-// (JSON), both read-only, from the region's statistics.
-func adminHooks(opts *prefork.Options) {
+// adminInfo is what the admin endpoint says about the binary and the run.
+type adminInfo struct {
+	version, commit string
+	configPath      string
+}
+
+// admin is the endpoint on [admin] listen, served by the supervisor, which
+// never serves application requests: health and readiness, /metrics and
+// /status (read-only, open to whoever reaches the address), and the
+// actions, which need the bearer token of admin.token_file.
+type admin struct {
+	adminInfo
+	region  *shm.Region
+	log     *slog.Logger
+	started time.Time
+
+	// status is the supervisor's last snapshot (prefork.Options.OnStatus);
+	// nil before the first.
+	status atomic.Pointer[prefork.Status]
+
+	unauthorized secondGate // log lines about refused tokens
+
+	mu     sync.Mutex
+	ctl    *core.Control // over the rules of generation ctlGen
+	ctlGen int
+}
+
+// adminHooks serves [admin] listen from Prepare to the end of Finish: the
+// endpoint is up before the first worker starts and until the dump is
+// written, so that /readyz answers 503, not a refused connection, during
+// the whole drain.
+func adminHooks(opts *prefork.Options, info adminInfo) {
+	a := &admin{adminInfo: info, started: time.Now()}
 	var srv *http.Server
-	// The configuration in force, for the [redis] whose breaker /status
-	// shows: the one started with, then each reloaded one.
-	var running atomic.Pointer[config.Config]
-	running.Store(&opts.Config)
-	if load := opts.LoadConfig; load != nil {
-		opts.LoadConfig = func() (config.Config, error) {
-			c, err := load()
-			if err == nil {
-				running.Store(&c)
-			}
-			return c, err
+	prepare, finish, onStatus := opts.Prepare, opts.Finish, opts.OnStatus
+	opts.OnStatus = func(st prefork.Status) {
+		a.status.Store(&st)
+		if onStatus != nil {
+			onStatus(st)
 		}
 	}
-	prepare, finish := opts.Prepare, opts.Finish
 	opts.Prepare = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
 		if prepare != nil {
 			if err := prepare(r, cfg, log); err != nil {
@@ -47,11 +72,12 @@ func adminHooks(opts *prefork.Options) {
 		if cfg.Admin.Listen == "" {
 			return nil
 		}
+		a.region, a.log = r, log
 		ln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
 			return fmt.Errorf("admin: %w", err)
 		}
-		srv = newAdminServer(adminMux(r, running.Load, log), defaultAdminLimits, log)
+		srv = newAdminServer(a.mux(), defaultAdminLimits, log)
 		capped := capListener(ln, defaultAdminLimits.maxConns, log)
 		go func() {
 			if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -62,77 +88,95 @@ func adminHooks(opts *prefork.Options) {
 		return nil
 	}
 	opts.Finish = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+		var err error
+		if finish != nil {
+			err = finish(r, cfg, log)
+		}
 		if srv != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			srv.Shutdown(ctx)
 			cancel()
 		}
-		if finish != nil {
-			return finish(r, cfg, log)
-		}
-		return nil
+		return err
 	}
 }
 
-func adminMux(r *shm.Region, cfg func() *config.Config, log *slog.Logger) http.Handler {
+// mux routes the admin endpoints; the actions come from adminActions.
+func (a *admin) mux() http.Handler {
 	mux := http.NewServeMux()
-	tokenFile := func() string { return cfg().Admin.TokenFile }
-	mux.HandleFunc("POST /cache/purge", withToken(tokenFile, log, serveCachePurge(r, log)))
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		st := r.Counters().Stats()
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		metric := func(name, typ, help string, v any) {
-			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s %v\n", name, help, name, typ, name, v)
-		}
-		metric("preforkd_counter_slots", "gauge", "Counter slots in the table.", st.Slots)
-		metric("preforkd_counter_slots_live", "gauge", "Counter slots holding a key.", st.Live)
-		metric("preforkd_counter_slots_busy", "gauge", "Counter slots being installed.", st.Busy)
-		metric("preforkd_counter_slots_tomb", "gauge", "Released counter slots.", st.Tomb)
-		metric("preforkd_counter_probe_max", "gauge", "Largest probe distance of a live key.", st.MaxProbe)
-		metric("preforkd_counter_probe_mean", "gauge", "Mean probe distance of live keys.", st.MeanProbe)
-		metric("preforkd_counter_full_total", "counter", "Decisions answered by on_full: no slot in the probe window.", st.Full)
-		metric("preforkd_counter_lock_timeout_total", "counter", "Decisions answered by on_full: insert lock held too long.", st.LockTimeout)
-		metric("preforkd_counter_claims_total", "counter", "Keys installed in free slots.", st.Claims)
-		metric("preforkd_counter_reclaims_total", "counter", "Slots reclaimed from keys equivalent to fresh ones.", st.Reclaims)
-		metric("preforkd_counter_recovered_total", "counter", "Slots and locks released from dead workers.", st.Recovered)
-		metric("preforkd_workers", "gauge", "Worker processes joined to the region.", liveWorkers(r))
-		if rd := cfg().Redis; rd.Enabled() {
-			b := redisstore.ReadBreaker(r, rd.StoreOptions(), r.Now())
-			metric("preforkd_redis_breaker_state", "gauge", "The Redis breaker shared by the workers: 0 closed, 1 open, 2 half-open.", int(b.Phase))
-		}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		geo, st := r.Geometry(), r.Counters().Stats()
-		workers := []map[string]any{}
-		for _, wi := range r.Workers() {
-			if wi.PID != 0 {
-				workers = append(workers, map[string]any{"index": wi.Index, "pid": wi.PID, "incarnation": wi.Incarnation})
-			}
-		}
-		status := map[string]any{
-			"region_clock": r.Now().String(),
-			"workers":      workers,
-			"counters": map[string]any{
-				"slots": geo.Counters, "probe": geo.Probe, "live": st.Live, "busy": st.Busy, "tomb": st.Tomb,
-				"occupancy": st.Occupancy(), "probe_max": st.MaxProbe, "probe_mean": st.MeanProbe,
-				"full": st.Full, "lock_timeouts": st.LockTimeout, "claims": st.Claims,
-				"reclaims": st.Reclaims, "recovered": st.Recovered,
-			},
-		}
-		if c := cfg(); c.Redis.Enabled() {
-			status["redis"] = redisStatus(r, *c)
-		}
-		if rs := r.Responses(); rs.Len() > 0 {
-			s := rs.Stats()
-			status["responses"] = map[string]any{
-				"records": s.Records, "reserved": s.Reserved, "complete": s.Complete,
-				"blocks": s.Blocks, "blocks_used": s.BlocksUsed, "full": s.Full, "no_blocks": s.NoBlocks,
-			}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(status)
-	})
+	mux.HandleFunc("GET /readyz", a.serveReady)
+	mux.HandleFunc("GET /metrics", a.serveMetrics)
+	mux.HandleFunc("GET /status", a.serveStatus)
+	for _, act := range adminActions {
+		serve := act.serve
+		mux.Handle(act.pattern, a.authorize(func(w http.ResponseWriter, r *http.Request) { serve(a, w, r) }))
+	}
 	return mux
+}
+
+// serveReady answers 200 while the instance serves (prefork.Status.Serving):
+// every worker was ready once, no drain has begun, a ready worker serves.
+// Before that and from the drain on, 503 with the reason.
+func (a *admin) serveReady(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	st := a.status.Load()
+	switch {
+	case st != nil && st.Serving:
+		fmt.Fprintln(w, "ready")
+		return
+	case st != nil && st.Draining:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, "not ready: draining")
+	default:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, "not ready: workers starting")
+	}
+}
+
+// control is a core.Control over the rules of the running configuration,
+// built again after a reload.
+func (a *admin) control() (*core.Control, error) {
+	st := a.status.Load()
+	if st == nil {
+		return nil, errors.New("admin: the supervisor has not started its workers yet")
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ctl != nil && a.ctlGen == st.Generation {
+		return a.ctl, nil
+	}
+	o, err := st.Config.CoreOptions()
+	if err != nil {
+		return nil, err
+	}
+	ctl, err := core.NewControl(a.region, o)
+	if err != nil {
+		return nil, err
+	}
+	a.ctl, a.ctlGen = ctl, st.Generation
+	return ctl, nil
+}
+
+// writeJSON answers 200 with v as one line of JSON (jq makes it pretty).
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	json.NewEncoder(w).Encode(v)
+}
+
+func pid() int { return os.Getpid() }
+
+// writeProblem writes an RFC 9457 problem+json answer.
+func writeProblem(w http.ResponseWriter, status int, title, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail})
 }
 
 // redisStatus is /status's view of [redis]: where it is (no password),
@@ -180,14 +224,4 @@ type redisLog struct{ log *slog.Logger }
 
 func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.Log(ctx, slog.LevelDebug, "redis client: "+fmt.Sprintf(format, v...))
-}
-
-func liveWorkers(r *shm.Region) int {
-	n := 0
-	for _, w := range r.Workers() {
-		if w.PID != 0 {
-			n++
-		}
-	}
-	return n
 }

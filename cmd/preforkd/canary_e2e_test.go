@@ -134,14 +134,28 @@ func loggedWorkers(d *daemon) map[int]logLine {
 }
 
 // statusWorkers is the number of workers the admin /status lists.
+//
+// The supervisor publishes a snapshot when a worker exits, a moment after
+// the log line the test waited for: it is read again for up to 2 s while
+// it still lists an exited worker (one whose pid is gone).
 func statusWorkers(t *testing.T, d *daemon) int {
 	t.Helper()
-	r := get(newClient(t, nil, false), "http://"+d.admin+"/status")
-	var st struct{ Workers []struct{ PID int } }
-	if r.err != nil || r.status != 200 || json.Unmarshal(r.body, &st) != nil {
-		t.Fatalf("/status: %d %v %s", r.status, r.err, r.body)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		r := get(newClient(t, nil, false), "http://"+d.admin+"/status")
+		var st struct{ Workers []struct{ PID int } }
+		if r.err != nil || r.status != 200 || json.Unmarshal(r.body, &st) != nil {
+			t.Fatalf("/status: %d %v %s", r.status, r.err, r.body)
+		}
+		stale := false
+		for _, w := range st.Workers {
+			stale = stale || syscall.Kill(w.PID, 0) != nil
+		}
+		if !stale || time.Now().After(deadline) {
+			return len(st.Workers)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return len(st.Workers)
 }
 
 // waitRetired waits for every worker told to retire since from to exit.
@@ -243,6 +257,27 @@ func TestCanaryBadUpstreamE2E(t *testing.T) {
 	if n := statusWorkers(t, d); n != 3 {
 		t.Errorf("/status lists %d workers after the abort, want 3", n)
 	}
+	// /status and /metrics show the verdict and the quarantined slot.
+	var st struct {
+		Canary struct {
+			Verdict  string `json:"verdict"`
+			Aborted  bool   `json:"aborted"`
+			Requests uint64 `json:"requests"`
+		} `json:"canary"`
+		Quarantined []int `json:"quarantined_slots"`
+	}
+	if r := get(newClient(t, nil, false), "http://"+d.admin+"/status"); json.Unmarshal(r.body, &st) != nil ||
+		st.Canary.Verdict != "unhealthy" || !st.Canary.Aborted || st.Canary.Requests == 0 || fmt.Sprint(st.Quarantined) != "[0]" {
+		t.Errorf("/status after the abort: %s", r.body)
+	}
+	raw := get(newClient(t, nil, false), "http://"+d.admin+"/metrics").body
+	promtoolCheck(t, raw)
+	page := string(raw)
+	for _, want := range []string{"preforkd_workers_quarantined 1\n", `preforkd_canary_verdict{verdict="unhealthy"} 1` + "\n"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 	for _, l := range d.logs.snapshot()[at:] {
 		if l.msg() == "worker started" {
 			t.Errorf("a worker was started after the abort: %s", l.raw)
@@ -267,8 +302,8 @@ func TestCanaryBadUpstreamE2E(t *testing.T) {
 			t.Errorf("worker %d of generation %s after the good reload", l.int("pid"), l.get("generation"))
 		}
 	}
-	if len(live) != 4 || statusWorkers(t, d) != 4 {
-		t.Errorf("%d workers after the good reload (/status: %d), want 4", len(live), statusWorkers(t, d))
+	if n := statusWorkers(t, d); len(live) != 4 || n != 4 {
+		t.Errorf("%d workers after the good reload (/status: %d), want 4", len(live), n)
 	}
 	if got := statuses(load.results); got[200] != len(load.results) {
 		t.Errorf("loops through the good reload: %v", got)
@@ -283,8 +318,10 @@ func TestCanarySameBaselineE2E(t *testing.T) {
 	a, b := flakyUpstream(t, 20), flakyUpstream(t, 20)
 	d := startDaemon(t, daemonOptions{config: canaryConfig(4, a.URL, "", ""), admin: true})
 	load := startLoops(t, 4, d.url("/x"))
-	from := reloadTo(d, canaryConfig(4, b.URL, "", ""))
-	_, v := verdict(t, d, from, 15*time.Second)
+	// A longer window than the others: the verdict needs 50 requests at
+	// the canary, and a loaded machine serves few a second.
+	from := reloadTo(d, strings.Replace(canaryConfig(4, b.URL, "", ""), `canary_window = "1s"`, `canary_window = "4s"`, 1))
+	_, v := verdict(t, d, from, 20*time.Second)
 	load.end()
 	t.Logf("%s (p=%s by %s)", v.msg(), v.get("p_value"), v.get("test"))
 	if v.get("verdict") != "healthy" || !strings.Contains(v.msg(), "reload continues") {

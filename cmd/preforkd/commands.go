@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 
@@ -123,6 +124,13 @@ func loadConfig(path string, o overrides) (config.Config, error) {
 	if err != nil {
 		return cfg, &configError{err}
 	}
+	// At start, in check and at every reload: a token file that would
+	// refuse every action refuses the configuration instead.
+	if cfg.Admin.TokenFile != "" {
+		if _, err := readToken(cfg.Admin.TokenFile); err != nil {
+			return cfg, &configError{err}
+		}
+	}
 	return cfg, nil
 }
 
@@ -132,14 +140,20 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 	fs.StringVar(&o.listen, "listen", "", "listen address `ADDR` (host:port), overrides server.listen")
 	fs.Var(&o.workers, "workers", "`N` worker processes (0 = one per CPU), overrides server.workers")
 	fs.StringVar(&o.upstream, "upstream", "", "upstream `URL` (http://host:port) or \"builtin:demo\", overrides server.upstream")
+	var lf logFlags
+	lf.define(fs)
 	fs.BoolVar(&o.shadow, "shadow", false, "every rule in shadow mode (a dry run: nothing refused), as server.shadow = true")
 	return func(ctx context.Context, args []string, _, stderr io.Writer) error {
-		log := slog.New(slog.NewTextHandler(stderr, nil))
+		if err := lf.check(); err != nil {
+			return err
+		}
+		logs := newLogSwitch(stderr, lf)
+		log := logs.logger()
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
 			quietRedisLog(log)
-			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log})
+			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log, Configured: func(cfg config.Config) { logs.configure(cfg.Log) }})
 		}
 		if err := noArgs(args); err != nil {
 			return err
@@ -154,15 +168,22 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err := checkPersist(cfg); err != nil {
 			return err
 		}
+		logs.configure(cfg.Log)
 		opts := prefork.Options{
 			Config:     cfg,
 			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
 			Engine:     engine,
 			Logger:     log,
+			Configured: func(cfg config.Config) { logs.configure(cfg.Log) },
 		}
-		v, _ := buildVersion()
+		v, c := buildVersion()
+		abs, err := filepath.Abs(*path)
+		if err != nil {
+			abs = *path
+		}
+		banner(log, v, c, abs, cfg)
 		persistHooks(&opts, v)
-		adminHooks(&opts)
+		adminHooks(&opts, adminInfo{version: v, commit: c, configPath: abs})
 		return prefork.Run(ctx, opts)
 	}
 }
@@ -217,4 +238,20 @@ func runVersion(args []string, stdout io.Writer) error {
 	v, c := buildVersion()
 	fmt.Fprintf(stdout, "preforkd %s (commit %s)\ndump format %d\nregion layout %d\n", v, c, dumpFormatVersion(), regionLayoutVersion())
 	return nil
+}
+
+// banner is the first line of a run: what runs, from which file, where.
+// The upstream's password, if its URL has one, is masked.
+func banner(log *slog.Logger, version, commit, path string, cfg config.Config) {
+	rules := make([]string, len(cfg.RateLimits))
+	for i, r := range cfg.RateLimits {
+		rules[i] = r.Name
+	}
+	blocks := make([]string, len(cfg.Idempotency))
+	for i, d := range cfg.Idempotency {
+		blocks[i] = d.Path
+	}
+	log.Info("preforkd starting", "version", version, "commit", commit, "config", path,
+		"listen", cfg.Server.Listen, "workers", cfg.Server.WorkerCount(), "upstream", redactedURL(cfg.Server.Upstream),
+		"rules", rules, "idempotency", blocks, "admin", cfg.Admin.Listen)
 }

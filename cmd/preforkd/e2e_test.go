@@ -747,14 +747,16 @@ func TestAdminEndpoint(t *testing.T) {
 		}
 		metrics[name] = value
 	}
-	if !strings.Contains(string(r.body), "# TYPE preforkd_counter_slots gauge\n") {
-		t.Errorf("/metrics has no TYPE line for preforkd_counter_slots:\n%s", r.body)
+	if !strings.Contains(string(r.body), "# TYPE preforkd_table_slots gauge\n") {
+		t.Errorf("/metrics has no TYPE line for preforkd_table_slots:\n%s", r.body)
 	}
 	for name, want := range map[string]string{
-		"preforkd_counter_slots":        "1024",
-		"preforkd_counter_slots_live":   "1", // the one client of rule m
-		"preforkd_counter_claims_total": "1",
-		"preforkd_workers":              "2",
+		"preforkd_table_slots":                                         "1024",
+		"preforkd_table_slots_used":                                    "1", // the one client of rule m
+		"preforkd_table_claims_total":                                  "1",
+		`preforkd_workers{state="ready"}`:                              "2",
+		`preforkd_http_requests_total{code="200"}`:                     "1",
+		`preforkd_ratelimit_requests_total{rule="m",result="allowed"}`: "1",
 	} {
 		if got := metrics[name]; got != want {
 			t.Errorf("/metrics: %s = %q, want %s", name, got, want)

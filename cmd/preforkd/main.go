@@ -42,6 +42,8 @@ func commands() []*command {
 			"validate the file and print the effective configuration; exit 2 on error", setupCheck},
 		{"inspect", "FILE",
 			"describe a dump or a live region (header, guards, occupancy); exit 1 if a load would refuse it", setupInspect},
+		{"tune", "-admin ADDR [-upstream URL] [-path PATH] [-requests N]",
+			"advise on table sizes and workers of a running instance, with the evidence and what was not measured", setupTune},
 		{"example-config", "",
 			"print an example configuration that documents every key, to start from", setupExampleConfig},
 		{"version", "",

@@ -18,11 +18,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const envUpstreamRole = "PREFORKD_E2E_UPSTREAM"
@@ -78,6 +81,28 @@ func upstreamMain() int {
 		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
 	})
 	mux.HandleFunc("/ws", websocketEcho)
+	// /cpu works 15ms of its thread's CPU time (as a CPU-bound handler
+	// does a fixed amount of work, however long a busy host makes it
+	// wait), /sleep sleeps 15ms: the two profiles of preforkd tune's test.
+	mux.HandleFunc("/cpu", func(w http.ResponseWriter, r *http.Request) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var ts unix.Timespec
+		unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+		until := ts.Nano() + int64(15*time.Millisecond)
+		x := 0
+		for ts.Nano() < until {
+			for i := range 1000 {
+				x += i * i
+			}
+			unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+		}
+		fmt.Fprint(w, x)
+	})
+	mux.HandleFunc("/sleep", func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(15 * time.Millisecond)
+		fmt.Fprint(w, "slept")
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		fmt.Fprint(w, "ok")

@@ -141,7 +141,7 @@ func benchMiddleware(b *testing.B, r *shm.Region, blocks []config.Idempotency, o
 
 func benchRegion(b *testing.B) *shm.Region {
 	b.Helper()
-	r, err := shm.CreatePrivate(shm.Options{Counters: 8, Responses: 4096, ResponseBytes: 16 << 20})
+	r, err := shm.CreatePrivate(statRegion(shm.Options{Counters: 8, Responses: 4096, ResponseBytes: 16 << 20}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func BenchmarkWakeLatency(b *testing.B) {
 
 func wakeRegion(b *testing.B) *shm.Region {
 	b.Helper()
-	r, err := shm.Create(shm.Options{Counters: 8, Responses: 1 << 15, ResponseBytes: 8 << 20})
+	r, err := shm.Create(statRegion(shm.Options{Counters: 8, Responses: 1 << 15, ResponseBytes: 8 << 20}))
 	if err != nil {
 		b.Fatal(err)
 	}

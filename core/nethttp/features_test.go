@@ -220,7 +220,7 @@ func TestGlobalShadow(t *testing.T) {
 	if got := f.count(10, "/login", "192.0.2.1:1"); got[200] != 10 {
 		t.Fatalf("%v: a dry run refused", got)
 	}
-	if st := f.mw.Stats()[0]; st.Allowed != 2 || st.ShadowRefused != 8 {
+	if st := f.mw.Stats()[0]; st.Allowed != 2 || st.ShadowLimited != 8 {
 		t.Fatalf("%+v", st)
 	}
 	if w := f.get("/login", "192.0.2.1:1"); w.Header().Get("RateLimit") == "" {

@@ -80,10 +80,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ex.Decide() == core.Respond {
 		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
 			setFields(w.Header(), ref.Fields)
-			h.opts.Refuse(w, r, ref)
+			req.sw = statusWriter{w: w}
+			h.opts.Refuse(&req.sw, r, ref)
+			ex.Done(req.sw.final())
 			return
 		}
 		writeResponse(w, ex.Response())
+		ex.Done(ex.Response().Status)
 		if ex.Refresh() {
 			owned = false
 			h.refresh(ex, r)
@@ -104,7 +107,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	max, record := ex.Record()
 	if !record {
-		h.next.ServeHTTP(w, r)
+		req.sw = statusWriter{w: w}
+		h.next.ServeHTTP(&req.sw, r)
+		ex.Done(req.sw.final())
 		return
 	}
 	// A request whose response is kept runs without the client's
@@ -124,7 +129,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		clear(w.Header())
 		writeResponse(w, rec.replaced)
 	}
-	ex.Complete(rec.recorded())
+	recorded := rec.recorded()
+	ex.Complete(recorded)
+	status := recorded.Status
+	switch {
+	case rec.replaced != nil:
+		status = rec.replaced.Status
+	case recorded.Hijacked && status == 0:
+		status = http.StatusSwitchingProtocols
+	}
+	ex.Done(status)
 }
 
 // unconditional is r without the fields core.UnconditionalFields names,
@@ -207,6 +221,7 @@ type request struct {
 	r        *http.Request
 	body     []byte
 	bodyRead bool
+	sw       statusWriter // pooled with the request: no allocation per response
 }
 
 func (q *request) Method() string { return q.r.Method }

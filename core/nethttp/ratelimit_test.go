@@ -43,7 +43,7 @@ func (c *clock) Advance(by time.Duration) { c.d.Add(int64(by)) }
 
 func newRegion(t testing.TB, opts shm.Options) *shm.Region {
 	t.Helper()
-	r, err := shm.CreatePrivate(opts)
+	r, err := shm.CreatePrivate(statRegion(opts))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func newCoreFixtureOn(t testing.TB, o core.Options, region *shm.Region) *fixture
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.mw = &handler{nethttp.New(c, f.app, nethttp.Options{})}
+	f.mw = newHandler(c, f.app, nethttp.Options{}, f.region, o.RateLimits)
 	return f
 }
 
@@ -244,7 +244,7 @@ func TestLimitOneClient(t *testing.T) {
 		t.Errorf("unmatched path: %d %v, want 200 without rate-limit headers", w.Code, rateHeaders(w.Header()))
 	}
 	st := f.mw.Stats()
-	if want := []core.RuleStats{{Name: "login", Allowed: 5, Refused: 3}}; fmt.Sprint(st) != fmt.Sprint(want) {
+	if want := []ruleCounts{{Name: "login", Allowed: 5, Limited: 3}}; fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("Stats = %+v, want %+v", st, want)
 	}
 }
@@ -305,7 +305,7 @@ func TestRefusalChargesNoRule(t *testing.T) {
 	if got := remainingA(); got != 8 {
 		t.Errorf("A remaining after 5 refusals = %d, want 8 (a refusal charges no rule)", got)
 	}
-	if st := f.mw.Stats(); st[0].Allowed != 2 || st[0].Refused != 0 || st[1].Allowed != 2 || st[1].Refused != 5 {
+	if st := f.mw.Stats(); st[0].Allowed != 2 || st[0].Limited != 0 || st[1].Allowed != 2 || st[1].Limited != 5 {
 		t.Errorf("Stats = %+v", st)
 	}
 }
@@ -379,7 +379,7 @@ func TestRefundAfterLateRefusal(t *testing.T) {
 	if got := w.Header().Get("RateLimit"); got != `"A";r=93;t=252, "B";r=0;t=1` {
 		t.Errorf("RateLimit = %q", got)
 	}
-	if st := f.mw.Stats(); st[0].Allowed != 7 || st[1].Refused != 1 || st[1].Full != 1 {
+	if st := f.mw.Stats(); st[0].Allowed != 7 || st[1].Limited != 0 || st[1].FullClosed != 1 {
 		t.Errorf("Stats = %+v", st)
 	}
 }
@@ -401,8 +401,8 @@ func TestOnFull(t *testing.T) {
 			st := f.mw.Stats()[0]
 			switch onFull {
 			case bucket.Open:
-				if w.Code != 200 || st.Full != 1 || st.Allowed != 9 {
-					t.Errorf("%d, %+v; want 200, one Full, 9 Allowed", w.Code, st)
+				if w.Code != 200 || st.FullOpen != 1 || st.Allowed != 8 {
+					t.Errorf("%d, %+v; want 200, one FullOpen, 8 Allowed", w.Code, st)
 				}
 				// The rule knows nothing of this client: no item of it.
 				if got := rateHeaders(w.Header()); len(got) != 0 {
@@ -418,8 +418,8 @@ func TestOnFull(t *testing.T) {
 					t.Errorf("%d log lines in the same second, want 1", n)
 				}
 			case bucket.Closed:
-				if w.Code != 503 || w.Header().Get("Retry-After") != "1" || st.Full != 1 || st.Refused != 1 {
-					t.Errorf("%d, Retry-After %q, %+v; want 503, 1, one Full and one Refused", w.Code, w.Header().Get("Retry-After"), st)
+				if w.Code != 503 || w.Header().Get("Retry-After") != "1" || st.FullClosed != 1 || st.Limited != 0 {
+					t.Errorf("%d, Retry-After %q, %+v; want 503, 1, one FullClosed", w.Code, w.Header().Get("Retry-After"), st)
 				}
 				want := `{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"rate limit \"ip\" is temporarily unavailable; retry in 1 second"}` + "\n"
 				if w.Body.String() != want || w.Header().Get("Content-Type") != "application/problem+json" || w.Header().Get("Cache-Control") != "no-store" {
@@ -601,7 +601,7 @@ func TestShadow(t *testing.T) {
 		t.Fatalf("2s later, log:\n%s", f.logs)
 	}
 	st := f.mw.Stats()[0]
-	if st != (core.RuleStats{Name: "watch", Allowed: 1, ShadowRefused: 7}) {
+	if st != (ruleCounts{Name: "watch", Allowed: 1, ShadowLimited: 7}) {
 		t.Errorf("Stats = %+v", st)
 	}
 	if f.app.calls.Load() != 8 {
@@ -623,7 +623,7 @@ func TestShadowBesideEnforce(t *testing.T) {
 	if w.Code != 429 || w.Header().Get("RateLimit") != `"enf";r=0;t=30, "shd";r=8;t=12` {
 		t.Errorf("%d, RateLimit %q", w.Code, w.Header().Get("RateLimit"))
 	}
-	if st := f.mw.Stats(); st[1].Allowed != 2 || st[0].Refused != 3 {
+	if st := f.mw.Stats(); st[1].Allowed != 2 || st[0].Limited != 3 {
 		t.Errorf("Stats = %+v", st)
 	}
 }

@@ -251,6 +251,11 @@ func TestRedisUnavailablePolicies(t *testing.T) {
 			t.Errorf("rule %s counted no unavailable decision", rs.Name)
 		}
 	}
+	// Each rule counted what on_unavailable answered: open served them
+	// uncounted, closed refused one, local's share decided (5 served).
+	if st := f.mw.Stats(); st[0].UnavailableOpen != 6 || st[1].UnavailableClosed != 1 || st[2].Allowed != 5 || st[2].Limited != 7 {
+		t.Errorf("counts after Redis died: %+v", st)
+	}
 }
 
 // Redis rules with the features of local ones: an override (its own
@@ -307,7 +312,7 @@ func TestRedisRuleFeatures(t *testing.T) {
 		}
 	}
 	for _, rs := range f.mw.Stats() {
-		if rs.Name == "watch" && (rs.Allowed != 1 || rs.ShadowRefused != 4) {
+		if rs.Name == "watch" && (rs.Allowed != 1 || rs.ShadowLimited != 4) {
 			t.Fatalf("shadow stats %+v, want 1 counted and 4 served that it would have refused", rs)
 		}
 	}

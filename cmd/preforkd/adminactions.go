@@ -1,0 +1,147 @@
+package main
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// adminAction is one action of the admin endpoint. Every action needs the
+// bearer token (admin.authorize); adding one is an entry here, documented
+// in README's "Admin actions".
+type adminAction struct {
+	pattern string // net/http ServeMux pattern: method and path
+	serve   func(a *admin, w http.ResponseWriter, r *http.Request)
+}
+
+var adminActions = []adminAction{
+	{"GET /ratelimit/{rule}", (*admin).serveKeyState},
+	{"POST /ratelimit/{rule}/reset", (*admin).serveKeyReset},
+	{"DELETE /idempotency", (*admin).serveForgetResponse},
+	{"POST /cache/purge", (*admin).serveCachePurge},
+}
+
+// keyStateJSON is one key's state as the actions report it. It names the
+// element of the rule's by the key is, never its value (which may be a
+// secret); seconds are rounded up, as Retry-After is.
+type keyStateJSON struct {
+	Rule       string `json:"rule"`
+	Element    string `json:"element"`
+	Stored     bool   `json:"stored"`
+	Override   bool   `json:"override"`
+	Limit      int64  `json:"limit"`
+	Remaining  int64  `json:"remaining"`
+	Limited    bool   `json:"limited"`
+	RetryAfter int64  `json:"retry_after_seconds"`
+	ResetAfter int64  `json:"reset_after_seconds"`
+}
+
+func newKeyStateJSON(s core.KeyState) keyStateJSON {
+	return keyStateJSON{
+		Rule: s.Rule, Element: s.Element, Stored: s.Stored, Override: s.Override, Limit: s.Limit,
+		Remaining: s.Remaining, Limited: s.Limited,
+		RetryAfter: ceilSeconds(s.RetryAfter.Nanoseconds()), ResetAfter: ceilSeconds(s.ResetAfter.Nanoseconds()),
+	}
+}
+
+func ceilSeconds(ns int64) int64 { return (ns + 1e9 - 1) / 1e9 }
+
+// serveKeyState is GET /ratelimit/{rule}?key=K: the state of one key.
+func (a *admin) serveKeyState(w http.ResponseWriter, r *http.Request) {
+	ctl, key, ok := a.keyAction(w, r)
+	if !ok {
+		return
+	}
+	st, err := ctl.KeyState(r.PathValue("rule"), key)
+	if a.keyError(w, err) {
+		return
+	}
+	writeJSON(w, newKeyStateJSON(st))
+}
+
+// serveKeyReset is POST /ratelimit/{rule}/reset?key=K: forget one key; its
+// next request finds the whole allowance. The answer is the state before.
+func (a *admin) serveKeyReset(w http.ResponseWriter, r *http.Request) {
+	ctl, key, ok := a.keyAction(w, r)
+	if !ok {
+		return
+	}
+	before, err := ctl.ResetKey(r.PathValue("rule"), key)
+	if a.keyError(w, err) {
+		return
+	}
+	a.log.Info("admin: key reset", "rule", before.Rule, "element", before.Element, "was_limited", before.Limited, "client", r.RemoteAddr)
+	writeJSON(w, struct {
+		Reset  bool         `json:"reset"`
+		Before keyStateJSON `json:"before"`
+	}{true, newKeyStateJSON(before)})
+}
+
+// serveForgetResponse is DELETE /idempotency?key=K&by=V: drop the response
+// stored for idempotency key K of the client V, so that its retry runs
+// again. 404 when none is stored, 409 while its request runs.
+func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	key, by := q.Get("key"), q.Get("by")
+	if key == "" || by == "" {
+		writeProblem(w, http.StatusBadRequest, "Bad Request",
+			"give ?key= (the Idempotency-Key as the client sent it) and ?by= (the client, as the block's by sees it: ip:192.0.2.1, header:NAME:VALUE, ...)")
+		return
+	}
+	ctl, err := a.control()
+	if err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", err.Error())
+		return
+	}
+	n, err := ctl.ForgetResponse(key, by)
+	switch {
+	case errors.Is(err, core.ErrInFlight):
+		writeProblem(w, http.StatusConflict, "Conflict", "the request with this key is still running; try again when it is done")
+		return
+	case a.keyError(w, err):
+		return
+	case n == 0:
+		writeProblem(w, http.StatusNotFound, "Not Found", "no stored response for this key and client")
+		return
+	}
+	a.log.Info("admin: stored response dropped", "records", n, "client", r.RemoteAddr)
+	writeJSON(w, struct {
+		Deleted int `json:"deleted"`
+	}{n})
+}
+
+// keyAction reads what the key actions share: the rules and ?key=.
+func (a *admin) keyAction(w http.ResponseWriter, r *http.Request) (*core.Control, string, bool) {
+	key := r.URL.Query().Get("key")
+	if key == "" {
+		writeProblem(w, http.StatusBadRequest, "Bad Request",
+			"give ?key=: an address (ip:192.0.2.1 or 192.0.2.1), header:NAME:VALUE, cookie:NAME:VALUE, query:NAME:VALUE, path:PATH or global")
+		return nil, "", false
+	}
+	ctl, err := a.control()
+	if err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", err.Error())
+		return nil, "", false
+	}
+	return ctl, key, true
+}
+
+// keyError answers a Control error: 404 for an unknown rule, 400 for a key
+// the rule does not have.
+func (a *admin) keyError(w http.ResponseWriter, err error) bool {
+	var ke *core.KeyError
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, core.ErrUnknownRule):
+		writeProblem(w, http.StatusNotFound, "Not Found", strings.TrimPrefix(err.Error(), "core: "))
+	case errors.As(err, &ke):
+		writeProblem(w, http.StatusBadRequest, "Bad Request", strings.TrimPrefix(err.Error(), "core: "))
+	default:
+		a.log.Error("admin action failed", "err", err)
+		writeProblem(w, http.StatusInternalServerError, "Internal Server Error", "see the log")
+	}
+	return true
+}

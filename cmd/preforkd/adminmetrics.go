@@ -1,0 +1,115 @@
+package main
+
+import (
+	"net/http"
+	"sync"
+
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/redisstore"
+)
+
+// scrape is the buffers of one /metrics answer, reused.
+type scrape struct {
+	snap  metrics.Snapshot
+	text  metrics.Text
+	rules []metrics.Rule
+}
+
+var scrapes = sync.Pool{New: func() any { return new(scrape) }}
+
+// serveMetrics is GET /metrics: the supervisor's own state, then the sums
+// of the workers' statistics rows (package metrics). It reads the rows,
+// never the slots: its cost does not grow with the tables.
+func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	sc := scrapes.Get().(*scrape)
+	defer scrapes.Put(sc)
+	sc.text.Reset()
+	st := a.status.Load()
+	if st == nil {
+		st = &prefork.Status{}
+	}
+	a.appendSupervisor(&sc.text, st)
+	metrics.Read(a.region, &sc.snap)
+	sc.rules = sc.rules[:0]
+	for _, r := range st.Config.RateLimits {
+		sc.rules = append(sc.rules, metrics.Rule{Name: r.Name, Index: metrics.RuleIndex(a.region, r.Name)})
+	}
+	sc.snap.AppendFamilies(&sc.text, sc.rules)
+	sc.snap.AppendTable(&sc.text)
+	if rd := st.Config.Redis; rd.Enabled() {
+		b := redisstore.ReadBreaker(a.region, rd.StoreOptions(), a.region.Now())
+		sc.text.Family("preforkd_redis_breaker_state", "gauge", "The Redis breaker shared by the workers: 0 closed, 1 open, 2 half-open.")
+		sc.text.Uint("preforkd_redis_breaker_state", uint64(b.Phase))
+	}
+	w.Header().Set("Content-Type", metrics.ContentType)
+	w.Write(sc.text.Bytes())
+}
+
+// appendSupervisor writes what the supervisor knows: the build, the
+// workers, the reloads.
+func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
+	t.Family("preforkd_build_info", "gauge", "The running build: 1, labelled with its version and commit.")
+	t.Uint("preforkd_build_info", 1, "version", a.version, "commit", a.commit)
+	t.Family("preforkd_start_time_seconds", "gauge", "When the supervisor started, in Unix seconds.")
+	t.Float("preforkd_start_time_seconds", float64(a.started.UnixNano())/1e9)
+
+	var starting, ready, retiring uint64
+	for _, w := range st.Workers {
+		switch w.State() {
+		case "starting":
+			starting++
+		case "ready":
+			ready++
+		default:
+			retiring++
+		}
+	}
+	t.Family("preforkd_workers", "gauge", "Worker processes, by state: starting (not yet ready), ready, retiring (draining after a reload or at shutdown).")
+	t.Uint("preforkd_workers", starting, "state", "starting")
+	t.Uint("preforkd_workers", ready, "state", "ready")
+	t.Uint("preforkd_workers", retiring, "state", "retiring")
+	t.Family("preforkd_worker_restarts_total", "counter", "Workers that exited without being asked to (or never became ready) and were replaced.")
+	t.Uint("preforkd_worker_restarts_total", uint64(st.Crashes))
+	t.Family("preforkd_ready", "gauge", "1 while the instance serves (what /readyz answers 200 for), else 0.")
+	t.Uint("preforkd_ready", b2u(st.Serving))
+	t.Family("preforkd_draining", "gauge", "1 from the moment a graceful shutdown began.")
+	t.Uint("preforkd_draining", b2u(st.Draining))
+
+	t.Family("preforkd_reload_generation", "gauge", "Configurations accepted since start (0: the first one runs).")
+	t.Uint("preforkd_reload_generation", uint64(st.Generation))
+	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load; the running configuration was kept).")
+	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Accepted), "result", "accepted")
+	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Refused), "result", "refused")
+	t.Family("preforkd_reload_last_success", "gauge", "0 when the last reload was refused, else 1.")
+	t.Uint("preforkd_reload_last_success", b2u(st.Reloads.LastError == ""))
+	if !st.Reloads.Last.IsZero() {
+		t.Family("preforkd_reload_last_timestamp_seconds", "gauge", "When the last reload was asked for, in Unix seconds.")
+		t.Float("preforkd_reload_last_timestamp_seconds", float64(st.Reloads.Last.UnixNano())/1e9)
+	}
+	t.Family("preforkd_workers_quarantined", "gauge", "Worker slots an aborted canary left empty until a reload succeeds.")
+	t.Uint("preforkd_workers_quarantined", uint64(len(st.Quarantined)))
+	t.Family("preforkd_worker_recycles_total", "counter", "Workers replaced for server.max_requests or server.max_rss.")
+	t.Uint("preforkd_worker_recycles_total", uint64(st.Recycled))
+	if c := st.Canary; c != nil {
+		// One series per verdict, 1 for the last canary's (running: its
+		// window has not ended), so that an alert can match a value.
+		t.Family("preforkd_canary_verdict", "gauge", "The last canary's verdict: 1 for the one it got (running while its window runs), 0 for the others.")
+		for _, v := range []prefork.Verdict{"", prefork.VerdictHealthy, prefork.VerdictUnhealthy, prefork.VerdictInconclusive, prefork.VerdictFailed} {
+			name := string(v)
+			if v == "" {
+				name = "running"
+			}
+			t.Uint("preforkd_canary_verdict", b2u(c.Verdict == v), "verdict", name)
+		}
+		t.Family("preforkd_canary_generation", "gauge", "The configuration generation the last canary ran.")
+		t.Uint("preforkd_canary_generation", uint64(c.Generation))
+	}
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}

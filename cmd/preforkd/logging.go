@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/preforkd/preforkd/config"
+)
+
+// logFlags are -log-format and -log-level: how the supervisor and its
+// workers (which run with the same arguments) write their log. A flag
+// given overrides the file's [log].
+type logFlags struct {
+	format string
+	level  string
+}
+
+func (lf *logFlags) define(fs *flag.FlagSet) {
+	fs.StringVar(&lf.format, "log-format", "", "log `FORMAT`: text (logfmt) or json, one line per event; overrides log.format")
+	fs.StringVar(&lf.level, "log-level", "", "least `LEVEL` logged: debug, info, warn or error; overrides log.level")
+}
+
+// check refuses a flag value that names no format or level.
+func (lf *logFlags) check() error {
+	var f config.LogFormat
+	var l config.LogLevel
+	if lf.format != "" && f.UnmarshalText([]byte(lf.format)) != nil {
+		return &usageError{"-log-format " + lf.format + ": want text or json"}
+	}
+	if lf.level != "" && l.UnmarshalText([]byte(strings.ToLower(lf.level))) != nil {
+		return &usageError{"-log-level " + lf.level + ": want debug, info, warn or error"}
+	}
+	return nil
+}
+
+// effective is the file's [log] with the flags given applied over it.
+func (lf *logFlags) effective(file config.Log) config.Log {
+	if lf.format != "" {
+		file.Format.UnmarshalText([]byte(lf.format))
+	}
+	if lf.level != "" {
+		file.Level.UnmarshalText([]byte(strings.ToLower(lf.level)))
+	}
+	return file
+}
+
+// logSwitch is the daemon's slog.Handler: it writes to w as the current
+// [log] says, and a configuration (at start, at every reload in the
+// supervisor, once read in a worker) can change that while loggers made
+// from it live on.
+type logSwitch struct {
+	w       io.Writer
+	flags   logFlags
+	mu      sync.Mutex
+	cur     config.Log
+	base    atomic.Pointer[slog.Handler]
+	version atomic.Uint64
+}
+
+func newLogSwitch(w io.Writer, flags logFlags) *logSwitch {
+	s := &logSwitch{w: w, flags: flags}
+	s.configure(config.Log{})
+	return s
+}
+
+// configure applies the file's [log] (and the flags over it).
+func (s *logSwitch) configure(file config.Log) {
+	eff := s.flags.effective(file)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.base.Load() != nil && eff == s.cur {
+		return
+	}
+	opts := &slog.HandlerOptions{Level: eff.Level.Slog()}
+	var h slog.Handler = slog.NewTextHandler(s.w, opts)
+	if eff.Format == config.LogJSON {
+		h = slog.NewJSONHandler(s.w, opts)
+	}
+	s.cur = eff
+	s.base.Store(&h)
+	s.version.Add(1)
+}
+
+// logger is a logger over the switch.
+func (s *logSwitch) logger() *slog.Logger { return slog.New(&switchHandler{sw: s}) }
+
+// switchHandler is a handler of the switch with the attributes and
+// groups its logger was given, replayed over the current handler.
+type switchHandler struct {
+	sw    *logSwitch
+	chain []func(slog.Handler) slog.Handler
+	cache atomic.Pointer[derived]
+}
+
+type derived struct {
+	version uint64
+	h       slog.Handler
+}
+
+func (h *switchHandler) current() slog.Handler {
+	v := h.sw.version.Load()
+	if d := h.cache.Load(); d != nil && d.version == v {
+		return d.h
+	}
+	cur := *h.sw.base.Load()
+	for _, f := range h.chain {
+		cur = f(cur)
+	}
+	h.cache.Store(&derived{v, cur})
+	return cur
+}
+
+func (h *switchHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.current().Enabled(ctx, l)
+}
+
+func (h *switchHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.current().Handle(ctx, r)
+}
+
+func (h *switchHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return h.with(func(x slog.Handler) slog.Handler { return x.WithAttrs(attrs) })
+}
+
+func (h *switchHandler) WithGroup(name string) slog.Handler {
+	return h.with(func(x slog.Handler) slog.Handler { return x.WithGroup(name) })
+}
+
+func (h *switchHandler) with(f func(slog.Handler) slog.Handler) slog.Handler {
+	chain := append(append([]func(slog.Handler) slog.Handler(nil), h.chain...), f)
+	return &switchHandler{sw: h.sw, chain: chain}
+}

@@ -1,0 +1,286 @@
+package core_test
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// statRegion is a memfd region with room for the statistics, as the
+// supervisor makes it.
+func statRegion(t *testing.T, o shm.Options) *shm.Region {
+	t.Helper()
+	metrics.Geometry(&o, 4)
+	r, err := shm.Create(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// joinAs maps r again, as a worker process would, joined as index w.
+func joinAs(t *testing.T, r *shm.Region, w int) *shm.Region {
+	t.Helper()
+	fd, err := unix.Dup(int(r.File().Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := shm.Attach(os.NewFile(uintptr(fd), "region"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	if err := a.Join(w); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// lockedBuffer is a log destination shared by several cores.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) lines(msg string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for line := range strings.Lines(l.b.String()) {
+		if strings.Contains(line, `msg="`+msg+`"`) {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return out
+}
+
+// Each rule counts each request it matched once, under what it did, in the
+// region's statistics; responses are counted by status with their
+// durations; two workers' counts add up.
+func TestRequestsCountedInTheRegion(t *testing.T) {
+	region := statRegion(t, shm.Options{Counters: 8, Probe: 8})
+	now := time.Hour
+	ip, _ := clientip.ParseBy("ip")
+	opts := core.Options{
+		Now:    func() time.Duration { return now },
+		Logger: slog.New(slog.DiscardHandler),
+		RateLimits: []core.RateLimit{
+			{Rule: bucket.Rule{Name: "enf", Limit: 2, Window: time.Hour}, Route: mustRoute(t, "/e"), By: ip},
+			{Rule: bucket.Rule{Name: "shd", Limit: 1, Window: time.Hour}, Route: mustRoute(t, "/s"), By: ip, Shadow: true},
+			{Rule: bucket.Rule{Name: "open", Limit: 100, Window: time.Hour}, Route: mustRoute(t, "/o"), By: ip},
+			{Rule: bucket.Rule{Name: "closed", Limit: 100, Window: time.Hour, OnFull: bucket.Closed}, Route: mustRoute(t, "/c"), By: ip},
+		},
+	}
+	w1, err := core.New(joinAs(t, region, 1), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := core.New(joinAs(t, region, 2), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(c *core.Core, path, peer string, took time.Duration) int {
+		ex := c.Begin(newReq("GET", path, peer))
+		defer ex.Release()
+		status := 200
+		if ex.Decide() == core.Respond {
+			status = ex.Response().Status
+		}
+		now += took
+		ex.Done(status)
+		return status
+	}
+	got := map[int]int{}
+	for i, c := range []*core.Core{w1, w2, w1, w2, w1} { // enf: 2 allowed, 3 limited
+		got[serve(c, "/e", "192.0.2.1", time.Duration(i)*time.Millisecond)]++
+	}
+	for _, c := range []*core.Core{w1, w2, w2} { // shd: 1 allowed, 2 over the limit, served
+		got[serve(c, "/s", "192.0.2.1", 0)]++
+	}
+	// 8 slots: enf and shd hold one key each; open's six clients fill the
+	// rest, then a seventh (open) and one of closed find no slot.
+	for i := 0; i < 6; i++ {
+		serve(w1, "/o", "198.51.100."+string(rune('1'+i)), 0)
+	}
+	serve(w2, "/o", "203.0.113.1", 0)
+	got[serve(w2, "/c", "203.0.113.2", 0)]++
+	if got[200] != 5 || got[429] != 3 || got[503] != 1 {
+		t.Fatalf("statuses %v, want 5×200, 3×429, 1×503", got)
+	}
+
+	var s metrics.Snapshot
+	metrics.Read(region, &s)
+	rule := func(name string) [5]uint64 {
+		i := metrics.RuleIndex(region, name)
+		var out [5]uint64
+		for res := range out {
+			out[res] = s.RuleValue(metrics.RateLimitRequests, i, res)
+		}
+		return out
+	}
+	//                                  allowed limited shadow full_open full_closed
+	for name, want := range map[string][5]uint64{
+		"enf":    {2, 3, 0, 0, 0},
+		"shd":    {1, 0, 2, 0, 0},
+		"open":   {6, 0, 0, 1, 0},
+		"closed": {0, 0, 0, 0, 1},
+	} {
+		if got := rule(name); got != want {
+			t.Errorf("rule %s counted %v, want %v", name, got, want)
+		}
+	}
+	if n := s.Value(metrics.HTTPRequests, 200-100); n != 2+3+7 {
+		t.Errorf("%d responses of 200, want 12", n)
+	}
+	if n := s.Value(metrics.HTTPRequests, 429-100); n != 3 {
+		t.Errorf("%d responses of 429, want 3", n)
+	}
+	if s.Requests() != 16 || s.Errors5xx() != 1 {
+		t.Errorf("%d requests, %d 5xx; want 16 and 1", s.Requests(), s.Errors5xx())
+	}
+	// The five /e requests took 0 to 4 ms, the others nothing: 13 within
+	// 1ms, one within 2.5ms, two within 5ms; 10ms in all.
+	var p metrics.Text
+	s.AppendFamilies(&p, []metrics.Rule{{Name: "enf", Index: metrics.RuleIndex(region, "enf")}})
+	page := string(p.Bytes())
+	for _, want := range []string{
+		`preforkd_ratelimit_requests_total{rule="enf",result="limited"} 3`,
+		`preforkd_http_request_duration_seconds_bucket{le="0.001"} 13`,
+		`preforkd_http_request_duration_seconds_bucket{le="0.0025"} 14`,
+		`preforkd_http_request_duration_seconds_bucket{le="0.005"} 16`,
+		`preforkd_http_request_duration_seconds_bucket{le="+Inf"} 16`,
+		`preforkd_http_request_duration_seconds_sum 0.01`,
+		`preforkd_http_request_duration_seconds_count 16`,
+		`preforkd_http_requests_total{code="503"} 1`,
+	} {
+		if !strings.Contains(page, want+"\n") {
+			t.Errorf("the page lacks %q:\n%s", want, page)
+		}
+	}
+
+	// Worker 1 goes away: its counts stay in the totals.
+	before := rule("enf")
+	if _, err := region.Reap(1); err != nil {
+		t.Fatal(err)
+	}
+	metrics.Read(region, &s)
+	if got := rule("enf"); got != before {
+		t.Errorf("after reaping worker 1: %v, before %v", got, before)
+	}
+	var w metrics.Snapshot
+	metrics.ReadWorker(region, 1, &w)
+	if w.Requests() != 0 {
+		t.Errorf("the reaped worker's row: %d requests, want 0", w.Requests())
+	}
+}
+
+// A flood of refusals from two workers writes one line a second of region
+// time for the rule, whichever worker refuses, and each line says how many
+// it stands for: the lines and their suppressed counts add up to the
+// refusals.
+func TestRefusalLogOncePerSecondAcrossWorkers(t *testing.T) {
+	region := statRegion(t, shm.Options{Counters: 64})
+	var now time.Duration = time.Hour
+	var mu sync.Mutex
+	clock := func() time.Duration { mu.Lock(); defer mu.Unlock(); return now }
+	logs := &lockedBuffer{}
+	ip, _ := clientip.ParseBy("ip")
+	opts := core.Options{
+		Now:        clock,
+		Logger:     slog.New(slog.NewTextHandler(logs, nil)),
+		RateLimits: []core.RateLimit{{Rule: bucket.Rule{Name: "login", Limit: 1, Window: 24 * time.Hour}, Route: mustRoute(t, "/login"), By: ip}},
+	}
+	var cores []*core.Core
+	for w := range 2 {
+		c, err := core.New(joinAs(t, region, w), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cores = append(cores, c)
+	}
+	decide(cores[0], newReq("POST", "/login", "192.0.2.1")) // the one allowed
+	const flood = 10000
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range flood / 4 {
+				if i%500 == 0 && g == 0 {
+					mu.Lock()
+					now += 100 * time.Millisecond // 2,500 refusals span 2s of region time per goroutine 0
+					mu.Unlock()
+				}
+				if s := decide(cores[g%2], newReq("POST", "/login", "192.0.2.1")); s != 429 {
+					t.Errorf("status %d, want 429", s)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	lines := logs.lines("request refused")
+	var total uint64
+	for _, l := range lines {
+		if !strings.Contains(l, "rule=login") || !strings.Contains(l, "client=192.0.2.1") ||
+			!strings.Contains(l, "method=POST") || !strings.Contains(l, "path=/login") {
+			t.Errorf("line %q does not name the rule, client, method and path", l)
+		}
+		_, n, _ := strings.Cut(l, "suppressed=")
+		var k uint64
+		for _, c := range n {
+			if c < '0' || c > '9' {
+				break
+			}
+			k = k*10 + uint64(c-'0')
+		}
+		total += k + 1
+	}
+	// The clock moved 5 times by 100ms during the flood: one second of
+	// region time was never over, one line in all.
+	if len(lines) != 1 {
+		t.Fatalf("%d lines for a flood spanning under 1s of region time:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	// The refusals after the last line are not in any line yet.
+	if total > flood {
+		t.Errorf("the lines stand for %d refusals, more than the %d made", total, flood)
+	}
+	mu.Lock()
+	now += time.Second
+	mu.Unlock()
+	decide(cores[1], newReq("POST", "/login", "192.0.2.1"))
+	lines = logs.lines("request refused")
+	_, last, _ := strings.Cut(lines[len(lines)-1], "suppressed=")
+	total = 0
+	for _, l := range lines {
+		_, n, _ := strings.Cut(l, "suppressed=")
+		var k uint64
+		for _, c := range n {
+			if c < '0' || c > '9' {
+				break
+			}
+			k = k*10 + uint64(c-'0')
+		}
+		total += k + 1
+	}
+	if total != flood+1 {
+		t.Errorf("after one more refusal a second later, the lines stand for %d refusals, want %d (last: suppressed=%s)", total, flood+1, last)
+	}
+}

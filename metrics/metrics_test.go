@@ -1,0 +1,180 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+func statRegion(t testing.TB, rules int) *shm.Region {
+	t.Helper()
+	o := shm.Options{Counters: 8, MaxWorkers: 4}
+	Geometry(&o, rules)
+	r, err := shm.CreatePrivate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// The names follow Prometheus' conventions, which promtool checks: a
+// counter ends in _total, a histogram in its base unit, no name says its
+// type; a label's values are a fixed list.
+func TestFamilyNames(t *testing.T) {
+	seen := map[string]bool{}
+	for f := range numFamilies {
+		s := &families[f]
+		if s.name == "" || s.help == "" || seen[s.name] {
+			t.Errorf("family %d: name %q, help %q: missing or repeated", f, s.name, s.help)
+		}
+		seen[s.name] = true
+		if !strings.HasPrefix(s.name, "preforkd_") || strings.Contains(s.name, "counter") {
+			t.Errorf("%s: want the preforkd_ prefix and no type in the name", s.name)
+		}
+		switch s.kind {
+		case counter:
+			if !strings.HasSuffix(s.name, "_total") {
+				t.Errorf("counter %s does not end in _total", s.name)
+			}
+		case codeHistogram:
+			if !strings.HasSuffix(s.name, "_total") || !strings.HasSuffix(s.hist, "_seconds") || s.histHelp == "" {
+				t.Errorf("%s: want a counter name and a histogram in seconds", s.name)
+			}
+		case histogram:
+			if !strings.HasSuffix(s.name, "_seconds") && !strings.HasSuffix(s.name, "_bytes") || s.per == 0 || len(s.bounds) == 0 {
+				t.Errorf("histogram %s: want a base unit (_seconds, _bytes), a scale and bounds", s.name)
+			}
+			for i := 1; i < len(s.bounds); i++ {
+				if s.bounds[i] <= s.bounds[i-1] {
+					t.Errorf("histogram %s: bounds not increasing at %d", s.name, i)
+				}
+			}
+		}
+		if (s.label == "") != (len(s.values) == 0) {
+			t.Errorf("%s: a label needs values and values a label", s.name)
+		}
+	}
+}
+
+// Counting lands where reading looks, for fixed and per-rule families and
+// histograms, and a rule beyond the rows' room is not counted.
+func TestRowAndSnapshot(t *testing.T) {
+	r := statRegion(t, 1)
+	row := NewRow(r)
+	login, api := RuleIndex(r, "login"), RuleIndex(r, "api")
+	if login < 0 || api < 0 || login == api {
+		t.Fatalf("rule indexes %d, %d", login, api)
+	}
+	row.AddRule(RateLimitRequests, login, Limited, 3)
+	row.AddRule(RateLimitRequests, api, Allowed, 1)
+	row.AddRule(RateLimitRequests, -1, Allowed, 1) // no index: nowhere
+	row.Response(200, 700*time.Microsecond)
+	row.Response(503, 3*time.Second)
+	row.Response(999, 0)
+	row.Add(UpstreamErrors, UpstreamTimeout, 2)
+	row.Observe(IdempotencyStoredBytes, 5000)
+
+	var s Snapshot
+	Read(r, &s)
+	for _, c := range []struct {
+		got, want uint64
+		what      string
+	}{
+		{s.RuleValue(RateLimitRequests, login, Limited), 3, "login limited"},
+		{s.RuleValue(RateLimitRequests, api, Allowed), 1, "api allowed"},
+		{s.RuleValue(RateLimitRequests, api, Limited), 0, "api limited"},
+		{s.Value(HTTPRequests, 200-minCode), 1, "200s"},
+		{s.Value(HTTPRequests, maxCode-minCode+1), 1, "other codes"},
+		{s.Requests(), 3, "requests"},
+		{s.Errors5xx(), 1, "5xx"},
+		{Total(r, UpstreamErrors, UpstreamTimeout), 2, "upstream timeouts (Total)"},
+		{RuleTotal(r, RateLimitRequests, login, Limited), 3, "login limited (RuleTotal)"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %d, want %d", c.what, c.got, c.want)
+		}
+	}
+	var p Text
+	s.AppendFamilies(&p, []Rule{{Name: "login", Index: login}, {Name: "unseen", Index: -1}})
+	page := string(p.Bytes())
+	for _, want := range []string{
+		`preforkd_ratelimit_requests_total{rule="login",result="limited"} 3`,
+		`preforkd_ratelimit_requests_total{rule="unseen",result="allowed"} 0`,
+		`preforkd_http_request_duration_seconds_bucket{le="0.001"} 2`, // 700µs and 0
+		`preforkd_http_request_duration_seconds_bucket{le="2.5"} 2`,
+		`preforkd_http_request_duration_seconds_bucket{le="5"} 3`,
+		`preforkd_http_request_duration_seconds_sum 3.0007`,
+		`preforkd_http_requests_total{code="other"} 1`,
+		`preforkd_idempotency_stored_bytes_bucket{le="4096"} 0`,
+		`preforkd_idempotency_stored_bytes_bucket{le="16384"} 1`,
+		`preforkd_upstream_errors_total{kind="timeout"} 2`,
+	} {
+		if !strings.Contains(page, want+"\n") {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, `code="404"`) {
+		t.Error("the page lists a status code never sent")
+	}
+}
+
+// A region has room for DefaultRules names at least; beyond its room a
+// rule gets no index, and its counts go nowhere rather than into another
+// rule's.
+func TestRuleRoom(t *testing.T) {
+	r := statRegion(t, 1)
+	for i := range DefaultRules {
+		if RuleIndex(r, "r"+strings.Repeat("x", i)) < 0 {
+			t.Fatalf("rule %d has no index", i)
+		}
+	}
+	if RuleIndex(r, "one too many") != -1 {
+		t.Fatal("a rule beyond the room got an index")
+	}
+	o := shm.Options{}
+	Geometry(&o, 1000)
+	if o.StatNames != 4000 {
+		t.Fatalf("Geometry for 1000 rules: %d names, want room for 4 times as many", o.StatNames)
+	}
+}
+
+func TestTextEscaping(t *testing.T) {
+	var p Text
+	p.Family("x_total", "counter", "a \\ help\nline")
+	p.Uint("x_total", 1, "l", "a\"b\\c\nd")
+	want := "# HELP x_total a \\\\ help\\nline\n# TYPE x_total counter\nx_total{l=\"a\\\"b\\\\c\\nd\"} 1\n"
+	if got := string(p.Bytes()); got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+// BenchmarkCountRequest is what counting adds to a request that one rule
+// matches: its result, and the response's status and duration. Each
+// worker process has its own row; the parallel run shares one row
+// between goroutines, the worst case within a worker.
+func BenchmarkCountRequest(b *testing.B) {
+	r := statRegion(b, 64)
+	row := NewRow(r)
+	rule := RuleIndex(r, "login")
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			row.AddRule(RateLimitRequests, rule, Allowed, 1)
+			row.Response(200, time.Duration(i&1023)*time.Microsecond)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for i := 0; pb.Next(); i++ {
+				row.AddRule(RateLimitRequests, rule, Allowed, 1)
+				row.Response(200, time.Duration(i&1023)*time.Microsecond)
+			}
+		})
+	})
+}

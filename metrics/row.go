@@ -1,0 +1,186 @@
+package metrics
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Row is where a process counts: its row of the region's statistics
+// (shm.Region.StatRow). Every method is one or two atomic adds on memory
+// no other worker writes; none allocates.
+type Row struct {
+	w     []uint64
+	rules int // rule indexes the row has room for
+}
+
+// NewRow is the row of the process joined to r. A region made without
+// room for the families (another geometry than Geometry's) gets a row of
+// this process alone, which nobody reads.
+func NewRow(r *shm.Region) Row {
+	w := r.StatRow()
+	if len(w) < rowLayout.fixedWords {
+		w = make([]uint64, rowLayout.fixedWords)
+	}
+	return Row{w: w, rules: capacity(len(w))}
+}
+
+// Add adds n to value i of family f (a family that is not per rule).
+func (r Row) Add(f Family, i int, n uint64) {
+	atomic.AddUint64(&r.w[rowLayout.off[f]+i], n)
+}
+
+// AddRule adds n to value i of the per-rule family f for the rule index
+// rule (RuleIndex); nothing for a rule without one (-1).
+func (r Row) AddRule(f Family, rule, i int, n uint64) {
+	if uint(rule) >= uint(r.rules) {
+		return
+	}
+	atomic.AddUint64(&r.w[rowLayout.fixedWords+rule*rowLayout.perRuleWords+rowLayout.off[f]+i], n)
+}
+
+// Observe counts v, in the histogram f's counted unit (µs for durations,
+// bytes for sizes).
+func (r Row) Observe(f Family, v uint64) {
+	s := &families[f]
+	off := rowLayout.off[f]
+	atomic.AddUint64(&r.w[off+bucket(s.bounds, v)], 1)
+	atomic.AddUint64(&r.w[off+len(s.bounds)+1], v)
+}
+
+func bucket(bounds []uint64, v uint64) int {
+	b := 0
+	for b < len(bounds) && v > bounds[b] {
+		b++
+	}
+	return b
+}
+
+// httpBuckets is the width of a status code's buckets in HTTPRequests.
+var httpBuckets = len(families[HTTPRequests].bounds) + 1
+
+// Response counts a response sent with status code after d: two adds,
+// one for its code and duration bucket, one for the durations' sum.
+func (r Row) Response(code int, d time.Duration) {
+	i := code - minCode
+	if code < minCode || code > maxCode {
+		i = maxCode - minCode + 1 // "other"
+	}
+	us := uint64(max(d, 0) / time.Microsecond)
+	off := rowLayout.off[HTTPRequests]
+	atomic.AddUint64(&r.w[off+i*httpBuckets+bucket(families[HTTPRequests].bounds, us)], 1)
+	atomic.AddUint64(&r.w[off+len(families[HTTPRequests].values)*httpBuckets], us)
+}
+
+// RuleIndex is the index the rule called name counts under in r, the same
+// in every process for the region's life; -1 when the region's name table
+// or rows have no room left (the rule is then not counted).
+func RuleIndex(r *shm.Region, name string) int {
+	i, ok := r.StatName(name, true)
+	if !ok || i >= capacity(len(r.StatRow())) {
+		return -1
+	}
+	return i
+}
+
+// RuleGate is the gate of the rule index rule's log lines of kind
+// (GateRefused, GateShadow, GateFull): one line a second across workers.
+func RuleGate(r *shm.Region, rule int, kind int) shm.Gate {
+	if rule < 0 {
+		return r.Gate(-1) // this process alone
+	}
+	return r.Gate(rule*gatesPerRule + kind)
+}
+
+// UpstreamGate is the gate of the log lines of an upstream error kind.
+func UpstreamGate(r *shm.Region, kind int) shm.Gate {
+	return r.Gate(r.Geometry().StatNames*gatesPerRule + kind)
+}
+
+// Kinds of a rule's log lines, for RuleGate.
+const (
+	GateRefused     = gateRefused     // enforced refusals
+	GateShadow      = gateShadow      // shadow rules' would-be refusals
+	GateFull        = gateFull        // requests let through by on_full open
+	GateUnavailable = gateUnavailable // requests let through by on_unavailable open
+)
+
+// Snapshot is a sum of statistics rows, read by families.
+type Snapshot struct {
+	sum shm.StatSum
+}
+
+// Read sets s to the totals of every worker of r since the region was
+// created (shm.Region.SumStats): they never go down.
+func Read(r *shm.Region, s *Snapshot) { r.SumStats(&s.sum) }
+
+// ReadWorker sets s to worker index w's counts since its process joined.
+func ReadWorker(r *shm.Region, w int, s *Snapshot) { r.WorkerStats(w, &s.sum) }
+
+// Table is the tables' occupancy and events.
+func (s *Snapshot) Table() shm.TableStats { return s.sum.Table }
+
+// Consistent is shm.StatSum.Consistent.
+func (s *Snapshot) Consistent() bool { return s.sum.Consistent }
+
+// Value is value i of the family f (of a histogram, bucket i, the last
+// but one +Inf, the last the sum); 0 when the rows have no such word.
+func (s *Snapshot) Value(f Family, i int) uint64 {
+	if families[f].kind == codeHistogram {
+		var n uint64
+		for b := range httpBuckets {
+			n += s.word(rowLayout.off[f] + i*httpBuckets + b)
+		}
+		return n
+	}
+	return s.word(rowLayout.off[f] + i)
+}
+
+func (s *Snapshot) word(j int) uint64 {
+	if j < len(s.sum.Words) {
+		return s.sum.Words[j]
+	}
+	return 0
+}
+
+// RuleValue is value i of the per-rule family f for the rule index rule.
+func (s *Snapshot) RuleValue(f Family, rule, i int) uint64 {
+	if rule < 0 {
+		return 0
+	}
+	if j := rowLayout.fixedWords + rule*rowLayout.perRuleWords + rowLayout.off[f] + i; j < len(s.sum.Words) {
+		return s.sum.Words[j]
+	}
+	return 0
+}
+
+// Requests is the number of responses counted, whatever their status.
+func (s *Snapshot) Requests() uint64 {
+	var n uint64
+	for i := range families[HTTPRequests].values {
+		n += s.Value(HTTPRequests, i)
+	}
+	return n
+}
+
+// Errors5xx is the number of responses with a 5xx status.
+func (s *Snapshot) Errors5xx() uint64 {
+	var n uint64
+	for c := 500; c <= maxCode; c++ {
+		n += s.Value(HTTPRequests, c-minCode)
+	}
+	return n
+}
+
+// Total is value i of family f summed over every worker of r.
+func Total(r *shm.Region, f Family, i int) uint64 { return r.StatTotal(rowLayout.off[f] + i) }
+
+// RuleTotal is value i of the per-rule family f for the rule index rule,
+// summed over every worker of r.
+func RuleTotal(r *shm.Region, f Family, rule, i int) uint64 {
+	if rule < 0 {
+		return 0
+	}
+	return r.StatTotal(rowLayout.fixedWords + rule*rowLayout.perRuleWords + rowLayout.off[f] + i)
+}

@@ -1,0 +1,221 @@
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Family is one metric counted in the region's statistics rows.
+type Family uint16
+
+// The families. Adding a metric is a constant here and its entry in
+// families; the words of every row, the sums and the Prometheus text
+// follow from the table.
+const (
+	RateLimitRequests      Family = iota // per rule: what each matching rule did with a request
+	RateLimitUnavailable                 // per rule: decisions of a Redis rule that on_unavailable answered
+	HTTPRequests                         // responses sent, by status code, with their durations
+	UpstreamErrors                       // requests the upstream failed, by kind
+	IdempotencyRequests                  // keyed requests, by what they got
+	IdempotencyCompletions               // what became of executed keyed requests
+	IdempotencyWaits                     // duplicates that waited for their original
+	IdempotencyStoredBytes               // sizes of the responses stored for replay
+	numFamilies
+)
+
+// Results of RateLimitRequests: one per matching rule and request. A rule
+// counts a request when it is served, and when this rule refuses it; a
+// request refused by another rule is not counted by this one.
+const (
+	Allowed           = iota // counted, within the limit
+	Limited                  // refused by this rule's limit (its status: 429 or 503)
+	ShadowLimited            // over the limit of a shadow rule: served all the same
+	FullOpen                 // no slot for the key: served uncounted (on_full open, or a shadow rule)
+	FullClosed               // no slot for the key: refused with 503 (on_full closed)
+	UnavailableOpen          // a Redis rule that Redis could not decide: served uncounted (on_unavailable open, or a shadow rule)
+	UnavailableClosed        // a Redis rule that Redis could not decide: refused with 503 (on_unavailable closed)
+)
+
+// Kinds of UpstreamErrors.
+const (
+	UpstreamConnect  = iota // refused, unreachable, or no connection within the connect timeout: 502
+	UpstreamTimeout         // no response header within the upstream timeout: 504
+	UpstreamResponse        // an invalid response, or the connection closed before one: 502
+	UpstreamBroken          // the response broke off after its header: the client got part of it
+)
+
+// Results of IdempotencyRequests: one per keyed request.
+const (
+	IdemExecuted = iota // reserved the key and ran
+	IdemReplayed        // got the stored response
+	IdemConflict        // 409: its original still in flight after the wait, or unreplayable
+	IdemMismatch        // 422: the key was used for another request
+	IdemFull            // 503: no record could be had
+	IdemInvalid         // 400 or 413: no usable key or body
+)
+
+// Results of IdempotencyCompletions: one per executed keyed request.
+const (
+	IdemStored       = iota // the response is stored for replay
+	IdemUnreplayable        // completed without a stored response: over max_body or no blocks; retries get 409
+	IdemReleased            // 5xx, 408, 429 or no whole response: the key is free again
+)
+
+// codes are the status codes HTTPRequests counts one by one; any other
+// (an engine's own 1xx, a handler's 999) is counted as "other".
+const (
+	minCode = 100
+	maxCode = 599
+)
+
+// spec describes a family.
+type spec struct {
+	name, help string
+	kind       kind
+	label      string   // "" for none
+	values     []string // label values, a word each
+	perRule    bool     // a block of words per rule index, labelled rule=NAME
+	bounds     []uint64 // histogram: upper bounds, in counted units; +Inf is implicit
+	per        float64  // histogram: counted units per unit of the family (µs per second)
+	// codeHistogram: the histogram's name and help. Its buckets are kept
+	// per label value, so that a response is one add for its value and
+	// its bucket, and one for the sum; the counter by value and the
+	// histogram are sums of them.
+	hist, histHelp string
+}
+
+type kind uint8
+
+const (
+	counter kind = iota
+	histogram
+	codeHistogram // a counter by label value and a histogram, from one table of buckets by value
+)
+
+var families = [numFamilies]spec{
+	RateLimitRequests: {
+		name: "preforkd_ratelimit_requests_total", kind: counter, perRule: true,
+		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503), unavailable_open and unavailable_closed (a Redis rule Redis could not decide: served uncounted, or refused with 503).",
+		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed"},
+	},
+	RateLimitUnavailable: {
+		name: "preforkd_ratelimit_unavailable_total", kind: counter, perRule: true,
+		help: "Decisions of a Redis rule that Redis could not make (down, slow, the breaker open), answered by its on_unavailable, whatever that answered (with local, the host's share decides).",
+	},
+	HTTPRequests: {
+		name: "preforkd_http_requests_total", kind: codeHistogram,
+		help:  "Responses sent by the workers, by status code (the application's, or preforkd's own).",
+		label: "code", values: codeValues(),
+		hist:     "preforkd_http_request_duration_seconds",
+		histHelp: "Time from reading a request to handing its response over (a streamed body may go on after).",
+		bounds:   []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}, // µs
+		per:      1e6,
+	},
+	UpstreamErrors: {
+		name: "preforkd_upstream_errors_total", kind: counter,
+		help:  "Requests the upstream failed: connect (refused, unreachable, connect timeout: 502), timeout (no response header in time: 504), response (invalid, or closed before one: 502), broken (cut off after its header).",
+		label: "kind", values: []string{"connect", "timeout", "response", "broken"},
+	},
+	IdempotencyRequests: {
+		name: "preforkd_idempotency_requests_total", kind: counter,
+		help:  "Requests with an idempotency key, by what they got: executed (reserved the key and ran), replayed, conflict (409), mismatch (422), full (503: no record), invalid (400 or 413).",
+		label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid"},
+	},
+	IdempotencyCompletions: {
+		name: "preforkd_idempotency_completions_total", kind: counter,
+		help:  "Executed keyed requests, by what became of their response: stored (replayable), unreplayable (over max_body or no blocks: retries get 409), released (5xx, 408, 429 or no whole response: retries run again).",
+		label: "result", values: []string{"stored", "unreplayable", "released"},
+	},
+	IdempotencyWaits: {
+		name: "preforkd_idempotency_waits_total", kind: counter,
+		help: "Duplicates that waited for their original, in any worker, to finish.",
+	},
+	IdempotencyStoredBytes: {
+		name: "preforkd_idempotency_stored_bytes", kind: histogram,
+		help:   "Sizes of the responses stored for replay (status, headers kept and body), for sizing table.response_bytes.",
+		bounds: []uint64{256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
+		per:    1,
+	},
+}
+
+func codeValues() []string {
+	v := make([]string, 0, maxCode-minCode+2)
+	for c := minCode; c <= maxCode; c++ {
+		v = append(v, strconv.Itoa(c))
+	}
+	return append(v, "other")
+}
+
+// words is how many words a family takes (per rule for a per-rule one):
+// one per label value, or the histogram's buckets, +Inf and the sum.
+func (s *spec) words() int {
+	switch s.kind {
+	case histogram:
+		return len(s.bounds) + 2
+	case codeHistogram:
+		return len(s.values)*(len(s.bounds)+1) + 1
+	}
+	return max(len(s.values), 1)
+}
+
+// layout is where each family's words start: fixed families from 0, then
+// a block of perRuleWords for each rule index after fixedWords.
+type layout struct {
+	off          [numFamilies]int
+	fixedWords   int
+	perRuleWords int
+}
+
+var rowLayout = newLayout()
+
+func newLayout() layout {
+	var l layout
+	for f := range numFamilies {
+		if s := &families[f]; !s.perRule {
+			l.off[f] = l.fixedWords
+			l.fixedWords += s.words()
+		}
+	}
+	for f := range numFamilies {
+		if s := &families[f]; s.perRule {
+			l.off[f] = l.perRuleWords
+			l.perRuleWords += s.words()
+		}
+	}
+	return l
+}
+
+// DefaultRules is the least number of rule names a region has room for.
+const DefaultRules = 256
+
+// gates: per rule, one each for refusals, shadow refusals, requests let
+// through by on_full open and by on_unavailable open; then one per
+// upstream error kind.
+const (
+	gateRefused = iota
+	gateShadow
+	gateFull
+	gateUnavailable
+	gatesPerRule
+	upstreamGates = 4
+)
+
+// Geometry sets the statistics geometry of o for a configuration of n
+// rules: room for DefaultRules rule names or 4n, whichever is more, so
+// that reloads can add rules (a name keeps its index for the region's
+// life, also once its rule is removed).
+func Geometry(o *shm.Options, rules int) {
+	names := max(DefaultRules, 4*rules)
+	o.StatNames = names
+	o.StatWords = rowLayout.fixedWords + names*rowLayout.perRuleWords
+	o.StatGates = names*gatesPerRule + upstreamGates
+}
+
+// capacity is how many rule indexes a row of words words has room for.
+func capacity(words int) int {
+	if words < rowLayout.fixedWords {
+		return 0
+	}
+	return (words - rowLayout.fixedWords) / rowLayout.perRuleWords
+}
