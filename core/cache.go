@@ -6,9 +6,9 @@ import (
 	"net/textproto"
 	"slices"
 	"strconv"
-	"sync/atomic"
 	"time"
 
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -127,61 +127,6 @@ func (c *Core) compileCaches(ds []Cache) error {
 	return nil
 }
 
-// cacheCounters are the cache stage's counts in this process.
-type cacheCounters struct {
-	hits, stale, misses, bypass, notModified, bytes   atomic.Uint64
-	stored, notStored, waits, lockTimeouts, refreshes atomic.Uint64
-	invalidations, purged                             atomic.Uint64
-}
-
-// CacheStats counts what the cache stage did in this process since New.
-// Other processes sharing the region count their own; the region's
-// occupancy is shm.Responses.Stats, its purges shm.Tags.Stats.
-type CacheStats struct {
-	// Hits, Stale, Misses and Bypass count requests of a cache block by
-	// the X-Cache they were sent: HIT (from the cache, fresh), STALE (from
-	// the cache, stale: stale-while-revalidate or stale-if-error), MISS
-	// (the application answered), BYPASS (not a request the cache
-	// answers: another method, a precondition only the application can
-	// judge).
-	Hits, Stale, Misses, Bypass uint64
-	// NotModified counts hits answered 304 to a conditional request.
-	NotModified uint64
-	// Bytes counts the body bytes sent from the cache.
-	Bytes uint64
-	// Stored counts responses stored (by a miss or a refresh); NotStored
-	// the fetches whose response was not (not storable, too large, no
-	// room, or a purge ran meanwhile).
-	Stored, NotStored uint64
-	// Waits counts misses that waited for another request's fetch;
-	// LockTimeouts those whose wait ran out (they fetched, not stored).
-	Waits, LockTimeouts uint64
-	// Refreshes counts background refreshes (stale-while-revalidate).
-	Refreshes uint64
-	// Invalidations counts successful unsafe requests that invalidated
-	// their URL.
-	Invalidations uint64
-	// Purged counts entries a lookup found purged and dropped.
-	Purged uint64
-	// Evictions counts entries this worker evicted before their expiry
-	// to make room (every process that joined as the same worker index
-	// adds to it).
-	Evictions uint64
-}
-
-// CacheStats reports what the cache stage did in this process.
-func (c *Core) CacheStats() CacheStats {
-	s := &c.cache
-	return CacheStats{
-		Hits: s.hits.Load(), Stale: s.stale.Load(), Misses: s.misses.Load(), Bypass: s.bypass.Load(),
-		NotModified: s.notModified.Load(), Bytes: s.bytes.Load(),
-		Stored: s.stored.Load(), NotStored: s.notStored.Load(),
-		Waits: s.waits.Load(), LockTimeouts: s.lockTimeouts.Load(), Refreshes: s.refreshes.Load(),
-		Invalidations: s.invalidations.Load(), Purged: s.purged.Load(),
-		Evictions: c.region.Responses().Evicted(),
-	}
-}
-
 // What the X-Cache field says, and what the exchange is counted as.
 type xcache uint8
 
@@ -290,7 +235,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 				if lock, held, err := tab.CacheLock(ex.ckey, now); err == nil && held {
 					ex.clockTicket = lock
 					ex.cflags |= cFill | cRefresh
-					c.cache.refreshes.Add(1)
+					c.row.Add(metrics.CacheRefreshes, 0, 1)
 				}
 			}
 			return ex.serve(age, xStale)
@@ -319,12 +264,12 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		// Another request fetches this response: wait for it.
 		if !waited {
 			waited, deadline = true, time.Now().Add(b.lockTimeout)
-			c.cache.waits.Add(1)
+			c.row.Add(metrics.CacheWaits, metrics.CacheWaited, 1)
 		}
 		left := time.Until(deadline)
 		if left <= 0 || ex.req.Gone() {
 			if left <= 0 {
-				c.cache.lockTimeouts.Add(1)
+				c.row.Add(metrics.CacheWaits, metrics.CacheLockTimeout, 1)
 			}
 			return ex.cachePass(xMiss)
 		}
@@ -342,7 +287,7 @@ func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
 	ex.cbuf, ex.centTk = f.Data, f.Entry
 	if !decodeEntry(f.Data, &ex.cent) {
 		ex.c.region.Responses().CacheEvict(f.Entry)
-		ex.c.cache.purged.Add(1)
+		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		f.Data = nil
 	}
 	return f
@@ -362,7 +307,7 @@ func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
 	e := &ex.cent
 	if !ex.gensCurrent(e) {
 		ex.c.region.Responses().CacheEvict(ex.centTk)
-		ex.c.cache.purged.Add(1)
+		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		return stAbsent, 0
 	}
 	age = max(e.age+now-e.stored, 0)
@@ -406,7 +351,7 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 	notModified := status >= 200 && status < 300 && ex.notModified(e)
 	if notModified {
 		status = http.StatusNotModified
-		ex.c.cache.notModified.Add(1)
+		ex.c.row.Add(metrics.CacheNotModified, 0, 1)
 	}
 	_, hasETag := e.get("Etag")
 	for f := e.fields; len(f) > 0; {
@@ -426,7 +371,7 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(n), 10) })
 		if ex.req.Method() != http.MethodHead {
 			body = e.body
-			ex.c.cache.bytes.Add(uint64(n))
+			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
 		}
 	}
 	ex.resp = Response{Status: status, Fields: ex.fields, Body: body}
@@ -545,12 +490,12 @@ func (ex *Exchange) releaseCache() {
 	}
 	switch ex.xc {
 	case xHit:
-		c.cache.hits.Add(1)
+		c.row.Add(metrics.CacheRequests, metrics.CacheHit, 1)
 	case xStale:
-		c.cache.stale.Add(1)
+		c.row.Add(metrics.CacheRequests, metrics.CacheStale, 1)
 	case xMiss:
-		c.cache.misses.Add(1)
+		c.row.Add(metrics.CacheRequests, metrics.CacheMiss, 1)
 	case xBypass:
-		c.cache.bypass.Add(1)
+		c.row.Add(metrics.CacheRequests, metrics.CacheBypass, 1)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -37,13 +38,13 @@ func (ex *Exchange) completeCache(rec *Recorded) {
 			// one must not be served any more, not even stale.
 			tab.CacheDrop(ex.ckey)
 		}
-		c.cache.notStored.Add(1)
+		c.row.Add(metrics.CacheFills, metrics.CacheNotStored, 1)
 		return
 	}
 	if ex.put(&p, now) {
-		c.cache.stored.Add(1)
+		c.row.Add(metrics.CacheFills, metrics.CacheStored, 1)
 	} else {
-		c.cache.notStored.Add(1)
+		c.row.Add(metrics.CacheFills, metrics.CacheNotStored, 1)
 	}
 }
 
@@ -301,7 +302,7 @@ func (ex *Exchange) invalidate(rec *Recorded) {
 	c := ex.c
 	tags := c.region.Tags()
 	tags.Bump(ex.urlHash)
-	c.cache.invalidations.Add(1)
+	c.row.Add(metrics.CacheInvalidations, 0, 1)
 	host, _ := ex.req.Header("Host")
 	loc := rec.Location
 	if loc == "" {

@@ -178,7 +178,6 @@ type Core struct {
 	redis    *redisstore.Store
 
 	caches []*cacheBlock
-	cache  cacheCounters
 
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate

@@ -292,9 +292,3 @@ func (t *Responses) dropEntries(k Key, keep int) (n int) {
 	}
 	return n
 }
-
-// Evicted counts the cache entries this process evicted before their
-// expiry to make room (in its statistics row: since it joined).
-func (t *Responses) Evicted() uint64 {
-	return atomic.LoadUint64(&t.r.ownRow()[evCacheEvicted])
-}

@@ -33,6 +33,8 @@ type TableStats struct {
 	BlocksUsed   int    // blocks holding a stored response
 	NoBlocks     uint64 // responses completed unreplayable for want of blocks
 	CacheEvicted uint64 // cache entries dropped before their expiry to make room
+	TagPurges    uint64 // tag purges of the cache (Tags.Purge)
+	URLPurges    uint64 // URL generations advanced (Tags.Bump: purges by URL, invalidations)
 }
 
 // Occupancy is the fraction of counter slots that hold a key.
@@ -64,6 +66,8 @@ func (r *Region) tableStats(w []uint64) TableStats {
 		BlocksUsed:   gauge(w[evBlocksTaken], w[evBlocksFreed]),
 		NoBlocks:     w[evRespNoBlock],
 		CacheEvicted: w[evCacheEvicted],
+		TagPurges:    r.word(hTagPurges),
+		URLPurges:    r.word(hURLPurges),
 	}
 }
 

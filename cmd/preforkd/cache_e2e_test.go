@@ -225,6 +225,32 @@ func cacheTestHits(t *testing.T) {
 	if n := o.count("/slow"); n != 1 || xc["MISS"] != 1 || xc["HIT"] != 49 {
 		t.Fatalf("%d fetches for 50 concurrent misses (want 1); X-Cache %v", n, xc)
 	}
+
+	// The workers' counts, summed by the supervisor (a request is counted
+	// once its response went out: the page may lag a moment).
+	want := []string{
+		`preforkd_cache_requests_total{result="hit"} 148`,
+		`preforkd_cache_requests_total{result="miss"} 2`,
+		`preforkd_cache_fills_total{result="stored"} 2`,
+		`preforkd_cache_sent_bytes_total 606208`, // 148 × 4096
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		page := string(get(c, "http://"+d.admin+"/metrics").body)
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(page, w+"\n") {
+				missing = w
+			}
+		}
+		if missing == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %q:\n%s", missing, page)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // What is not stored, Vary, 304, invalidation, purges and stale-if-error.
@@ -327,6 +353,14 @@ func cacheTestSemantics(t *testing.T) {
 	}
 	if r := get(c, d.url("/byurl?a=1")); xcache(r) != "HIT" {
 		t.Fatalf("a refused purge purged the tag: %q", xcache(r))
+	}
+	// Two tag purges went through (the decoded tag's too), one by key,
+	// one invalidation by the POST.
+	page := string(get(c, "http://"+d.admin+"/metrics").body)
+	for _, w := range []string{`preforkd_cache_purges_total{by="tag"} 2`, `preforkd_cache_purges_total{by="url"} 2`} {
+		if !strings.Contains(page, w+"\n") {
+			t.Fatalf("/metrics lacks %q:\n%s", w, page)
+		}
 	}
 
 	// stale-if-error: the upstream fails, the stale response is sent.

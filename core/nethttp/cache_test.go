@@ -17,6 +17,7 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -68,7 +69,7 @@ var wallStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func newCacheFixture(t *testing.T, cfg config.Config, respond func(n int, w http.ResponseWriter, r *http.Request)) *cacheFixture {
 	t.Helper()
-	r, err := shm.CreatePrivate(shm.Options{Counters: 64, Responses: 256, ResponseBytes: 1 << 20, BlockSize: 256})
+	r, err := shm.CreatePrivate(statRegion(shm.Options{Counters: 64, Responses: 256, ResponseBytes: 1 << 20, BlockSize: 256}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +89,27 @@ func newCacheFixture(t *testing.T, cfg config.Config, respond func(n int, w http
 		t.Fatal(err)
 	}
 	return f
+}
+
+// cacheCounts is what the cache stage counted in the region.
+type cacheCounts struct {
+	Hits, Stale, Misses, Bypass, NotModified, Bytes   uint64
+	Stored, NotStored, Waits, LockTimeouts, Refreshes uint64
+	Invalidations, Purged                             uint64
+}
+
+func (f *cacheFixture) stats() cacheCounts {
+	var s metrics.Snapshot
+	metrics.Read(f.region, &s)
+	v := func(fam metrics.Family, i int) uint64 { return s.Value(fam, i) }
+	return cacheCounts{
+		Hits: v(metrics.CacheRequests, metrics.CacheHit), Stale: v(metrics.CacheRequests, metrics.CacheStale),
+		Misses: v(metrics.CacheRequests, metrics.CacheMiss), Bypass: v(metrics.CacheRequests, metrics.CacheBypass),
+		NotModified: v(metrics.CacheNotModified, 0), Bytes: v(metrics.CacheSentBytes, 0),
+		Stored: v(metrics.CacheFills, metrics.CacheStored), NotStored: v(metrics.CacheFills, metrics.CacheNotStored),
+		Waits: v(metrics.CacheWaits, metrics.CacheWaited), LockTimeouts: v(metrics.CacheWaits, metrics.CacheLockTimeout),
+		Refreshes: v(metrics.CacheRefreshes, 0), Invalidations: v(metrics.CacheInvalidations, 0), Purged: v(metrics.CachePurged, 0),
+	}
 }
 
 func (f *cacheFixture) wall() time.Time         { return wallStart.Add(time.Duration(f.clock.Load())) }
@@ -178,7 +200,7 @@ func TestCacheHit(t *testing.T) {
 	if head.Header().Get("Content-Length") != strconv.Itoa(len("/page?x=2 #1")) {
 		t.Fatalf("HEAD hit fields: %v", head.Header())
 	}
-	st := f.h.Core().CacheStats()
+	st := f.stats()
 	if st.Hits != 4 || st.Misses != 3 || st.Stored != 3 || st.Bytes != 3*uint64(len("/page?x=1 #1")) {
 		t.Fatalf("stats: %+v", st)
 	}
@@ -375,7 +397,7 @@ func TestCacheConditional(t *testing.T) {
 	if n := f.o.count("/c"); n != 2 {
 		t.Fatalf("%d fetches, want 2", n)
 	}
-	if st := f.h.Core().CacheStats(); st.NotModified != 5 || st.Bypass != 1 {
+	if st := f.stats(); st.NotModified != 5 || st.Bypass != 1 {
 		t.Fatalf("stats: %+v", st)
 	}
 }
@@ -420,7 +442,7 @@ func TestCacheInvalidation(t *testing.T) {
 	}
 	f.do(http.MethodDelete, "/items")
 	f.want(f.get("/fail"), 200, "HIT", "/fail #1")
-	if st := f.h.Core().CacheStats(); st.Invalidations != 2 {
+	if st := f.stats(); st.Invalidations != 2 {
 		t.Fatalf("invalidations %d, want 2", st.Invalidations)
 	}
 }
@@ -459,7 +481,7 @@ func TestCachePurge(t *testing.T) {
 			t.Errorf("PurgeURL(%q) accepted", bad)
 		}
 	}
-	if st := f.h.Core().CacheStats(); st.Purged != 4 {
+	if st := f.stats(); st.Purged != 4 {
 		t.Fatalf("purged %d, want 4", st.Purged)
 	}
 }
@@ -488,7 +510,7 @@ func TestCachePurgeDuringFill(t *testing.T) {
 	f.want(f.get("/p"), 200, "MISS", "/p #3")
 	f.want(f.get("/p"), 200, "MISS", "/p #4")
 	f.want(f.get("/p"), 200, "HIT", "/p #4")
-	if st := f.h.Core().CacheStats(); st.Stored != 2 || st.NotStored != 2 {
+	if st := f.stats(); st.Stored != 2 || st.NotStored != 2 {
 		t.Fatalf("stored %d, not stored %d; want 2 and 2", st.Stored, st.NotStored)
 	}
 }
@@ -526,7 +548,7 @@ func TestCacheStaleWhileRevalidate(t *testing.T) {
 	f.want(f.get("/s"), 200, "STALE", "/s #3")
 	f.h.Wait()
 	f.want(f.get("/s"), 200, "HIT", "/s #4")
-	if st := f.h.Core().CacheStats(); st.Refreshes != 2 || st.Stale != 3 {
+	if st := f.stats(); st.Refreshes != 2 || st.Stale != 3 {
 		t.Fatalf("stats: %+v", st)
 	}
 
@@ -613,7 +635,7 @@ func TestCacheOneFetchPerMiss(t *testing.T) {
 	for i := range results {
 		wg.Go(func() { results[i] = f.get("/hot") })
 	}
-	for f.h.Core().CacheStats().Waits < 49 {
+	for f.stats().Waits < 49 {
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
@@ -648,7 +670,7 @@ func TestCacheOneFetchPerMiss(t *testing.T) {
 	close(slow)
 	g.want(<-done, 200, "MISS", "/slow #1")
 	g.want(g.get("/slow"), 200, "HIT", "/slow #1")
-	if st := g.h.Core().CacheStats(); st.LockTimeouts != 1 || st.Stored != 1 {
+	if st := g.stats(); st.LockTimeouts != 1 || st.Stored != 1 {
 		t.Fatalf("stats: %+v", st)
 	}
 }
