@@ -30,6 +30,7 @@ type Config struct {
 	Reload      Reload        `toml:"reload"`
 	RateLimits  []RateLimit   `toml:"ratelimit"`
 	Idempotency []Idempotency `toml:"idempotency"`
+	Caches      []Cache       `toml:"cache"`
 }
 
 // Server is the [server] table: the proxy itself.
@@ -333,11 +334,43 @@ type Idempotency struct {
 	MaxRecords int `toml:"max_records"`
 }
 
+// Cache is one [[cache]] block: responses to GET (and HEAD) requests of
+// its path are stored in the shared region and served from it, as a
+// shared HTTP cache does (RFC 9111).
+type Cache struct {
+	// Path has the same syntax as [RateLimit.Path]. Required. A successful
+	// unsafe request (POST, PUT, DELETE, ...) to a URL of the path
+	// invalidates its stored responses.
+	Path string `toml:"path"`
+	// Methods answered from the cache: GET, and HEAD (answered from what
+	// GET stored). nil means both.
+	Methods []string `toml:"methods"`
+	// TTL caps how long a response is fresh, whatever it says, and each
+	// of its stale windows; at most about 203 days. 0 means 24h.
+	TTL time.Duration `toml:"ttl"`
+	// MaxBody is the largest body stored, at most 1 GiB; larger responses
+	// are passed through. 0 means 1 MiB.
+	MaxBody Size `toml:"max_body"`
+	// TagHeaders are the response fields whose values tag a stored
+	// response for purges. nil means Cache-Tag and Surrogate-Key; empty
+	// means none.
+	TagHeaders []string `toml:"tag_headers"`
+	// LockTimeout is how long a miss waits for another request's fetch of
+	// the same response before it fetches itself (without storing). 0
+	// means it does not wait; Default and the file use 5s.
+	LockTimeout time.Duration `toml:"lock_timeout"`
+	// Heuristic lets a response without explicit freshness but with a
+	// Last-Modified be fresh for a tenth of its age; off, such responses
+	// are not stored.
+	Heuristic bool `toml:"heuristic"`
+}
+
 // Defaults that are not the zero value and are used twice; the others are
 // in WithDefaults and Default.
 const (
-	demoUpstream    = "builtin:demo"
-	defaultIdemWait = 10 * time.Second // in the file; zero in Go is no wait
+	demoUpstream     = "builtin:demo"
+	defaultIdemWait  = 10 * time.Second // in the file; zero in Go is no wait
+	defaultCacheLock = 5 * time.Second  // in the file; zero in Go is no wait
 )
 
 // Limits of the values that no other package owns.
@@ -411,7 +444,25 @@ func (c Config) WithDefaults() Config {
 	for i := range c.Idempotency {
 		c.Idempotency[i] = c.Idempotency[i].withDefaults()
 	}
+	c.Caches = slices.Clone(c.Caches)
+	for i := range c.Caches {
+		c.Caches[i] = c.Caches[i].withDefaults()
+	}
 	return c
+}
+
+func (d Cache) withDefaults() Cache {
+	if d.Methods == nil {
+		d.Methods = []string{"GET", "HEAD"}
+	}
+	d.Methods = upperAll(d.Methods)
+	setDefault(&d.TTL, 24*time.Hour)
+	setDefault(&d.MaxBody, 1<<20)
+	if d.TagHeaders == nil {
+		d.TagHeaders = []string{"Cache-Tag", "Surrogate-Key"}
+	}
+	d.TagHeaders = slices.Clone(d.TagHeaders)
+	return d
 }
 
 func (r RateLimit) withDefaults() RateLimit {

@@ -466,6 +466,37 @@ func TestWorkerCount(t *testing.T) {
 	}
 }
 
+// A [[cache]] block: what the file leaves out takes its default (a 5s
+// lock_timeout, which is no wait in Go), what it sets is kept, and the
+// core gets it.
+func TestCacheBlock(t *testing.T) {
+	c := mustParse(t, "[[cache]]\npath = \"/a/*\"\n[[cache]]\npath = \"/b\"\nmethods = [\"get\"]\nttl = \"10m\"\nmax_body = \"4KiB\"\ntag_headers = []\nlock_timeout = \"0s\"\nheuristic = true\n")
+	want := []Cache{
+		{Path: "/a/*", Methods: []string{"GET", "HEAD"}, TTL: 24 * time.Hour, MaxBody: 1 << 20, TagHeaders: []string{"Cache-Tag", "Surrogate-Key"}, LockTimeout: 5 * time.Second},
+		{Path: "/b", Methods: []string{"GET"}, TTL: 10 * time.Minute, MaxBody: 4 << 10, TagHeaders: []string{}, Heuristic: true},
+	}
+	if !reflect.DeepEqual(c.Caches, want) {
+		t.Fatalf("caches = %+v\nwant %+v", c.Caches, want)
+	}
+	if g := (Config{Caches: []Cache{{Path: "/g"}}}).WithDefaults().Caches[0]; g.LockTimeout != 0 || g.TTL != 24*time.Hour {
+		t.Fatalf("a block built in Go: %+v", g)
+	}
+	o, err := c.CoreOptions()
+	if err != nil || len(o.Caches) != 2 || o.Caches[1].MaxBody != 4<<10 || !o.Caches[1].Heuristic || len(o.Caches[1].TagHeaders) != 0 || o.Caches[0].LockTimeout != 5*time.Second {
+		t.Fatalf("core options: %+v %v", o.Caches, err)
+	}
+	var b strings.Builder
+	c.WriteEffective(&b)
+	for _, line := range []string{
+		`cache /a/*: methods=GET,HEAD ttl=24h0m0s max_body=1MiB lock_timeout=5s heuristic=false tag_headers=Cache-Tag,Surrogate-Key`,
+		`cache /b: methods=GET ttl=10m0s max_body=4KiB lock_timeout=0s heuristic=true tag_headers=""`,
+	} {
+		if !strings.Contains(b.String(), line+"\n") {
+			t.Errorf("WriteEffective lacks %q:\n%s", line, b.String())
+		}
+	}
+}
+
 func TestWriteEffective(t *testing.T) {
 	c := mustParse(t, `
 [server]
@@ -594,6 +625,9 @@ func TestExample(t *testing.T) {
 	if len(c.Idempotency) != 1 || c.Idempotency[0].Path != "/orders" {
 		t.Errorf("uncommented idempotency = %+v", c.Idempotency)
 	}
+	if len(c.Caches) != 1 || c.Caches[0].Path != "/articles/*" || c.Caches[0].LockTimeout != 5*time.Second || len(c.Caches[0].TagHeaders) != 2 {
+		t.Errorf("uncommented cache = %+v", c.Caches)
+	}
 	if !c.Redis.Enabled() {
 		t.Errorf("uncommented [redis] names no Redis: %+v", c.Redis)
 	}
@@ -609,6 +643,7 @@ func TestExample(t *testing.T) {
 		{[]string{"ratelimit", elem(1), "override", elem(0)}, []string{"key", "limit", "window", "burst"}},
 		{[]string{"ratelimit", elem(1), "override", elem(1)}, []string{"client", "limit"}},
 		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
+		{[]string{"cache", elem(0)}, tomlKeys(reflect.TypeFor[Cache]())},
 		{[]string{"redis"}, tomlKeys(reflect.TypeFor[Redis]())},
 	} {
 		for _, k := range sec.keys {

@@ -37,7 +37,24 @@ func (c Config) CoreOptions() (core.Options, error) {
 		}
 		o.Idempotency = append(o.Idempotency, b)
 	}
+	for _, d := range c.Caches {
+		b, err := d.core(s.routes())
+		if err != nil {
+			return o, err
+		}
+		o.Caches = append(o.Caches, b)
+	}
 	return o, nil
+}
+
+// core is the cache block as the core takes it.
+func (d Cache) core(ro route.Options) (core.Cache, error) {
+	rt, err := ro.Compile(d.Path, d.Methods)
+	if err != nil {
+		return core.Cache{}, err
+	}
+	b := core.Cache{Route: rt, TTL: d.TTL, MaxBody: int64(d.MaxBody), TagHeaders: d.TagHeaders, LockTimeout: d.LockTimeout, Heuristic: d.Heuristic}
+	return b, b.Check()
 }
 
 // routes are the route options of the server's paths.

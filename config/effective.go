@@ -66,6 +66,17 @@ func (c Config) WriteEffective(w io.Writer) error {
 		}
 		line(&b, "idempotency "+quote(d.Path)+":", d, "path")
 	}
+	for _, d := range c.Caches {
+		// An empty tag_headers is none, not every one as for methods.
+		line(&b, "cache "+quote(d.Path)+":", d, "path", "tag_headers")
+		tags := `""`
+		if len(d.TagHeaders) > 0 {
+			tags = quote(strings.Join(d.TagHeaders, ","))
+		}
+		s := b.String()
+		b.Reset()
+		b.WriteString(strings.TrimSuffix(s, "\n") + " tag_headers=" + tags + "\n")
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -164,6 +164,16 @@ func TestErrors(t *testing.T) {
 		{"idempotency max_body", "[[idempotency]]\npath = \"/o\"\nmax_body = \"65MiB\" # <-\n", "larger than table.response_bytes", 0},
 		{"idempotency max_records", "[[idempotency]]\npath = \"/o\"\nmax_records = -2 # <-\n", "idempotency[1]: max_records: must not be negative", 0},
 		{"idempotency duplicate", "[[idempotency]]\npath = \"/o\"\n[[idempotency]]\npath = \"/o\" # <-\nmethods = [\"PUT\", \"PATCH\"]\n", "PATCH /o is already covered by idempotency[1]", 0},
+		{"cache methods", "[[cache]]\npath = \"/c\"\nmethods = [\"GET\", \"POST\"] # <-\n", "cache[1]: methods: only GET and HEAD are answered from a cache, not POST", 0},
+		{"cache without GET", "[[cache]]\npath = \"/c\"\nmethods = [\"HEAD\"] # <-\n", "methods: must include GET", 0},
+		{"cache ttl", "[[cache]]\npath = \"/c\"\nttl = \"-1s\" # <-\n", "cache[1]: ttl: must be positive", 0},
+		{"cache max_body", "[[cache]]\npath = \"/c\"\nmax_body = \"65MiB\" # <-\n", "larger than table.response_bytes", 0},
+		{"cache lock_timeout", "[[cache]]\npath = \"/c\"\nlock_timeout = \"-1s\" # <-\n", "lock_timeout: must not be negative", 0},
+		{"cache tag header", "[[cache]]\npath = \"/c\"\ntag_headers = [\"Cache Tag\"] # <-\n", `tag_headers: "Cache Tag" is not a valid header name`, 0},
+		{"cache path", "[[cache]] # <-\nttl = \"1h\"\n", `cache[1]: path "" must start with /`, 0},
+		{"cache duplicate", "[[cache]]\npath = \"/c/*\"\n[[cache]]\npath = \"/c/*\" # <-\n", "/c/* is already covered by cache[1]", 0},
+		{"cache without a response table", "[table]\nresponses = 0 # <-\n[[cache]]\npath = \"/c\"\n", "[[cache]] blocks need stored responses", 0},
+		{"cache unknown key", "[[cache]]\npath = \"/c\"\ntags = [\"X\"] # <-\n", `unknown key "tags" in cache[1]`, 0},
 
 		// Line numbers after constructs that span lines.
 		{"after multi-line string", "[persist]\nkey = \"\"\"\n[server]\nx = 1\n\"\"\"\nlive = '''\n'''\n[server]\nlisen = 1 # <-\n", `unknown key "lisen"`, 0},

@@ -72,6 +72,7 @@ func decode(md *toml.MetaData, doc toml.Primitive) (Config, error) {
 		Config
 		RateLimits  []toml.Primitive `toml:"ratelimit"`
 		Idempotency []toml.Primitive `toml:"idempotency"`
+		Caches      []toml.Primitive `toml:"cache"`
 	}
 	f.Config = Default()
 	err := md.PrimitiveDecode(doc, &f)
@@ -85,6 +86,12 @@ func decode(md *toml.MetaData, doc toml.Primitive) (Config, error) {
 		d := Idempotency{Wait: defaultIdemWait}.withDefaults()
 		err = errors.Join(err, md.PrimitiveDecode(p, &d))
 		c.Idempotency = append(c.Idempotency, d)
+	}
+	for _, p := range f.Caches {
+		d := Cache{LockTimeout: defaultCacheLock}.withDefaults()
+		d.TagHeaders = nil // the file's value, or the default after decoding
+		err = errors.Join(err, md.PrimitiveDecode(p, &d))
+		c.Caches = append(c.Caches, d.withDefaults())
 	}
 	return c, err
 }

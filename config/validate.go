@@ -113,11 +113,15 @@ func (c Config) check(r *report) {
 		f("responses", "must not be negative, got %d", t.Responses)
 	} else if t.Responses == 0 && len(c.Idempotency) > 0 {
 		f("responses", "is 0 but [[idempotency]] blocks need stored responses")
+	} else if t.Responses == 0 && len(c.Caches) > 0 {
+		f("responses", "is 0 but [[cache]] blocks need stored responses")
 	}
 	if t.ResponseBytes < 0 {
 		f("response_bytes", "must not be negative, got %d", t.ResponseBytes)
 	} else if t.ResponseBytes == 0 && len(c.Idempotency) > 0 {
 		f("response_bytes", "is 0 but [[idempotency]] blocks need room for stored bodies")
+	} else if t.ResponseBytes == 0 && len(c.Caches) > 0 {
+		f("response_bytes", "is 0 but [[cache]] blocks need room for stored bodies")
 	}
 
 	f = r.at([]string{"log"}, "log.")
@@ -164,6 +168,29 @@ func (c Config) check(r *report) {
 	}
 	for i, d := range c.Idempotency {
 		d.check(r, i, c)
+	}
+	for i, d := range c.Caches {
+		d.check(r, i, c)
+	}
+}
+
+func (d Cache) check(r *report, i int, c Config) {
+	path := []string{"cache", elem(i)}
+	label := fmt.Sprintf("cache[%d]: ", i+1)
+	f := r.at(path, label)
+	if _, err := d.core(c.Server.routes()); err != nil {
+		r.owned(path, label, reflect.TypeFor[Cache](), err)
+	}
+	// The first block whose path matches applies: a second one for the
+	// same path would never apply.
+	for j, e := range c.Caches[:i] {
+		if e.Path == d.Path {
+			f("path", "%s is already covered by cache[%d]", d.Path, j+1)
+			break
+		}
+	}
+	if c.Table.ResponseBytes > 0 && d.MaxBody > c.Table.ResponseBytes {
+		f("max_body", "%d is larger than table.response_bytes (%d)", d.MaxBody, c.Table.ResponseBytes)
 	}
 }
 

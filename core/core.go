@@ -27,6 +27,9 @@ type Options struct {
 	// Idempotency are the idempotent-replay blocks; the first whose route
 	// matches a request applies.
 	Idempotency []Idempotency
+	// Caches are the response cache blocks; the first whose path matches
+	// a request applies.
+	Caches []Cache
 	// Resolver decides who the client is (trusted proxies, IPv6 prefix).
 	Resolver clientip.Resolver
 	// Exempt clients (judged on the resolved client address) are never
@@ -185,6 +188,8 @@ type Core struct {
 	log      *slog.Logger // nil: slog.Default()
 	redis    *redisstore.Store
 
+	caches []*cacheBlock
+
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate
 	pool         sync.Pool
@@ -247,6 +252,9 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 	if err := c.compileBlocks(opts.Idempotency); err != nil {
 		return nil, err
 	}
+	if err := c.compileCaches(opts.Caches); err != nil {
+		return nil, err
+	}
 	c.pool.New = func() any { return &Exchange{c: c} }
 	return c, nil
 }
@@ -291,6 +299,26 @@ type Exchange struct {
 	reserved bool // tk is held and must be completed or released
 	stored   shm.Response
 
+	// Cache.
+	cblk        *cacheBlock
+	xc          xcache // what X-Cache says
+	cflags      uint8
+	cfieldsAt   int        // index of X-Cache in fields, on a pass
+	cprimary    shm.Key    // the request's primary key
+	ckey        shm.Key    // the key looked up last (primary or variant)
+	cnames      uint64     // hash of the Vary names of the stub looked through
+	clockTicket shm.Ticket // the fill lock, while cFill
+	centTk      shm.Ticket // the entry in cent
+	urlHash     uint64
+	urlGen      uint64 // the URL's generation before the fetch
+	epoch       uint64 // the tag epoch before the fetch
+	cbuf        []byte // the entry found, copied out of the table
+	cent        entry  // cbuf decoded
+	names       [maxVary]string
+	// lines receives a request field's lines: a stack array would escape
+	// through the Request interface.
+	lines [8]string
+
 	// keyBuf holds the bytes of the key being made: part of the pooled
 	// exchange, since a stack buffer would escape through clientip.Source.
 	keyBuf [idemKeyBufSize]byte
@@ -299,7 +327,7 @@ type Exchange struct {
 
 	// What the engine sends.
 	fields   []Field
-	fieldBuf [12]Field
+	fieldBuf [32]Field
 	buf      []byte
 	bufArr   [1024]byte
 	resp     Response
@@ -328,11 +356,17 @@ func (ex *Exchange) Release() {
 		ex.c.region.Responses().Release(ex.tk)
 		ex.c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
 	}
+	if ex.cblk != nil {
+		ex.releaseCache()
+	}
 	c := ex.c
-	body := ex.stored.Body
+	body, cbuf := ex.stored.Body, ex.cbuf
 	*ex = Exchange{c: c}
 	if cap(body) <= maxPooledBody {
 		ex.stored.Body = body[:0] // a replay buffer is worth keeping
+	}
+	if cap(cbuf) <= maxPooledBody {
+		ex.cbuf = cbuf[:0] // so is a cache entry's
 	}
 	c.pool.Put(ex)
 }
@@ -341,8 +375,9 @@ func (ex *Exchange) Release() {
 const maxPooledBody = 64 << 10
 
 // Decide runs the request through the stages: path checks, rate limits,
-// idempotent replay. It may block while a duplicate waits for its
-// original (up to the block's wait).
+// idempotent replay, the response cache. It may block while a duplicate
+// waits for its original (up to the block's wait), or a cache miss for
+// another request's fetch (up to the block's lock timeout).
 func (ex *Exchange) Decide() Verdict {
 	if v, done := ex.checkPath(); done {
 		return v
@@ -350,14 +385,17 @@ func (ex *Exchange) Decide() Verdict {
 	if v, done := ex.rateLimit(); done {
 		return v
 	}
-	if v, done := ex.idempotency(); done {
+	if v, done := ex.idempotency(); done && v == Respond {
+		return v
+	}
+	if v, done := ex.cache(); done {
 		return v
 	}
 	return Pass
 }
 
 // Fields are the header fields to add to the application's response
-// (Pass): the rate-limit headers.
+// (Pass): the rate-limit headers, X-Cache.
 func (ex *Exchange) Fields() []Field { return ex.fields }
 
 // Response is the core's own answer (Respond).
@@ -368,13 +406,21 @@ func (ex *Exchange) Response() *Response { return &ex.resp }
 func (ex *Exchange) ForwardPath() string { return ex.forward }
 
 // Record reports whether the engine must record the application's response
-// (a reserved idempotency key) and keep up to max bytes of its body; it
-// then gives it back with Complete.
+// and keep up to max bytes of its body (a reserved idempotency key, a
+// cache fill); it then gives it back with Complete. max is 0 when only the
+// status and fields are needed (an unsafe request to a cached path): such
+// a request needs no body kept and need not outlive its client, where one
+// with a body to keep runs to its end for the retry or the cache.
 func (ex *Exchange) Record() (max int64, ok bool) {
-	if !ex.reserved {
-		return 0, false
+	switch {
+	case ex.reserved:
+		return ex.idem.maxBody, true
+	case ex.cflags&cFill != 0:
+		return ex.cblk.maxBody, true
+	case ex.cflags&cInvalidate != 0:
+		return 0, true
 	}
-	return ex.idem.maxBody, true
+	return 0, false
 }
 
 // clock is the instant the exchange decides at, read by Begin.

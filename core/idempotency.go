@@ -265,11 +265,18 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q shm.Quota, fp shm.Fingerprint
 	}
 }
 
-// Complete ends a reservation (Record said ok) with what the application
-// answered: the response is stored for replay, recorded as not replayable,
-// or the reservation released so that a retry runs again (5xx, 408, 429,
-// or no whole response).
+// Complete gives the core what the application answered a request that
+// Record asked to record. A reserved idempotency key's response is stored
+// for replay, recorded as not replayable, or the reservation released so
+// that a retry runs again (5xx, 408, 429, or no whole response); a cache
+// fill's response is stored if it may be; a successful unsafe request
+// invalidates the cached responses of its URL.
 func (ex *Exchange) Complete(rec *Recorded) {
+	ex.completeIdem(rec)
+	ex.completeCache(rec)
+}
+
+func (ex *Exchange) completeIdem(rec *Recorded) {
 	if !ex.reserved {
 		return
 	}

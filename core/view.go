@@ -84,6 +84,11 @@ type Recorded struct {
 	Status int
 	// ContentType and Location are those header fields as sent.
 	ContentType, Location string
+	// Header is every field line of the response as sent (names in any
+	// case), in order; the core's own fields (Exchange.Fields) may be
+	// among them. The response cache needs it; the values may alias the
+	// engine's memory until Complete returns.
+	Header []Field
 	// Body is the body as sent, when it was at most the limit Record gave.
 	Body []byte
 	// Overflow means the body went over that limit: Body is incomplete.

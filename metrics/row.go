@@ -118,6 +118,9 @@ func Read(r *shm.Region, s *Snapshot) { r.SumStats(&s.sum) }
 // ReadWorker sets s to worker index w's counts since its process joined.
 func ReadWorker(r *shm.Region, w int, s *Snapshot) { r.WorkerStats(w, &s.sum) }
 
+// ReadOthers sets s to every count but worker index w's.
+func ReadOthers(r *shm.Region, w int, s *Snapshot) { r.OthersStats(w, &s.sum) }
+
 // Table is the tables' occupancy and events.
 func (s *Snapshot) Table() shm.TableStats { return s.sum.Table }
 

@@ -21,6 +21,14 @@ const (
 	IdempotencyCompletions               // what became of executed keyed requests
 	IdempotencyWaits                     // duplicates that waited for their original
 	IdempotencyStoredBytes               // sizes of the responses stored for replay
+	CacheRequests                        // requests of a cache block, by their X-Cache
+	CacheNotModified                     // hits answered 304 to a conditional request
+	CacheSentBytes                       // body bytes sent from the cache
+	CacheFills                           // what became of the responses fetched to fill the cache
+	CacheWaits                           // misses that waited for another request's fetch
+	CacheRefreshes                       // background refreshes (stale-while-revalidate)
+	CacheInvalidations                   // URLs invalidated by successful unsafe requests
+	CachePurged                          // entries a lookup found purged and dropped
 	numFamilies
 )
 
@@ -63,6 +71,26 @@ const (
 	IdemStored       = iota // the response is stored for replay
 	IdemUnreplayable        // completed without a stored response: over max_body or no blocks; retries get 409
 	IdemReleased            // 5xx, 408, 429 or no whole response: the key is free again
+)
+
+// Results of CacheRequests: one per request of a cache block.
+const (
+	CacheHit    = iota // from the cache, fresh
+	CacheStale         // from the cache, stale (stale-while-revalidate, stale-if-error)
+	CacheMiss          // the application answered
+	CacheBypass        // not one the cache answers (another method, If-Match, ...)
+)
+
+// Results of CacheFills: one per fetch that held a key's fill lock.
+const (
+	CacheStored    = iota // the response is stored
+	CacheNotStored        // not storable, too large, no room, or purged while fetched
+)
+
+// Results of CacheWaits.
+const (
+	CacheWaited      = iota // waited for another request's fetch
+	CacheLockTimeout        // and its wait ran out: fetched itself, not stored
 )
 
 // codes are the status codes HTTPRequests counts one by one; any other
@@ -139,6 +167,41 @@ var families = [numFamilies]spec{
 		help:   "Sizes of the responses stored for replay (status, headers kept and body), for sizing table.response_bytes.",
 		bounds: []uint64{256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
 		per:    1,
+	},
+	CacheRequests: {
+		name: "preforkd_cache_requests_total", kind: counter,
+		help:  "Requests of a cache block, by the X-Cache they were sent: hit (from the cache, fresh), stale (from the cache, stale: stale-while-revalidate or stale-if-error), miss (the application answered), bypass (not a request the cache answers).",
+		label: "result", values: []string{"hit", "stale", "miss", "bypass"},
+	},
+	CacheNotModified: {
+		name: "preforkd_cache_not_modified_total", kind: counter,
+		help: "Hits answered 304 to a conditional request (If-None-Match, If-Modified-Since).",
+	},
+	CacheSentBytes: {
+		name: "preforkd_cache_sent_bytes_total", kind: counter,
+		help: "Body bytes sent from the cache.",
+	},
+	CacheFills: {
+		name: "preforkd_cache_fills_total", kind: counter,
+		help:  "Responses fetched to fill the cache (misses and refreshes that held the key's fill lock), by what became of them: stored, not_stored (not storable, over max_body, no room, or a purge ran while it was fetched).",
+		label: "result", values: []string{"stored", "not_stored"},
+	},
+	CacheWaits: {
+		name: "preforkd_cache_waits_total", kind: counter,
+		help:  "Misses that waited for another request's fetch of the same response, in any worker (waited), and those whose wait ran out after lock_timeout: they fetched themselves, not storing (lock_timeout).",
+		label: "result", values: []string{"waited", "lock_timeout"},
+	},
+	CacheRefreshes: {
+		name: "preforkd_cache_refreshes_total", kind: counter,
+		help: "Stale responses refreshed in the background (stale-while-revalidate).",
+	},
+	CacheInvalidations: {
+		name: "preforkd_cache_invalidations_total", kind: counter,
+		help: "Successful unsafe requests (POST, PUT, DELETE, ...) that invalidated the cached responses of their URL.",
+	},
+	CachePurged: {
+		name: "preforkd_cache_purged_entries_total", kind: counter,
+		help: "Cached responses a lookup found purged (by tag, by URL or by an unsafe request) and dropped.",
 	},
 }
 

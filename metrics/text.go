@@ -191,4 +191,8 @@ func (s *Snapshot) AppendTable(t *Text) {
 	gauge("preforkd_responses_blocks_used", "Blocks holding a stored response.", tb.BlocksUsed)
 	gauge("preforkd_responses_block_size_bytes", "Bytes of one block of the pool.", tb.BlockSize)
 	counter("preforkd_responses_no_blocks_total", "Responses completed unreplayable for want of blocks.", tb.NoBlocks)
+	counter("preforkd_cache_evictions_total", "Cached responses dropped before their expiry to make room.", tb.CacheEvicted)
+	t.Family("preforkd_cache_purges_total", "counter", "Purges of the response cache: by tag (POST /cache/purge?tag=), by URL (key=, and the invalidations of unsafe requests).")
+	t.Uint("preforkd_cache_purges_total", tb.TagPurges, "by", "tag")
+	t.Uint("preforkd_cache_purges_total", tb.URLPurges, "by", "url")
 }

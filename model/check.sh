@@ -1,6 +1,7 @@
 #!/bin/bash
 # Checks model/slot.pml, the spin model of the counter-slot protocol of
-# package shm, in every configuration below, and exits non-zero unless
+# package shm, and model/cache.pml, the model of the response cache's
+# records, in every configuration below, and exits non-zero unless
 #   - every "ok" configuration is searched exhaustively with errors: 0
 #     (no assertion violated, no invalid end state, search complete),
 #   - every "nocycle" configuration has no non-progress cycle,
@@ -17,6 +18,7 @@ set -eu
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 model=$here/slot.pml
 memlim=${MEMLIM_MB:-3500}
+CFLAGS_EXTRA=""
 limit=${PAN_TIMEOUT:-240}          # seconds per pan run
 
 for tool in spin gcc timeout; do
@@ -40,7 +42,9 @@ run() {
   local d=$tmp/run$((++n)) mode=safety
   case $expect in nocycle|cycle) mode=np ;; esac
   mkdir "$d"
-  cp "$model" "$d/slot.pml"
+  local pml
+  pml=$(basename "$model")
+  cp "$model" "$d/$pml"
   local cflags="-O2 -DMEMLIM=$memlim -DSAFETY" panflags="-m200000 -w$width"
   if [ "$mode" = np ]; then
     cflags="-O2 -DMEMLIM=$memlim -DNP"
@@ -48,10 +52,10 @@ run() {
   fi
   local t0 result rc=0 secs states
   t0=$(date +%s.%N)
-  if ! (cd "$d" && spin "$@" -a slot.pml >spin.log 2>&1); then
+  if ! (cd "$d" && spin "$@" -a "$pml" >spin.log 2>&1); then
     cat "$d/spin.log" >&2
     result="spin failed"
-  elif ! (cd "$d" && gcc $cflags -o pan pan.c >gcc.log 2>&1); then
+  elif ! (cd "$d" && gcc $cflags $CFLAGS_EXTRA -o pan pan.c >gcc.log 2>&1); then
     cat "$d/gcc.log" >&2
     result="gcc failed"
   else
@@ -74,8 +78,8 @@ run() {
   printf '%-4s | %-44s | %-22s | %-48s | %10s states | %6ss\n' \
     "$verdict" "$*" "$expect" "$result" "${states:-?}" "$secs"
 
-  if [ "${SHOW_TRAILS:-}" != "" ] && [ -f "$d/slot.pml.trail" ]; then
-    (cd "$d" && spin -t "$@" slot.pml 2>&1 | grep -E '^ +(W[01]|clock)|START OF CYCLE' | sed 's/^ */      /') || true
+  if [ "${SHOW_TRAILS:-}" != "" ] && [ -f "$d/$pml.trail" ]; then
+    (cd "$d" && spin -t "$@" "$pml" 2>&1 | grep -E '^ +(W[01]|clock|worker|evictor)|START OF CYCLE' | sed 's/^ */      /') || true
   fi
   rm -rf "$d"
 }
@@ -150,6 +154,18 @@ run nocycle 22   -DN=2 -DNK=3 -DCRASH $built -DQUOTA -DLIVENESS
 run violates:held[i]== 20     -DN=2 -DNK=3 -DCRASH -DM=2 $built -DQUOTA -DEVICT -DNORECOUNT   # P7: a dead holder's half change stays
 run 'violates:held[(K%2)]<=' 20 -DN=3 -DNK=3 $built -DQUOTA -DNOQCHECK                         # P6: the cap checked outside the lock only
 run violates:chg[i]==qa 22    -DN=2 -DNK=3 -DCRASH -DM=2 $built -DQUOTA -DEVICT -DNOSTATECHECK # P8: a releaser clears another's charge
+# --- the response cache's records (model/cache.pml; shm/cache.go as built) ---
+model=$here/cache.pml
+echo "spin model: $model"
+CFLAGS_EXTRA="-DCOLLAPSE -w"
+run ok 24                  -DN=2
+run ok 25                  -DN=3
+run ok 25                  -DN=3 -DCRASH
+# broken variants: each must produce a counterexample
+run violates:ph[0]==2 20   -DN=2 -DOPS=1 -DNOLOCK   # P1 (LOCKS<=1): two fill locks of one key
+run violates:d==pub 22     -DN=3 -DNORECHECK        # P2: a torn read served
+run violates:d>=floor 22   -DN=3 -DNODROP           # P3: an older response after a newer fill
+CFLAGS_EXTRA=""
 
 total=$(( $(date +%s) - start ))
 echo "total: ${total}s, $n configurations, $fails failed"

@@ -1,5 +1,6 @@
 // Package persist carries preforkd's shared-memory region across restarts:
-// [Dump] writes its counters and stored responses to a file after the last
+// [Dump] writes its counters, stored responses and response cache (with
+// its tag generations) to a file after the last
 // worker has exited, [Load] restores them before the first worker of the
 // next boot, [OpenRegion] keeps the region itself in a file on tmpfs so
 // that it survives a kill -9 of the whole process tree, and [Inspect]
@@ -19,8 +20,11 @@
 // A dump replaces the previous one atomically and durably (temporary file
 // in the same directory, fsync, rename, fsync of the directory; mode
 // 0600): a crash at any point leaves the old dump or the new one, never a
-// torn file. Only LIVE counter slots and completed responses are written:
-// nothing a worker held in flight survives a dump.
+// torn file. Only LIVE counter slots, completed responses and cache
+// entries are written: nothing a worker held in flight (a reservation, a
+// fill lock) survives a dump. Cache entries go with the tag generations
+// they recorded, so that a purge made before the dump still applies and
+// one made after the restart reaches restored entries.
 //
 // Load trusts nothing it has not checked: a file another user owns or
 // that group or others may write, a guard or a checksum that fails, is

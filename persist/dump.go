@@ -54,6 +54,8 @@ func (o Options) wall() time.Time {
 type DumpStats struct {
 	Entries    int           // counter entries written
 	Responses  int           // stored responses written
+	Cached     int           // response cache entries written
+	TagGens    int           // tag generations written
 	Expired    int           // entries as fresh as a new key at dump time: not written
 	Unowned    int           // entries of no rule in Options.Rules (or of two rules with one tag): not written
 	Bytes      int64         // size of the dump
@@ -236,7 +238,7 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 		regionTime:   max(now, 0),
 		wall:         o.wall(),
 		created:      r.Created(),
-		sections:     2,
+		sections:     3,
 		build:        o.Build,
 	}
 	e := &encoder{w: w, f: f}
@@ -280,11 +282,45 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 	rs := e.section(sectionResponses)
 	rs.buf = append(rs.buf, responsesHead(s1, s2, o.Key)...)
 	for se := range r.Responses().Snapshot(now) {
+		if se.Kind != shm.KindIdempotency {
+			continue
+		}
 		rs.room(recordFixed + len(se.Response.ContentType) + len(se.Response.Location) + len(se.Response.Body))
 		rs.buf = appendRecord(rs.buf, &se)
 		st.Responses++
 	}
 	rs.end()
+
+	// Cache: the same guard, the tag generations, then every entry that
+	// has not expired. Both go together: entries without the generations
+	// they recorded would all look purged, and generations without their
+	// purges' effect could make a purged entry current again.
+	tags := r.Tags()
+	var gens []shm.TagGen
+	for g := range tags.Snapshot() {
+		gens = append(gens, g)
+	}
+	xs := e.section(sectionCache)
+	xs.buf = append(xs.buf, cacheHead(s1, s2, o.Key, tags.Len(), len(gens))...)
+	for _, g := range gens {
+		xs.room(tagGenSize)
+		xs.buf = le.AppendUint32(xs.buf, uint32(g.Slot))
+		xs.buf = le.AppendUint64(xs.buf, g.Gen)
+	}
+	st.TagGens = len(gens)
+	for se := range r.Responses().Snapshot(now) {
+		if se.Kind != shm.KindCache {
+			continue
+		}
+		xs.room(cacheFixed + len(se.Data))
+		xs.buf = le.AppendUint64(xs.buf, se.Key.A)
+		xs.buf = le.AppendUint64(xs.buf, se.Key.B)
+		xs.buf = le.AppendUint64(xs.buf, uint64(se.Expiry))
+		xs.buf = le.AppendUint32(xs.buf, uint32(len(se.Data)))
+		xs.buf = append(xs.buf, se.Data...)
+		st.Cached++
+	}
+	xs.end()
 
 	if err := e.finish(); err != nil {
 		return st, err

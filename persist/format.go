@@ -36,7 +36,8 @@ import (
 //	94+B    4     CRC of bytes [0, 94+B)
 //
 //	Section frame (repeated "section count" times, right after the header)
-//	0       4     type: 1 counters, 2 responses; others are skipped by readers
+//	0       4     type: 1 counters, 2 responses, 3 cache; others are
+//	              skipped by readers
 //	4       4     flags (0; ignored by readers)
 //	8       8     payload length L
 //	16      4     CRC of the payload
@@ -67,9 +68,21 @@ import (
 //	              wrote it as reserved) · body length N (4) ·
 //	              content type (C) · location (L) · body (N)
 //
+//	Cache payload (the response cache's entries and tag generations)
+//	0       8     hash seed 1 (must equal the header's)
+//	8       8     hash seed 2 (must equal the header's)
+//	16      8     xxhash64 of "preforkd persist.key\x00" + persist.key
+//	24      4     tag-generation slots of the dumped region
+//	28      4     generations G
+//	32      12·G  slot (4) · generation (8), for every slot not 0
+//	…       …     entries to the end of the payload, each: key A (8) ·
+//	              key B (8) · expiry, region ns (8) · length N (4) ·
+//	              entry (N: package core's encoding, checked when used)
+//
 // Bytes after the last section are ignored (and logged). The file's size
 // follows the number of live entries, not the table's: 32 bytes a counter,
-// 72 bytes plus its strings and body a stored response.
+// 72 bytes plus its strings and body a stored response, 28 bytes plus its
+// entry a cached response.
 const (
 	// Magic opens every dump (a live region opens with shm.Magic instead).
 	Magic = "PFKDDUMP"
@@ -92,6 +105,9 @@ const (
 	countersFix  = 24  // counters payload before its rules: seeds, rule count, reserved
 	responsesFix = 24  // responses payload before its records: seeds, persist.key hash
 	recordFixed  = 72  // stored response before its strings and body
+	cacheFix     = 32  // cache payload before its generations: seeds, persist.key hash, slots, count
+	tagGenSize   = 12  // a tag generation: slot, generation
+	cacheFixed   = 28  // cache entry before its bytes: key A, key B, expiry, length
 )
 
 // Section types. A reader skips a type it does not know (after checking
@@ -99,6 +115,7 @@ const (
 const (
 	sectionCounters  = 1
 	sectionResponses = 2
+	sectionCache     = 3
 )
 
 func sectionName(t uint32) string {
@@ -107,6 +124,8 @@ func sectionName(t uint32) string {
 		return "counters"
 	case sectionResponses:
 		return "responses"
+	case sectionCache:
+		return "cache"
 	}
 	return fmt.Sprintf("type %d", t)
 }
@@ -129,6 +148,7 @@ const (
 	ReasonMalformed   Reason = "malformed"           // checksums pass but the content is inconsistent
 	ReasonRuleChanged Reason = "rule changed"        // a rule's definition differs: its state is dropped
 	ReasonKeyChanged  Reason = "persist key changed" // persist.key differs: stored responses are dropped
+	ReasonTagSlots    Reason = "tag table changed"   // the cache's tag generations cannot be mapped: its entries are dropped
 	ReasonUnreadable  Reason = "unreadable"          // not a regular file
 	ReasonUntrusted   Reason = "untrusted"           // owned by another user, or writable by group or others
 )
@@ -137,7 +157,7 @@ const (
 type Refusal struct {
 	Reason Reason
 	// What was refused: "dump" (the whole file), a section ("counters",
-	// "responses"), or "rule NAME".
+	// "responses", "cache"), or "rule NAME".
 	What   string
 	Detail string
 }
@@ -539,4 +559,70 @@ func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
 	s += locLen
 	e.Response.Body = b[s:end]
 	return e, b[end:], true
+}
+
+// cacheHead is the cache payload before its generations.
+func cacheHead(seed1, seed2 uint64, key string, slots, gens int) []byte {
+	le := binary.LittleEndian
+	b := make([]byte, 0, cacheFix)
+	b = le.AppendUint64(b, seed1)
+	b = le.AppendUint64(b, seed2)
+	b = le.AppendUint64(b, keyHash(key))
+	b = le.AppendUint32(b, uint32(slots))
+	return le.AppendUint32(b, uint32(gens))
+}
+
+// cacheSection is a decoded cache payload.
+type cacheSection struct {
+	seed1, seed2 uint64
+	keyHash      uint64
+	slots        int
+	gens         []byte // tagGenSize bytes each
+	count        int    // entries
+	entries      []byte // count entries, filling the rest of the payload
+}
+
+func parseCache(b []byte) (cacheSection, *Refusal) {
+	bad := func(f string, a ...any) (cacheSection, *Refusal) {
+		return cacheSection{}, &Refusal{Reason: ReasonMalformed, What: "cache", Detail: fmt.Sprintf(f, a...)}
+	}
+	if len(b) < cacheFix {
+		return bad("%d-byte payload", len(b))
+	}
+	le := binary.LittleEndian
+	cs := cacheSection{seed1: le.Uint64(b), seed2: le.Uint64(b[8:]), keyHash: le.Uint64(b[16:]), slots: int(le.Uint32(b[24:]))}
+	g := uint64(le.Uint32(b[28:]))
+	rest := b[cacheFix:]
+	if g > uint64(len(rest)/tagGenSize) {
+		return bad("%d tag generations cannot fit in %d bytes", g, len(rest))
+	}
+	cs.gens, rest = rest[:g*tagGenSize], rest[g*tagGenSize:]
+	for b := cs.gens; len(b) > 0; b = b[tagGenSize:] {
+		if int(le.Uint32(b)) >= cs.slots {
+			return bad("tag slot %d of a table of %d", le.Uint32(b), cs.slots)
+		}
+	}
+	cs.entries = rest
+	for len(rest) > 0 {
+		if len(rest) < cacheFixed || uint64(le.Uint32(rest[24:])) > uint64(len(rest)-cacheFixed) {
+			return bad("entry %d overruns the payload", cs.count+1)
+		}
+		rest = rest[cacheFixed+int(le.Uint32(rest[24:])):]
+		cs.count++
+	}
+	return cs, nil
+}
+
+// nextCacheEntry decodes the entry at the start of b (checked by
+// parseCache); its bytes alias b.
+func nextCacheEntry(b []byte) (shm.StoredEntry, []byte) {
+	le := binary.LittleEndian
+	n := int(le.Uint32(b[24:]))
+	e := shm.StoredEntry{
+		Kind:   shm.KindCache,
+		Key:    shm.Key{A: le.Uint64(b), B: le.Uint64(b[8:])},
+		Expiry: time.Duration(le.Uint64(b[16:])),
+		Data:   b[cacheFixed : cacheFixed+n],
+	}
+	return e, b[cacheFixed+n:]
 }

@@ -28,6 +28,10 @@ func FuzzLoad(f *testing.F) {
 	path := f.TempDir() + "/dump"
 	dumpTo(f, withResponses, Options{Path: path, Key: "k", Rules: rules, Now: wallAt(wall0)})
 	f.Add(readFile(f, path))
+	withCache := responseRegion(f)
+	cachedResponses(f, withCache)
+	dumpTo(f, withCache, Options{Path: path, Key: "k", Rules: rules, Now: wallAt(wall0)})
+	f.Add(readFile(f, path))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, d := range [][]byte{data, fixChecksums(data)} {
 			r, err := shm.CreatePrivate(shm.Options{Counters: 16, MaxWorkers: 4, Responses: 4, ResponseBytes: 1024, BlockSize: 256})
@@ -42,8 +46,8 @@ func FuzzLoad(f *testing.F) {
 			if rep.Counters > 16 || rep.Counters != r.Counters().Stats().Live {
 				t.Fatalf("restored %d, table holds %d", rep.Counters, r.Counters().Stats().Live)
 			}
-			if rs := r.Responses().Stats(); rep.Responses != rs.Complete || rs.Reserved != 0 {
-				t.Fatalf("restored %d responses, table holds %+v", rep.Responses, rs)
+			if rs := r.Responses().Stats(); rep.Responses != rs.Complete || rs.Reserved != 0 || rep.Cached != rs.Cached || rs.Filling != 0 {
+				t.Fatalf("restored %d responses and %d cache entries, table holds %+v", rep.Responses, rep.Cached, rs)
 			}
 			limiter(t, r, login).Allow("x", rep.RegionTime)
 		}

@@ -108,6 +108,19 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 				fmt.Fprintf(w, "\t%s\n", f)
 			}
 			describeResponses(w, &h, rs)
+		case sectionCache:
+			cs, bad := parseCache(s.payload)
+			if bad != nil {
+				verdict = append(verdict, bad.String())
+				fmt.Fprintf(w, "\t%s\n", bad)
+				continue
+			}
+			if cs.seed1 != h.seed1 || cs.seed2 != h.seed2 {
+				f := Refusal{ReasonSeed, "cache", "section seeds differ from the header's"}
+				verdict = append(verdict, f.String())
+				fmt.Fprintf(w, "\t%s\n", f)
+			}
+			describeCache(w, &h, cs)
 		default:
 			fmt.Fprintf(w, "\tunknown to this build: skipped at load\n")
 		}
@@ -173,6 +186,20 @@ func describeResponses(w io.Writer, h *header, rs responses) {
 		rs.count, unreplayable, expired, body, rs.keyHash)
 }
 
+func describeCache(w io.Writer, h *header, cs cacheSection) {
+	var expired, bytes int
+	for rest := cs.entries; len(rest) > 0; {
+		var e shm.StoredEntry
+		e, rest = nextCacheEntry(rest)
+		if e.Expiry <= h.regionTime {
+			expired++
+		}
+		bytes += len(e.Data)
+	}
+	fmt.Fprintf(w, "\t%d cached responses (%d expired at dump), %d bytes; %d tag generations of %d slots; persist.key hash %#016x (kept only under the same persist.key)\n",
+		cs.count, expired, bytes, len(cs.gens)/tagGenSize, cs.slots, cs.keyHash)
+}
+
 func inspectLive(path string, fi os.FileInfo, out io.Writer) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	defer w.Flush()
@@ -205,6 +232,9 @@ func inspectLive(path string, fi os.FileInfo, out io.Writer) error {
 		rs := t.Stats()
 		fmt.Fprintf(w, "responses:\t%d records: %d complete, %d reserved; blocks %d of %d used (%d B each); full %d, no blocks %d\n",
 			rs.Records, rs.Complete, rs.Reserved, rs.BlocksUsed, rs.Blocks, t.BlockSize(), rs.Full, rs.NoBlocks)
+		ts := r.Tags().Stats()
+		fmt.Fprintf(w, "cache:\t%d entries (%d bytes), %d fills in flight, %d evicted; tag generations: %d of %d slots used, %d tag purges, %d URL purges and invalidations\n",
+			rs.Cached, rs.CacheBytes, rs.Filling, rs.Evicted, ts.Used, ts.Slots, ts.TagPurges, ts.URLPurges)
 	}
 	for _, wi := range r.Workers() {
 		state := "no process"

@@ -159,8 +159,10 @@ func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm
 }
 
 // migrate re-creates the live region at path with geometry geo and copies
-// old's counters and stored responses into it (keeping seeds and clock);
-// what the new tables cannot hold is dropped. old is closed on success.
+// old's counters, stored responses, cache entries and tag generations into
+// it (keeping seeds and clock); what the new tables cannot hold is
+// dropped, and so is the cache when the tag table's size changed. old is
+// closed on success.
 func migrate(old *shm.Region, path string, geo shm.Options) (*shm.Region, error) {
 	nr, err := shm.CreateFile(path, geo) // renamed over old's file; old's mapping stays valid
 	if err != nil {
@@ -179,7 +181,16 @@ func migrate(old *shm.Region, path string, geo shm.Options) (*shm.Region, error)
 			nr.Counters().Place(e)
 		}
 	}
+	sameTags := old.Tags().Len() == nr.Tags().Len()
+	if sameTags {
+		for g := range old.Tags().Snapshot() {
+			nr.Tags().Place(g)
+		}
+	}
 	for e := range old.Responses().Snapshot(now) {
+		if e.Kind == shm.KindCache && !sameTags {
+			continue // its generations could not be checked
+		}
 		nr.Responses().Place(e, now)
 	}
 	old.Close()

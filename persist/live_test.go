@@ -2,6 +2,7 @@ package persist
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -141,6 +142,7 @@ func TestLiveRegionMigrates(t *testing.T) {
 	r.SetNow(t1)
 	exhaust(t, r, "c")
 	storedResponses(t, r)
+	cachedResponses(t, r)
 	r.Close()
 	lock.Unlock()
 
@@ -168,6 +170,9 @@ func TestLiveRegionMigrates(t *testing.T) {
 	var got shm.Response
 	if out, _, err := r2.Responses().Begin(kDone, shm.Quota{}, fp1, t1, &got); err != nil || out != shm.Replay {
 		t.Fatalf("stored response lost in the migration: %v %v", out, err)
+	}
+	if f, _ := r2.Responses().CacheLookup(kPage, t1, nil); !bytes.Equal(f.Data, page) || r2.Tags().Gen(5) != 2 {
+		t.Fatalf("cache lost in the migration: %d bytes, generation %d", len(f.Data), r2.Tags().Gen(5))
 	}
 	// The migrated region is the one at the path now.
 	r3, err := shm.OpenFile(o.Live)

@@ -41,8 +41,8 @@ const (
 // Report says what Load did. Every refusal in it was also one log line.
 type Report struct {
 	Found bool // a dump was at Options.Path
-	// Loaded: its counters section, or a stored response, passed the
-	// guards and was restored; the region adopted the dump's hash seeds
+	// Loaded: its counters section, a stored response or a cache entry
+	// passed the guards and was restored; the region adopted the dump's hash seeds
 	// and continues its clock.
 	Loaded           bool
 	Build            string         // the build that wrote it
@@ -51,8 +51,11 @@ type Report struct {
 	RegionTime       time.Duration  // the region's clock after the rebase (when Loaded)
 	Counters         int            // counter entries restored
 	Responses        int            // stored responses restored
+	Cached           int            // response cache entries restored
+	TagGens          int            // tag generations restored
 	Dropped          map[string]int // entries of an accepted counters section not restored, by Drop… reason
 	DroppedResponses map[string]int // records of an accepted responses section not restored, by Drop… reason
+	DroppedCache     map[string]int // entries of an accepted cache section not restored, by Drop… reason
 	Refused          []Refusal      // what failed a guard, in the order met
 	MovedTo          string         // where the dump went once consumed; "" when it stayed
 }
@@ -80,7 +83,10 @@ type Report struct {
 //     effective burst), that was removed, or whose 16-bit tag is shared
 //     with another rule (entries carry only the tag): that rule's state
 //     only; other rules keep theirs;
-//   - another persist.key: the stored responses only; counters are kept.
+//   - another persist.key: the stored responses and the cache only;
+//     counters are kept;
+//   - a cache section from a region whose tag table had another size: the
+//     cache only (its entries' generations cannot be checked).
 //
 // A dump from a table of another size is not refused: entries are
 // re-inserted by key, so that growing table.counters and restarting keeps
@@ -178,7 +184,7 @@ func readTrusted(path string) (data []byte, why string, err error) {
 }
 
 func newReport() Report {
-	return Report{Dropped: map[string]int{}, DroppedResponses: map[string]int{}}
+	return Report{Dropped: map[string]int{}, DroppedResponses: map[string]int{}, DroppedCache: map[string]int{}}
 }
 
 // consume renames a dump out of the way, durably.
@@ -219,7 +225,7 @@ func (l *loader) load(data []byte) error {
 	if p.trailing > 0 {
 		l.log.Warn("persist: bytes after the last section ignored", "bytes", p.trailing)
 	}
-	var cs, rs *section
+	var cs, rs, xs *section
 	for i := range p.sections {
 		s := &p.sections[i]
 		switch {
@@ -227,6 +233,8 @@ func (l *loader) load(data []byte) error {
 			cs = s
 		case s.typ == sectionResponses && rs == nil:
 			rs = s
+		case s.typ == sectionCache && xs == nil:
+			xs = s
 		default:
 			l.log.Warn("persist: section skipped", "section", sectionName(s.typ), "bytes", len(s.payload),
 				"detail", "unknown to this build or repeated")
@@ -255,7 +263,24 @@ func (l *loader) load(data []byte) error {
 			resp = &rp
 		}
 	}
-	if c == nil && resp == nil {
+	var cache *cacheSection
+	if xs != nil {
+		cp, bad := parseCache(xs.payload)
+		switch {
+		case bad != nil:
+			l.refuse(*bad)
+		case cp.count == 0:
+			// Nothing to restore: generations matter only to entries.
+		case !l.seedsMatch("cache", &p.hdr, cp.seed1, cp.seed2):
+		case cp.keyHash != keyHash(l.o.Key):
+			l.refuse(Refusal{ReasonKeyChanged, "cache", fmt.Sprintf("%d cached responses dropped; counters are kept", cp.count)})
+		case cp.slots != l.r.Tags().Len():
+			l.refuse(Refusal{ReasonTagSlots, "cache", fmt.Sprintf("%d tag slots in the dump, %d in the region: %d cached responses dropped", cp.slots, l.r.Tags().Len(), cp.count)})
+		default:
+			cache = &cp
+		}
+	}
+	if c == nil && resp == nil && cache == nil {
 		return nil
 	}
 	now, err := l.adopt(&p.hdr)
@@ -268,7 +293,10 @@ func (l *loader) load(data []byte) error {
 	if resp != nil {
 		l.responses(*resp, now)
 	}
-	for _, m := range []map[string]int{l.rep.Dropped, l.rep.DroppedResponses} {
+	if cache != nil {
+		l.cache(*cache, now)
+	}
+	for _, m := range []map[string]int{l.rep.Dropped, l.rep.DroppedResponses, l.rep.DroppedCache} {
 		for k, v := range m {
 			if v == 0 {
 				delete(m, k)
@@ -278,7 +306,8 @@ func (l *loader) load(data []byte) error {
 	if l.rep.Loaded {
 		l.log.Info("persist: dump loaded", "build", l.rep.Build, "written", l.rep.Written.UTC().Format(time.RFC3339),
 			"downtime", l.rep.Downtime, "entries", l.rep.Counters, "dropped", dropSummary(l.rep.Dropped),
-			"responses", l.rep.Responses, "dropped_responses", dropSummary(l.rep.DroppedResponses))
+			"responses", l.rep.Responses, "dropped_responses", dropSummary(l.rep.DroppedResponses),
+			"cached", l.rep.Cached, "tag_generations", l.rep.TagGens, "dropped_cached", dropSummary(l.rep.DroppedCache))
 	}
 	return nil
 }
@@ -443,5 +472,37 @@ func (l *loader) responses(rs responses, now time.Duration) {
 	}
 	if n := l.rep.DroppedResponses[DropNoTable]; n > 0 {
 		l.log.Warn("persist: stored responses dropped: the region has no response table", "records", n)
+	}
+}
+
+// cache restores the tag generations and the cache entries of cs at
+// region time now: the generations first, so that every entry is judged
+// against the purges made before the dump, as it would have been then.
+func (l *loader) cache(cs cacheSection, now time.Duration) {
+	tags := l.r.Tags()
+	le := binary.LittleEndian
+	for b := cs.gens; len(b) >= tagGenSize; b = b[tagGenSize:] {
+		if tags.Place(shm.TagGen{Slot: int(le.Uint32(b)), Gen: le.Uint64(b[4:])}) == nil {
+			l.rep.TagGens++
+		}
+	}
+	t := l.r.Responses()
+	for rest := cs.entries; len(rest) > 0; {
+		var e shm.StoredEntry
+		e, rest = nextCacheEntry(rest)
+		if e.Expiry <= now {
+			l.rep.DroppedCache[DropExpired]++
+			continue
+		}
+		switch err := t.Place(e, now); {
+		case err == nil:
+			l.rep.Cached++
+		case errors.Is(err, shm.ErrNoResponses):
+			l.rep.DroppedCache[DropNoTable]++
+		case errors.Is(err, shm.ErrDuplicate):
+			l.rep.DroppedCache[DropDuplicate]++
+		default:
+			l.rep.DroppedCache[DropTableFull]++
+		}
 	}
 }

@@ -46,7 +46,7 @@ type canaryRun struct {
 	started  time.Time // start of the window
 	end      time.Time // end of the window
 	// The canary's and every index's counts at the start of the window.
-	startCanary, startTotal RequestCounts
+	startCanary, startFleet RequestCounts
 }
 
 // CanaryStatus is a reload's canary, as Status reports it: the one being
@@ -111,7 +111,7 @@ func (s *supervisor) canaryReady() {
 	now := s.env.now()
 	c.open, c.started, c.end = true, now, now.Add(c.settings.CanaryWindow)
 	c.startCanary = s.env.requests(c.proc.index)
-	c.startTotal = s.env.totalRequests()
+	c.startFleet = s.env.fleetRequests(c.proc.index)
 	beside := !s.othersReady(c.slot)
 	if !beside {
 		s.promote(&s.slots[c.slot])
@@ -135,7 +135,7 @@ func (s *supervisor) othersReady(i int) bool {
 func (s *supervisor) judgeCanary() {
 	c := s.canary
 	canary := s.env.requests(c.proc.index).Sub(c.startCanary)
-	fleet := s.env.totalRequests().Sub(c.startTotal).Sub(canary)
+	fleet := s.env.fleetRequests(c.proc.index).Sub(c.startFleet)
 	j := judge(canary, fleet, c.settings.CanaryMinRequests, c.settings.CanaryMaxErrorDelta)
 	st := s.canaryStatus()
 	st.Verdict, st.Canary, st.Fleet, st.PValue, st.Test = j.verdict, canary, fleet, j.pValue, j.test

@@ -205,15 +205,16 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		reap:   region.Reap,
 		notify: note.send,
 		// From the region's statistics: a worker index's row, and the sum
-		// of every row and of the reaped workers' (it never goes down).
+		// of every other row and of the reaped workers' (it never goes
+		// down), read together so the two never overlap.
 		requests: func(w int) RequestCounts {
 			var s metrics.Snapshot
 			metrics.ReadWorker(region, w, &s)
 			return RequestCounts{Requests: s.Requests(), Errors: s.Errors5xx()}
 		},
-		totalRequests: func() RequestCounts {
+		fleetRequests: func(except int) RequestCounts {
 			var s metrics.Snapshot
-			metrics.Read(region, &s)
+			metrics.ReadOthers(region, except, &s)
 			return RequestCounts{Requests: s.Requests(), Errors: s.Errors5xx()}
 		},
 		stopListening: func() {

@@ -43,10 +43,10 @@ type sysEnv struct {
 	// stopListening closes the supervisor's own copy of the listener.
 	stopListening func()
 	// requests samples what a region worker index counted since the
-	// process joined as it; totalRequests what every worker counted,
-	// reaped ones included (see RequestCounts).
+	// process joined as it; fleetRequests what every other worker
+	// counted, reaped ones included (see RequestCounts).
 	requests      func(index int) RequestCounts
-	totalRequests func() RequestCounts
+	fleetRequests func(except int) RequestCounts
 }
 
 // spawnSpec is what a worker process is started with.

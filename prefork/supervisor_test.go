@@ -77,11 +77,13 @@ func (f *fakeSys) env() sysEnv {
 		notify:        func(state string) error { f.notes = append(f.notes, state); return nil },
 		stopListening: func() { f.stopped++ },
 		requests:      func(index int) RequestCounts { return f.counts[index] },
-		totalRequests: func() RequestCounts {
+		fleetRequests: func(except int) RequestCounts {
 			t := f.retired
-			for _, c := range f.counts {
-				t.Requests += c.Requests
-				t.Errors += c.Errors
+			for i, c := range f.counts {
+				if i != except {
+					t.Requests += c.Requests
+					t.Errors += c.Errors
+				}
 			}
 			return t
 		},

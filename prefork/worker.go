@@ -193,6 +193,7 @@ func runWorker(ctx context.Context, opts Options) int {
 		}
 	}
 	code := drainWorker(srv, ln, served, conns, w.Config.Server.ShutdownTimeout, why, log)
+	waitRefreshes(w.h, log)
 	closeCore(c, log)
 	return code
 }
@@ -206,6 +207,25 @@ func askRecycling(report *os.File, msg []byte, log *slog.Logger) {
 		return
 	}
 	log.Info("worker past a recycling limit: stopped accepting")
+}
+
+// refreshWait bounds the wait for the cache's background refreshes once a
+// worker drained: one cut short gives up its lock when the worker is
+// reaped, and the next request fetches instead.
+const refreshWait = 5 * time.Second
+
+// waitRefreshes waits, up to refreshWait, for h's background refreshes.
+func waitRefreshes(h *nethttp.Handler, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		h.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(refreshWait):
+		log.Warn("worker: cache refreshes still running at exit")
+	}
 }
 
 // closeCore closes a drained worker's core: no request decides any more,

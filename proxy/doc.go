@@ -1,6 +1,6 @@
 // Package proxy is preforkd's data plane: an HTTP/1.1 server (on fasthttp)
 // that asks the decision core (package core: rate limits, idempotent
-// replay) about every request and forwards the ones it lets through to
+// replay, the response cache) about every request and forwards the ones it lets through to
 // one upstream over a pool of keep-alive connections — or serves them
 // itself with a fasthttp handler (Options.App).
 //
@@ -30,6 +30,13 @@
 // HTTP/2 requests reach the upstream past the core, is forwarded as a
 // plain request without it. A response header section over 16 KiB is a
 // 502, as nginx's proxy_buffer_size makes it.
+//
+// A request that fills the response cache goes without its conditional
+// and range fields (If-None-Match, Range, ...): what it stores must be
+// whole. When the cache holds a stale response that stale-if-error lets
+// it serve, an upstream that fails (a 5xx, or no response) is answered
+// with it instead; a stale response served under stale-while-revalidate
+// is refreshed by a copy of its request sent in the background.
 //
 // # What is refused
 //
@@ -66,6 +73,7 @@
 // # Concurrency
 //
 // A Server is safe for concurrent use; its goroutines are fasthttp's (one
-// per connection), one per upgraded connection and per streamed request
-// body, and the upstream pool's reaper: Shutdown and Close stop them.
+// per connection), one per upgraded connection, per streamed request body
+// and per cache refresh, and the upstream pool's reaper: Shutdown and
+// Close stop them (Shutdown waits for the refreshes, within its context).
 package proxy

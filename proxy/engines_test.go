@@ -125,6 +125,43 @@ var coreCases = []coreCase{
 	},
 }
 
+// The response cache through both engines: the upstream answers /cached/
+// paths with a cacheable response naming its call.
+var cacheCases = []coreCase{
+	{
+		name:  "a response is stored once, served with Age, 304 to its ETag, HEAD from GET; a POST invalidates it",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/a HTTP/1.1\nHost: h\nIf-None-Match: \"e1\"\n\n", status: 200, has: []string{"X-Cache: MISS", "Etag: \"e1\""}},
+			{send: "GET /cached/a HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: HIT", "Age: 0", "Etag: \"e1\"", "Cache-Control: max-age=60"}, hasNot: []string{"Set-Cookie"}},
+			{send: "GET /cached/a HTTP/1.1\nHost: h\nIf-None-Match: W/\"e1\"\n\n", status: 304, has: []string{"X-Cache: HIT", "Etag: \"e1\""}, hasNot: []string{"Content-Type"}},
+			{send: "HEAD /cached/a HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: HIT", "Content-Length: 9"}},
+			{send: "POST /cached/a HTTP/1.1\nHost: h\nContent-Length: 0\n\n", status: 201, has: []string{"X-Cache: BYPASS"}},
+			{send: "GET /cached/a HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/a HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: HIT"}},
+		},
+		// The fill's conditional field is not forwarded (checked in
+		// runCoreCase); the hits never reach the upstream.
+		upSeen: []string{"GET /cached/a HTTP/1.1", "POST /cached/a HTTP/1.1", "GET /cached/a HTTP/1.1"},
+	},
+	{
+		name:  "Vary keeps two variants; Vary: * and Set-Cookie are never stored",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/v HTTP/1.1\nHost: h\nAccept-Encoding: gzip\n\n", status: 200, has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/v HTTP/1.1\nHost: h\nAccept-Encoding: br\n\n", status: 200, has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/v HTTP/1.1\nHost: h\nAccept-Encoding: gzip\n\n", status: 200, has: []string{"X-Cache: HIT", "Vary: Accept-Encoding"}},
+			{send: "GET /cached/v HTTP/1.1\nHost: h\nAccept-Encoding: br\n\n", status: 200, has: []string{"X-Cache: HIT"}},
+			{send: "GET /cached/star HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/star HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/cookie HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS", "Set-Cookie: s=1"}},
+			{send: "GET /cached/cookie HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS"}},
+		},
+		upSeen: []string{"GET /cached/v HTTP/1.1", "GET /cached/v HTTP/1.1", "GET /cached/star HTTP/1.1", "GET /cached/star HTTP/1.1",
+			"GET /cached/cookie HTTP/1.1", "GET /cached/cookie HTTP/1.1"},
+	},
+}
+
 // answer is what a client got, for comparing engines.
 type answer struct {
 	status int
@@ -133,7 +170,7 @@ type answer struct {
 }
 
 func TestCoreConformance(t *testing.T) {
-	for _, cc := range coreCases {
+	for _, cc := range append(coreCases, cacheCases...) {
 		t.Run(cc.name, func(t *testing.T) {
 			t.Parallel()
 			got := map[string][]answer{}
@@ -156,6 +193,24 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 	t.Helper()
 	var n atomic.Int32
 	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		if p := req.Req.URL.Path; strings.HasPrefix(p, "/cached/") && req.Req.Method == "GET" {
+			if len(req.field("If-None-Match")) > 0 {
+				w.WriteString("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 36\r\n\r\na fill forwarded a conditional field")
+				return
+			}
+			extra := ""
+			switch p {
+			case "/cached/v":
+				extra = "Vary: Accept-Encoding\r\n"
+			case "/cached/star":
+				extra = "Vary: *\r\n"
+			case "/cached/cookie":
+				extra = "Set-Cookie: s=1\r\n"
+			}
+			body := fmt.Sprintf("call %04d", n.Add(1))
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nEtag: \"e1\"\r\nConnection: keep-alive\r\n%sContent-Length: %d\r\n\r\n%s", extra, len(body), body)
+			return
+		}
 		if req.Req.Method == "POST" {
 			id := n.Add(1)
 			fmt.Fprintf(w, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nLocation: /orders/%d\r\nContent-Length: 9\r\n\r\n{\"id\":%d}\n", id, id)
@@ -202,7 +257,8 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		if _, err := io.WriteString(conn, crlf(st.send)); err != nil {
 			t.Fatalf("%s step %d: %v", e.name, i, err)
 		}
-		resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		method, _, _ := strings.Cut(st.send, " ")
+		resp, err := http.ReadResponse(br, &http.Request{Method: method})
 		if err != nil {
 			t.Fatalf("%s step %d: %v", e.name, i, err)
 		}
@@ -213,7 +269,8 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		checkHeader(t, fmt.Sprintf("%s step %d", e.name, i), resp.Header, st.has, st.hasNot)
 		var h strings.Builder
 		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
-			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length"} {
+			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length",
+			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie"} {
 			fmt.Fprintf(&h, "%s=%q ", k, resp.Header.Values(k))
 		}
 		out = append(out, answer{resp.StatusCode, h.String(), string(body)})

@@ -33,6 +33,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		release(ex)
 		return
 	}
+	r.unconditional = ex != nil && ex.Unconditional()
 	r.head = r.appendHead(r.head[:0])
 	streamed := !r.body.done
 	if !streamed {
@@ -72,7 +73,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 			// done with the request, which goes on a new one.
 			continue
 		default:
-			s.upstreamFailed(ctx, err, fields)
+			s.upstreamFailed(ctx, ex, err, fields)
 		}
 		release(ex)
 		return
@@ -87,9 +88,20 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 	status := up.StatusCode()
 	if status == http.StatusSwitchingProtocols && !r.upgrade {
 		uc.Conn.Close()
-		s.upstreamFailed(r.ctx, errors.New("proxy: the upstream switched protocols unasked"), fields)
+		s.upstreamFailed(r.ctx, ex, errors.New("proxy: the upstream switched protocols unasked"), fields)
 		release(ex)
 		return
+	}
+	if status >= 500 && ex != nil {
+		if fb := ex.Fallback(status); fb != nil {
+			// stale-if-error: the cache's stale response goes instead;
+			// the upstream's body is not read, nor its connection kept.
+			uc.Conn.Close()
+			s.respond(ctx, fb)
+			ex.Complete(&core.Recorded{Status: status, Failed: true})
+			release(ex)
+			return
+		}
 	}
 	resp := &ctx.Response
 	reusable := !up.ConnectionClose()
@@ -233,23 +245,33 @@ func (r *request) retryable() bool {
 	return n > 0
 }
 
-// upstreamFailed answers 502 or 504 for an upstream that gave no response.
-func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, err error, fields []core.Field) {
+// upstreamFailed answers 502 or 504 for an upstream that gave no response,
+// or what the cache has instead (stale-if-error: core.Exchange.Fallback).
+func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *core.Exchange, err error, fields []core.Field) {
 	var de *dialError
+	status, detail := http.StatusBadGateway, "the application gave no valid response"
 	switch {
 	case errors.As(err, &de):
 		s.count.upstreamErrors.Add(1)
 		s.upstreamWarn(core.UpstreamConnect, warnUpstreamDown, "upstream unreachable", err)
-		s.answer(ctx, http.StatusBadGateway, "the application is unreachable", false, fields)
+		detail = "the application is unreachable"
 	case isTimeout(err):
 		s.count.upstreamTimeouts.Add(1)
 		s.upstreamWarn(core.UpstreamTimeout, warnUpstreamTimeout, "upstream timed out", err)
-		s.answer(ctx, http.StatusGatewayTimeout, "the application did not answer in time", false, fields)
+		status, detail = http.StatusGatewayTimeout, "the application did not answer in time"
 	default:
 		s.count.upstreamErrors.Add(1)
 		s.upstreamWarn(core.UpstreamResponse, warnUpstreamDown, "upstream failed", err)
-		s.answer(ctx, http.StatusBadGateway, "the application gave no valid response", false, fields)
 	}
+	if ex != nil {
+		if fb := ex.Fallback(status); fb != nil {
+			ctx.Response.Reset()
+			s.respond(ctx, fb)
+			ex.Complete(&core.Recorded{Status: status, Failed: true})
+			return
+		}
+	}
+	s.answer(ctx, status, detail, false, fields)
 }
 
 // upstreamWarn reports an upstream failure: to the core, which counts it

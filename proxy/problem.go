@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -131,6 +132,16 @@ func (s *Server) respond(ctx *fasthttp.RequestCtx, r *core.Response) {
 	resp.SetStatusCode(r.Status)
 	setFields(resp, r.Fields)
 	resp.SetBody(r.Body)
+	if r.Body == nil && ctx.IsHead() {
+		// A HEAD answered from the cache: the length GET would have had.
+		for _, f := range r.Fields {
+			if f.Name == "Content-Length" {
+				if n, err := strconv.Atoi(b2s(f.Value)); err == nil {
+					resp.Header.SetContentLength(n)
+				}
+			}
+		}
+	}
 	if r.Close {
 		ctx.SetConnectionClose()
 		if c, ok := ctx.Conn().(*conn); ok {

@@ -66,6 +66,9 @@ type request struct {
 	upgrade   bool // Connection: upgrade with an Upgrade field
 	absolute  bool // absolute-form target: Host is replaced by its authority
 	hasLength bool // the client sent a Content-Length
+	// unconditional leaves the conditional and range fields out of the
+	// head sent upstream (core.Exchange.Unconditional).
+	unconditional bool
 
 	body body // the request body as read so far
 	// up is the upstream's response header, copied to the client's once
@@ -360,6 +363,9 @@ func (r *request) appendHead(dst []byte) []byte {
 	for _, f := range r.fields {
 		switch f.kind {
 		case kindOther:
+			if r.unconditional && isUnconditional(r.raw[f.name.from:f.name.to]) {
+				continue
+			}
 		case kindHost:
 			if r.absolute {
 				continue

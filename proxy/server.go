@@ -35,7 +35,8 @@ type Server struct {
 	drained  chan struct{} // closed when conns empties during a drain; nil before
 	shutdown bool
 
-	closeOnce sync.Once
+	closeOnce  sync.Once
+	background sync.WaitGroup // cache refreshes (refresh)
 
 	count counters
 	warns [warnKinds]warnLimit
@@ -222,6 +223,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	if err == nil {
+		err = s.waitBackground(ctx)
+	}
 	s.Close()
 	return err
 }
@@ -284,7 +288,11 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		ex = c.Begin(r)
 		if ex.Decide() == core.Respond {
 			s.respond(ctx, ex.Response())
-			ex.Release()
+			if ex.Refresh() {
+				s.refresh(r, ex)
+			} else {
+				ex.Release()
+			}
 			return
 		}
 		r.forward = ex.ForwardPath()
@@ -320,7 +328,7 @@ func (s *Server) done(r *request) {
 	r.body.release()
 	r.ctx, r.c = nil, nil
 	r.raw, r.fields, r.method, r.path, r.query, r.host, r.forward = nil, nil, nil, nil, nil, nil, ""
-	r.upgrade, r.absolute = false, false
+	r.upgrade, r.absolute, r.unconditional = false, false, false
 	s.requests.Put(r)
 }
 
@@ -351,7 +359,21 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 		s.opts.App(ctx)
 		return
 	}
+	if ex.Unconditional() {
+		for _, n := range core.UnconditionalFields {
+			ctx.Request.Header.Del(n)
+		}
+	}
 	s.opts.App(ctx)
+	if st := ctx.Response.StatusCode(); st >= 500 && !ctx.Hijacked() {
+		if fb := ex.Fallback(st); fb != nil {
+			ctx.Response.Reset()
+			s.respond(ctx, fb)
+			ex.Complete(&core.Recorded{Status: st, Failed: true})
+			ex.Release()
+			return
+		}
+	}
 	setFields(&ctx.Response, ex.Fields())
 	max, rec := ex.Record()
 	if !rec {
@@ -368,6 +390,7 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	rc := core.Recorded{
 		Status:      ctx.Response.StatusCode(),
 		ContentType: string(ctx.Response.Header.ContentType()),
+		Header:      headerFields(&ctx.Response.Header),
 		Overflow:    int64(len(b)) > max,
 		Hijacked:    ctx.Hijacked(),
 	}

@@ -119,10 +119,11 @@ func (b *upBody) read(p []byte) (int, error) {
 
 // CloseWithError ends the body: the connection goes back to the pool if
 // the body was read to its end, the core gets what was recorded. A
-// recorded response is read to its end even when the client went away
-// (werr): the client's retry will be answered with it.
+// response whose body is kept is read to its end even when the client
+// went away (werr): the client's retry (or the cache) will be answered
+// with it.
 func (b *upBody) CloseWithError(werr error) error {
-	if werr != nil && b.rec != nil && !b.eof && b.err == nil {
+	if werr != nil && b.rec != nil && b.rec.max > 0 && !b.eof && b.err == nil {
 		bp := tunnelBufPool.Get().(*[]byte)
 		for b.err == nil && !b.eof {
 			_, _ = b.Read(*bp)
@@ -228,6 +229,7 @@ func newRecorder(max int64, status int, h *fasthttp.ResponseHeader) *recorder {
 			break
 		}
 	}
+	rec.rc.Header = headerFields(h)
 	return rec
 }
 

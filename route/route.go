@@ -143,6 +143,9 @@ func (rt *Route) equal(a, b string) bool {
 	return true
 }
 
+// Methods are the route's methods, upper case; empty means every method.
+func (rt *Route) Methods() []string { return slices.Clone(rt.methods) }
+
 // String is the route as configured after normalizing, for errors and logs.
 func (rt *Route) String() string {
 	if rt.prefix {

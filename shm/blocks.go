@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -128,7 +129,21 @@ func storeWords(words []uint64, src []byte) {
 	}
 }
 
+// littleEndianHost: a word loaded natively is its bytes in little-endian
+// order, as storeWords put them.
+var littleEndianHost = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 func loadWords(dst []byte, words []uint64) {
+	// Whole words straight into an aligned destination (the common case: a
+	// buffer from make), a third of the cost of converting each word.
+	if n := len(dst) / 8; n > 0 && littleEndianHost && uintptr(unsafe.Pointer(&dst[0]))%8 == 0 {
+		d := unsafe.Slice((*uint64)(unsafe.Pointer(&dst[0])), n)
+		w := words[:n]
+		for i := range d {
+			d[i] = atomic.LoadUint64(&w[i])
+		}
+		dst, words = dst[n*8:], words[n:]
+	}
 	var tail [8]byte
 	for i := 0; len(dst) > 0; i++ {
 		w := atomic.LoadUint64(&words[i])
@@ -140,4 +155,66 @@ func loadWords(dst []byte, words []uint64) {
 		binary.LittleEndian.PutUint64(dst, w)
 		dst = dst[8:]
 	}
+}
+
+// storeEvicting is store that, when the pool is short, evicts (see
+// evictBlocks) and tries once more.
+func (t *Responses) storeEvicting(data []byte, now time.Duration) (first, count uint32, ok bool) {
+	if first, count, ok = t.store(data); ok {
+		return first, count, true
+	}
+	per := t.dataPerBlock()
+	need := max((len(data)+per-1)/per, 1)
+	if need > int(t.nblocks) || t.evictBlocks(need, now) == 0 {
+		return 0, 0, false
+	}
+	return t.store(data)
+}
+
+// evictBlocks frees blocks for a store of need blocks: it drops completed
+// records that expired (of any kind) and cache entries, walking the
+// records from where this process's last walk stopped (a clock hand, so
+// that successive evictions spread over the table), until need blocks are
+// free or every record was visited. A completed idempotency record that
+// has not expired is never dropped. It returns the blocks it freed.
+func (t *Responses) evictBlocks(need int, now time.Duration) (freed int) {
+	n := len(t.recs)
+	start := int(t.hand.Load())
+	j := 0
+	for ; j < n && freed < need; j++ {
+		rec := &t.recs[(start+j)&int(t.mask)]
+		s := atomic.LoadUint64(&rec.state)
+		if recPhase(s) != recComplete {
+			continue
+		}
+		expired := time.Duration(atomic.LoadUint64(&rec.expiry)) <= now
+		if !expired && Kind(atomic.LoadUint64(&rec.kind)) != KindCache {
+			continue
+		}
+		// The chain is stable while the record is COMPLETE in state s: read
+		// it before the record is given up, after which a claim may reset it.
+		chain := atomic.LoadUint64(&rec.chain)
+		if !t.drop(rec, s) {
+			continue
+		}
+		t.freeChain(chain)
+		freed += int(min(chain>>32, uint64(t.nblocks)))
+		if !expired {
+			t.r.count(evCacheEvicted, 1)
+		}
+	}
+	t.hand.Store(uint32((start + j) & int(t.mask)))
+	return freed
+}
+
+// drop turns the COMPLETE record rec, in state s, into a tombstone, and
+// wakes whoever waits on it; false when it changed meanwhile. The caller
+// frees the chain it read in state s.
+func (t *Responses) drop(rec *record, s uint64) bool {
+	if !atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
+		return false
+	}
+	t.r.count(evRecFreed, 1)
+	t.wake(rec)
+	return true
 }

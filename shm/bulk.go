@@ -135,17 +135,20 @@ func (c *Counters) Place(e Entry) error {
 
 // StoredEntry is one completed record, as persistence dumps and restores it.
 type StoredEntry struct {
+	Kind         Kind
 	Key          Key
-	Fingerprint  Fingerprint
-	Expiry       time.Duration // region time until which it replays
-	Unreplayable bool          // completed without a stored response
-	Response     Response      // when replayable
-	Account      uint16        // the account the record is charged to (see Quota)
+	Fingerprint  Fingerprint   // idempotency records
+	Expiry       time.Duration // region time until which it replays (or is a cache entry)
+	Unreplayable bool          // an idempotency record completed without a stored response
+	Response     Response      // a replayable idempotency record's response
+	Data         []byte        // a cache entry's bytes
+	Account      uint16        // an idempotency record's account (see Quota); cache entries have none
 }
 
 // Snapshot returns an iterator over the COMPLETE records that have not
-// expired at now, their responses copied out. Reservations and requests in
-// flight are not visited, nor a record that changed while it was read.
+// expired at now, their responses (or cache entries) copied out.
+// Reservations, fill locks and requests in flight are not visited, nor a
+// record that changed while it was read.
 func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 	return func(yield func(StoredEntry) bool) {
 		for i := range t.recs {
@@ -155,19 +158,31 @@ func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 				continue
 			}
 			e := StoredEntry{
-				Key:     Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)},
-				Expiry:  time.Duration(atomic.LoadUint64(&rec.expiry)),
-				Account: uint16(atomic.LoadUint64(&rec.acct) - 1),
+				Kind:   Kind(atomic.LoadUint64(&rec.kind)),
+				Key:    Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)},
+				Expiry: time.Duration(atomic.LoadUint64(&rec.expiry)),
+			}
+			if a := atomic.LoadUint64(&rec.acct); a != 0 {
+				e.Account = uint16(a - 1)
 			}
 			if e.Expiry <= now {
 				continue
 			}
-			for w := range rec.fp {
-				binary.LittleEndian.PutUint64(e.Fingerprint[w*8:], atomic.LoadUint64(&rec.fp[w]))
-			}
-			e.Unreplayable = atomic.LoadUint64(&rec.length)>>32&flagUnreplayable != 0
-			if !e.Unreplayable && !t.read(rec, s, &e.Response) {
-				continue
+			switch e.Kind {
+			case KindCache:
+				data, ok := t.readInto(rec, s, nil)
+				if !ok {
+					continue
+				}
+				e.Data = data
+			default:
+				for w := range rec.fp {
+					binary.LittleEndian.PutUint64(e.Fingerprint[w*8:], atomic.LoadUint64(&rec.fp[w]))
+				}
+				e.Unreplayable = atomic.LoadUint64(&rec.length)>>32&flagUnreplayable != 0
+				if !e.Unreplayable && !t.read(rec, s, &e.Response) {
+					continue
+				}
 			}
 			if atomic.LoadUint64(&rec.state) != s {
 				continue
@@ -183,8 +198,9 @@ func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 // e.Account, without the insert lock, a quota or a worker identity; an
 // entry already expired at now is
 // skipped. It requires that no other process uses the region. When the
-// pool has no room for the response, the record is completed unreplayable,
-// as Complete does. Errors: ErrDuplicate (the key has a live record),
+// pool has no room for an idempotency record's response, the record is
+// completed unreplayable, as Complete does; a cache entry without room is
+// ErrFull. Errors: ErrDuplicate (the key has a live record of e's kind),
 // ErrFull (no record in the probe window), ErrNoResponses.
 func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	if len(t.recs) == 0 {
@@ -193,12 +209,30 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	if e.Expiry <= now {
 		return nil
 	}
-	_, _, cand, found := t.scan(e.Key, e.Key.A&t.mask, now, 0)
+	cand := t.placeScan(e.Key, e.Kind, now)
 	switch {
-	case found:
+	case cand == -2:
 		return ErrDuplicate
 	case cand < 0:
 		return ErrFull
+	}
+	var flags uint64 = flagUnreplayable
+	var n uint32
+	chain, sum := uint64(noBlock), uint64(0)
+	switch {
+	case e.Kind == KindCache:
+		first, count, ok := t.store(e.Data)
+		if !ok {
+			return ErrFull
+		}
+		chain = uint64(count)<<32 | uint64(first)
+		flags, n, sum = 0, uint32(len(e.Data)), xxhash.Sum64(e.Data)
+	case !e.Unreplayable:
+		data := encodeResponse(&e.Response)
+		if first, count, ok := t.store(data); ok {
+			chain = uint64(count)<<32 | uint64(first)
+			flags, n, sum = 0, uint32(len(data)), xxhash.Sum64(data)
+		}
 	}
 	rec := &t.recs[cand]
 	s := atomic.LoadUint64(&rec.state)
@@ -212,21 +246,14 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 		atomic.StoreUint64(&rec.acct, 0)
 		atomic.AddUint64(&t.acc.a[uint16(old-1)].held, ^uint64(0))
 	}
-	t.acc.place(cand, e.Account)
+	if e.Kind != KindCache {
+		t.acc.place(cand, e.Account)
+	}
 	atomic.StoreUint64(&rec.keyA, e.Key.A)
 	atomic.StoreUint64(&rec.keyB, e.Key.B)
+	atomic.StoreUint64(&rec.kind, uint64(e.Kind))
 	for w := range rec.fp {
 		atomic.StoreUint64(&rec.fp[w], binary.LittleEndian.Uint64(e.Fingerprint[w*8:]))
-	}
-	var flags uint64 = flagUnreplayable
-	var n uint32
-	chain, sum := uint64(noBlock), uint64(0)
-	if !e.Unreplayable {
-		data := encodeResponse(&e.Response)
-		if first, count, ok := t.store(data); ok {
-			chain = uint64(count)<<32 | uint64(first)
-			flags, n, sum = 0, uint32(len(data)), xxhash.Sum64(data)
-		}
 	}
 	atomic.StoreUint64(&rec.length, flags<<32|uint64(n))
 	atomic.StoreUint64(&rec.chain, chain)
@@ -234,4 +261,37 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	atomic.StoreUint64(&rec.expiry, uint64(e.Expiry))
 	atomic.StoreUint64(&rec.state, mkRec(recComplete, recGen(s)+1, 0))
 	return nil
+}
+
+// placeScan finds the record Place installs a key of kind in: the first
+// EMPTY, TOMB or expired record of its probe window; -1 when there is
+// none, -2 when the key has a live record of that kind already.
+func (t *Responses) placeScan(k Key, kind Kind, now time.Duration) int {
+	home := k.A & t.mask
+	cand := -1
+	for j := 0; j < t.probe; j++ {
+		i := int((home + uint64(j)) & t.mask)
+		rec := &t.recs[i]
+		s := atomic.LoadUint64(&rec.state)
+		switch recPhase(s) {
+		case recEmpty:
+			if cand < 0 {
+				cand = i
+			}
+			return cand
+		case recTomb:
+			if cand < 0 {
+				cand = i
+			}
+		case recComplete, recReserved, recBusy:
+			live := recPhase(s) != recComplete || time.Duration(atomic.LoadUint64(&rec.expiry)) > now
+			if live && t.keyIs(rec, k, kind) {
+				return -2
+			}
+			if !live && cand < 0 {
+				cand = i
+			}
+		}
+	}
+	return cand
 }

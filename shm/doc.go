@@ -13,6 +13,7 @@
 //	| response records (128 B each) | block bitmap (1 bit a block) | response blocks |
 //	| statistics: fold sequence, name table, gates, a row per worker index and the retired row |
 //	| slot accounts (65,536 × 32 B) | record accounts (65,536 × 32 B, with records) |
+//	| tag generations (8 B each) |
 //
 // Each section starts on a page boundary, at the offset its header word
 // records. The header also holds the magic, the layout version, the
@@ -88,6 +89,18 @@
 // check the state and a checksum again, so a torn read is a miss, never a
 // wrong replay. A duplicate waits on a futex in the record, shared by every
 // process.
+//
+// Each record has a kind: idempotency records ([Responses.Begin]) and
+// response cache records ([Responses.CacheLookup] and its kin) share the
+// table but never see each other's keys. A cache key has at most one fill
+// lock (a RESERVED record, taken by the same protocol, that the process
+// fetching the response holds and others wait on) and one entry that
+// lookups use; the lock becomes the entry when the fill completes, so the
+// old entry stays readable meanwhile. Cache entries are evicted to make
+// room (the one that expires first in a full probe window; a clock hand
+// over the table when blocks run short); a completed idempotency record
+// never is before its expiry. The tag generations ([Tags]) are counters
+// indexed by a tag's hash: a purge is one atomic add.
 //
 // # Time
 //

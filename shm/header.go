@@ -52,6 +52,7 @@ func (r *Region) format(o Options) error {
 	r.store(hStatWords, uint64(o.StatWords))
 	r.store(hStatNames, uint64(o.StatNames))
 	r.store(hStatGates, uint64(o.StatGates))
+	r.store(hTags, uint64(o.Tags))
 	r.store(hSeed1, s1)
 	r.store(hSeed2, s2)
 	r.store(hTimeBase, uint64(nanotime()))
@@ -97,6 +98,7 @@ func (r *Region) load() error {
 		StatWords:     int(r.word(hStatWords)),
 		StatNames:     int(r.word(hStatNames)),
 		StatGates:     int(r.word(hStatGates)),
+		Tags:          int(r.word(hTags)),
 	}
 	n, err := o.normalize()
 	if err != nil || n != o || o.Counters == 0 {
@@ -119,6 +121,7 @@ func (r *Region) load() error {
 		unsafe.Slice((*account)(r.at(lay.off[secSlotAccounts])), numAccounts))
 	r.resps = newResponses(r, lay)
 	r.stats = newStatistics(r, lay.off[secStats])
+	r.tags = newTags(r, lay)
 	return nil
 }
 

@@ -9,7 +9,7 @@ import (
 // Magic opens every region; LayoutVersion changes whenever the layout does.
 const (
 	Magic         = "PFKDSHM\x00"
-	LayoutVersion = 2
+	LayoutVersion = 3
 )
 
 // Geometry defaults and limits (see Options).
@@ -29,6 +29,8 @@ const (
 	maxWorkers           = 1 << 16
 	maxResponses         = 1 << 26
 	maxBlocks            = 1<<32 - 2
+	defaultTags          = 1 << 16
+	maxTags              = 1 << 24
 )
 
 // Sizes of the header, the pages sections are aligned to, and the
@@ -86,6 +88,11 @@ const (
 	hStatGates         = 232 // gates
 	hOffSlotAccounts   = 240
 	hOffRecordAccounts = 248
+	hTags              = 256 // tag-generation slots of the response cache
+	hOffTags           = 264
+	hTagEpoch          = 272 // bumped before every tag purge (see Tags.Purge)
+	hTagPurges         = 280 // tag purges, for statistics
+	hURLPurges         = 288 // URL generations bumped (purges and invalidations)
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -100,6 +107,7 @@ const (
 	secStats                 // statistics: fold sequence, name table, gates, one row per worker index and the retired row
 	secSlotAccounts          // the accounts of the counter slots
 	secRecordAccounts        // the accounts of the response records (none without records)
+	secTags                  // tag generations of the response cache
 	numSections
 )
 
@@ -126,6 +134,7 @@ var sectionTable = [numSections]struct {
 		}
 		return numAccounts * accountSize
 	}},
+	secTags: {"tag generations", hOffTags, func(o Options) uint64 { return uint64(o.Tags) * 8 }},
 }
 
 // sections are the byte offsets of a region's sections and its total size.
@@ -170,6 +179,11 @@ type Options struct {
 	// BlockSize is the size of one block of the pool, a multiple of 64
 	// between 256 and 1 MiB. 0 means 4096.
 	BlockSize int
+	// Tags is the number of tag-generation slots of the response cache
+	// (see Tags), rounded up to a power of two, at most 2^24. 0 means
+	// 65536 when Responses > 0; a region without a response table has
+	// none.
+	Tags int
 
 	// StatWords is the number of the caller's words in each statistics
 	// row (Region.StatRow), at most 65536; shm's own events come on top.
@@ -212,13 +226,20 @@ func (o Options) normalize() (Options, error) {
 		return o, fmt.Errorf("shm: statistics geometry %d words, %d names, %d gates outside [0, %d], [0, %d], [0, %d]",
 			o.StatWords, o.StatNames, o.StatGates, maxStatWords, maxStatNames, maxStatGates)
 	}
-	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 {
+	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 || o.Tags < 0 {
 		return o, fmt.Errorf("shm: negative response geometry %+v", o)
 	}
 	if o.Responses == 0 {
-		o.ResponseBytes, o.BlockSize = 0, 0
+		o.ResponseBytes, o.BlockSize, o.Tags = 0, 0, 0
 		return o, nil
 	}
+	if o.Tags == 0 {
+		o.Tags = defaultTags
+	}
+	if o.Tags > maxTags {
+		return o, fmt.Errorf("shm: %d tag slots is more than the maximum %d", o.Tags, maxTags)
+	}
+	o.Tags = 1 << bits.Len(uint(o.Tags-1))
 	if o.Responses > maxResponses {
 		return o, fmt.Errorf("shm: %d response records is more than the maximum %d", o.Responses, maxResponses)
 	}

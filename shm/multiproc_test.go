@@ -85,6 +85,8 @@ func child(role string) error {
 		return idemChild(r, spec)
 	case "records":
 		return recordsChild(r, spec)
+	case "cache":
+		return cacheChild(r, spec)
 	case "stall":
 		shm.SetTestHook(func(stage string) {
 			if stage == spec.Stage {

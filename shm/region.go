@@ -45,6 +45,7 @@ type Region struct {
 	workers []workerEntry
 	counts  *Counters
 	resps   *Responses
+	tags    *Tags
 	stats   *statistics
 
 	owner atomic.Uint64 // this process's owner id once joined; 0 before
@@ -165,6 +166,10 @@ func (r *Region) Counters() *Counters { return r.counts }
 
 // Responses returns the region's response table.
 func (r *Region) Responses() *Responses { return r.resps }
+
+// Tags returns the region's tag-generation table (empty without a
+// response table).
+func (r *Region) Tags() *Tags { return r.tags }
 
 // Close unmaps the region and closes its file. Idempotent.
 func (r *Region) Close() error {

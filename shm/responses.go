@@ -63,8 +63,25 @@ type record struct {
 	chain   uint64 // first block (low 32) · block count (high 32)
 	sum     uint64 // xxhash64 of the stored bytes
 	acct    uint64 // the account the record is charged to, plus one; 0 = none (see accounts)
-	_       [2]uint64
+	kind    uint64 // Kind of the key; written with the key
+	_       [1]uint64
 }
+
+// Kind says what stored a record. A lookup of one kind never sees a
+// record of another, so idempotency keys and cache keys never mix; and a
+// cache entry may be evicted where an idempotency record may not.
+type Kind uint8
+
+const (
+	// KindIdempotency records hold a reservation or a stored response for
+	// an idempotency key; a completed one lives until its expiry. It is
+	// charged to its client's account (see Quota).
+	KindIdempotency Kind = iota
+	// KindCache records hold a response cache entry (completed) or a fill
+	// lock (reserved). An entry may be evicted to make room. It is charged
+	// to no account.
+	KindCache
+)
 
 // Fingerprint identifies a request's content (SHA-256 of method, path,
 // query and body): the same key with another fingerprint is a misuse.
@@ -120,6 +137,7 @@ type Responses struct {
 	blockSize int
 	nblocks   uint32
 	hint      atomic.Uint32 // where this process starts looking for free blocks
+	hand      atomic.Uint32 // where this process's eviction walk resumes
 	lockWait  time.Duration
 	acc       accounts
 }
@@ -218,7 +236,7 @@ func (t *Responses) Begin(k Key, q Quota, fp Fingerprint, now time.Duration, dst
 			locked = true
 			continue
 		}
-		tk, ok, err := t.claim(cand, k, q, fp, owner, now)
+		tk, ok, err := t.claim(cand, k, KindIdempotency, &q, &fp, owner, now)
 		if ok {
 			return Reserved, tk, nil
 		}
@@ -307,10 +325,13 @@ func (t *Responses) sweep(a uint16, now time.Duration, owner uint64) (n int) {
 	return n
 }
 
-// scan probes from home: the record holding k (state read before key), or
-// the first claimable record. Records of dead owners are released on the way.
+// scan probes from home for an idempotency key: the record holding k
+// (state read before key), or the first claimable record: EMPTY, TOMB or
+// expired, else the cache entry that expires first (evictable). Records of
+// dead owners are released on the way.
 func (t *Responses) scan(k Key, home uint64, now time.Duration, owner uint64) (i int, s uint64, cand int, found bool) {
 	cand = -1
+	evict, evictExp := -1, time.Duration(0)
 	for j := 0; j < t.probe; j++ {
 		i = int((home + uint64(j)) & t.mask)
 		rec := &t.recs[i]
@@ -330,24 +351,32 @@ func (t *Responses) scan(k Key, home uint64, now time.Duration, owner uint64) (i
 				t.releaseRec(i, s, owner, 0)
 				continue
 			}
-			if recPhase(s) == recReserved && t.keyIs(rec, k) {
+			if recPhase(s) == recReserved && t.keyIs(rec, k, KindIdempotency) {
 				return i, s, cand, true
 			}
 		case recComplete:
-			expired := time.Duration(atomic.LoadUint64(&rec.expiry)) <= now
-			if t.keyIs(rec, k) && !expired {
+			exp := time.Duration(atomic.LoadUint64(&rec.expiry))
+			expired := exp <= now
+			if t.keyIs(rec, k, KindIdempotency) && !expired {
 				return i, s, cand, true
 			}
-			if expired && cand < 0 {
+			switch {
+			case expired && cand < 0:
 				cand = i
+			case !expired && Kind(atomic.LoadUint64(&rec.kind)) == KindCache && (evict < 0 || exp < evictExp):
+				evict, evictExp = i, exp
 			}
 		}
+	}
+	if cand < 0 {
+		cand = evict
 	}
 	return -1, 0, cand, false
 }
 
-func (t *Responses) keyIs(rec *record, k Key) bool {
-	return atomic.LoadUint64(&rec.keyA) == k.A && atomic.LoadUint64(&rec.keyB) == k.B
+func (t *Responses) keyIs(rec *record, k Key, kind Kind) bool {
+	return atomic.LoadUint64(&rec.keyA) == k.A && atomic.LoadUint64(&rec.keyB) == k.B &&
+		Kind(atomic.LoadUint64(&rec.kind)) == kind
 }
 
 // examine judges the found record i in state s against fp; ok is false
@@ -377,18 +406,24 @@ func (t *Responses) examine(i int, s uint64, fp Fingerprint, dst *Response) (Out
 	return Replay, true
 }
 
-// claim reserves record i for k under k's insert lock, charged to q's
-// account. It reports false with a nil error when the record was taken
-// meanwhile or this process was reaped; a refusal (ErrQuota,
-// ErrLockTimeout) leaves the record free.
-func (t *Responses) claim(i int, k Key, q Quota, fp Fingerprint, owner uint64, now time.Duration) (Ticket, bool, error) {
+// claim reserves record i for k, of kind, under k's insert lock, charged
+// to q's account (q nil: to none, as a cache record is; fp nil: no
+// fingerprint). It takes an EMPTY or TOMB record, a COMPLETE one that
+// expired, or, evicting it, a COMPLETE cache entry. It reports false with
+// a nil error when the record was taken meanwhile or this process was
+// reaped; a refusal (ErrQuota, ErrLockTimeout) leaves the record free.
+func (t *Responses) claim(i int, k Key, kind Kind, q *Quota, fp *Fingerprint, owner uint64, now time.Duration) (Ticket, bool, error) {
 	rec := &t.recs[i]
 	s := atomic.LoadUint64(&rec.state)
+	evict := false
 	switch recPhase(s) {
 	case recEmpty, recTomb:
 	case recComplete:
 		if time.Duration(atomic.LoadUint64(&rec.expiry)) > now {
-			return Ticket{}, false, nil
+			if Kind(atomic.LoadUint64(&rec.kind)) != KindCache {
+				return Ticket{}, false, nil
+			}
+			evict = true
 		}
 	default:
 		return Ticket{}, false, nil
@@ -417,13 +452,21 @@ func (t *Responses) claim(i int, k Key, q Quota, fp Fingerprint, owner uint64, n
 	}
 	if reused {
 		t.r.count(evRecReused, 1)
+		if evict {
+			t.r.count(evCacheEvicted, 1)
+		}
 	} else {
 		t.r.count(evRecTaken, 1)
 	}
 	atomic.StoreUint64(&rec.keyA, k.A)
 	atomic.StoreUint64(&rec.keyB, k.B)
+	atomic.StoreUint64(&rec.kind, uint64(kind))
 	for w := range rec.fp {
-		atomic.StoreUint64(&rec.fp[w], binary.LittleEndian.Uint64(fp[w*8:]))
+		var v uint64
+		if fp != nil {
+			v = binary.LittleEndian.Uint64(fp[w*8:])
+		}
+		atomic.StoreUint64(&rec.fp[w], v)
 	}
 	atomic.StoreUint64(&rec.length, 0)
 	atomic.StoreUint64(&rec.chain, noBlock)
@@ -437,10 +480,14 @@ func (t *Responses) claim(i int, k Key, q Quota, fp Fingerprint, owner uint64, n
 }
 
 // recharge moves the charge of record i, which owner holds in state busy,
-// to q's account: nothing to do when it is charged to it already.
-func (t *Responses) recharge(i int, busy uint64, q Quota, owner uint64) error {
-	old := atomic.LoadUint64(&t.recs[i].acct)
-	if old == q.charge() {
+// to q's account (q nil: to none): nothing to do when it is charged to it
+// already.
+func (t *Responses) recharge(i int, busy uint64, q *Quota, owner uint64) error {
+	old, want := atomic.LoadUint64(&t.recs[i].acct), uint64(0)
+	if q != nil {
+		want = q.charge()
+	}
+	if old == want {
 		return nil
 	}
 	if old != 0 {
@@ -448,14 +495,18 @@ func (t *Responses) recharge(i int, busy uint64, q Quota, owner uint64) error {
 			return err
 		}
 	}
-	return t.acc.charge(i, busy, q, owner, t.lockWait)
+	if q == nil {
+		return nil
+	}
+	return t.acc.charge(i, busy, *q, owner, t.lockWait)
 }
 
 // Complete stores resp for the reservation tk, replayable until now+ttl,
 // and wakes the waiters. A nil resp (too large to store) completes the
 // record unreplayable: retries get Unreplayable, never a second run. When
-// the pool has no room, the record is completed unreplayable too and the
-// returned stored is false.
+// the pool has no room, even after evicting cache entries and records that
+// expired, the record is completed unreplayable too and the returned
+// stored is false.
 func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) (stored bool, err error) {
 	rec := &t.recs[tk.idx]
 	if atomic.LoadUint64(&rec.state) != tk.state || recPhase(tk.state) != recReserved {
@@ -466,7 +517,7 @@ func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) 
 	chain := uint64(noBlock)
 	if resp != nil {
 		data := encodeResponse(resp)
-		if first, count, ok := t.store(data); ok {
+		if first, count, ok := t.storeEvicting(data, now); ok {
 			chain = uint64(count)<<32 | uint64(first)
 			flags, n = 0, uint32(len(data))
 			atomic.StoreUint64(&rec.sum, xxhash.Sum64(data))

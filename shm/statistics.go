@@ -24,25 +24,26 @@ import (
 
 // shm's own events, the first words of every row.
 const (
-	evFull        = iota // counter decisions answered by on_full: no slot in the probe window
-	evLockTimeout        // counter decisions answered by on_full: insert lock held too long
-	evClaims             // counter slots published LIVE from EMPTY or TOMB
-	evReclaims           // counter slots published LIVE for another key (reclaimed)
-	evEvictions          // LIVE counter slots taken over by a reclaim (LIVE → BUSY)
-	evRecovered          // BUSY slots, records and insert locks released from dead owners
-	evPlaced             // counter slots placed LIVE by a load
-	evRespFull           // reservations refused: no record in the probe window
-	evRespNoBlock        // responses completed unreplayable: no blocks left to store them
-	evRecTaken           // records taken from EMPTY or TOMB (reservations and loads)
-	evRecFreed           // records turned into tombstones (released)
-	evRecReused          // expired completed records taken for another key
-	evBlocksTaken        // response blocks allocated
-	evBlocksFreed        // response blocks freed
-	evQuota              // new keys refused: their account held its maximum of slots
-	evSwept              // slots of fresh keys freed by an account's sweep
-	evRespQuota          // reservations refused: their account held its maximum of records
-	evRespSwept          // expired records freed by an account's sweep
-	shmWords      = 24   // room for more events without moving the caller's words
+	evFull         = iota // counter decisions answered by on_full: no slot in the probe window
+	evLockTimeout         // counter decisions answered by on_full: insert lock held too long
+	evClaims              // counter slots published LIVE from EMPTY or TOMB
+	evReclaims            // counter slots published LIVE for another key (reclaimed)
+	evEvictions           // LIVE counter slots taken over by a reclaim (LIVE → BUSY)
+	evRecovered           // BUSY slots, records and insert locks released from dead owners
+	evPlaced              // counter slots placed LIVE by a load
+	evRespFull            // reservations refused: no record in the probe window
+	evRespNoBlock         // responses completed unreplayable: no blocks left to store them
+	evRecTaken            // records taken from EMPTY or TOMB (reservations and loads)
+	evRecFreed            // records turned into tombstones (released)
+	evRecReused           // expired completed records taken for another key
+	evBlocksTaken         // response blocks allocated
+	evBlocksFreed         // response blocks freed
+	evQuota               // new keys refused: their account held its maximum of slots
+	evSwept               // slots of fresh keys freed by an account's sweep
+	evRespQuota           // reservations refused: their account held its maximum of records
+	evRespSwept           // expired records freed by an account's sweep
+	evCacheEvicted        // cache entries dropped before their expiry, to make room
+	shmWords       = 24   // room for more events without moving the caller's words
 )
 
 // Geometry limits of the statistics section.
@@ -239,6 +240,21 @@ func (r *Region) WorkerStats(w int, s *StatSum) {
 		return
 	}
 	r.sumRows(s, []int{w})
+}
+
+// OthersStats sets s to the sum of every row but worker index w's (the
+// retired row included): what every other worker counted, read at one
+// instant under the fold sequence, so that a difference of two such sums
+// never counts the work of w, nor loses that of a worker reaped between
+// them.
+func (r *Region) OthersStats(w int, s *StatSum) {
+	ws := make([]int, 0, r.stats.retired+1)
+	for i := 0; i <= r.stats.retired; i++ {
+		if i != w {
+			ws = append(ws, i)
+		}
+	}
+	r.sumRows(s, ws)
 }
 
 func (r *Region) sumRows(s *StatSum, ws []int) {

@@ -36,6 +36,9 @@ type TableStats struct {
 	NoBlocks     uint64 // responses completed unreplayable for want of blocks
 	RecordsQuota uint64 // reservations refused: their account held its maximum of records
 	RecordsSwept uint64 // expired records freed by the sweep of an account at its maximum
+	CacheEvicted uint64 // cache entries dropped before their expiry to make room
+	TagPurges    uint64 // tag purges of the cache (Tags.Purge)
+	URLPurges    uint64 // URL generations advanced (Tags.Bump: purges by URL, invalidations)
 }
 
 // Occupancy is the fraction of counter slots that hold a key.
@@ -70,6 +73,9 @@ func (r *Region) tableStats(w []uint64) TableStats {
 		NoBlocks:     w[evRespNoBlock],
 		RecordsQuota: w[evRespQuota],
 		RecordsSwept: w[evRespSwept],
+		CacheEvicted: w[evCacheEvicted],
+		TagPurges:    r.word(hTagPurges),
+		URLPurges:    r.word(hURLPurges),
 	}
 }
 
@@ -145,25 +151,42 @@ func (c *Counters) Stats() Stats {
 // ResponseStats describes the response table, from a scan.
 type ResponseStats struct {
 	Records    int
-	Reserved   int
-	Complete   int
+	Reserved   int // idempotency reservations (and records being claimed)
+	Complete   int // completed idempotency records
+	Cached     int // response cache entries
+	Filling    int // response cache fills in flight
+	CacheBytes int // bytes of the cache entries
 	Blocks     int
 	BlocksUsed int
-	Full       uint64 // reservations refused: no record in the probe window
-	NoBlocks   uint64 // responses completed unreplayable for want of blocks
+	Full       uint64 // reservations and fill locks refused: no record in the probe window
+	NoBlocks   uint64 // responses not stored for want of blocks
 	Quota      uint64 // reservations refused: their account held its maximum of records (ErrQuota)
 	Swept      uint64 // expired records freed by the sweep of an account at its maximum
+	Evicted    uint64 // cache entries dropped before their expiry to make room
 }
 
 // Stats scans the response table.
 func (t *Responses) Stats() ResponseStats {
 	st := ResponseStats{Records: len(t.recs), Blocks: int(t.nblocks)}
 	for i := range t.recs {
-		switch recPhase(atomic.LoadUint64(&t.recs[i].state)) {
-		case recReserved, recBusy:
+		rec := &t.recs[i]
+		cache := Kind(atomic.LoadUint64(&rec.kind)) == KindCache
+		switch recPhase(atomic.LoadUint64(&rec.state)) {
+		case recReserved:
+			if cache {
+				st.Filling++
+			} else {
+				st.Reserved++
+			}
+		case recBusy:
 			st.Reserved++
 		case recComplete:
-			st.Complete++
+			if cache {
+				st.Cached++
+				st.CacheBytes += int(uint32(atomic.LoadUint64(&rec.length)))
+			} else {
+				st.Complete++
+			}
 		}
 	}
 	for i := range t.bitmap {
@@ -171,7 +194,7 @@ func (t *Responses) Stats() ResponseStats {
 	}
 	var sum StatSum
 	t.r.SumStats(&sum)
-	st.Full, st.NoBlocks = sum.Table.RecordsFull, sum.Table.NoBlocks
+	st.Full, st.NoBlocks, st.Evicted = sum.Table.RecordsFull, sum.Table.NoBlocks, sum.Table.CacheEvicted
 	st.Quota, st.Swept = sum.Table.RecordsQuota, sum.Table.RecordsSwept
 	return st
 }

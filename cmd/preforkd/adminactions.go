@@ -20,6 +20,7 @@ var adminActions = []adminAction{
 	{"GET /ratelimit/{rule}", (*admin).serveKeyState},
 	{"POST /ratelimit/{rule}/reset", (*admin).serveKeyReset},
 	{"DELETE /idempotency", (*admin).serveForgetResponse},
+	{"POST /cache/purge", (*admin).serveCachePurge},
 }
 
 // keyStateJSON is one key's state as the actions report it. It names the

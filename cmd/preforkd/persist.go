@@ -63,7 +63,7 @@ func persistHooks(opts *prefork.Options, build string) {
 			if st, derr := persist.Dump(r, persistOptions(cfg, build)); derr != nil {
 				err = errors.Join(err, derr)
 			} else {
-				log.Info("dump written", "path", cfg.Persist.Path, "counters", st.Entries, "responses", st.Responses, "bytes", st.Bytes)
+				log.Info("dump written", "path", cfg.Persist.Path, "counters", st.Entries, "responses", st.Responses, "cached", st.Cached, "tag_generations", st.TagGens, "bytes", st.Bytes)
 			}
 		}
 		if lock != nil {

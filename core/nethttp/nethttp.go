@@ -28,6 +28,8 @@ type Handler struct {
 	c    *core.Core
 	next http.Handler
 	opts Options
+
+	background sync.WaitGroup // background refreshes
 }
 
 // Options tunes a Handler. The zero value is what most want.
@@ -67,8 +69,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := requests.Get().(*request)
 	req.r = r
 	ex := h.c.Begin(req)
+	owned := true // ex is released here, unless a background refresh took it
 	defer func() {
-		ex.Release()
+		if owned {
+			ex.Release()
+		}
 		*req = request{}
 		requests.Put(req)
 	}()
@@ -82,6 +87,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeResponse(w, ex.Response())
 		ex.Done(ex.Response().Status)
+		if ex.Refresh() {
+			owned = false
+			h.refresh(ex, r)
+		}
 		return
 	}
 	setFields(w.Header(), ex.Fields())
@@ -93,6 +102,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if req.bodyRead {
 		r.Body = http.NoBody
 	}
+	if ex.Unconditional() {
+		r = unconditional(r)
+	}
 	max, record := ex.Record()
 	if !record {
 		req.sw = statusWriter{w: w}
@@ -100,20 +112,94 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.Done(req.sw.final())
 		return
 	}
-	// The reserved request runs without the client's cancellation: a
-	// client that disconnects does not stop the response from being stored
-	// for its retry. A panic leaves the reservation to Release.
-	rec := newRecorder(w, max)
+	// A request whose response is kept runs without the client's
+	// cancellation: a client that disconnects does not stop the response
+	// from being stored for its retry (or for the cache). A panic leaves
+	// the reservation to Release.
+	rec := newRecorder(w, max, ex.Fallback)
 	defer rec.release()
-	h.next.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
+	if max > 0 {
+		r = r.WithContext(context.WithoutCancel(r.Context()))
+	}
+	h.next.ServeHTTP(rec, r)
 	rec.finish()
+	if rec.replaced != nil {
+		// The application failed and the cache has a stale response that
+		// stale-if-error lets it send instead; nothing was sent yet.
+		clear(w.Header())
+		writeResponse(w, rec.replaced)
+	}
 	recorded := rec.recorded()
 	ex.Complete(recorded)
-	if recorded.Hijacked && recorded.Status == 0 {
-		recorded.Status = http.StatusSwitchingProtocols
+	status := recorded.Status
+	switch {
+	case rec.replaced != nil:
+		status = rec.replaced.Status
+	case recorded.Hijacked && status == 0:
+		status = http.StatusSwitchingProtocols
 	}
-	ex.Done(recorded.Status)
+	ex.Done(status)
 }
+
+// unconditional is r without the fields core.UnconditionalFields names,
+// for a request whose response fills the cache.
+func unconditional(r *http.Request) *http.Request {
+	has := false
+	for _, n := range core.UnconditionalFields {
+		_, ok := r.Header[n]
+		has = has || ok
+	}
+	if !has {
+		return r
+	}
+	r2 := *r
+	r2.Header = r.Header.Clone()
+	for _, n := range core.UnconditionalFields {
+		delete(r2.Header, n)
+	}
+	return &r2
+}
+
+// refresh sends a copy of r to the next handler in the background and
+// gives its response to ex, which it then releases: the cache's
+// stale-while-revalidate refresh (core.Exchange.Refresh). The copy has no
+// body (a refresh is a GET) and no conditional fields.
+func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
+	r2 := r.Clone(context.WithoutCancel(r.Context()))
+	for _, n := range core.UnconditionalFields {
+		delete(r2.Header, n)
+	}
+	r2.Body, r2.ContentLength = http.NoBody, 0
+	if fwd := ex.ForwardPath(); fwd != r2.URL.EscapedPath() {
+		forwardPath(r2, fwd)
+	}
+	h.background.Add(1)
+	go func() {
+		defer h.background.Done()
+		defer ex.Release() // after a panic too: the fill lock is given up
+		defer func() {
+			// A panicking application must not take the worker down from
+			// a goroutine no server recovers: the refresh is abandoned.
+			_ = recover()
+		}()
+		max, _ := ex.Record()
+		rec := newRecorder(&nowhere{header: http.Header{}}, max, nil)
+		defer rec.release()
+		h.next.ServeHTTP(rec, r2)
+		rec.finish()
+		ex.Complete(rec.recorded())
+	}()
+}
+
+// Wait waits for the background refreshes in flight to end.
+func (h *Handler) Wait() { h.background.Wait() }
+
+// nowhere is the client of a background refresh: it keeps nothing.
+type nowhere struct{ header http.Header }
+
+func (n *nowhere) Header() http.Header         { return n.header }
+func (n *nowhere) WriteHeader(int)             {}
+func (n *nowhere) Write(p []byte) (int, error) { return len(p), nil }
 
 // forwardPath makes fwd (the path as sent, with dot segments removed and
 // slashes merged) the request's path for the next handler.
@@ -174,6 +260,13 @@ func (q *request) Peer() netip.Addr {
 }
 
 func (q *request) Header(name string) (string, int) {
+	if name == "Host" {
+		// net/http moves Host out of the header.
+		if q.r.Host == "" {
+			return "", 0
+		}
+		return q.r.Host, 1
+	}
 	vs := q.r.Header[name]
 	if len(vs) == 0 {
 		return "", 0
@@ -235,7 +328,8 @@ func readBody(body io.Reader, length, max int64) ([]byte, error) {
 // setFields sets the core's fields on h, with one allocation for every
 // value and one for the slices that hold them; each slice is capped, so
 // that an Add by the next handler reallocates rather than write into its
-// neighbour.
+// neighbour. A name given more than once (a stored response's Link lines)
+// gets all its values, in order.
 func setFields(h http.Header, fields []core.Field) {
 	if len(fields) == 0 {
 		return
@@ -255,8 +349,22 @@ func setFields(h http.Header, fields []core.Field) {
 	for i, f := range fields {
 		vals[i] = all[at : at+len(f.Value)]
 		at += len(f.Value)
+		if repeated(fields[:i], f.Name) {
+			h[f.Name] = append(h[f.Name], vals[i])
+			continue
+		}
 		h[f.Name] = vals[i : i+1 : i+1]
 	}
+}
+
+// repeated reports whether fields has one called name.
+func repeated(fields []core.Field, name string) bool {
+	for i := range fields {
+		if fields[i].Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // writeResponse sends one of the core's own answers.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"unsafe"
 
 	"github.com/preforkd/preforkd/core"
 )
@@ -28,6 +29,11 @@ import (
 type recorder struct {
 	w   http.ResponseWriter
 	max int64
+	// fallback, if set, is asked for a response to send instead of a
+	// failed one (core.Exchange.Fallback); replaced is what it gave.
+	fallback func(status int) *core.Response
+	replaced *core.Response
+	header   []core.Field // the response's fields, as sent
 
 	status     int // final status: as given to WriteHeader, 0 before
 	sent       bool
@@ -45,9 +51,9 @@ var bodyPool = sync.Pool{New: func() any { return new([]byte) }}
 // maxPooledBody bounds the buffers kept in bodyPool.
 const maxPooledBody = 64 << 10
 
-func newRecorder(w http.ResponseWriter, max int64) *recorder {
+func newRecorder(w http.ResponseWriter, max int64, fallback func(int) *core.Response) *recorder {
 	bp := bodyPool.Get().(*[]byte)
-	return &recorder{w: w, max: max, body: (*bp)[:0]}
+	return &recorder{w: w, max: max, body: (*bp)[:0], fallback: fallback}
 }
 
 // release gives the body buffer back; the recorder must not be used after.
@@ -85,6 +91,9 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if !bodyAllowed(rec.status) {
 		return 0, http.ErrBodyNotAllowed
 	}
+	if rec.replaced != nil {
+		return len(p), nil // the client gets the fallback instead
+	}
 	if !rec.overflow {
 		if int64(len(rec.body))+int64(len(p)) > rec.max {
 			rec.overflow = true
@@ -108,11 +117,21 @@ func (rec *recorder) sendHeader(first []byte) {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
+	if rec.status >= 500 && rec.fallback != nil {
+		if rec.replaced = rec.fallback(rec.status); rec.replaced != nil {
+			return // nothing goes to the client: ServeHTTP sends the fallback
+		}
+	}
 	h := rec.w.Header()
 	if _, set := h["Content-Type"]; !set && len(first) > 0 && bodyAllowed(rec.status) {
 		h.Set("Content-Type", http.DetectContentType(first))
 	}
 	rec.ct, rec.loc = h.Get("Content-Type"), h.Get("Location")
+	for name, vs := range h {
+		for _, v := range vs {
+			rec.header = append(rec.header, core.Field{Name: name, Value: unsafe.Slice(unsafe.StringData(v), len(v))})
+		}
+	}
 	rec.w.WriteHeader(rec.status)
 }
 
@@ -132,7 +151,7 @@ func (rec *recorder) FlushError() error {
 	if !rec.sent {
 		rec.sendHeader(nil)
 	}
-	if rec.clientGone == nil {
+	if rec.clientGone == nil && rec.replaced == nil {
 		if err := http.NewResponseController(rec.w).Flush(); err != nil {
 			rec.clientGone = err
 		}
@@ -159,9 +178,11 @@ func (rec *recorder) recorded() *core.Recorded {
 		Status:      rec.status,
 		ContentType: rec.ct,
 		Location:    rec.loc,
+		Header:      rec.header,
 		Body:        rec.body,
 		Overflow:    rec.overflow,
 		Hijacked:    rec.hijacked,
+		Failed:      rec.replaced != nil,
 	}
 }
 

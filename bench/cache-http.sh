@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# HTTP throughput of a cache hit with wrk on loopback: preforkd's response
+# cache against nginx proxy_cache, the same number of workers each, in
+# front of the same upstream (a 1-worker nginx serving a 4 KiB file,
+# fresh for an hour), in one run so that the ratio holds. Every measured
+# request is a hit: each cache is filled (and checked to hit) first.
+# Prints requests/s, p99 and the ratio the target talks about: preforkd
+# ≥ 0.9 × nginx.
+#
+#   WORKERS=2 DURATION=5 CONNS=32 bash bench/cache-http.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WORKERS=${WORKERS:-2}
+DURATION=${DURATION:-5}
+CONNS=${CONNS:-32}
+THREADS=${THREADS:-1}
+PORT=${PORT:-18290}
+UPSTREAM_PORT=$((PORT + 9))
+
+command -v wrk >/dev/null || { echo "cache-http.sh: wrk is not installed (apt-get install wrk)"; exit 1; }
+command -v nginx >/dev/null || { echo "cache-http.sh: nginx is not installed (apt-get install nginx-light)"; exit 1; }
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	sleep 0.5
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+go build -o "$tmp/preforkd" ./cmd/preforkd
+
+wait_up() { # url
+	for _ in $(seq 100); do
+		curl -s -o /dev/null "$1" && return 0
+		sleep 0.1
+	done
+	echo "cache-http.sh: $1 did not come up" >&2
+	return 1
+}
+
+stop() { # pid
+	kill -TERM "$1" 2>/dev/null || true
+	for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+	kill -KILL "$1" 2>/dev/null || true
+}
+
+# to_ms converts wrk's latency ("812.00us", "4.11ms", "1.02s") to ms.
+to_ms() {
+	awk -v v="$1" 'BEGIN {
+		n = v + 0
+		if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n += 0; else if (v ~ /s$/) n *= 1000
+		printf "%.2f", n
+	}'
+}
+
+declare -A rps p99
+measure() { # name url
+	local x out non2xx
+	curl -s -o /dev/null "$2" # the fill
+	x=$(curl -s -o /dev/null -D - "$2" | tr -d '\r' | awk -F': ' 'tolower($1) == "x-cache" {print $2}')
+	if [ "$x" != HIT ]; then
+		echo "cache-http.sh: $1 does not hit (X-Cache: ${x:-none})" >&2
+		exit 1
+	fi
+	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$2")
+	rps[$1]=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+	p99[$1]=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
+	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
+	printf '%-20s %12s req/s   p99 %8s ms   non-2xx: %s\n' "$1" "${rps[$1]}" "${p99[$1]}" "${non2xx:-0}"
+}
+
+# nginx_conf dir workers server-body: an nginx.conf with everything in dir.
+nginx_conf() {
+	mkdir -p "$1"
+	cat >"$1/nginx.conf" <<CONF
+worker_processes $2;
+pid $1/nginx.pid;
+error_log $1/error.log;
+daemon off;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	keepalive_requests 1000000;
+	client_body_temp_path $1/body;
+	proxy_temp_path $1/proxy;
+	fastcgi_temp_path $1/fastcgi;
+	uwsgi_temp_path $1/uwsgi;
+	scgi_temp_path $1/scgi;
+	$3
+}
+CONF
+}
+
+# The upstream: a 4 KiB file with ETag, Last-Modified and max-age=3600.
+mkdir -p "$tmp/upstream/www"
+head -c 3072 /dev/urandom | base64 -w 0 >"$tmp/upstream/www/page.html"
+chmod 755 "$tmp" "$tmp/upstream" "$tmp/upstream/www" # nginx's workers run as another user
+chmod 644 "$tmp/upstream/www/page.html"
+nginx_conf "$tmp/upstream" 1 "server { listen 127.0.0.1:$UPSTREAM_PORT; root $tmp/upstream/www; expires 1h; }"
+nginx -c "$tmp/upstream/nginx.conf" -p "$tmp/upstream" &
+pids+=("$!")
+wait_up "http://127.0.0.1:$UPSTREAM_PORT/page.html"
+
+echo "wrk -t$THREADS -c$CONNS -d${DURATION}s --latency, $WORKERS workers each, a 4 KiB hit, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# preforkd: one [[cache]] block.
+cat >"$tmp/preforkd.toml" <<CONF
+[server]
+listen = "127.0.0.1:$PORT"
+workers = $WORKERS
+upstream = "http://127.0.0.1:$UPSTREAM_PORT"
+
+[[cache]]
+path = "/*"
+CONF
+"$tmp/preforkd" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd.log" &
+pid=$!
+pids+=("$pid")
+wait_up "http://127.0.0.1:$PORT/page.html"
+measure "preforkd cache" "http://127.0.0.1:$PORT/page.html"
+stop "$pid"
+
+# nginx: proxy_cache with its lock, keep-alive to the upstream.
+mkdir -p "$tmp/nginx/cache"
+nginx_conf "$tmp/nginx" "$WORKERS" "
+	proxy_cache_path $tmp/nginx/cache levels=1:2 keys_zone=c:10m max_size=100m inactive=60m use_temp_path=off;
+	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
+	server {
+		listen 127.0.0.1:$PORT;
+		location / {
+			proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\";
+			proxy_cache c; proxy_cache_lock on;
+			add_header X-Cache \$upstream_cache_status;
+		}
+	}"
+nginx -c "$tmp/nginx/nginx.conf" -p "$tmp/nginx" &
+pid=$!
+pids+=("$pid")
+wait_up "http://127.0.0.1:$PORT/page.html"
+measure "nginx proxy_cache" "http://127.0.0.1:$PORT/page.html"
+stop "$pid"
+
+echo
+awk -v a="${rps[preforkd cache]}" -v b="${rps[nginx proxy_cache]}" 'BEGIN {
+	r = a / b
+	printf "%-44s %6.2f   >= 0.90 %s\n", "preforkd cache hit / nginx proxy_cache hit", r, (r >= 0.9 ? "met" : "MISSED")
+}'

@@ -1,0 +1,501 @@
+package core
+
+import (
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The cache stage: GET and HEAD requests of a cache block are answered
+// from the responses stored in the region (RFC 9111, as a shared cache),
+// and misses fill it, one upstream fetch per key across every process.
+
+// Cache is one compiled response cache block.
+type Cache struct {
+	// Route is the block's path, and the methods answered from the cache:
+	// GET, and optionally HEAD (answered from GET's entries). A
+	// successful unsafe request (POST, PUT, DELETE, ...) to the path
+	// invalidates its entries whatever the methods.
+	Route route.Route
+	// TTL caps how long an entry is fresh, whatever the response says,
+	// and each of its stale windows; must be positive.
+	TTL time.Duration
+	// MaxBody is the largest body stored; larger responses are passed
+	// through and not stored. Must be positive, at most 1 GiB.
+	MaxBody int64
+	// TagHeaders are the response fields whose values tag an entry, for
+	// purges. nil means Cache-Tag and Surrogate-Key; empty means none.
+	TagHeaders []string
+	// LockTimeout is how long a miss waits for another request's fetch of
+	// the same response (in any process) before it fetches itself,
+	// without storing; 0 means it does not wait.
+	LockTimeout time.Duration
+	// Heuristic lets a response without explicit freshness (no
+	// Cache-Control max-age or s-maxage, no Expires) but with a
+	// Last-Modified be fresh for a tenth of its age (RFC 9111 §4.2.2). Off,
+	// such responses are not stored.
+	Heuristic bool
+}
+
+// maxCacheBody bounds MaxBody: an entry's length is 32 bits.
+const maxCacheBody = 1 << 30
+
+var defaultTagHeaders = []string{"Cache-Tag", "Surrogate-Key"}
+
+// Check reports what is wrong with a block, as New would; every problem
+// is a *FieldError.
+func (d *Cache) Check() error {
+	fail := func(field, format string, args ...any) error {
+		return &FieldError{field, fmt.Sprintf(format, args...)}
+	}
+	ms := d.Route.Methods()
+	get := false
+	for _, m := range ms {
+		switch m {
+		case http.MethodGet:
+			get = true
+		case http.MethodHead:
+		default:
+			return fail("Methods", "methods: only GET and HEAD are answered from a cache, not %s (unsafe requests invalidate it whatever the methods)", m)
+		}
+	}
+	switch {
+	case !get:
+		return fail("Methods", "methods: must include GET (HEAD is answered from what GET stored)")
+	case d.TTL <= 0 || d.TTL > maxTTL:
+		return fail("TTL", "ttl: must be positive and at most %v, got %v", maxTTL, d.TTL)
+	case d.MaxBody <= 0 || d.MaxBody > maxCacheBody:
+		return fail("MaxBody", "max_body: must be positive and at most %d, got %d", maxCacheBody, d.MaxBody)
+	case d.LockTimeout < 0 || d.LockTimeout > maxTTL:
+		return fail("LockTimeout", "lock_timeout: must not be negative, got %v", d.LockTimeout)
+	}
+	for _, h := range d.TagHeaders {
+		if !route.IsToken(h) {
+			return fail("TagHeaders", "tag_headers: %q is not a valid header name", h)
+		}
+	}
+	return nil
+}
+
+// cacheBlock is one compiled cache block.
+type cacheBlock struct {
+	route       route.Route
+	head        bool // HEAD is answered from the cache
+	ttl         time.Duration
+	maxBody     int64
+	tagHeaders  []string // canonical
+	lockTimeout time.Duration
+	heuristic   bool
+}
+
+func (c *Core) compileCaches(ds []Cache) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	if c.region.Responses().Len() == 0 || c.region.Tags().Len() == 0 {
+		return fmt.Errorf("core: %w (cache blocks need a response table)", shm.ErrNoResponses)
+	}
+	for i := range ds {
+		d := &ds[i]
+		if err := d.Check(); err != nil {
+			return fmt.Errorf("core: cache block %d: %s", i+1, err.(*FieldError).Msg)
+		}
+		b := &cacheBlock{
+			route:       d.Route,
+			head:        slices.Contains(d.Route.Methods(), http.MethodHead),
+			ttl:         d.TTL,
+			maxBody:     d.MaxBody,
+			lockTimeout: d.LockTimeout,
+			heuristic:   d.Heuristic,
+		}
+		tags := d.TagHeaders
+		if tags == nil {
+			tags = defaultTagHeaders
+		}
+		for _, h := range tags {
+			b.tagHeaders = append(b.tagHeaders, textproto.CanonicalMIMEHeaderKey(h))
+		}
+		c.caches = append(c.caches, b)
+	}
+	return nil
+}
+
+// What the X-Cache field says, and what the exchange is counted as.
+type xcache uint8
+
+const (
+	xNone xcache = iota
+	xHit
+	xStale
+	xMiss
+	xBypass
+)
+
+var xcacheValues = [...][]byte{xHit: []byte("HIT"), xStale: []byte("STALE"), xMiss: []byte("MISS"), xBypass: []byte("BYPASS")}
+
+const hdrXCache = "X-Cache"
+
+// Exchange.cflags.
+const (
+	cFill       = 1 << iota // the exchange holds the fill lock of ckey
+	cRefresh                // the fill is a background refresh (the request is gone)
+	cVariant                // ckey is a variant of cprimary (the lookup went through a vary stub)
+	cInvalidate             // an unsafe request: invalidate its URL if it succeeds
+	cAuth                   // the request has Authorization
+	cStale                  // cent (in cbuf) is a stale entry stale-if-error may serve
+)
+
+// cache runs a request of the first cache block whose path matches it.
+func (ex *Exchange) cache() (Verdict, bool) {
+	b := ex.matchCache()
+	if b == nil {
+		return Pass, false
+	}
+	ex.cblk = b
+	switch m := ex.req.Method(); {
+	case m == http.MethodGet, m == http.MethodHead && b.head:
+	case !safeMethod(m):
+		ex.cflags |= cInvalidate
+		ex.urlHash = ex.c.urlHash(ex.appendURL(ex.keyBuf[:0]))
+		return ex.cachePass(xBypass)
+	default:
+		return ex.cachePass(xBypass)
+	}
+	if ex.reserved {
+		return ex.cachePass(xBypass) // an idempotency block runs it
+	}
+	// Preconditions other than If-None-Match and If-Modified-Since are the
+	// application's to judge (a 412 from the cache would need its rules).
+	if _, n := ex.req.Header("If-Match"); n > 0 {
+		return ex.cachePass(xBypass)
+	}
+	if _, n := ex.req.Header("If-Unmodified-Since"); n > 0 {
+		return ex.cachePass(xBypass)
+	}
+	if _, n := ex.req.Header("Authorization"); n > 0 {
+		ex.cflags |= cAuth
+	}
+	c := ex.c
+	tags := c.region.Tags()
+	ex.urlHash = c.urlHash(ex.appendURL(ex.keyBuf[:0]))
+	// Snapshots before anything is fetched: an invalidation or purge after
+	// them makes what is fetched unusable (see fill).
+	ex.urlGen, ex.epoch = tags.Gen(ex.urlHash), tags.Epoch()
+	ex.cprimary = c.region.Counters().KeyOf(nsCachePrimary, ex.appendPrimary(ex.keyBuf[:0]))
+	return ex.lookup()
+}
+
+// lookup answers from the cache, takes the fill lock (a miss the engine
+// forwards and records) or waits for another request's fill and looks
+// again.
+func (ex *Exchange) lookup() (Verdict, bool) {
+	c, b := ex.c, ex.cblk
+	tab := c.region.Responses()
+	now := ex.clock()
+	var deadline time.Time
+	waited := false
+	for {
+		f, err := tab.CacheLookup(ex.cprimary, now, ex.cbuf[:0])
+		if err != nil {
+			return ex.cachePass(xMiss) // New rules out a region without a table
+		}
+		f = ex.found(f)
+		ex.ckey, ex.cflags = ex.cprimary, ex.cflags&^cVariant
+		if f.Data != nil && ex.cent.stub() {
+			names := stubNames(&ex.cent, ex.names[:0])
+			ex.cnames = namesHash(names)
+			ex.ckey = c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], names))
+			ex.cflags |= cVariant
+			if f, err = tab.CacheLookup(ex.ckey, now, ex.cbuf[:0]); err != nil {
+				return ex.cachePass(xMiss)
+			}
+			if f = ex.found(f); f.Data != nil && ex.cent.stub() {
+				tab.CacheEvict(f.Entry) // a stub under a variant key: not ours
+				f.Data = nil
+			}
+		}
+		state, age := stAbsent, time.Duration(0)
+		if f.Data != nil {
+			state, age = ex.judge(now)
+		}
+		switch {
+		case state == stFresh:
+			return ex.serve(age, xHit)
+		case state == stRevalidate:
+			// The refresh is a copy of the request: a HEAD's would store
+			// no body.
+			if !f.Filling && ex.req.Method() == http.MethodGet {
+				if lock, held, err := tab.CacheLock(ex.ckey, now); err == nil && held {
+					ex.clockTicket = lock
+					ex.cflags |= cFill | cRefresh
+					c.row.Add(metrics.CacheRefreshes, 0, 1)
+				}
+			}
+			return ex.serve(age, xStale)
+		case state == stIfError && waited && !f.Filling:
+			// The fetch waited for ended without a new entry: it failed.
+			return ex.serve(age, xStale)
+		}
+		if ex.req.Method() == http.MethodHead {
+			return ex.cachePass(xMiss) // a HEAD response has no body to store
+		}
+		if !f.Filling {
+			lock, held, err := tab.CacheLock(ex.ckey, now)
+			if err != nil {
+				return ex.cachePass(xMiss) // no record: fetched, not stored
+			}
+			if held {
+				ex.clockTicket = lock
+				ex.cflags |= cFill
+				if state == stIfError {
+					ex.cflags |= cStale // keep it for Fallback
+				}
+				return ex.cachePass(xMiss)
+			}
+			f.Fill = lock
+		}
+		// Another request fetches this response: wait for it.
+		if !waited {
+			waited, deadline = true, time.Now().Add(b.lockTimeout)
+			c.row.Add(metrics.CacheWaits, metrics.CacheWaited, 1)
+		}
+		left := time.Until(deadline)
+		if left <= 0 || ex.req.Gone() {
+			if left <= 0 {
+				c.row.Add(metrics.CacheWaits, metrics.CacheLockTimeout, 1)
+			}
+			return ex.cachePass(xMiss)
+		}
+		tab.Wait(f.Fill, min(left, waitSlice))
+		now = c.now()
+	}
+}
+
+// found decodes what a lookup found into ex.cent, keeping the buffer; an
+// entry that does not decode is evicted and is no entry.
+func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
+	if f.Data == nil {
+		return f
+	}
+	ex.cbuf, ex.centTk = f.Data, f.Entry
+	if !decodeEntry(f.Data, &ex.cent) {
+		ex.c.region.Responses().CacheEvict(f.Entry)
+		ex.c.row.Add(metrics.CachePurged, 0, 1)
+		f.Data = nil
+	}
+	return f
+}
+
+// What an entry found is good for.
+const (
+	stAbsent     = iota // none, purged, or too stale to serve
+	stFresh             // serve it
+	stRevalidate        // stale within stale-while-revalidate: serve it, refresh it
+	stIfError           // stale within stale-if-error: serve it only if a fetch fails
+)
+
+// judge says what the entry in ex.cent is good for at now, and its age. A
+// purged entry (a generation it recorded moved on) is dropped.
+func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
+	e := &ex.cent
+	if !ex.gensCurrent(e) {
+		ex.c.region.Responses().CacheEvict(ex.centTk)
+		ex.c.row.Add(metrics.CachePurged, 0, 1)
+		return stAbsent, 0
+	}
+	age = max(e.age+now-e.stored, 0)
+	switch {
+	case age < e.fresh:
+		return stFresh, age
+	case age-e.fresh < e.swr:
+		return stRevalidate, age
+	case age-e.fresh < e.sie:
+		return stIfError, age
+	}
+	return stAbsent, age
+}
+
+// gensCurrent reports whether every generation e recorded is current.
+func (ex *Exchange) gensCurrent(e *entry) bool {
+	tags := ex.c.region.Tags()
+	for g := e.gens; len(g) >= 16; g = g[16:] {
+		if tags.Gen(le64(g)) != le64(g[8:]) {
+			return false
+		}
+	}
+	return true
+}
+
+// cachePass lets the request through to the application with X-Cache.
+func (ex *Exchange) cachePass(x xcache) (Verdict, bool) {
+	ex.xc = x
+	ex.cfieldsAt = len(ex.fields)
+	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
+	return Pass, true
+}
+
+// serve answers with the entry in ex.cent, of age age: 304 to a
+// conditional request it satisfies (If-None-Match, else If-Modified-Since),
+// else its status, fields and body (none to HEAD), with Age and X-Cache.
+func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
+	e := &ex.cent
+	ex.xc = x
+	status := e.status
+	notModified := status >= 200 && status < 300 && ex.notModified(e)
+	if notModified {
+		status = http.StatusNotModified
+		ex.c.row.Add(metrics.CacheNotModified, 0, 1)
+	}
+	_, hasETag := e.get("Etag")
+	for f := e.fields; len(f) > 0; {
+		var name string
+		var value []byte
+		name, value, f = nextField(f)
+		if notModified && !in304(name, hasETag) {
+			continue
+		}
+		ex.fields = append(ex.fields, Field{name, value})
+	}
+	ex.addField("Age", func(b []byte) []byte { return strconv.AppendInt(b, int64(min(age/time.Second, maxDelta)), 10) })
+	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
+	var body []byte
+	if !notModified && BodyAllowed(status) {
+		n := len(e.body)
+		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(n), 10) })
+		if ex.req.Method() != http.MethodHead {
+			body = e.body
+			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
+		}
+	}
+	ex.resp = Response{Status: status, Fields: ex.fields, Body: body}
+	return Respond, true
+}
+
+// in304 reports whether a stored field goes into a 304 (RFC 9110
+// §15.4.5): the fields a 200 would have had that guide caches, and
+// Last-Modified when there is no ETag.
+func in304(name string, hasETag bool) bool {
+	switch name {
+	case "Cache-Control", "Content-Location", "Date", "Etag", "Expires", "Vary":
+		return true
+	case "Last-Modified":
+		return !hasETag
+	}
+	return false
+}
+
+// notModified evaluates the request's If-None-Match against the entry's
+// ETag, or, without it, If-Modified-Since against its Last-Modified (or
+// Date) (RFC 9110 §13.2.2).
+func (ex *Exchange) notModified(e *entry) bool {
+	if inm := ex.req.HeaderLines("If-None-Match", ex.lines[:0]); len(inm) > 0 {
+		etag, ok := e.get("Etag")
+		return ok && etagMatch(inm, etag)
+	}
+	ims, n := ex.req.Header("If-Modified-Since")
+	if n != 1 {
+		return false
+	}
+	since, err := http.ParseTime(ims)
+	if err != nil {
+		return false
+	}
+	lm, ok := e.get("Last-Modified")
+	if !ok {
+		if lm, ok = e.get("Date"); !ok {
+			return false
+		}
+	}
+	mod, err := http.ParseTime(lm)
+	return err == nil && !mod.After(since)
+}
+
+// Fallback is for an engine whose application failed a request the cache
+// let through: it gave no response (unreachable, timed out: status is the
+// 502 or 504 the engine would answer) or its final status is status
+// (500, 502, 503 or 504), and nothing of it was sent yet. It returns the
+// answer to send instead, a stored response that stale-if-error lets the
+// cache serve (X-Cache: STALE), or nil to send the application's (or the
+// engine's) own. After a non-nil Fallback the engine completes the
+// exchange with Recorded.Failed: the application's response was not sent.
+func (ex *Exchange) Fallback(status int) *Response {
+	if ex.cflags&(cFill|cStale) != cFill|cStale {
+		return nil
+	}
+	switch status {
+	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	default:
+		return nil
+	}
+	state, age := ex.judge(ex.c.now())
+	if state == stAbsent || state == stFresh {
+		return nil
+	}
+	ex.fields = ex.fields[:ex.cfieldsAt] // no X-Cache: MISS
+	ex.serve(age, xStale)
+	return &ex.resp
+}
+
+// Refresh reports whether the engine must refresh the stored response it
+// was given (stale, within stale-while-revalidate) in the background,
+// once it has sent it: forward a copy of the request (without the fields
+// Unconditional names), tee the response as Record asks, give it to
+// Complete, and only then Release the exchange. The core does not read
+// the request during a refresh; the engine may reuse its memory.
+func (ex *Exchange) Refresh() bool { return ex.cflags&cRefresh != 0 }
+
+// Unconditional reports whether the engine must forward the request
+// without its conditional and range fields (If-Match, If-None-Match,
+// If-Modified-Since, If-Unmodified-Since, If-Range, Range): the response
+// fills the cache, so it must be whole. The client gets that whole
+// response.
+func (ex *Exchange) Unconditional() bool { return ex.cflags&cFill != 0 }
+
+// UnconditionalFields are the request fields Unconditional leaves out.
+var UnconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
+
+// matchCache returns the first cache block whose path covers the request,
+// whatever its method.
+func (ex *Exchange) matchCache() *cacheBlock {
+	for _, b := range ex.c.caches {
+		if b.route.Match(http.MethodGet, ex.match) || b.route.Match(http.MethodHead, ex.match) {
+			return b
+		}
+	}
+	return nil
+}
+
+// safeMethod reports whether a method is safe (RFC 9110 §9.2.1).
+func safeMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// releaseCache ends the cache's part of an exchange: a fill lock never
+// completed is given up, and the request is counted by its X-Cache.
+func (ex *Exchange) releaseCache() {
+	c := ex.c
+	if ex.cflags&cFill != 0 {
+		c.region.Responses().CacheUnlock(ex.clockTicket)
+	}
+	switch ex.xc {
+	case xHit:
+		c.row.Add(metrics.CacheRequests, metrics.CacheHit, 1)
+	case xStale:
+		c.row.Add(metrics.CacheRequests, metrics.CacheStale, 1)
+	case xMiss:
+		c.row.Add(metrics.CacheRequests, metrics.CacheMiss, 1)
+	case xBypass:
+		c.row.Add(metrics.CacheRequests, metrics.CacheBypass, 1)
+	}
+}

@@ -1,0 +1,129 @@
+package core_test
+
+import (
+	"bytes"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// getRequest is a GET as an engine's view would show it.
+type getRequest struct {
+	method      string // "" is GET
+	path, query string
+	header      map[string][]string
+}
+
+func (r *getRequest) Method() string {
+	if r.method == "" {
+		return "GET"
+	}
+	return r.method
+}
+func (r *getRequest) Path() string     { return r.path }
+func (r *getRequest) Query() string    { return r.query }
+func (r *getRequest) Peer() netip.Addr { return netip.AddrFrom4([4]byte{192, 0, 2, 1}) }
+func (r *getRequest) Header(name string) (string, int) {
+	vs := r.header[name]
+	if len(vs) == 0 {
+		return "", 0
+	}
+	return vs[0], len(vs)
+}
+func (r *getRequest) HeaderLines(name string, dst []string) []string {
+	return append(dst, r.header[name]...)
+}
+func (r *getRequest) Body(int64) ([]byte, error) { return nil, nil }
+func (r *getRequest) Gone() bool                 { return false }
+
+// cacheCore is a core with one cache block over every path, on a private
+// region, with the response for every URL stored by a first miss: a 4 KiB
+// body and the fields a typical application sends.
+func cacheCore(b testing.TB, urls int) (*core.Core, []*getRequest) {
+	b.Helper()
+	r, err := shm.CreatePrivate(shm.Options{Counters: 64, Responses: 4096, ResponseBytes: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	r.Join(0)
+	rt, err := route.Compile("/*", []string{"GET", "HEAD"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var clock atomic.Int64
+	c, err := core.New(r, core.Options{
+		Caches: []core.Cache{{Route: rt, TTL: time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second}},
+		Now:    func() time.Duration { return time.Hour + time.Duration(clock.Add(1)) },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := bytes.Repeat([]byte("0123456789abcdef"), 256)
+	hdr := []core.Field{
+		{Name: "Content-Type", Value: []byte("text/html; charset=utf-8")},
+		{Name: "Cache-Control", Value: []byte("public, max-age=600")},
+		{Name: "Etag", Value: []byte(`"5f2b-18c"`)},
+		{Name: "Last-Modified", Value: []byte("Sat, 01 Mar 2025 12:00:00 GMT")},
+		{Name: "Vary", Value: []byte("Accept-Encoding")},
+		{Name: "Date", Value: []byte(time.Now().UTC().Format(time.RFC1123))},
+	}
+	var reqs []*getRequest
+	for i := range urls {
+		req := &getRequest{path: "/articles/" + strconv.Itoa(i), query: "page=1", header: map[string][]string{
+			"Host": {"example.com"}, "Accept-Encoding": {"gzip, br"}, "User-Agent": {"bench"},
+		}}
+		ex := c.Begin(req)
+		if ex.Decide() != core.Pass {
+			b.Fatal("the first request is not a miss")
+		}
+		ex.Complete(&core.Recorded{Status: 200, Header: hdr, Body: body})
+		ex.Release()
+		reqs = append(reqs, req)
+	}
+	return c, reqs
+}
+
+// BenchmarkCacheHit: the cache stage answering a GET from the region: the
+// path checks, the primary key, the vary stub, the variant's lookup and
+// copy (4 KiB body, checksum), the generation checks and the answer's
+// fields. The engine's write is not in it.
+func BenchmarkCacheHit(b *testing.B) {
+	c, reqs := cacheCore(b, 64)
+	run := func(b *testing.B, i *int) {
+		req := reqs[*i%len(reqs)]
+		*i++
+		ex := c.Begin(req)
+		if ex.Decide() != core.Respond {
+			b.Fatal("not a hit")
+		}
+		if resp := ex.Response(); resp.Status != 200 || len(resp.Body) != 4096 {
+			b.Fatalf("hit: %d, %d bytes", resp.Status, len(resp.Body))
+		}
+		ex.Release()
+	}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(4096)
+		i := 0
+		for b.Loop() {
+			run(b, &i)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(4096)
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				run(b, &i)
+			}
+		})
+	})
+}

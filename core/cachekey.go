@@ -1,0 +1,166 @@
+package core
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The cache's keys. They are hashed with the region's seeds in namespaces
+// of their own; the namespaces are fixed forever, because entries and
+// generations are dumped and restored by hash.
+//
+//   - primary key: the Host (ASCII lower-cased), the forward path and the
+//     query as sent. GET and HEAD share it (HEAD is answered from GET's
+//     entry). It holds the entry, or a vary stub.
+//   - variant key: the primary key and the request's values of the
+//     fields the stub names. It holds the entry of a response that varies.
+//   - URL: the forward path and the query, whatever the host: the
+//     generation an unsafe request or a purge by URL advances.
+//   - tag: the tag's bytes as the response sent them.
+const (
+	nsCachePrimary = 0x3a91_5d0c_7e2b_4f01
+	nsCacheVariant = 0x3a91_5d0c_7e2b_4f02
+	nsCacheURL     = 0x3a91_5d0c_7e2b_4f03
+	nsCacheTag     = 0x3a91_5d0c_7e2b_4f04
+)
+
+// maxVary bounds the fields a stored response may vary on.
+const maxVary = 16
+
+// appendURL appends the request's URL identity: forward path, '?', query.
+func (ex *Exchange) appendURL(b []byte) []byte {
+	b = append(b, ex.forward...)
+	b = append(b, '?')
+	return append(b, ex.req.Query()...)
+}
+
+// appendPrimary appends the identity of the request's primary key.
+func (ex *Exchange) appendPrimary(b []byte) []byte {
+	host, _ := ex.req.Header("Host")
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	b = append(b, 0)
+	return ex.appendURL(b)
+}
+
+// appendVariant appends the identity of the variant key of the request
+// for the Vary names.
+func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
+	b = binary.LittleEndian.AppendUint64(b, ex.cprimary.A)
+	b = binary.LittleEndian.AppendUint64(b, ex.cprimary.B)
+	for _, n := range names {
+		b = append(b, n...)
+		b = append(b, ':')
+		for i, v := range ex.req.HeaderLines(n, ex.lines[:0]) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, v...)
+		}
+		b = append(b, '\n')
+	}
+	return b
+}
+
+// stubNames appends the Vary names of stub e to dst (aliasing e).
+func stubNames(e *entry, dst []string) []string {
+	for f := e.fields; len(f) > 0 && len(dst) < maxVary; {
+		var n string
+		n, _, f = nextField(f)
+		dst = append(dst, n)
+	}
+	return dst
+}
+
+// namesHash identifies a set of Vary names (sorted, each once).
+func namesHash(names []string) uint64 {
+	var d xxhash.Digest
+	for _, n := range names {
+		d.WriteString(n)
+		d.WriteString("\n")
+	}
+	return d.Sum64()
+}
+
+func (c *Core) urlHash(id []byte) uint64 { return c.region.Counters().KeyOf(nsCacheURL, id).A }
+
+func tagHash(r *shm.Region, tag string) uint64 {
+	return r.Counters().KeyOfString(nsCacheTag, tag).A
+}
+
+func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
+
+// PurgeTag purges the entries tagged tag (a value of a tag field, as the
+// response sent it), in every process of the region at once: one
+// generation bump, whatever the number of entries. It reports false for
+// a region without a response table, which has no cache.
+func PurgeTag(r *shm.Region, tag string) bool {
+	return r.Tags().Purge(tagHash(r, tag))
+}
+
+// ErrPurgeTarget is PurgeURL's error for a target no request could have.
+var ErrPurgeTarget = errors.New("core: purge: not a path with an optional query, or an http(s) URL")
+
+// PurgeURL purges the entries of target, in every process of the region
+// at once: every variant, on every host. target is a path with an
+// optional query ("/products/1?page=2", as a client sends it; the query
+// must be the same bytes) or an absolute http:// or https:// URL, whose
+// host is ignored. The path is normalized as a request's is (dot segments
+// removed, slashes merged). It reports false for a region without a
+// response table; the error (ErrPurgeTarget) is CheckPurgeURL's.
+func PurgeURL(r *shm.Region, target string) (bool, error) {
+	id, err := purgeID(target)
+	if err != nil {
+		return false, err
+	}
+	return r.Tags().Bump(r.Counters().KeyOf(nsCacheURL, id).A), nil
+}
+
+// CheckPurgeURL reports what PurgeURL would refuse in target, so that a
+// caller with several targets can refuse them all before purging any.
+func CheckPurgeURL(target string) error {
+	_, err := purgeID(target)
+	return err
+}
+
+// purgeID is the URL identity of a purge target (see appendURL).
+func purgeID(target string) ([]byte, error) {
+	if i := strings.Index(target, "://"); i >= 0 {
+		scheme := strings.ToLower(target[:i])
+		if scheme != "http" && scheme != "https" {
+			return nil, ErrPurgeTarget
+		}
+		rest := target[i+3:]
+		j := strings.IndexAny(rest, "/?#")
+		if j < 0 {
+			target = "/"
+		} else {
+			target = rest[j:]
+			if target[0] != '/' {
+				target = "/" + target
+			}
+		}
+	}
+	target, _, _ = strings.Cut(target, "#")
+	path, query, _ := strings.Cut(target, "?")
+	if path == "" || path[0] != '/' {
+		return nil, ErrPurgeTarget
+	}
+	_, fwd, err := route.Normalize(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrPurgeTarget, strings.TrimPrefix(err.Error(), "route: "))
+	}
+	id := make([]byte, 0, len(fwd)+1+len(query))
+	return append(append(append(id, fwd...), '?'), query...), nil
+}

@@ -1,0 +1,231 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/proxy"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// cacheProxy is the fast engine with one cache block over every path, in
+// front of upstream, on a clock the test moves.
+func cacheProxy(t *testing.T, upstream string, clock *atomic.Int64) (*proxy.Server, string) {
+	t.Helper()
+	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n"), "test.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := shm.Create(prefork.RegionOptions(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { region.Close() })
+	region.Join(0)
+	o.Logger = quietLog
+	o.Now = func() time.Duration { return time.Hour + time.Duration(clock.Load()) }
+	c, err := core.New(region, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := proxy.New(proxy.Options{Upstream: upstream, Core: c, Logger: quietLog, UpstreamConnectTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	return s, "http://" + ln.Addr().String()
+}
+
+func fetch(t *testing.T, url string) (status int, xcache, body string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-Cache"), string(b)
+}
+
+// Within stale-while-revalidate the fast engine serves the stale response
+// and refreshes it once, in the background.
+func TestCacheRefreshInTheBackground(t *testing.T) {
+	var calls atomic.Int32
+	release := make(chan struct{})
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		n := calls.Add(1)
+		if n == 2 {
+			<-release // the refresh waits until the stale answers are in
+		}
+		body := fmt.Sprintf("version %d", n)
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-while-revalidate=60\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	})
+	var clock atomic.Int64
+	_, base := cacheProxy(t, up.url(), &clock)
+	if st, x, b := fetch(t, base+"/r"); st != 200 || x != "MISS" || b != "version 1" {
+		t.Fatalf("first: %d %s %q", st, x, b)
+	}
+	clock.Add(int64(20 * time.Second))
+	for range 5 {
+		if st, x, b := fetch(t, base+"/r"); st != 200 || x != "STALE" || b != "version 1" {
+			t.Fatalf("stale: %d %s %q", st, x, b)
+		}
+	}
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, x, b := fetch(t, base+"/r"); x == "HIT" && b == "version 2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the refresh never landed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2 (one refresh)", n)
+	}
+	if l := up.requests()[1].field("If-None-Match"); len(l) != 0 {
+		t.Fatal("the refresh was conditional")
+	}
+}
+
+// With stale-if-error the fast engine sends the stale response when the
+// upstream answers 503, and when it cannot be reached at all.
+func TestCacheStaleIfErrorFast(t *testing.T) {
+	var fail atomic.Bool
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		if fail.Load() {
+			w.WriteString("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\ndown")
+			return
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-if-error=600\r\nContent-Length: 5\r\n\r\nfresh")
+	})
+	var clock atomic.Int64
+	_, base := cacheProxy(t, up.url(), &clock)
+	fetch(t, base+"/e")
+	clock.Add(int64(20 * time.Second))
+	fail.Store(true)
+	if st, x, b := fetch(t, base+"/e"); st != 200 || x != "STALE" || b != "fresh" {
+		t.Fatalf("503 upstream: %d %s %q", st, x, b)
+	}
+	if st, x, b := fetch(t, base+"/other"); st != 503 || x != "MISS" || b != "down" {
+		t.Fatalf("503 without a stored response: %d %s %q", st, x, b)
+	}
+
+	// An upstream that is gone.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		br := bufio.NewReader(c)
+		http.ReadRequest(br)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-if-error=600\r\nContent-Length: 5\r\nConnection: close\r\n\r\nfresh")
+		c.Close()
+	}()
+	var clock2 atomic.Int64
+	_, base2 := cacheProxy(t, "http://"+addr, &clock2)
+	fetch(t, base2+"/gone")
+	ln.Close()
+	clock2.Add(int64(20 * time.Second))
+	if st, x, b := fetch(t, base2+"/gone"); st != 200 || x != "STALE" || b != "fresh" {
+		t.Fatalf("unreachable upstream: %d %s %q", st, x, b)
+	}
+	if st, x, _ := fetch(t, base2+"/never"); st != 502 || x != "MISS" {
+		t.Fatalf("unreachable upstream, nothing stored: %d %s", st, x)
+	}
+}
+
+// Options.App (a fasthttp handler in place of an upstream) fills the
+// cache, gets no conditional field on a fill, and is replaced by a stale
+// response when it fails.
+func TestCacheApp(t *testing.T) {
+	var calls atomic.Int32
+	var fail atomic.Bool
+	app := func(ctx *fasthttp.RequestCtx) {
+		n := calls.Add(1)
+		if len(ctx.Request.Header.Peek("If-None-Match")) > 0 {
+			ctx.Error("a conditional fill", 500)
+			return
+		}
+		if fail.Load() {
+			ctx.Error("down", 503)
+			return
+		}
+		ctx.Response.Header.Set("Cache-Control", "max-age=10, stale-if-error=60")
+		ctx.Response.Header.Set("Etag", `"x"`)
+		fmt.Fprintf(ctx, "call %d", n)
+	}
+	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n"), "test.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := cfg.CoreOptions()
+	region, err := shm.Create(prefork.RegionOptions(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { region.Close() })
+	region.Join(0)
+	var clock atomic.Int64
+	o.Logger, o.Now = quietLog, func() time.Duration { return time.Hour + time.Duration(clock.Load()) }
+	c, err := core.New(region, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := proxy.New(proxy.Options{App: app, Core: c, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	base := "http://" + ln.Addr().String()
+	req, _ := http.NewRequest("GET", base+"/a", nil)
+	req.Header.Set("If-None-Match", `"x"`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "MISS" {
+		t.Fatalf("fill: %d %v", resp.StatusCode, resp.Header)
+	}
+	if st, x, b := fetch(t, base+"/a"); st != 200 || x != "HIT" || b != "call 1" {
+		t.Fatalf("hit: %d %s %q", st, x, b)
+	}
+	clock.Add(int64(20 * time.Second))
+	fail.Store(true)
+	if st, x, b := fetch(t, base+"/a"); st != 200 || x != "STALE" || b != "call 1" {
+		t.Fatalf("stale-if-error: %d %s %q", st, x, b)
+	}
+}
