@@ -39,11 +39,13 @@ type childSpec struct {
 }
 
 // childResult is what a hammer child reports: allowed decisions per key
-// and window index (the window of the `now` the decision used), and how
-// many decisions the on_full policy answered.
+// and window index (the window of the `now` the decision used), allowed
+// decisions per Remaining they reported, and how many decisions the
+// on_full policy answered.
 type childResult struct {
-	Allowed map[string]map[int64]int
-	Full    int
+	Allowed   map[string]map[int64]int
+	Remaining map[int64]int
+	Full      int
 }
 
 // joinChild attaches the inherited region as the spec's worker, builds
@@ -95,7 +97,7 @@ func hammerChild(c *proctest.Child) error {
 			}
 		})
 	}
-	res := childResult{Allowed: map[string]map[int64]int{}}
+	res := childResult{Allowed: map[string]map[int64]int{}, Remaining: map[int64]int{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(spec.For)
@@ -129,6 +131,7 @@ func hammerChild(c *proctest.Child) error {
 					// window of now: a later one counts when the
 					// clock reads behind the key's state).
 					res.Allowed[key][int64((now+d.ResetAfter)/spec.Rule.Window)-1]++
+					res.Remaining[d.Remaining]++
 				}
 				mu.Unlock()
 			}
@@ -159,7 +162,7 @@ func hammer(t *testing.T, r *shm.Region, n int, spec childSpec) childResult {
 	}
 	procs, release := spawn(t, r, "hammer", specs)
 	release()
-	total := childResult{Allowed: map[string]map[int64]int{}}
+	total := childResult{Allowed: map[string]map[int64]int{}, Remaining: map[int64]int{}}
 	for i, p := range procs {
 		var res childResult
 		p.Decode(&res, 60*time.Second)
@@ -167,6 +170,9 @@ func hammer(t *testing.T, r *shm.Region, n int, spec childSpec) childResult {
 			t.Fatalf("child %d: %v", i, err)
 		}
 		total.Full += res.Full
+		for rem, c := range res.Remaining {
+			total.Remaining[rem] += c
+		}
 		for k, wins := range res.Allowed {
 			if total.Allowed[k] == nil {
 				total.Allowed[k] = map[int64]int{}
@@ -209,7 +215,8 @@ func checkTable(t *testing.T, c *shm.Counters) {
 }
 
 // One key, a frozen clock, 3 processes × 4 goroutines: exactly L allowed,
-// for both algorithms.
+// for both algorithms, and each allowed decision was one charge of the
+// same slot: their Remaining are L-1, L-2, …, 0, each once.
 func TestMultiProcessExact(t *testing.T) {
 	const limit = 500
 	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.GCRA} {
@@ -229,6 +236,11 @@ func TestMultiProcessExact(t *testing.T) {
 			}
 			if got != limit || res.Full != 0 {
 				t.Fatalf("allowed %d (full %d), want exactly %d", got, res.Full, limit)
+			}
+			for rem := range int64(limit) {
+				if res.Remaining[rem] != 1 {
+					t.Fatalf("%d allowed decisions said Remaining %d, want 1", res.Remaining[rem], rem)
+				}
 			}
 			checkTable(t, r.Counters())
 		})
