@@ -11,22 +11,21 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// The test binary plays three roles (STYLE rule 7): the test itself, a
-// worker (started by a supervisor, detected by IsWorker), and a supervisor
-// of its own (envTestRole, for the test that kills the supervisor).
+// The test binary plays three roles (internal/proctest): the test itself,
+// a worker (started by a supervisor, detected by IsWorker), and a
+// supervisor of its own (role "supervisor", for the tests that kill or
+// signal the supervisor's process).
 const (
-	envTestRole   = "PREFORK_TEST_ROLE"   // "supervisor"
-	envTestConfig = "PREFORK_TEST_CONFIG" // the supervisor role's config.Config as JSON
 	envTestCrash  = "PREFORK_TEST_CRASH"  // set: a worker exits at once with status 3
 	envTestEngine = "PREFORK_TEST_ENGINE" // "fast": workers serve testFastHandler with Options.FastHandler
 )
@@ -45,9 +44,10 @@ func TestMain(m *testing.M) {
 		_ = Run(context.Background(), opts)
 		panic("unreachable: Run returned in a worker")
 	}
-	if os.Getenv(envTestRole) == "supervisor" {
-		os.Exit(supervisorRole())
-	}
+	proctest.Main(map[string]proctest.Role{
+		"supervisor": supervisorRole,
+		"exit":       func(*proctest.Child) error { return nil },
+	})
 	// Workers orphaned by a killed supervisor are reparented to this
 	// process, which can then wait for them.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -64,24 +64,46 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// supervisorRole runs Run as a whole process with its logs as JSON on stderr.
-func supervisorRole() int {
+// supervisorRole runs Run with the config.Config of its spec as a whole
+// process, with its logs as JSON on stderr.
+func supervisorRole(c *proctest.Child) error {
 	var cfg config.Config
-	if err := json.Unmarshal([]byte(os.Getenv(envTestConfig)), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+	if err := c.Spec(&cfg); err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	if err := Run(context.Background(), Options{Config: cfg, Listener: ln, Handler: testHandler, Logger: log}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	return Run(context.Background(), Options{Config: cfg, Listener: ln, Handler: testHandler, Logger: log})
+}
+
+// startSupervisorProcess starts the supervisor role with cfg (env is added
+// to its environment, and its workers') and waits for its first READY.
+func startSupervisorProcess(t *testing.T, cfg config.Config, env ...string) (*proctest.Proc, *logSink) {
+	t.Helper()
+	logs := newLogSink()
+	stderr := logs.Pipe(t, parseJSONRecord)
+	p := proctest.Start(t, proctest.Options{Role: "supervisor", Spec: cfg, Env: env, Stderr: stderr})
+	stderr.Close() // the supervisor's and its workers' now
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("supervisor log:\n%s", logs.dump())
+		}
+	})
+	logs.wait(t, "ready", 1, 15*time.Second)
+	return p, logs
+}
+
+// parseJSONRecord reads a line of slog's JSON handler.
+func parseJSONRecord(line string) (record, bool) {
+	var m map[string]any
+	if json.Unmarshal([]byte(line), &m) != nil {
+		return record{}, false
 	}
-	return 0
+	msg, _ := m["msg"].(string)
+	return record{msg: msg, attrs: m}, true
 }
 
 // testHandler is the application of the test workers.
@@ -155,14 +177,14 @@ func (r record) int(key string) int {
 	return -1
 }
 
-// logSink is an slog.Handler that keeps every record for the test to wait on.
+// logSink is the supervisor's log for the test to wait on: an
+// slog.Handler that keeps every record, or the lines of a supervisor
+// process (Pipe).
 type logSink struct {
-	mu      sync.Mutex
-	recs    []record
-	changed chan struct{} // closed and replaced at every record
+	*proctest.Log[record]
 }
 
-func newLogSink() *logSink { return &logSink{changed: make(chan struct{})} }
+func newLogSink() *logSink { return &logSink{proctest.NewLog[record]()} }
 
 func (l *logSink) Enabled(context.Context, slog.Level) bool { return true }
 func (l *logSink) WithAttrs([]slog.Attr) slog.Handler       { return l }
@@ -174,24 +196,14 @@ func (l *logSink) Handle(_ context.Context, r slog.Record) error {
 		rec.attrs[a.Key] = a.Value.Resolve().Any()
 		return true
 	})
-	l.add(rec)
+	l.Add(rec)
 	return nil
-}
-
-func (l *logSink) add(rec record) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, rec)
-	close(l.changed)
-	l.changed = make(chan struct{})
 }
 
 // all returns the records with message msg ("" = every record).
 func (l *logSink) all(msg string) []record {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []record
-	for _, r := range l.recs {
+	for _, r := range l.Lines() {
 		if msg == "" || r.msg == msg {
 			out = append(out, r)
 		}
@@ -202,20 +214,16 @@ func (l *logSink) all(msg string) []record {
 // wait waits until at least n records with message msg were logged.
 func (l *logSink) wait(t *testing.T, msg string, n int, timeout time.Duration) []record {
 	t.Helper()
-	deadline := time.After(timeout)
-	for {
-		l.mu.Lock()
-		ch := l.changed
-		l.mu.Unlock()
-		if rs := l.all(msg); len(rs) >= n {
-			return rs
+	seen := 0
+	if _, _, ok := l.WaitFor(0, timeout, func(r record) bool {
+		if r.msg == msg {
+			seen++
 		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("after %v: %d %q log lines, want %d; log:\n%s", timeout, len(l.all(msg)), msg, n, l.dump())
-		}
+		return seen >= n
+	}); !ok {
+		t.Fatalf("after %v: %d %q log lines, want %d; log:\n%s", timeout, len(l.all(msg)), msg, n, l.dump())
 	}
+	return l.all(msg)
 }
 
 func (l *logSink) dump() string {

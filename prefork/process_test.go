@@ -1,7 +1,6 @@
 package prefork
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -201,37 +200,7 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 }
 
 func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
-	cfg, err := json.Marshal(testConfig(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
-	cmd.Env = append(os.Environ(), envTestRole+"=supervisor", envTestConfig+"="+string(cfg))
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-
-	// Read the supervisor's JSON log until it is ready.
-	logs := newLogSink()
-	var readers sync.WaitGroup
-	readers.Go(func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) != nil {
-				continue
-			}
-			msg, _ := m["msg"].(string)
-			logs.add(record{msg: msg, attrs: m})
-		}
-	})
-	defer readers.Wait() // stderr ends when the supervisor and every worker are gone
-	logs.wait(t, "ready", 1, 15*time.Second)
+	sup, logs := startSupervisorProcess(t, testConfig(2))
 	workers := logs.pids("worker started")
 	listen, _ := logs.all("supervisor started")[0].attrs["listen"].(string)
 	if conn, err := net.Dial("tcp", listen); err != nil {
@@ -240,10 +209,7 @@ func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
 		conn.Close()
 	}
 
-	if err := cmd.Process.Signal(unix.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	sup.Kill()
 	// The workers are reparented to this process (a subreaper): wait for them.
 	deadline := time.Now().Add(2 * time.Second)
 	for _, pid := range workers {
@@ -258,6 +224,10 @@ func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+	// Nobody holds the supervisor's stderr any more.
+	if !logs.WaitEnd(5 * time.Second) {
+		t.Error("the supervisor's stderr is still open 5s after its workers exited")
 	}
 }
 
