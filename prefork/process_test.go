@@ -1,12 +1,14 @@
 package prefork
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -110,6 +112,18 @@ func TestDrainFinishesInFlightRequest(t *testing.T) {
 	if n := len(h.logs.all("worker started")); n != 2 {
 		t.Errorf("%d workers started, want 2: none during the drain", n)
 	}
+	drainAt, _, ok := h.logs.WaitFor(0, 0, func(r record) bool { return r.msg == "drain begun" })
+	if !ok {
+		t.Fatal(`no "drain begun" line`)
+	}
+	for _, r := range h.logs.Lines()[drainAt:] {
+		if r.msg == "worker started" || r.msg == "worker crashed" {
+			t.Errorf("during the drain: %s %v", r.msg, r.attrs)
+		}
+	}
+	if n := len(h.logs.all("drain finished")); n != 1 {
+		t.Errorf(`%d "drain finished" lines, want 1`, n)
+	}
 	exits := h.logs.all("worker exited")
 	if len(exits) != 2 {
 		t.Errorf("%d worker exits logged, want 2", len(exits))
@@ -137,36 +151,69 @@ func TestDrainFinishesInFlightRequest(t *testing.T) {
 	}
 }
 
+// kill -9 of a worker under load: only a request in flight at that
+// instant fails, the worker is replaced and reaped in the region, the
+// service keeps answering, and the limit stays exact.
 func TestKilledWorkerIsReplaced(t *testing.T) {
 	const limit = 5
 	h := startSupervisor(t, testConfig(2,
 		config.RateLimit{Name: "exact", Path: "/limited", Limit: limit, Window: time.Hour},
 	), true, nil)
-	victim := h.logs.pids("worker started")[0]
-	victimIndex := h.logs.all("worker started")[0].int("index")
 
-	// Load on an unlimited path while the worker dies.
-	var ok, failed atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-			select {
-			case <-stop:
-				return
-			default:
+	// Load on an unlimited path while the worker dies: two clients, one
+	// new connection a request.
+	type outcome struct {
+		pid        int // the worker that answered; 0 if none did
+		err        error
+		start, end time.Time
+	}
+	const clients = 2
+	var (
+		mu       sync.Mutex
+		outcomes []outcome
+		lastPID  atomic.Int64
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopLoad()
+	for range clients {
+		wg.Go(func() {
+			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				o := outcome{start: time.Now()}
+				code, body, err := h.get("/pid", "")
+				o.end = time.Now()
+				if err == nil && code != 200 {
+					err = fmt.Errorf("status %d", code)
+				}
+				if o.err = err; err == nil {
+					o.pid, _ = strconv.Atoi(body)
+					lastPID.Store(int64(o.pid))
+				}
+				mu.Lock()
+				outcomes = append(outcomes, o)
+				mu.Unlock()
 			}
-			if code, _, err := h.get("/pid", ""); err == nil && code == 200 {
-				ok.Add(1)
-			} else {
-				failed.Add(1)
-			}
-		}
-	})
-	defer wg.Wait()
-	defer close(stop)
+		})
+	}
 
 	time.Sleep(200 * time.Millisecond)
+	victim := int(lastPID.Load()) // a worker that is serving this load
+	victimIndex := -1
+	for _, r := range h.logs.all("worker started") {
+		if r.int("pid") == victim {
+			victimIndex = r.int("index")
+		}
+	}
+	if victimIndex < 0 {
+		t.Fatalf("pid %d from a response is not a worker of this supervisor", victim)
+	}
+	killAt := time.Now()
 	if err := unix.Kill(victim, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -183,12 +230,33 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 	if inc := h.region.Workers()[victimIndex].Incarnation; inc < 2 {
 		t.Errorf("victim's index %d has incarnation %d: not reaped in the region", victimIndex, inc)
 	}
-	served := ok.Load()
+	mu.Lock()
+	served := len(outcomes)
+	mu.Unlock()
 	time.Sleep(300 * time.Millisecond)
-	if ok.Load() == served {
+	stopLoad()
+	if len(outcomes) == served {
 		t.Fatal("no request served after the replacement")
 	}
-	t.Logf("load: %d served, %d failed (connections of the killed worker)", ok.Load(), failed.Load())
+	// Only a request on a connection the dead worker had accepted can
+	// fail: one in flight at the instant of the kill, one per client at
+	// most. The listening socket is shared: no connection waiting in its
+	// queue is lost.
+	var failed []string
+	for _, o := range outcomes {
+		if o.err == nil {
+			continue
+		}
+		failed = append(failed, fmt.Sprintf("%v (started %v after the kill, took %v)", o.err,
+			o.start.Sub(killAt).Round(time.Millisecond), o.end.Sub(o.start).Round(time.Millisecond)))
+		if o.start.After(killAt.Add(250*time.Millisecond)) || o.end.Before(killAt) {
+			t.Errorf("a request failed away from the instant of the kill: %v", o.err)
+		}
+	}
+	t.Logf("load: %d requests, %d failed: %q", len(outcomes), len(failed), failed)
+	if len(failed) > clients {
+		t.Errorf("%d requests failed, want at most %d (one per client in flight at the kill)", len(failed), clients)
+	}
 
 	// The limit is still exact across the workers.
 	if got := h.statuses("/limited", "after-crash", 2*limit); got[200] != limit || got[429] != limit {
@@ -199,15 +267,18 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 	}
 }
 
+// kill -9 of the supervisor takes every worker with it, at once: also a
+// worker in the middle of a request (a drain would wait for it).
 func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
 	sup, logs := startSupervisorProcess(t, testConfig(2))
 	workers := logs.pids("worker started")
 	listen, _ := logs.all("supervisor started")[0].attrs["listen"].(string)
-	if conn, err := net.Dial("tcp", listen); err != nil {
-		t.Fatalf("dialing the supervisor's listener: %v", err)
-	} else {
-		conn.Close()
+	// The headers arrive when the request is in the handler; the body 10s later.
+	resp, err := client.Get("http://" + listen + "/slow?d=10s")
+	if err != nil {
+		t.Fatalf("a request to the supervisor's listener: %v", err)
 	}
+	defer resp.Body.Close()
 
 	sup.Kill()
 	// The workers are reparented to this process (a subreaper): wait for them.
@@ -233,9 +304,8 @@ func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
 
 func TestReload(t *testing.T) {
 	path := t.TempDir() + "/preforkd.toml"
-	writeConfig := func(bLimit string) {
-		t.Helper()
-		src := `
+	src := func(bLimit string) string {
+		return `
 [server]
 workers = 2
 shutdown_timeout = "5s"
@@ -258,8 +328,19 @@ limit = ` + bLimit + `
 window = "1h"
 algorithm = "fixed-window"
 by = "header:X-Client|ip"
+
+[[ratelimit]]
+name = "c"
+path = "/c"
+limit = 4
+window = "1h"
+algorithm = "gcra"
+by = "header:X-Client|ip"
 `
-		if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+	}
+	writeConfig := func(bLimit string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(src(bLimit)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -277,13 +358,29 @@ by = "header:X-Client|ip"
 	}
 	expect("/a", "k", 2, 2)
 	expect("/b", "k", 3, 2)
+	expect("/c", "k", 2, 2)
 
-	// Client loops run through the reload: no request may fail.
-	var served, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
+	// Client loops run through the reload: new connections (where a
+	// worker that drains could drop one it has accepted), a kept-alive
+	// one, and requests held in flight while their worker is told to go.
+	// No request may fail.
+	type outcome struct {
+		err        error
+		start, end time.Time
+	}
+	var (
+		mu       sync.Mutex
+		outcomes []outcome
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	keepAlive := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{}}
+	defer keepAlive.CloseIdleConnections()
+	loops := []struct {
+		path string
+		c    *http.Client
+	}{{"/pid", client}, {"/pid", client}, {"/pid", client}, {"/pid", keepAlive}, {"/slow?d=20ms", client}, {"/slow?d=20ms", client}}
+	for _, l := range loops {
 		wg.Go(func() {
 			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
 				select {
@@ -291,29 +388,59 @@ by = "header:X-Client|ip"
 					return
 				default:
 				}
-				code, _, err := h.get("/pid", "")
-				if err == nil && code == 200 {
-					served.Add(1)
-					continue
+				o := outcome{start: time.Now()}
+				resp, err := l.c.Get(h.url + l.path)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != 200 {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
 				}
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, fmt.Sprint(code, err))
+				o.end, o.err = time.Now(), err
+				mu.Lock()
+				outcomes = append(outcomes, o)
+				mu.Unlock()
 			}
 		})
 	}
 	writeConfig("4")
+	from := h.logs.Len()
+	hupAt := time.Now()
 	h.signal(unix.SIGHUP)
 	h.logs.wait(t, "reload finished", 1, 20*time.Second)
-	time.Sleep(100 * time.Millisecond)
+	finishedAt := time.Now()
+	// Let the old workers finish their drain under the loops too.
+	exits := h.logs.wait(t, "worker exited", 2, 10*time.Second)
 	close(stop)
 	wg.Wait()
-	if failed.Load() != 0 || served.Load() == 0 {
-		t.Fatalf("during the reload: %d served, %d failed (first: %v)", served.Load(), failed.Load(), firstErr.Load())
+	failed, during := 0, 0
+	var firstErr error
+	for _, o := range outcomes {
+		if o.err != nil {
+			failed++
+			firstErr = cmp.Or(firstErr, o.err)
+		}
+		if o.end.After(hupAt) && o.start.Before(finishedAt) {
+			during++
+		}
+	}
+	t.Logf("loops: %d requests, %d of them during the reload (%v)", len(outcomes), during, finishedAt.Sub(hupAt).Round(time.Millisecond))
+	if failed != 0 || len(outcomes) == 0 {
+		t.Fatalf("during the reload: %d requests, %d failed (first: %v)", len(outcomes), failed, firstErr)
+	}
+	if during == 0 {
+		t.Errorf("no request overlapped the reload: it proved nothing")
 	}
 	if n := len(h.logs.all("worker started")); n != 4 {
 		t.Errorf("%d workers started, want 2 + 2 replacements", n)
 	}
-	for _, e := range h.logs.wait(t, "worker exited", 2, 10*time.Second) {
+	for _, r := range h.logs.Lines()[from:] {
+		if r.msg == "worker started" && r.int("generation") != 1 {
+			t.Errorf("the reload started a worker of generation %d, want 1", r.int("generation"))
+		}
+	}
+	for _, e := range exits {
 		if e.attrs["status"] != "exit status 0" {
 			t.Errorf("retired worker %d: %v", e.int("pid"), e.attrs["status"])
 		}
@@ -346,15 +473,17 @@ by = "header:X-Client|ip"
 	expect("/a", "k", 2, 1)  // 2 of 3 used before the reload
 	expect("/b", "k", 3, 2)  // 2 used, the limit is now 4
 	expect("/b", "k2", 5, 4) // a fresh client gets the new limit
+	expect("/c", "k", 6, 2)  // unchanged (gcra): 2 of 4 used before
 
-	// A broken file is refused: same workers, same rules.
-	if err := os.WriteFile(path, []byte("[[ratelimit]\nname = "), 0o600); err != nil {
+	// A broken file is refused, with its line: same workers, same rules.
+	broken := strings.Replace(src("100"), "[server]\n", "[server]\nlisen = \"typo\"\n", 1)
+	if err := os.WriteFile(path, []byte(broken), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h.signal(unix.SIGHUP)
 	refused := h.logs.wait(t, "reload refused: keeping the running configuration", 1, 10*time.Second)[0]
-	if !strings.Contains(fmt.Sprint(refused.attrs["err"]), path) {
-		t.Errorf("refusal %v does not name the file", refused.attrs["err"])
+	if err := fmt.Sprint(refused.attrs["err"]); !strings.Contains(err, path+":3") || !strings.Contains(err, "lisen") {
+		t.Errorf("refusal %q does not name %s:3 and the bad key", err, path)
 	}
 	if n := len(h.logs.all("reload begun")); n != 1 {
 		t.Errorf("%d reloads begun, want 1", n)
@@ -397,6 +526,10 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	}
 }
 
+// The supervisor, and only the supervisor, tells systemd: READY=1 once the
+// workers are ready, RELOADING=1 with MONOTONIC_USEC and READY=1 again
+// around a reload, STOPPING=1 at TERM; the workers do not see
+// NOTIFY_SOCKET.
 func TestSystemdNotify(t *testing.T) {
 	sock := t.TempDir() + "/notify"
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
@@ -404,16 +537,45 @@ func TestSystemdNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	// The kernel tells the sender's pid with each datagram.
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv(envNotifySocket, sock)
+	read := func(timeout time.Duration) (string, int, error) {
+		buf, oob := make([]byte, 256), make([]byte, 1024)
+		conn.SetReadDeadline(time.Now().Add(timeout))
+		n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+		if err != nil {
+			return "", 0, err
+		}
+		pid := 0
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				if cred, err := unix.ParseUnixCredentials(&m); err == nil {
+					pid = int(cred.Pid)
+				}
+			}
+		}
+		return string(buf[:n]), pid, nil
+	}
 	next := func() string {
 		t.Helper()
-		buf := make([]byte, 256)
-		conn.SetReadDeadline(time.Now().Add(15 * time.Second))
-		n, err := conn.Read(buf)
+		state, pid, err := read(15 * time.Second)
 		if err != nil {
 			t.Fatalf("no notification: %v", err)
 		}
-		return string(buf[:n])
+		if pid != os.Getpid() {
+			t.Errorf("notification %q from pid %d, want the supervisor %d", state, pid, os.Getpid())
+		}
+		return state
 	}
 
 	h := startSupervisor(t, testConfig(2), false, nil)
@@ -458,6 +620,10 @@ func TestSystemdNotify(t *testing.T) {
 	}
 	if err := h.wait(15 * time.Second); err != nil {
 		t.Fatal(err)
+	}
+	// Every process is gone: whatever else was sent is queued by now.
+	if state, pid, err := read(100 * time.Millisecond); err == nil {
+		t.Errorf("unexpected notification %q from pid %d", state, pid)
 	}
 }
 
