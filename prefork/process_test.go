@@ -31,43 +31,6 @@ import (
 // Tests with real processes: the supervisor runs in this process (or, to
 // be killed, in a child), the workers are this test binary started again.
 
-func TestExactAcrossWorkers(t *testing.T) {
-	h := startSupervisor(t, testConfig(4,
-		config.RateLimit{Name: "login", Path: "/login", Limit: 3, Window: time.Minute, By: "ip"},
-	), true, nil)
-	if n := len(h.logs.all("worker started")); n != 4 {
-		t.Fatalf("%d workers started, want 4", n)
-	}
-
-	const clients = 10
-	codes := make(chan int, clients)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range clients {
-		wg.Go(func() {
-			<-start
-			code, _, err := h.get("/login", "")
-			if err != nil {
-				t.Error(err)
-			}
-			codes <- code
-		})
-	}
-	close(start)
-	wg.Wait()
-	close(codes)
-	got := map[int]int{}
-	for c := range codes {
-		got[c]++
-	}
-	if got[200] != 3 || got[429] != 7 || len(got) != 2 {
-		t.Fatalf("statuses %v, want exactly 3×200 and 7×429", got)
-	}
-	if err := h.stop(15 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestDrainFinishesInFlightRequest(t *testing.T) {
 	var mu sync.Mutex
 	var statuses []Status
