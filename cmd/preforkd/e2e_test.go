@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -99,126 +98,6 @@ func TestForwardedClients(t *testing.T) {
 			t.Errorf("untrusted peer rotating X-Forwarded-For: %v, want exactly 3×200 and 3×429", got)
 		}
 	})
-}
-
-// Scenario 4: kill -9 of a worker under load: it is replaced, the service
-// keeps answering, and the limit stays exact.
-func TestWorkerCrashUnderLoad(t *testing.T) {
-	t.Parallel()
-	cfg := baseServer(4, "") +
-		rule("load", "/load", "gcra", 1000000, "1m") +
-		rule("five", "/five", "gcra", 5, "1m")
-	d := startDaemon(t, daemonOptions{config: cfg})
-
-	const clients, perClient = 2, 100
-	var (
-		done      atomic.Int32
-		lastPID   atomic.Int64
-		killed    = make(chan struct{})
-		mu        sync.Mutex
-		rs        []result
-		wg        sync.WaitGroup
-		killAfter = int32(clients * perClient / 3)
-	)
-	for range clients {
-		c := newClient(t, freshClientIP(), false)
-		wg.Go(func() {
-			for i := range perClient {
-				path := "/free" // no rule
-				if i%2 == 1 {
-					path = "/load" // a rule: the dying worker may be inside the table
-				}
-				r := get(c, d.url(path))
-				if b, ok := r.demo(); ok && r.status == 200 {
-					lastPID.Store(int64(b.PID))
-				}
-				mu.Lock()
-				rs = append(rs, r)
-				mu.Unlock()
-				if done.Add(1) == killAfter {
-					close(killed)
-				}
-			}
-		})
-	}
-	var victim int
-	var killAt time.Time
-	select {
-	case <-killed:
-		victim = int(lastPID.Load()) // a worker that is serving this load
-		if !slices.Contains(d.workerPIDs(), victim) {
-			t.Fatalf("pid %d from a response is not a worker of this daemon", victim)
-		}
-		killAt = time.Now()
-		if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
-			t.Fatalf("kill -9 %d: %v", victim, err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the load loop did not make progress")
-	}
-	wg.Wait()
-
-	got := statuses(rs)
-	var errs []string
-	for _, r := range rs {
-		if r.err != nil {
-			errs = append(errs, fmt.Sprintf("%v (started %v after the kill, took %v)", r.err,
-				r.start.Sub(killAt).Round(time.Millisecond), r.end.Sub(r.start).Round(time.Millisecond)))
-			// Only a request on a connection the dead worker had accepted can
-			// fail: one in flight at the instant of the kill.
-			if r.start.After(killAt.Add(250*time.Millisecond)) || r.end.Before(killAt) {
-				t.Errorf("a request failed away from the instant of the kill: %v", r.err)
-			}
-		}
-	}
-	t.Logf("load: %v over %d requests; errors: %q", got, len(rs), errs)
-	if got[200] < len(rs)*95/100 || got[200]+got[0] != len(rs) {
-		t.Errorf("load: %v, want ≥ 95%% of %d answered 200 and nothing but 200s and connection errors", got, len(rs))
-	}
-	if got[0] > clients {
-		t.Errorf("%d connection errors, want at most %d (one per client in flight at the kill)", got[0], clients)
-	}
-
-	// Replaced: the supervisor saw the crash and started a new worker.
-	crashAt, _, ok := d.logs.waitFor(0, 5*time.Second, func(l logLine) bool {
-		return l.msg() == "worker crashed" && l.int("pid") == victim
-	})
-	if !ok {
-		t.Fatalf(`no "worker crashed" line for pid %d`, victim)
-	}
-	_, started, ok := d.logs.waitFor(crashAt, 5*time.Second, msgIs("worker started"))
-	if !ok {
-		t.Fatal("the crashed worker was not replaced within 5s")
-	}
-	newPID := started.int("pid")
-	if slices.Contains(d.workerPIDs()[:4], newPID) || d.alive(victim) {
-		t.Fatalf("replacement pid %d (victim %d alive: %v)", newPID, victim, d.alive(victim))
-	}
-	// The replacement serves (the kernel picks the worker: bounded tries).
-	c := newClient(t, nil, false)
-	serving := false
-	for i := 0; i < 200 && !serving; i++ {
-		r := get(c, d.url("/free"))
-		if b, ok := r.demo(); ok && b.PID == newPID {
-			serving = true
-		}
-	}
-	if !serving {
-		t.Logf("the replacement %d served none of 200 requests (accept distribution)", newPID)
-	}
-
-	// Exact afterwards: a fresh client gets exactly 5 of 20 through.
-	five := burst(newClient(t, freshClientIP(), false), d.url("/five"), 20)
-	if got := statuses(five); got[200] != 5 || got[429] != 15 {
-		t.Errorf("limit 5 after the crash: %v, want exactly 5×200 and 15×429", got)
-	}
-	pids := map[int]bool{}
-	for _, r := range five {
-		if b, ok := r.demo(); ok {
-			pids[b.PID] = true
-		}
-	}
-	t.Logf("the 5 allowed requests were served by %d worker(s); replacement serving: %v", len(pids), serving)
 }
 
 // Scenario 5: kill -9 of the supervisor takes every worker with it, at
