@@ -100,59 +100,6 @@ func TestForwardedClients(t *testing.T) {
 	})
 }
 
-// Scenario 5: kill -9 of the supervisor takes every worker with it, at
-// once: also a worker in the middle of a request (a drain would wait for it).
-func TestSupervisorKilled(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	entered := make(chan struct{}, 4)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
-	}))
-	t.Cleanup(up.Close)
-	t.Cleanup(func() { close(release) })
-	d := startDaemon(t, daemonOptions{config: baseServer(4, fmt.Sprintf("upstream = %q", up.URL))})
-	pids := d.workerPIDs()
-	if len(pids) != 4 {
-		t.Fatalf("%d workers started, want 4", len(pids))
-	}
-	for _, pid := range pids {
-		if !d.alive(pid) {
-			t.Fatalf("worker %d is not running before the kill", pid)
-		}
-	}
-	c := newClient(t, nil, false)
-	go get(c, d.url("/hang"))
-	select {
-	case <-entered:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the request did not reach the upstream")
-	}
-	killAt := time.Now()
-	d.signal(syscall.SIGKILL)
-	if _, ok := d.wait(2 * time.Second); !ok {
-		t.Fatal("the supervisor survived kill -9")
-	}
-	deadline := killAt.Add(2 * time.Second)
-	var survivors []int
-	for _, pid := range pids {
-		for d.alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if d.alive(pid) {
-			survivors = append(survivors, pid)
-		}
-	}
-	if len(survivors) > 0 {
-		t.Fatalf("workers %v still run 2s after their supervisor was killed", survivors)
-	}
-	t.Logf("all workers gone %v after the kill", time.Since(killAt).Round(time.Millisecond))
-}
-
 // Scenario 6: HUP with a changed limit keeps the counts and refuses no
 // connection; HUP with a broken file keeps the running configuration.
 func TestReload(t *testing.T) {
