@@ -12,9 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // baseServer is the [server] and [table] part shared by the scenarios: a
@@ -239,85 +237,5 @@ func TestAdminEndpoint(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(live, want) {
 		t.Errorf("/status workers %v (body %s), want the running workers %v", live, r.body, want)
-	}
-}
-
-// Scenario 9: systemd notifications, from the supervisor only.
-func TestSystemdNotify(t *testing.T) {
-	t.Parallel()
-	sock := t.TempDir() + "/notify.sock"
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw.Control(func(fd uintptr) {
-		err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_PASSCRED, 1)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	type note struct {
-		state string
-		pid   int32
-	}
-	notes := make(chan note, 16)
-	go func() {
-		defer close(notes)
-		buf, oob := make([]byte, 4096), make([]byte, 1024)
-		for {
-			n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
-			if err != nil {
-				return
-			}
-			nt := note{state: string(buf[:n])}
-			if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
-				for _, m := range msgs {
-					if cred, err := syscall.ParseUnixCredentials(&m); err == nil {
-						nt.pid = cred.Pid
-					}
-				}
-			}
-			notes <- nt
-		}
-	}()
-	next := func(what string) note {
-		t.Helper()
-		select {
-		case n := <-notes:
-			return n
-		case <-time.After(15 * time.Second):
-			t.Fatalf("no notification (waiting for %s)", what)
-			return note{}
-		}
-	}
-
-	d := startDaemon(t, daemonOptions{config: baseServer(2, ""), env: []string{"NOTIFY_SOCKET=" + sock}})
-	// startDaemon returned after the "ready" line, which precedes READY=1.
-	check := func(n note, prefix string) {
-		t.Helper()
-		if !strings.HasPrefix(n.state, prefix) || int(n.pid) != d.pid() {
-			t.Errorf("notification %q from pid %d, want %s from the supervisor %d", n.state, n.pid, prefix, d.pid())
-		}
-	}
-	check(next("READY=1"), "READY=1")
-	d.signal(syscall.SIGHUP)
-	check(next("RELOADING=1"), "RELOADING=1")
-	check(next("READY=1 after the reload"), "READY=1")
-	if _, _, ok := d.logs.waitFor(d.readyAt, 15*time.Second, msgIs("reload finished")); !ok {
-		t.Fatal("the reload did not finish")
-	}
-	d.signal(syscall.SIGTERM)
-	check(next("STOPPING=1"), "STOPPING=1")
-	if code, ok := d.wait(15 * time.Second); !ok || code != 0 {
-		t.Errorf("exit after TERM: code %d, exited %v; want 0", code, ok)
-	}
-	conn.Close()
-	for n := range notes {
-		t.Errorf("unexpected notification %q from pid %d", n.state, n.pid)
 	}
 }
