@@ -188,10 +188,9 @@ type daemon struct {
 	cfgPath string
 	logs    *logBuf
 
-	exited    chan struct{} // closed once the supervisor was waited for
-	state     *os.ProcessState
-	readyAt   int    // index of the "ready" line
-	openFiles uint64 // daemonOptions.openFiles
+	exited  chan struct{} // closed once the supervisor was waited for
+	state   *os.ProcessState
+	readyAt int // index of the "ready" line
 }
 
 type daemonOptions struct {
@@ -200,9 +199,6 @@ type daemonOptions struct {
 	config string
 	env    []string // added to the environment
 	admin  bool     // config uses ADMIN_ADDR
-	// openFiles, if not 0, is the soft open-file limit the supervisor
-	// starts with (it is started through sh's ulimit).
-	openFiles uint64
 }
 
 // startDaemon starts preforkd run with opts and waits for its "ready" line.
@@ -212,7 +208,7 @@ func startDaemon(t testing.TB, opts daemonOptions) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	for attempt := 1; ; attempt++ {
-		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml"), openFiles: opts.openFiles}
+		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
 		text := opts.config
 		if opts.admin {
 			d.admin = freeAddr(t)
@@ -248,11 +244,6 @@ func (d *daemon) start(env []string, args ...string) {
 	// following it after the cleanup below.
 	pw := d.logs.Pipe(t, d.logs.parse)
 	d.cmd = exec.Command(binPath, args...)
-	if d.openFiles != 0 {
-		// exec keeps the pid: the process is the supervisor all the same.
-		script := fmt.Sprintf(`ulimit -S -n %d && exec "$0" "$@"`, d.openFiles)
-		d.cmd = exec.Command("/bin/sh", append([]string{"-c", script, binPath}, args...)...)
-	}
 	d.cmd.Env = append(cleanEnviron(), env...)
 	d.cmd.Stderr = pw
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
