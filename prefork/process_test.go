@@ -758,7 +758,9 @@ func TestWorkersAreNamed(t *testing.T) {
 				t.Errorf("worker %d: comm %q (%v), want %q", pid, comm, err, name)
 			}
 			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if want := workerTitle(name, r.int("index"), gen) + "\x00"; err != nil || string(cmdline) != want {
+			// The title as ps shows it, spelled out: operators read it.
+			want := fmt.Sprintf("%s: worker %d (generation %d)\x00", name, r.int("index"), gen)
+			if err != nil || string(cmdline) != want {
 				t.Errorf("worker %d: cmdline %q (%v), want %q", pid, cmdline, err, want)
 			}
 		}
