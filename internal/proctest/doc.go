@@ -29,4 +29,6 @@
 //
 // [Log] collects lines (or records a test hands it) and lets a test wait
 // for one: [Log.WaitFor] from an index, with a timeout and a match.
+// [Leaked], after m.Run, fails a package whose code left a goroutine
+// running.
 package proctest

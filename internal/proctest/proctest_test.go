@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -69,33 +68,12 @@ func TestMain(m *testing.M) {
 	Main(roles)
 	code := m.Run()
 	if code == 0 {
-		if leaked := leakedGoroutines(2 * time.Second); leaked != "" {
+		if leaked := Leaked("/internal/proctest/", 2*time.Second); leaked != "" {
 			fmt.Fprintf(os.Stderr, "goroutines of package proctest outlived the tests:\n%s\n", leaked)
 			code = 1
 		}
 	}
 	os.Exit(code)
-}
-
-// leakedGoroutines waits up to d for the goroutines running this
-// package's code (not its tests') to end, and describes those that did
-// not.
-func leakedGoroutines(d time.Duration) string {
-	deadline := time.Now().Add(d)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leaked []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "/internal/proctest/") && !strings.Contains(g, "_test.go") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 || time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func TestSpecFilesLinesAndStdin(t *testing.T) {
@@ -284,5 +262,20 @@ func TestLogFollow(t *testing.T) {
 	}
 	if !l2.Stop(time.Second) {
 		t.Fatal("a second Stop failed")
+	}
+}
+
+// Leaked finds a goroutine of this package's code that nobody stopped,
+// and none once it is stopped.
+func TestLeaked(t *testing.T) {
+	l := NewLog[string]()
+	w := l.Pipe(t, Text)
+	defer w.Close()
+	if leaked := Leaked("/internal/proctest/", 50*time.Millisecond); !strings.Contains(leaked, "proctest/log.go") {
+		t.Fatalf("a following log's reader not reported:\n%s", leaked)
+	}
+	l.Stop(5 * time.Second)
+	if leaked := Leaked("/internal/proctest/", 5*time.Second); leaked != "" {
+		t.Fatalf("reported after it stopped:\n%s", leaked)
 	}
 }
