@@ -56,7 +56,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if code == 0 {
-		if leaked := leakedGoroutines(2 * time.Second); leaked != "" {
+		if leaked := proctest.Leaked("/prefork/", 2*time.Second); leaked != "" {
 			fmt.Fprintf(os.Stderr, "goroutines of package prefork outlived the tests:\n%s\n", leaked)
 			code = 1
 		}
@@ -137,26 +137,6 @@ func testHandler(w *Worker) (http.Handler, error) {
 	})
 	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "ok") })
 	return mux, nil
-}
-
-// leakedGoroutines waits up to d for the goroutines running this package's
-// code to end, and describes those that did not.
-func leakedGoroutines(d time.Duration) string {
-	deadline := time.Now().Add(d)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leaked []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "/prefork/") && !strings.Contains(g, "_test.go") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 || time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // record is one log line the supervisor wrote.
