@@ -27,6 +27,9 @@ type childEnv struct {
 // Options says how to start a child.
 type Options struct {
 	Role string // a key of the roles given to Main in the child
+	// Exe is the binary to start; "" is this test binary. A copy of it
+	// (a "new build" of a program under test) has the same roles.
+	Exe string
 	// Spec is encoded as JSON for [Child.Spec]; nil is JSON null. It
 	// travels in the environment: a few KiB at most.
 	Spec any
@@ -62,9 +65,12 @@ type Proc struct {
 // waited for at the end of tb unless it has exited by then.
 func Start(tb testing.TB, o Options) *Proc {
 	tb.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		tb.Fatalf("proctest: %v", err)
+	exe := o.Exe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			tb.Fatalf("proctest: %v", err)
+		}
 	}
 	spec, err := json.Marshal(o.Spec)
 	if err != nil {

@@ -55,6 +55,14 @@ var roles = map[string]Role{
 		time.Sleep(time.Hour)
 		return nil
 	},
+	// exe says which binary runs it.
+	"exe": func(c *Child) error {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		return c.Say("%s", exe)
+	},
 	"fail":   func(*Child) error { return errors.New("boom") },
 	"silent": func(*Child) error { return nil },
 }
@@ -278,4 +286,22 @@ func TestLeaked(t *testing.T) {
 	if leaked := Leaked("/internal/proctest/", 5*time.Second); leaked != "" {
 		t.Fatalf("reported after it stopped:\n%s", leaked)
 	}
+}
+
+// A copy of the test binary runs the same roles.
+func TestExe(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := filepath.Join(t.TempDir(), "copy.test")
+	if err := os.WriteFile(cp, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := Start(t, Options{Role: "exe", Exe: cp})
+	p.Expect(cp, 10*time.Second)
 }
