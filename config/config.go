@@ -26,6 +26,7 @@ type Config struct {
 	Table       Table         `toml:"table"`
 	Persist     Persist       `toml:"persist"`
 	Redis       Redis         `toml:"redis"`
+	Reload      Reload        `toml:"reload"`
 	RateLimits  []RateLimit   `toml:"ratelimit"`
 	Idempotency []Idempotency `toml:"idempotency"`
 }
@@ -95,6 +96,13 @@ type Server struct {
 	// UpstreamMaxIdle is how many idle keep-alive connections to the
 	// upstream each worker keeps. 0 means 256.
 	UpstreamMaxIdle int `toml:"upstream_max_idle"`
+	// MaxRequests recycles a worker after it served about this many
+	// requests (each worker draws its own limit within ±10%, so that they
+	// do not recycle together). 0 means never.
+	MaxRequests int `toml:"max_requests"`
+	// MaxRSS recycles a worker whose resident memory grew past it. 0 (""
+	// in a file) means never.
+	MaxRSS SizeLimit `toml:"max_rss"`
 }
 
 // Admin is the [admin] table. Zero is "off".
@@ -122,6 +130,34 @@ type Persist struct {
 	Key  string `toml:"key"`  // application version; stored responses are dropped when it changes
 	Live string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
 }
+
+// Reload is the [reload] table: how a HUP replaces the workers. The
+// settings of the configuration being loaded apply to its own reload.
+type Reload struct {
+	// Canary makes the first worker replaced a canary, judged against
+	// the other workers for CanaryWindow before the rest are replaced.
+	// The zero value means the default, On.
+	Canary Toggle `toml:"canary"`
+	// CanaryWindow is how long the canary's 5xx rate is compared with
+	// the other workers', 100ms..1h. 0 means 10s.
+	CanaryWindow time.Duration `toml:"canary_window"`
+	// CanaryMinRequests is how many requests the canary must serve in
+	// the window for a verdict; fewer is inconclusive. 0 means 50.
+	CanaryMinRequests int `toml:"canary_min_requests"`
+	// CanaryMaxErrorDelta is how many percentage points the canary's 5xx
+	// rate may exceed the others' (when the excess is significant too)
+	// before the reload is aborted, in (0, 100]. 0 means 2.
+	CanaryMaxErrorDelta float64 `toml:"canary_max_error_delta"`
+	// CanaryInconclusive is what a reload does when the canary served
+	// too few requests to be judged: continue (the zero value) or abort.
+	CanaryInconclusive Inconclusive `toml:"canary_inconclusive"`
+}
+
+// Limits of the [reload] values.
+const (
+	minCanaryWindow = 100 * time.Millisecond
+	maxCanaryWindow = time.Hour
+)
 
 // RateLimit is one [[ratelimit]] rule. Limit, Window, Algorithm, Burst and
 // OnFull are those of a [bucket.Rule] (see [RateLimit.BucketRule]), with
@@ -336,6 +372,11 @@ func (c Config) WithDefaults() Config {
 	setDefault(&rd.BreakerBackoff, redisstore.DefaultBreakerBackoff)
 	rd.Cluster = slices.Clone(rd.Cluster)
 	rd.Sentinel.Addrs = slices.Clone(rd.Sentinel.Addrs)
+	rl := &c.Reload
+	setDefault(&rl.Canary, On)
+	setDefault(&rl.CanaryWindow, 10*time.Second)
+	setDefault(&rl.CanaryMinRequests, 50)
+	setDefault(&rl.CanaryMaxErrorDelta, 2)
 
 	setDefault(&c.Table.Counters, 262144)
 	if n := c.Table.Counters; n >= minCounters && n <= maxCounters {

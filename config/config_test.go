@@ -68,6 +68,13 @@ func TestDefault(t *testing.T) {
 		{"persist.path", d.Persist.Path, ""},
 		{"persist.key", d.Persist.Key, ""},
 		{"persist.live", d.Persist.Live, ""},
+		{"server.max_requests", d.Server.MaxRequests, 0},
+		{"server.max_rss", d.Server.MaxRSS, SizeLimit(0)},
+		{"reload.canary", d.Reload.Canary, On},
+		{"reload.canary_window", d.Reload.CanaryWindow, 10 * time.Second},
+		{"reload.canary_min_requests", d.Reload.CanaryMinRequests, 50},
+		{"reload.canary_max_error_delta", d.Reload.CanaryMaxErrorDelta, 2.0},
+		{"reload.canary_inconclusive", d.Reload.CanaryInconclusive.String(), "continue"},
 		{"rules", len(d.RateLimits) + len(d.Idempotency), 0},
 	} {
 		if !reflect.DeepEqual(tc.got, tc.want) {
@@ -134,6 +141,8 @@ send_timeout = "25s"
 upstream_connect_timeout = "2s"
 upstream_timeout = "2m"
 upstream_max_idle = 32
+max_requests = 1000
+max_rss = "512MiB"
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -152,6 +161,12 @@ pool_size = 8
 prefix = "app1:"
 breaker_failures = 3
 breaker_backoff = "2s"
+[reload]
+canary = false
+canary_window = "2s"
+canary_min_requests = 7
+canary_max_error_delta = 0.5
+canary_inconclusive = "abort"
 [[ratelimit]]
 name = "Fixed_1.x-y"
 path = "/api/*"
@@ -197,12 +212,18 @@ by = "global"
 			UpstreamConnectTimeout: 2 * time.Second,
 			UpstreamTimeout:        2 * time.Minute,
 			UpstreamMaxIdle:        32,
+			MaxRequests:            1000,
+			MaxRSS:                 512 << 20,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
 		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
 		Redis: Redis{URL: "redis://:secret@10.0.0.5:6380/2", Timeout: 40 * time.Millisecond, PoolSize: 8, Prefix: "app1:",
 			BreakerFailures: 3, BreakerBackoff: 2 * time.Second},
+		Reload: Reload{
+			Canary: Off, CanaryWindow: 2 * time.Second, CanaryMinRequests: 7, CanaryMaxErrorDelta: 0.5,
+			CanaryInconclusive: InconclusiveAbort,
+		},
 		RateLimits: []RateLimit{{
 			Name: "Fixed_1.x-y", Path: "/api/*", Methods: []string{"GET", "POST"}, Limit: 1048575,
 			Window: time.Hour, Algorithm: bucket.FixedWindow, By: "header:X-Api-Key|header:X-Token|ip",
@@ -282,13 +303,33 @@ func TestTextForms(t *testing.T) {
 	for _, v := range []interface {
 		encoding.TextMarshaler
 		fmt.Stringer
-	}{Size(0), Size(1000), Size(1 << 20), Size(3 << 40), Size(1<<63 - 1), Enforce, Shadow, HeadersBoth, HeadersIETF, HeadersX, HeadersNone} {
+	}{Size(0), Size(1000), Size(1 << 20), Size(3 << 40), Size(1<<63 - 1), Enforce, Shadow, InconclusiveContinue, InconclusiveAbort, HeadersBoth, HeadersIETF, HeadersX, HeadersNone} {
 		b, err := v.MarshalText()
 		back := reflect.New(reflect.TypeOf(v))
 		if err != nil || string(b) != v.String() || back.Interface().(encoding.TextUnmarshaler).UnmarshalText(b) != nil ||
 			back.Elem().Interface() != v {
 			t.Errorf("%v: marshalled %q (%v), read back %v", v, b, err, back.Elem())
 		}
+	}
+	for _, v := range []SizeLimit{0, 512 << 20, 1000} {
+		b, err := v.MarshalText()
+		var back SizeLimit
+		if err != nil || string(b) != v.String() || back.UnmarshalText(b) != nil || back != v {
+			t.Errorf("SizeLimit %d: marshalled %q (%v), read back %v", v, b, err, back)
+		}
+	}
+	for _, v := range []Toggle{ToggleDefault, On, Off} {
+		b, err := v.MarshalJSON()
+		var back Toggle
+		if err != nil || back.UnmarshalJSON(b) != nil || back != v {
+			t.Errorf("Toggle %v: marshalled %q (%v), read back %v", v, b, err, back)
+		}
+	}
+	if b, err := Toggle(3).MarshalJSON(); err == nil {
+		t.Errorf("Toggle(3) marshalled as %q", b)
+	}
+	if !On.IsOn(false) || Off.IsOn(true) || !ToggleDefault.IsOn(true) || ToggleDefault.IsOn(false) {
+		t.Error("Toggle.IsOn")
 	}
 	if b, err := Mode(2).MarshalText(); err == nil {
 		t.Errorf("Mode(2) marshalled as %q", b)
@@ -457,10 +498,11 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss=""
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""
+reload: canary=true canary_window=10s canary_min_requests=50 canary_max_error_delta=2 canary_inconclusive=continue
 rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact
 rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] store=local on_unavailable=local local_share=1 sync=exact
 idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false ttl=24h0m0s wait=10s by=header:Authorization|ip max_body=1000
@@ -560,6 +602,7 @@ func TestExample(t *testing.T) {
 	}{
 		{[]string{"server"}, tomlKeys(reflect.TypeFor[Server]())}, {[]string{"admin"}, tomlKeys(reflect.TypeFor[Admin]())},
 		{[]string{"table"}, tomlKeys(reflect.TypeFor[Table]())}, {[]string{"persist"}, tomlKeys(reflect.TypeFor[Persist]())},
+		{[]string{"reload"}, tomlKeys(reflect.TypeFor[Reload]())},
 		{[]string{"ratelimit", elem(0)}, slices.DeleteFunc(tomlKeys(reflect.TypeFor[RateLimit]()), func(k string) bool { return k == "override" })},
 		{[]string{"ratelimit", elem(1), "override", elem(0)}, []string{"key", "limit", "window", "burst"}},
 		{[]string{"ratelimit", elem(1), "override", elem(1)}, []string{"client", "limit"}},

@@ -29,6 +29,7 @@ func (c Config) WriteEffective(w io.Writer) error {
 	if c.Redis.Enabled() {
 		line(&b, "redis:", c.Redis, "")
 	}
+	line(&b, "reload:", c.Reload, "")
 	if c.Server.Shadow {
 		b.WriteString("shadow: every rule is in shadow mode (a dry run): nothing is refused\n")
 	}
@@ -76,6 +77,8 @@ func line(b *strings.Builder, head string, v any, skip ...string) {
 			if len(v) > 0 {
 				s = quote(strings.Join(v, ","))
 			}
+		case SizeLimit:
+			s = quote(v.String())
 		case Prefixes:
 			s = strings.ReplaceAll(fmt.Sprint(v), " ", ",") // [a,b]
 		default:

@@ -78,6 +78,20 @@ func TestErrors(t *testing.T) {
 		{"responses negative", "[table]\nresponses = -1 # <-\n", "must not be negative", 0},
 		{"responses 0 with idempotency", "[table]\nresponses = 0 # <-\n[[idempotency]]\npath = \"/o\"\n", "need stored responses", 0},
 		{"persist live", "[persist]\npath = \"/x\"\nlive = \"/x\" # <-\n", "same file", 0},
+		{"max_requests", "[server]\nmax_requests = -1 # <-\n", "server.max_requests: must not be negative", 0},
+		{"max_rss", "[server]\nmax_rss = \"lots\" # <-\n", `server.max_rss: invalid size "lots"`, 0},
+		{"max_rss bool", "[server]\nmax_rss = true # <-\n", "server.max_rss: want a size", 0},
+
+		// [reload].
+		{"canary string", "[reload]\ncanary = \"yes\" # <-\n", "reload.canary: want true or false, got string", 0},
+		{"canary_window 0", "[reload]\ncanary_window = \"0s\" # <-\n", "reload.canary_window: must be between 100ms and 1h0m0s, got 0s", 0},
+		{"canary_window long", "[reload]\ncanary_window = \"2h\" # <-\n", "got 2h0m0s", 0},
+		{"canary_min_requests", "[reload]\ncanary_min_requests = 0 # <-\n", "reload.canary_min_requests: must be at least 1, got 0", 0},
+		{"canary_max_error_delta 0", "[reload]\ncanary_max_error_delta = 0 # <-\n", "reload.canary_max_error_delta: must be more than 0", 0},
+		{"canary_max_error_delta 101", "[reload]\ncanary_max_error_delta = 101.5 # <-\n", "got 101.5", 0},
+		{"canary_max_error_delta nan", "[reload]\ncanary_max_error_delta = nan # <-\n", "got NaN", 0},
+		{"canary_max_error_delta string", "[reload]\ncanary_max_error_delta = \"2%\" # <-\n", "want a number, got string", 0},
+		{"canary_inconclusive", "[reload]\ncanary_inconclusive = \"pass\" # <-\n", `reload.canary_inconclusive: "pass" is not one of "continue", "abort"`, 0},
 
 		// [[ratelimit]].
 		{"duplicate name", rule + "[[ratelimit]]\nname = \"r\" # <-\npath = \"/b\"\nlimit = 1\nwindow = \"1s\"\n", `ratelimit "r": name: duplicate rule name (first used at line 2)`, 0},

@@ -159,10 +159,11 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 		return
 	case encoding.TextUnmarshaler:
 		s, ok := v.(string)
-		if n, isInt := v.(int64); isInt && t == reflect.TypeFor[Size]() {
+		isSize := t == reflect.TypeFor[Size]() || t == reflect.TypeFor[SizeLimit]()
+		if n, isInt := v.(int64); isInt && isSize {
 			s, ok = strconv.FormatInt(n, 10), true
 		}
-		if !ok && t == reflect.TypeFor[Size]() {
+		if !ok && isSize {
 			bad(`a size (bytes, or a string such as "64KiB" or "1MB")`)
 		} else if !ok {
 			bad("a string")
@@ -211,6 +212,12 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 	case reflect.Bool:
 		if _, ok := v.(bool); !ok {
 			bad("true or false")
+		}
+	case reflect.Float64:
+		switch v.(type) {
+		case float64, int64:
+		default:
+			bad("a number")
 		}
 	default:
 		panic("config: no file form for " + t.String())

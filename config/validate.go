@@ -87,6 +87,13 @@ func (c Config) check(r *report) {
 	if s.UpstreamMaxIdle < 0 {
 		f("upstream_max_idle", "must not be negative, got %d", s.UpstreamMaxIdle)
 	}
+	if s.MaxRequests < 0 {
+		f("max_requests", "must not be negative (0 means never), got %d", s.MaxRequests)
+	}
+	if s.MaxRSS < 0 {
+		f("max_rss", "must not be negative, got %d", s.MaxRSS)
+	}
+	c.Reload.check(r)
 
 	if a := c.Admin.Listen; a != "" {
 		f := r.at([]string{"admin"}, "admin.")
@@ -142,6 +149,25 @@ func (c Config) check(r *report) {
 	}
 	for i, d := range c.Idempotency {
 		d.check(r, i, c)
+	}
+}
+
+func (rl Reload) check(r *report) {
+	f := r.at([]string{"reload"}, "reload.")
+	if err := rl.Canary.check(); err != nil {
+		f("canary", "%s", detail(err))
+	}
+	if w := rl.CanaryWindow; w < minCanaryWindow || w > maxCanaryWindow {
+		f("canary_window", "must be between %v and %v, got %v", minCanaryWindow, maxCanaryWindow, w)
+	}
+	if rl.CanaryMinRequests < 1 {
+		f("canary_min_requests", "must be at least 1, got %d", rl.CanaryMinRequests)
+	}
+	if d := rl.CanaryMaxErrorDelta; !(d > 0 && d <= 100) {
+		f("canary_max_error_delta", "must be more than 0 and at most 100 (percentage points), got %v", d)
+	}
+	if err := inconclusiveNames.check(rl.CanaryInconclusive); err != nil {
+		f("canary_inconclusive", "%s", detail(err))
 	}
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net/netip"
@@ -57,6 +58,116 @@ var sizeUnits = map[string]int64{
 	"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
 	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
 }
+
+// SizeLimit is a Size that may be off: 0, written "" or 0 in a file,
+// means no limit.
+type SizeLimit Size
+
+// String is "" for no limit, else the Size.
+func (s SizeLimit) String() string {
+	if s == 0 {
+		return ""
+	}
+	return Size(s).String()
+}
+
+func (s SizeLimit) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+func (s *SizeLimit) UnmarshalText(b []byte) error {
+	if strings.TrimSpace(string(b)) == "" {
+		*s = 0
+		return nil
+	}
+	return (*Size)(s).UnmarshalText(b)
+}
+
+// Toggle is a setting that is on or off, true or false in a file, whose
+// zero value stands for the key's default, so that a Config built in Go
+// that leaves it out behaves as a file that leaves it out.
+// [Config.WithDefaults] replaces the zero value by On or Off.
+type Toggle uint8
+
+const (
+	ToggleDefault Toggle = iota // the key's default
+	On                          // true
+	Off                         // false
+)
+
+// IsOn reports whether t is On, or the default and def is true.
+func (t Toggle) IsOn(def bool) bool { return t == On || t == ToggleDefault && def }
+
+// String is "true", "false", or "default" for the zero value.
+func (t Toggle) String() string {
+	switch t {
+	case On:
+		return "true"
+	case Off:
+		return "false"
+	case ToggleDefault:
+		return "default"
+	}
+	return strconv.Itoa(int(t))
+}
+
+func (t Toggle) check() error {
+	if t > Off {
+		return fmt.Errorf("config: %d is not a toggle (true or false)", t)
+	}
+	return nil
+}
+
+// UnmarshalTOML reads true or false.
+func (t *Toggle) UnmarshalTOML(v any) error {
+	b, ok := v.(bool)
+	if !ok {
+		return fmt.Errorf("config: want true or false, got %s", typeName(v))
+	}
+	*t = Off
+	if b {
+		*t = On
+	}
+	return nil
+}
+
+// MarshalJSON writes true, false, or null for the default.
+func (t Toggle) MarshalJSON() ([]byte, error) {
+	if t == ToggleDefault {
+		return []byte("null"), nil
+	}
+	if err := t.check(); err != nil {
+		return nil, err
+	}
+	return []byte(t.String()), nil
+}
+
+func (t *Toggle) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case "true":
+		*t = On
+	case "false":
+		*t = Off
+	case "null":
+		*t = ToggleDefault
+	default:
+		return errors.New("config: a toggle is true, false or null")
+	}
+	return nil
+}
+
+// Inconclusive is what a reload does when its canary served too few
+// requests to be judged.
+type Inconclusive uint8
+
+const (
+	InconclusiveContinue Inconclusive = iota // roll on, and log it as a warning ("continue")
+	InconclusiveAbort                        // abort the reload ("abort")
+)
+
+var inconclusiveNames = enum[Inconclusive]{"continue", "abort"}
+
+func (i Inconclusive) String() string                { return inconclusiveNames.name(i) }
+func (i Inconclusive) MarshalText() ([]byte, error)  { return inconclusiveNames.marshal(i) }
+func (i *Inconclusive) UnmarshalText(b []byte) error { return inconclusiveNames.unmarshal(b, i) }
 
 // Prefixes are CIDR prefixes. A file gives them as an array of strings,
 // each a CIDR ("10.0.0.0/8"; host bits are cleared, so "10.1.2.3/8" is

@@ -19,9 +19,14 @@
 // # Roles
 //
 // The same program runs as the supervisor and as every worker. The
-// supervisor starts each worker by executing its own binary again
-// (/proc/self/exe, with the same arguments; argv[0] is the worker's title)
-// with the environment variable PREFORKD_WORKER set; [Run] (and [IsWorker]) detect that role. In a worker,
+// supervisor starts each worker by executing the program again, with the
+// same arguments (argv[0] is the worker's title) and the environment
+// variable PREFORKD_WORKER set; [Run] (and [IsWorker]) detect that role.
+// The first workers run the supervisor's own binary; each reload opens
+// the program's file on disk (os.Executable) again, so that a build
+// deployed there by rename is what the reload starts, and keeps it open,
+// so that a worker of that generation respawned later runs the same
+// file, whatever was deployed since. In a worker,
 // Run serves and exits the process itself: it never returns. Hence main
 // calls Run before anything with side effects (opening files, starting
 // goroutines that matter), and the code before Run runs in every process.
@@ -40,8 +45,9 @@
 // fasthttp handler (what a Fiber app's Handler() returns) and serves it
 // with the fast engine of package proxy, the same decision core in front;
 // [Options.Engine] takes any [Engine] (preforkd's daemon serves its proxy
-// this way) and leaves the core to it ([Worker.Core]). Every engine drains
-// by the same rule (drain.go).
+// this way) and leaves the core to it ([Worker.Core]), and the counting of
+// its responses: it calls [Worker.Responded] once for each. Every engine
+// drains by the same rule (drain.go).
 //
 // # Supervisor
 //
@@ -68,6 +74,17 @@
 //     every count in it, carries over. The listen address, the table
 //     geometry and the number of workers need a restart: a reload logs
 //     such a change and keeps the running values.
+//   - Canary (Reload.Canary, on by default; canary.go states the rules):
+//     the first worker a reload replaces is judged for
+//     Reload.CanaryWindow against every other worker, by the requests and
+//     5xx each counted in the region over the same window, before the
+//     others are replaced. An unhealthy (or failed) canary aborts the
+//     reload: it drains, its slot stays empty (quarantined) until a reload
+//     succeeds, and the other workers keep the running configuration and
+//     binary. [Status] shows the verdict.
+//   - Recycling (Server.MaxRequests, Server.MaxRSS): a worker checks both
+//     after every response; past one, it stops accepting and asks to be
+//     replaced, and leaves once its successor is ready (recycle.go).
 //   - A worker that exits without being asked to (a crash) is replaced
 //     after a delay that starts at 100ms and doubles up to 10s while the
 //     crashes go on; a worker that ran for 10s resets it. A crash loop
@@ -76,7 +93,7 @@
 //     replaced the same way.
 //   - systemd: with NOTIFY_SOCKET set, READY=1 once every worker reported
 //     ready, RELOADING=1 on HUP and READY=1 when the reload finished (or
-//     was refused), STOPPING=1 at shutdown. Workers do not inherit
+//     was refused, or aborted by its canary), STOPPING=1 at shutdown. Workers do not inherit
 //     NOTIFY_SOCKET.
 //   - Each worker's GOMAXPROCS is its share of the CPUs unless GOMAXPROCS
 //     is set in the environment.
@@ -110,8 +127,10 @@
 // # Limits
 //
 // Linux only (memfd, Pdeathsig). A TCP listener (any net.Listener with a
-// File method). Workers run the supervisor's own binary, so a new build
-// needs a restart, not a HUP. Worker indexes are allocated from the
+// File method). A reload starts the program's file on disk, but the
+// supervisor keeps running the binary it was started as: a build whose
+// supervisor differs (its region layout, its options) needs a restart.
+// Worker indexes are allocated from the
 // region's MaxWorkers (2×workers+2 with shm.Create): while draining
 // workers hold indexes, a reload waits for them. Logs are one line per
 // operator event (start, worker started, ready, worker exit with its status,

@@ -52,58 +52,91 @@ func validApplication(opts Options) error {
 // region, builds the core and the engine, reports ready, serves, and
 // drains when told to. It returns the exit code.
 func runEngineWorker(ctx context.Context, opts Options, index int, term <-chan os.Signal, log *slog.Logger) int {
-	eng, ln, timeout, c, err := setUpEngine(opts, index, log)
+	w, eng, ln, c, err := setUpEngine(opts, index, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
+	timeout := w.Config.Server.ShutdownTimeout
+	// Past a recycling limit the listener closes at once (before the
+	// response that passed the limit leaves), and the engine drains in
+	// the background; TERM, once the successor is ready, waits for it.
+	recycled := make(chan error, 1)
+	recycleCtx, cutRecycleDrain := context.WithCancel(context.Background())
+	defer cutRecycleDrain()
+	recycle := w.recycling(func() {
+		ln.Close()
+		go func() { recycled <- eng.Shutdown(recycleCtx) }()
+	})
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
-	ready := os.NewFile(fdReady, "ready")
-	if _, err := ready.Write([]byte{1}); err != nil {
+	// Ready; the pipe stays open for a request to be recycled.
+	report := os.NewFile(fdReady, "ready")
+	if _, err := report.Write([]byte{1}); err != nil {
 		log.Error("worker failed to report readiness", "err", err)
 		return 1
 	}
-	ready.Close()
 
 	served := make(chan error, 1)
 	go func() { served <- eng.Serve(ln) }()
+	serving := (<-chan error)(served)
 	var why string
-	select {
-	case err := <-served:
-		if err == nil {
-			err = errors.New("the engine returned without being shut down")
+	for why == "" {
+		select {
+		case err := <-serving:
+			if w.pastLimit() {
+				serving = nil // its listener was closed for recycling
+				continue
+			}
+			if err == nil {
+				err = errors.New("the engine returned without being shut down")
+			}
+			log.Error("worker stopped serving", "err", err)
+			return 1
+		case msg := <-recycle:
+			recycle = nil
+			askRecycling(report, msg, log)
+		case <-term:
+			why = "TERM"
+		case <-lifeline:
+			why = "supervisor gone"
+		case <-ctx.Done():
+			why = context.Cause(ctx).Error()
 		}
-		log.Error("worker stopped serving", "err", err)
-		return 1
-	case <-term:
-		why = "TERM"
-	case <-lifeline:
-		why = "supervisor gone"
-	case <-ctx.Done():
-		why = context.Cause(ctx).Error()
 	}
 	log.Info("worker draining", "reason", why, "timeout", timeout)
-	sctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := eng.Shutdown(sctx); err != nil {
+	if w.pastLimit() {
+		select {
+		case err = <-recycled:
+		case <-time.After(timeout):
+			cutRecycleDrain()
+			err = <-recycled
+		}
+	} else {
+		sctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		err = eng.Shutdown(sctx)
+	}
+	if err != nil {
 		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
 	}
-	select {
-	case <-served:
-	case <-time.After(time.Second): // Serve returns once its listener is closed
+	if serving != nil {
+		select {
+		case <-served:
+		case <-time.After(time.Second): // Serve returns once its listener is closed
+		}
 	}
 	closeCore(c, log)
 	return 0
 }
 
 // setUpEngine joins the region and builds the worker's core and engine.
-func setUpEngine(opts Options, index int, log *slog.Logger) (_ Engine, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
+func setUpEngine(opts Options, index int, log *slog.Logger) (_ *Worker, _ Engine, _ net.Listener, _ *core.Core, err error) {
 	w, ln, err := joinWorker(index, log)
 	if err != nil {
-		return nil, nil, 0, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if w.c, err = NewCore(w.Config, w.Region, log); err != nil {
-		return nil, nil, 0, nil, err
+		return nil, nil, nil, nil, err
 	}
 	var eng Engine
 	if opts.Engine != nil {
@@ -112,9 +145,9 @@ func setUpEngine(opts Options, index int, log *slog.Logger) (_ Engine, _ net.Lis
 		eng, err = fastEngine(opts, w)
 	}
 	if err != nil {
-		return nil, nil, 0, nil, fmt.Errorf("prefork: building the engine: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("prefork: building the engine: %w", err)
 	}
-	return eng, ln, w.Config.Server.ShutdownTimeout, w.c, nil
+	return w, eng, ln, w.c, nil
 }
 
 // fastEngine serves Options.FastHandler's application with the fast
@@ -128,7 +161,7 @@ func fastEngine(opts Options, w *Worker) (Engine, error) {
 		return nil, errors.New("prefork: Options.FastHandler returned a nil handler")
 	}
 	o := w.Config.ProxyOptions()
-	o.App, o.Core, o.Logger = app, w.c, w.Logger
+	o.App, o.Core, o.Logger, o.OnResponse = app, w.c, w.Logger, w.Responded
 	return proxy.New(o)
 }
 

@@ -37,9 +37,8 @@ func testFastHandler(w *Worker) (fasthttp.RequestHandler, error) {
 // the worker's core in front, and TERM drains it.
 func TestFastHandler(t *testing.T) {
 	cfg := testConfig(2, config.RateLimit{Name: "login", Path: "/login", Limit: 2, Window: time.Minute, By: "ip"})
-	sup, logs := startSupervisorProcess(t, cfg, envTestEngine+"=fast")
-	listen, _ := logs.all("supervisor started")[0].attrs["listen"].(string)
-	url := "http://" + listen
+	sup := startSupervisorProcess(t, "", cfg, envTestEngine+"=fast")
+	url := "http://" + sup.addr
 
 	get := func(path string) (int, http.Header, string) {
 		t.Helper()
@@ -89,10 +88,10 @@ func TestFastHandler(t *testing.T) {
 		t.Errorf("supervisor after TERM: %v", err)
 	}
 	// Every line, the workers' too, is read once nobody holds stderr.
-	if !logs.WaitEnd(10 * time.Second) {
+	if !sup.logs.WaitEnd(10 * time.Second) {
 		t.Fatal("the supervisor's stderr is still open 10s after it exited")
 	}
-	for _, e := range logs.all("worker exited") {
+	for _, e := range sup.logs.all("worker exited") {
 		if e.attrs["status"] != "exit status 0" {
 			t.Errorf("worker %v: %v, want exit status 0", e.attrs["pid"], e.attrs["status"])
 		}

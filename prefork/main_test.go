@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,23 +80,6 @@ func supervisorRole(c *proctest.Child) error {
 	return Run(context.Background(), Options{Config: cfg, Listener: ln, Handler: testHandler, Logger: log})
 }
 
-// startSupervisorProcess starts the supervisor role with cfg (env is added
-// to its environment, and its workers') and waits for its first READY.
-func startSupervisorProcess(t *testing.T, cfg config.Config, env ...string) (*proctest.Proc, *logSink) {
-	t.Helper()
-	logs := newLogSink()
-	stderr := logs.Pipe(t, parseJSONRecord)
-	p := proctest.Start(t, proctest.Options{Role: "supervisor", Spec: cfg, Env: env, Stderr: stderr})
-	stderr.Close() // the supervisor's and its workers' now
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("supervisor log:\n%s", logs.dump())
-		}
-	})
-	logs.wait(t, "ready", 1, 15*time.Second)
-	return p, logs
-}
-
 // parseJSONRecord reads a line of slog's JSON handler.
 func parseJSONRecord(line string) (record, bool) {
 	var m map[string]any
@@ -108,10 +92,38 @@ func parseJSONRecord(line string) (record, bool) {
 
 // testHandler is the application of the test workers.
 func testHandler(w *Worker) (http.Handler, error) {
-	if os.Getenv(envTestCrash) != "" {
+	build := buildMarker()
+	if os.Getenv(envTestCrash) != "" || build == "crash" {
 		os.Exit(3)
 	}
 	mux := http.NewServeMux()
+	// /build names the build this worker runs (deployBuild).
+	mux.HandleFunc("/build", func(rw http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(rw, build)
+	})
+	// /leak keeps 4 MiB more, touched, and reports the pid and the RSS
+	// after it.
+	var leakMu sync.Mutex
+	var leaked [][]byte
+	mux.HandleFunc("/rss", func(rw http.ResponseWriter, _ *http.Request) {
+		rss, _ := readRSS()
+		fmt.Fprint(rw, rss)
+	})
+	mux.HandleFunc("/leak", func(rw http.ResponseWriter, _ *http.Request) {
+		b := make([]byte, 4<<20)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		leakMu.Lock()
+		leaked = append(leaked, b)
+		leakMu.Unlock()
+		rss, err := readRSS()
+		if err != nil {
+			rw.WriteHeader(500)
+			return
+		}
+		fmt.Fprintf(rw, "%d %d", os.Getpid(), rss)
+	})
 	mux.HandleFunc("/pid", func(rw http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(rw, os.Getpid())
 	})
@@ -135,8 +147,74 @@ func testHandler(w *Worker) (http.Handler, error) {
 		rule := r.URL.Query().Get("rule")
 		w.Limiter(rule).Reset(w.ClientKey(rule, r), w.Region.Now())
 	})
+	// A configuration whose application version (persist.key) is
+	// "broken" is a build that answers 500 to everything.
+	if w.Config.Persist.Key == "broken" {
+		return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			http.Error(rw, "broken build", http.StatusInternalServerError)
+		}), nil
+	}
 	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "ok") })
 	return mux, nil
+}
+
+// buildMarker is what deployBuild appended to the binary this process
+// runs; "" for the test binary as go test built it.
+func buildMarker() string {
+	f, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() < 64 {
+		return ""
+	}
+	tail := make([]byte, 64)
+	if _, err := f.ReadAt(tail, st.Size()-64); err != nil {
+		return ""
+	}
+	_, marker, ok := strings.Cut(string(tail), buildMarkerPrefix)
+	if !ok {
+		return ""
+	}
+	return strings.TrimSpace(marker)
+}
+
+const buildMarkerPrefix = "\nPREFORK-TEST-BUILD:"
+
+// deployBuild deploys "another build" of this program at path, as an
+// operator should: written beside it, then renamed over it. It is the
+// test binary with marker appended (an ELF file runs the same with bytes
+// after its end); its workers serve marker at /build, and exit at start
+// with status 3 when marker is "crash".
+func deployBuild(t *testing.T, path, marker string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, buildMarkerPrefix+marker+"\n"...)
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readRSS is this process's resident set size in bytes.
+func readRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0, err
+	}
+	return parseStatmRSS(b, int64(os.Getpagesize()))
 }
 
 // record is one log line the supervisor wrote.
@@ -344,11 +422,13 @@ func (h *harness) statuses(path, clientKey string, n int) map[int]int {
 }
 
 // testConfig is a small configuration: n workers, a small table, a short
-// drain, and the given rules (by X-Client, falling back to ip).
+// drain, a short canary window, and the given rules (by X-Client, falling
+// back to ip).
 func testConfig(n int, rules ...config.RateLimit) config.Config {
 	cfg := config.Config{
 		Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second},
 		Table:  config.Table{Counters: 4096},
+		Reload: config.Reload{CanaryWindow: 300 * time.Millisecond},
 	}
 	for _, r := range rules {
 		if r.By == "" {
@@ -357,6 +437,53 @@ func testConfig(n int, rules ...config.RateLimit) config.Config {
 		cfg.RateLimits = append(cfg.RateLimits, r)
 	}
 	return cfg
+}
+
+// supervisorProcess is Run in a child process, the supervisor role, with
+// its JSON log (and its workers' text lines, skipped) read into logs.
+type supervisorProcess struct {
+	*proctest.Proc
+	logs *logSink
+	addr string // its listener
+}
+
+// startSupervisorProcess starts the supervisor role with cfg from exe (""
+// is this test binary; a copy of it runs the same roles) with env added to
+// its environment and its workers', and waits for its first READY. At the
+// end of the test it is killed, and its workers must be gone within 10s.
+func startSupervisorProcess(t *testing.T, exe string, cfg config.Config, env ...string) *supervisorProcess {
+	t.Helper()
+	sp := &supervisorProcess{logs: newLogSink()}
+	stderr := sp.logs.Pipe(t, parseJSONRecord)
+	sp.Proc = proctest.Start(t, proctest.Options{Role: "supervisor", Exe: exe, Spec: cfg, Env: env, Stderr: stderr})
+	stderr.Close()     // the supervisor's and its workers' now
+	t.Cleanup(func() { // before the Proc's own: kill, then wait for the workers
+		sp.Signal(unix.SIGKILL)
+		<-sp.Done()
+		if !sp.logs.WaitEnd(10 * time.Second) {
+			t.Error("the supervisor's workers outlived it by 10s")
+		}
+		if t.Failed() {
+			t.Logf("supervisor log:\n%s", sp.logs.dump())
+		}
+	})
+	sp.logs.wait(t, "ready", 1, 15*time.Second)
+	sp.addr, _ = sp.logs.all("supervisor started")[0].attrs["listen"].(string)
+	return sp
+}
+
+// exit sends sig and returns the supervisor's exit code, once it and
+// every worker are gone (its stderr ended), within timeout.
+func (sp *supervisorProcess) exit(t *testing.T, sig unix.Signal, timeout time.Duration) int {
+	t.Helper()
+	if err := sp.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	if !sp.logs.WaitEnd(timeout) {
+		t.Fatalf("the supervisor and its workers still run %v after %v", timeout, sig)
+	}
+	sp.Wait(time.Second)
+	return sp.State().ExitCode()
 }
 
 // processGone reports whether pid no longer exists: it exited and was

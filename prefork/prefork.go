@@ -167,11 +167,15 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	defer lifeR.Close()
 	defer lifeW.Close() // only once every worker is gone: its EOF tells them to go
 
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("prefork: locating this program's file: %w", err)
+	}
 	events := make(chan any)
 	quit := make(chan struct{})
 	env := &osEnv{
 		spawner:  newSpawner(),
-		exe:      "/proc/self/exe", // this very binary, even if a deploy replaced the file
+		exe:      exe,
 		name:     processName(),
 		args:     os.Args,
 		environ:  workerEnviron(os.Environ(), n),
@@ -189,6 +193,9 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		start:  env.start,
 		reap:   region.Reap,
 		notify: note.send,
+		// Every worker's counts, including those of reaped ones.
+		requests:      region.RequestCounts,
+		totalRequests: region.TotalRequestCounts,
 		stopListening: func() {
 			ln.Close()
 			lnFile.Close()

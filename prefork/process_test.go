@@ -233,17 +233,16 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 // kill -9 of the supervisor takes every worker with it, at once: also a
 // worker in the middle of a request (a drain would wait for it).
 func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
-	sup, logs := startSupervisorProcess(t, testConfig(2))
-	workers := logs.pids("worker started")
-	listen, _ := logs.all("supervisor started")[0].attrs["listen"].(string)
+	sp := startSupervisorProcess(t, "", testConfig(2))
+	workers := sp.logs.pids("worker started")
 	// The headers arrive when the request is in the handler; the body 10s later.
-	resp, err := client.Get("http://" + listen + "/slow?d=10s")
+	resp, err := client.Get("http://" + sp.addr + "/slow?d=10s")
 	if err != nil {
 		t.Fatalf("a request to the supervisor's listener: %v", err)
 	}
 	defer resp.Body.Close()
 
-	sup.Kill()
+	sp.Kill()
 	// The workers are reparented to this process (a subreaper): wait for them.
 	deadline := time.Now().Add(2 * time.Second)
 	for _, pid := range workers {
@@ -260,7 +259,7 @@ func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
 		}
 	}
 	// Nobody holds the supervisor's stderr any more.
-	if !logs.WaitEnd(5 * time.Second) {
+	if !sp.logs.WaitEnd(5 * time.Second) {
 		t.Error("the supervisor's stderr is still open 5s after its workers exited")
 	}
 }
@@ -275,6 +274,9 @@ shutdown_timeout = "5s"
 
 [table]
 counters = 4096
+
+[reload]
+canary = false
 
 [[ratelimit]]
 name = "a"

@@ -18,8 +18,9 @@ import (
 //	100  preforkd run -config /etc/preforkd/preforkd.toml
 //	101  preforkd: worker 0 (generation 0)
 //
-// A worker is executed from /proc/self/exe, which the kernel would name
-// "exe". The supervisor passes its own name (its /proc/self/comm: for the
+// A worker is executed through the supervisor's descriptor of the
+// program's file (/proc/PID/fd/N), which the kernel would name after that
+// descriptor's number. The supervisor passes its own name (its /proc/self/comm: for the
 // daemon "preforkd", for an embedding program that program's name) in
 // envName, and the worker's title as argv[0]; the rest of argv is the
 // supervisor's, untouched, since the program parses it again before Run.

@@ -2,19 +2,21 @@ package prefork
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
-
-	"github.com/preforkd/preforkd/config"
 )
 
 // readyEvent and exitEvent are what the process watchers send to the
-// supervisor's loop; a worker's readyEvent always comes before its exitEvent.
+// supervisor's loop; a worker's readyEvent always comes before its
+// recycleEvents, and those before its exitEvent. An error is a worker
+// that broke the protocol, for the log.
 type readyEvent struct{ pid int }
 
 type exitEvent struct {
@@ -71,7 +73,10 @@ func (s *spawner) stop() {
 // a file collected by the garbage collector would close its descriptor and
 // a later respawn would pass a wrong one.
 type osEnv struct {
-	spawner  *spawner
+	spawner *spawner
+	// exe is the program's file on disk, opened again for every new
+	// generation: a binary deployed there (by rename) since the last one
+	// is what a reload starts.
 	exe      string
 	name     string   // the supervisor's process name, which workers take
 	args     []string // the supervisor's; a worker's argv[0] is its title
@@ -80,12 +85,25 @@ type osEnv struct {
 	listener *os.File
 	lifeline *os.File // read end; the supervisor holds the write end
 
-	cfgGen  int
-	cfgFile *os.File // the configuration of generation cfgGen
+	gens map[int]genFiles // by generation, those that may be started
 
 	events chan<- any
 	quit   <-chan struct{} // closed when the loop no longer reads events
 	wg     sync.WaitGroup  // one per process watcher
+}
+
+// genFiles are what every worker of one generation is started from: its
+// binary, open, so that it stays the same file whatever is deployed at
+// the path later (a worker of a generation always runs the binary that
+// generation started with, also when it is respawned after a crash), and
+// its configuration.
+type genFiles struct {
+	exe, config *os.File
+}
+
+func (g genFiles) close() {
+	g.exe.Close()
+	g.config.Close()
 }
 
 // workerEnviron is the environment of every worker: this process's, without
@@ -112,7 +130,7 @@ func workerEnviron(environ []string, workers int) []string {
 
 // start is sysEnv.start.
 func (e *osEnv) start(sp spawnSpec) (started, error) {
-	cf, err := e.configFor(sp.Gen, sp.Config)
+	files, err := e.filesFor(sp)
 	if err != nil {
 		return started{}, err
 	}
@@ -129,12 +147,14 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 		env = append(env, envName+"="+e.name)
 	}
 	cmd := &exec.Cmd{
-		Path:       e.exe,
+		// The supervisor's descriptor, by its /proc path: the child
+		// resolves it before its own descriptors are shuffled into place.
+		Path:       fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), files.exe.Fd()),
 		Args:       args,
 		Env:        env,
 		Stdout:     os.Stdout,
 		Stderr:     os.Stderr,
-		ExtraFiles: []*os.File{e.region, e.listener, e.lifeline, readyW, cf}, // fdRegion..fdConfig
+		ExtraFiles: []*os.File{e.region, e.listener, e.lifeline, readyW, files.config}, // fdRegion..fdConfig
 		SysProcAttr: &syscall.SysProcAttr{
 			Setpgid:   true, // a terminal's Ctrl-C reaches the supervisor only
 			Pdeathsig: syscall.SIGKILL,
@@ -154,22 +174,39 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 	return started{pid: proc.Pid, signal: func(sig syscall.Signal) error { return proc.Signal(sig) }}, nil
 }
 
-// configFor returns the configuration file of generation gen, creating it
-// on the first start of that generation. Older generations are never
-// started again, so their file is closed then.
-func (e *osEnv) configFor(gen int, cfg config.Config) (*os.File, error) {
-	if e.cfgFile != nil && e.cfgGen == gen {
-		return e.cfgFile, nil
+// filesFor returns the files of generation sp.Gen, opening them at its
+// first start, and closes those of the generations that will not be
+// started again. The first generation runs the supervisor's own binary;
+// each later one the file at e.exe when it is first started.
+func (e *osEnv) filesFor(sp spawnSpec) (genFiles, error) {
+	g, ok := e.gens[sp.Gen]
+	if !ok {
+		path := e.exe
+		if len(e.gens) == 0 && sp.Gen == 0 {
+			path = "/proc/self/exe"
+		}
+		exe, err := os.Open(path)
+		if err != nil {
+			return genFiles{}, fmt.Errorf("prefork: opening the program to start: %w", err)
+		}
+		cfg, err := configFile(sp.Config)
+		if err != nil {
+			exe.Close()
+			return genFiles{}, err
+		}
+		g = genFiles{exe: exe, config: cfg}
+		if e.gens == nil {
+			e.gens = make(map[int]genFiles)
+		}
+		e.gens[sp.Gen] = g
 	}
-	f, err := configFile(cfg)
-	if err != nil {
-		return nil, err
+	for gen, old := range e.gens {
+		if gen != sp.Gen && !slices.Contains(sp.Keep, gen) {
+			old.close()
+			delete(e.gens, gen)
+		}
 	}
-	if e.cfgFile != nil {
-		e.cfgFile.Close()
-	}
-	e.cfgGen, e.cfgFile = gen, f
-	return f, nil
+	return g, nil
 }
 
 // watch waits for one worker's readiness report, then for its exit, and
@@ -180,6 +217,19 @@ func (e *osEnv) watch(cmd *exec.Cmd, ready *os.File) {
 	var b [1]byte
 	if n, _ := ready.Read(b[:]); n == 1 {
 		e.post(readyEvent{pid})
+		// Then requests to be recycled, until the worker exits (EOF).
+		msg := make([]byte, recycleMsgLen)
+		for {
+			if _, err := io.ReadFull(ready, msg); err != nil {
+				break
+			}
+			ev, err := decodeRecycle(pid, msg)
+			if err != nil {
+				e.post(err)
+				break
+			}
+			e.post(ev)
+		}
 	}
 	ready.Close()
 	err := cmd.Wait()
@@ -203,7 +253,7 @@ func (e *osEnv) post(ev any) {
 func (e *osEnv) close() {
 	e.wg.Wait()
 	e.spawner.stop()
-	if e.cfgFile != nil {
-		e.cfgFile.Close()
+	for _, g := range e.gens {
+		g.close()
 	}
 }

@@ -1,7 +1,7 @@
 package prefork
 
 import (
-	"slices"
+	"reflect"
 	"time"
 )
 
@@ -16,12 +16,23 @@ type Status struct {
 	// Workers are the worker processes not yet reaped, by pid; during a
 	// reload, or a drain, there may be more than Server.Workers.
 	Workers []WorkerStatus
+	// Canary is the canary being judged (Verdict ""), else the last
+	// canary's verdict; nil before the first canary reload.
+	Canary *CanaryStatus
+	// Quarantined are the slots an aborted reload's canary left empty, in
+	// order: the fleet runs that many workers short until a reload
+	// succeeds.
+	Quarantined []int
+	// Recycled counts the workers replaced for server.max_requests or
+	// server.max_rss.
+	Recycled int
 }
 
 // WorkerStatus is one worker process.
 type WorkerStatus struct {
 	PID        int
 	Index      int // region worker index
+	Slot       int // the place it fills (0..Server.Workers-1)
 	Generation int // the configuration it runs
 	Started    time.Time
 	Ready      bool // reported ready
@@ -30,11 +41,23 @@ type WorkerStatus struct {
 
 // status takes the snapshot.
 func (s *supervisor) status() Status {
-	st := Status{Generation: s.gen, Draining: s.draining, Ready: !s.draining && s.announced && !s.reloading}
+	st := Status{Generation: s.gen, Draining: s.draining, Ready: !s.draining && s.announced && !s.reloading, Recycled: s.recycled}
 	for _, p := range s.sortedProcs() {
 		st.Workers = append(st.Workers, WorkerStatus{
-			PID: p.pid, Index: p.index, Generation: p.gen, Started: p.start, Ready: p.ready, Retiring: p.retiring,
+			PID: p.pid, Index: p.index, Slot: p.slot, Generation: p.gen, Started: p.start, Ready: p.ready, Retiring: p.retiring,
 		})
+	}
+	if s.canary != nil {
+		c := s.canaryStatus()
+		st.Canary = &c
+	} else if s.verdict != nil {
+		v := *s.verdict
+		st.Canary = &v
+	}
+	for i, sl := range s.slots {
+		if sl.quarantined {
+			st.Quarantined = append(st.Quarantined, i)
+		}
 	}
 	return st
 }
@@ -45,8 +68,7 @@ func (s *supervisor) publish() {
 		return
 	}
 	st := s.status()
-	if s.published != nil && st.Generation == s.published.Generation && st.Ready == s.published.Ready &&
-		st.Draining == s.published.Draining && slices.Equal(st.Workers, s.published.Workers) {
+	if s.published != nil && reflect.DeepEqual(st, *s.published) {
 		return
 	}
 	s.published = &st

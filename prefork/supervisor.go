@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // drainGrace is how long past Server.ShutdownTimeout the supervisor waits
@@ -42,6 +43,10 @@ type sysEnv struct {
 	load func() (config.Config, error)
 	// stopListening closes the supervisor's own copy of the listener.
 	stopListening func()
+	// requests samples what region worker index counted
+	// (shm.Region.RequestCounts); totalRequests sums every index.
+	requests      func(index int) shm.RequestCounts
+	totalRequests func() shm.RequestCounts
 }
 
 // spawnSpec is what a worker process is started with.
@@ -49,6 +54,9 @@ type spawnSpec struct {
 	Index  int // region worker index: unique among unreaped workers
 	Gen    int // configuration generation
 	Config config.Config
+	// Keep are the generations that may be started again later: what the
+	// env holds for any other (a binary, a configuration file) may go.
+	Keep []int
 }
 
 // started is a worker process as the seam returns it.
@@ -69,6 +77,7 @@ type proc struct {
 	retiring bool      // told to drain (shutdown or reload): its exit is no crash
 	killAt   time.Time // when a retiring worker is killed; zero = never
 	killed   bool
+	recycle  string // why it asked to be replaced (max_requests, max_rss); "" = it did not
 }
 
 // slot is one of the N places a worker fills. During a reload a slot has
@@ -78,6 +87,15 @@ type slot struct {
 	cur, succ *proc
 	backoff   backoff
 	respawnAt time.Time // no new worker for this slot before this instant
+	// quarantined: left empty by the canary of an aborted reload, which
+	// took this slot; only the next reload that succeeds fills it again.
+	quarantined bool
+}
+
+// generation is a configuration and the number the supervisor gave it.
+type generation struct {
+	gen int
+	cfg config.Config
 }
 
 // supervisor is the state machine of the supervisor: it decides which
@@ -87,8 +105,18 @@ type supervisor struct {
 	env sysEnv
 	log *slog.Logger
 
-	cfg   config.Config // the running configuration
-	gen   int           // its generation, bumped by every accepted reload
+	cfg     config.Config // the running configuration, or the one a reload rolls in
+	gen     int           // its generation
+	lastGen int           // the last generation given out: one per accepted reload
+	// good is the configuration last known good: the first one, or the
+	// last whose canary passed. While a canary is judged, every worker
+	// but the canary starts with it; an aborted reload returns to it.
+	good   generation
+	canary *canaryRun // the canary of the reload in progress; nil when none
+	// verdict is the last canary's outcome; nil before the first.
+	verdict  *CanaryStatus
+	recycled int // workers replaced for max_requests or max_rss
+
 	slots []slot
 	procs map[int]*proc // unreaped workers by pid
 	inUse []bool        // region worker indexes held by unreaped workers
@@ -111,6 +139,7 @@ func newSupervisor(env sysEnv, log *slog.Logger, cfg config.Config, maxWorkers i
 		env:   env,
 		log:   log,
 		cfg:   cfg,
+		good:  generation{0, cfg},
 		slots: make([]slot, n),
 		procs: make(map[int]*proc),
 		inUse: make([]bool, maxWorkers),
@@ -156,6 +185,10 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 				s.onReady(ev.pid)
 			case exitEvent:
 				s.onExit(ev)
+			case recycleEvent:
+				s.onRecycle(ev)
+			case error:
+				s.log.Error("worker broke the protocol of its readiness pipe", "err", ev)
 			}
 		case <-wake:
 		}
@@ -204,61 +237,94 @@ func (s *supervisor) step() {
 	if s.draining {
 		return
 	}
+	fleetGen := s.fleet()
 	for i := range s.slots {
 		sl := &s.slots[i]
-		if sl.cur == nil && sl.succ == nil && !now.Before(sl.respawnAt) {
-			sl.cur = s.spawn(i)
+		if sl.cur == nil && sl.succ == nil && !sl.quarantined && !now.Before(sl.respawnAt) {
+			sl.cur, _ = s.spawn(i, fleetGen)
 			if s.draining { // a fatal start error
 				return
 			}
 		}
 	}
+	if c := s.canary; c != nil && c.open && !now.Before(c.end) {
+		s.judgeCanary()
+	}
+	// A worker past max_requests or max_rss gets a successor of its own,
+	// and leaves once that one is ready.
+	fleetGen = s.fleet()
+	for i := range s.slots {
+		sl := &s.slots[i]
+		if p := sl.cur; p != nil && p.recycle != "" && !p.retiring && sl.succ == nil &&
+			!s.isCanary(p) && !now.Before(sl.respawnAt) {
+			sl.succ, _ = s.spawn(i, fleetGen)
+		}
+	}
 	// A reload replaces one slot at a time: a successor starts, and the old
-	// worker retires once the successor is ready.
+	// worker retires once the successor is ready. With a canary, the first
+	// successor is the canary, and the others wait for its verdict.
 	if !slices.ContainsFunc(s.slots, func(sl slot) bool { return sl.succ != nil }) {
-		for i := range s.slots {
-			sl := &s.slots[i]
-			if sl.cur != nil && sl.cur.gen != s.gen {
-				// In slot order; a successor that crashed is retried
-				// after its backoff, before any other slot is touched.
-				if !now.Before(sl.respawnAt) {
-					sl.succ = s.spawn(i)
+		switch c := s.canary; {
+		case c == nil:
+			for i := range s.slots {
+				sl := &s.slots[i]
+				if sl.cur != nil && sl.cur.gen != s.gen {
+					// In slot order; a successor that crashed is retried
+					// after its backoff, before any other slot is touched.
+					if !now.Before(sl.respawnAt) {
+						sl.succ, _ = s.spawn(i, generation{s.gen, s.cfg})
+					}
+					break
 				}
-				break
 			}
+		case c.proc == nil:
+			s.startCanary()
 		}
 	}
 	s.checkReady()
 }
 
-// spawn starts a worker for slot i with the running configuration; nil
-// when none could be started now.
-func (s *supervisor) spawn(i int) *proc {
+// fleet is the generation that workers other than a canary start with:
+// the running one, or while a canary is judged, the last good one.
+func (s *supervisor) fleet() generation {
+	if s.canary != nil {
+		return s.good
+	}
+	return generation{s.gen, s.cfg}
+}
+
+// spawn starts a worker of generation g for slot i; nil when none could
+// be started now, with the start's error if that was the reason.
+func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 	index := slices.Index(s.inUse, false)
 	if index < 0 {
 		// Every index is held by a worker that still drains; its exit
 		// brings the supervisor back here.
-		return nil
+		return nil, nil
 	}
-	st, err := s.env.start(spawnSpec{Index: index, Gen: s.gen, Config: s.cfg})
+	keep := []int{s.good.gen}
+	if s.gen != s.good.gen {
+		keep = append(keep, s.gen)
+	}
+	st, err := s.env.start(spawnSpec{Index: index, Gen: g.gen, Config: g.cfg, Keep: keep})
 	if err != nil {
 		if !s.everStarted {
 			s.fatal = err
 			s.beginDrain("start-up failure")
-			return nil
+			return nil, err
 		}
 		sl := &s.slots[i]
 		d := sl.backoff.failure(0)
 		sl.respawnAt = s.env.now().Add(d)
 		s.log.Error("worker start failed", "slot", i, "err", err, "retry_in", d)
-		return nil
+		return nil, err
 	}
 	s.everStarted = true
-	p := &proc{started: st, index: index, slot: i, gen: s.gen, start: s.env.now(), drain: s.cfg.Server.ShutdownTimeout}
+	p := &proc{started: st, index: index, slot: i, gen: g.gen, start: s.env.now(), drain: g.cfg.Server.ShutdownTimeout}
 	s.procs[p.pid] = p
 	s.inUse[index] = true
-	s.log.Info("worker started", "pid", p.pid, "index", index, "slot", i, "generation", s.gen)
-	return p
+	s.log.Info("worker started", "pid", p.pid, "index", index, "slot", i, "generation", g.gen)
+	return p, nil
 }
 
 // onReady handles a worker's readiness report.
@@ -270,14 +336,24 @@ func (s *supervisor) onReady(pid int) {
 	p.ready = true
 	s.log.Debug("worker ready", "pid", pid, "index", p.index)
 	sl := &s.slots[p.slot]
-	if sl.succ == p {
-		// The successor serves: now, and only now, the old worker may go,
-		// so that no fewer than N workers are ready during a reload.
-		old := sl.cur
-		sl.cur, sl.succ = p, nil
-		if old != nil {
-			s.retire(old, s.env.now().Add(old.drain+drainGrace))
-		}
+	if sl.succ != p {
+		return
+	}
+	if s.isCanary(p) {
+		s.canaryReady()
+		return
+	}
+	s.promote(sl)
+}
+
+// promote makes a slot's ready successor its worker: now, and only now,
+// the old worker may go, so that no fewer than N workers are ready
+// during a reload.
+func (s *supervisor) promote(sl *slot) {
+	old := sl.cur
+	sl.cur, sl.succ = sl.succ, nil
+	if old != nil {
+		s.retire(old, s.env.now().Add(old.drain+drainGrace))
 	}
 }
 
@@ -288,6 +364,9 @@ func (s *supervisor) checkReady() {
 		return
 	}
 	for _, sl := range s.slots {
+		if sl.quarantined && sl.cur == nil && sl.succ == nil {
+			continue
+		}
 		if sl.cur == nil || !sl.cur.ready || sl.cur.gen != s.gen || sl.succ != nil {
 			return
 		}
@@ -326,6 +405,16 @@ func (s *supervisor) onExit(ev exitEvent) {
 		} else {
 			s.log.Warn("worker exited", attrs...)
 		}
+		return
+	}
+	if s.isCanary(p) {
+		// Never respawned: it would run the same build and configuration.
+		s.log.Error("worker crashed", append(attrs, "canary", true)...)
+		when := "before it was ready"
+		if p.ready {
+			when = "during its window"
+		}
+		s.failCanary(fmt.Sprintf("exited %s (%s)", when, ev.status))
 		return
 	}
 	// A crash (or an exit nobody asked for): replace the worker after a
@@ -378,6 +467,10 @@ func (s *supervisor) beginDrain(reason string) {
 		s.env.stopListening()
 	}
 	s.log.Info("drain begun", "reason", reason, "workers", len(s.procs), "timeout", s.cfg.Server.ShutdownTimeout)
+	if c := s.canary; c != nil {
+		s.log.Info("canary abandoned: draining", "generation", c.gen)
+		s.canary = nil
+	}
 	now := s.env.now()
 	for _, p := range s.sortedProcs() {
 		s.retire(p, now.Add(p.drain+drainGrace))
@@ -424,10 +517,23 @@ func (s *supervisor) reload() {
 		}
 		cfg = keepRestartOnly(s.log, s.cfg, cfg)
 	}
-	s.cfg = cfg
-	s.gen++
+	if s.canary != nil {
+		s.supersedeCanary()
+	}
+	s.lastGen++
+	s.cfg, s.gen = cfg, s.lastGen
 	s.reloading = true
-	s.log.Info("reload begun", "generation", s.gen, "workers", len(s.slots))
+	attrs := []any{"generation", s.gen, "workers", len(s.slots)}
+	if cfg.Reload.Canary.IsOn(true) {
+		s.canary = &canaryRun{gen: s.gen, settings: cfg.WithDefaults().Reload}
+		attrs = append(attrs, "canary_window", s.canary.settings.CanaryWindow)
+	} else {
+		// No canary: the configuration is good as it is taken, and the
+		// slots a canary left empty are filled with it.
+		s.good = generation{s.gen, cfg}
+		s.clearQuarantine()
+	}
+	s.log.Info("reload begun", attrs...)
 }
 
 // nextDeadline is the earliest instant at which step has something to do.
@@ -453,6 +559,9 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 			if sl.respawnAt.After(now) {
 				consider(sl.respawnAt)
 			}
+		}
+		if c := s.canary; c != nil && c.open {
+			consider(c.end)
 		}
 	}
 	return next, !next.IsZero()

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // Unit tests of the supervisor's state machine through its seam: no
@@ -39,9 +40,23 @@ type fakeSys struct {
 	stopped  int
 	startErr error
 	load     func() (config.Config, error)
+	// counts are what each region worker index counted (never reset, as
+	// in the region); retired adds what no index shows any more.
+	counts  map[int]shm.RequestCounts
+	retired shm.RequestCounts
 }
 
-func newFake() *fakeSys { return &fakeSys{now: t0, nextPID: 100} }
+func newFake() *fakeSys {
+	return &fakeSys{now: t0, nextPID: 100, counts: map[int]shm.RequestCounts{}}
+}
+
+// serve counts requests and 5xx for region worker index.
+func (f *fakeSys) serve(index int, requests, errors uint64) {
+	c := f.counts[index]
+	c.Requests += requests
+	c.Errors += errors
+	f.counts[index] = c
+}
 
 func (f *fakeSys) env() sysEnv {
 	e := sysEnv{
@@ -62,6 +77,15 @@ func (f *fakeSys) env() sysEnv {
 		reap:          func(index int) (int, error) { f.reaps = append(f.reaps, index); return 0, nil },
 		notify:        func(state string) error { f.notes = append(f.notes, state); return nil },
 		stopListening: func() { f.stopped++ },
+		requests:      func(index int) shm.RequestCounts { return f.counts[index] },
+		totalRequests: func() shm.RequestCounts {
+			t := f.retired
+			for _, c := range f.counts {
+				t.Requests += c.Requests
+				t.Errors += c.Errors
+			}
+			return t
+		},
 	}
 	if f.load != nil {
 		e.load = f.load
@@ -78,6 +102,12 @@ func (f *fakeSys) signalled(sig syscall.Signal) []int {
 		}
 	}
 	return out
+}
+
+// noCanary is cfg with canary reloads off, for the tests of the roll itself.
+func noCanary(cfg config.Config) config.Config {
+	cfg.Reload.Canary = config.Off
+	return cfg
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -264,7 +294,7 @@ func TestDrainDeadlineAndSecondSignal(t *testing.T) {
 
 func TestReloadReplacesOneAtATime(t *testing.T) {
 	f := newFake()
-	next := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
+	next := noCanary(config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}})
 	f.load = func() (config.Config, error) { return next, nil }
 	s := newTestSupervisor(f, 2)
 	ready(s, 100, 101)
@@ -337,6 +367,7 @@ func TestReloadRefused(t *testing.T) {
 // instant of the signal (CLOCK_MONOTONIC); else the reload times out.
 func TestReloadingCarriesMonotonicTime(t *testing.T) {
 	f := newFake()
+	f.load = func() (config.Config, error) { return noCanary(config.Config{Server: config.Server{Workers: 1}}), nil }
 	s := newTestSupervisor(f, 1)
 	ready(s, 100)
 	usec := func() uint64 {
@@ -377,7 +408,7 @@ func TestReloadRefusedDuringAReload(t *testing.T) {
 		if broken {
 			return config.Config{}, errors.New("config: bad")
 		}
-		return config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}, nil
+		return noCanary(config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}), nil
 	}
 	s := newTestSupervisor(f, 2)
 	ready(s, 100, 101)
@@ -432,7 +463,7 @@ func TestIndexesAreNotReusedWhileHeld(t *testing.T) {
 	// A region with room for 3 workers and 2 slots: during a reload the
 	// second successor must wait until a retired worker frees its index.
 	f := newFake()
-	f.load = func() (config.Config, error) { return config.Config{Server: config.Server{Workers: 2}}, nil }
+	f.load = func() (config.Config, error) { return noCanary(config.Config{Server: config.Server{Workers: 2}}), nil }
 	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
 	s := newSupervisor(f.env(), quietLog(), cfg, 3)
 	s.step()
@@ -475,7 +506,7 @@ func TestWorkerNotReadyInTimeIsReplaced(t *testing.T) {
 
 func TestStatusSnapshots(t *testing.T) {
 	f := newFake()
-	f.load = func() (config.Config, error) { return config.Config{Server: config.Server{Workers: 2}}, nil }
+	f.load = func() (config.Config, error) { return noCanary(config.Config{Server: config.Server{Workers: 2}}), nil }
 	var got []Status
 	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
 	s := newSupervisor(f.env(), quietLog(), cfg, minMaxWorkers(2))

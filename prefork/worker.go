@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,7 +45,41 @@ type Worker struct {
 
 	h *nethttp.Handler
 	c *core.Core // the core, before h exists or without it
+
+	served atomic.Int64 // responses, counted by Responded
+	limits *limits      // recycling limits; nil without any
 }
+
+// Responded records one response this worker sent, with its status: it
+// counts it in the region under the worker's index (shm.Region.
+// CountRequest: a reload's canary is judged by these counts) and checks
+// the worker's recycling limits (server.max_requests, server.max_rss).
+// The server around Options.Handler and the fast engine of
+// Options.FastHandler call it for every response; an Options.Engine must
+// call it once per response it sends, before the response leaves (as
+// proxy.Options.OnResponse does), so that a worker past a limit stops
+// accepting before its client can connect again.
+func (w *Worker) Responded(status int) {
+	w.Region.CountRequest(status)
+	n := w.served.Add(1)
+	if w.limits != nil {
+		w.limits.check(n)
+	}
+}
+
+// recycling returns the channel on which the message asking to be
+// recycled comes once a limit is passed (nil without limits), after stop
+// has run; stop must stop accepting connections.
+func (w *Worker) recycling(stop func()) <-chan []byte {
+	if w.limits == nil {
+		return nil
+	}
+	w.limits.stop = stop
+	return w.limits.trip
+}
+
+// pastLimit reports whether a recycling limit was passed.
+func (w *Worker) pastLimit() bool { return w.limits != nil && w.limits.tripped.Load() }
 
 // Core returns the decision core the worker's requests go through; nil
 // before Options.Handler has returned (with Options.FastHandler and
@@ -107,40 +142,71 @@ func runWorker(ctx context.Context, opts Options) int {
 		return runEngineWorker(ctx, opts, index, term, log)
 	}
 	conns := &connTracker{}
-	srv, ln, timeout, c, err := setUpWorker(opts, index, conns, log)
+	w, srv, ln, c, err := setUpWorker(opts, index, conns, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
-	srv.Handler = conns.closeWhenDraining(srv.Handler)
+	srv.Handler = conns.closeWhenDraining(&counter{next: srv.Handler, respond: w.Responded})
+	// Past a recycling limit: no new connection (the other workers, or
+	// the successor, take them from the shared listener), and Connection:
+	// close on every response from now on.
+	recycle := w.recycling(func() {
+		conns.draining.Store(true)
+		ln.Close()
+	})
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
 
 	// Ready: the region is joined and the handler built. Connections that
-	// arrive before Serve wait in the shared listener's backlog.
-	ready := os.NewFile(fdReady, "ready")
-	if _, err := ready.Write([]byte{1}); err != nil {
+	// arrive before Serve wait in the shared listener's backlog. The pipe
+	// stays open: a request to be recycled goes the same way.
+	report := os.NewFile(fdReady, "ready")
+	if _, err := report.Write([]byte{1}); err != nil {
 		log.Error("worker failed to report readiness", "err", err)
 		return 1
 	}
-	ready.Close()
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	serving := (<-chan error)(served)
 	var why string
-	select {
-	case err := <-served:
-		log.Error("worker stopped serving", "err", err)
-		return 1
-	case <-term:
-		why = "TERM"
-	case <-lifeline:
-		why = "supervisor gone"
-	case <-ctx.Done():
-		why = context.Cause(ctx).Error()
+	for why == "" {
+		select {
+		case err := <-serving:
+			if !w.pastLimit() {
+				log.Error("worker stopped serving", "err", err)
+				return 1
+			}
+			// The listener was closed for recycling: wait for TERM, and
+			// let the drain see that Serve returned.
+			serving = nil
+			served = make(chan error, 1)
+			served <- err
+		case msg := <-recycle:
+			recycle = nil
+			askRecycling(report, msg, log)
+		case <-term:
+			why = "TERM"
+		case <-lifeline:
+			why = "supervisor gone"
+		case <-ctx.Done():
+			why = context.Cause(ctx).Error()
+		}
 	}
-	code := drainWorker(srv, ln, served, conns, timeout, why, log)
+	code := drainWorker(srv, ln, served, conns, w.Config.Server.ShutdownTimeout, why, log)
 	closeCore(c, log)
 	return code
+}
+
+// askRecycling tells the supervisor, through the readiness pipe, that
+// this worker passed a recycling limit. The supervisor sends TERM once a
+// successor is ready, and the drain goes on from there.
+func askRecycling(report *os.File, msg []byte, log *slog.Logger) {
+	if _, err := report.Write(msg); err != nil {
+		log.Error("worker failed to ask to be recycled", "err", err)
+		return
+	}
+	log.Info("worker past a recycling limit: stopped accepting")
 }
 
 // closeCore closes a drained worker's core: no request decides any more,
@@ -152,22 +218,22 @@ func closeCore(c *core.Core, log *slog.Logger) {
 }
 
 // setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *http.Server, _ net.Listener, shutdown time.Duration, _ *core.Core, err error) {
+func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *Worker, _ *http.Server, _ net.Listener, _ *core.Core, err error) {
 	w, ln, err := joinWorker(index, log)
 	if err != nil {
-		return nil, nil, 0, nil, err
+		return nil, nil, nil, nil, err
 	}
 	cfg, region := w.Config, w.Region
 	app, err := opts.Handler(w)
 	if err != nil {
-		return nil, nil, 0, nil, fmt.Errorf("prefork: building the handler: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("prefork: building the handler: %w", err)
 	}
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
 	c, err := NewCore(cfg, region, log)
 	if err != nil {
-		return nil, nil, 0, nil, err
+		return nil, nil, nil, nil, err
 	}
 	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
 	srv := &http.Server{
@@ -177,7 +243,7 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return srv, ln, cfg.Server.ShutdownTimeout, c, nil
+	return w, srv, ln, c, nil
 }
 
 // joinWorker reads the configuration the supervisor handed over, joins
@@ -200,7 +266,11 @@ func joinWorker(index int, log *slog.Logger) (*Worker, net.Listener, error) {
 		return nil, nil, fmt.Errorf("prefork: inherited listener: %w", err)
 	}
 	lnFile.Close() // FileListener holds its own descriptor
-	return &Worker{Index: index, Region: region, Config: cfg, Logger: log}, ln, nil
+	lim, err := newLimits(cfg.Server, randomJitter())
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Worker{Index: index, Region: region, Config: cfg, Logger: log, limits: lim}, ln, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the

@@ -30,6 +30,13 @@ type Options struct {
 	// Core's fields added.
 	App fasthttp.RequestHandler
 
+	// OnResponse, if set, is called once for every request the server
+	// answers, with the response's status (101 for a tunnel), when its
+	// handler ends and before the response is written to the client (a
+	// streamed body follows). A prefork worker passes Worker.Responded:
+	// the counts a reload's canary is judged by, and recycling.
+	OnResponse func(status int)
+
 	// Core decides about each request before the application sees it:
 	// rate limits, idempotent replay, the path the application gets. nil
 	// lets every request through, with its path normalized as the core

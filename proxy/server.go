@@ -122,6 +122,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	delete(s.lns, l)
 	shut := s.shutdown
+	s.checkDrained()
 	s.mu.Unlock()
 	if shut || errors.Is(err, net.ErrClosed) {
 		return nil
@@ -148,18 +149,28 @@ func (s *Server) track(nc net.Conn, l *listener) *conn {
 	return c
 }
 
+// checkDrained closes drained, during a drain, once no connection is open
+// and no listener is served any more. Both: a listener that is being
+// closed may still hand over a connection it accepted a moment before,
+// and a drain that ended at an instant with no connection open would
+// close that one unserved. Requires s.mu.
+func (s *Server) checkDrained() {
+	if s.drained == nil || len(s.conns) > 0 || len(s.lns) > 0 {
+		return
+	}
+	select {
+	case <-s.drained:
+	default:
+		close(s.drained)
+	}
+}
+
 // forget unregisters a closed connection and frees its slot.
 func (s *Server) forget(c *conn) {
 	s.mu.Lock()
 	l, ok := s.conns[c]
 	delete(s.conns, c)
-	if s.drained != nil && len(s.conns) == 0 {
-		select {
-		case <-s.drained:
-		default:
-			close(s.drained)
-		}
-	}
+	s.checkDrained()
 	s.mu.Unlock()
 	if ok {
 		l.release()
@@ -179,9 +190,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdown = true
 	if s.drained == nil {
 		s.drained = make(chan struct{})
-		if len(s.conns) == 0 {
-			close(s.drained)
-		}
+		s.checkDrained()
 	}
 	lns := make([]*listener, 0, len(s.lns))
 	for l := range s.lns {
@@ -298,6 +307,9 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 
 // done ends a request's handler.
 func (s *Server) done(r *request) {
+	if s.opts.OnResponse != nil {
+		s.opts.OnResponse(r.ctx.Response.StatusCode())
+	}
 	if s.draining.Load() {
 		r.ctx.SetConnectionClose()
 	}

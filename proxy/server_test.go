@@ -10,12 +10,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/proxy"
 )
@@ -768,5 +771,131 @@ func TestShutdownClosesIdleAfterGrace(t *testing.T) {
 		if b, err := io.ReadAll(c); len(b) != 0 || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
 			t.Errorf("an idle connection at the drain read %q, %v; want a quiet close", b, err)
 		}
+	}
+}
+
+// OnResponse sees the status of every answer, the server's own ones too,
+// before the client has it.
+func TestOnResponse(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var seen []int
+	addr, _ := serve(t, proxy.Options{
+		App: func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) == "/fail" {
+				ctx.SetStatusCode(503)
+			}
+		},
+		OnResponse: func(status int) {
+			mu.Lock()
+			seen = append(seen, status)
+			mu.Unlock()
+		},
+	})
+	c, br := dial(t, addr)
+	for _, tc := range []struct {
+		req    string
+		status int
+	}{
+		{"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n", 200},
+		{"GET /fail HTTP/1.1\r\nHost: a\r\n\r\n", 503},
+		{"GET /a%2Fb HTTP/1.1\r\nHost: a\r\n\r\n", 400},
+	} {
+		io.WriteString(c, tc.req)
+		resp, _ := readResponse(t, br, "GET")
+		mu.Lock()
+		got := slices.Clone(seen)
+		mu.Unlock()
+		if resp.StatusCode != tc.status || len(got) == 0 || got[len(got)-1] != tc.status {
+			t.Fatalf("%q: status %d, OnResponse saw %v; want %d", tc.req, resp.StatusCode, got, tc.status)
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("OnResponse called %d times for 3 answers", len(seen))
+	}
+}
+
+// handingListener hands out the connections sent on conns; its Close
+// first hands over late, as a shared listening socket may (a connection
+// the kernel queued is accepted just before the listener closes), and
+// returns once lateRead is closed.
+type handingListener struct {
+	conns    chan net.Conn
+	late     net.Conn
+	lateRead chan struct{}
+	closed   chan struct{}
+	once     sync.Once
+}
+
+func (l *handingListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *handingListener) Close() error {
+	l.once.Do(func() {
+		if l.late != nil {
+			l.conns <- l.late
+			<-l.lateRead
+		}
+		close(l.closed)
+	})
+	return nil
+}
+
+func (l *handingListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+// A drain that begins while no connection is open still serves one that
+// its listener hands over as it closes: Shutdown waits until the listener
+// is no longer served before it calls the drain done.
+func TestShutdownServesTheLastAcceptedConnection(t *testing.T) {
+	t.Parallel()
+	s, err := proxy.New(proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, server := net.Pipe()
+	defer client.Close()
+	ln := &handingListener{conns: make(chan net.Conn), late: server, lateRead: make(chan struct{}), closed: make(chan struct{})}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+
+	// One request first: Serve is running.
+	first, firstServer := net.Pipe()
+	defer first.Close()
+	ln.conns <- firstServer
+	first.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(first, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+	if resp, _ := readResponse(t, bufio.NewReader(first), "GET"); resp.StatusCode != 200 {
+		t.Fatalf("first request: %d", resp.StatusCode)
+	}
+	first.Close()
+
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	// The late connection's request is read (net.Pipe: the write returns
+	// then) before the listener's Close returns.
+	client.SetDeadline(time.Now().Add(5 * time.Second))
+	go func() {
+		io.WriteString(client, "GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+		close(ln.lateRead)
+	}()
+	resp, body := readResponse(t, bufio.NewReader(client), "GET")
+	if resp.StatusCode != 200 || string(body) != "ok" || !resp.Close {
+		t.Errorf("the connection accepted as the listener closed: %d %q, close %v", resp.StatusCode, body, resp.Close)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
 	}
 }

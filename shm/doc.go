@@ -16,7 +16,9 @@
 // records. The header also holds the magic, the layout version, the
 // geometry, two hash seeds (random per region), the time base of the
 // region's clock and the reclaim watermark. A worker entry holds the
-// worker's incarnation and pid, and the counters only that worker writes.
+// worker's incarnation and pid, and the counters only that worker writes,
+// among them its responses and their 5xx ([Region.CountRequest]), which
+// the supervisor samples to judge a reload's canary.
 // The region holds no Go pointers, only offsets; every word that two
 // processes share is read and written with sync/atomic on an 8-byte-aligned
 // address inside one cache line.

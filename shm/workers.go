@@ -24,7 +24,9 @@ type workerEntry struct {
 	recovered   uint64 // BUSY slots, records and insert locks released from dead owners
 	respFull    uint64 // reservations refused: no response record in the probe window
 	respNoBlock uint64 // responses completed unreplayable: no blocks left to store them
-	_           [7]uint64
+	requests    uint64 // responses sent (requests.go)
+	errors5xx   uint64 // responses sent with a 5xx status (requests.go)
+	_           [5]uint64
 }
 
 // Owner ids pack a worker index and its incarnation; 0 is nobody.

@@ -15,8 +15,10 @@ import (
 	"testing"
 )
 
-// baseServer is the [server] and [table] part shared by the scenarios: a
-// small table, so that many daemons fit side by side.
+// baseServer is the [server], [table] and [reload] part shared by the
+// scenarios: a small table, so that many daemons fit side by side, and a
+// short canary window, so that a reload is judged in a fraction of a
+// second.
 func baseServer(workers int, extra string) string {
 	return fmt.Sprintf(`[server]
 workers = %d
@@ -26,7 +28,18 @@ shutdown_timeout = "10s"
 counters = 1024
 responses = 64
 response_bytes = "64KiB"
-`, workers, extra)
+
+[reload]
+%s
+`, workers, extra, shortCanary)
+}
+
+const shortCanary = `canary_window = "300ms"`
+
+// noCanary is a configuration from baseServer whose reloads have no
+// canary: every worker is replaced at once, one after the other.
+func noCanary(cfg string) string {
+	return strings.Replace(cfg, shortCanary, "canary = false", 1)
 }
 
 func rule(name, path, algorithm string, limit int, window string) string {

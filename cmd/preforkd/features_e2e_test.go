@@ -25,6 +25,9 @@ shutdown_timeout = "5s"
 [table]
 counters = 4096
 
+[reload]
+canary_window = "300ms"
+
 [[ratelimit]]
 name = "exempt-rule"
 path = "/exempt"

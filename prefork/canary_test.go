@@ -1,0 +1,442 @@
+package prefork
+
+import (
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/config"
+)
+
+// Canary reloads through the seam: the fake's counts stand for what the
+// workers served.
+
+const testWindow = 2 * time.Second
+
+// canaryConfig is a configuration of n workers with a canary of testWindow.
+func canaryConfig(n int, edit func(*config.Reload)) config.Config {
+	cfg := config.Config{
+		Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second, Upstream: "http://127.0.0.1:9"},
+		Reload: config.Reload{CanaryWindow: testWindow},
+	}
+	if edit != nil {
+		edit(&cfg.Reload)
+	}
+	return cfg.WithDefaults()
+}
+
+// canaryFixture is a supervisor of n ready workers (pids 100.., indexes
+// 0..n-1, generation 0) whose HUP loads next, with a log to read.
+func canaryFixture(t *testing.T, n int, next config.Config) (*fakeSys, *supervisor, *logSink) {
+	t.Helper()
+	f := newFake()
+	f.load = func() (config.Config, error) { return next, nil }
+	logs := newLogSink()
+	first := canaryConfig(n, nil)
+	first.Server.Upstream = "builtin:demo"
+	s := newSupervisor(f.env(), slog.New(logs), first, minMaxWorkers(n))
+	s.step()
+	for i := range n {
+		ready(s, 100+i)
+	}
+	if !s.announced {
+		t.Fatal("not ready")
+	}
+	return f, s, logs
+}
+
+// verdictLine returns the one log line that starts with "canary " and
+// says a verdict.
+func verdictLine(t *testing.T, logs *logSink) record {
+	t.Helper()
+	var out []record
+	for _, r := range logs.all("") {
+		if r.attrs["verdict"] != nil {
+			out = append(out, r)
+		}
+	}
+	if len(out) != 1 {
+		t.Fatalf("%d verdict lines, want 1; log:\n%s", len(out), logs.dump())
+	}
+	return out[0]
+}
+
+func TestCanaryHealthyRollsOn(t *testing.T) {
+	next := canaryConfig(3, nil)
+	f, s, logs := canaryFixture(t, 3, next)
+	sendSignal(s, syscall.SIGHUP)
+	if len(f.starts) != 4 || f.starts[3].Gen != 1 || f.starts[3].Config.Server.Upstream != next.Server.Upstream {
+		t.Fatalf("starts %+v, want one canary of generation 1", f.starts)
+	}
+	ready(s, 103) // the canary takes slot 0: 100 retires
+	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{100}) {
+		t.Fatalf("TERM to %v, want the canary's predecessor 100", got)
+	}
+	st := s.status()
+	if st.Canary == nil || st.Canary.Verdict != "" || st.Canary.PID != 103 || st.Canary.Slot != 0 || st.Ready {
+		t.Fatalf("during the window: %+v", st.Canary)
+	}
+	if next, _ := s.nextDeadline(); next != f.now.Add(testWindow) {
+		t.Errorf("next deadline in %v, want the end of the window", next.Sub(f.now))
+	}
+
+	// A fleet worker crashes during the window: its replacement runs the
+	// good configuration, not the one being judged.
+	exit(s, 101, false)
+	advance(f, s, backoffBase)
+	if sp := f.starts[4]; sp.Gen != 0 || sp.Config.Server.Upstream != "builtin:demo" {
+		t.Fatalf("respawn during the window: generation %d, upstream %q; want the good generation 0", sp.Gen, sp.Config.Server.Upstream)
+	}
+	ready(s, 104)
+
+	// What the fleet served before the window does not count; what the
+	// canary and the fleet (every other index, also the reaped 101's)
+	// served during it does.
+	f.serve(3, 120, 1)
+	f.serve(1, 40, 0)
+	f.serve(2, 200, 2)
+	f.serve(4, 60, 0)
+	advance(f, s, testWindow-backoffBase-time.Millisecond)
+	if len(f.starts) != 5 {
+		t.Fatalf("the roll went on before the verdict: %d starts", len(f.starts))
+	}
+	advance(f, s, time.Millisecond)
+	v := verdictLine(t, logs)
+	if want := "canary healthy: 5xx 0.8% (1/120) vs fleet 0.7% (2/300), allowed +2.0 points; reload continues"; v.msg != want {
+		t.Errorf("verdict %q, want %q", v.msg, want)
+	}
+	// The roll goes on with generation 1: slot 1 (the respawned 104, of
+	// generation 0), then slot 2.
+	if len(f.starts) != 6 || f.starts[5].Gen != 1 {
+		t.Fatalf("starts %+v, want a successor of generation 1", f.starts)
+	}
+	ready(s, 105)
+	ready(s, 106)
+	if f.notes[len(f.notes)-1] != notifyReady || s.reloading {
+		t.Fatalf("notes %q, reloading %v: want READY=1 at the end", f.notes, s.reloading)
+	}
+	st = s.status()
+	if st.Canary == nil || st.Canary.Verdict != VerdictHealthy || st.Canary.Aborted || st.Generation != 1 || len(st.Quarantined) != 0 {
+		t.Fatalf("after the roll: %+v %+v", st, st.Canary)
+	}
+	for _, w := range st.Workers {
+		if !w.Retiring && w.Generation != 1 {
+			t.Errorf("worker %d serves generation %d", w.PID, w.Generation)
+		}
+	}
+}
+
+func TestCanaryUnhealthyAborts(t *testing.T) {
+	next := canaryConfig(3, nil)
+	f, s, logs := canaryFixture(t, 3, next)
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 103)
+	f.serve(3, 112, 71)
+	f.serve(1, 150, 0)
+	f.serve(2, 155, 0)
+	advance(f, s, testWindow)
+	v := verdictLine(t, logs)
+	if want := "canary unhealthy: 5xx 63.4% (71/112) vs fleet 0.0% (0/305), allowed +2.0 points; reload aborted, slot 0 quarantined"; v.msg != want {
+		t.Errorf("verdict %q, want %q", v.msg, want)
+	}
+	if v.level != slog.LevelError || v.attrs["test"] != testZ {
+		t.Errorf("verdict logged at %v by test %v", v.level, v.attrs["test"])
+	}
+	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{100, 103}) {
+		t.Fatalf("TERM to %v, want the predecessor and then the canary", got)
+	}
+	if n := len(f.notes); f.notes[n-2][:11] != "RELOADING=1" || f.notes[n-1] != notifyReady {
+		t.Fatalf("notes %q, want RELOADING=1 then READY=1", f.notes)
+	}
+	st := s.status()
+	if st.Generation != 0 || !slices.Equal(st.Quarantined, []int{0}) || st.Canary.Verdict != VerdictUnhealthy || !st.Canary.Aborted ||
+		st.Canary.Canary.Requests != 112 || st.Canary.Fleet.Errors != 0 || !st.Ready {
+		t.Fatalf("after the abort: %+v %+v", st, st.Canary)
+	}
+	// The quarantined slot is not refilled, however long; the canary's
+	// exit is no crash.
+	exit(s, 100, true)
+	exit(s, 103, true)
+	advance(f, s, time.Minute)
+	if len(f.starts) != 4 {
+		t.Fatalf("%d starts after the abort, want none", len(f.starts)-4)
+	}
+	// A fleet worker that crashes now is replaced with the good configuration.
+	exit(s, 101, false)
+	advance(f, s, backoffBase)
+	if sp := f.starts[4]; sp.Gen != 0 || sp.Config.Server.Upstream != "builtin:demo" {
+		t.Fatalf("respawn after the abort: %+v", sp)
+	}
+	ready(s, 104)
+
+	// The next reload's canary takes the quarantined slot; once it
+	// passes, the slot is back and the others are replaced.
+	f.load = func() (config.Config, error) { return canaryConfig(3, nil), nil }
+	sendSignal(s, syscall.SIGHUP)
+	if sp := f.starts[5]; sp.Gen != 2 || f.pids[5] != 105 {
+		t.Fatalf("second canary %+v, want generation 2", sp)
+	}
+	if s.canary.slot != 0 {
+		t.Fatalf("second canary in slot %d, want the quarantined 0", s.canary.slot)
+	}
+	ready(s, 105)
+	if got := f.signalled(syscall.SIGTERM); len(got) != 2 {
+		t.Fatalf("TERM to %v: the canary of an empty slot retires nobody", got)
+	}
+	for _, w := range s.status().Workers {
+		f.serve(w.Index, 100, 0) // the canary and the two others
+	}
+	advance(f, s, testWindow)
+	if st := s.status(); len(st.Quarantined) != 0 || st.Canary.Verdict != VerdictHealthy || st.Canary.Generation != 2 {
+		t.Fatalf("after the second canary: %+v %+v", st, st.Canary)
+	}
+	ready(s, 106)
+	ready(s, 107)
+	if st := s.status(); !st.Ready || st.Generation != 2 || len(st.Workers) != 5 {
+		t.Fatalf("after the second reload: %+v", st)
+	}
+}
+
+// The fleet-wide-count bug: old workers with a 5% error baseline, and a
+// canary with the same, must not abort; the canary's own errors are not
+// in the baseline it is compared with.
+func TestCanaryComparesWithTheRestOfTheFleet(t *testing.T) {
+	f, s, logs := canaryFixture(t, 4, canaryConfig(4, nil))
+	f.serve(1, 10000, 9000) // before the window: not counted
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 104)
+	f.serve(4, 200, 10)
+	for i := 1; i <= 3; i++ {
+		f.serve(i, 200, 10)
+	}
+	f.retired.Requests += 100 // a worker reaped during the window
+	f.retired.Errors += 5
+	advance(f, s, testWindow)
+	v := verdictLine(t, logs)
+	if want := "canary healthy: 5xx 5.0% (10/200) vs fleet 5.0% (35/700), allowed +2.0 points; reload continues"; v.msg != want {
+		t.Errorf("verdict %q, want %q", v.msg, want)
+	}
+}
+
+func TestCanaryInconclusive(t *testing.T) {
+	for _, tc := range []struct {
+		policy config.Inconclusive
+		msg    string
+	}{
+		{config.InconclusiveContinue, "canary inconclusive: 0 requests, fewer than canary_min_requests 50; 5xx 0.0% (0/0) vs fleet 0.0% (0/0), allowed +2.0 points; reload continues"},
+		{config.InconclusiveAbort, "canary inconclusive: 0 requests, fewer than canary_min_requests 50; 5xx 0.0% (0/0) vs fleet 0.0% (0/0), allowed +2.0 points; reload aborted, slot 0 quarantined"},
+	} {
+		t.Run(tc.policy.String(), func(t *testing.T) {
+			next := canaryConfig(2, func(r *config.Reload) { r.CanaryInconclusive = tc.policy })
+			f, s, logs := canaryFixture(t, 2, next)
+			sendSignal(s, syscall.SIGHUP)
+			ready(s, 102)
+			advance(f, s, testWindow) // a quiet site: nothing served
+			v := verdictLine(t, logs)
+			if v.msg != tc.msg {
+				t.Errorf("verdict %q, want %q", v.msg, tc.msg)
+			}
+			aborted := tc.policy == config.InconclusiveAbort
+			if wantLevel := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelError}[aborted]; v.level != wantLevel {
+				t.Errorf("logged at %v, want %v", v.level, wantLevel)
+			}
+			st := s.status()
+			if st.Canary.Verdict != VerdictInconclusive || st.Canary.Aborted != aborted || (len(st.Quarantined) == 1) != aborted {
+				t.Fatalf("status %+v %+v", st, st.Canary)
+			}
+			if wantStarts := map[bool]int{false: 4, true: 3}[aborted]; len(f.starts) != wantStarts {
+				t.Fatalf("%d starts, want %d", len(f.starts), wantStarts)
+			}
+		})
+	}
+}
+
+// A canary that cannot start, exits, or never becomes ready aborts the
+// reload at once and is never respawned; its slot's worker never stopped
+// serving.
+func TestCanaryFailureAbortsAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail func(f *fakeSys, s *supervisor)
+		msg  string
+	}{
+		{"exits at start", func(f *fakeSys, s *supervisor) { exit(s, 103, false) },
+			"canary failed: exited before it was ready (signal: killed); reload aborted, slot 0 keeps generation 0"},
+		{"never ready", func(f *fakeSys, s *supervisor) {
+			advance(f, s, readyTimeout)
+			if k := f.signalled(syscall.SIGKILL); !slices.Equal(k, []int{103}) {
+				panic("not killed")
+			}
+			exit(s, 103, false)
+		}, "canary failed: exited before it was ready (signal: killed); reload aborted, slot 0 keeps generation 0"},
+		{"exits during its window", func(f *fakeSys, s *supervisor) {
+			ready(s, 103)
+			advance(f, s, time.Second)
+			exit(s, 103, false)
+		}, "canary failed: exited during its window (signal: killed); reload aborted, slot 0 quarantined"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, s, logs := canaryFixture(t, 3, canaryConfig(3, nil))
+			sendSignal(s, syscall.SIGHUP)
+			tc.fail(f, s)
+			if v := verdictLine(t, logs); v.msg != tc.msg {
+				t.Errorf("verdict %q, want %q", v.msg, tc.msg)
+			}
+			advance(f, s, time.Minute)
+			if len(f.starts) != 4 {
+				t.Fatalf("%d starts after the canary failed, want none: no respawn loop", len(f.starts)-4)
+			}
+			st := s.status()
+			if st.Canary.Verdict != VerdictFailed || !st.Canary.Aborted || st.Generation != 0 || !st.Ready {
+				t.Fatalf("status %+v %+v", st, st.Canary)
+			}
+			if f.notes[len(f.notes)-1] != notifyReady {
+				t.Errorf("notes %q, want READY=1 last", f.notes)
+			}
+		})
+	}
+	t.Run("cannot start", func(t *testing.T) {
+		f, s, logs := canaryFixture(t, 2, canaryConfig(2, nil))
+		f.startErr = errors.New("exec format error")
+		sendSignal(s, syscall.SIGHUP)
+		if v := verdictLine(t, logs); v.msg != "canary failed: could not be started: exec format error; reload aborted, slot 0 keeps generation 0" {
+			t.Errorf("verdict %q", v.msg)
+		}
+		f.startErr = nil
+		advance(f, s, time.Minute)
+		if len(f.starts) != 2 || len(f.signals) != 0 {
+			t.Fatalf("starts %d, signals %v after the failed start", len(f.starts), f.signals)
+		}
+	})
+}
+
+// One worker: the canary serves beside its predecessor, which is the
+// fleet it is compared with, and which stays if the reload is aborted.
+func TestCanaryOfTheOnlyWorker(t *testing.T) {
+	for _, bad := range []bool{false, true} {
+		t.Run(map[bool]string{false: "healthy", true: "unhealthy"}[bad], func(t *testing.T) {
+			f, s, logs := canaryFixture(t, 1, canaryConfig(1, nil))
+			sendSignal(s, syscall.SIGHUP)
+			ready(s, 101)
+			if len(f.signals) != 0 {
+				t.Fatalf("signals %v: the only worker retired before the verdict", f.signals)
+			}
+			f.serve(0, 100, 0)
+			f.serve(1, 100, map[bool]uint64{false: 0, true: 100}[bad])
+			advance(f, s, testWindow)
+			verdictLine(t, logs)
+			want := []int{100} // healthy: the predecessor retires
+			if bad {
+				want = []int{101} // the canary does
+			}
+			if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, want) {
+				t.Fatalf("TERM to %v, want %v", got, want)
+			}
+			if st := s.status(); len(st.Quarantined) != 0 || !st.Ready {
+				t.Fatalf("status %+v", st)
+			}
+		})
+	}
+}
+
+// An aborted canary's slot is filled again rather than quarantined when
+// no other slot has a ready worker: the fleet never goes below one.
+func TestCanaryAbortNeverEmptiesTheFleet(t *testing.T) {
+	f, s, logs := canaryFixture(t, 2, canaryConfig(2, nil))
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102) // slot 0's 100 retires; 101 serves slot 1
+	exit(s, 101, false)
+	advance(f, s, time.Millisecond)
+	exit(s, 102, false)
+	if v := verdictLine(t, logs); !strings.HasSuffix(v.msg, "reload aborted, slot 0 refilled with generation 0: the fleet never goes below one worker") {
+		t.Fatalf("verdict %q", v.msg)
+	}
+	advance(f, s, backoffBase)
+	var gens []int
+	for _, sp := range f.starts[3:] {
+		gens = append(gens, sp.Gen)
+	}
+	if !slices.Equal(gens, []int{0, 0}) {
+		t.Fatalf("generations started after the abort %v, want both slots refilled with 0", gens)
+	}
+}
+
+func TestCanaryTermDuringWindow(t *testing.T) {
+	f, s, logs := canaryFixture(t, 2, canaryConfig(2, nil))
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102)
+	advance(f, s, testWindow/2)
+	sendSignal(s, syscall.SIGTERM)
+	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{100, 101, 102}) {
+		t.Fatalf("TERM to %v", got)
+	}
+	if next, _ := s.nextDeadline(); next.Sub(f.now) <= testWindow/2 {
+		t.Errorf("next deadline in %v: the window must not wake a draining supervisor", next.Sub(f.now))
+	}
+	advance(f, s, testWindow)
+	for _, pid := range []int{100, 101, 102} {
+		exit(s, pid, true)
+	}
+	if !s.finished() || len(f.starts) != 3 || len(logs.all("")) == 0 {
+		t.Fatalf("finished %v after %d starts", s.finished(), len(f.starts))
+	}
+	for _, r := range logs.all("") {
+		if r.attrs["verdict"] != nil {
+			t.Errorf("a verdict while draining: %s", r.msg)
+		}
+	}
+}
+
+// A HUP during the window replaces the reload: the canary that serves
+// beside nobody stays as a worker to replace, the new one is judged.
+func TestCanarySupersededByANewReload(t *testing.T) {
+	f, s, _ := canaryFixture(t, 2, canaryConfig(2, nil))
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102)
+	sendSignal(s, syscall.SIGHUP)
+	if s.canary == nil || s.canary.gen != 2 || s.canary.slot != 0 || f.starts[3].Gen != 2 {
+		t.Fatalf("canary %+v, starts %+v", s.canary, f.starts)
+	}
+	ready(s, 103) // replaces 102 (generation 1) in slot 0
+	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{100, 102}) {
+		t.Fatalf("TERM to %v", got)
+	}
+	f.serve(3, 100, 0)
+	f.serve(1, 100, 0)
+	advance(f, s, testWindow)
+	ready(s, 104)
+	if st := s.status(); !st.Ready || st.Generation != 2 || st.Canary.Generation != 2 || st.Canary.Verdict != VerdictHealthy {
+		t.Fatalf("status %+v %+v", st, st.Canary)
+	}
+}
+
+func TestRecycleReplacesGracefully(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+	s.onRecycle(recycleEvent{pid: 101, reason: "max_requests", value: 1042, limit: 1042})
+	s.step()
+	if len(f.starts) != 3 || f.starts[2].Gen != 0 || s.slots[1].succ == nil {
+		t.Fatalf("starts %+v, want a successor for slot 1", f.starts)
+	}
+	s.onRecycle(recycleEvent{pid: 101, reason: "max_requests", value: 1043, limit: 1042}) // once is enough
+	s.step()
+	if len(f.signals) != 0 || len(f.starts) != 3 {
+		t.Fatalf("signals %v, starts %d before the successor was ready", f.signals, len(f.starts))
+	}
+	ready(s, 102)
+	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{101}) {
+		t.Fatalf("TERM to %v, want 101", got)
+	}
+	exit(s, 101, true)
+	if st := s.status(); st.Recycled != 1 || len(st.Workers) != 2 || !st.Ready {
+		t.Fatalf("status %+v", st)
+	}
+	if len(f.starts) != 3 {
+		t.Fatalf("%d starts, want 3", len(f.starts))
+	}
+}

@@ -1,0 +1,218 @@
+package prefork
+
+import (
+	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The status each response is counted with is the one the client got.
+func TestCounterCountsWhatWasSent(t *testing.T) {
+	var mu sync.Mutex
+	var counted []int
+	mux := http.NewServeMux()
+	mux.HandleFunc("/503", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) })
+	mux.HandleFunc("/write", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	mux.HandleFunc("/nothing", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("/early-hints", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusBadGateway)
+	})
+	mux.HandleFunc("/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
+	mux.HandleFunc("/abort-after-headers", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush() // the assertion a handler makes must hold
+		panic(http.ErrAbortHandler)
+	})
+	mux.HandleFunc("/controller", func(w http.ResponseWriter, _ *http.Request) {
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Now().Add(time.Second)); err != nil {
+			w.WriteHeader(599)
+			return
+		}
+		io.Copy(w, strings.NewReader("through ReadFrom"))
+	})
+	mux.HandleFunc("/hijack", func(w http.ResponseWriter, _ *http.Request) {
+		conn, rw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 204 No Content\r\n\r\n")
+		rw.Flush()
+	})
+	srv := httptest.NewUnstartedServer(&counter{next: mux, respond: func(status int) {
+		mu.Lock()
+		counted = append(counted, status)
+		mu.Unlock()
+	}})
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panics are on purpose
+	srv.Start()
+	defer srv.Close()
+
+	for _, tc := range []struct {
+		path   string
+		status int // what the client sees; 0 = a transport error
+		count  int
+	}{
+		{"/503", 503, 503},
+		{"/write", 200, 200},
+		{"/nothing", 200, 200},
+		{"/early-hints", 502, 502},
+		{"/panic", 0, 500},
+		{"/abort-after-headers", 200, 200},
+		{"/controller", 200, 200},
+		{"/hijack", 204, 101},
+	} {
+		resp, err := client.Get(srv.URL + tc.path) // a new connection each: a GET is never retried
+		got := 0
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			got = resp.StatusCode
+		}
+		if got != tc.status {
+			t.Errorf("%s: client got %d (%v), want %d", tc.path, got, err, tc.status)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			mu.Lock()
+			n := len(counted)
+			mu.Unlock()
+			if n > 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		mu.Lock()
+		if !slices.Equal(counted, []int{tc.count}) {
+			t.Errorf("%s: counted %v, want [%d]", tc.path, counted, tc.count)
+		}
+		counted = nil
+		mu.Unlock()
+	}
+}
+
+func TestCounterDoesNotAllocate(t *testing.T) {
+	c := &counter{next: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }), respond: func(int) {}}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	c.ServeHTTP(rec, req) // warm the pool
+	if n := testing.AllocsPerRun(100, func() { c.ServeHTTP(rec, req) }); n != 0 {
+		t.Errorf("%v allocations per request", n)
+	}
+}
+
+func TestLimitsTripOnce(t *testing.T) {
+	l, err := newLimits(config.Server{MaxRequests: 1000}, 0)
+	if err != nil || l.maxRequests != 900 {
+		t.Fatalf("jitter 0: limit %d (%v), want 900", l.maxRequests, err)
+	}
+	if l, _ := newLimits(config.Server{MaxRequests: 1000}, 0.99999); l.maxRequests != 1100 {
+		t.Errorf("jitter ~1: limit %d, want 1100", l.maxRequests)
+	}
+	if l, _ := newLimits(config.Server{MaxRequests: 1}, 0); l.maxRequests != 1 {
+		t.Errorf("limit 1 with jitter 0: %d, want at least 1", l.maxRequests)
+	}
+	if l, err := newLimits(config.Server{}, 0.5); l != nil || err != nil {
+		t.Errorf("no limit: %v %v", l, err)
+	}
+
+	region, err := shm.CreatePrivate(shm.Options{Counters: 64, MaxWorkers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	if err := region.Join(1); err != nil {
+		t.Fatal(err)
+	}
+	w := &Worker{Region: region, limits: l}
+	stopped := 0
+	trip := w.recycling(func() { stopped++ })
+	for range 899 {
+		w.Responded(200)
+	}
+	if len(trip) != 0 || stopped != 0 || w.pastLimit() {
+		t.Fatal("tripped before the limit")
+	}
+	w.Responded(503)
+	w.Responded(200)
+	if len(trip) != 1 || stopped != 1 || !w.pastLimit() {
+		t.Fatalf("%d messages, stopped %d times; want 1 and 1", len(trip), stopped)
+	}
+	if got := region.RequestCounts(1); got != (shm.RequestCounts{Requests: 901, Errors: 1}) {
+		t.Errorf("region counts %+v", got)
+	}
+	ev, err := decodeRecycle(7, <-l.trip)
+	if err != nil || ev != (recycleEvent{pid: 7, reason: "max_requests", value: 900, limit: 900}) {
+		t.Fatalf("message %+v (%v)", ev, err)
+	}
+
+	// RSS: the first response that leaves it past the limit trips.
+	rss := int64(100)
+	m := &limits{maxRSS: 1000, trip: make(chan []byte, 1), rss: func() (int64, error) { rss += 300; return rss, nil }}
+	for range 5 {
+		m.check(0)
+	}
+	if ev, err := decodeRecycle(7, <-m.trip); err != nil || ev.reason != "max_rss" || ev.value != 1300 || ev.limit != 1000 {
+		t.Fatalf("rss message %+v (%v)", ev, err)
+	}
+	m.rss = func() (int64, error) { return 0, errors.New("gone") }
+	m.tripped.Store(false)
+	m.check(0)
+	if len(m.trip) != 0 {
+		t.Error("tripped on an error reading the RSS")
+	}
+}
+
+func TestRSSReader(t *testing.T) {
+	r, err := openRSS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.f.Close()
+	before, err := r.read()
+	if err != nil || before < 1<<20 {
+		t.Fatalf("RSS %d (%v)", before, err)
+	}
+	for _, tc := range []struct {
+		in   string
+		want int64
+	}{
+		{"2000 300 40 5 0 100 0\n", 300 * 4096},
+		{"2000 0 40", 0},
+		{"2000", -1},
+		{"2000 x 40", -1},
+		{"2000  40", -1},
+		{"1 99999999999999999999 0", -1},
+	} {
+		got, err := parseStatmRSS([]byte(tc.in), 4096)
+		if tc.want < 0 && err == nil || tc.want >= 0 && (err != nil || got != tc.want) {
+			t.Errorf("%q: %d (%v), want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestRecycleMessage(t *testing.T) {
+	b := encodeRecycle(recycleRSS, 5<<20, 4<<20)
+	if ev, err := decodeRecycle(1, b); err != nil || ev != (recycleEvent{pid: 1, reason: "max_rss", value: 5 << 20, limit: 4 << 20}) {
+		t.Fatalf("%+v %v", ev, err)
+	}
+	b[1] = 9
+	if _, err := decodeRecycle(1, b); err == nil {
+		t.Error("an unknown reason was accepted")
+	}
+	if _, err := decodeRecycle(1, []byte{1, 2, 3}); err == nil {
+		t.Error("a short message was accepted")
+	}
+}

@@ -1,0 +1,200 @@
+package prefork
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sync/atomic"
+
+	"github.com/preforkd/preforkd/config"
+)
+
+// Worker recycling (SPEC §14): a worker past server.max_requests (drawn
+// within ±10% for each worker, so that workers started together do not
+// leave together) or server.max_rss is replaced, its successor ready
+// before it leaves.
+//
+// The worker judges itself, after each response: the supervisor could
+// only poll, and a handler that leaks under load would run far past the
+// limit between two polls. Past a limit, the worker stops accepting
+// connections (the other workers, or its successor, take them from the
+// shared listener; nothing is refused), answers with Connection: close
+// from then on, and tells the supervisor through its readiness pipe. The
+// supervisor starts a successor for its slot and retires the worker once
+// the successor is ready; the worker then drains as usual. What it serves
+// past the limit is what was in flight: at most one more request on each
+// connection it had open.
+
+// Reasons a worker asks to be recycled, as the message carries them.
+const (
+	recycleRequests byte = 1 // max_requests
+	recycleRSS      byte = 2 // max_rss
+)
+
+// recycleMsg is the message a worker writes on its readiness pipe, after
+// the readiness byte: its first byte, the reason, the value that tripped
+// the limit and the limit (little-endian int64s). Less than PIPE_BUF, so
+// one write is atomic.
+const (
+	recycleMsg    byte = 2
+	recycleMsgLen      = 1 + 1 + 8 + 8
+)
+
+// recycleEvent is a worker's request to be recycled, for the loop.
+type recycleEvent struct {
+	pid          int
+	reason       string // "max_requests" or "max_rss"
+	value, limit int64
+}
+
+func encodeRecycle(reason byte, value, limit int64) []byte {
+	b := make([]byte, recycleMsgLen)
+	b[0], b[1] = recycleMsg, reason
+	binary.LittleEndian.PutUint64(b[2:], uint64(value))
+	binary.LittleEndian.PutUint64(b[10:], uint64(limit))
+	return b
+}
+
+// decodeRecycle reads a message of recycleMsgLen bytes.
+func decodeRecycle(pid int, b []byte) (recycleEvent, error) {
+	if len(b) != recycleMsgLen || b[0] != recycleMsg {
+		return recycleEvent{}, fmt.Errorf("prefork: worker %d sent %q on its readiness pipe", pid, b)
+	}
+	ev := recycleEvent{pid: pid, value: int64(binary.LittleEndian.Uint64(b[2:])), limit: int64(binary.LittleEndian.Uint64(b[10:]))}
+	switch b[1] {
+	case recycleRequests:
+		ev.reason = "max_requests"
+	case recycleRSS:
+		ev.reason = "max_rss"
+	default:
+		return recycleEvent{}, fmt.Errorf("prefork: worker %d asked to be recycled for reason %d", pid, b[1])
+	}
+	return ev, nil
+}
+
+// limits is a worker's view of its recycling limits. check trips at most
+// once: it calls stop, then hands the message to the worker's loop on
+// trip. stop runs before the response that tripped is flushed to its
+// client (the handler has not returned yet), so that a client that waits
+// for that response before it connects again is never accepted by this
+// worker.
+type limits struct {
+	maxRequests int64 // this worker's draw; 0 = none
+	maxRSS      int64 // bytes; 0 = none
+	rss         func() (int64, error)
+	stop        func() // stop accepting; nil = nothing to do
+	tripped     atomic.Bool
+	trip        chan []byte // capacity 1
+}
+
+// newLimits returns the limits of cfg for this worker; nil when there are
+// none. jitter is uniform in [0, 1).
+func newLimits(cfg config.Server, jitter float64) (*limits, error) {
+	if cfg.MaxRequests <= 0 && cfg.MaxRSS <= 0 {
+		return nil, nil
+	}
+	l := &limits{trip: make(chan []byte, 1), maxRSS: int64(cfg.MaxRSS)}
+	if cfg.MaxRequests > 0 {
+		l.maxRequests = max(1, int64(math.Round(float64(cfg.MaxRequests)*(0.9+0.2*jitter))))
+	}
+	if l.maxRSS > 0 {
+		r, err := openRSS()
+		if err != nil {
+			return nil, err
+		}
+		l.rss = r.read
+	}
+	return l, nil
+}
+
+func randomJitter() float64 { return rand.Float64() }
+
+// check is called after each response, with the responses served so far.
+func (l *limits) check(served int64) {
+	if l.tripped.Load() {
+		return
+	}
+	if l.maxRequests > 0 && served >= l.maxRequests {
+		l.fire(recycleRequests, served, l.maxRequests)
+		return
+	}
+	if l.maxRSS > 0 {
+		if rss, err := l.rss(); err == nil && rss > l.maxRSS {
+			l.fire(recycleRSS, rss, l.maxRSS)
+		}
+	}
+}
+
+func (l *limits) fire(reason byte, value, limit int64) {
+	if l.tripped.CompareAndSwap(false, true) {
+		if l.stop != nil {
+			l.stop()
+		}
+		l.trip <- encodeRecycle(reason, value, limit)
+	}
+}
+
+// rssReader reads this process's resident set size from /proc/self/statm,
+// kept open: one pread per reading, no allocation.
+type rssReader struct {
+	f    *os.File
+	page int64
+}
+
+func openRSS() (*rssReader, error) {
+	f, err := os.Open("/proc/self/statm")
+	if err != nil {
+		return nil, fmt.Errorf("prefork: max_rss: %w", err)
+	}
+	return &rssReader{f: f, page: int64(os.Getpagesize())}, nil
+}
+
+// read returns the resident set size in bytes: the second field of statm,
+// in pages.
+func (r *rssReader) read() (int64, error) {
+	var buf [128]byte
+	n, err := r.f.ReadAt(buf[:], 0)
+	if n == 0 {
+		return 0, fmt.Errorf("prefork: reading /proc/self/statm: %w", err)
+	}
+	return parseStatmRSS(buf[:n], r.page)
+}
+
+func parseStatmRSS(b []byte, page int64) (int64, error) {
+	_, rest, ok := bytes.Cut(b, []byte{' '})
+	field, _, _ := bytes.Cut(rest, []byte{' '})
+	var pages int64
+	for _, c := range field {
+		if c < '0' || c > '9' || pages > math.MaxInt64/100/page {
+			ok = false
+			break
+		}
+		pages = pages*10 + int64(c-'0')
+	}
+	if !ok || len(field) == 0 {
+		return 0, errors.New("prefork: /proc/self/statm: no resident size")
+	}
+	return pages * page, nil
+}
+
+// onRecycle handles a worker's request to be replaced: step starts its
+// successor.
+func (s *supervisor) onRecycle(ev recycleEvent) {
+	p := s.procs[ev.pid]
+	if p == nil || p.retiring || p.recycle != "" {
+		return
+	}
+	p.recycle = ev.reason
+	s.recycled++
+	attrs := []any{"pid", p.pid, "index", p.index, "slot", p.slot, "generation", p.gen, "reason", ev.reason}
+	if ev.reason == "max_rss" {
+		attrs = append(attrs, "rss_bytes", ev.value, "limit_bytes", ev.limit)
+	} else {
+		attrs = append(attrs, "requests", ev.value, "limit", ev.limit)
+	}
+	s.log.Info("worker recycling", attrs...)
+}
