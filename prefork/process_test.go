@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -125,48 +124,12 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 
 	// Load on an unlimited path while the worker dies: two clients, one
 	// new connection a request.
-	type outcome struct {
-		pid        int // the worker that answered; 0 if none did
-		err        error
-		start, end time.Time
-	}
 	const clients = 2
-	var (
-		mu       sync.Mutex
-		outcomes []outcome
-		lastPID  atomic.Int64
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
-	)
-	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer stopLoad()
-	for range clients {
-		wg.Go(func() {
-			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				o := outcome{start: time.Now()}
-				code, body, err := h.get("/pid", "")
-				o.end = time.Now()
-				if err == nil && code != 200 {
-					err = fmt.Errorf("status %d", code)
-				}
-				if o.err = err; err == nil {
-					o.pid, _ = strconv.Atoi(body)
-					lastPID.Store(int64(o.pid))
-				}
-				mu.Lock()
-				outcomes = append(outcomes, o)
-				mu.Unlock()
-			}
-		})
-	}
+	load := startLoops(t, h.url, loop{"/pid", client}, loop{"/pid", client})
+	defer load.end()
 
 	time.Sleep(200 * time.Millisecond)
-	victim := int(lastPID.Load()) // a worker that is serving this load
+	victim, _ := strconv.Atoi(load.last().body) // a worker that is serving this load
 	victimIndex := -1
 	for _, r := range h.logs.all("worker started") {
 		if r.int("pid") == victim {
@@ -193,11 +156,9 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 	if inc := h.region.Workers()[victimIndex].Incarnation; inc < 2 {
 		t.Errorf("victim's index %d has incarnation %d: not reaped in the region", victimIndex, inc)
 	}
-	mu.Lock()
-	served := len(outcomes)
-	mu.Unlock()
+	served := load.len()
 	time.Sleep(300 * time.Millisecond)
-	stopLoad()
+	outcomes := load.end()
 	if len(outcomes) == served {
 		t.Fatal("no request served after the replacement")
 	}
@@ -329,46 +290,11 @@ by = "header:X-Client|ip"
 	// worker that drains could drop one it has accepted), a kept-alive
 	// one, and requests held in flight while their worker is told to go.
 	// No request may fail.
-	type outcome struct {
-		err        error
-		start, end time.Time
-	}
-	var (
-		mu       sync.Mutex
-		outcomes []outcome
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
-	)
 	keepAlive := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{}}
 	defer keepAlive.CloseIdleConnections()
-	loops := []struct {
-		path string
-		c    *http.Client
-	}{{"/pid", client}, {"/pid", client}, {"/pid", client}, {"/pid", keepAlive}, {"/slow?d=20ms", client}, {"/slow?d=20ms", client}}
-	for _, l := range loops {
-		wg.Go(func() {
-			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				o := outcome{start: time.Now()}
-				resp, err := l.c.Get(h.url + l.path)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if err == nil && resp.StatusCode != 200 {
-						err = fmt.Errorf("status %d", resp.StatusCode)
-					}
-				}
-				o.end, o.err = time.Now(), err
-				mu.Lock()
-				outcomes = append(outcomes, o)
-				mu.Unlock()
-			}
-		})
-	}
+	load := startLoops(t, h.url, loop{"/pid", client}, loop{"/pid", client}, loop{"/pid", client},
+		loop{"/pid", keepAlive}, loop{"/slow?d=20ms", client}, loop{"/slow?d=20ms", client})
+	defer load.end()
 	writeConfig("4")
 	from := h.logs.Len()
 	hupAt := time.Now()
@@ -377,8 +303,7 @@ by = "header:X-Client|ip"
 	finishedAt := time.Now()
 	// Let the old workers finish their drain under the loops too.
 	exits := h.logs.wait(t, "worker exited", 2, 10*time.Second)
-	close(stop)
-	wg.Wait()
+	outcomes := load.end()
 	failed, during := 0, 0
 	var firstErr error
 	for _, o := range outcomes {
@@ -822,4 +747,91 @@ func TestOpenFileLimitRaised(t *testing.T) {
 	if err := h.stop(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// loop is a client loop of startLoops: GETs of path with c, one after
+// another.
+type loop struct {
+	path string
+	c    *http.Client
+}
+
+// outcome is one request of a loop: anything but a 200 is an error.
+type outcome struct {
+	body       string
+	err        error
+	start, end time.Time
+}
+
+// loops are client loops running until end.
+type loops struct {
+	mu       sync.Mutex
+	outcomes []outcome
+	stop     chan struct{}
+	stopped  sync.Once
+	wg       sync.WaitGroup
+}
+
+// startLoops runs one goroutine a loop against url until end is called,
+// at the end of the test at the latest (or after 30s).
+func startLoops(t *testing.T, url string, ls ...loop) *loops {
+	l := &loops{stop: make(chan struct{})}
+	for _, lp := range ls {
+		l.wg.Go(func() {
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				o := outcome{start: time.Now()}
+				resp, err := lp.c.Get(url + lp.path)
+				if err == nil {
+					var b []byte
+					b, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+					o.body = string(b)
+					if err == nil && resp.StatusCode != 200 {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				o.end, o.err = time.Now(), err
+				l.mu.Lock()
+				l.outcomes = append(l.outcomes, o)
+				l.mu.Unlock()
+			}
+		})
+	}
+	t.Cleanup(func() { l.end() })
+	return l
+}
+
+// end stops the loops, waits for them, and returns every outcome.
+func (l *loops) end() []outcome {
+	l.stopped.Do(func() {
+		close(l.stop)
+		l.wg.Wait()
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.outcomes
+}
+
+// len is the number of requests done so far.
+func (l *loops) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.outcomes)
+}
+
+// last is the latest request done, with a 200 (zero if none).
+func (l *loops) last() outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.outcomes) - 1; i >= 0; i-- {
+		if l.outcomes[i].err == nil {
+			return l.outcomes[i]
+		}
+	}
+	return outcome{}
 }
