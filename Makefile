@@ -18,7 +18,7 @@ run: build
 
 # The race detector runs where goroutines share memory inside the test
 # process; the daemon's end-to-end tests drive a separately built binary.
-RACE_PKGS := ./shm/... ./bucket/... ./httplimit/... ./idempotency/... ./prefork/... \
+RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./httplimit/... ./idempotency/... ./prefork/... \
 	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/...
 
 # The whole proof: vet, unit and multi-process tests, the race detector on

@@ -1,72 +1,48 @@
 package bench
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// The child role: the test binary re-executed with childEnv set runs
-// runChild instead of the tests. Its inherited files are the region, the
-// read end of the start pipe and the write end of the ready pipe.
-const (
-	childEnv          = "PREFORKD_BENCH_CHILD" // worker index
-	childDecisionsEnv = "PREFORKD_BENCH_DECISIONS"
-	childOffsetEnv    = "PREFORKD_BENCH_OFFSET" // first key index
-
-	childRegionFD = 3
-	childStartFD  = 4
-	childReadyFD  = 5
-)
-
+// The child role "decide" (internal/proctest): the region is fd 3; the
+// spec says which worker index to join, how many decisions to make and
+// where in the keys to start.
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
-		if err := runChild(); err != nil {
-			fmt.Fprintln(os.Stderr, "bench child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	proctest.Main(map[string]proctest.Role{"decide": decideChild})
 	os.Exit(m.Run())
 }
 
-// childReport is what a child prints on stdout when it is done.
-type childReport struct {
-	decisions, allowed, mallocs uint64
+type childSpec struct {
+	Worker, Decisions, Offset int
 }
 
-const childReportFormat = "decisions=%d allowed=%d mallocs=%d\n"
+// childReport is what a child reports when it is done.
+type childReport struct {
+	Decisions, Allowed, Mallocs uint64
+}
 
-// runChild attaches the inherited region, joins its worker index, reports
-// ready, waits for the start pipe to close, makes its decisions and reports.
-func runChild() error {
-	w, err := strconv.Atoi(os.Getenv(childEnv))
-	if err != nil {
-		return fmt.Errorf("%s: %w", childEnv, err)
+// decideChild attaches the inherited region, joins its worker index,
+// reports ready, waits for the release, makes its decisions and reports.
+func decideChild(c *proctest.Child) error {
+	var spec childSpec
+	if err := c.Spec(&spec); err != nil {
+		return err
 	}
-	n, err := strconv.Atoi(os.Getenv(childDecisionsEnv))
-	if err != nil {
-		return fmt.Errorf("%s: %w", childDecisionsEnv, err)
-	}
-	off, err := strconv.Atoi(os.Getenv(childOffsetEnv))
-	if err != nil {
-		return fmt.Errorf("%s: %w", childOffsetEnv, err)
-	}
-	r, err := shm.Attach(os.NewFile(childRegionFD, "region"))
+	r, err := shm.Attach(c.File(0))
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	if err := r.Join(w); err != nil {
+	if err := r.Join(spec.Worker); err != nil {
 		return err
 	}
 	lim, err := bucket.NewLimiter(benchRule, r.Counters())
@@ -74,123 +50,75 @@ func runChild() error {
 		return err
 	}
 	keys := visitOrder(makeKeys(numKeys)) // the parent warmed them in makeKeys order
-	start, ready := os.NewFile(childStartFD, "start"), os.NewFile(childReadyFD, "ready")
-	if _, err := ready.Write([]byte{1}); err != nil {
-		return fmt.Errorf("reporting ready: %w", err)
-	}
-	ready.Close()
-	if _, err := io.Copy(io.Discard, start); err != nil { // until the parent closes it
-		return fmt.Errorf("waiting for the start: %w", err)
+	if err := c.Ready(); err != nil {
+		return err
 	}
 
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	before := ms.Mallocs
 	var allowed uint64
-	for i := range n {
-		if lim.Allow(keys[(off+i)%len(keys)], r.Now()).Allowed {
+	for i := range spec.Decisions {
+		if lim.Allow(keys[(spec.Offset+i)%len(keys)], r.Now()).Allowed {
 			allowed++
 		}
 	}
 	runtime.ReadMemStats(&ms)
-	_, err = fmt.Printf(childReportFormat, n, allowed, ms.Mallocs-before)
-	return err
+	return c.Report(childReport{Decisions: uint64(spec.Decisions), Allowed: allowed, Mallocs: ms.Mallocs - before})
 }
 
 // fleet is a set of started children waiting for the start signal.
 type fleet struct {
-	cmds   []*exec.Cmd
-	stdout []bytes.Buffer
-	stderr []bytes.Buffer
-	start  *os.File // write end; closing it starts every child
+	tb      testing.TB
+	procs   []*proctest.Proc
+	barrier *proctest.Barrier
 }
 
 // launch starts procs children on r, splitting decisions between them, and
 // returns once every one of them is ready (attached, joined, keys built).
 // Each child's GOMAXPROCS is its share of the machine, as the supervisor
 // sizes workers.
-func launch(r *shm.Region, procs, decisions int) (_ *fleet, err error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	startR, startW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer startR.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		startW.Close()
-		return nil, err
-	}
-	defer readyR.Close()
-	defer readyW.Close() // ours: EOF on readyR once every child has exited
-
-	f := &fleet{start: startW, stdout: make([]bytes.Buffer, procs), stderr: make([]bytes.Buffer, procs)}
-	defer func() {
-		if err != nil {
-			f.kill()
-		}
-	}()
+func launch(tb testing.TB, r *shm.Region, procs, decisions int) *fleet {
+	tb.Helper()
+	f := &fleet{tb: tb, barrier: proctest.NewBarrier(tb)}
 	gomaxprocs := max(1, runtime.NumCPU()/procs)
 	for w := range procs {
 		n := decisions / procs
 		if w < decisions%procs {
 			n++
 		}
-		cmd := exec.Command(exe, "-test.run=^$", "-test.bench=^$")
-		cmd.Env = append(os.Environ(),
-			childEnv+"="+strconv.Itoa(w),
-			childDecisionsEnv+"="+strconv.Itoa(n),
-			childOffsetEnv+"="+strconv.Itoa(w*numKeys/procs),
-			"GOMAXPROCS="+strconv.Itoa(gomaxprocs),
-		)
-		cmd.ExtraFiles = []*os.File{r.File(), startR, readyW}
-		cmd.Stdout, cmd.Stderr = &f.stdout[w], &f.stderr[w]
-		if err := cmd.Start(); err != nil {
-			return nil, fmt.Errorf("starting child %d: %w", w, err)
-		}
-		f.cmds = append(f.cmds, cmd)
+		f.procs = append(f.procs, proctest.Start(tb, proctest.Options{
+			Role:    "decide",
+			Spec:    childSpec{Worker: w, Decisions: n, Offset: w * numKeys / procs},
+			Files:   []*os.File{r.File()},
+			Barrier: f.barrier,
+			Env:     []string{"GOMAXPROCS=" + strconv.Itoa(gomaxprocs)},
+		}))
 	}
-	readyW.Close()
-	if _, err := io.ReadFull(readyR, make([]byte, procs)); err != nil {
-		return nil, fmt.Errorf("waiting for %d children to be ready: %w", procs, err)
+	for _, p := range f.procs {
+		p.WaitReady(time.Minute)
 	}
-	return f, nil
+	return f
 }
 
 // release starts every child at once.
-func (f *fleet) release() { f.start.Close() }
+func (f *fleet) release() { f.barrier.Release(0) }
 
 // wait waits for every child and sums their reports.
-func (f *fleet) wait() (childReport, error) {
+func (f *fleet) wait() childReport {
+	f.tb.Helper()
 	var sum childReport
-	var errs []error
-	for w, cmd := range f.cmds {
-		if err := cmd.Wait(); err != nil {
-			errs = append(errs, fmt.Errorf("child %d: %w: %s", w, err, bytes.TrimSpace(f.stderr[w].Bytes())))
-			continue
-		}
+	for w, p := range f.procs {
 		var rep childReport
-		if _, err := fmt.Sscanf(f.stdout[w].String(), childReportFormat, &rep.decisions, &rep.allowed, &rep.mallocs); err != nil {
-			errs = append(errs, fmt.Errorf("child %d: report %q: %w", w, f.stdout[w].String(), err))
-			continue
+		p.Decode(&rep, 10*time.Minute) // a benchmark's b.N decisions
+		if err := p.Wait(10 * time.Second); err != nil {
+			f.tb.Fatalf("child %d: %v", w, err)
 		}
-		sum.decisions += rep.decisions
-		sum.allowed += rep.allowed
-		sum.mallocs += rep.mallocs
+		sum.Decisions += rep.Decisions
+		sum.Allowed += rep.Allowed
+		sum.Mallocs += rep.Mallocs
 	}
-	return sum, errors.Join(errs...)
-}
-
-// kill stops the children of a launch that failed.
-func (f *fleet) kill() {
-	f.start.Close()
-	for _, cmd := range f.cmds {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}
+	return sum
 }
 
 // warmRegion makes a region and installs every key in it from this process,
@@ -224,24 +152,18 @@ func BenchmarkMultiProcess(b *testing.B) {
 	for _, procs := range []int{1, 2} {
 		b.Run(fmt.Sprintf("procs=%d", procs), func(b *testing.B) {
 			r := warmRegion(b)
-			f, err := launch(r, procs, b.N)
-			if err != nil {
-				b.Fatal(err)
-			}
+			f := launch(b, r, procs, b.N)
 			b.ReportAllocs()
 			b.ResetTimer()
 			f.release()
-			rep, err := f.wait()
+			rep := f.wait()
 			b.StopTimer()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if rep.decisions != uint64(b.N) {
-				b.Fatalf("children made %d decisions, want %d", rep.decisions, b.N)
+			if rep.Decisions != uint64(b.N) {
+				b.Fatalf("children made %d decisions, want %d", rep.Decisions, b.N)
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-			b.ReportMetric(float64(rep.mallocs)/float64(b.N), "child-allocs/op")
-			b.ReportMetric(float64(rep.allowed)/float64(b.N), "allowed/op")
+			b.ReportMetric(float64(rep.Mallocs)/float64(b.N), "child-allocs/op")
+			b.ReportMetric(float64(rep.Allowed)/float64(b.N), "allowed/op")
 		})
 	}
 }
@@ -251,22 +173,16 @@ func BenchmarkMultiProcess(b *testing.B) {
 // rule never refuses at this rate), without allocating per decision.
 func TestMultiProcess(t *testing.T) {
 	r := warmRegion(t)
-	f, err := launch(r, 2, 2*numKeys+1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := launch(t, r, 2, 2*numKeys+1)
 	f.release()
-	rep, err := f.wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := uint64(2*numKeys + 1); rep.decisions != want || rep.allowed != want {
-		t.Errorf("children made %d decisions, %d allowed; want %d, all allowed", rep.decisions, rep.allowed, want)
+	rep := f.wait()
+	if want := uint64(2*numKeys + 1); rep.Decisions != want || rep.Allowed != want {
+		t.Errorf("children made %d decisions, %d allowed; want %d, all allowed", rep.Decisions, rep.Allowed, want)
 	}
 	// A handful of one-time runtime allocations may happen (a goroutine's
 	// first time.Sleep allocates its timer, and shm sleeps when it waits
 	// for an insert lock); one per decision may not.
-	if rep.mallocs > 4 {
-		t.Errorf("children allocated %d times in %d decisions, want none per decision", rep.mallocs, rep.decisions)
+	if rep.Mallocs > 4 {
+		t.Errorf("children allocated %d times in %d decisions, want none per decision", rep.Mallocs, rep.Decisions)
 	}
 }

@@ -1,19 +1,18 @@
 package persist
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -202,20 +201,12 @@ func TestReattachKillsOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), orphanEnv+"="+o.Live)
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-		t.Fatalf("orphan: %q", line)
-	}
+	orphan := proctest.Start(t, proctest.Options{Role: "orphan", Spec: o.Live})
+	orphan.WaitReady(10 * time.Second)
 	r.Close()
 	lock.Unlock() // the supervisor dies; its worker does not
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }() // as init reaps the orphans of a dead supervisor
+	// proctest reaps the orphan once it exits, as init reaps the orphans
+	// of a dead supervisor.
 
 	log, lines := logBuf()
 	r2, lock2, reattached, err := OpenRegion(o, geo, log)
@@ -225,14 +216,14 @@ func TestReattachKillsOrphans(t *testing.T) {
 	defer lock2.Unlock()
 	defer r2.Close()
 	select {
-	case err := <-done:
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
-			t.Fatalf("orphan ended with %v", err)
+	case <-orphan.Done():
+		if ws, ok := orphan.State().Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("orphan ended with %v", orphan.State())
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the orphan still runs after the re-attach")
 	}
-	if !strings.Contains(lines.String(), fmt.Sprintf("pids=[%d]", cmd.Process.Pid)) {
+	if !strings.Contains(lines.String(), fmt.Sprintf("pids=[%d]", orphan.Pid())) {
 		t.Errorf("no log line for the killed orphan:\n%s", lines)
 	}
 }

@@ -1,37 +1,38 @@
 package persist
 
 import (
-	"fmt"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// orphanEnv selects the role of a re-executed test binary: a worker of a
-// supervisor that died, still mapping the live region at its path.
-const orphanEnv = "PERSIST_TEST_ORPHAN"
-
 func TestMain(m *testing.M) {
-	if path := os.Getenv(orphanEnv); path != "" {
-		os.Exit(orphan(path))
-	}
+	proctest.Main(map[string]proctest.Role{"orphan": orphan})
 	code := m.Run()
 	cleanupBench()
 	os.Exit(code)
 }
 
-func orphan(path string) int {
+// orphan is a worker of a supervisor that died, still mapping the live
+// region at the path its spec names, until it is killed.
+func orphan(c *proctest.Child) error {
+	var path string
+	if err := c.Spec(&path); err != nil {
+		return err
+	}
 	r, err := shm.OpenFile(path)
-	if err == nil {
-		err = r.Join(2)
-	}
 	if err != nil {
-		fmt.Println(err)
-		return 1
+		return err
 	}
-	fmt.Println("ready")
+	if err := r.Join(2); err != nil {
+		return err
+	}
+	if err := c.Ready(); err != nil {
+		return err
+	}
 	time.Sleep(time.Minute) // until killed
-	return 0
+	return nil
 }

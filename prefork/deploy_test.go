@@ -113,7 +113,7 @@ func TestCanaryJudgesANewBinary(t *testing.T) {
 	stop := loadLoop(t, url, "/build", 2) // from here on, no request may fail
 
 	// HUP: the canary runs v2, passes, and the roll puts v2 everywhere.
-	if err := sp.cmd.Process.Signal(unix.SIGHUP); err != nil {
+	if err := sp.Signal(unix.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	sp.logs.wait(t, "reload finished", 1, 20*time.Second)
@@ -130,7 +130,7 @@ func TestCanaryJudgesANewBinary(t *testing.T) {
 	// A build that exits at start.
 	deployBuild(t, app, "crash")
 	hup := time.Now()
-	if err := sp.cmd.Process.Signal(unix.SIGHUP); err != nil {
+	if err := sp.Signal(unix.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(15 * time.Second)

@@ -1,15 +1,11 @@
 package prefork
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,37 +37,8 @@ func testFastHandler(w *Worker) (fasthttp.RequestHandler, error) {
 // the worker's core in front, and TERM drains it.
 func TestFastHandler(t *testing.T) {
 	cfg := testConfig(2, config.RateLimit{Name: "login", Path: "/login", Limit: 2, Window: time.Minute, By: "ip"})
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
-	cmd.Env = append(os.Environ(), envTestRole+"=supervisor", envTestConfig+"="+string(b), envTestEngine+"=fast")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	logs := newLogSink()
-	var readers sync.WaitGroup
-	readers.Go(func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) != nil {
-				continue
-			}
-			msg, _ := m["msg"].(string)
-			logs.add(record{msg: msg, attrs: m})
-		}
-	})
-	defer readers.Wait()
-	logs.wait(t, "ready", 1, 15*time.Second)
-	listen, _ := logs.all("supervisor started")[0].attrs["listen"].(string)
-	url := "http://" + listen
+	sup := startSupervisorProcess(t, "", cfg, envTestEngine+"=fast")
+	url := "http://" + sup.addr
 
 	get := func(path string) (int, http.Header, string) {
 		t.Helper()
@@ -111,23 +78,20 @@ func TestFastHandler(t *testing.T) {
 		slow <- fmt.Sprintf("%d %s", resp.StatusCode, b)
 	}()
 	time.Sleep(200 * time.Millisecond) // the request is in the handler
-	if err := cmd.Process.Signal(unix.SIGTERM); err != nil {
+	if err := sup.Signal(unix.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	if got := <-slow; got != "200 done" {
 		t.Errorf("the request in flight at TERM: %s", got)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("supervisor: %v; log:\n%s", err, logs.dump())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the supervisor did not exit within 10s of TERM")
+	if err := sup.Wait(10 * time.Second); err != nil {
+		t.Errorf("supervisor after TERM: %v", err)
 	}
-	for _, e := range logs.all("worker exited") {
+	// Every line, the workers' too, is read once nobody holds stderr.
+	if !sup.logs.WaitEnd(10 * time.Second) {
+		t.Fatal("the supervisor's stderr is still open 10s after it exited")
+	}
+	for _, e := range sup.logs.all("worker exited") {
 		if e.attrs["status"] != "exit status 0" {
 			t.Errorf("worker %v: %v, want exit status 0", e.attrs["pid"], e.attrs["status"])
 		}

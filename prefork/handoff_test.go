@@ -4,7 +4,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"reflect"
 	"slices"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/proctest"
 )
 
 func TestConfigHandoffRoundTrip(t *testing.T) {
@@ -80,9 +80,7 @@ func TestListenerStaysNonBlockingAcrossStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
-	cmd.ExtraFiles = []*os.File{f}
-	if err := cmd.Run(); err != nil {
+	if err := proctest.Start(t, proctest.Options{Role: "exit", Files: []*os.File{f}}).Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)

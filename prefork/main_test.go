@@ -1,7 +1,6 @@
 package prefork
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -20,15 +18,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// The test binary plays three roles (STYLE rule 7): the test itself, a
-// worker (started by a supervisor, detected by IsWorker), and a supervisor
-// of its own (envTestRole, for the test that kills the supervisor).
+// The test binary plays three roles (internal/proctest): the test itself,
+// a worker (started by a supervisor, detected by IsWorker), and a
+// supervisor of its own (role "supervisor", for the tests that kill or
+// signal the supervisor's process).
 const (
-	envTestRole   = "PREFORK_TEST_ROLE"   // "supervisor"
-	envTestConfig = "PREFORK_TEST_CONFIG" // the supervisor role's config.Config as JSON
 	envTestCrash  = "PREFORK_TEST_CRASH"  // set: a worker exits at once with status 3
 	envTestEngine = "PREFORK_TEST_ENGINE" // "fast": workers serve testFastHandler with Options.FastHandler
 )
@@ -47,9 +45,10 @@ func TestMain(m *testing.M) {
 		_ = Run(context.Background(), opts)
 		panic("unreachable: Run returned in a worker")
 	}
-	if os.Getenv(envTestRole) == "supervisor" {
-		os.Exit(supervisorRole())
-	}
+	proctest.Main(map[string]proctest.Role{
+		"supervisor": supervisorRole,
+		"exit":       func(*proctest.Child) error { return nil },
+	})
 	// Workers orphaned by a killed supervisor are reparented to this
 	// process, which can then wait for them.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -58,7 +57,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if code == 0 {
-		if leaked := leakedGoroutines(2 * time.Second); leaked != "" {
+		if leaked := proctest.Leaked("/prefork/", 2*time.Second); leaked != "" {
 			fmt.Fprintf(os.Stderr, "goroutines of package prefork outlived the tests:\n%s\n", leaked)
 			code = 1
 		}
@@ -66,24 +65,29 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// supervisorRole runs Run as a whole process with its logs as JSON on stderr.
-func supervisorRole() int {
+// supervisorRole runs Run with the config.Config of its spec as a whole
+// process, with its logs as JSON on stderr.
+func supervisorRole(c *proctest.Child) error {
 	var cfg config.Config
-	if err := json.Unmarshal([]byte(os.Getenv(envTestConfig)), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+	if err := c.Spec(&cfg); err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	if err := Run(context.Background(), Options{Config: cfg, Listener: ln, Handler: testHandler, Logger: log}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	return Run(context.Background(), Options{Config: cfg, Listener: ln, Handler: testHandler, Logger: log})
+}
+
+// parseJSONRecord reads a line of slog's JSON handler.
+func parseJSONRecord(line string) (record, bool) {
+	var m map[string]any
+	if json.Unmarshal([]byte(line), &m) != nil {
+		return record{}, false
 	}
-	return 0
+	msg, _ := m["msg"].(string)
+	return record{msg: msg, attrs: m}, true
 }
 
 // testHandler is the application of the test workers.
@@ -213,26 +217,6 @@ func readRSS() (int64, error) {
 	return parseStatmRSS(b, int64(os.Getpagesize()))
 }
 
-// leakedGoroutines waits up to d for the goroutines running this package's
-// code to end, and describes those that did not.
-func leakedGoroutines(d time.Duration) string {
-	deadline := time.Now().Add(d)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leaked []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "/prefork/") && !strings.Contains(g, "_test.go") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 || time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // record is one log line the supervisor wrote.
 type record struct {
 	msg   string
@@ -251,14 +235,14 @@ func (r record) int(key string) int {
 	return -1
 }
 
-// logSink is an slog.Handler that keeps every record for the test to wait on.
+// logSink is the supervisor's log for the test to wait on: an
+// slog.Handler that keeps every record, or the lines of a supervisor
+// process (Pipe).
 type logSink struct {
-	mu      sync.Mutex
-	recs    []record
-	changed chan struct{} // closed and replaced at every record
+	*proctest.Log[record]
 }
 
-func newLogSink() *logSink { return &logSink{changed: make(chan struct{})} }
+func newLogSink() *logSink { return &logSink{proctest.NewLog[record]()} }
 
 func (l *logSink) Enabled(context.Context, slog.Level) bool { return true }
 func (l *logSink) WithAttrs([]slog.Attr) slog.Handler       { return l }
@@ -270,24 +254,14 @@ func (l *logSink) Handle(_ context.Context, r slog.Record) error {
 		rec.attrs[a.Key] = a.Value.Resolve().Any()
 		return true
 	})
-	l.add(rec)
+	l.Add(rec)
 	return nil
-}
-
-func (l *logSink) add(rec record) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, rec)
-	close(l.changed)
-	l.changed = make(chan struct{})
 }
 
 // all returns the records with message msg ("" = every record).
 func (l *logSink) all(msg string) []record {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []record
-	for _, r := range l.recs {
+	for _, r := range l.Lines() {
 		if msg == "" || r.msg == msg {
 			out = append(out, r)
 		}
@@ -298,20 +272,16 @@ func (l *logSink) all(msg string) []record {
 // wait waits until at least n records with message msg were logged.
 func (l *logSink) wait(t *testing.T, msg string, n int, timeout time.Duration) []record {
 	t.Helper()
-	deadline := time.After(timeout)
-	for {
-		l.mu.Lock()
-		ch := l.changed
-		l.mu.Unlock()
-		if rs := l.all(msg); len(rs) >= n {
-			return rs
+	seen := 0
+	if _, _, ok := l.WaitFor(0, timeout, func(r record) bool {
+		if r.msg == msg {
+			seen++
 		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("after %v: %d %q log lines, want %d; log:\n%s", timeout, len(l.all(msg)), msg, n, l.dump())
-		}
+		return seen >= n
+	}); !ok {
+		t.Fatalf("after %v: %d %q log lines, want %d; log:\n%s", timeout, len(l.all(msg)), msg, n, l.dump())
 	}
+	return l.all(msg)
 }
 
 func (l *logSink) dump() string {
@@ -469,54 +439,30 @@ func testConfig(n int, rules ...config.RateLimit) config.Config {
 	return cfg
 }
 
-// supervisorProcess is Run in a child process started from exe in the
-// supervisor role, with its JSON log read into logs.
+// supervisorProcess is Run in a child process, the supervisor role, with
+// its JSON log (and its workers' text lines, skipped) read into logs.
 type supervisorProcess struct {
-	cmd  *exec.Cmd
+	*proctest.Proc
 	logs *logSink
 	addr string // its listener
-	// ended is closed once its stderr is closed: the supervisor and every
-	// worker are gone.
-	ended chan struct{}
 }
 
-// startSupervisorProcess starts it and waits for its first READY.
-func startSupervisorProcess(t *testing.T, exe string, cfg config.Config) *supervisorProcess {
+// startSupervisorProcess starts the supervisor role with cfg from exe (""
+// is this test binary; a copy of it runs the same roles) with env added to
+// its environment and its workers', and waits for its first READY. At the
+// end of the test it is killed, and its workers must be gone within 10s.
+func startSupervisorProcess(t *testing.T, exe string, cfg config.Config, env ...string) *supervisorProcess {
 	t.Helper()
-	js, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), envTestRole+"=supervisor", envTestConfig+"="+string(js))
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sp := &supervisorProcess{cmd: cmd, logs: newLogSink(), ended: make(chan struct{})}
-	go func() {
-		defer close(sp.ended)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) != nil {
-				continue // a worker's text log
-			}
-			msg, _ := m["msg"].(string)
-			sp.logs.add(record{msg: msg, attrs: m})
-		}
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		select {
-		case <-sp.ended:
-		case <-time.After(10 * time.Second):
+	sp := &supervisorProcess{logs: newLogSink()}
+	stderr := sp.logs.Pipe(t, parseJSONRecord)
+	sp.Proc = proctest.Start(t, proctest.Options{Role: "supervisor", Exe: exe, Spec: cfg, Env: env, Stderr: stderr})
+	stderr.Close()     // the supervisor's and its workers' now
+	t.Cleanup(func() { // before the Proc's own: kill, then wait for the workers
+		sp.Signal(unix.SIGKILL)
+		<-sp.Done()
+		if !sp.logs.WaitEnd(10 * time.Second) {
 			t.Error("the supervisor's workers outlived it by 10s")
 		}
-		_ = cmd.Wait() // a second Wait, after the test's, just fails
 		if t.Failed() {
 			t.Logf("supervisor log:\n%s", sp.logs.dump())
 		}
@@ -527,19 +473,17 @@ func startSupervisorProcess(t *testing.T, exe string, cfg config.Config) *superv
 }
 
 // exit sends sig and returns the supervisor's exit code, once it and
-// every worker are gone.
+// every worker are gone (its stderr ended), within timeout.
 func (sp *supervisorProcess) exit(t *testing.T, sig unix.Signal, timeout time.Duration) int {
 	t.Helper()
-	if err := sp.cmd.Process.Signal(sig); err != nil {
+	if err := sp.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-sp.ended:
-	case <-time.After(timeout):
+	if !sp.logs.WaitEnd(timeout) {
 		t.Fatalf("the supervisor and its workers still run %v after %v", timeout, sig)
 	}
-	_ = sp.cmd.Wait()
-	return sp.cmd.ProcessState.ExitCode()
+	sp.Wait(time.Second)
+	return sp.State().ExitCode()
 }
 
 // processGone reports whether pid no longer exists: it exited and was

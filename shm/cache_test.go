@@ -405,12 +405,10 @@ func TestCacheOneFillAcrossProcesses(t *testing.T) {
 	release()
 	fills := 0
 	entries := map[string]int{}
-	for i, p := range procs {
+	for _, p := range procs {
 		var res cacheResult
-		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
-			t.Fatalf("child %d: %v", i, err)
-		}
-		p.cmd.Wait()
+		p.Decode(&res, 60*time.Second)
+		p.Wait(30 * time.Second)
 		fills += res.Fills
 		for _, e := range res.Entries {
 			entries[e]++

@@ -1,9 +1,6 @@
 package shm_test
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,24 +13,22 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// Child processes are this test binary re-executed with SHM_CHILD set to a
-// role; the region arrives as fd 3 and a start pipe as fd 4 (the child
-// blocks on it so that every child starts hammering at once).
+// Child processes are this test binary in a role (internal/proctest):
+// the region arrives as fd 3, and every child waits at one barrier so
+// that all start hammering at once.
 func TestMain(m *testing.M) {
-	if role := os.Getenv("SHM_CHILD"); role != "" {
-		if err := child(role); err != nil {
-			fmt.Fprintln(os.Stderr, "child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	proctest.Main(map[string]proctest.Role{
+		"hammer": hammerChild, "stall": stallChild, "idem": idemChild,
+		"records": regionRole(recordsChild), "cache": regionRole(cacheChild),
+	})
 	os.Exit(m.Run())
 }
 
-// childSpec is what the parent tells a child, as JSON in SHM_SPEC.
+// childSpec is what the parent tells a child.
 type childSpec struct {
 	Worker     int
 	Rule       bucket.Rule
@@ -49,153 +44,138 @@ type childSpec struct {
 	Quota      shm.Quota     // role "records": the account the records are charged to
 }
 
-// childResult is what a hammer child prints: allowed decisions per key
-// and window index (the window of the `now` the decision used), and how
-// many decisions the on_full policy answered.
+// childResult is what a hammer child reports: allowed decisions per key
+// and window index (the window of the `now` the decision used), allowed
+// decisions per Remaining they reported, and how many decisions the
+// on_full policy answered.
 type childResult struct {
-	Allowed map[string]map[int64]int
-	Full    int
+	Allowed   map[string]map[int64]int
+	Remaining map[int64]int
+	Full      int
 }
 
-func child(role string) error {
-	var spec childSpec
-	if err := json.Unmarshal([]byte(os.Getenv("SHM_SPEC")), &spec); err != nil {
-		return err
+// joinChild attaches the inherited region as the spec's worker, builds
+// the spec's limiter (if it has a rule), and returns once released.
+func joinChild(c *proctest.Child) (r *shm.Region, lim *bucket.Limiter, spec childSpec, err error) {
+	if err := c.Spec(&spec); err != nil {
+		return nil, nil, spec, err
 	}
-	r, err := shm.Attach(os.NewFile(3, "region"))
-	if err != nil {
-		return err
+	if r, err = shm.Attach(c.File(0)); err != nil {
+		return nil, nil, spec, err
 	}
 	if err := r.Join(spec.Worker); err != nil {
-		return err
+		return nil, nil, spec, err
 	}
-	var lim *bucket.Limiter
 	if spec.Rule.Name != "" {
 		if lim, err = bucket.NewLimiter(spec.Rule, r.Counters()); err != nil {
+			return nil, nil, spec, err
+		}
+	}
+	return r, lim, spec, c.Ready()
+}
+
+// regionRole is a role that works on the joined region with its spec
+// and reports on stdout itself.
+func regionRole(run func(*shm.Region, childSpec) error) proctest.Role {
+	return func(c *proctest.Child) error {
+		r, _, spec, err := joinChild(c)
+		if err != nil {
 			return err
 		}
+		return run(r, spec)
 	}
-	fmt.Println("ready")
-	start := os.NewFile(4, "start")
-	var b [1]byte
-	start.Read(b[:]) // EOF when the parent closes its end
+}
 
-	switch role {
-	case "idem":
-		return idemChild(r, spec)
-	case "records":
-		return recordsChild(r, spec)
-	case "cache":
-		return cacheChild(r, spec)
-	case "stall":
+// stallChild stops at the crash point spec.Stage, says so, and waits
+// there to be killed.
+func stallChild(c *proctest.Child) error {
+	r, lim, spec, err := joinChild(c)
+	if err != nil {
+		return err
+	}
+	shm.SetTestHook(func(stage string) {
+		if stage == spec.Stage {
+			c.Say("stopped %s", stage)
+			time.Sleep(time.Hour) // held until the parent kills us
+		}
+	})
+	now := spec.Frozen
+	if now == 0 {
+		now = r.Now()
+	}
+	lim.Allow(spec.Keys[0], now)
+	return errors.New("the crash point was never reached")
+}
+
+func hammerChild(c *proctest.Child) error {
+	r, lim, spec, err := joinChild(c)
+	if err != nil {
+		return err
+	}
+	if spec.Pause > 0 {
 		shm.SetTestHook(func(stage string) {
-			if stage == spec.Stage {
-				fmt.Println("stopped", stage)
-				time.Sleep(time.Hour) // held until the parent kills us
+			if stage == "busy" {
+				time.Sleep(spec.Pause)
 			}
 		})
-		now := spec.Frozen
-		if now == 0 {
-			now = r.Now()
-		}
-		lim.Allow(spec.Keys[0], now)
-		return errors.New("the crash point was never reached")
-	case "hammer":
-		if spec.Pause > 0 {
-			shm.SetTestHook(func(stage string) {
-				if stage == "busy" {
-					time.Sleep(spec.Pause)
+	}
+	res := childResult{Allowed: map[string]map[int64]int{}, Remaining: map[int64]int{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(spec.For)
+	for g := 0; g < spec.Goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < spec.Attempts; i++ {
+				if spec.For > 0 && i%64 == 0 && time.Now().After(deadline) {
+					return
 				}
-			})
-		}
-		res := childResult{Allowed: map[string]map[int64]int{}}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		deadline := time.Now().Add(spec.For)
-		for g := 0; g < spec.Goroutines; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < spec.Attempts; i++ {
-					if spec.For > 0 && i%64 == 0 && time.Now().After(deadline) {
-						return
-					}
-					at := g + i
-					if spec.Spread {
-						at = g*len(spec.Keys)/spec.Goroutines + i
-					}
-					key := spec.Keys[at%len(spec.Keys)]
-					now := spec.Frozen
-					if now == 0 {
-						now = r.Now()
-					}
-					if spec.Lag > 0 && i%16 == 15 {
-						time.Sleep(spec.Lag) // descheduled between the clock and the decision
-					}
-					d := lim.Allow(key, now)
-					mu.Lock()
-					switch {
-					case d.Full:
-						res.Full++
-					case d.Allowed:
-						if res.Allowed[key] == nil {
-							res.Allowed[key] = map[int64]int{}
-						}
-						// The window the decision counted in: the one
-						// that ends ResetAfter from now (not always the
-						// window of now: a later one counts when the
-						// clock reads behind the key's state).
-						res.Allowed[key][int64((now+d.ResetAfter)/spec.Rule.Window)-1]++
-					}
-					mu.Unlock()
+				at := g + i
+				if spec.Spread {
+					at = g*len(spec.Keys)/spec.Goroutines + i
 				}
-			}()
-		}
-		wg.Wait()
-		return json.NewEncoder(os.Stdout).Encode(res)
-	}
-	return fmt.Errorf("unknown role %q", role)
-}
-
-type proc struct {
-	cmd *exec.Cmd
-	out *bufio.Reader
-}
-
-// spawn starts children of one role; they wait until release is called.
-func spawn(t *testing.T, r *shm.Region, role string, specs []childSpec) (procs []*proc, release func()) {
-	t.Helper()
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	for _, spec := range specs {
-		js, _ := json.Marshal(spec)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		t.Cleanup(cancel)
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "SHM_CHILD="+role, "SHM_SPEC="+string(js))
-		cmd.ExtraFiles = []*os.File{r.File(), pr}
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		procs = append(procs, &proc{cmd: cmd, out: bufio.NewReader(out)})
-	}
-	return procs, func() {
-		for i, p := range procs {
-			if line, err := p.out.ReadString('\n'); line != "ready\n" {
-				t.Fatalf("child %d: %q %v", i, line, err)
+				key := spec.Keys[at%len(spec.Keys)]
+				now := spec.Frozen
+				if now == 0 {
+					now = r.Now()
+				}
+				if spec.Lag > 0 && i%16 == 15 {
+					time.Sleep(spec.Lag) // descheduled between the clock and the decision
+				}
+				d := lim.Allow(key, now)
+				mu.Lock()
+				switch {
+				case d.Full:
+					res.Full++
+				case d.Allowed:
+					if res.Allowed[key] == nil {
+						res.Allowed[key] = map[int64]int{}
+					}
+					// The window the decision counted in: the one
+					// that ends ResetAfter from now (not always the
+					// window of now: a later one counts when the
+					// clock reads behind the key's state).
+					res.Allowed[key][int64((now+d.ResetAfter)/spec.Rule.Window)-1]++
+					res.Remaining[d.Remaining]++
+				}
+				mu.Unlock()
 			}
-		}
-		pw.Close()
+		}()
 	}
+	wg.Wait()
+	return c.Report(res)
+}
+
+// spawn starts children of one role on r; they wait until release is
+// called.
+func spawn(t *testing.T, r *shm.Region, role string, specs []childSpec) (procs []*proctest.Proc, release func()) {
+	t.Helper()
+	b := proctest.NewBarrier(t)
+	for _, spec := range specs {
+		procs = append(procs, proctest.Start(t, proctest.Options{Role: role, Spec: spec, Files: []*os.File{r.File()}, Barrier: b}))
+	}
+	return procs, func() { b.Release(30 * time.Second) }
 }
 
 // hammer runs n processes × g goroutines over keys and merges their counts.
@@ -208,16 +188,17 @@ func hammer(t *testing.T, r *shm.Region, n int, spec childSpec) childResult {
 	}
 	procs, release := spawn(t, r, "hammer", specs)
 	release()
-	total := childResult{Allowed: map[string]map[int64]int{}}
+	total := childResult{Allowed: map[string]map[int64]int{}, Remaining: map[int64]int{}}
 	for i, p := range procs {
 		var res childResult
-		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
-			t.Fatalf("child %d: %v", i, err)
-		}
-		if err := p.cmd.Wait(); err != nil {
+		p.Decode(&res, 60*time.Second)
+		if err := p.Wait(10 * time.Second); err != nil {
 			t.Fatalf("child %d: %v", i, err)
 		}
 		total.Full += res.Full
+		for rem, c := range res.Remaining {
+			total.Remaining[rem] += c
+		}
 		for k, wins := range res.Allowed {
 			if total.Allowed[k] == nil {
 				total.Allowed[k] = map[int64]int{}
@@ -337,7 +318,7 @@ func TestCrashInjection(t *testing.T) {
 				rule := bucket.Rule{Name: "crash", Limit: 2, Window: time.Hour, Algorithm: bucket.FixedWindow}
 				procs, release := spawn(t, r, "stall", []childSpec{{Worker: 5, Rule: rule, Keys: []string{"victim"}, Stage: stage}})
 				release()
-				line, err := procs[0].out.ReadString('\n')
+				line, err := procs[0].Line(30 * time.Second)
 				if err != nil || !strings.HasPrefix(line, "stopped "+stage) {
 					t.Fatalf("child did not stop at %s: %q %v", stage, line, err)
 				}
@@ -350,8 +331,7 @@ func TestCrashInjection(t *testing.T) {
 						t.Fatalf("claim under a live holder's lock did not wait: %+v", d)
 					}
 				}
-				procs[0].cmd.Process.Signal(syscall.SIGKILL)
-				procs[0].cmd.Wait()
+				procs[0].Kill()
 				if sweep {
 					if n, err := r.Reap(5); err != nil || n == 0 {
 						t.Fatalf("reap released %d (%v), want at least the lock", n, err)
@@ -406,7 +386,7 @@ func TestKillOrphans(t *testing.T) {
 	defer r.Close()
 	procs, release := spawn(t, r, "stall", []childSpec{{Worker: 4, Rule: bucket.Rule{Name: "o", Limit: 1, Window: time.Hour}, Keys: []string{"k"}, Stage: "published"}})
 	release()
-	if line, _ := procs[0].out.ReadString('\n'); !strings.HasPrefix(line, "stopped") {
+	if line, _ := procs[0].Line(30 * time.Second); !strings.HasPrefix(line, "stopped") {
 		t.Fatalf("child: %q", line)
 	}
 	// A process that does not map the region, recorded under a stale
@@ -418,8 +398,8 @@ func TestKillOrphans(t *testing.T) {
 	r.SetWorkerPID(5, bystander.Process.Pid)
 
 	killed := r.KillOrphans(2 * time.Second)
-	if len(killed) != 1 || killed[0] != procs[0].cmd.Process.Pid {
-		t.Fatalf("killed %v, want only the orphan %d", killed, procs[0].cmd.Process.Pid)
+	if len(killed) != 1 || killed[0] != procs[0].Pid() {
+		t.Fatalf("killed %v, want only the orphan %d", killed, procs[0].Pid())
 	}
 	if err := bystander.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("the bystander was killed: %v", err)
@@ -464,17 +444,14 @@ func TestMultiProcessQuota(t *testing.T) {
 		}
 	}()
 	time.Sleep(500 * time.Millisecond)
-	procs[0].cmd.Process.Signal(syscall.SIGKILL)
-	procs[0].cmd.Wait()
+	procs[0].Kill()
 	if _, err := r.Reap(1); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range procs[1:] {
 		var res childResult
-		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
-			t.Fatalf("child %d: %v", i+2, err)
-		}
-		if err := p.cmd.Wait(); err != nil {
+		p.Decode(&res, 60*time.Second)
+		if err := p.Wait(30 * time.Second); err != nil {
 			t.Fatalf("child %d: %v", i+2, err)
 		}
 	}
@@ -513,10 +490,8 @@ func TestMultiProcessQuotaExact(t *testing.T) {
 	served := 0
 	for i, p := range procs {
 		var res childResult
-		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
-			t.Fatalf("child %d: %v", i, err)
-		}
-		if err := p.cmd.Wait(); err != nil {
+		p.Decode(&res, 60*time.Second)
+		if err := p.Wait(30 * time.Second); err != nil {
 			t.Fatalf("child %d: %v", i, err)
 		}
 		served += len(res.Allowed)
@@ -558,12 +533,11 @@ func TestCrashInjectionAccounts(t *testing.T) {
 				}
 				procs, release := spawn(t, r, "stall", []childSpec{{Worker: 5, Rule: nu, Keys: []string{"victim"}, Stage: stage, Frozen: frozen}})
 				release()
-				line, err := procs[0].out.ReadString('\n')
+				line, err := procs[0].Line(30 * time.Second)
 				if err != nil || !strings.HasPrefix(line, "stopped "+stage) {
 					t.Fatalf("child did not stop at %s: %q %v", stage, line, err)
 				}
-				procs[0].cmd.Process.Signal(syscall.SIGKILL)
-				procs[0].cmd.Wait()
+				procs[0].Kill()
 				if sweep {
 					if _, err := r.Reap(5); err != nil {
 						t.Fatal(err)

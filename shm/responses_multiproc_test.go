@@ -2,7 +2,6 @@ package shm_test
 
 import (
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -23,7 +23,11 @@ type idemResult struct {
 // idemChild: goroutines send the same keyed request; whoever reserves
 // "runs" it (a pause) and stores the response; the others wait and replay.
 // With Stage "hold", the first goroutine reserves and stops there.
-func idemChild(r *shm.Region, spec childSpec) error {
+func idemChild(c *proctest.Child) error {
+	r, _, spec, err := joinChild(c)
+	if err != nil {
+		return err
+	}
 	tab := r.Responses()
 	k := r.Counters().KeyOf(7, []byte(spec.Keys[0]))
 	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
@@ -32,7 +36,7 @@ func idemChild(r *shm.Region, spec childSpec) error {
 		if out, _, err := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got); err != nil || out != shm.Reserved {
 			return fmt.Errorf("hold: %v %v", out, err)
 		}
-		fmt.Println("reserved")
+		c.Say("reserved")
 		time.Sleep(time.Hour)
 	}
 	var res idemResult
@@ -74,7 +78,7 @@ func idemChild(r *shm.Region, spec childSpec) error {
 		}()
 	}
 	wg.Wait()
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return c.Report(res)
 }
 
 func idemRegion(t *testing.T) *shm.Region {
@@ -102,10 +106,10 @@ func TestResponsesExactlyOnceAcrossProcesses(t *testing.T) {
 	bodies := map[string]int{}
 	for i, p := range procs {
 		var res idemResult
-		if err := json.NewDecoder(p.out).Decode(&res); err != nil {
+		p.Decode(&res, 60*time.Second)
+		if err := p.Wait(10 * time.Second); err != nil {
 			t.Fatalf("child %d: %v", i, err)
 		}
-		p.cmd.Wait()
 		executions += res.Executions
 		for _, b := range res.Bodies {
 			bodies[b]++
@@ -127,8 +131,8 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	r := idemRegion(t)
 	procs, release := spawn(t, r, "idem", []childSpec{{Worker: 9, Keys: []string{"order-7"}, Stage: "hold"}})
 	release()
-	if line, _ := procs[0].out.ReadString('\n'); line != "reserved\n" {
-		t.Fatalf("child: %q", line)
+	if line, err := procs[0].Line(30 * time.Second); line != "reserved" {
+		t.Fatalf("child: %q %v", line, err)
 	}
 	tab := r.Responses()
 	k := r.Counters().KeyOf(7, []byte("order-7"))
@@ -143,8 +147,8 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	go func() {
 		defer close(reaped)
 		time.Sleep(50 * time.Millisecond)
-		procs[0].cmd.Process.Signal(syscall.SIGKILL)
-		procs[0].cmd.Wait()
+		procs[0].Signal(syscall.SIGKILL)
+		<-procs[0].Done()
 		r.Reap(9)
 	}()
 	start := time.Now()
@@ -215,13 +219,12 @@ func TestMultiProcessRecordsQuota(t *testing.T) {
 		}
 	}()
 	time.Sleep(300 * time.Millisecond)
-	procs[0].cmd.Process.Signal(syscall.SIGKILL)
-	procs[0].cmd.Wait()
+	procs[0].Kill()
 	if _, err := r.Reap(1); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range procs[1:] {
-		if err := p.cmd.Wait(); err != nil {
+		if err := p.Wait(30 * time.Second); err != nil {
 			t.Fatalf("child %d: %v", i+2, err)
 		}
 	}

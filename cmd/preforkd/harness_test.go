@@ -7,7 +7,6 @@ package main
 // is for an observable event, bounded in time.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -26,15 +25,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/proctest"
 )
 
 // binPath is the preforkd binary under test, built by TestMain.
 var binPath string
 
 func TestMain(m *testing.M) {
-	if os.Getenv(envUpstreamRole) != "" {
-		os.Exit(upstreamMain()) // the application of the data-plane tests
-	}
+	proctest.Main(map[string]proctest.Role{"upstream": upstreamRole}) // the application of the data-plane tests
 	os.Exit(testMain(m))
 }
 
@@ -116,10 +115,8 @@ func parseLogfmt(s string) map[string]string {
 // logBuf collects the lines a daemon (supervisor and workers: they share
 // its stderr) writes, and wakes whoever waits for one.
 type logBuf struct {
-	mu      sync.Mutex
-	lines   []logLine
-	changed chan struct{} // closed and replaced at every new line, and at EOF
-	eof     bool
+	*proctest.Log[logLine]
+	mu sync.Mutex
 	// starts holds each logged worker's start time (/proc/PID/stat), read
 	// when its "worker started" line arrives: with pid_max as low as 32768,
 	// a pid is only our worker while its start time matches.
@@ -127,45 +124,34 @@ type logBuf struct {
 }
 
 func newLogBuf() *logBuf {
-	return &logBuf{changed: make(chan struct{}), starts: make(map[int]uint64)}
+	return &logBuf{Log: proctest.NewLog[logLine](), starts: make(map[int]uint64)}
 }
 
-func (b *logBuf) consume(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := logLine{raw: sc.Text(), kv: parseLogfmt(sc.Text())}
-		var start uint64
-		if line.msg() == "worker started" {
-			start, _ = procStat(line.int("pid"))
-		}
-		b.mu.Lock()
-		if start != 0 {
+// parse reads one line of the daemon's stderr, and a worker's start time
+// as soon as the line that announces it is read.
+func (b *logBuf) parse(s string) (logLine, bool) {
+	line := logLine{raw: s, kv: parseLogfmt(s)}
+	if line.msg() == "worker started" {
+		if start, _ := procStat(line.int("pid")); start != 0 {
+			b.mu.Lock()
 			b.starts[line.int("pid")] = start
+			b.mu.Unlock()
 		}
-		b.lines = append(b.lines, line)
-		close(b.changed)
-		b.changed = make(chan struct{})
-		b.mu.Unlock()
 	}
-	b.mu.Lock()
-	b.eof = true
-	close(b.changed)
-	b.changed = make(chan struct{})
-	b.mu.Unlock()
+	return line, true
 }
 
-func (b *logBuf) snapshot() []logLine {
+// startOf returns the start time of a logged worker.
+func (b *logBuf) startOf(pid int) (uint64, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.lines[:len(b.lines):len(b.lines)]
+	start, ok := b.starts[pid]
+	return start, ok
 }
 
-func (b *logBuf) len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.lines)
-}
+func (b *logBuf) snapshot() []logLine { return b.Lines() }
+
+func (b *logBuf) len() int { return b.Len() }
 
 func (b *logBuf) text() string {
 	var sb strings.Builder
@@ -180,39 +166,12 @@ func (b *logBuf) text() string {
 // satisfies match, waiting up to timeout for it; ok is false on timeout or
 // when the stream ended without one.
 func (b *logBuf) waitFor(from int, timeout time.Duration, match func(logLine) bool) (int, logLine, bool) {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		b.mu.Lock()
-		for i := from; i < len(b.lines); i++ {
-			if match(b.lines[i]) {
-				l := b.lines[i]
-				b.mu.Unlock()
-				return i, l, true
-			}
-		}
-		from = len(b.lines)
-		changed, eof := b.changed, b.eof
-		b.mu.Unlock()
-		if eof {
-			return -1, logLine{}, false
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			return -1, logLine{}, false
-		}
-	}
+	return b.WaitFor(from, timeout, match)
 }
 
 // waitEOF waits up to timeout for the end of the stream: every process
 // that held the daemon's stderr has exited and every line was read.
-func (b *logBuf) waitEOF(timeout time.Duration) bool {
-	_, _, _ = b.waitFor(b.len(), timeout, func(logLine) bool { return false })
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.eof
-}
+func (b *logBuf) waitEOF(timeout time.Duration) bool { return b.WaitEnd(timeout) }
 
 func msgIs(msg string) func(logLine) bool {
 	return func(l logLine) bool { return l.msg() == msg }
@@ -229,10 +188,9 @@ type daemon struct {
 	cfgPath string
 	logs    *logBuf
 
-	exited    chan struct{} // closed once the supervisor was waited for
-	state     *os.ProcessState
-	readyAt   int    // index of the "ready" line
-	openFiles uint64 // daemonOptions.openFiles
+	exited  chan struct{} // closed once the supervisor was waited for
+	state   *os.ProcessState
+	readyAt int // index of the "ready" line
 }
 
 type daemonOptions struct {
@@ -241,9 +199,6 @@ type daemonOptions struct {
 	config string
 	env    []string // added to the environment
 	admin  bool     // config uses ADMIN_ADDR
-	// openFiles, if not 0, is the soft open-file limit the supervisor
-	// starts with (it is started through sh's ulimit).
-	openFiles uint64
 }
 
 // startDaemon starts preforkd run with opts and waits for its "ready" line.
@@ -253,7 +208,7 @@ func startDaemon(t testing.TB, opts daemonOptions) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	for attempt := 1; ; attempt++ {
-		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml"), openFiles: opts.openFiles}
+		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
 		text := opts.config
 		if opts.admin {
 			d.admin = freeAddr(t)
@@ -281,34 +236,22 @@ func startDaemon(t testing.TB, opts daemonOptions) *daemon {
 func (d *daemon) start(env []string, args ...string) {
 	t := d.t
 	t.Helper()
-	pr, pw, err := os.Pipe()
+	d.logs, d.exited = newLogBuf(), make(chan struct{})
+	// A file: the processes write to the pipe directly, so that the
+	// supervisor's exit is seen (Wait) even while workers still hold it.
+	// Stdout stays /dev/null for the same reason: a writer that is not a
+	// file would make Wait wait for the workers too. The log stops
+	// following it after the cleanup below.
+	pw := d.logs.Pipe(t, d.logs.parse)
+	d.cmd = exec.Command(binPath, args...)
+	d.cmd.Env = append(cleanEnviron(), env...)
+	d.cmd.Stderr = pw
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err := d.cmd.Start()
+	pw.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.logs, d.exited = newLogBuf(), make(chan struct{})
-	d.cmd = exec.Command(binPath, args...)
-	if d.openFiles != 0 {
-		// exec keeps the pid: the process is the supervisor all the same.
-		script := fmt.Sprintf(`ulimit -S -n %d && exec "$0" "$@"`, d.openFiles)
-		d.cmd = exec.Command("/bin/sh", append([]string{"-c", script, binPath}, args...)...)
-	}
-	d.cmd.Env = append(cleanEnviron(), env...)
-	// An *os.File: the processes write to the pipe directly, so that the
-	// supervisor's exit is seen (Wait) even while workers still hold it.
-	// Stdout stays /dev/null for the same reason: a writer that is not a
-	// file would make Wait wait for the workers too.
-	d.cmd.Stderr = pw
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := d.cmd.Start(); err != nil {
-		pw.Close()
-		pr.Close()
-		t.Fatal(err)
-	}
-	pw.Close()
-	go func() {
-		defer pr.Close()
-		d.logs.consume(pr)
-	}()
 	go func() {
 		d.cmd.Wait()
 		d.state = d.cmd.ProcessState
@@ -430,9 +373,7 @@ func freeAddr(t testing.TB) string {
 // exited. A zombie has exited: an orphaned worker waits for init, which
 // may reap it late.
 func (d *daemon) alive(pid int) bool {
-	d.logs.mu.Lock()
-	want, known := d.logs.starts[pid]
-	d.logs.mu.Unlock()
+	want, known := d.logs.startOf(pid)
 	start, state := procStat(pid)
 	if !known || start != want {
 		return false // gone, or the pid now belongs to another process

@@ -1,8 +1,8 @@
 package main
 
 // End-to-end tests of the daemon as an operator runs it (SPEC §7, §17):
-// reloads under keep-alive load, the admin listener under a connection
-// flood, process names and limits. Against the built binary.
+// reloads under keep-alive load and the admin listener under a connection
+// flood. Against the built binary.
 
 import (
 	"context"
@@ -224,73 +224,4 @@ func openFiles(t *testing.T, pid int) int {
 		t.Fatal(err)
 	}
 	return len(fds)
-}
-
-// The daemon's workers are named preforkd (not exe) and titled with their
-// index and generation; the supervisor and the workers run with the soft
-// open-file limit raised to the hard limit, and the supervisor logs it.
-func TestProcessNamesAndLimits(t *testing.T) {
-	t.Parallel()
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	const low = 256
-	if lim.Max <= low {
-		t.Fatalf("hard open-file limit %d: nothing to raise", lim.Max)
-	}
-	d := startDaemon(t, daemonOptions{config: baseServer(2, ""), openFiles: low})
-	_, started, ok := d.logs.waitFor(0, time.Second, msgIs("supervisor started"))
-	if !ok || started.get("open_files") != strconv.FormatUint(lim.Max, 10) {
-		t.Errorf("supervisor started with open_files=%q, want the hard limit %d: %s", started.get("open_files"), lim.Max, started.raw)
-	}
-	softLimit := regexp.MustCompile(`(?m)^Max open files\s+(\d+)\s+(\d+)`)
-	checkLimit := func(pid int, what string) {
-		t.Helper()
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
-		m := softLimit.FindSubmatch(b)
-		if err != nil || m == nil || string(m[1]) != strconv.FormatUint(lim.Max, 10) {
-			t.Errorf("%s %d: open-file limit %q (%v), want soft = hard = %d", what, pid, m, err, lim.Max)
-		}
-	}
-	procFile := func(pid int, name string) string {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, name))
-		if err != nil {
-			t.Errorf("/proc/%d/%s: %v", pid, name, err)
-		}
-		return string(b)
-	}
-	if comm := procFile(d.pid(), "comm"); comm != "preforkd\n" {
-		t.Errorf("supervisor comm %q, want preforkd", comm)
-	}
-	checkLimit(d.pid(), "supervisor")
-	checkWorkers := func(gen int, from int) {
-		t.Helper()
-		n := 0
-		for _, l := range d.logs.snapshot()[from:] {
-			if l.msg() != "worker started" || l.int("generation") != gen {
-				continue
-			}
-			n++
-			pid := l.int("pid")
-			if comm := procFile(pid, "comm"); comm != "preforkd\n" {
-				t.Errorf("worker %d: comm %q, want preforkd", pid, comm)
-			}
-			want := fmt.Sprintf("preforkd: worker %d (generation %d)\x00", l.int("index"), gen)
-			if cmdline := procFile(pid, "cmdline"); cmdline != want {
-				t.Errorf("worker %d: cmdline %q, want %q", pid, cmdline, want)
-			}
-			checkLimit(pid, "worker")
-		}
-		if n != 2 {
-			t.Fatalf("%d workers of generation %d logged, want 2", n, gen)
-		}
-	}
-	checkWorkers(0, 0)
-	from := d.logs.len()
-	d.signal(syscall.SIGHUP)
-	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("reload finished")); !ok {
-		t.Fatal("no \"reload finished\" within 10s of HUP")
-	}
-	checkWorkers(1, from)
 }

@@ -1,9 +1,9 @@
 package main
 
 // The upstream application of the data-plane end-to-end tests: this test
-// binary again, started with envUpstreamRole set, in a process of its own
-// (STYLE rule 7), so that the daemon forwards to a real application
-// process and the test measures only the daemon.
+// binary again, in the proctest role "upstream", in a process of its own,
+// so that the daemon forwards to a real application process and the test
+// measures only the daemon.
 
 import (
 	"bufio"
@@ -16,8 +16,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -25,20 +23,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/proctest"
 	"golang.org/x/sys/unix"
 )
 
-const envUpstreamRole = "PREFORKD_E2E_UPSTREAM"
-
-// upstreamMain serves the test application on a loopback port, printed on
-// stdout, until stdin closes (the test ended).
-func upstreamMain() int {
+// upstreamRole serves the test application on a loopback port, which it
+// says first, until its stdin closes (the test binary is gone) or it is
+// killed (the test ended).
+func upstreamRole(c *proctest.Child) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	fmt.Println(ln.Addr().String())
+	if err := c.Say("%s", ln.Addr()); err != nil {
+		return err
+	}
 	var mu sync.Mutex
 	seen := map[string]int{}
 	mux := http.NewServeMux()
@@ -115,12 +114,12 @@ func upstreamMain() int {
 		}
 		mux.ServeHTTP(w, r)
 	})}
-	go func() {
-		io.Copy(io.Discard, os.Stdin)
-		os.Exit(0)
-	}()
-	srv.Serve(ln)
-	return 1
+	go srv.Serve(ln)
+	for {
+		if _, err := c.ReadLine(); err != nil {
+			return nil
+		}
+	}
 }
 
 // patternReader is n bytes that are not all alike, the same every time.
@@ -236,36 +235,11 @@ func writeFrame(w io.Writer, op byte, payload []byte, mask bool) error {
 // it ends with the test.
 func startUpstreamProcess(t *testing.T) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(cleanEnviron(), envUpstreamRole+"=1")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	addr, err := proctest.Start(t, proctest.Options{Role: "upstream"}).Line(10 * time.Second)
 	if err != nil {
 		t.Fatalf("the upstream process did not start: %v", err)
 	}
-	return strings.TrimSpace(addr)
+	return addr
 }
 
 // upstreamSeen returns how many requests the upstream process saw, by

@@ -1,21 +1,20 @@
 package nethttp_test
 
 import (
-	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -371,59 +370,46 @@ func (g *goroutineWaiter) close() {}
 
 // processWaiter sends the duplicates from a child process (waiterChild).
 type processWaiter struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Reader
+	b *testing.B
+	p *proctest.Proc
 }
 
 func startProcessWaiter(b *testing.B, r *shm.Region) *processWaiter {
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=waiter")
-	cmd.ExtraFiles = []*os.File{r.File()}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	return &processWaiter{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	return &processWaiter{b, proctest.Start(b, proctest.Options{Role: "waiter", Files: []*os.File{r.File()}})}
 }
 
-func (p *processWaiter) start(key string) (<-chan struct{}, <-chan waiterResult) {
+func (w *processWaiter) start(key string) (<-chan struct{}, <-chan waiterResult) {
 	parked, done := make(chan struct{}), make(chan waiterResult, 1)
-	fmt.Fprintln(p.stdin, key)
+	if err := w.p.Send(key); err != nil {
+		done <- waiterResult{err: err}
+		return parked, done
+	}
 	go func() {
 		for {
-			line, err := p.out.ReadString('\n')
+			line, err := w.p.Line(30 * time.Second)
 			if err != nil {
 				done <- waiterResult{err: err}
 				return
 			}
-			f := strings.Fields(line)
-			switch {
-			case len(f) == 1 && f[0] == "parked":
+			if line == "parked" {
 				close(parked)
-			case len(f) == 4 && f[0] == "done":
-				st, _ := strconv.Atoi(f[1])
-				at, _ := strconv.ParseInt(f[3], 10, 64)
-				done <- waiterResult{status: st, replayed: f[2] == "true", at: time.Duration(at)}
-				return
-			default:
-				done <- waiterResult{err: fmt.Errorf("child said %q", line)}
+				continue
+			}
+			var rep waiterReport
+			if err := json.Unmarshal([]byte(line), &rep); err != nil {
+				done <- waiterResult{err: fmt.Errorf("the waiter said %q: %w", line, err)}
 				return
 			}
+			done <- waiterResult{status: rep.Status, replayed: rep.Replayed, at: rep.At}
+			return
 		}
 	}()
 	return parked, done
 }
 
-func (p *processWaiter) close() {
-	p.stdin.Close()
-	p.cmd.Wait()
+func (w *processWaiter) close() {
+	w.p.CloseStdin()
+	if err := w.p.Wait(10 * time.Second); err != nil {
+		w.b.Errorf("the waiter process: %v", err)
+	}
 }

@@ -1,45 +1,39 @@
 package nethttp_test
 
 import (
-	"bufio"
-	"fmt"
+	"io"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// childEnv selects the role of a re-executed test binary (see
-// waiterChild); the region travels as fd 3.
-const childEnv = "IDEMPOTENCY_TEST_CHILD"
-
+// The waiter role (internal/proctest) is a second worker process on the
+// parent's region, which it inherits as fd 3.
 func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
-	case "":
-		os.Exit(m.Run())
-	case "waiter":
-		if err := waiterChild(); err != nil {
-			fmt.Fprintln(os.Stderr, "waiter:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	default:
-		fmt.Fprintln(os.Stderr, "unknown child role", os.Getenv(childEnv))
-		os.Exit(2)
-	}
+	proctest.Main(map[string]proctest.Role{"waiter": waiterChild})
+	os.Exit(m.Run())
 }
 
-// waiterChild is a second worker process on the parent's region: for each
-// key it reads from stdin it sends a duplicate keyed POST through its own
-// Middleware, prints "parked" once the duplicate waits for the parent's
-// original, and "done STATUS REPLAYED NOW" when it has its answer, NOW
-// being the region's clock (one clock for both processes).
-func waiterChild() error {
-	region, err := shm.Attach(os.NewFile(3, "region"))
+// waiterReport is what the waiter reports for each duplicate: its status,
+// whether it was a replay, and the region's clock when it was answered
+// (one clock for both processes).
+type waiterReport struct {
+	Status   int
+	Replayed bool
+	At       time.Duration
+}
+
+// waiterChild: for each key the test sends, it sends a duplicate keyed
+// POST through its own Middleware, says "parked" once the duplicate waits
+// for the parent's original, and reports (waiterReport) when it has its
+// answer.
+func waiterChild(c *proctest.Child) error {
+	region, err := shm.Attach(c.File(0))
 	if err != nil {
 		return err
 	}
@@ -53,10 +47,14 @@ func waiterChild() error {
 	if err != nil {
 		return err
 	}
-	out := bufio.NewWriter(os.Stdout)
-	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() {
-		key := strings.TrimSpace(sc.Text())
+	for {
+		key, err := c.ReadLine()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
 		before := m.IdemStats().Waits
 		answered := make(chan *discardWriter, 1)
 		go func() {
@@ -74,8 +72,9 @@ func waiterChild() error {
 			default:
 			}
 			if m.IdemStats().Waits > before {
-				fmt.Fprintln(out, "parked")
-				out.Flush()
+				if err := c.Say("parked"); err != nil {
+					return err
+				}
 				break
 			}
 			time.Sleep(50 * time.Microsecond)
@@ -83,8 +82,9 @@ func waiterChild() error {
 		if w == nil {
 			w = <-answered
 		}
-		fmt.Fprintf(out, "done %d %v %d\n", w.status, w.header.Get("Idempotent-Replayed") == "true", int64(w.at))
-		out.Flush()
+		rep := waiterReport{Status: w.status, Replayed: w.header.Get("Idempotent-Replayed") == "true", At: w.at}
+		if err := c.Report(rep); err != nil {
+			return err
+		}
 	}
-	return sc.Err()
 }
