@@ -18,7 +18,7 @@ run: build
 
 # The race detector runs where goroutines share memory inside the test
 # process; the daemon's end-to-end tests drive a separately built binary.
-RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./httplimit/... ./idempotency/... ./prefork/... \
+RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./core/... ./metrics/... ./prefork/... \
 	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/...
 
 # The whole proof: vet, unit and multi-process tests, the race detector on
@@ -41,9 +41,12 @@ fuzz:
 			{ echo "$$out"; echo "FAIL: fuzz $$pkg $$fn (the input is saved under testdata/fuzz)"; exit 1; }; \
 	done
 
-# Every benchmark side by side in one run, then wrk (bench/http.sh).
+# Every benchmark side by side in one run, then wrk: the data plane
+# (bench/http.sh), Redis rules (bench/redis-http.sh), the cache
+# (bench/cache-http.sh), each beside nginx where it applies.
 bench:
-	PKGS="./bench/ ./persist/ ./idempotency/ ./proxy/" AFTER=bench/http.sh bash bench/bench.sh
+	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./metrics/ ./clientip/ ./route/" \
+		AFTER="bench/http.sh bench/redis-http.sh bench/cache-http.sh" bash bench/bench.sh
 
 model:
 	bash model/check.sh

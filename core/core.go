@@ -57,6 +57,10 @@ type Options struct {
 	// Wall is the wall clock, read only for X-RateLimit-Reset. nil means
 	// time.Now.
 	Wall func() time.Time
+	// OnResponse, if set, is told the status of every response an engine
+	// counts (Core.Responded), once it is counted: a worker's recycling
+	// limits watch it (prefork.Worker.Responded).
+	OnResponse func(status int)
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it. The Core owns it from New on:
 	// Close closes it. nil: no rule may be a Redis rule.
@@ -185,6 +189,7 @@ type Core struct {
 	maxReq   int64
 	now      func() time.Duration
 	wall     func() time.Time
+	respond  func(status int) // Options.OnResponse
 	log      *slog.Logger // nil: slog.Default()
 	redis    *redisstore.Store
 
@@ -223,6 +228,7 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		maxReq:   opts.MaxRequestBody,
 		now:      opts.Now,
 		wall:     opts.Wall,
+		respond:  opts.OnResponse,
 		log:      opts.Logger,
 		redis:    opts.Redis,
 	}
@@ -439,6 +445,9 @@ func (ex *Exchange) Done(status int) {
 // malformed request), the core's and the application's alike.
 func (c *Core) Responded(status int, elapsed time.Duration) {
 	c.row.Response(status, elapsed)
+	if c.respond != nil {
+		c.respond(status)
+	}
 }
 
 // Header, Cookie, Query, Path and ClientKey make an Exchange the

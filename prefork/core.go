@@ -19,11 +19,16 @@ import (
 // connection: Core.Close, once the worker has drained, adds the last
 // sync-mode counts to Redis and closes it.
 func NewCore(cfg config.Config, region *shm.Region, log *slog.Logger) (*core.Core, error) {
+	return newCore(cfg, region, log, nil)
+}
+
+// newCore is NewCore with a hook told the status of every response.
+func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse func(int)) (*core.Core, error) {
 	o, err := cfg.CoreOptions()
 	if err != nil {
 		return nil, err
 	}
-	o.Logger = log
+	o.Logger, o.OnResponse = log, onResponse
 	if usesRedis(o) {
 		ro := cfg.WithDefaults().Redis.StoreOptions()
 		ro.Logger = log

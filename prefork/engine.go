@@ -136,7 +136,7 @@ func setUpEngine(opts Options, index int, log *slog.Logger) (_ *Worker, _ Engine
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	if w.c, err = NewCore(w.Config, w.Region, log); err != nil {
+	if w.c, err = newCore(w.Config, w.Region, log, w.Responded); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	var eng Engine
@@ -162,7 +162,7 @@ func fastEngine(opts Options, w *Worker) (Engine, error) {
 		return nil, errors.New("prefork: Options.FastHandler returned a nil handler")
 	}
 	o := w.Config.ProxyOptions()
-	o.App, o.Core, o.Logger, o.OnResponse = app, w.c, w.Logger, w.Responded
+	o.App, o.Core, o.Logger = app, w.c, w.Logger
 	return proxy.New(o)
 }
 

@@ -54,11 +54,10 @@ type Worker struct {
 // the worker's recycling limits (server.max_requests, server.max_rss); the
 // statistics a reload's canary is judged by are counted by the core
 // (core.Core.Responded), whatever the engine.
-// The server around Options.Handler and the fast engine of
-// Options.FastHandler call it for every response; an Options.Engine must
-// call it once per response it sends, before the response leaves (as
-// proxy.Options.OnResponse does), so that a worker past a limit stops
-// accepting before its client can connect again.
+// The worker's core calls it for every response an engine counts
+// (core.Options.OnResponse), before the response leaves, so that a worker
+// past a limit stops accepting before its client can connect again; an
+// Options.Engine built on Worker.Core needs nothing more.
 func (w *Worker) Responded(status int) {
 	n := w.served.Add(1)
 	if w.limits != nil {
@@ -146,7 +145,7 @@ func runWorker(ctx context.Context, opts Options) int {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
-	srv.Handler = conns.closeWhenDraining(&counter{next: srv.Handler, respond: w.Responded})
+	srv.Handler = conns.closeWhenDraining(srv.Handler)
 	// Past a recycling limit: no new connection (the other workers, or
 	// the successor, take them from the shared listener), and Connection:
 	// close on every response from now on.
@@ -250,7 +249,7 @@ func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) 
 	// The core decides first: rate limits, so that a refused request
 	// never reserves an idempotency key; then idempotent replay; then the
 	// application.
-	c, err := NewCore(cfg, region, log)
+	c, err := newCore(cfg, region, log, w.Responded)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

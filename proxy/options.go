@@ -33,8 +33,9 @@ type Options struct {
 	// OnResponse, if set, is called once for every request the server
 	// answers, with the response's status (101 for a tunnel), when its
 	// handler ends and before the response is written to the client (a
-	// streamed body follows). A prefork worker passes Worker.Responded:
-	// the counts a reload's canary is judged by, and recycling.
+	// streamed body follows). With a Core, the Core's own OnResponse
+	// (core.Options) is told the same, which is how a prefork worker
+	// watches its recycling limits.
 	OnResponse func(status int)
 
 	// Core decides about each request before the application sees it:

@@ -316,14 +316,17 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 // done ends a request's handler: the response is counted here, whatever
 // answered it (this server, the core, the upstream or the application).
 func (s *Server) done(r *request) {
+	// Counted before the draining check: a count that trips a worker's
+	// recycling limit starts its drain, and this response already says
+	// Connection: close.
+	if c := s.opts.Core; c != nil {
+		c.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
+	}
 	if s.opts.OnResponse != nil {
 		s.opts.OnResponse(r.ctx.Response.StatusCode())
 	}
 	if s.draining.Load() {
 		r.ctx.SetConnectionClose()
-	}
-	if c := s.opts.Core; c != nil {
-		c.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
 	}
 	r.body.release()
 	r.ctx, r.c = nil, nil

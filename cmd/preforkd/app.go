@@ -18,7 +18,7 @@ const demoUpstream = "builtin:demo"
 // server.upstream or serving the demo application.
 func engine(w *prefork.Worker) (prefork.Engine, error) {
 	o := w.Config.ProxyOptions()
-	o.Core, o.Logger, o.OnResponse = w.Core(), w.Logger, w.Responded
+	o.Core, o.Logger = w.Core(), w.Logger
 	if u := w.Config.Server.Upstream; u == "" || u == demoUpstream {
 		o.App = demo(w.Index)
 	} else {

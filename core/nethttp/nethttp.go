@@ -70,7 +70,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req.r = r
 	ex := h.c.Begin(req)
 	owned := true // ex is released here, unless a background refresh took it
+	req.sw = statusWriter{w: w}
 	defer func() {
+		if !req.counted {
+			// The handler panicked (http.ErrAbortHandler from a proxy
+			// whose upstream broke off, say): what the client got is the
+			// status already sent, or, when none was, a server error
+			// (net/http drops the connection). The panic goes on.
+			p := recover()
+			status := req.sw.status
+			if req.rec != nil {
+				status = req.rec.status
+			}
+			if status == 0 {
+				status = http.StatusInternalServerError
+			}
+			req.count(ex, status)
+			if p != nil {
+				defer panic(p)
+			}
+		}
 		if owned {
 			ex.Release()
 		}
@@ -80,13 +99,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ex.Decide() == core.Respond {
 		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
 			setFields(w.Header(), ref.Fields)
-			req.sw = statusWriter{w: w}
 			h.opts.Refuse(&req.sw, r, ref)
-			ex.Done(req.sw.final())
+			req.count(ex, req.sw.final())
 			return
 		}
 		writeResponse(w, ex.Response())
-		ex.Done(ex.Response().Status)
+		req.count(ex, ex.Response().Status)
 		if ex.Refresh() {
 			owned = false
 			h.refresh(ex, r)
@@ -107,9 +125,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	max, record := ex.Record()
 	if !record {
-		req.sw = statusWriter{w: w}
 		h.next.ServeHTTP(&req.sw, r)
-		ex.Done(req.sw.final())
+		req.count(ex, req.sw.final())
 		return
 	}
 	// A request whose response is kept runs without the client's
@@ -117,6 +134,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// from being stored for its retry (or for the cache). A panic leaves
 	// the reservation to Release.
 	rec := newRecorder(w, max, ex.Fallback)
+	req.rec = rec
 	defer rec.release()
 	if max > 0 {
 		r = r.WithContext(context.WithoutCancel(r.Context()))
@@ -138,7 +156,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case recorded.Hijacked && status == 0:
 		status = http.StatusSwitchingProtocols
 	}
-	ex.Done(status)
+	req.count(ex, status)
 }
 
 // unconditional is r without the fields core.UnconditionalFields names,
@@ -222,6 +240,14 @@ type request struct {
 	body     []byte
 	bodyRead bool
 	sw       statusWriter // pooled with the request: no allocation per response
+	rec      *recorder    // the recorder of a response the core keeps
+	counted  bool         // the response was counted (core.Exchange.Done)
+}
+
+// count counts the response, with the status the client got, once.
+func (q *request) count(ex *core.Exchange, status int) {
+	q.counted = true
+	ex.Done(status)
 }
 
 func (q *request) Method() string { return q.r.Method }

@@ -2,116 +2,11 @@ package prefork
 
 import (
 	"errors"
-	"io"
-	"log"
-	"net/http"
-	"net/http/httptest"
-	"slices"
-	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/shm"
 )
-
-// The status each response is counted with is the one the client got.
-func TestCounterCountsWhatWasSent(t *testing.T) {
-	var mu sync.Mutex
-	var counted []int
-	mux := http.NewServeMux()
-	mux.HandleFunc("/503", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) })
-	mux.HandleFunc("/write", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
-	mux.HandleFunc("/nothing", func(http.ResponseWriter, *http.Request) {})
-	mux.HandleFunc("/early-hints", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusEarlyHints)
-		w.WriteHeader(http.StatusBadGateway)
-	})
-	mux.HandleFunc("/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
-	mux.HandleFunc("/abort-after-headers", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush() // the assertion a handler makes must hold
-		panic(http.ErrAbortHandler)
-	})
-	mux.HandleFunc("/controller", func(w http.ResponseWriter, _ *http.Request) {
-		rc := http.NewResponseController(w)
-		if err := rc.SetWriteDeadline(time.Now().Add(time.Second)); err != nil {
-			w.WriteHeader(599)
-			return
-		}
-		io.Copy(w, strings.NewReader("through ReadFrom"))
-	})
-	mux.HandleFunc("/hijack", func(w http.ResponseWriter, _ *http.Request) {
-		conn, rw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		rw.WriteString("HTTP/1.1 204 No Content\r\n\r\n")
-		rw.Flush()
-	})
-	srv := httptest.NewUnstartedServer(&counter{next: mux, respond: func(status int) {
-		mu.Lock()
-		counted = append(counted, status)
-		mu.Unlock()
-	}})
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panics are on purpose
-	srv.Start()
-	defer srv.Close()
-
-	for _, tc := range []struct {
-		path   string
-		status int // what the client sees; 0 = a transport error
-		count  int
-	}{
-		{"/503", 503, 503},
-		{"/write", 200, 200},
-		{"/nothing", 200, 200},
-		{"/early-hints", 502, 502},
-		{"/panic", 0, 500},
-		{"/abort-after-headers", 200, 200},
-		{"/controller", 200, 200},
-		{"/hijack", 204, 101},
-	} {
-		resp, err := client.Get(srv.URL + tc.path) // a new connection each: a GET is never retried
-		got := 0
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			got = resp.StatusCode
-		}
-		if got != tc.status {
-			t.Errorf("%s: client got %d (%v), want %d", tc.path, got, err, tc.status)
-		}
-		deadline := time.Now().Add(2 * time.Second)
-		for {
-			mu.Lock()
-			n := len(counted)
-			mu.Unlock()
-			if n > 0 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
-		mu.Lock()
-		if !slices.Equal(counted, []int{tc.count}) {
-			t.Errorf("%s: counted %v, want [%d]", tc.path, counted, tc.count)
-		}
-		counted = nil
-		mu.Unlock()
-	}
-}
-
-func TestCounterDoesNotAllocate(t *testing.T) {
-	c := &counter{next: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }), respond: func(int) {}}
-	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(http.MethodGet, "/", nil)
-	c.ServeHTTP(rec, req) // warm the pool
-	if n := testing.AllocsPerRun(100, func() { c.ServeHTTP(rec, req) }); n != 0 {
-		t.Errorf("%v allocations per request", n)
-	}
-}
 
 func TestLimitsTripOnce(t *testing.T) {
 	l, err := newLimits(config.Server{MaxRequests: 1000}, 0)
