@@ -190,7 +190,7 @@ type Core struct {
 	now      func() time.Duration
 	wall     func() time.Time
 	respond  func(status int) // Options.OnResponse
-	log      *slog.Logger // nil: slog.Default()
+	log      *slog.Logger     // nil: slog.Default()
 	redis    *redisstore.Store
 
 	caches []*cacheBlock
