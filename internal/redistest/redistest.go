@@ -64,13 +64,30 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
+// handedOut holds every address this test process has given a server. A
+// killed server's port is free to the kernel, but its test may restart
+// it there (Restart): no other test of the process may take it meanwhile.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
 func freeAddr(tb testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		handedOut.Lock()
+		taken := handedOut.addrs[addr]
+		handedOut.addrs[addr] = true
+		handedOut.Unlock()
+		if !taken {
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // start runs redis-server on s.Addr and waits for it to answer.
@@ -95,7 +112,9 @@ func (s *Server) start() error {
 	for {
 		err := c.Ping(context.Background()).Err()
 		if err == nil {
-			return nil
+			// Whoever answers must be this process, not a server another
+			// test (or test binary) started on the port meanwhile.
+			return s.checkOwner(c, cmd.Process.Pid, exited)
 		}
 		select {
 		case <-exited:
@@ -107,6 +126,28 @@ func (s *Server) start() error {
 			return fmt.Errorf("redistest: redis-server on %s did not answer within 10s: %v", s.Addr, err)
 		}
 	}
+}
+
+// checkOwner reports an error when the server answering on s.Addr is not
+// process pid; it then waits for pid, which cannot bind the port, to exit.
+func (s *Server) checkOwner(c *redis.Client, pid int, exited <-chan struct{}) error {
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		s.Kill()
+		return fmt.Errorf("redistest: INFO server on %s: %w", s.Addr, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			if rest == strconv.Itoa(pid) {
+				return nil
+			}
+			s.Kill()
+			<-exited
+			return fmt.Errorf("redistest: %s is served by another redis-server (pid %s) and ours exited", s.Addr, rest)
+		}
+	}
+	s.Kill()
+	return fmt.Errorf("redistest: INFO server on %s names no process_id", s.Addr)
 }
 
 func (s *Server) client() *redis.Client {
