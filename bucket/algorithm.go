@@ -199,7 +199,7 @@ func (p *Policy) takeWindow(payload uint64, us int64) (uint64, Decision) {
 	d := Decision{Limit: p.limit, ResetAfter: reset}
 	if cnt+p.cost > p.limit {
 		d.RetryAfter = reset
-		d.Remaining = p.limit - cnt
+		d.Remaining = max(p.limit-cnt, 0) // a reload may have lowered the limit below the count
 		return payload, d
 	}
 	cnt += p.cost

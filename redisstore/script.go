@@ -80,9 +80,10 @@ for i = 1, n do
 				writes[i] = {string.format('%.0f:%.0f', w, cnt - math.min(cost, cnt)), reset}
 			end
 		else
-			prem, preset = a - cnt, reset
+			-- a lower limit (a reload, another host) may find more counted
+			prem, preset = math.max(a - cnt, 0), reset
 			if cnt + cost > a then
-				ok, rem, retry = 0, a - cnt, reset
+				ok, rem, retry = 0, prem, reset
 			else
 				ok, rem, retry = 1, a - cnt - cost, 0
 				val, ttl = string.format('%.0f:%.0f', w, cnt + cost), reset

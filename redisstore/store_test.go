@@ -100,6 +100,30 @@ func TestExactAcrossHosts(t *testing.T) {
 	}
 }
 
+// A host with a lower limit than the count already in Redis (a reload, a
+// fleet mid-deploy) refuses with nothing remaining, never a negative count.
+func TestLowerLimitRemainingNotNegative(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
+		a, b := newHost(t, srv, 0, redisstore.Options{}), newHost(t, srv, 0, redisstore.Options{})
+		la := a.limiter(t, rule("lower-"+algo.String(), algo, 5, time.Minute))
+		lb := b.limiter(t, rule("lower-"+algo.String(), algo, 2, time.Minute))
+		for range 5 {
+			if refused, _, err := a.decide(t, "client", la); refused || err != nil {
+				t.Fatalf("%v: the limit of 5 refused: %v %v", algo, refused, err)
+			}
+		}
+		refused, hits, err := b.decide(t, "client", lb)
+		if err != nil || !refused {
+			t.Fatalf("%v: the limit of 2 after 5: refused %v, %v", algo, refused, err)
+		}
+		if d := hits[0].D; d.Remaining != 0 || d.RetryAfter <= 0 {
+			t.Fatalf("%v: refusal %+v, want 0 remaining", algo, d)
+		}
+	}
+}
+
 // Several rules on one request: one EVALSHA, and when one refuses, no
 // rule is charged.
 func TestOneRoundTripAndRefusalChargesNone(t *testing.T) {
