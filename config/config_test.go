@@ -653,3 +653,68 @@ func TestExample(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryKeyDocumented: every key a file may hold, as [Config]'s toml
+// tags name it, appears in README.md's reference and in the example file.
+// A key that exists is documented.
+func TestEveryKeyDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	example, err := os.ReadFile("../examples/preforkd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	var walk func(reflect.Type)
+	walk = func(typ reflect.Type) {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Map {
+			typ = typ.Elem()
+		}
+		if typ.Kind() != reflect.Struct {
+			return
+		}
+		for f := range typ.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			keys[name] = true
+			walk(f.Type)
+		}
+	}
+	walk(reflect.TypeFor[Config]())
+	if len(keys) < 50 {
+		t.Fatalf("found %d keys: the walk missed the tags", len(keys))
+	}
+	word := func(doc []byte, k string) bool {
+		for i := 0; ; {
+			j := strings.Index(string(doc[i:]), k)
+			if j < 0 {
+				return false
+			}
+			j += i
+			before, after := byte(' '), byte(' ')
+			if j > 0 {
+				before = doc[j-1]
+			}
+			if end := j + len(k); end < len(doc) {
+				after = doc[end]
+			}
+			isWord := func(c byte) bool { return c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
+			if !isWord(before) && !isWord(after) {
+				return true
+			}
+			i = j + 1
+		}
+	}
+	for k := range keys {
+		if !word(readme, k) {
+			t.Errorf("key %q is not in README.md", k)
+		}
+		if !word(example, k) {
+			t.Errorf("key %q is not in examples/preforkd.toml", k)
+		}
+	}
+}
