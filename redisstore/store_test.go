@@ -37,8 +37,14 @@ func newHost(t *testing.T, srv *redistest.Server, w int, o redisstore.Options) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	redisstore.WaitWarm(s) // the first call must not dial under its timeout
 	return &host{region: r, store: s}
 }
+
+// counting are the options of the tests that count decisions: a call on a
+// loaded machine (CI runs the race detector beside these tests) may take
+// longer than DefaultTimeout, and a timeout is not what they test.
+var counting = redisstore.Options{Timeout: time.Second}
 
 func (h *host) limiter(t *testing.T, r redisstore.Rule) *redisstore.Limiter {
 	t.Helper()
@@ -72,7 +78,7 @@ func TestExactAcrossHosts(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
-		a, b := newHost(t, srv, 0, redisstore.Options{}), newHost(t, srv, 0, redisstore.Options{})
+		a, b := newHost(t, srv, 0, counting), newHost(t, srv, 0, counting)
 		r := rule("exact-"+algo.String(), algo, 10, time.Minute)
 		la, lb := a.limiter(t, r), b.limiter(t, r)
 		allowed := 0
@@ -106,7 +112,7 @@ func TestLowerLimitRemainingNotNegative(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
-		a, b := newHost(t, srv, 0, redisstore.Options{}), newHost(t, srv, 0, redisstore.Options{})
+		a, b := newHost(t, srv, 0, counting), newHost(t, srv, 0, counting)
 		la := a.limiter(t, rule("lower-"+algo.String(), algo, 5, time.Minute))
 		lb := b.limiter(t, rule("lower-"+algo.String(), algo, 2, time.Minute))
 		for range 5 {
@@ -129,7 +135,7 @@ func TestLowerLimitRemainingNotNegative(t *testing.T) {
 func TestOneRoundTripAndRefusalChargesNone(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	h := newHost(t, srv, 0, redisstore.Options{})
+	h := newHost(t, srv, 0, counting)
 	wide := h.limiter(t, rule("wide", bucket.GCRA, 100, time.Minute))
 	narrow := h.limiter(t, rule("narrow", bucket.FixedWindow, 2, time.Minute))
 	third := h.limiter(t, rule("third", bucket.GCRA, 50, time.Hour))
@@ -164,7 +170,7 @@ func TestOneRoundTripAndRefusalChargesNone(t *testing.T) {
 func TestDenyCache(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	h := newHost(t, srv, 0, redisstore.Options{})
+	h := newHost(t, srv, 0, counting)
 	l := h.limiter(t, rule("deny", bucket.FixedWindow, 1, time.Minute))
 	if refused, _, err := h.decide(t, "flood", l); err != nil || refused {
 		t.Fatalf("first: refused %v, %v", refused, err)
@@ -206,8 +212,7 @@ func TestDenyCache(t *testing.T) {
 func TestNoScript(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	h := newHost(t, srv, 0, redisstore.Options{})
-	redisstore.WaitWarm(h.store)
+	h := newHost(t, srv, 0, counting)
 	l := h.limiter(t, rule("noscript", bucket.GCRA, 3, time.Minute))
 	want := []uint64{0, 1, 1, 2, 2} // NoScript after each request
 	for i := range 5 {
