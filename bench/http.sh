@@ -6,6 +6,8 @@
 #   - proxy mode (the fast engine) vs nginx proxy_pass (keepalive 64) +
 #     limit_req, both in front of the same upstream (a 1-worker nginx
 #     "return 200", or bench/cmd/hello without nginx), rules off and on;
+#   - proxy mode with ten rules of which one matches, and refusing
+#     (every request after the first answered 429 by a rule);
 #   - builtin:demo with one rule vs nginx static + limit_req.
 #
 # Prints requests/s, p99 latency (wrk --latency) and the ratios the
@@ -84,6 +86,23 @@ path = "/*"
 limit = 1000000
 window = "1s"'
 
+# Nine rules on other paths (prefix, exact, with methods, other keys) and
+# the one above: what a real configuration looks like to the matcher.
+ten_rules_toml=$(for i in 1 2 3 4 5 6 7 8 9; do
+	by=ip
+	[ $((i % 3)) = 0 ] && by='header:X-Api-Key|ip'
+	path="/api/v$i/*"
+	[ $((i % 2)) = 0 ] && path="/login$i"
+	printf '\n[[ratelimit]]\nname = "other%d"\npath = "%s"\nmethods = ["POST", "PUT"]\nby = "%s"\nlimit = 10\nwindow = "1m"\n' "$i" "$path" "$by"
+done)"$rule_toml"
+
+refuse_toml='
+[[ratelimit]]
+name = "refuse"
+path = "/*"
+limit = 1
+window = "1h"'
+
 run_embedded() { # rules
 	"$tmp/embedserver" -listen "127.0.0.1:$PORT" -workers "$WORKERS" -rules "$1" 2>"$tmp/embed-$1.log" &
 	local pid=$!
@@ -101,7 +120,11 @@ listen = "127.0.0.1:$PORT"
 workers = $WORKERS
 upstream = "$2"
 EOF
-	[ "$3" = on ] && echo "$rule_toml" >>"$conf"
+	case $3 in
+	on) echo "$rule_toml" >>"$conf" ;;
+	ten) echo "$ten_rules_toml" >>"$conf" ;;
+	refuse) echo "$refuse_toml" >>"$conf" ;;
+	esac
 	"$tmp/preforkd" run -config "$conf" 2>"${conf%.toml}.log" &
 	local pid=$!
 	pids+=("$pid")
@@ -179,6 +202,8 @@ run_embedded on
 run_embedded refuse
 run_preforkd "proxy rules=off" "http://127.0.0.1:$UPSTREAM_PORT" off
 run_preforkd "proxy rules=on" "http://127.0.0.1:$UPSTREAM_PORT" on
+run_preforkd "proxy rules=10" "http://127.0.0.1:$UPSTREAM_PORT" ten
+run_preforkd "proxy rules=refuse" "http://127.0.0.1:$UPSTREAM_PORT" refuse
 run_preforkd "demo rules=on" "builtin:demo" on
 if $have_nginx; then
 	run_nginx "nginx proxy_pass" "$proxy_pass" off
@@ -200,7 +225,9 @@ atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" a
 atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
 atleast "embedded (net/http): rules on / rules off" "$(ratio "${rps[embedded rules=on]}" "${rps[embedded rules=off]}")" 0.95
 atleast "proxy (fast engine): rules on / rules off" "$(ratio "${rps[proxy rules=on]}" "${rps[proxy rules=off]}")" 0.95
+atleast "proxy: 10 rules, 1 matching / rules off" "$(ratio "${rps[proxy rules=10]}" "${rps[proxy rules=off]}")" 0.95
 atleast "embedded: 429s / 200s (a 429 costs no more)" "$(ratio "${rps[embedded rules=refuse]}" "${rps[embedded rules=on]}")" 1.00
+atleast "proxy: 429s / 200s (a 429 costs no more)" "$(ratio "${rps[proxy rules=refuse]}" "${rps[proxy rules=on]}")" 1.00
 if $have_nginx; then
 	atleast "proxy rules=on / nginx proxy_pass+limit_req" "$(ratio "${rps[proxy rules=on]}" "${rps[nginx proxy_pass+limit_req]}")" 0.90
 	atleast "proxy rules=off / nginx proxy_pass" "$(ratio "${rps[proxy rules=off]}" "${rps[nginx proxy_pass]}")" 0.90
