@@ -420,8 +420,8 @@ func TestHeaderAndIdleTimeouts(t *testing.T) {
 	})
 	t.Run("a connection that sends nothing is closed silently", func(t *testing.T) {
 		t.Parallel()
+		start := time.Now() // before the server can start its clock
 		c, _ := dial(t, addr)
-		start := time.Now()
 		b, err := io.ReadAll(c)
 		if err != nil || len(b) != 0 {
 			t.Errorf("read %q, %v; want a quiet close", b, err)
@@ -433,9 +433,9 @@ func TestHeaderAndIdleTimeouts(t *testing.T) {
 	t.Run("an idle keep-alive connection is closed at the idle timeout", func(t *testing.T) {
 		t.Parallel()
 		c, br := dial(t, addr)
+		start := time.Now() // the idle clock starts after the response, later than this
 		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 		readResponse(t, br, "GET")
-		start := time.Now()
 		b, err := io.ReadAll(br)
 		if err != nil || len(b) != 0 {
 			t.Errorf("read %q, %v; want a quiet close", b, err)
