@@ -73,15 +73,27 @@ func (p *pendingCounts) add(k pendingKey, remote shm.Key, n int64) {
 }
 
 // shift is the offset, modulo the limiter's window, that aligns the
-// region's clock with Redis's windows, and the whole windows between them.
-func (l *Limiter) shift() (mod time.Duration, whole int64) {
+// region's clock with Redis's windows, and the whole windows between them;
+// known is false (and both zero) while Redis's clock is not known yet.
+// Callers take all three from one call: a flusher may learn the clock
+// between two reads.
+func (l *Limiter) shift() (mod time.Duration, whole int64, known bool) {
 	if !l.s.clockKnown.Load() {
-		return 0, 0
+		return 0, 0, false
 	}
 	w := l.b // µs
 	off := l.s.clock.Load()
 	m := (off%w + w) % w
-	return time.Duration(m) * time.Microsecond, (off - m) / w
+	return time.Duration(m) * time.Microsecond, (off - m) / w, true
+}
+
+// windowIndex is the index in Redis's clock of the window holding at, a
+// region time already shifted by shift; -1 when the clock was not known.
+func (l *Limiter) windowIndex(at time.Duration, whole int64, known bool) int64 {
+	if !known {
+		return -1
+	}
+	return int64(at/time.Microsecond)/l.b + whole
 }
 
 // syncDecision computes a sync-mode decision from the two counts.
@@ -97,7 +109,7 @@ func (l *Limiter) syncDecision(host, remote int64, reset time.Duration, allowed 
 // AllowKey decides one request of a sync-mode limiter at now on this
 // host's counts.
 func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
-	mod, whole := l.shift()
+	mod, whole, known := l.shift()
 	at := now + mod
 	win := l.rule.Window
 	rp, _ := l.s.tab.Peek(k.remote, at)
@@ -118,11 +130,7 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 		return l.full(err == shm.ErrQuota)
 	}
 	if ok {
-		widx := int64(-1)
-		if l.s.clockKnown.Load() {
-			widx = int64(at/time.Microsecond)/l.b + whole
-		}
-		l.pending.add(pendingKey{id: k.id, widx: widx}, k.remote, l.cost)
+		l.pending.add(pendingKey{id: k.id, widx: l.windowIndex(at, whole, known)}, k.remote, l.cost)
 	}
 	return l.syncDecision(host, remote, reset, ok)
 }
@@ -141,7 +149,7 @@ func (l *Limiter) full(capped bool) bucket.Decision {
 
 // PeekKey reports a sync-mode key's state at now without taking anything.
 func (l *Limiter) PeekKey(k *Key, now time.Duration) bucket.Decision {
-	mod, _ := l.shift()
+	mod, _, _ := l.shift()
 	at := now + mod
 	rp, _ := l.s.tab.Peek(k.remote, at)
 	hp, _ := l.s.tab.Peek(k.host, at)
@@ -153,7 +161,7 @@ func (l *Limiter) PeekKey(k *Key, now time.Duration) bucket.Decision {
 // RefundKey gives back one request a sync-mode limiter admitted at or
 // before now (another rule refused it).
 func (l *Limiter) RefundKey(k *Key, now time.Duration) {
-	mod, whole := l.shift()
+	mod, whole, known := l.shift()
 	at := now + mod
 	if _, ok := l.s.tab.Peek(k.host, at); !ok {
 		return
@@ -168,11 +176,7 @@ func (l *Limiter) RefundKey(k *Key, now time.Duration) {
 		return bucket.WindowPayload(p, t, l.rule.Window, host-min(l.cost, host)), true
 	})
 	if refunded {
-		widx := int64(-1)
-		if l.s.clockKnown.Load() {
-			widx = int64(at/time.Microsecond)/l.b + whole
-		}
-		l.pending.add(pendingKey{id: k.id, widx: widx}, k.remote, -l.cost)
+		l.pending.add(pendingKey{id: k.id, widx: l.windowIndex(at, whole, known)}, k.remote, -l.cost)
 	}
 }
 
@@ -341,10 +345,10 @@ func (f *flusher) flush(final bool) {
 }
 
 // window is the index of the window of Redis's clock that holds region
-// time now.
+// time now; -1 while the clock is not known.
 func (l *Limiter) window(now time.Duration) int64 {
-	mod, whole := l.shift()
-	return int64((now+mod)/time.Microsecond)/l.b + whole
+	mod, whole, known := l.shift()
+	return l.windowIndex(now+mod, whole, known)
 }
 
 // takePending moves the limiter's pending counts into items: every key of
@@ -353,7 +357,7 @@ func (l *Limiter) window(now time.Duration) int64 {
 // nobody counts in it any more).
 func (l *Limiter) takePending(items []flushItem, now time.Duration) []flushItem {
 	cur := l.window(now)
-	known := l.s.clockKnown.Load()
+	known := cur >= 0
 	l.pending.mu.Lock()
 	defer l.pending.mu.Unlock()
 	for k, v := range l.pending.m {
@@ -437,7 +441,7 @@ func (s *Store) runFlush(ctx context.Context, items []flushItem) error {
 // setRemote records the other hosts' count of a key in the current
 // window: it only grows within a window (a late answer never lowers it).
 func (l *Limiter) setRemote(k shm.Key, remote int64, now time.Duration) {
-	mod, _ := l.shift()
+	mod, _, _ := l.shift()
 	at := now + mod
 	_, _ = l.s.tab.Update(k, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
 		cur, _ := bucket.WindowCount(p, t, l.rule.Window)
