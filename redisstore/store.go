@@ -141,6 +141,11 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
+// Warmed is closed when the Store's background warm-up (connecting,
+// loading the scripts) is over, whether it succeeded or not: a caller that
+// must not have its first requests dial under Timeout waits for it.
+func (s *Store) Warmed() <-chan struct{} { return s.warmed }
+
 // Client is the go-redis client the Store calls.
 func (s *Store) Client() redis.UniversalClient { return s.rdb }
 

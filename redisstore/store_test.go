@@ -37,7 +37,7 @@ func newHost(t *testing.T, srv *redistest.Server, w int, o redisstore.Options) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	redisstore.WaitWarm(s) // the first call must not dial under its timeout
+	<-s.Warmed() // the first call must not dial under its timeout
 	return &host{region: r, store: s}
 }
 

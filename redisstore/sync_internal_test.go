@@ -32,7 +32,7 @@ func TestSyncCountFiledUnderOneClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	<-s.warmed
+	<-s.Warmed()
 	l, err := s.NewLimiter(Rule{Rule: bucket.Rule{Name: "clock", Limit: 1<<20 - 1, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour})
 	if err != nil {
 		t.Fatal(err)

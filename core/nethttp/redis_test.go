@@ -43,17 +43,20 @@ func globalRule(t *testing.T, r core.RateLimit) core.RateLimit {
 	return r
 }
 
-// newRedisFixture is newCoreFixture with a Store over the fixture's
-// region, so that rules with Redis set go to srv.
-func newRedisFixture(t *testing.T, srv *redistest.Server, o core.Options, bo redisstore.Breaker) *fixture {
+// newRedisFixture is newCoreFixture with a Store (ro, at srv) over the
+// fixture's region, so that rules with Redis set go to srv. It waits for
+// the Store's warm-up: the first request must not dial under its timeout.
+func newRedisFixture(t *testing.T, srv *redistest.Server, o core.Options, ro redisstore.Options) *fixture {
 	t.Helper()
 	f := &fixture{}
 	geo := shm.Options{Counters: 1024}
 	region := newRegion(t, geo)
-	st, err := redisstore.New(region, redisstore.Options{URL: srv.URL(), Breaker: bo})
+	ro.URL = srv.URL()
+	st, err := redisstore.New(region, ro)
 	if err != nil {
 		t.Fatal(err)
 	}
+	<-st.Warmed()
 	o.Redis = st
 	f = newCoreFixtureOn(t, o, region)
 	t.Cleanup(func() { f.mw.Core().Close() })
@@ -62,6 +65,12 @@ func newRedisFixture(t *testing.T, srv *redistest.Server, o core.Options, bo red
 
 var exact = &core.RedisRule{}
 
+// countingStore are the Store options of the tests that count decisions:
+// a call on a loaded machine (CI runs the race detector beside these
+// tests) may take longer than DefaultTimeout, and a timeout is not what
+// they test.
+var countingStore = redisstore.Options{Timeout: time.Second}
+
 // A Redis rule answers with the same headers and the same problem as the
 // same rule on the host's table.
 func TestRedisRuleAnswersAsLocal(t *testing.T) {
@@ -69,7 +78,7 @@ func TestRedisRuleAnswersAsLocal(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
 		local := newCoreFixture(t, core.Options{RateLimits: []core.RateLimit{redisRule(t, "login", "/login", algo, 3, time.Minute, nil)}}, shm.Options{Counters: 64})
-		remote := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{redisRule(t, "login", "/login", algo, 3, time.Minute, exact)}}, redisstore.Breaker{})
+		remote := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{redisRule(t, "login", "/login", algo, 3, time.Minute, exact)}}, countingStore)
 		for i := range 5 {
 			wl := local.get("/login", "192.0.2.1:1")
 			wr := remote.get("/login", "192.0.2.1:1")
@@ -111,7 +120,7 @@ func TestRedisSeveralRulesOneRoundTrip(t *testing.T) {
 		redisRule(t, "narrow", "/api/*", bucket.FixedWindow, 3, time.Minute, exact),
 		redisRule(t, "hourly", "/api/*", bucket.GCRA, 50, time.Hour, exact),
 		redisRule(t, "local", "/api/x", bucket.GCRA, 5, time.Minute, nil),
-	}}, redisstore.Breaker{})
+	}}, countingStore)
 	before := srv.Calls("evalsha")
 	for i := range 4 {
 		w := f.get("/api/y", "192.0.2.9:1")
@@ -132,7 +141,7 @@ func TestRedisSeveralRulesOneRoundTrip(t *testing.T) {
 	g := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{
 		redisRule(t, "remote", "/b", bucket.GCRA, 100, time.Minute, exact),
 		redisRule(t, "local", "/b", bucket.FixedWindow, 2, time.Minute, nil),
-	}}, redisstore.Breaker{})
+	}}, countingStore)
 	for range 2 {
 		if w := g.get("/b", "192.0.2.10:1"); w.Code != 200 {
 			t.Fatalf("%d", w.Code)
@@ -149,7 +158,7 @@ func TestRedisSeveralRulesOneRoundTrip(t *testing.T) {
 	h := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{
 		redisRule(t, "remote", "/c", bucket.FixedWindow, 1, time.Minute, exact),
 		redisRule(t, "local", "/c", bucket.FixedWindow, 10, time.Minute, nil),
-	}}, redisstore.Breaker{})
+	}}, countingStore)
 	h.get("/c", "192.0.2.11:1")
 	for range 3 {
 		if w := h.get("/c", "192.0.2.11:1"); w.Code != 429 {
@@ -173,7 +182,7 @@ func TestRedisDenyCacheSparesRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	f := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{
 		redisRule(t, "flood", "/", bucket.GCRA, 10, time.Minute, exact),
-	}}, redisstore.Breaker{})
+	}}, countingStore)
 	for range 10 {
 		f.get("/", "192.0.2.20:1")
 	}
@@ -204,7 +213,7 @@ func TestRedisUnavailablePolicies(t *testing.T) {
 		redisRule(t, "open", "/open", bucket.GCRA, 10, time.Minute, &core.RedisRule{OnUnavailable: redisstore.FailOpen}),
 		redisRule(t, "closed", "/closed", bucket.GCRA, 10, time.Minute, &core.RedisRule{OnUnavailable: redisstore.FailClosed}),
 		redisRule(t, "local", "/local", bucket.GCRA, 10, time.Minute, &core.RedisRule{OnUnavailable: redisstore.FailLocal, LocalShare: 2}),
-	}}, redisstore.Breaker{Failures: 3, Backoff: time.Hour})
+	}}, redisstore.Options{Breaker: redisstore.Breaker{Failures: 3, Backoff: time.Hour}})
 	// One request answered by Redis (its RateLimit field says so): on a
 	// loaded machine the first may time out and be served open, and a
 	// success resets the breaker's count of failures.
@@ -287,7 +296,7 @@ func TestRedisRuleFeatures(t *testing.T) {
 	rl.Exempt = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
 	shadow := redisRule(t, "watch", "/w", bucket.GCRA, 1, time.Minute, exact)
 	shadow.Shadow = true
-	f := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{rl, shadow}}, redisstore.Breaker{})
+	f := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{rl, shadow}}, countingStore)
 
 	// Cost 2 of 4: two requests, then the rule's own status.
 	for i, want := range []int{200, 200, 503} {
