@@ -218,6 +218,9 @@ func TestOverridesE2E(t *testing.T) {
 	if _, _, ok := d.logs.waitFor(from, 20*time.Second, msgIs("reload finished")); !ok {
 		t.Fatalf("no reload")
 	}
+	// A retiring worker still answers on the keep-alive connection it holds:
+	// the new limit is certain once every old worker is gone.
+	waitRetired(t, d, from)
 	if got := statusesOf(c, d.url("/tiers"), 3, http.Header{"X-Api-Key": {"silver"}}); got[200] != 1 || got[429] != 2 {
 		t.Fatalf("silver after the reload: %v, want 1 left of 5", got)
 	}

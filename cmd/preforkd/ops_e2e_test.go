@@ -49,16 +49,7 @@ func TestReloadUnderKeepAliveLoad(t *testing.T) {
 		if _, _, ok := d.logs.waitFor(from, run, msgIs("reload finished")); !ok {
 			t.Fatalf("HUP %d: no \"reload finished\"", hup)
 		}
-		// The retired workers have drained: their connections are gone.
-		for _, l := range d.logs.snapshot()[from:] {
-			if l.msg() != "worker retiring" {
-				continue
-			}
-			pid := l.int("pid")
-			if _, _, ok := d.logs.waitFor(from, run, func(l logLine) bool { return l.msg() == "worker exited" && l.int("pid") == pid }); !ok {
-				t.Fatalf("HUP %d: retired worker %d did not exit", hup, pid)
-			}
-		}
+		waitRetired(t, d, from) // the retired workers have drained: their connections are gone
 		t.Logf("HUP %d: reloaded and drained in %v", hup, time.Since(sent).Round(time.Millisecond))
 	}
 	if time.Since(began) > run-500*time.Millisecond {
