@@ -38,6 +38,7 @@ func FuzzLoad(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer r.Close() // a fuzz worker runs many inputs: do not keep their regions mapped
 			rep := newReport()
 			l := &loader{r: r, o: Options{Key: "k", Rules: rules, Now: wallAt(wall0)}, log: quiet, rep: &rep}
 			if err := l.load(d); err != nil {
