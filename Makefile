@@ -22,12 +22,14 @@ RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./core/... ./metrics
 	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/...
 
 # The whole proof: vet, unit and multi-process tests, the race detector on
-# the goroutine tests, a short fuzz of every parser, and the spin model.
+# the goroutine tests, every benchmark once (so that none rots between two
+# `make bench`), a short fuzz of every parser, and the spin model.
 # The fuzz here is a smoke run (30000 inputs a target, under two minutes
 # in all) that keeps CI within its budget; `make fuzz` runs a million.
 test: lint
 	$(GO) test -count=1 -timeout 10m ./...
 	$(GO) test -count=1 -race -timeout 10m $(RACE_PKGS)
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 5m ./...
 	$(MAKE) fuzz FUZZTIME=30000x
 	$(MAKE) model
 

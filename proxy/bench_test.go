@@ -13,6 +13,7 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
@@ -71,10 +72,13 @@ func BenchmarkProxy(b *testing.B) {
 
 var okBody = []byte("ok\n")
 
-// benchCore is a core with one rule that never refuses, over a private
-// region.
+// benchCore is a core with one rule that never refuses, over a region
+// with the daemon's statistics (so that the rule is counted per worker,
+// as it is there).
 func benchCore(b *testing.B) *core.Core {
-	r, err := shm.Create(shm.Options{Counters: 1024, MaxWorkers: 2})
+	o := shm.Options{Counters: 1024, MaxWorkers: 2}
+	metrics.Geometry(&o, 1)
+	r, err := shm.Create(o)
 	if err != nil {
 		b.Fatal(err)
 	}
