@@ -49,7 +49,7 @@ fuzz:
 # (bench/http.sh), Redis rules (bench/redis-http.sh), the cache
 # (bench/cache-http.sh), each beside nginx where it applies.
 bench:
-	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./metrics/ ./clientip/ ./route/" \
+	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./metrics/ ./clientip/ ./route/ ./shm/ ./cmd/preforkd/" \
 		AFTER="bench/http.sh bench/redis-http.sh bench/cache-http.sh" bash bench/bench.sh
 
 model:
