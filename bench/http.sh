@@ -17,54 +17,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-WORKERS=${WORKERS:-2}
 DURATION=${DURATION:-8}
-CONNS=${CONNS:-32}
-THREADS=${THREADS:-1}
 PORT=${PORT:-18090}
 UPSTREAM_PORT=$((PORT + 9))
-
-command -v wrk >/dev/null || { echo "http.sh: wrk is not installed (apt-get install wrk)"; exit 1; }
+. bench/lib.sh
+need wrk wrk
 have_nginx=false
 command -v nginx >/dev/null && have_nginx=true
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-	sleep 0.5
-	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
 
 go build -o "$tmp/preforkd" ./cmd/preforkd
 go build -o "$tmp/embedserver" ./bench/cmd/embedserver
 go build -o "$tmp/hello" ./bench/cmd/hello
-
-wait_up() { # url
-	for _ in $(seq 100); do
-		curl -s -o /dev/null "$1" && return 0
-		sleep 0.1
-	done
-	echo "http.sh: $1 did not come up" >&2
-	return 1
-}
-
-stop() { # pid
-	kill -TERM "$1" 2>/dev/null || true
-	for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
-	kill -KILL "$1" 2>/dev/null || true
-}
-
-# to_ms converts wrk's latency ("812.00us", "4.11ms", "1.02s") to ms.
-to_ms() {
-	awk -v v="$1" 'BEGIN {
-		n = v + 0
-		if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n += 0; else if (v ~ /s$/) n *= 1000
-		printf "%.2f", n
-	}'
-}
 
 declare -A rps p99
 measure() { # name url

@@ -9,23 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-WORKERS=${WORKERS:-2}
 DURATION=${DURATION:-5}
-CONNS=${CONNS:-32}
-THREADS=${THREADS:-1}
 PORT=${PORT:-18190}
 REDIS_PORT=$((PORT + 9))
-
-command -v wrk >/dev/null || { echo "redis-http.sh: wrk is not installed (apt-get install wrk)"; exit 1; }
-command -v redis-server >/dev/null || { echo "redis-http.sh: redis-server is not installed (apt-get install redis-server)"; exit 1; }
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+. bench/lib.sh
+need wrk wrk
+need redis-server redis-server
 
 go build -o "$tmp/preforkd" ./cmd/preforkd
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
@@ -51,7 +40,7 @@ store = "$2"
 TOML
 	"$tmp/preforkd" run -config "$tmp/$1.toml" 2>"$tmp/$1.log" &
 	local pid=$!
-	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done
+	wait_up "http://127.0.0.1:$PORT/"
 	curl -s -o /dev/null "http://127.0.0.1:$PORT/" # over the limit: the first refusal fills the deny cache
 	local out
 	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$PORT/")

@@ -79,47 +79,43 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 	for _, f := range p.refused {
 		verdict = append(verdict, f.String())
 	}
+	// refuse notes a refusal under the section being described.
+	refuse := func(f Refusal) {
+		verdict = append(verdict, f.String())
+		fmt.Fprintf(w, "\t%s\n", f)
+	}
+	// seeds checks a section's seeds against the header's.
+	seeds := func(section string, s1, s2 uint64) {
+		if s1 != h.seed1 || s2 != h.seed2 {
+			refuse(Refusal{ReasonSeed, section, "section seeds differ from the header's"})
+		}
+	}
 	for i, s := range p.sections {
 		fmt.Fprintf(w, "section %d:\t%s, %d bytes at %d, checksum ok\n", i+1, sectionName(s.typ), len(s.payload), s.offset)
 		switch s.typ {
 		case sectionCounters:
 			c, bad := parseCounters(s.payload)
 			if bad != nil {
-				verdict = append(verdict, bad.String())
-				fmt.Fprintf(w, "\t%s\n", bad)
+				refuse(*bad)
 				continue
 			}
-			if c.seed1 != h.seed1 || c.seed2 != h.seed2 {
-				f := Refusal{ReasonSeed, "counters", "section seeds differ from the header's"}
-				verdict = append(verdict, f.String())
-				fmt.Fprintf(w, "\t%s\n", f)
-			}
+			seeds("counters", c.seed1, c.seed2)
 			describeCounters(w, &h, c)
 		case sectionResponses:
 			rs, bad := parseResponses(s.payload)
 			if bad != nil {
-				verdict = append(verdict, bad.String())
-				fmt.Fprintf(w, "\t%s\n", bad)
+				refuse(*bad)
 				continue
 			}
-			if rs.seed1 != h.seed1 || rs.seed2 != h.seed2 {
-				f := Refusal{ReasonSeed, "responses", "section seeds differ from the header's"}
-				verdict = append(verdict, f.String())
-				fmt.Fprintf(w, "\t%s\n", f)
-			}
+			seeds("responses", rs.seed1, rs.seed2)
 			describeResponses(w, &h, rs)
 		case sectionCache:
 			cs, bad := parseCache(s.payload)
 			if bad != nil {
-				verdict = append(verdict, bad.String())
-				fmt.Fprintf(w, "\t%s\n", bad)
+				refuse(*bad)
 				continue
 			}
-			if cs.seed1 != h.seed1 || cs.seed2 != h.seed2 {
-				f := Refusal{ReasonSeed, "cache", "section seeds differ from the header's"}
-				verdict = append(verdict, f.String())
-				fmt.Fprintf(w, "\t%s\n", f)
-			}
+			seeds("cache", cs.seed1, cs.seed2)
 			describeCache(w, &h, cs)
 		default:
 			fmt.Fprintf(w, "\tunknown to this build: skipped at load\n")

@@ -69,40 +69,9 @@ func runEngineWorker(ctx context.Context, opts Options, index int, term <-chan o
 		ln.Close()
 		go func() { recycled <- eng.Shutdown(recycleCtx) }()
 	})
-	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
-	// Ready; the pipe stays open for a request to be recycled.
-	report := os.NewFile(fdReady, "ready")
-	if _, err := report.Write([]byte{1}); err != nil {
-		log.Error("worker failed to report readiness", "err", err)
+	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, log)
+	if !ok {
 		return 1
-	}
-
-	served := make(chan error, 1)
-	go func() { served <- eng.Serve(ln) }()
-	serving := (<-chan error)(served)
-	var why string
-	for why == "" {
-		select {
-		case err := <-serving:
-			if w.pastLimit() {
-				serving = nil // its listener was closed for recycling
-				continue
-			}
-			if err == nil {
-				err = errors.New("the engine returned without being shut down")
-			}
-			log.Error("worker stopped serving", "err", err)
-			return 1
-		case msg := <-recycle:
-			recycle = nil
-			askRecycling(report, msg, log)
-		case <-term:
-			why = "TERM"
-		case <-lifeline:
-			why = "supervisor gone"
-		case <-ctx.Done():
-			why = context.Cause(ctx).Error()
-		}
 	}
 	log.Info("worker draining", "reason", why, "timeout", timeout)
 	if w.pastLimit() {
@@ -120,11 +89,9 @@ func runEngineWorker(ctx context.Context, opts Options, index int, term <-chan o
 	if err != nil {
 		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
 	}
-	if serving != nil {
-		select {
-		case <-served:
-		case <-time.After(time.Second): // Serve returns once its listener is closed
-		}
+	select {
+	case <-served:
+	case <-time.After(time.Second): // Serve returns once its listener is closed
 	}
 	closeCore(c, log)
 	return 0

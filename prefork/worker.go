@@ -2,6 +2,7 @@ package prefork
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -153,33 +154,51 @@ func runWorker(ctx context.Context, opts Options) int {
 		conns.draining.Store(true)
 		ln.Close()
 	})
-	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
+	why, served, ok := serveUntilTold(ctx, w, func() error { return srv.Serve(ln) }, recycle, term, log)
+	if !ok {
+		return 1
+	}
+	code := drainWorker(srv, ln, served, conns, w.Config.Server.ShutdownTimeout, why, log)
+	waitRefreshes(w.h, log)
+	closeCore(c, log)
+	return code
+}
 
-	// Ready: the region is joined and the handler built. Connections that
-	// arrive before Serve wait in the shared listener's backlog. The pipe
-	// stays open: a request to be recycled goes the same way.
+// serveUntilTold reports the worker ready and serves with serve until it
+// is told to drain: TERM, the supervisor gone, or ctx done; it returns
+// why. Connections that arrive before serve runs wait in the shared
+// listener's backlog. The readiness pipe stays open: a worker past a
+// recycling limit (recycle) asks through it for a successor, and its
+// listener, closed then, makes serve return early, which is expected.
+// served has serve's result once it returned. ok is false when the
+// worker could not report ready or serve stopped on its own (logged).
+func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle <-chan []byte, term <-chan os.Signal, log *slog.Logger) (why string, served <-chan error, ok bool) {
+	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
 	report := os.NewFile(fdReady, "ready")
 	if _, err := report.Write([]byte{1}); err != nil {
 		log.Error("worker failed to report readiness", "err", err)
-		return 1
+		return "", nil, false
 	}
-
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	serving := (<-chan error)(served)
-	var why string
+	result := make(chan error, 1)
+	go func() { result <- serve() }()
+	served = result
+	serving := served
 	for why == "" {
 		select {
 		case err := <-serving:
 			if !w.pastLimit() {
+				if err == nil {
+					err = errors.New("serving returned without being shut down")
+				}
 				log.Error("worker stopped serving", "err", err)
-				return 1
+				return "", nil, false
 			}
-			// The listener was closed for recycling: wait for TERM, and
-			// let the drain see that Serve returned.
+			// The listener was closed for recycling: wait to be told,
+			// and keep the result for the drain.
 			serving = nil
-			served = make(chan error, 1)
-			served <- err
+			kept := make(chan error, 1)
+			kept <- err
+			served = kept
 		case msg := <-recycle:
 			recycle = nil
 			askRecycling(report, msg, log)
@@ -191,10 +210,7 @@ func runWorker(ctx context.Context, opts Options) int {
 			why = context.Cause(ctx).Error()
 		}
 	}
-	code := drainWorker(srv, ln, served, conns, w.Config.Server.ShutdownTimeout, why, log)
-	waitRefreshes(w.h, log)
-	closeCore(c, log)
-	return code
+	return why, served, true
 }
 
 // askRecycling tells the supervisor, through the readiness pipe, that
