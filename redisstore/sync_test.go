@@ -101,3 +101,44 @@ func TestSyncWithoutFlushIsPerHost(t *testing.T) {
 		t.Fatalf("host a flushed %d at close, want 10", st.Flushed)
 	}
 }
+
+// A count admitted while the flusher learns Redis's clock is filed under
+// the window it was decided in, or under "clock not known yet": never
+// under an index mixed from both (a window long past, which the flush
+// drops: the count would never reach Redis). The test learns and forgets
+// the clock over and over beside a worker admitting, to hit that moment
+// many times.
+func TestSyncCountFiledUnderOneClock(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := newHost(t, srv, 0, redisstore.Options{})
+	l := h.limiter(t, redisstore.Rule{Rule: bucket.Rule{Name: "clock", Limit: 1<<20 - 1, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour})
+	// Wait for the flusher's own measurement, so that it does not race the
+	// test's below.
+	for !redisstore.ClockKnown(h.store) {
+		time.Sleep(time.Millisecond)
+	}
+	redisUS := time.Now().UnixMicro()
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for !stop.Load() {
+			redisstore.ForgetClock(h.store)
+			redisstore.SetClock(h.store, redisUS, h.region.Now(), h.region.Now())
+		}
+	})
+	k := l.Key([]byte("k"))
+	for range 200000 {
+		if !l.AllowKey(&k, h.region.Now()).Allowed {
+			t.Fatal("refused under a limit of 2^20-1")
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	byWindow, cur := redisstore.PendingWindows(l, h.region.Now())
+	for w, n := range byWindow {
+		if w != -1 && w != cur {
+			t.Errorf("%d counts filed under window %d; the current one is %d", n, w, cur)
+		}
+	}
+}

@@ -1,0 +1,24 @@
+package redisstore
+
+import "time"
+
+// SetClock records Redis's clock (µs) as read between two region times,
+// as a flush does; ForgetClock makes it unknown again.
+func SetClock(s *Store, redisUS int64, before, after time.Duration) {
+	s.setClock(redisUS, before, after)
+}
+func ForgetClock(s *Store)     { s.clockKnown.Store(false) }
+func ClockKnown(s *Store) bool { return s.clockKnown.Load() }
+
+// PendingWindows is the counts l holds for its next flush, by the window
+// index each is filed under (-1: Redis's clock was not known), and the
+// index of the current window.
+func PendingWindows(l *Limiter, now time.Duration) (byWindow map[int64]int64, current int64) {
+	l.pending.mu.Lock()
+	defer l.pending.mu.Unlock()
+	byWindow = map[int64]int64{}
+	for k, v := range l.pending.m {
+		byWindow[k.widx] += v.n
+	}
+	return byWindow, l.window(now)
+}
