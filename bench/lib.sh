@@ -45,3 +45,44 @@ to_ms() {
 		printf "%.2f", n
 	}'
 }
+
+# nginx_conf dir workers listen-port location-body [limit on|off]: an
+# nginx.conf with everything in dir; upstream "app" is 127.0.0.1:
+# $UPSTREAM_PORT, and limit on adds a limit_req that never refuses.
+nginx_conf() {
+	local dir=$1 zone="" limit=""
+	mkdir -p "$dir"
+	if [ "${5:-off}" = on ]; then
+		zone='limit_req_zone $binary_remote_addr zone=all:10m rate=10000000r/s;'
+		limit='limit_req zone=all burst=1000000 nodelay;'
+	fi
+	cat >"$dir/nginx.conf" <<EOF
+worker_processes $2;
+pid $dir/nginx.pid;
+error_log $dir/error.log;
+daemon off;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	keepalive_requests 1000000;
+	client_body_temp_path $dir/body;
+	proxy_temp_path $dir/proxy;
+	fastcgi_temp_path $dir/fastcgi;
+	uwsgi_temp_path $dir/uwsgi;
+	scgi_temp_path $dir/scgi;
+	$zone
+	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
+	server {
+		listen 127.0.0.1:$3;
+		location / {
+			$limit
+			$4
+		}
+	}
+}
+EOF
+}
+
+# Location bodies for nginx_conf: the upstream's answer, and a proxy to it.
+static='default_type text/plain; return 200 "hello\n";'
+proxy_pass='proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";'

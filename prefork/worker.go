@@ -181,8 +181,7 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 	}
 	result := make(chan error, 1)
 	go func() { result <- serve() }()
-	served = result
-	serving := served
+	served, serving := result, (<-chan error)(result)
 	for why == "" {
 		select {
 		case err := <-serving:

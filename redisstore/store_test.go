@@ -41,10 +41,8 @@ func newHost(t *testing.T, srv *redistest.Server, w int, o redisstore.Options) *
 	return &host{region: r, store: s}
 }
 
-// counting are the options of the tests that count decisions: a call on a
-// loaded machine (CI runs the race detector beside these tests) may take
-// longer than DefaultTimeout, and a timeout is not what they test.
-var counting = redisstore.Options{Timeout: time.Second}
+// counting are the options of the tests that count decisions.
+var counting = redisstore.Options{Timeout: redistest.CallTimeout}
 
 func (h *host) limiter(t *testing.T, r redisstore.Rule) *redisstore.Limiter {
 	t.Helper()

@@ -65,11 +65,8 @@ func newRedisFixture(t *testing.T, srv *redistest.Server, o core.Options, ro red
 
 var exact = &core.RedisRule{}
 
-// countingStore are the Store options of the tests that count decisions:
-// a call on a loaded machine (CI runs the race detector beside these
-// tests) may take longer than DefaultTimeout, and a timeout is not what
-// they test.
-var countingStore = redisstore.Options{Timeout: time.Second}
+// countingStore are the Store options of the tests that count decisions.
+var countingStore = redisstore.Options{Timeout: redistest.CallTimeout}
 
 // A Redis rule answers with the same headers and the same problem as the
 // same rule on the host's table.

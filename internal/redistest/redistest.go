@@ -64,6 +64,12 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
+// CallTimeout is the Redis call timeout for tests that count decisions:
+// a call on a loaded machine (CI runs the race detector beside these
+// tests) may take longer than the 25ms default, and a timeout is not what
+// they test. Tests of timeouts keep the default.
+const CallTimeout = time.Second
+
 // handedOut holds every address this test process has given a server. A
 // killed server's port is free to the kernel, but its test may restart
 // it there (Restart): no other test of the process may take it meanwhile.
