@@ -3,7 +3,6 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -102,7 +101,7 @@ func (as *accounts) held(a uint16) int { return int(atomic.LoadUint64(&as.a[a].h
 // wait, or not at all when wait is 0 (then ErrLockTimeout at once).
 func (as *accounts) lock(a uint16, owner uint64, wait time.Duration) error {
 	w := &as.a[a].lock
-	var deadline int64
+	var b lockBackoff
 	for n := 0; ; n++ {
 		cur := atomic.LoadUint64(w)
 		if cur == 0 {
@@ -121,19 +120,9 @@ func (as *accounts) lock(a uint16, owner uint64, wait time.Duration) error {
 			}
 			continue
 		}
-		if wait <= 0 {
+		if wait <= 0 || !b.wait(n, wait) {
 			return ErrLockTimeout
 		}
-		if n < 64 {
-			runtime.Gosched()
-			continue
-		}
-		if deadline == 0 {
-			deadline = nanotime() + int64(wait)
-		} else if nanotime() > deadline {
-			return ErrLockTimeout
-		}
-		time.Sleep(time.Duration(min(n-63, 50)) * 20 * time.Microsecond)
 	}
 }
 

@@ -252,16 +252,8 @@ func TestQuotaPlaceAndRebuild(t *testing.T) {
 		a.Allow(fmt.Sprint(i), time.Minute)
 		b.Allow(fmt.Sprint(i), time.Minute)
 	}
-	entries := slices.Collect(src.Counters().Snapshot())
 	dst := privateRegion(t, shm.Options{Counters: 2048})
-	if err := dst.SetSeeds(src.Seeds()); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		if err := dst.Counters().Place(e); err != nil {
-			t.Fatal(err)
-		}
-	}
+	placeInto(t, dst, src, slices.Collect(src.Counters().Snapshot()))
 	acc := func(rule string) uint16 { return bucket.Rule{Name: rule}.Account() }
 	if dst.Counters().Held(acc("a")) != 30 || dst.Counters().Held(acc("b")) != 50 {
 		t.Fatalf("placed: a %d, b %d", dst.Counters().Held(acc("a")), dst.Counters().Held(acc("b")))

@@ -11,6 +11,20 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
+// placeInto reseeds dst as src and places entries, a snapshot of src's
+// counters, into it.
+func placeInto(t testing.TB, dst, src *shm.Region, entries []shm.Entry) {
+	t.Helper()
+	if err := dst.SetSeeds(src.Seeds()); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := dst.Counters().Place(e); err != nil {
+			t.Fatalf("place: %v", err)
+		}
+	}
+}
+
 // Entries of a snapshot placed into empty tables (private or mapped;
 // smaller, equal or larger) are found, decided and reclaimed as if they
 // had been claimed.
@@ -35,22 +49,11 @@ func TestPlace(t *testing.T) {
 	if len(entries) != 600 {
 		t.Fatalf("only %d entries", len(entries))
 	}
-	memfd, err := shm.Create(shm.Options{Counters: 2048, MaxWorkers: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer memfd.Close()
+	memfd := createRegion(t, shm.Options{Counters: 2048, MaxWorkers: 8})
 	small, large := privateRegion(t, shm.Options{Counters: 2048, MaxWorkers: 8}), privateRegion(t, shm.Options{Counters: 8192, MaxWorkers: 8})
 	for _, dst := range []*shm.Region{small, memfd, large} {
 		t.Run(fmt.Sprintf("%d slots, mapped=%v", dst.Geometry().Counters, dst.File() != nil), func(t *testing.T) {
-			if err := dst.SetSeeds(src.Seeds()); err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range entries {
-				if err := dst.Counters().Place(e); err != nil {
-					t.Fatalf("place: %v", err)
-				}
-			}
+			placeInto(t, dst, src, entries)
 			if err := dst.Counters().Place(entries[0]); !errors.Is(err, shm.ErrDuplicate) {
 				t.Fatalf("a key placed twice: %v", err)
 			}

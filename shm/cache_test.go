@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -344,18 +343,12 @@ func TestCacheSnapshotPlace(t *testing.T) {
 	}
 }
 
-// cacheResult is what a "cache" child prints.
-type cacheResult struct {
-	Fills   int      // fetches this process made (it held the lock)
-	Entries []string // what every goroutine ended with
-}
-
 // cacheChild: goroutines miss one key at once; whoever takes the fill lock
 // "fetches" (a pause) and fills; the others wait on the lock and read.
 func cacheChild(r *shm.Region, spec childSpec) error {
 	tab := r.Responses()
 	k := r.Counters().KeyOf(2, []byte(spec.Keys[0]))
-	var res cacheResult
+	var res onceResult
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for range spec.Goroutines {
@@ -368,7 +361,7 @@ func cacheChild(r *shm.Region, spec childSpec) error {
 				}
 				if f.Data != nil {
 					mu.Lock()
-					res.Entries = append(res.Entries, string(f.Data))
+					res.Ended = append(res.Ended, string(f.Data))
 					mu.Unlock()
 					return
 				}
@@ -382,7 +375,7 @@ func cacheChild(r *shm.Region, spec childSpec) error {
 					continue
 				}
 				mu.Lock()
-				res.Fills++
+				res.Runs++
 				mu.Unlock()
 				time.Sleep(spec.Pause)
 				tab.CacheFill(lock, fmt.Appendf(nil, "fetched by pid %d", os.Getpid()), r.Now()+time.Hour, r.Now())
@@ -396,30 +389,5 @@ func cacheChild(r *shm.Region, spec childSpec) error {
 // 4 processes × 8 goroutines miss one key: one fetch, and all 32 read
 // what it stored.
 func TestCacheOneFillAcrossProcesses(t *testing.T) {
-	r := idemRegion(t)
-	specs := make([]childSpec, 4)
-	for i := range specs {
-		specs[i] = childSpec{Worker: i + 1, Keys: []string{"GET /hot"}, Goroutines: 8, Pause: 50 * time.Millisecond}
-	}
-	procs, release := spawn(t, r, "cache", specs)
-	release()
-	fills := 0
-	entries := map[string]int{}
-	for _, p := range procs {
-		var res cacheResult
-		p.Decode(&res, 60*time.Second)
-		p.Wait(30 * time.Second)
-		fills += res.Fills
-		for _, e := range res.Entries {
-			entries[e]++
-		}
-	}
-	if fills != 1 || len(entries) != 1 {
-		t.Fatalf("%d fills, entries %v", fills, entries)
-	}
-	for e, n := range entries {
-		if n != 32 || !strings.HasPrefix(e, "fetched by pid") {
-			t.Fatalf("entry %q read %d times, want 32", e, n)
-		}
-	}
+	checkRunsOnce(t, "cache", "GET /hot", 4, 8, "fetched by pid")
 }

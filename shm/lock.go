@@ -23,7 +23,7 @@ const defaultLockWait = 250 * time.Millisecond
 // lockWord takes an insert lock word for owner: it releases it from a dead
 // holder at once and waits for a live one up to wait.
 func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
-	var deadline int64
+	var b lockBackoff
 	for n := 0; ; n++ {
 		cur := atomic.LoadUint64(w)
 		if cur == 0 {
@@ -38,17 +38,31 @@ func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
 			}
 			continue
 		}
-		if n < 64 {
-			runtime.Gosched()
-			continue
-		}
-		if deadline == 0 {
-			deadline = nanotime() + int64(wait)
-		} else if nanotime() > deadline {
+		if !b.wait(n, wait) {
 			return ErrLockTimeout
 		}
-		time.Sleep(time.Duration(min(n-63, 50)) * 20 * time.Microsecond)
 	}
+}
+
+// lockBackoff paces the retries of a lock that a live process holds: the
+// first 64 yield the processor, the later ones sleep longer and longer (up
+// to 1ms), until wait has passed since the first sleep.
+type lockBackoff struct{ deadline int64 }
+
+// wait paces retry n of a lock; it reports false, without waiting, once
+// the wait is over.
+func (b *lockBackoff) wait(n int, wait time.Duration) bool {
+	if n < 64 {
+		runtime.Gosched()
+		return true
+	}
+	if b.deadline == 0 {
+		b.deadline = nanotime() + int64(wait)
+	} else if nanotime() > b.deadline {
+		return false
+	}
+	time.Sleep(time.Duration(min(n-63, 50)) * 20 * time.Microsecond)
+	return true
 }
 
 // unlockWord releases an insert lock word if owner still holds it.

@@ -211,17 +211,69 @@ func hammer(t *testing.T, r *shm.Region, n int, spec childSpec) childResult {
 	return total
 }
 
-func newRegion(t *testing.T, o shm.Options) *shm.Region {
+// createRegion creates a region in memory that children can map, closed
+// when the test ends.
+func createRegion(t *testing.T, o shm.Options) *shm.Region {
 	t.Helper()
 	r, err := shm.Create(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// newRegion is createRegion joined as worker 0.
+func newRegion(t *testing.T, o shm.Options) *shm.Region {
+	t.Helper()
+	r := createRegion(t, o)
 	if err := r.Join(0); err != nil {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// killFirstWhile calls check over and over while the children procs run:
+// after d it kills the first (joined as worker 1) and reaps it, then
+// waits for the others to exit, decoding what each reports into report
+// unless it is nil. It fails the test with the first problem check
+// reported.
+func killFirstWhile(t *testing.T, r *shm.Region, procs []*proctest.Proc, d time.Duration, report any, check func() string) {
+	t.Helper()
+	quit, done := make(chan struct{}), make(chan struct{})
+	var first string
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if msg := check(); msg != "" && first == "" {
+				first = msg
+			}
+		}
+	}()
+	stop := sync.OnceFunc(func() { close(quit); <-done })
+	defer stop() // on a failure too: check reads the region, unmapped when the test ends
+	time.Sleep(d)
+	procs[0].Kill()
+	if _, err := r.Reap(1); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range procs[1:] {
+		if report != nil {
+			p.Decode(report, 60*time.Second)
+		}
+		if err := p.Wait(30 * time.Second); err != nil {
+			t.Fatalf("child %d: %v", i+2, err)
+		}
+	}
+	stop()
+	if first != "" {
+		t.Fatal(first)
+	}
 }
 
 // checkTable asserts that no key is LIVE twice, nothing is left BUSY or
@@ -423,42 +475,14 @@ func TestMultiProcessQuota(t *testing.T) {
 	}
 	procs, release := spawn(t, r, "hammer", []childSpec{spec(1, capped), spec(2, capped), spec(3, gcra), spec(4, open)})
 	release()
-	stop := make(chan struct{})
-	over := make(chan string, 1)
-	go func() {
-		for {
-			select {
-			case <-stop:
-				close(over)
-				return
-			default:
-			}
-			for _, rule := range []bucket.Rule{capped, gcra} {
-				if n := r.Counters().Held(rule.Account()); n > rule.MaxKeys {
-					select {
-					case over <- fmt.Sprintf("rule %s holds %d slots, max %d", rule.Name, n, rule.MaxKeys):
-					default:
-					}
-				}
+	killFirstWhile(t, r, procs, 500*time.Millisecond, &childResult{}, func() string {
+		for _, rule := range []bucket.Rule{capped, gcra} {
+			if n := r.Counters().Held(rule.Account()); n > rule.MaxKeys {
+				return fmt.Sprintf("rule %s holds %d slots, max %d", rule.Name, n, rule.MaxKeys)
 			}
 		}
-	}()
-	time.Sleep(500 * time.Millisecond)
-	procs[0].Kill()
-	if _, err := r.Reap(1); err != nil {
-		t.Fatal(err)
-	}
-	for i, p := range procs[1:] {
-		var res childResult
-		p.Decode(&res, 60*time.Second)
-		if err := p.Wait(30 * time.Second); err != nil {
-			t.Fatalf("child %d: %v", i+2, err)
-		}
-	}
-	close(stop)
-	if msg, ok := <-over; ok {
-		t.Fatal(msg)
-	}
+		return ""
+	})
 	st := r.Counters().Stats()
 	t.Logf("stats %+v; held: capped %d, gcra %d, open %d", st,
 		r.Counters().Held(capped.Account()), r.Counters().Held(gcra.Account()), r.Counters().Held(open.Account()))

@@ -14,10 +14,10 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
-// idemResult is what an "idem" child prints.
-type idemResult struct {
-	Executions int      // requests this process ran (it held the reservation)
-	Bodies     []string // bodies every goroutine ended with (run or replayed)
+// onceResult is what an "idem" or a "cache" child prints.
+type onceResult struct {
+	Runs  int      // goroutines of this process that did the work: held the reservation and ran, or the fill lock and fetched
+	Ended []string // what every goroutine ended with: the body it ran or replayed, the entry it read
 }
 
 // idemChild: goroutines send the same keyed request; whoever reserves
@@ -39,7 +39,7 @@ func idemChild(c *proctest.Child) error {
 		c.Say("reserved")
 		time.Sleep(time.Hour)
 	}
-	var res idemResult
+	var res onceResult
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for g := 0; g < spec.Goroutines; g++ {
@@ -57,7 +57,7 @@ func idemChild(c *proctest.Child) error {
 				case shm.Reserved:
 					body := fmt.Sprintf("order created by pid %d", os.Getpid())
 					mu.Lock()
-					res.Executions++
+					res.Runs++
 					mu.Unlock()
 					time.Sleep(spec.Pause)
 					tab.Complete(tk, &shm.Response{Status: 201, Body: []byte(body)}, r.Now(), time.Hour)
@@ -71,7 +71,7 @@ func idemChild(c *proctest.Child) error {
 					return
 				}
 				mu.Lock()
-				res.Bodies = append(res.Bodies, string(got.Body))
+				res.Ended = append(res.Ended, string(got.Body))
 				mu.Unlock()
 				return
 			}
@@ -83,46 +83,49 @@ func idemChild(c *proctest.Child) error {
 
 func idemRegion(t *testing.T) *shm.Region {
 	t.Helper()
-	r, err := shm.Create(shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 16})
-	if err != nil {
-		t.Fatal(err)
+	return newRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 16})
+}
+
+// checkRunsOnce starts n processes of role ("idem" or "cache"), each with
+// g goroutines on key, and checks that one goroutine of them all ran the
+// request and that all n×g ended with its result, which starts with
+// prefix.
+func checkRunsOnce(t *testing.T, role, key string, n, g int, prefix string) {
+	t.Helper()
+	r := idemRegion(t)
+	specs := make([]childSpec, n)
+	for i := range specs {
+		specs[i] = childSpec{Worker: i + 1, Keys: []string{key}, Goroutines: g, Pause: 50 * time.Millisecond}
 	}
-	t.Cleanup(func() { r.Close() })
-	r.Join(0)
-	return r
+	procs, release := spawn(t, r, role, specs)
+	release()
+	runs := 0
+	ended := map[string]int{}
+	for i, p := range procs {
+		var res onceResult
+		p.Decode(&res, 60*time.Second)
+		if err := p.Wait(30 * time.Second); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		runs += res.Runs
+		for _, e := range res.Ended {
+			ended[e]++
+		}
+	}
+	if runs != 1 || len(ended) != 1 {
+		t.Fatalf("ran %d times, ended with %v", runs, ended)
+	}
+	for e, c := range ended {
+		if c != n*g || !strings.HasPrefix(e, prefix) {
+			t.Fatalf("%q ended %d goroutines, want %d, with a result that starts %q", e, c, n*g, prefix)
+		}
+	}
 }
 
 // 4 processes × 5 goroutines send one keyed request: it runs once, and
 // all 20 end with the same body.
 func TestResponsesExactlyOnceAcrossProcesses(t *testing.T) {
-	r := idemRegion(t)
-	specs := make([]childSpec, 4)
-	for i := range specs {
-		specs[i] = childSpec{Worker: i + 1, Keys: []string{"order-42"}, Goroutines: 5, Pause: 50 * time.Millisecond}
-	}
-	procs, release := spawn(t, r, "idem", specs)
-	release()
-	executions := 0
-	bodies := map[string]int{}
-	for i, p := range procs {
-		var res idemResult
-		p.Decode(&res, 60*time.Second)
-		if err := p.Wait(10 * time.Second); err != nil {
-			t.Fatalf("child %d: %v", i, err)
-		}
-		executions += res.Executions
-		for _, b := range res.Bodies {
-			bodies[b]++
-		}
-	}
-	if executions != 1 || len(bodies) != 1 {
-		t.Fatalf("%d executions, bodies %v", executions, bodies)
-	}
-	for b, n := range bodies {
-		if n != 20 || !strings.HasPrefix(b, "order created") {
-			t.Fatalf("body %q seen %d times, want 20", b, n)
-		}
-	}
+	checkRunsOnce(t, "idem", "order-42", 4, 5, "order created")
 }
 
 // A process killed while it holds a reservation leaves the key free once
@@ -201,37 +204,12 @@ func TestMultiProcessRecordsQuota(t *testing.T) {
 	}
 	procs, release := spawn(t, r, "records", specs)
 	release()
-	stop, over := make(chan struct{}), make(chan int, 1)
-	go func() {
-		defer close(over)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if n := r.Responses().Held(q.Account); n > q.Max {
-				select {
-				case over <- n:
-				default:
-				}
-			}
+	killFirstWhile(t, r, procs, 300*time.Millisecond, nil, func() string {
+		if n := r.Responses().Held(q.Account); n > q.Max {
+			return fmt.Sprintf("the client held %d records, max %d", n, q.Max)
 		}
-	}()
-	time.Sleep(300 * time.Millisecond)
-	procs[0].Kill()
-	if _, err := r.Reap(1); err != nil {
-		t.Fatal(err)
-	}
-	for i, p := range procs[1:] {
-		if err := p.Wait(30 * time.Second); err != nil {
-			t.Fatalf("child %d: %v", i+2, err)
-		}
-	}
-	close(stop)
-	if n, ok := <-over; ok {
-		t.Fatalf("the client held %d records, max %d", n, q.Max)
-	}
+		return ""
+	})
 	st := r.Responses().Stats()
 	t.Logf("stats %+v, held %d", st, r.Responses().Held(q.Account))
 	if st.Quota == 0 || st.Swept+uint64(st.Complete) == 0 {

@@ -15,12 +15,7 @@ import (
 
 func respRegion(t testing.TB, records int, poolBytes int64) *shm.Region {
 	t.Helper()
-	r, err := shm.CreatePrivate(shm.Options{Counters: 8, Responses: records, ResponseBytes: poolBytes, BlockSize: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Join(0)
-	return r
+	return privateRegion(t, shm.Options{Counters: 8, Responses: records, ResponseBytes: poolBytes, BlockSize: 256})
 }
 
 func fpOf(s string) shm.Fingerprint { return sha256.Sum256([]byte(s)) }

@@ -37,11 +37,7 @@ func attachAs(t *testing.T, r *shm.Region, w int) *shm.Region {
 // totals, which never drop, and the next process of that index starts
 // from zero.
 func TestStatRowsFold(t *testing.T) {
-	r, err := shm.Create(shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := createRegion(t, shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 3})
 	if n := len(r.StatRow()); n != 3 {
 		t.Fatalf("StatRow has %d words, want 3", n)
 	}
@@ -93,11 +89,7 @@ func TestStatRowsFold(t *testing.T) {
 // every sum is at least the one before (nothing seen twice, then lost) and
 // at most what was added (nothing seen twice); at the end it is exact.
 func TestStatSumNeverGoesBack(t *testing.T) {
-	r, err := shm.Create(shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := createRegion(t, shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 1})
 	var added atomic.Uint64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

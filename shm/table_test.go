@@ -142,11 +142,7 @@ func TestAllowDoesNotAllocate(t *testing.T) {
 }
 
 func TestGeometry(t *testing.T) {
-	r, err := shm.Create(shm.Options{Counters: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := createRegion(t, shm.Options{Counters: 1000})
 	if g := r.Geometry(); g.Counters != 1024 || g.Probe != shm.DefaultProbe || g.MaxWorkers != shm.DefaultMaxWorkers {
 		t.Fatalf("geometry %+v", g)
 	}
@@ -189,11 +185,7 @@ func TestTooLarge(t *testing.T) {
 
 // Attach refuses a file that is not a region, or a damaged header.
 func TestAttachRefuses(t *testing.T) {
-	r, err := shm.Create(shm.Options{Counters: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := createRegion(t, shm.Options{Counters: 8})
 	good := append([]byte(nil), r.Bytes()...)
 	for _, tc := range []struct {
 		name   string
@@ -260,14 +252,7 @@ func TestReseedAndPlace(t *testing.T) {
 	saved := slices.Collect(a.Counters().Snapshot())
 
 	b := privateRegion(t, shm.Options{Counters: 128})
-	if err := b.SetSeeds(a.Seeds()); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range saved {
-		if err := b.Counters().Place(e); err != nil {
-			t.Fatal(err)
-		}
-	}
+	placeInto(t, b, a, saved)
 	if err := b.SetSeeds(1, 2); !errors.Is(err, shm.ErrNotEmpty) {
 		t.Fatalf("reseed of a used table: %v", err)
 	}
