@@ -205,27 +205,23 @@ const (
 	FailClosed
 )
 
+// onUnavailableNames are the names ParseOnUnavailable reads and String
+// writes, indexed by value.
+var onUnavailableNames = [...]string{FailLocal: "local", FailOpen: "open", FailClosed: "closed"}
+
 // ParseOnUnavailable parses "open", "closed" or "local".
 func ParseOnUnavailable(s string) (OnUnavailable, error) {
-	switch s {
-	case "open":
-		return FailOpen, nil
-	case "closed":
-		return FailClosed, nil
-	case "local":
-		return FailLocal, nil
+	for u, name := range onUnavailableNames {
+		if s == name {
+			return OnUnavailable(u), nil
+		}
 	}
 	return 0, fmt.Errorf("redisstore: on_unavailable %q: want \"open\", \"closed\" or \"local\"", s)
 }
 
 func (u OnUnavailable) String() string {
-	switch u {
-	case FailOpen:
-		return "open"
-	case FailClosed:
-		return "closed"
-	case FailLocal:
-		return "local"
+	if int(u) < len(onUnavailableNames) {
+		return onUnavailableNames[u]
 	}
 	return fmt.Sprintf("OnUnavailable(%d)", uint8(u))
 }

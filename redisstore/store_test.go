@@ -41,6 +41,18 @@ func newHost(t *testing.T, srv *redistest.Server, w int, o redisstore.Options) *
 	return &host{region: r, store: s}
 }
 
+// newHosts starts n hosts with options o, each with a limiter of r.
+func newHosts(t *testing.T, srv *redistest.Server, n int, o redisstore.Options, r redisstore.Rule) ([]*host, []*redisstore.Limiter) {
+	t.Helper()
+	hs := make([]*host, n)
+	ls := make([]*redisstore.Limiter, n)
+	for i := range hs {
+		hs[i] = newHost(t, srv, 0, o)
+		ls[i] = hs[i].limiter(t, r)
+	}
+	return hs, ls
+}
+
 // counting are the options of the tests that count decisions.
 var counting = redisstore.Options{Timeout: redistest.CallTimeout}
 
@@ -76,15 +88,10 @@ func TestExactAcrossHosts(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
-		a, b := newHost(t, srv, 0, counting), newHost(t, srv, 0, counting)
-		r := rule("exact-"+algo.String(), algo, 10, time.Minute)
-		la, lb := a.limiter(t, r), b.limiter(t, r)
+		hs, ls := newHosts(t, srv, 2, counting, rule("exact-"+algo.String(), algo, 10, time.Minute))
 		allowed := 0
 		for i := range 40 {
-			h, l := a, la
-			if i%2 == 1 {
-				h, l = b, lb
-			}
+			h, l := hs[i%2], ls[i%2]
 			refused, hits, err := h.decide(t, "client", l)
 			if err != nil {
 				t.Fatal(err)
@@ -303,6 +310,31 @@ func TestOptionsErrors(t *testing.T) {
 	}
 	if _, err := s.NewLimiter(redisstore.Rule{Rule: bucket.Rule{Name: "c", Limit: 4, Window: time.Second, Cost: 3}, OnUnavailable: redisstore.FailLocal, LocalShare: 2}); err == nil {
 		t.Error("a local share that cannot hold one request's cost accepted")
+	}
+}
+
+// An OnUnavailable's text is what ParseOnUnavailable reads back.
+func TestOnUnavailableText(t *testing.T) {
+	for want, text := range map[redisstore.OnUnavailable]string{
+		redisstore.FailLocal:  "local",
+		redisstore.FailOpen:   "open",
+		redisstore.FailClosed: "closed",
+	} {
+		if got := want.String(); got != text {
+			t.Errorf("OnUnavailable %d is %q, want %q", uint8(want), got, text)
+		}
+		var u redisstore.OnUnavailable
+		if err := u.UnmarshalText([]byte(text)); err != nil || u != want {
+			t.Errorf("UnmarshalText(%q) = %d, %v; want %d", text, uint8(u), err, uint8(want))
+		}
+	}
+	if got := redisstore.OnUnavailable(3).String(); got != "OnUnavailable(3)" {
+		t.Errorf("OnUnavailable 3 is %q", got)
+	}
+	for _, s := range []string{"", "Open", "maybe"} {
+		if u, err := redisstore.ParseOnUnavailable(s); err == nil {
+			t.Errorf("ParseOnUnavailable(%q) = %v, want an error", s, u)
+		}
 	}
 }
 

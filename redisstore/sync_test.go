@@ -27,12 +27,7 @@ func TestSyncOverAdmissionBound(t *testing.T) {
 		rate     = 400 // requests per second per host
 	)
 	r := redisstore.Rule{Rule: bucket.Rule{Name: "sync", Limit: limit, Window: window, Algorithm: bucket.FixedWindow}, Sync: interval}
-	var hs [hosts]*host
-	var ls [hosts]*redisstore.Limiter
-	for i := range hs {
-		hs[i] = newHost(t, srv, 0, redisstore.Options{})
-		ls[i] = hs[i].limiter(t, r)
-	}
+	hs, ls := newHosts(t, srv, hosts, redisstore.Options{}, r)
 	// Start just after a window of Redis's clock begins, stop just before
 	// it ends: every admission counted falls in that one window.
 	rt, err := srv.Client().Time(context.Background()).Result()
@@ -78,14 +73,10 @@ func TestSyncWithoutFlushIsPerHost(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	r := redisstore.Rule{Rule: bucket.Rule{Name: "sync-slow", Limit: 10, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour}
-	a, b := newHost(t, srv, 0, redisstore.Options{}), newHost(t, srv, 0, redisstore.Options{})
-	la, lb := a.limiter(t, r), b.limiter(t, r)
+	hs, ls := newHosts(t, srv, 2, redisstore.Options{}, r)
 	n := 0
 	for i := range 40 {
-		h, l := a, la
-		if i%2 == 1 {
-			h, l = b, lb
-		}
+		h, l := hs[i%2], ls[i%2]
 		k := l.Key([]byte("k"))
 		if l.AllowKey(&k, h.region.Now()).Allowed {
 			n++
@@ -95,10 +86,11 @@ func TestSyncWithoutFlushIsPerHost(t *testing.T) {
 		t.Fatalf("%d admitted, want 10 per host", n)
 	}
 	// Close flushes: the counts reach Redis.
-	a.store.Close()
-	b.store.Close()
-	if st := a.store.Stats(a.region.Now()); st.Flushed != 10 {
-		t.Fatalf("host a flushed %d at close, want 10", st.Flushed)
+	for _, h := range hs {
+		h.store.Close()
+	}
+	if st := hs[0].store.Stats(hs[0].region.Now()); st.Flushed != 10 {
+		t.Fatalf("host 0 flushed %d at close, want 10", st.Flushed)
 	}
 }
 
