@@ -2,7 +2,6 @@ package core_test
 
 import (
 	"bytes"
-	"net/netip"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -13,46 +12,12 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
-// getRequest is a GET as an engine's view would show it.
-type getRequest struct {
-	method      string // "" is GET
-	path, query string
-	header      map[string][]string
-}
-
-func (r *getRequest) Method() string {
-	if r.method == "" {
-		return "GET"
-	}
-	return r.method
-}
-func (r *getRequest) Path() string     { return r.path }
-func (r *getRequest) Query() string    { return r.query }
-func (r *getRequest) Peer() netip.Addr { return netip.AddrFrom4([4]byte{192, 0, 2, 1}) }
-func (r *getRequest) Header(name string) (string, int) {
-	vs := r.header[name]
-	if len(vs) == 0 {
-		return "", 0
-	}
-	return vs[0], len(vs)
-}
-func (r *getRequest) HeaderLines(name string, dst []string) []string {
-	return append(dst, r.header[name]...)
-}
-func (r *getRequest) Body(int64) ([]byte, error) { return nil, nil }
-func (r *getRequest) Gone() bool                 { return false }
-
 // cacheCore is a core with one cache block over every path, on a private
 // region, with the response for every URL stored by a first miss: a 4 KiB
 // body and the fields a typical application sends.
-func cacheCore(b testing.TB, urls int) (*core.Core, []*getRequest) {
+func cacheCore(b testing.TB, urls int) (*core.Core, []*fakeReq) {
 	b.Helper()
-	r, err := shm.CreatePrivate(shm.Options{Counters: 64, Responses: 4096, ResponseBytes: 64 << 20})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { r.Close() })
-	r.Join(0)
+	r := joinedRegion(b, shm.Options{Counters: 64, Responses: 4096, ResponseBytes: 64 << 20})
 	rt, err := route.Compile("/*", []string{"GET", "HEAD"})
 	if err != nil {
 		b.Fatal(err)
@@ -74,11 +39,10 @@ func cacheCore(b testing.TB, urls int) (*core.Core, []*getRequest) {
 		{Name: "Vary", Value: []byte("Accept-Encoding")},
 		{Name: "Date", Value: []byte(time.Now().UTC().Format(time.RFC1123))},
 	}
-	var reqs []*getRequest
+	var reqs []*fakeReq
 	for i := range urls {
-		req := &getRequest{path: "/articles/" + strconv.Itoa(i), query: "page=1", header: map[string][]string{
-			"Host": {"example.com"}, "Accept-Encoding": {"gzip, br"}, "User-Agent": {"bench"},
-		}}
+		req := newReq("GET", "/articles/"+strconv.Itoa(i)+"?page=1", "192.0.2.1",
+			"Host", "example.com", "Accept-Encoding", "gzip, br", "User-Agent", "bench")
 		ex := c.Begin(req)
 		if ex.Decide() != core.Pass {
 			b.Fatal("the first request is not a miss")

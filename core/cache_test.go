@@ -28,8 +28,9 @@ func TestCacheInvalidationByStatus(t *testing.T) {
 		{core.Recorded{Status: 404}, false},
 		{core.Recorded{Status: 201, Failed: true}, true},
 	} {
-		post := &getRequest{method: "POST", path: reqs[0].path, query: reqs[0].query, header: reqs[0].header}
-		ex := c.Begin(post)
+		post := *reqs[0]
+		post.method = "POST"
+		ex := c.Begin(&post)
 		if ex.Decide() != core.Pass {
 			t.Fatal("a POST was answered")
 		}

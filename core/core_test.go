@@ -22,7 +22,7 @@ func mustRoute(t *testing.T, p string, methods ...string) route.Route {
 	return rt
 }
 
-func joinedRegion(t *testing.T, o shm.Options) *shm.Region {
+func joinedRegion(t testing.TB, o shm.Options) *shm.Region {
 	t.Helper()
 	r, err := shm.CreatePrivate(o)
 	if err != nil {

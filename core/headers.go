@@ -25,22 +25,19 @@ const (
 	HeadersNone HeaderMode = 3
 )
 
+// headerModeNames are the names ParseHeaderMode reads and String writes,
+// indexed by mode.
+var headerModeNames = [...]string{HeadersBoth: "both", HeadersIETF: "ietf", HeadersX: "x", HeadersNone: "none"}
+
 // ParseHeaderMode parses "both", "ietf", "x" or "none".
 func ParseHeaderMode(s string) (HeaderMode, error) {
-	switch s {
-	case "both":
-		return HeadersBoth, nil
-	case "ietf":
-		return HeadersIETF, nil
-	case "x":
-		return HeadersX, nil
-	case "none":
-		return HeadersNone, nil
+	for m, name := range headerModeNames {
+		if s == name {
+			return HeaderMode(m), nil
+		}
 	}
 	return 0, fmt.Errorf("core: %q is not one of \"both\", \"ietf\", \"x\", \"none\"", s)
 }
-
-var headerModeNames = [...]string{"both", "ietf", "x", "none"}
 
 // String is the mode as ParseHeaderMode reads it.
 func (m HeaderMode) String() string {

@@ -145,6 +145,23 @@ func TestHeaderModeNoneSetsNothing(t *testing.T) {
 	}
 }
 
+// Each mode's name reads back as the mode; any other name is an error.
+func TestParseHeaderMode(t *testing.T) {
+	for name, want := range map[string]HeaderMode{"both": HeadersBoth, "ietf": HeadersIETF, "x": HeadersX, "none": HeadersNone} {
+		if m, err := ParseHeaderMode(name); err != nil || m != want {
+			t.Errorf("ParseHeaderMode(%q) = %v, %v; want %v", name, m, err, want)
+		}
+		if got := want.String(); got != name {
+			t.Errorf("%d.String() = %q, want %q", want, got, name)
+		}
+	}
+	for _, bad := range []string{"", "all", "IETF", "HeaderMode(4)"} {
+		if m, err := ParseHeaderMode(bad); err == nil {
+			t.Errorf("ParseHeaderMode(%q) = %v, want an error", bad, m)
+		}
+	}
+}
+
 // sfItem is a parsed structured-field list member: a String with Integer
 // parameters (all this package sends).
 type sfItem struct {

@@ -792,45 +792,24 @@ func (ex *Exchange) served(now time.Duration) {
 
 // logRefusal logs an enforced refusal under the rule that answered it, at
 // most one line per rule a second across all workers; the refusals left
-// out are counted in the next line. It names the client's address, never
-// its key: a header key may be a secret.
+// out are counted in the next line.
 func (ex *Exchange) logRefusal(h *hit, now time.Duration) {
-	suppressed, ok := h.r.refusedLog.allow(now)
-	if !ok {
-		return
-	}
 	msg := "request refused"
 	if h.d.Full {
 		msg = "request refused: counter table full (on_full closed)"
 	}
-	ex.c.logger().LogAttrs(context.Background(), slog.LevelInfo, msg,
-		slog.String("rule", h.r.name),
-		slog.String("method", ex.req.Method()),
-		slog.String("path", ex.match),
-		slog.String("client", ex.Client().String()),
+	ex.logRule(&h.r.refusedLog, now, slog.LevelInfo, msg, h,
 		slog.Int("status", ex.resp.Status),
-		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)),
-		slog.Uint64("suppressed", suppressed))
+		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)))
 }
 
 // logShadow logs a shadow rule's would-be refusal, at most one line per
 // rule a second across all workers; the lines left out are counted in the
 // next one.
 func (ex *Exchange) logShadow(h *hit, now time.Duration) {
-	suppressed, ok := h.r.shadowLog.allow(now)
-	if !ok {
-		return
-	}
-	status := h.r.status
-	// The client address, never the key: a header key may be a secret.
-	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "shadow rule would refuse",
-		slog.String("rule", h.r.name),
-		slog.String("method", ex.req.Method()),
-		slog.String("path", ex.match),
-		slog.String("client", ex.Client().String()),
-		slog.Int("status", status),
-		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)),
-		slog.Uint64("suppressed", suppressed))
+	ex.logRule(&h.r.shadowLog, now, slog.LevelWarn, "shadow rule would refuse", h,
+		slog.Int("status", h.r.status),
+		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)))
 }
 
 // logFull logs a request that a rule let through unlimited because no
@@ -839,42 +818,43 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 // like logShadow: the operator must hear that the rule is not being
 // enforced.
 func (ex *Exchange) logFull(h *hit, now time.Duration) {
-	suppressed, ok := h.r.fullLog.allow(now)
-	if !ok {
+	if h.d.Capped {
+		ex.logRule(&h.r.fullLog, now, slog.LevelWarn, "rule not enforced: its keys hold max_keys counter slots (on_full open)", h,
+			slog.Int("max_keys", h.r.maxKeys), slog.Int("keys", ex.c.region.Counters().Held(h.r.account)))
 		return
-	}
-	attrs := []slog.Attr{
-		slog.String("rule", h.r.name),
-		slog.String("method", ex.req.Method()),
-		slog.String("path", ex.match),
-		slog.String("client", ex.Client().String()),
 	}
 	msg := "rule not enforced: counter table full (on_full open)"
 	if h.r.shadow {
 		msg = "shadow rule not counting: counter table full"
 	}
-	if h.d.Capped {
-		msg = "rule not enforced: its keys hold max_keys counter slots (on_full open)"
-		attrs = append(attrs, slog.Int("max_keys", h.r.maxKeys), slog.Int("keys", ex.c.region.Counters().Held(h.r.account)))
-	}
-	attrs = append(attrs, slog.Uint64("suppressed", suppressed))
-	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
+	ex.logRule(&h.r.fullLog, now, slog.LevelWarn, msg, h)
 }
 
 // logUnavailable logs a request that a Redis rule let through unlimited
 // because Redis could not decide (on_unavailable "open"), rate-limited
 // like logFull.
 func (ex *Exchange) logUnavailable(h *hit, now time.Duration) {
-	suppressed, ok := h.r.unavailableLog.allow(now)
+	ex.logRule(&h.r.unavailableLog, now, slog.LevelWarn, "rule not enforced: redis unavailable (on_unavailable open)", h)
+}
+
+// logRule writes a line about h's rule and the request, when g lets one
+// through at now: the rule, the method, the path and the client's address
+// (never its key: a header key may be a secret), then more, then how many
+// lines g left out before this one.
+func (ex *Exchange) logRule(g *lineGate, now time.Duration, level slog.Level, msg string, h *hit, more ...slog.Attr) {
+	suppressed, ok := g.allow(now)
 	if !ok {
 		return
 	}
-	ex.c.logger().LogAttrs(context.Background(), slog.LevelWarn, "rule not enforced: redis unavailable (on_unavailable open)",
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs,
 		slog.String("rule", h.r.name),
 		slog.String("method", ex.req.Method()),
 		slog.String("path", ex.match),
-		slog.String("client", ex.Client().String()),
-		slog.Uint64("suppressed", suppressed))
+		slog.String("client", ex.Client().String()))
+	attrs = append(attrs, more...)
+	attrs = append(attrs, slog.Uint64("suppressed", suppressed))
+	ex.c.logger().LogAttrs(context.Background(), level, msg, attrs...)
 }
 
 // Limiter returns the limiter of the rule called name, or nil when there

@@ -6,17 +6,11 @@ import (
 	"io"
 	"net"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/preforkd/preforkd/bucket"
-	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/proxy"
-	"github.com/preforkd/preforkd/route"
-	"github.com/preforkd/preforkd/shm"
 )
 
 // BenchmarkProxy measures the engine with its core adapter per proxied
@@ -43,7 +37,7 @@ func BenchmarkProxy(b *testing.B) {
 			if bc.rules {
 				o.Core = benchCore(b)
 			}
-			addr := benchServer(b, o)
+			addr, _ := serve(b, o)
 			b.ReportAllocs()
 			b.SetParallelism(4)
 			b.RunParallel(func(pb *testing.PB) {
@@ -72,93 +66,40 @@ func BenchmarkProxy(b *testing.B) {
 
 var okBody = []byte("ok\n")
 
-// benchCore is a core with one rule that never refuses, over a region
-// with the daemon's statistics (so that the rule is counted per worker,
-// as it is there).
+// benchCore is a core with one rule by client address that never
+// refuses, built as a worker builds it: over a region with the daemon's
+// statistics, so that the rule is counted per worker, as it is there.
 func benchCore(b *testing.B) *core.Core {
-	o := shm.Options{Counters: 1024, MaxWorkers: 2}
-	metrics.Geometry(&o, 1)
-	r, err := shm.Create(o)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { r.Close() })
-	if err := r.Join(0); err != nil {
-		b.Fatal(err)
-	}
-	rt, err := route.Compile("/api/*", nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	by, err := clientip.ParseBy("ip")
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := core.New(r, core.Options{RateLimits: []core.RateLimit{{
-		Rule:  bucket.Rule{Name: "api", Limit: 1<<20 - 1, Window: 2 * time.Second},
-		Route: rt, By: by,
-	}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return c
-}
-
-func benchServer(b *testing.B, o proxy.Options) string {
-	o.Logger = quietLog
-	s, err := proxy.New(o)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go s.Serve(ln)
-	b.Cleanup(func() { s.Close() })
-	return ln.Addr().String()
+	return configCore(b, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"api\"\npath = \"/api/*\"\nlimit = 1048575\nwindow = \"2s\"\nby = \"ip\"\n", nil)
 }
 
 // cannedUpstream answers every request on a connection with the same
 // response, without parsing more than the end of the request head.
 func cannedUpstream(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
+	ln := listen(b)
 	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nok\n")
-	go func() {
+	acceptEach(ln, func(c net.Conn) {
+		buf := make([]byte, 16<<10)
+		have := 0
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf[have:])
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 16<<10)
-				have := 0
-				for {
-					n, err := c.Read(buf[have:])
-					if err != nil {
-						return
-					}
-					have += n
-					for {
-						i := bytes.Index(buf[:have], []byte("\r\n\r\n"))
-						if i < 0 {
-							break
-						}
-						copy(buf, buf[i+4:have])
-						have -= i + 4
-						if _, err := c.Write(resp); err != nil {
-							return
-						}
-					}
+			have += n
+			for {
+				i := bytes.Index(buf[:have], []byte("\r\n\r\n"))
+				if i < 0 {
+					break
 				}
-			}()
+				copy(buf, buf[i+4:have])
+				have -= i + 4
+				if _, err := c.Write(resp); err != nil {
+					return
+				}
+			}
 		}
-	}()
+	})
 	return ln.Addr().String()
 }
 

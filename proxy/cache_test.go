@@ -12,48 +12,18 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
-	"github.com/preforkd/preforkd/shm"
 )
 
-// cacheProxy is the fast engine with one cache block over every path, in
-// front of upstream, on a clock the test moves.
-func cacheProxy(t *testing.T, upstream string, clock *atomic.Int64) (*proxy.Server, string) {
+// cacheProxy is the fast engine for o (its upstream or App) with one cache
+// block over every path, on a clock the test moves. It returns the
+// server's base URL.
+func cacheProxy(t *testing.T, o proxy.Options, clock *atomic.Int64) string {
 	t.Helper()
-	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n"), "test.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := cfg.CoreOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	region, err := shm.Create(prefork.RegionOptions(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { region.Close() })
-	region.Join(0)
-	o.Logger = quietLog
-	o.Now = func() time.Duration { return time.Hour + time.Duration(clock.Load()) }
-	c, err := core.New(region, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := proxy.New(proxy.Options{Upstream: upstream, Core: c, Logger: quietLog, UpstreamConnectTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close() })
-	return s, "http://" + ln.Addr().String()
+	o.Core = configCore(t, "[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n",
+		func() time.Duration { return time.Hour + time.Duration(clock.Load()) })
+	addr, _ := serve(t, o)
+	return "http://" + addr
 }
 
 func fetch(t *testing.T, url string) (status int, xcache, body string) {
@@ -81,7 +51,7 @@ func TestCacheRefreshInTheBackground(t *testing.T) {
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-while-revalidate=60\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
 	})
 	var clock atomic.Int64
-	_, base := cacheProxy(t, up.url(), &clock)
+	base := cacheProxy(t, proxy.Options{Upstream: up.url()}, &clock)
 	if st, x, b := fetch(t, base+"/r"); st != 200 || x != "MISS" || b != "version 1" {
 		t.Fatalf("first: %d %s %q", st, x, b)
 	}
@@ -122,7 +92,7 @@ func TestCacheStaleIfErrorFast(t *testing.T) {
 		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-if-error=600\r\nContent-Length: 5\r\n\r\nfresh")
 	})
 	var clock atomic.Int64
-	_, base := cacheProxy(t, up.url(), &clock)
+	base := cacheProxy(t, proxy.Options{Upstream: up.url()}, &clock)
 	fetch(t, base+"/e")
 	clock.Add(int64(20 * time.Second))
 	fail.Store(true)
@@ -134,10 +104,7 @@ func TestCacheStaleIfErrorFast(t *testing.T) {
 	}
 
 	// An upstream that is gone.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t)
 	addr := ln.Addr().String()
 	go func() {
 		c, err := ln.Accept()
@@ -150,7 +117,7 @@ func TestCacheStaleIfErrorFast(t *testing.T) {
 		c.Close()
 	}()
 	var clock2 atomic.Int64
-	_, base2 := cacheProxy(t, "http://"+addr, &clock2)
+	base2 := cacheProxy(t, proxy.Options{Upstream: "http://" + addr, UpstreamConnectTimeout: time.Second}, &clock2)
 	fetch(t, base2+"/gone")
 	ln.Close()
 	clock2.Add(int64(20 * time.Second))
@@ -182,34 +149,8 @@ func TestCacheApp(t *testing.T) {
 		ctx.Response.Header.Set("Etag", `"x"`)
 		fmt.Fprintf(ctx, "call %d", n)
 	}
-	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n"), "test.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, _ := cfg.CoreOptions()
-	region, err := shm.Create(prefork.RegionOptions(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { region.Close() })
-	region.Join(0)
 	var clock atomic.Int64
-	o.Logger, o.Now = quietLog, func() time.Duration { return time.Hour + time.Duration(clock.Load()) }
-	c, err := core.New(region, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := proxy.New(proxy.Options{App: app, Core: c, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Close() })
-	base := "http://" + ln.Addr().String()
+	base := cacheProxy(t, proxy.Options{App: app}, &clock)
 	req, _ := http.NewRequest("GET", base+"/a", nil)
 	req.Header.Set("If-None-Match", `"x"`)
 	resp, err := http.DefaultClient.Do(req)

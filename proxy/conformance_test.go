@@ -35,12 +35,7 @@ var engines = []engine{
 
 func startFast(t *testing.T, ln net.Listener, upstream string) {
 	t.Helper()
-	s, err := proxy.New(proxy.Options{Upstream: upstream, MaxHeaderBytes: 8 << 10, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
+	s, served := start(t, ln, proxy.Options{Upstream: upstream, MaxHeaderBytes: 8 << 10})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -351,10 +346,7 @@ func runExchange(t *testing.T, e engine, x exchange) {
 			}
 		})
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t)
 	e.start(t, ln, up.url())
 
 	c, err := net.Dial("tcp", ln.Addr().String())

@@ -35,11 +35,7 @@ type coreEngine struct {
 
 var coreEngines = []coreEngine{
 	{"fasthttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
-		s, err := proxy.New(proxy.Options{Upstream: upstream, Core: c, Logger: quietLog})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go s.Serve(ln)
+		s, _ := start(t, ln, proxy.Options{Upstream: upstream, Core: c})
 		t.Cleanup(func() { s.Close() })
 	}},
 	{"nethttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
@@ -62,6 +58,35 @@ var coreEngines = []coreEngine{
 }
 
 var quietLog = slog.New(slog.DiscardHandler)
+
+// configCore is the decision core a worker builds from the configuration
+// text toml, over a region of its own, logging to quietLog, on the clock
+// now (the region's when nil).
+func configCore(t testing.TB, toml string, now func() time.Duration) *core.Core {
+	t.Helper()
+	cfg, err := config.Parse([]byte(toml), "test.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := shm.Create(prefork.RegionOptions(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { region.Close() })
+	if err := region.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	o.Logger, o.Now = quietLog, now
+	c, err := core.New(region, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
 
 // coreCase is a story of requests on one keep-alive connection, with the
 // configuration the core is built from.
@@ -218,31 +243,8 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		}
 		w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
 	})
-	cfg, err := config.Parse([]byte("[table]\ncounters = 1024\nresponses = 16\nresponse_bytes = \"64KiB\"\n"+cc.rules), "test.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := cfg.CoreOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	region, err := shm.Create(prefork.RegionOptions(cfg.WithDefaults()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { region.Close() })
-	if err := region.Join(0); err != nil {
-		t.Fatal(err)
-	}
-	o.Logger = quietLog
-	c, err := core.New(region, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := configCore(t, "[table]\ncounters = 1024\nresponses = 16\nresponse_bytes = \"64KiB\"\n"+cc.rules, nil)
+	ln := listen(t)
 	e.start(t, ln, up.url(), c)
 
 	conn, err := net.Dial("tcp", ln.Addr().String())

@@ -193,14 +193,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.drained = make(chan struct{})
 		s.checkDrained()
 	}
-	lns := make([]*listener, 0, len(s.lns))
-	for l := range s.lns {
-		lns = append(lns, l)
-	}
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
+	lns, conns := s.open()
 	drained := s.drained
 	s.mu.Unlock()
 	for _, l := range lns {
@@ -236,14 +229,7 @@ func (s *Server) Close() error {
 	s.draining.Store(true)
 	s.mu.Lock()
 	s.shutdown = true
-	lns := make([]*listener, 0, len(s.lns))
-	for l := range s.lns {
-		lns = append(lns, l)
-	}
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
+	lns, conns := s.open()
 	s.mu.Unlock()
 	for _, l := range lns {
 		l.Close()
@@ -257,6 +243,20 @@ func (s *Server) Close() error {
 		}
 	})
 	return nil
+}
+
+// open returns the listeners being served and the connections open, for
+// Shutdown and Close to act on outside the lock. Requires s.mu.
+func (s *Server) open() ([]*listener, []*conn) {
+	lns := make([]*listener, 0, len(s.lns))
+	for l := range s.lns {
+		lns = append(lns, l)
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	return lns, conns
 }
 
 func latest(a, b time.Time) time.Time {

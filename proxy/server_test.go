@@ -27,8 +27,25 @@ import (
 // streaming, timeouts, limits, upgrades, the drain.
 
 // serve starts a Server with opts on a loopback listener and returns its
-// address; it is shut down when the test ends.
-func serve(t *testing.T, opts proxy.Options) (string, *proxy.Server) {
+// address. It is closed when the test ends, and the test fails if Serve
+// then returns an error.
+func serve(t testing.TB, opts proxy.Options) (string, *proxy.Server) {
+	t.Helper()
+	ln := listen(t)
+	s, served := start(t, ln, opts)
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return ln.Addr().String(), s
+}
+
+// start serves ln with a Server for opts, which logs to quietLog unless
+// opts has a Logger; served gets what Serve returns. Stopping the server
+// is the caller's.
+func start(t testing.TB, ln net.Listener, opts proxy.Options) (s *proxy.Server, served <-chan error) {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quietLog
@@ -37,19 +54,38 @@ func serve(t *testing.T, opts proxy.Options) (string, *proxy.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	return s, done
+}
+
+// listen returns a loopback listener, closed when the test ends.
+func listen(t testing.TB) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	t.Cleanup(func() {
-		s.Close()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// acceptEach serves every connection ln accepts with handle, each on a
+// goroutine of its own, until ln is closed; a connection is closed when
+// handle returns.
+func acceptEach(ln net.Listener, handle func(c net.Conn)) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
 		}
-	})
-	return ln.Addr().String(), s
+	}()
 }
 
 // dial connects to addr with a deadline for the whole test step.
@@ -62,6 +98,16 @@ func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	return c, bufio.NewReader(c)
+}
+
+// roundTrip writes the raw request req on c and reads its response from br.
+func roundTrip(t *testing.T, c io.Writer, br *bufio.Reader, req string) (*http.Response, []byte) {
+	t.Helper()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatalf("writing a request: %v", err)
+	}
+	method, _, _ := strings.Cut(req, " ")
+	return readResponse(t, br, method)
 }
 
 func readResponse(t *testing.T, br *bufio.Reader, method string) (*http.Response, []byte) {
@@ -248,10 +294,7 @@ func (c *chunkWriter) Close() error {
 func TestUpstreamFailures(t *testing.T) {
 	t.Parallel()
 	// 502: nothing listens.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t)
 	closedPort := ln.Addr().String()
 	ln.Close()
 
@@ -287,8 +330,7 @@ func TestUpstreamFailures(t *testing.T) {
 				UpstreamConnectTimeout: 300 * time.Millisecond, UpstreamTimeout: 300 * time.Millisecond})
 			c, br := dial(t, addr)
 			start := time.Now()
-			io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
-			resp, body := readResponse(t, br, "GET")
+			resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
 			took := time.Since(start)
 			if resp.StatusCode != tc.status {
 				t.Errorf("status %d, want %d: %s", resp.StatusCode, tc.status, body)
@@ -304,8 +346,7 @@ func TestUpstreamFailures(t *testing.T) {
 				t.Errorf("stats %+v", st)
 			}
 			// The client's connection is fine: the next request is answered.
-			io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
-			if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != tc.status {
+			if resp, _ := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != tc.status {
 				t.Errorf("second request: %d", resp.StatusCode)
 			}
 		})
@@ -409,8 +450,7 @@ func TestHeaderAndIdleTimeouts(t *testing.T) {
 		t.Parallel()
 		c, br := dial(t, addr)
 		start := time.Now()
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ")
-		resp, _ := readResponse(t, br, "GET")
+		resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ")
 		if resp.StatusCode != http.StatusRequestTimeout {
 			t.Errorf("status %d", resp.StatusCode)
 		}
@@ -434,8 +474,7 @@ func TestHeaderAndIdleTimeouts(t *testing.T) {
 		t.Parallel()
 		c, br := dial(t, addr)
 		start := time.Now() // the idle clock starts after the response, later than this
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-		readResponse(t, br, "GET")
+		roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 		b, err := io.ReadAll(br)
 		if err != nil || len(b) != 0 {
 			t.Errorf("read %q, %v; want a quiet close", b, err)
@@ -484,8 +523,7 @@ func TestMaxConnections(t *testing.T) {
 	if open := s.Stats().Open; open != 2 {
 		t.Errorf("%d connections open, want 2", open)
 	}
-	io.WriteString(c1, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-	readResponse(t, br1, "GET")
+	roundTrip(t, c1, br1, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
 	c3.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if resp, _ := readResponse(t, br3, "GET"); resp.StatusCode != 200 {
 		t.Errorf("the third connection, once a slot was free: %d", resp.StatusCode)
@@ -545,8 +583,7 @@ func TestSlowloris(t *testing.T) {
 	}
 	// A real client gets in once they are gone.
 	c, br := dial(t, addr)
-	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != 200 {
+	if resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
 		t.Errorf("status %d", resp.StatusCode)
 	}
 }
@@ -598,13 +635,11 @@ func TestUpgradeRefusedByUpstream(t *testing.T) {
 	up := startUpstream(t, nil) // answers 200 to everything
 	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
 	c, br := dial(t, addr)
-	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-	resp, body := readResponse(t, br, "GET")
+	resp, body := roundTrip(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
 	if resp.StatusCode != 200 || string(body) != "ok" {
 		t.Errorf("%d %q", resp.StatusCode, body)
 	}
-	io.WriteString(c, "GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
-	if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != 200 {
+	if resp, _ := roundTrip(t, c, br, "GET /after HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
 		t.Errorf("the connection after a refused upgrade: %d", resp.StatusCode)
 	}
 }
@@ -623,8 +658,7 @@ func TestStaleUpstreamConnection(t *testing.T) {
 	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
 	c, br := dial(t, addr)
 	for i := range 5 {
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-		if resp, body := readResponse(t, br, "GET"); resp.StatusCode != 200 {
+		if resp, body := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -635,29 +669,16 @@ func TestStaleUpstreamConnection(t *testing.T) {
 // upload, without reading it.
 func TestEarlyResponse(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
-				c.(*net.TCPConn).CloseWrite()
-				io.Copy(io.Discard, br)
-			}()
+	ln := listen(t)
+	acceptEach(ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
 		}
-	}()
+		io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, br)
+	})
 	addr, _ := serve(t, proxy.Options{Upstream: "http://" + ln.Addr().String()})
 	c, br := dial(t, addr)
 	const size = 4 << 20
@@ -682,22 +703,13 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 		}
 		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
-	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 400 * time.Millisecond, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
+	ln := listen(t)
+	s, served := start(t, ln, proxy.Options{Upstream: up.url(), DrainIdleGrace: 400 * time.Millisecond})
 	addr := ln.Addr().String()
 
 	busy, busyR := dial(t, addr)
 	idle, idleR := dial(t, addr)
-	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	readResponse(t, idleR, "GET")
+	roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
 	up.waitRequests(2, 2*time.Second)
 
@@ -710,8 +722,7 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 	// A request on the idle connection within the grace is served, and
 	// told that the connection ends.
 	time.Sleep(100 * time.Millisecond)
-	io.WriteString(idle, "GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
-	resp, _ := readResponse(t, idleR, "GET")
+	resp, _ := roundTrip(t, idle, idleR, "GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
 	if resp.StatusCode != 200 || !resp.Close {
 		t.Errorf("a request on an idle connection during the drain: %d, close %v", resp.StatusCode, resp.Close)
 	}
@@ -747,16 +758,10 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 func TestShutdownClosesIdleAfterGrace(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	s, err := proxy.New(proxy.Options{Upstream: up.url(), DrainIdleGrace: 300 * time.Millisecond, DrainNewGrace: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go s.Serve(ln)
-	idle, idleR := dial(t, ln.Addr().String())
-	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	readResponse(t, idleR, "GET")
-	fresh, _ := dial(t, ln.Addr().String()) // accepted, nothing sent
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), DrainIdleGrace: 300 * time.Millisecond, DrainNewGrace: 300 * time.Millisecond})
+	idle, idleR := dial(t, addr)
+	roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	fresh, _ := dial(t, addr) // accepted, nothing sent
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -801,8 +806,7 @@ func TestOnResponse(t *testing.T) {
 		{"GET /fail HTTP/1.1\r\nHost: a\r\n\r\n", 503},
 		{"GET /a%2Fb HTTP/1.1\r\nHost: a\r\n\r\n", 400},
 	} {
-		io.WriteString(c, tc.req)
-		resp, _ := readResponse(t, br, "GET")
+		resp, _ := roundTrip(t, c, br, tc.req)
 		mu.Lock()
 		got := slices.Clone(seen)
 		mu.Unlock()
@@ -854,23 +858,17 @@ func (l *handingListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127
 // is no longer served before it calls the drain done.
 func TestShutdownServesTheLastAcceptedConnection(t *testing.T) {
 	t.Parallel()
-	s, err := proxy.New(proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
 	client, server := net.Pipe()
 	defer client.Close()
 	ln := &handingListener{conns: make(chan net.Conn), late: server, lateRead: make(chan struct{}), closed: make(chan struct{})}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
+	s, served := start(t, ln, proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }})
 
 	// One request first: Serve is running.
 	first, firstServer := net.Pipe()
 	defer first.Close()
 	ln.conns <- firstServer
 	first.SetDeadline(time.Now().Add(5 * time.Second))
-	io.WriteString(first, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-	if resp, _ := readResponse(t, bufio.NewReader(first), "GET"); resp.StatusCode != 200 {
+	if resp, _ := roundTrip(t, first, bufio.NewReader(first), "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"); resp.StatusCode != 200 {
 		t.Fatalf("first request: %d", resp.StatusCode)
 	}
 	first.Close()

@@ -144,12 +144,7 @@ func benchMiddleware(b *testing.B, r *shm.Region, blocks []config.Idempotency, o
 
 func benchRegion(b *testing.B) *shm.Region {
 	b.Helper()
-	r, err := shm.CreatePrivate(statRegion(shm.Options{Counters: 8, Responses: 4096, ResponseBytes: 16 << 20}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	r.Join(0)
-	return r
+	return newRegion(b, shm.Options{Counters: 8, Responses: 4096, ResponseBytes: 16 << 20})
 }
 
 // BenchmarkReplay: a retry answered from the table (the handler does not

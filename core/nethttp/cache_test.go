@@ -69,18 +69,14 @@ var wallStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func newCacheFixture(t *testing.T, cfg config.Config, respond func(n int, w http.ResponseWriter, r *http.Request)) *cacheFixture {
 	t.Helper()
-	r, err := shm.CreatePrivate(statRegion(shm.Options{Counters: 64, Responses: 256, ResponseBytes: 1 << 20, BlockSize: 256}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	r.Join(0)
+	r := newRegion(t, shm.Options{Counters: 64, Responses: 256, ResponseBytes: 1 << 20, BlockSize: 256})
 	f := &cacheFixture{t: t, region: r, o: &origin{calls: map[string]int{}, respond: respond}}
 	for i := range cfg.Caches {
 		if cfg.Caches[i].LockTimeout == 0 {
 			cfg.Caches[i].LockTimeout = 5 * time.Second
 		}
 	}
+	var err error
 	f.h, err = New(cfg, r, f.o, Options{
 		Now:  func() time.Duration { return time.Hour + time.Duration(f.clock.Load()) },
 		Wall: f.wall,

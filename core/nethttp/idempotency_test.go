@@ -29,14 +29,7 @@ import (
 // small blocks, so that bodies span many of them.
 func region(t testing.TB, records int) *shm.Region {
 	t.Helper()
-	r, err := shm.CreatePrivate(statRegion(shm.Options{Counters: 8, Responses: records, ResponseBytes: 1 << 16, BlockSize: 256}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Join(0); err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return newRegion(t, shm.Options{Counters: 8, Responses: records, ResponseBytes: 1 << 16, BlockSize: 256})
 }
 
 // orders is the block most tests use: POST /orders, waiting up to 5s.
@@ -589,6 +582,22 @@ func TestWaitTimeout(t *testing.T) {
 	<-done
 }
 
+// postWithWaiters posts the original keyed POST to m and, once its
+// handler has started, n duplicates of it; it returns when all n wait for
+// the original. The answers arrive on orig and dups.
+func postWithWaiters(m *handler, started <-chan struct{}, n int) (orig, dups <-chan answer) {
+	o, d := make(chan answer, 1), make(chan answer, n)
+	go func() { o <- post(m, "/orders", "k", "x") }()
+	<-started
+	for range n {
+		go func() { d <- post(m, "/orders", "k", "x") }()
+	}
+	for m.IdemStats().Waits < uint64(n) {
+		time.Sleep(time.Millisecond)
+	}
+	return o, d
+}
+
 // A duplicate that waits gets the original's response as soon as it
 // completes.
 func TestWaiterReplaysOriginal(t *testing.T) {
@@ -601,16 +610,7 @@ func TestWaiterReplaysOriginal(t *testing.T) {
 		io.WriteString(w, "created 9")
 	}}
 	m := newMiddleware(t, region(t, 64), h, orders())
-	orig := make(chan answer)
-	go func() { orig <- post(m, "/orders", "k", "x") }()
-	<-started
-	dups := make(chan answer, 3)
-	for range 3 {
-		go func() { dups <- post(m, "/orders", "k", "x") }()
-	}
-	for m.IdemStats().Waits < 3 {
-		time.Sleep(time.Millisecond)
-	}
+	orig, dups := postWithWaiters(m, started, 3)
 	close(release)
 	o := <-orig
 	for range 3 {
@@ -638,16 +638,7 @@ func TestWaitersRerunAfterRelease(t *testing.T) {
 		fmt.Fprint(w, "run ", n)
 	}}
 	m := newMiddleware(t, region(t, 64), h, orders())
-	orig := make(chan answer)
-	go func() { orig <- post(m, "/orders", "k", "x") }()
-	<-started
-	dups := make(chan answer, 4)
-	for range 4 {
-		go func() { dups <- post(m, "/orders", "k", "x") }()
-	}
-	for m.IdemStats().Waits < 4 {
-		time.Sleep(time.Millisecond)
-	}
+	orig, dups := postWithWaiters(m, started, 4)
 	close(release)
 	if o := <-orig; o.status != http.StatusServiceUnavailable {
 		t.Fatalf("original: %d", o.status)
