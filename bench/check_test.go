@@ -107,60 +107,63 @@ func (f *fixtures) get(b *testing.B, be backend) decider {
 	return d
 }
 
-// BenchmarkCheck is one decision per op, reading the clock included.
-func BenchmarkCheck(b *testing.B) {
+// benchBackends runs measure as a sub-benchmark of each backend, with the
+// warmed decider and the keys in visit order; measure returns how many of
+// its b.N decisions were allowed, reported as allowed/op.
+func benchBackends(b *testing.B, measure func(b *testing.B, d decider, keys []string) (allowed int64)) {
 	f := newFixtures(b)
 	for _, be := range backends {
 		b.Run(be.name, func(b *testing.B) {
 			d := f.get(b, be)
-			keys := f.visit
 			b.ReportAllocs()
-			allowed := 0
-			for i := 0; b.Loop(); i++ {
-				ok, err := d.decide(keys[i%len(keys)])
-				if err != nil {
-					b.Fatal(err)
-				}
-				if ok {
-					allowed++
-				}
-			}
+			allowed := measure(b, d, f.visit)
 			b.ReportMetric(float64(allowed)/float64(b.N), "allowed/op")
 		})
 	}
 }
 
+// BenchmarkCheck is one decision per op, reading the clock included.
+func BenchmarkCheck(b *testing.B) {
+	benchBackends(b, func(b *testing.B, d decider, keys []string) int64 {
+		var allowed int64
+		for i := 0; b.Loop(); i++ {
+			ok, err := d.decide(keys[i%len(keys)])
+			if err != nil {
+				b.Fatal(err)
+			}
+			if ok {
+				allowed++
+			}
+		}
+		return allowed
+	})
+}
+
 // BenchmarkCheckParallel is BenchmarkCheck from GOMAXPROCS goroutines at
 // once, each cycling the keys from its own starting point.
 func BenchmarkCheckParallel(b *testing.B) {
-	f := newFixtures(b)
-	for _, be := range backends {
-		b.Run(be.name, func(b *testing.B) {
-			d := f.get(b, be)
-			keys := f.visit
-			b.ReportAllocs()
-			b.ResetTimer()
-			var goroutines, allowed atomic.Int64
-			b.RunParallel(func(pb *testing.PB) {
-				// 7919 is prime: goroutines start far apart in the key space.
-				i := int(goroutines.Add(1)) * 7919
-				var n int64
-				for pb.Next() {
-					ok, err := d.decide(keys[i%len(keys)])
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					if ok {
-						n++
-					}
-					i++
+	benchBackends(b, func(b *testing.B, d decider, keys []string) int64 {
+		b.ResetTimer()
+		var goroutines, allowed atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			// 7919 is prime: goroutines start far apart in the key space.
+			i := int(goroutines.Add(1)) * 7919
+			var n int64
+			for pb.Next() {
+				ok, err := d.decide(keys[i%len(keys)])
+				if err != nil {
+					b.Error(err)
+					return
 				}
-				allowed.Add(n)
-			})
-			b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
+				if ok {
+					n++
+				}
+				i++
+			}
+			allowed.Add(n)
 		})
-	}
+		return allowed.Load()
+	})
 }
 
 // TestBackendsDecide checks each backend against a rule tight enough to

@@ -1,6 +1,7 @@
-# Shared by the wrk benchmarks (http.sh, redis-http.sh, cache-http.sh),
-# sourced once they are at the repository root: the common knobs, a
-# temporary directory and the processes to stop at exit, and helpers.
+# Shared by the wrk benchmarks (http.sh, redis-http.sh, cache-http.sh,
+# cpu-per-request.sh), sourced once they are at the repository root: the
+# common knobs, a temporary directory and the processes to stop at exit,
+# and helpers.
 
 me=${0##*/}
 WORKERS=${WORKERS:-2}

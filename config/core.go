@@ -63,11 +63,7 @@ func (s Server) routes() route.Options { return route.Options{CaseSensitive: s.C
 // core is the rule as the core takes it; the error is the first of its
 // route, key or rate.
 func (rl RateLimit) core(ro route.Options) (core.RateLimit, error) {
-	rt, err := ro.Compile(rl.Path, rl.Methods)
-	if err != nil {
-		return core.RateLimit{}, err
-	}
-	by, err := clientip.ParseBy(rl.By)
+	rt, by, err := routeAndKey(ro, rl.Path, rl.Methods, rl.By)
 	if err != nil {
 		return core.RateLimit{}, err
 	}
@@ -83,14 +79,21 @@ func (rl RateLimit) core(ro route.Options) (core.RateLimit, error) {
 
 // core is the block as the core takes it.
 func (d Idempotency) core(ro route.Options) (core.Idempotency, error) {
-	rt, err := ro.Compile(d.Path, d.Methods)
-	if err != nil {
-		return core.Idempotency{}, err
-	}
-	by, err := clientip.ParseBy(d.By)
+	rt, by, err := routeAndKey(ro, d.Path, d.Methods, d.By)
 	if err != nil {
 		return core.Idempotency{}, err
 	}
 	b := core.Idempotency{Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: d.Wait, By: by, MaxBody: int64(d.MaxBody), MaxRecords: d.MaxRecords}
 	return b, b.Check()
+}
+
+// routeAndKey compiles a block's path and methods and parses its key
+// namespace; the error is the route's, else the key's.
+func routeAndKey(ro route.Options, path string, methods []string, by string) (route.Route, clientip.By, error) {
+	rt, err := ro.Compile(path, methods)
+	if err != nil {
+		return rt, clientip.By{}, err
+	}
+	k, err := clientip.ParseBy(by)
+	return rt, k, err
 }

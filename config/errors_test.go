@@ -79,6 +79,8 @@ func TestErrors(t *testing.T) {
 		{"counters huge", "[table]\ncounters = 9223372036854775807 # <-\n", "between 8 and", 0},
 		{"responses negative", "[table]\nresponses = -1 # <-\n", "must not be negative", 0},
 		{"responses 0 with idempotency", "[table]\nresponses = 0 # <-\n[[idempotency]]\npath = \"/o\"\n", "need stored responses", 0},
+		{"response_bytes 0 with idempotency", "[table]\nresponse_bytes = 0 # <-\n[[idempotency]]\npath = \"/o\"\n", "table.response_bytes: is 0 but [[idempotency]] blocks need room for stored bodies", 0},
+		{"response_bytes 0 with cache", "[table]\nresponse_bytes = 0 # <-\n[[cache]]\npath = \"/c\"\n", "table.response_bytes: is 0 but [[cache]] blocks need room for stored bodies", 0},
 		{"persist live", "[persist]\npath = \"/x\"\nlive = \"/x\" # <-\n", "same file", 0},
 		{"max_requests", "[server]\nmax_requests = -1 # <-\n", "server.max_requests: must not be negative", 0},
 		{"max_rss", "[server]\nmax_rss = \"lots\" # <-\n", `server.max_rss: invalid size "lots"`, 0},

@@ -109,19 +109,22 @@ func (c Config) check(r *report) {
 	if t.Counters < minCounters || t.Counters > maxCounters {
 		f("counters", "must be between %d and %d, got %d", minCounters, maxCounters, t.Counters)
 	}
+	storing := "" // a kind of block that needs stored responses, if any
+	switch {
+	case len(c.Idempotency) > 0:
+		storing = "[[idempotency]]"
+	case len(c.Caches) > 0:
+		storing = "[[cache]]"
+	}
 	if t.Responses < 0 {
 		f("responses", "must not be negative, got %d", t.Responses)
-	} else if t.Responses == 0 && len(c.Idempotency) > 0 {
-		f("responses", "is 0 but [[idempotency]] blocks need stored responses")
-	} else if t.Responses == 0 && len(c.Caches) > 0 {
-		f("responses", "is 0 but [[cache]] blocks need stored responses")
+	} else if t.Responses == 0 && storing != "" {
+		f("responses", "is 0 but %s blocks need stored responses", storing)
 	}
 	if t.ResponseBytes < 0 {
 		f("response_bytes", "must not be negative, got %d", t.ResponseBytes)
-	} else if t.ResponseBytes == 0 && len(c.Idempotency) > 0 {
-		f("response_bytes", "is 0 but [[idempotency]] blocks need room for stored bodies")
-	} else if t.ResponseBytes == 0 && len(c.Caches) > 0 {
-		f("response_bytes", "is 0 but [[cache]] blocks need room for stored bodies")
+	} else if t.ResponseBytes == 0 && storing != "" {
+		f("response_bytes", "is 0 but %s blocks need room for stored bodies", storing)
 	}
 
 	f = r.at([]string{"log"}, "log.")
@@ -175,12 +178,8 @@ func (c Config) check(r *report) {
 }
 
 func (d Cache) check(r *report, i int, c Config) {
-	path := []string{"cache", elem(i)}
-	label := fmt.Sprintf("cache[%d]: ", i+1)
-	f := r.at(path, label)
-	if _, err := d.core(c.Server.routes()); err != nil {
-		r.owned(path, label, reflect.TypeFor[Cache](), err)
-	}
+	_, err := d.core(c.Server.routes())
+	f := block[Cache](r, "cache", i, err)
 	// The first block whose path matches applies: a second one for the
 	// same path would never apply.
 	for j, e := range c.Caches[:i] {
@@ -284,12 +283,8 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 }
 
 func (d Idempotency) check(r *report, i int, c Config) {
-	path := []string{"idempotency", elem(i)}
-	label := fmt.Sprintf("idempotency[%d]: ", i+1)
-	f := r.at(path, label)
-	if _, err := d.core(c.Server.routes()); err != nil {
-		r.owned(path, label, reflect.TypeFor[Idempotency](), err)
-	}
+	_, err := d.core(c.Server.routes())
+	f := block[Idempotency](r, "idempotency", i, err)
 	// Two blocks for one request would make it ambiguous which key
 	// namespace and TTL apply.
 	for j, e := range c.Idempotency[:i] {
@@ -306,6 +301,16 @@ func (d Idempotency) check(r *report, i int, c Config) {
 	if c.Table.ResponseBytes > 0 && d.MaxBody > c.Table.ResponseBytes {
 		f("max_body", "%d is larger than table.response_bytes (%d)", d.MaxBody, c.Table.ResponseBytes)
 	}
+}
+
+// block reports err, what the owning packages found wrong with block i of
+// [[table]] (a T), and returns the function reporting a problem with a
+// key of that block.
+func block[T any](r *report, table string, i int, err error) func(key, format string, args ...any) {
+	path := []string{table, elem(i)}
+	label := fmt.Sprintf("%s[%d]: ", table, i+1)
+	r.owned(path, label, reflect.TypeFor[T](), err)
+	return r.at(path, label)
 }
 
 // at returns a function reporting a problem with a key of the table at

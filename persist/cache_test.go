@@ -84,12 +84,7 @@ func TestCacheGuards(t *testing.T) {
 	a := responseRegion(t)
 	exhaust(t, a, "c")
 	cachedResponses(t, a)
-	dir := t.TempDir()
-	dump := func() string {
-		p := filepath.Join(dir, "dump")
-		dumpTo(t, a, Options{Path: p, Key: "v1", Rules: rules, Now: wallAt(wall0)})
-		return p
-	}
+	dump := redumper(t, a)
 	t.Run("persist key changed", func(t *testing.T) {
 		log, lines := logBuf()
 		b := responseRegion(t)

@@ -80,9 +80,9 @@ func Dump(r *shm.Region, o Options) (DumpStats, error) {
 	if err != nil {
 		return st, err
 	}
-	if err := commit(tmp, o.Path); err != nil {
+	if err := renameDurably(tmp, o.Path); err != nil {
 		os.Remove(tmp)
-		return st, err
+		return st, fmt.Errorf("persist: dump: %w", err)
 	}
 	return st, nil
 }
@@ -134,15 +134,13 @@ func writeTemp(r *shm.Region, o Options) (name string, st DumpStats, err error) 
 	return f.Name(), st, nil
 }
 
-// commit renames tmp over path and makes the rename durable.
-func commit(tmp, path string) error {
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("persist: dump: %w", err)
+// renameDurably renames from to to, in the same directory, and fsyncs
+// the directory so that the rename survives a crash.
+func renameDurably(from, to string) error {
+	if err := os.Rename(from, to); err != nil {
+		return err
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
-		return fmt.Errorf("persist: dump: %w", err)
-	}
-	return nil
+	return syncDir(filepath.Dir(to))
 }
 
 func syncDir(dir string) error {

@@ -23,6 +23,19 @@ func chownNobody(t *testing.T, path string) {
 	}
 }
 
+// untrustedFiles are the ways a file that a load reads (a dump, a live
+// region) becomes one it must not trust, each with the reason it gives.
+var untrustedFiles = []struct {
+	name    string
+	prepare func(t *testing.T, path string)
+	detail  string
+}{
+	{"writable by others", func(t *testing.T, p string) { os.Chmod(p, 0o606) }, "writable by group or others"},
+	{"writable by group", func(t *testing.T, p string) { os.Chmod(p, 0o620) }, "writable by group or others"},
+	{"writable by group and others", func(t *testing.T, p string) { os.Chmod(p, 0o666) }, "writable by group or others"},
+	{"another user's", chownNobody, "owned by uid 65534"},
+}
+
 func TestCheckDirs(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
@@ -65,15 +78,7 @@ func TestCheckDirs(t *testing.T) {
 // A dump another user owns or may write is refused with its reason and
 // not restored; the server starts cold, and the file is left where it is.
 func TestLoadRefusesUntrustedDump(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		prepare func(t *testing.T, path string)
-		detail  string
-	}{
-		{"writable by others", func(t *testing.T, p string) { os.Chmod(p, 0o666) }, "writable by group or others"},
-		{"writable by group", func(t *testing.T, p string) { os.Chmod(p, 0o620) }, "writable by group or others"},
-		{"another user's", func(t *testing.T, p string) { chownNobody(t, p) }, "owned by uid 65534"},
-	} {
+	for _, tc := range untrustedFiles {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "dump")
 			os.WriteFile(path, goodDump(t, ""), 0o600)
@@ -109,14 +114,7 @@ func TestLoadRefusesUntrustedDump(t *testing.T) {
 // A live region another user owns or may write is refused with its reason
 // and replaced by a fresh one of this user's.
 func TestOpenRegionRefusesUntrustedLive(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		prepare func(t *testing.T, path string)
-		detail  string
-	}{
-		{"writable by others", func(t *testing.T, p string) { os.Chmod(p, 0o606) }, "writable by group or others"},
-		{"another user's", func(t *testing.T, p string) { chownNobody(t, p) }, "owned by uid 65534"},
-	} {
+	for _, tc := range untrustedFiles {
 		t.Run(tc.name, func(t *testing.T) {
 			o := liveOptions(t)
 			geo := shm.Options{Counters: 64, MaxWorkers: 8}

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -189,10 +188,7 @@ func newReport() Report {
 
 // consume renames a dump out of the way, durably.
 func consume(path, dest string) error {
-	if err := os.Rename(path, dest); err != nil {
-		return fmt.Errorf("persist: consuming the dump: %w", err)
-	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := renameDurably(path, dest); err != nil {
 		return fmt.Errorf("persist: consuming the dump: %w", err)
 	}
 	return nil
@@ -455,19 +451,10 @@ func (l *loader) responses(rs responses, now time.Duration) {
 	for rest := rs.records; len(rest) > 0; {
 		e, next, _ := nextRecord(rest) // parseResponses checked every record
 		rest = next
-		if e.Expiry <= now {
-			l.rep.DroppedResponses[DropExpired]++
-			continue
-		}
-		switch err := t.Place(e, now); {
-		case err == nil:
+		if why := placeStored(t, e, now); why != "" {
+			l.rep.DroppedResponses[why]++
+		} else {
 			l.rep.Responses++
-		case errors.Is(err, shm.ErrNoResponses):
-			l.rep.DroppedResponses[DropNoTable]++
-		case errors.Is(err, shm.ErrDuplicate):
-			l.rep.DroppedResponses[DropDuplicate]++
-		default:
-			l.rep.DroppedResponses[DropTableFull]++
 		}
 	}
 	if n := l.rep.DroppedResponses[DropNoTable]; n > 0 {
@@ -490,19 +477,28 @@ func (l *loader) cache(cs cacheSection, now time.Duration) {
 	for rest := cs.entries; len(rest) > 0; {
 		var e shm.StoredEntry
 		e, rest = nextCacheEntry(rest)
-		if e.Expiry <= now {
-			l.rep.DroppedCache[DropExpired]++
-			continue
-		}
-		switch err := t.Place(e, now); {
-		case err == nil:
+		if why := placeStored(t, e, now); why != "" {
+			l.rep.DroppedCache[why]++
+		} else {
 			l.rep.Cached++
-		case errors.Is(err, shm.ErrNoResponses):
-			l.rep.DroppedCache[DropNoTable]++
-		case errors.Is(err, shm.ErrDuplicate):
-			l.rep.DroppedCache[DropDuplicate]++
-		default:
-			l.rep.DroppedCache[DropTableFull]++
 		}
+	}
+}
+
+// placeStored places e, a stored response or a cache entry, in t at region
+// time now. It returns "" when e is placed, else the reason it is dropped.
+func placeStored(t *shm.Responses, e shm.StoredEntry, now time.Duration) string {
+	if e.Expiry <= now {
+		return DropExpired
+	}
+	switch err := t.Place(e, now); {
+	case err == nil:
+		return ""
+	case errors.Is(err, shm.ErrNoResponses):
+		return DropNoTable
+	case errors.Is(err, shm.ErrDuplicate):
+		return DropDuplicate
+	default:
+		return DropTableFull
 	}
 }

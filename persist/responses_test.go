@@ -34,6 +34,18 @@ var (
 	kShort  = shm.Key{A: 14, B: 4} // completed, replayable for a minute
 )
 
+// redumper returns a function that dumps a, with persist key v1, to one
+// path in a temporary directory and returns that path: each call writes a
+// fresh dump for a subtest to load or corrupt.
+func redumper(t *testing.T, a *shm.Region) func() string {
+	dir := t.TempDir()
+	return func() string {
+		p := filepath.Join(dir, "dump")
+		dumpTo(t, a, Options{Path: p, Key: "v1", Rules: rules, Now: wallAt(wall0)})
+		return p
+	}
+}
+
 // storedResponses fills r's response table with one record of each kind.
 func storedResponses(t testing.TB, r *shm.Region) {
 	t.Helper()
@@ -103,12 +115,7 @@ func TestResponsesGuards(t *testing.T) {
 	a := responseRegion(t)
 	exhaust(t, a, "c")
 	storedResponses(t, a)
-	dir := t.TempDir()
-	dump := func() string {
-		p := filepath.Join(dir, "dump")
-		dumpTo(t, a, Options{Path: p, Key: "v1", Rules: rules, Now: wallAt(wall0)})
-		return p
-	}
+	dump := redumper(t, a)
 	t.Run("persist key changed", func(t *testing.T) {
 		log, lines := logBuf()
 		rep, err := Load(responseRegion(t), Options{Path: dump(), Key: "v2", Rules: rules, Now: wallAt(wall0)}, log)

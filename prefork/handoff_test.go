@@ -1,7 +1,6 @@
 package prefork
 
 import (
-	"net"
 	"net/netip"
 	"os"
 	"reflect"
@@ -70,16 +69,7 @@ func TestWorkerEnviron(t *testing.T) {
 // worker must not clear it (the listener's own File would, and a worker's
 // drain would then hang in Close behind a blocking accept).
 func TestListenerStaysNonBlockingAcrossStarts(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	f, err := listenerFile(ln)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	_, f := workerListener(t)
 	if err := proctest.Start(t, proctest.Options{Role: "exit", Files: []*os.File{f}}).Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}

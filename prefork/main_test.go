@@ -181,6 +181,23 @@ func buildMarker() string {
 	return strings.TrimSpace(marker)
 }
 
+// workerListener listens on a loopback port and returns the listener and
+// its file as a worker inherits it, both closed at the end of the test.
+func workerListener(t *testing.T) (net.Listener, *os.File) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	f, err := listenerFile(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return ln, f
+}
+
 const buildMarkerPrefix = "\nPREFORK-TEST-BUILD:"
 
 // deployBuild deploys "another build" of this program at path, as an
@@ -190,22 +207,7 @@ const buildMarkerPrefix = "\nPREFORK-TEST-BUILD:"
 // with status 3 when marker is "crash".
 func deployBuild(t *testing.T, path, marker string) {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b = append(b, buildMarkerPrefix+marker+"\n"...)
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
+	proctest.CopyExe(t, path, []byte(buildMarkerPrefix+marker+"\n"))
 }
 
 // readRSS is this process's resident set size in bytes.

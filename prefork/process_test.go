@@ -554,16 +554,7 @@ func TestWorkerExitsAtLifelineEOF(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer region.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	lnFile, err := listenerFile(ln)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lnFile.Close()
+	ln, lnFile := workerListener(t)
 	cfgFile, err := configFile(testConfig(1).WithDefaults())
 	if err != nil {
 		t.Fatal(err)

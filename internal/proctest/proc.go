@@ -122,6 +122,28 @@ func Start(tb testing.TB, o Options) *Proc {
 	return p
 }
 
+// CopyExe writes a copy of the test binary, followed by tail, to path as
+// a deploy would: to a file beside it, renamed over it. The copy runs the
+// same roles ([Options.Exe]).
+func CopyExe(tb testing.TB, path string, tail []byte) {
+	tb.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatalf("proctest: %v", err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		tb.Fatalf("proctest: %v", err)
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, append(b, tail...), 0o755); err != nil {
+		tb.Fatalf("proctest: %v", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		tb.Fatalf("proctest: %v", err)
+	}
+}
+
 // cleanup kills the child unless it has exited, and waits for it.
 func (p *Proc) cleanup() {
 	p.once.Do(func() {

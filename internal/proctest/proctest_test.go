@@ -290,18 +290,8 @@ func TestLeaked(t *testing.T) {
 
 // A copy of the test binary runs the same roles.
 func TestExe(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cp := filepath.Join(t.TempDir(), "copy.test")
-	if err := os.WriteFile(cp, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	CopyExe(t, cp, nil)
 	p := Start(t, Options{Role: "exe", Exe: cp})
 	p.Expect(cp, 10*time.Second)
 }
