@@ -210,15 +210,7 @@ func TestAdminToken(t *testing.T) {
 
 	// A reload that drops the token file turns the actions off.
 	noToken := strings.Replace(cfg, fmt.Sprintf("token_file = %q\n", tokenPath), "", 1)
-	noToken = strings.ReplaceAll(noToken, "ADMIN_ADDR", d.admin)
-	if err := os.WriteFile(d.cfgPath, []byte(noToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	from := d.logs.len()
-	d.signal(syscall.SIGHUP)
-	if _, _, ok := d.logs.waitFor(from, 15*time.Second, msgIs("reload finished")); !ok {
-		t.Fatal("the reload did not finish")
-	}
+	waitReloaded(t, d, reloadTo(d, noToken), 15*time.Second)
 	if r := action(http.MethodGet, key, token); r.status != http.StatusForbidden {
 		t.Errorf("with no token file: %d %s, want 403", r.status, r.body)
 	}

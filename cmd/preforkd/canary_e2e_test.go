@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -97,16 +96,14 @@ func (l *loops) end() {
 	l.wg.Wait()
 }
 
-// reloadTo writes cfg and sends HUP; it returns where the log was.
-func reloadTo(d *daemon, cfg string) int {
-	d.t.Helper()
-	text := strings.ReplaceAll(cfg, "ADMIN_ADDR", d.admin)
-	if err := os.WriteFile(d.cfgPath, []byte(text), 0o600); err != nil {
-		d.t.Fatal(err)
-	}
-	from := d.logs.len()
-	d.signal(syscall.SIGHUP)
-	return from
+// reloadUnderLoad starts a daemon of 4 workers in front of upstream and 4
+// client loops against it, then reloads it to cfg; it returns where the
+// log was at the HUP.
+func reloadUnderLoad(t *testing.T, upstream, cfg string) (*daemon, *loops, int) {
+	t.Helper()
+	d := startDaemon(t, daemonOptions{config: canaryConfig(4, upstream, "", ""), admin: true})
+	load := startLoops(t, 4, d.url("/x"))
+	return d, load, reloadTo(d, cfg)
 }
 
 // verdict waits for the line that gives a canary's verdict.
@@ -181,13 +178,9 @@ func waitExited(t *testing.T, d *daemon, from, pid int) logLine {
 func TestCanaryGoodReloadE2E(t *testing.T) {
 	t.Parallel()
 	a, b := flakyUpstream(t, 0), flakyUpstream(t, 0)
-	d := startDaemon(t, daemonOptions{config: canaryConfig(4, a.URL, "", ""), admin: true})
-	load := startLoops(t, 4, d.url("/x"))
-	from := reloadTo(d, canaryConfig(4, b.URL, "", ""))
+	d, load, from := reloadUnderLoad(t, a.URL, canaryConfig(4, b.URL, "", ""))
 	_, v := verdict(t, d, from, 15*time.Second)
-	if _, _, ok := d.logs.waitFor(from, 15*time.Second, msgIs("reload finished")); !ok {
-		t.Fatal("the reload did not finish")
-	}
+	waitReloaded(t, d, from, 15*time.Second)
 	waitRetired(t, d, from)
 	load.end()
 	got := statuses(load.results)
@@ -214,9 +207,7 @@ var unhealthyLine = regexp.MustCompile(`^canary unhealthy: 5xx 100\.0% \((\d+)/(
 func TestCanaryBadUpstreamE2E(t *testing.T) {
 	t.Parallel()
 	good, bad := flakyUpstream(t, 0), flakyUpstream(t, 1)
-	d := startDaemon(t, daemonOptions{config: canaryConfig(4, good.URL, "", ""), admin: true})
-	load := startLoops(t, 4, d.url("/x"))
-	from := reloadTo(d, canaryConfig(4, bad.URL, "", ""))
+	d, load, from := reloadUnderLoad(t, good.URL, canaryConfig(4, bad.URL, "", ""))
 	at, v := verdict(t, d, from, 15*time.Second)
 	if v.get("level") != "ERROR" || v.get("verdict") != "unhealthy" || !unhealthyLine.MatchString(v.msg()) {
 		t.Fatalf("verdict line %s", v.raw)
@@ -288,9 +279,7 @@ func TestCanaryBadUpstreamE2E(t *testing.T) {
 	from = reloadTo(d, canaryConfig(4, good.URL, "", ""))
 	load = startLoops(t, 4, d.url("/x"))
 	_, v = verdict(t, d, from, 15*time.Second)
-	if _, _, ok := d.logs.waitFor(from, 15*time.Second, msgIs("reload finished")); !ok {
-		t.Fatal("the good reload did not finish")
-	}
+	waitReloaded(t, d, from, 15*time.Second)
 	waitRetired(t, d, from)
 	load.end()
 	if v.get("verdict") != "healthy" || v.get("slot") != "0" {
@@ -316,11 +305,9 @@ func TestCanaryBadUpstreamE2E(t *testing.T) {
 func TestCanarySameBaselineE2E(t *testing.T) {
 	t.Parallel()
 	a, b := flakyUpstream(t, 20), flakyUpstream(t, 20)
-	d := startDaemon(t, daemonOptions{config: canaryConfig(4, a.URL, "", ""), admin: true})
-	load := startLoops(t, 4, d.url("/x"))
 	// A longer window than the others: the verdict needs 50 requests at
 	// the canary, and a loaded machine serves few a second.
-	from := reloadTo(d, strings.Replace(canaryConfig(4, b.URL, "", ""), `canary_window = "1s"`, `canary_window = "4s"`, 1))
+	d, load, from := reloadUnderLoad(t, a.URL, strings.Replace(canaryConfig(4, b.URL, "", ""), `canary_window = "1s"`, `canary_window = "4s"`, 1))
 	_, v := verdict(t, d, from, 20*time.Second)
 	load.end()
 	t.Logf("%s (p=%s by %s)", v.msg(), v.get("p_value"), v.get("test"))
@@ -330,9 +317,7 @@ func TestCanarySameBaselineE2E(t *testing.T) {
 	if got := statuses(load.results); got[500] == 0 || got[0] != 0 {
 		t.Errorf("loops %v: want some 500s of the baseline and no failed connection", got)
 	}
-	if _, _, ok := d.logs.waitFor(from, 15*time.Second, msgIs("reload finished")); !ok {
-		t.Fatal("the reload did not finish")
-	}
+	waitReloaded(t, d, from, 15*time.Second)
 	d.stop()
 }
 
@@ -358,9 +343,7 @@ func TestCanaryQuietSiteE2E(t *testing.T) {
 				t.Errorf("verdict %s, want %s %q", v.raw, level, want)
 			}
 			if policy == "continue" {
-				if _, _, ok := d.logs.waitFor(from, 15*time.Second, msgIs("reload finished")); !ok {
-					t.Fatal("the reload did not go on")
-				}
+				waitReloaded(t, d, from, 15*time.Second)
 			} else {
 				waitExited(t, d, from, v.int("pid"))
 				if n := len(loggedWorkers(d)); n != 1 {

@@ -11,7 +11,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -210,14 +209,8 @@ func TestOverridesE2E(t *testing.T) {
 		t.Fatalf("silver before the reload: %v", got)
 	}
 	// The override's limit changes at HUP: silver's 4 stay counted.
-	if err := os.WriteFile(d.cfgPath, []byte(strings.Replace(featuresConfig, "OVERRIDE_LIMIT", "80", 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	from := d.logs.len()
-	d.signal(syscall.SIGHUP)
-	if _, _, ok := d.logs.waitFor(from, 20*time.Second, msgIs("reload finished")); !ok {
-		t.Fatalf("no reload")
-	}
+	from := reloadTo(d, strings.Replace(featuresConfig, "OVERRIDE_LIMIT", "80", 1))
+	waitReloaded(t, d, from, 20*time.Second)
 	// A retiring worker still answers on the keep-alive connection it holds:
 	// the new limit is certain once every old worker is gone.
 	waitRetired(t, d, from)

@@ -7,8 +7,6 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,8 +80,7 @@ by = "header:Authorization|ip"
 // another time namespace) is rebased: a limited client is told the rule's
 // own retry time and served again on time, not 60 s later.
 func hardenLiveClockAhead(t *testing.T) {
-	live := filepath.Join("/dev/shm", fmt.Sprintf("preforkd-test-clock-%d-%d", os.Getpid(), time.Now().UnixNano()))
-	t.Cleanup(func() { os.Remove(live); os.Remove(live + ".lock") })
+	live := liveRegionPath(t)
 	cfg := fmt.Sprintf(`[server]
 workers = 2
 shutdown_timeout = "2s"

@@ -346,6 +346,28 @@ func (d *daemon) wait(timeout time.Duration) (int, bool) {
 
 func (d *daemon) url(path string) string { return "http://" + d.addr + path }
 
+// reloadTo writes cfg, with ADMIN_ADDR replaced by the daemon's admin
+// address, and sends HUP; it returns where the log was.
+func reloadTo(d *daemon, cfg string) int {
+	d.t.Helper()
+	text := strings.ReplaceAll(cfg, "ADMIN_ADDR", d.admin)
+	if err := os.WriteFile(d.cfgPath, []byte(text), 0o600); err != nil {
+		d.t.Fatal(err)
+	}
+	from := d.logs.len()
+	d.signal(syscall.SIGHUP)
+	return from
+}
+
+// waitReloaded waits up to timeout for a "reload finished" line at or
+// after from.
+func waitReloaded(t testing.TB, d *daemon, from int, timeout time.Duration) {
+	t.Helper()
+	if _, _, ok := d.logs.waitFor(from, timeout, msgIs("reload finished")); !ok {
+		t.Fatalf("the reload did not finish within %v", timeout)
+	}
+}
+
 // stop sends TERM and requires a clean exit (status 0) within 15 s, with
 // the log read to its end.
 func (d *daemon) stop() {
@@ -399,6 +421,14 @@ func procStat(pid int) (start uint64, state byte) {
 	}
 	start, _ = strconv.ParseUint(f[19], 10, 64) // field 22 of stat
 	return start, f[0][0]
+}
+
+// liveRegionPath is a new path for a live region in /dev/shm; the region
+// and its lock file are removed when the test ends.
+func liveRegionPath(t testing.TB) string {
+	live := filepath.Join("/dev/shm", fmt.Sprintf("preforkd-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	t.Cleanup(func() { os.Remove(live); os.Remove(live + ".lock") })
+	return live
 }
 
 // runBinary runs preforkd to completion (bounded) and returns its exit

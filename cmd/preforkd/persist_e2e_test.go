@@ -103,8 +103,7 @@ algorithm = "fixed-window"
 	})
 
 	t.Run("live region survives kill -9 of the whole tree", func(t *testing.T) {
-		live := filepath.Join("/dev/shm", fmt.Sprintf("preforkd-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
-		t.Cleanup(func() { os.Remove(live); os.Remove(live + ".lock") })
+		live := liveRegionPath(t)
 		cfg := persistConfig(fmt.Sprintf(`
 [persist]
 live = %q

@@ -110,8 +110,7 @@ window = "1h"
 
 	t.Run("live region writable by others", func(t *testing.T) {
 		t.Parallel()
-		live := filepath.Join("/dev/shm", fmt.Sprintf("preforkd-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
-		t.Cleanup(func() { os.Remove(live); os.Remove(live + ".lock") })
+		live := liveRegionPath(t)
 		cfg := persistConfig(fmt.Sprintf("[persist]\nlive = %q\n", live) + rule)
 		d := startDaemon(t, daemonOptions{config: cfg})
 		limited(t, d)

@@ -54,16 +54,10 @@ func TestProxyE2E(t *testing.T) {
 
 	t.Run("a WebSocket is tunnelled", func(t *testing.T) {
 		t.Parallel()
-		c, err := net.Dial("tcp", d.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c, br := dialRaw(t, d.addr)
 		const key = "dGhlIHNhbXBsZSBub25jZQ=="
 		fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: app\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
 			"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n", key)
-		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
 		if err != nil {
 			t.Fatal(err)
@@ -102,13 +96,8 @@ func TestProxyE2E(t *testing.T) {
 				"POST /framing-chunk HTTP/1.1\r\nHost: app\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: app\r\n\r\n"},
 		}
 		for _, tc := range cases {
-			c, err := net.Dial("tcp", d.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.SetDeadline(time.Now().Add(10 * time.Second))
+			c, br := dialRaw(t, d.addr)
 			io.WriteString(c, tc.send)
-			br := bufio.NewReader(c)
 			resp, err := http.ReadResponse(br, &http.Request{Method: "POST"})
 			if err != nil {
 				t.Fatalf("%s: %v", tc.name, err)
@@ -137,7 +126,7 @@ func TestProxyE2E(t *testing.T) {
 // count of the lines suppressed.
 func TestProxyUpstreamDownE2E(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemonOptions{config: baseServer(1, fmt.Sprintf("upstream = %q", "http://"+closedAddr(t)))})
+	d := startDaemon(t, daemonOptions{config: baseServer(1, fmt.Sprintf("upstream = %q", "http://"+freeAddr(t)))})
 	c := newClient(t, nil, true)
 	for i := range 20 {
 		r := get(c, d.url("/x"))
@@ -164,16 +153,17 @@ func TestProxyUpstreamDownE2E(t *testing.T) {
 	}
 }
 
-// closedAddr is a loopback address where nothing listens.
-func closedAddr(t *testing.T) string {
+// dialRaw connects to addr for requests written by hand, with 10s for
+// the whole exchange; the connection is closed when the test ends.
+func dialRaw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c, bufio.NewReader(c)
 }
 
 // TestProxyLargeTransferE2E sends 100 MB each way through one worker and
@@ -292,12 +282,7 @@ upstream_timeout = "500ms"`, "http://"+silent))})
 
 	t.Run("a body at 1 byte/s is cut", func(t *testing.T) {
 		t.Parallel()
-		c, err := net.Dial("tcp", d.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c, br := dialRaw(t, d.addr)
 		start := time.Now()
 		io.WriteString(c, "POST /slow-body HTTP/1.1\r\nHost: app\r\nContent-Length: 20\r\n\r\n")
 		go func() {
@@ -308,7 +293,6 @@ upstream_timeout = "500ms"`, "http://"+silent))})
 				time.Sleep(time.Second)
 			}
 		}()
-		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, &http.Request{Method: "POST"})
 		if err != nil {
 			t.Fatal(err)

@@ -32,14 +32,22 @@ url = %q
 %s`, srv.URL(), redisExtra, rules)
 }
 
+// startRedisHosts starts a Redis and two daemons ("hosts") that share it,
+// both with rules and a call timeout of 1s.
+func startRedisHosts(t *testing.T, rules string) (*redistest.Server, []*daemon) {
+	t.Helper()
+	srv := redistest.Start(t)
+	cfg := redisConfig(srv, `timeout = "1s"`, rules)
+	return srv, []*daemon{startDaemon(t, daemonOptions{config: cfg, admin: true}), startDaemon(t, daemonOptions{config: cfg, admin: true})}
+}
+
 // Two hosts, one Redis: a limit of 10 a minute on one key lets exactly 10
 // of 40 requests through, spread over both hosts and sent at once, in each
 // of three runs, for both algorithms; a SCRIPT FLUSH between runs changes
 // nothing (NOSCRIPT is handled).
 func TestRedisTwoHostsExact(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	cfg := redisConfig(srv, `timeout = "1s"`, `
+	srv, hosts := startRedisHosts(t, `
 [[ratelimit]]
 name = "gcra"
 path = "/gcra"
@@ -54,7 +62,6 @@ window = "1m"
 algorithm = "fixed-window"
 store = "redis"
 `)
-	hosts := []*daemon{startDaemon(t, daemonOptions{config: cfg, admin: true}), startDaemon(t, daemonOptions{config: cfg, admin: true})}
 	for run := 1; run <= 3; run++ {
 		for _, path := range []string{"/gcra", "/fixed"} {
 			c := newClient(t, freshClientIP(), false)
@@ -96,8 +103,7 @@ store = "redis"
 // most one call.
 func TestRedisRoundTripsAndDenyCache(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	cfg := redisConfig(srv, `timeout = "1s"`, `
+	srv, hosts := startRedisHosts(t, `
 [[ratelimit]]
 name = "minute"
 path = "/api/*"
@@ -119,7 +125,6 @@ algorithm = "fixed-window"
 by = "global"
 store = "redis"
 `)
-	hosts := []*daemon{startDaemon(t, daemonOptions{config: cfg, admin: true}), startDaemon(t, daemonOptions{config: cfg, admin: true})}
 	ip := freshClientIP()
 	c := newClient(t, ip, true)
 	before := srv.Calls("evalsha")
