@@ -9,13 +9,7 @@
 #
 #   WORKERS=2 DURATION=5 CONNS=32 bash bench/cache-http.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-DURATION=${DURATION:-5}
-PORT=${PORT:-18290}
-UPSTREAM_PORT=$((PORT + 9))
-. bench/lib.sh
-need wrk wrk
+. "$(dirname "$0")/lib.sh" 5 18290 # default DURATION and PORT
 need nginx nginx-light
 
 go build -o "$tmp/preforkd" ./cmd/preforkd

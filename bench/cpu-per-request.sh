@@ -13,13 +13,7 @@
 #
 #   WORKERS=2 DURATION=8 CONNS=32 STRACE=1 bash bench/cpu-per-request.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-DURATION=${DURATION:-8}
-PORT=${PORT:-18390}
-UPSTREAM_PORT=$((PORT + 9))
-. bench/lib.sh
-need wrk wrk
+. "$(dirname "$0")/lib.sh" 8 18390 # default DURATION and PORT
 need nginx nginx-light
 [ -z "${STRACE:-}" ] || need strace strace
 

@@ -15,13 +15,7 @@
 #
 #   WORKERS=2 DURATION=8 CONNS=32 bash bench/http.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-DURATION=${DURATION:-8}
-PORT=${PORT:-18090}
-UPSTREAM_PORT=$((PORT + 9))
-. bench/lib.sh
-need wrk wrk
+. "$(dirname "$0")/lib.sh" 8 18090 # default DURATION and PORT
 have_nginx=false
 command -v nginx >/dev/null && have_nginx=true
 

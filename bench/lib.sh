@@ -1,9 +1,18 @@
 # Shared by the wrk benchmarks (http.sh, redis-http.sh, cache-http.sh,
-# cpu-per-request.sh), sourced once they are at the repository root: the
-# common knobs, a temporary directory and the processes to stop at exit,
-# and helpers.
+# cpu-per-request.sh), sourced first as
+#
+#   . "$(dirname "$0")/lib.sh" DURATION PORT
+#
+# with the script's default run length in seconds and its first port. It
+# moves to the repository root and sets the common knobs (each may be
+# set in the environment), a temporary directory and the processes to
+# stop at exit, and helpers; it checks that wrk is installed.
 
+cd "$(dirname "$0")/.."
 me=${0##*/}
+DURATION=${DURATION:-$1}
+PORT=${PORT:-$2}
+UPSTREAM_PORT=$((PORT + 9)) # what the proxy fronts (or redis-server)
 WORKERS=${WORKERS:-2}
 CONNS=${CONNS:-32}
 THREADS=${THREADS:-1}
@@ -12,6 +21,7 @@ THREADS=${THREADS:-1}
 need() {
 	command -v "$1" >/dev/null || { echo "$me: $1 is not installed (apt-get install $2)"; exit 1; }
 }
+need wrk wrk
 
 tmp=$(mktemp -d)
 pids=() # started in the background: stopped at exit

@@ -7,13 +7,8 @@
 #
 #   WORKERS=2 DURATION=5 CONNS=32 bash bench/redis-http.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-DURATION=${DURATION:-5}
-PORT=${PORT:-18190}
-REDIS_PORT=$((PORT + 9))
-. bench/lib.sh
-need wrk wrk
+. "$(dirname "$0")/lib.sh" 5 18190 # default DURATION and PORT
+REDIS_PORT=$UPSTREAM_PORT
 need redis-server redis-server
 
 go build -o "$tmp/preforkd" ./cmd/preforkd
