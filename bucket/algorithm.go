@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/textvalue"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -20,34 +21,25 @@ const (
 	FixedWindow
 )
 
-func (a Algorithm) String() string {
-	switch a {
-	case GCRA:
-		return "gcra"
-	case FixedWindow:
-		return "fixed-window"
-	}
-	return fmt.Sprintf("Algorithm(%d)", uint8(a))
-}
+// algorithmNames are the names ParseAlgorithm reads and String writes,
+// indexed by algorithm.
+var algorithmNames = textvalue.Enum[Algorithm]{GCRA: "gcra", FixedWindow: "fixed-window"}
+
+func (a Algorithm) String() string { return algorithmNames.String(a, "Algorithm") }
 
 // ParseAlgorithm parses "gcra" or "fixed-window"; "" is GCRA.
 func ParseAlgorithm(s string) (Algorithm, error) {
-	switch s {
-	case "gcra", "":
+	if s == "" {
 		return GCRA, nil
-	case "fixed-window":
-		return FixedWindow, nil
+	}
+	if a, ok := algorithmNames.Value(s); ok {
+		return a, nil
 	}
 	return 0, fmt.Errorf("bucket: unknown algorithm %q (want \"gcra\" or \"fixed-window\")", s)
 }
 
 // MarshalText returns "gcra" or "fixed-window".
-func (a Algorithm) MarshalText() ([]byte, error) {
-	if a != GCRA && a != FixedWindow {
-		return nil, fmt.Errorf("bucket: unknown algorithm %d", uint8(a))
-	}
-	return []byte(a.String()), nil
-}
+func (a Algorithm) MarshalText() ([]byte, error) { return marshalName(algorithmNames, a, "algorithm") }
 
 // UnmarshalText parses "gcra" or "fixed-window". Unlike ParseAlgorithm it
 // refuses "": a text that names no algorithm is a mistake.
@@ -55,11 +47,17 @@ func (a *Algorithm) UnmarshalText(b []byte) error {
 	if len(b) == 0 {
 		return errors.New(`bucket: empty algorithm (want "gcra" or "fixed-window")`)
 	}
-	v, err := ParseAlgorithm(string(b))
-	if err == nil {
-		*a = v
+	return textvalue.Unmarshal(b, a, ParseAlgorithm)
+}
+
+// marshalName is the MarshalText of this package's enums: v's name, or an
+// error "bucket: unknown <what> <v>" for a value without one.
+func marshalName[T ~uint8](names textvalue.Enum[T], v T, what string) ([]byte, error) {
+	name, ok := names.Name(v)
+	if !ok {
+		return nil, fmt.Errorf("bucket: unknown %s %d", what, v)
 	}
-	return err
+	return []byte(name), nil
 }
 
 // Limits of the payload encoding.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/preforkd/preforkd/internal/textvalue"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -18,34 +19,22 @@ const (
 	Closed
 )
 
-func (o OnFull) String() string {
-	switch o {
-	case Open:
-		return "open"
-	case Closed:
-		return "closed"
-	}
-	return fmt.Sprintf("OnFull(%d)", uint8(o))
-}
+// onFullNames are the names UnmarshalText reads and String writes, indexed
+// by policy.
+var onFullNames = textvalue.Enum[OnFull]{Open: "open", Closed: "closed"}
+
+func (o OnFull) String() string { return onFullNames.String(o, "OnFull") }
 
 // MarshalText returns "open" or "closed".
-func (o OnFull) MarshalText() ([]byte, error) {
-	if o > Closed {
-		return nil, fmt.Errorf("bucket: unknown on-full policy %d", uint8(o))
-	}
-	return []byte(o.String()), nil
-}
+func (o OnFull) MarshalText() ([]byte, error) { return marshalName(onFullNames, o, "on-full policy") }
 
 // UnmarshalText parses "open" or "closed".
 func (o *OnFull) UnmarshalText(b []byte) error {
-	switch string(b) {
-	case "open":
-		*o = Open
-	case "closed":
-		*o = Closed
-	default:
+	v, ok := onFullNames.Value(string(b))
+	if !ok {
 		return fmt.Errorf("bucket: unknown on-full policy %q (want \"open\" or \"closed\")", b)
 	}
+	*o = v
 	return nil
 }
 

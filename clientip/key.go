@@ -10,6 +10,8 @@ import (
 	"net/textproto"
 	"strings"
 	"unsafe"
+
+	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
 // ErrBy is wrapped by every error ParseBy returns.
@@ -152,14 +154,7 @@ func (b By) String() string {
 
 // UnmarshalText parses a `by` expression (ParseBy), so that a By is a
 // configuration value.
-func (b *By) UnmarshalText(text []byte) error {
-	v, err := ParseBy(string(text))
-	if err != nil {
-		return err
-	}
-	*b = v
-	return nil
-}
+func (b *By) UnmarshalText(text []byte) error { return textvalue.Unmarshal(text, b, ParseBy) }
 
 // MarshalText returns the canonical form (String).
 func (b By) MarshalText() ([]byte, error) { return []byte(b.String()), nil }

@@ -6,11 +6,11 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
 // The types of this file read and write their own text forms, for the file
@@ -299,44 +299,17 @@ func (s Store) MarshalText() ([]byte, error)  { return storeNames.marshal(s) }
 func (s *Store) UnmarshalText(b []byte) error { return storeNames.unmarshal(b, s) }
 
 // enum holds the names of a small integer type's values, in order: the
-// first is the zero value's, which is the default.
-type enum[T ~uint8] []string
+// first is the zero value's, which is the default. Its errors start with
+// "config: ".
+type enum[T ~uint8] textvalue.Enum[T]
 
-func (e enum[T]) name(v T) string {
-	if int(v) < len(e) {
-		return e[v]
-	}
-	return strconv.Itoa(int(v))
-}
+func (e enum[T]) name(v T) string { return textvalue.Enum[T](e).String(v, "") }
 
 // check refuses a value that has no name (one set in Go).
-func (e enum[T]) check(v T) error {
-	if int(v) < len(e) {
-		return nil
-	}
-	return fmt.Errorf("config: %d is not one of %s", v, e.list())
-}
+func (e enum[T]) check(v T) error { return textvalue.Enum[T](e).Check("config", v) }
 
-func (e enum[T]) marshal(v T) ([]byte, error) {
-	if err := e.check(v); err != nil {
-		return nil, err
-	}
-	return []byte(e[v]), nil
-}
+func (e enum[T]) marshal(v T) ([]byte, error) { return textvalue.Enum[T](e).Marshal("config", v) }
 
 func (e enum[T]) unmarshal(b []byte, v *T) error {
-	i := slices.Index(e, string(b))
-	if i < 0 {
-		return fmt.Errorf("config: %q is not one of %s", b, e.list())
-	}
-	*v = T(i)
-	return nil
-}
-
-func (e enum[T]) list() string {
-	q := make([]string, len(e))
-	for i, n := range e {
-		q[i] = strconv.Quote(n)
-	}
-	return strings.Join(q, ", ")
+	return textvalue.Enum[T](e).Unmarshal("config", b, v)
 }

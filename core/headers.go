@@ -1,12 +1,12 @@
 package core
 
 import (
-	"fmt"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
 // HeaderMode selects the rate-limit header families: a set of bits. The
@@ -27,43 +27,19 @@ const (
 
 // headerModeNames are the names ParseHeaderMode reads and String writes,
 // indexed by mode.
-var headerModeNames = [...]string{HeadersBoth: "both", HeadersIETF: "ietf", HeadersX: "x", HeadersNone: "none"}
+var headerModeNames = textvalue.Enum[HeaderMode]{HeadersBoth: "both", HeadersIETF: "ietf", HeadersX: "x", HeadersNone: "none"}
 
 // ParseHeaderMode parses "both", "ietf", "x" or "none".
-func ParseHeaderMode(s string) (HeaderMode, error) {
-	for m, name := range headerModeNames {
-		if s == name {
-			return HeaderMode(m), nil
-		}
-	}
-	return 0, fmt.Errorf("core: %q is not one of \"both\", \"ietf\", \"x\", \"none\"", s)
-}
+func ParseHeaderMode(s string) (HeaderMode, error) { return headerModeNames.Parse("core", s) }
 
 // String is the mode as ParseHeaderMode reads it.
-func (m HeaderMode) String() string {
-	if int(m) < len(headerModeNames) {
-		return headerModeNames[m]
-	}
-	return "HeaderMode(" + strconv.Itoa(int(m)) + ")"
-}
+func (m HeaderMode) String() string { return headerModeNames.String(m, "HeaderMode") }
 
 // MarshalText is the mode's name; a value without one is an error.
-func (m HeaderMode) MarshalText() ([]byte, error) {
-	if int(m) >= len(headerModeNames) {
-		return nil, fmt.Errorf("core: %d is not one of \"both\", \"ietf\", \"x\", \"none\"", m)
-	}
-	return []byte(headerModeNames[m]), nil
-}
+func (m HeaderMode) MarshalText() ([]byte, error) { return headerModeNames.Marshal("core", m) }
 
 // UnmarshalText makes a HeaderMode a configuration value.
-func (m *HeaderMode) UnmarshalText(b []byte) error {
-	v, err := ParseHeaderMode(string(b))
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}
+func (m *HeaderMode) UnmarshalText(b []byte) error { return headerModeNames.Unmarshal("core", b, m) }
 
 func (m HeaderMode) ietf() bool { return m == HeadersBoth || m == HeadersIETF }
 func (m HeaderMode) x() bool    { return m == HeadersBoth || m == HeadersX }

@@ -3,6 +3,8 @@ package redisstore
 import (
 	"fmt"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
 // The circuit breaker's state machine: pure functions over one state word
@@ -41,17 +43,10 @@ const (
 	HalfOpen
 )
 
-func (p Phase) String() string {
-	switch p {
-	case Closed:
-		return "closed"
-	case Open:
-		return "open"
-	case HalfOpen:
-		return "half-open"
-	}
-	return fmt.Sprintf("Phase(%d)", uint8(p))
-}
+// phaseNames are the names String writes, indexed by phase.
+var phaseNames = textvalue.Enum[Phase]{Closed: "closed", Open: "open", HalfOpen: "half-open"}
+
+func (p Phase) String() string { return phaseNames.String(p, "Phase") }
 
 const (
 	phaseShift = 46

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/textvalue"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
@@ -207,33 +208,21 @@ const (
 
 // onUnavailableNames are the names ParseOnUnavailable reads and String
 // writes, indexed by value.
-var onUnavailableNames = [...]string{FailLocal: "local", FailOpen: "open", FailClosed: "closed"}
+var onUnavailableNames = textvalue.Enum[OnUnavailable]{FailLocal: "local", FailOpen: "open", FailClosed: "closed"}
 
 // ParseOnUnavailable parses "open", "closed" or "local".
 func ParseOnUnavailable(s string) (OnUnavailable, error) {
-	for u, name := range onUnavailableNames {
-		if s == name {
-			return OnUnavailable(u), nil
-		}
+	if u, ok := onUnavailableNames.Value(s); ok {
+		return u, nil
 	}
 	return 0, fmt.Errorf("redisstore: on_unavailable %q: want \"open\", \"closed\" or \"local\"", s)
 }
 
-func (u OnUnavailable) String() string {
-	if int(u) < len(onUnavailableNames) {
-		return onUnavailableNames[u]
-	}
-	return fmt.Sprintf("OnUnavailable(%d)", uint8(u))
-}
+func (u OnUnavailable) String() string { return onUnavailableNames.String(u, "OnUnavailable") }
 
 // UnmarshalText makes an OnUnavailable a configuration value.
 func (u *OnUnavailable) UnmarshalText(b []byte) error {
-	v, err := ParseOnUnavailable(string(b))
-	if err != nil {
-		return err
-	}
-	*u = v
-	return nil
+	return textvalue.Unmarshal(b, u, ParseOnUnavailable)
 }
 
 // MarshalText is the value as ParseOnUnavailable reads it.
@@ -276,14 +265,7 @@ func (s Sync) String() string {
 }
 
 // UnmarshalText makes a Sync a configuration value.
-func (s *Sync) UnmarshalText(b []byte) error {
-	v, err := ParseSync(string(b))
-	if err != nil {
-		return err
-	}
-	*s = v
-	return nil
-}
+func (s *Sync) UnmarshalText(b []byte) error { return textvalue.Unmarshal(b, s, ParseSync) }
 
 // MarshalText is the value as ParseSync reads it.
 func (s Sync) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
