@@ -9,6 +9,7 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -22,17 +23,11 @@ func mustRoute(t *testing.T, p string, methods ...string) route.Route {
 	return rt
 }
 
+// joinedRegion is a private region joined as worker 0, closed when the
+// test ends.
 func joinedRegion(t testing.TB, o shm.Options) *shm.Region {
 	t.Helper()
-	r, err := shm.CreatePrivate(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	if err := r.Join(0); err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return shmtest.Private(t, o)
 }
 
 // New refuses what it cannot decide by, each with an error that says which

@@ -1,19 +1,17 @@
 package core_test
 
 import (
-	"bytes"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/logtest"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -23,54 +21,7 @@ import (
 func statRegion(t *testing.T, o shm.Options) *shm.Region {
 	t.Helper()
 	metrics.Geometry(&o, 4)
-	r, err := shm.Create(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r
-}
-
-// joinAs maps r again, as a worker process would, joined as index w.
-func joinAs(t *testing.T, r *shm.Region, w int) *shm.Region {
-	t.Helper()
-	fd, err := unix.Dup(int(r.File().Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := shm.Attach(os.NewFile(uintptr(fd), "region"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	if err := a.Join(w); err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
-
-// lockedBuffer is a log destination shared by several cores.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines(msg string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for line := range strings.Lines(l.b.String()) {
-		if strings.Contains(line, `msg="`+msg+`"`) {
-			out = append(out, strings.TrimSpace(line))
-		}
-	}
-	return out
+	return shmtest.Create(t, o)
 }
 
 // Each rule counts each request it matched once, under what it did, in the
@@ -90,11 +41,11 @@ func TestRequestsCountedInTheRegion(t *testing.T) {
 			{Rule: bucket.Rule{Name: "closed", Limit: 100, Window: time.Hour, OnFull: bucket.Closed}, Route: mustRoute(t, "/c"), By: ip},
 		},
 	}
-	w1, err := core.New(joinAs(t, region, 1), opts)
+	w1, err := core.New(shmtest.Attach(t, region, 1), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w2, err := core.New(joinAs(t, region, 2), opts)
+	w2, err := core.New(shmtest.Attach(t, region, 2), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +153,7 @@ func TestRefusalLogOncePerSecondAcrossWorkers(t *testing.T) {
 	var now time.Duration = time.Hour
 	var mu sync.Mutex
 	clock := func() time.Duration { mu.Lock(); defer mu.Unlock(); return now }
-	logs := &lockedBuffer{}
+	logs := &logtest.Buffer{}
 	ip, _ := clientip.ParseBy("ip")
 	opts := core.Options{
 		Now:        clock,
@@ -211,7 +162,7 @@ func TestRefusalLogOncePerSecondAcrossWorkers(t *testing.T) {
 	}
 	var cores []*core.Core
 	for w := range 2 {
-		c, err := core.New(joinAs(t, region, w), opts)
+		c, err := core.New(shmtest.Attach(t, region, w), opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +187,7 @@ func TestRefusalLogOncePerSecondAcrossWorkers(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	lines := logs.lines("request refused")
+	lines := logs.Lines("request refused")
 	for _, l := range lines {
 		if !strings.Contains(l, "rule=login") || !strings.Contains(l, "client=192.0.2.1") ||
 			!strings.Contains(l, "method=POST") || !strings.Contains(l, "path=/login") {
@@ -256,7 +207,7 @@ func TestRefusalLogOncePerSecondAcrossWorkers(t *testing.T) {
 	now += time.Second
 	mu.Unlock()
 	decide(cores[1], newReq("POST", "/login", "192.0.2.1"))
-	lines = logs.lines("request refused")
+	lines = logs.Lines("request refused")
 	_, last, _ := strings.Cut(lines[len(lines)-1], "suppressed=")
 	if total := refusalsIn(lines); total != flood+1 {
 		t.Errorf("after one more refusal a second later, the lines stand for %d refusals, want %d (last: suppressed=%s)", total, flood+1, last)

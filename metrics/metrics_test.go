@@ -5,21 +5,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
+// statRegion is a private region with room for the statistics of rules,
+// joined as worker 0.
 func statRegion(t testing.TB, rules int) *shm.Region {
 	t.Helper()
 	o := shm.Options{Counters: 8, MaxWorkers: 4}
 	Geometry(&o, rules)
-	r, err := shm.CreatePrivate(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Join(0); err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return shmtest.Private(t, o)
 }
 
 // The names follow Prometheus' conventions, which promtool checks: a

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -18,7 +19,7 @@ func BenchmarkNewKey(b *testing.B) {
 		maxKeys int
 	}{{"claim", 0}, {"capped", 1000}} {
 		b.Run(bc.name, func(b *testing.B) {
-			r := privateRegion(b, shm.Options{Counters: 1 << 21})
+			r := shmtest.Private(b, shm.Options{Counters: 1 << 21})
 			lim := newLimiter(b, r, bucket.Rule{Name: "n", Limit: 10, Window: time.Hour, MaxKeys: bc.maxKeys})
 			for i := range bc.maxKeys {
 				lim.Allow("fill-"+strconv.Itoa(i), time.Minute)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -39,7 +40,7 @@ func checkAccounts(t testing.TB, r *shm.Region) {
 // other rule keeps its room and decides exactly, and the flood's own keys
 // that got a slot are still limited.
 func TestQuotaKeepsOtherRulesRoom(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 1024})
+	r := shmtest.Private(t, shm.Options{Counters: 1024})
 	flood := newLimiter(t, r, bucket.Rule{Name: "flood", Limit: 1, Window: time.Hour, MaxKeys: 300})
 	login := newLimiter(t, r, bucket.Rule{Name: "login", Limit: 2, Window: time.Hour, MaxKeys: 512})
 	now := time.Minute
@@ -84,7 +85,7 @@ func TestQuotaKeepsOtherRulesRoom(t *testing.T) {
 // fresh as new ones: in the key's probe window, or found by the account's
 // sweep, at most one a millisecond.
 func TestQuotaReusesFreshSlots(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 1 << 14})
+	r := shmtest.Private(t, shm.Options{Counters: 1 << 14})
 	rule := bucket.Rule{Name: "short", Limit: 1, Window: time.Second, Algorithm: bucket.FixedWindow, MaxKeys: 50}
 	lim := newLimiter(t, r, rule)
 	now := 10 * time.Second
@@ -131,7 +132,7 @@ func TestQuotaReusesFreshSlots(t *testing.T) {
 // The sweep of an account is paced: at most one starts per millisecond,
 // whoever asks, so a flood of capped claims costs a bounded walk.
 func TestQuotaSweepPaced(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 1 << 16})
+	r := shmtest.Private(t, shm.Options{Counters: 1 << 16})
 	c := r.Counters()
 	for attempt := 0; ; attempt++ {
 		c.AllowSweep(3)
@@ -160,7 +161,7 @@ func TestQuotaSweepPaced(t *testing.T) {
 // Another limit for some keys of a rule (an override) counts against the
 // rule's room: its rule is in the rule's group.
 func TestQuotaGroup(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 256})
+	r := shmtest.Private(t, shm.Options{Counters: 256})
 	base := bucket.Rule{Name: "api", Limit: 1, Window: time.Hour, MaxKeys: 10}
 	tier := base
 	tier.Name, tier.Group, tier.Limit = "api\x00key\x00gold", "api", 100
@@ -183,7 +184,7 @@ func TestQuotaGroup(t *testing.T) {
 // equals a walk of the table at the end. Under -race it also checks the
 // accounts' synchronisation.
 func TestQuotaGoroutines(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 512})
+	r := shmtest.Private(t, shm.Options{Counters: 512})
 	rules := []bucket.Rule{
 		{Name: "a", Limit: 2, Window: 2 * time.Millisecond, Algorithm: bucket.FixedWindow, MaxKeys: 40},
 		{Name: "b", Limit: 1, Window: 3 * time.Millisecond, MaxKeys: 100},
@@ -245,14 +246,14 @@ func TestQuotaGoroutines(t *testing.T) {
 // A snapshot placed into another table keeps each entry's account, and
 // ReapAll recounts accounts that went wrong.
 func TestQuotaPlaceAndRebuild(t *testing.T) {
-	src := privateRegion(t, shm.Options{Counters: 1024})
+	src := shmtest.Private(t, shm.Options{Counters: 1024})
 	a := newLimiter(t, src, bucket.Rule{Name: "a", Limit: 1, Window: time.Hour, MaxKeys: 30})
 	b := newLimiter(t, src, bucket.Rule{Name: "b", Limit: 1, Window: time.Hour})
 	for i := range 50 {
 		a.Allow(fmt.Sprint(i), time.Minute)
 		b.Allow(fmt.Sprint(i), time.Minute)
 	}
-	dst := privateRegion(t, shm.Options{Counters: 2048})
+	dst := shmtest.Private(t, shm.Options{Counters: 2048})
 	placeInto(t, dst, src, slices.Collect(src.Counters().Snapshot()))
 	acc := func(rule string) uint16 { return bucket.Rule{Name: rule}.Account() }
 	if dst.Counters().Held(acc("a")) != 30 || dst.Counters().Held(acc("b")) != 50 {
@@ -271,7 +272,7 @@ func TestQuotaPlaceAndRebuild(t *testing.T) {
 // a released reservation, and an expired record of its own, give room
 // back.
 func TestResponsesQuota(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 8, Responses: 256, ResponseBytes: 64 << 10})
+	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 256, ResponseBytes: 64 << 10})
 	tab := r.Responses()
 	q := shm.Quota{Account: 7, Max: 3}
 	var got shm.Response

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -39,7 +40,7 @@ func TestPlace(t *testing.T) {
 		return l
 	}
 	now := 10 * time.Minute
-	src := privateRegion(t, shm.Options{Counters: 4096, MaxWorkers: 8})
+	src := shmtest.Private(t, shm.Options{Counters: 4096, MaxWorkers: 8})
 	lg, la := limiter(src, login), limiter(src, api)
 	for i := 0; i < 300; i++ {
 		lg.Allow(fmt.Sprint("client", i), now)
@@ -49,8 +50,8 @@ func TestPlace(t *testing.T) {
 	if len(entries) != 600 {
 		t.Fatalf("only %d entries", len(entries))
 	}
-	memfd := createRegion(t, shm.Options{Counters: 2048, MaxWorkers: 8})
-	small, large := privateRegion(t, shm.Options{Counters: 2048, MaxWorkers: 8}), privateRegion(t, shm.Options{Counters: 8192, MaxWorkers: 8})
+	memfd := shmtest.Create(t, shm.Options{Counters: 2048, MaxWorkers: 8})
+	small, large := shmtest.Private(t, shm.Options{Counters: 2048, MaxWorkers: 8}), shmtest.Private(t, shm.Options{Counters: 8192, MaxWorkers: 8})
 	for _, dst := range []*shm.Region{small, memfd, large} {
 		t.Run(fmt.Sprintf("%d slots, mapped=%v", dst.Geometry().Counters, dst.File() != nil), func(t *testing.T) {
 			placeInto(t, dst, src, entries)
@@ -95,7 +96,7 @@ func TestPlace(t *testing.T) {
 // Placing into a table with no room ends after one probe window (a loader
 // must never spin at boot).
 func TestPlaceFull(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 16, MaxWorkers: 4})
+	r := shmtest.Private(t, shm.Options{Counters: 16, MaxWorkers: 4})
 	for i := 0; i < 17; i++ {
 		err := r.Counters().Place(shm.Entry{Key: shm.Key{A: uint64(i), B: 1}, Meta: 1, Payload: 1})
 		if (err != nil) != (i == 16) || (err != nil && !errors.Is(err, shm.ErrFull)) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/internal/proctest"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -211,28 +212,6 @@ func hammer(t *testing.T, r *shm.Region, n int, spec childSpec) childResult {
 	return total
 }
 
-// createRegion creates a region in memory that children can map, closed
-// when the test ends.
-func createRegion(t *testing.T, o shm.Options) *shm.Region {
-	t.Helper()
-	r, err := shm.Create(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r
-}
-
-// newRegion is createRegion joined as worker 0.
-func newRegion(t *testing.T, o shm.Options) *shm.Region {
-	t.Helper()
-	r := createRegion(t, o)
-	if err := r.Join(0); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
 // killFirstWhile calls check over and over while the children procs run:
 // after d it kills the first (joined as worker 1) and reaps it, then
 // waits for the others to exit, decoding what each reports into report
@@ -306,7 +285,7 @@ func TestMultiProcessExact(t *testing.T) {
 	const limit = 500
 	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.GCRA} {
 		t.Run(algo.String(), func(t *testing.T) {
-			r := newRegion(t, shm.Options{Counters: 1024})
+			r := shmtest.Joined(t, shm.Options{Counters: 1024})
 			res := hammer(t, r, 3, childSpec{
 				Rule:       bucket.Rule{Name: "exact", Limit: limit, Window: time.Hour, Algorithm: algo},
 				Keys:       []string{"client"},
@@ -330,7 +309,7 @@ func TestMultiProcessExact(t *testing.T) {
 // A table of 8 slots and 32 keys on a running clock: claims and reclaims
 // all the time, and per key and window never more than the limit.
 func TestMultiProcessTinyTable(t *testing.T) {
-	r := newRegion(t, shm.Options{Counters: 8})
+	r := shmtest.Joined(t, shm.Options{Counters: 8})
 	keys := make([]string, 32)
 	for i := range keys {
 		keys[i] = "k" + strconv.Itoa(i)
@@ -366,7 +345,7 @@ func TestCrashInjection(t *testing.T) {
 	for _, stage := range []string{"locked", "busy", "keyed", "published"} {
 		for _, sweep := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/sweep=%v", stage, sweep), func(t *testing.T) {
-				r := newRegion(t, shm.Options{Counters: 64})
+				r := shmtest.Joined(t, shm.Options{Counters: 64})
 				rule := bucket.Rule{Name: "crash", Limit: 2, Window: time.Hour, Algorithm: bucket.FixedWindow}
 				procs, release := spawn(t, r, "stall", []childSpec{{Worker: 5, Rule: rule, Keys: []string{"victim"}, Stage: stage}})
 				release()
@@ -462,7 +441,7 @@ func TestKillOrphans(t *testing.T) {
 // clock, one of them SIGKILLed mid-run and reaped: no account ever holds
 // more than its maximum, and every count equals a walk of the table.
 func TestMultiProcessQuota(t *testing.T) {
-	r := newRegion(t, shm.Options{Counters: 512})
+	r := shmtest.Joined(t, shm.Options{Counters: 512})
 	keys := make([]string, 400)
 	for i := range keys {
 		keys[i] = "k" + strconv.Itoa(i)
@@ -499,7 +478,7 @@ func TestMultiProcessQuota(t *testing.T) {
 // between the check of the count and the charge: exactly the maximum of
 // keys get a slot, however many passed the check together.
 func TestMultiProcessQuotaExact(t *testing.T) {
-	r := newRegion(t, shm.Options{Counters: 1024})
+	r := shmtest.Joined(t, shm.Options{Counters: 1024})
 	rule := bucket.Rule{Name: "exact", Limit: 1, Window: time.Hour, MaxKeys: 40}
 	specs := make([]childSpec, 3)
 	for p := range specs {
@@ -548,7 +527,7 @@ func TestCrashInjectionAccounts(t *testing.T) {
 	for _, stage := range []string{"charged", "uncharged"} {
 		for _, sweep := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/sweep=%v", stage, sweep), func(t *testing.T) {
-				r := newRegion(t, shm.Options{Counters: 8})
+				r := shmtest.Joined(t, shm.Options{Counters: 8})
 				lo, ln := newLimiter(t, r, old), newLimiter(t, r, nu)
 				for i := range 8 {
 					if d := lo.Allow("o"+strconv.Itoa(i), time.Second); d.Full {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/internal/proctest"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -83,7 +84,7 @@ func idemChild(c *proctest.Child) error {
 
 func idemRegion(t *testing.T) *shm.Region {
 	t.Helper()
-	return newRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 16})
+	return shmtest.Joined(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 16})
 }
 
 // checkRunsOnce starts n processes of role ("idem" or "cache"), each with
@@ -196,7 +197,7 @@ func recordsChild(r *shm.Region, spec childSpec) error {
 // under its maximum, one SIGKILLed mid-run and reaped: the client never
 // holds more than its maximum, and its count equals a walk of the table.
 func TestMultiProcessRecordsQuota(t *testing.T) {
-	r := newRegion(t, shm.Options{Counters: 64, Responses: 1024, ResponseBytes: 256 << 10})
+	r := shmtest.Joined(t, shm.Options{Counters: 64, Responses: 1024, ResponseBytes: 256 << 10})
 	q := shm.Quota{Account: 77, Max: 30}
 	specs := make([]childSpec, 3)
 	for i := range specs {

@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
 func respRegion(t testing.TB, records int, poolBytes int64) *shm.Region {
 	t.Helper()
-	return privateRegion(t, shm.Options{Counters: 8, Responses: records, ResponseBytes: poolBytes, BlockSize: 256})
+	return shmtest.Private(t, shm.Options{Counters: 8, Responses: records, ResponseBytes: poolBytes, BlockSize: 256})
 }
 
 func fpOf(s string) shm.Fingerprint { return sha256.Sum256([]byte(s)) }

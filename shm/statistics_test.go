@@ -2,7 +2,6 @@ package shm_test
 
 import (
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -11,38 +10,20 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
-	"golang.org/x/sys/unix"
 )
-
-// attachAs maps r again, as another process would, joined as worker w.
-func attachAs(t *testing.T, r *shm.Region, w int) *shm.Region {
-	t.Helper()
-	fd, err := unix.Dup(int(r.File().Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := shm.Attach(os.NewFile(uintptr(fd), "region"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	if err := a.Join(w); err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
 
 // A worker's row holds its own counts; reaping it folds them into the
 // totals, which never drop, and the next process of that index starts
 // from zero.
 func TestStatRowsFold(t *testing.T) {
-	r := createRegion(t, shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 3})
+	r := shmtest.Create(t, shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 3})
 	if n := len(r.StatRow()); n != 3 {
 		t.Fatalf("StatRow has %d words, want 3", n)
 	}
-	w1 := attachAs(t, r, 1)
-	w2 := attachAs(t, r, 2)
+	w1 := shmtest.Attach(t, r, 1)
+	w2 := shmtest.Attach(t, r, 2)
 	atomic.AddUint64(&w1.StatRow()[0], 5)
 	atomic.AddUint64(&w1.StatRow()[2], 1)
 	atomic.AddUint64(&w2.StatRow()[0], 7)
@@ -68,7 +49,7 @@ func TestStatRowsFold(t *testing.T) {
 	if s.Words[0] != 12 || s.Words[2] != 1 {
 		t.Fatalf("sum after the reap: %v, want [12 0 1]: folded, not lost", s.Words)
 	}
-	next := attachAs(t, r, 1) // the replacement
+	next := shmtest.Attach(t, r, 1) // the replacement
 	atomic.AddUint64(&next.StatRow()[0], 1)
 	r.SumStats(&s)
 	if s.Words[0] != 13 {
@@ -89,12 +70,12 @@ func TestStatRowsFold(t *testing.T) {
 // every sum is at least the one before (nothing seen twice, then lost) and
 // at most what was added (nothing seen twice); at the end it is exact.
 func TestStatSumNeverGoesBack(t *testing.T) {
-	r := createRegion(t, shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 1})
+	r := shmtest.Create(t, shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 1})
 	var added atomic.Uint64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := 1; w <= 3; w++ {
-		row := attachAs(t, r, w).StatRow()
+		row := shmtest.Attach(t, r, w).StatRow()
 		wg.Go(func() {
 			for {
 				select {

@@ -12,20 +12,9 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
-
-func privateRegion(t testing.TB, o shm.Options) *shm.Region {
-	t.Helper()
-	r, err := shm.CreatePrivate(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Join(0); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
 
 // A key being limited stays limited after more distinct keys than the
 // table has slots were thrown at it: only slots equivalent to fresh keys
@@ -33,7 +22,7 @@ func privateRegion(t testing.TB, o shm.Options) *shm.Region {
 func TestFlood(t *testing.T) {
 	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.GCRA} {
 		t.Run(algo.String(), func(t *testing.T) {
-			r := privateRegion(t, shm.Options{Counters: 64})
+			r := shmtest.Private(t, shm.Options{Counters: 64})
 			lim, _ := bucket.NewLimiter(bucket.Rule{Name: "f", Limit: 3, Window: time.Minute, Algorithm: algo}, r.Counters())
 			short, _ := bucket.NewLimiter(bucket.Rule{Name: "short", Limit: 1, Window: time.Second, Algorithm: algo}, r.Counters())
 			now := 10 * time.Second
@@ -73,7 +62,7 @@ func TestFlood(t *testing.T) {
 // BUSY is answered on_full (there is no slot for it at that instant), and
 // the count would miss it.
 func TestGoroutinesExact(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 32})
+	r := shmtest.Private(t, shm.Options{Counters: 32})
 	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.GCRA} {
 		lim, _ := bucket.NewLimiter(bucket.Rule{Name: "g" + algo.String(), Limit: 100, Window: time.Hour, Algorithm: algo}, r.Counters())
 		var allowed atomic.Int64
@@ -100,7 +89,7 @@ func TestGoroutinesExact(t *testing.T) {
 }
 
 func TestPeekResetRefund(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 64})
+	r := shmtest.Private(t, shm.Options{Counters: 64})
 	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "login", Limit: 2, Window: time.Minute}, r.Counters())
 	now := time.Hour
 	if d := lim.Peek("u", now); !d.Allowed || d.Remaining != 2 {
@@ -133,7 +122,7 @@ func TestNotJoined(t *testing.T) {
 }
 
 func TestAllowDoesNotAllocate(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 1024})
+	r := shmtest.Private(t, shm.Options{Counters: 1024})
 	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "a", Limit: 1000000, Window: time.Second}, r.Counters())
 	n := testing.AllocsPerRun(1000, func() { lim.Allow("some-client-key", r.Now()) })
 	if n != 0 {
@@ -142,7 +131,7 @@ func TestAllowDoesNotAllocate(t *testing.T) {
 }
 
 func TestGeometry(t *testing.T) {
-	r := createRegion(t, shm.Options{Counters: 1000})
+	r := shmtest.Create(t, shm.Options{Counters: 1000})
 	if g := r.Geometry(); g.Counters != 1024 || g.Probe != shm.DefaultProbe || g.MaxWorkers != shm.DefaultMaxWorkers {
 		t.Fatalf("geometry %+v", g)
 	}
@@ -185,7 +174,7 @@ func TestTooLarge(t *testing.T) {
 
 // Attach refuses a file that is not a region, or a damaged header.
 func TestAttachRefuses(t *testing.T) {
-	r := createRegion(t, shm.Options{Counters: 8})
+	r := shmtest.Create(t, shm.Options{Counters: 8})
 	good := append([]byte(nil), r.Bytes()...)
 	for _, tc := range []struct {
 		name   string
@@ -246,12 +235,12 @@ func TestLiveRegion(t *testing.T) {
 
 // Entries of a snapshot placed into a reseeded region keep their state.
 func TestReseedAndPlace(t *testing.T) {
-	a := privateRegion(t, shm.Options{Counters: 64})
+	a := shmtest.Private(t, shm.Options{Counters: 64})
 	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "x", Limit: 1, Window: time.Hour}, a.Counters())
 	lim.Allow("k", time.Minute)
 	saved := slices.Collect(a.Counters().Snapshot())
 
-	b := privateRegion(t, shm.Options{Counters: 128})
+	b := shmtest.Private(t, shm.Options{Counters: 128})
 	placeInto(t, b, a, saved)
 	if err := b.SetSeeds(1, 2); !errors.Is(err, shm.ErrNotEmpty) {
 		t.Fatalf("reseed of a used table: %v", err)
@@ -266,7 +255,7 @@ func TestReseedAndPlace(t *testing.T) {
 // does not spin: it gets ErrRetired for new keys, and existing keys still
 // count exactly.
 func TestRetiredWorker(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 64})
+	r := shmtest.Private(t, shm.Options{Counters: 64})
 	lim, _ := bucket.NewLimiter(bucket.Rule{Name: "r", Limit: 3, Window: time.Hour}, r.Counters())
 	lim.Allow("old", time.Minute)
 	r.ReapAll() // a new supervisor took the region over
@@ -285,7 +274,7 @@ func TestRetiredWorker(t *testing.T) {
 // Both key functions give one identity for the same bytes, short or long,
 // and a different one in another namespace or region.
 func TestKeyOf(t *testing.T) {
-	r := privateRegion(t, shm.Options{Counters: 8})
+	r := shmtest.Private(t, shm.Options{Counters: 8})
 	c := r.Counters()
 	for _, n := range []int{0, 1, 7, 8, 119, 120, 121, 500} {
 		id := strings.Repeat("k", n)
@@ -297,7 +286,7 @@ func TestKeyOf(t *testing.T) {
 			t.Fatalf("len %d: the namespace does not change the key", n)
 		}
 	}
-	other := privateRegion(t, shm.Options{Counters: 8})
+	other := shmtest.Private(t, shm.Options{Counters: 8})
 	if other.Counters().KeyOfString(5, "x") == c.KeyOfString(5, "x") {
 		t.Fatal("two regions with their own seeds give one key")
 	}

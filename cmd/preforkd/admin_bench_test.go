@@ -4,16 +4,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
-	"os"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/prefork"
-	"github.com/preforkd/preforkd/shm"
 )
 
 // BenchmarkScrape is one GET /metrics of an instance of 16 workers and 64
@@ -25,23 +22,10 @@ func BenchmarkScrape(b *testing.B) {
 		cfg.RateLimits = append(cfg.RateLimits, config.RateLimit{Name: fmt.Sprintf("rule-%d", i), Path: fmt.Sprintf("/r%d", i), Limit: 10, Window: time.Minute})
 	}
 	cfg = cfg.WithDefaults()
-	region, err := shm.Create(prefork.RegionOptions(cfg))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer region.Close()
+	region := shmtest.Create(b, prefork.RegionOptions(cfg))
 	st := prefork.Status{Config: cfg, Serving: true}
 	for w := range 16 {
-		fd, err := unix.Dup(int(region.File().Fd()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		wr, err := shm.Attach(os.NewFile(uintptr(fd), "region"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer wr.Close()
-		wr.Join(w)
+		wr := shmtest.Attach(b, region, w)
 		row := metrics.NewRow(wr)
 		for i, rl := range cfg.RateLimits {
 			row.AddRule(metrics.RateLimitRequests, metrics.RuleIndex(wr, rl.Name), i%5, uint64(w+i))

@@ -3,15 +3,15 @@ package main
 import (
 	"bufio"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/logtest"
 )
 
 // The admin listener's limits, in process with short timeouts: a cap on
@@ -26,7 +26,7 @@ func TestAdminLimits(t *testing.T) {
 		writeTimeout:      time.Second,
 		idleTimeout:       300 * time.Millisecond,
 	}
-	logs := &lockedWriter{w: &strings.Builder{}}
+	logs := &logtest.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -94,22 +94,4 @@ func TestAdminLimits(t *testing.T) {
 	if !strings.Contains(logs.String(), "admin: connection limit reached") {
 		t.Errorf("no warning about the refused connection; log:\n%s", logs.String())
 	}
-}
-
-// lockedWriter serializes writes from the server's goroutines.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.(fmt.Stringer).String()
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/internal/proctest"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -281,15 +282,7 @@ const wakeRecords = 1 << 15
 
 func wakeRegion(b *testing.B) *shm.Region {
 	b.Helper()
-	r, err := shm.Create(statRegion(shm.Options{Counters: 8, Responses: wakeRecords, ResponseBytes: 8 << 20}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { r.Close() })
-	if err := r.Join(0); err != nil {
-		b.Fatal(err)
-	}
-	return r
+	return shmtest.Joined(b, statRegion(shm.Options{Counters: 8, Responses: wakeRecords, ResponseBytes: 8 << 20}))
 }
 
 func wakeLatency(b *testing.B, r *shm.Region, wt waiter) {

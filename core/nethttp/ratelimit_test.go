@@ -1,7 +1,6 @@
 package nethttp_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +19,8 @@ import (
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/core/nethttp"
+	"github.com/preforkd/preforkd/internal/logtest"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -42,17 +43,11 @@ func (c *clock) Now() time.Duration       { return time.Duration(c.d.Load()) }
 func (c *clock) Wall() time.Time          { return wall0.Add(c.Now() - t0) }
 func (c *clock) Advance(by time.Duration) { c.d.Add(int64(by)) }
 
+// newRegion is a private region with room for the statistics, joined as
+// worker 0.
 func newRegion(t testing.TB, opts shm.Options) *shm.Region {
 	t.Helper()
-	r, err := shm.CreatePrivate(statRegion(opts))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Join(0); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r
+	return shmtest.Private(t, statRegion(opts))
 }
 
 // app is the next handler: 200 "ok", and it records that it ran.
@@ -68,7 +63,7 @@ type fixture struct {
 	app    *app
 	clock  *clock
 	region *shm.Region
-	logs   *bytes.Buffer
+	logs   *logtest.Buffer
 }
 
 func newFixture(t testing.TB, cfg config.Config, geo shm.Options) *fixture {
@@ -90,8 +85,8 @@ func newCoreFixture(t testing.TB, o core.Options, geo shm.Options) *fixture {
 // newCoreFixtureOn is newCoreFixture over a region of the test's.
 func newCoreFixtureOn(t testing.TB, o core.Options, region *shm.Region) *fixture {
 	t.Helper()
-	f := &fixture{app: &app{}, clock: newClock(), region: region, logs: &bytes.Buffer{}}
-	o.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, &slog.HandlerOptions{
+	f := &fixture{app: &app{}, clock: newClock(), region: region, logs: &logtest.Buffer{}}
+	o.Logger = slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.TimeKey {
 				return slog.Attr{}
@@ -106,17 +101,6 @@ func newCoreFixtureOn(t testing.TB, o core.Options, region *shm.Region) *fixture
 	}
 	f.mw = newHandler(c, f.app, nethttp.Options{}, f.region, o.RateLimits)
 	return f
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 func request(method, target, remote string, hdr ...string) *http.Request {
