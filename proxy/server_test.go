@@ -20,6 +20,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -70,34 +71,14 @@ func listen(t testing.TB) net.Listener {
 	return ln
 }
 
-// acceptEach serves every connection ln accepts with handle, each on a
-// goroutine of its own, until ln is closed; a connection is closed when
-// handle returns.
-func acceptEach(ln net.Listener, handle func(c net.Conn)) {
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handle(c)
-			}()
-		}
-	}()
-}
+// acceptEach serves every connection ln accepts with handle
+// (wiretest.AcceptEach).
+func acceptEach(ln net.Listener, handle func(c net.Conn)) { wiretest.AcceptEach(ln, handle) }
 
 // dial connects to addr with a deadline for the whole test step.
 func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	return c, bufio.NewReader(c)
+	return wiretest.Dial(t, addr, 20*time.Second)
 }
 
 // roundTrip writes the raw request req on c and reads its response from br.
@@ -164,21 +145,6 @@ func TestServerSentEventsArriveOneByOne(t *testing.T) {
 	}
 }
 
-// patterned is a reader of n bytes that are not all alike.
-func patterned(n int64) io.Reader {
-	return io.LimitReader(&counting{}, n)
-}
-
-type counting struct{ i byte }
-
-func (c *counting) Read(p []byte) (int, error) {
-	for i := range p {
-		p[i] = c.i
-		c.i = c.i*31 + 7
-	}
-	return len(p), nil
-}
-
 func sum(r io.Reader) ([32]byte, int64) {
 	h := sha256.New()
 	n, _ := io.Copy(h, r)
@@ -192,7 +158,7 @@ func sum(r io.Reader) ([32]byte, int64) {
 func TestLargeBodiesStream(t *testing.T) {
 	t.Parallel()
 	const size = 8 << 20
-	want, _ := sum(patterned(size))
+	want, _ := sum(wiretest.Pattern(size))
 	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 		got, n := sum(bytes.NewReader(req.Body))
 		if req.Req.Method == "POST" {
@@ -203,7 +169,7 @@ func TestLargeBodiesStream(t *testing.T) {
 		if req.Req.URL.Query().Get("chunked") != "" {
 			w.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
 			buf := make([]byte, 100<<10)
-			r := patterned(size)
+			r := wiretest.Pattern(size)
 			for {
 				n, err := io.ReadFull(r, buf)
 				if n > 0 {
@@ -219,7 +185,7 @@ func TestLargeBodiesStream(t *testing.T) {
 			return
 		}
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
-		io.Copy(w, patterned(size))
+		io.Copy(w, wiretest.Pattern(size))
 	})
 	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
 	for _, chunked := range []bool{false, true} {
@@ -228,11 +194,11 @@ func TestLargeBodiesStream(t *testing.T) {
 			if chunked {
 				io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
 				cw := httpChunkedWriter(c)
-				io.Copy(cw, patterned(size))
+				io.Copy(cw, wiretest.Pattern(size))
 				cw.Close()
 			} else {
 				fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
-				io.Copy(c, patterned(size))
+				io.Copy(c, wiretest.Pattern(size))
 			}
 			resp, body := readResponse(t, br, "POST")
 			if resp.StatusCode != 200 || string(body) != fmt.Sprintf("%x", want) {
@@ -393,14 +359,7 @@ func TestSlowBodyIsCut(t *testing.T) {
 	start := time.Now()
 	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
 	// One byte a second: each gap is over the timeout.
-	go func() {
-		for range 10 {
-			if _, err := c.Write([]byte("x")); err != nil {
-				return
-			}
-			time.Sleep(time.Second)
-		}
-	}()
+	go wiretest.Trickle(c, strings.Repeat("x", 10), time.Second)
 	resp, _ := readResponse(t, br, "POST")
 	if resp.StatusCode != http.StatusRequestTimeout {
 		t.Errorf("status %d, want 408", resp.StatusCode)
@@ -491,7 +450,7 @@ func TestSendTimeout(t *testing.T) {
 	const size = 64 << 20
 	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
-		io.Copy(w, patterned(size))
+		io.Copy(w, wiretest.Pattern(size))
 	})
 	addr, s := serve(t, proxy.Options{Upstream: up.url(), SendTimeout: 300 * time.Millisecond})
 	c, _ := dial(t, addr)
@@ -538,42 +497,11 @@ func TestSlowloris(t *testing.T) {
 	const n, max = 200, 50
 	up := startUpstream(t, nil)
 	addr, s := serve(t, proxy.Options{Upstream: up.url(), MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	peak := int64(0)
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			if o := s.Stats().Open; o > peak {
-				mu.Lock()
-				peak = o
-				mu.Unlock()
-			}
-		}
-	}()
+	stopSampling := wiretest.SamplePeak(5*time.Millisecond, func() int64 { return s.Stats().Open })
 	start := time.Now()
-	for range n {
-		wg.Go(func() {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n")
-			io.Copy(io.Discard, c) // until the server closes it
-		})
-	}
-	wg.Wait()
-	close(stop)
+	wiretest.Slowloris(addr, n, "GET / HTTP/1.1\r\nHost: a\r\n", 10*time.Second)
+	peak := stopSampling()
 	took := time.Since(start)
-	mu.Lock()
-	defer mu.Unlock()
 	if peak > max {
 		t.Errorf("%d connections open at once, over MaxConnections %d", peak, max)
 	}
@@ -683,7 +611,7 @@ func TestEarlyResponse(t *testing.T) {
 	c, br := dial(t, addr)
 	const size = 4 << 20
 	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
-	go io.Copy(c, patterned(size))
+	go io.Copy(c, wiretest.Pattern(size))
 	resp, body := readResponse(t, br, "POST")
 	if resp.StatusCode != 413 || string(body) != "big" {
 		t.Errorf("%d %q", resp.StatusCode, body)

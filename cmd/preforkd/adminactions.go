@@ -50,26 +50,16 @@ func ceilSeconds(ns int64) int64 { return (ns + 1e9 - 1) / 1e9 }
 
 // serveKeyState is GET /ratelimit/{rule}?key=K: the state of one key.
 func (a *admin) serveKeyState(w http.ResponseWriter, r *http.Request) {
-	ctl, key, ok := a.keyAction(w, r)
-	if !ok {
-		return
+	if st, ok := a.keyAction(w, r, (*core.Control).KeyState); ok {
+		writeJSON(w, newKeyStateJSON(st))
 	}
-	st, err := ctl.KeyState(r.PathValue("rule"), key)
-	if a.keyError(w, err) {
-		return
-	}
-	writeJSON(w, newKeyStateJSON(st))
 }
 
 // serveKeyReset is POST /ratelimit/{rule}/reset?key=K: forget one key; its
 // next request finds the whole allowance. The answer is the state before.
 func (a *admin) serveKeyReset(w http.ResponseWriter, r *http.Request) {
-	ctl, key, ok := a.keyAction(w, r)
+	before, ok := a.keyAction(w, r, (*core.Control).ResetKey)
 	if !ok {
-		return
-	}
-	before, err := ctl.ResetKey(r.PathValue("rule"), key)
-	if a.keyError(w, err) {
 		return
 	}
 	a.log.Info("admin: key reset", "rule", before.Rule, "element", before.Element, "was_limited", before.Limited, "client", r.RemoteAddr)
@@ -112,20 +102,27 @@ func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
 	}{n})
 }
 
-// keyAction reads what the key actions share: the rules and ?key=.
-func (a *admin) keyAction(w http.ResponseWriter, r *http.Request) (*core.Control, string, bool) {
+// keyAction runs op (Control.KeyState or Control.ResetKey) on the rule
+// {rule} and the key ?key=. When ok is false it has answered the request
+// with the problem.
+func (a *admin) keyAction(w http.ResponseWriter, r *http.Request,
+	op func(ctl *core.Control, rule, key string) (core.KeyState, error)) (st core.KeyState, ok bool) {
 	key := r.URL.Query().Get("key")
 	if key == "" {
 		writeProblem(w, http.StatusBadRequest, "Bad Request",
 			"give ?key=: an address (ip:192.0.2.1 or 192.0.2.1), header:NAME:VALUE, cookie:NAME:VALUE, query:NAME:VALUE, path:PATH or global")
-		return nil, "", false
+		return core.KeyState{}, false
 	}
 	ctl, err := a.control()
 	if err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", err.Error())
-		return nil, "", false
+		return core.KeyState{}, false
 	}
-	return ctl, key, true
+	st, err = op(ctl, r.PathValue("rule"), key)
+	if a.keyError(w, err) {
+		return core.KeyState{}, false
+	}
+	return st, true
 }
 
 // keyError answers a Control error: 404 for an unknown rule, 400 for a key

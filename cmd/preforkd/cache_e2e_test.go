@@ -159,9 +159,9 @@ func getAs(c *http.Client, url, host string) result {
 }
 
 func TestCacheE2E(t *testing.T) {
-	t.Run("hits", func(t *testing.T) { t.Parallel(); cacheTestHits(t) })
-	t.Run("semantics", func(t *testing.T) { t.Parallel(); cacheTestSemantics(t) })
-	t.Run("persistence", func(t *testing.T) { t.Parallel(); cacheTestPersistence(t) })
+	t.Run("hits", parallel(cacheTestHits))
+	t.Run("semantics", parallel(cacheTestSemantics))
+	t.Run("persistence", parallel(cacheTestPersistence))
 }
 
 // 100 requests over 4 workers: one fetch, 99 hits, the same bytes, an Age

@@ -226,16 +226,8 @@ func TestOverridesE2E(t *testing.T) {
 // sent; check says so.
 func TestShadowFlagE2E(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
 	cfg := strings.Replace(featuresConfig, "OVERRIDE_LIMIT", "50", 1)
-	d := &daemon{t: t, addr: freeAddr(t), cfgPath: dir + "/p.toml"}
-	if err := os.WriteFile(d.cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d.start(nil, "run", "-config", d.cfgPath, "-listen", d.addr, "-shadow")
-	if _, _, ok := d.logs.waitFor(0, 20*time.Second, msgIs("ready")); !ok {
-		t.Fatalf("not ready:\n%s", d.logs.text())
-	}
+	d := startDaemon(t, daemonOptions{config: cfg, args: []string{"-shadow"}})
 	c := newClient(t, freshClientIP(), false)
 	if got := statusesOf(c, d.url("/busy"), 20, nil); got[200] != 20 {
 		t.Fatalf("a dry run refused: %v", got)
@@ -246,7 +238,7 @@ func TestShadowFlagE2E(t *testing.T) {
 	if _, _, ok := d.logs.waitFor(0, 5*time.Second, msgIs("shadow rule would refuse")); !ok {
 		t.Fatalf("no shadow log line:\n%s", d.logs.text())
 	}
-	path := dir + "/shadow.toml"
+	path := t.TempDir() + "/shadow.toml"
 	os.WriteFile(path, []byte("[server]\nshadow = true\n"), 0o600)
 	if code, out, _ := runBinary(t, "check", "-config", path); code != 0 || !strings.Contains(out, "shadow: every rule is in shadow mode") {
 		t.Fatalf("check: %d %q", code, out)

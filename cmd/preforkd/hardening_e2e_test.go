@@ -16,9 +16,9 @@ import (
 )
 
 func TestHardeningE2E(t *testing.T) {
-	t.Run("LongTokensNeverShareAKey", func(t *testing.T) { t.Parallel(); hardenLongTokens(t) })
-	t.Run("LiveRegionTimeBaseAhead", func(t *testing.T) { t.Parallel(); hardenLiveClockAhead(t) })
-	t.Run("RepeatedKeyHeader", func(t *testing.T) { t.Parallel(); hardenRepeatedKeyHeader(t) })
+	t.Run("LongTokensNeverShareAKey", parallel(hardenLongTokens))
+	t.Run("LiveRegionTimeBaseAhead", parallel(hardenLiveClockAhead))
+	t.Run("RepeatedKeyHeader", parallel(hardenRepeatedKeyHeader))
 }
 
 // Two users behind one address, each with a JWT-sized token: neither is

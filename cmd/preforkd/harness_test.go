@@ -54,6 +54,11 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
+// parallel is a subtest that runs f in parallel with its siblings.
+func parallel(f func(*testing.T)) func(*testing.T) {
+	return func(t *testing.T) { t.Parallel(); f(t) }
+}
+
 // ---- log lines ----
 
 // logLine is one slog text line: time=… level=INFO msg="worker started" pid=556 …
@@ -199,6 +204,10 @@ type daemonOptions struct {
 	config string
 	env    []string // added to the environment
 	admin  bool     // config uses ADMIN_ADDR
+	args   []string // added to the command line, after -config and -listen
+	// ready matches the line that says the daemon serves; nil: msg=ready,
+	// as the text format writes it.
+	ready func(logLine) bool
 }
 
 // startDaemon starts preforkd run with opts and waits for its "ready" line.
@@ -207,6 +216,10 @@ type daemonOptions struct {
 func startDaemon(t testing.TB, opts daemonOptions) *daemon {
 	t.Helper()
 	dir := t.TempDir()
+	ready := opts.ready
+	if ready == nil {
+		ready = msgIs("ready")
+	}
 	for attempt := 1; ; attempt++ {
 		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
 		text := opts.config
@@ -217,8 +230,8 @@ func startDaemon(t testing.TB, opts daemonOptions) *daemon {
 		if err := os.WriteFile(d.cfgPath, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		d.start(opts.env, "run", "-config", d.cfgPath, "-listen", d.addr)
-		i, _, ok := d.logs.waitFor(0, 20*time.Second, msgIs("ready"))
+		d.start(opts.env, append([]string{"run", "-config", d.cfgPath, "-listen", d.addr}, opts.args...)...)
+		i, _, ok := d.logs.waitFor(0, 20*time.Second, ready)
 		if ok {
 			d.readyAt = i
 			return d

@@ -24,11 +24,11 @@ import (
 )
 
 func TestIdempotencyE2E(t *testing.T) {
-	t.Run("ParallelDuplicatesRunOnce", func(t *testing.T) { t.Parallel(); idemTestParallel(t) })
-	t.Run("Mismatch", func(t *testing.T) { t.Parallel(); idemTestMismatch(t) })
-	t.Run("ServerErrorThenCreated", func(t *testing.T) { t.Parallel(); idemTestServerError(t) })
-	t.Run("WorkerKilledMidRequest", func(t *testing.T) { t.Parallel(); idemTestWorkerKilled(t) })
-	t.Run("TableFull", func(t *testing.T) { t.Parallel(); idemTestTableFull(t) })
+	t.Run("ParallelDuplicatesRunOnce", parallel(idemTestParallel))
+	t.Run("Mismatch", parallel(idemTestMismatch))
+	t.Run("ServerErrorThenCreated", parallel(idemTestServerError))
+	t.Run("WorkerKilledMidRequest", parallel(idemTestWorkerKilled))
+	t.Run("TableFull", parallel(idemTestTableFull))
 }
 
 // (1) 20 identical keyed POSTs at once, spread over 4 workers: the upstream

@@ -18,9 +18,9 @@ import (
 )
 
 func TestLimitsE2E(t *testing.T) {
-	t.Run("FloodLeavesLoginExact", func(t *testing.T) { t.Parallel(); limitsFlood(t) })
-	t.Run("ClientWithManyKeys", func(t *testing.T) { t.Parallel(); limitsIdempotency(t) })
-	t.Run("CheckPrintsCaps", func(t *testing.T) { t.Parallel(); limitsCheck(t) })
+	t.Run("FloodLeavesLoginExact", parallel(limitsFlood))
+	t.Run("ClientWithManyKeys", parallel(limitsIdempotency))
+	t.Run("CheckPrintsCaps", parallel(limitsCheck))
 }
 
 // 3,000 random X-Flood keys on one rule of a 2,048-slot table (it would

@@ -6,8 +6,6 @@ package main
 import (
 	"encoding/json"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -114,12 +112,6 @@ func sumRefusals(lines []logLine) int {
 // object, the banner first; -log-level overrides the file's level.
 func TestJSONLogs(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
-	if err := os.WriteFile(d.cfgPath, []byte(baseServer(2, "")+"\n[log]\nformat = \"json\"\nlevel = \"warn\"\n"+rule("login", "/login", "gcra", 1, "1h")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d.start(nil, "run", "-config", d.cfgPath, "-listen", d.addr, "-log-level", "debug")
 	type line struct {
 		Msg, Level, Config string
 		Rules              []string
@@ -130,9 +122,11 @@ func TestJSONLogs(t *testing.T) {
 		var v line
 		return v, json.Unmarshal([]byte(l.raw), &v) == nil
 	}
-	if _, _, ok := d.logs.waitFor(0, 20*time.Second, func(l logLine) bool { v, _ := parse(l); return v.Msg == "ready" }); !ok {
-		t.Fatalf("no JSON ready line:\n%s", d.logs.text())
-	}
+	d := startDaemon(t, daemonOptions{
+		config: baseServer(2, "") + "\n[log]\nformat = \"json\"\nlevel = \"warn\"\n" + rule("login", "/login", "gcra", 1, "1h"),
+		args:   []string{"-log-level", "debug"},
+		ready:  func(l logLine) bool { v, _ := parse(l); return v.Msg == "ready" },
+	})
 	c := newClient(t, freshClientIP(), false)
 	get(c, d.url("/login"))
 	get(c, d.url("/login"))

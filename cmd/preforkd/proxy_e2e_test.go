@@ -15,9 +15,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/wiretest"
 )
 
 func TestProxyE2E(t *testing.T) {
@@ -157,13 +158,7 @@ func TestProxyUpstreamDownE2E(t *testing.T) {
 // the whole exchange; the connection is closed when the test ends.
 func dialRaw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	return c, bufio.NewReader(c)
+	return wiretest.Dial(t, addr, 10*time.Second)
 }
 
 // TestProxyLargeTransferE2E sends 100 MB each way through one worker and
@@ -185,7 +180,7 @@ func TestProxyLargeTransferE2E(t *testing.T) {
 	before := procMemKiB(t, pid, "VmRSS")
 
 	want := sha256.New()
-	io.Copy(want, patternReader(size))
+	io.Copy(want, wiretest.Pattern(size))
 	wantSum := fmt.Sprintf("%x", want.Sum(nil))
 	for _, chunked := range []bool{false, true} {
 		q := ""
@@ -203,7 +198,7 @@ func TestProxyLargeTransferE2E(t *testing.T) {
 			t.Fatalf("download (chunked %v): %d bytes, %v", chunked, n, err)
 		}
 
-		body := io.Reader(patternReader(size))
+		body := io.Reader(wiretest.Pattern(size))
 		if chunked {
 			body = io.MultiReader(body) // no length known: sent chunked
 		}
@@ -285,14 +280,7 @@ upstream_timeout = "500ms"`, "http://"+silent))})
 		c, br := dialRaw(t, d.addr)
 		start := time.Now()
 		io.WriteString(c, "POST /slow-body HTTP/1.1\r\nHost: app\r\nContent-Length: 20\r\n\r\n")
-		go func() {
-			for range 20 {
-				if _, err := c.Write([]byte("x")); err != nil {
-					return
-				}
-				time.Sleep(time.Second)
-			}
-		}()
+		go wiretest.Trickle(c, strings.Repeat("x", 20), time.Second)
 		resp, err := http.ReadResponse(br, &http.Request{Method: "POST"})
 		if err != nil {
 			t.Fatal(err)
@@ -318,18 +306,7 @@ func silentUpstream(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(io.Discard, c)
-			}()
-		}
-	}()
+	wiretest.AcceptEach(ln, func(c net.Conn) { io.Copy(io.Discard, c) })
 	return ln.Addr().String()
 }
 
@@ -343,37 +320,10 @@ func TestSlowlorisE2E(t *testing.T) {
 max_connections = 10`)})
 	pid := d.workerPIDs()[0]
 	base := socketCount(t, pid)
-	peak := 0
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			peak = max(peak, socketCount(t, pid)-base)
-		}
-	}()
+	stopSampling := wiretest.SamplePeak(20*time.Millisecond, func() int64 { return int64(socketCount(t, pid) - base) })
 	start := time.Now()
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			c, err := net.Dial("tcp", d.addr)
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(20 * time.Second))
-			io.WriteString(c, "GET / HTTP/1.1\r\nHost: app\r\nX-Never: ends")
-			io.Copy(io.Discard, c) // until the worker closes it
-		})
-	}
-	wg.Wait()
-	close(stop)
-	<-sampled
+	wiretest.Slowloris(d.addr, n, "GET / HTTP/1.1\r\nHost: app\r\nX-Never: ends", 20*time.Second)
+	peak := stopSampling()
 	took := time.Since(start)
 	if peak > maxConns {
 		t.Errorf("the worker held %d client connections at once, max_connections is %d", peak, maxConns)

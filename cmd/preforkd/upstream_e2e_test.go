@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/internal/proctest"
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,7 +68,7 @@ func upstreamRole(c *proctest.Child) error {
 		if r.URL.Query().Get("chunked") == "" {
 			w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 		}
-		io.Copy(w, patternReader(n))
+		io.Copy(w, wiretest.Pattern(n))
 	})
 	// /upload answers the length and SHA-256 of the body.
 	mux.HandleFunc("/upload", func(w http.ResponseWriter, r *http.Request) {
@@ -120,19 +121,6 @@ func upstreamRole(c *proctest.Child) error {
 			return nil
 		}
 	}
-}
-
-// patternReader is n bytes that are not all alike, the same every time.
-func patternReader(n int64) io.Reader { return io.LimitReader(&pattern{}, n) }
-
-type pattern struct{ x byte }
-
-func (p *pattern) Read(b []byte) (int, error) {
-	for i := range b {
-		b[i] = p.x
-		p.x = p.x*31 + 7
-	}
-	return len(b), nil
 }
 
 const websocketGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"

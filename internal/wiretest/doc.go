@@ -1,0 +1,3 @@
+// Package wiretest holds the raw HTTP/1.1 ends of tests that write the
+// wire by hand: slow, never-ending and patterned clients, and an accept loop.
+package wiretest
