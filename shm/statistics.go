@@ -172,11 +172,10 @@ func (st *statistics) unlockDead() {
 // whose process died (a supervisor killed in the middle of one) lasts.
 const tornWait = time.Second
 
-// betweenFolds runs sum, which reads rows, between two folds, and again
-// when a fold ran meanwhile. It reports false when a fold did not end
-// within tornWait: sum has run all the same, and may have missed or
-// doubled a dead worker's counts.
-func (st *statistics) betweenFolds(sum func()) bool {
+// read sets dst to the sum of the rows ws (all rows when ws is nil),
+// between two folds. It reports false when a fold did not end within
+// tornWait: the sum may then miss or double a dead worker's counts.
+func (st *statistics) read(dst []uint64, ws []int) bool {
 	var deadline int64
 	for {
 		s := atomic.LoadUint64(st.seq)
@@ -190,20 +189,6 @@ func (st *statistics) betweenFolds(sum func()) bool {
 				continue
 			}
 		}
-		sum()
-		switch {
-		case folding:
-			return false // the fold's process died in it
-		case atomic.LoadUint64(st.seq) == s:
-			return true
-		}
-	}
-}
-
-// read sets dst to the sum of the rows ws (all rows when ws is nil),
-// between two folds (see betweenFolds).
-func (st *statistics) read(dst []uint64, ws []int) bool {
-	return st.betweenFolds(func() {
 		clear(dst)
 		if ws == nil {
 			for w := 0; w <= st.retired; w++ {
@@ -214,7 +199,13 @@ func (st *statistics) read(dst []uint64, ws []int) bool {
 				addRow(dst, st.row(w))
 			}
 		}
-	})
+		switch {
+		case folding:
+			return false // the fold's process died in it
+		case atomic.LoadUint64(st.seq) == s:
+			return true
+		}
+	}
 }
 
 func addRow(dst, row []uint64) {
@@ -352,12 +343,25 @@ func (r *Region) StatTotal(i int) uint64 {
 	if i < 0 || shmWords+i >= st.words {
 		return 0
 	}
-	var n uint64
-	st.betweenFolds(func() {
-		n = 0
+	var deadline int64
+	for {
+		s := atomic.LoadUint64(st.seq)
+		folding := s&1 != 0
+		if folding {
+			if deadline == 0 {
+				deadline = nanotime() + int64(tornWait)
+			}
+			if nanotime() < deadline {
+				runtime.Gosched()
+				continue
+			}
+		}
+		var n uint64
 		for w := 0; w <= st.retired; w++ {
 			n += atomic.LoadUint64(&st.rows[w*st.width+shmWords+i])
 		}
-	})
-	return n
+		if folding || atomic.LoadUint64(st.seq) == s {
+			return n
+		}
+	}
 }
