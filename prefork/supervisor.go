@@ -24,7 +24,7 @@ const drainGrace = 2 * time.Second
 // replaced like a crashed one, so that it cannot stall a reload forever.
 const readyTimeout = time.Minute
 
-// sysEnv is the supervisor's seam to the operating system (STYLE rule 6):
+// sysEnv is the supervisor's seam to the operating system:
 // everything that starts, signals or reaps a process, reads the clock or
 // talks to the service manager. The real one is built by newOSEnv; the unit
 // tests drive the state machine with a fake.
