@@ -34,12 +34,17 @@ var (
 	kShort  = shm.Key{A: 14, B: 4} // completed, replayable for a minute
 )
 
-// redumper returns a function that dumps a, with persist key v1, to one
-// path in a temporary directory and returns that path: each call writes a
-// fresh dump for a subtest to load or corrupt.
-func redumper(t *testing.T, a *shm.Region) func() string {
+// redumper makes a response region with client c's counters exhausted
+// and its table filled by fill. It returns the region and a function that
+// dumps it, with persist key v1, to one path in a temporary directory and
+// returns that path: each call writes a fresh dump for a subtest to load
+// or corrupt.
+func redumper(t *testing.T, fill func(testing.TB, *shm.Region)) (*shm.Region, func() string) {
+	a := responseRegion(t)
+	exhaust(t, a, "c")
+	fill(t, a)
 	dir := t.TempDir()
-	return func() string {
+	return a, func() string {
 		p := filepath.Join(dir, "dump")
 		dumpTo(t, a, Options{Path: p, Key: "v1", Rules: rules, Now: wallAt(wall0)})
 		return p
@@ -112,10 +117,7 @@ func TestResponsesRoundTrip(t *testing.T) {
 }
 
 func TestResponsesGuards(t *testing.T) {
-	a := responseRegion(t)
-	exhaust(t, a, "c")
-	storedResponses(t, a)
-	dump := redumper(t, a)
+	a, dump := redumper(t, storedResponses)
 	t.Run("persist key changed", func(t *testing.T) {
 		log, lines := logBuf()
 		rep, err := Load(responseRegion(t), Options{Path: dump(), Key: "v2", Rules: rules, Now: wallAt(wall0)}, log)

@@ -119,9 +119,10 @@ const (
 	Recovered
 )
 
-func (t Transition) String() string {
-	return [...]string{"none", "opened", "probing", "recovered"}[t]
-}
+var transitionNames = textvalue.Enum[Transition]{"none", "opened", "probing", "recovered"}
+
+// String names the transition; one out of range prints as "Transition(n)".
+func (t Transition) String() string { return transitionNames.String(t, "Transition") }
 
 // Admit decides whether worker self may call Redis at now, and returns the
 // word to store when that takes a transition (write).

@@ -113,3 +113,15 @@ func TestBreakerTimeWraps(t *testing.T) {
 		}
 	}
 }
+
+// TestTransitionString: a transition logs under its name, and one out of
+// range prints its number instead of panicking.
+func TestTransitionString(t *testing.T) {
+	for tr, want := range map[Transition]string{
+		NoTransition: "none", Opened: "opened", Probing: "probing", Recovered: "recovered", 9: "Transition(9)",
+	} {
+		if got := tr.String(); got != want {
+			t.Errorf("Transition(%d).String() = %q, want %q", uint8(tr), got, want)
+		}
+	}
+}

@@ -65,6 +65,15 @@ func (h *host) limiter(t *testing.T, r redisstore.Rule) *redisstore.Limiter {
 	return l
 }
 
+// oneHost starts a Redis and one host on it (worker 0, options o) with a
+// limiter of r.
+func oneHost(t *testing.T, o redisstore.Options, r redisstore.Rule) (*redistest.Server, *host, *redisstore.Limiter) {
+	t.Helper()
+	srv := redistest.Start(t)
+	h := newHost(t, srv, 0, o)
+	return srv, h, h.limiter(t, r)
+}
+
 // decide decides one request for id under lims (all enforcing).
 func (h *host) decide(t *testing.T, id string, lims ...*redisstore.Limiter) (refused bool, hits []redisstore.Hit, err error) {
 	t.Helper()
@@ -174,9 +183,7 @@ func TestOneRoundTripAndRefusalChargesNone(t *testing.T) {
 // its retry time.
 func TestDenyCache(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	h := newHost(t, srv, 0, counting)
-	l := h.limiter(t, rule("deny", bucket.FixedWindow, 1, time.Minute))
+	srv, h, l := oneHost(t, counting, rule("deny", bucket.FixedWindow, 1, time.Minute))
 	if refused, _, err := h.decide(t, "flood", l); err != nil || refused {
 		t.Fatalf("first: refused %v, %v", refused, err)
 	}
@@ -216,9 +223,7 @@ func TestDenyCache(t *testing.T) {
 // FLUSH (or a restart) the next call finds NOSCRIPT and decisions go on.
 func TestNoScript(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	h := newHost(t, srv, 0, counting)
-	l := h.limiter(t, rule("noscript", bucket.GCRA, 3, time.Minute))
+	srv, h, l := oneHost(t, counting, rule("noscript", bucket.GCRA, 3, time.Minute))
 	want := []uint64{0, 1, 1, 2, 2} // NoScript after each request
 	for i := range 5 {
 		if i == 1 || i == 3 {
@@ -244,9 +249,8 @@ func TestNoScript(t *testing.T) {
 // restarted, a probe closes it.
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	h := newHost(t, srv, 0, redisstore.Options{Breaker: redisstore.Breaker{Failures: 3, Backoff: 200 * time.Millisecond}})
-	l := h.limiter(t, rule("breaker", bucket.GCRA, 1000, time.Minute))
+	o := redisstore.Options{Breaker: redisstore.Breaker{Failures: 3, Backoff: 200 * time.Millisecond}}
+	srv, h, l := oneHost(t, o, rule("breaker", bucket.GCRA, 1000, time.Minute))
 	if _, _, err := h.decide(t, "k", l); err != nil {
 		t.Fatal(err)
 	}

@@ -102,9 +102,7 @@ func TestSyncWithoutFlushIsPerHost(t *testing.T) {
 // many times.
 func TestSyncCountFiledUnderOneClock(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	h := newHost(t, srv, 0, redisstore.Options{})
-	l := h.limiter(t, redisstore.Rule{Rule: bucket.Rule{Name: "clock", Limit: 1<<20 - 1, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour})
+	_, h, l := oneHost(t, redisstore.Options{}, redisstore.Rule{Rule: bucket.Rule{Name: "clock", Limit: 1<<20 - 1, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour})
 	// Wait for the flusher's own measurement, so that it does not race the
 	// test's below.
 	for !redisstore.ClockKnown(h.store) {

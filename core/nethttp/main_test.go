@@ -1,7 +1,6 @@
 package nethttp_test
 
 import (
-	"io"
 	"net/http"
 	"os"
 	"testing"
@@ -47,14 +46,7 @@ func waiterChild(c *proctest.Child) error {
 	if err != nil {
 		return err
 	}
-	for {
-		key, err := c.ReadLine()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
+	return c.EachLine(func(key string) error {
 		before := m.IdemStats().Waits
 		answered := make(chan *discardWriter, 1)
 		go func() {
@@ -82,9 +74,6 @@ func waiterChild(c *proctest.Child) error {
 		if w == nil {
 			w = <-answered
 		}
-		rep := waiterReport{Status: w.status, Replayed: w.header.Get("Idempotent-Replayed") == "true", At: w.at}
-		if err := c.Report(rep); err != nil {
-			return err
-		}
-	}
+		return c.Report(waiterReport{Status: w.status, Replayed: w.header.Get("Idempotent-Replayed") == "true", At: w.at})
+	})
 }

@@ -120,3 +120,21 @@ func (c *Child) ReadLine() (string, error) {
 	}
 	return strings.TrimSuffix(s, "\n"), nil
 }
+
+// EachLine calls fn with each line the test sends, in order, until the
+// test closes the child's stdin (or ends): then it returns nil. fn's
+// error, or an error reading, ends it at once and is returned.
+func (c *Child) EachLine(fn func(line string) error) error {
+	for {
+		line, err := c.ReadLine()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := fn(line); err != nil {
+			return err
+		}
+	}
+}

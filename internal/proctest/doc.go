@@ -16,10 +16,10 @@
 // 3, 4, … in the order of [Options.Files] ([Child.File]). The child talks
 // back in lines on its stdout ([Child.Say], [Child.Report] for JSON),
 // which the test reads with [Proc.Line], [Proc.Expect] and [Proc.Decode];
-// the test can send lines to its stdin ([Proc.Send], [Child.ReadLine]).
-// [Child.Ready] is the one ready signal: it says "ready", then holds the
-// child at its [Barrier], if it has one, until the test releases every
-// child of the barrier at once.
+// the test can send lines to its stdin ([Proc.Send]; [Child.ReadLine],
+// [Child.EachLine]). [Child.Ready] is the one ready signal: it says
+// "ready", then holds the child at its [Barrier], if it has one, until
+// the test releases every child of the barrier at once.
 //
 // Every wait is bounded and fails with what it waited for. Every process
 // and goroutine has an owner: a [Proc] is killed (SIGKILL) and waited for

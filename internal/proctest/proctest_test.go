@@ -14,7 +14,8 @@ import (
 
 var roles = map[string]Role{
 	// echo reports its spec and the contents of its files, in order, then
-	// echoes every line it is sent until its stdin closes.
+	// echoes every line it is sent until its stdin closes, or fails at a
+	// line "quit".
 	"echo": func(c *Child) error {
 		var spec struct{ Greeting string }
 		if err := c.Spec(&spec); err != nil {
@@ -31,16 +32,12 @@ var roles = map[string]Role{
 		if err := c.Report(rep); err != nil {
 			return err
 		}
-		for {
-			line, err := c.ReadLine()
-			if err == io.EOF {
-				return nil
+		return c.EachLine(func(line string) error {
+			if line == "quit" {
+				return errors.New("quit")
 			}
-			if err != nil {
-				return err
-			}
-			c.Say("echo: %s", line)
-		}
+			return c.Say("echo: %s", line)
+		})
 	},
 	// gate says "through" once its barrier lets it go.
 	"gate": func(c *Child) error {
@@ -121,6 +118,22 @@ func TestSpecFilesLinesAndStdin(t *testing.T) {
 	}
 	if st := p.State(); st == nil || st.ExitCode() != 0 {
 		t.Fatalf("State() = %v after the exit", st)
+	}
+}
+
+// An error of EachLine's fn ends the role at once, with status 1.
+func TestEachLineError(t *testing.T) {
+	p := Start(t, Options{Role: "echo"})
+	var rep echoReport
+	p.Decode(&rep, 10*time.Second)
+	for _, s := range []string{"one", "quit"} {
+		if err := p.Send(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Expect("echo: one", 10*time.Second)
+	if err := p.Wait(10 * time.Second); err == nil || !strings.Contains(err.Error(), "exit status 1") {
+		t.Fatalf("the child ended with %v, want exit status 1 at the line quit", err)
 	}
 }
 
