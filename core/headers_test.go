@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/ratelimittest"
 )
 
 func testHit(name string, limit int64, window time.Duration, d bucket.Decision) hit {
@@ -30,17 +31,6 @@ func setRateLimitHeaders(h http.Header, mode HeaderMode, hits []hit, wall time.T
 	for _, f := range ex.fields {
 		h.Add(f.Name, string(f.Value))
 	}
-}
-
-// rateHeaders picks the rate-limit and refusal fields out of a response.
-func rateHeaders(h http.Header) map[string]string {
-	out := map[string]string{}
-	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
-		if vs := h.Values(k); len(vs) > 0 {
-			out[k] = strings.Join(vs, " | ")
-		}
-	}
-	return out
 }
 
 // writeProblem writes the refusal of refusing, one of hits, as an engine
@@ -125,7 +115,7 @@ func TestSetRateLimitHeaders(t *testing.T) {
 	} {
 		h := http.Header{}
 		setRateLimitHeaders(h, HeadersBoth, tt.hits, wall)
-		got := rateHeaders(h)
+		got := ratelimittest.Fields(h)
 		for k, v := range tt.want {
 			if got[k] != v {
 				t.Errorf("%s: %s = %q, want %q", tt.name, k, got[k], v)

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/looptest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -756,53 +757,40 @@ type outcome struct {
 
 // loops are client loops running until end.
 type loops struct {
+	run      *looptest.Loops
 	mu       sync.Mutex
 	outcomes []outcome
-	stop     chan struct{}
-	stopped  sync.Once
-	wg       sync.WaitGroup
 }
 
 // startLoops runs one goroutine a loop against url until end is called,
 // at the end of the test at the latest (or after 30s).
 func startLoops(t *testing.T, url string, ls ...loop) *loops {
-	l := &loops{stop: make(chan struct{})}
+	l := &loops{run: looptest.Start(t, 30*time.Second)}
 	for _, lp := range ls {
-		l.wg.Go(func() {
-			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-				select {
-				case <-l.stop:
-					return
-				default:
+		l.run.Go(func() {
+			o := outcome{start: time.Now()}
+			resp, err := lp.c.Get(url + lp.path)
+			if err == nil {
+				var b []byte
+				b, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				o.body = string(b)
+				if err == nil && resp.StatusCode != 200 {
+					err = fmt.Errorf("status %d", resp.StatusCode)
 				}
-				o := outcome{start: time.Now()}
-				resp, err := lp.c.Get(url + lp.path)
-				if err == nil {
-					var b []byte
-					b, err = io.ReadAll(resp.Body)
-					resp.Body.Close()
-					o.body = string(b)
-					if err == nil && resp.StatusCode != 200 {
-						err = fmt.Errorf("status %d", resp.StatusCode)
-					}
-				}
-				o.end, o.err = time.Now(), err
-				l.mu.Lock()
-				l.outcomes = append(l.outcomes, o)
-				l.mu.Unlock()
 			}
+			o.end, o.err = time.Now(), err
+			l.mu.Lock()
+			l.outcomes = append(l.outcomes, o)
+			l.mu.Unlock()
 		})
 	}
-	t.Cleanup(func() { l.end() })
 	return l
 }
 
 // end stops the loops, waits for them, and returns every outcome.
 func (l *loops) end() []outcome {
-	l.stopped.Do(func() {
-		close(l.stop)
-		l.wg.Wait()
-	})
+	l.run.Stop()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.outcomes

@@ -84,24 +84,43 @@ func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 // roundTrip writes the raw request req on c and reads its response from br.
 func roundTrip(t *testing.T, c io.Writer, br *bufio.Reader, req string) (*http.Response, []byte) {
 	t.Helper()
+	resp := roundTripHead(t, c, br, req)
+	return resp, readBody(t, resp)
+}
+
+// roundTripHead writes the raw request req on c and reads the head of its
+// response from br; the body is left to the caller.
+func roundTripHead(t *testing.T, c io.Writer, br *bufio.Reader, req string) *http.Response {
+	t.Helper()
 	if _, err := io.WriteString(c, req); err != nil {
 		t.Fatalf("writing a request: %v", err)
 	}
 	method, _, _ := strings.Cut(req, " ")
-	return readResponse(t, br, method)
+	return readHead(t, br, method)
 }
 
 func readResponse(t *testing.T, br *bufio.Reader, method string) (*http.Response, []byte) {
+	t.Helper()
+	resp := readHead(t, br, method)
+	return resp, readBody(t, resp)
+}
+
+func readHead(t *testing.T, br *bufio.Reader, method string) *http.Response {
 	t.Helper()
 	resp, err := http.ReadResponse(br, &http.Request{Method: method})
 	if err != nil {
 		t.Fatalf("reading a response: %v", err)
 	}
+	return resp
+}
+
+func readBody(t *testing.T, resp *http.Response) []byte {
+	t.Helper()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatalf("reading a response body: %v", err)
 	}
-	return resp, body
+	return body
 }
 
 func TestServerSentEventsArriveOneByOne(t *testing.T) {
@@ -119,11 +138,7 @@ func TestServerSentEventsArriveOneByOne(t *testing.T) {
 	})
 	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
 	c, br := dial(t, addr)
-	io.WriteString(c, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
-	resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := roundTripHead(t, c, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
 	if resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
 	}
@@ -221,11 +236,7 @@ func TestLargeBodiesStream(t *testing.T) {
 			if chunked {
 				q = "?chunked=1"
 			}
-			io.WriteString(c, "GET /down"+q+" HTTP/1.1\r\nHost: a\r\n\r\n")
-			resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			resp := roundTripHead(t, c, br, "GET /down"+q+" HTTP/1.1\r\nHost: a\r\n\r\n")
 			got, n := sum(resp.Body)
 			if got != want || n != size {
 				t.Errorf("download: %d bytes, sha256 %x, want %d, %x", n, got, size, want)
@@ -533,11 +544,7 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 	})
 	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
 	c, br := dial(t, addr)
-	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n")
-	resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n")
 	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("X-Up") != "1" ||
 		!strings.EqualFold(resp.Header.Get("Connection"), "upgrade") {
 		t.Fatalf("response %d %v", resp.StatusCode, resp.Header)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/looptest"
 	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
@@ -219,23 +220,14 @@ func hammer(t *testing.T, r *shm.Region, n int, spec childSpec) childResult {
 // reported.
 func killFirstWhile(t *testing.T, r *shm.Region, procs []*proctest.Proc, d time.Duration, report any, check func() string) {
 	t.Helper()
-	quit, done := make(chan struct{}), make(chan struct{})
 	var first string
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-			}
-			if msg := check(); msg != "" && first == "" {
-				first = msg
-			}
+	checks := looptest.Start(t, 0)
+	checks.Go(func() {
+		if msg := check(); msg != "" && first == "" {
+			first = msg
 		}
-	}()
-	stop := sync.OnceFunc(func() { close(quit); <-done })
-	defer stop() // on a failure too: check reads the region, unmapped when the test ends
+	})
+	defer checks.Stop() // on a failure too: check reads the region, unmapped when the test ends
 	time.Sleep(d)
 	procs[0].Kill()
 	if _, err := r.Reap(1); err != nil {
@@ -249,7 +241,7 @@ func killFirstWhile(t *testing.T, r *shm.Region, procs []*proctest.Proc, d time.
 			t.Fatalf("child %d: %v", i+2, err)
 		}
 	}
-	stop()
+	checks.Stop()
 	if first != "" {
 		t.Fatal(first)
 	}

@@ -21,17 +21,26 @@ func respRegion(t testing.TB, records int, poolBytes int64) *shm.Region {
 
 func fpOf(s string) shm.Fingerprint { return sha256.Sum256([]byte(s)) }
 
-func TestResponseLifeCycle(t *testing.T) {
+// reservedOrder returns a fresh table of 64 records in which the key
+// "order-1" was reserved with fingerprint "a" at now, that key, and the
+// ticket of the reservation.
+func reservedOrder(t *testing.T, now time.Duration) (*shm.Responses, shm.Key, shm.Ticket) {
+	t.Helper()
 	r := respRegion(t, 64, 64*256)
 	tab := r.Responses()
 	k := r.Counters().KeyOf(1, []byte("order-1"))
-	now := time.Minute
 	var got shm.Response
-
 	out, tk, err := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got)
 	if err != nil || out != shm.Reserved {
 		t.Fatalf("first: %v %v", out, err)
 	}
+	return tab, k, tk
+}
+
+func TestResponseLifeCycle(t *testing.T) {
+	now := time.Minute
+	tab, k, tk := reservedOrder(t, now)
+	var got shm.Response
 	if out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got); out != shm.InFlight {
 		t.Fatalf("duplicate while in flight: %v", out)
 	}
@@ -43,7 +52,7 @@ func TestResponseLifeCycle(t *testing.T) {
 	if stored, err := tab.Complete(tk, &want, now, time.Hour); !stored || err != nil {
 		t.Fatalf("complete: %v %v", stored, err)
 	}
-	out, _, _ = tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got)
+	out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got)
 	if out != shm.Replay || got.Status != 201 || got.ContentType != want.ContentType || got.Location != want.Location || !bytes.Equal(got.Body, body) {
 		t.Fatalf("replay: %v %+v", out, got.Status)
 	}
@@ -118,12 +127,10 @@ func TestResponseWaitWakes(t *testing.T) {
 	_, owner, _ := tab.Begin(k, shm.Quota{}, fpOf("a"), 0, &got)
 	var wg sync.WaitGroup
 	var replays atomic.Int32
-	for g := 0; g < 4; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range 4 {
+		wg.Go(func() {
 			var mine shm.Response
-			for i := 0; i < 100; i++ {
+			for range 100 {
 				out, tk, err := tab.Begin(k, shm.Quota{}, fpOf("a"), 0, &mine)
 				if err != nil {
 					t.Error(err)
@@ -135,7 +142,7 @@ func TestResponseWaitWakes(t *testing.T) {
 				}
 				tab.Wait(tk, 5*time.Second)
 			}
-		}()
+		})
 	}
 	time.Sleep(20 * time.Millisecond)
 	start := time.Now()
@@ -221,15 +228,9 @@ func TestResponseSnapshotPlace(t *testing.T) {
 // Forget drops a completed response (its blocks too), refuses one in
 // flight, and a retry runs again.
 func TestResponseForget(t *testing.T) {
-	r := respRegion(t, 64, 64*256)
-	tab := r.Responses()
-	k := r.Counters().KeyOf(1, []byte("order-1"))
 	now := time.Minute
+	tab, k, tk := reservedOrder(t, now)
 	var got shm.Response
-	_, tk, err := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if ok, err := tab.Forget(k, now); ok || !errors.Is(err, shm.ErrInFlight) {
 		t.Fatalf("Forget in flight: %v, %v; want ErrInFlight", ok, err)
 	}

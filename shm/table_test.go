@@ -67,18 +67,16 @@ func TestGoroutinesExact(t *testing.T) {
 		lim, _ := bucket.NewLimiter(bucket.Rule{Name: "g" + algo.String(), Limit: 100, Window: time.Hour, Algorithm: algo}, r.Counters())
 		var allowed atomic.Int64
 		var wg sync.WaitGroup
-		for g := 0; g < 8; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < 100; i++ {
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 100 {
 					// 8 keys, 100 attempts each per goroutine.
 					key := "k" + strconv.Itoa((g+i)%8)
 					if d := lim.Allow(key, time.Minute); d.Allowed && !d.Full {
 						allowed.Add(1)
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		if got := allowed.Load(); got != 8*100 {

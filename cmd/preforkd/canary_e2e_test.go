@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/looptest"
 )
 
 // flakyUpstream answers every nth request with 500 (n = 1: every one;
@@ -58,43 +60,27 @@ canary_min_requests = 50
 // loops are client loops, each sending GETs of url on new connections
 // (spread over the workers by the kernel) until stopped.
 type loops struct {
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	run     *looptest.Loops
 	mu      sync.Mutex
 	results []result
 }
 
 func startLoops(t *testing.T, n int, url string) *loops {
-	l := &loops{stop: make(chan struct{})}
+	l := &loops{run: looptest.Start(t, 60*time.Second)}
 	for range n {
 		c := newClient(t, freshClientIP(), false)
-		l.wg.Go(func() {
-			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
-				r := get(c, url)
-				r.body = nil
-				l.mu.Lock()
-				l.results = append(l.results, r)
-				l.mu.Unlock()
-			}
+		l.run.Go(func() {
+			r := get(c, url)
+			r.body = nil
+			l.mu.Lock()
+			l.results = append(l.results, r)
+			l.mu.Unlock()
 		})
 	}
-	t.Cleanup(l.end)
 	return l
 }
 
-func (l *loops) end() {
-	select {
-	case <-l.stop:
-	default:
-		close(l.stop)
-	}
-	l.wg.Wait()
-}
+func (l *loops) end() { l.run.Stop() }
 
 // reloadUnderLoad starts a daemon of 4 workers in front of upstream and 4
 // client loops against it, then reloads it to cfg; it returns where the

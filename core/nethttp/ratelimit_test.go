@@ -20,6 +20,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/core/nethttp"
 	"github.com/preforkd/preforkd/internal/logtest"
+	"github.com/preforkd/preforkd/internal/ratelimittest"
 	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -129,15 +130,7 @@ func cfgWith(rules ...config.RateLimit) config.Config {
 }
 
 // rateHeaders picks the rate-limit and refusal fields out of a response.
-func rateHeaders(h http.Header) map[string]string {
-	out := map[string]string{}
-	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
-		if vs := h.Values(k); len(vs) > 0 {
-			out[k] = strings.Join(vs, " | ")
-		}
-	}
-	return out
-}
+func rateHeaders(h http.Header) map[string]string { return ratelimittest.Fields(h) }
 
 func checkHeaders(t *testing.T, what string, h http.Header, want map[string]string) {
 	t.Helper()
