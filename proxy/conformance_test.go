@@ -440,11 +440,6 @@ func runExchange(t *testing.T, e engine, x exchange) {
 	if s.Line != x.upLine {
 		t.Errorf("upstream request line %q, want %q", s.Line, x.upLine)
 	}
-	upHeader := http.Header{}
-	for _, l := range s.Lines {
-		k, v, _ := strings.Cut(l, ":")
-		upHeader[k] = append(upHeader[k], strings.Trim(v, " \t"))
-	}
 	for _, h := range x.upHas {
 		if !containsLine(s.Lines, h) {
 			t.Errorf("the upstream did not see %q; it saw %q", h, s.Lines)
@@ -493,7 +488,7 @@ func containsLine(lines []string, want string) bool {
 func isClosed(t *testing.T, c net.Conn, br *bufio.Reader) bool {
 	t.Helper()
 	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-	b, err := br.Peek(1)
+	_, err := br.Peek(1)
 	var ne net.Error
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
@@ -501,7 +496,6 @@ func isClosed(t *testing.T, c net.Conn, br *bufio.Reader) bool {
 	case err == nil:
 		rest, _ := br.Peek(br.Buffered())
 		t.Errorf("bytes after the response: %q", rest)
-		_ = b
 		return false
 	}
 	return true

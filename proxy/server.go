@@ -182,9 +182,10 @@ func (s *Server) forget(c *conn) {
 // flight finish, and closes each keep-alive connection either after its
 // next response (which says Connection: close) or once it has been idle
 // for DrainIdleGrace (DrainNewGrace if it never sent a request), so that
-// no request that was on its way meets a closed connection. It returns when every connection is closed, or when ctx is
-// done; then it closes the remaining ones (upgraded connections among
-// them) and returns ctx's error.
+// no request that was on its way meets a closed connection. It returns
+// when every connection is closed, or when ctx is done; then it closes
+// the remaining ones (upgraded connections among them) and returns ctx's
+// error.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	s.mu.Lock()

@@ -6,7 +6,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -309,7 +308,6 @@ local_share = 2
 	if r := get(newClient(t, nil, false), "http://"+d.admin+"/status"); !strings.Contains(string(r.body), `"state":"closed"`) {
 		t.Fatalf("/status after recovery: %s", r.body)
 	}
-	_ = http.StatusOK
 }
 
 // check prints each rule's store and the [redis] table, without the
