@@ -9,6 +9,7 @@ import (
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/internal/redistest"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -202,7 +203,10 @@ func TestDenyCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	lo, _ := other.NewLimiter(rule("deny", bucket.FixedWindow, 1, time.Minute))
+	lo, err := other.NewLimiter(rule("deny", bucket.FixedWindow, 1, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ko := lo.Key([]byte("flood"))
 	if _, ok := lo.Denied(&ko, h.region.Now()); !ok {
 		t.Fatal("the deny entry is not seen by another store on the region")
@@ -287,8 +291,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 }
 
 func TestOptionsErrors(t *testing.T) {
-	r, _ := shm.CreatePrivate(shm.Options{Counters: 64})
-	r.Join(0)
+	r := shmtest.Private(t, shm.Options{Counters: 64})
 	for _, c := range []struct {
 		o    redisstore.Options
 		want string
