@@ -84,10 +84,10 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 		verdict = append(verdict, f.String())
 		fmt.Fprintf(w, "\t%s\n", f)
 	}
-	// seeds checks a section's seeds against the header's.
+	// seeds checks a section's seeds against the header's, as Load does.
 	seeds := func(section string, s1, s2 uint64) {
-		if s1 != h.seed1 || s2 != h.seed2 {
-			refuse(Refusal{ReasonSeed, section, "section seeds differ from the header's"})
+		if f := seedsDiffer(section, &h, s1, s2); f != nil {
+			refuse(*f)
 		}
 	}
 	for i, s := range p.sections {

@@ -17,6 +17,9 @@ func TestInspect(t *testing.T) {
 	at := offsetsOf(good)
 	bad := bytes.Clone(good)
 	bad[at.countersPayload+5] ^= 1
+	seeded := bytes.Clone(good)
+	seeded[at.countersPayload+3] ^= 1
+	seeded = fixChecksums(seeded)
 	live := filepath.Join(dir, "live")
 	r, lock, _, err := OpenRegion(Options{Live: live}, shm.Options{Counters: 64, MaxWorkers: 8}, quiet)
 	if err != nil {
@@ -26,7 +29,7 @@ func TestInspect(t *testing.T) {
 	defer r.Close()
 	exhaust(t, r, "c")
 
-	files := map[string][]byte{"good": good, "bad": bad, "notadump": []byte("hello, world")}
+	files := map[string][]byte{"good": good, "bad": bad, "seeded": seeded, "notadump": []byte("hello, world")}
 	for name, data := range files {
 		os.WriteFile(filepath.Join(dir, name), data, 0o600)
 	}
@@ -42,6 +45,8 @@ func TestInspect(t *testing.T) {
 			`7 entries \(10.94% of 64 slots\), 2 rules`, `rule "login":\s+gcra 1 per 1h0m0s, tag 0x[0-9a-f]+, 1 entries`,
 			`rule "api":\s+fixed-window 2 per 1m0s, tag 0x[0-9a-f]+, 6 entries`, `section 2:\s+responses`, `verdict:\s+loadable`}, false},
 		{"bad", []string{`refused:\s+counters: checksum`, `verdict:\s+partly refused: counters: checksum`}, true},
+		{"seeded", []string{`counters: seed: section seeds 0x[0-9a-f]+/0x[0-9a-f]+, header seeds 0x[0-9a-f]+/0x[0-9a-f]+`,
+			`verdict:\s+partly refused: counters: seed`}, true},
 		{"notadump", []string{`verdict:\s+refused: dump: bad magic`}, true},
 		{"shared", []string{`section 1:\s+counters`, `verdict:\s+refused: dump: untrusted: mode 0666: writable by group or others`}, true},
 		{"adir", []string{`not a regular file`, `verdict: refused \(unreadable\)`}, true},

@@ -349,11 +349,20 @@ func ruleVerdicts(dumped []ruleDef, current []bucket.Rule) []string {
 }
 
 func (l *loader) seedsMatch(what string, h *header, s1, s2 uint64) bool {
-	if s1 == h.seed1 && s2 == h.seed2 {
-		return true
+	if f := seedsDiffer(what, h, s1, s2); f != nil {
+		l.refuse(*f)
+		return false
 	}
-	l.refuse(Refusal{ReasonSeed, what, fmt.Sprintf("section seeds %#x/%#x, header seeds %#x/%#x", s1, s2, h.seed1, h.seed2)})
-	return false
+	return true
+}
+
+// seedsDiffer is the refusal of section what when its hash seeds s1, s2
+// are not the header's, or nil when they are.
+func seedsDiffer(what string, h *header, s1, s2 uint64) *Refusal {
+	if s1 == h.seed1 && s2 == h.seed2 {
+		return nil
+	}
+	return &Refusal{ReasonSeed, what, fmt.Sprintf("section seeds %#x/%#x, header seeds %#x/%#x", s1, s2, h.seed1, h.seed2)}
 }
 
 // adopt gives the fresh region the dump's hash seeds (keys are stored as
