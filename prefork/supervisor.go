@@ -374,13 +374,16 @@ func (s *supervisor) checkReady() {
 			return
 		}
 	}
-	if !s.announced {
-		s.announced = true
+	first := !s.announced
+	s.announced, s.reloading = true, false
+	// Whoever reads the line below or READY=1 and then asks /status or
+	// /metrics finds them saying the same.
+	s.publish()
+	if first {
 		s.log.Info("ready", "workers", len(s.slots), "generation", s.gen)
 	} else {
 		s.log.Info("reload finished", "workers", len(s.slots), "generation", s.gen)
 	}
-	s.reloading = false
 	s.sendNotify(notifyReady)
 }
 

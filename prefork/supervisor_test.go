@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -621,3 +622,46 @@ func TestReloadLogsChanges(t *testing.T) {
 		t.Errorf("a reload of the same file does not say that nothing changed:\n%s", buf.String())
 	}
 }
+
+// TestAnnouncedAfterPublished: the "ready" and "reload finished" lines
+// (and READY=1 with them) come after the status that says so has been
+// published, so that whoever sees the line and asks /status or /metrics
+// is not told that the workers are not all ready yet.
+func TestAnnouncedAfterPublished(t *testing.T) {
+	f := newFake()
+	reloaded := noCanary(config.Config{Server: config.Server{Workers: 2, Upstream: "http://127.0.0.1:9"}}).WithDefaults()
+	f.load = func() (config.Config, error) { return reloaded, nil }
+	var got []Status
+	seen := map[string]int{}
+	log := slog.New(onMessage(func(msg string) {
+		if msg != "ready" && msg != "reload finished" {
+			return
+		}
+		seen[msg]++
+		if len(got) == 0 || !got[len(got)-1].Ready {
+			t.Errorf("%q logged while the published status is not Ready", msg)
+		}
+	}))
+	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
+	s := newSupervisor(f.env(), log, cfg, minMaxWorkers(2))
+	s.onStatus = func(st Status) { got = append(got, st) }
+	s.step()
+	s.publish()
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102)
+	exit(s, 100, true)
+	ready(s, 103)
+	exit(s, 101, true)
+	if seen["ready"] != 1 || seen["reload finished"] != 1 {
+		t.Fatalf("announcements %v, want one ready and one reload finished", seen)
+	}
+}
+
+// onMessage is a slog handler that passes each record's message to f.
+type onMessage func(msg string)
+
+func (h onMessage) Enabled(context.Context, slog.Level) bool      { return true }
+func (h onMessage) Handle(_ context.Context, r slog.Record) error { h(r.Message); return nil }
+func (h onMessage) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h onMessage) WithGroup(string) slog.Handler                 { return h }
