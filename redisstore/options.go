@@ -225,8 +225,16 @@ func (u *OnUnavailable) UnmarshalText(b []byte) error {
 	return textvalue.Unmarshal(b, u, ParseOnUnavailable)
 }
 
-// MarshalText is the value as ParseOnUnavailable reads it.
-func (u OnUnavailable) MarshalText() ([]byte, error) { return []byte(u.String()), nil }
+// MarshalText is the value as ParseOnUnavailable reads it; a value out of
+// range is an error, as it is for bucket's policies, so that it never
+// reaches a file that would not parse back.
+func (u OnUnavailable) MarshalText() ([]byte, error) {
+	name, ok := onUnavailableNames.Name(u)
+	if !ok {
+		return nil, fmt.Errorf("redisstore: unknown on_unavailable %d", u)
+	}
+	return []byte(name), nil
+}
 
 // RedactURL returns a Redis URL with its password replaced by "xxxxx", for
 // logs and status pages; a string that is no URL is returned as "…".

@@ -334,9 +334,15 @@ func TestOnUnavailableText(t *testing.T) {
 		if err := u.UnmarshalText([]byte(text)); err != nil || u != want {
 			t.Errorf("UnmarshalText(%q) = %d, %v; want %d", text, uint8(u), err, uint8(want))
 		}
+		if b, err := want.MarshalText(); err != nil || string(b) != text {
+			t.Errorf("MarshalText of %d = %q, %v; want %q", uint8(want), b, err, text)
+		}
 	}
 	if got := redisstore.OnUnavailable(3).String(); got != "OnUnavailable(3)" {
 		t.Errorf("OnUnavailable 3 is %q", got)
+	}
+	if b, err := redisstore.OnUnavailable(3).MarshalText(); err == nil {
+		t.Errorf("MarshalText of 3 = %q, want an error", b)
 	}
 	for _, s := range []string{"", "Open", "maybe"} {
 		if u, err := redisstore.ParseOnUnavailable(s); err == nil {
