@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
 	"github.com/preforkd/preforkd/internal/textvalue"
 	"github.com/preforkd/preforkd/shm"
 )

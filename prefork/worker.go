@@ -181,7 +181,7 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 	}
 	result := make(chan error, 1)
 	go func() { result <- serve() }()
-	served, serving := result, (<-chan error)(result)
+	serving := (<-chan error)(result)
 	for why == "" {
 		select {
 		case err := <-serving:
@@ -193,11 +193,9 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 				return "", nil, false
 			}
 			// The listener was closed for recycling: wait to be told,
-			// and keep the result for the drain.
+			// and put the result back for the drain.
 			serving = nil
-			kept := make(chan error, 1)
-			kept <- err
-			served = kept
+			result <- err
 		case msg := <-recycle:
 			recycle = nil
 			askRecycling(report, msg, log)
@@ -209,7 +207,7 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 			why = context.Cause(ctx).Error()
 		}
 	}
-	return why, served, true
+	return why, result, true
 }
 
 // askRecycling tells the supervisor, through the readiness pipe, that

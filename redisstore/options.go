@@ -8,9 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/preforkd/preforkd/internal/textvalue"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
 // Options configure a Store: where Redis is, how long a request may wait
@@ -229,11 +230,7 @@ func (u *OnUnavailable) UnmarshalText(b []byte) error {
 // range is an error, as it is for bucket's policies, so that it never
 // reaches a file that would not parse back.
 func (u OnUnavailable) MarshalText() ([]byte, error) {
-	name, ok := onUnavailableNames.Name(u)
-	if !ok {
-		return nil, fmt.Errorf("redisstore: unknown on_unavailable %d", u)
-	}
-	return []byte(name), nil
+	return onUnavailableNames.Marshal("redisstore", u)
 }
 
 // RedactURL returns a Redis URL with its password replaced by "xxxxx", for
