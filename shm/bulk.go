@@ -269,20 +269,13 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 func (t *Responses) placeScan(k Key, kind Kind, now time.Duration) int {
 	home := k.A & t.mask
 	cand := -1
-	for j := 0; j < t.probe; j++ {
-		i := int((home + uint64(j)) & t.mask)
+	for i, s := range t.window(home) {
 		rec := &t.recs[i]
-		s := atomic.LoadUint64(&rec.state)
 		switch recPhase(s) {
 		case recEmpty:
-			if cand < 0 {
-				cand = i
-			}
-			return cand
+			return firstOf(cand, i)
 		case recTomb:
-			if cand < 0 {
-				cand = i
-			}
+			cand = firstOf(cand, i)
 		case recComplete, recReserved, recBusy:
 			live := recPhase(s) != recComplete || time.Duration(atomic.LoadUint64(&rec.expiry)) > now
 			if live && t.keyIs(rec, k, kind) {

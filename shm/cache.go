@@ -54,10 +54,8 @@ func (t *Responses) CacheLookup(k Key, now time.Duration, buf []byte) (CacheFind
 		var f CacheFind
 		ei, es := -1, uint64(0)
 	probe:
-		for j := 0; j < t.probe; j++ {
-			i := int((home + uint64(j)) & t.mask)
+		for i, s := range t.window(home) {
 			rec := &t.recs[i]
-			s := atomic.LoadUint64(&rec.state)
 			switch recPhase(s) {
 			case recEmpty:
 				break probe
@@ -172,26 +170,17 @@ func (t *Responses) CacheLock(k Key, now time.Duration) (tk Ticket, held bool, e
 func (t *Responses) cacheScan(k Key, home uint64, now time.Duration) (lock Ticket, cand int) {
 	lock.idx, cand = -1, -1
 	evict, evictExp := -1, time.Duration(0)
-	for j := 0; j < t.probe; j++ {
-		i := int((home + uint64(j)) & t.mask)
+	for i, s := range t.window(home) {
 		rec := &t.recs[i]
-		s := atomic.LoadUint64(&rec.state)
 		switch recPhase(s) {
 		case recEmpty:
-			if cand < 0 {
-				cand = i
-			}
-			return lock, cand
+			return lock, firstOf(cand, i)
 		case recTomb:
-			if cand < 0 {
-				cand = i
-			}
+			cand = firstOf(cand, i)
 		case recBusy, recReserved:
 			if t.r.stale(recOwner(s)) {
 				t.releaseRec(i, s, t.r.owner.Load(), 0)
-				if cand < 0 {
-					cand = i
-				}
+				cand = firstOf(cand, i)
 				continue
 			}
 			if recPhase(s) == recReserved && t.keyIs(rec, k, KindCache) {
@@ -201,18 +190,13 @@ func (t *Responses) cacheScan(k Key, home uint64, now time.Duration) (lock Ticke
 			exp := time.Duration(atomic.LoadUint64(&rec.expiry))
 			switch {
 			case exp <= now:
-				if cand < 0 {
-					cand = i
-				}
+				cand = firstOf(cand, i)
 			case Kind(atomic.LoadUint64(&rec.kind)) == KindCache && !t.keyIs(rec, k, KindCache) && (evict < 0 || exp < evictExp):
 				evict, evictExp = i, exp
 			}
 		}
 	}
-	if cand < 0 {
-		cand = evict
-	}
-	return lock, cand
+	return lock, firstOf(cand, evict)
 }
 
 // CacheFill completes the fill lock tk: data becomes its key's entry
@@ -278,10 +262,8 @@ func (t *Responses) CacheDrop(k Key) int {
 // but record keep.
 func (t *Responses) dropEntries(k Key, keep int) (n int) {
 	home := k.A & t.mask
-	for j := 0; j < t.probe; j++ {
-		i := int((home + uint64(j)) & t.mask)
+	for i, s := range t.window(home) {
 		rec := &t.recs[i]
-		s := atomic.LoadUint64(&rec.state)
 		if recPhase(s) == recEmpty {
 			return n
 		}

@@ -3,6 +3,7 @@ package shm
 import (
 	"encoding/binary"
 	"errors"
+	"iter"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -260,10 +261,8 @@ func (t *Responses) withinQuota(home uint64, cand int, q Quota, now time.Duratio
 		return cand
 	}
 	want := q.charge()
-	for j := 0; j < t.probe; j++ {
-		i := int((home + uint64(j)) & t.mask)
+	for i, s := range t.window(home) {
 		rec := &t.recs[i]
-		s := atomic.LoadUint64(&rec.state)
 		if recPhase(s) == recEmpty {
 			break
 		}
@@ -332,20 +331,13 @@ func (t *Responses) sweep(a uint16, now time.Duration, owner uint64) (n int) {
 func (t *Responses) scan(k Key, home uint64, now time.Duration, owner uint64) (i int, s uint64, cand int, found bool) {
 	cand = -1
 	evict, evictExp := -1, time.Duration(0)
-	for j := 0; j < t.probe; j++ {
-		i = int((home + uint64(j)) & t.mask)
+	for i, s := range t.window(home) {
 		rec := &t.recs[i]
-		s = atomic.LoadUint64(&rec.state)
 		switch recPhase(s) {
 		case recEmpty:
-			if cand < 0 {
-				cand = i
-			}
-			return i, s, cand, false
+			return i, s, firstOf(cand, i), false
 		case recTomb:
-			if cand < 0 {
-				cand = i
-			}
+			cand = firstOf(cand, i)
 		case recBusy, recReserved:
 			if t.r.stale(recOwner(s)) {
 				t.releaseRec(i, s, owner, 0)
@@ -368,10 +360,30 @@ func (t *Responses) scan(k Key, home uint64, now time.Duration, owner uint64) (i
 			}
 		}
 	}
-	if cand < 0 {
-		cand = evict
+	return -1, 0, firstOf(cand, evict), false
+}
+
+// window walks the probe window that starts at home, as every probe of
+// the table does: each record's index with its state word, read before
+// any other field of the record.
+func (t *Responses) window(home uint64) iter.Seq2[int, uint64] {
+	return func(yield func(int, uint64) bool) {
+		for j := 0; j < t.probe; j++ {
+			i := int((home + uint64(j)) & t.mask)
+			if !yield(i, atomic.LoadUint64(&t.recs[i].state)) {
+				return
+			}
+		}
 	}
-	return -1, 0, cand, false
+}
+
+// firstOf is cand, the first claimable record a scan has met, or i when
+// it has met none yet (cand < 0).
+func firstOf(cand, i int) int {
+	if cand < 0 {
+		return i
+	}
+	return cand
 }
 
 func (t *Responses) keyIs(rec *record, k Key, kind Kind) bool {
