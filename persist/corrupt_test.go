@@ -3,6 +3,7 @@ package persist
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -43,13 +44,15 @@ func fixChecksums(in []byte) []byte {
 	return b
 }
 
-// offsets of the parts of a dump with two sections.
-type offsets struct{ counters, countersPayload, responses, responsesPayload int }
+// offsets of the parts of a dump's first three sections.
+type offsets struct{ counters, countersPayload, responses, responsesPayload, cache, cachePayload int }
 
 func offsetsOf(d []byte) offsets {
 	n := int(le.Uint32(d[12:]))
 	l := int(le.Uint64(d[n+8:]))
-	return offsets{n, n + frameSize, n + frameSize + l, n + 2*frameSize + l}
+	r := n + frameSize + l
+	c := r + frameSize + int(le.Uint64(d[r+8:]))
+	return offsets{n, n + frameSize, r, r + frameSize, c, c + frameSize}
 }
 
 // collidingNames finds two rule names with the same 16-bit tag.
@@ -117,6 +120,9 @@ func TestCorruption(t *testing.T) {
 		{name: "other byte order", mutate: fixed(func(d []byte) { binary.BigEndian.PutUint64(d[16:], formatByteOrder) }), want: want{refused: []string{"dump: layout"}}},
 		{name: "other seed in the counters", mutate: fixed(func(d []byte) { d[at.countersPayload+3] ^= 1 }), want: want{refused: []string{"counters: seed"}}},
 		{name: "other seed in the responses", mutate: fixed(func(d []byte) { d[at.responsesPayload+9] ^= 1 }), want: want{refused: []string{"responses: seed"}, loaded: true, counters: 7}},
+		// The good dump's cache section holds no entries: its seeds are
+		// judged all the same, as inspect judges them.
+		{name: "other seed in the cache", mutate: fixed(func(d []byte) { d[at.cachePayload+1] ^= 1 }), want: want{refused: []string{"cache: seed"}, loaded: true, counters: 7}},
 		{name: "rule count beyond the payload", mutate: fixed(func(d []byte) { le.PutUint32(d[at.countersPayload+16:], 1<<30) }), want: want{refused: []string{"counters: malformed"}}},
 		{name: "rule limit changed", rules: []bucket.Rule{{Name: "login", Limit: 3, Window: login.Window}, api},
 			want: want{refused: []string{"rule login: rule changed"}, detail: "limit 1 → 3: its state is dropped", loaded: true, counters: 6}},
@@ -157,6 +163,8 @@ func TestCorruption(t *testing.T) {
 			if tc.rules != nil {
 				rs = tc.rules
 			}
+			var inspected strings.Builder
+			inspectErr := Inspect(path, &inspected)
 			b := region(t, 64)
 			log, lines := logBuf()
 			rep, err := Load(b, Options{Path: path, Key: key, Rules: rs, Now: wallAt(wall0)}, log)
@@ -182,6 +190,9 @@ func TestCorruption(t *testing.T) {
 			if n := strings.Count(lines.String(), "level=WARN"); n < len(got) {
 				t.Errorf("%d warnings for %d refusals", n, len(got))
 			}
+			if tc.key == "" && tc.rules == nil {
+				inspectAgrees(t, inspected.String(), inspectErr, got)
+			}
 			// The region serves whatever happened.
 			lg := limiter(t, b, login)
 			if d := lg.Allow("someone new", t1); !d.Allowed {
@@ -199,6 +210,29 @@ func TestCorruption(t *testing.T) {
 				t.Error("the dump was not consumed")
 			}
 		})
+	}
+}
+
+// inspectAgrees checks that Inspect judged a dump as the load did: out
+// and err are what it said, refused the load's refusals ("what: reason"),
+// each of which it must name, with ErrRefused exactly when there is one.
+// Guards that depend on the configuration are the load's alone: rows that
+// change the configuration do not ask.
+func inspectAgrees(t *testing.T, out string, err error, refused []string) {
+	t.Helper()
+	if len(refused) == 0 {
+		if err != nil {
+			t.Errorf("inspect: %v, the load refused nothing\n%s", err, out)
+		}
+		return
+	}
+	if !errors.Is(err, ErrRefused) {
+		t.Errorf("inspect: %v, want ErrRefused as the load refused %q\n%s", err, refused, out)
+	}
+	for _, f := range refused {
+		if !strings.Contains(out, f) {
+			t.Errorf("inspect does not name %q\n%s", f, out)
+		}
 	}
 }
 

@@ -454,9 +454,16 @@ func parse(data []byte) (*parsed, *Refusal) {
 	return p, nil
 }
 
+// sectionSeeds are the hash seeds a section payload was written under,
+// its first 16 bytes: a load keeps the section only when they are the
+// header's.
+type sectionSeeds struct{ seed1, seed2 uint64 }
+
+func (s sectionSeeds) seeds() sectionSeeds { return s }
+
 // counters is a decoded counters payload.
 type counters struct {
-	seed1, seed2 uint64
+	sectionSeeds
 	rules        []ruleDef
 	entries      []byte // entrySize bytes each: key A, key B, meta, payload
 }
@@ -469,7 +476,7 @@ func parseCounters(b []byte) (counters, *Refusal) {
 	if len(b) < countersFix {
 		return bad("%d-byte payload", len(b))
 	}
-	c := counters{seed1: le.Uint64(b), seed2: le.Uint64(b[8:])}
+	c := counters{sectionSeeds: sectionSeeds{le.Uint64(b), le.Uint64(b[8:])}}
 	n := le.Uint32(b[16:])
 	rest := b[countersFix:]
 	if uint64(n) > uint64(len(rest)/ruleFixed) {
@@ -502,7 +509,7 @@ func parseCounters(b []byte) (counters, *Refusal) {
 
 // responses is a decoded responses payload.
 type responses struct {
-	seed1, seed2 uint64
+	sectionSeeds
 	keyHash      uint64
 	count        int    // records
 	records      []byte // count records, filling the rest of the payload
@@ -513,7 +520,7 @@ func parseResponses(b []byte) (responses, *Refusal) {
 		return responses{}, &Refusal{Reason: ReasonMalformed, What: "responses", Detail: fmt.Sprintf("%d-byte payload", len(b))}
 	}
 	le := binary.LittleEndian
-	rs := responses{seed1: le.Uint64(b), seed2: le.Uint64(b[8:]), keyHash: le.Uint64(b[16:]), records: b[responsesFix:]}
+	rs := responses{sectionSeeds: sectionSeeds{le.Uint64(b), le.Uint64(b[8:])}, keyHash: le.Uint64(b[16:]), records: b[responsesFix:]}
 	for rest := rs.records; len(rest) > 0; rs.count++ {
 		_, next, ok := nextRecord(rest)
 		if !ok {
@@ -574,7 +581,7 @@ func cacheHead(seed1, seed2 uint64, key string, slots, gens int) []byte {
 
 // cacheSection is a decoded cache payload.
 type cacheSection struct {
-	seed1, seed2 uint64
+	sectionSeeds
 	keyHash      uint64
 	slots        int
 	gens         []byte // tagGenSize bytes each
@@ -590,7 +597,7 @@ func parseCache(b []byte) (cacheSection, *Refusal) {
 		return bad("%d-byte payload", len(b))
 	}
 	le := binary.LittleEndian
-	cs := cacheSection{seed1: le.Uint64(b), seed2: le.Uint64(b[8:]), keyHash: le.Uint64(b[16:]), slots: int(le.Uint32(b[24:]))}
+	cs := cacheSection{sectionSeeds: sectionSeeds{le.Uint64(b), le.Uint64(b[8:])}, keyHash: le.Uint64(b[16:]), slots: int(le.Uint32(b[24:]))}
 	g := uint64(le.Uint32(b[28:]))
 	rest := b[cacheFix:]
 	if g > uint64(len(rest)/tagGenSize) {

@@ -32,8 +32,11 @@ func Inspect(path string, w io.Writer) error {
 		return fmt.Errorf("persist: inspect: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		fmt.Fprintf(w, "%s: not a regular file (%v)\nverdict: refused (%s)\n", path, fi.Mode().Type(), ReasonUnreadable)
-		return fmt.Errorf("%w: %s: %s", ErrRefused, path, ReasonUnreadable)
+		f := notRegular(fi)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "file:\t%s\nverdict:\trefused: %s\n", path, f)
+		tw.Flush()
+		return fmt.Errorf("%w: %s: %s", ErrRefused, path, f)
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -84,39 +87,18 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 		verdict = append(verdict, f.String())
 		fmt.Fprintf(w, "\t%s\n", f)
 	}
-	// seeds checks a section's seeds against the header's, as Load does.
-	seeds := func(section string, s1, s2 uint64) {
-		if f := seedsDiffer(section, &h, s1, s2); f != nil {
-			refuse(*f)
-		}
-	}
 	for i, s := range p.sections {
 		fmt.Fprintf(w, "section %d:\t%s, %d bytes at %d, checksum ok\n", i+1, sectionName(s.typ), len(s.payload), s.offset)
-		switch s.typ {
-		case sectionCounters:
-			c, bad := parseCounters(s.payload)
-			if bad != nil {
-				refuse(*bad)
-				continue
+		d, bad, known := parseSection(s)
+		switch {
+		case bad != nil:
+			refuse(*bad)
+		case known:
+			// The seeds are checked as Load checks them.
+			if f := seedsDiffer(sectionName(s.typ), &h, d.seeds()); f != nil {
+				refuse(*f)
 			}
-			seeds("counters", c.seed1, c.seed2)
-			describeCounters(w, &h, c)
-		case sectionResponses:
-			rs, bad := parseResponses(s.payload)
-			if bad != nil {
-				refuse(*bad)
-				continue
-			}
-			seeds("responses", rs.seed1, rs.seed2)
-			describeResponses(w, &h, rs)
-		case sectionCache:
-			cs, bad := parseCache(s.payload)
-			if bad != nil {
-				refuse(*bad)
-				continue
-			}
-			seeds("cache", cs.seed1, cs.seed2)
-			describeCache(w, &h, cs)
+			d.describe(w, &h)
 		default:
 			fmt.Fprintf(w, "\tunknown to this build: skipped at load\n")
 		}
@@ -139,7 +121,34 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 	return "partly: " + strings.Join(verdict, "; ")
 }
 
-func describeCounters(w io.Writer, h *header, c counters) {
+// described is a section payload this build decodes, as inspect shows it.
+type described interface {
+	seeds() sectionSeeds
+	describe(w io.Writer, h *header)
+}
+
+// parseSection decodes s when this build knows its type (known), or says
+// why a load would refuse it (bad).
+func parseSection(s section) (d described, bad *Refusal, known bool) {
+	switch s.typ {
+	case sectionCounters:
+		return decoded(parseCounters(s.payload))
+	case sectionResponses:
+		return decoded(parseResponses(s.payload))
+	case sectionCache:
+		return decoded(parseCache(s.payload))
+	}
+	return nil, nil, false
+}
+
+func decoded[T described](d T, bad *Refusal) (described, *Refusal, bool) {
+	if bad != nil {
+		return nil, bad, true
+	}
+	return d, nil, true
+}
+
+func (c counters) describe(w io.Writer, h *header) {
 	n := len(c.entries) / entrySize
 	occ := 0.0
 	if h.slots > 0 {
@@ -165,7 +174,7 @@ func describeCounters(w io.Writer, h *header, c counters) {
 	}
 }
 
-func describeResponses(w io.Writer, h *header, rs responses) {
+func (rs responses) describe(w io.Writer, h *header) {
 	var unreplayable, expired, body int
 	for rest := rs.records; len(rest) > 0; {
 		e, next, _ := nextRecord(rest)
@@ -182,7 +191,7 @@ func describeResponses(w io.Writer, h *header, rs responses) {
 		rs.count, unreplayable, expired, body, rs.keyHash)
 }
 
-func describeCache(w io.Writer, h *header, cs cacheSection) {
+func (cs cacheSection) describe(w io.Writer, h *header) {
 	var expired, bytes int
 	for rest := cs.entries; len(rest) > 0; {
 		var e shm.StoredEntry
@@ -244,7 +253,7 @@ func inspectLive(path string, fi os.FileInfo, out io.Writer) error {
 	}
 	if f := trust(fi, "live region"); f != nil {
 		fmt.Fprintf(w, "verdict:\trefused: %s (judged for uid %d, who runs inspect; a supervisor would replace it with a fresh region)\n", f, os.Geteuid())
-		return nil
+		return fmt.Errorf("%w: %s: %s", ErrRefused, path, f)
 	}
 	fmt.Fprintf(w, "verdict:\tre-attachable (BUSY slots and insert locks of dead processes are released first)\n")
 	return nil

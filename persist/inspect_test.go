@@ -36,6 +36,12 @@ func TestInspect(t *testing.T) {
 	os.Mkdir(filepath.Join(dir, "adir"), 0o700)
 	os.WriteFile(filepath.Join(dir, "shared"), good, 0o600)
 	os.Chmod(filepath.Join(dir, "shared"), 0o666)
+	if data, err := os.ReadFile(live); err != nil {
+		t.Fatal(err)
+	} else {
+		os.WriteFile(filepath.Join(dir, "sharedlive"), data, 0o600)
+		os.Chmod(filepath.Join(dir, "sharedlive"), 0o666)
+	}
 	for _, tc := range []struct {
 		file    string
 		want    []string // regexps, each must match
@@ -49,9 +55,10 @@ func TestInspect(t *testing.T) {
 			`verdict:\s+partly refused: counters: seed`}, true},
 		{"notadump", []string{`verdict:\s+refused: dump: bad magic`}, true},
 		{"shared", []string{`section 1:\s+counters`, `verdict:\s+refused: dump: untrusted: mode 0666: writable by group or others`}, true},
-		{"adir", []string{`not a regular file`, `verdict: refused \(unreadable\)`}, true},
+		{"adir", []string{`verdict:\s+refused: dump: unreadable: not a regular file \(d---------\)`}, true},
 		{"live", []string{`live region`, `lock:\s+last taken by pid \d+, which is running`, `occupancy:\s+3.12%: 2 live`,
 			`worker 1:\s+incarnation 1, pid \d+`, `verdict:\s+re-attachable`}, false},
+		{"sharedlive", []string{`live region`, `verdict:\s+refused: live region: untrusted: mode 0666: writable by group or others`}, true},
 	} {
 		var out bytes.Buffer
 		err := Inspect(filepath.Join(dir, tc.file), &out)

@@ -204,8 +204,9 @@ func regionSize(r *shm.Region) int64 {
 }
 
 // warnIfNotTmpfs warns about a live region on a disk-backed file system:
-// the kernel writes it back to disk for nothing, and after a reboot its
-// clock (CLOCK_MONOTONIC based) would be meaningless.
+// the kernel writes it back to disk for nothing, and a region that
+// survives a reboot holds a time base of another boot (re-attaching
+// rebases it from its last beat, see shm.Region.ResumeClock).
 func warnIfNotTmpfs(path string, log *slog.Logger) {
 	var fs unix.Statfs_t
 	if err := unix.Statfs(filepath.Dir(path), &fs); err == nil && fs.Type != unix.TMPFS_MAGIC {

@@ -28,9 +28,10 @@ const (
 	DropNoTable     = "no response table" // the region has no response table (table.responses = 0)
 )
 
-// Suffixes of a consumed dump: PATH.loaded after a load that restored its
-// counters, PATH.refused after one that restored nothing, PATH.superseded
-// when a live region was preferred to it. Each overwrites an older one.
+// Suffixes of a consumed dump: PATH.loaded after a load in which a section
+// passed its guards (Report.Loaded), PATH.refused after one in which none
+// did, PATH.superseded when a live region was preferred to it. Each
+// overwrites an older one.
 const (
 	SuffixLoaded     = ".loaded"
 	SuffixRefused    = ".refused"
@@ -40,9 +41,9 @@ const (
 // Report says what Load did. Every refusal in it was also one log line.
 type Report struct {
 	Found bool // a dump was at Options.Path
-	// Loaded: its counters section, a stored response or a cache entry
-	// passed the guards and was restored; the region adopted the dump's hash seeds
-	// and continues its clock.
+	// Loaded: its counters section, or stored responses or cache entries,
+	// passed the guards; the region adopted the dump's hash seeds and
+	// continues its clock (entries may still be dropped, see Dropped).
 	Loaded           bool
 	Build            string         // the build that wrote it
 	Written          time.Time      // the wall clock at dump
@@ -68,11 +69,12 @@ type Report struct {
 // starts cold or with the sections that passed:
 //
 //   - a file another user owns, or that group or others may write
-//     (checksums are no authentication): the whole dump is refused, and
-//     left where it is;
+//     (checksums are no authentication), a directory or another file that
+//     is not a regular one: the whole dump is refused, and left where it
+//     is;
 //   - bad magic, format version, layout (slot size or byte order), a
-//     header checksum, a file cut inside its header, a directory or other
-//     non-regular file: the whole dump is refused;
+//     header checksum, a file cut inside its header: the whole dump is
+//     refused;
 //   - a section whose frame checksum fails, or that is cut short: that
 //     section is refused, and with a bad frame also every section after it
 //     (its length cannot be trusted); a section whose payload checksum
@@ -109,7 +111,7 @@ type Report struct {
 // is not applied to restored entries.
 //
 // The dump is then consumed: renamed to PATH.loaded (or PATH.refused when
-// nothing was restored), and the rename fsynced, so that a later crash
+// no section passed its guards), and the rename fsynced, so that a later crash
 // never restores state older than itself. The error is for I/O trouble
 // (unreadable file, failed rename) and for a region that is not fresh
 // (shm.ErrNotEmpty, and nothing is changed); the caller logs it and
@@ -134,7 +136,7 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 	rep.Found = true
 	l := &loader{r: r, o: o, log: log, rep: &rep}
 	if !fi.Mode().IsRegular() {
-		l.refuse(Refusal{ReasonUnreadable, "dump", fmt.Sprintf("not a regular file (%v)", fi.Mode().Type())})
+		l.refuse(notRegular(fi))
 		return rep, nil
 	}
 	data, why, err := readTrusted(o.Path)
@@ -243,7 +245,7 @@ func (l *loader) load(data []byte) error {
 	if cs != nil {
 		if cp, bad := parseCounters(cs.payload); bad != nil {
 			l.refuse(*bad)
-		} else if l.seedsMatch("counters", &p.hdr, cp.seed1, cp.seed2) {
+		} else if l.seedsMatch("counters", &p.hdr, cp.seeds()) {
 			c = &cp
 		}
 	}
@@ -252,7 +254,7 @@ func (l *loader) load(data []byte) error {
 		switch {
 		case bad != nil:
 			l.refuse(*bad)
-		case !l.seedsMatch("responses", &p.hdr, rp.seed1, rp.seed2):
+		case !l.seedsMatch("responses", &p.hdr, rp.seeds()):
 		case rp.keyHash != keyHash(l.o.Key):
 			l.refuse(Refusal{ReasonKeyChanged, "responses", fmt.Sprintf("%d stored responses dropped; counters are kept", rp.count)})
 		case rp.count > 0:
@@ -265,9 +267,9 @@ func (l *loader) load(data []byte) error {
 		switch {
 		case bad != nil:
 			l.refuse(*bad)
+		case !l.seedsMatch("cache", &p.hdr, cp.seeds()):
 		case cp.count == 0:
 			// Nothing to restore: generations matter only to entries.
-		case !l.seedsMatch("cache", &p.hdr, cp.seed1, cp.seed2):
 		case cp.keyHash != keyHash(l.o.Key):
 			l.refuse(Refusal{ReasonKeyChanged, "cache", fmt.Sprintf("%d cached responses dropped; counters are kept", cp.count)})
 		case cp.slots != l.r.Tags().Len():
@@ -348,21 +350,27 @@ func ruleVerdicts(dumped []ruleDef, current []bucket.Rule) []string {
 	return out
 }
 
-func (l *loader) seedsMatch(what string, h *header, s1, s2 uint64) bool {
-	if f := seedsDiffer(what, h, s1, s2); f != nil {
+func (l *loader) seedsMatch(what string, h *header, s sectionSeeds) bool {
+	if f := seedsDiffer(what, h, s); f != nil {
 		l.refuse(*f)
 		return false
 	}
 	return true
 }
 
-// seedsDiffer is the refusal of section what when its hash seeds s1, s2
-// are not the header's, or nil when they are.
-func seedsDiffer(what string, h *header, s1, s2 uint64) *Refusal {
-	if s1 == h.seed1 && s2 == h.seed2 {
+// notRegular is the refusal of a dump path that is a directory or another
+// file that is not a regular one.
+func notRegular(fi os.FileInfo) Refusal {
+	return Refusal{ReasonUnreadable, "dump", fmt.Sprintf("not a regular file (%v)", fi.Mode().Type())}
+}
+
+// seedsDiffer is the refusal of section what when its hash seeds s are
+// not the header's, or nil when they are.
+func seedsDiffer(what string, h *header, s sectionSeeds) *Refusal {
+	if s.seed1 == h.seed1 && s.seed2 == h.seed2 {
 		return nil
 	}
-	return &Refusal{ReasonSeed, what, fmt.Sprintf("section seeds %#x/%#x, header seeds %#x/%#x", s1, s2, h.seed1, h.seed2)}
+	return &Refusal{ReasonSeed, what, fmt.Sprintf("section seeds %#x/%#x, header seeds %#x/%#x", s.seed1, s.seed2, h.seed1, h.seed2)}
 }
 
 // adopt gives the fresh region the dump's hash seeds (keys are stored as
