@@ -19,8 +19,10 @@
 // # Limits
 //
 // The Redis comparison starts a throwaway redis-server on a free loopback
-// port and is skipped, with a message, when the binary is not installed.
-// Benchmarks are never asserted: a timed test fails on a busy machine for no
-// reason. The tests in this package check only that each backend decides
-// correctly and that the shared-memory path does not allocate.
+// port. Without the binary it is skipped with a message, and fails when
+// the environment variable CI is set (CI installs it). Benchmarks are
+// never asserted: a timed test fails on a busy machine for no reason. The
+// tests in this package check only that each backend decides correctly,
+// that the shared-memory path does not allocate, and that the
+// multi-process machinery runs (TestMultiProcess).
 package bench

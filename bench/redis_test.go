@@ -3,8 +3,10 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"testing"
@@ -80,7 +82,11 @@ func (d *redisDecider) decide(key string) (bool, error) {
 func startRedis(tb testing.TB) (string, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		return "", skipError{"no redis-server in PATH (apt-get install -y redis-server)"}
+		msg := "no redis-server in PATH (apt-get install -y redis-server)"
+		if os.Getenv("CI") != "" {
+			return "", errors.New(msg) // CI installs it: missing, it fails
+		}
+		return "", skipError{msg}
 	}
 	port, err := freePort()
 	if err != nil {

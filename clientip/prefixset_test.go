@@ -83,7 +83,7 @@ func TestPrefixSetEdges(t *testing.T) {
 	}
 }
 
-// SPEC 16 target: an exemption check with 100 CIDRs costs at most 50 ns.
+// The target: an exemption check with 100 CIDRs costs at most 50 ns.
 func BenchmarkPrefixSetContains(b *testing.B) {
 	var ps []netip.Prefix
 	for i := 0; i < 50; i++ {

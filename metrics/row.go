@@ -85,7 +85,8 @@ func RuleIndex(r *shm.Region, name string) int {
 }
 
 // RuleGate is the gate of the rule index rule's log lines of kind
-// (GateRefused, GateShadow, GateFull): one line a second across workers.
+// (GateRefused, GateShadow, GateFull, GateUnavailable): one line a second
+// across workers.
 func RuleGate(r *shm.Region, rule int, kind int) shm.Gate {
 	if rule < 0 {
 		return r.Gate(-1) // this process alone

@@ -103,7 +103,7 @@ type Rule struct {
 }
 
 // AppendFamilies writes every family of the schema from s: per-rule
-// families for rules (all five results of each, zeros included, so that
+// families for rules (every result of each, zeros included, so that
 // a rule's series exist from the start), status codes that were sent at
 // least once, histograms with their cumulative buckets.
 func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {

@@ -464,8 +464,8 @@ func (s sectionSeeds) seeds() sectionSeeds { return s }
 // counters is a decoded counters payload.
 type counters struct {
 	sectionSeeds
-	rules        []ruleDef
-	entries      []byte // entrySize bytes each: key A, key B, meta, payload
+	rules   []ruleDef
+	entries []byte // entrySize bytes each: key A, key B, meta, payload
 }
 
 func parseCounters(b []byte) (counters, *Refusal) {
@@ -510,9 +510,9 @@ func parseCounters(b []byte) (counters, *Refusal) {
 // responses is a decoded responses payload.
 type responses struct {
 	sectionSeeds
-	keyHash      uint64
-	count        int    // records
-	records      []byte // count records, filling the rest of the payload
+	keyHash uint64
+	count   int    // records
+	records []byte // count records, filling the rest of the payload
 }
 
 func parseResponses(b []byte) (responses, *Refusal) {
@@ -582,11 +582,11 @@ func cacheHead(seed1, seed2 uint64, key string, slots, gens int) []byte {
 // cacheSection is a decoded cache payload.
 type cacheSection struct {
 	sectionSeeds
-	keyHash      uint64
-	slots        int
-	gens         []byte // tagGenSize bytes each
-	count        int    // entries
-	entries      []byte // count entries, filling the rest of the payload
+	keyHash uint64
+	slots   int
+	gens    []byte // tagGenSize bytes each
+	count   int    // entries
+	entries []byte // count entries, filling the rest of the payload
 }
 
 func parseCache(b []byte) (cacheSection, *Refusal) {

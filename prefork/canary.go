@@ -10,7 +10,7 @@ import (
 	"github.com/preforkd/preforkd/config"
 )
 
-// A canary reload (SPEC §14). On HUP, the first worker replaced is the
+// A canary reload (README, "Safe deploys"). On HUP, the first worker replaced is the
 // canary: it runs the new configuration (and binary) while every other
 // worker runs the last good one. Once it is ready, it takes its slot's
 // place (its predecessor retires) and is watched for canary_window: the

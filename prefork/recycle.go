@@ -13,7 +13,7 @@ import (
 	"github.com/preforkd/preforkd/config"
 )
 
-// Worker recycling (SPEC §14): a worker past server.max_requests (drawn
+// Worker recycling (README, "Safe deploys"): a worker past server.max_requests (drawn
 // within ±10% for each worker, so that workers started together do not
 // leave together) or server.max_rss is replaced, its successor ready
 // before it leaves.

@@ -17,7 +17,7 @@ import (
 
 // The conformance suite: raw request bytes in, and what the client got
 // back and what the upstream saw. The exchanges here are the data plane's
-// (SPEC §11: framing, hop-by-hop fields, bodies, targets), run against
+// (framing, hop-by-hop fields, bodies, targets), run against
 // every engine in engines: every engine preforkd proxies with must pass
 // every one. The decision core's answers are compared across the fast
 // engine and the net/http adapter in engines_test.go.

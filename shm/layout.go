@@ -168,7 +168,7 @@ type Options struct {
 	// 0 means 256.
 	MaxWorkers int
 	// Probe is how many slots a key may be placed from its home slot.
-	// 0 means 16; it is capped at the number of slots.
+	// 0 means 32; it is capped at the number of slots.
 	Probe int
 	// Responses is the number of stored-response records, rounded up to
 	// a power of two, at most 2^26. 0 means no response table.

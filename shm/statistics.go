@@ -29,7 +29,7 @@ const (
 	evClaims              // counter slots published LIVE from EMPTY or TOMB
 	evReclaims            // counter slots published LIVE for another key (reclaimed)
 	evEvictions           // LIVE counter slots taken over by a reclaim (LIVE → BUSY)
-	evRecovered           // BUSY slots, records and insert locks released from dead owners
+	evRecovered           // BUSY slots, records, insert locks and account locks released from dead owners
 	evPlaced              // counter slots placed LIVE by a load
 	evRespFull            // reservations refused: no record in the probe window
 	evRespNoBlock         // responses completed unreplayable: no blocks left to store them
@@ -108,11 +108,11 @@ func (st *statistics) row(w int) []uint64 {
 	return st.rows[w*st.width : w*st.width+st.words : w*st.width+st.words]
 }
 
-// ownRow is the row this process adds to: its worker index's, or a
-// private one before Join. A process that is not a worker but acts on the
-// region (the supervisor: loading a dump, releasing what dead workers
-// held) counts in the retired row, which only such processes and folds
-// write.
+// ownRow is the row this process adds shm's events to: its worker
+// index's once joined, else the retired row. A process that is not a
+// worker but acts on the region (the supervisor: loading a dump,
+// releasing what dead workers held) counts there, which only such
+// processes and folds write.
 func (r *Region) ownRow() []uint64 {
 	if o := r.owner.Load(); o != 0 {
 		return r.stats.row(int(o >> 32))

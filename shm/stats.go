@@ -22,7 +22,7 @@ type TableStats struct {
 	LockTimeout uint64 // decisions answered by on_full: insert lock held too long
 	Claims      uint64 // keys installed in EMPTY or TOMB slots
 	Reclaims    uint64 // slots taken over from keys equivalent to fresh ones
-	Recovered   uint64 // BUSY slots, records and insert locks released from dead processes
+	Recovered   uint64 // BUSY slots, records, insert locks and account locks released from dead processes
 	Placed      uint64 // slots filled by a load (a dump, a migrated live region)
 	Quota       uint64 // new keys refused: their account held its maximum of slots (ErrQuota)
 	Swept       uint64 // slots of fresh keys freed by the sweep of an account at its maximum

@@ -1,6 +1,6 @@
 package main
 
-// The response cache (SPEC 15) against the built daemon: 4 workers in
+// The response cache against the built daemon: 4 workers in
 // front of an upstream that this test runs and that counts its calls.
 
 import (

@@ -1,6 +1,6 @@
 package main
 
-// Safe deploys against the built binary (SPEC §14): canary reloads to a
+// Safe deploys against the built binary (README, "Safe deploys"): canary reloads to a
 // configuration whose upstream is good, broken, or as flaky as the old
 // one; a quiet site; TERM during a canary's window; worker recycling.
 

@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of the rate-limit features of SPEC 16 against the built
+// End-to-end tests of the rate-limit features against the built
 // daemon with 4 workers: exempt clients, cookie, query and path keys,
 // overrides, cost, refusal status and the global dry run.
 

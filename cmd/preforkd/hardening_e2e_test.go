@@ -1,7 +1,7 @@
 package main
 
-// End-to-end tests of what an attacker or an accident meets (SPEC §17),
-// against the built daemon.
+// End-to-end tests of what an attacker or an accident meets, against
+// the built daemon.
 
 import (
 	"bytes"

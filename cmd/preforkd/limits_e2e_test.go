@@ -1,7 +1,7 @@
 package main
 
-// End-to-end tests of SPEC §17 "One client cannot fill a shared table for
-// everyone", against the built daemon: a flood of keys on one rule, and one
+// End-to-end tests that one client cannot fill a shared table for
+// everyone (README, max_keys and max_records), against the built daemon: a flood of keys on one rule, and one
 // client with many idempotency keys.
 
 import (

@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of the daemon as an operator runs it (SPEC §7, §17):
+// End-to-end tests of the daemon as an operator runs it:
 // reloads under keep-alive load and the admin listener under a connection
 // flood. Against the built binary.
 

@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of the data plane (SPEC §11): the built daemon in
+// End-to-end tests of the data plane (README, "Proxying"): the built daemon in
 // front of a real application process (upstream_e2e_test.go).
 
 import (

@@ -1,6 +1,6 @@
 package nethttp_test
 
-// The response cache (SPEC 15), through the net/http adapter, on a clock
+// The response cache, through the net/http adapter, on a clock
 // the tests move.
 
 import (

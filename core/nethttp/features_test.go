@@ -1,6 +1,7 @@
 package nethttp_test
 
-// The rate-limit features of SPEC 16, through the net/http adapter.
+// The rate-limit features (exempt, cookie/query/path keys, overrides,
+// cost, refusal status, shadow), through the net/http adapter.
 
 import (
 	"encoding/json"

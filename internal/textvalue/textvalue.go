@@ -9,9 +9,9 @@ import (
 // Enum holds the names of a small integer type's values, indexed by value:
 // the first is the zero value's. A value at or past len(e) has no name.
 //
-// Check, Marshal, Parse and Unmarshal word their errors as
-// `pkg: "x" is not one of "a", "b"`; a type whose errors read otherwise
-// builds them around Name and Value.
+// Parse and Unmarshal word their errors as `pkg: "x" is not one of "a",
+// "b"`, Check and Marshal as `pkg: 7 is not one of "a", "b"`; a type whose
+// errors read otherwise builds them around Name and Value.
 type Enum[T ~uint8] []string
 
 // Name returns v's name; ok is false when v has none.
