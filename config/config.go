@@ -146,9 +146,9 @@ type Reload struct {
 	// CanaryMinRequests is how many requests the canary must serve in
 	// the window for a verdict; fewer is inconclusive. 0 means 50.
 	CanaryMinRequests int `toml:"canary_min_requests"`
-	// CanaryMaxErrorDelta is how many percentage points the canary's 5xx
-	// rate may exceed the others' (when the excess is significant too)
-	// before the reload is aborted, in (0, 100]. 0 means 2.
+	// CanaryMaxErrorDelta: the reload is aborted when the canary's 5xx
+	// rate exceeds the others' by at least this many percentage points
+	// (and significantly so), in (0, 100]. 0 means 2.
 	CanaryMaxErrorDelta float64 `toml:"canary_max_error_delta"`
 	// CanaryInconclusive is what a reload does when the canary served
 	// too few requests to be judged: continue (the zero value) or abort.
@@ -536,8 +536,9 @@ type Error struct {
 	Msg  string
 }
 
-// Error formats e as "config: FILE:LINE: MSG"; ":LINE" is left out when Line
-// is 0, and "FILE:" when File is "".
+// Error formats e as "config: FILE:LINE: MSG"; without a line as
+// "config: FILE: MSG", without a file as "config: line LINE: MSG", and
+// with neither as "config: MSG".
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("config: ")

@@ -1,6 +1,7 @@
 // Package config reads, checks and describes the configuration of preforkd:
-// the [server], [admin], [table] and [persist] tables and the [[ratelimit]]
-// and [[idempotency]] rules of a TOML file (see examples/preforkd.toml).
+// the [server], [admin], [table], [persist], [log], [redis] and [reload]
+// tables and the [[ratelimit]], [[idempotency]] and [[cache]] blocks of a
+// TOML file (see examples/preforkd.toml).
 //
 // Most users want one call:
 //

@@ -14,10 +14,10 @@ import (
 // WriteEffective writes the configuration as it takes effect, defaults
 // filled in and Workers, Burst, MaxKeys and MaxRecords resolved, for
 // `preforkd check`: one line per table and one per rule, every key with
-// its value, for example
+// its value, for example (cut short here)
 //
-//	server: listen=127.0.0.1:8080 workers=4 upstream=builtin:demo trusted_proxies=[] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB
-//	rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=262144
+//	server: listen=127.0.0.1:8080 workers=4 upstream=builtin:demo trusted_proxies=[] ipv6_prefix=64 … max_rss=""
+//	rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip … max_keys=262144 store=local on_unavailable=local local_share=1 sync=exact
 //
 // Strings that are empty or contain blanks, quotes or control characters
 // are quoted. The format is for people; it may change.

@@ -54,7 +54,8 @@ type Options struct {
 	// nil means the region's shared monotonic clock (shm.Region.Now). It
 	// is read at Begin and at Done (and by a duplicate that waits).
 	Now func() time.Duration
-	// Wall is the wall clock, read only for X-RateLimit-Reset. nil means
+	// Wall is the wall clock, read for X-RateLimit-Reset and for the
+	// cache's freshness (Date, Expires, Last-Modified). nil means
 	// time.Now.
 	Wall func() time.Time
 	// OnResponse, if set, is told the status of every response an engine

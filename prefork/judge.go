@@ -9,10 +9,10 @@ type Verdict string
 
 const (
 	// VerdictHealthy: the canary's 5xx rate is not significantly above
-	// the other workers', or not by more than the allowed delta. The
-	// reload rolls on.
+	// the other workers', or above them by less than the allowed delta.
+	// The reload rolls on.
 	VerdictHealthy Verdict = "healthy"
-	// VerdictUnhealthy: significantly above, and by more than the allowed
+	// VerdictUnhealthy: significantly above, and by at least the allowed
 	// delta. The reload is aborted.
 	VerdictUnhealthy Verdict = "unhealthy"
 	// VerdictInconclusive: too few requests to tell (fewer than

@@ -9,7 +9,9 @@ import (
 
 // Status is a snapshot of the supervisor, for an admin endpoint or a test.
 type Status struct {
-	// Generation counts the accepted reloads: 0 at start.
+	// Generation numbers the running configuration: 0 at start, the next
+	// one at each accepted reload, the last good one again after a canary
+	// is aborted (Reloads counts the reloads).
 	Generation int
 	// Config is the running configuration (with defaults), the one
 	// workers of Generation run.

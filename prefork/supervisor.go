@@ -26,8 +26,8 @@ const readyTimeout = time.Minute
 
 // sysEnv is the supervisor's seam to the operating system:
 // everything that starts, signals or reaps a process, reads the clock or
-// talks to the service manager. The real one is built by newOSEnv; the unit
-// tests drive the state machine with a fake.
+// talks to the service manager. The real one is built in runSupervisor,
+// over an osEnv; the unit tests drive the state machine with a fake.
 type sysEnv struct {
 	now func() time.Time
 	// start starts a worker process. Its readiness and its exit are

@@ -58,7 +58,8 @@
 // Each timeout of [Options] bounds one wait: the header (slowloris), the
 // idle keep-alive, the gap between two reads of a body and between two
 // writes to the client, the upstream's connect, and its silence.
-// MaxConnections bounds the open connections per Server. Memory per
+// MaxConnections bounds the open connections of each listener a Server
+// serves. Memory per
 // connection is its header buffer (MaxHeaderBytes) while a request is
 // read, and a 64 KiB read-ahead plus 32 KiB of copy buffer while its body
 // moves: a 100 MB upload or download goes through in that.

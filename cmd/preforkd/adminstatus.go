@@ -45,7 +45,7 @@ type statusJSON struct {
 	Quarantined []int       `json:"quarantined_slots"`
 	Recycled    int         `json:"workers_recycled"`
 	Table       tableJSON   `json:"table"`
-	// Redis is [redis] and its breaker, when a rule uses Redis.
+	// Redis is [redis] and its breaker, when [redis] is set.
 	Redis map[string]any `json:"redis,omitempty"`
 }
 

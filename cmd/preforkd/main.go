@@ -36,7 +36,7 @@ type command struct {
 // commands returns every subcommand, in the order the usage lists them.
 func commands() []*command {
 	return []*command{
-		{"run", "-config FILE [-listen ADDR] [-workers N] [-upstream URL] [-shadow]",
+		{"run", "-config FILE [-listen ADDR] [-workers N] [-upstream URL] [-shadow] [-log-format FORMAT] [-log-level LEVEL]",
 			"run the supervisor and its workers; flags override the file, also at every reload", setupRun},
 		{"check", "-config FILE",
 			"validate the file and print the effective configuration; exit 2 on error", setupCheck},
@@ -47,7 +47,7 @@ func commands() []*command {
 		{"example-config", "",
 			"print an example configuration that documents every key, to start from", setupExampleConfig},
 		{"version", "",
-			"print the version, the commit and the dump format version (also: preforkd -version)", setupVersion},
+			"print the version, the commit, the dump format and the region layout versions (also: preforkd -version)", setupVersion},
 		{"help", "[COMMAND]",
 			"print this usage, or a command's usage and flags", setupHelp},
 	}

@@ -1,7 +1,7 @@
 // Package nethttp runs the decision core (package core) in front of a
 // net/http handler: the adapter preforkd's embedding API serves with.
 //
-//	h := nethttp.New(c, app) // c from core.New, once per worker
+//	h := nethttp.New(c, app, nethttp.Options{}) // c from core.New, once per worker
 //	srv := &http.Server{Handler: h}
 //
 // It only translates: the rules, the answers and the headers are the
