@@ -14,7 +14,8 @@
  *   read: scan for a COMPLETE record of K, copy its bytes, check its
  *         state again.
  * An evictor drops COMPLETE records at any moment (evictBlocks), and with
- * CRASH worker 0 may die at any step of a fill; it is then reaped at once
+ * CRASH worker 0 may die right after its BUSY claim or once it holds the
+ * fill lock (RESERVED); it is then reaped at once
  * (dead[0]), and whoever meets what it held releases it.
  *
  * Every atomic{} is one access to one shared word (a load, a store or a

@@ -12,7 +12,8 @@
 #        SHOW_TRAILS=1 bash model/check.sh   also print each counterexample
 # Needs spin and gcc (Debian: apt-get install -y spin gcc).
 # Memory: each pan run is capped at MEMLIM_MB (default 3500 MiB); the largest
-# configuration needs about 1.5 GiB.  Runtime: about 2-3 minutes on 2 cores.
+# configuration (cache.pml -DN=3 -DCRASH) needs about 1.4 GiB.  Runtime:
+# about 4-5 minutes on 2 cores.
 set -eu
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -162,9 +163,9 @@ run ok 24                  -DN=2
 run ok 25                  -DN=3
 run ok 25                  -DN=3 -DCRASH
 # broken variants: each must produce a counterexample
-run violates:ph[0]==2 20   -DN=2 -DOPS=1 -DNOLOCK   # P1 (LOCKS<=1): two fill locks of one key
-run violates:d==pub 22     -DN=3 -DNORECHECK        # P2: a torn read served
-run violates:d>=floor 22   -DN=3 -DNODROP           # P3: an older response after a newer fill
+run 'violates:ph[0]==2' 20   -DN=2 -DOPS=1 -DNOLOCK   # P1 (LOCKS<=1): two fill locks of one key
+run 'violates:d==pub' 22     -DN=3 -DNORECHECK        # P2: a torn read served
+run 'violates:d>=floor' 22   -DN=3 -DNODROP           # P3: an older response after a newer fill
 CFLAGS_EXTRA=""
 
 total=$(( $(date +%s) - start ))

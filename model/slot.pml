@@ -2,8 +2,7 @@
  * The counter-slot protocol of package shm (shm/table.go: Counters.Update,
  * scan, claim, apply, lockWord, Region.Reap/releaseStale) with bucket's fixed
  * window (bucket/algorithm.go: fresh, window3, takeWindow), as a Promela model
- * for spin.  It is the variant we built of the reference design in
- * the design notes.  model/README.md maps it to the Go code;
+ * for spin.  model/README.md maps it to the Go code;
  * model/check.sh runs the configurations that must hold or must fail.
  * The code as built is -DPUBLISH1 -DTIMEFIX=2; the default (no knobs) is the
  * earlier protocol, kept for its counterexamples (model/README.md).
@@ -64,11 +63,11 @@
  *   LIVENESS     marks "a request was answered" as progress, for pan -l.
  *   TIMEFIX      which `now` a decision runs at:
  *                0  always the caller's `now` (before the watermark existed);
- *                1  AS BUILT: a key this call installed runs at
- *                   max(now, watermark); a reclaim raises the watermark to
- *                   its `now` before the BUSY CAS;
- *                2  fix: like 1, and so does ANY decision on payload 0 (a key
- *                   installed by another process and not yet applied).
+ *                1  the earlier protocol (the default): a key this call
+ *                   installed runs at max(now, watermark); a reclaim raises
+ *                   the watermark to its `now` before the BUSY CAS;
+ *                2  as built: like 1, and so does ANY decision on payload 0
+ *                   (a key installed by another process and not yet applied).
  *   PUBLISH1     fix: claim publishes LIVE(gen, op(0, max(now, watermark)))
  *                instead of LIVE(gen, 0) followed by apply; the request is
  *                answered by the publish.
@@ -93,7 +92,7 @@
  *   NOLOCK       no insert lock: step 4 is skipped, a claim follows the scan.
  *   GMOD=1       no generation: a claim leaves the generation unchanged.
  *   NEWINDOW     fresh / new window compare the stored window with != now
- *                (the design note's wording "its window is not the current
+ *                (a plausible reading of "its window is not the current
  *                one") instead of bucket's signed distance (< now).
  *   NORECOUNT    (QUOTA) a lock taken from a dead holder is not recounted.
  *   NOQCHECK     (QUOTA) the cap is checked by the unlocked pre-check only.
@@ -487,7 +486,7 @@ claim:
   atomic { if :: il[h] == me -> il[h] = 0 :: else fi; locked = 0; FINISH }   /* unlock; answered */
 #elif TIMEFIX == 1
   atomic { if :: il[h] == me -> il[h] = 0 :: else fi; locked = 0 }   /* unlock: CAS me -> 0 */
-  /* as built: apply(..., max(now, reclaimMark()), op) after a claim only */
+  /* earlier protocol: apply(..., max(now, reclaimMark()), op) after a claim only */
   atomic { if :: mark > now -> now = mark :: else fi; goto decide }
 #else
   atomic { if :: il[h] == me -> il[h] = 0 :: else fi; locked = 0; goto decide }   /* unlock */
