@@ -243,18 +243,14 @@ func (l *loader) load(data []byte) error {
 	var c *counters
 	var resp *responses
 	if cs != nil {
-		if cp, bad := parseCounters(cs.payload); bad != nil {
-			l.refuse(*bad)
-		} else if l.seedsMatch("counters", &p.hdr, cp.seeds()) {
+		if cp, bad := parseCounters(cs.payload); l.passes("counters", &p.hdr, cp.seeds(), bad) {
 			c = &cp
 		}
 	}
 	if rs != nil {
 		rp, bad := parseResponses(rs.payload)
 		switch {
-		case bad != nil:
-			l.refuse(*bad)
-		case !l.seedsMatch("responses", &p.hdr, rp.seeds()):
+		case !l.passes("responses", &p.hdr, rp.seeds(), bad):
 		case rp.keyHash != keyHash(l.o.Key):
 			l.refuse(Refusal{ReasonKeyChanged, "responses", fmt.Sprintf("%d stored responses dropped; counters are kept", rp.count)})
 		case rp.count > 0:
@@ -265,9 +261,7 @@ func (l *loader) load(data []byte) error {
 	if xs != nil {
 		cp, bad := parseCache(xs.payload)
 		switch {
-		case bad != nil:
-			l.refuse(*bad)
-		case !l.seedsMatch("cache", &p.hdr, cp.seeds()):
+		case !l.passes("cache", &p.hdr, cp.seeds(), bad):
 		case cp.count == 0:
 			// Nothing to restore: generations matter only to entries.
 		case cp.keyHash != keyHash(l.o.Key):
@@ -350,9 +344,15 @@ func ruleVerdicts(dumped []ruleDef, current []bucket.Rule) []string {
 	return out
 }
 
-func (l *loader) seedsMatch(what string, h *header, s sectionSeeds) bool {
-	if f := seedsDiffer(what, h, s); f != nil {
-		l.refuse(*f)
+// passes refuses section what when it did not parse (bad, its parser's
+// refusal) or was written under other hash seeds than the header's s, and
+// reports whether it passed both.
+func (l *loader) passes(what string, h *header, s sectionSeeds, bad *Refusal) bool {
+	if bad == nil {
+		bad = seedsDiffer(what, h, s)
+	}
+	if bad != nil {
+		l.refuse(*bad)
 		return false
 	}
 	return true
