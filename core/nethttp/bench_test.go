@@ -280,9 +280,12 @@ func BenchmarkWakeLatency(b *testing.B) {
 // wakeRecords is the size of wakeRegion's response table.
 const wakeRecords = 1 << 15
 
+// wakeRegion is sized for a few workers, as prefork.RegionOptions sizes a
+// daemon's: the waiters poll the statistics to see a duplicate park, and
+// a sum over the default 256 worker rows took most of each trial's time.
 func wakeRegion(b *testing.B) *shm.Region {
 	b.Helper()
-	return shmtest.Joined(b, statRegion(shm.Options{Counters: 8, Responses: wakeRecords, ResponseBytes: 8 << 20}))
+	return shmtest.Joined(b, statRegion(shm.Options{Counters: 8, MaxWorkers: 4, Responses: wakeRecords, ResponseBytes: 8 << 20}))
 }
 
 func wakeLatency(b *testing.B, r *shm.Region, wt waiter) {
