@@ -141,6 +141,8 @@ func parseSection(s section) (d described, bad *Refusal, known bool) {
 	return nil, nil, false
 }
 
+// decoded is parseSection's answer for a section of a type it knows, from
+// that type's parser.
 func decoded[T described](d T, bad *Refusal) (described, *Refusal, bool) {
 	if bad != nil {
 		return nil, bad, true
