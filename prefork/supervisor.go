@@ -623,8 +623,9 @@ func (s *supervisor) sendNotify(state string) {
 }
 
 // keepRestartOnly returns next with the settings that only a restart can
-// change (the listener, the region's geometry, the number of workers) taken
-// from running, and logs any such change that was asked for.
+// change (the listener, the region's geometry, the number of workers, the
+// persistence files, locked and checked at start) taken from running, and
+// logs any such change that was asked for.
 func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Config {
 	var ignored []string
 	if next.Server.Listen != running.Server.Listen {
@@ -638,6 +639,10 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 	if next.Table != running.Table {
 		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
 		next.Table = running.Table
+	}
+	if next.Persist != running.Persist {
+		ignored = append(ignored, "persist") // its key is a secret of sorts: no values
+		next.Persist = running.Persist
 	}
 	if len(ignored) > 0 {
 		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)

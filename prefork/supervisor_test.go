@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/logtest"
 )
 
 // Unit tests of the supervisor's state machine through its seam: no
@@ -437,18 +438,27 @@ func TestReloadRefusedDuringAReload(t *testing.T) {
 
 func TestReloadKeepsRestartOnlySettings(t *testing.T) {
 	running := config.Config{
-		Server: config.Server{Listen: "127.0.0.1:1", Workers: 2, Upstream: "http://a"},
-		Table:  config.Table{Counters: 1024},
+		Server:  config.Server{Listen: "127.0.0.1:1", Workers: 2, Upstream: "http://a"},
+		Table:   config.Table{Counters: 1024},
+		Persist: config.Persist{Path: "/var/lib/preforkd/dump", Key: "v1"},
 	}
 	next := config.Config{
-		Server: config.Server{Listen: "127.0.0.1:2", Workers: 5, Upstream: "http://b"},
-		Table:  config.Table{Counters: 2048},
+		Server:  config.Server{Listen: "127.0.0.1:2", Workers: 5, Upstream: "http://b"},
+		Table:   config.Table{Counters: 2048},
+		Persist: config.Persist{Path: "/elsewhere/dump", Key: "v2", Live: "/dev/shm/x"},
 	}
-	got := keepRestartOnly(quietLog(), running, next)
+	var lines logtest.Buffer
+	got := keepRestartOnly(slog.New(slog.NewTextHandler(&lines, nil)), running, next)
 	want := running
 	want.Server.Upstream = "http://b"
-	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table || got.Server.Upstream != "http://b" {
+	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table ||
+		got.Persist != want.Persist || got.Server.Upstream != "http://b" {
 		t.Fatalf("got %+v", got)
+	}
+	for _, ignored := range []string{"server.listen", "server.workers", "table", "persist"} {
+		if !strings.Contains(lines.String(), ignored) {
+			t.Errorf("the warning does not name %s:\n%s", ignored, lines.String())
+		}
 	}
 }
 
