@@ -18,10 +18,11 @@ import (
 //
 // Deciding, it first looks at every key; when an enforcing rule refuses,
 // it writes nothing and returns {1, per key: would-pass, remaining, reset,
-// retry} with each rule's state as it stands. Otherwise it charges every
-// rule that lets the request through (a shadow rule that would refuse is
-// not charged, as on the local table) and returns {0, per key: allowed,
-// remaining, reset, retry}. Times are µs. A GCRA key holds its
+// retry, remaining and reset before the charge} with each rule's state as
+// it stands. Otherwise it charges every rule that lets the request through
+// (a shadow rule that would refuse is not charged, as on the local table)
+// and returns {0, per key: allowed, remaining, reset, retry, remaining and
+// reset before the charge}. Times are µs. A GCRA key holds its
 // theoretical arrival time, a fixed-window key "window:count"; both
 // expire when they are as a fresh key.
 //

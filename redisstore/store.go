@@ -49,7 +49,8 @@ type Store struct {
 	warmed    chan struct{} // closed when the warm-up is over
 
 	// clock is Redis's clock minus the region's, in µs, as last measured
-	// by a flush; clockKnown is set once it was.
+	// (when the flusher starts, then by each flush); clockKnown is set once
+	// it was.
 	clock      atomic.Int64
 	clockKnown atomic.Bool
 }
@@ -308,7 +309,7 @@ func (l *Limiter) Key(id []byte) Key {
 // names the same Redis key for it (the region's seeds differ per host).
 func idHash(id []byte) [2]uint64 {
 	var d xxhash.Digest
-	d.ResetWithSeed(0x7072_6566_6f72_6b64) // "prefork d"
+	d.ResetWithSeed(0x7072_6566_6f72_6b64) // "preforkd"
 	d.Write(id)
 	a := d.Sum64()
 	d.ResetWithSeed(0x7265_6469_735f_6b65) // "redis_ke"
@@ -369,7 +370,8 @@ type Hit struct {
 // round trip: one EVALSHA of every key when they can share a script (one
 // server, or one Cluster slot), else one pipeline of a script per slot.
 // refused reports that an enforcing hit refused the request: no rule was
-// charged, and each refusing key is remembered in the deny cache until
+// charged (across Cluster slots, unless the refund of the others failed:
+// that is logged), and each refusing key is remembered in the deny cache until
 // its retry time. An error (ErrUnavailable) means Redis did not decide:
 // nothing is known and the caller's OnUnavailable answers. now is the
 // region's clock, for the deny cache and the breaker; the decisions use

@@ -22,8 +22,9 @@ import (
 // host last asked. A request is admitted when host + remote + cost ≤
 // limit. Each worker keeps what it admitted since its last flush
 // (pending) and, every interval, adds it to Redis with one pipeline of
-// HINCRBY (one per key: this host's field and the total), which answers
-// the total: remote = total − this host's part. Keys this worker counted
+// flushScript calls (one per key: HINCRBY of this host's field and of the
+// total; calls the server answers NOSCRIPT go again with EVAL), which
+// answer the total: remote = total − this host's part. Keys this worker counted
 // in the current window are asked again every interval even with nothing
 // to add, so that its view of the others is never older than an interval
 // plus a round trip.
@@ -194,9 +195,9 @@ func (s *Store) addSync(l *Limiter) {
 }
 
 // flusher is the goroutine of a Store that adds its sync-mode counts to
-// Redis every interval (the shortest of its rules': each rule is flushed
-// when its own interval has passed). Store.Close stops it after a last
-// flush.
+// Redis: it ticks at the shortest interval of its rules, and flushes each
+// rule at the last tick before its own interval would have passed (see
+// due). Store.Close stops it after a last flush.
 type flusher struct {
 	s        *Store
 	interval chan time.Duration
@@ -231,9 +232,9 @@ func (f *flusher) run(every time.Duration) {
 				t.Reset(every)
 			}
 		case <-t.C:
-			f.flush(false)
+			f.flush(every, false)
 		case <-f.quit:
-			f.flush(true)
+			f.flush(every, true)
 			return
 		}
 	}
@@ -277,10 +278,21 @@ type flushItem struct {
 	cmd *redis.Cmd
 }
 
-// flush adds every rule's pending counts to Redis (those whose interval
-// has passed, or all when final) in one pipeline, and records the totals
-// it answers as the other hosts' counts.
-func (f *flusher) flush(final bool) {
+// due reports whether a rule of interval sync, last flushed since ago, is
+// flushed at a tick of the flusher, which ticks every every: unless the
+// next tick still comes within its interval. A rule is then never left
+// unflushed for longer than its interval (plus the lateness of a tick),
+// which the bound on over-admission above needs; waiting for the
+// interval to have passed would leave it a tick longer, up to twice the
+// interval when a tick comes a moment early.
+func due(since, sync, every time.Duration) bool {
+	return since+every > sync
+}
+
+// flush adds the pending counts of every rule that is due (all when
+// final) to Redis in one pipeline, and records the totals it answers as
+// the other hosts' counts. every is the flusher's tick.
+func (f *flusher) flush(every time.Duration, final bool) {
 	s := f.s
 	s.syncMu.Lock()
 	rules := append([]*Limiter(nil), s.syncRules...)
@@ -288,7 +300,7 @@ func (f *flusher) flush(final bool) {
 	now := s.region.Now()
 	var items []flushItem
 	for _, l := range rules {
-		if !final && now-f.last[l] < l.rule.Sync {
+		if !final && !due(now-f.last[l], l.rule.Sync, every) {
 			continue
 		}
 		f.last[l] = now
@@ -352,9 +364,9 @@ func (l *Limiter) window(now time.Duration) int64 {
 }
 
 // takePending moves the limiter's pending counts into items: every key of
-// the current window (those with nothing to add are asked for the total),
-// and the counts of past windows (dropped when their window is over:
-// nobody counts in it any more).
+// the current window (those with nothing to add are asked for the total).
+// The counts of past windows are dropped unflushed: nobody counts in them
+// any more.
 func (l *Limiter) takePending(items []flushItem, now time.Duration) []flushItem {
 	cur := l.window(now)
 	known := cur >= 0
