@@ -39,8 +39,10 @@ type Cache struct {
 	LockTimeout time.Duration
 	// Heuristic lets a response without explicit freshness (no
 	// Cache-Control max-age or s-maxage, no Expires) but with a
-	// Last-Modified be fresh for a tenth of its age (RFC 9111 §4.2.2). Off,
-	// such responses are not stored.
+	// Last-Modified be fresh for a tenth of the time from its
+	// Last-Modified to its Date (RFC 9111 §4.2.2), for the statuses RFC
+	// 9110 §15.1 makes heuristically cacheable. Off, such responses are
+	// not stored.
 	Heuristic bool
 }
 
@@ -74,7 +76,7 @@ func (d *Cache) Check() error {
 	case d.MaxBody <= 0 || d.MaxBody > maxCacheBody:
 		return fail("MaxBody", "max_body: must be positive and at most %d, got %d", maxCacheBody, d.MaxBody)
 	case d.LockTimeout < 0 || d.LockTimeout > maxTTL:
-		return fail("LockTimeout", "lock_timeout: must not be negative, got %v", d.LockTimeout)
+		return fail("LockTimeout", "lock_timeout: must be between 0 and %v, got %v", maxTTL, d.LockTimeout)
 	}
 	for _, h := range d.TagHeaders {
 		if !route.IsToken(h) {

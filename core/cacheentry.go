@@ -98,7 +98,7 @@ func decodeEntry(b []byte, e *entry) bool {
 	return n == nf
 }
 
-// field returns the field at the start of f and the rest; f must come
+// nextField returns the field at the start of f and the rest; f must come
 // from a decoded entry.
 func nextField(f []byte) (name string, value, rest []byte) {
 	le := binary.LittleEndian

@@ -56,7 +56,8 @@ type fillPlan struct {
 }
 
 // Fields a cache never stores: hop-by-hop fields (RFC 9110 §7.6.1), the
-// ones it computes (Content-Length, Age), and its own.
+// ones it computes (Content-Length, Age), its own, and Set-Cookie (a
+// response with one is not stored at all).
 var unstoredFields = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,

@@ -131,6 +131,16 @@ var exchanges = []exchange{
 		upLine: "GET / HTTP/1.1", upCount: 2,
 	},
 	{
+		name: "every response field Connection names is dropped, however many",
+		send: "GET / HTTP/1.1\nHost: a\n\n",
+		reply: "HTTP/1.1 200 OK\nConnection: X-H1, X-H2, X-H3, X-H4, X-H5\nConnection: X-H6, X-H7, X-H8, X-H9, X-H10\n" +
+			"X-H1: 1\nX-H2: 2\nX-H3: 3\nX-H4: 4\nX-H5: 5\nX-H6: 6\nX-H7: 7\nX-H8: 8\nX-H9: 9\nX-H10: 10\nX-Kept: 11\nContent-Length: 2\n\nok",
+		status: 200, body: "ok",
+		has:    []string{"X-Kept: 11"},
+		hasNot: []string{"X-H1", "X-H2", "X-H3", "X-H4", "X-H5", "X-H6", "X-H7", "X-H8", "X-H9", "X-H10"},
+		upLine: "GET / HTTP/1.1",
+	},
+	{
 		name:   "dot segments removed and slashes merged, query as sent",
 		send:   "GET /a//b/./c/../d/%2e%2E/e/?q=/../x//y HTTP/1.1\nHost: a\n\n",
 		status: 200,

@@ -235,7 +235,8 @@ func staleConn(err error) bool {
 }
 
 // retryable reports whether the request may be sent again: its method is
-// idempotent (RFC 9110 §9.2.2) or it carries an idempotency key.
+// idempotent (RFC 9110 §9.2.2) or it has an Idempotency-Key field (that
+// name only: an idempotency block's own header name is not consulted).
 func (r *request) retryable() bool {
 	switch string(r.method) {
 	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
@@ -275,8 +276,9 @@ func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *core.Exchange, err
 }
 
 // upstreamWarn reports an upstream failure: to the core, which counts it
-// in the region's statistics and logs it at most once a second across all
-// workers (as every engine's), or, without a core, in this server's log.
+// in the region's statistics and logs it at most once a second per kind
+// across all workers (as every engine's), or, without a core, in this
+// server's log.
 func (s *Server) upstreamWarn(kind core.UpstreamError, w warnKind, msg string, err error) {
 	if c := s.opts.Core; c != nil {
 		c.UpstreamFailed(kind, s.up.t.addr, err)
@@ -427,20 +429,20 @@ func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
 }
 
 // copyResponseHeader copies the upstream's response header to the client's,
-// without the hop-by-hop fields (but Upgrade and Connection on a 101) and
+// without the hop-by-hop fields (but Upgrade and Connection on a 101; every
+// field Connection names, however many) and
 // without Date, which the server sends itself. Content-Length and
 // Transfer-Encoding are the server's to write: they frame the body it
 // sends.
 func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool) {
 	dst.SetStatusCode(src.StatusCode())
-	var named [8][]byte // fields named by Connection, a few at most
-	nn := 0
+	var few [8][]byte // fields named by Connection: a few, on the stack
+	named := few[:0]
 	for k, v := range src.All() {
 		if classify(k) == kindConnection {
 			eachToken(v, func(t []byte) {
-				if nn < len(named) && !equalFold(t, "close") && !equalFold(t, "keep-alive") && !equalFold(t, "upgrade") {
-					named[nn] = t
-					nn++
+				if !equalFold(t, "close") && !equalFold(t, "keep-alive") && !equalFold(t, "upgrade") {
+					named = append(named, t)
 				}
 			})
 		}
@@ -458,7 +460,7 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool) {
 		if equalFold(k, "date") {
 			continue
 		}
-		if isNamed(k, named[:nn]) {
+		if isNamed(k, named) {
 			continue
 		}
 		dst.AddBytesKV(k, v)

@@ -24,8 +24,9 @@ const (
 	// (a larger one is a 502, like nginx's proxy_buffer_size) and is the
 	// unit of body reads.
 	upstreamReadBuffer = 16 << 10
-	// upstreamIdleTime is how long an idle upstream connection is kept
-	// (nginx's upstream keepalive_timeout).
+	// upstreamIdleTime is how long an idle upstream connection is kept at
+	// least (nginx's upstream keepalive_timeout); the reaper, every quarter
+	// of it, closes those idle longer, so up to 75 s.
 	upstreamIdleTime = 60 * time.Second
 	// probeIdle is how long a connection must have been idle for its
 	// liveness to be checked before reuse: applications close idle
