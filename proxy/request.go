@@ -102,7 +102,9 @@ var (
 
 // parse indexes the request's header section and target and checks what
 // fasthttp let through that a proxy must not forward. It does not
-// allocate unless the request has more than inlineFields header lines.
+// allocate unless the request has more than inlineFields header lines, or
+// an absolute-form target without a path (its scratch buffer, kept with
+// the pooled request, grows once).
 func (r *request) parse() *badRequest {
 	h := &r.ctx.Request.Header
 	r.raw = h.RawHeaders()
