@@ -641,7 +641,7 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		next.Table = running.Table
 	}
 	if next.Persist != running.Persist {
-		ignored = append(ignored, "persist") // its key is a secret of sorts: no values
+		ignored = append(ignored, "persist") // named only, as a reload logs keys, not values
 		next.Persist = running.Persist
 	}
 	if len(ignored) > 0 {

@@ -24,10 +24,10 @@ import (
 // (pending) and, every interval, adds it to Redis with one pipeline of
 // flushScript calls (one per key: HINCRBY of this host's field and of the
 // total; calls the server answers NOSCRIPT go again with EVAL), which
-// answer the total: remote = total − this host's part. Keys this worker counted
-// in the current window are asked again every interval even with nothing
-// to add, so that its view of the others is never older than an interval
-// plus a round trip.
+// answer the total: remote = total − this host's part. Keys this worker
+// counted in the current window are asked again every interval even with
+// nothing to add, so that its view of the others is never older than an
+// interval plus a round trip.
 //
 // Windows follow Redis's clock: each flush measures it against the
 // region's, and decisions shift the region's clock by that offset modulo
