@@ -625,7 +625,9 @@ func (s *supervisor) sendNotify(state string) {
 // keepRestartOnly returns next with the settings that only a restart can
 // change (the listener, the region's geometry, the number of workers, the
 // persistence files, locked and checked at start) taken from running, and
-// logs any such change that was asked for.
+// logs any such change that was asked for. persist.key, the application's
+// version, changes with a reload: the final dump is stamped with the
+// running one.
 func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Config {
 	var ignored []string
 	if next.Server.Listen != running.Server.Listen {
@@ -640,9 +642,13 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
 		next.Table = running.Table
 	}
-	if next.Persist != running.Persist {
-		ignored = append(ignored, "persist") // named only, as a reload logs keys, not values
-		next.Persist = running.Persist
+	if next.Persist.Path != running.Persist.Path {
+		ignored = append(ignored, fmt.Sprintf("persist.path %q", next.Persist.Path))
+		next.Persist.Path = running.Persist.Path
+	}
+	if next.Persist.Live != running.Persist.Live {
+		ignored = append(ignored, fmt.Sprintf("persist.live %q", next.Persist.Live))
+		next.Persist.Live = running.Persist.Live
 	}
 	if len(ignored) > 0 {
 		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)

@@ -451,11 +451,12 @@ func TestReloadKeepsRestartOnlySettings(t *testing.T) {
 	got := keepRestartOnly(slog.New(slog.NewTextHandler(&lines, nil)), running, next)
 	want := running
 	want.Server.Upstream = "http://b"
+	want.Persist.Key = "v2" // the application's version goes with the reload
 	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table ||
 		got.Persist != want.Persist || got.Server.Upstream != "http://b" {
 		t.Fatalf("got %+v", got)
 	}
-	for _, ignored := range []string{"server.listen", "server.workers", "table", "persist"} {
+	for _, ignored := range []string{"server.listen", "server.workers", "table", "persist.path", "persist.live"} {
 		if !strings.Contains(lines.String(), ignored) {
 			t.Errorf("the warning does not name %s:\n%s", ignored, lines.String())
 		}
