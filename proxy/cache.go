@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -62,7 +61,7 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 	var uc *upConn
 	for attempt := 0; ; attempt++ {
 		var err error
-		uc, err = s.up.get(context.Background(), time.Now())
+		uc, err = s.up.get(context.Background())
 		if err == nil {
 			if _, err = uc.Write(head); err == nil {
 				err = readResponseHead(uc.br, &h)
@@ -100,13 +99,11 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 		_, _ = ub.Read(*bp)
 	}
 	tunnelBufPool.Put(bp)
-	if ub.eof && ub.reusable {
-		s.up.put(uc, time.Now())
+	var failed error
+	if ub.eof {
+		failed = s.upDone(uc, ub.reusable)
 	} else {
 		uc.Conn.Close()
-	}
-	var failed error
-	if !ub.eof {
 		failed = errors.New("incomplete")
 	}
 	rec.complete(ex, failed)

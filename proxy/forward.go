@@ -46,7 +46,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		if r.upgrade {
 			uc, err = s.up.dial(context.Background()) // it will not come back to the pool
 		} else {
-			uc, err = s.up.get(context.Background(), time.Now())
+			uc, err = s.up.get(context.Background())
 		}
 		if err == nil {
 			if streamed {
@@ -124,12 +124,17 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 		return
 	}
 	if r.ctx.IsHead() || status < 200 || status == http.StatusNoContent || status == http.StatusNotModified {
-		// No body, whatever the header says (RFC 9112 §6.3).
+		// No body, whatever the header says (RFC 9112 §6.3). A connection
+		// that answered HEAD is not reused: applications that run HEAD as
+		// GET write the body anyway, and it may come after the head, past
+		// the check at reuse (get), as the answer to another request.
+		if r.ctx.IsHead() {
+			reusable = false
+		}
 		if length >= 0 {
 			resp.Header.SetContentLength(length)
 		}
-		s.upDone(uc, reusable)
-		rec.complete(ex, nil)
+		rec.complete(ex, s.upDone(uc, reusable))
 		release(ex)
 		return
 	}
@@ -140,13 +145,13 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 		resp.SetBody(b)
 		rec.write(b)
 		_, _ = uc.br.Discard(length)
-		s.upDone(uc, reusable)
-		rec.complete(ex, nil)
+		rec.complete(ex, s.upDone(uc, reusable))
 		release(ex)
 		return
 	}
 	ub := bodyPool2.Get().(*upBody)
-	*ub = upBody{s: s, uc: uc, reusable: reusable, ex: ex, rec: rec}
+	*ub = upBody{s: s, uc: uc, reusable: reusable, ex: ex, rec: rec, req: r}
+	r.streaming = true
 	switch {
 	case length >= 0:
 		ub.left = int64(length)
@@ -162,6 +167,10 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 	if length < 0 {
 		length = -1
 	}
+	// The head goes out before the body is read: a body the upstream cuts
+	// short then ends the connection after the head and what came of the
+	// body, as nginx does, rather than before anything reached the client.
+	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ub, length)
 }
 
@@ -197,14 +206,26 @@ func (s *Server) sendUntilClose(r *request, ub *upBody) {
 	})
 }
 
-// upDone puts a connection whose response was read back in the pool.
-func (s *Server) upDone(uc *upConn, reusable bool) {
-	if reusable {
-		s.up.put(uc, time.Now())
-	} else {
+// upDone puts a connection whose response was read back in the pool. It
+// returns errStray when the upstream sent more than the response: what it
+// sent cannot be trusted, and is not stored.
+func (s *Server) upDone(uc *upConn, reusable bool) error {
+	if !reusable {
+		stray := uc.br.Buffered() > 0
 		uc.Conn.Close()
+		if stray {
+			return errStray
+		}
+		return nil
 	}
+	if !s.up.put(uc, time.Now()) {
+		return errStray
+	}
+	return nil
 }
+
+// errStray is a response the upstream sent more bytes after.
+var errStray = errors.New("proxy: the upstream sent bytes past the end of its response")
 
 func release(ex *core.Exchange) {
 	if ex != nil {
@@ -213,19 +234,62 @@ func release(ex *core.Exchange) {
 }
 
 // readResponseHead reads the final response's header section into h,
-// skipping interim (1xx) responses but 101: they are not forwarded.
+// skipping interim (1xx) responses but 101: they are not forwarded. A
+// head with a line ended by a bare LF, or a status outside 100-599, is
+// refused at once (502), where fasthttp would wait for a CRLF CRLF that
+// never comes, or take "099" for an interim response and wait for the
+// next, until UpstreamTimeout.
 func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader) error {
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
 	for range 16 {
+		if err := checkHeadLines(br); err != nil {
+			return err
+		}
 		if err := h.Read(br); err != nil {
 			return err
 		}
-		if st := h.StatusCode(); st >= 200 || st == http.StatusSwitchingProtocols {
+		st := h.StatusCode()
+		if st < 100 || st > 599 {
+			return errBadStatus
+		}
+		if st >= 200 || st == http.StatusSwitchingProtocols {
 			return nil
 		}
 	}
 	return errors.New("proxy: too many interim responses")
+}
+
+var (
+	errBareLFHead = errors.New("proxy: a response header line ended by a bare LF")
+	errBadStatus  = errors.New("proxy: a response status outside 100-599")
+)
+
+// checkHeadLines waits until br holds a whole header section, or as much
+// as it can hold, and refuses one with a line ended by a bare LF.
+func checkHeadLines(br *bufio.Reader) error {
+	for want := 1; ; {
+		b, err := br.Peek(want)
+		if len(b) < want {
+			return err // fasthttp's read reports it
+		}
+		b, _ = br.Peek(br.Buffered())
+		for i, c := range b {
+			if c != '\n' {
+				continue
+			}
+			if i == 0 || b[i-1] != '\r' {
+				return errBareLFHead
+			}
+			if i >= 3 && b[i-2] == '\n' && b[i-3] == '\r' {
+				return nil // CRLF CRLF: the section is whole
+			}
+		}
+		if len(b) == br.Size() {
+			return nil // too large: fasthttp's read says so
+		}
+		want = len(b) + 1
+	}
 }
 
 // staleConn reports whether err is what a request sent on a connection the

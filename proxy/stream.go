@@ -6,7 +6,6 @@ import (
 	"io"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -25,6 +24,7 @@ type upBody struct {
 	reusable bool // the connection may serve another request after the body
 	ex       *core.Exchange
 	rec      *recorder
+	req      *request // recycled with the body; nil for a background refresh
 
 	left       int64 // bytes left: of the body, or of the current chunk
 	chunked    bool
@@ -130,17 +130,18 @@ func (b *upBody) CloseWithError(werr error) error {
 		}
 		tunnelBufPool.Put(bp)
 	}
-	if b.eof && b.reusable {
-		b.s.up.put(b.uc, time.Now())
+	var failed error
+	if b.eof {
+		failed = b.s.upDone(b.uc, b.reusable)
 	} else {
 		b.uc.Conn.Close()
-	}
-	var failed error
-	if !b.eof {
 		failed = errors.New("incomplete")
 	}
 	b.rec.complete(b.ex, failed)
 	release(b.ex)
+	if b.req != nil {
+		b.s.recycle(b.req)
+	}
 	*b = upBody{}
 	bodyPool2.Put(b)
 	return nil

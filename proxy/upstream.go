@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,11 +29,6 @@ const (
 	// least (nginx's upstream keepalive_timeout); the reaper, every quarter
 	// of it, closes those idle longer, so up to 75 s.
 	upstreamIdleTime = 60 * time.Second
-	// probeIdle is how long a connection must have been idle for its
-	// liveness to be checked before reuse: applications close idle
-	// keep-alive connections after a few seconds (Node.js 5 s, gunicorn
-	// 2 s), and a request sent on one that is closing fails.
-	probeIdle = time.Second
 )
 
 // upstream is the connection pool to one upstream.
@@ -70,12 +66,19 @@ func newUpstream(t target, o Options) *upstream {
 // upConn is a connection to the upstream. Every read and write first moves
 // the deadline: UpstreamTimeout is the longest wait for the next bytes.
 type upConn struct {
-	net.Conn                // the connection (TLS over tcp for https)
-	tcp       *net.TCPConn  // the TCP connection under it
-	u         *upstream     //
-	br        *bufio.Reader // response bytes
-	idleSince time.Time     // when it was last put back
-	reused    bool          // it served a request before this one
+	net.Conn                  // the connection (TLS over tcp for https)
+	raw       syscall.RawConn // the TCP socket under it, to peek at; nil if not TCP
+	tls       *tls.Conn       // the TLS connection, for https
+	u         *upstream       //
+	br        *bufio.Reader   // response bytes
+	idleSince time.Time       // when it was last put back
+	reused    bool            // it served a request before this one
+
+	// peekFn is peekFD bound once, so that a peek allocates nothing;
+	// peekN and peekErr are its results.
+	peekFn  func(fd uintptr) bool
+	peekN   int
+	peekErr error
 }
 
 func (c *upConn) Read(p []byte) (int, error) {
@@ -98,8 +101,14 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return "proxy: connecting to the upstream: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// get returns an idle connection that looks alive, or a new one.
-func (u *upstream) get(ctx context.Context, now time.Time) (*upConn, error) {
+// get returns an idle connection that is clean, or a new one. Every idle
+// connection is checked before it is reused, however briefly it was idle
+// (nginx's upstream keepalive does the same): bytes that an upstream sent
+// after the end of a response (a body to a HEAD, a 204 or a 304; more
+// than its Content-Length said) would otherwise be read as the response
+// to the next request, another client's. One non-blocking peek, a fraction
+// of a microsecond (BenchmarkCleanCheck).
+func (u *upstream) get(ctx context.Context) (*upConn, error) {
 	for {
 		u.mu.Lock()
 		n := len(u.idle)
@@ -111,7 +120,7 @@ func (u *upstream) get(ctx context.Context, now time.Time) (*upConn, error) {
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
-		if now.Sub(c.idleSince) < probeIdle || c.alive() {
+		if c.clean() {
 			c.reused = true
 			return c, nil
 		}
@@ -126,12 +135,15 @@ func (u *upstream) dial(ctx context.Context) (*upConn, error) {
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	tcp, _ := nc.(*net.TCPConn)
+	c := &upConn{u: u}
+	c.peekFn = c.peekFD
+	if tcp, ok := nc.(*net.TCPConn); ok {
+		if c.raw, err = tcp.SyscallConn(); err != nil {
+			nc.Close()
+			return nil, &dialError{err}
+		}
+	}
 	if u.tls != nil {
-		// TLS 1.3 servers send session tickets after the handshake: bytes
-		// on an idle connection are no sign of trouble there, so such
-		// connections are not probed.
-		tcp = nil
 		tc := tls.Client(nc, u.tls)
 		hs, cancel := context.WithTimeout(ctx, u.dialer.Timeout)
 		err := tc.HandshakeContext(hs)
@@ -140,51 +152,94 @@ func (u *upstream) dial(ctx context.Context) (*upConn, error) {
 			nc.Close()
 			return nil, &dialError{fmt.Errorf("TLS handshake: %w", err)}
 		}
-		nc = tc
+		nc, c.tls = tc, tc
 	}
-	c := &upConn{Conn: nc, tcp: tcp, u: u}
+	c.Conn = nc
 	c.br = bufio.NewReaderSize(c, upstreamReadBuffer)
 	return c, nil
 }
 
 // put gives a connection whose last response was read to its end back to
-// the pool, or closes it.
-func (u *upstream) put(c *upConn, now time.Time) {
+// the pool, or closes it: it is not kept when the upstream sent more than
+// that response (bytes already read past its end). It reports whether
+// the connection was clean: when it was not, the response's framing
+// cannot be trusted either, and nothing of it may be stored.
+func (u *upstream) put(c *upConn, now time.Time) (clean bool) {
 	if c.br.Buffered() > 0 {
-		c.Conn.Close() // the upstream sent more than its response: not reusable
-		return
+		c.Conn.Close()
+		return false
 	}
 	c.idleSince = now
 	u.mu.Lock()
 	if u.closed || len(u.idle) >= u.maxIdle {
 		u.mu.Unlock()
 		c.Conn.Close()
-		return
+		return true
 	}
 	u.idle = append(u.idle, c)
 	u.mu.Unlock()
+	return true
 }
 
-// alive reports whether the upstream has not closed (or written on) an
-// idle connection, without blocking. A TLS connection is taken as alive.
-func (c *upConn) alive() bool {
-	if c.tcp == nil {
-		return true
+// clean reports, without blocking, whether an idle connection has nothing
+// to read and is still open: any byte or an EOF means it must not carry
+// another request. A TLS connection may hold records that are no
+// application data (TLS 1.3 session tickets, sent after the handshake):
+// they are read through TLS, which consumes them, and only application
+// data or a close counts.
+func (c *upConn) clean() bool {
+	if c.raw == nil {
+		return true // not TCP: nothing to peek at
 	}
-	rc, err := c.tcp.SyscallConn()
-	if err != nil {
+	pending, open := c.peek()
+	switch {
+	case !open:
+		return false
+	case !pending:
+		return true
+	case c.tls == nil:
 		return false
 	}
-	ok := false
+	// Records are waiting: read them with a deadline already passed, so
+	// that a read finding no application data returns at once.
+	if c.tls.SetReadDeadline(time.Now()) != nil {
+		return false
+	}
 	var b [1]byte
-	_ = rc.Read(func(fd uintptr) bool {
-		_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// Nothing to read is the only healthy answer: EOF means closed,
-		// and bytes on an idle connection mean garbage.
-		ok = errors.Is(err, syscall.EAGAIN)
-		return true
-	})
-	return ok
+	n, err := c.tls.Read(b[:])
+	if n > 0 || !isTimeout(err) {
+		return false // application data, a close, or an error
+	}
+	pending, open = c.peek()
+	return open && !pending
+}
+
+// peek looks at the TCP socket without blocking: pending when bytes wait
+// to be read, open unless the peer closed it (or it failed).
+func (c *upConn) peek() (pending, open bool) {
+	if c.raw.Read(c.peekFn) != nil {
+		return false, false
+	}
+	switch {
+	case errors.Is(c.peekErr, syscall.EAGAIN):
+		return false, true
+	case c.peekErr != nil, c.peekN == 0: // an error, or EOF
+		return false, false
+	}
+	return true, true
+}
+
+// peekFD is recv(fd, 1 byte, MSG_PEEK|MSG_DONTWAIT), called by hand:
+// unix.Recvfrom allocates the peer's address it returns.
+func (c *upConn) peekFD(fd uintptr) bool {
+	var b [1]byte
+	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	c.peekN, c.peekErr = int(n), nil
+	if errno != 0 {
+		c.peekN, c.peekErr = 0, errno
+	}
+	return true
 }
 
 // reap closes connections idle for longer than upstreamIdleTime, until

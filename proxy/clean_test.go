@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+)
+
+// BenchmarkCleanCheck is the check every reuse of a pooled upstream
+// connection makes (upConn.clean): one non-blocking peek of the socket.
+func BenchmarkCleanCheck(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			defer c.Close()
+			io.Copy(io.Discard, c)
+		}
+	}()
+	u := newUpstream(target{addr: ln.Addr().String()}, Options{UpstreamConnectTimeout: time.Second, UpstreamTimeout: time.Second})
+	defer u.close()
+	c, err := u.dial(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		if !c.clean() {
+			b.Fatal("a quiet connection is not clean")
+		}
+	}
+}
+
+// TestCleanCheck: a quiet connection is clean, one with a byte to read or
+// closed by the upstream is not, over TLS too (where the bytes waiting
+// are read through TLS: application data makes it unclean). Go's TLS 1.3
+// server sends its session tickets within the handshake's last flight,
+// so the client has read them by the time a test could look; a server
+// that sends them later is not exercised here.
+func TestCleanCheck(t *testing.T) {
+	for _, useTLS := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		if useTLS {
+			ln = tls.NewListener(ln, testServerTLS(t))
+		}
+		conns := make(chan net.Conn, 3)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if tc, ok := c.(*tls.Conn); ok {
+					tc.Handshake()
+				}
+				conns <- c
+			}
+		}()
+		u := newUpstream(target{addr: ln.Addr().String(), tls: useTLS, host: "localhost"},
+			Options{UpstreamConnectTimeout: time.Second, UpstreamTimeout: time.Second})
+		defer u.close()
+		if useTLS {
+			u.tls = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
+		}
+		dial := func() (*upConn, net.Conn) {
+			c, err := u.dial(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c, <-conns
+		}
+		settle := func() { time.Sleep(50 * time.Millisecond) } // what the server sent has arrived
+
+		quiet, _ := dial()
+		settle()
+		if !quiet.clean() || !quiet.clean() {
+			t.Errorf("tls %v: a quiet connection is not clean", useTLS)
+		}
+		talker, srv := dial()
+		io.WriteString(srv, "HTTP/1.1 200 OK\r\n\r\n")
+		settle()
+		if talker.clean() {
+			t.Errorf("tls %v: a connection with bytes to read is clean", useTLS)
+		}
+		closed, srv2 := dial()
+		srv2.Close()
+		settle()
+		if closed.clean() {
+			t.Errorf("tls %v: a connection the upstream closed is clean", useTLS)
+		}
+	}
+}
+
+// testServerTLS is a server configuration with a certificate made now.
+func testServerTLS(t *testing.T) *tls.Config {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), DNSNames: []string{"localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+}
