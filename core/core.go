@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -289,6 +290,8 @@ type Exchange struct {
 
 	now time.Duration // region time at Begin: decisions are made at it
 
+	headDecided bool // DecideHead ran
+
 	client, clientKey netip.Addr
 	hasClient         bool
 
@@ -386,11 +389,10 @@ const maxPooledBody = 64 << 10
 // waits for its original (up to the block's wait), or a cache miss for
 // another request's fetch (up to the block's lock timeout).
 func (ex *Exchange) Decide() Verdict {
-	if v, done := ex.checkPath(); done {
-		return v
-	}
-	if v, done := ex.rateLimit(); done {
-		return v
+	if !ex.headDecided {
+		if ex.DecideHead() == Respond {
+			return Respond
+		}
 	}
 	if v, done := ex.idempotency(); done && v == Respond {
 		return v
@@ -399,6 +401,50 @@ func (ex *Exchange) Decide() Verdict {
 		return v
 	}
 	return Pass
+}
+
+// DecideHead runs the stages that need only the request's head: the path
+// checks and the rate limits, and the refusal of a declared body too
+// large for an idempotency fingerprint. An engine calls it before it
+// answers Expect: 100-continue (RFC 9110 §10.1.1), so that a refused
+// request gets its final status at once, without 100 Continue, and its
+// body is never read nor waited for; Decide then runs the other stages.
+// A Respond from DecideHead is final: Decide must not be called.
+func (ex *Exchange) DecideHead() Verdict {
+	ex.headDecided = true
+	if v, done := ex.checkPath(); done {
+		return v
+	}
+	if v, done := ex.rateLimit(); done {
+		return v
+	}
+	if v, done := ex.declaredTooLarge(); done {
+		return v
+	}
+	return Pass
+}
+
+// declaredTooLarge refuses, before anything of the body is read, a
+// request whose idempotency key makes the core read its body and whose
+// Content-Length is already over MaxRequestBody: the 413 the read would
+// end in.
+func (ex *Exchange) declaredTooLarge() (Verdict, bool) {
+	b := ex.matchBlock()
+	if b == nil {
+		return Pass, false
+	}
+	if _, lines := ex.req.Header(b.header); lines == 0 {
+		return Pass, false
+	}
+	cl, n := ex.req.Header("Content-Length")
+	if n != 1 {
+		return Pass, false
+	}
+	if size, err := strconv.ParseInt(cl, 10, 64); err != nil || size <= ex.c.maxReq {
+		return Pass, false
+	}
+	ex.c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
+	return ex.idemProblem(b, problemTooLarge)
 }
 
 // Fields are the header fields to add to the application's response
@@ -558,6 +604,12 @@ func (ex *Exchange) checkPath() (Verdict, bool) {
 		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + detail}, false)
 	}
 	ex.match, ex.forward = match, fwd
+	if host, _ := ex.req.Header("Host"); strings.IndexByte(host, '@') >= 0 {
+		// RFC 9112 §3.2.2, RFC 9110 §4.2.4: userinfo has no place in a
+		// request's authority; passed on, it would be a host to the
+		// cache, the rules and the application alike.
+		return ex.respond(&Problem{Status: 400, Detail: "the request's authority is not acceptable: it has userinfo"}, false)
+	}
 	return Pass, false
 }
 

@@ -49,6 +49,11 @@ type conn struct {
 	// sent no byte of a request (an idle timeout, a drain) would be read
 	// as the answer to the client's next request.
 	mute bool
+	// head scans a header section being read (Read).
+	head headScan
+	// early is the request expect parsed and began deciding, until the
+	// handler serves it. Touched only by the serving goroutine.
+	early *request
 	// linger makes Close read what the client still sends for a moment
 	// before closing, so that the error response it was sent is not lost
 	// to a TCP reset.
@@ -65,13 +70,51 @@ type conn struct {
 
 // Read reads from the client, first moving the read deadline when a body
 // is being read: ClientBodyTimeout is the longest wait between two reads.
+// While a header section is awaited, what is read is scanned for a line
+// ended by a bare LF: fasthttp waits for a CRLF CRLF that such a section
+// never sends, until ReadHeaderTimeout; it is refused at once instead.
 func (c *conn) Read(p []byte) (int, error) {
 	if c.bodyTimeout > 0 {
 		if err := c.Conn.SetReadDeadline(time.Now().Add(c.bodyTimeout)); err != nil {
 			return 0, err
 		}
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.head.active && c.head.scan(p[:n]) {
+		return 0, errBareLFRead
+	}
+	return n, err
+}
+
+// errBareLFRead is a header section with a line ended by a bare LF.
+var errBareLFRead = errors.New("proxy: a header line ended by a bare LF")
+
+// headScan follows the bytes of a header section as they are read, from
+// its first byte to the CRLF CRLF that ends it.
+type headScan struct {
+	active bool
+	last   [3]byte // the last bytes seen, the latest at the end
+}
+
+// start begins scanning at the first byte of a new header section.
+func (h *headScan) start() { *h = headScan{active: true} }
+
+// scan reads b, and reports a bare LF; it stops at the end of the
+// section (what follows is a body, or the next request).
+func (h *headScan) scan(b []byte) (bareLF bool) {
+	for _, x := range b {
+		if x == '\n' {
+			if h.last[2] != '\r' {
+				return true
+			}
+			if h.last[0] == '\r' && h.last[1] == '\n' {
+				h.active = false // CRLF CRLF: the section ended
+				return false
+			}
+		}
+		h.last = [3]byte{h.last[1], h.last[2], x}
+	}
+	return false
 }
 
 // Write writes to the client with SendTimeout as the longest wait.
@@ -88,6 +131,12 @@ func (c *conn) Write(p []byte) (int, error) {
 // Close closes the connection once and forgets it.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
+		if r := c.early; r != nil && r.ex != nil {
+			// The body of a request that expect let go on could not be
+			// read: the handler never ran.
+			c.early = nil
+			r.ex.Release()
+		}
 		if c.linger && !c.mute {
 			lingerClose(c.Conn)
 		}
@@ -131,6 +180,7 @@ func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
 		c.mu.Unlock()
 	case fasthttp.StateIdle:
 		c.bodyTimeout = 0
+		c.head.start()
 		c.mu.Lock()
 		c.state = stateIdle
 		c.idleSince = time.Now()

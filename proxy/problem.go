@@ -178,6 +178,11 @@ func headerOf(resp *fasthttp.Response, name string) (first []byte, n int) {
 // onError is fasthttp's ErrorHandler: the request could not be read.
 func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	c, _ := ctx.Conn().(*conn)
+	if errors.Is(err, errBareLFRead) {
+		// Bytes of a request arrived, whatever state fasthttp reported.
+		s.refuse(ctx, errBareLF, nil)
+		return
+	}
 	if c != nil {
 		c.mu.Lock()
 		quiet := c.state != stateActive

@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/route"
 )
 
 // The request as the server reads it: the request line and the raw header
@@ -30,7 +31,7 @@ const (
 	kindExpect              // answered here, never forwarded
 	kindForwardedFor        // merged into the one X-Forwarded-For sent
 	kindForwardedOther      // X-Forwarded-Proto/-Host: replaced
-	kindDropped             // named by Connection
+	kindDropped             // named by Connection, or a name with '_': never forwarded
 )
 
 // field is one header line: its name and its value (without the spaces
@@ -69,6 +70,11 @@ type request struct {
 	// unconditional leaves the conditional and range fields out of the
 	// head sent upstream (core.Exchange.Unconditional).
 	unconditional bool
+	// ex is the exchange expect began, until serve takes it.
+	ex *core.Exchange
+	// streaming: the response body streams once the handler returned;
+	// the request is recycled when it ends (upBody.CloseWithError).
+	streaming bool
 
 	body body // the request body as read so far
 	// up is the upstream's response header, copied to the client's once
@@ -94,6 +100,9 @@ var (
 	errObsFold = &badRequest{400, "obsolete line folding in the header section", true}
 	errCLTE    = &badRequest{400, "both Content-Length and Transfer-Encoding", true}
 	errNoColon = &badRequest{400, "a header line without a colon", true}
+	errName    = &badRequest{400, "a header field name that is not a token", true}
+	errBareLF  = &badRequest{400, "a header line ended by a bare LF", true}
+	errUser    = &badRequest{400, "userinfo in the request target's authority", true}
 	errTarget  = &badRequest{400, "the request target is not an absolute path", false}
 	errPRI     = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
 	errConnect = &badRequest{405, "CONNECT is not supported", true}
@@ -126,6 +135,8 @@ func (r *request) parse() *badRequest {
 		pos = end + 1
 		if line.to > line.from && r.raw[line.to-1] == '\r' {
 			line.to--
+		} else if int(line.to) < len(r.raw) {
+			return errBareLF // a line ended by "\n" alone (RFC 9112 §2.2)
 		}
 		if line.to == line.from {
 			break // the blank line that ends the section
@@ -138,8 +149,18 @@ func (r *request) parse() *badRequest {
 			return errNoColon
 		}
 		f := field{name: span{line.from, line.from + int32(colon)}}
+		name := r.raw[f.name.from:f.name.to]
+		if !route.IsToken(b2s(name)) {
+			return errName
+		}
 		f.value = trimOWS(r.raw, span{f.name.to + 1, line.to})
-		f.kind = classify(r.raw[f.name.from:f.name.to])
+		f.kind = classify(name)
+		if f.kind == kindOther && bytes.IndexByte(name, '_') >= 0 {
+			// nginx's underscores_in_headers off: X_Forwarded_For would be
+			// X-Forwarded-For to an application that maps '_' to '-' (CGI,
+			// WSGI, Rack), past every rule that reads the real one.
+			f.kind = kindDropped
+		}
 		switch f.kind {
 		case kindHost:
 			r.host = r.raw[f.value.from:f.value.to]
@@ -294,10 +315,51 @@ func classify(name []byte) kind {
 	return kindOther
 }
 
+// The core sees the request as the upstream will get it (SPEC "One
+// request, one truth"): Host is the authority of an absolute-form target
+// when there is one; X-Forwarded-Proto and X-Forwarded-Host are the
+// values this server sends; the hop-by-hop fields (Connection and every
+// field it names, Keep-Alive, TE, Transfer-Encoding, Upgrade but on an
+// upgrade, Proxy-*), Expect and names with '_' are absent, so that
+// nothing the upstream never sees can key, vary or fingerprint anything.
+// X-Forwarded-For is the client's chain as sent: the core appends the
+// peer itself when it believes the chain.
+
+// seen reports whether the upstream gets field f as the client sent it.
+func (r *request) seen(f *field) bool {
+	switch f.kind {
+	case kindOther, kindLength, kindForwardedFor:
+		return true
+	case kindHost:
+		return !r.absolute
+	case kindUpgrade:
+		return r.upgrade
+	}
+	return false
+}
+
+// forwarded returns the value this server sends for a field it writes
+// itself, whatever the client sent.
+func (r *request) forwarded(name string) (string, bool) {
+	switch {
+	case len(name) == 4 && equalFold(s2b(name), "host"):
+		return b2s(r.host), len(r.host) > 0
+	case len(name) == 16 && equalFold(s2b(name), "x-forwarded-host"):
+		return b2s(r.host), len(r.host) > 0
+	case len(name) == 17 && equalFold(s2b(name), "x-forwarded-proto"):
+		return "http", true
+	}
+	return "", false
+}
+
 // Header implements core.Request.
 func (r *request) Header(name string) (first string, lines int) {
-	for _, f := range r.fields {
-		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) {
+	if v, ok := r.forwarded(name); ok {
+		return v, 1
+	}
+	for i := range r.fields {
+		f := &r.fields[i]
+		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) && r.seen(f) {
 			if lines == 0 {
 				first = b2s(r.raw[f.value.from:f.value.to])
 			}
@@ -309,8 +371,12 @@ func (r *request) Header(name string) (first string, lines int) {
 
 // HeaderLines implements core.Request.
 func (r *request) HeaderLines(name string, dst []string) []string {
-	for _, f := range r.fields {
-		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) {
+	if v, ok := r.forwarded(name); ok {
+		return append(dst, v)
+	}
+	for i := range r.fields {
+		f := &r.fields[i]
+		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) && r.seen(f) {
 			dst = append(dst, b2s(r.raw[f.value.from:f.value.to]))
 		}
 	}
@@ -491,6 +557,9 @@ func lower(c byte) byte {
 	}
 	return c
 }
+
+// s2b returns s as bytes without copying, for reading only.
+func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // b2s returns b as a string without copying: for the core, which uses
 // what the request returns only while it decides.

@@ -68,6 +68,7 @@ func New(opts Options) (*Server, error) {
 		Handler:        s.serve,
 		ErrorHandler:   s.onError,
 		HeaderReceived: s.headerReceived,
+		ExpectHandler:  s.expect,
 		ConnState:      s.setState,
 		Logger:         fasthttpLogger{opts.Logger},
 		// The header section is read into this buffer whole: its size is
@@ -135,6 +136,7 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) track(nc net.Conn, l *listener) *conn {
 	now := time.Now()
 	c := &conn{Conn: nc, s: s, idleSince: now}
+	c.head.start()
 	if ap, err := netip.ParseAddrPort(nc.RemoteAddr().String()); err == nil {
 		c.peer = ap.Addr().Unmap().WithZone("")
 	}
@@ -267,10 +269,46 @@ func latest(a, b time.Time) time.Time {
 	return b
 }
 
-// serve is the fasthttp handler: every request that could be read.
-func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+// expect runs for a request with Expect: 100-continue before fasthttp
+// answers 100 Continue and reads its body: the core decides what needs no
+// body first (RFC 9110 §10.1.1), and a refusal goes out as the final
+// status, the body never read (fasthttp then closes the connection, as
+// the client may have begun sending it anyway). A request that goes on
+// is handed to serve with its exchange.
+func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	r := s.requests.Get().(*request)
 	r.ctx, r.c = ctx, ctx.Conn().(*conn)
+	if bad := r.parse(); bad != nil {
+		s.refuse(ctx, bad, nil)
+		s.done(r)
+		return bad.status
+	}
+	if c := s.opts.Core; c != nil {
+		ex := c.Begin(r)
+		if ex.DecideHead() == core.Respond {
+			s.respond(ctx, ex.Response())
+			ex.Release()
+			s.done(r)
+			return ctx.Response.StatusCode()
+		}
+		r.ex = ex
+	}
+	r.c.early = r
+	return fasthttp.StatusContinue
+}
+
+// serve is the fasthttp handler: every request that could be read.
+func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	c := ctx.Conn().(*conn)
+	if r := c.early; r != nil {
+		// Parsed, and decided as far as its head goes, by expect.
+		c.early = nil
+		defer s.done(r)
+		s.serveParsed(r, r.ex)
+		return
+	}
+	r := s.requests.Get().(*request)
+	r.ctx, r.c = ctx, c
 	defer s.done(r)
 	if bad := r.parse(); bad != nil {
 		if bad == errTarget && isOptionsAsterisk(ctx) {
@@ -283,10 +321,20 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		s.refuse(ctx, bad, nil)
 		return
 	}
-	r.body.reset(r)
 	var ex *core.Exchange
 	if c := s.opts.Core; c != nil {
 		ex = c.Begin(r)
+	}
+	s.serveParsed(r, ex)
+}
+
+// serveParsed serves a request whose head was parsed, with its exchange
+// (nil without a core).
+func (s *Server) serveParsed(r *request, ex *core.Exchange) {
+	ctx := r.ctx
+	r.ex = nil
+	r.body.reset(r)
+	if ex != nil {
 		if ex.Decide() == core.Respond {
 			s.respond(ctx, ex.Response())
 			if ex.Refresh() {
@@ -330,9 +378,22 @@ func (s *Server) done(r *request) {
 		r.ctx.SetConnectionClose()
 	}
 	r.body.release()
+	if r.streaming {
+		// The response body streams after the handler returned, and the
+		// exchange it completes still reads the request (a Vary
+		// variant's key): the request goes back to the pool with it
+		// (upBody.CloseWithError). fasthttp keeps the request's bytes
+		// until the response is written.
+		return
+	}
+	s.recycle(r)
+}
+
+// recycle puts a request whose exchange is over back in the pool.
+func (s *Server) recycle(r *request) {
 	r.ctx, r.c = nil, nil
 	r.raw, r.fields, r.method, r.path, r.query, r.host, r.forward = nil, nil, nil, nil, nil, nil, ""
-	r.upgrade, r.absolute, r.unconditional = false, false, false
+	r.upgrade, r.absolute, r.unconditional, r.streaming, r.ex = false, false, false, false, nil
 	s.requests.Put(r)
 }
 

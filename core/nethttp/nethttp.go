@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"net/textproto"
 	"net/url"
 	"slices"
 	"strings"
@@ -66,6 +67,7 @@ var requests = sync.Pool{New: func() any { return new(request) }}
 // ServeHTTP decides about r and either answers it or passes it on, with
 // the core's header fields set.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r = withoutConnectionNamed(r)
 	req := requests.Get().(*request)
 	req.r = r
 	ex := h.c.Begin(req)
@@ -157,6 +159,43 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusSwitchingProtocols
 	}
 	req.count(ex, status)
+}
+
+// withoutConnectionNamed is r without the fields its Connection field
+// names (RFC 9110 §7.6.1: they are for this hop only), so that the core
+// and the handler see one request: a field that keys a rule, or that a
+// response varies on, cannot be hidden from the limiter by naming it in
+// Connection and still reach the application. Connection itself, and
+// Upgrade when Connection names it, stay: net/http and upgrade handlers
+// read them.
+func withoutConnectionNamed(r *http.Request) *http.Request {
+	conn := r.Header["Connection"]
+	if len(conn) == 0 {
+		return r
+	}
+	var h http.Header
+	for _, line := range conn {
+		for t := range strings.SplitSeq(line, ",") {
+			t = textproto.TrimString(t)
+			if t == "" || strings.EqualFold(t, "close") || strings.EqualFold(t, "keep-alive") || strings.EqualFold(t, "upgrade") {
+				continue
+			}
+			name := textproto.CanonicalMIMEHeaderKey(t)
+			if _, ok := r.Header[name]; !ok || name == "Connection" {
+				continue
+			}
+			if h == nil {
+				h = r.Header.Clone()
+			}
+			delete(h, name)
+		}
+	}
+	if h == nil {
+		return r
+	}
+	r2 := *r
+	r2.Header = h
+	return &r2
 }
 
 // unconditional is r without the fields core.UnconditionalFields names,
@@ -287,7 +326,12 @@ func (q *request) Peer() netip.Addr {
 
 func (q *request) Header(name string) (string, int) {
 	if name == "Host" {
-		// net/http moves Host out of the header.
+		// net/http moves Host out of the header, and takes the authority
+		// of an absolute-form target for it, without its userinfo, which
+		// the core refuses: it is put back for the core to see.
+		if u := q.r.URL; u != nil && u.User != nil && u.Host != "" {
+			return u.User.String() + "@" + q.r.Host, 1
+		}
 		if q.r.Host == "" {
 			return "", 0
 		}
