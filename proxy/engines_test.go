@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -102,6 +103,8 @@ type coreStep struct {
 	status int
 	has    []string // "Name: value" lines the response has
 	hasNot []string
+	body   string        // the body has this in it, when not ""
+	pause  time.Duration // waited before the step is sent
 }
 
 var coreCases = []coreCase{
@@ -150,6 +153,104 @@ var coreCases = []coreCase{
 	},
 }
 
+// One view of a request (SPEC "One request, one truth"): what the core
+// keys, varies and fingerprints on is what the upstream gets, and an
+// upstream connection carries a request only when it is clean.
+var oneViewCases = []coreCase{
+	{
+		name:  "a key field that Connection names keys nothing: the request counts under the next key",
+		rules: `[[ratelimit]]` + "\nname = \"api\"\npath = \"/api/*\"\nlimit = 2\nwindow = \"1m\"\nby = \"header:X-Api-Key|ip\"\n",
+		steps: []coreStep{
+			{send: "GET /api/1 HTTP/1.1\nHost: h\nX-Api-Key: k1\nConnection: X-Api-Key\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 1"}},
+			{send: "GET /api/2 HTTP/1.1\nHost: h\nX-Api-Key: k2\nConnection: X-Api-Key\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0"}},
+			{send: "GET /api/3 HTTP/1.1\nHost: h\nX-Api-Key: k3\nConnection: X-Api-Key\n\n", status: 429},
+			{send: "GET /api/4 HTTP/1.1\nHost: h\nX-Api-Key: k4\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 1"}},
+		},
+		upSeen: []string{"GET /api/1 HTTP/1.1", "GET /api/2 HTTP/1.1", "GET /api/4 HTTP/1.1"},
+	},
+	{
+		name:  "a Vary field that Connection names varies nothing: the answer to its absence is not served for it",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/lang HTTP/1.1\nHost: h\nAccept-Language: fr\nOrigin: https://app.site\nConnection: Accept-Language, Origin\n\n",
+				status: 200, has: []string{"X-Cache: MISS"}, body: "lang=[] origin=[]"},
+			{send: "GET /cached/lang HTTP/1.1\nHost: h\nAccept-Language: fr\nOrigin: https://app.site\n\n",
+				status: 200, has: []string{"X-Cache: MISS"}, body: "lang=[fr] origin=[https://app.site]"},
+			{send: "GET /cached/lang HTTP/1.1\nHost: h\nAccept-Language: fr\nOrigin: https://app.site\n\n",
+				status: 200, has: []string{"X-Cache: HIT"}, body: "lang=[fr] origin=[https://app.site]"},
+			{send: "GET /cached/lang HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: HIT"}, body: "lang=[] origin=[]"},
+		},
+		upSeen: []string{"GET /cached/lang HTTP/1.1", "GET /cached/lang HTTP/1.1"},
+	},
+	{
+		name:  "an absolute-form target's authority is the host: forwarded, cached and keyed as one",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET http://evil.example/cached/host HTTP/1.1\nHost: victim.example\n\n", status: 200,
+				has: []string{"X-Cache: MISS"}, body: "host=evil.example"},
+			{send: "GET /cached/host HTTP/1.1\nHost: victim.example\n\n", status: 200,
+				has: []string{"X-Cache: MISS"}, body: "host=victim.example"},
+			{send: "GET /cached/host HTTP/1.1\nHost: evil.example\n\n", status: 200,
+				has: []string{"X-Cache: HIT"}, body: "host=evil.example"},
+			{send: "GET http://u:p@evil.example/cached/host HTTP/1.1\nHost: victim.example\n\n", status: 400,
+				has: []string{"Content-Type: application/problem+json"}},
+		},
+		upSeen: []string{"GET /cached/host HTTP/1.1", "GET /cached/host HTTP/1.1"},
+	},
+	{
+		name:  "the first variant of a Vary response is found again, whatever the order of the Vary names",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: varySteps("X-Foo", "X-Foo,%20Origin", "Origin,%20X-Foo", "Accept-Language,%20X-Foo,%20Origin"),
+		upSeen: []string{
+			"GET /cached/slow?vary=X-Foo HTTP/1.1", "GET /cached/slow?vary=X-Foo HTTP/1.1",
+			"GET /cached/slow?vary=X-Foo,%20Origin HTTP/1.1", "GET /cached/slow?vary=X-Foo,%20Origin HTTP/1.1",
+			"GET /cached/slow?vary=Origin,%20X-Foo HTTP/1.1", "GET /cached/slow?vary=Origin,%20X-Foo HTTP/1.1",
+			"GET /cached/slow?vary=Accept-Language,%20X-Foo,%20Origin HTTP/1.1", "GET /cached/slow?vary=Accept-Language,%20X-Foo,%20Origin HTTP/1.1",
+		},
+	},
+	{
+		name:  "bytes an upstream sends past a response never answer another request, nor fill the cache",
+		rules: "[[cache]]\npath = \"/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			// A body to HEAD, 20 ms after its head.
+			{send: "HEAD /stray/head HTTP/1.1\nHost: h\n\n", status: 200},
+			{send: "GET /cached/victim1 HTTP/1.1\nHost: h\n\n", status: 200, body: "call", pause: 60 * time.Millisecond},
+			// A body to a 204, 20 ms after its head.
+			{send: "GET /stray/204 HTTP/1.1\nHost: h\n\n", status: 204},
+			{send: "GET /cached/victim2 HTTP/1.1\nHost: h\n\n", status: 200, body: "call", pause: 60 * time.Millisecond},
+			// A whole response past the declared length, in the same write.
+			// (That the response itself is not stored is the engine's to
+			// know: TestStrayBytesNotStored.)
+			{send: "GET /stray/long HTTP/1.1\nHost: h\n\n", status: 200, body: "ok"},
+			{send: "GET /cached/victim3 HTTP/1.1\nHost: h\n\n", status: 200, body: "call"},
+			// The same, 20 ms after the response.
+			{send: "GET /stray/late HTTP/1.1\nHost: h\n\n", status: 200, body: "ok"},
+			{send: "GET /cached/victim4 HTTP/1.1\nHost: h\n\n", status: 200, body: "call", pause: 60 * time.Millisecond},
+			{send: "GET /cached/victim1 HTTP/1.1\nHost: h\n\n", status: 200, body: "call", has: []string{"X-Cache: HIT"}},
+		},
+		upSeen: []string{"HEAD /stray/head HTTP/1.1", "GET /cached/victim1 HTTP/1.1", "GET /stray/204 HTTP/1.1", "GET /cached/victim2 HTTP/1.1",
+			"GET /stray/long HTTP/1.1", "GET /cached/victim3 HTTP/1.1", "GET /stray/late HTTP/1.1", "GET /cached/victim4 HTTP/1.1"},
+	},
+}
+
+// varySteps asks each path /cached/slow?vary=V (its response varies on V,
+// and its body comes 20 ms after its head) with X-Foo a, b, a, b, a and c:
+// two fetches, three hits, and the third value fetched again.
+func varySteps(vary ...string) []coreStep {
+	var steps []coreStep
+	for _, v := range vary {
+		for i, x := range []string{"a", "b", "a", "b", "a"} {
+			cache := "X-Cache: HIT"
+			if i < 2 {
+				cache = "X-Cache: MISS"
+			}
+			steps = append(steps, coreStep{send: "GET /cached/slow?vary=" + v + " HTTP/1.1\nHost: h\nX-Foo: " + x + "\n\n",
+				status: 200, has: []string{cache}, body: "foo=[" + x + "]"})
+		}
+	}
+	return steps
+}
+
 // The response cache through both engines: the upstream answers /cached/
 // paths with a cacheable response naming its call.
 var cacheCases = []coreCase{
@@ -195,7 +296,7 @@ type answer struct {
 }
 
 func TestCoreConformance(t *testing.T) {
-	for _, cc := range append(coreCases, cacheCases...) {
+	for _, cc := range slices.Concat(coreCases, cacheCases, oneViewCases) {
 		t.Run(cc.name, func(t *testing.T) {
 			t.Parallel()
 			got := map[string][]answer{}
@@ -218,6 +319,41 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 	t.Helper()
 	var n atomic.Int32
 	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		const evil = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nContent-Length: 4\r\n\r\nEVIL"
+		const ok = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nContent-Length: "
+		values := func(name string) string { return strings.Join(req.field(name), ",") }
+		late := func(head, stray string) {
+			w.WriteString(head)
+			w.Flush()
+			time.Sleep(20 * time.Millisecond)
+			w.WriteString(stray)
+		}
+		switch p := req.Req.URL.Path; p {
+		case "/stray/head":
+			late("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\n", "BODY"+evil)
+			return
+		case "/stray/204":
+			late("HTTP/1.1 204 No Content\r\n\r\n", evil)
+			return
+		case "/stray/long":
+			w.WriteString(ok + "2\r\n\r\nok" + evil)
+			return
+		case "/stray/late":
+			late(ok+"2\r\n\r\nok", evil)
+			return
+		case "/cached/slow":
+			body := fmt.Sprintf("foo=[%s] call %04d", values("X-Foo"), n.Add(1))
+			late(fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nVary: %s\r\nContent-Length: %d\r\n\r\n", req.Req.URL.Query().Get("vary"), len(body)), body)
+			return
+		case "/cached/lang":
+			body := fmt.Sprintf("lang=[%s] origin=[%s] call %04d", values("Accept-Language"), values("Origin"), n.Add(1))
+			fmt.Fprintf(w, ok+"%d\r\nVary: Accept-Language, Origin\r\n\r\n%s", len(body), body)
+			return
+		case "/cached/host":
+			body := fmt.Sprintf("host=%s call %04d", req.Req.Host, n.Add(1))
+			fmt.Fprintf(w, ok+"%d\r\n\r\n%s", len(body), body)
+			return
+		}
 		if p := req.Req.URL.Path; strings.HasPrefix(p, "/cached/") && req.Req.Method == "GET" {
 			if len(req.field("If-None-Match")) > 0 {
 				w.WriteString("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 36\r\n\r\na fill forwarded a conditional field")
@@ -256,6 +392,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 	br := bufio.NewReader(conn)
 	var out []answer
 	for i, st := range cc.steps {
+		time.Sleep(st.pause) // let an upstream's stray bytes arrive
 		if _, err := io.WriteString(conn, crlf(st.send)); err != nil {
 			t.Fatalf("%s step %d: %v", e.name, i, err)
 		}
@@ -269,6 +406,9 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			t.Errorf("%s step %d: status %d, want %d: %s", e.name, i, resp.StatusCode, st.status, body)
 		}
 		checkHeader(t, fmt.Sprintf("%s step %d", e.name, i), resp.Header, st.has, st.hasNot)
+		if !strings.Contains(string(body), st.body) {
+			t.Errorf("%s step %d: body %q, want it to have %q", e.name, i, body, st.body)
+		}
 		var h strings.Builder
 		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
 			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length",
