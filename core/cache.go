@@ -419,15 +419,11 @@ func (ex *Exchange) notModified(e *entry) bool {
 	return err == nil && !mod.After(since)
 }
 
-// Fallback is for an engine whose application failed a request the cache
-// let through: it gave no response (unreachable, timed out: status is the
-// 502 or 504 the engine would answer) or its final status is status
-// (500, 502, 503 or 504), and nothing of it was sent yet. It returns the
-// answer to send instead, a stored response that stale-if-error lets the
-// cache serve (X-Cache: STALE), or nil to send the application's (or the
-// engine's) own. After a non-nil Fallback the engine completes the
-// exchange with Recorded.Failed: the application's response was not sent.
-func (ex *Exchange) Fallback(status int) *Response {
+// fallback is the stored response that stale-if-error lets the cache
+// serve (X-Cache: STALE) in place of a failure of the application: no
+// response (the 502 or 504 the engine would answer), or a final status of
+// 500, 502, 503 or 504 of which nothing was sent yet; nil for none.
+func (ex *Exchange) fallback(status int) *Response {
 	if ex.cflags&(cFill|cStale) != cFill|cStale {
 		return nil
 	}
@@ -444,24 +440,6 @@ func (ex *Exchange) Fallback(status int) *Response {
 	ex.serve(age, xStale)
 	return &ex.resp
 }
-
-// Refresh reports whether the engine must refresh the stored response it
-// was given (stale, within stale-while-revalidate) in the background,
-// once it has sent it: forward a copy of the request (without the fields
-// Unconditional names), tee the response as Record asks, give it to
-// Complete, and only then Release the exchange. The core does not read
-// the request during a refresh; the engine may reuse its memory.
-func (ex *Exchange) Refresh() bool { return ex.cflags&cRefresh != 0 }
-
-// Unconditional reports whether the engine must forward the request
-// without its conditional and range fields (If-Match, If-None-Match,
-// If-Modified-Since, If-Unmodified-Since, If-Range, Range): the response
-// fills the cache, so it must be whole. The client gets that whole
-// response.
-func (ex *Exchange) Unconditional() bool { return ex.cflags&cFill != 0 }
-
-// UnconditionalFields are the request fields Unconditional leaves out.
-var UnconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
 
 // matchCache returns the first cache block whose path covers the request,
 // whatever its method.

@@ -31,7 +31,7 @@ func cacheCore(b testing.TB, urls int) (*core.Core, []*fakeReq) {
 		b.Fatal(err)
 	}
 	body := bytes.Repeat([]byte("0123456789abcdef"), 256)
-	hdr := []core.Field{
+	hdr := fakeHeader{
 		{Name: "Content-Type", Value: []byte("text/html; charset=utf-8")},
 		{Name: "Cache-Control", Value: []byte("public, max-age=600")},
 		{Name: "Etag", Value: []byte(`"5f2b-18c"`)},
@@ -47,8 +47,11 @@ func cacheCore(b testing.TB, urls int) (*core.Core, []*fakeReq) {
 		if ex.Decide() != core.Pass {
 			b.Fatal("the first request is not a miss")
 		}
-		ex.Complete(&core.Recorded{Status: 200, Header: hdr, Body: body})
-		ex.Release()
+		if ex.Head(200, hdr) != nil {
+			b.Fatal("Head replaced a 200")
+		}
+		ex.Body(body)
+		ex.Finish(nil)
 		reqs = append(reqs, req)
 	}
 	return c, reqs
@@ -70,7 +73,7 @@ func BenchmarkCacheHit(b *testing.B) {
 		if resp := ex.Response(); resp.Status != 200 || len(resp.Body) != 4096 {
 			b.Fatalf("hit: %d, %d bytes", resp.Status, len(resp.Body))
 		}
-		ex.Release()
+		ex.Finish(nil)
 	}
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()

@@ -13,20 +13,18 @@ import (
 func TestCacheInvalidationByStatus(t *testing.T) {
 	c, reqs := cacheCore(t, 1)
 	hit := func() bool {
-		ex := c.Begin(reqs[0])
-		defer ex.Release()
-		return ex.Decide() == core.Respond
+		return serve(c, reqs[0], func(core.Forward) fakeResp { return fakeResp{status: 200} }).get("X-Cache") == "HIT"
 	}
 	if !hit() {
 		t.Fatal("not cached")
 	}
 	for _, tt := range []struct {
-		rec         core.Recorded
+		resp        fakeResp
 		invalidates bool
 	}{
-		{core.Recorded{Status: 500}, false},
-		{core.Recorded{Status: 404}, false},
-		{core.Recorded{Status: 201, Failed: true}, true},
+		{fakeResp{status: 500}, false},
+		{fakeResp{status: 404}, false},
+		{fakeResp{status: 201, body: []byte("created"), cut: true}, true},
 	} {
 		post := *reqs[0]
 		post.method = "POST"
@@ -34,14 +32,19 @@ func TestCacheInvalidationByStatus(t *testing.T) {
 		if ex.Decide() != core.Pass {
 			t.Fatal("a POST was answered")
 		}
-		if max, ok := ex.Record(); !ok || max != 0 {
-			t.Fatalf("Record() = %d, %v; want 0, true", max, ok)
+		if ex.Keep() {
+			t.Fatal("an unsafe request to a cached path must not outlive its client")
 		}
-		rec := tt.rec
-		ex.Complete(&rec)
-		ex.Release()
+		if r := ex.Head(tt.resp.status, nil); r != nil {
+			t.Fatalf("Head replaced the answer: %+v", r)
+		}
+		var err error
+		if tt.resp.cut {
+			err = errCut
+		}
+		ex.Finish(err)
 		if hit() == tt.invalidates {
-			t.Fatalf("after a POST answered %+v: hit %v", tt.rec, !tt.invalidates)
+			t.Fatalf("after a POST answered %+v: hit %v", tt.resp, !tt.invalidates)
 		}
 	}
 }

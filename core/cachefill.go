@@ -17,7 +17,7 @@ import (
 // request makes (§4.4).
 
 // completeCache ends the cache's part of a recorded exchange.
-func (ex *Exchange) completeCache(rec *Recorded) {
+func (ex *Exchange) completeCache(rec *recorded) {
 	// The status says the application did it, even when the body did not
 	// reach the client whole.
 	if ex.cflags&cInvalidate != 0 && rec.Status >= 200 && rec.Status < 400 {
@@ -83,7 +83,7 @@ func heuristicStatus(s int) bool {
 // (a newer response that is not to be stored), rather than by a failure
 // of the application (5xx, no whole response), after which a stale entry
 // may still be served under stale-if-error.
-func (ex *Exchange) storable(rec *Recorded, now time.Duration) (p fillPlan, drop bool) {
+func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop bool) {
 	switch s := rec.Status; {
 	case rec.Failed, rec.Hijacked, s >= 500:
 		return p, false
@@ -299,7 +299,7 @@ func connectionNames(conn []string, name string) bool {
 // Location and Content-Location of the response when they are on the same
 // host (RFC 9111 §4.4): every stored response of those URLs, every variant
 // in every process, is invalid from now on.
-func (ex *Exchange) invalidate(rec *Recorded) {
+func (ex *Exchange) invalidate(rec *recorded) {
 	c := ex.c
 	tags := c.region.Tags()
 	tags.Bump(ex.urlHash)

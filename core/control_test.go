@@ -166,15 +166,12 @@ func TestControlForgetResponse(t *testing.T) {
 	// run sends a request and completes it (201) when it runs; it reports
 	// whether it ran.
 	run := func(r *fakeReq) bool {
-		ex := c.Begin(r)
-		defer ex.Release()
-		if ex.Decide() != core.Pass {
-			return false
-		}
-		if _, rec := ex.Record(); rec {
-			ex.Complete(&core.Recorded{Status: 201, Body: []byte("created")})
-		}
-		return true
+		ran := false
+		serve(c, r, func(core.Forward) fakeResp {
+			ran = true
+			return fakeResp{status: 201, body: []byte("created")}
+		})
+		return ran
 	}
 	if !run(order("")) || run(order("")) {
 		t.Fatal("the first request did not run, or the retry was not replayed")
@@ -201,7 +198,7 @@ func TestControlForgetResponse(t *testing.T) {
 	if _, err := ctl.ForgetResponse("k-1", "header:Authorization:Bearer xyz"); !errors.Is(err, core.ErrInFlight) {
 		t.Errorf("in flight: %v, want ErrInFlight", err)
 	}
-	ex.Release()
+	ex.Finish(errCut)
 	for _, tc := range []struct{ key, by string }{{"k-1", "cookie:s:v"}, {"", "ip:192.0.2.1"}, {"a b", "ip:192.0.2.1"}, {"k-1", "nope"}} {
 		var ke *core.KeyError
 		if _, err := ctl.ForgetResponse(tc.key, tc.by); !errors.As(err, &ke) {

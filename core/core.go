@@ -291,6 +291,15 @@ type Exchange struct {
 	now time.Duration // region time at Begin: decisions are made at it
 
 	headDecided bool // DecideHead ran
+	passed      bool // Decide said Pass: the application's response is told
+
+	// The response sent, and what is recorded of the application's.
+	status     int      // the status sent to the client
+	rec        recorded // what Head and Body recorded
+	recording  bool     // Head began recording (record said so)
+	recMax     int64    // how much of the body is kept
+	counted    bool     // the response was counted (Finish)
+	refreshing bool     // the exchange lives on for a background refresh
 
 	client, clientKey netip.Addr
 	hasClient         bool
@@ -343,10 +352,10 @@ type Exchange struct {
 	resp     Response
 }
 
-// Begin starts deciding about req; the Exchange must be given back with
-// Release once the response was sent, and Done said with what status. It
-// reads the clock once: decisions are made at that instant, and the
-// request's duration counts from it.
+// Begin starts deciding about req; the engine ends the exchange with
+// Finish once the response was sent (see run.go). It reads the clock
+// once: decisions are made at that instant, and the request's duration
+// counts from it.
 func (c *Core) Begin(req Request) *Exchange {
 	ex := c.pool.Get().(*Exchange)
 	ex.req = req
@@ -358,10 +367,10 @@ func (c *Core) Begin(req Request) *Exchange {
 	return ex
 }
 
-// Release ends the exchange. A reservation the engine never completed (the
+// release ends the exchange. A reservation never completed (the
 // application panicked, the engine gave up) is released, so that the retry
-// runs. The Exchange must not be used after.
-func (ex *Exchange) Release() {
+// runs; a fill lock is given up. The Exchange must not be used after.
+func (ex *Exchange) release() {
 	if ex.reserved {
 		ex.c.region.Responses().Release(ex.tk)
 		ex.c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
@@ -397,9 +406,10 @@ func (ex *Exchange) Decide() Verdict {
 	if v, done := ex.idempotency(); done && v == Respond {
 		return v
 	}
-	if v, done := ex.cache(); done {
+	if v, done := ex.cache(); done && v == Respond {
 		return v
 	}
+	ex.passed = true
 	return Pass
 }
 
@@ -454,17 +464,13 @@ func (ex *Exchange) Fields() []Field { return ex.fields }
 // Response is the core's own answer (Respond).
 func (ex *Exchange) Response() *Response { return &ex.resp }
 
-// ForwardPath is the path to forward upstream: the request's, with dot
-// segments removed and slashes merged; everything else as sent.
-func (ex *Exchange) ForwardPath() string { return ex.forward }
-
-// Record reports whether the engine must record the application's response
-// and keep up to max bytes of its body (a reserved idempotency key, a
-// cache fill); it then gives it back with Complete. max is 0 when only the
-// status and fields are needed (an unsafe request to a cached path): such
-// a request needs no body kept and need not outlive its client, where one
-// with a body to keep runs to its end for the retry or the cache.
-func (ex *Exchange) Record() (max int64, ok bool) {
+// record reports whether the application's response is recorded for the
+// stages, and how much of its body is kept (a reserved idempotency key, a
+// cache fill); max is 0 when only the status and fields are needed (an
+// unsafe request to a cached path): such a request needs no body kept and
+// need not outlive its client, where one with a body to keep runs to its
+// end for the retry or the cache.
+func (ex *Exchange) record() (max int64, ok bool) {
 	switch {
 	case ex.reserved:
 		return ex.idem.maxBody, true
@@ -478,12 +484,6 @@ func (ex *Exchange) Record() (max int64, ok bool) {
 
 // clock is the instant the exchange decides at, read by Begin.
 func (ex *Exchange) clock() time.Duration { return ex.now }
-
-// Done counts the response the engine sent for the request, with its
-// status, and its duration from Begin (Core.Responded).
-func (ex *Exchange) Done(status int) {
-	ex.c.Responded(status, ex.c.now()-ex.now)
-}
 
 // Responded counts a response a worker sent, in the statistics: by status
 // code, and its duration (from when the request was read to when the

@@ -1,21 +1,25 @@
-// Package core is preforkd's decision core: what happens to a request
-// before the application sees it, with no HTTP engine's types in it.
-// Rate limiting, idempotent replay and the response cache are its stages,
-// in that order, over a small view of the request ([Request]) that each
-// engine's adapter implements; the same rules therefore give the same
-// answers, byte for byte, on every engine.
+// Package core runs each request of preforkd from its verdict to its end:
+// the rate limits, idempotent replay and the response cache are its
+// stages, in that order, over a small view of the request ([Request]) that
+// each engine implements; what the application answered is told back to
+// it, and it stores, counts and releases. An engine only carries bytes:
+// the same rules give the same answers, byte for byte, on every engine.
 //
-// Per worker process, once: [New] over a joined shm.Region. Per request:
+// Per worker process, once: [New] over a joined shm.Region. Per request,
+// the protocol every engine follows (run.go has it in full):
 //
 //	ex := c.Begin(req)
-//	defer ex.Release()
 //	if ex.Decide() == core.Respond {
-//		// write ex.Response()
+//		// send ex.Response()
+//	} else {
+//		// forward as ex.Forward() says; then send ex.Failed(...) for no
+//		// response, or what ex.Head(status, header) returns instead of
+//		// the application's response, or that response with ex.Fields()
+//		// added, telling ex.Body each piece of its body
 //	}
-//	// forward to ex.ForwardPath() with ex.Fields() on the response; if
-//	// ex.Record() asks, tee the response and give it to ex.Complete.
-//	// Count the response sent: ex.Done(status) (or c.Responded for an
-//	// answer of the engine's own); an upstream failure: c.UpstreamFailed.
+//	if ex.Finish(err) {
+//		// refresh the stale response just served, in the background
+//	}
 //
 // What the core decides is counted in the region's statistics (package
 // metrics), in this worker's row, so that every engine counts alike; the
@@ -31,23 +35,4 @@
 // every process. Decide allocates nothing for a request that no rule or
 // block matches, and nothing but the fingerprint's hash state for most
 // that one does; a cache hit allocates nothing.
-//
-// # What an engine does for the response cache
-//
-// Beside the steps above, an adapter that serves [Cache] blocks:
-//
-//   - forwards a request for which [Exchange.Unconditional] is true
-//     without the fields [UnconditionalFields] lists (the response fills
-//     the cache and must be whole);
-//   - fills [Recorded.Header] with every field line of the response it
-//     records;
-//   - asks [Exchange.Fallback] before it sends a 500, 502, 503 or 504 of
-//     the application's (or its own, when the application gave no
-//     response) and sends what it returns instead, then completes with
-//     Recorded.Failed;
-//   - after it sent a Respond answer for which [Exchange.Refresh] is true,
-//     forwards a copy of the request in the background (unconditional, no
-//     body), records its response, calls Complete and only then Release.
-//
-// core/nethttp does all of it for net/http; its tests are the reference.
 package core

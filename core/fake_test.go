@@ -1,6 +1,8 @@
 package core_test
 
 import (
+	"bytes"
+	"errors"
 	"net/netip"
 	"net/textproto"
 	"strings"
@@ -52,10 +54,88 @@ func (r *fakeReq) Gone() bool { return false }
 // decide runs one request through c and reports its status: the
 // application's 200 for Pass.
 func decide(c *core.Core, r *fakeReq) int {
-	ex := c.Begin(r)
-	defer ex.Release()
-	if ex.Decide() == core.Pass {
-		return 200
+	return serve(c, r, func(core.Forward) fakeResp { return fakeResp{status: 200} }).status
+}
+
+// fakeResp is the application's response in the fake engine.
+type fakeResp struct {
+	status int
+	header fakeHeader
+	body   []byte
+	cut    bool // the body broke off
+	none   bool // no response at all (the upstream was unreachable)
+}
+
+// fakeHeader is a response header as the fake engine holds it.
+type fakeHeader []core.Field
+
+func (h fakeHeader) Each(f func(name, value []byte)) {
+	for _, fl := range h {
+		f([]byte(fl.Name), fl.Value)
 	}
-	return ex.Response().Status
+}
+
+// answer is what the fake engine's client got.
+type answer struct {
+	status int
+	header fakeHeader
+	body   []byte
+}
+
+// get is the value of the first field called name.
+func (a answer) get(name string) string {
+	for _, f := range a.header {
+		if strings.EqualFold(f.Name, name) {
+			return string(f.Value)
+		}
+	}
+	return ""
+}
+
+func answerOf(r *core.Response) answer {
+	a := answer{status: r.Status, body: bytes.Clone(r.Body)}
+	for _, f := range r.Fields {
+		a.header = append(a.header, core.Field{Name: f.Name, Value: bytes.Clone(f.Value)})
+	}
+	return a
+}
+
+var errCut = errors.New("fake: the body broke off")
+
+// serve runs one request through c as every engine does (the protocol in
+// core's run.go), with app as the application; a background refresh the
+// core asks for is made at once, with the same app. It reports what the
+// client got.
+func serve(c *core.Core, r *fakeReq, app func(core.Forward) fakeResp) answer {
+	ex := c.Begin(r)
+	var a answer
+	var err error
+	if ex.Decide() == core.Respond {
+		a = answerOf(ex.Response())
+	} else {
+		a, err = forward(ex, app)
+	}
+	if ex.Finish(err) {
+		_, err = forward(ex, app)
+		ex.Finish(err)
+	}
+	return a
+}
+
+// forward gives the application the request that passed, and the core
+// its response.
+func forward(ex *core.Exchange, app func(core.Forward) fakeResp) (answer, error) {
+	resp := app(ex.Forward())
+	if resp.none {
+		return answerOf(ex.Failed(core.UpstreamConnect, "fake", errors.New("fake: down"))), nil
+	}
+	if r := ex.Head(resp.status, resp.header); r != nil {
+		return answerOf(r), nil
+	}
+	a := answer{status: resp.status, header: append(append(fakeHeader(nil), resp.header...), ex.Fields()...), body: resp.body}
+	ex.Body(resp.body)
+	if resp.cut {
+		return a, errCut
+	}
+	return a, nil
 }

@@ -265,18 +265,18 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q shm.Quota, fp shm.Fingerprint
 	}
 }
 
-// Complete gives the core what the application answered a request that
-// Record asked to record. A reserved idempotency key's response is stored
+// complete gives the stages what the application answered a request that
+// record asked to record. A reserved idempotency key's response is stored
 // for replay, recorded as not replayable, or the reservation released so
 // that a retry runs again (5xx, 408, 429, or no whole response); a cache
 // fill's response is stored if it may be; a successful unsafe request
 // invalidates the cached responses of its URL.
-func (ex *Exchange) Complete(rec *Recorded) {
+func (ex *Exchange) complete(rec *recorded) {
 	ex.completeIdem(rec)
 	ex.completeCache(rec)
 }
 
-func (ex *Exchange) completeIdem(rec *Recorded) {
+func (ex *Exchange) completeIdem(rec *recorded) {
 	if !ex.reserved {
 		return
 	}
@@ -313,7 +313,7 @@ func (ex *Exchange) completeIdem(rec *Recorded) {
 // so that the retry runs; a kept response is replayable unless it went
 // over max_body, the connection was hijacked (what was sent is unknown)
 // or the final status was 101.
-func storable(rec *Recorded) (keep, replayable bool) {
+func storable(rec *recorded) (keep, replayable bool) {
 	switch s := rec.Status; {
 	case rec.Failed:
 		return false, false

@@ -49,15 +49,17 @@ func TestRequestsCountedInTheRegion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// serve takes took from Begin to Finish, refused or not.
 	serve := func(c *core.Core, path, peer string, took time.Duration) int {
 		ex := c.Begin(newReq("GET", path, peer))
-		defer ex.Release()
 		status := 200
 		if ex.Decide() == core.Respond {
 			status = ex.Response().Status
+		} else {
+			ex.Head(200, nil)
 		}
 		now += took
-		ex.Done(status)
+		ex.Finish(nil)
 		return status
 	}
 	got := map[int]int{}

@@ -879,7 +879,7 @@ func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 		return nil, nil
 	}
 	ex := c.Begin(req)
-	defer ex.Release()
+	defer ex.release()
 	if _, refused := ex.checkPath(); refused {
 		return nil, errors.New("core: the request path is not acceptable")
 	}

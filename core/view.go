@@ -76,10 +76,10 @@ type Response struct {
 	Close bool
 }
 
-// Recorded is what an engine saw of the application's response to a
-// request the core asked it to record (Exchange.Record), given back with
-// Exchange.Complete.
-type Recorded struct {
+// recorded is what Head and Body kept of the application's response to a
+// request whose stages need it (Exchange.record), given to them by
+// Finish.
+type recorded struct {
 	// Status is the final status sent to the client (not 1xx but 101).
 	Status int
 	// ContentType and Location are those header fields as sent.

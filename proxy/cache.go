@@ -9,54 +9,29 @@ import (
 	"github.com/preforkd/preforkd/core"
 )
 
-// The engine's part of the response cache (see package core's "What an
-// engine does for the response cache"): a fill is forwarded without
-// conditional fields (request.unconditional), its response recorded with
-// every field (headerFields), a failed one replaced by a stale response
-// (Fallback, in relay, upstreamFailed and runApp), and a stale response
-// refreshed in the background (refresh).
+// The engine's part of a background refresh (core.Exchange.Finish): a
+// stale response the cache served under stale-while-revalidate is fetched
+// again with a copy of its request, its response told to the core.
 
-// isUnconditional reports whether a request field is one a cache fill
-// leaves out.
-func isUnconditional(name []byte) bool {
-	for _, n := range core.UnconditionalFields {
-		if len(n) == len(name) && equalFold(name, n) {
-			return true
-		}
-	}
-	return false
-}
-
-// headerFields copies every field line of h, for core.Recorded.Header:
-// the recording outlives the header it comes from.
-func headerFields(h *fasthttp.ResponseHeader) []core.Field {
-	var out []core.Field
-	for k, v := range h.All() {
-		out = append(out, core.Field{Name: string(k), Value: append([]byte(nil), v...)})
-	}
-	return out
-}
-
-// refresh sends a copy of r upstream in the background, gives the
-// response to ex and releases it: the cache's stale-while-revalidate
-// refresh (core.Exchange.Refresh). The copy is made here, before r goes
-// back to its pool; a request with a body is not refreshed (its lock is
-// given up), nor is one served by Options.App without an upstream.
+// refresh sends a copy of r upstream in the background and tells ex its
+// response. The copy is made here, before r goes back to its pool; a
+// request with a body is not refreshed (its lock is given up), nor is one
+// served by Options.App without an upstream, nor one that arrives while
+// the server drains.
 func (s *Server) refresh(r *request, ex *core.Exchange) {
 	if s.up == nil || !r.body.done || len(r.body.bytes()) > 0 || s.draining.Load() {
-		ex.Release()
+		ex.Finish(core.ErrNoRefresh)
 		return
 	}
-	r.unconditional, r.forward = true, ex.ForwardPath()
+	r.fwd = ex.Forward()
 	head := r.appendHead(nil)
 	s.background.Add(1)
 	go s.fetchInBackground(head, ex)
 }
 
-// fetchInBackground sends head upstream and records the response for ex.
+// fetchInBackground sends head upstream and tells ex the response.
 func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 	defer s.background.Done()
-	defer ex.Release()
 	var h fasthttp.ResponseHeader
 	var uc *upConn
 	for attempt := 0; ; attempt++ {
@@ -77,12 +52,12 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 			}
 		}
 		s.warn(warnUpstreamDown, "upstream failed a cache refresh", "upstream", s.up.t.addr, "err", err)
+		ex.Finish(err)
 		return
 	}
 	status := h.StatusCode()
-	max, _ := ex.Record()
-	rec := newRecorder(max, status, &h)
-	ub := &upBody{s: s, uc: uc, reusable: !h.ConnectionClose(), rec: rec}
+	ex.Head(status, (*upHeader)(&h))
+	ub := &upBody{s: s, uc: uc, reusable: !h.ConnectionClose(), ex: ex}
 	switch length := h.ContentLength(); {
 	case status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified:
 		ub.eof = true
@@ -94,19 +69,9 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 	default:
 		ub.untilClose, ub.reusable = true, false
 	}
-	bp := tunnelBufPool.Get().(*[]byte)
-	for !ub.eof && ub.err == nil {
-		_, _ = ub.Read(*bp)
-	}
-	tunnelBufPool.Put(bp)
-	var failed error
-	if ub.eof {
-		failed = s.upDone(uc, ub.reusable)
-	} else {
-		uc.Conn.Close()
-		failed = errors.New("incomplete")
-	}
-	rec.complete(ex, failed)
+	ub.drain()
+	ub.end()
+	ex.Finish(ub.failed)
 }
 
 // waitBackground waits for the background refreshes, or for ctx.
@@ -123,3 +88,6 @@ func (s *Server) waitBackground(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// errAppStream is an application's streamed body that broke off.
+var errAppStream = errors.New("proxy: the application's body stream failed")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"syscall"
@@ -134,8 +135,10 @@ func (c *conn) Close() error {
 		if r := c.early; r != nil && r.ex != nil {
 			// The body of a request that expect let go on could not be
 			// read: the handler never ran.
+			// fasthttp answered it 400: the exchange ends so.
 			c.early = nil
-			r.ex.Release()
+			r.ex.Refuse(http.StatusBadRequest, "the request body could not be read", true)
+			r.ex.Finish(nil)
 		}
 		if c.linger && !c.mute {
 			lingerClose(c.Conn)

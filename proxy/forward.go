@@ -19,21 +19,14 @@ import (
 // forward sends r upstream and makes the upstream's response the answer.
 func (s *Server) forward(r *request, ex *core.Exchange) {
 	ctx := r.ctx
-	var fields []core.Field
-	if ex != nil {
-		fields = ex.Fields()
-	}
 	if err := r.body.readAhead(r, readAheadBytes); err != nil {
-		s.refuse(ctx, bodyProblem(err), fields)
-		release(ex)
+		s.refuseAfter(r, ex, bodyProblem(err))
 		return
 	}
 	if r.upgrade && !r.body.done {
-		s.refuse(ctx, &badRequest{http.StatusBadRequest, "an upgrade request with a long body", true}, fields)
-		release(ex)
+		s.refuseAfter(r, ex, &badRequest{http.StatusBadRequest, "an upgrade request with a long body", true})
 		return
 	}
-	r.unconditional = ex != nil && ex.Unconditional()
 	r.head = r.appendHead(r.head[:0])
 	streamed := !r.body.done
 	if !streamed {
@@ -67,60 +60,58 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		var be *bodyError
 		switch {
 		case errors.As(err, &be):
-			s.refuse(ctx, bodyProblem(be.err), fields)
+			s.refuseAfter(r, ex, bodyProblem(be.err))
 		case attempt == 0 && uc != nil && uc.reused && !streamed && r.retryable() && staleConn(err):
 			// The upstream had closed the idle connection: nothing was
 			// done with the request, which goes on a new one.
 			continue
 		default:
-			s.upstreamFailed(ctx, ex, err, fields)
+			s.respond(ctx, ex.Failed(s.upstreamFailed(err), s.up.t.addr, err))
+			s.finish(r, ex, nil)
 		}
-		release(ex)
 		return
 	}
-	s.relay(r, ex, uc, fields)
+	s.relay(r, ex, uc)
+}
+
+// refuseAfter answers a request that passed the core with a problem of
+// the server's own, when its body cannot be read.
+func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *badRequest) {
+	s.count.badRequests.Add(1)
+	s.respond(r.ctx, ex.Refuse(b.status, b.detail, b.closeConn))
+	s.finish(r, ex, nil)
 }
 
 // relay makes the upstream response read into r.up the answer, and streams
 // its body from uc unless it is already read.
-func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.Field) {
+func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn) {
 	ctx, up := r.ctx, &r.up
 	status := up.StatusCode()
 	if status == http.StatusSwitchingProtocols && !r.upgrade {
 		uc.Conn.Close()
-		s.upstreamFailed(r.ctx, ex, errors.New("proxy: the upstream switched protocols unasked"), fields)
-		release(ex)
+		err := errors.New("proxy: the upstream switched protocols unasked")
+		s.count.upstreamErrors.Add(1)
+		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.t.addr, err))
+		s.finish(r, ex, nil)
 		return
 	}
-	if status >= 500 && ex != nil {
-		if fb := ex.Fallback(status); fb != nil {
-			// stale-if-error: the cache's stale response goes instead;
-			// the upstream's body is not read, nor its connection kept.
-			uc.Conn.Close()
-			s.respond(ctx, fb)
-			ex.Complete(&core.Recorded{Status: status, Failed: true})
-			release(ex)
-			return
-		}
+	if replaced := ex.Head(status, (*upHeader)(up)); replaced != nil {
+		// stale-if-error: the cache's stale response goes instead; the
+		// upstream's body is not read, nor its connection kept.
+		uc.Conn.Close()
+		s.respond(ctx, replaced)
+		s.finish(r, ex, nil)
+		return
 	}
 	resp := &ctx.Response
 	reusable := !up.ConnectionClose()
 	length := up.ContentLength()
 	copyResponseHeader(&resp.Header, up, status == http.StatusSwitchingProtocols)
-	setFields(resp, fields)
+	setFields(resp, ex.Fields())
 
-	var rec *recorder
-	if ex != nil {
-		if max, ok := ex.Record(); ok {
-			rec = newRecorder(max, status, up)
-		}
-	}
 	if status == http.StatusSwitchingProtocols {
 		s.tunnel(r, uc)
-		if rec != nil {
-			ex.Complete(&core.Recorded{Status: status, Hijacked: true})
-		}
-		release(ex)
+		s.finish(r, ex, nil)
 		return
 	}
 	if r.ctx.IsHead() || status < 200 || status == http.StatusNoContent || status == http.StatusNotModified {
@@ -134,8 +125,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 		if length >= 0 {
 			resp.Header.SetContentLength(length)
 		}
-		rec.complete(ex, s.upDone(uc, reusable))
-		release(ex)
+		s.finish(r, ex, s.upDone(uc, reusable))
 		return
 	}
 	if length >= 0 && length <= uc.br.Buffered() {
@@ -143,14 +133,13 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 		// connection is free for another request at once.
 		b, _ := uc.br.Peek(length)
 		resp.SetBody(b)
-		rec.write(b)
+		ex.Body(b)
 		_, _ = uc.br.Discard(length)
-		rec.complete(ex, s.upDone(uc, reusable))
-		release(ex)
+		s.finish(r, ex, s.upDone(uc, reusable))
 		return
 	}
 	ub := bodyPool2.Get().(*upBody)
-	*ub = upBody{s: s, uc: uc, reusable: reusable, ex: ex, rec: rec, req: r}
+	*ub = upBody{s: s, uc: uc, reusable: reusable, ex: ex, req: r}
 	r.streaming = true
 	switch {
 	case length >= 0:
@@ -172,6 +161,24 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn, fields []core.
 	// body, as nginx does, rather than before anything reached the client.
 	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ub, length)
+}
+
+// upHeader is the upstream's response header as the core reads it.
+type upHeader fasthttp.ResponseHeader
+
+func (h *upHeader) Each(f func(name, value []byte)) {
+	for k, v := range (*fasthttp.ResponseHeader)(h).All() {
+		f(k, v)
+	}
+}
+
+// finish ends the exchange of r (core.Exchange.Finish): err is nil when
+// the response reached its end. A stale response the cache served is then
+// refreshed in the background.
+func (s *Server) finish(r *request, ex *core.Exchange, err error) {
+	if ex.Finish(err) {
+		s.refresh(r, ex)
+	}
 }
 
 // sendUntilClose sends a response of unknown length to an HTTP/1.0
@@ -226,12 +233,6 @@ func (s *Server) upDone(uc *upConn, reusable bool) error {
 
 // errStray is a response the upstream sent more bytes after.
 var errStray = errors.New("proxy: the upstream sent bytes past the end of its response")
-
-func release(ex *core.Exchange) {
-	if ex != nil {
-		ex.Release()
-	}
-}
 
 // readResponseHead reads the final response's header section into h,
 // skipping interim (1xx) responses but 101: they are not forwarded. A
@@ -310,45 +311,20 @@ func (r *request) retryable() bool {
 	return n > 0
 }
 
-// upstreamFailed answers 502 or 504 for an upstream that gave no response,
-// or what the cache has instead (stale-if-error: core.Exchange.Fallback).
-func (s *Server) upstreamFailed(ctx *fasthttp.RequestCtx, ex *core.Exchange, err error, fields []core.Field) {
+// upstreamFailed counts a request the upstream gave no response to in the
+// server's own statistics and says what kind of failure it was.
+func (s *Server) upstreamFailed(err error) core.UpstreamError {
 	var de *dialError
-	status, detail := http.StatusBadGateway, "the application gave no valid response"
 	switch {
 	case errors.As(err, &de):
 		s.count.upstreamErrors.Add(1)
-		s.upstreamWarn(core.UpstreamConnect, warnUpstreamDown, "upstream unreachable", err)
-		detail = "the application is unreachable"
+		return core.UpstreamConnect
 	case isTimeout(err):
 		s.count.upstreamTimeouts.Add(1)
-		s.upstreamWarn(core.UpstreamTimeout, warnUpstreamTimeout, "upstream timed out", err)
-		status, detail = http.StatusGatewayTimeout, "the application did not answer in time"
-	default:
-		s.count.upstreamErrors.Add(1)
-		s.upstreamWarn(core.UpstreamResponse, warnUpstreamDown, "upstream failed", err)
+		return core.UpstreamTimeout
 	}
-	if ex != nil {
-		if fb := ex.Fallback(status); fb != nil {
-			ctx.Response.Reset()
-			s.respond(ctx, fb)
-			ex.Complete(&core.Recorded{Status: status, Failed: true})
-			return
-		}
-	}
-	s.answer(ctx, status, detail, false, fields)
-}
-
-// upstreamWarn reports an upstream failure: to the core, which counts it
-// in the region's statistics and logs it at most once a second per kind
-// across all workers (as every engine's), or, without a core, in this
-// server's log.
-func (s *Server) upstreamWarn(kind core.UpstreamError, w warnKind, msg string, err error) {
-	if c := s.opts.Core; c != nil {
-		c.UpstreamFailed(kind, s.up.t.addr, err)
-		return
-	}
-	s.warn(w, msg, "upstream", s.up.t.addr, "err", err)
+	s.count.upstreamErrors.Add(1)
+	return core.UpstreamResponse
 }
 
 // bodyError is a failure to read the client's request body while it was

@@ -38,10 +38,9 @@ type Options struct {
 	// watches its recycling limits.
 	OnResponse func(status int)
 
-	// Core decides about each request before the application sees it:
-	// rate limits, idempotent replay, the path the application gets. nil
-	// lets every request through, with its path normalized as the core
-	// would (route.Normalize).
+	// Core runs each request (required): rate limits, idempotent replay,
+	// the cache, the path the application gets, the statistics. A core
+	// without rules lets every request through.
 	Core *core.Core
 
 	// ReadHeaderTimeout bounds the reading of a request's header section,
@@ -115,6 +114,9 @@ const (
 // withDefaults validates o and fills in its defaults; up is the parsed
 // Upstream (zero with App).
 func (o Options) withDefaults() (_ Options, up target, err error) {
+	if o.Core == nil {
+		return o, up, errors.New("proxy: Options: Core is nil")
+	}
 	switch {
 	case o.Upstream == "" && o.App == nil:
 		return o, up, errors.New("proxy: Options: neither Upstream nor App is set")

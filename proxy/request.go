@@ -61,15 +61,16 @@ type request struct {
 	path   []byte // the path as sent (the authority dropped from an absolute-form target)
 	query  []byte // without '?'; nil when there is none
 	host   []byte // Host, or the authority of an absolute-form target
-	// forward is the path the upstream gets (the core's ForwardPath).
-	forward string
+	// fwd is how the request is forwarded (the core's Forward): the path,
+	// and the client's fields left out.
+	fwd core.Forward
 
 	upgrade   bool // Connection: upgrade with an Upgrade field
 	absolute  bool // absolute-form target: Host is replaced by its authority
 	hasLength bool // the client sent a Content-Length
-	// unconditional leaves the conditional and range fields out of the
-	// head sent upstream (core.Exchange.Unconditional).
-	unconditional bool
+	// begun: an exchange was begun for the request, and counts its
+	// response; a request refused before one is counted by done.
+	begun bool
 	// ex is the exchange expect began, until serve takes it.
 	ex *core.Exchange
 	// streaming: the response body streams once the handler returned;
@@ -413,7 +414,7 @@ func (r *request) appendHead(dst []byte) []byte {
 	dst = append(dst, r.method...)
 	dst = append(dst, ' ')
 	dst = append(dst, r.s.up.t.prefix...)
-	dst = append(dst, r.forward...)
+	dst = append(dst, r.fwd.Path...)
 	if r.query != nil {
 		dst = append(dst, '?')
 		dst = append(dst, r.query...)
@@ -431,7 +432,7 @@ func (r *request) appendHead(dst []byte) []byte {
 	for _, f := range r.fields {
 		switch f.kind {
 		case kindOther:
-			if r.unconditional && isUnconditional(r.raw[f.name.from:f.name.to]) {
+			if len(r.fwd.Drop) > 0 && r.fwd.Dropped(b2s(r.raw[f.name.from:f.name.to])) {
 				continue
 			}
 		case kindHost:

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/route"
 )
 
 // Server is an HTTP/1.1 server that forwards requests to one upstream (or
@@ -283,16 +281,15 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 		s.done(r)
 		return bad.status
 	}
-	if c := s.opts.Core; c != nil {
-		ex := c.Begin(r)
-		if ex.DecideHead() == core.Respond {
-			s.respond(ctx, ex.Response())
-			ex.Release()
-			s.done(r)
-			return ctx.Response.StatusCode()
-		}
-		r.ex = ex
+	ex := s.opts.Core.Begin(r)
+	r.begun = true
+	if ex.DecideHead() == core.Respond {
+		s.respond(ctx, ex.Response())
+		s.finish(r, ex, nil)
+		s.done(r)
+		return ctx.Response.StatusCode()
 	}
+	r.ex = ex
 	r.c.early = r
 	return fasthttp.StatusContinue
 }
@@ -321,40 +318,21 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		s.refuse(ctx, bad, nil)
 		return
 	}
-	var ex *core.Exchange
-	if c := s.opts.Core; c != nil {
-		ex = c.Begin(r)
-	}
-	s.serveParsed(r, ex)
+	r.begun = true
+	s.serveParsed(r, s.opts.Core.Begin(r))
 }
 
-// serveParsed serves a request whose head was parsed, with its exchange
-// (nil without a core).
+// serveParsed runs a request whose head was parsed through the core: its
+// answer, or the application's.
 func (s *Server) serveParsed(r *request, ex *core.Exchange) {
-	ctx := r.ctx
 	r.ex = nil
 	r.body.reset(r)
-	if ex != nil {
-		if ex.Decide() == core.Respond {
-			s.respond(ctx, ex.Response())
-			if ex.Refresh() {
-				s.refresh(r, ex)
-			} else {
-				ex.Release()
-			}
-			return
-		}
-		r.forward = ex.ForwardPath()
-	} else {
-		// The path as the core would pass it on, and the same refusal.
-		_, fwd, err := route.Normalize(r.Path())
-		if err != nil {
-			detail := strings.TrimPrefix(err.Error(), "route: bad request path: ")
-			s.refuse(ctx, &badRequest{http.StatusBadRequest, "the request path is not acceptable: " + detail, false}, nil)
-			return
-		}
-		r.forward = fwd
+	if ex.Decide() == core.Respond {
+		s.respond(r.ctx, ex.Response())
+		s.finish(r, ex, nil)
+		return
 	}
+	r.fwd = ex.Forward()
 	if s.up == nil {
 		s.runApp(r, ex)
 		return
@@ -362,14 +340,12 @@ func (s *Server) serveParsed(r *request, ex *core.Exchange) {
 	s.forward(r, ex)
 }
 
-// done ends a request's handler: the response is counted here, whatever
-// answered it (this server, the core, the upstream or the application).
+// done ends a request's handler. A response of the server's own, to a
+// request refused before the core saw it, is counted here; the core
+// counts the others when their exchange ends.
 func (s *Server) done(r *request) {
-	// Counted before the draining check: a count that trips a worker's
-	// recycling limit starts its drain, and this response already says
-	// Connection: close.
-	if c := s.opts.Core; c != nil {
-		c.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
+	if !r.begun {
+		s.opts.Core.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
 	}
 	if s.opts.OnResponse != nil {
 		s.opts.OnResponse(r.ctx.Response.StatusCode())
@@ -380,8 +356,8 @@ func (s *Server) done(r *request) {
 	r.body.release()
 	if r.streaming {
 		// The response body streams after the handler returned, and the
-		// exchange it completes still reads the request (a Vary
-		// variant's key): the request goes back to the pool with it
+		// exchange it ends still reads the request (a Vary variant's
+		// key): the request goes back to the pool with it
 		// (upBody.CloseWithError). fasthttp keeps the request's bytes
 		// until the response is written.
 		return
@@ -391,9 +367,10 @@ func (s *Server) done(r *request) {
 
 // recycle puts a request whose exchange is over back in the pool.
 func (s *Server) recycle(r *request) {
-	r.ctx, r.c = nil, nil
-	r.raw, r.fields, r.method, r.path, r.query, r.host, r.forward = nil, nil, nil, nil, nil, nil, ""
-	r.upgrade, r.absolute, r.unconditional, r.streaming, r.ex = false, false, false, false, nil
+	r.ctx, r.c, r.ex = nil, nil, nil
+	r.raw, r.fields, r.method, r.path, r.query, r.host = nil, nil, nil, nil, nil, nil
+	r.fwd = core.Forward{}
+	r.upgrade, r.absolute, r.begun, r.streaming = false, false, false, false
 	s.requests.Put(r)
 }
 
@@ -405,9 +382,9 @@ func isOptionsAsterisk(ctx *fasthttp.RequestCtx) bool {
 // runApp serves a request that passed the core with Options.App.
 func (s *Server) runApp(r *request, ex *core.Exchange) {
 	ctx := r.ctx
-	if r.forward != b2s(r.path) {
+	if r.fwd.Path != b2s(r.path) {
 		// The application gets the path the core passes on.
-		r.head = append(r.head[:0], r.forward...)
+		r.head = append(r.head[:0], r.fwd.Path...)
 		if r.query != nil {
 			r.head = append(r.head, '?')
 			r.head = append(r.head, r.query...)
@@ -420,53 +397,73 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	} else if r.body.stream != nil {
 		r.c.bodyTimeout = s.opts.ClientBodyTimeout
 	}
-	if ex == nil {
-		s.opts.App(ctx)
-		return
-	}
-	if ex.Unconditional() {
-		for _, n := range core.UnconditionalFields {
-			ctx.Request.Header.Del(n)
-		}
+	for _, n := range r.fwd.Drop {
+		ctx.Request.Header.Del(n)
 	}
 	s.opts.App(ctx)
-	if st := ctx.Response.StatusCode(); st >= 500 && !ctx.Hijacked() {
-		if fb := ex.Fallback(st); fb != nil {
-			ctx.Response.Reset()
-			s.respond(ctx, fb)
-			ex.Complete(&core.Recorded{Status: st, Failed: true})
-			ex.Release()
-			return
-		}
-	}
-	setFields(&ctx.Response, ex.Fields())
-	max, rec := ex.Record()
-	if !rec {
-		ex.Release()
+	resp := &ctx.Response
+	if ctx.Hijacked() {
+		ex.Head(fasthttp.StatusSwitchingProtocols, nil)
+		s.finish(r, ex, nil)
 		return
 	}
-	if ctx.Response.IsBodyStream() {
-		// The application streams: what it sent is unknown here.
-		ex.Complete(&core.Recorded{Status: ctx.Response.StatusCode(), Overflow: true})
-		ex.Release()
+	if replaced := ex.Head(resp.StatusCode(), (*upHeader)(&resp.Header)); replaced != nil {
+		resp.Reset()
+		s.respond(ctx, replaced)
+		s.finish(r, ex, nil)
 		return
 	}
-	b := ctx.Response.Body()
-	rc := core.Recorded{
-		Status:      ctx.Response.StatusCode(),
-		ContentType: string(ctx.Response.Header.ContentType()),
-		Header:      headerFields(&ctx.Response.Header),
-		Overflow:    int64(len(b)) > max,
-		Hijacked:    ctx.Hijacked(),
+	setFields(resp, ex.Fields())
+	if resp.IsBodyStream() {
+		// The application streams: the exchange ends with its stream.
+		ab := &appBody{s: s, r: r, ex: ex, body: resp.BodyStream()}
+		r.streaming = true
+		resp.SetBodyStream(ab, resp.Header.ContentLength())
+		return
 	}
-	if loc, n := headerOf(&ctx.Response, "Location"); n > 0 {
-		rc.Location = string(loc)
+	ex.Body(resp.Body())
+	s.finish(r, ex, nil)
+}
+
+// appBody is an application's streamed response body, told to the core
+// as fasthttp sends it.
+type appBody struct {
+	s    *Server
+	r    *request
+	ex   *core.Exchange
+	body io.Reader
+	err  error
+}
+
+func (b *appBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	if n > 0 {
+		b.ex.Body(p[:n])
 	}
-	if !rc.Overflow {
-		rc.Body = b
+	if err != nil && err != io.EOF {
+		b.err = err
 	}
-	ex.Complete(&rc)
-	ex.Release()
+	return n, err
+}
+
+// CloseWithError ends the exchange once fasthttp sent the body (or the
+// client failed).
+func (b *appBody) CloseWithError(werr error) error {
+	if c, ok := b.body.(interface{ CloseWithError(error) error }); ok {
+		_ = c.CloseWithError(werr)
+	} else if c, ok := b.body.(io.Closer); ok {
+		_ = c.Close()
+	}
+	err := b.err
+	if err == nil {
+		err = werr
+	}
+	if err != nil {
+		err = errAppStream
+	}
+	b.s.finish(b.r, b.ex, err)
+	b.s.recycle(b.r)
+	return nil
 }
 
 // fasthttpLogger sends fasthttp's own log lines (errors it met serving a

@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/preforkd/preforkd/core"
 )
 
@@ -23,7 +21,6 @@ type upBody struct {
 	uc       *upConn
 	reusable bool // the connection may serve another request after the body
 	ex       *core.Exchange
-	rec      *recorder
 	req      *request // recycled with the body; nil for a background refresh
 
 	left       int64 // bytes left: of the body, or of the current chunk
@@ -32,6 +29,7 @@ type upBody struct {
 	crlf       bool // a chunk's CRLF is due before the next size line
 	eof        bool // the body was read to its end
 	err        error
+	failed     error // why the response was not whole, once ended
 }
 
 var bodyPool2 = sync.Pool{New: func() any { return new(upBody) }}
@@ -46,7 +44,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.read(p)
 	if n > 0 {
-		b.rec.write(p[:n])
+		b.ex.Body(p[:n])
 	}
 	switch {
 	case err == io.EOF:
@@ -54,7 +52,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	case err != nil:
 		b.err = err
 		b.s.count.upstreamAborts.Add(1)
-		b.s.upstreamWarn(core.UpstreamBroken, warnUpstreamAbort, "upstream response cut off", err)
+		b.s.opts.Core.UpstreamFailed(core.UpstreamBroken, b.s.up.t.addr, err)
 	}
 	return n, err
 }
@@ -118,34 +116,44 @@ func (b *upBody) read(p []byte) (int, error) {
 }
 
 // CloseWithError ends the body: the connection goes back to the pool if
-// the body was read to its end, the core gets what was recorded. A
-// response whose body is kept is read to its end even when the client
-// went away (werr): the client's retry (or the cache) will be answered
-// with it.
+// the body was read to its end, and the exchange ends. A response the
+// core keeps is read to its end even when the client went away (werr):
+// the client's retry (or the cache) will be answered with it.
 func (b *upBody) CloseWithError(werr error) error {
-	if werr != nil && b.rec != nil && b.rec.max > 0 && !b.eof && b.err == nil {
-		bp := tunnelBufPool.Get().(*[]byte)
-		for b.err == nil && !b.eof {
-			_, _ = b.Read(*bp)
-		}
-		tunnelBufPool.Put(bp)
+	if werr != nil && b.ex.Keep() && !b.eof && b.err == nil {
+		b.drain()
 	}
-	var failed error
-	if b.eof {
-		failed = b.s.upDone(b.uc, b.reusable)
-	} else {
-		b.uc.Conn.Close()
-		failed = errors.New("incomplete")
-	}
-	b.rec.complete(b.ex, failed)
-	release(b.ex)
+	b.end()
 	if b.req != nil {
+		b.s.finish(b.req, b.ex, b.failed)
 		b.s.recycle(b.req)
 	}
 	*b = upBody{}
 	bodyPool2.Put(b)
 	return nil
 }
+
+// drain reads the rest of the body, telling the core.
+func (b *upBody) drain() {
+	bp := tunnelBufPool.Get().(*[]byte)
+	for b.err == nil && !b.eof {
+		_, _ = b.Read(*bp)
+	}
+	tunnelBufPool.Put(bp)
+}
+
+// end gives the connection back when the body was read to its end, or
+// closes it, and notes in b.failed whether the response was whole.
+func (b *upBody) end() {
+	if b.eof {
+		b.failed = b.s.upDone(b.uc, b.reusable)
+	} else {
+		b.uc.Conn.Close()
+		b.failed = errIncomplete
+	}
+}
+
+var errIncomplete = errors.New("proxy: the response did not reach its end")
 
 var errBadChunk = errors.New("proxy: malformed chunked response body")
 
@@ -209,50 +217,6 @@ func skipTrailer(br interface {
 		}
 	}
 	return errBadChunk
-}
-
-// recorder keeps what the core asked to see of a response (Exchange.Record).
-// A nil recorder records nothing.
-type recorder struct {
-	max      int64
-	rc       core.Recorded
-	body     []byte
-	overflow bool
-}
-
-func newRecorder(max int64, status int, h *fasthttp.ResponseHeader) *recorder {
-	rec := &recorder{max: max}
-	rec.rc.Status = status
-	rec.rc.ContentType = string(h.ContentType())
-	for k, v := range h.All() {
-		if equalFold(k, "location") {
-			rec.rc.Location = string(v)
-			break
-		}
-	}
-	rec.rc.Header = headerFields(h)
-	return rec
-}
-
-func (rec *recorder) write(p []byte) {
-	if rec == nil || rec.overflow {
-		return
-	}
-	if int64(len(rec.body)+len(p)) > rec.max {
-		rec.overflow, rec.body = true, nil
-		return
-	}
-	rec.body = append(rec.body, p...)
-}
-
-// complete hands the recording to ex; failed means the response did not
-// reach its end.
-func (rec *recorder) complete(ex *core.Exchange, failed error) {
-	if rec == nil || ex == nil {
-		return
-	}
-	rec.rc.Body, rec.rc.Overflow, rec.rc.Failed = rec.body, rec.overflow, failed != nil
-	ex.Complete(&rec.rc)
 }
 
 // isTimeout reports whether err is a timeout (a deadline that passed;

@@ -71,94 +71,72 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := requests.Get().(*request)
 	req.r = r
 	ex := h.c.Begin(req)
-	owned := true // ex is released here, unless a background refresh took it
-	req.sw = statusWriter{w: w}
+	finished := false
 	defer func() {
-		if !req.counted {
-			// The handler panicked (http.ErrAbortHandler from a proxy
-			// whose upstream broke off, say): what the client got is the
-			// status already sent, or, when none was, a server error
-			// (net/http drops the connection). The panic goes on.
-			p := recover()
-			status := req.sw.status
-			if req.rec != nil {
-				status = req.rec.status
-			}
-			if status == 0 {
-				status = http.StatusInternalServerError
-			}
-			req.count(ex, status)
-			if p != nil {
-				defer panic(p)
-			}
+		if finished {
+			return
 		}
-		if owned {
-			ex.Release()
-		}
-		*req = request{}
-		requests.Put(req)
+		// The handler panicked (http.ErrAbortHandler from a proxy whose
+		// upstream broke off, say): the exchange ends with what was sent,
+		// and the panic goes on.
+		p := recover()
+		h.finish(ex, req, errPanicked)
+		panic(p)
 	}()
+	var err error
 	if ex.Decide() == core.Respond {
 		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
 			setFields(w.Header(), ref.Fields)
-			h.opts.Refuse(&req.sw, r, ref)
-			req.count(ex, req.sw.final())
-			return
+			h.opts.Refuse(w, r, ref)
+		} else {
+			writeResponse(w, ex.Response())
 		}
-		writeResponse(w, ex.Response())
-		req.count(ex, ex.Response().Status)
-		if ex.Refresh() {
-			owned = false
-			h.refresh(ex, r)
-		}
-		return
+	} else {
+		err = h.pass(w, r, req, ex)
 	}
+	finished = true
+	h.finish(ex, req, err)
+}
+
+// errPanicked ends the exchange of a handler that panicked.
+var errPanicked = errors.New("nethttp: the handler panicked")
+
+// pass serves a request the core let through with the next handler.
+func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex *core.Exchange) error {
 	setFields(w.Header(), ex.Fields())
-	if fwd := ex.ForwardPath(); fwd != req.Path() {
-		forwardPath(r, fwd)
+	fwd := ex.Forward()
+	if fwd.Path != req.Path() {
+		forwardPath(r, fwd.Path)
 	}
 	if req.body != nil {
 		r.Body = io.NopCloser(bytes.NewReader(req.body))
 	} else if req.bodyRead {
 		r.Body = http.NoBody
 	}
-	if ex.Unconditional() {
-		r = unconditional(r)
-	}
-	max, record := ex.Record()
-	if !record {
-		h.next.ServeHTTP(&req.sw, r)
-		req.count(ex, req.sw.final())
-		return
-	}
-	// A request whose response is kept runs without the client's
-	// cancellation: a client that disconnects does not stop the response
-	// from being stored for its retry (or for the cache). A panic leaves
-	// the reservation to Release.
-	rec := newRecorder(w, max, ex.Fallback)
-	req.rec = rec
-	defer rec.release()
-	if max > 0 {
+	r = dropFields(r, fwd.Drop)
+	rw := &req.rw
+	*rw = writer{w: w, ex: ex, keep: ex.Keep()}
+	if rw.keep {
+		// A request whose response is kept runs without the client's
+		// cancellation: a client that disconnects does not stop the
+		// response from being stored for its retry (or for the cache).
 		r = r.WithContext(context.WithoutCancel(r.Context()))
 	}
-	h.next.ServeHTTP(rec, r)
-	rec.finish()
-	if rec.replaced != nil {
-		// The application failed and the cache has a stale response that
-		// stale-if-error lets it send instead; nothing was sent yet.
-		clear(w.Header())
-		writeResponse(w, rec.replaced)
+	h.next.ServeHTTP(rw, r)
+	rw.finish()
+	return nil
+}
+
+// finish ends the exchange and, when the core asks for one, starts the
+// background refresh of the stale response it served.
+func (h *Handler) finish(ex *core.Exchange, req *request, err error) {
+	r := req.r
+	refresh := ex.Finish(err)
+	*req = request{}
+	requests.Put(req)
+	if refresh {
+		h.refresh(ex, r)
 	}
-	recorded := rec.recorded()
-	ex.Complete(recorded)
-	status := recorded.Status
-	switch {
-	case rec.replaced != nil:
-		status = rec.replaced.Status
-	case recorded.Hijacked && status == 0:
-		status = http.StatusSwitchingProtocols
-	}
-	req.count(ex, status)
 }
 
 // withoutConnectionNamed is r without the fields its Connection field
@@ -198,11 +176,11 @@ func withoutConnectionNamed(r *http.Request) *http.Request {
 	return &r2
 }
 
-// unconditional is r without the fields core.UnconditionalFields names,
-// for a request whose response fills the cache.
-func unconditional(r *http.Request) *http.Request {
+// dropFields is r without the fields names lists, for a request whose
+// response fills the cache (core.Forward.Drop).
+func dropFields(r *http.Request, names []string) *http.Request {
 	has := false
-	for _, n := range core.UnconditionalFields {
+	for _, n := range names {
 		_, ok := r.Header[n]
 		has = has || ok
 	}
@@ -211,40 +189,40 @@ func unconditional(r *http.Request) *http.Request {
 	}
 	r2 := *r
 	r2.Header = r.Header.Clone()
-	for _, n := range core.UnconditionalFields {
+	for _, n := range names {
 		delete(r2.Header, n)
 	}
 	return &r2
 }
 
 // refresh sends a copy of r to the next handler in the background and
-// gives its response to ex, which it then releases: the cache's
-// stale-while-revalidate refresh (core.Exchange.Refresh). The copy has no
-// body (a refresh is a GET) and no conditional fields.
+// tells ex its response: the cache's stale-while-revalidate refresh. The
+// copy has no body (a refresh is a GET) and no conditional fields.
 func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
+	fwd := ex.Forward()
 	r2 := r.Clone(context.WithoutCancel(r.Context()))
-	for _, n := range core.UnconditionalFields {
+	for _, n := range fwd.Drop {
 		delete(r2.Header, n)
 	}
 	r2.Body, r2.ContentLength = http.NoBody, 0
-	if fwd := ex.ForwardPath(); fwd != r2.URL.EscapedPath() {
-		forwardPath(r2, fwd)
+	if fwd.Path != r2.URL.EscapedPath() {
+		forwardPath(r2, fwd.Path)
 	}
 	h.background.Add(1)
 	go func() {
 		defer h.background.Done()
-		defer ex.Release() // after a panic too: the fill lock is given up
+		err := errPanicked
 		defer func() {
 			// A panicking application must not take the worker down from
-			// a goroutine no server recovers: the refresh is abandoned.
+			// a goroutine no server recovers: the refresh is abandoned,
+			// and its fill lock given up.
 			_ = recover()
+			ex.Finish(err)
 		}()
-		max, _ := ex.Record()
-		rec := newRecorder(&nowhere{header: http.Header{}}, max, nil)
-		defer rec.release()
-		h.next.ServeHTTP(rec, r2)
-		rec.finish()
-		ex.Complete(rec.recorded())
+		rw := &writer{w: &nowhere{header: http.Header{}}, ex: ex, keep: true}
+		h.next.ServeHTTP(rw, r2)
+		rw.finish()
+		err = nil
 	}()
 }
 
@@ -278,15 +256,7 @@ type request struct {
 	r        *http.Request
 	body     []byte
 	bodyRead bool
-	sw       statusWriter // pooled with the request: no allocation per response
-	rec      *recorder    // the recorder of a response the core keeps
-	counted  bool         // the response was counted (core.Exchange.Done)
-}
-
-// count counts the response, with the status the client got, once.
-func (q *request) count(ex *core.Exchange, status int) {
-	q.counted = true
-	ex.Done(status)
+	rw       writer // pooled with the request: no allocation per response
 }
 
 func (q *request) Method() string { return q.r.Method }

@@ -1,0 +1,247 @@
+package core
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+)
+
+// The engine's side of an exchange, from the verdict to the end: what it
+// sends, what it forwards, and what it tells the core of the
+// application's response. The core keeps everything else — the stale
+// response sent instead of a failure, what is recorded for a replay or
+// the cache, the counts, the release — so that every engine runs a
+// request the same way:
+//
+//	ex := c.Begin(req)
+//	if ex.Decide() == core.Respond {
+//		send(ex.Response())
+//	} else {
+//		fwd := ex.Forward() // the path, and the fields to drop and add
+//		// ...send the request to the application...
+//		switch {
+//		case it gave no response:
+//			send(ex.Failed(kind, upstream, err))
+//		case ex.Head(status, header) != nil:
+//			send that instead, discarding the application's
+//		default:
+//			send its head with ex.Fields() added, and each piece of
+//			its body p after ex.Body(p)
+//		}
+//	}
+//	if ex.Finish(err) {
+//		// the exchange lives on for a background refresh: forward a
+//		// copy of the request (no body) the same way, to nobody, then
+//		// ex.Finish once more
+//	}
+
+// Header is a response's header section as an engine holds it.
+type Header interface {
+	// Each calls f with the name and the value of every field line, in
+	// order; the slices are valid during the call only.
+	Each(f func(name, value []byte))
+}
+
+// Forward is how the engine forwards a request that passed.
+type Forward struct {
+	// Path is the path to forward: the request's, with dot segments
+	// removed and slashes merged; everything else goes as sent.
+	Path string
+	// Drop are the fields of the request not to forward (canonical
+	// names): a cache fill's conditional and range fields, since what it
+	// stores must be whole.
+	Drop []string
+}
+
+// Dropped reports whether the field called name (in any case) is one of
+// Drop.
+func (f *Forward) Dropped(name string) bool {
+	for _, d := range f.Drop {
+		if strings.EqualFold(d, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// Forward is how to forward the request, once Decide let it pass.
+func (ex *Exchange) Forward() Forward {
+	f := Forward{Path: ex.forward}
+	if ex.cflags&cFill != 0 {
+		f.Drop = unconditionalFields
+	}
+	return f
+}
+
+// unconditionalFields are what a cache fill leaves out of the request.
+var unconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
+
+// Keep reports whether the application's response must be read to its end
+// even when the client has gone away: it is stored for the client's retry
+// (an idempotency key), or for the cache.
+func (ex *Exchange) Keep() bool {
+	max, ok := ex.record()
+	return ok && max > 0
+}
+
+// Head tells the core the final status and header section of the
+// application's response (a 101 included), before any of it is sent. It
+// returns what to send instead, or nil: a stored response that
+// stale-if-error lets the cache serve in place of a 500, 502, 503 or 504.
+// With a replacement, the application's response is neither sent nor
+// read further; without one, the engine sends it with Fields added.
+func (ex *Exchange) Head(status int, h Header) *Response {
+	ex.status = status
+	if status >= 500 {
+		if fb := ex.fallback(status); fb != nil {
+			ex.rec.Failed = true
+			ex.status = fb.Status
+			return fb
+		}
+	}
+	max, ok := ex.record()
+	if !ok {
+		return nil
+	}
+	ex.recording, ex.recMax = true, max
+	ex.rec.Status = status
+	ex.rec.Hijacked = status == http.StatusSwitchingProtocols
+	if h != nil {
+		h.Each(ex.recordField)
+	}
+	return nil
+}
+
+// recordField keeps a field line of a recorded response.
+func (ex *Exchange) recordField(name, value []byte) {
+	f := Field{Name: string(name), Value: append([]byte(nil), value...)}
+	ex.rec.Header = append(ex.rec.Header, f)
+	switch {
+	case ex.rec.ContentType == "" && strings.EqualFold(f.Name, "Content-Type"):
+		ex.rec.ContentType = string(value)
+	case ex.rec.Location == "" && strings.EqualFold(f.Name, "Location"):
+		ex.rec.Location = string(value)
+	}
+}
+
+// Body tells the core a piece of the response body as it is sent (or, in
+// a background refresh, read). Only what the core records is kept.
+func (ex *Exchange) Body(p []byte) {
+	if !ex.recording || ex.rec.Overflow {
+		return
+	}
+	if int64(len(ex.rec.Body)+len(p)) > ex.recMax {
+		ex.rec.Overflow, ex.rec.Body = true, nil
+		return
+	}
+	ex.rec.Body = append(ex.rec.Body, p...)
+}
+
+// Failed is the answer to a request the application gave no response to:
+// kind says how it failed (counted, and logged at most once a second per
+// kind across all workers), upstream is its address for the log. The
+// answer is a stale response the cache may serve instead, or a problem:
+// 504 for a timeout, else 502.
+func (ex *Exchange) Failed(kind UpstreamError, upstream string, err error) *Response {
+	ex.c.UpstreamFailed(kind, upstream, err)
+	status, detail := http.StatusBadGateway, "the application gave no valid response"
+	switch kind {
+	case UpstreamConnect:
+		detail = "the application is unreachable"
+	case UpstreamTimeout:
+		status, detail = http.StatusGatewayTimeout, "the application did not answer in time"
+	}
+	ex.rec.Failed = true
+	if fb := ex.fallback(status); fb != nil {
+		ex.status = fb.Status
+		return fb
+	}
+	return ex.Refuse(status, detail, false)
+}
+
+// Refuse is the engine's own problem answer to a request that passed,
+// when it cannot go on with it (its body could not be read, say), with
+// the core's fields; close asks for the connection to be closed after it.
+// The application's response, if any began, is not sent.
+func (ex *Exchange) Refuse(status int, detail string, close bool) *Response {
+	ex.rec.Failed = true
+	ex.status = status
+	ex.respond(&Problem{Status: status, Detail: detail}, close)
+	return &ex.resp
+}
+
+// ErrNoRefresh is what an engine gives Finish when it does not make the
+// refresh the previous Finish asked for: the exchange then ends.
+var ErrNoRefresh = errors.New("core: refresh not made")
+
+// Finish ends the exchange: err is nil when the response reached its end
+// (it was sent whole, or in a refresh, read whole), else why not. What was
+// recorded is stored or let go; the response sent to the client is
+// counted once, with its status and its duration from Begin.
+//
+// Finish reports true when the exchange lives on for a background refresh
+// of the stale response just sent (stale-while-revalidate): the engine
+// forwards a copy of the request, without its body, as Forward says,
+// tells Head and Body what comes back as above, and calls Finish again;
+// an engine that will not (a request with a body, a server shutting down)
+// calls Finish(ErrNoRefresh) at once. The request view is not read during
+// a refresh: the engine may reuse its memory once it made the copy.
+// After Finish reports false, the Exchange must not be used.
+func (ex *Exchange) Finish(err error) (refresh bool) {
+	if ex.refreshing {
+		ex.completeRecorded(err)
+		ex.release()
+		return false
+	}
+	if ex.status == 0 {
+		ex.status = ex.resp.Status // a Respond answer
+	}
+	if ex.status == 0 {
+		// Passed, and the engine was never told of a response (the
+		// application panicked before it wrote one): the client got
+		// none, which is a server error.
+		ex.status = http.StatusInternalServerError
+	}
+	if ex.passed {
+		ex.completeRecorded(err)
+	}
+	if !ex.counted {
+		ex.counted = true
+		ex.c.Responded(ex.status, ex.c.now()-ex.now)
+	}
+	if ex.cflags&cRefresh != 0 {
+		// The stale response was sent; its fill lock is held for the
+		// refresh.
+		ex.refreshing = true
+		ex.rec = recorded{}
+		ex.recording = false
+		return true
+	}
+	ex.release()
+	return false
+}
+
+// completeRecorded gives the core's stages what was recorded, once.
+func (ex *Exchange) completeRecorded(err error) {
+	if _, ok := ex.record(); !ok {
+		return
+	}
+	if err != nil || !ex.recording && !ex.rec.Failed {
+		// No whole response: nothing of it can be stored, and a
+		// reservation is let go for the retry.
+		ex.rec.Failed = true
+	}
+	if ex.rec.Status == 0 {
+		ex.rec.Status = ex.status
+	}
+	ex.complete(&ex.rec)
+}
+
+// Status is the status of the response sent to the client, as far as the
+// core knows it (0 before Head, Failed, Refuse or a Respond verdict).
+func (ex *Exchange) Status() int {
+	if ex.status == 0 {
+		return ex.resp.Status
+	}
+	return ex.status
+}
