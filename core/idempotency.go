@@ -208,7 +208,7 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q shm.Quota, fp shm.Fingerprint
 	c, tab := ex.c, ex.c.region.Responses()
 	var deadline time.Time
 	for waited := false; ; {
-		out, tk, err := tab.Begin(k, q, fp, c.now(), &ex.stored)
+		out, tk, err := tab.Begin(k, q, shm.Quota{}, fp, c.now(), &ex.stored)
 		if errors.Is(err, shm.ErrQuota) {
 			// This client holds its maximum of records: it waits, others
 			// are unaffected.
