@@ -329,7 +329,8 @@ type Idempotency struct {
 	// passed through but not replayable. 0 means 1 MiB.
 	MaxBody Size `toml:"max_body"`
 	// MaxRecords bounds the records one client (by) holds in the block,
-	// in flight or stored; past it the client gets 429. 0 means 1% of
+	// in flight or stored, and those of one client address whatever its
+	// by keys; past either, the client gets 429. 0 means 1% of
 	// table.responses, at least 16 (core.DefaultMaxRecords).
 	MaxRecords int `toml:"max_records"`
 }
