@@ -356,3 +356,46 @@ func TestCanaryStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Workers over max_rss from their start (max_rss at its least, workers
+// holding more): each is recycled at its first response, but the
+// successors judge their memory only after memory recycling's delay, so
+// that 2 slots start 4 workers in all within the window, not a storm; it
+// is reported once, and every request is answered.
+func TestRecycleMaxRSSNoStorm(t *testing.T) {
+	t.Setenv(envTestBallast, "40")
+	cfg := testConfig(2)
+	cfg.Server.MaxRSS = config.MinMaxRSS
+	h := startSupervisor(t, cfg, true, nil)
+	const window = 4 * time.Second // within rssBackoffBase: the successors are not judged yet
+	answered, failed := 0, 0
+	for end := time.Now().Add(window); time.Now().Before(end); {
+		if code, _, err := h.get("/pid", ""); err != nil || code != 200 {
+			failed++
+		} else {
+			answered++
+		}
+	}
+	starts := h.logs.all("worker started")
+	warnings := h.logs.all("worker passed max_rss soon after it started: max_rss may be below what a worker needs; memory recycling backs off")
+	recycled := h.logs.all("worker recycling")
+	t.Logf("%d answered in %v; %d starts, %d recycled", answered, window, len(starts), len(recycled))
+	if failed != 0 {
+		t.Errorf("%d of %d requests failed", failed, answered+failed)
+	}
+	if len(starts) > 4 || len(recycled) == 0 || len(recycled) > 2 {
+		t.Errorf("%d workers started and %d recycled in %v, want at most 4 and 1..2", len(starts), len(recycled), window)
+	}
+	if len(warnings) != 1 {
+		t.Errorf("%d warnings, want 1", len(warnings))
+	}
+	for _, r := range starts[2:] {
+		if fmt.Sprint(r.attrs["memory_checked_after"]) != rssBackoffBase.String() {
+			t.Errorf("a successor started with %v, want memory checked after %v", r.attrs, rssBackoffBase)
+			break
+		}
+	}
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
