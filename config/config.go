@@ -103,7 +103,7 @@ type Server struct {
 	// do not recycle together). 0 means never.
 	MaxRequests int `toml:"max_requests"`
 	// MaxRSS recycles a worker whose resident memory grew past it. 0 (""
-	// in a file) means never.
+	// in a file) means never; otherwise at least MinMaxRSS.
 	MaxRSS SizeLimit `toml:"max_rss"`
 }
 
@@ -329,7 +329,8 @@ type Idempotency struct {
 	// passed through but not replayable. 0 means 1 MiB.
 	MaxBody Size `toml:"max_body"`
 	// MaxRecords bounds the records one client (by) holds in the block,
-	// in flight or stored; past it the client gets 429. 0 means 1% of
+	// in flight or stored, and those of one client address whatever its
+	// by keys; past either, the client gets 429. 0 means 1% of
 	// table.responses, at least 16 (core.DefaultMaxRecords).
 	MaxRecords int `toml:"max_records"`
 }
@@ -382,6 +383,12 @@ const (
 	// overflowing the region's clock.
 	maxTTL = bucket.MaxWindow
 )
+
+// MinMaxRSS is the least server.max_rss: a worker takes about 12 MiB
+// as it starts (more with a large region mapped in, or a handler's
+// caches), and a limit below what it needs to serve would recycle every
+// worker at its first response, in a storm.
+const MinMaxRSS = 32 << 20
 
 // MaxWorkers bounds server.workers: far beyond any machine's CPUs, and
 // within what the region's worker table can hold during a reload (twice

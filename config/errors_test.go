@@ -85,6 +85,8 @@ func TestErrors(t *testing.T) {
 		{"max_requests", "[server]\nmax_requests = -1 # <-\n", "server.max_requests: must not be negative", 0},
 		{"max_rss", "[server]\nmax_rss = \"lots\" # <-\n", `server.max_rss: invalid size "lots"`, 0},
 		{"max_rss bool", "[server]\nmax_rss = true # <-\n", "server.max_rss: want a size", 0},
+		{"max_rss below a worker", "[server]\nmax_rss = \"1MiB\" # <-\n", "server.max_rss: must be at least 32MiB", 0},
+		{"max_rss just below", "[server]\nmax_rss = \"33554431\" # <-\n", "got 33554431", 0},
 
 		// [reload].
 		{"canary string", "[reload]\ncanary = \"yes\" # <-\n", "reload.canary: want true or false, got string", 0},

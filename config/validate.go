@@ -92,6 +92,8 @@ func (c Config) check(r *report) {
 	}
 	if s.MaxRSS < 0 {
 		f("max_rss", "must not be negative, got %d", s.MaxRSS)
+	} else if s.MaxRSS > 0 && s.MaxRSS < MinMaxRSS {
+		f("max_rss", "must be at least %v (a worker takes about 12 MiB as it starts: a limit below what it needs recycles every worker as soon as it serves), or \"\" for no limit; got %v", Size(MinMaxRSS), Size(s.MaxRSS))
 	}
 	c.Reload.check(r)
 

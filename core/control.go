@@ -23,7 +23,11 @@ import (
 // Unlike a Core, a Control needs no worker identity: a supervisor that
 // never serves builds one over the region it created (NewControl); in a
 // worker, Core.Control returns one. It is safe for concurrent use, and
-// every process sharing the region sees what it does at once.
+// every process sharing the region sees what it does at once. The state
+// of a Redis rule is Redis's: a Control looks it up there and resets it
+// there (through Options.Redis, which may be a redisstore.Store over a
+// region this process has not joined); when Redis does not answer, the
+// error wraps redisstore.ErrUnavailable.
 type Control struct{ c *Core }
 
 // NewControl compiles opts over region, which this process need not have
@@ -86,7 +90,11 @@ func (ct *Control) KeyState(rule, key string) (KeyState, error) {
 	now := ct.c.now()
 	vs := ct.variants(ru, ref, value)
 	for _, v := range vs {
-		if d, ok := v.lim.Lookup(v.lim.Key(id), now); ok {
+		d, stored, err := v.state(id, now)
+		if err != nil {
+			return KeyState{}, fmt.Errorf("core: rule %q: %w", rule, err)
+		}
+		if stored {
 			return keyState(ru, ref, v, d, true), nil
 		}
 	}
@@ -97,7 +105,41 @@ func (ct *Control) KeyState(rule, key string) (KeyState, error) {
 	if vs[0] == ru.byKey[value] || ref.Element == "ip" {
 		v = vs[0]
 	}
-	return keyState(ru, ref, v, v.lim.PeekKey(v.lim.Key(id), now), false), nil
+	d, _, err := v.state(id, now)
+	if err != nil {
+		return KeyState{}, fmt.Errorf("core: rule %q: %w", rule, err)
+	}
+	return keyState(ru, ref, v, d, false), nil
+}
+
+// state is the state of the key made of id under v at now: stored
+// reports that v keeps something of it (a slot in the table, a key in
+// Redis); otherwise d is a fresh key's.
+func (v *variant) state(id []byte, now time.Duration) (d bucket.Decision, stored bool, err error) {
+	if v.remote != nil {
+		k := v.remote.Key(id)
+		return v.remote.State(&k, now)
+	}
+	k := v.lim.Key(id)
+	if d, ok := v.lim.Lookup(k, now); ok {
+		return d, true, nil
+	}
+	return v.lim.PeekKey(k, now), false, nil
+}
+
+// reset forgets the key made of id under v: in the table, or for a Redis
+// rule in Redis, in this host's deny cache and sync counts, and in its
+// local share.
+func (v *variant) reset(id []byte, now time.Duration) error {
+	if v.remote == nil {
+		v.lim.ResetKey(v.lim.Key(id), now)
+		return nil
+	}
+	if v.fallback != nil {
+		v.fallback.lim.ResetKey(v.fallback.lim.Key(id), now)
+	}
+	k := v.remote.Key(id)
+	return v.remote.Reset(&k, now)
 }
 
 // ResetKey forgets key under the rule called rule: its next request finds
@@ -113,7 +155,9 @@ func (ct *Control) ResetKey(rule, key string) (before KeyState, err error) {
 	id, value := ct.keyBytes(ru, ref)
 	now := ct.c.now()
 	for _, v := range ct.variants(ru, ref, value) {
-		v.lim.ResetKey(v.lim.Key(id), now)
+		if err := v.reset(id, now); err != nil {
+			return before, fmt.Errorf("core: rule %q: %w", rule, err)
+		}
 	}
 	return before, nil
 }

@@ -162,11 +162,14 @@ type Idempotency struct {
 	// MaxBody is the largest response stored for replay; must be positive.
 	MaxBody int64
 	// MaxRecords bounds the records one client (one namespace: the
-	// block's path and the client's By key) holds, reserved or stored;
-	// past it the client gets 429 and other clients are unaffected. 0
-	// means DefaultMaxRecords of the response table. Clients are counted
-	// in 65,536 buckets (a hash seeded per region): two clients in one
-	// bucket share its budget.
+	// block's path and the client's By key) holds, reserved or stored,
+	// and also those of one client address (the address By's "ip" keys
+	// by, IPv6 masked to the resolver's prefix), whatever By keys its
+	// requests came with: values a client invents for a header never
+	// widen its share. Past either, that client gets 429 and other
+	// clients are unaffected. 0 means DefaultMaxRecords of the response
+	// table. Clients and addresses are counted in 65,536 buckets each (a
+	// hash seeded per region): two in one bucket share its budget.
 	MaxRecords int
 }
 

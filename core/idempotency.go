@@ -35,7 +35,9 @@ type block struct {
 	maxBody  int64
 	ns       uint64 // key namespace: the block's path, so that reloads keep records
 	// maxRecords bounds the records of one client (one account: a hash of
-	// the namespace and the client's `by` key).
+	// the namespace and the client's `by` key), and those of one client
+	// address (an account of the address set: a hash of the namespace and
+	// the address as rules key it).
 	maxRecords int
 	problems   [nProblems]Problem
 }
@@ -166,6 +168,7 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 	// The client's account: a hash of the namespace and its by key, seeded
 	// per region, so that nobody can aim keys at another client's bucket.
 	acct := uint16(c.region.Counters().KeyOf(b.ns^accountSalt, id).A)
+	addr := ex.addrQuota(b)
 	id = append(id, 0)
 	id, kp := parseKey(id, first, lines)
 	if kp != keyOK {
@@ -181,11 +184,31 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 		return ex.idemProblem(b, problemUnreadable)
 	}
 	k := c.region.Counters().KeyOf(b.ns, id)
-	return ex.reserve(b, k, shm.Quota{Account: acct, Max: b.maxRecords}, ex.fingerprint(body))
+	return ex.reserve(b, k, shm.Quota{Account: acct, Max: b.maxRecords}, addr, ex.fingerprint(body))
 }
 
-// accountSalt keeps a client's account hash apart from its keys' hashes.
-const accountSalt = 0x6163636f756e7473 // "accounts"
+// Salts keep a client's account hash and its address's apart from its
+// keys' hashes.
+const (
+	accountSalt = 0x6163636f756e7473 // "accounts"
+	addrSalt    = 0x6164647265737373 // "addresss"
+)
+
+// addrQuota is the account of the request's client address in b's
+// namespace, which holds b.maxRecords records at most: the address rules
+// key by (the peer, or the client trusted proxies name; an IPv6 address
+// masked to ipv6_prefix), whatever the request's `by` key is, so that
+// values a client invents for a header never widen its share. A request
+// with no address (none could be known) is charged to no address.
+func (ex *Exchange) addrQuota(b *block) shm.Quota {
+	a := ex.ClientKey()
+	if !a.IsValid() {
+		return shm.Quota{}
+	}
+	a16 := a.As16()
+	acct := uint16(ex.c.region.Counters().KeyOf(b.ns^addrSalt, a16[:]).A)
+	return shm.Quota{Account: acct, Max: b.maxRecords}
+}
 
 // matchBlock returns the first block whose route covers the request.
 func (ex *Exchange) matchBlock() *block {
@@ -204,16 +227,21 @@ func (ex *Exchange) matchBlock() *block {
 // reserve answers a keyed request: it reserves k (Pass), replays the
 // stored response, or refuses; a duplicate of an original in flight waits
 // for it and looks again.
-func (ex *Exchange) reserve(b *block, k shm.Key, q shm.Quota, fp shm.Fingerprint) (Verdict, bool) {
+func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Fingerprint) (Verdict, bool) {
 	c, tab := ex.c, ex.c.region.Responses()
 	var deadline time.Time
 	for waited := false; ; {
-		out, tk, err := tab.Begin(k, q, fp, c.now(), &ex.stored)
-		if errors.Is(err, shm.ErrQuota) {
+		out, tk, err := tab.Begin(k, q, addr, fp, c.now(), &ex.stored)
+		switch {
+		case errors.Is(err, shm.ErrQuota):
 			// This client holds its maximum of records: it waits, others
 			// are unaffected.
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemCapped, 1)
 			return ex.idemProblem(b, problemCapped)
+		case errors.Is(err, shm.ErrAddrQuota):
+			// So does its address, whatever keys it sends.
+			c.row.Add(metrics.IdempotencyRequests, metrics.IdemCapped, 1)
+			return ex.idemProblem(b, problemAddrCapped)
 		}
 		if err != nil {
 			// ErrFull, ErrLockTimeout and ErrRetired (this worker was
@@ -400,6 +428,7 @@ const (
 	problemUnreplayable
 	problemUnavailable
 	problemCapped
+	problemAddrCapped
 	nProblems
 )
 
@@ -457,10 +486,14 @@ func newIdemProblem(p problemKind, b *block, maxReq int64) Problem {
 	case problemUnavailable:
 		status, retry = http.StatusServiceUnavailable, retryFull
 		detail = "this request cannot be made idempotent right now; retry in " + strconv.Itoa(retryFull) + " second"
-	case problemCapped:
+	case problemCapped, problemAddrCapped:
 		status = http.StatusTooManyRequests
 		retry = int(min(int64(retryCapped), int64((b.ttl+time.Second-1)/time.Second)))
-		detail = "you have " + strconv.Itoa(b.maxRecords) + " requests with an " + header +
+		who := "you have "
+		if p == problemAddrCapped {
+			who = "your address has "
+		}
+		detail = who + strconv.Itoa(b.maxRecords) + " requests with an " + header +
 			" in progress or stored, the most allowed; retry in " + strconv.Itoa(retry) + " seconds"
 		return Problem{Status: status, Type: problemQuotaExceeded, Detail: detail, RetryAfter: int64(retry)}
 	}

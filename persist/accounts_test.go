@@ -1,6 +1,7 @@
 package persist
 
 import (
+	"encoding/binary"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -12,9 +13,10 @@ import (
 
 // Accounts are not in a dump: a load charges each restored counter to the
 // account of its rule now (a tier's to its rule's), and each stored
-// response to the account it was dumped with, so that every count equals
-// a walk of the restored table, and a live region migrated to another
-// size keeps them too.
+// response to the accounts it was dumped with (its client's, and its
+// client address's when it had one), so that every count equals a walk of
+// the restored table, and a live region migrated to another size keeps
+// them too.
 func TestLoadCountsAccounts(t *testing.T) {
 	tier := bucket.Rule{Name: "api\x00key\x00gold", Group: "api", Limit: 50, Window: time.Minute, Algorithm: bucket.FixedWindow}
 	rules := []bucket.Rule{login, api, tier}
@@ -34,7 +36,11 @@ func TestLoadCountsAccounts(t *testing.T) {
 	var scratch shm.Response
 	for i := range 20 {
 		q := shm.Quota{Account: uint16(100 + i%3)}
-		_, tk, err := src.Responses().Begin(src.Counters().KeyOf(1, []byte(fmt.Sprint("k", i))), q, fp1, t1, &scratch)
+		addr := shm.Quota{Account: uint16(300 + i%2), Max: 100}
+		if i%5 == 0 {
+			addr = shm.Quota{} // no address known
+		}
+		_, tk, err := src.Responses().Begin(src.Counters().KeyOf(1, []byte(fmt.Sprint("k", i))), q, addr, fp1, t1, &scratch)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,6 +74,30 @@ func TestLoadCountsAccounts(t *testing.T) {
 		if n := r.Responses().Held(100) + r.Responses().Held(101) + r.Responses().Held(102); n != 20 || r.Responses().Held(101) != 7 {
 			t.Fatalf("%s: records held %d (account 101: %d)", what, n, r.Responses().Held(101))
 		}
+		if a, b := r.Responses().AddrHeld(300), r.Responses().AddrHeld(301); a != 8 || b != 8 {
+			t.Fatalf("%s: the addresses hold %d and %d records, want 8 and 8", what, a, b)
+		}
 	}
 	check("loaded", dst)
+}
+
+// A stored response's client-address account travels in the high bits of
+// its flags, which builds before address accounts wrote as 0 and read
+// past: their records load with no address account.
+func TestRecordAddrAccount(t *testing.T) {
+	for _, e := range []shm.StoredEntry{
+		{Account: 7, AddrAccount: 0xfffe, HasAddrAccount: true, Response: created},
+		{Account: 7, AddrAccount: 0, HasAddrAccount: true, Unreplayable: true},
+		{Account: 9},
+	} {
+		b := appendRecord(nil, &e)
+		got, rest, ok := nextRecord(b)
+		if !ok || len(rest) != 0 || got.Account != e.Account || got.AddrAccount != e.AddrAccount ||
+			got.HasAddrAccount != e.HasAddrAccount || got.Unreplayable != e.Unreplayable {
+			t.Errorf("%+v came back as %+v", e, got)
+		}
+		if !e.HasAddrAccount && binary.LittleEndian.Uint32(b[56:]) != 0 {
+			t.Errorf("a record without an address account has flags %#x, as older builds never wrote", binary.LittleEndian.Uint32(b[56:]))
+		}
+	}
 }

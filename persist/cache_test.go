@@ -75,7 +75,7 @@ func TestCacheRoundTrip(t *testing.T) {
 	}
 	// Idempotency records and cache entries of one key stay apart.
 	var got shm.Response
-	if out, _, _ := b.Responses().Begin(kPage, shm.Quota{}, fp1, now, &got); out != shm.Reserved {
+	if out, _, _ := b.Responses().Begin(kPage, shm.Quota{}, shm.Quota{}, fp1, now, &got); out != shm.Reserved {
 		t.Fatalf("an idempotency Begin on a cache key after the restart: %v", out)
 	}
 }

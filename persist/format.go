@@ -61,7 +61,10 @@ import (
 //	16      8     xxhash64 of "preforkd persist.key\x00" + persist.key
 //	24      …     completed responses to the end of the payload, each:
 //	              key A (8) · key B (8) · request fingerprint (32) ·
-//	              expiry, region ns (8) · flags (4: bit 0 not replayable) ·
+//	              expiry, region ns (8) · flags (4: bit 0 not replayable;
+//	              bit 1 the record has a client-address account, which
+//	              bits 16-31 hold; builds before address accounts wrote
+//	              neither, and readers ignore the bits they do not know) ·
 //	              status (2) · content-type length C (2) · location
 //	              length L (2) · account (2: the client's count, see
 //	              shm.Quota; 0 in dumps of builds before accounts, which
@@ -317,7 +320,13 @@ func responsesHead(seed1, seed2 uint64, key string) []byte {
 	return le.AppendUint64(b, keyHash(key))
 }
 
-const recordUnreplayable = 1 // a stored response's flags: completed, not replayable
+// A stored response's flags.
+const (
+	recordUnreplayable = 1  // completed, not replayable
+	recordAddrAccount  = 2  // charged to the address account in the high 16 bits
+	recordAddrShift    = 16 // where the address account is
+	recordAddrMask     = 0xffff0000
+)
 
 // appendRecord encodes one stored response.
 func appendRecord(b []byte, e *shm.StoredEntry) []byte {
@@ -326,6 +335,9 @@ func appendRecord(b []byte, e *shm.StoredEntry) []byte {
 	var flags uint32
 	if e.Unreplayable {
 		flags, ct, loc, body = recordUnreplayable, "", "", nil
+	}
+	if e.HasAddrAccount {
+		flags |= recordAddrAccount | uint32(e.AddrAccount)<<recordAddrShift
 	}
 	ct, loc = ct[:min(len(ct), 0xffff)], loc[:min(len(loc), 0xffff)]
 	b = le.AppendUint64(b, e.Key.A)
@@ -556,7 +568,11 @@ func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
 	e.Key = shm.Key{A: le.Uint64(b), B: le.Uint64(b[8:])}
 	copy(e.Fingerprint[:], b[16:48])
 	e.Expiry = time.Duration(le.Uint64(b[48:]))
-	e.Unreplayable = le.Uint32(b[56:])&recordUnreplayable != 0
+	flags := le.Uint32(b[56:])
+	e.Unreplayable = flags&recordUnreplayable != 0
+	if flags&recordAddrAccount != 0 {
+		e.AddrAccount, e.HasAddrAccount = uint16(flags&recordAddrMask>>recordAddrShift), true
+	}
 	e.Response.Status = int(le.Uint16(b[60:]))
 	e.Account = le.Uint16(b[66:])
 	s := recordFixed

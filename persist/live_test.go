@@ -55,7 +55,7 @@ func TestLiveRegionSurvivesACrash(t *testing.T) {
 	}
 	// And a request in flight: a reservation of worker 1.
 	var scratch shm.Response
-	if out, _, err := r.Responses().Begin(kFlight, shm.Quota{}, fp1, t1, &scratch); err != nil || out != shm.Reserved {
+	if out, _, err := r.Responses().Begin(kFlight, shm.Quota{}, shm.Quota{}, fp1, t1, &scratch); err != nil || out != shm.Reserved {
 		t.Fatalf("reserve: %v %v", out, err)
 	}
 
@@ -167,7 +167,7 @@ func TestLiveRegionMigrates(t *testing.T) {
 		t.Fatalf("accounts after the migration: login %d, api %d", r2.Counters().Held(login.Account()), r2.Counters().Held(api.Account()))
 	}
 	var got shm.Response
-	if out, _, err := r2.Responses().Begin(kDone, shm.Quota{}, fp1, t1, &got); err != nil || out != shm.Replay {
+	if out, _, err := r2.Responses().Begin(kDone, shm.Quota{}, shm.Quota{}, fp1, t1, &got); err != nil || out != shm.Replay {
 		t.Fatalf("stored response lost in the migration: %v %v", out, err)
 	}
 	if f, _ := r2.Responses().CacheLookup(kPage, t1, nil); !bytes.Equal(f.Data, page) || r2.Tags().Gen(5) != 2 {

@@ -106,7 +106,9 @@ type Report struct {
 //
 // Each restored counter is charged to the account of the rule that owns it
 // now (bucket.Rule.Account: a tier's keys to its rule's), and each stored
-// response to the account it was dumped with, so that the region's counts
+// response to the accounts it was dumped with (its client's and its client
+// address's; a record of a build before address accounts to no address),
+// so that the region's counts
 // (max_keys, max_records) equal what it holds; a cap lowered since the dump
 // is not applied to restored entries.
 //

@@ -61,7 +61,7 @@ func storedResponses(t testing.TB, r *shm.Region) {
 		ttl  time.Duration
 	}{{kDone, &created, time.Hour}, {kBig, nil, time.Hour}, {kFlight, nil, 0}, {kShort, &created, time.Minute}} {
 		var scratch shm.Response
-		out, tk, err := tab.Begin(c.k, shm.Quota{}, fp1, t1, &scratch)
+		out, tk, err := tab.Begin(c.k, shm.Quota{}, shm.Quota{}, fp1, t1, &scratch)
 		if err != nil || out != shm.Reserved {
 			t.Fatalf("begin %v: %v %v", c.k, out, err)
 		}
@@ -95,23 +95,23 @@ func TestResponsesRoundTrip(t *testing.T) {
 	tab := b.Responses()
 	now := rep.RegionTime
 	var got shm.Response
-	if out, _, err := tab.Begin(kDone, shm.Quota{}, fp1, now, &got); err != nil || out != shm.Replay || !reflect.DeepEqual(got, created) {
+	if out, _, err := tab.Begin(kDone, shm.Quota{}, shm.Quota{}, fp1, now, &got); err != nil || out != shm.Replay || !reflect.DeepEqual(got, created) {
 		t.Errorf("replay after the restart: %v %v %+v", out, err, got)
 	}
-	if out, _, err := tab.Begin(kDone, shm.Quota{}, fp2, now, &got); err != nil || out != shm.Mismatch {
+	if out, _, err := tab.Begin(kDone, shm.Quota{}, shm.Quota{}, fp2, now, &got); err != nil || out != shm.Mismatch {
 		t.Errorf("other fingerprint after the restart: %v %v", out, err)
 	}
-	if out, _, err := tab.Begin(kBig, shm.Quota{}, fp1, now, &got); err != nil || out != shm.Unreplayable {
+	if out, _, err := tab.Begin(kBig, shm.Quota{}, shm.Quota{}, fp1, now, &got); err != nil || out != shm.Unreplayable {
 		t.Errorf("unreplayable after the restart: %v %v", out, err)
 	}
 	for _, k := range []shm.Key{kFlight, kShort} {
-		if out, _, err := tab.Begin(k, shm.Quota{}, fp1, now, &got); err != nil || out != shm.Reserved {
+		if out, _, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fp1, now, &got); err != nil || out != shm.Reserved {
 			t.Errorf("%v after the restart: %v %v, want a fresh reservation", k, out, err)
 		}
 	}
 	// The response keeps its TTL across the restart: replayable until
 	// an hour after it was stored, downtime included.
-	if out, _, _ := tab.Begin(kDone, shm.Quota{}, fp1, t1+time.Hour-time.Second, &got); out != shm.Replay {
+	if out, _, _ := tab.Begin(kDone, shm.Quota{}, shm.Quota{}, fp1, t1+time.Hour-time.Second, &got); out != shm.Replay {
 		t.Errorf("before its expiry: %v", out)
 	}
 }

@@ -19,6 +19,10 @@ import (
 const (
 	envWorker = "PREFORKD_WORKER"
 	envName   = "PREFORKD_NAME"
+	// envRSSDelay, when set, is how long after its start the worker
+	// begins judging its memory against server.max_rss (a Go duration):
+	// the supervisor backs off memory recycling (see recycle.go).
+	envRSSDelay = "PREFORKD_RSS_DELAY"
 
 	fdRegion   = 3 // the shared-memory region (memfd or tmpfs file)
 	fdListener = 4 // the listening socket, shared by every worker

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,12 +28,22 @@ import (
 // supervisor of its own (role "supervisor", for the tests that kill or
 // signal the supervisor's process).
 const (
-	envTestCrash  = "PREFORK_TEST_CRASH"  // set: a worker exits at once with status 3
-	envTestEngine = "PREFORK_TEST_ENGINE" // "fast": workers serve testFastHandler with Options.FastHandler
+	envTestCrash   = "PREFORK_TEST_CRASH"       // set: a worker exits at once with status 3
+	envTestEngine  = "PREFORK_TEST_ENGINE"      // "fast": workers serve testFastHandler with Options.FastHandler
+	envTestBallast = "PREFORK_TEST_BALLAST_MIB" // N: a worker holds N MiB more, touched, from its start
 )
+
+// ballast is what a worker of envTestBallast holds for its whole life.
+var ballast []byte
 
 func TestMain(m *testing.M) {
 	if IsWorker() {
+		if n, err := strconv.Atoi(os.Getenv(envTestBallast)); err == nil && n > 0 {
+			ballast = make([]byte, n<<20)
+			for i := 0; i < len(ballast); i += 4096 {
+				ballast[i] = 1
+			}
+		}
 		level := slog.LevelWarn
 		if os.Getenv("PREFORK_TEST_LOGS") != "" {
 			level = slog.LevelDebug

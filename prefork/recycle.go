@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/preforkd/preforkd/config"
 )
@@ -28,6 +29,19 @@ import (
 // the successor is ready; the worker then drains as usual. What it serves
 // past the limit is what was in flight: at most one more request on each
 // connection it had open.
+//
+// A max_rss below what a worker needs to serve (about 12 MiB as it
+// starts) would recycle every worker as soon as it served, and its
+// successor as soon as that one did: a storm of starts. `check` refuses a
+// max_rss under config.MinMaxRSS; past that, a worker recycled for memory
+// less than rssEarly after it began judging its memory is reported once
+// (a warning), and memory recycling of its slot backs off: the successors
+// judge their memory only from a delay after their start, doubling with
+// each such recycle from rssBackoffBase up to rssBackoffMax. A memory
+// recycle later than that resets the delay, and so does a reload that
+// changes max_rss. The delay reaches a worker in envRSSDelay. A worker
+// waiting for its delay serves as usual, over max_rss: what the backoff
+// trades for the storm.
 
 // Reasons a worker asks to be recycled, as the message carries them.
 const (
@@ -43,6 +57,17 @@ const (
 	recycleMsg    byte = 2
 	recycleMsgLen      = 1 + 1 + 8 + 8
 )
+
+// Memory recycling's backoff (see above).
+const (
+	rssEarly       = 10 * time.Second
+	rssBackoffBase = 10 * time.Second
+	rssBackoffMax  = 5 * time.Minute
+)
+
+func newRSSBackoff() backoff {
+	return backoff{base: rssBackoffBase, max: rssBackoffMax, stable: rssEarly}
+}
 
 // recycleEvent is a worker's request to be recycled, for the loop.
 type recycleEvent struct {
@@ -86,18 +111,28 @@ type limits struct {
 	maxRequests int64 // this worker's draw; 0 = none
 	maxRSS      int64 // bytes; 0 = none
 	rss         func() (int64, error)
-	stop        func() // stop accepting; nil = nothing to do
-	tripped     atomic.Bool
-	trip        chan []byte // capacity 1
+	// rssFrom is when the worker begins judging its memory (see
+	// envRSSDelay); rssWaits is set until then.
+	rssFrom  time.Time
+	rssWaits atomic.Bool
+	now      func() time.Time
+	stop     func() // stop accepting; nil = nothing to do
+	tripped  atomic.Bool
+	trip     chan []byte // capacity 1
 }
 
-// newLimits returns the limits of cfg for this worker; nil when there are
-// none. jitter is uniform in [0, 1).
-func newLimits(cfg config.Server, jitter float64) (*limits, error) {
+// newLimits returns the limits of cfg for this worker, which started at
+// start and judges its memory only from rssDelay after it; nil when there
+// are none. jitter is uniform in [0, 1).
+func newLimits(cfg config.Server, jitter float64, rssDelay time.Duration, start time.Time) (*limits, error) {
 	if cfg.MaxRequests <= 0 && cfg.MaxRSS <= 0 {
 		return nil, nil
 	}
-	l := &limits{trip: make(chan []byte, 1), maxRSS: int64(cfg.MaxRSS)}
+	l := &limits{trip: make(chan []byte, 1), maxRSS: int64(cfg.MaxRSS), now: time.Now}
+	if rssDelay > 0 {
+		l.rssFrom = start.Add(rssDelay)
+		l.rssWaits.Store(true)
+	}
 	if cfg.MaxRequests > 0 {
 		l.maxRequests = max(1, int64(math.Round(float64(cfg.MaxRequests)*(0.9+0.2*jitter))))
 	}
@@ -122,11 +157,40 @@ func (l *limits) check(served int64) {
 		l.fire(recycleRequests, served, l.maxRequests)
 		return
 	}
-	if l.maxRSS > 0 {
+	if l.maxRSS > 0 && l.judgesRSS() {
 		if rss, err := l.rss(); err == nil && rss > l.maxRSS {
 			l.fire(recycleRSS, rss, l.maxRSS)
 		}
 	}
+}
+
+// judgesRSS reports whether the worker's memory is judged now: once its
+// delay has passed (a clock read per response until then only).
+func (l *limits) judgesRSS() bool {
+	if !l.rssWaits.Load() {
+		return true
+	}
+	if l.now().Before(l.rssFrom) {
+		return false
+	}
+	l.rssWaits.Store(false)
+	return true
+}
+
+// inheritedRSSDelay reads the delay the supervisor gave this worker
+// before it judges its memory (envRSSDelay), and removes it from the
+// environment, as the worker's other markers.
+func inheritedRSSDelay() (time.Duration, error) {
+	v, ok := os.LookupEnv(envRSSDelay)
+	if !ok {
+		return 0, nil
+	}
+	os.Unsetenv(envRSSDelay)
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("prefork: %s=%q is not a delay", envRSSDelay, v)
+	}
+	return d, nil
 }
 
 func (l *limits) fire(reason byte, value, limit int64) {
@@ -193,8 +257,41 @@ func (s *supervisor) onRecycle(ev recycleEvent) {
 	attrs := []any{"pid", p.pid, "index", p.index, "slot", p.slot, "generation", p.gen, "reason", ev.reason}
 	if ev.reason == "max_rss" {
 		attrs = append(attrs, "rss_bytes", ev.value, "limit_bytes", ev.limit)
+		if d := s.backOffMemory(p, ev); d > 0 {
+			attrs = append(attrs, "memory_checked_after", d)
+		}
 	} else {
 		attrs = append(attrs, "requests", ev.value, "limit", ev.limit)
 	}
 	s.log.Info("worker recycling", attrs...)
+}
+
+// backOffMemory sets the delay after which p's successors judge their
+// memory: doubled when p passed max_rss less than rssEarly after it began
+// judging its own (reported once), none when it passed it later. It
+// returns the delay.
+func (s *supervisor) backOffMemory(p *proc, ev recycleEvent) time.Duration {
+	sl := &s.slots[p.slot]
+	judged := s.env.now().Sub(p.start) - p.rssDelay
+	if judged >= rssEarly {
+		sl.rssBackoff, sl.rssDelay = newRSSBackoff(), 0
+		return 0
+	}
+	sl.rssDelay = sl.rssBackoff.failure(judged)
+	if !s.rssWarned {
+		s.rssWarned = true
+		s.log.Warn("worker passed max_rss soon after it started: max_rss may be below what a worker needs; memory recycling backs off",
+			"pid", p.pid, "rss_bytes", ev.value, "limit_bytes", ev.limit, "after", judged.Round(time.Millisecond),
+			"memory_checked_after", sl.rssDelay, "backoff_max", rssBackoffMax)
+	}
+	return sl.rssDelay
+}
+
+// resetMemoryBackoff forgets memory recycling's backoff (a reload changed
+// max_rss): the next early recycle is reported again.
+func (s *supervisor) resetMemoryBackoff() {
+	for i := range s.slots {
+		s.slots[i].rssBackoff, s.slots[i].rssDelay = newRSSBackoff(), 0
+	}
+	s.rssWarned = false
 }

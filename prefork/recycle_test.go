@@ -3,23 +3,24 @@ package prefork
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/shm"
 )
 
 func TestLimitsTripOnce(t *testing.T) {
-	l, err := newLimits(config.Server{MaxRequests: 1000}, 0)
+	l, err := newLimits(config.Server{MaxRequests: 1000}, 0, 0, time.Time{})
 	if err != nil || l.maxRequests != 900 {
 		t.Fatalf("jitter 0: limit %d (%v), want 900", l.maxRequests, err)
 	}
-	if l, _ := newLimits(config.Server{MaxRequests: 1000}, 0.99999); l.maxRequests != 1100 {
+	if l, _ := newLimits(config.Server{MaxRequests: 1000}, 0.99999, 0, time.Time{}); l.maxRequests != 1100 {
 		t.Errorf("jitter ~1: limit %d, want 1100", l.maxRequests)
 	}
-	if l, _ := newLimits(config.Server{MaxRequests: 1}, 0); l.maxRequests != 1 {
+	if l, _ := newLimits(config.Server{MaxRequests: 1}, 0, 0, time.Time{}); l.maxRequests != 1 {
 		t.Errorf("limit 1 with jitter 0: %d, want at least 1", l.maxRequests)
 	}
-	if l, err := newLimits(config.Server{}, 0.5); l != nil || err != nil {
+	if l, err := newLimits(config.Server{}, 0.5, 0, time.Time{}); l != nil || err != nil {
 		t.Errorf("no limit: %v %v", l, err)
 	}
 
@@ -67,6 +68,40 @@ func TestLimitsTripOnce(t *testing.T) {
 	m.check(0)
 	if len(m.trip) != 0 {
 		t.Error("tripped on an error reading the RSS")
+	}
+}
+
+// With a delay (memory recycling's backoff), the memory is judged only
+// from start + delay: responses before then never trip, the first after
+// it does.
+func TestLimitsRSSDelay(t *testing.T) {
+	start := time.Unix(1000, 0)
+	now := start
+	l, err := newLimits(config.Server{MaxRSS: 64 << 20}, 0, 20*time.Second, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.now = func() time.Time { return now }
+	reads := 0
+	l.rss = func() (int64, error) { reads++; return 100 << 20, nil }
+	for _, at := range []time.Duration{0, time.Second, 19 * time.Second, 20*time.Second - 1} {
+		now = start.Add(at)
+		l.check(1)
+		if len(l.trip) != 0 || reads != 0 {
+			t.Fatalf("at %v, before the delay: %d messages, %d readings", at, len(l.trip), reads)
+		}
+	}
+	now = start.Add(20 * time.Second)
+	l.check(2)
+	if ev, err := decodeRecycle(1, <-l.trip); err != nil || ev.reason != "max_rss" || reads != 1 {
+		t.Fatalf("at the delay: %+v %v, %d readings", ev, err, reads)
+	}
+	// Without a delay, the first response is judged.
+	m, _ := newLimits(config.Server{MaxRSS: 64 << 20}, 0, 0, start)
+	m.rss = func() (int64, error) { return 100 << 20, nil }
+	m.check(1)
+	if len(m.trip) != 1 {
+		t.Fatal("no delay: the first response over the limit did not trip")
 	}
 }
 

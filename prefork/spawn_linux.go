@@ -115,7 +115,7 @@ func workerEnviron(environ []string, workers int) []string {
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case envNotifySocket, envWorker, envName:
+		case envNotifySocket, envWorker, envName, envRSSDelay:
 			continue
 		case "GOMAXPROCS":
 			gomaxprocs = true
@@ -145,6 +145,9 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 	env := append(e.environ[:len(e.environ):len(e.environ)], envWorker+"="+strconv.Itoa(sp.Index))
 	if e.name != "" {
 		env = append(env, envName+"="+e.name)
+	}
+	if sp.RSSDelay > 0 {
+		env = append(env, envRSSDelay+"="+sp.RSSDelay.String())
 	}
 	cmd := &exec.Cmd{
 		// The supervisor's descriptor, by its /proc path: the child

@@ -57,6 +57,9 @@ type spawnSpec struct {
 	// Keep are the generations that may be started again later: what the
 	// env holds for any other (a binary, a configuration file) may go.
 	Keep []int
+	// RSSDelay is how long after its start the worker begins judging its
+	// memory against max_rss (memory recycling's backoff; 0: at once).
+	RSSDelay time.Duration
 }
 
 // started is a worker process as the seam returns it.
@@ -77,7 +80,8 @@ type proc struct {
 	retiring bool      // told to drain (shutdown or reload): its exit is no crash
 	killAt   time.Time // when a retiring worker is killed; zero = never
 	killed   bool
-	recycle  string // why it asked to be replaced (max_requests, max_rss); "" = it did not
+	recycle  string        // why it asked to be replaced (max_requests, max_rss); "" = it did not
+	rssDelay time.Duration // it judges its memory from start + rssDelay
 }
 
 // slot is one of the N places a worker fills. During a reload a slot has
@@ -90,6 +94,10 @@ type slot struct {
 	// quarantined: left empty by the canary of an aborted reload, which
 	// took this slot; only the next reload that succeeds fills it again.
 	quarantined bool
+	// Memory recycling's backoff (recycle.go): the slot's next workers
+	// judge their memory from rssDelay after their start.
+	rssBackoff backoff
+	rssDelay   time.Duration
 }
 
 // generation is a configuration and the number the supervisor gave it.
@@ -116,6 +124,9 @@ type supervisor struct {
 	// verdict is the last canary's outcome; nil before the first.
 	verdict  *CanaryStatus
 	recycled int // workers replaced for max_requests or max_rss
+	// rssWarned: an early memory recycle was reported (once, until a
+	// reload changes max_rss).
+	rssWarned bool
 
 	slots []slot
 	procs map[int]*proc // unreaped workers by pid
@@ -149,6 +160,7 @@ func newSupervisor(env sysEnv, log *slog.Logger, cfg config.Config, maxWorkers i
 	}
 	for i := range s.slots {
 		s.slots[i].backoff = newBackoff()
+		s.slots[i].rssBackoff = newRSSBackoff()
 	}
 	return s
 }
@@ -309,7 +321,8 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 	if s.gen != s.good.gen {
 		keep = append(keep, s.gen)
 	}
-	st, err := s.env.start(spawnSpec{Index: index, Gen: g.gen, Config: g.cfg, Keep: keep})
+	rssDelay := s.slots[i].rssDelay
+	st, err := s.env.start(spawnSpec{Index: index, Gen: g.gen, Config: g.cfg, Keep: keep, RSSDelay: rssDelay})
 	if err != nil {
 		if !s.everStarted {
 			s.fatal = err
@@ -323,10 +336,14 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 		return nil, err
 	}
 	s.everStarted = true
-	p := &proc{started: st, index: index, slot: i, gen: g.gen, start: s.env.now(), drain: g.cfg.Server.ShutdownTimeout}
+	p := &proc{started: st, index: index, slot: i, gen: g.gen, start: s.env.now(), drain: g.cfg.Server.ShutdownTimeout, rssDelay: rssDelay}
 	s.procs[p.pid] = p
 	s.inUse[index] = true
-	s.log.Info("worker started", "pid", p.pid, "index", index, "slot", i, "generation", g.gen)
+	attrs := []any{"pid", p.pid, "index", index, "slot", i, "generation", g.gen}
+	if rssDelay > 0 {
+		attrs = append(attrs, "memory_checked_after", rssDelay)
+	}
+	s.log.Info("worker started", attrs...)
 	return p, nil
 }
 
@@ -531,6 +548,9 @@ func (s *supervisor) reload() {
 		s.supersedeCanary()
 	}
 	changes := config.Diff(s.cfg, cfg)
+	if cfg.Server.MaxRSS != s.cfg.Server.MaxRSS {
+		s.resetMemoryBackoff()
+	}
 	s.reloads.Accepted++
 	s.reloads.LastError = ""
 	s.lastGen++

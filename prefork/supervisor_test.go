@@ -676,3 +676,84 @@ func (h onMessage) Enabled(context.Context, slog.Level) bool      { return true 
 func (h onMessage) Handle(_ context.Context, r slog.Record) error { h(r.Message); return nil }
 func (h onMessage) WithAttrs([]slog.Attr) slog.Handler            { return h }
 func (h onMessage) WithGroup(string) slog.Handler                 { return h }
+
+// A worker recycled for max_rss soon after it began judging its memory
+// (max_rss below what a worker needs): reported once, and its slot's
+// successors judge their memory only after a delay that doubles with each
+// such recycle up to rssBackoffMax; successors still start at once, and
+// the other slot is untouched. A memory recycle later than rssEarly
+// resets the delay, and so does a reload that changes max_rss.
+func TestMemoryRecyclingBacksOff(t *testing.T) {
+	f := newFake()
+	var lines logtest.Buffer
+	cfg := noCanary(config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: 5 * time.Second, MaxRSS: 32 << 20}})
+	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&lines, nil)), cfg, minMaxWorkers(2))
+	s.step()
+	ready(s, 100, 101)
+	// recycleNow: the worker of slot 0 passes max_rss after ran, and its
+	// successor starts (at once) and becomes ready; it returns the delay
+	// the successor was started with.
+	pid := 100
+	recycleNow := func(ran time.Duration) time.Duration {
+		t.Helper()
+		advance(f, s, ran)
+		starts := len(f.starts)
+		s.onRecycle(recycleEvent{pid: pid, reason: "max_rss", value: 40 << 20, limit: 32 << 20})
+		s.step()
+		if len(f.starts) != starts+1 {
+			t.Fatalf("no successor started at once after a recycle at %v", ran)
+		}
+		succ := f.pids[len(f.pids)-1]
+		ready(s, succ)
+		exit(s, pid, true)
+		pid = succ
+		return f.starts[len(f.starts)-1].RSSDelay
+	}
+	want := []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, 80 * time.Second,
+		160 * time.Second, 5 * time.Minute, 5 * time.Minute}
+	var got []time.Duration
+	delay := time.Duration(0)
+	for range want {
+		// Each passes max_rss a second after its delay: early.
+		delay = recycleNow(delay + time.Second)
+		got = append(got, delay)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("delays %v, want %v", got, want)
+	}
+	if n := len(lines.Lines("worker passed max_rss soon after it started: max_rss may be below what a worker needs; memory recycling backs off")); n != 1 {
+		t.Fatalf("%d warnings, want 1:\n%s", n, lines.String())
+	}
+	if f.starts[1].RSSDelay != 0 {
+		t.Errorf("the other slot's worker started with a delay %v", f.starts[1].RSSDelay)
+	}
+	// Just at rssEarly after its memory was judged: not early, the delay
+	// is gone.
+	if d := recycleNow(delay + rssEarly); d != 0 {
+		t.Fatalf("after a late memory recycle: delay %v, want none", d)
+	}
+	if d := recycleNow(time.Second); d != rssBackoffBase {
+		t.Fatalf("an early recycle after the reset: delay %v, want %v", d, rssBackoffBase)
+	}
+	// A crash replacement of the slot judges its memory late too.
+	advance(f, s, time.Second)
+	exit(s, pid, false)
+	advance(f, s, backoffMax)
+	if sp := f.starts[len(f.starts)-1]; sp.RSSDelay != rssBackoffBase || sp.Index != 0 {
+		t.Fatalf("the crash replacement: %+v, want the slot's delay %v", sp, rssBackoffBase)
+	}
+	// A reload that changes max_rss starts over, and may warn again.
+	f.load = func() (config.Config, error) {
+		c := cfg
+		c.Server.MaxRSS = 64 << 20
+		return c, nil
+	}
+	s.env = f.env()
+	sendSignal(s, syscall.SIGHUP)
+	if s.slots[0].rssDelay != 0 || s.rssWarned {
+		t.Fatalf("after a reload that changed max_rss: delay %v, warned %v", s.slots[0].rssDelay, s.rssWarned)
+	}
+	if n := len(lines.Lines("worker passed max_rss soon after it started: max_rss may be below what a worker needs; memory recycling backs off")); n != 1 {
+		t.Fatalf("%d warnings, want still 1", n)
+	}
+}

@@ -301,7 +301,11 @@ func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listene
 		return nil, nil, fmt.Errorf("prefork: inherited listener: %w", err)
 	}
 	lnFile.Close() // FileListener holds its own descriptor
-	lim, err := newLimits(cfg.Server, randomJitter())
+	rssDelay, err := inheritedRSSDelay()
+	if err != nil {
+		return nil, nil, err
+	}
+	lim, err := newLimits(cfg.Server, randomJitter(), rssDelay, time.Now())
 	if err != nil {
 		return nil, nil, err
 	}

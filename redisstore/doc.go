@@ -45,6 +45,14 @@
 // Redis every interval by one goroutine per Store; see sync.go for the
 // bound on over-admission. Store.Close stops it after a last flush.
 //
+// # Control
+//
+// [Limiter.State] and [Limiter.Reset] are an operator's look at one key
+// and its reset (package core's Control): State reads Redis without
+// charging anything, Reset deletes the key in Redis and clears the host's
+// entries for it. A Store over a region this process has not joined (a
+// supervisor's) does only these: it decides nothing and flushes nothing.
+//
 // # Persistence
 //
 // Nothing of a Redis rule is meant to be dumped: Redis holds it. Deny

@@ -10,7 +10,8 @@ import (
 // decideScript decides every Redis rule of one request at once, from
 // Redis's own clock (TIME), so that the hosts' clocks never matter.
 //
-// KEYS are the rules' keys. ARGV[1] is "d" (decide) or "r" (refund), then
+// KEYS are the rules' keys. ARGV[1] is "d" (decide), "r" (refund) or "p"
+// (peek), then
 // five numbers per key: the algorithm (0 GCRA, 1 fixed window), a and b
 // (GCRA: the emission interval and the capacity in µs; fixed window: the
 // limit and the window in µs), the cost of the request, and 1 for a shadow
@@ -29,11 +30,16 @@ import (
 // Refunding gives back one request's cost on every key, as
 // bucket.Policy.Refund does: never more than the current window or the
 // bucket holds.
+//
+// Peeking (an operator's look at a key) decides as deciding does and
+// writes nothing: it returns {0, per key: would-pass, remaining, reset,
+// retry, 1 if the key exists, 0}, each rule's state as it stands.
 const decideScript = `
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local n = #KEYS
 local refund = ARGV[1] == 'r'
+local peek = ARGV[1] == 'p'
 local out = {0}
 local writes = {}
 local refused = false
@@ -45,8 +51,11 @@ for i = 1, n do
 	local cost = tonumber(ARGV[o + 3])
 	local shadow = ARGV[o + 4] == '1'
 	local ok, rem, reset, retry, prem, preset, val, ttl
+	local exists = 0
 	if algo == 0 then
-		local tat = tonumber(redis.call('GET', KEYS[i]) or 0)
+		local stored = redis.call('GET', KEYS[i])
+		if stored then exists = 1 end
+		local tat = tonumber(stored or 0)
 		if refund then
 			if tat > now then
 				tat = math.max(tat - cost * a, now)
@@ -69,6 +78,7 @@ for i = 1, n do
 		local cnt = 0
 		local v = redis.call('GET', KEYS[i])
 		if v then
+			exists = 1
 			local sw, sc = string.match(v, '^(%d+):(%d+)$')
 			sw, sc = tonumber(sw), tonumber(sc)
 			if sw and sw >= w then
@@ -91,7 +101,14 @@ for i = 1, n do
 			end
 		end
 	end
-	if not refund then
+	if peek then
+		out[#out + 1] = ok
+		out[#out + 1] = prem
+		out[#out + 1] = preset
+		out[#out + 1] = retry
+		out[#out + 1] = exists
+		out[#out + 1] = 0
+	elseif not refund then
 		if ok == 0 and not shadow then refused = true end
 		if val then writes[i] = {val, ttl} end
 		out[#out + 1] = ok
@@ -101,6 +118,9 @@ for i = 1, n do
 		out[#out + 1] = prem
 		out[#out + 1] = preset
 	end
+end
+if peek then
+	return out
 end
 if refused then
 	out[1] = 1

@@ -36,6 +36,9 @@ type Store struct {
 	prefix  string
 	host    string
 	log     *slog.Logger
+	// joined: the region was joined by this process, which may decide;
+	// otherwise the Store only inspects and resets keys (see New).
+	joined bool
 
 	decide, flush script
 	br            sharedBreaker
@@ -56,13 +59,14 @@ type Store struct {
 }
 
 // New connects a Store to Redis (lazily: nothing is sent yet) over
-// region, which this process has joined.
+// region. A process that decides (a worker) has joined region first; one
+// that has not (a supervisor's admin endpoint) gets a Store that only
+// looks at keys and forgets them (Limiter.State, Limiter.Reset): its
+// Decide answers ErrUnavailable wrapping shm.ErrNotJoined, and its
+// sync-mode limiters count nothing and flush nothing.
 func New(region *shm.Region, o Options) (*Store, error) {
 	if region == nil {
 		return nil, errors.New("redisstore: nil region")
-	}
-	if region.Worker() < 0 {
-		return nil, fmt.Errorf("redisstore: %w (call Region.Join first)", shm.ErrNotJoined)
 	}
 	o, err := o.withDefaults()
 	if err != nil {
@@ -72,6 +76,7 @@ func New(region *shm.Region, o Options) (*Store, error) {
 		rdb: o.Client, cluster: len(o.Cluster) > 0, tab: region.Counters(), region: region,
 		timeout: o.Timeout, prefix: o.Prefix, host: o.Host, log: o.Logger,
 		decide: newScript(decideScript), flush: newScript(flushScript),
+		joined: region.Worker() >= 0,
 	}
 	if s.rdb == nil {
 		if s.rdb, err = newClient(o); err != nil {
@@ -268,7 +273,9 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 		l.hostNS, l.remoteNS = l.ns^hostTag, l.ns^remoteTag
 		l.syncMeta = bucket.MetaOf(r.Tag(), bucket.FixedWindow, r.Window)
 		l.pending.m = make(map[pendingKey]pendingVal)
-		s.addSync(l)
+		if s.joined {
+			s.addSync(l)
+		}
 	}
 	s.tab.SetFresh(bucket.Fresh)
 	return l, nil
@@ -379,6 +386,9 @@ type Hit struct {
 func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) {
 	if len(hits) == 0 {
 		return false, nil
+	}
+	if !s.joined {
+		return false, fmt.Errorf("%w: %w", ErrUnavailable, shm.ErrNotJoined)
 	}
 	adm := s.br.admit(now)
 	if adm == Refuse {

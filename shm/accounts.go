@@ -9,15 +9,20 @@ import (
 
 // Accounts bound the room that one group of keys takes in a table: the
 // counter slots of one rate-limit rule, the response records of one
-// client. Each table has numAccounts accounts; each account holds the
-// number of the table's elements charged to it, a lock, and the state of
-// its sweep. An element's charge is a word of its own (0: none, a+1:
-// account a), written only while the element is BUSY (or RESERVED) and
-// owned by the writer.
+// client. Each set of accounts has numAccounts accounts; each account
+// holds the number of the table's elements charged to it, a lock, and the
+// state of its sweep. An element's charge in a set is a word of its own
+// (0: none, a+1: account a), written only while the element is BUSY (or
+// RESERVED) and owned by the writer. The counter table has one set; the
+// response table two, each with its charge word in every record: the
+// client as its `by` key names it, and the client's address, so that an
+// idempotency record counts against both. The sets are independent: each
+// holds the invariant below on its own words, and no process ever holds
+// locks of two accounts at once.
 //
-// The invariant, for every account a whose lock is free:
+// The invariant, for every account a of a set whose lock is free:
 //
-//	held[a] == the number of elements whose charge word is a+1
+//	held[a] == the number of elements whose charge word (of that set) is a+1
 //
 // Only a holder of a's lock changes held[a], or a charge word to or from
 // a+1 (Place aside: it runs alone with the region). A holder changes both,
@@ -62,7 +67,8 @@ type Quota struct {
 	// hashed client.
 	Account uint16
 	// Max is the most elements the account's keys may hold; past it a new
-	// key is refused with ErrQuota. 0 means no bound but the table's.
+	// key is refused with ErrQuota (ErrAddrQuota for a client address's
+	// account). 0 means no bound but the table's.
 	Max int
 }
 
@@ -74,6 +80,11 @@ func (q Quota) charge() uint64 { return uint64(q.Account) + 1 }
 // client's max_records). Callers treat it like ErrFull, for that account
 // only.
 var ErrQuota = errors.New("shm: the account holds its maximum of elements")
+
+// ErrAddrQuota is ErrQuota for the account of a client's address (see
+// Responses.Begin): that address holds its maximum of records, whatever
+// the `by` keys its requests came with.
+var ErrAddrQuota = errors.New("shm: the client address's account holds its maximum of records")
 
 // errLost means an element changed hands while its charge was changed:
 // this process was reaped meanwhile.
@@ -91,6 +102,9 @@ type accounts struct {
 	n     int                 // elements of the table
 	word  func(i int) *uint64 // the charge word of element i
 	state func(i int) *uint64 // the state word of element i
+	// capped is charge's error for an account at its maximum: ErrQuota,
+	// or ErrAddrQuota for the client-address accounts.
+	capped error
 }
 
 // Held reports how many elements account a holds.
@@ -145,7 +159,7 @@ func (as *accounts) recount(a uint16) {
 
 // charge charges element i, which owner holds in state s and which has no
 // charge, to q's account, unless the account holds q.Max elements already
-// (ErrQuota). Errors: ErrQuota, ErrLockTimeout, errLost.
+// (as.capped). Errors: as.capped, ErrLockTimeout, errLost.
 func (as *accounts) charge(i int, s uint64, q Quota, owner uint64, wait time.Duration) error {
 	if err := as.lock(q.Account, owner, wait); err != nil {
 		return err
@@ -156,7 +170,7 @@ func (as *accounts) charge(i int, s uint64, q Quota, owner uint64, wait time.Dur
 	}
 	acc := &as.a[q.Account]
 	if q.Max > 0 && atomic.LoadUint64(&acc.held) >= uint64(q.Max) {
-		return ErrQuota
+		return as.capped
 	}
 	atomic.AddUint64(&acc.held, 1)
 	if testHook != nil {
@@ -195,6 +209,37 @@ func (as *accounts) uncharge(i int, s uint64, owner uint64, wait time.Duration) 
 	}
 	atomic.AddUint64(&as.a[a].held, ^uint64(0))
 	return nil
+}
+
+// move moves the charge of element i, which owner holds in state busy,
+// to q's account (q nil: to none): nothing to do when it is charged to it
+// already. Errors: as charge and uncharge.
+func (as *accounts) move(i int, busy uint64, q *Quota, owner uint64, wait time.Duration) error {
+	old, want := atomic.LoadUint64(as.word(i)), uint64(0)
+	if q != nil {
+		want = q.charge()
+	}
+	if old == want {
+		return nil
+	}
+	if old != 0 {
+		if err := as.uncharge(i, busy, owner, wait); err != nil {
+			return err
+		}
+	}
+	if q == nil {
+		return nil
+	}
+	return as.charge(i, busy, *q, owner, wait)
+}
+
+// drop clears element i's charge outright, for a table that no other
+// process uses (Place).
+func (as *accounts) drop(i int) {
+	if old := atomic.LoadUint64(as.word(i)); old != 0 {
+		atomic.StoreUint64(as.word(i), 0)
+		atomic.AddUint64(&as.a[uint16(old-1)].held, ^uint64(0))
+	}
 }
 
 // place charges element i to account a for a table that no other process
@@ -283,13 +328,21 @@ func (c *Counters) VerifyAccounts() error {
 }
 
 // VerifyAccounts is Counters.VerifyAccounts for the records reserved or
-// completed (expired or not).
+// completed (expired or not), in both sets of accounts: the clients' and
+// their addresses'.
 func (t *Responses) VerifyAccounts() error {
 	if len(t.recs) == 0 {
 		return nil
 	}
-	return t.acc.verify(func(i int) bool {
+	held := func(i int) bool {
 		p := recPhase(atomic.LoadUint64(&t.recs[i].state))
 		return p == recReserved || p == recComplete
-	})
+	}
+	if err := t.acc.verify(held); err != nil {
+		return err
+	}
+	if err := t.addr.verify(held); err != nil {
+		return fmt.Errorf("%w (address accounts)", err)
+	}
+	return nil
 }

@@ -279,27 +279,27 @@ func TestResponsesQuota(t *testing.T) {
 	key := func(s string) shm.Key { return r.Counters().KeyOf(9, []byte(s)) }
 	var tks []shm.Ticket
 	for i := range 3 {
-		out, tk, err := tab.Begin(key(fmt.Sprint("k", i)), q, fpOf("x"), 0, &got)
+		out, tk, err := tab.Begin(key(fmt.Sprint("k", i)), q, shm.Quota{}, fpOf("x"), 0, &got)
 		if err != nil || out != shm.Reserved {
 			t.Fatalf("key %d: %v %v", i, out, err)
 		}
 		tks = append(tks, tk)
 	}
-	if _, _, err := tab.Begin(key("k3"), q, fpOf("x"), 0, &got); !errors.Is(err, shm.ErrQuota) {
+	if _, _, err := tab.Begin(key("k3"), q, shm.Quota{}, fpOf("x"), 0, &got); !errors.Is(err, shm.ErrQuota) {
 		t.Fatalf("4th key: %v", err)
 	}
-	if out, _, err := tab.Begin(key("other"), shm.Quota{Account: 8, Max: 3}, fpOf("x"), 0, &got); err != nil || out != shm.Reserved {
+	if out, _, err := tab.Begin(key("other"), shm.Quota{Account: 8, Max: 3}, shm.Quota{}, fpOf("x"), 0, &got); err != nil || out != shm.Reserved {
 		t.Fatalf("another namespace: %v %v", out, err)
 	}
 	// A known key of the full namespace is still answered.
-	if out, _, err := tab.Begin(key("k0"), q, fpOf("x"), 0, &got); err != nil || out != shm.InFlight {
+	if out, _, err := tab.Begin(key("k0"), q, shm.Quota{}, fpOf("x"), 0, &got); err != nil || out != shm.InFlight {
 		t.Fatalf("known key: %v %v", out, err)
 	}
 	tab.Release(tks[0])
 	if tab.Held(7) != 2 {
 		t.Fatalf("held %d after a release", tab.Held(7))
 	}
-	out, tk, err := tab.Begin(key("k3"), q, fpOf("x"), 0, &got)
+	out, tk, err := tab.Begin(key("k3"), q, shm.Quota{}, fpOf("x"), 0, &got)
 	if err != nil || out != shm.Reserved {
 		t.Fatalf("after a release: %v %v", out, err)
 	}
@@ -310,11 +310,11 @@ func TestResponsesQuota(t *testing.T) {
 		}
 	}
 	checkAccounts(t, r)
-	if _, _, err := tab.Begin(key("k4"), q, fpOf("x"), 30*time.Second, &got); !errors.Is(err, shm.ErrQuota) {
+	if _, _, err := tab.Begin(key("k4"), q, shm.Quota{}, fpOf("x"), 30*time.Second, &got); !errors.Is(err, shm.ErrQuota) {
 		t.Fatalf("before the records expire: %v", err)
 	}
 	tab.AllowSweep(7)
-	if out, _, err := tab.Begin(key("k4"), q, fpOf("x"), 2*time.Minute, &got); err != nil || out != shm.Reserved {
+	if out, _, err := tab.Begin(key("k4"), q, shm.Quota{}, fpOf("x"), 2*time.Minute, &got); err != nil || out != shm.Reserved {
 		t.Fatalf("after the records expired: %v %v", out, err)
 	}
 	if n := tab.Held(7); n > 3 || n < 1 {
@@ -322,6 +322,170 @@ func TestResponsesQuota(t *testing.T) {
 	}
 	if st := tab.Stats(); st.Quota != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+	checkAccounts(t, r)
+}
+
+// Records of one client address: every key account under its maximum,
+// the address at its own gets ErrAddrQuota (a key account at its maximum
+// is named first), other addresses reserve; a release, and an expired
+// record of the address, give room back; a refusal charges nothing.
+func TestResponsesAddrQuota(t *testing.T) {
+	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 256, ResponseBytes: 64 << 10})
+	tab := r.Responses()
+	addr := shm.Quota{Account: 5, Max: 3}
+	var got shm.Response
+	key := func(s string) shm.Key { return r.Counters().KeyOf(9, []byte(s)) }
+	// Each key comes with a by key of its own, as invented header values do.
+	by := func(i int) shm.Quota { return shm.Quota{Account: uint16(100 + i), Max: 3} }
+	var tks []shm.Ticket
+	for i := range 3 {
+		out, tk, err := tab.Begin(key(fmt.Sprint("k", i)), by(i), addr, fpOf("x"), 0, &got)
+		if err != nil || out != shm.Reserved {
+			t.Fatalf("key %d: %v %v", i, out, err)
+		}
+		tks = append(tks, tk)
+	}
+	for i := 3; i < 10; i++ {
+		if _, _, err := tab.Begin(key(fmt.Sprint("k", i)), by(i), addr, fpOf("x"), 0, &got); !errors.Is(err, shm.ErrAddrQuota) {
+			t.Fatalf("key %d of the address at its maximum: %v", i, err)
+		}
+	}
+	checkAccounts(t, r)
+	if tab.AddrHeld(5) != 3 || tab.Held(103) != 0 {
+		t.Fatalf("address holds %d, a refused by key %d", tab.AddrHeld(5), tab.Held(103))
+	}
+	// A by key at its maximum is named first.
+	full := shm.Quota{Account: 200, Max: 1}
+	if _, _, err := tab.Begin(key("other-0"), full, shm.Quota{Account: 6, Max: 3}, fpOf("x"), 0, &got); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tab.Begin(key("k-both"), full, addr, fpOf("x"), 0, &got); !errors.Is(err, shm.ErrQuota) {
+		t.Fatalf("both at their maximum: %v", err)
+	}
+	// Another address, and a request with no address, are unaffected.
+	if out, _, err := tab.Begin(key("other-1"), by(1), shm.Quota{Account: 6, Max: 3}, fpOf("x"), 0, &got); err != nil || out != shm.Reserved {
+		t.Fatalf("another address: %v %v", out, err)
+	}
+	if out, _, err := tab.Begin(key("no-address"), by(1), shm.Quota{}, fpOf("x"), 0, &got); err != nil || out != shm.Reserved {
+		t.Fatalf("no address: %v %v", out, err)
+	}
+	// A known key of the capped address is still answered.
+	if out, _, err := tab.Begin(key("k0"), by(0), addr, fpOf("x"), 0, &got); err != nil || out != shm.InFlight {
+		t.Fatalf("known key: %v %v", out, err)
+	}
+	tab.Release(tks[0])
+	if tab.AddrHeld(5) != 2 || tab.Held(100) != 0 {
+		t.Fatalf("after a release: address holds %d, its by key %d", tab.AddrHeld(5), tab.Held(100))
+	}
+	out, tk, err := tab.Begin(key("k3"), by(3), addr, fpOf("x"), 0, &got)
+	if err != nil || out != shm.Reserved {
+		t.Fatalf("after a release: %v %v", out, err)
+	}
+	tks[0] = tk
+	for _, tk := range tks {
+		if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: []byte("done")}, 0, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkAccounts(t, r)
+	if _, _, err := tab.Begin(key("k4"), by(4), addr, fpOf("x"), 30*time.Second, &got); !errors.Is(err, shm.ErrAddrQuota) {
+		t.Fatalf("before the records expire: %v", err)
+	}
+	tab.AllowAddrSweep(5)
+	if out, _, err := tab.Begin(key("k4"), by(4), addr, fpOf("x"), 2*time.Minute, &got); err != nil || out != shm.Reserved {
+		t.Fatalf("after the records expired: %v %v", out, err)
+	}
+	if n := tab.AddrHeld(5); n > 3 || n < 1 {
+		t.Fatalf("address holds %d", n)
+	}
+	checkAccounts(t, r)
+}
+
+// Goroutines of one address, each request with a by key of its own,
+// racing to reserve, complete and release: the address never holds more
+// than its maximum, and both sets of counts equal a walk of the table.
+func TestResponsesAddrQuotaGoroutines(t *testing.T) {
+	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 1024, ResponseBytes: 256 << 10})
+	tab := r.Responses()
+	addr := shm.Quota{Account: 9, Max: 20}
+	var now atomic.Int64
+	var stop atomic.Bool
+	var over atomic.Value
+	watcher := make(chan struct{})
+	go func() {
+		defer close(watcher)
+		for !stop.Load() {
+			if n := tab.AddrHeld(addr.Account); n > addr.Max {
+				over.Store(fmt.Sprintf("the address held %d records, max %d", n, addr.Max))
+			}
+		}
+	}()
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			var got shm.Response
+			for i := range 3000 {
+				if i%64 == 0 {
+					now.Add(int64(time.Millisecond))
+				}
+				at := time.Duration(now.Load())
+				q := shm.Quota{Account: uint16(1000 + (g*3000+i)%500), Max: 2}
+				out, tk, err := tab.Begin(r.Counters().KeyOf(3, fmt.Appendf(nil, "%d-%d", g, i)), q, addr, fpOf("x"), at, &got)
+				if err != nil || out != shm.Reserved {
+					refused.Add(1)
+					continue
+				}
+				if i%3 == 0 {
+					tab.Release(tk)
+				} else {
+					tab.Complete(tk, &shm.Response{Status: 201}, at, 2*time.Millisecond)
+				}
+				if i%256 == 0 {
+					tab.AllowAddrSweep(addr.Account)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	stop.Store(true)
+	<-watcher
+	if o := over.Load(); o != nil {
+		t.Fatal(o)
+	}
+	st := tab.Stats()
+	t.Logf("stats %+v, refused %d, held %d", st, refused.Load(), tab.AddrHeld(addr.Account))
+	if st.Quota == 0 || st.Swept == 0 {
+		t.Fatalf("the test did not exercise the address's maximum and its sweep: %+v", st)
+	}
+	checkAccounts(t, r)
+}
+
+// A claim whose second charge is refused (its account reached its
+// maximum after the check before the claim) takes back the first: the
+// refused record is charged to nobody.
+func TestResponsesRefusedClaimUncharged(t *testing.T) {
+	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 256, ResponseBytes: 64 << 10})
+	tab := r.Responses()
+	q, addr := shm.Quota{Account: 50, Max: 1}, shm.Quota{Account: 5, Max: 10}
+	// Another process takes the by account's last record between the
+	// check and the claim: the address is charged first, then the by
+	// account is found full.
+	shm.SetTestHook(func(stage string) {
+		if stage == "charged" && tab.AddrHeld(5) == 1 {
+			tab.SetHeld(50, 1)
+		}
+	})
+	var got shm.Response
+	_, _, err := tab.Begin(r.Counters().KeyOf(9, []byte("k")), q, addr, fpOf("x"), 0, &got)
+	shm.SetTestHook(nil)
+	if !errors.Is(err, shm.ErrQuota) {
+		t.Fatalf("Begin: %v, want ErrQuota", err)
+	}
+	tab.SetHeld(50, 0) // the other process's record, which this region does not hold
+	if n := tab.AddrHeld(5); n != 0 {
+		t.Fatalf("the address holds %d records after a refused claim", n)
 	}
 	checkAccounts(t, r)
 }

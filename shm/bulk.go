@@ -143,6 +143,12 @@ type StoredEntry struct {
 	Response     Response      // a replayable idempotency record's response
 	Data         []byte        // a cache entry's bytes
 	Account      uint16        // an idempotency record's account (see Quota); cache entries have none
+	// AddrAccount is an idempotency record's client-address account
+	// (see Responses.Begin), when HasAddrAccount: a record of a build
+	// before address accounts, or of a client whose address was not
+	// known, has none.
+	AddrAccount    uint16
+	HasAddrAccount bool
 }
 
 // Snapshot returns an iterator over the COMPLETE records that have not
@@ -164,6 +170,9 @@ func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 			}
 			if a := atomic.LoadUint64(&rec.acct); a != 0 {
 				e.Account = uint16(a - 1)
+			}
+			if a := atomic.LoadUint64(&rec.addr); a != 0 {
+				e.AddrAccount, e.HasAddrAccount = uint16(a-1), true
 			}
 			if e.Expiry <= now {
 				continue
@@ -195,7 +204,8 @@ func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 }
 
 // Place installs e as a completed record at region time now, charged to
-// e.Account, without the insert lock, a quota or a worker identity; an
+// e.Account (and e.AddrAccount), without the insert lock, a quota or a
+// worker identity; an
 // entry already expired at now is
 // skipped. It requires that no other process uses the region. When the
 // pool has no room for an idempotency record's response, the record is
@@ -242,12 +252,13 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	} else {
 		t.r.count(evRecTaken, 1)
 	}
-	if old := atomic.LoadUint64(&rec.acct); old != 0 {
-		atomic.StoreUint64(&rec.acct, 0)
-		atomic.AddUint64(&t.acc.a[uint16(old-1)].held, ^uint64(0))
-	}
+	t.acc.drop(cand)
+	t.addr.drop(cand)
 	if e.Kind != KindCache {
 		t.acc.place(cand, e.Account)
+		if e.HasAddrAccount {
+			t.addr.place(cand, e.AddrAccount)
+		}
 	}
 	atomic.StoreUint64(&rec.keyA, e.Key.A)
 	atomic.StoreUint64(&rec.keyB, e.Key.B)

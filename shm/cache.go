@@ -152,7 +152,7 @@ func (t *Responses) CacheLock(k Key, now time.Duration) (tk Ticket, held bool, e
 			locked = true
 			continue // rescan under the lock
 		}
-		tk, ok, err := t.claim(cand, k, KindCache, nil, nil, owner, now)
+		tk, ok, err := t.claim(cand, k, KindCache, nil, nil, nil, owner, now)
 		if ok {
 			return tk, true, nil
 		}

@@ -48,7 +48,7 @@ func TestCacheLifeCycle(t *testing.T) {
 	}
 	// An idempotency key with the same identity never sees the entry.
 	var got shm.Response
-	if out, tk, _ := tab.Begin(k, shm.Quota{}, fpOf("x"), now, &got); out != shm.Reserved {
+	if out, tk, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("x"), now, &got); out != shm.Reserved {
 		t.Fatalf("idempotency Begin on a cache key: %v", out)
 	} else {
 		tab.Release(tk)
@@ -128,7 +128,7 @@ func TestCacheEvictsInTheWindow(t *testing.T) {
 		t.Fatal("another entry was evicted")
 	}
 	var got shm.Response
-	if out, tk, err := tab.Begin(key(100), shm.Quota{}, fpOf("x"), now, &got); out != shm.Reserved || err != nil {
+	if out, tk, err := tab.Begin(key(100), shm.Quota{}, shm.Quota{}, fpOf("x"), now, &got); out != shm.Reserved || err != nil {
 		t.Fatalf("idempotency Begin in a window of cache entries: %v %v", out, err)
 	} else {
 		tab.Complete(tk, &shm.Response{Status: 201}, now, time.Hour)
@@ -144,7 +144,7 @@ func TestCacheEvictsInTheWindow(t *testing.T) {
 	r2 := respRegion(t, 8, 64*256)
 	tab2 := r2.Responses()
 	for i := range 8 {
-		_, tk, _ := tab2.Begin(r2.Counters().KeyOf(1, fmt.Appendf(nil, "o%d", i)), shm.Quota{}, fpOf("x"), now, &got)
+		_, tk, _ := tab2.Begin(r2.Counters().KeyOf(1, fmt.Appendf(nil, "o%d", i)), shm.Quota{}, shm.Quota{}, fpOf("x"), now, &got)
 		tab2.Complete(tk, &shm.Response{Status: 201}, now, time.Hour)
 	}
 	if _, _, err := tab2.CacheLock(key(0), now); !errors.Is(err, shm.ErrFull) {
@@ -183,7 +183,7 @@ func TestCacheEvictsBlocks(t *testing.T) {
 		t.Fatalf("after eviction: %+v", st)
 	}
 	var got shm.Response
-	_, tk, _ := tab.Begin(r.Counters().KeyOf(1, []byte("order")), shm.Quota{}, fpOf("x"), now, &got)
+	_, tk, _ := tab.Begin(r.Counters().KeyOf(1, []byte("order")), shm.Quota{}, shm.Quota{}, fpOf("x"), now, &got)
 	if stored, _ := tab.Complete(tk, &shm.Response{Status: 201, Body: big}, now, time.Hour); !stored {
 		t.Fatal("an idempotency response was not stored over cache entries")
 	}
@@ -191,7 +191,7 @@ func TestCacheEvictsBlocks(t *testing.T) {
 	if fill(key(3), bytes.Repeat([]byte{'y'}, 900)) {
 		t.Fatal("a fill took the blocks of an idempotency record")
 	}
-	if out, _, _ := tab.Begin(r.Counters().KeyOf(1, []byte("order")), shm.Quota{}, fpOf("x"), now, &got); out != shm.Replay || !bytes.Equal(got.Body, big) {
+	if out, _, _ := tab.Begin(r.Counters().KeyOf(1, []byte("order")), shm.Quota{}, shm.Quota{}, fpOf("x"), now, &got); out != shm.Replay || !bytes.Equal(got.Body, big) {
 		t.Fatalf("the idempotency record after the failed fill: %v", out)
 	}
 	if f, _ := tab.CacheLookup(key(3), now, nil); f.Data != nil || f.Filling {
@@ -318,7 +318,7 @@ func TestCacheSnapshotPlace(t *testing.T) {
 	lock, _, _ := tab.CacheLock(k, 0)
 	tab.CacheFill(lock, []byte("entry"), time.Hour, 0)
 	var got shm.Response
-	_, tk, _ := tab.Begin(k, shm.Quota{}, fpOf("x"), 0, &got)
+	_, tk, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("x"), 0, &got)
 	tab.Complete(tk, &shm.Response{Status: 201, Body: []byte("order")}, 0, time.Hour)
 	lock2, _, _ := tab.CacheLock(r.Counters().KeyOf(2, []byte("in flight")), 0)
 	_ = lock2
@@ -338,7 +338,7 @@ func TestCacheSnapshotPlace(t *testing.T) {
 	if f, _ := r2.Responses().CacheLookup(k, 0, nil); string(f.Data) != "entry" {
 		t.Fatalf("placed entry: %q", f.Data)
 	}
-	if out, _, _ := r2.Responses().Begin(k, shm.Quota{}, fpOf("x"), 0, &got); out != shm.Replay || string(got.Body) != "order" {
+	if out, _, _ := r2.Responses().Begin(k, shm.Quota{}, shm.Quota{}, fpOf("x"), 0, &got); out != shm.Replay || string(got.Body) != "order" {
 		t.Fatalf("placed record: %v %q", out, got.Body)
 	}
 }

@@ -13,7 +13,7 @@
 //	| response records (128 B each) | block bitmap (1 bit a block) | response blocks |
 //	| statistics: fold sequence, name table, gates, a row per worker index and the retired row |
 //	| slot accounts (65,536 × 32 B) | record accounts (65,536 × 32 B, with records) |
-//	| tag generations (8 B each) |
+//	| tag generations (8 B each) | address accounts (65,536 × 32 B, with records) |
 //
 // Each section starts on a page boundary, at the offset its header word
 // records. The header also holds the magic, the layout version, the
@@ -82,7 +82,11 @@
 // window, or freed by the account's sweep: a bounded walk, at most once a
 // millisecond). A count and a slot's charge change under the account's
 // lock; whoever takes that lock from a dead process counts the account
-// again, so a crash never makes a count drift.
+// again, so a crash never makes a count drift. An idempotency record is
+// also charged to a second set of 65,536 accounts, its client address's
+// ([Responses.Begin]; refused with [ErrAddrQuota]), by the same protocol
+// on a charge word of its own: one client's invented keys never widen the
+// share of its address.
 //
 // Response records are claimed by the same protocol (insert lock on the
 // home record, rescan, BUSY, then RESERVED); readers copy a response and

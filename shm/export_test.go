@@ -55,3 +55,9 @@ func (t *Responses) AllowSweep(a uint16) { atomic.StoreUint64(&t.acc.a[a].sweepA
 // StartSweep reports whether a sweep of account a may start now, and
 // starts it (without visiting anything).
 func (c *Counters) StartSweep(a uint16) bool { _, _, ok := c.acc.sweepRange(a); return ok }
+
+// AllowAddrSweep lets the next sweep of client-address account a start now.
+func (t *Responses) AllowAddrSweep(a uint16) { atomic.StoreUint64(&t.addr.a[a].sweepAt, 0) }
+
+// SetHeld sets the count of the records' (by) account a.
+func (t *Responses) SetHeld(a uint16, n int) { atomic.StoreUint64(&t.acc.a[a].held, uint64(n)) }

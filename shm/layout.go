@@ -9,7 +9,7 @@ import (
 // Magic opens every region; LayoutVersion changes whenever the layout does.
 const (
 	Magic         = "PFKDSHM\x00"
-	LayoutVersion = 3
+	LayoutVersion = 4
 )
 
 // Geometry defaults and limits (see Options).
@@ -93,6 +93,7 @@ const (
 	hTagEpoch          = 272 // bumped before every tag purge (see Tags.Purge)
 	hTagPurges         = 280 // tag purges, for statistics
 	hURLPurges         = 288 // URL generations bumped (purges and invalidations)
+	hOffAddrAccounts   = 296
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -108,6 +109,7 @@ const (
 	secSlotAccounts          // the accounts of the counter slots
 	secRecordAccounts        // the accounts of the response records (none without records)
 	secTags                  // tag generations of the response cache
+	secAddrAccounts          // the client-address accounts of the response records (none without records)
 	numSections
 )
 
@@ -135,6 +137,12 @@ var sectionTable = [numSections]struct {
 		return numAccounts * accountSize
 	}},
 	secTags: {"tag generations", hOffTags, func(o Options) uint64 { return uint64(o.Tags) * 8 }},
+	secAddrAccounts: {"address accounts", hOffAddrAccounts, func(o Options) uint64 {
+		if o.Responses == 0 {
+			return 0
+		}
+		return numAccounts * accountSize
+	}},
 }
 
 // sections are the byte offsets of a region's sections and its total size.

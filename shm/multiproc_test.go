@@ -44,6 +44,8 @@ type childSpec struct {
 	Lag        time.Duration // role "hammer": every 16th decision sleeps this long after reading the clock
 	Spread     bool          // role "hammer": each goroutine starts at its own share of the keys
 	Quota      shm.Quota     // role "records": the account the records are charged to
+	Addr       shm.Quota     // role "records": the address account too (Max 0: none)
+	ByAccounts int           // role "records": the records' by accounts are Quota.Account + i%ByAccounts (0: one)
 }
 
 // childResult is what a hammer child reports: allowed decisions per key

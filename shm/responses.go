@@ -65,7 +65,7 @@ type record struct {
 	sum     uint64 // xxhash64 of the stored bytes
 	acct    uint64 // the account the record is charged to, plus one; 0 = none (see accounts)
 	kind    uint64 // Kind of the key; written with the key
-	_       [1]uint64
+	addr    uint64 // the client-address account the record is charged to, plus one; 0 = none
 }
 
 // Kind says what stored a record. A lookup of one kind never sees a
@@ -76,7 +76,8 @@ type Kind uint8
 const (
 	// KindIdempotency records hold a reservation or a stored response for
 	// an idempotency key; a completed one lives until its expiry. It is
-	// charged to its client's account (see Quota).
+	// charged to its client's account and to its client address's (see
+	// Begin).
 	KindIdempotency Kind = iota
 	// KindCache records hold a response cache entry (completed) or a fill
 	// lock (reserved). An entry may be evicted to make room. It is charged
@@ -140,7 +141,8 @@ type Responses struct {
 	hint      atomic.Uint32 // where this process starts looking for free blocks
 	hand      atomic.Uint32 // where this process's eviction walk resumes
 	lockWait  time.Duration
-	acc       accounts
+	acc       accounts // the clients' accounts (a `by` key each), charge word acct
+	addr      accounts // the client addresses' accounts, charge word addr
 }
 
 func newResponses(r *Region, lay sections) *Responses {
@@ -161,8 +163,14 @@ func newResponses(r *Region, lay sections) *Responses {
 		nblocks:   nb,
 		lockWait:  defaultLockWait,
 		acc: accounts{r: r, a: unsafe.Slice((*account)(r.at(lay.off[secRecordAccounts])), numAccounts), n: len(recs),
-			word:  func(i int) *uint64 { return &recs[i].acct },
-			state: func(i int) *uint64 { return &recs[i].state },
+			word:   func(i int) *uint64 { return &recs[i].acct },
+			state:  func(i int) *uint64 { return &recs[i].state },
+			capped: ErrQuota,
+		},
+		addr: accounts{r: r, a: unsafe.Slice((*account)(r.at(lay.off[secAddrAccounts])), numAccounts), n: len(recs),
+			word:   func(i int) *uint64 { return &recs[i].addr },
+			state:  func(i int) *uint64 { return &recs[i].state },
+			capped: ErrAddrQuota,
 		},
 	}
 }
@@ -176,6 +184,14 @@ func (t *Responses) Held(a uint16) int {
 	return t.acc.held(a)
 }
 
+// AddrHeld is Held for the client-address account a.
+func (t *Responses) AddrHeld(a uint16) int {
+	if len(t.recs) == 0 {
+		return 0
+	}
+	return t.addr.held(a)
+}
+
 // Len is the number of records (0: no response table).
 func (t *Responses) Len() int { return len(t.recs) }
 
@@ -183,16 +199,20 @@ func (t *Responses) Len() int { return len(t.recs) }
 func (t *Responses) BlockSize() int { return t.blockSize }
 
 // Begin looks up k at region time now. If no live record holds it, it
-// reserves one for the caller (Reserved), charged to q's account. For a
-// completed response with the same fingerprint it copies it into dst
-// (Replay). Errors: ErrFull, ErrLockTimeout or ErrRetired (no record could
-// be had: answer 503, never run unreserved), ErrQuota (q's account holds
-// q.Max records: this client must wait), ErrNotJoined, ErrNoResponses.
+// reserves one for the caller (Reserved), charged to q's account and to
+// addr's, the account of the client's address (in a set of accounts of
+// its own); addr.Max 0 charges no address account (the address is not
+// known). For a completed response with the same fingerprint it copies it
+// into dst (Replay). Errors: ErrFull, ErrLockTimeout or ErrRetired (no
+// record could be had: answer 503, never run unreserved), ErrQuota (q's
+// account holds q.Max records) or ErrAddrQuota (addr's holds addr.Max:
+// either way this client must wait), ErrNotJoined, ErrNoResponses.
 //
 // A new key of an account at its maximum may take only an expired record
-// of its own account: in its probe window, or freed by a sweep of the
-// account's records (bounded, at most once a millisecond per account).
-func (t *Responses) Begin(k Key, q Quota, fp Fingerprint, now time.Duration, dst *Response) (Outcome, Ticket, error) {
+// of its own account (of both, when both are at their maximum): in its
+// probe window, or freed by a sweep of the account's records (bounded, at
+// most once a millisecond per account).
+func (t *Responses) Begin(k Key, q, addr Quota, fp Fingerprint, now time.Duration, dst *Response) (Outcome, Ticket, error) {
 	if len(t.recs) == 0 {
 		return 0, Ticket{}, ErrNoResponses
 	}
@@ -223,9 +243,10 @@ func (t *Responses) Begin(k Key, q Quota, fp Fingerprint, now time.Duration, dst
 			t.r.count(evRespFull, 1)
 			return 0, Ticket{}, ErrFull
 		}
-		if cand = t.withinQuota(home, cand, q, now, owner); cand < 0 {
+		var err error
+		if cand, err = t.withinQuota(home, cand, q, addr, now, owner); err != nil {
 			t.r.count(evRespQuota, 1)
-			return 0, Ticket{}, ErrQuota
+			return 0, Ticket{}, err
 		}
 		if !locked {
 			if t.r.stale(owner) {
@@ -237,12 +258,16 @@ func (t *Responses) Begin(k Key, q Quota, fp Fingerprint, now time.Duration, dst
 			locked = true
 			continue
 		}
-		tk, ok, err := t.claim(cand, k, KindIdempotency, &q, &fp, owner, now)
+		var ap *Quota
+		if addr.Max > 0 {
+			ap = &addr
+		}
+		tk, ok, err := t.claim(cand, k, KindIdempotency, &q, ap, &fp, owner, now)
 		if ok {
 			return Reserved, tk, nil
 		}
 		if err != nil {
-			if err == ErrQuota {
+			if err == ErrQuota || err == ErrAddrQuota {
 				t.r.count(evRespQuota, 1)
 			}
 			return 0, Ticket{}, err
@@ -253,34 +278,50 @@ func (t *Responses) Begin(k Key, q Quota, fp Fingerprint, now time.Duration, dst
 	}
 }
 
-// withinQuota returns the record a new key of q's account may take, given
-// cand, the one the scan chose: cand while the account is under its
-// maximum, else an expired record of the account's own, or -1.
-func (t *Responses) withinQuota(home uint64, cand int, q Quota, now time.Duration, owner uint64) int {
-	if q.Max <= 0 || t.acc.held(q.Account) < q.Max {
-		return cand
+// withinQuota returns the record a new key of q's account and addr's
+// (addr.Max 0: none) may take, given cand, the one the scan chose: cand
+// while both accounts are under their maximum, else an expired record of
+// the account at its maximum (of both, when both are), or the error of
+// the account that holds its maximum (ErrQuota first, then ErrAddrQuota).
+// The claim checks the counts again under their locks.
+func (t *Responses) withinQuota(home uint64, cand int, q, addr Quota, now time.Duration, owner uint64) (int, error) {
+	overKey := q.Max > 0 && t.acc.held(q.Account) >= q.Max
+	overAddr := addr.Max > 0 && t.addr.held(addr.Account) >= addr.Max
+	if !overKey && !overAddr {
+		return cand, nil
 	}
-	want := q.charge()
 	for i, s := range t.window(home) {
 		rec := &t.recs[i]
 		if recPhase(s) == recEmpty {
 			break
 		}
-		if recPhase(s) == recComplete && atomic.LoadUint64(&rec.acct) == want && time.Duration(atomic.LoadUint64(&rec.expiry)) <= now {
-			return i
+		if recPhase(s) == recComplete && time.Duration(atomic.LoadUint64(&rec.expiry)) <= now &&
+			(!overKey || atomic.LoadUint64(&rec.acct) == q.charge()) &&
+			(!overAddr || atomic.LoadUint64(&rec.addr) == addr.charge()) {
+			return i, nil
 		}
 	}
-	if t.sweep(q.Account, now, owner) > 0 && t.acc.held(q.Account) < q.Max {
-		return cand
+	if overKey && t.sweep(&t.acc, q.Account, now, owner) > 0 {
+		overKey = t.acc.held(q.Account) >= q.Max
 	}
-	return -1
+	if overAddr && t.sweep(&t.addr, addr.Account, now, owner) > 0 {
+		overAddr = t.addr.held(addr.Account) >= addr.Max
+	}
+	switch {
+	case overKey:
+		return -1, ErrQuota
+	case overAddr:
+		return -1, ErrAddrQuota
+	}
+	return cand, nil
 }
 
-// sweep frees the expired records of account a among the next records of
-// the account's sweep (see accounts.sweepRange) and returns how many it
-// freed: COMPLETE → BUSY, blocks freed, the charge cleared, BUSY → TOMB.
-func (t *Responses) sweep(a uint16, now time.Duration, owner uint64) (n int) {
-	from, count, ok := t.acc.sweepRange(a)
+// sweep frees the expired records of account a of the set as among the
+// next records of the account's sweep (see accounts.sweepRange) and
+// returns how many it freed: COMPLETE → BUSY, blocks freed, the charges
+// (of both sets) cleared, BUSY → TOMB.
+func (t *Responses) sweep(as *accounts, a uint16, now time.Duration, owner uint64) (n int) {
+	from, count, ok := as.sweepRange(a)
 	if !ok {
 		return 0
 	}
@@ -288,7 +329,7 @@ func (t *Responses) sweep(a uint16, now time.Duration, owner uint64) (n int) {
 	for j := 0; j < count; j++ {
 		i := (from + j) & int(t.mask)
 		rec := &t.recs[i]
-		if atomic.LoadUint64(&rec.acct) != want {
+		if atomic.LoadUint64(as.word(i)) != want {
 			continue
 		}
 		s := atomic.LoadUint64(&rec.state)
@@ -310,7 +351,7 @@ func (t *Responses) sweep(a uint16, now time.Duration, owner uint64) (n int) {
 			t.freeChain(atomic.LoadUint64(&rec.chain))
 			atomic.StoreUint64(&rec.chain, noBlock)
 		}
-		err := t.acc.uncharge(i, busy, owner, t.lockWait)
+		err := t.uncharge(i, busy, owner, t.lockWait)
 		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) && recPhase(s) == recComplete {
 			t.r.count(evRecFreed, 1) // an expired record in use until now
 		}
@@ -419,12 +460,13 @@ func (t *Responses) examine(i int, s uint64, fp Fingerprint, dst *Response) (Out
 }
 
 // claim reserves record i for k, of kind, under k's insert lock, charged
-// to q's account (q nil: to none, as a cache record is; fp nil: no
-// fingerprint). It takes an EMPTY or TOMB record, a COMPLETE one that
-// expired, or, evicting it, a COMPLETE cache entry. It reports false with
-// a nil error when the record was taken meanwhile or this process was
-// reaped; a refusal (ErrQuota, ErrLockTimeout) leaves the record free.
-func (t *Responses) claim(i int, k Key, kind Kind, q *Quota, fp *Fingerprint, owner uint64, now time.Duration) (Ticket, bool, error) {
+// to q's account and to addr's (nil: to none, as a cache record is; fp
+// nil: no fingerprint). It takes an EMPTY or TOMB record, a COMPLETE one
+// that expired, or, evicting it, a COMPLETE cache entry. It reports false
+// with a nil error when the record was taken meanwhile or this process
+// was reaped; a refusal (ErrQuota, ErrAddrQuota, ErrLockTimeout) leaves
+// the record free, and charged to nobody unless a lock timed out.
+func (t *Responses) claim(i int, k Key, kind Kind, q, addr *Quota, fp *Fingerprint, owner uint64, now time.Duration) (Ticket, bool, error) {
 	rec := &t.recs[i]
 	s := atomic.LoadUint64(&rec.state)
 	evict := false
@@ -450,7 +492,11 @@ func (t *Responses) claim(i int, k Key, kind Kind, q *Quota, fp *Fingerprint, ow
 		t.freeChain(atomic.LoadUint64(&rec.chain))
 		atomic.StoreUint64(&rec.chain, noBlock)
 	}
-	if err := t.recharge(i, busy, q, owner); err != nil {
+	if err := t.recharge(i, busy, q, addr, owner); err != nil {
+		if err != errLost {
+			// One account may have been charged before the other refused.
+			t.uncharge(i, busy, owner, t.lockWait)
+		}
 		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) {
 			t.wake(rec)
 		}
@@ -491,26 +537,30 @@ func (t *Responses) claim(i int, k Key, kind Kind, q *Quota, fp *Fingerprint, ow
 	return Ticket{i, reserved}, true, nil
 }
 
-// recharge moves the charge of record i, which owner holds in state busy,
-// to q's account (q nil: to none): nothing to do when it is charged to it
-// already.
-func (t *Responses) recharge(i int, busy uint64, q *Quota, owner uint64) error {
-	old, want := atomic.LoadUint64(&t.recs[i].acct), uint64(0)
-	if q != nil {
-		want = q.charge()
+// recharge moves the charges of record i, which owner holds in state
+// busy, to addr's address account and q's account (nil: to none), one
+// after the other, each under its own account's lock: nothing to do for
+// one it is charged to already.
+func (t *Responses) recharge(i int, busy uint64, q, addr *Quota, owner uint64) error {
+	if err := t.addr.move(i, busy, addr, owner, t.lockWait); err != nil {
+		return err
 	}
-	if old == want {
-		return nil
+	return t.acc.move(i, busy, q, owner, t.lockWait)
+}
+
+// uncharge clears record i's charges in both sets of accounts, while it is
+// in state s (see accounts.uncharge); it returns the first error.
+func (t *Responses) uncharge(i int, s, owner uint64, wait time.Duration) error {
+	err := t.acc.uncharge(i, s, owner, wait)
+	if err2 := t.addr.uncharge(i, s, owner, wait); err == nil {
+		err = err2
 	}
-	if old != 0 {
-		if err := t.acc.uncharge(i, busy, owner, t.lockWait); err != nil {
-			return err
-		}
-	}
-	if q == nil {
-		return nil
-	}
-	return t.acc.charge(i, busy, *q, owner, t.lockWait)
+	return err
+}
+
+// charged reports whether record i has a charge in either set.
+func (t *Responses) charged(i int) bool {
+	return atomic.LoadUint64(&t.recs[i].acct) != 0 || atomic.LoadUint64(&t.recs[i].addr) != 0
 }
 
 // Complete stores resp for the reservation tk, replayable until now+ttl,
@@ -565,11 +615,11 @@ func (t *Responses) Release(tk Ticket) {
 func (t *Responses) releaseRec(i int, s, owner uint64, wait time.Duration) bool {
 	rec := &t.recs[i]
 	dead := t.r.stale(recOwner(s))
-	if atomic.LoadUint64(&rec.acct) != 0 {
+	if t.charged(i) {
 		if owner == 0 {
 			return false
 		}
-		if err := t.acc.uncharge(i, s, owner, wait); err != nil && (dead || err == errLost) {
+		if err := t.uncharge(i, s, owner, wait); err != nil && (dead || err == errLost) {
 			return false
 		}
 	}
@@ -648,7 +698,7 @@ func (t *Responses) releaseStale() (n int) {
 		}
 	}
 	if len(t.recs) > 0 {
-		n += t.acc.releaseStale()
+		n += t.acc.releaseStale() + t.addr.releaseStale()
 	}
 	return n
 }
@@ -684,7 +734,7 @@ func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
 		}
 		t.freeChain(atomic.LoadUint64(&rec.chain))
 		atomic.StoreUint64(&rec.chain, noBlock)
-		t.acc.uncharge(i, busy, sweeperID, t.lockWait) // a charge kept by a timeout is cleared by a later claim or sweep
+		t.uncharge(i, busy, sweeperID, t.lockWait) // a charge kept by a timeout is cleared by a later claim or sweep
 		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) {
 			t.r.count(evRecFreed, 1)
 		}

@@ -34,7 +34,7 @@ func idemChild(c *proctest.Child) error {
 	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
 	if spec.Stage == "hold" {
 		var got shm.Response
-		if out, _, err := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got); err != nil || out != shm.Reserved {
+		if out, _, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fp, r.Now(), &got); err != nil || out != shm.Reserved {
 			return fmt.Errorf("hold: %v %v", out, err)
 		}
 		c.Say("reserved")
@@ -49,7 +49,7 @@ func idemChild(c *proctest.Child) error {
 			defer wg.Done()
 			var got shm.Response
 			for i := 0; i < 1000; i++ {
-				out, tk, err := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got)
+				out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fp, r.Now(), &got)
 				if err != nil {
 					fmt.Fprintln(os.Stderr, "begin:", err)
 					return
@@ -142,7 +142,7 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	k := r.Counters().KeyOf(7, []byte("order-7"))
 	fp := shm.Fingerprint(sha256.Sum256([]byte("POST /orders {}")))
 	var got shm.Response
-	out, tk, _ := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got)
+	out, tk, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fp, r.Now(), &got)
 	if out != shm.InFlight {
 		t.Fatalf("duplicate of a live reservation: %v", out)
 	}
@@ -157,7 +157,7 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	}()
 	start := time.Now()
 	tab.Wait(tk, 5*time.Second)
-	if out, _, _ := tab.Begin(k, shm.Quota{}, fp, r.Now(), &got); out != shm.Reserved {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fp, r.Now(), &got); out != shm.Reserved {
 		t.Fatalf("after the owner was reaped: %v", out)
 	}
 	if d := time.Since(start); d > 2*time.Second {
@@ -165,7 +165,8 @@ func TestResponsesReservationReleasedOnReap(t *testing.T) {
 	}
 }
 
-// recordsChild: goroutines reserve new keys under spec.Quota for spec.For,
+// recordsChild: goroutines reserve new keys under spec.Quota (over
+// spec.ByAccounts accounts) and spec.Addr for spec.For,
 // and complete each (stored for 3ms of region time) or release it (as a
 // 5xx would), alternately.
 func recordsChild(r *shm.Region, spec childSpec) error {
@@ -177,7 +178,11 @@ func recordsChild(r *shm.Region, spec childSpec) error {
 			var got shm.Response
 			for i := 0; time.Now().Before(deadline); i++ {
 				k := r.Counters().KeyOf(9, fmt.Appendf(nil, "%d-%d-%d", spec.Worker, g, i))
-				out, tk, err := tab.Begin(k, spec.Quota, shm.Fingerprint{1}, r.Now(), &got)
+				q := spec.Quota
+				if spec.ByAccounts > 0 {
+					q.Account += uint16(i % spec.ByAccounts)
+				}
+				out, tk, err := tab.Begin(k, q, spec.Addr, shm.Fingerprint{1}, r.Now(), &got)
 				if err != nil || out != shm.Reserved {
 					continue // ErrQuota, mostly: this client holds its maximum
 				}
@@ -213,6 +218,36 @@ func TestMultiProcessRecordsQuota(t *testing.T) {
 	})
 	st := r.Responses().Stats()
 	t.Logf("stats %+v, held %d", st, r.Responses().Held(q.Account))
+	if st.Quota == 0 || st.Swept+uint64(st.Complete) == 0 {
+		t.Fatalf("the test did not exercise the maximum: %+v", st)
+	}
+	if err := r.Responses().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The same with one client address whose every request has a by key of
+// its own (as invented header values make them): the address never holds
+// more than its maximum, whoever is killed, and both sets of counts equal
+// a walk of the table.
+func TestMultiProcessAddrQuota(t *testing.T) {
+	r := shmtest.Joined(t, shm.Options{Counters: 64, Responses: 1024, ResponseBytes: 256 << 10})
+	addr := shm.Quota{Account: 4242, Max: 30}
+	specs := make([]childSpec, 3)
+	for i := range specs {
+		specs[i] = childSpec{Worker: i + 1, Goroutines: 3, For: time.Second,
+			Quota: shm.Quota{Account: uint16(1000 * (i + 1)), Max: 30}, ByAccounts: 997, Addr: addr}
+	}
+	procs, release := spawn(t, r, "records", specs)
+	release()
+	killFirstWhile(t, r, procs, 300*time.Millisecond, nil, func() string {
+		if n := r.Responses().AddrHeld(addr.Account); n > addr.Max {
+			return fmt.Sprintf("the address held %d records, max %d", n, addr.Max)
+		}
+		return ""
+	})
+	st := r.Responses().Stats()
+	t.Logf("stats %+v, held %d", st, r.Responses().AddrHeld(addr.Account))
 	if st.Quota == 0 || st.Swept+uint64(st.Complete) == 0 {
 		t.Fatalf("the test did not exercise the maximum: %+v", st)
 	}

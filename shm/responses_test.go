@@ -30,7 +30,7 @@ func reservedOrder(t *testing.T, now time.Duration) (*shm.Responses, shm.Key, sh
 	tab := r.Responses()
 	k := r.Counters().KeyOf(1, []byte("order-1"))
 	var got shm.Response
-	out, tk, err := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got)
+	out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
 	if err != nil || out != shm.Reserved {
 		t.Fatalf("first: %v %v", out, err)
 	}
@@ -41,10 +41,10 @@ func TestResponseLifeCycle(t *testing.T) {
 	now := time.Minute
 	tab, k, tk := reservedOrder(t, now)
 	var got shm.Response
-	if out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got); out != shm.InFlight {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got); out != shm.InFlight {
 		t.Fatalf("duplicate while in flight: %v", out)
 	}
-	if out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("b"), now, &got); out != shm.Mismatch {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("b"), now, &got); out != shm.Mismatch {
 		t.Fatalf("other fingerprint while in flight: %v", out)
 	}
 	body := bytes.Repeat([]byte{0, 1, 2, 0xff, 0}, 1000) // NULs, across many 256-byte blocks
@@ -52,16 +52,16 @@ func TestResponseLifeCycle(t *testing.T) {
 	if stored, err := tab.Complete(tk, &want, now, time.Hour); !stored || err != nil {
 		t.Fatalf("complete: %v %v", stored, err)
 	}
-	out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got)
+	out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
 	if out != shm.Replay || got.Status != 201 || got.ContentType != want.ContentType || got.Location != want.Location || !bytes.Equal(got.Body, body) {
 		t.Fatalf("replay: %v %+v", out, got.Status)
 	}
-	if out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("b"), now, &got); out != shm.Mismatch {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("b"), now, &got); out != shm.Mismatch {
 		t.Fatalf("other fingerprint after completion: %v", out)
 	}
 	// After the ttl the key is free again, and its blocks went back.
 	used := tab.Stats().BlocksUsed
-	out, tk, _ = tab.Begin(k, shm.Quota{}, fpOf("b"), now+time.Hour, &got)
+	out, tk, _ = tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("b"), now+time.Hour, &got)
 	if out != shm.Reserved {
 		t.Fatalf("after ttl: %v", out)
 	}
@@ -70,7 +70,7 @@ func TestResponseLifeCycle(t *testing.T) {
 	}
 	// A released reservation frees the key.
 	tab.Release(tk)
-	if out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("c"), now+time.Hour, &got); out != shm.Reserved {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("c"), now+time.Hour, &got); out != shm.Reserved {
 		t.Fatalf("after release: %v", out)
 	}
 }
@@ -80,19 +80,19 @@ func TestResponseEmptyAndUnreplayable(t *testing.T) {
 	tab := r.Responses()
 	var got shm.Response
 	k := r.Counters().KeyOf(1, []byte("empty"))
-	_, tk, _ := tab.Begin(k, shm.Quota{}, fpOf("x"), 0, &got)
+	_, tk, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("x"), 0, &got)
 	tab.Complete(tk, &shm.Response{Status: 204}, 0, time.Hour)
-	if out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("x"), 0, &got); out != shm.Replay || got.Status != 204 || len(got.Body) != 0 || got.ContentType != "" {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("x"), 0, &got); out != shm.Replay || got.Status != 204 || len(got.Body) != 0 || got.ContentType != "" {
 		t.Fatalf("empty 204: %v %+v", out, got)
 	}
 	// Too large for the pool: completed, not replayable, never run again.
 	k2 := r.Counters().KeyOf(1, []byte("big"))
-	_, tk, _ = tab.Begin(k2, shm.Quota{}, fpOf("x"), 0, &got)
+	_, tk, _ = tab.Begin(k2, shm.Quota{}, shm.Quota{}, fpOf("x"), 0, &got)
 	stored, err := tab.Complete(tk, &shm.Response{Status: 200, Body: make([]byte, 10*256)}, 0, time.Hour)
 	if stored || err != nil {
 		t.Fatalf("oversized stored=%v err=%v", stored, err)
 	}
-	if out, _, _ := tab.Begin(k2, shm.Quota{}, fpOf("x"), 0, &got); out != shm.Unreplayable {
+	if out, _, _ := tab.Begin(k2, shm.Quota{}, shm.Quota{}, fpOf("x"), 0, &got); out != shm.Unreplayable {
 		t.Fatalf("oversized retry: %v", out)
 	}
 	if st := tab.Stats(); st.NoBlocks != 1 || st.BlocksUsed != 1 {
@@ -106,7 +106,7 @@ func TestResponseTableFull(t *testing.T) {
 	var got shm.Response
 	full := 0
 	for i := 0; i < 20; i++ {
-		_, _, err := tab.Begin(r.Counters().KeyOf(1, []byte{byte(i)}), shm.Quota{}, fpOf("x"), 0, &got)
+		_, _, err := tab.Begin(r.Counters().KeyOf(1, []byte{byte(i)}), shm.Quota{}, shm.Quota{}, fpOf("x"), 0, &got)
 		if errors.Is(err, shm.ErrFull) {
 			full++
 		} else if err != nil {
@@ -124,14 +124,14 @@ func TestResponseWaitWakes(t *testing.T) {
 	tab := r.Responses()
 	k := r.Counters().KeyOf(1, []byte("w"))
 	var got shm.Response
-	_, owner, _ := tab.Begin(k, shm.Quota{}, fpOf("a"), 0, &got)
+	_, owner, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), 0, &got)
 	var wg sync.WaitGroup
 	var replays atomic.Int32
 	for range 4 {
 		wg.Go(func() {
 			var mine shm.Response
 			for range 100 {
-				out, tk, err := tab.Begin(k, shm.Quota{}, fpOf("a"), 0, &mine)
+				out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), 0, &mine)
 				if err != nil {
 					t.Error(err)
 					return
@@ -164,7 +164,7 @@ func TestResponseSnapshotPlace(t *testing.T) {
 	keys := map[string]bool{"done": true, "big": false, "flight": false, "old": false}
 	for name := range keys {
 		k := a.Counters().KeyOf(3, []byte(name))
-		_, tk, _ := a.Responses().Begin(k, shm.Quota{}, fpOf(name), 0, &got)
+		_, tk, _ := a.Responses().Begin(k, shm.Quota{}, shm.Quota{}, fpOf(name), 0, &got)
 		switch name {
 		case "done":
 			a.Responses().Complete(tk, &shm.Response{Status: 201, Location: "/x", Body: []byte("body")}, 0, time.Hour)
@@ -188,13 +188,13 @@ func TestResponseSnapshotPlace(t *testing.T) {
 	if err := b.Responses().Place(saved[0], time.Minute); !errors.Is(err, shm.ErrDuplicate) {
 		t.Fatalf("a key placed twice: %v", err)
 	}
-	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("done")), shm.Quota{}, fpOf("done"), time.Minute, &got); out != shm.Replay || string(got.Body) != "body" || got.Location != "/x" {
+	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("done")), shm.Quota{}, shm.Quota{}, fpOf("done"), time.Minute, &got); out != shm.Replay || string(got.Body) != "body" || got.Location != "/x" {
 		t.Fatalf("restored replay: %v %+v", out, got)
 	}
-	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("big")), shm.Quota{}, fpOf("big"), time.Minute, &got); out != shm.Unreplayable {
+	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("big")), shm.Quota{}, shm.Quota{}, fpOf("big"), time.Minute, &got); out != shm.Unreplayable {
 		t.Fatalf("restored unreplayable: %v", out)
 	}
-	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("flight")), shm.Quota{}, fpOf("flight"), time.Minute, &got); out != shm.Reserved {
+	if out, _, _ := b.Responses().Begin(b.Counters().KeyOf(3, []byte("flight")), shm.Quota{}, shm.Quota{}, fpOf("flight"), time.Minute, &got); out != shm.Reserved {
 		t.Fatalf("a reservation was restored: %v", out)
 	}
 
@@ -220,7 +220,7 @@ func TestResponseSnapshotPlace(t *testing.T) {
 	if st := c.Responses().Stats(); st.Complete != 2 || st.BlocksUsed != used {
 		t.Fatalf("after reusing an expired record: %+v, %d blocks used before", st, used)
 	}
-	if out, _, _ := c.Responses().Begin(entry("c", 0).Key, shm.Quota{}, fpOf("c"), 3*time.Minute, &got); out != shm.Replay || !bytes.Equal(got.Body, entry("c", 0).Response.Body) {
+	if out, _, _ := c.Responses().Begin(entry("c", 0).Key, shm.Quota{}, shm.Quota{}, fpOf("c"), 3*time.Minute, &got); out != shm.Replay || !bytes.Equal(got.Body, entry("c", 0).Response.Body) {
 		t.Fatalf("the record placed over an expired one: %v %q", out, got.Body)
 	}
 }
@@ -249,7 +249,7 @@ func TestResponseForget(t *testing.T) {
 	if ok, err := tab.Forget(k, now); ok || err != nil {
 		t.Fatalf("Forget again: %v, %v; want nothing to forget", ok, err)
 	}
-	if out, _, _ := tab.Begin(k, shm.Quota{}, fpOf("a"), now, &got); out != shm.Reserved {
+	if out, _, _ := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got); out != shm.Reserved {
 		t.Fatalf("a retry after Forget: %v, want Reserved (it runs again)", out)
 	}
 }

@@ -219,7 +219,7 @@ func TestTableStatsMatchScan(t *testing.T) {
 			held = slices.Delete(held, j, j+1)
 		default: // a reservation, of a key that may be completed and expired
 			k := r.Counters().KeyOf(9, []byte("order-"+strconv.Itoa(rng.IntN(64))))
-			if out, tk, err := tab.Begin(k, shm.Quota{}, fpOf("x"), now, &dst); err == nil && out == shm.Reserved {
+			if out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("x"), now, &dst); err == nil && out == shm.Reserved {
 				held = append(held, tk)
 			}
 		}

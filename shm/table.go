@@ -67,8 +67,9 @@ type Counters struct {
 func newCounters(r *Region, s []slot, accts []account) *Counters {
 	c := &Counters{r: r, slots: s, mask: uint64(len(s) - 1), probe: r.geo.Probe, lockWait: defaultLockWait}
 	c.acc = accounts{r: r, a: accts, n: len(s),
-		word:  func(i int) *uint64 { return &s[i].acct },
-		state: func(i int) *uint64 { return &s[i].state },
+		word:   func(i int) *uint64 { return &s[i].acct },
+		state:  func(i int) *uint64 { return &s[i].state },
+		capped: ErrQuota,
 	}
 	c.SetFresh(zeroIsFresh)
 	return c

@@ -83,6 +83,7 @@ func (r *Region) ReapAll() (released int) {
 	released = r.counts.releaseStale() + r.resps.releaseStale()
 	r.counts.acc.rebuild()
 	r.resps.acc.rebuild()
+	r.resps.addr.rebuild()
 	return released
 }
 

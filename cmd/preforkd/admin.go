@@ -47,6 +47,9 @@ type admin struct {
 	mu     sync.Mutex
 	ctl    *core.Control // over the rules of generation ctlGen
 	ctlGen int
+	// redis is the Redis store ctl looks up and resets Redis rules with;
+	// nil when no rule of generation ctlGen is one.
+	redis *redisstore.Store
 }
 
 // adminHooks serves [admin] listen from Prepare to the end of Finish: the
@@ -97,6 +100,7 @@ func adminHooks(opts *prefork.Options, info adminInfo) {
 			srv.Shutdown(ctx)
 			cancel()
 		}
+		a.closeRedis()
 		return err
 	}
 }
@@ -138,12 +142,32 @@ func (a *admin) serveReady(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
+// errNotStarted is control's error before the workers have started.
+var errNotStarted = errors.New("admin: the supervisor has not started its workers yet")
+
 // control is a core.Control over the rules of the running configuration,
-// built again after a reload.
-func (a *admin) control() (*core.Control, error) {
+// built again after a reload; with Redis rules it has a Redis store of
+// its own (the supervisor has not joined the region: the store only looks
+// up and resets keys). When it cannot be built, control answers the
+// request (503) and ok is false: the reason is logged, never sent.
+func (a *admin) control(w http.ResponseWriter) (ctl *core.Control, ok bool) {
+	ctl, err := a.buildControl()
+	switch {
+	case err == nil:
+		return ctl, true
+	case errors.Is(err, errNotStarted):
+		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", "the workers have not started yet; try again")
+	default:
+		a.log.Error("admin: cannot act on the running configuration", "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", "the admin endpoint cannot act on the running configuration; see the log")
+	}
+	return nil, false
+}
+
+func (a *admin) buildControl() (*core.Control, error) {
 	st := a.status.Load()
 	if st == nil {
-		return nil, errors.New("admin: the supervisor has not started its workers yet")
+		return nil, errNotStarted
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -154,12 +178,40 @@ func (a *admin) control() (*core.Control, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, rl := range o.RateLimits {
+		if rl.Redis != nil {
+			ro := st.Config.WithDefaults().Redis.StoreOptions()
+			ro.Logger = a.log
+			if o.Redis, err = redisstore.New(a.region, ro); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
 	ctl, err := core.NewControl(a.region, o)
 	if err != nil {
+		if o.Redis != nil {
+			o.Redis.Close()
+		}
 		return nil, err
 	}
-	a.ctl, a.ctlGen = ctl, st.Generation
+	// An action still running on the old store gets an error (503): only
+	// a reload replaces it.
+	if a.redis != nil {
+		a.redis.Close()
+	}
+	a.ctl, a.ctlGen, a.redis = ctl, st.Generation, o.Redis
 	return ctl, nil
+}
+
+// closeRedis closes the Redis store of the admin's control, if any.
+func (a *admin) closeRedis() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.redis != nil {
+		a.redis.Close()
+		a.redis, a.ctl = nil, nil
+	}
 }
 
 // writeJSON answers 200 with v as one line of JSON (jq makes it pretty).

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/redisstore"
 )
 
 // adminAction is one action of the admin endpoint. Every action needs the
@@ -80,9 +81,8 @@ func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
 			"give ?key= (the Idempotency-Key as the client sent it) and ?by= (the client, as the block's by sees it: ip:192.0.2.1, header:NAME:VALUE, ...)")
 		return
 	}
-	ctl, err := a.control()
-	if err != nil {
-		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", err.Error())
+	ctl, ok := a.control(w)
+	if !ok {
 		return
 	}
 	n, err := ctl.ForgetResponse(key, by)
@@ -113,12 +113,11 @@ func (a *admin) keyAction(w http.ResponseWriter, r *http.Request,
 			"give ?key=: an address (ip:192.0.2.1 or 192.0.2.1), header:NAME:VALUE, cookie:NAME:VALUE, query:NAME:VALUE, path:PATH or global")
 		return core.KeyState{}, false
 	}
-	ctl, err := a.control()
-	if err != nil {
-		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", err.Error())
+	ctl, ok := a.control(w)
+	if !ok {
 		return core.KeyState{}, false
 	}
-	st, err = op(ctl, r.PathValue("rule"), key)
+	st, err := op(ctl, r.PathValue("rule"), key)
 	if a.keyError(w, err) {
 		return core.KeyState{}, false
 	}
@@ -126,7 +125,8 @@ func (a *admin) keyAction(w http.ResponseWriter, r *http.Request,
 }
 
 // keyError answers a Control error: 404 for an unknown rule, 400 for a key
-// the rule does not have.
+// the rule does not have, 503 when Redis did not answer for a Redis rule
+// (the cause is logged, not sent).
 func (a *admin) keyError(w http.ResponseWriter, err error) bool {
 	var ke *core.KeyError
 	switch {
@@ -136,6 +136,10 @@ func (a *admin) keyError(w http.ResponseWriter, err error) bool {
 		writeProblem(w, http.StatusNotFound, "Not Found", strings.TrimPrefix(err.Error(), "core: "))
 	case errors.As(err, &ke):
 		writeProblem(w, http.StatusBadRequest, "Bad Request", strings.TrimPrefix(err.Error(), "core: "))
+	case errors.Is(err, redisstore.ErrUnavailable):
+		a.log.Warn("admin action: Redis did not answer", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", "this rule's state is kept in Redis, which did not answer; try again")
 	default:
 		a.log.Error("admin action failed", "err", err)
 		writeProblem(w, http.StatusInternalServerError, "Internal Server Error", "see the log")

@@ -98,6 +98,17 @@ func TestCommandLine(t *testing.T) {
 			t.Errorf("inspect of a missing file: exit %d, want 1", code)
 		}
 	})
+	t.Run("check refuses a max_rss below a worker's needs", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "preforkd.toml")
+		if err := os.WriteFile(path, []byte("[server]\nworkers = 1\nmax_rss = \"1MiB\"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, _, stderr := runBinary(t, "check", "-config", path)
+		if code != exitUsage || !strings.Contains(stderr, path+":3: server.max_rss: must be at least 32MiB") || !strings.Contains(stderr, "got 1MiB") {
+			t.Errorf("check with max_rss = 1MiB: exit %d, stderr %q; want 2, naming the key, its line and the least", code, stderr)
+		}
+	})
 	t.Run("example-config is examples/preforkd.toml and starts", func(t *testing.T) {
 		t.Parallel()
 		want, err := os.ReadFile("../../examples/preforkd.toml")

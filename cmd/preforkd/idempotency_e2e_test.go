@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +30,7 @@ func TestIdempotencyE2E(t *testing.T) {
 	t.Run("ServerErrorThenCreated", parallel(idemTestServerError))
 	t.Run("WorkerKilledMidRequest", parallel(idemTestWorkerKilled))
 	t.Run("TableFull", parallel(idemTestTableFull))
+	t.Run("AddressCap", parallel(idemTestAddressCap))
 }
 
 // (1) 20 identical keyed POSTs at once, spread over 4 workers: the upstream
@@ -207,6 +209,93 @@ func idemTestTableFull(t *testing.T) {
 	}
 	if n := up.executions.Load(); n != 8 {
 		t.Fatalf("the upstream ran %d times for 8 records", n)
+	}
+}
+
+// (8) One client address sends POSTs each with a new Idempotency-Key and
+// a new Authorization value (the default by, header:Authorization|ip):
+// it gets max_records runs, then 429 with Retry-After, also through a
+// trusted proxy that names it; other clients (another peer, a client a
+// trusted proxy names) still run, and a graceful restart restores the
+// records with their address, so that the cap still holds after it.
+func idemTestAddressCap(t *testing.T) {
+	const maxRecords = 20
+	up := idemStartUpstream(t, nil)
+	dump := filepath.Join(t.TempDir(), "dump")
+	cfg := fmt.Sprintf(`[server]
+workers = 4
+upstream = "http://%s"
+shutdown_timeout = "5s"
+trusted_proxies = ["127.0.0.1/32"]
+
+[table]
+counters = 1024
+responses = 1024
+response_bytes = "1MiB"
+
+[persist]
+path = %q
+key = "v1"
+
+[[idempotency]]
+path = "/orders"
+methods = ["POST"]
+max_records = %d
+`, up.addr, dump, maxRecords)
+	d := startDaemon(t, daemonOptions{config: cfg})
+	attackerIP, victimIP := freshClientIP(), freshClientIP()
+	attacker, victim := newClient(t, attackerIP, false), newClient(t, victimIP, false)
+	proxy := newClient(t, nil, false) // 127.0.0.1: trusted
+	n := 0
+	post := func(c *http.Client, xff string) result {
+		n++
+		h := http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {fmt.Sprint("k-", n)},
+			"Authorization": {fmt.Sprint("Bearer junk-", n)}}
+		if xff != "" {
+			h.Set("X-Forwarded-For", xff)
+		}
+		return send(c, http.MethodPost, d.url("/orders"), h, `{"item":1}`)
+	}
+	wantCapped := func(what string, a result) {
+		t.Helper()
+		idemWantProblem(t, a, http.StatusTooManyRequests)
+		if s, err := strconv.Atoi(a.header.Get("Retry-After")); err != nil || s < 1 {
+			t.Fatalf("%s: Retry-After %q", what, a.header.Get("Retry-After"))
+		}
+	}
+	wantRun := func(what string, a result) {
+		t.Helper()
+		if a.err != nil || a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("%s: %v %d %q, want it to run", what, a.err, a.status, a.body)
+		}
+	}
+	codes := map[int]int{}
+	for range 3 * maxRecords {
+		a := post(attacker, "")
+		codes[a.status]++
+		if a.status == http.StatusTooManyRequests {
+			wantCapped("the attacker", a)
+		}
+	}
+	if codes[http.StatusCreated] != maxRecords || codes[http.StatusTooManyRequests] != 2*maxRecords {
+		t.Fatalf("the attacker's %d requests: %v, want %d × 201 and %d × 429", 3*maxRecords, codes, maxRecords, 2*maxRecords)
+	}
+	if got := up.executions.Load(); got != maxRecords {
+		t.Fatalf("the upstream ran %d times, want %d", got, maxRecords)
+	}
+	wantCapped("the attacker through the trusted proxy", post(proxy, attackerIP.String()))
+	wantRun("another peer", post(victim, ""))
+	wantRun("a client the trusted proxy names", post(proxy, "203.0.113.5"))
+
+	d.stop()
+	d = startDaemon(t, daemonOptions{config: cfg})
+	if !strings.Contains(d.logs.text(), `msg="persist: dump loaded"`) {
+		t.Fatalf("dump not loaded:\n%s", d.logs.text())
+	}
+	wantCapped("the attacker after a restart", post(attacker, ""))
+	wantRun("another peer after a restart", post(victim, ""))
+	if got := up.executions.Load(); got != maxRecords+3 {
+		t.Fatalf("the upstream ran %d times, want %d", got, maxRecords+3)
 	}
 }
 

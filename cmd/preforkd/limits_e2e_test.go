@@ -108,12 +108,19 @@ window = "1h"
 
 // A client that sends 200 keyed requests holds 16 records (1% of a table
 // of 128, at least 16) and gets 429 for the rest; it would otherwise take
-// every record, and the next client would get 503. Another client's keyed
-// request runs exactly once (201), and its retry is a replay.
+// every record, and the next client would get 503. Another token from its
+// address is capped too (its address holds 16); a client at another
+// address runs exactly once (201), and its retry is a replay.
 func limitsIdempotency(t *testing.T) {
 	up := idemStartUpstream(t, nil)
 	d := startDaemon(t, daemonOptions{config: idemConfig(up, 128)})
 	c := newClient(t, freshClientIP(), true)
+	elsewhere := newClient(t, freshClientIP(), true)
+	postFrom := func(c *http.Client, auth, key string) result {
+		return send(c, http.MethodPost, d.url("/orders"), http.Header{
+			"Authorization": {auth}, "Content-Type": {"application/json"}, "Idempotency-Key": {key},
+		}, `{"item":1}`)
+	}
 	post := func(auth, key string) result {
 		return send(c, http.MethodPost, d.url("/orders"), http.Header{
 			"Authorization": {auth}, "Content-Type": {"application/json"}, "Idempotency-Key": {key},
@@ -138,11 +145,12 @@ func limitsIdempotency(t *testing.T) {
 	if created != 16 || capped != 184 || up.executions.Load() != 16 {
 		t.Fatalf("heavy client: %d created, %d refused, %d executions; want 16, 184, 16", created, capped, up.executions.Load())
 	}
-	other := post("Bearer light", "order-1")
+	idemWantProblem(t, post("Bearer light", "order-0"), http.StatusTooManyRequests)
+	other := postFrom(elsewhere, "Bearer light", "order-1")
 	if other.status != http.StatusCreated || other.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("the other client: %d %v %q", other.status, other.err, other.body)
 	}
-	again := post("Bearer light", "order-1")
+	again := postFrom(elsewhere, "Bearer light", "order-1")
 	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(other.body) {
 		t.Fatalf("the other client's retry: %d %q, want a replay of %q", again.status, again.body, other.body)
 	}

@@ -6,6 +6,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -355,5 +356,139 @@ window = "1m"
 	os.WriteFile(path, []byte(cfg[strings.Index(cfg, "[[ratelimit]]"):]), 0o600)
 	if code, _, errOut := runBinary(t, "check", "-config", path); code != 2 || !strings.Contains(errOut, `store: is "redis" but [redis]`) {
 		t.Errorf("check without [redis]: %d %s", code, errOut)
+	}
+}
+
+// The admin actions with a Redis rule and a local rule configured: the
+// state of a client under either (the Redis rule's read from Redis), its
+// reset (the Redis rule's deletes its key in Redis and the host's deny
+// cache: the client's next request passes), and DELETE /idempotency all
+// work. With Redis down the local rule's actions still do, and the Redis
+// rule's answer 503; no answer names anything internal.
+func TestRedisAdminActions(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const token = "0123456789abcdef-redis-admin"
+	cfg := fmt.Sprintf(`[server]
+workers = 2
+[admin]
+listen = "ADMIN_ADDR"
+token_file = %q
+[redis]
+url = %q
+timeout = "1s"
+[[ratelimit]]
+name = "shared"
+path = "/shared"
+limit = 2
+window = "1h"
+store = "redis"
+[[ratelimit]]
+name = "local"
+path = "/local"
+limit = 2
+window = "1h"
+[[idempotency]]
+path = "/orders"
+by = "ip"
+`, writeToken(t, 0o600, token), srv.URL())
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	admin := newClient(t, nil, false)
+	action := func(method, path string) result {
+		t.Helper()
+		r := do(admin, method, "http://"+d.admin+path, http.Header{"Authorization": {"Bearer " + token}})
+		for _, internal := range []string{"Options", "core:", "redisstore", "nil"} {
+			if strings.Contains(string(r.body), internal) {
+				t.Errorf("%s %s: the answer names %q: %s", method, path, internal, r.body)
+			}
+		}
+		return r
+	}
+	type keyState struct {
+		Rule, Element    string
+		Stored, Limited  bool
+		Limit, Remaining int64
+		RetryAfter       int64 `json:"retry_after_seconds"`
+	}
+	state := func(rule, ip string) keyState {
+		t.Helper()
+		r := action(http.MethodGet, "/ratelimit/"+rule+"?key="+ip)
+		var st keyState
+		if err := json.Unmarshal(r.body, &st); r.status != 200 || err != nil {
+			t.Fatalf("GET /ratelimit/%s: %d %s %v", rule, r.status, r.body, err)
+		}
+		return st
+	}
+	ip := freshClientIP()
+	client := newClient(t, ip, false)
+	for _, rule := range []string{"shared", "local"} {
+		for i := range 3 {
+			want := 200
+			if i == 2 {
+				want = 429
+			}
+			if r := do(client, http.MethodPost, d.url("/"+rule), nil); r.status != want {
+				t.Fatalf("%s: request %d: %d %v, want %d", rule, i+1, r.status, r.err, want)
+			}
+		}
+		if st := state(rule, ip.String()); st.Rule != rule || st.Element != "ip" || !st.Stored || !st.Limited ||
+			st.Limit != 2 || st.Remaining != 0 || st.RetryAfter < 1 {
+			t.Fatalf("%s: the limited client: %+v", rule, st)
+		}
+		if st := state(rule, "192.0.2.99"); st.Stored || st.Limited || st.Remaining != 2 {
+			t.Fatalf("%s: a client never seen: %+v", rule, st)
+		}
+	}
+	keys, err := srv.Client().Keys(t.Context(), "*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("Redis holds %q (%v), want the shared rule's one key", keys, err)
+	}
+	for _, rule := range []string{"shared", "local"} {
+		r := action(http.MethodPost, "/ratelimit/"+rule+"/reset?key=ip:"+ip.String())
+		if r.status != 200 || !strings.Contains(string(r.body), `"reset":true`) || !strings.Contains(string(r.body), `"limited":true`) {
+			t.Fatalf("reset %s: %d %s", rule, r.status, r.body)
+		}
+		if r := do(client, http.MethodPost, d.url("/"+rule), nil); r.status != 200 {
+			t.Fatalf("%s: the client after the reset: %d, want 200", rule, r.status)
+		}
+		if st := state(rule, ip.String()); !st.Stored || st.Limited || st.Remaining != 1 {
+			t.Fatalf("%s: the client after the reset and one request: %+v", rule, st)
+		}
+	}
+	if n, err := srv.Client().Exists(t.Context(), keys[0]).Result(); err != nil || n != 1 {
+		t.Fatalf("the shared rule's key after the reset and a request: exists %d, %v", n, err)
+	}
+
+	order := func() result {
+		return do(client, http.MethodPost, d.url("/orders"), http.Header{"Idempotency-Key": {`"order-9"`}})
+	}
+	if r := order(); r.status != 200 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first order: %d %v", r.status, r.header)
+	}
+	if r := order(); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: not replayed: %d %v", r.status, r.header)
+	}
+	if r := action(http.MethodDelete, "/idempotency?key=%22order-9%22&by=ip:"+ip.String()); r.status != 200 || !strings.Contains(string(r.body), `"deleted":1`) {
+		t.Fatalf("DELETE /idempotency: %d %s", r.status, r.body)
+	}
+	if r := order(); r.status != 200 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the DELETE: %d %v, want it to run again", r.status, r.header)
+	}
+
+	srv.Kill()
+	for _, path := range []string{"/ratelimit/shared?key=" + ip.String(), "/ratelimit/shared/reset?key=" + ip.String()} {
+		method := http.MethodGet
+		if strings.HasSuffix(path[:strings.Index(path, "?")], "/reset") {
+			method = http.MethodPost
+		}
+		if r := action(method, path); r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "Redis") {
+			t.Errorf("%s %s with Redis down: %d %s, want 503 saying Redis did not answer", method, path, r.status, r.body)
+		}
+	}
+	if st := state("local", ip.String()); !st.Stored {
+		t.Errorf("the local rule with Redis down: %+v", st)
+	}
+	if r := action(http.MethodPost, "/ratelimit/local/reset?key="+ip.String()); r.status != 200 {
+		t.Errorf("reset of the local rule with Redis down: %d %s", r.status, r.body)
 	}
 }

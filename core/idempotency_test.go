@@ -1,0 +1,142 @@
+package core_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// idemAnswer is what the core answered one keyed request: 200 when it ran
+// (and was completed with 201, stored), else the core's own response.
+type idemAnswer struct {
+	status  int
+	fields  map[string]string
+	problem map[string]any
+}
+
+// runKeyed sends r through c; a request that passes runs and is completed
+// (201, stored for replay).
+func runKeyed(t *testing.T, c *core.Core, r *fakeReq) idemAnswer {
+	t.Helper()
+	ex := c.Begin(r)
+	defer ex.Release()
+	if ex.Decide() == core.Pass {
+		if _, rec := ex.Record(); rec {
+			ex.Complete(&core.Recorded{Status: 201, Body: []byte("created")})
+		}
+		return idemAnswer{status: 200}
+	}
+	resp := ex.Response()
+	a := idemAnswer{status: resp.Status, fields: map[string]string{}}
+	for _, f := range resp.Fields {
+		a.fields[f.Name] = string(f.Value)
+	}
+	if strings.HasPrefix(a.fields["Content-Type"], "application/problem+json") {
+		if err := json.Unmarshal(resp.Body, &a.problem); err != nil {
+			t.Fatalf("problem body %q: %v", resp.Body, err)
+		}
+	}
+	return a
+}
+
+// One client address inventing a new Authorization value (the block's
+// by) for each request fills only its own share: past max_records it gets
+// 429 with Retry-After, whatever the value, and every other address (a
+// peer, an IPv6 /64, a client that a trusted proxy names) still runs. Its
+// stored responses still replay, and its share comes back once they
+// expire.
+func TestIdempotencyAddressCap(t *testing.T) {
+	region := joinedRegion(t, shm.Options{Counters: 64, Responses: 1024, ResponseBytes: 256 << 10, BlockSize: 256})
+	by, err := clientip.ParseBy("header:Authorization|ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Hour
+	const max = 5
+	c, err := core.New(region, core.Options{
+		Resolver: clientip.Resolver{Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, IPv6Prefix: 64},
+		Now:      func() time.Duration { return now },
+		Idempotency: []core.Idempotency{{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10,
+			By: by, MaxRecords: max}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	order := func(peer string, kv ...string) *fakeReq {
+		n++
+		return newReq("POST", "/orders", peer, append([]string{"Idempotency-Key", fmt.Sprint("k-", n),
+			"Authorization", fmt.Sprint("Bearer junk-", n)}, kv...)...)
+	}
+	flood := func(name, peer string, kv ...string) {
+		t.Helper()
+		for i := range max {
+			if a := runKeyed(t, c, order(peer, kv...)); a.status != 200 {
+				t.Fatalf("%s: request %d: %d %v, want it to run", name, i+1, a.status, a.problem)
+			}
+		}
+		for i := range 3 {
+			a := runKeyed(t, c, order(peer, kv...))
+			if a.status != 429 || a.fields["Retry-After"] != "60" || a.fields["Cache-Control"] != "no-store" ||
+				a.problem["type"] != "https://iana.org/assignments/http-problem-types#quota-exceeded" ||
+				!strings.Contains(fmt.Sprint(a.problem["detail"]), "your address has 5 requests") {
+				t.Fatalf("%s: request %d past the cap: %d %v %v", name, max+i+1, a.status, a.fields, a.problem)
+			}
+		}
+	}
+	others := func(name string, peers ...[]string) {
+		t.Helper()
+		for _, p := range peers {
+			if a := runKeyed(t, c, order(p[0], p[1:]...)); a.status != 200 {
+				t.Fatalf("%s: another client %v got %d %v", name, p, a.status, a.problem)
+			}
+		}
+	}
+
+	flood("peer", "192.0.2.1")
+	others("peer", []string{"192.0.2.2"}, []string{"2001:db8::1"})
+
+	// IPv6 by its /64: another address of the same network shares it.
+	flood("ipv6", "2001:db8:0:7::1")
+	if a := runKeyed(t, c, order("2001:db8:0:7::ffff")); a.status != 429 {
+		t.Fatalf("another address of the capped /64: %d, want 429", a.status)
+	}
+	others("ipv6", []string{"2001:db8:0:8::1"})
+
+	// Behind a trusted proxy: the client it names, not the proxy.
+	flood("proxied", "10.0.0.1", "X-Forwarded-For", "198.51.100.7")
+	if a := runKeyed(t, c, order("10.0.0.2", "X-Forwarded-For", "198.51.100.7")); a.status != 429 {
+		t.Fatalf("the capped client through another proxy: %d, want 429", a.status)
+	}
+	others("proxied", []string{"10.0.0.1", "X-Forwarded-For", "198.51.100.8"}, []string{"10.0.0.1"})
+	// A client cannot pose as another through an untrusted peer.
+	flood("spoofer", "203.0.113.9", "X-Forwarded-For", "198.51.100.77")
+	others("spoofer", []string{"10.0.0.1", "X-Forwarded-For", "198.51.100.77"})
+
+	// A capped client's retry of a stored key is replayed, not refused.
+	retry := newReq("POST", "/orders", "192.0.2.1", "Idempotency-Key", "k-1", "Authorization", "Bearer junk-1")
+	if a := runKeyed(t, c, retry); a.status != 201 || a.fields["Idempotent-Replayed"] != "true" {
+		t.Fatalf("a capped client's retry: %d %v, want its stored 201 replayed", a.status, a.fields)
+	}
+	// Once its records expire, the address has its share again: its next
+	// new key takes an expired record, found by a sweep of the address's
+	// records (paced at one a millisecond, real time, per account).
+	now += time.Minute + time.Second
+	deadline := time.Now().Add(time.Second)
+	for a := runKeyed(t, c, order("192.0.2.1")); a.status != 200; a = runKeyed(t, c, order("192.0.2.1")) {
+		if a.status != 429 || time.Now().After(deadline) {
+			t.Fatalf("after its records expired: %d %v", a.status, a.problem)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := region.Responses().VerifyAccounts(); err != nil {
+		t.Fatal(err)
+	}
+}
