@@ -25,22 +25,21 @@ type idemAnswer struct {
 // (201, stored for replay).
 func runKeyed(t *testing.T, c *core.Core, r *fakeReq) idemAnswer {
 	t.Helper()
-	ex := c.Begin(r)
-	defer ex.Release()
-	if ex.Decide() == core.Pass {
-		if _, rec := ex.Record(); rec {
-			ex.Complete(&core.Recorded{Status: 201, Body: []byte("created")})
-		}
+	ran := false
+	got := serve(c, r, func(core.Forward) fakeResp {
+		ran = true
+		return fakeResp{status: 201, body: []byte("created")}
+	})
+	if ran {
 		return idemAnswer{status: 200}
 	}
-	resp := ex.Response()
-	a := idemAnswer{status: resp.Status, fields: map[string]string{}}
-	for _, f := range resp.Fields {
+	a := idemAnswer{status: got.status, fields: map[string]string{}}
+	for _, f := range got.header {
 		a.fields[f.Name] = string(f.Value)
 	}
 	if strings.HasPrefix(a.fields["Content-Type"], "application/problem+json") {
-		if err := json.Unmarshal(resp.Body, &a.problem); err != nil {
-			t.Fatalf("problem body %q: %v", resp.Body, err)
+		if err := json.Unmarshal(got.body, &a.problem); err != nil {
+			t.Fatalf("problem body %q: %v", got.body, err)
 		}
 	}
 	return a

@@ -84,6 +84,10 @@ func post(m http.Handler, path, key, body string, header ...string) answer {
 		req.Header.Set("Idempotency-Key", key)
 	}
 	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == ":peer" { // the client's address, not a field
+			req.RemoteAddr = header[i+1]
+			continue
+		}
 		req.Header.Add(header[i], header[i+1])
 	}
 	rec := httptest.NewRecorder()
@@ -1013,11 +1017,12 @@ func TestMaxRecords(t *testing.T) {
 	if a := alice("a3"); !a.replayed() {
 		t.Fatalf("alice's stored key: %d %s", a.status, a.body)
 	}
-	bob := post(m, "/orders", "a3", "x", "Authorization", "Bearer bob")
+	// Bob is another client: alice's address is capped too.
+	bob := post(m, "/orders", "a3", "x", "Authorization", "Bearer bob", ":peer", "192.0.2.2:1234")
 	if bob.status != http.StatusCreated || bob.replayed() || h.count() != 17 {
 		t.Fatalf("bob: %d %s, %d executions", bob.status, bob.body, h.count())
 	}
-	if again := post(m, "/orders", "a3", "x", "Authorization", "Bearer bob"); !again.replayed() || !bytes.Equal(again.body, bob.body) {
+	if again := post(m, "/orders", "a3", "x", "Authorization", "Bearer bob", ":peer", "192.0.2.2:1234"); !again.replayed() || !bytes.Equal(again.body, bob.body) {
 		t.Fatalf("bob's retry: %d %s", again.status, again.body)
 	}
 	if st := m.IdemStats(); st.Capped != 24 || st.Full != 0 || st.Executions != 17 {
