@@ -42,14 +42,15 @@ const (
 	fromCookie
 	fromQuery
 	fromPath
+	fromFunc // an application's key function (AppendFuncKey): no name
 )
 
 // keyPrefix and hashedPrefix start the key of each kind of element, for a
 // value kept as it is and a hashed one.
 var (
-	keyPrefix    = [...]string{fromHeader: "h:", fromCookie: "c:", fromQuery: "q:", fromPath: "p:"}
-	hashedPrefix = [...]string{fromHeader: "H:", fromCookie: "C:", fromQuery: "Q:", fromPath: "P:"}
-	elemWord     = [...]string{fromHeader: "header", fromCookie: "cookie", fromQuery: "query", fromPath: "path"}
+	keyPrefix    = [...]string{fromHeader: "h:", fromCookie: "c:", fromQuery: "q:", fromPath: "p:", fromFunc: "f:"}
+	hashedPrefix = [...]string{fromHeader: "H:", fromCookie: "C:", fromQuery: "Q:", fromPath: "P:", fromFunc: "F:"}
+	elemWord     = [...]string{fromHeader: "header", fromCookie: "cookie", fromQuery: "query", fromPath: "path", fromFunc: "function"}
 )
 
 // ParseBy parses a `by` expression: "ip", "global", or a chain of elements
@@ -123,6 +124,16 @@ func ParseBy(s string) (By, error) {
 			return b, nil
 		}
 	}
+}
+
+// MustParseBy is ParseBy for a key known when the program is written: it
+// panics if s does not parse.
+func MustParseBy(s string) By {
+	b, err := ParseBy(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 func byError(s, why string) error {
@@ -319,7 +330,7 @@ func appendElemKey(dst []byte, e elem, v string) []byte {
 	} else {
 		dst = append(dst, keyPrefix[e.kind]...)
 	}
-	if e.kind != fromPath {
+	if e.kind != fromPath && e.kind != fromFunc {
 		dst = append(dst, e.name...)
 		dst = append(dst, ':')
 	}
@@ -330,6 +341,18 @@ func appendElemKey(dst []byte, e elem, v string) []byte {
 	// place saves copying a long value.
 	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(v), len(v)))
 	return base64.RawURLEncoding.AppendEncode(dst, sum[:])
+}
+
+// AppendFuncKey appends the key of v, a value an application's key
+// function gave (an authenticated user, say): "f:" and v, or, for a v
+// longer than MaxKeyValue, "F:" and its SHA-256, as for the values of a
+// By's elements; ok is false for a value no key can be made of (empty,
+// or with control bytes), which the caller replaces by its By's key.
+func AppendFuncKey(dst []byte, v string) (_ []byte, ok bool) {
+	if !usable(v) {
+		return dst, false
+	}
+	return appendElemKey(dst, elem{kind: fromFunc}, v), true
 }
 
 // usable reports whether a key can be made of a header value:

@@ -1,15 +1,11 @@
 package core
 
 import (
-	"fmt"
 	"net/http"
-	"net/textproto"
-	"slices"
 	"strconv"
 	"time"
 
 	"github.com/preforkd/preforkd/metrics"
-	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -17,116 +13,23 @@ import (
 // from the responses stored in the region (RFC 9111, as a shared cache),
 // and misses fill it, one upstream fetch per key across every process.
 
-// Cache is one compiled response cache block.
-type Cache struct {
-	// Route is the block's path, and the methods answered from the cache:
-	// GET, and optionally HEAD (answered from GET's entries). A
-	// successful unsafe request (POST, PUT, DELETE, ...) to the path
-	// invalidates its entries whatever the methods.
-	Route route.Route
-	// TTL caps how long an entry is fresh, whatever the response says,
-	// and each of its stale windows; must be positive.
-	TTL time.Duration
-	// MaxBody is the largest body stored; larger responses are passed
-	// through and not stored. Must be positive, at most 1 GiB.
-	MaxBody int64
-	// TagHeaders are the response fields whose values tag an entry, for
-	// purges. nil means Cache-Tag and Surrogate-Key; empty means none.
-	TagHeaders []string
-	// LockTimeout is how long a miss waits for another request's fetch of
-	// the same response (in any process) before it fetches itself,
-	// without storing; 0 means it does not wait.
-	LockTimeout time.Duration
-	// Heuristic lets a response without explicit freshness (no
-	// Cache-Control max-age or s-maxage, no Expires) but with a
-	// Last-Modified be fresh for a tenth of the time from its
-	// Last-Modified to its Date (RFC 9111 §4.2.2), for the statuses RFC
-	// 9110 §15.1 makes heuristically cacheable. Off, such responses are
-	// not stored.
-	Heuristic bool
-}
-
-// maxCacheBody bounds MaxBody: an entry's length is 32 bits.
-const maxCacheBody = 1 << 30
-
-var defaultTagHeaders = []string{"Cache-Tag", "Surrogate-Key"}
-
-// Check reports what is wrong with a block, as New would; every problem
-// is a *FieldError.
-func (d *Cache) Check() error {
-	fail := func(field, format string, args ...any) error {
-		return &FieldError{field, fmt.Sprintf(format, args...)}
-	}
-	ms := d.Route.Methods()
-	get := false
-	for _, m := range ms {
-		switch m {
-		case http.MethodGet:
-			get = true
-		case http.MethodHead:
-		default:
-			return fail("Methods", "methods: only GET and HEAD are answered from a cache, not %s (unsafe requests invalidate it whatever the methods)", m)
-		}
-	}
-	switch {
-	case !get:
-		return fail("Methods", "methods: must include GET (HEAD is answered from what GET stored)")
-	case d.TTL <= 0 || d.TTL > maxTTL:
-		return fail("TTL", "ttl: must be positive and at most %v, got %v", maxTTL, d.TTL)
-	case d.MaxBody <= 0 || d.MaxBody > maxCacheBody:
-		return fail("MaxBody", "max_body: must be positive and at most %d, got %d", maxCacheBody, d.MaxBody)
-	case d.LockTimeout < 0 || d.LockTimeout > maxTTL:
-		return fail("LockTimeout", "lock_timeout: must be between 0 and %v, got %v", maxTTL, d.LockTimeout)
-	}
-	for _, h := range d.TagHeaders {
-		if !route.IsToken(h) {
-			return fail("TagHeaders", "tag_headers: %q is not a valid header name", h)
-		}
-	}
-	return nil
-}
-
-// cacheBlock is one compiled cache block.
-type cacheBlock struct {
-	route       route.Route
-	head        bool // HEAD is answered from the cache
-	ttl         time.Duration
-	maxBody     int64
-	tagHeaders  []string // canonical
-	lockTimeout time.Duration
-	heuristic   bool
-}
-
-func (c *Core) compileCaches(ds []Cache) error {
-	if len(ds) == 0 {
-		return nil
-	}
-	if c.region.Responses().Len() == 0 || c.region.Tags().Len() == 0 {
-		return fmt.Errorf("core: %w (cache blocks need a response table)", shm.ErrNoResponses)
-	}
-	for i := range ds {
-		d := &ds[i]
-		if err := d.Check(); err != nil {
-			return fmt.Errorf("core: cache block %d: %s", i+1, err.(*FieldError).Msg)
-		}
-		b := &cacheBlock{
-			route:       d.Route,
-			head:        slices.Contains(d.Route.Methods(), http.MethodHead),
-			ttl:         d.TTL,
-			maxBody:     d.MaxBody,
-			lockTimeout: d.LockTimeout,
-			heuristic:   d.Heuristic,
-		}
-		tags := d.TagHeaders
-		if tags == nil {
-			tags = defaultTagHeaders
-		}
-		for _, h := range tags {
-			b.tagHeaders = append(b.tagHeaders, textproto.CanonicalMIMEHeaderKey(h))
-		}
-		c.caches = append(c.caches, b)
-	}
-	return nil
+// cacheState is the cache stage's part of an exchange.
+type cacheState struct {
+	blk       *cacheBlock
+	xc        xcache // what X-Cache says
+	flags     uint8
+	fieldsAt  int        // index of X-Cache in fields, on a pass
+	primary   shm.Key    // the request's primary key
+	key       shm.Key    // the key looked up last (primary or variant)
+	namesHash uint64     // hash of the Vary names of the stub looked through
+	lock      shm.Ticket // the fill lock, while cFill
+	entryTk   shm.Ticket // the entry in ent
+	urlHash   uint64
+	urlGen    uint64 // the URL's generation before the fetch
+	epoch     uint64 // the tag epoch before the fetch
+	buf       []byte // the entry found, copied out of the table
+	ent       entry  // buf decoded
+	varyNames [maxVary]string
 }
 
 // What the X-Cache field says, and what the exchange is counted as.
@@ -154,23 +57,23 @@ const (
 	cStale                  // cent (in cbuf) is a stale entry stale-if-error may serve
 )
 
-// cache runs a request of the first cache block whose path matches it.
-func (ex *Exchange) cache() (Verdict, bool) {
+// decideCache runs a request of the first cache block whose path matches it.
+func (ex *Exchange) decideCache() (Verdict, bool) {
 	b := ex.matchCache()
 	if b == nil {
 		return Pass, false
 	}
-	ex.cblk = b
+	ex.cache.blk = b
 	switch m := ex.req.Method(); {
 	case m == http.MethodGet, m == http.MethodHead && b.head:
 	case !safeMethod(m):
-		ex.cflags |= cInvalidate
-		ex.urlHash = ex.c.urlHash(ex.appendURL(ex.keyBuf[:0]))
+		ex.cache.flags |= cInvalidate
+		ex.cache.urlHash = ex.c.urlHash(ex.appendURL(ex.keyBuf[:0]))
 		return ex.cachePass(xBypass)
 	default:
 		return ex.cachePass(xBypass)
 	}
-	if ex.reserved {
+	if ex.idem.reserved {
 		return ex.cachePass(xBypass) // an idempotency block runs it
 	}
 	// Preconditions other than If-None-Match and If-Modified-Since are the
@@ -182,15 +85,15 @@ func (ex *Exchange) cache() (Verdict, bool) {
 		return ex.cachePass(xBypass)
 	}
 	if _, n := ex.req.Header("Authorization"); n > 0 {
-		ex.cflags |= cAuth
+		ex.cache.flags |= cAuth
 	}
 	c := ex.c
 	tags := c.region.Tags()
-	ex.urlHash = c.urlHash(ex.appendURL(ex.keyBuf[:0]))
+	ex.cache.urlHash = c.urlHash(ex.appendURL(ex.keyBuf[:0]))
 	// Snapshots before anything is fetched: an invalidation or purge after
 	// them makes what is fetched unusable (see fill).
-	ex.urlGen, ex.epoch = tags.Gen(ex.urlHash), tags.Epoch()
-	ex.cprimary = c.region.Counters().KeyOf(nsCachePrimary, ex.appendPrimary(ex.keyBuf[:0]))
+	ex.cache.urlGen, ex.cache.epoch = tags.Gen(ex.cache.urlHash), tags.Epoch()
+	ex.cache.primary = c.region.Counters().KeyOf(nsCachePrimary, ex.appendPrimary(ex.keyBuf[:0]))
 	return ex.lookup()
 }
 
@@ -198,27 +101,27 @@ func (ex *Exchange) cache() (Verdict, bool) {
 // forwards and records) or waits for another request's fill and looks
 // again.
 func (ex *Exchange) lookup() (Verdict, bool) {
-	c, b := ex.c, ex.cblk
+	c, b := ex.c, ex.cache.blk
 	tab := c.region.Responses()
 	now := ex.clock()
 	var deadline time.Time
 	waited := false
 	for {
-		f, err := tab.CacheLookup(ex.cprimary, now, ex.cbuf[:0])
+		f, err := tab.CacheLookup(ex.cache.primary, now, ex.cache.buf[:0])
 		if err != nil {
 			return ex.cachePass(xMiss) // New rules out a region without a table
 		}
 		f = ex.found(f)
-		ex.ckey, ex.cflags = ex.cprimary, ex.cflags&^cVariant
-		if f.Data != nil && ex.cent.stub() {
-			names := stubNames(&ex.cent, ex.names[:0])
-			ex.cnames = namesHash(names)
-			ex.ckey = c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], names))
-			ex.cflags |= cVariant
-			if f, err = tab.CacheLookup(ex.ckey, now, ex.cbuf[:0]); err != nil {
+		ex.cache.key, ex.cache.flags = ex.cache.primary, ex.cache.flags&^cVariant
+		if f.Data != nil && ex.cache.ent.stub() {
+			names := stubNames(&ex.cache.ent, ex.cache.varyNames[:0])
+			ex.cache.namesHash = namesHash(names)
+			ex.cache.key = c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], names))
+			ex.cache.flags |= cVariant
+			if f, err = tab.CacheLookup(ex.cache.key, now, ex.cache.buf[:0]); err != nil {
 				return ex.cachePass(xMiss)
 			}
-			if f = ex.found(f); f.Data != nil && ex.cent.stub() {
+			if f = ex.found(f); f.Data != nil && ex.cache.ent.stub() {
 				tab.CacheEvict(f.Entry) // a stub under a variant key: not ours
 				f.Data = nil
 			}
@@ -234,9 +137,9 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 			// The refresh is a copy of the request: a HEAD's would store
 			// no body.
 			if !f.Filling && ex.req.Method() == http.MethodGet {
-				if lock, held, err := tab.CacheLock(ex.ckey, now); err == nil && held {
-					ex.clockTicket = lock
-					ex.cflags |= cFill | cRefresh
+				if lock, held, err := tab.CacheLock(ex.cache.key, now); err == nil && held {
+					ex.cache.lock = lock
+					ex.cache.flags |= cFill | cRefresh
 					c.row.Add(metrics.CacheRefreshes, 0, 1)
 				}
 			}
@@ -249,15 +152,15 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 			return ex.cachePass(xMiss) // a HEAD response has no body to store
 		}
 		if !f.Filling {
-			lock, held, err := tab.CacheLock(ex.ckey, now)
+			lock, held, err := tab.CacheLock(ex.cache.key, now)
 			if err != nil {
 				return ex.cachePass(xMiss) // no record: fetched, not stored
 			}
 			if held {
-				ex.clockTicket = lock
-				ex.cflags |= cFill
+				ex.cache.lock = lock
+				ex.cache.flags |= cFill
 				if state == stIfError {
-					ex.cflags |= cStale // keep it for Fallback
+					ex.cache.flags |= cStale // keep it for Fallback
 				}
 				return ex.cachePass(xMiss)
 			}
@@ -286,8 +189,8 @@ func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
 	if f.Data == nil {
 		return f
 	}
-	ex.cbuf, ex.centTk = f.Data, f.Entry
-	if !decodeEntry(f.Data, &ex.cent) {
+	ex.cache.buf, ex.cache.entryTk = f.Data, f.Entry
+	if !decodeEntry(f.Data, &ex.cache.ent) {
 		ex.c.region.Responses().CacheEvict(f.Entry)
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		f.Data = nil
@@ -306,9 +209,9 @@ const (
 // judge says what the entry in ex.cent is good for at now, and its age. A
 // purged entry (a generation it recorded moved on) is dropped.
 func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
-	e := &ex.cent
+	e := &ex.cache.ent
 	if !ex.gensCurrent(e) {
-		ex.c.region.Responses().CacheEvict(ex.centTk)
+		ex.c.region.Responses().CacheEvict(ex.cache.entryTk)
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		return stAbsent, 0
 	}
@@ -337,8 +240,8 @@ func (ex *Exchange) gensCurrent(e *entry) bool {
 
 // cachePass lets the request through to the application with X-Cache.
 func (ex *Exchange) cachePass(x xcache) (Verdict, bool) {
-	ex.xc = x
-	ex.cfieldsAt = len(ex.fields)
+	ex.cache.xc = x
+	ex.cache.fieldsAt = len(ex.fields)
 	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
 	return Pass, true
 }
@@ -347,8 +250,8 @@ func (ex *Exchange) cachePass(x xcache) (Verdict, bool) {
 // conditional request it satisfies (If-None-Match, else If-Modified-Since),
 // else its status, fields and body (none to HEAD), with Age and X-Cache.
 func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
-	e := &ex.cent
-	ex.xc = x
+	e := &ex.cache.ent
+	ex.cache.xc = x
 	status := e.status
 	notModified := status >= 200 && status < 300 && ex.notModified(e)
 	if notModified {
@@ -424,7 +327,7 @@ func (ex *Exchange) notModified(e *entry) bool {
 // response (the 502 or 504 the engine would answer), or a final status of
 // 500, 502, 503 or 504 of which nothing was sent yet; nil for none.
 func (ex *Exchange) fallback(status int) *Response {
-	if ex.cflags&(cFill|cStale) != cFill|cStale {
+	if ex.cache.flags&(cFill|cStale) != cFill|cStale {
 		return nil
 	}
 	switch status {
@@ -436,7 +339,7 @@ func (ex *Exchange) fallback(status int) *Response {
 	if state == stAbsent || state == stFresh {
 		return nil
 	}
-	ex.fields = ex.fields[:ex.cfieldsAt] // no X-Cache: MISS
+	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
 	ex.serve(age, xStale)
 	return &ex.resp
 }
@@ -465,10 +368,10 @@ func safeMethod(m string) bool {
 // completed is given up, and the request is counted by its X-Cache.
 func (ex *Exchange) releaseCache() {
 	c := ex.c
-	if ex.cflags&cFill != 0 {
-		c.region.Responses().CacheUnlock(ex.clockTicket)
+	if ex.cache.flags&cFill != 0 {
+		c.region.Responses().CacheUnlock(ex.cache.lock)
 	}
-	switch ex.xc {
+	switch ex.cache.xc {
 	case xHit:
 		c.row.Add(metrics.CacheRequests, metrics.CacheHit, 1)
 	case xStale:

@@ -20,23 +20,23 @@ import (
 func (ex *Exchange) completeCache(rec *recorded) {
 	// The status says the application did it, even when the body did not
 	// reach the client whole.
-	if ex.cflags&cInvalidate != 0 && rec.Status >= 200 && rec.Status < 400 {
+	if ex.cache.flags&cInvalidate != 0 && rec.Status >= 200 && rec.Status < 400 {
 		ex.invalidate(rec)
 	}
-	if ex.cflags&cFill == 0 {
+	if ex.cache.flags&cFill == 0 {
 		return
 	}
-	ex.cflags &^= cFill
+	ex.cache.flags &^= cFill
 	c := ex.c
 	tab := c.region.Responses()
 	now := c.now()
 	p, drop := ex.storable(rec, now)
 	if p.data == nil {
-		tab.CacheUnlock(ex.clockTicket)
+		tab.CacheUnlock(ex.cache.lock)
 		if drop {
 			// A newer response the origin does not let be stored: the old
 			// one must not be served any more, not even stale.
-			tab.CacheDrop(ex.ckey)
+			tab.CacheDrop(ex.cache.key)
 		}
 		c.row.Add(metrics.CacheFills, metrics.CacheNotStored, 1)
 		return
@@ -89,10 +89,10 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 		return p, false
 	case s < 200 || s == http.StatusPartialContent || s == http.StatusNotModified:
 		return p, false
-	case rec.Overflow || int64(len(rec.Body)) > ex.cblk.maxBody:
+	case rec.Overflow || int64(len(rec.Body)) > ex.cache.blk.maxBody:
 		return p, true
 	}
-	b, c := ex.cblk, ex.c
+	b, c := ex.cache.blk, ex.c
 	h := rec.Header
 	var lb [8]string
 	cc := parseCacheControl(fieldLines(h, "Cache-Control", lb[:0]))
@@ -103,7 +103,7 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 		return p, true
 	case hasField(h, "Set-Cookie"):
 		return p, true
-	case ex.cflags&cAuth != 0 && !cc.public && cc.sMaxAge < 0 && !cc.mustRevalidate:
+	case ex.cache.flags&cAuth != 0 && !cc.public && cc.sMaxAge < 0 && !cc.mustRevalidate:
 		// RFC 9111 §3.5: the response to a request with credentials is
 		// for its client only. The stored response (of a request without)
 		// is not outdated by it.
@@ -177,17 +177,17 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 		}
 	}
 	tags := c.region.Tags()
-	if tags.Gen(ex.urlHash) != ex.urlGen {
+	if tags.Gen(ex.cache.urlHash) != ex.cache.urlGen {
 		return p, false // invalidated while it was fetched
 	}
 	var w entryWriter
 	w.begin(make([]byte, 0, entryFixed+16*(1+len(tagList))+256+len(rec.Body)), 0, rec.Status, now, age, fresh, swr, sie, 1+len(tagList))
-	w.gen(0, ex.urlHash, ex.urlGen)
+	w.gen(0, ex.cache.urlHash, ex.cache.urlGen)
 	for i, t := range tagList {
 		th := tagHash(c.region, t)
 		w.gen(1+i, th, tags.Gen(th))
 	}
-	if len(tagList) > 0 && tags.Epoch() != ex.epoch {
+	if len(tagList) > 0 && tags.Epoch() != ex.cache.epoch {
 		return p, false // a tag purge ran since the fetch began
 	}
 
@@ -222,7 +222,7 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 // the stub wakes them.
 func (ex *Exchange) put(p *fillPlan, now time.Duration) bool {
 	tab := ex.c.region.Responses()
-	lock, variant := ex.clockTicket, ex.cflags&cVariant != 0
+	lock, variant := ex.cache.lock, ex.cache.flags&cVariant != 0
 	if len(p.names) == 0 {
 		if !variant {
 			ok, _ := tab.CacheFill(lock, p.data, p.expiry, now)
@@ -230,14 +230,14 @@ func (ex *Exchange) put(p *fillPlan, now time.Duration) bool {
 		}
 		// The response no longer varies: it replaces the stub.
 		tab.CacheUnlock(lock)
-		return ex.fillKey(ex.cprimary, p.data, p.expiry, now)
+		return ex.fillKey(ex.cache.primary, p.data, p.expiry, now)
 	}
 	h := namesHash(p.names)
-	if variant && ex.cnames == h {
+	if variant && ex.cache.namesHash == h {
 		ok, _ := tab.CacheFill(lock, p.data, p.expiry, now)
 		return ok
 	}
-	if ex.cflags&cRefresh != 0 {
+	if ex.cache.flags&cRefresh != 0 {
 		// The Vary fields changed and the request is gone: its values
 		// for the new fields are unknown.
 		tab.CacheUnlock(lock)
@@ -250,12 +250,12 @@ func (ex *Exchange) put(p *fillPlan, now time.Duration) bool {
 	for _, n := range p.names {
 		w.field(n, nil)
 	}
-	stub, stubExpiry := w.finish(nil), p.expiry+ex.cblk.ttl
+	stub, stubExpiry := w.finish(nil), p.expiry+ex.cache.blk.ttl
 	if !variant {
 		tab.CacheFill(lock, stub, stubExpiry, now)
 	} else {
 		tab.CacheUnlock(lock)
-		ex.fillKey(ex.cprimary, stub, stubExpiry, now)
+		ex.fillKey(ex.cache.primary, stub, stubExpiry, now)
 	}
 	return stored
 }
@@ -302,7 +302,7 @@ func connectionNames(conn []string, name string) bool {
 func (ex *Exchange) invalidate(rec *recorded) {
 	c := ex.c
 	tags := c.region.Tags()
-	tags.Bump(ex.urlHash)
+	tags.Bump(ex.cache.urlHash)
 	c.row.Add(metrics.CacheInvalidations, 0, 1)
 	host, _ := ex.req.Header("Host")
 	loc := rec.Location

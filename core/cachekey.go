@@ -57,8 +57,8 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 // appendVariant appends the identity of the variant key of the request
 // for the Vary names.
 func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
-	b = binary.LittleEndian.AppendUint64(b, ex.cprimary.A)
-	b = binary.LittleEndian.AppendUint64(b, ex.cprimary.B)
+	b = binary.LittleEndian.AppendUint64(b, ex.cache.primary.A)
+	b = binary.LittleEndian.AppendUint64(b, ex.cache.primary.B)
 	for _, n := range names {
 		b = append(b, n...)
 		b = append(b, ':')

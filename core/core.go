@@ -11,7 +11,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/redisstore"
@@ -68,114 +67,6 @@ type Options struct {
 	// Close closes it. nil: no rule may be a Redis rule.
 	Redis *redisstore.Store
 }
-
-// RateLimit is one compiled rate-limit rule.
-type RateLimit struct {
-	// Rule is the limit itself (name, limit, window, algorithm, burst,
-	// on_full); its Name must be printable ASCII, as it is sent in headers.
-	Rule  bucket.Rule
-	Route route.Route
-	By    clientip.By
-	// Shadow counts and sends headers but never refuses.
-	Shadow bool
-	// Status is the status of a refusal: 429 (0 means 429) or 503.
-	Status int
-	// Exempt clients are never counted or refused by this rule.
-	Exempt []netip.Prefix
-	// Overrides give some keys or clients another limit.
-	Overrides []Override
-	// Redis, if set, keeps the rule's counts (and each override's) in
-	// Options.Redis instead of this host's table: one limit for every
-	// host.
-	Redis *RedisRule
-}
-
-// RedisRule is how a rule uses Redis.
-type RedisRule struct {
-	// OnUnavailable answers when Redis cannot decide (down, slow, the
-	// breaker open): let the request through, refuse it (503), or enforce
-	// this host's share of the limit on its own table.
-	OnUnavailable redisstore.OnUnavailable
-	// LocalShare is the number of hosts sharing the rule, for
-	// OnUnavailable local: this host enforces the limit (and burst)
-	// divided by it. 0 means 1.
-	LocalShare int
-	// Sync 0 decides every request in Redis (one round trip); a positive
-	// interval counts on this host and adds the counts to Redis every
-	// interval (fixed window only; see package redisstore for the bound
-	// on over-admission).
-	Sync time.Duration
-}
-
-// Override is another limit for some keys of a rule (an API key of a
-// paying tier) or for some clients: exactly one of Key and Clients is set.
-// A key an override selects lives in one slot, under the override's limit
-// (never also under the rule's), in a namespace of the override's own, so
-// that changing one override leaves every other key's count alone.
-type Override struct {
-	// Key is an exact key value: the header, cookie or query value (or
-	// the path) that the rule's by made the key of.
-	Key string
-	// Clients are client address ranges.
-	Clients []netip.Prefix
-	// Limit, Window and Burst are as a rule's (Window 0: the rule's).
-	Limit  int64
-	Window time.Duration
-	Burst  int64
-}
-
-// StateRules are the bucket rules whose state a core with these options
-// keeps in the host's table: each local rule's own and each override's,
-// for persistence to guard (each is dropped at load when its definition
-// changed). Redis rules keep theirs in Redis: nothing of theirs is
-// dumped.
-func (o *Options) StateRules() []bucket.Rule {
-	var out []bucket.Rule
-	for i := range o.RateLimits {
-		rl := &o.RateLimits[i]
-		if rl.Redis != nil {
-			continue
-		}
-		out = append(out, rl.Rule)
-		for j := range rl.Overrides {
-			out = append(out, rl.Overrides[j].rule(rl.Rule))
-		}
-	}
-	return out
-}
-
-// Idempotency is one compiled idempotent-replay block.
-type Idempotency struct {
-	Route route.Route
-	// Header carries the key. "" means "Idempotency-Key".
-	Header string
-	// Required makes a request without the header a 400.
-	Required bool
-	// TTL is how long a completed response is replayable; must be positive.
-	TTL time.Duration
-	// Wait is how long a duplicate waits for an original in flight before
-	// it gets 409; 0 means it does not wait.
-	Wait time.Duration
-	// By is the key namespace: the same key from two clients never
-	// collides.
-	By clientip.By
-	// MaxBody is the largest response stored for replay; must be positive.
-	MaxBody int64
-	// MaxRecords bounds the records one client (one namespace: the
-	// block's path and the client's By key) holds, reserved or stored,
-	// and also those of one client address (the address By's "ip" keys
-	// by, IPv6 masked to the resolver's prefix), whatever By keys its
-	// requests came with: values a client invents for a header never
-	// widen its share. Past either, that client gets 429 and other
-	// clients are unaffected. 0 means DefaultMaxRecords of the response
-	// table. Clients and addresses are counted in 65,536 buckets each (a
-	// hash seeded per region): two in one bucket share its budget.
-	MaxRecords int
-}
-
-// DefaultMaxRecords is a block's MaxRecords when it sets none: 1% of the
-// response table's records, at least 16.
-func DefaultMaxRecords(records int) int { return max(records/100, 16) }
 
 const defaultMaxRequestBody = 1 << 20
 
@@ -307,36 +198,11 @@ type Exchange struct {
 	client, clientKey netip.Addr
 	hasClient         bool
 
-	// Rate limiting.
-	hits    []hit
-	hitBuf  [inlineHits]hit
-	refusal Refusal
-	remotes int // hits of Redis rules
-	rhits   []redisstore.Hit
-	rhitBuf [inlineHits]redisstore.Hit
+	// Each stage's state.
+	rl    rateState
+	idem  idemState
+	cache cacheState
 
-	// Idempotency.
-	idem     *block
-	tk       shm.Ticket
-	reserved bool // tk is held and must be completed or released
-	stored   shm.Response
-
-	// Cache.
-	cblk        *cacheBlock
-	xc          xcache // what X-Cache says
-	cflags      uint8
-	cfieldsAt   int        // index of X-Cache in fields, on a pass
-	cprimary    shm.Key    // the request's primary key
-	ckey        shm.Key    // the key looked up last (primary or variant)
-	cnames      uint64     // hash of the Vary names of the stub looked through
-	clockTicket shm.Ticket // the fill lock, while cFill
-	centTk      shm.Ticket // the entry in cent
-	urlHash     uint64
-	urlGen      uint64 // the URL's generation before the fetch
-	epoch       uint64 // the tag epoch before the fetch
-	cbuf        []byte // the entry found, copied out of the table
-	cent        entry  // cbuf decoded
-	names       [maxVary]string
 	// lines receives a request field's lines: a stack array would escape
 	// through the Request interface.
 	lines [8]string
@@ -344,8 +210,9 @@ type Exchange struct {
 	// keyBuf holds the bytes of the key being made: part of the pooled
 	// exchange, since a stack buffer would escape through clientip.Source.
 	keyBuf [idemKeyBufSize]byte
-	// scratch holds a decoded query value while a key is made of it.
-	scratch [256]byte
+	// kv is the request as keys are made of it (view).
+	kv      keyView
+	pathBuf [256]byte
 
 	// What the engine sends.
 	fields   []Field
@@ -363,8 +230,8 @@ func (c *Core) Begin(req Request) *Exchange {
 	ex := c.pool.Get().(*Exchange)
 	ex.req = req
 	ex.now = c.now()
-	ex.hits = ex.hitBuf[:0]
-	ex.rhits = ex.rhitBuf[:0]
+	ex.rl.hits = ex.rl.hitBuf[:0]
+	ex.rl.rhits = ex.rl.rhitBuf[:0]
 	ex.fields = ex.fieldBuf[:0]
 	ex.buf = ex.bufArr[:0]
 	return ex
@@ -374,21 +241,21 @@ func (c *Core) Begin(req Request) *Exchange {
 // application panicked, the engine gave up) is released, so that the retry
 // runs; a fill lock is given up. The Exchange must not be used after.
 func (ex *Exchange) release() {
-	if ex.reserved {
-		ex.c.region.Responses().Release(ex.tk)
+	if ex.idem.reserved {
+		ex.c.region.Responses().Release(ex.idem.tk)
 		ex.c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
 	}
-	if ex.cblk != nil {
+	if ex.cache.blk != nil {
 		ex.releaseCache()
 	}
 	c := ex.c
-	body, cbuf := ex.stored.Body, ex.cbuf
+	body, cbuf := ex.idem.stored.Body, ex.cache.buf
 	*ex = Exchange{c: c}
 	if cap(body) <= maxPooledBody {
-		ex.stored.Body = body[:0] // a replay buffer is worth keeping
+		ex.idem.stored.Body = body[:0] // a replay buffer is worth keeping
 	}
 	if cap(cbuf) <= maxPooledBody {
-		ex.cbuf = cbuf[:0] // so is a cache entry's
+		ex.cache.buf = cbuf[:0] // so is a cache entry's
 	}
 	c.pool.Put(ex)
 }
@@ -409,7 +276,7 @@ func (ex *Exchange) Decide() Verdict {
 	if v, done := ex.idempotency(); done && v == Respond {
 		return v
 	}
-	if v, done := ex.cache(); done && v == Respond {
+	if v, done := ex.decideCache(); done && v == Respond {
 		return v
 	}
 	ex.passed = true
@@ -475,11 +342,11 @@ func (ex *Exchange) Response() *Response { return &ex.resp }
 // end for the retry or the cache.
 func (ex *Exchange) record() (max int64, ok bool) {
 	switch {
-	case ex.reserved:
-		return ex.idem.maxBody, true
-	case ex.cflags&cFill != 0:
-		return ex.cblk.maxBody, true
-	case ex.cflags&cInvalidate != 0:
+	case ex.idem.reserved:
+		return ex.idem.blk.maxBody, true
+	case ex.cache.flags&cFill != 0:
+		return ex.cache.blk.maxBody, true
+	case ex.cache.flags&cInvalidate != 0:
 		return 0, true
 	}
 	return 0, false
@@ -500,42 +367,60 @@ func (c *Core) Responded(status int, elapsed time.Duration) {
 	}
 }
 
-// Header, Cookie, Query, Path and ClientKey make an Exchange the
-// clientip.Source of its request.
-func (ex *Exchange) Header(name string) (string, int) { return ex.req.Header(name) }
+// keyView is the request as clientip makes a key of it (clientip.Source):
+// its fields and query as forwarded, its path as rules match it, and its
+// client key, all settled by the core before it asks clientip for a key,
+// so that clientip only reads. It lives in the pooled exchange: handing
+// clientip a pointer to it allocates nothing.
+type keyView struct {
+	req     Request
+	path    string     // normalized, ASCII-lowercased unless paths are case-sensitive
+	client  netip.Addr // the client key
+	lines   [4]string  // a field's lines: a stack array would escape through Request
+	scratch [256]byte  // a decoded query value, valid until the next call
+}
+
+func (v *keyView) Header(name string) (string, int) { return v.req.Header(name) }
 
 // Cookie is the first cookie called name in the request's Cookie lines.
-func (ex *Exchange) Cookie(name string) (string, bool) {
-	var lb [4]string
-	return clientip.CookieValue(ex.req.HeaderLines("Cookie", lb[:0]), name)
+func (v *keyView) Cookie(name string) (string, bool) {
+	return clientip.CookieValue(v.req.HeaderLines("Cookie", v.lines[:0]), name)
 }
 
-// Query is the query parameter called name, decoded into the exchange's
+// Query is the query parameter called name, decoded into the view's
 // scratch buffer: valid until the next call.
-func (ex *Exchange) Query(name string) (string, int) {
-	v, n := clientip.QueryValue(ex.req.Query(), name, ex.scratch[:0])
-	if len(v) == 0 {
+func (v *keyView) Query(name string) (string, int) {
+	q, n := clientip.QueryValue(v.req.Query(), name, v.scratch[:0])
+	if len(q) == 0 {
 		return "", n
 	}
-	return unsafe.String(&v[0], len(v)), n
+	return unsafe.String(&q[0], len(q)), n
 }
 
-// Path is the normalized path rules match, ASCII-lowercased unless paths
-// are case-sensitive (in the scratch buffer: valid until the next call).
-func (ex *Exchange) Path() string {
-	p := ex.match
-	if ex.c.caseSens || !hasUpper(p) {
-		return p
+func (v *keyView) Path() string          { return v.path }
+func (v *keyView) ClientKey() netip.Addr { return v.client }
+
+// view settles the request's key view, once: the path rules match (in
+// the view's scratch buffer when it must be lowercased) and the client.
+func (ex *Exchange) view() *keyView {
+	v := &ex.kv
+	if v.req != nil {
+		return v
 	}
-	b := ex.scratch[:0]
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
+	v.req, v.client = ex.req, ex.ClientKey()
+	v.path = ex.match
+	if !ex.c.caseSens && hasUpper(v.path) {
+		b := ex.pathBuf[:0]
+		for i := 0; i < len(v.path); i++ {
+			c := v.path[i]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			b = append(b, c)
 		}
-		b = append(b, c)
+		v.path = unsafe.String(&b[0], len(b))
 	}
-	return unsafe.String(&b[0], len(b))
+	return v
 }
 
 func hasUpper(s string) bool {

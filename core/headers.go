@@ -167,10 +167,10 @@ func mostConstraining(hits []hit) int {
 // item, and is never the most constraining.
 func (ex *Exchange) rateLimitFields() {
 	mode := ex.c.headers
-	if mode == HeadersNone || len(ex.hits) == 0 {
+	if mode == HeadersNone || len(ex.rl.hits) == 0 {
 		return
 	}
-	hits := ex.hits
+	hits := ex.rl.hits
 	for i := range hits {
 		if blind(&hits[i]) {
 			hits = ex.knowing()
@@ -220,9 +220,9 @@ func blind(h *hit) bool { return h.unknown || h.d.Full && h.d.Allowed }
 func (ex *Exchange) knowing() []hit {
 	var buf [inlineHits]hit
 	out := buf[:0]
-	for i := range ex.hits {
-		if !blind(&ex.hits[i]) {
-			out = append(out, ex.hits[i])
+	for i := range ex.rl.hits {
+		if !blind(&ex.rl.hits[i]) {
+			out = append(out, ex.rl.hits[i])
 		}
 	}
 	return out

@@ -26,7 +26,7 @@ func testHit(name string, limit int64, window time.Duration, d bucket.Decision) 
 func setRateLimitHeaders(h http.Header, mode HeaderMode, hits []hit, wall time.Time) {
 	ex := &Exchange{c: &Core{headers: mode, wall: func() time.Time { return wall }}}
 	ex.fields, ex.buf = ex.fieldBuf[:0], ex.bufArr[:0]
-	ex.hits = hits
+	ex.rl.hits = hits
 	ex.rateLimitFields()
 	for _, f := range ex.fields {
 		h.Add(f.Name, string(f.Value))

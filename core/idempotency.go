@@ -8,15 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/textproto"
 	"strconv"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/metrics"
-	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -24,22 +20,12 @@ import (
 // key run at most once per key, and their responses are replayed to
 // retries (draft-ietf-httpapi-idempotency-key-header).
 
-// block is one compiled idempotency block.
-type block struct {
-	route    route.Route
-	header   string // canonical header name
-	required bool
-	ttl      time.Duration
-	wait     time.Duration
-	by       clientip.By
-	maxBody  int64
-	ns       uint64 // key namespace: the block's path, so that reloads keep records
-	// maxRecords bounds the records of one client (one account: a hash of
-	// the namespace and the client's `by` key), and those of one client
-	// address (an account of the address set: a hash of the namespace and
-	// the address as rules key it).
-	maxRecords int
-	problems   [nProblems]Problem
+// idemState is the idempotency stage's part of an exchange.
+type idemState struct {
+	blk      *block
+	tk       shm.Ticket
+	reserved bool // tk is held and must be completed or released
+	stored   shm.Response
 }
 
 // idemKeyBufSize is the buffer for a key's identity: the `by` key
@@ -62,82 +48,6 @@ const (
 	retryCapped = 60
 )
 
-const defaultIdemHeader = "Idempotency-Key"
-
-// maxTTL bounds a block's ttl: the longest span the region's times are
-// meant to count, as for a rule's window.
-const maxTTL = bucket.MaxWindow
-
-// FieldError is an option the core refuses: Field names it (as the field
-// of Idempotency, say: "TTL"), Msg says what is wrong.
-type FieldError struct {
-	Field, Msg string
-}
-
-func (e *FieldError) Error() string { return "core: " + e.Msg }
-
-// Check reports what is wrong with a block, as New would; every problem
-// is a *FieldError.
-func (d *Idempotency) Check() error {
-	fail := func(field, format string, args ...any) error {
-		return &FieldError{field, fmt.Sprintf(format, args...)}
-	}
-	switch {
-	case d.Header != "" && !route.IsToken(d.Header):
-		return fail("Header", "header: %q is not a valid header name", d.Header)
-	case d.TTL <= 0 || d.TTL > maxTTL:
-		return fail("TTL", "ttl: must be positive and at most %v, got %v", maxTTL, d.TTL)
-	case d.Wait < 0:
-		return fail("Wait", "wait: must not be negative, got %v", d.Wait)
-	case d.MaxBody <= 0:
-		return fail("MaxBody", "max_body: must be positive, got %d", d.MaxBody)
-	case d.MaxRecords < 0:
-		return fail("MaxRecords", "max_records: must not be negative (0 means 1%% of the table, at least 16), got %d", d.MaxRecords)
-	}
-	return nil
-}
-
-func (c *Core) compileBlocks(ds []Idempotency) error {
-	if len(ds) == 0 {
-		return nil
-	}
-	if c.region.Responses().Len() == 0 {
-		return fmt.Errorf("core: %w (idempotency blocks need a response table)", shm.ErrNoResponses)
-	}
-	for i := range ds {
-		d := &ds[i]
-		if err := d.Check(); err != nil {
-			return fmt.Errorf("core: idempotency block %d: %s", i+1, err.(*FieldError).Msg)
-		}
-		header := d.Header
-		if header == "" {
-			header = defaultIdemHeader
-		}
-		b := &block{
-			route:      d.Route,
-			header:     textproto.CanonicalMIMEHeaderKey(header),
-			required:   d.Required,
-			ttl:        d.TTL,
-			wait:       d.Wait,
-			by:         d.By,
-			maxBody:    d.MaxBody,
-			maxRecords: d.MaxRecords,
-			// The route's path, not its methods: a reload that adds a
-			// method keeps the records, and the fingerprint (which has the
-			// method) tells a POST from a PATCH under one key.
-			ns: xxhash.Sum64String("idempotency\x00" + d.Route.String()),
-		}
-		if b.maxRecords == 0 {
-			b.maxRecords = DefaultMaxRecords(c.region.Responses().Len())
-		}
-		for p := range b.problems {
-			b.problems[p] = newIdemProblem(problemKind(p), b, c.maxReq)
-		}
-		c.blocks = append(c.blocks, b)
-	}
-	return nil
-}
-
 // idempotency runs a keyed request of the first block whose route matches
 // it: it reserves the key (Pass, with Record asking for the response),
 // replays the stored response, or answers a problem. A duplicate of an
@@ -156,7 +66,7 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 	c := ex.c
 	// The key's identity: the client (by) and the key, NUL between them
 	// (by keys hold no control bytes), so that two clients never share a key.
-	id, err := b.by.AppendKeyOf(ex.keyBuf[:0], ex)
+	id, err := b.by.AppendKeyOf(ex.keyBuf[:0], ex.view())
 	if err != nil {
 		c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
 		var re *clientip.RepeatedError
@@ -231,7 +141,7 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 	c, tab := ex.c, ex.c.region.Responses()
 	var deadline time.Time
 	for waited := false; ; {
-		out, tk, err := tab.Begin(k, q, addr, fp, c.now(), &ex.stored)
+		out, tk, err := tab.Begin(k, q, addr, fp, c.now(), &ex.idem.stored)
 		switch {
 		case errors.Is(err, shm.ErrQuota):
 			// This client holds its maximum of records: it waits, others
@@ -257,7 +167,7 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 		switch out {
 		case shm.Reserved:
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemExecuted, 1)
-			ex.idem, ex.tk, ex.reserved = b, tk, true
+			ex.idem.blk, ex.idem.tk, ex.idem.reserved = b, tk, true
 			return Pass, true
 		case shm.Replay:
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemReplayed, 1)
@@ -305,14 +215,14 @@ func (ex *Exchange) complete(rec *recorded) {
 }
 
 func (ex *Exchange) completeIdem(rec *recorded) {
-	if !ex.reserved {
+	if !ex.idem.reserved {
 		return
 	}
-	ex.reserved = false
-	c, b, tab := ex.c, ex.idem, ex.c.region.Responses()
+	ex.idem.reserved = false
+	c, b, tab := ex.c, ex.idem.blk, ex.c.region.Responses()
 	keep, replayable := storable(rec)
 	if !keep {
-		tab.Release(ex.tk)
+		tab.Release(ex.idem.tk)
 		c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
 		return
 	}
@@ -320,7 +230,7 @@ func (ex *Exchange) completeIdem(rec *recorded) {
 	if replayable {
 		resp = &shm.Response{Status: rec.Status, ContentType: rec.ContentType, Location: rec.Location, Body: rec.Body}
 	}
-	stored, err := tab.Complete(ex.tk, resp, c.now(), b.ttl)
+	stored, err := tab.Complete(ex.idem.tk, resp, c.now(), b.ttl)
 	switch {
 	case err != nil:
 		// The reservation was lost (this worker was reaped meanwhile):
@@ -359,7 +269,7 @@ func storable(rec *recorded) (keep, replayable bool) {
 // and the body, byte for byte, and Idempotent-Replayed: true. A response
 // stored without Content-Type is replayed without one.
 func (ex *Exchange) replay() (Verdict, bool) {
-	s := &ex.stored
+	s := &ex.idem.stored
 	if s.ContentType != "" {
 		ex.addField("Content-Type", func(b []byte) []byte { return append(b, s.ContentType...) })
 	}

@@ -1,12 +1,11 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
@@ -20,49 +19,14 @@ import (
 // it is refused if any enforcing rule refuses it, and a refused request is
 // charged to no rule (see charge).
 
-// rule is one compiled rate-limit rule and its in-process counters.
-type rule struct {
-	name   string
-	route  *RateLimit
-	by     clientip.By
-	byIdx  int // index of the first rule with an equal by: equal bys give equal key bytes
-	shadow bool
-	status int // of a refusal: 429 or 503
-	exempt clientip.PrefixSet
-	// maxKeys bounds the counter slots of the rule's keys, its overrides'
-	// included (bucket.Rule.MaxKeys, the default resolved), all charged to
-	// account.
-	maxKeys int
-	account uint16
-
-	// base is the rule's own limit; overrides replace it for some keys:
-	// byKey by exact key value, then the first whose clients contain the
-	// client.
-	base      variant
-	overrides []*variant
-	byKey     map[string]*variant
-
-	// stat is the rule's index in the region's statistics (-1: none, its
-	// requests are not counted).
-	stat int
-	// Rate-limited log lines: refusals, shadow refusals, keys let through
-	// by on_full "open" and by on_unavailable "open".
-	refusedLog, shadowLog, fullLog, unavailableLog lineGate
-}
-
-// variant is one limit of a rule: its own, or an override's. Each has its
-// own key namespace, so a key lives in one slot, under the limit that
-// applies to it.
-type variant struct {
-	lim     *bucket.Limiter // a local rule's; nil for a Redis rule
-	hdr     ruleHeaders
-	clients clientip.PrefixSet
-
-	// A Redis rule's limiter, and for on_unavailable "local" the
-	// variant of this host's share (a local one, headers of its own
-	// limit).
-	remote   *redisstore.Limiter
-	fallback *variant
+// rateState is the rate-limit stage's part of an exchange.
+type rateState struct {
+	hits    []hit
+	hitBuf  [inlineHits]hit
+	refusal Refusal
+	remotes int // hits of Redis rules
+	rhits   []redisstore.Hit
+	rhitBuf [inlineHits]redisstore.Hit
 }
 
 // hit is one rule matching the request being decided.
@@ -123,248 +87,6 @@ func (h *hit) refund(now time.Duration) {
 // allocating.
 const inlineHits = 8
 
-func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
-	if err := CheckAccounts(rls); err != nil {
-		return err
-	}
-	tab := c.region.Counters()
-	bys := map[string]int{}
-	for i := range rls {
-		rl := rls[i]
-		if rl.Redis != nil && c.redis == nil {
-			return fmt.Errorf("core: rule %q is a Redis rule but Options.Redis is nil", rl.Rule.Name)
-		}
-		if rl.Rule.MaxKeys == 0 {
-			rl.Rule.MaxKeys = DefaultMaxKeys(tab.Len(), len(rls))
-		}
-		ru, err := compileRule(&rl, tab, c.redis)
-		if err != nil {
-			return err
-		}
-		c.statRule(ru)
-		if _, dup := c.byName[ru.name]; dup {
-			return fmt.Errorf("core: rule %q defined twice", ru.name)
-		}
-		ru.shadow = ru.shadow || shadowAll
-		b := ru.by.String()
-		if _, ok := bys[b]; !ok {
-			bys[b] = i
-		}
-		ru.byIdx = bys[b]
-		c.rules = append(c.rules, ru)
-		c.byName[ru.name] = ru
-	}
-	return nil
-}
-
-// DefaultMaxKeys is a rule's MaxKeys when it sets none: half of the
-// table's slots when there are several rules, so that no rule's keys can
-// take another's room, else all of them.
-func DefaultMaxKeys(slots, rules int) int {
-	if rules > 1 {
-		return max(slots/2, 1)
-	}
-	return slots
-}
-
-// An AccountError is two rules whose names hash to one 16-bit account
-// (bucket.Rule.Account): their keys would share one count of slots, so
-// that one rule's flood could take the other's room, and a dump could not
-// tell their state apart (persistence drops both at every restart).
-// Renaming either rule ends it.
-type AccountError struct {
-	Rule    string // the later rule
-	Index   int    // its index among the rules
-	Other   string // the earlier rule
-	Account uint16
-}
-
-func (e *AccountError) Error() string {
-	return fmt.Sprintf("core: rule %q: its name hashes to the 16-bit account %#04x of rule %q; rename one of them", e.Rule, e.Account, e.Other)
-}
-
-// CheckAccounts reports the first rule whose account an earlier rule
-// has, as an *AccountError. Rules are told apart by a 16-bit hash of
-// their names: two of 20 rules collide with a chance of about 0.3%.
-func CheckAccounts(rls []RateLimit) error {
-	seen := make(map[uint16]string, len(rls))
-	for i := range rls {
-		r := rls[i].Rule
-		a := r.Account()
-		if other, ok := seen[a]; ok && other != r.Name {
-			return &AccountError{Rule: r.Name, Index: i, Other: other, Account: a}
-		}
-		seen[a] = r.Name
-	}
-	return nil
-}
-
-// OverrideError is a problem with override Index (0-based) of a rule:
-// Err is a *FieldError about the override itself ("Key" when it selects
-// by neither or both of key and clients) or a *bucket.RuleError about
-// its rate.
-type OverrideError struct {
-	Rule  string
-	Index int
-	Err   error
-}
-
-func (e *OverrideError) Error() string {
-	return fmt.Sprintf("core: rule %q: override %d: %s", e.Rule, e.Index+1, strings.TrimPrefix(strings.TrimPrefix(e.Err.Error(), "core: "), "bucket: "))
-}
-
-func (e *OverrideError) Unwrap() error { return e.Err }
-
-// Check reports what is wrong with a rule, as New would: a name that
-// cannot be sent in headers, a refusal status other than 429 or 503, the
-// rate (bucket.Rule.Compile, whose *bucket.RuleError says which field),
-// an override that selects by neither or both of key and clients, or
-// whose own rate is wrong (an *OverrideError around the cause).
-func (rl *RateLimit) Check() error {
-	name := rl.Rule.Name
-	if !printableASCII(name) {
-		return &FieldError{"Name", fmt.Sprintf("rule %q: a name must be 1 or more printable ASCII characters", name)}
-	}
-	switch rl.Status {
-	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
-	default:
-		return &FieldError{"Status", fmt.Sprintf("rule %q: status %d: want 429 or 503", name, rl.Status)}
-	}
-	if _, err := rl.Rule.Compile(); err != nil {
-		return err // bucket's error names the rule
-	}
-	keys := map[string]bool{}
-	for i := range rl.Overrides {
-		o := &rl.Overrides[i]
-		fail := func(err error) error { return &OverrideError{name, i, err} }
-		switch {
-		case (o.Key == "") == (len(o.Clients) == 0):
-			return fail(&FieldError{"Key", "give it either a key or clients"})
-		case o.Key != "" && keys[o.Key]:
-			return fail(&FieldError{"Key", fmt.Sprintf("key %q is overridden twice", o.Key)})
-		}
-		keys[o.Key] = true
-		if _, err := o.rule(rl.Rule).Compile(); err != nil {
-			return fail(err)
-		}
-	}
-	return nil
-}
-
-// rule is the bucket rule of an override of base: base's, with the
-// override's rate and a name of its own (see stateName), in base's group,
-// so that its keys count against base's MaxKeys.
-func (o *Override) rule(base bucket.Rule) bucket.Rule {
-	r := base
-	r.Name = o.stateName(base.Name)
-	if r.Group == "" {
-		r.Group = base.Name
-	}
-	r.Limit, r.Burst = o.Limit, o.Burst
-	if o.Window != 0 {
-		r.Window = o.Window
-	}
-	return r
-}
-
-func compileRule(rl *RateLimit, tab *shm.Counters, store *redisstore.Store) (*rule, error) {
-	if err := rl.Check(); err != nil {
-		return nil, err
-	}
-	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, shadow: rl.Shadow, status: rl.Status,
-		exempt: clientip.NewPrefixSet(rl.Exempt), maxKeys: rl.Rule.MaxKeys, account: rl.Rule.Account()}
-	if ru.status == 0 {
-		ru.status = http.StatusTooManyRequests
-	}
-	var err error
-	if ru.base, err = newVariant(rl.Rule, rl.Redis, tab, store); err != nil {
-		return nil, err
-	}
-	for i := range rl.Overrides {
-		o := &rl.Overrides[i]
-		r := o.rule(rl.Rule)
-		v, err := newVariant(r, rl.Redis, tab, store)
-		if err != nil {
-			return nil, err
-		}
-		v.hdr = newRuleHeaders(ru.name, r.Limit, r.Window) // clients see the rule's name
-		if v.fallback != nil {
-			_, limit := v.remote.LocalShare()
-			v.fallback.hdr = newRuleHeaders(ru.name, limit, r.Window)
-		}
-		v.clients = clientip.NewPrefixSet(o.Clients)
-		if o.Key != "" {
-			if ru.byKey == nil {
-				ru.byKey = map[string]*variant{}
-			}
-			ru.byKey[o.Key] = &v
-		} else {
-			ru.overrides = append(ru.overrides, &v)
-		}
-	}
-	return ru, nil
-}
-
-// statRule gives ru its index in the region's statistics and its log
-// gates. A region whose name table is full (more distinct rule names over
-// its life than it has room for) counts the rule nowhere: said once, here.
-func (c *Core) statRule(ru *rule) {
-	r := c.region
-	ru.stat = metrics.RuleIndex(r, ru.name)
-	if ru.stat < 0 {
-		c.logger().Warn("rule not counted in the metrics: the region has no room for another rule name (a restart makes room)", "rule", ru.name)
-	}
-	gate := func(kind int, results ...int) lineGate {
-		return lineGate{g: metrics.RuleGate(r, ru.stat, kind), total: func() uint64 {
-			var n uint64
-			for _, res := range results {
-				n += metrics.RuleTotal(r, metrics.RateLimitRequests, ru.stat, res)
-			}
-			return n
-		}}
-	}
-	ru.refusedLog = gate(metrics.GateRefused, metrics.Limited, metrics.FullClosed, metrics.CappedClosed)
-	ru.shadowLog = gate(metrics.GateShadow, metrics.ShadowLimited)
-	ru.fullLog = gate(metrics.GateFull, metrics.FullOpen, metrics.CappedOpen)
-	ru.unavailableLog = gate(metrics.GateUnavailable, metrics.UnavailableOpen)
-}
-
-// stateName is the name an override's state is kept under: the rule's,
-// and what the override selects, so that a reload that changes one
-// override (or a dump guarded by it) touches only that override's keys.
-func (o *Override) stateName(rule string) string {
-	if o.Key != "" {
-		return rule + "\x00key\x00" + o.Key
-	}
-	var b strings.Builder
-	b.WriteString(rule + "\x00clients")
-	for _, p := range o.Clients {
-		b.WriteString("\x00" + p.String())
-	}
-	return b.String()
-}
-
-func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store *redisstore.Store) (variant, error) {
-	if rr == nil {
-		lim, err := bucket.NewLimiter(r, tab)
-		if err != nil {
-			return variant{}, err
-		}
-		return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
-	}
-	rem, err := store.NewLimiter(redisstore.Rule{Rule: r, OnUnavailable: rr.OnUnavailable, LocalShare: rr.LocalShare, Sync: rr.Sync})
-	if err != nil {
-		return variant{}, err
-	}
-	v := variant{remote: rem, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}
-	if ls, limit := rem.LocalShare(); ls != nil {
-		// The share's headers name the rule and announce the limit it
-		// enforces while Redis is away.
-		v.fallback = &variant{lim: ls, hdr: newRuleHeaders(r.Name, limit, r.Window)}
-	}
-	return v, nil
-}
-
 // variantOf is the limit that applies to a key made of value for the
 // request's client.
 func (ex *Exchange) variantOf(ru *rule, value string) *variant {
@@ -384,23 +106,12 @@ func (ex *Exchange) variantOf(ru *rule, value string) *variant {
 	return &ru.base
 }
 
-// printableASCII reports whether a rule name can appear in the headers as
-// it is.
-func printableASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return s != ""
-}
-
 // rateLimit counts the request under every rule that matches it and
 // either refuses it (429, or 503 from on_full "closed") or lets it pass
 // with the rate-limit headers in the exchange's fields.
 func (ex *Exchange) rateLimit() (Verdict, bool) {
 	enforcing := ex.matchRules()
-	if len(ex.hits) == 0 {
+	if len(ex.rl.hits) == 0 {
 		return Pass, false
 	}
 	now := ex.clock()
@@ -437,12 +148,12 @@ func (ex *Exchange) matchRules() (enforcing int) {
 		if ru.exempt.Len() > 0 && ru.exempt.Contains(ex.Client()) {
 			continue
 		}
-		ex.hits = append(ex.hits, hit{r: ru})
+		ex.rl.hits = append(ex.rl.hits, hit{r: ru})
 		if !ru.shadow {
 			enforcing++
 		}
 		if ru.base.remote != nil {
-			ex.remotes++
+			ex.rl.remotes++
 		}
 	}
 	return enforcing
@@ -454,11 +165,11 @@ func (ex *Exchange) keys() error {
 	var id []byte
 	var value string
 	last := -1
-	for i := range ex.hits {
-		h := &ex.hits[i]
+	for i := range ex.rl.hits {
+		h := &ex.rl.hits[i]
 		if h.r.byIdx != last {
 			var err error
-			if id, value, err = h.r.by.AppendKeyValue(ex.keyBuf[:0], ex); err != nil {
+			if id, value, err = ex.keyOf(h.r); err != nil {
 				return err
 			}
 			last = h.r.byIdx
@@ -475,6 +186,19 @@ func (ex *Exchange) keys() error {
 		}
 	}
 	return nil
+}
+
+// keyOf makes the key bytes of rule ru for the request, and the value
+// an override's key is matched against: its key function's, when it has
+// one that gives a usable value, else its by's.
+func (ex *Exchange) keyOf(ru *rule) ([]byte, string, error) {
+	if ru.keyFunc != nil {
+		v := ru.keyFunc(ex.req)
+		if id, ok := clientip.AppendFuncKey(ex.keyBuf[:0], v); ok {
+			return id, v, nil
+		}
+	}
+	return ru.by.AppendKeyValue(ex.keyBuf[:0], ex.view())
 }
 
 // charge counts the request in every matching rule, or in none: it returns
@@ -507,7 +231,7 @@ func (ex *Exchange) keys() error {
 // its own refusal charges nothing. Shadow rules never refuse, so they are
 // charged last, when the request is served.
 func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
-	if ex.remotes > 0 {
+	if ex.rl.remotes > 0 {
 		if h := ex.denied(now); h != nil {
 			return h
 		}
@@ -520,14 +244,14 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 	if h := ex.chargeLocal(now); h != nil {
 		return h
 	}
-	if ex.remotes > 0 {
+	if ex.rl.remotes > 0 {
 		if h := ex.chargeRedis(now); h != nil {
 			ex.refundLocal(now)
 			return h
 		}
 	}
-	for i := range ex.hits {
-		if h := &ex.hits[i]; h.r.shadow && !h.settled && !h.exact() {
+	for i := range ex.rl.hits {
+		if h := &ex.rl.hits[i]; h.r.shadow && !h.settled && !h.exact() {
 			h.d, h.decided, h.settled = h.allow(now), true, true
 			h.charged = h.d.Allowed && !h.d.Full
 		}
@@ -539,8 +263,8 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 // (the latest retry of several), or nil.
 func (ex *Exchange) denied(now time.Duration) *hit {
 	var refusing *hit
-	for i := range ex.hits {
-		h := &ex.hits[i]
+	for i := range ex.rl.hits {
+		h := &ex.rl.hits[i]
 		if h.r.shadow || !h.exact() {
 			continue
 		}
@@ -564,8 +288,8 @@ func (ex *Exchange) denied(now time.Duration) *hit {
 // unless exactOnly. It returns the first enforcing "closed" rule, or nil.
 func (ex *Exchange) unavailable(now time.Duration, exactOnly bool) *hit {
 	var refusing *hit
-	for i := range ex.hits {
-		h := &ex.hits[i]
+	for i := range ex.rl.hits {
+		h := &ex.rl.hits[i]
 		if h.v.remote == nil || h.settled || exactOnly && !h.exact() {
 			continue
 		}
@@ -595,7 +319,7 @@ func (ex *Exchange) unavailable(now time.Duration, exactOnly bool) *hit {
 // that are not settled yet (step 2 of charge), refunding every local
 // charge of the request if one refuses.
 func (ex *Exchange) chargeLocal(now time.Duration) *hit {
-	hits := ex.hits
+	hits := ex.rl.hits
 	pending := 0
 	for i := range hits {
 		if h := &hits[i]; !h.r.shadow && !h.settled && !h.exact() {
@@ -641,8 +365,8 @@ func (ex *Exchange) chargeLocal(now time.Duration) *hit {
 // refundLocal gives back every charge the request made on the host's
 // table.
 func (ex *Exchange) refundLocal(now time.Duration) {
-	for j := range ex.hits {
-		if o := &ex.hits[j]; o.charged {
+	for j := range ex.rl.hits {
+		if o := &ex.rl.hits[j]; o.charged {
 			o.refund(now)
 			o.charged, o.decided = false, false // refuse peeks again for the headers
 		}
@@ -653,9 +377,9 @@ func (ex *Exchange) refundLocal(now time.Duration) {
 // (step 3 of charge). When Redis cannot decide, on_unavailable answers,
 // "local" on the host's table.
 func (ex *Exchange) chargeRedis(now time.Duration) *hit {
-	rh := ex.rhits[:0]
-	for i := range ex.hits {
-		if h := &ex.hits[i]; h.exact() && !h.settled {
+	rh := ex.rl.rhits[:0]
+	for i := range ex.rl.hits {
+		if h := &ex.rl.hits[i]; h.exact() && !h.settled {
 			rh = append(rh, redisstore.Hit{Lim: h.v.remote, Key: &h.rk, Shadow: h.r.shadow})
 		}
 	}
@@ -671,8 +395,8 @@ func (ex *Exchange) chargeRedis(now time.Duration) *hit {
 	}
 	var refusing *hit
 	j := 0
-	for i := range ex.hits {
-		h := &ex.hits[i]
+	for i := range ex.rl.hits {
+		h := &ex.rl.hits[i]
 		if !h.exact() || h.settled {
 			continue
 		}
@@ -692,8 +416,8 @@ func (ex *Exchange) chargeRedis(now time.Duration) *hit {
 // it. The headers report what each rule's state is without the request.
 func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 	row := &ex.c.row
-	for i := range ex.hits {
-		h := &ex.hits[i]
+	for i := range ex.rl.hits {
+		h := &ex.rl.hits[i]
 		if !h.decided {
 			if h.exact() {
 				h.unknown = true // Redis was not asked: no header item
@@ -717,14 +441,14 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 	}
 	ex.rateLimitFields()
 	var p Problem
-	p, ex.buf = refusalProblem(refusing, ex.hits, ex.buf)
+	p, ex.buf = refusalProblem(refusing, ex.rl.hits, ex.buf)
 	n := len(ex.fields)
 	ex.respond(&p, false)
-	ex.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full,
+	ex.rl.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full,
 		Unavailable: refusing.unavailableClosed(), Fields: ex.fields[:n:n]}
 	for _, f := range ex.fields[n:] {
 		if f.Name == fieldRetryAfter {
-			ex.refusal.Fields = append(ex.refusal.Fields, f)
+			ex.rl.refusal.Fields = append(ex.rl.refusal.Fields, f)
 		}
 	}
 	ex.logRefusal(refusing, now)
@@ -754,10 +478,10 @@ type Refusal struct {
 // Refusal returns the refusal the exchange answered with, or nil when its
 // answer is something else (Respond for another reason, or Pass).
 func (ex *Exchange) Refusal() *Refusal {
-	if ex.refusal.Status == 0 {
+	if ex.rl.refusal.Status == 0 {
 		return nil
 	}
-	return &ex.refusal
+	return &ex.rl.refusal
 }
 
 // served counts a request that is about to be served, and logs the shadow
@@ -765,8 +489,8 @@ func (ex *Exchange) Refusal() *Refusal {
 // without a slot (on_full "open", or a shadow rule).
 func (ex *Exchange) served(now time.Duration) {
 	row := &ex.c.row
-	for i := range ex.hits {
-		h := &ex.hits[i]
+	for i := range ex.rl.hits {
+		h := &ex.rl.hits[i]
 		switch {
 		case h.unavailable && h.unknown:
 			// Redis could not decide and on_unavailable let it through.
@@ -883,8 +607,13 @@ func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 	if _, refused := ex.checkPath(); refused {
 		return nil, errors.New("core: the request path is not acceptable")
 	}
-	return ru.by.AppendKeyOf(nil, ex)
+	id, _, err := ex.keyOf(ru)
+	return bytes.Clone(id), err
 }
+
+// Now is the time the core decides at: the region's clock (or
+// Options.Now), the instant a Limiter takes.
+func (c *Core) Now() time.Duration { return c.now() }
 
 // Keys reports how many counter slots the keys of rule name (its
 // overrides' included) hold now, in every process sharing the region, and

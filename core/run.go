@@ -67,7 +67,7 @@ func (f *Forward) Dropped(name string) bool {
 // Forward is how to forward the request, once Decide let it pass.
 func (ex *Exchange) Forward() Forward {
 	f := Forward{Path: ex.forward}
-	if ex.cflags&cFill != 0 {
+	if ex.cache.flags&cFill != 0 {
 		f.Drop = unconditionalFields
 	}
 	return f
@@ -209,7 +209,7 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 		ex.counted = true
 		ex.c.Responded(ex.status, ex.c.now()-ex.now)
 	}
-	if ex.cflags&cRefresh != 0 {
+	if ex.cache.flags&cRefresh != 0 {
 		// The stale response was sent; its fill lock is held for the
 		// refresh.
 		ex.refreshing = true

@@ -48,6 +48,16 @@ func (e *Error) Error() string { return "route: " + e.Msg }
 // would refuse is an error, and so are blanks, control characters, a query
 // or fragment, and a ';', which would start a parameter that matching
 // ignores. Every problem is an *[Error].
+// MustCompile is Compile for a route known when the program is written:
+// it panics if the route does not compile.
+func MustCompile(p string, methods []string) Route {
+	r, err := Compile(p, methods)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}
+
 func (o Options) Compile(p string, methods []string) (Route, error) {
 	bad := func(field, format string, args ...any) (Route, error) {
 		return Route{}, &Error{Field: field, Msg: fmt.Sprintf(format, args...)}

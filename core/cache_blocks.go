@@ -1,0 +1,124 @@
+package core
+
+import (
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"slices"
+	"time"
+
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Cache is one compiled response cache block.
+type Cache struct {
+	// Route is the block's path, and the methods answered from the cache:
+	// GET, and optionally HEAD (answered from GET's entries). A
+	// successful unsafe request (POST, PUT, DELETE, ...) to the path
+	// invalidates its entries whatever the methods.
+	Route route.Route
+	// TTL caps how long an entry is fresh, whatever the response says,
+	// and each of its stale windows; must be positive.
+	TTL time.Duration
+	// MaxBody is the largest body stored; larger responses are passed
+	// through and not stored. Must be positive, at most 1 GiB.
+	MaxBody int64
+	// TagHeaders are the response fields whose values tag an entry, for
+	// purges. nil means Cache-Tag and Surrogate-Key; empty means none.
+	TagHeaders []string
+	// LockTimeout is how long a miss waits for another request's fetch of
+	// the same response (in any process) before it fetches itself,
+	// without storing; 0 means it does not wait.
+	LockTimeout time.Duration
+	// Heuristic lets a response without explicit freshness (no
+	// Cache-Control max-age or s-maxage, no Expires) but with a
+	// Last-Modified be fresh for a tenth of the time from its
+	// Last-Modified to its Date (RFC 9111 §4.2.2), for the statuses RFC
+	// 9110 §15.1 makes heuristically cacheable. Off, such responses are
+	// not stored.
+	Heuristic bool
+}
+
+// maxCacheBody bounds MaxBody: an entry's length is 32 bits.
+const maxCacheBody = 1 << 30
+
+var defaultTagHeaders = []string{"Cache-Tag", "Surrogate-Key"}
+
+// Check reports what is wrong with a block, as New would; every problem
+// is a *FieldError.
+func (d *Cache) Check() error {
+	fail := func(field, format string, args ...any) error {
+		return &FieldError{field, fmt.Sprintf(format, args...)}
+	}
+	ms := d.Route.Methods()
+	get := false
+	for _, m := range ms {
+		switch m {
+		case http.MethodGet:
+			get = true
+		case http.MethodHead:
+		default:
+			return fail("Methods", "methods: only GET and HEAD are answered from a cache, not %s (unsafe requests invalidate it whatever the methods)", m)
+		}
+	}
+	switch {
+	case !get:
+		return fail("Methods", "methods: must include GET (HEAD is answered from what GET stored)")
+	case d.TTL <= 0 || d.TTL > maxTTL:
+		return fail("TTL", "ttl: must be positive and at most %v, got %v", maxTTL, d.TTL)
+	case d.MaxBody <= 0 || d.MaxBody > maxCacheBody:
+		return fail("MaxBody", "max_body: must be positive and at most %d, got %d", maxCacheBody, d.MaxBody)
+	case d.LockTimeout < 0 || d.LockTimeout > maxTTL:
+		return fail("LockTimeout", "lock_timeout: must be between 0 and %v, got %v", maxTTL, d.LockTimeout)
+	}
+	for _, h := range d.TagHeaders {
+		if !route.IsToken(h) {
+			return fail("TagHeaders", "tag_headers: %q is not a valid header name", h)
+		}
+	}
+	return nil
+}
+
+// cacheBlock is one compiled cache block.
+type cacheBlock struct {
+	route       route.Route
+	head        bool // HEAD is answered from the cache
+	ttl         time.Duration
+	maxBody     int64
+	tagHeaders  []string // canonical
+	lockTimeout time.Duration
+	heuristic   bool
+}
+
+func (c *Core) compileCaches(ds []Cache) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	if c.region.Responses().Len() == 0 || c.region.Tags().Len() == 0 {
+		return fmt.Errorf("core: %w (cache blocks need a response table)", shm.ErrNoResponses)
+	}
+	for i := range ds {
+		d := &ds[i]
+		if err := d.Check(); err != nil {
+			return fmt.Errorf("core: cache block %d: %s", i+1, err.(*FieldError).Msg)
+		}
+		b := &cacheBlock{
+			route:       d.Route,
+			head:        slices.Contains(d.Route.Methods(), http.MethodHead),
+			ttl:         d.TTL,
+			maxBody:     d.MaxBody,
+			lockTimeout: d.LockTimeout,
+			heuristic:   d.Heuristic,
+		}
+		tags := d.TagHeaders
+		if tags == nil {
+			tags = defaultTagHeaders
+		}
+		for _, h := range tags {
+			b.tagHeaders = append(b.tagHeaders, textproto.CanonicalMIMEHeaderKey(h))
+		}
+		c.caches = append(c.caches, b)
+	}
+	return nil
+}

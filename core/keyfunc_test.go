@@ -1,0 +1,56 @@
+package core_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// A rule's key function keys by what the application reads (here a
+// header standing for a verified session's user): each user has its own
+// allowance whatever its address, an empty value falls back to by (the
+// client address), and KeyOf makes the key a decision makes, for a reset.
+func TestKeyFunc(t *testing.T) {
+	region := joinedRegion(t, shm.Options{Counters: 64})
+	user := func(r core.Request) string { v, _ := r.Header("X-User"); return v }
+	c, err := core.New(region, core.Options{RateLimits: []core.RateLimit{{
+		Rule:    bucket.Rule{Name: "per-user", Limit: 1, Window: time.Hour},
+		Route:   mustRoute(t, "/api/*"),
+		By:      clientip.MustParseBy("ip"),
+		KeyFunc: user,
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		peer, user string
+		status     int
+	}{
+		{"192.0.2.1", "alice", 200},
+		{"192.0.2.2", "alice", 429}, // alice from elsewhere: her allowance
+		{"192.0.2.1", "bob", 200},   // bob from alice's address: his own
+		{"192.0.2.1", "", 200},      // no user: the address's allowance
+		{"192.0.2.1", "", 429},
+	} {
+		r := newReq("GET", "/api/x", step.peer)
+		if step.user != "" {
+			r.header["X-User"] = []string{step.user}
+		}
+		if got := decide(c, r); got != step.status {
+			t.Fatalf("%s as %q: %d, want %d", step.peer, step.user, got, step.status)
+		}
+	}
+	r := newReq("GET", "/api/x", "192.0.2.9", "X-User", "alice")
+	key, err := c.KeyOf("per-user", r)
+	if err != nil || string(key) != "f:alice" {
+		t.Fatalf("KeyOf = %q, %v; want f:alice", key, err)
+	}
+	c.Limiter("per-user").Reset(string(key), c.Now())
+	if got := decide(c, r); got != 200 {
+		t.Fatalf("alice after a reset: %d, want 200", got)
+	}
+}

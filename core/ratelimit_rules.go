@@ -1,0 +1,402 @@
+package core
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/redisstore"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// rule is one compiled rate-limit rule and its in-process counters.
+type rule struct {
+	name  string
+	route *RateLimit
+	by    clientip.By
+	byIdx int // index of the first rule with an equal by: equal bys give equal key bytes
+	// keyFunc is RateLimit.KeyFunc: a rule with one has a byIdx of its own.
+	keyFunc func(Request) string
+	shadow  bool
+	status  int // of a refusal: 429 or 503
+	exempt  clientip.PrefixSet
+	// maxKeys bounds the counter slots of the rule's keys, its overrides'
+	// included (bucket.Rule.MaxKeys, the default resolved), all charged to
+	// account.
+	maxKeys int
+	account uint16
+
+	// base is the rule's own limit; overrides replace it for some keys:
+	// byKey by exact key value, then the first whose clients contain the
+	// client.
+	base      variant
+	overrides []*variant
+	byKey     map[string]*variant
+
+	// stat is the rule's index in the region's statistics (-1: none, its
+	// requests are not counted).
+	stat int
+	// Rate-limited log lines: refusals, shadow refusals, keys let through
+	// by on_full "open" and by on_unavailable "open".
+	refusedLog, shadowLog, fullLog, unavailableLog lineGate
+}
+
+// variant is one limit of a rule: its own, or an override's. Each has its
+// own key namespace, so a key lives in one slot, under the limit that
+// applies to it.
+type variant struct {
+	lim     *bucket.Limiter // a local rule's; nil for a Redis rule
+	hdr     ruleHeaders
+	clients clientip.PrefixSet
+
+	// A Redis rule's limiter, and for on_unavailable "local" the
+	// variant of this host's share (a local one, headers of its own
+	// limit).
+	remote   *redisstore.Limiter
+	fallback *variant
+}
+
+func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
+	if err := CheckAccounts(rls); err != nil {
+		return err
+	}
+	tab := c.region.Counters()
+	bys := map[string]int{}
+	for i := range rls {
+		rl := rls[i]
+		if rl.Redis != nil && c.redis == nil {
+			return fmt.Errorf("core: rule %q is a Redis rule but Options.Redis is nil", rl.Rule.Name)
+		}
+		if rl.Rule.MaxKeys == 0 {
+			rl.Rule.MaxKeys = DefaultMaxKeys(tab.Len(), len(rls))
+		}
+		ru, err := compileRule(&rl, tab, c.redis)
+		if err != nil {
+			return err
+		}
+		c.statRule(ru)
+		if _, dup := c.byName[ru.name]; dup {
+			return fmt.Errorf("core: rule %q defined twice", ru.name)
+		}
+		ru.shadow = ru.shadow || shadowAll
+		b := ru.by.String()
+		if ru.keyFunc != nil {
+			b = fmt.Sprintf("func of rule %d", i) // its keys are its own
+		}
+		if _, ok := bys[b]; !ok {
+			bys[b] = i
+		}
+		ru.byIdx = bys[b]
+		c.rules = append(c.rules, ru)
+		c.byName[ru.name] = ru
+	}
+	return nil
+}
+
+// DefaultMaxKeys is a rule's MaxKeys when it sets none: half of the
+// table's slots when there are several rules, so that no rule's keys can
+// take another's room, else all of them.
+func DefaultMaxKeys(slots, rules int) int {
+	if rules > 1 {
+		return max(slots/2, 1)
+	}
+	return slots
+}
+
+// An AccountError is two rules whose names hash to one 16-bit account
+// (bucket.Rule.Account): their keys would share one count of slots, so
+// that one rule's flood could take the other's room, and a dump could not
+// tell their state apart (persistence drops both at every restart).
+// Renaming either rule ends it.
+type AccountError struct {
+	Rule    string // the later rule
+	Index   int    // its index among the rules
+	Other   string // the earlier rule
+	Account uint16
+}
+
+func (e *AccountError) Error() string {
+	return fmt.Sprintf("core: rule %q: its name hashes to the 16-bit account %#04x of rule %q; rename one of them", e.Rule, e.Account, e.Other)
+}
+
+// CheckAccounts reports the first rule whose account an earlier rule
+// has, as an *AccountError. Rules are told apart by a 16-bit hash of
+// their names: two of 20 rules collide with a chance of about 0.3%.
+func CheckAccounts(rls []RateLimit) error {
+	seen := make(map[uint16]string, len(rls))
+	for i := range rls {
+		r := rls[i].Rule
+		a := r.Account()
+		if other, ok := seen[a]; ok && other != r.Name {
+			return &AccountError{Rule: r.Name, Index: i, Other: other, Account: a}
+		}
+		seen[a] = r.Name
+	}
+	return nil
+}
+
+// OverrideError is a problem with override Index (0-based) of a rule:
+// Err is a *FieldError about the override itself ("Key" when it selects
+// by neither or both of key and clients) or a *bucket.RuleError about
+// its rate.
+type OverrideError struct {
+	Rule  string
+	Index int
+	Err   error
+}
+
+func (e *OverrideError) Error() string {
+	return fmt.Sprintf("core: rule %q: override %d: %s", e.Rule, e.Index+1, strings.TrimPrefix(strings.TrimPrefix(e.Err.Error(), "core: "), "bucket: "))
+}
+
+func (e *OverrideError) Unwrap() error { return e.Err }
+
+// Check reports what is wrong with a rule, as New would: a name that
+// cannot be sent in headers, a refusal status other than 429 or 503, the
+// rate (bucket.Rule.Compile, whose *bucket.RuleError says which field),
+// an override that selects by neither or both of key and clients, or
+// whose own rate is wrong (an *OverrideError around the cause).
+func (rl *RateLimit) Check() error {
+	name := rl.Rule.Name
+	if !printableASCII(name) {
+		return &FieldError{"Name", fmt.Sprintf("rule %q: a name must be 1 or more printable ASCII characters", name)}
+	}
+	switch rl.Status {
+	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		return &FieldError{"Status", fmt.Sprintf("rule %q: status %d: want 429 or 503", name, rl.Status)}
+	}
+	if _, err := rl.Rule.Compile(); err != nil {
+		return err // bucket's error names the rule
+	}
+	keys := map[string]bool{}
+	for i := range rl.Overrides {
+		o := &rl.Overrides[i]
+		fail := func(err error) error { return &OverrideError{name, i, err} }
+		switch {
+		case (o.Key == "") == (len(o.Clients) == 0):
+			return fail(&FieldError{"Key", "give it either a key or clients"})
+		case o.Key != "" && keys[o.Key]:
+			return fail(&FieldError{"Key", fmt.Sprintf("key %q is overridden twice", o.Key)})
+		}
+		keys[o.Key] = true
+		if _, err := o.rule(rl.Rule).Compile(); err != nil {
+			return fail(err)
+		}
+	}
+	return nil
+}
+
+// rule is the bucket rule of an override of base: base's, with the
+// override's rate and a name of its own (see stateName), in base's group,
+// so that its keys count against base's MaxKeys.
+func (o *Override) rule(base bucket.Rule) bucket.Rule {
+	r := base
+	r.Name = o.stateName(base.Name)
+	if r.Group == "" {
+		r.Group = base.Name
+	}
+	r.Limit, r.Burst = o.Limit, o.Burst
+	if o.Window != 0 {
+		r.Window = o.Window
+	}
+	return r
+}
+
+func compileRule(rl *RateLimit, tab *shm.Counters, store *redisstore.Store) (*rule, error) {
+	if err := rl.Check(); err != nil {
+		return nil, err
+	}
+	ru := &rule{name: rl.Rule.Name, route: rl, by: rl.By, keyFunc: rl.KeyFunc, shadow: rl.Shadow, status: rl.Status,
+		exempt: clientip.NewPrefixSet(rl.Exempt), maxKeys: rl.Rule.MaxKeys, account: rl.Rule.Account()}
+	if ru.status == 0 {
+		ru.status = http.StatusTooManyRequests
+	}
+	var err error
+	if ru.base, err = newVariant(rl.Rule, rl.Redis, tab, store); err != nil {
+		return nil, err
+	}
+	for i := range rl.Overrides {
+		o := &rl.Overrides[i]
+		r := o.rule(rl.Rule)
+		v, err := newVariant(r, rl.Redis, tab, store)
+		if err != nil {
+			return nil, err
+		}
+		v.hdr = newRuleHeaders(ru.name, r.Limit, r.Window) // clients see the rule's name
+		if v.fallback != nil {
+			_, limit := v.remote.LocalShare()
+			v.fallback.hdr = newRuleHeaders(ru.name, limit, r.Window)
+		}
+		v.clients = clientip.NewPrefixSet(o.Clients)
+		if o.Key != "" {
+			if ru.byKey == nil {
+				ru.byKey = map[string]*variant{}
+			}
+			ru.byKey[o.Key] = &v
+		} else {
+			ru.overrides = append(ru.overrides, &v)
+		}
+	}
+	return ru, nil
+}
+
+// statRule gives ru its index in the region's statistics and its log
+// gates. A region whose name table is full (more distinct rule names over
+// its life than it has room for) counts the rule nowhere: said once, here.
+func (c *Core) statRule(ru *rule) {
+	r := c.region
+	ru.stat = metrics.RuleIndex(r, ru.name)
+	if ru.stat < 0 {
+		c.logger().Warn("rule not counted in the metrics: the region has no room for another rule name (a restart makes room)", "rule", ru.name)
+	}
+	gate := func(kind int, results ...int) lineGate {
+		return lineGate{g: metrics.RuleGate(r, ru.stat, kind), total: func() uint64 {
+			var n uint64
+			for _, res := range results {
+				n += metrics.RuleTotal(r, metrics.RateLimitRequests, ru.stat, res)
+			}
+			return n
+		}}
+	}
+	ru.refusedLog = gate(metrics.GateRefused, metrics.Limited, metrics.FullClosed, metrics.CappedClosed)
+	ru.shadowLog = gate(metrics.GateShadow, metrics.ShadowLimited)
+	ru.fullLog = gate(metrics.GateFull, metrics.FullOpen, metrics.CappedOpen)
+	ru.unavailableLog = gate(metrics.GateUnavailable, metrics.UnavailableOpen)
+}
+
+// stateName is the name an override's state is kept under: the rule's,
+// and what the override selects, so that a reload that changes one
+// override (or a dump guarded by it) touches only that override's keys.
+func (o *Override) stateName(rule string) string {
+	if o.Key != "" {
+		return rule + "\x00key\x00" + o.Key
+	}
+	var b strings.Builder
+	b.WriteString(rule + "\x00clients")
+	for _, p := range o.Clients {
+		b.WriteString("\x00" + p.String())
+	}
+	return b.String()
+}
+
+func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store *redisstore.Store) (variant, error) {
+	if rr == nil {
+		lim, err := bucket.NewLimiter(r, tab)
+		if err != nil {
+			return variant{}, err
+		}
+		return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
+	}
+	rem, err := store.NewLimiter(redisstore.Rule{Rule: r, OnUnavailable: rr.OnUnavailable, LocalShare: rr.LocalShare, Sync: rr.Sync})
+	if err != nil {
+		return variant{}, err
+	}
+	v := variant{remote: rem, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}
+	if ls, limit := rem.LocalShare(); ls != nil {
+		// The share's headers name the rule and announce the limit it
+		// enforces while Redis is away.
+		v.fallback = &variant{lim: ls, hdr: newRuleHeaders(r.Name, limit, r.Window)}
+	}
+	return v, nil
+}
+
+// printableASCII reports whether a rule name can appear in the headers as
+// it is.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// RateLimit is one compiled rate-limit rule.
+type RateLimit struct {
+	// Rule is the limit itself (name, limit, window, algorithm, burst,
+	// on_full); its Name must be printable ASCII, as it is sent in headers.
+	Rule  bucket.Rule
+	Route route.Route
+	By    clientip.By
+	// Shadow counts and sends headers but never refuses.
+	Shadow bool
+	// Status is the status of a refusal: 429 (0 means 429) or 503.
+	Status int
+	// Exempt clients are never counted or refused by this rule.
+	Exempt []netip.Prefix
+	// Overrides give some keys or clients another limit.
+	Overrides []Override
+	// KeyFunc, if set, makes the key a request counts under from what
+	// only the application can read (the user of a verified session or
+	// token, say: engine/nethttp's HTTPRequest gives the net/http request
+	// of r). It must be fast and must not block: it runs for every
+	// request the rule matches, before the rule decides. An empty value
+	// (or one with control bytes) falls back to By. A value longer than
+	// 256 bytes is hashed; an override's Key is matched against the value.
+	KeyFunc func(r Request) string
+	// Redis, if set, keeps the rule's counts (and each override's) in
+	// Options.Redis instead of this host's table: one limit for every
+	// host.
+	Redis *RedisRule
+}
+
+// RedisRule is how a rule uses Redis.
+type RedisRule struct {
+	// OnUnavailable answers when Redis cannot decide (down, slow, the
+	// breaker open): let the request through, refuse it (503), or enforce
+	// this host's share of the limit on its own table.
+	OnUnavailable redisstore.OnUnavailable
+	// LocalShare is the number of hosts sharing the rule, for
+	// OnUnavailable local: this host enforces the limit (and burst)
+	// divided by it. 0 means 1.
+	LocalShare int
+	// Sync 0 decides every request in Redis (one round trip); a positive
+	// interval counts on this host and adds the counts to Redis every
+	// interval (fixed window only; see package redisstore for the bound
+	// on over-admission).
+	Sync time.Duration
+}
+
+// Override is another limit for some keys of a rule (an API key of a
+// paying tier) or for some clients: exactly one of Key and Clients is set.
+// A key an override selects lives in one slot, under the override's limit
+// (never also under the rule's), in a namespace of the override's own, so
+// that changing one override leaves every other key's count alone.
+type Override struct {
+	// Key is an exact key value: the header, cookie or query value (or
+	// the path) that the rule's by made the key of.
+	Key string
+	// Clients are client address ranges.
+	Clients []netip.Prefix
+	// Limit, Window and Burst are as a rule's (Window 0: the rule's).
+	Limit  int64
+	Window time.Duration
+	Burst  int64
+}
+
+// StateRules are the bucket rules whose state a core with these options
+// keeps in the host's table: each local rule's own and each override's,
+// for persistence to guard (each is dropped at load when its definition
+// changed). Redis rules keep theirs in Redis: nothing of theirs is
+// dumped.
+func (o *Options) StateRules() []bucket.Rule {
+	var out []bucket.Rule
+	for i := range o.RateLimits {
+		rl := &o.RateLimits[i]
+		if rl.Redis != nil {
+			continue
+		}
+		out = append(out, rl.Rule)
+		for j := range rl.Overrides {
+			out = append(out, rl.Overrides[j].rule(rl.Rule))
+		}
+	}
+	return out
+}
