@@ -1,6 +1,11 @@
 package config
 
-import "github.com/preforkd/preforkd/proxy"
+import (
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/proxy"
+	"github.com/preforkd/preforkd/shm"
+)
 
 // ProxyOptions translates the [server] timeouts and limits into the fast
 // engine's options (package proxy). The caller adds the application
@@ -19,4 +24,43 @@ func (c Config) ProxyOptions() proxy.Options {
 		UpstreamTimeout:        s.UpstreamTimeout,
 		UpstreamMaxIdle:        s.UpstreamMaxIdle,
 	}
+}
+
+// Settings translates [server] and [reload] into the supervisor's
+// settings (package prefork): the drain's timeout, the canary, the
+// recycling limits. The caller adds the payload its workers decode.
+func (c Config) Settings() prefork.Settings {
+	c = c.WithDefaults()
+	s := c.Server
+	rl := c.Reload
+	inconclusive := prefork.InconclusiveContinue
+	if rl.CanaryInconclusive == InconclusiveAbort {
+		inconclusive = prefork.InconclusiveAbort
+	}
+	return prefork.Settings{
+		ShutdownTimeout: s.ShutdownTimeout,
+		MaxRequests:     s.MaxRequests,
+		MaxRSS:          int64(s.MaxRSS),
+		Canary: prefork.Canary{
+			Off:           !rl.Canary.IsOn(true),
+			Window:        rl.CanaryWindow,
+			MinRequests:   rl.CanaryMinRequests,
+			MaxErrorDelta: rl.CanaryMaxErrorDelta,
+			Inconclusive:  inconclusive,
+		},
+	}
+}
+
+// RegionOptions is the geometry of the shared region for the
+// configuration: its [table] section, and the statistics rows and rule
+// names of package metrics. The supervisor adds the worker indexes.
+func (c Config) RegionOptions() shm.Options {
+	c = c.WithDefaults()
+	o := shm.Options{
+		Counters:      c.Table.Counters,
+		Responses:     c.Table.Responses,
+		ResponseBytes: int64(c.Table.ResponseBytes),
+	}
+	metrics.Geometry(&o, len(c.RateLimits))
+	return o
 }

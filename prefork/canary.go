@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/preforkd/preforkd/config"
 )
 
 // A canary reload (README, "Safe deploys"). On HUP, the first worker replaced is the
@@ -39,7 +38,7 @@ import (
 // canaryRun is the canary of the reload in progress.
 type canaryRun struct {
 	gen      int
-	settings config.Reload // of the configuration being judged
+	settings Canary // of the configuration being judged
 	proc     *proc         // nil until it is started
 	slot     int
 	open     bool      // ready: the window runs
@@ -99,7 +98,7 @@ func (s *supervisor) startCanary() {
 	case p != nil:
 		c.proc = p
 		s.slots[i].succ = p
-		s.log.Info("canary started", "pid", p.pid, "slot", i, "generation", s.gen, "window", c.settings.CanaryWindow)
+		s.log.Info("canary started", "pid", p.pid, "slot", i, "generation", s.gen, "window", c.settings.Window)
 	}
 }
 
@@ -109,7 +108,7 @@ func (s *supervisor) startCanary() {
 func (s *supervisor) canaryReady() {
 	c := s.canary
 	now := s.env.now()
-	c.open, c.started, c.end = true, now, now.Add(c.settings.CanaryWindow)
+	c.open, c.started, c.end = true, now, now.Add(c.settings.Window)
 	c.startCanary = s.env.requests(c.proc.index)
 	c.startFleet = s.env.fleetRequests(c.proc.index)
 	beside := !s.othersReady(c.slot)
@@ -117,7 +116,7 @@ func (s *supervisor) canaryReady() {
 		s.promote(&s.slots[c.slot])
 	}
 	s.log.Info("canary ready: judging it", "pid", c.proc.pid, "slot", c.slot, "generation", c.gen,
-		"window", c.settings.CanaryWindow, "beside_predecessor", beside)
+		"window", c.settings.Window, "beside_predecessor", beside)
 }
 
 // othersReady reports whether a slot other than i has a ready worker that
@@ -136,25 +135,25 @@ func (s *supervisor) judgeCanary() {
 	c := s.canary
 	canary := s.env.requests(c.proc.index).Sub(c.startCanary)
 	fleet := s.env.fleetRequests(c.proc.index).Sub(c.startFleet)
-	j := judge(canary, fleet, c.settings.CanaryMinRequests, c.settings.CanaryMaxErrorDelta)
+	j := judge(canary, fleet, c.settings.MinRequests, c.settings.MaxErrorDelta)
 	st := s.canaryStatus()
 	st.Verdict, st.Canary, st.Fleet, st.PValue, st.Test = j.verdict, canary, fleet, j.pValue, j.test
 	st.Ends = s.env.now()
 
 	rates := fmt.Sprintf("5xx %s vs fleet %s, allowed +%.1f points",
-		ratio(canary, j.canaryRate), ratio(fleet, j.fleetRate), c.settings.CanaryMaxErrorDelta)
+		ratio(canary, j.canaryRate), ratio(fleet, j.fleetRate), c.settings.MaxErrorDelta)
 	var what string
 	switch j.verdict {
 	case VerdictInconclusive:
-		if canary.Requests < uint64(c.settings.CanaryMinRequests) {
+		if canary.Requests < uint64(c.settings.MinRequests) {
 			what = fmt.Sprintf("canary inconclusive: %d requests, fewer than canary_min_requests %d; %s",
-				canary.Requests, c.settings.CanaryMinRequests, rates)
+				canary.Requests, c.settings.MinRequests, rates)
 		} else {
 			what = fmt.Sprintf("canary inconclusive: the fleet served no request to compare with; %s", rates)
 		}
 	case VerdictHealthy:
 		what = "canary healthy: " + rates
-		if (j.canaryRate-j.fleetRate)*100 >= c.settings.CanaryMaxErrorDelta {
+		if (j.canaryRate-j.fleetRate)*100 >= c.settings.MaxErrorDelta {
 			what += fmt.Sprintf(", above it but not significantly (p=%.2g)", j.pValue)
 		}
 	default:
@@ -164,7 +163,7 @@ func (s *supervisor) judgeCanary() {
 		"canary_requests", canary.Requests, "canary_5xx", canary.Errors,
 		"fleet_requests", fleet.Requests, "fleet_5xx", fleet.Errors, "p_value", j.pValue, "test", j.test}
 	if j.verdict == VerdictUnhealthy ||
-		j.verdict == VerdictInconclusive && c.settings.CanaryInconclusive == config.InconclusiveAbort {
+		j.verdict == VerdictInconclusive && c.settings.Inconclusive == InconclusiveAbort {
 		s.abortCanary(st, what, attrs)
 		return
 	}

@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/config"
 )
 
 // What a worker process inherits from its supervisor: an environment
@@ -51,45 +50,44 @@ func workerIndex() (int, error) {
 	return w, nil
 }
 
-// configFile writes cfg as JSON into a sealed memory file for the workers
-// of one configuration generation. A file rather than an environment
-// variable: a configuration has no size limit, and it stays out of
-// /proc/PID/environ.
-func configFile(cfg config.Config) (*os.File, error) {
-	b, err := json.Marshal(cfg)
+// settingsFile writes s as JSON into a sealed memory file for the workers
+// of one generation. A file rather than an environment variable: a
+// payload has no size limit, and it stays out of /proc/PID/environ.
+func settingsFile(s Settings) (*os.File, error) {
+	b, err := json.Marshal(s)
 	if err != nil {
-		return nil, fmt.Errorf("prefork: encoding the configuration: %w", err)
+		return nil, fmt.Errorf("prefork: encoding the settings: %w", err)
 	}
-	fd, err := unix.MemfdCreate("preforkd-config", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, err := unix.MemfdCreate("preforkd-settings", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("prefork: memfd_create: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "preforkd-config")
+	f := os.NewFile(uintptr(fd), "preforkd-settings")
 	if _, err := f.Write(b); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("prefork: writing the configuration: %w", err)
+		return nil, fmt.Errorf("prefork: writing the settings: %w", err)
 	}
 	const seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE | unix.F_SEAL_SEAL
 	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("prefork: sealing the configuration: %w", err)
+		return nil, fmt.Errorf("prefork: sealing the settings: %w", err)
 	}
 	return f, nil
 }
 
-// readConfig reads the configuration a worker inherited.
-func readConfig(f *os.File) (config.Config, error) {
+// readSettings reads the settings a worker inherited.
+func readSettings(f *os.File) (Settings, error) {
 	st, err := f.Stat()
 	if err != nil {
-		return config.Config{}, fmt.Errorf("prefork: inherited configuration: %w", err)
+		return Settings{}, fmt.Errorf("prefork: inherited settings: %w", err)
 	}
 	b, err := io.ReadAll(io.NewSectionReader(f, 0, st.Size()))
 	if err != nil {
-		return config.Config{}, fmt.Errorf("prefork: reading the inherited configuration: %w", err)
+		return Settings{}, fmt.Errorf("prefork: reading the inherited settings: %w", err)
 	}
-	var cfg config.Config
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return config.Config{}, fmt.Errorf("prefork: decoding the inherited configuration: %w", err)
+	var s Settings
+	if err := json.Unmarshal(b, &s); err != nil {
+		return Settings{}, fmt.Errorf("prefork: decoding the inherited settings: %w", err)
 	}
-	return cfg, nil
+	return s, nil
 }

@@ -6,59 +6,57 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
-	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
 
 // Options configures Run. Zero values are the documented defaults.
 type Options struct {
-	// Config is the configuration to run (required). Zero values in it
-	// stand for its defaults (config.Config.WithDefaults). A worker runs
-	// the configuration its supervisor hands it, whatever its own
-	// Options.Config says.
-	Config config.Config
-	// ConfigPath, if set, is read again with config.Load on HUP. A file
-	// that does not load is logged and the running configuration kept.
-	ConfigPath string
-	// LoadConfig, if set, is called on HUP instead of loading ConfigPath,
-	// e.g. to apply command-line overrides to the file again. An error
-	// keeps the running configuration.
-	LoadConfig func() (config.Config, error)
-
+	// Listen is the address of the one listening socket every worker
+	// serves. "" means "127.0.0.1:8080".
+	Listen string
 	// Listener is an optional pre-opened TCP listener (tests, socket
-	// activation); Run takes it over and closes it. nil: Run listens on
-	// Config.Server.Listen.
+	// activation) used instead of Listen; Run takes it over and closes
+	// it.
 	Listener net.Listener
+	// Workers is the number of worker processes; 0 means one per CPU.
+	Workers int
 
-	// Handler builds the application, once in each worker process, served
-	// by net/http with the worker's decision core (rate limits, idempotent
-	// replay) in front of it. Exactly one of Handler, FastHandler and
-	// Engine is set.
-	Handler func(w *Worker) (http.Handler, error)
-	// FastHandler builds a fasthttp application (Fiber's app.Handler(),
-	// say), once in each worker process, served by the fast engine
-	// (package proxy) with the worker's decision core in front of it.
-	FastHandler func(w *Worker) (fasthttp.RequestHandler, error)
-	// Engine builds the engine a worker serves with, once in each worker
-	// process: preforkd's proxy, for one. It must ask w.Core() about
-	// every request; nothing else applies the rules for it.
+	// Region is the geometry of the shared region the supervisor creates
+	// before any worker starts; its MaxWorkers is raised to what the
+	// workers need (2×Workers+2: a reload's overlap). The zero value is
+	// shm's default geometry.
+	Region shm.Options
+	// NewRegion, if set, replaces shm.Create (e.g. a live region on tmpfs),
+	// given Region with MaxWorkers raised. The region must be shareable
+	// (a file) with room for that many worker indexes.
+	NewRegion func(o shm.Options) (*shm.Region, error)
+
+	// Settings are what the supervisor and each worker run with (the
+	// drain's timeout, the canary, recycling, the workers' Payload).
+	Settings Settings
+	// Reload, if set, is called on HUP with the running settings, for the
+	// ones to replace the workers with (e.g. a configuration file read
+	// again). An error keeps the running settings, logged. nil: a HUP
+	// replaces the workers with the running settings (a new binary on
+	// disk, say).
+	Reload func(running Settings) (Settings, error)
+
+	// Engine builds the HTTP engine a worker serves the listener with,
+	// once in each worker process (required). The engine runs every
+	// request through the worker's decision core (package core), which
+	// it builds over w.Region with core.Options.OnResponse = w.Responded,
+	// so that the recycling limits see each response. engine/nethttp's
+	// Engine does all of it for an http.Handler.
 	Engine func(w *Worker) (Engine, error)
-
-	// Refuse, if set, writes the answer to a request the rate limits
-	// refused, in place of the default problem+json (see
-	// nethttp.Options.Refuse).
-	Refuse func(w http.ResponseWriter, r *http.Request, ref *core.Refusal)
 
 	// Logger receives one structured line per operator event, in the
 	// supervisor and in every worker. nil means slog.Default().
@@ -67,27 +65,51 @@ type Options struct {
 	// Prepare, if set, runs in the supervisor after the region is created
 	// and before any worker starts (e.g. to load a dump into it). An error
 	// stops Run.
-	Prepare func(r *shm.Region, cfg config.Config, log *slog.Logger) error
+	Prepare func(r *shm.Region, log *slog.Logger) error
 	// Finish, if set, runs in the supervisor after the last worker was
 	// reaped at shutdown, when nothing else uses the region (e.g. to dump
-	// it). Its error is Run's.
-	Finish func(r *shm.Region, cfg config.Config, log *slog.Logger) error
-	// NewRegion, if set, replaces shm.Create (e.g. a live region on tmpfs).
-	// The region must have room for 2×workers+2 worker indexes.
-	NewRegion func(cfg config.Config) (*shm.Region, error)
+	// it), with the settings that ran last. Its error is Run's.
+	Finish func(r *shm.Region, s Settings, log *slog.Logger) error
 
-	// Configured, if set, is called with the configuration this process
-	// runs: in the supervisor at start and after every accepted reload (on
-	// its loop: it must return at once), in a worker as soon as it has
-	// read the configuration its supervisor handed it. E.g. to apply a
-	// [log] table to Logger's handler.
-	Configured func(cfg config.Config)
+	// Configured, if set, is called with the settings this process runs:
+	// in the supervisor at start and after every accepted reload (on its
+	// loop: it must return at once), in a worker as soon as it has read
+	// the settings its supervisor handed it. E.g. to apply a [log] table
+	// to Logger's handler.
+	Configured func(s Settings)
 
 	// OnStatus, if set, is called in the supervisor with a new snapshot
 	// whenever a worker starts, becomes ready, retires or exits, and when
 	// a reload or the drain begins. It runs on the supervisor's loop: it
 	// must return at once (store the snapshot, say, for an admin endpoint).
 	OnStatus func(Status)
+}
+
+// DefaultListen is Options.Listen's default.
+const DefaultListen = "127.0.0.1:8080"
+
+// Engine is an HTTP engine a worker serves its listener with:
+// proxy.Server (the daemon's fast engine) and nethttp.Server are two.
+type Engine interface {
+	// Serve serves the connections of ln until Shutdown, and then returns
+	// nil; it returns an error if it cannot go on serving.
+	Serve(ln net.Listener) error
+	// Shutdown drains by the rule of a retiring worker (package engine's
+	// drain rule: stop accepting; every response from now on says
+	// Connection: close; a connection with no request in progress is
+	// closed only once it has been idle for a second, or five seconds when
+	// it never sent one) and returns once no connection is left, or with
+	// ctx's error when ctx is done first, having closed them all.
+	Shutdown(ctx context.Context) error
+}
+
+// WorkerCount is the number of workers n asks for: n, or one per CPU
+// for 0.
+func WorkerCount(n int) int {
+	if n > 0 {
+		return n
+	}
+	return runtime.NumCPU()
 }
 
 // Run runs this process in the role it was started in, so that main calls
@@ -121,17 +143,17 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if opts.Listener != nil {
 		defer opts.Listener.Close() // Run owns it, whatever happens
 	}
-	if err := validApplication(opts); err != nil {
-		return err
+	if opts.Engine == nil {
+		return errors.New("prefork: Options.Engine is nil")
 	}
-	cfg, err := validated(opts.Config, nil)
+	cfg, err := opts.Settings.withDefaults()
 	if err != nil {
 		return err
 	}
 	if opts.Configured != nil {
 		opts.Configured(cfg)
 	}
-	n := cfg.Server.WorkerCount()
+	n := WorkerCount(opts.Workers)
 	note, err := newNotifier(os.Getenv(envNotifySocket))
 	if err != nil {
 		return err
@@ -149,7 +171,11 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 
 	ln := opts.Listener
 	if ln == nil {
-		if ln, err = net.Listen("tcp", cfg.Server.Listen); err != nil {
+		addr := opts.Listen
+		if addr == "" {
+			addr = DefaultListen
+		}
+		if ln, err = net.Listen("tcp", addr); err != nil {
 			return fmt.Errorf("prefork: %w", err)
 		}
 	}
@@ -160,13 +186,13 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	}
 	defer lnFile.Close()
 
-	region, err := newRegion(opts, cfg, n)
+	region, err := newRegion(opts, n)
 	if err != nil {
 		return err
 	}
 	defer region.Close()
 	if opts.Prepare != nil {
-		if err := opts.Prepare(region, cfg, log); err != nil {
+		if err := opts.Prepare(region, log); err != nil {
 			return fmt.Errorf("prefork: prepare: %w", err)
 		}
 	}
@@ -222,17 +248,12 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 			lnFile.Close()
 		},
 	}
-	switch {
-	case opts.LoadConfig != nil:
-		sys.load = func() (config.Config, error) { return validated(opts.LoadConfig()) }
-	case opts.ConfigPath != "":
-		sys.load = func() (config.Config, error) { return validated(config.Load(opts.ConfigPath)) }
-	}
+	sys.load = opts.Reload
 
 	log.Info("supervisor started", "pid", os.Getpid(), "listen", ln.Addr().String(),
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
 		"open_files", openFiles)
-	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
+	s := newSupervisor(sys, log, cfg, n, region.Geometry().MaxWorkers)
 	s.onStatus, s.onConfig = opts.OnStatus, opts.Configured
 	stopBeat := beat(region)
 	s.run(ctx, sigs, events)
@@ -274,27 +295,15 @@ func listenerFile(ln net.Listener) (*os.File, error) {
 	return os.NewFile(uintptr(dup), "listener"), nil
 }
 
-// RegionOptions is the geometry of the region for cfg: its [table]
-// section, room in the worker table for a reload's overlap, and the
-// statistics rows and rule names of package metrics.
-func RegionOptions(cfg config.Config) shm.Options {
-	o := shm.Options{
-		Counters:      cfg.Table.Counters,
-		MaxWorkers:    minMaxWorkers(cfg.Server.WorkerCount()),
-		Responses:     cfg.Table.Responses,
-		ResponseBytes: int64(cfg.Table.ResponseBytes),
-	}
-	metrics.Geometry(&o, len(cfg.RateLimits))
-	return o
-}
-
-// newRegion creates the shared region before any worker exists.
-func newRegion(opts Options, cfg config.Config, n int) (*shm.Region, error) {
-	need := minMaxWorkers(n)
+// newRegion creates the shared region before any worker exists, with room
+// for n workers and a reload's overlap.
+func newRegion(opts Options, n int) (*shm.Region, error) {
+	o := opts.Region
+	o.MaxWorkers = max(o.MaxWorkers, minMaxWorkers(n))
 	if opts.NewRegion == nil {
-		return shm.Create(RegionOptions(cfg))
+		return shm.Create(o)
 	}
-	r, err := opts.NewRegion(cfg)
+	r, err := opts.NewRegion(o)
 	if err != nil {
 		return nil, err
 	}
@@ -302,22 +311,11 @@ func newRegion(opts Options, cfg config.Config, n int) (*shm.Region, error) {
 		r.Close()
 		return nil, errors.New("prefork: NewRegion returned a private region, which workers cannot map")
 	}
-	if got := r.Geometry().MaxWorkers; got < need {
+	if got := r.Geometry().MaxWorkers; got < o.MaxWorkers {
 		r.Close()
-		return nil, fmt.Errorf("prefork: the region has room for %d workers; %d workers need %d", got, n, need)
+		return nil, fmt.Errorf("prefork: the region has room for %d workers; %d workers need %d", got, n, o.MaxWorkers)
 	}
 	return r, nil
-}
-
-// validated checks a configuration that loaded and fills in its defaults.
-func validated(cfg config.Config, err error) (config.Config, error) {
-	if err == nil {
-		err = cfg.Validate()
-	}
-	if err != nil {
-		return config.Config{}, err
-	}
-	return cfg.WithDefaults(), nil
 }
 
 func timeNow() time.Time { return time.Now() }

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/preforkd/preforkd/config"
 )
 
 // Worker recycling (README, "Safe deploys"): a worker past server.max_requests (drawn
@@ -33,7 +32,7 @@ import (
 // A max_rss below what a worker needs to serve (about 12 MiB as it
 // starts) would recycle every worker as soon as it served, and its
 // successor as soon as that one did: a storm of starts. `check` refuses a
-// max_rss under config.MinMaxRSS; past that, a worker recycled for memory
+// max_rss under MinMaxRSS; past that, a worker recycled for memory
 // less than rssEarly after it began judging its memory is reported once
 // (a warning), and memory recycling of its slot backs off: the successors
 // judge their memory only from a delay after their start, doubling with
@@ -124,11 +123,11 @@ type limits struct {
 // newLimits returns the limits of cfg for this worker, which started at
 // start and judges its memory only from rssDelay after it; nil when there
 // are none. jitter is uniform in [0, 1).
-func newLimits(cfg config.Server, jitter float64, rssDelay time.Duration, start time.Time) (*limits, error) {
+func newLimits(cfg Settings, jitter float64, rssDelay time.Duration, start time.Time) (*limits, error) {
 	if cfg.MaxRequests <= 0 && cfg.MaxRSS <= 0 {
 		return nil, nil
 	}
-	l := &limits{trip: make(chan []byte, 1), maxRSS: int64(cfg.MaxRSS), now: time.Now}
+	l := &limits{trip: make(chan []byte, 1), maxRSS: cfg.MaxRSS, now: time.Now}
 	if rssDelay > 0 {
 		l.rssFrom = start.Add(rssDelay)
 		l.rssWaits.Store(true)

@@ -192,7 +192,7 @@ func (e *osEnv) filesFor(sp spawnSpec) (genFiles, error) {
 		if err != nil {
 			return genFiles{}, fmt.Errorf("prefork: opening the program to start: %w", err)
 		}
-		cfg, err := configFile(sp.Config)
+		cfg, err := settingsFile(sp.Settings)
 		if err != nil {
 			exe.Close()
 			return genFiles{}, err

@@ -3,8 +3,6 @@ package prefork
 import (
 	"reflect"
 	"time"
-
-	"github.com/preforkd/preforkd/config"
 )
 
 // Status is a snapshot of the supervisor, for an admin endpoint or a test.
@@ -13,9 +11,10 @@ type Status struct {
 	// one at each accepted reload, the last good one again after a canary
 	// is aborted (Reloads counts the reloads).
 	Generation int
-	// Config is the running configuration (with defaults), the one
-	// workers of Generation run.
-	Config config.Config
+	// Settings are the running settings (with defaults), the ones
+	// workers of Generation run; Settings.Config is the program's
+	// configuration they come from.
+	Settings Settings
 	// Ready: every worker slot runs a ready worker of the running
 	// configuration (false while starting, reloading or draining).
 	Ready bool
@@ -82,7 +81,7 @@ func (w WorkerStatus) State() string {
 // status takes the snapshot.
 func (s *supervisor) status() Status {
 	st := Status{
-		Generation: s.gen, Config: s.cfg, Draining: s.draining,
+		Generation: s.gen, Settings: s.cfg, Draining: s.draining,
 		Ready:   !s.draining && s.announced && !s.reloading,
 		Crashes: s.crashes, Reloads: s.reloads, Recycled: s.recycled,
 	}

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/preforkd/preforkd/config"
 )
 
 // drainGrace is how long past Server.ShutdownTimeout the supervisor waits
@@ -38,8 +36,9 @@ type sysEnv struct {
 	reap func(index int) (released int, err error)
 	// notify sends a systemd notification (a no-op without NOTIFY_SOCKET).
 	notify func(state string) error
-	// load reads the configuration again on HUP; nil reuses the running one.
-	load func() (config.Config, error)
+	// load takes the settings again on HUP (Options.Reload); nil reuses
+	// the running ones.
+	load func(running Settings) (Settings, error)
 	// stopListening closes the supervisor's own copy of the listener.
 	stopListening func()
 	// requests samples what a region worker index counted since the
@@ -52,8 +51,8 @@ type sysEnv struct {
 // spawnSpec is what a worker process is started with.
 type spawnSpec struct {
 	Index  int // region worker index: unique among unreaped workers
-	Gen    int // configuration generation
-	Config config.Config
+	Gen      int // configuration generation
+	Settings Settings
 	// Keep are the generations that may be started again later: what the
 	// env holds for any other (a binary, a configuration file) may go.
 	Keep []int
@@ -100,10 +99,11 @@ type slot struct {
 	rssDelay   time.Duration
 }
 
-// generation is a configuration and the number the supervisor gave it.
+// generation is a configuration's settings and the number the supervisor
+// gave them.
 type generation struct {
 	gen int
-	cfg config.Config
+	cfg Settings
 }
 
 // supervisor is the state machine of the supervisor: it decides which
@@ -113,7 +113,7 @@ type supervisor struct {
 	env sysEnv
 	log *slog.Logger
 
-	cfg     config.Config // the running configuration, or the one a reload rolls in
+	cfg     Settings // the running settings, or the ones a reload rolls in
 	gen     int           // its generation
 	lastGen int           // the last generation given out: one per accepted reload
 	// good is the configuration last known good: the first one, or the
@@ -140,15 +140,14 @@ type supervisor struct {
 	crashes     int   // workers replaced after an exit nobody asked for
 	reloads     ReloadStatus
 
-	onStatus  func(Status)        // Options.OnStatus
-	published *Status             // what onStatus saw last
-	onConfig  func(config.Config) // Options.Configured
+	onStatus  func(Status)   // Options.OnStatus
+	published *Status        // what onStatus saw last
+	onConfig  func(Settings) // Options.Configured
 }
 
-// newSupervisor prepares a supervisor for cfg (already with defaults) with
-// maxWorkers region worker indexes.
-func newSupervisor(env sysEnv, log *slog.Logger, cfg config.Config, maxWorkers int) *supervisor {
-	n := cfg.Server.WorkerCount()
+// newSupervisor prepares a supervisor of n workers with settings cfg
+// (already with defaults) and maxWorkers region worker indexes.
+func newSupervisor(env sysEnv, log *slog.Logger, cfg Settings, n, maxWorkers int) *supervisor {
 	s := &supervisor{
 		env:   env,
 		log:   log,
@@ -322,7 +321,7 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 		keep = append(keep, s.gen)
 	}
 	rssDelay := s.slots[i].rssDelay
-	st, err := s.env.start(spawnSpec{Index: index, Gen: g.gen, Config: g.cfg, Keep: keep, RSSDelay: rssDelay})
+	st, err := s.env.start(spawnSpec{Index: index, Gen: g.gen, Settings: g.cfg, Keep: keep, RSSDelay: rssDelay})
 	if err != nil {
 		if !s.everStarted {
 			s.fatal = err
@@ -336,7 +335,7 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 		return nil, err
 	}
 	s.everStarted = true
-	p := &proc{started: st, index: index, slot: i, gen: g.gen, start: s.env.now(), drain: g.cfg.Server.ShutdownTimeout, rssDelay: rssDelay}
+	p := &proc{started: st, index: index, slot: i, gen: g.gen, start: s.env.now(), drain: g.cfg.ShutdownTimeout, rssDelay: rssDelay}
 	s.procs[p.pid] = p
 	s.inUse[index] = true
 	attrs := []any{"pid", p.pid, "index", index, "slot", i, "generation", g.gen}
@@ -490,7 +489,7 @@ func (s *supervisor) beginDrain(reason string) {
 	if s.env.stopListening != nil {
 		s.env.stopListening()
 	}
-	s.log.Info("drain begun", "reason", reason, "workers", len(s.procs), "timeout", s.cfg.Server.ShutdownTimeout)
+	s.log.Info("drain begun", "reason", reason, "workers", len(s.procs), "timeout", s.cfg.ShutdownTimeout)
 	if c := s.canary; c != nil {
 		s.log.Info("canary abandoned: draining", "generation", c.gen)
 		s.canary = nil
@@ -530,7 +529,10 @@ func (s *supervisor) reload() {
 	s.reloads.Last = s.env.now()
 	if s.env.load != nil {
 		var err error
-		if cfg, err = s.env.load(); err != nil {
+		if cfg, err = s.env.load(s.cfg); err == nil {
+			cfg, err = cfg.withDefaults()
+		}
+		if err != nil {
 			s.reloads.Refused++
 			s.reloads.LastError = err.Error()
 			s.log.Error("reload refused: keeping the running configuration", "err", err)
@@ -542,13 +544,11 @@ func (s *supervisor) reload() {
 			}
 			return
 		}
-		cfg = keepRestartOnly(s.log, s.cfg, cfg)
 	}
 	if s.canary != nil {
 		s.supersedeCanary()
 	}
-	changes := config.Diff(s.cfg, cfg)
-	if cfg.Server.MaxRSS != s.cfg.Server.MaxRSS {
+	if cfg.MaxRSS != s.cfg.MaxRSS {
 		s.resetMemoryBackoff()
 	}
 	s.reloads.Accepted++
@@ -560,38 +560,19 @@ func (s *supervisor) reload() {
 		s.onConfig(cfg)
 	}
 	attrs := []any{"generation", s.gen, "workers", len(s.slots)}
-	if cfg.Reload.Canary.IsOn(true) {
-		s.canary = &canaryRun{gen: s.gen, settings: cfg.WithDefaults().Reload}
-		attrs = append(attrs, "canary_window", s.canary.settings.CanaryWindow)
+	if !cfg.Canary.Off {
+		s.canary = &canaryRun{gen: s.gen, settings: cfg.Canary}
+		attrs = append(attrs, "canary_window", cfg.Canary.Window)
 	} else {
 		// No canary: the configuration is good as it is taken, and the
 		// slots a canary left empty are filled with it.
 		s.good = generation{s.gen, cfg}
 		s.clearQuarantine()
 	}
-	s.log.Info("reload begun", append(attrs, changeAttrs(changes)...)...)
-}
-
-// changeAttrs are the log attributes that say what a reload changes: the
-// keys, never their values (a value may be a secret).
-func changeAttrs(ch config.Changes) []any {
-	if ch.Empty() {
-		return []any{"changed", "nothing"}
+	for _, a := range cfg.LogAttrs {
+		attrs = append(attrs, a)
 	}
-	var attrs []any
-	add := func(key string, v []string) {
-		if len(v) > 0 {
-			attrs = append(attrs, key, v)
-		}
-	}
-	add("rules_added", ch.RulesAdded)
-	add("rules_removed", ch.RulesRemoved)
-	add("rules_changed", ch.RulesChanged)
-	add("idempotency_added", ch.BlocksAdded)
-	add("idempotency_removed", ch.BlocksRemoved)
-	add("idempotency_changed", ch.BlocksChanged)
-	add("keys_changed", ch.Keys)
-	return attrs
+	s.log.Info("reload begun", attrs...)
 }
 
 // nextDeadline is the earliest instant at which step has something to do.
@@ -640,38 +621,4 @@ func (s *supervisor) sendNotify(state string) {
 	if err := s.env.notify(state); err != nil {
 		s.log.Warn("systemd notification failed", "err", err)
 	}
-}
-
-// keepRestartOnly returns next with the settings that only a restart can
-// change (the listener, the region's geometry, the number of workers, the
-// persistence files, locked and checked at start) taken from running, and
-// logs any such change that was asked for. persist.key, the application's
-// version, changes with a reload: the final dump is stamped with the
-// running one.
-func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Config {
-	var ignored []string
-	if next.Server.Listen != running.Server.Listen {
-		ignored = append(ignored, fmt.Sprintf("server.listen %q", next.Server.Listen))
-		next.Server.Listen = running.Server.Listen
-	}
-	if next.Server.WorkerCount() != running.Server.WorkerCount() {
-		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
-	}
-	next.Server.Workers = running.Server.Workers
-	if next.Table != running.Table {
-		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
-		next.Table = running.Table
-	}
-	if next.Persist.Path != running.Persist.Path {
-		ignored = append(ignored, fmt.Sprintf("persist.path %q", next.Persist.Path))
-		next.Persist.Path = running.Persist.Path
-	}
-	if next.Persist.Live != running.Persist.Live {
-		ignored = append(ignored, fmt.Sprintf("persist.live %q", next.Persist.Live))
-		next.Persist.Live = running.Persist.Live
-	}
-	if len(ignored) > 0 {
-		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)
-	}
-	return next
 }

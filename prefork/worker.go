@@ -7,30 +7,18 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/preforkd/preforkd/bucket"
-	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/core/nethttp"
 	"github.com/preforkd/preforkd/shm"
 )
 
-// Timeouts of a worker's http.Server. There is no read or write timeout on
-// the whole request: a proxied response may stream for as long as the
-// upstream needs.
-const (
-	readHeaderTimeout = 10 * time.Second
-	idleTimeout       = 2 * time.Minute
-)
-
-// Worker is what a worker process hands to Options.Handler: its place
-// among the workers, the shared region and the configuration it runs.
+// Worker is what a worker process hands to Options.Engine: its place
+// among the workers, the shared region and the settings it runs.
 type Worker struct {
 	// Index is the region worker index this process joined as: unique
 	// among the running workers, 0 <= Index < the region's MaxWorkers. A
@@ -38,17 +26,40 @@ type Worker struct {
 	Index int
 	// Region is the shared region, joined as Index.
 	Region *shm.Region
-	// Config is the supervisor's configuration at the time this worker
-	// was started (after a HUP, the new one).
-	Config config.Config
+	// Settings are the supervisor's settings at the time this worker was
+	// started (after a HUP, the new ones), with their Payload.
+	Settings Settings
 	// Logger is Options.Logger with the worker's index and pid.
 	Logger *slog.Logger
 
-	h *nethttp.Handler
-	c *core.Core // the core, before h exists or without it
-
 	served atomic.Int64 // responses, counted by Responded
 	limits *limits      // recycling limits; nil without any
+
+	mu     sync.Mutex
+	closes []func() error // Defer's, run after the drain
+}
+
+// Defer has f run once the worker has drained, before it exits, in the
+// reverse order of the calls: what the engine's factory opened (its
+// decision core, whose Close adds the last counts to a shared store).
+// An error is logged.
+func (w *Worker) Defer(f func() error) {
+	w.mu.Lock()
+	w.closes = append(w.closes, f)
+	w.mu.Unlock()
+}
+
+// runDeferred runs what Defer was given.
+func (w *Worker) runDeferred(log *slog.Logger) {
+	w.mu.Lock()
+	fs := w.closes
+	w.closes = nil
+	w.mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		if err := fs[i](); err != nil {
+			log.Warn("worker: closing at exit", "err", err)
+		}
+	}
 }
 
 // Responded records one response this worker sent, with its status, for
@@ -80,37 +91,6 @@ func (w *Worker) recycling(stop func()) <-chan []byte {
 // pastLimit reports whether a recycling limit was passed.
 func (w *Worker) pastLimit() bool { return w.limits != nil && w.limits.tripped.Load() }
 
-// Core returns the decision core the worker's requests go through; nil
-// before Options.Handler has returned (with Options.FastHandler and
-// Engine, it is there from the start).
-func (w *Worker) Core() *core.Core {
-	if w.h == nil {
-		return w.c
-	}
-	return w.h.Core()
-}
-
-// Limiter returns the limiter of the rate-limit rule name, e.g. to Reset a
-// client after a successful login; nil for an unknown rule, and before
-// Options.Handler has returned. The time it takes is Region.Now().
-func (w *Worker) Limiter(name string) *bucket.Limiter {
-	if c := w.Core(); c != nil {
-		return c.Limiter(name)
-	}
-	return nil
-}
-
-// ClientKey returns the key the rule called rule counts r under
-// ("ip:192.0.2.1", "h:X-Api-Key:…", "g"): the id to pass to its Limiter,
-// as in w.Limiter("login").Reset(w.ClientKey("login", r), w.Region.Now()).
-// It is "" for an unknown rule.
-func (w *Worker) ClientKey(rule string, r *http.Request) string {
-	if w.h == nil {
-		return ""
-	}
-	return string(w.h.KeyOf(rule, r))
-}
-
 // runWorker is Run in a worker: it returns the process's exit code.
 func runWorker(ctx context.Context, opts Options) int {
 	log := opts.Logger.With("pid", os.Getpid())
@@ -137,31 +117,57 @@ func runWorker(ctx context.Context, opts Options) int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 
-	if opts.Handler == nil {
-		return runEngineWorker(ctx, opts, index, term, log)
-	}
-	conns := &connTracker{}
-	w, srv, ln, c, err := setUpWorker(opts, index, conns, log)
+	w, ln, err := joinWorker(opts, index, log)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
 	}
-	srv.Handler = conns.closeWhenDraining(srv.Handler)
-	// Past a recycling limit: no new connection (the other workers, or
-	// the successor, take them from the shared listener), and Connection:
-	// close on every response from now on.
+	eng, err := opts.Engine(w)
+	if err == nil && eng == nil {
+		err = errors.New("Options.Engine returned no engine")
+	}
+	if err != nil {
+		log.Error("worker failed to start", "err", fmt.Errorf("prefork: building the engine: %w", err))
+		w.runDeferred(log)
+		return 1
+	}
+	timeout := w.Settings.ShutdownTimeout
+	// Past a recycling limit the listener closes at once (before the
+	// response that passed the limit leaves), and the engine drains in
+	// the background; TERM, once the successor is ready, waits for it.
+	recycled := make(chan error, 1)
+	recycleCtx, cutRecycleDrain := context.WithCancel(context.Background())
+	defer cutRecycleDrain()
 	recycle := w.recycling(func() {
-		conns.draining.Store(true)
 		ln.Close()
+		go func() { recycled <- eng.Shutdown(recycleCtx) }()
 	})
-	why, served, ok := serveUntilTold(ctx, w, func() error { return srv.Serve(ln) }, recycle, term, log)
+	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, log)
 	if !ok {
 		return 1
 	}
-	code := drainWorker(srv, ln, served, conns, w.Config.Server.ShutdownTimeout, why, log)
-	waitRefreshes(w.h, log)
-	closeCore(c, log)
-	return code
+	log.Info("worker draining", "reason", why, "timeout", timeout)
+	if w.pastLimit() {
+		select {
+		case err = <-recycled:
+		case <-time.After(timeout):
+			cutRecycleDrain()
+			err = <-recycled
+		}
+	} else {
+		sctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		err = eng.Shutdown(sctx)
+	}
+	if err != nil {
+		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
+	}
+	select {
+	case <-served:
+	case <-time.After(time.Second): // Serve returns once its listener is closed
+	}
+	w.runDeferred(log)
+	return 0
 }
 
 // serveUntilTold reports the worker ready and serves with serve until it
@@ -221,67 +227,11 @@ func askRecycling(report *os.File, msg []byte, log *slog.Logger) {
 	log.Info("worker past a recycling limit: stopped accepting")
 }
 
-// refreshWait bounds the wait for the cache's background refreshes once a
-// worker drained: one cut short gives up its lock when the worker is
-// reaped, and the next request fetches instead.
-const refreshWait = 5 * time.Second
-
-// waitRefreshes waits, up to refreshWait, for h's background refreshes.
-func waitRefreshes(h *nethttp.Handler, log *slog.Logger) {
-	done := make(chan struct{})
-	go func() {
-		h.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(refreshWait):
-		log.Warn("worker: cache refreshes still running at exit")
-	}
-}
-
-// closeCore closes a drained worker's core: no request decides any more,
-// and closing adds the last sync-mode counts to Redis.
-func closeCore(c *core.Core, log *slog.Logger) {
-	if err := c.Close(); err != nil {
-		log.Warn("worker: closing the decision core", "err", err)
-	}
-}
-
-// setUpWorker maps the region, builds the handler and the server.
-func setUpWorker(opts Options, index int, conns *connTracker, log *slog.Logger) (_ *Worker, _ *http.Server, _ net.Listener, _ *core.Core, err error) {
-	w, ln, err := joinWorker(opts, index, log)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	cfg, region := w.Config, w.Region
-	app, err := opts.Handler(w)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("prefork: building the handler: %w", err)
-	}
-	// The core decides first: rate limits, so that a refused request
-	// never reserves an idempotency key; then idempotent replay; then the
-	// application.
-	c, err := newCore(cfg, region, log, w.Responded)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	w.h = nethttp.New(c, app, nethttp.Options{Refuse: opts.Refuse})
-	srv := &http.Server{
-		ConnState:         conns.track,
-		Handler:           w.h,
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	return w, srv, ln, c, nil
-}
-
 // joinWorker reads the configuration the supervisor handed over (and
 // hands it to Options.Configured), joins the region as index and opens
 // the inherited listener.
 func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listener, error) {
-	cfg, err := readConfig(os.NewFile(fdConfig, "config"))
+	cfg, err := readSettings(os.NewFile(fdConfig, "config"))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -305,11 +255,11 @@ func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listene
 	if err != nil {
 		return nil, nil, err
 	}
-	lim, err := newLimits(cfg.Server, randomJitter(), rssDelay, time.Now())
+	lim, err := newLimits(cfg, randomJitter(), rssDelay, time.Now())
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Worker{Index: index, Region: region, Config: cfg, Logger: log, limits: lim}, ln, nil
+	return &Worker{Index: index, Region: region, Settings: cfg, Logger: log, limits: lim}, ln, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the

@@ -17,8 +17,7 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/core/nethttp"
-	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -73,7 +72,7 @@ func configCore(t testing.TB, toml string, now func() time.Duration) *core.Core 
 	if err != nil {
 		t.Fatal(err)
 	}
-	region, err := shm.Create(prefork.RegionOptions(cfg))
+	region, err := shm.Create(cfg.RegionOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ type admin struct {
 // endpoint is up before the first worker starts and until the dump is
 // written, so that /readyz answers 503, not a refused connection, during
 // the whole drain.
-func adminHooks(opts *prefork.Options, info adminInfo) {
+func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 	a := &admin{adminInfo: info, started: time.Now()}
 	var srv *http.Server
 	prepare, finish, onStatus := opts.Prepare, opts.Finish, opts.OnStatus
@@ -66,9 +66,9 @@ func adminHooks(opts *prefork.Options, info adminInfo) {
 			onStatus(st)
 		}
 	}
-	opts.Prepare = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+	opts.Prepare = func(r *shm.Region, log *slog.Logger) error {
 		if prepare != nil {
-			if err := prepare(r, cfg, log); err != nil {
+			if err := prepare(r, log); err != nil {
 				return err
 			}
 		}
@@ -90,10 +90,10 @@ func adminHooks(opts *prefork.Options, info adminInfo) {
 		log.Info("admin endpoint listening", "listen", ln.Addr().String())
 		return nil
 	}
-	opts.Finish = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+	opts.Finish = func(r *shm.Region, s prefork.Settings, log *slog.Logger) error {
 		var err error
 		if finish != nil {
-			err = finish(r, cfg, log)
+			err = finish(r, s, log)
 		}
 		if srv != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -174,13 +174,13 @@ func (a *admin) buildControl() (*core.Control, error) {
 	if a.ctl != nil && a.ctlGen == st.Generation {
 		return a.ctl, nil
 	}
-	o, err := st.Config.CoreOptions()
+	o, err := runningConfig(st).CoreOptions()
 	if err != nil {
 		return nil, err
 	}
 	for _, rl := range o.RateLimits {
 		if rl.Redis != nil {
-			ro := st.Config.WithDefaults().Redis.StoreOptions()
+			ro := runningConfig(st).WithDefaults().Redis.StoreOptions()
 			ro.Logger = a.log
 			if o.Redis, err = redisstore.New(a.region, ro); err != nil {
 				return nil, err

@@ -22,8 +22,10 @@ func BenchmarkScrape(b *testing.B) {
 		cfg.RateLimits = append(cfg.RateLimits, config.RateLimit{Name: fmt.Sprintf("rule-%d", i), Path: fmt.Sprintf("/r%d", i), Limit: 10, Window: time.Minute})
 	}
 	cfg = cfg.WithDefaults()
-	region := shmtest.Create(b, prefork.RegionOptions(cfg))
-	st := prefork.Status{Config: cfg, Serving: true}
+	ro := cfg.RegionOptions()
+	ro.MaxWorkers = 34
+	region := shmtest.Create(b, ro)
+	st := prefork.Status{Settings: prefork.Settings{Config: cfg}, Serving: true}
 	for w := range 16 {
 		wr := shmtest.Attach(b, region, w)
 		row := metrics.NewRow(wr)

@@ -32,12 +32,12 @@ func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	a.appendSupervisor(&sc.text, st)
 	metrics.Read(a.region, &sc.snap)
 	sc.rules = sc.rules[:0]
-	for _, r := range st.Config.RateLimits {
+	for _, r := range runningConfig(st).RateLimits {
 		sc.rules = append(sc.rules, metrics.Rule{Name: r.Name, Index: metrics.RuleIndex(a.region, r.Name)})
 	}
 	sc.snap.AppendFamilies(&sc.text, sc.rules)
 	sc.snap.AppendTable(&sc.text)
-	if rd := st.Config.Redis; rd.Enabled() {
+	if rd := runningConfig(st).Redis; rd.Enabled() {
 		b := redisstore.ReadBreaker(a.region, rd.StoreOptions(), a.region.Now())
 		sc.text.Family("preforkd_redis_breaker_state", "gauge", "The Redis breaker shared by the workers: 0 closed, 1 open, 2 half-open.")
 		sc.text.Uint("preforkd_redis_breaker_state", uint64(b.Phase))

@@ -150,10 +150,10 @@ func (a *admin) serveStatus(w http.ResponseWriter, _ *http.Request) {
 		Generation: st.Generation, Ready: st.Ready, Serving: st.Serving, Draining: st.Draining,
 		Reloads:     reloadsJSON{Accepted: st.Reloads.Accepted, Refused: st.Reloads.Refused, LastError: st.Reloads.LastError},
 		Crashes:     st.Crashes,
-		Listen:      st.Config.Server.Listen,
-		Upstream:    redactedURL(st.Config.Server.Upstream),
-		Rules:       rulesJSON(st.Config),
-		Blocks:      blocksJSON(st.Config),
+		Listen:      runningConfig(st).Server.Listen,
+		Upstream:    redactedURL(runningConfig(st).Server.Upstream),
+		Rules:       rulesJSON(runningConfig(st)),
+		Blocks:      blocksJSON(runningConfig(st)),
 		Workers:     []workerJSON{},
 		Quarantined: append([]int{}, st.Quarantined...),
 		Recycled:    st.Recycled,
@@ -168,8 +168,8 @@ func (a *admin) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	var snap metrics.Snapshot
 	metrics.Read(a.region, &snap)
 	out.Table = tableStatsJSON(snap.Table())
-	if st.Config.Redis.Enabled() {
-		out.Redis = redisStatus(a.region, st.Config)
+	if runningConfig(st).Redis.Enabled() {
+		out.Redis = redisStatus(a.region, runningConfig(st))
 	}
 	if !st.Reloads.Last.IsZero() {
 		out.Reloads.Last = st.Reloads.Last.UTC().Format(time.RFC3339)

@@ -73,7 +73,7 @@ func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 		st := a.status.Load()
 		path := ""
 		if st != nil {
-			path = st.Config.Admin.TokenFile
+			path = runningConfig(st).Admin.TokenFile
 		}
 		if path == "" {
 			writeProblem(w, http.StatusForbidden, "Forbidden", "admin actions are off: set admin.token_file to enable them")

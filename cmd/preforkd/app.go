@@ -6,26 +6,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/preforkd/preforkd/prefork"
-	"github.com/preforkd/preforkd/proxy"
 )
 
 const demoUpstream = "builtin:demo"
-
-// engine builds the engine a worker serves with: the fast engine of
-// package proxy, with the worker's decision core in front, forwarding to
-// server.upstream or serving the demo application.
-func engine(w *prefork.Worker) (prefork.Engine, error) {
-	o := w.Config.ProxyOptions()
-	o.Core, o.Logger = w.Core(), w.Logger
-	if u := w.Config.Server.Upstream; u == "" || u == demoUpstream {
-		o.App = demo(w.Index)
-	} else {
-		o.Upstream = u
-	}
-	return proxy.New(o)
-}
 
 // demo answers every request with 200 and a small JSON body naming the
 // method, path and worker, so that preforkd runs with nothing else.

@@ -153,7 +153,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 			// A worker runs the supervisor's configuration, handed over by
 			// it: the file may have changed (even broken) since.
 			quietRedisLog(log)
-			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log, Configured: func(cfg config.Config) { logs.configure(cfg.Log) }})
+			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log, Configured: logs.configured})
 		}
 		if err := noArgs(args); err != nil {
 			return err
@@ -169,12 +169,19 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 			return err
 		}
 		logs.configure(cfg.Log)
+		settings, err := settingsOf(cfg)
+		if err != nil {
+			return err
+		}
 		opts := prefork.Options{
-			Config:     cfg,
-			LoadConfig: func() (config.Config, error) { return loadConfig(*path, o) },
+			Listen:     cfg.Server.Listen,
+			Workers:    cfg.Server.Workers,
+			Region:     cfg.RegionOptions(),
+			Settings:   settings,
+			Reload:     reloader(*path, o, log),
 			Engine:     engine,
 			Logger:     log,
-			Configured: func(cfg config.Config) { logs.configure(cfg.Log) },
+			Configured: logs.configured,
 		}
 		v, c := buildVersion()
 		abs, err := filepath.Abs(*path)
@@ -182,8 +189,8 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 			abs = *path
 		}
 		banner(log, v, c, abs, cfg)
-		persistHooks(&opts, v)
-		adminHooks(&opts, adminInfo{version: v, commit: c, configPath: abs})
+		persistHooks(&opts, cfg, v)
+		adminHooks(&opts, cfg, adminInfo{version: v, commit: c, configPath: abs})
 		return prefork.Run(ctx, opts)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/prefork"
 )
 
 // logFlags are -log-format and -log-level: how the supervisor and its
@@ -87,6 +88,14 @@ func (s *logSwitch) configure(file config.Log) {
 }
 
 // logger is a logger over the switch.
+// configured is prefork.Options.Configured: the [log] table of the
+// configuration a process runs.
+func (s *logSwitch) configured(st prefork.Settings) {
+	if cfg, err := configOf(st); err == nil {
+		s.configure(cfg.Log)
+	}
+}
+
 func (s *logSwitch) logger() *slog.Logger { return slog.New(&switchHandler{sw: s}) }
 
 // switchHandler is a handler of the switch with the attributes and

@@ -28,8 +28,7 @@ func checkPersist(cfg config.Config) error {
 // with persist.path and persist.live locked (the live region, if any,
 // replaces the memfd), a dump is loaded before the first worker starts and
 // written after the last one has exited.
-func persistHooks(opts *prefork.Options, build string) {
-	cfg := opts.Config
+func persistHooks(opts *prefork.Options, cfg config.Config, build string) {
 	if cfg.Persist.Path == "" && cfg.Persist.Live == "" {
 		return
 	}
@@ -37,27 +36,33 @@ func persistHooks(opts *prefork.Options, build string) {
 	reattached := false
 	// OpenRegion also locks persist.path, so it makes the region even
 	// without a live one.
-	opts.NewRegion = func(cfg config.Config) (*shm.Region, error) {
-		r, l, re, err := persist.OpenRegion(persistOptions(cfg, build), prefork.RegionOptions(cfg), opts.Logger)
+	opts.NewRegion = func(o shm.Options) (*shm.Region, error) {
+		r, l, re, err := persist.OpenRegion(persistOptions(cfg, build), o, opts.Logger)
 		lock, reattached = l, re
 		return r, err
 	}
 	prepare, finish := opts.Prepare, opts.Finish
-	opts.Prepare = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+	opts.Prepare = func(r *shm.Region, log *slog.Logger) error {
 		if cfg.Persist.Path != "" && !reattached {
 			if _, err := persist.Load(r, persistOptions(cfg, build), log); err != nil {
 				log.Error("dump not loaded", "path", cfg.Persist.Path, "err", err)
 			}
 		}
 		if prepare != nil {
-			return prepare(r, cfg, log)
+			return prepare(r, log)
 		}
 		return nil
 	}
-	opts.Finish = func(r *shm.Region, cfg config.Config, log *slog.Logger) error {
+	opts.Finish = func(r *shm.Region, s prefork.Settings, log *slog.Logger) error {
 		var err error
 		if finish != nil {
-			err = finish(r, cfg, log)
+			err = finish(r, s, log)
+		}
+		// The last configuration that ran: its rules guard the dump, its
+		// persist.key stamps it (the files are the starting ones).
+		if last, cerr := configOf(s); cerr == nil {
+			last.Persist.Path, last.Persist.Live = cfg.Persist.Path, cfg.Persist.Live
+			cfg = last
 		}
 		if cfg.Persist.Path != "" {
 			if st, derr := persist.Dump(r, persistOptions(cfg, build)); derr != nil {

@@ -1,11 +1,15 @@
 // Command embed runs a tiny login service in preforkd's supervised worker
 // processes, with a rate limit that holds across all of them: 3 login
-// attempts per minute per client IP, forgiven by a successful login.
+// attempts per minute per client IP, and a successful login forgives the
+// attempts that failed before it.
 //
 //	go run ./examples/embed -listen 127.0.0.1:8081
+//	curl -i -d password=wrong   http://127.0.0.1:8081/login   # 401, 401
+//	curl -i -d password=correct http://127.0.0.1:8081/login   # 200: the count starts over
 //	curl -i -d password=wrong   http://127.0.0.1:8081/login   # 401, 401, 401, then 429
-//	curl -i -d password=correct http://127.0.0.1:8081/login   # 200, and the count starts over
 //
+// Once the limit is reached every attempt gets 429, a correct password
+// too (the application does not see it), until the minute has passed.
 // TERM or Ctrl-C drains the workers; HUP replaces them one at a time.
 package main
 
@@ -18,8 +22,14 @@ import (
 	"os"
 	"time"
 
-	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/shm"
 )
 
 func main() {
@@ -36,29 +46,38 @@ func run() error {
 	listen := flag.String("listen", "127.0.0.1:8081", "address to listen on")
 	workers := flag.Int("workers", 2, "number of worker processes")
 	flag.Parse()
-
-	cfg := config.Config{
-		Server: config.Server{Listen: *listen, Workers: *workers, ShutdownTimeout: 10 * time.Second},
-		Table:  config.Table{Counters: 4096},
-		RateLimits: []config.RateLimit{{
-			Name:   "login",
-			Path:   "/login",
-			Limit:  3,
-			Window: time.Minute,
-			By:     "ip",
-		}},
-	}
 	return prefork.Run(context.Background(), prefork.Options{
-		Config:  cfg,
-		Handler: newApp,
-		Logger:  slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Listen:   *listen,
+		Workers:  *workers,
+		Region:   shm.Options{Counters: 4096},
+		Settings: prefork.Settings{ShutdownTimeout: 10 * time.Second},
+		Engine:   newEngine,
+		Logger:   slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 }
 
-// newApp builds the application, once in each worker. The rate-limit
-// middleware wraps it, so the handler sees only the requests the rule let
-// through.
-func newApp(w *prefork.Worker) (http.Handler, error) {
+// login is the rule: 3 attempts a minute per client IP.
+var login = core.RateLimit{
+	Rule:  bucket.Rule{Name: "login", Limit: 3, Window: time.Minute},
+	Route: route.MustCompile("/login", []string{"POST"}),
+	By:    clientip.MustParseBy("ip"),
+}
+
+// newEngine builds what a worker serves with, once in each worker: the
+// decision core over the shared region, and net/http in front of the
+// application with the core running every request, so that the handler
+// sees only the requests the rule let through.
+func newEngine(w *prefork.Worker) (prefork.Engine, error) {
+	c, err := core.New(w.Region, core.Options{
+		RateLimits: []core.RateLimit{login},
+		OnResponse: w.Responded, // the worker's recycling limits count responses
+		Logger:     w.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.Defer(c.Close)
+	limiter := c.Limiter("login") // usable here, and from every request
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /login", func(rw http.ResponseWriter, r *http.Request) {
 		if r.PostFormValue("password") != "correct" {
@@ -67,8 +86,13 @@ func newApp(w *prefork.Worker) (http.Handler, error) {
 		}
 		// A successful login forgives this client's failed attempts, in
 		// every worker at once: the count lives in the shared region.
-		w.Limiter("login").Reset(w.ClientKey("login", r), w.Region.Now())
+		limiter.Reset(string(nethttp.KeyOf(c, "login", r)), c.Now())
 		fmt.Fprintf(rw, "welcome (served by worker %d)\n", w.Index)
 	})
-	return mux, nil
+	return nethttp.NewServer(nethttp.ServerOptions{
+		Core:    c,
+		Handler: mux,
+		Limits:  engine.Limits{IdleTimeout: 30 * time.Second},
+		Logger:  w.Logger,
+	})
 }

@@ -12,8 +12,12 @@ import (
 	"os"
 	"time"
 
-	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/route"
 )
 
 func main() {
@@ -29,27 +33,36 @@ func run() error {
 	rules := flag.String("rules", "off", `"off"; "on" (a rule on every path that allows everything); "refuse" (a rule that refuses everything after the first request)`)
 	flag.Parse()
 
-	cfg := config.Default()
-	cfg.Server.Listen = *listen
-	cfg.Server.Workers = *workers
+	var rls []core.RateLimit
+	every := func(limit int64, window time.Duration) core.RateLimit {
+		return core.RateLimit{Rule: bucket.Rule{Name: "all", Limit: limit, Window: window},
+			Route: route.MustCompile("/*", nil), By: clientip.MustParseBy("ip")}
+	}
 	switch *rules {
 	case "off":
 	case "on":
-		cfg.RateLimits = []config.RateLimit{{Name: "all", Path: "/*", Limit: 1_000_000, Window: time.Second, By: "ip"}}
+		rls = append(rls, every(1_000_000, time.Second))
 	case "refuse":
-		cfg.RateLimits = []config.RateLimit{{Name: "all", Path: "/*", Limit: 1, Window: time.Hour, By: "ip"}}
+		rls = append(rls, every(1, time.Hour))
 	default:
 		return fmt.Errorf("-rules %q: want off, on or refuse", *rules)
 	}
 	hello := []byte("hello\n")
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Write(hello)
+	})
 	return prefork.Run(context.Background(), prefork.Options{
-		Config: cfg,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Handler: func(*prefork.Worker) (http.Handler, error) {
-			return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				w.Header().Set("Content-Type", "text/plain")
-				w.Write(hello)
-			}), nil
+		Listen:  *listen,
+		Workers: *workers,
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Engine: func(w *prefork.Worker) (prefork.Engine, error) {
+			c, err := core.New(w.Region, core.Options{RateLimits: rls, OnResponse: w.Responded, Logger: w.Logger})
+			if err != nil {
+				return nil, err
+			}
+			w.Defer(c.Close)
+			return nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Logger: w.Logger})
 		},
 	})
 }

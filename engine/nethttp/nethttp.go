@@ -54,12 +54,33 @@ func (h *Handler) Core() *core.Core { return h.c }
 // KeyOf returns the key bytes rule name counts r under (see
 // core.Core.KeyOf), or nil for no such rule or a request whose key header
 // was sent twice.
-func (h *Handler) KeyOf(name string, r *http.Request) []byte {
-	k, err := h.c.KeyOf(name, &request{r: r})
+func (h *Handler) KeyOf(name string, r *http.Request) []byte { return KeyOf(h.c, name, r) }
+
+// KeyOf returns the key bytes the rule called name of c counts r under,
+// exactly as a decision would make them ("ip:192.0.2.1",
+// "h:X-Api-Key:…"): the id to give its Limiter, as in
+//
+//	c.Limiter("login").Reset(string(nethttp.KeyOf(c, "login", r)), c.Now())
+//
+// after a successful login. It is nil for no such rule, or a request the
+// core would refuse as malformed (a bad path, a key header sent twice).
+func KeyOf(c *core.Core, name string, r *http.Request) []byte {
+	k, err := c.KeyOf(name, &request{r: r})
 	if err != nil {
 		return nil
 	}
 	return k
+}
+
+// HTTPRequest is the net/http request behind the core's view of it, for
+// a rule's key function (core.RateLimit.KeyFunc) that keys by what only
+// the application can read (a session, a verified token); nil for a
+// request of another engine.
+func HTTPRequest(r core.Request) *http.Request {
+	if q, ok := r.(*request); ok {
+		return q.r
+	}
+	return nil
 }
 
 var requests = sync.Pool{New: func() any { return new(request) }}

@@ -18,7 +18,7 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/core/nethttp"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/internal/logtest"
 	"github.com/preforkd/preforkd/internal/ratelimittest"
 	"github.com/preforkd/preforkd/internal/shmtest"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/core/nethttp"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/shm"
 )
 

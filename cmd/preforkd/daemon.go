@@ -1,0 +1,191 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/proxy"
+	"github.com/preforkd/preforkd/redisstore"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The daemon wires the configuration file to the packages that own each
+// part of it: config → the supervisor's settings and the region's
+// geometry (package prefork), and in each worker config → the decision
+// core (package core, with a Redis store from package redisstore) → the
+// fast engine (package proxy). The supervisor hands each worker the
+// configuration it validated, as JSON in its settings' payload: the file
+// may have changed (even broken) since.
+
+// settingsOf is what the supervisor runs cfg (validated) with.
+func settingsOf(cfg config.Config) (prefork.Settings, error) {
+	s := cfg.Settings()
+	payload, err := json.Marshal(cfg)
+	if err != nil {
+		return s, fmt.Errorf("encoding the configuration for the workers: %w", err)
+	}
+	s.Payload, s.Config = payload, cfg
+	return s, nil
+}
+
+// configOf is the configuration of s: the supervisor's own, or what a
+// worker decodes from the payload.
+func configOf(s prefork.Settings) (config.Config, error) {
+	if cfg, ok := s.Config.(config.Config); ok {
+		return cfg, nil
+	}
+	var cfg config.Config
+	if err := json.Unmarshal(s.Payload, &cfg); err != nil {
+		return cfg, fmt.Errorf("decoding the configuration from the supervisor: %w", err)
+	}
+	return cfg, nil
+}
+
+// reloader is prefork.Options.Reload: the file read again, with the
+// command line's overrides, and the keys only a restart changes kept as
+// they run.
+func reloader(path string, o overrides, log *slog.Logger) func(prefork.Settings) (prefork.Settings, error) {
+	return func(running prefork.Settings) (prefork.Settings, error) {
+		cfg, err := loadConfig(path, o)
+		if err != nil {
+			return running, err
+		}
+		old, err := configOf(running)
+		if err != nil {
+			return running, err
+		}
+		cfg = keepRestartOnly(log, old, cfg)
+		s, err := settingsOf(cfg)
+		if err != nil {
+			return running, err
+		}
+		s.LogAttrs = changeAttrs(config.Diff(old, cfg))
+		return s, nil
+	}
+}
+
+// engine builds the engine a worker serves with: the fast engine of
+// package proxy, with the worker's decision core running every request,
+// forwarding to server.upstream or serving the demo application.
+func engine(w *prefork.Worker) (prefork.Engine, error) {
+	cfg, err := configOf(w.Settings)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newCore(cfg, w.Region, w.Logger, w.Responded)
+	if err != nil {
+		return nil, err
+	}
+	w.Defer(c.Close)
+	o := cfg.ProxyOptions()
+	o.Core, o.Logger = c, w.Logger
+	if u := cfg.Server.Upstream; u == "" || u == demoUpstream {
+		o.App = demo(w.Index)
+	} else {
+		o.Upstream = u
+	}
+	return proxy.New(o)
+}
+
+// newCore builds a worker's decision core from cfg over region, joined by
+// this process; onResponse is told every response's status (the
+// worker's recycling limits). With store = "redis" rules it also
+// connects to [redis] (in the background: no request waits for it), and
+// the core owns that connection: Core.Close, once the worker has
+// drained, adds the last sync-mode counts to Redis and closes it.
+func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse func(int)) (*core.Core, error) {
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		return nil, err
+	}
+	o.Logger, o.OnResponse = log, onResponse
+	if usesRedis(o) {
+		ro := cfg.WithDefaults().Redis.StoreOptions()
+		ro.Logger = log
+		if o.Redis, err = redisstore.New(region, ro); err != nil {
+			return nil, err
+		}
+	}
+	c, err := core.New(region, o)
+	if err != nil && o.Redis != nil {
+		o.Redis.Close()
+	}
+	return c, err
+}
+
+// usesRedis reports whether a rule keeps its counts in Redis.
+func usesRedis(o core.Options) bool {
+	for _, rl := range o.RateLimits {
+		if rl.Redis != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// keepRestartOnly returns next with the settings that only a restart can
+// change (the listener, the region's geometry, the number of workers, the
+// persistence files, locked and checked at start, the admin listener)
+// taken from running, and logs any such change that was asked for.
+// persist.key, the application's version, changes with a reload: the
+// final dump is stamped with the running one.
+func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Config {
+	var ignored []string
+	if next.Server.Listen != running.Server.Listen {
+		ignored = append(ignored, fmt.Sprintf("server.listen %q", next.Server.Listen))
+		next.Server.Listen = running.Server.Listen
+	}
+	if next.Server.WorkerCount() != running.Server.WorkerCount() {
+		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
+	}
+	next.Server.Workers = running.Server.Workers
+	if next.Table != running.Table {
+		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
+		next.Table = running.Table
+	}
+	if next.Persist.Path != running.Persist.Path {
+		ignored = append(ignored, fmt.Sprintf("persist.path %q", next.Persist.Path))
+		next.Persist.Path = running.Persist.Path
+	}
+	if next.Persist.Live != running.Persist.Live {
+		ignored = append(ignored, fmt.Sprintf("persist.live %q", next.Persist.Live))
+		next.Persist.Live = running.Persist.Live
+	}
+	if len(ignored) > 0 {
+		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)
+	}
+	return next
+}
+
+// changeAttrs are the log attributes that say what a reload changes: the
+// keys, never their values (a value may be a secret).
+func changeAttrs(ch config.Changes) []slog.Attr {
+	if ch.Empty() {
+		return []slog.Attr{slog.String("changed", "nothing")}
+	}
+	var attrs []slog.Attr
+	add := func(key string, v []string) {
+		if len(v) > 0 {
+			attrs = append(attrs, slog.Any(key, v))
+		}
+	}
+	add("rules_added", ch.RulesAdded)
+	add("rules_removed", ch.RulesRemoved)
+	add("rules_changed", ch.RulesChanged)
+	add("idempotency_added", ch.BlocksAdded)
+	add("idempotency_removed", ch.BlocksRemoved)
+	add("idempotency_changed", ch.BlocksChanged)
+	add("keys_changed", ch.Keys)
+	return attrs
+}
+
+// runningConfig is the configuration of the supervisor's snapshot: the
+// one its running generation's settings came from.
+func runningConfig(st *prefork.Status) config.Config {
+	cfg, _ := st.Settings.Config.(config.Config)
+	return cfg
+}

@@ -1,0 +1,148 @@
+package nethttp
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/shmtest"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The drain rule (package engine) on a Server serving a real listener,
+// with the clock given: a keep-alive client is told before its connection
+// goes, and only connections idle for their grace are closed.
+func TestDrainTellsBeforeClosing(t *testing.T) {
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(ServerOptions{
+		Core:    c,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := &srv.conns
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		srv.srv.Close()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+
+	type client struct {
+		conn net.Conn
+		r    *bufio.Reader
+	}
+	dial := func() client {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return client{c, bufio.NewReader(c)}
+	}
+	get := func(c client) *http.Response {
+		t.Helper()
+		if _, err := io.WriteString(c.conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(c.r, nil)
+		if err != nil {
+			t.Fatalf("request on a kept-alive connection during the drain: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	closed := func(c client) bool {
+		c.conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := c.r.ReadByte()
+		return err == io.EOF
+	}
+	waitState := func(want map[http.ConnState]int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			got := map[http.ConnState]int{}
+			conns.mu.Lock()
+			for _, ci := range conns.conns {
+				if !ci.closed {
+					got[ci.state]++
+				}
+			}
+			conns.mu.Unlock()
+			if fmt.Sprint(got) == fmt.Sprint(want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("connection states %v, want %v", got, want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	busy, quiet, fresh := dial(), dial(), dial()
+	if r := get(busy); r.Close {
+		t.Fatal("Connection: close before the drain")
+	}
+	get(quiet)
+	waitState(map[http.ConnState]int{http.StateIdle: 2, http.StateNew: 1})
+
+	conns.draining.Store(true)
+	now := time.Now()
+	if left, _, _ := conns.closeIdle(now, time.Second, 5*time.Second); left != 3 {
+		t.Fatalf("%d connections left, want all 3 within their grace", left)
+	}
+	// The busy client sends its next request within the grace: it is
+	// answered, told, and only then is its connection closed.
+	if r := get(busy); !r.Close {
+		t.Fatal("response during the drain without Connection: close")
+	}
+	if !closed(busy) {
+		t.Fatal("the told connection stayed open")
+	}
+	// Past the idle grace, the quiet one goes; the fresh one (no request
+	// yet) keeps its longer grace.
+	left, next, _ := conns.closeIdle(now.Add(2*time.Second), time.Second, 5*time.Second)
+	if !closed(quiet) {
+		t.Fatal("a connection idle past the grace was not closed")
+	}
+	if left == 0 || next.IsZero() || next.Sub(now) > 5*time.Second {
+		t.Fatalf("after the idle grace: %d left, next at %v; want the new connection due within 5s", left, next.Sub(now))
+	}
+	conns.closeIdle(now.Add(6*time.Second), time.Second, 5*time.Second)
+	if !closed(fresh) {
+		t.Fatal("a connection that never sent a request outlived its grace")
+	}
+	waitState(map[http.ConnState]int{})
+
+	// drain itself returns once nothing is left.
+	conns.draining.Store(false)
+	late := dial()
+	get(late)
+	waitState(map[http.ConnState]int{http.StateIdle: 1})
+	conns.draining.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	began := time.Now()
+	conns.drain(ctx, 50*time.Millisecond, 100*time.Millisecond)
+	if ctx.Err() != nil || !closed(late) {
+		t.Fatalf("drain: %v after %v, want the idle connection closed after its grace", ctx.Err(), time.Since(began))
+	}
+}

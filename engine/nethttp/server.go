@@ -1,0 +1,305 @@
+package nethttp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+)
+
+// ServerOptions configures a [Server].
+type ServerOptions struct {
+	// Core runs each request (required).
+	Core *core.Core
+	// Handler is the application (required): it serves what the core
+	// lets through.
+	Handler http.Handler
+	// Limits are the timeouts and limits of the worker's clients
+	// (engine.Limits: the [server] keys); zero values are the defaults.
+	Limits engine.Limits
+	// Options tune the adapter in front of Handler.
+	Options Options
+	// Logger receives net/http's own error lines, at warn. nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the net/http engine: an http.Server in front of which the
+// core runs every request, honouring engine.Limits and draining by
+// engine's rule. It serves any number of listeners.
+type Server struct {
+	h      *Handler
+	srv    *http.Server
+	limits engine.Limits
+	conns  connTracker
+	log    *slog.Logger
+
+	mu  sync.Mutex
+	lns []net.Listener
+	wg  sync.WaitGroup // Serve calls
+}
+
+// NewServer returns a Server for o, or an error for options that make no
+// sense (a *engine.FieldError for a bad limit).
+func NewServer(o ServerOptions) (*Server, error) {
+	switch {
+	case o.Core == nil:
+		return nil, errors.New("nethttp: ServerOptions.Core is nil")
+	case o.Handler == nil:
+		return nil, errors.New("nethttp: ServerOptions.Handler is nil")
+	}
+	lim, err := o.Limits.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Server{h: New(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger}
+	s.srv = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		// net/http reads up to MaxHeaderBytes plus 4 KiB of slack before
+		// it answers 431: the slack is taken off, so that the bound is the
+		// one every engine keeps.
+		MaxHeaderBytes: max(lim.MaxHeaderBytes-4<<10, 1),
+		ConnState:      s.conns.track,
+		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// Handler is the adapter the Server serves with.
+func (s *Server) Handler() *Handler { return s.h }
+
+// Serve serves the connections of ln until Shutdown (it returns nil then)
+// or a failure of ln. At most Limits.MaxConnections are open at once.
+func (s *Server) Serve(ln net.Listener) error {
+	l := engine.NewListener(ln, s.limits.MaxConnections, func(err error, wait time.Duration) {
+		s.log.Warn("accepting a connection failed; retrying", "err", err, "retry_in", wait)
+	})
+	s.mu.Lock()
+	if s.conns.draining.Load() {
+		s.mu.Unlock()
+		l.Close()
+		return nil
+	}
+	s.lns = append(s.lns, l)
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	err := s.srv.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) || s.conns.draining.Load() {
+		return nil
+	}
+	return err
+}
+
+// ServeHTTP applies the per-read and per-write timeouts, and the drain's
+// Connection: close, around the adapter.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.conns.draining.Load() {
+		w.Header().Set("Connection", "close") // the drain rule's step 2
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout}
+	}
+	lw := limitWriterPool.Get().(*limitWriter)
+	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout}
+	s.h.ServeHTTP(lw, r)
+	*lw = limitWriter{}
+	limitWriterPool.Put(lw)
+}
+
+// Shutdown drains by the rule of a retiring worker (engine's drain rule):
+// it stops accepting, answers every request from now on with Connection:
+// close, closes each connection with no request in progress once it has
+// been idle for engine.DrainIdleGrace (engine.DrainNewGrace when it never
+// sent one), and returns once none is left and the background refreshes
+// ended — or when ctx is done, having closed the rest, with ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.conns.draining.Store(true) // step 2, for every request that starts now
+	lns := s.lns
+	s.mu.Unlock()
+	for _, l := range lns {
+		l.Close() // step 1
+	}
+	served := make(chan struct{})
+	go func() { s.wg.Wait(); close(served) }()
+	select {
+	case <-served: // every connection accepted is tracked
+	case <-ctx.Done():
+	}
+	s.conns.drain(ctx, engine.DrainIdleGrace, engine.DrainNewGrace) // step 3
+	err := s.srv.Shutdown(ctx)                                      // nothing left, or cut (step 4)
+	if err != nil {
+		s.srv.Close()
+	}
+	refreshed := make(chan struct{})
+	go func() { s.h.Wait(); close(refreshed) }()
+	select {
+	case <-refreshed:
+	case <-ctx.Done():
+		err = errors.Join(err, ctx.Err())
+	}
+	return err
+}
+
+// bodyReader moves the connection's read deadline before each read of a
+// request body: Limits.ClientBodyTimeout is the longest wait between two.
+type bodyReader struct {
+	io.ReadCloser
+	w       http.ResponseWriter
+	timeout time.Duration
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
+		_ = d.SetReadDeadline(time.Now().Add(b.timeout))
+	}
+	return b.ReadCloser.Read(p)
+}
+
+// limitWriter moves the connection's write deadline before each write to
+// the client: Limits.SendTimeout is the longest wait between two.
+type limitWriter struct {
+	w       http.ResponseWriter
+	timeout time.Duration
+}
+
+var limitWriterPool = sync.Pool{New: func() any { return new(limitWriter) }}
+
+func (lw *limitWriter) deadline() {
+	if d, ok := lw.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
+		_ = d.SetWriteDeadline(time.Now().Add(lw.timeout))
+	}
+}
+
+func (lw *limitWriter) Header() http.Header { return lw.w.Header() }
+func (lw *limitWriter) WriteHeader(code int) {
+	lw.deadline()
+	lw.w.WriteHeader(code)
+}
+func (lw *limitWriter) Write(p []byte) (int, error) {
+	lw.deadline()
+	return lw.w.Write(p)
+}
+
+// FlushError is Flush for http.ResponseController.
+func (lw *limitWriter) FlushError() error {
+	lw.deadline()
+	return http.NewResponseController(lw.w).Flush()
+}
+
+func (lw *limitWriter) Flush() { _ = lw.FlushError() }
+
+// Unwrap lets http.ResponseController reach the connection (Hijack, its
+// deadlines); a hijacker owns the connection's deadlines from then on.
+func (lw *limitWriter) Unwrap() http.ResponseWriter { return lw.w }
+
+// connTracker follows the server's connections through http.Server's
+// ConnState hook, and closes them as the drain rule says.
+type connTracker struct {
+	draining atomic.Bool // set once: responses carry Connection: close
+
+	mu      sync.Mutex
+	conns   map[net.Conn]connInfo
+	changed chan struct{} // closed and replaced at every change while draining
+}
+
+type connInfo struct {
+	state  http.ConnState
+	since  time.Time // when it entered state
+	closed bool      // closed by the drain; the hook removes it
+}
+
+// track is an http.Server ConnState hook.
+func (c *connTracker) track(conn net.Conn, st http.ConnState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conns == nil {
+		c.conns = make(map[net.Conn]connInfo)
+		c.changed = make(chan struct{})
+	}
+	switch st {
+	case http.StateClosed, http.StateHijacked:
+		delete(c.conns, conn)
+	default:
+		c.conns[conn] = connInfo{state: st, since: time.Now(), closed: c.conns[conn].closed}
+	}
+	if c.draining.Load() {
+		close(c.changed)
+		c.changed = make(chan struct{})
+	}
+}
+
+// drain closes every connection that has been idle for idleGrace, or new
+// for newGrace, until none is left or ctx is done.
+func (c *connTracker) drain(ctx context.Context, idleGrace, newGrace time.Duration) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		left, next, changed := c.closeIdle(time.Now(), idleGrace, newGrace)
+		if left == 0 {
+			return
+		}
+		var wake <-chan time.Time
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
+			wake = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-wake:
+		}
+	}
+}
+
+// closeIdle closes the connections that are past their grace at now. It
+// returns how many connections are left, when the next one will be past
+// its grace (zero if none is idle), and a channel closed at the next
+// change of state.
+func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration) (left int, next time.Time, changed <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.changed == nil {
+		c.changed = make(chan struct{})
+	}
+	for conn, ci := range c.conns {
+		var grace time.Duration
+		switch ci.state {
+		case http.StateIdle:
+			grace = idleGrace
+		case http.StateNew:
+			grace = newGrace
+		default:
+			continue // a request in progress: its response says Connection: close
+		}
+		if ci.closed {
+			continue
+		}
+		due := ci.since.Add(grace)
+		if !now.Before(due) {
+			conn.Close() // the server's goroutine sees it and reports StateClosed
+			ci.closed = true
+			c.conns[conn] = ci
+			continue
+		}
+		if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	return len(c.conns), next, c.changed
+}
