@@ -256,6 +256,9 @@ type Redis struct {
 	// BreakerBackoff is how long the breaker stays open before one
 	// worker probes. 0 means 1s.
 	BreakerBackoff time.Duration `toml:"breaker_backoff"`
+	// SuccessThreshold is how many probes, one at a time, must succeed
+	// in a row to close the breaker again. 0 means 3.
+	SuccessThreshold int `toml:"success_threshold"`
 }
 
 // Sentinel is the [redis] sentinel table.
@@ -285,7 +288,7 @@ func (r Redis) StoreOptions() redisstore.Options {
 		URL: string(r.URL), Cluster: r.Cluster,
 		Sentinel: redisstore.Sentinel{Master: r.Sentinel.Master, Addrs: r.Sentinel.Addrs},
 		Timeout:  r.Timeout, PoolSize: r.PoolSize, Prefix: r.Prefix,
-		Breaker: redisstore.Breaker{Failures: r.BreakerFailures, Backoff: r.BreakerBackoff},
+		Breaker: redisstore.Breaker{Failures: r.BreakerFailures, Backoff: r.BreakerBackoff, Successes: r.SuccessThreshold},
 	}
 }
 
@@ -423,6 +426,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&rd.Prefix, redisstore.DefaultPrefix)
 	setDefault(&rd.BreakerFailures, redisstore.DefaultBreakerFailures)
 	setDefault(&rd.BreakerBackoff, redisstore.DefaultBreakerBackoff)
+	setDefault(&rd.SuccessThreshold, redisstore.DefaultBreakerSuccesses)
 	rd.Cluster = slices.Clone(rd.Cluster)
 	rd.Sentinel.Addrs = slices.Clone(rd.Sentinel.Addrs)
 	rl := &c.Reload

@@ -161,6 +161,7 @@ pool_size = 8
 prefix = "app1:"
 breaker_failures = 3
 breaker_backoff = "2s"
+success_threshold = 5
 [reload]
 canary = false
 canary_window = "2s"
@@ -219,7 +220,7 @@ by = "global"
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
 		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
 		Redis: Redis{URL: "redis://:secret@10.0.0.5:6380/2", Timeout: 40 * time.Millisecond, PoolSize: 8, Prefix: "app1:",
-			BreakerFailures: 3, BreakerBackoff: 2 * time.Second},
+			BreakerFailures: 3, BreakerBackoff: 2 * time.Second, SuccessThreshold: 5},
 		Reload: Reload{
 			Canary: Off, CanaryWindow: 2 * time.Second, CanaryMinRequests: 7, CanaryMaxErrorDelta: 0.5,
 			CanaryInconclusive: InconclusiveAbort,

@@ -147,6 +147,7 @@ func (c Config) check(r *report) {
 			for _, k := range []struct{ word, key string }{
 				{"url", "url"}, {"address", "cluster"}, {"sentinel", "sentinel"}, {"timeout", "timeout"},
 				{"pool size", "pool_size"}, {"breaker failures", "breaker_failures"}, {"breaker backoff", "breaker_backoff"},
+				{"success threshold", "success_threshold"},
 			} {
 				if strings.HasPrefix(msg, k.word) && r.line("redis", k.key) > 0 {
 					path = append(path, k.key)

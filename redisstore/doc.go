@@ -27,9 +27,10 @@
 // Every call is bounded by Options.Timeout (25ms) and never retried on the
 // request path. Consecutive failures open a breaker kept in the region
 // (see [Breaker]): while it is open no request waits on Redis and each
-// rule's [OnUnavailable] answers; after a backoff exactly one worker of
-// the host probes. [Stats] counts calls, errors, timeouts, deny-cache
-// hits and the breaker's state.
+// rule's [OnUnavailable] answers; after a backoff one worker of the host
+// at a time probes, and Breaker.Successes probes in a row close it.
+// [Stats] counts calls, errors, timeouts, deny-cache hits and the
+// breaker's state.
 //
 // # Deny cache
 //

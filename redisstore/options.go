@@ -43,7 +43,7 @@ type Options struct {
 
 	// Breaker is the circuit breaker shared by the workers of the host.
 	// Zero fields mean: 5 failures, a 1s backoff, a probe deadline of
-	// twice Timeout plus 50ms.
+	// twice Timeout plus 50ms, 3 probes in a row to close it.
 	Breaker Breaker
 	// Host names this host's share in the counts of sync-mode rules;
 	// "" means an identity drawn from the region (new for every region).
@@ -66,6 +66,9 @@ const (
 	DefaultPrefix          = "preforkd:"
 	DefaultBreakerFailures = 5
 	DefaultBreakerBackoff  = time.Second
+	// DefaultBreakerSuccesses is how many probes in a row close the
+	// breaker (Breaker.Successes).
+	DefaultBreakerSuccesses = 3
 )
 
 // Enabled reports whether o names a Redis to use.
@@ -103,6 +106,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if b.ProbeTimeout == 0 {
 		b.ProbeTimeout = 2*o.Timeout + 50*time.Millisecond
+	}
+	if b.Successes == 0 {
+		b.Successes = DefaultBreakerSuccesses
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -413,7 +413,7 @@ func (s *Store) failed(err error, now time.Duration, probe bool) {
 	} else {
 		s.st.errors.Add(1)
 	}
-	s.br.failure(now, probe)
+	s.br.failure(now, probe, err)
 }
 
 // call runs the decide script for hits and fills their decisions.
