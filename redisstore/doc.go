@@ -32,6 +32,13 @@
 // [Stats] counts calls, errors, timeouts, deny-cache hits and the
 // breaker's state.
 //
+// # Secrets
+//
+// Options.Username and Password (and the Sentinels' own) authenticate
+// every connection; TLS and CA encrypt them. A password is a [Secret],
+// which prints as "xxxxx"; [ReadPasswordFile] reads one from a file
+// closed to other users, and [RedactURL] shows a URL without its.
+//
 // # Deny cache
 //
 // A key Redis refused is remembered in the region until its retry time,

@@ -30,7 +30,7 @@ func newHost(t *testing.T, srv *redistest.Server, w int, o redisstore.Options) *
 	if err := r.Join(w); err != nil {
 		t.Fatal(err)
 	}
-	if o.URL == "" && o.Client == nil {
+	if o.URL == "" && o.Client == nil && len(o.Cluster) == 0 && o.Sentinel.Master == "" {
 		o.URL = srv.URL()
 	}
 	s, err := redisstore.New(r, o)
