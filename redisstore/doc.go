@@ -28,9 +28,11 @@
 // request path. Consecutive failures open a breaker kept in the region
 // (see [Breaker]): while it is open no request waits on Redis and each
 // rule's [OnUnavailable] answers; after a backoff one worker of the host
-// at a time probes, and Breaker.Successes probes in a row close it.
-// [Stats] counts calls, errors, timeouts, deny-cache hits and the
-// breaker's state.
+// at a time probes, and Breaker.Successes probes in a row close it. On a
+// Cluster, failing calls and an open breaker have go-redis reload the
+// slot map (at most every [SlotReloadInterval]), so that a failover is
+// seen as soon as the Cluster made it, not a minute later. [Stats] counts
+// calls, errors, timeouts, deny-cache hits and the breaker's state.
 //
 // # Secrets
 //

@@ -1,10 +1,10 @@
 // Package redistest starts throwaway redis-server processes for tests:
-// one per test (or a Sentinel beside one), on free loopback ports,
+// one per test (or a Cluster of them, cluster.go), on free loopback ports,
 // with their data in the test's temporary directory, killed at the test's
 // cleanup. A server may require a password or ACL users, and may serve
 // TLS only, with a certificate from a CA the test makes (tls.go).
 //
-// Without redis-server in PATH a test fails
+// Without redis-server (or, for a Cluster, redis-cli) in PATH a test fails
 // when the environment variable CI is set (CI installs it: a missing
 // server must not pass as a skipped test) and is skipped with a message
 // otherwise.
@@ -37,6 +37,8 @@ type Server struct {
 	dir  string
 	o    Options
 	Addr string // 127.0.0.1:port (the TLS port, with Options.TLS)
+	// BusAddr is the Cluster bus's address, with Options.Cluster.
+	BusAddr string
 	// CAFile is the PEM of the CA that issued the server's certificate,
 	// with Options.TLS.
 	CAFile string
@@ -58,6 +60,9 @@ type Options struct {
 	// TLS serves TLS only, with a certificate for 127.0.0.1 and localhost
 	// issued by a CA of the test's (Server.CAFile); clients need none.
 	TLS bool
+	// Cluster starts the server in cluster mode, with a bus port of its
+	// own (Server.BusAddr); StartCluster makes a Cluster of such servers.
+	Cluster bool
 	// Sentinel starts a Sentinel (redis-server --sentinel) that watches
 	// this master, under the name "mymaster"; Password is then the
 	// Sentinel's own, and the master's is MasterPassword.
@@ -83,6 +88,9 @@ func StartWith(tb testing.TB, o Options) *Server {
 	}
 	for attempt := 1; ; attempt++ {
 		s.Addr = freeAddr(tb)
+		if o.Cluster {
+			s.BusAddr = freeAddr(tb)
+		}
 		err := s.start()
 		if err == nil {
 			break
@@ -101,7 +109,7 @@ func need(tb testing.TB, program string) string {
 	tb.Helper()
 	bin, err := exec.LookPath(program)
 	if err != nil {
-		msg := "no " + program + " in PATH (apt-get install -y redis-server)"
+		msg := "no " + program + " in PATH (apt-get install -y redis-server, which brings redis-cli)"
 		if os.Getenv("CI") != "" {
 			tb.Fatal(msg)
 		}
@@ -171,6 +179,10 @@ func (s *Server) start() error {
 	}
 	for name, pass := range s.o.Users {
 		args = append(args, "--user", name, "on", ">"+pass, "~*", "&*", "+@all")
+	}
+	if s.o.Cluster {
+		_, bus, _ := net.SplitHostPort(s.BusAddr)
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bus)
 	}
 	args = append(args, s.o.Args...)
 	cmd := exec.Command(s.bin, args...)
@@ -277,6 +289,49 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(20 * time.Millisecond) // the port may linger a moment
 	}
+}
+
+// Alive reports whether the server runs (it was not killed, or was
+// restarted).
+func (s *Server) Alive() bool {
+	s.mu.Lock()
+	exited := s.exited
+	s.mu.Unlock()
+	select {
+	case <-exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// info is INFO section (or CLUSTER INFO, for section "cluster") as a
+// map; empty when the server does not answer.
+func (s *Server) info(section string) map[string]string {
+	out := map[string]string{}
+	if !s.Alive() {
+		return out
+	}
+	c := s.client()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var text string
+	var err error
+	if section == "cluster" {
+		text, err = c.ClusterInfo(ctx).Result()
+	} else {
+		text, err = c.Info(ctx, section).Result()
+	}
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // Calls returns how many times the server ran command cmd (lower case,
