@@ -238,10 +238,27 @@ type Redis struct {
 	// URL is one server, "redis://[[user]:password@]host:6379/0" or
 	// "rediss://…". It is shown with its password redacted.
 	URL RedisURL `toml:"url"`
-	// Cluster are seed addresses of a Redis Cluster.
-	Cluster []string `toml:"cluster"`
+	// Cluster are seed addresses of a Redis Cluster: "host:port", or
+	// URLs as URL (without a database), shown redacted.
+	Cluster []RedisURL `toml:"cluster"`
 	// Sentinel is a master name and the addresses of its Sentinels.
 	Sentinel Sentinel `toml:"sentinel"`
+	// Username is the ACL user of every connection to the data nodes;
+	// "" is none (the default user).
+	Username string `toml:"username"`
+	// PasswordFile holds the password of the data nodes, alone: read at
+	// start and at every reload into Password, never shown.
+	PasswordFile string `toml:"password_file"`
+	// TLS connects over TLS (as a rediss:// URL does), to every node.
+	TLS bool `toml:"tls"`
+	// CAFile holds the PEM certificates that the servers' must chain to;
+	// "" is the system's roots. Read with the password.
+	CAFile string `toml:"ca_file"`
+	// SentinelUsername and SentinelPasswordFile are what the Sentinels
+	// themselves want, if anything (Username and PasswordFile are the
+	// master's).
+	SentinelUsername     string `toml:"sentinel_username"`
+	SentinelPasswordFile string `toml:"sentinel_password_file"`
 	// Timeout bounds each call made for a request; no retries. 0 means
 	// 25ms.
 	Timeout time.Duration `toml:"timeout"`
@@ -256,15 +273,28 @@ type Redis struct {
 	// BreakerBackoff is how long the breaker stays open before one
 	// worker probes. 0 means 1s.
 	BreakerBackoff time.Duration `toml:"breaker_backoff"`
+	// SuccessThreshold is how many probes, one at a time, must succeed
+	// in a row to close the breaker again. 0 means 3.
+	SuccessThreshold int `toml:"success_threshold"`
+
+	// Password, SentinelPassword and CA are what PasswordFile,
+	// SentinelPasswordFile and CAFile hold: [Load] reads them (at start
+	// and at every reload); [Parse], which does no I/O, leaves them
+	// empty, and a Config built in Go sets them itself. They travel to
+	// the workers with the rest; nothing prints them.
+	Password         redisstore.Secret `toml:"-" file:"password_file"`
+	SentinelPassword redisstore.Secret `toml:"-" file:"sentinel_password_file"`
+	CA               []byte            `toml:"-" file:"ca_file"`
 }
 
 // Sentinel is the [redis] sentinel table.
 type Sentinel struct {
-	Master string   `toml:"master"`
-	Addrs  []string `toml:"addrs"`
+	Master string     `toml:"master"`
+	Addrs  []RedisURL `toml:"addrs"`
 }
 
-// RedisURL is a Redis URL; it prints with its password redacted.
+// RedisURL is a Redis URL, or a host:port; it prints with its password
+// redacted.
 type RedisURL string
 
 func (u RedisURL) String() string {
@@ -274,6 +304,23 @@ func (u RedisURL) String() string {
 	return redisstore.RedactURL(string(u))
 }
 
+// RedactedURLs are us as they print: without passwords.
+func RedactedURLs(us []RedisURL) []string {
+	out := make([]string, len(us))
+	for i, u := range us {
+		out[i] = u.String()
+	}
+	return out
+}
+
+func urlStrings(us []RedisURL) []string {
+	out := make([]string, len(us))
+	for i, u := range us {
+		out[i] = string(u)
+	}
+	return out
+}
+
 // Enabled reports whether the [redis] table names a Redis.
 func (r Redis) Enabled() bool {
 	return r.URL != "" || len(r.Cluster) > 0 || r.Sentinel.Master != "" || len(r.Sentinel.Addrs) > 0
@@ -281,11 +328,43 @@ func (r Redis) Enabled() bool {
 
 // StoreOptions are the redisstore options of the [redis] table.
 func (r Redis) StoreOptions() redisstore.Options {
+	var cluster []string
+	if len(r.Cluster) > 0 {
+		cluster = urlStrings(r.Cluster)
+	}
+	var addrs []string
+	if len(r.Sentinel.Addrs) > 0 {
+		addrs = urlStrings(r.Sentinel.Addrs)
+	}
 	return redisstore.Options{
-		URL: string(r.URL), Cluster: r.Cluster,
-		Sentinel: redisstore.Sentinel{Master: r.Sentinel.Master, Addrs: r.Sentinel.Addrs},
-		Timeout:  r.Timeout, PoolSize: r.PoolSize, Prefix: r.Prefix,
-		Breaker: redisstore.Breaker{Failures: r.BreakerFailures, Backoff: r.BreakerBackoff},
+		URL: string(r.URL), Cluster: cluster,
+		Sentinel: redisstore.Sentinel{Master: r.Sentinel.Master, Addrs: addrs,
+			Username: r.SentinelUsername, Password: r.SentinelPassword},
+		Username: r.Username, Password: r.Password, TLS: r.TLS, CA: r.CA,
+		Timeout: r.Timeout, PoolSize: r.PoolSize, Prefix: r.Prefix,
+		Breaker: redisstore.Breaker{Failures: r.BreakerFailures, Backoff: r.BreakerBackoff, Successes: r.SuccessThreshold},
+	}
+}
+
+// readFiles reads the files the [redis] table names (passwords, the CA),
+// reporting a file that cannot be used at the line of its key.
+func (r *Redis) readFiles(rep *report) {
+	f := rep.at([]string{"redis"}, "redis.")
+	var err error
+	if p := r.PasswordFile; p != "" {
+		if r.Password, err = redisstore.ReadPasswordFile(p); err != nil {
+			f("password_file", "%s", detail(err))
+		}
+	}
+	if p := r.SentinelPasswordFile; p != "" {
+		if r.SentinelPassword, err = redisstore.ReadPasswordFile(p); err != nil {
+			f("sentinel_password_file", "%s", detail(err))
+		}
+	}
+	if p := r.CAFile; p != "" {
+		if r.CA, err = redisstore.ReadCAFile(p); err != nil {
+			f("ca_file", "%s", detail(err))
+		}
 	}
 }
 
@@ -430,8 +509,10 @@ func (c Config) WithDefaults() Config {
 	setDefault(&rd.Prefix, redisstore.DefaultPrefix)
 	setDefault(&rd.BreakerFailures, redisstore.DefaultBreakerFailures)
 	setDefault(&rd.BreakerBackoff, redisstore.DefaultBreakerBackoff)
+	setDefault(&rd.SuccessThreshold, redisstore.DefaultBreakerSuccesses)
 	rd.Cluster = slices.Clone(rd.Cluster)
 	rd.Sentinel.Addrs = slices.Clone(rd.Sentinel.Addrs)
+	rd.CA = slices.Clone(rd.CA)
 	rl := &c.Reload
 	setDefault(&rl.Canary, On)
 	setDefault(&rl.CanaryWindow, 10*time.Second)

@@ -2,6 +2,7 @@ package config
 
 import (
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -105,19 +106,20 @@ func diffFields(prefix string, a, b reflect.Value) []string {
 		if name == "" {
 			continue
 		}
-		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
+		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) && !slices.Contains(out, prefix+"."+name) {
 			out = append(out, prefix+"."+name)
 		}
 	}
 	return out
 }
 
-// keyName is the file's name of a field (its toml tag); "" for a field
-// that is not a key.
+// keyName is the file's name of a field (its toml tag); for a field that
+// is not a key, the key of the file it is read from (its file tag: a
+// rotated password is a change of redis.password_file), or "".
 func keyName(f reflect.StructField) string {
 	name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
 	if name == "-" {
-		return ""
+		return f.Tag.Get("file")
 	}
 	return name
 }

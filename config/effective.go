@@ -86,8 +86,8 @@ func line(b *strings.Builder, head string, v any, skip ...string) {
 	b.WriteString(head)
 	rv := reflect.ValueOf(v)
 	for i, k := range tomlKeys(rv.Type()) {
-		if slices.Contains(skip, k) {
-			continue
+		if k == "" || slices.Contains(skip, k) {
+			continue // no key (a secret read from a file), or skipped
 		}
 		var s string
 		switch v := rv.Field(i).Interface().(type) {
@@ -100,6 +100,11 @@ func line(b *strings.Builder, head string, v any, skip ...string) {
 			}
 		case SizeLimit:
 			s = quote(v.String())
+		case []RedisURL:
+			s = `""`
+			if len(v) > 0 {
+				s = quote(strings.Join(RedactedURLs(v), ","))
+			}
 		case Prefixes:
 			s = strings.ReplaceAll(fmt.Sprint(v), " ", ",") // [a,b]
 		default:

@@ -15,15 +15,30 @@ import (
 	"github.com/BurntSushi/toml"
 )
 
-// Load reads the file at path and parses it with [Parse]. A file that cannot
-// be read gives an error that wraps the one from the file system (so
-// errors.Is(err, fs.ErrNotExist) works); a bad file gives an *Error.
+// Load reads the file at path and parses it with [Parse], then reads the
+// files it names for secrets ([Redis] password_file, sentinel_password_file
+// and ca_file). A file that cannot be read gives an error that wraps the
+// one from the file system (so errors.Is(err, fs.ErrNotExist) works); a
+// bad file, or a named one that cannot be used, gives an *Error.
 func Load(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
-	return Parse(data, path)
+	c, err := Parse(data, path)
+	if err != nil {
+		return c, err
+	}
+	// The files the configuration names, read now so that a missing or
+	// unsafe one refuses the configuration (at start, in check, at a
+	// reload) at the line of its key.
+	r := &report{file: path, src: string(data)}
+	c.Redis.readFiles(r)
+	if err := r.first(); err != nil {
+		return c, err
+	}
+	c.Redis.check(r) // a password in a URL and in a file, say
+	return c, r.first()
 }
 
 // Parse parses a TOML configuration, fills in the defaults and validates the
@@ -189,7 +204,7 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 		}
 		keys := tomlKeys(t)
 		for _, k := range slices.Sorted(maps.Keys(m)) { // the same message for two problems on a line
-			if i := slices.Index(keys, k); i >= 0 {
+			if i := slices.Index(keys, k); i >= 0 && k != "" {
 				r.shape(sub(k), m[k], t.Field(i).Type)
 			} else {
 				r.unknown(sub(k), m[k], keys)
@@ -231,11 +246,16 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 	}
 }
 
-// tomlKeys returns the key of each field of struct type t, in order.
+// tomlKeys returns the key of each field of struct type t, in order; ""
+// for a field that is no key (toml:"-": what Load reads from the files
+// the keys name).
 func tomlKeys(t reflect.Type) []string {
 	keys := make([]string, t.NumField())
 	for i := range keys {
 		keys[i], _, _ = strings.Cut(t.Field(i).Tag.Get("toml"), ",")
+		if keys[i] == "-" {
+			keys[i] = ""
+		}
 	}
 	return keys
 }
@@ -307,6 +327,9 @@ func typeName(v any) string {
 func suggest(k string, known []string) string {
 	best, bestDist := "", 3
 	for _, c := range known {
+		if c == "" {
+			continue
+		}
 		if d := editDistance(strings.ToLower(k), c); d < bestDist {
 			best, bestDist = c, d
 		}

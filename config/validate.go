@@ -141,23 +141,7 @@ func (c Config) check(r *report) {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
 	}
 
-	if c.Redis.Enabled() {
-		if err := c.Redis.StoreOptions().Validate(); err != nil {
-			// At the line of the key the message is about, when it names one.
-			path := []string{"redis"}
-			msg := detail(err)
-			for _, k := range []struct{ word, key string }{
-				{"url", "url"}, {"address", "cluster"}, {"sentinel", "sentinel"}, {"timeout", "timeout"},
-				{"pool size", "pool_size"}, {"breaker failures", "breaker_failures"}, {"breaker backoff", "breaker_backoff"},
-			} {
-				if strings.HasPrefix(msg, k.word) && r.line("redis", k.key) > 0 {
-					path = append(path, k.key)
-					break
-				}
-			}
-			r.fail(path, "redis: "+msg)
-		}
-	}
+	c.Redis.check(r)
 
 	names := map[string]int{} // rule name → index of its first use
 	rules := make([]core.RateLimit, len(c.RateLimits))
@@ -388,4 +372,40 @@ func checkUpstream(s string) error {
 		return errors.New(strings.TrimPrefix(err.Error(), "proxy: upstream "))
 	}
 	return nil
+}
+
+// check asks package redisstore about the [redis] table and reports its
+// answer at the line of the key it is about, when it names one.
+func (rd Redis) check(r *report) {
+	if !rd.Enabled() {
+		return
+	}
+	err := rd.StoreOptions().Validate()
+	if err == nil {
+		return
+	}
+	path := []string{"redis"}
+	msg := detail(err)
+	for _, k := range []struct{ word, key string }{
+		{"url", "url"}, {"cluster", "cluster"}, {"sentinel credentials", "sentinel_password_file"},
+		{"sentinel credentials", "sentinel_username"},
+		{"sentinel", "sentinel"}, {"username", "username"}, {"password", "password_file"},
+		{"ca", "ca_file"}, {"timeout", "timeout"}, {"pool size", "pool_size"},
+		{"breaker failures", "breaker_failures"}, {"breaker backoff", "breaker_backoff"},
+		{"success threshold", "success_threshold"},
+	} {
+		if strings.HasPrefix(msg, k.word) && r.has("redis", k.key) {
+			path = append(path, k.key)
+			break
+		}
+	}
+	r.fail(path, "redis: "+msg)
+}
+
+// has reports whether the file sets the key at path (line, by contrast,
+// falls back to the table's line).
+func (r *report) has(path ...string) bool {
+	r.line()
+	_, ok := r.lines[joinPath(path)]
+	return ok
 }

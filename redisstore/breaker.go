@@ -12,15 +12,25 @@ import (
 // 48-bit payload of the shared counter table, so every worker of the host
 // sees one breaker and each transition is one CAS (see sharedBreaker).
 //
-//	bits 46-47  phase: closed, open, half-open
+//	bits 46-47  phase: closed, open, half-open (a probe in flight), or
+//	            between probes (half-open, the next request probes)
 //	bits 30-45  closed: consecutive failures (saturating)
-//	            half-open: the probing worker's index (mod 2^16)
+//	            half-open: bits 42-45 the probes that succeeded in a row
+//	            before this one, bits 30-41 the probing worker's index
+//	            (mod 2^12)
+//	            between probes: bits 42-45 the probes that succeeded
 //	bits  0-29  open: the region time it opens until; half-open: the
 //	            probe's deadline. Milliseconds, modulo 2^30 (12.4 days).
 //
 // A closed breaker with no failures is the word 0: the table's freshness
 // judgement treats its slot as a fresh key's, so reclaiming that slot for
 // another key loses nothing. Every other word is kept.
+//
+// The prober's index is kept modulo 2^12: two workers whose indexes differ
+// by a multiple of 4096 (a region of more than 4096 workers) could take
+// each other's late probe answer for their own; preforkd's regions have at
+// most 8194 indexes, and the answer would have to come after the probe's
+// deadline, from a worker that was presumed dead.
 //
 // Times are stored modulo 2^30 ms and compared as a distance: a stored
 // time is in the future when it is at most maxAhead ahead of now, else in
@@ -37,10 +47,15 @@ const (
 	Closed Phase = iota
 	// Open: no call goes to Redis until the backoff has passed.
 	Open
-	// HalfOpen: one worker's call (the probe) decides: success closes
-	// the breaker, failure opens it again. A probe that outlives its
-	// deadline (its worker died or hung) is taken over by the next one.
+	// HalfOpen: one worker's call at a time (the probe) goes to Redis.
+	// Breaker.Successes probes that succeed in a row close the breaker;
+	// a failed one opens it again. A probe that outlives its deadline
+	// (its worker died or hung) is taken over by the next request.
 	HalfOpen
+	// betweenProbes is HalfOpen with no probe in flight: a probe
+	// succeeded and the next request probes. It is never reported:
+	// DecodeBreaker shows it as HalfOpen.
+	betweenProbes
 )
 
 // phaseNames are the names String writes, indexed by phase.
@@ -52,6 +67,9 @@ const (
 	phaseShift = 46
 	midShift   = 30
 	midMask    = 1<<16 - 1
+	succShift  = 12 // within mid
+	succMask   = 1<<4 - 1
+	proberMask = 1<<12 - 1
 	timeMask   = 1<<30 - 1
 	timeUnit   = time.Millisecond
 	// maxAhead bounds every time a breaker stores (backoff, probe
@@ -59,13 +77,25 @@ const (
 	maxAhead = time.Hour
 )
 
+// MaxBreakerSuccesses bounds Breaker.Successes: the word keeps the count
+// of the probes before the closing one in 4 bits.
+const MaxBreakerSuccesses = succMask + 1
+
 func mkWord(p Phase, mid uint64, t uint64) uint64 {
 	return uint64(p)<<phaseShift | (mid&midMask)<<midShift | t&timeMask
 }
 
-func phaseOf(w uint64) Phase { return Phase(w >> phaseShift & 3) }
-func midOf(w uint64) uint64  { return w >> midShift & midMask }
-func timeOf(w uint64) uint64 { return w & timeMask }
+// probeMid is the middle field of a half-open word: the successes so far
+// and the prober.
+func probeMid(successes, self uint64) uint64 {
+	return (successes&succMask)<<succShift | self&proberMask
+}
+
+func phaseOf(w uint64) Phase      { return Phase(w >> phaseShift & 3) }
+func midOf(w uint64) uint64       { return w >> midShift & midMask }
+func timeOf(w uint64) uint64      { return w & timeMask }
+func successesOf(w uint64) uint64 { return midOf(w) >> succShift & succMask }
+func proberOf(w uint64) uint64    { return midOf(w) & proberMask }
 
 func ms(now time.Duration) uint64 { return uint64(max(now, 0)/timeUnit) & timeMask }
 
@@ -79,7 +109,8 @@ func until(t uint64, now time.Duration) time.Duration {
 	return d
 }
 
-// Breaker is the breaker's policy: when it opens and for how long.
+// Breaker is the breaker's policy: when it opens, for how long, and what
+// closes it again.
 type Breaker struct {
 	// Failures is how many consecutive failed calls open the breaker.
 	Failures int
@@ -88,6 +119,10 @@ type Breaker struct {
 	// ProbeTimeout is how long a probe may take before another worker
 	// takes it over, at most an hour.
 	ProbeTimeout time.Duration
+	// Successes is how many probes, one at a time, must succeed in a row
+	// to close the breaker again, 1..MaxBreakerSuccesses: a Redis that
+	// answers one probe in two keeps it open rather than flapping.
+	Successes int
 }
 
 // Admission is what the breaker lets a caller do.
@@ -103,19 +138,21 @@ const (
 	Refuse
 )
 
-// Transition is a change of phase made by one update of the word: the
-// worker whose CAS made it logs it.
+// Transition is a change made by one update of the word: the worker whose
+// CAS made it logs it, when it changes the phase.
 type Transition uint8
 
 const (
-	// NoTransition: the phase did not change.
+	// NoTransition: the phase did not change (a probe that succeeded
+	// short of Successes leaves the breaker half-open).
 	NoTransition Transition = iota
 	// Opened: the failures reached the threshold (or a probe failed).
 	Opened
-	// Probing: the backoff passed and this worker probes (or it took
-	// over a probe past its deadline).
+	// Probing: this worker probes: the backoff passed, or the probe
+	// before succeeded, or it takes over a probe past its deadline.
 	Probing
-	// Recovered: a probe succeeded; the breaker is closed.
+	// Recovered: the last of Successes probes succeeded; the breaker is
+	// closed.
 	Recovered
 )
 
@@ -127,6 +164,7 @@ func (t Transition) String() string { return transitionNames.String(t, "Transiti
 // Admit decides whether worker self may call Redis at now, and returns the
 // word to store when that takes a transition (write).
 func (b *Breaker) Admit(w uint64, now time.Duration, self int) (next uint64, a Admission, tr Transition, write bool) {
+	var successes uint64
 	switch phaseOf(w) {
 	case Open:
 		if until(timeOf(w), now) > 0 {
@@ -138,18 +176,24 @@ func (b *Breaker) Admit(w uint64, now time.Duration, self int) (next uint64, a A
 			// request piles onto a server that may be sick.
 			return w, Refuse, NoTransition, false
 		}
+		// Its worker died or hung: the successes before it still count.
+		successes = successesOf(w)
+	case betweenProbes:
+		successes = successesOf(w)
 	default:
 		return w, Call, NoTransition, false
 	}
-	// The backoff passed, or a probe outlived its deadline: probe.
-	return mkWord(HalfOpen, uint64(self), ms(now+b.ProbeTimeout)), Probe, Probing, true
+	// The backoff passed, a probe succeeded, or a probe outlived its
+	// deadline: probe.
+	return mkWord(HalfOpen, probeMid(successes, uint64(self)), ms(now+b.ProbeTimeout)), Probe, Probing, true
 }
 
-// Success records a call that Redis answered. A probe's success closes
-// the breaker; any success resets the failure count of a closed one.
-// Successes of calls that began before the breaker opened, or of a probe
-// taken over by another worker, change nothing: the current probe
-// decides.
+// Success records a call that Redis answered. A probe's success counts
+// towards closing the breaker: the Successes-th in a row closes it, an
+// earlier one lets the next request probe. Any success resets the failure
+// count of a closed breaker. Successes of calls that began before the
+// breaker opened, or of a probe taken over by another worker, change
+// nothing: the current probe decides.
 func (b *Breaker) Success(w uint64, now time.Duration, self int, probe bool) (next uint64, tr Transition, write bool) {
 	switch phaseOf(w) {
 	case Closed:
@@ -158,8 +202,12 @@ func (b *Breaker) Success(w uint64, now time.Duration, self int, probe bool) (ne
 		}
 		return 0, NoTransition, true
 	case HalfOpen:
-		if probe && midOf(w) == uint64(self)&midMask {
-			return 0, Recovered, true
+		if probe && proberOf(w) == uint64(self)&proberMask {
+			n := successesOf(w) + 1
+			if n >= uint64(max(b.Successes, 1)) {
+				return 0, Recovered, true
+			}
+			return mkWord(betweenProbes, probeMid(n, 0), 0), NoTransition, true
 		}
 	}
 	return w, NoTransition, false
@@ -167,7 +215,7 @@ func (b *Breaker) Success(w uint64, now time.Duration, self int, probe bool) (ne
 
 // Failure records a call that failed or timed out. The Failures-th
 // consecutive one opens a closed breaker for Backoff; a failed probe opens
-// it again.
+// it again, whatever probes succeeded before it.
 func (b *Breaker) Failure(w uint64, now time.Duration, self int, probe bool) (next uint64, tr Transition, write bool) {
 	switch phaseOf(w) {
 	case Closed:
@@ -177,7 +225,7 @@ func (b *Breaker) Failure(w uint64, now time.Duration, self int, probe bool) (ne
 		}
 		return mkWord(Closed, min(n, midMask), 0), NoTransition, true
 	case HalfOpen:
-		if probe && midOf(w) == uint64(self)&midMask {
+		if probe && proberOf(w) == uint64(self)&proberMask {
 			return mkWord(Open, 0, ms(now+b.Backoff)), Opened, true
 		}
 	}
@@ -192,8 +240,12 @@ type BreakerState struct {
 	// Until is how long an open breaker stays open, or how long a probe
 	// has before it is taken over.
 	Until time.Duration
-	// Prober is the worker index (mod 2^16) of a half-open breaker's probe.
+	// Prober is the worker index (mod 2^12) of a half-open breaker's
+	// probe; -1 between two probes (the next request probes).
 	Prober int
+	// Successes counts the probes of a half-open breaker that succeeded
+	// in a row.
+	Successes int
 }
 
 // DecodeBreaker reads a breaker word at now.
@@ -206,7 +258,10 @@ func DecodeBreaker(w uint64, now time.Duration) BreakerState {
 		s.Until = until(timeOf(w), now)
 	case HalfOpen:
 		s.Until = until(timeOf(w), now)
-		s.Prober = int(midOf(w))
+		s.Prober = int(proberOf(w))
+		s.Successes = int(successesOf(w))
+	case betweenProbes:
+		s.Phase, s.Prober, s.Successes = HalfOpen, -1, int(successesOf(w))
 	}
 	return s
 }
@@ -219,6 +274,8 @@ func (b *Breaker) validate() error {
 		return fmt.Errorf("redisstore: breaker backoff %v outside %v..%v", b.Backoff, timeUnit, maxAhead)
 	case b.ProbeTimeout < timeUnit || b.ProbeTimeout > maxAhead:
 		return fmt.Errorf("redisstore: probe timeout %v outside %v..%v", b.ProbeTimeout, timeUnit, maxAhead)
+	case b.Successes < 1 || b.Successes > MaxBreakerSuccesses:
+		return fmt.Errorf("redisstore: success threshold %d outside 1..%d", b.Successes, MaxBreakerSuccesses)
 	}
 	return nil
 }

@@ -125,3 +125,151 @@ func TestTransitionString(t *testing.T) {
 		}
 	}
 }
+
+// Successes probes in a row close the breaker, one probe at a time: the
+// next request probes as soon as one succeeds, a failed probe opens it
+// again and forgets the successes, and a probe taken over keeps those
+// before it.
+func TestBreakerSuccessThreshold(t *testing.T) {
+	b := Breaker{Failures: 1, Backoff: time.Second, ProbeTimeout: 100 * time.Millisecond, Successes: 3}
+	t0 := 10 * time.Hour
+	w, tr, _ := b.Failure(0, t0, 1, false)
+	if tr != Opened {
+		t.Fatalf("first failure: %v", tr)
+	}
+	// probe admits worker self at now and reports ok for its probe.
+	probe := func(name string, now time.Duration, self int, ok bool) Transition {
+		t.Helper()
+		next, a, tr, write := b.Admit(w, now, self)
+		if a != Probe || !write || tr != Probing {
+			t.Fatalf("%s: admission %d %v %v, want a probe (state %+v)", name, a, tr, write, DecodeBreaker(w, now))
+		}
+		w = next
+		if _, a, _, _ := b.Admit(w, now, self+1); a != Refuse {
+			t.Fatalf("%s: another worker was let in beside the probe", name)
+		}
+		if ok {
+			next, tr, write = b.Success(w, now, self, true)
+		} else {
+			next, tr, write = b.Failure(w, now, self, true)
+		}
+		if !write {
+			t.Fatalf("%s: the probe's answer wrote nothing", name)
+		}
+		w = next
+		return tr
+	}
+	t1 := t0 + time.Second
+	if tr := probe("first", t1, 7, true); tr != NoTransition {
+		t.Fatalf("one success of 3: %v", tr)
+	}
+	if s := DecodeBreaker(w, t1); s.Phase != HalfOpen || s.Successes != 1 || s.Prober != -1 {
+		t.Fatalf("after one success: %+v, want half-open between probes", s)
+	}
+	// A late answer of a call from before the breaker opened changes
+	// nothing between probes.
+	if _, _, write := b.Success(w, t1, 2, false); write {
+		t.Fatal("a late success moved a half-open breaker")
+	}
+	if _, _, write := b.Failure(w, t1, 2, false); write {
+		t.Fatal("a late failure moved a half-open breaker")
+	}
+	if tr := probe("second", t1, 8, true); tr != NoTransition {
+		t.Fatalf("two successes of 3: %v", tr)
+	}
+	// The third prober dies: the one that takes it over keeps the two.
+	next, a, _, _ := b.Admit(w, t1, 9)
+	if a != Probe {
+		t.Fatal("third probe not admitted")
+	}
+	w = next
+	t2 := t1 + 101*time.Millisecond
+	if tr := probe("takeover", t2, 10, true); tr != Recovered {
+		t.Fatalf("a taken-over third probe's success: %v, want recovered", tr)
+	}
+	if w != 0 {
+		t.Fatalf("recovered to %#x, want 0", w)
+	}
+
+	// A failure after two successes opens it again, with none kept.
+	w, _, _ = b.Failure(0, t2, 1, false)
+	t3 := t2 + time.Second
+	probe("a", t3, 1, true)
+	probe("b", t3, 2, true)
+	if tr := probe("c", t3, 3, false); tr != Opened {
+		t.Fatalf("a failed third probe: %v, want opened", tr)
+	}
+	if s := DecodeBreaker(w, t3); s.Phase != Open || s.Successes != 0 {
+		t.Fatalf("after a failed probe: %+v", s)
+	}
+	t4 := t3 + time.Second
+	probe("d", t4, 1, true)
+	probe("e", t4, 1, true)
+	if tr := probe("f", t4, 1, true); tr != Recovered {
+		t.Fatalf("three more successes: %v", tr)
+	}
+}
+
+// A Redis that answers one probe in two never closes a breaker that
+// wants 2 or more successes in a row; with 1 the first success closes it.
+func TestBreakerOneInTwoStaysOpen(t *testing.T) {
+	for _, successes := range []int{1, 2, 3, MaxBreakerSuccesses} {
+		b := Breaker{Failures: 1, Backoff: time.Second, ProbeTimeout: 100 * time.Millisecond, Successes: successes}
+		now := time.Hour
+		w, _, _ := b.Failure(0, now, 1, false)
+		closed := false
+		for i := range 1000 {
+			now += time.Second
+			next, a, _, _ := b.Admit(w, now, i)
+			if a != Probe {
+				t.Fatalf("successes %d, probe %d: admission %d (state %+v)", successes, i, a, DecodeBreaker(w, now))
+			}
+			w = next
+			var tr Transition
+			if i%2 == 0 {
+				w, tr, _ = b.Success(w, now, i, true)
+			} else {
+				w, tr, _ = b.Failure(w, now, i, true)
+			}
+			if tr == Recovered {
+				closed = true
+				break
+			}
+			if i%2 == 0 && phaseOf(w) == betweenProbes {
+				// The next request probes at once: answer it with a failure.
+				now += time.Millisecond
+				continue
+			}
+		}
+		if closed != (successes == 1) {
+			t.Errorf("successes %d: closed %v", successes, closed)
+		}
+	}
+}
+
+// The success threshold is 1..16: the count before the closing probe has
+// 4 bits.
+func TestBreakerSuccessesValidate(t *testing.T) {
+	for n, ok := range map[int]bool{0: false, 1: true, 3: true, 16: true, 17: false} {
+		b := Breaker{Failures: 1, Backoff: time.Second, ProbeTimeout: time.Second, Successes: n}
+		if err := b.validate(); (err == nil) != ok {
+			t.Errorf("successes %d: %v", n, err)
+		}
+	}
+	// 16 in a row close it; the 15 before fit the word.
+	b := Breaker{Failures: 1, Backoff: time.Second, ProbeTimeout: time.Second, Successes: 16}
+	now := time.Hour
+	w, _, _ := b.Failure(0, now, 1, false)
+	now += time.Second
+	for i := 1; i <= 16; i++ {
+		w, _, _, _ = b.Admit(w, now, 4095)
+		var tr Transition
+		w, tr, _ = b.Success(w, now, 4095, true)
+		if (tr == Recovered) != (i == 16) {
+			t.Fatalf("success %d of 16: %v", i, tr)
+		}
+		if i < 16 && DecodeBreaker(w, now).Successes != i {
+			t.Fatalf("success %d: state %+v", i, DecodeBreaker(w, now))
+		}
+	}
+}

@@ -27,9 +27,19 @@
 // Every call is bounded by Options.Timeout (25ms) and never retried on the
 // request path. Consecutive failures open a breaker kept in the region
 // (see [Breaker]): while it is open no request waits on Redis and each
-// rule's [OnUnavailable] answers; after a backoff exactly one worker of
-// the host probes. [Stats] counts calls, errors, timeouts, deny-cache
-// hits and the breaker's state.
+// rule's [OnUnavailable] answers; after a backoff one worker of the host
+// at a time probes, and Breaker.Successes probes in a row close it. On a
+// Cluster, failing calls and an open breaker have go-redis reload the
+// slot map (at most every [SlotReloadInterval]), so that a failover is
+// seen as soon as the Cluster made it, not a minute later. [Stats] counts
+// calls, errors, timeouts, deny-cache hits and the breaker's state.
+//
+// # Secrets
+//
+// Options.Username and Password (and the Sentinels' own) authenticate
+// every connection; TLS and CA encrypt them. A password is a [Secret],
+// which prints as "xxxxx"; [ReadPasswordFile] reads one from a file
+// closed to other users, and [RedactURL] shows a URL without its.
 //
 // # Deny cache
 //

@@ -1,6 +1,10 @@
 package redisstore
 
-import "time"
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // SetClock records Redis's clock (µs) as read between two region times,
 // as a flush does; ForgetClock makes it unknown again.
@@ -21,4 +25,14 @@ func PendingWindows(l *Limiter, now time.Duration) (byWindow map[int64]int64, cu
 		byWindow[k.widx] += v.n
 	}
 	return byWindow, l.window(now)
+}
+
+// ClientOptions are the go-redis options New would use for o (defaults
+// filled in).
+func ClientOptions(o Options) (*redis.UniversalOptions, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return clientOptions(o)
 }

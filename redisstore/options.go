@@ -1,9 +1,12 @@
 package redisstore
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -14,17 +17,34 @@ import (
 	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
-// Options configure a Store: where Redis is, how long a request may wait
-// for it, and the shared breaker. Zero values are the documented
-// defaults; exactly one of URL, Cluster and Sentinel is set (or Client).
+// Options configure a Store: where Redis is, who connects to it, how long
+// a request may wait for it, and the shared breaker. Zero values are the
+// documented defaults; exactly one of URL, Cluster and Sentinel is set (or
+// Client).
 type Options struct {
 	// URL is a single Redis server: "redis://[[user]:password@]host:6379/0",
 	// or "rediss://…" for TLS.
 	URL string
-	// Cluster are seed addresses ("host:port") of a Redis Cluster.
+	// Cluster are seed addresses of a Redis Cluster: "host:port", or
+	// "redis://[[user]:password@]host:port" ("rediss://…" for TLS), whose
+	// user, password and TLS then stand for Username, Password and TLS.
 	Cluster []string
 	// Sentinel is a master watched by Sentinels.
 	Sentinel Sentinel
+
+	// Username and Password authenticate every connection to the data
+	// nodes (the server, each Cluster node, a Sentinel set's master):
+	// AUTH, or HELLO. "" is none; a Password alone is the "default"
+	// user's. A URL's user and password mean the same: each may be given
+	// once, in a URL or here.
+	Username string
+	Password Secret
+	// TLS connects to every node (and Sentinel) over TLS; a rediss://
+	// URL sets it too. The server's certificate must name the address
+	// dialled (each Cluster node's as the Cluster announces it) and chain
+	// to CA, PEM certificates, or to the system's roots when CA is empty.
+	TLS bool
+	CA  []byte
 	// Client, if set, is used instead of a client built from the above;
 	// Close does not close it. Its own timeouts and retries apply
 	// besides Timeout.
@@ -43,7 +63,7 @@ type Options struct {
 
 	// Breaker is the circuit breaker shared by the workers of the host.
 	// Zero fields mean: 5 failures, a 1s backoff, a probe deadline of
-	// twice Timeout plus 50ms.
+	// twice Timeout plus 50ms, 3 probes in a row to close it.
 	Breaker Breaker
 	// Host names this host's share in the counts of sync-mode rules;
 	// "" means an identity drawn from the region (new for every region).
@@ -54,10 +74,15 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Sentinel is a master name and the addresses of Sentinels that watch it.
+// Sentinel is a master name and the addresses of Sentinels that watch it,
+// with the user and password the Sentinels want, if any (a Sentinel's
+// requirepass or ACL user; Options.Username and Password are the
+// master's). Addrs are "host:port" or redis:// URLs, as Options.Cluster.
 type Sentinel struct {
-	Master string
-	Addrs  []string
+	Master   string
+	Addrs    []string
+	Username string
+	Password Secret
 }
 
 // Defaults of Options.
@@ -66,6 +91,9 @@ const (
 	DefaultPrefix          = "preforkd:"
 	DefaultBreakerFailures = 5
 	DefaultBreakerBackoff  = time.Second
+	// DefaultBreakerSuccesses is how many probes in a row close the
+	// breaker (Breaker.Successes).
+	DefaultBreakerSuccesses = 3
 )
 
 // Enabled reports whether o names a Redis to use.
@@ -104,6 +132,9 @@ func (o Options) withDefaults() (Options, error) {
 	if b.ProbeTimeout == 0 {
 		b.ProbeTimeout = 2*o.Timeout + 50*time.Millisecond
 	}
+	if b.Successes == 0 {
+		b.Successes = DefaultBreakerSuccesses
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -123,6 +154,8 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.Client != nil && n > 0:
 		return o, errors.New("redisstore: give either a Client or an address, not both")
+	case o.Client != nil && (o.Username != "" || o.Password != "" || o.TLS || len(o.CA) > 0):
+		return o, errors.New("redisstore: a Client brings its own username, password and TLS")
 	case o.Client == nil && n == 0:
 		return o, errors.New("redisstore: no Redis: set url, cluster or sentinel")
 	case n > 1:
@@ -166,6 +199,8 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		// on any other server it costs a round trip at every connection.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
+	data := credentials{user: o.Username, pass: string(o.Password), tls: o.TLS}
+	sentinel := credentials{user: o.Sentinel.Username, pass: string(o.Sentinel.Password)}
 	switch {
 	case o.URL != "":
 		p, err := redis.ParseURL(o.URL)
@@ -174,23 +209,122 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 			return nil, fmt.Errorf("redisstore: url %q: want redis://[[user]:password@]host:port[/db] or rediss://…", redactURL(o.URL))
 		}
 		u.Addrs = []string{p.Addr}
-		u.Username, u.Password, u.DB = p.Username, p.Password, p.DB
-		if p.TLSConfig != nil {
-			u.TLSConfig = p.TLSConfig
+		u.DB = p.DB
+		if err := data.add("url", seed{user: p.Username, pass: p.Password, tls: p.TLSConfig != nil}); err != nil {
+			return nil, err
 		}
 	case len(o.Cluster) > 0:
-		u.Addrs = append([]string(nil), o.Cluster...)
 		u.IsClusterMode = true
-	default:
-		u.Addrs = append([]string(nil), o.Sentinel.Addrs...)
-		u.MasterName = o.Sentinel.Master
-	}
-	for _, a := range u.Addrs {
-		if a == "" || !strings.Contains(a, ":") {
-			return nil, fmt.Errorf("redisstore: address %q: want host:port", a)
+		for _, a := range o.Cluster {
+			sd, err := parseSeed("cluster", a)
+			if err != nil {
+				return nil, err
+			}
+			if err := data.add("a cluster seed", sd); err != nil {
+				return nil, err
+			}
+			u.Addrs = append(u.Addrs, sd.addr)
 		}
+	default:
+		u.MasterName = o.Sentinel.Master
+		for _, a := range o.Sentinel.Addrs {
+			sd, err := parseSeed("sentinel", a)
+			if err != nil {
+				return nil, err
+			}
+			if err := sentinel.add("a sentinel address", sd); err != nil {
+				return nil, err
+			}
+			data.tls = data.tls || sd.tls // one TLS setting for the Sentinels and the master
+			u.Addrs = append(u.Addrs, sd.addr)
+		}
+		u.SentinelUsername, u.SentinelPassword = sentinel.user, sentinel.pass
+	}
+	if (sentinel.user != "" || sentinel.pass != "") && o.Sentinel.Master == "" {
+		return nil, errors.New("redisstore: sentinel credentials without a sentinel: set sentinel, or drop sentinel_username and sentinel_password_file")
+	}
+	u.Username, u.Password = data.user, data.pass
+	switch {
+	case data.tls:
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if len(o.CA) > 0 {
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(o.CA) {
+				return nil, errors.New("redisstore: ca: no PEM certificate in it")
+			}
+		}
+		// ServerName stays empty: each connection verifies the host it
+		// dials (tls.DialWithDialer), a Cluster node's own name included.
+		u.TLSConfig = tc
+	case len(o.CA) > 0:
+		return nil, errors.New("redisstore: ca: a CA is given but TLS is off: set tls = true, or use rediss:// URLs")
 	}
 	return u, nil
+}
+
+// credentials are who connects to one kind of server (the data nodes, or
+// the Sentinels), gathered from the options and from URLs.
+type credentials struct {
+	user, pass string
+	tls        bool
+	fromURL    bool // user and pass come from URLs, which may repeat them
+}
+
+// add takes a URL's user, password and TLS (from what, for messages). A
+// user or password given in a URL and besides is an error, even when the
+// same, so that no one edits one copy and wonders why nothing changed;
+// several seed URLs may repeat theirs, but must agree.
+func (c *credentials) add(what string, sd seed) error {
+	if sd.user != "" {
+		if c.user != "" && (c.user != sd.user || !c.fromURL) {
+			return fmt.Errorf("redisstore: username given twice: %s names %q, and %q is given besides", what, sd.user, c.user)
+		}
+		c.user = sd.user
+	}
+	if sd.pass != "" {
+		if c.pass != "" && (c.pass != sd.pass || !c.fromURL) {
+			return fmt.Errorf("redisstore: password given twice: %s has one, and another is given besides (a password file or another URL)", what)
+		}
+		c.pass = sd.pass
+	}
+	c.fromURL = c.fromURL || sd.user != "" || sd.pass != ""
+	c.tls = c.tls || sd.tls
+	return nil
+}
+
+// seed is one address of a Cluster or of Sentinels.
+type seed struct {
+	addr, user, pass string
+	tls              bool
+}
+
+// parseSeed reads "host:port" or "redis[s]://[[user]:password@]host:port"
+// (no database, no options: a Cluster has one database, and the options
+// are Options').
+func parseSeed(what, s string) (seed, error) {
+	if !strings.Contains(s, "://") {
+		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
+			return seed{}, fmt.Errorf("redisstore: %s address %q: want host:port or redis://[[user]:password@]host:port", what, redactURL(s))
+		}
+		return seed{addr: s}, nil
+	}
+	bad := fmt.Errorf("redisstore: %s address %q: want host:port or redis://[[user]:password@]host:port (rediss:// for TLS)", what, redactURL(s))
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "redis" && u.Scheme != "rediss" || u.Opaque != "" || u.RawQuery != "" || u.Fragment != "" {
+		return seed{}, bad
+	}
+	if u.Path != "" && u.Path != "/" && u.Path != "/0" {
+		return seed{}, fmt.Errorf("redisstore: %s address %q: a database other than 0 (a Cluster has only one)", what, redactURL(s))
+	}
+	if _, port, err := net.SplitHostPort(u.Host); err != nil || port == "" || u.Hostname() == "" {
+		return seed{}, bad
+	}
+	sd := seed{addr: u.Host, tls: u.Scheme == "rediss"}
+	if u.User != nil {
+		sd.user = u.User.Username()
+		sd.pass, _ = u.User.Password()
+	}
+	return sd, nil
 }
 
 // OnUnavailable is what a Redis rule answers when Redis cannot decide
@@ -233,16 +367,28 @@ func (u OnUnavailable) MarshalText() ([]byte, error) {
 	return onUnavailableNames.Marshal("redisstore", u)
 }
 
-// RedactURL returns a Redis URL with its password replaced by "xxxxx", for
-// logs and status pages; a string that is no URL is returned as "…".
+// RedactURL returns a Redis URL (or a host:port) with its password
+// replaced by "xxxxx", for logs and status pages. Of a string that is
+// neither, what could be a password (up to an '@') is replaced.
 func RedactURL(s string) string { return redactURL(s) }
 
 func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "…"
+	scheme, rest, isURL := strings.Cut(s, "://")
+	if isURL {
+		if u, err := url.Parse(s); err == nil {
+			return u.Redacted()
+		}
+		scheme += "://"
+	} else {
+		scheme, rest = "", s
 	}
-	return u.Redacted()
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		return scheme + "xxxxx@" + rest[i+1:]
+	}
+	if isURL {
+		return "…" // no '@', but unreadable: show nothing of it
+	}
+	return s
 }
 
 // Sync is how a rule's counts reach Redis: 0 ("exact") decides each

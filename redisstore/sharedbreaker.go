@@ -53,8 +53,9 @@ func (b *sharedBreaker) word(now time.Duration) uint64 {
 
 // update applies a transition function with one CAS and logs the
 // transition the CAS made, if any: the worker whose CAS made it is the
-// one that logs it, once.
-func (b *sharedBreaker) update(now time.Duration, f func(w uint64, now time.Duration) (uint64, Transition, bool)) (tr Transition) {
+// one that logs it, once. cause is the error that made a failure, for the
+// log.
+func (b *sharedBreaker) update(now time.Duration, cause error, f func(w uint64, now time.Duration) (uint64, Transition, bool)) (tr Transition) {
 	var prev uint64
 	_, err := b.tab.Update(b.key, breakerQuota, b.meta, now, func(w uint64, t time.Duration) (uint64, bool) {
 		next, t2, write := f(w, t)
@@ -65,12 +66,14 @@ func (b *sharedBreaker) update(now time.Duration, f func(w uint64, now time.Dura
 		return NoTransition // no slot: as a breaker that stays closed
 	}
 	if tr != NoTransition {
-		b.logTransition(tr, prev, now)
+		b.logTransition(tr, prev, cause)
 	}
 	return tr
 }
 
-func (b *sharedBreaker) logTransition(tr Transition, prev uint64, now time.Duration) {
+// logTransition logs a change of phase; a probe that follows a successful
+// one changes none (the breaker stays half-open) and is not logged.
+func (b *sharedBreaker) logTransition(tr Transition, prev uint64, cause error) {
 	attrs := []slog.Attr{slog.String("transition", tr.String())}
 	level := slog.LevelWarn
 	msg := "redis breaker opened: rules answer by on_unavailable"
@@ -78,17 +81,26 @@ func (b *sharedBreaker) logTransition(tr Transition, prev uint64, now time.Durat
 	case Opened:
 		if phaseOf(prev) == HalfOpen {
 			msg = "redis breaker opened again: the probe failed"
+			attrs = append(attrs, slog.Int("successes", int(successesOf(prev))), slog.Int("success_threshold", b.pol.Successes))
 		} else {
 			attrs = append(attrs, slog.Int("failures", b.pol.Failures))
 		}
 		attrs = append(attrs, slog.Duration("backoff", b.pol.Backoff))
+		if cause != nil {
+			attrs = append(attrs, slog.String("err", cause.Error()))
+		}
 	case Probing:
-		level, msg = slog.LevelInfo, "redis breaker half-open: this worker probes"
-		if phaseOf(prev) == HalfOpen {
-			msg = "redis breaker half-open: this worker takes over a probe past its deadline"
+		switch phaseOf(prev) {
+		case betweenProbes:
+			return
+		case HalfOpen:
+			level, msg = slog.LevelInfo, "redis breaker half-open: this worker takes over a probe past its deadline"
+		default:
+			level, msg = slog.LevelInfo, "redis breaker half-open: this worker probes"
 		}
 	case Recovered:
-		level, msg = slog.LevelInfo, "redis breaker closed: the probe succeeded"
+		level, msg = slog.LevelInfo, "redis breaker closed: the probes succeeded"
+		attrs = append(attrs, slog.Int("successes", b.pol.Successes))
 	}
 	b.log.LogAttrs(context.Background(), level, msg, attrs...)
 }
@@ -100,7 +112,7 @@ func (b *sharedBreaker) admit(now time.Duration) Admission {
 		return a
 	}
 	a := Refuse
-	tr := b.update(now, func(w uint64, t time.Duration) (uint64, Transition, bool) {
+	tr := b.update(now, nil, func(w uint64, t time.Duration) (uint64, Transition, bool) {
 		next, a2, tr, write := b.pol.Admit(w, t, b.self)
 		a = a2
 		return next, tr, write
@@ -119,18 +131,18 @@ func (b *sharedBreaker) open(now time.Duration) bool {
 }
 
 // success reports a call Redis answered.
-func (b *sharedBreaker) success(now time.Duration, probe bool) {
+func (b *sharedBreaker) success(now time.Duration, probe bool) Transition {
 	if w := b.word(now); w == 0 && !probe {
-		return // closed with no failures: nothing to write (the hot path)
+		return NoTransition // closed with no failures: nothing to write (the hot path)
 	}
-	b.update(now, func(w uint64, t time.Duration) (uint64, Transition, bool) {
+	return b.update(now, nil, func(w uint64, t time.Duration) (uint64, Transition, bool) {
 		return b.pol.Success(w, t, b.self, probe)
 	})
 }
 
-// failure reports a call that failed or timed out.
-func (b *sharedBreaker) failure(now time.Duration, probe bool) {
-	b.update(now, func(w uint64, t time.Duration) (uint64, Transition, bool) {
+// failure reports a call that failed or timed out with err.
+func (b *sharedBreaker) failure(now time.Duration, probe bool, err error) Transition {
+	return b.update(now, err, func(w uint64, t time.Duration) (uint64, Transition, bool) {
 		return b.pol.Failure(w, t, b.self, probe)
 	})
 }

@@ -12,6 +12,7 @@ type counters struct {
 	calls, errors, timeouts, noscript, shortCircuits, denyHits atomic.Uint64
 	latency                                                    atomic.Uint64 // ns, summed over calls
 	flushes, flushErrors, flushedCounts                        atomic.Uint64
+	slotReloads                                                atomic.Uint64
 }
 
 // Stats are what a Store did in this process since New, and the shared
@@ -38,6 +39,9 @@ type Stats struct {
 	// Flushes and FlushErrors count the sync-mode flushes (one pipeline
 	// each) and those that failed; Flushed is the count they added.
 	Flushes, FlushErrors, Flushed uint64
+	// SlotReloads counts the reloads of a Cluster's slot map this Store
+	// asked for (while calls failed or the breaker was open).
+	SlotReloads uint64
 	// Breaker is the shared breaker's state.
 	Breaker BreakerState
 }
@@ -50,14 +54,24 @@ func (s *Store) Stats(now time.Duration) Stats {
 		NoScript: st.noscript.Load(), ShortCircuits: st.shortCircuits.Load(), DenyHits: st.denyHits.Load(),
 		Latency: time.Duration(st.latency.Load()),
 		Flushes: st.flushes.Load(), FlushErrors: st.flushErrors.Load(), Flushed: st.flushedCounts.Load(),
-		Breaker: DecodeBreaker(s.br.word(now), now),
+		SlotReloads: st.slotReloads.Load(),
+		Breaker:     DecodeBreaker(s.br.word(now), now),
 	}
 }
 
 // Available reports whether a request may count on Redis now: false while
 // the shared breaker is open or a probe is in flight. Sync-mode rules,
 // which never wait on Redis, answer by OnUnavailable then, as the others.
-func (s *Store) Available(now time.Duration) bool { return !s.br.open(now) }
+// Meanwhile a Cluster's slot map is reloaded, in the background, at most
+// every SlotReloadInterval, so that the probe after a failover finds the
+// new master.
+func (s *Store) Available(now time.Duration) bool {
+	if s.br.open(now) {
+		s.reloadSlots(now)
+		return false
+	}
+	return true
+}
 
 // ReadBreaker is the state of the breaker of the Redis o names, read from
 // region without joining it: what a supervisor's status page shows.

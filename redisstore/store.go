@@ -30,12 +30,17 @@ type Store struct {
 	rdb     redis.UniversalClient
 	owns    bool // Close closes rdb
 	cluster bool
-	tab     *shm.Counters
-	region  *shm.Region
-	timeout time.Duration
-	prefix  string
-	host    string
-	log     *slog.Logger
+	// slots is rdb when it is a Cluster's client: its slot map is
+	// reloaded while calls fail (see reloadSlots); slotsAsked is the
+	// region time of the last reload asked for, +1 (0: never).
+	slots      *redis.ClusterClient
+	slotsAsked atomic.Int64
+	tab        *shm.Counters
+	region     *shm.Region
+	timeout    time.Duration
+	prefix     string
+	host       string
+	log        *slog.Logger
 	// joined: the region was joined by this process, which may decide;
 	// otherwise the Store only inspects and resets keys (see New).
 	joined bool
@@ -83,8 +88,9 @@ func New(region *shm.Region, o Options) (*Store, error) {
 			return nil, err
 		}
 		s.owns = true
-	} else if _, ok := s.rdb.(*redis.ClusterClient); ok {
-		s.cluster = true
+	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		s.cluster, s.slots = true, cc
 	}
 	if s.host == "" {
 		a, b := region.Seeds()
@@ -393,6 +399,7 @@ func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) 
 	adm := s.br.admit(now)
 	if adm == Refuse {
 		s.st.shortCircuits.Add(1)
+		s.reloadSlots(now)
 		return false, ErrUnavailable
 	}
 	probe := adm == Probe
@@ -415,7 +422,8 @@ func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) 
 	return refused, nil
 }
 
-// failed counts a failed call and tells the breaker.
+// failed counts a failed call, tells the breaker, and has a Cluster's
+// slot map reloaded.
 func (s *Store) failed(err error, now time.Duration, probe bool) {
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
@@ -423,7 +431,36 @@ func (s *Store) failed(err error, now time.Duration, probe bool) {
 	} else {
 		s.st.errors.Add(1)
 	}
-	s.br.failure(now, probe)
+	s.br.failure(now, probe, err)
+	s.reloadSlots(now)
+}
+
+// SlotReloadInterval is how often, at most, a Store asks for a Cluster's
+// slot map again while its calls fail or the breaker keeps them from
+// Redis.
+const SlotReloadInterval = 250 * time.Millisecond
+
+// reloadSlots asks go-redis to load a Cluster's slot map again (in the
+// background, from any node that answers), at most every
+// SlotReloadInterval. go-redis loads it on its own only after a MOVED or
+// ASK reply, or once a minute: a call to a dead master times out before
+// any reply, and the breaker stops calls altogether, so after a failover
+// requests would go on meeting the dead master's address until the
+// minute is up. Reloaded while the calls fail or are refused, the map
+// names the promoted replica as soon as the Cluster does.
+func (s *Store) reloadSlots(now time.Duration) {
+	if s.slots == nil {
+		return
+	}
+	last := s.slotsAsked.Load()
+	if last != 0 && now-time.Duration(last-1) < SlotReloadInterval && now >= time.Duration(last-1) {
+		return
+	}
+	if !s.slotsAsked.CompareAndSwap(last, int64(now)+1) {
+		return // another request of this process asks
+	}
+	s.st.slotReloads.Add(1)
+	s.slots.ReloadState(context.Background())
 }
 
 // call runs the decide script for hits and fills their decisions.

@@ -30,7 +30,7 @@ func newHost(t *testing.T, srv *redistest.Server, w int, o redisstore.Options) *
 	if err := r.Join(w); err != nil {
 		t.Fatal(err)
 	}
-	if o.URL == "" && o.Client == nil {
+	if o.URL == "" && o.Client == nil && len(o.Cluster) == 0 && o.Sentinel.Master == "" {
 		o.URL = srv.URL()
 	}
 	s, err := redisstore.New(r, o)
@@ -250,7 +250,7 @@ func TestNoScript(t *testing.T) {
 
 // Redis killed: every call fails within the timeout, the breaker opens
 // after the configured failures and calls stop but for the probes;
-// restarted, a probe closes it.
+// restarted, three probes in a row close it.
 func TestBreakerOpensAndRecovers(t *testing.T) {
 	t.Parallel()
 	o := redisstore.Options{Breaker: redisstore.Breaker{Failures: 3, Backoff: 200 * time.Millisecond}}
@@ -284,6 +284,16 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 			t.Fatalf("the breaker never closed: %+v", h.store.Stats(h.region.Now()))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// One probe answered: half-open still, the next request probes; the
+	// third in a row closes it.
+	for i := 1; i <= 2; i++ {
+		if st := h.store.Stats(h.region.Now()); st.Breaker.Phase != redisstore.HalfOpen || st.Breaker.Successes != i {
+			t.Fatalf("after %d successful probes: %+v", i, st.Breaker)
+		}
+		if _, _, err := h.decide(t, "k", l); err != nil {
+			t.Fatalf("probe %d: %v", i+1, err)
+		}
 	}
 	if st := h.store.Stats(h.region.Now()); st.Breaker.Phase != redisstore.Closed || st.Breaker.Failures != 0 {
 		t.Fatalf("after recovery: %+v", st.Breaker)

@@ -314,6 +314,7 @@ func (f *flusher) flush(every time.Duration, final bool) {
 		switch s.br.admit(now) {
 		case Refuse:
 			s.putBack(items)
+			s.reloadSlots(now)
 			return
 		case Probe:
 			probe = true

@@ -241,9 +241,9 @@ func redisStatus(r *shm.Region, cfg config.Config) map[string]any {
 	case rd.URL != "":
 		target["url"] = rd.URL.String()
 	case len(rd.Cluster) > 0:
-		target["cluster"] = rd.Cluster
+		target["cluster"] = config.RedactedURLs(rd.Cluster)
 	default:
-		target["sentinel"] = map[string]any{"master": rd.Sentinel.Master, "addrs": rd.Sentinel.Addrs}
+		target["sentinel"] = map[string]any{"master": rd.Sentinel.Master, "addrs": config.RedactedURLs(rd.Sentinel.Addrs)}
 	}
 	rules := []map[string]any{}
 	for _, rl := range cfg.RateLimits {

@@ -178,7 +178,7 @@ store = "redis"
 func TestRedisKilledUnderLoad(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	d := startDaemon(t, daemonOptions{admin: true, config: redisConfig(srv, "breaker_failures = 3\nbreaker_backoff = \"300ms\"", `
+	d := startDaemon(t, daemonOptions{admin: true, config: redisConfig(srv, "breaker_failures = 3\nbreaker_backoff = \"300ms\"\nsuccess_threshold = 2", `
 [[ratelimit]]
 name = "open"
 path = "/open"
@@ -282,23 +282,28 @@ local_share = 2
 		t.Errorf("breaker: opened %d, %d probes for %d requests", opened, probes, requests)
 	}
 
+	// Restarted: the breaker closes after success_threshold (2) probes in
+	// a row, which requests make, one at a time across the workers.
 	from = d.logs.len()
 	srv.Restart()
-	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("redis breaker closed: the probe succeeded")); !ok {
-		// No request, no probe: send some.
-		c := newClient(t, nil, false)
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			get(c, d.url("/closed"))
-			if _, _, ok := d.logs.waitFor(from, 50*time.Millisecond, msgIs("redis breaker closed: the probe succeeded")); ok {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the breaker never closed after Redis came back")
-			}
+	c := newClient(t, nil, false)
+	deadline := time.Now().Add(10 * time.Second)
+	var closed logLine
+	for {
+		get(c, d.url("/closed"))
+		_, l, ok := d.logs.waitFor(from, 50*time.Millisecond, msgIs("redis breaker closed: the probes succeeded"))
+		if ok {
+			closed = l
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the breaker never closed after Redis came back")
 		}
 	}
-	c := newClient(t, freshClientIP(), false)
+	if closed.get("successes") != "2" {
+		t.Errorf("the breaker closed after %q probes, want success_threshold = 2", closed.get("successes"))
+	}
+	c = newClient(t, freshClientIP(), false)
 	rs := make([]result, 20)
 	for i := range rs {
 		rs[i] = get(c, d.url("/local"))

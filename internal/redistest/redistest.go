@@ -1,19 +1,24 @@
 // Package redistest starts throwaway redis-server processes for tests:
-// one per test, on a free loopback port, with its data in the test's
-// temporary directory, killed at the test's cleanup.
+// one per test (or a Cluster of them, cluster.go), on free loopback ports,
+// with their data in the test's temporary directory, killed at the test's
+// cleanup. A server may require a password or ACL users, and may serve
+// TLS only, with a certificate from a CA the test makes (tls.go).
 //
-// Without redis-server in PATH a test fails when the environment variable
-// CI is set (CI installs it: a missing server must not pass as a skipped
-// test) and is skipped with a message otherwise.
+// Without redis-server (or, for a Cluster, redis-cli) in PATH a test fails
+// when the environment variable CI is set (CI installs it: a missing
+// server must not pass as a skipped test) and is skipped with a message
+// otherwise.
 package redistest
 
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +35,13 @@ type Server struct {
 	tb   testing.TB
 	bin  string
 	dir  string
-	Addr string // 127.0.0.1:port
+	o    Options
+	Addr string // 127.0.0.1:port (the TLS port, with Options.TLS)
+	// BusAddr is the Cluster bus's address, with Options.Cluster.
+	BusAddr string
+	// CAFile is the PEM of the CA that issued the server's certificate,
+	// with Options.TLS.
+	CAFile string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -38,20 +49,48 @@ type Server struct {
 	log    *bytes.Buffer
 }
 
+// Options change the server StartWith runs; the zero value is Start's.
+type Options struct {
+	// Password is required of every client (requirepass): the default
+	// user's.
+	Password string
+	// Users are ACL users, by name with their password, each allowed
+	// every command and key.
+	Users map[string]string
+	// TLS serves TLS only, with a certificate for 127.0.0.1 and localhost
+	// issued by a CA of the test's (Server.CAFile); clients need none.
+	TLS bool
+	// Cluster starts the server in cluster mode, with a bus port of its
+	// own (Server.BusAddr); StartCluster makes a Cluster of such servers.
+	Cluster bool
+	// Sentinel starts a Sentinel (redis-server --sentinel) that watches
+	// this master, under the name "mymaster"; Password is then the
+	// Sentinel's own, and the master's is MasterPassword.
+	Sentinel       *Server
+	MasterPassword string
+	// Args are more arguments of redis-server, after the others.
+	Args []string
+}
+
 // Start starts a redis-server for tb and waits until it answers.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		msg := "no redis-server in PATH (apt-get install -y redis-server)"
-		if os.Getenv("CI") != "" {
-			tb.Fatal(msg)
-		}
-		tb.Skip(msg)
+	return StartWith(tb, Options{})
+}
+
+// StartWith starts a redis-server with o for tb and waits until it
+// answers.
+func StartWith(tb testing.TB, o Options) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, bin: need(tb, "redis-server"), dir: tb.TempDir(), o: o}
+	if o.TLS {
+		s.CAFile = writeCerts(tb, s.dir)
 	}
-	s := &Server{tb: tb, bin: bin, dir: tb.TempDir()}
 	for attempt := 1; ; attempt++ {
 		s.Addr = freeAddr(tb)
+		if o.Cluster {
+			s.BusAddr = freeAddr(tb)
+		}
 		err := s.start()
 		if err == nil {
 			break
@@ -62,6 +101,21 @@ func Start(tb testing.TB) *Server {
 	}
 	tb.Cleanup(s.Kill)
 	return s
+}
+
+// need returns the path of program, or ends the test: failed under CI,
+// skipped elsewhere.
+func need(tb testing.TB, program string) string {
+	tb.Helper()
+	bin, err := exec.LookPath(program)
+	if err != nil {
+		msg := "no " + program + " in PATH (apt-get install -y redis-server, which brings redis-cli)"
+		if os.Getenv("CI") != "" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	return bin
 }
 
 // CallTimeout is the Redis call timeout for tests that count decisions:
@@ -100,8 +154,38 @@ func freeAddr(tb testing.TB) string {
 func (s *Server) start() error {
 	_, port, _ := net.SplitHostPort(s.Addr)
 	log := &bytes.Buffer{}
-	cmd := exec.Command(s.bin, "--port", port, "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir)
+	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir}
+	if m := s.o.Sentinel; m != nil {
+		// A Sentinel rewrites its configuration file: it must have one.
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		mhost, mport, _ := net.SplitHostPort(m.Addr)
+		text := fmt.Sprintf("sentinel monitor mymaster %s %s 1\nsentinel down-after-milliseconds mymaster 1000\n", mhost, mport)
+		if s.o.MasterPassword != "" {
+			text += fmt.Sprintf("sentinel auth-pass mymaster %s\n", s.o.MasterPassword)
+		}
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			return fmt.Errorf("redistest: %w", err)
+		}
+		args = []string{conf, "--sentinel", "--port", port, "--bind", "127.0.0.1", "--dir", s.dir}
+	}
+	if s.o.TLS {
+		args[1] = "0"
+		args = append(args, "--tls-port", port, "--tls-auth-clients", "no",
+			"--tls-cert-file", filepath.Join(s.dir, "server.pem"), "--tls-key-file", filepath.Join(s.dir, "server.key"),
+			"--tls-ca-cert-file", s.CAFile)
+	}
+	if s.o.Password != "" {
+		args = append(args, "--requirepass", s.o.Password)
+	}
+	for name, pass := range s.o.Users {
+		args = append(args, "--user", name, "on", ">"+pass, "~*", "&*", "+@all")
+	}
+	if s.o.Cluster {
+		_, bus, _ := net.SplitHostPort(s.BusAddr)
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bus)
+	}
+	args = append(args, s.o.Args...)
+	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -157,10 +241,14 @@ func (s *Server) checkOwner(c *redis.Client, pid int, exited <-chan struct{}) er
 }
 
 func (s *Server) client() *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr: s.Addr, MaxRetries: -1,
+	o := &redis.Options{
+		Addr: s.Addr, MaxRetries: -1, Password: s.o.Password,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
+	}
+	if s.o.TLS {
+		o.TLSConfig = &tls.Config{RootCAs: certPool(s.tb, s.CAFile)}
+	}
+	return redis.NewClient(o)
 }
 
 // Client returns a client of the server for the test's own commands.
@@ -201,6 +289,49 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(20 * time.Millisecond) // the port may linger a moment
 	}
+}
+
+// Alive reports whether the server runs (it was not killed, or was
+// restarted).
+func (s *Server) Alive() bool {
+	s.mu.Lock()
+	exited := s.exited
+	s.mu.Unlock()
+	select {
+	case <-exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// info is INFO section (or CLUSTER INFO, for section "cluster") as a
+// map; empty when the server does not answer.
+func (s *Server) info(section string) map[string]string {
+	out := map[string]string{}
+	if !s.Alive() {
+		return out
+	}
+	c := s.client()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var text string
+	var err error
+	if section == "cluster" {
+		text, err = c.ClusterInfo(ctx).Result()
+	} else {
+		text, err = c.Info(ctx, section).Result()
+	}
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // Calls returns how many times the server ran command cmd (lower case,
