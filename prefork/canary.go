@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 	"time"
-
 )
 
 // A canary reload (README, "Safe deploys"). On HUP, the first worker replaced is the
@@ -39,7 +38,7 @@ import (
 type canaryRun struct {
 	gen      int
 	settings Canary // of the configuration being judged
-	proc     *proc         // nil until it is started
+	proc     *proc  // nil until it is started
 	slot     int
 	open     bool      // ready: the window runs
 	started  time.Time // start of the window

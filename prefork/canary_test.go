@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/preforkd/preforkd/config"
 )
 
 // Canary reloads through the seam: the fake's counts stand for what the
@@ -17,28 +15,27 @@ import (
 
 const testWindow = 2 * time.Second
 
-// canaryConfig is a configuration of n workers with a canary of testWindow.
-func canaryConfig(n int, edit func(*config.Reload)) config.Config {
-	cfg := config.Config{
-		Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second, Upstream: "http://127.0.0.1:9"},
-		Reload: config.Reload{CanaryWindow: testWindow},
-	}
+// canaryConfig is the settings of a reload with a canary of testWindow,
+// whose workers get the payload "next".
+func canaryConfig(edit func(*Canary)) Settings {
+	s := Settings{ShutdownTimeout: 5 * time.Second, Canary: Canary{Window: testWindow}, Payload: []byte("next")}
 	if edit != nil {
-		edit(&cfg.Reload)
+		edit(&s.Canary)
 	}
-	return cfg.WithDefaults()
+	return defaulted(s)
 }
 
 // canaryFixture is a supervisor of n ready workers (pids 100.., indexes
-// 0..n-1, generation 0) whose HUP loads next, with a log to read.
-func canaryFixture(t *testing.T, n int, next config.Config) (*fakeSys, *supervisor, *logSink) {
+// 0..n-1, generation 0, payload "good") whose HUP loads next, with a log
+// to read.
+func canaryFixture(t *testing.T, n int, next Settings) (*fakeSys, *supervisor, *logSink) {
 	t.Helper()
 	f := newFake()
-	f.load = func() (config.Config, error) { return next, nil }
+	f.load = func(Settings) (Settings, error) { return next, nil }
 	logs := newLogSink()
-	first := canaryConfig(n, nil)
-	first.Server.Upstream = "builtin:demo"
-	s := newSupervisor(f.env(), slog.New(logs), first, minMaxWorkers(n))
+	first := canaryConfig(nil)
+	first.Payload = []byte("good")
+	s := newSupervisor(f.env(), slog.New(logs), first, n, minMaxWorkers(n))
 	s.step()
 	for i := range n {
 		ready(s, 100+i)
@@ -66,10 +63,10 @@ func verdictLine(t *testing.T, logs *logSink) record {
 }
 
 func TestCanaryHealthyRollsOn(t *testing.T) {
-	next := canaryConfig(3, nil)
+	next := canaryConfig(nil)
 	f, s, logs := canaryFixture(t, 3, next)
 	sendSignal(s, syscall.SIGHUP)
-	if len(f.starts) != 4 || f.starts[3].Gen != 1 || f.starts[3].Config.Server.Upstream != next.Server.Upstream {
+	if len(f.starts) != 4 || f.starts[3].Gen != 1 || string(f.starts[3].Settings.Payload) != "next" {
 		t.Fatalf("starts %+v, want one canary of generation 1", f.starts)
 	}
 	ready(s, 103) // the canary takes slot 0: 100 retires
@@ -88,8 +85,8 @@ func TestCanaryHealthyRollsOn(t *testing.T) {
 	// good configuration, not the one being judged.
 	exit(s, 101, false)
 	advance(f, s, backoffBase)
-	if sp := f.starts[4]; sp.Gen != 0 || sp.Config.Server.Upstream != "builtin:demo" {
-		t.Fatalf("respawn during the window: generation %d, upstream %q; want the good generation 0", sp.Gen, sp.Config.Server.Upstream)
+	if sp := f.starts[4]; sp.Gen != 0 || string(sp.Settings.Payload) != "good" {
+		t.Fatalf("respawn during the window: generation %d, payload %q; want the good generation 0", sp.Gen, sp.Settings.Payload)
 	}
 	ready(s, 104)
 
@@ -131,7 +128,7 @@ func TestCanaryHealthyRollsOn(t *testing.T) {
 }
 
 func TestCanaryUnhealthyAborts(t *testing.T) {
-	next := canaryConfig(3, nil)
+	next := canaryConfig(nil)
 	f, s, logs := canaryFixture(t, 3, next)
 	sendSignal(s, syscall.SIGHUP)
 	ready(s, 103)
@@ -168,14 +165,14 @@ func TestCanaryUnhealthyAborts(t *testing.T) {
 	// A fleet worker that crashes now is replaced with the good configuration.
 	exit(s, 101, false)
 	advance(f, s, backoffBase)
-	if sp := f.starts[4]; sp.Gen != 0 || sp.Config.Server.Upstream != "builtin:demo" {
+	if sp := f.starts[4]; sp.Gen != 0 || string(sp.Settings.Payload) != "good" {
 		t.Fatalf("respawn after the abort: %+v", sp)
 	}
 	ready(s, 104)
 
 	// The next reload's canary takes the quarantined slot; once it
 	// passes, the slot is back and the others are replaced.
-	f.load = func() (config.Config, error) { return canaryConfig(3, nil), nil }
+	f.load = func(Settings) (Settings, error) { return canaryConfig(nil), nil }
 	sendSignal(s, syscall.SIGHUP)
 	if sp := f.starts[5]; sp.Gen != 2 || f.pids[5] != 105 {
 		t.Fatalf("second canary %+v, want generation 2", sp)
@@ -205,7 +202,7 @@ func TestCanaryUnhealthyAborts(t *testing.T) {
 // canary with the same, must not abort; the canary's own errors are not
 // in the baseline it is compared with.
 func TestCanaryComparesWithTheRestOfTheFleet(t *testing.T) {
-	f, s, logs := canaryFixture(t, 4, canaryConfig(4, nil))
+	f, s, logs := canaryFixture(t, 4, canaryConfig(nil))
 	f.serve(1, 10000, 9000) // before the window: not counted
 	sendSignal(s, syscall.SIGHUP)
 	ready(s, 104)
@@ -224,14 +221,14 @@ func TestCanaryComparesWithTheRestOfTheFleet(t *testing.T) {
 
 func TestCanaryInconclusive(t *testing.T) {
 	for _, tc := range []struct {
-		policy config.Inconclusive
+		policy Inconclusive
 		msg    string
 	}{
-		{config.InconclusiveContinue, "canary inconclusive: 0 requests, fewer than canary_min_requests 50; 5xx 0.0% (0/0) vs fleet 0.0% (0/0), allowed +2.0 points; reload continues"},
-		{config.InconclusiveAbort, "canary inconclusive: 0 requests, fewer than canary_min_requests 50; 5xx 0.0% (0/0) vs fleet 0.0% (0/0), allowed +2.0 points; reload aborted, slot 0 quarantined"},
+		{InconclusiveContinue, "canary inconclusive: 0 requests, fewer than canary_min_requests 50; 5xx 0.0% (0/0) vs fleet 0.0% (0/0), allowed +2.0 points; reload continues"},
+		{InconclusiveAbort, "canary inconclusive: 0 requests, fewer than canary_min_requests 50; 5xx 0.0% (0/0) vs fleet 0.0% (0/0), allowed +2.0 points; reload aborted, slot 0 quarantined"},
 	} {
-		t.Run(tc.policy.String(), func(t *testing.T) {
-			next := canaryConfig(2, func(r *config.Reload) { r.CanaryInconclusive = tc.policy })
+		t.Run(map[Inconclusive]string{InconclusiveContinue: "continue", InconclusiveAbort: "abort"}[tc.policy], func(t *testing.T) {
+			next := canaryConfig(func(c *Canary) { c.Inconclusive = tc.policy })
 			f, s, logs := canaryFixture(t, 2, next)
 			sendSignal(s, syscall.SIGHUP)
 			ready(s, 102)
@@ -240,7 +237,7 @@ func TestCanaryInconclusive(t *testing.T) {
 			if v.msg != tc.msg {
 				t.Errorf("verdict %q, want %q", v.msg, tc.msg)
 			}
-			aborted := tc.policy == config.InconclusiveAbort
+			aborted := tc.policy == InconclusiveAbort
 			if wantLevel := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelError}[aborted]; v.level != wantLevel {
 				t.Errorf("logged at %v, want %v", v.level, wantLevel)
 			}
@@ -280,7 +277,7 @@ func TestCanaryFailureAbortsAtOnce(t *testing.T) {
 		}, "canary failed: exited during its window (signal: killed); reload aborted, slot 0 quarantined"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, s, logs := canaryFixture(t, 3, canaryConfig(3, nil))
+			f, s, logs := canaryFixture(t, 3, canaryConfig(nil))
 			sendSignal(s, syscall.SIGHUP)
 			tc.fail(f, s)
 			if v := verdictLine(t, logs); v.msg != tc.msg {
@@ -300,7 +297,7 @@ func TestCanaryFailureAbortsAtOnce(t *testing.T) {
 		})
 	}
 	t.Run("cannot start", func(t *testing.T) {
-		f, s, logs := canaryFixture(t, 2, canaryConfig(2, nil))
+		f, s, logs := canaryFixture(t, 2, canaryConfig(nil))
 		f.startErr = errors.New("exec format error")
 		sendSignal(s, syscall.SIGHUP)
 		if v := verdictLine(t, logs); v.msg != "canary failed: could not be started: exec format error; reload aborted, slot 0 keeps generation 0" {
@@ -319,7 +316,7 @@ func TestCanaryFailureAbortsAtOnce(t *testing.T) {
 func TestCanaryOfTheOnlyWorker(t *testing.T) {
 	for _, bad := range []bool{false, true} {
 		t.Run(map[bool]string{false: "healthy", true: "unhealthy"}[bad], func(t *testing.T) {
-			f, s, logs := canaryFixture(t, 1, canaryConfig(1, nil))
+			f, s, logs := canaryFixture(t, 1, canaryConfig(nil))
 			sendSignal(s, syscall.SIGHUP)
 			ready(s, 101)
 			if len(f.signals) != 0 {
@@ -346,7 +343,7 @@ func TestCanaryOfTheOnlyWorker(t *testing.T) {
 // An aborted canary's slot is filled again rather than quarantined when
 // no other slot has a ready worker: the fleet never goes below one.
 func TestCanaryAbortNeverEmptiesTheFleet(t *testing.T) {
-	f, s, logs := canaryFixture(t, 2, canaryConfig(2, nil))
+	f, s, logs := canaryFixture(t, 2, canaryConfig(nil))
 	sendSignal(s, syscall.SIGHUP)
 	ready(s, 102) // slot 0's 100 retires; 101 serves slot 1
 	exit(s, 101, false)
@@ -366,7 +363,7 @@ func TestCanaryAbortNeverEmptiesTheFleet(t *testing.T) {
 }
 
 func TestCanaryTermDuringWindow(t *testing.T) {
-	f, s, logs := canaryFixture(t, 2, canaryConfig(2, nil))
+	f, s, logs := canaryFixture(t, 2, canaryConfig(nil))
 	sendSignal(s, syscall.SIGHUP)
 	ready(s, 102)
 	advance(f, s, testWindow/2)
@@ -394,7 +391,7 @@ func TestCanaryTermDuringWindow(t *testing.T) {
 // A HUP during the window replaces the reload: the canary that serves
 // beside nobody stays as a worker to replace, the new one is judged.
 func TestCanarySupersededByANewReload(t *testing.T) {
-	f, s, _ := canaryFixture(t, 2, canaryConfig(2, nil))
+	f, s, _ := canaryFixture(t, 2, canaryConfig(nil))
 	sendSignal(s, syscall.SIGHUP)
 	ready(s, 102)
 	sendSignal(s, syscall.SIGHUP)

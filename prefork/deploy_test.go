@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/preforkd/preforkd/config"
 )
 
 // loadLoop sends GETs of path, each on a new connection, from n
@@ -91,8 +89,8 @@ func TestCanaryJudgesANewBinary(t *testing.T) {
 	app := filepath.Join(dir, "app")
 	deployBuild(t, app, "v1")
 	cfg := testConfig(2)
-	cfg.Reload.CanaryWindow = time.Second
-	cfg.Reload.CanaryMinRequests = 10
+	cfg.Settings.Canary.Window = time.Second
+	cfg.Settings.Canary.MinRequests = 10
 	sp := startSupervisorProcess(t, app, cfg)
 	url := "http://" + sp.addr
 
@@ -188,10 +186,10 @@ func TestRecycleMaxRSS(t *testing.T) {
 	var mu sync.Mutex
 	next := cfg
 	h := startSupervisor(t, cfg, true, func(o *Options) {
-		o.LoadConfig = func() (config.Config, error) {
+		o.Reload = func(Settings) (Settings, error) {
 			mu.Lock()
 			defer mu.Unlock()
-			return next, nil
+			return next.Settings, nil
 		}
 	})
 	var base int
@@ -205,7 +203,7 @@ func TestRecycleMaxRSS(t *testing.T) {
 	}
 	limit := base + 32<<20
 	mu.Lock()
-	next.Server.MaxRSS = config.SizeLimit(limit)
+	next.Settings.MaxRSS = int64(limit)
 	mu.Unlock()
 	h.signal(unix.SIGHUP)
 	h.logs.wait(t, "reload finished", 1, 15*time.Second)
@@ -276,16 +274,16 @@ func TestRecycleMaxRSS(t *testing.T) {
 // and of the good reload that fills the slot again.
 func TestCanaryStatus(t *testing.T) {
 	cfg := testConfig(3)
-	cfg.Reload.CanaryWindow = time.Second
-	cfg.Reload.CanaryMinRequests = 20
+	cfg.Settings.Canary.Window = time.Second
+	cfg.Settings.Canary.MinRequests = 20
 	var mu sync.Mutex
 	next := cfg
 	var last Status
 	h := startSupervisor(t, cfg, true, func(o *Options) {
-		o.LoadConfig = func() (config.Config, error) {
+		o.Reload = func(Settings) (Settings, error) {
 			mu.Lock()
 			defer mu.Unlock()
-			return next, nil
+			return next.Settings, nil
 		}
 		o.OnStatus = func(st Status) {
 			mu.Lock()
@@ -298,9 +296,9 @@ func TestCanaryStatus(t *testing.T) {
 		defer mu.Unlock()
 		return last
 	}
-	reload := func(key string) {
+	reload := func(version string) {
 		mu.Lock()
-		next.Persist.Key = key
+		next.Settings.Payload = testSpec{Version: version}.payload()
 		mu.Unlock()
 		h.signal(unix.SIGHUP)
 	}
@@ -377,7 +375,7 @@ func TestCanaryStatus(t *testing.T) {
 func TestRecycleMaxRSSNoStorm(t *testing.T) {
 	t.Setenv(envTestBallast, "40")
 	cfg := testConfig(2)
-	cfg.Server.MaxRSS = config.MinMaxRSS
+	cfg.Settings.MaxRSS = MinMaxRSS
 	h := startSupervisor(t, cfg, true, nil)
 	const window = 4 * time.Second // within rssBackoffBase: the successors are not judged yet
 	answered, failed := 0, 0

@@ -1,19 +1,22 @@
-// Package prefork runs an http.Handler in several supervised worker
-// processes that share one listening socket and one shared-memory region,
-// so that rate limits hold across all of them. It is the runtime of the
-// preforkd daemon and the way to embed preforkd in a Go program.
+// Package prefork is a supervisor of worker processes that share one
+// listening socket and one shared-memory region (package shm), so that
+// state meant to be global — rate limits, stored responses — holds across
+// all of them. It runs the preforkd daemon's workers, and an embedding
+// program's.
 //
-// The call most users want is [Run], first thing in main:
+// The call most users want is [Run], first thing in main. prefork knows a
+// worker's HTTP server only as an [Engine]; the program builds it, in each
+// worker, over the worker's region (see the example: a decision core of
+// package core, and net/http in front of an http.Handler with package
+// engine/nethttp):
 //
 //	func main() {
 //		err := prefork.Run(context.Background(), prefork.Options{
-//			Config:  cfg,
-//			Handler: func(w *prefork.Worker) (http.Handler, error) { return app(w), nil },
+//			Listen:  "127.0.0.1:8080",
+//			Workers: 4,
+//			Engine:  newEngine, // func(w *prefork.Worker) (prefork.Engine, error)
 //		})
-//		if err != nil {
-//			fmt.Fprintln(os.Stderr, err)
-//			os.Exit(1)
-//		}
+//		...
 //	}
 //
 // # Roles
@@ -33,56 +36,45 @@
 //
 // A worker inherits, as file descriptors 3 to 7: the region, the listening
 // socket, the read end of a lifeline pipe, the write end of its readiness
-// pipe, and the supervisor's configuration (JSON in a sealed memory file).
-// It maps the region, joins it under its worker index, builds the
-// application with [Options.Handler], wraps it in the rate-limit middleware
-// (the decision core, packages core and core/nethttp), reports readiness
-// and serves.
-//
-// # Engines
-//
-// [Options.Handler] is served by net/http. [Options.FastHandler] takes a
-// fasthttp handler (what a Fiber app's Handler() returns) and serves it
-// with the fast engine of package proxy, the same decision core in front;
-// [Options.Engine] takes any [Engine] (preforkd's daemon serves its proxy
-// this way) and leaves the core to it ([Worker.Core]), and the counting of
-// its responses: it calls [Worker.Responded] once for each. Every engine
-// drains by the same rule (drain.go).
+// pipe, and the [Settings] of its generation (JSON in a sealed memory file,
+// with the program's Payload). It maps the region, joins it under its
+// worker index, builds its engine with [Options.Engine], reports readiness
+// and serves; when it is told to drain, the engine's Shutdown drains by
+// package engine's rule, and what [Worker.Defer] was given runs.
 //
 // # Supervisor
 //
 // The supervisor opens the listener and creates the region (with
 // Options.NewRegion or shm.Create) before any worker exists, runs
-// Options.Prepare, starts Server.WorkerCount workers and watches them with
+// Options.Prepare, starts Options.Workers workers and watches them with
 // one select loop. It never serves a request.
 //
 //   - TERM or INT (or ctx done): graceful drain. Every worker stops
 //     accepting and finishes its requests in flight for up to
-//     Server.ShutdownTimeout; the supervisor kills what is left a little
+//     Settings.ShutdownTimeout; the supervisor kills what is left a little
 //     later. A draining worker answers with Connection: close and closes a
 //     keep-alive connection only after that, or after it was idle for a
-//     grace (drain.go states the rule), so that no request is lost to a
-//     connection closed under it. A second TERM or INT kills at once. No worker is started while
-//     draining. After the last worker was reaped, Options.Finish runs and
-//     Run returns.
-//   - HUP: the configuration is read again (Options.LoadConfig or
-//     Options.ConfigPath; without either, the running one is reused). An
-//     invalid one is logged and the running configuration kept. Otherwise
-//     the workers are replaced one at a time: a new one starts, and an old
-//     one is told to drain only once the new one is ready, so that no fewer
-//     than N workers serve and no connection is refused. The region, and
-//     every count in it, carries over. The listen address, the table
-//     geometry and the number of workers need a restart: a reload logs
-//     such a change and keeps the running values.
-//   - Canary (Reload.Canary, on by default; canary.go states the rules):
+//     grace (package engine states the rule), so that no request is lost
+//     to a connection closed under it. A second TERM or INT kills at once.
+//     No worker is started while draining. After the last worker was
+//     reaped, Options.Finish runs and Run returns.
+//   - HUP: the settings are taken again (Options.Reload; without it, the
+//     running ones are reused). An error is logged and the running
+//     settings kept. Otherwise the workers are replaced one at a time: a
+//     new one starts, and an old one is told to drain only once the new
+//     one is ready, so that no fewer than N workers serve and no
+//     connection is refused. The region, and every count in it, carries
+//     over. The listener, the region and the number of workers are the
+//     supervisor's for its life: a restart changes them.
+//   - Canary (Settings.Canary, on unless Off; canary.go states the rules):
 //     the first worker a reload replaces is judged for
-//     Reload.CanaryWindow against every other worker, by the requests and
+//     Canary.Window against every other worker, by the requests and
 //     5xx each counted in the region over the same window, before the
 //     others are replaced. An unhealthy (or failed) canary aborts the
 //     reload: it drains, its slot stays empty (quarantined) until a reload
 //     succeeds, and the other workers keep the running configuration and
 //     binary. [Status] shows the verdict.
-//   - Recycling (Server.MaxRequests, Server.MaxRSS): a worker checks both
+//   - Recycling (Settings.MaxRequests, Settings.MaxRSS): a worker checks both
 //     after every response; past one, it stops accepting and asks to be
 //     replaced, and leaves once its successor is ready (recycle.go).
 //   - A worker that exits without being asked to (a crash) is replaced
@@ -93,8 +85,8 @@
 //     replaced the same way.
 //   - systemd: with NOTIFY_SOCKET set, READY=1 once every worker reported
 //     ready, RELOADING=1 on HUP and READY=1 when the reload finished (or
-//     was refused, or aborted by its canary), STOPPING=1 at shutdown. Workers do not inherit
-//     NOTIFY_SOCKET.
+//     was refused, or aborted by its canary), STOPPING=1 at shutdown.
+//     Workers do not inherit NOTIFY_SOCKET.
 //   - Each worker's GOMAXPROCS is its share of the CPUs unless GOMAXPROCS
 //     is set in the environment.
 //   - The supervisor and every worker raise their soft limit on open files
@@ -126,8 +118,8 @@
 //
 // # Limits
 //
-// Linux only (memfd, Pdeathsig). A TCP listener (any net.Listener with a
-// File method). A reload starts the program's file on disk, but the
+// Linux only (memfd, Pdeathsig). A TCP listener (a net.Listener whose
+// socket can be duplicated). A reload starts the program's file on disk, but the
 // supervisor keeps running the binary it was started as: a build whose
 // supervisor differs (its region layout, its options) needs a restart.
 // Worker indexes are allocated from the

@@ -12,13 +12,37 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/proxy"
 )
 
-// testFastHandler is the application of the test workers with
-// Options.FastHandler.
-func testFastHandler(w *Worker) (fasthttp.RequestHandler, error) {
+// testFastEngine is the engine of the test workers with envTestEngine
+// "fast": testFastApp served by the fast engine (package proxy), with the
+// worker's core in front of it, as an embedding fasthttp program (Fiber's
+// app.Handler(), say) builds it.
+func testFastEngine(w *Worker) (Engine, error) {
+	c, _, err := testCore(w)
+	if err != nil {
+		return nil, err
+	}
+	// What the worker is asked to close runs once it has drained, the
+	// last asked first: each says so on stderr, as a line of the
+	// supervisor's JSON log.
+	for _, n := range []int{1, 2} {
+		w.Defer(func() error {
+			fmt.Fprintf(os.Stderr, "{\"msg\":\"test worker closing\",\"pid\":%d,\"n\":%d}\n", os.Getpid(), n)
+			return nil
+		})
+	}
+	s, err := proxy.New(proxy.Options{App: testFastApp(w), Core: c, Logger: w.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// testFastApp is the fasthttp application of the fast test workers.
+func testFastApp(w *Worker) fasthttp.RequestHandler {
 	pid := os.Getpid()
 	return func(ctx *fasthttp.RequestCtx) {
 		switch string(ctx.Path()) {
@@ -29,14 +53,17 @@ func testFastHandler(w *Worker) (fasthttp.RequestHandler, error) {
 		default:
 			fmt.Fprintf(ctx, "fast %d %d", pid, w.Index)
 		}
-	}, nil
+	}
 }
 
-// TestFastHandler runs workers with Options.FastHandler in a supervisor
-// process of their own: the application is served by the fast engine with
-// the worker's core in front, and TERM drains it.
-func TestFastHandler(t *testing.T) {
-	cfg := testConfig(2, config.RateLimit{Name: "login", Path: "/login", Limit: 2, Window: time.Minute, By: "ip"})
+// TestFastEngine runs workers whose Engine is the fast engine in a
+// supervisor process of their own: the application is served with the
+// worker's core in front, and TERM drains it by the rule: the request in
+// flight finishes, its response (sent after the drain began) says
+// Connection: close, what the worker deferred runs, and every worker
+// exits 0.
+func TestFastEngine(t *testing.T) {
+	cfg := testConfig(2, testRule{Name: "login", Path: "/login", Limit: 2, Window: time.Minute, By: "ip"})
 	sup := startSupervisorProcess(t, "", cfg, envTestEngine+"=fast")
 	url := "http://" + sup.addr
 
@@ -65,24 +92,38 @@ func TestFastHandler(t *testing.T) {
 		t.Errorf("/login three times: %v, want [200 200 429]", codes)
 	}
 
+	// A kept-alive connection, so that Connection: close comes from the
+	// worker's drain and not from the client.
+	keepAlive := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{}}
+	defer keepAlive.CloseIdleConnections()
+	resp, err := keepAlive.Get(url + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.Close {
+		t.Fatal("Connection: close before the drain")
+	}
+
 	// TERM: the request in flight finishes, then everything exits 0.
 	slow := make(chan string, 1)
 	go func() {
-		resp, err := client.Get(url + "/slow?d=1s")
+		resp, err := keepAlive.Get(url + "/slow?d=2s")
 		if err != nil {
 			slow <- err.Error()
 			return
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		slow <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+		slow <- fmt.Sprintf("%d %s close=%v", resp.StatusCode, b, resp.Close)
 	}()
 	time.Sleep(200 * time.Millisecond) // the request is in the handler
 	if err := sup.Signal(unix.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if got := <-slow; got != "200 done" {
-		t.Errorf("the request in flight at TERM: %s", got)
+	if got := <-slow; got != "200 done close=true" {
+		t.Errorf("the request in flight at TERM: %s, want 200 done with Connection: close", got)
 	}
 	if err := sup.Wait(10 * time.Second); err != nil {
 		t.Errorf("supervisor after TERM: %v", err)
@@ -91,18 +132,35 @@ func TestFastHandler(t *testing.T) {
 	if !sup.logs.WaitEnd(10 * time.Second) {
 		t.Fatal("the supervisor's stderr is still open 10s after it exited")
 	}
-	for _, e := range sup.logs.all("worker exited") {
+	exits := sup.logs.all("worker exited")
+	if len(exits) != 2 {
+		t.Errorf("%d worker exits logged, want 2", len(exits))
+	}
+	for _, e := range exits {
 		if e.attrs["status"] != "exit status 0" {
 			t.Errorf("worker %v: %v, want exit status 0", e.attrs["pid"], e.attrs["status"])
 		}
 	}
+	closing := map[int][]int{} // by pid, in order
+	for _, r := range sup.logs.all("test worker closing") {
+		closing[r.int("pid")] = append(closing[r.int("pid")], r.int("n"))
+	}
+	for _, pid := range sup.logs.pids("worker started") {
+		if fmt.Sprint(closing[pid]) != "[2 1]" {
+			t.Errorf("worker %d ran its deferred functions %v, want [2 1]: once each, the last first", pid, closing[pid])
+		}
+	}
+	if len(closing) != 2 {
+		t.Errorf("deferred functions ran in %d processes, want the 2 workers: %v", len(closing), closing)
+	}
 }
 
 // TestFastEngineDrainsByTheRule: the fast engine's drain graces are the
-// retiring worker's (drain.go), which the net/http path applies.
+// retiring worker's rule (package engine), which the net/http engine
+// applies.
 func TestFastEngineDrainsByTheRule(t *testing.T) {
-	if proxy.DefaultDrainIdleGrace != drainIdleGrace || proxy.DefaultDrainNewGrace != drainNewGrace {
+	if proxy.DefaultDrainIdleGrace != engine.DrainIdleGrace || proxy.DefaultDrainNewGrace != engine.DrainNewGrace {
 		t.Errorf("proxy drains with graces %v (idle) and %v (new), the worker rule says %v and %v",
-			proxy.DefaultDrainIdleGrace, proxy.DefaultDrainNewGrace, drainIdleGrace, drainNewGrace)
+			proxy.DefaultDrainIdleGrace, proxy.DefaultDrainNewGrace, engine.DrainIdleGrace, engine.DrainNewGrace)
 	}
 }

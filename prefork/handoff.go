@@ -8,7 +8,6 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
-
 )
 
 // What a worker process inherits from its supervisor: an environment

@@ -1,7 +1,9 @@
 package prefork
 
 import (
-	"net/netip"
+	"bytes"
+	"io"
+	"log/slog"
 	"os"
 	"reflect"
 	"slices"
@@ -10,46 +12,46 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/bucket"
-	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/internal/proctest"
 )
 
-func TestConfigHandoffRoundTrip(t *testing.T) {
-	cfg := config.Config{
-		Server: config.Server{
-			Listen: "127.0.0.1:9", Workers: 3, Upstream: "http://127.0.0.1:1",
-			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")},
-			IPv6Prefix:     56, ShutdownTimeout: 7 * time.Second, Headers: config.HeadersIETF, MaxRequestBody: 1234,
+func TestSettingsHandoffRoundTrip(t *testing.T) {
+	sent := Settings{
+		ShutdownTimeout: 7 * time.Second,
+		Canary: Canary{
+			Off: true, Window: 3 * time.Second, MinRequests: 9, MaxErrorDelta: 1.5, Inconclusive: InconclusiveAbort,
 		},
-		Admin:   config.Admin{Listen: "127.0.0.1:10", TokenFile: "/t"},
-		Table:   config.Table{Counters: 1024, Responses: 10, ResponseBytes: 4096},
-		Persist: config.Persist{Path: "/p", Key: "k", Live: "/dev/shm/x"},
-		RateLimits: []config.RateLimit{{
-			Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute,
-			Algorithm: bucket.FixedWindow, Burst: 2, By: "header:X|ip", Mode: config.Shadow, OnFull: bucket.Closed,
-		}},
-		Idempotency: []config.Idempotency{{
-			Path: "/orders", Methods: []string{"POST"}, Header: "Idempotency-Key", Required: true,
-			TTL: time.Hour, Wait: time.Second, By: "ip", MaxBody: 99,
-		}},
+		MaxRequests: 1234,
+		MaxRSS:      64 << 20,
+		// Any bytes: not only JSON, not only UTF-8.
+		Payload:  []byte("{\"rules\":[]}\x00\xff\xfe"),
+		Config:   struct{ Secret string }{"s3cret"},
+		LogAttrs: []slog.Attr{slog.String("changed", "nothing")},
 	}
-	f, err := configFile(cfg)
+	f, err := settingsFile(sent)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	if _, err := f.Write([]byte("x")); err == nil {
-		t.Error("the configuration file is writable after sealing")
+		t.Error("the settings file is writable after sealing")
 	}
+	// What a worker gets: everything but the supervisor's own Config and
+	// LogAttrs, which are never sent.
+	want := sent
+	want.Config, want.LogAttrs = nil, nil
 	for range 2 { // pread: reading twice (two workers) gives the same
-		got, err := readConfig(f)
+		got, err := readSettings(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !reflect.DeepEqual(got, cfg) {
-			t.Fatalf("round trip:\n got %+v\nwant %+v", got, cfg)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
 		}
+	}
+	b, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<20))
+	if err != nil || bytes.Contains(b, []byte("s3cret")) || bytes.Contains(b, []byte("changed")) {
+		t.Errorf("the workers' file holds the supervisor's Config or LogAttrs (%v):\n%s", err, b)
 	}
 }
 

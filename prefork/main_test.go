@@ -18,8 +18,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/internal/proctest"
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -29,7 +34,7 @@ import (
 // signal the supervisor's process).
 const (
 	envTestCrash   = "PREFORK_TEST_CRASH"       // set: a worker exits at once with status 3
-	envTestEngine  = "PREFORK_TEST_ENGINE"      // "fast": workers serve testFastHandler with Options.FastHandler
+	envTestEngine  = "PREFORK_TEST_ENGINE"      // "fast": workers serve testFastApp with the fast engine (package proxy)
 	envTestBallast = "PREFORK_TEST_BALLAST_MIB" // N: a worker holds N MiB more, touched, from its start
 )
 
@@ -49,9 +54,9 @@ func TestMain(m *testing.M) {
 			level = slog.LevelDebug
 		}
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-		opts := Options{Handler: testHandler, Logger: log}
+		opts := Options{Engine: testEngine, Logger: log}
 		if os.Getenv(envTestEngine) == "fast" {
-			opts = Options{FastHandler: testFastHandler, Logger: log}
+			opts.Engine = testFastEngine
 		}
 		_ = Run(context.Background(), opts)
 		panic("unreachable: Run returned in a worker")
@@ -76,11 +81,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// supervisorRole runs Run with the config.Config of its spec as a whole
+// supervisorRole runs Run with the testSetup of its spec as a whole
 // process, with its logs as JSON on stderr.
 func supervisorRole(c *proctest.Child) error {
-	var cfg config.Config
-	if err := c.Spec(&cfg); err != nil {
+	var setup testSetup
+	if err := c.Spec(&setup); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -88,7 +93,7 @@ func supervisorRole(c *proctest.Child) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	return Run(context.Background(), Options{Config: cfg, Listener: ln, Handler: testHandler, Logger: log})
+	return Run(context.Background(), setup.options(ln, log))
 }
 
 // parseJSONRecord reads a line of slog's JSON handler.
@@ -101,12 +106,143 @@ func parseJSONRecord(line string) (record, bool) {
 	return record{msg: msg, attrs: m}, true
 }
 
-// testHandler is the application of the test workers.
-func testHandler(w *Worker) (http.Handler, error) {
-	build := buildMarker()
-	if os.Getenv(envTestCrash) != "" || build == "crash" {
+// testSetup is what a test supervisor runs: its workers, the geometry
+// of its region and its settings, whose Payload is a testSpec. It is the
+// spec of the supervisor role, as JSON.
+type testSetup struct {
+	Workers  int
+	Region   shm.Options
+	Settings Settings
+}
+
+// testConfig is a small setup: n workers, a small table, a short drain, a
+// short canary window, and the given rules (by X-Client, falling back to
+// ip).
+func testConfig(n int, rules ...testRule) testSetup {
+	region := shm.Options{Counters: 4096}
+	metrics.Geometry(&region, len(rules)) // the canary judges by the statistics
+	return testSetup{
+		Workers: n,
+		Region:  region,
+		Settings: Settings{
+			ShutdownTimeout: 5 * time.Second,
+			Canary:          Canary{Window: 300 * time.Millisecond},
+			Payload:         testSpec{Rules: rules}.payload(),
+		},
+	}
+}
+
+// options are Run's options for the setup: the test workers serving ln.
+func (s testSetup) options(ln net.Listener, log *slog.Logger) Options {
+	return Options{
+		Listener: ln,
+		Workers:  s.Workers,
+		Region:   s.Region,
+		Settings: s.Settings,
+		Engine:   testEngine,
+		Logger:   log,
+	}
+}
+
+// testSpec is the configuration the test workers serve, handed to them
+// in Settings.Payload as JSON (as the daemon hands its file's).
+type testSpec struct {
+	Rules []testRule `json:"rules,omitempty"`
+	// Version is the application's version: "broken" is a build that
+	// answers 500 to everything.
+	Version string `json:"version,omitempty"`
+}
+
+// testRule is a rate-limit rule of a testSpec.
+type testRule struct {
+	Name      string           `json:"name"`
+	Path      string           `json:"path"`
+	Limit     int64            `json:"limit"`
+	Window    time.Duration    `json:"window"`
+	Algorithm bucket.Algorithm `json:"algorithm"`
+	By        string           `json:"by,omitempty"` // "" is "header:X-Client|ip"
+}
+
+// payload is s as Settings.Payload carries it.
+func (s testSpec) payload() []byte {
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(err) // strings, numbers and an algorithm always encode
+	}
+	return b
+}
+
+// compile is the rule as the core takes it, compiled by the packages that
+// own each part (as package config compiles a file's).
+func (r testRule) compile() (core.RateLimit, error) {
+	rt, err := route.Compile(r.Path, nil)
+	if err != nil {
+		return core.RateLimit{}, err
+	}
+	by := r.By
+	if by == "" {
+		by = "header:X-Client|ip"
+	}
+	key, err := clientip.ParseBy(by)
+	if err != nil {
+		return core.RateLimit{}, err
+	}
+	rl := core.RateLimit{
+		Rule:  bucket.Rule{Name: r.Name, Limit: r.Limit, Window: r.Window, Algorithm: r.Algorithm},
+		Route: rt,
+		By:    key,
+	}
+	return rl, rl.Check()
+}
+
+// testCore builds the decision core of a test worker, as an embedding
+// program does: the rules of the spec its supervisor handed it, over its
+// region, telling the worker of each response (its recycling limits).
+// The worker closes it once it has drained.
+func testCore(w *Worker) (*core.Core, testSpec, error) {
+	var spec testSpec
+	if err := json.Unmarshal(w.Settings.Payload, &spec); err != nil {
+		return nil, spec, fmt.Errorf("the test spec: %w", err)
+	}
+	o := core.Options{OnResponse: w.Responded, Logger: w.Logger}
+	for _, r := range spec.Rules {
+		rl, err := r.compile()
+		if err != nil {
+			return nil, spec, err
+		}
+		o.RateLimits = append(o.RateLimits, rl)
+	}
+	c, err := core.New(w.Region, o)
+	if err != nil {
+		return nil, spec, err
+	}
+	w.Defer(c.Close)
+	return c, spec, nil
+}
+
+// testEngine is the engine of the test workers: testHandler served by
+// net/http (engine/nethttp) with the worker's core in front of it.
+func testEngine(w *Worker) (Engine, error) {
+	if os.Getenv(envTestCrash) != "" || buildMarker() == "crash" {
 		os.Exit(3)
 	}
+	c, spec, err := testCore(w)
+	if err != nil {
+		return nil, err
+	}
+	var srv *nethttp.Server
+	keyOf := func(rule string, r *http.Request) []byte { return srv.Handler().KeyOf(rule, r) }
+	srv, err = nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: testHandler(w, c, keyOf, spec), Logger: w.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+// testHandler is the application of the test workers. keyOf is the key
+// the core counts a request under for a rule.
+func testHandler(w *Worker, c *core.Core, keyOf func(rule string, r *http.Request) []byte, spec testSpec) http.Handler {
+	build := buildMarker()
 	mux := http.NewServeMux()
 	// /build names the build this worker runs (deployBuild).
 	mux.HandleFunc("/build", func(rw http.ResponseWriter, _ *http.Request) {
@@ -154,19 +290,24 @@ func testHandler(w *Worker) (http.Handler, error) {
 			"notify": notify, "marker": marker, "gomaxprocs": runtime.GOMAXPROCS(0), "index": w.Index,
 		})
 	})
+	// /reset?rule=R forgets what rule R counted for this client, with the
+	// core's limiter, as an application does after a successful login.
 	mux.HandleFunc("/reset", func(rw http.ResponseWriter, r *http.Request) {
 		rule := r.URL.Query().Get("rule")
-		w.Limiter(rule).Reset(w.ClientKey(rule, r), w.Region.Now())
+		lim, key := c.Limiter(rule), keyOf(rule, r)
+		if lim == nil || key == nil {
+			http.Error(rw, "no such rule", http.StatusNotFound)
+			return
+		}
+		lim.Reset(string(key), w.Region.Now())
 	})
-	// A configuration whose application version (persist.key) is
-	// "broken" is a build that answers 500 to everything.
-	if w.Config.Persist.Key == "broken" {
+	if spec.Version == "broken" {
 		return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 			http.Error(rw, "broken build", http.StatusInternalServerError)
-		}), nil
+		})
 	}
 	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "ok") })
-	return mux, nil
+	return mux
 }
 
 // buildMarker is what deployBuild appended to the binary this process
@@ -326,9 +467,9 @@ type harness struct {
 	ended  bool
 }
 
-// startSupervisor runs Run with cfg on a loopback listener and waits for
-// its first READY (unless wait is false).
-func startSupervisor(t *testing.T, cfg config.Config, wait bool, edit func(*Options)) *harness {
+// startSupervisor runs Run with setup on a loopback listener and waits
+// for its first READY (unless wait is false).
+func startSupervisor(t *testing.T, setup testSetup, wait bool, edit func(*Options)) *harness {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -336,15 +477,10 @@ func startSupervisor(t *testing.T, cfg config.Config, wait bool, edit func(*Opti
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, url: "http://" + ln.Addr().String(), logs: newLogSink(), cancel: cancel, result: make(chan error, 1)}
-	opts := Options{
-		Config:   cfg,
-		Listener: ln,
-		Handler:  testHandler,
-		Logger:   slog.New(h.logs),
-		Prepare: func(r *shm.Region, _ config.Config, _ *slog.Logger) error {
-			h.region = r
-			return nil
-		},
+	opts := setup.options(ln, slog.New(h.logs))
+	opts.Prepare = func(r *shm.Region, _ *slog.Logger) error {
+		h.region = r
+		return nil
 	}
 	if edit != nil {
 		edit(&opts)
@@ -434,24 +570,6 @@ func (h *harness) statuses(path, clientKey string, n int) map[int]int {
 	return out
 }
 
-// testConfig is a small configuration: n workers, a small table, a short
-// drain, a short canary window, and the given rules (by X-Client, falling
-// back to ip).
-func testConfig(n int, rules ...config.RateLimit) config.Config {
-	cfg := config.Config{
-		Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second},
-		Table:  config.Table{Counters: 4096},
-		Reload: config.Reload{CanaryWindow: 300 * time.Millisecond},
-	}
-	for _, r := range rules {
-		if r.By == "" {
-			r.By = "header:X-Client|ip"
-		}
-		cfg.RateLimits = append(cfg.RateLimits, r)
-	}
-	return cfg
-}
-
 // supervisorProcess is Run in a child process, the supervisor role, with
 // its JSON log (and its workers' text lines, skipped) read into logs.
 type supervisorProcess struct {
@@ -460,15 +578,16 @@ type supervisorProcess struct {
 	addr string // its listener
 }
 
-// startSupervisorProcess starts the supervisor role with cfg from exe (""
-// is this test binary; a copy of it runs the same roles) with env added to
-// its environment and its workers', and waits for its first READY. At the
-// end of the test it is killed, and its workers must be gone within 10s.
-func startSupervisorProcess(t *testing.T, exe string, cfg config.Config, env ...string) *supervisorProcess {
+// startSupervisorProcess starts the supervisor role with setup from exe
+// ("" is this test binary; a copy of it runs the same roles) with env
+// added to its environment and its workers', and waits for its first
+// READY. At the end of the test it is killed, and its workers must be
+// gone within 10s.
+func startSupervisorProcess(t *testing.T, exe string, setup testSetup, env ...string) *supervisorProcess {
 	t.Helper()
 	sp := &supervisorProcess{logs: newLogSink()}
 	stderr := sp.logs.Pipe(t, parseJSONRecord)
-	sp.Proc = proctest.Start(t, proctest.Options{Role: "supervisor", Exe: exe, Spec: cfg, Env: env, Stderr: stderr})
+	sp.Proc = proctest.Start(t, proctest.Options{Role: "supervisor", Exe: exe, Spec: setup, Env: env, Stderr: stderr})
 	stderr.Close()     // the supervisor's and its workers' now
 	t.Cleanup(func() { // before the Proc's own: kill, then wait for the workers
 		sp.Signal(unix.SIGKILL)

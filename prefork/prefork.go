@@ -54,8 +54,9 @@ type Options struct {
 	// once in each worker process (required). The engine runs every
 	// request through the worker's decision core (package core), which
 	// it builds over w.Region with core.Options.OnResponse = w.Responded,
-	// so that the recycling limits see each response. engine/nethttp's
-	// Engine does all of it for an http.Handler.
+	// so that the recycling limits see each response, closing it with
+	// w.Defer (see the package's example: engine/nethttp's Server over an
+	// http.Handler).
 	Engine func(w *Worker) (Engine, error)
 
 	// Logger receives one structured line per operator event, in the
@@ -300,6 +301,11 @@ func listenerFile(ln net.Listener) (*os.File, error) {
 func newRegion(opts Options, n int) (*shm.Region, error) {
 	o := opts.Region
 	o.MaxWorkers = max(o.MaxWorkers, minMaxWorkers(n))
+	if o.StatWords == 0 {
+		// The statistics a reload's canary is judged by, and the metrics
+		// of package core, need rows in the region.
+		metrics.Geometry(&o, 0)
+	}
 	if opts.NewRegion == nil {
 		return shm.Create(o)
 	}

@@ -23,7 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/internal/looptest"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -120,7 +120,7 @@ func TestDrainFinishesInFlightRequest(t *testing.T) {
 func TestKilledWorkerIsReplaced(t *testing.T) {
 	const limit = 5
 	h := startSupervisor(t, testConfig(2,
-		config.RateLimit{Name: "exact", Path: "/limited", Limit: limit, Window: time.Hour},
+		testRule{Name: "exact", Path: "/limited", Limit: limit, Window: time.Hour},
 	), true, nil)
 
 	// Load on an unlimited path while the worker dies: two clients, one
@@ -187,6 +187,17 @@ func TestKilledWorkerIsReplaced(t *testing.T) {
 	if got := h.statuses("/limited", "after-crash", 2*limit); got[200] != limit || got[429] != limit {
 		t.Fatalf("statuses %v, want exactly %d×200 and %d×429", got, limit, limit)
 	}
+	// The application resets the client with the limiter of the core its
+	// worker built: every worker sees it.
+	if code, _, err := h.get("/reset?rule=exact", "after-crash"); err != nil || code != 200 {
+		t.Fatalf("/reset: %d %v", code, err)
+	}
+	if got := h.statuses("/limited", "after-crash", limit+1); got[200] != limit || got[429] != 1 {
+		t.Fatalf("after the reset: %v, want exactly %d×200 and 1×429", got, limit)
+	}
+	if code, _, err := h.get("/reset?rule=nope", "after-crash"); err != nil || code != 404 {
+		t.Fatalf("/reset of an unknown rule: %d %v, want 404", code, err)
+	}
 	if err := h.stop(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -227,56 +238,27 @@ func TestWorkersExitWhenSupervisorIsKilled(t *testing.T) {
 }
 
 func TestReload(t *testing.T) {
-	path := t.TempDir() + "/preforkd.toml"
-	src := func(bLimit string) string {
-		return `
-[server]
-workers = 2
-shutdown_timeout = "5s"
-
-[table]
-counters = 4096
-
-[reload]
-canary = false
-
-[[ratelimit]]
-name = "a"
-path = "/a"
-limit = 3
-window = "1h"
-algorithm = "fixed-window"
-by = "header:X-Client|ip"
-
-[[ratelimit]]
-name = "b"
-path = "/b"
-limit = ` + bLimit + `
-window = "1h"
-algorithm = "fixed-window"
-by = "header:X-Client|ip"
-
-[[ratelimit]]
-name = "c"
-path = "/c"
-limit = 4
-window = "1h"
-algorithm = "gcra"
-by = "header:X-Client|ip"
-`
+	setup := func(bLimit int64) testSetup {
+		st := testConfig(2,
+			testRule{Name: "a", Path: "/a", Limit: 3, Window: time.Hour, Algorithm: bucket.FixedWindow},
+			testRule{Name: "b", Path: "/b", Limit: bLimit, Window: time.Hour, Algorithm: bucket.FixedWindow},
+			testRule{Name: "c", Path: "/c", Limit: 4, Window: time.Hour, Algorithm: bucket.GCRA},
+		)
+		st.Settings.Canary.Off = true
+		return st
 	}
-	writeConfig := func(bLimit string) {
-		t.Helper()
-		if err := os.WriteFile(path, []byte(src(bLimit)), 0o600); err != nil {
-			t.Fatal(err)
+	first := setup(2)
+	var mu sync.Mutex
+	var given []Settings // the running settings each Reload was given
+	next := func(Settings) (Settings, error) { return setup(4).Settings, nil }
+	h := startSupervisor(t, first, true, func(o *Options) {
+		o.Reload = func(running Settings) (Settings, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			given = append(given, running)
+			return next(running)
 		}
-	}
-	writeConfig("2")
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := startSupervisor(t, cfg, true, func(o *Options) { o.ConfigPath = path })
+	})
 	expect := func(path, client string, n, ok int) {
 		t.Helper()
 		if got := h.statuses(path, client, n); got[200] != ok || got[429] != n-ok {
@@ -296,7 +278,6 @@ by = "header:X-Client|ip"
 	load := startLoops(t, h.url, loop{"/pid", client}, loop{"/pid", client}, loop{"/pid", client},
 		loop{"/pid", keepAlive}, loop{"/slow?d=20ms", client}, loop{"/slow?d=20ms", client})
 	defer load.end()
-	writeConfig("4")
 	from := h.logs.Len()
 	hupAt := time.Now()
 	h.signal(unix.SIGHUP)
@@ -366,22 +347,39 @@ by = "header:X-Client|ip"
 	expect("/b", "k2", 5, 4) // a fresh client gets the new limit
 	expect("/c", "k", 6, 2)  // unchanged (gcra): 2 of 4 used before
 
-	// A broken file is refused, with its line: same workers, same rules.
-	broken := strings.Replace(src("100"), "[server]\n", "[server]\nlisen = \"typo\"\n", 1)
-	if err := os.WriteFile(path, []byte(broken), 0o600); err != nil {
-		t.Fatal(err)
+	// A reload that fails (a file that does not load) is refused with its
+	// error, and so are settings that are not valid: same workers, same
+	// rules.
+	mu.Lock()
+	if len(given) != 1 || string(given[0].Payload) != string(first.Settings.Payload) || given[0].ShutdownTimeout != 5*time.Second {
+		t.Errorf("Reload was given %+v, want once the running settings", given)
 	}
+	loadErr := errors.New("config: preforkd.toml:3: unknown key \"lisen\"")
+	next = func(Settings) (Settings, error) { return setup(100).Settings, loadErr }
+	mu.Unlock()
 	h.signal(unix.SIGHUP)
 	refused := h.logs.wait(t, "reload refused: keeping the running configuration", 1, 10*time.Second)[0]
-	if err := fmt.Sprint(refused.attrs["err"]); !strings.Contains(err, path+":3") || !strings.Contains(err, "lisen") {
-		t.Errorf("refusal %q does not name %s:3 and the bad key", err, path)
+	if err := fmt.Sprint(refused.attrs["err"]); err != loadErr.Error() {
+		t.Errorf("refusal %q, want Reload's error %q", err, loadErr)
+	}
+	mu.Lock()
+	next = func(Settings) (Settings, error) {
+		st := setup(100).Settings
+		st.MaxRSS = 1 << 20
+		return st, nil
+	}
+	mu.Unlock()
+	h.signal(unix.SIGHUP)
+	refused = h.logs.wait(t, "reload refused: keeping the running configuration", 2, 10*time.Second)[1]
+	if err := fmt.Sprint(refused.attrs["err"]); !strings.Contains(err, "Settings.MaxRSS 1048576") {
+		t.Errorf("refusal %q does not name the bad setting", err)
 	}
 	if n := len(h.logs.all("reload begun")); n != 1 {
 		t.Errorf("%d reloads begun, want 1", n)
 	}
 	expect("/b", "k3", 5, 4)
 	if n := len(h.logs.all("worker started")); n != 4 {
-		t.Errorf("%d workers started, want no new one after the refused reload", n)
+		t.Errorf("%d workers started, want no new one after the refused reloads", n)
 	}
 	if err := h.stop(15 * time.Second); err != nil {
 		t.Fatal(err)
@@ -556,7 +554,11 @@ func TestWorkerExitsAtLifelineEOF(t *testing.T) {
 	}
 	defer region.Close()
 	ln, lnFile := workerListener(t)
-	cfgFile, err := configFile(testConfig(1).WithDefaults())
+	settings, err := testConfig(1).Settings.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile, err := settingsFile(settings)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,7 +622,7 @@ func TestWorkerExitsAtLifelineEOF(t *testing.T) {
 func TestPrepareAndFinish(t *testing.T) {
 	t.Run("prepare fails", func(t *testing.T) {
 		h := startSupervisor(t, testConfig(2), false, func(o *Options) {
-			o.Prepare = func(*shm.Region, config.Config, *slog.Logger) error { return errors.New("no dump for you") }
+			o.Prepare = func(*shm.Region, *slog.Logger) error { return errors.New("no dump for you") }
 		})
 		if err := h.wait(10 * time.Second); err == nil || !strings.Contains(err.Error(), "no dump for you") {
 			t.Fatalf("Run: %v, want the Prepare error", err)
@@ -631,11 +633,13 @@ func TestPrepareAndFinish(t *testing.T) {
 	})
 	t.Run("finish after the last worker", func(t *testing.T) {
 		var finished []shm.WorkerInfo
+		var ran Settings
 		calls := 0
-		h := startSupervisor(t, testConfig(2), true, func(o *Options) {
-			o.Finish = func(r *shm.Region, _ config.Config, _ *slog.Logger) error {
+		setup := testConfig(2)
+		h := startSupervisor(t, setup, true, func(o *Options) {
+			o.Finish = func(r *shm.Region, s Settings, _ *slog.Logger) error {
 				calls++
-				finished = r.Workers()
+				finished, ran = r.Workers(), s
 				return errors.New("disk full")
 			}
 		})
@@ -645,6 +649,9 @@ func TestPrepareAndFinish(t *testing.T) {
 		}
 		if calls != 1 || len(finished) != 2 {
 			t.Fatalf("Finish called %d times, saw workers %+v", calls, finished)
+		}
+		if string(ran.Payload) != string(setup.Settings.Payload) || ran.ShutdownTimeout != 5*time.Second || ran.Canary.MinRequests != DefaultCanaryMinRequests {
+			t.Errorf("Finish saw settings %+v, want the running ones with their defaults", ran)
 		}
 		for _, w := range finished {
 			if w.PID != 0 || w.Incarnation < 2 {

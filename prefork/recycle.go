@@ -10,7 +10,6 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
-
 )
 
 // Worker recycling (README, "Safe deploys"): a worker past server.max_requests (drawn

@@ -5,22 +5,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/shm"
 )
 
 func TestLimitsTripOnce(t *testing.T) {
-	l, err := newLimits(config.Server{MaxRequests: 1000}, 0, 0, time.Time{})
+	l, err := newLimits(Settings{MaxRequests: 1000}, 0, 0, time.Time{})
 	if err != nil || l.maxRequests != 900 {
 		t.Fatalf("jitter 0: limit %d (%v), want 900", l.maxRequests, err)
 	}
-	if l, _ := newLimits(config.Server{MaxRequests: 1000}, 0.99999, 0, time.Time{}); l.maxRequests != 1100 {
+	if l, _ := newLimits(Settings{MaxRequests: 1000}, 0.99999, 0, time.Time{}); l.maxRequests != 1100 {
 		t.Errorf("jitter ~1: limit %d, want 1100", l.maxRequests)
 	}
-	if l, _ := newLimits(config.Server{MaxRequests: 1}, 0, 0, time.Time{}); l.maxRequests != 1 {
+	if l, _ := newLimits(Settings{MaxRequests: 1}, 0, 0, time.Time{}); l.maxRequests != 1 {
 		t.Errorf("limit 1 with jitter 0: %d, want at least 1", l.maxRequests)
 	}
-	if l, err := newLimits(config.Server{}, 0.5, 0, time.Time{}); l != nil || err != nil {
+	if l, err := newLimits(Settings{}, 0.5, 0, time.Time{}); l != nil || err != nil {
 		t.Errorf("no limit: %v %v", l, err)
 	}
 
@@ -77,7 +76,7 @@ func TestLimitsTripOnce(t *testing.T) {
 func TestLimitsRSSDelay(t *testing.T) {
 	start := time.Unix(1000, 0)
 	now := start
-	l, err := newLimits(config.Server{MaxRSS: 64 << 20}, 0, 20*time.Second, start)
+	l, err := newLimits(Settings{MaxRSS: 64 << 20}, 0, 20*time.Second, start)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +96,7 @@ func TestLimitsRSSDelay(t *testing.T) {
 		t.Fatalf("at the delay: %+v %v, %d readings", ev, err, reads)
 	}
 	// Without a delay, the first response is judged.
-	m, _ := newLimits(config.Server{MaxRSS: 64 << 20}, 0, 0, start)
+	m, _ := newLimits(Settings{MaxRSS: 64 << 20}, 0, 0, start)
 	m.rss = func() (int64, error) { return 100 << 20, nil }
 	m.check(1)
 	if len(m.trip) != 1 {

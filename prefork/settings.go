@@ -32,10 +32,11 @@ type Settings struct {
 	Payload []byte
 	// Config is the configuration these settings come from, as the
 	// supervisor's program holds it; the supervisor only keeps it, for
-	// Status.Config. It is not sent to workers.
+	// Status.Settings. It is not sent to workers.
 	Config any `json:"-"`
-	// LogAttrs are added to the supervisor's "reload begun" line: what the
-	// reload changes (never secret values).
+	// LogAttrs are added to the supervisor's "reload begun" line of the
+	// reload that takes these settings: what it changes (never secret
+	// values). They are not kept for the next.
 	LogAttrs []slog.Attr `json:"-"`
 }
 

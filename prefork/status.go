@@ -26,7 +26,7 @@ type Status struct {
 	Serving  bool
 	Draining bool
 	// Workers are the worker processes not yet reaped, by pid; during a
-	// reload, or a drain, there may be more than Server.Workers.
+	// reload, or a drain, there may be more than Options.Workers.
 	Workers []WorkerStatus
 	// Canary is the canary being judged (Verdict ""), else the last
 	// canary's verdict; nil before the first canary reload.
@@ -59,7 +59,7 @@ type ReloadStatus struct {
 type WorkerStatus struct {
 	PID        int
 	Index      int // region worker index
-	Slot       int // the place it fills (0..Server.Workers-1)
+	Slot       int // the place it fills (0..Options.Workers-1)
 	Generation int // the configuration it runs
 	Started    time.Time
 	Ready      bool // reported ready

@@ -50,7 +50,7 @@ type sysEnv struct {
 
 // spawnSpec is what a worker process is started with.
 type spawnSpec struct {
-	Index  int // region worker index: unique among unreaped workers
+	Index    int // region worker index: unique among unreaped workers
 	Gen      int // configuration generation
 	Settings Settings
 	// Keep are the generations that may be started again later: what the
@@ -114,8 +114,8 @@ type supervisor struct {
 	log *slog.Logger
 
 	cfg     Settings // the running settings, or the ones a reload rolls in
-	gen     int           // its generation
-	lastGen int           // the last generation given out: one per accepted reload
+	gen     int      // its generation
+	lastGen int      // the last generation given out: one per accepted reload
 	// good is the configuration last known good: the first one, or the
 	// last whose canary passed. While a canary is judged, every worker
 	// but the canary starts with it; an aborted reload returns to it.
@@ -571,6 +571,10 @@ func (s *supervisor) reload() {
 	}
 	for _, a := range cfg.LogAttrs {
 		attrs = append(attrs, a)
+	}
+	s.cfg.LogAttrs = nil // they say what this reload changed: not the next
+	if s.good.gen == s.gen {
+		s.good.cfg.LogAttrs = nil
 	}
 	s.log.Info("reload begun", attrs...)
 }

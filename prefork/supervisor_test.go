@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,7 +16,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/internal/logtest"
 )
 
@@ -40,7 +40,7 @@ type fakeSys struct {
 	notes    []string
 	stopped  int
 	startErr error
-	load     func() (config.Config, error)
+	load     func(running Settings) (Settings, error)
 	// counts are what each region worker index counted (never reset, as
 	// in the region); retired adds what no index shows any more.
 	counts  map[int]RequestCounts
@@ -107,10 +107,20 @@ func (f *fakeSys) signalled(sig syscall.Signal) []int {
 	return out
 }
 
-// noCanary is cfg with canary reloads off, for the tests of the roll itself.
-func noCanary(cfg config.Config) config.Config {
-	cfg.Reload.Canary = config.Off
-	return cfg
+// noCanary is s with canary reloads off, for the tests of the roll itself.
+func noCanary(s Settings) Settings {
+	s.Canary.Off = true
+	return s
+}
+
+// defaulted is s with its defaults, as Run hands the supervisor its
+// first settings.
+func defaulted(s Settings) Settings {
+	s, err := s.withDefaults()
+	if err != nil {
+		panic(err) // a test's own settings
+	}
+	return s
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -118,8 +128,7 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 // newTestSupervisor returns a supervisor of n workers that has run its
 // first step (started its workers).
 func newTestSupervisor(f *fakeSys, n int) *supervisor {
-	cfg := config.Config{Server: config.Server{Workers: n, ShutdownTimeout: 5 * time.Second}}
-	s := newSupervisor(f.env(), quietLog(), cfg, minMaxWorkers(n))
+	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), n, minMaxWorkers(n))
 	s.step()
 	return s
 }
@@ -297,10 +306,15 @@ func TestDrainDeadlineAndSecondSignal(t *testing.T) {
 
 func TestReloadReplacesOneAtATime(t *testing.T) {
 	f := newFake()
-	next := noCanary(config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}})
-	f.load = func() (config.Config, error) { return next, nil }
+	next := noCanary(Settings{ShutdownTimeout: time.Second})
+	var given []Settings
+	f.load = func(running Settings) (Settings, error) {
+		given = append(given, running)
+		return next, nil
+	}
 	s := newTestSupervisor(f, 2)
 	ready(s, 100, 101)
+	running := s.cfg
 
 	sendSignal(s, syscall.SIGHUP)
 	if len(f.notes) != 2 || f.notes[1][:len("RELOADING=1\nMONOTONIC_USEC=")] != "RELOADING=1\nMONOTONIC_USEC=" {
@@ -308,7 +322,10 @@ func TestReloadReplacesOneAtATime(t *testing.T) {
 	}
 	// One successor at a time; the old worker gets TERM only once its
 	// successor is ready.
-	if len(f.starts) != 3 || f.starts[2].Gen != 1 || f.starts[2].Config.Server.ShutdownTimeout != time.Second {
+	if len(given) != 1 || !reflect.DeepEqual(given[0], running) {
+		t.Fatalf("Reload was given %+v, want once the running settings %+v", given, running)
+	}
+	if len(f.starts) != 3 || f.starts[2].Gen != 1 || f.starts[2].Settings.ShutdownTimeout != time.Second {
 		t.Fatalf("starts %+v, want one successor with the new configuration", f.starts)
 	}
 	if len(f.signals) != 0 {
@@ -351,17 +368,35 @@ func TestReloadReplacesOneAtATime(t *testing.T) {
 	}
 }
 
+// A reload whose Reload fails, or whose settings are not valid, is
+// refused: the workers stay, and systemd is told the reload ended.
 func TestReloadRefused(t *testing.T) {
-	f := newFake()
-	f.load = func() (config.Config, error) { return config.Config{}, errors.New("config: bad") }
-	s := newTestSupervisor(f, 2)
-	ready(s, 100, 101)
-	sendSignal(s, syscall.SIGHUP)
-	if len(f.starts) != 2 || len(f.signals) != 0 || s.gen != 0 {
-		t.Fatalf("refused reload started %d, signalled %v, generation %d", len(f.starts)-2, f.signals, s.gen)
-	}
-	if len(f.notes) != 3 || f.notes[2] != notifyReady {
-		t.Fatalf("notes %q, want READY=1, RELOADING=1, READY=1", f.notes)
+	for _, tc := range []struct {
+		name string
+		load func(Settings) (Settings, error)
+		err  string
+	}{
+		{"Reload fails", func(Settings) (Settings, error) { return Settings{}, errors.New("config: bad") }, "config: bad"},
+		{"invalid settings", func(Settings) (Settings, error) { return Settings{MaxRequests: -1}, nil },
+			"prefork: Settings.MaxRequests -1 is negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake()
+			f.load = tc.load
+			s := newTestSupervisor(f, 2)
+			ready(s, 100, 101)
+			running := s.cfg
+			sendSignal(s, syscall.SIGHUP)
+			if len(f.starts) != 2 || len(f.signals) != 0 || s.gen != 0 || !reflect.DeepEqual(s.cfg, running) {
+				t.Fatalf("refused reload started %d, signalled %v, generation %d, settings %+v", len(f.starts)-2, f.signals, s.gen, s.cfg)
+			}
+			if len(f.notes) != 3 || f.notes[2] != notifyReady {
+				t.Fatalf("notes %q, want READY=1, RELOADING=1, READY=1", f.notes)
+			}
+			if r := s.status().Reloads; r.Refused != 1 || r.Accepted != 0 || r.LastError != tc.err {
+				t.Fatalf("reloads %+v, want one refused with %q", r, tc.err)
+			}
+		})
 	}
 }
 
@@ -370,7 +405,7 @@ func TestReloadRefused(t *testing.T) {
 // instant of the signal (CLOCK_MONOTONIC); else the reload times out.
 func TestReloadingCarriesMonotonicTime(t *testing.T) {
 	f := newFake()
-	f.load = func() (config.Config, error) { return noCanary(config.Config{Server: config.Server{Workers: 1}}), nil }
+	f.load = func(Settings) (Settings, error) { return noCanary(Settings{}), nil }
 	s := newTestSupervisor(f, 1)
 	ready(s, 100)
 	usec := func() uint64 {
@@ -407,11 +442,11 @@ func TestReloadingCarriesMonotonicTime(t *testing.T) {
 func TestReloadRefusedDuringAReload(t *testing.T) {
 	f := newFake()
 	broken := false
-	f.load = func() (config.Config, error) {
+	f.load = func(Settings) (Settings, error) {
 		if broken {
-			return config.Config{}, errors.New("config: bad")
+			return Settings{}, errors.New("config: bad")
 		}
-		return noCanary(config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}), nil
+		return noCanary(Settings{ShutdownTimeout: time.Second}), nil
 	}
 	s := newTestSupervisor(f, 2)
 	ready(s, 100, 101)
@@ -436,33 +471,6 @@ func TestReloadRefusedDuringAReload(t *testing.T) {
 	}
 }
 
-func TestReloadKeepsRestartOnlySettings(t *testing.T) {
-	running := config.Config{
-		Server:  config.Server{Listen: "127.0.0.1:1", Workers: 2, Upstream: "http://a"},
-		Table:   config.Table{Counters: 1024},
-		Persist: config.Persist{Path: "/var/lib/preforkd/dump", Key: "v1"},
-	}
-	next := config.Config{
-		Server:  config.Server{Listen: "127.0.0.1:2", Workers: 5, Upstream: "http://b"},
-		Table:   config.Table{Counters: 2048},
-		Persist: config.Persist{Path: "/elsewhere/dump", Key: "v2", Live: "/dev/shm/x"},
-	}
-	var lines logtest.Buffer
-	got := keepRestartOnly(slog.New(slog.NewTextHandler(&lines, nil)), running, next)
-	want := running
-	want.Server.Upstream = "http://b"
-	want.Persist.Key = "v2" // the application's version goes with the reload
-	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table ||
-		got.Persist != want.Persist || got.Server.Upstream != "http://b" {
-		t.Fatalf("got %+v", got)
-	}
-	for _, ignored := range []string{"server.listen", "server.workers", "table", "persist.path", "persist.live"} {
-		if !strings.Contains(lines.String(), ignored) {
-			t.Errorf("the warning does not name %s:\n%s", ignored, lines.String())
-		}
-	}
-}
-
 func TestFirstStartFailureIsFatal(t *testing.T) {
 	f := newFake()
 	f.startErr = errors.New("exec: no such file")
@@ -476,9 +484,8 @@ func TestIndexesAreNotReusedWhileHeld(t *testing.T) {
 	// A region with room for 3 workers and 2 slots: during a reload the
 	// second successor must wait until a retired worker frees its index.
 	f := newFake()
-	f.load = func() (config.Config, error) { return noCanary(config.Config{Server: config.Server{Workers: 2}}), nil }
-	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
-	s := newSupervisor(f.env(), quietLog(), cfg, 3)
+	f.load = func(Settings) (Settings, error) { return noCanary(Settings{}), nil }
+	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: time.Second}), 2, 3)
 	s.step()
 	ready(s, 100, 101)
 	sendSignal(s, syscall.SIGHUP)
@@ -519,19 +526,19 @@ func TestWorkerNotReadyInTimeIsReplaced(t *testing.T) {
 
 func TestStatusSnapshots(t *testing.T) {
 	f := newFake()
-	reloaded := noCanary(config.Config{Server: config.Server{Workers: 2, Upstream: "http://127.0.0.1:9"}}).WithDefaults()
+	reloaded := noCanary(Settings{Payload: []byte("reloaded"), Config: "the reloaded configuration"})
 	var loadErr error
-	f.load = func() (config.Config, error) { return reloaded, loadErr }
+	f.load = func(Settings) (Settings, error) { return reloaded, loadErr }
 	var got []Status
-	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
-	s := newSupervisor(f.env(), quietLog(), cfg, minMaxWorkers(2))
+	first := defaulted(Settings{ShutdownTimeout: time.Second, Payload: []byte("first"), Config: "the first configuration"})
+	s := newSupervisor(f.env(), quietLog(), first, 2, minMaxWorkers(2))
 	s.onStatus = func(st Status) { got = append(got, st) }
 	last := func() Status { return got[len(got)-1] }
 	s.step()
 	s.publish()
 	s.publish() // nothing changed: no snapshot
 	if len(got) != 1 || got[0].Ready || got[0].Serving || len(got[0].Workers) != 2 || got[0].Workers[0].PID != 100 ||
-		got[0].Workers[0].State() != "starting" {
+		got[0].Workers[0].State() != "starting" || !reflect.DeepEqual(got[0].Settings, first) {
 		t.Fatalf("first snapshots %+v", got)
 	}
 	ready(s, 100)
@@ -554,8 +561,8 @@ func TestStatusSnapshots(t *testing.T) {
 	if st.Ready || !st.Serving || st.Generation != 1 || len(st.Workers) != 3 || st.Workers[2].Generation != 1 {
 		t.Fatalf("during the reload: %+v", st)
 	}
-	if st.Config.Server.Upstream != reloaded.Server.Upstream || st.Reloads != (ReloadStatus{Accepted: 1, Last: f.now}) {
-		t.Fatalf("during the reload: config upstream %q, reloads %+v", st.Config.Server.Upstream, st.Reloads)
+	if want := defaulted(reloaded); !reflect.DeepEqual(st.Settings, want) || st.Reloads != (ReloadStatus{Accepted: 1, Last: f.now}) {
+		t.Fatalf("during the reload: settings %+v (want %+v), reloads %+v", st.Settings, want, st.Reloads)
 	}
 	ready(s, 102)
 	s.publish()
@@ -588,30 +595,24 @@ func TestStatusSnapshots(t *testing.T) {
 	}
 }
 
-// A reload logs what it changes, by key and never by value.
+// A reload logs what its settings say it changes (Settings.LogAttrs), and
+// Options.Configured sees the new settings.
 func TestReloadLogsChanges(t *testing.T) {
 	f := newFake()
-	base := config.Config{
-		Server:     config.Server{Workers: 1, Upstream: "http://127.0.0.1:9000"},
-		RateLimits: []config.RateLimit{{Name: "login", Path: "/login", Limit: 5, Window: time.Minute}},
-	}.WithDefaults()
-	next := base
-	next.Server.Upstream = "http://user:s3cret@127.0.0.1:9001"
-	next.RateLimits = []config.RateLimit{
-		{Name: "login", Path: "/login", Limit: 10, Window: time.Minute},
-		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute},
-	}
-	next = next.WithDefaults()
-	f.load = func() (config.Config, error) { return next, nil }
+	base := defaulted(Settings{Payload: []byte("base")})
+	next := Settings{Payload: []byte("next"), LogAttrs: []slog.Attr{
+		slog.Any("rules_added", []string{"api"}), slog.Any("rules_changed", []string{"login"}),
+	}}
+	f.load = func(Settings) (Settings, error) { return next, nil }
 	var buf strings.Builder
-	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&buf, nil)), base, minMaxWorkers(1))
-	var configured []config.Config
-	s.onConfig = func(c config.Config) { configured = append(configured, c) }
+	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&buf, nil)), base, 1, minMaxWorkers(1))
+	var configured []Settings
+	s.onConfig = func(c Settings) { configured = append(configured, c) }
 	s.step()
 	ready(s, 100)
 	sendSignal(s, syscall.SIGHUP)
-	if len(configured) != 1 || configured[0].Server.Upstream != next.Server.Upstream {
-		t.Errorf("Options.Configured saw %d configurations after the reload, want the new one", len(configured))
+	if len(configured) != 1 || string(configured[0].Payload) != "next" || configured[0].ShutdownTimeout != DefaultShutdownTimeout {
+		t.Errorf("Options.Configured saw %+v after the reload, want the new settings with their defaults", configured)
 	}
 	var line string
 	for l := range strings.Lines(buf.String()) {
@@ -619,18 +620,10 @@ func TestReloadLogsChanges(t *testing.T) {
 			line = l
 		}
 	}
-	for _, want := range []string{"rules_added=[api]", "rules_changed=[login]",
-		"keys_changed=\"[server.upstream ratelimit.login.limit]\""} {
+	for _, want := range []string{"generation=1", "workers=1", "canary_window=10s", "rules_added=[api]", "rules_changed=[login]"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("reload line %q lacks %s", line, want)
 		}
-	}
-	if strings.Contains(buf.String(), "s3cret") {
-		t.Errorf("the log shows a changed value:\n%s", buf.String())
-	}
-	sendSignal(s, syscall.SIGHUP)
-	if !strings.Contains(buf.String(), "changed=nothing") {
-		t.Errorf("a reload of the same file does not say that nothing changed:\n%s", buf.String())
 	}
 }
 
@@ -640,8 +633,8 @@ func TestReloadLogsChanges(t *testing.T) {
 // is not told that the workers are not all ready yet.
 func TestAnnouncedAfterPublished(t *testing.T) {
 	f := newFake()
-	reloaded := noCanary(config.Config{Server: config.Server{Workers: 2, Upstream: "http://127.0.0.1:9"}}).WithDefaults()
-	f.load = func() (config.Config, error) { return reloaded, nil }
+	reloaded := noCanary(Settings{})
+	f.load = func(Settings) (Settings, error) { return reloaded, nil }
 	var got []Status
 	seen := map[string]int{}
 	log := slog.New(onMessage(func(msg string) {
@@ -653,8 +646,7 @@ func TestAnnouncedAfterPublished(t *testing.T) {
 			t.Errorf("%q logged while the published status is not Ready", msg)
 		}
 	}))
-	cfg := config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: time.Second}}
-	s := newSupervisor(f.env(), log, cfg, minMaxWorkers(2))
+	s := newSupervisor(f.env(), log, defaulted(Settings{ShutdownTimeout: time.Second}), 2, minMaxWorkers(2))
 	s.onStatus = func(st Status) { got = append(got, st) }
 	s.step()
 	s.publish()
@@ -686,8 +678,8 @@ func (h onMessage) WithGroup(string) slog.Handler                 { return h }
 func TestMemoryRecyclingBacksOff(t *testing.T) {
 	f := newFake()
 	var lines logtest.Buffer
-	cfg := noCanary(config.Config{Server: config.Server{Workers: 2, ShutdownTimeout: 5 * time.Second, MaxRSS: 32 << 20}})
-	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&lines, nil)), cfg, minMaxWorkers(2))
+	cfg := defaulted(noCanary(Settings{ShutdownTimeout: 5 * time.Second, MaxRSS: 32 << 20}))
+	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&lines, nil)), cfg, 2, minMaxWorkers(2))
 	s.step()
 	ready(s, 100, 101)
 	// recycleNow: the worker of slot 0 passes max_rss after ran, and its
@@ -743,9 +735,9 @@ func TestMemoryRecyclingBacksOff(t *testing.T) {
 		t.Fatalf("the crash replacement: %+v, want the slot's delay %v", sp, rssBackoffBase)
 	}
 	// A reload that changes max_rss starts over, and may warn again.
-	f.load = func() (config.Config, error) {
+	f.load = func(Settings) (Settings, error) {
 		c := cfg
-		c.Server.MaxRSS = 64 << 20
+		c.MaxRSS = 64 << 20
 		return c, nil
 	}
 	s.env = f.env()

@@ -66,10 +66,10 @@ func (w *Worker) runDeferred(log *slog.Logger) {
 // the worker's recycling limits (server.max_requests, server.max_rss); the
 // statistics a reload's canary is judged by are counted by the core
 // (core.Core.Responded), whatever the engine.
-// The worker's core calls it for every response an engine counts
-// (core.Options.OnResponse), before the response leaves, so that a worker
-// past a limit stops accepting before its client can connect again; an
-// Options.Engine built on Worker.Core needs nothing more.
+// The worker's core calls it for every response it counts, when the
+// engine's factory built the core with core.Options.OnResponse =
+// w.Responded, so that a worker past a limit stops accepting before its
+// client can connect again.
 func (w *Worker) Responded(status int) {
 	n := w.served.Add(1)
 	if w.limits != nil {
@@ -144,6 +144,7 @@ func runWorker(ctx context.Context, opts Options) int {
 	})
 	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, log)
 	if !ok {
+		w.runDeferred(log) // what it opened still closes (a store's last counts)
 		return 1
 	}
 	log.Info("worker draining", "reason", why, "timeout", timeout)

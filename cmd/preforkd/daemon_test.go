@@ -1,0 +1,138 @@
+package main
+
+import (
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/logtest"
+	"github.com/preforkd/preforkd/prefork"
+)
+
+// A reload keeps what only a restart can change, and says so by key.
+func TestReloadKeepsRestartOnlySettings(t *testing.T) {
+	running := config.Config{
+		Server:  config.Server{Listen: "127.0.0.1:1", Workers: 2, Upstream: "http://a"},
+		Table:   config.Table{Counters: 1024},
+		Persist: config.Persist{Path: "/var/lib/preforkd/dump", Key: "v1"},
+	}
+	next := config.Config{
+		Server:  config.Server{Listen: "127.0.0.1:2", Workers: 5, Upstream: "http://b"},
+		Table:   config.Table{Counters: 2048},
+		Persist: config.Persist{Path: "/elsewhere/dump", Key: "v2", Live: "/dev/shm/x"},
+	}
+	var lines logtest.Buffer
+	got := keepRestartOnly(slog.New(slog.NewTextHandler(&lines, nil)), running, next)
+	want := running
+	want.Server.Upstream = "http://b"
+	want.Persist.Key = "v2" // the application's version goes with the reload
+	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table ||
+		got.Persist != want.Persist || got.Server.Upstream != "http://b" {
+		t.Fatalf("got %+v", got)
+	}
+	for _, ignored := range []string{"server.listen", "server.workers", "table", "persist.path", "persist.live"} {
+		if !strings.Contains(lines.String(), ignored) {
+			t.Errorf("the warning does not name %s:\n%s", ignored, lines.String())
+		}
+	}
+}
+
+// The reload reads the file again, with the command line's overrides:
+// its settings carry the new configuration, and what changed by key,
+// never a value (a changed upstream stays out of the log); a
+// file that does not load keeps the running settings, its error naming
+// the line.
+func TestReloader(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "preforkd.toml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[server]\nworkers = 1\nupstream = \"http://127.0.0.1:9000\"\n\n[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 5\nwindow = \"1m\"\n")
+	base, err := loadConfig(path, overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := settingsOf(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf logtest.Buffer
+	reload := reloader(path, overrides{listen: "127.0.0.1:7"}, slog.New(slog.NewTextHandler(&buf, nil)))
+
+	write("[server]\nworkers = 1\nupstream = \"http://127.0.0.1:9001/s3cret\"\n\n" +
+		"[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 10\nwindow = \"1m\"\n\n" +
+		"[[ratelimit]]\nname = \"api\"\npath = \"/api/*\"\nlimit = 100\nwindow = \"1m\"\n")
+	next, err := reload(running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := configOf(next)
+	if err != nil || len(cfg.RateLimits) != 2 || cfg.Server.Listen != base.Server.Listen {
+		t.Fatalf("the new settings' configuration: %+v, %v (listen is restart-only, whatever -listen says)", cfg, err)
+	}
+	var attrs strings.Builder
+	slog.New(slog.NewTextHandler(&attrs, nil)).LogAttrs(t.Context(), slog.LevelInfo, "reload begun", next.LogAttrs...)
+	for _, want := range []string{"rules_added=[api]", "rules_changed=[login]", "keys_changed=\"[server.upstream ratelimit.login.limit]\""} {
+		if !strings.Contains(attrs.String(), want) {
+			t.Errorf("the reload's attributes %q lack %s", attrs.String(), want)
+		}
+	}
+	if strings.Contains(attrs.String()+buf.String(), "s3cret") {
+		t.Errorf("a changed value is logged:\n%s%s", attrs.String(), buf.String())
+	}
+	same, err := reload(next)
+	if err != nil || len(same.LogAttrs) != 1 || same.LogAttrs[0].String() != "changed=nothing" {
+		t.Errorf("a reload of the same file: %v, %v; want changed=nothing", same.LogAttrs, err)
+	}
+
+	write("[server]\nworkers = 1\nlisen = \"x\"\n")
+	if _, err := reload(next); err == nil || !strings.Contains(err.Error(), path+":3") || !strings.Contains(err.Error(), "lisen") {
+		t.Errorf("a broken file: %v, want its line and key", err)
+	}
+}
+
+// The configuration reaches a worker as its settings' payload, whole.
+func TestConfigPayloadRoundTrip(t *testing.T) {
+	cfg := config.Config{
+		Server: config.Server{
+			Listen: "127.0.0.1:9", Workers: 3, Upstream: "http://127.0.0.1:1",
+			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")},
+			IPv6Prefix:     56, ShutdownTimeout: 7 * time.Second, Headers: config.HeadersIETF, MaxRequestBody: 1234,
+		},
+		Admin:   config.Admin{Listen: "127.0.0.1:10", TokenFile: "/t"},
+		Table:   config.Table{Counters: 1024, Responses: 10, ResponseBytes: 4096},
+		Persist: config.Persist{Path: "/p", Key: "k", Live: "/dev/shm/x"},
+		RateLimits: []config.RateLimit{{
+			Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute,
+			Algorithm: bucket.FixedWindow, Burst: 2, By: "header:X|ip", Mode: config.Shadow, OnFull: bucket.Closed,
+		}},
+		Idempotency: []config.Idempotency{{
+			Path: "/orders", Methods: []string{"POST"}, Header: "Idempotency-Key", Required: true,
+			TTL: time.Hour, Wait: time.Second, By: "ip", MaxBody: 99,
+		}},
+	}
+	s, err := settingsOf(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ShutdownTimeout != 7*time.Second {
+		t.Errorf("settings: shutdown timeout %v", s.ShutdownTimeout)
+	}
+	got, err := configOf(prefork.Settings{Payload: s.Payload}) // as a worker decodes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, cfg) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, cfg)
+	}
+}
