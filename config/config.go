@@ -2,13 +2,13 @@ package config
 
 import (
 	"math/bits"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/redisstore"
 )
 
@@ -39,7 +39,7 @@ type Server struct {
 	// "" means "127.0.0.1:8080".
 	Listen string `toml:"listen"`
 	// Workers is the number of worker processes, at most [MaxWorkers];
-	// 0 means one per CPU (see [Server.WorkerCount]).
+	// 0 means one per CPU this process may use (see [Server.WorkerCount]).
 	Workers int `toml:"workers"`
 	// Upstream is "builtin:demo" or an absolute http:// or https:// URL of
 	// the application. "" means "builtin:demo".
@@ -506,13 +506,15 @@ func upperAll(ms []string) []string {
 	return out
 }
 
-// WorkerCount is the number of workers to start: Workers, or the number of
-// CPUs when Workers is 0.
+// WorkerCount is the number of workers to start: Workers, or when Workers
+// is 0 the CPUs this process may use: its cgroup's CPU limit (a
+// container's, a systemd unit's CPUQuota=) rounded up, else the host's
+// (see package internal/cpuquota).
 func (s Server) WorkerCount() int {
 	if s.Workers > 0 {
 		return s.Workers
 	}
-	return runtime.NumCPU()
+	return cpuquota.CPUs()
 }
 
 // BucketRule is the rule's rate limit as package bucket applies it.

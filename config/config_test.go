@@ -9,13 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -461,8 +461,8 @@ func TestWorkerCount(t *testing.T) {
 	if got := (Server{Workers: 3}).WorkerCount(); got != 3 {
 		t.Errorf("WorkerCount(3) = %d", got)
 	}
-	if got := (Server{}).WorkerCount(); got != runtime.NumCPU() {
-		t.Errorf("WorkerCount(0) = %d, want NumCPU %d", got, runtime.NumCPU())
+	if got, want := (Server{}).WorkerCount(), cpuquota.CPUs(); got != want {
+		t.Errorf("WorkerCount(0) = %d, want the CPUs this process may use, %d", got, want)
 	}
 }
 
@@ -549,7 +549,7 @@ idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false tt
 	if err := (Config{}).WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	if want := fmt.Sprintf("server: listen=127.0.0.1:8080 workers=%d ", runtime.NumCPU()); !strings.HasPrefix(b.String(), want) {
+	if want := fmt.Sprintf("server: listen=127.0.0.1:8080 workers=%d ", cpuquota.CPUs()); !strings.HasPrefix(b.String(), want) {
 		t.Errorf("WriteEffective(Config{}) = %q, want prefix %q", b.String(), want)
 	}
 

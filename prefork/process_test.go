@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/internal/looptest"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -488,7 +488,7 @@ func TestSystemdNotify(t *testing.T) {
 		t.Errorf("worker environment: %v, want neither NOTIFY_SOCKET nor the worker marker", env)
 	}
 	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
-		if want := max(1, runtime.NumCPU()/2); env["gomaxprocs"] != float64(want) {
+		if want := max(1, cpuquota.CPUs()/2); env["gomaxprocs"] != float64(want) {
 			t.Errorf("worker GOMAXPROCS %v, want %d", env["gomaxprocs"], want)
 		}
 	}

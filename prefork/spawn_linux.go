@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/preforkd/preforkd/internal/cpuquota"
 )
 
 // readyEvent and exitEvent are what the process watchers send to the
@@ -108,7 +110,8 @@ func (g genFiles) close() {
 
 // workerEnviron is the environment of every worker: this process's, without
 // NOTIFY_SOCKET (workers never talk to the service manager) and with
-// GOMAXPROCS sized to a worker's share of the CPUs unless the user set it.
+// GOMAXPROCS sized to a worker's share of the CPUs this process may use
+// (its cgroup's CPU limit, else the host's) unless the user set it.
 func workerEnviron(environ []string, workers int) []string {
 	out := make([]string, 0, len(environ)+1)
 	gomaxprocs := false
@@ -123,7 +126,7 @@ func workerEnviron(environ []string, workers int) []string {
 		out = append(out, kv)
 	}
 	if !gomaxprocs {
-		out = append(out, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/max(1, workers))))
+		out = append(out, "GOMAXPROCS="+strconv.Itoa(max(1, cpuquota.CPUs()/max(1, workers))))
 	}
 	return out
 }

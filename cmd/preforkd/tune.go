@@ -15,11 +15,12 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/cpuquota"
 )
 
 // preforkd tune: advice on the table sizes and the number of workers of a
@@ -197,7 +198,7 @@ func adviseResponses(r *tuneReport, m metricsPage) {
 // costs the upstream (when it runs on this host) and the workers, against
 // the requests' wall time.
 func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOptions) {
-	cpus := runtime.NumCPU()
+	cpus := cpuquota.CPUs() // a container's or a unit's CPU limit, if any
 	r.section(fmt.Sprintf("workers (now %d, %d CPUs here)", len(st.Workers), cpus))
 	upstream := o.upstream
 	if upstream == "" {
