@@ -119,7 +119,9 @@ type Table struct {
 	// Parse and WithDefaults round it up to a power of two. 0 means 262144.
 	Counters int `toml:"counters"`
 	// Responses is the number of stored-response records. 0 means none: no
-	// idempotency rule can then be configured. Default() sets 16384.
+	// idempotency rule can then be configured. Default() sets 16384. Only
+	// a configuration with an [[idempotency]] or [[cache]] block has them
+	// (see [Config.RegionTable]).
 	Responses int `toml:"responses"`
 	// ResponseBytes is the size of the block pool for stored bodies. 0
 	// means none, as for Responses. Default() sets 64 MiB.
@@ -504,6 +506,32 @@ func upperAll(ms []string) []string {
 		out[i] = strings.ToUpper(m)
 	}
 	return out
+}
+
+// storing names a kind of block that stores responses ("[[idempotency]]"
+// or "[[cache]]"), or is "" when there is none.
+func (c Config) storing() string {
+	switch {
+	case len(c.Idempotency) > 0:
+		return "[[idempotency]]"
+	case len(c.Caches) > 0:
+		return "[[cache]]"
+	}
+	return ""
+}
+
+// RegionTable is the geometry the region is made with for c: Table, but
+// without the response table (Responses and ResponseBytes 0) when no
+// [[idempotency]] or [[cache]] block would store a response in it, so
+// that an instance that only limits rates maps its counters and not the
+// 64 MiB of the default block pool. The region's geometry is fixed for
+// its life: a reload that adds the first such block needs a restart.
+func (c Config) RegionTable() Table {
+	t := c.Table
+	if c.storing() == "" {
+		t.Responses, t.ResponseBytes = 0, 0
+	}
+	return t
 }
 
 // WorkerCount is the number of workers to start: Workers, or when Workers

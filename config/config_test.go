@@ -558,6 +558,41 @@ idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false tt
 	}
 }
 
+// The response table is made only for a configuration with a block that
+// stores responses; without one, [table]'s responses and response_bytes
+// take no memory, whatever the file says, and check says so.
+func TestRegionTable(t *testing.T) {
+	for _, tc := range []struct {
+		name, toml string
+		want       Table
+	}{
+		{"rules only", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n",
+			Table{Counters: 262144}},
+		{"rules only, table set", "[table]\nresponses = 100\nresponse_bytes = \"1MiB\"\n",
+			Table{Counters: 262144}},
+		{"idempotency", "[[idempotency]]\npath = \"/orders\"\n",
+			Table{Counters: 262144, Responses: 16384, ResponseBytes: 64 << 20}},
+		{"cache, table set", "[table]\nresponses = 100\nresponse_bytes = \"1MiB\"\n[[cache]]\npath = \"/c/*\"\n",
+			Table{Counters: 262144, Responses: 100, ResponseBytes: 1 << 20}},
+	} {
+		c := mustParse(t, tc.toml)
+		if got := c.RegionTable(); got != tc.want {
+			t.Errorf("%s: RegionTable() = %+v, want %+v", tc.name, got, tc.want)
+		}
+		var b strings.Builder
+		if err := c.WriteEffective(&b); err != nil {
+			t.Fatal(err)
+		}
+		wantLine := fmt.Sprintf("table: counters=%d responses=%d response_bytes=%v\n", tc.want.Counters, tc.want.Responses, tc.want.ResponseBytes)
+		if !strings.Contains(b.String(), wantLine) {
+			t.Errorf("%s: check prints\n%s\nwant the line %q", tc.name, b.String(), wantLine)
+		}
+		if note := strings.Contains(b.String(), "no response table"); note != (tc.want.Responses == 0) {
+			t.Errorf("%s: the note about no response table printed: %v\n%s", tc.name, note, b.String())
+		}
+	}
+}
+
 type failWriter struct{}
 
 func (failWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }

@@ -109,13 +109,7 @@ func (c Config) check(r *report) {
 	if t.Counters < minCounters || t.Counters > maxCounters {
 		f("counters", "must be between %d and %d, got %d", minCounters, maxCounters, t.Counters)
 	}
-	storing := "" // a kind of block that needs stored responses, if any
-	switch {
-	case len(c.Idempotency) > 0:
-		storing = "[[idempotency]]"
-	case len(c.Caches) > 0:
-		storing = "[[cache]]"
-	}
+	storing := c.storing()
 	if t.Responses < 0 {
 		f("responses", "must not be negative, got %d", t.Responses)
 	} else if t.Responses == 0 && storing != "" {

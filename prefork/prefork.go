@@ -222,11 +222,17 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 			lnFile.Close()
 		},
 	}
+	fits := func(cfg config.Config, err error) (config.Config, error) {
+		if err == nil {
+			err = fitsRegion(region, cfg)
+		}
+		return cfg, err
+	}
 	switch {
 	case opts.LoadConfig != nil:
-		sys.load = func() (config.Config, error) { return validated(opts.LoadConfig()) }
+		sys.load = func() (config.Config, error) { return fits(validated(opts.LoadConfig())) }
 	case opts.ConfigPath != "":
-		sys.load = func() (config.Config, error) { return validated(config.Load(opts.ConfigPath)) }
+		sys.load = func() (config.Config, error) { return fits(validated(config.Load(opts.ConfigPath))) }
 	}
 
 	log.Info("supervisor started", "pid", os.Getpid(), "listen", ln.Addr().String(),
@@ -275,14 +281,16 @@ func listenerFile(ln net.Listener) (*os.File, error) {
 }
 
 // RegionOptions is the geometry of the region for cfg: its [table]
-// section, room in the worker table for a reload's overlap, and the
+// section (config.Config.RegionTable: no response table without a block
+// that stores responses), room in the worker table for a reload's overlap, and the
 // statistics rows and rule names of package metrics.
 func RegionOptions(cfg config.Config) shm.Options {
+	t := cfg.RegionTable() // no response table without a block that stores responses
 	o := shm.Options{
-		Counters:      cfg.Table.Counters,
+		Counters:      t.Counters,
 		MaxWorkers:    minMaxWorkers(cfg.Server.WorkerCount()),
-		Responses:     cfg.Table.Responses,
-		ResponseBytes: int64(cfg.Table.ResponseBytes),
+		Responses:     t.Responses,
+		ResponseBytes: int64(t.ResponseBytes),
 	}
 	metrics.Geometry(&o, len(cfg.RateLimits))
 	return o
@@ -306,7 +314,24 @@ func newRegion(opts Options, cfg config.Config, n int) (*shm.Region, error) {
 		r.Close()
 		return nil, fmt.Errorf("prefork: the region has room for %d workers; %d workers need %d", got, n, need)
 	}
+	if err := fitsRegion(r, cfg); err != nil {
+		r.Close()
+		return nil, err
+	}
 	return r, nil
+}
+
+// fitsRegion refuses a configuration whose [[idempotency]] or [[cache]]
+// blocks need a response table that the region was made without: it
+// would refuse every keyed request and store nothing. The region's
+// geometry is fixed for its life, so a reload that adds the first such
+// block is refused (the running configuration goes on) and a restart
+// makes the region anew.
+func fitsRegion(r *shm.Region, cfg config.Config) error {
+	if cfg.RegionTable().Responses > 0 && r.Geometry().Responses == 0 {
+		return errors.New("prefork: [[idempotency]] and [[cache]] blocks need the response table, which the running region was made without (it had no such block at start): restart to add them")
+	}
+	return nil
 }
 
 // validated checks a configuration that loaded and fills in its defaults.

@@ -638,8 +638,8 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
 	}
 	next.Server.Workers = running.Server.Workers
-	if next.Table != running.Table {
-		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
+	if next.RegionTable() != running.RegionTable() {
+		ignored = append(ignored, fmt.Sprintf("table %+v", next.RegionTable()))
 		next.Table = running.Table
 	}
 	if next.Persist.Path != running.Persist.Path {
