@@ -109,7 +109,7 @@ type Server struct {
 
 // Admin is the [admin] table. Zero is "off".
 type Admin struct {
-	Listen    string `toml:"listen"`     // address of /metrics and /status; "" = off
+	Listen    string `toml:"listen"`     // host:port, or unix:PATH (a socket of mode 0600), of /metrics and /status; "" = off
 	TokenFile string `toml:"token_file"` // file holding the bearer token for mutating endpoints; "" = none
 }
 

@@ -190,7 +190,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 
 func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
 	path := fs.String("config", "", "configuration `FILE` (TOML)")
-	return func(_ context.Context, args []string, stdout, _ io.Writer) error {
+	return func(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := noArgs(args); err != nil {
 			return err
 		}
@@ -203,6 +203,9 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		}
 		if err := checkPersist(cfg); err != nil {
 			return err
+		}
+		if why := adminExposure(cfg.Admin.Listen); why != "" {
+			fmt.Fprintf(stderr, "preforkd check: warning: admin.listen %q: %s, and /metrics and /status answer without a token: keep it on loopback (127.0.0.1:9901) or a unix: socket\n", cfg.Admin.Listen, why)
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", *path)
 		return cfg.WriteEffective(stdout)

@@ -6,10 +6,19 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -77,4 +86,204 @@ func regionMapped(t *testing.T, pid int) int64 {
 	}
 	t.Fatalf("process %d maps no region", pid)
 	return 0
+}
+
+// admin.listen = "unix:PATH": the socket is made with mode 0600 over a
+// stale one a killed supervisor left, answers the admin paths (problem+json
+// 404 and 405 for what no route serves), `preforkd health` reads it, a
+// second instance refuses to take it over, and it is gone after the
+// drain.
+func TestAdminUnixSocket(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	// What a supervisor killed with -9 leaves: a socket file nobody
+	// accepts on.
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+
+	cfg := "[server]\nworkers = 1\nshutdown_timeout = \"10s\"\n[admin]\nlisten = \"unix:" + sock + "\"\n"
+	d := startDaemon(t, daemonOptions{config: cfg})
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s: mode %v, want a socket of mode 0600", sock, fi.Mode())
+	}
+	c, base := adminClient("unix:"+sock, 5*time.Second)
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/metrics": 200, "/status": 200} {
+		if r := get(c, base+path); r.status != want {
+			t.Errorf("GET %s on the socket: %d %v, want %d", path, r.status, r.err, want)
+		}
+	}
+	r := get(c, base+"/nope")
+	if r.status != 404 || r.header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(r.body), `"status":404`) {
+		t.Errorf("GET /nope: %d %q %s, want a problem+json 404", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	r = do(c, http.MethodPost, base+"/healthz", nil)
+	if r.status != 405 || r.header.Get("Content-Type") != "application/problem+json" || r.header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST /healthz: %d %q Allow %q %s, want a problem+json 405 with Allow: GET, HEAD", r.status, r.header.Get("Content-Type"), r.header.Get("Allow"), r.body)
+	}
+	if code, out, errs := runBinary(t, "health", "-admin", "unix:"+sock); code != 0 || strings.TrimSpace(out) != "ready" {
+		t.Errorf("preforkd health on the socket: exit %d, %q %q; want 0 and ready", code, out, errs)
+	}
+
+	// A second instance on the same socket fails to start and leaves it.
+	second := filepath.Join(t.TempDir(), "second.toml")
+	os.WriteFile(second, []byte(cfg), 0o600)
+	code, _, errs := runBinary(t, "run", "-config", second, "-listen", freeAddr(t))
+	if code == 0 || !strings.Contains(errs, "another process serves on this socket") {
+		t.Errorf("a second instance on the socket: exit %d, stderr:\n%s", code, errs)
+	}
+	if r := get(c, base+"/healthz"); r.status != 200 {
+		t.Errorf("the first instance's socket after the second failed: %d %v", r.status, r.err)
+	}
+
+	d.stop()
+	if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s after the drain: %v, want it removed", sock, err)
+	}
+}
+
+// A file at the socket's path that is not a socket is never removed.
+func TestAdminSocketOverAFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "admin.sock")
+	if err := os.WriteFile(path, []byte("not a socket"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ln, err := listenAdmin("unix:" + path); err == nil {
+		ln.Close()
+		t.Fatal("listenAdmin replaced a regular file")
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "not a socket" {
+		t.Fatalf("the file: %q %v", b, err)
+	}
+}
+
+// 80 connections from one client that send their header a byte at a
+// time cannot keep /healthz and /readyz from answering, nor `preforkd
+// health` from exiting 0: a new connection takes the slot of the one
+// that has waited longest for a request.
+func TestAdminSlowloris(t *testing.T) {
+	t.Parallel()
+	cfg := "[server]\nworkers = 1\nshutdown_timeout = \"10s\"\n" + adminSection
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+	})
+	var open atomic.Int64
+	for range 80 {
+		c, err := net.Dial("tcp", d.admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		open.Add(1)
+		wg.Go(func() {
+			defer c.Close()
+			defer open.Add(-1)
+			header := "GET /status HTTP/1.1\r\nHost: admin\r\nX-Slow: " + strings.Repeat("a", 1000)
+			for i := 0; ; i = (i + 1) % len(header) {
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				if _, err := c.Write([]byte{header[i]}); err != nil {
+					return // closed by the server
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond) // every one of them has connected and sends
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	for i := range 5 {
+		for _, path := range []string{"/healthz", "/readyz"} {
+			if r := get(c, "http://"+d.admin+path); r.status != 200 {
+				t.Fatalf("round %d: GET %s with 80 slow connections open: %d %v", i, path, r.status, r.err)
+			}
+		}
+	}
+	if code, out, errs := runBinary(t, "health", "-admin", d.admin); code != 0 {
+		t.Errorf("preforkd health with 80 slow connections open: exit %d %q %q", code, out, errs)
+	}
+	t.Logf("slow connections still open: %d of 80", open.Load())
+}
+
+// preforkd health exits 0 with "ready" while the instance serves, 1 with
+// the reason once it drains or when nothing answers.
+func TestHealthCommand(t *testing.T) {
+	t.Parallel()
+	code, _, errs := runBinary(t, "health", "-admin", freeAddr(t))
+	if code != 1 || !strings.Contains(errs, "connection refused") {
+		t.Errorf("health with nothing listening: exit %d, %q; want 1 and the reason", code, errs)
+	}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	}))
+	t.Cleanup(up.Close)
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	cfg := fmt.Sprintf("[server]\nworkers = 1\nshutdown_timeout = \"10s\"\nupstream = %q\n", up.URL) + adminSection
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	if code, out, errs := runBinary(t, "health", "-admin", d.admin); code != 0 || out != "ready\n" {
+		t.Errorf("health of a ready instance: exit %d, %q %q; want 0 and ready", code, out, errs)
+	}
+	// A request in flight holds the drain open: /readyz answers 503
+	// during it.
+	go get(newClient(t, nil, false), d.url("/slow"))
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not reach the upstream")
+	}
+	d.signal(syscall.SIGTERM)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, _, errs := runBinary(t, "health", "-admin", d.admin)
+		if code == 1 && strings.Contains(errs, "503 not ready: draining") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health while draining: exit %d, %q; want 1 and 503 not ready: draining", code, errs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	releaseOnce.Do(func() { close(release) })
+}
+
+// check warns, on stderr, about an admin.listen that other hosts may
+// reach; not about loopback or a unix socket.
+func TestCheckWarnsAboutAdminListen(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for listen, warn := range map[string]bool{
+		"0.0.0.0:9901":        true,
+		":9901":               true,
+		"192.0.2.10:9901":     true,
+		"127.0.0.1:9901":      false,
+		"[::1]:9901":          false,
+		"localhost:9901":      false,
+		"unix:/run/admin.sck": false,
+	} {
+		path := filepath.Join(dir, "c.toml")
+		os.WriteFile(path, []byte("[admin]\nlisten = \""+listen+"\"\n"), 0o600)
+		code, _, errs := runBinary(t, "check", "-config", path)
+		if code != 0 {
+			t.Errorf("check with admin.listen %q: exit %d: %s", listen, code, errs)
+		}
+		if got := strings.Contains(errs, "warning: admin.listen"); got != warn {
+			t.Errorf("check with admin.listen %q: warning %v, want %v; stderr %q", listen, got, warn, errs)
+		}
+	}
 }
