@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/config"
 )
 
 // An instance that only limits rates maps no response table: its region
@@ -284,6 +288,72 @@ func TestCheckWarnsAboutAdminListen(t *testing.T) {
 		}
 		if got := strings.Contains(errs, "warning: admin.listen"); got != warn {
 			t.Errorf("check with admin.listen %q: warning %v, want %v; stderr %q", listen, got, warn, errs)
+		}
+	}
+}
+
+// The image's HEALTHCHECK asks the address that the configuration it
+// ships (examples/preforkd.toml) serves the admin endpoint on, and its
+// command exits 0 against an instance running that configuration;
+// .dockerignore keeps the repository's history and builds out of the
+// build context.
+func TestDockerfileHealthcheck(t *testing.T) {
+	t.Parallel()
+	dockerfile, err := os.ReadFile("../../examples/Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for line := range strings.Lines(strings.ReplaceAll(string(dockerfile), "\\\n", " ")) {
+		if rest, ok := strings.CutPrefix(line, "HEALTHCHECK "); ok {
+			_, exec, ok := strings.Cut(rest, "CMD ")
+			if !ok || json.Unmarshal([]byte(exec), &args) != nil || len(args) < 2 {
+				t.Fatalf("HEALTHCHECK %q: want the exec form, CMD [\"/usr/local/bin/preforkd\", \"health\", ...]", rest)
+			}
+		}
+	}
+	if len(args) == 0 || args[0] != "/usr/local/bin/preforkd" || args[1] != "health" {
+		t.Fatalf("HEALTHCHECK runs %q, want preforkd health", args)
+	}
+	cfg, err := config.Load("../../examples/preforkd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := defaultAdminAddr
+	for i, a := range args {
+		if a == "-admin" && i+1 < len(args) {
+			asked = args[i+1]
+		}
+	}
+	if asked != cfg.Admin.Listen {
+		t.Fatalf("HEALTHCHECK asks %q, the image's configuration serves the admin endpoint on %q", asked, cfg.Admin.Listen)
+	}
+
+	// That configuration, on addresses of this test, and the check's
+	// command against it.
+	text, err := os.ReadFile("../../examples/preforkd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	example := strings.Replace(string(text), `listen = "`+cfg.Admin.Listen+`"`, `listen = "ADMIN_ADDR"`, 1)
+	d := startDaemon(t, daemonOptions{config: example, admin: true})
+	run := slices.Clone(args[1:])
+	for i := range run {
+		if run[i] == cfg.Admin.Listen {
+			run[i] = d.admin
+		}
+	}
+	if code, out, errs := runBinary(t, run...); code != 0 {
+		t.Errorf("preforkd %s: exit %d %q %q", strings.Join(run, " "), code, out, errs)
+	}
+
+	ignore, err := os.ReadFile("../../.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{".git", "bin"} {
+		if !slices.Contains(strings.Fields(string(ignore)), want) {
+			t.Errorf(".dockerignore does not list %s", want)
 		}
 	}
 }
