@@ -139,8 +139,9 @@ func testHandler(w *Worker) (http.Handler, error) {
 	mux.HandleFunc("/env", func(rw http.ResponseWriter, _ *http.Request) {
 		_, notify := os.LookupEnv(envNotifySocket)
 		_, marker := os.LookupEnv(envWorker)
+		_, watchdog := os.LookupEnv(envWatchdogUsec)
 		json.NewEncoder(rw).Encode(map[string]any{
-			"notify": notify, "marker": marker, "gomaxprocs": runtime.GOMAXPROCS(0), "index": w.Index,
+			"notify": notify, "marker": marker, "watchdog": watchdog, "gomaxprocs": runtime.GOMAXPROCS(0), "index": w.Index,
 		})
 	})
 	mux.HandleFunc("/reset", func(rw http.ResponseWriter, r *http.Request) {

@@ -136,6 +136,12 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
+	var watchdog time.Duration
+	if note != nil {
+		if watchdog, err = watchdogPings(os.Getenv(envWatchdogUsec), os.Getenv(envWatchdogPID), os.Getpid()); err != nil {
+			return err
+		}
+	}
 	openFiles, err := raiseOpenFileLimit()
 	if err != nil {
 		log.Warn("open-file limit not raised", "open_files", openFiles, "err", err)
@@ -200,10 +206,11 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	defer close(quit)
 
 	sys := sysEnv{
-		now:    timeNow,
-		start:  env.start,
-		reap:   region.Reap,
-		notify: note.send,
+		now:      timeNow,
+		start:    env.start,
+		reap:     region.Reap,
+		notify:   note.send,
+		watchdog: watchdog,
 		// From the region's statistics: a worker index's row, and the sum
 		// of every other row and of the reaped workers' (it never goes
 		// down), read together so the two never overlap.
@@ -235,9 +242,13 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		sys.load = func() (config.Config, error) { return fits(validated(config.Load(opts.ConfigPath))) }
 	}
 
-	log.Info("supervisor started", "pid", os.Getpid(), "listen", ln.Addr().String(),
+	started := []any{"pid", os.Getpid(), "listen", ln.Addr().String(),
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
-		"open_files", openFiles)
+		"open_files", openFiles}
+	if watchdog > 0 {
+		started = append(started, "watchdog_ping", watchdog)
+	}
+	log.Info("supervisor started", started...)
 	s := newSupervisor(sys, log, cfg, region.Geometry().MaxWorkers)
 	s.onStatus, s.onConfig = opts.OnStatus, opts.Configured
 	stopBeat := beat(region)

@@ -109,7 +109,8 @@ func (g genFiles) close() {
 }
 
 // workerEnviron is the environment of every worker: this process's, without
-// NOTIFY_SOCKET (workers never talk to the service manager) and with
+// NOTIFY_SOCKET and the watchdog's variables (workers never talk to the
+// service manager) and with
 // GOMAXPROCS sized to a worker's share of the CPUs this process may use
 // (its cgroup's CPU limit, else the host's) unless the user set it.
 func workerEnviron(environ []string, workers int) []string {
@@ -118,7 +119,7 @@ func workerEnviron(environ []string, workers int) []string {
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case envNotifySocket, envWorker, envName:
+		case envNotifySocket, envWatchdogUsec, envWatchdogPID, envWorker, envName:
 			continue
 		case "GOMAXPROCS":
 			gomaxprocs = true
