@@ -14,7 +14,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -356,4 +358,80 @@ func TestDockerfileHealthcheck(t *testing.T) {
 			t.Errorf(".dockerignore does not list %s", want)
 		}
 	}
+}
+
+// systemd-analyze verify finds nothing wrong with examples/*.service on
+// this machine's systemd (with ExecStart pointing at the binary under
+// test: the unit expects it installed in /usr/local/bin). The unit is
+// Type=notify with an ExecReload, which systemd 252 knows; the
+// notify-reload drop-in is clean on systemd 253 and later, and on an
+// older one draws exactly the complaint it documents.
+func TestSystemdUnitsVerify(t *testing.T) {
+	t.Parallel()
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("systemd-analyze is not installed (Debian package systemd), and CI is set")
+		}
+		t.Skip("systemd-analyze not installed: the units were not verified (install the Debian package systemd)")
+	}
+	version := systemdVersion(t, analyze)
+	units, err := filepath.Glob("../../examples/*.service")
+	if err != nil || len(units) == 0 {
+		t.Fatalf("no examples/*.service: %v", err)
+	}
+	verify := func(dir, unit string, text []byte) string {
+		t.Helper()
+		text = []byte(strings.ReplaceAll(string(text), "/usr/local/bin/preforkd", binPath))
+		path := filepath.Join(dir, unit)
+		if err := os.WriteFile(path, text, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := exec.Command(analyze, "verify", path).CombinedOutput()
+		return strings.TrimSpace(strings.ReplaceAll(string(out), dir+"/", ""))
+	}
+	for _, u := range units {
+		text, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out := verify(t.TempDir(), filepath.Base(u), text); out != "" {
+			t.Errorf("systemd-analyze verify %s (systemd %d):\n%s", u, version, out)
+		}
+		if !strings.Contains(string(text), "\nType=notify\n") || !strings.Contains(string(text), "\nExecReload=/bin/kill -HUP $MAINPID\n") ||
+			!strings.Contains(string(text), "\nWatchdogSec=") {
+			t.Errorf("%s: want Type=notify, ExecReload=/bin/kill -HUP $MAINPID and a WatchdogSec", u)
+		}
+	}
+
+	dropIn, err := os.ReadFile("../../examples/preforkd-notify-reload.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "preforkd.service.d"), 0o755)
+	os.WriteFile(filepath.Join(dir, "preforkd.service.d", "notify-reload.conf"), dropIn, 0o644)
+	unit, _ := os.ReadFile("../../examples/preforkd.service")
+	out := verify(dir, "preforkd.service", unit)
+	switch {
+	case version >= 253 && out != "":
+		t.Errorf("the unit with the notify-reload drop-in on systemd %d:\n%s", version, out)
+	case version < 253 && !regexp.MustCompile(`^preforkd\.service\.d/notify-reload\.conf:\d+: Failed to parse service type, ignoring: notify-reload$`).MatchString(out):
+		t.Errorf("the unit with the notify-reload drop-in on systemd %d: want only the complaint about notify-reload, got:\n%s", version, out)
+	}
+}
+
+// systemdVersion is the version systemd-analyze reports ("systemd 252 (252.38-1~deb12u1)").
+func systemdVersion(t *testing.T, analyze string) int {
+	t.Helper()
+	out, err := exec.Command(analyze, "--version").Output()
+	f := strings.Fields(string(out))
+	if err != nil || len(f) < 2 {
+		t.Fatalf("systemd-analyze --version: %q %v", out, err)
+	}
+	v, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatalf("systemd-analyze --version: %q", out)
+	}
+	return v
 }
