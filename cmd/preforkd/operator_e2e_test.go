@@ -435,3 +435,96 @@ func systemdVersion(t *testing.T, analyze string) int {
 	}
 	return v
 }
+
+// /metrics shows each worker process, by its index: resident memory,
+// open descriptors and their limit, CPU seconds as /proc shows them, and
+// the GC cycles it writes itself; preforkd_reload_last_timestamp_seconds
+// is there from the start. promtool accepts the page.
+func TestWorkerProcessMetrics(t *testing.T) {
+	t.Parallel()
+	cfg := "[server]\nworkers = 2\nshutdown_timeout = \"10s\"\n" + adminSection +
+		"[table]\ncounters = 1024\nresponses = 256\nresponse_bytes = \"1MiB\"\n[[idempotency]]\npath = \"/orders\"\nmax_body = 1024\nmax_records = 100\n"
+	// GOGC=1: a worker collects at every 1% of heap growth, so that the
+	// requests below make it collect (the fast engine reuses its buffers:
+	// with the default it may not collect for minutes).
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true, env: []string{"GOGC=1"}})
+	admin := newClient(t, nil, false)
+	first := scrapeMetrics(t, admin, d.admin)
+	start := first.samples["preforkd_start_time_seconds"]
+	if got, ok := first.samples["preforkd_reload_last_timestamp_seconds"]; !ok || got < start || got > start+5 {
+		t.Errorf("preforkd_reload_last_timestamp_seconds before any reload: %v (present %v), want the start, %v", got, ok, start)
+	}
+
+	// Request bodies of 512 KiB, each read whole for its fingerprint, on
+	// new connections that the kernel spreads over the workers.
+	body := strings.Repeat("x", 512<<10)
+	client := newClient(t, freshClientIP(), false)
+	for i := range 60 {
+		r := send(client, http.MethodPost, d.url("/orders"), http.Header{"Idempotency-Key": {fmt.Sprintf("k%d", i)}}, body)
+		if r.err != nil || r.status != 200 {
+			t.Fatalf("POST /orders: %d %v", r.status, r.err)
+		}
+	}
+	var st struct {
+		Workers []struct {
+			Index int `json:"index"`
+			PID   int `json:"pid"`
+		} `json:"workers"`
+	}
+	if r := get(admin, "http://"+d.admin+"/status"); json.Unmarshal(r.body, &st) != nil || len(st.Workers) != 2 {
+		t.Fatalf("/status: %s", r.body)
+	}
+	var p page
+	gc := 0.0
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		p, gc = scrapeMetrics(t, admin, d.admin), 0
+		for _, w := range st.Workers {
+			gc += p.samples[fmt.Sprintf(`preforkd_worker_gc_cycles_total{worker="%d"}`, w.Index)]
+		}
+		if gc > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if gc == 0 {
+		t.Errorf("no GC cycle counted for the workers, with GOGC=1, after 60 requests of 512 KiB:\n%s", p.raw)
+	}
+	totalCPU := 0.0
+	for _, w := range st.Workers {
+		sample := func(name string) float64 {
+			t.Helper()
+			v, ok := p.samples[fmt.Sprintf(`%s{worker="%d"}`, name, w.Index)]
+			if !ok {
+				t.Errorf("no %s for worker %d", name, w.Index)
+			}
+			return v
+		}
+		rss, fds, maxFDs, cpu := sample("preforkd_worker_resident_memory_bytes"), sample("preforkd_worker_open_fds"),
+			sample("preforkd_worker_max_fds"), sample("preforkd_worker_cpu_seconds_total")
+		// What /proc says now.
+		now, ok := readProc(w.PID, d.pid())
+		if !ok {
+			t.Fatalf("worker %d (pid %d) is not in /proc as the supervisor's child", w.Index, w.PID)
+		}
+		if rss < float64(now.rss)/2 || rss > float64(now.rss)*2 || rss < 1<<20 {
+			t.Errorf("worker %d: resident memory %v, /proc says %d", w.Index, rss, now.rss)
+		}
+		if fds < float64(now.fds)-8 || fds > float64(now.fds)+8 {
+			t.Errorf("worker %d: %v open descriptors, /proc says %d", w.Index, fds, now.fds)
+		}
+		if maxFDs != float64(now.maxFDs) {
+			t.Errorf("worker %d: descriptor limit %v, /proc says %d", w.Index, maxFDs, now.maxFDs)
+		}
+		if cpu > now.cpu+0.01 || cpu < now.cpu-1 {
+			t.Errorf("worker %d: %v CPU seconds, /proc says %v", w.Index, cpu, now.cpu)
+		}
+		totalCPU += cpu
+	}
+	if totalCPU <= 0 {
+		t.Errorf("the workers used no CPU time for 30 MiB of requests")
+	}
+	if types := p.types; types["preforkd_worker_cpu_seconds_total"] != "counter" || types["preforkd_worker_gc_cycles_total"] != "counter" ||
+		types["preforkd_worker_resident_memory_bytes"] != "gauge" {
+		t.Errorf("types: %v", types)
+	}
+	promtoolCheck(t, p.raw)
+}
