@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -527,4 +528,47 @@ func TestWorkerProcessMetrics(t *testing.T) {
 		t.Errorf("types: %v", types)
 	}
 	promtoolCheck(t, p.raw)
+}
+
+// inspect never prints a key's value: the dump of a rule with an
+// override keyed by a customer's API key shows that override by the key's
+// hash, and so does the log when a later configuration drops it.
+func TestInspectHidesOverrideKeys(t *testing.T) {
+	t.Parallel()
+	const key = "gold-customer-key"
+	dump := filepath.Join(t.TempDir(), "table.dump")
+	rules := `
+[[ratelimit]]
+name = "api"
+path = "/api/*"
+limit = 100
+window = "1m"
+by = "header:X-Api-Key|ip"
+`
+	override := "[[ratelimit.override]]\nkey = \"" + key + "\"\nlimit = 1000\n"
+	cfg := fmt.Sprintf("[server]\nworkers = 1\nshutdown_timeout = \"10s\"\n[persist]\npath = %q\n", dump) + rules
+	d := startDaemon(t, daemonOptions{config: cfg + override})
+	if r := do(newClient(t, freshClientIP(), false), http.MethodGet, d.url("/api/things"), http.Header{"X-Api-Key": {key}}); r.status != 200 {
+		t.Fatalf("GET /api/things: %d %v", r.status, r.err)
+	}
+	d.stop()
+
+	code, out, errs := runBinary(t, "inspect", dump)
+	sum := sha256.Sum256([]byte(key))
+	want := fmt.Sprintf(`rule "api" override key sha256:%x:`, sum[:8])
+	if code != 0 || !strings.Contains(out, want) || !strings.Contains(out, "1 entries") {
+		t.Errorf("inspect: exit %d, want a line %q with the override's entry:\n%s%s", code, want, out, errs)
+	}
+	if strings.Contains(out+errs, key) {
+		t.Errorf("inspect prints the override's key:\n%s%s", out, errs)
+	}
+
+	// The override is gone: its state is dropped at load, and the log
+	// names it by the hash.
+	d = startDaemon(t, daemonOptions{config: cfg})
+	if _, l, ok := d.logs.waitFor(0, 5*time.Second, func(l logLine) bool { return strings.Contains(l.msg(), "override key sha256:") }); !ok {
+		t.Errorf("no log line about the dropped override's state:\n%s", d.logs.text())
+	} else if strings.Contains(d.logs.text(), key) {
+		t.Errorf("the log prints the override's key: %s", l.raw)
+	}
 }
