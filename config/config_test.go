@@ -613,8 +613,12 @@ func TestExample(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 	s := c.Server
-	if s.Listen != "127.0.0.1:8080" || s.Workers != 4 || s.Upstream != "builtin:demo" || c.Persist.Path != "" || len(c.Idempotency) != 0 {
-		t.Errorf("example server/persist = %+v %+v", s, c.Persist)
+	if s.Listen != "127.0.0.1:8080" || s.Workers != 4 || s.Upstream != "builtin:demo" || c.Persist.Path != "" || len(c.Idempotency) != 0 ||
+		c.Admin.Listen != "127.0.0.1:9901" {
+		t.Errorf("example server/admin/persist = %+v %+v %+v", s, c.Admin, c.Persist)
+	}
+	if len(c.Caches) != 1 || c.Caches[0].Path != "/cacheable/*" {
+		t.Errorf("example caches = %+v, want the one over the demo's /cacheable/*", c.Caches)
 	}
 	want := []RateLimit{
 		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}, LocalShare: 1},
@@ -660,7 +664,7 @@ func TestExample(t *testing.T) {
 	if len(c.Idempotency) != 1 || c.Idempotency[0].Path != "/orders" {
 		t.Errorf("uncommented idempotency = %+v", c.Idempotency)
 	}
-	if len(c.Caches) != 1 || c.Caches[0].Path != "/articles/*" || c.Caches[0].LockTimeout != 5*time.Second || len(c.Caches[0].TagHeaders) != 2 {
+	if len(c.Caches) != 2 || c.Caches[1].Path != "/articles/*" || c.Caches[1].LockTimeout != 5*time.Second || len(c.Caches[1].TagHeaders) != 2 {
 		t.Errorf("uncommented cache = %+v", c.Caches)
 	}
 	if !c.Redis.Enabled() {
@@ -678,7 +682,7 @@ func TestExample(t *testing.T) {
 		{[]string{"ratelimit", elem(1), "override", elem(0)}, []string{"key", "limit", "window", "burst"}},
 		{[]string{"ratelimit", elem(1), "override", elem(1)}, []string{"client", "limit"}},
 		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
-		{[]string{"cache", elem(0)}, tomlKeys(reflect.TypeFor[Cache]())},
+		{[]string{"cache", elem(1)}, tomlKeys(reflect.TypeFor[Cache]())},
 		{[]string{"redis"}, tomlKeys(reflect.TypeFor[Redis]())},
 	} {
 		for _, k := range sec.keys {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"strconv"
 	"unicode/utf8"
@@ -12,6 +13,9 @@ import (
 )
 
 const demoUpstream = "builtin:demo"
+
+// demoCacheable is the prefix of the demo's paths that a cache may keep.
+var demoCacheable = []byte("/cacheable/")
 
 // engine builds the engine a worker serves with: the fast engine of
 // package proxy, with the worker's decision core in front, forwarding to
@@ -28,12 +32,17 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 }
 
 // demo answers every request with 200 and a small JSON body naming the
-// method, path and worker, so that preforkd runs with nothing else.
+// method, path and worker, so that preforkd runs with nothing else. A
+// path under /cacheable/ may be cached for a minute (Cache-Control), so
+// that a [[cache]] block can be tried with it at once.
 func demo(worker int) fasthttp.RequestHandler {
 	pid := strconv.Itoa(os.Getpid())
 	w := strconv.Itoa(worker)
 	return func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
+		if bytes.HasPrefix(ctx.Path(), demoCacheable) {
+			ctx.Response.Header.Set("Cache-Control", "max-age=60")
+		}
 		b := ctx.Response.Body()[:0]
 		b = append(b, `{"method":`...)
 		b = appendJSONString(b, ctx.Method())
