@@ -572,3 +572,51 @@ by = "header:X-Api-Key|ip"
 		t.Errorf("the log prints the override's key: %s", l.raw)
 	}
 }
+
+// The example configuration over the demo application: a path under
+// /cacheable/ is sent with Cache-Control, and the example's [[cache]]
+// block stores it, so that the second GET, in any worker, is a HIT with
+// the first one's body; other paths are not cacheable.
+func TestExampleCachesTheDemo(t *testing.T) {
+	t.Parallel()
+	text, err := os.ReadFile("../../examples/preforkd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	example := strings.Replace(string(text), `listen = "127.0.0.1:9901"`, `listen = "ADMIN_ADDR"`, 1)
+	d := startDaemon(t, daemonOptions{config: example, admin: true})
+	c := newClient(t, freshClientIP(), false)
+	first := get(c, d.url("/cacheable/a"))
+	if first.status != 200 || first.header.Get("Cache-Control") != "max-age=60" || first.header.Get("X-Cache") != "MISS" {
+		t.Fatalf("first GET /cacheable/a: %d, Cache-Control %q, X-Cache %q", first.status, first.header.Get("Cache-Control"), first.header.Get("X-Cache"))
+	}
+	for i := range 4 { // new connections: the kernel spreads them over the 4 workers
+		r := get(c, d.url("/cacheable/a"))
+		if r.status != 200 || r.header.Get("X-Cache") != "HIT" || string(r.body) != string(first.body) {
+			t.Fatalf("GET %d of /cacheable/a: %d, X-Cache %q, body %s (first: %s)", i+2, r.status, r.header.Get("X-Cache"), r.body, first.body)
+		}
+	}
+	if r := get(c, d.url("/other")); r.header.Get("Cache-Control") != "" || r.header.Get("X-Cache") != "" {
+		t.Errorf("GET /other: Cache-Control %q, X-Cache %q; want neither", r.header.Get("Cache-Control"), r.header.Get("X-Cache"))
+	}
+}
+
+// make run ARGS="…" hands the flags to preforkd run.
+func TestMakeRunPassesArgs(t *testing.T) {
+	t.Parallel()
+	makeTool, err := exec.LookPath("make")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("make is not installed, and CI is set")
+		}
+		t.Skip("make not installed")
+	}
+	out, err := exec.Command(makeTool, "-n", "--no-print-directory", "-C", "../..", "run", "ARGS=-workers 2 -shadow").Output()
+	if err != nil {
+		t.Fatalf("make -n run: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if last := lines[len(lines)-1]; !strings.HasSuffix(last, "run -config examples/preforkd.toml -workers 2 -shadow") {
+		t.Errorf("make run ARGS=\"-workers 2 -shadow\" runs %q", last)
+	}
+}
