@@ -216,9 +216,9 @@ max_keys = 8
 	want := map[[2]string]float64{
 		{"enf", "allowed"}: 5, {"enf", "limited"}: 7,
 		{"enf", "near_limit"}: 2, // the 4th and 5th left 1 and 0 of 5
-		{"shd", "allowed"}: 3, {"shd", "shadow_limited"}: 4,
+		{"shd", "allowed"}:    3, {"shd", "shadow_limited"}: 4,
 		{"shd", "near_limit"}: 1, // the 3rd left 0 of 3
-		{"fopen", "allowed"}: 6, {"fopen", "full_open"}: 2,
+		{"fopen", "allowed"}:  6, {"fopen", "full_open"}: 2,
 		{"fclosed", "full_closed"}: 2,
 	}
 	checkRules := func(p page, when string) {
