@@ -106,10 +106,11 @@ func adminExposure(addr string) string {
 	if host == "localhost" {
 		return ""
 	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+	ip := net.ParseIP(host)
+	if ip != nil && ip.IsLoopback() {
 		return ""
 	}
-	if host == "" {
+	if host == "" || ip != nil && ip.IsUnspecified() {
 		return "it listens on every interface"
 	}
 	return "it is not a loopback address"
