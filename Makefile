@@ -13,8 +13,10 @@ all: build
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/preforkd
 
+# make run ARGS="-workers 2 -log-format json": flags for preforkd run.
+ARGS ?=
 run: build
-	./$(BIN) run -config examples/preforkd.toml
+	./$(BIN) run -config examples/preforkd.toml $(ARGS)
 
 # The race detector runs where goroutines share memory inside the test
 # process; the daemon's end-to-end tests drive a separately built binary.

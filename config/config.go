@@ -2,13 +2,13 @@ package config
 
 import (
 	"math/bits"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
 )
 
@@ -39,7 +39,7 @@ type Server struct {
 	// "" means "127.0.0.1:8080".
 	Listen string `toml:"listen"`
 	// Workers is the number of worker processes, at most [MaxWorkers];
-	// 0 means one per CPU (see [Server.WorkerCount]).
+	// 0 means one per CPU this process may use (see [Server.WorkerCount]).
 	Workers int `toml:"workers"`
 	// Upstream is "builtin:demo" or an absolute http:// or https:// URL of
 	// the application. "" means "builtin:demo".
@@ -109,7 +109,7 @@ type Server struct {
 
 // Admin is the [admin] table. Zero is "off".
 type Admin struct {
-	Listen    string `toml:"listen"`     // address of /metrics and /status; "" = off
+	Listen    string `toml:"listen"`     // host:port, or unix:PATH (a socket of mode 0600), of /metrics and /status; "" = off
 	TokenFile string `toml:"token_file"` // file holding the bearer token for mutating endpoints; "" = none
 }
 
@@ -119,7 +119,9 @@ type Table struct {
 	// Parse and WithDefaults round it up to a power of two. 0 means 262144.
 	Counters int `toml:"counters"`
 	// Responses is the number of stored-response records. 0 means none: no
-	// idempotency rule can then be configured. Default() sets 16384.
+	// idempotency rule can then be configured. Default() sets 16384. Only
+	// a configuration with an [[idempotency]] or [[cache]] block has them
+	// (see [Config.RegionTable]).
 	Responses int `toml:"responses"`
 	// ResponseBytes is the size of the block pool for stored bodies. 0
 	// means none, as for Responses. Default() sets 64 MiB.
@@ -594,14 +596,37 @@ func upperAll(ms []string) []string {
 	return out
 }
 
-// WorkerCount is the number of workers to start: Workers, or the number of
-// CPUs when Workers is 0.
-func (s Server) WorkerCount() int {
-	if s.Workers > 0 {
-		return s.Workers
+// storing names a kind of block that stores responses ("[[idempotency]]"
+// or "[[cache]]"), or is "" when there is none.
+func (c Config) storing() string {
+	switch {
+	case len(c.Idempotency) > 0:
+		return "[[idempotency]]"
+	case len(c.Caches) > 0:
+		return "[[cache]]"
 	}
-	return runtime.NumCPU()
+	return ""
 }
+
+// RegionTable is the geometry the region is made with for c: Table, but
+// without the response table (Responses and ResponseBytes 0) when no
+// [[idempotency]] or [[cache]] block would store a response in it, so
+// that an instance that only limits rates maps its counters and not the
+// 64 MiB of the default block pool. The region's geometry is fixed for
+// its life: a reload that adds the first such block needs a restart.
+func (c Config) RegionTable() Table {
+	t := c.Table
+	if c.storing() == "" {
+		t.Responses, t.ResponseBytes = 0, 0
+	}
+	return t
+}
+
+// WorkerCount is the number of workers to start: Workers, or when Workers
+// is 0 the CPUs this process may use: its cgroup's CPU limit (a
+// container's, a systemd unit's CPUQuota=) rounded up, else the host's
+// (see package internal/cpuquota).
+func (s Server) WorkerCount() int { return prefork.WorkerCount(s.Workers) }
 
 // BucketRule is the rule's rate limit as package bucket applies it.
 func (r RateLimit) BucketRule() bucket.Rule {

@@ -9,13 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -467,8 +467,8 @@ func TestWorkerCount(t *testing.T) {
 	if got := (Server{Workers: 3}).WorkerCount(); got != 3 {
 		t.Errorf("WorkerCount(3) = %d", got)
 	}
-	if got := (Server{}).WorkerCount(); got != runtime.NumCPU() {
-		t.Errorf("WorkerCount(0) = %d, want NumCPU %d", got, runtime.NumCPU())
+	if got, want := (Server{}).WorkerCount(), cpuquota.CPUs(); got != want {
+		t.Errorf("WorkerCount(0) = %d, want the CPUs this process may use, %d", got, want)
 	}
 }
 
@@ -555,12 +555,47 @@ idempotency /orders: methods=POST,PATCH header=Idempotency-Key required=false tt
 	if err := (Config{}).WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	if want := fmt.Sprintf("server: listen=127.0.0.1:8080 workers=%d ", runtime.NumCPU()); !strings.HasPrefix(b.String(), want) {
+	if want := fmt.Sprintf("server: listen=127.0.0.1:8080 workers=%d ", cpuquota.CPUs()); !strings.HasPrefix(b.String(), want) {
 		t.Errorf("WriteEffective(Config{}) = %q, want prefix %q", b.String(), want)
 	}
 
 	if err := c.WriteEffective(failWriter{}); err == nil {
 		t.Errorf("WriteEffective to a failing writer: no error")
+	}
+}
+
+// The response table is made only for a configuration with a block that
+// stores responses; without one, [table]'s responses and response_bytes
+// take no memory, whatever the file says, and check says so.
+func TestRegionTable(t *testing.T) {
+	for _, tc := range []struct {
+		name, toml string
+		want       Table
+	}{
+		{"rules only", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n",
+			Table{Counters: 262144}},
+		{"rules only, table set", "[table]\nresponses = 100\nresponse_bytes = \"1MiB\"\n",
+			Table{Counters: 262144}},
+		{"idempotency", "[[idempotency]]\npath = \"/orders\"\n",
+			Table{Counters: 262144, Responses: 16384, ResponseBytes: 64 << 20}},
+		{"cache, table set", "[table]\nresponses = 100\nresponse_bytes = \"1MiB\"\n[[cache]]\npath = \"/c/*\"\n",
+			Table{Counters: 262144, Responses: 100, ResponseBytes: 1 << 20}},
+	} {
+		c := mustParse(t, tc.toml)
+		if got := c.RegionTable(); got != tc.want {
+			t.Errorf("%s: RegionTable() = %+v, want %+v", tc.name, got, tc.want)
+		}
+		var b strings.Builder
+		if err := c.WriteEffective(&b); err != nil {
+			t.Fatal(err)
+		}
+		wantLine := fmt.Sprintf("table: counters=%d responses=%d response_bytes=%v\n", tc.want.Counters, tc.want.Responses, tc.want.ResponseBytes)
+		if !strings.Contains(b.String(), wantLine) {
+			t.Errorf("%s: check prints\n%s\nwant the line %q", tc.name, b.String(), wantLine)
+		}
+		if note := strings.Contains(b.String(), "no response table"); note != (tc.want.Responses == 0) {
+			t.Errorf("%s: the note about no response table printed: %v\n%s", tc.name, note, b.String())
+		}
 	}
 }
 
@@ -584,8 +619,12 @@ func TestExample(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 	s := c.Server
-	if s.Listen != "127.0.0.1:8080" || s.Workers != 4 || s.Upstream != "builtin:demo" || c.Persist.Path != "" || len(c.Idempotency) != 0 {
-		t.Errorf("example server/persist = %+v %+v", s, c.Persist)
+	if s.Listen != "127.0.0.1:8080" || s.Workers != 4 || s.Upstream != "builtin:demo" || c.Persist.Path != "" || len(c.Idempotency) != 0 ||
+		c.Admin.Listen != "127.0.0.1:9901" {
+		t.Errorf("example server/admin/persist = %+v %+v %+v", s, c.Admin, c.Persist)
+	}
+	if len(c.Caches) != 1 || c.Caches[0].Path != "/cacheable/*" {
+		t.Errorf("example caches = %+v, want the one over the demo's /cacheable/*", c.Caches)
 	}
 	want := []RateLimit{
 		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}, LocalShare: 1},
@@ -631,7 +670,7 @@ func TestExample(t *testing.T) {
 	if len(c.Idempotency) != 1 || c.Idempotency[0].Path != "/orders" {
 		t.Errorf("uncommented idempotency = %+v", c.Idempotency)
 	}
-	if len(c.Caches) != 1 || c.Caches[0].Path != "/articles/*" || c.Caches[0].LockTimeout != 5*time.Second || len(c.Caches[0].TagHeaders) != 2 {
+	if len(c.Caches) != 2 || c.Caches[1].Path != "/articles/*" || c.Caches[1].LockTimeout != 5*time.Second || len(c.Caches[1].TagHeaders) != 2 {
 		t.Errorf("uncommented cache = %+v", c.Caches)
 	}
 	if !c.Redis.Enabled() {
@@ -649,7 +688,7 @@ func TestExample(t *testing.T) {
 		{[]string{"ratelimit", elem(1), "override", elem(0)}, []string{"key", "limit", "window", "burst"}},
 		{[]string{"ratelimit", elem(1), "override", elem(1)}, []string{"client", "limit"}},
 		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
-		{[]string{"cache", elem(0)}, tomlKeys(reflect.TypeFor[Cache]())},
+		{[]string{"cache", elem(1)}, tomlKeys(reflect.TypeFor[Cache]())},
 		{[]string{"redis"}, tomlKeys(reflect.TypeFor[Redis]())},
 	} {
 		for _, k := range sec.keys {

@@ -12,7 +12,8 @@ import (
 )
 
 // WriteEffective writes the configuration as it takes effect, defaults
-// filled in and Workers, Burst, MaxKeys and MaxRecords resolved, for
+// filled in and Workers, Burst, MaxKeys, MaxRecords and the table the
+// region is made with (RegionTable) resolved, for
 // `preforkd check`: one line per table and one per rule, every key with
 // its value, for example (cut short here)
 //
@@ -27,7 +28,10 @@ func (c Config) WriteEffective(w io.Writer) error {
 	var b strings.Builder
 	line(&b, "server:", c.Server, "")
 	line(&b, "admin:", c.Admin, "")
-	line(&b, "table:", c.Table, "")
+	line(&b, "table:", c.RegionTable(), "")
+	if t := c.RegionTable(); t != c.Table {
+		b.WriteString("table: no response table: no [[idempotency]] or [[cache]] block stores responses (adding the first one needs a restart)\n")
+	}
 	line(&b, "persist:", c.Persist, "")
 	line(&b, "log:", c.Log, "")
 	if c.Redis.Enabled() {

@@ -56,10 +56,11 @@ func (c Config) Settings() prefork.Settings {
 // names of package metrics. The supervisor adds the worker indexes.
 func (c Config) RegionOptions() shm.Options {
 	c = c.WithDefaults()
+	t := c.RegionTable() // no response table without a block that stores responses
 	o := shm.Options{
-		Counters:      c.Table.Counters,
-		Responses:     c.Table.Responses,
-		ResponseBytes: int64(c.Table.ResponseBytes),
+		Counters:      t.Counters,
+		Responses:     t.Responses,
+		ResponseBytes: int64(t.ResponseBytes),
 	}
 	metrics.Geometry(&o, len(c.RateLimits))
 	return o

@@ -99,7 +99,7 @@ func (c Config) check(r *report) {
 
 	if a := c.Admin.Listen; a != "" {
 		f := r.at([]string{"admin"}, "admin.")
-		if err := checkAddr(a); err != nil {
+		if err := checkAdminAddr(a); err != nil {
 			f("listen", "%v", err)
 		} else if a == s.Listen {
 			f("listen", "%q is also server.listen", a)
@@ -111,13 +111,7 @@ func (c Config) check(r *report) {
 	if t.Counters < minCounters || t.Counters > maxCounters {
 		f("counters", "must be between %d and %d, got %d", minCounters, maxCounters, t.Counters)
 	}
-	storing := "" // a kind of block that needs stored responses, if any
-	switch {
-	case len(c.Idempotency) > 0:
-		storing = "[[idempotency]]"
-	case len(c.Caches) > 0:
-		storing = "[[cache]]"
-	}
+	storing := c.storing()
 	if t.Responses < 0 {
 		f("responses", "must not be negative, got %d", t.Responses)
 	} else if t.Responses == 0 && storing != "" {
@@ -346,6 +340,32 @@ func checkName(n string) error {
 		if c := n[i]; !isBare(c) && c != '.' {
 			return fmt.Errorf("%q: only letters, digits, '_', '.' and '-' are allowed", n)
 		}
+	}
+	return nil
+}
+
+// AdminUnix is the prefix of an admin.listen that is a unix socket's
+// path: "unix:/run/preforkd/admin.sock".
+const AdminUnix = "unix:"
+
+// maxSocketPath is the longest path a unix socket address holds
+// (sun_path, 108 bytes with its NUL).
+const maxSocketPath = 107
+
+// checkAdminAddr checks an admin.listen: host:port, or unix: and an
+// absolute path.
+func checkAdminAddr(a string) error {
+	p, ok := strings.CutPrefix(a, AdminUnix)
+	if !ok {
+		return checkAddr(a)
+	}
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return fmt.Errorf("invalid unix socket %q: want an absolute path, such as \"unix:/run/preforkd/admin.sock\"", a)
+	case len(p) > maxSocketPath:
+		return fmt.Errorf("unix socket path %q is %d bytes: at most %d fit a socket address", p, len(p), maxSocketPath)
+	case strings.HasSuffix(p, "/"):
+		return fmt.Errorf("unix socket path %q names a directory", p)
 	}
 	return nil
 }

@@ -101,6 +101,13 @@ func TestRequestsCountedInTheRegion(t *testing.T) {
 			t.Errorf("rule %s counted %v, want %v", name, got, want)
 		}
 	}
+	// near_limit, besides allowed: enf's second request left 0 of 2,
+	// shd's first 0 of 1; none of open's 100 came near.
+	for name, want := range map[string]uint64{"enf": 1, "shd": 1, "open": 0, "closed": 0} {
+		if got := s.RuleValue(metrics.RateLimitRequests, metrics.RuleIndex(region, name), metrics.NearLimit); got != want {
+			t.Errorf("rule %s: near_limit %d, want %d", name, got, want)
+		}
+	}
 	if n := s.Value(metrics.HTTPRequests, 200-100); n != 2+3+7 {
 		t.Errorf("%d responses of 200, want 12", n)
 	}

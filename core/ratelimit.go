@@ -504,6 +504,9 @@ func (ex *Exchange) served(now time.Duration) {
 			ex.logFull(h, now)
 		case h.d.Allowed:
 			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.Allowed, 1)
+			if metrics.IsNearLimit(h.d.Remaining, h.d.Limit) {
+				row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.NearLimit, 1)
+			}
 		default: // only a shadow rule can refuse a served request
 			row.AddRule(metrics.RateLimitRequests, h.r.stat, metrics.ShadowLimited, 1)
 			ex.logShadow(h, now)

@@ -33,7 +33,7 @@ func TestFamilyNames(t *testing.T) {
 			t.Errorf("%s: want the preforkd_ prefix and no type in the name", s.name)
 		}
 		switch s.kind {
-		case counter:
+		case counter, perWorker:
 			if !strings.HasSuffix(s.name, "_total") {
 				t.Errorf("counter %s does not end in _total", s.name)
 			}
@@ -173,4 +173,22 @@ func BenchmarkCountRequest(b *testing.B) {
 			}
 		})
 	})
+}
+
+// near_limit: at least 80% of the limit used after the request.
+func TestIsNearLimit(t *testing.T) {
+	for _, c := range []struct {
+		remaining, limit int64
+		want             bool
+	}{
+		{4, 5, false}, {2, 5, false}, {1, 5, true}, {0, 5, true},
+		{3, 10, false}, {2, 10, true},
+		{0, 1, true}, {1, 1, false},
+		{250, 1000, false}, {200, 1000, true},
+		{0, 0, false},
+	} {
+		if got := IsNearLimit(c.remaining, c.limit); got != c.want {
+			t.Errorf("IsNearLimit(%d, %d) = %v, want %v", c.remaining, c.limit, got, c.want)
+		}
+	}
 }

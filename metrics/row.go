@@ -40,6 +40,15 @@ func (r Row) AddRule(f Family, rule, i int, n uint64) {
 	atomic.AddUint64(&r.w[rowLayout.fixedWords+rule*rowLayout.perRuleWords+rowLayout.off[f]+i], n)
 }
 
+// SetGCCycles records that the process has run n garbage collections
+// since it started, having recorded last before (0 the first time), for
+// WorkerGCCycles: the row only ever grows.
+func (r Row) SetGCCycles(last, n uint64) {
+	if n > last {
+		r.Add(WorkerGCCycles, 0, n-last)
+	}
+}
+
 // Observe counts v, in the histogram f's counted unit (µs for durations,
 // bytes for sizes).
 func (r Row) Observe(f Family, v uint64) {

@@ -29,6 +29,7 @@ const (
 	CacheRefreshes                       // background refreshes (stale-while-revalidate)
 	CacheInvalidations                   // URLs invalidated by successful unsafe requests
 	CachePurged                          // entries a lookup found purged and dropped
+	WorkerGCCycles                       // per worker: garbage collections its process ran, written by itself (Row.SetGCCycles)
 	numFamilies
 )
 
@@ -45,7 +46,17 @@ const (
 	UnavailableClosed        // a Redis rule that Redis could not decide: refused with 503 (on_unavailable closed)
 	CappedOpen               // no slot for a new key: the rule's keys hold max_keys slots; served uncounted
 	CappedClosed             // the same, refused with 503 (on_full closed)
+	// NearLimit counts, besides Allowed (as envoy's ratelimit counts
+	// near_limit besides within_limit), the allowed requests after which
+	// the key has at most a fifth of the rule's limit left: at least 80%
+	// of it is used. It is not a result of its own: the other results
+	// add up to the requests a rule matched.
+	NearLimit
 )
+
+// IsNearLimit reports whether a request allowed with remaining of limit
+// left leaves at least 80% of the limit used (NearLimit).
+func IsNearLimit(remaining, limit int64) bool { return limit > 0 && remaining*5 <= limit }
 
 // Kinds of UpstreamErrors.
 const (
@@ -122,13 +133,14 @@ const (
 	counter kind = iota
 	histogram
 	codeHistogram // a counter by label value and a histogram, from one table of buckets by value
+	perWorker     // a counter of one process, read per worker index and never summed (AppendWorkers)
 )
 
 var families = [numFamilies]spec{
 	RateLimitRequests: {
 		name: "preforkd_ratelimit_requests_total", kind: counter, perRule: true,
-		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503), unavailable_open and unavailable_closed (a Redis rule Redis could not decide: served uncounted, or refused with 503), capped_open and capped_closed (no slot for a new key because the rule's keys hold max_keys slots: served uncounted, or refused with 503).",
-		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed", "capped_open", "capped_closed"},
+		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503), unavailable_open and unavailable_closed (a Redis rule Redis could not decide: served uncounted, or refused with 503), capped_open and capped_closed (no slot for a new key because the rule's keys hold max_keys slots: served uncounted, or refused with 503). near_limit counts, among the allowed ones, those after which at most a fifth of the limit is left (80% used); it is not added to the others.",
+		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed", "capped_open", "capped_closed", "near_limit"},
 	},
 	RateLimitUnavailable: {
 		name: "preforkd_ratelimit_unavailable_total", kind: counter, perRule: true,
@@ -202,6 +214,10 @@ var families = [numFamilies]spec{
 	CachePurged: {
 		name: "preforkd_cache_purged_entries_total", kind: counter,
 		help: "Cached responses a lookup found purged (by tag, by URL or by an unsafe request) and dropped.",
+	},
+	WorkerGCCycles: {
+		name: "preforkd_worker_gc_cycles_total", kind: perWorker,
+		help: "Garbage collections each worker process ran, by worker index (its process's own count: a replaced worker starts again from 0), written by the worker every second.",
 	},
 }
 

@@ -110,6 +110,8 @@ func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 	for f := range numFamilies {
 		sp := &families[f]
 		switch {
+		case sp.kind == perWorker:
+			// Per process: AppendWorkers.
 		case sp.perRule:
 			t.Family(sp.name, "counter", sp.help)
 			for _, r := range rules {
@@ -145,6 +147,29 @@ func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 			for i, v := range sp.values {
 				t.Uint(sp.name, s.Value(f, i), sp.label, v)
 			}
+		}
+	}
+}
+
+// Worker is a worker process as the page names it: its region worker
+// index, and its own counts (ReadWorker).
+type Worker struct {
+	Index int
+	Snap  *Snapshot
+}
+
+// AppendWorkers writes the families that a worker process counts for
+// itself (its GC cycles), one sample per worker, labelled with its
+// index.
+func AppendWorkers(t *Text, workers []Worker) {
+	for f := range numFamilies {
+		sp := &families[f]
+		if sp.kind != perWorker {
+			continue
+		}
+		t.Family(sp.name, "counter", sp.help)
+		for _, w := range workers {
+			t.Uint(sp.name, w.Snap.Value(f, 0), "worker", strconv.Itoa(w.Index))
 		}
 	}
 }

@@ -1,9 +1,11 @@
 package persist
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -273,6 +275,36 @@ func (d ruleDef) diff(cur ruleDef) string {
 		return fmt.Sprintf("burst %d → %d", d.burst, cur.burst)
 	}
 	return ""
+}
+
+// ruleLabel is how a dumped rule is named to people (inspect, the log):
+// a rule by its name, and the state of one of its overrides, which package
+// core names "RULE\x00key\x00VALUE" or "RULE\x00clients\x00CIDR\x00...",
+// by the rule's name and the override (" override key sha256:…"): an
+// override's key by the first 8 bytes of its SHA-256, never its value,
+// which may be a customer's API key ("printf %s KEY | sha256sum" finds
+// it). Anything else after the rule's name is hashed whole.
+func ruleLabel(name string) (rule, override string) {
+	rule, rest, ok := strings.Cut(name, "\x00")
+	if !ok {
+		return name, ""
+	}
+	kind, what, _ := strings.Cut(rest, "\x00")
+	switch kind {
+	case "key":
+		sum := sha256.Sum256([]byte(what))
+		return rule, fmt.Sprintf(" override key sha256:%x", sum[:8])
+	case "clients":
+		return rule, " override clients " + strings.ReplaceAll(what, "\x00", ",")
+	}
+	sum := sha256.Sum256([]byte(rest))
+	return rule, fmt.Sprintf(" override sha256:%x", sum[:8])
+}
+
+// ruleText is ruleLabel as one text: "login", "api override key sha256:…".
+func ruleText(name string) string {
+	rule, override := ruleLabel(name)
+	return rule + override
 }
 
 func (d ruleDef) String() string {

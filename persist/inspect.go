@@ -169,7 +169,8 @@ func (c counters) describe(w io.Writer, h *header) {
 		}
 	}
 	for i, d := range c.rules {
-		fmt.Fprintf(w, "\trule %q:\t%s, tag %#04x, %d entries\n", d.name, d, d.tag(), per[i])
+		rule, override := ruleLabel(d.name)
+		fmt.Fprintf(w, "\trule %q%s:\t%s, tag %#04x, %d entries\n", rule, override, d, d.tag(), per[i])
 	}
 	if unowned > 0 {
 		fmt.Fprintf(w, "\t%d entries of no rule (dropped at load)\n", unowned)

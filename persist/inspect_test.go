@@ -2,10 +2,13 @@ package persist
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/preforkd/preforkd/shm"
@@ -73,5 +76,24 @@ func TestInspect(t *testing.T) {
 	}
 	if err := Inspect(filepath.Join(dir, "missing"), &bytes.Buffer{}); err == nil || errors.Is(err, ErrRefused) {
 		t.Errorf("a missing file: %v, want an error other than ErrRefused", err)
+	}
+}
+
+// An override's state is named by its rule and its key's hash, never the
+// key: "api\x00key\x00gold-customer-key" is the state of a customer's
+// API key.
+func TestRuleLabel(t *testing.T) {
+	sum := sha256.Sum256([]byte("gold-customer-key"))
+	for name, want := range map[string][2]string{
+		"login":                           {"login", ""},
+		"api\x00key\x00gold-customer-key": {"api", fmt.Sprintf(" override key sha256:%x", sum[:8])},
+		"api\x00clients\x0010.0.0.0/8\x00192.0.2.0/24": {"api", " override clients 10.0.0.0/8,192.0.2.0/24"},
+		"api\x00other\x00secret":                       {"api", ""},
+	} {
+		rule, override := ruleLabel(name)
+		if rule != want[0] || (want[1] != "" && override != want[1]) || strings.Contains(override, "secret") ||
+			strings.Contains(override, "gold-customer-key") {
+			t.Errorf("ruleLabel(%q) = %q, %q; want %q, %q", name, rule, override, want[0], want[1])
+		}
 	}
 }

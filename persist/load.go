@@ -323,7 +323,7 @@ func ruleVerdicts(dumped []ruleDef, current []bucket.Rule) []string {
 	for _, r := range current {
 		d := defOf(r)
 		cur[d.name] = d
-		byTag[d.tag()] = append(byTag[d.tag()], d.name)
+		byTag[d.tag()] = append(byTag[d.tag()], ruleText(d.name))
 	}
 	dumpTags := map[uint16]int{}
 	for _, d := range dumped {
@@ -450,7 +450,7 @@ func (l *loader) counters(c counters, now time.Duration) {
 	for i, v := range verdict {
 		if v != "" {
 			l.rep.Dropped[DropRuleChanged] += changed[i]
-			l.refuse(Refusal{ReasonRuleChanged, "rule " + c.rules[i].name, v + ": its state is dropped"}, "entries", changed[i])
+			l.refuse(Refusal{ReasonRuleChanged, "rule " + ruleText(c.rules[i].name), v + ": its state is dropped"}, "entries", changed[i])
 		}
 	}
 }

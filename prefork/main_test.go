@@ -286,8 +286,9 @@ func testHandler(w *Worker, c *core.Core, keyOf func(rule string, r *http.Reques
 	mux.HandleFunc("/env", func(rw http.ResponseWriter, _ *http.Request) {
 		_, notify := os.LookupEnv(envNotifySocket)
 		_, marker := os.LookupEnv(envWorker)
+		_, watchdog := os.LookupEnv(envWatchdogUsec)
 		json.NewEncoder(rw).Encode(map[string]any{
-			"notify": notify, "marker": marker, "gomaxprocs": runtime.GOMAXPROCS(0), "index": w.Index,
+			"notify": notify, "marker": marker, "watchdog": watchdog, "gomaxprocs": runtime.GOMAXPROCS(0), "index": w.Index,
 		})
 	})
 	// /reset?rule=R forgets what rule R counted for this client, with the

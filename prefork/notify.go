@@ -2,8 +2,11 @@ package prefork
 
 import (
 	"fmt"
+	"math"
 	"net"
+	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -12,11 +15,38 @@ import (
 // socket name starting with '@'.
 const envNotifySocket = "NOTIFY_SOCKET"
 
+// systemd's watchdog (WatchdogSec=): the interval in µs, and the pid it
+// is meant for (sd_watchdog_enabled(3)).
+const (
+	envWatchdogUsec = "WATCHDOG_USEC"
+	envWatchdogPID  = "WATCHDOG_PID"
+)
+
 // Notification states (sd_notify(3)).
 const (
 	notifyReady    = "READY=1"
 	notifyStopping = "STOPPING=1"
+	notifyWatchdog = "WATCHDOG=1"
 )
+
+// watchdogPings is how often the supervisor sends WATCHDOG=1 for the
+// values of WATCHDOG_USEC and WATCHDOG_PID: half the watchdog's interval,
+// as sd_watchdog_enabled(3) advises; 0 when there is no watchdog, or one
+// meant for another process (WATCHDOG_PID names another pid: the
+// variables were inherited).
+func watchdogPings(usec, pid string, self int) (time.Duration, error) {
+	if usec == "" {
+		return 0, nil
+	}
+	if pid != "" && pid != strconv.Itoa(self) {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(usec, 10, 63)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("prefork: %s=%q: want a positive number of microseconds", envWatchdogUsec, usec)
+	}
+	return time.Duration(min(n, uint64(math.MaxInt64/int64(time.Microsecond)))) * time.Microsecond / 2, nil
+}
 
 // notifier sends sd_notify(3) messages to the service manager. A nil
 // notifier (NOTIFY_SOCKET unset) sends nothing. It dials for every message,

@@ -8,12 +8,12 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -104,13 +104,14 @@ type Engine interface {
 	Shutdown(ctx context.Context) error
 }
 
-// WorkerCount is the number of workers n asks for: n, or one per CPU
-// for 0.
+// WorkerCount is the number of workers n asks for: n, or for 0 the CPUs
+// this process may use: its cgroup's CPU limit (a container's, a systemd
+// unit's CPUQuota=) rounded up, else the host's.
 func WorkerCount(n int) int {
 	if n > 0 {
 		return n
 	}
-	return runtime.NumCPU()
+	return cpuquota.CPUs()
 }
 
 // Run runs this process in the role it was started in, so that main calls
@@ -158,6 +159,12 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	note, err := newNotifier(os.Getenv(envNotifySocket))
 	if err != nil {
 		return err
+	}
+	var watchdog time.Duration
+	if note != nil {
+		if watchdog, err = watchdogPings(os.Getenv(envWatchdogUsec), os.Getenv(envWatchdogPID), os.Getpid()); err != nil {
+			return err
+		}
 	}
 	openFiles, err := raiseOpenFileLimit()
 	if err != nil {
@@ -227,10 +234,11 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	defer close(quit)
 
 	sys := sysEnv{
-		now:    timeNow,
-		start:  env.start,
-		reap:   region.Reap,
-		notify: note.send,
+		now:      timeNow,
+		start:    env.start,
+		reap:     region.Reap,
+		notify:   note.send,
+		watchdog: watchdog,
 		// From the region's statistics: a worker index's row, and the sum
 		// of every other row and of the reaped workers' (it never goes
 		// down), read together so the two never overlap.
@@ -251,9 +259,13 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	}
 	sys.load = opts.Reload
 
-	log.Info("supervisor started", "pid", os.Getpid(), "listen", ln.Addr().String(),
+	started := []any{"pid", os.Getpid(), "listen", ln.Addr().String(),
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
-		"open_files", openFiles)
+		"open_files", openFiles}
+	if watchdog > 0 {
+		started = append(started, "watchdog_ping", watchdog)
+	}
+	log.Info("supervisor started", started...)
 	s := newSupervisor(sys, log, cfg, n, region.Geometry().MaxWorkers)
 	s.onStatus, s.onConfig = opts.OnStatus, opts.Configured
 	stopBeat := beat(region)

@@ -12,11 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/internal/looptest"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -486,7 +487,7 @@ func TestSystemdNotify(t *testing.T) {
 		t.Errorf("worker environment: %v, want neither NOTIFY_SOCKET nor the worker marker", env)
 	}
 	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
-		if want := max(1, runtime.NumCPU()/2); env["gomaxprocs"] != float64(want) {
+		if want := max(1, cpuquota.CPUs()/2); env["gomaxprocs"] != float64(want) {
 			t.Errorf("worker GOMAXPROCS %v, want %d", env["gomaxprocs"], want)
 		}
 	}
@@ -513,6 +514,92 @@ func TestSystemdNotify(t *testing.T) {
 	// Every process is gone: whatever else was sent is queued by now.
 	if state, pid, err := read(100 * time.Millisecond); err == nil {
 		t.Errorf("unexpected notification %q from pid %d", state, pid)
+	}
+}
+
+// With systemd's watchdog (WATCHDOG_USEC, WATCHDOG_PID) the supervisor
+// sends WATCHDOG=1 at half its interval, from its loop: a loop held up in
+// a handler (here OnStatus, which runs on it) sends none until it goes
+// on. The workers do not see the watchdog's variables.
+func TestSystemdWatchdog(t *testing.T) {
+	sock := t.TempDir() + "/notify"
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv(envNotifySocket, sock)
+	t.Setenv(envWatchdogUsec, "300000") // 300ms: a ping every 150ms
+	t.Setenv(envWatchdogPID, strconv.Itoa(os.Getpid()))
+	// count reads notifications for d and counts them by state.
+	count := func(d time.Duration) map[string]int {
+		got := map[string]int{}
+		buf := make([]byte, 256)
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			conn.SetReadDeadline(end)
+			n, err := conn.Read(buf)
+			if err != nil {
+				break
+			}
+			got[strings.SplitN(string(buf[:n]), "\n", 2)[0]]++
+		}
+		return got
+	}
+
+	var stall atomic.Bool
+	stuck := make(chan struct{})
+	h := startSupervisor(t, testConfig(2), true, func(o *Options) {
+		o.OnStatus = func(Status) {
+			if stall.Load() {
+				<-stuck
+			}
+		}
+	})
+	if got := count(time.Second); got[notifyWatchdog] < 3 {
+		t.Fatalf("a healthy supervisor sent %v in a second; want WATCHDOG=1 about every 150ms", got)
+	}
+	_, body, err := h.get("/env", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(body, `"watchdog":false`) {
+		t.Errorf("worker environment %s: the watchdog's variables reached a worker", body)
+	}
+
+	// HUP: the loop publishes a status, and OnStatus holds it up.
+	stall.Store(true)
+	h.signal(unix.SIGHUP)
+	count(200 * time.Millisecond) // RELOADING=1, and a ping that may have been under way
+	if got := count(time.Second); got[notifyWatchdog] != 0 {
+		t.Errorf("a stuck loop sent %v", got)
+	}
+	stall.Store(false)
+	close(stuck)
+	if got := count(time.Second); got[notifyWatchdog] < 3 {
+		t.Errorf("once the loop went on: %v in a second, want WATCHDOG=1 again", got)
+	}
+	if err := h.stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatchdogPings(t *testing.T) {
+	for _, tc := range []struct {
+		usec, pid string
+		want      time.Duration
+		err       bool
+	}{
+		{"", "", 0, false},
+		{"30000000", "", 15 * time.Second, false},
+		{"30000000", "4242", 15 * time.Second, false}, // this process
+		{"30000000", "1", 0, false},                   // meant for another process
+		{"0", "", 0, true},
+		{"30s", "", 0, true},
+	} {
+		got, err := watchdogPings(tc.usec, tc.pid, 4242)
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("watchdogPings(%q, %q) = %v, %v; want %v, error %v", tc.usec, tc.pid, got, err, tc.want, tc.err)
+		}
 	}
 }
 

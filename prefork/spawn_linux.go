@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/preforkd/preforkd/internal/cpuquota"
 )
 
 // readyEvent and exitEvent are what the process watchers send to the
@@ -107,15 +109,17 @@ func (g genFiles) close() {
 }
 
 // workerEnviron is the environment of every worker: this process's, without
-// NOTIFY_SOCKET (workers never talk to the service manager) and with
-// GOMAXPROCS sized to a worker's share of the CPUs unless the user set it.
+// NOTIFY_SOCKET and the watchdog's variables (workers never talk to the
+// service manager) and with
+// GOMAXPROCS sized to a worker's share of the CPUs this process may use
+// (its cgroup's CPU limit, else the host's) unless the user set it.
 func workerEnviron(environ []string, workers int) []string {
 	out := make([]string, 0, len(environ)+1)
 	gomaxprocs := false
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case envNotifySocket, envWorker, envName, envRSSDelay:
+		case envNotifySocket, envWatchdogUsec, envWatchdogPID, envWorker, envName, envRSSDelay:
 			continue
 		case "GOMAXPROCS":
 			gomaxprocs = true
@@ -123,7 +127,7 @@ func workerEnviron(environ []string, workers int) []string {
 		out = append(out, kv)
 	}
 	if !gomaxprocs {
-		out = append(out, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/max(1, workers))))
+		out = append(out, "GOMAXPROCS="+strconv.Itoa(max(1, cpuquota.CPUs()/max(1, workers))))
 	}
 	return out
 }

@@ -36,6 +36,9 @@ type sysEnv struct {
 	reap func(index int) (released int, err error)
 	// notify sends a systemd notification (a no-op without NOTIFY_SOCKET).
 	notify func(state string) error
+	// watchdog is how often the loop sends WATCHDOG=1 (half of systemd's
+	// WatchdogSec); 0 = never.
+	watchdog time.Duration
 	// load takes the settings again on HUP (Options.Reload); nil reuses
 	// the running ones.
 	load func(running Settings) (Settings, error)
@@ -133,11 +136,12 @@ type supervisor struct {
 	inUse []bool        // region worker indexes held by unreaped workers
 
 	draining    bool
-	reloading   bool  // a reload was accepted and not all slots run it yet
-	announced   bool  // READY=1 was sent once
-	everStarted bool  // a worker was started: start errors are no longer fatal
-	fatal       error // a startup failure, returned by Run after the drain
-	crashes     int   // workers replaced after an exit nobody asked for
+	watchdogAt  time.Time // when the loop sends the next WATCHDOG=1
+	reloading   bool      // a reload was accepted and not all slots run it yet
+	announced   bool      // READY=1 was sent once
+	everStarted bool      // a worker was started: start errors are no longer fatal
+	fatal       error     // a startup failure, returned by Run after the drain
+	crashes     int       // workers replaced after an exit nobody asked for
 	reloads     ReloadStatus
 
 	onStatus  func(Status)   // Options.OnStatus
@@ -180,6 +184,7 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 		}
 	}
 	s.step()
+	s.keepAlive()
 	s.publish()
 	for !s.finished() {
 		var wake <-chan time.Time
@@ -207,8 +212,25 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 		case <-wake:
 		}
 		s.step()
+		s.keepAlive()
 		s.publish()
 	}
+}
+
+// keepAlive sends WATCHDOG=1 when one is due. It is sent by the loop
+// itself, between two events: a loop stuck in a handler sends none, and
+// systemd restarts the service after WatchdogSec, while a healthy loop
+// wakes for it (nextDeadline) at half that interval, also during a drain.
+func (s *supervisor) keepAlive() {
+	if s.env.watchdog <= 0 {
+		return
+	}
+	now := s.env.now()
+	if now.Before(s.watchdogAt) {
+		return
+	}
+	s.sendNotify(notifyWatchdog)
+	s.watchdogAt = now.Add(s.env.watchdog)
 }
 
 // finished reports whether the supervisor drained and reaped every worker.
@@ -586,6 +608,9 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 			next = t
 		}
+	}
+	if s.env.watchdog > 0 {
+		consider(s.watchdogAt)
 	}
 	for _, p := range s.procs {
 		switch {

@@ -749,3 +749,34 @@ func TestMemoryRecyclingBacksOff(t *testing.T) {
 		t.Fatalf("%d warnings, want still 1", n)
 	}
 }
+
+// With a watchdog the loop wakes for WATCHDOG=1 every interval, and goes
+// on sending it while it drains.
+func TestWatchdogDeadline(t *testing.T) {
+	f := newFake()
+	env := f.env()
+	env.watchdog = 10 * time.Second
+	s := newSupervisor(env, quietLog(), defaulted(Settings{ShutdownTimeout: 30 * time.Second}), 1, minMaxWorkers(1))
+	s.step()
+	s.keepAlive()
+	pings := func() int { return strings.Count(strings.Join(f.notes, " "), notifyWatchdog) }
+	if pings() != 1 {
+		t.Fatalf("notes %q, want WATCHDOG=1 at once", f.notes)
+	}
+	ready(s, f.pids...)
+	s.keepAlive()
+	if at, ok := s.nextDeadline(); !ok || !at.Equal(t0.Add(10*time.Second)) {
+		t.Fatalf("next deadline %v %v, want the watchdog's, 10s on", at, ok)
+	}
+	f.now = f.now.Add(10 * time.Second)
+	s.keepAlive()
+	s.beginDrain("TERM")
+	f.now = f.now.Add(9 * time.Second)
+	s.keepAlive()
+	if pings() != 2 {
+		t.Fatalf("notes %q, want a second WATCHDOG=1 after 10s and none 9s later", f.notes)
+	}
+	if at, ok := s.nextDeadline(); !ok || !at.Equal(f.now.Add(time.Second)) {
+		t.Fatalf("draining: next deadline %v %v, want the watchdog's, 1s on", at, ok)
+	}
+}

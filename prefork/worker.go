@@ -189,8 +189,14 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 	result := make(chan error, 1)
 	go func() { result <- serve() }()
 	serving := (<-chan error)(result)
+	gc := newGCCounter(w.Region)
+	gc.publish()
+	gcTick := time.NewTicker(gcEvery)
+	defer gcTick.Stop()
 	for why == "" {
 		select {
+		case <-gcTick.C:
+			gc.publish()
 		case err := <-serving:
 			if !w.pastLimit() {
 				if err == nil {

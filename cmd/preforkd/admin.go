@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,18 +77,21 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 			return nil
 		}
 		a.region, a.log = r, log
-		ln, err := net.Listen("tcp", cfg.Admin.Listen)
+		ln, err := listenAdmin(cfg.Admin.Listen)
 		if err != nil {
 			return fmt.Errorf("admin: %w", err)
 		}
-		srv = newAdminServer(a.mux(), defaultAdminLimits, log)
 		capped := capListener(ln, defaultAdminLimits.maxConns, log)
+		srv = newAdminServer(a.mux(), defaultAdminLimits, capped, log)
 		go func() {
 			if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin endpoint stopped", "err", err)
 			}
 		}()
-		log.Info("admin endpoint listening", "listen", ln.Addr().String())
+		log.Info("admin endpoint listening", "listen", adminAddrString(ln))
+		if why := adminExposure(cfg.Admin.Listen); why != "" {
+			log.Warn("admin endpoint reachable from other hosts: /metrics and /status answer without a token; keep admin.listen on loopback or a unix: socket", "listen", cfg.Admin.Listen, "why", why)
+		}
 		return nil
 	}
 	opts.Finish = func(r *shm.Region, s prefork.Settings, log *slog.Logger) error {
@@ -106,20 +110,50 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 }
 
 // mux routes the admin endpoints; the actions come from adminActions.
+// What no route serves is answered with problem+json, as everything
+// else: 405 with Allow for a known path and another method, else 404.
 func (a *admin) mux() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	allow := map[string][]string{} // path → methods
+	handle := func(pattern string, h http.Handler) {
+		mux.Handle(pattern, h)
+		method, path, _ := strings.Cut(pattern, " ")
+		allow[path] = append(allow[path], method)
+		if method == http.MethodGet {
+			allow[path] = append(allow[path], http.MethodHead)
+		}
+	}
+	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", a.serveReady)
-	mux.HandleFunc("GET /metrics", a.serveMetrics)
-	mux.HandleFunc("GET /status", a.serveStatus)
+	}))
+	handle("GET /readyz", http.HandlerFunc(a.serveReady))
+	handle("GET /metrics", http.HandlerFunc(a.serveMetrics))
+	handle("GET /status", http.HandlerFunc(a.serveStatus))
 	for _, act := range adminActions {
 		serve := act.serve
-		mux.Handle(act.pattern, a.authorize(func(w http.ResponseWriter, r *http.Request) { serve(a, w, r) }))
+		handle(act.pattern, a.authorize(func(w http.ResponseWriter, r *http.Request) { serve(a, w, r) }))
 	}
+	for path, methods := range allow {
+		allowed := strings.Join(methods, ", ")
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allowed)
+			writeProblem(w, http.StatusMethodNotAllowed, "Method Not Allowed", r.Method+" is not served here; "+path+" takes "+allowed)
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, http.StatusNotFound, "Not Found", "no admin endpoint at this path: /healthz, /readyz, /metrics, /status and the actions README lists")
+	})
 	return mux
+}
+
+// adminAddrString is the address the admin listener serves on, as
+// admin.listen writes it.
+func adminAddrString(ln net.Listener) string {
+	if ln.Addr().Network() == "unix" {
+		return adminUnix + ln.Addr().String()
+	}
+	return ln.Addr().String()
 }
 
 // serveReady answers 200 while the instance serves (prefork.Status.Serving):

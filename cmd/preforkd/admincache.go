@@ -26,7 +26,7 @@ func (a *admin) serveCachePurge(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	if a.region.Tags().Len() == 0 {
-		writeProblem(w, http.StatusNotFound, "Not Found", "this instance has no response cache (table.responses is 0)")
+		writeProblem(w, http.StatusNotFound, "Not Found", "this instance has no response cache: its region has no response table (no [[idempotency]] or [[cache]] block at start, or table.responses = 0)")
 		return
 	}
 	for _, t := range tags {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,7 +15,7 @@ import (
 // client once held all 20,000 of them, and the supervisor noticed a crashed
 // worker late and took seconds to reload.
 type adminLimits struct {
-	maxConns          int           // open connections; more are closed as soon as accepted
+	maxConns          int           // open connections; see cappedListener for one more
 	readHeaderTimeout time.Duration // to read a request's header
 	readTimeout       time.Duration // to read a whole request
 	writeTimeout      time.Duration // to write a response
@@ -31,10 +32,12 @@ var defaultAdminLimits = adminLimits{
 	idleTimeout:       30 * time.Second,
 }
 
-// newAdminServer is the admin endpoint's http.Server, with lim's timeouts.
-func newAdminServer(h http.Handler, lim adminLimits, log *slog.Logger) *http.Server {
+// newAdminServer is the admin endpoint's http.Server, with lim's timeouts,
+// for the connections of ln.
+func newAdminServer(h http.Handler, lim adminLimits, ln *cappedListener, log *slog.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
+		ConnState:         ln.connState,
 		ReadHeaderTimeout: lim.readHeaderTimeout,
 		ReadTimeout:       lim.readTimeout,
 		WriteTimeout:      lim.writeTimeout,
@@ -44,25 +47,33 @@ func newAdminServer(h http.Handler, lim adminLimits, log *slog.Logger) *http.Ser
 	}
 }
 
-// cappedListener accepts at most max open connections. One more is closed
-// at once rather than left in the kernel's backlog: its client learns now
-// that the endpoint is busy, instead of waiting behind whoever holds the
-// connections, and the accept loop never stops.
+// cappedListener accepts at most max open connections. When they are
+// all open, a new one takes the slot of the connection that has waited
+// longest for a request (a client that connected and sends its header a
+// byte at a time, or a keep-alive connection gone quiet): so that
+// connections that hold slots without asking anything (slowloris) cannot
+// keep /healthz from answering, whoever opens them. Only when every
+// connection has a request in progress is the new one closed at once,
+// rather than left in the kernel's backlog: its client learns now that
+// the endpoint is busy, and the accept loop never stops.
 type cappedListener struct {
 	net.Listener
-	slots chan struct{} // one token per open connection
-	log   *slog.Logger
+	max int
+	log *slog.Logger
+
+	mu   sync.Mutex
+	open map[*cappedConn]struct{}
 
 	// Only the accepting goroutine touches these.
-	refused  int
-	lastWarn time.Time
+	refused, evicted int
+	lastWarn         time.Time
 }
 
 // refusedLogEvery bounds the warnings about refused connections.
 const refusedLogEvery = time.Minute
 
 func capListener(ln net.Listener, max int, log *slog.Logger) *cappedListener {
-	return &cappedListener{Listener: ln, slots: make(chan struct{}, max), log: log}
+	return &cappedListener{Listener: ln, max: max, log: log, open: make(map[*cappedConn]struct{}, max)}
 }
 
 func (l *cappedListener) Accept() (net.Conn, error) {
@@ -71,29 +82,82 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		select {
-		case l.slots <- struct{}{}:
-			return &cappedConn{Conn: c, release: func() { <-l.slots }}, nil
-		default:
+		cc := &cappedConn{Conn: c, l: l}
+		cc.waiting.Store(time.Now().UnixNano())
+		l.mu.Lock()
+		var victim *cappedConn
+		if len(l.open) >= l.max {
+			if victim = l.longestWaiting(); victim != nil {
+				delete(l.open, victim) // its slot is the new connection's
+			}
 		}
-		c.Close()
-		l.refused++
-		if now := time.Now(); now.Sub(l.lastWarn) >= refusedLogEvery {
-			l.log.Warn("admin: connection limit reached; closing new connections", "limit", cap(l.slots), "closed", l.refused)
-			l.lastWarn, l.refused = now, 0
+		full := len(l.open) >= l.max
+		if !full {
+			l.open[cc] = struct{}{}
 		}
+		l.mu.Unlock()
+		if victim != nil {
+			victim.Conn.Close() // its server goroutine sees the error and lets go
+			l.evicted++
+		}
+		if full {
+			c.Close()
+			l.refused++
+		}
+		if (victim != nil || full) && time.Since(l.lastWarn) >= refusedLogEvery {
+			l.log.Warn("admin: connection limit reached; closing the connections that waited longest for a request, or new ones while every connection has one in progress",
+				"limit", l.max, "closed_waiting", l.evicted, "closed_new", l.refused)
+			l.lastWarn, l.evicted, l.refused = time.Now(), 0, 0
+		}
+		if !full {
+			return cc, nil
+		}
+	}
+}
+
+// longestWaiting is the open connection that has waited longest for a
+// request, nil when every one has a request in progress. l.mu is held.
+func (l *cappedListener) longestWaiting() *cappedConn {
+	var oldest *cappedConn
+	var since int64
+	for c := range l.open {
+		if w := c.waiting.Load(); w != 0 && (oldest == nil || w < since) {
+			oldest, since = c, w
+		}
+	}
+	return oldest
+}
+
+// connState is the server's ConnState hook (http.Server.ConnState): a
+// connection waits for a request from its start and between two
+// requests, until the whole header of the next was read.
+func (l *cappedListener) connState(c net.Conn, s http.ConnState) {
+	cc, ok := c.(*cappedConn)
+	if !ok {
+		return
+	}
+	switch s {
+	case http.StateNew, http.StateIdle:
+		cc.waiting.Store(time.Now().UnixNano())
+	case http.StateActive, http.StateHijacked:
+		cc.waiting.Store(0)
 	}
 }
 
 // cappedConn gives its slot back when it is closed, once.
 type cappedConn struct {
 	net.Conn
+	l       *cappedListener
 	once    sync.Once
-	release func()
+	waiting atomic.Int64 // Unix ns since which it waits for a request's header; 0 while one is in progress
 }
 
 func (c *cappedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.open, c)
+		c.l.mu.Unlock()
+	})
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,8 +16,10 @@ import (
 )
 
 // The admin listener's limits, in process with short timeouts: a cap on
-// open connections (one more is closed at once), and idle, header and
-// body timeouts that give the slots back.
+// open connections, where a new one takes the slot of the one that has
+// waited longest for a request and is closed at once only when every
+// connection has a request in progress; idle, header and body timeouts
+// that give the slots back.
 func TestAdminLimits(t *testing.T) {
 	t.Parallel()
 	lim := adminLimits{
@@ -32,10 +35,22 @@ func TestAdminLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := newAdminServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), lim, log)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			<-release
+		}
+		io.WriteString(w, "ok")
+	})
+	capped := capListener(ln, lim.maxConns, log)
+	srv := newAdminServer(h, lim, capped, log)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(capListener(ln, lim.maxConns, log)) }()
+	go func() { served <- srv.Serve(capped) }()
 	t.Cleanup(func() {
+		releaseOnce.Do(func() { close(release) })
 		srv.Close()
 		<-served
 	})
@@ -49,16 +64,21 @@ func TestAdminLimits(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c, bufio.NewReader(c)
 	}
+	send := func(c net.Conn, path string) error {
+		_, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: admin\r\n\r\n")
+		return err
+	}
 	get := func(c net.Conn, r *bufio.Reader) error {
-		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: admin\r\n\r\n"); err != nil {
+		if err := send(c, "/"); err != nil {
 			return err
 		}
 		resp, err := http.ReadResponse(r, nil)
 		if err != nil {
 			return err
 		}
+		_, err = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		return nil
+		return err
 	}
 	// closedWithin reports whether the server closed c within d (and how
 	// long that took).
@@ -68,19 +88,56 @@ func TestAdminLimits(t *testing.T) {
 		_, err := r.ReadByte()
 		var ne net.Error
 		timedOut := errors.As(err, &ne) && ne.Timeout()
+		c.SetReadDeadline(time.Time{})
 		return time.Since(start), err != nil && !timedOut
 	}
+	// busy starts a request that stays in progress until release.
+	busy := func() {
+		t.Helper()
+		c, r := dial()
+		if err := send(c, "/slow"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := http.ReadResponse(r, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	busy()
+	silent, silentR := dial() // connects and never sends a header
+	time.Sleep(10 * time.Millisecond)
+	third, thirdR := dial() // over the cap: takes the silent one's slot
+	// Closed now, not at the header timeout.
+	if took, ok := closedWithin(silentR, silent, 100*time.Millisecond); !ok {
+		t.Fatalf("the connection that sent nothing was still open %v after one more came", took)
+	}
+	if err := get(third, thirdR); err != nil {
+		t.Fatalf("a connection over the cap, once it had a slot: %v", err)
+	}
+	// third is an idle keep-alive connection now: the next one takes it.
+	fourth, fourthR := dial()
+	if took, ok := closedWithin(thirdR, third, 100*time.Millisecond); !ok {
+		t.Fatalf("the idle keep-alive connection was still open %v after one more came", took)
+	}
+	if err := send(fourth, "/slow"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.ReadResponse(fourthR, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Both slots have a request in progress: one more is closed at once.
+	over, overR := dial()
+	if took, ok := closedWithin(overR, over, 200*time.Millisecond); !ok {
+		t.Fatalf("a connection over the cap of %d busy ones was still open after %v", lim.maxConns, took)
+	}
+	releaseOnce.Do(func() { close(release) })
 
 	idle, idleR := dial() // a keep-alive client that goes quiet
 	if err := get(idle, idleR); err != nil {
 		t.Fatal(err)
 	}
-	silent, silentR := dial() // connects and never sends a header
-	over, overR := dial()     // the third: over the cap
-	if took, ok := closedWithin(overR, over, 200*time.Millisecond); !ok {
-		t.Fatalf("a connection over the cap of %d was still open after %v", lim.maxConns, took)
-	}
-	if took, ok := closedWithin(silentR, silent, 2*time.Second); !ok || took < 200*time.Millisecond {
+	quiet, quietR := dial() // connects and never sends a header
+	if took, ok := closedWithin(quietR, quiet, 2*time.Second); !ok || took < 200*time.Millisecond {
 		t.Errorf("a connection that sends no header: closed %v after %v; want at the header timeout, 300ms", ok, took)
 	}
 	if took, ok := closedWithin(idleR, idle, 2*time.Second); !ok {
@@ -92,6 +149,6 @@ func TestAdminLimits(t *testing.T) {
 		t.Fatalf("a request once the held connections were closed: %v", err)
 	}
 	if !strings.Contains(logs.String(), "admin: connection limit reached") {
-		t.Errorf("no warning about the refused connection; log:\n%s", logs.String())
+		t.Errorf("no warning about the closed connections; log:\n%s", logs.String())
 	}
 }

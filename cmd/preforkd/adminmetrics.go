@@ -11,9 +11,10 @@ import (
 
 // scrape is the buffers of one /metrics answer, reused.
 type scrape struct {
-	snap  metrics.Snapshot
-	text  metrics.Text
-	rules []metrics.Rule
+	snap    metrics.Snapshot
+	text    metrics.Text
+	rules   []metrics.Rule
+	workers []workerFigures
 }
 
 var scrapes = sync.Pool{New: func() any { return new(scrape) }}
@@ -30,6 +31,7 @@ func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 		st = &prefork.Status{}
 	}
 	a.appendSupervisor(&sc.text, st)
+	appendWorkers(&sc.text, st, a.region, &sc.workers)
 	metrics.Read(a.region, &sc.snap)
 	sc.rules = sc.rules[:0]
 	for _, r := range runningConfig(st).RateLimits {
@@ -81,12 +83,16 @@ func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
 	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load; the running configuration was kept).")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Accepted), "result", "accepted")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Refused), "result", "refused")
-	t.Family("preforkd_reload_last_success", "gauge", "0 when the last reload was refused, else 1.")
+	t.Family("preforkd_reload_last_success", "gauge", "0 when the last reload was refused, else 1 (also before the first: the configuration at start loaded).")
 	t.Uint("preforkd_reload_last_success", b2u(st.Reloads.LastError == ""))
-	if !st.Reloads.Last.IsZero() {
-		t.Family("preforkd_reload_last_timestamp_seconds", "gauge", "When the last reload was asked for, in Unix seconds.")
-		t.Float("preforkd_reload_last_timestamp_seconds", float64(st.Reloads.Last.UnixNano())/1e9)
+	// As Prometheus' own config_last_reload_success_timestamp_seconds:
+	// the configuration's load at start is the first.
+	last := st.Reloads.Last
+	if last.IsZero() {
+		last = a.started
 	}
+	t.Family("preforkd_reload_last_timestamp_seconds", "gauge", "When the configuration was last loaded, in Unix seconds: at start, then at each reload asked for (HUP), accepted or refused.")
+	t.Float("preforkd_reload_last_timestamp_seconds", float64(last.UnixNano())/1e9)
 	t.Family("preforkd_workers_quarantined", "gauge", "Worker slots an aborted canary left empty until a reload succeeds.")
 	t.Uint("preforkd_workers_quarantined", uint64(len(st.Quarantined)))
 	t.Family("preforkd_worker_recycles_total", "counter", "Workers replaced for server.max_requests or server.max_rss.")

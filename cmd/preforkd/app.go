@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"strconv"
 	"unicode/utf8"
@@ -10,13 +11,21 @@ import (
 
 const demoUpstream = "builtin:demo"
 
+// demoCacheable is the prefix of the demo's paths that a cache may keep.
+var demoCacheable = []byte("/cacheable/")
+
 // demo answers every request with 200 and a small JSON body naming the
-// method, path and worker, so that preforkd runs with nothing else.
+// method, path and worker, so that preforkd runs with nothing else. A
+// path under /cacheable/ may be cached for a minute (Cache-Control), so
+// that a [[cache]] block can be tried with it at once.
 func demo(worker int) fasthttp.RequestHandler {
 	pid := strconv.Itoa(os.Getpid())
 	w := strconv.Itoa(worker)
 	return func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
+		if bytes.HasPrefix(ctx.Path(), demoCacheable) {
+			ctx.Response.Header.Set("Cache-Control", "max-age=60")
+		}
 		b := ctx.Response.Body()[:0]
 		b = append(b, `{"method":`...)
 		b = appendJSONString(b, ctx.Method())

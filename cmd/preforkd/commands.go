@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/examples"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // Set by the build (see the Makefile). Empty: the version and commit that
@@ -173,12 +175,17 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err != nil {
 			return err
 		}
+		var region atomic.Pointer[shm.Region] // once the supervisor made it
 		opts := prefork.Options{
 			Listen:     cfg.Server.Listen,
 			Workers:    cfg.Server.Workers,
 			Region:     cfg.RegionOptions(),
 			Settings:   settings,
-			Reload:     reloader(*path, o, log),
+			Reload:     reloader(*path, o, region.Load, log),
+			Prepare: func(r *shm.Region, _ *slog.Logger) error {
+				region.Store(r)
+				return fitsRegion(r, cfg) // a live region re-attached from a run without the table
+			},
 			Engine:     engine,
 			Logger:     log,
 			Configured: logs.configured,
@@ -197,7 +204,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 
 func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
 	path := fs.String("config", "", "configuration `FILE` (TOML)")
-	return func(_ context.Context, args []string, stdout, _ io.Writer) error {
+	return func(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := noArgs(args); err != nil {
 			return err
 		}
@@ -210,6 +217,9 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		}
 		if err := checkPersist(cfg); err != nil {
 			return err
+		}
+		if why := adminExposure(cfg.Admin.Listen); why != "" {
+			fmt.Fprintf(stderr, "preforkd check: warning: admin.listen %q: %s, and /metrics and /status answer without a token: keep it on loopback (127.0.0.1:9901) or a unix: socket\n", cfg.Admin.Listen, why)
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", *path)
 		return cfg.WriteEffective(stdout)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -45,14 +46,32 @@ func configOf(s prefork.Settings) (config.Config, error) {
 	return cfg, nil
 }
 
+// fitsRegion refuses a configuration whose [[idempotency]] or [[cache]]
+// blocks need a response table that the region was made without: it
+// would refuse every keyed request and store nothing. The region's
+// geometry is fixed for its life, so a reload that adds the first such
+// block is refused (the running configuration goes on) and a restart
+// makes the region anew.
+func fitsRegion(r *shm.Region, cfg config.Config) error {
+	if cfg.RegionTable().Responses > 0 && r.Geometry().Responses == 0 {
+		return errors.New("[[idempotency]] and [[cache]] blocks need the response table, which the running region was made without (it had no such block at start): restart to add them")
+	}
+	return nil
+}
+
 // reloader is prefork.Options.Reload: the file read again, with the
 // command line's overrides, and the keys only a restart changes kept as
-// they run.
-func reloader(path string, o overrides, log *slog.Logger) func(prefork.Settings) (prefork.Settings, error) {
+// they run; region is the running region, once the supervisor made it.
+func reloader(path string, o overrides, region func() *shm.Region, log *slog.Logger) func(prefork.Settings) (prefork.Settings, error) {
 	return func(running prefork.Settings) (prefork.Settings, error) {
 		cfg, err := loadConfig(path, o)
 		if err != nil {
 			return running, err
+		}
+		if r := region(); r != nil {
+			if err := fitsRegion(r, cfg); err != nil {
+				return running, err
+			}
 		}
 		old, err := configOf(running)
 		if err != nil {
@@ -143,8 +162,8 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
 	}
 	next.Server.Workers = running.Server.Workers
-	if next.Table != running.Table {
-		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
+	if next.RegionTable() != running.RegionTable() {
+		ignored = append(ignored, fmt.Sprintf("table %+v", next.RegionTable()))
 		next.Table = running.Table
 	}
 	if next.Persist.Path != running.Persist.Path {

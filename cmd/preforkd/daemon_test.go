@@ -14,6 +14,7 @@ import (
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/internal/logtest"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // A reload keeps what only a restart can change, and says so by key.
@@ -67,7 +68,7 @@ func TestReloader(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf logtest.Buffer
-	reload := reloader(path, overrides{listen: "127.0.0.1:7"}, slog.New(slog.NewTextHandler(&buf, nil)))
+	reload := reloader(path, overrides{listen: "127.0.0.1:7"}, func() *shm.Region { return nil }, slog.New(slog.NewTextHandler(&buf, nil)))
 
 	write("[server]\nworkers = 1\nupstream = \"http://127.0.0.1:9001/s3cret\"\n\n" +
 		"[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 10\nwindow = \"1m\"\n\n" +

@@ -80,11 +80,23 @@ func (s *logSwitch) configure(file config.Log) {
 	opts := &slog.HandlerOptions{Level: eff.Level.Slog()}
 	var h slog.Handler = slog.NewTextHandler(s.w, opts)
 	if eff.Format == config.LogJSON {
+		opts.ReplaceAttr = durationSeconds
 		h = slog.NewJSONHandler(s.w, opts)
 	}
 	s.cur = eff
 	s.base.Store(&h)
 	s.version.Add(1)
+}
+
+// durationSeconds writes a time.Duration as a number of seconds
+// ("timeout":30, "downtime":6.039320691) in the JSON format, whose
+// default is integer nanoseconds: what a log pipeline can compare and
+// sum without knowing the field. The text format keeps Go's "30s".
+func durationSeconds(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.Float64Value(a.Value.Duration().Seconds())
+	}
+	return a
 }
 
 // logger is a logger over the switch.

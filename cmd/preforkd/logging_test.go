@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/config"
 )
@@ -40,5 +42,33 @@ func TestLogSwitch(t *testing.T) {
 	}
 	if err := (&logFlags{format: "xml"}).check(); err == nil {
 		t.Fatal("-log-format xml accepted")
+	}
+}
+
+// In the JSON format a duration is a number of seconds, also inside a
+// group and among a logger's attributes; the text format keeps "30s".
+func TestLogDurationsInSeconds(t *testing.T) {
+	var buf bytes.Buffer
+	sw := newLogSwitch(&buf, logFlags{format: "json"})
+	sw.logger().With("timeout", 30*time.Second).Info("drain",
+		"downtime", 6039320691*time.Nanosecond,
+		slog.Group("redis", "backoff", 250*time.Millisecond), "count", 3)
+	var v struct {
+		Timeout  any
+		Downtime any
+		Redis    struct{ Backoff any }
+		Count    any
+	}
+	if err := json.Unmarshal(buf.Bytes(), &v); err != nil {
+		t.Fatalf("%q: %v", buf.String(), err)
+	}
+	if v.Timeout != 30.0 || v.Downtime != 6.039320691 || v.Redis.Backoff != 0.25 || v.Count != 3.0 {
+		t.Errorf("JSON line %s: want timeout 30, downtime 6.039320691, redis.backoff 0.25, count 3", buf.String())
+	}
+
+	buf.Reset()
+	newLogSwitch(&buf, logFlags{}).logger().Info("drain", "timeout", 30*time.Second)
+	if !strings.Contains(buf.String(), "timeout=30s") {
+		t.Errorf("text line %q: want timeout=30s", buf.String())
 	}
 }

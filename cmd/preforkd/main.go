@@ -42,6 +42,8 @@ func commands() []*command {
 			"validate the file and print the effective configuration; exit 2 on error", setupCheck},
 		{"inspect", "FILE",
 			"describe a dump or a live region (header, guards, occupancy); exit 1 if a load would refuse it", setupInspect},
+		{"health", "[-admin ADDR] [-timeout D]",
+			"ask a running instance's /readyz; exit 0 when it serves, 1 otherwise (a container's HEALTHCHECK)", setupHealth},
 		{"tune", "-admin ADDR [-upstream URL] [-path PATH] [-requests N]",
 			"advise on table sizes and workers of a running instance, with the evidence and what was not measured", setupTune},
 		{"example-config", "",
@@ -78,9 +80,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := dispatch(ctx, args, stdout, stderr)
 	var ue *usageError
 	var ce *configError
+	var nr *notReadyError
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.As(err, &nr):
+		fmt.Fprintf(stderr, "preforkd %v\n", nr)
+		return exitRuntime
 	case errors.As(err, &ue):
 		if c == nil {
 			fmt.Fprintf(stderr, "preforkd: %v\n\n", ue)

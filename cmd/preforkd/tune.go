@@ -15,11 +15,12 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/cpuquota"
 )
 
 // preforkd tune: advice on the table sizes and the number of workers of a
@@ -30,7 +31,7 @@ import (
 
 func setupTune(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {
 	var o tuneOptions
-	fs.StringVar(&o.admin, "admin", "", "the instance's admin address `ADDR` (admin.listen), e.g. 127.0.0.1:9901")
+	fs.StringVar(&o.admin, "admin", "", "the instance's admin address `ADDR` (admin.listen), e.g. 127.0.0.1:9901 or unix:/run/preforkd/admin.sock")
 	fs.StringVar(&o.upstream, "upstream", "", "upstream `URL` to time, when /status cannot give it (its password is masked there)")
 	fs.StringVar(&o.path, "path", "/", "`PATH` of the timed requests (GET), to the upstream and through preforkd")
 	fs.IntVar(&o.requests, "requests", 20, "`N` timed requests each way, one after the other")
@@ -90,12 +91,12 @@ func (r *tuneReport) skip(f string, a ...any) {
 }
 
 func tune(ctx context.Context, o tuneOptions) (*tuneReport, error) {
-	c := &http.Client{Timeout: 10 * time.Second}
+	c, base := adminClient(o.admin, 10*time.Second)
 	var st statusJSON
-	if err := getJSON(ctx, c, "http://"+o.admin+"/status", &st); err != nil {
+	if err := getJSON(ctx, c, base+"/status", &st); err != nil {
 		return nil, err
 	}
-	m, err := getMetrics(ctx, c, "http://"+o.admin+"/metrics")
+	m, err := getMetrics(ctx, c, base+"/metrics")
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +198,7 @@ func adviseResponses(r *tuneReport, m metricsPage) {
 // costs the upstream (when it runs on this host) and the workers, against
 // the requests' wall time.
 func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOptions) {
-	cpus := runtime.NumCPU()
+	cpus := cpuquota.CPUs() // a container's or a unit's CPU limit, if any
 	r.section(fmt.Sprintf("workers (now %d, %d CPUs here)", len(st.Workers), cpus))
 	upstream := o.upstream
 	if upstream == "" {

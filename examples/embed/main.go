@@ -1,15 +1,16 @@
 // Command embed runs a tiny login service in preforkd's supervised worker
 // processes, with a rate limit that holds across all of them: 3 login
-// attempts per minute per client IP, and a successful login forgives the
-// attempts that failed before it.
+// attempts per minute per client IP, forgiven by a successful login.
 //
 //	go run ./examples/embed -listen 127.0.0.1:8081
-//	curl -i -d password=wrong   http://127.0.0.1:8081/login   # 401, 401
-//	curl -i -d password=correct http://127.0.0.1:8081/login   # 200: the count starts over
-//	curl -i -d password=wrong   http://127.0.0.1:8081/login   # 401, 401, 401, then 429
+//	curl -i -d password=wrong   http://127.0.0.1:8081/login   # 401, 401, then 200 with the right one:
+//	curl -i -d password=correct http://127.0.0.1:8081/login   # the failures are forgiven, 3 attempts again
 //
-// Once the limit is reached every attempt gets 429, a correct password
-// too (the application does not see it), until the minute has passed.
+// Three failures use the whole allowance: the next attempt, the right
+// password too, is refused with 429 before it reaches the handler, until
+// the bucket refills (Retry-After: 20, one attempt every 20 s); then the
+// right password is 200 and forgives the failures.
+//
 // TERM or Ctrl-C drains the workers; HUP replaces them one at a time.
 package main
 

@@ -92,6 +92,7 @@ func TestEmbed(t *testing.T) {
 	mu.Unlock()
 
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var retryAfter string
 	login := func(password string) int {
 		t.Helper()
 		resp, err := client.PostForm(base+"/login", url.Values{"password": {password}})
@@ -99,10 +100,12 @@ func TestEmbed(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
+		retryAfter = resp.Header.Get("Retry-After")
 		return resp.StatusCode
 	}
-	// Two failures, a success that forgives them, then the full allowance
-	// of three, and the limit.
+	// What the comment at the top of main.go says: two failures, a
+	// success that forgives them, then the full allowance of three, and
+	// the limit, which refuses the right password too, for 20 s at most.
 	want := []struct {
 		password string
 		status   int
@@ -115,6 +118,9 @@ func TestEmbed(t *testing.T) {
 		if got := login(w.password); got != w.status {
 			t.Fatalf("attempt %d (%s): %d, want %d", i+1, w.password, got, w.status)
 		}
+	}
+	if s, err := strconv.Atoi(retryAfter); err != nil || s < 1 || s > 20 {
+		t.Errorf("the refused right password: Retry-After %q, want 1 to 20 seconds", retryAfter)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {

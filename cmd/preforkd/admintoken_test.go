@@ -1,0 +1,77 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// A token file that systemd's LoadCredential= wrote: root-owned, mode
+// 0400, and an ACL entry that lets the service's user read it, which
+// makes the mode read 0440. It is accepted; an ACL that lets anyone else
+// read it is not, nor a group-readable file without an ACL.
+func TestTokenFileACL(t *testing.T) {
+	dir, err := os.MkdirTemp("/dev/shm", "preforkd-acl-") // tmpfs: POSIX ACLs
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	self := uint32(os.Geteuid())
+	other := uint32(65534)
+	if self == other {
+		other = 65533
+	}
+	type entry struct {
+		tag, perm uint16
+		id        uint32
+	}
+	acl := func(es ...entry) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, aclVersion)
+		for _, e := range es {
+			b = binary.LittleEndian.AppendUint16(b, e.tag)
+			b = binary.LittleEndian.AppendUint16(b, e.perm)
+			b = binary.LittleEndian.AppendUint32(b, e.id)
+		}
+		return b
+	}
+	const r, none, anyone = 4, 0, 0xffffffff
+	for _, tc := range []struct {
+		name string
+		mode os.FileMode
+		acl  []byte
+		ok   bool
+	}{
+		{"credential: the service's user by ACL", 0o400, acl(entry{aclUserObj, r, anyone}, entry{aclUser, r, self}, entry{aclGroupObj, none, anyone}, entry{aclMask, r, anyone}, entry{aclOther, none, anyone}), true},
+		{"ACL: another user may read", 0o400, acl(entry{aclUserObj, r, anyone}, entry{aclUser, r, other}, entry{aclGroupObj, none, anyone}, entry{aclMask, r, anyone}, entry{aclOther, none, anyone}), false},
+		{"ACL: the group may read", 0o400, acl(entry{aclUserObj, r, anyone}, entry{aclUser, r, self}, entry{aclGroupObj, r, anyone}, entry{aclMask, r, anyone}, entry{aclOther, none, anyone}), false},
+		{"ACL: a named group may read", 0o400, acl(entry{aclUserObj, r, anyone}, entry{aclGroupObj, none, anyone}, entry{aclGroup, r, 100}, entry{aclMask, r, anyone}, entry{aclOther, none, anyone}), false},
+		{"no ACL, group-readable", 0o440, nil, false},
+		{"no ACL, 0600", 0o600, nil, true},
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
+		if err := os.WriteFile(path, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		if tc.acl != nil {
+			if err := unix.Setxattr(path, aclXattr, tc.acl, 0); err != nil {
+				if errors.Is(err, unix.EOPNOTSUPP) && os.Getenv("CI") == "" {
+					t.Skipf("no POSIX ACLs on %s: %v", dir, err)
+				}
+				t.Fatalf("%s: setting the ACL: %v", tc.name, err)
+			}
+		}
+		fi, _ := os.Stat(path)
+		_, err := readToken(path)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s (mode %v): readToken: %v, want accepted %v", tc.name, fi.Mode().Perm(), err, tc.ok)
+		}
+	}
+}
