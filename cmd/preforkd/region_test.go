@@ -19,7 +19,9 @@ func TestRegionWithoutResponseTable(t *testing.T) {
 	rates.RateLimits = []config.RateLimit{{Name: "login", Path: "/login", Limit: 5, Window: 60e9}}
 	size := func(cfg config.Config) int64 {
 		t.Helper()
-		n, err := cfg.RegionOptions().Size()
+		o := cfg.RegionOptions()
+		o.MaxWorkers = 2*cfg.Server.WorkerCount() + 2 // as the supervisor sizes it
+		n, err := o.Size()
 		if err != nil {
 			t.Fatal(err)
 		}
