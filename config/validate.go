@@ -250,7 +250,7 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 		f("local_share", "must be between 1 and %d, got %d", redisstore.MaxLocalShare, rl.LocalShare)
 		return
 	}
-	if err := rl.RedisRule().Validate(); err != nil {
+	if err := redisstore.ValidateRule(rl.RedisRule()); err != nil {
 		key := "sync"
 		switch msg := err.Error(); {
 		case strings.Contains(msg, "local share"):

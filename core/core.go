@@ -13,7 +13,6 @@ import (
 
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/metrics"
-	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -65,7 +64,7 @@ type Options struct {
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it. The Core owns it from New on:
 	// Close closes it. nil: no rule may be a Redis rule.
-	Redis *redisstore.Store
+	Redis SharedStore
 }
 
 const defaultMaxRequestBody = 1 << 20
@@ -87,7 +86,7 @@ type Core struct {
 	wall     func() time.Time
 	respond  func(status int) // Options.OnResponse
 	log      *slog.Logger     // nil: slog.Default()
-	redis    *redisstore.Store
+	redis    SharedStore
 
 	caches []*cacheBlock
 
@@ -172,7 +171,7 @@ func (c *Core) Close() error {
 }
 
 // Redis is the Redis store the Core decides Redis rules with, or nil.
-func (c *Core) Redis() *redisstore.Store { return c.redis }
+func (c *Core) Redis() SharedStore { return c.redis }
 
 // Exchange is the core's state for one request, from Begin to Release.
 // It is not safe for concurrent use.

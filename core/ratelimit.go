@@ -11,7 +11,6 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/metrics"
-	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -25,8 +24,8 @@ type rateState struct {
 	hitBuf  [inlineHits]hit
 	refusal Refusal
 	remotes int // hits of Redis rules
-	rhits   []redisstore.Hit
-	rhitBuf [inlineHits]redisstore.Hit
+	rhits   []SharedHit
+	rhitBuf [inlineHits]SharedHit
 }
 
 // hit is one rule matching the request being decided.
@@ -34,7 +33,7 @@ type hit struct {
 	r       *rule
 	v       *variant // the limit that applies to this request's key
 	key     shm.Key  // in the host's table (a local rule, a Redis rule's local share)
-	rk      redisstore.Key
+	rk      SharedKey
 	d       bucket.Decision
 	decided bool // d holds a decision (a charge or a peek) for this request
 	charged bool // the request is counted in the table: refund it if the request is refused
@@ -295,9 +294,9 @@ func (ex *Exchange) unavailable(now time.Duration, exactOnly bool) *hit {
 		}
 		h.unavailable = true
 		switch h.v.remote.Rule().OnUnavailable {
-		case redisstore.FailLocal:
+		case FailLocal:
 			h.v = h.v.fallback // decided on the host's table from here on
-		case redisstore.FailClosed:
+		case FailClosed:
 			if !h.r.shadow {
 				h.d = bucket.Decision{Limit: h.v.remote.Rule().Limit, RetryAfter: bucket.FullRetryAfter}
 				h.decided, h.refused, h.settled = true, true, true
@@ -380,7 +379,7 @@ func (ex *Exchange) chargeRedis(now time.Duration) *hit {
 	rh := ex.rl.rhits[:0]
 	for i := range ex.rl.hits {
 		if h := &ex.rl.hits[i]; h.exact() && !h.settled {
-			rh = append(rh, redisstore.Hit{Lim: h.v.remote, Key: &h.rk, Shadow: h.r.shadow})
+			rh = append(rh, SharedHit{Lim: h.v.remote, Key: &h.rk, Shadow: h.r.shadow})
 		}
 	}
 	if len(rh) == 0 {

@@ -10,7 +10,6 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/metrics"
-	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -58,7 +57,7 @@ type variant struct {
 	// A Redis rule's limiter, and for on_unavailable "local" the
 	// variant of this host's share (a local one, headers of its own
 	// limit).
-	remote   *redisstore.Limiter
+	remote   SharedLimiter
 	fallback *variant
 }
 
@@ -209,7 +208,7 @@ func (o *Override) rule(base bucket.Rule) bucket.Rule {
 	return r
 }
 
-func compileRule(rl *RateLimit, tab *shm.Counters, store *redisstore.Store) (*rule, error) {
+func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore) (*rule, error) {
 	if err := rl.Check(); err != nil {
 		return nil, err
 	}
@@ -286,7 +285,7 @@ func (o *Override) stateName(rule string) string {
 	return b.String()
 }
 
-func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store *redisstore.Store) (variant, error) {
+func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store SharedStore) (variant, error) {
 	if rr == nil {
 		lim, err := bucket.NewLimiter(r, tab)
 		if err != nil {
@@ -294,7 +293,7 @@ func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store *redissto
 		}
 		return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
 	}
-	rem, err := store.NewLimiter(redisstore.Rule{Rule: r, OnUnavailable: rr.OnUnavailable, LocalShare: rr.LocalShare, Sync: rr.Sync})
+	rem, err := store.Limiter(SharedRule{Rule: r, OnUnavailable: rr.OnUnavailable, LocalShare: rr.LocalShare, Sync: rr.Sync})
 	if err != nil {
 		return variant{}, err
 	}
@@ -352,7 +351,7 @@ type RedisRule struct {
 	// OnUnavailable answers when Redis cannot decide (down, slow, the
 	// breaker open): let the request through, refuse it (503), or enforce
 	// this host's share of the limit on its own table.
-	OnUnavailable redisstore.OnUnavailable
+	OnUnavailable OnUnavailable
 	// LocalShare is the number of hosts sharing the rule, for
 	// OnUnavailable local: this host enforces the limit (and burst)
 	// divided by it. 0 means 1.

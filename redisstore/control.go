@@ -74,7 +74,7 @@ func (l *Limiter) syncState(ctx context.Context, k *Key) (d bucket.Decision, sto
 	w := l.b
 	off := us - int64(before/time.Microsecond)
 	at := before + time.Duration((off%w+w)%w)*time.Microsecond
-	hp, inRegion := l.s.tab.Peek(k.host, at)
+	hp, inRegion := l.s.tab.Peek(k.Host, at)
 	host, _ := bucket.WindowCount(hp, at, l.rule.Window)
 	reset := time.Duration((widx+1)*l.b-us) * time.Microsecond
 	d = l.syncDecision(host, max(total-mine, 0), reset, host+max(total-mine, 0)+l.cost <= l.rule.Limit)
@@ -101,13 +101,13 @@ func (l *Limiter) windowKey(k *Key, widx int64) string {
 // since its last flush still reach Redis with its next one.) Errors wrap
 // ErrUnavailable; the host's entries are cleared whatever Redis answered.
 func (l *Limiter) Reset(k *Key, now time.Duration) error {
-	l.s.tab.Reset(k.deny, now)
+	l.s.tab.Reset(k.Deny, now)
 	ctx, cancel := l.s.controlContext()
 	defer cancel()
 	var keys []string
 	if l.Sync() {
-		l.s.tab.Reset(k.host, now)
-		l.s.tab.Reset(k.remote, now)
+		l.s.tab.Reset(k.Host, now)
+		l.s.tab.Reset(k.Remote, now)
 		t, err := l.s.rdb.Time(ctx).Result()
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)

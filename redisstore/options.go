@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
@@ -328,44 +329,19 @@ func parseSeed(what, s string) (seed, error) {
 }
 
 // OnUnavailable is what a Redis rule answers when Redis cannot decide
-// (down, slow, or the breaker is open).
-type OnUnavailable uint8
+// (down, slow, or the breaker is open): core's, since the core decides by
+// it.
+type OnUnavailable = core.OnUnavailable
 
+// The values of OnUnavailable.
 const (
-	// FailLocal (the zero value) enforces the rule's limit divided by its
-	// local share on this host's own table.
-	FailLocal OnUnavailable = iota
-	// FailOpen lets the request through, uncounted.
-	FailOpen
-	// FailClosed refuses it: 503 with Retry-After.
-	FailClosed
+	FailLocal  = core.FailLocal
+	FailOpen   = core.FailOpen
+	FailClosed = core.FailClosed
 )
 
-// onUnavailableNames are the names ParseOnUnavailable reads and String
-// writes, indexed by value.
-var onUnavailableNames = textvalue.Enum[OnUnavailable]{FailLocal: "local", FailOpen: "open", FailClosed: "closed"}
-
 // ParseOnUnavailable parses "open", "closed" or "local".
-func ParseOnUnavailable(s string) (OnUnavailable, error) {
-	if u, ok := onUnavailableNames.Value(s); ok {
-		return u, nil
-	}
-	return 0, fmt.Errorf("redisstore: on_unavailable %q: want \"open\", \"closed\" or \"local\"", s)
-}
-
-func (u OnUnavailable) String() string { return onUnavailableNames.String(u, "OnUnavailable") }
-
-// UnmarshalText makes an OnUnavailable a configuration value.
-func (u *OnUnavailable) UnmarshalText(b []byte) error {
-	return textvalue.Unmarshal(b, u, ParseOnUnavailable)
-}
-
-// MarshalText is the value as ParseOnUnavailable reads it; a value out of
-// range is an error, as it is for bucket's policies, so that it never
-// reaches a file that would not parse back.
-func (u OnUnavailable) MarshalText() ([]byte, error) {
-	return onUnavailableNames.Marshal("redisstore", u)
-}
+func ParseOnUnavailable(s string) (OnUnavailable, error) { return core.ParseOnUnavailable(s) }
 
 // RedactURL returns a Redis URL (or a host:port) with its password
 // replaced by "xxxxx", for logs and status pages. Of a string that is

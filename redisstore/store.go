@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -161,20 +162,24 @@ func (s *Store) Warmed() <-chan struct{} { return s.warmed }
 // Client is the go-redis client the Store calls.
 func (s *Store) Client() redis.UniversalClient { return s.rdb }
 
-// Rule is a rate-limit rule whose counts Redis keeps.
-type Rule struct {
-	bucket.Rule
-	// OnUnavailable answers when Redis cannot decide.
-	OnUnavailable OnUnavailable
-	// LocalShare is the number of hosts that share the rule: with
-	// FailLocal this host enforces Limit (and Burst) divided by it,
-	// rounded down, at least 1. 0 means 1.
-	LocalShare int
-	// Sync 0 decides every request in Redis; a positive interval counts
-	// on this host and adds the counts to Redis every interval (fixed
-	// window only).
-	Sync time.Duration
-}
+// Rule is a rate-limit rule whose counts Redis keeps: core's shared rule.
+type Rule = core.SharedRule
+
+// Key is a client's key in a Limiter: core's shared key (its ID names it
+// in Redis, Deny its deny-cache entry in the host's table, Host and
+// Remote its sync-mode counts there).
+type Key = core.SharedKey
+
+// Hit is a rule of a request that Decide decides: core's shared hit,
+// whose Lim is a *Limiter of this store.
+type Hit = core.SharedHit
+
+// Limiter is core.SharedStore's Limiter: NewLimiter behind the core's
+// interface.
+func (s *Store) Limiter(r Rule) (core.SharedLimiter, error) { return s.NewLimiter(r) }
+
+var _ core.SharedStore = (*Store)(nil)
+var _ core.SharedLimiter = (*Limiter)(nil)
 
 // MaxLocalShare bounds Rule.LocalShare.
 const MaxLocalShare = 1 << 16
@@ -216,7 +221,7 @@ const (
 const denyWindow = time.Microsecond
 
 // localShare is the rule a host enforces on its own for FailLocal.
-func (r Rule) localShare() bucket.Rule {
+func localShare(r Rule) bucket.Rule {
 	share := int64(max(r.LocalShare, 1))
 	lr := r.Rule
 	lr.Name = r.Name + "\x00local share"
@@ -227,13 +232,13 @@ func (r Rule) localShare() bucket.Rule {
 	return lr
 }
 
-// Validate reports the first problem with r, as NewLimiter would.
-func (r Rule) Validate() error {
-	_, err := r.compile()
+// ValidateRule reports the first problem with r, as NewLimiter would.
+func ValidateRule(r Rule) error {
+	_, err := compileRule(r)
 	return err
 }
 
-func (r Rule) compile() (bucket.Policy, error) {
+func compileRule(r Rule) (bucket.Policy, error) {
 	pol, err := r.Rule.Compile()
 	if err != nil {
 		return pol, err
@@ -249,7 +254,7 @@ func (r Rule) compile() (bucket.Policy, error) {
 		return pol, fmt.Errorf("redisstore: rule %q: unknown on_unavailable %d", r.Name, r.OnUnavailable)
 	}
 	if r.OnUnavailable == FailLocal {
-		if _, err := r.localShare().Compile(); err != nil {
+		if _, err := localShare(r).Compile(); err != nil {
 			return pol, fmt.Errorf("redisstore: rule %q: its local share (limit %d ÷ %d) cannot hold one request: %w", r.Name, r.Limit, max(r.LocalShare, 1), err)
 		}
 	}
@@ -258,7 +263,7 @@ func (r Rule) compile() (bucket.Policy, error) {
 
 // NewLimiter compiles r for s.
 func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
-	pol, err := r.compile()
+	pol, err := compileRule(r)
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +274,7 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 	l.denyMeta = bucket.MetaOf(r.Tag(), bucket.GCRA, denyWindow)
 	l.quota = shm.Quota{Account: r.Account(), Max: r.MaxKeys}
 	if r.OnUnavailable == FailLocal {
-		lr := r.localShare()
+		lr := localShare(r)
 		l.localLimit = lr.Limit
 		if l.local, err = bucket.NewLimiter(lr, s.tab); err != nil {
 			return nil, err
@@ -299,21 +304,12 @@ func (l *Limiter) Sync() bool { return l.rule.Sync > 0 }
 // rule's name with a suffix.
 func (l *Limiter) LocalShare() (*bucket.Limiter, int64) { return l.local, l.localLimit }
 
-// Key is one request's key under one Redis rule: the key value's hash,
-// the same on every host (it names the Redis key), and its entries in
-// this host's table.
-type Key struct {
-	id           [2]uint64
-	deny         shm.Key
-	host, remote shm.Key
-}
-
 // Key returns the key of id (key bytes as core makes them).
 func (l *Limiter) Key(id []byte) Key {
-	k := Key{id: idHash(id), deny: l.s.tab.KeyOf(l.denyNS, id)}
+	k := Key{ID: idHash(id), Deny: l.s.tab.KeyOf(l.denyNS, id)}
 	if l.Sync() {
-		k.host = l.s.tab.KeyOf(l.hostNS, id)
-		k.remote = l.s.tab.KeyOf(l.remoteNS, id)
+		k.Host = l.s.tab.KeyOf(l.hostNS, id)
+		k.Remote = l.s.tab.KeyOf(l.remoteNS, id)
 	}
 	return k
 }
@@ -334,8 +330,8 @@ func idHash(id []byte) [2]uint64 {
 // one key value in one Cluster slot, so one script decides them all.
 func (l *Limiter) redisKey(k *Key, suffix string) string {
 	var b [32]byte
-	binary.BigEndian.PutUint64(b[:8], k.id[0])
-	binary.BigEndian.PutUint64(b[8:16], k.id[1])
+	binary.BigEndian.PutUint64(b[:8], k.ID[0])
+	binary.BigEndian.PutUint64(b[8:16], k.ID[1])
 	var h [32]byte
 	hex.Encode(h[:], b[:16])
 	return l.s.prefix + "{" + string(h[:]) + "}:" + l.nsx + suffix
@@ -345,7 +341,7 @@ func (l *Limiter) redisKey(k *Key, suffix string) string {
 // Redis that still stands, for every worker of the host. retry is how
 // long it stands.
 func (l *Limiter) Denied(k *Key, now time.Duration) (retry time.Duration, ok bool) {
-	p, found := l.s.tab.Peek(k.deny, now)
+	p, found := l.s.tab.Peek(k.Deny, now)
 	if !found {
 		return 0, false
 	}
@@ -363,20 +359,9 @@ func (l *Limiter) deny(k *Key, now, retry time.Duration) {
 	if until > shm.PayloadMask {
 		until = shm.PayloadMask
 	}
-	_, _ = l.s.tab.Update(k.deny, l.quota, l.denyMeta, now, func(p uint64, _ time.Duration) (uint64, bool) {
+	_, _ = l.s.tab.Update(k.Deny, l.quota, l.denyMeta, now, func(p uint64, _ time.Duration) (uint64, bool) {
 		return max(p, until), p < until
 	})
-}
-
-// Hit is one Redis rule's part of a request, for Decide.
-type Hit struct {
-	Lim    *Limiter
-	Key    *Key
-	Shadow bool // never refuses
-	// D is the decision, set by Decide: for an allowed request, the state
-	// after it was charged; for a refused one, each rule's state as it
-	// stands (Allowed reports whether that rule would have let it pass).
-	D bucket.Decision
 }
 
 // Decide decides a request's hits (limiters not in sync mode) in one
@@ -415,7 +400,7 @@ func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) 
 		for i := range hits {
 			h := &hits[i]
 			if !h.Shadow && !h.D.Allowed {
-				h.Lim.deny(h.Key, now, h.D.RetryAfter)
+				h.Lim.(*Limiter).deny(h.Key, now, h.D.RetryAfter)
 			}
 		}
 	}
@@ -484,7 +469,7 @@ func (s *Store) call(hits []Hit) (refused bool, err error) {
 
 func oneSlot(hits []Hit) bool {
 	for i := 1; i < len(hits); i++ {
-		if hits[i].Key.id != hits[0].Key.id {
+		if hits[i].Key.ID != hits[0].Key.ID {
 			return false
 		}
 	}
@@ -498,7 +483,7 @@ func (s *Store) scriptArgs(hits []Hit, mode string) ([]string, []any) {
 	args[0] = mode
 	for i := range hits {
 		h := &hits[i]
-		l := h.Lim
+		l := h.Lim.(*Limiter)
 		keys[i] = l.redisKey(h.Key, "")
 		shadow := 0
 		if h.Shadow {
@@ -520,7 +505,7 @@ func fill(hits []Hit, v any) (refused bool, err error) {
 		o := 1 + 6*i
 		h.D = bucket.Decision{
 			Allowed:    r[o] == 1,
-			Limit:      h.Lim.rule.Limit,
+			Limit:      h.Lim.Rule().Limit,
 			Remaining:  r[o+1],
 			ResetAfter: time.Duration(r[o+2]) * time.Microsecond,
 			RetryAfter: time.Duration(r[o+3]) * time.Microsecond,
@@ -540,10 +525,10 @@ func (s *Store) callSlots(ctx context.Context, hits []Hit) (refused bool, err er
 	seen := map[[2]uint64]int{}
 	var order [][]int
 	for i := range hits {
-		g, ok := seen[hits[i].Key.id]
+		g, ok := seen[hits[i].Key.ID]
 		if !ok {
 			g = len(order)
-			seen[hits[i].Key.id] = g
+			seen[hits[i].Key.ID] = g
 			order = append(order, nil)
 		}
 		order[g] = append(order[g], i)

@@ -113,12 +113,12 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 	mod, whole, known := l.shift()
 	at := now + mod
 	win := l.rule.Window
-	rp, _ := l.s.tab.Peek(k.remote, at)
+	rp, _ := l.s.tab.Peek(k.Remote, at)
 	remote, _ := bucket.WindowCount(rp, at, win)
 	var host int64
 	var reset time.Duration
 	var ok bool
-	_, err := l.s.tab.Update(k.host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+	_, err := l.s.tab.Update(k.Host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
 		host, reset = bucket.WindowCount(p, t, win)
 		ok = host+remote+l.cost <= l.rule.Limit
 		if !ok {
@@ -131,7 +131,7 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 		return l.full(err == shm.ErrQuota)
 	}
 	if ok {
-		l.pending.add(pendingKey{id: k.id, widx: l.windowIndex(at, whole, known)}, k.remote, l.cost)
+		l.pending.add(pendingKey{id: k.ID, widx: l.windowIndex(at, whole, known)}, k.Remote, l.cost)
 	}
 	return l.syncDecision(host, remote, reset, ok)
 }
@@ -152,8 +152,8 @@ func (l *Limiter) full(capped bool) bucket.Decision {
 func (l *Limiter) PeekKey(k *Key, now time.Duration) bucket.Decision {
 	mod, _, _ := l.shift()
 	at := now + mod
-	rp, _ := l.s.tab.Peek(k.remote, at)
-	hp, _ := l.s.tab.Peek(k.host, at)
+	rp, _ := l.s.tab.Peek(k.Remote, at)
+	hp, _ := l.s.tab.Peek(k.Host, at)
 	remote, _ := bucket.WindowCount(rp, at, l.rule.Window)
 	host, reset := bucket.WindowCount(hp, at, l.rule.Window)
 	return l.syncDecision(host, remote, reset, host+remote+l.cost <= l.rule.Limit)
@@ -164,11 +164,11 @@ func (l *Limiter) PeekKey(k *Key, now time.Duration) bucket.Decision {
 func (l *Limiter) RefundKey(k *Key, now time.Duration) {
 	mod, whole, known := l.shift()
 	at := now + mod
-	if _, ok := l.s.tab.Peek(k.host, at); !ok {
+	if _, ok := l.s.tab.Peek(k.Host, at); !ok {
 		return
 	}
 	refunded := false
-	_, _ = l.s.tab.Update(k.host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+	_, _ = l.s.tab.Update(k.Host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
 		host, _ := bucket.WindowCount(p, t, l.rule.Window)
 		refunded = host > 0
 		if !refunded {
@@ -177,7 +177,7 @@ func (l *Limiter) RefundKey(k *Key, now time.Duration) {
 		return bucket.WindowPayload(p, t, l.rule.Window, host-min(l.cost, host)), true
 	})
 	if refunded {
-		l.pending.add(pendingKey{id: k.id, widx: l.windowIndex(at, whole, known)}, k.remote, -l.cost)
+		l.pending.add(pendingKey{id: k.ID, widx: l.windowIndex(at, whole, known)}, k.Remote, -l.cost)
 	}
 }
 
@@ -413,7 +413,7 @@ func (s *Store) runFlush(ctx context.Context, items []flushItem) error {
 		pipe := s.rdb.Pipeline()
 		for _, i := range which {
 			it := &items[i]
-			key := it.l.redisKey(&Key{id: it.k.id}, ":w"+strconv.FormatInt(it.k.widx, 10))
+			key := it.l.redisKey(&Key{ID: it.k.id}, ":w"+strconv.FormatInt(it.k.widx, 10))
 			ttl := 2 * it.l.b / 1000 // ms: the window, and one more for late flushes
 			args := []any{s.host, it.v.n, max(ttl, 1)}
 			if eval {

@@ -50,7 +50,7 @@ type admin struct {
 	ctlGen int
 	// redis is the Redis store ctl looks up and resets Redis rules with;
 	// nil when no rule of generation ctlGen is one.
-	redis *redisstore.Store
+	redis core.SharedStore
 }
 
 // adminHooks serves [admin] listen from Prepare to the end of Finish: the

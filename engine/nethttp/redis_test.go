@@ -223,10 +223,10 @@ func TestRedisUnavailablePolicies(t *testing.T) {
 			break
 		}
 		if i == 50 {
-			t.Fatalf("Redis answered none of 50 requests: %+v", f.mw.Core().Redis().Stats(f.region.Now()))
+			t.Fatalf("Redis answered none of 50 requests: %+v", f.mw.Core().Redis().(*redisstore.Store).Stats(f.region.Now()))
 		}
 	}
-	before, rulesBefore := f.mw.Core().Redis().Stats(f.region.Now()), f.mw.Stats()
+	before, rulesBefore := f.mw.Core().Redis().(*redisstore.Store).Stats(f.region.Now()), f.mw.Stats()
 	srv.Kill()
 	for i := range 6 {
 		start := time.Now()
@@ -263,7 +263,7 @@ func TestRedisUnavailablePolicies(t *testing.T) {
 	if served != 5 {
 		t.Fatalf("local share: %d of 12 served, want 10 ÷ 2 = 5", served)
 	}
-	st := f.mw.Core().Redis().Stats(f.region.Now())
+	st := f.mw.Core().Redis().(*redisstore.Store).Stats(f.region.Now())
 	if st.Breaker.Phase != redisstore.Open || st.Calls-before.Calls != 3 || st.Errors+st.Timeouts-before.Errors-before.Timeouts != 3 {
 		t.Fatalf("after Redis died: %+v, before %+v (3 failed calls, then the breaker open)", st, before)
 	}
