@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
 )
@@ -103,7 +104,7 @@ type Server struct {
 	// do not recycle together). 0 means never.
 	MaxRequests int `toml:"max_requests"`
 	// MaxRSS recycles a worker whose resident memory grew past it. 0 (""
-	// in a file) means never; otherwise at least MinMaxRSS.
+	// in a file) means never; otherwise at least 32MiB (prefork.MinMaxRSS).
 	MaxRSS SizeLimit `toml:"max_rss"`
 }
 
@@ -157,11 +158,6 @@ type Reload struct {
 	CanaryInconclusive Inconclusive `toml:"canary_inconclusive"`
 }
 
-// Limits of the [reload] values.
-const (
-	minCanaryWindow = 100 * time.Millisecond
-	maxCanaryWindow = time.Hour
-)
 
 // Log is the [log] table: how the supervisor and its workers write their
 // log. The zero value is text at info. A reload applies it.
@@ -465,11 +461,6 @@ const (
 	maxTTL = bucket.MaxWindow
 )
 
-// MinMaxRSS is the least server.max_rss: a worker takes about 12 MiB
-// as it starts (more with a large region mapped in, or a handler's
-// caches), and a limit below what it needs to serve would recycle every
-// worker at its first response, in a storm.
-const MinMaxRSS = 32 << 20
 
 // MaxWorkers bounds server.workers: far beyond any machine's CPUs, and
 // within what the region's worker table can hold during a reload (twice
@@ -493,16 +484,18 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.Listen, "127.0.0.1:8080")
 	setDefault(&s.Upstream, demoUpstream)
 	setDefault(&s.IPv6Prefix, 64)
-	setDefault(&s.ShutdownTimeout, 30*time.Second)
+	setDefault(&s.ShutdownTimeout, prefork.DefaultShutdownTimeout)
 	setDefault(&s.MaxRequestBody, 1<<20)
-	setDefault(&s.ReadHeaderTimeout, 10*time.Second)
-	setDefault(&s.IdleTimeout, 75*time.Second)
-	setDefault(&s.MaxHeaderBytes, 64<<10)
-	setDefault(&s.ClientBodyTimeout, 60*time.Second)
-	setDefault(&s.SendTimeout, 60*time.Second)
-	setDefault(&s.UpstreamConnectTimeout, 5*time.Second)
-	setDefault(&s.UpstreamTimeout, 60*time.Second)
-	setDefault(&s.UpstreamMaxIdle, 256)
+	// The [server] limits are every engine's: their defaults are package
+	// engine's.
+	setDefault(&s.ReadHeaderTimeout, engine.DefaultReadHeaderTimeout)
+	setDefault(&s.IdleTimeout, engine.DefaultIdleTimeout)
+	setDefault(&s.MaxHeaderBytes, engine.DefaultMaxHeaderBytes)
+	setDefault(&s.ClientBodyTimeout, engine.DefaultClientBodyTimeout)
+	setDefault(&s.SendTimeout, engine.DefaultSendTimeout)
+	setDefault(&s.UpstreamConnectTimeout, engine.DefaultUpstreamConnectTimeout)
+	setDefault(&s.UpstreamTimeout, engine.DefaultUpstreamTimeout)
+	setDefault(&s.UpstreamMaxIdle, engine.DefaultUpstreamMaxIdle)
 	s.TrustedProxies = slices.Clone(s.TrustedProxies)
 	s.Exempt = slices.Clone(s.Exempt)
 
@@ -517,9 +510,9 @@ func (c Config) WithDefaults() Config {
 	rd.CA = slices.Clone(rd.CA)
 	rl := &c.Reload
 	setDefault(&rl.Canary, On)
-	setDefault(&rl.CanaryWindow, 10*time.Second)
-	setDefault(&rl.CanaryMinRequests, 50)
-	setDefault(&rl.CanaryMaxErrorDelta, 2)
+	setDefault(&rl.CanaryWindow, prefork.DefaultCanaryWindow)
+	setDefault(&rl.CanaryMinRequests, prefork.DefaultCanaryMinRequests)
+	setDefault(&rl.CanaryMaxErrorDelta, prefork.DefaultCanaryMaxErrorDelta)
 
 	setDefault(&c.Table.Counters, 262144)
 	if n := c.Table.Counters; n >= minCounters && n <= maxCounters {

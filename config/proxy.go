@@ -1,36 +1,57 @@
 package config
 
 import (
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/shm"
 )
 
+// Limits are the [server] keys every engine honours (package engine).
+func (s Server) Limits() engine.Limits {
+	return engine.Limits{
+		ReadHeaderTimeout: s.ReadHeaderTimeout,
+		IdleTimeout:       s.IdleTimeout,
+		ClientBodyTimeout: s.ClientBodyTimeout,
+		SendTimeout:       s.SendTimeout,
+		MaxHeaderBytes:    int(s.MaxHeaderBytes),
+		MaxConnections:    s.MaxConnections,
+	}
+}
+
+// UpstreamClient are the [server] keys of an engine's upstream client.
+func (s Server) UpstreamClient() engine.Upstream {
+	return engine.Upstream{ConnectTimeout: s.UpstreamConnectTimeout, Timeout: s.UpstreamTimeout, MaxIdle: s.UpstreamMaxIdle}
+}
+
 // ProxyOptions translates the [server] timeouts and limits into the fast
 // engine's options (package proxy). The caller adds the application
 // (Upstream or App), the decision core and the logger; the drain graces
 // are the engine's defaults, which are the retiring worker's rule.
 func (c Config) ProxyOptions() proxy.Options {
-	s := c.WithDefaults().Server
+	s := c.Server
+	lim, up := s.Limits(), s.UpstreamClient()
 	return proxy.Options{
-		ReadHeaderTimeout:      s.ReadHeaderTimeout,
-		IdleTimeout:            s.IdleTimeout,
-		ClientBodyTimeout:      s.ClientBodyTimeout,
-		SendTimeout:            s.SendTimeout,
-		MaxHeaderBytes:         int(s.MaxHeaderBytes),
-		MaxConnections:         s.MaxConnections,
-		UpstreamConnectTimeout: s.UpstreamConnectTimeout,
-		UpstreamTimeout:        s.UpstreamTimeout,
-		UpstreamMaxIdle:        s.UpstreamMaxIdle,
+		ReadHeaderTimeout:      lim.ReadHeaderTimeout,
+		IdleTimeout:            lim.IdleTimeout,
+		ClientBodyTimeout:      lim.ClientBodyTimeout,
+		SendTimeout:            lim.SendTimeout,
+		MaxHeaderBytes:         lim.MaxHeaderBytes,
+		MaxConnections:         lim.MaxConnections,
+		UpstreamConnectTimeout: up.ConnectTimeout,
+		UpstreamTimeout:        up.Timeout,
+		UpstreamMaxIdle:        up.MaxIdle,
 	}
 }
 
 // Settings translates [server] and [reload] into the supervisor's
 // settings (package prefork): the drain's timeout, the canary, the
 // recycling limits. The caller adds the payload its workers decode.
-func (c Config) Settings() prefork.Settings {
-	c = c.WithDefaults()
+func (c Config) Settings() prefork.Settings { return c.WithDefaults().settings() }
+
+// settings is Settings of c as it is: a zero is a zero (check).
+func (c Config) settings() prefork.Settings {
 	s := c.Server
 	rl := c.Reload
 	inconclusive := prefork.InconclusiveContinue

@@ -8,11 +8,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
@@ -54,46 +55,29 @@ func (c Config) check(r *report) {
 	if s.IPv6Prefix < 1 || s.IPv6Prefix > 128 {
 		f("ipv6_prefix", "must be between 1 and 128, got %d", s.IPv6Prefix)
 	}
-	if s.ShutdownTimeout <= 0 {
-		f("shutdown_timeout", "must be positive, got %v", s.ShutdownTimeout)
-	}
 	if _, err := s.Headers.MarshalText(); err != nil {
 		f("headers", "%s", detail(err))
 	}
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}
-	for _, d := range []struct {
-		key string
-		v   time.Duration
-	}{
-		{"read_header_timeout", s.ReadHeaderTimeout},
-		{"idle_timeout", s.IdleTimeout},
-		{"client_body_timeout", s.ClientBodyTimeout},
-		{"send_timeout", s.SendTimeout},
-		{"upstream_connect_timeout", s.UpstreamConnectTimeout},
-		{"upstream_timeout", s.UpstreamTimeout},
-	} {
-		if d.v <= 0 {
-			f(d.key, "must be positive, got %v", d.v)
+	// The engines' limits, and the supervisor's settings, are checked by
+	// the packages that own them; the file adds the line.
+	// The configuration's defaults are the owners' (WithDefaults): here a
+	// zero is a zero the file wrote.
+	if err := s.Limits().Check(); err != nil {
+		ownerError(f, err)
+	}
+	if err := s.UpstreamClient().Check(); err != nil {
+		ownerError(f, err)
+	}
+	if err := c.settings().Check(); err != nil {
+		var fe *prefork.FieldError
+		if errors.As(err, &fe) && fe.Table == "reload" {
+			ownerError(r.at([]string{"reload"}, "reload."), err)
+		} else {
+			ownerError(f, err)
 		}
-	}
-	if s.MaxHeaderBytes < proxy.MinMaxHeaderBytes {
-		f("max_header_bytes", "must be at least %v, got %v", Size(proxy.MinMaxHeaderBytes), s.MaxHeaderBytes)
-	}
-	if s.MaxConnections < 0 {
-		f("max_connections", "must not be negative (0 means no bound), got %d", s.MaxConnections)
-	}
-	if s.UpstreamMaxIdle < 0 {
-		f("upstream_max_idle", "must not be negative, got %d", s.UpstreamMaxIdle)
-	}
-	if s.MaxRequests < 0 {
-		f("max_requests", "must not be negative (0 means never), got %d", s.MaxRequests)
-	}
-	if s.MaxRSS < 0 {
-		f("max_rss", "must not be negative, got %d", s.MaxRSS)
-	} else if s.MaxRSS > 0 && s.MaxRSS < MinMaxRSS {
-		f("max_rss", "must be at least %v (a worker takes about 12 MiB as it starts: a limit below what it needs recycles every worker as soon as it serves), or \"\" for no limit; got %v", Size(MinMaxRSS), Size(s.MaxRSS))
 	}
 	c.Reload.check(r)
 
@@ -173,19 +157,25 @@ func (d Cache) check(r *report, i int, c Config) {
 	}
 }
 
+// ownerError reports, at its key, what a package that owns settings
+// (engine, prefork) refused.
+func ownerError(f func(key, format string, args ...any), err error) {
+	var ef *engine.FieldError
+	var pf *prefork.FieldError
+	switch {
+	case errors.As(err, &ef):
+		f(ef.Key, "%s", ef.Msg)
+	case errors.As(err, &pf):
+		f(pf.Key, "%s", pf.Msg)
+	default:
+		f("", "%v", err)
+	}
+}
+
 func (rl Reload) check(r *report) {
 	f := r.at([]string{"reload"}, "reload.")
 	if err := rl.Canary.check(); err != nil {
 		f("canary", "%s", detail(err))
-	}
-	if w := rl.CanaryWindow; w < minCanaryWindow || w > maxCanaryWindow {
-		f("canary_window", "must be between %v and %v, got %v", minCanaryWindow, maxCanaryWindow, w)
-	}
-	if rl.CanaryMinRequests < 1 {
-		f("canary_min_requests", "must be at least 1, got %d", rl.CanaryMinRequests)
-	}
-	if d := rl.CanaryMaxErrorDelta; !(d > 0 && d <= 100) {
-		f("canary_max_error_delta", "must be more than 0 and at most 100 (percentage points), got %v", d)
 	}
 	if err := inconclusiveNames.check(rl.CanaryInconclusive); err != nil {
 		f("canary_inconclusive", "%s", detail(err))

@@ -54,7 +54,7 @@ type FieldError struct {
 	Field, Key, Msg string
 }
 
-func (e *FieldError) Error() string { return "engine: " + e.Key + ": " + e.Msg }
+func (e *FieldError) Error() string { return "engine: " + e.Field + " (" + e.Key + "): " + e.Msg }
 
 // duration is one duration setting with its default.
 type duration struct {
@@ -63,41 +63,58 @@ type duration struct {
 	def        time.Duration
 }
 
-// fill checks each setting and replaces a zero one by its default.
-func fill(ds []duration) error {
+// fill replaces each zero setting by its default.
+func fill(ds []duration) {
 	for _, d := range ds {
-		switch {
-		case *d.v < 0:
-			return &FieldError{d.field, d.key, fmt.Sprintf("must not be negative, got %v", *d.v)}
-		case *d.v == 0:
+		if *d.v == 0 {
 			*d.v = d.def
+		}
+	}
+}
+
+// positive checks that each setting is positive.
+func positive(ds []duration) error {
+	for _, d := range ds {
+		if *d.v <= 0 {
+			return &FieldError{d.field, d.key, fmt.Sprintf("must be positive, got %v", *d.v)}
 		}
 	}
 	return nil
 }
 
-// WithDefaults checks l and returns it with its zero values replaced by
-// the defaults; every error is a *FieldError.
-func (l Limits) WithDefaults() (Limits, error) {
-	err := fill([]duration{
+func (l *Limits) durations() []duration {
+	return []duration{
 		{"ReadHeaderTimeout", "read_header_timeout", &l.ReadHeaderTimeout, DefaultReadHeaderTimeout},
 		{"IdleTimeout", "idle_timeout", &l.IdleTimeout, DefaultIdleTimeout},
 		{"ClientBodyTimeout", "client_body_timeout", &l.ClientBodyTimeout, DefaultClientBodyTimeout},
 		{"SendTimeout", "send_timeout", &l.SendTimeout, DefaultSendTimeout},
-	})
-	if err != nil {
-		return l, err
 	}
-	switch {
-	case l.MaxHeaderBytes == 0:
+}
+
+// WithDefaults returns l with its zero values replaced by the defaults,
+// checked (Check).
+func (l Limits) WithDefaults() (Limits, error) {
+	fill(l.durations())
+	if l.MaxHeaderBytes == 0 {
 		l.MaxHeaderBytes = DefaultMaxHeaderBytes
-	case l.MaxHeaderBytes < MinMaxHeaderBytes:
-		return l, &FieldError{"MaxHeaderBytes", "max_header_bytes", fmt.Sprintf("must be at least %d bytes, got %d", MinMaxHeaderBytes, l.MaxHeaderBytes)}
+	}
+	return l, l.Check()
+}
+
+// Check reports what is wrong with l taken as it is (a zero timeout is
+// a zero timeout here: WithDefaults fills the defaults first); every
+// error is a *FieldError.
+func (l Limits) Check() error {
+	if err := positive(l.durations()); err != nil {
+		return err
+	}
+	if l.MaxHeaderBytes < MinMaxHeaderBytes {
+		return &FieldError{"MaxHeaderBytes", "max_header_bytes", fmt.Sprintf("must be at least 4KiB, got %d bytes", l.MaxHeaderBytes)}
 	}
 	if l.MaxConnections < 0 {
-		return l, &FieldError{"MaxConnections", "max_connections", fmt.Sprintf("must not be negative (0 means no bound), got %d", l.MaxConnections)}
+		return &FieldError{"MaxConnections", "max_connections", fmt.Sprintf("must not be negative (0 means no bound), got %d", l.MaxConnections)}
 	}
-	return l, nil
+	return nil
 }
 
 // Upstream is how an engine's client talks to the application: the
@@ -124,20 +141,36 @@ const (
 	DefaultUpstreamMaxIdle        = 256
 )
 
-// WithDefaults checks u and returns it with its zero values replaced by
-// the defaults (a negative MaxIdle by 0); every error is a *FieldError.
-func (u Upstream) WithDefaults() (Upstream, error) {
-	err := fill([]duration{
+func (u *Upstream) durations() []duration {
+	return []duration{
 		{"ConnectTimeout", "upstream_connect_timeout", &u.ConnectTimeout, DefaultUpstreamConnectTimeout},
 		{"Timeout", "upstream_timeout", &u.Timeout, DefaultUpstreamTimeout},
-	})
+	}
+}
+
+// WithDefaults returns u with its zero values replaced by the defaults
+// (a negative MaxIdle by 0: keep none), checked (Check).
+func (u Upstream) WithDefaults() (Upstream, error) {
+	fill(u.durations())
 	switch {
 	case u.MaxIdle == 0:
 		u.MaxIdle = DefaultUpstreamMaxIdle
 	case u.MaxIdle < 0:
 		u.MaxIdle = 0
 	}
-	return u, err
+	return u, u.Check()
+}
+
+// Check reports what is wrong with u taken as it is; every error is a
+// *FieldError.
+func (u Upstream) Check() error {
+	if err := positive(u.durations()); err != nil {
+		return err
+	}
+	if u.MaxIdle < 0 {
+		return &FieldError{"MaxIdle", "upstream_max_idle", fmt.Sprintf("must not be negative, got %d", u.MaxIdle)}
+	}
+	return nil
 }
 
 // The drain rule, for every engine a worker runs (a reload, or TERM):

@@ -12,7 +12,6 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
-	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -152,15 +151,5 @@ func TestFastEngine(t *testing.T) {
 	}
 	if len(closing) != 2 {
 		t.Errorf("deferred functions ran in %d processes, want the 2 workers: %v", len(closing), closing)
-	}
-}
-
-// TestFastEngineDrainsByTheRule: the fast engine's drain graces are the
-// retiring worker's rule (package engine), which the net/http engine
-// applies.
-func TestFastEngineDrainsByTheRule(t *testing.T) {
-	if proxy.DefaultDrainIdleGrace != engine.DrainIdleGrace || proxy.DefaultDrainNewGrace != engine.DrainNewGrace {
-		t.Errorf("proxy drains with graces %v (idle) and %v (new), the worker rule says %v and %v",
-			proxy.DefaultDrainIdleGrace, proxy.DefaultDrainNewGrace, engine.DrainIdleGrace, engine.DrainNewGrace)
 	}
 }

@@ -372,7 +372,7 @@ func TestReload(t *testing.T) {
 	mu.Unlock()
 	h.signal(unix.SIGHUP)
 	refused = h.logs.wait(t, "reload refused: keeping the running configuration", 2, 10*time.Second)[1]
-	if err := fmt.Sprint(refused.attrs["err"]); !strings.Contains(err, "Settings.MaxRSS 1048576") {
+	if err := fmt.Sprint(refused.attrs["err"]); !strings.Contains(err, "Settings.MaxRSS (server.max_rss)") {
 		t.Errorf("refusal %q does not name the bad setting", err)
 	}
 	if n := len(h.logs.all("reload begun")); n != 1 {

@@ -85,41 +85,75 @@ const (
 	InconclusiveAbort
 )
 
-// withDefaults checks s and fills in its defaults.
-func (s Settings) withDefaults() (Settings, error) {
-	if s.ShutdownTimeout < 0 {
-		return s, fmt.Errorf("prefork: Settings.ShutdownTimeout %v is negative", s.ShutdownTimeout)
-	}
+// FieldError is a setting the supervisor refuses: Field names it as the
+// field of Settings ("Canary.Window"), Table and Key as the configuration
+// file's ("reload", "canary_window"), so that a caller can point at
+// either.
+type FieldError struct {
+	Field, Table, Key, Msg string
+}
+
+func (e *FieldError) Error() string {
+	return "prefork: Settings." + e.Field + " (" + e.Table + "." + e.Key + "): " + e.Msg
+}
+
+// WithDefaults returns s with its zero values replaced by the defaults,
+// checked (Check).
+func (s Settings) WithDefaults() (Settings, error) {
 	if s.ShutdownTimeout == 0 {
 		s.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	switch {
-	case s.MaxRequests < 0:
-		return s, fmt.Errorf("prefork: Settings.MaxRequests %d is negative", s.MaxRequests)
-	case s.MaxRSS < 0 || s.MaxRSS > 0 && s.MaxRSS < MinMaxRSS:
-		return s, fmt.Errorf("prefork: Settings.MaxRSS %d: want 0 (no limit) or at least %d (32 MiB)", s.MaxRSS, MinMaxRSS)
-	}
 	c := &s.Canary
-	switch {
-	case c.Window == 0:
+	if c.Window == 0 {
 		c.Window = DefaultCanaryWindow
-	case c.Window < minCanaryWindow || c.Window > maxCanaryWindow:
-		return s, fmt.Errorf("prefork: Canary.Window %v: want %v to %v", c.Window, minCanaryWindow, maxCanaryWindow)
 	}
-	switch {
-	case c.MinRequests == 0:
+	if c.MinRequests == 0 {
 		c.MinRequests = DefaultCanaryMinRequests
-	case c.MinRequests < 0:
-		return s, fmt.Errorf("prefork: Canary.MinRequests %d is negative", c.MinRequests)
+	}
+	if c.MaxErrorDelta == 0 {
+		c.MaxErrorDelta = DefaultCanaryMaxErrorDelta
+	}
+	return s, s.Check()
+}
+
+// Check reports what is wrong with s taken as it is (a zero timeout is a
+// zero timeout here: WithDefaults fills the defaults first); every error
+// is a *FieldError.
+func (s Settings) Check() error {
+	fail := func(field, table, key, format string, args ...any) error {
+		return &FieldError{field, table, key, fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case c.MaxErrorDelta == 0:
-		c.MaxErrorDelta = DefaultCanaryMaxErrorDelta
-	case c.MaxErrorDelta < 0 || c.MaxErrorDelta > 100:
-		return s, fmt.Errorf("prefork: Canary.MaxErrorDelta %v: want 0 to 100 points", c.MaxErrorDelta)
+	case s.ShutdownTimeout <= 0:
+		return fail("ShutdownTimeout", "server", "shutdown_timeout", "must be positive, got %v", s.ShutdownTimeout)
+	case s.MaxRequests < 0:
+		return fail("MaxRequests", "server", "max_requests", "must not be negative (0 means never), got %d", s.MaxRequests)
+	case s.MaxRSS < 0:
+		return fail("MaxRSS", "server", "max_rss", "must not be negative, got %d", s.MaxRSS)
+	case s.MaxRSS > 0 && s.MaxRSS < MinMaxRSS:
+		return fail("MaxRSS", "server", "max_rss", "must be at least 32MiB (a worker takes about 12 MiB as it starts: a limit below what it needs recycles every worker as soon as it serves), or \"\" for no limit; got %s", mib(s.MaxRSS))
 	}
-	if c.Inconclusive > InconclusiveAbort {
-		return s, fmt.Errorf("prefork: unknown Canary.Inconclusive %d", c.Inconclusive)
+	c := s.Canary
+	switch {
+	case c.Window < minCanaryWindow || c.Window > maxCanaryWindow:
+		return fail("Canary.Window", "reload", "canary_window", "must be between %v and %v, got %v", minCanaryWindow, maxCanaryWindow, c.Window)
+	case c.MinRequests < 1:
+		return fail("Canary.MinRequests", "reload", "canary_min_requests", "must be at least 1, got %d", c.MinRequests)
+	case !(c.MaxErrorDelta > 0 && c.MaxErrorDelta <= 100):
+		return fail("Canary.MaxErrorDelta", "reload", "canary_max_error_delta", "must be more than 0 and at most 100 (percentage points), got %v", c.MaxErrorDelta)
+	case c.Inconclusive > InconclusiveAbort:
+		return fail("Canary.Inconclusive", "reload", "canary_inconclusive", "unknown value %d", c.Inconclusive)
 	}
-	return s, nil
+	return nil
+}
+
+// withDefaults is WithDefaults, for the supervisor.
+func (s Settings) withDefaults() (Settings, error) { return s.WithDefaults() }
+
+// mib writes a size in MiB when it is whole MiB, else in bytes.
+func mib(n int64) string {
+	if n > 0 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return fmt.Sprintf("%d", n)
 }

@@ -2,6 +2,8 @@ package prefork
 
 import (
 	"context"
+	"errors"
+	"math"
 	"net"
 	"strings"
 	"testing"
@@ -27,24 +29,29 @@ func TestSettingsDefaults(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		edit func(*Settings)
-		err  string
+		edit  func(*Settings)
+		field string
+		err   string
 	}{
-		{func(s *Settings) { s.ShutdownTimeout = -time.Second }, "ShutdownTimeout -1s is negative"},
-		{func(s *Settings) { s.MaxRequests = -1 }, "MaxRequests -1 is negative"},
-		{func(s *Settings) { s.MaxRSS = -1 }, "MaxRSS -1: want 0 (no limit) or at least 33554432 (32 MiB)"},
-		{func(s *Settings) { s.MaxRSS = MinMaxRSS - 1 }, "MaxRSS 33554431: want 0"},
-		{func(s *Settings) { s.Canary.Window = minCanaryWindow - 1 }, "Canary.Window 99.999999ms: want 100ms to 1h0m0s"},
-		{func(s *Settings) { s.Canary.Window = maxCanaryWindow + 1 }, "Canary.Window 1h0m0.000000001s"},
-		{func(s *Settings) { s.Canary.MinRequests = -1 }, "Canary.MinRequests -1 is negative"},
-		{func(s *Settings) { s.Canary.MaxErrorDelta = -0.5 }, "Canary.MaxErrorDelta -0.5: want 0 to 100 points"},
-		{func(s *Settings) { s.Canary.MaxErrorDelta = 100.5 }, "Canary.MaxErrorDelta 100.5"},
-		{func(s *Settings) { s.Canary.Inconclusive = InconclusiveAbort + 1 }, "unknown Canary.Inconclusive 2"},
+		{func(s *Settings) { s.ShutdownTimeout = -time.Second }, "ShutdownTimeout", "must be positive, got -1s"},
+		{func(s *Settings) { s.MaxRequests = -1 }, "MaxRequests", "must not be negative (0 means never), got -1"},
+		{func(s *Settings) { s.MaxRSS = -1 }, "MaxRSS", "must not be negative, got -1"},
+		{func(s *Settings) { s.MaxRSS = MinMaxRSS - 1 }, "MaxRSS", "must be at least 32MiB"},
+		{func(s *Settings) { s.Canary.Window = minCanaryWindow - 1 }, "Canary.Window", "must be between 100ms and 1h0m0s, got 99.999999ms"},
+		{func(s *Settings) { s.Canary.Window = maxCanaryWindow + 1 }, "Canary.Window", "got 1h0m0.000000001s"},
+		{func(s *Settings) { s.Canary.MinRequests = -1 }, "Canary.MinRequests", "must be at least 1, got -1"},
+		{func(s *Settings) { s.Canary.MaxErrorDelta = -0.5 }, "Canary.MaxErrorDelta", "got -0.5"},
+		{func(s *Settings) { s.Canary.MaxErrorDelta = 100.5 }, "Canary.MaxErrorDelta", "got 100.5"},
+		{func(s *Settings) { s.Canary.MaxErrorDelta = math.NaN() }, "Canary.MaxErrorDelta", "got NaN"},
+		{func(s *Settings) { s.Canary.Inconclusive = InconclusiveAbort + 1 }, "Canary.Inconclusive", "unknown value 2"},
 	} {
 		s := Settings{}
 		tc.edit(&s)
-		if _, err := s.withDefaults(); err == nil || !strings.HasPrefix(err.Error(), "prefork: ") || !strings.Contains(err.Error(), tc.err) {
-			t.Errorf("%+v: %v, want an error with %q", s, err, tc.err)
+		_, err := s.withDefaults()
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Msg, tc.err) ||
+			!strings.HasPrefix(err.Error(), "prefork: Settings."+tc.field+" (") {
+			t.Errorf("%+v: %v, want an error of %s with %q", s, err, tc.field, tc.err)
 		}
 	}
 }
@@ -57,7 +64,7 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		err  string
 	}{
 		{Options{}, "prefork: Options.Engine is nil"},
-		{Options{Engine: testEngine, Settings: Settings{MaxRSS: 1}}, "prefork: Settings.MaxRSS 1"},
+		{Options{Engine: testEngine, Settings: Settings{MaxRSS: 1}}, "prefork: Settings.MaxRSS (server.max_rss): must be at least 32MiB"},
 	} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

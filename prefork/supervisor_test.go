@@ -378,7 +378,7 @@ func TestReloadRefused(t *testing.T) {
 	}{
 		{"Reload fails", func(Settings) (Settings, error) { return Settings{}, errors.New("config: bad") }, "config: bad"},
 		{"invalid settings", func(Settings) (Settings, error) { return Settings{MaxRequests: -1}, nil },
-			"prefork: Settings.MaxRequests -1 is negative"},
+			"prefork: Settings.MaxRequests (server.max_requests): must not be negative (0 means never), got -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFake()

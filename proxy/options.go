@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // Options configures a [Server]. Zero values are the documented defaults,
@@ -93,23 +94,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Defaults of Options.
-const (
-	DefaultReadHeaderTimeout      = 10 * time.Second
-	DefaultIdleTimeout            = 75 * time.Second
-	DefaultClientBodyTimeout      = 60 * time.Second
-	DefaultSendTimeout            = 60 * time.Second
-	DefaultMaxHeaderBytes         = 64 << 10
-	DefaultUpstreamConnectTimeout = 5 * time.Second
-	DefaultUpstreamTimeout        = 60 * time.Second
-	DefaultUpstreamMaxIdle        = 256
-	DefaultDrainIdleGrace         = time.Second
-	DefaultDrainNewGrace          = 5 * time.Second
-
-	// MinMaxHeaderBytes is the smallest MaxHeaderBytes: a request line and
-	// the usual headers must fit.
-	MinMaxHeaderBytes = 4 << 10
-)
+// MinMaxHeaderBytes is the smallest MaxHeaderBytes (engine's).
+const MinMaxHeaderBytes = engine.MinMaxHeaderBytes
 
 // withDefaults validates o and fills in its defaults; up is the parsed
 // Upstream (zero with App).
@@ -127,42 +113,32 @@ func (o Options) withDefaults() (_ Options, up target, err error) {
 			return o, up, err
 		}
 	}
-	durations := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"ReadHeaderTimeout", &o.ReadHeaderTimeout, DefaultReadHeaderTimeout},
-		{"IdleTimeout", &o.IdleTimeout, DefaultIdleTimeout},
-		{"ClientBodyTimeout", &o.ClientBodyTimeout, DefaultClientBodyTimeout},
-		{"SendTimeout", &o.SendTimeout, DefaultSendTimeout},
-		{"UpstreamConnectTimeout", &o.UpstreamConnectTimeout, DefaultUpstreamConnectTimeout},
-		{"UpstreamTimeout", &o.UpstreamTimeout, DefaultUpstreamTimeout},
-		{"DrainIdleGrace", &o.DrainIdleGrace, DefaultDrainIdleGrace},
-		{"DrainNewGrace", &o.DrainNewGrace, DefaultDrainNewGrace},
+	// The limits are every engine's (package engine): their defaults and
+	// checks are written there, once.
+	lim, err := engine.Limits{
+		ReadHeaderTimeout: o.ReadHeaderTimeout, IdleTimeout: o.IdleTimeout,
+		ClientBodyTimeout: o.ClientBodyTimeout, SendTimeout: o.SendTimeout,
+		MaxHeaderBytes: o.MaxHeaderBytes, MaxConnections: o.MaxConnections,
+	}.WithDefaults()
+	if err != nil {
+		return o, up, fmt.Errorf("proxy: Options: %w", err)
 	}
-	for _, d := range durations {
-		switch {
-		case *d.v < 0:
-			return o, up, fmt.Errorf("proxy: Options.%s %v is negative", d.name, *d.v)
-		case *d.v == 0:
-			*d.v = d.def
-		}
+	o.ReadHeaderTimeout, o.IdleTimeout = lim.ReadHeaderTimeout, lim.IdleTimeout
+	o.ClientBodyTimeout, o.SendTimeout = lim.ClientBodyTimeout, lim.SendTimeout
+	o.MaxHeaderBytes, o.MaxConnections = lim.MaxHeaderBytes, lim.MaxConnections
+	ups, err := engine.Upstream{ConnectTimeout: o.UpstreamConnectTimeout, Timeout: o.UpstreamTimeout, MaxIdle: o.UpstreamMaxIdle}.WithDefaults()
+	if err != nil {
+		return o, up, fmt.Errorf("proxy: Options: %w", err)
 	}
+	o.UpstreamConnectTimeout, o.UpstreamTimeout, o.UpstreamMaxIdle = ups.ConnectTimeout, ups.Timeout, ups.MaxIdle
 	switch {
-	case o.MaxHeaderBytes == 0:
-		o.MaxHeaderBytes = DefaultMaxHeaderBytes
-	case o.MaxHeaderBytes < MinMaxHeaderBytes:
-		return o, up, fmt.Errorf("proxy: Options.MaxHeaderBytes %d: want at least %d", o.MaxHeaderBytes, MinMaxHeaderBytes)
+	case o.DrainIdleGrace < 0, o.DrainNewGrace < 0:
+		return o, up, errors.New("proxy: Options: a drain grace is negative")
+	case o.DrainIdleGrace == 0:
+		o.DrainIdleGrace = engine.DrainIdleGrace
 	}
-	if o.MaxConnections < 0 {
-		return o, up, fmt.Errorf("proxy: Options.MaxConnections %d is negative", o.MaxConnections)
-	}
-	switch {
-	case o.UpstreamMaxIdle == 0:
-		o.UpstreamMaxIdle = DefaultUpstreamMaxIdle
-	case o.UpstreamMaxIdle < 0:
-		o.UpstreamMaxIdle = 0
+	if o.DrainNewGrace == 0 {
+		o.DrainNewGrace = engine.DrainNewGrace
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
