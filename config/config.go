@@ -158,7 +158,6 @@ type Reload struct {
 	CanaryInconclusive Inconclusive `toml:"canary_inconclusive"`
 }
 
-
 // Log is the [log] table: how the supervisor and its workers write their
 // log. The zero value is text at info. A reload applies it.
 type Log struct {
@@ -460,7 +459,6 @@ const (
 	// overflowing the region's clock.
 	maxTTL = bucket.MaxWindow
 )
-
 
 // MaxWorkers bounds server.workers: far beyond any machine's CPUs, and
 // within what the region's worker table can hold during a reload (twice
