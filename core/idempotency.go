@@ -88,8 +88,12 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 	body, err := ex.req.Body(c.maxReq)
 	if err != nil {
 		c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
-		if errors.Is(err, ErrBodyTooLarge) {
+		var te interface{ Timeout() bool }
+		switch {
+		case errors.Is(err, ErrBodyTooLarge):
 			return ex.idemProblem(b, problemTooLarge)
+		case errors.As(err, &te) && te.Timeout():
+			return ex.idemProblem(b, problemBodyTimeout)
 		}
 		return ex.idemProblem(b, problemUnreadable)
 	}
@@ -332,6 +336,7 @@ const (
 	problemRepeated
 	problemMalformed
 	problemUnreadable
+	problemBodyTimeout
 	problemTooLarge
 	problemMismatch
 	problemInFlight
@@ -381,6 +386,9 @@ func newIdemProblem(p problemKind, b *block, maxReq int64) Problem {
 		detail = "the " + header + ` must be a quoted string ("...") or a token`
 	case problemUnreadable:
 		detail = "the request body could not be read"
+	case problemBodyTimeout:
+		status = http.StatusRequestTimeout
+		detail = "the request body did not arrive in time"
 	case problemTooLarge:
 		status = http.StatusRequestEntityTooLarge
 		detail = "a request with the " + header + " header may have a body of at most " + strconv.FormatInt(maxReq, 10) + " bytes"
@@ -412,5 +420,7 @@ func newIdemProblem(p problemKind, b *block, maxReq int64) Problem {
 
 // idemProblem answers with b's problem p.
 func (ex *Exchange) idemProblem(b *block, p problemKind) (Verdict, bool) {
-	return ex.respond(&b.problems[p], false)
+	// A body that could not be read whole leaves the rest of it on the
+	// connection, where no next request may be read from: it closes.
+	return ex.respond(&b.problems[p], p == problemUnreadable || p == problemBodyTimeout)
 }

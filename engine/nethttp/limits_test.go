@@ -1,0 +1,199 @@
+package nethttp_test
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/nethttp"
+	"github.com/preforkd/preforkd/internal/shmtest"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// Every [server] limit, set on the net/http engine as an embedding
+// program sets it (engine.Limits on nethttp.Server), and observed from
+// a real client: the engine honours them as the daemon's engine does.
+func TestServerLimits(t *testing.T) {
+	t.Parallel()
+	lim := engine.Limits{
+		ReadHeaderTimeout: 300 * time.Millisecond,
+		IdleTimeout:       400 * time.Millisecond,
+		ClientBodyTimeout: 300 * time.Millisecond,
+		SendTimeout:       300 * time.Millisecond,
+		MaxHeaderBytes:    8 << 10,
+		MaxConnections:    2,
+	}
+	big := strings.Repeat("x", 64<<20) // more than the socket buffers hold
+	bodyErr := make(chan error, 4)
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/upload":
+			_, err := io.Copy(io.Discard, r.Body)
+			bodyErr <- err
+		case "/big":
+			io.WriteString(w, big)
+		default:
+			io.WriteString(w, "ok")
+		}
+	})
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(t.Context()) })
+	dial := func() (net.Conn, *bufio.Reader) {
+		t.Helper()
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		return conn, bufio.NewReader(conn)
+	}
+	// closedWithin reads until the server closes the connection, and
+	// reports how long that took.
+	closedWithin := func(conn net.Conn, r *bufio.Reader) time.Duration {
+		t.Helper()
+		start := time.Now()
+		_, err := io.Copy(io.Discard, r)
+		if err != nil && !errors.Is(err, net.ErrClosed) && !isReset(err) {
+			t.Fatalf("reading until the close: %v", err)
+		}
+		return time.Since(start)
+	}
+
+	t.Run("read_header_timeout", func(t *testing.T) {
+		conn, r := dial()
+		io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\n") // and never the end of it
+		if d := closedWithin(conn, r); d < 250*time.Millisecond || d > 3*time.Second {
+			t.Errorf("a header never finished: closed after %v, want about %v", d, lim.ReadHeaderTimeout)
+		}
+	})
+	t.Run("idle_timeout", func(t *testing.T) {
+		conn, r := dial()
+		io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if d := closedWithin(conn, r); d < 300*time.Millisecond || d > 3*time.Second {
+			t.Errorf("an idle keep-alive connection: closed after %v, want about %v", d, lim.IdleTimeout)
+		}
+	})
+	t.Run("client_body_timeout", func(t *testing.T) {
+		conn, _ := dial()
+		io.WriteString(conn, "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nhalf")
+		select {
+		case err := <-bodyErr:
+			if err == nil || !strings.Contains(err.Error(), "timeout") {
+				t.Errorf("a body that stalls: the application read %v, want a timeout", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a body that stalls: still read after 5s")
+		}
+	})
+	t.Run("send_timeout", func(t *testing.T) {
+		conn, r := dial()
+		io.WriteString(conn, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+		time.Sleep(1500 * time.Millisecond) // read nothing: the server's writes stall
+		n, _ := io.Copy(io.Discard, r)
+		if n >= int64(len(big)) {
+			t.Errorf("a client that reads nothing got the whole response: %d bytes", n)
+		}
+	})
+	t.Run("max_header_bytes", func(t *testing.T) {
+		conn, r := dial()
+		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: a\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 9<<10))
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("a 9 KiB header under an 8 KiB bound: %v %v, want 431", resp, err)
+		}
+		conn2, r2 := dial()
+		fmt.Fprintf(conn2, "GET / HTTP/1.1\r\nHost: a\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 6<<10))
+		if resp, err := http.ReadResponse(r2, nil); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("a 6 KiB header under an 8 KiB bound: %v %v, want 200", resp, err)
+		}
+	})
+}
+
+// max_connections: a worker holds at most that many connections; one
+// more waits in the listener's backlog until one closes.
+func TestServerMaxConnections(t *testing.T) {
+	t.Parallel()
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Limits: engine.Limits{MaxConnections: 2},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(t.Context()) })
+	get := func(conn net.Conn, wait time.Duration) error {
+		conn.SetDeadline(time.Now().Add(wait))
+		if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	var conns []net.Conn
+	for range 3 {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns = append(conns, conn)
+	}
+	for i := range 2 {
+		if err := get(conns[i], 5*time.Second); err != nil {
+			t.Fatalf("connection %d: %v", i+1, err)
+		}
+	}
+	if err := get(conns[2], 500*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a third connection was served (%v) while two are open", err)
+	}
+	conns[0].Close()
+	if resp, err := http.ReadResponse(bufio.NewReader(conns[2]), nil); err != nil {
+		// The request written before is served once a slot is free.
+		conns[2].SetDeadline(time.Now().Add(5 * time.Second))
+		if resp, err = http.ReadResponse(bufio.NewReader(conns[2]), nil); err != nil {
+			t.Fatalf("the third connection, once the first closed: %v", err)
+		}
+		resp.Body.Close()
+	} else {
+		resp.Body.Close()
+	}
+}
+
+func isReset(err error) bool { return err != nil && strings.Contains(err.Error(), "connection reset") }
