@@ -252,7 +252,7 @@ func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore) (*rule, er
 func (c *Core) statRule(ru *rule) {
 	r := c.region
 	ru.stat = metrics.RuleIndex(r, ru.name)
-	if ru.stat < 0 {
+	if ru.stat < 0 && r.Geometry().StatNames > 0 { // a region made with no statistics counts none
 		c.logger().Warn("rule not counted in the metrics: the region has no room for another rule name (a restart makes room)", "rule", ru.name)
 	}
 	gate := func(kind int, results ...int) lineGate {

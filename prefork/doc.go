@@ -44,59 +44,20 @@
 //
 // # Supervisor
 //
-// The supervisor opens the listener and creates the region (with
-// Options.NewRegion or shm.Create) before any worker exists, runs
-// Options.Prepare, starts Options.Workers workers and watches them with
-// one select loop. It never serves a request.
-//
-//   - TERM or INT (or ctx done): graceful drain. Every worker stops
-//     accepting and finishes its requests in flight for up to
-//     Settings.ShutdownTimeout; the supervisor kills what is left a little
-//     later. A draining worker answers with Connection: close and closes a
-//     keep-alive connection only after that, or after it was idle for a
-//     grace (package engine states the rule), so that no request is lost
-//     to a connection closed under it. A second TERM or INT kills at once.
-//     No worker is started while draining. After the last worker was
-//     reaped, Options.Finish runs and Run returns.
-//   - HUP: the settings are taken again (Options.Reload; without it, the
-//     running ones are reused). An error is logged and the running
-//     settings kept. Otherwise the workers are replaced one at a time: a
-//     new one starts, and an old one is told to drain only once the new
-//     one is ready, so that no fewer than N workers serve and no
-//     connection is refused. The region, and every count in it, carries
-//     over. The listener, the region and the number of workers are the
-//     supervisor's for its life: a restart changes them.
-//   - Canary (Settings.Canary, on unless Off; canary.go states the rules):
-//     the first worker a reload replaces is judged for
-//     Canary.Window against every other worker, by the requests and
-//     5xx each counted in the region over the same window, before the
-//     others are replaced. An unhealthy (or failed) canary aborts the
-//     reload: it drains, its slot stays empty (quarantined) until a reload
-//     succeeds, and the other workers keep the running configuration and
-//     binary. [Status] shows the verdict.
-//   - Recycling (Settings.MaxRequests, Settings.MaxRSS): a worker checks both
-//     after every response; past one, it stops accepting and asks to be
-//     replaced, and leaves once its successor is ready (recycle.go).
-//   - A worker that exits without being asked to (a crash) is replaced
-//     after a delay that starts at 100ms and doubles up to 10s while the
-//     crashes go on; a worker that ran for 10s resets it. A crash loop
-//     costs a few process starts per minute, not a spinning CPU. A worker
-//     that has not reported ready a minute after its start is killed and
-//     replaced the same way.
-//   - systemd: with NOTIFY_SOCKET set, READY=1 once every worker reported
-//     ready, RELOADING=1 on HUP and READY=1 when the reload finished (or
-//     was refused, or aborted by its canary), STOPPING=1 at shutdown.
-//     Workers do not inherit NOTIFY_SOCKET.
-//   - Each worker's GOMAXPROCS is its share of the CPUs unless GOMAXPROCS
-//     is set in the environment.
-//   - The supervisor and every worker raise their soft limit on open files
-//     to the hard limit at start; the supervisor logs it ("supervisor
-//     started", open_files).
-//   - Workers take the supervisor's process name (its /proc/self/comm:
-//     "preforkd" for the daemon, the program's name when embedded) instead
-//     of "exe", and their command line reads "NAME: worker INDEX
-//     (generation G)", so that ps -C NAME and pgrep -x NAME see the whole
-//     tree. The arguments a worker sees in os.Args are the supervisor's.
+// The supervisor opens the listener and creates the region before any
+// worker exists, runs Options.Prepare, starts the workers and watches them
+// with one select loop; it never serves a request. TERM or INT (or ctx
+// done) drains: the workers stop accepting and finish what is in flight
+// within Settings.ShutdownTimeout, by package engine's drain rule, then
+// Options.Finish runs and Run returns; a second TERM kills at once. HUP
+// takes Options.Reload's settings and replaces the workers one at a time,
+// each new one ready before an old one leaves, the first of them a canary
+// judged against the others (canary.go); the region and its counts carry
+// over. A worker past Settings.MaxRequests or MaxRSS is replaced the same
+// way (recycle.go); a crashed one after a backoff (100ms doubling to 10s);
+// one not ready within a minute is killed and replaced. With
+// NOTIFY_SOCKET it speaks systemd's notify protocol (READY, RELOADING,
+// STOPPING, WATCHDOG). README.md says all of it from the operator's side.
 //
 // # Guarantees
 //

@@ -54,7 +54,12 @@ func TestMain(m *testing.M) {
 			level = slog.LevelDebug
 		}
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-		opts := Options{Engine: testEngine, Logger: log}
+		opts := Options{Logger: log, Engine: func(w *Worker) (Engine, error) {
+			if f := exampleEngines[string(w.Settings.Payload)]; f != nil {
+				return f(w)
+			}
+			return testEngine(w)
+		}}
 		if os.Getenv(envTestEngine) == "fast" {
 			opts.Engine = testFastEngine
 		}
