@@ -30,19 +30,7 @@ func (s Server) UpstreamClient() engine.Upstream {
 // (Upstream or App), the decision core and the logger; the drain graces
 // are the engine's defaults, which are the retiring worker's rule.
 func (c Config) ProxyOptions() proxy.Options {
-	s := c.Server
-	lim, up := s.Limits(), s.UpstreamClient()
-	return proxy.Options{
-		ReadHeaderTimeout:      lim.ReadHeaderTimeout,
-		IdleTimeout:            lim.IdleTimeout,
-		ClientBodyTimeout:      lim.ClientBodyTimeout,
-		SendTimeout:            lim.SendTimeout,
-		MaxHeaderBytes:         lim.MaxHeaderBytes,
-		MaxConnections:         lim.MaxConnections,
-		UpstreamConnectTimeout: up.ConnectTimeout,
-		UpstreamTimeout:        up.Timeout,
-		UpstreamMaxIdle:        up.MaxIdle,
-	}
+	return proxy.Options{Limits: c.Server.Limits(), Client: c.Server.UpstreamClient()}
 }
 
 // Settings translates [server] and [reload] into the supervisor's

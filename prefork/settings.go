@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"time"
@@ -100,19 +101,11 @@ func (e *FieldError) Error() string {
 // WithDefaults returns s with its zero values replaced by the defaults,
 // checked (Check).
 func (s Settings) WithDefaults() (Settings, error) {
-	if s.ShutdownTimeout == 0 {
-		s.ShutdownTimeout = DefaultShutdownTimeout
-	}
+	s.ShutdownTimeout = cmp.Or(s.ShutdownTimeout, DefaultShutdownTimeout)
 	c := &s.Canary
-	if c.Window == 0 {
-		c.Window = DefaultCanaryWindow
-	}
-	if c.MinRequests == 0 {
-		c.MinRequests = DefaultCanaryMinRequests
-	}
-	if c.MaxErrorDelta == 0 {
-		c.MaxErrorDelta = DefaultCanaryMaxErrorDelta
-	}
+	c.Window = cmp.Or(c.Window, DefaultCanaryWindow)
+	c.MinRequests = cmp.Or(c.MinRequests, DefaultCanaryMinRequests)
+	c.MaxErrorDelta = cmp.Or(c.MaxErrorDelta, DefaultCanaryMaxErrorDelta)
 	return s, s.Check()
 }
 

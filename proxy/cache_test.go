@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -117,7 +118,7 @@ func TestCacheStaleIfErrorFast(t *testing.T) {
 		c.Close()
 	}()
 	var clock2 atomic.Int64
-	base2 := cacheProxy(t, proxy.Options{Upstream: "http://" + addr, UpstreamConnectTimeout: time.Second}, &clock2)
+	base2 := cacheProxy(t, proxy.Options{Upstream: "http://" + addr, Client: engine.Upstream{ConnectTimeout: time.Second}}, &clock2)
 	fetch(t, base2+"/gone")
 	ln.Close()
 	clock2.Add(int64(20 * time.Second))

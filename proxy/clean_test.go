@@ -12,6 +12,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/engine"
 )
 
 // BenchmarkCleanCheck is the check every reuse of a pooled upstream
@@ -29,7 +31,7 @@ func BenchmarkCleanCheck(b *testing.B) {
 			io.Copy(io.Discard, c)
 		}
 	}()
-	u := newUpstream(target{addr: ln.Addr().String()}, Options{UpstreamConnectTimeout: time.Second, UpstreamTimeout: time.Second})
+	u := newUpstream(target{addr: ln.Addr().String()}, Options{Client: engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second}})
 	defer u.close()
 	c, err := u.dial(context.Background())
 	if err != nil {
@@ -74,7 +76,7 @@ func TestCleanCheck(t *testing.T) {
 			}
 		}()
 		u := newUpstream(target{addr: ln.Addr().String(), tls: useTLS, host: "localhost"},
-			Options{UpstreamConnectTimeout: time.Second, UpstreamTimeout: time.Second})
+			Options{Client: engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second}})
 		defer u.close()
 		if useTLS {
 			u.tls = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}

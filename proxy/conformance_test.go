@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -22,20 +23,20 @@ import (
 // every one. The decision core's answers are compared across the fast
 // engine and the net/http adapter in engines_test.go.
 
-// engine is an HTTP engine under test. start serves ln, forwarding to
+// servingEngine is an HTTP engine under test. start serves ln, forwarding to
 // upstream, until the test ends.
-type engine struct {
+type servingEngine struct {
 	name  string
 	start func(t *testing.T, ln net.Listener, upstream string)
 }
 
-var engines = []engine{
+var engines = []servingEngine{
 	{"fasthttp", startFast},
 }
 
 func startFast(t *testing.T, ln net.Listener, upstream string) {
 	t.Helper()
-	s, served := start(t, ln, proxy.Options{Upstream: upstream, MaxHeaderBytes: 8 << 10})
+	s, served := start(t, ln, proxy.Options{Upstream: upstream, Limits: engine.Limits{MaxHeaderBytes: 8 << 10}})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -337,7 +338,7 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-func runExchange(t *testing.T, e engine, x exchange) {
+func runExchange(t *testing.T, e servingEngine, x exchange) {
 	var up *rawUpstream
 	if x.reply == "" {
 		up = startUpstream(t, nil)

@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/valyala/fasthttp"
 )
 
@@ -201,75 +201,17 @@ func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
 }
 
 // listener hands fasthttp the connections of the server's listener, at
-// most MaxConnections at a time.
+// most MaxConnections at a time (engine.Listener: a connection's slot is
+// free again when it closes), each tracked by the server.
 type listener struct {
-	net.Listener
+	*engine.Listener
 	s *Server
-	// slots holds a token per open connection when MaxConnections bounds
-	// them; nil otherwise.
-	slots chan struct{}
-	done  chan struct{} // closed by Close
-	once  sync.Once
 }
 
-// Accept waits for a free slot, then for a connection. Errors that a
-// moment cures (out of descriptors, a connection aborted before it was
-// accepted) are waited out, as net/http does, instead of ending Serve.
 func (l *listener) Accept() (net.Conn, error) {
-	if l.slots != nil {
-		select {
-		case l.slots <- struct{}{}:
-		case <-l.done:
-			return nil, net.ErrClosed
-		}
+	nc, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
-	var backoff time.Duration
-	for {
-		nc, err := l.Listener.Accept()
-		if err == nil {
-			return l.s.track(nc, l), nil
-		}
-		if !transientAcceptError(err) {
-			l.release()
-			select {
-			case <-l.done:
-				return nil, net.ErrClosed
-			default:
-				return nil, err
-			}
-		}
-		backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-		l.s.warn(warnAccept, "accepting a connection failed; retrying", "err", err, "retry_in", backoff)
-		select {
-		case <-time.After(backoff):
-		case <-l.done:
-			l.release()
-			return nil, net.ErrClosed
-		}
-	}
-}
-
-// Close stops Accept, including one waiting for a slot.
-func (l *listener) Close() error {
-	var err error
-	l.once.Do(func() {
-		close(l.done)
-		err = l.Listener.Close()
-	})
-	return err
-}
-
-// release gives back the slot of a connection that closed (or was never
-// accepted).
-func (l *listener) release() {
-	if l.slots != nil {
-		<-l.slots
-	}
-}
-
-// transientAcceptError reports whether Accept may succeed if tried again.
-func transientAcceptError(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
-		errors.Is(err, syscall.ECONNABORTED)
+	return l.s.track(nc, l), nil
 }

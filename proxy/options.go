@@ -44,40 +44,16 @@ type Options struct {
 	// without rules lets every request through.
 	Core *core.Core
 
-	// ReadHeaderTimeout bounds the reading of a request's header section,
-	// from its first byte (from the accept, on a new connection): the
-	// slowloris bound. 0 means 10s.
-	ReadHeaderTimeout time.Duration
-	// IdleTimeout is how long a keep-alive connection may wait for its
-	// next request. 0 means 75s.
-	IdleTimeout time.Duration
-	// ClientBodyTimeout bounds the wait between two reads of a request
-	// body (nginx's client_body_timeout); a client that stalls longer gets
-	// 408. 0 means 60s.
-	ClientBodyTimeout time.Duration
-	// SendTimeout bounds the wait between two writes to a client (nginx's
-	// send_timeout); a client that reads nothing for longer is
-	// disconnected. 0 means 60s.
-	SendTimeout time.Duration
-	// MaxHeaderBytes bounds the request line and header section together;
-	// a larger one gets 431. 0 means 64 KiB; at least 4 KiB.
-	MaxHeaderBytes int
-	// MaxConnections bounds the client connections open at once; at the
-	// bound the server stops accepting until one closes (other worker
-	// processes on a shared listener accept meanwhile). 0 means no bound.
-	MaxConnections int
-
-	// UpstreamConnectTimeout bounds a connection attempt to the upstream;
-	// a failure is 502. 0 means 5s.
-	UpstreamConnectTimeout time.Duration
-	// UpstreamTimeout bounds the wait for the upstream's response header
-	// (504 when it passes) and then between two reads of its body, like
-	// nginx's proxy_read_timeout; also between two writes of the request.
-	// 0 means 60s.
-	UpstreamTimeout time.Duration
-	// UpstreamMaxIdle is how many idle keep-alive connections to the
-	// upstream are kept for reuse. 0 means 256; negative keeps none.
-	UpstreamMaxIdle int
+	// Limits bound what clients may hold of the server: the [server]
+	// timeouts and limits every engine honours (package engine), zero
+	// values being the defaults. MaxConnections bounds the connections of
+	// each listener the Server serves.
+	engine.Limits
+	// Client is how the upstream is spoken to (package engine): connect
+	// timeout (502 past it), response timeout (504 past it, and between
+	// two reads of its body and two writes of the request), idle
+	// keep-alive connections kept; zero values are the defaults.
+	Client engine.Upstream
 
 	// DrainIdleGrace is how long Shutdown lets a keep-alive connection
 	// stay open once idle (counted from the end of its last response), so
@@ -115,22 +91,12 @@ func (o Options) withDefaults() (_ Options, up target, err error) {
 	}
 	// The limits are every engine's (package engine): their defaults and
 	// checks are written there, once.
-	lim, err := engine.Limits{
-		ReadHeaderTimeout: o.ReadHeaderTimeout, IdleTimeout: o.IdleTimeout,
-		ClientBodyTimeout: o.ClientBodyTimeout, SendTimeout: o.SendTimeout,
-		MaxHeaderBytes: o.MaxHeaderBytes, MaxConnections: o.MaxConnections,
-	}.WithDefaults()
-	if err != nil {
+	if o.Limits, err = o.Limits.WithDefaults(); err != nil {
 		return o, up, fmt.Errorf("proxy: Options: %w", err)
 	}
-	o.ReadHeaderTimeout, o.IdleTimeout = lim.ReadHeaderTimeout, lim.IdleTimeout
-	o.ClientBodyTimeout, o.SendTimeout = lim.ClientBodyTimeout, lim.SendTimeout
-	o.MaxHeaderBytes, o.MaxConnections = lim.MaxHeaderBytes, lim.MaxConnections
-	ups, err := engine.Upstream{ConnectTimeout: o.UpstreamConnectTimeout, Timeout: o.UpstreamTimeout, MaxIdle: o.UpstreamMaxIdle}.WithDefaults()
-	if err != nil {
+	if o.Client, err = o.Client.WithDefaults(); err != nil {
 		return o, up, fmt.Errorf("proxy: Options: %w", err)
 	}
-	o.UpstreamConnectTimeout, o.UpstreamTimeout, o.UpstreamMaxIdle = ups.ConnectTimeout, ups.Timeout, ups.MaxIdle
 	switch {
 	case o.DrainIdleGrace < 0, o.DrainNewGrace < 0:
 		return o, up, errors.New("proxy: Options: a drain grace is negative")

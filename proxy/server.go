@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // Server is an HTTP/1.1 server that forwards requests to one upstream (or
@@ -105,10 +106,9 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 // Close. It returns nil then, and the listener's error otherwise. The
 // server closes ln when it is done with it.
 func (s *Server) Serve(ln net.Listener) error {
-	l := &listener{Listener: ln, s: s, done: make(chan struct{})}
-	if n := s.opts.MaxConnections; n > 0 {
-		l.slots = make(chan struct{}, n)
-	}
+	l := &listener{s: s, Listener: engine.NewListener(ln, s.opts.MaxConnections, func(err error, wait time.Duration) {
+		s.warn(warnAccept, "accepting a connection failed; retrying", "err", err, "retry_in", wait)
+	})}
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
@@ -169,13 +169,9 @@ func (s *Server) checkDrained() {
 // forget unregisters a closed connection and frees its slot.
 func (s *Server) forget(c *conn) {
 	s.mu.Lock()
-	l, ok := s.conns[c]
 	delete(s.conns, c)
 	s.checkDrained()
 	s.mu.Unlock()
-	if ok {
-		l.release()
-	}
 }
 
 // Shutdown drains the server: it stops accepting, lets every request in

@@ -20,6 +20,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/proxy"
 )
@@ -307,7 +308,7 @@ func TestUpstreamFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			addr, s := serve(t, proxy.Options{Upstream: tc.upstream,
-				UpstreamConnectTimeout: 300 * time.Millisecond, UpstreamTimeout: 300 * time.Millisecond})
+				Client: engine.Upstream{ConnectTimeout: 300 * time.Millisecond, Timeout: 300 * time.Millisecond}})
 			c, br := dial(t, addr)
 			start := time.Now()
 			resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -368,7 +369,7 @@ func fullBacklog(t *testing.T) string {
 func TestSlowBodyIsCut(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), ClientBodyTimeout: 300 * time.Millisecond})
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond}})
 	c, br := dial(t, addr)
 	start := time.Now()
 	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
@@ -397,7 +398,7 @@ func TestSlowBodyIsCut(t *testing.T) {
 func TestBodyTimeoutIsBetweenReads(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, _ := serve(t, proxy.Options{Upstream: up.url(), ClientBodyTimeout: 400 * time.Millisecond})
+	addr, _ := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{ClientBodyTimeout: 400 * time.Millisecond}})
 	c, br := dial(t, addr)
 	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n")
 	for range 6 {
@@ -417,7 +418,7 @@ func TestHeaderAndIdleTimeouts(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
 	addr, _ := serve(t, proxy.Options{Upstream: up.url(),
-		ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 500 * time.Millisecond})
+		Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 500 * time.Millisecond}})
 
 	t.Run("a header that never ends: 408", func(t *testing.T) {
 		t.Parallel()
@@ -466,7 +467,7 @@ func TestSendTimeout(t *testing.T) {
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
 		io.Copy(w, wiretest.Pattern(size))
 	})
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), SendTimeout: 300 * time.Millisecond})
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{SendTimeout: 300 * time.Millisecond}})
 	c, _ := dial(t, addr)
 	c.(*net.TCPConn).SetReadBuffer(4 << 10)
 	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -483,7 +484,7 @@ func TestSendTimeout(t *testing.T) {
 func TestMaxConnections(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), MaxConnections: 2})
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{MaxConnections: 2}})
 	c1, br1 := dial(t, addr)
 	c2, _ := dial(t, addr)
 	c3, br3 := dial(t, addr) // the kernel accepts it; the server does not yet
@@ -510,7 +511,7 @@ func TestSlowloris(t *testing.T) {
 	t.Parallel()
 	const n, max = 200, 50
 	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond})
+	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond}})
 	stopSampling := wiretest.SamplePeak(5*time.Millisecond, func() int64 { return s.Stats().Open })
 	start := time.Now()
 	wiretest.Slowloris(addr, n, "GET / HTTP/1.1\r\nHost: a\r\n", 10*time.Second)

@@ -45,7 +45,7 @@ var tunnelBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); retur
 func (t *tunnelState) copy(dst io.Writer, src io.Reader, deadline net.Conn, dstConn net.Conn) {
 	bp := tunnelBufPool.Get().(*[]byte)
 	defer tunnelBufPool.Put(bp)
-	timeout := t.s.opts.UpstreamTimeout
+	timeout := t.s.opts.Client.Timeout
 	for {
 		if deadline != nil {
 			_ = deadline.SetReadDeadline(time.Now().Add(timeout))

@@ -50,9 +50,9 @@ type upstream struct {
 func newUpstream(t target, o Options) *upstream {
 	u := &upstream{
 		t:       t,
-		dialer:  net.Dialer{Timeout: o.UpstreamConnectTimeout, KeepAlive: 30 * time.Second},
-		timeout: o.UpstreamTimeout,
-		maxIdle: o.UpstreamMaxIdle,
+		dialer:  net.Dialer{Timeout: o.Client.ConnectTimeout, KeepAlive: 30 * time.Second},
+		timeout: o.Client.Timeout,
+		maxIdle: o.Client.MaxIdle,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -64,7 +64,7 @@ func newUpstream(t target, o Options) *upstream {
 }
 
 // upConn is a connection to the upstream. Every read and write first moves
-// the deadline: UpstreamTimeout is the longest wait for the next bytes.
+// the deadline: Client.Timeout is the longest wait for the next bytes.
 type upConn struct {
 	net.Conn                  // the connection (TLS over tcp for https)
 	raw       syscall.RawConn // the TCP socket under it, to peek at; nil if not TCP
@@ -129,7 +129,7 @@ func (u *upstream) get(ctx context.Context) (*upConn, error) {
 	return u.dial(ctx)
 }
 
-// dial opens a new connection within UpstreamConnectTimeout.
+// dial opens a new connection within Client.ConnectTimeout.
 func (u *upstream) dial(ctx context.Context) (*upConn, error) {
 	nc, err := u.dialer.DialContext(ctx, "tcp", u.t.addr)
 	if err != nil {

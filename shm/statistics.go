@@ -176,6 +176,26 @@ const tornWait = time.Second
 // between two folds. It reports false when a fold did not end within
 // tornWait: the sum may then miss or double a dead worker's counts.
 func (st *statistics) read(dst []uint64, ws []int) bool {
+	return st.consistent(func() {
+		clear(dst)
+		if ws == nil {
+			for w := 0; w <= st.retired; w++ {
+				addRow(dst, st.row(w))
+			}
+			return
+		}
+		for _, w := range ws {
+			addRow(dst, st.row(w))
+		}
+	})
+}
+
+// consistent runs sum, a read of the rows, between two folds (the
+// sequence lock's reader side): again while a fold ran meanwhile, and
+// waiting for one in progress up to tornWait. It reports false when a
+// fold did not end by then (its process died in it): sum's result may
+// miss or double a dead worker's counts.
+func (st *statistics) consistent(sum func()) bool {
 	var deadline int64
 	for {
 		s := atomic.LoadUint64(st.seq)
@@ -189,19 +209,10 @@ func (st *statistics) read(dst []uint64, ws []int) bool {
 				continue
 			}
 		}
-		clear(dst)
-		if ws == nil {
-			for w := 0; w <= st.retired; w++ {
-				addRow(dst, st.row(w))
-			}
-		} else {
-			for _, w := range ws {
-				addRow(dst, st.row(w))
-			}
-		}
+		sum()
 		switch {
 		case folding:
-			return false // the fold's process died in it
+			return false
 		case atomic.LoadUint64(st.seq) == s:
 			return true
 		}
@@ -343,25 +354,12 @@ func (r *Region) StatTotal(i int) uint64 {
 	if i < 0 || shmWords+i >= st.words {
 		return 0
 	}
-	var deadline int64
-	for {
-		s := atomic.LoadUint64(st.seq)
-		folding := s&1 != 0
-		if folding {
-			if deadline == 0 {
-				deadline = nanotime() + int64(tornWait)
-			}
-			if nanotime() < deadline {
-				runtime.Gosched()
-				continue
-			}
-		}
-		var n uint64
+	var n uint64
+	st.consistent(func() {
+		n = 0
 		for w := 0; w <= st.retired; w++ {
 			n += atomic.LoadUint64(&st.rows[w*st.width+shmWords+i])
 		}
-		if folding || atomic.LoadUint64(st.seq) == s {
-			return n
-		}
-	}
+	})
+	return n
 }
