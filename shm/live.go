@@ -92,7 +92,7 @@ func (r *Region) KillOrphans(timeout time.Duration) []int {
 	}
 	var killed []int
 	for _, w := range r.Workers() {
-		if w.PID <= 0 || w.PID == os.Getpid() || !mapsInode(w.PID, sys.Dev, sys.Ino) {
+		if w.PID <= 0 || w.PID == os.Getpid() || !mapsInode(w.PID, uint64(sys.Dev), uint64(sys.Ino)) {
 			continue
 		}
 		if unix.Kill(w.PID, unix.SIGKILL) == nil {

@@ -1,13 +1,9 @@
 package shm
 
 import (
-	"math"
 	"runtime"
 	"sync/atomic"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // The two tables' synchronisation beyond a CAS: the insert lock that
@@ -67,14 +63,3 @@ func (b *lockBackoff) wait(n int, wait time.Duration) bool {
 
 // unlockWord releases an insert lock word if owner still holds it.
 func unlockWord(w *uint64, owner uint64) { atomic.CompareAndSwapUint64(w, owner, 0) }
-
-// futexWait sleeps while *addr == val, up to d. No FUTEX_PRIVATE_FLAG: the
-// word is in a shared mapping and the waker is another process.
-func futexWait(addr *uint32, val uint32, d time.Duration) {
-	ts := unix.NsecToTimespec(int64(d))
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 0 /* FUTEX_WAIT */, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
-}
-
-func futexWake(addr *uint32) {
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE */, math.MaxInt32, 0, 0, 0)
-}

@@ -10,7 +10,6 @@ import (
 	"unsafe"
 
 	"github.com/edsrzf/mmap-go"
-	"golang.org/x/sys/unix"
 )
 
 // Errors a caller matches.
@@ -62,18 +61,17 @@ func Create(opts Options) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.MemfdCreate("preforkd-region", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	f, err := memfd("preforkd-region")
 	if err != nil {
-		return nil, fmt.Errorf("shm: memfd_create: %w", err)
+		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), "preforkd-region")
 	if err := reserve(f, size); err != nil {
 		f.Close()
 		return nil, err
 	}
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+	if err := seal(f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("shm: sealing the region: %w", err)
+		return nil, err
 	}
 	r, err := mapFile(f, int(size))
 	if err != nil {
@@ -129,7 +127,7 @@ func reserve(f *os.File, size uint64) error {
 	if err := f.Truncate(int64(size)); err != nil {
 		return fmt.Errorf("shm: sizing the region to %d bytes: %w", size, err)
 	}
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
+	if err := allocate(f, size); err != nil {
 		return fmt.Errorf("shm: a region of %d bytes does not fit in the memory available: %w", size, err)
 	}
 	return nil
@@ -144,7 +142,7 @@ func mapFile(f *os.File, size int) (*Region, error) {
 	// misses the TLB. Huge pages fix that where the kernel allows them for
 	// shared memory (transparent_hugepage/shmem_enabled "advise" or
 	// "always"); elsewhere this is a no-op.
-	_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
+	adviseHuge(m)
 	return &Region{file: f, mem: m, data: []byte(m)}, nil
 }
 
