@@ -40,7 +40,10 @@ func TestErrors(t *testing.T) {
 		{"methods not array", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = \"POST\" # <-\nlimit = 1\nwindow = \"1s\"\n", "want an array of strings, got string", 0},
 		{"method not string", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = [\n  \"GET\",\n  1,\n] # <-\nlimit = 1\nwindow = \"1s\"\n", "methods[2]: want a string, got integer", 4},
 		{"bool as string", "[[idempotency]]\npath = \"/o\"\nrequired = \"yes\" # <-\n", "want true or false, got string", 0},
-		{"duration as int", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 300 # <-\n", "want a duration string", 0},
+		{"duration as int", "[server]\nshutdown_timeout = 30 # <-\n", "want a duration string", 0},
+		// A window alone may be a whole number of seconds.
+		{"window of no seconds", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 0 # <-\n", "want a positive whole number of seconds", 0},
+		{"window as float", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 1.5 # <-\n", "a whole number of seconds (300) or a duration string", 0},
 		{"date", "[persist]\nkey = 1979-05-27 07:32:00Z # <-\n", "want a string, got date-time", 0},
 
 		// Conversions.
