@@ -1,7 +1,10 @@
 package config
 
 import (
+	"fmt"
+	"io"
 	"math/bits"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,7 +135,65 @@ type Table struct {
 type Persist struct {
 	Path string `toml:"path"` // dump file written on graceful shutdown and loaded at boot; "" = off
 	Key  string `toml:"key"`  // application version; stored responses are dropped when it changes
-	Live string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
+	// KeyFile holds the application version alone, written by the deploy
+	// (echo "$GIT_SHA" > FILE): read at start, in check and at every
+	// reload into FileKey. Set Key or KeyFile, not both. "" = none.
+	KeyFile string `toml:"key_file"`
+	Live    string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
+
+	// FileKey is what KeyFile holds: [Load] reads it, [Parse] (which does
+	// no I/O) leaves it empty, and a Config built in Go sets Key instead.
+	FileKey string `toml:"-" file:"key_file"`
+}
+
+// AppKey is the application version that stamps a dump: Key, or what
+// KeyFile holds.
+func (p Persist) AppKey() string {
+	if p.KeyFile != "" {
+		return p.FileKey
+	}
+	return p.Key
+}
+
+// maxKeyFile bounds persist.key_file: a version, not a document.
+const maxKeyFile = 4 << 10
+
+// readFiles reads persist.key_file, reporting a file that cannot be used
+// at the line of its key.
+func (p *Persist) readFiles(rep *report) {
+	if p.KeyFile == "" {
+		return
+	}
+	f := rep.at([]string{"persist"}, "persist.")
+	key, err := readKeyFile(p.KeyFile)
+	if err != nil {
+		f("key_file", "%s", err)
+		return
+	}
+	p.FileKey = key
+}
+
+// readKeyFile reads a one-line version from path, without its line end.
+func readKeyFile(path string) (string, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer fh.Close()
+	b, err := io.ReadAll(io.LimitReader(fh, maxKeyFile+1))
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimRight(string(b), " \t\r\n")
+	switch {
+	case len(b) > maxKeyFile:
+		return "", fmt.Errorf("%s is larger than %d bytes: it holds the application's version alone", path, maxKeyFile)
+	case s == "":
+		return "", fmt.Errorf("%s is empty: write the application's version to it (a git SHA, a release number)", path)
+	case strings.ContainsAny(s, "\r\n"):
+		return "", fmt.Errorf("%s has several lines: it holds the application's version alone", path)
+	}
+	return s, nil
 }
 
 // Reload is the [reload] table: how a HUP replaces the workers. The

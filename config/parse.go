@@ -16,8 +16,8 @@ import (
 )
 
 // Load reads the file at path and parses it with [Parse], then reads the
-// files it names for secrets ([Redis] password_file, sentinel_password_file
-// and ca_file). A file that cannot be read gives an error that wraps the
+// files it names: for secrets ([Redis] password_file, sentinel_password_file
+// and ca_file) and for the application's version ([Persist] key_file). A file that cannot be read gives an error that wraps the
 // one from the file system (so errors.Is(err, fs.ErrNotExist) works); a
 // bad file, or a named one that cannot be used, gives an *Error.
 func Load(path string) (Config, error) {
@@ -34,6 +34,7 @@ func Load(path string) (Config, error) {
 	// reload) at the line of its key.
 	r := &report{file: path, src: string(data)}
 	c.Redis.readFiles(r)
+	c.Persist.readFiles(r)
 	if err := r.first(); err != nil {
 		return c, err
 	}

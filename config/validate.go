@@ -134,6 +134,9 @@ func (c Config) check(r *report) {
 	if p := c.Persist; p.Path != "" && p.Path == p.Live {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
 	}
+	if p := c.Persist; p.Key != "" && p.KeyFile != "" {
+		r.at([]string{"persist"}, "persist.")("key_file", "and persist.key are both set: set one (the file, for a version the deploy writes)")
+	}
 
 	c.Redis.check(r)
 

@@ -82,6 +82,7 @@ func reloader(path string, o overrides, region func() *shm.Region, log *slog.Log
 		if err != nil {
 			return running, err
 		}
+		logWarnings(log, cfg)
 		s.LogAttrs = changeAttrs(config.Diff(old, cfg))
 		return s, nil
 	}

@@ -7,11 +7,13 @@ package main
 // seconds. Each runs the built binary (harness_test.go).
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // writeConfig writes text to a new file and returns its path.
@@ -67,5 +69,185 @@ window = 60
 	bad := strings.Replace(cfg, "window = 300", "window = -5", 1)
 	if code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, bad)); code != 2 || !strings.Contains(stderr, "window") {
 		t.Errorf("window = -5: exit %d, %q; want 2 naming the window", code, stderr)
+	}
+}
+
+// countLines counts the lines of d's log whose message contains s.
+func countLines(d *daemon, s string) int {
+	n := 0
+	for _, l := range d.logs.snapshot() {
+		if strings.Contains(l.msg(), s) {
+			n++
+		}
+	}
+	return n
+}
+
+// A rule keyed by ip with no trusted proxy is warned about at start, at
+// each reload and by check; a configuration with trusted_proxies, or
+// whose rules do not count by address, is not.
+func TestTrustedProxyWarning(t *testing.T) {
+	t.Parallel()
+	const warning = "server.trusted_proxies is empty"
+	byIP := baseServer(2, "") + rule("login", "/login", "gcra", 5, "5m") +
+		"\n[[ratelimit]]\nname = \"api\"\npath = \"/api/*\"\nlimit = 9\nwindow = \"1m\"\nby = \"header:X-Api-Key|ip\"\n" +
+		"\n[[ratelimit]]\nname = \"all\"\npath = \"/all\"\nlimit = 9\nwindow = \"1m\"\nby = \"global\"\n"
+	trusted := strings.Replace(byIP, "[server]\n", "[server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n", 1)
+	notByIP := baseServer(2, "") + "\n[[ratelimit]]\nname = \"all\"\npath = \"/all\"\nlimit = 9\nwindow = \"1m\"\nby = \"global\"\n" +
+		"\n[[ratelimit]]\nname = \"pages\"\npath = \"/p/*\"\nlimit = 9\nwindow = \"1m\"\nby = \"header:X-Key|path\"\n"
+
+	code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, byIP))
+	if code != 0 || strings.Count(stderr, "preforkd check: warning: ") != 1 ||
+		!strings.Contains(stderr, `rules "login", "api" count clients by their address`) || !strings.Contains(stderr, warning) {
+		t.Errorf("check by ip: exit %d, stderr:\n%s\nwant exit 0 and one warning naming login and api (not all)", code, stderr)
+	}
+	for name, cfg := range map[string]string{"trusted_proxies set": trusted, "no rule by ip": notByIP} {
+		if code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, cfg)); code != 0 || strings.Contains(stderr, warning) {
+			t.Errorf("check, %s: exit %d, stderr:\n%s\nwant no warning", name, code, stderr)
+		}
+	}
+
+	d := startDaemon(t, daemonOptions{config: byIP})
+	if n := countLines(d, warning); n != 1 {
+		t.Errorf("%d warnings at start, want 1", n)
+	}
+	from := reloadTo(d, byIP)
+	waitReloaded(t, d, from, 20*time.Second)
+	if n := countLines(d, warning); n != 2 {
+		t.Errorf("%d warnings after a reload, want 2 (one at start, one at the reload)", n)
+	}
+	from = reloadTo(d, trusted)
+	waitReloaded(t, d, from, 20*time.Second)
+	if n := countLines(d, warning); n != 2 {
+		t.Errorf("%d warnings after a reload with trusted_proxies, want still 2", n)
+	}
+	d.stop()
+	d = startDaemon(t, daemonOptions{config: trusted})
+	if n := countLines(d, warning); n != 0 {
+		t.Errorf("%d warnings at the start of a configuration with trusted_proxies, want 0", n)
+	}
+}
+
+// check notes, once per rule, that a key a client sends (header:,
+// cookie:, query:) is chosen by the client; not for a rule by ip, path
+// or global.
+func TestClientChosenKeysNote(t *testing.T) {
+	t.Parallel()
+	cfg := baseServer(2, `trusted_proxies = ["10.0.0.0/8"]`) + `
+[[ratelimit]]
+name = "api"
+path = "/api/*"
+limit = 9
+window = "1m"
+by = "header:X-Api-Key|ip"
+
+[[ratelimit]]
+name = "search"
+path = "/search"
+limit = 9
+window = "1m"
+by = "cookie:session|query:token|ip"
+
+[[ratelimit]]
+name = "login"
+path = "/login"
+limit = 9
+window = "1m"
+
+[[ratelimit]]
+name = "pages"
+path = "/p/*"
+limit = 9
+window = "1m"
+by = "path"
+`
+	code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, cfg))
+	if code != 0 {
+		t.Fatalf("check: exit %d, %s", code, stderr)
+	}
+	if n := strings.Count(stderr, "preforkd check: note: "); n != 2 {
+		t.Errorf("%d notes, want 2 (api, search):\n%s", n, stderr)
+	}
+	for _, want := range []string{
+		`note: rule "api" (by "header:X-Api-Key|ip"): header:X-Api-Key is chosen by the client`,
+		`note: rule "search" (by "cookie:session|query:token|ip"): cookie:session, query:token are chosen by the client`,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("check does not say %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "warning") {
+		t.Errorf("check warns:\n%s", stderr)
+	}
+}
+
+// With [[cache]] blocks and persist.path but no persist.key, start and
+// check warn that another build's responses may be served;
+// persist.key_file sets the key from a file: the cache a dump keeps is
+// served again under the same key, and dropped under another.
+func TestPersistKeyFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dump := filepath.Join(dir, "table.dump")
+	keyFile := filepath.Join(dir, "app-version")
+	cache := "\n[[cache]]\npath = \"/cacheable/*\"\nmax_body = \"16KiB\"\n"
+	noKey := baseServer(2, `trusted_proxies = ["10.0.0.0/8"]`) + fmt.Sprintf("\n[persist]\npath = %q\n", dump) + cache
+	withFile := strings.Replace(noKey, "\n[persist]\n", fmt.Sprintf("\n[persist]\nkey_file = %q\n", keyFile), 1)
+	const warning = "persist.key is empty"
+
+	code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, noKey))
+	if code != 0 || !strings.Contains(stderr, "warning: [[cache]] blocks store responses, persist.path is set and persist.key is empty") ||
+		!strings.Contains(stderr, "persist.key_file") {
+		t.Errorf("check without a key: exit %d, stderr:\n%s", code, stderr)
+	}
+	d := startDaemon(t, daemonOptions{config: noKey})
+	if n := countLines(d, warning); n != 1 {
+		t.Errorf("%d warnings at start without a key, want 1", n)
+	}
+	d.stop()
+	os.Remove(dump)
+
+	// key_file: a missing file, and one beside a key, are configuration errors.
+	if code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, withFile)); code != 2 || !strings.Contains(stderr, "key_file") {
+		t.Errorf("check with a missing key_file: exit %d, %q; want 2 naming key_file", code, stderr)
+	}
+	both := strings.Replace(withFile, "key_file", "key = \"v1\"\nkey_file", 1)
+	if err := os.WriteFile(keyFile, []byte("build-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, both)); code != 2 || !strings.Contains(stderr, "key_file: and persist.key are both set") {
+		t.Errorf("check with key and key_file: exit %d, %q; want 2", code, stderr)
+	}
+	if code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, withFile)); code != 0 || strings.Contains(stderr, warning) {
+		t.Errorf("check with key_file: exit %d, stderr %q; want 0 and no warning", code, stderr)
+	}
+
+	// The key from the file stamps the dump: the same key restores the
+	// cache, another one drops it.
+	c := newClient(t, nil, false)
+	fill := func(d *daemon) result { return getAs(c, d.url("/cacheable/a"), "app.example") }
+	d = startDaemon(t, daemonOptions{config: withFile})
+	if n := countLines(d, warning); n != 0 {
+		t.Errorf("%d warnings at start with key_file, want 0", n)
+	}
+	first := fill(d)
+	if first.status != 200 || first.header.Get("X-Cache") != "MISS" {
+		t.Fatalf("first GET: %d %q", first.status, first.header.Get("X-Cache"))
+	}
+	d.stop()
+	d = startDaemon(t, daemonOptions{config: withFile})
+	if r := fill(d); r.header.Get("X-Cache") != "HIT" || string(r.body) != string(first.body) {
+		t.Errorf("after a restart under the same key_file: X-Cache %q, body %q; want the HIT of %q", r.header.Get("X-Cache"), r.body, first.body)
+	}
+	d.stop()
+	if err := os.WriteFile(keyFile, []byte("build-2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, daemonOptions{config: withFile})
+	if n := countLines(d, "persist: cache refused: persist key changed"); n != 1 {
+		t.Errorf("%d lines refusing the cache after the key file changed, want 1", n)
+	}
+	if r := fill(d); r.header.Get("X-Cache") != "MISS" {
+		t.Errorf("after a deploy (another key in the file): X-Cache %q, want MISS", r.header.Get("X-Cache"))
 	}
 }

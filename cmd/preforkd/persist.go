@@ -79,7 +79,7 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) {
 }
 
 func persistOptions(cfg config.Config, build string) persist.Options {
-	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.Key, Live: cfg.Persist.Live, Build: build}
+	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.AppKey(), Live: cfg.Persist.Live, Build: build}
 	// Every limit whose state the core keeps, overrides included, so that
 	// each is guarded by its own definition. The configuration validated,
 	// so it translates.
