@@ -93,6 +93,7 @@ type Core struct {
 
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate
+	forwarded    forwardedLog // forwarding fields from peers not trusted
 	pool         sync.Pool
 }
 
@@ -148,6 +149,7 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		c.upstreamLogs[kind] = lineGate{g: metrics.UpstreamGate(region, kind),
 			total: func() uint64 { return metrics.Total(region, metrics.UpstreamErrors, kind) }}
 	}
+	c.forwarded = newForwardedLog(region)
 	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
 		return nil, err
 	}
@@ -454,6 +456,7 @@ func (ex *Exchange) resolveClient() {
 	peer := ex.req.Peer()
 	if !r.Trusts(peer) {
 		ex.client = peer
+		ex.untrustedForwarding(peer)
 	} else {
 		var xb, fb [4]string
 		xff := ex.req.HeaderLines("X-Forwarded-For", xb[:0])

@@ -8,6 +8,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -125,6 +126,57 @@ func TestTrustedProxyWarning(t *testing.T) {
 	d = startDaemon(t, daemonOptions{config: trusted})
 	if n := countLines(d, warning); n != 0 {
 		t.Errorf("%d warnings at the start of a configuration with trusted_proxies, want 0", n)
+	}
+}
+
+// Requests that carry X-Forwarded-For or Forwarded from a peer that is
+// not a trusted proxy are warned about once per peer, however many of
+// them arrive in however many workers; a peer in trusted_proxies, and
+// requests without the fields, are not.
+func TestUntrustedForwarding(t *testing.T) {
+	t.Parallel()
+	cfg := baseServer(4, `trusted_proxies = ["127.0.0.1"]`) + rule("login", "/login", "gcra", 1000, "1m")
+	d := startDaemon(t, daemonOptions{config: cfg})
+	lb, other, quiet := freshClientIP(), freshClientIP(), freshClientIP()
+	msg := func(ip net.IP, field string) string {
+		return fmt.Sprintf("requests from %s carry %s, but %s is not in trusted_proxies: every client behind it shares one budget", ip, field, ip)
+	}
+	xff := http.Header{"X-Forwarded-For": {"203.0.113.9"}}
+	fwd := http.Header{"Forwarded": {"for=203.0.113.10"}}
+	send := func(ip net.IP, h http.Header, n int) {
+		c := newClient(t, ip, false) // a connection each: every worker takes some
+		for range n {
+			if r := do(c, http.MethodGet, d.url("/login"), h); r.status != http.StatusOK {
+				t.Fatalf("GET /login from %s: %d %v", ip, r.status, r.err)
+			}
+		}
+	}
+	send(lb, xff, 40)
+	send(nil, xff, 40)   // 127.0.0.1, trusted
+	send(quiet, nil, 40) // no forwarding field
+	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool { return l.msg() == msg(lb, "X-Forwarded-For") }); !ok {
+		t.Fatalf("no warning about %s", lb)
+	}
+	// The second peer's line may wait for the second the first one took:
+	// its requests go on until it comes.
+	deadline := time.Now().Add(10 * time.Second)
+	for countLines(d, msg(other, "Forwarded")) == 0 && time.Now().Before(deadline) {
+		send(other, fwd, 5)
+		time.Sleep(100 * time.Millisecond)
+	}
+	send(lb, xff, 40)
+	send(other, fwd, 40)
+	time.Sleep(1500 * time.Millisecond) // past the gate's second: a second line would now pass
+	send(lb, xff, 20)
+	send(other, fwd, 20)
+	for _, ip := range []net.IP{lb, other} {
+		n := countLines(d, "requests from "+ip.String()+" carry")
+		if n != 1 {
+			t.Errorf("%d warnings about %s, want exactly 1", n, ip)
+		}
+	}
+	if n := countLines(d, "not in trusted_proxies"); n != 2 {
+		t.Errorf("%d warnings in all, want 2 (none about 127.0.0.1, trusted, nor %s, which sends no field)", n, quiet)
 	}
 }
 
