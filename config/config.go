@@ -462,8 +462,9 @@ type Idempotency struct {
 	// 203 days. 0 means 24h.
 	TTL time.Duration `toml:"ttl"`
 	// Wait is how long a duplicate waits for an in-flight original before
-	// it gets 409. 0 means it does not wait; Default and the file use 10s.
-	Wait time.Duration `toml:"wait"`
+	// it gets 409, or UntilDone. 0 means it does not wait; Default and the
+	// file use 10s.
+	Wait IdemWait `toml:"wait"`
 	// By is the key namespace, same syntax as [RateLimit.By].
 	// "" means "header:Authorization|ip".
 	By string `toml:"by"`
@@ -512,7 +513,7 @@ type Cache struct {
 // in WithDefaults and Default.
 const (
 	demoUpstream     = "builtin:demo"
-	defaultIdemWait  = 10 * time.Second // in the file; zero in Go is no wait
+	defaultIdemWait  = IdemWait(10 * time.Second) // in the file; zero in Go is no wait
 	defaultCacheLock = 5 * time.Second  // in the file; zero in Go is no wait
 )
 
@@ -681,6 +682,16 @@ func (c Config) RegionTable() Table {
 		t.Responses, t.ResponseBytes = 0, 0
 	}
 	return t
+}
+
+// UntilDone is how long a duplicate of an [[idempotency]] block with
+// wait = "until-done" waits for its original at most: the longest the
+// original waits for its application's answer to begin (a connection,
+// then the response header). By then the original has its answer, whose
+// body it reads within upstream_timeout a read, or it failed and let the
+// key go, and the duplicate runs in its place.
+func (s Server) UntilDone() time.Duration {
+	return s.UpstreamConnectTimeout + s.UpstreamTimeout
 }
 
 // WorkerCount is the number of workers to start: Workers, or when Workers

@@ -110,7 +110,7 @@ path = "/orders"
 		{"idempotency.header", d.Header, "Idempotency-Key"},
 		{"idempotency.required", d.Required, false},
 		{"idempotency.ttl", d.TTL, 24 * time.Hour},
-		{"idempotency.wait", d.Wait, 10 * time.Second},
+		{"idempotency.wait", d.Wait, IdemWait(10 * time.Second)},
 		{"idempotency.by", d.By, "header:Authorization|ip"},
 		{"idempotency.max_body", d.MaxBody, Size(1 << 20)},
 	} {

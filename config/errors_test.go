@@ -169,7 +169,7 @@ func TestErrors(t *testing.T) {
 		{"idempotency empty methods", "[[idempotency]]\npath = \"/o\"\nmethods = [] # <-\n", "methods: is empty", 0},
 		{"idempotency header", "[[idempotency]]\npath = \"/o\"\nheader = \"Idem Key\" # <-\n", "not a valid header name", 0},
 		{"idempotency ttl", "[[idempotency]]\npath = \"/o\"\nttl = \"0s\" # <-\n", "ttl: must be positive", 0},
-		{"idempotency wait", "[[idempotency]]\npath = \"/o\"\nwait = \"-1s\" # <-\n", "wait: must not be negative", 0},
+		{"idempotency wait", "[[idempotency]]\npath = \"/o\"\nwait = \"-1s\" # <-\n", `invalid wait "-1s": want a duration such as "10s" ("0s": no wait), or "until-done"`, 0},
 		{"idempotency by", "[[idempotency]]\npath = \"/o\"\nby = \"header:Authorization|global\" # <-\n", `idempotency[1]: invalid by "header:Authorization|global": "global" must stand alone`, 0},
 		{"idempotency max_body", "[[idempotency]]\npath = \"/o\"\nmax_body = \"65MiB\" # <-\n", "larger than table.response_bytes", 0},
 		{"idempotency max_records", "[[idempotency]]\npath = \"/o\"\nmax_records = -2 # <-\n", "idempotency[1]: max_records: must not be negative", 0},

@@ -266,7 +266,7 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 }
 
 func (d Idempotency) check(r *report, i int, c Config) {
-	_, err := d.core(c.Server.routes())
+	_, err := d.core(c.Server)
 	f := block[Idempotency](r, "idempotency", i, err)
 	// Two blocks for one request would make it ambiguous which key
 	// namespace and TTL apply.

@@ -8,11 +8,14 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -301,5 +304,126 @@ func TestPersistKeyFile(t *testing.T) {
 	}
 	if r := fill(d); r.header.Get("X-Cache") != "MISS" {
 		t.Errorf("after a deploy (another key in the file): X-Cache %q, want MISS", r.header.Get("X-Cache"))
+	}
+}
+
+// defaultsRoutes are the upstream process's routes of these tests
+// (upstreamRole).
+//
+//   - /slow/...?ms=N answers 201 after N ms, with the number of its
+//     executions so far: an original a duplicate waits for.
+//   - /trickle?n=N&every=MS sends its head at once, then N bytes, one
+//     every MS ms: an original that runs long after its head.
+//   - /signin?reset=NAMES answers 200 with Preforkd-Reset: NAMES when
+//     NAMES is set (an application that says a login succeeded), and
+//     echoes the request's Preforkd-Reset in X-Seen-Reset.
+func defaultsRoutes(mux *http.ServeMux) {
+	var slow atomic.Int64
+	mux.HandleFunc("/slow/", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		n := slow.Add(1)
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "execution %d", n)
+	})
+	mux.HandleFunc("/trickle", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		every, _ := strconv.Atoi(r.URL.Query().Get("every"))
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+		w.WriteHeader(http.StatusCreated)
+		w.(http.Flusher).Flush()
+		for range n {
+			time.Sleep(time.Duration(every) * time.Millisecond)
+			w.Write([]byte("."))
+			w.(http.Flusher).Flush()
+		}
+	})
+	mux.HandleFunc("/signin", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if names := r.URL.Query().Get("reset"); names != "" {
+			w.Header().Set("Preforkd-Reset", names)
+		}
+		w.Header().Set("X-Seen-Reset", r.Header.Get("Preforkd-Reset"))
+		fmt.Fprint(w, "signed in")
+	})
+}
+
+// A duplicate of an [[idempotency]] request with wait = "until-done"
+// waits for its original however long it runs within its timeouts, and
+// gets its response, where one with wait = "1s" gets 409 after a second;
+// and an original that runs past the bound (a body that trickles on)
+// still gives the duplicate a 409 at the bound, never a wait without
+// end.
+func TestIdempotencyUntilDone(t *testing.T) {
+	t.Parallel()
+	up := startUpstreamProcess(t)
+	cfg := baseServer(4, fmt.Sprintf("upstream = %q\nupstream_connect_timeout = \"1s\"\nupstream_timeout = \"2s\"\n", "http://"+up)) + `
+[[idempotency]]
+path = "/slow/long"
+wait = "until-done"
+max_body = "16KiB"
+
+[[idempotency]]
+path = "/slow/short"
+wait = "1s"
+max_body = "16KiB"
+
+[[idempotency]]
+path = "/trickle"
+wait = "until-done"
+max_body = "16KiB"
+`
+	code, stdout, stderr := runBinary(t, "check", "-config", writeConfig(t, cfg))
+	if code != 0 || !strings.Contains(stdout, "wait=until-done") || !strings.Contains(stdout, "a duplicate waits for its original up to 3s") {
+		t.Fatalf("check: exit %d, stdout:\n%s\nstderr: %s", code, stdout, stderr)
+	}
+	d := startDaemon(t, daemonOptions{config: cfg})
+
+	// The original runs 1.8 s (within upstream_timeout); the duplicate
+	// arrives 300 ms in. With wait = "1s" the same race ends in 409 at
+	// 1.3 s; with "until-done" the duplicate gets the original's answer.
+	c := newClient(t, nil, false)
+	race := func(path string) (o, dup result) {
+		orig := make(chan result, 1)
+		go func() { orig <- idemPost(c, d.url(path), "order-1", "{}") }()
+		time.Sleep(300 * time.Millisecond)
+		dup = idemPost(c, d.url(path), "order-1", "{}")
+		return <-orig, dup
+	}
+	o, dup := race("/slow/short?ms=1800")
+	if o.status != http.StatusCreated || dup.status != http.StatusConflict {
+		t.Errorf(`wait = "1s": original %d %q, duplicate %d %q; want 201 and 409`, o.status, o.body, dup.status, dup.body)
+	}
+	o, dup = race("/slow/long?ms=1800")
+	if o.status != http.StatusCreated || string(o.body) != "execution 2" {
+		t.Fatalf("original: %d %q %v", o.status, o.body, o.err)
+	}
+	if dup.status != http.StatusCreated || string(dup.body) != "execution 2" || dup.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("duplicate: %d %q replayed=%q %v; want the original's 201, replayed", dup.status, dup.body, dup.header.Get("Idempotent-Replayed"), dup.err)
+	}
+	if waited := dup.end.Sub(dup.start); waited < time.Second {
+		t.Errorf("the duplicate was answered after %v: it cannot have waited for the original", waited)
+	}
+	if n := upstreamSeen(t, up)["POST /slow/long"]; n != 1 {
+		t.Errorf("the upstream ran /slow/long %d times, want 1", n)
+	}
+	orig := make(chan result, 1)
+
+	// The bound: an original whose head came at once and whose body
+	// trickles for 4.5 s (a byte every 500 ms, within upstream_timeout)
+	// runs past 3 s; the duplicate gets 409 at the bound.
+	go func() { orig <- idemPost(c, d.url("/trickle?n=9&every=500"), "order-2", "{}") }()
+	time.Sleep(300 * time.Millisecond)
+	dup = idemPost(c, d.url("/trickle?n=9&every=500"), "order-2", "{}")
+	if dup.status != http.StatusConflict {
+		t.Errorf("duplicate of an original past the bound: %d %q, want 409", dup.status, dup.body)
+	} else if waited := dup.end.Sub(dup.start); waited < 2500*time.Millisecond || waited > 4500*time.Millisecond {
+		t.Errorf("the 409 came after %v, want about 3s (upstream_connect_timeout + upstream_timeout)", waited)
+	}
+	if o := <-orig; o.status != http.StatusCreated || string(o.body) != "........." {
+		t.Errorf("original: %d %q %v", o.status, o.body, o.err)
 	}
 }
