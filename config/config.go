@@ -514,7 +514,7 @@ type Cache struct {
 const (
 	demoUpstream     = "builtin:demo"
 	defaultIdemWait  = IdemWait(10 * time.Second) // in the file; zero in Go is no wait
-	defaultCacheLock = 5 * time.Second  // in the file; zero in Go is no wait
+	defaultCacheLock = 5 * time.Second            // in the file; zero in Go is no wait
 )
 
 // Limits of the values that no other package owns.
