@@ -70,6 +70,11 @@ type Server struct {
 	// CaseSensitive makes rule and block paths match with case; by
 	// default "/LOGIN" is "/login", as case-insensitive routers serve it.
 	CaseSensitive bool `toml:"case_sensitive"`
+	// ResetHeader is the response field by which the application resets
+	// rules for the request's key ("Preforkd-Reset: login" after a
+	// successful login): removed from every response, ignored (and not
+	// forwarded) on requests. "" means none.
+	ResetHeader string `toml:"reset_header"`
 
 	// The data plane's timeouts and limits (package proxy, whose Options
 	// they fill: see Config.ProxyOptions).

@@ -63,6 +63,9 @@ func (c Config) check(r *report) {
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}
+	if err := core.CheckResetHeader(s.ResetHeader); err != nil {
+		f("reset_header", "%s", detail(err))
+	}
 	for _, d := range []struct {
 		key string
 		v   time.Duration

@@ -62,6 +62,12 @@ type Options struct {
 	// counts (Core.Responded), once it is counted: a worker's recycling
 	// limits watch it (prefork.Worker.Responded).
 	OnResponse func(status int)
+	// ResetHeader is the response field by which the application resets
+	// rules for the request's key: its value names them, comma-separated
+	// ("Preforkd-Reset: login"). It never reaches a client, nor is it
+	// forwarded from one (see Forward). "" means none; a name that frames
+	// responses (Content-Length, ...) is refused.
+	ResetHeader string
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it. The Core owns it from New on:
 	// Close closes it. nil: no rule may be a Redis rule.
@@ -94,6 +100,12 @@ type Core struct {
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate
 	forwarded    forwardedLog // forwarding fields from peers not trusted
+
+	// The application's reset (reset.go): the field's canonical name,
+	// what Forward hides and drops with it, the gate of its lines.
+	reset                    string
+	resetHide, resetDropFill []string
+	resetLog                 lineGate
 	pool         sync.Pool
 }
 
@@ -150,6 +162,9 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 			total: func() uint64 { return metrics.Total(region, metrics.UpstreamErrors, kind) }}
 	}
 	c.forwarded = newForwardedLog(region)
+	if err := c.compileReset(opts.ResetHeader); err != nil {
+		return nil, err
+	}
 	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
 		return nil, err
 	}

@@ -118,6 +118,12 @@ func PeerGate(r *shm.Region, i int) shm.Gate {
 	return r.Gate(r.Geometry().StatNames*gatesPerRule + upstreamGates + i)
 }
 
+// ResetGate is the gate of the lines about the application's reset
+// header (a name of no rule, a reset Redis refused).
+func ResetGate(r *shm.Region) shm.Gate {
+	return r.Gate(r.Geometry().StatNames*gatesPerRule + upstreamGates + PeerGates)
+}
+
 // Kinds of a rule's log lines, for RuleGate.
 const (
 	GateRefused     = gateRefused     // enforced refusals

@@ -285,6 +285,8 @@ const (
 	// from a peer that is not trusted: the first passes one line a
 	// second; the marks of the others remember the peers warned about.
 	PeerGates = 65
+	// resetGates: the lines about the application's reset header.
+	resetGates = 1
 )
 
 // Geometry sets the statistics geometry of o for a configuration of n
@@ -295,7 +297,7 @@ func Geometry(o *shm.Options, rules int) {
 	names := max(DefaultRules, 4*rules)
 	o.StatNames = names
 	o.StatWords = rowLayout.fixedWords + names*rowLayout.perRuleWords
-	o.StatGates = names*gatesPerRule + upstreamGates + PeerGates
+	o.StatGates = names*gatesPerRule + upstreamGates + PeerGates + resetGates
 }
 
 // capacity is how many rule indexes a row of words words has room for.

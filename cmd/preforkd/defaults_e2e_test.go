@@ -427,3 +427,75 @@ max_body = "16KiB"
 		t.Errorf("original: %d %q %v", o.status, o.body, o.err)
 	}
 }
+
+// [server] reset_header: an upstream response that carries it resets the
+// rules it names for the request's key (in every worker at once), and
+// the field reaches no client; a client's own field is neither forwarded
+// nor honoured, and another client's count is not touched.
+func TestResetHeader(t *testing.T) {
+	t.Parallel()
+	up := startUpstreamProcess(t)
+	cfg := baseServer(4, fmt.Sprintf("upstream = %q\ntrusted_proxies = [\"10.0.0.0/8\"]\nreset_header = \"Preforkd-Reset\"\n", "http://"+up)) + `
+[[ratelimit]]
+name = "login"
+path = "/signin"
+methods = ["POST"]
+limit = 3
+window = "1h"
+
+[[ratelimit]]
+name = "signin-global"
+path = "/signin"
+limit = 1000
+window = "1h"
+by = "global"
+`
+	d := startDaemon(t, daemonOptions{config: cfg})
+	alice, bob := freshClientIP(), freshClientIP()
+	post := func(ip net.IP, query string, h http.Header) result {
+		// A new connection each time: the requests spread over the workers.
+		return do(newClient(t, ip, false), http.MethodPost, d.url("/signin"+query), h)
+	}
+	statusesOf := func(ip net.IP, n int) []int {
+		var out []int
+		for range n {
+			out = append(out, post(ip, "", nil).status)
+		}
+		return out
+	}
+	// Two failed logins each, then Alice's third succeeds and the
+	// application resets her "login" count.
+	statusesOf(alice, 2)
+	statusesOf(bob, 2)
+	ok := post(alice, "?reset=login,no-such-rule", nil)
+	if ok.status != 200 || ok.header.Get("Preforkd-Reset") != "" || len(ok.header.Values("Preforkd-Reset")) != 0 {
+		t.Fatalf("the successful login: %d, Preforkd-Reset %q; want 200 and no such field", ok.status, ok.header.Values("Preforkd-Reset"))
+	}
+	if got := statusesOf(alice, 4); fmt.Sprint(got) != "[200 200 200 429]" {
+		t.Errorf("Alice after her reset: %v, want [200 200 200 429] (the whole allowance again)", got)
+	}
+	if got := statusesOf(bob, 2); fmt.Sprint(got) != "[200 429]" {
+		t.Errorf("Bob: %v, want [200 429]: Alice's reset is not his", got)
+	}
+	// A client's own field: not forwarded, and nothing reset.
+	carol := freshClientIP()
+	statusesOf(carol, 2)
+	r := post(carol, "", http.Header{"Preforkd-Reset": {"login"}})
+	if r.status != 200 || r.header.Get("X-Seen-Reset") != "" {
+		t.Errorf("Carol's own Preforkd-Reset: %d, the upstream saw %q; want 200 and nothing", r.status, r.header.Get("X-Seen-Reset"))
+	}
+	if got := statusesOf(carol, 1); fmt.Sprint(got) != "[429]" {
+		t.Errorf("Carol after sending the field herself: %v, want [429]", got)
+	}
+	// A name of no rule is logged, once a second at most.
+	if _, _, ok := d.logs.waitFor(0, 5*time.Second, func(l logLine) bool {
+		return l.msg() == "reset header names no rule: ignored" && l.get("rule") == "no-such-rule"
+	}); !ok {
+		t.Errorf("no line about the rule the application named that does not exist")
+	}
+	// check refuses a field that frames responses.
+	bad := strings.Replace(cfg, `reset_header = "Preforkd-Reset"`, `reset_header = "Content-Length"`, 1)
+	if code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, bad)); code != 2 || !strings.Contains(stderr, "reset_header") {
+		t.Errorf("reset_header = Content-Length: exit %d, %q; want 2 naming reset_header", code, stderr)
+	}
+}
