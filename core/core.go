@@ -106,7 +106,7 @@ type Core struct {
 	reset                    string
 	resetHide, resetDropFill []string
 	resetLog                 lineGate
-	pool         sync.Pool
+	pool                     sync.Pool
 }
 
 // New compiles opts over region, which this process must have joined
