@@ -145,6 +145,11 @@ type Persist struct {
 	// reload into FileKey. Set Key or KeyFile, not both. "" = none.
 	KeyFile string `toml:"key_file"`
 	Live    string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
+	// Interval makes the supervisor dump the region every interval while
+	// it serves, besides at shutdown, so that a crash of the whole
+	// process tree or a power loss costs at most the interval's counts.
+	// 0 means off; otherwise at least MinPersistInterval, with Path set.
+	Interval time.Duration `toml:"interval"`
 
 	// FileKey is what KeyFile holds: [Load] reads it, [Parse] (which does
 	// no I/O) leaves it empty, and a Config built in Go sets Key instead.
@@ -531,6 +536,10 @@ const (
 	// overflowing the region's clock.
 	maxTTL = bucket.MaxWindow
 )
+
+// MinPersistInterval is the least persist.interval: a dump of a large
+// table takes a fraction of a second and an fsync.
+const MinPersistInterval = time.Second
 
 // MinMaxRSS is the least server.max_rss: a worker takes about 12 MiB
 // as it starts (more with a large region mapped in, or a handler's

@@ -137,6 +137,15 @@ func (c Config) check(r *report) {
 	if p := c.Persist; p.Path != "" && p.Path == p.Live {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
 	}
+	if p := c.Persist; p.Interval != 0 {
+		f := r.at([]string{"persist"}, "persist.")
+		switch {
+		case p.Interval < MinPersistInterval:
+			f("interval", "must be 0 (off) or at least %v, got %v", MinPersistInterval, p.Interval)
+		case p.Path == "":
+			f("interval", "needs persist.path: the dump it writes every %v goes there", p.Interval)
+		}
+	}
 	if p := c.Persist; p.Key != "" && p.KeyFile != "" {
 		r.at([]string{"persist"}, "persist.")("key_file", "and persist.key are both set: set one (the file, for a version the deploy writes)")
 	}

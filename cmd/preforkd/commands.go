@@ -197,7 +197,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		}
 		banner(log, v, c, abs, cfg)
 		logWarnings(log, cfg)
-		persistHooks(&opts, cfg, v)
+		defer persistHooks(&opts, cfg, v)()
 		adminHooks(&opts, cfg, adminInfo{version: v, commit: c, configPath: abs})
 		return prefork.Run(ctx, opts)
 	}

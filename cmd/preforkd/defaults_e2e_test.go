@@ -499,3 +499,108 @@ by = "global"
 		t.Errorf("reset_header = Content-Length: exit %d, %q; want 2 naming reset_header", code, stderr)
 	}
 }
+
+// persist.interval: the supervisor dumps while it serves, so that a
+// kill -9 of the whole process tree (as a power loss would) costs at most
+// the requests of the last interval: counts made before the last dump
+// are all there after a restart, and those made after it at most lost.
+// A crash in the middle of a dump leaves the previous one whole.
+func TestPeriodicDump(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dump := filepath.Join(dir, "table.dump")
+	cfg := baseServer(2, "") + fmt.Sprintf("\n[persist]\npath = %q\ninterval = \"1s\"\n\n[log]\nlevel = \"debug\"\n", dump) + `
+[[ratelimit]]
+name = "login"
+path = "/login"
+limit = 20
+window = "1h"
+`
+	// check knows the key, and refuses an interval without a path or
+	// below a second.
+	if code, stdout, stderr := runBinary(t, "check", "-config", writeConfig(t, cfg)); code != 0 || !strings.Contains(stdout, "interval=1s") {
+		t.Fatalf("check: exit %d, %s %s", code, stdout, stderr)
+	}
+	for _, bad := range []string{
+		strings.Replace(cfg, `interval = "1s"`, `interval = "100ms"`, 1),
+		strings.Replace(cfg, fmt.Sprintf("path = %q\n", dump), "", 1),
+	} {
+		if code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, bad)); code != 2 || !strings.Contains(stderr, "persist.interval") {
+			t.Errorf("check: exit %d, %q; want 2 naming persist.interval", code, stderr)
+		}
+	}
+
+	d := startDaemon(t, daemonOptions{config: cfg})
+	alice := freshClientIP()
+	send := func(d *daemon, n int) (allowed int) {
+		for range n {
+			if r := get(newClient(t, alice, false), d.url("/login")); r.status == http.StatusOK {
+				allowed++
+			}
+		}
+		return allowed
+	}
+	// waitDumps waits for n periodic dumps begun after now, and returns
+	// how long the last one took.
+	waitDumps := func(d *daemon, n int) (took time.Duration) {
+		t.Helper()
+		from := d.logs.len()
+		for range n {
+			i, l, ok := d.logs.waitFor(from, 10*time.Second, msgIs("persist: periodic dump written"))
+			if !ok {
+				t.Fatalf("no periodic dump within 10s")
+			}
+			from = i + 1
+			took, _ = time.ParseDuration(l.get("took"))
+		}
+		return took
+	}
+	if n := send(d, 8); n != 8 {
+		t.Fatalf("%d of 8 allowed", n)
+	}
+	waitDumps(d, 2) // the second one surely began after the requests
+	d.kill()        // kill -9 of the supervisor's process group: no dump at exit
+	if _, err := os.Stat(dump); err != nil {
+		t.Fatalf("no dump after kill -9: %v", err)
+	}
+	if code, out, _ := runBinary(t, "inspect", dump); code != 0 {
+		t.Fatalf("inspect of the periodic dump: exit %d\n%s", code, out)
+	}
+	d = startDaemon(t, daemonOptions{config: cfg})
+	if n := countLines(d, "persist: dump loaded"); n != 1 {
+		t.Errorf("%d dump loaded lines after the restart, want 1", n)
+	}
+	// Counts within the interval: 3 more, then kill -9 at once, before
+	// the next dump can be sure to have them; they may or may not be
+	// kept, the 8 of before must be.
+	if n := send(d, 3); n != 3 {
+		t.Fatalf("%d of 3 allowed after the restart", n)
+	}
+	d.kill()
+	d = startDaemon(t, daemonOptions{config: cfg})
+	left := send(d, 20)
+	if left < 9 || left > 12 {
+		t.Errorf("after two kills: %d of 20 allowed, want 9 to 12 (20 - 8 - the 0 to 3 of the last interval)", left)
+	}
+
+	// Kills in the middle of dumps of a larger table: the dump found after
+	// each is whole.
+	big := strings.Replace(cfg, "counters = 1024", "counters = 1048576", 1)
+	if err := os.WriteFile(d.cfgPath, []byte(big), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.stop()
+	for round := range 3 {
+		d = startDaemon(t, daemonOptions{config: big})
+		// The dumps begin a second apart: kill in the middle of the next.
+		took := waitDumps(d, 1)
+		time.Sleep(time.Second - took/2)
+		d.kill()
+		if temps, _ := filepath.Glob(dump + ".tmp-*"); len(temps) > 0 {
+			t.Logf("round %d: killed during a dump (%s left behind)", round, filepath.Base(temps[0]))
+		}
+		if code, out, _ := runBinary(t, "inspect", dump); code != 0 || !strings.Contains(out, "loadable") {
+			t.Fatalf("round %d: the dump after a kill during dumps is not loadable: exit %d\n%s", round, code, out)
+		}
+	}
+}
