@@ -13,11 +13,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/proctest"
 )
 
 // writeConfig writes text to a new file and returns its path.
@@ -602,5 +605,72 @@ window = "1h"
 		if code, out, _ := runBinary(t, "inspect", dump); code != 0 || !strings.Contains(out, "loadable") {
 			t.Fatalf("round %d: the dump after a kill during dumps is not loadable: exit %d\n%s", round, code, out)
 		}
+	}
+}
+
+// tune reads memory: the workers' after a warm-up request, their growth
+// per request, the upstream's when -upstream-pid names its process; it
+// suggests max_rss at about twice the largest peak a worker reached
+// (never below 32 MiB), and says why it times requests one at a time.
+func TestTuneMemory(t *testing.T) {
+	t.Parallel()
+	upProc := proctest.Start(t, proctest.Options{Role: "upstream"})
+	addr, err := upProc.Line(10 * time.Second)
+	if err != nil {
+		t.Fatalf("the upstream process did not start: %v", err)
+	}
+	d := startDaemon(t, daemonOptions{admin: true,
+		config: baseServer(2, fmt.Sprintf("upstream = %q", "http://"+addr)) + adminSection})
+	code, out, stderr := runBinary(t, "tune", "-admin", d.admin, "-path", "/sleep", "-requests", "20",
+		"-upstream-pid", strconv.Itoa(upProc.Pid()))
+	if code != 0 {
+		t.Fatalf("tune: exit %d, %s", code, stderr)
+	}
+	t.Logf("tune:\n%s", out)
+	for _, want := range []string{
+		"\nmemory (server.max_rss)\n",
+		"2 workers hold ", "resident on average after a warm-up request", "shared: the region's pages",
+		"over the 20 timed requests they grew by ", " per request",
+		fmt.Sprintf("the upstream's process (pid %d) holds ", upProc.Pid()),
+		"why:      the requests are timed one after the other, without a load generator",
+		"memory under load",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "memory: the region's size and each worker's are not read") {
+		t.Errorf("the report still says memory is not read")
+	}
+	m := regexp.MustCompile(`advice:   server\.max_rss = "(\d+)MiB"`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no max_rss advice in MiB:\n%s", out)
+	}
+	advised, _ := strconv.ParseInt(m[1], 10, 64)
+	// The peak as this test reads it, after tune: the largest VmHWM of
+	// the ready workers.
+	var peak int64
+	for _, pid := range d.workerPIDs() {
+		if !d.alive(pid) {
+			continue
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		if hwm := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(status); hwm != nil {
+			kb, _ := strconv.ParseInt(string(hwm[1]), 10, 64)
+			peak = max(peak, kb<<10)
+		}
+	}
+	if peak == 0 {
+		t.Fatal("no worker's VmHWM could be read")
+	}
+	want := max(float64(32), 2*float64(peak)/(1<<20))
+	if float64(advised) < want-1.5 || float64(advised) > want+1.5 {
+		t.Errorf("max_rss advised %d MiB; the workers' peak is %.1f MiB: want about %.1f MiB (twice, at least 32)", advised, float64(peak)/(1<<20), want)
+	}
+	if code, _, stderr := runBinary(t, "tune", "-admin", d.admin, "-upstream-pid", "-4"); code != 2 || !strings.Contains(stderr, "-upstream-pid") {
+		t.Errorf("tune -upstream-pid -4: exit %d, %q; want 2", code, stderr)
 	}
 }
