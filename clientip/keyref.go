@@ -90,3 +90,35 @@ func (b By) Elements() []string {
 	}
 	return append(out, "ip")
 }
+
+// ByAddress reports whether some request is counted under its client
+// address: b is "ip", or a chain whose every element may be missing from
+// a request (a "path" element never is: nothing after it is reached).
+// Such a rule's budget is every client's that arrives from one address:
+// behind a proxy that is not trusted, every client's.
+func (b By) ByAddress() bool {
+	if b.global {
+		return false
+	}
+	for _, e := range b.elems {
+		if e.kind == fromPath {
+			return false
+		}
+	}
+	return true
+}
+
+// ClientChosen lists the elements of b whose value the client sends
+// ("header:X-Api-Key", "cookie:session", "query:token"), in order: each
+// new value it makes up starts a key of its own, with a fresh allowance,
+// unless something in front of the application sets or checks it.
+func (b By) ClientChosen() []string {
+	var out []string
+	for _, e := range b.elems {
+		switch e.kind {
+		case fromHeader, fromCookie, fromQuery:
+			out = append(out, e.String())
+		}
+	}
+	return out
+}

@@ -73,3 +73,29 @@ func TestElements(t *testing.T) {
 		}
 	}
 }
+
+// ByAddress and ClientChosen say what a rule's budget rests on: the
+// client address (a proxy that is not trusted shares it among everyone
+// behind it) and values the client sends (each a fresh budget).
+func TestByTrade(t *testing.T) {
+	for _, tc := range []struct {
+		by        string
+		byAddress bool
+		chosen    string
+	}{
+		{"ip", true, ""},
+		{"global", false, ""},
+		{"header:X-Api-Key|ip", true, "header:X-Api-Key"},
+		{"cookie:session|query:token", true, "cookie:session,query:token"},
+		{"header:x-key|path", false, "header:X-Key"},
+		{"path", false, ""},
+	} {
+		b := MustParseBy(tc.by)
+		if got := b.ByAddress(); got != tc.byAddress {
+			t.Errorf("%s: ByAddress %v, want %v", tc.by, got, tc.byAddress)
+		}
+		if got := strings.Join(b.ClientChosen(), ","); got != tc.chosen {
+			t.Errorf("%s: ClientChosen %q, want %q", tc.by, got, tc.chosen)
+		}
+	}
+}

@@ -1,7 +1,10 @@
 package config
 
 import (
+	"fmt"
+	"io"
 	"math/bits"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +71,11 @@ type Server struct {
 	// CaseSensitive makes rule and block paths match with case; by
 	// default "/LOGIN" is "/login", as case-insensitive routers serve it.
 	CaseSensitive bool `toml:"case_sensitive"`
+	// ResetHeader is the response field by which the application resets
+	// rules for the request's key ("Preforkd-Reset: login" after a
+	// successful login): removed from every response, ignored (and not
+	// forwarded) on requests. "" means none.
+	ResetHeader string `toml:"reset_header"`
 
 	// The data plane's timeouts and limits (package proxy, whose Options
 	// they fill: see Config.ProxyOptions).
@@ -133,7 +141,70 @@ type Table struct {
 type Persist struct {
 	Path string `toml:"path"` // dump file written on graceful shutdown and loaded at boot; "" = off
 	Key  string `toml:"key"`  // application version; stored responses are dropped when it changes
-	Live string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
+	// KeyFile holds the application version alone, written by the deploy
+	// (echo "$GIT_SHA" > FILE): read at start, in check and at every
+	// reload into FileKey. Set Key or KeyFile, not both. "" = none.
+	KeyFile string `toml:"key_file"`
+	Live    string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
+	// Interval makes the supervisor dump the region every interval while
+	// it serves, besides at shutdown, so that a crash of the whole
+	// process tree or a power loss costs at most the interval's counts.
+	// 0 means off; otherwise at least MinPersistInterval, with Path set.
+	Interval time.Duration `toml:"interval"`
+
+	// FileKey is what KeyFile holds: [Load] reads it, [Parse] (which does
+	// no I/O) leaves it empty, and a Config built in Go sets Key instead.
+	FileKey string `toml:"-" file:"key_file"`
+}
+
+// AppKey is the application version that stamps a dump: Key, or what
+// KeyFile holds.
+func (p Persist) AppKey() string {
+	if p.KeyFile != "" {
+		return p.FileKey
+	}
+	return p.Key
+}
+
+// maxKeyFile bounds persist.key_file: a version, not a document.
+const maxKeyFile = 4 << 10
+
+// readFiles reads persist.key_file, reporting a file that cannot be used
+// at the line of its key.
+func (p *Persist) readFiles(rep *report) {
+	if p.KeyFile == "" {
+		return
+	}
+	f := rep.at([]string{"persist"}, "persist.")
+	key, err := readKeyFile(p.KeyFile)
+	if err != nil {
+		f("key_file", "%s", err)
+		return
+	}
+	p.FileKey = key
+}
+
+// readKeyFile reads a one-line version from path, without its line end.
+func readKeyFile(path string) (string, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer fh.Close()
+	b, err := io.ReadAll(io.LimitReader(fh, maxKeyFile+1))
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimRight(string(b), " \t\r\n")
+	switch {
+	case len(b) > maxKeyFile:
+		return "", fmt.Errorf("%s is larger than %d bytes: it holds the application's version alone", path, maxKeyFile)
+	case s == "":
+		return "", fmt.Errorf("%s is empty: write the application's version to it (a git SHA, a release number)", path)
+	case strings.ContainsAny(s, "\r\n"):
+		return "", fmt.Errorf("%s has several lines: it holds the application's version alone", path)
+	}
+	return s, nil
 }
 
 // Reload is the [reload] table: how a HUP replaces the workers. The
@@ -396,8 +467,9 @@ type Idempotency struct {
 	// 203 days. 0 means 24h.
 	TTL time.Duration `toml:"ttl"`
 	// Wait is how long a duplicate waits for an in-flight original before
-	// it gets 409. 0 means it does not wait; Default and the file use 10s.
-	Wait time.Duration `toml:"wait"`
+	// it gets 409, or UntilDone. 0 means it does not wait; Default and the
+	// file use 10s.
+	Wait IdemWait `toml:"wait"`
 	// By is the key namespace, same syntax as [RateLimit.By].
 	// "" means "header:Authorization|ip".
 	By string `toml:"by"`
@@ -446,8 +518,8 @@ type Cache struct {
 // in WithDefaults and Default.
 const (
 	demoUpstream     = "builtin:demo"
-	defaultIdemWait  = 10 * time.Second // in the file; zero in Go is no wait
-	defaultCacheLock = 5 * time.Second  // in the file; zero in Go is no wait
+	defaultIdemWait  = IdemWait(10 * time.Second) // in the file; zero in Go is no wait
+	defaultCacheLock = 5 * time.Second            // in the file; zero in Go is no wait
 )
 
 // Limits of the values that no other package owns.
@@ -459,6 +531,10 @@ const (
 	// overflowing the region's clock.
 	maxTTL = bucket.MaxWindow
 )
+
+// MinPersistInterval is the least persist.interval: a dump of a large
+// table takes a fraction of a second and an fsync.
+const MinPersistInterval = time.Second
 
 // MaxWorkers bounds server.workers: far beyond any machine's CPUs, and
 // within what the region's worker table can hold during a reload (twice
@@ -611,6 +687,16 @@ func (c Config) RegionTable() Table {
 		t.Responses, t.ResponseBytes = 0, 0
 	}
 	return t
+}
+
+// UntilDone is how long a duplicate of an [[idempotency]] block with
+// wait = "until-done" waits for its original at most: the longest the
+// original waits for its application's answer to begin (a connection,
+// then the response header). By then the original has its answer, whose
+// body it reads within upstream_timeout a read, or it failed and let the
+// key go, and the duplicate runs in its place.
+func (s Server) UntilDone() time.Duration {
+	return s.UpstreamConnectTimeout + s.UpstreamTimeout
 }
 
 // WorkerCount is the number of workers to start: Workers, or when Workers

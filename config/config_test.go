@@ -110,7 +110,7 @@ path = "/orders"
 		{"idempotency.header", d.Header, "Idempotency-Key"},
 		{"idempotency.required", d.Required, false},
 		{"idempotency.ttl", d.TTL, 24 * time.Hour},
-		{"idempotency.wait", d.Wait, 10 * time.Second},
+		{"idempotency.wait", d.Wait, IdemWait(10 * time.Second)},
 		{"idempotency.by", d.By, "header:Authorization|ip"},
 		{"idempotency.max_body", d.MaxBody, Size(1 << 20)},
 	} {
@@ -536,10 +536,10 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss=""
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false reset_header="" read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss=""
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
-persist: path="/var/lib/my dump" key="" live=""
+persist: path="/var/lib/my dump" key="" key_file="" live="" interval=0s
 log: format=text level=info
 reload: canary=true canary_window=10s canary_min_requests=50 canary_max_error_delta=2 canary_inconclusive=continue
 rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072 store=local on_unavailable=local local_share=1 sync=exact

@@ -22,6 +22,7 @@ func (c Config) CoreOptions() (core.Options, error) {
 		CaseSensitive:  s.CaseSensitive,
 		MaxRequestBody: int64(s.MaxRequestBody),
 		Headers:        s.Headers,
+		ResetHeader:    s.ResetHeader,
 	}
 	for _, rl := range c.RateLimits {
 		r, err := rl.core(s.routes())
@@ -31,7 +32,7 @@ func (c Config) CoreOptions() (core.Options, error) {
 		o.RateLimits = append(o.RateLimits, r)
 	}
 	for _, d := range c.Idempotency {
-		b, err := d.core(s.routes())
+		b, err := d.core(s)
 		if err != nil {
 			return o, err
 		}
@@ -77,13 +78,18 @@ func (rl RateLimit) core(ro route.Options) (core.RateLimit, error) {
 	return r, r.Check()
 }
 
-// core is the block as the core takes it.
-func (d Idempotency) core(ro route.Options) (core.Idempotency, error) {
-	rt, by, err := routeAndKey(ro, d.Path, d.Methods, d.By)
+// core is the block as the core takes it, under the [server] of s: a
+// wait of UntilDone is s's bound (Server.UntilDone).
+func (d Idempotency) core(s Server) (core.Idempotency, error) {
+	rt, by, err := routeAndKey(s.routes(), d.Path, d.Methods, d.By)
 	if err != nil {
 		return core.Idempotency{}, err
 	}
-	b := core.Idempotency{Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: d.Wait, By: by, MaxBody: int64(d.MaxBody), MaxRecords: d.MaxRecords}
+	wait := time.Duration(d.Wait)
+	if d.Wait == UntilDone {
+		wait = s.UntilDone()
+	}
+	b := core.Idempotency{Route: rt, Header: d.Header, Required: d.Required, TTL: d.TTL, Wait: wait, By: by, MaxBody: int64(d.MaxBody), MaxRecords: d.MaxRecords}
 	return b, b.Check()
 }
 

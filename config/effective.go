@@ -69,6 +69,10 @@ func (c Config) WriteEffective(w io.Writer) error {
 			d.MaxRecords = core.DefaultMaxRecords(c.Table.Responses)
 		}
 		line(&b, "idempotency "+quote(d.Path)+":", d, "path")
+		if d.Wait == UntilDone {
+			fmt.Fprintf(&b, "idempotency %s: wait=until-done: a duplicate waits for its original up to %v (server.upstream_connect_timeout + upstream_timeout), then 409\n",
+				quote(d.Path), c.Server.UntilDone())
+		}
 	}
 	for _, d := range c.Caches {
 		// An empty tag_headers is none, not every one as for methods.

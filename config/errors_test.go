@@ -40,7 +40,10 @@ func TestErrors(t *testing.T) {
 		{"methods not array", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = \"POST\" # <-\nlimit = 1\nwindow = \"1s\"\n", "want an array of strings, got string", 0},
 		{"method not string", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nmethods = [\n  \"GET\",\n  1,\n] # <-\nlimit = 1\nwindow = \"1s\"\n", "methods[2]: want a string, got integer", 4},
 		{"bool as string", "[[idempotency]]\npath = \"/o\"\nrequired = \"yes\" # <-\n", "want true or false, got string", 0},
-		{"duration as int", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 300 # <-\n", "want a duration string", 0},
+		{"duration as int", "[server]\nshutdown_timeout = 30 # <-\n", "want a duration string", 0},
+		// A window alone may be a whole number of seconds.
+		{"window of no seconds", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 0 # <-\n", "want a positive whole number of seconds", 0},
+		{"window as float", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 1.5 # <-\n", "a whole number of seconds (300) or a duration string", 0},
 		{"date", "[persist]\nkey = 1979-05-27 07:32:00Z # <-\n", "want a string, got date-time", 0},
 
 		// Conversions.
@@ -166,7 +169,7 @@ func TestErrors(t *testing.T) {
 		{"idempotency empty methods", "[[idempotency]]\npath = \"/o\"\nmethods = [] # <-\n", "methods: is empty", 0},
 		{"idempotency header", "[[idempotency]]\npath = \"/o\"\nheader = \"Idem Key\" # <-\n", "not a valid header name", 0},
 		{"idempotency ttl", "[[idempotency]]\npath = \"/o\"\nttl = \"0s\" # <-\n", "ttl: must be positive", 0},
-		{"idempotency wait", "[[idempotency]]\npath = \"/o\"\nwait = \"-1s\" # <-\n", "wait: must not be negative", 0},
+		{"idempotency wait", "[[idempotency]]\npath = \"/o\"\nwait = \"-1s\" # <-\n", `invalid wait "-1s": want a duration such as "10s" ("0s": no wait), or "until-done"`, 0},
 		{"idempotency by", "[[idempotency]]\npath = \"/o\"\nby = \"header:Authorization|global\" # <-\n", `idempotency[1]: invalid by "header:Authorization|global": "global" must stand alone`, 0},
 		{"idempotency max_body", "[[idempotency]]\npath = \"/o\"\nmax_body = \"65MiB\" # <-\n", "larger than table.response_bytes", 0},
 		{"idempotency max_records", "[[idempotency]]\npath = \"/o\"\nmax_records = -2 # <-\n", "idempotency[1]: max_records: must not be negative", 0},

@@ -16,8 +16,8 @@ import (
 )
 
 // Load reads the file at path and parses it with [Parse], then reads the
-// files it names for secrets ([Redis] password_file, sentinel_password_file
-// and ca_file). A file that cannot be read gives an error that wraps the
+// files it names: for secrets ([Redis] password_file, sentinel_password_file
+// and ca_file) and for the application's version ([Persist] key_file). A file that cannot be read gives an error that wraps the
 // one from the file system (so errors.Is(err, fs.ErrNotExist) works); a
 // bad file, or a named one that cannot be used, gives an *Error.
 func Load(path string) (Config, error) {
@@ -34,6 +34,7 @@ func Load(path string) (Config, error) {
 	// reload) at the line of its key.
 	r := &report{file: path, src: string(data)}
 	c.Redis.readFiles(r)
+	c.Persist.readFiles(r)
 	if err := r.first(); err != nil {
 		return c, err
 	}
@@ -72,6 +73,7 @@ func Parse(data []byte, name string) (Config, error) {
 	if err != nil {
 		return Config{}, decodeError(name, err) // the shape check let through what the decoder refuses
 	}
+	c.windowSeconds(tree)
 	c.check(r)
 	if err := r.first(); err != nil {
 		return Config{}, err
@@ -109,6 +111,36 @@ func decode(md *toml.MetaData, doc toml.Primitive) (Config, error) {
 		c.Caches = append(c.Caches, d.withDefaults())
 	}
 	return c, err
+}
+
+// inSeconds reports whether the duration at path may be written as a
+// bare integer, a number of seconds: a rule's window and an override's,
+// as limit_req-style configurations write them ("window = 300").
+func inSeconds(path []string) bool { return len(path) > 0 && path[len(path)-1] == "window" }
+
+// maxWholeSeconds bounds a window written in seconds far below what a
+// time.Duration holds; the rule's own check then says what it accepts.
+const maxWholeSeconds = 1 << 32
+
+// windowSeconds makes each window the file wrote as a bare integer that
+// many seconds: the decoder took it for nanoseconds.
+func (c *Config) windowSeconds(tree map[string]any) {
+	rules, _ := tree["ratelimit"].([]map[string]any)
+	for i, m := range rules {
+		if i >= len(c.RateLimits) {
+			break
+		}
+		rl := &c.RateLimits[i]
+		if n, ok := m["window"].(int64); ok {
+			rl.Window = time.Duration(n) * time.Second
+		}
+		overrides, _ := m["override"].([]map[string]any)
+		for j, o := range overrides {
+			if n, ok := o["window"].(int64); ok && j < len(rl.Overrides) {
+				rl.Overrides[j].Window = time.Duration(n) * time.Second
+			}
+		}
+	}
 }
 
 func decodeError(name string, err error) *Error {
@@ -163,8 +195,18 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 	bad := func(want string) { r.fail(path, fmt.Sprintf("%s: want %s, got %s", name(path), want, typeName(v))) }
 	switch u := reflect.New(t).Interface().(type) {
 	case *time.Duration:
+		if n, ok := v.(int64); ok && inSeconds(path) {
+			if n <= 0 || n > maxWholeSeconds {
+				r.fail(path, fmt.Sprintf("%s: %d seconds: want a positive whole number of seconds (or a duration string such as \"5m\")", name(path), n))
+			}
+			return
+		}
 		if s, ok := v.(string); !ok {
-			bad(`a duration string such as "30s", "5m" or "1h30m"`)
+			want := `a duration string such as "30s", "5m" or "1h30m"`
+			if inSeconds(path) {
+				want = `a whole number of seconds (300) or a duration string such as "30s", "5m" or "1h30m"`
+			}
+			bad(want)
 		} else if _, err := time.ParseDuration(s); err != nil {
 			r.fail(path, fmt.Sprintf(`%s: invalid duration %q: want Go syntax such as "30s", "5m" or "1h30m"`, name(path), s))
 		}

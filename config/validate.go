@@ -61,6 +61,9 @@ func (c Config) check(r *report) {
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}
+	if err := core.CheckResetHeader(s.ResetHeader); err != nil {
+		f("reset_header", "%s", detail(err))
+	}
 	// The engines' limits, and the supervisor's settings, are checked by
 	// the packages that own them; the file adds the line.
 	// The configuration's defaults are the owners' (WithDefaults): here a
@@ -117,6 +120,18 @@ func (c Config) check(r *report) {
 
 	if p := c.Persist; p.Path != "" && p.Path == p.Live {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
+	}
+	if p := c.Persist; p.Interval != 0 {
+		f := r.at([]string{"persist"}, "persist.")
+		switch {
+		case p.Interval < MinPersistInterval:
+			f("interval", "must be 0 (off) or at least %v, got %v", MinPersistInterval, p.Interval)
+		case p.Path == "":
+			f("interval", "needs persist.path: the dump it writes every %v goes there", p.Interval)
+		}
+	}
+	if p := c.Persist; p.Key != "" && p.KeyFile != "" {
+		r.at([]string{"persist"}, "persist.")("key_file", "and persist.key are both set: set one (the file, for a version the deploy writes)")
 	}
 
 	c.Redis.check(r)
@@ -253,7 +268,7 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 }
 
 func (d Idempotency) check(r *report, i int, c Config) {
-	_, err := d.core(c.Server.routes())
+	_, err := d.core(c.Server)
 	f := block[Idempotency](r, "idempotency", i, err)
 	// Two blocks for one request would make it ambiguous which key
 	// namespace and TTL apply.

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/internal/textvalue"
@@ -58,6 +59,39 @@ var sizeUnits = map[string]int64{
 	"": 1, "B": 1,
 	"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
 	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+}
+
+// IdemWait is how long a duplicate of an [[idempotency]] request waits
+// for its original in flight: a duration ("10s"; "0s" does not wait), or
+// UntilDone, written "until-done".
+type IdemWait time.Duration
+
+// UntilDone is the IdemWait of a duplicate that waits as long as its
+// original runs: its bound is the longest an original waits for its
+// application's answer to begin (see [Server.UntilDone]).
+const UntilDone IdemWait = -1
+
+func (w IdemWait) String() string {
+	if w == UntilDone {
+		return "until-done"
+	}
+	return time.Duration(w).String()
+}
+
+func (w IdemWait) MarshalText() ([]byte, error) { return []byte(w.String()), nil }
+
+func (w *IdemWait) UnmarshalText(b []byte) error {
+	s := string(b)
+	if s == "until-done" {
+		*w = UntilDone
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return fmt.Errorf(`config: invalid wait %q: want a duration such as "10s" ("0s": no wait), or "until-done"`, s)
+	}
+	*w = IdemWait(d)
+	return nil
 }
 
 // SizeLimit is a Size that may be off: 0, written "" or 0 in a file,

@@ -61,6 +61,12 @@ type Options struct {
 	// counts (Core.Responded), once it is counted: a worker's recycling
 	// limits watch it (prefork.Worker.Responded).
 	OnResponse func(status int)
+	// ResetHeader is the response field by which the application resets
+	// rules for the request's key: its value names them, comma-separated
+	// ("Preforkd-Reset: login"). It never reaches a client, nor is it
+	// forwarded from one (see Forward). "" means none; a name that frames
+	// responses (Content-Length, ...) is refused.
+	ResetHeader string
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it. The Core owns it from New on:
 	// Close closes it. nil: no rule may be a Redis rule.
@@ -92,7 +98,14 @@ type Core struct {
 
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate
-	pool         sync.Pool
+	forwarded    forwardedLog // forwarding fields from peers not trusted
+
+	// The application's reset (reset.go): the field's canonical name,
+	// what Forward hides and drops with it, the gate of its lines.
+	reset                    string
+	resetHide, resetDropFill []string
+	resetLog                 lineGate
+	pool                     sync.Pool
 }
 
 // New compiles opts over region, which this process must have joined
@@ -146,6 +159,10 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 	for kind := range c.upstreamLogs {
 		c.upstreamLogs[kind] = lineGate{g: metrics.UpstreamGate(region, kind),
 			total: func() uint64 { return metrics.Total(region, metrics.UpstreamErrors, kind) }}
+	}
+	c.forwarded = newForwardedLog(region)
+	if err := c.compileReset(opts.ResetHeader); err != nil {
+		return nil, err
 	}
 	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
 		return nil, err
@@ -453,6 +470,7 @@ func (ex *Exchange) resolveClient() {
 	peer := ex.req.Peer()
 	if !r.Trusts(peer) {
 		ex.client = peer
+		ex.untrustedForwarding(peer)
 	} else {
 		var xb, fb [4]string
 		xff := ex.req.HeaderLines("X-Forwarded-For", xb[:0])

@@ -49,8 +49,12 @@ type Forward struct {
 	Path string
 	// Drop are the fields of the request not to forward (canonical
 	// names): a cache fill's conditional and range fields, since what it
-	// stores must be whole.
+	// stores must be whole; the reset header (reset.go).
 	Drop []string
+	// Hide are the fields of the application's response not to send
+	// (canonical names): the reset header, which is for the core alone
+	// (reset.go). The engine drops them from the head it sends.
+	Hide []string
 }
 
 // Dropped reports whether the field called name (in any case) is one of
@@ -70,6 +74,7 @@ func (ex *Exchange) Forward() Forward {
 	if ex.cache.flags&cFill != 0 {
 		f.Drop = unconditionalFields
 	}
+	ex.forwardReset(&f)
 	return f
 }
 
@@ -92,6 +97,7 @@ func (ex *Exchange) Keep() bool {
 // read further; without one, the engine sends it with Fields added.
 func (ex *Exchange) Head(status int, h Header) *Response {
 	ex.status = status
+	ex.applicationReset(h)
 	if status >= 500 {
 		if fb := ex.fallback(status); fb != nil {
 			ex.rec.Failed = true
@@ -114,6 +120,9 @@ func (ex *Exchange) Head(status int, h Header) *Response {
 
 // recordField keeps a field line of a recorded response.
 func (ex *Exchange) recordField(name, value []byte) {
+	if ex.c.isResetField(name) {
+		return // never sent: never replayed
+	}
 	f := Field{Name: string(name), Value: append([]byte(nil), value...)}
 	ex.rec.Header = append(ex.rec.Header, f)
 	switch {

@@ -108,6 +108,22 @@ func UpstreamGate(r *shm.Region, kind int) shm.Gate {
 	return r.Gate(r.Geometry().StatNames*gatesPerRule + kind)
 }
 
+// PeerGate is gate i (0..PeerGates-1) of the warning about forwarded
+// requests from peers that are not trusted. A region made without them
+// (by an older build, re-attached) gives gates of this process alone.
+func PeerGate(r *shm.Region, i int) shm.Gate {
+	if i < 0 || i >= PeerGates {
+		return r.Gate(-1)
+	}
+	return r.Gate(r.Geometry().StatNames*gatesPerRule + upstreamGates + i)
+}
+
+// ResetGate is the gate of the lines about the application's reset
+// header (a name of no rule, a reset Redis refused).
+func ResetGate(r *shm.Region) shm.Gate {
+	return r.Gate(r.Geometry().StatNames*gatesPerRule + upstreamGates + PeerGates)
+}
+
 // Kinds of a rule's log lines, for RuleGate.
 const (
 	GateRefused     = gateRefused     // enforced refusals

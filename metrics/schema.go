@@ -273,7 +273,7 @@ const DefaultRules = 256
 
 // gates: per rule, one each for refusals, shadow refusals, requests let
 // through by on_full open and by on_unavailable open; then one per
-// upstream error kind.
+// upstream error kind; then the peer gates (PeerGate).
 const (
 	gateRefused = iota
 	gateShadow
@@ -281,6 +281,12 @@ const (
 	gateUnavailable
 	gatesPerRule
 	upstreamGates = 4
+	// PeerGates are the gates of the warning about forwarded requests
+	// from a peer that is not trusted: the first passes one line a
+	// second; the marks of the others remember the peers warned about.
+	PeerGates = 65
+	// resetGates: the lines about the application's reset header.
+	resetGates = 1
 )
 
 // Geometry sets the statistics geometry of o for a configuration of n
@@ -291,7 +297,7 @@ func Geometry(o *shm.Options, rules int) {
 	names := max(DefaultRules, 4*rules)
 	o.StatNames = names
 	o.StatWords = rowLayout.fixedWords + names*rowLayout.perRuleWords
-	o.StatGates = names*gatesPerRule + upstreamGates
+	o.StatGates = names*gatesPerRule + upstreamGates + PeerGates + resetGates
 }
 
 // capacity is how many rule indexes a row of words words has room for.

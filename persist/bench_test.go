@@ -36,8 +36,14 @@ var (
 	benchErr     error
 )
 
+// benchCleanups release what other benchmarks set up.
+var benchCleanups []func()
+
 // cleanupBench releases what the benchmarks set up (see TestMain).
 func cleanupBench() {
+	for _, f := range benchCleanups {
+		f()
+	}
 	for _, br := range benchRegions {
 		br.r.Close()
 	}

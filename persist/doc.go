@@ -12,6 +12,8 @@
 //	err := persist.CheckDirs(o)                             // at start: the files can be written
 //	r, lock, _, err := persist.OpenRegion(o, geometry, log) // before any worker
 //	rep, err := persist.Load(r, o, log)                     // still before any worker
+//	d := persist.StartDumper(r, interval, options, log)     // persist.interval: dumps while serving
+//	d.Stop()                                                // once the last worker exited
 //	st, err := persist.Dump(r, o)                           // after the last worker exited
 //	lock.Unlock()
 //
@@ -25,6 +27,12 @@
 // fill lock) survives a dump. Cache entries go with the tag generations
 // they recorded, so that a purge made before the dump still applies and
 // one made after the restart reaches restored entries.
+//
+// A dump made while workers serve (a [Dumper], every persist.interval)
+// reads the region without a lock, at the lowest CPU priority: workers
+// never wait for it. It is consistent entry by entry rather than as of
+// one instant (see [Dump]): a crash of the whole process tree or of the
+// machine costs what changed since the last dump, at most the interval.
 //
 // Load trusts nothing it has not checked: a file another user owns or
 // that group or others may write, a guard or a checksum that fails, is

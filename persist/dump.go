@@ -68,9 +68,20 @@ type DumpStats struct {
 // crash at any point leaves the old dump or the new one, never a torn
 // file. Temporary files left by an earlier crash are removed first.
 //
-// Dump requires that nothing writes r: call it after the last worker has
-// exited. Its cost follows the number of live entries (plus one scan of
-// the table), not the table's size on disk.
+// Dump is exact when nothing writes r: after the last worker has exited.
+// It may also run while workers serve from r (a Dumper does, every
+// persist.interval): it takes no lock, and what it writes is consistent
+// entry by entry, not as of one instant. Every counter that lived
+// throughout the dump is in it, exactly once, with a state its key held
+// during the dump (its key, rule and count read together, never a mix of
+// two keys: see shm.Counters.Snapshot); a key installed during the dump
+// may be missing. Stored responses and cache entries are each read whole
+// or not at all (a torn read is skipped), completed ones only. The tag
+// generations are read before the cache entries: a purge made during the
+// dump is in the next one (an entry stored after it carries the newer
+// generation, and is dropped at load as purged). Its cost follows the
+// number of live entries (plus one scan of the table), not the table's
+// size on disk.
 func Dump(r *shm.Region, o Options) (DumpStats, error) {
 	if o.Path == "" {
 		return DumpStats{}, nil

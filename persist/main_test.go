@@ -10,7 +10,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	proctest.Main(map[string]proctest.Role{"orphan": orphan})
+	proctest.Main(map[string]proctest.Role{"orphan": orphan, "decide": decideChild})
 	code := m.Run()
 	cleanupBench()
 	os.Exit(code)

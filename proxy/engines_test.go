@@ -150,6 +150,25 @@ var coreCases = []coreCase{
 		},
 		upSeen: []string{"GET /k HTTP/1.1"},
 	},
+	{
+		name: "the application's reset header resets the rule for the request's key, and reaches no client",
+		rules: "[server]\nreset_header = \"Preforkd-Reset\"\n[[ratelimit]]\nname = \"login\"\npath = \"/signin\"\nlimit = 2\nwindow = \"1m\"\n" +
+			"[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /signin HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 1"}},
+			// The application says the login succeeded: the next requests
+			// find the whole allowance again.
+			{send: "GET /signin?ok=1 HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0"}, hasNot: []string{"Preforkd-Reset"}},
+			{send: "GET /signin HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 1"}},
+			// A client's own field is not forwarded, and resets nothing.
+			{send: "GET /signin HTTP/1.1\nHost: h\nPreforkd-Reset: login\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0", "X-Seen-Reset: none"}},
+			{send: "GET /signin HTTP/1.1\nHost: h\n\n", status: 429},
+			// Nor is it stored: a cache hit does not carry it either.
+			{send: "GET /cached/reset HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS"}, hasNot: []string{"Preforkd-Reset"}},
+			{send: "GET /cached/reset HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: HIT"}, hasNot: []string{"Preforkd-Reset"}},
+		},
+		upSeen: []string{"GET /signin HTTP/1.1", "GET /signin?ok=1 HTTP/1.1", "GET /signin HTTP/1.1", "GET /signin HTTP/1.1", "GET /cached/reset HTTP/1.1"},
+	},
 }
 
 // One view of a request (SPEC "One request, one truth"): what the core
@@ -328,6 +347,19 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			w.WriteString(stray)
 		}
 		switch p := req.Req.URL.Path; p {
+		case "/signin":
+			reset, seen := "", values("Preforkd-Reset")
+			if req.Req.URL.Query().Get("ok") != "" {
+				reset = "Preforkd-Reset: login\r\n"
+			}
+			if seen == "" {
+				seen = "none"
+			}
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n%sX-Seen-Reset: %s\r\nContent-Length: 2\r\n\r\nok", reset, seen)
+			return
+		case "/cached/reset":
+			fmt.Fprintf(w, ok+"2\r\nPreforkd-Reset: login\r\n\r\nok")
+			return
 		case "/stray/head":
 			late("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\n", "BODY"+evil)
 			return
@@ -411,7 +443,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		var h strings.Builder
 		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
 			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length",
-			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie"} {
+			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "Preforkd-Reset", "X-Seen-Reset"} {
 			fmt.Fprintf(&h, "%s=%q ", k, resp.Header.Values(k))
 		}
 		out = append(out, answer{resp.StatusCode, h.String(), string(body)})

@@ -107,6 +107,9 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn) {
 	reusable := !up.ConnectionClose()
 	length := up.ContentLength()
 	copyResponseHeader(&resp.Header, up, status == http.StatusSwitchingProtocols)
+	for _, n := range r.fwd.Hide {
+		resp.Header.Del(n)
+	}
 	setFields(resp, ex.Fields())
 
 	if status == http.StatusSwitchingProtocols {

@@ -409,6 +409,9 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 		s.finish(r, ex, nil)
 		return
 	}
+	for _, n := range r.fwd.Hide {
+		resp.Header.Del(n)
+	}
 	setFields(resp, ex.Fields())
 	if resp.IsBodyStream() {
 		// The application streams: the exchange ends with its stream.

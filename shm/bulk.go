@@ -50,39 +50,65 @@ type Entry struct {
 	Account uint16
 }
 
-// Snapshot returns an iterator over the LIVE entries of the table. Each
-// entry is read consistently (state, key, state again: one taken over
-// meanwhile is skipped); while workers run, the whole is a moving picture.
+// Snapshot returns an iterator over the LIVE entries of the table.
+//
+// Each entry is read consistently, also while workers write the table (a
+// dump every persist.interval): its state word, then its key and meta,
+// then its state again. Key and meta are written only while a slot is
+// not LIVE, and every change of key bumps the state's generation, so a
+// second state LIVE in the same generation is the same key, whose
+// payload it is: the entry is the slot as it was at that second read. A
+// key updated between the reads is read again, never skipped; a slot
+// that changed keys meanwhile is read anew. So every key that stays LIVE
+// throughout the iteration is yielded exactly once, with a payload it
+// held during it. The whole is a moving picture: two entries may be read
+// apart in time, a key installed meanwhile may be missing, and one
+// reclaimed and installed again behind the reader may come twice (a
+// loader keeps the first).
 //
 // When nothing writes the table, the entries come in slot order from a
 // slot that no entry's probe path crosses, so that placing them in that
 // order (Place) into an empty table of the same geometry fits every one
 // again: each lands at most as far from its home as it was. From any other
-// start, an entry that wrapped around the end of the table can take the
-// slot of one that then no longer fits.
+// start (a boundary that moved while workers wrote), an entry that
+// wrapped around the end of the table can take the slot of one that then
+// no longer fits.
 func (c *Counters) Snapshot() iter.Seq[Entry] {
 	return func(yield func(Entry) bool) {
 		b := uint64(c.boundary())
 		for k := range uint64(len(c.slots)) {
-			sl := &c.slots[(b+k)&c.mask]
-			s := atomic.LoadUint64(&sl.state)
-			if phaseOf(s) != phaseLive {
-				continue
-			}
-			e := Entry{
-				Key:     Key{A: atomic.LoadUint64(&sl.keyA), B: atomic.LoadUint64(&sl.keyB)},
-				Meta:    atomic.LoadUint64(&sl.meta),
-				Payload: payloadOf(s),
-				Account: uint16(atomic.LoadUint64(&sl.acct) - 1),
-			}
-			if atomic.LoadUint64(&sl.state) != s {
-				continue
-			}
-			if !yield(e) {
+			e, ok := c.read(&c.slots[(b+k)&c.mask])
+			if ok && !yield(e) {
 				return
 			}
 		}
 	}
+}
+
+// snapshotRetries bounds the reads of one slot that a writer keeps
+// changing to another key; a payload that changes costs no retry.
+const snapshotRetries = 64
+
+// read reads a LIVE slot consistently (see Snapshot); ok is false for a
+// slot that is not LIVE.
+func (c *Counters) read(sl *slot) (e Entry, ok bool) {
+	for range snapshotRetries {
+		s := atomic.LoadUint64(&sl.state)
+		if phaseOf(s) != phaseLive {
+			return e, false
+		}
+		e = Entry{
+			Key:     Key{A: atomic.LoadUint64(&sl.keyA), B: atomic.LoadUint64(&sl.keyB)},
+			Meta:    atomic.LoadUint64(&sl.meta),
+			Account: uint16(atomic.LoadUint64(&sl.acct) - 1),
+		}
+		s2 := atomic.LoadUint64(&sl.state)
+		if phaseOf(s2) == phaseLive && genOf(s2) == genOf(s) {
+			e.Payload = payloadOf(s2)
+			return e, true
+		}
+	}
+	return e, false
 }
 
 // boundary returns a slot index that no LIVE entry's probe path crosses

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,6 +103,60 @@ func TestPlaceFull(t *testing.T) {
 		err := r.Counters().Place(shm.Entry{Key: shm.Key{A: uint64(i), B: 1}, Meta: 1, Payload: 1})
 		if (err != nil) != (i == 16) || (err != nil && !errors.Is(err, shm.ErrFull)) {
 			t.Fatalf("entry %d: %v", i, err)
+		}
+	}
+}
+
+// A snapshot taken while workers write the table (a dump every
+// persist.interval) has every key that lives throughout, exactly once,
+// with a payload it held during the snapshot: a key updated between the
+// reads of its slot is read again, never skipped. The keys are few and
+// hot, so that many of them change while they are read.
+func TestSnapshotWhileWritten(t *testing.T) {
+	r := shmtest.Private(t, shm.Options{Counters: 4096, MaxWorkers: 8})
+	rule := bucket.Rule{Name: "hot", Limit: 1_000_000, Window: 24 * time.Hour}
+	lim, err := bucket.NewLimiter(rule, r.Counters())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const nkeys = 16
+	keys := make([]shm.Key, nkeys)
+	index := map[shm.Key]int{}
+	for i := range keys {
+		keys[i] = lim.Key(fmt.Appendf(nil, "key-%d", i))
+		index[keys[i]] = i
+		lim.AllowKey(keys[i], r.Now())
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			for i := w; !stop.Load(); i++ {
+				lim.AllowKey(keys[i%nkeys], r.Now())
+			}
+		})
+	}
+	defer func() { stop.Store(true); wg.Wait() }()
+	before := make([]uint64, nkeys)
+	for round := range 20000 {
+		for i, k := range keys {
+			before[i], _ = r.Counters().Peek(k, r.Now())
+		}
+		seen := make([]bool, nkeys)
+		for e := range r.Counters().Snapshot() {
+			i, ok := index[e.Key]
+			if !ok || seen[i] || e.Meta != rule.Meta() || e.Payload < before[i] {
+				t.Fatalf("round %d: entry %+v (key %d, known %v, seen %v); payload before the snapshot %d", round, e, i, ok, seen[i], before[i])
+			}
+			if now, _ := r.Counters().Peek(e.Key, r.Now()); e.Payload > now {
+				t.Fatalf("round %d: key %d snapshot at %d, later than its payload after, %d", round, i, e.Payload, now)
+			}
+			seen[i] = true
+		}
+		for i, s := range seen {
+			if !s {
+				t.Fatalf("round %d: key %d, updated throughout, is not in the snapshot", round, i)
+			}
 		}
 	}
 }

@@ -346,6 +346,16 @@ func (g Gate) Pass(now, every time.Duration) bool {
 // can say how many events were held back in between.
 func (g Gate) SwapMark(v uint64) uint64 { return atomic.SwapUint64(&g.g.mark, v) }
 
+// Mark is what the last SwapMark or CompareAndSwapMark left, read
+// without writing: a word every process may check on a hot path.
+func (g Gate) Mark() uint64 { return atomic.LoadUint64(&g.g.mark) }
+
+// CompareAndSwapMark leaves v when the mark is still old, and reports
+// whether it did.
+func (g Gate) CompareAndSwapMark(old, v uint64) bool {
+	return atomic.CompareAndSwapUint64(&g.g.mark, old, v)
+}
+
 // StatTotal is the caller's word i summed over every row, between two
 // folds: one counter's total, without summing whole rows (a rate-limited
 // log line counts what it held back with it).

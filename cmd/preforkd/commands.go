@@ -196,7 +196,8 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 			abs = *path
 		}
 		banner(log, v, c, abs, cfg)
-		persistHooks(&opts, cfg, v)
+		logWarnings(log, cfg)
+		defer persistHooks(&opts, cfg, v)()
 		adminHooks(&opts, cfg, adminInfo{version: v, commit: c, configPath: abs})
 		return prefork.Run(ctx, opts)
 	}
@@ -220,6 +221,12 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		}
 		if why := adminExposure(cfg.Admin.Listen); why != "" {
 			fmt.Fprintf(stderr, "preforkd check: warning: admin.listen %q: %s, and /metrics and /status answer without a token: keep it on loopback (127.0.0.1:9901) or a unix: socket\n", cfg.Admin.Listen, why)
+		}
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintf(stderr, "preforkd check: warning: %s\n", w)
+		}
+		for _, n := range cfg.Notes() {
+			fmt.Fprintf(stderr, "preforkd check: note: %s\n", n)
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", *path)
 		return cfg.WriteEffective(stdout)
@@ -271,4 +278,13 @@ func banner(log *slog.Logger, version, commit, path string, cfg config.Config) {
 	log.Info("preforkd starting", "version", version, "commit", commit, "config", path,
 		"listen", cfg.Server.Listen, "workers", cfg.Server.WorkerCount(), "upstream", redactedURL(cfg.Server.Upstream),
 		"rules", rules, "idempotency", blocks, "admin", cfg.Admin.Listen)
+}
+
+// logWarnings logs what the configuration does that an operator most
+// likely did not mean (config.Config.Warnings), at start and after each
+// reload it is accepted in.
+func logWarnings(log *slog.Logger, cfg config.Config) {
+	for _, w := range cfg.Warnings() {
+		log.Warn("configuration: " + w)
+	}
 }

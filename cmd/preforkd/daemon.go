@@ -82,6 +82,7 @@ func reloader(path string, o overrides, region func() *shm.Region, log *slog.Log
 		if err != nil {
 			return running, err
 		}
+		logWarnings(log, cfg)
 		s.LogAttrs = changeAttrs(config.Diff(old, cfg))
 		return s, nil
 	}
@@ -148,7 +149,8 @@ func usesRedis(o core.Options) bool {
 
 // keepRestartOnly returns next with the settings that only a restart can
 // change (the listener, the region's geometry, the number of workers, the
-// persistence files, locked and checked at start, the admin listener)
+// persistence files, locked and checked at start, and the interval of
+// their dumps, the admin listener)
 // taken from running, and logs any such change that was asked for.
 // persist.key, the application's version, changes with a reload: the
 // final dump is stamped with the running one.
@@ -173,6 +175,10 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 	if next.Persist.Live != running.Persist.Live {
 		ignored = append(ignored, fmt.Sprintf("persist.live %q", next.Persist.Live))
 		next.Persist.Live = running.Persist.Live
+	}
+	if next.Persist.Interval != running.Persist.Interval {
+		ignored = append(ignored, fmt.Sprintf("persist.interval %v", next.Persist.Interval))
+		next.Persist.Interval = running.Persist.Interval
 	}
 	if len(ignored) > 0 {
 		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)

@@ -119,7 +119,7 @@ func TestConfigPayloadRoundTrip(t *testing.T) {
 		}},
 		Idempotency: []config.Idempotency{{
 			Path: "/orders", Methods: []string{"POST"}, Header: "Idempotency-Key", Required: true,
-			TTL: time.Hour, Wait: time.Second, By: "ip", MaxBody: 99,
+			TTL: time.Hour, Wait: config.IdemWait(time.Second), By: "ip", MaxBody: 99,
 		}},
 	}
 	s, err := settingsOf(cfg)

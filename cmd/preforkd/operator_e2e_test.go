@@ -545,7 +545,9 @@ limit = 100
 window = "1m"
 by = "header:X-Api-Key|ip"
 `
-	override := "[[ratelimit.override]]\nkey = \"" + key + "\"\nlimit = 1000\n"
+	// A day's window: the key's state stays short of a fresh key's (which
+	// a dump leaves out) until well after the shutdown.
+	override := "[[ratelimit.override]]\nkey = \"" + key + "\"\nlimit = 1000\nwindow = \"24h\"\n"
 	cfg := fmt.Sprintf("[server]\nworkers = 1\nshutdown_timeout = \"10s\"\n[persist]\npath = %q\n", dump) + rules
 	d := startDaemon(t, daemonOptions{config: cfg + override})
 	if r := do(newClient(t, freshClientIP(), false), http.MethodGet, d.url("/api/things"), http.Header{"X-Api-Key": {key}}); r.status != 200 {

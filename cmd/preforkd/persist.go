@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/persist"
@@ -27,13 +28,42 @@ func checkPersist(cfg config.Config) error {
 // persistHooks wires [persist] into the supervisor: the region is made
 // with persist.path and persist.live locked (the live region, if any,
 // replaces the memfd), a dump is loaded before the first worker starts and
-// written after the last one has exited.
-func persistHooks(opts *prefork.Options, cfg config.Config, build string) {
+// written after the last one has exited, and with persist.interval also
+// while the workers serve: once at start (the dump just loaded was
+// consumed), then every interval, with the configuration then in force.
+// stop ends the periodic dumps if Finish did not run (Run failed after
+// Prepare); the caller defers it.
+func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop func()) {
+	stop = func() {}
 	if cfg.Persist.Path == "" && cfg.Persist.Live == "" {
-		return
+		return stop
 	}
 	var lock *persist.Lock
+	var dumper *persist.Dumper
+	stop = func() {
+		if dumper != nil {
+			dumper.Stop()
+		}
+	}
 	reattached := false
+	// The options of the configuration in force, for the periodic dumps:
+	// a reload changes the rules and the key; the files are the starting
+	// ones.
+	var running atomic.Pointer[persist.Options]
+	current := func(s prefork.Settings) {
+		if last, err := configOf(s); err == nil {
+			last.Persist.Path, last.Persist.Live = cfg.Persist.Path, cfg.Persist.Live
+			o := persistOptions(last, build)
+			running.Store(&o)
+		}
+	}
+	configured := opts.Configured
+	opts.Configured = func(s prefork.Settings) {
+		if configured != nil {
+			configured(s)
+		}
+		current(s)
+	}
 	// OpenRegion also locks persist.path, so it makes the region even
 	// without a live one.
 	opts.NewRegion = func(o shm.Options) (*shm.Region, error) {
@@ -49,11 +79,28 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) {
 			}
 		}
 		if prepare != nil {
-			return prepare(r, log)
+			if err := prepare(r, log); err != nil {
+				return err
+			}
+		}
+		if every := cfg.Persist.Interval; every > 0 && cfg.Persist.Path != "" {
+			// The dump just loaded was consumed: until the first interval
+			// ends, a crash must find what it held.
+			o := persistOptions(cfg, build)
+			if st, err := persist.Dump(r, o); err != nil {
+				log.Warn("persist: first periodic dump failed", "path", o.Path, "err", err)
+			} else {
+				log.Info("periodic dumps every interval", "interval", every, "path", o.Path, "counters", st.Entries, "bytes", st.Bytes)
+			}
+			if running.Load() == nil {
+				running.Store(&o)
+			}
+			dumper = persist.StartDumper(r, every, func() persist.Options { return *running.Load() }, log)
 		}
 		return nil
 	}
 	opts.Finish = func(r *shm.Region, s prefork.Settings, log *slog.Logger) error {
+		stop() // the last periodic dump is done before the final one
 		var err error
 		if finish != nil {
 			err = finish(r, s, log)
@@ -76,10 +123,11 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) {
 		}
 		return err
 	}
+	return stop
 }
 
 func persistOptions(cfg config.Config, build string) persist.Options {
-	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.Key, Live: cfg.Persist.Live, Build: build}
+	o := persist.Options{Path: cfg.Persist.Path, Key: cfg.Persist.AppKey(), Live: cfg.Persist.Live, Build: build}
 	// Every limit whose state the core keeps, overrides included, so that
 	// each is guarded by its own definition. The configuration validated,
 	// so it translates.

@@ -303,6 +303,22 @@ local_share = 2
 	if closed.get("successes") != "2" {
 		t.Errorf("the breaker closed after %q probes, want success_threshold = 2", closed.get("successes"))
 	}
+	// The workers' Redis clients may still hold connections of the Redis
+	// that was killed: a call on one fails, and its request is decided by
+	// on_unavailable, as it should be. The count below is exact once Redis
+	// decides every request: ten in a row on "open" carry its RateLimit
+	// item (a request on_unavailable "open" let through has none).
+	settle := time.Now().Add(10 * time.Second)
+	for inRow := 0; inRow < 10; {
+		if strings.Contains(get(c, d.url("/open")).header.Get("RateLimit"), `"open"`) {
+			inRow++
+		} else {
+			inRow = 0
+		}
+		if time.Now().After(settle) {
+			t.Fatal("Redis did not decide ten requests in a row after the breaker closed")
+		}
+	}
 	c = newClient(t, freshClientIP(), false)
 	rs := make([]result, 20)
 	for i := range rs {

@@ -20,7 +20,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/internal/cpuquota"
+	"github.com/preforkd/preforkd/prefork"
 )
 
 // preforkd tune: advice on the table sizes and the number of workers of a
@@ -35,6 +37,7 @@ func setupTune(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.W
 	fs.StringVar(&o.upstream, "upstream", "", "upstream `URL` to time, when /status cannot give it (its password is masked there)")
 	fs.StringVar(&o.path, "path", "/", "`PATH` of the timed requests (GET), to the upstream and through preforkd")
 	fs.IntVar(&o.requests, "requests", 20, "`N` timed requests each way, one after the other")
+	fs.IntVar(&o.upstreamPID, "upstream-pid", 0, "`PID` of the upstream's process on this host, for its CPU time and memory (default: the process listening on the upstream's port)")
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		if err := noArgs(args); err != nil {
 			return err
@@ -48,6 +51,9 @@ func setupTune(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.W
 		if !strings.HasPrefix(o.path, "/") {
 			return &usageError{"-path: want a path starting with /"}
 		}
+		if o.upstreamPID < 0 {
+			return &usageError{"-upstream-pid: want the pid of a process of this host"}
+		}
 		rep, err := tune(ctx, o)
 		if err != nil {
 			return err
@@ -60,6 +66,7 @@ func setupTune(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.W
 type tuneOptions struct {
 	admin, upstream, path string
 	requests              int
+	upstreamPID           int // 0: found by the upstream's port
 }
 
 // tuneReport is what tune found and advises.
@@ -85,6 +92,9 @@ func (r *tuneReport) evidence(f string, a ...any) {
 }
 func (r *tuneReport) advice(f string, a ...any) {
 	fmt.Fprintf(&r.b, "  advice:   %s\n", fmt.Sprintf(f, a...))
+}
+func (r *tuneReport) reasoning(f string, a ...any) {
+	fmt.Fprintf(&r.b, "  why:      %s\n", fmt.Sprintf(f, a...))
 }
 func (r *tuneReport) skip(f string, a ...any) {
 	r.notMeasured = append(r.notMeasured, fmt.Sprintf(f, a...))
@@ -112,8 +122,8 @@ func tune(ctx context.Context, o tuneOptions) (*tuneReport, error) {
 	}
 	adviseCounters(r, m)
 	adviseResponses(r, m)
-	adviseWorkers(ctx, r, st, o)
-	r.skip("memory: the region's size and each worker's are not read; each counter slot is 64 bytes, each response record 128")
+	via, up := adviseWorkers(ctx, r, st, o)
+	adviseMemory(r, via, up)
 	r.skip("the traffic's mix and concurrency: the timed requests are sequential GETs of one path")
 	return r, nil
 }
@@ -196,10 +206,15 @@ func adviseResponses(r *tuneReport, m metricsPage) {
 
 // adviseWorkers is the advice on server.workers: from the CPU a request
 // costs the upstream (when it runs on this host) and the workers, against
-// the requests' wall time.
-func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOptions) {
+// the requests' wall time. It returns the timings, for adviseMemory: the
+// requests through preforkd (nil when none could be timed) and to the
+// upstream (nil when it was not timed).
+func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOptions) (via, up *timing) {
 	cpus := cpuquota.CPUs() // a container's or a unit's CPU limit, if any
 	r.section(fmt.Sprintf("workers (now %d, %d CPUs here)", len(st.Workers), cpus))
+	r.reasoning("the requests are timed one after the other, without a load generator: each one's CPU time, in the workers and in the upstream, is then its own (no other request overlaps it), " +
+		"its wall time against its CPU time tells an application that computes from one that waits, and a few requests one at a time disturb neither a running site nor its numbers; " +
+		"what they cannot show is the cost of contention under load (see \"not measured\")")
 	upstream := o.upstream
 	if upstream == "" {
 		upstream = st.Upstream
@@ -212,7 +227,6 @@ func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOpti
 	}
 
 	// The upstream alone: wall time, and its CPU time if it runs here.
-	var up *timing
 	switch u, err := url.Parse(upstream); {
 	case upstream == "" || upstream == demoUpstream:
 		r.evidence("the upstream is the built-in demo application: nothing to time")
@@ -222,16 +236,21 @@ func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOpti
 	default:
 		target := strings.TrimSuffix(upstream, "/") + o.path
 		var upPIDs []int
-		if pid, err := upstreamPID(u); err == nil {
+		switch pid, err := upstreamPID(u); {
+		case o.upstreamPID > 0:
+			upPIDs = []int{o.upstreamPID}
+		case err == nil:
 			upPIDs = []int{pid}
-		} else {
-			r.skip("the upstream's CPU time: %v", strings.TrimPrefix(err.Error(), "tune: "))
+		default:
+			r.skip("the upstream's CPU time and memory: %v (give -upstream-pid)", strings.TrimPrefix(err.Error(), "tune: "))
 		}
 		up = timeRequests(ctx, target, o.requests, upPIDs)
 		r.evidence("%d GETs of %s: %s", o.requests, target, up.summary())
 		if len(up.walls) == 0 {
 			r.skip("the upstream: it answered none of the timed requests")
 			up = nil
+		} else if up.cpuErr != nil && len(upPIDs) > 0 {
+			r.skip("the upstream's CPU time: %v", strings.TrimPrefix(up.cpuErr.Error(), "tune: "))
 		} else if up.cpuErr == nil && len(upPIDs) > 0 {
 			r.evidence("the upstream's process (pid %d) used %v of CPU per request: %.0f%% of the wall time it did not spend waiting for a CPU (%v in all), %s",
 				upPIDs[0], up.cpuPer().Round(time.Microsecond), 100*up.cpuShare(), up.waited.Round(time.Millisecond), boundness(up.cpuShare()))
@@ -247,17 +266,17 @@ func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOpti
 		}
 		listen = netip.AddrPortFrom(lo, ap.Port()).String()
 	}
-	via := timeRequests(ctx, "http://"+listen+o.path, o.requests, pids)
+	via = timeRequests(ctx, "http://"+listen+o.path, o.requests, pids)
 	r.evidence("%d GETs of %s through preforkd: %s", o.requests, o.path, via.summary())
 	if len(via.walls) == 0 {
 		r.skip("a request through preforkd: none was answered at %s", listen)
 		r.advice("server.workers = %d (the CPUs of this host): nothing could be timed through preforkd", cpus)
-		return
+		return nil, up
 	}
 	if via.cpuErr != nil {
 		r.skip("the workers' CPU time: %v (run tune on the instance's host)", strings.TrimPrefix(via.cpuErr.Error(), "tune: "))
 		r.advice("server.workers = %d (the CPUs of this host) unless the application runs here too: the workers' CPU could not be read", cpus)
-		return
+		return via, up
 	}
 	w := via.cpuPer()
 	r.evidence("the workers used %v of CPU per request (less %v a second they use with no request)", w.Round(time.Microsecond), (via.idle * time.Second / idleWindow).Round(time.Microsecond))
@@ -289,6 +308,77 @@ func adviseWorkers(ctx context.Context, r *tuneReport, st statusJSON, o tuneOpti
 		}
 	}
 	r.skip("workers under load: the CPU per request was measured on sequential requests; locks, the GC and contention add to it at high rates")
+	return via, up
+}
+
+// adviseMemory is the advice on server.max_rss: from the workers'
+// resident memory after the warm-up request, its growth over the timed
+// requests and the most each ever held (and the upstream's, when its
+// process is known).
+func adviseMemory(r *tuneReport, via, up *timing) {
+	r.section("memory (server.max_rss)")
+	if via == nil || via.memErr != nil || len(via.memAfter) == 0 {
+		why := "no request through preforkd was answered"
+		switch {
+		case via != nil && via.memErr != nil:
+			why = strings.TrimPrefix(via.memErr.Error(), "tune: ") + " (run tune on the instance's host)"
+		case via != nil && via.pids == 0:
+			why = "no worker was ready"
+		}
+		r.skip("the workers' memory: %s", why)
+		r.advice("keep server.max_rss: the workers' memory could not be read")
+		return
+	}
+	var peak, resident, shared, growth int64
+	for i, m := range via.memAfter {
+		peak = max(peak, m.peak)
+		resident += m.resident
+		shared += m.shared
+		growth += m.resident - via.memBefore[i].resident
+	}
+	n := int64(len(via.memAfter))
+	per := float64(growth) / float64(max(len(via.walls), 1))
+	r.evidence("%d workers hold %s resident on average after a warm-up request (of which %s shared: the region's pages they touched, mapped by every worker); the most one ever held is %s (VmHWM)",
+		n, humanBytes(float64(resident/n)), humanBytes(float64(shared/n)), humanBytes(float64(peak)))
+	r.evidence("over the %d timed requests they grew by %s in all: %s per request", len(via.walls), signedBytes(float64(growth)), signedBytes(per))
+	if up != nil && up.memErr == nil && len(up.memAfter) > 0 {
+		u := up.memAfter[0]
+		r.evidence("the upstream's process (pid %d) holds %s resident, %s at most so far; %s per request over its %d timed requests",
+			up.pidList[0], humanBytes(float64(u.resident)), humanBytes(float64(u.peak)),
+			signedBytes(float64(u.resident-up.memBefore[0].resident)/float64(max(len(up.walls), 1))), len(up.walls))
+	} else if up != nil && up.memErr != nil && len(up.pidList) > 0 {
+		r.skip("the upstream's memory: %v", strings.TrimPrefix(up.memErr.Error(), "tune: "))
+	}
+	limit := suggestMaxRSS(peak)
+	why := fmt.Sprintf("about twice the most a worker held (%s), so that a worker is replaced when its memory doubles (a leak, a cache that never stops growing) and never in normal use", humanBytes(float64(peak)))
+	if limit == prefork.MinMaxRSS {
+		why = fmt.Sprintf("the least max_rss there is (twice the most a worker held, %s, is below it): a worker is replaced only when its memory grows far past what it needs", humanBytes(float64(peak)))
+	}
+	r.advice("server.max_rss = %q: %s", config.Size(limit).String(), why)
+	if per >= 1024 {
+		r.advice("at %s per request a worker would reach it after about %.0f more requests: if that is sooner than the worker should live, the application's memory grows (a leak, or caches filling: measure again later, after more traffic)",
+			signedBytes(per), float64(limit-peak)/per)
+	}
+	if up != nil && up.memErr == nil && len(up.memAfter) > 0 {
+		r.advice("this host then needs room for %d × %s of workers (less the region's pages, which they share) beside the upstream's %s", n, config.Size(limit).String(), humanBytes(float64(up.memAfter[0].peak)))
+	}
+	r.skip("memory under load: measured on sequential requests; many connections at once hold a buffer each, so the busy hour's peak may be higher (watch preforkd_worker_resident_memory_bytes then, and measure again)")
+}
+
+// suggestMaxRSS is max_rss for workers whose peak resident memory is
+// peak: about twice it, rounded up to a whole MiB, never below the least
+// max_rss.
+func suggestMaxRSS(peak int64) int64 {
+	const mib = 1 << 20
+	return max(prefork.MinMaxRSS, (2*peak+mib-1)/mib*mib)
+}
+
+// signedBytes is humanBytes with a sign.
+func signedBytes(n float64) string {
+	if n < 0 {
+		return "-" + humanBytes(-n)
+	}
+	return "+" + humanBytes(n)
 }
 
 // cpuBound is the share of its wall time an application spends on the CPU
@@ -335,7 +425,12 @@ type timing struct {
 	idle     time.Duration // of the pids over idleWindow without requests
 	waited   time.Duration // the pids' threads ready to run, waiting for a CPU, over the span
 	pids     int
+	pidList  []int
 	cpuErr   error
+	// The pids' memory after the warm-up request and after the timed
+	// requests.
+	memBefore, memAfter []memSample
+	memErr              error
 }
 
 // idleWindow is how long tune watches the processes' CPU without
@@ -343,7 +438,7 @@ type timing struct {
 const idleWindow = 250 * time.Millisecond
 
 func timeRequests(ctx context.Context, target string, n int, pids []int) *timing {
-	t := &timing{url: target, n: n, statuses: map[int]int{}, pids: len(pids)}
+	t := &timing{url: target, n: n, statuses: map[int]int{}, pids: len(pids), pidList: pids}
 	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1}}
 	defer c.CloseIdleConnections()
 	// One request first, untimed: the connection and the process warm.
@@ -361,6 +456,10 @@ func timeRequests(ctx context.Context, target string, n int, pids []int) *timing
 	err = errors.Join(err, berr)
 	if len(pids) == 0 {
 		err = errors.New("tune: no process to read")
+	}
+	var merr error
+	if len(pids) > 0 {
+		t.memBefore, merr = memOfAll(pids)
 	}
 	start := time.Now()
 	for range n {
@@ -385,6 +484,10 @@ func timeRequests(ctx context.Context, target string, n int, pids []int) *timing
 	t.cpu = max(usedBetween(before, after)-t.idle*t.wall/idleWindow, 0)
 	t.waited = waitedBetween(before, after)
 	t.cpuErr = errors.Join(err, aerr)
+	if merr == nil && len(pids) > 0 {
+		t.memAfter, merr = memOfAll(pids)
+	}
+	t.memErr = merr
 	slices.Sort(t.walls)
 	return t
 }

@@ -179,3 +179,68 @@ func parseProcAddr(s string) (netip.AddrPort, bool) {
 	a, _ := netip.AddrFromSlice(raw)
 	return netip.AddrPortFrom(a.Unmap(), uint16(port)), true
 }
+
+// memSample is a process's memory as max_rss judges it: resident is
+// /proc/PID/statm's resident set (what a worker compares with max_rss),
+// peak is the most it ever was (VmHWM), shared the part of it that is
+// shared memory (RssShmem: for a worker, the pages of the region it
+// touched, which every worker maps).
+type memSample struct {
+	resident, peak, shared int64
+}
+
+// memOf reads the memory of pid.
+func memOf(pid int) (memSample, error) {
+	var m memSample
+	statm, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+	if err != nil {
+		return m, fmt.Errorf("tune: no memory for pid %d (not on this host, or gone)", pid)
+	}
+	f := strings.Fields(string(statm))
+	if len(f) < 2 {
+		return m, fmt.Errorf("tune: /proc/%d/statm: no resident size", pid)
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return m, fmt.Errorf("tune: /proc/%d/statm: %w", pid, err)
+	}
+	m.resident = pages * int64(os.Getpagesize())
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return m, fmt.Errorf("tune: no memory for pid %d (not on this host, or gone)", pid)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "VmHWM":
+			m.peak = kb << 10
+		case "RssShmem":
+			m.shared = kb << 10
+		}
+	}
+	// The peak is never below what is resident now (VmHWM is updated
+	// lazily, at page-table events).
+	m.peak = max(m.peak, m.resident)
+	return m, nil
+}
+
+// memOfAll reads memOf of every pid; a missing one makes it fail.
+func memOfAll(pids []int) ([]memSample, error) {
+	out := make([]memSample, len(pids))
+	for i, pid := range pids {
+		m, err := memOf(pid)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = m
+	}
+	return out, nil
+}

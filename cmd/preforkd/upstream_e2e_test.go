@@ -103,6 +103,7 @@ func upstreamRole(c *proctest.Child) error {
 		time.Sleep(15 * time.Millisecond)
 		fmt.Fprint(w, "slept")
 	})
+	defaultsRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		fmt.Fprint(w, "ok")

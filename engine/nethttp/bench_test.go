@@ -230,7 +230,7 @@ func BenchmarkPassthrough(b *testing.B) {
 // key of its own, and the records expire after 10s. All trials come from
 // one client, which may hold the whole table (wakeRegion's).
 func latencyBlock() config.Idempotency {
-	return config.Idempotency{Path: "/orders", Methods: []string{"POST"}, Wait: 5 * time.Second, TTL: 10 * time.Second, MaxRecords: wakeRecords}
+	return config.Idempotency{Path: "/orders", Methods: []string{"POST"}, Wait: config.IdemWait(5 * time.Second), TTL: 10 * time.Second, MaxRecords: wakeRecords}
 }
 
 var latencyReqBody = []byte(`{"item":1}`)

@@ -34,7 +34,7 @@ func region(t testing.TB, records int) *shm.Region {
 
 // orders is the block most tests use: POST /orders, waiting up to 5s.
 func orders() config.Idempotency {
-	return config.Idempotency{Path: "/orders", Methods: []string{"POST"}, Wait: 5 * time.Second}
+	return config.Idempotency{Path: "/orders", Methods: []string{"POST"}, Wait: config.IdemWait(5 * time.Second)}
 }
 
 func newMiddleware(t testing.TB, r *shm.Region, next http.Handler, blocks ...config.Idempotency) *handler {
@@ -237,7 +237,7 @@ func TestMismatch(t *testing.T) {
 		wantProblem(t, a, http.StatusUnprocessableEntity)
 	}
 	// Another method under the same key, with a block that covers it.
-	m2 := newMiddleware(t, region(t, 64), h, config.Idempotency{Path: "/orders", Wait: time.Second})
+	m2 := newMiddleware(t, region(t, 64), h, config.Idempotency{Path: "/orders", Wait: config.IdemWait(time.Second)})
 	post(m2, "/orders", "k2", "x")
 	req := httptest.NewRequest(http.MethodPatch, "/orders", strings.NewReader("x"))
 	req.Header.Set("Idempotency-Key", "k2")
@@ -551,14 +551,14 @@ func TestWaitTimeout(t *testing.T) {
 		io.WriteString(w, "done")
 	}}
 	blk := orders()
-	blk.Wait = 100 * time.Millisecond
+	blk.Wait = config.IdemWait(100 * time.Millisecond)
 	m := newMiddleware(t, region(t, 64), h, blk)
 	done := make(chan answer)
 	go func() { done <- post(m, "/orders", "k", "x") }()
 	<-started
 	t0 := time.Now()
 	a := post(m, "/orders", "k", "x")
-	if waited := time.Since(t0); waited < blk.Wait {
+	if waited := time.Since(t0); waited < time.Duration(blk.Wait) {
 		t.Fatalf("gave up after %v, before the wait of %v", waited, blk.Wait)
 	}
 	wantProblem(t, a, http.StatusConflict)

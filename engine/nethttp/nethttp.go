@@ -136,7 +136,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 	}
 	r = dropFields(r, fwd.Drop)
 	rw := &req.rw
-	*rw = writer{w: w, ex: ex, keep: ex.Keep()}
+	*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide}
 	if rw.keep {
 		// A request whose response is kept runs without the client's
 		// cancellation: a client that disconnects does not stop the

@@ -189,6 +189,8 @@ var Targets = []Target{
 	{"sqlite ÷ shm, serial", "BenchmarkCheck/sqlite", "BenchmarkCheck/shm", "ns/op", false, 50},
 	{"sqlite ÷ shm, parallel", "BenchmarkCheckParallel/sqlite", "BenchmarkCheckParallel/shm", "ns/op", false, 50},
 	{"2 processes ÷ 1, throughput", "BenchmarkMultiProcess/procs=2", "BenchmarkMultiProcess/procs=1", "decisions/s", false, 1.6},
+	// A dump while serving (persist.interval) does not stall the workers.
+	{"decision p99, during dumps ÷ without", "BenchmarkDecideDuringDump/dump=continuous", "BenchmarkDecideDuringDump/dump=none", "p99-ns", true, 1.5},
 }
 
 // ZeroAlloc names the results whose metric must be 0: the shm hot path

@@ -1,0 +1,75 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/preforkd/preforkd/clientip"
+)
+
+// Warnings are what a valid configuration does that an operator most
+// likely did not mean, one sentence each: `preforkd run` logs them at
+// start and at every reload, `preforkd check` prints them. A warning is
+// not an error: the configuration runs as written.
+//
+//   - Rules that count clients by their address (by "ip", or a chain that
+//     falls back to it) while server.trusted_proxies is empty: behind a
+//     load balancer or a CDN every client arrives from the proxy's
+//     address, and all share one budget.
+//   - [[cache]] or [[idempotency]] blocks, persist.path set and no
+//     persist.key: a restart after a deploy serves the stored responses
+//     of the previous build.
+func (c Config) Warnings() []string {
+	c = c.WithDefaults()
+	var out []string
+	if len(c.Server.TrustedProxies) == 0 {
+		var names []string
+		for _, rl := range c.RateLimits {
+			if by, err := clientip.ParseBy(rl.By); err == nil && by.ByAddress() {
+				names = append(names, fmt.Sprintf("%q", rl.Name))
+			}
+		}
+		if len(names) > 0 {
+			what := "rule " + names[0] + " counts clients"
+			if len(names) > 1 {
+				what = "rules " + strings.Join(names, ", ") + " count clients"
+			}
+			out = append(out, what+` by their address (by "ip") and server.trusted_proxies is empty: `+
+				"behind a load balancer, a CDN or any reverse proxy every client arrives from the proxy's address and all share one budget; "+
+				`list the proxy's addresses in trusted_proxies (e.g. ["10.0.0.0/8"]), or ignore this if clients connect directly`)
+		}
+	}
+	if blocks := c.storing(); blocks != "" && c.Persist.Path != "" && c.Persist.AppKey() == "" {
+		out = append(out, fmt.Sprintf("%s blocks store responses, persist.path is set and persist.key is empty: "+
+			"after a deploy, a restart serves the responses the previous build stored, which the new one may not produce; "+
+			`set persist.key to the application's version (e.g. key = "v1.42.0" or its git SHA), or persist.key_file to a file the deploy writes (echo "$GIT_SHA" > /etc/preforkd/app-version)`, blocks))
+	}
+	return out
+}
+
+// Notes are what `preforkd check` points out about a configuration that
+// is fine as it is, but trades something away: one note per rule whose
+// key is chosen by the client (a header:, cookie: or query: element),
+// since every new value the client makes up starts a fresh budget.
+func (c Config) Notes() []string {
+	c = c.WithDefaults()
+	var out []string
+	for _, rl := range c.RateLimits {
+		by, err := clientip.ParseBy(rl.By)
+		if err != nil {
+			continue
+		}
+		chosen := by.ClientChosen()
+		if len(chosen) == 0 {
+			continue
+		}
+		what := chosen[0] + " is"
+		if len(chosen) > 1 {
+			what = strings.Join(chosen, ", ") + " are"
+		}
+		out = append(out, fmt.Sprintf(`rule %q (by %q): %s chosen by the client: each new value it sends starts a fresh budget, `+
+			"unless something in front sets or checks it (an edge that authenticates the API key, a session cookie the application issues); "+
+			`a rule by "ip" on the same path bounds what one address can do with made-up values`, rl.Name, by.String(), what))
+	}
+	return out
+}

@@ -1,0 +1,99 @@
+package persist
+
+import (
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/shm"
+)
+
+// A dump while workers serve (persist.interval): the supervisor writes
+// one every interval, so that a crash of the whole process tree, or of the
+// machine, costs at most the interval's counts (see Dump for what such a
+// dump holds). It reads the region without a lock: the workers never
+// wait for it, and it takes only the CPU time they leave (lowPriority).
+
+// Dumper writes a dump of a region every interval until Stop.
+type Dumper struct {
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// StartDumper dumps r every interval, with the Options options returns
+// for that dump (the configuration in force: its rules guard the dump,
+// its key stamps it), until Stop. Each dump replaces the last one
+// atomically and durably, as Dump does: one that fails (a full disk) is
+// logged at warn and leaves the previous dump in place. A dump that takes
+// longer than interval is followed by the next at once. Each dump is
+// logged at debug. A nil log means slog.Default().
+func StartDumper(r *shm.Region, interval time.Duration, options func() Options, log *slog.Logger) *Dumper {
+	if log == nil {
+		log = slog.Default()
+	}
+	d := &Dumper{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-d.stop:
+				return
+			case <-tick.C:
+			}
+			o := options()
+			start := time.Now()
+			st, err := lowPriority(func() dumped {
+				st, err := Dump(r, o)
+				return dumped{st, err}
+			}).values()
+			if err != nil {
+				log.Warn("persist: periodic dump failed: the previous dump is kept", "path", o.Path, "err", err)
+				continue
+			}
+			log.Debug("persist: periodic dump written", "path", o.Path, "counters", st.Entries, "responses", st.Responses,
+				"cached", st.Cached, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
+		}
+	}()
+	return d
+}
+
+// Stop ends the dumps and waits for one in progress: the caller may then
+// dump for the last time. It is idempotent.
+func (d *Dumper) Stop() {
+	d.once.Do(func() { close(d.stop) })
+	<-d.done
+}
+
+type dumped struct {
+	st  DumpStats
+	err error
+}
+
+func (d dumped) values() (DumpStats, error) { return d.st, d.err }
+
+// niceness is the CPU priority of a dump made while workers serve: the
+// lowest, so that on a host whose CPUs the workers keep busy the dump
+// takes the time they leave (it may then take longer), rather than
+// taking time from them.
+const niceness = 19
+
+// lowPriority runs f on an OS thread of its own at the lowest CPU
+// priority and returns what it returns. The thread ends with f: its
+// priority is never seen by another goroutine.
+func lowPriority[T any](f func() T) T {
+	out := make(chan T, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread with the goroutine.
+		runtime.LockOSThread()
+		// On Linux a thread id as PRIO_PROCESS sets that thread alone.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), niceness)
+		out <- f()
+	}()
+	return <-out
+}
