@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -25,10 +26,10 @@ type cacheState struct {
 	lock      shm.Ticket // the fill lock, while cFill
 	entryTk   shm.Ticket // the entry in ent
 	urlHash   uint64
-	urlGen    uint64 // the URL's generation before the fetch
-	epoch     uint64 // the tag epoch before the fetch
-	buf       []byte // the entry found, copied out of the table
-	ent       entry  // buf decoded
+	urlGen    uint64          // the URL's generation before the fetch
+	epoch     uint64          // the tag epoch before the fetch
+	buf       []byte          // the entry found, copied out of the table
+	ent       httpcache.Entry // buf decoded
 	varyNames [maxVary]string
 }
 
@@ -113,7 +114,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		}
 		f = ex.found(f)
 		ex.cache.key, ex.cache.flags = ex.cache.primary, ex.cache.flags&^cVariant
-		if f.Data != nil && ex.cache.ent.stub() {
+		if f.Data != nil && ex.cache.ent.Stub() {
 			names := stubNames(&ex.cache.ent, ex.cache.varyNames[:0])
 			ex.cache.namesHash = namesHash(names)
 			ex.cache.key = c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], names))
@@ -121,7 +122,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 			if f, err = tab.CacheLookup(ex.cache.key, now, ex.cache.buf[:0]); err != nil {
 				return ex.cachePass(xMiss)
 			}
-			if f = ex.found(f); f.Data != nil && ex.cache.ent.stub() {
+			if f = ex.found(f); f.Data != nil && ex.cache.ent.Stub() {
 				tab.CacheEvict(f.Entry) // a stub under a variant key: not ours
 				f.Data = nil
 			}
@@ -190,7 +191,7 @@ func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
 		return f
 	}
 	ex.cache.buf, ex.cache.entryTk = f.Data, f.Entry
-	if !decodeEntry(f.Data, &ex.cache.ent) {
+	if !httpcache.Decode(f.Data, &ex.cache.ent) {
 		ex.c.region.Responses().CacheEvict(f.Entry)
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		f.Data = nil
@@ -215,23 +216,23 @@ func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		return stAbsent, 0
 	}
-	age = max(e.age+now-e.stored, 0)
+	age = max(e.Age+now-e.Stored, 0)
 	switch {
-	case age < e.fresh:
+	case age < e.Fresh:
 		return stFresh, age
-	case age-e.fresh < e.swr:
+	case age-e.Fresh < e.SWR:
 		return stRevalidate, age
-	case age-e.fresh < e.sie:
+	case age-e.Fresh < e.SIE:
 		return stIfError, age
 	}
 	return stAbsent, age
 }
 
 // gensCurrent reports whether every generation e recorded is current.
-func (ex *Exchange) gensCurrent(e *entry) bool {
+func (ex *Exchange) gensCurrent(e *httpcache.Entry) bool {
 	tags := ex.c.region.Tags()
-	for g := e.gens; len(g) >= 16; g = g[16:] {
-		if tags.Gen(le64(g)) != le64(g[8:]) {
+	for i := range e.NumGens() {
+		if hash, gen := e.Gen(i); tags.Gen(hash) != gen {
 			return false
 		}
 	}
@@ -252,30 +253,32 @@ func (ex *Exchange) cachePass(x xcache) (Verdict, bool) {
 func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 	e := &ex.cache.ent
 	ex.cache.xc = x
-	status := e.status
+	status := e.Status
 	notModified := status >= 200 && status < 300 && ex.notModified(e)
 	if notModified {
 		status = http.StatusNotModified
 		ex.c.row.Add(metrics.CacheNotModified, 0, 1)
 	}
-	_, hasETag := e.get("Etag")
-	for f := e.fields; len(f) > 0; {
+	_, hasETag := e.Get("Etag")
+	for f := e.Fields; len(f) > 0; {
 		var name string
 		var value []byte
-		name, value, f = nextField(f)
+		name, value, f = httpcache.NextField(f)
 		if notModified && !in304(name, hasETag) {
 			continue
 		}
 		ex.fields = append(ex.fields, Field{name, value})
 	}
-	ex.addField("Age", func(b []byte) []byte { return strconv.AppendInt(b, int64(min(age/time.Second, maxDelta)), 10) })
+	ex.addField("Age", func(b []byte) []byte {
+		return strconv.AppendInt(b, int64(min(age/time.Second, httpcache.MaxDelta)), 10)
+	})
 	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
 	var body []byte
 	if !notModified && BodyAllowed(status) {
-		n := len(e.body)
+		n := len(e.Body)
 		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(n), 10) })
 		if ex.req.Method() != http.MethodHead {
-			body = e.body
+			body = e.Body
 			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
 		}
 	}
@@ -299,10 +302,10 @@ func in304(name string, hasETag bool) bool {
 // notModified evaluates the request's If-None-Match against the entry's
 // ETag, or, without it, If-Modified-Since against its Last-Modified (or
 // Date) (RFC 9110 §13.2.2).
-func (ex *Exchange) notModified(e *entry) bool {
+func (ex *Exchange) notModified(e *httpcache.Entry) bool {
 	if inm := ex.req.HeaderLines("If-None-Match", ex.lines[:0]); len(inm) > 0 {
-		etag, ok := e.get("Etag")
-		return ok && etagMatch(inm, etag)
+		etag, ok := e.Get("Etag")
+		return ok && httpcache.ETagMatch(inm, etag)
 	}
 	ims, n := ex.req.Header("If-Modified-Since")
 	if n != 1 {
@@ -312,9 +315,9 @@ func (ex *Exchange) notModified(e *entry) bool {
 	if err != nil {
 		return false
 	}
-	lm, ok := e.get("Last-Modified")
+	lm, ok := e.Get("Last-Modified")
 	if !ok {
-		if lm, ok = e.get("Date"); !ok {
+		if lm, ok = e.Get("Date"); !ok {
 			return false
 		}
 	}

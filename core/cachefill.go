@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
@@ -95,21 +96,21 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 	b, c := ex.cache.blk, ex.c
 	h := rec.Header
 	var lb [8]string
-	cc := parseCacheControl(fieldLines(h, "Cache-Control", lb[:0]))
+	cc := httpcache.ParseCacheControl(fieldLines(h, "Cache-Control", lb[:0]))
 	switch {
-	case cc.noStore, cc.private, cc.noCache:
+	case cc.NoStore, cc.Private, cc.NoCache:
 		// no-cache: every use needs a validation, which this cache does
 		// not make; the response is as good as not storable.
 		return p, true
 	case hasField(h, "Set-Cookie"):
 		return p, true
-	case ex.cache.flags&cAuth != 0 && !cc.public && cc.sMaxAge < 0 && !cc.mustRevalidate:
+	case ex.cache.flags&cAuth != 0 && !cc.Public && cc.SMaxAge < 0 && !cc.MustRevalidate:
 		// RFC 9111 §3.5: the response to a request with credentials is
 		// for its client only. The stored response (of a request without)
 		// is not outdated by it.
 		return p, false
 	}
-	names, star := parseVary(fieldLines(h, "Vary", lb[:0]))
+	names, star := httpcache.ParseVary(fieldLines(h, "Vary", lb[:0]))
 	if star || len(names) > maxVary {
 		return p, true
 	}
@@ -126,10 +127,10 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 	}
 	fresh := time.Duration(-1)
 	switch {
-	case cc.sMaxAge >= 0:
-		fresh = time.Duration(cc.sMaxAge) * time.Second
-	case cc.maxAge >= 0:
-		fresh = time.Duration(cc.maxAge) * time.Second
+	case cc.SMaxAge >= 0:
+		fresh = time.Duration(cc.SMaxAge) * time.Second
+	case cc.MaxAge >= 0:
+		fresh = time.Duration(cc.MaxAge) * time.Second
 	default:
 		if e, n := firstField(h, "Expires"); n > 0 {
 			fresh = 0 // an invalid date ("0") is in the past
@@ -146,9 +147,9 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 		return p, true // no freshness: nothing to serve it for
 	}
 	fresh = min(fresh, b.ttl)
-	swr := min(time.Duration(max(cc.swr, 0))*time.Second, b.ttl)
-	sie := min(time.Duration(max(cc.sie, 0))*time.Second, b.ttl)
-	if cc.mustRevalidate || cc.proxyRevalidate {
+	swr := min(time.Duration(max(cc.SWR, 0))*time.Second, b.ttl)
+	sie := min(time.Duration(max(cc.SIE, 0))*time.Second, b.ttl)
+	if cc.MustRevalidate || cc.ProxyRevalidate {
 		swr, sie = 0, 0 // never served stale (RFC 9111 §5.2.2.2)
 	}
 
@@ -156,7 +157,7 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 	// the Age field plus the round trip say.
 	ageValue := time.Duration(0)
 	if a, n := firstField(h, "Age"); n > 0 {
-		ageValue = time.Duration(parseDelta(trimOWS(a))) * time.Second
+		ageValue = time.Duration(httpcache.ParseDelta(trimOWS(a))) * time.Second
 	}
 	apparent := max(wall.Sub(date), 0)
 	corrected := ageValue + max(now-ex.clock(), 0)
@@ -168,11 +169,11 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 
 	// Generations: the URL's as it was before the fetch, the tags' as
 	// they are now, unless a tag purge ran since the fetch began.
-	var tb [maxTags]string
+	var tb [httpcache.MaxTags]string
 	tagList := tb[:0]
 	for _, name := range b.tagHeaders {
 		var ok bool
-		if tagList, ok = appendTags(tagList, fieldLines(h, name, lb[:0])); !ok {
+		if tagList, ok = httpcache.AppendTags(tagList, fieldLines(h, name, lb[:0])); !ok {
 			return p, true
 		}
 	}
@@ -180,12 +181,12 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 	if tags.Gen(ex.cache.urlHash) != ex.cache.urlGen {
 		return p, false // invalidated while it was fetched
 	}
-	var w entryWriter
-	w.begin(make([]byte, 0, entryFixed+16*(1+len(tagList))+256+len(rec.Body)), 0, rec.Status, now, age, fresh, swr, sie, 1+len(tagList))
-	w.gen(0, ex.cache.urlHash, ex.cache.urlGen)
+	var w httpcache.Writer
+	w.Begin(make([]byte, 0, httpcache.EntryFixed+16*(1+len(tagList))+256+len(rec.Body)), 0, rec.Status, now, age, fresh, swr, sie, 1+len(tagList))
+	w.Gen(0, ex.cache.urlHash, ex.cache.urlGen)
 	for i, t := range tagList {
 		th := tagHash(c.region, t)
-		w.gen(1+i, th, tags.Gen(th))
+		w.Gen(1+i, th, tags.Gen(th))
 	}
 	if len(tagList) > 0 && tags.Epoch() != ex.cache.epoch {
 		return p, false // a tag purge ran since the fetch began
@@ -201,17 +202,17 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 		switch {
 		case unstoredFields[name], ex.coreField(name), connectionNames(conn, name):
 			continue
-		case len(f.Value) > maxFieldValue || n == maxStoredFields:
+		case len(f.Value) > httpcache.MaxFieldValue || n == maxStoredFields:
 			return p, true
 		}
-		w.field(name, f.Value)
+		w.Field(name, f.Value)
 		n++
 	}
 	body := rec.Body
 	if !BodyAllowed(rec.Status) {
 		body = nil
 	}
-	p.data = w.finish(body)
+	p.data = w.Finish(body)
 	return p, false
 }
 
@@ -245,12 +246,12 @@ func (ex *Exchange) put(p *fillPlan, now time.Duration) bool {
 	}
 	k1 := ex.c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], p.names))
 	stored := ex.fillKey(k1, p.data, p.expiry, now)
-	var w entryWriter
-	w.begin(nil, entryStub, 0, now, 0, 0, 0, 0, 0)
+	var w httpcache.Writer
+	w.Begin(nil, httpcache.EntryStub, 0, now, 0, 0, 0, 0, 0)
 	for _, n := range p.names {
-		w.field(n, nil)
+		w.Field(n, nil)
 	}
-	stub, stubExpiry := w.finish(nil), p.expiry+ex.cache.blk.ttl
+	stub, stubExpiry := w.Finish(nil), p.expiry+ex.cache.blk.ttl
 	if !variant {
 		tab.CacheFill(lock, stub, stubExpiry, now)
 	} else {

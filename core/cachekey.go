@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -74,10 +75,10 @@ func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 }
 
 // stubNames appends the Vary names of stub e to dst (aliasing e).
-func stubNames(e *entry, dst []string) []string {
-	for f := e.fields; len(f) > 0 && len(dst) < maxVary; {
+func stubNames(e *httpcache.Entry, dst []string) []string {
+	for f := e.Fields; len(f) > 0 && len(dst) < maxVary; {
 		var n string
-		n, _, f = nextField(f)
+		n, _, f = httpcache.NextField(f)
 		dst = append(dst, n)
 	}
 	return dst
@@ -98,8 +99,6 @@ func (c *Core) urlHash(id []byte) uint64 { return c.region.Counters().KeyOf(nsCa
 func tagHash(r *shm.Region, tag string) uint64 {
 	return r.Counters().KeyOfString(nsCacheTag, tag).A
 }
-
-func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
 
 // PurgeTag purges the entries tagged tag (a value of a tag field, as the
 // response sent it), in every process of the region at once: one

@@ -1,4 +1,4 @@
-package core
+package httpcache
 
 import (
 	"bytes"
@@ -9,34 +9,34 @@ import (
 )
 
 func TestParseCacheControl(t *testing.T) {
-	absent := cacheControl{maxAge: -1, sMaxAge: -1, swr: -1, sie: -1}
-	with := func(f func(*cacheControl)) cacheControl {
+	absent := Directives{MaxAge: -1, SMaxAge: -1, SWR: -1, SIE: -1}
+	with := func(f func(*Directives)) Directives {
 		cc := absent
 		f(&cc)
 		return cc
 	}
 	for _, tt := range []struct {
 		lines []string
-		want  cacheControl
+		want  Directives
 	}{
 		{nil, absent},
 		{[]string{""}, absent},
-		{[]string{"max-age=60"}, with(func(c *cacheControl) { c.maxAge = 60 })},
-		{[]string{"MAX-AGE=60, Public"}, with(func(c *cacheControl) { c.maxAge, c.public = 60, true })},
-		{[]string{` max-age = 60 , s-maxage="30" `}, with(func(c *cacheControl) { c.maxAge, c.sMaxAge = 60, 30 })},
-		{[]string{"max-age=60", "max-age=10"}, with(func(c *cacheControl) { c.maxAge = 60 })}, // the first counts
-		{[]string{"max-age=soon"}, with(func(c *cacheControl) { c.maxAge = 0 })},
-		{[]string{"max-age="}, with(func(c *cacheControl) { c.maxAge = 0 })},
-		{[]string{"max-age=-5"}, with(func(c *cacheControl) { c.maxAge = 0 })},
-		{[]string{"max-age=99999999999999999999999"}, with(func(c *cacheControl) { c.maxAge = maxDelta })},
-		{[]string{`no-cache="Set-Cookie, X-A", max-age=5`}, with(func(c *cacheControl) { c.noCache, c.maxAge = true, 5 })},
-		{[]string{`private="a\"b,c", no-store`}, with(func(c *cacheControl) { c.private, c.noStore = true, true })},
-		{[]string{"must-revalidate,proxy-revalidate"}, with(func(c *cacheControl) { c.mustRevalidate, c.proxyRevalidate = true, true })},
-		{[]string{"stale-while-revalidate=30, stale-if-error=600"}, with(func(c *cacheControl) { c.swr, c.sie = 30, 600 })},
+		{[]string{"max-age=60"}, with(func(c *Directives) { c.MaxAge = 60 })},
+		{[]string{"MAX-AGE=60, Public"}, with(func(c *Directives) { c.MaxAge, c.Public = 60, true })},
+		{[]string{` max-age = 60 , s-maxage="30" `}, with(func(c *Directives) { c.MaxAge, c.SMaxAge = 60, 30 })},
+		{[]string{"max-age=60", "max-age=10"}, with(func(c *Directives) { c.MaxAge = 60 })}, // the first counts
+		{[]string{"max-age=soon"}, with(func(c *Directives) { c.MaxAge = 0 })},
+		{[]string{"max-age="}, with(func(c *Directives) { c.MaxAge = 0 })},
+		{[]string{"max-age=-5"}, with(func(c *Directives) { c.MaxAge = 0 })},
+		{[]string{"max-age=99999999999999999999999"}, with(func(c *Directives) { c.MaxAge = MaxDelta })},
+		{[]string{`no-cache="Set-Cookie, X-A", max-age=5`}, with(func(c *Directives) { c.NoCache, c.MaxAge = true, 5 })},
+		{[]string{`private="a\"b,c", no-store`}, with(func(c *Directives) { c.Private, c.NoStore = true, true })},
+		{[]string{"must-revalidate,proxy-revalidate"}, with(func(c *Directives) { c.MustRevalidate, c.ProxyRevalidate = true, true })},
+		{[]string{"stale-while-revalidate=30, stale-if-error=600"}, with(func(c *Directives) { c.SWR, c.SIE = 30, 600 })},
 		{[]string{"max-age-extension=5, nomax-age=7, x=\"max-age=9\""}, absent},
-		{[]string{",,, ,max-age=1,,"}, with(func(c *cacheControl) { c.maxAge = 1 })},
+		{[]string{",,, ,max-age=1,,"}, with(func(c *Directives) { c.MaxAge = 1 })},
 	} {
-		if got := parseCacheControl(tt.lines); got != tt.want {
+		if got := ParseCacheControl(tt.lines); got != tt.want {
 			t.Errorf("%q: %+v, want %+v", tt.lines, got, tt.want)
 		}
 	}
@@ -54,7 +54,7 @@ func TestParseVary(t *testing.T) {
 		{[]string{"Accept, *"}, []string{"Accept"}, true},
 		{[]string{"*"}, nil, true},
 	} {
-		names, star := parseVary(tt.lines)
+		names, star := ParseVary(tt.lines)
 		if !slices.Equal(names, tt.names) || star != tt.star {
 			t.Errorf("%q: %q %v, want %q %v", tt.lines, names, star, tt.names, tt.star)
 		}
@@ -62,21 +62,21 @@ func TestParseVary(t *testing.T) {
 }
 
 func TestAppendTags(t *testing.T) {
-	tags, ok := appendTags(nil, []string{"a, b%20c,a", "d\te  f/g", ""})
+	tags, ok := AppendTags(nil, []string{"a, b%20c,a", "d\te  f/g", ""})
 	if !ok || !slices.Equal(tags, []string{"a", "b%20c", "d", "e", "f/g"}) {
 		t.Fatalf("%q %v", tags, ok)
 	}
 	var many []string
-	for i := range maxTags + 1 {
+	for i := range MaxTags + 1 {
 		many = append(many, strings.Repeat("t", i+1))
 	}
-	if tags, ok := appendTags(nil, []string{strings.Join(many[:maxTags], ",")}); !ok || len(tags) != maxTags {
+	if tags, ok := AppendTags(nil, []string{strings.Join(many[:MaxTags], ",")}); !ok || len(tags) != MaxTags {
 		t.Fatalf("%d tags: %v", len(tags), ok)
 	}
-	if _, ok := appendTags(nil, []string{strings.Join(many, ",")}); ok {
+	if _, ok := AppendTags(nil, []string{strings.Join(many, ",")}); ok {
 		t.Fatal("one tag too many accepted")
 	}
-	if _, ok := appendTags(nil, []string{strings.Repeat("x", maxTagLen+1)}); ok {
+	if _, ok := AppendTags(nil, []string{strings.Repeat("x", MaxTagLen+1)}); ok {
 		t.Fatal("a tag too long accepted")
 	}
 }
@@ -101,40 +101,40 @@ func TestETagMatch(t *testing.T) {
 		{[]string{`"a"`}, `a`, false}, // a stored ETag that is not one matches nothing
 		{[]string{`"a`}, `"a"`, false},
 	} {
-		if got := etagMatch(tt.inm, tt.etag); got != tt.want {
+		if got := ETagMatch(tt.inm, tt.etag); got != tt.want {
 			t.Errorf("If-None-Match %q vs %s: %v", tt.inm, tt.etag, got)
 		}
 	}
 }
 
 func TestEntryRoundTrip(t *testing.T) {
-	var w entryWriter
-	w.begin(nil, 0, 203, time.Hour, 2*time.Second, time.Minute, 5*time.Second, 6*time.Second, 2)
-	w.gen(0, 11, 12)
-	w.gen(1, 21, 22)
-	w.field("Content-Type", []byte("text/plain"))
-	w.field("Link", nil)
-	b := w.finish([]byte("body"))
-	var e entry
-	if !decodeEntry(b, &e) {
+	var w Writer
+	w.Begin(nil, 0, 203, time.Hour, 2*time.Second, time.Minute, 5*time.Second, 6*time.Second, 2)
+	w.Gen(0, 11, 12)
+	w.Gen(1, 21, 22)
+	w.Field("Content-Type", []byte("text/plain"))
+	w.Field("Link", nil)
+	b := w.Finish([]byte("body"))
+	var e Entry
+	if !Decode(b, &e) {
 		t.Fatal("does not decode")
 	}
-	if e.status != 203 || e.stored != time.Hour || e.age != 2*time.Second || e.fresh != time.Minute || e.swr != 5*time.Second || e.sie != 6*time.Second ||
-		string(e.body) != "body" || len(e.gens) != 32 || le64(e.gens[16:]) != 21 || e.nfields != 2 {
+	if _, g := e.Gen(1); e.Status != 203 || e.Stored != time.Hour || e.Age != 2*time.Second || e.Fresh != time.Minute || e.SWR != 5*time.Second || e.SIE != 6*time.Second ||
+		string(e.Body) != "body" || e.NumGens() != 2 || g != 22 || e.NFields != 2 {
 		t.Fatalf("%+v", e)
 	}
-	if v, ok := e.get("Content-Type"); !ok || v != "text/plain" {
+	if v, ok := e.Get("Content-Type"); !ok || v != "text/plain" {
 		t.Fatalf("Content-Type %q %v", v, ok)
 	}
-	if v, ok := e.get("Link"); !ok || v != "" {
+	if v, ok := e.Get("Link"); !ok || v != "" {
 		t.Fatalf("Link %q %v", v, ok)
 	}
 	for i := range len(b) {
-		decodeEntry(b[:i], &e) // must not panic
+		Decode(b[:i], &e) // must not panic
 	}
 	bad := bytes.Clone(b)
 	bad[50] = 3 // one field more than there is
-	if decodeEntry(bad, &e) {
+	if Decode(bad, &e) {
 		t.Fatal("a miscounted entry decodes")
 	}
 }
@@ -144,14 +144,14 @@ func FuzzCacheControl(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		cc := parseCacheControl([]string{s})
-		for _, v := range []int64{cc.maxAge, cc.sMaxAge, cc.swr, cc.sie} {
-			if v < -1 || v > maxDelta {
+		cc := ParseCacheControl([]string{s})
+		for _, v := range []int64{cc.MaxAge, cc.SMaxAge, cc.SWR, cc.SIE} {
+			if v < -1 || v > MaxDelta {
 				t.Fatalf("%q: %+v", s, cc)
 			}
 		}
-		if strings.Contains(strings.ToLower(s), "no-store") != cc.noStore && !strings.Contains(s, `"`) {
-			t.Fatalf("%q: no-store %v", s, cc.noStore)
+		if strings.Contains(strings.ToLower(s), "no-store") != cc.NoStore && !strings.Contains(s, `"`) {
+			t.Fatalf("%q: no-store %v", s, cc.NoStore)
 		}
 	})
 }
@@ -161,7 +161,7 @@ func FuzzVary(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		names, _ := parseVary([]string{s})
+		names, _ := ParseVary([]string{s})
 		if !slices.IsSorted(names) || len(slices.Compact(slices.Clone(names))) != len(names) {
 			t.Fatalf("%q: %q", s, names)
 		}
@@ -178,12 +178,12 @@ func FuzzTags(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		tags, ok := appendTags(nil, []string{s})
-		if len(tags) > maxTags {
+		tags, ok := AppendTags(nil, []string{s})
+		if len(tags) > MaxTags {
 			t.Fatalf("%d tags", len(tags))
 		}
 		for _, tag := range tags {
-			if tag == "" || strings.ContainsAny(tag, ", \t") || len(tag) > maxTagLen || !strings.Contains(s, tag) {
+			if tag == "" || strings.ContainsAny(tag, ", \t") || len(tag) > MaxTagLen || !strings.Contains(s, tag) {
 				t.Fatalf("%q: tag %q", s, tag)
 			}
 		}
@@ -197,7 +197,7 @@ func FuzzTags(f *testing.F) {
 func FuzzETagMatch(f *testing.F) {
 	f.Add(`"a", W/"b"`, `"b"`)
 	f.Fuzz(func(t *testing.T, inm, etag string) {
-		got := etagMatch([]string{inm}, etag)
+		got := ETagMatch([]string{inm}, etag)
 		if got && !strings.Contains(inm, "*") {
 			tag, ok := opaqueTag(trimOWS(etag))
 			if !ok || !strings.Contains(inm, `"`+tag+`"`) {
@@ -208,21 +208,21 @@ func FuzzETagMatch(f *testing.F) {
 }
 
 func FuzzDecodeEntry(f *testing.F) {
-	var w entryWriter
-	w.begin(nil, 0, 200, 1, 2, 3, 4, 5, 1)
-	w.field("A", []byte("b"))
-	f.Add(w.finish([]byte("body")))
+	var w Writer
+	w.Begin(nil, 0, 200, 1, 2, 3, 4, 5, 1)
+	w.Field("A", []byte("b"))
+	f.Add(w.Finish([]byte("body")))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var e entry
-		if !decodeEntry(b, &e) {
+		var e Entry
+		if !Decode(b, &e) {
 			return
 		}
 		n := 0
-		for fl := e.fields; len(fl) > 0; n++ {
-			_, _, fl = nextField(fl)
+		for fl := e.Fields; len(fl) > 0; n++ {
+			_, _, fl = NextField(fl)
 		}
-		if n != e.nfields {
-			t.Fatalf("%d fields, header says %d", n, e.nfields)
+		if n != e.NFields {
+			t.Fatalf("%d fields, header says %d", n, e.NFields)
 		}
 	})
 }
