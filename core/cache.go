@@ -1,9 +1,12 @@
 package core
 
 import (
+	"bytes"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/metrics"
@@ -18,7 +21,7 @@ import (
 type cacheState struct {
 	blk       *cacheBlock
 	xc        xcache // what X-Cache says
-	flags     uint8
+	flags     uint16
 	fieldsAt  int        // index of X-Cache in fields, on a pass
 	primary   shm.Key    // the request's primary key
 	key       shm.Key    // the key looked up last (primary or variant)
@@ -30,7 +33,14 @@ type cacheState struct {
 	epoch     uint64          // the tag epoch before the fetch
 	buf       []byte          // the entry found, copied out of the table
 	ent       httpcache.Entry // buf decoded
-	varyNames [maxVary]string
+	varyNames [httpcache.MaxVary]string
+
+	// A revalidation: the validators sent (Forward.Add), and the entry a
+	// 304 refreshed, stored when the exchange completes.
+	validators [2]Field
+	nval       int
+	refreshed  fillPlan
+	dropAfter  bool // the 304 made the entry unstorable: it goes
 }
 
 // What the X-Cache field says, and what the exchange is counted as.
@@ -42,9 +52,11 @@ const (
 	xStale
 	xMiss
 	xBypass
+	xRevalidated
 )
 
-var xcacheValues = [...][]byte{xHit: []byte("HIT"), xStale: []byte("STALE"), xMiss: []byte("MISS"), xBypass: []byte("BYPASS")}
+var xcacheValues = [...][]byte{xHit: []byte("HIT"), xStale: []byte("STALE"), xMiss: []byte("MISS"), xBypass: []byte("BYPASS"),
+	xRevalidated: []byte("REVALIDATED")}
 
 const hdrXCache = "X-Cache"
 
@@ -56,6 +68,8 @@ const (
 	cInvalidate             // an unsafe request: invalidate its URL if it succeeds
 	cAuth                   // the request has Authorization
 	cStale                  // cent (in cbuf) is a stale entry stale-if-error may serve
+	cRevalidate             // the fill is a conditional request for the entry in ent
+	cRefreshed              // a 304 refreshed it: refreshed is the new entry
 )
 
 // decideCache runs a request of the first cache block whose path matches it.
@@ -141,6 +155,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 				if lock, held, err := tab.CacheLock(ex.cache.key, now); err == nil && held {
 					ex.cache.lock = lock
 					ex.cache.flags |= cFill | cRefresh
+					ex.conditional()
 					c.row.Add(metrics.CacheRefreshes, 0, 1)
 				}
 			}
@@ -162,6 +177,9 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 				ex.cache.flags |= cFill
 				if state == stIfError {
 					ex.cache.flags |= cStale // keep it for Fallback
+				}
+				if state != stAbsent {
+					ex.conditional() // a stale entry: validated if it can be
 				}
 				return ex.cachePass(xMiss)
 			}
@@ -201,10 +219,11 @@ func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
 
 // What an entry found is good for.
 const (
-	stAbsent     = iota // none, purged, or too stale to serve
+	stAbsent     = iota // none, or purged
 	stFresh             // serve it
 	stRevalidate        // stale within stale-while-revalidate: serve it, refresh it
 	stIfError           // stale within stale-if-error: serve it only if a fetch fails
+	stStale             // too stale to serve: fetched again, conditionally if it has a validator
 )
 
 // judge says what the entry in ex.cent is good for at now, and its age. A
@@ -225,7 +244,7 @@ func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
 	case age-e.Fresh < e.SIE:
 		return stIfError, age
 	}
-	return stAbsent, age
+	return stStale, age
 }
 
 // gensCurrent reports whether every generation e recorded is current.
@@ -247,9 +266,10 @@ func (ex *Exchange) cachePass(x xcache) (Verdict, bool) {
 	return Pass, true
 }
 
-// serve answers with the entry in ex.cent, of age age: 304 to a
-// conditional request it satisfies (If-None-Match, else If-Modified-Since),
-// else its status, fields and body (none to HEAD), with Age and X-Cache.
+// serve answers with the entry in ex.cache.ent, of age age: 304 to a
+// conditional request it satisfies (If-None-Match, else
+// If-Modified-Since), else its status, fields and body (none to HEAD),
+// with Age and X-Cache. Hidden fields are not sent.
 func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 	e := &ex.cache.ent
 	ex.cache.xc = x
@@ -263,8 +283,9 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 	for f := e.Fields; len(f) > 0; {
 		var name string
 		var value []byte
-		name, value, f = httpcache.NextField(f)
-		if notModified && !in304(name, hasETag) {
+		var hidden bool
+		name, value, hidden, f = httpcache.NextField(f)
+		if hidden || notModified && !in304(name, hasETag) {
 			continue
 		}
 		ex.fields = append(ex.fields, Field{name, value})
@@ -311,8 +332,9 @@ func (ex *Exchange) notModified(e *httpcache.Entry) bool {
 	if n != 1 {
 		return false
 	}
-	since, err := http.ParseTime(ims)
-	if err != nil {
+	wall := ex.c.wall()
+	since, ok := httpcache.ParseHTTPDate(ims, wall)
+	if !ok {
 		return false
 	}
 	lm, ok := e.Get("Last-Modified")
@@ -321,8 +343,118 @@ func (ex *Exchange) notModified(e *httpcache.Entry) bool {
 			return false
 		}
 	}
-	mod, err := http.ParseTime(lm)
-	return err == nil && !mod.After(since)
+	mod, ok := httpcache.ParseHTTPDate(lm, wall)
+	return ok && !mod.After(since)
+}
+
+// conditional makes the fill of a stale entry (in ex.cache.ent) a
+// conditional request when the entry has a validator: its ETag in
+// If-None-Match, its Last-Modified in If-Modified-Since (RFC 9111
+// §4.3.1), sent instead of the client's own. A 304 then refreshes the
+// entry (revalidated).
+func (ex *Exchange) conditional() {
+	e := &ex.cache.ent
+	n := 0
+	if etag, ok := e.Get("Etag"); ok && etag != "" {
+		ex.cache.validators[n] = Field{"If-None-Match", unsafe.Slice(unsafe.StringData(etag), len(etag))}
+		n++
+	}
+	if lm, ok := e.Get("Last-Modified"); ok && lm != "" {
+		ex.cache.validators[n] = Field{"If-Modified-Since", unsafe.Slice(unsafe.StringData(lm), len(lm))}
+		n++
+	}
+	if n > 0 {
+		ex.cache.nval = n
+		ex.cache.flags |= cRevalidate
+	}
+}
+
+// cacheForward adds to f what the cache stage asks of the forwarded
+// request and of its response: the block's own targeted field is not
+// sent on; a fill leaves out the client's conditional and range fields,
+// since what it stores must be whole, and a revalidation sends the
+// entry's validators instead.
+func (ex *Exchange) cacheForward(f *Forward) {
+	f.Hide = ex.cache.blk.hide
+	if ex.cache.flags&cFill == 0 {
+		return
+	}
+	f.Drop = unconditionalFields
+	if ex.cache.flags&cRevalidate != 0 {
+		f.Add = ex.cache.validators[:ex.cache.nval]
+	}
+}
+
+// unconditionalFields are what a cache fill leaves out of the request.
+var unconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
+
+// revalidated is what a 304 to a revalidation makes of the stale entry
+// (RFC 9111 §4.3.4): the entry with the 304's fields in place of its
+// own, fresh again, sent to the client (X-Cache: REVALIDATED, or a 304 to
+// a client whose own condition it meets) and stored when the exchange
+// completes. nil for any other response, and for a 304 whose ETag is not
+// the entry's (it validates another response: the engine passes it on).
+func (ex *Exchange) revalidated(status int, h Header) *Response {
+	if status != http.StatusNotModified || ex.cache.flags&(cFill|cRevalidate) != cFill|cRevalidate {
+		return nil
+	}
+	var got []httpcache.Field
+	if h != nil {
+		h.Each(func(name, value []byte) {
+			got = append(got, httpcache.Field{Name: string(name), Value: bytes.Clone(value)})
+		})
+	}
+	e := &ex.cache.ent
+	if etag, ok := e.Get("Etag"); ok {
+		if sent, n := httpcache.Only(got, "Etag"); n > 0 && !httpcache.SameTag(sent, etag) {
+			return nil
+		}
+	}
+	now := ex.c.now()
+	merged := ex.mergeFields(got)
+	p, drop := ex.plan(e.Status, merged, e.Body, now)
+	if p.data != nil {
+		ex.cache.refreshed = p
+		ex.cache.flags |= cRefreshed
+		// The entry served is the new one; the old one's buffer stays
+		// the exchange's.
+		httpcache.Decode(p.data, &ex.cache.ent)
+	} else {
+		ex.cache.dropAfter = drop
+	}
+	age := max(ex.cache.ent.Age+now-ex.cache.ent.Stored, 0)
+	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
+	ex.serve(age, xRevalidated)
+	return &ex.resp
+}
+
+// mergeFields is the stale entry's fields updated with those of a 304
+// (RFC 9111 §3.2): every field the 304 has that a cache stores replaces
+// the entry's of that name; the others stay. A 304 without a Date gets
+// the time it arrived (plan adds it).
+func (ex *Exchange) mergeFields(got []httpcache.Field) []httpcache.Field {
+	var cb [8]string
+	conn := httpcache.Lines(got, "Connection", cb[:0])
+	fresh := got[:0:0]
+	for _, f := range got {
+		name := textproto.CanonicalMIMEHeaderKey(f.Name)
+		if unstoredFields[name] || ex.coreField(name) || connectionNames(conn, name) {
+			continue
+		}
+		fresh = append(fresh, httpcache.Field{Name: name, Value: f.Value})
+	}
+	dated := httpcache.Has(fresh, "Date")
+	var merged []httpcache.Field
+	for f := ex.cache.ent.Fields; len(f) > 0; {
+		var name string
+		var value []byte
+		name, value, _, f = httpcache.NextField(f)
+		if httpcache.Has(fresh, name) || name == "Date" && !dated {
+			continue
+		}
+		merged = append(merged, httpcache.Field{Name: name, Value: value})
+	}
+	return append(merged, fresh...)
 }
 
 // fallback is the stored response that stale-if-error lets the cache
@@ -339,7 +471,7 @@ func (ex *Exchange) fallback(status int) *Response {
 		return nil
 	}
 	state, age := ex.judge(ex.c.now())
-	if state == stAbsent || state == stFresh {
+	if state != stRevalidate && state != stIfError {
 		return nil
 	}
 	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
@@ -383,5 +515,7 @@ func (ex *Exchange) releaseCache() {
 		c.row.Add(metrics.CacheRequests, metrics.CacheMiss, 1)
 	case xBypass:
 		c.row.Add(metrics.CacheRequests, metrics.CacheBypass, 1)
+	case xRevalidated:
+		c.row.Add(metrics.CacheRequests, metrics.CacheRevalidated, 1)
 	}
 }

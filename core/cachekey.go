@@ -31,9 +31,6 @@ const (
 	nsCacheTag     = 0x3a91_5d0c_7e2b_4f04
 )
 
-// maxVary bounds the fields a stored response may vary on.
-const maxVary = 16
-
 // appendURL appends the request's URL identity: forward path, '?', query.
 func (ex *Exchange) appendURL(b []byte) []byte {
 	b = append(b, ex.forward...)
@@ -76,9 +73,9 @@ func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 
 // stubNames appends the Vary names of stub e to dst (aliasing e).
 func stubNames(e *httpcache.Entry, dst []string) []string {
-	for f := e.Fields; len(f) > 0 && len(dst) < maxVary; {
+	for f := e.Fields; len(f) > 0 && len(dst) < httpcache.MaxVary; {
 		var n string
-		n, _, f = httpcache.NextField(f)
+		n, _, _, f = httpcache.NextField(f)
 		dst = append(dst, n)
 	}
 	return dst

@@ -106,7 +106,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn) {
 	resp := &ctx.Response
 	reusable := !up.ConnectionClose()
 	length := up.ContentLength()
-	copyResponseHeader(&resp.Header, up, status == http.StatusSwitchingProtocols)
+	copyResponseHeader(&resp.Header, up, status == http.StatusSwitchingProtocols, r.fwd.Hide)
 	setFields(resp, ex.Fields())
 
 	if status == http.StatusSwitchingProtocols {
@@ -470,11 +470,15 @@ func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
 
 // copyResponseHeader copies the upstream's response header to the client's,
 // without the hop-by-hop fields (but Upgrade and Connection on a 101; every
-// field Connection names, however many) and
-// without Date, which the server sends itself. Content-Length and
+// field Connection names, however many), its Date included (the server
+// adds one only to a response without), and without the fields
+// the core hides (core.Forward.Hide). Content-Length and
 // Transfer-Encoding are the server's to write: they frame the body it
 // sends.
-func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool) {
+func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide []string) {
+	if date := src.Peek("Date"); len(date) > 0 {
+		primeDate(dst, date) // the upstream's own Date
+	}
 	dst.SetStatusCode(src.StatusCode())
 	var few [8][]byte // fields named by Connection: a few, on the stack
 	named := few[:0]
@@ -497,14 +501,20 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool) {
 		default:
 			continue
 		}
-		if equalFold(k, "date") {
-			continue
-		}
-		if isNamed(k, named) {
+		if isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
 			continue
 		}
 		dst.AddBytesKV(k, v)
 	}
+}
+
+func isHidden(k []byte, hide []string) bool {
+	for _, h := range hide {
+		if len(h) == len(k) && equalFold(k, h) {
+			return true
+		}
+	}
+	return false
 }
 
 func isNamed(k []byte, named [][]byte) bool {

@@ -129,6 +129,13 @@ func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *badRequest, extra []core.Fi
 // respond writes the core's own answer.
 func (s *Server) respond(ctx *fasthttp.RequestCtx, r *core.Response) {
 	resp := &ctx.Response
+	for _, f := range r.Fields {
+		if f.Name == "Date" {
+			// A stored response's own Date (a cache hit).
+			primeDate(&resp.Header, f.Value)
+			break
+		}
+	}
 	resp.SetStatusCode(r.Status)
 	setFields(resp, r.Fields)
 	resp.SetBody(r.Body)

@@ -83,6 +83,8 @@ func New(opts Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: true,
 		NoDefaultServerHeader:         true,
 		NoDefaultContentType:          true,
+		// Date is the server's to write (date.go): a response keeps its own.
+		NoDefaultDate: true,
 		// The connection's own goroutine closes an upgraded connection
 		// when its tunnel ends.
 		KeepHijackedConns:     true,
@@ -296,6 +298,7 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 
 // serve is the fasthttp handler: every request that could be read.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	primeDate(&ctx.Response.Header, nil)
 	c := ctx.Conn().(*conn)
 	if r := c.early; r != nil {
 		// Parsed, and decided as far as its head goes, by expect.
@@ -400,6 +403,9 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	for _, n := range r.fwd.Drop {
 		ctx.Request.Header.Del(n)
 	}
+	for _, f := range r.fwd.Add {
+		ctx.Request.Header.AddBytesV(f.Name, f.Value)
+	}
 	s.opts.App(ctx)
 	resp := &ctx.Response
 	if ctx.Hijacked() {
@@ -412,6 +418,9 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 		s.respond(ctx, replaced)
 		s.finish(r, ex, nil)
 		return
+	}
+	for _, n := range r.fwd.Hide {
+		resp.Header.Del(n)
 	}
 	setFields(resp, ex.Fields())
 	if resp.IsBodyStream() {

@@ -25,16 +25,24 @@ import (
 //	52     4    bytes of the fields F
 //	56     16·G generations: slot hash (8) · generation (8); the first is
 //	            the URL's, the others its tags'
-//	…      F    N fields: name length (2) · value length (4) · name · value
+//	…      F    N fields: name length (2) · value length (4) · name · value;
+//	            the top bit of the name length marks a hidden field
 //	…      B    body
+//
+// A hidden field (version 2) is kept for the cache's own use and never
+// sent: preforkd's targeted field, which decides freshness again when a
+// 304 refreshes the entry. Version 1 entries (no hidden fields) decode
+// as they are.
 //
 // A vary stub (EntryStub) is what the primary key of a response that
 // varies holds: its fields are the Vary names (values empty), nothing
 // else; the response itself is stored under a key that adds the
 // request's values of those fields.
 const (
-	EntryVersion = 1
+	EntryVersion = 2
 	EntryFixed   = 56
+
+	hiddenBit = 1 << 15
 
 	EntryStub = 1 // a vary stub, not a response
 )
@@ -61,7 +69,7 @@ func (e *Entry) Stub() bool { return e.Flags&EntryStub != 0 }
 // Decode decodes b, checking every length; false for bytes that are
 // not an entry of this version.
 func Decode(b []byte, e *Entry) bool {
-	if len(b) < EntryFixed || b[0] != EntryVersion {
+	if len(b) < EntryFixed || b[0] != EntryVersion && b[0] != 1 {
 		return false
 	}
 	le := binary.LittleEndian
@@ -90,7 +98,7 @@ func Decode(b []byte, e *Entry) bool {
 		if len(f) < 6 {
 			return false
 		}
-		l := 6 + int(le.Uint16(f)) + int(le.Uint32(f[2:]))
+		l := 6 + int(le.Uint16(f)&^hiddenBit) + int(le.Uint32(f[2:]))
 		if l > len(f) {
 			return false
 		}
@@ -100,15 +108,16 @@ func Decode(b []byte, e *Entry) bool {
 }
 
 // NextField returns the field at the start of f and the rest; f must come
-// from a decoded entry.
-func NextField(f []byte) (name string, value, rest []byte) {
+// from a decoded entry. A hidden field is the cache's own: never sent.
+func NextField(f []byte) (name string, value []byte, hidden bool, rest []byte) {
 	le := binary.LittleEndian
 	nl, vl := int(le.Uint16(f)), int(le.Uint32(f[2:]))
+	hidden, nl = nl&hiddenBit != 0, nl&^hiddenBit
 	n := f[6 : 6+nl]
 	if nl > 0 {
 		name = unsafe.String(&n[0], nl)
 	}
-	return name, f[6+nl : 6+nl+vl], f[6+nl+vl:]
+	return name, f[6+nl : 6+nl+vl], hidden, f[6+nl+vl:]
 }
 
 // Get returns the value of the entry's first field called name
@@ -117,7 +126,7 @@ func (e *Entry) Get(name string) (string, bool) {
 	for f := e.Fields; len(f) > 0; {
 		var n string
 		var v []byte
-		n, v, f = NextField(f)
+		n, v, _, f = NextField(f)
 		if n == name {
 			if len(v) == 0 {
 				return "", true
@@ -160,10 +169,19 @@ func (w *Writer) Gen(i int, hash, gen uint64) {
 // is not stored.
 const MaxFieldValue = 1 << 20
 
-// Field appends a field line.
-func (w *Writer) Field(name string, value []byte) {
+// MaxFieldName bounds a stored field name; a response with a longer one
+// is not stored.
+const MaxFieldName = hiddenBit - 1
+
+// Field appends a field line; hidden marks it the cache's own. The name
+// must be at most MaxFieldName bytes long.
+func (w *Writer) Field(name string, value []byte, hidden bool) {
 	le := binary.LittleEndian
-	w.b = le.AppendUint16(w.b, uint16(len(name)))
+	nl := uint16(len(name))
+	if hidden {
+		nl |= hiddenBit
+	}
+	w.b = le.AppendUint16(w.b, nl)
 	w.b = le.AppendUint32(w.b, uint32(len(value)))
 	w.b = append(w.b, name...)
 	w.b = append(w.b, value...)

@@ -20,6 +20,7 @@ const MaxDelta = 1 << 31
 type Directives struct {
 	NoStore, NoCache, Private, Public bool
 	MustRevalidate, ProxyRevalidate   bool
+	MustUnderstand                    bool
 	MaxAge, SMaxAge                   int64
 	SWR, SIE                          int64 // stale-while-revalidate, stale-if-error
 }
@@ -56,6 +57,8 @@ func ParseCacheControl(lines []string) Directives {
 				cc.MustRevalidate = true
 			case "proxy-revalidate":
 				cc.ProxyRevalidate = true
+			case "must-understand":
+				cc.MustUnderstand = true
 			case "max-age":
 				delta(&cc.MaxAge)
 			case "s-maxage":
@@ -130,6 +133,28 @@ func ParseDelta(v string) int64 {
 		}
 	}
 	return min(n, MaxDelta)
+}
+
+// ParseAge reads the Age field lines (RFC 9111 §5.1) as a recipient of
+// a list would: the lines make one list, and its first member counts
+// ("Age: 7200, 0" is 7200 seconds old). A first member that is not
+// delta-seconds (a negative number, a fraction, a word) makes the field
+// count as absent: ok is false.
+func ParseAge(lines []string) (seconds int64, ok bool) {
+	if len(lines) == 0 {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(lines[0], ",")
+	first = trimOWS(first)
+	if first == "" {
+		return 0, false
+	}
+	for i := 0; i < len(first); i++ {
+		if first[i] < '0' || first[i] > '9' {
+			return 0, false
+		}
+	}
+	return ParseDelta(first), true
 }
 
 // ParseVary reads the Vary field lines: the request field names a
@@ -252,4 +277,13 @@ func trimOWS(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// SameTag reports whether two entity-tags have the same opaque-tag,
+// whether either is weak: a 304 that names another tag than the stored
+// response's does not validate it (RFC 9111 §4.3.4).
+func SameTag(a, b string) bool {
+	ta, ok1 := opaqueTag(trimOWS(a))
+	tb, ok2 := opaqueTag(trimOWS(b))
+	return ok1 && ok2 && ta == tb
 }

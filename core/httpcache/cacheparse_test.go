@@ -112,8 +112,8 @@ func TestEntryRoundTrip(t *testing.T) {
 	w.Begin(nil, 0, 203, time.Hour, 2*time.Second, time.Minute, 5*time.Second, 6*time.Second, 2)
 	w.Gen(0, 11, 12)
 	w.Gen(1, 21, 22)
-	w.Field("Content-Type", []byte("text/plain"))
-	w.Field("Link", nil)
+	w.Field("Content-Type", []byte("text/plain"), false)
+	w.Field("Link", nil, true)
 	b := w.Finish([]byte("body"))
 	var e Entry
 	if !Decode(b, &e) {
@@ -210,7 +210,7 @@ func FuzzETagMatch(f *testing.F) {
 func FuzzDecodeEntry(f *testing.F) {
 	var w Writer
 	w.Begin(nil, 0, 200, 1, 2, 3, 4, 5, 1)
-	w.Field("A", []byte("b"))
+	w.Field("A", []byte("b"), false)
 	f.Add(w.Finish([]byte("body")))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var e Entry
@@ -219,7 +219,7 @@ func FuzzDecodeEntry(f *testing.F) {
 		}
 		n := 0
 		for fl := e.Fields; len(fl) > 0; n++ {
-			_, _, fl = NextField(fl)
+			_, _, _, fl = NextField(fl)
 		}
 		if n != e.NFields {
 			t.Fatalf("%d fields, header says %d", n, e.NFields)

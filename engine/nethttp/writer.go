@@ -29,6 +29,7 @@ type writer struct {
 	w    http.ResponseWriter
 	ex   *core.Exchange
 	keep bool
+	hide []string // response fields not sent on (core.Forward.Hide)
 
 	status     int            // final status given; 0 before
 	sent       bool           // the head was sent (or replaced)
@@ -73,6 +74,9 @@ func (rw *writer) sendHeader(first []byte) {
 		clear(h)
 		writeResponse(rw.w, rw.replaced)
 		return
+	}
+	for _, n := range rw.hide {
+		delete(h, n)
 	}
 	rw.w.WriteHeader(rw.status)
 }
