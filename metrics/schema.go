@@ -86,11 +86,11 @@ const (
 
 // Results of CacheRequests: one per request of a cache block.
 const (
-	CacheHit    = iota // from the cache, fresh
-	CacheStale         // from the cache, stale (stale-while-revalidate, stale-if-error)
-	CacheMiss          // the application answered
-	CacheBypass        // not one the cache answers (another method, If-Match, ...)
-	CacheRevalidated   // from the cache, stale, after the application answered 304 to its validators
+	CacheHit         = iota // from the cache, fresh
+	CacheStale              // from the cache, stale (stale-while-revalidate, stale-if-error)
+	CacheMiss               // the application answered
+	CacheBypass             // not one the cache answers (another method, If-Match, ...)
+	CacheRevalidated        // from the cache, stale, after the application answered 304 to its validators
 )
 
 // Results of CacheFills: one per fetch that held a key's fill lock.
