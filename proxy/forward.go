@@ -47,7 +47,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 			} else {
 				_, err = uc.Write(r.head)
 				if err == nil {
-					err = readResponseHead(uc.br, up)
+					err = readResponseHead(uc.br, up, interimTo(r))
 				}
 			}
 		}
@@ -235,12 +235,12 @@ func (s *Server) upDone(uc *upConn, reusable bool) error {
 var errStray = errors.New("proxy: the upstream sent bytes past the end of its response")
 
 // readResponseHead reads the final response's header section into h,
-// skipping interim (1xx) responses but 101: they are not forwarded. A
-// head with a line ended by a bare LF, or a status outside 100-599, is
-// refused at once (502), where fasthttp would wait for a CRLF CRLF that
-// never comes, or take "099" for an interim response and wait for the
-// next, until UpstreamTimeout.
-func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader) error {
+// giving interim (1xx) responses but 101 to to, when not nil, as
+// they come. A head with a line ended by a bare LF, or a status outside
+// 100-599, is refused at once (502), where fasthttp would wait for a CRLF
+// CRLF that never comes, or take "099" for an interim response and wait
+// for the next, until UpstreamTimeout.
+func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSink) error {
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
 	for range 16 {
@@ -256,6 +256,9 @@ func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader) error {
 		}
 		if st >= 200 || st == http.StatusSwitchingProtocols {
 			return nil
+		}
+		if to != nil {
+			to.interim(h)
 		}
 	}
 	return errors.New("proxy: too many interim responses")
@@ -350,7 +353,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upConn) error {
 		}
 		sent <- err
 	}()
-	err := readResponseHead(uc.br, &r.up)
+	err := readResponseHead(uc.br, &r.up, interimTo(r))
 	var werr error
 	select {
 	case werr = <-sent:

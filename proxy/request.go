@@ -53,6 +53,11 @@ type request struct {
 	ctx *fasthttp.RequestCtx
 	c   *conn
 
+	// readsAtStart is c.reads when the handler began (interim.go);
+	// interimBuf holds an interim response being written.
+	readsAtStart uint64
+	interimBuf   []byte
+
 	raw    []byte // the raw header section (fasthttp's copy)
 	fields []field
 	inline [inlineFields]field

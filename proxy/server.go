@@ -276,8 +276,10 @@ func latest(a, b time.Time) time.Time {
 // the client may have begun sending it anyway). A request that goes on
 // is handed to serve with its exchange.
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
+	primeDate(&ctx.Response.Header, nil)
 	r := s.requests.Get().(*request)
 	r.ctx, r.c = ctx, ctx.Conn().(*conn)
+	r.readsAtStart = r.c.reads.Load()
 	if bad := r.parse(); bad != nil {
 		s.refuse(ctx, bad, nil)
 		s.done(r)
@@ -309,6 +311,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	}
 	r := s.requests.Get().(*request)
 	r.ctx, r.c = ctx, c
+	r.readsAtStart = c.reads.Load()
 	defer s.done(r)
 	if bad := r.parse(); bad != nil {
 		if bad == errTarget && isOptionsAsterisk(ctx) {
@@ -347,6 +350,9 @@ func (s *Server) serveParsed(r *request, ex *core.Exchange) {
 // request refused before the core saw it, is counted here; the core
 // counts the others when their exchange ends.
 func (s *Server) done(r *request) {
+	if c := r.c; c != nil {
+		c.readsAtDone = c.reads.Load()
+	}
 	if !r.begun {
 		s.opts.Core.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
 	}
