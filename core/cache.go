@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -279,32 +280,112 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		status = http.StatusNotModified
 		ex.c.row.Add(metrics.CacheNotModified, 0, 1)
 	}
+	body := e.Body
+	from, to, ranged := 0, 0, rangeWhole
+	if status == http.StatusOK && ex.req.Method() == http.MethodGet {
+		if from, to, ranged = ex.byteRange(e); ranged == rangePart {
+			status, body = http.StatusPartialContent, body[from:to]
+		} else if ranged == rangeNone {
+			status = http.StatusRequestedRangeNotSatisfiable
+		}
+	}
 	_, hasETag := e.Get("Etag")
 	for f := e.Fields; len(f) > 0; {
 		var name string
 		var value []byte
 		var hidden bool
 		name, value, hidden, f = httpcache.NextField(f)
-		if hidden || notModified && !in304(name, hasETag) {
+		if hidden || notModified && !in304(name, hasETag) || ranged == rangeNone && name != "Date" {
 			continue
 		}
 		ex.fields = append(ex.fields, Field{name, value})
+	}
+	if ranged != rangeWhole {
+		n := len(e.Body)
+		ex.addField("Content-Range", func(b []byte) []byte {
+			if ranged == rangeNone {
+				b = append(b, "bytes */"...)
+			} else {
+				b = append(b, "bytes "...)
+				b = strconv.AppendInt(b, int64(from), 10)
+				b = append(b, '-')
+				b = strconv.AppendInt(b, int64(to-1), 10)
+				b = append(b, '/')
+			}
+			return strconv.AppendInt(b, int64(n), 10)
+		})
 	}
 	ex.addField("Age", func(b []byte) []byte {
 		return strconv.AppendInt(b, int64(min(age/time.Second, httpcache.MaxDelta)), 10)
 	})
 	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
-	var body []byte
-	if !notModified && BodyAllowed(status) {
-		n := len(e.Body)
+	if notModified || !BodyAllowed(status) || ranged == rangeNone {
+		body = nil
+	} else {
+		n := len(body)
 		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(n), 10) })
-		if ex.req.Method() != http.MethodHead {
-			body = e.Body
+		if ex.req.Method() == http.MethodHead {
+			body = nil
+		} else {
 			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
 		}
 	}
 	ex.resp = Response{Status: status, Fields: ex.fields, Body: body}
 	return Respond, true
+}
+
+// What a Range field asks of a stored response.
+const (
+	rangeWhole = iota // no (usable) Range: the whole response
+	rangePart         // one satisfiable byte range
+	rangeNone         // a byte range the response does not have: 416
+)
+
+// byteRange reads the request's Range against the stored 200 e (RFC 9110
+// §14.2): one byte range (first-last, first-, or -suffix) is served as a
+// 206 of body[from:to]; one past the end is a 416. Anything else — no
+// Range, another unit, several ranges, a syntax error, an If-Range the
+// entry does not match (a strong ETag, or its Last-Modified date) — is
+// answered with the whole response, as a server may.
+func (ex *Exchange) byteRange(e *httpcache.Entry) (from, to, kind int) {
+	spec, n := ex.req.Header("Range")
+	if n != 1 {
+		return 0, 0, rangeWhole
+	}
+	if ir, n := ex.req.Header("If-Range"); n > 0 {
+		if n != 1 || !ifRangeMatches(e, ir) {
+			return 0, 0, rangeWhole
+		}
+	}
+	first, last, suffix, ok := httpcache.ParseByteRange(spec)
+	size := int64(len(e.Body))
+	switch {
+	case !ok:
+		return 0, 0, rangeWhole
+	case suffix:
+		if last == 0 || size == 0 {
+			return 0, 0, rangeNone
+		}
+		return int(size - min(last, size)), int(size), rangePart
+	case first >= size:
+		return 0, 0, rangeNone
+	}
+	return int(first), int(min(last, size-1) + 1), rangePart
+}
+
+// ifRangeMatches reports whether If-Range lets a range of e be served: a
+// strong entity-tag equal to e's (strong) ETag, or an HTTP-date equal to
+// its Last-Modified (RFC 9110 §13.1.5).
+func ifRangeMatches(e *httpcache.Entry, ir string) bool {
+	if strings.HasPrefix(ir, "W/") {
+		return false
+	}
+	if strings.HasPrefix(ir, `"`) {
+		etag, ok := e.Get("Etag")
+		return ok && !strings.HasPrefix(etag, "W/") && etag == ir
+	}
+	lm, ok := e.Get("Last-Modified")
+	return ok && lm == ir
 }
 
 // in304 reports whether a stored field goes into a 304 (RFC 9110

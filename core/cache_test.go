@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -328,5 +329,47 @@ func TestCacheStrictParsing(t *testing.T) {
 	clk.advance(5 * time.Second)
 	if r := get("/nodate"); r.get("Date") != stored {
 		t.Fatalf("a response without Date is stored with the time it arrived (%s): %+v", stored, r.header)
+	}
+}
+
+// A byte range of a stored 200 is served from it: 206 with Content-Range,
+// 416 past its end; several ranges, another unit or an If-Range that
+// does not match get the whole response.
+func TestCacheRanges(t *testing.T) {
+	c, _ := storyCore(t, "")
+	lm := "Sat, 01 Mar 2025 12:00:00 GMT"
+	a := &app{t: t, resps: []fakeResp{{status: 200, body: []byte("0123456789A"), header: hdr("Cache-Control", "max-age=60", "Etag", `"s"`, "Last-Modified", lm)}}}
+	get := func(method string, kv ...string) answer {
+		return serve(c, newReq(method, "/r", "192.0.2.1", append([]string{"Host", "h"}, kv...)...), a.serve)
+	}
+	wantAnswer(t, "fill, a range asked", get("GET", "Range", "bytes=0-1"), 200, "MISS", "0123456789A")
+	for _, tt := range []struct {
+		kv           []string
+		status       int
+		body, crange string
+	}{
+		{[]string{"Range", "bytes=0-1"}, 206, "01", "bytes 0-1/11"},
+		{[]string{"Range", "bytes=1-"}, 206, "123456789A", "bytes 1-10/11"},
+		{[]string{"Range", "bytes=-1"}, 206, "A", "bytes 10-10/11"},
+		{[]string{"Range", "bytes=-20"}, 206, "0123456789A", "bytes 0-10/11"},
+		{[]string{"Range", "bytes=5-99"}, 206, "56789A", "bytes 5-10/11"},
+		{[]string{"Range", "bytes=11-"}, 416, "", "bytes */11"},
+		{[]string{"Range", "bytes=-0"}, 416, "", "bytes */11"},
+		{[]string{"Range", "bytes=0-1,3-4"}, 200, "0123456789A", ""},
+		{[]string{"Range", "items=0-1"}, 200, "0123456789A", ""},
+		{[]string{"Range", "bytes=3-1"}, 200, "0123456789A", ""},
+		{[]string{"Range", "bytes=0-1", "If-Range", `"s"`}, 206, "01", "bytes 0-1/11"},
+		{[]string{"Range", "bytes=0-1", "If-Range", lm}, 206, "01", "bytes 0-1/11"},
+		{[]string{"Range", "bytes=0-1", "If-Range", `"x"`}, 200, "0123456789A", ""},
+		{[]string{"Range", "bytes=0-1", "If-Range", `W/"s"`}, 200, "0123456789A", ""},
+	} {
+		r := get("GET", tt.kv...)
+		if r.status != tt.status || string(r.body) != tt.body || r.get("Content-Range") != tt.crange || r.get("X-Cache") != "HIT" ||
+			r.get("Content-Length") != map[bool]string{true: strconv.Itoa(len(tt.body)), false: ""}[tt.status != 416] {
+			t.Errorf("%q: %d %q Content-Range %q, header %+v; want %d %q %q", tt.kv, r.status, r.body, r.get("Content-Range"), r.header, tt.status, tt.body, tt.crange)
+		}
+	}
+	if r := get("HEAD", "Range", "bytes=0-1"); r.status != 200 || r.get("Content-Length") != "11" || len(r.body) != 0 {
+		t.Errorf("HEAD with a Range: %d %+v", r.status, r.header)
 	}
 }

@@ -302,6 +302,19 @@ var cacheCases = []coreCase{
 		upSeen: []string{"GET /cached/reval HTTP/1.1", "GET /cached/reval HTTP/1.1"},
 	},
 	{
+		name:  "a byte range of a stored response is served from it: 206, 416 past its end; several ranges get it whole",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=0-3\n\n", status: 200, body: "call 0001", has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=0-3\n\n", status: 206, body: "call",
+				has: []string{"X-Cache: HIT", "Content-Range: bytes 0-3/9", "Content-Length: 4", "Etag: \"e1\""}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=-4\nIf-Range: \"e1\"\n\n", status: 206, body: "0001", has: []string{"Content-Range: bytes 5-8/9"}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=20-\n\n", status: 416, has: []string{"Content-Range: bytes */9"}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=0-1,4-5\n\n", status: 200, body: "call 0001", hasNot: []string{"Content-Range"}},
+		},
+		upSeen: []string{"GET /cached/range HTTP/1.1"},
+	},
+	{
 		name:  "targeted fields decide before Cache-Control; preforkd's own is never sent on, CDN-Cache-Control is",
 		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
 		steps: []coreStep{
@@ -460,7 +473,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		var h strings.Builder
 		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
 			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length",
-			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "X-A", "Cdn-Cache-Control", "Preforkd-Cache-Control"} {
+			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "X-A", "Cdn-Cache-Control", "Preforkd-Cache-Control", "Content-Range"} {
 			fmt.Fprintf(&h, "%s=%q ", k, resp.Header.Values(k))
 		}
 		out = append(out, answer{resp.StatusCode, h.String(), string(body)})

@@ -1,6 +1,7 @@
 package httpcache
 
 import (
+	"math"
 	"net/textproto"
 	"slices"
 	"strings"
@@ -286,4 +287,51 @@ func SameTag(a, b string) bool {
 	ta, ok1 := opaqueTag(trimOWS(a))
 	tb, ok2 := opaqueTag(trimOWS(b))
 	return ok1 && ok2 && ta == tb
+}
+
+// ParseByteRange reads a Range field value of one byte range (RFC 9110
+// §14.1.2): "bytes=first-last", "bytes=first-" (last is then MaxInt64)
+// or "bytes=-suffix" (suffix reports it; last is its length). ok is
+// false for anything else: another unit, several ranges, first after
+// last, a number that is not one.
+func ParseByteRange(v string) (first, last int64, suffix, ok bool) {
+	v = trimOWS(v)
+	if len(v) < 6 || !equalFold(v[:6], "bytes=") {
+		return 0, 0, false, false
+	}
+	v = trimOWS(v[6:])
+	a, b, found := strings.Cut(v, "-")
+	if !found || strings.IndexByte(b, ',') >= 0 {
+		return 0, 0, false, false
+	}
+	a, b = trimOWS(a), trimOWS(b)
+	num := func(s string) (int64, bool) {
+		if s == "" || len(s) > 18 {
+			return 0, false
+		}
+		var n int64
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return 0, false
+			}
+			n = n*10 + int64(s[i]-'0')
+		}
+		return n, true
+	}
+	if a == "" {
+		n, ok := num(b)
+		return 0, n, true, ok
+	}
+	first, ok = num(a)
+	if !ok {
+		return 0, 0, false, false
+	}
+	if b == "" {
+		return first, math.MaxInt64, false, true
+	}
+	last, ok = num(b)
+	if !ok || last < first {
+		return 0, 0, false, false
+	}
+	return first, last, false, true
 }

@@ -2,6 +2,7 @@ package httpcache
 
 import (
 	"bytes"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -225,4 +226,30 @@ func FuzzDecodeEntry(f *testing.F) {
 			t.Fatalf("%d fields, header says %d", n, e.NFields)
 		}
 	})
+}
+
+func TestParseByteRange(t *testing.T) {
+	for _, tt := range []struct {
+		v           string
+		first, last int64
+		suffix, ok  bool
+	}{
+		{"bytes=0-1", 0, 1, false, true},
+		{"BYTES = 5 - 9 ", 0, 0, false, false},
+		{"bytes=5-", 5, math.MaxInt64, false, true},
+		{"bytes=-5", 0, 5, true, true},
+		{" bytes=2-2", 2, 2, false, true},
+		{"bytes=3-1", 0, 0, false, false},
+		{"bytes=0-1,3-4", 0, 0, false, false},
+		{"bytes=-", 0, 0, false, false},
+		{"bytes=a-1", 0, 0, false, false},
+		{"items=0-1", 0, 0, false, false},
+		{"bytes=99999999999999999999-", 0, 0, false, false},
+		{"", 0, 0, false, false},
+	} {
+		first, last, suffix, ok := ParseByteRange(tt.v)
+		if ok != tt.ok || ok && (first != tt.first || last != tt.last || suffix != tt.suffix) {
+			t.Errorf("%q: %d %d %v %v", tt.v, first, last, suffix, ok)
+		}
+	}
 }
