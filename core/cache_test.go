@@ -373,3 +373,42 @@ func TestCacheRanges(t *testing.T) {
 		t.Errorf("HEAD with a Range: %d %+v", r.status, r.header)
 	}
 }
+
+// A background refresh (stale-while-revalidate) of a response with a
+// validator is conditional too: its 304 refreshes the stored fields.
+func TestCacheRefreshRevalidates(t *testing.T) {
+	c, clk := storyCore(t, "")
+	a := &app{t: t}
+	get := func() answer { return serve(c, newReq("GET", "/swr", "192.0.2.1", "Host", "h"), a.serve) }
+	a.resps = []fakeResp{
+		{status: 200, body: []byte("s"), header: hdr("Cache-Control", "max-age=1, stale-while-revalidate=60", "Etag", `"w"`, "X-A", "1")},
+		{status: 304, header: hdr("Cache-Control", "max-age=60", "Etag", `"w"`, "X-A", "2")},
+	}
+	wantAnswer(t, "fill", get(), 200, "MISS", "s")
+	clk.advance(2 * time.Second)
+	wantAnswer(t, "stale, refreshed in the background", get(), 200, "STALE", "s")
+	if a.added(1, "If-None-Match") != `"w"` {
+		t.Fatalf("the refresh was forwarded with %+v", a.got[1])
+	}
+	r := get()
+	wantAnswer(t, "refreshed", r, 200, "HIT", "s")
+	if r.get("X-A") != "2" || r.get("Cache-Control") != "max-age=60" {
+		t.Fatalf("the refresh's 304 did not refresh the fields: %+v", r.header)
+	}
+
+	// A refresh's new response is stored with every field it has, those
+	// the stale one had too.
+	get2 := func() answer { return serve(c, newReq("GET", "/swr2", "192.0.2.1", "Host", "h"), a.serve) }
+	a.resps = []fakeResp{
+		{status: 200, body: []byte("1"), header: hdr("Cache-Control", "max-age=1, stale-while-revalidate=60", "X-A", "1", "Content-Type", "text/plain")},
+		{status: 200, body: []byte("2"), header: hdr("Cache-Control", "max-age=60", "X-A", "2", "Content-Type", "text/html")},
+	}
+	wantAnswer(t, "fill 2", get2(), 200, "MISS", "1")
+	clk.advance(2 * time.Second)
+	wantAnswer(t, "stale 2", get2(), 200, "STALE", "1")
+	r = get2()
+	wantAnswer(t, "refreshed 2", r, 200, "HIT", "2")
+	if r.get("X-A") != "2" || r.get("Content-Type") != "text/html" || r.get("Cache-Control") != "max-age=60" {
+		t.Fatalf("the refreshed response lost fields: %+v", r.header)
+	}
+}

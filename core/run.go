@@ -239,6 +239,9 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 		ex.refreshing = true
 		ex.rec = recorded{}
 		ex.recording = false
+		// The fields sent were the stale response's: none is added to
+		// the refresh's response, and none of its own is the core's.
+		ex.fields = ex.fields[:0]
 		return true
 	}
 	ex.release()
