@@ -8,4 +8,7 @@
 // values it is given and never fails (what it cannot read is what a
 // cache must assume of it). Package core decides with it and talks to
 // the region; the entries it encodes are opaque to package shm.
+//
+// The call most users want is [Judge]: may this response be stored, for
+// how long fresh and stale, how old is it, on what does it vary.
 package httpcache
