@@ -1,13 +1,9 @@
 package core
 
 import (
-	"bytes"
 	"net/http"
-	"net/textproto"
 	"strconv"
-	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/metrics"
@@ -334,60 +330,6 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 	return Respond, true
 }
 
-// What a Range field asks of a stored response.
-const (
-	rangeWhole = iota // no (usable) Range: the whole response
-	rangePart         // one satisfiable byte range
-	rangeNone         // a byte range the response does not have: 416
-)
-
-// byteRange reads the request's Range against the stored 200 e (RFC 9110
-// §14.2): one byte range (first-last, first-, or -suffix) is served as a
-// 206 of body[from:to]; one past the end is a 416. Anything else — no
-// Range, another unit, several ranges, a syntax error, an If-Range the
-// entry does not match (a strong ETag, or its Last-Modified date) — is
-// answered with the whole response, as a server may.
-func (ex *Exchange) byteRange(e *httpcache.Entry) (from, to, kind int) {
-	spec, n := ex.req.Header("Range")
-	if n != 1 {
-		return 0, 0, rangeWhole
-	}
-	if ir, n := ex.req.Header("If-Range"); n > 0 {
-		if n != 1 || !ifRangeMatches(e, ir) {
-			return 0, 0, rangeWhole
-		}
-	}
-	first, last, suffix, ok := httpcache.ParseByteRange(spec)
-	size := int64(len(e.Body))
-	switch {
-	case !ok:
-		return 0, 0, rangeWhole
-	case suffix:
-		if last == 0 || size == 0 {
-			return 0, 0, rangeNone
-		}
-		return int(size - min(last, size)), int(size), rangePart
-	case first >= size:
-		return 0, 0, rangeNone
-	}
-	return int(first), int(min(last, size-1) + 1), rangePart
-}
-
-// ifRangeMatches reports whether If-Range lets a range of e be served: a
-// strong entity-tag equal to e's (strong) ETag, or an HTTP-date equal to
-// its Last-Modified (RFC 9110 §13.1.5).
-func ifRangeMatches(e *httpcache.Entry, ir string) bool {
-	if strings.HasPrefix(ir, "W/") {
-		return false
-	}
-	if strings.HasPrefix(ir, `"`) {
-		etag, ok := e.Get("Etag")
-		return ok && !strings.HasPrefix(etag, "W/") && etag == ir
-	}
-	lm, ok := e.Get("Last-Modified")
-	return ok && lm == ir
-}
-
 // in304 reports whether a stored field goes into a 304 (RFC 9110
 // §15.4.5): the fields a 200 would have had that guide caches, and
 // Last-Modified when there is no ETag.
@@ -426,116 +368,6 @@ func (ex *Exchange) notModified(e *httpcache.Entry) bool {
 	}
 	mod, ok := httpcache.ParseHTTPDate(lm, wall)
 	return ok && !mod.After(since)
-}
-
-// conditional makes the fill of a stale entry (in ex.cache.ent) a
-// conditional request when the entry has a validator: its ETag in
-// If-None-Match, its Last-Modified in If-Modified-Since (RFC 9111
-// §4.3.1), sent instead of the client's own. A 304 then refreshes the
-// entry (revalidated).
-func (ex *Exchange) conditional() {
-	e := &ex.cache.ent
-	n := 0
-	if etag, ok := e.Get("Etag"); ok && etag != "" {
-		ex.cache.validators[n] = Field{"If-None-Match", unsafe.Slice(unsafe.StringData(etag), len(etag))}
-		n++
-	}
-	if lm, ok := e.Get("Last-Modified"); ok && lm != "" {
-		ex.cache.validators[n] = Field{"If-Modified-Since", unsafe.Slice(unsafe.StringData(lm), len(lm))}
-		n++
-	}
-	if n > 0 {
-		ex.cache.nval = n
-		ex.cache.flags |= cRevalidate
-	}
-}
-
-// cacheForward adds to f what the cache stage asks of the forwarded
-// request and of its response: the block's own targeted field is not
-// sent on; a fill leaves out the client's conditional and range fields,
-// since what it stores must be whole, and a revalidation sends the
-// entry's validators instead.
-func (ex *Exchange) cacheForward(f *Forward) {
-	f.Hide = ex.cache.blk.hide
-	if ex.cache.flags&cFill == 0 {
-		return
-	}
-	f.Drop = unconditionalFields
-	if ex.cache.flags&cRevalidate != 0 {
-		f.Add = ex.cache.validators[:ex.cache.nval]
-	}
-}
-
-// unconditionalFields are what a cache fill leaves out of the request.
-var unconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
-
-// revalidated is what a 304 to a revalidation makes of the stale entry
-// (RFC 9111 §4.3.4): the entry with the 304's fields in place of its
-// own, fresh again, sent to the client (X-Cache: REVALIDATED, or a 304 to
-// a client whose own condition it meets) and stored when the exchange
-// completes. nil for any other response, and for a 304 whose ETag is not
-// the entry's (it validates another response: the engine passes it on).
-func (ex *Exchange) revalidated(status int, h Header) *Response {
-	if status != http.StatusNotModified || ex.cache.flags&(cFill|cRevalidate) != cFill|cRevalidate {
-		return nil
-	}
-	var got []httpcache.Field
-	if h != nil {
-		h.Each(func(name, value []byte) {
-			got = append(got, httpcache.Field{Name: string(name), Value: bytes.Clone(value)})
-		})
-	}
-	e := &ex.cache.ent
-	if etag, ok := e.Get("Etag"); ok {
-		if sent, n := httpcache.Only(got, "Etag"); n > 0 && !httpcache.SameTag(sent, etag) {
-			return nil
-		}
-	}
-	now := ex.c.now()
-	merged := ex.mergeFields(got)
-	p, drop := ex.plan(e.Status, merged, e.Body, now)
-	if p.data != nil {
-		ex.cache.refreshed = p
-		ex.cache.flags |= cRefreshed
-		// The entry served is the new one; the old one's buffer stays
-		// the exchange's.
-		httpcache.Decode(p.data, &ex.cache.ent)
-	} else {
-		ex.cache.dropAfter = drop
-	}
-	age := max(ex.cache.ent.Age+now-ex.cache.ent.Stored, 0)
-	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
-	ex.serve(age, xRevalidated)
-	return &ex.resp
-}
-
-// mergeFields is the stale entry's fields updated with those of a 304
-// (RFC 9111 §3.2): every field the 304 has that a cache stores replaces
-// the entry's of that name; the others stay. A 304 without a Date gets
-// the time it arrived (plan adds it).
-func (ex *Exchange) mergeFields(got []httpcache.Field) []httpcache.Field {
-	var cb [8]string
-	conn := httpcache.Lines(got, "Connection", cb[:0])
-	fresh := got[:0:0]
-	for _, f := range got {
-		name := textproto.CanonicalMIMEHeaderKey(f.Name)
-		if unstoredFields[name] || ex.coreField(name) || connectionNames(conn, name) {
-			continue
-		}
-		fresh = append(fresh, httpcache.Field{Name: name, Value: f.Value})
-	}
-	dated := httpcache.Has(fresh, "Date")
-	var merged []httpcache.Field
-	for f := ex.cache.ent.Fields; len(f) > 0; {
-		var name string
-		var value []byte
-		name, value, _, f = httpcache.NextField(f)
-		if httpcache.Has(fresh, name) || name == "Date" && !dated {
-			continue
-		}
-		merged = append(merged, httpcache.Field{Name: name, Value: value})
-	}
-	return append(merged, fresh...)
 }
 
 // fallback is the stored response that stale-if-error lets the cache
