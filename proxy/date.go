@@ -17,9 +17,10 @@ import (
 // miss. fasthttp drops a Date set like any other field (it manages the
 // field itself); only a header it reads keeps one. So each response
 // header starts as one read from a status line and a Date line
-// (primeDate): the time it is sent, or the one the response has. A
-// header that fasthttp resets (an error answer) gets fasthttp's own Date
-// again.
+// (primeDate), once, where the response is made: the core's answer
+// (respond), the application's (copyResponseHeader, runApp), OPTIONS *.
+// A header that fasthttp resets (every problem answer) gets fasthttp's
+// own Date again.
 
 // dateValue is the current Date value, formatted once a second.
 type dateValue struct {

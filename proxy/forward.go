@@ -479,9 +479,7 @@ func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
 // Transfer-Encoding are the server's to write: they frame the body it
 // sends.
 func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide []string) {
-	if date := src.Peek("Date"); len(date) > 0 {
-		primeDate(dst, date) // the upstream's own Date
-	}
+	primeDate(dst, src.Peek("Date")) // the upstream's own Date, else now
 	dst.SetStatusCode(src.StatusCode())
 	var few [8][]byte // fields named by Connection: a few, on the stack
 	named := few[:0]

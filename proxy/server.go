@@ -276,7 +276,6 @@ func latest(a, b time.Time) time.Time {
 // the client may have begun sending it anyway). A request that goes on
 // is handed to serve with its exchange.
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
-	primeDate(&ctx.Response.Header, nil)
 	r := s.requests.Get().(*request)
 	r.ctx, r.c = ctx, ctx.Conn().(*conn)
 	r.readsAtStart = r.c.reads.Load()
@@ -300,7 +299,6 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 
 // serve is the fasthttp handler: every request that could be read.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
-	primeDate(&ctx.Response.Header, nil)
 	c := ctx.Conn().(*conn)
 	if r := c.early; r != nil {
 		// Parsed, and decided as far as its head goes, by expect.
@@ -317,6 +315,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		if bad == errTarget && isOptionsAsterisk(ctx) {
 			// OPTIONS * asks about the server, not a resource: answered
 			// here, never forwarded.
+			primeDate(&ctx.Response.Header, nil)
 			ctx.Response.SetStatusCode(fasthttp.StatusOK)
 			ctx.Response.Header.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 			return
@@ -391,6 +390,7 @@ func isOptionsAsterisk(ctx *fasthttp.RequestCtx) bool {
 // runApp serves a request that passed the core with Options.App.
 func (s *Server) runApp(r *request, ex *core.Exchange) {
 	ctx := r.ctx
+	primeDate(&ctx.Response.Header, nil) // the application may set its own
 	if r.fwd.Path != b2s(r.path) {
 		// The application gets the path the core passes on.
 		r.head = append(r.head[:0], r.fwd.Path...)
