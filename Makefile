@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build run test test-race fuzz bench model lint clean
+.PHONY: all build run test test-race fuzz bench model conformance lint clean
 
 all: build
 
@@ -25,7 +25,8 @@ RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./core/... ./metrics
 
 # The whole proof: vet, unit and multi-process tests, the race detector on
 # the goroutine tests, every benchmark once (so that none rots between two
-# `make bench`), a short fuzz of every parser, and the spin model.
+# `make bench`), a short fuzz of every parser, the spin model, and the
+# HTTP cache conformance suite.
 # The fuzz here is a smoke run (30000 inputs a target, under two minutes
 # in all) that keeps CI within its budget; `make fuzz` runs a million.
 test: lint
@@ -34,6 +35,7 @@ test: lint
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 5m ./...
 	$(MAKE) fuzz FUZZTIME=30000x
 	$(MAKE) model
+	$(MAKE) conformance
 
 # Budgets are counts of executions, not durations: with a duration, Go 1.26's
 # fuzz coordinator can race its own deadline and fail a target with a bare
@@ -56,6 +58,13 @@ bench:
 
 model:
 	bash model/check.sh
+
+# The response cache against the public HTTP cache test suite (a copy
+# outside the repository: CACHE_TESTS=DIR, by default ../shared/cache-tests
+# beside it); fails when a required test fails (bench/conformance.sh).
+CACHE_TESTS ?= ../shared/cache-tests
+conformance: build
+	CACHE_TESTS="$(CACHE_TESTS)" BIN=$(BIN) bash bench/conformance.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

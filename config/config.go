@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
@@ -512,6 +513,11 @@ type Cache struct {
 	// Last-Modified be fresh for a tenth of its age; off, such responses
 	// are not stored.
 	Heuristic bool `toml:"heuristic"`
+	// Targeted is preforkd's own targeted cache-control field (RFC 9213):
+	// when a response has it, valid, it decides before CDN-Cache-Control
+	// and instead of Cache-Control and Expires, and it is never sent to
+	// clients. "" means Preforkd-Cache-Control.
+	Targeted string `toml:"targeted"`
 }
 
 // Defaults that are not the zero value and are used twice; the others are
@@ -615,6 +621,7 @@ func (d Cache) withDefaults() Cache {
 	d.Methods = upperAll(d.Methods)
 	setDefault(&d.TTL, 24*time.Hour)
 	setDefault(&d.MaxBody, 1<<20)
+	setDefault(&d.Targeted, core.DefaultTargeted)
 	if d.TagHeaders == nil {
 		d.TagHeaders = []string{"Cache-Tag", "Surrogate-Key"}
 	}

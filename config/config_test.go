@@ -476,10 +476,11 @@ func TestWorkerCount(t *testing.T) {
 // lock_timeout, which is no wait in Go), what it sets is kept, and the
 // core gets it.
 func TestCacheBlock(t *testing.T) {
-	c := mustParse(t, "[[cache]]\npath = \"/a/*\"\n[[cache]]\npath = \"/b\"\nmethods = [\"get\"]\nttl = \"10m\"\nmax_body = \"4KiB\"\ntag_headers = []\nlock_timeout = \"0s\"\nheuristic = true\n")
+	c := mustParse(t, "[[cache]]\npath = \"/a/*\"\n[[cache]]\npath = \"/b\"\nmethods = [\"get\"]\nttl = \"10m\"\nmax_body = \"4KiB\"\ntag_headers = []\nlock_timeout = \"0s\"\nheuristic = true\ntargeted = \"Edge-Cache-Control\"\n")
 	want := []Cache{
-		{Path: "/a/*", Methods: []string{"GET", "HEAD"}, TTL: 24 * time.Hour, MaxBody: 1 << 20, TagHeaders: []string{"Cache-Tag", "Surrogate-Key"}, LockTimeout: 5 * time.Second},
-		{Path: "/b", Methods: []string{"GET"}, TTL: 10 * time.Minute, MaxBody: 4 << 10, TagHeaders: []string{}, Heuristic: true},
+		{Path: "/a/*", Methods: []string{"GET", "HEAD"}, TTL: 24 * time.Hour, MaxBody: 1 << 20, TagHeaders: []string{"Cache-Tag", "Surrogate-Key"}, LockTimeout: 5 * time.Second,
+			Targeted: "Preforkd-Cache-Control"},
+		{Path: "/b", Methods: []string{"GET"}, TTL: 10 * time.Minute, MaxBody: 4 << 10, TagHeaders: []string{}, Heuristic: true, Targeted: "Edge-Cache-Control"},
 	}
 	if !reflect.DeepEqual(c.Caches, want) {
 		t.Fatalf("caches = %+v\nwant %+v", c.Caches, want)
@@ -488,14 +489,15 @@ func TestCacheBlock(t *testing.T) {
 		t.Fatalf("a block built in Go: %+v", g)
 	}
 	o, err := c.CoreOptions()
-	if err != nil || len(o.Caches) != 2 || o.Caches[1].MaxBody != 4<<10 || !o.Caches[1].Heuristic || len(o.Caches[1].TagHeaders) != 0 || o.Caches[0].LockTimeout != 5*time.Second {
+	if err != nil || len(o.Caches) != 2 || o.Caches[1].MaxBody != 4<<10 || !o.Caches[1].Heuristic || len(o.Caches[1].TagHeaders) != 0 || o.Caches[0].LockTimeout != 5*time.Second ||
+		o.Caches[1].Targeted != "Edge-Cache-Control" {
 		t.Fatalf("core options: %+v %v", o.Caches, err)
 	}
 	var b strings.Builder
 	c.WriteEffective(&b)
 	for _, line := range []string{
-		`cache /a/*: methods=GET,HEAD ttl=24h0m0s max_body=1MiB lock_timeout=5s heuristic=false tag_headers=Cache-Tag,Surrogate-Key`,
-		`cache /b: methods=GET ttl=10m0s max_body=4KiB lock_timeout=0s heuristic=true tag_headers=""`,
+		`cache /a/*: methods=GET,HEAD ttl=24h0m0s max_body=1MiB lock_timeout=5s heuristic=false targeted=Preforkd-Cache-Control tag_headers=Cache-Tag,Surrogate-Key`,
+		`cache /b: methods=GET ttl=10m0s max_body=4KiB lock_timeout=0s heuristic=true targeted=Edge-Cache-Control tag_headers=""`,
 	} {
 		if !strings.Contains(b.String(), line+"\n") {
 			t.Errorf("WriteEffective lacks %q:\n%s", line, b.String())

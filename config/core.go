@@ -54,7 +54,8 @@ func (d Cache) core(ro route.Options) (core.Cache, error) {
 	if err != nil {
 		return core.Cache{}, err
 	}
-	b := core.Cache{Route: rt, TTL: d.TTL, MaxBody: int64(d.MaxBody), TagHeaders: d.TagHeaders, LockTimeout: d.LockTimeout, Heuristic: d.Heuristic}
+	b := core.Cache{Route: rt, TTL: d.TTL, MaxBody: int64(d.MaxBody), TagHeaders: d.TagHeaders, LockTimeout: d.LockTimeout, Heuristic: d.Heuristic,
+		Targeted: d.Targeted}
 	return b, b.Check()
 }
 

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -17,7 +18,7 @@ import (
 type cacheState struct {
 	blk       *cacheBlock
 	xc        xcache // what X-Cache says
-	flags     uint8
+	flags     uint16
 	fieldsAt  int        // index of X-Cache in fields, on a pass
 	primary   shm.Key    // the request's primary key
 	key       shm.Key    // the key looked up last (primary or variant)
@@ -25,11 +26,18 @@ type cacheState struct {
 	lock      shm.Ticket // the fill lock, while cFill
 	entryTk   shm.Ticket // the entry in ent
 	urlHash   uint64
-	urlGen    uint64 // the URL's generation before the fetch
-	epoch     uint64 // the tag epoch before the fetch
-	buf       []byte // the entry found, copied out of the table
-	ent       entry  // buf decoded
-	varyNames [maxVary]string
+	urlGen    uint64          // the URL's generation before the fetch
+	epoch     uint64          // the tag epoch before the fetch
+	buf       []byte          // the entry found, copied out of the table
+	ent       httpcache.Entry // buf decoded
+	varyNames [httpcache.MaxVary]string
+
+	// A revalidation: the validators sent (Forward.Add), and the entry a
+	// 304 refreshed, stored when the exchange completes.
+	validators [2]Field
+	nval       int
+	refreshed  fillPlan
+	dropAfter  bool // the 304 made the entry unstorable: it goes
 }
 
 // What the X-Cache field says, and what the exchange is counted as.
@@ -41,9 +49,11 @@ const (
 	xStale
 	xMiss
 	xBypass
+	xRevalidated
 )
 
-var xcacheValues = [...][]byte{xHit: []byte("HIT"), xStale: []byte("STALE"), xMiss: []byte("MISS"), xBypass: []byte("BYPASS")}
+var xcacheValues = [...][]byte{xHit: []byte("HIT"), xStale: []byte("STALE"), xMiss: []byte("MISS"), xBypass: []byte("BYPASS"),
+	xRevalidated: []byte("REVALIDATED")}
 
 const hdrXCache = "X-Cache"
 
@@ -55,6 +65,8 @@ const (
 	cInvalidate             // an unsafe request: invalidate its URL if it succeeds
 	cAuth                   // the request has Authorization
 	cStale                  // cent (in cbuf) is a stale entry stale-if-error may serve
+	cRevalidate             // the fill is a conditional request for the entry in ent
+	cRefreshed              // a 304 refreshed it: refreshed is the new entry
 )
 
 // decideCache runs a request of the first cache block whose path matches it.
@@ -113,7 +125,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		}
 		f = ex.found(f)
 		ex.cache.key, ex.cache.flags = ex.cache.primary, ex.cache.flags&^cVariant
-		if f.Data != nil && ex.cache.ent.stub() {
+		if f.Data != nil && ex.cache.ent.Stub() {
 			names := stubNames(&ex.cache.ent, ex.cache.varyNames[:0])
 			ex.cache.namesHash = namesHash(names)
 			ex.cache.key = c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], names))
@@ -121,7 +133,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 			if f, err = tab.CacheLookup(ex.cache.key, now, ex.cache.buf[:0]); err != nil {
 				return ex.cachePass(xMiss)
 			}
-			if f = ex.found(f); f.Data != nil && ex.cache.ent.stub() {
+			if f = ex.found(f); f.Data != nil && ex.cache.ent.Stub() {
 				tab.CacheEvict(f.Entry) // a stub under a variant key: not ours
 				f.Data = nil
 			}
@@ -140,6 +152,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 				if lock, held, err := tab.CacheLock(ex.cache.key, now); err == nil && held {
 					ex.cache.lock = lock
 					ex.cache.flags |= cFill | cRefresh
+					ex.conditional()
 					c.row.Add(metrics.CacheRefreshes, 0, 1)
 				}
 			}
@@ -161,6 +174,9 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 				ex.cache.flags |= cFill
 				if state == stIfError {
 					ex.cache.flags |= cStale // keep it for Fallback
+				}
+				if state != stAbsent {
+					ex.conditional() // a stale entry: validated if it can be
 				}
 				return ex.cachePass(xMiss)
 			}
@@ -190,7 +206,7 @@ func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
 		return f
 	}
 	ex.cache.buf, ex.cache.entryTk = f.Data, f.Entry
-	if !decodeEntry(f.Data, &ex.cache.ent) {
+	if !httpcache.Decode(f.Data, &ex.cache.ent) {
 		ex.c.region.Responses().CacheEvict(f.Entry)
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		f.Data = nil
@@ -200,10 +216,11 @@ func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
 
 // What an entry found is good for.
 const (
-	stAbsent     = iota // none, purged, or too stale to serve
+	stAbsent     = iota // none, or purged
 	stFresh             // serve it
 	stRevalidate        // stale within stale-while-revalidate: serve it, refresh it
 	stIfError           // stale within stale-if-error: serve it only if a fetch fails
+	stStale             // too stale to serve: fetched again, conditionally if it has a validator
 )
 
 // judge says what the entry in ex.cent is good for at now, and its age. A
@@ -215,23 +232,23 @@ func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		return stAbsent, 0
 	}
-	age = max(e.age+now-e.stored, 0)
+	age = max(e.Age+now-e.Stored, 0)
 	switch {
-	case age < e.fresh:
+	case age < e.Fresh:
 		return stFresh, age
-	case age-e.fresh < e.swr:
+	case age-e.Fresh < e.SWR:
 		return stRevalidate, age
-	case age-e.fresh < e.sie:
+	case age-e.Fresh < e.SIE:
 		return stIfError, age
 	}
-	return stAbsent, age
+	return stStale, age
 }
 
 // gensCurrent reports whether every generation e recorded is current.
-func (ex *Exchange) gensCurrent(e *entry) bool {
+func (ex *Exchange) gensCurrent(e *httpcache.Entry) bool {
 	tags := ex.c.region.Tags()
-	for g := e.gens; len(g) >= 16; g = g[16:] {
-		if tags.Gen(le64(g)) != le64(g[8:]) {
+	for i := range e.NumGens() {
+		if hash, gen := e.Gen(i); tags.Gen(hash) != gen {
 			return false
 		}
 	}
@@ -246,36 +263,66 @@ func (ex *Exchange) cachePass(x xcache) (Verdict, bool) {
 	return Pass, true
 }
 
-// serve answers with the entry in ex.cent, of age age: 304 to a
-// conditional request it satisfies (If-None-Match, else If-Modified-Since),
-// else its status, fields and body (none to HEAD), with Age and X-Cache.
+// serve answers with the entry in ex.cache.ent, of age age: 304 to a
+// conditional request it satisfies (If-None-Match, else
+// If-Modified-Since), else its status, fields and body (none to HEAD),
+// with Age and X-Cache. Hidden fields are not sent.
 func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 	e := &ex.cache.ent
 	ex.cache.xc = x
-	status := e.status
+	status := e.Status
 	notModified := status >= 200 && status < 300 && ex.notModified(e)
 	if notModified {
 		status = http.StatusNotModified
 		ex.c.row.Add(metrics.CacheNotModified, 0, 1)
 	}
-	_, hasETag := e.get("Etag")
-	for f := e.fields; len(f) > 0; {
+	body := e.Body
+	from, to, ranged := 0, 0, rangeWhole
+	if status == http.StatusOK && ex.req.Method() == http.MethodGet {
+		if from, to, ranged = ex.byteRange(e); ranged == rangePart {
+			status, body = http.StatusPartialContent, body[from:to]
+		} else if ranged == rangeNone {
+			status = http.StatusRequestedRangeNotSatisfiable
+		}
+	}
+	_, hasETag := e.Get("Etag")
+	for f := e.Fields; len(f) > 0; {
 		var name string
 		var value []byte
-		name, value, f = nextField(f)
-		if notModified && !in304(name, hasETag) {
+		var hidden bool
+		name, value, hidden, f = httpcache.NextField(f)
+		if hidden || notModified && !in304(name, hasETag) || ranged == rangeNone && name != "Date" {
 			continue
 		}
 		ex.fields = append(ex.fields, Field{name, value})
 	}
-	ex.addField("Age", func(b []byte) []byte { return strconv.AppendInt(b, int64(min(age/time.Second, maxDelta)), 10) })
+	if ranged != rangeWhole {
+		n := len(e.Body)
+		ex.addField("Content-Range", func(b []byte) []byte {
+			if ranged == rangeNone {
+				b = append(b, "bytes */"...)
+			} else {
+				b = append(b, "bytes "...)
+				b = strconv.AppendInt(b, int64(from), 10)
+				b = append(b, '-')
+				b = strconv.AppendInt(b, int64(to-1), 10)
+				b = append(b, '/')
+			}
+			return strconv.AppendInt(b, int64(n), 10)
+		})
+	}
+	ex.addField("Age", func(b []byte) []byte {
+		return strconv.AppendInt(b, int64(min(age/time.Second, httpcache.MaxDelta)), 10)
+	})
 	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
-	var body []byte
-	if !notModified && BodyAllowed(status) {
-		n := len(e.body)
+	if notModified || !BodyAllowed(status) || ranged == rangeNone {
+		body = nil
+	} else {
+		n := len(body)
 		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(n), 10) })
-		if ex.req.Method() != http.MethodHead {
-			body = e.body
+		if ex.req.Method() == http.MethodHead {
+			body = nil
+		} else {
 			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
 		}
 	}
@@ -299,27 +346,28 @@ func in304(name string, hasETag bool) bool {
 // notModified evaluates the request's If-None-Match against the entry's
 // ETag, or, without it, If-Modified-Since against its Last-Modified (or
 // Date) (RFC 9110 §13.2.2).
-func (ex *Exchange) notModified(e *entry) bool {
+func (ex *Exchange) notModified(e *httpcache.Entry) bool {
 	if inm := ex.req.HeaderLines("If-None-Match", ex.lines[:0]); len(inm) > 0 {
-		etag, ok := e.get("Etag")
-		return ok && etagMatch(inm, etag)
+		etag, ok := e.Get("Etag")
+		return ok && httpcache.ETagMatch(inm, etag)
 	}
 	ims, n := ex.req.Header("If-Modified-Since")
 	if n != 1 {
 		return false
 	}
-	since, err := http.ParseTime(ims)
-	if err != nil {
+	wall := ex.c.wall()
+	since, ok := httpcache.ParseHTTPDate(ims, wall)
+	if !ok {
 		return false
 	}
-	lm, ok := e.get("Last-Modified")
+	lm, ok := e.Get("Last-Modified")
 	if !ok {
-		if lm, ok = e.get("Date"); !ok {
+		if lm, ok = e.Get("Date"); !ok {
 			return false
 		}
 	}
-	mod, err := http.ParseTime(lm)
-	return err == nil && !mod.After(since)
+	mod, ok := httpcache.ParseHTTPDate(lm, wall)
+	return ok && !mod.After(since)
 }
 
 // fallback is the stored response that stale-if-error lets the cache
@@ -336,7 +384,7 @@ func (ex *Exchange) fallback(status int) *Response {
 		return nil
 	}
 	state, age := ex.judge(ex.c.now())
-	if state == stAbsent || state == stFresh {
+	if state != stRevalidate && state != stIfError {
 		return nil
 	}
 	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
@@ -380,5 +428,7 @@ func (ex *Exchange) releaseCache() {
 		c.row.Add(metrics.CacheRequests, metrics.CacheMiss, 1)
 	case xBypass:
 		c.row.Add(metrics.CacheRequests, metrics.CacheBypass, 1)
+	case xRevalidated:
+		c.row.Add(metrics.CacheRequests, metrics.CacheRevalidated, 1)
 	}
 }

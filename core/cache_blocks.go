@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -38,7 +39,22 @@ type Cache struct {
 	// 9110 §15.1 makes heuristically cacheable. Off, such responses are
 	// not stored.
 	Heuristic bool
+	// Targeted is the cache's own targeted cache-control field (RFC
+	// 9213): when a response has it, valid, its directives decide, before
+	// CDN-Cache-Control's and instead of Cache-Control's and Expires. It
+	// is never sent to clients (it speaks to this cache alone);
+	// CDN-Cache-Control is, for the CDNs in front. Empty means
+	// DefaultTargeted.
+	Targeted string
 }
+
+// DefaultTargeted is the targeted field a cache block obeys when
+// Cache.Targeted is empty.
+const DefaultTargeted = "Preforkd-Cache-Control"
+
+// cdnCacheControl is the targeted field of every CDN (RFC 9213 §3), second
+// on each block's target list.
+const cdnCacheControl = "Cdn-Cache-Control"
 
 // maxCacheBody bounds MaxBody: an entry's length is 32 bits.
 const maxCacheBody = 1 << 30
@@ -77,6 +93,12 @@ func (d *Cache) Check() error {
 			return fail("TagHeaders", "tag_headers: %q is not a valid header name", h)
 		}
 	}
+	if t := d.Targeted; t != "" && !route.IsToken(t) {
+		return fail("Targeted", "targeted: %q is not a valid header name", t)
+	}
+	if t := textproto.CanonicalMIMEHeaderKey(d.Targeted); t == cdnCacheControl || t == "Cache-Control" {
+		return fail("Targeted", "targeted: %s is not a field of this cache's own (CDN-Cache-Control and Cache-Control are obeyed anyway)", d.Targeted)
+	}
 	return nil
 }
 
@@ -88,7 +110,9 @@ type cacheBlock struct {
 	maxBody     int64
 	tagHeaders  []string // canonical
 	lockTimeout time.Duration
-	heuristic   bool
+	policy      httpcache.Policy // TTL, heuristic and the target list
+	own         string           // the block's targeted field (canonical): hidden
+	hide        []string         // Forward.Hide: own
 }
 
 func (c *Core) compileCaches(ds []Cache) error {
@@ -109,8 +133,13 @@ func (c *Core) compileCaches(ds []Cache) error {
 			ttl:         d.TTL,
 			maxBody:     d.MaxBody,
 			lockTimeout: d.LockTimeout,
-			heuristic:   d.Heuristic,
 		}
+		b.own = DefaultTargeted
+		if d.Targeted != "" {
+			b.own = textproto.CanonicalMIMEHeaderKey(d.Targeted)
+		}
+		b.hide = []string{b.own}
+		b.policy = httpcache.Policy{TTL: d.TTL, Heuristic: d.Heuristic, Targets: []string{b.own, cdnCacheControl}}
 		tags := d.TagHeaders
 		if tags == nil {
 			tags = defaultTagHeaders

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
@@ -30,7 +31,16 @@ func (ex *Exchange) completeCache(rec *recorded) {
 	c := ex.c
 	tab := c.region.Responses()
 	now := c.now()
-	p, drop := ex.storable(rec, now)
+	var p fillPlan
+	var drop bool
+	switch {
+	case ex.cache.flags&cRefreshed != 0:
+		p = ex.cache.refreshed // a 304 refreshed the entry
+	case ex.cache.flags&cRevalidate != 0 && ex.cache.dropAfter:
+		drop = true // validated, but no longer to be stored
+	default:
+		p, drop = ex.storable(rec, now)
+	}
 	if p.data == nil {
 		tab.CacheUnlock(ex.cache.lock)
 		if drop {
@@ -67,17 +77,6 @@ var unstoredFields = map[string]bool{
 // maxStoredFields bounds the field lines of a stored response.
 const maxStoredFields = 1024
 
-// heuristicStatus are the statuses a heuristic freshness may apply to
-// (RFC 9110 §15.1, but 206 and 501: partial and error responses are
-// never stored here).
-func heuristicStatus(s int) bool {
-	switch s {
-	case 200, 203, 204, 300, 301, 308, 404, 405, 410, 414:
-		return true
-	}
-	return false
-}
-
 // storable decides whether rec may be stored and makes its entry; when it
 // may not, drop says whether the key's stored response is outdated by it
 // (a newer response that is not to be stored), rather than by a failure
@@ -85,94 +84,40 @@ func heuristicStatus(s int) bool {
 // may still be served under stale-if-error.
 func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop bool) {
 	switch s := rec.Status; {
-	case rec.Failed, rec.Hijacked, s >= 500:
+	case rec.Failed, rec.Hijacked:
 		return p, false
-	case s < 200 || s == http.StatusPartialContent || s == http.StatusNotModified:
+	case s < 200 || s == http.StatusPartialContent || s == http.StatusNotModified || s > 599:
 		return p, false
 	case rec.Overflow || int64(len(rec.Body)) > ex.cache.blk.maxBody:
-		return p, true
+		return p, s < 500
 	}
+	return ex.plan(rec.Status, rec.Header, rec.Body, now)
+}
+
+// plan makes the entry of a response (RFC 9111 as httpcache.Judge reads
+// it), arrived at now, when it may be stored, with the generations its
+// URL and tags had before it was fetched; drop is as for storable.
+func (ex *Exchange) plan(status int, h []httpcache.Field, body []byte, now time.Duration) (p fillPlan, drop bool) {
 	b, c := ex.cache.blk, ex.c
-	h := rec.Header
-	var lb [8]string
-	cc := parseCacheControl(fieldLines(h, "Cache-Control", lb[:0]))
-	switch {
-	case cc.noStore, cc.private, cc.noCache:
-		// no-cache: every use needs a validation, which this cache does
-		// not make; the response is as good as not storable.
-		return p, true
-	case hasField(h, "Set-Cookie"):
-		return p, true
-	case ex.cache.flags&cAuth != 0 && !cc.public && cc.sMaxAge < 0 && !cc.mustRevalidate:
-		// RFC 9111 §3.5: the response to a request with credentials is
-		// for its client only. The stored response (of a request without)
-		// is not outdated by it.
-		return p, false
-	}
-	names, star := parseVary(fieldLines(h, "Vary", lb[:0]))
-	if star || len(names) > maxVary {
-		return p, true
-	}
-	p.names = names
-
-	// Freshness (RFC 9111 §4.2.1): s-maxage, max-age, Expires - Date, or
-	// a heuristic when the block allows one.
 	wall := c.wall()
-	date := wall
-	if d, n := firstField(h, "Date"); n > 0 {
-		if t, err := http.ParseTime(d); err == nil {
-			date = t
-		}
+	j := httpcache.Judge(status, h, &b.policy, ex.cache.flags&cAuth != 0, wall, max(now-ex.clock(), 0))
+	if !j.Store {
+		return p, j.Outdates
 	}
-	fresh := time.Duration(-1)
-	switch {
-	case cc.sMaxAge >= 0:
-		fresh = time.Duration(cc.sMaxAge) * time.Second
-	case cc.maxAge >= 0:
-		fresh = time.Duration(cc.maxAge) * time.Second
-	default:
-		if e, n := firstField(h, "Expires"); n > 0 {
-			fresh = 0 // an invalid date ("0") is in the past
-			if t, err := http.ParseTime(e); err == nil {
-				fresh = max(t.Sub(date), 0)
-			}
-		} else if lm, n := firstField(h, "Last-Modified"); n > 0 && b.heuristic && heuristicStatus(rec.Status) {
-			if t, err := http.ParseTime(lm); err == nil {
-				fresh = max(date.Sub(t)/10, 0)
-			}
-		}
-	}
-	if fresh < 0 {
-		return p, true // no freshness: nothing to serve it for
-	}
-	fresh = min(fresh, b.ttl)
-	swr := min(time.Duration(max(cc.swr, 0))*time.Second, b.ttl)
-	sie := min(time.Duration(max(cc.sie, 0))*time.Second, b.ttl)
-	if cc.mustRevalidate || cc.proxyRevalidate {
-		swr, sie = 0, 0 // never served stale (RFC 9111 §5.2.2.2)
-	}
-
-	// Age (RFC 9111 §4.2.3): the larger of what the clocks say and what
-	// the Age field plus the round trip say.
-	ageValue := time.Duration(0)
-	if a, n := firstField(h, "Age"); n > 0 {
-		ageValue = time.Duration(parseDelta(trimOWS(a))) * time.Second
-	}
-	apparent := max(wall.Sub(date), 0)
-	corrected := ageValue + max(now-ex.clock(), 0)
-	age := max(apparent, corrected)
-	p.expiry = now - age + fresh + max(swr, sie)
+	p.names = j.Names
+	p.expiry = now - j.Age + j.Fresh + max(j.SWR, j.SIE) + j.Keep
 	if p.expiry <= now {
-		return p, true // stale on arrival, and too stale to serve
+		return p, true
 	}
 
 	// Generations: the URL's as it was before the fetch, the tags' as
 	// they are now, unless a tag purge ran since the fetch began.
-	var tb [maxTags]string
+	var lb [8]string
+	var tb [httpcache.MaxTags]string
 	tagList := tb[:0]
 	for _, name := range b.tagHeaders {
 		var ok bool
-		if tagList, ok = appendTags(tagList, fieldLines(h, name, lb[:0])); !ok {
+		if tagList, ok = httpcache.AppendTags(tagList, httpcache.Lines(h, name, lb[:0])); !ok {
 			return p, true
 		}
 	}
@@ -180,38 +125,41 @@ func (ex *Exchange) storable(rec *recorded, now time.Duration) (p fillPlan, drop
 	if tags.Gen(ex.cache.urlHash) != ex.cache.urlGen {
 		return p, false // invalidated while it was fetched
 	}
-	var w entryWriter
-	w.begin(make([]byte, 0, entryFixed+16*(1+len(tagList))+256+len(rec.Body)), 0, rec.Status, now, age, fresh, swr, sie, 1+len(tagList))
-	w.gen(0, ex.cache.urlHash, ex.cache.urlGen)
+	var w httpcache.Writer
+	w.Begin(make([]byte, 0, httpcache.EntryFixed+16*(1+len(tagList))+256+len(body)), 0, status, now, j.Age, j.Fresh, j.SWR, j.SIE, 1+len(tagList))
+	w.Gen(0, ex.cache.urlHash, ex.cache.urlGen)
 	for i, t := range tagList {
 		th := tagHash(c.region, t)
-		w.gen(1+i, th, tags.Gen(th))
+		w.Gen(1+i, th, tags.Gen(th))
 	}
 	if len(tagList) > 0 && tags.Epoch() != ex.cache.epoch {
 		return p, false // a tag purge ran since the fetch began
 	}
 
 	// Fields: everything end to end, but what the core added and what the
-	// Connection field names.
+	// Connection field names; the block's own targeted field is kept
+	// hidden. A response without a valid Date gets the time it arrived.
 	var cb [8]string
-	conn := fieldLines(h, "Connection", cb[:0])
+	conn := httpcache.Lines(h, "Connection", cb[:0])
 	n := 0
 	for _, f := range h {
 		name := textproto.CanonicalMIMEHeaderKey(f.Name)
 		switch {
-		case unstoredFields[name], ex.coreField(name), connectionNames(conn, name):
+		case unstoredFields[name], ex.coreField(name), connectionNames(conn, name), j.NoDate && name == "Date":
 			continue
-		case len(f.Value) > maxFieldValue || n == maxStoredFields:
+		case len(f.Value) > httpcache.MaxFieldValue || len(name) > httpcache.MaxFieldName || n == maxStoredFields:
 			return p, true
 		}
-		w.field(name, f.Value)
+		w.Field(name, f.Value, name == b.own)
 		n++
 	}
-	body := rec.Body
-	if !BodyAllowed(rec.Status) {
+	if j.NoDate {
+		w.Field("Date", wall.UTC().AppendFormat(nil, http.TimeFormat), false)
+	}
+	if !BodyAllowed(status) {
 		body = nil
 	}
-	p.data = w.finish(body)
+	p.data = w.Finish(body)
 	return p, false
 }
 
@@ -245,12 +193,12 @@ func (ex *Exchange) put(p *fillPlan, now time.Duration) bool {
 	}
 	k1 := ex.c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], p.names))
 	stored := ex.fillKey(k1, p.data, p.expiry, now)
-	var w entryWriter
-	w.begin(nil, entryStub, 0, now, 0, 0, 0, 0, 0)
+	var w httpcache.Writer
+	w.Begin(nil, httpcache.EntryStub, 0, now, 0, 0, 0, 0, 0)
 	for _, n := range p.names {
-		w.field(n, nil)
+		w.Field(n, nil, false)
 	}
-	stub, stubExpiry := w.finish(nil), p.expiry+ex.cache.blk.ttl
+	stub, stubExpiry := w.Finish(nil), p.expiry+ex.cache.blk.ttl
 	if !variant {
 		tab.CacheFill(lock, stub, stubExpiry, now)
 	} else {
@@ -307,9 +255,9 @@ func (ex *Exchange) invalidate(rec *recorded) {
 	host, _ := ex.req.Header("Host")
 	loc := rec.Location
 	if loc == "" {
-		loc, _ = firstField(rec.Header, "Location")
+		loc = firstField(rec.Header, "Location")
 	}
-	cloc, _ := firstField(rec.Header, "Content-Location")
+	cloc := firstField(rec.Header, "Content-Location")
 	for _, v := range [...]string{loc, cloc} {
 		path, query, ok := sameOrigin(v, host)
 		if !ok {
@@ -357,33 +305,12 @@ func sameOrigin(v, host string) (path, query string, ok bool) {
 	return path, query, true
 }
 
-// fieldLines appends the values of the field lines called name (case-
-// insensitively: engines may keep names as sent) to dst.
-func fieldLines(h []Field, name string, dst []string) []string {
+// firstField is the value of the first field line of h called name.
+func firstField(h []httpcache.Field, name string) string {
 	for _, f := range h {
 		if strings.EqualFold(f.Name, name) {
-			dst = append(dst, string(f.Value))
+			return string(f.Value)
 		}
 	}
-	return dst
-}
-
-// firstField is the value of the first field line called name, and how
-// many there are.
-func firstField(h []Field, name string) (string, int) {
-	first, n := "", 0
-	for _, f := range h {
-		if strings.EqualFold(f.Name, name) {
-			if n == 0 {
-				first = string(f.Value)
-			}
-			n++
-		}
-	}
-	return first, n
-}
-
-func hasField(h []Field, name string) bool {
-	_, n := firstField(h, name)
-	return n > 0
+	return ""
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/preforkd/preforkd/core/httpcache"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -29,9 +30,6 @@ const (
 	nsCacheURL     = 0x3a91_5d0c_7e2b_4f03
 	nsCacheTag     = 0x3a91_5d0c_7e2b_4f04
 )
-
-// maxVary bounds the fields a stored response may vary on.
-const maxVary = 16
 
 // appendURL appends the request's URL identity: forward path, '?', query.
 func (ex *Exchange) appendURL(b []byte) []byte {
@@ -74,10 +72,10 @@ func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 }
 
 // stubNames appends the Vary names of stub e to dst (aliasing e).
-func stubNames(e *entry, dst []string) []string {
-	for f := e.fields; len(f) > 0 && len(dst) < maxVary; {
+func stubNames(e *httpcache.Entry, dst []string) []string {
+	for f := e.Fields; len(f) > 0 && len(dst) < httpcache.MaxVary; {
 		var n string
-		n, _, f = nextField(f)
+		n, _, _, f = httpcache.NextField(f)
 		dst = append(dst, n)
 	}
 	return dst
@@ -98,8 +96,6 @@ func (c *Core) urlHash(id []byte) uint64 { return c.region.Counters().KeyOf(nsCa
 func tagHash(r *shm.Region, tag string) uint64 {
 	return r.Counters().KeyOfString(nsCacheTag, tag).A
 }
-
-func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
 
 // PurgeTag purges the entries tagged tag (a value of a tag field, as the
 // response sent it), in every process of the region at once: one

@@ -132,7 +132,14 @@ func forward(ex *core.Exchange, app func(core.Forward) fakeResp) (answer, error)
 	if r := ex.Head(resp.status, resp.header); r != nil {
 		return answerOf(r), nil
 	}
-	a := answer{status: resp.status, header: append(append(fakeHeader(nil), resp.header...), ex.Fields()...), body: resp.body}
+	fwd := ex.Forward()
+	a := answer{status: resp.status, body: resp.body}
+	for _, f := range resp.header {
+		if !fwd.Hidden(f.Name) {
+			a.header = append(a.header, f)
+		}
+	}
+	a.header = append(a.header, ex.Fields()...)
 	ex.Body(resp.body)
 	if resp.cut {
 		return a, errCut

@@ -64,7 +64,13 @@ func (ex *Exchange) forwardReset(f *Forward) {
 	if c.reset == "" {
 		return
 	}
-	f.Hide = c.resetHide
+	if len(f.Hide) == 0 {
+		f.Hide = c.resetHide
+	} else {
+		// A cache block's own targeted field too: rare, and a small
+		// allocation.
+		f.Hide = append(f.Hide[:len(f.Hide):len(f.Hide)], c.reset)
+	}
 	switch {
 	case len(f.Drop) == 0:
 		f.Drop = c.resetHide

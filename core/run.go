@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+
+	"github.com/preforkd/preforkd/core/httpcache"
 )
 
 // The engine's side of an exchange, from the verdict to the end: what it
@@ -51,10 +53,27 @@ type Forward struct {
 	// names): a cache fill's conditional and range fields, since what it
 	// stores must be whole; the reset header (reset.go).
 	Drop []string
-	// Hide are the fields of the application's response not to send
-	// (canonical names): the reset header, which is for the core alone
+	// Add are fields to add to the forwarded request, after its own: the
+	// validators of the stale response a cache fill revalidates
+	// (If-None-Match, If-Modified-Since). Their values alias the
+	// exchange's memory.
+	Add []Field
+	// Hide are the fields of the application's response not to send on
+	// (canonical names): the cache's own targeted field, which speaks to
+	// this cache alone, and the reset header, which is for the core alone
 	// (reset.go). The engine drops them from the head it sends.
 	Hide []string
+}
+
+// Hidden reports whether the response field called name (in any case)
+// is one of Hide.
+func (f *Forward) Hidden(name string) bool {
+	for _, h := range f.Hide {
+		if strings.EqualFold(h, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // Dropped reports whether the field called name (in any case) is one of
@@ -71,15 +90,12 @@ func (f *Forward) Dropped(name string) bool {
 // Forward is how to forward the request, once Decide let it pass.
 func (ex *Exchange) Forward() Forward {
 	f := Forward{Path: ex.forward}
-	if ex.cache.flags&cFill != 0 {
-		f.Drop = unconditionalFields
+	if ex.cache.blk != nil {
+		ex.cacheForward(&f)
 	}
 	ex.forwardReset(&f)
 	return f
 }
-
-// unconditionalFields are what a cache fill leaves out of the request.
-var unconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
 
 // Keep reports whether the application's response must be read to its end
 // even when the client has gone away: it is stored for the client's retry
@@ -92,12 +108,17 @@ func (ex *Exchange) Keep() bool {
 // Head tells the core the final status and header section of the
 // application's response (a 101 included), before any of it is sent. It
 // returns what to send instead, or nil: a stored response that
-// stale-if-error lets the cache serve in place of a 500, 502, 503 or 504.
+// stale-if-error lets the cache serve in place of a 500, 502, 503 or 504,
+// or the stored response a 304 to the cache's revalidation refreshed.
 // With a replacement, the application's response is neither sent nor
 // read further; without one, the engine sends it with Fields added.
 func (ex *Exchange) Head(status int, h Header) *Response {
 	ex.status = status
 	ex.applicationReset(h)
+	if r := ex.revalidated(status, h); r != nil {
+		ex.status = r.Status
+		return r
+	}
 	if status >= 500 {
 		if fb := ex.fallback(status); fb != nil {
 			ex.rec.Failed = true
@@ -123,7 +144,7 @@ func (ex *Exchange) recordField(name, value []byte) {
 	if ex.c.isResetField(name) {
 		return // never sent: never replayed
 	}
-	f := Field{Name: string(name), Value: append([]byte(nil), value...)}
+	f := httpcache.Field{Name: string(name), Value: append([]byte(nil), value...)}
 	ex.rec.Header = append(ex.rec.Header, f)
 	switch {
 	case ex.rec.ContentType == "" && strings.EqualFold(f.Name, "Content-Type"):
@@ -224,6 +245,9 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 		ex.refreshing = true
 		ex.rec = recorded{}
 		ex.recording = false
+		// The fields sent were the stale response's: none is added to
+		// the refresh's response, and none of its own is the core's.
+		ex.fields = ex.fields[:0]
 		return true
 	}
 	ex.release()

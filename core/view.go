@@ -3,6 +3,8 @@ package core
 import (
 	"errors"
 	"net/netip"
+
+	"github.com/preforkd/preforkd/core/httpcache"
 )
 
 // Request is the core's view of one HTTP request. Each engine's adapter
@@ -88,7 +90,7 @@ type recorded struct {
 	// case), in order; the core's own fields (Exchange.Fields) may be
 	// among them. The response cache needs it; the values may alias the
 	// engine's memory until Complete returns.
-	Header []Field
+	Header []httpcache.Field
 	// Body is the body as sent, when it was at most the limit Record gave.
 	Body []byte
 	// Overflow means the body went over that limit: Body is incomplete.

@@ -86,10 +86,11 @@ const (
 
 // Results of CacheRequests: one per request of a cache block.
 const (
-	CacheHit    = iota // from the cache, fresh
-	CacheStale         // from the cache, stale (stale-while-revalidate, stale-if-error)
-	CacheMiss          // the application answered
-	CacheBypass        // not one the cache answers (another method, If-Match, ...)
+	CacheHit         = iota // from the cache, fresh
+	CacheStale              // from the cache, stale (stale-while-revalidate, stale-if-error)
+	CacheMiss               // the application answered
+	CacheBypass             // not one the cache answers (another method, If-Match, ...)
+	CacheRevalidated        // from the cache, stale, after the application answered 304 to its validators
 )
 
 // Results of CacheFills: one per fetch that held a key's fill lock.
@@ -182,8 +183,8 @@ var families = [numFamilies]spec{
 	},
 	CacheRequests: {
 		name: "preforkd_cache_requests_total", kind: counter,
-		help:  "Requests of a cache block, by the X-Cache they were sent: hit (from the cache, fresh), stale (from the cache, stale: stale-while-revalidate or stale-if-error), miss (the application answered), bypass (not a request the cache answers).",
-		label: "result", values: []string{"hit", "stale", "miss", "bypass"},
+		help:  "Requests of a cache block, by the X-Cache they were sent: hit (from the cache, fresh), stale (from the cache, stale: stale-while-revalidate or stale-if-error), miss (the application answered), bypass (not a request the cache answers), revalidated (from the cache after the application answered 304 to its validators).",
+		label: "result", values: []string{"hit", "stale", "miss", "bypass", "revalidated"},
 	},
 	CacheNotModified: {
 		name: "preforkd_cache_not_modified_total", kind: counter,

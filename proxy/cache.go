@@ -39,7 +39,7 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 		uc, err = s.up.get(context.Background())
 		if err == nil {
 			if _, err = uc.Write(head); err == nil {
-				err = readResponseHead(uc.br, &h)
+				err = readResponseHead(uc.br, &h, nil) // nobody to tell of interim responses
 			}
 		}
 		if err == nil {

@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -75,6 +78,13 @@ type exchange struct {
 	upNot      []string // header names it did not see
 	upBody     *string  // the body it got
 	upCount    int      // how many requests the upstream saw, when not 1 (or 0 with upLine "")
+	// interim are the interim responses the client gets first: status,
+	// a space, and "Name=value " for each field.
+	interim []string
+	// then2 is the body of a second response the client gets without
+	// asking again (to a pipelined request), with no interim response
+	// before it.
+	then2 string
 }
 
 func crlf(s string) string { return strings.ReplaceAll(s, "\n", "\r\n") }
@@ -200,10 +210,11 @@ var exchanges = []exchange{
 		upBody: ptr("wikipedia"),
 	},
 	{
-		name:   "Expect: 100-continue is answered here",
-		send:   "POST /e HTTP/1.1\nHost: a\nExpect: 100-continue\nContent-Length: 3\n\nabc",
-		status: 200,
-		upLine: "POST /e HTTP/1.1", upNot: []string{"Expect"}, upBody: ptr("abc"),
+		name:    "Expect: 100-continue is answered here",
+		send:    "POST /e HTTP/1.1\nHost: a\nExpect: 100-continue\nContent-Length: 3\n\nabc",
+		interim: []string{"100 "},
+		status:  200,
+		upLine:  "POST /e HTTP/1.1", upNot: []string{"Expect"}, upBody: ptr("abc"),
 	},
 	{
 		name:   "a chunked response",
@@ -240,11 +251,26 @@ var exchanges = []exchange{
 		upLine: "GET / HTTP/1.1",
 	},
 	{
-		name:   "interim responses are not forwarded",
-		send:   "GET / HTTP/1.1\nHost: a\n\n",
-		reply:  "HTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",
-		status: 200, body: "ok",
+		name:    "interim responses are forwarded, without their hop-by-hop fields; 100 is not",
+		send:    "GET / HTTP/1.1\nHost: a\n\n",
+		reply:   "HTTP/1.1 100 Continue\n\nHTTP/1.1 102 Processing\n\nHTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\nConnection: keep-alive\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+		interim: []string{"102 ", "103 Link=</s.css>; rel=preload "},
+		status:  200, body: "ok",
 		upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "an HTTP/1.0 client gets no interim response",
+		send:   "GET / HTTP/1.0\nHost: a\n\n",
+		reply:  "HTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+		status: 200, body: "ok", closed: true,
+		upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a pipelined request gets no interim response: the previous response may wait in the server's buffer",
+		send:   "GET /again HTTP/1.1\nHost: a\n\nGET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\n\nHTTP/1.1 200 OK\nContent-Length: 3\n\nabc",
+		status: 200, body: "ok", then2: "abc",
+		upLine: "GET /again HTTP/1.1", upCount: 2,
 	},
 	{
 		name:   "Content-Length and Transfer-Encoding: 400, closed, nothing forwarded",
@@ -379,8 +405,17 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 		method = "HEAD"
 	}
 	resp, err := http.ReadResponse(br, &http.Request{Method: method})
+	var interim []string
 	for err == nil && resp.StatusCode < 200 && resp.StatusCode != 101 {
+		i := fmt.Sprintf("%d ", resp.StatusCode)
+		for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
+			i += fmt.Sprintf("%s=%s ", k, strings.Join(resp.Header[k], ","))
+		}
+		interim = append(interim, i)
 		resp, err = http.ReadResponse(br, &http.Request{Method: method}) // after an interim response
+	}
+	if fmt.Sprint(interim) != fmt.Sprint(x.interim) {
+		t.Errorf("interim responses %q, want %q", interim, x.interim)
 	}
 	if err != nil {
 		t.Fatalf("reading the response: %v", err)
@@ -420,6 +455,16 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 		io.Copy(io.Discard, r2.Body)
 		if r2.StatusCode != 200 {
 			t.Errorf("the second request: status %d", r2.StatusCode)
+		}
+	}
+	if x.then2 != "" {
+		r2, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil {
+			t.Fatalf("the second response: %v", err)
+		}
+		b2, _ := io.ReadAll(r2.Body)
+		if r2.StatusCode != 200 || string(b2) != x.then2 {
+			t.Errorf("the second response: %d %q, want 200 %q", r2.StatusCode, b2, x.then2)
 		}
 	}
 	if closed := isClosed(t, c, br); closed != x.closed {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/preforkd/preforkd/engine"
@@ -60,6 +61,12 @@ type conn struct {
 	// to a TCP reset.
 	linger bool
 
+	// reads counts the reads that returned bytes (the serving goroutine's,
+	// and a request body's sender's); readsAtDone is reads when the last
+	// handler ended, set by the serving goroutine (interim.go).
+	reads       atomic.Uint64
+	readsAtDone uint64
+
 	mu        sync.Mutex // guards state, served and idleSince against Shutdown
 	state     connState
 	served    int // requests begun on this connection
@@ -81,6 +88,9 @@ func (c *conn) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.reads.Add(1)
+	}
 	if n > 0 && c.head.active && c.head.scan(p[:n]) {
 		return 0, errBareLFRead
 	}

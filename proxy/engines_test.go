@@ -304,6 +304,46 @@ var cacheCases = []coreCase{
 		upSeen: []string{"GET /cached/v HTTP/1.1", "GET /cached/v HTTP/1.1", "GET /cached/star HTTP/1.1", "GET /cached/star HTTP/1.1",
 			"GET /cached/cookie HTTP/1.1", "GET /cached/cookie HTTP/1.1"},
 	},
+	{
+		name:  "a stale response is revalidated with its ETag; the 304 refreshes its fields and its Date, served on hits",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/reval HTTP/1.1\nHost: h\n\n", status: 200, body: "reval call 0001",
+				has: []string{"X-Cache: MISS", "X-A: 1", "Date: Fri, 01 Jan 2100 00:00:00 GMT"}},
+			{send: "GET /cached/reval HTTP/1.1\nHost: h\n\n", status: 200, body: "reval call 0001",
+				has: []string{"X-Cache: HIT", "X-A: 1", "Date: Fri, 01 Jan 2100 00:00:00 GMT"}},
+			{send: "GET /cached/reval HTTP/1.1\nHost: h\nIf-None-Match: \"other\"\n\n", status: 200, body: "reval call 0001", pause: 1100 * time.Millisecond,
+				has: []string{"X-Cache: REVALIDATED", "X-A: 2", "Cache-Control: max-age=60", "Content-Length: 15", "Date: Sat, 02 Jan 2100 00:00:00 GMT"}},
+			{send: "GET /cached/reval HTTP/1.1\nHost: h\n\n", status: 200, body: "reval call 0001",
+				has: []string{"X-Cache: HIT", "X-A: 2", "Date: Sat, 02 Jan 2100 00:00:00 GMT"}},
+			{send: "GET /cached/reval HTTP/1.1\nHost: h\nIf-None-Match: \"r1\"\n\n", status: 304, has: []string{"X-Cache: HIT"}},
+		},
+		upSeen: []string{"GET /cached/reval HTTP/1.1", "GET /cached/reval HTTP/1.1"},
+	},
+	{
+		name:  "a byte range of a stored response is served from it: 206, 416 past its end; several ranges get it whole",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=0-3\n\n", status: 200, body: "call 0001", has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=0-3\n\n", status: 206, body: "call",
+				has: []string{"X-Cache: HIT", "Content-Range: bytes 0-3/9", "Content-Length: 4", "Etag: \"e1\""}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=-4\nIf-Range: \"e1\"\n\n", status: 206, body: "0001", has: []string{"Content-Range: bytes 5-8/9"}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=20-\n\n", status: 416, has: []string{"Content-Range: bytes */9"}},
+			{send: "GET /cached/range HTTP/1.1\nHost: h\nRange: bytes=0-1,4-5\n\n", status: 200, body: "call 0001", hasNot: []string{"Content-Range"}},
+		},
+		upSeen: []string{"GET /cached/range HTTP/1.1"},
+	},
+	{
+		name:  "targeted fields decide before Cache-Control; preforkd's own is never sent on, CDN-Cache-Control is",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/cdn HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS", "Cdn-Cache-Control: max-age=60"}},
+			{send: "GET /cached/cdn HTTP/1.1\nHost: h\n\n", status: 200, body: "targeted call 0001", has: []string{"X-Cache: HIT", "Cdn-Cache-Control: max-age=60"}},
+			{send: "GET /cached/own HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Cache: MISS", "Cache-Control: no-store"}, hasNot: []string{"Preforkd-Cache-Control"}},
+			{send: "GET /cached/own HTTP/1.1\nHost: h\n\n", status: 200, body: "targeted call 0002", has: []string{"X-Cache: HIT"}, hasNot: []string{"Preforkd-Cache-Control"}},
+		},
+		upSeen: []string{"GET /cached/cdn HTTP/1.1", "GET /cached/own HTTP/1.1"},
+	},
 }
 
 // answer is what a client got, for comparing engines.
@@ -385,6 +425,28 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			fmt.Fprintf(w, ok+"%d\r\n\r\n%s", len(body), body)
 			return
 		}
+		switch p := req.Req.URL.Path; p {
+		case "/cached/reval":
+			// max-age=1 with a validator; a 304 to it says more fields.
+			// Its Dates are ones no server would make now.
+			if values("If-None-Match") == `"r1"` {
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nCache-Control: max-age=60\r\nEtag: \"r1\"\r\nX-A: 2\r\nDate: Sat, 02 Jan 2100 00:00:00 GMT\r\n\r\n")
+				return
+			}
+			body := fmt.Sprintf("reval call %04d", n.Add(1))
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=1\r\nEtag: \"r1\"\r\nX-A: 1\r\nDate: Fri, 01 Jan 2100 00:00:00 GMT\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			return
+		case "/cached/cdn", "/cached/own":
+			// Cache-Control says no-store to every other cache; the
+			// targeted field says max-age to this one.
+			field := "CDN-Cache-Control"
+			if p == "/cached/own" {
+				field = "Preforkd-Cache-Control"
+			}
+			body := fmt.Sprintf("targeted call %04d", n.Add(1))
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: no-store\r\n%s: max-age=60\r\nContent-Length: %d\r\n\r\n%s", field, len(body), body)
+			return
+		}
 		if p := req.Req.URL.Path; strings.HasPrefix(p, "/cached/") && req.Req.Method == "GET" {
 			if len(req.field("If-None-Match")) > 0 {
 				w.WriteString("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 36\r\n\r\na fill forwarded a conditional field")
@@ -443,7 +505,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		var h strings.Builder
 		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
 			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length",
-			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "Preforkd-Reset", "X-Seen-Reset"} {
+			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "Preforkd-Reset", "X-Seen-Reset", "X-A", "Cdn-Cache-Control", "Preforkd-Cache-Control", "Content-Range"} {
 			fmt.Fprintf(&h, "%s=%q ", k, resp.Header.Values(k))
 		}
 		out = append(out, answer{resp.StatusCode, h.String(), string(body)})

@@ -47,7 +47,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 			} else {
 				_, err = uc.Write(r.head)
 				if err == nil {
-					err = readResponseHead(uc.br, up)
+					err = readResponseHead(uc.br, up, interimTo(r))
 				}
 			}
 		}
@@ -106,10 +106,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn) {
 	resp := &ctx.Response
 	reusable := !up.ConnectionClose()
 	length := up.ContentLength()
-	copyResponseHeader(&resp.Header, up, status == http.StatusSwitchingProtocols)
-	for _, n := range r.fwd.Hide {
-		resp.Header.Del(n)
-	}
+	copyResponseHeader(&resp.Header, up, status == http.StatusSwitchingProtocols, r.fwd.Hide)
 	setFields(resp, ex.Fields())
 
 	if status == http.StatusSwitchingProtocols {
@@ -238,12 +235,12 @@ func (s *Server) upDone(uc *upConn, reusable bool) error {
 var errStray = errors.New("proxy: the upstream sent bytes past the end of its response")
 
 // readResponseHead reads the final response's header section into h,
-// skipping interim (1xx) responses but 101: they are not forwarded. A
-// head with a line ended by a bare LF, or a status outside 100-599, is
-// refused at once (502), where fasthttp would wait for a CRLF CRLF that
-// never comes, or take "099" for an interim response and wait for the
-// next, until UpstreamTimeout.
-func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader) error {
+// giving interim (1xx) responses but 101 to to, when not nil, as
+// they come. A head with a line ended by a bare LF, or a status outside
+// 100-599, is refused at once (502), where fasthttp would wait for a CRLF
+// CRLF that never comes, or take "099" for an interim response and wait
+// for the next, until UpstreamTimeout.
+func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSink) error {
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
 	for range 16 {
@@ -259,6 +256,9 @@ func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader) error {
 		}
 		if st >= 200 || st == http.StatusSwitchingProtocols {
 			return nil
+		}
+		if to != nil {
+			to.interim(h)
 		}
 	}
 	return errors.New("proxy: too many interim responses")
@@ -353,7 +353,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upConn) error {
 		}
 		sent <- err
 	}()
-	err := readResponseHead(uc.br, &r.up)
+	err := readResponseHead(uc.br, &r.up, interimTo(r))
 	var werr error
 	select {
 	case werr = <-sent:
@@ -473,11 +473,13 @@ func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
 
 // copyResponseHeader copies the upstream's response header to the client's,
 // without the hop-by-hop fields (but Upgrade and Connection on a 101; every
-// field Connection names, however many) and
-// without Date, which the server sends itself. Content-Length and
+// field Connection names, however many), its Date included (the server
+// adds one only to a response without), and without the fields
+// the core hides (core.Forward.Hide). Content-Length and
 // Transfer-Encoding are the server's to write: they frame the body it
 // sends.
-func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool) {
+func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide []string) {
+	primeDate(dst, src.Peek("Date")) // the upstream's own Date, else now
 	dst.SetStatusCode(src.StatusCode())
 	var few [8][]byte // fields named by Connection: a few, on the stack
 	named := few[:0]
@@ -500,14 +502,20 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool) {
 		default:
 			continue
 		}
-		if equalFold(k, "date") {
-			continue
-		}
-		if isNamed(k, named) {
+		if isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
 			continue
 		}
 		dst.AddBytesKV(k, v)
 	}
+}
+
+func isHidden(k []byte, hide []string) bool {
+	for _, h := range hide {
+		if len(h) == len(k) && equalFold(k, h) {
+			return true
+		}
+	}
+	return false
 }
 
 func isNamed(k []byte, named [][]byte) bool {

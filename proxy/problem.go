@@ -129,6 +129,14 @@ func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *badRequest, extra []core.Fi
 // respond writes the core's own answer.
 func (s *Server) respond(ctx *fasthttp.RequestCtx, r *core.Response) {
 	resp := &ctx.Response
+	var date []byte // a stored response's own (a cache hit), else now
+	for _, f := range r.Fields {
+		if f.Name == "Date" {
+			date = f.Value
+			break
+		}
+	}
+	primeDate(&resp.Header, date)
 	resp.SetStatusCode(r.Status)
 	setFields(resp, r.Fields)
 	resp.SetBody(r.Body)

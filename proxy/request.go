@@ -53,6 +53,11 @@ type request struct {
 	ctx *fasthttp.RequestCtx
 	c   *conn
 
+	// readsAtStart is c.reads when the handler began (interim.go);
+	// interimBuf holds an interim response being written.
+	readsAtStart uint64
+	interimBuf   []byte
+
 	raw    []byte // the raw header section (fasthttp's copy)
 	fields []field
 	inline [inlineFields]field
@@ -409,7 +414,8 @@ var _ core.Request = (*request)(nil)
 
 // appendHead appends the request head the upstream gets: the request line
 // with the forward path, the client's header lines as sent but the
-// hop-by-hop ones, X-Forwarded-For/-Proto/-Host, and the body's framing.
+// hop-by-hop ones and those the core drops, the fields the core adds,
+// X-Forwarded-For/-Proto/-Host, and the body's framing.
 func (r *request) appendHead(dst []byte) []byte {
 	dst = append(dst, r.method...)
 	dst = append(dst, ' ')
@@ -447,6 +453,13 @@ func (r *request) appendHead(dst []byte) []byte {
 			continue
 		}
 		dst = append(dst, r.raw[f.name.from:f.value.to]...)
+		dst = append(dst, "\r\n"...)
+	}
+	// The core's own fields: a cache's validators.
+	for _, f := range r.fwd.Add {
+		dst = append(dst, f.Name...)
+		dst = append(dst, ": "...)
+		dst = append(dst, f.Value...)
 		dst = append(dst, "\r\n"...)
 	}
 	// X-Forwarded-For: the chain the client sent, then the peer (nginx's

@@ -84,6 +84,8 @@ func New(opts Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: true,
 		NoDefaultServerHeader:         true,
 		NoDefaultContentType:          true,
+		// Date is the server's to write (date.go): a response keeps its own.
+		NoDefaultDate: true,
 		// The connection's own goroutine closes an upgraded connection
 		// when its tunnel ends.
 		KeepHijackedConns:     true,
@@ -272,6 +274,7 @@ func latest(a, b time.Time) time.Time {
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	r := s.requests.Get().(*request)
 	r.ctx, r.c = ctx, ctx.Conn().(*conn)
+	r.readsAtStart = r.c.reads.Load()
 	if bad := r.parse(); bad != nil {
 		s.refuse(ctx, bad, nil)
 		s.done(r)
@@ -302,11 +305,13 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	}
 	r := s.requests.Get().(*request)
 	r.ctx, r.c = ctx, c
+	r.readsAtStart = c.reads.Load()
 	defer s.done(r)
 	if bad := r.parse(); bad != nil {
 		if bad == errTarget && isOptionsAsterisk(ctx) {
 			// OPTIONS * asks about the server, not a resource: answered
 			// here, never forwarded.
+			primeDate(&ctx.Response.Header, nil)
 			ctx.Response.SetStatusCode(fasthttp.StatusOK)
 			ctx.Response.Header.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 			return
@@ -340,6 +345,9 @@ func (s *Server) serveParsed(r *request, ex *core.Exchange) {
 // request refused before the core saw it, is counted here; the core
 // counts the others when their exchange ends.
 func (s *Server) done(r *request) {
+	if c := r.c; c != nil {
+		c.readsAtDone = c.reads.Load()
+	}
 	if !r.begun {
 		s.opts.Core.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
 	}
@@ -378,6 +386,7 @@ func isOptionsAsterisk(ctx *fasthttp.RequestCtx) bool {
 // runApp serves a request that passed the core with Options.App.
 func (s *Server) runApp(r *request, ex *core.Exchange) {
 	ctx := r.ctx
+	primeDate(&ctx.Response.Header, nil) // the application may set its own
 	if r.fwd.Path != b2s(r.path) {
 		// The application gets the path the core passes on.
 		r.head = append(r.head[:0], r.fwd.Path...)
@@ -395,6 +404,9 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	}
 	for _, n := range r.fwd.Drop {
 		ctx.Request.Header.Del(n)
+	}
+	for _, f := range r.fwd.Add {
+		ctx.Request.Header.AddBytesV(f.Name, f.Value)
 	}
 	s.opts.App(ctx)
 	resp := &ctx.Response

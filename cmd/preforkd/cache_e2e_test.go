@@ -27,12 +27,13 @@ type cacheOrigin struct {
 	addr  string
 	mu    sync.Mutex
 	calls map[string]int
-	down  atomic.Bool // answer every request 503
+	inm   map[string][]string // the If-None-Match each path was asked with
+	down  atomic.Bool         // answer every request 503
 	srv   *httptest.Server
 }
 
 func startCacheOrigin(t *testing.T) *cacheOrigin {
-	o := &cacheOrigin{calls: map[string]int{}}
+	o := &cacheOrigin{calls: map[string]int{}, inm: map[string][]string{}}
 	o.srv = httptest.NewServer(http.HandlerFunc(o.serve))
 	t.Cleanup(o.srv.Close)
 	o.addr = o.srv.Listener.Addr().String()
@@ -55,6 +56,7 @@ func (o *cacheOrigin) serve(w http.ResponseWriter, r *http.Request) {
 	o.mu.Lock()
 	o.calls[r.URL.Path]++
 	n := o.calls[r.URL.Path]
+	o.inm[r.URL.Path] = append(o.inm[r.URL.Path], r.Header.Get("If-None-Match"))
 	o.mu.Unlock()
 	h := w.Header()
 	if o.down.Load() {
@@ -78,8 +80,22 @@ func (o *cacheOrigin) serve(w http.ResponseWriter, r *http.Request) {
 		h.Set("Cache-Control", "max-age=60")
 		h.Set("Set-Cookie", "session=1")
 	case "/error":
-		h.Set("Cache-Control", "max-age=60")
+		// An error status is stored only with explicit freshness.
 		w.WriteHeader(http.StatusInternalServerError)
+	case "/reval":
+		// Fresh for a second, then revalidated: a 304 to its ETag.
+		if r.Header.Get("If-None-Match") == `"reval-1"` {
+			h.Set("Cache-Control", "max-age=600")
+			h.Set("X-Validated", strconv.Itoa(n))
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		h.Set("Cache-Control", "max-age=1")
+		h.Set("Etag", fmt.Sprintf(`"reval-%d"`, n))
+	case "/targeted":
+		// For every other cache, no-store; for this one, fresh.
+		h.Set("Cache-Control", "no-store")
+		h.Set("Preforkd-Cache-Control", "max-age=600")
 	case "/vary":
 		h.Set("Cache-Control", "max-age=60")
 		h.Set("Vary", "Accept-Encoding")
@@ -162,6 +178,47 @@ func TestCacheE2E(t *testing.T) {
 	t.Run("hits", parallel(cacheTestHits))
 	t.Run("semantics", parallel(cacheTestSemantics))
 	t.Run("persistence", parallel(cacheTestPersistence))
+	t.Run("revalidation after a restart", parallel(cacheTestRevalidationPersists))
+}
+
+// A stale entry restored from the dump is revalidated with its ETag (a
+// 304 refreshes it, the stored body is served), and an entry stored by
+// preforkd's own targeted field is still a hit after the restart, the
+// field still kept from clients.
+func cacheTestRevalidationPersists(t *testing.T) {
+	o := startCacheOrigin(t)
+	dump := filepath.Join(t.TempDir(), "dump")
+	cfg, _ := cacheConfig(t, o, fmt.Sprintf("\n[persist]\npath = %q\nkey = \"v1\"\n", dump))
+	c := newClient(t, nil, false)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	reval, targeted := getAs(c, d.url("/reval"), "site.test"), getAs(c, d.url("/targeted"), "site.test")
+	if xcache(reval) != "MISS" || xcache(targeted) != "MISS" || targeted.header.Get("Preforkd-Cache-Control") != "" {
+		t.Fatalf("before the restart: %q %q %v", xcache(reval), xcache(targeted), targeted.header)
+	}
+	d.stop()
+	time.Sleep(time.Until(reval.end.Add(1100 * time.Millisecond))) // /reval is stale
+
+	d = startDaemon(t, daemonOptions{config: cfg, admin: true})
+	r := getAs(c, d.url("/reval"), "site.test")
+	if xcache(r) != "REVALIDATED" || !bytes.Equal(r.body, reval.body) || r.header.Get("X-Validated") != "2" || r.header.Get("Etag") != `"reval-1"` {
+		t.Fatalf("/reval after the restart: %d %q X-Validated %q, same body %v", r.status, xcache(r), r.header.Get("X-Validated"), bytes.Equal(r.body, reval.body))
+	}
+	if r := getAs(c, d.url("/reval"), "site.test"); xcache(r) != "HIT" || r.header.Get("X-Validated") != "2" {
+		t.Fatalf("/reval refreshed: %q", xcache(r))
+	}
+	o.mu.Lock()
+	inm := fmt.Sprint(o.inm["/reval"])
+	o.mu.Unlock()
+	if inm != `[ "reval-1"]` {
+		t.Fatalf("/reval was asked with If-None-Match %s, want none then the stored ETag", inm)
+	}
+	r = getAs(c, d.url("/targeted"), "site.test")
+	if xcache(r) != "HIT" || !bytes.Equal(r.body, targeted.body) || r.header.Get("Preforkd-Cache-Control") != "" || r.header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("/targeted after the restart: %q %v", xcache(r), r.header)
+	}
+	if n := o.count("/targeted"); n != 1 {
+		t.Fatalf("/targeted fetched %d times", n)
+	}
 }
 
 // 100 requests over 4 workers: one fetch, 99 hits, the same bytes, an Age

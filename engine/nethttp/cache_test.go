@@ -222,13 +222,14 @@ func TestCacheNotStored(t *testing.T) {
 		{"invalid max-age", cacheable("max-age=soon"), nil},
 		{"Vary: *", cacheable("max-age=60", "Vary", "*"), nil},
 		{"Vary with a star", cacheable("max-age=60", "Vary", "Accept, *"), nil},
-		{"5xx", func(n int, w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Cache-Control", "max-age=60")
+		// An error status is stored only with explicit freshness.
+		{"5xx without freshness", func(n int, w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Last-Modified", "Sat, 01 Mar 2025 12:00:00 GMT")
 			w.WriteHeader(503)
 			fmt.Fprintf(w, "#%d", n)
 		}, nil},
-		{"5xx with stale-if-error", func(n int, w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Cache-Control", "max-age=60, stale-if-error=600")
+		{"5xx with no-store", func(n int, w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Cache-Control", "max-age=60, no-store")
 			w.WriteHeader(500)
 			fmt.Fprintf(w, "#%d", n)
 		}, nil},

@@ -134,7 +134,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 	} else if req.bodyRead {
 		r.Body = http.NoBody
 	}
-	r = dropFields(r, fwd.Drop)
+	r = forwardFields(r, fwd.Drop, fwd.Add)
 	rw := &req.rw
 	*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide}
 	if rw.keep {
@@ -197,11 +197,13 @@ func withoutConnectionNamed(r *http.Request) *http.Request {
 	return &r2
 }
 
-// dropFields is r without the fields names lists, for a request whose
-// response fills the cache (core.Forward.Drop).
-func dropFields(r *http.Request, names []string) *http.Request {
-	has := false
-	for _, n := range names {
+// forwardFields is r without the fields drop names and with the fields
+// add (core.Forward: a cache fill's conditional fields left out, its
+// validators sent instead). r itself is not changed; a request with
+// neither is r.
+func forwardFields(r *http.Request, drop []string, add []core.Field) *http.Request {
+	has := len(add) > 0
+	for _, n := range drop {
 		_, ok := r.Header[n]
 		has = has || ok
 	}
@@ -210,20 +212,30 @@ func dropFields(r *http.Request, names []string) *http.Request {
 	}
 	r2 := *r
 	r2.Header = r.Header.Clone()
-	for _, n := range names {
+	if r2.Header == nil {
+		r2.Header = http.Header{}
+	}
+	for _, n := range drop {
 		delete(r2.Header, n)
+	}
+	for _, f := range add {
+		r2.Header.Add(f.Name, string(f.Value))
 	}
 	return &r2
 }
 
 // refresh sends a copy of r to the next handler in the background and
 // tells ex its response: the cache's stale-while-revalidate refresh. The
-// copy has no body (a refresh is a GET) and no conditional fields.
+// copy has no body (a refresh is a GET), and the cache's conditional
+// fields in place of the client's.
 func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 	fwd := ex.Forward()
 	r2 := r.Clone(context.WithoutCancel(r.Context()))
 	for _, n := range fwd.Drop {
 		delete(r2.Header, n)
+	}
+	for _, f := range fwd.Add {
+		r2.Header.Add(f.Name, string(f.Value))
 	}
 	r2.Body, r2.ContentLength = http.NoBody, 0
 	if fwd.Path != r2.URL.EscapedPath() {

@@ -76,7 +76,7 @@ func (rw *writer) sendHeader(first []byte) {
 		return
 	}
 	for _, n := range rw.hide {
-		h.Del(n)
+		delete(h, n)
 	}
 	rw.w.WriteHeader(rw.status)
 }

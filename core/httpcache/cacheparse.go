@@ -1,6 +1,7 @@
-package core
+package httpcache
 
 import (
+	"math"
 	"net/textproto"
 	"slices"
 	"strings"
@@ -11,20 +12,21 @@ import (
 // tags (RFC 9110 §8.8.3). Each reads field values as sent and never
 // fails: what it cannot read is what a cache must assume of it.
 
-// maxDelta is what a delta-seconds value too large to represent counts
+// MaxDelta is what a delta-seconds value too large to represent counts
 // as (RFC 9111 §1.2.2).
-const maxDelta = 1 << 31
+const MaxDelta = 1 << 31
 
-// cacheControl is what a response's Cache-Control says to a shared cache.
+// Directives is what a response's Cache-Control says to a shared cache.
 // Durations are in seconds; -1 means absent.
-type cacheControl struct {
-	noStore, noCache, private, public bool
-	mustRevalidate, proxyRevalidate   bool
-	maxAge, sMaxAge                   int64
-	swr, sie                          int64 // stale-while-revalidate, stale-if-error
+type Directives struct {
+	NoStore, NoCache, Private, Public bool
+	MustRevalidate, ProxyRevalidate   bool
+	MustUnderstand                    bool
+	MaxAge, SMaxAge                   int64
+	SWR, SIE                          int64 // stale-while-revalidate, stale-if-error
 }
 
-// parseCacheControl reads the Cache-Control field lines. Directive names
+// ParseCacheControl reads the Cache-Control field lines. Directive names
 // are case-insensitive; a directive given twice counts once, with its
 // first value (RFC 9111 §4.2.1 allows either that or treating the
 // response as stale). A freshness value that is not a delta-seconds
@@ -32,38 +34,40 @@ type cacheControl struct {
 // cache must not guess at a lifetime. no-cache and private with field
 // names ("no-cache=Set-Cookie") are taken as the unqualified directives:
 // stricter than the field-by-field reading, never looser.
-func parseCacheControl(lines []string) cacheControl {
-	cc := cacheControl{maxAge: -1, sMaxAge: -1, swr: -1, sie: -1}
+func ParseCacheControl(lines []string) Directives {
+	cc := Directives{MaxAge: -1, SMaxAge: -1, SWR: -1, SIE: -1}
 	for _, line := range lines {
 		for rest := line; rest != ""; {
 			var name, value string
 			name, value, rest = nextDirective(rest)
 			delta := func(p *int64) {
 				if *p < 0 {
-					*p = parseDelta(value)
+					*p = ParseDelta(value)
 				}
 			}
 			switch strings.ToLower(name) {
 			case "no-store":
-				cc.noStore = true
+				cc.NoStore = true
 			case "no-cache":
-				cc.noCache = true
+				cc.NoCache = true
 			case "private":
-				cc.private = true
+				cc.Private = true
 			case "public":
-				cc.public = true
+				cc.Public = true
 			case "must-revalidate":
-				cc.mustRevalidate = true
+				cc.MustRevalidate = true
 			case "proxy-revalidate":
-				cc.proxyRevalidate = true
+				cc.ProxyRevalidate = true
+			case "must-understand":
+				cc.MustUnderstand = true
 			case "max-age":
-				delta(&cc.maxAge)
+				delta(&cc.MaxAge)
 			case "s-maxage":
-				delta(&cc.sMaxAge)
+				delta(&cc.SMaxAge)
 			case "stale-while-revalidate":
-				delta(&cc.swr)
+				delta(&cc.SWR)
 			case "stale-if-error":
-				delta(&cc.sie)
+				delta(&cc.SIE)
 			}
 		}
 	}
@@ -112,10 +116,10 @@ func nextDirective(s string) (name, value, rest string) {
 	return name, strings.TrimRight(s[:j], " \t"), s[j:]
 }
 
-// parseDelta reads delta-seconds (1*DIGIT), quoted or not: senders write
+// ParseDelta reads delta-seconds (1*DIGIT), quoted or not: senders write
 // max-age="60", which RFC 9111 §5.2 asks recipients to accept. Anything
-// else is 0; too large a value is maxDelta.
-func parseDelta(v string) int64 {
+// else is 0; too large a value is MaxDelta.
+func ParseDelta(v string) int64 {
 	if v == "" {
 		return 0
 	}
@@ -125,19 +129,41 @@ func parseDelta(v string) int64 {
 		if c < '0' || c > '9' {
 			return 0
 		}
-		if n < maxDelta {
+		if n < MaxDelta {
 			n = n*10 + int64(c-'0')
 		}
 	}
-	return min(n, maxDelta)
+	return min(n, MaxDelta)
 }
 
-// parseVary reads the Vary field lines: the request field names a
+// ParseAge reads the Age field lines (RFC 9111 §5.1) as a recipient of
+// a list would: the lines make one list, and its first member counts
+// ("Age: 7200, 0" is 7200 seconds old). A first member that is not
+// delta-seconds (a negative number, a fraction, a word) makes the field
+// count as absent: ok is false.
+func ParseAge(lines []string) (seconds int64, ok bool) {
+	if len(lines) == 0 {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(lines[0], ",")
+	first = trimOWS(first)
+	if first == "" {
+		return 0, false
+	}
+	for i := 0; i < len(first); i++ {
+		if first[i] < '0' || first[i] > '9' {
+			return 0, false
+		}
+	}
+	return ParseDelta(first), true
+}
+
+// ParseVary reads the Vary field lines: the request field names a
 // response varies on, canonical ("Accept-Encoding"), sorted, each once;
 // star reports a "*" (the response varies on something no request field
 // shows, so a stored copy never matches). Names that are not tokens are
 // kept as sent: a request never has such a field, so its value is empty.
-func parseVary(lines []string) (names []string, star bool) {
+func ParseVary(lines []string) (names []string, star bool) {
 	for _, line := range lines {
 		for f := range strings.SplitSeq(line, ",") {
 			f = trimOWS(f)
@@ -154,21 +180,21 @@ func parseVary(lines []string) (names []string, star bool) {
 	return slices.Compact(names), star
 }
 
-// maxTags bounds the tags one entry keeps a generation of. A response
+// MaxTags bounds the tags one entry keeps a generation of. A response
 // with more is not stored: a purge of a tag it could not keep would miss
 // it, and a purge that misses is the one thing a tag must never do.
-const maxTags = 32
+const MaxTags = 32
 
-// maxTagLen bounds one tag; a response with a longer one is not stored,
+// MaxTagLen bounds one tag; a response with a longer one is not stored,
 // for the same reason.
-const maxTagLen = 1024
+const MaxTagLen = 1024
 
-// appendTags appends the tags of the tag field lines to dst: values
+// AppendTags appends the tags of the tag field lines to dst: values
 // separated by commas (Cache-Tag) or blanks (Surrogate-Key), either in
 // either field, each as sent (never decoded: a purge names the same
-// bytes), each once. ok is false when there are more than maxTags or one
-// is longer than maxTagLen.
-func appendTags(dst []string, lines []string) (_ []string, ok bool) {
+// bytes), each once. ok is false when there are more than MaxTags or one
+// is longer than MaxTagLen.
+func AppendTags(dst []string, lines []string) (_ []string, ok bool) {
 	for _, line := range lines {
 		for rest := line; rest != ""; {
 			i := strings.IndexAny(rest, ", \t")
@@ -180,7 +206,7 @@ func appendTags(dst []string, lines []string) (_ []string, ok bool) {
 			}
 			switch {
 			case tag == "" || slices.Contains(dst, tag):
-			case len(tag) > maxTagLen || len(dst) == maxTags:
+			case len(tag) > MaxTagLen || len(dst) == MaxTags:
 				return dst, false
 			default:
 				dst = append(dst, tag)
@@ -190,11 +216,11 @@ func appendTags(dst []string, lines []string) (_ []string, ok bool) {
 	return dst, true
 }
 
-// etagMatch reports whether the If-None-Match field lines list etag (or
+// ETagMatch reports whether the If-None-Match field lines list etag (or
 // "*"), by the weak comparison (RFC 9110 §8.8.3.2: W/ is ignored on both
 // sides). An entity-tag is W/? and a quoted opaque-tag, which may hold
 // commas; list elements that are not entity-tags are skipped.
-func etagMatch(lines []string, etag string) bool {
+func ETagMatch(lines []string, etag string) bool {
 	want, ok := opaqueTag(trimOWS(etag))
 	if !ok {
 		return false
@@ -241,4 +267,71 @@ func opaqueTag(etag string) (string, bool) {
 		return "", false
 	}
 	return etag[1 : len(etag)-1], true
+}
+
+// trimOWS drops the optional whitespace (SP, HTAB) around a field value.
+func trimOWS(s string) string {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// SameTag reports whether two entity-tags have the same opaque-tag,
+// whether either is weak: a 304 that names another tag than the stored
+// response's does not validate it (RFC 9111 §4.3.4).
+func SameTag(a, b string) bool {
+	ta, ok1 := opaqueTag(trimOWS(a))
+	tb, ok2 := opaqueTag(trimOWS(b))
+	return ok1 && ok2 && ta == tb
+}
+
+// ParseByteRange reads a Range field value of one byte range (RFC 9110
+// §14.1.2): "bytes=first-last", "bytes=first-" (last is then MaxInt64)
+// or "bytes=-suffix" (suffix reports it; last is its length). ok is
+// false for anything else: another unit, several ranges, first after
+// last, a number that is not one.
+func ParseByteRange(v string) (first, last int64, suffix, ok bool) {
+	v = trimOWS(v)
+	if len(v) < 6 || !equalFold(v[:6], "bytes=") {
+		return 0, 0, false, false
+	}
+	v = trimOWS(v[6:])
+	a, b, found := strings.Cut(v, "-")
+	if !found || strings.IndexByte(b, ',') >= 0 {
+		return 0, 0, false, false
+	}
+	a, b = trimOWS(a), trimOWS(b)
+	num := func(s string) (int64, bool) {
+		if s == "" || len(s) > 18 {
+			return 0, false
+		}
+		var n int64
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return 0, false
+			}
+			n = n*10 + int64(s[i]-'0')
+		}
+		return n, true
+	}
+	if a == "" {
+		n, ok := num(b)
+		return 0, n, true, ok
+	}
+	first, ok = num(a)
+	if !ok {
+		return 0, 0, false, false
+	}
+	if b == "" {
+		return first, math.MaxInt64, false, true
+	}
+	last, ok = num(b)
+	if !ok || last < first {
+		return 0, 0, false, false
+	}
+	return first, last, false, true
 }

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The response cache against the public HTTP cache test suite
+# (http-tests/cache-tests, the one behind cache-tests.fyi): the built
+# preforkd, 2 workers, `[[cache]] path = "/*"`, ttl 24h, heuristic on, in
+# front of the suite's own origin, as the suite's published results of
+# other caches were measured. Prints the counts, lists the failures, and
+# exits 1 when a required test fails or fewer than MIN_PASS pass.
+#
+#   make conformance                        # the suite at ../shared/cache-tests
+#   CACHE_TESTS=DIR make conformance        # another copy of it
+#   RESULTS=out.json bash bench/conformance.sh   # keep the raw results
+#
+# The suite stays outside the repository: it is copied to a temporary
+# directory and run there with Node (>= 20.18: its interim-response tests
+# load undici 7, the version its package.json names, installed once with
+# npm into ~/.cache/preforkd/cache-tests when Node cannot find it). The
+# ports are fixed and below 32768 (ORIGIN_PORT, PORT), out of the range
+# the kernel gives client sockets.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+me=${0##*/}
+suite=${CACHE_TESTS:-../shared/cache-tests}
+BIN=${BIN:-bin/preforkd}
+ORIGIN_PORT=${ORIGIN_PORT:-18470}
+PORT=${PORT:-18471}
+MIN_PASS=${MIN_PASS:-230}
+UNDICI=${UNDICI:-undici@7}
+modules=${XDG_CACHE_HOME:-$HOME/.cache}/preforkd/cache-tests
+
+fail() { echo "$me: $*" >&2; exit 1; }
+[ -f "$suite/test-engine/cli.mjs" ] || fail "no cache test suite at $suite (set CACHE_TESTS)"
+[ -x "$BIN" ] || fail "$BIN is not built (make build)"
+command -v node >/dev/null || fail "node is not installed (apt-get install nodejs)"
+node -e 'const [a, b, c] = process.versions.node.split(".").map(Number); process.exit(a > 20 || a == 20 && (b > 18 || b == 18 && c >= 1) ? 0 : 1)' ||
+	fail "node $(node --version) is too old: the suite's interim tests need undici 7, which needs Node >= 20.18.1"
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+cp -r "$suite" "$tmp/suite"
+chmod -R u+w "$tmp/suite"
+if ! (cd "$tmp/suite" && node --input-type=module -e 'await import("undici")' 2>/dev/null); then
+	if ! (cd "$modules" 2>/dev/null && node --input-type=module -e 'await import("undici")' 2>/dev/null); then
+		command -v npm >/dev/null || fail "npm is not installed, and the suite needs undici"
+		mkdir -p "$modules"
+		npm install --prefix "$modules" --no-save --no-package-lock --no-audit --no-fund --loglevel=error "$UNDICI" >/dev/null ||
+			fail "npm install $UNDICI failed"
+	fi
+	rm -rf "$tmp/suite/node_modules"
+	ln -s "$modules/node_modules" "$tmp/suite/node_modules"
+fi
+
+up() { # url: wait until something answers it
+	for _ in $(seq 100); do
+		code=$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)
+		[ "$code" != 000 ] && [ "$code" != 502 ] && return 0
+		sleep 0.1
+	done
+	fail "$1 did not come up"
+}
+
+(cd "$tmp/suite" && exec env npm_config_protocol=http npm_config_port="$ORIGIN_PORT" npm_config_pidfile="$tmp/origin.pid" \
+	node test-engine/server/server.mjs >"$tmp/origin.log" 2>&1) &
+pids+=("$!")
+up "http://127.0.0.1:$ORIGIN_PORT/"
+
+cat >"$tmp/preforkd.toml" <<CONF
+[server]
+listen = "127.0.0.1:$PORT"
+workers = 2
+upstream = "http://127.0.0.1:$ORIGIN_PORT"
+
+[[cache]]
+path = "/*"
+ttl = "24h"
+heuristic = true
+CONF
+"$BIN" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd.log" &
+pids+=("$!")
+up "http://127.0.0.1:$PORT/"
+
+results=${RESULTS:-$tmp/results.json}
+echo "$me: $(node --version), $(git describe --always --dirty 2>/dev/null || echo preforkd) in front of the suite's origin, $(nproc) CPUs"
+(cd "$tmp/suite" && env npm_config_base="http://127.0.0.1:$PORT" npm_config_id= npm_package_config_id= \
+	node --no-warnings test-engine/cli.mjs >"$results") || fail "the suite did not run (origin log: $(tail -3 "$tmp/origin.log"))"
+
+# Counted as cache-tests.fyi counts: a test whose dependency did not pass
+# is a dependency failure, whatever its own result.
+cat >"$tmp/suite/count.mjs" <<'JS'
+import fs from 'fs'
+import tests from './tests/index.mjs'
+import { determineTestResult, resultTypes } from './test-engine/lib/results.mjs'
+const [results, minPass] = [JSON.parse(fs.readFileSync(process.argv[2])), Number(process.argv[3])]
+const names = Object.fromEntries(Object.entries(resultTypes).map(([k, v]) => [v[2], k]))
+const counts = {}
+const listed = []
+for (const suite of tests) {
+  for (const t of suite.tests) {
+    const r = names[determineTestResult(tests, t.id, results)[2]]
+    counts[r] = (counts[r] || 0) + 1
+    if (['fail', 'optional_fail', 'setup_fail', 'harness_fail', 'retry'].includes(r)) {
+      listed.push(`  ${r.padEnd(14)} ${t.id}: ${(results[t.id] && results[t.id][1]) || ''}`)
+    }
+  }
+}
+const n = (k) => counts[k] || 0
+console.log(`pass ${n('pass')}, required fails ${n('fail')}, optional fails ${n('optional_fail')}; ` +
+  `checks yes ${n('yes')} no ${n('no')}; dependency fails ${n('dependency_fail')}, setup fails ${n('setup_fail')}, ` +
+  `harness fails ${n('harness_fail')}, retries ${n('retry')}, untested ${n('untested')}; ` +
+  `${Object.values(counts).reduce((a, b) => a + b, 0)} tests`)
+for (const l of listed) console.log(l)
+if (n('fail') > 0) { console.log(`FAIL: ${n('fail')} required tests failed`); process.exit(1) }
+if (n('pass') < minPass) { console.log(`FAIL: ${n('pass')} passes, fewer than ${minPass}`); process.exit(1) }
+JS
+(cd "$tmp/suite" && node count.mjs "$results" "$MIN_PASS")

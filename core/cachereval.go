@@ -1,0 +1,124 @@
+package core
+
+import (
+	"bytes"
+	"net/http"
+	"net/textproto"
+	"unsafe"
+
+	"github.com/preforkd/preforkd/core/httpcache"
+)
+
+// Revalidation (RFC 9111 §4.3): the fill of a stale entry with a
+// validator asks the application whether it changed, and a 304 makes the
+// stored response fresh again without its body being sent again.
+
+// conditional makes the fill of a stale entry (in ex.cache.ent) a
+// conditional request when the entry has a validator: its ETag in
+// If-None-Match, its Last-Modified in If-Modified-Since (RFC 9111
+// §4.3.1), sent instead of the client's own. A 304 then refreshes the
+// entry (revalidated).
+func (ex *Exchange) conditional() {
+	e := &ex.cache.ent
+	n := 0
+	if etag, ok := e.Get("Etag"); ok && etag != "" {
+		ex.cache.validators[n] = Field{"If-None-Match", unsafe.Slice(unsafe.StringData(etag), len(etag))}
+		n++
+	}
+	if lm, ok := e.Get("Last-Modified"); ok && lm != "" {
+		ex.cache.validators[n] = Field{"If-Modified-Since", unsafe.Slice(unsafe.StringData(lm), len(lm))}
+		n++
+	}
+	if n > 0 {
+		ex.cache.nval = n
+		ex.cache.flags |= cRevalidate
+	}
+}
+
+// cacheForward adds to f what the cache stage asks of the forwarded
+// request and of its response: the block's own targeted field is not
+// sent on; a fill leaves out the client's conditional and range fields,
+// since what it stores must be whole, and a revalidation sends the
+// entry's validators instead.
+func (ex *Exchange) cacheForward(f *Forward) {
+	f.Hide = ex.cache.blk.hide
+	if ex.cache.flags&cFill == 0 {
+		return
+	}
+	f.Drop = unconditionalFields
+	if ex.cache.flags&cRevalidate != 0 {
+		f.Add = ex.cache.validators[:ex.cache.nval]
+	}
+}
+
+// unconditionalFields are what a cache fill leaves out of the request.
+var unconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
+
+// revalidated is what a 304 to a revalidation makes of the stale entry
+// (RFC 9111 §4.3.4): the entry with the 304's fields in place of its
+// own, fresh again, sent to the client (X-Cache: REVALIDATED, or a 304 to
+// a client whose own condition it meets) and stored when the exchange
+// completes. nil for any other response, and for a 304 whose ETag is not
+// the entry's (it validates another response: the engine passes it on).
+func (ex *Exchange) revalidated(status int, h Header) *Response {
+	if status != http.StatusNotModified || ex.cache.flags&(cFill|cRevalidate) != cFill|cRevalidate {
+		return nil
+	}
+	var got []httpcache.Field
+	if h != nil {
+		h.Each(func(name, value []byte) {
+			got = append(got, httpcache.Field{Name: string(name), Value: bytes.Clone(value)})
+		})
+	}
+	e := &ex.cache.ent
+	if etag, ok := e.Get("Etag"); ok {
+		if sent, n := httpcache.Only(got, "Etag"); n > 0 && !httpcache.SameTag(sent, etag) {
+			return nil
+		}
+	}
+	now := ex.c.now()
+	merged := ex.mergeFields(got)
+	p, drop := ex.plan(e.Status, merged, e.Body, now)
+	if p.data != nil {
+		ex.cache.refreshed = p
+		ex.cache.flags |= cRefreshed
+		// The entry served is the new one; the old one's buffer stays
+		// the exchange's.
+		httpcache.Decode(p.data, &ex.cache.ent)
+	} else {
+		ex.cache.dropAfter = drop
+	}
+	age := max(ex.cache.ent.Age+now-ex.cache.ent.Stored, 0)
+	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
+	ex.serve(age, xRevalidated)
+	return &ex.resp
+}
+
+// mergeFields is the stale entry's fields updated with those of a 304
+// (RFC 9111 §3.2): every field the 304 has that a cache stores replaces
+// the entry's of that name; the others stay. A 304 without a Date gets
+// the time it arrived (plan adds it).
+func (ex *Exchange) mergeFields(got []httpcache.Field) []httpcache.Field {
+	var cb [8]string
+	conn := httpcache.Lines(got, "Connection", cb[:0])
+	fresh := got[:0:0]
+	for _, f := range got {
+		name := textproto.CanonicalMIMEHeaderKey(f.Name)
+		if unstoredFields[name] || ex.coreField(name) || connectionNames(conn, name) {
+			continue
+		}
+		fresh = append(fresh, httpcache.Field{Name: name, Value: f.Value})
+	}
+	dated := httpcache.Has(fresh, "Date")
+	var merged []httpcache.Field
+	for f := ex.cache.ent.Fields; len(f) > 0; {
+		var name string
+		var value []byte
+		name, value, _, f = httpcache.NextField(f)
+		if httpcache.Has(fresh, name) || name == "Date" && !dated {
+			continue
+		}
+		merged = append(merged, httpcache.Field{Name: name, Value: value})
+	}
+	return append(merged, fresh...)
+}
