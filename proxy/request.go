@@ -102,7 +102,6 @@ var (
 	errNoColon = &badRequest{400, "a header line without a colon", true}
 	errName    = &badRequest{400, "a header field name that is not a token", true}
 	errBareLF  = &badRequest{400, "a header line ended by a bare LF", true}
-	errUser    = &badRequest{400, "userinfo in the request target's authority", true}
 	errTarget  = &badRequest{400, "the request target is not an absolute path", false}
 	errPRI     = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
 	errConnect = &badRequest{405, "CONNECT is not supported", true}

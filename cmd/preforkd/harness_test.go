@@ -9,7 +9,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -512,20 +511,6 @@ type result struct {
 	body       []byte
 	err        error
 	start, end time.Time
-}
-
-// demoBody is what the built-in demo application answers.
-type demoBody struct {
-	Method string `json:"method"`
-	Path   string `json:"path"`
-	Worker int    `json:"worker"`
-	PID    int    `json:"pid"`
-}
-
-func (r result) demo() (demoBody, bool) {
-	var b demoBody
-	err := json.Unmarshal(r.body, &b)
-	return b, err == nil && b.PID != 0
 }
 
 func do(c *http.Client, method, url string, header http.Header) result {
