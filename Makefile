@@ -24,12 +24,15 @@ RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./core/... ./metrics
 # The whole proof: vet, unit and multi-process tests, the race detector on
 # the goroutine tests, every benchmark once (so that none rots between two
 # `make bench`), a short fuzz of every parser, and the spin model.
+# bench/ is a module of its own (see bench/README.md): its tests and
+# benchmarks run from there, in one pass.
 # The fuzz here is a smoke run (30000 inputs a target, under two minutes
 # in all) that keeps CI within its budget; `make fuzz` runs a million.
 test: lint
 	$(GO) test -count=1 -timeout 10m ./...
 	$(GO) test -count=1 -race -timeout 10m $(RACE_PKGS)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 5m ./...
+	$(GO) -C bench test -count=1 -bench . -benchtime 1x -timeout 10m ./...
 	$(MAKE) fuzz FUZZTIME=30000x
 	$(MAKE) model
 
@@ -59,6 +62,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) -C bench vet ./...
 
 clean:
 	rm -rf bin
