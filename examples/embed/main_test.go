@@ -21,6 +21,9 @@ import (
 // TestEmbed builds the example, runs it as a real supervisor with two
 // workers, checks the login limit and its reset, and stops it with TERM.
 func TestEmbed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: an end-to-end test of the built example")
+	}
 	bin := filepath.Join(t.TempDir(), "embed")
 	// go test puts the go command it runs as first in PATH.
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
