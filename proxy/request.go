@@ -330,7 +330,7 @@ func (r *request) seen(f *field) bool {
 	case kindOther, kindLength, kindForwardedFor:
 		return true
 	case kindHost:
-		return !r.absolute
+		return !r.absolute && len(r.host) > 0 // else appendHead writes its own
 	case kindUpgrade:
 		return r.upgrade
 	}
@@ -421,7 +421,7 @@ func (r *request) appendHead(dst []byte) []byte {
 	if r.absolute || len(r.host) == 0 {
 		host := r.host
 		if len(host) == 0 {
-			host = []byte(r.s.up.t.host) // HTTP/1.0 without Host: HTTP/1.1 needs one
+			host = []byte(r.s.up.t.host) // HTTP/1.0 without Host, or with an empty one: HTTP/1.1 needs one
 		}
 		dst = append(dst, "Host: "...)
 		dst = append(dst, host...)
@@ -434,8 +434,8 @@ func (r *request) appendHead(dst []byte) []byte {
 				continue
 			}
 		case kindHost:
-			if r.absolute {
-				continue
+			if r.absolute || len(r.host) == 0 {
+				continue // written above
 			}
 		case kindUpgrade:
 			if !r.upgrade {

@@ -330,8 +330,10 @@ func expectHead(h *fasthttp.RequestHeader, lines []line) wantHead {
 	switch {
 	case absolute:
 		w.fields["Host"] = []string{authority}
-	case len(hosts) == 0:
-		w.fields["Host"] = []string{checkUpstreamHost} // HTTP/1.0 may send none
+	case len(hosts) == 0 || hosts[0] == "":
+		// HTTP/1.0 may send none, or an empty one (no authority, RFC
+		// 9110 §7.2): HTTP/1.1 needs one.
+		w.fields["Host"] = []string{checkUpstreamHost}
 	default:
 		host = hosts[len(hosts)-1]
 		w.fields["Host"] = hosts
