@@ -20,7 +20,7 @@ build:
 run: build
 	./$(BIN) run -config examples/preforkd.toml
 
-# The quick loop, under two minutes on 2 cores: lint, then the unit and
+# The quick loop (about a minute on 2 cores, build cache warm): lint, then the unit and
 # multi-process tests in a random order. -short leaves out the end-to-end
 # tests of separately built binaries; fuzzing and the model are make
 # test's.
