@@ -1,12 +1,16 @@
-# preforkd — see README.md. `make run` and `make test` do all the set-up.
+# preforkd — see README.md. `make run` and `make test` do all the set-up;
+# `make check` is the quick loop while developing.
 GO ?= go
 BIN := bin/preforkd
 # Empty without git: the binary then reports what go build recorded in it.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# The one staticcheck that lint runs: go run fetches this version once,
+# then takes it from the build cache.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run test test-race fuzz bench model conformance lint clean
+.PHONY: all build run check test fuzz bench model conformance lint clean
 
 all: build
 
@@ -18,21 +22,29 @@ ARGS ?=
 run: build
 	./$(BIN) run -config examples/preforkd.toml $(ARGS)
 
-# The race detector runs where goroutines share memory inside the test
-# process; the daemon's end-to-end tests drive a separately built binary.
-RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./core/... ./metrics/... ./prefork/... \
-	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/...
+# The quick loop (about a minute on 2 cores, build cache warm): lint, then the unit and
+# multi-process tests in a random order. -short leaves out the end-to-end
+# tests of separately built binaries; fuzzing and the model are make
+# test's.
+check: lint
+	$(GO) test -count=1 -shuffle=on -short -timeout 5m ./...
+	$(GO) -C bench test -count=1 -shuffle=on -short -timeout 5m ./...
 
-# The whole proof: vet, unit and multi-process tests, the race detector on
-# the goroutine tests, every benchmark once (so that none rots between two
-# `make bench`), a short fuzz of every parser, the spin model, and the
-# HTTP cache conformance suite.
+# The whole proof: lint; unit, multi-process and end-to-end tests, in a
+# random order; the race detector over every package (with -short: an
+# end-to-end test drives a separately built binary, which it cannot see
+# into); every benchmark once (so that none rots between two `make
+# bench`); a short fuzz of every parser; the spin model; and the HTTP
+# cache conformance suite. bench/ is a
+# module of its own (see bench/README.md): its tests and benchmarks run
+# from there, in one pass.
 # The fuzz here is a smoke run (30000 inputs a target, under two minutes
 # in all) that keeps CI within its budget; `make fuzz` runs a million.
 test: lint
-	$(GO) test -count=1 -timeout 10m ./...
-	$(GO) test -count=1 -race -timeout 10m $(RACE_PKGS)
+	$(GO) test -count=1 -shuffle=on -timeout 10m ./...
+	$(GO) test -count=1 -shuffle=on -race -short -timeout 10m ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 5m ./...
+	$(GO) -C bench test -count=1 -shuffle=on -bench . -benchtime 1x -timeout 10m ./...
 	$(MAKE) fuzz FUZZTIME=30000x
 	$(MAKE) model
 	$(MAKE) conformance
@@ -66,10 +78,14 @@ CACHE_TESTS ?= ../shared/cache-tests
 conformance: build
 	CACHE_TESTS="$(CACHE_TESTS)" BIN=$(BIN) bash bench/conformance.sh
 
+# gofmt, go vet and staticcheck, over both modules.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) -C bench vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	$(GO) -C bench run $(STATICCHECK) ./...
 
 clean:
 	rm -rf bin

@@ -9,21 +9,12 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/valyala/fasthttp v1.78.0
 	golang.org/x/sys v0.50.0
-	golang.org/x/time v0.16.0
-	modernc.org/sqlite v1.62.0
 )
 
 require (
-	github.com/dustin/go-humanize v1.1.0 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
-	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/molecule-man/go-brrr v1.3.1 // indirect
-	github.com/ncruces/go-strftime v1.1.0 // indirect
-	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
-	modernc.org/libc v1.80.1 // indirect
-	modernc.org/mathutil v1.7.1 // indirect
-	modernc.org/memory v1.12.1 // indirect
+	golang.org/x/tools v0.52.0 // indirect
 )

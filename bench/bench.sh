@@ -8,6 +8,9 @@
 #   PKGS       packages to benchmark            (default: ./bench/)
 #              other benchmark packages add themselves here, e.g.
 #              PKGS="./bench/ ./persist/"; benchsummary reads them all.
+#              bench/ is a module of its own (its dependencies stay out
+#              of the daemon's go.mod): its packages are benchmarked from
+#              there, the others from the root, into the one output.
 #   BENCH      -bench regexp                    (default: .)
 #   BENCHTIME  -benchtime                       (default: 1s)
 #   COUNT      -count; the summary takes medians (default: 1)
@@ -31,10 +34,25 @@ AFTER=${AFTER:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Build the summariser first: a compile error shows before minutes of benchmarks.
-go build -o "$tmp/benchsummary" ./bench/cmd/benchsummary
+go -C bench build -o "$tmp/benchsummary" ./cmd/benchsummary
+
+root_pkgs=() bench_pkgs=()
+for p in $PKGS; do
+	case $p in
+	./bench | ./bench/) bench_pkgs+=(.) ;;
+	./bench/*) bench_pkgs+=("./${p#./bench/}") ;;
+	*) root_pkgs+=("$p") ;;
+	esac
+done
+flags=(-run '^$' -bench "$BENCH" -benchmem -count "$COUNT" -benchtime "$BENCHTIME" -timeout 15m -v)
 
 {
-	echo "# command: go test $PKGS -run '^\$' -bench '$BENCH' -benchmem -count $COUNT -benchtime $BENCHTIME -v"
+	if [ ${#bench_pkgs[@]} -gt 0 ]; then
+		echo "# command: go -C bench test ${bench_pkgs[*]} -run '^\$' -bench '$BENCH' -benchmem -count $COUNT -benchtime $BENCHTIME -v"
+	fi
+	if [ ${#root_pkgs[@]} -gt 0 ]; then
+		echo "# command: go test ${root_pkgs[*]} -run '^\$' -bench '$BENCH' -benchmem -count $COUNT -benchtime $BENCHTIME -v"
+	fi
 	echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	echo "# nproc: $(nproc)"
 	echo "# cpu model: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
@@ -47,9 +65,12 @@ go build -o "$tmp/benchsummary" ./bench/cmd/benchsummary
 } | tee "$OUT"
 
 # -v makes a skipped benchmark print why (the summary shows it).
-# shellcheck disable=SC2086 # PKGS is a list
-go test $PKGS -run '^$' -bench "$BENCH" -benchmem -count "$COUNT" -benchtime "$BENCHTIME" -timeout 15m -v 2>&1 |
-	tee -a "$OUT"
+if [ ${#bench_pkgs[@]} -gt 0 ]; then
+	go -C bench test "${bench_pkgs[@]}" "${flags[@]}" 2>&1 | tee -a "$OUT"
+fi
+if [ ${#root_pkgs[@]} -gt 0 ]; then
+	go test "${root_pkgs[@]}" "${flags[@]}" 2>&1 | tee -a "$OUT"
+fi
 
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
 echo

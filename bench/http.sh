@@ -20,8 +20,8 @@ have_nginx=false
 command -v nginx >/dev/null && have_nginx=true
 
 go build -o "$tmp/preforkd" ./cmd/preforkd
-go build -o "$tmp/embedserver" ./bench/cmd/embedserver
-go build -o "$tmp/hello" ./bench/cmd/hello
+go -C bench build -o "$tmp/embedserver" ./cmd/embedserver # bench/ is a module of its own
+go -C bench build -o "$tmp/hello" ./cmd/hello
 
 declare -A rps p99
 measure() { # name url

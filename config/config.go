@@ -533,9 +533,6 @@ const (
 	minCounters = 8
 	maxCounters = 1 << 26 // 4 GiB of 64-byte slots
 	maxNameLen  = 64      // a rule name is a header parameter and a metric label
-	// maxTTL bounds ttl as the longest window, about 203 days: far from
-	// overflowing the region's clock.
-	maxTTL = bucket.MaxWindow
 )
 
 // MinPersistInterval is the least persist.interval: a dump of a large

@@ -93,8 +93,10 @@ func TestCleanCheck(t *testing.T) {
 
 		quiet, _ := dial()
 		settle()
-		if !quiet.clean() || !quiet.clean() {
-			t.Errorf("tls %v: a quiet connection is not clean", useTLS)
+		for look := range 2 { // the first look reads what TLS sent after the handshake
+			if !quiet.clean() {
+				t.Errorf("tls %v: a quiet connection is not clean (look %d)", useTLS, look+1)
+			}
 		}
 		talker, srv := dial()
 		io.WriteString(srv, "HTTP/1.1 200 OK\r\n\r\n")

@@ -169,20 +169,6 @@ func setFields(resp *fasthttp.Response, fields []core.Field) {
 	}
 }
 
-// headerOf returns the first value of the response header field name
-// (any case) and how many there are.
-func headerOf(resp *fasthttp.Response, name string) (first []byte, n int) {
-	for k, v := range resp.Header.All() {
-		if equalFold(k, name) {
-			if n == 0 {
-				first = v
-			}
-			n++
-		}
-	}
-	return first, n
-}
-
 // onError is fasthttp's ErrorHandler: the request could not be read.
 func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	c, _ := ctx.Conn().(*conn)

@@ -108,7 +108,6 @@ var (
 	errNoColon = &badRequest{400, "a header line without a colon", true}
 	errName    = &badRequest{400, "a header field name that is not a token", true}
 	errBareLF  = &badRequest{400, "a header line ended by a bare LF", true}
-	errUser    = &badRequest{400, "userinfo in the request target's authority", true}
 	errTarget  = &badRequest{400, "the request target is not an absolute path", false}
 	errPRI     = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
 	errConnect = &badRequest{405, "CONNECT is not supported", true}
@@ -337,7 +336,7 @@ func (r *request) seen(f *field) bool {
 	case kindOther, kindLength, kindForwardedFor:
 		return true
 	case kindHost:
-		return !r.absolute
+		return !r.absolute && len(r.host) > 0 // else appendHead writes its own
 	case kindUpgrade:
 		return r.upgrade
 	}
@@ -429,7 +428,7 @@ func (r *request) appendHead(dst []byte) []byte {
 	if r.absolute || len(r.host) == 0 {
 		host := r.host
 		if len(host) == 0 {
-			host = []byte(r.s.up.t.host) // HTTP/1.0 without Host: HTTP/1.1 needs one
+			host = []byte(r.s.up.t.host) // HTTP/1.0 without Host, or with an empty one: HTTP/1.1 needs one
 		}
 		dst = append(dst, "Host: "...)
 		dst = append(dst, host...)
@@ -442,8 +441,8 @@ func (r *request) appendHead(dst []byte) []byte {
 				continue
 			}
 		case kindHost:
-			if r.absolute {
-				continue
+			if r.absolute || len(r.host) == 0 {
+				continue // written above
 			}
 		case kindUpgrade:
 			if !r.upgrade {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -29,7 +30,8 @@ import (
 	"github.com/preforkd/preforkd/internal/proctest"
 )
 
-// binPath is the preforkd binary under test, built by TestMain.
+// binPath is the preforkd binary under test, built by TestMain; empty
+// with -short (see preforkdBinary).
 var binPath string
 
 func TestMain(m *testing.M) {
@@ -38,6 +40,10 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run() // no binary: the end-to-end tests skip
+	}
 	dir, err := os.MkdirTemp("", "preforkd-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -52,6 +58,18 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	return m.Run()
+}
+
+// preforkdBinary is the binary under test. With -short it skips t: the
+// end-to-end tests drive a separately built process, which the race
+// detector (make test runs it with -short) cannot see into, and they are
+// the slow part of the package. Without -short they all run.
+func preforkdBinary(t testing.TB) string {
+	t.Helper()
+	if binPath == "" {
+		t.Skip("-short: an end-to-end test of the built binary")
+	}
+	return binPath
 }
 
 // parallel is a subtest that runs f in parallel with its siblings.
@@ -256,7 +274,7 @@ func (d *daemon) start(env []string, args ...string) {
 	// file would make Wait wait for the workers too. The log stops
 	// following it after the cleanup below.
 	pw := d.logs.Pipe(t, d.logs.parse)
-	d.cmd = exec.Command(binPath, args...)
+	d.cmd = exec.Command(preforkdBinary(t), args...)
 	d.cmd.Env = append(cleanEnviron(), env...)
 	d.cmd.Stderr = pw
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -450,7 +468,7 @@ func runBinary(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binPath, args...)
+	cmd := exec.CommandContext(ctx, preforkdBinary(t), args...)
 	cmd.Env = cleanEnviron()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

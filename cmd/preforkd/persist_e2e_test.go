@@ -135,7 +135,7 @@ algorithm = "fixed-window"
 		// A second supervisor on the same live region refuses to start.
 		second := filepath.Join(t.TempDir(), "second.toml")
 		os.WriteFile(second, []byte(fmt.Sprintf("[persist]\nlive = %q\n", live)), 0o600)
-		if out, err := exec.Command(binPath, "run", "-config", second, "-listen", freeAddr(t)).CombinedOutput(); err == nil || !strings.Contains(string(out), "in use") {
+		if out, err := exec.Command(preforkdBinary(t), "run", "-config", second, "-listen", freeAddr(t)).CombinedOutput(); err == nil || !strings.Contains(string(out), "in use") {
 			t.Fatalf("second supervisor on the live region: %v\n%s", err, out)
 		}
 		// kill -9 of the supervisor; its workers die with it (and are

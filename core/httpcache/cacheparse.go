@@ -235,9 +235,7 @@ func ETagMatch(lines []string, etag string) bool {
 			if s[0] == '*' {
 				return true
 			}
-			if strings.HasPrefix(s, "W/") {
-				s = s[2:]
-			}
+			s = strings.TrimPrefix(s, "W/")
 			if s == "" || s[0] != '"' {
 				// Not an entity-tag: skip to the next element.
 				if i := strings.IndexByte(s, ','); i >= 0 {

@@ -558,8 +558,7 @@ func TestCacheStaleWhileRevalidate(t *testing.T) {
 // Many stale hits while a refresh runs make one refresh.
 func TestCacheOneRefresh(t *testing.T) {
 	release := make(chan struct{})
-	var f *cacheFixture
-	f = newCacheFixture(t, cacheAll(), func(n int, w http.ResponseWriter, r *http.Request) {
+	f := newCacheFixture(t, cacheAll(), func(n int, w http.ResponseWriter, r *http.Request) {
 		if n == 2 {
 			<-release
 		}

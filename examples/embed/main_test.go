@@ -21,12 +21,12 @@ import (
 // TestEmbed builds the example, runs it as a real supervisor with two
 // workers, checks the login limit and its reset, and stops it with TERM.
 func TestEmbed(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "embed")
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatal("the go command is not on PATH")
+	if testing.Short() {
+		t.Skip("-short: an end-to-end test of the built example")
 	}
-	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	bin := filepath.Join(t.TempDir(), "embed")
+	// go test puts the go command it runs as first in PATH.
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
