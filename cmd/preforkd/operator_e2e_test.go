@@ -383,7 +383,7 @@ func TestSystemdUnitsVerify(t *testing.T) {
 	}
 	verify := func(dir, unit string, text []byte) string {
 		t.Helper()
-		text = []byte(strings.ReplaceAll(string(text), "/usr/local/bin/preforkd", binPath))
+		text = []byte(strings.ReplaceAll(string(text), "/usr/local/bin/preforkd", preforkdBinary(t)))
 		path := filepath.Join(dir, unit)
 		if err := os.WriteFile(path, text, 0o644); err != nil {
 			t.Fatal(err)
