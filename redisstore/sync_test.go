@@ -18,6 +18,21 @@ import (
 // round trip (at most the flush timeout, the interval here).
 func TestSyncOverAdmissionBound(t *testing.T) {
 	t.Parallel()
+	// The bound holds while the flushes succeed within their timeout; on
+	// a machine too loaded for a 50 ms round trip a flush fails, and the
+	// window is measured again (at most three times).
+	for attempt := 1; ; attempt++ {
+		if flushFailed := syncOverAdmission(t); !flushFailed {
+			return
+		} else if attempt == 3 {
+			t.Fatal("a flush failed in each of three windows: the machine is too loaded to measure the bound")
+		}
+	}
+}
+
+// syncOverAdmission measures one window; it reports a failed flush, after
+// which the bound does not apply.
+func syncOverAdmission(t *testing.T) (flushFailed bool) {
 	srv := redistest.Start(t)
 	const (
 		hosts    = 2
@@ -53,6 +68,12 @@ func TestSyncOverAdmissionBound(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	for i := range hs {
+		if st := hs[i].store.Stats(hs[i].region.Now()); st.FlushErrors != 0 {
+			t.Logf("host %d: a flush failed (%+v): measuring again", i, st)
+			return true
+		}
+	}
 	a := admitted.Load()
 	d := interval // the flush timeout: max(timeout, interval)
 	bound := limit + int64(float64(hosts*rate)*(2*interval+d).Seconds())
@@ -61,10 +82,11 @@ func TestSyncOverAdmissionBound(t *testing.T) {
 		t.Fatalf("%d admitted, want %d..%d", a, limit, bound)
 	}
 	for i := range hs {
-		if st := hs[i].store.Stats(hs[i].region.Now()); st.Flushes == 0 || st.Flushed == 0 || st.FlushErrors != 0 {
+		if st := hs[i].store.Stats(hs[i].region.Now()); st.Flushes == 0 || st.Flushed == 0 {
 			t.Fatalf("host %d: %+v", i, st)
 		}
 	}
+	return false
 }
 
 // Without flushes (an interval longer than the run) each host admits the
