@@ -213,6 +213,9 @@ type Exchange struct {
 	kv      keyView
 	pathBuf [256]byte
 
+	// fwdAdd are the fields added to the forwarded request (Forward.Add).
+	fwdAdd []Field
+
 	// What the engine sends.
 	fields   []Field
 	fieldBuf [32]Field

@@ -51,13 +51,23 @@ type Forward struct {
 	// names): a cache fill's conditional and range fields, since what it
 	// stores must be whole.
 	Drop []string
+	// Add are fields the core adds to the forwarded request (the request
+	// id it made), in place of any the client sent with the same name:
+	// Dropped reports those too. Their values alias the exchange's
+	// memory, like Field's.
+	Add []Field
 }
 
 // Dropped reports whether the field called name (in any case) is one of
-// Drop.
+// Drop, or one of Add (whose value replaces the client's).
 func (f *Forward) Dropped(name string) bool {
 	for _, d := range f.Drop {
 		if strings.EqualFold(d, name) {
+			return true
+		}
+	}
+	for i := range f.Add {
+		if strings.EqualFold(f.Add[i].Name, name) {
 			return true
 		}
 	}
@@ -66,7 +76,7 @@ func (f *Forward) Dropped(name string) bool {
 
 // Forward is how to forward the request, once Decide let it pass.
 func (ex *Exchange) Forward() Forward {
-	f := Forward{Path: ex.forward}
+	f := Forward{Path: ex.forward, Add: ex.fwdAdd}
 	if ex.cache.flags&cFill != 0 {
 		f.Drop = unconditionalFields
 	}

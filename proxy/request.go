@@ -432,7 +432,7 @@ func (r *request) appendHead(dst []byte) []byte {
 	for _, f := range r.fields {
 		switch f.kind {
 		case kindOther:
-			if len(r.fwd.Drop) > 0 && r.fwd.Dropped(b2s(r.raw[f.name.from:f.name.to])) {
+			if (len(r.fwd.Drop) > 0 || len(r.fwd.Add) > 0) && r.fwd.Dropped(b2s(r.raw[f.name.from:f.name.to])) {
 				continue
 			}
 		case kindHost:
@@ -447,6 +447,12 @@ func (r *request) appendHead(dst []byte) []byte {
 			continue
 		}
 		dst = append(dst, r.raw[f.name.from:f.value.to]...)
+		dst = append(dst, "\r\n"...)
+	}
+	for _, f := range r.fwd.Add {
+		dst = append(dst, f.Name...)
+		dst = append(dst, ": "...)
+		dst = append(dst, f.Value...)
 		dst = append(dst, "\r\n"...)
 	}
 	// X-Forwarded-For: the chain the client sent, then the peer (nginx's

@@ -396,6 +396,10 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	for _, n := range r.fwd.Drop {
 		ctx.Request.Header.Del(n)
 	}
+	for _, f := range r.fwd.Add {
+		ctx.Request.Header.Del(f.Name)
+		ctx.Request.Header.AddBytesV(f.Name, f.Value)
+	}
 	s.opts.App(ctx)
 	resp := &ctx.Response
 	if ctx.Hijacked() {

@@ -135,6 +135,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 		r.Body = http.NoBody
 	}
 	r = dropFields(r, fwd.Drop)
+	r = addFields(r, fwd.Add)
 	rw := &req.rw
 	*rw = writer{w: w, ex: ex, keep: ex.Keep()}
 	if rw.keep {
@@ -216,6 +217,23 @@ func dropFields(r *http.Request, names []string) *http.Request {
 	return &r2
 }
 
+// addFields is r with the fields the core adds (core.Forward.Add), each
+// in place of the client's of the same name.
+func addFields(r *http.Request, fields []core.Field) *http.Request {
+	if len(fields) == 0 {
+		return r
+	}
+	r2 := *r
+	r2.Header = r.Header.Clone()
+	if r2.Header == nil {
+		r2.Header = make(http.Header, len(fields))
+	}
+	for _, f := range fields {
+		r2.Header[f.Name] = []string{string(f.Value)}
+	}
+	return &r2
+}
+
 // refresh sends a copy of r to the next handler in the background and
 // tells ex its response: the cache's stale-while-revalidate refresh. The
 // copy has no body (a refresh is a GET) and no conditional fields.
@@ -224,6 +242,9 @@ func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 	r2 := r.Clone(context.WithoutCancel(r.Context()))
 	for _, n := range fwd.Drop {
 		delete(r2.Header, n)
+	}
+	for _, f := range fwd.Add {
+		r2.Header[f.Name] = []string{string(f.Value)}
 	}
 	r2.Body, r2.ContentLength = http.NoBody, 0
 	if fwd.Path != r2.URL.EscapedPath() {
