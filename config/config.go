@@ -106,6 +106,11 @@ type Server struct {
 	// MaxRSS recycles a worker whose resident memory grew past it. 0 (""
 	// in a file) means never; otherwise at least 32MiB (prefork.MinMaxRSS).
 	MaxRSS SizeLimit `toml:"max_rss"`
+	// RequestID is the header field of the request id (core's
+	// Options.RequestID): kept from the client when well formed, else
+	// made, forwarded, returned and logged. "" turns ids off; Default()
+	// and the file use "X-Request-Id".
+	RequestID string `toml:"request_id"`
 }
 
 // Admin is the [admin] table. Zero is "off".
@@ -448,6 +453,7 @@ const (
 	demoUpstream     = "builtin:demo"
 	defaultIdemWait  = 10 * time.Second // in the file; zero in Go is no wait
 	defaultCacheLock = 5 * time.Second  // in the file; zero in Go is no wait
+	defaultRequestID = "X-Request-Id"   // in the file; "" in Go is off
 )
 
 // Limits of the values that no other package owns.
@@ -468,7 +474,10 @@ const MaxWorkers = 4096
 // Default returns the configuration with every default filled in and no
 // rules: what an empty file parses to.
 func Default() Config {
-	return Config{Table: Table{Responses: 16384, ResponseBytes: 64 << 20}}.WithDefaults()
+	return Config{
+		Server: Server{RequestID: defaultRequestID},
+		Table:  Table{Responses: 16384, ResponseBytes: 64 << 20},
+	}.WithDefaults()
 }
 
 // WithDefaults returns a copy of c in which every zero value that stands for

@@ -143,6 +143,7 @@ upstream_timeout = "2m"
 upstream_max_idle = 32
 max_requests = 1000
 max_rss = "512MiB"
+request_id = "x-trace-id"
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -219,6 +220,7 @@ by = "global"
 			UpstreamMaxIdle:        32,
 			MaxRequests:            1000,
 			MaxRSS:                 512 << 20,
+			RequestID:              "x-trace-id",
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
@@ -375,6 +377,7 @@ func TestValidate(t *testing.T) {
 	// Zero is a setting of its own for the response store: none.
 	want := Default()
 	want.Table.Responses, want.Table.ResponseBytes = 0, 0
+	want.Server.RequestID = "" // off in Go, on in the file
 	if got := (Config{}).WithDefaults(); !reflect.DeepEqual(got, want) {
 		t.Errorf("zero Config with defaults = %+v, want %+v", got, want)
 	}
@@ -536,7 +539,7 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss=""
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""

@@ -22,6 +22,7 @@ func (c Config) CoreOptions() (core.Options, error) {
 		CaseSensitive:  s.CaseSensitive,
 		MaxRequestBody: int64(s.MaxRequestBody),
 		Headers:        s.Headers,
+		RequestID:      s.RequestID,
 	}
 	for _, rl := range c.RateLimits {
 		r, err := rl.core(s.routes())

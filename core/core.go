@@ -61,6 +61,13 @@ type Options struct {
 	// counts (Core.Responded), once it is counted: a worker's recycling
 	// limits watch it (prefork.Worker.Responded).
 	OnResponse func(status int)
+	// RequestID is the header field of the request id ("X-Request-Id"):
+	// a client's well-formed value (at most MaxRequestIDLen visible
+	// characters, one field line) is kept, else one is made; the
+	// application gets it, the response carries it, and so do the
+	// access log, the core's log lines and its problem+json bodies. ""
+	// turns request ids off.
+	RequestID string
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it. The Core owns it from New on:
 	// Close closes it. nil: no rule may be a Redis rule.
@@ -87,6 +94,7 @@ type Core struct {
 	respond  func(status int) // Options.OnResponse
 	log      *slog.Logger     // nil: slog.Default()
 	redis    SharedStore
+	ridName  string // Options.RequestID, canonical; "" when off
 
 	caches []*cacheBlock
 
@@ -129,6 +137,10 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 	}
 	if c.maxReq == 0 {
 		c.maxReq = defaultMaxRequestBody
+	}
+	var err error
+	if c.ridName, err = checkRequestIDName(opts.RequestID); err != nil {
+		return nil, err
 	}
 	if c.maxReq < 0 {
 		return nil, fmt.Errorf("core: MaxRequestBody %d is negative", c.maxReq)
@@ -214,7 +226,12 @@ type Exchange struct {
 	pathBuf [256]byte
 
 	// fwdAdd are the fields added to the forwarded request (Forward.Add).
-	fwdAdd []Field
+	fwdAdd    []Field
+	fwdAddBuf [1]Field
+
+	// rid is the request id (nil: off, or not settled yet), in ridBuf.
+	rid    []byte
+	ridBuf [MaxRequestIDLen]byte
 
 	// What the engine sends.
 	fields   []Field
@@ -294,6 +311,7 @@ func (ex *Exchange) Decide() Verdict {
 // A Respond from DecideHead is final: Decide must not be called.
 func (ex *Exchange) DecideHead() Verdict {
 	ex.headDecided = true
+	ex.takeRequestID()
 	if v, done := ex.checkPath(); done {
 		return v
 	}
@@ -476,6 +494,11 @@ func (ex *Exchange) addField(name string, fill func([]byte) []byte) {
 // respond makes the exchange's answer a problem.
 func (ex *Exchange) respond(p *Problem, close bool) (Verdict, bool) {
 	from := len(ex.buf)
+	if ex.rid != nil {
+		q := *p
+		q.RequestID = ex.rid
+		p = &q
+	}
 	ex.buf = p.AppendJSON(ex.buf)
 	body := ex.buf[from:len(ex.buf):len(ex.buf)]
 	ex.fields, ex.buf = ProblemFields(ex.fields, ex.buf, p.RetryAfter, len(body))

@@ -132,7 +132,12 @@ func forward(ex *core.Exchange, app func(core.Forward) fakeResp) (answer, error)
 	if r := ex.Head(resp.status, resp.header); r != nil {
 		return answerOf(r), nil
 	}
-	a := answer{status: resp.status, header: append(append(fakeHeader(nil), resp.header...), ex.Fields()...), body: resp.body}
+	// The core's fields alias the exchange, which Finish reuses: copied,
+	// as an engine writes them before.
+	a := answer{status: resp.status, header: append(fakeHeader(nil), resp.header...), body: resp.body}
+	for _, f := range ex.Fields() {
+		a.header = append(a.header, core.Field{Name: f.Name, Value: bytes.Clone(f.Value)})
+	}
 	ex.Body(resp.body)
 	if resp.cut {
 		return a, errCut

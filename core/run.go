@@ -153,7 +153,7 @@ func (ex *Exchange) Body(p []byte) {
 // answer is a stale response the cache may serve instead, or a problem:
 // 504 for a timeout, else 502.
 func (ex *Exchange) Failed(kind UpstreamError, upstream string, err error) *Response {
-	ex.c.UpstreamFailed(kind, upstream, err)
+	ex.c.upstreamFailed(kind, upstream, err, ex.rid)
 	status, detail := http.StatusBadGateway, "the application gave no valid response"
 	switch kind {
 	case UpstreamConnect:
