@@ -68,6 +68,9 @@ type Options struct {
 	// access log, the core's log lines and its problem+json bodies. ""
 	// turns request ids off.
 	RequestID string
+	// AccessLog, if set, takes one entry per request when its exchange
+	// ends (package accesslog writes them out, buffered). nil: none.
+	AccessLog AccessLog
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it. The Core owns it from New on:
 	// Close closes it. nil: no rule may be a Redis rule.
@@ -95,6 +98,7 @@ type Core struct {
 	log      *slog.Logger     // nil: slog.Default()
 	redis    SharedStore
 	ridName  string // Options.RequestID, canonical; "" when off
+	access   AccessLog
 
 	caches []*cacheBlock
 
@@ -134,6 +138,7 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		respond:  opts.OnResponse,
 		log:      opts.Logger,
 		redis:    opts.Redis,
+		access:   opts.AccessLog,
 	}
 	if c.maxReq == 0 {
 		c.maxReq = defaultMaxRequestBody
@@ -229,6 +234,15 @@ type Exchange struct {
 	fwdAdd    []Field
 	fwdAddBuf [1]Field
 
+	// For the access log: the wall clock at Begin, the body bytes told
+	// (Body), when the request was forwarded and how long its head took
+	// (upDur < 0: not yet), and the entry handed to the log.
+	began time.Time
+	sent  int64
+	fwdAt time.Duration
+	upDur time.Duration
+	acc   AccessEntry
+
 	// rid is the request id (nil: off, or not settled yet), in ridBuf.
 	rid    []byte
 	ridBuf [MaxRequestIDLen]byte
@@ -249,6 +263,9 @@ func (c *Core) Begin(req Request) *Exchange {
 	ex := c.pool.Get().(*Exchange)
 	ex.req = req
 	ex.now = c.now()
+	if c.access != nil {
+		ex.began = c.wall()
+	}
 	ex.rl.hits = ex.rl.hitBuf[:0]
 	ex.rl.rhits = ex.rl.rhitBuf[:0]
 	ex.fields = ex.fieldBuf[:0]

@@ -76,6 +76,7 @@ func (f *Forward) Dropped(name string) bool {
 
 // Forward is how to forward the request, once Decide let it pass.
 func (ex *Exchange) Forward() Forward {
+	ex.forwarded()
 	f := Forward{Path: ex.forward, Add: ex.fwdAdd}
 	if ex.cache.flags&cFill != 0 {
 		f.Drop = unconditionalFields
@@ -101,6 +102,7 @@ func (ex *Exchange) Keep() bool {
 // With a replacement, the application's response is neither sent nor
 // read further; without one, the engine sends it with Fields added.
 func (ex *Exchange) Head(status int, h Header) *Response {
+	ex.answered()
 	ex.status = status
 	if status >= 500 {
 		if fb := ex.fallback(status); fb != nil {
@@ -137,6 +139,7 @@ func (ex *Exchange) recordField(name, value []byte) {
 // Body tells the core a piece of the response body as it is sent (or, in
 // a background refresh, read). Only what the core records is kept.
 func (ex *Exchange) Body(p []byte) {
+	ex.sent += int64(len(p))
 	if !ex.recording || ex.rec.Overflow {
 		return
 	}
@@ -153,6 +156,7 @@ func (ex *Exchange) Body(p []byte) {
 // answer is a stale response the cache may serve instead, or a problem:
 // 504 for a timeout, else 502.
 func (ex *Exchange) Failed(kind UpstreamError, upstream string, err error) *Response {
+	ex.answered()
 	ex.c.upstreamFailed(kind, upstream, err, ex.rid)
 	status, detail := http.StatusBadGateway, "the application gave no valid response"
 	switch kind {
@@ -217,7 +221,11 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 	}
 	if !ex.counted {
 		ex.counted = true
-		ex.c.Responded(ex.status, ex.c.now()-ex.now)
+		elapsed := ex.c.now() - ex.now
+		ex.c.Responded(ex.status, elapsed)
+		if ex.c.access != nil {
+			ex.logAccess(elapsed)
+		}
 	}
 	if ex.cache.flags&cRefresh != 0 {
 		// The stale response was sent; its fill lock is held for the

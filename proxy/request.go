@@ -396,6 +396,14 @@ func (r *request) Query() string { return b2s(r.query) }
 // Peer implements core.Request.
 func (r *request) Peer() netip.Addr { return r.c.peer }
 
+// Proto implements core.Protocol, for the access log.
+func (r *request) Proto() string {
+	if r.ctx.Request.Header.IsHTTP11() {
+		return "HTTP/1.1"
+	}
+	return "HTTP/1.0"
+}
+
 // Gone implements core.Request: fasthttp cannot tell while a handler
 // runs, and the core's waits are bounded anyway.
 func (r *request) Gone() bool { return false }

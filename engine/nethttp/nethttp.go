@@ -303,6 +303,9 @@ type request struct {
 
 func (q *request) Method() string { return q.r.Method }
 
+// Proto is the request's protocol, for the access log ("HTTP/2.0").
+func (q *request) Proto() string { return q.r.Proto }
+
 // Path is the path as sent: from the request line where the server kept
 // it, else re-encoded from the URL.
 func (q *request) Path() string {
