@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
@@ -171,6 +172,25 @@ type Log struct {
 	// Level is the least level written: info (the zero value), debug,
 	// warn or error.
 	Level LogLevel `toml:"level"`
+	// Access is where the access log goes, one line per request: "off"
+	// ("" means it too), "stderr", or the absolute path of a file
+	// (appended to, created with mode 0640; its directory must exist).
+	// Each worker buffers its lines and writes them at least once a
+	// second; SIGUSR1 reopens the file.
+	Access string `toml:"access"`
+	// AccessFormat is combined (nginx's, the zero value) or json.
+	AccessFormat accesslog.Format `toml:"access_format"`
+}
+
+// AccessOff is the value of Log.Access that turns the access log off.
+const AccessOff = "off"
+
+// AccessLog reports whether the access log is on, and where it goes.
+func (l Log) AccessLog() (path string, on bool) {
+	if l.Access == "" || l.Access == AccessOff {
+		return "", false
+	}
+	return l.Access, true
 }
 
 // RateLimit is one [[ratelimit]] rule. Limit, Window, Algorithm, Burst and
@@ -505,6 +525,8 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.UpstreamMaxIdle, engine.DefaultUpstreamMaxIdle)
 	s.TrustedProxies = slices.Clone(s.TrustedProxies)
 	s.Exempt = slices.Clone(s.Exempt)
+
+	setDefault(&c.Log.Access, AccessOff)
 
 	rd := &c.Redis
 	setDefault(&rd.Timeout, redisstore.DefaultTimeout)

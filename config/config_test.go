@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/redisstore"
@@ -155,6 +156,9 @@ response_bytes = "10KB"
 path = "/var/lib/preforkd/dump"
 key = "abc123"
 live = "/dev/shm/preforkd"
+[log]
+access = "/var/log/preforkd/access.log"
+access_format = "json"
 [redis]
 url = "redis://10.0.0.5:6380/2"
 username = "app"
@@ -225,6 +229,7 @@ by = "global"
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
 		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
+		Log:     Log{Access: "/var/log/preforkd/access.log", AccessFormat: accesslog.JSON},
 		Redis: Redis{URL: "redis://10.0.0.5:6380/2", Username: "app", PasswordFile: "/run/credentials/preforkd.service/redis",
 			TLS: true, CAFile: "/etc/ssl/redis-ca.pem", Timeout: 40 * time.Millisecond, PoolSize: 8, Prefix: "app1:",
 			BreakerFailures: 3, BreakerBackoff: 2 * time.Second, SuccessThreshold: 5},
@@ -543,7 +548,7 @@ max_body = 1000
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""
-log: format=text level=info
+log: format=text level=info access=off access_format=combined
 reload: canary=true canary_window=10s canary_min_requests=50 canary_max_error_delta=2 canary_inconclusive=continue
 rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072 store=local on_unavailable=local local_share=1 sync=exact
 rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] max_keys=1000 store=local on_unavailable=local local_share=1 sync=exact

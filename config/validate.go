@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
@@ -116,6 +118,12 @@ func (c Config) check(r *report) {
 	}
 	if err := logLevelNames.check(c.Log.Level); err != nil {
 		f("level", "%s", detail(err))
+	}
+	if p, on := c.Log.AccessLog(); on && p != accesslog.Stderr && !filepath.IsAbs(p) {
+		f("access", "want \"off\", \"stderr\" or an absolute file path, got %q", p)
+	}
+	if _, err := c.Log.AccessFormat.MarshalText(); err != nil {
+		f("access_format", "%s", detail(err))
 	}
 
 	if p := c.Persist; p.Path != "" && p.Path == p.Live {

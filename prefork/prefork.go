@@ -135,6 +135,16 @@ func Run(ctx context.Context, opts Options) error {
 	return runSupervisor(ctx, opts)
 }
 
+// handledSignals are the signals the supervisor listens to: those it acts
+// on (TERM, INT, QUIT, HUP, USR1, USR2), and those an operator may send
+// that Go would otherwise ignore without a word, which it logs as
+// ignored. Never SIGURG (the runtime preempts with it), SIGCHLD or
+// SIGPIPE, nor those whose default stops or dumps the process.
+var handledSignals = []os.Signal{
+	syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2,
+	syscall.SIGWINCH, syscall.SIGALRM, syscall.SIGPWR, syscall.SIGVTALRM, syscall.SIGIO, syscall.SIGXCPU, syscall.SIGXFSZ,
+}
+
 // minMaxWorkers is how many region worker indexes n workers need: n
 // running, n draining after a reload, one successor and one spare.
 func minMaxWorkers(n int) int { return 2*n + 2 }
@@ -173,8 +183,8 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 
 	// Handled signals only, buffered: a TERM that arrives while the loop is
 	// busy is not lost. Never all signals: the runtime uses some itself.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, handledSignals...)
 	defer signal.Stop(sigs)
 
 	ln := opts.Listener

@@ -236,19 +236,45 @@ func (s *supervisor) keepAlive() {
 // finished reports whether the supervisor drained and reaped every worker.
 func (s *supervisor) finished() bool { return s.draining && len(s.procs) == 0 }
 
-// onSignal handles TERM, INT and HUP.
+// onSignal handles the signals the supervisor listens to (handledSignals):
+// TERM, INT and QUIT drain, HUP reloads, USR1 has the workers reopen
+// their files; any other is logged and ignored.
 func (s *supervisor) onSignal(sig os.Signal) {
+	name := sig.String()
+	if ss, ok := sig.(syscall.Signal); ok {
+		name = unix.SignalName(ss)
+	}
 	switch sig {
 	case syscall.SIGHUP:
 		s.reload()
-	case syscall.SIGTERM, syscall.SIGINT:
-		name := unix.SignalName(sig.(syscall.Signal))
+	case syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT:
 		if s.draining {
 			s.killAll("second " + name)
 			return
 		}
 		s.beginDrain(name)
+	case syscall.SIGUSR1:
+		s.reopen()
+	default:
+		s.log.Warn("signal ignored", "signal", name)
 	}
+}
+
+// reopen tells every worker to reopen the files it writes (an access log
+// that logrotate just renamed): USR1, as nginx's master passes it on.
+func (s *supervisor) reopen() {
+	n := 0
+	for _, p := range s.sortedProcs() {
+		if p.killed {
+			continue
+		}
+		if err := p.signal(syscall.SIGUSR1); err != nil {
+			s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR1", "err", err)
+			continue
+		}
+		n++
+	}
+	s.log.Info("reopening logs", "workers", n)
 }
 
 // step kills retiring workers that are past their deadline and starts the

@@ -780,3 +780,35 @@ func TestWatchdogDeadline(t *testing.T) {
 		t.Fatalf("draining: next deadline %v %v, want the watchdog's, 1s on", at, ok)
 	}
 }
+
+// QUIT drains as TERM does (nginx's graceful stop), a second one kills;
+// USR1 goes on to every worker; a signal the supervisor does not act on
+// is logged, and nothing else happens.
+func TestSignalsAsNginx(t *testing.T) {
+	f := newFake()
+	var logs logtest.Buffer
+	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&logs, nil)), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	s.step()
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGUSR1)
+	if got := f.signalled(syscall.SIGUSR1); !slices.Equal(got, []int{100, 101}) {
+		t.Errorf("USR1 sent to %v, want both workers", got)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGWINCH, syscall.SIGALRM} {
+		sendSignal(s, sig)
+	}
+	if got := logs.Lines("signal ignored"); len(got) != 2 || !strings.Contains(got[0], "signal=SIGWINCH") || !strings.Contains(got[1], "signal=SIGALRM") {
+		t.Errorf("ignored signals logged as %q", got)
+	}
+	if s.draining || len(f.signalled(syscall.SIGTERM)) != 0 {
+		t.Fatal("an ignored signal drained")
+	}
+	sendSignal(s, syscall.SIGQUIT)
+	if !s.draining || !slices.Equal(f.signalled(syscall.SIGTERM), []int{100, 101}) {
+		t.Fatalf("QUIT: draining %v, TERM sent to %v", s.draining, f.signalled(syscall.SIGTERM))
+	}
+	sendSignal(s, syscall.SIGQUIT)
+	if got := f.signalled(syscall.SIGKILL); !slices.Equal(got, []int{100, 101}) {
+		t.Errorf("a second QUIT killed %v, want both", got)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/examples"
 	"github.com/preforkd/preforkd/prefork"
@@ -131,6 +132,12 @@ func loadConfig(path string, o overrides) (config.Config, error) {
 	if cfg.Admin.TokenFile != "" {
 		if _, err := readToken(cfg.Admin.TokenFile); err != nil {
 			return cfg, &configError{err}
+		}
+	}
+	// So does an access log no worker could open.
+	if path, on := cfg.Log.AccessLog(); on {
+		if err := accesslog.Check(path); err != nil {
+			return cfg, &configError{fmt.Errorf("log.access: %w", err)}
 		}
 	}
 	return cfg, nil

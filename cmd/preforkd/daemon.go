@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/prefork"
@@ -95,7 +96,11 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := newCore(cfg, w.Region, w.Logger, w.Responded)
+	access, err := openAccessLog(cfg, w)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newCore(cfg, w.Region, w.Logger, w.Responded, access)
 	if err != nil {
 		return nil, err
 	}
@@ -116,12 +121,15 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 // connects to [redis] (in the background: no request waits for it), and
 // the core owns that connection: Core.Close, once the worker has
 // drained, adds the last sync-mode counts to Redis and closes it.
-func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse func(int)) (*core.Core, error) {
+func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse func(int), access core.AccessLog) (*core.Core, error) {
 	o, err := cfg.CoreOptions()
 	if err != nil {
 		return nil, err
 	}
 	o.Logger, o.OnResponse = log, onResponse
+	if access != nil {
+		o.AccessLog = access
+	}
 	if usesRedis(o) {
 		ro := cfg.WithDefaults().Redis.StoreOptions()
 		ro.Logger = log
@@ -134,6 +142,23 @@ func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse
 		o.Redis.Close()
 	}
 	return c, err
+}
+
+// openAccessLog opens the worker's access log ([log] access), if any: it
+// is written until the worker drained (Defer), and reopened at its path
+// when the supervisor is told USR1.
+func openAccessLog(cfg config.Config, w *prefork.Worker) (core.AccessLog, error) {
+	path, on := cfg.Log.AccessLog()
+	if !on {
+		return nil, nil
+	}
+	l, err := accesslog.New(accesslog.Options{Path: path, Format: cfg.Log.AccessFormat, Logger: w.Logger})
+	if err != nil {
+		return nil, err
+	}
+	w.Defer(l.Close)
+	w.OnReopen(l.Reopen)
+	return l, nil
 }
 
 // usesRedis reports whether a rule keeps its counts in Redis.
