@@ -112,6 +112,15 @@ type Server struct {
 	// made, forwarded, returned and logged. "" turns ids off; Default()
 	// and the file use "X-Request-Id".
 	RequestID string `toml:"request_id"`
+	// HealthPath, if set, is answered by every worker itself on the
+	// data port (GET, HEAD): 200 "ok", never counted by a rule, never
+	// forwarded; 503 once the instance or the worker is stopping. ""
+	// means none.
+	HealthPath string `toml:"health_path"`
+	// DrainDelay is how long after TERM or QUIT the workers go on
+	// serving while readiness and health_path answer 503, before they
+	// drain (Kubernetes' preStop). 0 means none.
+	DrainDelay time.Duration `toml:"drain_delay"`
 }
 
 // Admin is the [admin] table. Zero is "off".

@@ -145,6 +145,8 @@ upstream_max_idle = 32
 max_requests = 1000
 max_rss = "512MiB"
 request_id = "x-trace-id"
+health_path = "/healthz"
+drain_delay = "5s"
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -225,6 +227,8 @@ by = "global"
 			MaxRequests:            1000,
 			MaxRSS:                 512 << 20,
 			RequestID:              "x-trace-id",
+			HealthPath:             "/healthz",
+			DrainDelay:             5 * time.Second,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
@@ -544,7 +548,7 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""

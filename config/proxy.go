@@ -48,6 +48,7 @@ func (c Config) settings() prefork.Settings {
 	}
 	return prefork.Settings{
 		ShutdownTimeout: s.ShutdownTimeout,
+		DrainDelay:      s.DrainDelay,
 		MaxRequests:     s.MaxRequests,
 		MaxRSS:          int64(s.MaxRSS),
 		Canary: prefork.Canary{

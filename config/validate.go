@@ -63,6 +63,9 @@ func (c Config) check(r *report) {
 	if err := core.CheckRequestID(s.RequestID); err != nil {
 		f("request_id", "%s", detail(err))
 	}
+	if err := core.CheckHealthPath(s.HealthPath); err != nil {
+		f("health_path", "%s", detail(err))
+	}
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}

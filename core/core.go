@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -68,6 +69,11 @@ type Options struct {
 	// access log, the core's log lines and its problem+json bodies. ""
 	// turns request ids off.
 	RequestID string
+	// HealthPath, if set, is answered by the core itself for GET and
+	// HEAD, before any rule ("200 ok", never counted by a rule, never
+	// forwarded), and 503 once Core.Drain was called. The path is
+	// compared as sent, without the query. "" means none.
+	HealthPath string
 	// AccessLog, if set, takes one entry per request when its exchange
 	// ends (package accesslog writes them out, buffered). nil: none.
 	AccessLog AccessLog
@@ -99,6 +105,9 @@ type Core struct {
 	redis    SharedStore
 	ridName  string // Options.RequestID, canonical; "" when off
 	access   AccessLog
+	// healthPath is Options.HealthPath; drained makes it answer 503.
+	healthPath string
+	drained    atomic.Bool
 
 	caches []*cacheBlock
 
@@ -126,25 +135,29 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		return nil, err
 	}
 	c := &Core{
-		region:   region,
-		byName:   make(map[string]*rule, len(opts.RateLimits)),
-		resolver: opts.Resolver,
-		exempt:   clientip.NewPrefixSet(opts.Exempt),
-		caseSens: opts.CaseSensitive,
-		headers:  opts.Headers,
-		maxReq:   opts.MaxRequestBody,
-		now:      opts.Now,
-		wall:     opts.Wall,
-		respond:  opts.OnResponse,
-		log:      opts.Logger,
-		redis:    opts.Redis,
-		access:   opts.AccessLog,
+		region:     region,
+		byName:     make(map[string]*rule, len(opts.RateLimits)),
+		resolver:   opts.Resolver,
+		exempt:     clientip.NewPrefixSet(opts.Exempt),
+		caseSens:   opts.CaseSensitive,
+		headers:    opts.Headers,
+		maxReq:     opts.MaxRequestBody,
+		now:        opts.Now,
+		wall:       opts.Wall,
+		respond:    opts.OnResponse,
+		log:        opts.Logger,
+		redis:      opts.Redis,
+		access:     opts.AccessLog,
+		healthPath: opts.HealthPath,
 	}
 	if c.maxReq == 0 {
 		c.maxReq = defaultMaxRequestBody
 	}
 	var err error
 	if c.ridName, err = checkRequestIDName(opts.RequestID); err != nil {
+		return nil, err
+	}
+	if err := CheckHealthPath(opts.HealthPath); err != nil {
 		return nil, err
 	}
 	if c.maxReq < 0 {
@@ -329,6 +342,10 @@ func (ex *Exchange) Decide() Verdict {
 func (ex *Exchange) DecideHead() Verdict {
 	ex.headDecided = true
 	ex.takeRequestID()
+	if ex.isHealthCheck() {
+		v, _ := ex.health()
+		return v
+	}
 	if v, done := ex.checkPath(); done {
 		return v
 	}

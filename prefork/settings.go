@@ -16,6 +16,11 @@ type Settings struct {
 	// left is cut, and the supervisor kills a worker that still runs. 0
 	// means 30s.
 	ShutdownTimeout time.Duration
+	// DrainDelay is how long, after TERM or QUIT (or the context's end),
+	// the workers go on serving before they drain, while readiness
+	// (Status.Serving) and their health checks (Worker.OnDrain) say the
+	// instance is stopping: Kubernetes' preStop. 0 means none.
+	DrainDelay time.Duration
 	// Canary is how a reload to these settings is judged.
 	Canary Canary
 	// MaxRequests recycles a worker after it served about this many
@@ -43,6 +48,9 @@ type Settings struct {
 
 // DefaultShutdownTimeout is Settings.ShutdownTimeout's default.
 const DefaultShutdownTimeout = 30 * time.Second
+
+// MaxDrainDelay bounds Settings.DrainDelay.
+const MaxDrainDelay = 10 * time.Minute
 
 // MinMaxRSS is the smallest Settings.MaxRSS: below it, a worker would be
 // past its limit from its start (a Go worker starts at about 12 MiB).
@@ -119,6 +127,8 @@ func (s Settings) Check() error {
 	switch {
 	case s.ShutdownTimeout <= 0:
 		return fail("ShutdownTimeout", "server", "shutdown_timeout", "must be positive, got %v", s.ShutdownTimeout)
+	case s.DrainDelay < 0 || s.DrainDelay > MaxDrainDelay:
+		return fail("DrainDelay", "server", "drain_delay", "must be between 0s and %v, got %v", MaxDrainDelay, s.DrainDelay)
 	case s.MaxRequests < 0:
 		return fail("MaxRequests", "server", "max_requests", "must not be negative (0 means never), got %d", s.MaxRequests)
 	case s.MaxRSS < 0:

@@ -136,6 +136,7 @@ type supervisor struct {
 	inUse []bool        // region worker indexes held by unreaped workers
 
 	draining    bool
+	stopAt      time.Time // the drain delay's end, when the workers are told to drain; zero: none pending
 	watchdogAt  time.Time // when the loop sends the next WATCHDOG=1
 	reloading   bool      // a reload was accepted and not all slots run it yet
 	announced   bool      // READY=1 was sent once
@@ -197,7 +198,7 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 			s.onSignal(sig)
 		case <-done:
 			done = nil
-			s.beginDrain(context.Cause(ctx).Error())
+			s.beginDrain(context.Cause(ctx).Error(), s.cfg.DrainDelay)
 		case ev := <-events:
 			switch ev := ev.(type) {
 			case readyEvent:
@@ -252,7 +253,7 @@ func (s *supervisor) onSignal(sig os.Signal) {
 			s.killAll("second " + name)
 			return
 		}
-		s.beginDrain(name)
+		s.beginDrain(name, s.cfg.DrainDelay)
 	case syscall.SIGUSR1:
 		s.reopen()
 	default:
@@ -281,6 +282,10 @@ func (s *supervisor) reopen() {
 // workers that are due: it is run after every event.
 func (s *supervisor) step() {
 	now := s.env.now()
+	if !s.stopAt.IsZero() && !now.Before(s.stopAt) {
+		s.log.Info("drain delay over", "workers", len(s.procs))
+		s.retireAll()
+	}
 	for _, p := range s.sortedProcs() {
 		switch {
 		case p.killed:
@@ -373,7 +378,7 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 	if err != nil {
 		if !s.everStarted {
 			s.fatal = err
-			s.beginDrain("start-up failure")
+			s.beginDrain("start-up failure", 0)
 			return nil, err
 		}
 		sl := &s.slots[i]
@@ -526,28 +531,51 @@ func (s *supervisor) kill(p *proc) {
 	}
 }
 
-// beginDrain starts the graceful shutdown: every worker is told to drain,
-// none is started any more.
-func (s *supervisor) beginDrain(reason string) {
+// beginDrain starts the graceful shutdown: none is started any more, and
+// every worker is told to drain, after delay (Settings.DrainDelay): until
+// then the workers serve on, told only that the instance is stopping
+// (USR2: their health check answers 503), and readiness says draining, so
+// that a load balancer takes the instance out before its listener closes.
+func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 	if s.draining {
 		return
 	}
 	s.draining = true
 	s.sendNotify(notifyStopping)
-	if s.env.stopListening != nil {
-		s.env.stopListening()
+	attrs := []any{"reason", reason, "workers", len(s.procs), "timeout", s.cfg.ShutdownTimeout}
+	if delay > 0 {
+		attrs = append(attrs, "drain_delay", delay)
 	}
-	s.log.Info("drain begun", "reason", reason, "workers", len(s.procs), "timeout", s.cfg.ShutdownTimeout)
+	s.log.Info("drain begun", attrs...)
 	if c := s.canary; c != nil {
 		s.log.Info("canary abandoned: draining", "generation", c.gen)
 		s.canary = nil
 	}
+	for i := range s.slots {
+		s.slots[i].cur, s.slots[i].succ = nil, nil
+	}
+	if delay > 0 {
+		s.stopAt = s.env.now().Add(delay)
+		for _, p := range s.sortedProcs() {
+			if err := p.signal(syscall.SIGUSR2); err != nil {
+				s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR2", "err", err)
+			}
+		}
+		return
+	}
+	s.retireAll()
+}
+
+// retireAll tells every worker to drain now: the end of the drain delay,
+// or the start of a drain without one.
+func (s *supervisor) retireAll() {
+	s.stopAt = time.Time{}
+	if s.env.stopListening != nil {
+		s.env.stopListening()
+	}
 	now := s.env.now()
 	for _, p := range s.sortedProcs() {
 		s.retire(p, now.Add(p.drain+drainGrace))
-	}
-	for i := range s.slots {
-		s.slots[i].cur, s.slots[i].succ = nil, nil
 	}
 }
 
@@ -638,6 +666,7 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 	if s.env.watchdog > 0 {
 		consider(s.watchdogAt)
 	}
+	consider(s.stopAt)
 	for _, p := range s.procs {
 		switch {
 		case p.killed:

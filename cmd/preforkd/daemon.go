@@ -105,6 +105,7 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 		return nil, err
 	}
 	w.Defer(c.Close)
+	w.OnDrain(c.Drain) // health_path answers 503 from the drain (delay) on
 	o := cfg.ProxyOptions()
 	o.Core, o.Logger = c, w.Logger
 	if u := cfg.Server.Upstream; u == "" || u == demoUpstream {

@@ -224,3 +224,60 @@ func TestQuitDrainsAndDumps(t *testing.T) {
 		t.Errorf("after the restart: %v, want one 200 (3 - 2 used) then a 429", got)
 	}
 }
+
+// health_path is answered by the workers before any rule, never
+// forwarded; after TERM, for drain_delay, it and /readyz answer 503 while
+// requests are still served; then the listener closes.
+func TestHealthPathAndDrainDelay(t *testing.T) {
+	t.Parallel()
+	cfg := strings.Replace(baseServer(2, "health_path = \"/healthz\"\ndrain_delay = \"2s\""), "[table]", "[admin]\nlisten = \"ADMIN_ADDR\"\n\n[table]", 1) +
+		rule("one", "/*", "gcra", 1, "1h")
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	c := newClient(t, nil, false)
+	for range 5 {
+		r := get(c, d.url("/healthz"))
+		if r.status != 200 || string(r.body) != "ok\n" || r.header.Get("X-Ratelimit-Limit") != "" {
+			t.Fatalf("GET /healthz: %d %q %v", r.status, r.body, r.header)
+		}
+	}
+	if r := do(c, "HEAD", d.url("/healthz"), nil); r.status != 200 || len(r.body) != 0 {
+		t.Fatalf("HEAD /healthz: %d %q", r.status, r.body)
+	}
+	// Never counted: the rule's one request is still there. The demo
+	// application answers JSON: "ok" was not it.
+	if got := statuses([]result{get(c, d.url("/x")), get(c, d.url("/x"))}); got[200] != 1 || got[429] != 1 {
+		t.Fatalf("after the health checks: %v, want the rule's one request then 429", got)
+	}
+
+	from := d.logs.len()
+	d.signal(syscall.SIGTERM)
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("drain begun")); !ok {
+		t.Fatal("no drain begun")
+	}
+	admin := newClient(t, nil, false)
+	// USR2 reaches the workers a moment after the line: poll for it.
+	deadline := time.Now().Add(time.Second)
+	var health result
+	for health = get(c, d.url("/healthz")); health.status != 503 && time.Now().Before(deadline); health = get(c, d.url("/healthz")) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ready := get(admin, "http://"+d.admin+"/readyz")
+	served := get(newClient(t, freshClientIP(), false), d.url("/during-delay"))
+	if _, _, over := d.logs.waitFor(from, 0, msgIs("drain delay over")); over {
+		t.Fatal("the delay ended before the checks: the machine is too slow for this test")
+	}
+	if health.status != 503 || string(health.body) != "draining\n" || ready.status != 503 || served.status != 200 {
+		t.Errorf("during the delay: /healthz %d %q, /readyz %d, a request %d %v; want 503, 503, 200",
+			health.status, health.body, ready.status, served.status, served.err)
+	}
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("drain delay over")); !ok {
+		t.Fatal("the delay did not end")
+	}
+	code, ok := d.wait(15 * time.Second)
+	if !ok || code != 0 {
+		t.Fatalf("exit %v %d", ok, code)
+	}
+	if r := get(c, d.url("/after")); r.err == nil {
+		t.Errorf("after the drain: %d, want the connection refused", r.status)
+	}
+}
