@@ -121,6 +121,10 @@ type Server struct {
 	// serving while readiness and health_path answer 503, before they
 	// drain (Kubernetes' preStop). 0 means none.
 	DrainDelay time.Duration `toml:"drain_delay"`
+	// UpgradeTimeout bounds a binary upgrade (USR2): a new supervisor
+	// not ready by then is killed and the running one serves on. 0 means
+	// 30s.
+	UpgradeTimeout time.Duration `toml:"upgrade_timeout"`
 }
 
 // Admin is the [admin] table. Zero is "off".
@@ -521,6 +525,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.Upstream, demoUpstream)
 	setDefault(&s.IPv6Prefix, 64)
 	setDefault(&s.ShutdownTimeout, prefork.DefaultShutdownTimeout)
+	setDefault(&s.UpgradeTimeout, prefork.DefaultUpgradeTimeout)
 	setDefault(&s.MaxRequestBody, 1<<20)
 	// The [server] limits are every engine's: their defaults are package
 	// engine's.

@@ -50,6 +50,11 @@ func TestDefault(t *testing.T) {
 		{"server.trusted_proxies", len(d.Server.TrustedProxies), 0},
 		{"server.ipv6_prefix", d.Server.IPv6Prefix, 64},
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
+		{"server.request_id", d.Server.RequestID, "X-Request-Id"},
+		{"server.health_path", d.Server.HealthPath, ""},
+		{"server.drain_delay", d.Server.DrainDelay, time.Duration(0)},
+		{"server.upgrade_timeout", d.Server.UpgradeTimeout, 30 * time.Second},
+		{"log.access", d.Log.Access, "off"},
 		{"server.headers", d.Server.Headers.String(), "both"},
 		{"server.max_request_body", d.Server.MaxRequestBody, Size(1 << 20)},
 		{"server.read_header_timeout", d.Server.ReadHeaderTimeout, 10 * time.Second},
@@ -147,6 +152,7 @@ max_rss = "512MiB"
 request_id = "x-trace-id"
 health_path = "/healthz"
 drain_delay = "5s"
+upgrade_timeout = "1m"
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -229,6 +235,7 @@ by = "global"
 			RequestID:              "x-trace-id",
 			HealthPath:             "/healthz",
 			DrainDelay:             5 * time.Second,
+			UpgradeTimeout:         time.Minute,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
@@ -548,7 +555,7 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s upgrade_timeout=30s
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""

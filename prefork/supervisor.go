@@ -49,6 +49,17 @@ type sysEnv struct {
 	// counted, reaped ones included (see RequestCounts).
 	requests      func(index int) RequestCounts
 	fleetRequests func(except int) RequestCounts
+	// upgrade starts a new supervisor from the program's file on disk
+	// (USR2), handing it what it needs; indexes are the worker indexes
+	// this supervisor's workers hold. Its readiness and its exit come
+	// as upgradeReadyEvent and upgradeExitEvent.
+	upgrade func(indexes []int) (upgradeProc, error)
+	// waitGone posts an orphanEvent for each of indexes once no live
+	// process is joined as it (the workers of the other supervisor).
+	waitGone func(indexes []int)
+	// tellReady, in a supervisor started by an upgrade, reports it
+	// ready to the old one; nil in one that was not.
+	tellReady func() error
 }
 
 // spawnSpec is what a worker process is started with.
@@ -148,6 +159,21 @@ type supervisor struct {
 	onStatus  func(Status)   // Options.OnStatus
 	published *Status        // what onStatus saw last
 	onConfig  func(Settings) // Options.Configured
+
+	// The binary upgrade (upgrade.go). Old side: the new supervisor
+	// being started (nil when none), whether it took over (this one
+	// then drains without a word to systemd and without Finish), what
+	// runs then (Options.HandedOver), and the indexes of a failed new
+	// one's workers still to be reaped.
+	up           *upgradeRun
+	handedOver   bool
+	onHandedOver func()
+	orphans      int
+	// New side: notifications wait until the old supervisor made this
+	// one the main process (notifyHeld); the indexes its workers hold
+	// until it is gone (oldIndexes).
+	notifyHeld bool
+	oldIndexes []int
 }
 
 // newSupervisor prepares a supervisor of n workers with settings cfg
@@ -207,6 +233,14 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 				s.onExit(ev)
 			case recycleEvent:
 				s.onRecycle(ev)
+			case upgradeReadyEvent:
+				s.onUpgradeReady(ev)
+			case upgradeExitEvent:
+				s.onUpgradeExit(ev)
+			case mainEvent:
+				s.onMain(ev)
+			case orphanEvent:
+				s.onOrphan(ev)
 			case error:
 				s.log.Error("worker broke the protocol of its readiness pipe", "err", ev)
 			}
@@ -235,7 +269,7 @@ func (s *supervisor) keepAlive() {
 }
 
 // finished reports whether the supervisor drained and reaped every worker.
-func (s *supervisor) finished() bool { return s.draining && len(s.procs) == 0 }
+func (s *supervisor) finished() bool { return s.draining && len(s.procs) == 0 && s.orphans == 0 }
 
 // onSignal handles the signals the supervisor listens to (handledSignals):
 // TERM, INT and QUIT drain, HUP reloads, USR1 has the workers reopen
@@ -256,6 +290,8 @@ func (s *supervisor) onSignal(sig os.Signal) {
 		s.beginDrain(name, s.cfg.DrainDelay)
 	case syscall.SIGUSR1:
 		s.reopen()
+	case syscall.SIGUSR2:
+		s.startUpgrade()
 	default:
 		s.log.Warn("signal ignored", "signal", name)
 	}
@@ -301,7 +337,14 @@ func (s *supervisor) step() {
 			}
 		}
 	}
-	if s.draining {
+	if u := s.up; u != nil && !u.ready && !u.killed && !now.Before(u.deadline) {
+		s.log.Error("upgrade failed: the new supervisor was not ready within upgrade_timeout: killing it; serving on",
+			"pid", u.proc.pid, "upgrade_timeout", s.cfg.UpgradeTimeout)
+		s.killUpgrade()
+	}
+	if s.draining || s.up != nil {
+		// While a new supervisor starts, this one starts no worker: the
+		// indexes it holds are the ones the new one was told of.
 		return
 	}
 	fleetGen := s.fleet()
@@ -453,6 +496,14 @@ func (s *supervisor) checkReady() {
 	} else {
 		s.log.Info("reload finished", "workers", len(s.slots), "generation", s.gen)
 	}
+	if s.env.tellReady != nil && first {
+		// Started by an upgrade: the old supervisor makes this one the
+		// main process, and READY=1 is its to send.
+		if err := s.env.tellReady(); err != nil {
+			s.log.Error("telling the old supervisor this one is ready failed", "err", err)
+		}
+		return
+	}
 	s.sendNotify(notifyReady)
 }
 
@@ -547,6 +598,10 @@ func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 		attrs = append(attrs, "drain_delay", delay)
 	}
 	s.log.Info("drain begun", attrs...)
+	if u := s.up; u != nil && !u.ready && !u.killed {
+		s.log.Info("upgrade abandoned: draining", "pid", u.proc.pid)
+		s.killUpgrade()
+	}
 	if c := s.canary; c != nil {
 		s.log.Info("canary abandoned: draining", "generation", c.gen)
 		s.canary = nil
@@ -667,6 +722,9 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 		consider(s.watchdogAt)
 	}
 	consider(s.stopAt)
+	if u := s.up; u != nil && !u.ready && !u.killed {
+		consider(u.deadline)
+	}
 	for _, p := range s.procs {
 		switch {
 		case p.killed:
@@ -702,6 +760,11 @@ func (s *supervisor) sortedProcs() []*proc {
 }
 
 func (s *supervisor) sendNotify(state string) {
+	if s.notifyHeld || s.handedOver {
+		// Not the service's main process (yet, or any more): systemd
+		// would refuse it, or, with NotifyAccess=all, believe it.
+		return
+	}
 	if err := s.env.notify(state); err != nil {
 		s.log.Warn("systemd notification failed", "err", err)
 	}

@@ -5,10 +5,13 @@ package main
 // upgrade, socket activation, TLS and HTTP/2, against the built daemon.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -280,4 +283,235 @@ func TestHealthPathAndDrainDelay(t *testing.T) {
 	if r := get(c, d.url("/after")); r.err == nil {
 		t.Errorf("after the drain: %d, want the connection refused", r.status)
 	}
+}
+
+// needTool returns the path of a program a test needs: missing, the test
+// fails under CI (which installs it) and is skipped elsewhere.
+func needTool(t *testing.T, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not installed (Debian package %s)", name, pkg)
+		}
+		t.Skipf("%s is not installed (Debian package %s)", name, pkg)
+	}
+	return p
+}
+
+// A socket passed by systemd (LISTEN_FDS, LISTEN_PID) is served instead
+// of opening listen: systemd-socket-activate holds it, starts preforkd on
+// the first connection, which is served, and -listen is never bound.
+func TestSocketActivation(t *testing.T) {
+	t.Parallel()
+	activate := needTool(t, "systemd-socket-activate", "systemd")
+	dir := t.TempDir()
+	passed, unused := freeAddr(t), freeAddr(t)
+	d := &daemon{t: t, addr: passed, cfgPath: filepath.Join(dir, "preforkd.toml"), wrapper: []string{activate, "-l", passed}}
+	if err := os.WriteFile(d.cfgPath, []byte(baseServer(2, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.start(nil, "run", "-config", d.cfgPath, "-listen", unused)
+	// The socket is open before preforkd runs: the first connection
+	// starts it, waits in the backlog, and is served.
+	var first result
+	c := newClient(t, nil, false)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if first = get(c, d.url("/first")); first.err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // systemd-socket-activate not listening yet
+	}
+	if b, ok := first.demo(); first.status != 200 || !ok || b.Path != "/first" {
+		t.Fatalf("the first connection: %d %q %v; log:\n%s", first.status, first.body, first.err, d.logs.text())
+	}
+	if _, l, ok := d.logs.waitFor(0, 5*time.Second, msgIs("listening on the socket passed by the service manager")); !ok || l.get("listen") != passed {
+		t.Errorf("no line about the passed socket (%q)", l.raw)
+	}
+	if _, err := net.DialTimeout("tcp", unused, time.Second); err == nil {
+		t.Errorf("-listen %s was bound besides the passed socket", unused)
+	}
+	if _, _, ok := d.logs.waitFor(0, 5*time.Second, msgIs("ready")); !ok {
+		t.Fatal("not ready")
+	}
+	// The workers inherited the variables' removal: none takes the
+	// socket for its own (a worker would fail to start).
+	d.stop()
+}
+
+// upgrade sends USR2 and waits for the old supervisor to hand over and
+// exit 0; it returns the new supervisor's pid.
+func upgrade(t *testing.T, d *daemon) int {
+	t.Helper()
+	from := d.logs.len()
+	d.signal(syscall.SIGUSR2)
+	_, begun, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade begun: new supervisor started"))
+	if !ok {
+		t.Fatalf("no upgrade begun; log:\n%s", d.logs.text())
+	}
+	code, ok := d.wait(30 * time.Second)
+	if !ok || code != 0 {
+		t.Fatalf("the old supervisor after USR2: exited %v, code %d; log:\n%s", ok, code, d.logs.text())
+	}
+	if _, _, ok := d.logs.waitFor(from, 0, msgIs("upgrade: the old supervisor exits; the new one serves")); !ok {
+		t.Fatalf("the old supervisor exited without handing over; log:\n%s", d.logs.text())
+	}
+	for _, l := range d.logs.snapshot()[from:] {
+		if l.msg() == "dump written" {
+			t.Errorf("the old supervisor wrote a dump: %s", l.raw)
+		}
+	}
+	return begun.int("pid")
+}
+
+// stopPID sends TERM to a supervisor the harness did not start (the new
+// one of an upgrade) and waits for every process that holds the log to
+// exit.
+func stopPID(t *testing.T, d *daemon, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if !d.logs.waitEOF(20 * time.Second) {
+		t.Fatalf("the new supervisor did not exit after TERM; log:\n%s", d.logs.text())
+	}
+}
+
+// USR2: a new supervisor from the binary on disk takes the listener, the
+// region and the admin endpoint; the old one exits without a dump; a
+// limit of 5 with 3 used before admits exactly 2 after. Without
+// persist.live: the region is the memory file the new one inherits.
+func TestUpgradeE2E(t *testing.T) {
+	t.Parallel()
+	for _, live := range []bool{false, true} {
+		t.Run(fmt.Sprintf("live=%v", live), parallel(func(t *testing.T) {
+			dump := filepath.Join(t.TempDir(), "table.dump")
+			persistCfg := fmt.Sprintf("\n[persist]\npath = %q\n", dump)
+			if live {
+				persistCfg += fmt.Sprintf("live = %q\n", liveRegionPath(t))
+			}
+			cfg := strings.Replace(baseServer(2, ""), "[table]", "[admin]\nlisten = \"ADMIN_ADDR\"\n\n[table]", 1) +
+				rule("five", "/u", "gcra", 5, "1h") + persistCfg
+			d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+			c := newClient(t, nil, false)
+			for range 3 {
+				if r := get(c, d.url("/u")); r.status != 200 {
+					t.Fatalf("before: %d %v", r.status, r.err)
+				}
+			}
+			oldPID := d.pid()
+			at := d.logs.len()
+			newPID := upgrade(t, d)
+			if newPID == oldPID || newPID <= 0 {
+				t.Fatalf("new supervisor pid %d", newPID)
+			}
+			if _, _, ok := d.logs.waitFor(at, 10*time.Second, msgIs("upgrade finished: the old supervisor's workers are gone")); !ok {
+				t.Errorf("the new supervisor did not see the old workers gone")
+			}
+			var rs []result
+			for range 3 {
+				rs = append(rs, get(c, d.url("/u")))
+			}
+			if got := statuses(rs); got[200] != 2 || got[429] != 1 || rs[2].status != 429 {
+				t.Errorf("after the upgrade: %v, want exactly 2 more admitted (5 - 3), then 429", got)
+			}
+			// The admin endpoint is the new supervisor's.
+			var st struct {
+				PID   int  `json:"pid"`
+				Ready bool `json:"ready"`
+			}
+			r := get(c, "http://"+d.admin+"/status")
+			if err := json.Unmarshal(r.body, &st); err != nil || st.PID != newPID || !st.Ready {
+				t.Errorf("/status after the upgrade: %s %v, want pid %d ready", r.body, err, newPID)
+			}
+			from := d.logs.len()
+			stopPID(t, d, newPID)
+			if _, _, ok := d.logs.waitFor(from, 0, msgIs("dump written")); !ok {
+				t.Errorf("the new supervisor wrote no dump at its stop")
+			}
+		}))
+	}
+}
+
+// wrk -c20 across USR2 sees no error: the new workers accept on the
+// socket before the old ones stop.
+func TestUpgradeUnderLoad(t *testing.T) {
+	t.Parallel()
+	wrk := needTool(t, "wrk", "wrk")
+	d := startDaemon(t, daemonOptions{config: baseServer(2, "")})
+	const run = 6 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), run+15*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, wrk, "-t1", "-c20", fmt.Sprintf("-d%ds", int(run.Seconds())), "--timeout", "5s", d.url("/"))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	time.Sleep(time.Second) // wrk's connections are open and busy
+	newPID := upgrade(t, d)
+	if time.Since(began) > run-time.Second {
+		t.Fatalf("the upgrade took %v, too close to wrk's %v to have run under load", time.Since(began), run)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("wrk: %v\n%s", err, out.String())
+	}
+	requests, errs, err := wrkResults(out.String())
+	if err != nil {
+		t.Fatalf("%v in wrk's output:\n%s", err, out.String())
+	}
+	t.Logf("wrk: %d requests, errors %v", requests, errs)
+	if requests == 0 || len(errs) > 0 {
+		t.Errorf("wrk -c20 across USR2: %d requests, errors %v; want none\n%s", requests, errs, out.String())
+	}
+	stopPID(t, d, newPID)
+}
+
+// A new supervisor that fails (a configuration it cannot load) or is not
+// ready within upgrade_timeout leaves the old one serving, counts and
+// all, and may be tried again.
+func TestUpgradeFails(t *testing.T) {
+	t.Parallel()
+	t.Run("bad configuration", parallel(func(t *testing.T) {
+		d := startDaemon(t, daemonOptions{config: baseServer(2, "") + rule("five", "/u", "gcra", 5, "1h")})
+		c := newClient(t, nil, false)
+		get(c, d.url("/u"))
+		good, _ := os.ReadFile(d.cfgPath)
+		os.WriteFile(d.cfgPath, []byte("[server]\nworkers = -1\n"), 0o600)
+		from := d.logs.len()
+		d.signal(syscall.SIGUSR2)
+		if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade failed: the new supervisor exited before it was ready; serving on")); !ok {
+			t.Fatalf("no failure line; log:\n%s", d.logs.text())
+		}
+		if _, ok := d.wait(0); ok {
+			t.Fatal("the old supervisor exited")
+		}
+		if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade abandoned: the new supervisor's workers are gone, their indexes reaped")); !ok {
+			t.Errorf("the failed upgrade's indexes were not reaped")
+		}
+		got := statuses([]result{get(c, d.url("/u")), get(c, d.url("/u")), get(c, d.url("/u")), get(c, d.url("/u")), get(c, d.url("/u"))})
+		if got[200] != 4 || got[429] != 1 {
+			t.Errorf("after the failed upgrade: %v, want the 4 left of 5, then 429", got)
+		}
+		// Fixed, it upgrades.
+		os.WriteFile(d.cfgPath, good, 0o600)
+		stopPID(t, d, upgrade(t, d))
+	}))
+	t.Run("not ready in time", parallel(func(t *testing.T) {
+		d := startDaemon(t, daemonOptions{config: baseServer(2, "upgrade_timeout = \"1ms\"")})
+		from := d.logs.len()
+		d.signal(syscall.SIGUSR2)
+		if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade failed: the new supervisor was not ready within upgrade_timeout: killing it; serving on")); !ok {
+			t.Fatalf("no timeout line; log:\n%s", d.logs.text())
+		}
+		if r := get(newClient(t, nil, false), d.url("/")); r.status != 200 {
+			t.Errorf("after the failed upgrade: %d %v", r.status, r.err)
+		}
+		// The killed supervisor's workers die with it; their indexes are
+		// reaped, and the old one goes on: a reload replaces its workers.
+		noCanaryReload := reloadTo(d, noCanary(baseServer(2, "upgrade_timeout = \"1ms\"")))
+		waitReloaded(t, d, noCanaryReload, 20*time.Second)
+		d.stop()
+	}))
 }
