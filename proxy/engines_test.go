@@ -64,6 +64,13 @@ var quietLog = slog.New(slog.DiscardHandler)
 // now (the region's when nil).
 func configCore(t testing.TB, toml string, now func() time.Duration) *core.Core {
 	t.Helper()
+	return configCoreWith(t, toml, func(o *core.Options) { o.Now = now })
+}
+
+// configCoreWith is configCore with the options set by mod (after the
+// logger).
+func configCoreWith(t testing.TB, toml string, mod func(*core.Options)) *core.Core {
+	t.Helper()
 	cfg, err := config.Parse([]byte(toml), "test.toml")
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +87,8 @@ func configCore(t testing.TB, toml string, now func() time.Duration) *core.Core 
 	if err := region.Join(0); err != nil {
 		t.Fatal(err)
 	}
-	o.Logger, o.Now = quietLog, now
+	o.Logger = quietLog
+	mod(&o)
 	c, err := core.New(region, o)
 	if err != nil {
 		t.Fatal(err)
