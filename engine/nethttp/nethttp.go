@@ -217,21 +217,21 @@ func dropFields(r *http.Request, names []string) *http.Request {
 	return &r2
 }
 
-// addFields is r with the fields the core adds (core.Forward.Add), each
-// in place of the client's of the same name.
+// addFields sets on r the fields the core adds (core.Forward.Add), each
+// in place of the client's of the same name: in r's own header, as a
+// request-id middleware does, so that a request without an id costs the
+// id's string and its slice, not a copy of the header.
 func addFields(r *http.Request, fields []core.Field) *http.Request {
 	if len(fields) == 0 {
 		return r
 	}
-	r2 := *r
-	r2.Header = r.Header.Clone()
-	if r2.Header == nil {
-		r2.Header = make(http.Header, len(fields))
+	if r.Header == nil {
+		r.Header = make(http.Header, len(fields))
 	}
 	for _, f := range fields {
-		r2.Header[f.Name] = []string{string(f.Value)}
+		r.Header[f.Name] = []string{string(f.Value)}
 	}
-	return &r2
+	return r
 }
 
 // refresh sends a copy of r to the next handler in the background and
