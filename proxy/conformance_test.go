@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -32,6 +33,30 @@ type servingEngine struct {
 
 var engines = []servingEngine{
 	{"fasthttp", startFast},
+	{"nethttp", startNetHTTP},
+}
+
+// startNetHTTP serves ln with the net/http engine forwarding by itself
+// (what the daemon's TLS listeners serve with), in cleartext.
+func startNetHTTP(t *testing.T, ln net.Listener, upstream string) {
+	t.Helper()
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: configCore(t, "", nil), Upstream: upstream,
+		Limits: engine.Limits{MaxHeaderBytes: 8 << 10}, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
 }
 
 func startFast(t *testing.T, ln net.Listener, upstream string) {
@@ -75,6 +100,25 @@ type exchange struct {
 	upNot      []string // header names it did not see
 	upBody     *string  // the body it got
 	upCount    int      // how many requests the upstream saw, when not 1 (or 0 with upLine "")
+	// trailing is the status of one more response the server sends after
+	// the first, to bytes it did not take for the first request; 0: none.
+	trailing int
+	// ownAnswer: the answer is the HTTP library's own, not the server's
+	// (net/http's plain-text error pages: no Date, no problem+json).
+	ownAnswer bool
+	// netHTTP, when set, is what the net/http engine does instead, where
+	// net/http parses the request itself and decides otherwise (its
+	// send is the row's): why says why. The fast engine parses the raw
+	// bytes and refuses what net/http lets through.
+	netHTTP *exchange
+	why     string
+}
+
+// netHTTPOwn is the expectation of a row whose request net/http refuses
+// itself, with the same status, in its own words.
+func netHTTPOwn(status int) *exchange {
+	return &exchange{status: status, closed: true, ownAnswer: true,
+		why: "net/http answers the malformed request itself, in plain text"}
 }
 
 func crlf(s string) string { return strings.ReplaceAll(s, "\n", "\r\n") }
@@ -91,6 +135,13 @@ var exchanges = []exchange{
 		upLine: "GET /x/y?a=1&b=%2F HTTP/1.1",
 		upHas: []string{"Host: app.example", "User-Agent: t", "x-custom: Keep Case", "Forwarded: for=1.2.3.4",
 			"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Proto: http", "X-Forwarded-Host: app.example"},
+		netHTTP: &exchange{
+			status: 200, body: "ok", has: []string{"Content-Type: text/plain"},
+			upLine: "GET /x/y?a=1&b=%2F HTTP/1.1",
+			upHas: []string{"Host: app.example", "User-Agent: t", "X-Custom: Keep Case", "Forwarded: for=1.2.3.4",
+				"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Proto: http", "X-Forwarded-Host: app.example"},
+			why: "net/http gives field names in canonical form",
+		},
 	},
 	{
 		name:   "X-Forwarded-For chain kept, peer appended",
@@ -250,21 +301,30 @@ var exchanges = []exchange{
 		name:   "Content-Length and Transfer-Encoding: 400, closed, nothing forwarded",
 		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nTransfer-Encoding: chunked\n\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true, has: []string{"Content-Type: application/problem+json"},
+		netHTTP: &exchange{status: 200, trailing: 200, upLine: "POST / HTTP/1.1", upCount: 2, upBody: ptr(""),
+			upHas: []string{"Content-Length: 0"}, upNot: []string{"Transfer-Encoding"},
+			why: "net/http frames the body by Transfer-Encoding, drops Content-Length, and serves the next request on the connection: " +
+				"the upstream gets two requests each framed anew, never the client's framing"},
 	},
 	{
 		name:   "Transfer-Encoding then Content-Length: 400, closed",
 		send:   "POST / HTTP/1.1\nHost: a\ntransfer-encoding: chunked\ncontent-length: 0\n\n0\n\n",
 		status: 400, closed: true,
+		netHTTP: &exchange{status: 200, upLine: "POST / HTTP/1.1", upBody: ptr(""), upNot: []string{"Transfer-Encoding"},
+			why: "net/http frames the body by Transfer-Encoding and drops Content-Length"},
 	},
 	{
 		name:   "two Content-Lengths: 400, closed",
 		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nContent-Length: 4\n\nabcd",
 		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
 	},
 	{
 		name:   "obs-fold: 400, closed",
 		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\n c: d\n\n",
 		status: 400, closed: true,
+		netHTTP: &exchange{status: 200, upLine: "GET / HTTP/1.1", upHas: []string{"X-A: b c: d"},
+			why: "net/http unfolds the line (RFC 9112 §5.2 allows a server to replace obs-fold by a space)"},
 	},
 	{
 		name:   "a bad chunk size: 400, closed, nothing forwarded",
@@ -275,6 +335,8 @@ var exchanges = []exchange{
 		name:   "HTTP/1.0 with Transfer-Encoding: 400, closed",
 		send:   "POST / HTTP/1.0\nHost: a\nTransfer-Encoding: chunked\n\n3\nabc\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true,
+		netHTTP: &exchange{status: 200, closed: true, upLine: "POST / HTTP/1.1", upBody: ptr(""),
+			why: "net/http ignores Transfer-Encoding in HTTP/1.0: the request has no body, and the HTTP/1.0 connection closes after it"},
 	},
 	{
 		name:   "CONNECT is refused",
@@ -311,16 +373,19 @@ var exchanges = []exchange{
 		name:   "HTTP/2.0 on an HTTP/1 connection: 505",
 		send:   "GET / HTTP/2.0\nHost: a\n\n",
 		status: 505, closed: true,
+		netHTTP: netHTTPOwn(505),
 	},
 	{
 		name:   "a header section over the limit: 431",
 		send:   bigHeader,
 		status: 431, closed: true,
+		netHTTP: netHTTPOwn(431),
 	},
 	{
 		name:   "a control character in a header value: 400",
 		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\x00c\n\n",
 		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
 	},
 }
 
@@ -339,6 +404,12 @@ func TestConformance(t *testing.T) {
 }
 
 func runExchange(t *testing.T, e servingEngine, x exchange) {
+	if e.name == "nethttp" && x.netHTTP != nil {
+		alt := *x.netHTTP
+		alt.name, alt.send, alt.raw, alt.reply, alt.head = x.name, x.send, x.raw, x.reply, x.head
+		t.Logf("net/http's own behaviour: %s", alt.why)
+		x = alt
+	}
 	var up *rawUpstream
 	if x.reply == "" {
 		up = startUpstream(t, nil)
@@ -402,11 +473,18 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 	if x.closeField && !resp.Close {
 		t.Errorf("the response lacks Connection: close")
 	}
-	if got := resp.Header.Values("Date"); len(got) != 1 {
-		t.Errorf("Date fields %q, want one", got)
-	}
-	if resp.StatusCode >= 400 && resp.Header.Get("Content-Type") != "application/problem+json" {
-		t.Errorf("an error answer of Content-Type %q, want application/problem+json", resp.Header.Get("Content-Type"))
+	switch {
+	case x.ownAnswer:
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+			t.Errorf("net/http's own answer of Content-Type %q", ct)
+		}
+	default:
+		if got := resp.Header.Values("Date"); len(got) != 1 {
+			t.Errorf("Date fields %q, want one", got)
+		}
+		if resp.StatusCode >= 400 && resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("an error answer of Content-Type %q, want application/problem+json", resp.Header.Get("Content-Type"))
+		}
 	}
 
 	if x.then != "" && !x.closed {
@@ -421,6 +499,14 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 		if r2.StatusCode != 200 {
 			t.Errorf("the second request: status %d", r2.StatusCode)
 		}
+	}
+	if x.trailing != 0 {
+		// What the server answered to the bytes after the request.
+		r2, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil || r2.StatusCode != x.trailing {
+			t.Fatalf("after the response: %v %v, want a %d", r2, err, x.trailing)
+		}
+		io.Copy(io.Discard, r2.Body)
 	}
 	if closed := isClosed(t, c, br); closed != x.closed {
 		t.Errorf("connection closed after the response: %v, want %v", closed, x.closed)

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,6 +55,20 @@ var coreEngines = []coreEngine{
 		srv := &http.Server{Handler: nethttp.New(c, rp, nethttp.Options{})}
 		go srv.Serve(ln)
 		t.Cleanup(func() { srv.Close() })
+	}},
+	{"nethttp-forward", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
+		// The net/http engine forwarding by itself, as the daemon's TLS
+		// listeners do.
+		s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: upstream, Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Serve(ln)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			s.Shutdown(ctx)
+		})
 	}},
 }
 

@@ -28,6 +28,7 @@ import (
 type Handler struct {
 	c    *core.Core
 	next http.Handler
+	fwd  *forwarder // in place of next: the Server's own forwarding
 	opts Options
 
 	background sync.WaitGroup // background refreshes
@@ -124,6 +125,16 @@ var errPanicked = errors.New("nethttp: the handler panicked")
 
 // pass serves a request the core let through with the next handler.
 func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex *core.Exchange) error {
+	if h.fwd != nil {
+		// The Server forwards to its upstream itself: the core's fields
+		// go on the upstream's response head once it is read.
+		fwd := ex.Forward()
+		rw := &req.rw
+		*rw = writer{w: w, ex: ex, keep: ex.Keep()}
+		err := h.fwd.serve(rw, r, req, ex, fwd)
+		rw.finish()
+		return err
+	}
 	setFields(w.Header(), ex.Fields())
 	fwd := ex.Forward()
 	if fwd.Path != req.Path() {
@@ -262,6 +273,11 @@ func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 			ex.Finish(err)
 		}()
 		rw := &writer{w: &nowhere{header: http.Header{}}, ex: ex, keep: true}
+		if h.fwd != nil {
+			err = h.fwd.serve(rw, r2, &request{r: r2, bodyRead: true}, ex, fwd)
+			rw.finish()
+			return
+		}
 		h.next.ServeHTTP(rw, r2)
 		rw.finish()
 		err = nil

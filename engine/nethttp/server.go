@@ -2,14 +2,19 @@ package nethttp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
@@ -19,9 +24,27 @@ import (
 type ServerOptions struct {
 	// Core runs each request (required).
 	Core *core.Core
-	// Handler is the application (required): it serves what the core
-	// lets through.
+	// Handler is the application: it serves what the core lets through.
+	// Exactly one of Handler and Upstream is set.
 	Handler http.Handler
+	// Upstream is the application's URL ("http://host:port", or https,
+	// with an optional path prefix): the Server forwards what the core
+	// lets through itself, over HTTP/1.1 on pooled keep-alive
+	// connections, by the fast engine's rules (see forward.go). What a
+	// TLS or HTTP/2 listener of the daemon is served with.
+	Upstream string
+	// Client is how Upstream is spoken to (engine.Upstream: the connect
+	// and response timeouts, the idle connections kept); zero values are
+	// the defaults.
+	Client engine.Upstream
+	// TLS, when set, makes every listener speak TLS with it, the
+	// handshake bounded by Limits.ReadHeaderTimeout; with "h2" in its
+	// NextProtos, HTTP/2 is spoken to the clients that ask for it, each
+	// stream a request to the core, its floods bounded (h2guard.go).
+	TLS *tls.Config
+	// MaxConcurrentStreams bounds the streams of one HTTP/2 connection.
+	// 0 means 128 (nginx's http2_max_concurrent_streams).
+	MaxConcurrentStreams uint32
 	// Limits are the timeouts and limits of the worker's clients
 	// (engine.Limits: the [server] keys); zero values are the defaults.
 	Limits engine.Limits
@@ -41,6 +64,13 @@ type Server struct {
 	limits engine.Limits
 	conns  connTracker
 	log    *slog.Logger
+	tls    bool
+
+	// HTTP/2 (with TLS): its server, and a server that has nothing but
+	// the HTTP/2 server's graceful shutdown to run (goaway).
+	h2     *http2.Server
+	goaway *http.Server
+	cuts   warnGate // log lines about flooding clients cut off
 
 	mu  sync.Mutex
 	lns []net.Listener
@@ -53,8 +83,10 @@ func NewServer(o ServerOptions) (*Server, error) {
 	switch {
 	case o.Core == nil:
 		return nil, errors.New("nethttp: ServerOptions.Core is nil")
-	case o.Handler == nil:
-		return nil, errors.New("nethttp: ServerOptions.Handler is nil")
+	case o.Handler == nil && o.Upstream == "":
+		return nil, errors.New("nethttp: ServerOptions: neither Handler nor Upstream is set")
+	case o.Handler != nil && o.Upstream != "":
+		return nil, errors.New("nethttp: ServerOptions: both Handler and Upstream are set")
 	}
 	lim, err := o.Limits.WithDefaults()
 	if err != nil {
@@ -64,6 +96,11 @@ func NewServer(o ServerOptions) (*Server, error) {
 		o.Logger = slog.Default()
 	}
 	s := &Server{h: New(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger}
+	if o.Upstream != "" {
+		if s.h.fwd, err = newForwarder(o.Core, o.Upstream, o.Client); err != nil {
+			return nil, err
+		}
+	}
 	s.srv = &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: lim.ReadHeaderTimeout,
@@ -74,6 +111,14 @@ func NewServer(o ServerOptions) (*Server, error) {
 		MaxHeaderBytes: max(lim.MaxHeaderBytes-4<<10, 1),
 		ConnState:      s.conns.track,
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+	}
+	if s.h.fwd != nil {
+		s.srv.DisableGeneralOptionsHandler = true // OPTIONS * is refuseUnforwardable's
+	}
+	if o.TLS != nil {
+		if err := s.configureTLS(o); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -97,7 +142,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	err := s.srv.Serve(l)
+	var err error
+	if s.tls {
+		err = s.srv.ServeTLS(l, "", "")
+	} else {
+		err = s.srv.Serve(l)
+	}
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) || s.conns.draining.Load() {
 		return nil
 	}
@@ -109,6 +159,13 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.conns.draining.Load() {
 		w.Header().Set("Connection", "close") // the drain rule's step 2
+	}
+	if s.h.fwd != nil {
+		start := time.Now()
+		if status, ok := refuseUnforwardable(w, r); ok {
+			s.h.c.Responded(status, time.Since(start)) // no exchange counts it
+			return
+		}
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout}
@@ -140,6 +197,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-served: // every connection accepted is tracked
 	case <-ctx.Done():
 	}
+	if s.goaway != nil {
+		// Step 2 for HTTP/2: GOAWAY on every connection; each closes once
+		// its streams in flight are answered.
+		go s.goaway.Shutdown(ctx)
+	}
 	s.conns.drain(ctx, engine.DrainIdleGrace, engine.DrainNewGrace) // step 3
 	err := s.srv.Shutdown(ctx)                                      // nothing left, or cut (step 4)
 	if err != nil {
@@ -151,6 +213,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-refreshed:
 	case <-ctx.Done():
 		err = errors.Join(err, ctx.Err())
+	}
+	if s.h.fwd != nil {
+		s.h.fwd.close()
 	}
 	return err
 }
@@ -302,4 +367,60 @@ func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration
 		}
 	}
 	return len(c.conns), next, c.changed
+}
+
+// DefaultMaxConcurrentStreams is ServerOptions.MaxConcurrentStreams's
+// default.
+const DefaultMaxConcurrentStreams = 128
+
+// configureTLS sets the server up for TLS, and HTTP/2 when the TLS
+// configuration offers h2.
+func (s *Server) configureTLS(o ServerOptions) error {
+	s.tls = true
+	s.srv.TLSConfig = o.TLS.Clone()
+	// Never net/http's own HTTP/2: the floods are bounded here.
+	s.srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	if !slices.Contains(o.TLS.NextProtos, http2.NextProtoTLS) {
+		return nil
+	}
+	streams := o.MaxConcurrentStreams
+	if streams == 0 {
+		streams = DefaultMaxConcurrentStreams
+	}
+	s.h2 = &http2.Server{
+		MaxConcurrentStreams: streams,
+		IdleTimeout:          s.limits.IdleTimeout,
+		// A client's settings and pings are answered; one that stops
+		// reading is cut by the write timeout.
+		WriteByteTimeout: s.limits.SendTimeout,
+	}
+	s.goaway = &http.Server{}
+	if err := http2.ConfigureServer(s.goaway, s.h2); err != nil {
+		return fmt.Errorf("nethttp: HTTP/2: %w", err)
+	}
+	s.srv.TLSNextProto[http2.NextProtoTLS] = s.serveH2
+	return nil
+}
+
+// serveH2 serves an HTTP/2 connection, through its flood guard.
+func (s *Server) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
+	// net/http does not tell the ConnState hook that the connection is
+	// active: the drain rule must not take it for one that never sent a
+	// request (GOAWAY closes it once its streams are answered).
+	s.conns.track(c, http.StateActive)
+	g := newH2Guard(c, s.limits.MaxHeaderBytes, func(err error) {
+		if s.cuts.allow() {
+			s.log.Warn("HTTP/2 client cut off", "client", c.RemoteAddr().String(), "why", err.Error())
+		}
+	})
+	s.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: hs, Handler: h})
+}
+
+// warnGate lets one log line a second through.
+type warnGate struct{ last atomic.Int64 }
+
+func (g *warnGate) allow() bool {
+	now := time.Now().UnixNano()
+	last := g.last.Load()
+	return now-last >= int64(time.Second) && g.last.CompareAndSwap(last, now)
 }
