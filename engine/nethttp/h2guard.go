@@ -61,20 +61,20 @@ type h2Guard struct {
 	maxBlock int    // raw bytes of one header block
 	onCut    func(error)
 
-	preface int       // bytes of the client preface still to pass
-	hdr     [9]byte   // the frame header being read
-	hdrN    int       // bytes of it read
-	left    uint32    // payload bytes of the current frame left
-	typ     byte      // the current frame's type
-	flags   byte      // and flags
-	flen    int       // the current frame's payload length
-	off     int       // payload bytes of it seen
-	from    int       // where its header block fragment starts in the payload
-	to      int       // and ends (-1 until a padded frame's pad length is read)
-	block   bool      // in a header block (HEADERS not ended)
-	frames  int       // frames of the current block
-	raw     int       // raw bytes of the current block
-	decoded uint32    // decoded size of the current block's list
+	preface int     // bytes of the client preface still to pass
+	hdr     [9]byte // the frame header being read
+	hdrN    int     // bytes of it read
+	left    uint32  // payload bytes of the current frame left
+	typ     byte    // the current frame's type
+	flags   byte    // and flags
+	flen    int     // the current frame's payload length
+	off     int     // payload bytes of it seen
+	from    int     // where its header block fragment starts in the payload
+	to      int     // and ends (-1 until a padded frame's pad length is read)
+	block   bool    // in a header block (HEADERS not ended)
+	frames  int     // frames of the current block
+	raw     int     // raw bytes of the current block
+	decoded uint32  // decoded size of the current block's list
 	dec     *hpack.Decoder
 	streams int // header blocks opened (requests and trailers)
 	resets  int // RST_STREAM frames
