@@ -12,6 +12,7 @@ import (
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
+	"github.com/preforkd/preforkd/tlsconf"
 )
 
 // Config is the whole configuration of preforkd. The TOML file is one way to
@@ -30,6 +31,7 @@ type Config struct {
 	Log         Log           `toml:"log"`
 	Redis       Redis         `toml:"redis"`
 	Reload      Reload        `toml:"reload"`
+	TLS         TLS           `toml:"tls"`
 	RateLimits  []RateLimit   `toml:"ratelimit"`
 	Idempotency []Idempotency `toml:"idempotency"`
 	Caches      []Cache       `toml:"cache"`
@@ -153,6 +155,48 @@ type Persist struct {
 	Path string `toml:"path"` // dump file written on graceful shutdown and loaded at boot; "" = off
 	Key  string `toml:"key"`  // application version; stored responses are dropped when it changes
 	Live string `toml:"live"` // tmpfs path for the region itself, to survive a crash; "" = off
+}
+
+// TLS is the [tls] table: with a certificate, server.listen speaks TLS
+// (HTTP/2 and HTTP/1.1 by ALPN), served by the net/http engine. Zero is
+// "off".
+type TLS struct {
+	// Certificates are the [[tls.certificate]] the listener serves: the
+	// first to a client whose SNI names no other's, the others chosen by
+	// SNI against their names.
+	Certificates []Certificate `toml:"certificate"`
+	// MinVersion is the least TLS version: "1.2" (the zero value) or
+	// "1.3".
+	MinVersion TLSVersion `toml:"min_version"`
+	// HTTP2 offers HTTP/2 (ALPN h2) before HTTP/1.1. The zero value means
+	// the default, on.
+	HTTP2 Toggle `toml:"http2"`
+	// TicketRotation is how often the session ticket keys, shared by
+	// every worker, change; a ticket is accepted for up to two periods.
+	// 1m..168h; 0 means 12h.
+	TicketRotation time.Duration `toml:"ticket_rotation"`
+	// Tickets is the secret the supervisor draws at start, from which
+	// every worker derives the ticket keys: handed to the workers with
+	// the configuration, in memory; never in a file or a dump.
+	Tickets tlsconf.Tickets `toml:"-"`
+}
+
+// Enabled reports whether the listener speaks TLS.
+func (t TLS) Enabled() bool { return len(t.Certificates) > 0 }
+
+// Certificate is one [[tls.certificate]].
+type Certificate struct {
+	// Cert is the PEM file of the certificate chain, leaf first.
+	// Required.
+	Cert string `toml:"cert"`
+	// Key is the PEM file of its private key. Required.
+	Key string `toml:"key"`
+	// CertPEM and KeyPEM are what the files hold: [Load] reads them (at
+	// start and at every reload: the supervisor reads them, workers never
+	// need to); [Parse], which does no I/O, leaves them empty. KeyPEM
+	// never prints.
+	CertPEM []byte      `toml:"-" file:"cert"`
+	KeyPEM  tlsconf.Key `toml:"-" file:"key"`
 }
 
 // Reload is the [reload] table: how a HUP replaces the workers. The
@@ -541,6 +585,9 @@ func (c Config) WithDefaults() Config {
 	s.Exempt = slices.Clone(s.Exempt)
 
 	setDefault(&c.Log.Access, AccessOff)
+	setDefault(&c.TLS.HTTP2, On)
+	setDefault(&c.TLS.TicketRotation, tlsconf.DefaultRotation)
+	c.TLS.Certificates = slices.Clone(c.TLS.Certificates)
 
 	rd := &c.Redis
 	setDefault(&rd.Timeout, redisstore.DefaultTimeout)

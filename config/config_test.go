@@ -167,6 +167,13 @@ live = "/dev/shm/preforkd"
 [log]
 access = "/var/log/preforkd/access.log"
 access_format = "json"
+[tls]
+min_version = "1.3"
+http2 = false
+ticket_rotation = "1h"
+[[tls.certificate]]
+cert = "/etc/tls/a.crt"
+key = "/etc/tls/a.key"
 [redis]
 url = "redis://10.0.0.5:6380/2"
 username = "app"
@@ -241,6 +248,8 @@ by = "global"
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
 		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
 		Log:     Log{Access: "/var/log/preforkd/access.log", AccessFormat: accesslog.JSON},
+		TLS: TLS{Certificates: []Certificate{{Cert: "/etc/tls/a.crt", Key: "/etc/tls/a.key"}},
+			MinVersion: TLS13, HTTP2: Off, TicketRotation: time.Hour},
 		Redis: Redis{URL: "redis://10.0.0.5:6380/2", Username: "app", PasswordFile: "/run/credentials/preforkd.service/redis",
 			TLS: true, CAFile: "/etc/ssl/redis-ca.pem", Timeout: 40 * time.Millisecond, PoolSize: 8, Prefix: "app1:",
 			BreakerFailures: 3, BreakerBackoff: 2 * time.Second, SuccessThreshold: 5},
@@ -709,6 +718,7 @@ func TestExample(t *testing.T) {
 		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
 		{[]string{"cache", elem(1)}, tomlKeys(reflect.TypeFor[Cache]())},
 		{[]string{"redis"}, tomlKeys(reflect.TypeFor[Redis]())},
+		{[]string{"tls"}, []string{"min_version", "http2", "ticket_rotation"}},
 	} {
 		for _, k := range sec.keys {
 			if k == "" {

@@ -134,6 +134,7 @@ func (c Config) check(r *report) {
 	}
 
 	c.Redis.check(r)
+	c.TLS.check(r)
 
 	names := map[string]int{} // rule name → index of its first use
 	rules := make([]core.RateLimit, len(c.RateLimits))

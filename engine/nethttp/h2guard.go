@@ -48,8 +48,19 @@ const (
 	flagPriority   = 0x20
 )
 
+// The kinds of flood, each logged at most once a second.
+const (
+	floodReset = iota
+	floodContinuation
+	floodHPACK
+	floodKinds
+)
+
 // errFlood is why a guard cut a client off.
-type errFlood struct{ why string }
+type errFlood struct {
+	kind int
+	why  string
+}
 
 func (e *errFlood) Error() string { return "nethttp: HTTP/2 client cut off: " + e.why }
 
@@ -59,7 +70,7 @@ type h2Guard struct {
 	*tls.Conn
 	maxList  uint32 // the header list size the server takes (max_header_bytes)
 	maxBlock int    // raw bytes of one header block
-	onCut    func(error)
+	onCut    func(*errFlood)
 
 	preface int     // bytes of the client preface still to pass
 	hdr     [9]byte // the frame header being read
@@ -81,7 +92,7 @@ type h2Guard struct {
 	cut     atomic.Pointer[errFlood]
 }
 
-func newH2Guard(c *tls.Conn, maxHeaderBytes int, onCut func(error)) *h2Guard {
+func newH2Guard(c *tls.Conn, maxHeaderBytes int, onCut func(*errFlood)) *h2Guard {
 	g := &h2Guard{Conn: c, maxList: uint32(maxHeaderBytes), maxBlock: maxHeaderBytes + 16<<10, onCut: onCut, preface: len(h2Preface)}
 	// The table size the server advertises (x/net's default, 4 KiB).
 	g.dec = hpack.NewDecoder(4096, func(f hpack.HeaderField) { g.decoded += f.Size() })
@@ -178,7 +189,7 @@ func (g *h2Guard) frameStart() *errFlood {
 	case frameRSTStream:
 		g.resets++
 		if g.resets > h2MaxResets && 2*g.resets >= g.streams {
-			return &errFlood{"rapid reset: it reset most of the streams it opened"}
+			return &errFlood{floodReset, "rapid reset: it reset most of the streams it opened"}
 		}
 	}
 	if g.typ == frameHeaders || g.typ == frameContinuation {
@@ -186,9 +197,9 @@ func (g *h2Guard) frameStart() *errFlood {
 		g.raw += g.flen
 		switch {
 		case g.frames > h2MaxContinuations:
-			return &errFlood{"CONTINUATION flood: a header block in too many frames"}
+			return &errFlood{floodContinuation, "CONTINUATION flood: a header block in too many frames"}
 		case g.raw > g.maxBlock:
-			return &errFlood{"CONTINUATION flood: a header block over max_header_bytes"}
+			return &errFlood{floodContinuation, "CONTINUATION flood: a header block over max_header_bytes"}
 		}
 	}
 	return nil
@@ -210,10 +221,10 @@ func (g *h2Guard) payload(b []byte) *errFlood {
 		return nil
 	}
 	if _, err := g.dec.Write(b[from:to]); err != nil {
-		return &errFlood{"a header block that does not decode: " + err.Error()}
+		return &errFlood{floodHPACK, "a header block that does not decode: " + err.Error()}
 	}
 	if g.decoded > 2*g.maxList {
-		return &errFlood{"HPACK bomb: a header list that decodes far over max_header_bytes"}
+		return &errFlood{floodHPACK, "HPACK bomb: a header list that decodes far over max_header_bytes"}
 	}
 	return nil
 }
@@ -224,7 +235,7 @@ func (g *h2Guard) frameEnd() *errFlood {
 	if (g.typ == frameHeaders || g.typ == frameContinuation) && g.block && g.flags&flagEndHeaders != 0 {
 		g.block = false
 		if err := g.dec.Close(); err != nil {
-			return &errFlood{"a header block that does not decode: " + err.Error()}
+			return &errFlood{floodHPACK, "a header block that does not decode: " + err.Error()}
 		}
 	}
 	return nil

@@ -70,7 +70,7 @@ type Server struct {
 	// the HTTP/2 server's graceful shutdown to run (goaway).
 	h2     *http2.Server
 	goaway *http.Server
-	cuts   warnGate // log lines about flooding clients cut off
+	cuts   [floodKinds]warnGate // log lines about flooding clients cut off, by kind
 
 	mu  sync.Mutex
 	lns []net.Listener
@@ -109,7 +109,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 		// it answers 431: the slack is taken off, so that the bound is the
 		// one every engine keeps.
 		MaxHeaderBytes: max(lim.MaxHeaderBytes-4<<10, 1),
-		ConnState:      s.conns.track,
+		ConnState:      s.trackConn,
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	if s.h.fwd != nil {
@@ -402,15 +402,26 @@ func (s *Server) configureTLS(o ServerOptions) error {
 	return nil
 }
 
+// trackConn is the ConnState hook: the HTTP/2 server reports its
+// connections' states with the guard, net/http with the TLS connection
+// under it, which is the one tracked.
+func (s *Server) trackConn(c net.Conn, st http.ConnState) {
+	if g, ok := c.(*h2Guard); ok {
+		c = g.Conn
+	}
+	s.conns.track(c, st)
+}
+
 // serveH2 serves an HTTP/2 connection, through its flood guard.
 func (s *Server) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
 	// net/http does not tell the ConnState hook that the connection is
-	// active: the drain rule must not take it for one that never sent a
-	// request (GOAWAY closes it once its streams are answered).
+	// active, and the HTTP/2 server tells it of Active and Idle only once
+	// it serves: the drain rule must not take it meanwhile for one that
+	// never sent a request.
 	s.conns.track(c, http.StateActive)
-	g := newH2Guard(c, s.limits.MaxHeaderBytes, func(err error) {
-		if s.cuts.allow() {
-			s.log.Warn("HTTP/2 client cut off", "client", c.RemoteAddr().String(), "why", err.Error())
+	g := newH2Guard(c, s.limits.MaxHeaderBytes, func(err *errFlood) {
+		if s.cuts[err.kind].allow() {
+			s.log.Warn("HTTP/2 client cut off", "client", c.RemoteAddr().String(), "why", err.why)
 		}
 	})
 	s.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: hs, Handler: h})
