@@ -528,9 +528,12 @@ func readOneHead(br *bufio.Reader, h http.Header) (respHead, error) {
 	hd.length = -2
 	hd.close = hd.http10
 	var named []string // fields Connection names
-	type kv struct{ k, v string }
-	var fields [32]kv
+	var fields [32]span
 	fs := fields[:0]
+	// Every value of the head in one string (one allocation), each
+	// field's a span of it.
+	var vals [2048]byte
+	vb := vals[:0]
 	chunked, hasTE, hasCL := false, false, false
 	for {
 		line, err := readLine(br)
@@ -547,11 +550,11 @@ func readOneHead(br *bufio.Reader, h http.Header) (respHead, error) {
 		if colon <= 0 {
 			return hd, errBadResponse
 		}
-		name := textproto.CanonicalMIMEHeaderKey(string(bytes.TrimRight(line[:colon], " \t")))
-		value := string(bytes.Trim(line[colon+1:], " \t"))
+		name := fieldName(bytes.TrimRight(line[:colon], " \t"))
+		value := bytes.Trim(line[colon+1:], " \t")
 		switch name {
 		case "Connection":
-			for t := range strings.SplitSeq(value, ",") {
+			for t := range strings.SplitSeq(string(value), ",") {
 				t = textproto.TrimString(t)
 				switch {
 				case strings.EqualFold(t, "close"):
@@ -567,16 +570,17 @@ func readOneHead(br *bufio.Reader, h http.Header) (respHead, error) {
 			}
 		case "Transfer-Encoding":
 			hasTE = true
-			codings := strings.Split(value, ",")
-			chunked = strings.EqualFold(textproto.TrimString(codings[len(codings)-1]), "chunked")
+			codings := bytes.Split(value, []byte(","))
+			chunked = bytes.EqualFold(bytes.TrimSpace(codings[len(codings)-1]), []byte("chunked"))
 		case "Content-Length":
-			n, err := strconv.ParseInt(value, 10, 64)
+			n, err := strconv.ParseInt(string(value), 10, 64)
 			if err != nil || n < 0 || hasCL && n != hd.length {
 				return hd, errBadLength
 			}
 			hasCL, hd.length = true, n
 		}
-		fs = append(fs, kv{name, value})
+		fs = append(fs, span{name, len(vb), len(vb) + len(value)})
+		vb = append(vb, value...)
 	}
 	switch {
 	case hasTE && chunked:
@@ -590,22 +594,62 @@ func readOneHead(br *bufio.Reader, h http.Header) (respHead, error) {
 		hd.close = true
 	}
 	hd.upgrade = hd.status == http.StatusSwitchingProtocols
+	all := string(vb)
+	kept := make([]string, 0, len(fs))
 	for _, f := range fs {
 		switch {
-		case f.k == "Date", f.k == "Content-Length" && hd.length >= 0:
-			// The server writes Date itself, and frames the body: its
-			// Content-Length is set again by relay.
+		case f.name == "Date":
+			continue // the server writes its own
+		case f.name == "Content-Length" && (hd.length < 0 || hasTE):
 			continue
-		case hd.upgrade && (f.k == "Connection" || f.k == "Upgrade"):
-		case hopByHop(f.k):
+		case f.name == "Content-Length":
+			// Kept: relay frames the body with it (once, for a repeated one).
+			if len(h[f.name]) > 0 {
+				continue
+			}
+		case hd.upgrade && (f.name == "Connection" || f.name == "Upgrade"):
+		case hopByHop(f.name):
 			continue
 		}
-		if contains(named, f.k) {
+		if contains(named, f.name) {
 			continue
 		}
-		h[f.k] = append(h[f.k], f.v)
+		kept = append(kept, all[f.from:f.to])
+		if vs := h[f.name]; len(vs) > 0 {
+			h[f.name] = append(vs[:len(vs):len(vs)], kept[len(kept)-1])
+		} else {
+			h[f.name] = kept[len(kept)-1 : len(kept) : len(kept)]
+		}
 	}
 	return hd, nil
+}
+
+// span is a field of a response head: its canonical name, and its value
+// as offsets into the head's values.
+type span struct {
+	name     string
+	from, to int
+}
+
+// commonFields are the response field names met most: found without an
+// allocation.
+var commonFields = func() map[string]string {
+	m := map[string]string{}
+	for _, n := range []string{"Content-Type", "Content-Length", "Date", "Server", "Connection", "Keep-Alive",
+		"Transfer-Encoding", "Cache-Control", "Etag", "Last-Modified", "Expires", "Vary", "Location", "Set-Cookie",
+		"Content-Encoding", "Accept-Ranges", "Age", "X-Request-Id", "Upgrade", "Access-Control-Allow-Origin"} {
+		m[n] = n
+		m[strings.ToLower(n)] = n
+	}
+	return m
+}()
+
+// fieldName is the canonical form of a field name.
+func fieldName(b []byte) string {
+	if n, ok := commonFields[string(b)]; ok {
+		return n
+	}
+	return textproto.CanonicalMIMEHeaderKey(string(b))
 }
 
 func contains(list []string, s string) bool {
@@ -649,8 +693,8 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 	}
 	head := r.Method == http.MethodHead
 	noBody := head || status < 200 || status == http.StatusNoContent || status == http.StatusNotModified
-	if hd.length >= 0 && (!noBody || head) {
-		h["Content-Length"] = []string{strconv.FormatInt(hd.length, 10)}
+	if noBody && !head {
+		delete(h, "Content-Length") // readOneHead kept the upstream's: no body here
 	}
 	if status == http.StatusSwitchingProtocols {
 		return f.tunnel(rw, uc, status)

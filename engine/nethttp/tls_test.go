@@ -21,7 +21,7 @@ import (
 
 // tlsServer serves a TLS listener with HTTP/2 on, forwarding to upstream,
 // and returns its address, a client that trusts it, and the server.
-func tlsServer(t *testing.T, upstream string) (string, *tls.Config, *nethttp.Server) {
+func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Server) {
 	t.Helper()
 	ca := tlstest.NewCA(t)
 	cert, key := ca.Leaf(t, "a.example")
