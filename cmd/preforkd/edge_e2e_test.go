@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var madeRequestID = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -514,4 +516,90 @@ func TestUpgradeFails(t *testing.T) {
 		waitReloaded(t, d, noCanaryReload, 20*time.Second)
 		d.stop()
 	}))
+}
+
+// notifySocket is a systemd notification socket of the test's: what each
+// datagram says, and the pid the kernel says sent it.
+type notifySocket struct {
+	path string
+	conn *net.UnixConn
+}
+
+func newNotifySocket(t *testing.T) *notifySocket {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	raw, _ := conn.SyscallConn()
+	raw.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &notifySocket{path: path, conn: conn}
+}
+
+// next returns the next notification that is not a watchdog ping unless
+// pings, waiting up to timeout.
+func (n *notifySocket) next(t *testing.T, timeout time.Duration, pings bool) (state string, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		buf, oob := make([]byte, 256), make([]byte, 1024)
+		n.conn.SetReadDeadline(deadline)
+		k, oobn, _, _, err := n.conn.ReadMsgUnix(buf, oob)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		for _, m := range msgs {
+			if cred, err := unix.ParseUnixCredentials(&m); err == nil {
+				pid = int(cred.Pid)
+			}
+		}
+		if state = string(buf[:k]); pings || state != "WATCHDOG=1" {
+			return state, pid
+		}
+	}
+}
+
+// systemd learns of an upgrade from the service's main process: the old
+// supervisor sends MAINPID= with the new one's pid once it serves; the new
+// one says nothing before that, then pings the watchdog and says
+// STOPPING=1 at its stop.
+func TestUpgradeNotifiesSystemd(t *testing.T) {
+	t.Parallel()
+	ns := newNotifySocket(t)
+	d := startDaemon(t, daemonOptions{config: baseServer(2, ""), env: []string{"NOTIFY_SOCKET=" + ns.path, "WATCHDOG_USEC=1000000"}})
+	if state, pid := ns.next(t, 10*time.Second, false); state != "READY=1" || pid != d.pid() {
+		t.Fatalf("first notification %q from %d, want READY=1 from the supervisor %d", state, pid, d.pid())
+	}
+	oldPID := d.pid()
+	d.signal(syscall.SIGUSR2)
+	var state string
+	var pid int
+	for {
+		// Until MAINPID=, every notification is the old supervisor's.
+		if state, pid = ns.next(t, 20*time.Second, true); pid != oldPID || state != "WATCHDOG=1" {
+			break
+		}
+	}
+	_, begun, _ := d.logs.waitFor(0, 10*time.Second, msgIs("upgrade begun: new supervisor started"))
+	newPID := begun.int("pid")
+	if state != fmt.Sprintf("MAINPID=%d", newPID) || pid != oldPID {
+		t.Fatalf("at the upgrade: %q from %d, want MAINPID=%d from the old supervisor %d", state, pid, newPID, oldPID)
+	}
+	if state, pid := ns.next(t, 5*time.Second, true); state != "WATCHDOG=1" || pid != newPID {
+		t.Errorf("after the upgrade: %q from %d, want WATCHDOG=1 from the new supervisor", state, pid)
+	}
+	if _, ok := d.wait(20 * time.Second); !ok {
+		t.Fatal("the old supervisor did not exit")
+	}
+	syscall.Kill(newPID, syscall.SIGTERM)
+	if state, pid := ns.next(t, 10*time.Second, false); state != "STOPPING=1" || pid != newPID {
+		t.Errorf("at the new supervisor's stop: %q from %d", state, pid)
+	}
+	d.logs.waitEOF(20 * time.Second)
 }

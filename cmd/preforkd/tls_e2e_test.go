@@ -175,7 +175,8 @@ func TestHTTP2E2E(t *testing.T) {
 	t.Parallel()
 	curl := needTool(t, "curl", "curl")
 	h2load := needTool(t, "h2load", "nghttp2-client")
-	td := startTLSDaemon(t, 2, rule("three", "/limited", "gcra", 3, "1h"))
+	access := filepath.Join(t.TempDir(), "access.log")
+	td := startTLSDaemon(t, 2, rule("three", "/limited", "gcra", 3, "1h")+fmt.Sprintf("\n[log]\naccess = %q\naccess_format = \"json\"\n", access))
 	caFile := filepath.Join(td.dir, "ca.pem")
 	os.WriteFile(caFile, td.ca.PEM, 0o644)
 	_, port, _ := net.SplitHostPort(td.addr)
@@ -198,14 +199,27 @@ func TestHTTP2E2E(t *testing.T) {
 		t.Errorf("h2load -n 10 -c 1 -m 10 on a limit of 3: %s 2xx, %s 4xx; want 3 and 7\n%s", m[1], m[3], out)
 	}
 	td.stop()
-	refused := 0
-	for _, l := range td.logs.snapshot() {
-		if l.msg() == "request refused" {
-			refused++
+	// The access log has every stream, as HTTP/2.0, the 429s with their
+	// rule.
+	var h2, refused int
+	for _, l := range accessLines(t, access, 11, time.Second) {
+		var e struct {
+			Protocol, Target string
+			Status           int
+			Rule             *string
+		}
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatalf("%s: %v", l, err)
+		}
+		if e.Protocol == "HTTP/2.0" && e.Target == "/limited" {
+			h2++
+			if e.Status == 429 && e.Rule != nil && *e.Rule == "three" {
+				refused++
+			}
 		}
 	}
-	if refused == 0 {
-		t.Error("no refusal logged")
+	if h2 != 10 || refused != 7 {
+		t.Errorf("access log: %d HTTP/2 lines of /limited, %d refused by three; want 10 and 7", h2, refused)
 	}
 }
 
