@@ -6,6 +6,13 @@
 //
 // It only translates: the rules, the answers and the headers are the
 // core's, the same for every engine.
+//
+// [Server] is the net/http engine built on it: the [server] limits and
+// the drain rule of package engine, an application handler or its own
+// forwarding to an upstream (forward.go: the fast engine's rules), and
+// with a tls.Config, TLS and HTTP/2 (x/net's server, behind a guard that
+// cuts off the known floods: h2guard.go). The daemon serves its TLS
+// listeners with it.
 package nethttp
 
 import (
