@@ -21,7 +21,8 @@ run: build
 # The race detector runs where goroutines share memory inside the test
 # process; the daemon's end-to-end tests drive a separately built binary.
 RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./core/... ./metrics/... ./prefork/... \
-	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/...
+	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/... \
+	./accesslog/... ./tlsconf/... ./engine/...
 
 # The whole proof: vet, unit and multi-process tests, the race detector on
 # the goroutine tests, every benchmark once (so that none rots between two
