@@ -91,8 +91,8 @@ http {
 	ssl_session_cache shared:SSL:10m;
 	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
 	server {
-		listen 127.0.0.1:$PORT ssl;
-		http2 on;
+		# (nginx 1.25.1 and later prefer "http2 on;", and take this with a warning)
+		listen 127.0.0.1:$PORT ssl http2;
 		ssl_certificate $tmp/cert.pem;
 		ssl_certificate_key $tmp/key.pem;
 		location / { $proxy_pass }

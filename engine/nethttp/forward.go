@@ -189,6 +189,10 @@ type aheadBody struct {
 
 var aheadPool = sync.Pool{New: func() any { b := make([]byte, readAheadBytes); return &b }}
 
+// relayPool holds the buffers response bodies are copied through: the
+// size of the upstream connection's read buffer, what one read brings.
+var relayPool = sync.Pool{New: func() any { b := make([]byte, upstreamReadBuffer); return &b }}
+
 // readAhead reads up to readAheadBytes of r's body.
 func readAhead(r *http.Request, req *request) (aheadBody, error) {
 	if req.body != nil || req.bodyRead {
@@ -713,6 +717,17 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 		// GET write the body anyway (see package proxy).
 		return f.done(uc, reusable && !head)
 	}
+	if hd.length >= 0 && hd.length <= int64(uc.br.Buffered()) {
+		// The whole body is here: one write to the client, and the
+		// connection is free for another request at once.
+		b, _ := uc.br.Peek(int(hd.length))
+		if _, werr := rw.Write(b); werr != nil {
+			uc.Conn.Close()
+			return werr
+		}
+		_, _ = uc.br.Discard(len(b))
+		return f.done(uc, reusable)
+	}
 	var body io.Reader
 	switch {
 	case hd.length >= 0:
@@ -723,8 +738,8 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 		body = uc.br
 	}
 	flush := hd.length < 0 // a body of unknown length goes out as it comes (server-sent events)
-	bp := aheadPool.Get().(*[]byte)
-	defer aheadPool.Put(bp)
+	bp := relayPool.Get().(*[]byte)
+	defer relayPool.Put(bp)
 	for {
 		n, err := body.Read(*bp)
 		if n > 0 {

@@ -390,9 +390,9 @@ func (s *Server) configureTLS(o ServerOptions) error {
 	s.h2 = &http2.Server{
 		MaxConcurrentStreams: streams,
 		IdleTimeout:          s.limits.IdleTimeout,
-		// A client's settings and pings are answered; one that stops
-		// reading is cut by the write timeout.
-		WriteByteTimeout: s.limits.SendTimeout,
+		// No WriteByteTimeout: it moves a deadline at every write of
+		// every frame; a client that stops reading is bounded by
+		// send_timeout on each response's writes (limitWriter).
 	}
 	s.goaway = &http.Server{}
 	if err := http2.ConfigureServer(s.goaway, s.h2); err != nil {
