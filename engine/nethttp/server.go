@@ -390,9 +390,9 @@ func (s *Server) configureTLS(o ServerOptions) error {
 	s.h2 = &http2.Server{
 		MaxConcurrentStreams: streams,
 		IdleTimeout:          s.limits.IdleTimeout,
-		// No WriteByteTimeout: it moves a deadline at every write of
-		// every frame; a client that stops reading is bounded by
-		// send_timeout on each response's writes (limitWriter).
+		// A client that stops reading blocks the connection's writer:
+		// past send_timeout without progress, the connection is closed.
+		WriteByteTimeout: s.limits.SendTimeout,
 	}
 	s.goaway = &http.Server{}
 	if err := http2.ConfigureServer(s.goaway, s.h2); err != nil {
