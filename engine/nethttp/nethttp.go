@@ -98,7 +98,7 @@ var requests = sync.Pool{New: func() any { return new(request) }}
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = withoutConnectionNamed(r)
 	req := requests.Get().(*request)
-	req.r = r
+	req.r, req.forwarding = r, h.fwd != nil
 	ex := h.c.Begin(req)
 	finished := false
 	defer func() {
@@ -319,6 +319,10 @@ func forwardPath(r *http.Request, fwd string) {
 // request is the core's view of a net/http request.
 type request struct {
 	r        *http.Request
+	// forwarding: the Server forwards the request itself (forward.go),
+	// and the view is of what it sends: without the fields it drops, with
+	// the X-Forwarded-Proto and -Host it writes.
+	forwarding bool
 	body     []byte
 	bodyRead bool
 	rw       writer // pooled with the request: no allocation per response
@@ -375,6 +379,14 @@ func (q *request) Header(name string) (string, int) {
 		}
 		return q.r.Host, 1
 	}
+	if q.forwarding {
+		if v, ok := q.forwarded(name); ok {
+			return v, 1
+		}
+		if !q.forwardedAsSent(name) {
+			return "", 0
+		}
+	}
 	vs := q.r.Header[name]
 	if len(vs) == 0 {
 		return "", 0
@@ -383,7 +395,43 @@ func (q *request) Header(name string) (string, int) {
 }
 
 func (q *request) HeaderLines(name string, dst []string) []string {
+	if q.forwarding {
+		if v, ok := q.forwarded(name); ok {
+			return append(dst, v)
+		}
+		if !q.forwardedAsSent(name) {
+			return dst
+		}
+	}
 	return append(dst, q.r.Header[name]...)
+}
+
+// forwarded is the value the forwarder writes itself for the field
+// called name, whatever the client sent (appendHead).
+func (q *request) forwarded(name string) (string, bool) {
+	switch name {
+	case "X-Forwarded-Proto":
+		if q.r.TLS != nil {
+			return "https", true
+		}
+		return "http", true
+	case "X-Forwarded-Host":
+		return q.r.Host, q.r.Host != ""
+	}
+	return "", false
+}
+
+// forwardedAsSent reports whether the forwarder sends the client's field
+// called name (appendHead): not a hop-by-hop field (but Upgrade on an
+// upgrade), Expect, or a name with '_'.
+func (q *request) forwardedAsSent(name string) bool {
+	switch {
+	case name == "Upgrade":
+		return isUpgrade(q.r)
+	case hopByHop(name), name == "Expect", strings.IndexByte(name, '_') >= 0:
+		return false
+	}
+	return true
 }
 
 func (q *request) Gone() bool { return q.r.Context().Err() != nil }
