@@ -318,14 +318,14 @@ func forwardPath(r *http.Request, fwd string) {
 
 // request is the core's view of a net/http request.
 type request struct {
-	r        *http.Request
+	r *http.Request
 	// forwarding: the Server forwards the request itself (forward.go),
 	// and the view is of what it sends: without the fields it drops, with
 	// the X-Forwarded-Proto and -Host it writes.
 	forwarding bool
-	body     []byte
-	bodyRead bool
-	rw       writer // pooled with the request: no allocation per response
+	body       []byte
+	bodyRead   bool
+	rw         writer // pooled with the request: no allocation per response
 }
 
 func (q *request) Method() string { return q.r.Method }
