@@ -2,7 +2,6 @@ package nethttp_test
 
 import (
 	"bufio"
-	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -79,5 +78,3 @@ func BenchmarkTLSForward(b *testing.B) {
 		})
 	}
 }
-
-var _ = tls.VersionTLS13
