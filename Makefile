@@ -63,10 +63,11 @@ fuzz:
 
 # Every benchmark side by side in one run, then wrk: the data plane
 # (bench/http.sh), Redis rules (bench/redis-http.sh), the cache
-# (bench/cache-http.sh), each beside nginx where it applies.
+# (bench/cache-http.sh), TLS and HTTP/2 (bench/tls-http.sh), each beside
+# nginx where it applies.
 bench:
 	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./metrics/ ./clientip/ ./route/ ./shm/ ./cmd/preforkd/" \
-		AFTER="bench/http.sh bench/redis-http.sh bench/cache-http.sh" bash bench/bench.sh
+		AFTER="bench/http.sh bench/redis-http.sh bench/cache-http.sh bench/tls-http.sh" bash bench/bench.sh
 
 model:
 	bash model/check.sh

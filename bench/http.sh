@@ -6,6 +6,7 @@
 #   - proxy mode (the fast engine) vs nginx proxy_pass (keepalive 64) +
 #     limit_req, both in front of the same upstream (a 1-worker nginx
 #     "return 200", or bench/cmd/hello without nginx), rules off and on;
+#   - proxy mode with the access log on (a file, combined format);
 #   - proxy mode with ten rules of which one matches, and refusing
 #     (every request after the first answered 429 by a rule);
 #   - builtin:demo with one rule vs nginx static + limit_req.
@@ -81,6 +82,7 @@ EOF
 	on) echo "$rule_toml" >>"$conf" ;;
 	ten) echo "$ten_rules_toml" >>"$conf" ;;
 	refuse) echo "$refuse_toml" >>"$conf" ;;
+	access) printf '%s\n[log]\naccess = "%s"\n' "$rule_toml" "$tmp/access.log" >>"$conf" ;;
 	esac
 	"$tmp/preforkd" run -config "$conf" 2>"${conf%.toml}.log" &
 	local pid=$!
@@ -120,6 +122,7 @@ run_embedded on
 run_embedded refuse
 run_preforkd "proxy rules=off" "http://127.0.0.1:$UPSTREAM_PORT" off
 run_preforkd "proxy rules=on" "http://127.0.0.1:$UPSTREAM_PORT" on
+run_preforkd "proxy rules=on access=on" "http://127.0.0.1:$UPSTREAM_PORT" access
 run_preforkd "proxy rules=10" "http://127.0.0.1:$UPSTREAM_PORT" ten
 run_preforkd "proxy rules=refuse" "http://127.0.0.1:$UPSTREAM_PORT" refuse
 run_preforkd "demo rules=on" "builtin:demo" on
@@ -143,6 +146,7 @@ atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" a
 atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
 atleast "embedded (net/http): rules on / rules off" "$(ratio "${rps[embedded rules=on]}" "${rps[embedded rules=off]}")" 0.95
 atleast "proxy (fast engine): rules on / rules off" "$(ratio "${rps[proxy rules=on]}" "${rps[proxy rules=off]}")" 0.95
+atleast "proxy: access log on / off (rules on)" "$(ratio "${rps[proxy rules=on access=on]}" "${rps[proxy rules=on]}")" 0.90
 atleast "proxy: 10 rules, 1 matching / rules off" "$(ratio "${rps[proxy rules=10]}" "${rps[proxy rules=off]}")" 0.95
 atleast "embedded: 429s / 200s (a 429 costs no more)" "$(ratio "${rps[embedded rules=refuse]}" "${rps[embedded rules=on]}")" 1.00
 atleast "proxy: 429s / 200s (a 429 costs no more)" "$(ratio "${rps[proxy rules=refuse]}" "${rps[proxy rules=on]}")" 1.00

@@ -10,11 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
+	"github.com/preforkd/preforkd/tlsconf"
 )
 
 // Config is the whole configuration of preforkd. The TOML file is one way to
@@ -33,6 +35,7 @@ type Config struct {
 	Log         Log           `toml:"log"`
 	Redis       Redis         `toml:"redis"`
 	Reload      Reload        `toml:"reload"`
+	TLS         TLS           `toml:"tls"`
 	RateLimits  []RateLimit   `toml:"ratelimit"`
 	Idempotency []Idempotency `toml:"idempotency"`
 	Caches      []Cache       `toml:"cache"`
@@ -115,6 +118,24 @@ type Server struct {
 	// MaxRSS recycles a worker whose resident memory grew past it. 0 (""
 	// in a file) means never; otherwise at least 32MiB (prefork.MinMaxRSS).
 	MaxRSS SizeLimit `toml:"max_rss"`
+	// RequestID is the header field of the request id (core's
+	// Options.RequestID): kept from the client when well formed, else
+	// made, forwarded, returned and logged. "" turns ids off; Default()
+	// and the file use "X-Request-Id".
+	RequestID string `toml:"request_id"`
+	// HealthPath, if set, is answered by every worker itself on the
+	// data port (GET, HEAD): 200 "ok", never counted by a rule, never
+	// forwarded; 503 once the instance or the worker is stopping. ""
+	// means none.
+	HealthPath string `toml:"health_path"`
+	// DrainDelay is how long after TERM or QUIT the workers go on
+	// serving while readiness and health_path answer 503, before they
+	// drain (Kubernetes' preStop). 0 means none.
+	DrainDelay time.Duration `toml:"drain_delay"`
+	// UpgradeTimeout bounds a binary upgrade (USR2): a new supervisor
+	// not ready by then is killed and the running one serves on. 0 means
+	// 30s.
+	UpgradeTimeout time.Duration `toml:"upgrade_timeout"`
 }
 
 // Admin is the [admin] table. Zero is "off".
@@ -208,6 +229,48 @@ func readKeyFile(path string) (string, error) {
 	return s, nil
 }
 
+// TLS is the [tls] table: with a certificate, server.listen speaks TLS
+// (HTTP/2 and HTTP/1.1 by ALPN), served by the net/http engine. Zero is
+// "off".
+type TLS struct {
+	// Certificates are the [[tls.certificate]] the listener serves: the
+	// first to a client whose SNI names no other's, the others chosen by
+	// SNI against their names.
+	Certificates []Certificate `toml:"certificate"`
+	// MinVersion is the least TLS version: "1.2" (the zero value) or
+	// "1.3".
+	MinVersion TLSVersion `toml:"min_version"`
+	// HTTP2 offers HTTP/2 (ALPN h2) before HTTP/1.1. The zero value means
+	// the default, on.
+	HTTP2 Toggle `toml:"http2"`
+	// TicketRotation is how often the session ticket keys, shared by
+	// every worker, change; a ticket is accepted for up to two periods.
+	// 1m..168h; 0 means 12h.
+	TicketRotation time.Duration `toml:"ticket_rotation"`
+	// Tickets is the secret the supervisor draws at start, from which
+	// every worker derives the ticket keys: handed to the workers with
+	// the configuration, in memory; never in a file or a dump.
+	Tickets tlsconf.Tickets `toml:"-"`
+}
+
+// Enabled reports whether the listener speaks TLS.
+func (t TLS) Enabled() bool { return len(t.Certificates) > 0 }
+
+// Certificate is one [[tls.certificate]].
+type Certificate struct {
+	// Cert is the PEM file of the certificate chain, leaf first.
+	// Required.
+	Cert string `toml:"cert"`
+	// Key is the PEM file of its private key. Required.
+	Key string `toml:"key"`
+	// CertPEM and KeyPEM are what the files hold: [Load] reads them (at
+	// start and at every reload: the supervisor reads them, workers never
+	// need to); [Parse], which does no I/O, leaves them empty. KeyPEM
+	// never prints.
+	CertPEM []byte      `toml:"-" file:"cert"`
+	KeyPEM  tlsconf.Key `toml:"-" file:"key"`
+}
+
 // Reload is the [reload] table: how a HUP replaces the workers. The
 // settings of the configuration being loaded apply to its own reload.
 type Reload struct {
@@ -238,6 +301,25 @@ type Log struct {
 	// Level is the least level written: info (the zero value), debug,
 	// warn or error.
 	Level LogLevel `toml:"level"`
+	// Access is where the access log goes, one line per request: "off"
+	// ("" means it too), "stderr", or the absolute path of a file
+	// (appended to, created with mode 0640; its directory must exist).
+	// Each worker buffers its lines and writes them at least once a
+	// second; SIGUSR1 reopens the file.
+	Access string `toml:"access"`
+	// AccessFormat is combined (nginx's, the zero value) or json.
+	AccessFormat accesslog.Format `toml:"access_format"`
+}
+
+// AccessOff is the value of Log.Access that turns the access log off.
+const AccessOff = "off"
+
+// AccessLog reports whether the access log is on, and where it goes.
+func (l Log) AccessLog() (path string, on bool) {
+	if l.Access == "" || l.Access == AccessOff {
+		return "", false
+	}
+	return l.Access, true
 }
 
 // RateLimit is one [[ratelimit]] rule. Limit, Window, Algorithm, Burst and
@@ -526,6 +608,7 @@ const (
 	demoUpstream     = "builtin:demo"
 	defaultIdemWait  = IdemWait(10 * time.Second) // in the file; zero in Go is no wait
 	defaultCacheLock = 5 * time.Second            // in the file; zero in Go is no wait
+	defaultRequestID = "X-Request-Id"             // in the file; "" in Go is off
 )
 
 // Limits of the values that no other package owns.
@@ -547,7 +630,10 @@ const MaxWorkers = 4096
 // Default returns the configuration with every default filled in and no
 // rules: what an empty file parses to.
 func Default() Config {
-	return Config{Table: Table{Responses: 16384, ResponseBytes: 64 << 20}}.WithDefaults()
+	return Config{
+		Server: Server{RequestID: defaultRequestID},
+		Table:  Table{Responses: 16384, ResponseBytes: 64 << 20},
+	}.WithDefaults()
 }
 
 // WithDefaults returns a copy of c in which every zero value that stands for
@@ -562,6 +648,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.Upstream, demoUpstream)
 	setDefault(&s.IPv6Prefix, 64)
 	setDefault(&s.ShutdownTimeout, prefork.DefaultShutdownTimeout)
+	setDefault(&s.UpgradeTimeout, prefork.DefaultUpgradeTimeout)
 	setDefault(&s.MaxRequestBody, 1<<20)
 	// The [server] limits are every engine's: their defaults are package
 	// engine's.
@@ -575,6 +662,11 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.UpstreamMaxIdle, engine.DefaultUpstreamMaxIdle)
 	s.TrustedProxies = slices.Clone(s.TrustedProxies)
 	s.Exempt = slices.Clone(s.Exempt)
+
+	setDefault(&c.Log.Access, AccessOff)
+	setDefault(&c.TLS.HTTP2, On)
+	setDefault(&c.TLS.TicketRotation, tlsconf.DefaultRotation)
+	c.TLS.Certificates = slices.Clone(c.TLS.Certificates)
 
 	rd := &c.Redis
 	setDefault(&rd.Timeout, redisstore.DefaultTimeout)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/redisstore"
@@ -49,6 +50,11 @@ func TestDefault(t *testing.T) {
 		{"server.trusted_proxies", len(d.Server.TrustedProxies), 0},
 		{"server.ipv6_prefix", d.Server.IPv6Prefix, 64},
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
+		{"server.request_id", d.Server.RequestID, "X-Request-Id"},
+		{"server.health_path", d.Server.HealthPath, ""},
+		{"server.drain_delay", d.Server.DrainDelay, time.Duration(0)},
+		{"server.upgrade_timeout", d.Server.UpgradeTimeout, 30 * time.Second},
+		{"log.access", d.Log.Access, "off"},
 		{"server.headers", d.Server.Headers.String(), "both"},
 		{"server.max_request_body", d.Server.MaxRequestBody, Size(1 << 20)},
 		{"server.read_header_timeout", d.Server.ReadHeaderTimeout, 10 * time.Second},
@@ -143,6 +149,10 @@ upstream_timeout = "2m"
 upstream_max_idle = 32
 max_requests = 1000
 max_rss = "512MiB"
+request_id = "x-trace-id"
+health_path = "/healthz"
+drain_delay = "5s"
+upgrade_timeout = "1m"
 [admin]
 listen = "127.0.0.1:9901"
 token_file = "/etc/preforkd/token"
@@ -154,6 +164,16 @@ response_bytes = "10KB"
 path = "/var/lib/preforkd/dump"
 key = "abc123"
 live = "/dev/shm/preforkd"
+[log]
+access = "/var/log/preforkd/access.log"
+access_format = "json"
+[tls]
+min_version = "1.3"
+http2 = false
+ticket_rotation = "1h"
+[[tls.certificate]]
+cert = "/etc/tls/a.crt"
+key = "/etc/tls/a.key"
 [redis]
 url = "redis://10.0.0.5:6380/2"
 username = "app"
@@ -219,10 +239,17 @@ by = "global"
 			UpstreamMaxIdle:        32,
 			MaxRequests:            1000,
 			MaxRSS:                 512 << 20,
+			RequestID:              "x-trace-id",
+			HealthPath:             "/healthz",
+			DrainDelay:             5 * time.Second,
+			UpgradeTimeout:         time.Minute,
 		},
 		Admin:   Admin{Listen: "127.0.0.1:9901", TokenFile: "/etc/preforkd/token"},
 		Table:   Table{Counters: 1024, Responses: 0, ResponseBytes: 10000},
 		Persist: Persist{Path: "/var/lib/preforkd/dump", Key: "abc123", Live: "/dev/shm/preforkd"},
+		Log:     Log{Access: "/var/log/preforkd/access.log", AccessFormat: accesslog.JSON},
+		TLS: TLS{Certificates: []Certificate{{Cert: "/etc/tls/a.crt", Key: "/etc/tls/a.key"}},
+			MinVersion: TLS13, HTTP2: Off, TicketRotation: time.Hour},
 		Redis: Redis{URL: "redis://10.0.0.5:6380/2", Username: "app", PasswordFile: "/run/credentials/preforkd.service/redis",
 			TLS: true, CAFile: "/etc/ssl/redis-ca.pem", Timeout: 40 * time.Millisecond, PoolSize: 8, Prefix: "app1:",
 			BreakerFailures: 3, BreakerBackoff: 2 * time.Second, SuccessThreshold: 5},
@@ -375,6 +402,7 @@ func TestValidate(t *testing.T) {
 	// Zero is a setting of its own for the response store: none.
 	want := Default()
 	want.Table.Responses, want.Table.ResponseBytes = 0, 0
+	want.Server.RequestID = "" // off in Go, on in the file
 	if got := (Config{}).WithDefaults(); !reflect.DeepEqual(got, want) {
 		t.Errorf("zero Config with defaults = %+v, want %+v", got, want)
 	}
@@ -538,11 +566,11 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false reset_header="" read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss=""
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false reset_header="" read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s upgrade_timeout=30s
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" key_file="" live="" interval=0s
-log: format=text level=info
+log: format=text level=info access=off access_format=combined
 reload: canary=true canary_window=10s canary_min_requests=50 canary_max_error_delta=2 canary_inconclusive=continue
 rule "login": path=/login methods=* limit=5 window=5m0s algorithm=gcra burst=5 by=ip mode=enforce on_full=open cost=1 status=429 exempt=[] max_keys=131072 store=local on_unavailable=local local_share=1 sync=exact
 rule "api": path=/api/* methods=GET,POST limit=100 window=1m0s algorithm=fixed-window burst=100 by=header:X-Api-Key|ip mode=shadow on_full=closed cost=1 status=429 exempt=[] max_keys=1000 store=local on_unavailable=local local_share=1 sync=exact
@@ -692,6 +720,7 @@ func TestExample(t *testing.T) {
 		{[]string{"idempotency", elem(0)}, tomlKeys(reflect.TypeFor[Idempotency]())},
 		{[]string{"cache", elem(1)}, tomlKeys(reflect.TypeFor[Cache]())},
 		{[]string{"redis"}, tomlKeys(reflect.TypeFor[Redis]())},
+		{[]string{"tls"}, []string{"min_version", "http2", "ticket_rotation"}},
 	} {
 		for _, k := range sec.keys {
 			if k == "" {

@@ -23,6 +23,8 @@ func (c Config) CoreOptions() (core.Options, error) {
 		MaxRequestBody: int64(s.MaxRequestBody),
 		Headers:        s.Headers,
 		ResetHeader:    s.ResetHeader,
+		RequestID:      s.RequestID,
+		HealthPath:     s.HealthPath,
 	}
 	for _, rl := range c.RateLimits {
 		r, err := rl.core(s.routes())

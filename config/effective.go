@@ -38,6 +38,12 @@ func (c Config) WriteEffective(w io.Writer) error {
 		line(&b, "redis:", c.Redis, "")
 	}
 	line(&b, "reload:", c.Reload, "")
+	if c.TLS.Enabled() {
+		line(&b, "tls:", c.TLS, "certificate")
+		for i, cert := range c.TLS.Certificates {
+			line(&b, fmt.Sprintf("tls certificate %d:", i+1), cert)
+		}
+	}
 	if c.Server.Shadow {
 		b.WriteString("shadow: every rule is in shadow mode (a dry run): nothing is refused\n")
 	}

@@ -17,17 +17,32 @@ import (
 
 // Load reads the file at path and parses it with [Parse], then reads the
 // files it names: for secrets ([Redis] password_file, sentinel_password_file
-// and ca_file) and for the application's version ([Persist] key_file). A file that cannot be read gives an error that wraps the
+// and ca_file), for the application's version ([Persist] key_file) and the
+// TLS certificates and keys ([[tls.certificate]]). A file that cannot be read gives an error that wraps the
 // one from the file system (so errors.Is(err, fs.ErrNotExist) works); a
 // bad file, or a named one that cannot be used, gives an *Error.
 func Load(path string) (Config, error) {
+	c, _, err := load(path, nil)
+	return c, err
+}
+
+// LoadReload is Load for a reload of the running configuration: a
+// [[tls.certificate]] whose files cannot be used (a renewal half
+// written, a key that is not the certificate's) keeps running's
+// certificate at its place instead of refusing the file; kept says which
+// and why. Anything else refuses the file as Load does.
+func LoadReload(path string, running Config) (c Config, kept []error, err error) {
+	return load(path, &running.TLS)
+}
+
+func load(path string, runningTLS *TLS) (Config, []error, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+		return Config{}, nil, fmt.Errorf("config: %w", err)
 	}
 	c, err := Parse(data, path)
 	if err != nil {
-		return c, err
+		return c, nil, err
 	}
 	// The files the configuration names, read now so that a missing or
 	// unsafe one refuses the configuration (at start, in check, at a
@@ -35,11 +50,12 @@ func Load(path string) (Config, error) {
 	r := &report{file: path, src: string(data)}
 	c.Redis.readFiles(r)
 	c.Persist.readFiles(r)
+	kept := c.TLS.readFiles(r, runningTLS)
 	if err := r.first(); err != nil {
-		return c, err
+		return c, nil, err
 	}
 	c.Redis.check(r) // a password in a URL and in a file, say
-	return c, r.first()
+	return c, kept, r.first()
 }
 
 // Parse parses a TOML configuration, fills in the defaults and validates the

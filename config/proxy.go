@@ -48,6 +48,8 @@ func (c Config) settings() prefork.Settings {
 	}
 	return prefork.Settings{
 		ShutdownTimeout: s.ShutdownTimeout,
+		DrainDelay:      s.DrainDelay,
+		UpgradeTimeout:  s.UpgradeTimeout,
 		MaxRequests:     s.MaxRequests,
 		MaxRSS:          int64(s.MaxRSS),
 		Canary: prefork.Canary{

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
@@ -57,6 +59,12 @@ func (c Config) check(r *report) {
 	}
 	if _, err := s.Headers.MarshalText(); err != nil {
 		f("headers", "%s", detail(err))
+	}
+	if err := core.CheckRequestID(s.RequestID); err != nil {
+		f("request_id", "%s", detail(err))
+	}
+	if err := core.CheckHealthPath(s.HealthPath); err != nil {
+		f("health_path", "%s", detail(err))
 	}
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
@@ -117,6 +125,12 @@ func (c Config) check(r *report) {
 	if err := logLevelNames.check(c.Log.Level); err != nil {
 		f("level", "%s", detail(err))
 	}
+	if p, on := c.Log.AccessLog(); on && p != accesslog.Stderr && !filepath.IsAbs(p) {
+		f("access", "want \"off\", \"stderr\" or an absolute file path, got %q", p)
+	}
+	if _, err := c.Log.AccessFormat.MarshalText(); err != nil {
+		f("access_format", "%s", detail(err))
+	}
 
 	if p := c.Persist; p.Path != "" && p.Path == p.Live {
 		r.at([]string{"persist"}, "persist.")("live", "is the same file as persist.path (%q)", p.Path)
@@ -135,6 +149,7 @@ func (c Config) check(r *report) {
 	}
 
 	c.Redis.check(r)
+	c.TLS.check(r)
 
 	names := map[string]int{} // rule name → index of its first use
 	rules := make([]core.RateLimit, len(c.RateLimits))

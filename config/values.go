@@ -347,3 +347,18 @@ func (e enum[T]) marshal(v T) ([]byte, error) { return textvalue.Enum[T](e).Mars
 func (e enum[T]) unmarshal(b []byte, v *T) error {
 	return textvalue.Enum[T](e).Unmarshal("config", b, v)
 }
+
+// TLSVersion is the least TLS version of [TLS]: "1.2" (the zero value) or
+// "1.3".
+type TLSVersion uint8
+
+const (
+	TLS12 TLSVersion = iota // "1.2"
+	TLS13                   // "1.3"
+)
+
+var tlsVersionNames = enum[TLSVersion]{"1.2", "1.3"}
+
+func (v TLSVersion) String() string                { return tlsVersionNames.name(v) }
+func (v TLSVersion) MarshalText() ([]byte, error)  { return tlsVersionNames.marshal(v) }
+func (v *TLSVersion) UnmarshalText(b []byte) error { return tlsVersionNames.unmarshal(b, v) }

@@ -47,7 +47,8 @@ func (ex *Exchange) cacheForward(f *Forward) {
 	}
 	f.Drop = unconditionalFields
 	if ex.cache.flags&cRevalidate != 0 {
-		f.Add = ex.cache.validators[:ex.cache.nval]
+		// After the request id, if any (fwdAdd is a prefix of fwdAddBuf).
+		f.Add = append(ex.fwdAddBuf[:len(f.Add)], ex.cache.validators[:ex.cache.nval]...)
 	}
 }
 

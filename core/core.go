@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -67,6 +68,21 @@ type Options struct {
 	// forwarded from one (see Forward). "" means none; a name that frames
 	// responses (Content-Length, ...) is refused.
 	ResetHeader string
+	// RequestID is the header field of the request id ("X-Request-Id"):
+	// a client's well-formed value (at most MaxRequestIDLen visible
+	// characters, one field line) is kept, else one is made; the
+	// application gets it, the response carries it, and so do the
+	// access log, the core's log lines and its problem+json bodies. ""
+	// turns request ids off.
+	RequestID string
+	// HealthPath, if set, is answered by the core itself for GET and
+	// HEAD, before any rule ("200 ok", never counted by a rule, never
+	// forwarded), and 503 once Core.Drain was called. The path is
+	// compared as sent, without the query. "" means none.
+	HealthPath string
+	// AccessLog, if set, takes one entry per request when its exchange
+	// ends (package accesslog writes them out, buffered). nil: none.
+	AccessLog AccessLog
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it. The Core owns it from New on:
 	// Close closes it. nil: no rule may be a Redis rule.
@@ -93,6 +109,11 @@ type Core struct {
 	respond  func(status int) // Options.OnResponse
 	log      *slog.Logger     // nil: slog.Default()
 	redis    SharedStore
+	ridName  string // Options.RequestID, canonical; "" when off
+	access   AccessLog
+	// healthPath is Options.HealthPath; drained makes it answer 503.
+	healthPath string
+	drained    atomic.Bool
 
 	caches []*cacheBlock
 
@@ -127,21 +148,30 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		return nil, err
 	}
 	c := &Core{
-		region:   region,
-		byName:   make(map[string]*rule, len(opts.RateLimits)),
-		resolver: opts.Resolver,
-		exempt:   clientip.NewPrefixSet(opts.Exempt),
-		caseSens: opts.CaseSensitive,
-		headers:  opts.Headers,
-		maxReq:   opts.MaxRequestBody,
-		now:      opts.Now,
-		wall:     opts.Wall,
-		respond:  opts.OnResponse,
-		log:      opts.Logger,
-		redis:    opts.Redis,
+		region:     region,
+		byName:     make(map[string]*rule, len(opts.RateLimits)),
+		resolver:   opts.Resolver,
+		exempt:     clientip.NewPrefixSet(opts.Exempt),
+		caseSens:   opts.CaseSensitive,
+		headers:    opts.Headers,
+		maxReq:     opts.MaxRequestBody,
+		now:        opts.Now,
+		wall:       opts.Wall,
+		respond:    opts.OnResponse,
+		log:        opts.Logger,
+		redis:      opts.Redis,
+		access:     opts.AccessLog,
+		healthPath: opts.HealthPath,
 	}
 	if c.maxReq == 0 {
 		c.maxReq = defaultMaxRequestBody
+	}
+	var err error
+	if c.ridName, err = checkRequestIDName(opts.RequestID); err != nil {
+		return nil, err
+	}
+	if err := CheckHealthPath(opts.HealthPath); err != nil {
+		return nil, err
 	}
 	if c.maxReq < 0 {
 		return nil, fmt.Errorf("core: MaxRequestBody %d is negative", c.maxReq)
@@ -230,6 +260,25 @@ type Exchange struct {
 	kv      keyView
 	pathBuf [256]byte
 
+	// fwdAdd are the fields added to the forwarded request (Forward.Add):
+	// the request id made, in fwdAddBuf, after which a revalidation's
+	// two validators fit.
+	fwdAdd    []Field
+	fwdAddBuf [3]Field
+
+	// For the access log: the wall clock at Begin, the body bytes told
+	// (Body), when the request was forwarded and how long its head took
+	// (upDur < 0: not yet), and the entry handed to the log.
+	began time.Time
+	sent  int64
+	fwdAt time.Duration
+	upDur time.Duration
+	acc   AccessEntry
+
+	// rid is the request id (nil: off, or not settled yet), in ridBuf.
+	rid    []byte
+	ridBuf [MaxRequestIDLen]byte
+
 	// What the engine sends.
 	fields   []Field
 	fieldBuf [32]Field
@@ -246,6 +295,9 @@ func (c *Core) Begin(req Request) *Exchange {
 	ex := c.pool.Get().(*Exchange)
 	ex.req = req
 	ex.now = c.now()
+	if c.access != nil {
+		ex.began = c.wall()
+	}
 	ex.rl.hits = ex.rl.hitBuf[:0]
 	ex.rl.rhits = ex.rl.rhitBuf[:0]
 	ex.fields = ex.fieldBuf[:0]
@@ -308,6 +360,11 @@ func (ex *Exchange) Decide() Verdict {
 // A Respond from DecideHead is final: Decide must not be called.
 func (ex *Exchange) DecideHead() Verdict {
 	ex.headDecided = true
+	ex.takeRequestID()
+	if ex.isHealthCheck() {
+		v, _ := ex.health()
+		return v
+	}
 	if v, done := ex.checkPath(); done {
 		return v
 	}
@@ -491,6 +548,11 @@ func (ex *Exchange) addField(name string, fill func([]byte) []byte) {
 // respond makes the exchange's answer a problem.
 func (ex *Exchange) respond(p *Problem, close bool) (Verdict, bool) {
 	from := len(ex.buf)
+	if ex.rid != nil {
+		q := *p
+		q.RequestID = ex.rid
+		p = &q
+	}
 	ex.buf = p.AppendJSON(ex.buf)
 	body := ex.buf[from:len(ex.buf):len(ex.buf)]
 	ex.fields, ex.buf = ProblemFields(ex.fields, ex.buf, p.RetryAfter, len(body))

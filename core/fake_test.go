@@ -132,6 +132,8 @@ func forward(ex *core.Exchange, app func(core.Forward) fakeResp) (answer, error)
 	if r := ex.Head(resp.status, resp.header); r != nil {
 		return answerOf(r), nil
 	}
+	// The core's fields alias the exchange, which Finish reuses: copied,
+	// as an engine writes them before.
 	fwd := ex.Forward()
 	a := answer{status: resp.status, body: resp.body}
 	for _, f := range resp.header {
@@ -139,7 +141,9 @@ func forward(ex *core.Exchange, app func(core.Forward) fakeResp) (answer, error)
 			a.header = append(a.header, f)
 		}
 	}
-	a.header = append(a.header, ex.Fields()...)
+	for _, f := range ex.Fields() {
+		a.header = append(a.header, core.Field{Name: f.Name, Value: bytes.Clone(f.Value)})
+	}
 	ex.Body(resp.body)
 	if resp.cut {
 		return a, errCut

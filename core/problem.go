@@ -23,6 +23,10 @@ type Problem struct {
 	// Extra is appended to the JSON object as it is: more members, each
 	// starting with a comma (`,"violated-policies":["login"]`).
 	Extra []byte
+	// RequestID, when not nil, is sent as the "request_id" member: the
+	// request's id (Options.RequestID), so that a client reporting the
+	// problem can name the request.
+	RequestID []byte
 }
 
 // Problem header field names.
@@ -56,6 +60,11 @@ func (p *Problem) AppendJSON(dst []byte) []byte {
 		dst = append(dst, '"')
 	} else {
 		dst = appendJSONString(dst, p.Detail)
+	}
+	if p.RequestID != nil {
+		dst = append(dst, `,"request_id":"`...)
+		dst = appendJSONText(dst, p.RequestID)
+		dst = append(dst, '"')
 	}
 	dst = append(dst, p.Extra...)
 	return append(dst, "}\n"...)

@@ -578,6 +578,9 @@ func (ex *Exchange) logRule(g *lineGate, now time.Duration, level slog.Level, ms
 		slog.String("method", ex.req.Method()),
 		slog.String("path", ex.match),
 		slog.String("client", ex.Client().String()))
+	if ex.rid != nil {
+		attrs = append(attrs, slog.String("request_id", string(ex.rid)))
+	}
 	attrs = append(attrs, more...)
 	attrs = append(attrs, slog.Uint64("suppressed", suppressed))
 	ex.c.logger().LogAttrs(context.Background(), level, msg, attrs...)

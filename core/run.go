@@ -53,10 +53,11 @@ type Forward struct {
 	// names): a cache fill's conditional and range fields, since what it
 	// stores must be whole; the reset header (reset.go).
 	Drop []string
-	// Add are fields to add to the forwarded request, after its own: the
-	// validators of the stale response a cache fill revalidates
-	// (If-None-Match, If-Modified-Since). Their values alias the
-	// exchange's memory.
+	// Add are fields the core adds to the forwarded request, in place of
+	// any the client sent with the same name (Dropped reports those too):
+	// the request id it made, and the validators of the stale response a
+	// cache fill revalidates (If-None-Match, If-Modified-Since). Their
+	// values alias the exchange's memory, like Field's.
 	Add []Field
 	// Hide are the fields of the application's response not to send on
 	// (canonical names): the cache's own targeted field, which speaks to
@@ -77,10 +78,15 @@ func (f *Forward) Hidden(name string) bool {
 }
 
 // Dropped reports whether the field called name (in any case) is one of
-// Drop.
+// Drop, or one of Add (whose value replaces the client's).
 func (f *Forward) Dropped(name string) bool {
 	for _, d := range f.Drop {
 		if strings.EqualFold(d, name) {
+			return true
+		}
+	}
+	for i := range f.Add {
+		if strings.EqualFold(f.Add[i].Name, name) {
 			return true
 		}
 	}
@@ -89,7 +95,8 @@ func (f *Forward) Dropped(name string) bool {
 
 // Forward is how to forward the request, once Decide let it pass.
 func (ex *Exchange) Forward() Forward {
-	f := Forward{Path: ex.forward}
+	ex.forwarded()
+	f := Forward{Path: ex.forward, Add: ex.fwdAdd}
 	if ex.cache.blk != nil {
 		ex.cacheForward(&f)
 	}
@@ -113,6 +120,7 @@ func (ex *Exchange) Keep() bool {
 // With a replacement, the application's response is neither sent nor
 // read further; without one, the engine sends it with Fields added.
 func (ex *Exchange) Head(status int, h Header) *Response {
+	ex.answered()
 	ex.status = status
 	ex.applicationReset(h)
 	if r := ex.revalidated(status, h); r != nil {
@@ -157,6 +165,7 @@ func (ex *Exchange) recordField(name, value []byte) {
 // Body tells the core a piece of the response body as it is sent (or, in
 // a background refresh, read). Only what the core records is kept.
 func (ex *Exchange) Body(p []byte) {
+	ex.sent += int64(len(p))
 	if !ex.recording || ex.rec.Overflow {
 		return
 	}
@@ -173,7 +182,8 @@ func (ex *Exchange) Body(p []byte) {
 // answer is a stale response the cache may serve instead, or a problem:
 // 504 for a timeout, else 502.
 func (ex *Exchange) Failed(kind UpstreamError, upstream string, err error) *Response {
-	ex.c.UpstreamFailed(kind, upstream, err)
+	ex.answered()
+	ex.c.upstreamFailed(kind, upstream, err, ex.rid)
 	status, detail := http.StatusBadGateway, "the application gave no valid response"
 	switch kind {
 	case UpstreamConnect:
@@ -237,7 +247,11 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 	}
 	if !ex.counted {
 		ex.counted = true
-		ex.c.Responded(ex.status, ex.c.now()-ex.now)
+		elapsed := ex.c.now() - ex.now
+		ex.c.Responded(ex.status, elapsed)
+		if ex.c.access != nil {
+			ex.logAccess(elapsed)
+		}
 	}
 	if ex.cache.flags&cRefresh != 0 {
 		// The stale response was sent; its fill lock is held for the

@@ -42,6 +42,12 @@ func (k UpstreamError) String() string {
 // line says how many it stands for). Every engine calls it, for the same
 // failures: upstream is the upstream's address, err what went wrong.
 func (c *Core) UpstreamFailed(kind UpstreamError, upstream string, err error) {
+	c.upstreamFailed(kind, upstream, err, nil)
+}
+
+// upstreamFailed is UpstreamFailed for the request whose id is rid (nil:
+// none known), which the line names.
+func (c *Core) upstreamFailed(kind UpstreamError, upstream string, err error, rid []byte) {
 	if kind < 0 || int(kind) >= len(c.upstreamLogs) {
 		kind = UpstreamResponse
 	}
@@ -54,9 +60,14 @@ func (c *Core) UpstreamFailed(kind UpstreamError, upstream string, err error) {
 	if err != nil {
 		msg = err.Error()
 	}
-	c.logger().LogAttrs(context.Background(), slog.LevelWarn, upstreamErrorLines[kind],
+	attrs := []slog.Attr{
 		slog.String("kind", kind.String()),
 		slog.String("upstream", upstream),
 		slog.String("err", msg),
-		slog.Uint64("suppressed", suppressed))
+	}
+	if rid != nil {
+		attrs = append(attrs, slog.String("request_id", string(rid)))
+	}
+	attrs = append(attrs, slog.Uint64("suppressed", suppressed))
+	c.logger().LogAttrs(context.Background(), slog.LevelWarn, upstreamErrorLines[kind], attrs...)
 }

@@ -61,3 +61,35 @@ func (l *Lock) Unlock() error {
 	l.files = nil
 	return err
 }
+
+// Files returns duplicates of the descriptors that hold l's locks, for a
+// process that takes them over (a supervisor started by a binary
+// upgrade): an flock belongs to the open file, so the lock holds while
+// any process keeps a duplicate open. The caller closes them.
+func (l *Lock) Files() ([]*os.File, error) {
+	if l == nil {
+		return nil, nil
+	}
+	var out []*os.File
+	for _, f := range l.files {
+		fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			return nil, fmt.Errorf("persist: lock: %w", err)
+		}
+		out = append(out, os.NewFile(uintptr(fd), f.Name()))
+	}
+	return out, nil
+}
+
+// AdoptLock takes over the locks whose descriptors files are (Files of
+// the process that took them), and writes this process's pid in them.
+func AdoptLock(files []*os.File) *Lock {
+	for _, f := range files {
+		f.Truncate(0)
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return &Lock{files: files}
+}

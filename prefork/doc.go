@@ -46,10 +46,18 @@
 //
 // The supervisor opens the listener and creates the region before any
 // worker exists, runs Options.Prepare, starts the workers and watches them
-// with one select loop; it never serves a request. TERM or INT (or ctx
-// done) drains: the workers stop accepting and finish what is in flight
-// within Settings.ShutdownTimeout, by package engine's drain rule, then
-// Options.Finish runs and Run returns; a second TERM kills at once. HUP
+// with one select loop; it never serves a request. TERM, INT or QUIT (or
+// ctx done) drains: after Settings.DrainDelay (during which the workers
+// serve on, told by USR2 that the instance stops: Worker.OnDrain), the
+// workers stop accepting and finish what is in flight within
+// Settings.ShutdownTimeout, by package engine's drain rule, then
+// Options.Finish runs and Run returns; a second one kills at once. USR1
+// is passed on to the workers (Worker.OnReopen: logrotate). USR2
+// upgrades the binary (upgrade.go): a new supervisor from the program's
+// file inherits the listener, the region and Options.Handover's files,
+// and once it serves, this one drains its workers and returns without
+// Finish. Any other signal is logged and ignored. A socket passed by the
+// service manager (LISTEN_FDS) is served instead of Options.Listen. HUP
 // takes Options.Reload's settings and replaces the workers one at a time,
 // each new one ready before an old one leaves, the first of them a canary
 // judged against the others (canary.go); the region and its counts carry

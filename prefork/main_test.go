@@ -348,7 +348,7 @@ func workerListener(t *testing.T) (net.Listener, *os.File) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	f, err := listenerFile(ln)
+	f, err := ListenerFile(ln)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,9 +23,10 @@ type Options struct {
 	// Listen is the address of the one listening socket every worker
 	// serves. "" means "127.0.0.1:8080".
 	Listen string
-	// Listener is an optional pre-opened TCP listener (tests, socket
-	// activation) used instead of Listen; Run takes it over and closes
-	// it.
+	// Listener is an optional pre-opened TCP listener (tests) used
+	// instead of Listen; Run takes it over and closes it. Without it, a
+	// socket passed by the service manager (LISTEN_FDS, LISTEN_PID:
+	// systemd's socket activation) is served instead of Listen.
 	Listener net.Listener
 	// Workers is the number of worker processes; 0 means one per CPU.
 	Workers int
@@ -78,6 +79,25 @@ type Options struct {
 	// the settings its supervisor handed it. E.g. to apply a [log] table
 	// to Logger's handler.
 	Configured func(s Settings)
+
+	// Handover, if set, returns the files (by name) a new supervisor
+	// started by USR2 inherits besides the listener and the region: what
+	// the program holds for the whole instance (a lock, an admin
+	// listener). It runs in the old supervisor when the upgrade begins;
+	// the files are closed once handed over. See Adopt.
+	Handover func() (map[string]*os.File, error)
+	// HandedOver, if set, runs in the old supervisor once the new one is
+	// ready, before the old one drains its workers (on its loop: it must
+	// return at once): stop serving what the new one took over (an
+	// admin endpoint on the inherited listener). Finish does not run
+	// after a handover: the region lives on in the new supervisor.
+	HandedOver func()
+	// Adopt, if set, is called in a supervisor started by USR2, before
+	// Prepare, with the files Handover gave (by name): the program takes
+	// them over. Prepare and Finish then run as usual, but Prepare gets
+	// the old supervisor's region, counts and all: nothing is to be
+	// loaded into it.
+	Adopt func(files map[string]*os.File) error
 
 	// OnStatus, if set, is called in the supervisor with a new snapshot
 	// whenever a worker starts, becomes ready, retires or exits, and when
@@ -135,6 +155,16 @@ func Run(ctx context.Context, opts Options) error {
 	return runSupervisor(ctx, opts)
 }
 
+// handledSignals are the signals the supervisor listens to: those it acts
+// on (TERM, INT, QUIT, HUP, USR1, USR2), and those an operator may send
+// that Go would otherwise ignore without a word, which it logs as
+// ignored. Never SIGURG (the runtime preempts with it), SIGCHLD or
+// SIGPIPE, nor those whose default stops or dumps the process.
+var handledSignals = []os.Signal{
+	syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2,
+	syscall.SIGWINCH, syscall.SIGALRM, syscall.SIGPWR, syscall.SIGVTALRM, syscall.SIGIO, syscall.SIGXCPU, syscall.SIGXFSZ,
+}
+
 // minMaxWorkers is how many region worker indexes n workers need: n
 // running, n draining after a reload, one successor and one spare.
 func minMaxWorkers(n int) int { return 2*n + 2 }
@@ -173,11 +203,32 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 
 	// Handled signals only, buffered: a TERM that arrives while the loop is
 	// busy is not lost. Never all signals: the runtime uses some itself.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, handledSignals...)
 	defer signal.Stop(sigs)
 
 	ln := opts.Listener
+	inherited, err := takeInheritance()
+	if err != nil {
+		return err
+	}
+	if inherited != nil && ln == nil {
+		if ln, err = inherited.listen(); err != nil {
+			return err
+		}
+		log.Info("upgrade: serving the old supervisor's listener and region", "listen", ln.Addr().String(),
+			"old_worker_indexes", inherited.oldIndexes)
+	}
+	activated, err := activatedListener(log)
+	if err != nil {
+		return err
+	}
+	if ln == nil && activated != nil {
+		ln = activated
+		log.Info("listening on the socket passed by the service manager", "listen", ln.Addr().String())
+	} else if activated != nil {
+		activated.Close() // Options.Listener comes first
+	}
 	if ln == nil {
 		addr := opts.Listen
 		if addr == "" {
@@ -188,17 +239,27 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		}
 	}
 	defer ln.Close()
-	lnFile, err := listenerFile(ln)
+	lnFile, err := ListenerFile(ln)
 	if err != nil {
 		return err
 	}
 	defer lnFile.Close()
 
-	region, err := newRegion(opts, n)
+	var region *shm.Region
+	if inherited != nil {
+		region, err = inherited.attach(n)
+	} else {
+		region, err = newRegion(opts, n)
+	}
 	if err != nil {
 		return err
 	}
 	defer region.Close()
+	if inherited != nil && opts.Adopt != nil {
+		if err := opts.Adopt(inherited.files); err != nil {
+			return fmt.Errorf("prefork: adopting the old supervisor's files: %w", err)
+		}
+	}
 	if opts.Prepare != nil {
 		if err := opts.Prepare(region, log); err != nil {
 			return fmt.Errorf("prefork: prepare: %w", err)
@@ -258,6 +319,11 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		},
 	}
 	sys.load = opts.Reload
+	sys.upgrade = func(indexes []int) (upgradeProc, error) { return env.upgrade(indexes, opts.Handover) }
+	sys.waitGone = func(indexes []int) { env.waitGone(region, indexes) }
+	if inherited != nil {
+		sys.tellReady = inherited.tellReady
+	}
 
 	started := []any{"pid", os.Getpid(), "listen", ln.Addr().String(),
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
@@ -267,13 +333,22 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	}
 	log.Info("supervisor started", started...)
 	s := newSupervisor(sys, log, cfg, n, region.Geometry().MaxWorkers)
-	s.onStatus, s.onConfig = opts.OnStatus, opts.Configured
+	s.onStatus, s.onConfig, s.onHandedOver = opts.OnStatus, opts.Configured, opts.HandedOver
+	if inherited != nil {
+		s.inherit(inherited.oldIndexes)
+		inherited.watch(env.post)
+	}
 	stopBeat := beat(region)
 	s.run(ctx, sigs, events)
 	stopBeat()
 	log.Info("drain finished")
 	if s.fatal != nil {
 		err = s.fatal
+	}
+	if s.handedOver {
+		// The new supervisor holds the region: nothing to finish here.
+		log.Info("upgrade: the old supervisor exits; the new one serves")
+		return err
 	}
 	if opts.Finish != nil {
 		if ferr := opts.Finish(region, s.cfg, log); ferr != nil {
@@ -283,12 +358,13 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	return err
 }
 
-// listenerFile duplicates ln's socket for the workers. Not with the
-// listener's File method: that *os.File puts the socket in blocking mode
-// whenever its Fd is read, as os/exec does at every start, and the mode
-// belongs to the socket, shared by every worker: their accept would block
-// a thread, and closing the listener to drain would hang.
-func listenerFile(ln net.Listener) (*os.File, error) {
+// ListenerFile duplicates ln's socket, for the workers (and for a program's
+// Options.Handover). Not with the listener's File method: that *os.File
+// puts the socket in blocking mode whenever its Fd is read, as os/exec
+// does at every start, and the mode belongs to the socket, shared by every
+// worker: their accept would block a thread, and closing the listener to
+// drain would hang.
+func ListenerFile(ln net.Listener) (*os.File, error) {
 	sc, ok := ln.(syscall.Conn)
 	if !ok {
 		return nil, fmt.Errorf("prefork: a %T cannot be passed to workers", ln)

@@ -16,6 +16,15 @@ type Settings struct {
 	// left is cut, and the supervisor kills a worker that still runs. 0
 	// means 30s.
 	ShutdownTimeout time.Duration
+	// DrainDelay is how long, after TERM or QUIT (or the context's end),
+	// the workers go on serving before they drain, while readiness
+	// (Status.Serving) and their health checks (Worker.OnDrain) say the
+	// instance is stopping: Kubernetes' preStop. 0 means none.
+	DrainDelay time.Duration
+	// UpgradeTimeout bounds a binary upgrade (USR2): a new supervisor
+	// not ready by then is killed, and the old one serves on. 0 means
+	// 30s.
+	UpgradeTimeout time.Duration
 	// Canary is how a reload to these settings is judged.
 	Canary Canary
 	// MaxRequests recycles a worker after it served about this many
@@ -43,6 +52,12 @@ type Settings struct {
 
 // DefaultShutdownTimeout is Settings.ShutdownTimeout's default.
 const DefaultShutdownTimeout = 30 * time.Second
+
+// DefaultUpgradeTimeout is Settings.UpgradeTimeout's default.
+const DefaultUpgradeTimeout = 30 * time.Second
+
+// MaxDrainDelay bounds Settings.DrainDelay.
+const MaxDrainDelay = 10 * time.Minute
 
 // MinMaxRSS is the smallest Settings.MaxRSS: below it, a worker would be
 // past its limit from its start (a Go worker starts at about 12 MiB).
@@ -102,6 +117,7 @@ func (e *FieldError) Error() string {
 // checked (Check).
 func (s Settings) WithDefaults() (Settings, error) {
 	s.ShutdownTimeout = cmp.Or(s.ShutdownTimeout, DefaultShutdownTimeout)
+	s.UpgradeTimeout = cmp.Or(s.UpgradeTimeout, DefaultUpgradeTimeout)
 	c := &s.Canary
 	c.Window = cmp.Or(c.Window, DefaultCanaryWindow)
 	c.MinRequests = cmp.Or(c.MinRequests, DefaultCanaryMinRequests)
@@ -119,6 +135,10 @@ func (s Settings) Check() error {
 	switch {
 	case s.ShutdownTimeout <= 0:
 		return fail("ShutdownTimeout", "server", "shutdown_timeout", "must be positive, got %v", s.ShutdownTimeout)
+	case s.UpgradeTimeout <= 0 || s.UpgradeTimeout > time.Hour:
+		return fail("UpgradeTimeout", "server", "upgrade_timeout", "must be more than 0s and at most 1h, got %v", s.UpgradeTimeout)
+	case s.DrainDelay < 0 || s.DrainDelay > MaxDrainDelay:
+		return fail("DrainDelay", "server", "drain_delay", "must be between 0s and %v, got %v", MaxDrainDelay, s.DrainDelay)
 	case s.MaxRequests < 0:
 		return fail("MaxRequests", "server", "max_requests", "must not be negative (0 means never), got %d", s.MaxRequests)
 	case s.MaxRSS < 0:

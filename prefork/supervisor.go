@@ -49,6 +49,17 @@ type sysEnv struct {
 	// counted, reaped ones included (see RequestCounts).
 	requests      func(index int) RequestCounts
 	fleetRequests func(except int) RequestCounts
+	// upgrade starts a new supervisor from the program's file on disk
+	// (USR2), handing it what it needs; indexes are the worker indexes
+	// this supervisor's workers hold. Its readiness and its exit come
+	// as upgradeReadyEvent and upgradeExitEvent.
+	upgrade func(indexes []int) (upgradeProc, error)
+	// waitGone posts an orphanEvent for each of indexes once no live
+	// process is joined as it (the workers of the other supervisor).
+	waitGone func(indexes []int)
+	// tellReady, in a supervisor started by an upgrade, reports it
+	// ready to the old one; nil in one that was not.
+	tellReady func() error
 }
 
 // spawnSpec is what a worker process is started with.
@@ -136,6 +147,7 @@ type supervisor struct {
 	inUse []bool        // region worker indexes held by unreaped workers
 
 	draining    bool
+	stopAt      time.Time // the drain delay's end, when the workers are told to drain; zero: none pending
 	watchdogAt  time.Time // when the loop sends the next WATCHDOG=1
 	reloading   bool      // a reload was accepted and not all slots run it yet
 	announced   bool      // READY=1 was sent once
@@ -147,6 +159,21 @@ type supervisor struct {
 	onStatus  func(Status)   // Options.OnStatus
 	published *Status        // what onStatus saw last
 	onConfig  func(Settings) // Options.Configured
+
+	// The binary upgrade (upgrade.go). Old side: the new supervisor
+	// being started (nil when none), whether it took over (this one
+	// then drains without a word to systemd and without Finish), what
+	// runs then (Options.HandedOver), and the indexes of a failed new
+	// one's workers still to be reaped.
+	up           *upgradeRun
+	handedOver   bool
+	onHandedOver func()
+	orphans      int
+	// New side: notifications wait until the old supervisor made this
+	// one the main process (notifyHeld); the indexes its workers hold
+	// until it is gone (oldIndexes).
+	notifyHeld bool
+	oldIndexes []int
 }
 
 // newSupervisor prepares a supervisor of n workers with settings cfg
@@ -197,7 +224,7 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 			s.onSignal(sig)
 		case <-done:
 			done = nil
-			s.beginDrain(context.Cause(ctx).Error())
+			s.beginDrain(context.Cause(ctx).Error(), s.cfg.DrainDelay)
 		case ev := <-events:
 			switch ev := ev.(type) {
 			case readyEvent:
@@ -206,6 +233,14 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 				s.onExit(ev)
 			case recycleEvent:
 				s.onRecycle(ev)
+			case upgradeReadyEvent:
+				s.onUpgradeReady(ev)
+			case upgradeExitEvent:
+				s.onUpgradeExit(ev)
+			case mainEvent:
+				s.onMain(ev)
+			case orphanEvent:
+				s.onOrphan(ev)
 			case error:
 				s.log.Error("worker broke the protocol of its readiness pipe", "err", ev)
 			}
@@ -234,27 +269,59 @@ func (s *supervisor) keepAlive() {
 }
 
 // finished reports whether the supervisor drained and reaped every worker.
-func (s *supervisor) finished() bool { return s.draining && len(s.procs) == 0 }
+func (s *supervisor) finished() bool { return s.draining && len(s.procs) == 0 && s.orphans == 0 }
 
-// onSignal handles TERM, INT and HUP.
+// onSignal handles the signals the supervisor listens to (handledSignals):
+// TERM, INT and QUIT drain, HUP reloads, USR1 has the workers reopen
+// their files; any other is logged and ignored.
 func (s *supervisor) onSignal(sig os.Signal) {
+	name := sig.String()
+	if ss, ok := sig.(syscall.Signal); ok {
+		name = unix.SignalName(ss)
+	}
 	switch sig {
 	case syscall.SIGHUP:
 		s.reload()
-	case syscall.SIGTERM, syscall.SIGINT:
-		name := unix.SignalName(sig.(syscall.Signal))
+	case syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT:
 		if s.draining {
 			s.killAll("second " + name)
 			return
 		}
-		s.beginDrain(name)
+		s.beginDrain(name, s.cfg.DrainDelay)
+	case syscall.SIGUSR1:
+		s.reopen()
+	case syscall.SIGUSR2:
+		s.startUpgrade()
+	default:
+		s.log.Warn("signal ignored", "signal", name)
 	}
+}
+
+// reopen tells every worker to reopen the files it writes (an access log
+// that logrotate just renamed): USR1, as nginx's master passes it on.
+func (s *supervisor) reopen() {
+	n := 0
+	for _, p := range s.sortedProcs() {
+		if p.killed {
+			continue
+		}
+		if err := p.signal(syscall.SIGUSR1); err != nil {
+			s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR1", "err", err)
+			continue
+		}
+		n++
+	}
+	s.log.Info("reopening logs", "workers", n)
 }
 
 // step kills retiring workers that are past their deadline and starts the
 // workers that are due: it is run after every event.
 func (s *supervisor) step() {
 	now := s.env.now()
+	if !s.stopAt.IsZero() && !now.Before(s.stopAt) {
+		s.log.Info("drain delay over", "workers", len(s.procs))
+		s.retireAll()
+	}
 	for _, p := range s.sortedProcs() {
 		switch {
 		case p.killed:
@@ -270,7 +337,14 @@ func (s *supervisor) step() {
 			}
 		}
 	}
-	if s.draining {
+	if u := s.up; u != nil && !u.ready && !u.killed && !now.Before(u.deadline) {
+		s.log.Error("upgrade failed: the new supervisor was not ready within upgrade_timeout: killing it; serving on",
+			"pid", u.proc.pid, "upgrade_timeout", s.cfg.UpgradeTimeout)
+		s.killUpgrade()
+	}
+	if s.draining || s.up != nil {
+		// While a new supervisor starts, this one starts no worker: the
+		// indexes it holds are the ones the new one was told of.
 		return
 	}
 	fleetGen := s.fleet()
@@ -347,7 +421,7 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 	if err != nil {
 		if !s.everStarted {
 			s.fatal = err
-			s.beginDrain("start-up failure")
+			s.beginDrain("start-up failure", 0)
 			return nil, err
 		}
 		sl := &s.slots[i]
@@ -421,6 +495,14 @@ func (s *supervisor) checkReady() {
 		s.log.Info("ready", "workers", len(s.slots), "generation", s.gen)
 	} else {
 		s.log.Info("reload finished", "workers", len(s.slots), "generation", s.gen)
+	}
+	if s.env.tellReady != nil && first {
+		// Started by an upgrade: the old supervisor makes this one the
+		// main process, and READY=1 is its to send.
+		if err := s.env.tellReady(); err != nil {
+			s.log.Error("telling the old supervisor this one is ready failed", "err", err)
+		}
+		return
 	}
 	s.sendNotify(notifyReady)
 }
@@ -500,28 +582,55 @@ func (s *supervisor) kill(p *proc) {
 	}
 }
 
-// beginDrain starts the graceful shutdown: every worker is told to drain,
-// none is started any more.
-func (s *supervisor) beginDrain(reason string) {
+// beginDrain starts the graceful shutdown: none is started any more, and
+// every worker is told to drain, after delay (Settings.DrainDelay): until
+// then the workers serve on, told only that the instance is stopping
+// (USR2: their health check answers 503), and readiness says draining, so
+// that a load balancer takes the instance out before its listener closes.
+func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 	if s.draining {
 		return
 	}
 	s.draining = true
 	s.sendNotify(notifyStopping)
-	if s.env.stopListening != nil {
-		s.env.stopListening()
+	attrs := []any{"reason", reason, "workers", len(s.procs), "timeout", s.cfg.ShutdownTimeout}
+	if delay > 0 {
+		attrs = append(attrs, "drain_delay", delay)
 	}
-	s.log.Info("drain begun", "reason", reason, "workers", len(s.procs), "timeout", s.cfg.ShutdownTimeout)
+	s.log.Info("drain begun", attrs...)
+	if u := s.up; u != nil && !u.ready && !u.killed {
+		s.log.Info("upgrade abandoned: draining", "pid", u.proc.pid)
+		s.killUpgrade()
+	}
 	if c := s.canary; c != nil {
 		s.log.Info("canary abandoned: draining", "generation", c.gen)
 		s.canary = nil
 	}
+	for i := range s.slots {
+		s.slots[i].cur, s.slots[i].succ = nil, nil
+	}
+	if delay > 0 {
+		s.stopAt = s.env.now().Add(delay)
+		for _, p := range s.sortedProcs() {
+			if err := p.signal(syscall.SIGUSR2); err != nil {
+				s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR2", "err", err)
+			}
+		}
+		return
+	}
+	s.retireAll()
+}
+
+// retireAll tells every worker to drain now: the end of the drain delay,
+// or the start of a drain without one.
+func (s *supervisor) retireAll() {
+	s.stopAt = time.Time{}
+	if s.env.stopListening != nil {
+		s.env.stopListening()
+	}
 	now := s.env.now()
 	for _, p := range s.sortedProcs() {
 		s.retire(p, now.Add(p.drain+drainGrace))
-	}
-	for i := range s.slots {
-		s.slots[i].cur, s.slots[i].succ = nil, nil
 	}
 }
 
@@ -612,6 +721,10 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 	if s.env.watchdog > 0 {
 		consider(s.watchdogAt)
 	}
+	consider(s.stopAt)
+	if u := s.up; u != nil && !u.ready && !u.killed {
+		consider(u.deadline)
+	}
 	for _, p := range s.procs {
 		switch {
 		case p.killed:
@@ -647,6 +760,11 @@ func (s *supervisor) sortedProcs() []*proc {
 }
 
 func (s *supervisor) sendNotify(state string) {
+	if s.notifyHeld || s.handedOver {
+		// Not the service's main process (yet, or any more): systemd
+		// would refuse it, or, with NotifyAccess=all, believe it.
+		return
+	}
 	if err := s.env.notify(state); err != nil {
 		s.log.Warn("systemd notification failed", "err", err)
 	}

@@ -770,7 +770,7 @@ func TestWatchdogDeadline(t *testing.T) {
 	}
 	f.now = f.now.Add(10 * time.Second)
 	s.keepAlive()
-	s.beginDrain("TERM")
+	s.beginDrain("TERM", 0)
 	f.now = f.now.Add(9 * time.Second)
 	s.keepAlive()
 	if pings() != 2 {
@@ -778,5 +778,73 @@ func TestWatchdogDeadline(t *testing.T) {
 	}
 	if at, ok := s.nextDeadline(); !ok || !at.Equal(f.now.Add(time.Second)) {
 		t.Fatalf("draining: next deadline %v %v, want the watchdog's, 1s on", at, ok)
+	}
+}
+
+// QUIT drains as TERM does (nginx's graceful stop), a second one kills;
+// USR1 goes on to every worker; a signal the supervisor does not act on
+// is logged, and nothing else happens.
+func TestSignalsAsNginx(t *testing.T) {
+	f := newFake()
+	var logs logtest.Buffer
+	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&logs, nil)), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	s.step()
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGUSR1)
+	if got := f.signalled(syscall.SIGUSR1); !slices.Equal(got, []int{100, 101}) {
+		t.Errorf("USR1 sent to %v, want both workers", got)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGWINCH, syscall.SIGALRM} {
+		sendSignal(s, sig)
+	}
+	if got := logs.Lines("signal ignored"); len(got) != 2 || !strings.Contains(got[0], "signal=SIGWINCH") || !strings.Contains(got[1], "signal=SIGALRM") {
+		t.Errorf("ignored signals logged as %q", got)
+	}
+	if s.draining || len(f.signalled(syscall.SIGTERM)) != 0 {
+		t.Fatal("an ignored signal drained")
+	}
+	sendSignal(s, syscall.SIGQUIT)
+	if !s.draining || !slices.Equal(f.signalled(syscall.SIGTERM), []int{100, 101}) {
+		t.Fatalf("QUIT: draining %v, TERM sent to %v", s.draining, f.signalled(syscall.SIGTERM))
+	}
+	sendSignal(s, syscall.SIGQUIT)
+	if got := f.signalled(syscall.SIGKILL); !slices.Equal(got, []int{100, 101}) {
+		t.Errorf("a second QUIT killed %v, want both", got)
+	}
+}
+
+// With a drain delay, TERM leaves the workers serving, told only that the
+// instance stops (USR2: their health answers 503), with readiness off and
+// nothing respawned; at the delay's end they drain as without one.
+func TestDrainDelay(t *testing.T) {
+	f := newFake()
+	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, DrainDelay: 3 * time.Second}), 2, minMaxWorkers(2))
+	s.step()
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGTERM)
+	if got := f.signalled(syscall.SIGUSR2); !slices.Equal(got, []int{100, 101}) {
+		t.Fatalf("USR2 sent to %v, want both workers", got)
+	}
+	if len(f.signalled(syscall.SIGTERM)) != 0 || f.stopped != 0 {
+		t.Fatalf("during the delay: TERM sent to %v, listener closed %d times", f.signalled(syscall.SIGTERM), f.stopped)
+	}
+	if st := s.status(); st.Serving || !st.Draining {
+		t.Errorf("during the delay: serving %v, draining %v; want readiness off", st.Serving, st.Draining)
+	}
+	if at, ok := s.nextDeadline(); !ok || !at.Equal(t0.Add(3*time.Second)) {
+		t.Errorf("next deadline %v, want the delay's end", at)
+	}
+	exit(s, 101, false) // a crash during the delay: not replaced
+	advance(f, s, 3*time.Second-time.Millisecond)
+	if len(f.signalled(syscall.SIGTERM)) != 0 || len(f.starts) != 2 {
+		t.Fatalf("before the delay's end: TERM to %v, %d starts", f.signalled(syscall.SIGTERM), len(f.starts))
+	}
+	advance(f, s, time.Millisecond)
+	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{100}) || f.stopped != 1 {
+		t.Fatalf("at the delay's end: TERM to %v, listener closed %d times", got, f.stopped)
+	}
+	exit(s, 100, true)
+	if !s.finished() {
+		t.Error("not finished")
 	}
 }

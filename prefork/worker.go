@@ -35,8 +35,65 @@ type Worker struct {
 	served atomic.Int64 // responses, counted by Responded
 	limits *limits      // recycling limits; nil without any
 
-	mu     sync.Mutex
-	closes []func() error // Defer's, run after the drain
+	mu      sync.Mutex
+	closes  []func() error // Defer's, run after the drain
+	reopens []func() error // OnReopen's
+	drains  []func()       // OnDrain's, until they ran
+	drained bool           // OnDrain's functions ran
+}
+
+// OnReopen has f run whenever the supervisor is told USR1 (logrotate):
+// f reopens the files the worker writes (its access log) at their
+// paths. An error is logged.
+func (w *Worker) OnReopen(f func() error) {
+	w.mu.Lock()
+	w.reopens = append(w.reopens, f)
+	w.mu.Unlock()
+}
+
+// OnDrain has f run once, when the worker is about to stop serving: the
+// supervisor began to stop (TERM or QUIT: at the start of
+// Settings.DrainDelay, while the worker still serves), or this worker
+// was told to drain (a reload, a recycling), whichever comes first. A
+// health check answers 503 from then on (core.Core.Drain). f must
+// return at once. Registered after that moment, f runs at once.
+func (w *Worker) OnDrain(f func()) {
+	w.mu.Lock()
+	if !w.drained {
+		w.drains = append(w.drains, f)
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	f()
+}
+
+// draining runs OnDrain's functions, once.
+func (w *Worker) draining() {
+	w.mu.Lock()
+	fs := w.drains
+	w.drains, w.drained = nil, true
+	w.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// reopen runs OnReopen's functions.
+func (w *Worker) reopen(log *slog.Logger) {
+	w.mu.Lock()
+	fs := append([]func() error(nil), w.reopens...)
+	w.mu.Unlock()
+	failed := 0
+	for _, f := range fs {
+		if err := f(); err != nil {
+			failed++
+			log.Warn("worker: reopening a file failed: writing on to the open one", "err", err)
+		}
+	}
+	if len(fs) > 0 {
+		log.Info("worker reopened its files", "files", len(fs), "failed", failed)
+	}
 }
 
 // Defer has f run once the worker has drained, before it exits, in the
@@ -112,10 +169,15 @@ func runWorker(ctx context.Context, opts Options) int {
 	if n, err := raiseOpenFileLimit(); err != nil {
 		log.Warn("open-file limit not raised", "open_files", n, "err", err)
 	}
-	// Ctrl-C and HUP are the supervisor's business; TERM means drain.
+	// Ctrl-C and HUP are the supervisor's business. From the supervisor:
+	// TERM (or QUIT, as nginx's workers take it) means drain, USR1
+	// reopen the files, USR2 that the instance is stopping (its health
+	// answers 503 while it still serves, Settings.DrainDelay).
 	signal.Ignore(syscall.SIGINT, syscall.SIGHUP)
 	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGQUIT)
+	notes := make(chan os.Signal, 4)
+	signal.Notify(notes, syscall.SIGUSR1, syscall.SIGUSR2)
 
 	w, ln, err := joinWorker(opts, index, log)
 	if err != nil {
@@ -142,12 +204,13 @@ func runWorker(ctx context.Context, opts Options) int {
 		ln.Close()
 		go func() { recycled <- eng.Shutdown(recycleCtx) }()
 	})
-	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, log)
+	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, notes, log)
 	if !ok {
 		w.runDeferred(log) // what it opened still closes (a store's last counts)
 		return 1
 	}
 	log.Info("worker draining", "reason", why, "timeout", timeout)
+	w.draining()
 	if w.pastLimit() {
 		select {
 		case err = <-recycled:
@@ -179,7 +242,7 @@ func runWorker(ctx context.Context, opts Options) int {
 // listener, closed then, makes serve return early, which is expected.
 // served has serve's result once it returned. ok is false when the
 // worker could not report ready or serve stopped on its own (logged).
-func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle <-chan []byte, term <-chan os.Signal, log *slog.Logger) (why string, served <-chan error, ok bool) {
+func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle <-chan []byte, term, notes <-chan os.Signal, log *slog.Logger) (why string, served <-chan error, ok bool) {
 	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
 	report := os.NewFile(fdReady, "ready")
 	if _, err := report.Write([]byte{1}); err != nil {
@@ -212,8 +275,17 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 		case msg := <-recycle:
 			recycle = nil
 			askRecycling(report, msg, log)
-		case <-term:
+		case sig := <-notes:
+			if sig == syscall.SIGUSR1 {
+				w.reopen(log)
+			} else {
+				w.draining()
+			}
+		case sig := <-term:
 			why = "TERM"
+			if sig == syscall.SIGQUIT {
+				why = "QUIT"
+			}
 		case <-lifeline:
 			why = "supervisor gone"
 		case <-ctx.Done():

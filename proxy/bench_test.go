@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"path/filepath"
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/proxy"
 )
@@ -21,13 +23,15 @@ import (
 func BenchmarkProxy(b *testing.B) {
 	up := cannedUpstream(b)
 	for _, bc := range []struct {
-		name  string
-		rules bool
-		app   bool
+		name   string
+		rules  bool
+		app    bool
+		access bool
 	}{
-		{"proxy/rules=off", false, false},
-		{"proxy/rules=on", true, false},
-		{"app/rules=on", true, true},
+		{"proxy/rules=off", false, false, false},
+		{"proxy/rules=on", true, false, false},
+		{"proxy/rules=on/access=on", true, false, true},
+		{"app/rules=on", true, true, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			o := proxy.Options{Upstream: "http://" + up}
@@ -35,7 +39,7 @@ func BenchmarkProxy(b *testing.B) {
 				o = proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.Response.SetBodyRaw(okBody) }}
 			}
 			if bc.rules {
-				o.Core = benchCore(b)
+				o.Core = benchCore(b, bc.access)
 			}
 			addr, _ := serve(b, o)
 			b.ReportAllocs()
@@ -69,8 +73,19 @@ var okBody = []byte("ok\n")
 // benchCore is a core with one rule by client address that never
 // refuses, built as a worker builds it: over a region with the daemon's
 // statistics, so that the rule is counted per worker, as it is there.
-func benchCore(b *testing.B) *core.Core {
-	return configCore(b, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"api\"\npath = \"/api/*\"\nlimit = 1048575\nwindow = \"2s\"\nby = \"ip\"\n", nil)
+func benchCore(b *testing.B, access bool) *core.Core {
+	const rules = "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"api\"\npath = \"/api/*\"\nlimit = 1048575\nwindow = \"2s\"\nby = \"ip\"\n"
+	if !access {
+		return configCore(b, rules, nil)
+	}
+	// With the access log on, as a worker writes it: to a file, in the
+	// combined format, buffered.
+	l, err := accesslog.New(accesslog.Options{Path: filepath.Join(b.TempDir(), "access.log")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return configCoreWith(b, rules, func(o *core.Options) { o.AccessLog = l })
 }
 
 // cannedUpstream answers every request on a connection with the same

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -35,6 +36,30 @@ type servingEngine struct {
 
 var engines = []servingEngine{
 	{"fasthttp", startFast},
+	{"nethttp", startNetHTTP},
+}
+
+// startNetHTTP serves ln with the net/http engine forwarding by itself
+// (what the daemon's TLS listeners serve with), in cleartext.
+func startNetHTTP(t *testing.T, ln net.Listener, upstream string) {
+	t.Helper()
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: configCore(t, "", nil), Upstream: upstream,
+		Limits: engine.Limits{MaxHeaderBytes: 8 << 10}, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
 }
 
 func startFast(t *testing.T, ln net.Listener, upstream string) {
@@ -82,9 +107,28 @@ type exchange struct {
 	// a space, and "Name=value " for each field.
 	interim []string
 	// then2 is the body of a second response the client gets without
-	// asking again (to a pipelined request), with no interim response
-	// before it.
-	then2 string
+	// asking again (to a pipelined request), with interim2 before it.
+	then2    string
+	interim2 []string
+	// trailing is the status of one more response the server sends after
+	// the first, to bytes it did not take for the first request; 0: none.
+	trailing int
+	// ownAnswer: the answer is the HTTP library's own, not the server's
+	// (net/http's plain-text error pages: no Date, no problem+json).
+	ownAnswer bool
+	// netHTTP, when set, is what the net/http engine does instead, where
+	// net/http parses the request itself and decides otherwise (its
+	// send is the row's): why says why. The fast engine parses the raw
+	// bytes and refuses what net/http lets through.
+	netHTTP *exchange
+	why     string
+}
+
+// netHTTPOwn is the expectation of a row whose request net/http refuses
+// itself, with the same status, in its own words.
+func netHTTPOwn(status int) *exchange {
+	return &exchange{status: status, closed: true, ownAnswer: true,
+		why: "net/http answers the malformed request itself, in plain text"}
 }
 
 func crlf(s string) string { return strings.ReplaceAll(s, "\n", "\r\n") }
@@ -101,6 +145,13 @@ var exchanges = []exchange{
 		upLine: "GET /x/y?a=1&b=%2F HTTP/1.1",
 		upHas: []string{"Host: app.example", "User-Agent: t", "x-custom: Keep Case", "Forwarded: for=1.2.3.4",
 			"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Proto: http", "X-Forwarded-Host: app.example"},
+		netHTTP: &exchange{
+			status: 200, body: "ok", has: []string{"Content-Type: text/plain"},
+			upLine: "GET /x/y?a=1&b=%2F HTTP/1.1",
+			upHas: []string{"Host: app.example", "User-Agent: t", "X-Custom: Keep Case", "Forwarded: for=1.2.3.4",
+				"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Proto: http", "X-Forwarded-Host: app.example"},
+			why: "net/http gives field names in canonical form",
+		},
 	},
 	{
 		name:   "X-Forwarded-For chain kept, peer appended",
@@ -271,26 +322,38 @@ var exchanges = []exchange{
 		reply:  "HTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\n\nHTTP/1.1 200 OK\nContent-Length: 3\n\nabc",
 		status: 200, body: "ok", then2: "abc",
 		upLine: "GET /again HTTP/1.1", upCount: 2,
+		netHTTP: &exchange{status: 200, body: "ok", then2: "abc", interim2: []string{"103 Link=</s.css>; rel=preload "},
+			upLine: "GET /again HTTP/1.1", upCount: 2,
+			why: "net/http writes out each response before it reads the next request: the interim response cannot overtake one"},
 	},
 	{
 		name:   "Content-Length and Transfer-Encoding: 400, closed, nothing forwarded",
 		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nTransfer-Encoding: chunked\n\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true, has: []string{"Content-Type: application/problem+json"},
+		netHTTP: &exchange{status: 200, trailing: 200, upLine: "POST / HTTP/1.1", upCount: 2, upBody: ptr(""),
+			upHas: []string{"Content-Length: 0"}, upNot: []string{"Transfer-Encoding"},
+			why: "net/http frames the body by Transfer-Encoding, drops Content-Length, and serves the next request on the connection: " +
+				"the upstream gets two requests each framed anew, never the client's framing"},
 	},
 	{
 		name:   "Transfer-Encoding then Content-Length: 400, closed",
 		send:   "POST / HTTP/1.1\nHost: a\ntransfer-encoding: chunked\ncontent-length: 0\n\n0\n\n",
 		status: 400, closed: true,
+		netHTTP: &exchange{status: 200, upLine: "POST / HTTP/1.1", upBody: ptr(""), upNot: []string{"Transfer-Encoding"},
+			why: "net/http frames the body by Transfer-Encoding and drops Content-Length"},
 	},
 	{
 		name:   "two Content-Lengths: 400, closed",
 		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nContent-Length: 4\n\nabcd",
 		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
 	},
 	{
 		name:   "obs-fold: 400, closed",
 		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\n c: d\n\n",
 		status: 400, closed: true,
+		netHTTP: &exchange{status: 200, upLine: "GET / HTTP/1.1", upHas: []string{"X-A: b c: d"},
+			why: "net/http unfolds the line (RFC 9112 §5.2 allows a server to replace obs-fold by a space)"},
 	},
 	{
 		name:   "a bad chunk size: 400, closed, nothing forwarded",
@@ -301,6 +364,8 @@ var exchanges = []exchange{
 		name:   "HTTP/1.0 with Transfer-Encoding: 400, closed",
 		send:   "POST / HTTP/1.0\nHost: a\nTransfer-Encoding: chunked\n\n3\nabc\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true,
+		netHTTP: &exchange{status: 200, closed: true, upLine: "POST / HTTP/1.1", upBody: ptr(""),
+			why: "net/http ignores Transfer-Encoding in HTTP/1.0: the request has no body, and the HTTP/1.0 connection closes after it"},
 	},
 	{
 		name:   "CONNECT is refused",
@@ -337,16 +402,19 @@ var exchanges = []exchange{
 		name:   "HTTP/2.0 on an HTTP/1 connection: 505",
 		send:   "GET / HTTP/2.0\nHost: a\n\n",
 		status: 505, closed: true,
+		netHTTP: netHTTPOwn(505),
 	},
 	{
 		name:   "a header section over the limit: 431",
 		send:   bigHeader,
 		status: 431, closed: true,
+		netHTTP: netHTTPOwn(431),
 	},
 	{
 		name:   "a control character in a header value: 400",
 		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\x00c\n\n",
 		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
 	},
 }
 
@@ -365,6 +433,12 @@ func TestConformance(t *testing.T) {
 }
 
 func runExchange(t *testing.T, e servingEngine, x exchange) {
+	if e.name == "nethttp" && x.netHTTP != nil {
+		alt := *x.netHTTP
+		alt.name, alt.send, alt.raw, alt.reply, alt.head = x.name, x.send, x.raw, x.reply, x.head
+		t.Logf("net/http's own behaviour: %s", alt.why)
+		x = alt
+	}
 	var up *rawUpstream
 	if x.reply == "" {
 		up = startUpstream(t, nil)
@@ -404,16 +478,7 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 	if x.head {
 		method = "HEAD"
 	}
-	resp, err := http.ReadResponse(br, &http.Request{Method: method})
-	var interim []string
-	for err == nil && resp.StatusCode < 200 && resp.StatusCode != 101 {
-		i := fmt.Sprintf("%d ", resp.StatusCode)
-		for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
-			i += fmt.Sprintf("%s=%s ", k, strings.Join(resp.Header[k], ","))
-		}
-		interim = append(interim, i)
-		resp, err = http.ReadResponse(br, &http.Request{Method: method}) // after an interim response
-	}
+	interim, resp, err := readFinal(br, method)
 	if fmt.Sprint(interim) != fmt.Sprint(x.interim) {
 		t.Errorf("interim responses %q, want %q", interim, x.interim)
 	}
@@ -437,11 +502,18 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 	if x.closeField && !resp.Close {
 		t.Errorf("the response lacks Connection: close")
 	}
-	if got := resp.Header.Values("Date"); len(got) != 1 {
-		t.Errorf("Date fields %q, want one", got)
-	}
-	if resp.StatusCode >= 400 && resp.Header.Get("Content-Type") != "application/problem+json" {
-		t.Errorf("an error answer of Content-Type %q, want application/problem+json", resp.Header.Get("Content-Type"))
+	switch {
+	case x.ownAnswer:
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+			t.Errorf("net/http's own answer of Content-Type %q", ct)
+		}
+	default:
+		if got := resp.Header.Values("Date"); len(got) != 1 {
+			t.Errorf("Date fields %q, want one", got)
+		}
+		if resp.StatusCode >= 400 && resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("an error answer of Content-Type %q, want application/problem+json", resp.Header.Get("Content-Type"))
+		}
 	}
 
 	if x.then != "" && !x.closed {
@@ -458,7 +530,10 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 		}
 	}
 	if x.then2 != "" {
-		r2, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		interim2, r2, err := readFinal(br, "GET")
+		if fmt.Sprint(interim2) != fmt.Sprint(x.interim2) {
+			t.Errorf("interim responses before the second %q, want %q", interim2, x.interim2)
+		}
 		if err != nil {
 			t.Fatalf("the second response: %v", err)
 		}
@@ -466,6 +541,14 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 		if r2.StatusCode != 200 || string(b2) != x.then2 {
 			t.Errorf("the second response: %d %q, want 200 %q", r2.StatusCode, b2, x.then2)
 		}
+	}
+	if x.trailing != 0 {
+		// What the server answered to the bytes after the request.
+		r2, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil || r2.StatusCode != x.trailing {
+			t.Fatalf("after the response: %v %v, want a %d", r2, err, x.trailing)
+		}
+		io.Copy(io.Discard, r2.Body)
 	}
 	if closed := isClosed(t, c, br); closed != x.closed {
 		t.Errorf("connection closed after the response: %v, want %v", closed, x.closed)
@@ -555,4 +638,20 @@ func isClosed(t *testing.T, c net.Conn, br *bufio.Reader) bool {
 		return false
 	}
 	return true
+}
+
+// readFinal reads a response to a request of method from br, and the
+// interim responses before it: each its status, a space, and
+// "Name=value " for each field.
+func readFinal(br *bufio.Reader, method string) (interim []string, resp *http.Response, err error) {
+	resp, err = http.ReadResponse(br, &http.Request{Method: method})
+	for err == nil && resp.StatusCode < 200 && resp.StatusCode != 101 {
+		i := fmt.Sprintf("%d ", resp.StatusCode)
+		for _, k := range slices.Sorted(maps.Keys(resp.Header)) {
+			i += fmt.Sprintf("%s=%s ", k, strings.Join(resp.Header[k], ","))
+		}
+		interim = append(interim, i)
+		resp, err = http.ReadResponse(br, &http.Request{Method: method}) // after an interim response
+	}
+	return interim, resp, err
 }

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,6 +56,20 @@ var coreEngines = []coreEngine{
 		go srv.Serve(ln)
 		t.Cleanup(func() { srv.Close() })
 	}},
+	{"nethttp-forward", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
+		// The net/http engine forwarding by itself, as the daemon's TLS
+		// listeners do.
+		s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: upstream, Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Serve(ln)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			s.Shutdown(ctx)
+		})
+	}},
 }
 
 var quietLog = slog.New(slog.DiscardHandler)
@@ -63,6 +78,13 @@ var quietLog = slog.New(slog.DiscardHandler)
 // text toml, over a region of its own, logging to quietLog, on the clock
 // now (the region's when nil).
 func configCore(t testing.TB, toml string, now func() time.Duration) *core.Core {
+	t.Helper()
+	return configCoreWith(t, toml, func(o *core.Options) { o.Now = now })
+}
+
+// configCoreWith is configCore with the options set by mod (after the
+// logger).
+func configCoreWith(t testing.TB, toml string, mod func(*core.Options)) *core.Core {
 	t.Helper()
 	cfg, err := config.Parse([]byte(toml), "test.toml")
 	if err != nil {
@@ -80,7 +102,8 @@ func configCore(t testing.TB, toml string, now func() time.Duration) *core.Core 
 	if err := region.Join(0); err != nil {
 		t.Fatal(err)
 	}
-	o.Logger, o.Now = quietLog, now
+	o.Logger = quietLog
+	mod(&o)
 	c, err := core.New(region, o)
 	if err != nil {
 		t.Fatal(err)
@@ -486,7 +509,11 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 	var out []answer
 	for i, st := range cc.steps {
 		time.Sleep(st.pause) // let an upstream's stray bytes arrive
-		if _, err := io.WriteString(conn, crlf(st.send)); err != nil {
+		// The same request id for every engine: one made at random would
+		// differ in the header and in a problem's body.
+		line, rest, _ := strings.Cut(st.send, "\n")
+		send := fmt.Sprintf("%s\nX-Request-Id: step-%d\n%s", line, i, rest)
+		if _, err := io.WriteString(conn, crlf(send)); err != nil {
 			t.Fatalf("%s step %d: %v", e.name, i, err)
 		}
 		method, _, _ := strings.Cut(st.send, " ")
@@ -505,7 +532,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		var h strings.Builder
 		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
 			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length",
-			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "Preforkd-Reset", "X-Seen-Reset", "X-A", "Cdn-Cache-Control", "Preforkd-Cache-Control", "Content-Range"} {
+			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "Preforkd-Reset", "X-Seen-Reset", "X-A", "Cdn-Cache-Control", "Preforkd-Cache-Control", "Content-Range", "X-Request-Id"} {
 			fmt.Fprintf(&h, "%s=%q ", k, resp.Header.Values(k))
 		}
 		out = append(out, answer{resp.StatusCode, h.String(), string(body)})

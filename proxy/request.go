@@ -400,6 +400,14 @@ func (r *request) Query() string { return b2s(r.query) }
 // Peer implements core.Request.
 func (r *request) Peer() netip.Addr { return r.c.peer }
 
+// Proto implements core.Protocol, for the access log.
+func (r *request) Proto() string {
+	if r.ctx.Request.Header.IsHTTP11() {
+		return "HTTP/1.1"
+	}
+	return "HTTP/1.0"
+}
+
 // Gone implements core.Request: fasthttp cannot tell while a handler
 // runs, and the core's waits are bounded anyway.
 func (r *request) Gone() bool { return false }
@@ -437,7 +445,7 @@ func (r *request) appendHead(dst []byte) []byte {
 	for _, f := range r.fields {
 		switch f.kind {
 		case kindOther:
-			if len(r.fwd.Drop) > 0 && r.fwd.Dropped(b2s(r.raw[f.name.from:f.name.to])) {
+			if (len(r.fwd.Drop) > 0 || len(r.fwd.Add) > 0) && r.fwd.Dropped(b2s(r.raw[f.name.from:f.name.to])) {
 				continue
 			}
 		case kindHost:
@@ -454,7 +462,7 @@ func (r *request) appendHead(dst []byte) []byte {
 		dst = append(dst, r.raw[f.name.from:f.value.to]...)
 		dst = append(dst, "\r\n"...)
 	}
-	// The core's own fields: a cache's validators.
+	// The core's own fields: the request id it made, a cache's validators.
 	for _, f := range r.fwd.Add {
 		dst = append(dst, f.Name...)
 		dst = append(dst, ": "...)

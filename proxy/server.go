@@ -406,6 +406,7 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 		ctx.Request.Header.Del(n)
 	}
 	for _, f := range r.fwd.Add {
+		ctx.Request.Header.Del(f.Name)
 		ctx.Request.Header.AddBytesV(f.Name, f.Value)
 	}
 	s.opts.App(ctx)

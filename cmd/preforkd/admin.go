@@ -60,11 +60,75 @@ type admin struct {
 func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 	a := &admin{adminInfo: info, started: time.Now()}
 	var srv *http.Server
+	var ln net.Listener
+	var capped *cappedListener
+	// After a binary upgrade (USR2) the new supervisor serves the old
+	// one's admin listener, from the moment it serves: until then the
+	// old one answers on it.
+	var adopted net.Listener
+	serveWhenReady := false
+	serve := func(log *slog.Logger) {
+		go func() {
+			if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("admin endpoint stopped", "err", err)
+			}
+		}()
+	}
 	prepare, finish, onStatus := opts.Prepare, opts.Finish, opts.OnStatus
+	handover, handedOver, adopt := opts.Handover, opts.HandedOver, opts.Adopt
 	opts.OnStatus = func(st prefork.Status) {
 		a.status.Store(&st)
+		if serveWhenReady && st.Serving {
+			serveWhenReady = false
+			serve(a.log)
+		}
 		if onStatus != nil {
 			onStatus(st)
+		}
+	}
+	opts.Adopt = func(files map[string]*os.File) error {
+		if f := files["admin"]; f != nil {
+			l, err := net.FileListener(f)
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("admin: the inherited listener: %w", err)
+			}
+			if ul, ok := l.(*net.UnixListener); ok {
+				ul.SetUnlinkOnClose(true) // this supervisor owns the socket's file now
+			}
+			adopted = l
+		}
+		if adopt != nil {
+			return adopt(files)
+		}
+		return nil
+	}
+	opts.Handover = func() (map[string]*os.File, error) {
+		files, err := chainHandover(handover)
+		if err != nil || ln == nil {
+			return files, err
+		}
+		f, err := prefork.ListenerFile(ln)
+		if err != nil {
+			closeFiles(files)
+			return nil, fmt.Errorf("admin: %w", err)
+		}
+		files["admin"] = f
+		return files, nil
+	}
+	opts.HandedOver = func() {
+		if srv != nil {
+			if ul, ok := ln.(*net.UnixListener); ok {
+				ul.SetUnlinkOnClose(false) // the new supervisor serves it
+			}
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				srv.Shutdown(ctx)
+				cancel()
+			}()
+		}
+		if handedOver != nil {
+			handedOver()
 		}
 	}
 	opts.Prepare = func(r *shm.Region, log *slog.Logger) error {
@@ -74,21 +138,27 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 			}
 		}
 		if cfg.Admin.Listen == "" {
+			if adopted != nil {
+				adopted.Close()
+			}
 			return nil
 		}
 		a.region, a.log = r, log
-		ln, err := listenAdmin(cfg.Admin.Listen)
-		if err != nil {
-			return fmt.Errorf("admin: %w", err)
-		}
-		capped := capListener(ln, defaultAdminLimits.maxConns, log)
-		srv = newAdminServer(a.mux(), defaultAdminLimits, capped, log)
-		go func() {
-			if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("admin endpoint stopped", "err", err)
+		var err error
+		if ln = adopted; ln == nil {
+			if ln, err = listenAdmin(cfg.Admin.Listen); err != nil {
+				return fmt.Errorf("admin: %w", err)
 			}
-		}()
-		log.Info("admin endpoint listening", "listen", adminAddrString(ln))
+		}
+		capped = capListener(ln, defaultAdminLimits.maxConns, log)
+		srv = newAdminServer(a.mux(), defaultAdminLimits, capped, log)
+		if adopted != nil {
+			serveWhenReady = true
+			log.Info("admin endpoint taken over; served once this supervisor serves", "listen", adminAddrString(ln))
+		} else {
+			serve(log)
+			log.Info("admin endpoint listening", "listen", adminAddrString(ln))
+		}
 		if why := adminExposure(cfg.Admin.Listen); why != "" {
 			log.Warn("admin endpoint reachable from other hosts: /metrics and /status answer without a token; keep admin.listen on loopback or a unix: socket", "listen", cfg.Admin.Listen, "why", why)
 		}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
@@ -38,6 +40,33 @@ func demo(worker int) fasthttp.RequestHandler {
 		b = append(b, "}\n"...)
 		ctx.Response.SetBodyRaw(b)
 	}
+}
+
+// demoHTTP is demo for the net/http engine (a TLS listener): the same
+// answers.
+func demoHTTP(worker int) http.Handler {
+	pid := strconv.Itoa(os.Getpid())
+	w := strconv.Itoa(worker)
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		h := rw.Header()
+		h.Set("Content-Type", "application/json")
+		path := r.URL.EscapedPath()
+		if strings.HasPrefix(path, string(demoCacheable)) {
+			h.Set("Cache-Control", "max-age=60")
+		}
+		b := make([]byte, 0, 128)
+		b = append(b, `{"method":`...)
+		b = appendJSONString(b, []byte(r.Method))
+		b = append(b, `,"path":`...)
+		b = appendJSONString(b, []byte(path))
+		b = append(b, `,"worker":`...)
+		b = append(b, w...)
+		b = append(b, `,"pid":`...)
+		b = append(b, pid...)
+		b = append(b, "}\n"...)
+		h.Set("Content-Length", strconv.Itoa(len(b)))
+		rw.Write(b)
+	})
 }
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and

@@ -11,7 +11,9 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync/atomic"
+	"time"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/examples"
 	"github.com/preforkd/preforkd/prefork"
@@ -118,10 +120,33 @@ func (o overrides) apply(cfg config.Config) (config.Config, error) {
 }
 
 func loadConfig(path string, o overrides) (config.Config, error) {
-	cfg, err := config.Load(path)
-	if err != nil {
-		return cfg, &configError{err}
+	cfg, _, err := loadConfigOver(path, o, nil)
+	return cfg, err
+}
+
+// loadConfigOver is loadConfig for a reload of running: a TLS
+// certificate that cannot be used keeps the running one, and kept says
+// which and why.
+func loadConfigOver(path string, o overrides, running *config.Config) (config.Config, []error, error) {
+	var cfg config.Config
+	var kept []error
+	var err error
+	if running == nil {
+		cfg, err = config.Load(path)
+	} else {
+		cfg, kept, err = config.LoadReload(path, *running)
 	}
+	if err != nil {
+		return cfg, nil, &configError{err}
+	}
+	cfg, err = checkLoaded(cfg, o)
+	return cfg, kept, err
+}
+
+// checkLoaded applies the flags to a configuration read from its file
+// and checks what only the daemon can.
+func checkLoaded(cfg config.Config, o overrides) (config.Config, error) {
+	var err error
 	cfg, err = o.apply(cfg)
 	if err != nil {
 		return cfg, &configError{err}
@@ -131,6 +156,12 @@ func loadConfig(path string, o overrides) (config.Config, error) {
 	if cfg.Admin.TokenFile != "" {
 		if _, err := readToken(cfg.Admin.TokenFile); err != nil {
 			return cfg, &configError{err}
+		}
+	}
+	// So does an access log no worker could open.
+	if path, on := cfg.Log.AccessLog(); on {
+		if err := accesslog.Check(path); err != nil {
+			return cfg, &configError{fmt.Errorf("log.access: %w", err)}
 		}
 	}
 	return cfg, nil
@@ -168,6 +199,9 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 			return err
 		}
 		if err := checkPersist(cfg); err != nil {
+			return err
+		}
+		if cfg, err = withTickets(cfg, nil, time.Now()); err != nil {
 			return err
 		}
 		logs.configure(cfg.Log)

@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
+	"github.com/preforkd/preforkd/tlsconf"
 )
 
 // The daemon wires the configuration file to the packages that own each
@@ -64,43 +68,83 @@ func fitsRegion(r *shm.Region, cfg config.Config) error {
 // they run; region is the running region, once the supervisor made it.
 func reloader(path string, o overrides, region func() *shm.Region, log *slog.Logger) func(prefork.Settings) (prefork.Settings, error) {
 	return func(running prefork.Settings) (prefork.Settings, error) {
-		cfg, err := loadConfig(path, o)
+		old, err := configOf(running)
 		if err != nil {
 			return running, err
+		}
+		cfg, kept, err := loadConfigOver(path, o, &old)
+		if err != nil {
+			return running, err
+		}
+		for _, k := range kept {
+			log.Error("reload: a TLS certificate could not be used: the running one is kept", "err", k)
 		}
 		if r := region(); r != nil {
 			if err := fitsRegion(r, cfg); err != nil {
 				return running, err
 			}
 		}
-		old, err := configOf(running)
-		if err != nil {
+		cfg = keepRestartOnly(log, old, cfg)
+		if cfg, err = withTickets(cfg, &old, time.Now()); err != nil {
 			return running, err
 		}
-		cfg = keepRestartOnly(log, old, cfg)
 		s, err := settingsOf(cfg)
 		if err != nil {
 			return running, err
 		}
 		logWarnings(log, cfg)
 		s.LogAttrs = changeAttrs(config.Diff(old, cfg))
+		if cfg.TLS.Enabled() {
+			s.LogAttrs = append(s.LogAttrs, slog.Int("tls_certificates", len(cfg.TLS.Certificates)))
+		}
 		return s, nil
 	}
 }
 
+// withTickets gives cfg's [tls] its session tickets' secret: the running
+// configuration's chain, advanced to now, so that the tickets of every
+// worker, old and new, stay valid across a reload; a new one at start, or
+// when the rotation changed.
+func withTickets(cfg config.Config, running *config.Config, now time.Time) (config.Config, error) {
+	if !cfg.TLS.Enabled() {
+		return cfg, nil
+	}
+	rotation := cfg.WithDefaults().TLS.TicketRotation
+	if running != nil && !running.TLS.Tickets.IsZero() && running.TLS.Tickets.Rotation == rotation {
+		cfg.TLS.Tickets = running.TLS.Tickets.Advance(now)
+		return cfg, nil
+	}
+	t, err := tlsconf.NewTickets(rotation, now)
+	if err != nil {
+		return cfg, fmt.Errorf("tls: session tickets: %w", err)
+	}
+	cfg.TLS.Tickets = t
+	return cfg, nil
+}
+
 // engine builds the engine a worker serves with: the fast engine of
 // package proxy, with the worker's decision core running every request,
-// forwarding to server.upstream or serving the demo application.
+// forwarding to server.upstream or serving the demo application; with
+// [tls], the net/http engine (crypto/tls needs a blocking connection),
+// which speaks HTTP/2 and HTTP/1.1 over TLS through the same core.
 func engine(w *prefork.Worker) (prefork.Engine, error) {
 	cfg, err := configOf(w.Settings)
 	if err != nil {
 		return nil, err
 	}
-	c, err := newCore(cfg, w.Region, w.Logger, w.Responded)
+	access, err := openAccessLog(cfg, w)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newCore(cfg, w.Region, w.Logger, w.Responded, access)
 	if err != nil {
 		return nil, err
 	}
 	w.Defer(c.Close)
+	w.OnDrain(c.Drain) // health_path answers 503 from the drain (delay) on
+	if cfg.TLS.Enabled() {
+		return tlsEngine(w, cfg, c)
+	}
 	o := cfg.ProxyOptions()
 	o.Core, o.Logger = c, w.Logger
 	if u := cfg.Server.Upstream; u == "" || u == demoUpstream {
@@ -111,18 +155,41 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 	return proxy.New(o)
 }
 
+// tlsEngine is the net/http engine on TLS: the certificates and the
+// session ticket keys of cfg's [tls] (kept current until the worker
+// exits), forwarding to server.upstream or serving the demo.
+func tlsEngine(w *prefork.Worker, cfg config.Config, c *core.Core) (prefork.Engine, error) {
+	to, _ := cfg.TLSOptions()
+	tc, err := to.Config()
+	if err != nil {
+		return nil, err
+	}
+	stop := tlsconf.Rotate(tc, to.Tickets, time.Now)
+	w.Defer(func() error { stop(); return nil })
+	o := nethttp.ServerOptions{Core: c, Limits: cfg.Server.Limits(), Client: cfg.Server.UpstreamClient(), TLS: tc, Logger: w.Logger}
+	if u := cfg.Server.Upstream; u == "" || u == demoUpstream {
+		o.Handler = demoHTTP(w.Index)
+	} else {
+		o.Upstream = u
+	}
+	return nethttp.NewServer(o)
+}
+
 // newCore builds a worker's decision core from cfg over region, joined by
 // this process; onResponse is told every response's status (the
 // worker's recycling limits). With store = "redis" rules it also
 // connects to [redis] (in the background: no request waits for it), and
 // the core owns that connection: Core.Close, once the worker has
 // drained, adds the last sync-mode counts to Redis and closes it.
-func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse func(int)) (*core.Core, error) {
+func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse func(int), access core.AccessLog) (*core.Core, error) {
 	o, err := cfg.CoreOptions()
 	if err != nil {
 		return nil, err
 	}
 	o.Logger, o.OnResponse = log, onResponse
+	if access != nil {
+		o.AccessLog = access
+	}
 	if usesRedis(o) {
 		ro := cfg.WithDefaults().Redis.StoreOptions()
 		ro.Logger = log
@@ -135,6 +202,23 @@ func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse
 		o.Redis.Close()
 	}
 	return c, err
+}
+
+// openAccessLog opens the worker's access log ([log] access), if any: it
+// is written until the worker drained (Defer), and reopened at its path
+// when the supervisor is told USR1.
+func openAccessLog(cfg config.Config, w *prefork.Worker) (core.AccessLog, error) {
+	path, on := cfg.Log.AccessLog()
+	if !on {
+		return nil, nil
+	}
+	l, err := accesslog.New(accesslog.Options{Path: path, Format: cfg.Log.AccessFormat, Logger: w.Logger})
+	if err != nil {
+		return nil, err
+	}
+	w.Defer(l.Close)
+	w.OnReopen(l.Reopen)
+	return l, nil
 }
 
 // usesRedis reports whether a rule keeps its counts in Redis.
@@ -179,6 +263,12 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 	if next.Persist.Interval != running.Persist.Interval {
 		ignored = append(ignored, fmt.Sprintf("persist.interval %v", next.Persist.Interval))
 		next.Persist.Interval = running.Persist.Interval
+	}
+	if next.TLS.Enabled() != running.TLS.Enabled() {
+		// The listener speaks TLS or not: a reload's workers would speak
+		// another protocol on it than the ones they replace.
+		ignored = append(ignored, "[tls] turned on or off")
+		next.TLS = running.TLS
 	}
 	if len(ignored) > 0 {
 		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)

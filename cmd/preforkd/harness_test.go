@@ -214,6 +214,9 @@ type daemon struct {
 	exited  chan struct{} // closed once the supervisor was waited for
 	state   *os.ProcessState
 	readyAt int // index of the "ready" line
+	// wrapper, when set, runs the binary: its command line, followed by
+	// the binary's path and arguments (systemd-socket-activate).
+	wrapper []string
 }
 
 type daemonOptions struct {
@@ -274,7 +277,12 @@ func (d *daemon) start(env []string, args ...string) {
 	// file would make Wait wait for the workers too. The log stops
 	// following it after the cleanup below.
 	pw := d.logs.Pipe(t, d.logs.parse)
-	d.cmd = exec.Command(preforkdBinary(t), args...)
+	bin := preforkdBinary(t)
+	if len(d.wrapper) > 0 {
+		d.cmd = exec.Command(d.wrapper[0], append(append(d.wrapper[1:len(d.wrapper):len(d.wrapper)], bin), args...)...)
+	} else {
+		d.cmd = exec.Command(bin, args...)
+	}
 	d.cmd.Env = append(cleanEnviron(), env...)
 	d.cmd.Stderr = pw
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -405,6 +405,18 @@ func TestSystemdUnitsVerify(t *testing.T) {
 		}
 	}
 
+	// The socket unit, beside the service it activates.
+	socket, err := os.ReadFile("../../examples/preforkd.socket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdir := t.TempDir()
+	service, _ := os.ReadFile("../../examples/preforkd.service")
+	verify(sdir, "preforkd.service", service)
+	if out := verify(sdir, "preforkd.socket", socket); out != "" {
+		t.Errorf("systemd-analyze verify examples/preforkd.socket (systemd %d):\n%s", version, out)
+	}
+
 	dropIn, err := os.ReadFile("../../examples/preforkd-notify-reload.conf")
 	if err != nil {
 		t.Fatal(err)

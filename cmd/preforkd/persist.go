@@ -2,8 +2,10 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync/atomic"
 
 	"github.com/preforkd/preforkd/config"
@@ -63,6 +65,48 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 			configured(s)
 		}
 		current(s)
+	}
+	// A binary upgrade (USR2) hands the locks to the new supervisor,
+	// which takes the old one's region as it is: nothing is loaded.
+	handover, adopt := opts.Handover, opts.Adopt
+	opts.Handover = func() (map[string]*os.File, error) {
+		files, err := chainHandover(handover)
+		if err != nil {
+			return nil, err
+		}
+		fs, err := lock.Files()
+		if err != nil {
+			closeFiles(files)
+			return nil, err
+		}
+		for i, f := range fs {
+			files[fmt.Sprintf("persist.lock.%d", i)] = f
+		}
+		return files, nil
+	}
+	opts.Adopt = func(files map[string]*os.File) error {
+		var fs []*os.File
+		for i := 0; ; i++ {
+			f := files[fmt.Sprintf("persist.lock.%d", i)]
+			if f == nil {
+				break
+			}
+			fs = append(fs, f)
+		}
+		lock, reattached = persist.AdoptLock(fs), true
+		if adopt != nil {
+			return adopt(files)
+		}
+		return nil
+	}
+	// Once the new supervisor serves, its periodic dumps are the ones:
+	// the old one's stop (its workers drain without Finish).
+	handedOver := opts.HandedOver
+	opts.HandedOver = func() {
+		stop()
+		if handedOver != nil {
+			handedOver()
+		}
 	}
 	// OpenRegion also locks persist.path, so it makes the region even
 	// without a live one.
@@ -142,4 +186,23 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 		return &usageError{"inspect needs exactly one FILE"}
 	}
 	return persist.Inspect(args[0], stdout)
+}
+
+// chainHandover runs the Handover hook set before, if any, for a hook
+// that adds its files to it.
+func chainHandover(h func() (map[string]*os.File, error)) (map[string]*os.File, error) {
+	if h == nil {
+		return map[string]*os.File{}, nil
+	}
+	files, err := h()
+	if files == nil && err == nil {
+		files = map[string]*os.File{}
+	}
+	return files, err
+}
+
+func closeFiles(files map[string]*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }

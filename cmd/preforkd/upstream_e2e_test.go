@@ -80,6 +80,10 @@ func upstreamRole(c *proctest.Child) error {
 		}
 		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
 	})
+	// /request-id answers the X-Request-Id lines it got, comma-separated.
+	mux.HandleFunc("/request-id", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, strings.Join(r.Header.Values("X-Request-Id"), ","))
+	})
 	mux.HandleFunc("/ws", websocketEcho)
 	// /cpu works 15ms of its thread's CPU time (as a CPU-bound handler
 	// does a fixed amount of work, however long a busy host makes it

@@ -6,6 +6,13 @@
 //
 // It only translates: the rules, the answers and the headers are the
 // core's, the same for every engine.
+//
+// [Server] is the net/http engine built on it: the [server] limits and
+// the drain rule of package engine, an application handler or its own
+// forwarding to an upstream (forward.go: the fast engine's rules), and
+// with a tls.Config, TLS and HTTP/2 (x/net's server, behind a guard that
+// cuts off the known floods: h2guard.go). The daemon serves its TLS
+// listeners with it.
 package nethttp
 
 import (
@@ -28,6 +35,7 @@ import (
 type Handler struct {
 	c    *core.Core
 	next http.Handler
+	fwd  *forwarder // in place of next: the Server's own forwarding
 	opts Options
 
 	background sync.WaitGroup // background refreshes
@@ -90,7 +98,7 @@ var requests = sync.Pool{New: func() any { return new(request) }}
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = withoutConnectionNamed(r)
 	req := requests.Get().(*request)
-	req.r = r
+	req.r, req.forwarding = r, h.fwd != nil
 	ex := h.c.Begin(req)
 	finished := false
 	defer func() {
@@ -124,6 +132,16 @@ var errPanicked = errors.New("nethttp: the handler panicked")
 
 // pass serves a request the core let through with the next handler.
 func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex *core.Exchange) error {
+	if h.fwd != nil {
+		// The Server forwards to its upstream itself: the core's fields
+		// go on the upstream's response head once it is read.
+		fwd := ex.Forward()
+		rw := &req.rw
+		*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide}
+		err := h.fwd.serve(rw, r, req, ex, fwd)
+		rw.finish()
+		return err
+	}
 	setFields(w.Header(), ex.Fields())
 	fwd := ex.Forward()
 	if fwd.Path != req.Path() {
@@ -197,31 +215,32 @@ func withoutConnectionNamed(r *http.Request) *http.Request {
 	return &r2
 }
 
-// forwardFields is r without the fields drop names and with the fields
-// add (core.Forward: a cache fill's conditional fields left out, its
-// validators sent instead). r itself is not changed; a request with
-// neither is r.
+// forwardFields is r without the fields drop names (a cache fill's
+// conditional fields) and with the fields add, each in place of the
+// client's of the same name (the request id the core made, the
+// validators of a revalidation). Dropping makes a copy of r with a header
+// of its own; adding sets fields in the header r then has, as a
+// request-id middleware does, so that a request without an id costs the
+// id's string and its slice, not a copy of the header.
 func forwardFields(r *http.Request, drop []string, add []core.Field) *http.Request {
-	has := len(add) > 0
 	for _, n := range drop {
-		_, ok := r.Header[n]
-		has = has || ok
+		if _, ok := r.Header[n]; ok {
+			r2 := *r
+			r2.Header = r.Header.Clone()
+			for _, n := range drop {
+				delete(r2.Header, n)
+			}
+			r = &r2
+			break
+		}
 	}
-	if !has {
-		return r
-	}
-	r2 := *r
-	r2.Header = r.Header.Clone()
-	if r2.Header == nil {
-		r2.Header = http.Header{}
-	}
-	for _, n := range drop {
-		delete(r2.Header, n)
+	if len(add) > 0 && r.Header == nil {
+		r.Header = make(http.Header, len(add))
 	}
 	for _, f := range add {
-		r2.Header.Add(f.Name, string(f.Value))
+		r.Header[f.Name] = []string{string(f.Value)}
 	}
-	return &r2
+	return r
 }
 
 // refresh sends a copy of r to the next handler in the background and
@@ -235,7 +254,7 @@ func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 		delete(r2.Header, n)
 	}
 	for _, f := range fwd.Add {
-		r2.Header.Add(f.Name, string(f.Value))
+		r2.Header[f.Name] = []string{string(f.Value)}
 	}
 	r2.Body, r2.ContentLength = http.NoBody, 0
 	if fwd.Path != r2.URL.EscapedPath() {
@@ -253,6 +272,11 @@ func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 			ex.Finish(err)
 		}()
 		rw := &writer{w: &nowhere{header: http.Header{}}, ex: ex, keep: true}
+		if h.fwd != nil {
+			err = h.fwd.serve(rw, r2, &request{r: r2, bodyRead: true}, ex, fwd)
+			rw.finish()
+			return
+		}
 		h.next.ServeHTTP(rw, r2)
 		rw.finish()
 		err = nil
@@ -286,13 +310,20 @@ func forwardPath(r *http.Request, fwd string) {
 
 // request is the core's view of a net/http request.
 type request struct {
-	r        *http.Request
-	body     []byte
-	bodyRead bool
-	rw       writer // pooled with the request: no allocation per response
+	r *http.Request
+	// forwarding: the Server forwards the request itself (forward.go),
+	// and the view is of what it sends: without the fields it drops, with
+	// the X-Forwarded-Proto and -Host it writes.
+	forwarding bool
+	body       []byte
+	bodyRead   bool
+	rw         writer // pooled with the request: no allocation per response
 }
 
 func (q *request) Method() string { return q.r.Method }
+
+// Proto is the request's protocol, for the access log ("HTTP/2.0").
+func (q *request) Proto() string { return q.r.Proto }
 
 // Path is the path as sent: from the request line where the server kept
 // it, else re-encoded from the URL.
@@ -340,6 +371,14 @@ func (q *request) Header(name string) (string, int) {
 		}
 		return q.r.Host, 1
 	}
+	if q.forwarding {
+		if v, ok := q.forwarded(name); ok {
+			return v, 1
+		}
+		if !q.forwardedAsSent(name) {
+			return "", 0
+		}
+	}
 	vs := q.r.Header[name]
 	if len(vs) == 0 {
 		return "", 0
@@ -348,7 +387,43 @@ func (q *request) Header(name string) (string, int) {
 }
 
 func (q *request) HeaderLines(name string, dst []string) []string {
+	if q.forwarding {
+		if v, ok := q.forwarded(name); ok {
+			return append(dst, v)
+		}
+		if !q.forwardedAsSent(name) {
+			return dst
+		}
+	}
 	return append(dst, q.r.Header[name]...)
+}
+
+// forwarded is the value the forwarder writes itself for the field
+// called name, whatever the client sent (appendHead).
+func (q *request) forwarded(name string) (string, bool) {
+	switch name {
+	case "X-Forwarded-Proto":
+		if q.r.TLS != nil {
+			return "https", true
+		}
+		return "http", true
+	case "X-Forwarded-Host":
+		return q.r.Host, q.r.Host != ""
+	}
+	return "", false
+}
+
+// forwardedAsSent reports whether the forwarder sends the client's field
+// called name (appendHead): not a hop-by-hop field (but Upgrade on an
+// upgrade), Expect, or a name with '_'.
+func (q *request) forwardedAsSent(name string) bool {
+	switch {
+	case name == "Upgrade":
+		return isUpgrade(q.r)
+	case hopByHop(name), name == "Expect", strings.IndexByte(name, '_') >= 0:
+		return false
+	}
+	return true
 }
 
 func (q *request) Gone() bool { return q.r.Context().Err() != nil }

@@ -1,0 +1,292 @@
+package accesslog
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// Stderr is the Path that writes the log to standard error.
+const Stderr = "stderr"
+
+// Options configures a Log. Zero values are the documented defaults.
+type Options struct {
+	// Path is the file the lines are appended to (created with mode
+	// 0640 when missing; its directory must exist), or Stderr.
+	Path string
+	// Format is Combined (the zero value) or JSON.
+	Format Format
+	// FlushEvery is the longest a line waits in memory. 0 means 1s.
+	FlushEvery time.Duration
+	// MaxPending bounds the bytes waiting to be written; a line that
+	// does not fit is dropped and counted. 0 means 4 MiB.
+	MaxPending int
+	// Logger receives a line when writing fails or lines were dropped,
+	// at most once per FlushEvery. nil means slog.Default().
+	Logger *slog.Logger
+	// Stderr is where Path Stderr writes. nil means os.Stderr.
+	Stderr io.Writer
+}
+
+// Defaults of Options.
+const (
+	DefaultFlushEvery = time.Second
+	DefaultMaxPending = 4 << 20
+	// flushAt is how many pending bytes wake the writer before its tick.
+	flushAt = 64 << 10
+	// keepBuffer is the largest buffer kept for the next lines.
+	keepBuffer = 1 << 20
+	// pipeBuf is the largest write a pipe takes whole (PIPE_BUF).
+	pipeBuf = 4096
+)
+
+// Log is an access log: a core.AccessLog whose lines are written by a
+// goroutine of its own (see the package documentation).
+type Log struct {
+	o   Options
+	log *slog.Logger
+
+	mu      sync.Mutex
+	pending []byte // lines not yet handed to the writer
+	kicked  bool   // the writer was woken for pending
+	closed  bool
+
+	fileMu sync.Mutex // the file and the writes to it
+	file   *os.File   // nil for Stderr
+	out    io.Writer
+	spare  []byte // the writer's buffer, swapped with pending
+
+	dropped atomic.Uint64
+	failed  atomic.Uint64 // writes that failed, since New
+
+	scratch sync.Pool // *[]byte: a line being formatted
+	stamp   atomic.Pointer[stamp]
+
+	kick      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// New opens the log at o.Path and starts its writer.
+func New(o Options) (*Log, error) {
+	if o.Path == "" {
+		return nil, errors.New("accesslog: Options.Path is empty (a file, or \"stderr\")")
+	}
+	if o.Format > JSON {
+		return nil, fmt.Errorf("accesslog: unknown format %d", o.Format)
+	}
+	if o.FlushEvery < 0 || o.MaxPending < 0 {
+		return nil, errors.New("accesslog: FlushEvery and MaxPending must not be negative")
+	}
+	if o.FlushEvery == 0 {
+		o.FlushEvery = DefaultFlushEvery
+	}
+	if o.MaxPending == 0 {
+		o.MaxPending = DefaultMaxPending
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	l := &Log{o: o, log: o.Logger, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if l.log == nil {
+		l.log = slog.Default()
+	}
+	l.scratch.New = func() any { b := make([]byte, 0, 512); return &b }
+	// Room for what comes between two wake-ups of the writer: a line is
+	// appended, never a buffer grown on the request path.
+	l.pending, l.spare = make([]byte, 0, 2*flushAt), make([]byte, 0, 2*flushAt)
+	if err := l.open(); err != nil {
+		return nil, err
+	}
+	go l.write()
+	return l, nil
+}
+
+// Check reports whether the access log at path could be opened for
+// appending (Stderr always can), creating the file as New would: for a
+// configuration check before any worker starts.
+func Check(path string) error {
+	if path == Stderr {
+		return nil
+	}
+	f, err := openFile(path)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func openFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("accesslog: %w", err)
+	}
+	return f, nil
+}
+
+// open opens the file at its path, replacing the one open.
+func (l *Log) open() error {
+	if l.o.Path == Stderr {
+		l.out = l.o.Stderr
+		return nil
+	}
+	f, err := openFile(l.o.Path)
+	if err != nil {
+		return err
+	}
+	l.fileMu.Lock()
+	old := l.file
+	l.file, l.out = f, f
+	l.fileMu.Unlock()
+	if old != nil {
+		return old.Close()
+	}
+	return nil
+}
+
+// Reopen writes what is pending to the open file, then opens the file
+// again at its path: after a rotation renamed it, the next lines go to a
+// new file at the path. An error (the directory is gone) keeps the open
+// file.
+func (l *Log) Reopen() error {
+	if l.o.Path == Stderr {
+		return nil
+	}
+	l.flush()
+	return l.open()
+}
+
+// Log formats e and queues its line; it never waits on the file.
+func (l *Log) Log(e *core.AccessEntry) {
+	bp := l.scratch.Get().(*[]byte)
+	line := (*bp)[:0]
+	if l.o.Format == JSON {
+		line = appendJSON(line, e)
+	} else {
+		line = l.appendCombined(line, e)
+	}
+	l.mu.Lock()
+	switch {
+	case l.closed:
+	case len(l.pending)+len(line) > l.o.MaxPending:
+		l.dropped.Add(1)
+	default:
+		l.pending = append(l.pending, line...)
+		if len(l.pending) >= flushAt && !l.kicked {
+			l.kicked = true
+			select {
+			case l.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+	l.mu.Unlock()
+	*bp = line
+	l.scratch.Put(bp)
+}
+
+// Dropped is how many lines were dropped because MaxPending bytes were
+// waiting.
+func (l *Log) Dropped() uint64 { return l.dropped.Load() }
+
+// write is the writer's goroutine: every FlushEvery, when woken, and a
+// last time at Close.
+func (l *Log) write() {
+	defer close(l.done)
+	tick := time.NewTicker(l.o.FlushEvery)
+	defer tick.Stop()
+	var reported struct{ dropped, failed uint64 }
+	for {
+		select {
+		case <-l.stop:
+			l.flush()
+			return
+		case <-tick.C:
+		case <-l.kick:
+		}
+		l.flush()
+		if d, f := l.dropped.Load(), l.failed.Load(); d != reported.dropped || f != reported.failed {
+			l.log.Warn("access log behind: lines dropped or not written", "path", l.o.Path,
+				"dropped", d-reported.dropped, "failed_writes", f-reported.failed)
+			reported.dropped, reported.failed = d, f
+		}
+	}
+}
+
+// flush writes what is pending.
+func (l *Log) flush() {
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
+	l.mu.Lock()
+	buf := l.pending
+	l.pending, l.spare = l.spare[:0], nil
+	l.kicked = false
+	l.mu.Unlock()
+	if len(buf) > 0 {
+		if err := l.writeLines(buf); err != nil {
+			l.failed.Add(1)
+		}
+	}
+	l.spare = buf[:0]
+	if cap(l.spare) > keepBuffer {
+		l.spare = make([]byte, 0, 2*flushAt) // a burst's buffer is not kept
+	}
+}
+
+// writeLines writes buf, whole lines: a file in one append, standard
+// error in pieces a pipe writes whole. Requires fileMu.
+func (l *Log) writeLines(buf []byte) error {
+	if l.file != nil {
+		_, err := l.file.Write(buf)
+		return err
+	}
+	for len(buf) > 0 {
+		n := len(buf)
+		if n > pipeBuf {
+			n = bytes.LastIndexByte(buf[:pipeBuf], '\n') + 1
+			if n == 0 { // a line longer than a pipe's atomic write
+				n = bytes.IndexByte(buf, '\n') + 1
+				if n == 0 {
+					n = len(buf)
+				}
+			}
+		}
+		if _, err := l.out.Write(buf[:n]); err != nil {
+			return err
+		}
+		buf = buf[n:]
+	}
+	return nil
+}
+
+// Close writes what is pending, stops the writer and closes the file.
+// Lines logged after it are dropped. It is idempotent.
+func (l *Log) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		close(l.stop)
+		<-l.done
+		l.mu.Lock()
+		l.closed = true
+		l.mu.Unlock()
+		l.flush() // what came between the last flush and closed
+		l.fileMu.Lock()
+		if l.file != nil {
+			err = l.file.Close()
+			l.file = nil
+		}
+		l.fileMu.Unlock()
+	})
+	return err
+}
+
+var _ core.AccessLog = (*Log)(nil)

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# TLS and HTTP/2 toward clients: preforkd (the net/http engine, forwarding
+# to its upstream) against nginx (ssl, http2, proxy_pass with upstream
+# keepalive), the same number of workers and the same certificate
+# (ECDSA P-256, made here with openssl), in front of the same upstream (a
+# 1-worker nginx "return 200"), in one run so that the ratios hold:
+#
+#   - TLS keep-alive: wrk over https, requests/s   (target >= 0.9 x nginx)
+#   - new TLS handshakes: wrk with Connection: close, one request per
+#     connection, each a full handshake: connections/s (target >= 0.8 x)
+#   - HTTP/2: h2load -c32 -m10, requests/s          (target >= 0.9 x)
+#
+#   WORKERS=2 DURATION=8 CONNS=32 bash bench/tls-http.sh
+set -euo pipefail
+. "$(dirname "$0")/lib.sh" 8 18490 # default DURATION and PORT
+need nginx nginx-light
+need h2load nghttp2-client
+need openssl openssl
+
+go build -o "$tmp/preforkd" ./cmd/preforkd
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench.example" \
+	-addext "subjectAltName=DNS:bench.example,IP:127.0.0.1" -keyout "$tmp/key.pem" -out "$tmp/cert.pem" 2>/dev/null
+chmod 755 "$tmp"
+chmod 644 "$tmp/cert.pem" "$tmp/key.pem" # nginx's workers run as another user
+
+declare -A rate
+measure_wrk() { # name url [header]
+	local out args=(-t"$THREADS" -c"$CONNS" -d"${DURATION}s")
+	[ -n "${3:-}" ] && args+=(-H "$3")
+	out=$(wrk "${args[@]}" "$2")
+	rate[$1]=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+	local non2xx errors
+	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
+	errors=$(awk '/Socket errors:/ {print}' <<<"$out")
+	printf '%-36s %12s req/s   non-2xx: %s %s\n' "$1" "${rate[$1]}" "${non2xx:-0}" "$errors"
+}
+measure_h2() { # name url
+	local out
+	out=$(h2load -c "$CONNS" -m 10 -D "$DURATION" --warm-up-time=1 "$2" 2>&1)
+	rate[$1]=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' <<<"$out")
+	local codes
+	codes=$(awk '/^status codes:/ {print $3, $4, $5, $6, $7, $8, $9, $10}' <<<"$out")
+	printf '%-36s %12s req/s   %s\n' "$1" "${rate[$1]}" "$codes"
+}
+
+echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, h2load -c$CONNS -m10 -D$DURATION, $WORKERS workers each, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+nginx_conf "$tmp/upstream" 1 "$UPSTREAM_PORT" "$static"
+nginx -c "$tmp/upstream/nginx.conf" -p "$tmp/upstream" &
+pids+=("$!")
+wait_up "http://127.0.0.1:$UPSTREAM_PORT/"
+
+url="https://127.0.0.1:$PORT/"
+
+# preforkd: TLS on server.listen, forwarding to the upstream.
+cat >"$tmp/preforkd.toml" <<TOML
+[server]
+listen = "127.0.0.1:$PORT"
+workers = $WORKERS
+upstream = "http://127.0.0.1:$UPSTREAM_PORT"
+[tls]
+[[tls.certificate]]
+cert = "$tmp/cert.pem"
+key = "$tmp/key.pem"
+TOML
+"$tmp/preforkd" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd.log" &
+pid=$!
+pids+=("$pid")
+for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.1; done
+measure_wrk "preforkd TLS keep-alive" "$url"
+measure_wrk "preforkd TLS new handshakes" "$url" "Connection: close"
+measure_h2 "preforkd HTTP/2" "$url"
+stop "$pid"
+
+# nginx: the same certificate, workers and upstream.
+mkdir -p "$tmp/edge"
+cat >"$tmp/edge/nginx.conf" <<CONF
+worker_processes $WORKERS;
+pid $tmp/edge/nginx.pid;
+error_log $tmp/edge/error.log;
+daemon off;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	keepalive_requests 1000000;
+	client_body_temp_path $tmp/edge/body;
+	proxy_temp_path $tmp/edge/proxy;
+	fastcgi_temp_path $tmp/edge/fastcgi;
+	uwsgi_temp_path $tmp/edge/uwsgi;
+	scgi_temp_path $tmp/edge/scgi;
+	ssl_session_cache shared:SSL:10m;
+	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
+	server {
+		# (nginx 1.25.1 and later prefer "http2 on;", and take this with a warning)
+		listen 127.0.0.1:$PORT ssl http2;
+		ssl_certificate $tmp/cert.pem;
+		ssl_certificate_key $tmp/key.pem;
+		location / { $proxy_pass }
+	}
+}
+CONF
+nginx -c "$tmp/edge/nginx.conf" -p "$tmp/edge" &
+pid=$!
+pids+=("$pid")
+for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.1; done
+measure_wrk "nginx TLS keep-alive" "$url"
+measure_wrk "nginx TLS new handshakes" "$url" "Connection: close"
+measure_h2 "nginx HTTP/2" "$url"
+stop "$pid"
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+verdict() { awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a") print "n/a"; else if (r + 0 >= t) print "met"; else print "MISSED" }'; }
+atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3")"; }
+echo
+printf '%-56s %8s %8s %s\n' "ratio" "value" "target" ""
+atleast "TLS keep-alive: preforkd / nginx" "$(ratio "${rate[preforkd TLS keep-alive]}" "${rate[nginx TLS keep-alive]}")" 0.90
+atleast "new TLS handshakes/s: preforkd / nginx" "$(ratio "${rate[preforkd TLS new handshakes]}" "${rate[nginx TLS new handshakes]}")" 0.80
+atleast "HTTP/2 (h2load -c$CONNS -m10): preforkd / nginx" "$(ratio "${rate[preforkd HTTP/2]}" "${rate[nginx HTTP/2]}")" 0.90

@@ -1,0 +1,125 @@
+package core
+
+import (
+	"net/netip"
+	"time"
+)
+
+// The access log: the core knows everything a line says about a request
+// (who asked what, the answer, which rule refused it, what the cache did,
+// how long it took and how much of it the application's wait was), so it
+// writes the entry itself when the exchange ends, whatever the engine.
+// Writing it out is the AccessLog's business, which must never make the
+// request wait on a file (package accesslog buffers it).
+
+// AccessLog takes one entry per request (Options.AccessLog).
+type AccessLog interface {
+	// Log takes the entry of a request that ended. It runs on the
+	// request's path: it must not block on I/O. e and the memory its
+	// fields alias are valid during the call only.
+	Log(e *AccessEntry)
+}
+
+// AccessEntry is one request, as an access log line says it.
+type AccessEntry struct {
+	// Time is when the request's head was read (Begin), wall clock.
+	Time time.Time
+	// Client is the resolved client address (the peer, or the client a
+	// trusted proxy names); the zero Addr for none (a Unix socket).
+	Client netip.Addr
+	// Method, Path and Query are the request's as sent (Query without
+	// its '?', "" when none).
+	Method, Path, Query string
+	// Proto is the protocol as the engine reports it ("HTTP/1.1",
+	// "HTTP/2.0"; the engine's request view may say it, see Protocol),
+	// else "HTTP/1.1".
+	Proto string
+	// Status is the status sent.
+	Status int
+	// Bytes counts the body bytes sent (nginx's $body_bytes_sent): the
+	// application's as the engine told them (Exchange.Body), or the
+	// core's own answer's.
+	Bytes int64
+	// Duration runs from Begin to Finish: until the response was sent
+	// whole (or the exchange gave up on it).
+	Duration time.Duration
+	// Upstream is how long the application took to answer with a head,
+	// from Forward to Head (or to Failed); negative when the request was
+	// not forwarded (the core answered it).
+	Upstream time.Duration
+	// Rule names the rule that refused the request; "" when none did.
+	Rule string
+	// Cache is what X-Cache said (HIT, STALE, MISS, BYPASS); "" when no
+	// cache block applied.
+	Cache string
+	// RequestID is the request id (Options.RequestID); nil when off.
+	RequestID []byte
+	// Referer and UserAgent are the request's fields, "" when absent.
+	Referer, UserAgent string
+	// Worker is the region worker index of the process that served it.
+	Worker int
+}
+
+// Protocol is what a request view may implement to give the access log
+// its protocol ("HTTP/1.0", "HTTP/2.0"); one that does not is logged as
+// HTTP/1.1.
+type Protocol interface {
+	Proto() string
+}
+
+var xcacheNames = [...]string{xHit: "HIT", xStale: "STALE", xMiss: "MISS", xBypass: "BYPASS"}
+
+// logAccess gives the access log the entry of the request, at its first
+// Finish, while the request view can still be read.
+func (ex *Exchange) logAccess(elapsed time.Duration) {
+	e := &ex.acc
+	*e = AccessEntry{
+		Time:      ex.began,
+		Client:    ex.Client(),
+		Method:    ex.req.Method(),
+		Path:      ex.req.Path(),
+		Query:     ex.req.Query(),
+		Proto:     "HTTP/1.1",
+		Status:    ex.status,
+		Bytes:     ex.sent + int64(len(ex.resp.Body)),
+		Duration:  elapsed,
+		Upstream:  -1,
+		RequestID: ex.rid,
+		Worker:    ex.c.region.Worker(),
+	}
+	if p, ok := ex.req.(Protocol); ok {
+		e.Proto = p.Proto()
+	}
+	if ex.fwdAt != 0 {
+		e.Upstream = ex.upDur
+		if e.Upstream < 0 {
+			e.Upstream = ex.c.now() - ex.fwdAt // no head came: until now
+		}
+	}
+	if ex.rl.refusal.Status != 0 {
+		e.Rule = ex.rl.refusal.Rule
+	}
+	if ex.cache.xc != xNone {
+		e.Cache = xcacheNames[ex.cache.xc]
+	}
+	e.Referer, _ = ex.req.Header("Referer")
+	e.UserAgent, _ = ex.req.Header("User-Agent")
+	ex.c.access.Log(e)
+	*e = AccessEntry{}
+}
+
+// forwarded notes when the request went to the application, for the
+// access log's upstream time: at the first Forward.
+func (ex *Exchange) forwarded() {
+	if ex.c.access != nil && ex.fwdAt == 0 {
+		ex.fwdAt = max(ex.c.now(), 1)
+		ex.upDur = -1
+	}
+}
+
+// answered notes when the application's head (or its failure) came.
+func (ex *Exchange) answered() {
+	if ex.fwdAt != 0 && ex.upDur < 0 {
+		ex.upDur = ex.c.now() - ex.fwdAt
+	}
+}

@@ -1,0 +1,1001 @@
+package nethttp
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+)
+
+// Forwarding: the net/http engine's own way to one upstream, for what the
+// fast engine (package proxy) cannot serve: TLS listeners (crypto/tls
+// needs a blocking connection) and with them HTTP/2. A request that
+// passed the core goes to the application over HTTP/1.1, on a pooled
+// keep-alive connection reused only when clean, written as the fast
+// engine writes it: the path the core forwards, the client's fields but
+// the hop-by-hop ones (Connection and what it names, Keep-Alive, TE,
+// Trailer, Transfer-Encoding, Upgrade but on an upgrade, Proxy-*), Expect
+// and names with '_'; the core's own (Forward.Add) in place of the
+// client's; X-Forwarded-For (the client's chain, then the peer),
+// X-Forwarded-Proto (https on TLS) and X-Forwarded-Host set. The response
+// comes back without its hop-by-hop fields (its Date kept, as the fast
+// engine keeps it: a stored response's age depends on it), its body streamed
+// (flushed piece by piece when its length is unknown), HEAD, 1xx, 204 and
+// 304 without one, an upgrade (WebSocket, HTTP/1.1 only) tunnelled after
+// the upstream's 101. What differs from the fast engine, because net/http
+// parses the request: field names reach the upstream in canonical form
+// ("x-custom" as "X-Custom"), in no fixed order, and the requests
+// net/http refuses itself (a malformed request line, obs-fold, a header
+// over max_header_bytes) get its plain-text answers.
+
+// readAheadBytes is how much of a request body is read before it is
+// forwarded: one that ends within it goes with a Content-Length.
+const readAheadBytes = 64 << 10
+
+// target is a parsed upstream URL.
+type target struct {
+	addr   string // host:port to connect to
+	tls    bool   // https: TLS with the host's name verified
+	host   string // the name TLS verifies, and the Host of a request without one
+	prefix string // path prepended to every request's ("" or "/base")
+}
+
+// parseUpstream checks an upstream URL ("http://app:3000",
+// "https://app.internal/base"): the fast engine's rules (proxy.CheckUpstream).
+func parseUpstream(s string) (target, error) {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
+		return target{}, fmt.Errorf("nethttp: upstream %q: want an absolute http:// or https:// URL with a host", s)
+	case u.User != nil:
+		return target{}, fmt.Errorf("nethttp: upstream %q: credentials in the URL are not sent upstream; remove them", s)
+	case u.Fragment != "" || u.RawQuery != "" || u.ForceQuery:
+		return target{}, fmt.Errorf("nethttp: upstream %q: an upstream URL has no query or fragment", s)
+	}
+	t := target{tls: u.Scheme == "https", host: u.Hostname(), prefix: strings.TrimSuffix(u.EscapedPath(), "/")}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if t.tls {
+			port = "443"
+		}
+	}
+	t.addr = net.JoinHostPort(t.host, port)
+	return t, nil
+}
+
+// forwarder sends what passed the core to the upstream.
+type forwarder struct {
+	c  *core.Core
+	up *upstream
+}
+
+func newForwarder(c *core.Core, upstreamURL string, client engine.Upstream) (*forwarder, error) {
+	t, err := parseUpstream(upstreamURL)
+	if err != nil {
+		return nil, err
+	}
+	client, err = client.WithDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("nethttp: %w", err)
+	}
+	return &forwarder{c: c, up: newUpstream(t, client)}, nil
+}
+
+func (f *forwarder) close() { f.up.close() }
+
+// headPool holds the buffers request heads are written into.
+var headPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// serve forwards r, which passed ex (forwarded as fwd), and relays the
+// response through rw; the error is what Finish is told (nil: the
+// response reached its end).
+func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Exchange, fwd core.Forward) error {
+	upgrade := isUpgrade(r)
+	body, err := readAhead(r, req)
+	if err != nil {
+		return f.refuse(rw, ex, err)
+	}
+	hp := headPool.Get().(*[]byte)
+	defer headPool.Put(hp)
+	head := appendHead((*hp)[:0], r, fwd, f.up.t, upgrade, body)
+	*hp = head
+	var uc *upConn
+	for attempt := 0; ; attempt++ {
+		if upgrade {
+			uc, err = f.up.dial(context.Background()) // it will not go back to the pool
+		} else {
+			uc, err = f.up.get(context.Background())
+		}
+		var status int
+		if err == nil {
+			status, err = f.exchange(uc, head, body, rw.w.Header(), interimTo(rw.w, r))
+		}
+		if err == nil {
+			return f.relay(rw, r, ex, uc, status, upgrade)
+		}
+		if uc != nil {
+			uc.Conn.Close()
+		}
+		clear(rw.w.Header()) // what a failed attempt read of a response head
+		var be *bodyError
+		switch {
+		case errors.As(err, &be):
+			return f.refuse(rw, ex, be.err)
+		case attempt == 0 && uc != nil && uc.reused && body.stream == nil && retryable(r) && staleConn(err):
+			continue // the upstream had closed the idle connection: nothing was done
+		}
+		f.answer(rw, ex.Failed(f.failure(err), f.up.t.addr, err))
+		return nil
+	}
+}
+
+// failure is the kind of an upstream failure.
+func (f *forwarder) failure(err error) core.UpstreamError {
+	var de *dialError
+	switch {
+	case errors.As(err, &de):
+		return core.UpstreamConnect
+	case isTimeout(err):
+		return core.UpstreamTimeout
+	}
+	return core.UpstreamResponse
+}
+
+// answer sends one of the core's answers in place of the response.
+func (f *forwarder) answer(rw *writer, resp *core.Response) {
+	rw.sent, rw.replaced, rw.status = true, resp, resp.Status
+	clear(rw.w.Header())
+	writeResponse(rw.w, resp)
+}
+
+// refuse answers a request whose body could not be read.
+func (f *forwarder) refuse(rw *writer, ex *core.Exchange, err error) error {
+	status, detail := http.StatusBadRequest, "the request body could not be read"
+	var mbe *http.MaxBytesError
+	switch {
+	case isTimeout(err):
+		status, detail = http.StatusRequestTimeout, "the request body did not arrive in time"
+	case errors.As(err, &mbe):
+		status, detail = http.StatusRequestEntityTooLarge, "the request body is too large"
+	}
+	f.answer(rw, ex.Refuse(status, detail, true))
+	return nil
+}
+
+// aheadBody is a request body as it goes upstream: all of it in memory
+// (read ahead, or read by the core), or its first bytes and the rest
+// streamed.
+type aheadBody struct {
+	bytes  []byte
+	stream io.Reader // the rest, or nil
+	length int64     // the whole length, -1 when unknown (sent chunked)
+	sendCL bool      // a Content-Length goes with a body of no bytes
+	buf    *[]byte   // pooled buffer of bytes
+}
+
+var aheadPool = sync.Pool{New: func() any { b := make([]byte, readAheadBytes); return &b }}
+
+// relayPool holds the buffers response bodies are copied through: the
+// size of the upstream connection's read buffer, what one read brings.
+var relayPool = sync.Pool{New: func() any { b := make([]byte, upstreamReadBuffer); return &b }}
+
+// readAhead reads up to readAheadBytes of r's body.
+func readAhead(r *http.Request, req *request) (aheadBody, error) {
+	if req.body != nil || req.bodyRead {
+		return aheadBody{bytes: req.body, length: int64(len(req.body)), sendCL: true}, nil
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		_, hasCL := r.Header["Content-Length"]
+		return aheadBody{sendCL: hasCL && r.ContentLength == 0}, nil
+	}
+	bp := aheadPool.Get().(*[]byte)
+	n, err := io.ReadFull(r.Body, *bp)
+	switch {
+	case err == io.EOF || err == io.ErrUnexpectedEOF:
+		if r.ContentLength > 0 && int64(n) != r.ContentLength {
+			aheadPool.Put(bp)
+			return aheadBody{}, &bodyError{io.ErrUnexpectedEOF}
+		}
+		_, hasCL := r.Header["Content-Length"]
+		return aheadBody{bytes: (*bp)[:n], length: int64(n), sendCL: n > 0 || hasCL || r.ContentLength < 0, buf: bp}, nil
+	case err != nil:
+		aheadPool.Put(bp)
+		return aheadBody{}, &bodyError{err}
+	}
+	return aheadBody{bytes: (*bp)[:n], stream: r.Body, length: r.ContentLength, buf: bp}, nil
+}
+
+func (b *aheadBody) release() {
+	if b.buf != nil {
+		aheadPool.Put(b.buf)
+		b.buf = nil
+	}
+}
+
+// bodyError is a failure to read the client's request body.
+type bodyError struct{ err error }
+
+func (e *bodyError) Error() string { return "nethttp: reading the request body: " + e.err.Error() }
+func (e *bodyError) Unwrap() error { return e.err }
+
+// isUpgrade reports whether r asks for an upgrade the upstream may
+// grant: HTTP/1.1, Connection: upgrade with an Upgrade field, and not to
+// h2c (HTTP/2 spoken straight to the upstream would pass every later
+// request by the core).
+func isUpgrade(r *http.Request) bool {
+	if r.ProtoMajor != 1 || r.ProtoMinor != 1 {
+		return false
+	}
+	up := r.Header["Upgrade"]
+	if len(up) == 0 || !hasToken(r.Header["Connection"], "upgrade") {
+		return false
+	}
+	return !hasToken(up, "h2c")
+}
+
+// hasToken reports whether a comma-separated list field has token t.
+func hasToken(lines []string, t string) bool {
+	for _, l := range lines {
+		for v := range strings.SplitSeq(l, ",") {
+			if strings.EqualFold(textproto.TrimString(v), t) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hopByHop reports whether the field called name (canonical) never goes
+// to the next hop, in either direction (RFC 9110 §7.6.1).
+func hopByHop(name string) bool {
+	switch name {
+	case "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return len(name) > 6 && strings.EqualFold(name[:6], "proxy-")
+}
+
+// appendHead appends the request head the upstream gets.
+func appendHead(dst []byte, r *http.Request, fwd core.Forward, t target, upgrade bool, body aheadBody) []byte {
+	dst = append(dst, r.Method...)
+	dst = append(dst, ' ')
+	dst = append(dst, t.prefix...)
+	dst = append(dst, fwd.Path...)
+	if q := r.URL.RawQuery; q != "" || r.URL.ForceQuery {
+		dst = append(dst, '?')
+		dst = append(dst, q...)
+	}
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	host := r.Host
+	if host == "" {
+		host = t.host // HTTP/1.0 without Host: HTTP/1.1 needs one
+	}
+	dst = append(dst, host...)
+	dst = append(dst, "\r\n"...)
+	for name, vs := range r.Header {
+		switch {
+		case hopByHop(name) && !(upgrade && name == "Upgrade"):
+			continue
+		case name == "Expect", name == "Host", name == "Content-Length",
+			name == "X-Forwarded-For", name == "X-Forwarded-Proto", name == "X-Forwarded-Host":
+			continue
+		case strings.IndexByte(name, '_') >= 0:
+			continue // nginx's underscores_in_headers off (see package proxy)
+		case (len(fwd.Drop) > 0 || len(fwd.Add) > 0) && fwd.Dropped(name):
+			continue
+		}
+		for _, v := range vs {
+			dst = append(dst, name...)
+			dst = append(dst, ": "...)
+			dst = append(dst, v...)
+			dst = append(dst, "\r\n"...)
+		}
+	}
+	for _, f := range fwd.Add {
+		dst = append(dst, f.Name...)
+		dst = append(dst, ": "...)
+		dst = append(dst, f.Value...)
+		dst = append(dst, "\r\n"...)
+	}
+	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
+	// $proxy_add_x_forwarded_for); which hops to believe is the core's.
+	dst = append(dst, "X-Forwarded-For: "...)
+	sep := false
+	for _, v := range r.Header["X-Forwarded-For"] {
+		if v = textproto.TrimString(v); v != "" {
+			if sep {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, v...)
+			sep = true
+		}
+	}
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		if sep {
+			dst = append(dst, ", "...)
+		}
+		dst = ap.Addr().Unmap().WithZone("").AppendTo(dst)
+	}
+	dst = append(dst, "\r\nX-Forwarded-Proto: "...)
+	if r.TLS != nil {
+		dst = append(dst, "https"...)
+	} else {
+		dst = append(dst, "http"...)
+	}
+	dst = append(dst, "\r\n"...)
+	if r.Host != "" {
+		dst = append(dst, "X-Forwarded-Host: "...)
+		dst = append(dst, r.Host...)
+		dst = append(dst, "\r\n"...)
+	}
+	if upgrade {
+		dst = append(dst, "Connection: Upgrade\r\n"...)
+	}
+	switch {
+	case body.stream == nil && (len(body.bytes) > 0 || body.sendCL):
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(len(body.bytes)), 10)
+		dst = append(dst, "\r\n"...)
+	case body.stream != nil && body.length >= 0:
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, body.length, 10)
+		dst = append(dst, "\r\n"...)
+	case body.stream != nil:
+		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
+	}
+	return append(dst, "\r\n"...)
+}
+
+// exchange writes the head and the body and reads the response head into
+// h; an upstream may answer before it has the whole body (a 413): the
+// rest is then not sent, and the connection not reused.
+func (f *forwarder) exchange(uc *upConn, head []byte, body aheadBody, h http.Header, interim func(int)) (status int, err error) {
+	defer body.release()
+	if body.stream == nil {
+		if _, err := uc.Write(append(head, body.bytes...)); err != nil {
+			return 0, err
+		}
+		hd, err := readResponseHead(uc.br, h, interim)
+		uc.head = hd
+		return hd.status, err
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- sendBody(uc, head, body) }()
+	hd, err := readResponseHead(uc.br, h, interim)
+	uc.head = hd
+	var werr error
+	select {
+	case werr = <-sent:
+	default:
+		if err == nil {
+			// An early answer: stop sending, and do not reuse.
+			if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			}
+		} else {
+			uc.Conn.Close()
+		}
+		uc.head.close = true
+		werr = <-sent
+		if err == nil {
+			return hd.status, nil
+		}
+	}
+	var be *bodyError
+	if errors.As(werr, &be) {
+		return 0, werr // the client's fault first: 400 or 408
+	}
+	if err != nil {
+		return 0, err
+	}
+	if werr != nil {
+		uc.head.close = true
+	}
+	return hd.status, nil
+}
+
+// sendBody writes the head, the body read ahead and the rest as it comes,
+// with its length or chunked.
+func sendBody(uc *upConn, head []byte, body aheadBody) error {
+	chunked := body.length < 0
+	if _, err := uc.Write(head); err != nil {
+		return err
+	}
+	write := func(p []byte) error {
+		if len(p) == 0 {
+			return nil
+		}
+		if chunked {
+			var hex [20]byte
+			line := append(strconv.AppendInt(hex[:0], int64(len(p)), 16), '\r', '\n')
+			if _, err := uc.Write(line); err != nil {
+				return err
+			}
+			if _, err := uc.Write(p); err != nil {
+				return err
+			}
+			_, err := uc.Write(crlfBytes)
+			return err
+		}
+		_, err := uc.Write(p)
+		return err
+	}
+	if err := write(body.bytes); err != nil {
+		return err
+	}
+	left := body.length - int64(len(body.bytes))
+	bp := aheadPool.Get().(*[]byte)
+	defer aheadPool.Put(bp)
+	for chunked || left > 0 {
+		p := *bp
+		if !chunked && int64(len(p)) > left {
+			p = p[:left]
+		}
+		n, err := body.stream.Read(p)
+		if n > 0 {
+			left -= int64(n)
+			if werr := write(p[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			if !chunked && left > 0 {
+				return &bodyError{io.ErrUnexpectedEOF}
+			}
+			break
+		}
+		if err != nil {
+			return &bodyError{err}
+		}
+	}
+	if chunked {
+		_, err := uc.Write(lastChunkBytes)
+		return err
+	}
+	return nil
+}
+
+var (
+	crlfBytes      = []byte("\r\n")
+	lastChunkBytes = []byte("0\r\n\r\n")
+)
+
+// respHead is what framing a response head says.
+type respHead struct {
+	status  int
+	length  int64 // the body's length; -1 chunked; -2 until the upstream closes
+	close   bool  // the connection is not reused after it
+	http10  bool
+	upgrade bool // a 101 with its Connection and Upgrade kept
+}
+
+var (
+	errBareLFHead  = errors.New("nethttp: a response header line ended by a bare LF")
+	errBadStatus   = errors.New("nethttp: a malformed response status line")
+	errBadLength   = errors.New("nethttp: a malformed or repeated Content-Length")
+	errLongHead    = errors.New("nethttp: a response header section over 16 KiB")
+	errInterims    = errors.New("nethttp: too many interim responses")
+	errStray       = errors.New("nethttp: the upstream sent bytes past the end of its response")
+	errBadChunk    = errors.New("nethttp: malformed chunked response body")
+	errUnasked101  = errors.New("nethttp: the upstream switched protocols unasked")
+	errBadResponse = errors.New("nethttp: an invalid response header field")
+)
+
+// interimTo is what forwards the upstream's interim responses (1xx but
+// 100 and 101: 102 Processing, 103 Early Hints) to w's client as they
+// come, as RFC 9110 §15.2 asks of a proxy, from the fields the head was
+// read into (w's header, cleared before the next): nil for an HTTP/1.0
+// client, which gets none. 100 is not forwarded: net/http answers Expect
+// itself. They are never recorded or stored.
+func interimTo(w http.ResponseWriter, r *http.Request) func(int) {
+	if !r.ProtoAtLeast(1, 1) {
+		return nil
+	}
+	return func(status int) {
+		if status != http.StatusContinue {
+			w.WriteHeader(status)
+		}
+	}
+}
+
+// readResponseHead reads the final response head, putting its end-to-end
+// fields in h. Interim responses but 101 come before it: each is read into
+// h too and given to interim, when not nil, as it comes.
+func readResponseHead(br *bufio.Reader, h http.Header, interim func(status int)) (respHead, error) {
+	for range 16 {
+		clear(h)
+		hd, err := readOneHead(br, h)
+		if err != nil {
+			return hd, err
+		}
+		if hd.status >= 200 || hd.status == http.StatusSwitchingProtocols {
+			return hd, nil
+		}
+		if interim != nil {
+			interim(hd.status)
+		}
+	}
+	return respHead{}, errInterims
+}
+
+// readOneHead reads one response head.
+func readOneHead(br *bufio.Reader, h http.Header) (respHead, error) {
+	var hd respHead
+	line, err := readLine(br)
+	if err != nil {
+		return hd, err
+	}
+	// HTTP/1.1 200 OK
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' || (line[7] != '0' && line[7] != '1') {
+		return hd, errBadStatus
+	}
+	hd.http10 = line[7] == '0'
+	st, err := strconv.Atoi(string(line[9:12]))
+	if err != nil || st < 100 || st > 599 || len(line) > 12 && line[12] != ' ' {
+		return hd, errBadStatus
+	}
+	hd.status = st
+	hd.length = -2
+	hd.close = hd.http10
+	var named []string // fields Connection names
+	var fields [32]span
+	fs := fields[:0]
+	// Every value of the head in one string (one allocation), each
+	// field's a span of it.
+	var vals [2048]byte
+	vb := vals[:0]
+	chunked, hasTE, hasCL := false, false, false
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			return hd, err
+		}
+		if len(line) == 0 {
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return hd, errBadResponse // obs-fold
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 {
+			return hd, errBadResponse
+		}
+		name := fieldName(bytes.TrimRight(line[:colon], " \t"))
+		value := bytes.Trim(line[colon+1:], " \t")
+		switch name {
+		case "Connection":
+			for t := range strings.SplitSeq(string(value), ",") {
+				t = textproto.TrimString(t)
+				switch {
+				case strings.EqualFold(t, "close"):
+					hd.close = true
+				case strings.EqualFold(t, "keep-alive"):
+					if hd.http10 {
+						hd.close = false
+					}
+				case strings.EqualFold(t, "upgrade"), t == "":
+				default:
+					named = append(named, textproto.CanonicalMIMEHeaderKey(t))
+				}
+			}
+		case "Transfer-Encoding":
+			hasTE = true
+			codings := bytes.Split(value, []byte(","))
+			chunked = bytes.EqualFold(bytes.TrimSpace(codings[len(codings)-1]), []byte("chunked"))
+		case "Content-Length":
+			n, err := strconv.ParseInt(string(value), 10, 64)
+			if err != nil || n < 0 || hasCL && n != hd.length {
+				return hd, errBadLength
+			}
+			hasCL, hd.length = true, n
+		}
+		fs = append(fs, span{name, len(vb), len(vb) + len(value)})
+		vb = append(vb, value...)
+	}
+	switch {
+	case hasTE && chunked:
+		hd.length = -1
+	case hasTE:
+		hd.length, hd.close = -2, true // a coding other than chunked: until the close
+	case !hasCL:
+		hd.length = -2
+	}
+	if hd.length == -2 {
+		hd.close = true
+	}
+	hd.upgrade = hd.status == http.StatusSwitchingProtocols
+	all := string(vb)
+	kept := make([]string, 0, len(fs))
+	for _, f := range fs {
+		switch {
+		case f.name == "Content-Length" && (hd.length < 0 || hasTE):
+			continue
+		case f.name == "Content-Length":
+			// Kept: relay frames the body with it (once, for a repeated one).
+			if len(h[f.name]) > 0 {
+				continue
+			}
+		case hd.upgrade && (f.name == "Connection" || f.name == "Upgrade"):
+		case hopByHop(f.name):
+			continue
+		}
+		if contains(named, f.name) {
+			continue
+		}
+		kept = append(kept, all[f.from:f.to])
+		if vs := h[f.name]; len(vs) > 0 {
+			h[f.name] = append(vs[:len(vs):len(vs)], kept[len(kept)-1])
+		} else {
+			h[f.name] = kept[len(kept)-1 : len(kept) : len(kept)]
+		}
+	}
+	return hd, nil
+}
+
+// span is a field of a response head: its canonical name, and its value
+// as offsets into the head's values.
+type span struct {
+	name     string
+	from, to int
+}
+
+// commonFields are the response field names met most: found without an
+// allocation.
+var commonFields = func() map[string]string {
+	m := map[string]string{}
+	for _, n := range []string{"Content-Type", "Content-Length", "Date", "Server", "Connection", "Keep-Alive",
+		"Transfer-Encoding", "Cache-Control", "Etag", "Last-Modified", "Expires", "Vary", "Location", "Set-Cookie",
+		"Content-Encoding", "Accept-Ranges", "Age", "X-Request-Id", "Upgrade", "Access-Control-Allow-Origin"} {
+		m[n] = n
+		m[strings.ToLower(n)] = n
+	}
+	return m
+}()
+
+// fieldName is the canonical form of a field name.
+func fieldName(b []byte) string {
+	if n, ok := commonFields[string(b)]; ok {
+		return n
+	}
+	return textproto.CanonicalMIMEHeaderKey(string(b))
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// readLine reads a line ended by CRLF, without it; a bare LF or a line
+// the buffer cannot hold is an error.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	switch {
+	case err == bufio.ErrBufferFull:
+		return nil, errLongHead
+	case err != nil:
+		return nil, err
+	case len(line) < 2 || line[len(line)-2] != '\r':
+		return nil, errBareLFHead
+	}
+	return line[:len(line)-2], nil
+}
+
+// relay makes the upstream's response the answer: the head through the
+// core (which may send a stale response instead), then the body.
+func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *upConn, status int, upgrade bool) error {
+	hd := uc.head
+	h := rw.w.Header()
+	if hd.upgrade && !upgrade {
+		uc.Conn.Close()
+		clear(h)
+		f.answer(rw, ex.Failed(core.UpstreamResponse, f.up.t.addr, errUnasked101))
+		return nil
+	}
+	setFields(h, ex.Fields())
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil // what the upstream did not send is not sent: no sniffing
+	}
+	head := r.Method == http.MethodHead
+	noBody := head || status < 200 || status == http.StatusNoContent || status == http.StatusNotModified
+	if noBody && !head {
+		delete(h, "Content-Length") // readOneHead kept the upstream's: no body here
+	}
+	if status == http.StatusSwitchingProtocols {
+		return f.tunnel(rw, uc, status)
+	}
+	rw.WriteHeader(status)
+	if rw.replaced != nil {
+		// stale-if-error: the cache's stale response went instead; the
+		// upstream's body is not read, nor its connection kept.
+		uc.Conn.Close()
+		return nil
+	}
+	reusable := !hd.close
+	if noBody {
+		// No body, whatever the head says (RFC 9112 §6.3). A connection
+		// that answered HEAD is not reused: applications that run HEAD as
+		// GET write the body anyway (see package proxy).
+		return f.done(uc, reusable && !head)
+	}
+	if hd.length >= 0 && hd.length <= int64(uc.br.Buffered()) {
+		// The whole body is here: one write to the client, and the
+		// connection is free for another request at once.
+		b, _ := uc.br.Peek(int(hd.length))
+		if _, werr := rw.Write(b); werr != nil {
+			uc.Conn.Close()
+			return werr
+		}
+		_, _ = uc.br.Discard(len(b))
+		return f.done(uc, reusable)
+	}
+	var body io.Reader
+	switch {
+	case hd.length >= 0:
+		body = &limitedBody{br: uc.br, left: hd.length}
+	case hd.length == -1:
+		body = &chunkedBody{br: uc.br}
+	default:
+		body = uc.br
+	}
+	flush := hd.length < 0 // a body of unknown length goes out as it comes (server-sent events)
+	bp := relayPool.Get().(*[]byte)
+	defer relayPool.Put(bp)
+	for {
+		n, err := body.Read(*bp)
+		if n > 0 {
+			if _, werr := rw.Write((*bp)[:n]); werr != nil {
+				// The client went away, and the response is not kept.
+				uc.Conn.Close()
+				return werr
+			}
+			if flush {
+				rw.Flush()
+			}
+		}
+		switch {
+		case err == io.EOF && hd.length == -2:
+			uc.Conn.Close()
+			return nil
+		case err == io.EOF:
+			return f.done(uc, reusable)
+		case err != nil:
+			uc.Conn.Close()
+			f.c.UpstreamFailed(core.UpstreamBroken, f.up.t.addr, err)
+			// The response is cut off as the upstream cut it: the client
+			// must not take it for whole (net/http then closes the
+			// connection, or resets the HTTP/2 stream).
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
+
+// done puts a connection whose response was read back in the pool; a
+// connection with bytes past the response is closed, and the response is
+// not whole to the core (errStray).
+func (f *forwarder) done(uc *upConn, reusable bool) error {
+	if !reusable {
+		stray := uc.br.Buffered() > 0
+		uc.Conn.Close()
+		if stray {
+			return errStray
+		}
+		return nil
+	}
+	if !f.up.put(uc, time.Now()) {
+		return errStray
+	}
+	return nil
+}
+
+// tunnel hands the client's connection to the upstream's after its 101.
+func (f *forwarder) tunnel(rw *writer, uc *upConn, status int) error {
+	cc, brw, err := rw.Hijack()
+	if err != nil {
+		uc.Conn.Close()
+		return err
+	}
+	defer cc.Close()
+	defer uc.Conn.Close()
+	var head bytes.Buffer
+	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
+	rw.w.Header().Write(&head)
+	head.WriteString("\r\n")
+	if _, err := cc.Write(head.Bytes()); err != nil {
+		return err
+	}
+	_ = cc.SetDeadline(time.Time{})
+	_ = uc.Conn.SetDeadline(time.Time{})
+	done := make(chan struct{}, 2)
+	go func() {
+		// What the client sent past its request: already read by net/http.
+		if n := brw.Reader.Buffered(); n > 0 {
+			b, _ := brw.Reader.Peek(n)
+			_, _ = uc.Conn.Write(b)
+		}
+		_, _ = io.Copy(uc.Conn, cc)
+		if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		if n := uc.br.Buffered(); n > 0 {
+			b, _ := uc.br.Peek(n)
+			_, _ = cc.Write(b)
+		}
+		_, _ = io.Copy(cc, uc.Conn)
+		if cw, ok := cc.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+	return nil
+}
+
+// limitedBody is a body of a known length.
+type limitedBody struct {
+	br   *bufio.Reader
+	left int64
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.br.Read(p)
+	b.left -= int64(n)
+	switch {
+	case err == io.EOF:
+		return n, io.ErrUnexpectedEOF
+	case err == nil && b.left == 0:
+		return n, io.EOF
+	}
+	return n, err
+}
+
+// chunkedBody decodes a chunked body; the trailer section is dropped.
+type chunkedBody struct {
+	br   *bufio.Reader
+	left int64
+	crlf bool
+	eof  bool
+}
+
+func (b *chunkedBody) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.left == 0 {
+		if b.crlf {
+			if line, err := readLine(b.br); err != nil || len(line) != 0 {
+				return 0, errOr(err, errBadChunk)
+			}
+			b.crlf = false
+		}
+		line, err := readLine(b.br)
+		if err != nil {
+			return 0, errOr(err, errBadChunk)
+		}
+		if i := bytes.IndexByte(line, ';'); i >= 0 {
+			line = line[:i]
+		}
+		line = bytes.TrimRight(line, " \t")
+		size, err := strconv.ParseInt(string(line), 16, 64)
+		if err != nil || size < 0 || len(line) == 0 || len(line) > 15 {
+			return 0, errBadChunk
+		}
+		if size == 0 {
+			for { // the trailer section
+				line, err := readLine(b.br)
+				if err != nil {
+					return 0, errOr(err, errBadChunk)
+				}
+				if len(line) == 0 {
+					break
+				}
+			}
+			b.eof = true
+			return 0, io.EOF
+		}
+		b.left = size
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.br.Read(p)
+	b.left -= int64(n)
+	if b.left == 0 {
+		b.crlf = true
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func errOr(err, or error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return err
+	}
+	return or
+}
+
+// staleConn reports whether err is what a request sent on a connection
+// the upstream had just closed meets: nothing came back.
+func staleConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isConnReset(err)
+}
+
+// retryable reports whether r may be sent again: an idempotent method
+// (RFC 9110 §9.2.2), or an Idempotency-Key field.
+func retryable(r *http.Request) bool {
+	switch r.Method {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		return true
+	}
+	return len(r.Header["Idempotency-Key"]) > 0
+}
+
+// refuseUnforwardable answers, before the core sees them, the requests a
+// reverse proxy never forwards (as the fast engine refuses them):
+// CONNECT (405), PRI (400: the HTTP/2 preface is no request) and an
+// asterisk-form target but OPTIONS * (400), each closing the connection;
+// OPTIONS * is answered here (200, with Allow). It reports whether it
+// answered.
+func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
+	switch {
+	case r.Method == http.MethodConnect:
+		return writeOwnProblem(w, http.StatusMethodNotAllowed, "CONNECT is not supported"), true
+	case r.Method == "PRI":
+		return writeOwnProblem(w, http.StatusBadRequest, "PRI is the HTTP/2 connection preface, not a request"), true
+	case r.RequestURI == "*" && r.Method == http.MethodOptions:
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		w.Header()["Content-Type"] = nil
+		w.WriteHeader(http.StatusOK)
+		return http.StatusOK, true
+	case r.RequestURI == "*":
+		return writeOwnProblem(w, http.StatusBadRequest, "the request target is not an absolute path"), true
+	}
+	return 0, false
+}
+
+// writeOwnProblem writes a problem of the server's own, closing the
+// connection after it.
+func writeOwnProblem(w http.ResponseWriter, status int, detail string) int {
+	p := core.Problem{Status: status, Detail: detail}
+	body := p.AppendJSON(nil)
+	fields, _ := core.ProblemFields(nil, nil, 0, len(body))
+	h := w.Header()
+	setFields(h, fields)
+	h.Set("Connection", "close")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	return status
+}

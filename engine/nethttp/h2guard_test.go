@@ -1,0 +1,154 @@
+package nethttp
+
+import (
+	"bufio"
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// guardOn is a guard that only looks: no connection under it.
+func guardOn() *h2Guard { return newH2Guard(nil, 64<<10, nil) }
+
+// frames writes what write writes with a framer, after the preface.
+func frames(t testing.TB, write func(fr *http2.Framer)) []byte {
+	var b bytes.Buffer
+	b.WriteString(http2.ClientPreface)
+	write(http2.NewFramer(&b, nil))
+	return b.Bytes()
+}
+
+// The guard follows frames however the reads cut them: byte by byte it
+// decides as on the whole, and it decodes padded and prioritized HEADERS
+// and CONTINUATION as one header block.
+func TestH2GuardFollowsFrames(t *testing.T) {
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":path", Value: "/x"}, {Name: "x-long", Value: strings.Repeat("v", 300)}} {
+		enc.WriteField(f)
+	}
+	block := hb.Bytes()
+	in := frames(t, func(fr *http2.Framer) {
+		fr.WriteSettings()
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:10], EndStream: true, PadLength: 7,
+			Priority: http2.PriorityParam{StreamDep: 0, Weight: 9}})
+		fr.WriteContinuation(1, false, block[10:20])
+		fr.WriteContinuation(1, true, block[20:])
+		fr.WriteData(3, true, []byte("data that is no header block"))
+	})
+	whole := guardOn()
+	if err := whole.look(in); err != nil {
+		t.Fatal(err)
+	}
+	want := uint32(0)
+	for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":path", Value: "/x"}, {Name: "x-long", Value: strings.Repeat("v", 300)}} {
+		want += f.Size()
+	}
+	if whole.decoded != want || whole.streams != 1 || whole.block {
+		t.Fatalf("decoded %d (want %d), streams %d, in a block %v", whole.decoded, want, whole.streams, whole.block)
+	}
+	bytewise := guardOn()
+	for i := range in {
+		if err := bytewise.look(in[i : i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if bytewise.decoded != whole.decoded || bytewise.streams != whole.streams {
+		t.Errorf("byte by byte: decoded %d, streams %d", bytewise.decoded, bytewise.streams)
+	}
+}
+
+// Each flood is told apart from what a browser does.
+func TestH2GuardFloods(t *testing.T) {
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	enc.WriteField(hpack.HeaderField{Name: ":path", Value: "/"})
+	small := append([]byte(nil), hb.Bytes()...)
+	for _, tc := range []struct {
+		name  string
+		write func(fr *http2.Framer)
+		kind  int // -1: not a flood
+	}{
+		{"a browser cancelling some streams", func(fr *http2.Framer) {
+			for i := range 300 {
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: small, EndHeaders: true})
+				if i%3 == 0 {
+					fr.WriteRSTStream(uint32(2*i+1), http2.ErrCodeCancel)
+				}
+			}
+		}, -1},
+		{"rapid reset", func(fr *http2.Framer) {
+			for i := range 300 {
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: small, EndHeaders: true})
+				fr.WriteRSTStream(uint32(2*i+1), http2.ErrCodeCancel)
+			}
+		}, floodReset},
+		{"CONTINUATION", func(fr *http2.Framer) {
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: small})
+			for range 100 {
+				fr.WriteContinuation(1, false, nil)
+			}
+		}, floodContinuation},
+		{"HPACK bomb", func(fr *http2.Framer) {
+			var b bytes.Buffer
+			e := hpack.NewEncoder(&b)
+			for range 100 {
+				e.WriteField(hpack.HeaderField{Name: "x", Value: strings.Repeat("b", 4000)})
+			}
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b.Bytes(), EndHeaders: true})
+		}, floodHPACK},
+	} {
+		err := guardOn().look(frames(t, tc.write))
+		switch {
+		case tc.kind < 0 && err != nil:
+			t.Errorf("%s: cut off (%v)", tc.name, err)
+		case tc.kind >= 0 && (err == nil || err.kind != tc.kind):
+			t.Errorf("%s: %v, want a flood of kind %d", tc.name, err, tc.kind)
+		}
+	}
+}
+
+// Whatever a client sends, the guard neither panics nor loops.
+func FuzzH2Guard(f *testing.F) {
+	f.Add(frames(f, func(fr *http2.Framer) {
+		fr.WriteSettings()
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82, 0x84}, EndHeaders: true, PadLength: 3})
+	}), 7)
+	f.Fuzz(func(t *testing.T, in []byte, cut int) {
+		g := guardOn()
+		for len(in) > 0 {
+			n := min(max(cut%64, 1), len(in))
+			if g.look(in[:n]) != nil {
+				return
+			}
+			in = in[n:]
+		}
+	})
+}
+
+// Whatever an upstream answers, reading its head neither panics nor
+// takes a status outside 100-599, and a body's framing is one of the
+// three.
+func FuzzReadResponseHead(f *testing.F) {
+	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive, X-A\r\nX-A: 1\r\n\r\nok"))
+	f.Add([]byte("HTTP/1.1 103 Early\r\nLink: <x>\r\n\r\nHTTP/1.0 204 No\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		h := http.Header{}
+		hd, err := readResponseHead(bufio.NewReaderSize(bytes.NewReader(in), 16<<10), h, nil)
+		if err != nil {
+			return
+		}
+		if hd.status < 100 || hd.status > 599 || hd.length < -2 {
+			t.Fatalf("head %+v", hd)
+		}
+		for k := range h {
+			if hopByHop(k) && !hd.upgrade {
+				t.Fatalf("hop-by-hop field %s kept", k)
+			}
+		}
+	})
+}

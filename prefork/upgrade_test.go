@@ -1,0 +1,189 @@
+package prefork
+
+import (
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// upgradeFake records the seam's upgrade calls.
+type upgradeFake struct {
+	held    [][]int // indexes handed to each upgrade
+	pid     int
+	mains   int // main() calls
+	waits   [][]int
+	readies int // tellReady calls
+}
+
+func withUpgrades(f *fakeSys, u *upgradeFake, e sysEnv) sysEnv {
+	e.upgrade = func(indexes []int) (upgradeProc, error) {
+		u.held = append(u.held, slices.Clone(indexes))
+		u.pid = 900 + len(u.held)
+		pid := u.pid
+		return upgradeProc{
+			started: started{pid: pid, signal: func(sig syscall.Signal) error { f.signals = append(f.signals, sent{pid, sig}); return nil }},
+			main:    func() error { u.mains++; return nil },
+		}, nil
+	}
+	e.waitGone = func(indexes []int) { u.waits = append(u.waits, slices.Clone(indexes)) }
+	return e
+}
+
+func upgradingSupervisor(t *testing.T, f *fakeSys, u *upgradeFake, n int) *supervisor {
+	t.Helper()
+	s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, UpgradeTimeout: 10 * time.Second}), n, minMaxWorkers(n))
+	s.step()
+	return s
+}
+
+// The old side: USR2 hands the held indexes to the new supervisor and
+// starts nothing while it starts; once it is ready it becomes the main
+// process, HandedOver runs, and the old workers drain without a word to
+// systemd and without Finish.
+func TestUpgradeHandsOver(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	s := upgradingSupervisor(t, f, u, 2)
+	handed := 0
+	s.onHandedOver = func() { handed++ }
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGUSR2)
+	if len(u.held) != 1 || !slices.Equal(u.held[0], []int{0, 1}) {
+		t.Fatalf("upgrade handed %v, want the held indexes [0 1]", u.held)
+	}
+	exit(s, 101, false) // a crash while the new one starts: not replaced yet
+	advance(f, s, time.Second)
+	if len(f.starts) != 2 {
+		t.Fatalf("%d starts during the upgrade", len(f.starts)-2)
+	}
+	sendSignal(s, syscall.SIGUSR2) // a second one is refused
+	if len(u.held) != 1 {
+		t.Fatal("a second upgrade started")
+	}
+	notes := len(f.notes)
+	s.onUpgradeReady(upgradeReadyEvent{u.pid})
+	s.step()
+	if got := f.notes[notes:]; !slices.Equal(got, []string{"MAINPID=901"}) {
+		t.Errorf("notifications at the handover %q, want MAINPID=901 alone (no STOPPING=1)", got)
+	}
+	if u.mains != 1 || handed != 1 || !s.handedOver || !s.draining {
+		t.Fatalf("mains %d, HandedOver %d, handed over %v, draining %v", u.mains, handed, s.handedOver, s.draining)
+	}
+	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{100}) {
+		t.Errorf("TERM to %v, want the old worker", got)
+	}
+	exit(s, 100, true)
+	if !s.finished() || len(f.starts) != 2 {
+		t.Errorf("finished %v, starts %d", s.finished(), len(f.starts))
+	}
+	if got := f.signalled(syscall.SIGKILL); len(got) != 0 {
+		t.Errorf("killed %v", got)
+	}
+}
+
+// A new supervisor that exits before it is ready, or is not ready within
+// UpgradeTimeout (it is killed), leaves the old one serving: the indexes
+// its workers may hold are reaped once they are gone, and the old one
+// starts workers again.
+func TestUpgradeFails(t *testing.T) {
+	for _, timeout := range []bool{false, true} {
+		f, u := newFake(), &upgradeFake{}
+		s := upgradingSupervisor(t, f, u, 2)
+		ready(s, 100, 101)
+		sendSignal(s, syscall.SIGUSR2)
+		exit(s, 101, false)
+		if timeout {
+			advance(f, s, 10*time.Second-time.Millisecond)
+			if len(f.signalled(syscall.SIGKILL)) != 0 {
+				t.Fatal("killed before upgrade_timeout")
+			}
+			advance(f, s, time.Millisecond)
+			if got := f.signalled(syscall.SIGKILL); !slices.Equal(got, []int{901}) {
+				t.Fatalf("at upgrade_timeout: killed %v, want the new supervisor", got)
+			}
+		}
+		s.onUpgradeExit(upgradeExitEvent{u.pid, "exit status 2"})
+		s.step()
+		if s.up != nil || s.handedOver || s.draining {
+			t.Fatalf("timeout=%v: up %v, handed over %v, draining %v", timeout, s.up, s.handedOver, s.draining)
+		}
+		if len(u.waits) != 1 || !slices.Equal(u.waits[0], []int{1, 2, 3, 4, 5}) {
+			t.Fatalf("timeout=%v: waited for %v, want every index not held ([1..5]: 1 was the crashed worker's)", timeout, u.waits)
+		}
+		advance(f, s, time.Second)
+		if len(f.starts) != 2 {
+			t.Fatalf("timeout=%v: a worker started on an index not yet reaped", timeout)
+		}
+		for _, i := range u.waits[0] {
+			s.onOrphan(orphanEvent{i})
+		}
+		s.step()
+		if !slices.Contains(f.reaps, 5) || s.orphans != 0 {
+			t.Errorf("timeout=%v: reaps %v, orphans %d", timeout, f.reaps, s.orphans)
+		}
+		if len(f.starts) != 3 || f.starts[2].Index != 1 {
+			t.Errorf("timeout=%v: after the reaping, starts %+v, want the crashed slot refilled on index 1", timeout, f.starts[2:])
+		}
+		sendSignal(s, syscall.SIGUSR2) // it may be tried again
+		if len(u.held) != 2 {
+			t.Errorf("timeout=%v: a second upgrade was refused", timeout)
+		}
+	}
+}
+
+// USR2 is refused while another change is under way: during a reload,
+// a drain, before ready.
+func TestUpgradeRefused(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	s := upgradingSupervisor(t, f, u, 2)
+	sendSignal(s, syscall.SIGUSR2) // not ready yet
+	ready(s, 100, 101)
+	s.cfg.Canary.Off = true
+	sendSignal(s, syscall.SIGHUP)
+	sendSignal(s, syscall.SIGUSR2) // reloading
+	if len(u.held) != 0 {
+		t.Fatalf("upgrades started: %v", u.held)
+	}
+}
+
+// The new side: the old supervisor's indexes are left alone until it and
+// its workers are gone; ready is reported to it instead of READY=1, and
+// notifications wait until it made this one the main process.
+func TestUpgradeInherits(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	e := withUpgrades(f, u, f.env())
+	e.tellReady = func() error { u.readies++; return nil }
+	e.watchdog = time.Second
+	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	s.inherit([]int{0, 1})
+	s.step()
+	s.keepAlive()
+	if f.starts[0].Index != 2 || f.starts[1].Index != 3 {
+		t.Fatalf("started on %d and %d, want 2 and 3", f.starts[0].Index, f.starts[1].Index)
+	}
+	ready(s, 100, 101)
+	if u.readies != 1 || len(f.notes) != 0 {
+		t.Fatalf("ready reported %d times; notifications %q, want none before it is main", u.readies, f.notes)
+	}
+	sendSignal(s, syscall.SIGUSR2) // the old one still runs
+	if len(u.held) != 0 {
+		t.Fatal("an upgrade started before the previous one finished")
+	}
+	s.onMain(mainEvent{})
+	if !slices.Contains(f.notes, notifyWatchdog) {
+		t.Errorf("notifications %q once main, want WATCHDOG=1", f.notes)
+	}
+	s.onMain(mainEvent{gone: true})
+	if len(u.waits) != 1 || !slices.Equal(u.waits[0], []int{0, 1}) {
+		t.Fatalf("waited for %v, want the old indexes", u.waits)
+	}
+	s.onOrphan(orphanEvent{0})
+	s.onOrphan(orphanEvent{1})
+	if s.inUse[0] || s.inUse[1] || len(s.oldIndexes) != 0 || !slices.Equal(f.reaps, []int{0, 1}) {
+		t.Errorf("in use %v, old %v, reaps %v", s.inUse, s.oldIndexes, f.reaps)
+	}
+	if !strings.Contains(strings.Join(f.notes, ","), "WATCHDOG=1") {
+		t.Error("no watchdog")
+	}
+}

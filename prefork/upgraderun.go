@@ -1,0 +1,152 @@
+package prefork
+
+import (
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// The supervisor's side of the binary upgrade (upgrade.go has the
+// protocol): the old supervisor starts the new one on USR2 and hands over
+// once it is ready; the new one waits to be the main process and for the
+// old one's workers to be gone.
+
+// startUpgrade starts a new supervisor from the program's file on disk
+// (USR2), unless something else is under way.
+func (s *supervisor) startUpgrade() {
+	why := ""
+	switch {
+	case s.draining:
+		why = "draining"
+	case s.up != nil:
+		why = "an upgrade is under way"
+	case s.reloading || s.canary != nil:
+		why = "a reload is under way"
+	case s.notifyHeld || len(s.oldIndexes) > 0:
+		why = "the previous upgrade has not finished (its old supervisor still runs)"
+	case !s.announced:
+		why = "not ready yet"
+	case s.env.upgrade == nil:
+		why = "upgrades are not supported here"
+	}
+	if why != "" {
+		s.log.Warn("upgrade refused", "why", why)
+		return
+	}
+	var held []int
+	for i, used := range s.inUse {
+		if used {
+			held = append(held, i)
+		}
+	}
+	p, err := s.env.upgrade(held)
+	if err != nil {
+		s.log.Error("upgrade failed: serving on", "err", err)
+		return
+	}
+	s.up = &upgradeRun{proc: p, deadline: s.env.now().Add(s.cfg.UpgradeTimeout)}
+	s.log.Info("upgrade begun: new supervisor started", "pid", p.pid, "upgrade_timeout", s.cfg.UpgradeTimeout)
+}
+
+// onUpgradeReady hands over to the new supervisor: it becomes the
+// service's main process, and this one drains its workers and exits.
+func (s *supervisor) onUpgradeReady(ev upgradeReadyEvent) {
+	u := s.up
+	if u == nil || u.proc.pid != ev.pid || u.killed || s.draining {
+		return
+	}
+	u.ready = true
+	s.sendNotify(fmt.Sprintf("MAINPID=%d", u.proc.pid))
+	s.handedOver = true // from here on, not a word to systemd
+	if err := u.proc.main(); err != nil {
+		s.log.Warn("telling the new supervisor it is the main process failed", "pid", u.proc.pid, "err", err)
+	}
+	s.log.Info("upgrade: the new supervisor serves; draining the old workers", "new_pid", u.proc.pid)
+	if s.onHandedOver != nil {
+		s.onHandedOver()
+	}
+	s.beginDrain("upgraded", 0)
+}
+
+// onUpgradeExit handles the exit of the new supervisor: before it was
+// ready, the upgrade failed, and the indexes its workers held are reaped
+// once they are gone.
+func (s *supervisor) onUpgradeExit(ev upgradeExitEvent) {
+	u := s.up
+	if u == nil || u.proc.pid != ev.pid {
+		return
+	}
+	if u.ready {
+		s.log.Warn("the new supervisor exited while this one drains", "pid", ev.pid, "status", ev.status)
+		return
+	}
+	s.up = nil
+	if !u.killed {
+		s.log.Error("upgrade failed: the new supervisor exited before it was ready; serving on", "pid", ev.pid, "status", ev.status)
+	}
+	var theirs []int
+	for i, used := range s.inUse {
+		if !used {
+			theirs = append(theirs, i)
+			s.inUse[i] = true // until reaped
+		}
+	}
+	s.orphans += len(theirs)
+	s.env.waitGone(theirs)
+}
+
+// killUpgrade kills the new supervisor; its exit follows.
+func (s *supervisor) killUpgrade() {
+	u := s.up
+	u.killed = true
+	if err := u.proc.signal(syscall.SIGKILL); err != nil {
+		s.log.Warn("signalling the new supervisor failed", "pid", u.proc.pid, "signal", "KILL", "err", err)
+	}
+}
+
+// onOrphan reaps an index that the other supervisor's worker held.
+func (s *supervisor) onOrphan(ev orphanEvent) {
+	if _, err := s.env.reap(ev.index); err != nil {
+		s.log.Error("releasing a worker's slots failed", "index", ev.index, "err", err)
+	}
+	if i := slices.Index(s.oldIndexes, ev.index); i >= 0 {
+		s.oldIndexes = slices.Delete(s.oldIndexes, i, i+1)
+		if len(s.oldIndexes) == 0 {
+			s.log.Info("upgrade finished: the old supervisor's workers are gone")
+		}
+	} else {
+		s.orphans--
+		if s.orphans == 0 {
+			s.log.Info("upgrade abandoned: the new supervisor's workers are gone, their indexes reaped")
+		}
+	}
+	s.inUse[ev.index] = false
+}
+
+// onMain: the old supervisor made this one the main process, or is gone.
+func (s *supervisor) onMain(ev mainEvent) {
+	if s.notifyHeld {
+		s.notifyHeld = false
+		s.log.Info("upgrade: this supervisor is the main process now")
+		s.watchdogAt = time.Time{} // the pings held back: one now
+		s.keepAlive()
+	}
+	if ev.gone && len(s.oldIndexes) > 0 {
+		s.log.Info("upgrade: the old supervisor exited")
+		s.env.waitGone(slices.Clone(s.oldIndexes))
+	}
+}
+
+// inherit makes a supervisor started by an upgrade leave the old one's
+// indexes alone until they are free, and hold its notifications until it
+// is the main process.
+func (s *supervisor) inherit(oldIndexes []int) {
+	s.notifyHeld = true
+	for _, i := range oldIndexes {
+		if i >= 0 && i < len(s.inUse) {
+			s.inUse[i] = true
+			s.oldIndexes = append(s.oldIndexes, i)
+		}
+	}
+}
