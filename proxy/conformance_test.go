@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -31,6 +32,23 @@ type engine struct {
 
 var engines = []engine{
 	{"fasthttp", startFast},
+	{"loop", startLoop},
+}
+
+// startLoop serves ln with the event-loop engine (engine/loop).
+func startLoop(t *testing.T, ln net.Listener, upstream string) {
+	t.Helper()
+	s, served := startLoopServer(t, ln, loop.Options{Upstream: upstream, Limits: engineLimits(8 << 10)}, nil)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
 }
 
 func startFast(t *testing.T, ln net.Listener, upstream string) {
