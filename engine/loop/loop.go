@@ -36,8 +36,8 @@ const (
 	readSize   = 64 << 10 // one read from a socket
 	smallBuf   = 4 << 10  // a head being read, a short output backlog
 	highWater  = 256 << 10
-	lowWater   = 64 << 10
-	freeBufMax = 64 // buffers of each size a loop keeps for reuse
+	backlogBuf = highWater + 2*readSize // a backlog's buffer: it stops growing at highWater
+	freeBufMax = 64                      // buffers of each size a loop keeps for reuse
 )
 
 type loop struct {
@@ -64,8 +64,7 @@ type loop struct {
 	pool      upPool
 	acceptors []*acceptor
 	requests  []*request // free
-	smallBufs [][]byte   // free smallBuf-sized buffers
-	bigBufs   [][]byte   // free readSize-sized buffers
+	free      [len(bufClasses)][][]byte // free buffers, by size class
 
 	// Bound once, so that queueing them allocates nothing.
 	onTick, onResume, onStop, onDrain, onAccept, onClose, onResumeAccept, onUpFail queue.Func
@@ -247,40 +246,39 @@ func (l *loop) closeAll() {
 	}
 }
 
-// getBuf returns an empty buffer of at least size bytes.
+// getBuf returns an empty buffer of at least size bytes, of the smallest
+// size class that holds it: a head being read, one read's worth, a
+// stream's backlog. The classes are kept for reuse, so that a long
+// transfer allocates nothing as its backlog comes and goes.
 func (l *loop) getBuf(size int) []byte {
-	switch {
-	case size <= smallBuf:
-		if n := len(l.smallBufs); n > 0 {
-			b := l.smallBufs[n-1]
-			l.smallBufs = l.smallBufs[:n-1]
-			return b[:0]
+	for i, class := range bufClasses {
+		if size <= class {
+			free := &l.free[i]
+			if n := len(*free); n > 0 {
+				b := (*free)[n-1]
+				*free = (*free)[:n-1]
+				return b[:0]
+			}
+			return make([]byte, 0, class)
 		}
-		return make([]byte, 0, smallBuf)
-	case size <= readSize:
-		if n := len(l.bigBufs); n > 0 {
-			b := l.bigBufs[n-1]
-			l.bigBufs = l.bigBufs[:n-1]
-			return b[:0]
-		}
-		return make([]byte, 0, readSize)
 	}
 	return make([]byte, 0, size)
 }
 
-// putBuf keeps b for reuse, if it is of a size kept.
+// putBuf keeps b for reuse, if it is of a size class.
 func (l *loop) putBuf(b []byte) {
-	switch cap(b) {
-	case smallBuf:
-		if len(l.smallBufs) < freeBufMax {
-			l.smallBufs = append(l.smallBufs, b[:0])
-		}
-	case readSize:
-		if len(l.bigBufs) < freeBufMax {
-			l.bigBufs = append(l.bigBufs, b[:0])
+	for i, class := range bufClasses {
+		if cap(b) == class {
+			if free := &l.free[i]; len(*free) < freeBufMax {
+				*free = append(*free, b[:0])
+			}
+			return
 		}
 	}
 }
+
+// bufClasses are the sizes of the buffers a loop keeps.
+var bufClasses = [...]int{smallBuf, readSize, backlogBuf}
 
 // grow appends p to b, taking a larger buffer from the loop when b is
 // full (the old one goes back).
@@ -288,7 +286,7 @@ func (l *loop) grow(b, p []byte) []byte {
 	if len(b)+len(p) <= cap(b) {
 		return append(b, p...)
 	}
-	nb := l.getBuf(max(2*cap(b), len(b)+len(p)))
+	nb := l.getBuf(len(b) + len(p))
 	nb = append(nb, b...)
 	nb = append(nb, p...)
 	if cap(b) > 0 {
