@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
@@ -40,8 +41,14 @@ type Options struct {
 	Client engine.Upstream
 
 	// Loops is how many event loops serve, each on a goroutine of its
-	// own with its connections and its upstream pool. 0 means
-	// GOMAXPROCS: one for a worker of one CPU.
+	// own with its connections and its upstream pool. 0 means the
+	// process's GOMAXPROCS as the first New found it: one for a worker of
+	// one CPU. A loop waits for events in epoll_wait, holding its P (the
+	// Go scheduler's processor) meanwhile, so New raises GOMAXPROCS to
+	// Loops+1 when it is lower: the one more P runs everything that is
+	// not a loop (the waiters and the network calls they make, the
+	// tickers, the garbage collector's workers) without waiting for the
+	// scheduler to take a loop's P back, which can take 10 ms.
 	Loops int
 	// Waiters is how many goroutines finish the decisions that must
 	// wait (core.Exchange.NoWait: a Redis rule's round trip, a duplicate
@@ -100,7 +107,7 @@ func (o Options) withDefaults() (settings, error) {
 	case o.Loops < 0:
 		return s, fmt.Errorf("loop: Options.Loops %d is negative", o.Loops)
 	case o.Loops == 0:
-		s.Loops = runtime.GOMAXPROCS(0)
+		s.Loops = cpuShare()
 	}
 	switch {
 	case o.Waiters < 0:
@@ -112,6 +119,18 @@ func (o Options) withDefaults() (settings, error) {
 		s.Logger = slog.Default()
 	}
 	return s, nil
+}
+
+// cpuShare is GOMAXPROCS as the first call found it, before New raised
+// it.
+var cpuShare = sync.OnceValue(func() int { return runtime.GOMAXPROCS(0) })
+
+// reserveP raises GOMAXPROCS to loops+1, if it is lower.
+func reserveP(loops int) {
+	cpuShare()
+	if runtime.GOMAXPROCS(0) < loops+1 {
+		runtime.GOMAXPROCS(loops + 1)
+	}
 }
 
 // CheckUpstream reports whether s is an upstream New accepts

@@ -67,6 +67,7 @@ func New(o Options) (*Server, error) {
 		drained:        make(chan struct{}),
 		warnings:       make(chan warning, 16),
 	}
+	reserveP(so.Loops)
 	s.waiters.init(so.Waiters)
 	if so.Upstream != "" {
 		s.startResolver()
