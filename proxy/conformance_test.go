@@ -165,6 +165,12 @@ var exchanges = []exchange{
 		upLine: "GET /a/b/e/?q=/../x//y HTTP/1.1",
 	},
 	{
+		name:   "an empty Host is replaced, never sent beside another",
+		send:   "GET /e HTTP/1.0\nHost:\n\n",
+		status: 200, closed: true,
+		upLine: "GET /e HTTP/1.1", upNot: []string{"X-Forwarded-Host"},
+	},
+	{
 		name:   "absolute-form target: its authority is the Host",
 		send:   "GET http://app.example:8080/p?q=1 HTTP/1.1\nHost: other\n\n",
 		status: 200,

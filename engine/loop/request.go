@@ -229,9 +229,10 @@ func (r *request) appendHead(dst []byte, t *target) []byte {
 	}
 	dst = append(dst, " HTTP/1.1\r\n"...)
 	host := h.host.of(raw)
-	if h.absolute || len(host) == 0 {
+	ownHost := h.absolute || len(host) == 0 // the client's Host lines are not sent
+	if ownHost {
 		if len(host) == 0 {
-			host = s2b(t.host) // HTTP/1.0 without Host: HTTP/1.1 needs one
+			host = s2b(t.host) // none, or empty: HTTP/1.1 needs one
 		}
 		dst = appendField(dst, "Host", host)
 	}
@@ -243,7 +244,7 @@ func (r *request) appendHead(dst []byte, t *target) []byte {
 				continue
 			}
 		case kindHost:
-			if h.absolute {
+			if ownHost {
 				continue
 			}
 		case kindUpgrade:
