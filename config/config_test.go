@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
@@ -764,5 +765,43 @@ func TestEveryKeyDocumented(t *testing.T) {
 		if !word(example, k) {
 			t.Errorf("key %q is not in examples/preforkd.toml", k)
 		}
+	}
+}
+
+// Every [server] key an engine takes reaches it, by the one translation
+// every engine uses; an unset key is the engine's default.
+func TestEngineSettings(t *testing.T) {
+	c := mustParse(t, `
+[server]
+read_header_timeout = "3s"
+idle_timeout = "20s"
+max_header_bytes = "16KiB"
+max_connections = 1000
+client_body_timeout = "15s"
+send_timeout = "25s"
+upstream_connect_timeout = "2s"
+upstream_timeout = "2m"
+upstream_max_idle = 32
+`)
+	wantLimits := engine.Limits{ReadHeaderTimeout: 3 * time.Second, IdleTimeout: 20 * time.Second, MaxHeaderBytes: 16 << 10,
+		MaxConnections: 1000, ClientBodyTimeout: 15 * time.Second, SendTimeout: 25 * time.Second}
+	if got := c.Limits(); got != wantLimits {
+		t.Errorf("Limits: got %+v, want %+v", got, wantLimits)
+	}
+	wantClient := engine.Upstream{ConnectTimeout: 2 * time.Second, Timeout: 2 * time.Minute, MaxIdle: 32}
+	if got := c.Client(); got != wantClient {
+		t.Errorf("Client: got %+v, want %+v", got, wantClient)
+	}
+	d := mustParse(t, "")
+	limits, err := engine.Limits{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Limits().WithDefaults(); got != limits {
+		t.Errorf("default Limits: got %+v, want the engines' defaults %+v", got, limits)
+	}
+	client, _ := engine.Upstream{}.WithDefaults()
+	if got, _ := d.Client().WithDefaults(); got != client {
+		t.Errorf("default Client: got %+v, want the engines' defaults %+v", got, client)
 	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
@@ -23,6 +24,31 @@ func (c Config) ProxyOptions() proxy.Options {
 		UpstreamConnectTimeout: s.UpstreamConnectTimeout,
 		UpstreamTimeout:        s.UpstreamTimeout,
 		UpstreamMaxIdle:        s.UpstreamMaxIdle,
+	}
+}
+
+// Limits translates [server]'s limits on clients into what every engine
+// takes (package engine).
+func (c Config) Limits() engine.Limits {
+	s := c.WithDefaults().Server
+	return engine.Limits{
+		ReadHeaderTimeout: s.ReadHeaderTimeout,
+		IdleTimeout:       s.IdleTimeout,
+		ClientBodyTimeout: s.ClientBodyTimeout,
+		SendTimeout:       s.SendTimeout,
+		MaxHeaderBytes:    int(s.MaxHeaderBytes),
+		MaxConnections:    s.MaxConnections,
+	}
+}
+
+// Client translates [server]'s upstream keys into what every engine's
+// client takes (package engine).
+func (c Config) Client() engine.Upstream {
+	s := c.WithDefaults().Server
+	return engine.Upstream{
+		ConnectTimeout: s.UpstreamConnectTimeout,
+		Timeout:        s.UpstreamTimeout,
+		MaxIdle:        s.UpstreamMaxIdle,
 	}
 }
 

@@ -37,7 +37,7 @@ const (
 	smallBuf   = 4 << 10  // a head being read, a short output backlog
 	highWater  = 256 << 10
 	backlogBuf = highWater + 2*readSize // a backlog's buffer: it stops growing at highWater
-	freeBufMax = 64                      // buffers of each size a loop keeps for reuse
+	freeBufMax = 64                     // buffers of each size a loop keeps for reuse
 )
 
 type loop struct {
@@ -63,7 +63,7 @@ type loop struct {
 	upstreams int      // upstream connections open
 	pool      upPool
 	acceptors []*acceptor
-	requests  []*request // free
+	requests  []*request                // free
 	free      [len(bufClasses)][][]byte // free buffers, by size class
 
 	// Bound once, so that queueing them allocates nothing.
