@@ -1,48 +1,50 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
-	"github.com/valyala/fasthttp"
+	"github.com/preforkd/preforkd/engine/loop"
 )
 
 const demoUpstream = "builtin:demo"
 
 // demoCacheable is the prefix of the demo's paths that a cache may keep.
-var demoCacheable = []byte("/cacheable/")
+const demoCacheable = "/cacheable/"
 
 // demo answers every request with 200 and a small JSON body naming the
 // method, path and worker, so that preforkd runs with nothing else. A
 // path under /cacheable/ may be cached for a minute (Cache-Control), so
-// that a [[cache]] block can be tried with it at once.
-func demo(worker int) fasthttp.RequestHandler {
+// that a [[cache]] block can be tried with it at once. It is served by
+// the event-loop engine, in the worker, and allocates nothing.
+func demo(worker int) loop.App {
 	pid := strconv.Itoa(os.Getpid())
 	w := strconv.Itoa(worker)
-	return func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		if bytes.HasPrefix(ctx.Path(), demoCacheable) {
-			ctx.Response.Header.Set("Cache-Control", "max-age=60")
+	return func(resp *loop.AppResponse, req *loop.AppRequest) {
+		resp.Header("Content-Type", "application/json")
+		path := req.Path()
+		if strings.HasPrefix(path, demoCacheable) {
+			resp.Header("Cache-Control", "max-age=60")
 		}
-		b := ctx.Response.Body()[:0]
+		b := resp.Body()[:0]
 		b = append(b, `{"method":`...)
-		b = appendJSONString(b, ctx.Method())
+		b = appendJSONString(b, req.Method())
 		b = append(b, `,"path":`...)
-		b = appendJSONString(b, ctx.Path())
+		b = appendJSONString(b, path)
 		b = append(b, `,"worker":`...)
 		b = append(b, w...)
 		b = append(b, `,"pid":`...)
 		b = append(b, pid...)
 		b = append(b, "}\n"...)
-		ctx.Response.SetBodyRaw(b)
+		resp.SetBody(b)
 	}
 }
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and
 // control bytes escaped, invalid UTF-8 replaced by U+FFFD.
-func appendJSONString(dst, s []byte) []byte {
+func appendJSONString(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
 	for i := 0; i < len(s); {
@@ -55,7 +57,7 @@ func appendJSONString(dst, s []byte) []byte {
 		case c < utf8.RuneSelf:
 			dst = append(dst, c)
 		default:
-			r, n := utf8.DecodeRune(s[i:])
+			r, n := utf8.DecodeRuneInString(s[i:])
 			if r == utf8.RuneError && n == 1 {
 				dst = append(dst, `\ufffd`...)
 			} else {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/redisstore"
@@ -18,7 +20,8 @@ import (
 // part of it: config → the supervisor's settings and the region's
 // geometry (package prefork), and in each worker config → the decision
 // core (package core, with a Redis store from package redisstore) → the
-// fast engine (package proxy). The supervisor hands each worker the
+// event-loop engine (package engine/loop; package proxy's for an https://
+// upstream). The supervisor hands each worker the
 // configuration it validated, as JSON in its settings' payload: the file
 // may have changed (even broken) since.
 
@@ -87,9 +90,11 @@ func reloader(path string, o overrides, region func() *shm.Region, log *slog.Log
 	}
 }
 
-// engine builds the engine a worker serves with: the fast engine of
-// package proxy, with the worker's decision core running every request,
-// forwarding to server.upstream or serving the demo application.
+// engine builds the engine a worker serves with, the worker's decision
+// core running every request: the event-loop engine (package
+// engine/loop), forwarding to server.upstream or serving the demo
+// application; for an https:// upstream, which the loop does not speak,
+// the fast engine of package proxy.
 func engine(w *prefork.Worker) (prefork.Engine, error) {
 	cfg, err := configOf(w.Settings)
 	if err != nil {
@@ -100,14 +105,19 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 		return nil, err
 	}
 	w.Defer(c.Close)
-	o := cfg.ProxyOptions()
-	o.Core, o.Logger = c, w.Logger
-	if u := cfg.Server.Upstream; u == "" || u == demoUpstream {
+	u := cfg.Server.Upstream
+	if strings.HasPrefix(u, "https://") {
+		o := cfg.ProxyOptions()
+		o.Core, o.Logger, o.Upstream = c, w.Logger, u
+		return proxy.New(o)
+	}
+	o := loop.Options{Core: c, Limits: cfg.Limits(), Client: cfg.Client(), Logger: w.Logger}
+	if u == "" || u == demoUpstream {
 		o.App = demo(w.Index)
 	} else {
 		o.Upstream = u
 	}
-	return proxy.New(o)
+	return loop.New(o)
 }
 
 // newCore builds a worker's decision core from cfg over region, joined by
