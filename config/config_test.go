@@ -47,6 +47,7 @@ func TestDefault(t *testing.T) {
 		{"server.listen", d.Server.Listen, "127.0.0.1:8080"},
 		{"server.workers", d.Server.Workers, 0},
 		{"server.upstream", d.Server.Upstream, "builtin:demo"},
+		{"server.engine", d.Server.Engine, EngineLoop},
 		{"server.trusted_proxies", len(d.Server.TrustedProxies), 0},
 		{"server.ipv6_prefix", d.Server.IPv6Prefix, 64},
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
@@ -128,6 +129,7 @@ func TestParseEveryKey(t *testing.T) {
 listen = ":9000"
 workers = 3
 upstream = "http://127.0.0.1:3000/app"
+engine = "fasthttp"
 trusted_proxies = ["10.1.2.3/8", "192.0.2.1", "2001:db8::/32", "::1"]
 ipv6_prefix = 56
 shutdown_timeout = "1m30s"
@@ -200,6 +202,7 @@ by = "global"
 			Listen:   ":9000",
 			Workers:  3,
 			Upstream: "http://127.0.0.1:3000/app",
+			Engine:   EngineFasthttp,
 			TrustedProxies: []netip.Prefix{
 				netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.1/32"),
 				netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("::1/128"),
@@ -537,7 +540,7 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss=""
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo engine=loop trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss=""
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" live=""

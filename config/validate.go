@@ -60,6 +60,9 @@ func (c Config) check(r *report) {
 	if _, err := s.Headers.MarshalText(); err != nil {
 		f("headers", "%s", detail(err))
 	}
+	if err := engineNames.check(s.Engine); err != nil {
+		f("engine", "%s", detail(err))
+	}
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}

@@ -5,6 +5,9 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/engine/loop"
 )
@@ -41,6 +44,33 @@ func demo(worker int) loop.App {
 		resp.SetBody(b)
 	}
 }
+
+// fastDemo is demo for the fasthttp engine (server.engine = "fasthttp").
+func fastDemo(worker int) fasthttp.RequestHandler {
+	pid := strconv.Itoa(os.Getpid())
+	w := strconv.Itoa(worker)
+	return func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		path := ctx.Path()
+		if strings.HasPrefix(b2s(path), demoCacheable) {
+			ctx.Response.Header.Set("Cache-Control", "max-age=60")
+		}
+		b := ctx.Response.Body()[:0]
+		b = append(b, `{"method":`...)
+		b = appendJSONString(b, b2s(ctx.Method()))
+		b = append(b, `,"path":`...)
+		b = appendJSONString(b, b2s(path))
+		b = append(b, `,"worker":`...)
+		b = append(b, w...)
+		b = append(b, `,"pid":`...)
+		b = append(b, pid...)
+		b = append(b, "}\n"...)
+		ctx.Response.SetBodyRaw(b)
+	}
+}
+
+// b2s is b as a string without copying, for reading only during a call.
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and
 // control bytes escaped, invalid UTF-8 replaced by U+FFFD.

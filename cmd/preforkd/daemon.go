@@ -93,8 +93,9 @@ func reloader(path string, o overrides, region func() *shm.Region, log *slog.Log
 // engine builds the engine a worker serves with, the worker's decision
 // core running every request: the event-loop engine (package
 // engine/loop), forwarding to server.upstream or serving the demo
-// application; for an https:// upstream, which the loop does not speak,
-// the fast engine of package proxy.
+// application; with server.engine = "fasthttp", or for an https://
+// upstream, which the loop does not speak, the fast engine of package
+// proxy.
 func engine(w *prefork.Worker) (prefork.Engine, error) {
 	cfg, err := configOf(w.Settings)
 	if err != nil {
@@ -106,9 +107,14 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 	}
 	w.Defer(c.Close)
 	u := cfg.Server.Upstream
-	if strings.HasPrefix(u, "https://") {
+	if cfg.Server.Engine == config.EngineFasthttp || strings.HasPrefix(u, "https://") {
 		o := cfg.ProxyOptions()
-		o.Core, o.Logger, o.Upstream = c, w.Logger, u
+		o.Core, o.Logger = c, w.Logger
+		if u == "" || u == demoUpstream {
+			o.App = fastDemo(w.Index)
+		} else {
+			o.Upstream = u
+		}
 		return proxy.New(o)
 	}
 	o := loop.Options{Core: c, Limits: cfg.Limits(), Client: cfg.Client(), Logger: w.Logger}
