@@ -372,10 +372,9 @@ func (r *request) sendUpstream() {
 		return
 	}
 	r.streamed = !b.done
-	r.sent = r.appendHead(l.getBuf(smallBuf), &l.s.o.target)
-	if !r.streamed {
-		r.sent = append(r.sent, b.buf...)
-	}
+	// The head sent upstream goes after the client's in the same buffer:
+	// one buffer a request.
+	r.sent = r.appendHead(r.buf[len(r.buf):], &l.s.o.target)
 	var u *upConn
 	var err error
 	if r.h.upgrade {
@@ -411,7 +410,7 @@ func (l *loop) refresh(r *request, ex *core.Exchange) {
 	rr.ex, rr.begun, rr.keep, rr.counted = ex, true, true, true
 	rr.fwd = ex.Forward()
 	rr.phase = phUpstream
-	rr.sent = rr.appendHead(l.getBuf(smallBuf), &s.o.target)
+	rr.sent = rr.appendHead(rr.buf[len(rr.buf):], &s.o.target)
 	s.refreshes.Add(1)
 	u, err := l.pool.get()
 	if err != nil {

@@ -34,7 +34,7 @@ type request struct {
 
 	// The upstream side.
 	up       *upConn
-	sent     []byte // what is sent upstream: the head, and a body read whole
+	sent     []byte // the head sent upstream (in buf's memory, after the client's head, when it fits)
 	streamed bool   // the body streams after sent
 	retried  bool
 
@@ -88,9 +88,6 @@ func (l *loop) recycle(r *request) {
 		l.putBuf(r.buf)
 	}
 	r.body.release(l)
-	if r.sent != nil {
-		l.putBuf(r.sent)
-	}
 	r.c, r.ex, r.up = nil, nil, nil
 	r.buf, r.sent = nil, nil
 	r.h.raw, r.h.fields = nil, nil

@@ -44,8 +44,9 @@ type upConn struct {
 	got    bool // a byte of the response arrived
 	paused bool // not read: the client's output is full
 
-	in     []byte // a response head read in part
-	out    []byte // request bytes not yet sent, from outOff
+	parts  [2][]byte // what send writes: a field, so that it does not escape per call
+	in     []byte    // a response head read in part
+	out    []byte    // request bytes not yet sent, from outOff
 	outOff int
 
 	tun      *tunnel // the tunnel it carries, once upgraded
@@ -186,11 +187,16 @@ func (u *upConn) start(r *request) {
 	u.r = r
 	u.got, u.keep, u.writeErr = false, false, nil
 	u.resetResponse()
-	u.queueRaw(r.sent)
 	if r.streamed {
+		u.queueRaw(r.sent)
 		u.queueBody(r.body.buf, r.body.mode == bodyChunked)
 		r.body.buf = r.body.buf[:0]
 		r.body.sink, r.body.limit = sinkUpstream, 0
+	} else if u.state == upConnecting {
+		u.queueRaw(r.sent)
+		u.queueRaw(r.body.buf)
+	} else {
+		u.send(r.sent, r.body.buf) // the usual case: at once, without a copy
 	}
 	if u.state == upConnecting {
 		return
@@ -208,6 +214,30 @@ func (u *upConn) resetResponse() {
 	if u.in != nil {
 		u.l.putBuf(u.in)
 		u.in = nil
+	}
+}
+
+// send writes head and body at once, in one system call, and queues
+// what the socket did not take. Nothing may be queued before.
+func (u *upConn) send(head, body []byte) {
+	l := u.l
+	u.parts = [2][]byte{head, body}
+	n, err := l.writev(u.fd, u.parts[:])
+	u.parts = [2][]byte{}
+	switch {
+	case err == unix.EAGAIN:
+		n = 0
+	case err != nil:
+		u.writeErr = err
+		_ = l.interest(u.fd, &u.have, 0)
+		_ = l.run1(l.onUpFail, u)
+		return
+	}
+	if n < len(head) {
+		u.queueRaw(head[n:])
+		u.queueRaw(body)
+	} else if n-len(head) < len(body) {
+		u.queueRaw(body[n-len(head):])
 	}
 }
 
