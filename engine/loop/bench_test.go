@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"runtime"
 	"testing"
 
 	"github.com/preforkd/preforkd/core"
@@ -30,6 +31,10 @@ func BenchmarkProxy(b *testing.B) {
 		{"app/rules=on", true, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
+			// New raises GOMAXPROCS by one (see Options.Loops): back as it
+			// was once the server is closed.
+			procs := runtime.GOMAXPROCS(0)
+			b.Cleanup(func() { runtime.GOMAXPROCS(procs) })
 			o := loop.Options{Upstream: "http://" + up}
 			if bc.app {
 				o = loop.Options{App: func(w *loop.AppResponse, r *loop.AppRequest) { w.Write(okBody) }}

@@ -217,12 +217,11 @@ func (l *loop) interest(fd int, have *uint8, want uint8) error {
 	return err
 }
 
-// forget takes fd out of the poller and the table, and closes it.
+// forget takes fd out of the table and closes it, which takes it out of
+// the poller: a connection's descriptor is this process's alone (the
+// listener, shared with the other workers, is taken out by hand).
 func (l *loop) forget(fd int, have *uint8) {
-	if *have != 0 {
-		_ = l.poller.Delete(fd)
-		*have = 0
-	}
+	*have = 0
 	if fd < len(l.fds) {
 		l.fds[fd] = nil
 	}

@@ -43,12 +43,17 @@ type Options struct {
 	// Loops is how many event loops serve, each on a goroutine of its
 	// own with its connections and its upstream pool. 0 means the
 	// process's GOMAXPROCS as the first New found it: one for a worker of
-	// one CPU. A loop waits for events in epoll_wait, holding its P (the
-	// Go scheduler's processor) meanwhile, so New raises GOMAXPROCS to
-	// Loops+1 when it is lower: the one more P runs everything that is
-	// not a loop (the waiters and the network calls they make, the
-	// tickers, the garbage collector's workers) without waiting for the
-	// scheduler to take a loop's P back, which can take 10 ms.
+	// one CPU. A loop waits for events in epoll_wait holding its P (the
+	// Go scheduler's processor), so the process's other goroutines run
+	// only once the scheduler's monitor takes that P back, 20 µs to 10 ms
+	// later. That is nothing to the waits the core bounds in seconds, but
+	// a Redis round trip is bounded by its timeout of tens of
+	// milliseconds: with a core that has Redis rules (core.Core.Redis),
+	// New raises GOMAXPROCS to Loops+1, and the one more P runs the
+	// waiters and their network calls at once. (Without Redis the extra P
+	// costs more than it brings: gnet's poller yields the loop's goroutine
+	// each time it finds nothing to do, which with an idle P wakes another
+	// thread for nothing.)
 	Loops int
 	// Waiters is how many goroutines finish the decisions that must
 	// wait (core.Exchange.NoWait: a Redis rule's round trip, a duplicate

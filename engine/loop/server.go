@@ -67,7 +67,9 @@ func New(o Options) (*Server, error) {
 		drained:        make(chan struct{}),
 		warnings:       make(chan warning, 16),
 	}
-	reserveP(so.Loops)
+	if so.Core.Redis() != nil {
+		reserveP(so.Loops)
+	}
 	s.waiters.init(so.Waiters)
 	if so.Upstream != "" {
 		s.startResolver()
@@ -91,12 +93,16 @@ func New(o Options) (*Server, error) {
 }
 
 // Serve serves the connections of ln until Shutdown or Close, and then
-// returns nil, having closed ln. ln must be a listener with a descriptor
-// (a TCP or Unix socket): the loops accept from it themselves.
+// returns nil. ln must be a listener with a descriptor (a TCP or Unix
+// socket): the loops accept from a duplicate of it, and Serve closes ln
+// itself at once.
 func (s *Server) Serve(ln net.Listener) error {
 	fd, err := dupListener(ln)
+	// ln itself is closed at once: Go's poller watches its descriptor,
+	// and would wake a thread of the runtime at every connection that
+	// arrives, for nobody (the loops accept from the duplicate).
+	ln.Close()
 	if err != nil {
-		ln.Close()
 		return err
 	}
 	lst := &listener{fd: fd, loops: len(s.loops), done: make(chan struct{})}
@@ -104,7 +110,6 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.shut {
 		s.mu.Unlock()
 		unix.Close(fd)
-		ln.Close()
 		return nil
 	}
 	s.lns[lst] = struct{}{}
@@ -113,7 +118,6 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.mu.Unlock()
 	<-lst.done
-	ln.Close()
 	return nil
 }
 
