@@ -55,11 +55,13 @@ func (l *loop) addAcceptor(arg any) error {
 	return nil
 }
 
-// event accepts what waits, up to a batch: level-triggered polling
-// brings the loop back for the rest.
+// event accepts a connection that waits: one per event, as nginx does by
+// default (multi_accept off), since level-triggered polling brings the
+// loop back for the next, with the other descriptors' events; a batch
+// would end in an accept4 that fails (EAGAIN) for every wake-up.
 func (a *acceptor) event(uint32) {
 	l := a.l
-	for range 64 {
+	for range acceptBatch {
 		if !l.s.takeSlot() {
 			a.pause()
 			return
@@ -92,6 +94,9 @@ func (a *acceptor) event(uint32) {
 		l.newConn(fd, peer)
 	}
 }
+
+// acceptBatch is how many connections an event accepts at most.
+const acceptBatch = 1
 
 // expire ends a back-off.
 func (a *acceptor) expire() { a.resume() }
