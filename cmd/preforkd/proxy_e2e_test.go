@@ -366,7 +366,7 @@ func socketCount(t *testing.T, pid int) int {
 // server.engine = "fasthttp" serves with the engine before the event loop
 // (a fallback): the application and the demo are served as by the loop,
 // with the rules in front. The engines tell apart by their pollers: an
-// event loop's worker has one a loop beside the Go runtime's.
+// event loop's worker has one poller a loop beside the Go runtime's.
 func TestEngineFallbackE2E(t *testing.T) {
 	t.Parallel()
 	up := startUpstreamProcess(t)
