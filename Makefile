@@ -21,7 +21,7 @@ run: build
 # The race detector runs where goroutines share memory inside the test
 # process; the daemon's end-to-end tests drive a separately built binary.
 RACE_PKGS := ./internal/proctest/... ./shm/... ./bucket/... ./core/... ./metrics/... ./prefork/... \
-	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./redisstore/...
+	./clientip/... ./config/... ./route/... ./persist/... ./proxy/... ./engine/... ./redisstore/...
 
 # The whole proof: vet, unit and multi-process tests, the race detector on
 # the goroutine tests, every benchmark once (so that none rots between two
@@ -48,11 +48,13 @@ fuzz:
 	done
 
 # Every benchmark side by side in one run, then wrk: the data plane
-# (bench/http.sh), Redis rules (bench/redis-http.sh), the cache
-# (bench/cache-http.sh), each beside nginx where it applies.
+# (bench/http.sh), the event loop's targets in alternating pairs
+# (bench/loop.sh), idle connections (bench/idle-conns.sh), Redis rules
+# (bench/redis-http.sh), the cache (bench/cache-http.sh), each beside
+# nginx where it applies.
 bench:
-	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./metrics/ ./clientip/ ./route/ ./shm/ ./cmd/preforkd/" \
-		AFTER="bench/http.sh bench/redis-http.sh bench/cache-http.sh" bash bench/bench.sh
+	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./engine/loop/ ./metrics/ ./clientip/ ./route/ ./shm/ ./cmd/preforkd/" \
+		AFTER="bench/http.sh bench/loop.sh bench/idle-conns.sh bench/redis-http.sh bench/cache-http.sh" bash bench/bench.sh
 
 model:
 	bash model/check.sh
