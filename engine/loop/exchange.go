@@ -296,6 +296,7 @@ func (r *request) done() {
 		b := &r.body
 		if !b.done && b.err == nil && !c.closeAfter && c.state != csClosed {
 			b.sink, b.limit = sinkDiscard, 0
+			c.setRead(r.l.s.o.limits.ClientBodyTimeout)
 			if !c.processing && c.inLen() > 0 {
 				c.process(nil)
 			} else if !c.processing {

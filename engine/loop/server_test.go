@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -813,3 +814,39 @@ type fakeListener struct{}
 func (fakeListener) Accept() (net.Conn, error) { return nil, net.ErrClosed }
 func (fakeListener) Close() error              { return nil }
 func (fakeListener) Addr() net.Addr            { return &net.TCPAddr{} }
+
+// A short body the answer did not need (a refusal) is read and dropped,
+// and the connection serves the next request; one that never comes is
+// cut at the body timeout.
+func TestUnreadBodyDropped(t *testing.T) {
+	t.Parallel()
+	up := wiretest.StartUpstream(t, nil)
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond},
+		Core: configCore(t, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"p\"\npath = \"/p\"\nlimit = 1\nwindow = \"1m\"\n")})
+	c, br := dial(t, addr)
+	roundTrip(t, c, br, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+	io.WriteString(c, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\nab")
+	if resp, _ := readResponse(t, br, "POST"); resp.StatusCode != 429 || resp.Close {
+		t.Fatalf("a refused POST: %d, close %v", resp.StatusCode, resp.Close)
+	}
+	io.WriteString(c, "cdGET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+	if resp, body := readResponse(t, br, "GET"); resp.StatusCode != 200 || string(body) != "ok" {
+		t.Fatalf("the request after the dropped body: %d %q", resp.StatusCode, body)
+	}
+	io.WriteString(c, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n") // and nothing of the body
+	readResponse(t, br, "POST")
+	start := time.Now()
+	if !isClosedWithin(c, br, 2*time.Second) || time.Since(start) > time.Second {
+		t.Errorf("a body that never came still holds its connection after %v", time.Since(start))
+	}
+	if n := len(up.Requests()); n != 2 {
+		t.Errorf("the upstream saw %d requests, want 2", n)
+	}
+}
+
+// isClosedWithin waits up to d for the server to close c.
+func isClosedWithin(c net.Conn, br *bufio.Reader, d time.Duration) bool {
+	c.SetReadDeadline(time.Now().Add(d))
+	_, err := br.ReadByte()
+	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+}
