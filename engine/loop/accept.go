@@ -48,11 +48,32 @@ func (l *loop) addAcceptor(arg any) error {
 		a.paused = true
 		return nil
 	}
-	if err := l.register(a.ln.fd, a, &a.have, wantRead); err != nil {
+	for a.ln.fd >= len(l.fds) {
+		l.fds = append(l.fds, make([]pollable, len(l.fds))...)
+	}
+	l.fds[a.ln.fd] = a
+	if err := a.poll(); err != nil {
 		l.s.warn(warnAccept, "polling the listener failed", "err", err)
 		a.stop()
 	}
 	return nil
+}
+
+// poll starts polling the listener. Every worker's loops poll the one
+// socket: with EPOLLEXCLUSIVE (as nginx does), a connection that arrives
+// wakes one of them, not all — the others would each wake for an accept
+// that fails. netpoll cannot register so; the loop's epoll descriptor
+// can (pollerFD). Without it, the listener is polled as any descriptor.
+func (a *acceptor) poll() error {
+	l := a.l
+	if l.epfd >= 0 {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(a.ln.fd)}
+		if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, a.ln.fd, &ev) == nil {
+			a.have = wantRead
+			return nil
+		}
+	}
+	return l.interest(a.ln.fd, &a.have, wantRead)
 }
 
 // event accepts a connection that waits: one per event, as nginx does by
@@ -115,7 +136,7 @@ func (a *acceptor) resume() {
 	if !a.paused || a.ln == nil || a.l.draining || a.l.s.atCapacity() {
 		return
 	}
-	if a.l.interest(a.ln.fd, &a.have, wantRead) == nil {
+	if a.poll() == nil {
 		a.paused = false
 	}
 }

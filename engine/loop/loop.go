@@ -2,6 +2,8 @@ package loop
 
 import (
 	"net/http"
+	"reflect"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -43,6 +45,7 @@ const (
 type loop struct {
 	s      *Server
 	poller *netpoll.Poller
+	epfd   int        // the poller's epoll descriptor, or -1 (pollerFD)
 	fds    []pollable // by descriptor
 	wheel  wheel
 
@@ -85,6 +88,7 @@ func newLoop(s *Server) (*loop, error) {
 	l := &loop{
 		s:          s,
 		poller:     p,
+		epfd:       pollerFD(p),
 		fds:        make([]pollable, 1024),
 		rbuf:       make([]byte, readSize),
 		tickerStop: make(chan struct{}),
@@ -106,6 +110,24 @@ func newLoop(s *Server) (*loop, error) {
 	}
 	l.updateDate(time.Now())
 	return l, nil
+}
+
+// pollerFD is the epoll descriptor of a gnet poller, which gnet v2.9.7
+// keeps in an unexported field with no accessor: read it (reflect reads
+// an unexported int), and check that it is an epoll instance; -1 when it
+// is not there (another gnet), and then what needs it does without.
+func pollerFD(p *netpoll.Poller) int {
+	v := reflect.ValueOf(p).Elem().FieldByName("fd")
+	if !v.IsValid() || v.Kind() != reflect.Int {
+		return -1
+	}
+	fd := int(v.Int())
+	var buf [32]byte
+	n, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf[:])
+	if err != nil || string(buf[:n]) != "anon_inode:[eventpoll]" {
+		return -1
+	}
+	return fd
 }
 
 // run is the loop's goroutine: it polls until stop.
