@@ -48,7 +48,6 @@ type conn struct {
 	closeAfter bool
 	linger     bool // ... after a half-close and a moment of reading
 	eof        bool // the client half-closed
-	paused     bool // not read: its input is full
 	noDelay    bool // TCP_NODELAY is set
 	processing bool // process is running: what ends a request leaves the input to it
 	broken     bool // a write failed: the connection closes at the next task
@@ -292,7 +291,6 @@ func (c *conn) checkInput() {
 	if !full && !c.eof && !c.broken && !(c.closeAfter && c.r == nil) {
 		want |= wantRead
 	}
-	c.paused = full
 	_ = c.l.interest(c.fd, &c.have, want)
 }
 

@@ -165,6 +165,4 @@ func (r *request) endBody() {
 
 var lastChunkBytes = []byte(lastChunk)
 
-// upstreamHeader is a core.Header over nothing: a tunnel's 101 is told
-// with its fields.
 var _ core.Header = (*respHead)(nil)

@@ -3,7 +3,6 @@ package loop
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"time"
 	"unsafe"
 
@@ -680,6 +679,3 @@ func (u *upConn) close() {
 		u.out = nil
 	}
 }
-
-// addrOf is the address for a resolved upstream.
-func addrOf(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
