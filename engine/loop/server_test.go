@@ -201,6 +201,7 @@ func TestDownloadBackPressure(t *testing.T) {
 	})
 	addr, _ := serve(t, loop.Options{Upstream: up.URL()})
 	c, br := dial(t, addr)
+	c.SetDeadline(time.Now().Add(time.Minute)) // 64 MiB under the race detector
 	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
 	var n int64
 	select {
