@@ -41,19 +41,26 @@ measure() {
 	upBefore=$(ticks "${up[@]}")
 	wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$PORT/" >"$tmp/wrk.out" &
 	local wrk=$!
-	if [ -n "${STRACE:-}" ]; then
-		sleep $((DURATION / 2))
-		timeout 2 strace -c -f -p "$(pgrep -P "$pid" | head -1)" -o "$tmp/$name.strace" >/dev/null 2>&1 || true
-	fi
 	wait "$wrk"
 	out=$(cat "$tmp/wrk.out")
 	req=$(awk '/requests in/ {print $1}' <<<"$out")
 	awk -v n="$name" -v rps="$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")" -v req="$req" \
 		-v p="$(($(ticks "${procs[@]}") - before))" -v u="$(($(ticks "${up[@]}") - upBefore))" -v hz="$(getconf CLK_TCK)" \
 		'BEGIN { printf "%-34s %10.0f req/s   proxy %5.1f µs CPU/request   upstream %5.1f µs CPU/request\n", n, rps, p / hz * 1e6 / req, u / hz * 1e6 / req }'
-	if [ -n "${STRACE:-}" ] && [ -s "$tmp/$name.strace" ]; then
-		echo "  one worker's system calls (strace -c, 2 s), most frequent first:"
-		awk '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ { errs = ($5 ~ /^[0-9]+$/) ? $5 : 0; printf "    %-14s %8d calls %8d errors\n", $NF, $4, errs }' "$tmp/$name.strace" | sort -k2 -n -r | head -6
+	if [ -n "${STRACE:-}" ]; then
+		# Every worker's system calls over a short run of its own (strace
+		# slows the workers: the counts per request hold, the rate not).
+		local attach=() p sp traced
+		for p in "${procs[@]:1}"; do attach+=(-p "$p"); done
+		strace -c -f "${attach[@]}" -o "$tmp/$name.strace" >/dev/null 2>&1 &
+		sp=$!
+		sleep 1
+		traced=$(wrk -t"$THREADS" -c"$CONNS" -d3s "http://127.0.0.1:$PORT/" | awk '/requests in/ {print $1}')
+		kill -INT "$sp"
+		wait "$sp" 2>/dev/null || true
+		echo "  every worker's system calls under strace -c, per request ($traced requests), most frequent first:"
+		awk -v n="$traced" '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ {
+			errs = ($5 ~ /^[0-9]+$/) ? $5 : 0; printf "    %-14s %6.2f calls %6.2f errors\n", $NF, $4 / n, errs / n }' "$tmp/$name.strace" | sort -k2 -n -r | head -8
 	fi
 	stop "$pid"
 }
