@@ -62,12 +62,13 @@ fuzz:
 	done
 
 # Every benchmark side by side in one run, then wrk: the data plane
-# (bench/http.sh), Redis rules (bench/redis-http.sh), the cache
-# (bench/cache-http.sh), TLS and HTTP/2 (bench/tls-http.sh), each beside
-# nginx where it applies.
+# (bench/http.sh), the event loop's targets in alternating pairs
+# (bench/loop.sh), idle connections (bench/idle-conns.sh), Redis rules
+# (bench/redis-http.sh), the cache (bench/cache-http.sh), TLS and HTTP/2
+# (bench/tls-http.sh), each beside nginx where it applies.
 bench:
-	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./metrics/ ./clientip/ ./route/ ./shm/ ./cmd/preforkd/" \
-		AFTER="bench/http.sh bench/redis-http.sh bench/cache-http.sh bench/tls-http.sh" bash bench/bench.sh
+	PKGS="./bench/ ./persist/ ./core/... ./proxy/ ./engine/loop/ ./metrics/ ./clientip/ ./route/ ./shm/ ./cmd/preforkd/" \
+		AFTER="bench/http.sh bench/loop.sh bench/idle-conns.sh bench/redis-http.sh bench/cache-http.sh bench/tls-http.sh" bash bench/bench.sh
 
 model:
 	bash model/check.sh

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Where a proxied request's cost goes: preforkd in proxy mode against nginx
+# Where a proxied request's cost goes: preforkd in proxy mode (the event
+# loop, the default engine, and the fasthttp engine) against nginx
 # proxy_pass, rules off and on, in front of the same 1-worker nginx
 # upstream, with wrk on loopback. For each it prints requests/s and the
 # CPU time per request of the proxy's processes and of the upstream,
@@ -40,19 +41,26 @@ measure() {
 	upBefore=$(ticks "${up[@]}")
 	wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$PORT/" >"$tmp/wrk.out" &
 	local wrk=$!
-	if [ -n "${STRACE:-}" ]; then
-		sleep $((DURATION / 2))
-		timeout 2 strace -c -f -p "$(pgrep -P "$pid" | head -1)" -o "$tmp/$name.strace" >/dev/null 2>&1 || true
-	fi
 	wait "$wrk"
 	out=$(cat "$tmp/wrk.out")
 	req=$(awk '/requests in/ {print $1}' <<<"$out")
 	awk -v n="$name" -v rps="$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")" -v req="$req" \
 		-v p="$(($(ticks "${procs[@]}") - before))" -v u="$(($(ticks "${up[@]}") - upBefore))" -v hz="$(getconf CLK_TCK)" \
-		'BEGIN { printf "%-28s %10.0f req/s   proxy %5.1f µs CPU/request   upstream %5.1f µs CPU/request\n", n, rps, p / hz * 1e6 / req, u / hz * 1e6 / req }'
-	if [ -n "${STRACE:-}" ] && [ -s "$tmp/$name.strace" ]; then
-		echo "  one worker's system calls (strace -c, 2 s), most frequent first:"
-		awk '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ { errs = ($5 ~ /^[0-9]+$/) ? $5 : 0; printf "    %-14s %8d calls %8d errors\n", $NF, $4, errs }' "$tmp/$name.strace" | sort -k2 -n -r | head -6
+		'BEGIN { printf "%-34s %10.0f req/s   proxy %5.1f µs CPU/request   upstream %5.1f µs CPU/request\n", n, rps, p / hz * 1e6 / req, u / hz * 1e6 / req }'
+	if [ -n "${STRACE:-}" ]; then
+		# Every worker's system calls over a short run of its own (strace
+		# slows the workers: the counts per request hold, the rate not).
+		local attach=() p sp traced
+		for p in "${procs[@]:1}"; do attach+=(-p "$p"); done
+		strace -c -f "${attach[@]}" -o "$tmp/$name.strace" >/dev/null 2>&1 &
+		sp=$!
+		sleep 1
+		traced=$(wrk -t"$THREADS" -c"$CONNS" -d3s "http://127.0.0.1:$PORT/" | awk '/requests in/ {print $1}')
+		kill -INT "$sp"
+		wait "$sp" 2>/dev/null || true
+		echo "  every worker's system calls under strace -c, per request ($traced requests), most frequent first:"
+		awk -v n="$traced" '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ {
+			errs = ($5 ~ /^[0-9]+$/) ? $5 : 0; printf "    %-14s %6.2f calls %6.2f errors\n", $NF, $4 / n, errs / n }' "$tmp/$name.strace" | sort -k2 -n -r | head -8
 	fi
 	stop "$pid"
 }
@@ -65,12 +73,14 @@ wait_up "http://127.0.0.1:$UPSTREAM_PORT/"
 
 echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, $WORKERS workers each, upstream nginx 1 worker, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for rules in off on; do
-	conf=$tmp/preforkd-$rules.toml
-	printf '[server]\nlisten = "127.0.0.1:%s"\nworkers = %s\nupstream = "http://127.0.0.1:%s"\n' "$PORT" "$WORKERS" "$UPSTREAM_PORT" >"$conf"
-	[ $rules = off ] || printf '[[ratelimit]]\nname = "all"\npath = "/*"\nlimit = 1000000\nwindow = "1s"\n' >>"$conf"
-	"$tmp/preforkd" run -config "$conf" 2>"$tmp/preforkd-$rules.log" &
-	pids+=("$!")
-	measure "preforkd rules=$rules" "$!"
+	for engine in loop fasthttp; do
+		conf=$tmp/preforkd-$engine-$rules.toml
+		printf '[server]\nlisten = "127.0.0.1:%s"\nworkers = %s\nupstream = "http://127.0.0.1:%s"\nengine = "%s"\n' "$PORT" "$WORKERS" "$UPSTREAM_PORT" "$engine" >"$conf"
+		[ $rules = off ] || printf '[[ratelimit]]\nname = "all"\npath = "/*"\nlimit = 1000000\nwindow = "1s"\n' >>"$conf"
+		"$tmp/preforkd" run -config "$conf" 2>"$tmp/preforkd-$engine-$rules.log" &
+		pids+=("$!")
+		measure "preforkd $engine rules=$rules" "$!"
+	done
 
 	nginx_conf "$tmp/nginx-$rules" "$WORKERS" "$PORT" "$proxy_pass" "$rules"
 	nginx -c "$tmp/nginx-$rules/nginx.conf" -p "$tmp/nginx-$rules" &

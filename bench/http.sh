@@ -3,7 +3,7 @@
 # with the same number of workers, in one run so that the ratios hold:
 #
 #   - the embedding API (net/http) with rules off / on / refusing;
-#   - proxy mode (the fast engine) vs nginx proxy_pass (keepalive 64) +
+#   - proxy mode (the default engine, the event loop) vs nginx proxy_pass (keepalive 64) +
 #     limit_req, both in front of the same upstream (a 1-worker nginx
 #     "return 200", or bench/cmd/hello without nginx), rules off and on;
 #   - proxy mode with the access log on (a file, combined format);
@@ -145,7 +145,7 @@ printf '%-56s %8s %8s %s\n' "ratio" "value" "target" ""
 atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" at-least)"; }
 atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
 atleast "embedded (net/http): rules on / rules off" "$(ratio "${rps[embedded rules=on]}" "${rps[embedded rules=off]}")" 0.95
-atleast "proxy (fast engine): rules on / rules off" "$(ratio "${rps[proxy rules=on]}" "${rps[proxy rules=off]}")" 0.95
+atleast "proxy: rules on / rules off" "$(ratio "${rps[proxy rules=on]}" "${rps[proxy rules=off]}")" 0.95
 atleast "proxy: access log on / off (rules on)" "$(ratio "${rps[proxy rules=on access=on]}" "${rps[proxy rules=on]}")" 0.90
 atleast "proxy: 10 rules, 1 matching / rules off" "$(ratio "${rps[proxy rules=10]}" "${rps[proxy rules=off]}")" 0.95
 atleast "embedded: 429s / 200s (a 429 costs no more)" "$(ratio "${rps[embedded rules=refuse]}" "${rps[embedded rules=on]}")" 1.00

@@ -3,7 +3,10 @@
 # table, with wrk on loopback: under the limit (every request a Redis
 # round trip) and over it (every request answered by the deny cache).
 # Prints requests/s and the two ratios the targets talk about: Redis
-# under its limit ≥ 0.5 × local, over its limit ≥ 0.95 × local.
+# under its limit ≥ 0.5 × local, over its limit ≥ 0.95 × local; and the
+# Redis rule under its limit on the event loop (the default engine, where
+# a round trip is finished off the loop) against the fasthttp engine
+# (server.engine = "fasthttp", a goroutine per connection): ≥ 1.0.
 #
 #   WORKERS=2 DURATION=5 CONNS=32 bash bench/redis-http.sh
 set -euo pipefail
@@ -17,12 +20,13 @@ pids+=($!)
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
 declare -A rps
-# run NAME STORE LIMIT: one daemon with one rule on /, then wrk.
+# run NAME STORE LIMIT [ENGINE]: one daemon with one rule on /, then wrk.
 run() {
 	cat >"$tmp/$1.toml" <<TOML
 [server]
 listen = "127.0.0.1:$PORT"
 workers = $WORKERS
+engine = "${4:-loop}"
 [redis]
 url = "redis://127.0.0.1:$REDIS_PORT/0"
 timeout = "100ms"
@@ -42,7 +46,7 @@ TOML
 	rps[$1]=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
 	local non2xx
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
-	printf '%-14s %12s req/s   non-2xx: %s\n' "$1" "${rps[$1]}" "${non2xx:-0}"
+	printf '%-22s %12s req/s   non-2xx: %s\n' "$1" "${rps[$1]}" "${non2xx:-0}"
 	kill -TERM "$pid"
 	wait "$pid" 2>/dev/null || true
 }
@@ -53,7 +57,8 @@ echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, $WORKERS workers, one rule, redis-
 ROUNDS=${ROUNDS:-2}
 declare -A best
 for _ in $(seq "$ROUNDS"); do
-	for spec in "local-under local 1000000" "redis-under redis 1000000" "local-over local 1" "redis-over redis 1"; do
+	for spec in "local-under local 1000000" "redis-under redis 1000000" "local-over local 1" "redis-over redis 1" \
+		"fasthttp-redis-under redis 1000000 fasthttp"; do
 		# shellcheck disable=SC2086
 		run $spec
 		name=${spec%% *}
@@ -62,8 +67,9 @@ for _ in $(seq "$ROUNDS"); do
 		fi
 	done
 done
-for k in local-under redis-under local-over redis-over; do rps[$k]=${best[$k]}; done
-awk -v a="${rps[redis-under]}" -v b="${rps[local-under]}" -v c="${rps[redis-over]}" -v d="${rps[local-over]}" 'BEGIN {
+for k in local-under redis-under local-over redis-over fasthttp-redis-under; do rps[$k]=${best[$k]}; done
+awk -v a="${rps[redis-under]}" -v b="${rps[local-under]}" -v c="${rps[redis-over]}" -v d="${rps[local-over]}" -v e="${rps[fasthttp-redis-under]}" 'BEGIN {
 	printf "redis/local under the limit: %.2f (target >= 0.5)\n", a / b
 	printf "redis/local over the limit (deny cache): %.2f (target >= 0.95)\n", c / d
+	printf "redis under the limit, loop/fasthttp engine: %.2f (target >= 1.0)\n", a / e
 }'

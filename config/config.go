@@ -52,6 +52,10 @@ type Server struct {
 	// Upstream is "builtin:demo" or an absolute http:// or https:// URL of
 	// the application. "" means "builtin:demo".
 	Upstream string `toml:"upstream"`
+	// Engine is the HTTP/1.1 engine the workers serve with: the event
+	// loop (the zero value), or fasthttp, the engine before it. An
+	// https:// upstream is served by fasthttp whatever it says.
+	Engine Engine `toml:"engine"`
 	// TrustedProxies are the peers whose X-Forwarded-For and Forwarded
 	// headers are believed. Empty: none is.
 	TrustedProxies Prefixes `toml:"trusted_proxies"`

@@ -16,6 +16,7 @@ import (
 
 	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/cpuquota"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
@@ -47,6 +48,7 @@ func TestDefault(t *testing.T) {
 		{"server.listen", d.Server.Listen, "127.0.0.1:8080"},
 		{"server.workers", d.Server.Workers, 0},
 		{"server.upstream", d.Server.Upstream, "builtin:demo"},
+		{"server.engine", d.Server.Engine, EngineLoop},
 		{"server.trusted_proxies", len(d.Server.TrustedProxies), 0},
 		{"server.ipv6_prefix", d.Server.IPv6Prefix, 64},
 		{"server.shutdown_timeout", d.Server.ShutdownTimeout, 30 * time.Second},
@@ -133,6 +135,7 @@ func TestParseEveryKey(t *testing.T) {
 listen = ":9000"
 workers = 3
 upstream = "http://127.0.0.1:3000/app"
+engine = "fasthttp"
 trusted_proxies = ["10.1.2.3/8", "192.0.2.1", "2001:db8::/32", "::1"]
 ipv6_prefix = 56
 shutdown_timeout = "1m30s"
@@ -219,6 +222,7 @@ by = "global"
 			Listen:   ":9000",
 			Workers:  3,
 			Upstream: "http://127.0.0.1:3000/app",
+			Engine:   EngineFasthttp,
 			TrustedProxies: []netip.Prefix{
 				netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.1/32"),
 				netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("::1/128"),
@@ -566,7 +570,7 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false reset_header="" read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s upgrade_timeout=30s
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo engine=loop trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false reset_header="" read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s upgrade_timeout=30s
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" key_file="" live="" interval=0s
@@ -795,5 +799,43 @@ func TestEveryKeyDocumented(t *testing.T) {
 		if !word(example, k) {
 			t.Errorf("key %q is not in examples/preforkd.toml", k)
 		}
+	}
+}
+
+// Every [server] key an engine takes reaches it, by the one translation
+// every engine uses; an unset key is the engine's default.
+func TestEngineSettings(t *testing.T) {
+	c := mustParse(t, `
+[server]
+read_header_timeout = "3s"
+idle_timeout = "20s"
+max_header_bytes = "16KiB"
+max_connections = 1000
+client_body_timeout = "15s"
+send_timeout = "25s"
+upstream_connect_timeout = "2s"
+upstream_timeout = "2m"
+upstream_max_idle = 32
+`)
+	wantLimits := engine.Limits{ReadHeaderTimeout: 3 * time.Second, IdleTimeout: 20 * time.Second, MaxHeaderBytes: 16 << 10,
+		MaxConnections: 1000, ClientBodyTimeout: 15 * time.Second, SendTimeout: 25 * time.Second}
+	if got := c.Limits(); got != wantLimits {
+		t.Errorf("Limits: got %+v, want %+v", got, wantLimits)
+	}
+	wantClient := engine.Upstream{ConnectTimeout: 2 * time.Second, Timeout: 2 * time.Minute, MaxIdle: 32}
+	if got := c.Client(); got != wantClient {
+		t.Errorf("Client: got %+v, want %+v", got, wantClient)
+	}
+	d := mustParse(t, "")
+	limits, err := engine.Limits{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := d.Limits().WithDefaults(); got != limits {
+		t.Errorf("default Limits: got %+v, want the engines' defaults %+v", got, limits)
+	}
+	client, _ := engine.Upstream{}.WithDefaults()
+	if got, _ := d.Client().WithDefaults(); got != client {
+		t.Errorf("default Client: got %+v, want the engines' defaults %+v", got, client)
 	}
 }

@@ -66,6 +66,9 @@ func (c Config) check(r *report) {
 	if err := core.CheckHealthPath(s.HealthPath); err != nil {
 		f("health_path", "%s", detail(err))
 	}
+	if err := engineNames.check(s.Engine); err != nil {
+		f("engine", "%s", detail(err))
+	}
 	if s.MaxRequestBody <= 0 {
 		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
 	}

@@ -271,6 +271,20 @@ const (
 
 var modeNames = enum[Mode]{"enforce", "shadow"}
 
+// Engine is the HTTP/1.1 engine the workers serve with.
+type Engine uint8
+
+const (
+	EngineLoop     Engine = iota // package engine/loop ("loop")
+	EngineFasthttp               // package proxy, on fasthttp ("fasthttp")
+)
+
+var engineNames = enum[Engine]{"loop", "fasthttp"}
+
+func (e Engine) String() string                { return engineNames.name(e) }
+func (e Engine) MarshalText() ([]byte, error)  { return engineNames.marshal(e) }
+func (e *Engine) UnmarshalText(b []byte) error { return engineNames.unmarshal(b, e) }
+
 // LogFormat is how log lines are written.
 type LogFormat uint8
 

@@ -182,7 +182,12 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 			}
 			f.Fill = lock
 		}
-		// Another request fetches this response: wait for it.
+		// Another request fetches this response: wait for it, or let the
+		// engine wait elsewhere (NoWait), which looks again from the start.
+		if ex.nowait {
+			ex.step = stepCacheWait
+			return Wait, false
+		}
 		if !waited {
 			waited, deadline = true, time.Now().Add(b.lockTimeout)
 			c.row.Add(metrics.CacheWaits, metrics.CacheWaited, 1)

@@ -230,8 +230,9 @@ type Exchange struct {
 
 	now time.Duration // region time at Begin: decisions are made at it
 
-	headDecided bool // DecideHead ran
-	passed      bool // Decide said Pass: the application's response is told
+	step   decideStep // the next step of the decision (DecideHead, Decide)
+	nowait bool       // NoWait: a step that would wait returns Wait instead
+	passed bool       // Decide said Pass: the application's response is told
 
 	// The response sent, and what is recorded of the application's.
 	status     int      // the status sent to the client
@@ -334,21 +335,38 @@ const maxPooledBody = 64 << 10
 // Decide runs the request through the stages: path checks, rate limits,
 // idempotent replay, the response cache. It may block while a duplicate
 // waits for its original (up to the block's wait), or a cache miss for
-// another request's fetch (up to the block's lock timeout).
+// another request's fetch (up to the block's lock timeout), or a Redis
+// rule's round trip; after NoWait(true) it returns Wait there instead.
 func (ex *Exchange) Decide() Verdict {
-	if !ex.headDecided {
-		if ex.DecideHead() == Respond {
-			return Respond
+	if ex.step < stepIdempotency {
+		if v := ex.DecideHead(); v != Pass {
+			return v
 		}
 	}
-	if v, done := ex.idempotency(); done && v == Respond {
-		return v
+	for {
+		var v Verdict
+		var done bool
+		switch ex.step {
+		case stepIdempotency:
+			v, done = ex.idempotency()
+		case stepIdempotencyWait:
+			v, done = ex.reserveAgain()
+		case stepCache:
+			v, done = ex.decideCache()
+		case stepCacheWait:
+			v, done = ex.lookup()
+		default:
+			ex.passed = true
+			return Pass
+		}
+		if v == Wait {
+			return Wait // ex.step is where to resume
+		}
+		if done && v == Respond {
+			return v
+		}
+		ex.step = ex.step.next()
 	}
-	if v, done := ex.decideCache(); done && v == Respond {
-		return v
-	}
-	ex.passed = true
-	return Pass
 }
 
 // DecideHead runs the stages that need only the request's head: the path
@@ -357,24 +375,97 @@ func (ex *Exchange) Decide() Verdict {
 // answers Expect: 100-continue (RFC 9110 §10.1.1), so that a refused
 // request gets its final status at once, without 100 Continue, and its
 // body is never read nor waited for; Decide then runs the other stages.
-// A Respond from DecideHead is final: Decide must not be called.
+// A Respond from DecideHead is final: Decide must not be called. After
+// NoWait(true) it returns Wait where a Redis rule's round trip is due.
 func (ex *Exchange) DecideHead() Verdict {
-	ex.headDecided = true
-	ex.takeRequestID()
-	if ex.isHealthCheck() {
-		v, _ := ex.health()
-		return v
+	if ex.step == stepPath {
+		ex.takeRequestID()
+		if ex.isHealthCheck() {
+			ex.step = stepIdempotency // final
+			v, _ := ex.health()
+			return v
+		}
 	}
-	if v, done := ex.checkPath(); done {
-		return v
-	}
-	if v, done := ex.rateLimit(); done {
-		return v
-	}
-	if v, done := ex.declaredTooLarge(); done {
-		return v
+	for ex.step < stepIdempotency {
+		var v Verdict
+		var done bool
+		switch ex.step {
+		case stepPath:
+			v, done = ex.checkPath()
+		case stepRateLimit:
+			v, done = ex.rateLimit()
+		case stepRedis:
+			v, done = ex.rateLimitRemote()
+		case stepDeclaredSize:
+			v, done = ex.declaredTooLarge()
+		}
+		if v == Wait {
+			return Wait
+		}
+		if done && v == Respond {
+			ex.step = stepIdempotency // final
+			return v
+		}
+		ex.step = ex.step.next()
 	}
 	return Pass
+}
+
+// decideStep is where a decision stands: the step to run next.
+type decideStep uint8
+
+const (
+	stepPath            decideStep = iota
+	stepRateLimit                  // the rules, up to a Redis round trip
+	stepRedis                      // the round trip, and the rest of the rules
+	stepDeclaredSize               // the last step of DecideHead
+	stepIdempotency                // the first step of Decide
+	stepIdempotencyWait            // a duplicate waits for its original
+	stepCache                      //
+	stepCacheWait                  // a miss waits for another request's fetch
+	stepDone
+)
+
+// next is the step after s, skipping the ones a step that returned
+// without waiting has no use for (the waits, the Redis round trip when
+// the rate limits needed none).
+func (s decideStep) next() decideStep {
+	switch s {
+	case stepRateLimit, stepRedis:
+		return stepDeclaredSize
+	case stepIdempotency, stepIdempotencyWait:
+		return stepCache
+	case stepCache, stepCacheWait:
+		return stepDone
+	}
+	return s + 1
+}
+
+// NoWait(true) makes DecideHead and Decide return Wait at a point where
+// they would wait — a Redis rule's round trip, a duplicate whose original
+// is in flight, a cache miss while another request fetches the response —
+// instead of waiting there. Nothing is charged, reserved or counted twice:
+// the engine calls NoWait(false) and the same method again, from a
+// goroutine that may block, and the decision goes on where it stopped.
+// An event loop decides every request on its loop so, and only the few
+// that must wait elsewhere.
+func (ex *Exchange) NoWait(on bool) { ex.nowait = on }
+
+// WantsBody reports whether Decide reads the request's body, and how
+// much of it at most (Request.Body's max): an idempotency block applies
+// to the request and its key is present, so the body is fingerprinted.
+// An engine that must not block while Decide reads (an event loop) reads
+// the body first, up to max and one byte more, so that Request.Body
+// answers at once. It is meaningful once DecideHead said Pass.
+func (ex *Exchange) WantsBody() (max int64, ok bool) {
+	b := ex.matchBlock()
+	if b == nil {
+		return 0, false
+	}
+	if _, lines := ex.req.Header(b.header); lines == 0 {
+		return 0, false
+	}
+	return ex.c.maxReq, true
 }
 
 // declaredTooLarge refuses, before anything of the body is read, a

@@ -21,6 +21,10 @@
 //		// refresh the stale response just served, in the background
 //	}
 //
+// An engine that must never block (an event loop) asks the core not to
+// wait (Exchange.NoWait) and finishes the few decisions that must wait on
+// a goroutine of its own.
+//
 // What the core decides is counted in the region's statistics (package
 // metrics), in this worker's row, so that every engine counts alike; the
 // lines an operator acts on (refusals, shadow refusals, a full table,

@@ -105,12 +105,14 @@ var errCut = errors.New("fake: the body broke off")
 // serve runs one request through c as every engine does (the protocol in
 // core's run.go), with app as the application; a background refresh the
 // core asks for is made at once, with the same app. It reports what the
-// client got.
+// client got. It decides as an event loop does: first without waiting
+// (NoWait), then, if the core stopped where it would wait, on; an engine
+// that decides in one call is what the engines' own tests run.
 func serve(c *core.Core, r *fakeReq, app func(core.Forward) fakeResp) answer {
 	ex := c.Begin(r)
 	var a answer
 	var err error
-	if ex.Decide() == core.Respond {
+	if decideNow(ex) == core.Respond {
 		a = answerOf(ex.Response())
 	} else {
 		a, err = forward(ex, app)
@@ -120,6 +122,18 @@ func serve(c *core.Core, r *fakeReq, app func(core.Forward) fakeResp) answer {
 		ex.Finish(err)
 	}
 	return a
+}
+
+// decideNow decides as an event loop: without waiting, and where the
+// core would wait, on with waiting.
+func decideNow(ex *core.Exchange) core.Verdict {
+	ex.NoWait(true)
+	v := ex.Decide()
+	if v == core.Wait {
+		ex.NoWait(false)
+		v = ex.Decide()
+	}
+	return v
 }
 
 // forward gives the application the request that passed, and the core

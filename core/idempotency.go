@@ -26,6 +26,15 @@ type idemState struct {
 	tk       shm.Ticket
 	reserved bool // tk is held and must be completed or released
 	stored   shm.Response
+	wait     idemWait // what reserve waits with, when NoWait stopped it
+}
+
+// idemWait is what a duplicate that NoWait stopped resumes reserve with.
+type idemWait struct {
+	b       *block
+	k       shm.Key
+	q, addr shm.Quota
+	fp      shm.Fingerprint
 }
 
 // idemKeyBufSize is the buffer for a key's identity: the `by` key
@@ -183,6 +192,13 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemConflict, 1)
 			return ex.idemProblem(b, problemUnreplayable)
 		case shm.InFlight:
+			if ex.nowait {
+				// Nothing is held yet: the wait is made elsewhere
+				// (reserveAgain), from a fresh look at the table.
+				ex.idem.wait = idemWait{b: b, k: k, q: q, addr: addr, fp: fp}
+				ex.step = stepIdempotencyWait
+				return Wait, false
+			}
 			if !waited {
 				waited, deadline = true, time.Now().Add(b.wait)
 				if b.wait > 0 {
@@ -205,6 +221,13 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 			panic(fmt.Sprintf("core: unknown reservation outcome %d", out))
 		}
 	}
+}
+
+// reserveAgain is reserve for a duplicate that NoWait stopped: it looks
+// again, and waits this time.
+func (ex *Exchange) reserveAgain() (Verdict, bool) {
+	w := &ex.idem.wait
+	return ex.reserve(w.b, w.k, w.q, w.addr, w.fp)
 }
 
 // complete gives the stages what the application answered a request that

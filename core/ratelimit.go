@@ -107,9 +107,10 @@ func (ex *Exchange) variantOf(ru *rule, value string) *variant {
 
 // rateLimit counts the request under every rule that matches it and
 // either refuses it (429, or 503 from on_full "closed") or lets it pass
-// with the rate-limit headers in the exchange's fields.
+// with the rate-limit headers in the exchange's fields. With NoWait, it
+// stops before a Redis round trip (Wait; rateLimitRemote goes on).
 func (ex *Exchange) rateLimit() (Verdict, bool) {
-	enforcing := ex.matchRules()
+	ex.matchRules()
 	if len(ex.rl.hits) == 0 {
 		return Pass, false
 	}
@@ -122,12 +123,52 @@ func (ex *Exchange) rateLimit() (Verdict, bool) {
 		}
 		panic("core: unexpected key error: " + err.Error())
 	}
-	if refusing := ex.charge(enforcing, now); refusing != nil {
+	if refusing := ex.charge(now); refusing != nil {
 		return ex.refuse(refusing, now)
+	}
+	if ex.redisPending() {
+		if ex.nowait {
+			ex.step = stepRedis
+			return Wait, false
+		}
+		return ex.rateLimitRemote()
+	}
+	return ex.rateLimitServed(now)
+}
+
+// rateLimitRemote is the rest of rateLimit from its Redis round trip on
+// (step 3 of charge).
+func (ex *Exchange) rateLimitRemote() (Verdict, bool) {
+	now := ex.clock()
+	if h := ex.chargeRedis(now); h != nil {
+		ex.refundLocal(now)
+		return ex.refuse(h, now)
+	}
+	return ex.rateLimitServed(now)
+}
+
+// rateLimitServed charges the shadow rules of a request every enforcing
+// rule let through and gives it the rate-limit headers.
+func (ex *Exchange) rateLimitServed(now time.Duration) (Verdict, bool) {
+	for i := range ex.rl.hits {
+		if h := &ex.rl.hits[i]; h.r.shadow && !h.settled && !h.exact() {
+			h.d, h.decided, h.settled = h.allow(now), true, true
+			h.charged = h.d.Allowed && !h.d.Full
+		}
 	}
 	ex.served(now)
 	ex.rateLimitFields()
 	return Pass, false
+}
+
+// redisPending reports whether a Redis rule is left for the round trip.
+func (ex *Exchange) redisPending() bool {
+	for i := range ex.rl.hits {
+		if h := &ex.rl.hits[i]; h.exact() && !h.settled {
+			return true
+		}
+	}
+	return false
 }
 
 // matchRules appends a hit for every rule whose route matches the request
@@ -203,7 +244,9 @@ func (ex *Exchange) keyOf(ru *rule) ([]byte, string, error) {
 // charge counts the request in every matching rule, or in none: it returns
 // the hit of the enforcing rule that refuses the request (the one with the
 // latest RetryAfter when several do), after undoing any charge it made,
-// or nil when the request is to be served, every rule charged.
+// or nil when the request goes on, its local rules charged; the Redis
+// round trip (step 3) and the shadow rules follow (rateLimitRemote,
+// rateLimitServed).
 //
 // The order, for a request that matches local and Redis rules:
 //
@@ -229,7 +272,7 @@ func (ex *Exchange) keyOf(ru *rule) ([]byte, string, error) {
 // request are refunded. With a single enforcing rule the peek is skipped:
 // its own refusal charges nothing. Shadow rules never refuse, so they are
 // charged last, when the request is served.
-func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
+func (ex *Exchange) charge(now time.Duration) *hit {
 	if ex.rl.remotes > 0 {
 		if h := ex.denied(now); h != nil {
 			return h
@@ -240,22 +283,7 @@ func (ex *Exchange) charge(enforcing int, now time.Duration) *hit {
 			}
 		}
 	}
-	if h := ex.chargeLocal(now); h != nil {
-		return h
-	}
-	if ex.rl.remotes > 0 {
-		if h := ex.chargeRedis(now); h != nil {
-			ex.refundLocal(now)
-			return h
-		}
-	}
-	for i := range ex.rl.hits {
-		if h := &ex.rl.hits[i]; h.r.shadow && !h.settled && !h.exact() {
-			h.d, h.decided, h.settled = h.allow(now), true, true
-			h.charged = h.d.Allowed && !h.d.Full
-		}
-	}
-	return nil
+	return ex.chargeLocal(now)
 }
 
 // denied returns the enforcing Redis rule whose key the deny cache holds

@@ -36,6 +36,30 @@ import (
 //		// copy of the request (no body) the same way, to nobody, then
 //		// ex.Finish once more
 //	}
+//
+// An engine that must never block (an event loop) decides the same way
+// with two additions. It calls ex.NoWait(true) after Begin: DecideHead
+// and Decide then return Wait where they would wait (a Redis rule's round
+// trip, a duplicate of a request in flight, a cache miss another request
+// is fetching), and the engine calls the same method again from a
+// goroutine that may block, which goes on where the first call stopped.
+// And before Decide, when ex.WantsBody() says the core will read the body
+// (an idempotency fingerprint), it reads the body into memory first (up
+// to the max given and one byte more), so that Request.Body answers at
+// once:
+//
+//	ex := c.Begin(req)
+//	ex.NoWait(true)
+//	v := ex.DecideHead() // before 100 Continue
+//	if v == core.Pass {
+//		if max, ok := ex.WantsBody(); ok {
+//			// read the body, up to max+1 bytes
+//		}
+//		v = ex.Decide()
+//	}
+//	if v == core.Wait {
+//		// elsewhere: ex.NoWait(false); v = ex.Decide() (or DecideHead)
+//	}
 
 // Header is a response's header section as an engine holds it.
 type Header interface {

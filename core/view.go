@@ -53,6 +53,9 @@ const (
 	// Respond: the core answers; the application never sees the request.
 	// The answer is Exchange.Response.
 	Respond
+	// Wait: the decision stopped where it would wait, as the engine asked
+	// (Exchange.NoWait); the engine goes on with it where it may block.
+	Wait
 )
 
 // Field is one response header field the core wants sent. Name is in

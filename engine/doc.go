@@ -1,9 +1,9 @@
 // Package engine is what preforkd's HTTP engines share: the [server]
 // timeouts and limits every engine honours ([Limits]), the upstream
 // client's ([Upstream]), and the rule a retiring worker's engine drains
-// by ([DrainIdleGrace], [DrainNewGrace]). Each engine (the fast one in
-// package proxy, the net/http one in engine/nethttp) takes these as they
-// are, so that one setting means one thing whichever engine serves, and
+// by ([DrainIdleGrace], [DrainNewGrace]). Each engine (the event loop in
+// engine/loop, the daemon's; the fasthttp one in package proxy; the
+// net/http one in engine/nethttp) takes these as they are, so that one setting means one thing whichever engine serves, and
 // a default is written once, here.
 //
 // An engine carries bytes: package core runs every request.

@@ -110,7 +110,8 @@ type Options struct {
 const DefaultListen = "127.0.0.1:8080"
 
 // Engine is an HTTP engine a worker serves its listener with:
-// proxy.Server (the daemon's fast engine) and nethttp.Server are two.
+// loop.Server (the daemon's event loop), proxy.Server (fasthttp) and
+// nethttp.Server are three.
 type Engine interface {
 	// Serve serves the connections of ln until Shutdown, and then returns
 	// nil; it returns an error if it cannot go on serving.

@@ -433,7 +433,8 @@ func (r *request) appendHead(dst []byte) []byte {
 		dst = append(dst, r.query...)
 	}
 	dst = append(dst, " HTTP/1.1\r\n"...)
-	if r.absolute || len(r.host) == 0 {
+	ownHost := r.absolute || len(r.host) == 0 // the client's Host lines are not sent
+	if ownHost {
 		host := r.host
 		if len(host) == 0 {
 			host = []byte(r.s.up.t.host) // HTTP/1.0 without Host, or with an empty one: HTTP/1.1 needs one
@@ -449,8 +450,8 @@ func (r *request) appendHead(dst []byte) []byte {
 				continue
 			}
 		case kindHost:
-			if r.absolute || len(r.host) == 0 {
-				continue // written above
+			if ownHost {
+				continue
 			}
 		case kindUpgrade:
 			if !r.upgrade {

@@ -115,6 +115,24 @@ func TestAdminLimits(t *testing.T) {
 		t.Fatalf("a connection over the cap, once it had a slot: %v", err)
 	}
 	// third is an idle keep-alive connection now: the next one takes it.
+	// (net/http marks it idle after it wrote the response, which the
+	// client may have read first: wait for the mark.)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		capped.mu.Lock()
+		idle := 0
+		for c := range capped.open {
+			if c.waiting.Load() != 0 {
+				idle++
+			}
+		}
+		capped.mu.Unlock()
+		if idle > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the keep-alive connection was never marked idle")
+		}
+	}
 	fourth, fourthR := dial()
 	if took, ok := closedWithin(thirdR, third, 100*time.Millisecond); !ok {
 		t.Fatalf("the idle keep-alive connection was still open %v after one more came", took)

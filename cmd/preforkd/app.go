@@ -1,44 +1,52 @@
 package main
 
 import (
-	"bytes"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/preforkd/preforkd/engine/loop"
 )
 
 const demoUpstream = "builtin:demo"
 
 // demoCacheable is the prefix of the demo's paths that a cache may keep.
-var demoCacheable = []byte("/cacheable/")
+const demoCacheable = "/cacheable/"
 
 // demo answers every request with 200 and a small JSON body naming the
 // method, path and worker, so that preforkd runs with nothing else. A
 // path under /cacheable/ may be cached for a minute (Cache-Control), so
-// that a [[cache]] block can be tried with it at once.
-func demo(worker int) fasthttp.RequestHandler {
+// that a [[cache]] block can be tried with it at once. It is served by
+// the event-loop engine, in the worker, and allocates nothing.
+func demo(worker int) loop.App {
+	pid := strconv.Itoa(os.Getpid())
+	w := strconv.Itoa(worker)
+	return func(resp *loop.AppResponse, req *loop.AppRequest) {
+		resp.Header("Content-Type", "application/json")
+		path := req.Path()
+		if strings.HasPrefix(path, demoCacheable) {
+			resp.Header("Cache-Control", "max-age=60")
+		}
+		resp.SetBody(appendDemo(resp.Body()[:0], req.Method(), path, w, pid))
+	}
+}
+
+// fastDemo is demo for the fasthttp engine (server.engine = "fasthttp").
+func fastDemo(worker int) fasthttp.RequestHandler {
 	pid := strconv.Itoa(os.Getpid())
 	w := strconv.Itoa(worker)
 	return func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
-		if bytes.HasPrefix(ctx.Path(), demoCacheable) {
+		path := ctx.Path()
+		if strings.HasPrefix(b2s(path), demoCacheable) {
 			ctx.Response.Header.Set("Cache-Control", "max-age=60")
 		}
-		b := ctx.Response.Body()[:0]
-		b = append(b, `{"method":`...)
-		b = appendJSONString(b, ctx.Method())
-		b = append(b, `,"path":`...)
-		b = appendJSONString(b, ctx.Path())
-		b = append(b, `,"worker":`...)
-		b = append(b, w...)
-		b = append(b, `,"pid":`...)
-		b = append(b, pid...)
-		b = append(b, "}\n"...)
-		ctx.Response.SetBodyRaw(b)
+		ctx.Response.SetBodyRaw(appendDemo(ctx.Response.Body()[:0], b2s(ctx.Method()), b2s(path), w, pid))
 	}
 }
 
@@ -51,27 +59,34 @@ func demoHTTP(worker int) http.Handler {
 		h := rw.Header()
 		h.Set("Content-Type", "application/json")
 		path := r.URL.EscapedPath()
-		if strings.HasPrefix(path, string(demoCacheable)) {
+		if strings.HasPrefix(path, demoCacheable) {
 			h.Set("Cache-Control", "max-age=60")
 		}
-		b := make([]byte, 0, 128)
-		b = append(b, `{"method":`...)
-		b = appendJSONString(b, []byte(r.Method))
-		b = append(b, `,"path":`...)
-		b = appendJSONString(b, []byte(path))
-		b = append(b, `,"worker":`...)
-		b = append(b, w...)
-		b = append(b, `,"pid":`...)
-		b = append(b, pid...)
-		b = append(b, "}\n"...)
+		b := appendDemo(make([]byte, 0, 128), r.Method, path, w, pid)
 		h.Set("Content-Length", strconv.Itoa(len(b)))
 		rw.Write(b)
 	})
 }
 
+// appendDemo appends the demo's JSON body to dst.
+func appendDemo(dst []byte, method, path, worker, pid string) []byte {
+	dst = append(dst, `{"method":`...)
+	dst = appendJSONString(dst, method)
+	dst = append(dst, `,"path":`...)
+	dst = appendJSONString(dst, path)
+	dst = append(dst, `,"worker":`...)
+	dst = append(dst, worker...)
+	dst = append(dst, `,"pid":`...)
+	dst = append(dst, pid...)
+	return append(dst, "}\n"...)
+}
+
+// b2s is b as a string without copying, for reading only during a call.
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
 // appendJSONString appends s as a JSON string: quotes, backslashes and
 // control bytes escaped, invalid UTF-8 replaced by U+FFFD.
-func appendJSONString(dst, s []byte) []byte {
+func appendJSONString(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
 	for i := 0; i < len(s); {
@@ -84,7 +99,7 @@ func appendJSONString(dst, s []byte) []byte {
 		case c < utf8.RuneSelf:
 			dst = append(dst, c)
 		default:
-			r, n := utf8.DecodeRune(s[i:])
+			r, n := utf8.DecodeRuneInString(s[i:])
 			if r == utf8.RuneError && n == 1 {
 				dst = append(dst, `\ufffd`...)
 			} else {

@@ -180,14 +180,24 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err := lf.check(); err != nil {
 			return err
 		}
-		logs := newLogSwitch(stderr, lf)
-		log := logs.logger()
 		if prefork.IsWorker() {
 			// A worker runs the supervisor's configuration, handed over by
-			// it: the file may have changed (even broken) since.
+			// it: the file may have changed (even broken) since. Its lines
+			// are written by a goroutine of their own: its engine's loops
+			// never wait on a pipe.
+			q := newLineQueue(stderr)
+			logs := newLogSwitch(q, lf)
+			log := logs.logger()
 			quietRedisLog(log)
-			return prefork.Run(ctx, prefork.Options{Engine: engine, Logger: log, Configured: logs.configured})
+			withQueue := func(w *prefork.Worker) (prefork.Engine, error) {
+				q.Start()
+				w.Defer(q.Close) // the last to run: what the others log is written
+				return engine(w)
+			}
+			return prefork.Run(ctx, prefork.Options{Engine: withQueue, Logger: log, Configured: logs.configured})
 		}
+		logs := newLogSwitch(stderr, lf)
+		log := logs.logger()
 		if err := noArgs(args); err != nil {
 			return err
 		}

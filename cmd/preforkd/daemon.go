@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
@@ -22,7 +24,8 @@ import (
 // part of it: config → the supervisor's settings and the region's
 // geometry (package prefork), and in each worker config → the decision
 // core (package core, with a Redis store from package redisstore) → the
-// fast engine (package proxy). The supervisor hands each worker the
+// event-loop engine (package engine/loop; package proxy's for an https://
+// upstream). The supervisor hands each worker the
 // configuration it validated, as JSON in its settings' payload: the file
 // may have changed (even broken) since.
 
@@ -122,11 +125,14 @@ func withTickets(cfg config.Config, running *config.Config, now time.Time) (conf
 	return cfg, nil
 }
 
-// engine builds the engine a worker serves with: the fast engine of
-// package proxy, with the worker's decision core running every request,
-// forwarding to server.upstream or serving the demo application; with
-// [tls], the net/http engine (crypto/tls needs a blocking connection),
-// which speaks HTTP/2 and HTTP/1.1 over TLS through the same core.
+// engine builds the engine a worker serves with, the worker's decision
+// core running every request: the event-loop engine (package
+// engine/loop), forwarding to server.upstream or serving the demo
+// application; with server.engine = "fasthttp", or for an https://
+// upstream, which the loop does not speak, the fast engine of package
+// proxy; with [tls], the net/http engine (crypto/tls needs a blocking
+// connection), which speaks HTTP/2 and HTTP/1.1 over TLS through the
+// same core.
 func engine(w *prefork.Worker) (prefork.Engine, error) {
 	cfg, err := configOf(w.Settings)
 	if err != nil {
@@ -145,14 +151,24 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 	if cfg.TLS.Enabled() {
 		return tlsEngine(w, cfg, c)
 	}
-	o := cfg.ProxyOptions()
-	o.Core, o.Logger = c, w.Logger
-	if u := cfg.Server.Upstream; u == "" || u == demoUpstream {
+	u := cfg.Server.Upstream
+	if cfg.Server.Engine == config.EngineFasthttp || strings.HasPrefix(u, "https://") {
+		o := cfg.ProxyOptions()
+		o.Core, o.Logger = c, w.Logger
+		if u == "" || u == demoUpstream {
+			o.App = fastDemo(w.Index)
+		} else {
+			o.Upstream = u
+		}
+		return proxy.New(o)
+	}
+	o := loop.Options{Core: c, Limits: cfg.Limits(), Client: cfg.Client(), Logger: w.Logger}
+	if u == "" || u == demoUpstream {
 		o.App = demo(w.Index)
 	} else {
 		o.Upstream = u
 	}
-	return proxy.New(o)
+	return loop.New(o)
 }
 
 // tlsEngine is the net/http engine on TLS: the certificates and the

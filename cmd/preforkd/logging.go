@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -155,4 +156,77 @@ func (h *switchHandler) WithGroup(name string) slog.Handler {
 func (h *switchHandler) with(f func(slog.Handler) slog.Handler) slog.Handler {
 	chain := append(append([]func(slog.Handler) slog.Handler(nil), h.chain...), f)
 	return &switchHandler{sw: h.sw, chain: chain}
+}
+
+// lineQueue writes each line written to it to w from a goroutine of its
+// own while it runs (Start to Close): a worker's event loop never waits
+// on its stderr (a pipe to the supervisor, which may be slow to read it).
+// A line that finds the queue full is dropped, and counted in the next
+// line written. Before Start and after Close, lines are written at once:
+// what a worker says before it serves and after it drained is never lost
+// to an exit.
+type lineQueue struct {
+	w       io.Writer
+	mu      sync.RWMutex
+	running bool
+	lines   chan []byte
+	done    chan struct{}
+	dropped atomic.Uint64
+}
+
+// lineQueueSize is how many lines wait at most.
+const lineQueueSize = 256
+
+func newLineQueue(w io.Writer) *lineQueue { return &lineQueue{w: w} }
+
+// Start begins writing from the queue's goroutine.
+func (q *lineQueue) Start() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.running || q.done != nil {
+		return
+	}
+	q.running = true
+	q.lines, q.done = make(chan []byte, lineQueueSize), make(chan struct{})
+	go q.run(q.lines, q.done)
+}
+
+func (q *lineQueue) Write(p []byte) (int, error) {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if !q.running {
+		return q.w.Write(p)
+	}
+	select {
+	case q.lines <- append([]byte(nil), p...):
+	default:
+		q.dropped.Add(1)
+	}
+	return len(p), nil
+}
+
+func (q *lineQueue) run(lines <-chan []byte, done chan<- struct{}) {
+	defer close(done)
+	for line := range lines {
+		if n := q.dropped.Swap(0); n > 0 {
+			fmt.Fprintf(q.w, "preforkd: %d log lines dropped: the log was not read fast enough\n", n)
+		}
+		_, _ = q.w.Write(line)
+	}
+}
+
+// Close writes what is queued, and the lines after it at once; it may be
+// called more than once.
+func (q *lineQueue) Close() error {
+	q.mu.Lock()
+	running := q.running
+	if running {
+		q.running = false
+		close(q.lines)
+	}
+	q.mu.Unlock()
+	if running {
+		<-q.done
+	}
+	return nil
 }

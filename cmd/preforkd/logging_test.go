@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,4 +73,56 @@ func TestLogDurationsInSeconds(t *testing.T) {
 	if !strings.Contains(buf.String(), "timeout=30s") {
 		t.Errorf("text line %q: want timeout=30s", buf.String())
 	}
+}
+
+// The worker's line queue writes every line in order once started, none
+// of them from the writer's goroutine, and writes at once before Start
+// and after Close.
+func TestLineQueue(t *testing.T) {
+	var out lockedBuffer
+	q := newLineQueue(&out)
+	q.Write([]byte("before\n"))
+	if out.String() != "before\n" {
+		t.Fatalf("before Start: %q", out.String())
+	}
+	out.block()
+	q.Start()
+	for i := range 10 {
+		q.Write([]byte(fmt.Sprintf("line %d\n", i)))
+	}
+	// The writer is blocked: the lines wait, Write did not.
+	out.unblock()
+	q.Close()
+	q.Write([]byte("after\n"))
+	var want strings.Builder
+	want.WriteString("before\n")
+	for i := range 10 {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	want.WriteString("after\n")
+	if out.String() != want.String() {
+		t.Errorf("got %q, want %q", out.String(), want.String())
+	}
+}
+
+// lockedBuffer is a writer a test can block.
+type lockedBuffer struct {
+	mu   sync.Mutex
+	gate sync.Mutex
+	b    strings.Builder
+}
+
+func (l *lockedBuffer) block()   { l.gate.Lock() }
+func (l *lockedBuffer) unblock() { l.gate.Unlock() }
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.gate.Lock()
+	defer l.gate.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -319,6 +319,12 @@ func TestSlowlorisE2E(t *testing.T) {
 	d := startDaemon(t, daemonOptions{config: baseServer(1, `read_header_timeout = "500ms"
 max_connections = 10`)})
 	pid := d.workerPIDs()[0]
+	// A request served first: the engine serves, with whatever
+	// descriptors it holds for that (the event loop polls a duplicate of
+	// the listener), before the count starts.
+	if r := get(newClient(t, nil, false), d.url("/before")); r.status != 200 {
+		t.Fatalf("a first request: %d %v", r.status, r.err)
+	}
 	base := socketCount(t, pid)
 	stopSampling := wiretest.SamplePeak(20*time.Millisecond, func() int64 { return int64(socketCount(t, pid) - base) })
 	start := time.Now()
@@ -351,6 +357,52 @@ func socketCount(t *testing.T, pid int) int {
 	n := 0
 	for _, e := range ents {
 		if l, err := os.Readlink(dir + "/" + e.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
+}
+
+// server.engine = "fasthttp" serves with the engine before the event loop
+// (a fallback): the application and the demo are served as by the loop,
+// with the rules in front. The engines tell apart by their pollers: an
+// event loop's worker has one poller a loop beside the Go runtime's.
+func TestEngineFallbackE2E(t *testing.T) {
+	t.Parallel()
+	up := startUpstreamProcess(t)
+	for _, tc := range []struct {
+		engine string
+		loop   bool
+	}{{"", true}, {`engine = "loop"`, true}, {`engine = "fasthttp"`, false}} {
+		for _, upstream := range []string{"http://" + up, "builtin:demo"} {
+			d := startDaemon(t, daemonOptions{config: baseServer(1, fmt.Sprintf("upstream = %q\n%s", upstream, tc.engine)) +
+				"[[ratelimit]]\nname = \"one\"\npath = \"/limited\"\nlimit = 1\nwindow = \"1m\"\n"})
+			c := newClient(t, nil, false)
+			if r := get(c, d.url("/hello")); r.status != 200 {
+				t.Errorf("%q, %s: GET /hello: %d %v", tc.engine, upstream, r.status, r.err)
+			}
+			if a, b := get(c, d.url("/limited")), get(c, d.url("/limited")); a.status != 200 || b.status != 429 {
+				t.Errorf("%q, %s: a rule of limit 1: %d then %d", tc.engine, upstream, a.status, b.status)
+			}
+			if n := pollers(t, d.workerPIDs()[0]); (n > 1) != tc.loop {
+				t.Errorf("%q, %s: the worker has %d epoll instances (the runtime's, and a loop's each), want a loop: %v", tc.engine, upstream, n, tc.loop)
+			}
+			d.stop()
+		}
+	}
+}
+
+// pollers counts the epoll instances process pid has open.
+func pollers(t *testing.T, pid int) int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink(dir + "/" + e.Name()); err == nil && l == "anon_inode:[eventpoll]" {
 			n++
 		}
 	}

@@ -1,0 +1,172 @@
+package loop
+
+import (
+	"errors"
+	"strconv"
+)
+
+// The chunked transfer coding (RFC 9112 §7.1), read incrementally: bytes
+// arrive as the socket has them, and the data of each chunk is handed on
+// as it comes, in place (no copy), while the framing around it — sizes,
+// extensions, line ends, the trailer section — is checked and dropped.
+// A trailer section is read to its end and not passed on: the framing it
+// belongs to is this hop's.
+
+// errChunk is malformed chunked framing.
+var errChunk = errors.New("loop: malformed chunked body")
+
+// chunk decoder states.
+const (
+	chSize    uint8 = iota // hex digits of a chunk size
+	chExt                  // a chunk extension, up to its CR
+	chSizeLF               // the LF of a size line
+	chData                 // chunk data, left bytes of it
+	chDataCR               // the CR after a chunk's data
+	chDataLF               // its LF
+	chTrailer              // the start of a trailer line (or of the blank line)
+	chTLine                // inside a trailer line, up to its CR
+	chTLF                  // a trailer line's LF
+	chEndLF                // the LF of the blank line that ends the body
+	chDone
+)
+
+// maxTrailer bounds the trailer section.
+const maxTrailer = 16 << 10
+
+// chunkDecoder is where a chunked body stands.
+type chunkDecoder struct {
+	state   uint8
+	digits  uint8 // hex digits of the size read so far
+	sawBWS  bool  // whitespace after the size: only an extension may follow
+	left    int64 // data bytes left in the chunk, or the size being read
+	trailer int   // bytes of trailer section read
+}
+
+// decode consumes p up to the end of its first piece of data, or to the
+// end of the body: it returns that data (a slice of p, maybe empty) and
+// how many bytes of p it consumed, data included. done is set once the
+// body ended; what follows in p is not the body's.
+func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err error) {
+	for n < len(p) {
+		c := p[n]
+		switch d.state {
+		case chSize:
+			switch {
+			case hexVal(c) >= 0 && !d.sawBWS:
+				if d.digits == 15 {
+					return nil, n, false, errChunk // over 2^60: no such body
+				}
+				d.left = d.left<<4 | int64(hexVal(c))
+				d.digits++
+			case d.digits == 0:
+				return nil, n, false, errChunk
+			case c == ' ' || c == '\t':
+				d.sawBWS = true
+			case c == ';':
+				d.state = chExt
+			case c == '\r':
+				d.state = chSizeLF
+			default:
+				return nil, n, false, errChunk
+			}
+			n++
+		case chExt:
+			switch {
+			case c == '\r':
+				d.state = chSizeLF
+			case c == '\n' || c < ' ' && c != '\t' || c == 0x7f:
+				return nil, n, false, errChunk
+			}
+			n++
+		case chSizeLF:
+			if c != '\n' {
+				return nil, n, false, errChunk
+			}
+			n++
+			d.digits, d.sawBWS = 0, false
+			if d.left == 0 {
+				d.state = chTrailer
+			} else {
+				d.state = chData
+			}
+		case chData:
+			k := min(int64(len(p)-n), d.left)
+			data = p[n : n+int(k)]
+			n += int(k)
+			d.left -= k
+			if d.left == 0 {
+				d.state = chDataCR
+			}
+			return data, n, false, nil
+		case chDataCR:
+			if c != '\r' {
+				return nil, n, false, errChunk
+			}
+			d.state = chDataLF
+			n++
+		case chDataLF:
+			if c != '\n' {
+				return nil, n, false, errChunk
+			}
+			d.state = chSize
+			n++
+		case chTrailer:
+			if c == '\r' {
+				d.state = chEndLF
+			} else {
+				d.state = chTLine
+			}
+			n++
+			if d.trailer++; d.trailer > maxTrailer {
+				return nil, n, false, errChunk
+			}
+		case chTLine:
+			switch {
+			case c == '\r':
+				d.state = chTLF
+			case c == '\n':
+				return nil, n, false, errChunk // a bare LF
+			}
+			n++
+			if d.trailer++; d.trailer > maxTrailer {
+				return nil, n, false, errChunk
+			}
+		case chTLF:
+			if c != '\n' {
+				return nil, n, false, errChunk
+			}
+			d.state = chTrailer
+			n++
+		case chEndLF:
+			if c != '\n' {
+				return nil, n, false, errChunk
+			}
+			d.state = chDone
+			return nil, n + 1, true, nil
+		case chDone:
+			return nil, n, true, nil
+		}
+	}
+	return nil, n, d.state == chDone, nil
+}
+
+func hexVal(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// appendChunkHead appends the size line of a chunk of n bytes.
+func appendChunkHead(dst []byte, n int) []byte {
+	dst = strconv.AppendUint(dst, uint64(n), 16)
+	return append(dst, '\r', '\n')
+}
+
+// lastChunk ends a chunked body, with no trailer.
+const lastChunk = "0\r\n\r\n"

@@ -1,0 +1,366 @@
+package loop
+
+import (
+	"net/http"
+	"reflect"
+	"strconv"
+	"time"
+	"unsafe"
+
+	gerrors "github.com/panjf2000/gnet/v2/pkg/errors"
+	"github.com/panjf2000/gnet/v2/pkg/netpoll"
+	"github.com/panjf2000/gnet/v2/pkg/queue"
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// A loop is one goroutine that owns a poller (gnet's epoll, level
+// triggered, with its eventfd wake-up and task queue) and everything
+// registered on it: its share of the client connections, its upstream
+// connections and their pool, its timers. Nothing of a loop is touched
+// from another goroutine but through its task queue (run), so none of it
+// is locked.
+
+// Interest in a descriptor's events.
+const (
+	wantRead  uint8 = 1
+	wantWrite uint8 = 2
+)
+
+// pollable is what a loop dispatches a descriptor's events to.
+type pollable interface {
+	event(ev uint32)
+}
+
+// Buffer sizes.
+const (
+	readSize   = 64 << 10 // one read from a socket
+	smallBuf   = 4 << 10  // a head being read, a short output backlog
+	highWater  = 256 << 10
+	backlogBuf = highWater + 2*readSize // a backlog's buffer: it stops growing at highWater
+	freeBufMax = 64                     // buffers of each size a loop keeps for reuse
+)
+
+type loop struct {
+	s      *Server
+	poller *netpoll.Poller
+	epfd   int        // the poller's epoll descriptor, or -1 (pollerFD)
+	fds    []pollable // by descriptor
+	wheel  wheel
+
+	rbuf   []byte   // what one read brings, handled before the next read
+	head   []byte   // a response head being composed
+	iov    [][]byte // the pieces of one write
+	iovecs []unix.Iovec
+
+	// A problem answer being composed.
+	pbody   []byte
+	pfields []core.Field
+	pvals   []byte
+
+	dateLine []byte // "Date: ...\r\n", remade each second
+	date     []byte // "Date: ...\r\n" of a core's answer with its own
+	dateSec  int64
+
+	conns     connList // client connections, for the drain
+	upstreams int      // upstream connections open
+	pool      upPool
+	acceptors []*acceptor
+	requests  []*request                // free
+	free      [len(bufClasses)][][]byte // free buffers, by size class
+
+	// Bound once, so that queueing them allocates nothing.
+	onTick, onResume, onStop, onDrain, onAccept, onClose, onResumeAccept, onUpFail queue.Func
+
+	appResp AppResponse // an App's answer being made
+	appReq  AppRequest
+
+	tickerStop chan struct{}
+	done       chan struct{} // closed when the loop returned
+	draining   bool
+}
+
+func newLoop(s *Server) (*loop, error) {
+	p, err := netpoll.OpenPoller()
+	if err != nil {
+		return nil, err
+	}
+	l := &loop{
+		s:          s,
+		poller:     p,
+		epfd:       pollerFD(p),
+		fds:        make([]pollable, 1024),
+		rbuf:       make([]byte, readSize),
+		tickerStop: make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+	l.wheel.init()
+	l.conns.init()
+	l.pool.init(l)
+	l.onTick = l.tick
+	l.onResume = l.resume
+	l.onStop = func(any) error { return gerrors.ErrEngineShutdown }
+	l.onDrain = l.drain
+	l.onAccept = l.addAcceptor
+	l.onResumeAccept = l.resumeAccept
+	l.onUpFail = l.upFail
+	l.onClose = func(arg any) error {
+		arg.(*conn).close(errClientGone)
+		return nil
+	}
+	l.updateDate(time.Now())
+	return l, nil
+}
+
+// pollerFD is the epoll descriptor of a gnet poller, which gnet v2.9.7
+// keeps in an unexported field with no accessor: read it (reflect reads
+// an unexported int), and check that it is an epoll instance; -1 when it
+// is not there (another gnet), and then what needs it does without.
+func pollerFD(p *netpoll.Poller) int {
+	v := reflect.ValueOf(p).Elem().FieldByName("fd")
+	if !v.IsValid() || v.Kind() != reflect.Int {
+		return -1
+	}
+	fd := int(v.Int())
+	var buf [32]byte
+	n, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf[:])
+	if err != nil || string(buf[:n]) != "anon_inode:[eventpoll]" {
+		return -1
+	}
+	return fd
+}
+
+// run is the loop's goroutine: it polls until stop.
+func (l *loop) run() {
+	defer close(l.done)
+	go l.ticker()
+	_ = l.poller.Polling(l.dispatch)
+	close(l.tickerStop)
+	l.closeAll()
+	_ = l.poller.Close()
+}
+
+// dispatch hands an event to the descriptor's owner.
+func (l *loop) dispatch(fd int, ev uint32, _ uint16) error {
+	if fd < len(l.fds) {
+		if p := l.fds[fd]; p != nil {
+			p.event(ev)
+		}
+	}
+	return nil
+}
+
+// ticker moves the loop's wheel on, from a goroutine of its own.
+func (l *loop) ticker() {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.tickerStop:
+			return
+		case <-t.C:
+			if l.poller.Trigger(queue.HighPriority, l.onTick, nil) != nil {
+				return
+			}
+		}
+	}
+}
+
+// tick fires the timers due.
+func (l *loop) tick(any) error {
+	now := time.Now()
+	if sec := now.Unix(); sec != l.dateSec {
+		l.updateDate(now)
+	}
+	l.wheel.advance()
+	return nil
+}
+
+func (l *loop) updateDate(now time.Time) {
+	l.dateSec = now.Unix()
+	l.dateLine = append(l.dateLine[:0], "Date: "...)
+	l.dateLine = now.UTC().AppendFormat(l.dateLine, http.TimeFormat)
+	l.dateLine = append(l.dateLine, "\r\n"...)
+}
+
+// run queues f(arg) on the loop, from any goroutine.
+func (l *loop) run1(f queue.Func, arg any) error {
+	return l.poller.Trigger(queue.HighPriority, f, arg)
+}
+
+// stop makes the loop return once it has run what is queued.
+func (l *loop) stop() {
+	if l.poller.Trigger(queue.LowPriority, l.onStop, nil) != nil {
+		return // stopped already
+	}
+}
+
+// register enters fd in the loop's table with interest want.
+func (l *loop) register(fd int, p pollable, have *uint8, want uint8) error {
+	for fd >= len(l.fds) {
+		l.fds = append(l.fds, make([]pollable, len(l.fds))...)
+	}
+	l.fds[fd] = p
+	*have = 0
+	return l.interest(fd, have, want)
+}
+
+// interest changes what fd is polled for. netpoll has no write-only
+// change: a descriptor that stops reading while it writes is entered
+// anew. That is the rare case (a paused stream with a backlog the other
+// way); the usual changes are one epoll_ctl.
+func (l *loop) interest(fd int, have *uint8, want uint8) error {
+	if *have == want {
+		return nil
+	}
+	pa := netpoll.PollAttachment{FD: fd}
+	var err error
+	switch {
+	case *have == 0 && want == wantRead:
+		err = l.poller.AddRead(&pa, false)
+	case *have == 0 && want == wantWrite:
+		err = l.poller.AddWrite(&pa, false)
+	case *have == 0:
+		err = l.poller.AddReadWrite(&pa, false)
+	case want == 0:
+		err = l.poller.Delete(fd)
+	case want == wantRead:
+		err = l.poller.ModRead(&pa, false)
+	case want == wantRead|wantWrite:
+		err = l.poller.ModReadWrite(&pa, false)
+	default: // write only, from read (and write)
+		if err = l.poller.Delete(fd); err == nil {
+			err = l.poller.AddWrite(&pa, false)
+		}
+	}
+	if err == nil {
+		*have = want
+	}
+	return err
+}
+
+// forget takes fd out of the table and closes it, which takes it out of
+// the poller: a connection's descriptor is this process's alone (the
+// listener, shared with the other workers, is taken out by hand).
+func (l *loop) forget(fd int, have *uint8) {
+	*have = 0
+	if fd < len(l.fds) {
+		l.fds[fd] = nil
+	}
+	_ = unix.Close(fd)
+}
+
+// closeAll closes what is left when the loop ends.
+func (l *loop) closeAll() {
+	for c := l.conns.first(); c != nil; c = l.conns.first() {
+		c.close(errServerClosed)
+	}
+	l.pool.closeIdle()
+	for _, a := range l.acceptors {
+		a.stop()
+	}
+	for fd, p := range l.fds {
+		if u, ok := p.(*upConn); ok {
+			u.fail(errServerClosed)
+		}
+		_ = fd
+	}
+}
+
+// getBuf returns an empty buffer of at least size bytes, of the smallest
+// size class that holds it: a head being read, one read's worth, a
+// stream's backlog. The classes are kept for reuse, so that a long
+// transfer allocates nothing as its backlog comes and goes.
+func (l *loop) getBuf(size int) []byte {
+	for i, class := range bufClasses {
+		if size <= class {
+			free := &l.free[i]
+			if n := len(*free); n > 0 {
+				b := (*free)[n-1]
+				*free = (*free)[:n-1]
+				return b[:0]
+			}
+			return make([]byte, 0, class)
+		}
+	}
+	return make([]byte, 0, size)
+}
+
+// putBuf keeps b for reuse, if it is of a size class.
+func (l *loop) putBuf(b []byte) {
+	for i, class := range bufClasses {
+		if cap(b) == class {
+			if free := &l.free[i]; len(*free) < freeBufMax {
+				*free = append(*free, b[:0])
+			}
+			return
+		}
+	}
+}
+
+// bufClasses are the sizes of the buffers a loop keeps.
+var bufClasses = [...]int{smallBuf, readSize, backlogBuf}
+
+// grow appends p to b, taking a larger buffer from the loop when b is
+// full (the old one goes back).
+func (l *loop) grow(b, p []byte) []byte {
+	if len(b)+len(p) <= cap(b) {
+		return append(b, p...)
+	}
+	nb := l.getBuf(len(b) + len(p))
+	nb = append(nb, b...)
+	nb = append(nb, p...)
+	if cap(b) > 0 {
+		l.putBuf(b)
+	}
+	return nb
+}
+
+// writev writes the pieces of iov to fd in one system call, and returns
+// how many bytes went. (unix.Writev allocates its iovecs per call.)
+func (l *loop) writev(fd int, iov [][]byte) (int, error) {
+	vs := l.iovecs[:0]
+	for _, b := range iov {
+		if len(b) > 0 {
+			v := unix.Iovec{Base: &b[0]}
+			v.SetLen(len(b))
+			vs = append(vs, v)
+		}
+	}
+	l.iovecs = vs
+	if len(vs) == 0 {
+		return 0, nil
+	}
+	for {
+		n, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&vs[0])), uintptr(len(vs)))
+		switch e {
+		case 0:
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		}
+		return 0, e
+	}
+}
+
+func unsafePointer(p []byte) unsafe.Pointer {
+	if len(p) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&p[0])
+}
+
+// read reads from fd into p, without allocating for an error.
+func read(fd int, p []byte) (int, error) {
+	for {
+		n, _, e := unix.Syscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		switch e {
+		case 0:
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		}
+		return 0, e
+	}
+}

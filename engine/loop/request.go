@@ -1,0 +1,343 @@
+package loop
+
+import (
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// request is one request from its head to its end, pooled per loop. It is
+// the core.Request the core decides over.
+type request struct {
+	c   *conn // nil for a background refresh
+	l   *loop
+	h   head
+	buf []byte // the head's bytes: h.raw aliases it
+
+	ex      *core.Exchange
+	verdict core.Verdict // what a waiter decided
+	fwd     core.Forward
+	peer    netip.Addr
+	phase   phase
+	// waiting: the request is with a waiter (or a refresh is under way)
+	// and must not be recycled by the loop meanwhile.
+	waiting bool
+	gone    atomic.Bool // the client went away (Gone, read by a waiter)
+	begun   bool        // an exchange began: it counts the response
+	refresh bool        // a background refresh: no client
+	counted bool        // the response was counted (OnResponse)
+
+	body bodyIn
+
+	// The upstream side.
+	up       *upConn
+	sent     []byte // the head sent upstream (in buf's memory, after the client's head, when it fits)
+	streamed bool   // the body streams after sent
+	retried  bool
+
+	// The response to the client.
+	status    int
+	respMode  uint8 // how the response body is framed for the client
+	respLeft  int64 // bytes of a length-framed response body left
+	headSent  bool  // the response head went to the client
+	keep      bool  // the core keeps the response: it is read to its end whatever the client does
+	discarded bool  // the client went away: the response is read, not sent
+}
+
+// phase is where a request stands.
+type phase uint8
+
+const (
+	phHead      phase = iota // DecideHead
+	phCoreBody               // the body is read for the core
+	phDecide                 // Decide
+	phAppBody                // the body is read for the application
+	phReadAhead              // the body is read before anything is sent upstream
+	phUpstream               // sent upstream, the response awaited
+	phRelay                  // the response is relayed
+	phTunnel                 // upgraded
+	phDone
+)
+
+// How a response body is framed for the client.
+const (
+	frameNone    uint8 = iota // no body
+	frameLength               // Content-Length
+	frameChunked              // chunked, made here
+	frameClose                // up to the close of the connection
+)
+
+func (l *loop) getRequest(c *conn) *request {
+	var r *request
+	if n := len(l.requests); n > 0 {
+		r = l.requests[n-1]
+		l.requests = l.requests[:n-1]
+	} else {
+		r = &request{l: l}
+	}
+	r.c = c
+	return r
+}
+
+// recycle puts r back once nothing refers to it: its exchange ended.
+func (l *loop) recycle(r *request) {
+	if r.buf != nil {
+		l.putBuf(r.buf)
+	}
+	r.body.release(l)
+	r.c, r.ex, r.up = nil, nil, nil
+	r.buf, r.sent = nil, nil
+	r.h.raw, r.h.fields = nil, nil
+	r.fwd, r.peer, r.verdict = core.Forward{}, netip.Addr{}, 0
+	r.phase, r.waiting, r.begun, r.counted = 0, false, false, false
+	r.gone.Store(false)
+	r.streamed, r.retried = false, false
+	r.status, r.respMode, r.respLeft = 0, 0, 0
+	r.headSent, r.keep, r.discarded = false, false, false
+	if len(l.requests) < 1024 {
+		l.requests = append(l.requests, r)
+	}
+}
+
+// The core sees the request as the upstream will get it (SPEC "One
+// request, one truth"): Host is the authority of an absolute-form target
+// when there is one; X-Forwarded-Proto and X-Forwarded-Host are the
+// values this server sends; the hop-by-hop fields (Connection and every
+// field it names, Keep-Alive, TE, Transfer-Encoding, Upgrade but on an
+// upgrade, Proxy-*), Expect and names with '_' are absent, so that
+// nothing the upstream never sees can key, vary or fingerprint anything.
+// X-Forwarded-For is the client's chain as sent: the core appends the
+// peer itself when it believes the chain.
+
+// seen reports whether the upstream gets field f as the client sent it.
+func (r *request) seen(f *field) bool {
+	switch f.kind {
+	case kindOther, kindLength, kindForwardedFor:
+		return true
+	case kindHost:
+		return !r.h.absolute
+	case kindUpgrade:
+		return r.h.upgrade
+	}
+	return false
+}
+
+// forwarded returns the value this server sends for a field it writes
+// itself, whatever the client sent.
+func (r *request) forwarded(name string) (string, bool) {
+	host := r.h.host.of(r.h.raw)
+	switch {
+	case len(name) == 4 && equalFold(s2b(name), "host"):
+		return b2s(host), len(host) > 0
+	case len(name) == 16 && equalFold(s2b(name), "x-forwarded-host"):
+		return b2s(host), len(host) > 0
+	case len(name) == 17 && equalFold(s2b(name), "x-forwarded-proto"):
+		return "http", true
+	}
+	return "", false
+}
+
+// Header implements core.Request.
+func (r *request) Header(name string) (first string, lines int) {
+	if v, ok := r.forwarded(name); ok {
+		return v, 1
+	}
+	raw := r.h.raw
+	for i := range r.h.fields {
+		f := &r.h.fields[i]
+		if int(f.name.to-f.name.from) == len(name) && equalFold(f.name.of(raw), name) && r.seen(f) {
+			if lines == 0 {
+				first = b2s(f.value.of(raw))
+			}
+			lines++
+		}
+	}
+	return first, lines
+}
+
+// HeaderLines implements core.Request.
+func (r *request) HeaderLines(name string, dst []string) []string {
+	if v, ok := r.forwarded(name); ok {
+		return append(dst, v)
+	}
+	raw := r.h.raw
+	for i := range r.h.fields {
+		f := &r.h.fields[i]
+		if int(f.name.to-f.name.from) == len(name) && equalFold(f.name.of(raw), name) && r.seen(f) {
+			dst = append(dst, b2s(f.value.of(raw)))
+		}
+	}
+	return dst
+}
+
+// Method implements core.Request.
+func (r *request) Method() string { return b2s(r.h.method.of(r.h.raw)) }
+
+// Path implements core.Request.
+func (r *request) Path() string {
+	if r.h.pathSlash {
+		return "/"
+	}
+	return b2s(r.h.path.of(r.h.raw))
+}
+
+// Query implements core.Request.
+func (r *request) Query() string { return b2s(r.h.query.of(r.h.raw)) }
+
+// Peer implements core.Request.
+func (r *request) Peer() netip.Addr { return r.peer }
+
+// Gone implements core.Request: the client closed its connection.
+func (r *request) Gone() bool { return r.gone.Load() }
+
+// Body implements core.Request: the body read before Decide
+// (core.Exchange.WantsBody), or its failure.
+func (r *request) Body(max int64) ([]byte, error) {
+	b := &r.body
+	switch {
+	case b.err != nil:
+		return nil, b.err
+	case int64(len(b.buf)) > max:
+		return nil, core.ErrBodyTooLarge
+	case !b.done:
+		return nil, core.ErrBodyTooLarge // read up to max+1 and stopped there
+	}
+	return b.buf, nil
+}
+
+// Proto implements core.Protocol, for the access log.
+func (r *request) Proto() string {
+	if r.h.minor == 0 {
+		return "HTTP/1.0"
+	}
+	return "HTTP/1.1"
+}
+
+var _ core.Request = (*request)(nil)
+
+// appendHead appends the request head the upstream gets: the request line
+// with the forward path, the client's header lines as sent but the
+// hop-by-hop ones and those the core drops, X-Forwarded-For/-Proto/-Host,
+// the fields the core adds, and the body's framing.
+func (r *request) appendHead(dst []byte, t *target) []byte {
+	h := &r.h
+	raw := h.raw
+	dst = append(dst, h.method.of(raw)...)
+	dst = append(dst, ' ')
+	dst = append(dst, t.prefix...)
+	dst = append(dst, r.fwd.Path...)
+	if h.hasQuery {
+		dst = append(dst, '?')
+		dst = append(dst, h.query.of(raw)...)
+	}
+	dst = append(dst, " HTTP/1.1\r\n"...)
+	host := h.host.of(raw)
+	ownHost := h.absolute || len(host) == 0 // the client's Host lines are not sent
+	if ownHost {
+		if len(host) == 0 {
+			host = s2b(t.host) // none, or empty: HTTP/1.1 needs one
+		}
+		dst = appendField(dst, "Host", host)
+	}
+	for i := range h.fields {
+		f := &h.fields[i]
+		switch f.kind {
+		case kindOther:
+			if (len(r.fwd.Drop) > 0 || len(r.fwd.Add) > 0) && r.fwd.Dropped(b2s(f.name.of(raw))) {
+				continue
+			}
+		case kindHost:
+			if ownHost {
+				continue
+			}
+		case kindUpgrade:
+			if !h.upgrade {
+				continue
+			}
+		default:
+			continue
+		}
+		dst = append(dst, raw[f.name.from:f.value.to]...)
+		dst = append(dst, "\r\n"...)
+	}
+	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
+	// $proxy_add_x_forwarded_for); which hops to believe is the core's
+	// business.
+	dst = append(dst, "X-Forwarded-For: "...)
+	sep := false
+	for i := range h.fields {
+		if f := &h.fields[i]; f.kind == kindForwardedFor && f.value.to > f.value.from {
+			if sep {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, f.value.of(raw)...)
+			sep = true
+		}
+	}
+	if peer := r.Peer(); peer.IsValid() {
+		if sep {
+			dst = append(dst, ", "...)
+		}
+		dst = peer.AppendTo(dst)
+	}
+	dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
+	if hh := h.host.of(raw); len(hh) > 0 {
+		dst = appendField(dst, "X-Forwarded-Host", hh)
+	}
+	for i := range r.fwd.Add {
+		dst = appendField(dst, r.fwd.Add[i].Name, r.fwd.Add[i].Value)
+	}
+	if h.upgrade {
+		dst = append(dst, "Connection: Upgrade\r\n"...)
+	}
+	switch b := &r.body; {
+	case b.done && !r.streamed:
+		if n := len(b.buf); n > 0 || h.hasLength || h.chunked {
+			dst = append(dst, "Content-Length: "...)
+			dst = strconv.AppendInt(dst, int64(n), 10)
+			dst = append(dst, "\r\n"...)
+		}
+	case b.mode == bodyLength:
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, h.length, 10)
+		dst = append(dst, "\r\n"...)
+	default:
+		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
+	}
+	return append(dst, "\r\n"...)
+}
+
+// appendField appends the field line "name: value".
+func appendField[V string | []byte](dst []byte, name string, value V) []byte {
+	dst = append(dst, name...)
+	dst = append(dst, ": "...)
+	dst = append(dst, value...)
+	return append(dst, "\r\n"...)
+}
+
+// retryable reports whether the request may be sent again: its method is
+// idempotent (RFC 9110 §9.2.2) or it has an Idempotency-Key field (that
+// name only: an idempotency block's own header name is not consulted).
+func (r *request) retryable() bool {
+	switch r.Method() {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		return true
+	}
+	_, n := r.Header("Idempotency-Key")
+	return n > 0
+}
+
+// s2b returns s as bytes without copying, for reading only.
+func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+// b2s returns b as a string without copying: for the core, which uses
+// what the request returns only while it decides.
+func b2s(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}

@@ -1,0 +1,494 @@
+package loop
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/engine"
+)
+
+// Server is the event-loop engine: HTTP/1.1 on loops of its own, in
+// front of which the core runs every request, forwarding to one upstream
+// or serving an in-process App. It is safe for concurrent use; Serve may
+// be called for several listeners.
+type Server struct {
+	o       settings
+	loops   []*loop
+	waiters waiters
+
+	// drainNewGrace and drainIdleGrace are the drain rule's graces
+	// (package engine); tests shorten them.
+	drainNewGrace, drainIdleGrace time.Duration
+
+	open      atomic.Int64 // client connections open
+	refreshes atomic.Int64 // background refreshes under way
+	count     counters
+	draining  atomic.Bool
+
+	addrs    atomic.Pointer[[]netip.AddrPort] // the upstream's, resolved
+	resolve  chan struct{}                    // closed by Close: ends the resolver
+	resolver sync.WaitGroup
+	warnerWG sync.WaitGroup
+
+	mu      sync.Mutex
+	lns     map[*listener]struct{}
+	shut    bool          // Shutdown or Close began
+	stopped bool          // the loops were told to stop: nothing may be queued on them
+	drained chan struct{} // closed when a drain is done
+	once    sync.Once
+
+	warnings chan warning
+	gates    [warnKinds]warnGate
+}
+
+// New returns a Server for o, or an error for options that make no sense
+// (a *engine.FieldError for a bad limit). Its loops run from now on:
+// Close (or Shutdown) stops them.
+func New(o Options) (*Server, error) {
+	so, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		o:              so,
+		drainNewGrace:  engine.DrainNewGrace,
+		drainIdleGrace: engine.DrainIdleGrace,
+		resolve:        make(chan struct{}),
+		lns:            make(map[*listener]struct{}),
+		drained:        make(chan struct{}),
+		warnings:       make(chan warning, 16),
+	}
+	if so.Core.Redis() != nil {
+		reserveP(so.Loops)
+	}
+	s.waiters.init(so.Waiters)
+	if so.Upstream != "" {
+		s.startResolver()
+	}
+	s.warnerWG.Add(1)
+	go s.warner()
+	perLoop := (so.client.MaxIdle + so.Loops - 1) / so.Loops
+	for range so.Loops {
+		l, err := newLoop(s)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("loop: %w", err)
+		}
+		l.pool.max = perLoop
+		s.loops = append(s.loops, l)
+	}
+	for _, l := range s.loops {
+		go l.run()
+	}
+	return s, nil
+}
+
+// Serve serves the connections of ln until Shutdown or Close, and then
+// returns nil. ln must be a listener with a descriptor (a TCP or Unix
+// socket): the loops accept from a duplicate of it, and Serve closes ln
+// itself at once.
+func (s *Server) Serve(ln net.Listener) error {
+	fd, err := dupListener(ln)
+	// ln itself is closed at once: Go's poller watches its descriptor,
+	// and would wake a thread of the runtime at every connection that
+	// arrives, for nobody (the loops accept from the duplicate).
+	ln.Close()
+	if err != nil {
+		return err
+	}
+	lst := &listener{fd: fd, loops: len(s.loops), done: make(chan struct{})}
+	s.mu.Lock()
+	if s.shut {
+		s.mu.Unlock()
+		unix.Close(fd)
+		return nil
+	}
+	s.lns[lst] = struct{}{}
+	for _, l := range s.loops {
+		_ = l.run1(l.onAccept, lst)
+	}
+	s.mu.Unlock()
+	<-lst.done
+	return nil
+}
+
+// dupListener is a descriptor of ln's socket of the server's own.
+func dupListener(ln net.Listener) (int, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return -1, fmt.Errorf("loop: a %T has no descriptor to accept from", ln)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, fmt.Errorf("loop: %w", err)
+	}
+	fd := -1
+	cerr := rc.Control(func(f uintptr) {
+		fd, err = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0)
+	})
+	if cerr != nil {
+		return -1, fmt.Errorf("loop: %w", cerr)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("loop: duplicating the listener: %w", err)
+	}
+	return fd, nil
+}
+
+// releaseListener: a loop let go of ln; the last one closes it.
+func (s *Server) releaseListener(ln *listener) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ln.loops--; ln.loops > 0 {
+		return
+	}
+	unix.Close(ln.fd)
+	delete(s.lns, ln)
+	close(ln.done)
+	s.checkDrained()
+}
+
+// atCapacity reports whether the worker has MaxConnections open.
+func (s *Server) atCapacity() bool {
+	max := s.o.limits.MaxConnections
+	return max > 0 && s.open.Load() >= int64(max)
+}
+
+// takeSlot counts a connection about to be accepted, unless the worker
+// has MaxConnections open.
+func (s *Server) takeSlot() bool {
+	max := int64(s.o.limits.MaxConnections)
+	for {
+		n := s.open.Load()
+		if max > 0 && n >= max {
+			return false
+		}
+		if s.open.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// connClosed counts a client connection gone; the loops paused at the
+// bound accept again.
+func (s *Server) connClosed() {
+	n := s.open.Add(-1)
+	if max := s.o.limits.MaxConnections; max > 0 && n == int64(max)-1 {
+		for _, l := range s.loops {
+			_ = s.queue(l, l.onResumeAccept, nil)
+		}
+	}
+	if n == 0 && s.draining.Load() {
+		s.mu.Lock()
+		s.checkDrained()
+		s.mu.Unlock()
+	}
+}
+
+func (s *Server) refreshDone() {
+	if s.refreshes.Add(-1) == 0 && s.draining.Load() {
+		s.mu.Lock()
+		s.checkDrained()
+		s.mu.Unlock()
+	}
+}
+
+// checkDrained closes drained once a drain has nothing left: no
+// connection, no listener polled, no refresh. Requires s.mu.
+func (s *Server) checkDrained() {
+	if !s.draining.Load() || s.open.Load() > 0 || len(s.lns) > 0 || s.refreshes.Load() > 0 {
+		return
+	}
+	select {
+	case <-s.drained:
+	default:
+		close(s.drained)
+	}
+}
+
+// queue runs f(arg) on l, unless the loops were stopped.
+func (s *Server) queue(l *loop, f func(any) error, arg any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return errServerClosed
+	}
+	return l.run1(f, arg)
+}
+
+// closing reports whether the server stops.
+func (s *Server) closing() bool { return s.draining.Load() }
+
+// Shutdown drains by the rule of a retiring worker (package engine's
+// drain rule): it stops accepting, answers every request from now on with
+// Connection: close, closes each connection with no request in progress
+// once it has been idle for engine.DrainIdleGrace (engine.DrainNewGrace
+// when it never sent one), and returns once none is left and the
+// background refreshes ended — or when ctx is done, having closed the
+// rest, with ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	s.mu.Lock()
+	s.shut = true
+	s.mu.Unlock()
+	for _, l := range s.loops {
+		_ = s.queue(l, l.onDrain, nil)
+	}
+	s.mu.Lock()
+	s.checkDrained()
+	s.mu.Unlock()
+	var err error
+	select {
+	case <-s.drained:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.Close()
+	return err
+}
+
+// Close closes the listeners and every connection at once.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		s.draining.Store(true)
+		s.mu.Lock()
+		s.shut = true
+		s.stopped = true
+		for _, l := range s.loops {
+			l.stop()
+		}
+		s.mu.Unlock()
+		for _, l := range s.loops {
+			<-l.done
+		}
+		s.mu.Lock()
+		for ln := range s.lns {
+			unix.Close(ln.fd)
+			delete(s.lns, ln)
+			close(ln.done)
+		}
+		s.mu.Unlock()
+		close(s.resolve)
+		s.resolver.Wait()
+		s.waiters.wait()
+		close(s.warnings)
+		s.warnerWG.Wait()
+	})
+	return nil
+}
+
+// drain begins the drain on the loop (a task): no more accepting, and the
+// connections with no request in progress get their graces.
+func (l *loop) drain(any) error {
+	l.draining = true
+	for _, a := range l.acceptors {
+		a.stop()
+	}
+	s := l.s
+	now := l.wheel.now
+	for c := l.conns.first(); c != nil; {
+		next := c.next
+		if next == &l.conns.head {
+			next = nil
+		}
+		var due int64
+		switch c.state {
+		case csNew:
+			due = c.since + 1 + ticks(min(s.drainNewGrace, s.o.limits.ReadHeaderTimeout))
+		case csIdle:
+			due = c.since + 1 + ticks(min(s.drainIdleGrace, s.o.limits.IdleTimeout))
+		}
+		if due != 0 {
+			c.readDue = max(due, now+1)
+			c.rearm()
+		}
+		c = next
+	}
+	l.pool.closeIdle()
+	return nil
+}
+
+// resumeAccept polls the listeners again (a task), below MaxConnections.
+func (l *loop) resumeAccept(any) error {
+	for _, a := range l.acceptors {
+		if a.t.due == 0 { // not backing off an error
+			a.resume()
+		}
+	}
+	return nil
+}
+
+// Stats are the server's counters since New.
+type Stats struct {
+	Accepted    uint64 // client connections accepted
+	Open        int64  // client connections open now
+	BadRequests uint64 // requests refused before anything was forwarded (400, 405, 408, 413, 431, 501, 505)
+	// UpstreamErrors counts 502s: the upstream refused, was unreachable,
+	// or broke off before a whole response header.
+	UpstreamErrors uint64
+	// UpstreamTimeouts counts 504s: no response header within the
+	// upstream timeout.
+	UpstreamTimeouts uint64
+	// UpstreamAborts counts responses cut off mid-body.
+	UpstreamAborts uint64
+}
+
+type counters struct {
+	accepted, badRequests, upstreamErrors, upstreamTimeouts, upstreamAborts atomic.Uint64
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() Stats {
+	return Stats{
+		Accepted:         s.count.accepted.Load(),
+		Open:             s.open.Load(),
+		BadRequests:      s.count.badRequests.Load(),
+		UpstreamErrors:   s.count.upstreamErrors.Load(),
+		UpstreamTimeouts: s.count.upstreamTimeouts.Load(),
+		UpstreamAborts:   s.count.upstreamAborts.Load(),
+	}
+}
+
+// The upstream's address: resolved at New and every 30 seconds after
+// (every second while it is not), on a goroutine of the server's: a loop
+// never waits for DNS.
+
+const (
+	resolveEvery = 30 * time.Second
+	resolveRetry = time.Second
+)
+
+func (s *Server) startResolver() {
+	t := s.o.target
+	if a, err := netip.ParseAddr(trimBrackets(t.hostname())); err == nil {
+		port, _ := strconv.ParseUint(t.port, 10, 16)
+		addrs := []netip.AddrPort{netip.AddrPortFrom(a.Unmap(), uint16(port))}
+		s.addrs.Store(&addrs)
+		return
+	}
+	ok := s.lookup()
+	s.resolver.Add(1)
+	go func() {
+		defer s.resolver.Done()
+		wait := resolveEvery
+		if !ok {
+			wait = resolveRetry
+		}
+		for {
+			select {
+			case <-s.resolve:
+				return
+			case <-time.After(wait):
+			}
+			if s.lookup() {
+				wait = resolveEvery
+			} else {
+				wait = resolveRetry
+			}
+		}
+	}()
+}
+
+// lookup resolves the upstream's name, and keeps what it found.
+func (s *Server) lookup() bool {
+	t := s.o.target
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.client.ConnectTimeout)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", t.hostname())
+	if err != nil || len(ips) == 0 {
+		s.warn(warnResolve, "resolving the upstream failed", "upstream", t.addr, "err", err)
+		return false
+	}
+	port, _ := strconv.ParseUint(t.port, 10, 16)
+	addrs := make([]netip.AddrPort, len(ips))
+	for i, ip := range ips {
+		addrs[i] = netip.AddrPortFrom(ip.Unmap(), uint16(port))
+	}
+	s.addrs.Store(&addrs)
+	return true
+}
+
+// upstreamAddr is the address to connect to.
+func (s *Server) upstreamAddr() (netip.AddrPort, bool) {
+	p := s.addrs.Load()
+	if p == nil || len(*p) == 0 {
+		return netip.AddrPort{}, false
+	}
+	return (*p)[0], true
+}
+
+func (t *target) hostname() string {
+	h, _, err := net.SplitHostPort(t.addr)
+	if err != nil {
+		return t.addr
+	}
+	return h
+}
+
+func trimBrackets(h string) string {
+	if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
+		return h[1 : len(h)-1]
+	}
+	return h
+}
+
+// Warnings: at most one line a second per kind, the next saying how many
+// were suppressed, written by the warner goroutine: a loop never writes
+// to a file.
+
+type warnKind int
+
+const (
+	warnAccept warnKind = iota
+	warnRefresh
+	warnResolve
+	warnKinds
+)
+
+type warning struct {
+	msg  string
+	args []any
+}
+
+type warnGate struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int64
+}
+
+func (s *Server) warn(k warnKind, msg string, args ...any) {
+	g := &s.gates[k]
+	now := time.Now()
+	g.mu.Lock()
+	if !g.last.IsZero() && now.Sub(g.last) < time.Second {
+		g.suppressed++
+		g.mu.Unlock()
+		return
+	}
+	n := g.suppressed
+	g.last, g.suppressed = now, 0
+	g.mu.Unlock()
+	if n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	select {
+	case s.warnings <- warning{msg, args}:
+	default: // the warner is behind: this line is lost, not waited for
+	}
+}
+
+func (s *Server) warner() {
+	defer s.warnerWG.Done()
+	for w := range s.warnings {
+		s.o.Logger.Warn(w.msg, w.args...)
+	}
+}

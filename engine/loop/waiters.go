@@ -1,0 +1,60 @@
+package loop
+
+import "sync"
+
+// waiters finish the decisions that must wait (core.Exchange.NoWait: a
+// Redis rule's round trip, a duplicate of a request in flight, a cache
+// miss another request fetches), at most max at once, on goroutines
+// started for them and gone once nothing waits; each hands its request
+// back to the request's loop. A loop never waits for them.
+type waiters struct {
+	max int
+
+	mu      sync.Mutex
+	queue   []*request
+	head    int
+	running int
+	wg      sync.WaitGroup
+}
+
+func (w *waiters) init(max int) { w.max = max }
+
+// submit hands r to a waiter (from r's loop).
+func (w *waiters) submit(r *request) {
+	r.waiting = true
+	w.mu.Lock()
+	w.queue = append(w.queue, r)
+	if w.running < w.max {
+		w.running++
+		w.wg.Add(1)
+		go w.work()
+	}
+	w.mu.Unlock()
+}
+
+func (w *waiters) work() {
+	defer w.wg.Done()
+	for {
+		w.mu.Lock()
+		if w.head == len(w.queue) {
+			w.queue, w.head = w.queue[:0], 0
+			w.running--
+			w.mu.Unlock()
+			return
+		}
+		r := w.queue[w.head]
+		w.queue[w.head] = nil
+		w.head++
+		w.mu.Unlock()
+		r.waitDecision()
+		l := r.l
+		if l.s.queue(l, l.onResume, r) != nil {
+			// The server stopped: nobody to answer, and the loop that
+			// would is gone.
+			r.ex.Finish(errServerClosed)
+		}
+	}
+}
+
+// wait waits for the waiters to finish what they hold.
+func (w *waiters) wait() { w.wg.Wait() }

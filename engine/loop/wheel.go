@@ -1,0 +1,117 @@
+package loop
+
+import "time"
+
+// The timeouts of a loop's connections, on a hashed timer wheel: a slot
+// per tick, a timer in the slot of the tick it is due at (modulo the
+// wheel's size). Moving a timer later — what every read and write of a
+// connection does — only changes its due tick: the timer stays in its
+// slot, and moves on when that slot comes round. So the busy path costs
+// a store, and a timer is touched about once per timeout, not per event.
+
+const wheelSlots = 1024 // a round: 25.6 s at a 25 ms tick
+
+// timer is one connection's timeout, intrusive: a connection has one and
+// arms it for whichever of its waits is current.
+type timer struct {
+	due        int64 // the tick it fires at; 0 when disarmed
+	slot       int64 // the tick of the slot that holds it; 0 when in none
+	prev, next *timer
+	f          expirer
+}
+
+// expirer is what a timer tells when it fires.
+type expirer interface{ expire() }
+
+// wheel is a loop's timers. It is used by its loop only.
+type wheel struct {
+	now    int64 // ticks since the loop started; 1 at the start
+	slots  [wheelSlots]timer
+	firing timer // the timers of the slot being fired
+}
+
+func (w *wheel) init() {
+	w.now = 1
+	for i := range w.slots {
+		s := &w.slots[i]
+		s.prev, s.next = s, s
+	}
+	w.firing.prev, w.firing.next = &w.firing, &w.firing
+}
+
+// ticks converts a duration to the ticks that cover it, at least one.
+func ticks(d time.Duration) int64 {
+	n := int64((d + tick - 1) / tick)
+	return max(n, 1)
+}
+
+// due is the tick at which d from now has passed: the wheel's now is the
+// last tick, up to a tick ago, so one more is counted (a timeout fires
+// between d and d plus two ticks, never before).
+func (w *wheel) due(d time.Duration) int64 { return w.now + 1 + ticks(d) }
+
+// arm makes t fire d from now.
+func (w *wheel) arm(t *timer, d time.Duration) {
+	w.armAt(t, w.due(d))
+}
+
+// armAt makes t fire at the tick due (the next, if due passed).
+func (w *wheel) armAt(t *timer, due int64) {
+	due = max(due, w.now+1)
+	t.due = due
+	if t.slot != 0 && t.slot <= due {
+		return // it moves on when its slot comes round
+	}
+	w.unlink(t)
+	w.link(t, due)
+}
+
+// disarm stops t. It stays linked until its slot comes round or it is
+// armed again; unlink takes it out for good.
+func (w *wheel) disarm(t *timer) { t.due = 0 }
+
+func (w *wheel) link(t *timer, at int64) {
+	s := &w.slots[at%wheelSlots]
+	t.slot = at
+	t.prev, t.next = s.prev, s
+	s.prev.next = t
+	s.prev = t
+}
+
+// unlink takes t out of the wheel, if it is in it.
+func (w *wheel) unlink(t *timer) {
+	if t.slot == 0 {
+		return
+	}
+	t.prev.next, t.next.prev = t.next, t.prev
+	t.prev, t.next, t.slot = nil, nil, 0
+}
+
+// advance moves the wheel on by a tick and fires the timers due. A timer
+// fired may arm or unlink timers, its own and the others of the slot
+// included.
+func (w *wheel) advance() {
+	w.now++
+	s := &w.slots[w.now%wheelSlots]
+	if s.next == s {
+		return
+	}
+	// The slot's timers move to the firing list, a list like the others
+	// (unlink works on it): what firing arms goes into the slots afresh.
+	f := &w.firing
+	f.next, f.prev = s.next, s.prev
+	f.next.prev, f.prev.next = f, f
+	s.prev, s.next = s, s
+	for f.next != f {
+		t := f.next
+		w.unlink(t)
+		switch {
+		case t.due == 0:
+		case t.due > w.now:
+			w.link(t, t.due)
+		default:
+			t.due = 0
+			t.f.expire()
+		}
+	}
+}
