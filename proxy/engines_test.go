@@ -57,6 +57,12 @@ var coreEngines = []coreEngine{
 				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
 				pr.SetXForwarded()
 			},
+			// A connection each: net/http's Transport reuses a connection
+			// it found clean, and bytes an upstream sends late (the
+			// stray-bytes rows) may come after that, as the next
+			// request's answer, when the machine is loaded. The
+			// forwarders' own reuse is nethttp-forward's to show.
+			Transport: &http.Transport{DisableKeepAlives: true},
 		}
 		srv := &http.Server{Handler: nethttp.New(c, rp, nethttp.Options{})}
 		go srv.Serve(ln)
