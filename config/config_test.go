@@ -819,11 +819,11 @@ upstream_max_idle = 32
 `)
 	wantLimits := engine.Limits{ReadHeaderTimeout: 3 * time.Second, IdleTimeout: 20 * time.Second, MaxHeaderBytes: 16 << 10,
 		MaxConnections: 1000, ClientBodyTimeout: 15 * time.Second, SendTimeout: 25 * time.Second}
-	if got := c.Limits(); got != wantLimits {
+	if got := c.Server.Limits(); got != wantLimits {
 		t.Errorf("Limits: got %+v, want %+v", got, wantLimits)
 	}
 	wantClient := engine.Upstream{ConnectTimeout: 2 * time.Second, Timeout: 2 * time.Minute, MaxIdle: 32}
-	if got := c.Client(); got != wantClient {
+	if got := c.Server.UpstreamClient(); got != wantClient {
 		t.Errorf("Client: got %+v, want %+v", got, wantClient)
 	}
 	d := mustParse(t, "")
@@ -831,11 +831,11 @@ upstream_max_idle = 32
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := d.Limits().WithDefaults(); got != limits {
+	if got, _ := d.Server.Limits().WithDefaults(); got != limits {
 		t.Errorf("default Limits: got %+v, want the engines' defaults %+v", got, limits)
 	}
 	client, _ := engine.Upstream{}.WithDefaults()
-	if got, _ := d.Client().WithDefaults(); got != client {
+	if got, _ := d.Server.UpstreamClient().WithDefaults(); got != client {
 		t.Errorf("default Client: got %+v, want the engines' defaults %+v", got, client)
 	}
 }

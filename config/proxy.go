@@ -33,31 +33,6 @@ func (c Config) ProxyOptions() proxy.Options {
 	return proxy.Options{Limits: c.Server.Limits(), Client: c.Server.UpstreamClient()}
 }
 
-// Limits translates [server]'s limits on clients into what every engine
-// takes (package engine).
-func (c Config) Limits() engine.Limits {
-	s := c.WithDefaults().Server
-	return engine.Limits{
-		ReadHeaderTimeout: s.ReadHeaderTimeout,
-		IdleTimeout:       s.IdleTimeout,
-		ClientBodyTimeout: s.ClientBodyTimeout,
-		SendTimeout:       s.SendTimeout,
-		MaxHeaderBytes:    int(s.MaxHeaderBytes),
-		MaxConnections:    s.MaxConnections,
-	}
-}
-
-// Client translates [server]'s upstream keys into what every engine's
-// client takes (package engine).
-func (c Config) Client() engine.Upstream {
-	s := c.WithDefaults().Server
-	return engine.Upstream{
-		ConnectTimeout: s.UpstreamConnectTimeout,
-		Timeout:        s.UpstreamTimeout,
-		MaxIdle:        s.UpstreamMaxIdle,
-	}
-}
-
 // Settings translates [server] and [reload] into the supervisor's
 // settings (package prefork): the drain's timeout, the canary, the
 // recycling limits. The caller adds the payload its workers decode.

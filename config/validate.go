@@ -16,7 +16,6 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
-	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
 )
@@ -411,8 +410,12 @@ func checkUpstream(s string) error {
 		}
 		return nil
 	}
-	if err := proxy.CheckUpstream(s); err != nil {
-		return errors.New(strings.TrimPrefix(err.Error(), "proxy: upstream "))
+	if _, err := engine.ParseTarget(s); err != nil {
+		var te *engine.TargetError
+		if errors.As(err, &te) {
+			return fmt.Errorf("%q: %s", te.URL, te.Why)
+		}
+		return err
 	}
 	return nil
 }

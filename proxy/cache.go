@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/upconn"
 )
 
 // The engine's part of a background refresh (core.Exchange.Finish): a
@@ -33,13 +34,13 @@ func (s *Server) refresh(r *request, ex *core.Exchange) {
 func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 	defer s.background.Done()
 	var h fasthttp.ResponseHeader
-	var uc *upConn
+	var uc *upconn.Conn
 	for attempt := 0; ; attempt++ {
 		var err error
-		uc, err = s.up.get(context.Background())
+		uc, err = s.up.Get(context.Background())
 		if err == nil {
 			if _, err = uc.Write(head); err == nil {
-				err = readResponseHead(uc.br, &h, nil) // nobody to tell of interim responses
+				err = readResponseHead(uc.Buf, &h, nil) // nobody to tell of interim responses
 			}
 		}
 		if err == nil {
@@ -47,11 +48,11 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 		}
 		if uc != nil {
 			uc.Conn.Close()
-			if attempt == 0 && uc.reused && staleConn(err) {
+			if attempt == 0 && uc.Reused && staleConn(err) {
 				continue // the upstream had closed the idle connection
 			}
 		}
-		s.warn(warnUpstreamDown, "upstream failed a cache refresh", "upstream", s.up.t.addr, "err", err)
+		s.warn(warnUpstreamDown, "upstream failed a cache refresh", "upstream", s.up.Target.Addr, "err", err)
 		ex.Finish(err)
 		return
 	}

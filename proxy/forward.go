@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/upconn"
 )
 
 // forward sends r upstream and makes the upstream's response the answer.
@@ -33,13 +34,13 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		r.head = append(r.head, r.body.bytes()...)
 	}
 	up := &r.up
-	var uc *upConn
+	var uc *upconn.Conn
 	for attempt := 0; ; attempt++ {
 		var err error
 		if r.upgrade {
-			uc, err = s.up.dial(context.Background()) // it will not come back to the pool
+			uc, err = s.up.Dial(context.Background()) // it will not come back to the pool
 		} else {
-			uc, err = s.up.get(context.Background())
+			uc, err = s.up.Get(context.Background())
 		}
 		if err == nil {
 			if streamed {
@@ -47,7 +48,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 			} else {
 				_, err = uc.Write(r.head)
 				if err == nil {
-					err = readResponseHead(uc.br, up, interimTo(r))
+					err = readResponseHead(uc.Buf, up, interimTo(r))
 				}
 			}
 		}
@@ -61,12 +62,12 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		switch {
 		case errors.As(err, &be):
 			s.refuseAfter(r, ex, bodyProblem(be.err))
-		case attempt == 0 && uc != nil && uc.reused && !streamed && r.retryable() && staleConn(err):
+		case attempt == 0 && uc != nil && uc.Reused && !streamed && r.retryable() && staleConn(err):
 			// The upstream had closed the idle connection: nothing was
 			// done with the request, which goes on a new one.
 			continue
 		default:
-			s.respond(ctx, ex.Failed(s.upstreamFailed(err), s.up.t.addr, err))
+			s.respond(ctx, ex.Failed(s.upstreamFailed(err), s.up.Target.Addr, err))
 			s.finish(r, ex, nil)
 		}
 		return
@@ -84,14 +85,14 @@ func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *badRequest) {
 
 // relay makes the upstream response read into r.up the answer, and streams
 // its body from uc unless it is already read.
-func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn) {
+func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	ctx, up := r.ctx, &r.up
 	status := up.StatusCode()
 	if status == http.StatusSwitchingProtocols && !r.upgrade {
 		uc.Conn.Close()
 		err := errors.New("proxy: the upstream switched protocols unasked")
 		s.count.upstreamErrors.Add(1)
-		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.t.addr, err))
+		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.Target.Addr, err))
 		s.finish(r, ex, nil)
 		return
 	}
@@ -128,13 +129,13 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upConn) {
 		s.finish(r, ex, s.upDone(uc, reusable))
 		return
 	}
-	if length >= 0 && length <= uc.br.Buffered() {
+	if length >= 0 && length <= uc.Buf.Buffered() {
 		// The whole body is here: one write to the client, and the
 		// connection is free for another request at once.
-		b, _ := uc.br.Peek(length)
+		b, _ := uc.Buf.Peek(length)
 		resp.SetBody(b)
 		ex.Body(b)
-		_, _ = uc.br.Discard(length)
+		_, _ = uc.Buf.Discard(length)
 		s.finish(r, ex, s.upDone(uc, reusable))
 		return
 	}
@@ -216,16 +217,16 @@ func (s *Server) sendUntilClose(r *request, ub *upBody) {
 // upDone puts a connection whose response was read back in the pool. It
 // returns errStray when the upstream sent more than the response: what it
 // sent cannot be trusted, and is not stored.
-func (s *Server) upDone(uc *upConn, reusable bool) error {
+func (s *Server) upDone(uc *upconn.Conn, reusable bool) error {
 	if !reusable {
-		stray := uc.br.Buffered() > 0
+		stray := uc.Buf.Buffered() > 0
 		uc.Conn.Close()
 		if stray {
 			return errStray
 		}
 		return nil
 	}
-	if !s.up.put(uc, time.Now()) {
+	if !s.up.Put(uc, time.Now()) {
 		return errStray
 	}
 	return nil
@@ -317,7 +318,7 @@ func (r *request) retryable() bool {
 // upstreamFailed counts a request the upstream gave no response to in the
 // server's own statistics and says what kind of failure it was.
 func (s *Server) upstreamFailed(err error) core.UpstreamError {
-	var de *dialError
+	var de *upconn.DialError
 	switch {
 	case errors.As(err, &de):
 		s.count.upstreamErrors.Add(1)
@@ -341,7 +342,7 @@ func (e *bodyError) Unwrap() error { return e.err }
 // reads the response head meanwhile: an upstream may answer before it has
 // the whole body (a 413, a 401). Then the rest of the body is not sent,
 // and the connection is not reused.
-func (s *Server) exchangeStreamed(r *request, uc *upConn) error {
+func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 	sent := make(chan error, 1)
 	go func() {
 		err := s.sendBody(r, uc)
@@ -353,7 +354,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upConn) error {
 		}
 		sent <- err
 	}()
-	err := readResponseHead(uc.br, &r.up, interimTo(r))
+	err := readResponseHead(uc.Buf, &r.up, interimTo(r))
 	var werr error
 	select {
 	case werr = <-sent:
@@ -392,7 +393,7 @@ var chunkBufPool = sync.Pool{New: func() any { b := make([]byte, 16+32<<10+2); r
 
 // sendBody writes the head, the body read ahead and the rest of the body as
 // it arrives: with its Content-Length, or re-chunked.
-func (s *Server) sendBody(r *request, uc *upConn) error {
+func (s *Server) sendBody(r *request, uc *upconn.Conn) error {
 	chunked := r.body.length < 0
 	bp := chunkBufPool.Get().(*[]byte)
 	defer chunkBufPool.Put(bp)

@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -75,7 +72,7 @@ const MinMaxHeaderBytes = engine.MinMaxHeaderBytes
 
 // withDefaults validates o and fills in its defaults; up is the parsed
 // Upstream (zero with App).
-func (o Options) withDefaults() (_ Options, up target, err error) {
+func (o Options) withDefaults() (_ Options, up engine.Target, err error) {
 	if o.Core == nil {
 		return o, up, errors.New("proxy: Options: Core is nil")
 	}
@@ -85,8 +82,8 @@ func (o Options) withDefaults() (_ Options, up target, err error) {
 	case o.Upstream != "" && o.App != nil:
 		return o, up, errors.New("proxy: Options: both Upstream and App are set")
 	case o.Upstream != "":
-		if up, err = parseUpstream(o.Upstream); err != nil {
-			return o, up, err
+		if up, err = engine.ParseTarget(o.Upstream); err != nil {
+			return o, up, fmt.Errorf("proxy: %w", err)
 		}
 	}
 	// The limits are every engine's (package engine): their defaults and
@@ -113,42 +110,8 @@ func (o Options) withDefaults() (_ Options, up target, err error) {
 }
 
 // CheckUpstream reports whether s is an upstream New accepts
-// (Options.Upstream).
+// (Options.Upstream): every engine's rules (engine.ParseTarget).
 func CheckUpstream(s string) error {
-	_, err := parseUpstream(s)
+	_, err := engine.ParseTarget(s)
 	return err
-}
-
-// target is a parsed Options.Upstream.
-type target struct {
-	addr   string // host:port to connect to
-	tls    bool   // https: TLS with the host's name verified
-	host   string // the name TLS verifies
-	prefix string // path prepended to every request's ("" or "/base")
-}
-
-// parseUpstream checks an upstream URL ("http://app:3000",
-// "https://app.internal/base").
-func parseUpstream(s string) (target, error) {
-	u, err := url.Parse(s)
-	switch {
-	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
-		return target{}, fmt.Errorf("proxy: upstream %q: want an absolute http:// or https:// URL with a host", s)
-	case u.User != nil:
-		return target{}, fmt.Errorf("proxy: upstream %q: credentials in the URL are not sent upstream; remove them", s)
-	case u.Fragment != "":
-		return target{}, fmt.Errorf("proxy: upstream %q: an upstream URL has no fragment", s)
-	case u.RawQuery != "" || u.ForceQuery:
-		return target{}, fmt.Errorf("proxy: upstream %q: an upstream URL has no query (requests keep their own)", s)
-	}
-	t := target{tls: u.Scheme == "https", host: u.Hostname(), prefix: strings.TrimSuffix(u.EscapedPath(), "/")}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if t.tls {
-			port = "443"
-		}
-	}
-	t.addr = net.JoinHostPort(t.host, port)
-	return t, nil
 }

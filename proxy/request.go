@@ -426,7 +426,7 @@ var _ core.Request = (*request)(nil)
 func (r *request) appendHead(dst []byte) []byte {
 	dst = append(dst, r.method...)
 	dst = append(dst, ' ')
-	dst = append(dst, r.s.up.t.prefix...)
+	dst = append(dst, r.s.up.Target.Prefix...)
 	dst = append(dst, r.fwd.Path...)
 	if r.query != nil {
 		dst = append(dst, '?')
@@ -437,7 +437,7 @@ func (r *request) appendHead(dst []byte) []byte {
 	if ownHost {
 		host := r.host
 		if len(host) == 0 {
-			host = []byte(r.s.up.t.host) // HTTP/1.0 without Host, or with an empty one: HTTP/1.1 needs one
+			host = []byte(r.s.up.Target.Authority) // HTTP/1.0 without Host, or with an empty one: HTTP/1.1 needs one
 		}
 		dst = append(dst, "Host: "...)
 		dst = append(dst, host...)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/upconn"
 )
 
 // Server is an HTTP/1.1 server that forwards requests to one upstream (or
@@ -23,7 +24,7 @@ import (
 // concurrent use; Serve may be called for several listeners.
 type Server struct {
 	opts Options
-	up   *upstream // nil with App
+	up   *upconn.Pool // nil with App
 	srv  *fasthttp.Server
 
 	draining atomic.Bool
@@ -56,7 +57,7 @@ func New(opts Options) (*Server, error) {
 		lns:   make(map[*listener]struct{}),
 	}
 	if opts.Upstream != "" {
-		s.up = newUpstream(up, opts)
+		s.up = upconn.New(up, opts.Client)
 	}
 	s.requests.New = func() any {
 		r := &request{s: s}
@@ -238,7 +239,7 @@ func (s *Server) Close() error {
 	}
 	s.closeOnce.Do(func() {
 		if s.up != nil {
-			s.up.close()
+			s.up.Close()
 		}
 	})
 	return nil

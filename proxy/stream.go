@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/upconn"
 )
 
 // upBody is an upstream response body as fasthttp copies it to the client:
@@ -18,7 +19,7 @@ import (
 // client failed.
 type upBody struct {
 	s        *Server
-	uc       *upConn
+	uc       *upconn.Conn
 	reusable bool // the connection may serve another request after the body
 	ex       *core.Exchange
 	req      *request // recycled with the body; nil for a background refresh
@@ -52,13 +53,13 @@ func (b *upBody) Read(p []byte) (int, error) {
 	case err != nil:
 		b.err = err
 		b.s.count.upstreamAborts.Add(1)
-		b.s.opts.Core.UpstreamFailed(core.UpstreamBroken, b.s.up.t.addr, err)
+		b.s.opts.Core.UpstreamFailed(core.UpstreamBroken, b.s.up.Target.Addr, err)
 	}
 	return n, err
 }
 
 func (b *upBody) read(p []byte) (int, error) {
-	br := b.uc.br
+	br := b.uc.Buf
 	switch {
 	case b.untilClose:
 		n, err := br.Read(p)

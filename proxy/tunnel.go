@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/upconn"
 )
 
 // tunnel takes over the client connection once the upstream's 101 is sent
@@ -13,14 +15,14 @@ import (
 // ways until either side closes, or until neither has sent anything for
 // UpstreamTimeout (nginx closes an idle upgraded connection after
 // proxy_read_timeout the same way).
-func (s *Server) tunnel(r *request, uc *upConn) {
+func (s *Server) tunnel(r *request, uc *upconn.Conn) {
 	c := r.c
 	r.ctx.Hijack(func(client net.Conn) {
 		t := &tunnelState{s: s, c: c, uc: uc}
 		t.last.Store(time.Now().UnixNano())
 		var wg sync.WaitGroup
 		wg.Go(func() { t.copy(uc, client, c.Conn, uc.Conn) })
-		t.copy(client, uc.br, nil, c.Conn)
+		t.copy(client, uc.Buf, nil, c.Conn)
 		wg.Wait()
 		uc.Conn.Close()
 		c.Close()
@@ -31,7 +33,7 @@ func (s *Server) tunnel(r *request, uc *upConn) {
 type tunnelState struct {
 	s    *Server
 	c    *conn
-	uc   *upConn
+	uc   *upconn.Conn
 	last atomic.Int64 // unix nanoseconds of the last bytes either way
 	once sync.Once
 	dead atomic.Bool

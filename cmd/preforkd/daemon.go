@@ -162,7 +162,7 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 		}
 		return proxy.New(o)
 	}
-	o := loop.Options{Core: c, Limits: cfg.Limits(), Client: cfg.Client(), Logger: w.Logger}
+	o := loop.Options{Core: c, Limits: cfg.Server.Limits(), Client: cfg.Server.UpstreamClient(), Logger: w.Logger}
 	if u == "" || u == demoUpstream {
 		o.App = demo(w.Index)
 	} else {

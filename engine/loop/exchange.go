@@ -385,7 +385,7 @@ func (r *request) sendUpstream() {
 	}
 	if err != nil {
 		l.s.count.upstreamErrors.Add(1)
-		r.respondCore(r.ex.Failed(core.UpstreamConnect, l.s.o.target.addr, err))
+		r.respondCore(r.ex.Failed(core.UpstreamConnect, l.s.o.target.Addr, err))
 		return
 	}
 	r.up = u
@@ -415,7 +415,7 @@ func (l *loop) refresh(r *request, ex *core.Exchange) {
 	s.refreshes.Add(1)
 	u, err := l.pool.get()
 	if err != nil {
-		s.warn(warnRefresh, "upstream failed a cache refresh", "upstream", s.o.target.addr, "err", err)
+		s.warn(warnRefresh, "upstream failed a cache refresh", "upstream", s.o.target.Addr, "err", err)
 		rr.finish(err)
 		return
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http/httputil"
 	"strings"
 	"testing"
+
+	"github.com/preforkd/preforkd/engine"
 )
 
 // The request head's rules, one by one (the conformance tables of package
@@ -203,7 +205,7 @@ func FuzzRequestHead(f *testing.F) {
 		r.fwd.Path = r.Path()
 		r.body.start(&r.h)
 		r.body.done = true
-		out := r.appendHead(nil, &target{host: "up"})
+		out := r.appendHead(nil, &engine.Target{Authority: "up"})
 		oend, obad := scanHead(out, 0)
 		if obad != nil || oend != len(out) {
 			t.Fatalf("the head sent upstream does not end where it should (%d of %d, %v): %q", oend, len(out), obad, out)

@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -82,7 +79,7 @@ type settings struct {
 	Options
 	limits engine.Limits
 	client engine.Upstream
-	target target // zero with App
+	target engine.Target // zero with App
 }
 
 func (o Options) withDefaults() (settings, error) {
@@ -145,37 +142,19 @@ func CheckUpstream(s string) error {
 	return err
 }
 
-// target is a parsed Options.Upstream.
-type target struct {
-	host   string // as in the URL, sent as Host when a client sent none
-	port   string
-	addr   string // host:port, for the log
-	prefix string // path prepended to every request's ("" or "/base")
-}
-
 // ErrTLSUpstream is New's error for an https:// upstream.
 var ErrTLSUpstream = errors.New("loop: an https:// upstream needs TLS, which the event loop does not speak")
 
-// parseUpstream checks an upstream URL ("http://app:3000/base").
-func parseUpstream(s string) (target, error) {
-	u, err := url.Parse(s)
+// parseUpstream checks an upstream URL ("http://app:3000/base"): every
+// engine's rules (engine.ParseTarget), and http only.
+func parseUpstream(s string) (engine.Target, error) {
+	t, err := engine.ParseTarget(s)
 	switch {
-	case err == nil && u.Scheme == "https":
-		return target{}, fmt.Errorf("%w: %q", ErrTLSUpstream, s)
-	case err != nil || u.Scheme != "http" || u.Opaque != "" || u.Hostname() == "":
-		return target{}, fmt.Errorf("loop: upstream %q: want an absolute http:// URL with a host", s)
-	case u.User != nil:
-		return target{}, fmt.Errorf("loop: upstream %q: credentials in the URL are not sent upstream; remove them", s)
-	case u.Fragment != "":
-		return target{}, fmt.Errorf("loop: upstream %q: an upstream URL has no fragment", s)
-	case u.RawQuery != "" || u.ForceQuery:
-		return target{}, fmt.Errorf("loop: upstream %q: an upstream URL has no query (requests keep their own)", s)
+	case err != nil:
+		return t, fmt.Errorf("loop: %w", err)
+	case t.TLS:
+		return engine.Target{}, fmt.Errorf("%w: %q", ErrTLSUpstream, s)
 	}
-	t := target{host: u.Host, port: u.Port(), prefix: strings.TrimSuffix(u.EscapedPath(), "/")}
-	if t.port == "" {
-		t.port = "80"
-	}
-	t.addr = net.JoinHostPort(u.Hostname(), t.port)
 	return t, nil
 }
 

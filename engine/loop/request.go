@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // request is one request from its head to its end, pooled per loop. It is
@@ -222,12 +223,12 @@ var _ core.Request = (*request)(nil)
 // with the forward path, the client's header lines as sent but the
 // hop-by-hop ones and those the core drops, X-Forwarded-For/-Proto/-Host,
 // the fields the core adds, and the body's framing.
-func (r *request) appendHead(dst []byte, t *target) []byte {
+func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 	h := &r.h
 	raw := h.raw
 	dst = append(dst, h.method.of(raw)...)
 	dst = append(dst, ' ')
-	dst = append(dst, t.prefix...)
+	dst = append(dst, t.Prefix...)
 	dst = append(dst, r.fwd.Path...)
 	if h.hasQuery {
 		dst = append(dst, '?')
@@ -238,7 +239,7 @@ func (r *request) appendHead(dst []byte, t *target) []byte {
 	ownHost := h.absolute || len(host) == 0 // the client's Host lines are not sent
 	if ownHost {
 		if len(host) == 0 {
-			host = s2b(t.host) // none, or empty: HTTP/1.1 needs one
+			host = s2b(t.Authority) // none, or empty: HTTP/1.1 needs one
 		}
 		dst = appendField(dst, "Host", host)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -369,9 +368,8 @@ const (
 
 func (s *Server) startResolver() {
 	t := s.o.target
-	if a, err := netip.ParseAddr(trimBrackets(t.hostname())); err == nil {
-		port, _ := strconv.ParseUint(t.port, 10, 16)
-		addrs := []netip.AddrPort{netip.AddrPortFrom(a.Unmap(), uint16(port))}
+	if a, err := netip.ParseAddr(t.Hostname); err == nil {
+		addrs := []netip.AddrPort{netip.AddrPortFrom(a.Unmap(), t.Port)}
 		s.addrs.Store(&addrs)
 		return
 	}
@@ -403,15 +401,14 @@ func (s *Server) lookup() bool {
 	t := s.o.target
 	ctx, cancel := context.WithTimeout(context.Background(), s.o.client.ConnectTimeout)
 	defer cancel()
-	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", t.hostname())
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", t.Hostname)
 	if err != nil || len(ips) == 0 {
-		s.warn(warnResolve, "resolving the upstream failed", "upstream", t.addr, "err", err)
+		s.warn(warnResolve, "resolving the upstream failed", "upstream", t.Addr, "err", err)
 		return false
 	}
-	port, _ := strconv.ParseUint(t.port, 10, 16)
 	addrs := make([]netip.AddrPort, len(ips))
 	for i, ip := range ips {
-		addrs[i] = netip.AddrPortFrom(ip.Unmap(), uint16(port))
+		addrs[i] = netip.AddrPortFrom(ip.Unmap(), t.Port)
 	}
 	s.addrs.Store(&addrs)
 	return true
@@ -424,21 +421,6 @@ func (s *Server) upstreamAddr() (netip.AddrPort, bool) {
 		return netip.AddrPort{}, false
 	}
 	return (*p)[0], true
-}
-
-func (t *target) hostname() string {
-	h, _, err := net.SplitHostPort(t.addr)
-	if err != nil {
-		return t.addr
-	}
-	return h
-}
-
-func trimBrackets(h string) string {
-	if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
-		return h[1 : len(h)-1]
-	}
-	return h
 }
 
 // Warnings: at most one line a second per kind, the next saying how many

@@ -546,7 +546,7 @@ func (u *upConn) broken(err error) {
 	r := u.r
 	s := u.l.s
 	s.count.upstreamAborts.Add(1)
-	s.o.Core.UpstreamFailed(core.UpstreamBroken, s.o.target.addr, err)
+	s.o.Core.UpstreamFailed(core.UpstreamBroken, s.o.target.Addr, err)
 	u.close()
 	r.up = nil
 	if c := r.c; c != nil {
@@ -583,7 +583,7 @@ func (u *upConn) failed(err error) {
 	}
 	s := u.l.s
 	if r.refresh {
-		s.warn(warnRefresh, "upstream failed a cache refresh", "upstream", s.o.target.addr, "err", err)
+		s.warn(warnRefresh, "upstream failed a cache refresh", "upstream", s.o.target.Addr, "err", err)
 		r.finish(err)
 		return
 	}
@@ -605,7 +605,7 @@ func (u *upConn) failed(err error) {
 			c.closeAfter = true
 		}
 	}
-	r.respondCore(r.ex.Failed(kind, s.o.target.addr, err))
+	r.respondCore(r.ex.Failed(kind, s.o.target.Addr, err))
 }
 
 // staleConn reports whether err is what a request sent on a connection

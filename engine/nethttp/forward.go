@@ -7,11 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/textproto"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/upconn"
 )
 
 // Forwarding: the net/http engine's own way to one upstream, for what the
@@ -46,57 +45,25 @@ import (
 // forwarded: one that ends within it goes with a Content-Length.
 const readAheadBytes = 64 << 10
 
-// target is a parsed upstream URL.
-type target struct {
-	addr   string // host:port to connect to
-	tls    bool   // https: TLS with the host's name verified
-	host   string // the name TLS verifies, and the Host of a request without one
-	prefix string // path prepended to every request's ("" or "/base")
-}
-
-// parseUpstream checks an upstream URL ("http://app:3000",
-// "https://app.internal/base"): the fast engine's rules (proxy.CheckUpstream).
-func parseUpstream(s string) (target, error) {
-	u, err := url.Parse(s)
-	switch {
-	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
-		return target{}, fmt.Errorf("nethttp: upstream %q: want an absolute http:// or https:// URL with a host", s)
-	case u.User != nil:
-		return target{}, fmt.Errorf("nethttp: upstream %q: credentials in the URL are not sent upstream; remove them", s)
-	case u.Fragment != "" || u.RawQuery != "" || u.ForceQuery:
-		return target{}, fmt.Errorf("nethttp: upstream %q: an upstream URL has no query or fragment", s)
-	}
-	t := target{tls: u.Scheme == "https", host: u.Hostname(), prefix: strings.TrimSuffix(u.EscapedPath(), "/")}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if t.tls {
-			port = "443"
-		}
-	}
-	t.addr = net.JoinHostPort(t.host, port)
-	return t, nil
-}
-
 // forwarder sends what passed the core to the upstream.
 type forwarder struct {
 	c  *core.Core
-	up *upstream
+	up *upconn.Pool
 }
 
 func newForwarder(c *core.Core, upstreamURL string, client engine.Upstream) (*forwarder, error) {
-	t, err := parseUpstream(upstreamURL)
+	t, err := engine.ParseTarget(upstreamURL)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("nethttp: %w", err)
 	}
 	client, err = client.WithDefaults()
 	if err != nil {
 		return nil, fmt.Errorf("nethttp: %w", err)
 	}
-	return &forwarder{c: c, up: newUpstream(t, client)}, nil
+	return &forwarder{c: c, up: upconn.New(t, client)}, nil
 }
 
-func (f *forwarder) close() { f.up.close() }
+func (f *forwarder) close() { f.up.Close() }
 
 // headPool holds the buffers request heads are written into.
 var headPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
@@ -112,21 +79,21 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 	}
 	hp := headPool.Get().(*[]byte)
 	defer headPool.Put(hp)
-	head := appendHead((*hp)[:0], r, fwd, f.up.t, upgrade, body)
+	head := appendHead((*hp)[:0], r, fwd, &f.up.Target, upgrade, body)
 	*hp = head
-	var uc *upConn
+	var uc *upconn.Conn
 	for attempt := 0; ; attempt++ {
 		if upgrade {
-			uc, err = f.up.dial(context.Background()) // it will not go back to the pool
+			uc, err = f.up.Dial(context.Background()) // it will not go back to the pool
 		} else {
-			uc, err = f.up.get(context.Background())
+			uc, err = f.up.Get(context.Background())
 		}
-		var status int
+		var hd respHead
 		if err == nil {
-			status, err = f.exchange(uc, head, body, rw.w.Header(), interimTo(rw.w, r))
+			hd, err = f.exchange(uc, head, body, rw.w.Header(), interimTo(rw.w, r))
 		}
 		if err == nil {
-			return f.relay(rw, r, ex, uc, status, upgrade)
+			return f.relay(rw, r, ex, uc, hd, upgrade)
 		}
 		if uc != nil {
 			uc.Conn.Close()
@@ -136,17 +103,17 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 		switch {
 		case errors.As(err, &be):
 			return f.refuse(rw, ex, be.err)
-		case attempt == 0 && uc != nil && uc.reused && body.stream == nil && retryable(r) && staleConn(err):
+		case attempt == 0 && uc != nil && uc.Reused && body.stream == nil && retryable(r) && staleConn(err):
 			continue // the upstream had closed the idle connection: nothing was done
 		}
-		f.answer(rw, ex.Failed(f.failure(err), f.up.t.addr, err))
+		f.answer(rw, ex.Failed(f.failure(err), f.up.Target.Addr, err))
 		return nil
 	}
 }
 
 // failure is the kind of an upstream failure.
 func (f *forwarder) failure(err error) core.UpstreamError {
-	var de *dialError
+	var de *upconn.DialError
 	switch {
 	case errors.As(err, &de):
 		return core.UpstreamConnect
@@ -192,7 +159,7 @@ var aheadPool = sync.Pool{New: func() any { b := make([]byte, readAheadBytes); r
 
 // relayPool holds the buffers response bodies are copied through: the
 // size of the upstream connection's read buffer, what one read brings.
-var relayPool = sync.Pool{New: func() any { b := make([]byte, upstreamReadBuffer); return &b }}
+var relayPool = sync.Pool{New: func() any { b := make([]byte, upconn.ReadBuffer); return &b }}
 
 // readAhead reads up to readAheadBytes of r's body.
 func readAhead(r *http.Request, req *request) (aheadBody, error) {
@@ -271,10 +238,10 @@ func hopByHop(name string) bool {
 }
 
 // appendHead appends the request head the upstream gets.
-func appendHead(dst []byte, r *http.Request, fwd core.Forward, t target, upgrade bool, body aheadBody) []byte {
+func appendHead(dst []byte, r *http.Request, fwd core.Forward, t *engine.Target, upgrade bool, body aheadBody) []byte {
 	dst = append(dst, r.Method...)
 	dst = append(dst, ' ')
-	dst = append(dst, t.prefix...)
+	dst = append(dst, t.Prefix...)
 	dst = append(dst, fwd.Path...)
 	if q := r.URL.RawQuery; q != "" || r.URL.ForceQuery {
 		dst = append(dst, '?')
@@ -283,7 +250,7 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t target, upgrade
 	dst = append(dst, " HTTP/1.1\r\nHost: "...)
 	host := r.Host
 	if host == "" {
-		host = t.host // HTTP/1.0 without Host: HTTP/1.1 needs one
+		host = t.Authority // HTTP/1.0 without Host: HTTP/1.1 needs one
 	}
 	dst = append(dst, host...)
 	dst = append(dst, "\r\n"...)
@@ -364,20 +331,17 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t target, upgrade
 // exchange writes the head and the body and reads the response head into
 // h; an upstream may answer before it has the whole body (a 413): the
 // rest is then not sent, and the connection not reused.
-func (f *forwarder) exchange(uc *upConn, head []byte, body aheadBody, h http.Header, interim func(int)) (status int, err error) {
+func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h http.Header, interim func(int)) (hd respHead, err error) {
 	defer body.release()
 	if body.stream == nil {
 		if _, err := uc.Write(append(head, body.bytes...)); err != nil {
-			return 0, err
+			return hd, err
 		}
-		hd, err := readResponseHead(uc.br, h, interim)
-		uc.head = hd
-		return hd.status, err
+		return readResponseHead(uc.Buf, h, interim)
 	}
 	sent := make(chan error, 1)
 	go func() { sent <- sendBody(uc, head, body) }()
-	hd, err := readResponseHead(uc.br, h, interim)
-	uc.head = hd
+	hd, err = readResponseHead(uc.Buf, h, interim)
 	var werr error
 	select {
 	case werr = <-sent:
@@ -390,28 +354,28 @@ func (f *forwarder) exchange(uc *upConn, head []byte, body aheadBody, h http.Hea
 		} else {
 			uc.Conn.Close()
 		}
-		uc.head.close = true
+		hd.close = true
 		werr = <-sent
 		if err == nil {
-			return hd.status, nil
+			return hd, nil
 		}
 	}
 	var be *bodyError
 	if errors.As(werr, &be) {
-		return 0, werr // the client's fault first: 400 or 408
+		return hd, werr // the client's fault first: 400 or 408
 	}
 	if err != nil {
-		return 0, err
+		return hd, err
 	}
 	if werr != nil {
-		uc.head.close = true
+		hd.close = true
 	}
-	return hd.status, nil
+	return hd, nil
 }
 
 // sendBody writes the head, the body read ahead and the rest as it comes,
 // with its length or chunked.
-func sendBody(uc *upConn, head []byte, body aheadBody) error {
+func sendBody(uc *upconn.Conn, head []byte, body aheadBody) error {
 	chunked := body.length < 0
 	if _, err := uc.Write(head); err != nil {
 		return err
@@ -701,13 +665,13 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 
 // relay makes the upstream's response the answer: the head through the
 // core (which may send a stale response instead), then the body.
-func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *upConn, status int, upgrade bool) error {
-	hd := uc.head
+func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *upconn.Conn, hd respHead, upgrade bool) error {
+	status := hd.status
 	h := rw.w.Header()
 	if hd.upgrade && !upgrade {
 		uc.Conn.Close()
 		clear(h)
-		f.answer(rw, ex.Failed(core.UpstreamResponse, f.up.t.addr, errUnasked101))
+		f.answer(rw, ex.Failed(core.UpstreamResponse, f.up.Target.Addr, errUnasked101))
 		return nil
 	}
 	setFields(h, ex.Fields())
@@ -736,25 +700,25 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 		// GET write the body anyway (see package proxy).
 		return f.done(uc, reusable && !head)
 	}
-	if hd.length >= 0 && hd.length <= int64(uc.br.Buffered()) {
+	if hd.length >= 0 && hd.length <= int64(uc.Buf.Buffered()) {
 		// The whole body is here: one write to the client, and the
 		// connection is free for another request at once.
-		b, _ := uc.br.Peek(int(hd.length))
+		b, _ := uc.Buf.Peek(int(hd.length))
 		if _, werr := rw.Write(b); werr != nil {
 			uc.Conn.Close()
 			return werr
 		}
-		_, _ = uc.br.Discard(len(b))
+		_, _ = uc.Buf.Discard(len(b))
 		return f.done(uc, reusable)
 	}
 	var body io.Reader
 	switch {
 	case hd.length >= 0:
-		body = &limitedBody{br: uc.br, left: hd.length}
+		body = &limitedBody{br: uc.Buf, left: hd.length}
 	case hd.length == -1:
-		body = &chunkedBody{br: uc.br}
+		body = &chunkedBody{br: uc.Buf}
 	default:
-		body = uc.br
+		body = uc.Buf
 	}
 	flush := hd.length < 0 // a body of unknown length goes out as it comes (server-sent events)
 	bp := relayPool.Get().(*[]byte)
@@ -779,7 +743,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 			return f.done(uc, reusable)
 		case err != nil:
 			uc.Conn.Close()
-			f.c.UpstreamFailed(core.UpstreamBroken, f.up.t.addr, err)
+			f.c.UpstreamFailed(core.UpstreamBroken, f.up.Target.Addr, err)
 			// The response is cut off as the upstream cut it: the client
 			// must not take it for whole (net/http then closes the
 			// connection, or resets the HTTP/2 stream).
@@ -791,23 +755,23 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 // done puts a connection whose response was read back in the pool; a
 // connection with bytes past the response is closed, and the response is
 // not whole to the core (errStray).
-func (f *forwarder) done(uc *upConn, reusable bool) error {
+func (f *forwarder) done(uc *upconn.Conn, reusable bool) error {
 	if !reusable {
-		stray := uc.br.Buffered() > 0
+		stray := uc.Buf.Buffered() > 0
 		uc.Conn.Close()
 		if stray {
 			return errStray
 		}
 		return nil
 	}
-	if !f.up.put(uc, time.Now()) {
+	if !f.up.Put(uc, time.Now()) {
 		return errStray
 	}
 	return nil
 }
 
 // tunnel hands the client's connection to the upstream's after its 101.
-func (f *forwarder) tunnel(rw *writer, uc *upConn, status int) error {
+func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 	cc, brw, err := rw.Hijack()
 	if err != nil {
 		uc.Conn.Close()
@@ -838,8 +802,8 @@ func (f *forwarder) tunnel(rw *writer, uc *upConn, status int) error {
 		done <- struct{}{}
 	}()
 	go func() {
-		if n := uc.br.Buffered(); n > 0 {
-			b, _ := uc.br.Peek(n)
+		if n := uc.Buf.Buffered(); n > 0 {
+			b, _ := uc.Buf.Peek(n)
 			_, _ = cc.Write(b)
 		}
 		_, _ = io.Copy(cc, uc.Conn)

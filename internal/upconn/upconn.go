@@ -1,4 +1,12 @@
-package nethttp
+// Package upconn is the pool of keep-alive connections to the upstream
+// that the engines which forward on blocking connections share (package
+// proxy's fasthttp engine, engine/nethttp's forwarder): the same reuse
+// rules, written once. A connection is reused only when clean, checked
+// before each reuse by one non-blocking peek; its reads and writes move
+// their deadline, so that the upstream's timeout is the longest wait for
+// the next bytes. (The event loop keeps connections of its own, on its
+// poller.)
+package upconn
 
 import (
 	"bufio"
@@ -17,65 +25,61 @@ import (
 	"github.com/preforkd/preforkd/engine"
 )
 
-// The upstream side of the forwarding handler (forward.go): a pool of
-// keep-alive connections to the one upstream, per process, reused only
-// when clean, as the fast engine's (package proxy) is: the same rules,
-// for a server whose clients may speak TLS and HTTP/2.
-
 const (
-	// upstreamReadBuffer bounds the upstream's response header section
+	// ReadBuffer bounds the upstream's response header section
 	// (a larger one is a 502, like nginx's proxy_buffer_size) and is the
 	// unit of body reads.
-	upstreamReadBuffer = 16 << 10
-	// upstreamIdleTime is how long an idle upstream connection is kept at
+	ReadBuffer = 16 << 10
+	// IdleTime is how long an idle upstream connection is kept at
 	// least (nginx's upstream keepalive_timeout); the reaper, every quarter
 	// of it, closes those idle longer, so up to 75 s.
-	upstreamIdleTime = 60 * time.Second
+	IdleTime = 60 * time.Second
 )
 
-// upstream is the connection pool to one upstream.
-type upstream struct {
-	t       target
+// Pool is the connection pool to one upstream.
+type Pool struct {
+	Target  engine.Target // what it connects to
 	dialer  net.Dialer
 	tls     *tls.Config // nil for http
 	timeout time.Duration
 	maxIdle int
 
 	mu     sync.Mutex
-	idle   []*upConn // LIFO: the most recently used connection is reused first
+	idle   []*Conn // LIFO: the most recently used connection is reused first
 	closed bool
 
 	stop chan struct{} // closed by close: ends the reaper
 	done chan struct{} // closed when the reaper has returned
 }
 
-func newUpstream(t target, o engine.Upstream) *upstream {
-	u := &upstream{
-		t:       t,
+// New starts the pool of connections to t; o has its defaults.
+func New(t engine.Target, o engine.Upstream) *Pool {
+	u := &Pool{
+		Target:  t,
 		dialer:  net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second},
 		timeout: o.Timeout,
 		maxIdle: o.MaxIdle,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	if t.tls {
-		u.tls = &tls.Config{ServerName: t.host, MinVersion: tls.VersionTLS12}
+	if t.TLS {
+		u.tls = &tls.Config{ServerName: t.Hostname, MinVersion: tls.VersionTLS12}
 	}
 	go u.reap()
 	return u
 }
 
-// upConn is a connection to the upstream. Every read and write first moves
-// the deadline: Client.Timeout is the longest wait for the next bytes.
-type upConn struct {
+// Conn is a connection to the upstream. Every read and write first moves
+// the deadline: the Upstream's Timeout is the longest wait for the next
+// bytes.
+type Conn struct {
 	net.Conn                  // the connection (TLS over tcp for https)
 	raw       syscall.RawConn // the TCP socket under it, to peek at; nil if not TCP
 	tls       *tls.Conn       // the TLS connection, for https
-	u         *upstream       //
-	br        *bufio.Reader   // response bytes
+	u         *Pool           //
+	Buf       *bufio.Reader   // response bytes
 	idleSince time.Time       // when it was last put back
-	reused    bool            // it served a request before this one
-	head      respHead        // the framing of the response being read
+	Reused    bool            // it served a request before this one
 
 	// peekFn is peekFD bound once, so that a peek allocates nothing;
 	// peekN and peekErr are its results.
@@ -84,34 +88,34 @@ type upConn struct {
 	peekErr error
 }
 
-func (c *upConn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) {
 	if err := c.Conn.SetReadDeadline(time.Now().Add(c.u.timeout)); err != nil {
 		return 0, err
 	}
 	return c.Conn.Read(p)
 }
 
-func (c *upConn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.u.timeout)); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(p)
 }
 
-// dialError is a failure to connect to the upstream: 502.
-type dialError struct{ err error }
+// DialError is a failure to connect to the upstream (a 502).
+type DialError struct{ Err error }
 
-func (e *dialError) Error() string { return "nethttp: connecting to the upstream: " + e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }
+func (e *DialError) Error() string { return "connecting to the upstream: " + e.Err.Error() }
+func (e *DialError) Unwrap() error { return e.Err }
 
-// get returns an idle connection that is clean, or a new one. Every idle
+// Get returns an idle connection that is clean, or a new one. Every idle
 // connection is checked before it is reused, however briefly it was idle
 // (nginx's upstream keepalive does the same): bytes that an upstream sent
 // after the end of a response (a body to a HEAD, a 204 or a 304; more
 // than its Content-Length said) would otherwise be read as the response
 // to the next request, another client's. One non-blocking peek, a fraction
 // of a microsecond (BenchmarkCleanCheck).
-func (u *upstream) get(ctx context.Context) (*upConn, error) {
+func (u *Pool) Get(ctx context.Context) (*Conn, error) {
 	for {
 		u.mu.Lock()
 		n := len(u.idle)
@@ -124,26 +128,27 @@ func (u *upstream) get(ctx context.Context) (*upConn, error) {
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
 		if c.clean() {
-			c.reused = true
+			c.Reused = true
 			return c, nil
 		}
 		c.Conn.Close()
 	}
-	return u.dial(ctx)
+	return u.Dial(ctx)
 }
 
-// dial opens a new connection within Client.ConnectTimeout.
-func (u *upstream) dial(ctx context.Context) (*upConn, error) {
-	nc, err := u.dialer.DialContext(ctx, "tcp", u.t.addr)
+// Dial opens a new connection within the Upstream's ConnectTimeout (as
+// for a tunnel, which will not go back to the pool).
+func (u *Pool) Dial(ctx context.Context) (*Conn, error) {
+	nc, err := u.dialer.DialContext(ctx, "tcp", u.Target.Addr)
 	if err != nil {
-		return nil, &dialError{err}
+		return nil, &DialError{err}
 	}
-	c := &upConn{u: u}
+	c := &Conn{u: u}
 	c.peekFn = c.peekFD
 	if tcp, ok := nc.(*net.TCPConn); ok {
 		if c.raw, err = tcp.SyscallConn(); err != nil {
 			nc.Close()
-			return nil, &dialError{err}
+			return nil, &DialError{err}
 		}
 	}
 	if u.tls != nil {
@@ -153,22 +158,22 @@ func (u *upstream) dial(ctx context.Context) (*upConn, error) {
 		cancel()
 		if err != nil {
 			nc.Close()
-			return nil, &dialError{fmt.Errorf("TLS handshake: %w", err)}
+			return nil, &DialError{fmt.Errorf("TLS handshake: %w", err)}
 		}
 		nc, c.tls = tc, tc
 	}
 	c.Conn = nc
-	c.br = bufio.NewReaderSize(c, upstreamReadBuffer)
+	c.Buf = bufio.NewReaderSize(c, ReadBuffer)
 	return c, nil
 }
 
-// put gives a connection whose last response was read to its end back to
+// Put gives a connection whose last response was read to its end back to
 // the pool, or closes it: it is not kept when the upstream sent more than
 // that response (bytes already read past its end). It reports whether
 // the connection was clean: when it was not, the response's framing
 // cannot be trusted either, and nothing of it may be stored.
-func (u *upstream) put(c *upConn, now time.Time) (clean bool) {
-	if c.br.Buffered() > 0 {
+func (u *Pool) Put(c *Conn, now time.Time) (clean bool) {
+	if c.Buf.Buffered() > 0 {
 		c.Conn.Close()
 		return false
 	}
@@ -190,7 +195,7 @@ func (u *upstream) put(c *upConn, now time.Time) (clean bool) {
 // application data (TLS 1.3 session tickets, sent after the handshake):
 // they are read through TLS, which consumes them, and only application
 // data or a close counts.
-func (c *upConn) clean() bool {
+func (c *Conn) clean() bool {
 	if c.raw == nil {
 		return true // not TCP: nothing to peek at
 	}
@@ -219,7 +224,7 @@ func (c *upConn) clean() bool {
 
 // peek looks at the TCP socket without blocking: pending when bytes wait
 // to be read, open unless the peer closed it (or it failed).
-func (c *upConn) peek() (pending, open bool) {
+func (c *Conn) peek() (pending, open bool) {
 	if c.raw.Read(c.peekFn) != nil {
 		return false, false
 	}
@@ -234,7 +239,7 @@ func (c *upConn) peek() (pending, open bool) {
 
 // peekFD is recv(fd, 1 byte, MSG_PEEK|MSG_DONTWAIT), called by hand:
 // unix.Recvfrom allocates the peer's address it returns.
-func (c *upConn) peekFD(fd uintptr) bool {
+func (c *Conn) peekFD(fd uintptr) bool {
 	var b [1]byte
 	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
@@ -245,11 +250,11 @@ func (c *upConn) peekFD(fd uintptr) bool {
 	return true
 }
 
-// reap closes connections idle for longer than upstreamIdleTime, until
+// reap closes connections idle for longer than IdleTime, until
 // close.
-func (u *upstream) reap() {
+func (u *Pool) reap() {
 	defer close(u.done)
-	tick := time.NewTicker(upstreamIdleTime / 4)
+	tick := time.NewTicker(IdleTime / 4)
 	defer tick.Stop()
 	for {
 		select {
@@ -259,7 +264,7 @@ func (u *upstream) reap() {
 			u.mu.Lock()
 			// The oldest are at the bottom of the stack.
 			n := 0
-			for n < len(u.idle) && now.Sub(u.idle[n].idleSince) > upstreamIdleTime {
+			for n < len(u.idle) && now.Sub(u.idle[n].idleSince) > IdleTime {
 				u.idle[n].Conn.Close()
 				n++
 			}
@@ -269,9 +274,9 @@ func (u *upstream) reap() {
 	}
 }
 
-// close closes the idle connections and stops the reaper; connections in
+// Close closes the idle connections and stops the reaper; connections in
 // use are closed when they are put back.
-func (u *upstream) close() {
+func (u *Pool) Close() {
 	u.mu.Lock()
 	if u.closed {
 		u.mu.Unlock()
@@ -291,10 +296,4 @@ func (u *upstream) close() {
 func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
-}
-
-// isConnReset reports whether err is the peer resetting or having closed
-// the connection.
-func isConnReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

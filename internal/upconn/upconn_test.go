@@ -1,4 +1,4 @@
-package proxy
+package upconn
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 )
 
 // BenchmarkCleanCheck is the check every reuse of a pooled upstream
-// connection makes (upConn.clean): one non-blocking peek of the socket.
+// connection makes (Conn.clean): one non-blocking peek of the socket.
 func BenchmarkCleanCheck(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -31,9 +31,9 @@ func BenchmarkCleanCheck(b *testing.B) {
 			io.Copy(io.Discard, c)
 		}
 	}()
-	u := newUpstream(target{addr: ln.Addr().String()}, Options{Client: engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second}})
-	defer u.close()
-	c, err := u.dial(context.Background())
+	u := New(engine.Target{Addr: ln.Addr().String()}, engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second})
+	defer u.Close()
+	c, err := u.Dial(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -75,14 +75,14 @@ func TestCleanCheck(t *testing.T) {
 				conns <- c
 			}
 		}()
-		u := newUpstream(target{addr: ln.Addr().String(), tls: useTLS, host: "localhost"},
-			Options{Client: engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second}})
-		defer u.close()
+		u := New(engine.Target{Addr: ln.Addr().String(), TLS: useTLS, Hostname: "localhost"},
+			engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second})
+		defer u.Close()
 		if useTLS {
 			u.tls = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
 		}
-		dial := func() (*upConn, net.Conn) {
-			c, err := u.dial(context.Background())
+		dial := func() (*Conn, net.Conn) {
+			c, err := u.Dial(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
