@@ -49,6 +49,9 @@
 //
 // # Limits
 //
+// [OpenRegion] and [Lock.Files] need Linux: elsewhere (where the package
+// builds for development, and dumps can be inspected) they return an
+// error that wraps shm.ErrNeedsLinux.
 // A re-attached live region records no rule definitions: it keeps every
 // key, as a reload (HUP) does, so a changed limit applies to the existing
 // counts, and keys of a rule whose window or algorithm changed are

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 )
 
 // CheckDirs reports whether the directories of o.Path and o.Live exist
@@ -29,6 +28,11 @@ func CheckDirs(o Options) error {
 	return nil
 }
 
+// liveTempPrefix starts the names of the temporary files of a live region
+// at path: shm.CreateFile's, which OpenRegion removes when a crash left
+// them.
+func liveTempPrefix(path string) string { return filepath.Base(path) + ".new-" }
+
 // checkDir creates and removes a file named after pattern in dir: the
 // only test of writability that a read-only mount, an ACL and root agree
 // on.
@@ -49,20 +53,4 @@ func checkDir(dir, pattern string) error {
 	f.Close()
 	os.Remove(f.Name())
 	return nil
-}
-
-// untrusted says why a file that a load would read must not be trusted,
-// or "" when it may be. Checksums are no authentication: whoever can
-// write the file can make it say anything, so it must belong to this
-// process's user, and group and others must not be able to write it.
-func untrusted(fi fs.FileInfo) string {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		if uid := os.Geteuid(); int(st.Uid) != uid {
-			return fmt.Sprintf("owned by uid %d, not by this service's uid %d", st.Uid, uid)
-		}
-	}
-	if m := fi.Mode().Perm(); m&0o022 != 0 {
-		return fmt.Sprintf("mode %#o: writable by group or others", m)
-	}
-	return ""
 }

@@ -2,12 +2,9 @@ package persist
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // ErrInUse means another supervisor holds a file this one would use.
@@ -17,28 +14,6 @@ var ErrInUse = errors.New("persist: in use by another supervisor")
 // flock on FILE.lock beside each, which also names the holder's pid. The
 // kernel releases it when the process ends, however it ends.
 type Lock struct{ files []*os.File }
-
-// lock adds the lock of path to l, without waiting: a file another
-// process holds is an error that wraps ErrInUse and names the holder.
-func (l *Lock) lock(path string) error {
-	name := path + ".lock"
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return fmt.Errorf("persist: lock: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return fmt.Errorf("%w: %s (pid %s holds %s)", ErrInUse, path, holder(name), name)
-		}
-		return fmt.Errorf("persist: lock %s: %w", name, err)
-	}
-	// Informative: whoever is refused learns whom to look for.
-	f.Truncate(0)
-	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	l.files = append(l.files, f)
-	return nil
-}
 
 // holder is the pid a lock file names, or "unknown".
 func holder(name string) string {
@@ -60,28 +35,6 @@ func (l *Lock) Unlock() error {
 	}
 	l.files = nil
 	return err
-}
-
-// Files returns duplicates of the descriptors that hold l's locks, for a
-// process that takes them over (a supervisor started by a binary
-// upgrade): an flock belongs to the open file, so the lock holds while
-// any process keeps a duplicate open. The caller closes them.
-func (l *Lock) Files() ([]*os.File, error) {
-	if l == nil {
-		return nil, nil
-	}
-	var out []*os.File
-	for _, f := range l.files {
-		fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			for _, o := range out {
-				o.Close()
-			}
-			return nil, fmt.Errorf("persist: lock: %w", err)
-		}
-		out = append(out, os.NewFile(uintptr(fd), f.Name()))
-	}
-	return out, nil
 }
 
 // AdoptLock takes over the locks whose descriptors files are (Files of

@@ -87,7 +87,9 @@
 //
 // # Limits
 //
-// Linux only (memfd, Pdeathsig). A TCP listener (a net.Listener whose
+// Linux only (memfd, Pdeathsig). Elsewhere the package builds for
+// development, and [Run] (and [ListenerFile]) return an error that wraps
+// shm.ErrNeedsLinux. A TCP listener (a net.Listener whose
 // socket can be duplicated). A reload starts the program's file on disk, but the
 // supervisor keeps running the binary it was started as: a build whose
 // supervisor differs (its region layout, its options) needs a restart.

@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // envNotifySocket is systemd's notification socket: a path, or an abstract
@@ -83,18 +81,4 @@ func (n *notifier) send(state string) error {
 		return fmt.Errorf("prefork: notify %s: %w", n.addr.Name, err)
 	}
 	return nil
-}
-
-// reloadingState is the message that starts a reload. systemd's
-// Type=notify-reload sends HUP, then takes RELOADING=1 as the answer to
-// that HUP only with MONOTONIC_USEC (CLOCK_MONOTONIC in µs, decimal) in
-// the same message and no earlier than the instant it sent the signal;
-// then it waits for READY=1. So the time is read here, when the HUP is
-// handled, never cached.
-func reloadingState() string {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return "RELOADING=1"
-	}
-	return fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", ts.Nano()/1000)
 }

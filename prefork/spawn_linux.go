@@ -15,18 +15,6 @@ import (
 	"github.com/preforkd/preforkd/internal/cpuquota"
 )
 
-// readyEvent and exitEvent are what the process watchers send to the
-// supervisor's loop; a worker's readyEvent always comes before its
-// recycleEvents, and those before its exitEvent. An error is a worker
-// that broke the protocol, for the log.
-type readyEvent struct{ pid int }
-
-type exitEvent struct {
-	pid    int
-	status string // "exit status 0", "signal: killed", ...
-	clean  bool   // exited with status 0
-}
-
 // spawner starts processes from one goroutine locked to its OS thread for
 // its whole life. The kernel sends a child's Pdeathsig when the thread that
 // forked it exits, not the process: starting children from whatever thread

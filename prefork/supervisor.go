@@ -1,15 +1,11 @@
 package prefork
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // drainGrace is how long past Server.ShutdownTimeout the supervisor waits
@@ -195,63 +191,6 @@ func newSupervisor(env sysEnv, log *slog.Logger, cfg Settings, n, maxWorkers int
 	return s
 }
 
-// run is the supervisor's one select loop. It returns once the supervisor
-// drained and every worker was reaped.
-func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-chan any) {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	done := ctx.Done()
-	// A signal that arrived during start-up is handled before any worker starts.
-	for pending := true; pending; {
-		select {
-		case sig := <-sigs:
-			s.onSignal(sig)
-		default:
-			pending = false
-		}
-	}
-	s.step()
-	s.keepAlive()
-	s.publish()
-	for !s.finished() {
-		var wake <-chan time.Time
-		if t, ok := s.nextDeadline(); ok {
-			timer.Reset(t.Sub(s.env.now()))
-			wake = timer.C
-		}
-		select {
-		case sig := <-sigs:
-			s.onSignal(sig)
-		case <-done:
-			done = nil
-			s.beginDrain(context.Cause(ctx).Error(), s.cfg.DrainDelay)
-		case ev := <-events:
-			switch ev := ev.(type) {
-			case readyEvent:
-				s.onReady(ev.pid)
-			case exitEvent:
-				s.onExit(ev)
-			case recycleEvent:
-				s.onRecycle(ev)
-			case upgradeReadyEvent:
-				s.onUpgradeReady(ev)
-			case upgradeExitEvent:
-				s.onUpgradeExit(ev)
-			case mainEvent:
-				s.onMain(ev)
-			case orphanEvent:
-				s.onOrphan(ev)
-			case error:
-				s.log.Error("worker broke the protocol of its readiness pipe", "err", ev)
-			}
-		case <-wake:
-		}
-		s.step()
-		s.keepAlive()
-		s.publish()
-	}
-}
-
 // keepAlive sends WATCHDOG=1 when one is due. It is sent by the loop
 // itself, between two events: a loop stuck in a handler sends none, and
 // systemd restarts the service after WatchdogSec, while a healthy loop
@@ -271,32 +210,6 @@ func (s *supervisor) keepAlive() {
 // finished reports whether the supervisor drained and reaped every worker.
 func (s *supervisor) finished() bool { return s.draining && len(s.procs) == 0 && s.orphans == 0 }
 
-// onSignal handles the signals the supervisor listens to (handledSignals):
-// TERM, INT and QUIT drain, HUP reloads, USR1 has the workers reopen
-// their files; any other is logged and ignored.
-func (s *supervisor) onSignal(sig os.Signal) {
-	name := sig.String()
-	if ss, ok := sig.(syscall.Signal); ok {
-		name = unix.SignalName(ss)
-	}
-	switch sig {
-	case syscall.SIGHUP:
-		s.reload()
-	case syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT:
-		if s.draining {
-			s.killAll("second " + name)
-			return
-		}
-		s.beginDrain(name, s.cfg.DrainDelay)
-	case syscall.SIGUSR1:
-		s.reopen()
-	case syscall.SIGUSR2:
-		s.startUpgrade()
-	default:
-		s.log.Warn("signal ignored", "signal", name)
-	}
-}
-
 // reopen tells every worker to reopen the files it writes (an access log
 // that logrotate just renamed): USR1, as nginx's master passes it on.
 func (s *supervisor) reopen() {
@@ -305,7 +218,7 @@ func (s *supervisor) reopen() {
 		if p.killed {
 			continue
 		}
-		if err := p.signal(syscall.SIGUSR1); err != nil {
+		if err := p.signal(sigReopen); err != nil {
 			s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR1", "err", err)
 			continue
 		}
@@ -440,6 +353,18 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 	}
 	s.log.Info("worker started", attrs...)
 	return p, nil
+}
+
+// readyEvent and exitEvent are what the process watchers send to the
+// supervisor's loop; a worker's readyEvent always comes before its
+// recycleEvents, and those before its exitEvent. An error is a worker
+// that broke the protocol, for the log.
+type readyEvent struct{ pid int }
+
+type exitEvent struct {
+	pid    int
+	status string // "exit status 0", "signal: killed", ...
+	clean  bool   // exited with status 0
 }
 
 // onReady handles a worker's readiness report.
@@ -612,7 +537,7 @@ func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 	if delay > 0 {
 		s.stopAt = s.env.now().Add(delay)
 		for _, p := range s.sortedProcs() {
-			if err := p.signal(syscall.SIGUSR2); err != nil {
+			if err := p.signal(sigDrain); err != nil {
 				s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR2", "err", err)
 			}
 		}

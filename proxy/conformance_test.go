@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/engine"
-	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/proxy"
 )
@@ -38,7 +37,6 @@ type servingEngine struct {
 var engines = []servingEngine{
 	{"fasthttp", startFast},
 	{"nethttp", startNetHTTP},
-	{"loop", startLoop},
 }
 
 // startNetHTTP serves ln with the net/http engine forwarding by itself
@@ -52,13 +50,6 @@ func startNetHTTP(t *testing.T, ln net.Listener, upstream string) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
-	stopAtCleanup(t, s, served)
-}
-
-// startLoop serves ln with the event-loop engine (engine/loop).
-func startLoop(t *testing.T, ln net.Listener, upstream string) {
-	t.Helper()
-	s, served := startLoopServer(t, ln, loop.Options{Upstream: upstream, Limits: engineLimits(8 << 10)}, nil)
 	stopAtCleanup(t, s, served)
 }
 

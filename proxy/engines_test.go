@@ -18,8 +18,6 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
-	preforkdengine "github.com/preforkd/preforkd/engine"
-	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/shm"
@@ -39,10 +37,6 @@ type coreEngine struct {
 var coreEngines = []coreEngine{
 	{"fasthttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
 		s, _ := start(t, ln, proxy.Options{Upstream: upstream, Core: c})
-		t.Cleanup(func() { s.Close() })
-	}},
-	{"loop", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
-		s, _ := startLoopServer(t, ln, loop.Options{Upstream: upstream}, c)
 		t.Cleanup(func() { s.Close() })
 	}},
 	{"nethttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
@@ -85,28 +79,6 @@ var coreEngines = []coreEngine{
 }
 
 var quietLog = slog.New(slog.DiscardHandler)
-
-// startLoopServer serves ln with the event-loop engine for o, with core c
-// (one without rules when nil), logging to quietLog; served gets what
-// Serve returns. Stopping it is the caller's.
-func startLoopServer(t testing.TB, ln net.Listener, o loop.Options, c *core.Core) (*loop.Server, <-chan error) {
-	t.Helper()
-	if c == nil {
-		c = configCore(t, "", nil)
-	}
-	o.Core, o.Logger = c, quietLog
-	s, err := loop.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	return s, served
-}
-
-func engineLimits(maxHeader int) preforkdengine.Limits {
-	return preforkdengine.Limits{MaxHeaderBytes: maxHeader}
-}
 
 // configCore is the decision core a worker builds from the configuration
 // text toml, over a region of its own, logging to quietLog, on the clock

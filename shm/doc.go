@@ -115,10 +115,13 @@
 //
 // # Limits
 //
-// Linux only (memfd, sealing, fallocate, futex). A region that does not
-// fit in the memory available (MemAvailable, and the cgroup's memory.max)
-// is refused by [Create]. The race detector does not see accesses inside a
-// mapping: [CreatePrivate] makes a heap-backed region for goroutine tests.
+// Linux only (memfd, sealing, fallocate, futex). Elsewhere the package
+// builds for development: [CreatePrivate] works (its waiters poll), and
+// [Create], [CreateFile] and [OpenFile] return an error that wraps
+// [ErrNeedsLinux]. A region that does not fit in the memory available
+// (MemAvailable, and the cgroup's memory.max) is refused by [Create]. The
+// race detector does not see accesses inside a mapping: [CreatePrivate]
+// makes a heap-backed region for goroutine tests.
 // The bulk operations for persistence ([Counters.Snapshot],
 // [Counters.Place] and their kin) require that no worker runs; with the
 // live-region calls they serve package persist and are not covered by

@@ -26,6 +26,12 @@ var (
 	// may still update keys that exist but claims nothing. Callers treat
 	// it like ErrFull.
 	ErrRetired = errors.New("shm: worker identity retired")
+	// ErrNeedsLinux is what making a shared region (Create, CreateFile,
+	// OpenFile) answers on a system other than Linux: it needs memfd and
+	// futexes. A private region (CreatePrivate) works anywhere. The
+	// Linux-only entry points of the packages above shm (prefork.Run,
+	// persist.OpenRegion) wrap it.
+	ErrNeedsLinux = errors.New("shm: a shared region needs Linux (memfd, futex)")
 )
 
 // Region is one mapping of a shared region. It is safe for concurrent use

@@ -9,32 +9,12 @@ import (
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/preforkd/preforkd/engine/loop"
 )
 
 const demoUpstream = "builtin:demo"
 
 // demoCacheable is the prefix of the demo's paths that a cache may keep.
 const demoCacheable = "/cacheable/"
-
-// demo answers every request with 200 and a small JSON body naming the
-// method, path and worker, so that preforkd runs with nothing else. A
-// path under /cacheable/ may be cached for a minute (Cache-Control), so
-// that a [[cache]] block can be tried with it at once. It is served by
-// the event-loop engine, in the worker, and allocates nothing.
-func demo(worker int) loop.App {
-	pid := strconv.Itoa(os.Getpid())
-	w := strconv.Itoa(worker)
-	return func(resp *loop.AppResponse, req *loop.AppRequest) {
-		resp.Header("Content-Type", "application/json")
-		path := req.Path()
-		if strings.HasPrefix(path, demoCacheable) {
-			resp.Header("Cache-Control", "max-age=60")
-		}
-		resp.SetBody(appendDemo(resp.Body()[:0], req.Method(), path, w, pid))
-	}
-}
 
 // fastDemo is demo for the fasthttp engine (server.engine = "fasthttp").
 func fastDemo(worker int) fasthttp.RequestHandler {

@@ -11,7 +11,6 @@ import (
 	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
@@ -162,13 +161,7 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 		}
 		return proxy.New(o)
 	}
-	o := loop.Options{Core: c, Limits: cfg.Server.Limits(), Client: cfg.Server.UpstreamClient(), Logger: w.Logger}
-	if u == "" || u == demoUpstream {
-		o.App = demo(w.Index)
-	} else {
-		o.Upstream = u
-	}
-	return loop.New(o)
+	return loopEngine(w, cfg, c)
 }
 
 // tlsEngine is the net/http engine on TLS: the certificates and the

@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 // End-to-end tests of "At the edge on its own" (README): request ids, the

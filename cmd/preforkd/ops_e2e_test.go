@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 // End-to-end tests of the daemon as an operator runs it:

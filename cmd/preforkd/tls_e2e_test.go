@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 // End-to-end tests of TLS and HTTP/2 toward clients (README "TLS and

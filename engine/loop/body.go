@@ -1,3 +1,5 @@
+//go:build linux
+
 package loop
 
 // A request body as the client sends it: bytes are taken from what the

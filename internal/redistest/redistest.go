@@ -22,7 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -187,7 +186,7 @@ func (s *Server) start() error {
 	args = append(args, s.o.Args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	ownGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: starting %s: %w", s.bin, err)
 	}
@@ -269,7 +268,7 @@ func (s *Server) Kill() {
 	if cmd == nil {
 		return
 	}
-	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	killGroup(cmd)
 	<-exited
 }
 

@@ -111,11 +111,6 @@ func openLive(path string) (*shm.Region, error) {
 	return r, nil
 }
 
-// liveTempPrefix starts the names of the temporary files of a live region
-// at path: shm.CreateFile's, which OpenRegion removes when a crash left
-// them.
-func liveTempPrefix(path string) string { return filepath.Base(path) + ".new-" }
-
 // orphanWait bounds the wait for the workers of a dead supervisor to die.
 const orphanWait = 5 * time.Second
 

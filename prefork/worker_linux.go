@@ -1,0 +1,159 @@
+package prefork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// runWorker is Run in a worker: it returns the process's exit code.
+func runWorker(ctx context.Context, opts Options) int {
+	log := opts.Logger.With("pid", os.Getpid())
+	index, err := workerIndex()
+	if err != nil {
+		log.Error("worker failed to start", "err", err)
+		return 1
+	}
+	log = log.With("worker", index)
+	if err := nameWorker(os.Getenv(envName)); err != nil {
+		log.Warn("worker keeps the name the kernel gave it", "err", err)
+	}
+	// Nothing this worker starts is a worker, nor inherits its descriptors.
+	os.Unsetenv(envWorker)
+	os.Unsetenv(envName)
+	for fd := fdRegion; fd <= fdConfig; fd++ {
+		syscall.CloseOnExec(fd)
+	}
+	if n, err := raiseOpenFileLimit(); err != nil {
+		log.Warn("open-file limit not raised", "open_files", n, "err", err)
+	}
+	// Ctrl-C and HUP are the supervisor's business. From the supervisor:
+	// TERM (or QUIT, as nginx's workers take it) means drain, USR1
+	// reopen the files, USR2 that the instance is stopping (its health
+	// answers 503 while it still serves, Settings.DrainDelay).
+	signal.Ignore(syscall.SIGINT, syscall.SIGHUP)
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGQUIT)
+	notes := make(chan os.Signal, 4)
+	signal.Notify(notes, syscall.SIGUSR1, syscall.SIGUSR2)
+
+	w, ln, err := joinWorker(opts, index, log)
+	if err != nil {
+		log.Error("worker failed to start", "err", err)
+		return 1
+	}
+	eng, err := opts.Engine(w)
+	if err == nil && eng == nil {
+		err = errors.New("Options.Engine returned no engine")
+	}
+	if err != nil {
+		log.Error("worker failed to start", "err", fmt.Errorf("prefork: building the engine: %w", err))
+		w.runDeferred(log)
+		return 1
+	}
+	timeout := w.Settings.ShutdownTimeout
+	// Past a recycling limit the listener closes at once (before the
+	// response that passed the limit leaves), and the engine drains in
+	// the background; TERM, once the successor is ready, waits for it.
+	recycled := make(chan error, 1)
+	recycleCtx, cutRecycleDrain := context.WithCancel(context.Background())
+	defer cutRecycleDrain()
+	recycle := w.recycling(func() {
+		ln.Close()
+		go func() { recycled <- eng.Shutdown(recycleCtx) }()
+	})
+	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, notes, log)
+	if !ok {
+		w.runDeferred(log) // what it opened still closes (a store's last counts)
+		return 1
+	}
+	log.Info("worker draining", "reason", why, "timeout", timeout)
+	w.draining()
+	if w.pastLimit() {
+		select {
+		case err = <-recycled:
+		case <-time.After(timeout):
+			cutRecycleDrain()
+			err = <-recycled
+		}
+	} else {
+		sctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		err = eng.Shutdown(sctx)
+	}
+	if err != nil {
+		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
+	}
+	select {
+	case <-served:
+	case <-time.After(time.Second): // Serve returns once its listener is closed
+	}
+	w.runDeferred(log)
+	return 0
+}
+
+// serveUntilTold reports the worker ready and serves with serve until it
+// is told to drain: TERM, the supervisor gone, or ctx done; it returns
+// why. Connections that arrive before serve runs wait in the shared
+// listener's backlog. The readiness pipe stays open: a worker past a
+// recycling limit (recycle) asks through it for a successor, and its
+// listener, closed then, makes serve return early, which is expected.
+// served has serve's result once it returned. ok is false when the
+// worker could not report ready or serve stopped on its own (logged).
+func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle <-chan []byte, term, notes <-chan os.Signal, log *slog.Logger) (why string, served <-chan error, ok bool) {
+	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
+	report := os.NewFile(fdReady, "ready")
+	if _, err := report.Write([]byte{1}); err != nil {
+		log.Error("worker failed to report readiness", "err", err)
+		return "", nil, false
+	}
+	result := make(chan error, 1)
+	go func() { result <- serve() }()
+	serving := (<-chan error)(result)
+	gc := newGCCounter(w.Region)
+	gc.publish()
+	gcTick := time.NewTicker(gcEvery)
+	defer gcTick.Stop()
+	for why == "" {
+		select {
+		case <-gcTick.C:
+			gc.publish()
+		case err := <-serving:
+			if !w.pastLimit() {
+				if err == nil {
+					err = errors.New("serving returned without being shut down")
+				}
+				log.Error("worker stopped serving", "err", err)
+				return "", nil, false
+			}
+			// The listener was closed for recycling: wait to be told,
+			// and put the result back for the drain.
+			serving = nil
+			result <- err
+		case msg := <-recycle:
+			recycle = nil
+			askRecycling(report, msg, log)
+		case sig := <-notes:
+			if sig == syscall.SIGUSR1 {
+				w.reopen(log)
+			} else {
+				w.draining()
+			}
+		case sig := <-term:
+			why = "TERM"
+			if sig == syscall.SIGQUIT {
+				why = "QUIT"
+			}
+		case <-lifeline:
+			why = "supervisor gone"
+		case <-ctx.Done():
+			why = context.Cause(ctx).Error()
+		}
+	}
+	return why, result, true
+}

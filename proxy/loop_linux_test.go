@@ -1,0 +1,48 @@
+package proxy_test
+
+import (
+	"net"
+	"testing"
+
+	"github.com/preforkd/preforkd/core"
+	preforkdengine "github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/loop"
+)
+
+// The event-loop engine (Linux only) runs every row of the tables.
+func init() {
+	engines = append(engines, servingEngine{"loop", startLoop})
+	coreEngines = append(coreEngines, coreEngine{"loop", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
+		s, _ := startLoopServer(t, ln, loop.Options{Upstream: upstream}, c)
+		t.Cleanup(func() { s.Close() })
+	}})
+}
+
+// startLoop serves ln with the event-loop engine (engine/loop).
+func startLoop(t *testing.T, ln net.Listener, upstream string) {
+	t.Helper()
+	s, served := startLoopServer(t, ln, loop.Options{Upstream: upstream, Limits: engineLimits(8 << 10)}, nil)
+	stopAtCleanup(t, s, served)
+}
+
+// startLoopServer serves ln with the event-loop engine for o, with core c
+// (one without rules when nil), logging to quietLog; served gets what
+// Serve returns. Stopping it is the caller's.
+func startLoopServer(t testing.TB, ln net.Listener, o loop.Options, c *core.Core) (*loop.Server, <-chan error) {
+	t.Helper()
+	if c == nil {
+		c = configCore(t, "", nil)
+	}
+	o.Core, o.Logger = c, quietLog
+	s, err := loop.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	return s, served
+}
+
+func engineLimits(maxHeader int) preforkdengine.Limits {
+	return preforkdengine.Limits{MaxHeaderBytes: maxHeader}
+}
