@@ -91,10 +91,7 @@ func (ex *Exchange) logAccess(elapsed time.Duration) {
 		e.Proto = p.Proto()
 	}
 	if ex.fwdAt != 0 {
-		e.Upstream = ex.upDur
-		if e.Upstream < 0 {
-			e.Upstream = ex.c.now() - ex.fwdAt // no head came: until now
-		}
+		e.Upstream = ex.upDur // Finish made it final
 	}
 	if ex.rl.refusal.Status != 0 {
 		e.Rule = ex.rl.refusal.Rule
@@ -108,18 +105,23 @@ func (ex *Exchange) logAccess(elapsed time.Duration) {
 	*e = AccessEntry{}
 }
 
-// forwarded notes when the request went to the application, for the
-// access log's upstream time: at the first Forward.
+// forwarded notes when the request went to the application, for its
+// upstream time (the access log's, and UpstreamDuration): at the first
+// Forward.
 func (ex *Exchange) forwarded() {
-	if ex.c.access != nil && ex.fwdAt == 0 {
+	if ex.fwdAt == 0 {
 		ex.fwdAt = max(ex.c.now(), 1)
 		ex.upDur = -1
 	}
 }
 
-// answered notes when the application's head (or its failure) came.
+// answered notes when the application's head (or its failure) came, and
+// counts the upstream time, once per forwarded request. Finish calls it
+// for a request whose application gave neither (the client went away):
+// its upstream time runs until then.
 func (ex *Exchange) answered() {
 	if ex.fwdAt != 0 && ex.upDur < 0 {
 		ex.upDur = ex.c.now() - ex.fwdAt
+		ex.c.row.Upstream(ex.upDur)
 	}
 }

@@ -519,6 +519,11 @@ func (ex *Exchange) record() (max int64, ok bool) {
 // clock is the instant the exchange decides at, read by Begin.
 func (ex *Exchange) clock() time.Duration { return ex.now }
 
+// Conns is where an engine counts the client connections it serves for
+// this core's worker: accepted, reaching max_connections, and the state
+// each is in (metrics.Conns).
+func (c *Core) Conns() metrics.Conns { return c.row.Conns() }
+
 // Responded counts a response a worker sent, in the statistics: by status
 // code, and its duration (from when the request was read to when the
 // engine handed the response over; a streamed body may go on after).

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -239,4 +240,63 @@ func refusalsIn(lines []string) uint64 {
 		total += k + 1
 	}
 	return total
+}
+
+// The upstream's response time is counted for every forwarded request,
+// access log or none: from Forward to its head, or to its failure, or to
+// Finish when the client went away first; the core's own answers and
+// cache hits are not forwarded and not counted.
+func TestUpstreamTimeCounted(t *testing.T) {
+	o := shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20}
+	metrics.Geometry(&o, 4)
+	region := shmtest.Joined(t, o)
+	var clock time.Duration = time.Hour
+	c, err := core.New(region, core.Options{
+		RateLimits: []core.RateLimit{{Rule: bucket.Rule{Name: "once", Limit: 1, Window: time.Hour},
+			Route: mustRoute(t, "/limited")}},
+		Caches: []core.Cache{{Route: mustRoute(t, "/cached/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20}},
+		Now:    func() time.Duration { return clock },
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := func(took time.Duration, hdr ...core.Field) func(core.Forward) fakeResp {
+		return func(core.Forward) fakeResp {
+			clock += took
+			return fakeResp{status: 200, body: []byte("body"), header: hdr}
+		}
+	}
+	cacheable := core.Field{Name: "Cache-Control", Value: []byte("max-age=60")}
+	serve(c, newReq("GET", "/p", "192.0.2.9"), app(3*time.Millisecond))              // 3ms
+	serve(c, newReq("GET", "/limited", "192.0.2.9"), app(40*time.Millisecond))       // 40ms
+	serve(c, newReq("GET", "/limited", "192.0.2.9"), app(time.Hour))                 // 429: not forwarded
+	serve(c, newReq("GET", "/cached/a", "192.0.2.9"), app(2*time.Second, cacheable)) // a miss: 2s
+	serve(c, newReq("GET", "/cached/a", "192.0.2.9"), app(time.Hour))                // a hit
+	serve(c, newReq("GET", "/down", "192.0.2.9"), func(core.Forward) fakeResp {      // failed after 7s
+		clock += 7 * time.Second
+		return fakeResp{none: true}
+	})
+	// Forwarded, and the client went away before the head: until Finish.
+	ex := c.Begin(newReq("GET", "/gone", "192.0.2.9"))
+	if decideNow(ex) == core.Respond {
+		t.Fatal("/gone was answered by the core")
+	}
+	ex.Forward()
+	clock += 20 * time.Second
+	ex.Finish(errors.New("the client went away"))
+
+	var s metrics.Snapshot
+	metrics.Read(region, &s)
+	// Buckets (not cumulative) of UpstreamDuration: ≤1ms, 2.5ms, 5ms,
+	// 10ms, 25ms, 50ms, ..., 2.5s, 5s, 10s, 30s.
+	want := map[int]uint64{2: 1, 5: 1, 10: 1, 12: 1, 13: 1}
+	for b := range 16 { // 15 bounds and +Inf
+		if got := s.Value(metrics.UpstreamDuration, b); got != want[b] {
+			t.Errorf("bucket %d: %d, want %d", b, got, want[b])
+		}
+	}
+	if sum, want := s.Value(metrics.UpstreamDuration, 16), uint64((3*time.Millisecond+40*time.Millisecond+2*time.Second+7*time.Second+20*time.Second)/time.Microsecond); sum != want {
+		t.Errorf("sum %dµs, want %dµs", sum, want)
+	}
 }

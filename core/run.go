@@ -252,6 +252,7 @@ var ErrNoRefresh = errors.New("core: refresh not made")
 // a refresh: the engine may reuse its memory once it made the copy.
 // After Finish reports false, the Exchange must not be used.
 func (ex *Exchange) Finish(err error) (refresh bool) {
+	ex.answered() // no head came: the upstream time ends here
 	if ex.refreshing {
 		ex.completeRecorded(err)
 		ex.release()

@@ -37,6 +37,10 @@ func TestFamilyNames(t *testing.T) {
 			if !strings.HasSuffix(s.name, "_total") {
 				t.Errorf("counter %s does not end in _total", s.name)
 			}
+		case connGauge:
+			if strings.HasSuffix(s.name, "_total") || s.label == "" {
+				t.Errorf("gauge %s: want no _total, and a label", s.name)
+			}
 		case codeHistogram:
 			if !strings.HasSuffix(s.name, "_total") || !strings.HasSuffix(s.hist, "_seconds") || s.histHelp == "" {
 				t.Errorf("%s: want a counter name and a histogram in seconds", s.name)
@@ -74,6 +78,8 @@ func TestRowAndSnapshot(t *testing.T) {
 	row.Response(999, 0)
 	row.Add(UpstreamErrors, UpstreamTimeout, 2)
 	row.Observe(IdempotencyStoredBytes, 5000)
+	row.Upstream(3 * time.Millisecond)
+	row.Upstream(-time.Second) // a clock that went back: 0
 
 	var s Snapshot
 	Read(r, &s)
@@ -109,6 +115,10 @@ func TestRowAndSnapshot(t *testing.T) {
 		`preforkd_idempotency_stored_bytes_bucket{le="4096"} 0`,
 		`preforkd_idempotency_stored_bytes_bucket{le="16384"} 1`,
 		`preforkd_upstream_errors_total{kind="timeout"} 2`,
+		`preforkd_upstream_response_duration_seconds_bucket{le="0.001"} 1`,
+		`preforkd_upstream_response_duration_seconds_bucket{le="0.005"} 2`,
+		`preforkd_upstream_response_duration_seconds_sum 0.003`,
+		`preforkd_upstream_response_duration_seconds_count 2`,
 	} {
 		if !strings.Contains(page, want+"\n") {
 			t.Errorf("page lacks %q", want)
@@ -116,6 +126,96 @@ func TestRowAndSnapshot(t *testing.T) {
 	}
 	if strings.Contains(page, `code="404"`) {
 		t.Error("the page lists a status code never sent")
+	}
+}
+
+// Connections by state: every worker counts its own in one word, a change
+// of state one add; the sum is every worker's, and a reaped worker's
+// connections leave the gauges while its accepted ones stay counted.
+func TestConns(t *testing.T) {
+	o := shm.Options{Counters: 8, MaxWorkers: 4}
+	Geometry(&o, 1)
+	if o.StatGauges != 1 {
+		t.Fatalf("Geometry: %d gauge words, want 1", o.StatGauges)
+	}
+	sup := shmtest.Create(t, o)
+	w1, w2 := NewRow(shmtest.Attach(t, sup, 1)).Conns(), NewRow(shmtest.Attach(t, sup, 2)).Conns()
+	open := func(c Conns, n int, to ...ConnState) {
+		for range n {
+			c.Accepted()
+			c.Move(ConnClosed, ConnReading)
+			from := ConnReading
+			for _, st := range to {
+				c.Move(from, st)
+				from = st
+			}
+		}
+	}
+	open(w1, 3)                                       // reading
+	open(w1, 2, ConnWriting)                          // writing
+	open(w1, 4, ConnWriting, ConnIdle)                // idle
+	open(w1, 1, ConnWriting, ConnIdle, ConnReading)   // the next request's header
+	open(w2, 5, ConnWriting, ConnIdle, ConnClosed)    // gone
+	open(w2, 2, ConnWriting, ConnIdle, ConnWriting)   // the next request
+	open(w2, 1, ConnWriting, ConnWriting, ConnClosed) // a Move to the same state is none
+	w1.MaxReached()
+	var zero Conns // counts nothing, and does not fail
+	zero.Accepted()
+	zero.Move(ConnClosed, ConnReading)
+	zero.MaxReached()
+
+	check := func(when string, reading, writing, idle, accepted uint64) {
+		t.Helper()
+		var s Snapshot
+		Read(sup, &s)
+		got := [4]uint64{s.Conns(ConnReading), s.Conns(ConnWriting), s.Conns(ConnIdle), s.Value(ConnectionsAccepted, 0)}
+		if want := [4]uint64{reading, writing, idle, accepted}; got != want {
+			t.Fatalf("%s: reading, writing, idle, accepted = %v, want %v", when, got, want)
+		}
+	}
+	check("two workers", 4, 4, 4, 18)
+
+	var s Snapshot
+	Read(sup, &s)
+	var p Text
+	s.AppendFamilies(&p, nil)
+	page := string(p.Bytes())
+	for _, want := range []string{
+		"# TYPE preforkd_connections gauge",
+		`preforkd_connections{state="reading"} 4`,
+		`preforkd_connections{state="writing"} 4`,
+		`preforkd_connections{state="idle"} 4`,
+		"preforkd_connections_accepted_total 18",
+		"preforkd_connections_max_reached_total 1",
+	} {
+		if !strings.Contains(page, want+"\n") {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+
+	if _, err := sup.Reap(1); err != nil {
+		t.Fatal(err)
+	}
+	check("worker 1 reaped with 10 open", 0, 2, 0, 18)
+	w2.Move(ConnWriting, ConnClosed)
+	w2.Move(ConnWriting, ConnIdle)
+	check("worker 2 closed one, finished one", 0, 0, 1, 18)
+}
+
+// A region of an older build, without gauge words, counts the states of
+// a process for itself alone: summed, they would outlive its worker.
+func TestConnsWithoutGauges(t *testing.T) {
+	o := shm.Options{Counters: 8, MaxWorkers: 4}
+	Geometry(&o, 1)
+	o.StatGauges = 0
+	sup := shmtest.Create(t, o)
+	c := NewRow(shmtest.Attach(t, sup, 1)).Conns()
+	c.Accepted()
+	c.Move(ConnClosed, ConnReading)
+	var s Snapshot
+	Read(sup, &s)
+	if s.Conns(ConnReading) != 0 || s.Value(ConnectionsAccepted, 0) != 1 {
+		t.Fatalf("reading %d (want 0: not shared), accepted %d (want 1)", s.Conns(ConnReading), s.Value(ConnectionsAccepted, 0))
 	}
 }
 

@@ -13,6 +13,9 @@ import (
 type Row struct {
 	w     []uint64
 	rules int // rule indexes the row has room for
+	// gauges: the region drops the row's gauge words when its worker is
+	// reaped (a region made with Geometry's StatGauges).
+	gauges bool
 }
 
 // NewRow is the row of the process joined to r. A region made without
@@ -23,7 +26,7 @@ func NewRow(r *shm.Region) Row {
 	if len(w) < rowLayout.fixedWords {
 		w = make([]uint64, rowLayout.fixedWords)
 	}
-	return Row{w: w, rules: capacity(len(w))}
+	return Row{w: w, rules: capacity(len(w)), gauges: r.Geometry().StatGauges == rowLayout.gaugeWords}
 }
 
 // Add adds n to value i of family f (a family that is not per rule).
@@ -80,6 +83,87 @@ func (r Row) Response(code int, d time.Duration) {
 	off := rowLayout.off[HTTPRequests]
 	atomic.AddUint64(&r.w[off+i*httpBuckets+bucket(families[HTTPRequests].bounds, us)], 1)
 	atomic.AddUint64(&r.w[off+len(families[HTTPRequests].values)*httpBuckets], us)
+}
+
+// Upstream counts the time d from forwarding a request to the upstream's
+// response head (or its failure), in UpstreamDuration: two adds.
+func (r Row) Upstream(d time.Duration) {
+	r.Observe(UpstreamDuration, uint64(max(d, 0)/time.Microsecond))
+}
+
+// ConnState is a client connection's state as Connections counts it, as
+// nginx's stub_status does.
+type ConnState uint8
+
+// The states of a client connection.
+const (
+	ConnClosed  ConnState = iota // not open: before its accept, after its close
+	ConnReading                  // reading a request header, or waiting for the first one
+	ConnWriting                  // a request in progress: its body, the decision, the upstream, the response; a tunnel
+	ConnIdle                     // keep-alive, waiting for the next request
+)
+
+// connBits is the width of a state's count in the Connections word: the
+// three counts share one word so that a change of state is one add. A
+// count is exact below 2^21 (2,097,151) connections in one state over
+// every worker.
+const (
+	connBits = 21
+	connMask = 1<<connBits - 1
+)
+
+func connUnit(s ConnState) uint64 {
+	if s == ConnClosed || s > ConnIdle {
+		return 0
+	}
+	return 1 << (connBits * uint(s-1))
+}
+
+// Conns counts the client connections of an engine in a worker's row. The
+// zero Conns counts nothing. Its methods are safe for concurrent use,
+// allocate nothing, and are one atomic add each.
+type Conns struct {
+	states, accepted, maxReached *uint64
+}
+
+// Conns is where r's process counts its client connections. A region made
+// without room for gauges that a reap drops (not by Geometry: an older
+// build's) gets states of this process alone, which nobody reads: summed,
+// a dead worker's connections would stay forever.
+func (r Row) Conns() Conns {
+	c := Conns{
+		states:     &r.w[rowLayout.off[Connections]],
+		accepted:   &r.w[rowLayout.off[ConnectionsAccepted]],
+		maxReached: &r.w[rowLayout.off[ConnectionsMaxReached]],
+	}
+	if !r.gauges {
+		c.states = new(uint64)
+	}
+	return c
+}
+
+// Move counts a connection going from one state to another: from
+// ConnClosed when it is accepted, to ConnClosed when it closes. A
+// connection must be counted in the state it leaves.
+func (c Conns) Move(from, to ConnState) {
+	if from != to && c.states != nil {
+		atomic.AddUint64(c.states, connUnit(to)-connUnit(from))
+	}
+}
+
+// Accepted counts a connection accepted (its state is counted by Move).
+func (c Conns) Accepted() {
+	if c.accepted != nil {
+		atomic.AddUint64(c.accepted, 1)
+	}
+}
+
+// MaxReached counts the worker reaching its bound of open connections
+// (server.max_connections), where it stops accepting.
+func (c Conns) MaxReached() {
+	if c.maxReached != nil {
+		atomic.AddUint64(c.maxReached, 1)
+	}
 }
 
 // RuleIndex is the index the rule called name counts under in r, the same
@@ -152,6 +236,15 @@ func (s *Snapshot) Table() shm.TableStats { return s.sum.Table }
 
 // Consistent is shm.StatSum.Consistent.
 func (s *Snapshot) Consistent() bool { return s.sum.Consistent }
+
+// Conns is the number of connections open in state st (ConnReading,
+// ConnWriting, ConnIdle) in the rows read.
+func (s *Snapshot) Conns(st ConnState) uint64 {
+	if st == ConnClosed || st > ConnIdle {
+		return 0
+	}
+	return s.word(rowLayout.off[Connections]) >> (connBits * uint(st-1)) & connMask
+}
 
 // Value is value i of the family f (of a histogram, bucket i, the last
 // but one +Inf, the last the sum); 0 when the rows have no such word.

@@ -30,6 +30,10 @@ const (
 	CacheInvalidations                   // URLs invalidated by successful unsafe requests
 	CachePurged                          // entries a lookup found purged and dropped
 	WorkerGCCycles                       // per worker: garbage collections its process ran, written by itself (Row.SetGCCycles)
+	UpstreamDuration                     // time from forwarding a request to the upstream's response head, or its failure
+	Connections                          // client connections open now, by state (a gauge: Conns)
+	ConnectionsAccepted                  // client connections accepted
+	ConnectionsMaxReached                // times a worker reached server.max_connections and stopped accepting
 	numFamilies
 )
 
@@ -135,6 +139,7 @@ const (
 	histogram
 	codeHistogram // a counter by label value and a histogram, from one table of buckets by value
 	perWorker     // a counter of one process, read per worker index and never summed (AppendWorkers)
+	connGauge     // the connections open now, by state, in one word (Conns); dropped when a worker is reaped
 )
 
 var families = [numFamilies]spec{
@@ -216,6 +221,25 @@ var families = [numFamilies]spec{
 		name: "preforkd_cache_purged_entries_total", kind: counter,
 		help: "Cached responses a lookup found purged (by tag, by URL or by an unsafe request) and dropped.",
 	},
+	UpstreamDuration: {
+		name: "preforkd_upstream_response_duration_seconds", kind: histogram,
+		help:   "Time from forwarding a request to the upstream to its response header, or to its failure (as the access log's upstream_time). Only forwarded requests: not preforkd's own answers, not cache hits.",
+		bounds: []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}, // µs
+		per:    1e6,
+	},
+	Connections: {
+		name: "preforkd_connections", kind: connGauge,
+		help:  "Client connections the workers have open, by state: reading (a request header being read, or awaited on a new connection), writing (a request in progress: its body, the decision, the upstream, the response; an upgraded connection), idle (keep-alive, between two requests). Their sum is the connections open.",
+		label: "state", values: []string{"reading", "writing", "idle"},
+	},
+	ConnectionsAccepted: {
+		name: "preforkd_connections_accepted_total", kind: counter,
+		help: "Client connections the workers accepted.",
+	},
+	ConnectionsMaxReached: {
+		name: "preforkd_connections_max_reached_total", kind: counter,
+		help: "Times a worker reached server.max_connections and stopped accepting until one of its connections closed. The connections that come meanwhile wait in the listen queue for another worker: none is accepted and closed, and no idle connection is evicted to make room.",
+	},
 	WorkerGCCycles: {
 		name: "preforkd_worker_gc_cycles_total", kind: perWorker,
 		help: "Garbage collections each worker process ran, by worker index (its process's own count: a replaced worker starts again from 0), written by the worker every second.",
@@ -238,14 +262,19 @@ func (s *spec) words() int {
 		return len(s.bounds) + 2
 	case codeHistogram:
 		return len(s.values)*(len(s.bounds)+1) + 1
+	case connGauge:
+		return 1
 	}
 	return max(len(s.values), 1)
 }
 
-// layout is where each family's words start: fixed families from 0, then
-// a block of perRuleWords for each rule index after fixedWords.
+// layout is where each family's words start: gauges from 0 (the
+// region's StatGauges, dropped when a worker is reaped), then the other
+// fixed families, then a block of perRuleWords for each rule index after
+// fixedWords.
 type layout struct {
 	off          [numFamilies]int
+	gaugeWords   int
 	fixedWords   int
 	perRuleWords int
 }
@@ -255,7 +284,14 @@ var rowLayout = newLayout()
 func newLayout() layout {
 	var l layout
 	for f := range numFamilies {
-		if s := &families[f]; !s.perRule {
+		if s := &families[f]; s.kind == connGauge {
+			l.off[f] = l.fixedWords
+			l.fixedWords += s.words()
+		}
+	}
+	l.gaugeWords = l.fixedWords
+	for f := range numFamilies {
+		if s := &families[f]; !s.perRule && s.kind != connGauge {
 			l.off[f] = l.fixedWords
 			l.fixedWords += s.words()
 		}
@@ -298,6 +334,7 @@ func Geometry(o *shm.Options, rules int) {
 	names := max(DefaultRules, 4*rules)
 	o.StatNames = names
 	o.StatWords = rowLayout.fixedWords + names*rowLayout.perRuleWords
+	o.StatGauges = rowLayout.gaugeWords
 	o.StatGates = names*gatesPerRule + upstreamGates + PeerGates + resetGates
 }
 

@@ -122,6 +122,11 @@ func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 					t.Uint(sp.name, s.RuleValue(f, r.Index, i), "rule", r.Name, sp.label, v)
 				}
 			}
+		case sp.kind == connGauge:
+			t.Family(sp.name, "gauge", sp.help)
+			for i, v := range sp.values {
+				t.Uint(sp.name, s.Conns(ConnReading+ConnState(i)), sp.label, v)
+			}
 		case sp.kind == histogram:
 			appendHistogram(t, sp.name, sp.help, sp, func(b int) uint64 { return s.Value(f, b) }, s.Value(f, len(sp.bounds)+1))
 		case sp.kind == codeHistogram:

@@ -52,6 +52,7 @@ func (r *Region) format(o Options) error {
 	r.store(hStatWords, uint64(o.StatWords))
 	r.store(hStatNames, uint64(o.StatNames))
 	r.store(hStatGates, uint64(o.StatGates))
+	r.store(hStatGauges, uint64(o.StatGauges))
 	r.store(hTags, uint64(o.Tags))
 	r.store(hSeed1, s1)
 	r.store(hSeed2, s2)
@@ -98,6 +99,7 @@ func (r *Region) load() error {
 		StatWords:     int(r.word(hStatWords)),
 		StatNames:     int(r.word(hStatNames)),
 		StatGates:     int(r.word(hStatGates)),
+		StatGauges:    int(r.word(hStatGauges)),
 		Tags:          int(r.word(hTags)),
 	}
 	n, err := o.normalize()

@@ -94,6 +94,7 @@ const (
 	hTagPurges         = 280 // tag purges, for statistics
 	hURLPurges         = 288 // URL generations bumped (purges and invalidations)
 	hOffAddrAccounts   = 296
+	hStatGauges        = 304 // the first caller's words of a row that are gauges (a reap drops them)
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -203,6 +204,11 @@ type Options struct {
 	// StatGates is the number of shared gates (Region.Gate), at most
 	// 2^20. 0 means none.
 	StatGates int
+	// StatGauges is how many of the caller's words, from the first, are
+	// gauges: values of the process that writes them (its connections
+	// open now), which a reap drops instead of folding them into the
+	// retired row as it does counters. At most StatWords; 0 means none.
+	StatGauges int
 }
 
 // blocks is the number of response blocks of normalized options.
@@ -230,9 +236,9 @@ func (o Options) normalize() (Options, error) {
 	}
 	o.Probe = min(o.Probe, o.Counters)
 	if o.StatWords < 0 || o.StatWords > maxStatWords || o.StatNames < 0 || o.StatNames > maxStatNames ||
-		o.StatGates < 0 || o.StatGates > maxStatGates {
-		return o, fmt.Errorf("shm: statistics geometry %d words, %d names, %d gates outside [0, %d], [0, %d], [0, %d]",
-			o.StatWords, o.StatNames, o.StatGates, maxStatWords, maxStatNames, maxStatGates)
+		o.StatGates < 0 || o.StatGates > maxStatGates || o.StatGauges < 0 || o.StatGauges > o.StatWords {
+		return o, fmt.Errorf("shm: statistics geometry %d words, %d names, %d gates, %d gauges outside [0, %d], [0, %d], [0, %d], [0, words]",
+			o.StatWords, o.StatNames, o.StatGates, o.StatGauges, maxStatWords, maxStatNames, maxStatGates)
 	}
 	if o.Responses < 0 || o.ResponseBytes < 0 || o.BlockSize < 0 || o.Tags < 0 {
 		return o, fmt.Errorf("shm: negative response geometry %+v", o)

@@ -18,7 +18,10 @@ import (
 // Options.StatWords words. Row w is written only by the process joined as
 // w (atomic adds, no contention); when the supervisor reaps that process
 // it folds the row into the retired row, so that the sum of all rows never
-// goes down while rows stay per process. A fold and a sum exclude each
+// goes down while rows stay per process. The caller's first
+// Options.StatGauges words are gauges, not counters: values of the
+// process now (its open connections), which die with it, so that a fold
+// drops them. A fold and a sum exclude each
 // other through the fold sequence (a sequence lock: odd while a fold
 // runs), so a sum never sees a folded count twice nor misses it.
 
@@ -77,6 +80,7 @@ type statistics struct {
 	rows    []uint64 // (MaxWorkers+1) rows of width words
 	width   int
 	words   int      // shmWords + StatWords: the part of a row in use
+	gauges  int      // the caller's words from the first that a fold drops (Options.StatGauges)
 	retired int      // index of the retired row
 	private []uint64 // the row of a process that has not joined
 	spare   gate     // the gate of an index out of range
@@ -87,6 +91,7 @@ func newStatistics(r *Region, off uint64) *statistics {
 	st := &statistics{
 		width:   int(o.rowWords()),
 		words:   shmWords + o.StatWords,
+		gauges:  o.StatGauges,
 		retired: o.MaxWorkers,
 		private: make([]uint64, shmWords+o.StatWords),
 	}
@@ -135,14 +140,16 @@ func (r *Region) StatRow() []uint64 {
 	return r.stats.private[shmWords:]
 }
 
-// fold moves row w into the retired row. Each word is taken out with one
-// swap, so an add of a process still writing (an orphan of a dead
-// supervisor) lands in the row or in the retired row, never nowhere.
+// fold moves row w's counters into the retired row and drops its gauges
+// (they said what the process had open, and it has nothing open any
+// more). Each word is taken out with one swap, so an add of a process
+// still writing (an orphan of a dead supervisor) lands in the row or in
+// the retired row, never nowhere.
 func (st *statistics) fold(w int) {
 	st.lock()
 	row, ret := st.row(w), st.row(st.retired)
 	for i := range row {
-		if v := atomic.SwapUint64(&row[i], 0); v != 0 {
+		if v := atomic.SwapUint64(&row[i], 0); v != 0 && (i < shmWords || i >= shmWords+st.gauges) {
 			atomic.AddUint64(&ret[i], v)
 		}
 	}

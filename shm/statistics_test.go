@@ -66,6 +66,44 @@ func TestStatRowsFold(t *testing.T) {
 	}
 }
 
+// A gauge word (Options.StatGauges) is what its process has now: a reap
+// drops it where it folds a counter, so that a worker that died with
+// connections open leaves none behind in the sum; the geometry travels
+// with the region, so that a process that attaches folds alike.
+func TestStatGaugesDroppedOnReap(t *testing.T) {
+	r := shmtest.Create(t, shm.Options{Counters: 64, MaxWorkers: 4, StatWords: 3, StatGauges: 2})
+	w1 := shmtest.Attach(t, r, 1)
+	w2 := shmtest.Attach(t, r, 2)
+	if g := w1.Geometry().StatGauges; g != 2 {
+		t.Fatalf("attached region's StatGauges %d, want 2", g)
+	}
+	for _, w := range []*shm.Region{w1, w2} {
+		atomic.AddUint64(&w.StatRow()[0], 3) // gauges
+		atomic.AddUint64(&w.StatRow()[1], 1)
+		atomic.AddUint64(&w.StatRow()[2], 10) // a counter
+	}
+	var s shm.StatSum
+	r.SumStats(&s)
+	if !slices.Equal(s.Words, []uint64{6, 2, 20}) {
+		t.Fatalf("sum %v, want [6 2 20]", s.Words)
+	}
+	if _, err := w2.Reap(1); err != nil { // any process of the region may reap
+		t.Fatal(err)
+	}
+	r.SumStats(&s)
+	if !slices.Equal(s.Words, []uint64{3, 1, 20}) {
+		t.Fatalf("sum after reaping worker 1: %v, want [3 1 20]: its gauges dropped, its counter kept", s.Words)
+	}
+	r.ReapAll()
+	r.SumStats(&s)
+	if !slices.Equal(s.Words, []uint64{0, 0, 20}) {
+		t.Fatalf("sum after ReapAll: %v, want [0 0 20]", s.Words)
+	}
+	if _, err := (shm.Options{Counters: 64, StatWords: 1, StatGauges: 2}).Size(); err == nil {
+		t.Fatal("more gauges than words: no error")
+	}
+}
+
 // While workers add and the supervisor folds their rows again and again,
 // every sum is at least the one before (nothing seen twice, then lost) and
 // at most what was added (nothing seen twice); at the end it is exact.

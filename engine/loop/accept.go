@@ -91,7 +91,8 @@ func (a *acceptor) poll() error {
 func (a *acceptor) event(uint32) {
 	l := a.l
 	for range acceptBatch {
-		if !l.s.takeSlot() {
+		ok, full := l.s.takeSlot()
+		if !ok {
 			a.pause()
 			return
 		}
@@ -120,6 +121,12 @@ func (a *acceptor) event(uint32) {
 		}
 		a.wait = 0
 		l.s.count.accepted.Add(1)
+		l.s.conns.Accepted()
+		if full {
+			// Counted once the connection is in: a slot taken for an
+			// accept that failed went back.
+			l.s.conns.MaxReached()
+		}
 		l.newConn(fd, peer)
 		a.rotate()
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // A client connection on its loop: its bytes in and out, its state, its
@@ -26,6 +28,23 @@ const (
 	csLinger                  // closing: the answer is sent, what the client still sends is read and dropped
 	csClosed
 )
+
+// gauges are the states as the worker's connection gauges count them
+// (metrics.Conns, nginx's stub_status): a new connection waits for its
+// first header, an upgraded or closing one is still in its request.
+var gauges = [...]metrics.ConnState{
+	csNew: metrics.ConnReading, csHead: metrics.ConnReading,
+	csBusy: metrics.ConnWriting, csTunnel: metrics.ConnWriting, csLinger: metrics.ConnWriting,
+	csIdle:   metrics.ConnIdle,
+	csClosed: metrics.ConnClosed,
+}
+
+// setState moves c to st, and its count in the gauges with it: one atomic
+// add when the gauge changes, none when it does not.
+func (c *conn) setState(st connState) {
+	c.l.s.conns.Move(gauges[c.state], gauges[st])
+	c.state = st
+}
 
 // lingerTime and lingerBytes bound the reading that a close after an error
 // response does: closing a socket with unread data in it resets the
@@ -102,6 +121,7 @@ func (l *loop) newConn(fd int, peer netip.Addr) {
 		return
 	}
 	l.conns.add(c)
+	l.s.conns.Move(metrics.ConnClosed, gauges[csNew])
 	wait := l.s.o.limits.ReadHeaderTimeout
 	if l.draining {
 		wait = min(wait, l.s.drainNewGrace)
@@ -307,7 +327,7 @@ func (c *conn) readHead(p []byte) int {
 		c.setRead(l.s.o.limits.ReadHeaderTimeout)
 		fallthrough
 	case csNew:
-		c.state = csHead
+		c.setState(csHead)
 		c.scanned = 0
 	}
 	if c.scanned == 0 {
@@ -465,7 +485,7 @@ func (c *conn) shut() {
 		c.close(nil)
 		return
 	}
-	c.state = csLinger
+	c.setState(csLinger)
 	c.writeDue = 0
 	c.setRead(lingerTime)
 	_ = c.l.interest(c.fd, &c.have, wantRead)
@@ -525,7 +545,7 @@ func (c *conn) close(err error) {
 		return
 	}
 	l := c.l
-	c.state = csClosed
+	c.setState(csClosed)
 	l.wheel.unlink(&c.t)
 	l.conns.remove(c)
 	l.forget(c.fd, &c.have)
@@ -569,7 +589,7 @@ func (c *conn) endRequest() {
 		}
 		return
 	}
-	c.state = csIdle
+	c.setState(csIdle)
 	c.since = l.wheel.now
 	if !c.noDelay {
 		// A connection that stays: its next response must not wait for

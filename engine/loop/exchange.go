@@ -20,7 +20,7 @@ func (c *conn) startRequest(p []byte) {
 	r.peer = c.peer
 	r.buf = append(l.getBuf(len(p)), p...)
 	c.r = r
-	c.state = csBusy
+	c.setState(csBusy)
 	c.clearRead() // the head is whole; a body has a wait of its own
 	bad := r.h.parse(r.buf)
 	r.body.start(&r.h)

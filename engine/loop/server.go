@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // Server is the event-loop engine: HTTP/1.1 on loops of its own, in
@@ -33,6 +34,7 @@ type Server struct {
 	open      atomic.Int64 // client connections open
 	refreshes atomic.Int64 // background refreshes under way
 	count     counters
+	conns     metrics.Conns // the worker's connection counts, in the region (core.Core.Conns)
 	draining  atomic.Bool
 
 	addrs    atomic.Pointer[[]netip.AddrPort] // the upstream's, resolved
@@ -67,6 +69,7 @@ func New(o Options) (*Server, error) {
 		lns:            make(map[*listener]struct{}),
 		drained:        make(chan struct{}),
 		warnings:       make(chan warning, 16),
+		conns:          so.Core.Conns(),
 	}
 	if so.Core.Redis() != nil {
 		reserveP(so.Loops)
@@ -165,16 +168,17 @@ func (s *Server) atCapacity() bool {
 }
 
 // takeSlot counts a connection about to be accepted, unless the worker
-// has MaxConnections open.
-func (s *Server) takeSlot() bool {
+// has MaxConnections open; full says that this one is the last the bound
+// lets in.
+func (s *Server) takeSlot() (ok, full bool) {
 	max := int64(s.o.limits.MaxConnections)
 	for {
 		n := s.open.Load()
 		if max > 0 && n >= max {
-			return false
+			return false, false
 		}
 		if s.open.CompareAndSwap(n, n+1) {
-			return true
+			return true, n+1 == max
 		}
 	}
 }

@@ -43,7 +43,7 @@ func (r *request) startTunnel(u *upConn, rest []byte) {
 	t := &tunnel{c: c, u: u}
 	u.tun, c.tun = t, t
 	c.r = nil
-	c.state = csTunnel
+	c.setState(csTunnel)
 	c.writeDue = 0
 	r.finish(nil)
 	if c.inLen() > 0 {

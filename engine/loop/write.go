@@ -123,7 +123,7 @@ func (c *conn) refuse(bad *badRequest) {
 		r = l.getRequest(c)
 		r.h.minor = 1
 		c.r = r
-		c.state = csBusy
+		c.setState(csBusy)
 		r.writeCore(&resp)
 		c.r = nil
 		l.recycle(r)

@@ -1,0 +1,118 @@
+package loop_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/loop"
+	"github.com/preforkd/preforkd/internal/shmtest"
+	"github.com/preforkd/preforkd/internal/wiretest"
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// statsCore is a core over a region with the statistics rows, joined as
+// worker 0, and the region, to read what the server counted.
+func statsCore(t *testing.T) (*core.Core, *shm.Region) {
+	t.Helper()
+	o := shm.Options{Counters: 64, MaxWorkers: 2}
+	metrics.Geometry(&o, 0)
+	region := shmtest.Joined(t, o)
+	c, err := core.New(region, core.Options{Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, region
+}
+
+// connCounts is what the region says of the connections: reading,
+// writing, idle, accepted, max_connections reached.
+type connCounts [5]uint64
+
+func readConns(r *shm.Region) connCounts {
+	var s metrics.Snapshot
+	metrics.Read(r, &s)
+	return connCounts{s.Conns(metrics.ConnReading), s.Conns(metrics.ConnWriting), s.Conns(metrics.ConnIdle),
+		s.Value(metrics.ConnectionsAccepted, 0), s.Value(metrics.ConnectionsMaxReached, 0)}
+}
+
+// waitConns waits until the region's counts are want: the loop counts a
+// change when it sees it, a moment after the client made it.
+func waitConns(t *testing.T, r *shm.Region, when string, want connCounts) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := readConns(r)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: reading, writing, idle, accepted, max reached = %v, want %v", when, got, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Every connection is counted in the state it is in, as nginx's
+// stub_status counts them: a new one and one sending its header reading,
+// one whose request is at the upstream writing, one kept alive idle; the
+// bound of max_connections is counted when it is reached, and a
+// connection that waits meanwhile is not accepted, so not counted.
+func TestConnectionStates(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var once sync.Once
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, _ net.Conn) {
+		if req.Req.URL.Path == "/hold" {
+			<-release
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	c, region := statsCore(t)
+	addr, _ := serve(t, loop.Options{Core: c, Upstream: up.URL(), Loops: 2, Limits: engine.Limits{MaxConnections: 6}})
+
+	fresh, _ := dial(t, addr) // no byte yet: reading, as it awaits its header
+	partial, _ := dial(t, addr)
+	io.WriteString(partial, "GET / HTTP/1.1\r\nHost: a\r\n")
+	held, heldBr := dial(t, addr)
+	io.WriteString(held, "GET /hold HTTP/1.1\r\nHost: a\r\n\r\n")
+	idle1, br1 := dial(t, addr)
+	idle2, br2 := dial(t, addr)
+	roundTrip(t, idle1, br1, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	roundTrip(t, idle2, br2, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	up.WaitRequests(3, 5*time.Second) // /hold is at the upstream
+	waitConns(t, region, "five open", connCounts{2, 1, 2, 5, 0})
+
+	sixth, _ := dial(t, addr)
+	waitConns(t, region, "six open: the bound", connCounts{3, 1, 2, 6, 1})
+	seventh, br7 := dial(t, addr) // the kernel holds it: the worker is at its bound
+	io.WriteString(seventh, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(100 * time.Millisecond)
+	waitConns(t, region, "a seventh waits unaccepted", connCounts{3, 1, 2, 6, 1})
+
+	fresh.Close() // room for the seventh, which fills it again
+	if resp, _ := readResponse(t, br7, "GET"); resp.StatusCode != 200 {
+		t.Fatalf("the seventh: %d", resp.StatusCode)
+	}
+	waitConns(t, region, "the seventh served, kept alive", connCounts{2, 1, 3, 7, 2})
+
+	once.Do(func() { close(release) })
+	if resp, _ := readResponse(t, heldBr, "GET"); resp.StatusCode != 200 {
+		t.Fatalf("/hold: %d", resp.StatusCode)
+	}
+	waitConns(t, region, "/hold answered", connCounts{2, 0, 4, 7, 2})
+	io.WriteString(idle1, "GET / HTTP/1.1\r\nHost: a\r\n") // the next request's header, half sent
+	waitConns(t, region, "an idle one sends a header", connCounts{3, 0, 3, 7, 2})
+
+	for _, c := range []net.Conn{partial, held, idle1, idle2, sixth, seventh} {
+		c.Close()
+	}
+	waitConns(t, region, "all closed", connCounts{0, 0, 0, 7, 2})
+}
