@@ -22,6 +22,10 @@ type Listener struct {
 	done    chan struct{} // closed by Close
 	once    sync.Once
 	onRetry func(err error, wait time.Duration)
+
+	// OnFull, when set, is called when an accepted connection takes the
+	// last slot: the bound is reached, and Accept waits until one closes.
+	OnFull func()
 }
 
 // NewListener wraps ln.
@@ -49,6 +53,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err == nil {
 			if l.slots == nil {
 				return nc, nil
+			}
+			if l.OnFull != nil && len(l.slots) == cap(l.slots) {
+				l.OnFull()
 			}
 			return &slotConn{Conn: nc, l: l}, nil
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/valyala/fasthttp"
 )
 
@@ -67,9 +68,10 @@ type conn struct {
 	reads       atomic.Uint64
 	readsAtDone uint64
 
-	mu        sync.Mutex // guards state, served and idleSince against Shutdown
+	mu        sync.Mutex // guards state, metric, served and idleSince against Shutdown
 	state     connState
-	served    int // requests begun on this connection
+	metric    metrics.ConnState // the state the worker's row counts it in
+	served    int               // requests begun on this connection
 	idleSince time.Time
 
 	closeOnce sync.Once
@@ -154,6 +156,9 @@ func (c *conn) Close() error {
 			lingerClose(c.Conn)
 		}
 		c.closeErr = c.Conn.Close()
+		c.mu.Lock()
+		c.setMetric(metrics.ConnClosed)
+		c.mu.Unlock()
 		c.s.forget(c)
 	})
 	return c.closeErr
@@ -183,6 +188,7 @@ func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
 	case fasthttp.StateActive:
 		c.mu.Lock()
 		c.state = stateActive
+		c.setMetric(metrics.ConnReading) // a request's head is read
 		c.served++
 		if c.served > 1 {
 			// The header must be complete ReadHeaderTimeout after its
@@ -196,6 +202,7 @@ func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
 		c.head.start()
 		c.mu.Lock()
 		c.state = stateIdle
+		c.setMetric(metrics.ConnIdle)
 		c.idleSince = time.Now()
 		wait := s.opts.IdleTimeout
 		if s.draining.Load() {
@@ -208,6 +215,13 @@ func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
 		c.state = stateHijacked
 		c.mu.Unlock()
 	}
+}
+
+// setMetric moves c to state st in the worker's row (c.mu is held); a
+// tunnel stays counted as writing until it closes.
+func (c *conn) setMetric(st metrics.ConnState) {
+	c.s.cm.Move(c.metric, st)
+	c.metric = st
 }
 
 // listener hands fasthttp the connections of the server's listener, at

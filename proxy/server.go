@@ -17,6 +17,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/upconn"
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // Server is an HTTP/1.1 server that forwards requests to one upstream (or
@@ -40,6 +41,7 @@ type Server struct {
 
 	count counters
 	warns [warnKinds]warnLimit
+	cm    metrics.Conns // the worker's connections by state, in its row
 
 	requests sync.Pool // *request
 }
@@ -55,6 +57,7 @@ func New(opts Options) (*Server, error) {
 		opts:  opts,
 		conns: make(map[*conn]*listener),
 		lns:   make(map[*listener]struct{}),
+		cm:    opts.Core.Conns(),
 	}
 	if opts.Upstream != "" {
 		s.up = upconn.New(up, opts.Client)
@@ -112,6 +115,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	l := &listener{s: s, Listener: engine.NewListener(ln, s.opts.MaxConnections, func(err error, wait time.Duration) {
 		s.warn(warnAccept, "accepting a connection failed; retrying", "err", err, "retry_in", wait)
 	})}
+	l.OnFull = s.cm.MaxReached
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
@@ -147,6 +151,8 @@ func (s *Server) track(nc net.Conn, l *listener) *conn {
 	}
 	_ = nc.SetReadDeadline(now.Add(wait))
 	s.count.accepted.Add(1)
+	s.cm.Accepted()
+	c.setMetric(metrics.ConnReading) // waiting for its first request
 	s.mu.Lock()
 	s.conns[c] = l
 	s.mu.Unlock()
@@ -297,6 +303,9 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 // serve is the fasthttp handler: every request that could be read.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	c := ctx.Conn().(*conn)
+	c.mu.Lock()
+	c.setMetric(metrics.ConnWriting) // the request is in progress
+	c.mu.Unlock()
 	if r := c.early; r != nil {
 		// Parsed, and decided as far as its head goes, by expect.
 		c.early = nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // ServerOptions configures a [Server].
@@ -98,6 +99,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 		o.Logger = slog.Default()
 	}
 	s := &Server{h: New(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger}
+	s.conns.cm = o.Core.Conns()
 	if o.Upstream != "" {
 		if s.h.fwd, err = newForwarder(o.Core, o.Upstream, o.Client); err != nil {
 			return nil, err
@@ -112,7 +114,10 @@ func NewServer(o ServerOptions) (*Server, error) {
 		// one every engine keeps.
 		MaxHeaderBytes: max(lim.MaxHeaderBytes-4<<10, 1),
 		ConnState:      s.trackConn,
-		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+		ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
 	if s.h.fwd != nil {
 		s.srv.DisableGeneralOptionsHandler = true // OPTIONS * is refuseUnforwardable's
@@ -134,6 +139,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	l := engine.NewListener(ln, s.limits.MaxConnections, func(err error, wait time.Duration) {
 		s.log.Warn("accepting a connection failed; retrying", "err", err, "retry_in", wait)
 	})
+	l.OnFull = s.conns.cm.MaxReached
 	s.mu.Lock()
 	if s.conns.draining.Load() {
 		s.mu.Unlock()
@@ -159,6 +165,11 @@ func (s *Server) Serve(ln net.Listener) error {
 // ServeHTTP applies the per-read and per-write timeouts, and the drain's
 // Connection: close, around the adapter.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 {
+		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+			s.conns.writing(c)
+		}
+	}
 	if s.conns.draining.Load() {
 		w.Header().Set("Connection", "close") // the drain rule's step 2
 	}
@@ -277,7 +288,8 @@ func (lw *limitWriter) Unwrap() http.ResponseWriter { return lw.w }
 // connTracker follows the server's connections through http.Server's
 // ConnState hook, and closes them as the drain rule says.
 type connTracker struct {
-	draining atomic.Bool // set once: responses carry Connection: close
+	draining atomic.Bool   // set once: responses carry Connection: close
+	cm       metrics.Conns // the worker's connections by state, in its row
 
 	mu      sync.Mutex
 	conns   map[net.Conn]connInfo
@@ -286,29 +298,62 @@ type connTracker struct {
 
 type connInfo struct {
 	state  http.ConnState
-	since  time.Time // when it entered state
-	closed bool      // closed by the drain; the hook removes it
+	since  time.Time         // when it entered state
+	closed bool              // closed by the drain; the hook removes it
+	metric metrics.ConnState // the state the worker's row counts it in
 }
 
-// track is an http.Server ConnState hook.
-func (c *connTracker) track(conn net.Conn, st http.ConnState) {
+// track is an http.Server ConnState hook; h2 says that conn serves
+// HTTP/2, whose requests are streams: active, it is counted as writing.
+func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.conns == nil {
 		c.conns = make(map[net.Conn]connInfo)
 		c.changed = make(chan struct{})
 	}
+	old := c.conns[conn]
+	metric := metrics.ConnClosed
+	switch st {
+	case http.StateNew:
+		c.cm.Accepted()
+		metric = metrics.ConnReading
+	case http.StateActive:
+		// HTTP/1: the first byte of a request came; its head is read
+		// (ServeHTTP moves it on to writing).
+		metric = metrics.ConnReading
+		if h2 {
+			metric = metrics.ConnWriting
+		}
+	case http.StateIdle:
+		metric = metrics.ConnIdle
+	}
+	c.cm.Move(old.metric, metric)
 	switch st {
 	case http.StateClosed, http.StateHijacked:
 		delete(c.conns, conn)
 	default:
-		c.conns[conn] = connInfo{state: st, since: time.Now(), closed: c.conns[conn].closed}
+		c.conns[conn] = connInfo{state: st, since: time.Now(), closed: old.closed, metric: metric}
 	}
 	if c.draining.Load() {
 		close(c.changed)
 		c.changed = make(chan struct{})
 	}
 }
+
+// writing counts conn's HTTP/1 request as in progress: its head was read.
+func (c *connTracker) writing(conn net.Conn) {
+	c.mu.Lock()
+	if ci, ok := c.conns[conn]; ok && ci.metric == metrics.ConnReading {
+		c.cm.Move(ci.metric, metrics.ConnWriting)
+		ci.metric = metrics.ConnWriting
+		c.conns[conn] = ci
+	}
+	c.mu.Unlock()
+}
+
+// connKey is the context key of a request's connection (ConnContext).
+type connKey struct{}
 
 // drain closes every connection that has been idle for idleGrace, or new
 // for newGrace, until none is left or ctx is done.
@@ -408,10 +453,11 @@ func (s *Server) configureTLS(o ServerOptions) error {
 // connections' states with the guard, net/http with the TLS connection
 // under it, which is the one tracked.
 func (s *Server) trackConn(c net.Conn, st http.ConnState) {
-	if g, ok := c.(*h2Guard); ok {
+	g, h2 := c.(*h2Guard)
+	if h2 {
 		c = g.Conn
 	}
-	s.conns.track(c, st)
+	s.conns.track(c, st, h2)
 }
 
 // serveH2 serves an HTTP/2 connection, through its flood guard.
@@ -420,7 +466,7 @@ func (s *Server) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
 	// active, and the HTTP/2 server tells it of Active and Idle only once
 	// it serves: the drain rule must not take it meanwhile for one that
 	// never sent a request.
-	s.conns.track(c, http.StateActive)
+	s.conns.track(c, http.StateActive, true)
 	g := newH2Guard(c, s.limits.MaxHeaderBytes, func(err *errFlood) {
 		if s.cuts[err.kind].allow() {
 			s.log.Warn("HTTP/2 client cut off", "client", c.RemoteAddr().String(), "why", err.why)
