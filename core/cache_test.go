@@ -15,7 +15,8 @@ import (
 )
 
 // An unsafe request invalidates its URL by the status the application
-// answered, even when its body then broke off (the application did it);
+// answered, as soon as that head is known (before it is sent), even when
+// its body then breaks off (the application did it);
 // it asks the engine for the status and fields only (max 0), not to
 // outlive its client.
 func TestCacheInvalidationByStatus(t *testing.T) {
@@ -46,14 +47,17 @@ func TestCacheInvalidationByStatus(t *testing.T) {
 		if r := ex.Head(tt.resp.status, nil); r != nil {
 			t.Fatalf("Head replaced the answer: %+v", r)
 		}
+		// Invalid from the head on, before the engine sends it: a client
+		// that saw the answer must not get the old one from another
+		// worker.
+		if hit() == tt.invalidates {
+			t.Fatalf("once a POST answered %+v: hit %v", tt.resp, !tt.invalidates)
+		}
 		var err error
 		if tt.resp.cut {
 			err = errCut
 		}
 		ex.Finish(err)
-		if hit() == tt.invalidates {
-			t.Fatalf("after a POST answered %+v: hit %v", tt.resp, !tt.invalidates)
-		}
 	}
 }
 

@@ -14,16 +14,11 @@ import (
 
 // The cache's side of Complete: whether the application's response may be
 // stored (RFC 9111 §3, as a shared cache), for how long (§4.2), under
-// which key (Vary) and tags; and the invalidation that a successful unsafe
-// request makes (§4.4).
+// which key (Vary) and tags; and, from Head, the invalidation that a
+// successful unsafe request makes (§4.4).
 
 // completeCache ends the cache's part of a recorded exchange.
 func (ex *Exchange) completeCache(rec *recorded) {
-	// The status says the application did it, even when the body did not
-	// reach the client whole.
-	if ex.cache.flags&cInvalidate != 0 && rec.Status >= 200 && rec.Status < 400 {
-		ex.invalidate(rec)
-	}
 	if ex.cache.flags&cFill == 0 {
 		return
 	}
@@ -243,21 +238,41 @@ func connectionNames(conn []string, name string) bool {
 	return false
 }
 
+// invalidateOnSuccess makes the invalidation of a successful unsafe
+// request (RFC 9111 §4.4) when its response head is known, before it is
+// sent: a client that saw the answer finds the URL invalid in every
+// process, whichever its next request reaches. The status says the
+// application did it, even if the body then does not reach the client
+// whole.
+func (ex *Exchange) invalidateOnSuccess(status int, h Header) {
+	if ex.cache.flags&cInvalidate == 0 || status < 200 || status >= 400 {
+		return
+	}
+	ex.cache.flags &^= cInvalidate
+	var loc, cloc string
+	if h != nil {
+		h.Each(func(name, value []byte) {
+			switch {
+			case loc == "" && strings.EqualFold(string(name), "Location"):
+				loc = string(value)
+			case cloc == "" && strings.EqualFold(string(name), "Content-Location"):
+				cloc = string(value)
+			}
+		})
+	}
+	ex.invalidate(loc, cloc)
+}
+
 // invalidate advances the generation of the request's URL, and of the
-// Location and Content-Location of the response when they are on the same
-// host (RFC 9111 §4.4): every stored response of those URLs, every variant
-// in every process, is invalid from now on.
-func (ex *Exchange) invalidate(rec *recorded) {
+// Location and Content-Location of the response (loc, cloc) when they are
+// on the same host (RFC 9111 §4.4): every stored response of those URLs,
+// every variant in every process, is invalid from now on.
+func (ex *Exchange) invalidate(loc, cloc string) {
 	c := ex.c
 	tags := c.region.Tags()
 	tags.Bump(ex.cache.urlHash)
 	c.row.Add(metrics.CacheInvalidations, 0, 1)
 	host, _ := ex.req.Header("Host")
-	loc := rec.Location
-	if loc == "" {
-		loc = firstField(rec.Header, "Location")
-	}
-	cloc := firstField(rec.Header, "Content-Location")
 	for _, v := range [...]string{loc, cloc} {
 		path, query, ok := sameOrigin(v, host)
 		if !ok {

@@ -147,6 +147,7 @@ func (ex *Exchange) Head(status int, h Header) *Response {
 	ex.answered()
 	ex.status = status
 	ex.applicationReset(h)
+	ex.invalidateOnSuccess(status, h)
 	if r := ex.revalidated(status, h); r != nil {
 		ex.status = r.Status
 		return r
