@@ -319,13 +319,3 @@ func sameOrigin(v, host string) (path, query string, ok bool) {
 	path, query, _ = strings.Cut(v, "?")
 	return path, query, true
 }
-
-// firstField is the value of the first field line of h called name.
-func firstField(h []httpcache.Field, name string) string {
-	for _, f := range h {
-		if strings.EqualFold(f.Name, name) {
-			return string(f.Value)
-		}
-	}
-	return ""
-}
