@@ -17,6 +17,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/upconn"
+	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/metrics"
 )
 
@@ -230,7 +231,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // Close closes the listeners and every connection at once, and the idle
-// upstream connections.
+// upstream connections; it returns once the connections' serving
+// goroutines let them go (within a bound).
 func (s *Server) Close() error {
 	s.draining.Store(true)
 	s.mu.Lock()
@@ -248,7 +250,23 @@ func (s *Server) Close() error {
 			s.up.Close()
 		}
 	})
+	s.waitClosed(closeWait)
 	return nil
+}
+
+// closeWait bounds how long Close waits for the serving goroutines to
+// close the connections it cut.
+const closeWait = 2 * time.Second
+
+// waitClosed waits until every connection was closed by its serving
+// goroutine (which counts it out of the worker's row), or for d: after
+// Close, nothing of the server touches the core or its region.
+func (s *Server) waitClosed(d time.Duration) {
+	waitfor.Cond(d, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns) == 0
+	})
 }
 
 // open returns the listeners being served and the connections open, for

@@ -20,6 +20,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/metrics"
 )
 
@@ -220,6 +221,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err != nil {
 		s.srv.Close()
 	}
+	s.conns.waitGone(closeWait)
 	refreshed := make(chan struct{})
 	go func() { s.h.Wait(); close(refreshed) }()
 	select {
@@ -339,6 +341,21 @@ func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 		close(c.changed)
 		c.changed = make(chan struct{})
 	}
+}
+
+// closeWait bounds how long Shutdown waits for the serving goroutines to
+// let go of the connections it closed.
+const closeWait = 2 * time.Second
+
+// waitGone waits until the ConnState hook saw every connection close (it
+// counts them out of the worker's row), or for d: after Shutdown, nothing
+// of the server touches the core or its region.
+func (c *connTracker) waitGone(d time.Duration) {
+	waitfor.Cond(d, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.conns) == 0
+	})
 }
 
 // writing counts conn's HTTP/1 request as in progress: its head was read.
