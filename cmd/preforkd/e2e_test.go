@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // baseServer is the [server], [table] and [reload] part shared by the
@@ -195,9 +196,17 @@ func TestAdminEndpoint(t *testing.T) {
 		t.Fatalf("GET /m: %d %v", r.status, r.err)
 	}
 
-	r := get(c, "http://"+d.admin+"/metrics")
-	if r.err != nil || r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") {
-		t.Fatalf("/metrics: %d %q %v", r.status, r.header.Get("Content-Type"), r.err)
+	// A response is counted when the exchange ends, a moment after the
+	// client has it: the page is read again until it counts it.
+	var r result
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r = get(c, "http://"+d.admin+"/metrics")
+		if r.err != nil || r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") {
+			t.Fatalf("/metrics: %d %q %v", r.status, r.header.Get("Content-Type"), r.err)
+		}
+		if strings.Contains(string(r.body), "\npreforkd_http_requests_total{code=\"200\"} 1\n") || time.Now().After(deadline) {
+			break
+		}
 	}
 	metrics := map[string]string{}
 	for line := range strings.Lines(string(r.body)) {
