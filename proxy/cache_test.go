@@ -52,7 +52,7 @@ func TestCacheRefreshInTheBackground(t *testing.T) {
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-while-revalidate=60\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
 	})
 	var clock atomic.Int64
-	base := cacheProxy(t, proxy.Options{Upstream: up.url()}, &clock)
+	base := cacheProxy(t, proxy.Options{Upstream: up.URL()}, &clock)
 	if st, x, b := fetch(t, base+"/r"); st != 200 || x != "MISS" || b != "version 1" {
 		t.Fatalf("first: %d %s %q", st, x, b)
 	}
@@ -76,7 +76,7 @@ func TestCacheRefreshInTheBackground(t *testing.T) {
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("%d upstream calls, want 2 (one refresh)", n)
 	}
-	if l := up.requests()[1].field("If-None-Match"); len(l) != 0 {
+	if l := up.Requests()[1].Field("If-None-Match"); len(l) != 0 {
 		t.Fatal("the refresh was conditional")
 	}
 }
@@ -93,7 +93,7 @@ func TestCacheStaleIfErrorFast(t *testing.T) {
 		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-if-error=600\r\nContent-Length: 5\r\n\r\nfresh")
 	})
 	var clock atomic.Int64
-	base := cacheProxy(t, proxy.Options{Upstream: up.url()}, &clock)
+	base := cacheProxy(t, proxy.Options{Upstream: up.URL()}, &clock)
 	fetch(t, base+"/e")
 	clock.Add(int64(20 * time.Second))
 	fail.Store(true)

@@ -470,7 +470,7 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 		})
 	}
 	ln := listen(t)
-	e.start(t, ln, up.url())
+	e.start(t, ln, up.URL())
 
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -570,12 +570,12 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 	if want == 0 && x.upLine != "" {
 		want = 1
 	}
-	seen := up.waitRequests(want, 2*time.Second)
+	seen := up.WaitRequests(want, 2*time.Second)
 	if x.upLine == "" {
 		// Give a request that should not have been forwarded a moment to
 		// arrive all the same.
 		time.Sleep(50 * time.Millisecond)
-		seen = up.requests()
+		seen = up.Requests()
 	}
 	if len(seen) != want {
 		var lines []string
@@ -597,7 +597,7 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 		}
 	}
 	for _, name := range x.upNot {
-		if v := s.field(name); len(v) > 0 {
+		if v := s.Field(name); len(v) > 0 {
 			t.Errorf("the upstream saw %s: %q", name, v)
 		}
 	}

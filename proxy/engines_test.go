@@ -408,7 +408,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 		const evil = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nContent-Length: 4\r\n\r\nEVIL"
 		const ok = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nContent-Length: "
-		values := func(name string) string { return strings.Join(req.field(name), ",") }
+		values := func(name string) string { return strings.Join(req.Field(name), ",") }
 		late := func(head, stray string) {
 			w.WriteString(head)
 			w.Flush()
@@ -477,7 +477,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			return
 		}
 		if p := req.Req.URL.Path; strings.HasPrefix(p, "/cached/") && req.Req.Method == "GET" {
-			if len(req.field("If-None-Match")) > 0 {
+			if len(req.Field("If-None-Match")) > 0 {
 				w.WriteString("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 36\r\n\r\na fill forwarded a conditional field")
 				return
 			}
@@ -503,7 +503,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 	})
 	c := configCore(t, "[table]\ncounters = 1024\nresponses = 16\nresponse_bytes = \"64KiB\"\n"+cc.rules, nil)
 	ln := listen(t)
-	e.start(t, ln, up.url(), c)
+	e.start(t, ln, up.URL(), c)
 
 	conn, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -543,7 +543,7 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 		}
 		out = append(out, answer{resp.StatusCode, h.String(), string(body)})
 	}
-	seen := up.waitRequests(len(cc.upSeen), 2*time.Second)
+	seen := up.WaitRequests(len(cc.upSeen), 2*time.Second)
 	var lines []string
 	for _, s := range seen {
 		lines = append(lines, s.Line)

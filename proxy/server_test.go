@@ -140,7 +140,7 @@ func TestServerSentEventsArriveOneByOne(t *testing.T) {
 		}
 		w.WriteString("0\r\n\r\n")
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
 	c, br := dial(t, addr)
 	resp := roundTripHead(t, c, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
 	if resp.Header.Get("Content-Type") != "text/event-stream" {
@@ -206,7 +206,7 @@ func TestLargeBodiesStream(t *testing.T) {
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
 		io.Copy(w, wiretest.Pattern(size))
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("upload chunked=%v", chunked), func(t *testing.T) {
 			c, br := dial(t, addr)
@@ -223,14 +223,14 @@ func TestLargeBodiesStream(t *testing.T) {
 			if resp.StatusCode != 200 || string(body) != fmt.Sprintf("%x", want) {
 				t.Errorf("upload: status %d, the upstream got sha256 %s, want %x", resp.StatusCode, body, want)
 			}
-			seen := up.requests()
+			seen := up.Requests()
 			last := seen[len(seen)-1]
 			wantFraming := []string{strconv.Itoa(size)}
 			if chunked {
-				if got := last.field("Transfer-Encoding"); len(got) != 1 || got[0] != "chunked" {
+				if got := last.Field("Transfer-Encoding"); len(got) != 1 || got[0] != "chunked" {
 					t.Errorf("a long chunked upload went upstream with Transfer-Encoding %q", got)
 				}
-			} else if got := last.field("Content-Length"); fmt.Sprint(got) != fmt.Sprint(wantFraming) {
+			} else if got := last.Field("Content-Length"); fmt.Sprint(got) != fmt.Sprint(wantFraming) {
 				t.Errorf("Content-Length upstream %q, want %q", got, wantFraming)
 			}
 		})
@@ -301,8 +301,8 @@ func TestUpstreamFailures(t *testing.T) {
 	}{
 		{"refused", "http://" + closedPort, 502, time.Second, 0},
 		{"connect timeout", "http://" + full, 502, 2 * time.Second, 300 * time.Millisecond},
-		{"no response header", silent.url(), 504, 2 * time.Second, 300 * time.Millisecond},
-		{"closed without a response", rude.url(), 502, time.Second, 0},
+		{"no response header", silent.URL(), 504, 2 * time.Second, 300 * time.Millisecond},
+		{"closed without a response", rude.URL(), 502, time.Second, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -369,7 +369,7 @@ func fullBacklog(t *testing.T) string {
 func TestSlowBodyIsCut(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond}})
+	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond}})
 	c, br := dial(t, addr)
 	start := time.Now()
 	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
@@ -385,7 +385,7 @@ func TestSlowBodyIsCut(t *testing.T) {
 	if !isClosed(t, c, br) {
 		t.Errorf("the connection stays open after a body timeout")
 	}
-	if n := len(up.requests()); n != 0 {
+	if n := len(up.Requests()); n != 0 {
 		t.Errorf("the upstream saw %d requests", n)
 	}
 	if s.Stats().BadRequests != 1 {
@@ -398,7 +398,7 @@ func TestSlowBodyIsCut(t *testing.T) {
 func TestBodyTimeoutIsBetweenReads(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, _ := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{ClientBodyTimeout: 400 * time.Millisecond}})
+	addr, _ := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 400 * time.Millisecond}})
 	c, br := dial(t, addr)
 	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n")
 	for range 6 {
@@ -409,7 +409,7 @@ func TestBodyTimeoutIsBetweenReads(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("status %d", resp.StatusCode)
 	}
-	if seen := up.requests(); len(seen) != 1 || string(seen[0].Body) != "yyyyyy" {
+	if seen := up.Requests(); len(seen) != 1 || string(seen[0].Body) != "yyyyyy" {
 		t.Errorf("upstream saw %v", seen)
 	}
 }
@@ -417,7 +417,7 @@ func TestBodyTimeoutIsBetweenReads(t *testing.T) {
 func TestHeaderAndIdleTimeouts(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, _ := serve(t, proxy.Options{Upstream: up.url(),
+	addr, _ := serve(t, proxy.Options{Upstream: up.URL(),
 		Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 500 * time.Millisecond}})
 
 	t.Run("a header that never ends: 408", func(t *testing.T) {
@@ -467,7 +467,7 @@ func TestSendTimeout(t *testing.T) {
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
 		io.Copy(w, wiretest.Pattern(size))
 	})
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{SendTimeout: 300 * time.Millisecond}})
+	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{SendTimeout: 300 * time.Millisecond}})
 	c, _ := dial(t, addr)
 	c.(*net.TCPConn).SetReadBuffer(4 << 10)
 	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -484,7 +484,7 @@ func TestSendTimeout(t *testing.T) {
 func TestMaxConnections(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{MaxConnections: 2}})
+	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: 2}})
 	c1, br1 := dial(t, addr)
 	c2, _ := dial(t, addr)
 	c3, br3 := dial(t, addr) // the kernel accepts it; the server does not yet
@@ -511,7 +511,7 @@ func TestSlowloris(t *testing.T) {
 	t.Parallel()
 	const n, max = 200, 50
 	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), Limits: engine.Limits{MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond}})
+	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond}})
 	stopSampling := wiretest.SamplePeak(5*time.Millisecond, func() int64 { return s.Stats().Open })
 	start := time.Now()
 	wiretest.Slowloris(addr, n, "GET / HTTP/1.1\r\nHost: a\r\n", 10*time.Second)
@@ -546,7 +546,7 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 		io.WriteString(c, "bye")
 		c.Close()
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
 	c, br := dial(t, addr)
 	resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n")
 	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("X-Up") != "1" ||
@@ -563,8 +563,8 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 	if string(got) != "hello ping 1, ping 2bye" {
 		t.Errorf("through the tunnel: %q", got)
 	}
-	seen := up.requests()
-	if len(seen) != 1 || fmt.Sprint(seen[0].field("Connection")) != "[Upgrade]" || fmt.Sprint(seen[0].field("Upgrade")) != "[echo]" {
+	seen := up.Requests()
+	if len(seen) != 1 || fmt.Sprint(seen[0].Field("Connection")) != "[Upgrade]" || fmt.Sprint(seen[0].Field("Upgrade")) != "[echo]" {
 		t.Errorf("the upstream saw %+v", seen[0].Lines)
 	}
 }
@@ -572,7 +572,7 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 func TestUpgradeRefusedByUpstream(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil) // answers 200 to everything
-	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
 	c, br := dial(t, addr)
 	resp, body := roundTrip(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
 	if resp.StatusCode != 200 || string(body) != "ok" {
@@ -594,7 +594,7 @@ func TestStaleUpstreamConnection(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		c.Close()
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.url()})
+	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
 	c, br := dial(t, addr)
 	for i := range 5 {
 		if resp, body := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
@@ -643,14 +643,14 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
 	ln := listen(t)
-	s, served := start(t, ln, proxy.Options{Upstream: up.url(), DrainIdleGrace: 400 * time.Millisecond})
+	s, served := start(t, ln, proxy.Options{Upstream: up.URL(), DrainIdleGrace: 400 * time.Millisecond})
 	addr := ln.Addr().String()
 
 	busy, busyR := dial(t, addr)
 	idle, idleR := dial(t, addr)
 	roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
-	up.waitRequests(2, 2*time.Second)
+	up.WaitRequests(2, 2*time.Second)
 
 	shut := make(chan error, 1)
 	go func() {
@@ -697,7 +697,7 @@ func TestShutdownFailsNoRequest(t *testing.T) {
 func TestShutdownClosesIdleAfterGrace(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.url(), DrainIdleGrace: 300 * time.Millisecond, DrainNewGrace: 300 * time.Millisecond})
+	addr, s := serve(t, proxy.Options{Upstream: up.URL(), DrainIdleGrace: 300 * time.Millisecond, DrainNewGrace: 300 * time.Millisecond})
 	idle, idleR := dial(t, addr)
 	roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	fresh, _ := dial(t, addr) // accepted, nothing sent
