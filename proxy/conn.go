@@ -155,11 +155,13 @@ func (c *conn) Close() error {
 		if c.linger && !c.mute {
 			lingerClose(c.Conn)
 		}
-		c.closeErr = c.Conn.Close()
 		c.mu.Lock()
 		c.setMetric(metrics.ConnClosed)
 		c.mu.Unlock()
+		// Forgotten before the close frees its slot: the next connection
+		// the slot lets in is never counted beside it (Stats().Open).
 		c.s.forget(c)
+		c.closeErr = c.Conn.Close()
 	})
 	return c.closeErr
 }

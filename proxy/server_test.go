@@ -45,8 +45,8 @@ func serve(t testing.TB, opts proxy.Options) (string, *proxy.Server) {
 }
 
 // start serves ln with a Server for opts, which logs to quietLog unless
-// opts has a Logger; served gets what Serve returns. Stopping the server
-// is the caller's.
+// opts has a Logger; served gets what Serve returns. It is closed when
+// the test ends, if the test did not stop it before.
 func start(t testing.TB, ln net.Listener, opts proxy.Options) (s *proxy.Server, served <-chan error) {
 	t.Helper()
 	if opts.Logger == nil {
@@ -61,6 +61,10 @@ func start(t testing.TB, ln net.Listener, opts proxy.Options) (s *proxy.Server, 
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
+	// Closed when the test ends, before its core's region is (cleanups
+	// run last first): a request still served would count into memory
+	// no longer mapped.
+	t.Cleanup(func() { s.Close() })
 	return s, done
 }
 
