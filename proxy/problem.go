@@ -62,26 +62,11 @@ const (
 	warnKinds
 )
 
-// warnLimit is one warning line a second per kind at most; the next line
-// says how many were suppressed.
-type warnLimit struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int64
-}
-
 func (s *Server) warn(k warnKind, msg string, args ...any) {
-	w := &s.warns[k]
-	now := time.Now()
-	w.mu.Lock()
-	if !w.last.IsZero() && now.Sub(w.last) < time.Second {
-		w.suppressed++
-		w.mu.Unlock()
+	n, ok := s.warns[k].Pass(time.Now())
+	if !ok {
 		return
 	}
-	n := w.suppressed
-	w.last, w.suppressed = now, 0
-	w.mu.Unlock()
 	if n > 0 {
 		args = append(args, "suppressed", n)
 	}

@@ -41,8 +41,8 @@ type Server struct {
 	background sync.WaitGroup // cache refreshes (refresh)
 
 	count counters
-	warns [warnKinds]warnLimit
-	cm    metrics.Conns // the worker's connections by state, in its row
+	warns [warnKinds]engine.WarnGate // one line a second per kind
+	cm    metrics.Conns              // the worker's connections by state, in its row
 
 	requests sync.Pool // *request
 }

@@ -50,7 +50,7 @@ type Server struct {
 	once    sync.Once
 
 	warnings chan warning
-	gates    [warnKinds]warnGate
+	gates    [warnKinds]engine.WarnGate
 }
 
 // New returns a Server for o, or an error for options that make no sense
@@ -447,24 +447,11 @@ type warning struct {
 	args []any
 }
 
-type warnGate struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int64
-}
-
 func (s *Server) warn(k warnKind, msg string, args ...any) {
-	g := &s.gates[k]
-	now := time.Now()
-	g.mu.Lock()
-	if !g.last.IsZero() && now.Sub(g.last) < time.Second {
-		g.suppressed++
-		g.mu.Unlock()
+	n, ok := s.gates[k].Pass(time.Now())
+	if !ok {
 		return
 	}
-	n := g.suppressed
-	g.last, g.suppressed = now, 0
-	g.mu.Unlock()
 	if n > 0 {
 		args = append(args, "suppressed", n)
 	}
