@@ -212,7 +212,24 @@ max_keys = 8
 		t.Fatalf("fopen: %d allowed, %d served without a slot; fclosed: %d refused for a full table; want 6, 2, 2", fopenAllowed, fullOpen, fullClosed)
 	}
 
-	before := scrapeMetrics(t, admin, d.admin)
+	// A response is counted when its exchange ends, a moment after the
+	// client has it: the page is read until it counts every one.
+	counted := func() page {
+		t.Helper()
+		mu.Lock()
+		total := 0
+		for _, n := range codes {
+			total += n
+		}
+		mu.Unlock()
+		p := scrapeMetrics(t, admin, d.admin)
+		for deadline := time.Now().Add(5 * time.Second); p.samples["preforkd_http_request_duration_seconds_count"] < float64(total) && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+			p = scrapeMetrics(t, admin, d.admin)
+		}
+		return p
+	}
+	before := counted()
 	want := map[[2]string]float64{
 		{"enf", "allowed"}: 5, {"enf", "limited"}: 7,
 		{"enf", "near_limit"}: 2, // the 4th and 5th left 1 and 0 of 5
@@ -324,7 +341,7 @@ max_keys = 8
 	for k := 1; k < len(pages); k++ {
 		noneWentBack(t, fmt.Sprintf("scrape %d during the crash", k), pages[k-1], pages[k])
 	}
-	after := scrapeMetrics(t, admin, d.admin)
+	after := counted()
 	noneWentBack(t, "after the replacement", before, after)
 	checkRules(after, "after the replacement")
 	if got := after.samples["preforkd_worker_restarts_total"]; got != 1 {
