@@ -18,6 +18,7 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	preforkdengine "github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
@@ -43,7 +44,7 @@ type admin struct {
 	// nil before the first.
 	status atomic.Pointer[prefork.Status]
 
-	unauthorized secondGate // log lines about refused tokens
+	unauthorized preforkdengine.WarnGate // log lines about refused tokens: one a second
 
 	mu     sync.Mutex
 	ctl    *core.Control // over the rules of generation ctlGen

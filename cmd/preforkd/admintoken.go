@@ -5,7 +5,6 @@ import (
 	"crypto/subtle"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -43,7 +42,7 @@ func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 		if !ok || subtle.ConstantTimeCompare(ws[:], gs[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="preforkd admin"`)
 			writeProblem(w, http.StatusUnauthorized, "Unauthorized", "send Authorization: Bearer with the token of admin.token_file")
-			if suppressed, ok := a.unauthorized.allow(time.Now()); ok {
+			if suppressed, ok := a.unauthorized.Pass(time.Now()); ok {
 				a.log.Warn("admin action refused: wrong or missing token", "method", r.Method, "path", r.URL.Path,
 					"client", r.RemoteAddr, "suppressed", suppressed)
 			}
@@ -51,25 +50,6 @@ func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 		}
 		next(w, r)
 	})
-}
-
-// secondGate lets one log line a second through and counts the others:
-// a client guessing tokens must not flood the log.
-type secondGate struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-func (g *secondGate) allow(now time.Time) (suppressed int, ok bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !g.last.IsZero() && now.Sub(g.last) < time.Second {
-		g.suppressed++
-		return 0, false
-	}
-	suppressed, g.suppressed, g.last = g.suppressed, 0, now
-	return suppressed, true
 }
 
 // bearer is the token of an Authorization: Bearer header value.
