@@ -1,7 +1,6 @@
 package prefork
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -24,7 +23,7 @@ const (
 	fdListener = 4 // the listening socket, shared by every worker
 	fdLifeline = 5 // read end of a pipe the supervisor never writes: EOF = supervisor gone
 	fdReady    = 6 // write end of this worker's readiness pipe
-	fdConfig   = 7 // the configuration as JSON, read with pread (the offset is shared)
+	fdConfig   = 7 // the settings (handoff_codec.go), read with pread (the offset is shared)
 )
 
 // IsWorker reports whether this process was started by a supervisor as one
@@ -57,8 +56,8 @@ func readSettings(f *os.File) (Settings, error) {
 	if err != nil {
 		return Settings{}, fmt.Errorf("prefork: reading the inherited settings: %w", err)
 	}
-	var s Settings
-	if err := json.Unmarshal(b, &s); err != nil {
+	s, err := parseHandoff(b)
+	if err != nil {
 		return Settings{}, fmt.Errorf("prefork: decoding the inherited settings: %w", err)
 	}
 	return s, nil

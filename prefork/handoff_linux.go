@@ -1,21 +1,17 @@
 package prefork
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 
 	"golang.org/x/sys/unix"
 )
 
-// settingsFile writes s as JSON into a sealed memory file for the workers
+// settingsFile writes s (handoff_codec.go) into a sealed memory file for the workers
 // of one generation. A file rather than an environment variable: a
 // payload has no size limit, and it stays out of /proc/PID/environ.
 func settingsFile(s Settings) (*os.File, error) {
-	b, err := json.Marshal(s)
-	if err != nil {
-		return nil, fmt.Errorf("prefork: encoding the settings: %w", err)
-	}
+	b := s.appendHandoff(nil)
 	fd, err := unix.MemfdCreate("preforkd-settings", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("prefork: memfd_create: %w", err)

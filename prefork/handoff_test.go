@@ -20,6 +20,8 @@ import (
 func TestSettingsHandoffRoundTrip(t *testing.T) {
 	sent := Settings{
 		ShutdownTimeout: 7 * time.Second,
+		DrainDelay:      2 * time.Second,
+		UpgradeTimeout:  11 * time.Second,
 		Canary: Canary{
 			Off: true, Window: 3 * time.Second, MinRequests: 9, MaxErrorDelta: 1.5, Inconclusive: InconclusiveAbort,
 		},
@@ -29,6 +31,24 @@ func TestSettingsHandoffRoundTrip(t *testing.T) {
 		Payload:  []byte("{\"rules\":[]}\x00\xff\xfe"),
 		Config:   struct{ Secret string }{"s3cret"},
 		LogAttrs: []slog.Attr{slog.String("changed", "nothing")},
+	}
+	// Every field is set, so that one handoffFields leaves out fails the
+	// round trip: a field added to Settings must be set here too.
+	var zeros []string
+	var walk func(prefix string, v reflect.Value)
+	walk = func(prefix string, v reflect.Value) {
+		for i := range v.NumField() {
+			f, name := v.Field(i), prefix+v.Type().Field(i).Name
+			if f.Kind() == reflect.Struct {
+				walk(name+".", f)
+			} else if f.IsZero() {
+				zeros = append(zeros, name)
+			}
+		}
+	}
+	walk("", reflect.ValueOf(sent))
+	if len(zeros) > 0 {
+		t.Fatalf("set every field of the Settings sent: %v are zero", zeros)
 	}
 	f, err := settingsFile(sent)
 	if err != nil {
@@ -54,6 +74,26 @@ func TestSettingsHandoffRoundTrip(t *testing.T) {
 	b, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<20))
 	if err != nil || bytes.Contains(b, []byte("s3cret")) || bytes.Contains(b, []byte("changed")) {
 		t.Errorf("the workers' file holds the supervisor's Config or LogAttrs (%v):\n%s", err, b)
+	}
+}
+
+func TestSettingsHandoffRefusesDamage(t *testing.T) {
+	good := Settings{MaxRequests: 5, Payload: []byte("x")}.appendHandoff(nil)
+	if s, err := parseHandoff(good); err != nil || s.MaxRequests != 5 || string(s.Payload) != "x" {
+		t.Fatalf("the good encoding: %+v, %v", s, err)
+	}
+	for _, bad := range []string{
+		"",                            // nothing
+		"max_requests 5\n",            // no end to the fields
+		"max_requests five\n\n",       // not a number
+		"max_requests\n\n",            // no value
+		"canary_inconclusive 300\n\n", // out of range
+		"max_workers 5\n\n",           // a field this build does not know
+		"canary_off maybe\n\npayload", // not a bool
+	} {
+		if s, err := parseHandoff([]byte(bad)); err == nil {
+			t.Errorf("%q decoded as %+v", bad, s)
+		}
 	}
 }
 
@@ -84,4 +124,21 @@ func TestListenerStaysNonBlockingAcrossStarts(t *testing.T) {
 	if flags&unix.O_NONBLOCK == 0 {
 		t.Fatal("the listening socket is in blocking mode after a start")
 	}
+}
+
+// FuzzSettingsHandoff: any bytes decode or are refused, never panic, and
+// what decodes encodes back to what decodes the same.
+func FuzzSettingsHandoff(f *testing.F) {
+	f.Add(Settings{MaxRSS: 1 << 30, Canary: Canary{MaxErrorDelta: 0.5}, Payload: []byte("{}")}.appendHandoff(nil))
+	f.Add([]byte("max_requests 5\n\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := parseHandoff(b)
+		if err != nil {
+			return
+		}
+		again, err := parseHandoff(s.appendHandoff(nil))
+		if err != nil || !reflect.DeepEqual(again, s) && !(s.Canary.MaxErrorDelta != s.Canary.MaxErrorDelta) {
+			t.Fatalf("%q decoded as %+v, which re-encoded decodes as %+v, %v", b, s, again, err)
+		}
+	})
 }

@@ -43,11 +43,11 @@ type Settings struct {
 	// Config is the configuration these settings come from, as the
 	// supervisor's program holds it; the supervisor only keeps it, for
 	// Status.Settings. It is not sent to workers.
-	Config any `json:"-"`
+	Config any
 	// LogAttrs are added to the supervisor's "reload begun" line of the
 	// reload that takes these settings: what it changes (never secret
 	// values). They are not kept for the next.
-	LogAttrs []slog.Attr `json:"-"`
+	LogAttrs []slog.Attr
 }
 
 // DefaultShutdownTimeout is Settings.ShutdownTimeout's default.
