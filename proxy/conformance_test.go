@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/proxy"
@@ -39,15 +40,26 @@ var engines = []servingEngine{
 	{"nethttp", startNetHTTP},
 }
 
+// netHTTPForwarder is the net/http engine over c forwarding to upstream
+// by itself, with lim.
+func netHTTPForwarder(t *testing.T, c *core.Core, upstream string, lim engine.Limits) *nethttp.Server {
+	t.Helper()
+	up, err := nethttp.NewUpstream(c, upstream, engine.Upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: up, Limits: lim, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // startNetHTTP serves ln with the net/http engine forwarding by itself
 // (what the daemon's TLS listeners serve with), in cleartext.
 func startNetHTTP(t *testing.T, ln net.Listener, upstream string) {
 	t.Helper()
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: configCore(t, "", nil), Upstream: upstream,
-		Limits: engine.Limits{MaxHeaderBytes: 8 << 10}, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := netHTTPForwarder(t, configCore(t, "", nil), upstream, engine.Limits{MaxHeaderBytes: 8 << 10})
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
 	stopAtCleanup(t, s, served)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
-	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/metrics"
@@ -38,11 +37,7 @@ func TestConnectionStatesBlockingEngines(t *testing.T) {
 			stopAtCleanup(t, s, served)
 		}},
 		{"nethttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
-			s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: upstream, Logger: quietLog,
-				Limits: engine.Limits{MaxConnections: 5}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := netHTTPForwarder(t, c, upstream, engine.Limits{MaxConnections: 5})
 			served := make(chan error, 1)
 			go func() { served <- s.Serve(ln) }()
 			stopAtCleanup(t, s, served)

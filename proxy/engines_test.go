@@ -18,6 +18,7 @@ import (
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/shm"
@@ -65,10 +66,7 @@ var coreEngines = []coreEngine{
 	{"nethttp-forward", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
 		// The net/http engine forwarding by itself, as the daemon's TLS
 		// listeners do.
-		s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: upstream, Logger: quietLog})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := netHTTPForwarder(t, c, upstream, engine.Limits{})
 		go s.Serve(ln)
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -12,6 +12,7 @@ import (
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine/nethttp"
+	"github.com/preforkd/preforkd/engine/nethttp/tlsedge"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/redisstore"
@@ -175,11 +176,15 @@ func tlsEngine(w *prefork.Worker, cfg config.Config, c *core.Core) (prefork.Engi
 	}
 	stop := tlsconf.Rotate(tc, to.Tickets, time.Now)
 	w.Defer(func() error { stop(); return nil })
-	o := nethttp.ServerOptions{Core: c, Limits: cfg.Server.Limits(), Client: cfg.Server.UpstreamClient(), TLS: tc, Logger: w.Logger}
+	edge, err := tlsedge.New(tlsedge.Options{Config: tc})
+	if err != nil {
+		return nil, err
+	}
+	o := nethttp.ServerOptions{Core: c, Limits: cfg.Server.Limits(), Edge: edge, Logger: w.Logger}
 	if u := cfg.Server.Upstream; u == "" || u == demoUpstream {
 		o.Handler = demoHTTP(w.Index)
-	} else {
-		o.Upstream = u
+	} else if o.Upstream, err = nethttp.NewUpstream(c, u, cfg.Server.UpstreamClient()); err != nil {
+		return nil, err
 	}
 	return nethttp.NewServer(o)
 }

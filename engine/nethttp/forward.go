@@ -45,13 +45,20 @@ import (
 // forwarded: one that ends within it goes with a Content-Length.
 const readAheadBytes = 64 << 10
 
-// forwarder sends what passed the core to the upstream.
-type forwarder struct {
-	c  *core.Core
-	up *upconn.Pool
+// Upstream is an application a Server forwards to itself, in place of a
+// Handler (NewUpstream). An interface so that a program that builds none
+// links no forwarding.
+type Upstream interface {
+	serve(rw *writer, r *http.Request, req *request, ex *core.Exchange, fwd core.Forward) error
+	close()
 }
 
-func newForwarder(c *core.Core, upstreamURL string, client engine.Upstream) (*forwarder, error) {
+// NewUpstream returns the application at upstreamURL ("http://host:port"
+// or https, with an optional path prefix) for ServerOptions.Upstream,
+// spoken to as client says (engine.Upstream: the connect and response
+// timeouts, the idle connections kept; zero values are the defaults),
+// its failures reported to c, the Server's core. It serves one Server.
+func NewUpstream(c *core.Core, upstreamURL string, client engine.Upstream) (Upstream, error) {
 	t, err := engine.ParseTarget(upstreamURL)
 	if err != nil {
 		return nil, fmt.Errorf("nethttp: %w", err)
@@ -61,6 +68,12 @@ func newForwarder(c *core.Core, upstreamURL string, client engine.Upstream) (*fo
 		return nil, fmt.Errorf("nethttp: %w", err)
 	}
 	return &forwarder{c: c, up: upconn.New(t, client)}, nil
+}
+
+// forwarder sends what passed the core to the upstream.
+type forwarder struct {
+	c  *core.Core
+	up *upconn.Pool
 }
 
 func (f *forwarder) close() { f.up.Close() }

@@ -9,10 +9,11 @@
 //
 // [Server] is the net/http engine built on it: the [server] limits and
 // the drain rule of package engine, an application handler or its own
-// forwarding to an upstream (forward.go: the fast engine's rules), and
-// with a tls.Config, TLS and HTTP/2 (x/net's server, behind a guard that
-// cuts off the known floods: h2guard.go). The daemon serves its TLS
-// listeners with it.
+// forwarding to an upstream ([NewUpstream], forward.go: the fast engine's
+// rules), and with an [Edge] (package tlsedge), TLS and HTTP/2. The
+// daemon serves its TLS listeners with it. What a program does not ask
+// for, it does not link: forwarding, TLS serving and HTTP/2 are each
+// reached only through the value that asks for them.
 package nethttp
 
 import (
@@ -35,7 +36,7 @@ import (
 type Handler struct {
 	c    *core.Core
 	next http.Handler
-	fwd  *forwarder // in place of next: the Server's own forwarding
+	fwd  Upstream // in place of next: the Server's own forwarding
 	opts Options
 
 	background sync.WaitGroup // background refreshes

@@ -1,22 +1,15 @@
-//lint:file-ignore SA1019 x/net's http2.Server is the one HTTP/2 server that serves a connection handed to it (ServeConn), which the flood guard (h2guard.go) needs; net/http's own HTTP/2, which its deprecation points to, takes none.
-
 package nethttp
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/net/http2"
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
@@ -31,24 +24,16 @@ type ServerOptions struct {
 	// Handler is the application: it serves what the core lets through.
 	// Exactly one of Handler and Upstream is set.
 	Handler http.Handler
-	// Upstream is the application's URL ("http://host:port", or https,
-	// with an optional path prefix): the Server forwards what the core
-	// lets through itself, over HTTP/1.1 on pooled keep-alive
-	// connections, by the fast engine's rules (see forward.go). What a
-	// TLS or HTTP/2 listener of the daemon is served with.
-	Upstream string
-	// Client is how Upstream is spoken to (engine.Upstream: the connect
-	// and response timeouts, the idle connections kept); zero values are
-	// the defaults.
-	Client engine.Upstream
-	// TLS, when set, makes every listener speak TLS with it, the
-	// handshake bounded by Limits.ReadHeaderTimeout; with "h2" in its
-	// NextProtos, HTTP/2 is spoken to the clients that ask for it, each
-	// stream a request to the core, its floods bounded (h2guard.go).
-	TLS *tls.Config
-	// MaxConcurrentStreams bounds the streams of one HTTP/2 connection.
-	// 0 means 128 (nginx's http2_max_concurrent_streams).
-	MaxConcurrentStreams uint32
+	// Upstream is the application the Server forwards what the core lets
+	// through to itself (NewUpstream, over the same Core), over HTTP/1.1
+	// on pooled keep-alive connections, by the fast engine's rules (see
+	// forward.go). What a TLS or HTTP/2 listener of the daemon is served
+	// with.
+	Upstream Upstream
+	// Edge, when set, makes every listener speak TLS, and HTTP/2 over it
+	// to the clients that ask (package tlsedge), each stream a request to
+	// the core. nil: cleartext HTTP/1.1.
+	Edge Edge
 	// Limits are the timeouts and limits of the worker's clients
 	// (engine.Limits: the [server] keys); zero values are the defaults.
 	Limits engine.Limits
@@ -68,13 +53,7 @@ type Server struct {
 	limits engine.Limits
 	conns  connTracker
 	log    *slog.Logger
-	tls    bool
-
-	// HTTP/2 (with TLS): its server, and a server that has nothing but
-	// the HTTP/2 server's graceful shutdown to run (goaway).
-	h2     *http2.Server
-	goaway *http.Server
-	cuts   [floodKinds]warnGate // log lines about flooding clients cut off, by kind
+	edge   Edge // TLS and HTTP/2, or nil
 
 	mu  sync.Mutex
 	lns []net.Listener
@@ -87,9 +66,9 @@ func NewServer(o ServerOptions) (*Server, error) {
 	switch {
 	case o.Core == nil:
 		return nil, errors.New("nethttp: ServerOptions.Core is nil")
-	case o.Handler == nil && o.Upstream == "":
+	case o.Handler == nil && o.Upstream == nil:
 		return nil, errors.New("nethttp: ServerOptions: neither Handler nor Upstream is set")
-	case o.Handler != nil && o.Upstream != "":
+	case o.Handler != nil && o.Upstream != nil:
 		return nil, errors.New("nethttp: ServerOptions: both Handler and Upstream are set")
 	}
 	lim, err := o.Limits.WithDefaults()
@@ -101,11 +80,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	}
 	s := &Server{h: New(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger}
 	s.conns.cm = o.Core.Conns()
-	if o.Upstream != "" {
-		if s.h.fwd, err = newForwarder(o.Core, o.Upstream, o.Client); err != nil {
-			return nil, err
-		}
-	}
+	s.h.fwd = o.Upstream
 	s.srv = &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: lim.ReadHeaderTimeout,
@@ -123,8 +98,8 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if s.h.fwd != nil {
 		s.srv.DisableGeneralOptionsHandler = true // OPTIONS * is refuseUnforwardable's
 	}
-	if o.TLS != nil {
-		if err := s.configureTLS(o); err != nil {
+	if s.edge = o.Edge; s.edge != nil {
+		if err := s.edge.Configure(s.srv, lim, o.Logger); err != nil {
 			return nil, err
 		}
 	}
@@ -151,12 +126,11 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	var err error
-	if s.tls {
-		err = s.srv.ServeTLS(l, "", "")
-	} else {
-		err = s.srv.Serve(l)
+	var sl net.Listener = l
+	if s.edge != nil {
+		sl = s.edge.Listener(l)
 	}
+	err := s.srv.Serve(sl)
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) || s.conns.draining.Load() {
 		return nil
 	}
@@ -211,10 +185,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-served: // every connection accepted is tracked
 	case <-ctx.Done():
 	}
-	if s.goaway != nil {
+	if s.edge != nil {
 		// Step 2 for HTTP/2: GOAWAY on every connection; each closes once
 		// its streams in flight are answered.
-		go s.goaway.Shutdown(ctx)
+		go s.edge.Shutdown(ctx)
 	}
 	s.conns.drain(ctx, engine.DrainIdleGrace, engine.DrainNewGrace) // step 3
 	err := s.srv.Shutdown(ctx)                                      // nothing left, or cut (step 4)
@@ -433,70 +407,13 @@ func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration
 	return len(c.conns), next, c.changed
 }
 
-// DefaultMaxConcurrentStreams is ServerOptions.MaxConcurrentStreams's
-// default.
-const DefaultMaxConcurrentStreams = 128
-
-// configureTLS sets the server up for TLS, and HTTP/2 when the TLS
-// configuration offers h2.
-func (s *Server) configureTLS(o ServerOptions) error {
-	s.tls = true
-	s.srv.TLSConfig = o.TLS.Clone()
-	// Never net/http's own HTTP/2: the floods are bounded here.
-	s.srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
-	if !slices.Contains(o.TLS.NextProtos, http2.NextProtoTLS) {
-		return nil
-	}
-	streams := o.MaxConcurrentStreams
-	if streams == 0 {
-		streams = DefaultMaxConcurrentStreams
-	}
-	s.h2 = &http2.Server{
-		MaxConcurrentStreams: streams,
-		IdleTimeout:          s.limits.IdleTimeout,
-		// A client that stops reading blocks the connection's writer:
-		// past send_timeout without progress, the connection is closed.
-		WriteByteTimeout: s.limits.SendTimeout,
-	}
-	s.goaway = &http.Server{}
-	if err := http2.ConfigureServer(s.goaway, s.h2); err != nil {
-		return fmt.Errorf("nethttp: HTTP/2: %w", err)
-	}
-	s.srv.TLSNextProto[http2.NextProtoTLS] = s.serveH2
-	return nil
-}
-
-// trackConn is the ConnState hook: the HTTP/2 server reports its
-// connections' states with the guard, net/http with the TLS connection
-// under it, which is the one tracked.
+// trackConn is the ConnState hook: an Edge's HTTP/2 server reports its
+// connections' states with a wrapper (Edge), net/http with the TLS
+// connection under it, which is the one tracked.
 func (s *Server) trackConn(c net.Conn, st http.ConnState) {
-	g, h2 := c.(*h2Guard)
+	g, h2 := c.(h2Conn)
 	if h2 {
-		c = g.Conn
+		c = g.TLSConn()
 	}
 	s.conns.track(c, st, h2)
-}
-
-// serveH2 serves an HTTP/2 connection, through its flood guard.
-func (s *Server) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
-	// net/http does not tell the ConnState hook that the connection is
-	// active, and the HTTP/2 server tells it of Active and Idle only once
-	// it serves: the drain rule must not take it meanwhile for one that
-	// never sent a request.
-	s.conns.track(c, http.StateActive, true)
-	g := newH2Guard(c, s.limits.MaxHeaderBytes, func(err *errFlood) {
-		if s.cuts[err.kind].allow() {
-			s.log.Warn("HTTP/2 client cut off", "client", c.RemoteAddr().String(), "why", err.why)
-		}
-	})
-	s.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: hs, Handler: h})
-}
-
-// warnGate lets one log line a second through.
-type warnGate struct{ last atomic.Int64 }
-
-func (g *warnGate) allow() bool {
-	now := time.Now().UnixNano()
-	last := g.last.Load()
-	return now-last >= int64(time.Second) && g.last.CompareAndSwap(last, now)
 }

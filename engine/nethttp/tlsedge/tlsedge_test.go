@@ -1,8 +1,9 @@
-//lint:file-ignore SA1019 x/net's http2.Transport is the client that speaks HTTP/2 over a TLS connection with test-chosen settings; the server under test is x/net's too (server.go).
+//lint:file-ignore SA1019 x/net's http2.Transport is the client that speaks HTTP/2 over a TLS connection with test-chosen settings; the server under test is x/net's too (tlsedge.go).
 
-package nethttp_test
+package tlsedge_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"io"
@@ -14,10 +15,13 @@ import (
 
 	"golang.org/x/net/http2"
 
-	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/nethttp"
+	"github.com/preforkd/preforkd/engine/nethttp/tlsedge"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/internal/tlstest"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 	"github.com/preforkd/preforkd/tlsconf"
 )
@@ -32,11 +36,21 @@ func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Ser
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := core.New(newRegion(t, shm.Options{Counters: 64}), core.Options{})
+	o := shm.Options{Counters: 64}
+	metrics.Geometry(&o, 8)
+	c, err := core.New(shmtest.Private(t, o), core.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: upstream, TLS: tc, Logger: slog.New(slog.DiscardHandler)})
+	up, err := nethttp.NewUpstream(c, upstream, engine.Upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge, err := tlsedge.New(tlsedge.Options{Config: tc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: up, Edge: edge, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +95,7 @@ func TestTLSServesAndDrains(t *testing.T) {
 }
 
 // httpUpstream is an application on a loopback listener.
-func httpUpstream(t *testing.T, h http.HandlerFunc) string {
+func httpUpstream(t testing.TB, h http.HandlerFunc) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,64 +107,71 @@ func httpUpstream(t *testing.T, h http.HandlerFunc) string {
 	return "http://" + ln.Addr().String()
 }
 
-// Forwarding, the core sees the request as the upstream gets it: a field
-// the forwarder drops (Keep-Alive, hop by hop) keys nothing, and
-// X-Forwarded-Proto is the one it writes.
-func TestForwardingView(t *testing.T) {
-	up := httpUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
-	cfg, err := config.Parse([]byte(`
-[[ratelimit]]
-name = "by-hop"
-path = "/hop"
-limit = 1
-window = "1h"
-by = "header:Keep-Alive|ip"
-[[ratelimit]]
-name = "by-proto"
-path = "/proto"
-limit = 1
-window = "1h"
-by = "header:X-Forwarded-Proto"
-`), "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := cfg.CoreOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := core.New(newRegion(t, shm.Options{Counters: 64}), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: up, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+// cannedUpstream answers every request on a connection with the same
+// small response, reading only up to the end of each request head.
+func cannedUpstream(b *testing.B) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		b.Fatal(err)
 	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
-	get := func(path, name, value string) int {
-		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+path, nil)
-		req.Header.Set(name, value)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
+	b.Cleanup(func() { ln.Close() })
+	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\r\nhello\n")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					for {
+						line, err := br.ReadSlice('\n')
+						if err != nil {
+							return
+						}
+						if len(line) <= 2 {
+							break
+						}
+					}
+					if _, err := c.Write(resp); err != nil {
+						return
+					}
+				}
+			}()
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	// Two values of a hop-by-hop field are one client: the second is
-	// refused.
-	if a, b := get("/hop", "Keep-Alive", "timeout=1"), get("/hop", "Keep-Alive", "timeout=2"); a != 200 || b != 429 {
-		t.Errorf("keyed by a hop-by-hop field: %d, %d; want 200, 429", a, b)
-	}
-	// Whatever the client claims, X-Forwarded-Proto is http here: one key.
-	if a, b := get("/proto", "X-Forwarded-Proto", "https"), get("/proto", "X-Forwarded-Proto", "gopher"); a != 200 || b != 429 {
-		t.Errorf("keyed by X-Forwarded-Proto: %d, %d; want 200, 429", a, b)
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// BenchmarkTLSForward measures a request over TLS, HTTP/1.1 keep-alive
+// and HTTP/2, through the core (no rule) and the forwarder to an upstream
+// that answers at once: the net/http engine's cost per request on the
+// daemon's TLS listener, beside what crypto costs.
+func BenchmarkTLSForward(b *testing.B) {
+	up := cannedUpstream(b)
+	for _, proto := range []string{"h1", "h2"} {
+		b.Run(proto, func(b *testing.B) {
+			addr, conf, _ := tlsServer(b, up)
+			var rt http.RoundTripper = &http.Transport{TLSClientConfig: conf, MaxIdleConnsPerHost: 64}
+			if proto == "h2" {
+				rt = &http2.Transport{TLSClientConfig: conf}
+			}
+			c := &http.Client{Transport: rt}
+			b.ReportAllocs()
+			b.SetParallelism(4)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := c.Get("https://" + addr + "/api/items")
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		})
 	}
 }

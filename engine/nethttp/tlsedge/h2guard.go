@@ -1,4 +1,4 @@
-package nethttp
+package tlsedge
 
 import (
 	"crypto/tls"
@@ -62,7 +62,7 @@ type errFlood struct {
 	why  string
 }
 
-func (e *errFlood) Error() string { return "nethttp: HTTP/2 client cut off: " + e.why }
+func (e *errFlood) Error() string { return "tlsedge: HTTP/2 client cut off: " + e.why }
 
 // h2Guard is an HTTP/2 connection as the server reads it, through the
 // guard. It is read by one goroutine (the server's frame reader).
@@ -124,6 +124,10 @@ func (g *h2Guard) ConnectionState() tls.ConnectionState { return g.Conn.Connecti
 
 // NetConn is the connection under TLS.
 func (g *h2Guard) NetConn() net.Conn { return g.Conn.NetConn() }
+
+// TLSConn is the TLS connection guarded: the one the nethttp.Server
+// tracks (nethttp.Edge).
+func (g *h2Guard) TLSConn() *tls.Conn { return g.Conn }
 
 // look follows the frames in b.
 func (g *h2Guard) look(b []byte) *errFlood {

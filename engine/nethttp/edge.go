@@ -1,0 +1,37 @@
+package nethttp
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/preforkd/preforkd/engine"
+)
+
+// Edge is what a Server speaks to its clients besides cleartext HTTP/1.1:
+// TLS, and HTTP/2 over it. Package tlsedge builds one (tlsedge.New); a
+// Server without one (ServerOptions.Edge nil) serves cleartext HTTP/1.1,
+// and a program that never builds one links neither TLS serving nor an
+// HTTP/2 server: an embedding binary is about 1.1 MB smaller for it.
+// An Edge serves one Server.
+type Edge interface {
+	// Configure readies srv, once, before it serves: its TLSNextProto
+	// (the protocols past TLS other than HTTP/1.1), with lim the
+	// Server's limits (defaults applied) and log where to warn of
+	// clients cut off. An HTTP/2 connection is reported to
+	// srv.ConnState as a net.Conn with a method TLSConn() *tls.Conn
+	// naming the TLS connection under it; its streams count as
+	// requests in progress.
+	Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) error
+	// Listener returns ln speaking TLS.
+	Listener(ln net.Listener) net.Listener
+	// Shutdown tells every HTTP/2 connection to finish (GOAWAY) and
+	// returns once they did or ctx is done: the drain rule's step 2
+	// for HTTP/2.
+	Shutdown(ctx context.Context) error
+}
+
+// h2Conn is an Edge's HTTP/2 connection as the ConnState hook sees it.
+type h2Conn interface{ TLSConn() *tls.Conn }

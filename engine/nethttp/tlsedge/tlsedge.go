@@ -1,0 +1,126 @@
+//lint:file-ignore SA1019 x/net's http2.Server is the one HTTP/2 server that serves a connection handed to it (ServeConn), which the flood guard (h2guard.go) needs; net/http's own HTTP/2, which its deprecation points to, takes none.
+
+// Package tlsedge is the net/http engine's TLS, and HTTP/2 over it: an
+// nethttp.Edge. It is a package of its own so that a program serving
+// cleartext HTTP/1.1 with the engine links neither TLS serving nor
+// x/net's HTTP/2 server (about 1.1 MB of an embedding binary).
+//
+// HTTP/2 is x/net's server, each connection read through a guard that
+// cuts off the known floods (rapid reset, CONTINUATION, HPACK bombs:
+// h2guard.go), with MaxConcurrentStreams streams at most, the Server's
+// idle timeout and send_timeout on each write.
+package tlsedge
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/nethttp"
+)
+
+// Options configures an Edge.
+type Options struct {
+	// Config is the TLS configuration (required): its certificates, and
+	// with "h2" in its NextProtos, HTTP/2 for the clients that ask for it.
+	// The handshake is bounded by the Server's ReadHeaderTimeout.
+	Config *tls.Config
+	// MaxConcurrentStreams bounds the streams of one HTTP/2 connection.
+	// 0 means DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+}
+
+// DefaultMaxConcurrentStreams is Options.MaxConcurrentStreams's default
+// (nginx's http2_max_concurrent_streams).
+const DefaultMaxConcurrentStreams = 128
+
+// New returns an Edge for one nethttp.Server (ServerOptions.Edge).
+func New(o Options) (nethttp.Edge, error) {
+	if o.Config == nil {
+		return nil, errors.New("tlsedge: Options.Config is nil")
+	}
+	e := &edge{conf: o.Config.Clone(), streams: o.MaxConcurrentStreams}
+	if e.streams == 0 {
+		e.streams = DefaultMaxConcurrentStreams
+	}
+	// HTTP/1.1 is always served: offered after what the configuration
+	// prefers (as net/http's ServeTLS offers it).
+	if !slices.Contains(e.conf.NextProtos, "http/1.1") {
+		e.conf.NextProtos = append(e.conf.NextProtos, "http/1.1")
+	}
+	return e, nil
+}
+
+type edge struct {
+	conf    *tls.Config
+	streams uint32
+	limits  engine.Limits
+	log     *slog.Logger
+
+	// HTTP/2: its server, and a server that has nothing but the HTTP/2
+	// server's graceful shutdown to run (goaway).
+	h2     *http2.Server
+	goaway *http.Server
+	cuts   [floodKinds]engine.WarnGate // log lines about flooding clients cut off, by kind
+}
+
+func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) error {
+	e.limits, e.log = lim, log
+	// Never net/http's own HTTP/2: the floods are bounded here.
+	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	if !slices.Contains(e.conf.NextProtos, http2.NextProtoTLS) {
+		return nil
+	}
+	e.h2 = &http2.Server{
+		MaxConcurrentStreams: e.streams,
+		IdleTimeout:          lim.IdleTimeout,
+		// A client that stops reading blocks the connection's writer:
+		// past send_timeout without progress, the connection is closed.
+		WriteByteTimeout: lim.SendTimeout,
+	}
+	e.goaway = &http.Server{}
+	if err := http2.ConfigureServer(e.goaway, e.h2); err != nil {
+		return fmt.Errorf("tlsedge: HTTP/2: %w", err)
+	}
+	srv.TLSNextProto[http2.NextProtoTLS] = e.serveH2
+	return nil
+}
+
+func (e *edge) Listener(ln net.Listener) net.Listener { return tls.NewListener(ln, e.conf) }
+
+func (e *edge) Shutdown(ctx context.Context) error {
+	if e.goaway == nil {
+		return nil
+	}
+	return e.goaway.Shutdown(ctx)
+}
+
+// serveH2 serves an HTTP/2 connection, through its flood guard.
+func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
+	g := newH2Guard(c, e.limits.MaxHeaderBytes, func(err *errFlood) {
+		if held, ok := e.cuts[err.kind].Pass(time.Now()); ok {
+			args := []any{"client", c.RemoteAddr().String(), "why", err.why}
+			if held > 0 {
+				args = append(args, "suppressed", held)
+			}
+			e.log.Warn("HTTP/2 client cut off", args...)
+		}
+	})
+	// net/http does not tell the ConnState hook that the connection is
+	// active, and the HTTP/2 server tells it of Active and Idle only once
+	// it serves: the drain rule must not take it meanwhile for one that
+	// never sent a request.
+	if hs.ConnState != nil {
+		hs.ConnState(g, http.StateActive)
+	}
+	e.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: hs, Handler: h})
+}
