@@ -81,7 +81,7 @@ func newEngine(w *prefork.Worker) (prefork.Engine, error) {
 	limiter := c.Limiter("login") // usable here, and from every request
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /login", func(rw http.ResponseWriter, r *http.Request) {
-		if r.PostFormValue("password") != "correct" {
+		if r.ParseForm() != nil || r.PostForm.Get("password") != "correct" {
 			http.Error(rw, "wrong password", http.StatusUnauthorized)
 			return
 		}
