@@ -1,0 +1,53 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// An embedding program that serves cleartext net/http links only what it
+// uses: neither the daemon's parts (fasthttp, go-redis, the TOML parser)
+// nor the net/http engine's TLS serving, HTTP/2 and forwarding, each
+// reached only through a value a program builds (nethttp.Edge,
+// nethttp.NewUpstream).
+func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds the example")
+	}
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, p := range []string{"github.com/valyala/fasthttp", "github.com/redis/go-redis/v9", "github.com/BurntSushi/toml",
+		"golang.org/x/net/http2", "github.com/preforkd/preforkd/engine/nethttp/tlsedge"} {
+		for dep := range strings.FieldsSeq(string(out)) {
+			if dep == p || strings.HasPrefix(dep, p+"/") {
+				t.Errorf("the example depends on %s", dep)
+			}
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "embed")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	syms, err := exec.Command("go", "tool", "nm", bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool nm: %v\n%s", err, syms)
+	}
+	for _, s := range []string{
+		" crypto/tls.(*Conn).serverHandshake", // TLS serving
+		" github.com/preforkd/preforkd/engine/nethttp.(*forwarder).", // forwarding
+		" github.com/preforkd/preforkd/internal/upconn.",
+		" encoding/json.Unmarshal", // prefork's handoff is its own text
+	} {
+		if strings.Contains(string(syms), s) {
+			t.Errorf("the example links %s", strings.TrimSpace(s))
+		}
+	}
+	if fi, err := os.Stat(bin); err == nil {
+		t.Logf("go build ./examples/embed: %d bytes", fi.Size())
+	}
+}
