@@ -38,7 +38,7 @@ func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 		t.Fatalf("go tool nm: %v\n%s", err, syms)
 	}
 	for _, s := range []string{
-		" crypto/tls.(*Conn).serverHandshake", // TLS serving
+		" crypto/tls.(*Conn).serverHandshake",                        // TLS serving
 		" github.com/preforkd/preforkd/engine/nethttp.(*forwarder).", // forwarding
 		" github.com/preforkd/preforkd/internal/upconn.",
 		" encoding/json.Unmarshal", // prefork's handoff is its own text
