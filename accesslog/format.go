@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/jsonstring"
 	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
@@ -153,15 +154,15 @@ func appendJSON(dst []byte, e *core.AccessEntry) []byte {
 		dst = append(dst, "null"...)
 	}
 	dst = append(dst, `,"method":`...)
-	dst = appendJSONString(dst, e.Method)
+	dst = jsonstring.Append(dst, e.Method, jsonstring.Latin1)
 	dst = append(dst, `,"target":"`...)
-	dst = appendJSONText(dst, e.Path)
+	dst = jsonstring.AppendText(dst, e.Path, jsonstring.Latin1)
 	if e.Query != "" {
 		dst = append(dst, '?')
-		dst = appendJSONText(dst, e.Query)
+		dst = jsonstring.AppendText(dst, e.Query, jsonstring.Latin1)
 	}
 	dst = append(dst, `","protocol":`...)
-	dst = appendJSONString(dst, e.Proto)
+	dst = jsonstring.Append(dst, e.Proto, jsonstring.Latin1)
 	dst = append(dst, `,"status":`...)
 	dst = strconv.AppendInt(dst, int64(e.Status), 10)
 	dst = append(dst, `,"bytes":`...)
@@ -180,9 +181,7 @@ func appendJSON(dst []byte, e *core.AccessEntry) []byte {
 	dst = appendJSONOrNull(dst, e.Cache)
 	dst = append(dst, `,"request_id":`...)
 	if len(e.RequestID) > 0 {
-		dst = append(dst, '"')
-		dst = appendJSONText(dst, e.RequestID)
-		dst = append(dst, '"')
+		dst = jsonstring.Append(dst, e.RequestID, jsonstring.Latin1)
 	} else {
 		dst = append(dst, "null"...)
 	}
@@ -199,29 +198,5 @@ func appendJSONOrNull(dst []byte, s string) []byte {
 	if s == "" {
 		return append(dst, "null"...)
 	}
-	return appendJSONString(dst, s)
-}
-
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	dst = appendJSONText(dst, s)
-	return append(dst, '"')
-}
-
-// appendJSONText appends s escaped for the inside of a JSON string; a byte
-// outside printable ASCII is written as \u00HH (its Latin-1 reading), so
-// that the line is valid JSON whatever a client sent.
-func appendJSONText[S string | []byte](dst []byte, s S) []byte {
-	const hex = "0123456789abcdef"
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			dst = append(dst, '\\', c)
-		case c < 0x20 || c >= 0x7f:
-			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			dst = append(dst, c)
-		}
-	}
-	return dst
+	return jsonstring.Append(dst, s, jsonstring.Latin1)
 }

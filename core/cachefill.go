@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/core/httpcache"
+	"github.com/preforkd/preforkd/internal/httpfield"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/route"
 	"github.com/preforkd/preforkd/shm"
@@ -230,7 +231,7 @@ func (ex *Exchange) coreField(name string) bool {
 func connectionNames(conn []string, name string) bool {
 	for _, line := range conn {
 		for f := range strings.SplitSeq(line, ",") {
-			if strings.EqualFold(trimOWS(f), name) {
+			if strings.EqualFold(httpfield.TrimOWS(f), name) {
 				return true
 			}
 		}

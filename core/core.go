@@ -343,30 +343,11 @@ func (ex *Exchange) Decide() Verdict {
 			return v
 		}
 	}
-	for {
-		var v Verdict
-		var done bool
-		switch ex.step {
-		case stepIdempotency:
-			v, done = ex.idempotency()
-		case stepIdempotencyWait:
-			v, done = ex.reserveAgain()
-		case stepCache:
-			v, done = ex.decideCache()
-		case stepCacheWait:
-			v, done = ex.lookup()
-		default:
-			ex.passed = true
-			return Pass
-		}
-		if v == Wait {
-			return Wait // ex.step is where to resume
-		}
-		if done && v == Respond {
-			return v
-		}
-		ex.step = ex.step.next()
+	v := ex.runSteps(stepDone)
+	if v == Pass {
+		ex.passed = true
 	}
+	return v
 }
 
 // DecideHead runs the stages that need only the request's head: the path
@@ -386,7 +367,15 @@ func (ex *Exchange) DecideHead() Verdict {
 			return v
 		}
 	}
-	for ex.step < stepIdempotency {
+	return ex.runSteps(stepIdempotency)
+}
+
+// runSteps runs the decision's steps from ex.step until end. It returns
+// Wait where a step would wait (ex.step is then where to resume), a
+// step's Respond (ex.step is then end: the decision is final), or Pass
+// once every step before end has passed.
+func (ex *Exchange) runSteps(end decideStep) Verdict {
+	for ex.step < end {
 		var v Verdict
 		var done bool
 		switch ex.step {
@@ -398,12 +387,20 @@ func (ex *Exchange) DecideHead() Verdict {
 			v, done = ex.rateLimitRemote()
 		case stepDeclaredSize:
 			v, done = ex.declaredTooLarge()
+		case stepIdempotency:
+			v, done = ex.idempotency()
+		case stepIdempotencyWait:
+			v, done = ex.reserveAgain()
+		case stepCache:
+			v, done = ex.decideCache()
+		case stepCacheWait:
+			v, done = ex.lookup()
 		}
 		if v == Wait {
 			return Wait
 		}
 		if done && v == Respond {
-			ex.step = stepIdempotency // final
+			ex.step = end
 			return v
 		}
 		ex.step = ex.step.next()

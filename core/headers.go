@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/jsonstring"
 	"github.com/preforkd/preforkd/internal/textvalue"
 )
 
@@ -280,7 +281,7 @@ func refusalProblem(refusing *hit, hits []hit, buf []byte) (Problem, []byte) {
 				if n > 0 {
 					buf = append(buf, ',')
 				}
-				buf = appendJSONString(buf, hits[i].r.name)
+				buf = jsonstring.Append(buf, hits[i].r.name, jsonstring.Replace)
 				n++
 			}
 		}

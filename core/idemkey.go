@@ -1,5 +1,7 @@
 package core
 
+import "github.com/preforkd/preforkd/internal/httpfield"
+
 // MaxKeyLen is the longest idempotency key accepted, in bytes (after an
 // sf-string's escapes are resolved).
 const MaxKeyLen = 255
@@ -39,7 +41,7 @@ func parseKey(dst []byte, first string, lines int) ([]byte, keyProblem) {
 	case lines > 1:
 		return dst, keyRepeated
 	}
-	v := trimOWS(first)
+	v := httpfield.TrimOWS(first)
 	if v == "" {
 		return dst, keyEmpty
 	}
@@ -87,7 +89,7 @@ func parseKey(dst []byte, first string, lines int) ([]byte, keyProblem) {
 		}
 		dst = append(dst, c)
 	}
-	if rest := trimOWS(v[i:]); rest != "" {
+	if rest := httpfield.TrimOWS(v[i:]); rest != "" {
 		if rest[0] == ',' {
 			return dst[:start], keyRepeated
 		}
@@ -97,15 +99,4 @@ func parseKey(dst []byte, first string, lines int) ([]byte, keyProblem) {
 		return dst, keyEmpty
 	}
 	return dst, keyOK
-}
-
-// trimOWS drops the optional whitespace (SP, HTAB) around a field value.
-func trimOWS(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }

@@ -49,6 +49,9 @@ func TestNoWaitDuplicate(t *testing.T) {
 
 	dup := c.Begin(req())
 	dup.NoWait(true)
+	if v := dup.DecideHead(); v != core.Pass {
+		t.Fatalf("a duplicate's head: %v, want Pass (its key is Decide's to look up)", v)
+	}
 	if v := dup.Decide(); v != core.Wait {
 		t.Fatalf("a duplicate of an original in flight: %v, want Wait", v)
 	}

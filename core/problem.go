@@ -3,6 +3,8 @@ package core
 import (
 	"net/http"
 	"strconv"
+
+	"github.com/preforkd/preforkd/internal/jsonstring"
 )
 
 // Problem is an RFC 9457 problem+json answer: every answer of preforkd's
@@ -48,23 +50,20 @@ func (p *Problem) AppendJSON(dst []byte) []byte {
 		title = http.StatusText(p.Status)
 	}
 	dst = append(dst, `{"type":`...)
-	dst = appendJSONString(dst, typ)
+	dst = jsonstring.Append(dst, typ, jsonstring.Replace)
 	dst = append(dst, `,"title":`...)
-	dst = appendJSONString(dst, title)
+	dst = jsonstring.Append(dst, title, jsonstring.Replace)
 	dst = append(dst, `,"status":`...)
 	dst = strconv.AppendInt(dst, int64(p.Status), 10)
 	dst = append(dst, `,"detail":`...)
 	if p.DetailText != nil {
-		dst = append(dst, '"')
-		dst = appendJSONText(dst, p.DetailText)
-		dst = append(dst, '"')
+		dst = jsonstring.Append(dst, p.DetailText, jsonstring.Replace)
 	} else {
-		dst = appendJSONString(dst, p.Detail)
+		dst = jsonstring.Append(dst, p.Detail, jsonstring.Replace)
 	}
 	if p.RequestID != nil {
-		dst = append(dst, `,"request_id":"`...)
-		dst = appendJSONText(dst, p.RequestID)
-		dst = append(dst, '"')
+		dst = append(dst, `,"request_id":`...)
+		dst = jsonstring.Append(dst, p.RequestID, jsonstring.Replace)
 	}
 	dst = append(dst, p.Extra...)
 	return append(dst, "}\n"...)
@@ -96,31 +95,3 @@ var (
 	valNoStore     = []byte("no-store")
 	valNoSniff     = []byte("nosniff")
 )
-
-// appendJSONString appends s as a JSON string.
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	dst = appendJSONText(dst, s)
-	return append(dst, '"')
-}
-
-// appendJSONText appends s escaped for the inside of a JSON string. Bytes
-// outside printable ASCII become '?': what the core puts in a problem
-// (rule names, header names) is ASCII, and a broken UTF-8 sequence must
-// never reach a client's JSON parser.
-func appendJSONText[S string | []byte](dst []byte, s S) []byte {
-	const hex = "0123456789abcdef"
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			dst = append(dst, '\\', c)
-		case c < 0x20:
-			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		case c > 0x7e:
-			dst = append(dst, '?')
-		default:
-			dst = append(dst, c)
-		}
-	}
-	return dst
-}

@@ -61,6 +61,28 @@ func TestFamilyNames(t *testing.T) {
 	}
 }
 
+// The duration histograms' buckets are a contract (dashboards and alerts
+// name them): the same ladder from 1ms to 60s for a request and for its
+// upstream, so that the two read against each other bucket by bucket.
+func TestDurationBuckets(t *testing.T) {
+	const want = "0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30 60 +Inf"
+	var p Text
+	var s Snapshot
+	Read(statRegion(t, 1), &s)
+	s.AppendFamilies(&p, nil)
+	for _, name := range []string{"preforkd_http_request_duration_seconds", "preforkd_upstream_response_duration_seconds"} {
+		var les []string
+		for line := range strings.Lines(string(p.Bytes())) {
+			if le, ok := strings.CutPrefix(line, name+`_bucket{le="`); ok {
+				les = append(les, le[:strings.IndexByte(le, '"')])
+			}
+		}
+		if got := strings.Join(les, " "); got != want {
+			t.Errorf("%s buckets: %s, want %s", name, got, want)
+		}
+	}
+}
+
 // Counting lands where reading looks, for fixed and per-rule families and
 // histograms, and a rule beyond the rows' room is not counted.
 func TestRowAndSnapshot(t *testing.T) {

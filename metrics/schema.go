@@ -158,7 +158,7 @@ var families = [numFamilies]spec{
 		label: "code", values: codeValues(),
 		hist:     "preforkd_http_request_duration_seconds",
 		histHelp: "Time from reading a request to handing its response over (a streamed body may go on after).",
-		bounds:   []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}, // µs
+		bounds:   durationBounds,
 		per:      1e6,
 	},
 	UpstreamErrors: {
@@ -224,7 +224,7 @@ var families = [numFamilies]spec{
 	UpstreamDuration: {
 		name: "preforkd_upstream_response_duration_seconds", kind: histogram,
 		help:   "Time from forwarding a request to the upstream to its response header, or to its failure (as the access log's upstream_time). Only forwarded requests: not preforkd's own answers, not cache hits.",
-		bounds: []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}, // µs
+		bounds: durationBounds,
 		per:    1e6,
 	},
 	Connections: {
@@ -245,6 +245,11 @@ var families = [numFamilies]spec{
 		help: "Garbage collections each worker process ran, by worker index (its process's own count: a replaced worker starts again from 0), written by the worker every second.",
 	},
 }
+
+// durationBounds are the buckets of the duration histograms, in µs (1ms
+// to 60s): the same for a request and for its upstream, so that the two
+// can be read against each other bucket by bucket.
+var durationBounds = []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}
 
 func codeValues() []string {
 	v := make([]string, 0, maxCode-minCode+2)

@@ -5,6 +5,8 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
+
+	"github.com/preforkd/preforkd/internal/httpfield"
 )
 
 // The parsers of the response cache: Cache-Control (RFC 9111 §5.2), Vary
@@ -146,7 +148,7 @@ func ParseAge(lines []string) (seconds int64, ok bool) {
 		return 0, false
 	}
 	first, _, _ := strings.Cut(lines[0], ",")
-	first = trimOWS(first)
+	first = httpfield.TrimOWS(first)
 	if first == "" {
 		return 0, false
 	}
@@ -166,7 +168,7 @@ func ParseAge(lines []string) (seconds int64, ok bool) {
 func ParseVary(lines []string) (names []string, star bool) {
 	for _, line := range lines {
 		for f := range strings.SplitSeq(line, ",") {
-			f = trimOWS(f)
+			f = httpfield.TrimOWS(f)
 			switch {
 			case f == "":
 			case f == "*":
@@ -221,7 +223,7 @@ func AppendTags(dst []string, lines []string) (_ []string, ok bool) {
 // sides). An entity-tag is W/? and a quoted opaque-tag, which may hold
 // commas; list elements that are not entity-tags are skipped.
 func ETagMatch(lines []string, etag string) bool {
-	want, ok := opaqueTag(trimOWS(etag))
+	want, ok := opaqueTag(httpfield.TrimOWS(etag))
 	if !ok {
 		return false
 	}
@@ -267,23 +269,12 @@ func opaqueTag(etag string) (string, bool) {
 	return etag[1 : len(etag)-1], true
 }
 
-// trimOWS drops the optional whitespace (SP, HTAB) around a field value.
-func trimOWS(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
-}
-
 // SameTag reports whether two entity-tags have the same opaque-tag,
 // whether either is weak: a 304 that names another tag than the stored
 // response's does not validate it (RFC 9111 §4.3.4).
 func SameTag(a, b string) bool {
-	ta, ok1 := opaqueTag(trimOWS(a))
-	tb, ok2 := opaqueTag(trimOWS(b))
+	ta, ok1 := opaqueTag(httpfield.TrimOWS(a))
+	tb, ok2 := opaqueTag(httpfield.TrimOWS(b))
 	return ok1 && ok2 && ta == tb
 }
 
@@ -293,16 +284,16 @@ func SameTag(a, b string) bool {
 // false for anything else: another unit, several ranges, first after
 // last, a number that is not one.
 func ParseByteRange(v string) (first, last int64, suffix, ok bool) {
-	v = trimOWS(v)
+	v = httpfield.TrimOWS(v)
 	if len(v) < 6 || !equalFold(v[:6], "bytes=") {
 		return 0, 0, false, false
 	}
-	v = trimOWS(v[6:])
+	v = httpfield.TrimOWS(v[6:])
 	a, b, found := strings.Cut(v, "-")
 	if !found || strings.IndexByte(b, ',') >= 0 {
 		return 0, 0, false, false
 	}
-	a, b = trimOWS(a), trimOWS(b)
+	a, b = httpfield.TrimOWS(a), httpfield.TrimOWS(b)
 	num := func(s string) (int64, bool) {
 		if s == "" || len(s) > 18 {
 			return 0, false

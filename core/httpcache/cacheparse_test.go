@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/httpfield"
 )
 
 func TestParseCacheControl(t *testing.T) {
@@ -91,6 +93,7 @@ func TestETagMatch(t *testing.T) {
 		{[]string{`"a"`}, `"a"`, true},
 		{[]string{`W/"a"`}, `"a"`, true},
 		{[]string{`"a"`}, `W/"a"`, true},
+		{[]string{"\t\"x\",\t\"a\"\t"}, `"a"`, true},
 		{[]string{`"x", "a"`}, `"a"`, true},
 		{[]string{`"x"`, `"a"`}, `"a"`, true},
 		{[]string{`"a,b"`}, `"a,b"`, true},
@@ -167,7 +170,7 @@ func FuzzVary(f *testing.F) {
 			t.Fatalf("%q: %q", s, names)
 		}
 		for _, n := range names {
-			if n == "" || n == "*" || strings.Contains(n, ",") || trimOWS(n) != n {
+			if n == "" || n == "*" || strings.Contains(n, ",") || httpfield.TrimOWS(n) != n {
 				t.Fatalf("%q: name %q", s, n)
 			}
 		}
@@ -200,7 +203,7 @@ func FuzzETagMatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, inm, etag string) {
 		got := ETagMatch([]string{inm}, etag)
 		if got && !strings.Contains(inm, "*") {
-			tag, ok := opaqueTag(trimOWS(etag))
+			tag, ok := opaqueTag(httpfield.TrimOWS(etag))
 			if !ok || !strings.Contains(inm, `"`+tag+`"`) {
 				t.Fatalf("%q matched %q", inm, etag)
 			}
@@ -239,6 +242,7 @@ func TestParseByteRange(t *testing.T) {
 		{"bytes=5-", 5, math.MaxInt64, false, true},
 		{"bytes=-5", 0, 5, true, true},
 		{" bytes=2-2", 2, 2, false, true},
+		{"\tbytes=\t2 - 3\t", 2, 3, false, true}, // OWS is SP or HTAB
 		{"bytes=3-1", 0, 0, false, false},
 		{"bytes=0-1,3-4", 0, 0, false, false},
 		{"bytes=-", 0, 0, false, false},

@@ -3,6 +3,8 @@ package httpcache
 import (
 	"strings"
 	"time"
+
+	"github.com/preforkd/preforkd/internal/httpfield"
 )
 
 // Field is one field line of a response, its name in any case.
@@ -222,7 +224,7 @@ func Judge(status int, h []Field, p *Policy, auth bool, wall time.Time, delay ti
 // with: an entity tag, or a Last-Modified date.
 func validator(h []Field, wall time.Time) bool {
 	if etag, n := Only(h, "Etag"); n == 1 {
-		if _, ok := opaqueTag(trimOWS(etag)); ok {
+		if _, ok := opaqueTag(httpfield.TrimOWS(etag)); ok {
 			return true
 		}
 	}

@@ -27,6 +27,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/preforkd/preforkd/internal/tlstest"
 )
 
 // Server is one redis-server started by a test.
@@ -41,6 +43,10 @@ type Server struct {
 	// CAFile is the PEM of the CA that issued the server's certificate,
 	// with Options.TLS.
 	CAFile string
+	// ca issued certFile, the server's certificate (keyFile its key),
+	// with Options.TLS.
+	ca                *tlstest.CA
+	certFile, keyFile string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -83,7 +89,7 @@ func StartWith(tb testing.TB, o Options) *Server {
 	tb.Helper()
 	s := &Server{tb: tb, bin: need(tb, "redis-server"), dir: tb.TempDir(), o: o}
 	if o.TLS {
-		s.CAFile = writeCerts(tb, s.dir)
+		s.makeCerts()
 	}
 	for attempt := 1; ; attempt++ {
 		s.Addr = freeAddr(tb)
@@ -170,7 +176,7 @@ func (s *Server) start() error {
 	if s.o.TLS {
 		args[1] = "0"
 		args = append(args, "--tls-port", port, "--tls-auth-clients", "no",
-			"--tls-cert-file", filepath.Join(s.dir, "server.pem"), "--tls-key-file", filepath.Join(s.dir, "server.key"),
+			"--tls-cert-file", s.certFile, "--tls-key-file", s.keyFile,
 			"--tls-ca-cert-file", s.CAFile)
 	}
 	if s.o.Password != "" {
@@ -245,7 +251,7 @@ func (s *Server) client() *redis.Client {
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
 	if s.o.TLS {
-		o.TLSConfig = &tls.Config{RootCAs: certPool(s.tb, s.CAFile)}
+		o.TLSConfig = &tls.Config{RootCAs: s.ca.Pool}
 	}
 	return redis.NewClient(o)
 }

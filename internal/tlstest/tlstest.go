@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -54,9 +55,10 @@ func NewCA(t testing.TB) *CA {
 
 var serial atomic.Int64
 
-// Leaf makes a certificate for names, signed by the authority, with its
-// serial (so that a renewal is told from the certificate it renews): the
-// chain and the key, PEM.
+// Leaf makes a certificate for names (host names, or IP addresses such
+// as "127.0.0.1"), signed by the authority, with its own serial (so that
+// a renewal is told from the certificate it renews): the chain and the
+// key, PEM.
 func (ca *CA) Leaf(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -66,11 +68,17 @@ func (ca *CA) Leaf(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(100 + serial.Add(1)),
 		Subject:      pkix.Name{CommonName: names[0]},
-		DNSNames:     names,
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -82,6 +90,14 @@ func (ca *CA) Leaf(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// WriteFile writes the authority's certificate, PEM, to path.
+func (ca *CA) WriteFile(t testing.TB, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, ca.PEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Files writes a leaf for names as name.crt and name.key in dir (the key

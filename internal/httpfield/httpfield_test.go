@@ -1,0 +1,25 @@
+package httpfield_test
+
+import (
+	"testing"
+
+	"github.com/preforkd/preforkd/internal/httpfield"
+)
+
+func TestTrimOWS(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"", ""},
+		{"a", "a"},
+		{" \t a b \t ", "a b"},
+		{"\t\t", ""},
+		{"a\t", "a"},
+		{" \ta", "a"},
+		{"\r\na\r\n", "\r\na\r\n"}, // not OWS
+		{"\va\f", "\va\f"},
+		{"\u00a0a", "\u00a0a"}, // nor is a non-ASCII space
+	} {
+		if got := httpfield.TrimOWS(tt.in); got != tt.want {
+			t.Errorf("TrimOWS(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
