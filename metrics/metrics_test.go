@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -311,6 +312,31 @@ func TestIsNearLimit(t *testing.T) {
 	} {
 		if got := IsNearLimit(c.remaining, c.limit); got != c.want {
 			t.Errorf("IsNearLimit(%d, %d) = %v, want %v", c.remaining, c.limit, got, c.want)
+		}
+	}
+}
+
+// The layout tag changes with anything that moves a word of a row: a
+// family added, renamed, reordered, given more words or made per rule.
+func TestLayoutTag(t *testing.T) {
+	var o shm.Options
+	Geometry(&o, 0)
+	if o.StatLayout == 0 || o.StatLayout != tagOf(&families) {
+		t.Fatalf("Geometry's tag %#x", o.StatLayout)
+	}
+	changes := map[string]func(f *[numFamilies]spec){
+		"renamed":   func(f *[numFamilies]spec) { f[HTTPRequests].name += "_x" },
+		"reordered": func(f *[numFamilies]spec) { f[CacheFills], f[CacheWaits] = f[CacheWaits], f[CacheFills] },
+		"a word more": func(f *[numFamilies]spec) {
+			f[UpstreamErrors].values = append(slices.Clone(f[UpstreamErrors].values), "x")
+		},
+		"per rule": func(f *[numFamilies]spec) { f[UpstreamErrors].perRule = true },
+	}
+	for name, change := range changes {
+		f := families
+		change(&f)
+		if tagOf(&f) == o.StatLayout {
+			t.Errorf("%s: the same tag", name)
 		}
 	}
 }

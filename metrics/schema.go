@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"encoding/binary"
+	"hash/fnv"
 	"strconv"
 
 	"github.com/preforkd/preforkd/shm"
@@ -286,6 +288,27 @@ type layout struct {
 
 var rowLayout = newLayout()
 
+// layoutTag names rowLayout (shm.Options.StatLayout): a hash of every
+// family's name, kind and words in table order, so that two builds with
+// the same tag read each other's rows alike. Never 0 (unnamed).
+var layoutTag = tagOf(&families)
+
+func tagOf(fams *[numFamilies]spec) uint64 {
+	h := fnv.New64a()
+	var b []byte
+	for f := range numFamilies {
+		s := &fams[f]
+		b = append(b, s.name...)
+		b = append(b, 0, byte(s.kind))
+		if s.perRule {
+			b = append(b, 1)
+		}
+		b = binary.LittleEndian.AppendUint64(b, uint64(s.words()))
+	}
+	h.Write(b)
+	return max(h.Sum64(), 1)
+}
+
 func newLayout() layout {
 	var l layout
 	for f := range numFamilies {
@@ -336,6 +359,7 @@ const (
 // that reloads can add rules (a name keeps its index for the region's
 // life, also once its rule is removed).
 func Geometry(o *shm.Options, rules int) {
+	o.StatLayout = layoutTag
 	names := max(DefaultRules, 4*rules)
 	o.StatNames = names
 	o.StatWords = rowLayout.fixedWords + names*rowLayout.perRuleWords

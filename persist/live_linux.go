@@ -131,7 +131,9 @@ func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm
 	st := r.Counters().Stats()
 	log.Info("persist: live region re-attached", "entries", st.Live, "released", released,
 		"created", r.Created().UTC().Format(time.RFC3339), "region_time", r.Now())
-	if want, err := geo.Size(); err == nil && want != regionSize(r) {
+	// Another size, or statistics rows laid out by another build (whose
+	// counts this one would misread): a new region, the state copied.
+	if want, err := geo.Size(); err == nil && (want != regionSize(r) || r.Geometry().StatLayout != geo.StatLayout) {
 		nr, err := migrate(r, o.Live, geo)
 		if err != nil {
 			log.Warn("persist: live region kept at its old size", "detail", err.Error())

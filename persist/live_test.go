@@ -184,6 +184,47 @@ func TestLiveRegionMigrates(t *testing.T) {
 	}
 }
 
+// A live region left by a build whose statistics rows are laid out
+// otherwise (other metrics) is migrated even at the same size: the state
+// is kept, the rows start afresh rather than being misread.
+func TestLiveRegionMigratesAnotherStatLayout(t *testing.T) {
+	o := liveOptions(t)
+	geo := shm.Options{Counters: 64, MaxWorkers: 8, StatWords: 16, StatLayout: 1}
+	r, lock, _, err := OpenRegion(o, geo, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetNow(t1)
+	exhaust(t, r, "c")
+	if err := r.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	r.StatRow()[3] = 7 // a count as the old build laid it out
+	if r.StatTotal(3) != 7 {
+		t.Fatal("the count is not in the rows")
+	}
+	r.Close()
+	lock.Unlock()
+
+	geo.StatLayout = 2
+	log, lines := logBuf()
+	r2, lock2, reattached, err := OpenRegion(o, geo, log)
+	if err != nil || !reattached {
+		t.Fatal(reattached, err)
+	}
+	defer lock2.Unlock()
+	defer r2.Close()
+	if !strings.Contains(lines.String(), "migrated") || r2.Geometry().StatLayout != 2 {
+		t.Fatalf("not migrated (layout %d):\n%s", r2.Geometry().StatLayout, lines)
+	}
+	if d := limiter(t, r2, login).Allow("c", r2.Now()); d.Allowed {
+		t.Fatal("count lost in the migration")
+	}
+	if got := r2.StatTotal(3); got != 0 {
+		t.Fatalf("the old build's row word read by the new one: %d", got)
+	}
+}
+
 func TestOpenRegionWithoutLive(t *testing.T) {
 	r, lock, reattached, err := OpenRegion(Options{}, shm.Options{Counters: 64, MaxWorkers: 8}, nil)
 	if err != nil || lock != nil || reattached || r.File() == nil {

@@ -156,9 +156,8 @@ func Run(ctx context.Context, opts Options) error {
 // running, n draining after a reload, one successor and one spare.
 func minMaxWorkers(n int) int { return 2*n + 2 }
 
-// newRegion creates the shared region before any worker exists, with room
-// for n workers and a reload's overlap.
-func newRegion(opts Options, n int) (*shm.Region, error) {
+// regionOptions is the geometry of the region for n workers.
+func regionOptions(opts Options, n int) shm.Options {
 	o := opts.Region
 	o.MaxWorkers = max(o.MaxWorkers, minMaxWorkers(n))
 	if o.StatWords == 0 {
@@ -166,6 +165,13 @@ func newRegion(opts Options, n int) (*shm.Region, error) {
 		// of package core, need rows in the region.
 		metrics.Geometry(&o, 0)
 	}
+	return o
+}
+
+// newRegion creates the shared region before any worker exists, with room
+// for n workers and a reload's overlap.
+func newRegion(opts Options, n int) (*shm.Region, error) {
+	o := regionOptions(opts, n)
 	if opts.NewRegion == nil {
 		return shm.Create(o)
 	}

@@ -104,7 +104,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 
 	var region *shm.Region
 	if inherited != nil {
-		region, err = inherited.attach(n)
+		region, err = inherited.attach(n, regionOptions(opts, n).StatLayout)
 	} else {
 		region, err = newRegion(opts, n)
 	}

@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -92,11 +93,20 @@ func (in *inheritance) listen() (net.Listener, error) {
 }
 
 // attach maps the inherited region and checks that it has room for n
-// workers beside the old supervisor's.
-func (in *inheritance) attach(n int) (*shm.Region, error) {
+// workers beside the old supervisor's, and that this build reads its
+// statistics rows as the old one writes them: the canary is judged by
+// them, and the metrics read from them.
+// statLayout is what this build's own region would be tagged with
+// (regionOptions).
+func (in *inheritance) attach(n int, statLayout uint64) (*shm.Region, error) {
 	r, err := shm.Attach(in.region)
 	if err != nil {
 		return nil, fmt.Errorf("prefork: the inherited region: %w", err)
+	}
+	if r.Geometry().StatLayout != statLayout {
+		r.Close()
+		return nil, errors.New("prefork: the inherited region's statistics rows are laid out by a build with other metrics: " +
+			"this upgrade needs a restart (the old supervisor serves on; a restart keeps the state through its dump)")
 	}
 	if free := r.Geometry().MaxWorkers - len(in.oldIndexes); free < n {
 		r.Close()

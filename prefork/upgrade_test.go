@@ -3,11 +3,15 @@
 package prefork
 
 import (
+	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/shm"
 )
 
 // upgradeFake records the seam's upgrade calls.
@@ -187,5 +191,43 @@ func TestUpgradeInherits(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(f.notes, ","), "WATCHDOG=1") {
 		t.Error("no watchdog")
+	}
+}
+
+// A binary upgrade to a build whose statistics rows are laid out
+// otherwise (other metrics) is refused: it would judge its canary and
+// serve metrics from rows it misreads. The same layout is taken.
+func TestUpgradeRefusesAnotherStatLayout(t *testing.T) {
+	want := regionOptions(Options{}, 1)
+	for _, tc := range []struct {
+		name   string
+		layout uint64
+		ok     bool
+	}{
+		{"this build's", want.StatLayout, true},
+		{"another build's", want.StatLayout + 1, false},
+		{"a build without tags", 0, false},
+	} {
+		o := want
+		o.StatLayout = tc.layout
+		old, err := shm.Create(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", old.File().Fd()), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := (&inheritance{region: f}).attach(1, want.StatLayout)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "needs a restart")):
+			t.Errorf("%s: attached (%v)", tc.name, err)
+		}
+		if r != nil {
+			r.Close()
+		}
+		old.Close()
 	}
 }

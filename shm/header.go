@@ -53,6 +53,7 @@ func (r *Region) format(o Options) error {
 	r.store(hStatNames, uint64(o.StatNames))
 	r.store(hStatGates, uint64(o.StatGates))
 	r.store(hStatGauges, uint64(o.StatGauges))
+	r.store(hStatLayout, o.StatLayout)
 	r.store(hTags, uint64(o.Tags))
 	r.store(hSeed1, s1)
 	r.store(hSeed2, s2)
@@ -100,6 +101,7 @@ func (r *Region) load() error {
 		StatNames:     int(r.word(hStatNames)),
 		StatGates:     int(r.word(hStatGates)),
 		StatGauges:    int(r.word(hStatGauges)),
+		StatLayout:    r.word(hStatLayout),
 		Tags:          int(r.word(hTags)),
 	}
 	n, err := o.normalize()

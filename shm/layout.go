@@ -95,6 +95,7 @@ const (
 	hURLPurges         = 288 // URL generations bumped (purges and invalidations)
 	hOffAddrAccounts   = 296
 	hStatGauges        = 304 // the first caller's words of a row that are gauges (a reap drops them)
+	hStatLayout        = 312 // the caller's name for the layout of its words in a row (Options.StatLayout)
 )
 
 const byteOrderMark = 0x0102030405060708
@@ -209,6 +210,12 @@ type Options struct {
 	// open now), which a reap drops instead of folding them into the
 	// retired row as it does counters. At most StatWords; 0 means none.
 	StatGauges int
+	// StatLayout is the caller's name for what its words of a row mean
+	// (package metrics: a hash of its families), kept in the header so
+	// that a program attaching the region of another build (a binary
+	// upgrade) can tell whether it reads the rows as they are written.
+	// shm only keeps it. 0 means unnamed.
+	StatLayout uint64
 }
 
 // blocks is the number of response blocks of normalized options.
