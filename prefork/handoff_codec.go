@@ -2,6 +2,7 @@ package prefork
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -12,11 +13,13 @@ import (
 // Payload's bytes as they are. Text of our own rather than encoding/json:
 // the handoff is all of prefork that would need a reflecting encoder, and
 // a program that embeds prefork should not link one for ten numbers.
-// Workers run the supervisor's own executable (spawn_linux.go), so both
-// ends always know the same fields; a name one end does not know is still
-// refused rather than passed over, so that a field left out of
-// handoffFields cannot go unnoticed (TestSettingsHandoffRoundTrip fills
-// every field).
+// A reload's workers run the binary on disk (spawn_linux.go), which may
+// be a build newer than the supervisor's: a name the worker does not know
+// is passed over, and one it knows but is not sent keeps its zero value
+// (the default), as they were with JSON. Settings from a supervisor of a
+// build that still sent JSON are refused with a message saying so.
+// TestSettingsHandoffRoundTrip fills every field, so that one left out of
+// handoffFields fails it.
 
 // handoffField is one field of Settings sent to workers: a pointer to it
 // in one Settings value.
@@ -70,6 +73,9 @@ func (s Settings) appendHandoff(b []byte) []byte {
 // parseHandoff decodes what appendHandoff wrote.
 func parseHandoff(b []byte) (Settings, error) {
 	var s Settings
+	if len(b) > 0 && b[0] == '{' {
+		return Settings{}, errors.New("the supervisor is of an older build (its settings are JSON): restart the service to run this one")
+	}
 	fields := handoffFields(&s)
 	for {
 		line, rest, ok := bytes.Cut(b, []byte{'\n'})
@@ -86,7 +92,7 @@ func parseHandoff(b []byte) (Settings, error) {
 			i++
 		}
 		if i == len(fields) {
-			return Settings{}, fmt.Errorf("unknown field %q", name)
+			continue // a field of another build
 		}
 		if err := parseHandoffValue(fields[i].ptr, string(value)); err != nil {
 			return Settings{}, fmt.Errorf("%s: %w", name, err)

@@ -82,13 +82,17 @@ func TestSettingsHandoffRefusesDamage(t *testing.T) {
 	if s, err := parseHandoff(good); err != nil || s.MaxRequests != 5 || string(s.Payload) != "x" {
 		t.Fatalf("the good encoding: %+v, %v", s, err)
 	}
+	// A field of another build is passed over; one not sent is zero.
+	if s, err := parseHandoff([]byte("max_workers 5\nmax_requests 7\n\n")); err != nil || s.MaxRequests != 7 || s.MaxRSS != 0 {
+		t.Fatalf("with a field of another build: %+v, %v", s, err)
+	}
 	for _, bad := range []string{
 		"",                            // nothing
 		"max_requests 5\n",            // no end to the fields
 		"max_requests five\n\n",       // not a number
 		"max_requests\n\n",            // no value
 		"canary_inconclusive 300\n\n", // out of range
-		"max_workers 5\n\n",           // a field this build does not know
+		`{"ShutdownTimeout":1}`,       // JSON, from an older supervisor
 		"canary_off maybe\n\npayload", // not a bool
 	} {
 		if s, err := parseHandoff([]byte(bad)); err == nil {

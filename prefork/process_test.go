@@ -3,6 +3,7 @@
 package prefork
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
@@ -637,7 +638,7 @@ func TestNotifyAbstractSocket(t *testing.T) {
 // exits 0 on its own. This worker is started by hand, without Pdeathsig, so
 // that only the lifeline can tell it.
 func TestWorkerExitsAtLifelineEOF(t *testing.T) {
-	region, err := shm.Create(shm.Options{Counters: 64, MaxWorkers: 4})
+	region, err := shm.Create(regionOptions(Options{Region: shm.Options{Counters: 64, MaxWorkers: 4}}, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -909,4 +910,65 @@ func (l *loops) last() outcome {
 		}
 	}
 	return outcome{}
+}
+
+// A worker of a build whose statistics rows are laid out otherwise than
+// its supervisor's region (a reload that started a newer binary with
+// other metrics) exits before it serves, saying why: its counts would be
+// misread, the canary judged by them.
+func TestWorkerRefusesAnotherStatLayout(t *testing.T) {
+	o := regionOptions(Options{Region: shm.Options{Counters: 64, MaxWorkers: 4}}, 1)
+	o.StatLayout++
+	region, err := shm.Create(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	_, lnFile := workerListener(t)
+	settings, err := testConfig(1).Settings.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile, err := settingsFile(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cfgFile.Close()
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lifeW.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readyR.Close()
+	var stderr bytes.Buffer
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Env = append(workerEnviron(os.Environ(), 1), envWorker+"=2")
+	cmd.Stderr = &stderr
+	cmd.ExtraFiles = []*os.File{region.File(), lnFile, lifeR, readyW, cfgFile}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lifeR.Close()
+	readyW.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(stderr.String(), "restart the service to run it") {
+			t.Fatalf("the worker exited with %v:\n%s", err, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("the worker serves under a region of another layout")
+	}
+	if n, _ := readyR.Read(make([]byte, 1)); n != 0 {
+		t.Error("the worker reported ready")
+	}
+	if w := region.Workers(); len(w) != 0 {
+		t.Errorf("the worker joined the region: %+v", w)
+	}
 }

@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -169,6 +170,15 @@ func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listene
 	region, err := shm.Attach(os.NewFile(fdRegion, "region"))
 	if err != nil {
 		return nil, nil, err
+	}
+	// A reload starts the binary on disk: a newer build than the
+	// supervisor's, whose statistics rows may mean other things. Its
+	// counts would be misread (the canary judged by them), so it does not
+	// serve.
+	if want := regionOptions(opts, 0).StatLayout; region.Geometry().StatLayout != want {
+		region.Close()
+		return nil, nil, errors.New("prefork: this build lays out the region's statistics rows otherwise than the supervisor's (other metrics): " +
+			"it cannot serve under that supervisor; restart the service to run it")
 	}
 	if err := region.Join(index); err != nil {
 		return nil, nil, err
