@@ -107,11 +107,10 @@ for r in $(seq "$ROUNDS"); do
 		measure "nginx proxy_cache" "http://127.0.0.1:$((PORT + 1))/page.html"
 		measure "preforkd cache" "http://127.0.0.1:$PORT/page.html"
 	fi
-	ratios+=("$(awk -v a="${rps[preforkd cache]}" -v b="${rps[nginx proxy_cache]}" 'BEGIN { printf "%.2f", a / b }')")
+	ratios+=("$(ratio "${rps[preforkd cache]}" "${rps[nginx proxy_cache]}")")
 done
 
 echo
-median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }')
-awk -v r="$median" -v rounds="${ratios[*]}" 'BEGIN {
+awk -v r="$(median "${ratios[@]}")" -v rounds="${ratios[*]}" 'BEGIN {
 	printf "%-44s %-16s %6.2f   >= 1.00 %s\n", "preforkd cache hit / nginx proxy_cache hit", rounds, r, (r >= 1.0 ? "met" : "MISSED")
 }'

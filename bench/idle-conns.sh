@@ -110,9 +110,8 @@ echo "$N idle keep-alive connections, $WORKERS workers each, $(nproc) CPUs, load
 ratios=()
 for r in $(seq "$ROUNDS"); do
 	if [ $((r % 2)) = 1 ]; then run_preforkd; run_nginx; else run_nginx; run_preforkd; fi
-	ratios+=("$(awk -v a="${perconn[preforkd proxy rules=on]}" -v b="${perconn[nginx proxy_pass+limit_req]}" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')")
+	ratios+=("$(ratio "${perconn[preforkd proxy rules=on]}" "${perconn[nginx proxy_pass+limit_req]}")")
 	echo "  round $r: preforkd / nginx per connection ${ratios[-1]}"
 done
-median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }')
 echo
-printf '%-56s %8s %8s %s\n' "idle connection: preforkd / nginx (median of $ROUNDS)" "$median" "<= 1.5" "$(awk -v r="$median" 'BEGIN { print (r <= 1.5 ? "met" : "MISSED") }')"
+atmost "idle connection: preforkd / nginx (median of $ROUNDS)" "$(median "${ratios[@]}")" 1.5

@@ -97,3 +97,24 @@ EOF
 # Location bodies for nginx_conf: the upstream's answer, and a proxy to it.
 static='default_type text/plain; return 200 "hello\n";'
 proxy_pass='proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";'
+
+# ratio a b: a / b to two decimals, n/a when b is not above zero.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+# verdict ratio target [at-least|at-most]: met, MISSED, or n/a for a
+# ratio that is n/a; at-least unless told.
+verdict() {
+	awk -v r="$1" -v t="$2" -v d="${3:-at-least}" 'BEGIN {
+		if (r == "n/a") print "n/a"
+		else if ((d == "at-least" && r + 0 >= t) || (d == "at-most" && r + 0 <= t)) print "met"
+		else print "MISSED"
+	}'
+}
+
+# atleast / atmost label ratio target: a row of the ratio table (its head
+# is printf '%-56s %8s %8s %s\n' "ratio" "value" "target" "").
+atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" at-least)"; }
+atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
+
+# median number...: the middle one, or the mean of the middle two.
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }

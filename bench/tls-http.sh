@@ -108,9 +108,6 @@ measure_wrk "nginx TLS new handshakes" "$url" "Connection: close"
 measure_h2 "nginx HTTP/2" "$url"
 stop "$pid"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-verdict() { awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a") print "n/a"; else if (r + 0 >= t) print "met"; else print "MISSED" }'; }
-atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3")"; }
 echo
 printf '%-56s %8s %8s %s\n' "ratio" "value" "target" ""
 atleast "TLS keep-alive: preforkd / nginx" "$(ratio "${rate[preforkd TLS keep-alive]}" "${rate[nginx TLS keep-alive]}")" 0.90
