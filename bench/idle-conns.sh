@@ -71,34 +71,7 @@ run_preforkd() {
 
 run_nginx() {
 	local dir=$tmp/nginx
-	mkdir -p "$dir"
-	cat >"$dir/nginx.conf" <<CONF
-worker_processes $WORKERS;
-worker_rlimit_nofile 40000;
-pid $dir/nginx.pid;
-error_log $dir/error.log;
-daemon off;
-events { worker_connections 30000; }
-http {
-	access_log off;
-	keepalive_requests 1000000;
-	keepalive_timeout 600s;
-	client_body_temp_path $dir/body;
-	proxy_temp_path $dir/proxy;
-	fastcgi_temp_path $dir/fastcgi;
-	uwsgi_temp_path $dir/uwsgi;
-	scgi_temp_path $dir/scgi;
-	limit_req_zone \$binary_remote_addr zone=all:10m rate=10000000r/s;
-	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
-	server {
-		listen 127.0.0.1:$((PORT + 1));
-		location / {
-			limit_req zone=all burst=1000000 nodelay;
-			$proxy_pass
-		}
-	}
-}
-CONF
+	nginx_conf "$dir" "$WORKERS" $((PORT + 1)) "$proxy_pass" on nofile=40000 conns=30000 keepalive=600s
 	nginx -c "$dir/nginx.conf" -p "$dir" &
 	local pid=$!
 	pids+=("$pid")

@@ -1,5 +1,6 @@
-# Shared by the wrk benchmarks (http.sh, redis-http.sh, cache-http.sh,
-# cpu-per-request.sh), sourced first as
+# Shared by the benchmark scripts (http.sh, loop.sh, idle-conns.sh,
+# redis-http.sh, cache-http.sh, cpu-per-request.sh, tls-http.sh), sourced
+# first as
 #
 #   . "$(dirname "$0")/lib.sh" DURATION PORT
 #
@@ -57,41 +58,78 @@ to_ms() {
 	}'
 }
 
-# nginx_conf dir workers listen-port location-body [limit on|off]: an
-# nginx.conf with everything in dir; upstream "app" is 127.0.0.1:
-# $UPSTREAM_PORT, and limit on adds a limit_req that never refuses.
-nginx_conf() {
-	local dir=$1 zone="" limit=""
+# nginx_http dir workers http-body [knob...]: an nginx.conf with
+# everything in dir (pid, logs, temporary files) and http-body inside
+# http { }. The knobs: nofile=N (worker_rlimit_nofile), conns=N
+# (worker_connections, 4096 unless given), keepalive=T
+# (keepalive_timeout, nginx's own unless given).
+nginx_http() {
+	local dir=$1 workers=$2 body=$3 knob main="" conns=4096 http=""
+	shift 3
+	for knob; do
+		case $knob in
+		nofile=*) main="worker_rlimit_nofile ${knob#*=};" ;;
+		conns=*) conns=${knob#*=} ;;
+		keepalive=*) http="keepalive_timeout ${knob#*=};" ;;
+		*) echo "$me: nginx_http: unknown knob $knob" >&2; return 1 ;;
+		esac
+	done
 	mkdir -p "$dir"
-	if [ "${5:-off}" = on ]; then
-		zone='limit_req_zone $binary_remote_addr zone=all:10m rate=10000000r/s;'
-		limit='limit_req zone=all burst=1000000 nodelay;'
-	fi
 	cat >"$dir/nginx.conf" <<EOF
-worker_processes $2;
+worker_processes $workers;
+$main
 pid $dir/nginx.pid;
 error_log $dir/error.log;
 daemon off;
-events { worker_connections 4096; }
+events { worker_connections $conns; }
 http {
 	access_log off;
 	keepalive_requests 1000000;
+	$http
 	client_body_temp_path $dir/body;
 	proxy_temp_path $dir/proxy;
 	fastcgi_temp_path $dir/fastcgi;
 	uwsgi_temp_path $dir/uwsgi;
 	scgi_temp_path $dir/scgi;
-	$zone
-	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
-	server {
-		listen 127.0.0.1:$3;
-		location / {
-			$limit
-			$4
-		}
-	}
+	$body
 }
 EOF
+}
+
+# nginx_conf dir workers listen-port location-body [limit on|off]
+# [knob...]: an nginx.conf (nginx_http) with one server on 127.0.0.1:
+# listen-port and one location; upstream "app" is 127.0.0.1:
+# $UPSTREAM_PORT, and limit on adds a limit_req that never refuses.
+# Besides nginx_http's knobs, tls=DIR listens with TLS and HTTP/2, with
+# DIR/cert.pem and DIR/key.pem and a shared session cache.
+nginx_conf() {
+	local dir=$1 workers=$2 listen="127.0.0.1:$3" location=$4 http="" limit="" tls="" knob knobs=()
+	if [ "${5:-off}" = on ]; then
+		http='limit_req_zone $binary_remote_addr zone=all:10m rate=10000000r/s;'
+		limit='limit_req zone=all burst=1000000 nodelay;'
+	fi
+	shift $(($# < 5 ? $# : 5))
+	for knob; do
+		case $knob in
+		tls=*)
+			# (nginx 1.25.1 and later prefer "http2 on;", and take this with a warning)
+			listen+=" ssl http2"
+			http="${http:+$http }ssl_session_cache shared:SSL:10m;"
+			tls="ssl_certificate ${knob#*=}/cert.pem; ssl_certificate_key ${knob#*=}/key.pem;"
+			;;
+		*) knobs+=("$knob") ;;
+		esac
+	done
+	nginx_http "$dir" "$workers" "$http
+	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
+	server {
+		listen $listen;
+		$tls
+		location / {
+			$limit
+			$location
+		}
+	}" "${knobs[@]}"
 }
 
 # Location bodies for nginx_conf: the upstream's answer, and a proxy to it.

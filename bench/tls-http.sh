@@ -73,32 +73,7 @@ measure_h2 "preforkd HTTP/2" "$url"
 stop "$pid"
 
 # nginx: the same certificate, workers and upstream.
-mkdir -p "$tmp/edge"
-cat >"$tmp/edge/nginx.conf" <<CONF
-worker_processes $WORKERS;
-pid $tmp/edge/nginx.pid;
-error_log $tmp/edge/error.log;
-daemon off;
-events { worker_connections 4096; }
-http {
-	access_log off;
-	keepalive_requests 1000000;
-	client_body_temp_path $tmp/edge/body;
-	proxy_temp_path $tmp/edge/proxy;
-	fastcgi_temp_path $tmp/edge/fastcgi;
-	uwsgi_temp_path $tmp/edge/uwsgi;
-	scgi_temp_path $tmp/edge/scgi;
-	ssl_session_cache shared:SSL:10m;
-	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
-	server {
-		# (nginx 1.25.1 and later prefer "http2 on;", and take this with a warning)
-		listen 127.0.0.1:$PORT ssl http2;
-		ssl_certificate $tmp/cert.pem;
-		ssl_certificate_key $tmp/key.pem;
-		location / { $proxy_pass }
-	}
-}
-CONF
+nginx_conf "$tmp/edge" "$WORKERS" "$PORT" "$proxy_pass" off tls="$tmp"
 nginx -c "$tmp/edge/nginx.conf" -p "$tmp/edge" &
 pid=$!
 pids+=("$pid")
