@@ -17,7 +17,7 @@ N=${N:-10000}
 ROUNDS=${ROUNDS:-2}
 
 go build -o "$tmp/preforkd" ./cmd/preforkd
-go build -o "$tmp/idleconns" ./bench/cmd/idleconns
+go -C bench build -o "$tmp/idleconns" ./cmd/idleconns # bench/ is a module of its own
 
 # rss PID...: the resident memory of the processes, in KiB.
 rss() {
