@@ -34,9 +34,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_up() { # url
+wait_up() { # url [curl-option...], such as -k for a self-signed certificate
 	for _ in $(seq 100); do
-		curl -s -o /dev/null "$1" && return 0
+		curl -s -o /dev/null "${@:2}" "$1" && return 0
 		sleep 0.1
 	done
 	echo "$me: $1 did not come up" >&2

@@ -42,6 +42,16 @@ measure_h2() { # name url
 	codes=$(awk '/^status codes:/ {print $3, $4, $5, $6, $7, $8, $9, $10}' <<<"$out")
 	printf '%-36s %12s req/s   %s\n' "$1" "${rate[$1]}" "$codes"
 }
+# contender NAME PID: the server PID, just started in the background,
+# once it answers on url: measured the three ways, then stopped.
+contender() {
+	pids+=("$2")
+	wait_up "$url" -k
+	measure_wrk "$1 TLS keep-alive" "$url"
+	measure_wrk "$1 TLS new handshakes" "$url" "Connection: close"
+	measure_h2 "$1 HTTP/2" "$url"
+	stop "$2"
+}
 
 echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, h2load -c$CONNS -m10 -D$DURATION, $WORKERS workers each, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -64,24 +74,12 @@ cert = "$tmp/cert.pem"
 key = "$tmp/key.pem"
 TOML
 "$tmp/preforkd" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd.log" &
-pid=$!
-pids+=("$pid")
-for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.1; done
-measure_wrk "preforkd TLS keep-alive" "$url"
-measure_wrk "preforkd TLS new handshakes" "$url" "Connection: close"
-measure_h2 "preforkd HTTP/2" "$url"
-stop "$pid"
+contender preforkd $!
 
 # nginx: the same certificate, workers and upstream.
 nginx_conf "$tmp/edge" "$WORKERS" "$PORT" "$proxy_pass" off tls="$tmp"
 nginx -c "$tmp/edge/nginx.conf" -p "$tmp/edge" &
-pid=$!
-pids+=("$pid")
-for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.1; done
-measure_wrk "nginx TLS keep-alive" "$url"
-measure_wrk "nginx TLS new handshakes" "$url" "Connection: close"
-measure_h2 "nginx HTTP/2" "$url"
-stop "$pid"
+contender nginx $!
 
 echo
 printf '%-56s %8s %8s %s\n' "ratio" "value" "target" ""
