@@ -31,35 +31,12 @@ measure() { # name url
 	printf '%-20s %12s req/s   p99 %8s ms   non-2xx: %s\n' "$1" "${rps[$1]}" "${p99[$1]}" "${non2xx:-0}"
 }
 
-# cache_nginx_conf dir workers server-body: an nginx.conf with everything
-# in dir, servers given whole (lib.sh's nginx_conf has one location).
-cache_nginx_conf() {
-	mkdir -p "$1"
-	cat >"$1/nginx.conf" <<CONF
-worker_processes $2;
-pid $1/nginx.pid;
-error_log $1/error.log;
-daemon off;
-events { worker_connections 4096; }
-http {
-	access_log off;
-	keepalive_requests 1000000;
-	client_body_temp_path $1/body;
-	proxy_temp_path $1/proxy;
-	fastcgi_temp_path $1/fastcgi;
-	uwsgi_temp_path $1/uwsgi;
-	scgi_temp_path $1/scgi;
-	$3
-}
-CONF
-}
-
 # The upstream: a 4 KiB file with ETag, Last-Modified and max-age=3600.
 mkdir -p "$tmp/upstream/www"
 head -c 3072 /dev/urandom | base64 -w 0 >"$tmp/upstream/www/page.html"
 chmod 755 "$tmp" "$tmp/upstream" "$tmp/upstream/www" # nginx's workers run as another user
 chmod 644 "$tmp/upstream/www/page.html"
-cache_nginx_conf "$tmp/upstream" 1 "server { listen 127.0.0.1:$UPSTREAM_PORT; root $tmp/upstream/www; expires 1h; }"
+nginx_http "$tmp/upstream" 1 "server { listen 127.0.0.1:$UPSTREAM_PORT; root $tmp/upstream/www; expires 1h; }"
 nginx -c "$tmp/upstream/nginx.conf" -p "$tmp/upstream" &
 pids+=("$!")
 wait_up "http://127.0.0.1:$UPSTREAM_PORT/page.html"
@@ -82,7 +59,7 @@ wait_up "http://127.0.0.1:$PORT/page.html"
 
 # nginx: proxy_cache with its lock, keep-alive to the upstream.
 mkdir -p "$tmp/nginx/cache"
-cache_nginx_conf "$tmp/nginx" "$WORKERS" "
+nginx_http "$tmp/nginx" "$WORKERS" "
 	proxy_cache_path $tmp/nginx/cache levels=1:2 keys_zone=c:10m max_size=100m inactive=60m use_temp_path=off;
 	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
 	server {
@@ -107,11 +84,10 @@ for r in $(seq "$ROUNDS"); do
 		measure "nginx proxy_cache" "http://127.0.0.1:$((PORT + 1))/page.html"
 		measure "preforkd cache" "http://127.0.0.1:$PORT/page.html"
 	fi
-	ratios+=("$(awk -v a="${rps[preforkd cache]}" -v b="${rps[nginx proxy_cache]}" 'BEGIN { printf "%.2f", a / b }')")
+	ratios+=("$(ratio "${rps[preforkd cache]}" "${rps[nginx proxy_cache]}")")
 done
 
 echo
-median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }')
-awk -v r="$median" -v rounds="${ratios[*]}" 'BEGIN {
+awk -v r="$(median "${ratios[@]}")" -v rounds="${ratios[*]}" 'BEGIN {
 	printf "%-44s %-16s %6.2f   >= 1.00 %s\n", "preforkd cache hit / nginx proxy_cache hit", rounds, r, (r >= 1.0 ? "met" : "MISSED")
 }'

@@ -132,18 +132,8 @@ if $have_nginx; then
 	run_nginx "nginx static+limit_req" "$static" on
 fi
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-verdict() { # ratio target at-least|at-most
-	awk -v r="$1" -v t="$2" -v d="$3" 'BEGIN {
-		if (r == "n/a") print "n/a"
-		else if ((d == "at-least" && r + 0 >= t) || (d == "at-most" && r + 0 <= t)) print "met"
-		else print "MISSED"
-	}'
-}
 echo
 printf '%-56s %8s %8s %s\n' "ratio" "value" "target" ""
-atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" at-least)"; }
-atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
 atleast "embedded (net/http): rules on / rules off" "$(ratio "${rps[embedded rules=on]}" "${rps[embedded rules=off]}")" 0.95
 atleast "proxy: rules on / rules off" "$(ratio "${rps[proxy rules=on]}" "${rps[proxy rules=off]}")" 0.95
 atleast "proxy: access log on / off (rules on)" "$(ratio "${rps[proxy rules=on access=on]}" "${rps[proxy rules=on]}")" 0.90

@@ -17,7 +17,7 @@ N=${N:-10000}
 ROUNDS=${ROUNDS:-2}
 
 go build -o "$tmp/preforkd" ./cmd/preforkd
-go build -o "$tmp/idleconns" ./bench/cmd/idleconns
+go -C bench build -o "$tmp/idleconns" ./cmd/idleconns # bench/ is a module of its own
 
 # rss PID...: the resident memory of the processes, in KiB.
 rss() {
@@ -71,34 +71,7 @@ run_preforkd() {
 
 run_nginx() {
 	local dir=$tmp/nginx
-	mkdir -p "$dir"
-	cat >"$dir/nginx.conf" <<CONF
-worker_processes $WORKERS;
-worker_rlimit_nofile 40000;
-pid $dir/nginx.pid;
-error_log $dir/error.log;
-daemon off;
-events { worker_connections 30000; }
-http {
-	access_log off;
-	keepalive_requests 1000000;
-	keepalive_timeout 600s;
-	client_body_temp_path $dir/body;
-	proxy_temp_path $dir/proxy;
-	fastcgi_temp_path $dir/fastcgi;
-	uwsgi_temp_path $dir/uwsgi;
-	scgi_temp_path $dir/scgi;
-	limit_req_zone \$binary_remote_addr zone=all:10m rate=10000000r/s;
-	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
-	server {
-		listen 127.0.0.1:$((PORT + 1));
-		location / {
-			limit_req zone=all burst=1000000 nodelay;
-			$proxy_pass
-		}
-	}
-}
-CONF
+	nginx_conf "$dir" "$WORKERS" $((PORT + 1)) "$proxy_pass" on nofile=40000 conns=30000 keepalive=600s
 	nginx -c "$dir/nginx.conf" -p "$dir" &
 	local pid=$!
 	pids+=("$pid")
@@ -110,9 +83,8 @@ echo "$N idle keep-alive connections, $WORKERS workers each, $(nproc) CPUs, load
 ratios=()
 for r in $(seq "$ROUNDS"); do
 	if [ $((r % 2)) = 1 ]; then run_preforkd; run_nginx; else run_nginx; run_preforkd; fi
-	ratios+=("$(awk -v a="${perconn[preforkd proxy rules=on]}" -v b="${perconn[nginx proxy_pass+limit_req]}" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')")
+	ratios+=("$(ratio "${perconn[preforkd proxy rules=on]}" "${perconn[nginx proxy_pass+limit_req]}")")
 	echo "  round $r: preforkd / nginx per connection ${ratios[-1]}"
 done
-median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }')
 echo
-printf '%-56s %8s %8s %s\n' "idle connection: preforkd / nginx (median of $ROUNDS)" "$median" "<= 1.5" "$(awk -v r="$median" 'BEGIN { print (r <= 1.5 ? "met" : "MISSED") }')"
+atmost "idle connection: preforkd / nginx (median of $ROUNDS)" "$(median "${ratios[@]}")" 1.5

@@ -1,5 +1,6 @@
-# Shared by the wrk benchmarks (http.sh, redis-http.sh, cache-http.sh,
-# cpu-per-request.sh), sourced first as
+# Shared by the benchmark scripts (http.sh, loop.sh, idle-conns.sh,
+# redis-http.sh, cache-http.sh, cpu-per-request.sh, tls-http.sh), sourced
+# first as
 #
 #   . "$(dirname "$0")/lib.sh" DURATION PORT
 #
@@ -33,9 +34,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_up() { # url
+wait_up() { # url [curl-option...], such as -k for a self-signed certificate
 	for _ in $(seq 100); do
-		curl -s -o /dev/null "$1" && return 0
+		curl -s -o /dev/null "${@:2}" "$1" && return 0
 		sleep 0.1
 	done
 	echo "$me: $1 did not come up" >&2
@@ -57,43 +58,101 @@ to_ms() {
 	}'
 }
 
-# nginx_conf dir workers listen-port location-body [limit on|off]: an
-# nginx.conf with everything in dir; upstream "app" is 127.0.0.1:
-# $UPSTREAM_PORT, and limit on adds a limit_req that never refuses.
-nginx_conf() {
-	local dir=$1 zone="" limit=""
+# nginx_http dir workers http-body [knob...]: an nginx.conf with
+# everything in dir (pid, logs, temporary files) and http-body inside
+# http { }. The knobs: nofile=N (worker_rlimit_nofile), conns=N
+# (worker_connections, 4096 unless given), keepalive=T
+# (keepalive_timeout, nginx's own unless given).
+nginx_http() {
+	local dir=$1 workers=$2 body=$3 knob main="" conns=4096 http=""
+	shift 3
+	for knob; do
+		case $knob in
+		nofile=*) main="worker_rlimit_nofile ${knob#*=};" ;;
+		conns=*) conns=${knob#*=} ;;
+		keepalive=*) http="keepalive_timeout ${knob#*=};" ;;
+		*) echo "$me: nginx_http: unknown knob $knob" >&2; return 1 ;;
+		esac
+	done
 	mkdir -p "$dir"
-	if [ "${5:-off}" = on ]; then
-		zone='limit_req_zone $binary_remote_addr zone=all:10m rate=10000000r/s;'
-		limit='limit_req zone=all burst=1000000 nodelay;'
-	fi
 	cat >"$dir/nginx.conf" <<EOF
-worker_processes $2;
+worker_processes $workers;
+$main
 pid $dir/nginx.pid;
 error_log $dir/error.log;
 daemon off;
-events { worker_connections 4096; }
+events { worker_connections $conns; }
 http {
 	access_log off;
 	keepalive_requests 1000000;
+	$http
 	client_body_temp_path $dir/body;
 	proxy_temp_path $dir/proxy;
 	fastcgi_temp_path $dir/fastcgi;
 	uwsgi_temp_path $dir/uwsgi;
 	scgi_temp_path $dir/scgi;
-	$zone
-	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
-	server {
-		listen 127.0.0.1:$3;
-		location / {
-			$limit
-			$4
-		}
-	}
+	$body
 }
 EOF
+}
+
+# nginx_conf dir workers listen-port location-body [limit on|off]
+# [knob...]: an nginx.conf (nginx_http) with one server on 127.0.0.1:
+# listen-port and one location; upstream "app" is 127.0.0.1:
+# $UPSTREAM_PORT, and limit on adds a limit_req that never refuses.
+# Besides nginx_http's knobs, tls=DIR listens with TLS and HTTP/2, with
+# DIR/cert.pem and DIR/key.pem and a shared session cache.
+nginx_conf() {
+	local dir=$1 workers=$2 listen="127.0.0.1:$3" location=$4 http="" limit="" tls="" knob knobs=()
+	if [ "${5:-off}" = on ]; then
+		http='limit_req_zone $binary_remote_addr zone=all:10m rate=10000000r/s;'
+		limit='limit_req zone=all burst=1000000 nodelay;'
+	fi
+	shift $(($# < 5 ? $# : 5))
+	for knob; do
+		case $knob in
+		tls=*)
+			# (nginx 1.25.1 and later prefer "http2 on;", and take this with a warning)
+			listen+=" ssl http2"
+			http="${http:+$http }ssl_session_cache shared:SSL:10m;"
+			tls="ssl_certificate ${knob#*=}/cert.pem; ssl_certificate_key ${knob#*=}/key.pem;"
+			;;
+		*) knobs+=("$knob") ;;
+		esac
+	done
+	nginx_http "$dir" "$workers" "$http
+	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
+	server {
+		listen $listen;
+		$tls
+		location / {
+			$limit
+			$location
+		}
+	}" "${knobs[@]}"
 }
 
 # Location bodies for nginx_conf: the upstream's answer, and a proxy to it.
 static='default_type text/plain; return 200 "hello\n";'
 proxy_pass='proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";'
+
+# ratio a b: a / b to two decimals, n/a when b is not above zero.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+# verdict ratio target [at-least|at-most]: met, MISSED, or n/a for a
+# ratio that is n/a; at-least unless told.
+verdict() {
+	awk -v r="$1" -v t="$2" -v d="${3:-at-least}" 'BEGIN {
+		if (r == "n/a") print "n/a"
+		else if ((d == "at-least" && r + 0 >= t) || (d == "at-most" && r + 0 <= t)) print "met"
+		else print "MISSED"
+	}'
+}
+
+# atleast / atmost label ratio target: a row of the ratio table (its head
+# is printf '%-56s %8s %8s %s\n' "ratio" "value" "target" "").
+atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" at-least)"; }
+atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
+
+# median number...: the middle one, or the mean of the middle two.
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }

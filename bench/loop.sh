@@ -92,9 +92,6 @@ run() {
 	printf '    %-18s %10s req/s   p99 %7s ms   non-2xx: %s %s\n' "$name" "${rps[$name]}" "${p99[$name]}" "${non2xx:-0}" "$errors"
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
-
 pairs=("proxy nginx-proxy" "demo nginx-static" "proxy proxy-off" "proxy:ab nginx-proxy:ab" "proxy fasthttp")
 declare -A ratios p99ratios
 echo "wrk -t$THREADS -c$CONNS -d${DURATION}s --latency (ab -n $ABN -c $CONNS), $WORKERS workers each, $ROUNDS rounds, upstream nginx 1 worker, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -108,13 +105,6 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 
-verdict() { # ratio target at-least|at-most
-	awk -v r="$1" -v t="$2" -v d="$3" 'BEGIN {
-		if (r == "n/a") print "n/a"
-		else if ((d == "at-least" && r + 0 >= t) || (d == "at-most" && r + 0 <= t)) print "met"
-		else print "MISSED"
-	}'
-}
 echo
 printf '%-58s %-24s %7s %8s %s\n' "ratio (median of the rounds)" "rounds" "median" "target" ""
 row() { # label pair target direction [p99]

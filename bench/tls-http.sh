@@ -42,6 +42,16 @@ measure_h2() { # name url
 	codes=$(awk '/^status codes:/ {print $3, $4, $5, $6, $7, $8, $9, $10}' <<<"$out")
 	printf '%-36s %12s req/s   %s\n' "$1" "${rate[$1]}" "$codes"
 }
+# contender NAME PID: the server PID, just started in the background,
+# once it answers on url: measured the three ways, then stopped.
+contender() {
+	pids+=("$2")
+	wait_up "$url" -k
+	measure_wrk "$1 TLS keep-alive" "$url"
+	measure_wrk "$1 TLS new handshakes" "$url" "Connection: close"
+	measure_h2 "$1 HTTP/2" "$url"
+	stop "$2"
+}
 
 echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, h2load -c$CONNS -m10 -D$DURATION, $WORKERS workers each, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -64,53 +74,13 @@ cert = "$tmp/cert.pem"
 key = "$tmp/key.pem"
 TOML
 "$tmp/preforkd" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd.log" &
-pid=$!
-pids+=("$pid")
-for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.1; done
-measure_wrk "preforkd TLS keep-alive" "$url"
-measure_wrk "preforkd TLS new handshakes" "$url" "Connection: close"
-measure_h2 "preforkd HTTP/2" "$url"
-stop "$pid"
+contender preforkd $!
 
 # nginx: the same certificate, workers and upstream.
-mkdir -p "$tmp/edge"
-cat >"$tmp/edge/nginx.conf" <<CONF
-worker_processes $WORKERS;
-pid $tmp/edge/nginx.pid;
-error_log $tmp/edge/error.log;
-daemon off;
-events { worker_connections 4096; }
-http {
-	access_log off;
-	keepalive_requests 1000000;
-	client_body_temp_path $tmp/edge/body;
-	proxy_temp_path $tmp/edge/proxy;
-	fastcgi_temp_path $tmp/edge/fastcgi;
-	uwsgi_temp_path $tmp/edge/uwsgi;
-	scgi_temp_path $tmp/edge/scgi;
-	ssl_session_cache shared:SSL:10m;
-	upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 64; }
-	server {
-		# (nginx 1.25.1 and later prefer "http2 on;", and take this with a warning)
-		listen 127.0.0.1:$PORT ssl http2;
-		ssl_certificate $tmp/cert.pem;
-		ssl_certificate_key $tmp/key.pem;
-		location / { $proxy_pass }
-	}
-}
-CONF
+nginx_conf "$tmp/edge" "$WORKERS" "$PORT" "$proxy_pass" off tls="$tmp"
 nginx -c "$tmp/edge/nginx.conf" -p "$tmp/edge" &
-pid=$!
-pids+=("$pid")
-for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.1; done
-measure_wrk "nginx TLS keep-alive" "$url"
-measure_wrk "nginx TLS new handshakes" "$url" "Connection: close"
-measure_h2 "nginx HTTP/2" "$url"
-stop "$pid"
+contender nginx $!
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-verdict() { awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a") print "n/a"; else if (r + 0 >= t) print "met"; else print "MISSED" }'; }
-atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3")"; }
 echo
 printf '%-56s %8s %8s %s\n' "ratio" "value" "target" ""
 atleast "TLS keep-alive: preforkd / nginx" "$(ratio "${rate[preforkd TLS keep-alive]}" "${rate[nginx TLS keep-alive]}")" 0.90
