@@ -110,8 +110,8 @@ printf '%-58s %-24s %7s %8s %s\n' "ratio (median of the rounds)" "rounds" "media
 row() { # label pair target direction [p99]
 	local list=${ratios[$2]}
 	[ "${5:-}" = p99 ] && list=${p99ratios[$2]}
-	# shellcheck disable=SC2086
 	local m
+	# shellcheck disable=SC2086
 	m=$(median $list)
 	local op=">="
 	[ "$4" = at-most ] && op="<="
