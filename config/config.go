@@ -85,8 +85,9 @@ type Server struct {
 	// forwarded) on requests. "" means none.
 	ResetHeader string `toml:"reset_header"`
 
-	// The data plane's timeouts and limits (package proxy, whose Options
-	// they fill: see Config.ProxyOptions).
+	// The data plane's timeouts and limits, owned by package engine
+	// (their defaults and checks are engine.Limits' and engine.Upstream's,
+	// which Server.Limits and Server.UpstreamClient fill).
 
 	// ReadHeaderTimeout bounds the reading of a request's header section
 	// (slowloris). 0 means 10s.
