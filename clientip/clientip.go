@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/preforkd/preforkd/internal/httpfield"
 )
 
 // Resolver decides who the client of a request is. Its zero value believes no
@@ -281,7 +283,7 @@ func (it *hops) nextElement() (node string, escaped bool, kind elemKind, more bo
 	}
 	elem, rest, found := strings.Cut(it.rest, ",")
 	it.rest, it.more = rest, found
-	elem = trimOWS(elem)
+	elem = httpfield.TrimOWS(elem)
 	if elem == "" {
 		return "", false, elemMalformed, true
 	}
@@ -480,14 +482,6 @@ func skipOWS(s string, i int) int {
 		i++
 	}
 	return i
-}
-
-func trimOWS(s string) string {
-	s = s[skipOWS(s, 0):]
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 func isAlnum(c byte) bool {

@@ -1,6 +1,10 @@
 package clientip
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/preforkd/preforkd/internal/httpfield"
+)
 
 // CookieValue returns the value of the first cookie called name in the
 // Cookie header lines (RFC 6265 §4.2: "a=1; b=2"), with the double quotes
@@ -12,10 +16,10 @@ func CookieValue(lines []string, name string) (string, bool) {
 			var pair string
 			pair, line, _ = strings.Cut(line, ";")
 			k, v, ok := strings.Cut(pair, "=")
-			if !ok || trimOWS(k) != name {
+			if !ok || httpfield.TrimOWS(k) != name {
 				continue
 			}
-			v = trimOWS(v)
+			v = httpfield.TrimOWS(v)
 			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
 				v = v[1 : len(v)-1]
 			}
