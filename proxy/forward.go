@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/upconn"
 )
 
@@ -485,25 +486,17 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide [
 	var few [8][]byte // fields named by Connection: a few, on the stack
 	named := few[:0]
 	for k, v := range src.All() {
-		if classify(k) == kindConnection {
-			eachToken(v, func(t []byte) {
-				if !equalFold(t, "close") && !equalFold(t, "keep-alive") && !equalFold(t, "upgrade") {
+		if engine.ClassifyField(k) == engine.FieldConnection {
+			engine.EachToken(v, func(t []byte) {
+				if !engine.EqualFold(t, "close") && !engine.EqualFold(t, "keep-alive") && !engine.EqualFold(t, "upgrade") {
 					named = append(named, t)
 				}
 			})
 		}
 	}
 	for k, v := range src.All() {
-		switch classify(k) {
-		case kindOther, kindHost, kindForwardedFor, kindForwardedOther, kindExpect:
-		case kindConnection, kindUpgrade:
-			if !upgraded {
-				continue
-			}
-		default:
-			continue
-		}
-		if isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
+		if !engine.ResponseFieldPassed(engine.ClassifyField(k), upgraded) ||
+			isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
 			continue
 		}
 		dst.AddBytesKV(k, v)
@@ -512,7 +505,7 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide [
 
 func isHidden(k []byte, hide []string) bool {
 	for _, h := range hide {
-		if len(h) == len(k) && equalFold(k, h) {
+		if len(h) == len(k) && engine.EqualFold(k, h) {
 			return true
 		}
 	}
@@ -521,7 +514,7 @@ func isHidden(k []byte, hide []string) bool {
 
 func isNamed(k []byte, named [][]byte) bool {
 	for _, n := range named {
-		if len(n) == len(k) && equalFold(k, b2s(n)) {
+		if len(n) == len(k) && engine.EqualFold(k, b2s(n)) {
 			return true
 		}
 	}

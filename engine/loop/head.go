@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"net/http"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/route"
 )
 
@@ -13,23 +14,6 @@ import (
 // the header section, checked as a reverse proxy must check what it
 // forwards, and indexed once, so that the framing, the core's view and
 // the head sent upstream all work from the same bytes.
-
-// kind classifies a header field by its name.
-type kind uint8
-
-const (
-	kindOther          kind = iota
-	kindHost                // kept as sent, also sent as X-Forwarded-Host
-	kindHopByHop            // never forwarded (RFC 9110 §7.6.1)
-	kindConnection          // hop-by-hop, and names more hop-by-hop fields
-	kindUpgrade             // hop-by-hop unless the request is upgraded
-	kindLength              // Content-Length: the framing is sent anew
-	kindEncoding            // Transfer-Encoding: likewise
-	kindExpect              // answered here, never forwarded
-	kindForwardedFor        // merged into the one X-Forwarded-For sent
-	kindForwardedOther      // X-Forwarded-Proto/-Host: replaced
-	kindDropped             // named by Connection, or a name with '_': never forwarded
-)
 
 // span is a piece of a head, as offsets into it.
 type span struct{ from, to int32 }
@@ -40,7 +24,7 @@ func (s span) of(b []byte) []byte { return b[s.from:s.to] }
 // around it.
 type field struct {
 	name, value span
-	kind        kind
+	kind        engine.FieldKind
 }
 
 // inlineFields is how many header lines are indexed without allocating.
@@ -75,6 +59,16 @@ type headInfo struct {
 	isHead     bool // the method is HEAD
 	hostFields int
 	length     int64
+}
+
+// parseField checks the header line raw[l] (engine.ParseFieldLine) and
+// indexes its name and value.
+func parseField(raw []byte, l span) (field, engine.FieldFault) {
+	fl, fault := engine.ParseFieldLine(l.of(raw))
+	return field{
+		name:  span{l.from, l.from + int32(fl.NameEnd)},
+		value: span{l.from + int32(fl.ValueFrom), l.from + int32(fl.ValueTo)},
+	}, fault
 }
 
 // badRequest is why a request cannot be served, before anything is
@@ -112,6 +106,15 @@ var (
 	errBodyTooLong = &badRequest{413, "the request body is too large", true}
 	errUpgradeBody = &badRequest{400, "an upgrade request with a long body", true}
 )
+
+// fieldFaults are the answers to the header lines engine.ParseFieldLine
+// finds at fault.
+var fieldFaults = [...]*badRequest{
+	engine.FaultObsFold:   errObsFold,
+	engine.FaultNoColon:   errNoColon,
+	engine.FaultName:      errName,
+	engine.FaultValueCtrl: errValue,
+}
 
 func (b *badRequest) Error() string { return "loop: " + b.detail }
 
@@ -165,37 +168,19 @@ func (h *head) parse(raw []byte) *badRequest {
 		if line.to == line.from {
 			break // the blank line that ends the section
 		}
-		if c := raw[line.from]; c == ' ' || c == '\t' {
-			return errObsFold
+		f, fault := parseField(raw, line)
+		if fault != engine.FieldOK {
+			return fieldFaults[fault]
 		}
-		colon := bytes.IndexByte(line.of(raw), ':')
-		if colon < 0 {
-			return errNoColon
-		}
-		f := field{name: span{line.from, line.from + int32(colon)}}
-		name := f.name.of(raw)
-		if !route.IsToken(b2s(name)) {
-			return errName
-		}
-		f.value = trimOWS(raw, span{f.name.to + 1, line.to})
-		if !fieldValueOK(f.value.of(raw)) {
-			return errValue
-		}
-		f.kind = classify(name)
-		if f.kind == kindOther && bytes.IndexByte(name, '_') >= 0 {
-			// nginx's underscores_in_headers off: X_Forwarded_For would be
-			// X-Forwarded-For to an application that maps '_' to '-' (CGI,
-			// WSGI, Rack), past every rule that reads the real one.
-			f.kind = kindDropped
-		}
+		f.kind = engine.ClassifyRequestField(f.name.of(raw))
 		v := f.value.of(raw)
 		switch f.kind {
-		case kindHost:
+		case engine.FieldHost:
 			h.hostFields++
 			if !h.absolute {
 				h.host = f.value
 			}
-		case kindLength:
+		case engine.FieldLength:
 			if h.hasLength {
 				return errTwoLengths
 			}
@@ -204,22 +189,22 @@ func (h *head) parse(raw []byte) *badRequest {
 				return errLength
 			}
 			h.hasLength, h.length = true, n
-		case kindEncoding:
+		case engine.FieldEncoding:
 			hasEncoding = true
 			if bad := h.encoding(v); bad != nil {
 				return bad
 			}
-		case kindUpgrade:
+		case engine.FieldUpgrade:
 			hasUpgrade = true
-			eachToken(v, func(t []byte) { h2c = h2c || equalFold(t, "h2c") })
-		case kindConnection:
-			eachToken(v, func(t []byte) {
+			engine.EachToken(v, func(t []byte) { h2c = h2c || engine.EqualFold(t, "h2c") })
+		case engine.FieldConnection:
+			engine.EachToken(v, func(t []byte) {
 				switch {
-				case equalFold(t, "upgrade"):
+				case engine.EqualFold(t, "upgrade"):
 					upgradeToken = true
-				case equalFold(t, "close"):
+				case engine.EqualFold(t, "close"):
 					h.close = true
-				case equalFold(t, "keep-alive"):
+				case engine.EqualFold(t, "keep-alive"):
 					if h.minor == 0 {
 						h.close = false
 					}
@@ -227,8 +212,8 @@ func (h *head) parse(raw []byte) *badRequest {
 					named = true
 				}
 			})
-		case kindExpect:
-			h.expect = h.expect || equalFold(v, "100-continue")
+		case engine.FieldExpect:
+			h.expect = h.expect || engine.EqualFold(v, "100-continue")
 		}
 		h.fields = append(h.fields, f)
 	}
@@ -311,7 +296,7 @@ func (h *head) parseTarget() *badRequest {
 		return nil
 	case uri[0] != '/':
 		const scheme = "http://"
-		if len(uri) < len(scheme) || !equalFold(uri[:len(scheme)], scheme) {
+		if len(uri) < len(scheme) || !engine.EqualFold(uri[:len(scheme)], scheme) {
 			return errTarget
 		}
 		from := t.from + int32(len(scheme))
@@ -345,9 +330,9 @@ func (h *head) parseTarget() *badRequest {
 // coding known here (RFC 9112 §6.1), and it must be the last, once.
 func (h *head) encoding(v []byte) *badRequest {
 	n, lastChunked := 0, false
-	eachToken(v, func(t []byte) {
+	engine.EachToken(v, func(t []byte) {
 		n++
-		lastChunked = equalFold(t, "chunked")
+		lastChunked = engine.EqualFold(t, "chunked")
 	})
 	switch {
 	case n == 0, h.chunked, !lastChunked:
@@ -363,77 +348,28 @@ func (h *head) encoding(v []byte) *badRequest {
 // (RFC 9110 §7.6.1), except those whose kind already decides their fate.
 func (h *head) dropConnectionNamed() {
 	for _, cf := range h.fields {
-		if cf.kind != kindConnection {
+		if cf.kind != engine.FieldConnection {
 			continue
 		}
-		eachToken(cf.value.of(h.raw), func(t []byte) {
+		engine.EachToken(cf.value.of(h.raw), func(t []byte) {
 			for i := range h.fields {
 				f := &h.fields[i]
-				if f.kind == kindOther && bytes.EqualFold(f.name.of(h.raw), t) {
-					f.kind = kindDropped
+				if f.kind == engine.FieldOther && bytes.EqualFold(f.name.of(h.raw), t) {
+					f.kind = engine.FieldDropped
 				}
 			}
 		})
 	}
 }
 
+// ownHost reports whether the server writes the Host the upstream gets:
+// for an absolute-form target (its authority), or a request without a
+// Host value (the upstream's authority); the client's Host lines are
+// then not sent.
+func (h *head) ownHost() bool { return h.absolute || h.host.from == h.host.to }
+
 // hasBody reports whether a body follows the head.
 func (h *head) hasBody() bool { return h.chunked || h.length > 0 }
-
-// classify tells a header field's kind by its name.
-func classify(name []byte) kind {
-	switch len(name) {
-	case 2:
-		if equalFold(name, "te") {
-			return kindHopByHop
-		}
-	case 4:
-		if equalFold(name, "host") {
-			return kindHost
-		}
-	case 6:
-		if equalFold(name, "expect") {
-			return kindExpect
-		}
-	case 7:
-		switch {
-		case equalFold(name, "upgrade"):
-			return kindUpgrade
-		case equalFold(name, "trailer"):
-			return kindHopByHop
-		}
-	case 10:
-		switch {
-		case equalFold(name, "connection"):
-			return kindConnection
-		case equalFold(name, "keep-alive"):
-			return kindHopByHop
-		}
-	case 14:
-		if equalFold(name, "content-length") {
-			return kindLength
-		}
-	case 15:
-		if equalFold(name, "x-forwarded-for") {
-			return kindForwardedFor
-		}
-	case 16:
-		if equalFold(name, "x-forwarded-host") {
-			return kindForwardedOther
-		}
-	case 17:
-		switch {
-		case equalFold(name, "transfer-encoding"):
-			return kindEncoding
-		case equalFold(name, "x-forwarded-proto"):
-			return kindForwardedOther
-		}
-	}
-	if len(name) > 6 && equalFold(name[:6], "proxy-") {
-		return kindHopByHop // Proxy-Connection, Proxy-Authorization, ...
-	}
-	return kindOther
-}
 
 // parseLength reads a Content-Length value: digits only, no sign, no
 // list, at most 18 of them.
@@ -451,66 +387,4 @@ func parseLength(v []byte) (int64, bool) {
 	return n, true
 }
 
-// fieldValueOK reports whether v has no control character but HTAB
-// (RFC 9110 §5.5: CR, LF and NUL must be refused; the others are no
-// better).
-func fieldValueOK(v []byte) bool {
-	for _, c := range v {
-		if c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-
-// trimOWS trims spaces and tabs from both ends of raw[s].
-func trimOWS(raw []byte, s span) span {
-	for s.from < s.to && (raw[s.from] == ' ' || raw[s.from] == '\t') {
-		s.from++
-	}
-	for s.to > s.from && (raw[s.to-1] == ' ' || raw[s.to-1] == '\t') {
-		s.to--
-	}
-	return s
-}
-
-// eachToken calls f with each element of a comma-separated list, trimmed,
-// skipping empty ones.
-func eachToken(list []byte, f func([]byte)) {
-	for len(list) > 0 {
-		i := bytes.IndexByte(list, ',')
-		var t []byte
-		if i < 0 {
-			t, list = list, nil
-		} else {
-			t, list = list[:i], list[i+1:]
-		}
-		t = bytes.Trim(t, " \t")
-		if len(t) > 0 {
-			f(t)
-		}
-	}
-}
-
-// equalFold reports whether b equals s in ASCII, ignoring case.
-func equalFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		x, y := b[i], s[i]
-		if x != y && lower(x) != lower(y) {
-			return false
-		}
-	}
-	return true
-}
-
-func lower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}

@@ -69,11 +69,11 @@ func TestParseRequestHead(t *testing.T) {
 			}
 		}},
 		{name: "Connection names a field", head: "GET / HTTP/1.1\r\nConnection: X-A\r\nX-A: 1\r\nX-B: 2\r\n\r\n", check: func(t *testing.T, h *head) {
-			kinds := map[string]kind{}
+			kinds := map[string]engine.FieldKind{}
 			for _, f := range h.fields {
 				kinds[string(f.name.of(h.raw))] = f.kind
 			}
-			if kinds["X-A"] != kindDropped || kinds["X-B"] != kindOther {
+			if kinds["X-A"] != engine.FieldDropped || kinds["X-B"] != engine.FieldOther {
 				t.Errorf("kinds %v", kinds)
 			}
 		}},
@@ -220,7 +220,7 @@ func FuzzRequestHead(f *testing.F) {
 			t.Fatalf("the method changed: %q", out)
 		}
 		for _, f := range h2.fields {
-			if f.kind == kindHopByHop || f.kind == kindDropped || f.kind == kindExpect {
+			if f.kind == engine.FieldHopByHop || f.kind == engine.FieldDropped || f.kind == engine.FieldExpect {
 				t.Fatalf("a field that is not forwarded was: %q in %q", f.name.of(h2.raw), out)
 			}
 		}

@@ -105,42 +105,22 @@ func (l *loop) recycle(r *request) {
 	}
 }
 
-// The core sees the request as the upstream will get it (SPEC "One
-// request, one truth"): Host is the authority of an absolute-form target
-// when there is one; X-Forwarded-Proto and X-Forwarded-Host are the
-// values this server sends; the hop-by-hop fields (Connection and every
-// field it names, Keep-Alive, TE, Transfer-Encoding, Upgrade but on an
-// upgrade, Proxy-*), Expect and names with '_' are absent, so that
-// nothing the upstream never sees can key, vary or fingerprint anything.
-// X-Forwarded-For is the client's chain as sent: the core appends the
-// peer itself when it believes the chain.
+// The core sees the request as the upstream will get it
+// (engine.RequestFieldSeen, engine.ForwardedField).
 
-// seen reports whether the upstream gets field f as the client sent it.
-func (r *request) seen(f *field) bool {
-	switch f.kind {
-	case kindOther, kindLength, kindForwardedFor:
-		return true
-	case kindHost:
-		return !r.h.absolute
-	case kindUpgrade:
-		return r.h.upgrade
-	}
-	return false
+// sentAs reports whether f is a field called name that the upstream gets
+// as the client sent it.
+func (r *request) sentAs(f *field, name string) bool {
+	h := &r.h
+	return int(f.name.to-f.name.from) == len(name) && engine.EqualFold(f.name.of(h.raw), name) &&
+		engine.RequestFieldSeen(f.kind, h.ownHost(), h.upgrade)
 }
 
 // forwarded returns the value this server sends for a field it writes
 // itself, whatever the client sent.
 func (r *request) forwarded(name string) (string, bool) {
-	host := r.h.host.of(r.h.raw)
-	switch {
-	case len(name) == 4 && equalFold(s2b(name), "host"):
-		return b2s(host), len(host) > 0
-	case len(name) == 16 && equalFold(s2b(name), "x-forwarded-host"):
-		return b2s(host), len(host) > 0
-	case len(name) == 17 && equalFold(s2b(name), "x-forwarded-proto"):
-		return "http", true
-	}
-	return "", false
+	v, ok := engine.ForwardedField(s2b(name), r.h.host.of(r.h.raw))
+	return b2s(v), ok
 }
 
 // Header implements core.Request.
@@ -148,12 +128,10 @@ func (r *request) Header(name string) (first string, lines int) {
 	if v, ok := r.forwarded(name); ok {
 		return v, 1
 	}
-	raw := r.h.raw
 	for i := range r.h.fields {
-		f := &r.h.fields[i]
-		if int(f.name.to-f.name.from) == len(name) && equalFold(f.name.of(raw), name) && r.seen(f) {
+		if f := &r.h.fields[i]; r.sentAs(f, name) {
 			if lines == 0 {
-				first = b2s(f.value.of(raw))
+				first = b2s(f.value.of(r.h.raw))
 			}
 			lines++
 		}
@@ -166,11 +144,9 @@ func (r *request) HeaderLines(name string, dst []string) []string {
 	if v, ok := r.forwarded(name); ok {
 		return append(dst, v)
 	}
-	raw := r.h.raw
 	for i := range r.h.fields {
-		f := &r.h.fields[i]
-		if int(f.name.to-f.name.from) == len(name) && equalFold(f.name.of(raw), name) && r.seen(f) {
-			dst = append(dst, b2s(f.value.of(raw)))
+		if f := &r.h.fields[i]; r.sentAs(f, name) {
+			dst = append(dst, b2s(f.value.of(r.h.raw)))
 		}
 	}
 	return dst
@@ -237,9 +213,9 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 		dst = append(dst, h.query.of(raw)...)
 	}
 	dst = append(dst, " HTTP/1.1\r\n"...)
-	host := h.host.of(raw)
-	ownHost := h.absolute || len(host) == 0 // the client's Host lines are not sent
+	ownHost := h.ownHost()
 	if ownHost {
+		host := h.host.of(raw)
 		if len(host) == 0 {
 			host = s2b(t.Authority) // none, or empty: HTTP/1.1 needs one
 		}
@@ -248,15 +224,15 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 	for i := range h.fields {
 		f := &h.fields[i]
 		switch f.kind {
-		case kindOther:
+		case engine.FieldOther:
 			if (len(r.fwd.Drop) > 0 || len(r.fwd.Add) > 0) && r.fwd.Dropped(b2s(f.name.of(raw))) {
 				continue
 			}
-		case kindHost:
+		case engine.FieldHost:
 			if ownHost {
 				continue
 			}
-		case kindUpgrade:
+		case engine.FieldUpgrade:
 			if !h.upgrade {
 				continue
 			}
@@ -272,7 +248,7 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 	dst = append(dst, "X-Forwarded-For: "...)
 	sep := false
 	for i := range h.fields {
-		if f := &h.fields[i]; f.kind == kindForwardedFor && f.value.to > f.value.from {
+		if f := &h.fields[i]; f.kind == engine.FieldForwardedFor && f.value.to > f.value.from {
 			if sep {
 				dst = append(dst, ", "...)
 			}
