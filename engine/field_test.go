@@ -35,6 +35,9 @@ func TestParseFieldLine(t *testing.T) {
 			t.Errorf("%q: fault %d, want %d", tc.line, fault, tc.fault)
 			continue
 		}
+		if bad := fault.BadRequest(); (bad == nil) != (fault == engine.FieldOK) || bad != nil && (bad.Status != 400 || !bad.CloseConn) {
+			t.Errorf("%q: refused with %+v", tc.line, bad)
+		}
 		if fault != engine.FieldOK {
 			continue
 		}

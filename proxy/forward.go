@@ -26,7 +26,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		return
 	}
 	if r.upgrade && !r.body.done {
-		s.refuseAfter(r, ex, &badRequest{http.StatusBadRequest, "an upgrade request with a long body", true})
+		s.refuseAfter(r, ex, engine.ErrUpgradeBody)
 		return
 	}
 	r.head = r.appendHead(r.head[:0])
@@ -78,9 +78,9 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 
 // refuseAfter answers a request that passed the core with a problem of
 // the server's own, when its body cannot be read.
-func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *badRequest) {
+func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *engine.BadRequest) {
 	s.count.badRequests.Add(1)
-	s.respond(r.ctx, ex.Refuse(b.status, b.detail, b.closeConn))
+	s.respond(r.ctx, ex.Refuse(b.Status, b.Detail, b.CloseConn))
 	s.finish(r, ex, nil)
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // Answers of the server's own, and what it tells the operator about them.
@@ -106,9 +107,9 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, status int, detail string, clo
 }
 
 // refuse answers a request that will not be forwarded.
-func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *badRequest, extra []core.Field) {
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *engine.BadRequest, extra []core.Field) {
 	s.count.badRequests.Add(1)
-	s.answer(ctx, b.status, b.detail, b.closeConn, extra)
+	s.answer(ctx, b.Status, b.Detail, b.CloseConn, extra)
 }
 
 // respond writes the core's own answer.
@@ -159,7 +160,7 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	c, _ := ctx.Conn().(*conn)
 	if errors.Is(err, errBareLFRead) {
 		// Bytes of a request arrived, whatever state fasthttp reported.
-		s.refuse(ctx, errBareLF, nil)
+		s.refuse(ctx, engine.ErrBareLF, nil)
 		return
 	}
 	if c != nil {
@@ -176,11 +177,11 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.As(err, &small), errors.Is(err, fasthttp.ErrSmallReadBuffer):
-		s.refuse(ctx, &badRequest{http.StatusRequestHeaderFieldsTooLarge, "the request header section is too large", true}, nil)
+		s.refuse(ctx, engine.ErrTooLarge, nil)
 	case isTimeout(err):
-		s.refuse(ctx, &badRequest{http.StatusRequestTimeout, "the request header did not arrive in time", true}, nil)
+		s.refuse(ctx, engine.ErrHeadTimeout, nil)
 	default:
-		s.refuse(ctx, &badRequest{http.StatusBadRequest, "malformed request", true}, nil)
+		s.refuse(ctx, &engine.BadRequest{Status: http.StatusBadRequest, Detail: "malformed request", CloseConn: true}, nil)
 	}
 }
 

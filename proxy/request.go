@@ -76,48 +76,17 @@ type request struct {
 	scratch []byte
 }
 
-// badRequest is why a request cannot be served, before anything is
-// forwarded; closeConn when its framing cannot be trusted (RFC 9112
-// §6.3: the connection must close after the answer).
-type badRequest struct {
-	status    int
-	detail    string
-	closeConn bool
-}
-
-var (
-	errObsFold = &badRequest{400, "obsolete line folding in the header section", true}
-	errCLTE    = &badRequest{400, "both Content-Length and Transfer-Encoding", true}
-	errNoColon = &badRequest{400, "a header line without a colon", true}
-	errName    = &badRequest{400, "a header field name that is not a token", true}
-	errValue   = &badRequest{400, "a control character in a header field value", true}
-	errBareLF  = &badRequest{400, "a header line ended by a bare LF", true}
-	errTarget  = &badRequest{400, "the request target is not an absolute path", false}
-	errPRI     = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
-	errConnect = &badRequest{405, "CONNECT is not supported", true}
-	errVersion = &badRequest{505, "only HTTP/1.0 and HTTP/1.1 are supported", true}
-)
-
-// fieldFaults are the answers to the header lines engine.ParseFieldLine
-// finds at fault.
-var fieldFaults = [...]*badRequest{
-	engine.FaultObsFold:   errObsFold,
-	engine.FaultNoColon:   errNoColon,
-	engine.FaultName:      errName,
-	engine.FaultValueCtrl: errValue,
-}
-
 // parse indexes the request's header section and target and checks what
 // fasthttp let through that a proxy must not forward. It does not
 // allocate unless the request has more than inlineFields header lines, or
 // an absolute-form target without a path (its scratch buffer, kept with
 // the pooled request, grows once).
-func (r *request) parse() *badRequest {
+func (r *request) parse() *engine.BadRequest {
 	h := &r.ctx.Request.Header
 	r.raw = h.RawHeaders()
 	r.method = h.Method()
 	if p := h.Protocol(); !bytes.Equal(p, strHTTP11) && !bytes.Equal(p, strHTTP10) {
-		return errVersion
+		return engine.ErrVersion
 	}
 	r.fields = r.inline[:0]
 	hasLength, hasEncoding, upgradeToken, hasUpgrade, h2c := false, false, false, false, false
@@ -134,14 +103,14 @@ func (r *request) parse() *badRequest {
 		if line.to > line.from && r.raw[line.to-1] == '\r' {
 			line.to--
 		} else if int(line.to) < len(r.raw) {
-			return errBareLF // a line ended by "\n" alone (RFC 9112 §2.2)
+			return engine.ErrBareLF // a line ended by "\n" alone (RFC 9112 §2.2)
 		}
 		if line.to == line.from {
 			break // the blank line that ends the section
 		}
 		fl, fault := engine.ParseFieldLine(r.raw[line.from:line.to])
 		if fault != engine.FieldOK {
-			return fieldFaults[fault]
+			return fault.BadRequest()
 		}
 		f := field{
 			name:  span{line.from, line.from + int32(fl.NameEnd)},
@@ -174,7 +143,7 @@ func (r *request) parse() *badRequest {
 		r.fields = append(r.fields, f)
 	}
 	if hasLength && hasEncoding {
-		return errCLTE
+		return engine.ErrCLTE
 	}
 	r.hasLength = hasLength
 	if dropped {
@@ -189,12 +158,12 @@ func (r *request) parse() *badRequest {
 
 // parseTarget splits the request target into path and query, and refuses
 // the targets and methods a reverse proxy does not forward.
-func (r *request) parseTarget() *badRequest {
+func (r *request) parseTarget() *engine.BadRequest {
 	switch string(r.method) {
 	case "CONNECT":
-		return errConnect
+		return engine.ErrConnect
 	case "PRI":
-		return errPRI
+		return engine.ErrPRI
 	}
 	uri := r.ctx.Request.Header.RequestURI()
 	if len(uri) > 0 && uri[0] != '/' {
@@ -202,14 +171,14 @@ func (r *request) parseTarget() *badRequest {
 		// §3.2.2). Only http is spoken here.
 		rest, ok := cutSchemeHTTP(uri)
 		if !ok {
-			return errTarget
+			return engine.ErrTarget
 		}
 		i := bytes.IndexAny(rest, "/?")
 		if i < 0 {
 			i = len(rest)
 		}
 		if i == 0 {
-			return errTarget
+			return engine.ErrTarget
 		}
 		r.host, r.absolute = rest[:i], true
 		uri = rest[i:]
@@ -220,7 +189,7 @@ func (r *request) parseTarget() *badRequest {
 		}
 	}
 	if len(uri) == 0 || bytes.IndexByte(uri, '#') >= 0 {
-		return errTarget
+		return engine.ErrTarget
 	}
 	r.path, r.query = uri, nil
 	if q := bytes.IndexByte(uri, '?'); q >= 0 {

@@ -303,7 +303,7 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if bad := r.parse(); bad != nil {
 		s.refuse(ctx, bad, nil)
 		s.done(r)
-		return bad.status
+		return bad.Status
 	}
 	ex := s.opts.Core.Begin(r)
 	r.begun = true
@@ -336,7 +336,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	r.readsAtStart = c.reads.Load()
 	defer s.done(r)
 	if bad := r.parse(); bad != nil {
-		if bad == errTarget && isOptionsAsterisk(ctx) {
+		if bad == engine.ErrTarget && isOptionsAsterisk(ctx) {
 			// OPTIONS * asks about the server, not a resource: answered
 			// here, never forwarded.
 			primeDate(&ctx.Response.Header, nil)

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/metrics"
 )
 
@@ -207,7 +208,7 @@ func (c *conn) readEOF() {
 	r := c.r
 	_ = c.l.interest(c.fd, &c.have, c.have&^wantRead)
 	if r != nil && !r.body.done && r.body.err == nil {
-		r.bodyFailed(errBodyEnded)
+		r.bodyFailed(engine.ErrBodyEnded)
 		return
 	}
 	c.closeAfter = true
@@ -306,7 +307,7 @@ func (c *conn) checkInput() {
 	}
 	full := c.inLen() >= c.maxInput()
 	if full && c.r == nil && (c.state == csHead || c.state == csNew || c.state == csIdle) {
-		c.refuse(errTooLarge)
+		c.refuse(engine.ErrTooLarge)
 		return
 	}
 	want := c.have &^ wantRead
@@ -343,12 +344,12 @@ func (c *conn) readHead(p []byte) int {
 	case end == 0:
 		c.scanned = len(p)
 		if len(p) > l.s.o.limits.MaxHeaderBytes {
-			c.refuse(errTooLarge)
+			c.refuse(engine.ErrTooLarge)
 			return len(p)
 		}
 		return 0
 	case end > l.s.o.limits.MaxHeaderBytes:
-		c.refuse(errTooLarge)
+		c.refuse(engine.ErrTooLarge)
 		return len(p)
 	}
 	c.scanned = 0
@@ -525,10 +526,10 @@ func (c *conn) expire() {
 	case csNew, csIdle, csLinger:
 		c.close(nil) // nobody to answer
 	case csHead:
-		c.refuse(errHeadTimeout)
+		c.refuse(engine.ErrHeadTimeout)
 	case csBusy:
 		if r := c.r; r != nil && r.body.taking() {
-			r.bodyFailed(errBodyTimeout)
+			r.bodyFailed(engine.ErrBodyTimeout)
 			return
 		}
 		c.rearm()

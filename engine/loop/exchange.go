@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // A request's way through the core (the protocol of core/run.go): begun
@@ -185,7 +186,7 @@ func (r *request) bodyProgress() {
 		r.runApp()
 	case r.phase == phAppBody && full:
 		b.sink = sinkNone
-		r.refuseAfter(errBodyTooLong)
+		r.refuseAfter(engine.ErrBodyTooLong)
 	case r.phase == phReadAhead && (b.done || full):
 		b.sink = sinkNone
 		r.sendUpstream()
@@ -197,7 +198,7 @@ func (r *request) bodyProgress() {
 // bodyFailed ends a request whose body could not be read: it ended early,
 // a chunk was malformed, or it did not arrive in time. The connection
 // closes after the answer.
-func (r *request) bodyFailed(bad *badRequest) {
+func (r *request) bodyFailed(bad *engine.BadRequest) {
 	b := &r.body
 	if b.err == nil {
 		b.err = bad
@@ -236,9 +237,9 @@ var errBodyFailed = errors.New("loop: the request body could not be read")
 
 // refuseAfter answers a request that passed the core with a problem of
 // the server's own, when its body cannot be read.
-func (r *request) refuseAfter(bad *badRequest) {
+func (r *request) refuseAfter(bad *engine.BadRequest) {
 	r.l.s.count.badRequests.Add(1)
-	r.respondCore(r.ex.Refuse(bad.status, bad.detail, bad.closeConn))
+	r.respondCore(r.ex.Refuse(bad.Status, bad.Detail, bad.CloseConn))
 }
 
 // respondCore sends the core's own answer and ends the exchange.
@@ -371,7 +372,7 @@ func (r *request) sendUpstream() {
 	r.phase = phUpstream
 	b := &r.body
 	if r.h.upgrade && !b.done {
-		r.refuseAfter(errUpgradeBody)
+		r.refuseAfter(engine.ErrUpgradeBody)
 		return
 	}
 	r.streamed = !b.done

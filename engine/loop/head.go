@@ -71,59 +71,12 @@ func parseField(raw []byte, l span) (field, engine.FieldFault) {
 	}, fault
 }
 
-// badRequest is why a request cannot be served, before anything is
-// forwarded; closeConn when its framing cannot be trusted (RFC 9112 §6.3:
-// the connection must close after the answer).
-type badRequest struct {
-	status    int
-	detail    string
-	closeConn bool
-}
-
-var (
-	errObsFold     = &badRequest{400, "obsolete line folding in the header section", true}
-	errCLTE        = &badRequest{400, "both Content-Length and Transfer-Encoding", true}
-	errNoColon     = &badRequest{400, "a header line without a colon", true}
-	errName        = &badRequest{400, "a header field name that is not a token", true}
-	errValue       = &badRequest{400, "a control character in a header field value", true}
-	errBareLF      = &badRequest{400, "a header line ended by a bare LF", true}
-	errLine        = &badRequest{400, "a malformed request line", true}
-	errTarget      = &badRequest{400, "the request target is not an absolute path", false}
-	errPRI         = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
-	errConnect     = &badRequest{405, "CONNECT is not supported", true}
-	errVersion     = &badRequest{505, "only HTTP/1.0 and HTTP/1.1 are supported", true}
-	errLength      = &badRequest{400, "a malformed Content-Length", true}
-	errTwoLengths  = &badRequest{400, "more than one Content-Length", true}
-	errEncoding    = &badRequest{400, "a Transfer-Encoding whose last coding is not chunked", true}
-	errCoding      = &badRequest{501, "a transfer coding other than chunked", true}
-	errEncoding10  = &badRequest{400, "Transfer-Encoding in an HTTP/1.0 request", true}
-	errTwoHosts    = &badRequest{400, "more than one Host", true}
-	errTooLarge    = &badRequest{431, "the request header section is too large", true}
-	errHeadTimeout = &badRequest{408, "the request header did not arrive in time", true}
-	errBodyTimeout = &badRequest{408, "the request body did not arrive in time", true}
-	errBodyEnded   = &badRequest{400, "the request body ended early", true}
-	errBadChunk    = &badRequest{400, "malformed chunked request body", true}
-	errBodyTooLong = &badRequest{413, "the request body is too large", true}
-	errUpgradeBody = &badRequest{400, "an upgrade request with a long body", true}
-)
-
-// fieldFaults are the answers to the header lines engine.ParseFieldLine
-// finds at fault.
-var fieldFaults = [...]*badRequest{
-	engine.FaultObsFold:   errObsFold,
-	engine.FaultNoColon:   errNoColon,
-	engine.FaultName:      errName,
-	engine.FaultValueCtrl: errValue,
-}
-
-func (b *badRequest) Error() string { return "loop: " + b.detail }
-
 // scanHead looks for the end of a head in b, whose first from bytes were
 // scanned before: it returns the length of the head (CRLF CRLF included),
-// 0 when it is not whole yet, or errBareLF for a line ended by a bare LF,
+// 0 when it is not whole yet, or engine.ErrBareLF for a line ended by a bare LF,
 // refused at once (RFC 9112 §2.2) rather than left to wait for a CRLF
 // CRLF that never comes.
-func scanHead(b []byte, from int) (int, *badRequest) {
+func scanHead(b []byte, from int) (int, *engine.BadRequest) {
 	for i := from; i < len(b); i++ {
 		j := bytes.IndexByte(b[i:], '\n')
 		if j < 0 {
@@ -131,7 +84,7 @@ func scanHead(b []byte, from int) (int, *badRequest) {
 		}
 		i += j
 		if i == 0 || b[i-1] != '\r' {
-			return 0, errBareLF
+			return 0, engine.ErrBareLF
 		}
 		if i >= 3 && b[i-2] == '\n' && b[i-3] == '\r' {
 			return i + 1, nil
@@ -153,7 +106,7 @@ func skipEmptyLines(b []byte) int {
 // parse indexes raw, a whole head (scanHead), and checks what a proxy
 // must not forward. It does not allocate unless the head has more than
 // inlineFields lines.
-func (h *head) parse(raw []byte) *badRequest {
+func (h *head) parse(raw []byte) *engine.BadRequest {
 	h.raw, h.fields, h.headInfo = raw, h.inline[:0], headInfo{}
 	end := bytes.IndexByte(raw, '\n') - 1 // the request line's CR
 	if bad := h.parseLine(span{0, int32(end)}); bad != nil {
@@ -170,7 +123,7 @@ func (h *head) parse(raw []byte) *badRequest {
 		}
 		f, fault := parseField(raw, line)
 		if fault != engine.FieldOK {
-			return fieldFaults[fault]
+			return fault.BadRequest()
 		}
 		f.kind = engine.ClassifyRequestField(f.name.of(raw))
 		v := f.value.of(raw)
@@ -182,11 +135,11 @@ func (h *head) parse(raw []byte) *badRequest {
 			}
 		case engine.FieldLength:
 			if h.hasLength {
-				return errTwoLengths
+				return engine.ErrTwoLengths
 			}
 			n, ok := parseLength(v)
 			if !ok {
-				return errLength
+				return engine.ErrLength
 			}
 			h.hasLength, h.length = true, n
 		case engine.FieldEncoding:
@@ -219,13 +172,13 @@ func (h *head) parse(raw []byte) *badRequest {
 	}
 	switch {
 	case h.hasLength && hasEncoding:
-		return errCLTE
+		return engine.ErrCLTE
 	case hasEncoding && h.minor == 0:
-		return errEncoding10
+		return engine.ErrEncoding10
 	case hasEncoding && !h.chunked:
-		return errEncoding
+		return engine.ErrEncoding
 	case h.hostFields > 1:
-		return errTwoHosts
+		return engine.ErrTwoHosts
 	}
 	if named {
 		h.dropConnectionNamed()
@@ -238,44 +191,44 @@ func (h *head) parse(raw []byte) *badRequest {
 }
 
 // parseLine checks the request line raw[l] and indexes its target.
-func (h *head) parseLine(l span) *badRequest {
+func (h *head) parseLine(l span) *engine.BadRequest {
 	line := l.of(h.raw)
 	sp := bytes.IndexByte(line, ' ')
 	if sp <= 0 {
-		return errLine
+		return engine.ErrLine
 	}
 	h.method = span{l.from, l.from + int32(sp)}
 	rest := line[sp+1:]
 	sp2 := bytes.IndexByte(rest, ' ')
 	if sp2 <= 0 {
-		return errLine
+		return engine.ErrLine
 	}
 	h.target = span{h.method.to + 1, h.method.to + 1 + int32(sp2)}
 	version := rest[sp2+1:]
 	method := h.method.of(h.raw)
 	if !route.IsToken(b2s(method)) {
-		return errLine
+		return engine.ErrLine
 	}
 	switch string(method) {
 	case "PRI":
-		return errPRI
+		return engine.ErrPRI
 	case "CONNECT":
-		return errConnect
+		return engine.ErrConnect
 	case "HEAD":
 		h.isHead = true
 	}
 	switch {
 	case len(version) != 8 || string(version[:5]) != "HTTP/" || version[6] != '.' ||
 		!isDigit(version[5]) || !isDigit(version[7]):
-		return errLine
+		return engine.ErrLine
 	case version[5] != '1' || version[7] > '1':
-		return errVersion
+		return engine.ErrVersion
 	}
 	h.minor = version[7] - '0'
 	h.close = h.minor == 0 // HTTP/1.0 keeps its connection only when it asks
 	for _, c := range h.target.of(h.raw) {
 		if c <= ' ' || c == 0x7f {
-			return errLine
+			return engine.ErrLine
 		}
 	}
 	return h.parseTarget()
@@ -284,20 +237,20 @@ func (h *head) parseLine(l span) *badRequest {
 // parseTarget splits the request target into path and query: an
 // origin-form target, an absolute-form one (its authority is the host,
 // RFC 9112 §3.2.2), or OPTIONS's asterisk-form.
-func (h *head) parseTarget() *badRequest {
+func (h *head) parseTarget() *engine.BadRequest {
 	t := h.target
 	uri := t.of(h.raw)
 	switch {
 	case len(uri) == 1 && uri[0] == '*':
 		if string(h.method.of(h.raw)) != http.MethodOptions {
-			return errLine
+			return engine.ErrLine
 		}
 		h.asterisk = true
 		return nil
 	case uri[0] != '/':
 		const scheme = "http://"
 		if len(uri) < len(scheme) || !engine.EqualFold(uri[:len(scheme)], scheme) {
-			return errTarget
+			return engine.ErrTarget
 		}
 		from := t.from + int32(len(scheme))
 		rest := h.raw[from:t.to]
@@ -306,7 +259,7 @@ func (h *head) parseTarget() *badRequest {
 			i = len(rest)
 		}
 		if i == 0 {
-			return errTarget
+			return engine.ErrTarget
 		}
 		h.host, h.absolute = span{from, from + int32(i)}, true
 		t = span{from + int32(i), t.to}
@@ -315,7 +268,7 @@ func (h *head) parseTarget() *badRequest {
 		}
 	}
 	if bytes.IndexByte(t.of(h.raw), '#') >= 0 {
-		return errTarget
+		return engine.ErrTarget
 	}
 	h.path = t
 	if q := bytes.IndexByte(t.of(h.raw), '?'); q >= 0 {
@@ -328,7 +281,7 @@ func (h *head) parseTarget() *badRequest {
 
 // encoding reads a Transfer-Encoding field value: chunked is the one
 // coding known here (RFC 9112 §6.1), and it must be the last, once.
-func (h *head) encoding(v []byte) *badRequest {
+func (h *head) encoding(v []byte) *engine.BadRequest {
 	n, lastChunked := 0, false
 	engine.EachToken(v, func(t []byte) {
 		n++
@@ -336,9 +289,9 @@ func (h *head) encoding(v []byte) *badRequest {
 	})
 	switch {
 	case n == 0, h.chunked, !lastChunked:
-		return errEncoding // the body's length cannot be known
+		return engine.ErrEncoding // the body's length cannot be known
 	case n > 1:
-		return errCoding // another coding under chunked
+		return engine.ErrCoding // another coding under chunked
 	}
 	h.chunked = true
 	return nil
