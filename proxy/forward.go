@@ -79,7 +79,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 // refuseAfter answers a request that passed the core with a problem of
 // the server's own, when its body cannot be read.
 func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *engine.BadRequest) {
-	s.count.badRequests.Add(1)
+	s.count.BadRequests.Add(1)
 	s.respond(r.ctx, ex.Refuse(b.Status, b.Detail, b.CloseConn))
 	s.finish(r, ex, nil)
 }
@@ -92,7 +92,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	if status == http.StatusSwitchingProtocols && !r.upgrade {
 		uc.Conn.Close()
 		err := errors.New("proxy: the upstream switched protocols unasked")
-		s.count.upstreamErrors.Add(1)
+		s.count.UpstreamErrors.Add(1)
 		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.Target.Addr, err))
 		s.finish(r, ex, nil)
 		return
@@ -322,13 +322,13 @@ func (s *Server) upstreamFailed(err error) core.UpstreamError {
 	var de *upconn.DialError
 	switch {
 	case errors.As(err, &de):
-		s.count.upstreamErrors.Add(1)
+		s.count.UpstreamErrors.Add(1)
 		return core.UpstreamConnect
 	case isTimeout(err):
-		s.count.upstreamTimeouts.Add(1)
+		s.count.UpstreamTimeouts.Add(1)
 		return core.UpstreamTimeout
 	}
-	s.count.upstreamErrors.Add(1)
+	s.count.UpstreamErrors.Add(1)
 	return core.UpstreamResponse
 }
 

@@ -40,7 +40,7 @@ type Server struct {
 	closeOnce  sync.Once
 	background sync.WaitGroup // cache refreshes (refresh)
 
-	count counters
+	count engine.Counters
 	warns [warnKinds]engine.WarnGate // one line a second per kind
 	cm    metrics.Conns              // the worker's connections by state, in its row
 
@@ -151,7 +151,7 @@ func (s *Server) track(nc net.Conn, l *listener) *conn {
 		wait = min(wait, s.opts.DrainNewGrace)
 	}
 	_ = nc.SetReadDeadline(now.Add(wait))
-	s.count.accepted.Add(1)
+	s.count.Accepted.Add(1)
 	s.cm.Accepted()
 	c.setMetric(metrics.ConnReading) // waiting for its first request
 	s.mu.Lock()

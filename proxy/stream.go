@@ -52,7 +52,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 		b.eof = true
 	case err != nil:
 		b.err = err
-		b.s.count.upstreamAborts.Add(1)
+		b.s.count.UpstreamAborts.Add(1)
 		b.s.opts.Core.UpstreamFailed(core.UpstreamBroken, b.s.up.Target.Addr, err)
 	}
 	return n, err

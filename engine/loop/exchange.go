@@ -238,7 +238,7 @@ var errBodyFailed = errors.New("loop: the request body could not be read")
 // refuseAfter answers a request that passed the core with a problem of
 // the server's own, when its body cannot be read.
 func (r *request) refuseAfter(bad *engine.BadRequest) {
-	r.l.s.count.badRequests.Add(1)
+	r.l.s.count.BadRequests.Add(1)
 	r.respondCore(r.ex.Refuse(bad.Status, bad.Detail, bad.CloseConn))
 }
 
@@ -387,7 +387,7 @@ func (r *request) sendUpstream() {
 		u, err = l.pool.get()
 	}
 	if err != nil {
-		l.s.count.upstreamErrors.Add(1)
+		l.s.count.UpstreamErrors.Add(1)
 		r.respondCore(r.ex.Failed(core.UpstreamConnect, l.s.o.target.Addr, err))
 		return
 	}

@@ -109,7 +109,7 @@ func (r *request) writeCore(resp *core.Response) {
 // the connection closes after it when its framing cannot be trusted.
 func (c *conn) refuse(bad *engine.BadRequest) {
 	l := c.l
-	l.s.count.badRequests.Add(1)
+	l.s.count.BadRequests.Add(1)
 	r := c.r
 	if r == nil || r.h.raw == nil || bad.CloseConn {
 		c.closeAfter, c.linger = true, true
