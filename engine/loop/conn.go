@@ -185,16 +185,23 @@ func (c *conn) readable() {
 	}
 	n, err := read(c.fd, l.rbuf)
 	switch {
-	case err == unix.EAGAIN:
-		return
-	case err != nil:
-		c.close(errClientGone)
+	case c.stopped(err):
 		return
 	case n == 0:
 		c.readEOF()
 		return
 	}
 	c.feed(l.rbuf[:n])
+}
+
+// stopped reports whether a read or write of the client's socket went
+// no further: it would block (the loop calls again when it is ready), or
+// it failed, and the connection is closed.
+func (c *conn) stopped(err error) bool {
+	if err != nil && err != unix.EAGAIN {
+		c.close(errClientGone)
+	}
+	return err != nil
 }
 
 // readEOF: the client will send nothing more.
@@ -426,11 +433,7 @@ func (c *conn) flush() {
 	l := c.l
 	for c.outLen() > 0 {
 		n, err := write(c.fd, c.out[c.outOff:])
-		switch {
-		case err == unix.EAGAIN:
-			return
-		case err != nil:
-			c.close(errClientGone)
+		if c.stopped(err) {
 			return
 		}
 		c.outOff += n
@@ -615,14 +618,5 @@ func (c *conn) endRequest() {
 
 // write is write(2) for one buffer, without allocating for an error.
 func write(fd int, p []byte) (int, error) {
-	for {
-		n, _, e := unix.Syscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafePointer(p)), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
-	}
+	return rw(unix.SYS_WRITE, fd, unsafePointer(p), len(p))
 }

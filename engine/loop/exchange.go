@@ -50,12 +50,7 @@ func (r *request) begin() {
 
 // afterHead goes on from DecideHead's verdict.
 func (r *request) afterHead(v core.Verdict) {
-	switch v {
-	case core.Wait:
-		r.l.s.waiters.submit(r)
-		return
-	case core.Respond:
-		r.respondCore(r.ex.Response())
+	if r.settled(v) {
 		return
 	}
 	if max, ok := r.ex.WantsBody(); ok && !r.body.done {
@@ -68,6 +63,20 @@ func (r *request) afterHead(v core.Verdict) {
 	r.decide()
 }
 
+// settled reports whether verdict v leaves nothing more to do here: the
+// request waits (the waiters resume it), or the core answered it.
+func (r *request) settled(v core.Verdict) bool {
+	switch v {
+	case core.Wait:
+		r.l.s.waiters.submit(r)
+		return true
+	case core.Respond:
+		r.respondCore(r.ex.Response())
+		return true
+	}
+	return false
+}
+
 // decide runs the stages that need more than the head.
 func (r *request) decide() {
 	r.phase = phDecide
@@ -76,12 +85,7 @@ func (r *request) decide() {
 
 // afterDecide goes on from Decide's verdict.
 func (r *request) afterDecide(v core.Verdict) {
-	switch v {
-	case core.Wait:
-		r.l.s.waiters.submit(r)
-		return
-	case core.Respond:
-		r.respondCore(r.ex.Response())
+	if r.settled(v) {
 		return
 	}
 	r.fwd = r.ex.Forward()
