@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -59,10 +57,10 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		if uc != nil {
 			uc.Conn.Close()
 		}
-		var be *bodyError
+		var be *engine.BodyReadError
 		switch {
 		case errors.As(err, &be):
-			s.refuseAfter(r, ex, bodyProblem(be.err))
+			s.refuseAfter(r, ex, bodyProblem(be.Err))
 		case attempt == 0 && uc != nil && uc.Reused && !streamed && r.retryable() && staleConn(err):
 			// The upstream had closed the idle connection: nothing was
 			// done with the request, which goes on a new one.
@@ -148,6 +146,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 		ub.left = int64(length)
 	case length == -1:
 		ub.chunked = true
+		ub.chunks.Reset(uc.Buf)
 	default:
 		ub.untilClose, ub.reusable = true, false
 	}
@@ -332,13 +331,6 @@ func (s *Server) upstreamFailed(err error) core.UpstreamError {
 	return core.UpstreamResponse
 }
 
-// bodyError is a failure to read the client's request body while it was
-// being sent upstream.
-type bodyError struct{ err error }
-
-func (e *bodyError) Error() string { return "proxy: reading the request body: " + e.err.Error() }
-func (e *bodyError) Unwrap() error { return e.err }
-
 // exchangeStreamed sends the head and a body too long to read ahead, and
 // reads the response head meanwhile: an upstream may answer before it has
 // the whole body (a 413, a 401). Then the rest of the body is not sent,
@@ -347,7 +339,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 	sent := make(chan error, 1)
 	go func() {
 		err := s.sendBody(r, uc)
-		var be *bodyError
+		var be *engine.BodyReadError
 		if errors.As(err, &be) {
 			// The upstream must not wait for the rest, nor take what it
 			// got for a whole request.
@@ -375,7 +367,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 			return nil
 		}
 	}
-	var be *bodyError
+	var be *engine.BodyReadError
 	if errors.As(werr, &be) {
 		return werr // the client's fault comes first: 400 or 408
 	}
@@ -388,89 +380,10 @@ func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 	return nil
 }
 
-// chunkBufPool holds buffers for streamed request bodies: room for a chunk
-// header, 32 KiB of data and the chunk's CRLF.
-var chunkBufPool = sync.Pool{New: func() any { b := make([]byte, 16+32<<10+2); return &b }}
-
 // sendBody writes the head, the body read ahead and the rest of the body as
 // it arrives: with its Content-Length, or re-chunked.
 func (s *Server) sendBody(r *request, uc *upconn.Conn) error {
-	chunked := r.body.length < 0
-	bp := chunkBufPool.Get().(*[]byte)
-	defer chunkBufPool.Put(bp)
-	buf := *bp
-	if _, err := uc.Write(r.head); err != nil {
-		return err
-	}
-	if pre := r.body.bytes(); len(pre) > 0 {
-		if err := writeChunk(uc, buf, pre, chunked); err != nil {
-			return err
-		}
-	}
-	left := r.body.length - int64(len(r.body.bytes()))
-	for chunked || left > 0 {
-		data := buf[16 : len(buf)-2]
-		if !chunked && int64(len(data)) > left {
-			data = data[:left]
-		}
-		n, err := r.body.stream.Read(data)
-		if n > 0 {
-			left -= int64(n)
-			if werr := writeChunkInPlace(uc, buf, n, chunked); werr != nil {
-				return werr
-			}
-		}
-		if err == io.EOF {
-			if !chunked && left > 0 {
-				return &bodyError{io.ErrUnexpectedEOF}
-			}
-			break
-		}
-		if err != nil {
-			return &bodyError{err}
-		}
-	}
-	if chunked {
-		_, err := uc.Write(lastChunk)
-		return err
-	}
-	return nil
-}
-
-var lastChunk = []byte("0\r\n\r\n")
-
-// writeChunk writes p (copied through buf when chunked).
-func writeChunk(w io.Writer, buf, p []byte, chunked bool) error {
-	if !chunked {
-		_, err := w.Write(p)
-		return err
-	}
-	for len(p) > 0 {
-		n := copy(buf[16:len(buf)-2], p)
-		p = p[n:]
-		if err := writeChunkInPlace(w, buf, n, chunked); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// writeChunkInPlace writes the n bytes at buf[16:], framed as a chunk when
-// chunked, in one write.
-func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
-	if !chunked {
-		_, err := w.Write(buf[16 : 16+n])
-		return err
-	}
-	var hex [16]byte
-	h := strconv.AppendInt(hex[:0], int64(n), 16)
-	h = append(h, '\r', '\n')
-	start := 16 - len(h)
-	copy(buf[start:], h)
-	end := 16 + n
-	buf[end], buf[end+1] = '\r', '\n'
-	_, err := w.Write(buf[start : end+2])
-	return err
+	return engine.SendBody(uc, r.head, r.body.bytes(), r.body.stream, r.body.length)
 }
 
 // copyResponseHeader copies the upstream's response header to the client's,

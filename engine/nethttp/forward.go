@@ -99,10 +99,10 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 			uc.Conn.Close()
 		}
 		clear(rw.w.Header()) // what a failed attempt read of a response head
-		var be *bodyError
+		var be *engine.BodyReadError
 		switch {
 		case errors.As(err, &be):
-			return f.refuse(rw, ex, be.err)
+			return f.refuse(rw, ex, be.Err)
 		case attempt == 0 && uc != nil && uc.Reused && body.stream == nil && retryable(r) && staleConn(err):
 			continue // the upstream had closed the idle connection: nothing was done
 		}
@@ -176,13 +176,13 @@ func readAhead(r *http.Request, req *request) (aheadBody, error) {
 	case err == io.EOF || err == io.ErrUnexpectedEOF:
 		if r.ContentLength > 0 && int64(n) != r.ContentLength {
 			aheadPool.Put(bp)
-			return aheadBody{}, &bodyError{io.ErrUnexpectedEOF}
+			return aheadBody{}, &engine.BodyReadError{Err: io.ErrUnexpectedEOF}
 		}
 		_, hasCL := r.Header["Content-Length"]
 		return aheadBody{bytes: (*bp)[:n], length: int64(n), sendCL: n > 0 || hasCL || r.ContentLength < 0, buf: bp}, nil
 	case err != nil:
 		aheadPool.Put(bp)
-		return aheadBody{}, &bodyError{err}
+		return aheadBody{}, &engine.BodyReadError{Err: err}
 	}
 	return aheadBody{bytes: (*bp)[:n], stream: r.Body, length: r.ContentLength, buf: bp}, nil
 }
@@ -193,12 +193,6 @@ func (b *aheadBody) release() {
 		b.buf = nil
 	}
 }
-
-// bodyError is a failure to read the client's request body.
-type bodyError struct{ err error }
-
-func (e *bodyError) Error() string { return "nethttp: reading the request body: " + e.err.Error() }
-func (e *bodyError) Unwrap() error { return e.err }
 
 // isUpgrade reports whether r asks for an upgrade the upstream may
 // grant: HTTP/1.1, Connection: upgrade with an Upgrade field, and not to
@@ -340,7 +334,7 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 		return readResponseHead(uc.Buf, h, interim)
 	}
 	sent := make(chan error, 1)
-	go func() { sent <- sendBody(uc, head, body) }()
+	go func() { sent <- engine.SendBody(uc, head, body.bytes, body.stream, body.length) }()
 	hd, err = readResponseHead(uc.Buf, h, interim)
 	var werr error
 	select {
@@ -360,7 +354,7 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 			return hd, nil
 		}
 	}
-	var be *bodyError
+	var be *engine.BodyReadError
 	if errors.As(werr, &be) {
 		return hd, werr // the client's fault first: 400 or 408
 	}
@@ -372,72 +366,6 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 	}
 	return hd, nil
 }
-
-// sendBody writes the head, the body read ahead and the rest as it comes,
-// with its length or chunked.
-func sendBody(uc *upconn.Conn, head []byte, body aheadBody) error {
-	chunked := body.length < 0
-	if _, err := uc.Write(head); err != nil {
-		return err
-	}
-	write := func(p []byte) error {
-		if len(p) == 0 {
-			return nil
-		}
-		if chunked {
-			var hex [20]byte
-			line := append(strconv.AppendInt(hex[:0], int64(len(p)), 16), '\r', '\n')
-			if _, err := uc.Write(line); err != nil {
-				return err
-			}
-			if _, err := uc.Write(p); err != nil {
-				return err
-			}
-			_, err := uc.Write(crlfBytes)
-			return err
-		}
-		_, err := uc.Write(p)
-		return err
-	}
-	if err := write(body.bytes); err != nil {
-		return err
-	}
-	left := body.length - int64(len(body.bytes))
-	bp := aheadPool.Get().(*[]byte)
-	defer aheadPool.Put(bp)
-	for chunked || left > 0 {
-		p := *bp
-		if !chunked && int64(len(p)) > left {
-			p = p[:left]
-		}
-		n, err := body.stream.Read(p)
-		if n > 0 {
-			left -= int64(n)
-			if werr := write(p[:n]); werr != nil {
-				return werr
-			}
-		}
-		if err == io.EOF {
-			if !chunked && left > 0 {
-				return &bodyError{io.ErrUnexpectedEOF}
-			}
-			break
-		}
-		if err != nil {
-			return &bodyError{err}
-		}
-	}
-	if chunked {
-		_, err := uc.Write(lastChunkBytes)
-		return err
-	}
-	return nil
-}
-
-var (
-	crlfBytes      = []byte("\r\n")
-	lastChunkBytes = []byte("0\r\n\r\n")
-)
 
 // respHead is what framing a response head says.
 type respHead struct {
@@ -455,7 +383,6 @@ var (
 	errLongHead    = errors.New("nethttp: a response header section over 16 KiB")
 	errInterims    = errors.New("nethttp: too many interim responses")
 	errStray       = errors.New("nethttp: the upstream sent bytes past the end of its response")
-	errBadChunk    = errors.New("nethttp: malformed chunked response body")
 	errUnasked101  = errors.New("nethttp: the upstream switched protocols unasked")
 	errBadResponse = errors.New("nethttp: an invalid response header field")
 )
@@ -716,7 +643,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 	case hd.length >= 0:
 		body = &limitedBody{br: uc.Buf, left: hd.length}
 	case hd.length == -1:
-		body = &chunkedBody{br: uc.Buf}
+		body = engine.NewChunkedReader(uc.Buf)
 	default:
 		body = uc.Buf
 	}
@@ -839,76 +766,6 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	return n, err
-}
-
-// chunkedBody decodes a chunked body; the trailer section is dropped.
-type chunkedBody struct {
-	br   *bufio.Reader
-	left int64
-	crlf bool
-	eof  bool
-}
-
-func (b *chunkedBody) Read(p []byte) (int, error) {
-	if b.eof {
-		return 0, io.EOF
-	}
-	if b.left == 0 {
-		if b.crlf {
-			if line, err := readLine(b.br); err != nil || len(line) != 0 {
-				return 0, errOr(err, errBadChunk)
-			}
-			b.crlf = false
-		}
-		line, err := readLine(b.br)
-		if err != nil {
-			return 0, errOr(err, errBadChunk)
-		}
-		if i := bytes.IndexByte(line, ';'); i >= 0 {
-			line = line[:i]
-		}
-		line = bytes.TrimRight(line, " \t")
-		size, err := strconv.ParseInt(string(line), 16, 64)
-		if err != nil || size < 0 || len(line) == 0 || len(line) > 15 {
-			return 0, errBadChunk
-		}
-		if size == 0 {
-			for { // the trailer section
-				line, err := readLine(b.br)
-				if err != nil {
-					return 0, errOr(err, errBadChunk)
-				}
-				if len(line) == 0 {
-					break
-				}
-			}
-			b.eof = true
-			return 0, io.EOF
-		}
-		b.left = size
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.br.Read(p)
-	b.left -= int64(n)
-	if b.left == 0 {
-		b.crlf = true
-	}
-	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return n, err
-}
-
-func errOr(err, or error) error {
-	if err == io.EOF {
-		return io.ErrUnexpectedEOF
-	}
-	if err != nil {
-		return err
-	}
-	return or
 }
 
 // staleConn reports whether err is what a request sent on a connection
