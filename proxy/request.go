@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"net/netip"
-	"strconv"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
@@ -319,9 +318,7 @@ func (r *request) appendHead(dst []byte) []byte {
 		if len(host) == 0 {
 			host = []byte(r.s.up.Target.Authority) // HTTP/1.0 without Host, or with an empty one: HTTP/1.1 needs one
 		}
-		dst = append(dst, "Host: "...)
-		dst = append(dst, host...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, "Host", host)
 	}
 	for _, f := range r.fields {
 		switch f.kind {
@@ -345,36 +342,18 @@ func (r *request) appendHead(dst []byte) []byte {
 	}
 	// The core's own fields: the request id it made, a cache's validators.
 	for _, f := range r.fwd.Add {
-		dst = append(dst, f.Name...)
-		dst = append(dst, ": "...)
-		dst = append(dst, f.Value...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
-	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
-	// $proxy_add_x_forwarded_for); which hops to believe is the core's
-	// business.
-	dst = append(dst, "X-Forwarded-For: "...)
-	sep := false
+	xff := engine.BeginForwardedFor(dst)
 	for _, f := range r.fields {
-		if f.kind == engine.FieldForwardedFor && f.value.to > f.value.from {
-			if sep {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, r.raw[f.value.from:f.value.to]...)
-			sep = true
+		if f.kind == engine.FieldForwardedFor {
+			xff.Add(b2s(r.raw[f.value.from:f.value.to]))
 		}
 	}
-	if r.c.peer.IsValid() {
-		if sep {
-			dst = append(dst, ", "...)
-		}
-		dst = r.c.peer.AppendTo(dst)
-	}
-	dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
+	dst = xff.End(r.c.peer)
+	dst = engine.AppendField(dst, "X-Forwarded-Proto", "http")
 	if len(r.host) > 0 {
-		dst = append(dst, "X-Forwarded-Host: "...)
-		dst = append(dst, r.host...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, "X-Forwarded-Host", r.host)
 	}
 	if r.upgrade {
 		dst = append(dst, "Connection: Upgrade\r\n"...)
@@ -382,14 +361,10 @@ func (r *request) appendHead(dst []byte) []byte {
 	switch b := &r.body; {
 	case b.done:
 		if n := len(b.bytes()); n > 0 || r.hasLength || b.length < 0 {
-			dst = append(dst, "Content-Length: "...)
-			dst = strconv.AppendInt(dst, int64(n), 10)
-			dst = append(dst, "\r\n"...)
+			dst = engine.AppendLength(dst, int64(n))
 		}
 	case b.length >= 0:
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, b.length, 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, b.length)
 	default:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
 	}

@@ -163,7 +163,7 @@ func (r *request) runApp() {
 		}
 	}
 	for _, f := range r.ex.Fields() {
-		dst = appendField(dst, f.Name, f.Value)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
 	if !w.hasDate {
 		dst = append(dst, l.dateLine...)

@@ -106,7 +106,7 @@ func (r *request) composeHead(h *respHead) []byte {
 		}
 	}
 	for _, f := range r.ex.Fields() {
-		dst = appendField(dst, f.Name, f.Value)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
 	if !h.hasDate {
 		dst = append(dst, l.dateLine...) // the upstream's own, else now

@@ -4,7 +4,6 @@ package loop
 
 import (
 	"net/netip"
-	"strconv"
 	"sync/atomic"
 	"unsafe"
 
@@ -219,7 +218,7 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 		if len(host) == 0 {
 			host = s2b(t.Authority) // none, or empty: HTTP/1.1 needs one
 		}
-		dst = appendField(dst, "Host", host)
+		dst = engine.AppendField(dst, "Host", host)
 	}
 	for i := range h.fields {
 		f := &h.fields[i]
@@ -242,32 +241,19 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 		dst = append(dst, raw[f.name.from:f.value.to]...)
 		dst = append(dst, "\r\n"...)
 	}
-	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
-	// $proxy_add_x_forwarded_for); which hops to believe is the core's
-	// business.
-	dst = append(dst, "X-Forwarded-For: "...)
-	sep := false
+	xff := engine.BeginForwardedFor(dst)
 	for i := range h.fields {
-		if f := &h.fields[i]; f.kind == engine.FieldForwardedFor && f.value.to > f.value.from {
-			if sep {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, f.value.of(raw)...)
-			sep = true
+		if f := &h.fields[i]; f.kind == engine.FieldForwardedFor {
+			xff.Add(b2s(f.value.of(raw)))
 		}
 	}
-	if peer := r.Peer(); peer.IsValid() {
-		if sep {
-			dst = append(dst, ", "...)
-		}
-		dst = peer.AppendTo(dst)
-	}
-	dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
+	dst = xff.End(r.Peer())
+	dst = engine.AppendField(dst, "X-Forwarded-Proto", "http")
 	if hh := h.host.of(raw); len(hh) > 0 {
-		dst = appendField(dst, "X-Forwarded-Host", hh)
+		dst = engine.AppendField(dst, "X-Forwarded-Host", hh)
 	}
 	for i := range r.fwd.Add {
-		dst = appendField(dst, r.fwd.Add[i].Name, r.fwd.Add[i].Value)
+		dst = engine.AppendField(dst, r.fwd.Add[i].Name, r.fwd.Add[i].Value)
 	}
 	if h.upgrade {
 		dst = append(dst, "Connection: Upgrade\r\n"...)
@@ -275,25 +261,13 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 	switch b := &r.body; {
 	case b.done && !r.streamed:
 		if n := len(b.buf); n > 0 || h.hasLength || h.chunked {
-			dst = append(dst, "Content-Length: "...)
-			dst = strconv.AppendInt(dst, int64(n), 10)
-			dst = append(dst, "\r\n"...)
+			dst = engine.AppendLength(dst, int64(n))
 		}
 	case b.mode == bodyLength:
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, h.length, 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, h.length)
 	default:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
 	}
-	return append(dst, "\r\n"...)
-}
-
-// appendField appends the field line "name: value".
-func appendField[V string | []byte](dst []byte, name string, value V) []byte {
-	dst = append(dst, name...)
-	dst = append(dst, ": "...)
-	dst = append(dst, value...)
 	return append(dst, "\r\n"...)
 }
 

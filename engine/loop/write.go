@@ -77,7 +77,7 @@ func (r *request) writeCore(resp *core.Response) {
 		switch f.Name {
 		case "Date":
 			if len(f.Value) <= 64 && !bytes.ContainsAny(f.Value, "\r\n") {
-				date = appendField(l.date[:0], "Date", f.Value)
+				date = engine.AppendField(l.date[:0], "Date", f.Value)
 				l.date = date
 			}
 			continue
@@ -86,7 +86,7 @@ func (r *request) writeCore(resp *core.Response) {
 				continue
 			}
 		}
-		dst = appendField(dst, f.Name, f.Value)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
 	dst = append(dst, date...)
 	if length >= 0 {

@@ -241,13 +241,12 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t *engine.Target,
 		dst = append(dst, '?')
 		dst = append(dst, q...)
 	}
-	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, " HTTP/1.1\r\n"...)
 	host := r.Host
 	if host == "" {
 		host = t.Authority // HTTP/1.0 without Host: HTTP/1.1 needs one
 	}
-	dst = append(dst, host...)
-	dst = append(dst, "\r\n"...)
+	dst = engine.AppendField(dst, "Host", host)
 	for name, vs := range r.Header {
 		switch {
 		case hopByHop(name) && !(upgrade && name == "Upgrade"):
@@ -261,61 +260,37 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t *engine.Target,
 			continue
 		}
 		for _, v := range vs {
-			dst = append(dst, name...)
-			dst = append(dst, ": "...)
-			dst = append(dst, v...)
-			dst = append(dst, "\r\n"...)
+			dst = engine.AppendField(dst, name, v)
 		}
 	}
 	for _, f := range fwd.Add {
-		dst = append(dst, f.Name...)
-		dst = append(dst, ": "...)
-		dst = append(dst, f.Value...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
-	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
-	// $proxy_add_x_forwarded_for); which hops to believe is the core's.
-	dst = append(dst, "X-Forwarded-For: "...)
-	sep := false
+	xff := engine.BeginForwardedFor(dst)
 	for _, v := range r.Header["X-Forwarded-For"] {
-		if v = textproto.TrimString(v); v != "" {
-			if sep {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, v...)
-			sep = true
-		}
+		xff.Add(textproto.TrimString(v))
 	}
+	var peer netip.Addr
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
-		if sep {
-			dst = append(dst, ", "...)
-		}
-		dst = ap.Addr().Unmap().WithZone("").AppendTo(dst)
+		peer = ap.Addr().Unmap().WithZone("")
 	}
-	dst = append(dst, "\r\nX-Forwarded-Proto: "...)
+	dst = xff.End(peer)
+	proto := "http"
 	if r.TLS != nil {
-		dst = append(dst, "https"...)
-	} else {
-		dst = append(dst, "http"...)
+		proto = "https"
 	}
-	dst = append(dst, "\r\n"...)
+	dst = engine.AppendField(dst, "X-Forwarded-Proto", proto)
 	if r.Host != "" {
-		dst = append(dst, "X-Forwarded-Host: "...)
-		dst = append(dst, r.Host...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, "X-Forwarded-Host", r.Host)
 	}
 	if upgrade {
 		dst = append(dst, "Connection: Upgrade\r\n"...)
 	}
 	switch {
 	case body.stream == nil && (len(body.bytes) > 0 || body.sendCL):
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, int64(len(body.bytes)), 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, int64(len(body.bytes)))
 	case body.stream != nil && body.length >= 0:
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, body.length, 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, body.length)
 	case body.stream != nil:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
 	}
