@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"errors"
 	"io"
+	"net"
 	"strconv"
 	"sync"
 )
@@ -105,4 +107,50 @@ func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
 	buf[end], buf[end+1] = '\r', '\n'
 	_, err := w.Write(buf[start : end+2])
 	return err
+}
+
+// SendWhileReading sends a request whose body streams (send) while it
+// reads the response head (read) on conn: an upstream may answer before
+// it has the whole body (a 413, a 401). The rest of the body is then not
+// sent: a write fails from there on, and the sender stops at its next. A
+// client that fails to send its body (a *BodyReadError) has conn closed
+// at once, so that the upstream neither waits for the rest nor takes
+// what it got for a whole request, and its error comes first (400 or
+// 408). reuse is false when conn must not serve another request.
+func SendWhileReading(conn net.Conn, send, read func() error) (reuse bool, err error) {
+	sent := make(chan error, 1)
+	go func() {
+		err := send()
+		var be *BodyReadError
+		if errors.As(err, &be) {
+			conn.Close()
+		}
+		sent <- err
+	}()
+	err = read()
+	var werr error
+	select {
+	case werr = <-sent:
+	default:
+		if err == nil {
+			// An early answer: stop sending.
+			if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			}
+		} else {
+			conn.Close() // the sender stops at its next write
+		}
+		werr = <-sent
+		if err == nil {
+			return false, nil
+		}
+	}
+	var be *BodyReadError
+	switch {
+	case errors.As(werr, &be):
+		return false, werr // the client's fault comes first
+	case err != nil:
+		return false, err
+	}
+	return werr == nil, nil
 }

@@ -336,54 +336,13 @@ func (s *Server) upstreamFailed(err error) core.UpstreamError {
 // the whole body (a 413, a 401). Then the rest of the body is not sent,
 // and the connection is not reused.
 func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
-	sent := make(chan error, 1)
-	go func() {
-		err := s.sendBody(r, uc)
-		var be *engine.BodyReadError
-		if errors.As(err, &be) {
-			// The upstream must not wait for the rest, nor take what it
-			// got for a whole request.
-			uc.Conn.Close()
-		}
-		sent <- err
-	}()
-	err := readResponseHead(uc.Buf, &r.up, interimTo(r))
-	var werr error
-	select {
-	case werr = <-sent:
-	default:
-		if err == nil {
-			// An early answer: stop sending. A write fails from here on;
-			// the sender stops at its next write.
-			if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
-			r.up.SetConnectionClose()
-		} else {
-			uc.Conn.Close() // the sender stops at its next write
-		}
-		werr = <-sent
-		if err == nil {
-			return nil
-		}
-	}
-	var be *engine.BodyReadError
-	if errors.As(werr, &be) {
-		return werr // the client's fault comes first: 400 or 408
-	}
-	if err != nil {
-		return err
-	}
-	if werr != nil {
+	reuse, err := engine.SendWhileReading(uc.Conn,
+		func() error { return engine.SendBody(uc, r.head, r.body.bytes(), r.body.stream, r.body.length) },
+		func() error { return readResponseHead(uc.Buf, &r.up, interimTo(r)) })
+	if err == nil && !reuse {
 		r.up.SetConnectionClose()
 	}
-	return nil
-}
-
-// sendBody writes the head, the body read ahead and the rest of the body as
-// it arrives: with its Content-Length, or re-chunked.
-func (s *Server) sendBody(r *request, uc *upconn.Conn) error {
-	return engine.SendBody(uc, r.head, r.body.bytes(), r.body.stream, r.body.length)
+	return err
 }
 
 // copyResponseHeader copies the upstream's response header to the client's,

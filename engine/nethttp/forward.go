@@ -308,38 +308,14 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 		}
 		return readResponseHead(uc.Buf, h, interim)
 	}
-	sent := make(chan error, 1)
-	go func() { sent <- engine.SendBody(uc, head, body.bytes, body.stream, body.length) }()
-	hd, err = readResponseHead(uc.Buf, h, interim)
-	var werr error
-	select {
-	case werr = <-sent:
-	default:
-		if err == nil {
-			// An early answer: stop sending, and do not reuse.
-			if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
-		} else {
-			uc.Conn.Close()
-		}
-		hd.close = true
-		werr = <-sent
-		if err == nil {
-			return hd, nil
-		}
-	}
-	var be *engine.BodyReadError
-	if errors.As(werr, &be) {
-		return hd, werr // the client's fault first: 400 or 408
-	}
-	if err != nil {
-		return hd, err
-	}
-	if werr != nil {
-		hd.close = true
-	}
-	return hd, nil
+	reuse, err := engine.SendWhileReading(uc.Conn,
+		func() error { return engine.SendBody(uc, head, body.bytes, body.stream, body.length) },
+		func() (err error) {
+			hd, err = readResponseHead(uc.Buf, h, interim)
+			return err
+		})
+	hd.close = hd.close || !reuse
+	return hd, err
 }
 
 // respHead is what framing a response head says.
