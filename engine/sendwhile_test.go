@@ -53,14 +53,22 @@ func readHead(c net.Conn) func() error {
 // A whole body, then the answer: the connection may serve again.
 func TestSendWhileReadingWhole(t *testing.T) {
 	p, u := upstreamConn(t)
+	sent := make(chan struct{})
 	go func() {
 		b := make([]byte, 5)
 		if _, err := io.ReadFull(u, b); err == nil && string(b) == "hello" {
+			// An answer that comes once the sender is done: one that
+			// overtakes it is an early one.
+			<-sent
+			time.Sleep(100 * time.Millisecond)
 			_, _ = u.Write([]byte("HTTP/1.1 200 OK\r\n"))
 		}
 	}()
 	reuse, err := engine.SendWhileReading(p,
-		func() error { return engine.SendBody(p, nil, []byte("he"), strings.NewReader("llo"), 5) }, readHead(p))
+		func() error {
+			defer close(sent)
+			return engine.SendBody(p, nil, []byte("he"), strings.NewReader("llo"), 5)
+		}, readHead(p))
 	if err != nil || !reuse {
 		t.Fatalf("reuse %v, err %v", reuse, err)
 	}
