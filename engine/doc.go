@@ -6,5 +6,12 @@
 // net/http one in engine/nethttp) takes these as they are, so that one setting means one thing whichever engine serves, and
 // a default is written once, here.
 //
+// What the engines do alike to the bytes they carry is written here once
+// too: the HTTP/1.1 header field rules and the refusals of a request
+// (field.go, refusal.go), the fields added to the head sent upstream
+// (upstreamhead.go), the sending of a streamed request body and the
+// reading of a chunked response (send.go, chunked.go), and the counters
+// an engine server reports (stats.go).
+//
 // An engine carries bytes: package core runs every request.
 package engine

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // readAheadBytes is how much of a request body is read before anything is
@@ -124,13 +125,13 @@ func (b *body) readAll(r *request, max int64) ([]byte, error) {
 const maxInt = int(^uint(0) >> 1)
 
 // bodyProblem is the answer to a request whose body could not be read.
-func bodyProblem(err error) *badRequest {
+func bodyProblem(err error) *engine.BadRequest {
 	switch {
 	case isTimeout(err):
-		return &badRequest{408, "the request body did not arrive in time", true}
+		return engine.ErrBodyTimeout
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), isConnReset(err):
-		return &badRequest{400, "the request body ended early", true}
+		return engine.ErrBodyEnded
 	default:
-		return &badRequest{400, "malformed chunked request body", true}
+		return engine.ErrBadChunk
 	}
 }

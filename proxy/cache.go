@@ -67,6 +67,7 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 		ub.eof = length == 0
 	case length == -1:
 		ub.chunked = true
+		ub.chunks.Reset(uc.Buf)
 	default:
 		ub.untilClose, ub.reusable = true, false
 	}

@@ -436,6 +436,12 @@ var exchanges = []exchange{
 		status: 400, closed: true,
 		netHTTP: netHTTPOwn(400),
 	},
+	{
+		name:   "DEL in a header value: 400",
+		send:   "GET / HTTP/1.1\nHost: a\nX-A: b\x7fc\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
 }
 
 func TestConformance(t *testing.T) {

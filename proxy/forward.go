@@ -7,13 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/upconn"
 )
 
@@ -25,7 +24,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		return
 	}
 	if r.upgrade && !r.body.done {
-		s.refuseAfter(r, ex, &badRequest{http.StatusBadRequest, "an upgrade request with a long body", true})
+		s.refuseAfter(r, ex, engine.ErrUpgradeBody)
 		return
 	}
 	r.head = r.appendHead(r.head[:0])
@@ -58,10 +57,10 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		if uc != nil {
 			uc.Conn.Close()
 		}
-		var be *bodyError
+		var be *engine.BodyReadError
 		switch {
 		case errors.As(err, &be):
-			s.refuseAfter(r, ex, bodyProblem(be.err))
+			s.refuseAfter(r, ex, bodyProblem(be.Err))
 		case attempt == 0 && uc != nil && uc.Reused && !streamed && r.retryable() && staleConn(err):
 			// The upstream had closed the idle connection: nothing was
 			// done with the request, which goes on a new one.
@@ -77,9 +76,9 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 
 // refuseAfter answers a request that passed the core with a problem of
 // the server's own, when its body cannot be read.
-func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *badRequest) {
-	s.count.badRequests.Add(1)
-	s.respond(r.ctx, ex.Refuse(b.status, b.detail, b.closeConn))
+func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *engine.BadRequest) {
+	s.count.BadRequests.Add(1)
+	s.respond(r.ctx, ex.Refuse(b.Status, b.Detail, b.CloseConn))
 	s.finish(r, ex, nil)
 }
 
@@ -91,7 +90,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	if status == http.StatusSwitchingProtocols && !r.upgrade {
 		uc.Conn.Close()
 		err := errors.New("proxy: the upstream switched protocols unasked")
-		s.count.upstreamErrors.Add(1)
+		s.count.UpstreamErrors.Add(1)
 		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.Target.Addr, err))
 		s.finish(r, ex, nil)
 		return
@@ -147,6 +146,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 		ub.left = int64(length)
 	case length == -1:
 		ub.chunked = true
+		ub.chunks.Reset(uc.Buf)
 	default:
 		ub.untilClose, ub.reusable = true, false
 	}
@@ -321,154 +321,27 @@ func (s *Server) upstreamFailed(err error) core.UpstreamError {
 	var de *upconn.DialError
 	switch {
 	case errors.As(err, &de):
-		s.count.upstreamErrors.Add(1)
+		s.count.UpstreamErrors.Add(1)
 		return core.UpstreamConnect
 	case isTimeout(err):
-		s.count.upstreamTimeouts.Add(1)
+		s.count.UpstreamTimeouts.Add(1)
 		return core.UpstreamTimeout
 	}
-	s.count.upstreamErrors.Add(1)
+	s.count.UpstreamErrors.Add(1)
 	return core.UpstreamResponse
 }
-
-// bodyError is a failure to read the client's request body while it was
-// being sent upstream.
-type bodyError struct{ err error }
-
-func (e *bodyError) Error() string { return "proxy: reading the request body: " + e.err.Error() }
-func (e *bodyError) Unwrap() error { return e.err }
 
 // exchangeStreamed sends the head and a body too long to read ahead, and
 // reads the response head meanwhile: an upstream may answer before it has
 // the whole body (a 413, a 401). Then the rest of the body is not sent,
 // and the connection is not reused.
 func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
-	sent := make(chan error, 1)
-	go func() {
-		err := s.sendBody(r, uc)
-		var be *bodyError
-		if errors.As(err, &be) {
-			// The upstream must not wait for the rest, nor take what it
-			// got for a whole request.
-			uc.Conn.Close()
-		}
-		sent <- err
-	}()
-	err := readResponseHead(uc.Buf, &r.up, interimTo(r))
-	var werr error
-	select {
-	case werr = <-sent:
-	default:
-		if err == nil {
-			// An early answer: stop sending. A write fails from here on;
-			// the sender stops at its next write.
-			if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
-			r.up.SetConnectionClose()
-		} else {
-			uc.Conn.Close() // the sender stops at its next write
-		}
-		werr = <-sent
-		if err == nil {
-			return nil
-		}
-	}
-	var be *bodyError
-	if errors.As(werr, &be) {
-		return werr // the client's fault comes first: 400 or 408
-	}
-	if err != nil {
-		return err
-	}
-	if werr != nil {
+	reuse, err := engine.SendWhileReading(uc.Conn,
+		func() error { return engine.SendBody(uc, r.head, r.body.bytes(), r.body.stream, r.body.length) },
+		func() error { return readResponseHead(uc.Buf, &r.up, interimTo(r)) })
+	if err == nil && !reuse {
 		r.up.SetConnectionClose()
 	}
-	return nil
-}
-
-// chunkBufPool holds buffers for streamed request bodies: room for a chunk
-// header, 32 KiB of data and the chunk's CRLF.
-var chunkBufPool = sync.Pool{New: func() any { b := make([]byte, 16+32<<10+2); return &b }}
-
-// sendBody writes the head, the body read ahead and the rest of the body as
-// it arrives: with its Content-Length, or re-chunked.
-func (s *Server) sendBody(r *request, uc *upconn.Conn) error {
-	chunked := r.body.length < 0
-	bp := chunkBufPool.Get().(*[]byte)
-	defer chunkBufPool.Put(bp)
-	buf := *bp
-	if _, err := uc.Write(r.head); err != nil {
-		return err
-	}
-	if pre := r.body.bytes(); len(pre) > 0 {
-		if err := writeChunk(uc, buf, pre, chunked); err != nil {
-			return err
-		}
-	}
-	left := r.body.length - int64(len(r.body.bytes()))
-	for chunked || left > 0 {
-		data := buf[16 : len(buf)-2]
-		if !chunked && int64(len(data)) > left {
-			data = data[:left]
-		}
-		n, err := r.body.stream.Read(data)
-		if n > 0 {
-			left -= int64(n)
-			if werr := writeChunkInPlace(uc, buf, n, chunked); werr != nil {
-				return werr
-			}
-		}
-		if err == io.EOF {
-			if !chunked && left > 0 {
-				return &bodyError{io.ErrUnexpectedEOF}
-			}
-			break
-		}
-		if err != nil {
-			return &bodyError{err}
-		}
-	}
-	if chunked {
-		_, err := uc.Write(lastChunk)
-		return err
-	}
-	return nil
-}
-
-var lastChunk = []byte("0\r\n\r\n")
-
-// writeChunk writes p (copied through buf when chunked).
-func writeChunk(w io.Writer, buf, p []byte, chunked bool) error {
-	if !chunked {
-		_, err := w.Write(p)
-		return err
-	}
-	for len(p) > 0 {
-		n := copy(buf[16:len(buf)-2], p)
-		p = p[n:]
-		if err := writeChunkInPlace(w, buf, n, chunked); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// writeChunkInPlace writes the n bytes at buf[16:], framed as a chunk when
-// chunked, in one write.
-func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
-	if !chunked {
-		_, err := w.Write(buf[16 : 16+n])
-		return err
-	}
-	var hex [16]byte
-	h := strconv.AppendInt(hex[:0], int64(n), 16)
-	h = append(h, '\r', '\n')
-	start := 16 - len(h)
-	copy(buf[start:], h)
-	end := 16 + n
-	buf[end], buf[end+1] = '\r', '\n'
-	_, err := w.Write(buf[start : end+2])
 	return err
 }
 
@@ -485,25 +358,17 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide [
 	var few [8][]byte // fields named by Connection: a few, on the stack
 	named := few[:0]
 	for k, v := range src.All() {
-		if classify(k) == kindConnection {
-			eachToken(v, func(t []byte) {
-				if !equalFold(t, "close") && !equalFold(t, "keep-alive") && !equalFold(t, "upgrade") {
+		if engine.ClassifyField(k) == engine.FieldConnection {
+			engine.EachToken(v, func(t []byte) {
+				if !engine.EqualFold(t, "close") && !engine.EqualFold(t, "keep-alive") && !engine.EqualFold(t, "upgrade") {
 					named = append(named, t)
 				}
 			})
 		}
 	}
 	for k, v := range src.All() {
-		switch classify(k) {
-		case kindOther, kindHost, kindForwardedFor, kindForwardedOther, kindExpect:
-		case kindConnection, kindUpgrade:
-			if !upgraded {
-				continue
-			}
-		default:
-			continue
-		}
-		if isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
+		if !engine.ResponseFieldPassed(engine.ClassifyField(k), upgraded) ||
+			isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
 			continue
 		}
 		dst.AddBytesKV(k, v)
@@ -512,7 +377,7 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide [
 
 func isHidden(k []byte, hide []string) bool {
 	for _, h := range hide {
-		if len(h) == len(k) && equalFold(k, h) {
+		if len(h) == len(k) && engine.EqualFold(k, h) {
 			return true
 		}
 	}
@@ -521,7 +386,7 @@ func isHidden(k []byte, hide []string) bool {
 
 func isNamed(k []byte, named [][]byte) bool {
 	for _, n := range named {
-		if len(n) == len(k) && equalFold(k, b2s(n)) {
+		if len(n) == len(k) && engine.EqualFold(k, b2s(n)) {
 			return true
 		}
 	}

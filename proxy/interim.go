@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/valyala/fasthttp"
 )
 
@@ -50,7 +51,7 @@ func (r *request) interim(h *fasthttp.ResponseHeader) {
 	b = append(b, fasthttp.StatusMessage(st)...)
 	b = append(b, "\r\n"...)
 	for k, v := range h.All() {
-		if classify(k) != kindOther {
+		if engine.ClassifyField(k) != engine.FieldOther {
 			continue // hop-by-hop, or framing
 		}
 		b = append(b, k...)

@@ -5,50 +5,26 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // Answers of the server's own, and what it tells the operator about them.
 
 // Stats are the server's counters since New.
-type Stats struct {
-	Accepted    uint64 // client connections accepted
-	Open        int64  // client connections open now
-	BadRequests uint64 // requests refused before anything was forwarded (400, 405, 408, 431, 505)
-	// UpstreamErrors counts 502s: the upstream refused, was unreachable,
-	// or broke off before a whole response header.
-	UpstreamErrors uint64
-	// UpstreamTimeouts counts 504s: no response header within
-	// UpstreamTimeout.
-	UpstreamTimeouts uint64
-	// UpstreamAborts counts responses cut off mid-body: the upstream
-	// stalled or broke off after the header was sent on.
-	UpstreamAborts uint64
-}
-
-type counters struct {
-	accepted, badRequests, upstreamErrors, upstreamTimeouts, upstreamAborts atomic.Uint64
-}
+type Stats = engine.Stats
 
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	open := int64(len(s.conns))
 	s.mu.Unlock()
-	return Stats{
-		Accepted:         s.count.accepted.Load(),
-		Open:             open,
-		BadRequests:      s.count.badRequests.Load(),
-		UpstreamErrors:   s.count.upstreamErrors.Load(),
-		UpstreamTimeouts: s.count.upstreamTimeouts.Load(),
-		UpstreamAborts:   s.count.upstreamAborts.Load(),
-	}
+	return s.count.Stats(open)
 }
 
 // warnKind is a kind of warning; each is rate-limited on its own.
@@ -106,9 +82,9 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, status int, detail string, clo
 }
 
 // refuse answers a request that will not be forwarded.
-func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *badRequest, extra []core.Field) {
-	s.count.badRequests.Add(1)
-	s.answer(ctx, b.status, b.detail, b.closeConn, extra)
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, b *engine.BadRequest, extra []core.Field) {
+	s.count.BadRequests.Add(1)
+	s.answer(ctx, b.Status, b.Detail, b.CloseConn, extra)
 }
 
 // respond writes the core's own answer.
@@ -159,7 +135,7 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	c, _ := ctx.Conn().(*conn)
 	if errors.Is(err, errBareLFRead) {
 		// Bytes of a request arrived, whatever state fasthttp reported.
-		s.refuse(ctx, errBareLF, nil)
+		s.refuse(ctx, engine.ErrBareLF, nil)
 		return
 	}
 	if c != nil {
@@ -176,11 +152,11 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.As(err, &small), errors.Is(err, fasthttp.ErrSmallReadBuffer):
-		s.refuse(ctx, &badRequest{http.StatusRequestHeaderFieldsTooLarge, "the request header section is too large", true}, nil)
+		s.refuse(ctx, engine.ErrTooLarge, nil)
 	case isTimeout(err):
-		s.refuse(ctx, &badRequest{http.StatusRequestTimeout, "the request header did not arrive in time", true}, nil)
+		s.refuse(ctx, engine.ErrHeadTimeout, nil)
 	default:
-		s.refuse(ctx, &badRequest{http.StatusBadRequest, "malformed request", true}, nil)
+		s.refuse(ctx, &engine.BadRequest{Status: http.StatusBadRequest, Detail: "malformed request", CloseConn: true}, nil)
 	}
 }
 

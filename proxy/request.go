@@ -3,13 +3,12 @@ package proxy
 import (
 	"bytes"
 	"net/netip"
-	"strconv"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
-	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // The request as the server reads it: the request line and the raw header
@@ -17,28 +16,11 @@ import (
 // so that the framing checks, the core's header lookups and the forwarded
 // header section all work from the same bytes.
 
-// kind classifies a header field by its name.
-type kind uint8
-
-const (
-	kindOther          kind = iota
-	kindHost                // kept as sent, also sent as X-Forwarded-Host
-	kindHopByHop            // never forwarded (RFC 9110 §7.6.1)
-	kindConnection          // hop-by-hop, and names more hop-by-hop fields
-	kindUpgrade             // hop-by-hop unless the request is upgraded
-	kindLength              // Content-Length: the framing is sent anew
-	kindEncoding            // Transfer-Encoding: likewise
-	kindExpect              // answered here, never forwarded
-	kindForwardedFor        // merged into the one X-Forwarded-For sent
-	kindForwardedOther      // X-Forwarded-Proto/-Host: replaced
-	kindDropped             // named by Connection, or a name with '_': never forwarded
-)
-
 // field is one header line: its name and its value (without the spaces
 // around it), as offsets into the raw header section.
 type field struct {
 	name, value span
-	kind        kind
+	kind        engine.FieldKind
 }
 
 type span struct{ from, to int32 }
@@ -93,38 +75,17 @@ type request struct {
 	scratch []byte
 }
 
-// badRequest is why a request cannot be served, before anything is
-// forwarded; closeConn when its framing cannot be trusted (RFC 9112
-// §6.3: the connection must close after the answer).
-type badRequest struct {
-	status    int
-	detail    string
-	closeConn bool
-}
-
-var (
-	errObsFold = &badRequest{400, "obsolete line folding in the header section", true}
-	errCLTE    = &badRequest{400, "both Content-Length and Transfer-Encoding", true}
-	errNoColon = &badRequest{400, "a header line without a colon", true}
-	errName    = &badRequest{400, "a header field name that is not a token", true}
-	errBareLF  = &badRequest{400, "a header line ended by a bare LF", true}
-	errTarget  = &badRequest{400, "the request target is not an absolute path", false}
-	errPRI     = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
-	errConnect = &badRequest{405, "CONNECT is not supported", true}
-	errVersion = &badRequest{505, "only HTTP/1.0 and HTTP/1.1 are supported", true}
-)
-
 // parse indexes the request's header section and target and checks what
 // fasthttp let through that a proxy must not forward. It does not
 // allocate unless the request has more than inlineFields header lines, or
 // an absolute-form target without a path (its scratch buffer, kept with
 // the pooled request, grows once).
-func (r *request) parse() *badRequest {
+func (r *request) parse() *engine.BadRequest {
 	h := &r.ctx.Request.Header
 	r.raw = h.RawHeaders()
 	r.method = h.Method()
 	if p := h.Protocol(); !bytes.Equal(p, strHTTP11) && !bytes.Equal(p, strHTTP10) {
-		return errVersion
+		return engine.ErrVersion
 	}
 	r.fields = r.inline[:0]
 	hasLength, hasEncoding, upgradeToken, hasUpgrade, h2c := false, false, false, false, false
@@ -141,49 +102,38 @@ func (r *request) parse() *badRequest {
 		if line.to > line.from && r.raw[line.to-1] == '\r' {
 			line.to--
 		} else if int(line.to) < len(r.raw) {
-			return errBareLF // a line ended by "\n" alone (RFC 9112 §2.2)
+			return engine.ErrBareLF // a line ended by "\n" alone (RFC 9112 §2.2)
 		}
 		if line.to == line.from {
 			break // the blank line that ends the section
 		}
-		if c := r.raw[line.from]; c == ' ' || c == '\t' {
-			return errObsFold
+		fl, fault := engine.ParseFieldLine(r.raw[line.from:line.to])
+		if fault != engine.FieldOK {
+			return fault.BadRequest()
 		}
-		colon := bytes.IndexByte(r.raw[line.from:line.to], ':')
-		if colon < 0 {
-			return errNoColon
+		f := field{
+			name:  span{line.from, line.from + int32(fl.NameEnd)},
+			value: span{line.from + int32(fl.ValueFrom), line.from + int32(fl.ValueTo)},
 		}
-		f := field{name: span{line.from, line.from + int32(colon)}}
-		name := r.raw[f.name.from:f.name.to]
-		if !route.IsToken(b2s(name)) {
-			return errName
-		}
-		f.value = trimOWS(r.raw, span{f.name.to + 1, line.to})
-		f.kind = classify(name)
-		if f.kind == kindOther && bytes.IndexByte(name, '_') >= 0 {
-			// nginx's underscores_in_headers off: X_Forwarded_For would be
-			// X-Forwarded-For to an application that maps '_' to '-' (CGI,
-			// WSGI, Rack), past every rule that reads the real one.
-			f.kind = kindDropped
-		}
+		f.kind = engine.ClassifyRequestField(r.raw[f.name.from:f.name.to])
 		switch f.kind {
-		case kindHost:
+		case engine.FieldHost:
 			r.host = r.raw[f.value.from:f.value.to]
-		case kindLength:
+		case engine.FieldLength:
 			hasLength = true
-		case kindEncoding:
+		case engine.FieldEncoding:
 			hasEncoding = true
-		case kindUpgrade:
+		case engine.FieldUpgrade:
 			hasUpgrade = true
-			eachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
-				h2c = h2c || equalFold(t, "h2c")
+			engine.EachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
+				h2c = h2c || engine.EqualFold(t, "h2c")
 			})
-		case kindConnection:
-			eachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
+		case engine.FieldConnection:
+			engine.EachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
 				switch {
-				case equalFold(t, "upgrade"):
+				case engine.EqualFold(t, "upgrade"):
 					upgradeToken = true
-				case equalFold(t, "close"), equalFold(t, "keep-alive"):
+				case engine.EqualFold(t, "close"), engine.EqualFold(t, "keep-alive"):
 				default:
 					dropped = true
 				}
@@ -192,7 +142,7 @@ func (r *request) parse() *badRequest {
 		r.fields = append(r.fields, f)
 	}
 	if hasLength && hasEncoding {
-		return errCLTE
+		return engine.ErrCLTE
 	}
 	r.hasLength = hasLength
 	if dropped {
@@ -207,12 +157,12 @@ func (r *request) parse() *badRequest {
 
 // parseTarget splits the request target into path and query, and refuses
 // the targets and methods a reverse proxy does not forward.
-func (r *request) parseTarget() *badRequest {
+func (r *request) parseTarget() *engine.BadRequest {
 	switch string(r.method) {
 	case "CONNECT":
-		return errConnect
+		return engine.ErrConnect
 	case "PRI":
-		return errPRI
+		return engine.ErrPRI
 	}
 	uri := r.ctx.Request.Header.RequestURI()
 	if len(uri) > 0 && uri[0] != '/' {
@@ -220,14 +170,14 @@ func (r *request) parseTarget() *badRequest {
 		// §3.2.2). Only http is spoken here.
 		rest, ok := cutSchemeHTTP(uri)
 		if !ok {
-			return errTarget
+			return engine.ErrTarget
 		}
 		i := bytes.IndexAny(rest, "/?")
 		if i < 0 {
 			i = len(rest)
 		}
 		if i == 0 {
-			return errTarget
+			return engine.ErrTarget
 		}
 		r.host, r.absolute = rest[:i], true
 		uri = rest[i:]
@@ -238,7 +188,7 @@ func (r *request) parseTarget() *badRequest {
 		}
 	}
 	if len(uri) == 0 || bytes.IndexByte(uri, '#') >= 0 {
-		return errTarget
+		return engine.ErrTarget
 	}
 	r.path, r.query = uri, nil
 	if q := bytes.IndexByte(uri, '?'); q >= 0 {
@@ -251,110 +201,41 @@ func (r *request) parseTarget() *badRequest {
 // (RFC 9110 §7.6.1), except those whose kind already decides their fate.
 func (r *request) dropConnectionNamed() {
 	for _, cf := range r.fields {
-		if cf.kind != kindConnection {
+		if cf.kind != engine.FieldConnection {
 			continue
 		}
-		eachToken(r.raw[cf.value.from:cf.value.to], func(t []byte) {
+		engine.EachToken(r.raw[cf.value.from:cf.value.to], func(t []byte) {
 			for i := range r.fields {
 				f := &r.fields[i]
-				if f.kind == kindOther && bytes.EqualFold(r.raw[f.name.from:f.name.to], t) {
-					f.kind = kindDropped
+				if f.kind == engine.FieldOther && bytes.EqualFold(r.raw[f.name.from:f.name.to], t) {
+					f.kind = engine.FieldDropped
 				}
 			}
 		})
 	}
 }
 
-// classify tells a header field's kind by its name.
-func classify(name []byte) kind {
-	switch len(name) {
-	case 2:
-		if equalFold(name, "te") {
-			return kindHopByHop
-		}
-	case 4:
-		if equalFold(name, "host") {
-			return kindHost
-		}
-	case 6:
-		if equalFold(name, "expect") {
-			return kindExpect
-		}
-	case 7:
-		switch {
-		case equalFold(name, "upgrade"):
-			return kindUpgrade
-		case equalFold(name, "trailer"):
-			return kindHopByHop
-		}
-	case 10:
-		switch {
-		case equalFold(name, "connection"):
-			return kindConnection
-		case equalFold(name, "keep-alive"):
-			return kindHopByHop
-		}
-	case 14:
-		if equalFold(name, "content-length") {
-			return kindLength
-		}
-	case 15:
-		if equalFold(name, "x-forwarded-for") {
-			return kindForwardedFor
-		}
-	case 16:
-		if equalFold(name, "x-forwarded-host") {
-			return kindForwardedOther
-		}
-	case 17:
-		switch {
-		case equalFold(name, "transfer-encoding"):
-			return kindEncoding
-		case equalFold(name, "x-forwarded-proto"):
-			return kindForwardedOther
-		}
-	}
-	if len(name) > 6 && equalFold(name[:6], "proxy-") {
-		return kindHopByHop // Proxy-Connection, Proxy-Authorization, ...
-	}
-	return kindOther
+// The core sees the request as the upstream will get it
+// (engine.RequestFieldSeen, engine.ForwardedField).
+
+// sentAs reports whether f is a field called name that the upstream gets
+// as the client sent it.
+func (r *request) sentAs(f *field, name string) bool {
+	return int(f.name.to-f.name.from) == len(name) && engine.EqualFold(r.raw[f.name.from:f.name.to], name) &&
+		engine.RequestFieldSeen(f.kind, r.ownHost(), r.upgrade)
 }
 
-// The core sees the request as the upstream will get it (SPEC "One
-// request, one truth"): Host is the authority of an absolute-form target
-// when there is one; X-Forwarded-Proto and X-Forwarded-Host are the
-// values this server sends; the hop-by-hop fields (Connection and every
-// field it names, Keep-Alive, TE, Transfer-Encoding, Upgrade but on an
-// upgrade, Proxy-*), Expect and names with '_' are absent, so that
-// nothing the upstream never sees can key, vary or fingerprint anything.
-// X-Forwarded-For is the client's chain as sent: the core appends the
-// peer itself when it believes the chain.
-
-// seen reports whether the upstream gets field f as the client sent it.
-func (r *request) seen(f *field) bool {
-	switch f.kind {
-	case kindOther, kindLength, kindForwardedFor:
-		return true
-	case kindHost:
-		return !r.absolute && len(r.host) > 0 // else appendHead writes its own
-	case kindUpgrade:
-		return r.upgrade
-	}
-	return false
-}
+// ownHost reports whether the server writes the Host the upstream gets:
+// for an absolute-form target (its authority), or a request without a
+// Host value (the upstream's authority); the client's Host lines are
+// then not sent.
+func (r *request) ownHost() bool { return r.absolute || len(r.host) == 0 }
 
 // forwarded returns the value this server sends for a field it writes
 // itself, whatever the client sent.
 func (r *request) forwarded(name string) (string, bool) {
-	switch {
-	case len(name) == 4 && equalFold(s2b(name), "host"):
-		return b2s(r.host), len(r.host) > 0
-	case len(name) == 16 && equalFold(s2b(name), "x-forwarded-host"):
-		return b2s(r.host), len(r.host) > 0
-	case len(name) == 17 && equalFold(s2b(name), "x-forwarded-proto"):
-		return "http", true
-	}
-	return "", false
+	v, ok := engine.ForwardedField(s2b(name), r.host)
+	return b2s(v), ok
 }
 
 // Header implements core.Request.
@@ -363,8 +244,7 @@ func (r *request) Header(name string) (first string, lines int) {
 		return v, 1
 	}
 	for i := range r.fields {
-		f := &r.fields[i]
-		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) && r.seen(f) {
+		if f := &r.fields[i]; r.sentAs(f, name) {
 			if lines == 0 {
 				first = b2s(r.raw[f.value.from:f.value.to])
 			}
@@ -380,8 +260,7 @@ func (r *request) HeaderLines(name string, dst []string) []string {
 		return append(dst, v)
 	}
 	for i := range r.fields {
-		f := &r.fields[i]
-		if int(f.name.to-f.name.from) == len(name) && equalFold(r.raw[f.name.from:f.name.to], name) && r.seen(f) {
+		if f := &r.fields[i]; r.sentAs(f, name) {
 			dst = append(dst, b2s(r.raw[f.value.from:f.value.to]))
 		}
 	}
@@ -433,27 +312,25 @@ func (r *request) appendHead(dst []byte) []byte {
 		dst = append(dst, r.query...)
 	}
 	dst = append(dst, " HTTP/1.1\r\n"...)
-	ownHost := r.absolute || len(r.host) == 0 // the client's Host lines are not sent
+	ownHost := r.ownHost()
 	if ownHost {
 		host := r.host
 		if len(host) == 0 {
 			host = []byte(r.s.up.Target.Authority) // HTTP/1.0 without Host, or with an empty one: HTTP/1.1 needs one
 		}
-		dst = append(dst, "Host: "...)
-		dst = append(dst, host...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, "Host", host)
 	}
 	for _, f := range r.fields {
 		switch f.kind {
-		case kindOther:
+		case engine.FieldOther:
 			if (len(r.fwd.Drop) > 0 || len(r.fwd.Add) > 0) && r.fwd.Dropped(b2s(r.raw[f.name.from:f.name.to])) {
 				continue
 			}
-		case kindHost:
+		case engine.FieldHost:
 			if ownHost {
 				continue
 			}
-		case kindUpgrade:
+		case engine.FieldUpgrade:
 			if !r.upgrade {
 				continue
 			}
@@ -465,36 +342,18 @@ func (r *request) appendHead(dst []byte) []byte {
 	}
 	// The core's own fields: the request id it made, a cache's validators.
 	for _, f := range r.fwd.Add {
-		dst = append(dst, f.Name...)
-		dst = append(dst, ": "...)
-		dst = append(dst, f.Value...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
-	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
-	// $proxy_add_x_forwarded_for); which hops to believe is the core's
-	// business.
-	dst = append(dst, "X-Forwarded-For: "...)
-	sep := false
+	xff := engine.BeginForwardedFor(dst)
 	for _, f := range r.fields {
-		if f.kind == kindForwardedFor && f.value.to > f.value.from {
-			if sep {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, r.raw[f.value.from:f.value.to]...)
-			sep = true
+		if f.kind == engine.FieldForwardedFor {
+			xff.Add(b2s(r.raw[f.value.from:f.value.to]))
 		}
 	}
-	if r.c.peer.IsValid() {
-		if sep {
-			dst = append(dst, ", "...)
-		}
-		dst = r.c.peer.AppendTo(dst)
-	}
-	dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
+	dst = xff.End(r.c.peer)
+	dst = engine.AppendField(dst, "X-Forwarded-Proto", "http")
 	if len(r.host) > 0 {
-		dst = append(dst, "X-Forwarded-Host: "...)
-		dst = append(dst, r.host...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, "X-Forwarded-Host", r.host)
 	}
 	if r.upgrade {
 		dst = append(dst, "Connection: Upgrade\r\n"...)
@@ -502,14 +361,10 @@ func (r *request) appendHead(dst []byte) []byte {
 	switch b := &r.body; {
 	case b.done:
 		if n := len(b.bytes()); n > 0 || r.hasLength || b.length < 0 {
-			dst = append(dst, "Content-Length: "...)
-			dst = strconv.AppendInt(dst, int64(n), 10)
-			dst = append(dst, "\r\n"...)
+			dst = engine.AppendLength(dst, int64(n))
 		}
 	case b.length >= 0:
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, b.length, 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, b.length)
 	default:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
 	}
@@ -524,60 +379,10 @@ var (
 // cutSchemeHTTP returns what follows "http://" (in any case) in uri.
 func cutSchemeHTTP(uri []byte) ([]byte, bool) {
 	const scheme = "http://"
-	if len(uri) < len(scheme) || !equalFold(uri[:len(scheme)], scheme) {
+	if len(uri) < len(scheme) || !engine.EqualFold(uri[:len(scheme)], scheme) {
 		return nil, false
 	}
 	return uri[len(scheme):], true
-}
-
-// trimOWS trims spaces and tabs from both ends of raw[s].
-func trimOWS(raw []byte, s span) span {
-	for s.from < s.to && (raw[s.from] == ' ' || raw[s.from] == '\t') {
-		s.from++
-	}
-	for s.to > s.from && (raw[s.to-1] == ' ' || raw[s.to-1] == '\t') {
-		s.to--
-	}
-	return s
-}
-
-// eachToken calls f with each element of a comma-separated list, trimmed,
-// skipping empty ones.
-func eachToken(list []byte, f func([]byte)) {
-	for len(list) > 0 {
-		i := bytes.IndexByte(list, ',')
-		var t []byte
-		if i < 0 {
-			t, list = list, nil
-		} else {
-			t, list = list[:i], list[i+1:]
-		}
-		t = bytes.Trim(t, " \t")
-		if len(t) > 0 {
-			f(t)
-		}
-	}
-}
-
-// equalFold reports whether b equals s in ASCII, ignoring case.
-func equalFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		x, y := b[i], s[i]
-		if x != y && lower(x) != lower(y) {
-			return false
-		}
-	}
-	return true
-}
-
-func lower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
 }
 
 // s2b returns s as bytes without copying, for reading only.

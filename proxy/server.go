@@ -40,7 +40,7 @@ type Server struct {
 	closeOnce  sync.Once
 	background sync.WaitGroup // cache refreshes (refresh)
 
-	count counters
+	count engine.Counters
 	warns [warnKinds]engine.WarnGate // one line a second per kind
 	cm    metrics.Conns              // the worker's connections by state, in its row
 
@@ -151,7 +151,7 @@ func (s *Server) track(nc net.Conn, l *listener) *conn {
 		wait = min(wait, s.opts.DrainNewGrace)
 	}
 	_ = nc.SetReadDeadline(now.Add(wait))
-	s.count.accepted.Add(1)
+	s.count.Accepted.Add(1)
 	s.cm.Accepted()
 	c.setMetric(metrics.ConnReading) // waiting for its first request
 	s.mu.Lock()
@@ -303,7 +303,7 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if bad := r.parse(); bad != nil {
 		s.refuse(ctx, bad, nil)
 		s.done(r)
-		return bad.status
+		return bad.Status
 	}
 	ex := s.opts.Core.Begin(r)
 	r.begun = true
@@ -336,7 +336,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	r.readsAtStart = c.reads.Load()
 	defer s.done(r)
 	if bad := r.parse(); bad != nil {
-		if bad == errTarget && isOptionsAsterisk(ctx) {
+		if bad == engine.ErrTarget && isOptionsAsterisk(ctx) {
 			// OPTIONS * asks about the server, not a resource: answered
 			// here, never forwarded.
 			primeDate(&ctx.Response.Header, nil)

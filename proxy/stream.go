@@ -1,13 +1,12 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"io"
-	"strconv"
 	"sync"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/upconn"
 )
 
@@ -24,11 +23,11 @@ type upBody struct {
 	ex       *core.Exchange
 	req      *request // recycled with the body; nil for a background refresh
 
-	left       int64 // bytes left: of the body, or of the current chunk
+	left       int64 // bytes left of a body of known length
 	chunked    bool
-	untilClose bool // the body ends when the upstream closes
-	crlf       bool // a chunk's CRLF is due before the next size line
-	eof        bool // the body was read to its end
+	chunks     engine.ChunkedReader // a chunked body's decoder
+	untilClose bool                 // the body ends when the upstream closes
+	eof        bool                 // the body was read to its end
 	err        error
 	failed     error // why the response was not whole, once ended
 }
@@ -52,7 +51,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 		b.eof = true
 	case err != nil:
 		b.err = err
-		b.s.count.upstreamAborts.Add(1)
+		b.s.count.UpstreamAborts.Add(1)
 		b.s.opts.Core.UpstreamFailed(core.UpstreamBroken, b.s.up.Target.Addr, err)
 	}
 	return n, err
@@ -81,39 +80,7 @@ func (b *upBody) read(p []byte) (int, error) {
 		}
 		return n, err
 	}
-	if b.left == 0 {
-		if b.crlf {
-			if err := readCRLF(br); err != nil {
-				return 0, err
-			}
-			b.crlf = false
-		}
-		size, err := readChunkSize(br)
-		if err != nil {
-			return 0, err
-		}
-		if size == 0 {
-			// The trailer section: dropped, as the chunked framing it
-			// belongs to.
-			if err := skipTrailer(br); err != nil {
-				return 0, err
-			}
-			return 0, io.EOF
-		}
-		b.left = size
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := br.Read(p)
-	b.left -= int64(n)
-	if b.left == 0 {
-		b.crlf = true
-	}
-	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return n, err
+	return b.chunks.Read(p)
 }
 
 // CloseWithError ends the body: the connection goes back to the pool if
@@ -155,70 +122,6 @@ func (b *upBody) end() {
 }
 
 var errIncomplete = errors.New("proxy: the response did not reach its end")
-
-var errBadChunk = errors.New("proxy: malformed chunked response body")
-
-// readChunkSize reads a chunk-size line, extensions ignored.
-func readChunkSize(br interface {
-	ReadSlice(byte) ([]byte, error)
-}) (int64, error) {
-	line, err := br.ReadSlice('\n')
-	if err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, err
-	}
-	line = bytes.TrimRight(line, "\r\n")
-	if i := bytes.IndexByte(line, ';'); i >= 0 {
-		line = line[:i]
-	}
-	line = bytes.TrimRight(line, " \t")
-	if len(line) == 0 || len(line) > 15 {
-		return 0, errBadChunk
-	}
-	n, err := strconv.ParseInt(string(line), 16, 64)
-	if err != nil || n < 0 {
-		return 0, errBadChunk
-	}
-	return n, nil
-}
-
-// readCRLF reads the line end that follows a chunk's data.
-func readCRLF(br interface{ ReadByte() (byte, error) }) error {
-	c, err := br.ReadByte()
-	if err == nil && c == '\r' {
-		c, err = br.ReadByte()
-	}
-	switch {
-	case err == io.EOF:
-		return io.ErrUnexpectedEOF
-	case err != nil:
-		return err
-	case c != '\n':
-		return errBadChunk
-	}
-	return nil
-}
-
-// skipTrailer reads trailer lines up to the empty one.
-func skipTrailer(br interface {
-	ReadSlice(byte) ([]byte, error)
-}) error {
-	for range 100 {
-		line, err := br.ReadSlice('\n')
-		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 {
-			return nil
-		}
-	}
-	return errBadChunk
-}
 
 // isTimeout reports whether err is a timeout (a deadline that passed;
 // fasthttp's own timeout errors are not net.Errors).

@@ -120,7 +120,7 @@ func (a *acceptor) event(uint32) {
 			return
 		}
 		a.wait = 0
-		l.s.count.accepted.Add(1)
+		l.s.count.Accepted.Add(1)
 		l.s.conns.Accepted()
 		if full {
 			// Counted once the connection is in: a slot taken for an

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // App is an application served in the worker's own process: the
@@ -78,15 +79,15 @@ func (w *AppResponse) WriteHeader(status int) { w.status = status }
 // Header adds the field line "name: value". Content-Length and the
 // hop-by-hop fields are the server's to send: they are ignored.
 func (w *AppResponse) Header(name, value string) {
-	switch classify(s2b(name)) {
-	case kindOther, kindHost, kindForwardedFor, kindForwardedOther:
+	switch engine.ClassifyField(s2b(name)) {
+	case engine.FieldOther, engine.FieldHost, engine.FieldForwardedFor, engine.FieldForwardedOther:
 	default:
 		return
 	}
-	if !fieldValueOK(s2b(value)) || len(name) == 0 {
+	if !engine.FieldValueOK(s2b(value)) || len(name) == 0 {
 		return
 	}
-	if len(name) == 4 && equalFold(s2b(name), "date") {
+	if len(name) == 4 && engine.EqualFold(s2b(name), "date") {
 		w.hasDate = true
 	}
 	from := int32(len(w.lines))
@@ -162,7 +163,7 @@ func (r *request) runApp() {
 		}
 	}
 	for _, f := range r.ex.Fields() {
-		dst = appendField(dst, f.Name, f.Value)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
 	if !w.hasDate {
 		dst = append(dst, l.dateLine...)

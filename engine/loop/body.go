@@ -2,6 +2,8 @@
 
 package loop
 
+import "github.com/preforkd/preforkd/engine"
+
 // A request body as the client sends it: bytes are taken from what the
 // connection read (in place), decoded (length or chunked), and handed to
 // where the request needs them — kept in memory (for the core's
@@ -41,9 +43,9 @@ const (
 type bodyIn struct {
 	mode  uint8
 	sink  uint8
-	done  bool        // the body ended
-	err   *badRequest // it cannot be read (the connection closes after)
-	left  int64       // bytes of a length-framed body left
+	done  bool               // the body ended
+	err   *engine.BadRequest // it cannot be read (the connection closes after)
+	left  int64              // bytes of a length-framed body left
 	dec   chunkDecoder
 	limit int    // sinkKeep stops taking once buf holds this many
 	buf   []byte // what sinkKeep took
@@ -98,7 +100,7 @@ func (r *request) feedBody(p []byte) int {
 			var err error
 			data, k, b.done, err = b.dec.decode(p[n:])
 			if err != nil {
-				b.err = errBadChunk
+				b.err = engine.ErrBadChunk
 			}
 		}
 		n += k

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/metrics"
 )
 
@@ -184,16 +185,23 @@ func (c *conn) readable() {
 	}
 	n, err := read(c.fd, l.rbuf)
 	switch {
-	case err == unix.EAGAIN:
-		return
-	case err != nil:
-		c.close(errClientGone)
+	case c.stopped(err):
 		return
 	case n == 0:
 		c.readEOF()
 		return
 	}
 	c.feed(l.rbuf[:n])
+}
+
+// stopped reports whether a read or write of the client's socket went
+// no further: it would block (the loop calls again when it is ready), or
+// it failed, and the connection is closed.
+func (c *conn) stopped(err error) bool {
+	if err != nil && err != unix.EAGAIN {
+		c.close(errClientGone)
+	}
+	return err != nil
 }
 
 // readEOF: the client will send nothing more.
@@ -207,7 +215,7 @@ func (c *conn) readEOF() {
 	r := c.r
 	_ = c.l.interest(c.fd, &c.have, c.have&^wantRead)
 	if r != nil && !r.body.done && r.body.err == nil {
-		r.bodyFailed(errBodyEnded)
+		r.bodyFailed(engine.ErrBodyEnded)
 		return
 	}
 	c.closeAfter = true
@@ -306,7 +314,7 @@ func (c *conn) checkInput() {
 	}
 	full := c.inLen() >= c.maxInput()
 	if full && c.r == nil && (c.state == csHead || c.state == csNew || c.state == csIdle) {
-		c.refuse(errTooLarge)
+		c.refuse(engine.ErrTooLarge)
 		return
 	}
 	want := c.have &^ wantRead
@@ -343,12 +351,12 @@ func (c *conn) readHead(p []byte) int {
 	case end == 0:
 		c.scanned = len(p)
 		if len(p) > l.s.o.limits.MaxHeaderBytes {
-			c.refuse(errTooLarge)
+			c.refuse(engine.ErrTooLarge)
 			return len(p)
 		}
 		return 0
 	case end > l.s.o.limits.MaxHeaderBytes:
-		c.refuse(errTooLarge)
+		c.refuse(engine.ErrTooLarge)
 		return len(p)
 	}
 	c.scanned = 0
@@ -425,11 +433,7 @@ func (c *conn) flush() {
 	l := c.l
 	for c.outLen() > 0 {
 		n, err := write(c.fd, c.out[c.outOff:])
-		switch {
-		case err == unix.EAGAIN:
-			return
-		case err != nil:
-			c.close(errClientGone)
+		if c.stopped(err) {
 			return
 		}
 		c.outOff += n
@@ -525,10 +529,10 @@ func (c *conn) expire() {
 	case csNew, csIdle, csLinger:
 		c.close(nil) // nobody to answer
 	case csHead:
-		c.refuse(errHeadTimeout)
+		c.refuse(engine.ErrHeadTimeout)
 	case csBusy:
 		if r := c.r; r != nil && r.body.taking() {
-			r.bodyFailed(errBodyTimeout)
+			r.bodyFailed(engine.ErrBodyTimeout)
 			return
 		}
 		c.rearm()
@@ -614,14 +618,5 @@ func (c *conn) endRequest() {
 
 // write is write(2) for one buffer, without allocating for an error.
 func write(fd int, p []byte) (int, error) {
-	for {
-		n, _, e := unix.Syscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafePointer(p)), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
-	}
+	return rw(unix.SYS_WRITE, fd, unsafePointer(p), len(p))
 }

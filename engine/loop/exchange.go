@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // A request's way through the core (the protocol of core/run.go): begun
@@ -49,12 +50,7 @@ func (r *request) begin() {
 
 // afterHead goes on from DecideHead's verdict.
 func (r *request) afterHead(v core.Verdict) {
-	switch v {
-	case core.Wait:
-		r.l.s.waiters.submit(r)
-		return
-	case core.Respond:
-		r.respondCore(r.ex.Response())
+	if r.settled(v) {
 		return
 	}
 	if max, ok := r.ex.WantsBody(); ok && !r.body.done {
@@ -67,6 +63,20 @@ func (r *request) afterHead(v core.Verdict) {
 	r.decide()
 }
 
+// settled reports whether verdict v leaves nothing more to do here: the
+// request waits (the waiters resume it), or the core answered it.
+func (r *request) settled(v core.Verdict) bool {
+	switch v {
+	case core.Wait:
+		r.l.s.waiters.submit(r)
+		return true
+	case core.Respond:
+		r.respondCore(r.ex.Response())
+		return true
+	}
+	return false
+}
+
 // decide runs the stages that need more than the head.
 func (r *request) decide() {
 	r.phase = phDecide
@@ -75,12 +85,7 @@ func (r *request) decide() {
 
 // afterDecide goes on from Decide's verdict.
 func (r *request) afterDecide(v core.Verdict) {
-	switch v {
-	case core.Wait:
-		r.l.s.waiters.submit(r)
-		return
-	case core.Respond:
-		r.respondCore(r.ex.Response())
+	if r.settled(v) {
 		return
 	}
 	r.fwd = r.ex.Forward()
@@ -185,7 +190,7 @@ func (r *request) bodyProgress() {
 		r.runApp()
 	case r.phase == phAppBody && full:
 		b.sink = sinkNone
-		r.refuseAfter(errBodyTooLong)
+		r.refuseAfter(engine.ErrBodyTooLong)
 	case r.phase == phReadAhead && (b.done || full):
 		b.sink = sinkNone
 		r.sendUpstream()
@@ -197,7 +202,7 @@ func (r *request) bodyProgress() {
 // bodyFailed ends a request whose body could not be read: it ended early,
 // a chunk was malformed, or it did not arrive in time. The connection
 // closes after the answer.
-func (r *request) bodyFailed(bad *badRequest) {
+func (r *request) bodyFailed(bad *engine.BadRequest) {
 	b := &r.body
 	if b.err == nil {
 		b.err = bad
@@ -236,9 +241,9 @@ var errBodyFailed = errors.New("loop: the request body could not be read")
 
 // refuseAfter answers a request that passed the core with a problem of
 // the server's own, when its body cannot be read.
-func (r *request) refuseAfter(bad *badRequest) {
-	r.l.s.count.badRequests.Add(1)
-	r.respondCore(r.ex.Refuse(bad.status, bad.detail, bad.closeConn))
+func (r *request) refuseAfter(bad *engine.BadRequest) {
+	r.l.s.count.BadRequests.Add(1)
+	r.respondCore(r.ex.Refuse(bad.Status, bad.Detail, bad.CloseConn))
 }
 
 // respondCore sends the core's own answer and ends the exchange.
@@ -371,7 +376,7 @@ func (r *request) sendUpstream() {
 	r.phase = phUpstream
 	b := &r.body
 	if r.h.upgrade && !b.done {
-		r.refuseAfter(errUpgradeBody)
+		r.refuseAfter(engine.ErrUpgradeBody)
 		return
 	}
 	r.streamed = !b.done
@@ -386,7 +391,7 @@ func (r *request) sendUpstream() {
 		u, err = l.pool.get()
 	}
 	if err != nil {
-		l.s.count.upstreamErrors.Add(1)
+		l.s.count.UpstreamErrors.Add(1)
 		r.respondCore(r.ex.Failed(core.UpstreamConnect, l.s.o.target.Addr, err))
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"net/http"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/route"
 )
 
@@ -13,23 +14,6 @@ import (
 // the header section, checked as a reverse proxy must check what it
 // forwards, and indexed once, so that the framing, the core's view and
 // the head sent upstream all work from the same bytes.
-
-// kind classifies a header field by its name.
-type kind uint8
-
-const (
-	kindOther          kind = iota
-	kindHost                // kept as sent, also sent as X-Forwarded-Host
-	kindHopByHop            // never forwarded (RFC 9110 §7.6.1)
-	kindConnection          // hop-by-hop, and names more hop-by-hop fields
-	kindUpgrade             // hop-by-hop unless the request is upgraded
-	kindLength              // Content-Length: the framing is sent anew
-	kindEncoding            // Transfer-Encoding: likewise
-	kindExpect              // answered here, never forwarded
-	kindForwardedFor        // merged into the one X-Forwarded-For sent
-	kindForwardedOther      // X-Forwarded-Proto/-Host: replaced
-	kindDropped             // named by Connection, or a name with '_': never forwarded
-)
 
 // span is a piece of a head, as offsets into it.
 type span struct{ from, to int32 }
@@ -40,7 +24,7 @@ func (s span) of(b []byte) []byte { return b[s.from:s.to] }
 // around it.
 type field struct {
 	name, value span
-	kind        kind
+	kind        engine.FieldKind
 }
 
 // inlineFields is how many header lines are indexed without allocating.
@@ -77,50 +61,22 @@ type headInfo struct {
 	length     int64
 }
 
-// badRequest is why a request cannot be served, before anything is
-// forwarded; closeConn when its framing cannot be trusted (RFC 9112 §6.3:
-// the connection must close after the answer).
-type badRequest struct {
-	status    int
-	detail    string
-	closeConn bool
+// parseField checks the header line raw[l] (engine.ParseFieldLine) and
+// indexes its name and value.
+func parseField(raw []byte, l span) (field, engine.FieldFault) {
+	fl, fault := engine.ParseFieldLine(l.of(raw))
+	return field{
+		name:  span{l.from, l.from + int32(fl.NameEnd)},
+		value: span{l.from + int32(fl.ValueFrom), l.from + int32(fl.ValueTo)},
+	}, fault
 }
-
-var (
-	errObsFold     = &badRequest{400, "obsolete line folding in the header section", true}
-	errCLTE        = &badRequest{400, "both Content-Length and Transfer-Encoding", true}
-	errNoColon     = &badRequest{400, "a header line without a colon", true}
-	errName        = &badRequest{400, "a header field name that is not a token", true}
-	errValue       = &badRequest{400, "a control character in a header field value", true}
-	errBareLF      = &badRequest{400, "a header line ended by a bare LF", true}
-	errLine        = &badRequest{400, "a malformed request line", true}
-	errTarget      = &badRequest{400, "the request target is not an absolute path", false}
-	errPRI         = &badRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
-	errConnect     = &badRequest{405, "CONNECT is not supported", true}
-	errVersion     = &badRequest{505, "only HTTP/1.0 and HTTP/1.1 are supported", true}
-	errLength      = &badRequest{400, "a malformed Content-Length", true}
-	errTwoLengths  = &badRequest{400, "more than one Content-Length", true}
-	errEncoding    = &badRequest{400, "a Transfer-Encoding whose last coding is not chunked", true}
-	errCoding      = &badRequest{501, "a transfer coding other than chunked", true}
-	errEncoding10  = &badRequest{400, "Transfer-Encoding in an HTTP/1.0 request", true}
-	errTwoHosts    = &badRequest{400, "more than one Host", true}
-	errTooLarge    = &badRequest{431, "the request header section is too large", true}
-	errHeadTimeout = &badRequest{408, "the request header did not arrive in time", true}
-	errBodyTimeout = &badRequest{408, "the request body did not arrive in time", true}
-	errBodyEnded   = &badRequest{400, "the request body ended early", true}
-	errBadChunk    = &badRequest{400, "malformed chunked request body", true}
-	errBodyTooLong = &badRequest{413, "the request body is too large", true}
-	errUpgradeBody = &badRequest{400, "an upgrade request with a long body", true}
-)
-
-func (b *badRequest) Error() string { return "loop: " + b.detail }
 
 // scanHead looks for the end of a head in b, whose first from bytes were
 // scanned before: it returns the length of the head (CRLF CRLF included),
-// 0 when it is not whole yet, or errBareLF for a line ended by a bare LF,
+// 0 when it is not whole yet, or engine.ErrBareLF for a line ended by a bare LF,
 // refused at once (RFC 9112 §2.2) rather than left to wait for a CRLF
 // CRLF that never comes.
-func scanHead(b []byte, from int) (int, *badRequest) {
+func scanHead(b []byte, from int) (int, *engine.BadRequest) {
 	for i := from; i < len(b); i++ {
 		j := bytes.IndexByte(b[i:], '\n')
 		if j < 0 {
@@ -128,7 +84,7 @@ func scanHead(b []byte, from int) (int, *badRequest) {
 		}
 		i += j
 		if i == 0 || b[i-1] != '\r' {
-			return 0, errBareLF
+			return 0, engine.ErrBareLF
 		}
 		if i >= 3 && b[i-2] == '\n' && b[i-3] == '\r' {
 			return i + 1, nil
@@ -150,7 +106,7 @@ func skipEmptyLines(b []byte) int {
 // parse indexes raw, a whole head (scanHead), and checks what a proxy
 // must not forward. It does not allocate unless the head has more than
 // inlineFields lines.
-func (h *head) parse(raw []byte) *badRequest {
+func (h *head) parse(raw []byte) *engine.BadRequest {
 	h.raw, h.fields, h.headInfo = raw, h.inline[:0], headInfo{}
 	end := bytes.IndexByte(raw, '\n') - 1 // the request line's CR
 	if bad := h.parseLine(span{0, int32(end)}); bad != nil {
@@ -165,61 +121,43 @@ func (h *head) parse(raw []byte) *badRequest {
 		if line.to == line.from {
 			break // the blank line that ends the section
 		}
-		if c := raw[line.from]; c == ' ' || c == '\t' {
-			return errObsFold
+		f, fault := parseField(raw, line)
+		if fault != engine.FieldOK {
+			return fault.BadRequest()
 		}
-		colon := bytes.IndexByte(line.of(raw), ':')
-		if colon < 0 {
-			return errNoColon
-		}
-		f := field{name: span{line.from, line.from + int32(colon)}}
-		name := f.name.of(raw)
-		if !route.IsToken(b2s(name)) {
-			return errName
-		}
-		f.value = trimOWS(raw, span{f.name.to + 1, line.to})
-		if !fieldValueOK(f.value.of(raw)) {
-			return errValue
-		}
-		f.kind = classify(name)
-		if f.kind == kindOther && bytes.IndexByte(name, '_') >= 0 {
-			// nginx's underscores_in_headers off: X_Forwarded_For would be
-			// X-Forwarded-For to an application that maps '_' to '-' (CGI,
-			// WSGI, Rack), past every rule that reads the real one.
-			f.kind = kindDropped
-		}
+		f.kind = engine.ClassifyRequestField(f.name.of(raw))
 		v := f.value.of(raw)
 		switch f.kind {
-		case kindHost:
+		case engine.FieldHost:
 			h.hostFields++
 			if !h.absolute {
 				h.host = f.value
 			}
-		case kindLength:
+		case engine.FieldLength:
 			if h.hasLength {
-				return errTwoLengths
+				return engine.ErrTwoLengths
 			}
 			n, ok := parseLength(v)
 			if !ok {
-				return errLength
+				return engine.ErrLength
 			}
 			h.hasLength, h.length = true, n
-		case kindEncoding:
+		case engine.FieldEncoding:
 			hasEncoding = true
 			if bad := h.encoding(v); bad != nil {
 				return bad
 			}
-		case kindUpgrade:
+		case engine.FieldUpgrade:
 			hasUpgrade = true
-			eachToken(v, func(t []byte) { h2c = h2c || equalFold(t, "h2c") })
-		case kindConnection:
-			eachToken(v, func(t []byte) {
+			engine.EachToken(v, func(t []byte) { h2c = h2c || engine.EqualFold(t, "h2c") })
+		case engine.FieldConnection:
+			engine.EachToken(v, func(t []byte) {
 				switch {
-				case equalFold(t, "upgrade"):
+				case engine.EqualFold(t, "upgrade"):
 					upgradeToken = true
-				case equalFold(t, "close"):
+				case engine.EqualFold(t, "close"):
 					h.close = true
-				case equalFold(t, "keep-alive"):
+				case engine.EqualFold(t, "keep-alive"):
 					if h.minor == 0 {
 						h.close = false
 					}
@@ -227,20 +165,20 @@ func (h *head) parse(raw []byte) *badRequest {
 					named = true
 				}
 			})
-		case kindExpect:
-			h.expect = h.expect || equalFold(v, "100-continue")
+		case engine.FieldExpect:
+			h.expect = h.expect || engine.EqualFold(v, "100-continue")
 		}
 		h.fields = append(h.fields, f)
 	}
 	switch {
 	case h.hasLength && hasEncoding:
-		return errCLTE
+		return engine.ErrCLTE
 	case hasEncoding && h.minor == 0:
-		return errEncoding10
+		return engine.ErrEncoding10
 	case hasEncoding && !h.chunked:
-		return errEncoding
+		return engine.ErrEncoding
 	case h.hostFields > 1:
-		return errTwoHosts
+		return engine.ErrTwoHosts
 	}
 	if named {
 		h.dropConnectionNamed()
@@ -253,44 +191,44 @@ func (h *head) parse(raw []byte) *badRequest {
 }
 
 // parseLine checks the request line raw[l] and indexes its target.
-func (h *head) parseLine(l span) *badRequest {
+func (h *head) parseLine(l span) *engine.BadRequest {
 	line := l.of(h.raw)
 	sp := bytes.IndexByte(line, ' ')
 	if sp <= 0 {
-		return errLine
+		return engine.ErrLine
 	}
 	h.method = span{l.from, l.from + int32(sp)}
 	rest := line[sp+1:]
 	sp2 := bytes.IndexByte(rest, ' ')
 	if sp2 <= 0 {
-		return errLine
+		return engine.ErrLine
 	}
 	h.target = span{h.method.to + 1, h.method.to + 1 + int32(sp2)}
 	version := rest[sp2+1:]
 	method := h.method.of(h.raw)
 	if !route.IsToken(b2s(method)) {
-		return errLine
+		return engine.ErrLine
 	}
 	switch string(method) {
 	case "PRI":
-		return errPRI
+		return engine.ErrPRI
 	case "CONNECT":
-		return errConnect
+		return engine.ErrConnect
 	case "HEAD":
 		h.isHead = true
 	}
 	switch {
 	case len(version) != 8 || string(version[:5]) != "HTTP/" || version[6] != '.' ||
 		!isDigit(version[5]) || !isDigit(version[7]):
-		return errLine
+		return engine.ErrLine
 	case version[5] != '1' || version[7] > '1':
-		return errVersion
+		return engine.ErrVersion
 	}
 	h.minor = version[7] - '0'
 	h.close = h.minor == 0 // HTTP/1.0 keeps its connection only when it asks
 	for _, c := range h.target.of(h.raw) {
 		if c <= ' ' || c == 0x7f {
-			return errLine
+			return engine.ErrLine
 		}
 	}
 	return h.parseTarget()
@@ -299,20 +237,20 @@ func (h *head) parseLine(l span) *badRequest {
 // parseTarget splits the request target into path and query: an
 // origin-form target, an absolute-form one (its authority is the host,
 // RFC 9112 §3.2.2), or OPTIONS's asterisk-form.
-func (h *head) parseTarget() *badRequest {
+func (h *head) parseTarget() *engine.BadRequest {
 	t := h.target
 	uri := t.of(h.raw)
 	switch {
 	case len(uri) == 1 && uri[0] == '*':
 		if string(h.method.of(h.raw)) != http.MethodOptions {
-			return errLine
+			return engine.ErrLine
 		}
 		h.asterisk = true
 		return nil
 	case uri[0] != '/':
 		const scheme = "http://"
-		if len(uri) < len(scheme) || !equalFold(uri[:len(scheme)], scheme) {
-			return errTarget
+		if len(uri) < len(scheme) || !engine.EqualFold(uri[:len(scheme)], scheme) {
+			return engine.ErrTarget
 		}
 		from := t.from + int32(len(scheme))
 		rest := h.raw[from:t.to]
@@ -321,7 +259,7 @@ func (h *head) parseTarget() *badRequest {
 			i = len(rest)
 		}
 		if i == 0 {
-			return errTarget
+			return engine.ErrTarget
 		}
 		h.host, h.absolute = span{from, from + int32(i)}, true
 		t = span{from + int32(i), t.to}
@@ -330,7 +268,7 @@ func (h *head) parseTarget() *badRequest {
 		}
 	}
 	if bytes.IndexByte(t.of(h.raw), '#') >= 0 {
-		return errTarget
+		return engine.ErrTarget
 	}
 	h.path = t
 	if q := bytes.IndexByte(t.of(h.raw), '?'); q >= 0 {
@@ -343,17 +281,17 @@ func (h *head) parseTarget() *badRequest {
 
 // encoding reads a Transfer-Encoding field value: chunked is the one
 // coding known here (RFC 9112 §6.1), and it must be the last, once.
-func (h *head) encoding(v []byte) *badRequest {
+func (h *head) encoding(v []byte) *engine.BadRequest {
 	n, lastChunked := 0, false
-	eachToken(v, func(t []byte) {
+	engine.EachToken(v, func(t []byte) {
 		n++
-		lastChunked = equalFold(t, "chunked")
+		lastChunked = engine.EqualFold(t, "chunked")
 	})
 	switch {
 	case n == 0, h.chunked, !lastChunked:
-		return errEncoding // the body's length cannot be known
+		return engine.ErrEncoding // the body's length cannot be known
 	case n > 1:
-		return errCoding // another coding under chunked
+		return engine.ErrCoding // another coding under chunked
 	}
 	h.chunked = true
 	return nil
@@ -363,77 +301,28 @@ func (h *head) encoding(v []byte) *badRequest {
 // (RFC 9110 §7.6.1), except those whose kind already decides their fate.
 func (h *head) dropConnectionNamed() {
 	for _, cf := range h.fields {
-		if cf.kind != kindConnection {
+		if cf.kind != engine.FieldConnection {
 			continue
 		}
-		eachToken(cf.value.of(h.raw), func(t []byte) {
+		engine.EachToken(cf.value.of(h.raw), func(t []byte) {
 			for i := range h.fields {
 				f := &h.fields[i]
-				if f.kind == kindOther && bytes.EqualFold(f.name.of(h.raw), t) {
-					f.kind = kindDropped
+				if f.kind == engine.FieldOther && bytes.EqualFold(f.name.of(h.raw), t) {
+					f.kind = engine.FieldDropped
 				}
 			}
 		})
 	}
 }
 
+// ownHost reports whether the server writes the Host the upstream gets:
+// for an absolute-form target (its authority), or a request without a
+// Host value (the upstream's authority); the client's Host lines are
+// then not sent.
+func (h *head) ownHost() bool { return h.absolute || h.host.from == h.host.to }
+
 // hasBody reports whether a body follows the head.
 func (h *head) hasBody() bool { return h.chunked || h.length > 0 }
-
-// classify tells a header field's kind by its name.
-func classify(name []byte) kind {
-	switch len(name) {
-	case 2:
-		if equalFold(name, "te") {
-			return kindHopByHop
-		}
-	case 4:
-		if equalFold(name, "host") {
-			return kindHost
-		}
-	case 6:
-		if equalFold(name, "expect") {
-			return kindExpect
-		}
-	case 7:
-		switch {
-		case equalFold(name, "upgrade"):
-			return kindUpgrade
-		case equalFold(name, "trailer"):
-			return kindHopByHop
-		}
-	case 10:
-		switch {
-		case equalFold(name, "connection"):
-			return kindConnection
-		case equalFold(name, "keep-alive"):
-			return kindHopByHop
-		}
-	case 14:
-		if equalFold(name, "content-length") {
-			return kindLength
-		}
-	case 15:
-		if equalFold(name, "x-forwarded-for") {
-			return kindForwardedFor
-		}
-	case 16:
-		if equalFold(name, "x-forwarded-host") {
-			return kindForwardedOther
-		}
-	case 17:
-		switch {
-		case equalFold(name, "transfer-encoding"):
-			return kindEncoding
-		case equalFold(name, "x-forwarded-proto"):
-			return kindForwardedOther
-		}
-	}
-	if len(name) > 6 && equalFold(name[:6], "proxy-") {
-		return kindHopByHop // Proxy-Connection, Proxy-Authorization, ...
-	}
-	return kindOther
-}
 
 // parseLength reads a Content-Length value: digits only, no sign, no
 // list, at most 18 of them.
@@ -451,66 +340,4 @@ func parseLength(v []byte) (int64, bool) {
 	return n, true
 }
 
-// fieldValueOK reports whether v has no control character but HTAB
-// (RFC 9110 §5.5: CR, LF and NUL must be refused; the others are no
-// better).
-func fieldValueOK(v []byte) bool {
-	for _, c := range v {
-		if c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-
-// trimOWS trims spaces and tabs from both ends of raw[s].
-func trimOWS(raw []byte, s span) span {
-	for s.from < s.to && (raw[s.from] == ' ' || raw[s.from] == '\t') {
-		s.from++
-	}
-	for s.to > s.from && (raw[s.to-1] == ' ' || raw[s.to-1] == '\t') {
-		s.to--
-	}
-	return s
-}
-
-// eachToken calls f with each element of a comma-separated list, trimmed,
-// skipping empty ones.
-func eachToken(list []byte, f func([]byte)) {
-	for len(list) > 0 {
-		i := bytes.IndexByte(list, ',')
-		var t []byte
-		if i < 0 {
-			t, list = list, nil
-		} else {
-			t, list = list[:i], list[i+1:]
-		}
-		t = bytes.Trim(t, " \t")
-		if len(t) > 0 {
-			f(t)
-		}
-	}
-}
-
-// equalFold reports whether b equals s in ASCII, ignoring case.
-func equalFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		x, y := b[i], s[i]
-		if x != y && lower(x) != lower(y) {
-			return false
-		}
-	}
-	return true
-}
-
-func lower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}

@@ -17,7 +17,7 @@ import (
 func TestParseRequestHead(t *testing.T) {
 	for _, tc := range []struct {
 		name, head string
-		bad        *badRequest
+		bad        *engine.BadRequest
 		check      func(t *testing.T, h *head)
 	}{
 		{name: "a plain GET", head: "GET /a?b=c HTTP/1.1\r\nHost: h\r\n\r\n", check: func(t *testing.T, h *head) {
@@ -40,40 +40,40 @@ func TestParseRequestHead(t *testing.T) {
 				t.Errorf("%+v", h.headInfo)
 			}
 		}},
-		{name: "two spaces in the request line", head: "GET  / HTTP/1.1\r\n\r\n", bad: errLine},
-		{name: "a space in the target", head: "GET /a b HTTP/1.1\r\n\r\n", bad: errLine},
-		{name: "a lowercase version", head: "GET / http/1.1\r\n\r\n", bad: errLine},
-		{name: "HTTP/1.2", head: "GET / HTTP/1.2\r\n\r\n", bad: errVersion},
-		{name: "a method that is not a token", head: "G(T / HTTP/1.1\r\n\r\n", bad: errLine},
-		{name: "a signed length", head: "POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\n", bad: errLength},
-		{name: "a list of lengths", head: "POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\n", bad: errLength},
-		{name: "the same length twice", head: "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", bad: errTwoLengths},
-		{name: "a coding under chunked", head: "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", bad: errCoding},
-		{name: "chunked not last", head: "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", bad: errEncoding},
-		{name: "chunked in two fields", head: "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", bad: errEncoding},
-		{name: "an empty coding", head: "POST / HTTP/1.1\r\nTransfer-Encoding: ,\r\n\r\n", bad: errEncoding},
-		{name: "two hosts", head: "GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", bad: errTwoHosts},
-		{name: "a space before the colon", head: "GET / HTTP/1.1\r\nHost : a\r\n\r\n", bad: errName},
-		{name: "DEL in a value", head: "GET / HTTP/1.1\r\nX: a\x7fb\r\n\r\n", bad: errValue},
+		{name: "two spaces in the request line", head: "GET  / HTTP/1.1\r\n\r\n", bad: engine.ErrLine},
+		{name: "a space in the target", head: "GET /a b HTTP/1.1\r\n\r\n", bad: engine.ErrLine},
+		{name: "a lowercase version", head: "GET / http/1.1\r\n\r\n", bad: engine.ErrLine},
+		{name: "HTTP/1.2", head: "GET / HTTP/1.2\r\n\r\n", bad: engine.ErrVersion},
+		{name: "a method that is not a token", head: "G(T / HTTP/1.1\r\n\r\n", bad: engine.ErrLine},
+		{name: "a signed length", head: "POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\n", bad: engine.ErrLength},
+		{name: "a list of lengths", head: "POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\n", bad: engine.ErrLength},
+		{name: "the same length twice", head: "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", bad: engine.ErrTwoLengths},
+		{name: "a coding under chunked", head: "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", bad: engine.ErrCoding},
+		{name: "chunked not last", head: "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", bad: engine.ErrEncoding},
+		{name: "chunked in two fields", head: "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", bad: engine.ErrEncoding},
+		{name: "an empty coding", head: "POST / HTTP/1.1\r\nTransfer-Encoding: ,\r\n\r\n", bad: engine.ErrEncoding},
+		{name: "two hosts", head: "GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", bad: engine.ErrTwoHosts},
+		{name: "a space before the colon", head: "GET / HTTP/1.1\r\nHost : a\r\n\r\n", bad: engine.ErrName},
+		{name: "DEL in a value", head: "GET / HTTP/1.1\r\nX: a\x7fb\r\n\r\n", bad: engine.ErrValue},
 		{name: "obs-text in a value is kept", head: "GET / HTTP/1.1\r\nX: caf\xc3\xa9\r\n\r\n"},
-		{name: "asterisk-form for GET", head: "GET * HTTP/1.1\r\n\r\n", bad: errLine},
+		{name: "asterisk-form for GET", head: "GET * HTTP/1.1\r\n\r\n", bad: engine.ErrLine},
 		{name: "OPTIONS *", head: "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", check: func(t *testing.T, h *head) {
 			if !h.asterisk {
 				t.Error("OPTIONS * not recognised")
 			}
 		}},
-		{name: "a scheme other than http", head: "GET https://a/ HTTP/1.1\r\n\r\n", bad: errTarget},
+		{name: "a scheme other than http", head: "GET https://a/ HTTP/1.1\r\n\r\n", bad: engine.ErrTarget},
 		{name: "an upgrade to h2c is none", head: "GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n", check: func(t *testing.T, h *head) {
 			if h.upgrade {
 				t.Error("an upgrade to h2c is tunnelled")
 			}
 		}},
 		{name: "Connection names a field", head: "GET / HTTP/1.1\r\nConnection: X-A\r\nX-A: 1\r\nX-B: 2\r\n\r\n", check: func(t *testing.T, h *head) {
-			kinds := map[string]kind{}
+			kinds := map[string]engine.FieldKind{}
 			for _, f := range h.fields {
 				kinds[string(f.name.of(h.raw))] = f.kind
 			}
-			if kinds["X-A"] != kindDropped || kinds["X-B"] != kindOther {
+			if kinds["X-A"] != engine.FieldDropped || kinds["X-B"] != engine.FieldOther {
 				t.Errorf("kinds %v", kinds)
 			}
 		}},
@@ -118,7 +118,7 @@ func TestScanHead(t *testing.T) {
 		}
 	}
 	for _, h := range []string{"GET / HTTP/1.1\nHost: a\r\n\r\n", "GET / HTTP/1.1\r\nHost: a\n\r\n", "GET / HTTP/1.1\r\nHost: a\r\n\n"} {
-		if _, bad := scanHead([]byte(h), 0); bad != errBareLF {
+		if _, bad := scanHead([]byte(h), 0); bad != engine.ErrBareLF {
 			t.Errorf("%q: %v, want a bare LF refused", h, bad)
 		}
 	}
@@ -220,7 +220,7 @@ func FuzzRequestHead(f *testing.F) {
 			t.Fatalf("the method changed: %q", out)
 		}
 		for _, f := range h2.fields {
-			if f.kind == kindHopByHop || f.kind == kindDropped || f.kind == kindExpect {
+			if f.kind == engine.FieldHopByHop || f.kind == engine.FieldDropped || f.kind == engine.FieldExpect {
 				t.Fatalf("a field that is not forwarded was: %q in %q", f.name.of(h2.raw), out)
 			}
 		}

@@ -334,16 +334,7 @@ func (l *loop) writev(fd int, iov [][]byte) (int, error) {
 	if len(vs) == 0 {
 		return 0, nil
 	}
-	for {
-		n, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&vs[0])), uintptr(len(vs)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
-	}
+	return rw(unix.SYS_WRITEV, fd, unsafe.Pointer(&vs[0]), len(vs))
 }
 
 func unsafePointer(p []byte) unsafe.Pointer {
@@ -355,11 +346,19 @@ func unsafePointer(p []byte) unsafe.Pointer {
 
 // read reads from fd into p, without allocating for an error.
 func read(fd int, p []byte) (int, error) {
+	return rw(unix.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p))
+}
+
+// rw makes the system call trap (read, write, writev) on fd with the n
+// bytes or iovecs at p, again when a signal interrupts it, without
+// allocating for an error. p is an unsafe.Pointer up to the call, so
+// that what it points to stays put until then.
+func rw(trap uintptr, fd int, p unsafe.Pointer, n int) (int, error) {
 	for {
-		n, _, e := unix.Syscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		r, _, e := unix.Syscall(trap, uintptr(fd), uintptr(p), uintptr(n))
 		switch e {
 		case 0:
-			return int(n), nil
+			return int(r), nil
 		case unix.EINTR:
 			continue
 		}

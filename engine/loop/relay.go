@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // The upstream's response on its way to the client: its head checked and
@@ -105,7 +106,7 @@ func (r *request) composeHead(h *respHead) []byte {
 		}
 	}
 	for _, f := range r.ex.Fields() {
-		dst = appendField(dst, f.Name, f.Value)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
 	if !h.hasDate {
 		dst = append(dst, l.dateLine...) // the upstream's own, else now
@@ -145,7 +146,7 @@ func (r *request) interim(h *respHead) {
 	l := r.l
 	dst := appendStatusLine(l.head[:0], h.status, nil)
 	for i := range h.fields {
-		if f := &h.fields[i]; f.kind == kindOther {
+		if f := &h.fields[i]; f.kind == engine.FieldOther {
 			dst = append(dst, h.raw[f.name.from:f.value.to]...)
 			dst = append(dst, "\r\n"...)
 		}

@@ -4,7 +4,6 @@ package loop
 
 import (
 	"net/netip"
-	"strconv"
 	"sync/atomic"
 	"unsafe"
 
@@ -105,42 +104,22 @@ func (l *loop) recycle(r *request) {
 	}
 }
 
-// The core sees the request as the upstream will get it (SPEC "One
-// request, one truth"): Host is the authority of an absolute-form target
-// when there is one; X-Forwarded-Proto and X-Forwarded-Host are the
-// values this server sends; the hop-by-hop fields (Connection and every
-// field it names, Keep-Alive, TE, Transfer-Encoding, Upgrade but on an
-// upgrade, Proxy-*), Expect and names with '_' are absent, so that
-// nothing the upstream never sees can key, vary or fingerprint anything.
-// X-Forwarded-For is the client's chain as sent: the core appends the
-// peer itself when it believes the chain.
+// The core sees the request as the upstream will get it
+// (engine.RequestFieldSeen, engine.ForwardedField).
 
-// seen reports whether the upstream gets field f as the client sent it.
-func (r *request) seen(f *field) bool {
-	switch f.kind {
-	case kindOther, kindLength, kindForwardedFor:
-		return true
-	case kindHost:
-		return !r.h.absolute
-	case kindUpgrade:
-		return r.h.upgrade
-	}
-	return false
+// sentAs reports whether f is a field called name that the upstream gets
+// as the client sent it.
+func (r *request) sentAs(f *field, name string) bool {
+	h := &r.h
+	return int(f.name.to-f.name.from) == len(name) && engine.EqualFold(f.name.of(h.raw), name) &&
+		engine.RequestFieldSeen(f.kind, h.ownHost(), h.upgrade)
 }
 
 // forwarded returns the value this server sends for a field it writes
 // itself, whatever the client sent.
 func (r *request) forwarded(name string) (string, bool) {
-	host := r.h.host.of(r.h.raw)
-	switch {
-	case len(name) == 4 && equalFold(s2b(name), "host"):
-		return b2s(host), len(host) > 0
-	case len(name) == 16 && equalFold(s2b(name), "x-forwarded-host"):
-		return b2s(host), len(host) > 0
-	case len(name) == 17 && equalFold(s2b(name), "x-forwarded-proto"):
-		return "http", true
-	}
-	return "", false
+	v, ok := engine.ForwardedField(s2b(name), r.h.host.of(r.h.raw))
+	return b2s(v), ok
 }
 
 // Header implements core.Request.
@@ -148,12 +127,10 @@ func (r *request) Header(name string) (first string, lines int) {
 	if v, ok := r.forwarded(name); ok {
 		return v, 1
 	}
-	raw := r.h.raw
 	for i := range r.h.fields {
-		f := &r.h.fields[i]
-		if int(f.name.to-f.name.from) == len(name) && equalFold(f.name.of(raw), name) && r.seen(f) {
+		if f := &r.h.fields[i]; r.sentAs(f, name) {
 			if lines == 0 {
-				first = b2s(f.value.of(raw))
+				first = b2s(f.value.of(r.h.raw))
 			}
 			lines++
 		}
@@ -166,11 +143,9 @@ func (r *request) HeaderLines(name string, dst []string) []string {
 	if v, ok := r.forwarded(name); ok {
 		return append(dst, v)
 	}
-	raw := r.h.raw
 	for i := range r.h.fields {
-		f := &r.h.fields[i]
-		if int(f.name.to-f.name.from) == len(name) && equalFold(f.name.of(raw), name) && r.seen(f) {
-			dst = append(dst, b2s(f.value.of(raw)))
+		if f := &r.h.fields[i]; r.sentAs(f, name) {
+			dst = append(dst, b2s(f.value.of(r.h.raw)))
 		}
 	}
 	return dst
@@ -237,26 +212,26 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 		dst = append(dst, h.query.of(raw)...)
 	}
 	dst = append(dst, " HTTP/1.1\r\n"...)
-	host := h.host.of(raw)
-	ownHost := h.absolute || len(host) == 0 // the client's Host lines are not sent
+	ownHost := h.ownHost()
 	if ownHost {
+		host := h.host.of(raw)
 		if len(host) == 0 {
 			host = s2b(t.Authority) // none, or empty: HTTP/1.1 needs one
 		}
-		dst = appendField(dst, "Host", host)
+		dst = engine.AppendField(dst, "Host", host)
 	}
 	for i := range h.fields {
 		f := &h.fields[i]
 		switch f.kind {
-		case kindOther:
+		case engine.FieldOther:
 			if (len(r.fwd.Drop) > 0 || len(r.fwd.Add) > 0) && r.fwd.Dropped(b2s(f.name.of(raw))) {
 				continue
 			}
-		case kindHost:
+		case engine.FieldHost:
 			if ownHost {
 				continue
 			}
-		case kindUpgrade:
+		case engine.FieldUpgrade:
 			if !h.upgrade {
 				continue
 			}
@@ -266,32 +241,19 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 		dst = append(dst, raw[f.name.from:f.value.to]...)
 		dst = append(dst, "\r\n"...)
 	}
-	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
-	// $proxy_add_x_forwarded_for); which hops to believe is the core's
-	// business.
-	dst = append(dst, "X-Forwarded-For: "...)
-	sep := false
+	xff := engine.BeginForwardedFor(dst)
 	for i := range h.fields {
-		if f := &h.fields[i]; f.kind == kindForwardedFor && f.value.to > f.value.from {
-			if sep {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, f.value.of(raw)...)
-			sep = true
+		if f := &h.fields[i]; f.kind == engine.FieldForwardedFor {
+			xff.Add(b2s(f.value.of(raw)))
 		}
 	}
-	if peer := r.Peer(); peer.IsValid() {
-		if sep {
-			dst = append(dst, ", "...)
-		}
-		dst = peer.AppendTo(dst)
-	}
-	dst = append(dst, "\r\nX-Forwarded-Proto: http\r\n"...)
+	dst = xff.End(r.Peer())
+	dst = engine.AppendField(dst, "X-Forwarded-Proto", "http")
 	if hh := h.host.of(raw); len(hh) > 0 {
-		dst = appendField(dst, "X-Forwarded-Host", hh)
+		dst = engine.AppendField(dst, "X-Forwarded-Host", hh)
 	}
 	for i := range r.fwd.Add {
-		dst = appendField(dst, r.fwd.Add[i].Name, r.fwd.Add[i].Value)
+		dst = engine.AppendField(dst, r.fwd.Add[i].Name, r.fwd.Add[i].Value)
 	}
 	if h.upgrade {
 		dst = append(dst, "Connection: Upgrade\r\n"...)
@@ -299,25 +261,13 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 	switch b := &r.body; {
 	case b.done && !r.streamed:
 		if n := len(b.buf); n > 0 || h.hasLength || h.chunked {
-			dst = append(dst, "Content-Length: "...)
-			dst = strconv.AppendInt(dst, int64(n), 10)
-			dst = append(dst, "\r\n"...)
+			dst = engine.AppendLength(dst, int64(n))
 		}
 	case b.mode == bodyLength:
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, h.length, 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, h.length)
 	default:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
 	}
-	return append(dst, "\r\n"...)
-}
-
-// appendField appends the field line "name: value".
-func appendField[V string | []byte](dst []byte, name string, value V) []byte {
-	dst = append(dst, name...)
-	dst = append(dst, ": "...)
-	dst = append(dst, value...)
 	return append(dst, "\r\n"...)
 }
 

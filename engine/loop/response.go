@@ -6,7 +6,7 @@ import (
 	"bytes"
 	"errors"
 
-	"github.com/preforkd/preforkd/route"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // The upstream's response head (RFC 9112 §4, §6.3), checked before
@@ -71,7 +71,7 @@ func (h *respHead) parse(raw []byte) error {
 	}
 	if len(line) > 13 {
 		h.reason = span{13, int32(end)}
-		if !fieldValueOK(h.reason.of(raw)) {
+		if !engine.FieldValueOK(h.reason.of(raw)) {
 			return errRespLine
 		}
 	}
@@ -83,26 +83,14 @@ func (h *respHead) parse(raw []byte) error {
 		if l.to == l.from {
 			break
 		}
-		if c := raw[l.from]; c == ' ' || c == '\t' {
+		f, fault := parseField(raw, l)
+		if fault != engine.FieldOK {
 			return errRespField
 		}
-		colon := bytes.IndexByte(l.of(raw), ':')
-		if colon < 0 {
-			return errRespField
-		}
-		f := field{name: span{l.from, l.from + int32(colon)}}
-		name := f.name.of(raw)
-		if !route.IsToken(b2s(name)) {
-			return errRespField
-		}
-		f.value = trimOWS(raw, span{f.name.to + 1, l.to})
-		v := f.value.of(raw)
-		if !fieldValueOK(v) {
-			return errRespField
-		}
-		f.kind = classify(name)
+		name, v := f.name.of(raw), f.value.of(raw)
+		f.kind = engine.ClassifyField(name)
 		switch f.kind {
-		case kindLength:
+		case engine.FieldLength:
 			if h.hasLength {
 				return errRespLength
 			}
@@ -111,26 +99,26 @@ func (h *respHead) parse(raw []byte) error {
 				return errRespLength
 			}
 			h.hasLength, h.length = true, n
-		case kindEncoding:
+		case engine.FieldEncoding:
 			h.encoded = true
 			h.chunked = false
-			eachToken(v, func(t []byte) { h.chunked = equalFold(t, "chunked") })
-		case kindConnection:
-			eachToken(v, func(t []byte) {
+			engine.EachToken(v, func(t []byte) { h.chunked = engine.EqualFold(t, "chunked") })
+		case engine.FieldConnection:
+			engine.EachToken(v, func(t []byte) {
 				switch {
-				case equalFold(t, "close"):
+				case engine.EqualFold(t, "close"):
 					h.close = true
-				case equalFold(t, "keep-alive"):
+				case engine.EqualFold(t, "keep-alive"):
 					if h.minor == 0 {
 						h.close = false
 					}
-				case equalFold(t, "upgrade"):
+				case engine.EqualFold(t, "upgrade"):
 				default:
 					named = true
 				}
 			})
-		case kindOther:
-			if len(name) == 4 && equalFold(name, "date") {
+		case engine.FieldOther:
+			if len(name) == 4 && engine.EqualFold(name, "date") {
 				h.hasDate = true // kept: the server sends its own only without
 			}
 		}
@@ -154,35 +142,26 @@ func (h *respHead) parse(raw []byte) error {
 // close, keep-alive and upgrade, as not to be passed on.
 func (h *respHead) dropConnectionNamed() {
 	for _, cf := range h.fields {
-		if cf.kind != kindConnection {
+		if cf.kind != engine.FieldConnection {
 			continue
 		}
-		eachToken(cf.value.of(h.raw), func(t []byte) {
-			if equalFold(t, "close") || equalFold(t, "keep-alive") || equalFold(t, "upgrade") {
+		engine.EachToken(cf.value.of(h.raw), func(t []byte) {
+			if engine.EqualFold(t, "close") || engine.EqualFold(t, "keep-alive") || engine.EqualFold(t, "upgrade") {
 				return
 			}
 			for i := range h.fields {
 				f := &h.fields[i]
-				if f.kind != kindConnection && f.kind != kindUpgrade && bytes.EqualFold(f.name.of(h.raw), t) {
-					f.kind = kindDropped
+				if f.kind != engine.FieldConnection && f.kind != engine.FieldUpgrade && bytes.EqualFold(f.name.of(h.raw), t) {
+					f.kind = engine.FieldDropped
 				}
 			}
 		})
 	}
 }
 
-// passed reports whether field f goes to the client: the hop-by-hop
-// fields, Date and the framing are this server's to send; on a 101 the
-// Connection and Upgrade fields go with it.
-func (h *respHead) passed(f *field) bool {
-	switch f.kind {
-	case kindOther, kindHost, kindForwardedFor, kindForwardedOther, kindExpect:
-		return true
-	case kindConnection, kindUpgrade:
-		return h.status == 101
-	}
-	return false
-}
+// passed reports whether field f goes to the client
+// (engine.ResponseFieldPassed).
+func (h *respHead) passed(f *field) bool { return engine.ResponseFieldPassed(f.kind, h.status == 101) }
 
 // Each implements core.Header: every field line as the upstream sent it
 // (the core keeps what it stores of them, and reads Date).

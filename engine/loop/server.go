@@ -33,7 +33,7 @@ type Server struct {
 
 	open      atomic.Int64 // client connections open
 	refreshes atomic.Int64 // background refreshes under way
-	count     counters
+	count     engine.Counters
 	conns     metrics.Conns // the worker's connection counts, in the region (core.Core.Conns)
 	draining  atomic.Bool
 
@@ -333,35 +333,10 @@ func (l *loop) resumeAccept(any) error {
 }
 
 // Stats are the server's counters since New.
-type Stats struct {
-	Accepted    uint64 // client connections accepted
-	Open        int64  // client connections open now
-	BadRequests uint64 // requests refused before anything was forwarded (400, 405, 408, 413, 431, 501, 505)
-	// UpstreamErrors counts 502s: the upstream refused, was unreachable,
-	// or broke off before a whole response header.
-	UpstreamErrors uint64
-	// UpstreamTimeouts counts 504s: no response header within the
-	// upstream timeout.
-	UpstreamTimeouts uint64
-	// UpstreamAborts counts responses cut off mid-body.
-	UpstreamAborts uint64
-}
-
-type counters struct {
-	accepted, badRequests, upstreamErrors, upstreamTimeouts, upstreamAborts atomic.Uint64
-}
+type Stats = engine.Stats
 
 // Stats returns the server's counters.
-func (s *Server) Stats() Stats {
-	return Stats{
-		Accepted:         s.count.accepted.Load(),
-		Open:             s.open.Load(),
-		BadRequests:      s.count.badRequests.Load(),
-		UpstreamErrors:   s.count.upstreamErrors.Load(),
-		UpstreamTimeouts: s.count.upstreamTimeouts.Load(),
-		UpstreamAborts:   s.count.upstreamAborts.Load(),
-	}
-}
+func (s *Server) Stats() Stats { return s.count.Stats(s.open.Load()) }
 
 // The upstream's address: resolved at New and every 30 seconds after
 // (every second while it is not), on a goroutine of the server's: a loop

@@ -491,7 +491,7 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 		io.WriteString(c, "bye")
 		c.Close()
 	})
-	addr, _ := serve(t, loop.Options{Upstream: up.URL()})
+	addr, s := serve(t, loop.Options{Upstream: up.URL()})
 	c, br := dial(t, addr)
 	resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n")
 	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("X-Up") != "1" ||
@@ -507,6 +507,15 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 	}
 	if string(got) != "hello ping 1, ping 2bye" {
 		t.Errorf("through the tunnel: %q", got)
+	}
+	// Both ends were passed on: the tunnel is closed, not left to the
+	// upstream timeout.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && s.Stats().Open > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if open := s.Stats().Open; open != 0 {
+		t.Errorf("%d connections open after both sides ended", open)
 	}
 	seen := up.Requests()
 	if len(seen) != 1 || fmt.Sprint(seen[0].Field("Connection")) != "[Upgrade]" || fmt.Sprint(seen[0].Field("Upgrade")) != "[echo]" {

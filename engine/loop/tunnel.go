@@ -71,10 +71,7 @@ func (t *tunnel) fromClient() {
 	c, u, l := t.c, t.u, t.c.l
 	n, err := read(c.fd, l.rbuf)
 	switch {
-	case err == unix.EAGAIN:
-		return
-	case err != nil:
-		t.close()
+	case t.stopped(err):
 		return
 	case n == 0:
 		t.cEOF = true
@@ -88,6 +85,16 @@ func (t *tunnel) fromClient() {
 	if !t.closed {
 		t.clientWant()
 	}
+}
+
+// stopped reports whether a read of either side went no further: it
+// would block (the loop calls again when it is ready), or it failed, and
+// the tunnel is closed.
+func (t *tunnel) stopped(err error) bool {
+	if err != nil && err != unix.EAGAIN {
+		t.close()
+	}
+	return err != nil
 }
 
 // upEvent handles the upstream side.
@@ -110,10 +117,7 @@ func (t *tunnel) upEvent(ev uint32) {
 	c, l := t.c, t.c.l
 	n, err := read(u.fd, l.rbuf)
 	switch {
-	case err == unix.EAGAIN:
-		return
-	case err != nil:
-		t.close()
+	case t.stopped(err):
 		return
 	case n == 0:
 		t.uEOF = true
@@ -159,12 +163,7 @@ func (t *tunnel) shutClient() {
 	if !t.uEOF || t.cShut || t.c.outLen() > 0 {
 		return
 	}
-	t.cShut = true
-	if unix.Shutdown(t.c.fd, unix.SHUT_WR) != nil {
-		t.close()
-		return
-	}
-	t.maybeDone()
+	t.shut(t.c.fd, &t.cShut)
 }
 
 // shutUpstream passes the client's end on, once its bytes are sent.
@@ -172,16 +171,14 @@ func (t *tunnel) shutUpstream() {
 	if !t.cEOF || t.uShut || t.u.backlog() > 0 {
 		return
 	}
-	t.uShut = true
-	if unix.Shutdown(t.u.fd, unix.SHUT_WR) != nil {
-		t.close()
-		return
-	}
-	t.maybeDone()
+	t.shut(t.u.fd, &t.uShut)
 }
 
-func (t *tunnel) maybeDone() {
-	if t.cShut && t.uShut {
+// shut shuts fd's writing side and records it in done; the tunnel ends
+// once both sides are shut, or when the shutdown fails.
+func (t *tunnel) shut(fd int, done *bool) {
+	*done = true
+	if unix.Shutdown(fd, unix.SHUT_WR) != nil || t.cShut && t.uShut {
 		t.close()
 	}
 }

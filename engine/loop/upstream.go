@@ -547,7 +547,7 @@ func (u *upConn) ended(err error) {
 func (u *upConn) broken(err error) {
 	r := u.r
 	s := u.l.s
-	s.count.upstreamAborts.Add(1)
+	s.count.UpstreamAborts.Add(1)
 	s.o.Core.UpstreamFailed(core.UpstreamBroken, s.o.target.Addr, err)
 	u.close()
 	r.up = nil
@@ -594,12 +594,12 @@ func (u *upConn) failed(err error) {
 	switch {
 	case errors.As(err, &de):
 		kind = core.UpstreamConnect
-		s.count.upstreamErrors.Add(1)
+		s.count.UpstreamErrors.Add(1)
 	case err == errUpstreamSilent:
 		kind = core.UpstreamTimeout
-		s.count.upstreamTimeouts.Add(1)
+		s.count.UpstreamTimeouts.Add(1)
 	default:
-		s.count.upstreamErrors.Add(1)
+		s.count.UpstreamErrors.Add(1)
 	}
 	if r.body.sink == sinkUpstream {
 		r.body.sink = sinkNone

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // Response heads as the client gets them: composed in the loop's head
@@ -76,7 +77,7 @@ func (r *request) writeCore(resp *core.Response) {
 		switch f.Name {
 		case "Date":
 			if len(f.Value) <= 64 && !bytes.ContainsAny(f.Value, "\r\n") {
-				date = appendField(l.date[:0], "Date", f.Value)
+				date = engine.AppendField(l.date[:0], "Date", f.Value)
 				l.date = date
 			}
 			continue
@@ -85,7 +86,7 @@ func (r *request) writeCore(resp *core.Response) {
 				continue
 			}
 		}
-		dst = appendField(dst, f.Name, f.Value)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
 	dst = append(dst, date...)
 	if length >= 0 {
@@ -106,18 +107,18 @@ func (r *request) writeCore(resp *core.Response) {
 // refuse answers a request the server will not pass on, before the core
 // saw it (a malformed head, one too large or too slow), with a problem;
 // the connection closes after it when its framing cannot be trusted.
-func (c *conn) refuse(bad *badRequest) {
+func (c *conn) refuse(bad *engine.BadRequest) {
 	l := c.l
-	l.s.count.badRequests.Add(1)
+	l.s.count.BadRequests.Add(1)
 	r := c.r
-	if r == nil || r.h.raw == nil || bad.closeConn {
+	if r == nil || r.h.raw == nil || bad.CloseConn {
 		c.closeAfter, c.linger = true, true
 	}
-	p := core.Problem{Status: bad.status, Detail: bad.detail}
+	p := core.Problem{Status: bad.Status, Detail: bad.Detail}
 	l.pbody = p.AppendJSON(l.pbody[:0])
 	l.pfields, l.pvals = core.ProblemFields(l.pfields[:0], l.pvals[:0], 0, len(l.pbody))
-	resp := core.Response{Status: bad.status, Fields: l.pfields, Body: l.pbody}
-	l.s.o.Core.Responded(bad.status, 0)
+	resp := core.Response{Status: bad.Status, Fields: l.pfields, Body: l.pbody}
+	l.s.o.Core.Responded(bad.Status, 0)
 	if r == nil {
 		// No request: the head itself was wrong. Answered as to a GET.
 		r = l.getRequest(c)

@@ -112,10 +112,10 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 			uc.Conn.Close()
 		}
 		clear(rw.w.Header()) // what a failed attempt read of a response head
-		var be *bodyError
+		var be *engine.BodyReadError
 		switch {
 		case errors.As(err, &be):
-			return f.refuse(rw, ex, be.err)
+			return f.refuse(rw, ex, be.Err)
 		case attempt == 0 && uc != nil && uc.Reused && body.stream == nil && retryable(r) && staleConn(err):
 			continue // the upstream had closed the idle connection: nothing was done
 		}
@@ -189,13 +189,13 @@ func readAhead(r *http.Request, req *request) (aheadBody, error) {
 	case err == io.EOF || err == io.ErrUnexpectedEOF:
 		if r.ContentLength > 0 && int64(n) != r.ContentLength {
 			aheadPool.Put(bp)
-			return aheadBody{}, &bodyError{io.ErrUnexpectedEOF}
+			return aheadBody{}, &engine.BodyReadError{Err: io.ErrUnexpectedEOF}
 		}
 		_, hasCL := r.Header["Content-Length"]
 		return aheadBody{bytes: (*bp)[:n], length: int64(n), sendCL: n > 0 || hasCL || r.ContentLength < 0, buf: bp}, nil
 	case err != nil:
 		aheadPool.Put(bp)
-		return aheadBody{}, &bodyError{err}
+		return aheadBody{}, &engine.BodyReadError{Err: err}
 	}
 	return aheadBody{bytes: (*bp)[:n], stream: r.Body, length: r.ContentLength, buf: bp}, nil
 }
@@ -206,12 +206,6 @@ func (b *aheadBody) release() {
 		b.buf = nil
 	}
 }
-
-// bodyError is a failure to read the client's request body.
-type bodyError struct{ err error }
-
-func (e *bodyError) Error() string { return "nethttp: reading the request body: " + e.err.Error() }
-func (e *bodyError) Unwrap() error { return e.err }
 
 // isUpgrade reports whether r asks for an upgrade the upstream may
 // grant: HTTP/1.1, Connection: upgrade with an Upgrade field, and not to
@@ -260,13 +254,12 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t *engine.Target,
 		dst = append(dst, '?')
 		dst = append(dst, q...)
 	}
-	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, " HTTP/1.1\r\n"...)
 	host := r.Host
 	if host == "" {
 		host = t.Authority // HTTP/1.0 without Host: HTTP/1.1 needs one
 	}
-	dst = append(dst, host...)
-	dst = append(dst, "\r\n"...)
+	dst = engine.AppendField(dst, "Host", host)
 	for name, vs := range r.Header {
 		switch {
 		case hopByHop(name) && !(upgrade && name == "Upgrade"):
@@ -280,61 +273,37 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t *engine.Target,
 			continue
 		}
 		for _, v := range vs {
-			dst = append(dst, name...)
-			dst = append(dst, ": "...)
-			dst = append(dst, v...)
-			dst = append(dst, "\r\n"...)
+			dst = engine.AppendField(dst, name, v)
 		}
 	}
 	for _, f := range fwd.Add {
-		dst = append(dst, f.Name...)
-		dst = append(dst, ": "...)
-		dst = append(dst, f.Value...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
-	// X-Forwarded-For: the chain the client sent, then the peer (nginx's
-	// $proxy_add_x_forwarded_for); which hops to believe is the core's.
-	dst = append(dst, "X-Forwarded-For: "...)
-	sep := false
+	xff := engine.BeginForwardedFor(dst)
 	for _, v := range r.Header["X-Forwarded-For"] {
-		if v = textproto.TrimString(v); v != "" {
-			if sep {
-				dst = append(dst, ", "...)
-			}
-			dst = append(dst, v...)
-			sep = true
-		}
+		xff.Add(textproto.TrimString(v))
 	}
+	var peer netip.Addr
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
-		if sep {
-			dst = append(dst, ", "...)
-		}
-		dst = ap.Addr().Unmap().WithZone("").AppendTo(dst)
+		peer = ap.Addr().Unmap().WithZone("")
 	}
-	dst = append(dst, "\r\nX-Forwarded-Proto: "...)
+	dst = xff.End(peer)
+	proto := "http"
 	if r.TLS != nil {
-		dst = append(dst, "https"...)
-	} else {
-		dst = append(dst, "http"...)
+		proto = "https"
 	}
-	dst = append(dst, "\r\n"...)
+	dst = engine.AppendField(dst, "X-Forwarded-Proto", proto)
 	if r.Host != "" {
-		dst = append(dst, "X-Forwarded-Host: "...)
-		dst = append(dst, r.Host...)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendField(dst, "X-Forwarded-Host", r.Host)
 	}
 	if upgrade {
 		dst = append(dst, "Connection: Upgrade\r\n"...)
 	}
 	switch {
 	case body.stream == nil && (len(body.bytes) > 0 || body.sendCL):
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, int64(len(body.bytes)), 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, int64(len(body.bytes)))
 	case body.stream != nil && body.length >= 0:
-		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, body.length, 10)
-		dst = append(dst, "\r\n"...)
+		dst = engine.AppendLength(dst, body.length)
 	case body.stream != nil:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
 	}
@@ -352,105 +321,15 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 		}
 		return readResponseHead(uc.Buf, h, interim)
 	}
-	sent := make(chan error, 1)
-	go func() { sent <- sendBody(uc, head, body) }()
-	hd, err = readResponseHead(uc.Buf, h, interim)
-	var werr error
-	select {
-	case werr = <-sent:
-	default:
-		if err == nil {
-			// An early answer: stop sending, and do not reuse.
-			if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
-		} else {
-			uc.Conn.Close()
-		}
-		hd.close = true
-		werr = <-sent
-		if err == nil {
-			return hd, nil
-		}
-	}
-	var be *bodyError
-	if errors.As(werr, &be) {
-		return hd, werr // the client's fault first: 400 or 408
-	}
-	if err != nil {
-		return hd, err
-	}
-	if werr != nil {
-		hd.close = true
-	}
-	return hd, nil
-}
-
-// sendBody writes the head, the body read ahead and the rest as it comes,
-// with its length or chunked.
-func sendBody(uc *upconn.Conn, head []byte, body aheadBody) error {
-	chunked := body.length < 0
-	if _, err := uc.Write(head); err != nil {
-		return err
-	}
-	write := func(p []byte) error {
-		if len(p) == 0 {
-			return nil
-		}
-		if chunked {
-			var hex [20]byte
-			line := append(strconv.AppendInt(hex[:0], int64(len(p)), 16), '\r', '\n')
-			if _, err := uc.Write(line); err != nil {
-				return err
-			}
-			if _, err := uc.Write(p); err != nil {
-				return err
-			}
-			_, err := uc.Write(crlfBytes)
+	reuse, err := engine.SendWhileReading(uc.Conn,
+		func() error { return engine.SendBody(uc, head, body.bytes, body.stream, body.length) },
+		func() (err error) {
+			hd, err = readResponseHead(uc.Buf, h, interim)
 			return err
-		}
-		_, err := uc.Write(p)
-		return err
-	}
-	if err := write(body.bytes); err != nil {
-		return err
-	}
-	left := body.length - int64(len(body.bytes))
-	bp := aheadPool.Get().(*[]byte)
-	defer aheadPool.Put(bp)
-	for chunked || left > 0 {
-		p := *bp
-		if !chunked && int64(len(p)) > left {
-			p = p[:left]
-		}
-		n, err := body.stream.Read(p)
-		if n > 0 {
-			left -= int64(n)
-			if werr := write(p[:n]); werr != nil {
-				return werr
-			}
-		}
-		if err == io.EOF {
-			if !chunked && left > 0 {
-				return &bodyError{io.ErrUnexpectedEOF}
-			}
-			break
-		}
-		if err != nil {
-			return &bodyError{err}
-		}
-	}
-	if chunked {
-		_, err := uc.Write(lastChunkBytes)
-		return err
-	}
-	return nil
+		})
+	hd.close = hd.close || !reuse
+	return hd, err
 }
-
-var (
-	crlfBytes      = []byte("\r\n")
-	lastChunkBytes = []byte("0\r\n\r\n")
-)
 
 // respHead is what framing a response head says.
 type respHead struct {
@@ -468,7 +347,6 @@ var (
 	errLongHead    = errors.New("nethttp: a response header section over 16 KiB")
 	errInterims    = errors.New("nethttp: too many interim responses")
 	errStray       = errors.New("nethttp: the upstream sent bytes past the end of its response")
-	errBadChunk    = errors.New("nethttp: malformed chunked response body")
 	errUnasked101  = errors.New("nethttp: the upstream switched protocols unasked")
 	errBadResponse = errors.New("nethttp: an invalid response header field")
 )
@@ -729,7 +607,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 	case hd.length >= 0:
 		body = &limitedBody{br: uc.Buf, left: hd.length}
 	case hd.length == -1:
-		body = &chunkedBody{br: uc.Buf}
+		body = engine.NewChunkedReader(uc.Buf)
 	default:
 		body = uc.Buf
 	}
@@ -852,76 +730,6 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	return n, err
-}
-
-// chunkedBody decodes a chunked body; the trailer section is dropped.
-type chunkedBody struct {
-	br   *bufio.Reader
-	left int64
-	crlf bool
-	eof  bool
-}
-
-func (b *chunkedBody) Read(p []byte) (int, error) {
-	if b.eof {
-		return 0, io.EOF
-	}
-	if b.left == 0 {
-		if b.crlf {
-			if line, err := readLine(b.br); err != nil || len(line) != 0 {
-				return 0, errOr(err, errBadChunk)
-			}
-			b.crlf = false
-		}
-		line, err := readLine(b.br)
-		if err != nil {
-			return 0, errOr(err, errBadChunk)
-		}
-		if i := bytes.IndexByte(line, ';'); i >= 0 {
-			line = line[:i]
-		}
-		line = bytes.TrimRight(line, " \t")
-		size, err := strconv.ParseInt(string(line), 16, 64)
-		if err != nil || size < 0 || len(line) == 0 || len(line) > 15 {
-			return 0, errBadChunk
-		}
-		if size == 0 {
-			for { // the trailer section
-				line, err := readLine(b.br)
-				if err != nil {
-					return 0, errOr(err, errBadChunk)
-				}
-				if len(line) == 0 {
-					break
-				}
-			}
-			b.eof = true
-			return 0, io.EOF
-		}
-		b.left = size
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.br.Read(p)
-	b.left -= int64(n)
-	if b.left == 0 {
-		b.crlf = true
-	}
-	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return n, err
-}
-
-func errOr(err, or error) error {
-	if err == io.EOF {
-		return io.ErrUnexpectedEOF
-	}
-	if err != nil {
-		return err
-	}
-	return or
 }
 
 // staleConn reports whether err is what a request sent on a connection

@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"strconv"
+)
+
+// ErrChunked is malformed chunked framing (RFC 9112 §7.1).
+var ErrChunked = errors.New("engine: malformed chunked body")
+
+// maxTrailerLines bounds the trailer section a ChunkedReader reads past.
+const maxTrailerLines = 100
+
+// ChunkedReader decodes a chunked body read from a buffered connection:
+// Read returns the data of its chunks, at most one chunk's a call, then
+// io.EOF once the last chunk and the trailer section (dropped: the
+// framing it belongs to is this hop's) are read. Every line must end in
+// CRLF; a malformed line, or a trailer section of more than 100 lines, is
+// ErrChunked, and a body cut short io.ErrUnexpectedEOF.
+type ChunkedReader struct {
+	r    *bufio.Reader
+	left int64 // bytes left of the current chunk
+	crlf bool  // a chunk's CRLF is due before the next size line
+	eof  bool
+}
+
+// NewChunkedReader returns a ChunkedReader of the body that starts at r.
+func NewChunkedReader(r *bufio.Reader) *ChunkedReader {
+	c := new(ChunkedReader)
+	c.Reset(r)
+	return c
+}
+
+// Reset makes c read a new body, which starts at r.
+func (c *ChunkedReader) Reset(r *bufio.Reader) { *c = ChunkedReader{r: r} }
+
+// Read implements io.Reader.
+func (c *ChunkedReader) Read(p []byte) (int, error) {
+	if c.eof {
+		return 0, io.EOF
+	}
+	if c.left == 0 {
+		if c.crlf {
+			if line, err := c.line(); err != nil || len(line) != 0 {
+				return 0, errOr(err, ErrChunked)
+			}
+			c.crlf = false
+		}
+		size, err := c.size()
+		if err != nil {
+			return 0, err
+		}
+		if size == 0 {
+			if err := c.trailer(); err != nil {
+				return 0, err
+			}
+			c.eof = true
+			return 0, io.EOF
+		}
+		c.left = size
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	if c.left == 0 {
+		c.crlf = true
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// size reads a chunk-size line, extensions ignored.
+func (c *ChunkedReader) size() (int64, error) {
+	line, err := c.line()
+	if err != nil {
+		return 0, err
+	}
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i]
+	}
+	line = bytes.TrimRight(line, " \t")
+	if len(line) == 0 || len(line) > 15 {
+		return 0, ErrChunked
+	}
+	n, err := strconv.ParseInt(string(line), 16, 64)
+	if err != nil || n < 0 {
+		return 0, ErrChunked
+	}
+	return n, nil
+}
+
+// trailer reads trailer lines up to the empty one.
+func (c *ChunkedReader) trailer() error {
+	for range maxTrailerLines {
+		line, err := c.line()
+		if err != nil {
+			return err
+		}
+		if len(line) == 0 {
+			return nil
+		}
+	}
+	return ErrChunked
+}
+
+// line reads a line ended by CRLF, and returns it without it.
+func (c *ChunkedReader) line() ([]byte, error) {
+	line, err := c.r.ReadSlice('\n')
+	switch {
+	case err == bufio.ErrBufferFull:
+		return nil, ErrChunked
+	case err != nil:
+		return nil, errOr(err, nil)
+	case len(line) < 2 || line[len(line)-2] != '\r':
+		return nil, ErrChunked
+	}
+	return line[:len(line)-2], nil
+}
+
+// errOr is err, io.ErrUnexpectedEOF for io.EOF (the body was cut short),
+// or or when err is nil.
+func errOr(err, or error) error {
+	switch err {
+	case io.EOF:
+		return io.ErrUnexpectedEOF
+	case nil:
+		return or
+	}
+	return err
+}

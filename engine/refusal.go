@@ -1,0 +1,58 @@
+package engine
+
+// BadRequest is why a request cannot be served, before anything is
+// forwarded: the status and the problem detail of the answer, and
+// CloseConn when the request's framing cannot be trusted (RFC 9112 §6.3:
+// the connection must close after the answer). The engines refuse with
+// the values below, so that a client gets the same answer from each.
+type BadRequest struct {
+	Status    int
+	Detail    string
+	CloseConn bool
+}
+
+func (b *BadRequest) Error() string { return "engine: " + b.Detail }
+
+// The refusals of a request. An engine that lets its HTTP library read
+// heads meets only some: the library refuses the others its own way.
+var (
+	ErrObsFold     = &BadRequest{400, "obsolete line folding in the header section", true}
+	ErrCLTE        = &BadRequest{400, "both Content-Length and Transfer-Encoding", true}
+	ErrNoColon     = &BadRequest{400, "a header line without a colon", true}
+	ErrName        = &BadRequest{400, "a header field name that is not a token", true}
+	ErrValue       = &BadRequest{400, "a control character in a header field value", true}
+	ErrBareLF      = &BadRequest{400, "a header line ended by a bare LF", true}
+	ErrLine        = &BadRequest{400, "a malformed request line", true}
+	ErrTarget      = &BadRequest{400, "the request target is not an absolute path", false}
+	ErrPRI         = &BadRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
+	ErrConnect     = &BadRequest{405, "CONNECT is not supported", true}
+	ErrVersion     = &BadRequest{505, "only HTTP/1.0 and HTTP/1.1 are supported", true}
+	ErrLength      = &BadRequest{400, "a malformed Content-Length", true}
+	ErrTwoLengths  = &BadRequest{400, "more than one Content-Length", true}
+	ErrEncoding    = &BadRequest{400, "a Transfer-Encoding whose last coding is not chunked", true}
+	ErrCoding      = &BadRequest{501, "a transfer coding other than chunked", true}
+	ErrEncoding10  = &BadRequest{400, "Transfer-Encoding in an HTTP/1.0 request", true}
+	ErrTwoHosts    = &BadRequest{400, "more than one Host", true}
+	ErrTooLarge    = &BadRequest{431, "the request header section is too large", true}
+	ErrHeadTimeout = &BadRequest{408, "the request header did not arrive in time", true}
+	ErrBodyTimeout = &BadRequest{408, "the request body did not arrive in time", true}
+	ErrBodyEnded   = &BadRequest{400, "the request body ended early", true}
+	ErrBadChunk    = &BadRequest{400, "malformed chunked request body", true}
+	ErrBodyTooLong = &BadRequest{413, "the request body is too large", true}
+	ErrUpgradeBody = &BadRequest{400, "an upgrade request with a long body", true}
+)
+
+// BadRequest is the refusal of a header line at fault f; nil for FieldOK.
+func (f FieldFault) BadRequest() *BadRequest {
+	switch f {
+	case FaultObsFold:
+		return ErrObsFold
+	case FaultNoColon:
+		return ErrNoColon
+	case FaultName:
+		return ErrName
+	case FaultValueCtrl:
+		return ErrValue
+	}
+	return nil
+}
