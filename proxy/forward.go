@@ -218,15 +218,7 @@ func (s *Server) sendUntilClose(r *request, ub *upBody) {
 // returns errStray when the upstream sent more than the response: what it
 // sent cannot be trusted, and is not stored.
 func (s *Server) upDone(uc *upconn.Conn, reusable bool) error {
-	if !reusable {
-		stray := uc.Buf.Buffered() > 0
-		uc.Conn.Close()
-		if stray {
-			return errStray
-		}
-		return nil
-	}
-	if !s.up.Put(uc, time.Now()) {
+	if !s.up.Done(uc, reusable, time.Now()) {
 		return errStray
 	}
 	return nil

@@ -647,15 +647,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 // connection with bytes past the response is closed, and the response is
 // not whole to the core (errStray).
 func (f *forwarder) done(uc *upconn.Conn, reusable bool) error {
-	if !reusable {
-		stray := uc.Buf.Buffered() > 0
-		uc.Conn.Close()
-		if stray {
-			return errStray
-		}
-		return nil
-	}
-	if !f.up.Put(uc, time.Now()) {
+	if !f.up.Done(uc, reusable, time.Now()) {
 		return errStray
 	}
 	return nil

@@ -186,6 +186,18 @@ func (u *Pool) Put(c *Conn, now time.Time) (clean bool) {
 	return true
 }
 
+// Done ends the use of a connection whose response was read: back to the
+// pool when reusable (Put), else closed. Either way it reports whether the
+// connection was clean, as Put does.
+func (u *Pool) Done(c *Conn, reusable bool, now time.Time) (clean bool) {
+	if reusable {
+		return u.Put(c, now)
+	}
+	clean = c.Buf.Buffered() == 0
+	c.Conn.Close()
+	return clean
+}
+
 // clean reports, without blocking, whether an idle connection has nothing
 // to read and is still open: any byte or an EOF means it must not carry
 // another request. A TLS connection may hold records that are no

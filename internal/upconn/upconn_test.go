@@ -128,3 +128,78 @@ func testServerTLS(t *testing.T) *tls.Config {
 	}
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
 }
+
+// Done keeps a reusable connection whose response was read to its end,
+// closes the rest, and reports a connection with bytes read past its
+// response unclean whether or not it was to be reused.
+func TestDone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				var ask [1]byte // 's': an answer with stray bytes after it
+				if _, err := io.ReadFull(c, ask[:]); err != nil {
+					return
+				}
+				resp := "HTTP/1.1 204 No Content\r\n\r\n"
+				if ask[0] == 's' {
+					resp += "stray"
+				}
+				io.WriteString(c, resp)
+				io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	u := New(engine.Target{Addr: ln.Addr().String()}, engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, MaxIdle: 4})
+	defer u.Close()
+	for _, tc := range []struct {
+		name            string
+		reusable, stray bool
+		clean, kept     bool
+	}{
+		{"reusable, read to its end", true, false, true, true},
+		{"reusable, bytes past it", true, true, false, false},
+		{"not reusable, read to its end", false, false, true, false},
+		{"not reusable, bytes past it", false, true, false, false},
+	} {
+		c, err := u.Dial(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ask := "n"
+		if tc.stray {
+			ask = "s"
+		}
+		if _, err := io.WriteString(c, ask); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c.Buf, make([]byte, len("HTTP/1.1 204 No Content\r\n\r\n"))); err != nil {
+			t.Fatal(err)
+		}
+		if tc.stray {
+			c.Buf.Peek(len("stray")) // read past the response
+		}
+		if got := u.Done(c, tc.reusable, time.Now()); got != tc.clean {
+			t.Errorf("%s: clean %v, want %v", tc.name, got, tc.clean)
+		}
+		u.mu.Lock()
+		kept := len(u.idle) > 0 && u.idle[len(u.idle)-1] == c
+		u.idle = u.idle[:0]
+		u.mu.Unlock()
+		if kept != tc.kept {
+			t.Errorf("%s: kept %v, want %v", tc.name, kept, tc.kept)
+		}
+		if _, err := c.Conn.Write([]byte("x")); (err == nil) != tc.kept {
+			t.Errorf("%s: writing after Done: %v", tc.name, err)
+		}
+	}
+}
