@@ -16,6 +16,20 @@ func init() {
 		s, _ := startLoopServer(t, ln, loop.Options{Upstream: upstream}, c)
 		t.Cleanup(func() { s.Close() })
 	}})
+	readers = append(readers, storyEngine{"loop", startLoopStory})
+}
+
+func startLoopStory(t *testing.T, ln net.Listener, o storyOptions) *running {
+	t.Helper()
+	lo := loop.Options{Upstream: o.Upstream, Limits: o.Limits, Client: o.Client, OnResponse: o.OnResponse}
+	if app := o.App; app != nil {
+		lo.App = func(w *loop.AppResponse, r *loop.AppRequest) { w.WriteHeader(app(r.Path())) }
+	}
+	s, served := startLoopServer(t, ln, lo, o.Core)
+	r := &running{Addr: ln.Addr().String(), Shutdown: s.Shutdown, Stats: s.Stats, served: served}
+	// Closed before the core's region is (cleanups run last first).
+	stopAtEnd(t, r, func() { s.Close() })
+	return r
 }
 
 // startLoop serves ln with the event-loop engine (engine/loop).

@@ -25,8 +25,9 @@ import (
 	"github.com/preforkd/preforkd/proxy"
 )
 
-// Stories of the fast engine that a table of exchanges cannot tell:
-// streaming, timeouts, limits, upgrades, the drain.
+// Stories that a table of exchanges cannot tell: streaming, timeouts,
+// limits, upgrades, the drain; each told once, for every engine it holds
+// for (stories_test.go).
 
 // serve starts a Server with opts on a loopback listener and returns its
 // address. It is closed when the test ends, and the test fails if Serve
@@ -133,39 +134,41 @@ func readBody(t *testing.T, resp *http.Response) []byte {
 
 func TestServerSentEventsArriveOneByOne(t *testing.T) {
 	t.Parallel()
-	next := make(chan struct{})
-	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-		w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		next := make(chan struct{})
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			for i := range 3 {
+				ev := fmt.Sprintf("data: %d\n\n", i)
+				fmt.Fprintf(w, "%x\r\n%s\r\n", len(ev), ev)
+				w.Flush()
+				<-next // the client must have seen this event before the next is sent
+			}
+			w.WriteString("0\r\n\r\n")
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		resp := roundTripHead(t, c, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
+		}
+		events := bufio.NewReader(resp.Body)
 		for i := range 3 {
-			ev := fmt.Sprintf("data: %d\n\n", i)
-			fmt.Fprintf(w, "%x\r\n%s\r\n", len(ev), ev)
-			w.Flush()
-			<-next // the client must have seen this event before the next is sent
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			line, err := events.ReadString('\n')
+			if err != nil {
+				t.Fatalf("event %d did not arrive on its own: %v", i, err)
+			}
+			if want := fmt.Sprintf("data: %d\n", i); line != want {
+				t.Fatalf("event %d: %q, want %q", i, line, want)
+			}
+			events.ReadString('\n')
+			next <- struct{}{}
 		}
-		w.WriteString("0\r\n\r\n")
+		if rest, err := io.ReadAll(resp.Body); err != nil || len(rest) != 0 {
+			t.Errorf("after the events: %q, %v", rest, err)
+		}
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
-	c, br := dial(t, addr)
-	resp := roundTripHead(t, c, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
-	if resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
-	}
-	events := bufio.NewReader(resp.Body)
-	for i := range 3 {
-		c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		line, err := events.ReadString('\n')
-		if err != nil {
-			t.Fatalf("event %d did not arrive on its own: %v", i, err)
-		}
-		if want := fmt.Sprintf("data: %d\n", i); line != want {
-			t.Fatalf("event %d: %q, want %q", i, line, want)
-		}
-		events.ReadString('\n')
-		next <- struct{}{}
-	}
-	if rest, err := io.ReadAll(resp.Body); err != nil || len(rest) != 0 {
-		t.Errorf("after the events: %q, %v", rest, err)
-	}
 }
 
 func sum(r io.Reader) ([32]byte, int64) {
@@ -180,80 +183,81 @@ func sum(r io.Reader) ([32]byte, int64) {
 // with a length and chunked, and checks every byte arrives.
 func TestLargeBodiesStream(t *testing.T) {
 	t.Parallel()
-	const size = 8 << 20
-	want, _ := sum(wiretest.Pattern(size))
-	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-		got, n := sum(bytes.NewReader(req.Body))
-		if req.Req.Method == "POST" {
-			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n%x", got)
-			_ = n
-			return
-		}
-		if req.Req.URL.Query().Get("chunked") != "" {
-			w.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-			buf := make([]byte, 100<<10)
-			r := wiretest.Pattern(size)
-			for {
-				n, err := io.ReadFull(r, buf)
-				if n > 0 {
-					fmt.Fprintf(w, "%x\r\n", n)
-					w.Write(buf[:n])
-					w.WriteString("\r\n")
-				}
-				if err != nil {
-					break
-				}
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size = 8 << 20
+		want, _ := sum(wiretest.Pattern(size))
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if req.Req.Method == "POST" {
+				got, _ := sum(bytes.NewReader(req.Body))
+				fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n%x", got)
+				return
 			}
-			w.WriteString("0\r\n\r\n")
-			return
+			if req.Req.URL.Query().Get("chunked") != "" {
+				w.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+				buf := make([]byte, 100<<10)
+				r := wiretest.Pattern(size)
+				for {
+					n, err := io.ReadFull(r, buf)
+					if n > 0 {
+						fmt.Fprintf(w, "%x\r\n", n)
+						w.Write(buf[:n])
+						w.WriteString("\r\n")
+					}
+					if err != nil {
+						break
+					}
+				}
+				w.WriteString("0\r\n\r\n")
+				return
+			}
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+			io.Copy(w, wiretest.Pattern(size))
+		})
+		addr := e.serve(t, storyOptions{Upstream: up.URL()}).Addr
+		for _, chunked := range []bool{false, true} {
+			t.Run(fmt.Sprintf("upload chunked=%v", chunked), func(t *testing.T) {
+				c, br := dial(t, addr)
+				if chunked {
+					io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+					cw := httpChunkedWriter(c)
+					io.Copy(cw, wiretest.Pattern(size))
+					cw.Close()
+				} else {
+					fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+					io.Copy(c, wiretest.Pattern(size))
+				}
+				resp, body := readResponse(t, br, "POST")
+				if resp.StatusCode != 200 || string(body) != fmt.Sprintf("%x", want) {
+					t.Errorf("upload: status %d, the upstream got sha256 %s, want %x", resp.StatusCode, body, want)
+				}
+				seen := up.Requests()
+				last := seen[len(seen)-1]
+				wantFraming := []string{strconv.Itoa(size)}
+				if chunked {
+					if got := last.Field("Transfer-Encoding"); len(got) != 1 || got[0] != "chunked" {
+						t.Errorf("a long chunked upload went upstream with Transfer-Encoding %q", got)
+					}
+				} else if got := last.Field("Content-Length"); fmt.Sprint(got) != fmt.Sprint(wantFraming) {
+					t.Errorf("Content-Length upstream %q, want %q", got, wantFraming)
+				}
+			})
+			t.Run(fmt.Sprintf("download chunked=%v", chunked), func(t *testing.T) {
+				c, br := dial(t, addr)
+				q := ""
+				if chunked {
+					q = "?chunked=1"
+				}
+				resp := roundTripHead(t, c, br, "GET /down"+q+" HTTP/1.1\r\nHost: a\r\n\r\n")
+				got, n := sum(resp.Body)
+				if got != want || n != size {
+					t.Errorf("download: %d bytes, sha256 %x, want %d, %x", n, got, size, want)
+				}
+				if !chunked && resp.ContentLength != size {
+					t.Errorf("download Content-Length %d, want %d", resp.ContentLength, size)
+				}
+			})
 		}
-		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
-		io.Copy(w, wiretest.Pattern(size))
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
-	for _, chunked := range []bool{false, true} {
-		t.Run(fmt.Sprintf("upload chunked=%v", chunked), func(t *testing.T) {
-			c, br := dial(t, addr)
-			if chunked {
-				io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
-				cw := httpChunkedWriter(c)
-				io.Copy(cw, wiretest.Pattern(size))
-				cw.Close()
-			} else {
-				fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
-				io.Copy(c, wiretest.Pattern(size))
-			}
-			resp, body := readResponse(t, br, "POST")
-			if resp.StatusCode != 200 || string(body) != fmt.Sprintf("%x", want) {
-				t.Errorf("upload: status %d, the upstream got sha256 %s, want %x", resp.StatusCode, body, want)
-			}
-			seen := up.Requests()
-			last := seen[len(seen)-1]
-			wantFraming := []string{strconv.Itoa(size)}
-			if chunked {
-				if got := last.Field("Transfer-Encoding"); len(got) != 1 || got[0] != "chunked" {
-					t.Errorf("a long chunked upload went upstream with Transfer-Encoding %q", got)
-				}
-			} else if got := last.Field("Content-Length"); fmt.Sprint(got) != fmt.Sprint(wantFraming) {
-				t.Errorf("Content-Length upstream %q, want %q", got, wantFraming)
-			}
-		})
-		t.Run(fmt.Sprintf("download chunked=%v", chunked), func(t *testing.T) {
-			c, br := dial(t, addr)
-			q := ""
-			if chunked {
-				q = "?chunked=1"
-			}
-			resp := roundTripHead(t, c, br, "GET /down"+q+" HTTP/1.1\r\nHost: a\r\n\r\n")
-			got, n := sum(resp.Body)
-			if got != want || n != size {
-				t.Errorf("download: %d bytes, sha256 %x, want %d, %x", n, got, size, want)
-			}
-			if !chunked && resp.ContentLength != size {
-				t.Errorf("download Content-Length %d, want %d", resp.ContentLength, size)
-			}
-		})
-	}
 }
 
 // httpChunkedWriter frames what is written to w as chunks.
@@ -308,34 +312,36 @@ func TestUpstreamFailures(t *testing.T) {
 		{"no response header", silent.URL(), 504, 2 * time.Second, 300 * time.Millisecond},
 		{"closed without a response", rude.URL(), 502, time.Second, 0},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			addr, s := serve(t, proxy.Options{Upstream: tc.upstream,
-				Client: engine.Upstream{ConnectTimeout: 300 * time.Millisecond, Timeout: 300 * time.Millisecond}})
-			c, br := dial(t, addr)
-			start := time.Now()
-			resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
-			took := time.Since(start)
-			if resp.StatusCode != tc.status {
-				t.Errorf("status %d, want %d: %s", resp.StatusCode, tc.status, body)
-			}
-			if resp.Header.Get("Content-Type") != "application/problem+json" {
-				t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
-			}
-			if took > tc.within || took < tc.atLeast {
-				t.Errorf("answered after %v, want between %v and %v", took, tc.atLeast, tc.within)
-			}
-			st := s.Stats()
-			if got := st.UpstreamErrors + st.UpstreamTimeouts; got != 1 || (tc.status == 504) != (st.UpstreamTimeouts == 1) {
-				t.Errorf("stats %+v", st)
-			}
-			// The client's connection is fine: the next request is answered.
-			if resp, _ := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != tc.status {
-				t.Errorf("second request: %d", resp.StatusCode)
-			}
-		})
-	}
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				r := e.serve(t, storyOptions{Upstream: tc.upstream,
+					Client: engine.Upstream{ConnectTimeout: 300 * time.Millisecond, Timeout: 300 * time.Millisecond}})
+				c, br := dial(t, r.Addr)
+				start := time.Now()
+				resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+				took := time.Since(start)
+				if resp.StatusCode != tc.status {
+					t.Errorf("status %d, want %d: %s", resp.StatusCode, tc.status, body)
+				}
+				if resp.Header.Get("Content-Type") != "application/problem+json" {
+					t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
+				}
+				if took > tc.within || took < tc.atLeast {
+					t.Errorf("answered after %v, want between %v and %v", took, tc.atLeast, tc.within)
+				}
+				st := r.Stats()
+				if got := st.UpstreamErrors + st.UpstreamTimeouts; got != 1 || (tc.status == 504) != (st.UpstreamTimeouts == 1) {
+					t.Errorf("stats %+v", st)
+				}
+				// The client's connection is fine: the next request is answered.
+				if resp, _ := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != tc.status {
+					t.Errorf("second request: %d", resp.StatusCode)
+				}
+			})
+		}
+	})
 }
 
 // fullBacklog returns the address of a loopback listener that accepts
@@ -365,147 +371,174 @@ func fullBacklog(t *testing.T) string {
 	d := net.Dialer{Timeout: 200 * time.Millisecond}
 	if c, err := d.Dial("tcp", addr); err == nil {
 		c.Close()
-		t.Skip("this kernel accepts connections beyond a full backlog")
+		t.Fatal("this kernel accepts connections beyond a full backlog")
 	}
 	return addr
 }
 
 func TestSlowBodyIsCut(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond}})
-	c, br := dial(t, addr)
-	start := time.Now()
-	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
-	// One byte a second: each gap is over the timeout.
-	go wiretest.Trickle(c, strings.Repeat("x", 10), time.Second)
-	resp, _ := readResponse(t, br, "POST")
-	if resp.StatusCode != http.StatusRequestTimeout {
-		t.Errorf("status %d, want 408", resp.StatusCode)
-	}
-	if took := time.Since(start); took > 900*time.Millisecond {
-		t.Errorf("cut after %v, want about 300ms", took)
-	}
-	if !isClosed(t, c, br) {
-		t.Errorf("the connection stays open after a body timeout")
-	}
-	if n := len(up.Requests()); n != 0 {
-		t.Errorf("the upstream saw %d requests", n)
-	}
-	if s.Stats().BadRequests != 1 {
-		t.Errorf("stats %+v", s.Stats())
-	}
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond}})
+		c, br := dial(t, r.Addr)
+		start := time.Now()
+		io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
+		// One byte a second: each gap is over the timeout.
+		go wiretest.Trickle(c, strings.Repeat("x", 10), time.Second)
+		resp, _ := readResponse(t, br, "POST")
+		if resp.StatusCode != http.StatusRequestTimeout {
+			t.Errorf("status %d, want 408", resp.StatusCode)
+		}
+		if took := time.Since(start); took > 900*time.Millisecond {
+			t.Errorf("cut after %v, want about 300ms", took)
+		}
+		if !isClosed(t, c, br) {
+			t.Errorf("the connection stays open after a body timeout")
+		}
+		if n := len(up.Requests()); n != 0 {
+			t.Errorf("the upstream saw %d requests", n)
+		}
+		if st := r.Stats(); st.BadRequests != 1 {
+			t.Errorf("stats %+v", st)
+		}
+	})
 }
 
 // TestBodyTimeoutIsBetweenReads sends a body slowly but faster than the
 // timeout: it is never cut.
 func TestBodyTimeoutIsBetweenReads(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, nil)
-	addr, _ := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 400 * time.Millisecond}})
-	c, br := dial(t, addr)
-	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n")
-	for range 6 {
-		time.Sleep(150 * time.Millisecond)
-		c.Write([]byte("y"))
-	}
-	resp, _ := readResponse(t, br, "POST")
-	if resp.StatusCode != 200 {
-		t.Errorf("status %d", resp.StatusCode)
-	}
-	if seen := up.Requests(); len(seen) != 1 || string(seen[0].Body) != "yyyyyy" {
-		t.Errorf("upstream saw %v", seen)
-	}
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 400 * time.Millisecond}})
+		c, br := dial(t, r.Addr)
+		io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n")
+		for range 6 {
+			time.Sleep(150 * time.Millisecond)
+			c.Write([]byte("y"))
+		}
+		resp, _ := readResponse(t, br, "POST")
+		if resp.StatusCode != 200 {
+			t.Errorf("status %d", resp.StatusCode)
+		}
+		if seen := up.Requests(); len(seen) != 1 || string(seen[0].Body) != "yyyyyy" {
+			t.Errorf("upstream saw %v", seen)
+		}
+	})
 }
 
 func TestHeaderAndIdleTimeouts(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, nil)
-	addr, _ := serve(t, proxy.Options{Upstream: up.URL(),
-		Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 500 * time.Millisecond}})
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		addr := e.serve(t, storyOptions{Upstream: up.URL(),
+			Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 500 * time.Millisecond}}).Addr
 
-	t.Run("a header that never ends: 408", func(t *testing.T) {
-		t.Parallel()
-		c, br := dial(t, addr)
-		start := time.Now()
-		resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ")
-		if resp.StatusCode != http.StatusRequestTimeout {
-			t.Errorf("status %d", resp.StatusCode)
-		}
-		if took := time.Since(start); took > time.Second {
-			t.Errorf("answered after %v", took)
-		}
-	})
-	t.Run("a connection that sends nothing is closed silently", func(t *testing.T) {
-		t.Parallel()
-		start := time.Now() // before the server can start its clock
-		c, _ := dial(t, addr)
-		b, err := io.ReadAll(c)
-		if err != nil || len(b) != 0 {
-			t.Errorf("read %q, %v; want a quiet close", b, err)
-		}
-		if took := time.Since(start); took < 250*time.Millisecond || took > time.Second {
-			t.Errorf("closed after %v, want about 300ms", took)
-		}
-	})
-	t.Run("an idle keep-alive connection is closed at the idle timeout", func(t *testing.T) {
-		t.Parallel()
-		c, br := dial(t, addr)
-		start := time.Now() // the idle clock starts after the response, later than this
-		roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-		b, err := io.ReadAll(br)
-		if err != nil || len(b) != 0 {
-			t.Errorf("read %q, %v; want a quiet close", b, err)
-		}
-		// Longer than the header timeout: idle is not reading a header.
-		if took := time.Since(start); took < 450*time.Millisecond || took > 1500*time.Millisecond {
-			t.Errorf("closed after %v, want about 500ms", took)
-		}
+		t.Run("a header that never ends: 408", func(t *testing.T) {
+			t.Parallel()
+			c, br := dial(t, addr)
+			start := time.Now()
+			resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+			if resp.StatusCode != http.StatusRequestTimeout {
+				t.Errorf("status %d", resp.StatusCode)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("answered after %v", took)
+			}
+		})
+		t.Run("a connection that sends nothing is closed silently", func(t *testing.T) {
+			t.Parallel()
+			start := time.Now() // before the server can start its clock
+			c, _ := dial(t, addr)
+			b, err := io.ReadAll(c)
+			if err != nil || len(b) != 0 {
+				t.Errorf("read %q, %v; want a quiet close", b, err)
+			}
+			if took := time.Since(start); took < 250*time.Millisecond || took > time.Second {
+				t.Errorf("closed after %v, want about 300ms", took)
+			}
+		})
+		t.Run("an idle keep-alive connection is closed at the idle timeout", func(t *testing.T) {
+			t.Parallel()
+			c, br := dial(t, addr)
+			start := time.Now() // the idle clock starts after the response, later than this
+			roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			b, err := io.ReadAll(br)
+			if err != nil || len(b) != 0 {
+				t.Errorf("read %q, %v; want a quiet close", b, err)
+			}
+			// Longer than the header timeout: idle is not reading a header.
+			if took := time.Since(start); took < 450*time.Millisecond || took > 1500*time.Millisecond {
+				t.Errorf("closed after %v, want about 500ms", took)
+			}
+		})
+		t.Run("a header ended by a bare LF: 400 at once", func(t *testing.T) {
+			t.Parallel()
+			c, br := dial(t, addr)
+			start := time.Now()
+			resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\nHost: a\n")
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("status %d", resp.StatusCode)
+			}
+			if took := time.Since(start); took > 200*time.Millisecond {
+				t.Errorf("answered after %v, want at once", took)
+			}
+		})
 	})
 }
 
 func TestSendTimeout(t *testing.T) {
 	t.Parallel()
-	const size = 64 << 20
-	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
-		io.Copy(w, wiretest.Pattern(size))
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		const size = 64 << 20
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+			io.Copy(w, wiretest.Pattern(size))
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{SendTimeout: 300 * time.Millisecond}})
+		c, _ := dial(t, r.Addr)
+		c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+		// Read nothing: the server's writes stall, and it must give up.
+		if !waitOpen(r, 0, 5*time.Second) {
+			t.Fatalf("a client that reads nothing still holds its connection after 5s")
+		}
 	})
-	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{SendTimeout: 300 * time.Millisecond}})
-	c, _ := dial(t, addr)
-	c.(*net.TCPConn).SetReadBuffer(4 << 10)
-	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
-	// Read nothing: the server's writes stall, and it must give up.
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && s.Stats().Open > 0 {
-		time.Sleep(20 * time.Millisecond)
+}
+
+// waitOpen waits up to d for r to have open client connections, and
+// says whether it came to that.
+func waitOpen(r *running, open int64, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for r.Stats().Open != open && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
 	}
-	if open := s.Stats().Open; open != 0 {
-		t.Fatalf("a client that reads nothing still holds its connection after 5s")
-	}
+	return r.Stats().Open == open
 }
 
 func TestMaxConnections(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: 2}})
-	c1, br1 := dial(t, addr)
-	c2, _ := dial(t, addr)
-	c3, br3 := dial(t, addr) // the kernel accepts it; the server does not yet
-	_ = c2
-	io.WriteString(c3, "GET /third HTTP/1.1\r\nHost: a\r\n\r\n")
-	c3.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if _, err := br3.Peek(1); err == nil {
-		t.Fatal("a third connection was served with MaxConnections 2")
-	}
-	if open := s.Stats().Open; open != 2 {
-		t.Errorf("%d connections open, want 2", open)
-	}
-	roundTrip(t, c1, br1, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-	c3.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if resp, _ := readResponse(t, br3, "GET"); resp.StatusCode != 200 {
-		t.Errorf("the third connection, once a slot was free: %d", resp.StatusCode)
-	}
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: 2}})
+		c1, br1 := dial(t, r.Addr)
+		dial(t, r.Addr)
+		c3, br3 := dial(t, r.Addr) // the kernel accepts it; the server does not yet
+		io.WriteString(c3, "GET /third HTTP/1.1\r\nHost: a\r\n\r\n")
+		c3.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := br3.Peek(1); err == nil {
+			t.Fatal("a third connection was served with MaxConnections 2")
+		}
+		if open := r.Stats().Open; open != 2 {
+			t.Errorf("%d connections open, want 2", open)
+		}
+		roundTrip(t, c1, br1, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+		c3.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if resp, _ := readResponse(t, br3, "GET"); resp.StatusCode != 200 {
+			t.Errorf("the third connection, once a slot was free: %d", resp.StatusCode)
+		}
+	})
 }
 
 // TestSlowloris opens many connections that send a partial header and
@@ -513,78 +546,89 @@ func TestMaxConnections(t *testing.T) {
 // holds more than MaxConnections.
 func TestSlowloris(t *testing.T) {
 	t.Parallel()
-	const n, max = 200, 50
-	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond}})
-	stopSampling := wiretest.SamplePeak(5*time.Millisecond, func() int64 { return s.Stats().Open })
-	start := time.Now()
-	wiretest.Slowloris(addr, n, "GET / HTTP/1.1\r\nHost: a\r\n", 10*time.Second)
-	peak := stopSampling()
-	took := time.Since(start)
-	if peak > max {
-		t.Errorf("%d connections open at once, over MaxConnections %d", peak, max)
-	}
-	// n/max rounds of the header timeout, and some slack.
-	if want := time.Duration(n/max+2) * 300 * time.Millisecond * 2; took > want {
-		t.Errorf("%d slow connections took %v to be cut, want under %v", n, took, want)
-	}
-	// A real client gets in once they are gone.
-	c, br := dial(t, addr)
-	if resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
-		t.Errorf("status %d", resp.StatusCode)
-	}
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		const n, max = 200, 50
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: max, ReadHeaderTimeout: 300 * time.Millisecond}})
+		stopSampling := wiretest.SamplePeak(5*time.Millisecond, func() int64 { return r.Stats().Open })
+		start := time.Now()
+		wiretest.Slowloris(r.Addr, n, "GET / HTTP/1.1\r\nHost: a\r\n", 10*time.Second)
+		peak := stopSampling()
+		took := time.Since(start)
+		if peak > max {
+			t.Errorf("%d connections open at once, over MaxConnections %d", peak, max)
+		}
+		// n/max rounds of the header timeout, and some slack.
+		if want := time.Duration(n/max+2) * 300 * time.Millisecond * 2; took > want {
+			t.Errorf("%d slow connections took %v to be cut, want under %v", n, took, want)
+		}
+		// A real client gets in once they are gone.
+		c, br := dial(t, r.Addr)
+		if resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+			t.Errorf("status %d", resp.StatusCode)
+		}
+	})
 }
 
 func TestUpgradeIsTunnelled(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-		if req.Req.Header.Get("Upgrade") != "echo" {
-			w.WriteString("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-			return
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if req.Req.Header.Get("Upgrade") != "echo" {
+				w.WriteString("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+				return
+			}
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\nX-Up: 1\r\n\r\nhello ")
+			w.Flush()
+			// Echo until the client half-closes, then say bye.
+			br := bufio.NewReader(c)
+			io.Copy(c, br)
+			io.WriteString(c, "bye")
+			c.Close()
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n")
+		if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("X-Up") != "1" ||
+			!strings.EqualFold(resp.Header.Get("Connection"), "upgrade") {
+			t.Fatalf("response %d %v", resp.StatusCode, resp.Header)
 		}
-		w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\nX-Up: 1\r\n\r\nhello ")
-		w.Flush()
-		// Echo until the client half-closes, then say bye.
-		br := bufio.NewReader(c)
-		io.Copy(c, br)
-		io.WriteString(c, "bye")
-		c.Close()
+		io.WriteString(c, "ping 1, ")
+		io.WriteString(c, "ping 2")
+		c.(*net.TCPConn).CloseWrite()
+		got, err := io.ReadAll(br)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != "hello ping 1, ping 2bye" {
+			t.Errorf("through the tunnel: %q", got)
+		}
+		// Both ends were passed on: the tunnel is closed, not left to the
+		// upstream timeout. (The net/http engine keeps no count to ask.)
+		if r.Stats != nil && !waitOpen(r, 0, 5*time.Second) {
+			t.Errorf("%d connections open after both sides ended", r.Stats().Open)
+		}
+		seen := up.Requests()
+		if len(seen) != 1 || fmt.Sprint(seen[0].Field("Connection")) != "[Upgrade]" || fmt.Sprint(seen[0].Field("Upgrade")) != "[echo]" {
+			t.Errorf("the upstream saw %+v", seen)
+		}
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
-	c, br := dial(t, addr)
-	resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\n\r\n")
-	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "echo" || resp.Header.Get("X-Up") != "1" ||
-		!strings.EqualFold(resp.Header.Get("Connection"), "upgrade") {
-		t.Fatalf("response %d %v", resp.StatusCode, resp.Header)
-	}
-	io.WriteString(c, "ping 1, ")
-	io.WriteString(c, "ping 2")
-	c.(*net.TCPConn).CloseWrite()
-	got, err := io.ReadAll(br)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != "hello ping 1, ping 2bye" {
-		t.Errorf("through the tunnel: %q", got)
-	}
-	seen := up.Requests()
-	if len(seen) != 1 || fmt.Sprint(seen[0].Field("Connection")) != "[Upgrade]" || fmt.Sprint(seen[0].Field("Upgrade")) != "[echo]" {
-		t.Errorf("the upstream saw %+v", seen[0].Lines)
-	}
 }
 
 func TestUpgradeRefusedByUpstream(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, nil) // answers 200 to everything
-	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
-	c, br := dial(t, addr)
-	resp, body := roundTrip(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-	if resp.StatusCode != 200 || string(body) != "ok" {
-		t.Errorf("%d %q", resp.StatusCode, body)
-	}
-	if resp, _ := roundTrip(t, c, br, "GET /after HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
-		t.Errorf("the connection after a refused upgrade: %d", resp.StatusCode)
-	}
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil) // answers 200 to everything
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		resp, body := roundTrip(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		if resp.StatusCode != 200 || string(body) != "ok" {
+			t.Errorf("%d %q", resp.StatusCode, body)
+		}
+		if resp, _ := roundTrip(t, c, br, "GET /after HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+			t.Errorf("the connection after a refused upgrade: %d", resp.StatusCode)
+		}
+	})
 }
 
 // TestStaleUpstreamConnection: the upstream closes every keep-alive
@@ -592,174 +636,192 @@ func TestUpgradeRefusedByUpstream(t *testing.T) {
 // connection are sent again on a new one, never answered 502.
 func TestStaleUpstreamConnection(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		w.Flush()
-		time.Sleep(20 * time.Millisecond)
-		c.Close()
-	})
-	addr, _ := serve(t, proxy.Options{Upstream: up.URL()})
-	c, br := dial(t, addr)
-	for i := range 5 {
-		if resp, body := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
-			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			w.Flush()
+			time.Sleep(20 * time.Millisecond)
+			c.Close()
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		for i := range 5 {
+			if resp, body := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+				t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+			}
+			time.Sleep(50 * time.Millisecond) // the upstream's close arrives at the pooled connection
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	})
 }
 
 // TestEarlyResponse: the upstream answers 413 after the head of a long
 // upload, without reading it.
 func TestEarlyResponse(t *testing.T) {
 	t.Parallel()
-	ln := listen(t)
-	acceptEach(ln, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		if _, err := http.ReadRequest(br); err != nil {
-			return
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		ln := listen(t)
+		acceptEach(ln, func(c net.Conn) {
+			br := bufio.NewReader(c)
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
+			c.(*net.TCPConn).CloseWrite()
+			io.Copy(io.Discard, br)
+		})
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
+		c, br := dial(t, r.Addr)
+		const size = 4 << 20
+		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+		go io.Copy(c, wiretest.Pattern(size))
+		resp, body := readResponse(t, br, "POST")
+		if resp.StatusCode != 413 || string(body) != "big" {
+			t.Errorf("%d %q", resp.StatusCode, body)
 		}
-		io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
-		c.(*net.TCPConn).CloseWrite()
-		io.Copy(io.Discard, br)
 	})
-	addr, _ := serve(t, proxy.Options{Upstream: "http://" + ln.Addr().String()})
-	c, br := dial(t, addr)
-	const size = 4 << 20
-	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
-	go io.Copy(c, wiretest.Pattern(size))
-	resp, body := readResponse(t, br, "POST")
-	if resp.StatusCode != 413 || string(body) != "big" {
-		t.Errorf("%d %q", resp.StatusCode, body)
-	}
 }
 
 // TestShutdownFailsNoRequest: a drain lets the request in flight finish,
 // tells a busy keep-alive connection Connection: close, serves a request
-// that arrives on an idle connection within the grace, and closes idle
-// connections after it.
+// that arrives on an idle connection within the grace
+// (engine.DrainIdleGrace), and closes idle connections after it.
+//
+// Not the net/http engine's story: its answers during the drain do not
+// say Connection: close (neither the one in flight nor one that starts
+// after Shutdown), although its Shutdown documents step 2.
 func TestShutdownFailsNoRequest(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-		if req.Req.URL.Path == "/slow" {
-			<-release
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		release := make(chan struct{})
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if req.Req.URL.Path == "/slow" {
+				<-release
+			}
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+
+		busy, busyR := dial(t, r.Addr)
+		idle, idleR := dial(t, r.Addr)
+		roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+		up.WaitRequests(2, 2*time.Second)
+
+		shut := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			shut <- r.Shutdown(ctx)
+		}()
+		// A request on the idle connection within the grace is served, and
+		// told that the connection ends.
+		time.Sleep(100 * time.Millisecond)
+		resp, _ := roundTrip(t, idle, idleR, "GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.StatusCode != 200 || !resp.Close {
+			t.Errorf("a request on an idle connection during the drain: %d, close %v", resp.StatusCode, resp.Close)
 		}
-		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		// New connections are not accepted any more.
+		if c, err := net.DialTimeout("tcp", r.Addr, time.Second); err == nil {
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			if b, _ := io.ReadAll(c); len(b) != 0 {
+				t.Errorf("a connection made after Shutdown was served: %q", b)
+			}
+			c.Close()
+		}
+		close(release)
+		resp, _ = readResponse(t, busyR, "GET")
+		if resp.StatusCode != 200 || !resp.Close {
+			t.Errorf("the request in flight: %d, close %v", resp.StatusCode, resp.Close)
+		}
+		select {
+		case err := <-shut:
+			if err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Shutdown did not return")
+		}
+		if err := r.Served(); err != nil {
+			t.Errorf("Serve: %v", err)
+		}
 	})
-	ln := listen(t)
-	s, served := start(t, ln, proxy.Options{Upstream: up.URL(), DrainIdleGrace: 400 * time.Millisecond})
-	addr := ln.Addr().String()
-
-	busy, busyR := dial(t, addr)
-	idle, idleR := dial(t, addr)
-	roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
-	up.WaitRequests(2, 2*time.Second)
-
-	shut := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		shut <- s.Shutdown(ctx)
-	}()
-	// A request on the idle connection within the grace is served, and
-	// told that the connection ends.
-	time.Sleep(100 * time.Millisecond)
-	resp, _ := roundTrip(t, idle, idleR, "GET /late HTTP/1.1\r\nHost: a\r\n\r\n")
-	if resp.StatusCode != 200 || !resp.Close {
-		t.Errorf("a request on an idle connection during the drain: %d, close %v", resp.StatusCode, resp.Close)
-	}
-	// New connections are not accepted any more.
-	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		c.SetReadDeadline(time.Now().Add(time.Second))
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-		if b, _ := io.ReadAll(c); len(b) != 0 {
-			t.Errorf("a connection made after Shutdown was served: %q", b)
-		}
-		c.Close()
-	}
-	close(release)
-	resp, _ = readResponse(t, busyR, "GET")
-	if resp.StatusCode != 200 || !resp.Close {
-		t.Errorf("the request in flight: %d, close %v", resp.StatusCode, resp.Close)
-	}
-	select {
-	case err := <-shut:
-		if err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Shutdown did not return")
-	}
-	if err := <-served; err != nil {
-		t.Errorf("Serve: %v", err)
-	}
 }
 
 // TestShutdownClosesIdleAfterGrace: an idle connection that sends nothing
-// is closed once idle for the grace, quietly.
+// is closed once idle for the grace (engine.DrainIdleGrace), quietly; one
+// that never sent a request, at the header timeout if that comes before
+// its grace.
 func TestShutdownClosesIdleAfterGrace(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t, nil)
-	addr, s := serve(t, proxy.Options{Upstream: up.URL(), DrainIdleGrace: 300 * time.Millisecond, DrainNewGrace: 300 * time.Millisecond})
-	idle, idleR := dial(t, addr)
-	roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	fresh, _ := dial(t, addr) // accepted, nothing sent
-	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.Shutdown(ctx); err != nil {
-		t.Fatalf("Shutdown: %v", err)
-	}
-	if took := time.Since(start); took > 2*time.Second {
-		t.Errorf("Shutdown took %v", took)
-	}
-	for _, c := range []io.Reader{idleR, fresh} {
-		if b, err := io.ReadAll(c); len(b) != 0 || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
-			t.Errorf("an idle connection at the drain read %q, %v; want a quiet close", b, err)
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond}})
+		idle, idleR := dial(t, r.Addr)
+		roundTrip(t, idle, idleR, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		idleSince := time.Now()
+		fresh, _ := dial(t, r.Addr) // accepted, nothing sent
+		time.Sleep(50 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := r.Shutdown(ctx); err != nil {
+			t.Fatalf("Shutdown: %v", err)
 		}
-	}
+		// Not at once: a client may be sending its next request.
+		if took := time.Since(idleSince); took < engine.DrainIdleGrace-100*time.Millisecond || took > engine.DrainIdleGrace+time.Second {
+			t.Errorf("Shutdown returned %v after the idle connection's response, want about %v", took, engine.DrainIdleGrace)
+		}
+		for _, c := range []io.Reader{idleR, fresh} {
+			if b, err := io.ReadAll(c); len(b) != 0 || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
+				t.Errorf("an idle connection at the drain read %q, %v; want a quiet close", b, err)
+			}
+		}
+	})
 }
 
 // OnResponse sees the status of every answer, the server's own ones too,
 // before the client has it.
 func TestOnResponse(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var seen []int
-	addr, _ := serve(t, proxy.Options{
-		App: func(ctx *fasthttp.RequestCtx) {
-			if string(ctx.Path()) == "/fail" {
-				ctx.SetStatusCode(503)
-			}
-		},
-		OnResponse: func(status int) {
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		var mu sync.Mutex
+		var seen []int
+		r := e.serve(t, storyOptions{
+			App: func(path string) int {
+				if path == "/fail" {
+					return 503
+				}
+				return 200
+			},
+			OnResponse: func(status int) {
+				mu.Lock()
+				seen = append(seen, status)
+				mu.Unlock()
+			},
+		})
+		c, br := dial(t, r.Addr)
+		for _, tc := range []struct {
+			req    string
+			status int
+		}{
+			{"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n", 200},
+			{"GET /fail HTTP/1.1\r\nHost: a\r\n\r\n", 503},
+			{"GET /a%2Fb HTTP/1.1\r\nHost: a\r\n\r\n", 400},
+		} {
+			resp, _ := roundTrip(t, c, br, tc.req)
 			mu.Lock()
-			seen = append(seen, status)
+			got := slices.Clone(seen)
 			mu.Unlock()
-		},
-	})
-	c, br := dial(t, addr)
-	for _, tc := range []struct {
-		req    string
-		status int
-	}{
-		{"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n", 200},
-		{"GET /fail HTTP/1.1\r\nHost: a\r\n\r\n", 503},
-		{"GET /a%2Fb HTTP/1.1\r\nHost: a\r\n\r\n", 400},
-	} {
-		resp, _ := roundTrip(t, c, br, tc.req)
-		mu.Lock()
-		got := slices.Clone(seen)
-		mu.Unlock()
-		if resp.StatusCode != tc.status || len(got) == 0 || got[len(got)-1] != tc.status {
-			t.Fatalf("%q: status %d, OnResponse saw %v; want %d", tc.req, resp.StatusCode, got, tc.status)
+			if resp.StatusCode != tc.status || len(got) == 0 || got[len(got)-1] != tc.status {
+				t.Fatalf("%q: status %d, OnResponse saw %v; want %d", tc.req, resp.StatusCode, got, tc.status)
+			}
 		}
-	}
-	if len(seen) != 3 {
-		t.Errorf("OnResponse called %d times for 3 answers", len(seen))
-	}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != 3 {
+			t.Errorf("OnResponse called %d times for 3 answers", len(seen))
+		}
+	})
 }
 
 // handingListener hands out the connections sent on conns; its Close
