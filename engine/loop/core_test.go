@@ -177,53 +177,6 @@ func TestBodyReadForTheFingerprint(t *testing.T) {
 	}
 }
 
-// A cache refresh in the background: within stale-while-revalidate the
-// stale response is served and fetched again once.
-func TestCacheRefreshInTheBackground(t *testing.T) {
-	t.Parallel()
-	var calls atomic.Int32
-	release := make(chan struct{})
-	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
-		n := calls.Add(1)
-		if n == 2 {
-			<-release
-		}
-		body := fmt.Sprintf("version %d", n)
-		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=1, stale-while-revalidate=60\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
-	})
-	addr, s := serve(t, loop.Options{Upstream: up.URL(), Core: configCore(t,
-		"[table]\ncounters = 1024\nresponses = 64\nresponse_bytes = \"64KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"4KiB\"\n")})
-	get := func() (string, string) {
-		c, br := dial(t, addr)
-		resp, body := roundTrip(t, c, br, "GET /r HTTP/1.1\r\nHost: a\r\n\r\n")
-		return resp.Header.Get("X-Cache"), string(body)
-	}
-	if x, b := get(); x != "MISS" || b != "version 1" {
-		t.Fatalf("first: %s %q", x, b)
-	}
-	time.Sleep(1100 * time.Millisecond)
-	for range 3 {
-		if x, b := get(); x != "STALE" || b != "version 1" {
-			t.Fatalf("within stale-while-revalidate: %s %q", x, b)
-		}
-	}
-	close(release)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if x, b := get(); x == "HIT" && b == "version 2" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the refresh never landed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := calls.Load(); n != 2 {
-		t.Errorf("the upstream was asked %d times, want 2: one refresh", n)
-	}
-	shutdown(t, s, 5*time.Second)
-}
-
 // A response the core keeps for a retry is read to its end when its
 // client went away, and replayed to the retry.
 func TestClientGoneStillStores(t *testing.T) {

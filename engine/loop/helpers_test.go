@@ -4,7 +4,6 @@ package loop_test
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -95,16 +94,6 @@ func serve(t testing.TB, o loop.Options) (string, *loop.Server) {
 		}
 	})
 	return ln.Addr().String(), s
-}
-
-// shutdown drains s within d and fails the test if that takes longer.
-func shutdown(t testing.TB, s *loop.Server, d time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	if err := s.Shutdown(ctx); err != nil {
-		t.Errorf("Shutdown: %v", err)
-	}
 }
 
 func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
