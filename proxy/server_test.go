@@ -685,13 +685,9 @@ func TestEarlyResponse(t *testing.T) {
 // tells a busy keep-alive connection Connection: close, serves a request
 // that arrives on an idle connection within the grace
 // (engine.DrainIdleGrace), and closes idle connections after it.
-//
-// Not the net/http engine's story: its answers during the drain do not
-// say Connection: close (neither the one in flight nor one that starts
-// after Shutdown), although its Shutdown documents step 2.
 func TestShutdownFailsNoRequest(t *testing.T) {
 	t.Parallel()
-	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		release := make(chan struct{})
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 			if req.Req.URL.Path == "/slow" {

@@ -146,7 +146,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if s.conns.draining.Load() {
-		w.Header().Set("Connection", "close") // the drain rule's step 2
+		w.Header().Set("Connection", "close") // the drain rule's step 2 (and limitWriter's)
 	}
 	if s.h.fwd != nil {
 		start := time.Now()
@@ -159,8 +159,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout}
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
-	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout}
+	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, draining: &s.conns.draining}
 	s.h.ServeHTTP(lw, r)
+	lw.head() // net/http writes the head of a response the handler left unwritten
 	*lw = limitWriter{}
 	limitWriterPool.Put(lw)
 }
@@ -225,10 +226,15 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 }
 
 // limitWriter moves the connection's write deadline before each write to
-// the client: Limits.SendTimeout is the longest wait between two.
+// the client: Limits.SendTimeout is the longest wait between two. It also
+// keeps the drain rule's step 2: a response head written once the drain
+// began says Connection: close, whenever its request came and whatever
+// fields the application or the forwarder set before it.
 type limitWriter struct {
-	w       http.ResponseWriter
-	timeout time.Duration
+	w        http.ResponseWriter
+	timeout  time.Duration
+	draining *atomic.Bool
+	headed   bool // the final response head was written
 }
 
 var limitWriterPool = sync.Pool{New: func() any { return new(limitWriter) }}
@@ -239,19 +245,37 @@ func (lw *limitWriter) deadline() {
 	}
 }
 
+// head is called before what writes the final response head.
+func (lw *limitWriter) head() {
+	if !lw.headed {
+		lw.headed = true
+		if lw.draining.Load() {
+			lw.w.Header().Set("Connection", "close")
+		}
+	}
+}
+
 func (lw *limitWriter) Header() http.Header { return lw.w.Header() }
 func (lw *limitWriter) WriteHeader(code int) {
 	lw.deadline()
+	switch {
+	case code == http.StatusSwitchingProtocols:
+		lw.headed = true // the connection is the tunnel's now
+	case code >= 200:
+		lw.head()
+	}
 	lw.w.WriteHeader(code)
 }
 func (lw *limitWriter) Write(p []byte) (int, error) {
 	lw.deadline()
+	lw.head()
 	return lw.w.Write(p)
 }
 
 // FlushError is Flush for http.ResponseController.
 func (lw *limitWriter) FlushError() error {
 	lw.deadline()
+	lw.head()
 	return http.NewResponseController(lw.w).Flush()
 }
 
