@@ -44,7 +44,15 @@ func TestDownloadBackPressure(t *testing.T) {
 	t.Parallel()
 	const size = 64 << 20
 	written := make(chan int64, 1)
+	// The kernel grows a socket's buffers up to tcp_rmem's and tcp_wmem's
+	// maxima (32 and 4 MiB here, more on other machines): the two ends
+	// outside the engine are pinned small, so that what the upstream got
+	// to send is the engine's bound and its own sockets' buffers only.
+	const pinned = 128 << 10
 	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		if err := c.(*net.TCPConn).SetWriteBuffer(pinned); err != nil {
+			t.Error(err)
+		}
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
 		w.Flush()
 		var n int64
@@ -67,6 +75,9 @@ func TestDownloadBackPressure(t *testing.T) {
 	})
 	addr, _ := serve(t, loop.Options{Upstream: up.URL()})
 	c, br := dial(t, addr)
+	if err := c.(*net.TCPConn).SetReadBuffer(pinned); err != nil {
+		t.Fatal(err)
+	}
 	c.SetDeadline(time.Now().Add(time.Minute)) // 64 MiB under the race detector
 	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
 	var n int64
@@ -80,6 +91,7 @@ func TestDownloadBackPressure(t *testing.T) {
 	if n > 24<<20 {
 		t.Errorf("the upstream sent %d MiB to a client that read nothing", n>>20)
 	}
+	t.Logf("the upstream sent %.1f MiB before its writes stalled", float64(n)/(1<<20))
 	resp := readHead(t, br, "GET")
 	want, _ := sum(wiretest.Pattern(size))
 	if got, m := sum(resp.Body); got != want || m != size {
