@@ -13,6 +13,10 @@ type BadRequest struct {
 
 func (b *BadRequest) Error() string { return "engine: " + b.Detail }
 
+// Timeout reports whether the refusal is a client's time running out
+// (408): the core tells a body that timed out from one it cannot read.
+func (b *BadRequest) Timeout() bool { return b.Status == 408 }
+
 // The refusals of a request. An engine that lets its HTTP library read
 // heads meets only some: the library refuses the others its own way.
 var (

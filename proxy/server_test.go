@@ -428,6 +428,27 @@ func TestBodyTimeoutIsBetweenReads(t *testing.T) {
 	})
 }
 
+// A keyed request whose body stops arriving is answered 408, its body
+// timeout named, on every engine: the core reads the body for the key's
+// fingerprint and must tell a timeout from a body it cannot read.
+func TestIdempotencyBodyTimeout(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		c := configCore(t, "[[idempotency]]\npath = \"/orders\"\n", nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c, Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond}})
+		conn, br := dial(t, r.Addr)
+		io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k1\"\r\nContent-Length: 6\r\n\r\nab")
+		resp, body := readResponse(t, br, "POST")
+		if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "did not arrive in time") {
+			t.Errorf("%d %s", resp.StatusCode, body)
+		}
+		if n := len(up.Requests()); n != 0 {
+			t.Errorf("the upstream saw %d requests", n)
+		}
+	})
+}
+
 func TestHeaderAndIdleTimeouts(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
