@@ -7,10 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -144,5 +146,91 @@ func TestDrainTellsBeforeClosing(t *testing.T) {
 	conns.drain(ctx, 50*time.Millisecond, 100*time.Millisecond)
 	if ctx.Err() != nil || !closed(late) {
 		t.Fatalf("drain: %v after %v, want the idle connection closed after its grace", ctx.Err(), time.Since(began))
+	}
+}
+
+// An upgraded connection outlives net/http's view of it: Shutdown waits
+// for its handler until ctx is done, then closes it under the handler,
+// and returns only once the handler finished (the response counted), so
+// that nothing of the server touches the core or its region afterwards.
+func TestShutdownEndsTunnels(t *testing.T) {
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upLn.Close()
+	go func() {
+		for {
+			c, err := upLn.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+				io.Copy(c, br) // echo until the engine closes its side
+			}()
+		}
+	}()
+	var responded atomic.Int64
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{
+		OnResponse: func(status int) {
+			if status == http.StatusSwitchingProtocols {
+				responded.Add(1)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := NewUpstream(c, "http://"+upLn.Addr().String(), engine.Upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(ServerOptions{Core: c, Upstream: up})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(conn, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("through the tunnel: %q %v", line, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	srv.Shutdown(ctx)
+	if took := time.Since(start); took < 250*time.Millisecond {
+		t.Errorf("Shutdown returned after %v: it did not wait for the tunnel", took)
+	}
+	if n := responded.Load(); n != 1 {
+		t.Errorf("Shutdown returned with the tunnel's handler still running (101s counted: %d)", n)
+	}
+	if srv.handlers.Load() != 0 {
+		t.Errorf("%d handlers running after Shutdown", srv.handlers.Load())
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Error("the tunnel is still open after Shutdown")
 	}
 }

@@ -1,6 +1,7 @@
 package nethttp
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -58,6 +59,13 @@ type Server struct {
 	mu  sync.Mutex
 	lns []net.Listener
 	wg  sync.WaitGroup // Serve calls
+
+	// Upgraded connections are no longer net/http's: the Server counts
+	// the handlers running and keeps the hijacked connections, so that
+	// Shutdown returns only once no handler can touch the core.
+	handlers atomic.Int64
+	hjMu     sync.Mutex
+	hijacked map[*hijackedConn]struct{}
 }
 
 // NewServer returns a Server for o, or an error for options that make no
@@ -140,6 +148,8 @@ func (s *Server) Serve(ln net.Listener) error {
 // ServeHTTP applies the per-read and per-write timeouts, and the drain's
 // Connection: close, around the adapter.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.handlers.Add(1)
+	defer s.handlers.Add(-1)
 	if r.ProtoMajor == 1 {
 		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
 			s.conns.writing(c)
@@ -159,7 +169,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout}
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
-	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, draining: &s.conns.draining}
+	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, s: s}
 	s.h.ServeHTTP(lw, r)
 	lw.head() // net/http writes the head of a response the handler left unwritten
 	*lw = limitWriter{}
@@ -197,6 +207,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.srv.Close()
 	}
 	s.conns.waitGone(closeWait)
+	// Handlers still running serve upgraded connections (or were cut
+	// above): they have until ctx is done, then their connections are
+	// closed under them.
+	noHandler := func() bool { return s.handlers.Load() == 0 }
+	if !waitfor.Until(ctx, noHandler) {
+		s.closeHijacked()
+		waitfor.Cond(closeWait, noHandler)
+	}
 	refreshed := make(chan struct{})
 	go func() { s.h.Wait(); close(refreshed) }()
 	select {
@@ -231,10 +249,10 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 // began says Connection: close, whenever its request came and whatever
 // fields the application or the forwarder set before it.
 type limitWriter struct {
-	w        http.ResponseWriter
-	timeout  time.Duration
-	draining *atomic.Bool
-	headed   bool // the final response head was written
+	w       http.ResponseWriter
+	timeout time.Duration
+	s       *Server
+	headed  bool // the final response head was written
 }
 
 var limitWriterPool = sync.Pool{New: func() any { return new(limitWriter) }}
@@ -249,7 +267,7 @@ func (lw *limitWriter) deadline() {
 func (lw *limitWriter) head() {
 	if !lw.headed {
 		lw.headed = true
-		if lw.draining.Load() {
+		if lw.s.conns.draining.Load() {
 			lw.w.Header().Set("Connection", "close")
 		}
 	}
@@ -281,9 +299,61 @@ func (lw *limitWriter) FlushError() error {
 
 func (lw *limitWriter) Flush() { _ = lw.FlushError() }
 
-// Unwrap lets http.ResponseController reach the connection (Hijack, its
+// Unwrap lets http.ResponseController reach the connection (its
 // deadlines); a hijacker owns the connection's deadlines from then on.
 func (lw *limitWriter) Unwrap() http.ResponseWriter { return lw.w }
+
+// Hijack hands the connection over, kept by the Server until it is
+// closed (Shutdown closes it past its deadline).
+func (lw *limitWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(lw.w).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	hc := &hijackedConn{Conn: c, s: lw.s}
+	lw.s.hjMu.Lock()
+	if lw.s.hijacked == nil {
+		lw.s.hijacked = make(map[*hijackedConn]struct{})
+	}
+	lw.s.hijacked[hc] = struct{}{}
+	lw.s.hjMu.Unlock()
+	return hc, brw, nil
+}
+
+// hijackedConn is an upgraded connection: it leaves the Server's set when
+// closed.
+type hijackedConn struct {
+	net.Conn
+	s *Server
+}
+
+func (c *hijackedConn) Close() error {
+	c.s.hjMu.Lock()
+	delete(c.s.hijacked, c)
+	c.s.hjMu.Unlock()
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection where it can (TCP, TLS).
+func (c *hijackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// closeHijacked closes every upgraded connection still open.
+func (s *Server) closeHijacked() {
+	s.hjMu.Lock()
+	cs := make([]net.Conn, 0, len(s.hijacked))
+	for c := range s.hijacked {
+		cs = append(cs, c.Conn)
+	}
+	s.hjMu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
 
 // connTracker follows the server's connections through http.Server's
 // ConnState hook, and closes them as the drain rule says.

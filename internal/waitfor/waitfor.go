@@ -3,7 +3,10 @@
 // goroutines that serve its connections to let them go.
 package waitfor
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Cond checks cond every millisecond until it holds or d has passed, and
 // reports whether it held.
@@ -14,6 +17,21 @@ func Cond(d time.Duration, cond func() bool) bool {
 			return false
 		}
 		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
+// Until checks cond every millisecond until it holds (true) or ctx is
+// done (false, unless cond holds at that moment).
+func Until(ctx context.Context, cond func() bool) bool {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return cond()
+		case <-tick.C:
+		}
 	}
 	return true
 }
