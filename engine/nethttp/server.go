@@ -180,8 +180,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // it stops accepting, answers every request from now on with Connection:
 // close, closes each connection with no request in progress once it has
 // been idle for engine.DrainIdleGrace (engine.DrainNewGrace when it never
-// sent one), and returns once none is left and the background refreshes
-// ended — or when ctx is done, having closed the rest, with ctx's error.
+// sent one), and returns once none is left, no handler runs (an upgraded
+// connection's ends with it) and the background refreshes ended — or
+// when ctx is done, having closed the rest, with ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.conns.draining.Store(true) // step 2, for every request that starts now
@@ -310,6 +311,7 @@ func (lw *limitWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	lw.headed = true // the connection is the hijacker's now
 	hc := &hijackedConn{Conn: c, s: lw.s}
 	lw.s.hjMu.Lock()
 	if lw.s.hijacked == nil {
