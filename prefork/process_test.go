@@ -634,15 +634,20 @@ func TestNotifyAbstractSocket(t *testing.T) {
 	}
 }
 
-// A worker whose supervisor is gone (its lifeline pipe at EOF) drains and
-// exits 0 on its own. This worker is started by hand, without Pdeathsig, so
-// that only the lifeline can tell it.
-func TestWorkerExitsAtLifelineEOF(t *testing.T) {
-	region, err := shm.Create(regionOptions(Options{Region: shm.Options{Counters: 64, MaxWorkers: 4}}, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer region.Close()
+// handWorker is a worker process started by hand as the supervisor
+// would start it, on region as index 2, with the test binary's own
+// settings: its listener, the write end of its lifeline, the read end of
+// its readiness pipe, and its exit (sent once). Cleanup kills it.
+type handWorker struct {
+	cmd    *exec.Cmd
+	ln     net.Listener
+	lifeW  *os.File
+	readyR *os.File
+	exited chan error
+}
+
+func startHandWorker(t *testing.T, region *shm.Region, stderr io.Writer) *handWorker {
+	t.Helper()
 	ln, lnFile := workerListener(t)
 	settings, err := testConfig(1).Settings.withDefaults()
 	if err != nil {
@@ -657,31 +662,44 @@ func TestWorkerExitsAtLifelineEOF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lifeW.Close()
+	t.Cleanup(func() { lifeW.Close() })
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer readyR.Close()
-
+	t.Cleanup(func() { readyR.Close() })
 	cmd := exec.Command("/proc/self/exe")
 	cmd.Env = append(workerEnviron(os.Environ(), 1), envWorker+"=2")
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = stderr
 	cmd.ExtraFiles = []*os.File{region.File(), lnFile, lifeR, readyW, cfgFile}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	lifeR.Close()
 	readyW.Close()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
+	w := &handWorker{cmd: cmd, ln: ln, lifeW: lifeW, readyR: readyR, exited: make(chan error, 1)}
+	go func() { w.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
 		cmd.Process.Kill()
-		<-exited
-	}()
+		w.exited <- <-w.exited
+	})
+	return w
+}
 
-	readyR.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := readyR.Read(make([]byte, 1)); err != nil {
+// A worker whose supervisor is gone (its lifeline pipe at EOF) drains and
+// exits 0 on its own. This worker is started by hand, without Pdeathsig, so
+// that only the lifeline can tell it.
+func TestWorkerExitsAtLifelineEOF(t *testing.T) {
+	region, err := shm.Create(regionOptions(Options{Region: shm.Options{Counters: 64, MaxWorkers: 4}}, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	w := startHandWorker(t, region, os.Stderr)
+	cmd, ln, exited := w.cmd, w.ln, w.exited
+
+	w.readyR.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := w.readyR.Read(make([]byte, 1)); err != nil {
 		t.Fatalf("no readiness report: %v", err)
 	}
 	resp, err := client.Get("http://" + ln.Addr().String() + "/pid")
@@ -697,7 +715,7 @@ func TestWorkerExitsAtLifelineEOF(t *testing.T) {
 		t.Errorf("region worker table %+v: the worker did not join as index 2", region.Workers())
 	}
 
-	lifeW.Close() // the "supervisor" is gone
+	w.lifeW.Close() // the "supervisor" is gone
 	select {
 	case err := <-exited:
 		exited <- err
@@ -924,48 +942,18 @@ func TestWorkerRefusesAnotherStatLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer region.Close()
-	_, lnFile := workerListener(t)
-	settings, err := testConfig(1).Settings.withDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgFile, err := settingsFile(settings)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cfgFile.Close()
-	lifeR, lifeW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lifeW.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer readyR.Close()
 	var stderr bytes.Buffer
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Env = append(workerEnviron(os.Environ(), 1), envWorker+"=2")
-	cmd.Stderr = &stderr
-	cmd.ExtraFiles = []*os.File{region.File(), lnFile, lifeR, readyW, cfgFile}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lifeR.Close()
-	readyW.Close()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	w := startHandWorker(t, region, &stderr)
 	select {
-	case err := <-done:
+	case err := <-w.exited:
+		w.exited <- err
 		if err == nil || !strings.Contains(stderr.String(), "restart the service to run it") {
 			t.Fatalf("the worker exited with %v:\n%s", err, stderr.String())
 		}
 	case <-time.After(10 * time.Second):
-		cmd.Process.Kill()
 		t.Fatal("the worker serves under a region of another layout")
 	}
-	if n, _ := readyR.Read(make([]byte, 1)); n != 0 {
+	if n, _ := w.readyR.Read(make([]byte, 1)); n != 0 {
 		t.Error("the worker reported ready")
 	}
 	if w := region.Workers(); len(w) != 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/shmtest"
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -159,23 +160,14 @@ func TestShutdownEndsTunnels(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer upLn.Close()
-	go func() {
-		for {
-			c, err := upLn.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-				io.Copy(c, br) // echo until the engine closes its side
-			}()
+	wiretest.AcceptEach(upLn, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
 		}
-	}()
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		io.Copy(c, br) // echo until the engine closes its side
+	})
 	var responded atomic.Int64
 	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{
 		OnResponse: func(status int) {

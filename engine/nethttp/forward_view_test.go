@@ -12,27 +12,15 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/nethttp"
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/shm"
 )
-
-// httpUpstream is an application on a loopback listener.
-func httpUpstream(t *testing.T, h http.HandlerFunc) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return "http://" + ln.Addr().String()
-}
 
 // Forwarding, the core sees the request as the upstream gets it: a field
 // the forwarder drops (Keep-Alive, hop by hop) keys nothing, and
 // X-Forwarded-Proto is the one it writes.
 func TestForwardingView(t *testing.T) {
-	up := httpUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	cfg, err := config.Parse([]byte(`
 [[ratelimit]]
 name = "by-hop"

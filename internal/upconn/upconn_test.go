@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/wiretest"
 )
 
 // BenchmarkCleanCheck is the check every reuse of a pooled upstream
@@ -138,27 +139,18 @@ func TestDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				var ask [1]byte // 's': an answer with stray bytes after it
-				if _, err := io.ReadFull(c, ask[:]); err != nil {
-					return
-				}
-				resp := "HTTP/1.1 204 No Content\r\n\r\n"
-				if ask[0] == 's' {
-					resp += "stray"
-				}
-				io.WriteString(c, resp)
-				io.Copy(io.Discard, c)
-			}()
+	wiretest.AcceptEach(ln, func(c net.Conn) {
+		var ask [1]byte // 's': an answer with stray bytes after it
+		if _, err := io.ReadFull(c, ask[:]); err != nil {
+			return
 		}
-	}()
+		resp := "HTTP/1.1 204 No Content\r\n\r\n"
+		if ask[0] == 's' {
+			resp += "stray"
+		}
+		io.WriteString(c, resp)
+		io.Copy(io.Discard, c)
+	})
 	u := New(engine.Target{Addr: ln.Addr().String()}, engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, MaxIdle: 4})
 	defer u.Close()
 	for _, tc := range []struct {

@@ -25,6 +25,20 @@ func Dial(t testing.TB, addr string, timeout time.Duration) (net.Conn, *bufio.Re
 	return c, bufio.NewReader(c)
 }
 
+// Application serves h on a loopback listener with net/http until the
+// test ends, and returns its URL ("http://127.0.0.1:port").
+func Application(t testing.TB, h http.HandlerFunc) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
 // AcceptEach serves every connection ln accepts with handle, each on a
 // goroutine of its own, until ln is closed; a connection is closed when
 // handle returns. It is the other end for a client that writes by hand.

@@ -21,6 +21,7 @@ import (
 	"github.com/preforkd/preforkd/engine/nethttp/tlsedge"
 	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/internal/tlstest"
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 	"github.com/preforkd/preforkd/tlsconf"
@@ -66,7 +67,7 @@ func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Ser
 // X-Forwarded-Proto: https), and Shutdown drains both promptly: an idle
 // HTTP/2 connection gets GOAWAY, an idle HTTP/1.1 one its grace.
 func TestTLSServesAndDrains(t *testing.T) {
-	up := httpUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, r.Header.Get("X-Forwarded-Proto")+" "+r.Proto)
 	})
 	addr, conf, s := tlsServer(t, up)
@@ -94,19 +95,6 @@ func TestTLSServesAndDrains(t *testing.T) {
 	}
 }
 
-// httpUpstream is an application on a loopback listener.
-func httpUpstream(t testing.TB, h http.HandlerFunc) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return "http://" + ln.Addr().String()
-}
-
 // cannedUpstream answers every request on a connection with the same
 // small response, reading only up to the end of each request head.
 func cannedUpstream(b *testing.B) string {
@@ -116,32 +104,23 @@ func cannedUpstream(b *testing.B) string {
 	}
 	b.Cleanup(func() { ln.Close() })
 	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\r\nhello\n")
-	go func() {
+	wiretest.AcceptEach(ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			for {
+				line, err := br.ReadSlice('\n')
+				if err != nil {
+					return
+				}
+				if len(line) <= 2 {
+					break
+				}
+			}
+			if _, err := c.Write(resp); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					for {
-						line, err := br.ReadSlice('\n')
-						if err != nil {
-							return
-						}
-						if len(line) <= 2 {
-							break
-						}
-					}
-					if _, err := c.Write(resp); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return "http://" + ln.Addr().String()
 }
 
