@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -155,5 +156,43 @@ func TestStateUnavailable(t *testing.T) {
 	}
 	if err := ctl.Reset(&k, h.region.Now()); !errors.Is(err, redisstore.ErrUnavailable) {
 		t.Fatalf("Reset with Redis down: %v", err)
+	}
+}
+
+// A call off the request path has its own budget, however short a
+// request's is: with Redis busy for longer than Timeout (a script
+// running), a request is cut at Timeout but an operator's State waits.
+func TestOffRequestCallsOutwaitTimeout(t *testing.T) {
+	t.Parallel()
+	srv, h, l := oneHost(t, redisstore.Options{Timeout: 25 * time.Millisecond},
+		redisstore.Rule{Rule: bucket.Rule{Name: "busy", Limit: 5, Window: time.Minute}})
+	busy := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			// 300ms of a script that runs until Redis's clock moved on.
+			done <- srv.Client().Eval(context.Background(), `
+local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 300000
+repeat
+  t = redis.call('TIME')
+until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1`, nil).Err()
+		}()
+		time.Sleep(50 * time.Millisecond) // the script has begun
+		return done
+	}
+	k := l.Key([]byte("k"))
+	done := busy()
+	if _, _, err := h.decide(t, "k", l); err == nil {
+		t.Error("a request waited for a Redis busy for longer than its Timeout")
+	}
+	<-done
+	done = busy()
+	start := time.Now()
+	if _, _, err := l.State(&k, h.region.Now()); err != nil {
+		t.Errorf("State, with Redis busy %v: %v", time.Since(start), err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -182,12 +182,16 @@ func newClient(o Options) (redis.UniversalClient, error) {
 
 func clientOptions(o Options) (*redis.UniversalOptions, error) {
 	u := &redis.UniversalOptions{
-		MaxRetries:            -1,
-		DialTimeout:           o.Timeout,
-		DialerRetries:         1,
-		DialerRetryTimeout:    o.Timeout,
-		ReadTimeout:           o.Timeout,
-		WriteTimeout:          o.Timeout,
+		MaxRetries:         -1,
+		DialTimeout:        o.Timeout,
+		DialerRetries:      1,
+		DialerRetryTimeout: o.Timeout,
+		// A call's budget is its context's (ContextTimeoutEnabled): a
+		// request's is Timeout; an operator's, the warm-up's and a
+		// flush's are longer, and go-redis would cut them at its read
+		// and write timeouts, which only bound what it does on its own.
+		ReadTimeout:           max(o.Timeout, controlTimeout),
+		WriteTimeout:          max(o.Timeout, controlTimeout),
 		PoolTimeout:           o.Timeout,
 		ContextTimeoutEnabled: true,
 		PoolSize:              o.PoolSize,
