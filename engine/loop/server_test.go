@@ -5,18 +5,15 @@ package loop_test
 import (
 	"bufio"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/internal/wiretest"
 )
@@ -151,57 +148,6 @@ func TestStaleConnectionRetried(t *testing.T) {
 	}
 }
 
-// TestPipelining: requests sent at once on one connection are answered
-// in order, each once, each forwarded once.
-func TestPipelining(t *testing.T) {
-	t.Parallel()
-	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
-		body := req.Req.URL.Path
-		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	})
-	var mu sync.Mutex
-	var statuses []int
-	addr, _ := serve(t, loop.Options{Upstream: up.URL(), OnResponse: func(st int) {
-		mu.Lock()
-		statuses = append(statuses, st)
-		mu.Unlock()
-	}})
-	c, br := dial(t, addr)
-	var batch strings.Builder
-	const n = 20
-	for i := range n {
-		switch i % 3 {
-		case 0:
-			fmt.Fprintf(&batch, "GET /r%d HTTP/1.1\r\nHost: a\r\n\r\n", i)
-		case 1:
-			fmt.Fprintf(&batch, "POST /r%d HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc", i)
-		case 2:
-			fmt.Fprintf(&batch, "POST /r%d HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", i)
-		}
-	}
-	io.WriteString(c, batch.String())
-	for i := range n {
-		resp, body := readResponse(t, br, "GET")
-		if want := fmt.Sprintf("/r%d", i); resp.StatusCode != 200 || string(body) != want {
-			t.Fatalf("answer %d: %d %q, want %q", i, resp.StatusCode, body, want)
-		}
-	}
-	seen := up.WaitRequests(n, 2*time.Second)
-	if len(seen) != n {
-		t.Errorf("the upstream saw %d requests, want %d", len(seen), n)
-	}
-	for i, s := range seen {
-		if want := fmt.Sprintf("/r%d", i); s.Req.URL.Path != want || i%3 != 0 && string(s.Body) != "abc" {
-			t.Errorf("upstream request %d: %s %q", i, s.Line, s.Body)
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(statuses) != n {
-		t.Errorf("OnResponse called %d times for %d answers", len(statuses), n)
-	}
-}
-
 // TestNotAListener: Serve needs a socket to accept from.
 func TestNotAListener(t *testing.T) {
 	s, err := loop.New(loop.Options{Upstream: "http://127.0.0.1:1", Core: configCore(t, ""), Logger: quietLog})
@@ -219,39 +165,3 @@ type fakeListener struct{}
 func (fakeListener) Accept() (net.Conn, error) { return nil, net.ErrClosed }
 func (fakeListener) Close() error              { return nil }
 func (fakeListener) Addr() net.Addr            { return &net.TCPAddr{} }
-
-// A short body the answer did not need (a refusal) is read and dropped,
-// and the connection serves the next request; one that never comes is
-// cut at the body timeout.
-func TestUnreadBodyDropped(t *testing.T) {
-	t.Parallel()
-	up := wiretest.StartUpstream(t, nil)
-	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond},
-		Core: configCore(t, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"p\"\npath = \"/p\"\nlimit = 1\nwindow = \"1m\"\n")})
-	c, br := dial(t, addr)
-	roundTrip(t, c, br, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
-	io.WriteString(c, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\nab")
-	if resp, _ := readResponse(t, br, "POST"); resp.StatusCode != 429 || resp.Close {
-		t.Fatalf("a refused POST: %d, close %v", resp.StatusCode, resp.Close)
-	}
-	io.WriteString(c, "cdGET /after HTTP/1.1\r\nHost: a\r\n\r\n")
-	if resp, body := readResponse(t, br, "GET"); resp.StatusCode != 200 || string(body) != "ok" {
-		t.Fatalf("the request after the dropped body: %d %q", resp.StatusCode, body)
-	}
-	io.WriteString(c, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n") // and nothing of the body
-	readResponse(t, br, "POST")
-	start := time.Now()
-	if !isClosedWithin(c, br, 2*time.Second) || time.Since(start) > time.Second {
-		t.Errorf("a body that never came still holds its connection after %v", time.Since(start))
-	}
-	if n := len(up.Requests()); n != 2 {
-		t.Errorf("the upstream saw %d requests, want 2", n)
-	}
-}
-
-// isClosedWithin waits up to d for the server to close c.
-func isClosedWithin(c net.Conn, br *bufio.Reader, d time.Duration) bool {
-	c.SetReadDeadline(time.Now().Add(d))
-	_, err := br.ReadByte()
-	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
-}

@@ -112,6 +112,29 @@ func TestServerLimits(t *testing.T) {
 			t.Fatal("a body that stalls: still read after 5s")
 		}
 	})
+	t.Run("client_body_timeout, the body unread", func(t *testing.T) {
+		// An application that answers without reading the body: net/http
+		// reads what is left before it sends the answer, and waits for it
+		// no longer than a read of the body would.
+		// A whole body is dropped and the connection carries on.
+		conn, r := dial()
+		io.WriteString(conn, "POST /ignore HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nwhol")
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil || resp.StatusCode != 200 || resp.Close {
+			t.Fatalf("the answer to a whole body left unread: %v %v", resp, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		// One that stalls is waited for as long as a read of it would be.
+		start := time.Now()
+		io.WriteString(conn, "POST /ignore HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nhalf")
+		resp, err = http.ReadResponse(r, nil)
+		if err != nil || resp.StatusCode != 200 || !resp.Close {
+			t.Fatalf("the answer to a stalled body left unread: %v %v", resp, err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("the answer came after %v, want about %v", d, lim.ClientBodyTimeout)
+		}
+	})
 	t.Run("send_timeout", func(t *testing.T) {
 		conn, r := dial()
 		io.WriteString(conn, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")

@@ -115,6 +115,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	var err error
 	if ex.Decide() == core.Respond {
+		if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && !req.bodyRead {
+			// net/http reads what is left of a body before it sends the
+			// answer, to keep the connection: a client that sent part of
+			// one and waits would not get it. It goes at once, and the
+			// connection closes after it.
+			w.Header().Set("Connection", "close")
+		}
 		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
 			setFields(w.Header(), ref.Fields)
 			h.opts.Refuse(w, r, ref)

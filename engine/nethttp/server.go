@@ -165,11 +165,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	var body *bodyReader
 	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout}
+		body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout}
+		r.Body = body
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
 	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, s: s}
+	if r.ProtoMajor == 1 {
+		lw.body = body
+	}
 	s.h.ServeHTTP(lw, r)
 	lw.head() // net/http writes the head of a response the handler left unwritten
 	*lw = limitWriter{}
@@ -235,13 +240,22 @@ type bodyReader struct {
 	io.ReadCloser
 	w       http.ResponseWriter
 	timeout time.Duration
+	ended   bool // read to its end
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
+	b.deadline()
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.ended = true
+	}
+	return n, err
+}
+
+func (b *bodyReader) deadline() {
 	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
 		_ = d.SetReadDeadline(time.Now().Add(b.timeout))
 	}
-	return b.ReadCloser.Read(p)
 }
 
 // limitWriter moves the connection's write deadline before each write to
@@ -253,8 +267,15 @@ type limitWriter struct {
 	w       http.ResponseWriter
 	timeout time.Duration
 	s       *Server
-	headed  bool // the final response head was written
+	body    *bodyReader // an HTTP/1 request's, or nil
+	headed  bool        // the final response head was written
 }
+
+// maxDrop is how much of a request body the application left unread is
+// read and dropped before the response, so that the connection can carry
+// the next request (net/http's own bound); past it, or past
+// client_body_timeout, the connection closes after the response.
+const maxDrop = 256 << 10
 
 var limitWriterPool = sync.Pool{New: func() any { return new(limitWriter) }}
 
@@ -264,37 +285,48 @@ func (lw *limitWriter) deadline() {
 	}
 }
 
-// head is called before what writes the final response head.
+// head is called before what writes the final response head. What is
+// left of a request body is read and dropped here, each read bounded by
+// client_body_timeout (net/http would read it itself, unbounded, before
+// the head); a body that does not end soon enough closes the connection
+// after the response.
 func (lw *limitWriter) head() {
-	if !lw.headed {
-		lw.headed = true
-		if lw.s.conns.draining.Load() {
-			lw.w.Header().Set("Connection", "close")
+	if lw.headed {
+		return
+	}
+	lw.headed = true
+	h := lw.w.Header()
+	if lw.s.conns.draining.Load() {
+		h.Set("Connection", "close")
+	}
+	if lw.body != nil && !lw.body.ended && h.Get("Connection") != "close" {
+		if _, err := io.CopyN(io.Discard, lw.body, maxDrop+1); err != io.EOF {
+			h.Set("Connection", "close")
 		}
 	}
 }
 
 func (lw *limitWriter) Header() http.Header { return lw.w.Header() }
 func (lw *limitWriter) WriteHeader(code int) {
-	lw.deadline()
 	switch {
 	case code == http.StatusSwitchingProtocols:
 		lw.headed = true // the connection is the tunnel's now
 	case code >= 200:
 		lw.head()
 	}
+	lw.deadline()
 	lw.w.WriteHeader(code)
 }
 func (lw *limitWriter) Write(p []byte) (int, error) {
-	lw.deadline()
 	lw.head()
+	lw.deadline()
 	return lw.w.Write(p)
 }
 
 // FlushError is Flush for http.ResponseController.
 func (lw *limitWriter) FlushError() error {
-	lw.deadline()
 	lw.head()
+	lw.deadline()
 	return http.NewResponseController(lw.w).Flush()
 }
 

@@ -1,0 +1,119 @@
+package proxy_test
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/engine"
+)
+
+// TestPipelining: requests sent back to back on one connection, with
+// and without bodies, are answered in order, each once.
+func TestPipelining(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			body := req.Req.URL.Path
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		})
+		var mu sync.Mutex
+		var statuses []int
+		o := storyOptions{Upstream: up.URL()}
+		if e.name != netHTTPStory.name { // it has no OnResponse hook
+			o.OnResponse = func(st int) {
+				mu.Lock()
+				statuses = append(statuses, st)
+				mu.Unlock()
+			}
+		}
+		r := e.serve(t, o)
+		c, br := dial(t, r.Addr)
+		var batch strings.Builder
+		const n = 20
+		for i := range n {
+			switch i % 3 {
+			case 0:
+				fmt.Fprintf(&batch, "GET /r%d HTTP/1.1\r\nHost: a\r\n\r\n", i)
+			case 1:
+				fmt.Fprintf(&batch, "POST /r%d HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc", i)
+			case 2:
+				fmt.Fprintf(&batch, "POST /r%d HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", i)
+			}
+		}
+		io.WriteString(c, batch.String())
+		for i := range n {
+			resp, body := readResponse(t, br, "GET")
+			if want := fmt.Sprintf("/r%d", i); resp.StatusCode != 200 || string(body) != want {
+				t.Fatalf("answer %d: %d %q, want %q", i, resp.StatusCode, body, want)
+			}
+		}
+		seen := up.WaitRequests(n, 2*time.Second)
+		if len(seen) != n {
+			t.Errorf("the upstream saw %d requests, want %d", len(seen), n)
+		}
+		for i, s := range seen {
+			if want := fmt.Sprintf("/r%d", i); s.Req.URL.Path != want || i%3 != 0 && string(s.Body) != "abc" {
+				t.Errorf("upstream request %d: %s %q", i, s.Line, s.Body)
+			}
+		}
+		if o.OnResponse == nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(statuses) != n {
+			t.Errorf("OnResponse called %d times for %d answers", len(statuses), n)
+		}
+	})
+}
+
+// A short body the answer did not need (a refusal) is read and dropped,
+// and the connection serves the next request; one that never comes is
+// cut at the body timeout.
+func TestUnreadBodyDropped(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{ClientBodyTimeout: 300 * time.Millisecond},
+			Core: configCore(t, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"p\"\npath = \"/p\"\nlimit = 1\nwindow = \"1m\"\n", nil)})
+		c, br := dial(t, r.Addr)
+		roundTrip(t, c, br, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+		io.WriteString(c, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\nab")
+		resp, _ := readResponse(t, br, "POST")
+		if e.name == netHTTPStory.name {
+			// net/http reads what is left of a body before it answers,
+			// to keep the connection: the engine answers at once and
+			// closes instead.
+			if resp.StatusCode != 429 || !resp.Close {
+				t.Fatalf("a refused POST: %d, close %v", resp.StatusCode, resp.Close)
+			}
+			return
+		}
+		if resp.StatusCode != 429 || resp.Close {
+			t.Fatalf("a refused POST: %d, close %v", resp.StatusCode, resp.Close)
+		}
+		io.WriteString(c, "cdGET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp, body := readResponse(t, br, "GET"); resp.StatusCode != 200 || string(body) != "ok" {
+			t.Fatalf("the request after the dropped body: %d %q", resp.StatusCode, body)
+		}
+		io.WriteString(c, "POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n") // and nothing of the body
+		readResponse(t, br, "POST")
+		start := time.Now()
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := br.ReadByte()
+		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > time.Second {
+			t.Errorf("a body that never came still holds its connection after %v (%v)", time.Since(start), err)
+		}
+		if n := len(up.Requests()); n != 2 {
+			t.Errorf("the upstream saw %d requests, want 2", n)
+		}
+	})
+}
