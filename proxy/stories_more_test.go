@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/wiretest"
 )
 
 // TestPipelining: requests sent back to back on one connection, with
@@ -114,6 +116,63 @@ func TestUnreadBodyDropped(t *testing.T) {
 		}
 		if n := len(up.Requests()); n != 2 {
 			t.Errorf("the upstream saw %d requests, want 2", n)
+		}
+	})
+}
+
+// TestStaleConnectionRetried: a pooled connection the upstream closed
+// in the same moment the request went on it (it was clean at the peek)
+// is retried once on a new connection for an idempotent request, and
+// never for a POST.
+func TestStaleConnectionRetried(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		var mu sync.Mutex
+		served := 0
+		wiretest.AcceptEach(ln, func(c net.Conn) {
+			br := bufio.NewReader(c)
+			for {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				mu.Lock()
+				served++
+				first := served == 1
+				mu.Unlock()
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				if !first {
+					continue
+				}
+				// Read the next request and close without an answer: what a
+				// keep-alive timeout racing the request looks like.
+				if _, err := http.ReadRequest(br); err == nil {
+					c.(*net.TCPConn).SetLinger(0)
+				}
+				return
+			}
+		})
+		c, br := dial(t, e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()}).Addr)
+		if resp, _ := roundTrip(t, c, br, "GET /1 HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+			t.Fatalf("first: %d", resp.StatusCode)
+		}
+		if resp, body := roundTrip(t, c, br, "GET /2 HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+			t.Fatalf("a GET on a connection closed under it: %d %s, want it retried", resp.StatusCode, body)
+		}
+		mu.Lock()
+		served = 0
+		mu.Unlock()
+		if resp, _ := roundTrip(t, c, br, "GET /3 HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+			t.Fatalf("third: %d", resp.StatusCode)
+		}
+		if resp, _ := roundTrip(t, c, br, "POST /4 HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx"); resp.StatusCode != 502 {
+			t.Fatalf("a POST on a connection closed under it: %d, want 502 (never sent twice)", resp.StatusCode)
 		}
 	})
 }
