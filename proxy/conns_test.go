@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"io"
 	"net"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -12,9 +11,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/shmtest"
-	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/metrics"
-	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -22,106 +19,95 @@ import (
 // idle, accepted, max_connections reached.
 type connCounts [5]uint64
 
-// Every engine counts its connections by state in the worker's row, as
-// the event loop does (engine/loop's TestConnectionStates): a new one
-// reading, one whose request is at the upstream writing, one kept alive
-// idle, the accepted ones and the bound reached; a closed one in none.
-func TestConnectionStatesBlockingEngines(t *testing.T) {
+// waitConns waits until the region's counts are want: an engine counts
+// a change when it sees it, a moment after the client made it.
+func waitConns(t *testing.T, r *shm.Region, when string, want connCounts) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var s metrics.Snapshot
+		metrics.Read(r, &s)
+		got := connCounts{s.Conns(metrics.ConnReading), s.Conns(metrics.ConnWriting), s.Conns(metrics.ConnIdle),
+			s.Value(metrics.ConnectionsAccepted, 0), s.Value(metrics.ConnectionsMaxReached, 0)}
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: reading, writing, idle, accepted, max reached = %v, want %v", when, got, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Every connection is counted in the state it is in, as nginx's
+// stub_status counts them: a new one and one sending its header reading,
+// one whose request is at the upstream writing, one kept alive idle; the
+// bound of max_connections is counted when it is reached, and a
+// connection that waits meanwhile is not accepted, so not counted.
+func TestConnectionStates(t *testing.T) {
 	t.Parallel()
-	engines := []struct {
-		name  string
-		serve func(t *testing.T, ln net.Listener, upstream string, c *core.Core)
-	}{
-		{"fasthttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
-			s, served := start(t, ln, proxy.Options{Upstream: upstream, Core: c, Limits: engine.Limits{MaxConnections: 5}})
-			stopAtCleanup(t, s, served)
-		}},
-		{"nethttp", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
-			s := netHTTPForwarder(t, c, upstream, engine.Limits{MaxConnections: 5})
-			served := make(chan error, 1)
-			go func() { served <- s.Serve(ln) }()
-			stopAtCleanup(t, s, served)
-		}},
-	}
-	for _, e := range engines {
-		t.Run(e.name, func(t *testing.T) {
-			t.Parallel()
-			release := make(chan struct{})
-			var once sync.Once
-			up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, _ net.Conn) {
-				if req.Req.URL.Path == "/hold" {
-					<-release
-				}
-				w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			})
-			t.Cleanup(func() { once.Do(func() { close(release) }) })
-			o := shm.Options{Counters: 64, MaxWorkers: 2}
-			metrics.Geometry(&o, 0)
-			region := shmtest.Joined(t, o)
-			c, err := core.New(region, core.Options{Logger: quietLog})
-			if err != nil {
-				t.Fatal(err)
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		release := make(chan struct{})
+		var once sync.Once
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, _ net.Conn) {
+			if req.Req.URL.Path == "/hold" {
+				<-release
 			}
-			ln := listen(t)
-			e.serve(t, ln, up.URL(), c)
-			wait := func(when string, want connCounts) {
-				t.Helper()
-				deadline := time.Now().Add(5 * time.Second)
-				for {
-					var s metrics.Snapshot
-					metrics.Read(region, &s)
-					got := connCounts{s.Conns(metrics.ConnReading), s.Conns(metrics.ConnWriting), s.Conns(metrics.ConnIdle),
-						s.Value(metrics.ConnectionsAccepted, 0), s.Value(metrics.ConnectionsMaxReached, 0)}
-					if got == want {
-						return
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("%s: reading, writing, idle, accepted, max reached = %v, want %v", when, got, want)
-					}
-					time.Sleep(2 * time.Millisecond)
-				}
-			}
-			dial := func() (net.Conn, *bufio.Reader) {
-				nc, err := net.Dial("tcp", ln.Addr().String())
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { nc.Close() })
-				return nc, bufio.NewReader(nc)
-			}
-			get := func(nc net.Conn, br *bufio.Reader) {
-				t.Helper()
-				io.WriteString(nc, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-
-			fresh, _ := dial() // no byte yet: reading, as it awaits its header
-			held, heldBr := dial()
-			io.WriteString(held, "GET /hold HTTP/1.1\r\nHost: a\r\n\r\n")
-			idle1, br1 := dial()
-			idle2, br2 := dial()
-			get(idle1, br1)
-			get(idle2, br2)
-			up.WaitRequests(3, 5*time.Second) // /hold is at the upstream
-			wait("four open", connCounts{1, 1, 2, 4, 0})
-
-			fifth, _ := dial()
-			wait("five open: the bound", connCounts{2, 1, 2, 5, 1})
-
-			once.Do(func() { close(release) })
-			if resp, err := http.ReadResponse(heldBr, nil); err != nil || resp.StatusCode != 200 {
-				t.Fatalf("/hold: %v %v", resp, err)
-			}
-			wait("/hold answered", connCounts{2, 0, 3, 5, 1})
-			for _, c := range []net.Conn{fresh, held, idle1, idle2, fifth} {
-				c.Close()
-			}
-			wait("all closed", connCounts{0, 0, 0, 5, 1})
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		})
-	}
+		t.Cleanup(func() { once.Do(func() { close(release) }) })
+		o := shm.Options{Counters: 64, MaxWorkers: 2}
+		metrics.Geometry(&o, 0)
+		region := shmtest.Joined(t, o)
+		c, err := core.New(region, core.Options{Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := e.serve(t, storyOptions{Core: c, Upstream: up.URL(), Limits: engine.Limits{MaxConnections: 6}}).Addr
+
+		fresh, _ := dial(t, addr) // no byte yet: reading, as it awaits its header
+		partial, _ := dial(t, addr)
+		io.WriteString(partial, "GET / HTTP/1.1\r\nHost: a\r\n")
+		held, heldBr := dial(t, addr)
+		io.WriteString(held, "GET /hold HTTP/1.1\r\nHost: a\r\n\r\n")
+		idle1, br1 := dial(t, addr)
+		idle2, br2 := dial(t, addr)
+		roundTrip(t, idle1, br1, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		roundTrip(t, idle2, br2, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		up.WaitRequests(3, 5*time.Second) // /hold is at the upstream
+		waitConns(t, region, "five open", connCounts{2, 1, 2, 5, 0})
+
+		sixth, _ := dial(t, addr)
+		waitConns(t, region, "six open: the bound", connCounts{3, 1, 2, 6, 1})
+		seventh, br7 := dial(t, addr) // the kernel holds it: the worker is at its bound
+		io.WriteString(seventh, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		time.Sleep(100 * time.Millisecond)
+		waitConns(t, region, "a seventh waits unaccepted", connCounts{3, 1, 2, 6, 1})
+
+		fresh.Close() // room for the seventh, which fills it again
+		if resp, _ := readResponse(t, br7, "GET"); resp.StatusCode != 200 {
+			t.Fatalf("the seventh: %d", resp.StatusCode)
+		}
+		waitConns(t, region, "the seventh served, kept alive", connCounts{2, 1, 3, 7, 2})
+
+		once.Do(func() { close(release) })
+		if resp, _ := readResponse(t, heldBr, "GET"); resp.StatusCode != 200 {
+			t.Fatalf("/hold: %d", resp.StatusCode)
+		}
+		waitConns(t, region, "/hold answered", connCounts{2, 0, 4, 7, 2})
+		io.WriteString(idle1, "GET / HTTP/1.1\r\nHost: a\r\n") // the next request's header, half sent
+		if e.name == netHTTPStory.name {
+			// net/http tells its ConnState hook of a kept connection's
+			// next request only once the whole header is read: until
+			// then it is idle.
+			waitConns(t, region, "an idle one sends a header", connCounts{2, 0, 4, 7, 2})
+		} else {
+			waitConns(t, region, "an idle one sends a header", connCounts{3, 0, 3, 7, 2})
+		}
+
+		for _, c := range []net.Conn{partial, held, idle1, idle2, sixth, seventh} {
+			c.Close()
+		}
+		waitConns(t, region, "all closed", connCounts{0, 0, 0, 7, 2})
+	})
 }
