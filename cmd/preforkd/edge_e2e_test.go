@@ -357,7 +357,10 @@ func upgrade(t *testing.T, d *daemon) int {
 	if !ok || code != 0 {
 		t.Fatalf("the old supervisor after USR2: exited %v, code %d; log:\n%s", ok, code, d.logs.text())
 	}
-	if _, _, ok := d.logs.waitFor(from, 0, msgIs("upgrade: the old supervisor exits; the new one serves")); !ok {
+	// The line was written before the exit, but the log is read from a
+	// pipe by another goroutine: it may not be read yet when the exit is
+	// seen.
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("upgrade: the old supervisor exits; the new one serves")); !ok {
 		t.Fatalf("the old supervisor exited without handing over; log:\n%s", d.logs.text())
 	}
 	for _, l := range d.logs.snapshot()[from:] {
