@@ -376,26 +376,7 @@ func (ex *Exchange) DecideHead() Verdict {
 // once every step before end has passed.
 func (ex *Exchange) runSteps(end decideStep) Verdict {
 	for ex.step < end {
-		var v Verdict
-		var done bool
-		switch ex.step {
-		case stepPath:
-			v, done = ex.checkPath()
-		case stepRateLimit:
-			v, done = ex.rateLimit()
-		case stepRedis:
-			v, done = ex.rateLimitRemote()
-		case stepDeclaredSize:
-			v, done = ex.declaredTooLarge()
-		case stepIdempotency:
-			v, done = ex.idempotency()
-		case stepIdempotencyWait:
-			v, done = ex.reserveAgain()
-		case stepCache:
-			v, done = ex.decideCache()
-		case stepCacheWait:
-			v, done = ex.lookup()
-		}
+		v, done := steps[ex.step](ex)
 		if v == Wait {
 			return Wait
 		}
@@ -422,6 +403,19 @@ const (
 	stepCacheWait                  // a miss waits for another request's fetch
 	stepDone
 )
+
+// steps are what each step runs: a Verdict, and whether it is the
+// step's last word (Respond then ends the decision).
+var steps = [stepDone]func(*Exchange) (Verdict, bool){
+	stepPath:            (*Exchange).checkPath,
+	stepRateLimit:       (*Exchange).rateLimit,
+	stepRedis:           (*Exchange).rateLimitRemote,
+	stepDeclaredSize:    (*Exchange).declaredTooLarge,
+	stepIdempotency:     (*Exchange).idempotency,
+	stepIdempotencyWait: (*Exchange).reserveAgain,
+	stepCache:           (*Exchange).decideCache,
+	stepCacheWait:       (*Exchange).lookup,
+}
 
 // next is the step after s, skipping the ones a step that returned
 // without waiting has no use for (the waits, the Redis round trip when
