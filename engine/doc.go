@@ -9,7 +9,8 @@
 // What the engines do alike to the bytes they carry is written here once
 // too: the HTTP/1.1 header field rules and the refusals of a request
 // (field.go, refusal.go), the fields added to the head sent upstream
-// (upstreamhead.go), the sending of a streamed request body and the
+// (upstreamhead.go), the rules of the upstream's response head
+// (response.go), the sending of a streamed request body and the
 // reading of a chunked response (send.go, chunked.go), and the counters
 // an engine server reports (stats.go).
 //

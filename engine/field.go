@@ -207,18 +207,22 @@ func FieldValueOK(v []byte) bool {
 // skipping empty ones.
 func EachToken(list []byte, f func([]byte)) {
 	for len(list) > 0 {
-		i := bytes.IndexByte(list, ',')
 		var t []byte
-		if i < 0 {
-			t, list = list, nil
-		} else {
-			t, list = list[:i], list[i+1:]
-		}
-		t = bytes.Trim(t, " \t")
-		if len(t) > 0 {
+		if t, list = nextToken(list); len(t) > 0 {
 			f(t)
 		}
 	}
+}
+
+// nextToken returns the first element of a comma-separated list, trimmed
+// (it may be empty), and the rest of the list.
+func nextToken(list []byte) (t, rest []byte) {
+	if i := bytes.IndexByte(list, ','); i >= 0 {
+		t, rest = list[:i], list[i+1:]
+	} else {
+		t = list
+	}
+	return bytes.Trim(t, " \t"), rest
 }
 
 // EqualFold reports whether b equals s in ASCII, ignoring case (unlike

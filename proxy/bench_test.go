@@ -12,6 +12,7 @@ import (
 
 	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -27,21 +28,35 @@ func BenchmarkProxy(b *testing.B) {
 		rules  bool
 		app    bool
 		access bool
+		// nethttp: the net/http engine forwarding by itself (what the
+		// daemon's TLS listeners serve with), in cleartext.
+		nethttp bool
 	}{
-		{"proxy/rules=off", false, false, false},
-		{"proxy/rules=on", true, false, false},
-		{"proxy/rules=on/access=on", true, false, true},
-		{"app/rules=on", true, true, false},
+		{"proxy/rules=off", false, false, false, false},
+		{"proxy/rules=on", true, false, false, false},
+		{"proxy/rules=on/access=on", true, false, true, false},
+		{"app/rules=on", true, true, false, false},
+		{"nethttp/proxy/rules=on", true, false, false, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			o := proxy.Options{Upstream: "http://" + up}
-			if bc.app {
-				o = proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.Response.SetBodyRaw(okBody) }}
+			var addr string
+			switch o := (proxy.Options{Upstream: "http://" + up}); {
+			case bc.nethttp:
+				ln := listen(b)
+				s := netHTTPForwarder(b, benchCore(b, bc.access), "http://"+up, engine.Limits{})
+				served := make(chan error, 1)
+				go func() { served <- s.Serve(ln) }()
+				stopAtCleanup(b, s, served)
+				addr = ln.Addr().String()
+			default:
+				if bc.app {
+					o = proxy.Options{App: func(ctx *fasthttp.RequestCtx) { ctx.Response.SetBodyRaw(okBody) }}
+				}
+				if bc.rules {
+					o.Core = benchCore(b, bc.access)
+				}
+				addr, _ = serve(b, o)
 			}
-			if bc.rules {
-				o.Core = benchCore(b, bc.access)
-			}
-			addr, _ := serve(b, o)
 			b.ReportAllocs()
 			b.SetParallelism(4)
 			b.RunParallel(func(pb *testing.PB) {

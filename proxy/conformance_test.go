@@ -42,7 +42,7 @@ var engines = []servingEngine{
 
 // netHTTPForwarder is the net/http engine over c forwarding to upstream
 // by itself, with lim.
-func netHTTPForwarder(t *testing.T, c *core.Core, upstream string, lim engine.Limits) *nethttp.Server {
+func netHTTPForwarder(t testing.TB, c *core.Core, upstream string, lim engine.Limits) *nethttp.Server {
 	t.Helper()
 	up, err := nethttp.NewUpstream(c, upstream, engine.Upstream{})
 	if err != nil {
@@ -67,7 +67,7 @@ func startNetHTTP(t *testing.T, ln net.Listener, upstream string) {
 
 // stopAtCleanup shuts s down when the test ends, and checks that it
 // stopped serving without an error.
-func stopAtCleanup(t *testing.T, s interface{ Shutdown(context.Context) error }, served <-chan error) {
+func stopAtCleanup(t testing.TB, s interface{ Shutdown(context.Context) error }, served <-chan error) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -112,6 +112,7 @@ type exchange struct {
 	upNot      []string // header names it did not see
 	upBody     *string  // the body it got
 	upCount    int      // how many requests the upstream saw, when not 1 (or 0 with upLine "")
+	upConns    int      // how many connections they came on, when set
 	// interim are the interim responses the client gets first: status,
 	// a space, and "Name=value " for each field.
 	interim []string
@@ -249,7 +250,7 @@ var exchanges = []exchange{
 		reply:  "HTTP/1.1 204 No Content\nX-R: 1\n\n",
 		status: 204, has: []string{"X-R: 1"}, hasNot: []string{"Content-Length", "Transfer-Encoding"},
 		then:   "GET / HTTP/1.1\nHost: a\n\n",
-		upLine: "DELETE /r HTTP/1.1", upCount: 2,
+		upLine: "DELETE /r HTTP/1.1", upCount: 2, upConns: 1,
 	},
 	{
 		name:   "304 carries no body",
@@ -257,7 +258,31 @@ var exchanges = []exchange{
 		reply:  "HTTP/1.1 304 Not Modified\nETag: \"x\"\n\n",
 		status: 304, has: []string{"Etag: \"x\""}, hasNot: []string{"Transfer-Encoding"},
 		then:   "GET / HTTP/1.1\nHost: a\n\n",
-		upLine: "GET /c HTTP/1.1", upCount: 2, upHas: []string{"If-None-Match: \"x\""},
+		upLine: "GET /c HTTP/1.1", upCount: 2, upConns: 1, upHas: []string{"If-None-Match: \"x\""},
+	},
+	{
+		name:   "a repeated Content-Length from the upstream, even the same: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nContent-Length: 2\nContent-Length: 2\n\nok",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a space before a response field's colon: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nX-A : 1\nContent-Length: 2\n\nok",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a folded response field: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nX-A: 1\n 2\nContent-Length: 2\n\nok",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a control character in the upstream's reason phrase: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 O\x01K\nContent-Length: 2\n\nok",
+		status: 502, upLine: "GET / HTTP/1.1",
 	},
 	{
 		name:   "a body with a Content-Length",
@@ -604,6 +629,9 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 	}
 	if want == 0 {
 		return
+	}
+	if x.upConns > 0 && seen[len(seen)-1].Conn != x.upConns {
+		t.Errorf("the upstream's requests came on %d connections, want %d", seen[len(seen)-1].Conn, x.upConns)
 	}
 	s := seen[0]
 	if s.Line != x.upLine {

@@ -89,9 +89,8 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	status := up.StatusCode()
 	if status == http.StatusSwitchingProtocols && !r.upgrade {
 		uc.Conn.Close()
-		err := errors.New("proxy: the upstream switched protocols unasked")
 		s.count.UpstreamErrors.Add(1)
-		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.Target.Addr, err))
+		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.Target.Addr, engine.ErrRespUnasked))
 		s.finish(r, ex, nil)
 		return
 	}
@@ -215,56 +214,46 @@ func (s *Server) sendUntilClose(r *request, ub *upBody) {
 }
 
 // upDone puts a connection whose response was read back in the pool. It
-// returns errStray when the upstream sent more than the response: what it
+// returns engine.ErrRespStray when the upstream sent more than the response: what it
 // sent cannot be trusted, and is not stored.
 func (s *Server) upDone(uc *upconn.Conn, reusable bool) error {
 	if !s.up.Done(uc, reusable, time.Now()) {
-		return errStray
+		return engine.ErrRespStray
 	}
 	return nil
 }
 
-// errStray is a response the upstream sent more bytes after.
-var errStray = errors.New("proxy: the upstream sent bytes past the end of its response")
-
 // readResponseHead reads the final response's header section into h,
 // giving interim (1xx) responses but 101 to to, when not nil, as
-// they come. A head with a line ended by a bare LF, or a status outside
-// 100-599, is refused at once (502), where fasthttp would wait for a CRLF
-// CRLF that never comes, or take "099" for an interim response and wait
-// for the next, until UpstreamTimeout.
+// they come. Each head is checked first by the rules every engine applies
+// (engine.ResponseHead): one with a line ended by a bare LF, or a status
+// outside 100-599, is refused at once (502), where fasthttp would wait for
+// a CRLF CRLF that never comes, or take "099" for an interim response and
+// wait for the next, until UpstreamTimeout.
 func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSink) error {
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
-	for range 16 {
-		if err := checkHeadLines(br); err != nil {
+	for range engine.MaxInterims + 1 {
+		if err := checkHead(br); err != nil {
 			return err
 		}
 		if err := h.Read(br); err != nil {
 			return err
 		}
-		st := h.StatusCode()
-		if st < 100 || st > 599 {
-			return errBadStatus
-		}
-		if st >= 200 || st == http.StatusSwitchingProtocols {
+		if st := h.StatusCode(); st >= 200 || st == http.StatusSwitchingProtocols {
 			return nil
 		}
 		if to != nil {
 			to.interim(h)
 		}
 	}
-	return errors.New("proxy: too many interim responses")
+	return engine.ErrRespInterims
 }
 
-var (
-	errBareLFHead = errors.New("proxy: a response header line ended by a bare LF")
-	errBadStatus  = errors.New("proxy: a response status outside 100-599")
-)
-
-// checkHeadLines waits until br holds a whole header section, or as much
-// as it can hold, and refuses one with a line ended by a bare LF.
-func checkHeadLines(br *bufio.Reader) error {
+// checkHead waits until br holds a whole header section, or as much as it
+// can hold, and refuses one with a line ended by a bare LF or that
+// engine.ResponseHead refuses.
+func checkHead(br *bufio.Reader) error {
 	for want := 1; ; {
 		b, err := br.Peek(want)
 		if len(b) < want {
@@ -276,10 +265,13 @@ func checkHeadLines(br *bufio.Reader) error {
 				continue
 			}
 			if i == 0 || b[i-1] != '\r' {
-				return errBareLFHead
+				return engine.ErrRespBareLF
 			}
 			if i >= 3 && b[i-2] == '\n' && b[i-3] == '\r' {
-				return nil // CRLF CRLF: the section is whole
+				// CRLF CRLF: the section is whole.
+				var fields [32]engine.Field
+				_, err := engine.ParseResponseHead(b[:i+1], fields[:0])
+				return err
 			}
 		}
 		if len(b) == br.Size() {

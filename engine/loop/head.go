@@ -137,7 +137,7 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 			if h.hasLength {
 				return engine.ErrTwoLengths
 			}
-			n, ok := parseLength(v)
+			n, ok := engine.ParseLength(v)
 			if !ok {
 				return engine.ErrLength
 			}
@@ -323,21 +323,5 @@ func (h *head) ownHost() bool { return h.absolute || h.host.from == h.host.to }
 
 // hasBody reports whether a body follows the head.
 func (h *head) hasBody() bool { return h.chunked || h.length > 0 }
-
-// parseLength reads a Content-Length value: digits only, no sign, no
-// list, at most 18 of them.
-func parseLength(v []byte) (int64, bool) {
-	if len(v) == 0 || len(v) > 18 {
-		return 0, false
-	}
-	var n int64
-	for _, c := range v {
-		if !isDigit(c) {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n, true
-}
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }

@@ -230,44 +230,6 @@ func FuzzRequestHead(f *testing.F) {
 	})
 }
 
-// FuzzResponseHead: a response head is refused or accepted, never a
-// panic; an accepted one has a status a client can be given and one
-// framing at most.
-func FuzzResponseHead(f *testing.F) {
-	for _, s := range []string{
-		"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close, X-A\r\nX-A: 1\r\n\r\n",
-		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: ws\r\nConnection: upgrade\r\n\r\n",
-		"HTTP/1.0 304 Not Modified\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n",
-		"HTTP/1.1 099 x\r\n\r\n",
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		end, bad := scanHead(b, 0)
-		if bad != nil || end == 0 {
-			return
-		}
-		var h respHead
-		if h.parse(b[:end]) != nil {
-			return
-		}
-		if h.status < 100 || h.status > 599 {
-			t.Fatalf("status %d accepted", h.status)
-		}
-		if h.hasLength && h.encoded {
-			t.Fatal("a length with a transfer coding")
-		}
-		if h.encoded && !h.chunked && !h.close {
-			t.Fatal("a body up to the close on a connection kept")
-		}
-		h.Each(func(name, value []byte) {
-			if bytes.ContainsAny(name, "\r\n:") || bytes.ContainsAny(value, "\r\n") {
-				t.Fatalf("a field passed on with a line end: %q: %q", name, value)
-			}
-		})
-	})
-}
-
 // FuzzChunked: the decoder gives the same bytes whatever pieces they come
 // in, and what it accepts net/http's chunked reader reads the same.
 func FuzzChunked(f *testing.F) {

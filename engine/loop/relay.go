@@ -20,10 +20,10 @@ import (
 // the same read. It reports whether the body is to be relayed from u.
 func (r *request) onHead(u *upConn, rest []byte) bool {
 	h := &u.resp
-	status := h.status
+	status := h.Status
 	if status == 101 && !r.h.upgrade {
 		u.headDone = false
-		u.failed(errRespUnasked)
+		u.failed(engine.ErrRespUnasked)
 		return false
 	}
 	if r.body.sink == sinkUpstream && !r.body.done {
@@ -45,29 +45,29 @@ func (r *request) onHead(u *upConn, rest []byte) bool {
 		return false
 	}
 	r.keep = r.ex.Keep()
-	u.keep = !h.close && !r.h.isHead && r.body.done && r.body.err == nil
+	u.keep = !h.Close && !r.h.isHead && r.body.done && r.body.err == nil
 	switch {
 	case status == 101:
 		r.startTunnel(u, rest)
 		return false
-	case bodyless(status, r.h.isHead):
+	case engine.Bodyless(status, r.h.isHead):
 		// No body, whatever the head says (RFC 9112 §6.3). A connection
 		// that answered HEAD is not reused (u.keep): applications that run
 		// HEAD as GET write the body anyway, and it may come after the
 		// head, past the check at reuse, as the answer to another request.
 		u.mode, r.respMode = frameNone, frameNone
-	case h.chunked:
+	case h.Chunked:
 		u.mode = frameChunked
-	case h.hasLength:
-		u.mode, u.left = frameLength, h.length
+	case h.HasLength:
+		u.mode, u.left = frameLength, h.Length
 	default:
 		u.mode = frameClose
 		u.keep = false
 	}
 	if u.mode != frameNone {
 		switch {
-		case h.hasLength:
-			r.respMode, r.respLeft = frameLength, h.length
+		case h.HasLength:
+			r.respMode, r.respLeft = frameLength, h.Length
 		case r.h.minor == 1:
 			r.respMode = frameChunked
 		default:
@@ -94,21 +94,21 @@ func (r *request) onHead(u *upConn, rest []byte) bool {
 func (r *request) composeHead(h *respHead) []byte {
 	l := r.l
 	var reason []byte
-	if h.reason.to > h.reason.from {
-		reason = h.reason.of(h.raw)
+	if h.Reason.To > h.Reason.From {
+		reason = h.Reason.Of(h.Raw)
 	}
-	dst := appendStatusLine(l.head[:0], h.status, reason)
+	dst := appendStatusLine(l.head[:0], h.Status, reason)
 	hide := len(r.fwd.Hide) > 0
-	for i := range h.fields {
-		if f := &h.fields[i]; h.passed(f) && !(hide && r.fwd.Hidden(b2s(f.name.of(h.raw)))) {
-			dst = append(dst, h.raw[f.name.from:f.value.to]...)
+	for i := range h.Fields {
+		if f := &h.Fields[i]; h.Passed(f) && !(hide && r.fwd.Hidden(b2s(f.Name.Of(h.Raw)))) {
+			dst = append(dst, h.Raw[f.Name.From:f.Value.To]...)
 			dst = append(dst, "\r\n"...)
 		}
 	}
 	for _, f := range r.ex.Fields() {
 		dst = engine.AppendField(dst, f.Name, f.Value)
 	}
-	if !h.hasDate {
+	if !h.HasDate {
 		dst = append(dst, l.dateLine...) // the upstream's own, else now
 	}
 	switch {
@@ -118,13 +118,13 @@ func (r *request) composeHead(h *respHead) []byte {
 		dst = append(dst, "\r\n"...)
 	case r.respMode == frameChunked:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
-	case r.respMode == frameNone && h.hasLength && h.status != 204 && h.status >= 200:
+	case r.respMode == frameNone && h.HasLength && h.Status != 204 && h.Status >= 200:
 		// HEAD and 304: the length the body would have had.
 		dst = append(dst, "Content-Length: "...)
-		dst = strconv.AppendInt(dst, h.length, 10)
+		dst = strconv.AppendInt(dst, h.Length, 10)
 		dst = append(dst, "\r\n"...)
 	}
-	if h.status != 101 {
+	if h.Status != 101 {
 		dst = r.appendConnection(dst)
 	}
 	dst = append(dst, "\r\n"...)
@@ -140,14 +140,14 @@ func (r *request) composeHead(h *respHead) []byte {
 // never overtakes the answer to a previous request.
 func (r *request) interim(h *respHead) {
 	c := r.c
-	if c == nil || h.status == 100 || r.h.minor == 0 || r.headSent {
+	if c == nil || h.Status == 100 || r.h.minor == 0 || r.headSent {
 		return
 	}
 	l := r.l
-	dst := appendStatusLine(l.head[:0], h.status, nil)
-	for i := range h.fields {
-		if f := &h.fields[i]; f.kind == engine.FieldOther {
-			dst = append(dst, h.raw[f.name.from:f.value.to]...)
+	dst := appendStatusLine(l.head[:0], h.Status, nil)
+	for i := range h.Fields {
+		if f := &h.Fields[i]; f.Kind == engine.FieldOther {
+			dst = append(dst, h.Raw[f.Name.From:f.Value.To]...)
 			dst = append(dst, "\r\n"...)
 		}
 	}

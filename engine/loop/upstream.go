@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // The upstream side: connections to the application, registered on the
@@ -407,17 +408,17 @@ func (u *upConn) data(p []byte) {
 		if end == 0 {
 			switch {
 			case bareLF(p) >= 0:
-				u.failed(errRespBareLF)
-			case len(p) > maxResponseHead:
-				u.failed(errRespTooLarge)
+				u.failed(engine.ErrRespBareLF)
+			case len(p) > engine.MaxResponseHead:
+				u.failed(engine.ErrRespTooLarge)
 			default:
 				u.in = append(l.getBuf(len(p)), p...) // the rest of the head is to come
 			}
 			l.putBuf(held)
 			return
 		}
-		if end > maxResponseHead {
-			u.failed(errRespTooLarge)
+		if end > engine.MaxResponseHead {
+			u.failed(engine.ErrRespTooLarge)
 			l.putBuf(held)
 			return
 		}
@@ -427,10 +428,10 @@ func (u *upConn) data(p []byte) {
 			return
 		}
 		p = p[end:]
-		if st := u.resp.status; st < 200 && st != 101 {
+		if st := u.resp.Status; st < 200 && st != 101 {
 			// An interim response: passed on (but 100), not recorded.
-			if u.interims++; u.interims > 16 {
-				u.failed(errRespInterim)
+			if u.interims++; u.interims > engine.MaxInterims {
+				u.failed(engine.ErrRespInterims)
 				l.putBuf(held)
 				return
 			}
@@ -513,7 +514,7 @@ func (u *upConn) end(stray bool) {
 	u.r = nil
 	var err error
 	if stray {
-		err = errRespStray
+		err = engine.ErrRespStray
 		u.close()
 	} else {
 		u.l.pool.put(u)

@@ -336,20 +336,8 @@ type respHead struct {
 	status  int
 	length  int64 // the body's length; -1 chunked; -2 until the upstream closes
 	close   bool  // the connection is not reused after it
-	http10  bool
-	upgrade bool // a 101 with its Connection and Upgrade kept
+	upgrade bool  // a 101 with its Connection and Upgrade kept
 }
-
-var (
-	errBareLFHead  = errors.New("nethttp: a response header line ended by a bare LF")
-	errBadStatus   = errors.New("nethttp: a malformed response status line")
-	errBadLength   = errors.New("nethttp: a malformed or repeated Content-Length")
-	errLongHead    = errors.New("nethttp: a response header section over 16 KiB")
-	errInterims    = errors.New("nethttp: too many interim responses")
-	errStray       = errors.New("nethttp: the upstream sent bytes past the end of its response")
-	errUnasked101  = errors.New("nethttp: the upstream switched protocols unasked")
-	errBadResponse = errors.New("nethttp: an invalid response header field")
-)
 
 // interimTo is what forwards the upstream's interim responses (1xx but
 // 100 and 101: 102 Processing, 103 Early Hints) to w's client as they
@@ -372,7 +360,7 @@ func interimTo(w http.ResponseWriter, r *http.Request) func(int) {
 // fields in h. Interim responses but 101 come before it: each is read into
 // h too and given to interim, when not nil, as it comes.
 func readResponseHead(br *bufio.Reader, h http.Header, interim func(status int)) (respHead, error) {
-	for range 16 {
+	for range engine.MaxInterims + 1 {
 		clear(h)
 		hd, err := readOneHead(br, h)
 		if err != nil {
@@ -385,128 +373,92 @@ func readResponseHead(br *bufio.Reader, h http.Header, interim func(status int))
 			interim(hd.status)
 		}
 	}
-	return respHead{}, errInterims
+	return respHead{}, engine.ErrRespInterims
 }
 
-// readOneHead reads one response head.
+// readOneHead reads one response head, checked by the rules every engine
+// that reads an upstream applies (engine.ResponseHead), and puts the
+// fields that go on to the client in h.
 func readOneHead(br *bufio.Reader, h http.Header) (respHead, error) {
-	var hd respHead
-	line, err := readLine(br)
+	var stack [4096]byte
+	raw, err := readHead(br, stack[:0])
 	if err != nil {
-		return hd, err
+		return respHead{}, err
 	}
-	// HTTP/1.1 200 OK
-	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' || (line[7] != '0' && line[7] != '1') {
-		return hd, errBadStatus
+	var fields [32]engine.Field
+	ph, err := engine.ParseResponseHead(raw, fields[:0])
+	if err != nil {
+		return respHead{}, err
 	}
-	hd.http10 = line[7] == '0'
-	st, err := strconv.Atoi(string(line[9:12]))
-	if err != nil || st < 100 || st > 599 || len(line) > 12 && line[12] != ' ' {
-		return hd, errBadStatus
-	}
-	hd.status = st
-	hd.length = -2
-	hd.close = hd.http10
-	var named []string // fields Connection names
-	var fields [32]span
-	fs := fields[:0]
-	// Every value of the head in one string (one allocation), each
-	// field's a span of it.
-	var vals [2048]byte
-	vb := vals[:0]
-	chunked, hasTE, hasCL := false, false, false
-	for {
-		line, err := readLine(br)
-		if err != nil {
-			return hd, err
-		}
-		if len(line) == 0 {
-			break
-		}
-		if line[0] == ' ' || line[0] == '\t' {
-			return hd, errBadResponse // obs-fold
-		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 {
-			return hd, errBadResponse
-		}
-		name := fieldName(bytes.TrimRight(line[:colon], " \t"))
-		value := bytes.Trim(line[colon+1:], " \t")
-		switch name {
-		case "Connection":
-			for t := range strings.SplitSeq(string(value), ",") {
-				t = textproto.TrimString(t)
-				switch {
-				case strings.EqualFold(t, "close"):
-					hd.close = true
-				case strings.EqualFold(t, "keep-alive"):
-					if hd.http10 {
-						hd.close = false
-					}
-				case strings.EqualFold(t, "upgrade"), t == "":
-				default:
-					named = append(named, textproto.CanonicalMIMEHeaderKey(t))
-				}
-			}
-		case "Transfer-Encoding":
-			hasTE = true
-			codings := bytes.Split(value, []byte(","))
-			chunked = bytes.EqualFold(bytes.TrimSpace(codings[len(codings)-1]), []byte("chunked"))
-		case "Content-Length":
-			n, err := strconv.ParseInt(string(value), 10, 64)
-			if err != nil || n < 0 || hasCL && n != hd.length {
-				return hd, errBadLength
-			}
-			hasCL, hd.length = true, n
-		}
-		fs = append(fs, span{name, len(vb), len(vb) + len(value)})
-		vb = append(vb, value...)
-	}
+	hd := respHead{status: ph.Status, length: -2, close: ph.Close, upgrade: ph.Status == http.StatusSwitchingProtocols}
 	switch {
-	case hasTE && chunked:
+	case ph.Chunked:
 		hd.length = -1
-	case hasTE:
-		hd.length, hd.close = -2, true // a coding other than chunked: until the close
-	case !hasCL:
-		hd.length = -2
+	case ph.HasLength:
+		hd.length = ph.Length
 	}
-	if hd.length == -2 {
-		hd.close = true
+	// Every value passed on in one string (one allocation), each field's
+	// a piece of it.
+	n, size := 0, 0
+	for i := range ph.Fields {
+		if f := &ph.Fields[i]; ph.Passed(f) {
+			n, size = n+1, size+int(f.Value.To-f.Value.From)
+		}
 	}
-	hd.upgrade = hd.status == http.StatusSwitchingProtocols
-	all := string(vb)
-	kept := make([]string, 0, len(fs))
-	for _, f := range fs {
-		switch {
-		case f.name == "Content-Length" && (hd.length < 0 || hasTE):
-			continue
-		case f.name == "Content-Length":
-			// Kept: relay frames the body with it (once, for a repeated one).
-			if len(h[f.name]) > 0 {
-				continue
-			}
-		case hd.upgrade && (f.name == "Connection" || f.name == "Upgrade"):
-		case hopByHop(f.name):
+	var all strings.Builder
+	all.Grow(size)
+	for i := range ph.Fields {
+		if f := &ph.Fields[i]; ph.Passed(f) {
+			all.Write(f.Value.Of(raw))
+		}
+	}
+	values := all.String()
+	kept := make([]string, 0, n+1)
+	at := 0
+	for i := range ph.Fields {
+		f := &ph.Fields[i]
+		if !ph.Passed(f) {
 			continue
 		}
-		if contains(named, f.name) {
-			continue
-		}
-		kept = append(kept, all[f.from:f.to])
-		if vs := h[f.name]; len(vs) > 0 {
-			h[f.name] = append(vs[:len(vs):len(vs)], kept[len(kept)-1])
+		name := fieldName(f.Name.Of(raw))
+		end := at + int(f.Value.To-f.Value.From)
+		kept = append(kept, values[at:end])
+		at = end
+		if vs := h[name]; len(vs) > 0 {
+			h[name] = append(vs[:len(vs):len(vs)], kept[len(kept)-1])
 		} else {
-			h[f.name] = kept[len(kept)-1 : len(kept) : len(kept)]
+			h[name] = kept[len(kept)-1 : len(kept) : len(kept)]
 		}
+	}
+	if ph.HasLength {
+		// Kept: relay frames the body with it.
+		kept = append(kept, strconv.FormatInt(ph.Length, 10))
+		h["Content-Length"] = kept[len(kept)-1:]
 	}
 	return hd, nil
 }
 
-// span is a field of a response head: its canonical name, and its value
-// as offsets into the head's values.
-type span struct {
-	name     string
-	from, to int
+// readHead appends one response head from br to buf: every line ended by
+// CRLF, at most engine.MaxResponseHead bytes.
+func readHead(br *bufio.Reader, buf []byte) ([]byte, error) {
+	for line := 0; ; {
+		piece, err := br.ReadSlice('\n')
+		if len(buf)+len(piece) > engine.MaxResponseHead {
+			return nil, engine.ErrRespTooLarge
+		}
+		buf = append(buf, piece...)
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue // the rest of a long line
+		case err != nil:
+			return nil, err
+		case len(buf)-line < 2 || buf[len(buf)-2] != '\r':
+			return nil, engine.ErrRespBareLF
+		case len(buf)-line == 2:
+			return buf, nil // the empty line
+		}
+		line = len(buf)
+	}
 }
 
 // commonFields are the response field names met most: found without an
@@ -530,30 +482,6 @@ func fieldName(b []byte) string {
 	return textproto.CanonicalMIMEHeaderKey(string(b))
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-// readLine reads a line ended by CRLF, without it; a bare LF or a line
-// the buffer cannot hold is an error.
-func readLine(br *bufio.Reader) ([]byte, error) {
-	line, err := br.ReadSlice('\n')
-	switch {
-	case err == bufio.ErrBufferFull:
-		return nil, errLongHead
-	case err != nil:
-		return nil, err
-	case len(line) < 2 || line[len(line)-2] != '\r':
-		return nil, errBareLFHead
-	}
-	return line[:len(line)-2], nil
-}
-
 // relay makes the upstream's response the answer: the head through the
 // core (which may send a stale response instead), then the body.
 func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *upconn.Conn, hd respHead, upgrade bool) error {
@@ -562,7 +490,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 	if hd.upgrade && !upgrade {
 		uc.Conn.Close()
 		clear(h)
-		f.answer(rw, ex.Failed(core.UpstreamResponse, f.up.Target.Addr, errUnasked101))
+		f.answer(rw, ex.Failed(core.UpstreamResponse, f.up.Target.Addr, engine.ErrRespUnasked))
 		return nil
 	}
 	setFields(h, ex.Fields())
@@ -645,10 +573,10 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 
 // done puts a connection whose response was read back in the pool; a
 // connection with bytes past the response is closed, and the response is
-// not whole to the core (errStray).
+// not whole to the core (engine.ErrRespStray).
 func (f *forwarder) done(uc *upconn.Conn, reusable bool) error {
 	if !f.up.Done(uc, reusable, time.Now()) {
-		return errStray
+		return engine.ErrRespStray
 	}
 	return nil
 }
