@@ -61,3 +61,16 @@ func (x *ForwardedFor) End(peer netip.Addr) []byte {
 	}
 	return append(x.b, "\r\n"...)
 }
+
+// Retryable reports whether a request may be sent again, on a fresh
+// connection, after a reused one failed before any of the response came
+// (the upstream had closed it idle): its method is idempotent (RFC 9110
+// §9.2.2), or it has an Idempotency-Key field (idempotencyKey; that name
+// only: an idempotency block's own header name is not consulted).
+func Retryable[M string | []byte](method M, idempotencyKey bool) bool {
+	switch string(method) {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
+		return true
+	}
+	return idempotencyKey
+}

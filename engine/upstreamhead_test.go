@@ -39,3 +39,23 @@ func TestAppendField(t *testing.T) {
 		t.Errorf("%q, want %q", b, want)
 	}
 }
+
+func TestRetryable(t *testing.T) {
+	for _, tc := range []struct {
+		method string
+		key    bool
+		want   bool
+	}{
+		{"GET", false, true}, {"HEAD", false, true}, {"PUT", false, true}, {"DELETE", false, true},
+		{"OPTIONS", false, true}, {"TRACE", false, true},
+		{"POST", false, false}, {"PATCH", false, false}, {"get", false, false},
+		{"POST", true, true}, {"PATCH", true, true},
+	} {
+		if got := engine.Retryable(tc.method, tc.key); got != tc.want {
+			t.Errorf("Retryable(%q, key %v) = %v, want %v", tc.method, tc.key, got, tc.want)
+		}
+		if got := engine.Retryable([]byte(tc.method), tc.key); got != tc.want {
+			t.Errorf("Retryable([]byte %q, key %v) = %v, want %v", tc.method, tc.key, got, tc.want)
+		}
+	}
+}

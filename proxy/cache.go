@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/upconn"
 )
 
@@ -60,7 +61,7 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 	ex.Head(status, (*upHeader)(&h))
 	ub := &upBody{s: s, uc: uc, reusable: !h.ConnectionClose(), ex: ex}
 	switch length := h.ContentLength(); {
-	case status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified:
+	case engine.Bodyless(status, false):
 		ub.eof = true
 	case length >= 0:
 		ub.left = int64(length)

@@ -113,7 +113,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 		s.finish(r, ex, nil)
 		return
 	}
-	if r.ctx.IsHead() || status < 200 || status == http.StatusNoContent || status == http.StatusNotModified {
+	if engine.Bodyless(status, r.ctx.IsHead()) {
 		// No body, whatever the header says (RFC 9112 §6.3). A connection
 		// that answered HEAD is not reused: applications that run HEAD as
 		// GET write the body anyway, and it may come after the head, past
@@ -287,16 +287,11 @@ func staleConn(err error) bool {
 	return errors.Is(err, io.EOF) || isConnReset(err)
 }
 
-// retryable reports whether the request may be sent again: its method is
-// idempotent (RFC 9110 §9.2.2) or it has an Idempotency-Key field (that
-// name only: an idempotency block's own header name is not consulted).
+// retryable reports whether the request may be sent again after a stale
+// upstream connection (engine.Retryable).
 func (r *request) retryable() bool {
-	switch string(r.method) {
-	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
-		return true
-	}
 	_, n := r.Header("Idempotency-Key")
-	return n > 0
+	return engine.Retryable(r.method, n > 0)
 }
 
 // upstreamFailed counts a request the upstream gave no response to in the

@@ -271,16 +271,11 @@ func (r *request) appendHead(dst []byte, t *engine.Target) []byte {
 	return append(dst, "\r\n"...)
 }
 
-// retryable reports whether the request may be sent again: its method is
-// idempotent (RFC 9110 §9.2.2) or it has an Idempotency-Key field (that
-// name only: an idempotency block's own header name is not consulted).
+// retryable reports whether the request may be sent again after a stale
+// upstream connection (engine.Retryable).
 func (r *request) retryable() bool {
-	switch r.Method() {
-	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
-		return true
-	}
 	_, n := r.Header("Idempotency-Key")
-	return n > 0
+	return engine.Retryable(r.Method(), n > 0)
 }
 
 // s2b returns s as bytes without copying, for reading only.

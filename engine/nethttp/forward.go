@@ -116,7 +116,7 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 		switch {
 		case errors.As(err, &be):
 			return f.refuse(rw, ex, be.Err)
-		case attempt == 0 && uc != nil && uc.Reused && body.stream == nil && retryable(r) && staleConn(err):
+		case attempt == 0 && uc != nil && uc.Reused && body.stream == nil && engine.Retryable(r.Method, len(r.Header["Idempotency-Key"]) > 0) && staleConn(err):
 			continue // the upstream had closed the idle connection: nothing was done
 		}
 		f.answer(rw, ex.Failed(f.failure(err), f.up.Target.Addr, err))
@@ -498,7 +498,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 		h["Content-Type"] = nil // what the upstream did not send is not sent: no sniffing
 	}
 	head := r.Method == http.MethodHead
-	noBody := head || status < 200 || status == http.StatusNoContent || status == http.StatusNotModified
+	noBody := engine.Bodyless(status, head)
 	if noBody && !head {
 		delete(h, "Content-Length") // readOneHead kept the upstream's: no body here
 	}
@@ -656,16 +656,6 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 // the upstream had just closed meets: nothing came back.
 func staleConn(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isConnReset(err)
-}
-
-// retryable reports whether r may be sent again: an idempotent method
-// (RFC 9110 §9.2.2), or an Idempotency-Key field.
-func retryable(r *http.Request) bool {
-	switch r.Method {
-	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
-		return true
-	}
-	return len(r.Header["Idempotency-Key"]) > 0
 }
 
 // refuseUnforwardable answers, before the core sees them, the requests a
