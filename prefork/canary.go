@@ -189,6 +189,7 @@ func (s *supervisor) passCanary(st CanaryStatus, what string, attrs []any) {
 	if st.Verdict != VerdictHealthy {
 		level = slog.LevelWarn // inconclusive: said loudly
 	}
+	s.publish() // before the line, as at "ready": /status then shows the verdict
 	s.log.Log(context.Background(), level, st.Summary, attrs...)
 }
 
@@ -238,6 +239,7 @@ func (s *supervisor) abortCanary(st CanaryStatus, what string, attrs []any) {
 	st.Aborted = true
 	st.Summary = what + "; reload aborted, " + fate
 	s.verdict = &st
+	s.publish() // before the line, as at "ready": /status then shows the verdict
 	s.log.Error(st.Summary, attrs...)
 	// systemd waits for READY=1 after RELOADING=1, whatever the outcome;
 	// if workers of another generation are left (an earlier reload that

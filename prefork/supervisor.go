@@ -591,6 +591,7 @@ func (s *supervisor) reload() {
 		if err != nil {
 			s.reloads.Refused++
 			s.reloads.LastError = err.Error()
+			s.publish() // before the line, as at "ready": /metrics then counts it
 			s.log.Error("reload refused: keeping the running configuration", "err", err)
 			// systemd ends a reload at READY=1. While an earlier reload
 			// still replaces workers, its own READY=1 comes when it is
