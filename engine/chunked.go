@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"strconv"
 )
 
 // ErrChunked is malformed chunked framing (RFC 9112 §7.1).
@@ -89,11 +88,30 @@ func (c *ChunkedReader) size() (int64, error) {
 	if len(line) == 0 || len(line) > 15 {
 		return 0, ErrChunked
 	}
-	n, err := strconv.ParseInt(string(line), 16, 64)
-	if err != nil || n < 0 {
-		return 0, ErrChunked
+	// 1*HEXDIG (RFC 9112 §7.1): no sign, no prefix; 15 digits at most
+	// cannot overflow.
+	var n int64
+	for _, c := range line {
+		d := HexDigit(c)
+		if d < 0 {
+			return 0, ErrChunked
+		}
+		n = n<<4 | int64(d)
 	}
 	return n, nil
+}
+
+// HexDigit is the value of the hexadecimal digit c, or -1.
+func HexDigit(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
 }
 
 // trailer reads trailer lines up to the empty one.

@@ -241,3 +241,55 @@ func TestDownloadBackPressure(t *testing.T) {
 		}
 	})
 }
+
+// TestBrokenUpstreamBodies: an upstream whose head is right but whose
+// body breaks its own framing, on every engine. The client gets the head
+// and what came before the fault, then the connection ends without the
+// body's end (no last chunk, or fewer bytes than the length said): it can
+// tell the response from a whole one. The next connection is served.
+func TestBrokenUpstreamBodies(t *testing.T) {
+	t.Parallel()
+	const head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+	cases := []struct{ name, reply string }{
+		{"a chunk size that is not hex", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\nmore\r\n0\r\n\r\n"},
+		{"a chunk size ended by a bare LF", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4\nmore\r\n0\r\n\r\n"},
+		{"a chunk size past 63 bits", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nfffffffffffffffff\r\nmore\r\n0\r\n\r\n"},
+		{"a chunk without its CRLF", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n"},
+		{"a chunk size with a sign", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n+4\r\nmore\r\n0\r\n\r\n"},
+		{"fewer bytes than Content-Length, then the close", head + "Content-Length: 100\r\n\r\nabc"},
+	}
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+					if req.Line == "GET /fine HTTP/1.1" {
+						w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+						return
+					}
+					w.WriteString(tc.reply)
+					w.Flush()
+					c.Close()
+				})
+				r := e.serve(t, storyOptions{Upstream: up.URL()})
+				c, br := dial(t, r.Addr)
+				io.WriteString(c, "GET /broken HTTP/1.1\r\nHost: a\r\n\r\n")
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("no head: %v", err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				if resp.StatusCode != 200 || err == nil {
+					t.Errorf("status %d, body %q read whole (err %v): the client cannot tell it from a whole response", resp.StatusCode, body, err)
+				}
+				if !strings.HasPrefix("abc", string(body)) {
+					t.Errorf("body %q: more than the upstream sent before the fault", body)
+				}
+				c2, br2 := dial(t, r.Addr)
+				if resp, body := roundTrip(t, c2, br2, "GET /fine HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 || string(body) != "ok" {
+					t.Errorf("the next connection: %d %q", resp.StatusCode, body)
+				}
+			})
+		}
+	})
+}

@@ -5,6 +5,8 @@ package loop
 import (
 	"errors"
 	"strconv"
+
+	"github.com/preforkd/preforkd/engine"
 )
 
 // The chunked transfer coding (RFC 9112 §7.1), read incrementally: bytes
@@ -54,11 +56,11 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 		switch d.state {
 		case chSize:
 			switch {
-			case hexVal(c) >= 0 && !d.sawBWS:
+			case engine.HexDigit(c) >= 0 && !d.sawBWS:
 				if d.digits == 15 {
 					return nil, n, false, errChunk // over 2^60: no such body
 				}
-				d.left = d.left<<4 | int64(hexVal(c))
+				d.left = d.left<<4 | int64(engine.HexDigit(c))
 				d.digits++
 			case d.digits == 0:
 				return nil, n, false, errChunk
@@ -150,18 +152,6 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 		}
 	}
 	return nil, n, d.state == chDone, nil
-}
-
-func hexVal(c byte) int {
-	switch {
-	case '0' <= c && c <= '9':
-		return int(c - '0')
-	case 'a' <= c && c <= 'f':
-		return int(c-'a') + 10
-	case 'A' <= c && c <= 'F':
-		return int(c-'A') + 10
-	}
-	return -1
 }
 
 // appendChunkHead appends the size line of a chunk of n bytes.

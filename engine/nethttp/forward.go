@@ -564,8 +564,10 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 			uc.Conn.Close()
 			f.c.UpstreamFailed(core.UpstreamBroken, f.up.Target.Addr, err)
 			// The response is cut off as the upstream cut it: the client
-			// must not take it for whole (net/http then closes the
-			// connection, or resets the HTTP/2 stream).
+			// gets the head and what came (net/http would drop what it
+			// holds), then must not take it for whole (net/http closes
+			// the connection, or resets the HTTP/2 stream).
+			rw.Flush()
 			panic(http.ErrAbortHandler)
 		}
 	}
