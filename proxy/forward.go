@@ -229,16 +229,23 @@ func (s *Server) upDone(uc *upconn.Conn, reusable bool) error {
 // (engine.ResponseHead): one with a line ended by a bare LF, or a status
 // outside 100-599, is refused at once (502), where fasthttp would wait for
 // a CRLF CRLF that never comes, or take "099" for an interim response and
-// wait for the next, until UpstreamTimeout.
+// wait for the next, until UpstreamTimeout. Where those rules say the
+// connection ends after the response (a Transfer-Encoding with a
+// Content-Length, which fasthttp takes and keeps the connection for), h
+// says Connection: close.
 func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSink) error {
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
 	for range engine.MaxInterims + 1 {
-		if err := checkHead(br); err != nil {
+		closes, err := checkHead(br)
+		if err != nil {
 			return err
 		}
 		if err := h.Read(br); err != nil {
 			return err
+		}
+		if closes {
+			h.SetConnectionClose()
 		}
 		if st := h.StatusCode(); st >= 200 || st == http.StatusSwitchingProtocols {
 			return nil
@@ -252,12 +259,12 @@ func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSi
 
 // checkHead waits until br holds a whole header section, or as much as it
 // can hold, and refuses one with a line ended by a bare LF or that
-// engine.ResponseHead refuses.
-func checkHead(br *bufio.Reader) error {
+// engine.ResponseHead refuses; closes is the head's Close.
+func checkHead(br *bufio.Reader) (closes bool, err error) {
 	for want := 1; ; {
 		b, err := br.Peek(want)
 		if len(b) < want {
-			return err // fasthttp's read reports it
+			return false, err // fasthttp's read reports it
 		}
 		b, _ = br.Peek(br.Buffered())
 		for i, c := range b {
@@ -265,17 +272,17 @@ func checkHead(br *bufio.Reader) error {
 				continue
 			}
 			if i == 0 || b[i-1] != '\r' {
-				return engine.ErrRespBareLF
+				return false, engine.ErrRespBareLF
 			}
 			if i >= 3 && b[i-2] == '\n' && b[i-3] == '\r' {
 				// CRLF CRLF: the section is whole.
 				var fields [32]engine.Field
-				_, err := engine.ParseResponseHead(b[:i+1], fields[:0])
-				return err
+				h, err := engine.ParseResponseHead(b[:i+1], fields[:0])
+				return h.Close, err
 			}
 		}
 		if len(b) == br.Size() {
-			return nil // too large: fasthttp's read says so
+			return false, nil // too large: fasthttp's read says so
 		}
 		want = len(b) + 1
 	}
