@@ -279,6 +279,30 @@ var exchanges = []exchange{
 		status: 502, upLine: "GET / HTTP/1.1",
 	},
 	{
+		name:   "a Content-Length list from the upstream: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nContent-Length: 2, 2\n\nok",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a negative Content-Length from the upstream: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nContent-Length: -1\n\nok",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a response header section over 16 KiB: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nX-Big: " + strings.Repeat("a", 16<<10) + "\nContent-Length: 2\n\nok",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a response header section just under 16 KiB passes",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nX-Big: " + strings.Repeat("a", 16<<10-80) + "\nContent-Length: 2\n\nok",
+		status: 200, body: "ok", upLine: "GET / HTTP/1.1",
+	},
+	{
 		name:   "a control character in the upstream's reason phrase: 502",
 		send:   "GET / HTTP/1.1\nHost: a\n\n",
 		reply:  "HTTP/1.1 200 O\x01K\nContent-Length: 2\n\nok",
