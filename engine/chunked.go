@@ -10,14 +10,16 @@ import (
 // ErrChunked is malformed chunked framing (RFC 9112 §7.1).
 var ErrChunked = errors.New("engine: malformed chunked body")
 
-// maxTrailerLines bounds the trailer section a ChunkedReader reads past.
-const maxTrailerLines = 100
+// MaxTrailer bounds the trailer section of a chunked body, in bytes (its
+// lines without their CRLF, and the CR of the blank line that ends it),
+// as every engine reads it: more is a malformed body.
+const MaxTrailer = 16 << 10
 
 // ChunkedReader decodes a chunked body read from a buffered connection:
 // Read returns the data of its chunks, at most one chunk's a call, then
 // io.EOF once the last chunk and the trailer section (dropped: the
 // framing it belongs to is this hop's) are read. Every line must end in
-// CRLF; a malformed line, or a trailer section of more than 100 lines, is
+// CRLF; a malformed line, or a trailer section over MaxTrailer, is
 // ErrChunked, and a body cut short io.ErrUnexpectedEOF.
 type ChunkedReader struct {
 	r    *bufio.Reader
@@ -75,13 +77,17 @@ func (c *ChunkedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// size reads a chunk-size line, extensions ignored.
+// size reads a chunk-size line, extensions ignored (but for control
+// characters).
 func (c *ChunkedReader) size() (int64, error) {
 	line, err := c.line()
 	if err != nil {
 		return 0, err
 	}
 	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		if !FieldValueOK(line[i+1:]) {
+			return 0, ErrChunked // a control character in an extension
+		}
 		line = line[:i]
 	}
 	line = bytes.TrimRight(line, " \t")
@@ -116,19 +122,22 @@ func HexDigit(c byte) int {
 
 // trailer reads trailer lines up to the empty one.
 func (c *ChunkedReader) trailer() error {
-	for range maxTrailerLines {
+	for size := 0; ; {
 		line, err := c.line()
 		if err != nil {
 			return err
+		}
+		if size += max(len(line), 1); size > MaxTrailer {
+			return ErrChunked
 		}
 		if len(line) == 0 {
 			return nil
 		}
 	}
-	return ErrChunked
 }
 
-// line reads a line ended by CRLF, and returns it without it.
+// line reads a line ended by CRLF, with no other CR, and returns it
+// without its CRLF.
 func (c *ChunkedReader) line() ([]byte, error) {
 	line, err := c.r.ReadSlice('\n')
 	switch {
@@ -138,6 +147,8 @@ func (c *ChunkedReader) line() ([]byte, error) {
 		return nil, errOr(err, nil)
 	case len(line) < 2 || line[len(line)-2] != '\r':
 		return nil, ErrChunked
+	case bytes.IndexByte(line[:len(line)-2], '\r') >= 0:
+		return nil, ErrChunked // a CR of no CRLF
 	}
 	return line[:len(line)-2], nil
 }

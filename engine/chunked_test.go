@@ -35,7 +35,12 @@ func TestChunkedReader(t *testing.T) {
 		{name: "cut in the data", in: "5\r\nhel", want: "hel", err: io.ErrUnexpectedEOF},
 		{name: "cut in a size line", in: "5\r\nhello\r\n1", want: "hello", err: io.ErrUnexpectedEOF},
 		{name: "cut in the trailer", in: "0\r\nX-T: 1\r\n", err: io.ErrUnexpectedEOF},
-		{name: "a trailer without end", in: "0\r\n" + strings.Repeat("X-T: 1\r\n", 101) + "\r\n", err: engine.ErrChunked},
+		{name: "a trailer of many short lines", in: "0\r\n" + strings.Repeat("X-T: 1\r\n", 200) + "\r\nNEXT", want: "", rest: "NEXT"},
+		{name: "a trailer section over 16 KiB", in: "0\r\n" + strings.Repeat("X-T: 1\r\n", 3000) + "\r\n", err: engine.ErrChunked},
+		{name: "a trailer ended by a bare LF", in: "0\r\nX-T: 1\r\n\n", err: engine.ErrChunked},
+		{name: "a bare CR in a trailer line", in: "0\r\n\r\r\n\r\n", err: engine.ErrChunked},
+		{name: "a bare CR in a size line", in: "3;a\rb\r\nabc\r\n0\r\n\r\n", err: engine.ErrChunked},
+		{name: "a control character in an extension", in: "3;a=\x00\r\nabc\r\n0\r\n\r\n", err: engine.ErrChunked},
 		{name: "a size line longer than the buffer", in: "5;" + strings.Repeat("x", 5000) + "\r\nhello\r\n0\r\n\r\n", err: engine.ErrChunked},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -256,6 +256,8 @@ func TestBrokenUpstreamBodies(t *testing.T) {
 		{"a chunk size past 63 bits", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nfffffffffffffffff\r\nmore\r\n0\r\n\r\n"},
 		{"a chunk without its CRLF", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n"},
 		{"a chunk size with a sign", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n+4\r\nmore\r\n0\r\n\r\n"},
+		{"a control character in a chunk extension", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;x=\x01\r\nmore\r\n0\r\n\r\n"},
+		{"a trailer ended by a bare LF", head + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\n"},
 		{"fewer bytes than Content-Length, then the close", head + "Content-Length: 100\r\n\r\nabc"},
 	}
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {

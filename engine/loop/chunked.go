@@ -34,9 +34,6 @@ const (
 	chDone
 )
 
-// maxTrailer bounds the trailer section.
-const maxTrailer = 16 << 10
-
 // chunkDecoder is where a chunked body stands.
 type chunkDecoder struct {
 	state   uint8
@@ -115,13 +112,16 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			d.state = chSize
 			n++
 		case chTrailer:
-			if c == '\r' {
+			switch c {
+			case '\r':
 				d.state = chEndLF
-			} else {
+			case '\n':
+				return nil, n, false, errChunk // a bare LF
+			default:
 				d.state = chTLine
 			}
 			n++
-			if d.trailer++; d.trailer > maxTrailer {
+			if d.trailer++; d.trailer > engine.MaxTrailer {
 				return nil, n, false, errChunk
 			}
 		case chTLine:
@@ -132,7 +132,7 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 				return nil, n, false, errChunk // a bare LF
 			}
 			n++
-			if d.trailer++; d.trailer > maxTrailer {
+			if d.trailer++; d.trailer > engine.MaxTrailer {
 				return nil, n, false, errChunk
 			}
 		case chTLF:

@@ -3,6 +3,7 @@
 package loop
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net/http/httputil"
@@ -161,6 +162,7 @@ func TestChunkDecoder(t *testing.T) {
 		{in: "1000000000000000\r\n", err: true},
 		{in: "0\r\nX: 1\n\r\n", err: true},
 		{in: "-1\r\n", err: true},
+		{in: "0\r\n\n", err: true}, // a bare LF ends the trailer
 	} {
 		for _, step := range []int{1, 2, 3, 7, len(tc.in)} {
 			data, rest, done, err := decodeAll([]byte(tc.in), step)
@@ -242,6 +244,18 @@ func FuzzChunked(f *testing.F) {
 		if (err == nil) != (err2 == nil) || !bytes.Equal(whole, pieces) || rest != rest2 || done != done2 {
 			t.Fatalf("whole: %q %d %v %v; in pieces: %q %d %v %v", whole, rest, done, err, pieces, rest2, done2, err2)
 		}
+		// The blocking engines' reader (engine.ChunkedReader, on a buffer
+		// of the upstream pool's size) takes, refuses and leaves the same.
+		br := bufio.NewReaderSize(bytes.NewReader(b), 16<<10)
+		got, gerr := io.ReadAll(engine.NewChunkedReader(br))
+		// (Where the input is bad and cut short, which fault is seen first
+		// may differ: both fail.)
+		switch {
+		case err != nil && gerr == nil,
+			err == nil && done && (gerr != nil || !bytes.Equal(got, whole) || br.Buffered() != rest),
+			err == nil && !done && gerr != io.ErrUnexpectedEOF:
+			t.Fatalf("the loop: %q rest %d done %v %v; engine.ChunkedReader: %q rest %d %v", whole, rest, done, err, got, br.Buffered(), gerr)
+		}
 		if err != nil || !done {
 			return
 		}
@@ -251,7 +265,7 @@ func FuzzChunked(f *testing.F) {
 		if last < 0 || strings.Contains(string(body), "\n\n") {
 			return
 		}
-		got, gerr := io.ReadAll(httputil.NewChunkedReader(bytes.NewReader(body)))
+		got, gerr = io.ReadAll(httputil.NewChunkedReader(bytes.NewReader(body)))
 		if gerr == nil && !bytes.Equal(got, whole) {
 			t.Fatalf("net/http reads %q, the decoder %q", got, whole)
 		}
