@@ -2,9 +2,11 @@ package engine
 
 // BadRequest is why a request cannot be served, before anything is
 // forwarded: the status and the problem detail of the answer, and
-// CloseConn when the request's framing cannot be trusted (RFC 9112 §6.3:
-// the connection must close after the answer). The engines refuse with
-// the values below, so that a client gets the same answer from each.
+// CloseConn when the connection must close after the answer: the
+// request's framing cannot be trusted (RFC 9112 §6.3), or it may not have
+// been read when the fault was found, so that what follows the head may
+// be its body and must never be taken for a request. The engines refuse
+// with the values below, so that a client gets the same answer from each.
 type BadRequest struct {
 	Status    int
 	Detail    string
@@ -27,7 +29,8 @@ var (
 	ErrValue       = &BadRequest{400, "a control character in a header field value", true}
 	ErrBareLF      = &BadRequest{400, "a header line ended by a bare LF", true}
 	ErrLine        = &BadRequest{400, "a malformed request line", true}
-	ErrTarget      = &BadRequest{400, "the request target is not an absolute path", false}
+	ErrTarget      = &BadRequest{400, "the request target is not an absolute path", true}
+	ErrNoHost      = &BadRequest{400, "an HTTP/1.1 request without Host", true}
 	ErrPRI         = &BadRequest{400, "PRI is the HTTP/2 connection preface, not a request", true}
 	ErrConnect     = &BadRequest{405, "CONNECT is not supported", true}
 	ErrVersion     = &BadRequest{505, "only HTTP/1.0 and HTTP/1.1 are supported", true}

@@ -484,9 +484,40 @@ var exchanges = []exchange{
 		then: "GET / HTTP/1.1\nHost: a\n\n", upLine: "GET / HTTP/1.1",
 	},
 	{
-		name:   "a fragment in the target is refused",
+		name:   "a fragment in the target is refused, and the connection closes",
 		send:   "GET /a#b HTTP/1.1\nHost: a\n\n",
-		status: 400,
+		status: 400, closed: true,
+		netHTTP: &exchange{status: 400,
+			why: "net/http has read the request whole when the core refuses its path: the connection stays, as after any refusal of the core"},
+	},
+	{
+		name:   "a refused target's body is never taken for a request",
+		send:   "POST /a#f HTTP/1.1\nHost: a\nContent-Length: 35\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "a refused target with a broken length: closed, what follows never a request",
+		send:   "POST /a#f HTTP/1.1\nHost: a\nContent-Length: -1\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
+	{
+		name:   "an HTTP/1.1 request without Host: 400",
+		send:   "GET / HTTP/1.1\nX-A: b\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
+	{
+		name:   "an HTTP/1.1 request in absolute form without Host: 400",
+		send:   "GET http://a/ HTTP/1.1\nX-A: b\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
+	{
+		name:   "an HTTP/1.0 request without Host is served",
+		send:   "GET / HTTP/1.0\n\n",
+		status: 200, closed: true,
+		upLine: "GET / HTTP/1.1",
 	},
 	{
 		name:   "HTTP/2.0 on an HTTP/1 connection: 505",

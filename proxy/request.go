@@ -89,7 +89,7 @@ func (r *request) parse() *engine.BadRequest {
 	}
 	r.fields = r.inline[:0]
 	hasLength, hasEncoding, upgradeToken, hasUpgrade, h2c := false, false, false, false, false
-	dropped := false
+	dropped, hosts := false, 0
 	for pos := 0; pos < len(r.raw); {
 		end := bytes.IndexByte(r.raw[pos:], '\n')
 		if end < 0 {
@@ -119,6 +119,7 @@ func (r *request) parse() *engine.BadRequest {
 		switch f.kind {
 		case engine.FieldHost:
 			r.host = r.raw[f.value.from:f.value.to]
+			hosts++
 		case engine.FieldLength:
 			hasLength = true
 		case engine.FieldEncoding:
@@ -143,6 +144,9 @@ func (r *request) parse() *engine.BadRequest {
 	}
 	if hasLength && hasEncoding {
 		return engine.ErrCLTE
+	}
+	if hosts == 0 && h.IsHTTP11() {
+		return engine.ErrNoHost // RFC 9112 §3.2, absolute-form too
 	}
 	r.hasLength = hasLength
 	if dropped {

@@ -179,6 +179,8 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		return engine.ErrEncoding
 	case h.hostFields > 1:
 		return engine.ErrTwoHosts
+	case h.hostFields == 0 && h.minor == 1:
+		return engine.ErrNoHost // RFC 9112 §3.2, absolute-form too
 	}
 	if named {
 		h.dropConnectionNamed()

@@ -56,20 +56,22 @@ func TestParseRequestHead(t *testing.T) {
 		{name: "two hosts", head: "GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", bad: engine.ErrTwoHosts},
 		{name: "a space before the colon", head: "GET / HTTP/1.1\r\nHost : a\r\n\r\n", bad: engine.ErrName},
 		{name: "DEL in a value", head: "GET / HTTP/1.1\r\nX: a\x7fb\r\n\r\n", bad: engine.ErrValue},
-		{name: "obs-text in a value is kept", head: "GET / HTTP/1.1\r\nX: caf\xc3\xa9\r\n\r\n"},
+		{name: "obs-text in a value is kept", head: "GET / HTTP/1.1\r\nHost: a\r\nX: caf\xc3\xa9\r\n\r\n"},
 		{name: "asterisk-form for GET", head: "GET * HTTP/1.1\r\n\r\n", bad: engine.ErrLine},
+		{name: "HTTP/1.1 without Host", head: "GET / HTTP/1.1\r\nX: 1\r\n\r\n", bad: engine.ErrNoHost},
+		{name: "HTTP/1.0 without Host", head: "GET / HTTP/1.0\r\n\r\n"},
 		{name: "OPTIONS *", head: "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", check: func(t *testing.T, h *head) {
 			if !h.asterisk {
 				t.Error("OPTIONS * not recognised")
 			}
 		}},
 		{name: "a scheme other than http", head: "GET https://a/ HTTP/1.1\r\n\r\n", bad: engine.ErrTarget},
-		{name: "an upgrade to h2c is none", head: "GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n", check: func(t *testing.T, h *head) {
+		{name: "an upgrade to h2c is none", head: "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n", check: func(t *testing.T, h *head) {
 			if h.upgrade {
 				t.Error("an upgrade to h2c is tunnelled")
 			}
 		}},
-		{name: "Connection names a field", head: "GET / HTTP/1.1\r\nConnection: X-A\r\nX-A: 1\r\nX-B: 2\r\n\r\n", check: func(t *testing.T, h *head) {
+		{name: "Connection names a field", head: "GET / HTTP/1.1\r\nHost: a\r\nConnection: X-A\r\nX-A: 1\r\nX-B: 2\r\n\r\n", check: func(t *testing.T, h *head) {
 			kinds := map[string]engine.FieldKind{}
 			for _, f := range h.fields {
 				kinds[string(f.name.of(h.raw))] = f.kind
