@@ -29,6 +29,7 @@ var (
 	ErrRespTooLarge = errors.New("a response header section over 16 KiB")
 	ErrRespInterims = errors.New("too many interim responses")
 	ErrRespUnasked  = errors.New("the upstream switched protocols unasked")
+	ErrRespCoding   = errors.New("a response transfer coding other than chunked alone")
 	ErrRespStray    = errors.New("the upstream sent bytes past the end of its response")
 )
 
@@ -65,11 +66,11 @@ type ResponseHead struct {
 // empty line; every line ended by CRLF), appending its fields to fields.
 // It refuses what a proxy must not pass on: a status line that is not
 // HTTP/1.x with three digits in 100-599, a field line RFC 9112 §5 refuses
-// (ParseFieldLine), a Content-Length that is not one number. A
+// (ParseFieldLine), a Content-Length that is not one number, a
+// Transfer-Encoding that is not chunked alone or comes in HTTP/1.0. A
 // Transfer-Encoding overrides a Content-Length (RFC 9112 §6.3) and the
-// connection is not reused after it; with a coding other than chunked
-// the body ends at the close. (Without any framing field, the body of a
-// response that has one ends at the close too: Bodyless says which.)
+// connection is not reused after it. (Without any framing field, the body
+// of a response that has one ends at the close: Bodyless says which.)
 //
 // It returns the head by value, so that raw and fields, a caller's stack
 // buffers, stay there.
@@ -97,7 +98,7 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 			return h, ErrRespLine
 		}
 	}
-	named := false
+	named, codings := false, 0
 	for pos := end + 2; pos < len(raw); {
 		eol := pos + bytes.IndexByte(raw[pos:], '\n') - 1
 		if eol <= pos {
@@ -120,15 +121,20 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 			}
 			h.HasLength, h.Length = true, n
 		case FieldEncoding:
-			// Chunked when it is the last coding. (Tokens by nextToken, not
-			// EachToken: its callback would move raw, a caller's stack
-			// buffer, to the heap.)
+			// Chunked alone, once, is the only coding read here. (Tokens
+			// by nextToken, not EachToken: its callback would move raw, a
+			// caller's stack buffer, to the heap.)
 			h.Encoded = true
+			before := codings
 			for list := v; len(list) > 0; {
 				var t []byte
 				if t, list = nextToken(list); len(t) > 0 {
+					codings++
 					h.Chunked = EqualFold(t, "chunked")
 				}
+			}
+			if codings == before {
+				return h, ErrRespCoding // a Transfer-Encoding that names none
 			}
 		case FieldConnection:
 			for list := v; len(list) > 0; {
@@ -152,13 +158,20 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 		}
 		h.Fields = append(h.Fields, f)
 	}
-	if h.Encoded && h.HasLength {
+	switch {
+	case h.Encoded && (codings != 1 || !h.Chunked):
+		// Another coding (gzip, chunked) would reach the client coded
+		// with nothing to say so once this hop's Transfer-Encoding is
+		// dropped; a body up to the close under one cannot be told
+		// from a cut one (RFC 9112 §6.1).
+		return h, ErrRespCoding
+	case h.Encoded && h.Minor == 0:
+		// RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 is faulty framing.
+		return h, ErrRespCoding
+	case h.Encoded && h.HasLength:
 		// RFC 9112 §6.3: Transfer-Encoding overrides Content-Length, and
 		// the connection cannot be trusted after.
 		h.HasLength, h.Close = false, true
-	}
-	if h.Encoded && !h.Chunked {
-		h.Close = true // the body ends with the connection
 	}
 	if named {
 		dropConnectionNamed(raw, h.Fields)

@@ -279,6 +279,24 @@ var exchanges = []exchange{
 		status: 502, upLine: "GET / HTTP/1.1",
 	},
 	{
+		name:   "a response transfer coding other than chunked: 502 (its body would reach the client coded)",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nTransfer-Encoding: gzip\nConnection: close\n\nhel",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "a response coded under chunked: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nTransfer-Encoding: gzip, chunked\n\n3\nhel\n0\n\n",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:   "Transfer-Encoding in an HTTP/1.0 response: 502",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.0 200 OK\nTransfer-Encoding: chunked\nContent-Length: 5\n\n3\nhel\n0\n\n",
+		status: 502, upLine: "GET / HTTP/1.1",
+	},
+	{
 		name:   "a Content-Length list from the upstream: 502",
 		send:   "GET / HTTP/1.1\nHost: a\n\n",
 		reply:  "HTTP/1.1 200 OK\nContent-Length: 2, 2\n\nok",

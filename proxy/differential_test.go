@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/engine"
 )
 
 // TestEnginesAgreeOnMutatedRequests sends the same requests, mutated the
@@ -143,5 +145,131 @@ func mutateRequest(rng *rand.Rand) string {
 	}
 	b.WriteString(eol)
 	b.WriteString(pick(mutBodies))
+	return b.String()
+}
+
+// TestEnginesAgreeOnMutatedResponses is the same for what an upstream
+// answers: the same mutated responses, to a GET and the plain request
+// after it on the same connection, through every engine that reads the
+// upstream itself (all three), and what each client got compared: the
+// statuses, the bodies, whether the response ended whole, and on how
+// many upstream connections the two requests went.
+func TestEnginesAgreeOnMutatedResponses(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(9, 2026))
+	n := 100
+	if testing.Short() {
+		n = 30
+	}
+	for i := range n {
+		reply := mutateResponse(rng)
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			var first, firstEngine string
+			for _, e := range withNetHTTP() {
+				got := relayOnce(t, e, reply)
+				if first == "" {
+					first, firstEngine = got, e.name
+				} else if got != first {
+					t.Errorf("%q:\n%s: %s\n%s: %s", reply, firstEngine, first, e.name, got)
+				}
+			}
+		})
+	}
+}
+
+// relayOnce serves one connection with e in front of an upstream that
+// answers the first request with reply and the next with a plain 200,
+// and tells what the client got.
+func relayOnce(t *testing.T, e storyEngine, reply string) string {
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		if req.Line != "GET /first HTTP/1.1" {
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+			return
+		}
+		w.WriteString(reply)
+		w.Flush()
+		// What comes after the reply is the upstream's to decide: it
+		// closes when it said so, or when its body has no end.
+		if strings.Contains(strings.ToLower(reply), "connection: close") || !strings.Contains(reply, "\r\n\r\n") {
+			c.Close()
+		}
+	})
+	// A body that never ends is cut by the upstream timeout, before the
+	// client stops waiting.
+	r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: 250 * time.Millisecond}})
+	c, err := net.Dial("tcp", r.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	io.WriteString(c, "GET /first HTTP/1.1\r\nHost: a\r\n\r\nGET /second HTTP/1.1\r\nHost: a\r\n\r\n")
+	br := bufio.NewReader(c)
+	var got []string
+	for finals := 0; finals < 2; {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			break
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode < 200:
+			got = append(got, fmt.Sprint(resp.StatusCode))
+			continue
+		case resp.Header.Get("Content-Type") == "application/problem+json":
+			body = nil // preforkd's own answer (its request id differs)
+		}
+		finals++
+		whole := "whole"
+		if err != nil {
+			whole = "cut"
+		}
+		got = append(got, fmt.Sprintf("%d %q %s", resp.StatusCode, body, whole))
+		if err != nil || resp.Close {
+			break
+		}
+	}
+	conns := 0
+	for _, s := range up.Requests() {
+		conns = max(conns, s.Conn)
+	}
+	return fmt.Sprintf("client %v; upstream connections %d", got, conns)
+}
+
+// The pieces mutateResponse draws from.
+var (
+	respLines = []string{"HTTP/1.1 200 OK", "HTTP/1.1 204 No Content", "HTTP/1.1 304 Not Modified", "HTTP/1.0 200 OK",
+		"HTTP/1.1 200", "HTTP/1.1 200 ", "HTTP/1.1 404 Not Found", "HTTP/1.1 103 Early Hints", "HTTP/1.1 100 Continue",
+		"HTTP/1.1 099 Odd", "HTTP/1.1 600 Odd", "HTTP/1.1 20 OK", "HTTP/2 200", "HTTP/1.1  200 OK", "http/1.1 200 OK"}
+	respFields = []string{
+		"Content-Length: 5", "Content-Length: 0", "Content-Length: 10", "Content-Length: 05", "Content-Length: 5, 5",
+		"Content-Length: +5", "Content-Length: -1", "Content-Length:5", "Content-Length : 5",
+		"Transfer-Encoding: chunked", "Transfer-Encoding: gzip", "Transfer-Encoding: gzip, chunked",
+		"Transfer-Encoding: chunked, gzip", "Transfer-Encoding: identity", "Transfer-Encoding:",
+		"Connection: close", "Connection: keep-alive", "Connection: X-A", "X-A: 1", "Keep-Alive: timeout=5",
+		"Content-Type: text/plain", "X-B: b\x00", " X-Folded: 1", "Date: Tue, 01 Dec 2026 00:00:00 GMT",
+		"Upgrade: websocket", "Trailer: X-T", "Set-Cookie: a=b",
+	}
+	respBodies = []string{"", "hello", "hellohello", "5\r\nhello\r\n0\r\n\r\n", "5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n",
+		"5\r\nhel", "zz\r\nhello\r\n0\r\n\r\n", "5\r\nhello\r\n", "hel", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra"}
+)
+
+// mutateResponse draws a response: a status line, up to four fields, a
+// body.
+func mutateResponse(rng *rand.Rand) string {
+	pick := func(s []string) string { return s[rng.IntN(len(s))] }
+	var b strings.Builder
+	b.WriteString(pick(respLines) + "\r\n")
+	fields := []string{}
+	for range rng.IntN(5) {
+		fields = append(fields, pick(respFields))
+	}
+	slices.Sort(fields)
+	for _, f := range slices.Compact(fields) {
+		b.WriteString(f + "\r\n")
+	}
+	b.WriteString("\r\n")
+	b.WriteString(pick(respBodies))
 	return b.String()
 }
