@@ -114,25 +114,30 @@ func TestAdminLimits(t *testing.T) {
 	if err := get(third, thirdR); err != nil {
 		t.Fatalf("a connection over the cap, once it had a slot: %v", err)
 	}
-	// third is an idle keep-alive connection now: the next one takes it.
-	// (net/http marks it idle after it wrote the response, which the
-	// client may have read first: wait for the mark.)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		capped.mu.Lock()
-		idle := 0
-		for c := range capped.open {
-			if c.waiting.Load() != 0 {
-				idle++
+	// waitIdle waits until n of the open connections are marked idle:
+	// net/http marks one after it wrote the response, which the client
+	// may have read first.
+	waitIdle := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			capped.mu.Lock()
+			idle := 0
+			for c := range capped.open {
+				if c.waiting.Load() != 0 {
+					idle++
+				}
+			}
+			capped.mu.Unlock()
+			if idle >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d keep-alive connections marked idle, want %d", idle, n)
 			}
 		}
-		capped.mu.Unlock()
-		if idle > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the keep-alive connection was never marked idle")
-		}
 	}
+	// third is an idle keep-alive connection now: the next one takes it.
+	waitIdle(1)
 	fourth, fourthR := dial()
 	if took, ok := closedWithin(thirdR, third, 100*time.Millisecond); !ok {
 		t.Fatalf("the idle keep-alive connection was still open %v after one more came", took)
@@ -149,6 +154,9 @@ func TestAdminLimits(t *testing.T) {
 		t.Fatalf("a connection over the cap of %d busy ones was still open after %v", lim.maxConns, took)
 	}
 	releaseOnce.Do(func() { close(release) })
+	// Both slow requests end; their connections wait for the next, and
+	// the two below take their slots.
+	waitIdle(2)
 
 	idle, idleR := dial() // a keep-alive client that goes quiet
 	if err := get(idle, idleR); err != nil {
