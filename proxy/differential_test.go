@@ -80,24 +80,24 @@ func compareEngines(t *testing.T, in string, es []storyEngine, run func(*testing
 }
 
 // exchangeOnce serves one connection with e, in front of an upstream
-// that records what it gets, sends req then a plain GET on it, and tells
-// what came of it. The engine's timeouts are short, so that a request
-// that waits for bytes that never come, and the connection idle after
-// the last answer, end on the engine's side, alike on each.
+// that records what it gets, sends req then a plain GET and a last one
+// that closes the connection, and tells what came of it. The engine's
+// timeouts (1 s) end a request that waits for bytes that never come, on
+// the engine's side, alike on each; far below the client's backstop.
 func exchangeOnce(t *testing.T, e storyEngine, req string) string {
 	up := startUpstream(t, nil)
 	r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{MaxHeaderBytes: 8 << 10,
-		ReadHeaderTimeout: 100 * time.Millisecond, ClientBodyTimeout: 100 * time.Millisecond, IdleTimeout: 100 * time.Millisecond}})
+		ReadHeaderTimeout: time.Second, ClientBodyTimeout: time.Second, IdleTimeout: time.Second}})
 	c, err := net.Dial("tcp", r.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(c, req+"GET /second HTTP/1.1\r\nHost: a\r\n\r\n")
+	io.WriteString(c, req+"GET /second HTTP/1.1\r\nHost: a\r\n\r\nGET /last HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
 	br := bufio.NewReader(c)
 	var statuses []string
-	for range 4 {
+	for range 6 {
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {
 			break
@@ -212,9 +212,9 @@ func relayOnce(t *testing.T, e storyEngine, reply string) string {
 			c.Close()
 		}
 	})
-	// A body that never ends is cut by the upstream timeout, before the
-	// client stops waiting.
-	r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: 250 * time.Millisecond}})
+	// A body that never ends is cut by the upstream timeout, far before
+	// the client stops waiting.
+	r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: time.Second}})
 	c, err := net.Dial("tcp", r.Addr)
 	if err != nil {
 		t.Fatal(err)
