@@ -177,10 +177,11 @@ func TestAccessLogE2E(t *testing.T) {
 			from := d.logs.len()
 			d.signal(syscall.SIGUSR1)
 			for i := range 2 {
-				if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("worker reopened its files")); !ok {
+				at, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("worker reopened its files"))
+				if !ok {
 					t.Fatalf("worker %d did not reopen its files", i)
 				}
-				from++ // the second line comes after the first
+				from = at + 1 // the second worker's line comes after the first's
 			}
 			do(c, "GET", d.url("/after-rotation"), http.Header{"X-Request-Id": {format + "-after"}})
 			// TERM: the last line is written at the drain, before the
