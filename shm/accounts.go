@@ -90,10 +90,18 @@ var ErrAddrQuota = errors.New("shm: the client address's account holds its maxim
 // this process was reaped meanwhile.
 var errLost = errors.New("shm: element lost while its charge changed")
 
-// sweeperID holds an account's lock for the supervisor, which has no
-// worker identity: it is never stale, and outside the 48 bits of the
-// owner ids of workers.
-const sweeperID = 1 << 62
+// The supervisor has no worker identity; these stand for it, and are
+// never stale (Region.stale). sweeperID holds an account's lock, outside
+// the 48 bits of workers' owner ids. sweeperRec owns a record the
+// supervisor holds BUSY (Forget): a record's owner field has 48 bits, so
+// it is ownerID(maxWorkers-1, 0), which no worker has (an incarnation is
+// never 0). A supervisor killed inside a Forget leaves that one record
+// BUSY until the region is next loaded from a dump (a dump skips it);
+// ReapAll frees the account locks it held.
+const (
+	sweeperID  = 1 << 62
+	sweeperRec = (maxWorkers - 1) << 32
+)
 
 // accounts are the accounts of one table.
 type accounts struct {
@@ -114,30 +122,9 @@ func (as *accounts) held(a uint16) int { return int(atomic.LoadUint64(&as.a[a].h
 // over, and the account recounted; a live holder is waited for up to
 // wait, or not at all when wait is 0 (then ErrLockTimeout at once).
 func (as *accounts) lock(a uint16, owner uint64, wait time.Duration) error {
-	w := &as.a[a].lock
-	var b lockBackoff
-	for n := 0; ; n++ {
-		cur := atomic.LoadUint64(w)
-		if cur == 0 {
-			if atomic.CompareAndSwapUint64(w, 0, owner) {
-				return nil
-			}
-			continue
-		}
-		if cur != sweeperID && as.r.stale(cur) {
-			if atomic.CompareAndSwapUint64(w, cur, owner) {
-				// The dead holder may have changed the count and not the
-				// charge, or the other way round.
-				as.recount(a)
-				as.r.count(evRecovered, 1)
-				return nil
-			}
-			continue
-		}
-		if wait <= 0 || !b.wait(n, wait) {
-			return ErrLockTimeout
-		}
-	}
+	// The dead holder may have changed the count and not the charge, or
+	// the other way round.
+	return lockWord(as.r, &as.a[a].lock, owner, wait, func() { as.recount(a) })
 }
 
 func (as *accounts) unlock(a uint16, owner uint64) {
@@ -268,7 +255,7 @@ func (as *accounts) rebuild() {
 // the account and frees the lock. It returns how many it released.
 func (as *accounts) releaseStale() (n int) {
 	for a := range as.a {
-		if l := atomic.LoadUint64(&as.a[a].lock); l != 0 && l != sweeperID && as.r.stale(l) {
+		if l := atomic.LoadUint64(&as.a[a].lock); l != 0 && as.r.stale(l) {
 			if as.lock(uint16(a), sweeperID, 0) == nil {
 				as.unlock(uint16(a), sweeperID)
 				n++

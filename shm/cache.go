@@ -146,7 +146,7 @@ func (t *Responses) CacheLock(k Key, now time.Duration) (tk Ticket, held bool, e
 			if t.r.stale(owner) {
 				return Ticket{}, false, ErrRetired
 			}
-			if err := lockWord(t.r, &t.recs[home].ilock, owner, t.lockWait); err != nil {
+			if err := lockWord(t.r, &t.recs[home].ilock, owner, t.lockWait, nil); err != nil {
 				return Ticket{}, false, err
 			}
 			locked = true

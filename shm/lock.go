@@ -16,9 +16,11 @@ import (
 // instead.
 const defaultLockWait = 250 * time.Millisecond
 
-// lockWord takes an insert lock word for owner: it releases it from a dead
-// holder at once and waits for a live one up to wait.
-func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
+// lockWord takes lock word w for owner. A live holder is waited for up to
+// wait (not at all when wait is 0), then ErrLockTimeout. A dead holder's
+// lock is released at once; with repair set, it is taken over instead,
+// and repair runs holding it, to mend what the holder left half-done.
+func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration, repair func()) error {
 	var b lockBackoff
 	for n := 0; ; n++ {
 		cur := atomic.LoadUint64(w)
@@ -29,12 +31,20 @@ func lockWord(r *Region, w *uint64, owner uint64, wait time.Duration) error {
 			continue
 		}
 		if r.stale(cur) {
-			if atomic.CompareAndSwapUint64(w, cur, 0) {
+			if repair == nil {
+				if atomic.CompareAndSwapUint64(w, cur, 0) {
+					r.count(evRecovered, 1)
+				}
+				continue
+			}
+			if atomic.CompareAndSwapUint64(w, cur, owner) {
+				repair()
 				r.count(evRecovered, 1)
+				return nil
 			}
 			continue
 		}
-		if !b.wait(n, wait) {
+		if wait <= 0 || !b.wait(n, wait) {
 			return ErrLockTimeout
 		}
 	}

@@ -252,7 +252,7 @@ func (t *Responses) Begin(k Key, q, addr Quota, fp Fingerprint, now time.Duratio
 			if t.r.stale(owner) {
 				return 0, Ticket{}, ErrRetired // a retired process reserves nothing
 			}
-			if err := lockWord(t.r, &t.recs[home].ilock, owner, t.lockWait); err != nil {
+			if err := lockWord(t.r, &t.recs[home].ilock, owner, t.lockWait, nil); err != nil {
 				return 0, Ticket{}, err
 			}
 			locked = true
@@ -433,7 +433,8 @@ func (t *Responses) keyIs(rec *record, k Key, kind Kind) bool {
 }
 
 // examine judges the found record i in state s against fp; ok is false
-// when the record changed while it was read.
+// when the record changed while it was read, so that the caller looks
+// again.
 func (t *Responses) examine(i int, s uint64, fp Fingerprint, dst *Response) (Outcome, bool) {
 	rec := &t.recs[i]
 	same := true
@@ -454,6 +455,12 @@ func (t *Responses) examine(i int, s uint64, fp Fingerprint, dst *Response) (Out
 		return Unreplayable, true
 	}
 	if !t.read(rec, s, dst) {
+		if atomic.LoadUint64(&rec.state) == s {
+			// Not a copy torn by a change: the stored bytes are damaged.
+			// The request ran and must not run again; its response is
+			// lost, as an unstored one is.
+			return Unreplayable, true
+		}
 		return 0, false
 	}
 	return Replay, true
@@ -728,9 +735,12 @@ func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
 		// its blocks and its charge released, then a tombstone.
 		rec := &t.recs[i]
 		gen := recGen(s) + 1
-		busy := mkRec(recBusy, gen, sweeperID)
+		busy := mkRec(recBusy, gen, sweeperRec)
 		if !atomic.CompareAndSwapUint64(&rec.state, s, busy) {
 			continue // changed meanwhile: look again
+		}
+		if testHook != nil {
+			testHook("forgetting")
 		}
 		t.freeChain(atomic.LoadUint64(&rec.chain))
 		atomic.StoreUint64(&rec.chain, noBlock)

@@ -225,6 +225,65 @@ func TestResponseSnapshotPlace(t *testing.T) {
 	}
 }
 
+// A record Forget holds BUSY is the supervisor's, which is never stale: a
+// worker that meets it meanwhile leaves it alone. The regression: the
+// supervisor's id did not fit the record's 48 owner bits and read as
+// owner 0, which is stale, so the worker released the record mid-Forget
+// ("recovered" from a dead process), took it for a new reservation, and
+// Forget then cleared the chain of the response completed in it.
+func TestResponseForgetHoldsTheRecord(t *testing.T) {
+	now := time.Minute
+	r := respRegion(t, 64, 64*256)
+	tab := r.Responses()
+	k := r.Counters().KeyOf(1, []byte("order-1"))
+	var got shm.Response
+	out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
+	if err != nil || out != shm.Reserved {
+		t.Fatalf("first: %v %v", out, err)
+	}
+	if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: make([]byte, 1000)}, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	blocks := tab.Stats().BlocksUsed // the retry's response is as long
+	want := shm.Response{Status: 202, Body: bytes.Repeat([]byte("new "), 250)}
+	var hooked int
+	shm.SetTestHook(func(stage string) {
+		if stage != "forgetting" {
+			return
+		}
+		hooked++
+		// Another worker, while the record is held: a retry with another
+		// request, which runs and completes.
+		out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("b"), now, &got)
+		if err != nil || out != shm.Reserved {
+			t.Errorf("a retry during Forget: %v %v, want Reserved", out, err)
+			return
+		}
+		if _, err := tab.Complete(tk, &want, now, time.Hour); err != nil {
+			t.Error(err)
+		}
+	})
+	ok, err := tab.Forget(k, now)
+	shm.SetTestHook(nil)
+	if !ok || err != nil || hooked != 1 {
+		t.Fatalf("Forget: %v, %v (hook ran %d times)", ok, err, hooked)
+	}
+	var sum shm.StatSum
+	r.SumStats(&sum)
+	if sum.Table.Recovered != 0 {
+		t.Errorf("%d things recovered from dead processes; none died", sum.Table.Recovered)
+	}
+	if out, _, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("b"), now, &got); out != shm.Replay || err != nil {
+		t.Fatalf("the response completed during Forget: %v %v, want Replay", out, err)
+	}
+	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
+		t.Fatalf("replayed %d %q, want %d %q", got.Status, got.Body, want.Status, want.Body)
+	}
+	if st := tab.Stats(); st.BlocksUsed != blocks || st.Complete != 1 {
+		t.Fatalf("after Forget and the retry: %+v; want the retry's %d blocks and 1 record", st, blocks)
+	}
+}
+
 // Forget drops a completed response (its blocks too), refuses one in
 // flight, and a retry runs again.
 func TestResponseForget(t *testing.T) {

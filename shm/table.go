@@ -454,7 +454,7 @@ func (c *Counters) raiseReclaimMark(now time.Duration) {
 // lock takes the insert lock of home slot h, releasing it from a dead
 // holder, and waits a bounded time for a live one.
 func (c *Counters) lock(h, owner uint64) error {
-	err := lockWord(c.r, &c.slots[h].ilock, owner, c.lockWait)
+	err := lockWord(c.r, &c.slots[h].ilock, owner, c.lockWait, nil)
 	if err != nil {
 		c.r.count(evLockTimeout, 1)
 	}

@@ -48,6 +48,9 @@ func (r *Region) Worker() int {
 
 // stale reports whether owner o belongs to a process that has been reaped.
 func (r *Region) stale(o uint64) bool {
+	if o == sweeperID || o == sweeperRec {
+		return false // the supervisor
+	}
 	w := o >> 32
 	if w >= uint64(len(r.workers)) {
 		return true
