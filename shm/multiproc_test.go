@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 	proctest.Main(map[string]proctest.Role{
 		"hammer": hammerChild, "stall": stallChild, "idem": idemChild,
 		"records": regionRole(recordsChild), "cache": regionRole(cacheChild),
+		"forgotten": regionRole(forgottenChild),
 	})
 	os.Exit(m.Run())
 }
