@@ -205,13 +205,18 @@ func (s *Snapshot) AppendTable(t *Text) {
 		t.Family(name, "counter", help)
 		t.Uint(name, v)
 	}
+	// counter2 is a counter with one label of two values.
+	counter2 := func(name, help, label, v1 string, n1 uint64, v2 string, n2 uint64) {
+		t.Family(name, "counter", help)
+		t.Uint(name, n1, label, v1)
+		t.Uint(name, n2, label, v2)
+	}
 	gauge("preforkd_table_slots", "Counter slots in the shared table (table.counters).", tb.Slots)
 	gauge("preforkd_table_slots_used", "Counter slots holding a key (counted as keys come and go; no scan).", tb.Live)
 	counter("preforkd_table_claims_total", "Keys installed in free counter slots.", tb.Claims)
 	counter("preforkd_table_reclaims_total", "Counter slots taken over from keys whose state was as fresh.", tb.Reclaims)
-	t.Family("preforkd_table_full_total", "counter", "Decisions answered by a rule's on_full: no slot in the probe window (no_slot), or its insert lock held too long (lock_timeout).")
-	t.Uint("preforkd_table_full_total", tb.Full, "reason", "no_slot")
-	t.Uint("preforkd_table_full_total", tb.LockTimeout, "reason", "lock_timeout")
+	counter2("preforkd_table_full_total", "Decisions answered by a rule's on_full: no slot in the probe window (no_slot), or its insert lock held too long (lock_timeout).",
+		"reason", "no_slot", tb.Full, "lock_timeout", tb.LockTimeout)
 	counter("preforkd_table_recovered_total", "Slots, records and insert locks released from dead workers.", tb.Recovered)
 	counter("preforkd_table_loaded_total", "Counter slots filled from a dump or a migrated live region.", tb.Placed)
 	gauge("preforkd_responses_records", "Stored-response records (table.responses).", tb.Records)
@@ -222,7 +227,6 @@ func (s *Snapshot) AppendTable(t *Text) {
 	gauge("preforkd_responses_block_size_bytes", "Bytes of one block of the pool.", tb.BlockSize)
 	counter("preforkd_responses_no_blocks_total", "Responses completed unreplayable for want of blocks.", tb.NoBlocks)
 	counter("preforkd_cache_evictions_total", "Cached responses dropped before their expiry to make room.", tb.CacheEvicted)
-	t.Family("preforkd_cache_purges_total", "counter", "Purges of the response cache: by tag (POST /cache/purge?tag=), by URL (key=, and the invalidations of unsafe requests).")
-	t.Uint("preforkd_cache_purges_total", tb.TagPurges, "by", "tag")
-	t.Uint("preforkd_cache_purges_total", tb.URLPurges, "by", "url")
+	counter2("preforkd_cache_purges_total", "Purges of the response cache: by tag (POST /cache/purge?tag=), by URL (key=, and the invalidations of unsafe requests).",
+		"by", "tag", tb.TagPurges, "url", tb.URLPurges)
 }
