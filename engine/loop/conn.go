@@ -55,14 +55,10 @@ const (
 	lingerBytes = 256 << 10
 )
 
-// The loop's own errors. The first two are wrapped in a dialError.
 var (
-	errUnresolved     = errors.New("the upstream's name is not resolved (yet)")
-	errConnectTimeout = errors.New("no connection within the connect timeout")
-	errUpstreamSilent = errors.New("loop: no response from the upstream within the timeout")
-	errServerClosed   = errors.New("loop: the server closed")
-	errClientGone     = errors.New("loop: the client went away")
-	errSendTimeout    = errors.New("loop: the client read nothing for the send timeout")
+	errServerClosed = errors.New("loop: the server closed")
+	errClientGone   = errors.New("loop: the client went away")
+	errSendTimeout  = errors.New("loop: the client read nothing for the send timeout")
 )
 
 type conn struct {

@@ -68,6 +68,12 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return "loop: connecting to the upstream: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
+var (
+	errUnresolved     = errors.New("the upstream's name is not resolved (yet)")
+	errConnectTimeout = errors.New("no connection within the connect timeout")
+	errUpstreamSilent = errors.New("loop: no response from the upstream within the timeout")
+)
+
 // upPool is a loop's idle upstream connections, the most recent first.
 type upPool struct {
 	l    *loop
