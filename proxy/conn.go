@@ -141,6 +141,21 @@ func (c *conn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// ReadFrom writes what r gives to the client as it comes, each write
+// through Write (SendTimeout, mute). fasthttp's writer hands a streamed
+// body to it once the head is flushed: a piece of the body is then on its
+// way at once, as on the other engines, rather than held in the writer's
+// 4 KiB buffer, which a body the upstream cuts short dropped with the
+// connection.
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	bp := tunnelBufPool.Get().(*[]byte)
+	defer tunnelBufPool.Put(bp)
+	return io.CopyBuffer(writeOnly{c}, r, *bp)
+}
+
+// writeOnly hides its writer's ReadFrom from io.CopyBuffer.
+type writeOnly struct{ io.Writer }
+
 // Close closes the connection once and forgets it.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {

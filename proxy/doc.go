@@ -64,12 +64,11 @@
 // read, and a 64 KiB read-ahead plus 32 KiB of copy buffer while its body
 // moves: a 100 MB upload or download goes through in that.
 //
-// Differences from nginx that a client can see: a response with a
-// Content-Length is flushed to the client in 4 KiB pieces (or when it
-// ends), not byte by byte; a response of unknown length (chunked,
-// server-sent events) goes out as each piece arrives. Trailers are not
-// forwarded either way. An upstream is spoken to in HTTP/1.1, over TLS
-// for an https:// upstream.
+// A response body goes out to the client as each piece arrives, with a
+// Content-Length or without (chunked, server-sent events). Differences
+// from nginx that a client can see: trailers are not forwarded either
+// way. An upstream is spoken to in HTTP/1.1, over TLS for an https://
+// upstream.
 //
 // # Concurrency
 //
