@@ -180,7 +180,8 @@ type StoredEntry struct {
 // Snapshot returns an iterator over the COMPLETE records that have not
 // expired at now, their responses (or cache entries) copied out.
 // Reservations, fill locks and requests in flight are not visited, nor a
-// record that changed while it was read.
+// record that changed while it was read; an idempotency record whose
+// stored bytes are damaged is visited as Unreplayable.
 func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 	return func(yield func(StoredEntry) bool) {
 		for i := range t.recs {
@@ -216,7 +217,12 @@ func (t *Responses) Snapshot(now time.Duration) iter.Seq[StoredEntry] {
 				}
 				e.Unreplayable = atomic.LoadUint64(&rec.length)>>32&flagUnreplayable != 0
 				if !e.Unreplayable && !t.read(rec, s, &e.Response) {
-					continue
+					if atomic.LoadUint64(&rec.state) != s {
+						continue
+					}
+					// Damaged bytes, not a change (see examine): the
+					// request ran, so the record stays, unreplayable.
+					e.Unreplayable, e.Response = true, Response{}
 				}
 			}
 			if atomic.LoadUint64(&rec.state) != s {

@@ -8,8 +8,9 @@ import (
 )
 
 // A completed record whose stored bytes are damaged (its checksum fails
-// while its state stays put) is Unreplayable at once: the regression spun
-// in Begin for ever, taking it for a copy torn by a change.
+// while its state stays put) is Unreplayable at once, and in a snapshot:
+// the regressions spun in Begin for ever, taking it for a copy torn by a
+// change, and left it out of a dump, so that a retry ran it again.
 func TestDamagedRecordIsUnreplayable(t *testing.T) {
 	r, err := CreatePrivate(Options{Counters: 8, Responses: 16, ResponseBytes: 16 * 256, BlockSize: 256})
 	if err != nil {
@@ -46,5 +47,14 @@ func TestDamagedRecordIsUnreplayable(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Begin still looking at a damaged record after 10 s")
+	}
+
+	// A dump keeps it so: a retry after a restart must not run it again.
+	var entries []StoredEntry
+	for e := range tab.Snapshot(now) {
+		entries = append(entries, e)
+	}
+	if len(entries) != 1 || !entries[0].Unreplayable || entries[0].Key != k {
+		t.Fatalf("the snapshot of a damaged record: %+v, want it, unreplayable", entries)
 	}
 }
