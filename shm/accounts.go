@@ -96,8 +96,8 @@ var errLost = errors.New("shm: element lost while its charge changed")
 // supervisor holds BUSY (Forget): a record's owner field has 48 bits, so
 // it is ownerID(maxWorkers-1, 0), which no worker has (an incarnation is
 // never 0). A supervisor killed inside a Forget leaves that one record
-// BUSY until the region is next loaded from a dump (a dump skips it);
-// ReapAll frees the account locks it held.
+// BUSY, and the account locks it held locked, until ReapAll (the whole
+// tree died) or a load from a dump (which skips the record).
 const (
 	sweeperID  = 1 << 62
 	sweeperRec = (maxWorkers - 1) << 32

@@ -710,6 +710,28 @@ func (t *Responses) releaseStale() (n int) {
 	return n
 }
 
+// endForgets ends the Forgets of a supervisor that died inside one (the
+// records it held BUSY): each record's blocks are freed, if the Forget
+// had not, and the record is a tombstone, charged until a claim or a
+// sweep clears it, as one a lock timeout left. Only ReapAll calls it,
+// when no process is left that could be inside a Forget.
+func (t *Responses) endForgets() (n int) {
+	for i := range t.recs {
+		rec := &t.recs[i]
+		s := atomic.LoadUint64(&rec.state)
+		if recPhase(s) != recBusy || recOwner(s) != sweeperRec {
+			continue
+		}
+		t.freeChain(atomic.SwapUint64(&rec.chain, noBlock))
+		if atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
+			t.r.count(evRecFreed, 1)
+			t.r.count(evRecovered, 1)
+			n++
+		}
+	}
+	return n
+}
+
 // ErrInFlight is Forget's answer for a key whose request is running: its
 // reservation cannot be dropped without letting a retry run it twice.
 var ErrInFlight = errors.New("shm: the key's request is in flight")
@@ -742,8 +764,10 @@ func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
 		if testHook != nil {
 			testHook("forgetting")
 		}
-		t.freeChain(atomic.LoadUint64(&rec.chain))
-		atomic.StoreUint64(&rec.chain, noBlock)
+		// Taken from the record before it is freed: a supervisor killed
+		// in between leaks the blocks, rather than leave them for
+		// endForgets to free twice.
+		t.freeChain(atomic.SwapUint64(&rec.chain, noBlock))
 		t.uncharge(i, busy, sweeperID, t.lockWait) // a charge kept by a timeout is cleared by a later claim or sweep
 		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) {
 			t.r.count(evRecFreed, 1)

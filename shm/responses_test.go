@@ -284,6 +284,51 @@ func TestResponseForgetHoldsTheRecord(t *testing.T) {
 	}
 }
 
+// A supervisor killed inside Forget (stopped here by a panic at the point
+// where it holds the record) leaves the record held: no worker takes it
+// for a dead worker's. ReapAll, for a region whose whole process tree
+// died, ends that Forget: the record and its blocks are free again.
+func TestReapAllEndsADeadForget(t *testing.T) {
+	now := time.Minute
+	r := respRegion(t, 64, 64*256)
+	tab := r.Responses()
+	k := r.Counters().KeyOf(1, []byte("order-1"))
+	var got shm.Response
+	out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
+	if err != nil || out != shm.Reserved {
+		t.Fatalf("first: %v %v", out, err)
+	}
+	if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: make([]byte, 1000)}, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	shm.SetTestHook(func(stage string) {
+		if stage == "forgetting" {
+			panic("the supervisor is killed")
+		}
+	})
+	func() {
+		defer func() { recover() }()
+		tab.Forget(k, now)
+	}()
+	shm.SetTestHook(nil)
+	if st := tab.Stats(); st.BlocksUsed == 0 || st.Complete != 0 || st.Reserved != 1 {
+		t.Fatalf("the dead Forget holds the record and its blocks: %+v", st)
+	}
+
+	if n := r.ReapAll(); n != 1 {
+		t.Errorf("ReapAll released %d, want the one record", n)
+	}
+	if st := tab.Stats(); st.BlocksUsed != 0 || st.Reserved != 0 {
+		t.Fatalf("after ReapAll: %+v; want no block or record in use", st)
+	}
+	if err := r.Join(0); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("b"), now, &got); out != shm.Reserved || err != nil {
+		t.Fatalf("a retry after ReapAll: %v %v, want Reserved", out, err)
+	}
+}
+
 // Forget drops a completed response (its blocks too), refuses one in
 // flight, and a retry runs again.
 func TestResponseForget(t *testing.T) {

@@ -76,14 +76,15 @@ func (r *Region) Reap(w int) (released int, err error) {
 
 // ReapAll treats every worker as dead: for a region re-attached after the
 // whole process tree died, before any process uses it again. It also
-// counts every account again from its elements' charges.
+// ends a Forget the dead supervisor was inside, and counts every account
+// again from its elements' charges.
 func (r *Region) ReapAll() (released int) {
 	r.stats.unlockDead() // a supervisor that died inside a fold
 	for w := range r.workers {
 		r.workers[w].retire()
 		r.stats.fold(w)
 	}
-	released = r.counts.releaseStale() + r.resps.releaseStale()
+	released = r.counts.releaseStale() + r.resps.releaseStale() + r.resps.endForgets()
 	r.counts.acc.rebuild()
 	r.resps.acc.rebuild()
 	r.resps.addr.rebuild()
