@@ -544,6 +544,13 @@ var exchanges = []exchange{
 		netHTTP: netHTTPOwn(505),
 	},
 	{
+		name:   "HTTP/1.2: 505",
+		send:   "GET / HTTP/1.2\nHost: a\n\n",
+		status: 505, closed: true,
+		netHTTP: &exchange{status: 200, upLine: "GET / HTTP/1.1",
+			why: "net/http serves a higher HTTP/1 minor version as 1.1, as RFC 9110 §2.5 says a server should; the loop and fasthttp refuse it (nothing sends it)"},
+	},
+	{
 		name:   "a header section over the limit: 431",
 		send:   bigHeader,
 		status: 431, closed: true,
