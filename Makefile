@@ -75,7 +75,9 @@ model:
 
 # The response cache against the public HTTP cache test suite (a copy
 # outside the repository: CACHE_TESTS=DIR, by default ../shared/cache-tests
-# beside it); fails when a required test fails (bench/conformance.sh).
+# beside it), once per engine (the loop, fasthttp, net/http over TLS);
+# fails when a required test fails or two engines differ on a test
+# (bench/conformance.sh).
 CACHE_TESTS ?= ../shared/cache-tests
 conformance: build
 	CACHE_TESTS="$(CACHE_TESTS)" BIN=$(BIN) bash bench/conformance.sh

@@ -3,12 +3,16 @@
 # (http-tests/cache-tests, the one behind cache-tests.fyi): the built
 # preforkd, 2 workers, `[[cache]] path = "/*"`, ttl 24h, heuristic on, in
 # front of the suite's own origin, as the suite's published results of
-# other caches were measured. Prints the counts, lists the failures, and
-# exits 1 when a required test fails or fewer than MIN_PASS pass.
+# other caches were measured. It runs once per engine (ENGINES: the event
+# loop, fasthttp, and net/http behind a TLS listener with a certificate
+# made here), prints the counts, lists the failures, and exits 1 when a
+# required test fails, fewer than MIN_PASS pass, or two engines differ on
+# any test: one request path gives one result.
 #
 #   make conformance                        # the suite at ../shared/cache-tests
 #   CACHE_TESTS=DIR make conformance        # another copy of it
-#   RESULTS=out.json bash bench/conformance.sh   # keep the raw results
+#   ENGINES=loop bash bench/conformance.sh  # one engine
+#   RESULTS=out.json bash bench/conformance.sh   # keep the raw results (of the first engine)
 #
 # The suite stays outside the repository: it is copied to a temporary
 # directory and run there with Node (>= 20.18: its interim-response tests
@@ -24,6 +28,7 @@ BIN=${BIN:-bin/preforkd}
 ORIGIN_PORT=${ORIGIN_PORT:-18470}
 PORT=${PORT:-18471}
 MIN_PASS=${MIN_PASS:-230}
+ENGINES=${ENGINES:-loop fasthttp tls}
 UNDICI=${UNDICI:-undici@7}
 modules=${XDG_CACHE_HOME:-$HOME/.cache}/preforkd/cache-tests
 
@@ -58,7 +63,7 @@ fi
 
 up() { # url: wait until something answers it
 	for _ in $(seq 100); do
-		code=$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)
+		code=$(curl -sk -o /dev/null -w '%{http_code}' "$1" || true)
 		[ "$code" != 000 ] && [ "$code" != 502 ] && return 0
 		sleep 0.1
 	done
@@ -70,25 +75,46 @@ up() { # url: wait until something answers it
 pids+=("$!")
 up "http://127.0.0.1:$ORIGIN_PORT/"
 
-cat >"$tmp/preforkd.toml" <<CONF
+# run ENGINE: preforkd with that engine in front of the origin, the suite
+# through it; the raw results in $tmp/results-ENGINE.json.
+run() {
+	local engine=$1 scheme=http extra="" tlsconf="" pid
+	case $engine in
+	loop) ;;
+	fasthttp) extra='engine = "fasthttp"' ;;
+	tls) # net/http serves a listener with a certificate
+		scheme=https
+		[ -f "$tmp/key.pem" ] || openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+			-keyout "$tmp/key.pem" -out "$tmp/cert.pem" -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 2>/dev/null ||
+			fail "openssl could not make a certificate"
+		chmod 600 "$tmp/key.pem"
+		tlsconf=$(printf '[tls]\n[[tls.certificate]]\ncert = "%s"\nkey = "%s"\n' "$tmp/cert.pem" "$tmp/key.pem") ;;
+	*) fail "engine $engine: want loop, fasthttp or tls" ;;
+	esac
+	cat >"$tmp/preforkd.toml" <<CONF
 [server]
 listen = "127.0.0.1:$PORT"
 workers = 2
 upstream = "http://127.0.0.1:$ORIGIN_PORT"
+$extra
 
 [[cache]]
 path = "/*"
 ttl = "24h"
 heuristic = true
-CONF
-"$BIN" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd.log" &
-pids+=("$!")
-up "http://127.0.0.1:$PORT/"
 
-results=${RESULTS:-$tmp/results.json}
-echo "$me: $(node --version), $(git describe --always --dirty 2>/dev/null || echo preforkd) in front of the suite's origin, $(nproc) CPUs"
-(cd "$tmp/suite" && env npm_config_base="http://127.0.0.1:$PORT" npm_config_id= npm_package_config_id= \
-	node --no-warnings test-engine/cli.mjs >"$results") || fail "the suite did not run (origin log: $(tail -3 "$tmp/origin.log"))"
+$tlsconf
+CONF
+	"$BIN" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd-$engine.log" &
+	pid=$!
+	pids+=("$pid")
+	up "$scheme://127.0.0.1:$PORT/"
+	(cd "$tmp/suite" && env npm_config_base="$scheme://127.0.0.1:$PORT" npm_config_id= npm_package_config_id= \
+		NODE_TLS_REJECT_UNAUTHORIZED=0 node --no-warnings test-engine/cli.mjs >"$tmp/results-$engine.json") ||
+		fail "the suite did not run on $engine (origin log: $(tail -3 "$tmp/origin.log"))"
+	kill -TERM "$pid"
+	wait "$pid" 2>/dev/null || true
+}
 
 # Counted as cache-tests.fyi counts: a test whose dependency did not pass
 # is a dependency failure, whatever its own result.
@@ -100,10 +126,12 @@ const [results, minPass] = [JSON.parse(fs.readFileSync(process.argv[2])), Number
 const names = Object.fromEntries(Object.entries(resultTypes).map(([k, v]) => [v[2], k]))
 const counts = {}
 const listed = []
+const signature = []
 for (const suite of tests) {
   for (const t of suite.tests) {
     const r = names[determineTestResult(tests, t.id, results)[2]]
     counts[r] = (counts[r] || 0) + 1
+    signature.push(`${t.id} ${r}`)
     if (['fail', 'optional_fail', 'setup_fail', 'harness_fail', 'retry'].includes(r)) {
       listed.push(`  ${r.padEnd(14)} ${t.id}: ${(results[t.id] && results[t.id][1]) || ''}`)
     }
@@ -115,7 +143,25 @@ console.log(`pass ${n('pass')}, required fails ${n('fail')}, optional fails ${n(
   `harness fails ${n('harness_fail')}, retries ${n('retry')}, untested ${n('untested')}; ` +
   `${Object.values(counts).reduce((a, b) => a + b, 0)} tests`)
 for (const l of listed) console.log(l)
+fs.writeFileSync(process.argv[4], signature.join('\n') + '\n')
 if (n('fail') > 0) { console.log(`FAIL: ${n('fail')} required tests failed`); process.exit(1) }
 if (n('pass') < minPass) { console.log(`FAIL: ${n('pass')} passes, fewer than ${minPass}`); process.exit(1) }
 JS
-(cd "$tmp/suite" && node count.mjs "$results" "$MIN_PASS")
+
+echo "$me: $(node --version), $(git describe --always --dirty 2>/dev/null || echo preforkd) in front of the suite's origin, $(nproc) CPUs"
+status=0
+first=""
+for engine in $ENGINES; do
+	run "$engine"
+	echo "$engine:"
+	(cd "$tmp/suite" && node count.mjs "$tmp/results-$engine.json" "$MIN_PASS" "$tmp/signature-$engine") || status=1
+	if [ -z "$first" ]; then
+		first=$engine
+		[ -z "${RESULTS:-}" ] || cp "$tmp/results-$engine.json" "$RESULTS"
+	elif ! diff "$tmp/signature-$first" "$tmp/signature-$engine" >"$tmp/differ"; then
+		echo "FAIL: $engine and $first differ (test result):"
+		cat "$tmp/differ"
+		status=1
+	fi
+done
+exit $status
