@@ -27,14 +27,33 @@ func fpOf(s string) shm.Fingerprint { return sha256.Sum256([]byte(s)) }
 func reservedOrder(t *testing.T, now time.Duration) (*shm.Responses, shm.Key, shm.Ticket) {
 	t.Helper()
 	r := respRegion(t, 64, 64*256)
-	tab := r.Responses()
+	k, tk := reserveOrder(t, r, now)
+	return r.Responses(), k, tk
+}
+
+// reserveOrder reserves the key "order-1" in r with fingerprint "a" at
+// now, and returns the key and the ticket.
+func reserveOrder(t *testing.T, r *shm.Region, now time.Duration) (shm.Key, shm.Ticket) {
+	t.Helper()
 	k := r.Counters().KeyOf(1, []byte("order-1"))
 	var got shm.Response
-	out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
+	out, tk, err := r.Responses().Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
 	if err != nil || out != shm.Reserved {
 		t.Fatalf("first: %v %v", out, err)
 	}
-	return tab, k, tk
+	return k, tk
+}
+
+// completedOrder is the region of reservedOrder with "order-1" completed:
+// a 201 of 1000 bytes, stored for an hour.
+func completedOrder(t *testing.T, now time.Duration) (*shm.Region, shm.Key) {
+	t.Helper()
+	r := respRegion(t, 64, 64*256)
+	k, tk := reserveOrder(t, r, now)
+	if _, err := r.Responses().Complete(tk, &shm.Response{Status: 201, Body: make([]byte, 1000)}, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	return r, k
 }
 
 func TestResponseLifeCycle(t *testing.T) {
@@ -233,17 +252,9 @@ func TestResponseSnapshotPlace(t *testing.T) {
 // Forget then cleared the chain of the response completed in it.
 func TestResponseForgetHoldsTheRecord(t *testing.T) {
 	now := time.Minute
-	r := respRegion(t, 64, 64*256)
+	r, k := completedOrder(t, now)
 	tab := r.Responses()
-	k := r.Counters().KeyOf(1, []byte("order-1"))
 	var got shm.Response
-	out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
-	if err != nil || out != shm.Reserved {
-		t.Fatalf("first: %v %v", out, err)
-	}
-	if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: make([]byte, 1000)}, now, time.Hour); err != nil {
-		t.Fatal(err)
-	}
 	blocks := tab.Stats().BlocksUsed // the retry's response is as long
 	want := shm.Response{Status: 202, Body: bytes.Repeat([]byte("new "), 250)}
 	var hooked int
@@ -290,17 +301,9 @@ func TestResponseForgetHoldsTheRecord(t *testing.T) {
 // died, ends that Forget: the record and its blocks are free again.
 func TestReapAllEndsADeadForget(t *testing.T) {
 	now := time.Minute
-	r := respRegion(t, 64, 64*256)
+	r, k := completedOrder(t, now)
 	tab := r.Responses()
-	k := r.Counters().KeyOf(1, []byte("order-1"))
 	var got shm.Response
-	out, tk, err := tab.Begin(k, shm.Quota{}, shm.Quota{}, fpOf("a"), now, &got)
-	if err != nil || out != shm.Reserved {
-		t.Fatalf("first: %v %v", out, err)
-	}
-	if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: make([]byte, 1000)}, now, time.Hour); err != nil {
-		t.Fatal(err)
-	}
 	shm.SetTestHook(func(stage string) {
 		if stage == "forgetting" {
 			panic("the supervisor is killed")
