@@ -288,11 +288,7 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t *engine.Target,
 		peer = ap.Addr().Unmap().WithZone("")
 	}
 	dst = xff.End(peer)
-	proto := "http"
-	if r.TLS != nil {
-		proto = "https"
-	}
-	dst = engine.AppendField(dst, "X-Forwarded-Proto", proto)
+	dst = engine.AppendField(dst, "X-Forwarded-Proto", ownScheme(r))
 	if r.Host != "" {
 		dst = engine.AppendField(dst, "X-Forwarded-Host", r.Host)
 	}
@@ -662,12 +658,15 @@ func staleConn(err error) bool {
 
 // refuseUnforwardable answers, before the core sees them, the requests a
 // reverse proxy never forwards (as the fast engine refuses them):
-// CONNECT (405), PRI (400: the HTTP/2 preface is no request) and an
-// asterisk-form target but OPTIONS * (400), each closing the connection;
-// OPTIONS * is answered here (200, with Allow). It reports whether it
-// answered.
+// CONNECT (405), PRI (400: the HTTP/2 preface is no request), an
+// asterisk-form target but OPTIONS * (400) and an absolute-form target of
+// another scheme than the connection's (400: "ftp://", or "https://" on
+// cleartext), each closing the connection; OPTIONS * is answered here
+// (200, with Allow). It reports whether it answered.
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
 	switch {
+	case r.URL != nil && r.URL.IsAbs() && !strings.EqualFold(r.URL.Scheme, ownScheme(r)):
+		return writeOwnProblem(w, http.StatusBadRequest, "the request target is not an absolute path"), true
 	case r.Method == http.MethodConnect:
 		return writeOwnProblem(w, http.StatusMethodNotAllowed, "CONNECT is not supported"), true
 	case r.Method == "PRI":

@@ -28,8 +28,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // Handler applies a Core to the requests it passes to the next handler.
@@ -119,8 +121,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// net/http reads what is left of a body before it sends the
 			// answer, to keep the connection: a client that sent part of
 			// one and waits would not get it. It goes at once, and the
-			// connection closes after it.
+			// connection closes after it. Once the handler returns,
+			// net/http still drains up to 256 KiB of the body, with no
+			// deadline: a read deadline already past ends that at once,
+			// or a client that never sends it would hold the connection.
 			w.Header().Set("Connection", "close")
+			http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
 		}
 		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
 			setFields(w.Header(), ref.Fields)
@@ -190,9 +196,11 @@ func (h *Handler) finish(ex *core.Exchange, req *request, err error) {
 // names (RFC 9110 §7.6.1: they are for this hop only), so that the core
 // and the handler see one request: a field that keys a rule, or that a
 // response varies on, cannot be hidden from the limiter by naming it in
-// Connection and still reach the application. Connection itself, and
-// Upgrade when Connection names it, stay: net/http and upgrade handlers
-// read them.
+// Connection and still reach the application. As on every engine
+// (engine.ClassifyField), a name whose kind already decides its fate
+// stays: Connection itself and Upgrade, which net/http and upgrade
+// handlers read, and X-Forwarded-For, Host and the framing fields, which
+// the forwarding rules own.
 func withoutConnectionNamed(r *http.Request) *http.Request {
 	conn := r.Header["Connection"]
 	if len(conn) == 0 {
@@ -202,11 +210,11 @@ func withoutConnectionNamed(r *http.Request) *http.Request {
 	for _, line := range conn {
 		for t := range strings.SplitSeq(line, ",") {
 			t = textproto.TrimString(t)
-			if t == "" || strings.EqualFold(t, "close") || strings.EqualFold(t, "keep-alive") || strings.EqualFold(t, "upgrade") {
-				continue
+			if t == "" || engine.ClassifyField([]byte(t)) != engine.FieldOther {
+				continue // "close", "keep-alive", "upgrade" among them
 			}
 			name := textproto.CanonicalMIMEHeaderKey(t)
-			if _, ok := r.Header[name]; !ok || name == "Connection" {
+			if _, ok := r.Header[name]; !ok {
 				continue
 			}
 			if h == nil {
@@ -406,15 +414,20 @@ func (q *request) HeaderLines(name string, dst []string) []string {
 	return append(dst, q.r.Header[name]...)
 }
 
+// ownScheme is the scheme of the connection r came on.
+func ownScheme(r *http.Request) string {
+	if r.TLS != nil {
+		return "https"
+	}
+	return "http"
+}
+
 // forwarded is the value the forwarder writes itself for the field
 // called name, whatever the client sent (appendHead).
 func (q *request) forwarded(name string) (string, bool) {
 	switch name {
 	case "X-Forwarded-Proto":
-		if q.r.TLS != nil {
-			return "https", true
-		}
-		return "http", true
+		return ownScheme(q.r), true
 	case "X-Forwarded-Host":
 		return q.r.Host, q.r.Host != ""
 	}
