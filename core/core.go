@@ -650,19 +650,20 @@ func (ex *Exchange) respond(p *Problem, close bool) (Verdict, bool) {
 // checkPath normalizes the request path (route.Normalize): rules match
 // the normalized path, the application gets the one with dot segments
 // removed and slashes merged. A path no application should see (an
-// encoded slash, a backslash, NUL, a bad escape) is a 400.
+// encoded slash, a backslash, NUL, a bad escape) is a 400, and so is
+// userinfo in the authority; the connection closes after either, as after
+// every malformed request on every engine.
 func (ex *Exchange) checkPath() (Verdict, bool) {
 	match, fwd, err := route.Normalize(ex.req.Path())
 	if err != nil {
-		detail := strings.TrimPrefix(err.Error(), "route: bad request path: ")
-		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + detail}, false)
+		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + route.PathReason(err)}, true)
 	}
 	ex.match, ex.forward = match, fwd
 	if host, _ := ex.req.Header("Host"); strings.IndexByte(host, '@') >= 0 {
 		// RFC 9112 §3.2.2, RFC 9110 §4.2.4: userinfo has no place in a
 		// request's authority; passed on, it would be a host to the
 		// cache, the rules and the application alike.
-		return ex.respond(&Problem{Status: 400, Detail: "the request's authority is not acceptable: it has userinfo"}, false)
+		return ex.respond(&Problem{Status: 400, Detail: "the request's authority is not acceptable: it has userinfo"}, true)
 	}
 	return Pass, false
 }

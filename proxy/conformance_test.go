@@ -192,6 +192,12 @@ var exchanges = []exchange{
 		upLine: "GET /h2 HTTP/1.1", upNot: []string{"Upgrade", "Connection", "HTTP2-Settings"},
 	},
 	{
+		name:   "X-Forwarded-For named by Connection is still the client's chain",
+		send:   "GET / HTTP/1.1\nHost: a\nConnection: X-Forwarded-For\nX-Forwarded-For: 192.0.2.1\n\n",
+		status: 200,
+		upLine: "GET / HTTP/1.1", upHas: []string{"X-Forwarded-For: 192.0.2.1, 127.0.0.1"},
+	},
+	{
 		name:   "Connection: close is the client's, not forwarded",
 		send:   "GET / HTTP/1.1\nHost: a\nConnection: close\n\n",
 		status: 200, closed: true, closeField: true,
@@ -355,6 +361,12 @@ var exchanges = []exchange{
 		upLine:  "POST /e HTTP/1.1", upNot: []string{"Expect"}, upBody: ptr("abc"),
 	},
 	{
+		name:   "an HTTP/1.0 client's Expect: 100-continue is ignored: no 100",
+		send:   "POST /e HTTP/1.0\nHost: a\nExpect: 100-continue\nContent-Length: 3\n\nabc",
+		status: 200, closed: true,
+		upLine: "POST /e HTTP/1.1", upNot: []string{"Expect"}, upBody: ptr("abc"),
+	},
+	{
 		name:   "a chunked response",
 		send:   "GET / HTTP/1.1\nHost: a\n\n",
 		reply:  "HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n3\nabc\n3;x=y\ndef\n0\nX-T: 1\n\n",
@@ -505,8 +517,27 @@ var exchanges = []exchange{
 		name:   "a fragment in the target is refused, and the connection closes",
 		send:   "GET /a#b HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true,
-		netHTTP: &exchange{status: 400,
-			why: "net/http has read the request whole when the core refuses its path: the connection stays, as after any refusal of the core"},
+	},
+	{
+		name:   "an absolute-form target of another scheme is refused, and the connection closes",
+		send:   "GET ftp://app.example/p HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "userinfo in Host is refused, and the connection closes",
+		send:   "GET / HTTP/1.1\nHost: u@a\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
+	{
+		name:   "userinfo in an absolute-form target is refused, and the connection closes",
+		send:   "GET http://u@app.example/ HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "a bad path is refused, and the connection closes",
+		send:   "GET /a%2Fb HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
 	},
 	{
 		name:   "a refused target's body is never taken for a request",

@@ -84,7 +84,7 @@ func CheckRequest(t testing.TB, data []byte) (forwarded int) {
 			}
 		}
 		defer s.done(r)
-		if checkParsed(t, r) {
+		if checkParsed(t, dc, r) {
 			forwarded++
 		}
 	}
@@ -95,8 +95,8 @@ func CheckRequest(t testing.TB, data []byte) (forwarded int) {
 }
 
 // checkParsed checks a request parse accepted, and reports whether the
-// server would forward it.
-func checkParsed(t testing.TB, r *request) bool {
+// server would forward it: whether dc, which has no rule, lets it pass.
+func checkParsed(t testing.TB, dc *core.Core, r *request) bool {
 	t.Helper()
 	h := &r.ctx.Request.Header
 	lines := rawLines(h.RawHeaders())
@@ -106,11 +106,12 @@ func checkParsed(t testing.TB, r *request) bool {
 
 	// What serveParsed and forward do before the head is written.
 	r.body.reset(r)
-	_, fwd, err := route.Normalize(r.Path())
-	if err != nil {
-		return false // 400: the path is not acceptable
+	ex := dc.Begin(r)
+	defer ex.Finish(nil)
+	if ex.Decide() != core.Pass {
+		return false // 400: the path, the authority, ... is not acceptable
 	}
-	r.fwd = core.Forward{Path: fwd}
+	r.fwd = ex.Forward()
 	if r.body.readAhead(r, readAheadBytes) != nil {
 		return false // 400: the body could not be read
 	}

@@ -18,6 +18,16 @@ type badPath string
 func (e badPath) Error() string { return "route: bad request path: " + string(e) }
 func (e badPath) Unwrap() error { return ErrBadPath }
 
+// PathReason is why [Normalize] refused a path, as said to the client
+// ("encoded slash (%2F)"); "" for an error that is not one of its.
+func PathReason(err error) string {
+	var b badPath
+	if errors.As(err, &b) {
+		return string(b)
+	}
+	return ""
+}
+
 const (
 	errNotAbsolute      badPath = "does not start with /"
 	errBackslash        badPath = "backslash"

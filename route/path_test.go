@@ -2,6 +2,7 @@ package route
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -137,6 +138,12 @@ func TestNormalizeErrorText(t *testing.T) {
 	}
 	if !errors.Is(err, ErrBadPath) {
 		t.Errorf("%v does not wrap ErrBadPath", err)
+	}
+	if got, want := PathReason(fmt.Errorf("wrapped: %w", err)), "encoded slash (%2F)"; got != want {
+		t.Errorf("PathReason = %q, want %q", got, want)
+	}
+	if got := PathReason(ErrBadPath); got != "" {
+		t.Errorf("PathReason(ErrBadPath) = %q, want none", got)
 	}
 }
 

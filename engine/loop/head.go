@@ -170,6 +170,9 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		}
 		h.fields = append(h.fields, f)
 	}
+	// An HTTP/1.0 client's expectation is ignored: it gets no 100
+	// Continue, an interim response it does not know (RFC 9110 §10.1.1).
+	h.expect = h.expect && h.minor == 1
 	switch {
 	case h.hasLength && hasEncoding:
 		return engine.ErrCLTE
