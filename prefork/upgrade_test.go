@@ -231,3 +231,39 @@ func TestUpgradeRefusesAnotherStatLayout(t *testing.T) {
 		old.Close()
 	}
 }
+
+// A new supervisor told to stop once it is the main process finishes (and
+// so dumps) only after the old supervisor's workers are gone: a request
+// one of them still serves stores its response in the region the dump
+// is made of. Told to stop before, while the old one still serves (and
+// will dump), it does not wait for them.
+func TestUpgradeStopWaitsForTheOldWorkers(t *testing.T) {
+	for _, main := range []bool{true, false} {
+		f, u := newFake(), &upgradeFake{}
+		s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+		s.inherit([]int{0, 1})
+		s.step()
+		ready(s, 100, 101)
+		if main {
+			s.onMain(mainEvent{})
+		}
+		sendSignal(s, syscall.SIGTERM)
+		exit(s, 100, true)
+		exit(s, 101, true)
+		if s.finished() != !main {
+			t.Fatalf("main=%v: finished %v with the old workers still running", main, s.finished())
+		}
+		if !main {
+			continue
+		}
+		s.onMain(mainEvent{gone: true})
+		s.onOrphan(orphanEvent{0})
+		if s.finished() {
+			t.Fatal("finished with an old worker still running")
+		}
+		s.onOrphan(orphanEvent{1})
+		if !s.finished() {
+			t.Fatal("not finished once the old workers are gone")
+		}
+	}
+}

@@ -441,6 +441,53 @@ func TestUpgradeE2E(t *testing.T) {
 	}
 }
 
+// TERM to the new supervisor of an upgrade (systemctl stop) while an old
+// worker still serves an idempotent request: the new one dumps only once
+// the old workers are gone, so the response they stored is in the dump,
+// and the client's retry after a restart is replayed, not run again.
+func TestUpgradeStopKeepsTheOldWorkersResponses(t *testing.T) {
+	t.Parallel()
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			time.Sleep(2 * time.Second) // in flight across the upgrade and the stop
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"execution":%d}`, n)
+	})
+	dump := filepath.Join(t.TempDir(), "table.dump")
+	cfg := strings.Replace(idemConfig(up, 64), "workers = 4", "workers = 2", 1) + fmt.Sprintf("\n[persist]\npath = %q\n", dump)
+	d := startDaemon(t, daemonOptions{config: cfg})
+	c := newClient(t, nil, false)
+	first := make(chan result, 1)
+	go func() { first <- idemPost(c, d.url("/orders"), `"order-1"`, `{"item":42}`) }()
+	select {
+	case <-up.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request did not reach the upstream")
+	}
+	from := d.logs.len()
+	d.signal(syscall.SIGUSR2)
+	_, begun, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade begun: new supervisor started"))
+	if !ok {
+		t.Fatalf("no upgrade begun; log:\n%s", d.logs.text())
+	}
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: this supervisor is the main process now")); !ok {
+		t.Fatalf("no handover; log:\n%s", d.logs.text())
+	}
+	stopPID(t, d, begun.int("pid"))
+	if r := <-first; r.status != http.StatusCreated || string(r.body) != `{"execution":1}` {
+		t.Fatalf("the request in flight: %d %q %v", r.status, r.body, r.err)
+	}
+	d2 := startDaemon(t, daemonOptions{config: cfg})
+	again := idemPost(c, d2.url("/orders"), `"order-1"`, `{"item":42}`)
+	if n := up.executions.Load(); n != 1 || again.header.Get("Idempotent-Replayed") != "true" || string(again.body) != `{"execution":1}` {
+		t.Errorf("the retry after a restart: %d %q, replayed %q, executions %d; want the stored response replayed\nlog:\n%s",
+			again.status, again.body, again.header.Get("Idempotent-Replayed"), n, d.logs.text())
+	}
+	d2.stop()
+}
+
 // wrk -c20 across USR2 sees no error: the new workers accept on the
 // socket before the old ones stop.
 func TestUpgradeUnderLoad(t *testing.T) {
