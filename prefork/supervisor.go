@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -577,6 +578,21 @@ func (s *supervisor) killAll(reason string) {
 	s.log.Warn("drain shortened: killing workers", "reason", reason, "workers", n)
 }
 
+// refuseReload ends a reload that keeps the running configuration, for
+// the reason lastError (/status), with a log line at level.
+func (s *supervisor) refuseReload(level slog.Level, lastError, msg string, attrs ...any) {
+	s.reloads.Refused++
+	s.reloads.LastError = lastError
+	s.publish() // before the line, as at "ready": /metrics then counts it
+	s.log.Log(context.Background(), level, msg, attrs...)
+	// systemd ends a reload at READY=1. While an earlier reload still
+	// replaces workers, its own READY=1 comes when it is done: sending one
+	// now would end the reload early.
+	if s.announced && !s.reloading {
+		s.sendNotify(notifyReady)
+	}
+}
+
 // reload takes the configuration again (HUP) and, when it is valid, starts
 // replacing the workers with ones that run it.
 func (s *supervisor) reload() {
@@ -589,22 +605,22 @@ func (s *supervisor) reload() {
 	}
 	cfg := s.cfg
 	s.reloads.Last = s.env.now()
+	if s.up != nil {
+		// A new supervisor is starting: it reads the configuration
+		// itself, and this one starts no worker until it hands over, when
+		// a reload begun here would be dropped. Refused, as USR2 is during
+		// a reload.
+		s.refuseReload(slog.LevelWarn, "an upgrade is under way",
+			"reload refused: an upgrade is under way (send HUP again once it is done)", "new_pid", s.up.proc.pid)
+		return
+	}
 	if s.env.load != nil {
 		var err error
 		if cfg, err = s.env.load(s.cfg); err == nil {
 			cfg, err = cfg.withDefaults()
 		}
 		if err != nil {
-			s.reloads.Refused++
-			s.reloads.LastError = err.Error()
-			s.publish() // before the line, as at "ready": /metrics then counts it
-			s.log.Error("reload refused: keeping the running configuration", "err", err)
-			// systemd ends a reload at READY=1. While an earlier reload
-			// still replaces workers, its own READY=1 comes when it is
-			// done: sending one now would end the reload early.
-			if s.announced && !s.reloading {
-				s.sendNotify(notifyReady)
-			}
+			s.refuseReload(slog.LevelError, err.Error(), "reload refused: keeping the running configuration", "err", err)
 			return
 		}
 	}

@@ -153,6 +153,26 @@ func TestUpgradeRefused(t *testing.T) {
 	}
 }
 
+// HUP while a new supervisor starts is refused, as USR2 is during a
+// reload: this one starts no worker until the handover, which would drop
+// the reload. systemd's reload ends at once: RELOADING=1, then READY=1.
+func TestUpgradeRefusesReload(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	s := upgradingSupervisor(t, f, u, 2)
+	s.cfg.Canary.Off = true
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGUSR2)
+	notes := len(f.notes)
+	sendSignal(s, syscall.SIGHUP)
+	got := f.notes[notes:]
+	if len(got) != 2 || !strings.HasPrefix(got[0], "RELOADING=1") || got[1] != notifyReady {
+		t.Errorf("notifications for the HUP %q, want RELOADING=1 then READY=1", got)
+	}
+	if s.reloading || s.reloads.Refused != 1 || s.reloads.Accepted != 0 || s.reloads.LastError == "" {
+		t.Errorf("reloading %v, reloads %+v; want one refused", s.reloading, s.reloads)
+	}
+}
+
 // The new side: the old supervisor's indexes are left alone until it and
 // its workers are gone; ready is reported to it instead of READY=1, and
 // notifications wait until it made this one the main process.
