@@ -114,10 +114,23 @@ type limits struct {
 	rssFrom  time.Time
 	rssWaits atomic.Bool
 	now      func() time.Time
-	stop     func() // stop accepting; nil = nothing to do
-	tripped  atomic.Bool
-	trip     chan []byte // capacity 1
+	stop     func()       // stop accepting; nil = nothing to do
+	state    atomic.Int32 // limitsArmed, then limitsTripped or limitsOff for good
+	trip     chan []byte  // capacity 1
 }
+
+// What a worker's limits may still do: trip once, or nothing, once the
+// instance is stopping (off): a worker that leaves with it anyway must
+// not stop accepting for a successor that will never start, during the
+// drain delay, when the supervisor starts none.
+const (
+	limitsArmed int32 = iota
+	limitsTripped
+	limitsOff
+)
+
+// disarm turns the limits off, unless they tripped already.
+func (l *limits) disarm() { l.state.CompareAndSwap(limitsArmed, limitsOff) }
 
 // newLimits returns the limits of cfg for this worker, which started at
 // start and judges its memory only from rssDelay after it; nil when there
@@ -148,7 +161,7 @@ func randomJitter() float64 { return rand.Float64() }
 
 // check is called after each response, with the responses served so far.
 func (l *limits) check(served int64) {
-	if l.tripped.Load() {
+	if l.state.Load() != limitsArmed {
 		return
 	}
 	if l.maxRequests > 0 && served >= l.maxRequests {
@@ -192,7 +205,7 @@ func inheritedRSSDelay() (time.Duration, error) {
 }
 
 func (l *limits) fire(reason byte, value, limit int64) {
-	if l.tripped.CompareAndSwap(false, true) {
+	if l.state.CompareAndSwap(limitsArmed, limitsTripped) {
 		if l.stop != nil {
 			l.stop()
 		}

@@ -63,10 +63,41 @@ func TestLimitsTripOnce(t *testing.T) {
 		t.Fatalf("rss message %+v (%v)", ev, err)
 	}
 	m.rss = func() (int64, error) { return 0, errors.New("gone") }
-	m.tripped.Store(false)
+	m.state.Store(limitsArmed)
 	m.check(0)
 	if len(m.trip) != 0 {
 		t.Error("tripped on an error reading the RSS")
+	}
+}
+
+// Once the instance is stopping (the drain delay's USR2), a worker past
+// max_requests keeps accepting: it leaves with the instance, and no
+// successor would start. Limits that tripped before stay tripped.
+func TestLimitsOffWhenStopping(t *testing.T) {
+	l, err := newLimits(Settings{MaxRequests: 10}, 0.5, 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &Worker{limits: l}
+	stopped := 0
+	trip := w.recycling(func() { stopped++ })
+	w.draining()
+	for range 20 {
+		w.Responded(200)
+	}
+	if len(trip) != 0 || stopped != 0 || w.pastLimit() {
+		t.Fatalf("a stopping worker tripped: %d messages, stopped %d times", len(trip), stopped)
+	}
+
+	m, _ := newLimits(Settings{MaxRequests: 10}, 0.5, 0, time.Now())
+	w = &Worker{limits: m}
+	w.recycling(func() {})
+	for range 10 {
+		w.Responded(200)
+	}
+	w.draining()
+	if !w.pastLimit() {
+		t.Error("limits that tripped before the drain no longer say so")
 	}
 }
 

@@ -65,8 +65,12 @@ func (w *Worker) OnDrain(f func()) {
 	f()
 }
 
-// draining runs OnDrain's functions, once.
+// draining runs OnDrain's functions, once, and turns the recycling limits
+// off: the worker leaves with the instance.
 func (w *Worker) draining() {
+	if w.limits != nil {
+		w.limits.disarm()
+	}
 	w.mu.Lock()
 	fs := w.drains
 	w.drains, w.drained = nil, true
@@ -143,7 +147,7 @@ func (w *Worker) recycling(stop func()) <-chan []byte {
 }
 
 // pastLimit reports whether a recycling limit was passed.
-func (w *Worker) pastLimit() bool { return w.limits != nil && w.limits.tripped.Load() }
+func (w *Worker) pastLimit() bool { return w.limits != nil && w.limits.state.Load() == limitsTripped }
 
 // askRecycling tells the supervisor, through the readiness pipe, that
 // this worker passed a recycling limit. The supervisor sends TERM once a

@@ -290,6 +290,46 @@ func TestHealthPathAndDrainDelay(t *testing.T) {
 	}
 }
 
+// During drain_delay the workers serve on, also past max_requests: a
+// worker that stopped accepting then would get no successor (none starts
+// while the instance stops), and with every worker past its limit the
+// requests would wait in the listen queue until the listener closes.
+func TestDrainDelayServesPastMaxRequests(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOptions{config: baseServer(2, "health_path = \"/healthz\"\ndrain_delay = \"3s\"\nmax_requests = 10")})
+	c := newClient(t, nil, false) // a connection each: each accept counts
+	c.Timeout = 2 * time.Second
+	from := d.logs.len()
+	d.signal(syscall.SIGTERM)
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("drain begun")); !ok {
+		t.Fatal("no drain begun")
+	}
+	// USR2 reaches the workers a moment after the line: poll for it.
+	deadline := time.Now().Add(time.Second)
+	for get(c, d.url("/healthz")).status != 503 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	var failed []string
+	for i := range 40 { // past both workers' limits (at most 11 each)
+		if r := get(c, d.url(fmt.Sprintf("/r%d", i))); r.status != 200 {
+			failed = append(failed, fmt.Sprintf("%d: %d %v", i, r.status, r.err))
+		}
+	}
+	_, _, over := d.logs.waitFor(from, 0, msgIs("drain delay over"))
+	switch {
+	case len(failed) > 0:
+		t.Errorf("during the drain delay, past max_requests: %d of 40 failed: %v", len(failed), failed)
+	case over:
+		t.Fatal("the delay ended before the requests: the machine is too slow for this test")
+	}
+	if _, _, recycled := d.logs.waitFor(from, 0, msgIs("worker past a recycling limit: stopped accepting")); recycled {
+		t.Error("a worker stopped accepting for recycling during the drain delay")
+	}
+	if code, ok := d.wait(15 * time.Second); !ok || code != 0 {
+		t.Fatalf("exit %v %d", ok, code)
+	}
+}
+
 // needTool returns the path of a program a test needs: missing, the test
 // fails under CI (which installs it) and is skipped elsewhere.
 func needTool(t *testing.T, name, pkg string) string {
