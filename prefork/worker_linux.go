@@ -74,6 +74,15 @@ func runWorker(ctx context.Context, opts Options) int {
 	}
 	log.Info("worker draining", "reason", why, "timeout", timeout)
 	w.draining()
+	// A draining worker still reopens its files (USR1): logrotate may
+	// rename the access log while its last requests are written.
+	go func() {
+		for sig := range notes {
+			if sig == syscall.SIGUSR1 {
+				w.reopen(log)
+			}
+		}
+	}()
 	if w.pastLimit() {
 		select {
 		case err = <-recycled:

@@ -290,6 +290,47 @@ func TestHealthPathAndDrainDelay(t *testing.T) {
 	}
 }
 
+// USR1 reaches a draining worker too: a request it still serves after
+// TERM, when logrotate renamed the file meanwhile, is logged to the new
+// file at log.access, not to the renamed one.
+func TestAccessLogReopenedWhileDraining(t *testing.T) {
+	t.Parallel()
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		time.Sleep(1500 * time.Millisecond) // in flight across TERM and the rotation
+		w.WriteHeader(http.StatusOK)
+	})
+	path := filepath.Join(t.TempDir(), "access.log")
+	d := startDaemon(t, daemonOptions{config: fmt.Sprintf("[server]\nworkers = 1\nupstream = \"http://%s\"\nshutdown_timeout = \"10s\"\n\n[log]\naccess = %q\n\n[table]\ncounters = 1024\n", up.addr, path)})
+	c := newClient(t, nil, false)
+	done := make(chan result, 1)
+	go func() { done <- get(c, d.url("/in-flight")) }()
+	select {
+	case <-up.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not reach the upstream")
+	}
+	from := d.logs.len()
+	d.signal(syscall.SIGTERM)
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("worker draining")); !ok {
+		t.Fatal("no drain")
+	}
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	d.signal(syscall.SIGUSR1)
+	_, _, reopened := d.logs.waitFor(from, 5*time.Second, msgIs("worker reopened its files"))
+	if r := <-done; r.status != http.StatusOK {
+		t.Fatalf("the request in flight: %d %v", r.status, r.err)
+	}
+	if code, ok := d.wait(15 * time.Second); !ok || code != 0 {
+		t.Fatalf("exit %v %d", ok, code)
+	}
+	lines := accessLines(t, path, 1, time.Second)
+	if !reopened || len(lines) != 1 || !strings.Contains(lines[0], "/in-flight") {
+		t.Errorf("a draining worker told USR1: reopened %v, the new file has %q; want its last line there", reopened, lines)
+	}
+}
+
 // During drain_delay the workers serve on, also past max_requests: a
 // worker that stopped accepting then would get no successor (none starts
 // while the instance stops), and with every worker past its limit the
