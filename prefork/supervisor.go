@@ -487,6 +487,12 @@ func (s *supervisor) onExit(ev exitEvent) {
 	d := sl.backoff.failure(ran)
 	sl.respawnAt = now.Add(d)
 	s.crashes++
+	if s.draining {
+		// Nothing is started while draining (step): say so, not a
+		// respawn that will not come.
+		s.log.Error("worker crashed", append(attrs, "respawn", "no: draining")...)
+		return
+	}
 	s.log.Error("worker crashed", append(attrs, "respawn_in", d)...)
 }
 
