@@ -209,12 +209,15 @@ func (s *supervisor) keepAlive() {
 }
 
 // finished reports whether the supervisor drained and reaped every worker:
-// its own, and, once an upgrade made it the main process, the old
-// supervisor's too. Those may still be storing responses in the region
-// this one is about to dump (Finish); the old supervisor no longer dumps.
-// Before it is the main process, the old one still serves and dumps.
+// its own; a new supervisor's that it killed (it waits for that one's
+// exit, then for its workers' indexes); and, once an upgrade made it the
+// main process, the old supervisor's too. Those may still be storing
+// responses in the region this one is about to dump (Finish); the old
+// supervisor no longer dumps. Before it is the main process, the old one
+// still serves and dumps.
 func (s *supervisor) finished() bool {
-	return s.draining && len(s.procs) == 0 && s.orphans == 0 && (len(s.oldIndexes) == 0 || s.notifyHeld)
+	return s.draining && len(s.procs) == 0 && s.orphans == 0 &&
+		(s.up == nil || s.up.ready) && (len(s.oldIndexes) == 0 || s.notifyHeld)
 }
 
 // reopen tells every worker to reopen the files it writes (an access log

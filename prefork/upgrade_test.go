@@ -153,6 +153,35 @@ func TestUpgradeRefused(t *testing.T) {
 	}
 }
 
+// TERM while a new supervisor starts kills it; the drain finishes only
+// once it exited and the indexes its workers may hold are reaped, not as
+// soon as this one's own workers are gone.
+func TestUpgradeDrainWaitsForTheKilledOne(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	s := upgradingSupervisor(t, f, u, 2)
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGUSR2)
+	sendSignal(s, syscall.SIGTERM)
+	if got := f.signalled(syscall.SIGKILL); !slices.Equal(got, []int{901}) {
+		t.Fatalf("killed %v, want the new supervisor", got)
+	}
+	exit(s, 100, true)
+	exit(s, 101, true)
+	if s.finished() {
+		t.Fatal("finished before the new supervisor's exit was seen")
+	}
+	s.onUpgradeExit(upgradeExitEvent{u.pid, "signal: killed"})
+	if s.finished() || len(u.waits) != 1 {
+		t.Fatalf("finished %v before its indexes were reaped (waits %v)", s.finished(), u.waits)
+	}
+	for _, i := range u.waits[0] {
+		s.onOrphan(orphanEvent{i})
+	}
+	if !s.finished() {
+		t.Error("not finished once they are reaped")
+	}
+}
+
 // HUP while a new supervisor starts is refused, as USR2 is during a
 // reload: this one starts no worker until the handover, which would drop
 // the reload. systemd's reload ends at once: RELOADING=1, then READY=1.
