@@ -290,6 +290,20 @@ func TestHealthPathAndDrainDelay(t *testing.T) {
 	}
 }
 
+// inFlight sends a request in the background and returns once it reached
+// up, with the channel its result comes on.
+func inFlight(t *testing.T, up *idemUpstream, send func() result) <-chan result {
+	t.Helper()
+	done := make(chan result, 1)
+	go func() { done <- send() }()
+	select {
+	case <-up.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not reach the upstream")
+	}
+	return done
+}
+
 // USR1 reaches a draining worker too: a request it still serves after
 // TERM, when logrotate renamed the file meanwhile, is logged to the new
 // file at log.access, not to the renamed one.
@@ -302,13 +316,7 @@ func TestAccessLogReopenedWhileDraining(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
 	d := startDaemon(t, daemonOptions{config: fmt.Sprintf("[server]\nworkers = 1\nupstream = \"http://%s\"\nshutdown_timeout = \"10s\"\n\n[log]\naccess = %q\n\n[table]\ncounters = 1024\n", up.addr, path)})
 	c := newClient(t, nil, false)
-	done := make(chan result, 1)
-	go func() { done <- get(c, d.url("/in-flight")) }()
-	select {
-	case <-up.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the request did not reach the upstream")
-	}
+	done := inFlight(t, up, func() result { return get(c, d.url("/in-flight")) })
 	from := d.logs.len()
 	d.signal(syscall.SIGTERM)
 	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("worker draining")); !ok {
@@ -540,13 +548,7 @@ func TestUpgradeStopKeepsTheOldWorkersResponses(t *testing.T) {
 	cfg := strings.Replace(idemConfig(up, 64), "workers = 4", "workers = 2", 1) + fmt.Sprintf("\n[persist]\npath = %q\n", dump)
 	d := startDaemon(t, daemonOptions{config: cfg})
 	c := newClient(t, nil, false)
-	first := make(chan result, 1)
-	go func() { first <- idemPost(c, d.url("/orders"), `"order-1"`, `{"item":42}`) }()
-	select {
-	case <-up.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first request did not reach the upstream")
-	}
+	first := inFlight(t, up, func() result { return idemPost(c, d.url("/orders"), `"order-1"`, `{"item":42}`) })
 	from := d.logs.len()
 	d.signal(syscall.SIGUSR2)
 	_, begun, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade begun: new supervisor started"))
