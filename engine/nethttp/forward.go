@@ -140,7 +140,7 @@ func (f *forwarder) failure(err error) core.UpstreamError {
 func (f *forwarder) answer(rw *writer, resp *core.Response) {
 	rw.sent, rw.replaced, rw.status = true, resp, resp.Status
 	clear(rw.w.Header())
-	writeResponse(rw.w, resp)
+	writeResponse(rw.w, resp, rw.h1)
 }
 
 // refuse answers a request whose body could not be read.

@@ -132,7 +132,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			setFields(w.Header(), ref.Fields)
 			h.opts.Refuse(w, r, ref)
 		} else {
-			writeResponse(w, ex.Response())
+			writeResponse(w, ex.Response(), r.ProtoMajor == 1)
 		}
 	} else {
 		err = h.pass(w, r, req, ex)
@@ -151,7 +151,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 		// go on the upstream's response head once it is read.
 		fwd := ex.Forward()
 		rw := &req.rw
-		*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide}
+		*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide, h1: r.ProtoMajor == 1}
 		err := h.fwd.serve(rw, r, req, ex, fwd)
 		rw.finish()
 		return err
@@ -168,7 +168,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 	}
 	r = forwardFields(r, fwd.Drop, fwd.Add)
 	rw := &req.rw
-	*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide}
+	*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide, h1: r.ProtoMajor == 1}
 	if rw.keep {
 		// A request whose response is kept runs without the client's
 		// cancellation: a client that disconnects does not stop the
@@ -536,14 +536,17 @@ func repeated(fields []core.Field, name string) bool {
 	return false
 }
 
-// writeResponse sends one of the core's own answers.
-func writeResponse(w http.ResponseWriter, resp *core.Response) {
+// writeResponse sends one of the core's own answers; its Close closes an
+// HTTP/1 connection (h1). HTTP/2 keeps the connection: the request was
+// one stream, and net/http would send GOAWAY for Connection: close,
+// sending every other stream's client to a new connection.
+func writeResponse(w http.ResponseWriter, resp *core.Response, h1 bool) {
 	h := w.Header()
 	setFields(h, resp.Fields)
 	if _, ok := h["Content-Type"]; !ok {
 		h["Content-Type"] = nil // none was stored: no sniffing now either
 	}
-	if resp.Close {
+	if resp.Close && h1 {
 		h.Set("Connection", "close")
 	}
 	w.WriteHeader(resp.Status)

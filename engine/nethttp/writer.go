@@ -30,6 +30,7 @@ type writer struct {
 	ex   *core.Exchange
 	keep bool
 	hide []string // fields of the handler's response the client must not get (core.Forward.Hide)
+	h1   bool     // an HTTP/1 request: a core answer's Close closes the connection
 
 	status     int            // final status given; 0 before
 	sent       bool           // the head was sent (or replaced)
@@ -72,7 +73,7 @@ func (rw *writer) sendHeader(first []byte) {
 	}
 	if rw.replaced = rw.ex.Head(rw.status, header(h)); rw.replaced != nil {
 		clear(h)
-		writeResponse(rw.w, rw.replaced)
+		writeResponse(rw.w, rw.replaced, rw.h1)
 		return
 	}
 	for _, n := range rw.hide {

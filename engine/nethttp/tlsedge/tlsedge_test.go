@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"testing"
 	"time"
 
@@ -92,6 +93,41 @@ func TestTLSServesAndDrains(t *testing.T) {
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("Shutdown took %v with two idle connections", d)
+	}
+}
+
+// A request the core refuses as malformed (a path with an encoded slash)
+// closes an HTTP/1.1 connection, as on every engine, but not an HTTP/2
+// one: it was one stream, and Connection: close would make net/http send
+// GOAWAY to every other stream's client.
+func TestMalformedRequestClosesHTTP1Only(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	addr, conf, _ := tlsServer(t, up)
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}}
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}}
+	for name, c := range map[string]*http.Client{"HTTP/1.1": h1, "HTTP/2.0": h2} {
+		var reused []bool
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = append(reused, i.Reused) }}
+		var closed []bool
+		for _, path := range []string{"/ok", "/a%2Fb", "/ok"} {
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", "https://"+addr+path, nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", name, path, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if want := map[bool]int{true: 200, false: 400}[path == "/ok"]; resp.StatusCode != want {
+				t.Fatalf("%s %s: %d, want %d", name, path, resp.StatusCode, want)
+			}
+			closed = append(closed, resp.Close)
+		}
+		if name == "HTTP/1.1" && (!closed[1] || reused[2]) {
+			t.Errorf("HTTP/1.1: after the 400 Close %v, next request on the same connection %v; want it closed", closed[1], reused[2])
+		}
+		if name == "HTTP/2.0" && !reused[2] {
+			t.Errorf("HTTP/2: the request after the 400 came on a new connection (GOAWAY); want the same one")
+		}
 	}
 }
 
