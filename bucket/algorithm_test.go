@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/shm"
 )
 
 // step is one request at a fixed instant and what it must get.
@@ -406,5 +408,13 @@ func TestCost(t *testing.T) {
 	}
 	if _, err := (Rule{Name: "c", Limit: 10, Burst: 2, Window: time.Minute, Cost: 3}).Compile(); err == nil {
 		t.Error("cost over the burst accepted")
+	}
+}
+
+// A resumed region counts shm.MaxDowntime of downtime at most: enough
+// for every window (and every TTL, bounded by MaxWindow too) to run out.
+func TestMaxWindowWithinMaxDowntime(t *testing.T) {
+	if MaxWindow >= shm.MaxDowntime {
+		t.Fatalf("MaxWindow %v is not below shm.MaxDowntime %v", MaxWindow, shm.MaxDowntime)
 	}
 }

@@ -393,6 +393,11 @@ func (l *loader) adopt(h *header) (time.Duration, error) {
 			"written", h.wall.UTC().Format(time.RFC3339Nano), "now", wall.UTC().Format(time.RFC3339Nano))
 		down = 0
 	}
+	if down > shm.MaxDowntime {
+		l.log.Warn("persist: downtime longer than any window or TTL: counted as the longest",
+			"written", h.wall.UTC().Format(time.RFC3339Nano), "now", wall.UTC().Format(time.RFC3339Nano), "counted", shm.MaxDowntime)
+		down = shm.MaxDowntime
+	}
 	down = min(down, time.Duration(math.MaxInt64)-h.regionTime)
 	now := h.regionTime + down
 	l.r.SetNow(now)

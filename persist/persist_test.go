@@ -98,6 +98,10 @@ func TestRoundTrip(t *testing.T) {
 		{"window rolled", 2 * time.Minute, 2 * time.Minute, false, true},
 		{"bucket refilled", 2 * time.Hour, 2 * time.Hour, true, true},
 		{"wall clock went back", -time.Hour, 0, false, false},
+		// The wall clock was unset at the dump (1970): the downtime
+		// counted is capped, so the region's times still fit its range
+		// and the rules go on limiting (the new client below).
+		{"56 years down", 56 * 365 * 24 * time.Hour, shm.MaxDowntime, true, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -147,9 +151,12 @@ func TestRoundTrip(t *testing.T) {
 			if want := btoi(tc.gcraServed) + btoi(tc.winServed); rep.Dropped[DropExpired] != want || rep.Counters != 2-want {
 				t.Errorf("restored %d, dropped %v; want %d expired", rep.Counters, rep.Dropped, want)
 			}
-			// Another client is untouched by any of it.
+			// Another client is untouched by any of it, and limited.
 			if d := lg.Allow("10.0.0.2", now); !d.Allowed {
 				t.Errorf("a new client was refused: %+v", d)
+			}
+			if d := lg.Allow("10.0.0.2", now); d.Allowed {
+				t.Errorf("a new client's second request at once was allowed by a rule of 1 an hour: %+v", d)
 			}
 		})
 	}

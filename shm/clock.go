@@ -58,6 +58,16 @@ type ClockResume struct {
 	Before, After time.Duration
 }
 
+// MaxDowntime is the most downtime a resumed clock counts (a dump's load,
+// ResumeClock). Every time kept in a region spans less (a rule's window, a
+// stored response's TTL: at most bucket.MaxWindow, ~203 days), so past it
+// everything has run out either way; counting more would only spend the
+// 48-bit range of region time, and a wall clock that was wrong at the dump
+// (1970, on a machine without a real-time clock, before NTP) would spend
+// it all at once: past the range, a rule's times no longer fit and it
+// stops limiting, in every later dump too.
+const MaxDowntime = (1 << 45) * time.Microsecond // ~407 days
+
 // beatSlack is how far the region's clock may have run ahead of the wall
 // clock since the last Beat before it is distrusted: beats are a second
 // apart, and the two clocks drift by NTP's slew at most.
@@ -71,7 +81,8 @@ const beatSlack = 2 * time.Second
 // of this clock (Now would be negative, and every limited client stay
 // limited for the whole offset) or behind it (granting allowance that
 // never elapsed) — the time continues from the last Beat plus the
-// wall-clock time since, never less than zero, as a dump's does.
+// wall-clock time since, never less than zero nor more than MaxDowntime,
+// as a dump's does.
 func (r *Region) ResumeClock(wall time.Time) ClockResume {
 	now := r.Now()
 	beatNow := time.Duration(r.word(hBeatNow))
@@ -88,7 +99,7 @@ func (r *Region) ResumeClock(wall time.Time) ClockResume {
 		return res
 	}
 	res.Rebased = true
-	res.After = beatNow + max(elapsed, 0)
+	res.After = beatNow + min(max(elapsed, 0), MaxDowntime)
 	r.SetNow(res.After)
 	r.Beat(wall)
 	return res

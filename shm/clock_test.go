@@ -67,3 +67,22 @@ func TestResumeClockWallBackwards(t *testing.T) {
 		t.Fatalf("region time %v, want the beat's 1m", now)
 	}
 }
+
+// A wall clock far ahead of the last beat (wrong then, right now: 1970 on
+// a machine without a real-time clock) counts MaxDowntime at most: the
+// region's times stay within their 48-bit range.
+func TestResumeClockCapsDowntime(t *testing.T) {
+	r, err := shm.CreatePrivate(shm.Options{Counters: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.SetNow(time.Minute)
+	beat := time.Now()
+	r.Beat(beat)
+	r.SetBootID(1)
+	r.ResumeClock(beat.Add(56 * 365 * 24 * time.Hour))
+	if now, want := r.Now(), time.Minute+shm.MaxDowntime; now < want || now > want+time.Second {
+		t.Fatalf("region time %v, want the beat's 1m and MaxDowntime: %v", now, want)
+	}
+}
