@@ -89,6 +89,13 @@ func (ex *Exchange) revalidated(status int, h Header) *Response {
 	} else {
 		ex.cache.dropAfter = drop
 	}
+	if ex.refreshing {
+		// A background refresh: the stale response was sent, nothing
+		// more is, and the request view is not the core's to read any
+		// more (Finish): the engine may have reused its memory.
+		ex.resp = Response{Status: ex.cache.ent.Status}
+		return &ex.resp
+	}
 	age := max(ex.cache.ent.Age+now-ex.cache.ent.Stored, 0)
 	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
 	ex.serve(age, xRevalidated)

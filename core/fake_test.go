@@ -17,6 +17,17 @@ type fakeReq struct {
 	peer                netip.Addr
 	header              map[string][]string
 	body                []byte
+	// recycled: the engine reused the request's memory, as it may once
+	// Finish asked for a background refresh; reading it then panics.
+	recycled bool
+}
+
+// read panics when the core reads a recycled request: an event loop
+// would hand it another request's bytes, or a slice of none.
+func (r *fakeReq) read() {
+	if r.recycled {
+		panic("core read the request view during a background refresh")
+	}
 }
 
 func newReq(method, target, peer string, kv ...string) *fakeReq {
@@ -29,11 +40,12 @@ func newReq(method, target, peer string, kv ...string) *fakeReq {
 	return r
 }
 
-func (r *fakeReq) Method() string   { return r.method }
-func (r *fakeReq) Path() string     { return r.path }
-func (r *fakeReq) Query() string    { return r.query }
-func (r *fakeReq) Peer() netip.Addr { return r.peer }
+func (r *fakeReq) Method() string   { r.read(); return r.method }
+func (r *fakeReq) Path() string     { r.read(); return r.path }
+func (r *fakeReq) Query() string    { r.read(); return r.query }
+func (r *fakeReq) Peer() netip.Addr { r.read(); return r.peer }
 func (r *fakeReq) Header(name string) (string, int) {
+	r.read()
 	vs := r.header[name]
 	if len(vs) == 0 {
 		return "", 0
@@ -41,15 +53,17 @@ func (r *fakeReq) Header(name string) (string, int) {
 	return vs[0], len(vs)
 }
 func (r *fakeReq) HeaderLines(name string, dst []string) []string {
+	r.read()
 	return append(dst, r.header[name]...)
 }
 func (r *fakeReq) Body(max int64) ([]byte, error) {
+	r.read()
 	if int64(len(r.body)) > max {
 		return nil, core.ErrBodyTooLarge
 	}
 	return r.body, nil
 }
-func (r *fakeReq) Gone() bool { return false }
+func (r *fakeReq) Gone() bool { r.read(); return false }
 
 // decide runs one request through c and reports its status: the
 // application's 200 for Pass.
@@ -104,8 +118,8 @@ var errCut = errors.New("fake: the body broke off")
 
 // serve runs one request through c as every engine does (the protocol in
 // core's run.go), with app as the application; a background refresh the
-// core asks for is made at once, with the same app. It reports what the
-// client got. It decides as an event loop does: first without waiting
+// core asks for is made at once, with the same app, the request's memory
+// recycled meanwhile (fakeReq.read). It reports what the client got. It decides as an event loop does: first without waiting
 // (NoWait), then, if the core stopped where it would wait, on; an engine
 // that decides in one call is what the engines' own tests run.
 func serve(c *core.Core, r *fakeReq, app func(core.Forward) fakeResp) answer {
@@ -118,8 +132,10 @@ func serve(c *core.Core, r *fakeReq, app func(core.Forward) fakeResp) answer {
 		a, err = forward(ex, app)
 	}
 	if ex.Finish(err) {
+		r.recycled = true
 		_, err = forward(ex, app)
 		ex.Finish(err)
+		r.recycled = false
 	}
 	return a
 }

@@ -105,6 +105,55 @@ func TestCacheRefreshInTheBackground(t *testing.T) {
 	})
 }
 
+// A background refresh of a response with a validator is conditional,
+// and its 304 makes the stored response fresh again, on every engine: the
+// core no longer reads the request view then (the loop has reused it; it
+// once read it, and the worker crashed).
+func TestCacheRefreshRevalidatedInTheBackground(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		var calls atomic.Int32
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if calls.Add(1) > 1 && len(req.Field("If-None-Match")) == 1 {
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nCache-Control: max-age=600\r\nEtag: \"v1\"\r\n\r\n")
+				return
+			}
+			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-while-revalidate=60\r\nEtag: \"v1\"\r\nContent-Length: 9\r\n\r\nversion 1")
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		get := func() (string, string) {
+			c, br := dial(t, r.Addr)
+			defer c.Close()
+			resp, body := roundTrip(t, c, br, "GET /v HTTP/1.1\r\nHost: a\r\nIf-None-Match: \"other\"\r\nRange: bytes=0-3\r\n\r\n")
+			return resp.Header.Get("X-Cache"), string(body)
+		}
+		if x, _ := get(); x != "MISS" {
+			t.Fatalf("first: %s", x)
+		}
+		clock.Add(int64(20 * time.Second))
+		if x, b := get(); x != "STALE" || b != "vers" {
+			t.Fatalf("stale: %s %q", x, b)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if x, b := get(); x == "HIT" && b == "vers" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the refresh's 304 never made the response fresh")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n := calls.Load(); n != 2 {
+			t.Fatalf("%d upstream calls, want 2 (one refresh)", n)
+		}
+		if l := up.Requests()[1].Field("If-None-Match"); len(l) != 1 || l[0] != `"v1"` {
+			t.Fatalf("the refresh carried If-None-Match %q, want the stored ETag", l)
+		}
+	})
+}
+
 // With stale-if-error the fast engine sends the stale response when the
 // upstream answers 503, and when it cannot be reached at all.
 func TestCacheStaleIfErrorFast(t *testing.T) {
