@@ -32,7 +32,10 @@ import (
 type Options struct {
 	// Config is the TLS configuration (required): its certificates, and
 	// with "h2" in its NextProtos, HTTP/2 for the clients that ask for it.
-	// The handshake is bounded by the Server's ReadHeaderTimeout.
+	// The handshake is bounded by the Server's ReadHeaderTimeout. The edge
+	// serves this Config itself, not a copy, so that what changes it while
+	// it serves takes effect (its session ticket keys: tlsconf.Rotate);
+	// New adds "http/1.1" to its NextProtos.
 	Config *tls.Config
 	// MaxConcurrentStreams bounds the streams of one HTTP/2 connection.
 	// 0 means DefaultMaxConcurrentStreams.
@@ -48,7 +51,7 @@ func New(o Options) (nethttp.Edge, error) {
 	if o.Config == nil {
 		return nil, errors.New("tlsedge: Options.Config is nil")
 	}
-	e := &edge{conf: o.Config.Clone(), streams: o.MaxConcurrentStreams}
+	e := &edge{conf: o.Config, streams: o.MaxConcurrentStreams}
 	if e.streams == 0 {
 		e.streams = DefaultMaxConcurrentStreams
 	}
@@ -66,9 +69,11 @@ type edge struct {
 	limits  engine.Limits
 	log     *slog.Logger
 
-	// HTTP/2: its server, and a server that has nothing but the HTTP/2
-	// server's graceful shutdown to run (goaway).
+	// HTTP/2: its server, the settings it takes from the Server's
+	// (h2base), and a server that has nothing but the HTTP/2 server's
+	// graceful shutdown to run (goaway).
 	h2     *http2.Server
+	h2base *http.Server
 	goaway *http.Server
 	cuts   [floodKinds]engine.WarnGate // log lines about flooding clients cut off, by kind
 }
@@ -86,6 +91,23 @@ func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) 
 		// A client that stops reading blocks the connection's writer:
 		// past send_timeout without progress, the connection is closed.
 		WriteByteTimeout: lim.SendTimeout,
+	}
+	// srv's settings, but max_header_bytes whole: srv's is less by the 4
+	// KiB of slack net/http's HTTP/1 reader adds, and the HTTP/2 server
+	// makes its header list bound of it (and of HPACK strings, whose
+	// excess is a connection error) with a padding of its own.
+	e.h2base = &http.Server{
+		TLSConfig:         srv.TLSConfig,
+		ReadTimeout:       srv.ReadTimeout,
+		ReadHeaderTimeout: srv.ReadHeaderTimeout,
+		WriteTimeout:      srv.WriteTimeout,
+		IdleTimeout:       srv.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+		ConnState:         srv.ConnState,
+		ErrorLog:          srv.ErrorLog,
+		BaseContext:       srv.BaseContext,
+		ConnContext:       srv.ConnContext,
+		HTTP2:             srv.HTTP2,
 	}
 	e.goaway = &http.Server{}
 	if err := http2.ConfigureServer(e.goaway, e.h2); err != nil {
@@ -122,5 +144,5 @@ func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
 	if hs.ConnState != nil {
 		hs.ConnState(g, http.StateActive)
 	}
-	e.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: hs, Handler: h})
+	e.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: e.h2base, Handler: h})
 }

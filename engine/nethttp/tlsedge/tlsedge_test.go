@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,13 @@ import (
 // tlsServer serves a TLS listener with HTTP/2 on, forwarding to upstream,
 // and returns its address, a client that trusts it, and the server.
 func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Server) {
+	t.Helper()
+	addr, client, s, _ := tlsServerConfig(t, upstream)
+	return addr, client, s
+}
+
+// tlsServerConfig is tlsServer, and the TLS configuration it serves.
+func tlsServerConfig(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Server, *tls.Config) {
 	t.Helper()
 	ca := tlstest.NewCA(t)
 	cert, key := ca.Leaf(t, "a.example")
@@ -61,7 +69,7 @@ func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Ser
 		t.Fatal(err)
 	}
 	go s.Serve(ln)
-	return ln.Addr().String(), &tls.Config{ServerName: "a.example", RootCAs: ca.Pool}, s
+	return ln.Addr().String(), &tls.Config{ServerName: "a.example", RootCAs: ca.Pool}, s, tc
 }
 
 // Over TLS, HTTP/1.1 and HTTP/2 reach the upstream alike (with
@@ -127,6 +135,55 @@ func TestMalformedRequestClosesHTTP1Only(t *testing.T) {
 		}
 		if name == "HTTP/2.0" && !reused[2] {
 			t.Errorf("HTTP/2: the request after the 400 came on a new connection (GOAWAY); want the same one")
+		}
+	}
+}
+
+// The session ticket keys set on the configuration after the edge was
+// made are the ones it serves with (tlsconf.Rotate sets them so): a
+// ticket of keys rotated out no longer resumes.
+func TestTicketKeysReachTheServedConfig(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {})
+	addr, client, _, tc := tlsServerConfig(t, up)
+	client.MaxVersion = tls.VersionTLS12 // the ticket comes in the handshake
+	client.ClientSessionCache = tls.NewLRUClientSessionCache(4)
+	resumed := func() bool {
+		c, err := tls.Dial("tcp", addr, client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().DidResume
+	}
+	tc.SetSessionTicketKeys([][32]byte{{1}})
+	resumed() // a ticket of key 1
+	if !resumed() {
+		t.Fatal("a ticket of the current key did not resume")
+	}
+	tc.SetSessionTicketKeys([][32]byte{{2}})
+	if resumed() {
+		t.Error("a ticket of a key rotated out resumed: the edge serves keys of its own")
+	}
+}
+
+// A header section just under max_header_bytes (64 KiB by default) is
+// served over HTTP/2 as over HTTP/1.1.
+func TestMaxHeaderBytesOverHTTP2(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	addr, conf, _ := tlsServer(t, up)
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}}
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}}
+	pad := strings.Repeat("x", engine.DefaultMaxHeaderBytes-2000)
+	for name, c := range map[string]*http.Client{"HTTP/1.1": h1, "HTTP/2.0": h2} {
+		req, _ := http.NewRequest("GET", "https://"+addr+"/big", nil)
+		req.Header.Set("X-Pad", pad)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: a header of %d bytes got %d, want 200 (max_header_bytes %d)", name, len(pad), resp.StatusCode, engine.DefaultMaxHeaderBytes)
 		}
 	}
 }
