@@ -100,11 +100,7 @@ func (ex *Exchange) decideCache() (Verdict, bool) {
 		ex.cache.flags |= cAuth
 	}
 	c := ex.c
-	tags := c.region.Tags()
 	ex.cache.urlHash = c.urlHash(ex.appendURL(ex.keyBuf[:0]))
-	// Snapshots before anything is fetched: an invalidation or purge after
-	// them makes what is fetched unusable (see fill).
-	ex.cache.urlGen, ex.cache.epoch = tags.Gen(ex.cache.urlHash), tags.Epoch()
 	ex.cache.primary = c.region.Counters().KeyOf(nsCachePrimary, ex.appendPrimary(ex.keyBuf[:0]))
 	return ex.lookup()
 }
@@ -114,11 +110,16 @@ func (ex *Exchange) decideCache() (Verdict, bool) {
 // again.
 func (ex *Exchange) lookup() (Verdict, bool) {
 	c, b := ex.c, ex.cache.blk
-	tab := c.region.Responses()
+	tab, tags := c.region.Responses(), c.region.Tags()
 	now := ex.clock()
 	var deadline time.Time
 	waited := false
 	for {
+		// Snapshots before anything is fetched, taken again at each look:
+		// an invalidation or purge after them makes what is fetched
+		// unusable (plan), while one that ran as this request waited for
+		// another's fetch came before its own.
+		ex.cache.urlGen, ex.cache.epoch = tags.Gen(ex.cache.urlHash), tags.Epoch()
 		f, err := tab.CacheLookup(ex.cache.primary, now, ex.cache.buf[:0])
 		if err != nil {
 			return ex.cachePass(xMiss) // New rules out a region without a table

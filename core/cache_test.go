@@ -77,6 +77,13 @@ func (c *storyClock) date(d time.Duration) []byte {
 // its Targeted), on the story clock.
 func storyCore(t *testing.T, targeted string) (*core.Core, *storyClock) {
 	t.Helper()
+	c, clk, _ := storyCoreRegion(t, targeted)
+	return c, clk
+}
+
+// storyCoreRegion is storyCore, and its region.
+func storyCoreRegion(t *testing.T, targeted string) (*core.Core, *storyClock, *shm.Region) {
+	t.Helper()
 	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
 	clk := &storyClock{}
 	c, err := core.New(r, core.Options{
@@ -87,7 +94,7 @@ func storyCore(t *testing.T, targeted string) (*core.Core, *storyClock) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, clk
+	return c, clk, r
 }
 
 // app is an application that answers with the next of its responses and
@@ -414,5 +421,45 @@ func TestCacheRefreshRevalidates(t *testing.T) {
 	wantAnswer(t, "refreshed 2", r, 200, "HIT", "2")
 	if r.get("X-A") != "2" || r.get("Content-Type") != "text/html" || r.get("Cache-Control") != "max-age=60" {
 		t.Fatalf("the refreshed response lost fields: %+v", r.header)
+	}
+}
+
+// A purge, by URL or by tag, while one request fetches a response and
+// another waits for that fetch: what the first fetched is not stored (it
+// may be what was purged), but the waiter's own fetch, which begins after
+// the purge, is, and the next request is a hit.
+func TestCachePurgeDuringAFill(t *testing.T) {
+	for _, by := range []string{"url", "tag"} {
+		t.Run(by, func(t *testing.T) {
+			c, _, r := storyCoreRegion(t, "")
+			resp := fakeResp{status: 200, body: []byte("x"), header: hdr("Cache-Control", "max-age=60", "Cache-Tag", "t")}
+			a := &app{t: t, resps: []fakeResp{resp, resp}}
+			req := func() *fakeReq { return newReq("GET", "/p", "192.0.2.1", "Host", "h") }
+			fetching := c.Begin(req())
+			fetching.NoWait(true)
+			if v := fetching.Decide(); v != core.Pass {
+				t.Fatalf("the first request: %v, want it to fetch", v)
+			}
+			waiting := c.Begin(req())
+			waiting.NoWait(true)
+			if v := waiting.Decide(); v != core.Wait {
+				t.Fatalf("the second request: %v, want it to wait for the fetch", v)
+			}
+			if by == "url" {
+				if _, err := core.PurgeURL(r, "/p"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				core.PurgeTag(r, "t")
+			}
+			forward(fetching, a.serve)
+			fetching.Finish(nil)
+			if v := waiting.Decide(); v != core.Pass {
+				t.Fatalf("the waiter after the fetch: %v, want it to fetch itself", v)
+			}
+			forward(waiting, a.serve)
+			waiting.Finish(nil)
+			wantAnswer(t, "after the purge and the waiter's fetch", serve(c, req(), a.serve), 200, "HIT", "x")
+		})
 	}
 }
