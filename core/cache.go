@@ -354,8 +354,8 @@ func in304(name string, hasETag bool) bool {
 // Date) (RFC 9110 §13.2.2).
 func (ex *Exchange) notModified(e *httpcache.Entry) bool {
 	if inm := ex.req.HeaderLines("If-None-Match", ex.lines[:0]); len(inm) > 0 {
-		etag, ok := e.Get("Etag")
-		return ok && httpcache.ETagMatch(inm, etag)
+		etag, _ := e.Get("Etag") // "*" matches an entry without one too
+		return httpcache.ETagMatch(inm, etag)
 	}
 	ims, n := ex.req.Header("If-Modified-Since")
 	if n != 1 {

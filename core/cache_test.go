@@ -463,3 +463,12 @@ func TestCachePurgeDuringAFill(t *testing.T) {
 		})
 	}
 }
+
+// If-None-Match: * is false for any current representation (RFC 9110
+// §13.1.2): a hit without an ETag is answered 304 too.
+func TestCacheIfNoneMatchStar(t *testing.T) {
+	c, _ := storyCore(t, "")
+	a := &app{t: t, resps: []fakeResp{{status: 200, body: []byte("x"), header: hdr("Cache-Control", "max-age=60")}}}
+	wantAnswer(t, "fill", serve(c, newReq("GET", "/n", "192.0.2.1", "Host", "h"), a.serve), 200, "MISS", "x")
+	wantAnswer(t, "If-None-Match: *", serve(c, newReq("GET", "/n", "192.0.2.1", "Host", "h", "If-None-Match", "*"), a.serve), 304, "HIT", "")
+}

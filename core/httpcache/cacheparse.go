@@ -218,15 +218,14 @@ func AppendTags(dst []string, lines []string) (_ []string, ok bool) {
 	return dst, true
 }
 
-// ETagMatch reports whether the If-None-Match field lines list etag (or
-// "*"), by the weak comparison (RFC 9110 §8.8.3.2: W/ is ignored on both
-// sides). An entity-tag is W/? and a quoted opaque-tag, which may hold
-// commas; list elements that are not entity-tags are skipped.
+// ETagMatch reports whether the If-None-Match field lines list etag, by
+// the weak comparison (RFC 9110 §8.8.3.2: W/ is ignored on both sides), or
+// are "*", which any representation matches, one without an ETag (etag
+// "", or not an entity-tag) too (RFC 9110 §13.1.2). An entity-tag is W/?
+// and a quoted opaque-tag, which may hold commas; list elements that are
+// not entity-tags are skipped.
 func ETagMatch(lines []string, etag string) bool {
 	want, ok := opaqueTag(httpfield.TrimOWS(etag))
-	if !ok {
-		return false
-	}
 	for _, line := range lines {
 		s := line
 		for {
@@ -250,7 +249,7 @@ func ETagMatch(lines []string, etag string) bool {
 			if end < 0 {
 				break
 			}
-			if s[1:1+end] == want {
+			if ok && s[1:1+end] == want {
 				return true
 			}
 			s = s[end+2:]

@@ -99,6 +99,9 @@ func TestETagMatch(t *testing.T) {
 		{[]string{`"a,b"`}, `"a,b"`, true},
 		{[]string{`"a,b"`}, `"a"`, false},
 		{[]string{`*`}, `"a"`, true},
+		{[]string{`*`}, ``, true},  // a representation without an ETag
+		{[]string{`*`}, `a`, true}, // or with one that is not an entity-tag
+		{[]string{`"a"`}, ``, false},
 		{[]string{`a`}, `"a"`, false},
 		{[]string{`junk, "a"`}, `"a"`, true},
 		{[]string{`"b"`}, `"a"`, false},
