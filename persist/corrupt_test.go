@@ -142,6 +142,8 @@ func TestCorruption(t *testing.T) {
 			want:   want{refused: []string{"rule " + x + ": rule changed", "rule " + y + ": rule changed"}, loaded: true, counters: 7}},
 		{name: "other persist key", key: "other", want: want{refused: []string{"responses: persist key changed"}, loaded: true, counters: 7}},
 		{name: "unknown section", mutate: addSection, want: want{loaded: true, counters: 7}},
+		{name: "no section", mutate: fixed(func(d []byte) { le.PutUint32(d[88:], 0) }),
+			want: want{refused: []string{"dump: malformed"}, detail: "no section to restore"}},
 		{name: "trailing bytes", mutate: func(d []byte) []byte { return append(d, 1, 2, 3) }, want: want{loaded: true, counters: 7}},
 		{name: "a directory", dir: true, want: want{refused: []string{"dump: unreadable"}}},
 	}

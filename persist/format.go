@@ -405,6 +405,22 @@ type parsed struct {
 	trailing int       // bytes after the last section (ignored)
 }
 
+// nothingKnown refuses a dump none of whose sections this build restores
+// (every dump has its counters section), so that a load and inspect both
+// say why it is set aside; nil when one is there.
+func (p *parsed) nothingKnown() *Refusal {
+	for _, s := range p.sections {
+		switch s.typ {
+		case sectionCounters, sectionResponses, sectionCache:
+			return nil
+		}
+	}
+	if len(p.refused) > 0 {
+		return nil // refused, and said why, already
+	}
+	return &Refusal{ReasonMalformed, "dump", "no section to restore"}
+}
+
 // parse checks a dump's framing: magic, format version, header checksum,
 // layout, and each section's frame and checksum. A non-nil Refusal
 // refuses the whole file. parse allocates nothing in proportion to a

@@ -106,6 +106,10 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 	for _, f := range p.refused {
 		fmt.Fprintf(w, "refused:\t%s\n", f)
 	}
+	if f := p.nothingKnown(); f != nil {
+		verdict = append(verdict, f.String())
+		fmt.Fprintf(w, "refused:\t%s\n", f)
+	}
 	if p.trailing > 0 {
 		fmt.Fprintf(w, "trailing:\t%d bytes after the last section (ignored)\n", p.trailing)
 	}

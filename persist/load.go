@@ -225,6 +225,10 @@ func (l *loader) load(data []byte) error {
 	if p.trailing > 0 {
 		l.log.Warn("persist: bytes after the last section ignored", "bytes", p.trailing)
 	}
+	if f := p.nothingKnown(); f != nil {
+		l.refuse(*f)
+		return nil
+	}
 	var cs, rs, xs *section
 	for i := range p.sections {
 		s := &p.sections[i]
