@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/net/http2/hpack"
 )
@@ -90,10 +91,21 @@ type h2Guard struct {
 	streams int // header blocks opened (requests and trailers)
 	resets  int // RST_STREAM frames
 	cut     atomic.Pointer[errFlood]
+
+	// headerTimeout is read_header_timeout, kept as on HTTP/1: a header
+	// block, and on a new connection the first one, must have arrived
+	// within it, or the connection is closed (the read deadline set while
+	// one is awaited). The HTTP/2 server has no such bound of its own: a
+	// block never ended would hold the connection until idle_timeout.
+	headerTimeout time.Duration
+	awaiting      bool
 }
 
-func newH2Guard(c *tls.Conn, maxHeaderBytes int, onCut func(*errFlood)) *h2Guard {
-	g := &h2Guard{Conn: c, maxList: uint32(maxHeaderBytes), maxBlock: maxHeaderBytes + 16<<10, onCut: onCut, preface: len(h2Preface)}
+// newH2Guard guards c; headerTimeout 0 sets no read deadline.
+func newH2Guard(c *tls.Conn, maxHeaderBytes int, headerTimeout time.Duration, onCut func(*errFlood)) *h2Guard {
+	g := &h2Guard{Conn: c, maxList: uint32(maxHeaderBytes), maxBlock: maxHeaderBytes + 16<<10, onCut: onCut, preface: len(h2Preface),
+		headerTimeout: headerTimeout}
+	g.await() // the first request
 	// The table size the server advertises (x/net's default, 4 KiB).
 	g.dec = hpack.NewDecoder(4096, func(f hpack.HeaderField) { g.decoded += f.Size() })
 	g.dec.SetMaxStringLength(maxHeaderBytes)
@@ -170,6 +182,14 @@ func (g *h2Guard) look(b []byte) *errFlood {
 	return nil
 }
 
+// await starts the wait for a header block, unless one runs.
+func (g *h2Guard) await() {
+	if g.headerTimeout > 0 && !g.awaiting {
+		g.awaiting = true
+		g.Conn.SetReadDeadline(time.Now().Add(g.headerTimeout))
+	}
+}
+
 // frameStart takes a frame header.
 func (g *h2Guard) frameStart() *errFlood {
 	h := g.hdr[:]
@@ -178,6 +198,7 @@ func (g *h2Guard) frameStart() *errFlood {
 	g.flen, g.off, g.from, g.to = int(g.left), 0, 0, int(g.left)
 	switch g.typ {
 	case frameHeaders:
+		g.await()
 		g.streams++
 		g.block, g.frames, g.raw, g.decoded = true, 0, 0, 0
 		if g.flags&flagPadded != 0 {
@@ -238,6 +259,10 @@ func (g *h2Guard) frameEnd() *errFlood {
 	g.hdrN = 0
 	if (g.typ == frameHeaders || g.typ == frameContinuation) && g.block && g.flags&flagEndHeaders != 0 {
 		g.block = false
+		if g.awaiting {
+			g.awaiting = false
+			g.Conn.SetReadDeadline(time.Time{})
+		}
 		if err := g.dec.Close(); err != nil {
 			return &errFlood{floodHPACK, "a header block that does not decode: " + err.Error()}
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 // guardOn is a guard that only looks: no connection under it.
-func guardOn() *h2Guard { return newH2Guard(nil, 64<<10, nil) }
+func guardOn() *h2Guard { return newH2Guard(nil, 64<<10, 0, nil) }
 
 // frames writes what write writes with a framer, after the preface.
 func frames(t testing.TB, write func(fr *http2.Framer)) []byte {

@@ -128,7 +128,7 @@ func (e *edge) Shutdown(ctx context.Context) error {
 
 // serveH2 serves an HTTP/2 connection, through its flood guard.
 func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
-	g := newH2Guard(c, e.limits.MaxHeaderBytes, func(err *errFlood) {
+	g := newH2Guard(c, e.limits.MaxHeaderBytes, e.limits.ReadHeaderTimeout, func(err *errFlood) {
 		if held, ok := e.cuts[err.kind].Pass(time.Now()); ok {
 			args := []any{"client", c.RemoteAddr().String(), "why", err.why}
 			if held > 0 {

@@ -33,12 +33,13 @@ import (
 // and returns its address, a client that trusts it, and the server.
 func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Server) {
 	t.Helper()
-	addr, client, s, _ := tlsServerConfig(t, upstream)
+	addr, client, s, _ := tlsServerConfig(t, upstream, engine.Limits{})
 	return addr, client, s
 }
 
-// tlsServerConfig is tlsServer, and the TLS configuration it serves.
-func tlsServerConfig(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Server, *tls.Config) {
+// tlsServerConfig is tlsServer with lim, and the TLS configuration it
+// serves.
+func tlsServerConfig(t testing.TB, upstream string, lim engine.Limits) (string, *tls.Config, *nethttp.Server, *tls.Config) {
 	t.Helper()
 	ca := tlstest.NewCA(t)
 	cert, key := ca.Leaf(t, "a.example")
@@ -60,7 +61,7 @@ func tlsServerConfig(t testing.TB, upstream string) (string, *tls.Config, *netht
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: up, Edge: edge, Logger: slog.New(slog.DiscardHandler)})
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: up, Edge: edge, Limits: lim, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestMalformedRequestClosesHTTP1Only(t *testing.T) {
 // ticket of keys rotated out no longer resumes.
 func TestTicketKeysReachTheServedConfig(t *testing.T) {
 	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {})
-	addr, client, _, tc := tlsServerConfig(t, up)
+	addr, client, _, tc := tlsServerConfig(t, up, engine.Limits{})
 	client.MaxVersion = tls.VersionTLS12 // the ticket comes in the handshake
 	client.ClientSessionCache = tls.NewLRUClientSessionCache(4)
 	resumed := func() bool {
@@ -184,6 +185,52 @@ func TestMaxHeaderBytesOverHTTP2(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
 			t.Errorf("%s: a header of %d bytes got %d, want 200 (max_header_bytes %d)", name, len(pad), resp.StatusCode, engine.DefaultMaxHeaderBytes)
+		}
+	}
+}
+
+// read_header_timeout holds on HTTP/2 as on HTTP/1.1: a header block
+// begun and never ended, or no request at all on a new connection, closes
+// the connection once it ran out (before idle_timeout, much longer here).
+func TestReadHeaderTimeoutOverHTTP2(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {})
+	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: time.Minute})
+	conf.NextProtos = []string{"h2"}
+	for _, stall := range []string{"no request", "a header block never ended", "after a request, a block never ended"} {
+		c, err := tls.Dial("tcp", addr, conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, http2.ClientPreface)
+		fr := http2.NewFramer(c, c)
+		fr.WriteSettings()
+		block := []byte{0x82, 0x87, 0x84, 0x41, 0x01, 'a'} // :method GET, :scheme https, :path /, :authority a
+		if stall == "after a request, a block never ended" {
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndStream: true, EndHeaders: true})
+			time.Sleep(500 * time.Millisecond) // past the timeout, between requests: idle, not cut
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: block[:2], EndStream: true})
+		} else if stall == "a header block never ended" {
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:2], EndStream: true})
+		}
+		start := time.Now()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var sawResponse bool
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				break
+			}
+			if h, ok := f.(*http2.HeadersFrame); ok && h.StreamID == 1 {
+				sawResponse = true
+			}
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: the connection stayed %v, want it closed at read_header_timeout", stall, d)
+		}
+		if stall == "after a request, a block never ended" && (!sawResponse || time.Since(start) < 200*time.Millisecond) {
+			t.Errorf("%s: answered %v, closed after %v; want the first answered, and the close at the second's timeout, not while idle",
+				stall, sawResponse, time.Since(start))
 		}
 	}
 }
