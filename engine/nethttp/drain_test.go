@@ -15,6 +15,7 @@ import (
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/internal/wiretest"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -224,5 +225,34 @@ func TestShutdownEndsTunnels(t *testing.T) {
 	}
 	if _, err := br.ReadByte(); err == nil {
 		t.Error("the tunnel is still open after Shutdown")
+	}
+}
+
+// An HTTP/2 connection awaiting its preface counts as reading, as an
+// HTTP/1 connection awaiting its first request does; once the HTTP/2
+// server runs streams on it, as writing.
+func TestHTTP2ConnStates(t *testing.T) {
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := connTracker{cm: c.Conns()}
+	conn, other := net.Pipe()
+	defer conn.Close()
+	defer other.Close()
+	for i, step := range []struct {
+		st   http.ConnState
+		want metrics.ConnState
+	}{
+		{http.StateNew, metrics.ConnReading},    // accepted (net/http)
+		{http.StateActive, metrics.ConnReading}, // the edge, before the preface
+		{http.StateActive, metrics.ConnWriting}, // the HTTP/2 server, once it has it
+		{http.StateIdle, metrics.ConnIdle},
+		{http.StateActive, metrics.ConnWriting}, // a stream
+	} {
+		tr.track(conn, step.st, step.st != http.StateNew)
+		if got := tr.conns[conn].metric; got != step.want {
+			t.Fatalf("step %d (%v): counted as %v, want %v", i, step.st, got, step.want)
+		}
 	}
 }

@@ -424,9 +424,11 @@ func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 		metric = metrics.ConnReading
 	case http.StateActive:
 		// HTTP/1: the first byte of a request came; its head is read
-		// (ServeHTTP moves it on to writing).
+		// (ServeHTTP moves it on to writing). HTTP/2: streams run, but
+		// for the edge's Active on a new connection (net/http reported
+		// none since StateNew), which awaits the client's preface.
 		metric = metrics.ConnReading
-		if h2 {
+		if h2 && old.state != http.StateNew {
 			metric = metrics.ConnWriting
 		}
 	case http.StateIdle:
