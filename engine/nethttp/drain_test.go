@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -254,5 +256,25 @@ func TestHTTP2ConnStates(t *testing.T) {
 		if got := tr.conns[conn].metric; got != step.want {
 			t.Fatalf("step %d (%v): counted as %v, want %v", i, step.st, got, step.want)
 		}
+	}
+}
+
+// net/http's own lines (a client's failed TLS handshake, one per
+// connection a scanner opens) reach the log at most once a second.
+func TestErrorLogIsRateLimited(t *testing.T) {
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	srv, err := NewServer(ServerOptions{Core: c, Handler: http.NotFoundHandler(), Logger: slog.New(slog.NewTextHandler(&out, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		srv.srv.ErrorLog.Printf("http: TLS handshake error from 192.0.2.1:%d: EOF", 1000+i)
+	}
+	if n := strings.Count(out.String(), "\n"); n != 1 || !strings.Contains(out.String(), "level=WARN") {
+		t.Errorf("%d lines for 50 handshake errors within a second, want 1 warning:\n%s", n, out.String())
 	}
 }

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,7 +103,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, connKey{}, c)
 		},
-		ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+		ErrorLog: log.New(&errorLog{log: o.Logger}, "", 0),
 	}
 	if s.h.fwd != nil {
 		s.srv.DisableGeneralOptionsHandler = true // OPTIONS * is refuseUnforwardable's
@@ -387,6 +389,28 @@ func (s *Server) closeHijacked() {
 	for _, c := range cs {
 		c.Close()
 	}
+}
+
+// errorLog takes net/http's own log lines for the Server (a TLS handshake
+// that failed, a handler's panic, an accept error): at warn, at most one a
+// second, the next saying how many were held back, since a client can
+// make net/http log at will (a port scanner fails a handshake on every
+// connection).
+type errorLog struct {
+	log  *slog.Logger
+	gate engine.WarnGate
+}
+
+func (e *errorLog) Write(p []byte) (int, error) {
+	if held, ok := e.gate.Pass(time.Now()); ok {
+		msg := strings.TrimSuffix(string(p), "\n")
+		if held > 0 {
+			e.log.Warn(msg, "suppressed", held)
+		} else {
+			e.log.Warn(msg)
+		}
+	}
+	return len(p), nil
 }
 
 // connTracker follows the server's connections through http.Server's
