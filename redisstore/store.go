@@ -270,7 +270,15 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 	l := &Limiter{s: s, rule: r, pol: pol, ns: r.Namespace()}
 	l.algo, l.a, l.b, l.cost = pol.Params()
 	l.nsx = fmt.Sprintf("%016x", l.ns)
-	l.denyNS = l.ns ^ denyTag
+	// The deny cache is kept per rule and per parameters: a refusal under
+	// a limit says nothing under another (a reload that raised it), so
+	// the namespace, which only the name, algorithm and window make, is
+	// not enough.
+	var pb [24]byte
+	binary.LittleEndian.PutUint64(pb[0:], uint64(l.a))
+	binary.LittleEndian.PutUint64(pb[8:], uint64(l.b))
+	binary.LittleEndian.PutUint64(pb[16:], uint64(l.cost))
+	l.denyNS = l.ns ^ denyTag ^ xxhash.Sum64(pb[:])
 	l.denyMeta = bucket.MetaOf(r.Tag(), bucket.GCRA, denyWindow)
 	l.quota = shm.Quota{Account: r.Account(), Max: r.MaxKeys}
 	if r.OnUnavailable == FailLocal {

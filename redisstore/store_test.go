@@ -218,6 +218,16 @@ func TestDenyCache(t *testing.T) {
 	if _, ok := l.Denied(&other2, h.region.Now()); ok {
 		t.Fatal("another key is denied")
 	}
+	// The rule with a higher limit (a reload): what Redis refused under
+	// the old one is not refused from the cache.
+	raised, err := other.NewLimiter(rule("deny", bucket.FixedWindow, 5, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kr := raised.Key([]byte("flood"))
+	if _, ok := raised.Denied(&kr, h.region.Now()); ok {
+		t.Fatal("the deny entry of the old limit refuses under the raised one")
+	}
 	if got := h.store.Stats(h.region.Now()).DenyHits; got != 1 {
 		t.Fatalf("deny hits %d", got)
 	}
