@@ -636,6 +636,35 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 	})
 }
 
+// A tunnel in use lives past upstream_timeout, on every engine: only a
+// tunnel idle on both sides for that long ends. (The event loop once left
+// the upstream's response timer armed, and its expiry crashed the worker.)
+func TestUpgradeOutlivesTheUpstreamTimeout(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.Flush()
+			io.Copy(c, bufio.NewReader(c))
+		})
+		const timeout = 300 * time.Millisecond
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
+		c, br := dial(t, r.Addr)
+		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		buf := make([]byte, 4)
+		for range 8 { // a ping every 100 ms: 800 ms, well past the timeout
+			time.Sleep(timeout / 3)
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, "ping")
+			if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "ping" {
+				t.Fatalf("the tunnel in use ended: %q %v", buf, err)
+			}
+		}
+	})
+}
+
 func TestUpgradeRefusedByUpstream(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {

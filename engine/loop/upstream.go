@@ -619,6 +619,9 @@ func staleConn(err error) bool {
 
 // expire handles the connection's timer.
 func (u *upConn) expire() {
+	if u.tun != nil {
+		return // a tunnel's idle timeout is the client's (startTunnel)
+	}
 	switch u.state {
 	case upConnecting:
 		u.failed(&dialError{errConnectTimeout})
