@@ -36,3 +36,6 @@ func ClientOptions(o Options) (*redis.UniversalOptions, error) {
 	}
 	return clientOptions(o)
 }
+
+// RedisKey is the Redis key l counts k under.
+func RedisKey(l *Limiter, k *Key) string { return l.redisKey(k, "") }

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -524,8 +525,10 @@ func fill(hits []Hit, v any) (refused bool, err error) {
 
 // callSlots decides hits whose keys lie in several Cluster slots: one
 // pipeline of a script per slot, each charging its keys or none. When one
-// slot refused and others charged, a second pipeline refunds those: a
-// refusal charges no rule here too, at the price of a round trip.
+// slot refused, or failed, and others charged, a second pipeline refunds
+// what those charged: a refusal, or a decision Redis could not make whole
+// (on_unavailable answers it), charges no rule here too, at the price of
+// a round trip.
 func (s *Store) callSlots(ctx context.Context, hits []Hit) (refused bool, err error) {
 	// Group the hits by key value (one hash tag, one slot), keeping
 	// each hit's place.
@@ -548,71 +551,86 @@ func (s *Store) callSlots(ctx context.Context, hits []Hit) (refused bool, err er
 		}
 		groups = append(groups, g)
 	}
-	run := func(mode string, which []int) ([]any, error) {
+	// run runs the script in mode on each of gs, in one pipeline: the
+	// answer of each group, nil for one that failed, and the first error.
+	run := func(mode string, gs [][]Hit) ([]any, error) {
 		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(which))
-		for j, g := range which {
-			keys, args := s.scriptArgs(groups[g], mode)
+		cmds := make([]*redis.Cmd, len(gs))
+		for j, g := range gs {
+			keys, args := s.scriptArgs(g, mode)
 			cmds[j] = pipe.EvalSha(ctx, s.decide.sha, keys, args...)
 		}
 		s.st.calls.Add(1)
 		_, _ = pipe.Exec(ctx)
 		var retry []int
-		out := make([]any, len(which))
+		var first error
+		out := make([]any, len(gs))
 		for j, c := range cmds {
 			v, err := c.Result()
-			if isNoScript(err) {
+			switch {
+			case isNoScript(err):
 				retry = append(retry, j)
-				continue
+			case err != nil:
+				first = cmp.Or(first, err)
+			default:
+				out[j] = v
 			}
-			if err != nil {
-				return nil, err
-			}
-			out[j] = v
 		}
 		if len(retry) > 0 {
 			s.st.noscript.Add(1)
 			pipe := s.rdb.Pipeline()
 			ev := make([]*redis.Cmd, len(retry))
 			for k, j := range retry {
-				keys, args := s.scriptArgs(groups[which[j]], mode)
+				keys, args := s.scriptArgs(gs[j], mode)
 				ev[k] = pipe.Eval(ctx, s.decide.src, keys, args...)
 			}
 			_, _ = pipe.Exec(ctx)
 			for k, j := range retry {
-				v, err := ev[k].Result()
-				if err != nil {
-					return nil, err
+				if v, err := ev[k].Result(); err != nil {
+					first = cmp.Or(first, err)
+				} else {
+					out[j] = v
 				}
-				out[j] = v
 			}
 		}
-		return out, nil
+		return out, first
 	}
-	all := make([]int, len(groups))
-	for g := range all {
-		all[g] = g
-	}
-	res, err := run("d", all)
-	if err != nil {
-		return false, err
-	}
-	var charged []int
+	res, err := run("d", groups)
+	// What the groups that answered charged: the hits they let through (a
+	// shadow rule that would refuse is not charged). A refusal, or a
+	// group that failed (Redis did not decide: on_unavailable answers),
+	// gives them back, so that no rule counts a request it did not serve.
+	var charged [][]Hit
 	for g, v := range res {
-		r, err := fill(groups[g], v)
-		if err != nil {
-			return false, err
+		if v == nil {
+			continue
+		}
+		r, ferr := fill(groups[g], v)
+		if ferr != nil {
+			err = cmp.Or(err, ferr)
+			continue
 		}
 		if r {
 			refused = true
-		} else {
-			charged = append(charged, g)
+			continue
+		}
+		var allowed []Hit
+		for _, h := range groups[g] {
+			if h.D.Allowed {
+				allowed = append(allowed, h)
+			}
+		}
+		if len(allowed) > 0 {
+			charged = append(charged, allowed)
 		}
 	}
-	if refused && len(charged) > 0 {
-		if _, err := run("r", charged); err != nil {
-			s.log.Warn("redis: refunding a refused request failed: it stays counted", "err", err)
+	if (refused || err != nil) && len(charged) > 0 {
+		if _, rerr := run("r", charged); rerr != nil {
+			s.log.Warn("redis: refunding a refused request failed: it stays counted", "err", rerr)
 		}
+	}
+	if err != nil {
+		return false, err
 	}
 	for g, o := range order {
 		for j, i := range o {
