@@ -458,6 +458,10 @@ func (c *conn) drained() {
 		c.r.clientDrained()
 	case c.closeAfter:
 		c.shut()
+	case c.state == csIdle && c.inLen() > 0 && !c.processing:
+		// A pipelined request waits for this output to go (endRequest
+		// leaves it while the output is over highWater): its turn.
+		c.process(nil)
 	}
 }
 
