@@ -259,8 +259,8 @@ func TestHTTP2ConnStates(t *testing.T) {
 	}
 }
 
-// net/http's own lines (a client's failed TLS handshake, one per
-// connection a scanner opens) reach the log at most once a second.
+// net/http's lines of a client's failed TLS handshake (one per connection
+// a scanner opens) reach the log at most once a second; its others all.
 func TestErrorLogIsRateLimited(t *testing.T) {
 	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
 	if err != nil {
@@ -276,5 +276,10 @@ func TestErrorLogIsRateLimited(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "\n"); n != 1 || !strings.Contains(out.String(), "level=WARN") {
 		t.Errorf("%d lines for 50 handshake errors within a second, want 1 warning:\n%s", n, out.String())
+	}
+	// Any other line (a handler's panic, with its stack) is never held.
+	srv.srv.ErrorLog.Printf("http: panic serving 192.0.2.1:1: boom")
+	if !strings.Contains(out.String(), "panic serving") {
+		t.Errorf("a panic's line was held back with the handshakes':\n%s", out.String())
 	}
 }

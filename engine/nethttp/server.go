@@ -391,19 +391,23 @@ func (s *Server) closeHijacked() {
 	}
 }
 
-// errorLog takes net/http's own log lines for the Server (a TLS handshake
-// that failed, a handler's panic, an accept error): at warn, at most one a
-// second, the next saying how many were held back, since a client can
-// make net/http log at will (a port scanner fails a handshake on every
-// connection).
+// errorLog takes net/http's own log lines for the Server at warn: a
+// handler's panic, an accept error, an HTTP/2 connection's error. Those of
+// a failed TLS handshake, which a client makes at will (a port scanner
+// fails one on every connection), go at most one a second, the next
+// saying how many were held back; the others all go.
 type errorLog struct {
 	log  *slog.Logger
-	gate engine.WarnGate
+	gate engine.WarnGate // TLS handshakes
 }
 
 func (e *errorLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSuffix(string(p), "\n")
+	if !strings.HasPrefix(msg, "http: TLS handshake error") {
+		e.log.Warn(msg)
+		return len(p), nil
+	}
 	if held, ok := e.gate.Pass(time.Now()); ok {
-		msg := strings.TrimSuffix(string(p), "\n")
 		if held > 0 {
 			e.log.Warn(msg, "suppressed", held)
 		} else {

@@ -2,6 +2,7 @@ package tlsedge
 
 import (
 	"crypto/tls"
+	"io"
 	"net"
 	"sync/atomic"
 	"time"
@@ -118,6 +119,12 @@ func (g *h2Guard) Read(p []byte) (int, error) {
 		return 0, e
 	}
 	n, err := g.Conn.Read(p)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() && g.awaiting {
+		// read_header_timeout ran out (the only read deadline set on
+		// the connection): closed quietly, as on HTTP/1. The HTTP/2
+		// server would log a timeout at warn, an end of file not.
+		err = io.EOF
+	}
 	if n > 0 {
 		if ferr := g.look(p[:n]); ferr != nil {
 			g.cut.Store(ferr)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,13 +34,13 @@ import (
 // and returns its address, a client that trusts it, and the server.
 func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Server) {
 	t.Helper()
-	addr, client, s, _ := tlsServerConfig(t, upstream, engine.Limits{})
+	addr, client, s, _ := tlsServerConfig(t, upstream, engine.Limits{}, nil)
 	return addr, client, s
 }
 
-// tlsServerConfig is tlsServer with lim, and the TLS configuration it
-// serves.
-func tlsServerConfig(t testing.TB, upstream string, lim engine.Limits) (string, *tls.Config, *nethttp.Server, *tls.Config) {
+// tlsServerConfig is tlsServer with lim, logging to log (nil: nowhere),
+// and the TLS configuration it serves.
+func tlsServerConfig(t testing.TB, upstream string, lim engine.Limits, log *slog.Logger) (string, *tls.Config, *nethttp.Server, *tls.Config) {
 	t.Helper()
 	ca := tlstest.NewCA(t)
 	cert, key := ca.Leaf(t, "a.example")
@@ -61,7 +62,10 @@ func tlsServerConfig(t testing.TB, upstream string, lim engine.Limits) (string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: up, Edge: edge, Limits: lim, Logger: slog.New(slog.DiscardHandler)})
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: up, Edge: edge, Limits: lim, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +149,7 @@ func TestMalformedRequestClosesHTTP1Only(t *testing.T) {
 // ticket of keys rotated out no longer resumes.
 func TestTicketKeysReachTheServedConfig(t *testing.T) {
 	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {})
-	addr, client, _, tc := tlsServerConfig(t, up, engine.Limits{})
+	addr, client, _, tc := tlsServerConfig(t, up, engine.Limits{}, nil)
 	client.MaxVersion = tls.VersionTLS12 // the ticket comes in the handshake
 	client.ClientSessionCache = tls.NewLRUClientSessionCache(4)
 	resumed := func() bool {
@@ -194,27 +198,33 @@ func TestMaxHeaderBytesOverHTTP2(t *testing.T) {
 // the connection once it ran out (before idle_timeout, much longer here).
 func TestReadHeaderTimeoutOverHTTP2(t *testing.T) {
 	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {})
-	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: time.Minute})
+	var logged syncBuffer
+	const timeout = time.Second
+	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{ReadHeaderTimeout: timeout, IdleTimeout: time.Minute}, slog.New(slog.NewTextHandler(&logged, nil)))
 	conf.NextProtos = []string{"h2"}
-	for _, stall := range []string{"no request", "a header block never ended", "after a request, a block never ended"} {
+	for _, stall := range []string{"no preface", "no request", "a header block never ended", "after a request, a block never ended"} {
 		c, err := tls.Dial("tcp", addr, conf)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		io.WriteString(c, http2.ClientPreface)
+		if stall != "no preface" {
+			io.WriteString(c, http2.ClientPreface)
+		}
 		fr := http2.NewFramer(c, c)
-		fr.WriteSettings()
+		if stall != "no preface" {
+			fr.WriteSettings()
+		}
 		block := []byte{0x82, 0x87, 0x84, 0x41, 0x01, 'a'} // :method GET, :scheme https, :path /, :authority a
 		if stall == "after a request, a block never ended" {
 			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndStream: true, EndHeaders: true})
-			time.Sleep(500 * time.Millisecond) // past the timeout, between requests: idle, not cut
+			time.Sleep(timeout * 3 / 2) // past the timeout, between requests: idle, not cut
 			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: block[:2], EndStream: true})
 		} else if stall == "a header block never ended" {
 			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:2], EndStream: true})
 		}
 		start := time.Now()
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		c.SetReadDeadline(time.Now().Add(10 * timeout))
 		var sawResponse bool
 		for {
 			f, err := fr.ReadFrame()
@@ -225,14 +235,35 @@ func TestReadHeaderTimeoutOverHTTP2(t *testing.T) {
 				sawResponse = true
 			}
 		}
-		if d := time.Since(start); d > 5*time.Second {
+		if d := time.Since(start); d > 5*timeout {
 			t.Errorf("%s: the connection stayed %v, want it closed at read_header_timeout", stall, d)
 		}
-		if stall == "after a request, a block never ended" && (!sawResponse || time.Since(start) < 200*time.Millisecond) {
+		if stall == "after a request, a block never ended" && (!sawResponse || time.Since(start) < timeout/2) {
 			t.Errorf("%s: answered %v, closed after %v; want the first answered, and the close at the second's timeout, not while idle",
 				stall, sawResponse, time.Since(start))
 		}
 	}
+	if l := logged.String(); l != "" {
+		t.Errorf("the timeouts were logged, want them quiet as on HTTP/1:\n%s", l)
+	}
+}
+
+// syncBuffer is a log's destination, written by the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // cannedUpstream answers every request on a connection with the same
