@@ -75,14 +75,27 @@ func runWorker(ctx context.Context, opts Options) int {
 	log.Info("worker draining", "reason", why, "timeout", timeout)
 	w.draining()
 	// A draining worker still reopens its files (USR1): logrotate may
-	// rename the access log while its last requests are written.
+	// rename the access log while its last requests are written. Not once
+	// what it opened is being closed (runDeferred, below).
+	reopenDone, reopening := make(chan struct{}), make(chan struct{})
 	go func() {
-		for sig := range notes {
-			if sig == syscall.SIGUSR1 {
-				w.reopen(log)
+		defer close(reopening)
+		for {
+			select {
+			case sig := <-notes:
+				if sig == syscall.SIGUSR1 {
+					w.reopen(log)
+				}
+			case <-reopenDone:
+				return
 			}
 		}
 	}()
+	stopReopening := func() {
+		signal.Stop(notes)
+		close(reopenDone)
+		<-reopening
+	}
 	if w.pastLimit() {
 		select {
 		case err = <-recycled:
@@ -102,6 +115,7 @@ func runWorker(ctx context.Context, opts Options) int {
 	case <-served:
 	case <-time.After(time.Second): // Serve returns once its listener is closed
 	}
+	stopReopening()
 	w.runDeferred(log)
 	return 0
 }

@@ -59,14 +59,17 @@ type ClockResume struct {
 }
 
 // MaxDowntime is the most downtime a resumed clock counts (a dump's load,
-// ResumeClock). Every time kept in a region spans less (a rule's window, a
-// stored response's TTL: at most bucket.MaxWindow, ~203 days), so past it
-// everything has run out either way; counting more would only spend the
-// 48-bit range of region time, and a wall clock that was wrong at the dump
-// (1970, on a machine without a real-time clock, before NTP) would spend
-// it all at once: past the range, a rule's times no longer fit and it
-// stops limiting, in every later dump too.
-const MaxDowntime = (1 << 45) * time.Microsecond // ~407 days
+// ResumeClock). Every time kept in a region spans less: a rule's window
+// (at most bucket.MaxWindow, ~203 days), a stored response (its TTL, at
+// most that too), a cached one (fresh, then stale-while-revalidate or
+// stale-if-error, then kept for revalidation, each at most its TTL, and a
+// Vary stub one more: four of them). Past it everything has run out
+// either way; counting more would only spend the 48-bit range of region
+// time, and a wall clock that was wrong at the dump (1970, on a machine
+// without a real-time clock, before NTP) would spend it all at once: past
+// the range, a rule's times no longer fit and it stops limiting, in every
+// later dump too.
+const MaxDowntime = (1 << 46) * time.Microsecond // ~814 days
 
 // beatSlack is how far the region's clock may have run ahead of the wall
 // clock since the last Beat before it is distrusted: beats are a second

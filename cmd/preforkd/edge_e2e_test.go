@@ -309,8 +309,12 @@ func inFlight(t *testing.T, up *idemUpstream, send func() result) <-chan result 
 // file at log.access, not to the renamed one.
 func TestAccessLogReopenedWhileDraining(t *testing.T) {
 	t.Parallel()
+	release := make(chan struct{})
 	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
-		time.Sleep(1500 * time.Millisecond) // in flight across TERM and the rotation
+		select { // in flight across TERM and the rotation
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
 		w.WriteHeader(http.StatusOK)
 	})
 	path := filepath.Join(t.TempDir(), "access.log")
@@ -327,6 +331,7 @@ func TestAccessLogReopenedWhileDraining(t *testing.T) {
 	}
 	d.signal(syscall.SIGUSR1)
 	_, _, reopened := d.logs.waitFor(from, 5*time.Second, msgIs("worker reopened its files"))
+	close(release)
 	if r := <-done; r.status != http.StatusOK {
 		t.Fatalf("the request in flight: %d %v", r.status, r.err)
 	}
@@ -345,7 +350,7 @@ func TestAccessLogReopenedWhileDraining(t *testing.T) {
 // requests would wait in the listen queue until the listener closes.
 func TestDrainDelayServesPastMaxRequests(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemonOptions{config: baseServer(2, "health_path = \"/healthz\"\ndrain_delay = \"3s\"\nmax_requests = 10")})
+	d := startDaemon(t, daemonOptions{config: baseServer(2, "health_path = \"/healthz\"\ndrain_delay = \"5s\"\nmax_requests = 10")})
 	c := newClient(t, nil, false) // a connection each: each accept counts
 	c.Timeout = 2 * time.Second
 	from := d.logs.len()
@@ -536,9 +541,13 @@ func TestUpgradeE2E(t *testing.T) {
 // and the client's retry after a restart is replayed, not run again.
 func TestUpgradeStopKeepsTheOldWorkersResponses(t *testing.T) {
 	t.Parallel()
+	release := make(chan struct{})
 	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
-			time.Sleep(2 * time.Second) // in flight across the upgrade and the stop
+			select { // in flight across the upgrade and the stop
+			case <-release:
+			case <-time.After(10 * time.Second):
+			}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -558,7 +567,23 @@ func TestUpgradeStopKeepsTheOldWorkersResponses(t *testing.T) {
 	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: this supervisor is the main process now")); !ok {
 		t.Fatalf("no handover; log:\n%s", d.logs.text())
 	}
-	stopPID(t, d, begun.int("pid"))
+	// systemctl stop: TERM to the main process, the new supervisor; the
+	// request goes on only once it is draining.
+	stopped := d.logs.len()
+	if err := syscall.Kill(begun.int("pid"), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := d.logs.waitFor(stopped, 10*time.Second, msgIs("drain begun")); !ok {
+		t.Fatalf("the new supervisor did not drain; log:\n%s", d.logs.text())
+	}
+	// Its own workers go at once (they serve nothing). Had it not waited
+	// for the old ones, it would dump now, without the response still to
+	// come: give it that time, then let the request go on.
+	d.logs.waitFor(stopped, 500*time.Millisecond, msgIs("dump written"))
+	close(release)
+	if !d.logs.waitEOF(20 * time.Second) {
+		t.Fatalf("the supervisors did not exit; log:\n%s", d.logs.text())
+	}
 	if r := <-first; r.status != http.StatusCreated || string(r.body) != `{"execution":1}` {
 		t.Fatalf("the request in flight: %d %q %v", r.status, r.body, r.err)
 	}

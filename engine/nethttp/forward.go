@@ -666,32 +666,28 @@ func staleConn(err error) bool {
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
 	switch {
 	case r.URL != nil && r.URL.IsAbs() && !strings.EqualFold(r.URL.Scheme, ownScheme(r)):
-		return writeOwnProblem(w, http.StatusBadRequest, "the request target is not an absolute path"), true
+		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target is not an absolute path"), true
 	case r.Method == http.MethodConnect:
-		return writeOwnProblem(w, http.StatusMethodNotAllowed, "CONNECT is not supported"), true
+		return writeOwnProblem(w, r, http.StatusMethodNotAllowed, "CONNECT is not supported"), true
 	case r.Method == "PRI":
-		return writeOwnProblem(w, http.StatusBadRequest, "PRI is the HTTP/2 connection preface, not a request"), true
+		return writeOwnProblem(w, r, http.StatusBadRequest, "PRI is the HTTP/2 connection preface, not a request"), true
 	case r.RequestURI == "*" && r.Method == http.MethodOptions:
 		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 		w.Header()["Content-Type"] = nil
 		w.WriteHeader(http.StatusOK)
 		return http.StatusOK, true
 	case r.RequestURI == "*":
-		return writeOwnProblem(w, http.StatusBadRequest, "the request target is not an absolute path"), true
+		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target is not an absolute path"), true
 	}
 	return 0, false
 }
 
-// writeOwnProblem writes a problem of the server's own, closing the
-// connection after it.
-func writeOwnProblem(w http.ResponseWriter, status int, detail string) int {
+// writeOwnProblem writes a problem of the server's own, closing an
+// HTTP/1 connection after it (writeResponse).
+func writeOwnProblem(w http.ResponseWriter, r *http.Request, status int, detail string) int {
 	p := core.Problem{Status: status, Detail: detail}
 	body := p.AppendJSON(nil)
 	fields, _ := core.ProblemFields(nil, nil, 0, len(body))
-	h := w.Header()
-	setFields(h, fields)
-	h.Set("Connection", "close")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	writeResponse(w, &core.Response{Status: status, Fields: fields, Body: body, Close: true}, r.ProtoMajor == 1)
 	return status
 }

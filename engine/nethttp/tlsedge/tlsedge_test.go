@@ -4,6 +4,7 @@ package tlsedge_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
@@ -264,6 +266,58 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// The server's own refusals (CONNECT: 405) close an HTTP/1.1 connection
+// but not an HTTP/2 one: no GOAWAY, the next stream is served.
+func TestOwnRefusalKeepsTheHTTP2Connection(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	addr, conf, _ := tlsServer(t, up)
+	conf.NextProtos = []string{"h2"}
+	c, err := tls.Dial("tcp", addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, http2.ClientPreface)
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	block := func(fields ...string) []byte {
+		hb.Reset()
+		for i := 0; i < len(fields); i += 2 {
+			enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+		}
+		return bytes.Clone(hb.Bytes())
+	}
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, EndStream: true, EndHeaders: true,
+		BlockFragment: block(":method", "CONNECT", ":authority", "a.example:443")})
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, EndStream: true, EndHeaders: true,
+		BlockFragment: block(":method", "GET", ":scheme", "https", ":path", "/", ":authority", "a.example")})
+	dec := hpack.NewDecoder(4096, nil)
+	statuses := map[uint32]string{}
+	for len(statuses) < 2 {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("after %v: %v", statuses, err)
+		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			t.Fatalf("GOAWAY after %v: the refusal closed the HTTP/2 connection", statuses)
+		case *http2.HeadersFrame:
+			hs, _ := dec.DecodeFull(f.HeaderBlockFragment())
+			for _, h := range hs {
+				if h.Name == ":status" {
+					statuses[f.StreamID] = h.Value
+				}
+			}
+		}
+	}
+	if statuses[1] != "405" || statuses[3] != "200" {
+		t.Errorf("statuses %v, want 405 to CONNECT and 200 to the next stream", statuses)
+	}
 }
 
 // cannedUpstream answers every request on a connection with the same
