@@ -171,6 +171,11 @@ type supervisor struct {
 	// until it is gone (oldIndexes).
 	notifyHeld bool
 	oldIndexes []int
+	// Draining, it waits for the old workers (finished) until oldBy, or
+	// a second TERM: then they are given up (oldGivenUp), and the dump is
+	// made without what they still serve, rather than never.
+	oldBy      time.Time
+	oldGivenUp bool
 }
 
 // newSupervisor prepares a supervisor of n workers with settings cfg
@@ -217,7 +222,16 @@ func (s *supervisor) keepAlive() {
 // still serves and dumps.
 func (s *supervisor) finished() bool {
 	return s.draining && len(s.procs) == 0 && s.orphans == 0 &&
-		(s.up == nil || s.up.ready) && (len(s.oldIndexes) == 0 || s.notifyHeld)
+		(s.up == nil || s.up.ready) && (len(s.oldIndexes) == 0 || s.notifyHeld || s.oldGivenUp)
+}
+
+// giveUpOld stops waiting for the old supervisor's workers.
+func (s *supervisor) giveUpOld(why string) {
+	if len(s.oldIndexes) == 0 || s.oldGivenUp {
+		return
+	}
+	s.oldGivenUp = true
+	s.log.Warn("upgrade: the old supervisor's workers are not gone: finishing without them", "why", why, "indexes", s.oldIndexes)
 }
 
 // reopen tells every worker to reopen the files it writes (an access log
@@ -241,6 +255,9 @@ func (s *supervisor) reopen() {
 // workers that are due: it is run after every event.
 func (s *supervisor) step() {
 	now := s.env.now()
+	if s.draining && !s.oldBy.IsZero() && !now.Before(s.oldBy) {
+		s.giveUpOld("not gone within twice shutdown_timeout")
+	}
 	if !s.stopAt.IsZero() && !now.Before(s.stopAt) {
 		s.log.Info("drain delay over", "workers", len(s.procs))
 		s.retireAll()
@@ -539,6 +556,11 @@ func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 		attrs = append(attrs, "drain_delay", delay)
 	}
 	s.log.Info("drain begun", attrs...)
+	if len(s.oldIndexes) > 0 {
+		// The old supervisor drains them within its shutdown_timeout,
+		// then they are reaped: twice that is time enough.
+		s.oldBy = s.env.now().Add(delay + 2*s.cfg.ShutdownTimeout)
+	}
 	if u := s.up; u != nil && !u.ready && !u.killed {
 		s.log.Info("upgrade abandoned: draining", "pid", u.proc.pid)
 		s.killUpgrade()
@@ -585,6 +607,7 @@ func (s *supervisor) killAll(reason string) {
 		}
 	}
 	s.log.Warn("drain shortened: killing workers", "reason", reason, "workers", n)
+	s.giveUpOld("drain shortened")
 }
 
 // refuseReload ends a reload that keeps the running configuration, for
@@ -681,6 +704,9 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 	consider(s.stopAt)
 	if u := s.up; u != nil && !u.ready && !u.killed {
 		consider(u.deadline)
+	}
+	if s.draining && len(s.oldIndexes) > 0 && !s.oldGivenUp {
+		consider(s.oldBy)
 	}
 	for _, p := range s.procs {
 		switch {

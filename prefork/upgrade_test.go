@@ -316,3 +316,35 @@ func TestUpgradeStopWaitsForTheOldWorkers(t *testing.T) {
 		}
 	}
 }
+
+// The wait for the old supervisor's workers has a bound: twice
+// shutdown_timeout from the drain (an old supervisor that hangs), or a
+// second TERM. The dump is then made without them, rather than never.
+func TestUpgradeStopGivesUpTheOldWorkers(t *testing.T) {
+	for _, by := range []string{"time", "TERM"} {
+		f, u := newFake(), &upgradeFake{}
+		s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+		s.inherit([]int{0, 1})
+		s.step()
+		ready(s, 100, 101)
+		s.onMain(mainEvent{})
+		sendSignal(s, syscall.SIGTERM)
+		exit(s, 100, true)
+		exit(s, 101, true)
+		if by == "time" {
+			advance(f, s, 10*time.Second-time.Millisecond)
+			if s.finished() {
+				t.Fatal("gave the old workers up before twice shutdown_timeout")
+			}
+			if next, ok := s.nextDeadline(); !ok || next.After(f.now.Add(time.Millisecond)) {
+				t.Fatalf("no wake-up for the bound: %v %v", next, ok)
+			}
+			advance(f, s, time.Millisecond)
+		} else {
+			sendSignal(s, syscall.SIGTERM)
+		}
+		if !s.finished() {
+			t.Errorf("by %s: still waiting for the old workers", by)
+		}
+	}
+}
