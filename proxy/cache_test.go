@@ -15,6 +15,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -81,15 +82,8 @@ func TestCacheRefreshInTheBackground(t *testing.T) {
 			}
 		}
 		close(release)
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			if _, x, b := get(); x == "HIT" && b == "version 2" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the refresh never landed")
-			}
-			time.Sleep(5 * time.Millisecond)
+		if !waitfor.Cond(5*time.Second, func() bool { _, x, b := get(); return x == "HIT" && b == "version 2" }) {
+			t.Fatal("the refresh never landed")
 		}
 		if n := calls.Load(); n != 2 {
 			t.Fatalf("%d upstream calls, want 2 (one refresh)", n)
@@ -135,15 +129,8 @@ func TestCacheRefreshRevalidatedInTheBackground(t *testing.T) {
 		if x, b := get(); x != "STALE" || b != "vers" {
 			t.Fatalf("stale: %s %q", x, b)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			if x, b := get(); x == "HIT" && b == "vers" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the refresh's 304 never made the response fresh")
-			}
-			time.Sleep(5 * time.Millisecond)
+		if !waitfor.Cond(5*time.Second, func() bool { x, b := get(); return x == "HIT" && b == "vers" }) {
+			t.Fatal("the refresh's 304 never made the response fresh")
 		}
 		if n := calls.Load(); n != 2 {
 			t.Fatalf("%d upstream calls, want 2 (one refresh)", n)

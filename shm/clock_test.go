@@ -50,39 +50,33 @@ func TestResumeClock(t *testing.T) {
 	}
 }
 
-// A wall clock that went backwards while down grants nothing: the time
-// continues from the beat.
-func TestResumeClockWallBackwards(t *testing.T) {
-	r, err := shm.CreatePrivate(shm.Options{Counters: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	r.SetNow(time.Minute)
-	beat := time.Now()
-	r.Beat(beat)
-	r.SetBootID(1)
-	r.ResumeClock(beat.Add(-time.Hour))
-	if now := r.Now(); now < time.Minute || now > time.Minute+time.Second {
-		t.Fatalf("region time %v, want the beat's 1m", now)
-	}
-}
-
-// A wall clock far ahead of the last beat (wrong then, right now: 1970 on
-// a machine without a real-time clock) counts MaxDowntime at most: the
-// region's times stay within their 48-bit range.
-func TestResumeClockCapsDowntime(t *testing.T) {
-	r, err := shm.CreatePrivate(shm.Options{Counters: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	r.SetNow(time.Minute)
-	beat := time.Now()
-	r.Beat(beat)
-	r.SetBootID(1)
-	r.ResumeClock(beat.Add(56 * 365 * 24 * time.Hour))
-	if now, want := r.Now(), time.Minute+shm.MaxDowntime; now < want || now > want+time.Second {
-		t.Fatalf("region time %v, want the beat's 1m and MaxDowntime: %v", now, want)
+// A region from another boot continues from its last beat plus the
+// wall-clock time since, within bounds: a wall clock that went backwards
+// while down grants nothing, and one far ahead of the beat (wrong then,
+// right now: 1970 on a machine without a real-time clock) counts
+// MaxDowntime at most, so that the region's times stay within their
+// 48-bit range.
+func TestResumeClockBounds(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		wall      time.Duration // the wall clock at the resume, from the beat
+		continued time.Duration // the downtime counted
+	}{
+		{"wall clock went back", -time.Hour, 0},
+		{"56 years", 56 * 365 * 24 * time.Hour, shm.MaxDowntime},
+	} {
+		r, err := shm.CreatePrivate(shm.Options{Counters: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		r.SetNow(time.Minute)
+		beat := time.Now()
+		r.Beat(beat)
+		r.SetBootID(1)
+		r.ResumeClock(beat.Add(tt.wall))
+		if now, want := r.Now(), time.Minute+tt.continued; now < want || now > want+time.Second {
+			t.Errorf("%s: region time %v, want the beat's 1m and %v", tt.name, now, tt.continued)
+		}
 	}
 }

@@ -28,11 +28,7 @@ import (
 func TestPipelinedAfterALargeResponse(t *testing.T) {
 	t.Parallel()
 	piece := []byte(strings.Repeat("x", 64<<10))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := listen(t)
 	wiretest.AcceptEach(ln, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {

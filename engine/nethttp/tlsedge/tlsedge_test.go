@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/engine/nethttp/tlsedge"
+	"github.com/preforkd/preforkd/internal/logtest"
 	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/internal/tlstest"
 	"github.com/preforkd/preforkd/internal/wiretest"
@@ -200,7 +200,7 @@ func TestMaxHeaderBytesOverHTTP2(t *testing.T) {
 // the connection once it ran out (before idle_timeout, much longer here).
 func TestReadHeaderTimeoutOverHTTP2(t *testing.T) {
 	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {})
-	var logged syncBuffer
+	var logged logtest.Buffer
 	const timeout = time.Second
 	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{ReadHeaderTimeout: timeout, IdleTimeout: time.Minute}, slog.New(slog.NewTextHandler(&logged, nil)))
 	conf.NextProtos = []string{"h2"}
@@ -248,24 +248,6 @@ func TestReadHeaderTimeoutOverHTTP2(t *testing.T) {
 	if l := logged.String(); l != "" {
 		t.Errorf("the timeouts were logged, want them quiet as on HTTP/1:\n%s", l)
 	}
-}
-
-// syncBuffer is a log's destination, written by the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // The server's own refusals (CONNECT: 405) close an HTTP/1.1 connection
