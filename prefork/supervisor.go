@@ -255,7 +255,7 @@ func (s *supervisor) reopen() {
 // workers that are due: it is run after every event.
 func (s *supervisor) step() {
 	now := s.env.now()
-	if s.draining && !s.oldBy.IsZero() && !now.Before(s.oldBy) {
+	if !s.oldBy.IsZero() && !now.Before(s.oldBy) { // set at beginDrain
 		s.giveUpOld("not gone within twice shutdown_timeout")
 	}
 	if !s.stopAt.IsZero() && !now.Before(s.stopAt) {
@@ -705,8 +705,8 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 	if u := s.up; u != nil && !u.ready && !u.killed {
 		consider(u.deadline)
 	}
-	if s.draining && len(s.oldIndexes) > 0 && !s.oldGivenUp {
-		consider(s.oldBy)
+	if len(s.oldIndexes) > 0 && !s.oldGivenUp {
+		consider(s.oldBy) // zero until the drain
 	}
 	for _, p := range s.procs {
 		switch {

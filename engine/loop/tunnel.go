@@ -35,7 +35,6 @@ func (r *request) startTunnel(u *upConn, rest []byte) {
 	// The tunnel's idle timeout is the client connection's (touch): the
 	// upstream's own timer, armed for the response, must not fire as if
 	// a response were due.
-	u.l.wheel.disarm(&u.t)
 	u.l.wheel.unlink(&u.t)
 	if c == nil {
 		u.close()
