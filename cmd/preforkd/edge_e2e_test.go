@@ -672,7 +672,11 @@ func TestUpgradeFails(t *testing.T) {
 			t.Errorf("after the failed upgrade: %d %v", r.status, r.err)
 		}
 		// The killed supervisor's workers die with it; their indexes are
-		// reaped, and the old one goes on: a reload replaces its workers.
+		// reaped (a HUP before that is refused: the upgrade is still under
+		// way), and the old one goes on: a reload replaces its workers.
+		if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade abandoned: the new supervisor's workers are gone, their indexes reaped")); !ok {
+			t.Fatalf("the killed upgrade's indexes were not reaped; log:\n%s", d.logs.text())
+		}
 		noCanaryReload := reloadTo(d, noCanary(baseServer(2, "upgrade_timeout = \"1ms\"")))
 		waitReloaded(t, d, noCanaryReload, 20*time.Second)
 		d.stop()
