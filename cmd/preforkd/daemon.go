@@ -278,6 +278,11 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		ignored = append(ignored, fmt.Sprintf("persist.interval %v", next.Persist.Interval))
 		next.Persist.Interval = running.Persist.Interval
 	}
+	if next.Admin.Listen != running.Admin.Listen {
+		// The supervisor's admin server listens where it started.
+		ignored = append(ignored, fmt.Sprintf("admin.listen %q", next.Admin.Listen))
+		next.Admin.Listen = running.Admin.Listen
+	}
 	if next.TLS.Enabled() != running.TLS.Enabled() {
 		// The listener speaks TLS or not: a reload's workers would speak
 		// another protocol on it than the ones they replace.

@@ -23,11 +23,13 @@ func TestReloadKeepsRestartOnlySettings(t *testing.T) {
 		Server:  config.Server{Listen: "127.0.0.1:1", Workers: 2, Upstream: "http://a"},
 		Table:   config.Table{Counters: 1024},
 		Persist: config.Persist{Path: "/var/lib/preforkd/dump", Key: "v1"},
+		Admin:   config.Admin{Listen: "127.0.0.1:3"},
 	}
 	next := config.Config{
 		Server:  config.Server{Listen: "127.0.0.1:2", Workers: 5, Upstream: "http://b"},
 		Table:   config.Table{Counters: 2048},
 		Persist: config.Persist{Path: "/elsewhere/dump", Key: "v2", Live: "/dev/shm/x"},
+		Admin:   config.Admin{Listen: "127.0.0.1:4", TokenFile: "/etc/token"},
 	}
 	var lines logtest.Buffer
 	got := keepRestartOnly(slog.New(slog.NewTextHandler(&lines, nil)), running, next)
@@ -35,10 +37,11 @@ func TestReloadKeepsRestartOnlySettings(t *testing.T) {
 	want.Server.Upstream = "http://b"
 	want.Persist.Key = "v2" // the application's version goes with the reload
 	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table ||
-		got.Persist != want.Persist || got.Server.Upstream != "http://b" {
+		got.Persist != want.Persist || got.Server.Upstream != "http://b" ||
+		got.Admin.Listen != running.Admin.Listen || got.Admin.TokenFile != "/etc/token" {
 		t.Fatalf("got %+v", got)
 	}
-	for _, ignored := range []string{"server.listen", "server.workers", "table", "persist.path", "persist.live"} {
+	for _, ignored := range []string{"server.listen", "server.workers", "table", "persist.path", "persist.live", "admin.listen"} {
 		if !strings.Contains(lines.String(), ignored) {
 			t.Errorf("the warning does not name %s:\n%s", ignored, lines.String())
 		}
