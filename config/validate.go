@@ -105,6 +105,7 @@ func (c Config) check(r *report) {
 
 	t := c.Table
 	f = r.at([]string{"table"}, "table.")
+	tableErrs := len(r.errs)
 	if t.Counters < minCounters || t.Counters > maxCounters {
 		f("counters", "must be between %d and %d, got %d", minCounters, maxCounters, t.Counters)
 	}
@@ -118,6 +119,14 @@ func (c Config) check(r *report) {
 		f("response_bytes", "must not be negative, got %d", t.ResponseBytes)
 	} else if t.ResponseBytes == 0 && storing != "" {
 		f("response_bytes", "is 0 but %s blocks need room for stored bodies", storing)
+	}
+	if len(r.errs) == tableErrs {
+		// The rest of the geometry's bounds are the region's own (a
+		// record or block count past what its indexes hold): check says
+		// no to what run would refuse.
+		if _, err := c.RegionOptions().Size(); err != nil {
+			r.fail([]string{"table"}, fmt.Sprintf("table: the region cannot be made: %v", err))
+		}
 	}
 
 	f = r.at([]string{"log"}, "log.")
