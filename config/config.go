@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -717,16 +718,22 @@ func (d Cache) withDefaults() Cache {
 	setDefault(&d.MaxBody, 1<<20)
 	setDefault(&d.Targeted, core.DefaultTargeted)
 	if d.TagHeaders == nil {
-		d.TagHeaders = []string{"Cache-Tag", "Surrogate-Key"}
+		d.TagHeaders = defaultTagHeaders()
 	}
 	d.TagHeaders = slices.Clone(d.TagHeaders)
 	return d
 }
 
+// defaultTagHeaders are the response fields a cache block reads its
+// entries' tags from when tag_headers is left out.
+func defaultTagHeaders() []string { return []string{"Cache-Tag", "Surrogate-Key"} }
+
 func (r RateLimit) withDefaults() RateLimit {
 	r.Methods = upperAll(r.Methods)
 	setDefault(&r.By, "ip")
 	setDefault(&r.LocalShare, 1)
+	setDefault(&r.Cost, 1)
+	setDefault(&r.Status, http.StatusTooManyRequests)
 	r.Exempt = slices.Clone(r.Exempt)
 	r.Overrides = slices.Clone(r.Overrides)
 	return r

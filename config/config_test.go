@@ -266,8 +266,9 @@ by = "global"
 			Window: time.Hour, Algorithm: bucket.FixedWindow, By: "header:X-Api-Key|header:X-Token|ip",
 			Mode: Shadow, OnFull: bucket.Closed,
 			Store: StoreRedis, OnUnavailable: redisstore.FailClosed, LocalShare: 3, Sync: redisstore.Sync(100 * time.Millisecond),
+			Cost: 1, Status: 429,
 		}, {
-			Name: "g", Path: "/*", Limit: 10, Window: time.Millisecond, Burst: 20, By: "global", LocalShare: 1,
+			Name: "g", Path: "/*", Limit: 10, Window: time.Millisecond, Burst: 20, By: "global", LocalShare: 1, Cost: 1, Status: 429,
 		}},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -662,7 +663,7 @@ func TestExample(t *testing.T) {
 	}
 	want := []RateLimit{
 		{Name: "login", Path: "/login", Methods: []string{"POST"}, Limit: 5, Window: 5 * time.Minute, By: "ip", Cost: 1, Status: 429, Exempt: Prefixes{}, LocalShare: 1},
-		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip", LocalShare: 1, Overrides: []Override{
+		{Name: "api", Path: "/api/*", Limit: 100, Window: time.Minute, By: "header:X-Api-Key|ip", LocalShare: 1, Cost: 1, Status: 429, Overrides: []Override{
 			{Key: "gold-customer-key", Limit: 1000, Window: time.Minute, Burst: 1000},
 			{Client: Prefixes{netip.MustParsePrefix("198.51.100.0/24")}, Limit: 500},
 		}},

@@ -86,6 +86,12 @@ func TestErrors(t *testing.T) {
 		{"responses negative", "[table]\nresponses = -1 # <-\n", "must not be negative", 0},
 		{"responses 0 with idempotency", "[table]\nresponses = 0 # <-\n[[idempotency]]\npath = \"/o\"\n", "need stored responses", 0},
 		{"response_bytes 0 with idempotency", "[table]\nresponse_bytes = 0 # <-\n[[idempotency]]\npath = \"/o\"\n", "table.response_bytes: is 0 but [[idempotency]] blocks need room for stored bodies", 0},
+		// 0 written in the file is checked as 0, not taken for the default.
+		{"cost 0", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimit = 5\nwindow = \"1s\"\ncost = 0 # <-\n", `ratelimit "b": cost: must be at least 1, got 0`, 0},
+		{"status 0", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimit = 5\nwindow = \"1s\"\nstatus = 0 # <-\n", `ratelimit "b": status: want 429 or 503, got 0`, 0},
+		{"override window 0s", rule + "[[ratelimit.override]]\nkey = \"k\"\nlimit = 3\nwindow = \"0s\" # <-\n", `"0s": want a positive duration (or leave it out for the rule's window)`, 0},
+		{"cache ttl 0s", "[[cache]]\npath = \"/c\"\nttl = \"0s\" # <-\n", "cache[1]: ttl: must be positive", 0},
+		{"cache max_body 0", "[[cache]]\npath = \"/c\"\nmax_body = 0 # <-\n", "cache[1]: max_body: must be positive", 0},
 		// The region's own bounds: check refuses what run would.
 		{"responses past the region's", "[table] # <-\nresponses = 67108865\n[[cache]]\npath = \"/c\"\n", "table: the region cannot be made: shm: 67108865 response records is more than the maximum 67108864", 0},
 		{"response_bytes past the region's", "[table] # <-\nresponse_bytes = \"99999999GiB\"\n[[idempotency]]\npath = \"/o\"\n", "response bytes is more than 4294967294 blocks", 0},

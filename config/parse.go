@@ -124,7 +124,13 @@ func decode(md *toml.MetaData, doc toml.Primitive) (Config, error) {
 		d := Cache{LockTimeout: defaultCacheLock}.withDefaults()
 		d.TagHeaders = nil // the file's value, or the default after decoding
 		err = errors.Join(err, md.PrimitiveDecode(p, &d))
-		c.Caches = append(c.Caches, d.withDefaults())
+		if d.TagHeaders == nil {
+			// Only this default: ttl = "0s" and their kin are checked as
+			// written, not taken for the default.
+			d.TagHeaders = defaultTagHeaders()
+		}
+		d.Methods = upperAll(d.Methods)
+		c.Caches = append(c.Caches, d)
 	}
 	return c, err
 }
@@ -223,8 +229,11 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 				want = `a whole number of seconds (300) or a duration string such as "30s", "5m" or "1h30m"`
 			}
 			bad(want)
-		} else if _, err := time.ParseDuration(s); err != nil {
+		} else if d, err := time.ParseDuration(s); err != nil {
 			r.fail(path, fmt.Sprintf(`%s: invalid duration %q: want Go syntax such as "30s", "5m" or "1h30m"`, name(path), s))
+		} else if d == 0 && len(path) >= 3 && path[len(path)-3] == "override" {
+			// An override's window of 0 would be taken for "the rule's".
+			r.fail(path, fmt.Sprintf("%s: %q: want a positive duration (or leave it out for the rule's window)", name(path), s))
 		}
 		return
 	case toml.Unmarshaler:

@@ -252,6 +252,15 @@ func (rl RateLimit) check(r *report, i int, names map[string]int, ro route.Optio
 	if err := modeNames.check(rl.Mode); err != nil {
 		f("mode", "%s", detail(err))
 	}
+	// The packages take 0 for the default; a file that writes 0 asked
+	// for something else (a rule that leaves the key out has the default
+	// before it is checked).
+	if rl.Cost == 0 {
+		f("cost", "must be at least 1, got 0")
+	}
+	if rl.Status == 0 {
+		f("status", "want 429 or 503, got 0")
+	}
 }
 
 // checkStore checks the keys of a rule's store: those of a redis rule by
