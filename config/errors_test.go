@@ -192,6 +192,9 @@ func TestErrors(t *testing.T) {
 		{"cache tag header", "[[cache]]\npath = \"/c\"\ntag_headers = [\"Cache Tag\"] # <-\n", `tag_headers: "Cache Tag" is not a valid header name`, 0},
 		{"cache path", "[[cache]] # <-\nttl = \"1h\"\n", `cache[1]: path "" must start with /`, 0},
 		{"cache duplicate", "[[cache]]\npath = \"/c/*\"\n[[cache]]\npath = \"/c/*\" # <-\n", "/c/* is already covered by cache[1]", 0},
+		{"cache duplicate once matched", "[[cache]]\npath = \"/c/*\"\n[[cache]]\npath = \"/%43/*\" # <-\n", "/%43/* is already covered by cache[1]", 0},
+		{"cache under an earlier prefix", "[[cache]]\npath = \"/c/*\"\n[[cache]]\npath = \"/c/d\" # <-\n", "/c/d is already covered by cache[1]", 0},
+		{"idempotency duplicate once matched", "[[idempotency]]\npath = \"/o\"\n[[idempotency]]\npath = \"/O/\" # <-\n", "POST /O/ is already covered by idempotency[1]", 0},
 		{"cache without a response table", "[table]\nresponses = 0 # <-\n[[cache]]\npath = \"/c\"\n", "[[cache]] blocks need stored responses", 0},
 		{"cache unknown key", "[[cache]]\npath = \"/c\"\ntags = [\"X\"] # <-\n", `unknown key "tags" in cache[1]`, 0},
 

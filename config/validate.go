@@ -183,12 +183,13 @@ func (c Config) check(r *report) {
 }
 
 func (d Cache) check(r *report, i int, c Config) {
-	_, err := d.core(c.Server.routes())
+	ro := c.Server.routes()
+	dc, err := d.core(ro)
 	f := block[Cache](r, "cache", i, err)
-	// The first block whose path matches applies: a second one for the
-	// same path would never apply.
+	// The first block whose path matches applies: a later one for a path
+	// it covers ("/a" after "/A" or "/a/*") would never apply.
 	for j, e := range c.Caches[:i] {
-		if e.Path == d.Path {
+		if ec, eerr := e.core(ro); err == nil && eerr == nil && ec.Route.Covers(&dc.Route) {
 			f("path", "%s is already covered by cache[%d]", d.Path, j+1)
 			break
 		}
@@ -303,13 +304,17 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 }
 
 func (d Idempotency) check(r *report, i int, c Config) {
-	_, err := d.core(c.Server)
+	dc, err := d.core(c.Server)
 	f := block[Idempotency](r, "idempotency", i, err)
-	// Two blocks for one request would make it ambiguous which key
-	// namespace and TTL apply.
+	// The first block whose route matches a request applies: a later
+	// one for a path and method it covers would never apply.
 	for j, e := range c.Idempotency[:i] {
+		ec, eerr := e.core(c.Server)
+		if err != nil || eerr != nil || !ec.Route.Covers(&dc.Route) {
+			continue
+		}
 		for _, m := range upperAll(d.Methods) {
-			if e.Path == d.Path && slices.Contains(upperAll(e.Methods), m) {
+			if slices.Contains(upperAll(e.Methods), m) {
 				f("path", "%s %s is already covered by idempotency[%d]", m, d.Path, j+1)
 				break
 			}

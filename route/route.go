@@ -153,6 +153,22 @@ func (rt *Route) equal(a, b string) bool {
 	return true
 }
 
+// Covers reports whether every path o matches, rt matches too (methods
+// aside): the same match path, or one below rt's prefix. Both are
+// compiled with the same Options; rt's decide how letters compare. A
+// block after one that covers it never applies where the first match
+// wins.
+func (rt *Route) Covers(o *Route) bool {
+	n := len(rt.base)
+	if len(o.base) < n || !rt.equal(o.base[:n], rt.base) {
+		return false
+	}
+	if !rt.prefix {
+		return !o.prefix && len(o.base) == n
+	}
+	return len(o.base) == n || o.base[n] == '/'
+}
+
 // Methods are the route's methods, upper case; empty means every method.
 func (rt *Route) Methods() []string { return slices.Clone(rt.methods) }
 

@@ -186,6 +186,40 @@ func TestRouteString(t *testing.T) {
 	}
 }
 
+// Covers is "every path o matches, rt matches": compared as matched
+// (normalized, folded unless case-sensitive), below a prefix at a
+// segment boundary only.
+func TestRouteCovers(t *testing.T) {
+	for _, tt := range []struct {
+		rt, o         string
+		caseSensitive bool
+		want          bool
+	}{
+		{"/a", "/a", false, true},
+		{"/a", "/A/", false, true},
+		{"/a", "/A", true, false},
+		{"/a/*", "/%61/*", false, true},
+		{"/a/*", "/a", false, true},
+		{"/a/*", "/a/b/c", false, true},
+		{"/a/*", "/ab", false, false},
+		{"/a/*", "/ab/*", false, false},
+		{"/*", "/x/*", false, true},
+		{"/a", "/a/*", false, false},
+		{"/a/b", "/a/*", false, false},
+		{"/a/b/*", "/a/*", false, false},
+	} {
+		o := Options{CaseSensitive: tt.caseSensitive}
+		rt, err1 := o.Compile(tt.rt, nil)
+		other, err2 := o.Compile(tt.o, nil)
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		if got := rt.Covers(&other); got != tt.want {
+			t.Errorf("%q covers %q (case-sensitive %v) = %v, want %v", tt.rt, tt.o, tt.caseSensitive, got, tt.want)
+		}
+	}
+}
+
 func TestCompileRouteErrors(t *testing.T) {
 	for _, tt := range []struct {
 		path    string
