@@ -145,7 +145,12 @@ func newLimits(cfg Settings, jitter float64, rssDelay time.Duration, start time.
 		l.rssWaits.Store(true)
 	}
 	if cfg.MaxRequests > 0 {
-		l.maxRequests = max(1, int64(math.Round(float64(cfg.MaxRequests)*(0.9+0.2*jitter))))
+		l.maxRequests = math.MaxInt64
+		// float64(math.MaxInt64) is 2^63: at or past it the conversion
+		// would overflow (to a limit of 1 after max).
+		if n := math.Round(float64(cfg.MaxRequests) * (0.9 + 0.2*jitter)); n < math.MaxInt64 {
+			l.maxRequests = max(1, int64(n))
+		}
 	}
 	if l.maxRSS > 0 {
 		r, err := openRSS()

@@ -2,6 +2,7 @@ package prefork
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -18,6 +19,10 @@ func TestLimitsTripOnce(t *testing.T) {
 	}
 	if l, _ := newLimits(Settings{MaxRequests: 1}, 0, 0, time.Time{}); l.maxRequests != 1 {
 		t.Errorf("limit 1 with jitter 0: %d, want at least 1", l.maxRequests)
+	}
+	// Past 2^63 the jittered limit is the largest there is, not 1.
+	if l, _ := newLimits(Settings{MaxRequests: math.MaxInt64}, 0.99, 0, time.Time{}); l.maxRequests != math.MaxInt64 {
+		t.Errorf("max_requests %d, jitter 0.99: limit %d, want %d", int64(math.MaxInt64), l.maxRequests, int64(math.MaxInt64))
 	}
 	if l, err := newLimits(Settings{}, 0.5, 0, time.Time{}); l != nil || err != nil {
 		t.Errorf("no limit: %v %v", l, err)
