@@ -1,6 +1,7 @@
 package core
 
 import (
+	"net/http"
 	"net/netip"
 	"time"
 )
@@ -67,7 +68,15 @@ type Protocol interface {
 	Proto() string
 }
 
-var xcacheNames = [...]string{xHit: "HIT", xStale: "STALE", xMiss: "MISS", xBypass: "BYPASS"}
+// ownBodySent is how much of a response of the core's own (a refusal, a
+// stored answer) went out as body: none to HEAD, whose answer the engines
+// send without it.
+func (ex *Exchange) ownBodySent() int64 {
+	if ex.req.Method() == http.MethodHead {
+		return 0
+	}
+	return int64(len(ex.resp.Body))
+}
 
 // logAccess gives the access log the entry of the request, at its first
 // Finish, while the request view can still be read.
@@ -81,7 +90,7 @@ func (ex *Exchange) logAccess(elapsed time.Duration) {
 		Query:     ex.req.Query(),
 		Proto:     "HTTP/1.1",
 		Status:    ex.status,
-		Bytes:     ex.sent + int64(len(ex.resp.Body)),
+		Bytes:     ex.sent + ex.ownBodySent(),
 		Duration:  elapsed,
 		Upstream:  -1,
 		RequestID: ex.rid,

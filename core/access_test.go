@@ -95,11 +95,26 @@ func TestAccessEntries(t *testing.T) {
 		t.Errorf("HEAD hit: %+v", e)
 	}
 
+	// A refusal to HEAD sends the problem's header section alone: no
+	// body byte (nginx's $body_bytes_sent is 0 there too).
+	serve(c, newReq("HEAD", "/limited", "192.0.2.9"), app("ok"))
+	if e = log.last(t); e.Status != 429 || e.Bytes != 0 {
+		t.Errorf("HEAD refusal: %+v", e)
+	}
+	// Revalidated: the entry says what X-Cache says (a value the log's
+	// table once lacked, which panicked).
+	etag := core.Field{Name: "Etag", Value: []byte(`"v1"`)}
+	serve(c, newReq("GET", "/cached/nc", "192.0.2.9"), app("stored", core.Field{Name: "Cache-Control", Value: []byte("no-cache")}, etag))
+	serve(c, newReq("GET", "/cached/nc", "192.0.2.9"), func(core.Forward) fakeResp { return fakeResp{status: 304, header: []core.Field{etag}} })
+	if e = log.last(t); e.Cache != "REVALIDATED" || e.Status != 200 || e.Bytes != 6 {
+		t.Errorf("revalidated: %+v", e)
+	}
+
 	serve(c, newReq("GET", "/down", "192.0.2.9"), func(core.Forward) fakeResp { return fakeResp{none: true} })
 	if e = log.last(t); e.Status != 502 || e.Upstream < 0 || e.Bytes == 0 {
 		t.Errorf("upstream down: %+v", e)
 	}
-	if n := len(log.list); n != 7 {
-		t.Errorf("%d entries for 7 requests", n)
+	if n := len(log.list); n != 10 {
+		t.Errorf("%d entries for 10 requests", n)
 	}
 }

@@ -52,8 +52,17 @@ const (
 	xRevalidated
 )
 
-var xcacheValues = [...][]byte{xHit: []byte("HIT"), xStale: []byte("STALE"), xMiss: []byte("MISS"), xBypass: []byte("BYPASS"),
-	xRevalidated: []byte("REVALIDATED")}
+// xcacheNames are what X-Cache and the access log's cache field say: one
+// table, so that the two cannot disagree (or one lack a value).
+var xcacheNames = [...]string{xHit: "HIT", xStale: "STALE", xMiss: "MISS", xBypass: "BYPASS", xRevalidated: "REVALIDATED"}
+
+// xcacheValues are xcacheNames as field values.
+var xcacheValues = func() (v [len(xcacheNames)][]byte) {
+	for i, s := range xcacheNames {
+		v[i] = []byte(s)
+	}
+	return v
+}()
 
 const hdrXCache = "X-Cache"
 
