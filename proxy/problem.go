@@ -130,15 +130,29 @@ func setFields(resp *fasthttp.Response, fields []core.Field) {
 	}
 }
 
-// onError is fasthttp's ErrorHandler: the request could not be read.
+// onError is fasthttp's ErrorHandler: the request could not be read. Its
+// answer is counted here, as done counts the server's own answers: no
+// handler runs for it.
 func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
-	c, _ := ctx.Conn().(*conn)
-	if errors.Is(err, errBareLFRead) {
-		// Bytes of a request arrived, whatever state fasthttp reported.
-		s.refuse(ctx, engine.ErrBareLF, nil)
+	bad := s.unread(ctx, err)
+	if bad == nil {
 		return
 	}
-	if c != nil {
+	s.refuse(ctx, bad, nil)
+	s.opts.Core.Responded(bad.Status, 0)
+	if s.opts.OnResponse != nil {
+		s.opts.OnResponse(bad.Status)
+	}
+}
+
+// unread is the refusal of a request fasthttp could not read, or nil when
+// there is nobody to answer.
+func (s *Server) unread(ctx *fasthttp.RequestCtx, err error) *engine.BadRequest {
+	if errors.Is(err, errBareLFRead) {
+		// Bytes of a request arrived, whatever state fasthttp reported.
+		return engine.ErrBareLF
+	}
+	if c, _ := ctx.Conn().(*conn); c != nil {
 		c.mu.Lock()
 		quiet := c.state != stateActive
 		c.mu.Unlock()
@@ -146,18 +160,17 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 			// Not one byte of a request arrived (an idle timeout, a
 			// drain): there is nobody to answer.
 			c.mute = true
-			return
+			return nil
 		}
 	}
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.As(err, &small), errors.Is(err, fasthttp.ErrSmallReadBuffer):
-		s.refuse(ctx, engine.ErrTooLarge, nil)
+		return engine.ErrTooLarge
 	case isTimeout(err):
-		s.refuse(ctx, engine.ErrHeadTimeout, nil)
-	default:
-		s.refuse(ctx, &engine.BadRequest{Status: http.StatusBadRequest, Detail: "malformed request", CloseConn: true}, nil)
+		return engine.ErrHeadTimeout
 	}
+	return &engine.BadRequest{Status: http.StatusBadRequest, Detail: "malformed request", CloseConn: true}
 }
 
 // isConnReset reports whether err is the peer resetting or having closed

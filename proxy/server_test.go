@@ -825,8 +825,9 @@ func TestShutdownClosesIdleAfterGrace(t *testing.T) {
 	})
 }
 
-// OnResponse sees the status of every answer, the server's own ones too,
-// before the client has it.
+// OnResponse sees the status of every answer, the server's own ones too
+// (those to requests it could not read among them: fasthttp answers them
+// from its ErrorHandler, where no handler runs), before the client has it.
 func TestOnResponse(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
@@ -862,10 +863,33 @@ func TestOnResponse(t *testing.T) {
 				t.Fatalf("%q: status %d, OnResponse saw %v; want %d", tc.req, resp.StatusCode, got, tc.status)
 			}
 		}
+		for _, tc := range []struct {
+			req    string
+			status int
+		}{
+			{"GARBAGE\r\n\r\n", 400},
+			{"GET / HTTP/1.1\r\nHost: a\r\nX-Big: " + strings.Repeat("b", 80<<10) + "\r\n\r\n", 431},
+		} {
+			mu.Lock()
+			before := len(seen)
+			mu.Unlock()
+			c, br := dial(t, r.Addr) // each closes its connection
+			io.WriteString(c, tc.req)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != tc.status {
+				t.Fatalf("%.20q: %v %v, want %d", tc.req, resp, err, tc.status)
+			}
+			mu.Lock()
+			got := slices.Clone(seen)
+			mu.Unlock()
+			if len(got) != before+1 || got[before] != tc.status {
+				t.Errorf("%.20q: answered %d, OnResponse saw %v", tc.req, tc.status, got)
+			}
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		if len(seen) != 3 {
-			t.Errorf("OnResponse called %d times for 3 answers", len(seen))
+		if len(seen) != 5 {
+			t.Errorf("OnResponse called %d times for 5 answers: %v", len(seen), seen)
 		}
 	})
 }
