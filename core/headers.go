@@ -146,8 +146,21 @@ func clampSF(v int64) int64 { return min(max(v, 0), maxSFInt) }
 func retryAfterSeconds(d time.Duration) int64 { return max(ceilSeconds(d), 1) }
 
 // mostConstraining returns the index of the hit the conventional headers
-// describe: fewest remaining, ties broken by the soonest reset.
+// describe. On a refusal it is the rule that refused (of several, the one
+// with the latest retry, as the refusal's Retry-After is), so that
+// X-RateLimit-Reset is never before Retry-After and a shadow rule never
+// speaks for a refusal; otherwise fewest remaining, ties broken by the
+// soonest reset.
 func mostConstraining(hits []hit) int {
+	refusing := -1
+	for i := range hits {
+		if hits[i].refused && (refusing < 0 || hits[i].d.RetryAfter > hits[refusing].d.RetryAfter) {
+			refusing = i
+		}
+	}
+	if refusing >= 0 {
+		return refusing
+	}
 	best := 0
 	br, bt := limitValues(&hits[0].d)
 	for i := 1; i < len(hits); i++ {

@@ -21,6 +21,12 @@ func testHit(name string, limit int64, window time.Duration, d bucket.Decision) 
 	return hit{r: ru, v: &ru.base, d: d, decided: true}
 }
 
+// refusedHit marks h as an enforcing rule's refusal.
+func refusedHit(h hit) hit {
+	h.refused = true
+	return h
+}
+
 // setRateLimitHeaders sets on h the fields an exchange with hits sends
 // under mode, at wall.
 func setRateLimitHeaders(h http.Header, mode HeaderMode, hits []hit, wall time.Time) {
@@ -104,6 +110,30 @@ func TestSetRateLimitHeaders(t *testing.T) {
 			"X-RateLimit-Limit":     "3",
 			"X-RateLimit-Remaining": "0",
 			"X-RateLimit-Reset":     "1767225621",
+		}},
+		// Two rules refuse: the X family is the one whose retry the
+		// refusal's Retry-After is (the latest), not the one that frees
+		// sooner; and a shadow rule that would refuse (not refused) never
+		// speaks for it.
+		{"refused by two: the latest retry", []hit{
+			refusedHit(testHit("slow", 3, time.Minute, refused(20*time.Second, time.Minute))),
+			refusedHit(testHit("fast", 2, 5*time.Second, refused(2500*time.Millisecond, 5*time.Second))),
+		}, map[string]string{
+			"RateLimit-Policy":      `"slow";q=3;w=60, "fast";q=2;w=5`,
+			"RateLimit":             `"slow";r=0;t=20, "fast";r=0;t=3`,
+			"X-RateLimit-Limit":     "3",
+			"X-RateLimit-Remaining": "0",
+			"X-RateLimit-Reset":     "1767225621",
+		}},
+		{"refused beside a shadow rule", []hit{
+			refusedHit(testHit("login", 1, time.Minute, refused(time.Minute, time.Minute))),
+			testHit("watch", 50, time.Second, refused(500*time.Millisecond, time.Second)),
+		}, map[string]string{
+			"RateLimit-Policy":      `"login";q=1;w=60, "watch";q=50;w=1`,
+			"RateLimit":             `"login";r=0;t=60, "watch";r=0;t=1`,
+			"X-RateLimit-Limit":     "1",
+			"X-RateLimit-Remaining": "0",
+			"X-RateLimit-Reset":     "1767225661",
 		}},
 		{"escaped name", []hit{testHit(`a"b\c`, 1, time.Second, allowed(0, time.Second))}, map[string]string{
 			"RateLimit-Policy":      `"a\"b\\c";q=1;w=1`,
