@@ -1,6 +1,8 @@
 package core_test
 
 import (
+	"errors"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -52,5 +54,44 @@ func TestKeyFunc(t *testing.T) {
 	c.Limiter("per-user").Reset(string(key), c.Now())
 	if got := decide(c, r); got != 200 {
 		t.Fatalf("alice after a reset: %d, want 200", got)
+	}
+}
+
+// Core.Reset forgives a request's key under the limit that applies to it:
+// an override's clients, a keyed override's key and the rule's own alike
+// (Limiter(name) is the rule's own limit alone, and once left an
+// override's client refused). No such rule is ErrUnknownRule.
+func TestResetRequest(t *testing.T) {
+	r := joinedRegion(t, shm.Options{Counters: 256})
+	c, err := core.New(r, core.Options{RateLimits: []core.RateLimit{{
+		Rule:  bucket.Rule{Name: "login", Limit: 2, Window: time.Minute},
+		Route: mustRoute(t, "/login"),
+		By:    clientip.MustParseBy("header:X-Key|ip"),
+		Overrides: []core.Override{
+			{Clients: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, Limit: 1},
+			{Key: "gold", Limit: 3},
+		},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []func() *fakeReq{
+		func() *fakeReq { return newReq("GET", "/login", "198.51.100.1") },                  // the rule's own
+		func() *fakeReq { return newReq("GET", "/login", "192.0.2.1") },                     // a client override
+		func() *fakeReq { return newReq("GET", "/login", "198.51.100.2", "X-Key", "gold") }, // a keyed override
+	} {
+		n := 0
+		for decide(c, req()) == 200 {
+			n++
+		}
+		if err := c.Reset("login", req()); err != nil {
+			t.Fatal(err)
+		}
+		if got := decide(c, req()); got != 200 {
+			t.Errorf("%s after %d passed and a Reset: %d, want 200", req().peer, n, got)
+		}
+	}
+	if err := c.Reset("nope", newReq("GET", "/", "192.0.2.1")); !errors.Is(err, core.ErrUnknownRule) {
+		t.Errorf("Reset of no such rule: %v, want ErrUnknownRule", err)
 	}
 }

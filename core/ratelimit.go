@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -615,8 +616,10 @@ func (ex *Exchange) logRule(g *lineGate, now time.Duration, level slog.Level, ms
 }
 
 // Limiter returns the limiter of the rule called name, or nil when there
-// is no such rule or it is a Redis rule: a handler can Reset a client's count with it (after a
-// successful login, say), using the key from KeyOf.
+// is no such rule or it is a Redis rule: the rule's own limit, for Peek
+// and Reset with the key from KeyOf. A client an override applies to is
+// counted under the override's limit, apart: Reset (of the Core) resets a
+// request's count under whichever applies.
 func (c *Core) Limiter(name string) *bucket.Limiter {
 	if ru := c.byName[name]; ru != nil {
 		return ru.base.lim
@@ -628,20 +631,52 @@ func (c *Core) Limiter(name string) *bucket.Limiter {
 // "h:X-Api-Key:…", "g"), exactly as a decision would make them, or nil
 // when there is no such rule. Whether the rule's route matches does not
 // matter. The bytes are the id for the rule's Limiter:
-// Limiter(name).Reset(string(key), now). A request the core would refuse
+// Limiter(name).Peek(string(key), now). A request the core would refuse
 // as malformed (a bad path, a repeated key header) is an error.
 func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 	ru := c.byName[name]
 	if ru == nil {
 		return nil, nil
 	}
+	var key []byte
+	err := c.withKey(ru, req, func(_ *Exchange, id []byte, _ string) error {
+		key = bytes.Clone(id)
+		return nil
+	})
+	return key, err
+}
+
+// Reset forgets req's count under the rule called name, in every process,
+// as the application's reset header does: under the limit that applies to
+// req's key (an override's, when one does), wherever the rule keeps it
+// (the region; Redis and this host's share of it). A successful login may
+// forgive the client's failed attempts with it. Whether the rule's route
+// matches does not matter. No such rule is ErrUnknownRule; a request the
+// core would refuse as malformed (a bad path, a repeated key header) is an
+// error.
+func (c *Core) Reset(name string, req Request) error {
+	ru := c.byName[name]
+	if ru == nil {
+		return fmt.Errorf("%w %q", ErrUnknownRule, name)
+	}
+	return c.withKey(ru, req, func(ex *Exchange, id []byte, value string) error {
+		return ex.variantOf(ru, value).reset(id, c.now())
+	})
+}
+
+// withKey calls f with an exchange over req (released after) and the key
+// ru counts req under.
+func (c *Core) withKey(ru *rule, req Request, f func(ex *Exchange, id []byte, value string) error) error {
 	ex := c.Begin(req)
 	defer ex.release()
 	if _, refused := ex.checkPath(); refused {
-		return nil, errors.New("core: the request path is not acceptable")
+		return errors.New("core: the request path is not acceptable")
 	}
-	id, _, err := ex.keyOf(ru)
-	return bytes.Clone(id), err
+	id, value, err := ex.keyOf(ru)
+	if err != nil {
+		return err
+	}
+	return f(ex, id, value)
 }
 
 // Now is the time the core decides at: the region's clock (or

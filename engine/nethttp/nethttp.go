@@ -71,16 +71,26 @@ func (h *Handler) KeyOf(name string, r *http.Request) []byte { return KeyOf(h.c,
 // exactly as a decision would make them ("ip:192.0.2.1",
 // "h:X-Api-Key:…"): the id to give its Limiter, as in
 //
-//	c.Limiter("login").Reset(string(nethttp.KeyOf(c, "login", r)), c.Now())
+//	c.Limiter("login").Peek(string(nethttp.KeyOf(c, "login", r)), c.Now())
 //
-// after a successful login. It is nil for no such rule, or a request the
-// core would refuse as malformed (a bad path, a key header sent twice).
+// It is nil for no such rule, or a request the core would refuse as
+// malformed (a bad path, a key header sent twice). To forgive a client
+// (after a successful login), use Reset: an override's clients are
+// counted apart from the rule's Limiter.
 func KeyOf(c *core.Core, name string, r *http.Request) []byte {
 	k, err := c.KeyOf(name, &request{r: r})
 	if err != nil {
 		return nil
 	}
 	return k
+}
+
+// Reset forgets r's count under the rule called name of c, in every
+// worker, under the limit that applies to r (see core.Core.Reset):
+//
+//	nethttp.Reset(c, "login", r) // after a successful login
+func Reset(c *core.Core, name string, r *http.Request) error {
+	return c.Reset(name, &request{r: r})
 }
 
 // HTTPRequest is the net/http request behind the core's view of it, for

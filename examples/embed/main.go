@@ -78,7 +78,6 @@ func newEngine(w *prefork.Worker) (prefork.Engine, error) {
 		return nil, err
 	}
 	w.Defer(c.Close)
-	limiter := c.Limiter("login") // usable here, and from every request
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /login", func(rw http.ResponseWriter, r *http.Request) {
 		if r.ParseForm() != nil || r.PostForm.Get("password") != "correct" {
@@ -87,7 +86,9 @@ func newEngine(w *prefork.Worker) (prefork.Engine, error) {
 		}
 		// A successful login forgives this client's failed attempts, in
 		// every worker at once: the count lives in the shared region.
-		limiter.Reset(string(nethttp.KeyOf(c, "login", r)), c.Now())
+		if err := nethttp.Reset(c, "login", r); err != nil {
+			w.Logger.Warn("login: the failed attempts were not forgiven", "err", err)
+		}
 		fmt.Fprintf(rw, "welcome (served by worker %d)\n", w.Index)
 	})
 	return nethttp.NewServer(nethttp.ServerOptions{
