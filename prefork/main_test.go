@@ -5,6 +5,7 @@ package prefork
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,7 +36,7 @@ import (
 // supervisor of its own (role "supervisor", for the tests that kill or
 // signal the supervisor's process).
 const (
-	envTestCrash   = "PREFORK_TEST_CRASH"       // set: a worker exits at once with status 3
+	envTestCrash   = "PREFORK_TEST_CRASH"       // set: a worker exits at once with status 3; "engine": its Engine fails
 	envTestEngine  = "PREFORK_TEST_ENGINE"      // "fast": workers serve testFastApp with the fast engine (package proxy)
 	envTestBallast = "PREFORK_TEST_BALLAST_MIB" // N: a worker holds N MiB more, touched, from its start
 )
@@ -230,6 +231,9 @@ func testCore(w *Worker) (*core.Core, testSpec, error) {
 // testEngine is the engine of the test workers: testHandler served by
 // net/http (engine/nethttp) with the worker's core in front of it.
 func testEngine(w *Worker) (Engine, error) {
+	if os.Getenv(envTestCrash) == "engine" {
+		return nil, errors.New("the test's engine refuses to be built")
+	}
 	if os.Getenv(envTestCrash) != "" || buildMarker() == "crash" {
 		os.Exit(3)
 	}

@@ -230,7 +230,7 @@ func (e *osEnv) watch(cmd *exec.Cmd, ready *os.File) {
 	err := cmd.Wait()
 	ev := exitEvent{pid: pid, status: "unknown"}
 	if ps := cmd.ProcessState; ps != nil {
-		ev.status, ev.clean = ps.String(), ps.Success()
+		ev.status, ev.clean, ev.code = ps.String(), ps.Success(), ps.ExitCode()
 	} else if err != nil {
 		ev.status = err.Error()
 	}

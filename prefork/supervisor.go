@@ -392,7 +392,13 @@ type exitEvent struct {
 	pid    int
 	status string // "exit status 0", "signal: killed", ...
 	clean  bool   // exited with status 0
+	code   int    // the exit status; -1 for a signal
 }
+
+// exitNoEngine is a worker's exit status when Options.Engine returned an
+// error (sysexits' EX_CONFIG): the same build and settings would fail the
+// same way.
+const exitNoEngine = 78
 
 // onReady handles a worker's readiness report.
 func (s *supervisor) onReady(pid int) {
@@ -503,6 +509,16 @@ func (s *supervisor) onExit(ev exitEvent) {
 		sl.cur = nil
 	case sl.succ:
 		sl.succ = nil
+	}
+	if ev.code == exitNoEngine && !s.announced && !s.draining {
+		// At start-up, a worker that could not build its engine would
+		// not build it on the next try either: the supervisor would
+		// respawn it for ever and never be ready. Stop instead, as for a
+		// worker that cannot be started at all. (A crash is respawned.)
+		s.log.Error("worker could not build its engine: stopping", attrs...)
+		s.fatal = fmt.Errorf("prefork: worker %d could not build its engine (Options.Engine failed; its log says why)", p.index)
+		s.beginDrain("start-up failure", 0)
+		return
 	}
 	d := sl.backoff.failure(ran)
 	sl.respawnAt = now.Add(d)

@@ -54,7 +54,7 @@ func runWorker(ctx context.Context, opts Options) int {
 	if err != nil {
 		log.Error("worker failed to start", "err", fmt.Errorf("prefork: building the engine: %w", err))
 		w.runDeferred(log)
-		return 1
+		return exitNoEngine
 	}
 	timeout := w.Settings.ShutdownTimeout
 	// Past a recycling limit the listener closes at once (before the
