@@ -19,7 +19,9 @@ type Limits struct {
 	IdleTimeout time.Duration
 	// ClientBodyTimeout bounds the wait between two reads of a request
 	// body (nginx's client_body_timeout); a client that stalls longer gets
-	// 408. 0 means 60s.
+	// 408 from an engine that forwards, while an application's handler
+	// gets a timeout error from the body's Read and answers as it
+	// decides. 0 means 60s.
 	ClientBodyTimeout time.Duration
 	// SendTimeout bounds the wait between two writes to a client (nginx's
 	// send_timeout); a client that reads nothing for longer is
