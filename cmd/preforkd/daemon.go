@@ -254,10 +254,14 @@ func usesRedis(o core.Options) bool {
 // final dump is stamped with the running one.
 func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Config {
 	var ignored []string
-	if next.Server.Listen != running.Server.Listen {
-		ignored = append(ignored, fmt.Sprintf("server.listen %q", next.Server.Listen))
-		next.Server.Listen = running.Server.Listen
+	// keep puts the running value of a restart-only key back in next.
+	keep := func(key string, asked *string, runs string) {
+		if *asked != runs {
+			ignored = append(ignored, fmt.Sprintf("%s %q", key, *asked))
+			*asked = runs
+		}
 	}
+	keep("server.listen", &next.Server.Listen, running.Server.Listen)
 	if next.Server.WorkerCount() != running.Server.WorkerCount() {
 		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
 	}
@@ -266,22 +270,13 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		ignored = append(ignored, fmt.Sprintf("table %+v", next.RegionTable()))
 		next.Table = running.Table
 	}
-	if next.Persist.Path != running.Persist.Path {
-		ignored = append(ignored, fmt.Sprintf("persist.path %q", next.Persist.Path))
-		next.Persist.Path = running.Persist.Path
-	}
-	if next.Persist.Live != running.Persist.Live {
-		ignored = append(ignored, fmt.Sprintf("persist.live %q", next.Persist.Live))
-		next.Persist.Live = running.Persist.Live
-	}
+	keep("persist.path", &next.Persist.Path, running.Persist.Path)
+	keep("persist.live", &next.Persist.Live, running.Persist.Live)
+	// The supervisor's admin server listens where it started.
+	keep("admin.listen", &next.Admin.Listen, running.Admin.Listen)
 	if next.Persist.Interval != running.Persist.Interval {
 		ignored = append(ignored, fmt.Sprintf("persist.interval %v", next.Persist.Interval))
 		next.Persist.Interval = running.Persist.Interval
-	}
-	if next.Admin.Listen != running.Admin.Listen {
-		// The supervisor's admin server listens where it started.
-		ignored = append(ignored, fmt.Sprintf("admin.listen %q", next.Admin.Listen))
-		next.Admin.Listen = running.Admin.Listen
 	}
 	if next.TLS.Enabled() != running.TLS.Enabled() {
 		// The listener speaks TLS or not: a reload's workers would speak
