@@ -133,8 +133,20 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		}
 	}
 	opts.Prepare = func(r *shm.Region, log *slog.Logger) error {
+		// The listener first: a start refused for it (the address in
+		// use) must come before the inner Prepare loads, and so
+		// consumes, the dump, which only a Finish would write back.
+		if cfg.Admin.Listen != "" && adopted == nil {
+			var err error
+			if ln, err = listenAdmin(cfg.Admin.Listen); err != nil {
+				return fmt.Errorf("admin: %w", err)
+			}
+		}
 		if prepare != nil {
 			if err := prepare(r, log); err != nil {
+				if ln != nil && adopted == nil {
+					ln.Close()
+				}
 				return err
 			}
 		}
@@ -145,11 +157,8 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 			return nil
 		}
 		a.region, a.log = r, log
-		var err error
-		if ln = adopted; ln == nil {
-			if ln, err = listenAdmin(cfg.Admin.Listen); err != nil {
-				return fmt.Errorf("admin: %w", err)
-			}
+		if adopted != nil {
+			ln = adopted
 		}
 		capped = capListener(ln, defaultAdminLimits.maxConns, log)
 		srv = newAdminServer(a.mux(), defaultAdminLimits, capped, log)

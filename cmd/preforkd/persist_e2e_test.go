@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -70,6 +71,47 @@ window = "1m"
 		}
 		if _, err := os.Stat(dump); err == nil {
 			t.Fatal("the dump was not consumed by the load")
+		}
+		d.stop()
+	})
+
+	t.Run("a start refused after the load keeps the dump", func(t *testing.T) {
+		dir := t.TempDir()
+		admin := freeAddr(t)
+		cfg := persistConfig(fmt.Sprintf(`
+[admin]
+listen = %q
+[persist]
+path = %q
+[[ratelimit]]
+name = "login"
+path = "/login"
+limit = 3
+window = "1h"
+`, admin, filepath.Join(dir, "dump")))
+		c := newClient(t, nil, false)
+		d := startDaemon(t, daemonOptions{config: cfg})
+		for range 3 {
+			do(c, "POST", d.url("/login"), nil)
+		}
+		d.stop()
+		// Something else holds the admin address: the next start is
+		// refused, after the region was made.
+		held, err := net.Listen("tcp", admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "refused.toml")
+		os.WriteFile(path, []byte(cfg), 0o600)
+		code, _, stderr := runBinary(t, "run", "-config", path, "-listen", freeAddr(t))
+		held.Close()
+		if code != 1 || !strings.Contains(stderr, "admin: listen") {
+			t.Fatalf("start with the admin address taken: exit %d\n%s", code, stderr)
+		}
+		// Nothing was lost: the client is still limited.
+		d = startDaemon(t, daemonOptions{config: cfg})
+		if r := do(c, "POST", d.url("/login"), nil); r.status != 429 {
+			t.Errorf("after the refused start: %d, want 429 (the dump was lost)\n%s", r.status, d.logs.text())
 		}
 		d.stop()
 	})
