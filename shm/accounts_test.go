@@ -330,6 +330,30 @@ func TestResponsesQuota(t *testing.T) {
 // the address at its own gets ErrAddrQuota (a key account at its maximum
 // is named first), other addresses reserve; a release, and an expired
 // record of the address, give room back; a refusal charges nothing.
+// A client whose records are its address's too (no Authorization header:
+// the by key is the address) and have all expired takes a new key at
+// once: the sweep of its own account freed them on both, and the
+// address's was once judged from before it (a false ErrAddrQuota).
+func TestResponsesQuotaBothAccountsExpired(t *testing.T) {
+	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 4096, ResponseBytes: 1 << 20})
+	tab := r.Responses()
+	q, addr := shm.Quota{Account: 7, Max: 3}, shm.Quota{Account: 5, Max: 3}
+	key := func(s string) shm.Key { return r.Counters().KeyOf(9, []byte(s)) }
+	var got shm.Response
+	for i := range 3 {
+		out, tk, err := tab.Begin(key(fmt.Sprint("k", i)), q, addr, fpOf("x"), 0, &got)
+		if err != nil || out != shm.Reserved {
+			t.Fatalf("key %d: %v %v", i, out, err)
+		}
+		if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: []byte("ok")}, 0, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, _, err := tab.Begin(key("new"), q, addr, fpOf("x"), 2*time.Minute, &got); err != nil || out != shm.Reserved {
+		t.Fatalf("a new key once every record expired: %v %v (held %d, the address %d)", out, err, tab.Held(7), tab.AddrHeld(5))
+	}
+}
+
 func TestResponsesAddrQuota(t *testing.T) {
 	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 256, ResponseBytes: 64 << 10})
 	tab := r.Responses()

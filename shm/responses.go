@@ -301,11 +301,16 @@ func (t *Responses) withinQuota(home uint64, cand int, q, addr Quota, now time.D
 			return i, nil
 		}
 	}
-	if overKey && t.sweep(&t.acc, q.Account, now, owner) > 0 {
-		overKey = t.acc.held(q.Account) >= q.Max
-	}
+	// A sweep frees a record's charge on both accounts: after either,
+	// both are read again (a client whose records were its address's
+	// too is under both once its own sweep freed them).
+	swept := overKey && t.sweep(&t.acc, q.Account, now, owner) > 0
 	if overAddr && t.sweep(&t.addr, addr.Account, now, owner) > 0 {
-		overAddr = t.addr.held(addr.Account) >= addr.Max
+		swept = true
+	}
+	if swept {
+		overKey = q.Max > 0 && t.acc.held(q.Account) >= q.Max
+		overAddr = addr.Max > 0 && t.addr.held(addr.Account) >= addr.Max
 	}
 	switch {
 	case overKey:
