@@ -255,7 +255,8 @@ func (ex *Exchange) completeIdem(rec *recorded) {
 	}
 	var resp *shm.Response
 	if replayable {
-		resp = &shm.Response{Status: rec.Status, ContentType: rec.ContentType, Location: rec.Location, Body: rec.Body}
+		resp = &shm.Response{Status: rec.Status, ContentType: rec.ContentType, Location: rec.Location,
+			ContentEncoding: rec.ContentEncoding, Body: rec.Body}
 	}
 	stored, err := tab.Complete(ex.idem.tk, resp, c.now(), b.ttl)
 	switch {
@@ -266,7 +267,7 @@ func (ex *Exchange) completeIdem(rec *recorded) {
 		c.logger().LogAttrs(context.Background(), slog.LevelWarn, "idempotency: response not stored", slog.String("err", err.Error()))
 	case stored:
 		c.row.Add(metrics.IdempotencyCompletions, metrics.IdemStored, 1)
-		c.row.Observe(metrics.IdempotencyStoredBytes, uint64(len(rec.Body)+len(rec.ContentType)+len(rec.Location)))
+		c.row.Observe(metrics.IdempotencyStoredBytes, uint64(len(rec.Body)+len(rec.ContentType)+len(rec.Location)+len(rec.ContentEncoding)))
 	default:
 		c.row.Add(metrics.IdempotencyCompletions, metrics.IdemUnreplayable, 1)
 	}
@@ -292,16 +293,18 @@ func storable(rec *recorded) (keep, replayable bool) {
 	return true, true
 }
 
-// replay answers with the stored response: status, Content-Type, Location
-// and the body, byte for byte, and Idempotent-Replayed: true. A response
-// stored without Content-Type is replayed without one.
+// replay answers with the stored response: status, Content-Type, Location,
+// Content-Encoding (without which the body cannot be read) and the body,
+// byte for byte, and Idempotent-Replayed: true. A field the response was
+// stored without is replayed without.
 func (ex *Exchange) replay() (Verdict, bool) {
 	s := &ex.idem.stored
-	if s.ContentType != "" {
-		ex.addField("Content-Type", func(b []byte) []byte { return append(b, s.ContentType...) })
-	}
-	if s.Location != "" {
-		ex.addField("Location", func(b []byte) []byte { return append(b, s.Location...) })
+	for _, f := range [...]struct{ name, value string }{
+		{"Content-Type", s.ContentType}, {"Location", s.Location}, {"Content-Encoding", s.ContentEncoding},
+	} {
+		if f.value != "" {
+			ex.addField(f.name, func(b []byte) []byte { return append(b, f.value...) })
+		}
 	}
 	ex.fields = append(ex.fields, Field{"Idempotent-Replayed", valTrue})
 	var body []byte

@@ -139,3 +139,34 @@ func TestIdempotencyAddressCap(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A replay carries the stored body's Content-Encoding, without which its
+// bytes (gzip, say, to a client that sent Accept-Encoding) cannot be read;
+// a coding sent in two lines is replayed as one list.
+func TestIdempotencyReplayKeepsContentEncoding(t *testing.T) {
+	region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10})
+	c, err := core.New(region, core.Options{
+		Idempotency: []core.Idempotency{{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10,
+			By: clientip.MustParseBy("ip")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz := []byte{0x1f, 0x8b, 8, 0, 1, 2, 3}
+	app := func(core.Forward) fakeResp {
+		return fakeResp{status: 201, body: gz, header: hdr("Content-Type", "application/json", "Content-Encoding", "gzip", "Content-Encoding", "br")}
+	}
+	for i, want := range []string{"", "true"} {
+		got := serve(c, newReq("POST", "/orders", "192.0.2.1", "Idempotency-Key", `"k"`, "Accept-Encoding", "gzip, br"), app)
+		fields := map[string]string{}
+		for _, f := range got.header {
+			fields[f.Name] = string(f.Value)
+		}
+		if got.status != 201 || string(got.body) != string(gz) || fields["Idempotent-Replayed"] != want {
+			t.Fatalf("request %d: %d %q %v", i+1, got.status, got.body, fields)
+		}
+		if want != "" && (fields["Content-Encoding"] != "gzip, br" || fields["Content-Type"] != "application/json") {
+			t.Errorf("replay: %v, want Content-Encoding: gzip, br and the Content-Type", fields)
+		}
+	}
+}

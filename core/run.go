@@ -184,6 +184,13 @@ func (ex *Exchange) recordField(name, value []byte) {
 		ex.rec.ContentType = string(value)
 	case ex.rec.Location == "" && strings.EqualFold(f.Name, "Location"):
 		ex.rec.Location = string(value)
+	case strings.EqualFold(f.Name, "Content-Encoding"):
+		// Codings applied in order may come in several lines (RFC 9110
+		// §8.4): one list.
+		if ex.rec.ContentEncoding != "" {
+			ex.rec.ContentEncoding += ", "
+		}
+		ex.rec.ContentEncoding += string(value)
 	}
 }
 

@@ -87,8 +87,9 @@ type Response struct {
 type recorded struct {
 	// Status is the final status sent to the client (not 1xx but 101).
 	Status int
-	// ContentType and Location are those header fields as sent.
-	ContentType, Location string
+	// ContentType, Location and ContentEncoding are those header fields
+	// as sent (Content-Encoding's lines joined).
+	ContentType, Location, ContentEncoding string
 	// Header is every field line of the response as sent (names in any
 	// case), in order; the core's own fields (Exchange.Fields) may be
 	// among them. The response cache needs it; the values may alias the

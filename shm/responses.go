@@ -94,7 +94,10 @@ type Response struct {
 	Status      int
 	ContentType string
 	Location    string
-	Body        []byte
+	// ContentEncoding is the body's content coding ("gzip"): without it
+	// the stored bytes cannot be read.
+	ContentEncoding string
+	Body            []byte
 }
 
 // Outcome is what Begin found for a key.
