@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -112,15 +114,24 @@ func New(o Options) (*Log, error) {
 }
 
 // Check reports whether the access log at path could be opened for
-// appending (Stderr always can), creating the file as New would: for a
-// configuration check before any worker starts.
+// appending (Stderr always can), for a configuration check before any
+// worker starts. It creates nothing that stays: a file that does not exist
+// yet is judged by creating and removing another in its directory, so
+// that a check run as root leaves no root-owned log behind that the
+// service's own user could not open.
 func Check(path string) error {
 	if path == Stderr {
 		return nil
 	}
-	f, err := openFile(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check-*")
+		if err == nil {
+			defer os.Remove(f.Name())
+		}
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("accesslog: %w", err)
 	}
 	return f.Close()
 }

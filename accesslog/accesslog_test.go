@@ -214,6 +214,21 @@ func TestNewErrors(t *testing.T) {
 	if err := accesslog.Check(filepath.Join(t.TempDir(), "missing", "a.log")); err == nil {
 		t.Error("Check accepted a path in a missing directory")
 	}
+	// Check leaves nothing behind (a check run as root would leave a
+	// root-owned log the service's user cannot open), and judges a file
+	// that exists by opening it.
+	dir := t.TempDir()
+	if err := accesslog.Check(filepath.Join(dir, "a.log")); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("Check left %v behind", left)
+	}
+	ro := filepath.Join(dir, "ro.log")
+	os.WriteFile(ro, nil, 0o400)
+	if err := accesslog.Check(ro); err == nil && os.Geteuid() != 0 {
+		t.Error("Check accepted a file it cannot write")
+	}
 	var f accesslog.Format
 	if err := f.UnmarshalText([]byte("common")); err == nil {
 		t.Error("format common accepted")
