@@ -826,6 +826,15 @@ func (r RateLimit) EffectiveBurst() int64 {
 	return r.Limit
 }
 
+// RuleMode is the mode rule r runs in under c: shadow for every rule when
+// [server] shadow (or preforkd run -shadow) says so, else its own.
+func (c Config) RuleMode(r RateLimit) Mode {
+	if c.Server.Shadow {
+		return Shadow
+	}
+	return r.Mode
+}
+
 // Error is a configuration problem, with the file and line it comes from
 // when they are known. Parse, Load and Validate return it as *Error.
 type Error struct {

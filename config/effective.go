@@ -56,9 +56,7 @@ func (c Config) WriteEffective(w io.Writer) error {
 		if r.MaxKeys == 0 {
 			r.MaxKeys = core.DefaultMaxKeys(c.Table.Counters, len(c.RateLimits))
 		}
-		if c.Server.Shadow {
-			r.Mode = Shadow
-		}
+		r.Mode = c.RuleMode(r)
 		line(&b, fmt.Sprintf("rule %q:", r.Name), r, "name", "override")
 		for i, o := range r.Overrides {
 			if o.Window == 0 {

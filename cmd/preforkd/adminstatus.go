@@ -198,7 +198,7 @@ func rulesJSON(cfg config.Config) []ruleJSON {
 	for _, r := range cfg.RateLimits {
 		out = append(out, ruleJSON{
 			Name: r.Name, Path: r.Path, Methods: nonNil(r.Methods), Limit: r.Limit, Window: r.Window.String(),
-			Algorithm: r.Algorithm.String(), Burst: r.EffectiveBurst(), By: r.By, Mode: r.Mode.String(), OnFull: r.OnFull.String(),
+			Algorithm: r.Algorithm.String(), Burst: r.EffectiveBurst(), By: r.By, Mode: cfg.RuleMode(r).String(), OnFull: r.OnFull.String(),
 		})
 	}
 	return out

@@ -140,3 +140,16 @@ func TestConfigPayloadRoundTrip(t *testing.T) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, cfg)
 	}
 }
+
+// /status lists the rules as they run: under [server] shadow (or run
+// -shadow) every one is in shadow mode, as check says.
+func TestStatusRulesShadow(t *testing.T) {
+	cfg := config.Config{RateLimits: []config.RateLimit{{Name: "login", Mode: config.Enforce}}}
+	if got := rulesJSON(cfg)[0].Mode; got != "enforce" {
+		t.Errorf("mode %q, want enforce", got)
+	}
+	cfg.Server.Shadow = true
+	if got := rulesJSON(cfg)[0].Mode; got != "shadow" {
+		t.Errorf("under server.shadow: mode %q, want shadow", got)
+	}
+}
