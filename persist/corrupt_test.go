@@ -278,3 +278,25 @@ func TestForeignEntries(t *testing.T) {
 		}
 	}
 }
+
+// A large file of another kind at the dump's path is refused for its
+// magic from its first bytes, by Load and Inspect alike, never read whole
+// (64 GiB here, sparse: reading it would not fit in memory).
+func TestLargeForeignFileNotRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dump")
+	if err := os.WriteFile(path, []byte("NOTADUMP and more"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 64<<30); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := Inspect(path, &out); !errors.Is(err, ErrRefused) || !strings.Contains(out.String(), string(ReasonMagic)) {
+		t.Errorf("Inspect: %v\n%s", err, out.String())
+	}
+	log, _ := logBuf()
+	rep, err := Load(region(t, 64), Options{Path: path, Key: "k"}, log)
+	if err != nil || rep.Loaded || len(rep.Refused) != 1 || rep.Refused[0].Reason != ReasonMagic {
+		t.Errorf("Load: %+v, %v; want refused for its magic", rep, err)
+	}
+}

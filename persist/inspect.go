@@ -44,11 +44,16 @@ func Inspect(path string, w io.Writer) error {
 	}
 	magic := make([]byte, 8)
 	n, _ := io.ReadFull(f, magic)
-	f.Close()
 	if string(magic[:n]) == shm.Magic {
+		f.Close()
 		return inspectLive(path, fi, w)
 	}
-	data, err := os.ReadFile(path)
+	_, err = f.Seek(0, io.SeekStart)
+	var data []byte
+	if err == nil {
+		data, err = readDump(f, fi.Size())
+	}
+	f.Close()
 	if err != nil {
 		return fmt.Errorf("persist: inspect: %w", err)
 	}

@@ -179,11 +179,29 @@ func readTrusted(path string) (data []byte, why string, err error) {
 	if why := untrusted(fi); why != "" {
 		return nil, why, nil
 	}
-	data = make([]byte, fi.Size())
-	if _, err := io.ReadFull(f, data); err != nil {
+	if data, err = readDump(f, fi.Size()); err != nil {
 		return nil, "", fmt.Errorf("persist: load: %w", err)
 	}
 	return data, "", nil
+}
+
+// readDump reads the dump in r, size bytes: all of them, unless the first
+// are not a dump's magic, when those alone are returned (for parse to
+// refuse): a large file of another kind is not read whole to say so.
+func readDump(r io.Reader, size int64) ([]byte, error) {
+	head := make([]byte, min(size, int64(len(Magic))))
+	if _, err := io.ReadFull(r, head); err != nil {
+		return nil, err
+	}
+	if string(head) != Magic {
+		return head, nil
+	}
+	data := make([]byte, size)
+	copy(data, head)
+	if _, err := io.ReadFull(r, data[len(head):]); err != nil {
+		return nil, err
+	}
+	return data, nil
 }
 
 func newReport() Report {
