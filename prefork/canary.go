@@ -113,6 +113,9 @@ func (s *supervisor) canaryReady() {
 	beside := !s.othersReady(c.slot)
 	if !beside {
 		s.promote(&s.slots[c.slot])
+		// The slot serves again: an earlier abort's quarantine is over
+		// (an abort that empties it sets it again).
+		s.slots[c.slot].quarantined = false
 	}
 	s.log.Info("canary ready: judging it", "pid", c.proc.pid, "slot", c.slot, "generation", c.gen,
 		"window", c.settings.Window, "beside_predecessor", beside)
@@ -152,7 +155,7 @@ func (s *supervisor) judgeCanary() {
 		}
 	case VerdictHealthy:
 		what = "canary healthy: " + rates
-		if (j.canaryRate-j.fleetRate)*100 >= c.settings.MaxErrorDelta {
+		if j.overDelta(c.settings.MaxErrorDelta) {
 			what += fmt.Sprintf(", above it but not significantly (p=%.2g)", j.pValue)
 		}
 	default:

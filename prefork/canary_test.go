@@ -439,3 +439,55 @@ func TestRecycleReplacesGracefully(t *testing.T) {
 		t.Fatalf("%d starts, want 3", len(f.starts))
 	}
 }
+
+// A slot left quarantined by an aborted canary is filled by the next
+// reload's canary (B); a HUP (C) supersedes B during its window, and C's
+// canary fails before it is ready. C is aborted: slot 0, where B's canary
+// stays, is rolled back to the good generation 0. Slot 0 then serves: it
+// is not reported quarantined, and a crash of its worker is respawned
+// (the flag once outlived B's promotion, and kept the slot empty).
+func TestQuarantineEndsWhenACanaryServesTheSlot(t *testing.T) {
+	f, s, _ := canaryFixture(t, 3, canaryConfig(nil)) // pids 100..102
+	// A: unhealthy, slot 0 quarantined.
+	sendSignal(s, syscall.SIGHUP) // canary 103
+	ready(s, 103)
+	f.serve(3, 100, 100)
+	f.serve(1, 100, 0)
+	f.serve(2, 100, 0)
+	advance(f, s, testWindow)
+	exit(s, 100, true)
+	exit(s, 103, true)
+	if st := s.status(); !slices.Equal(st.Quarantined, []int{0}) {
+		t.Fatalf("after A: quarantined %v", st.Quarantined)
+	}
+	// B: its canary (104) takes the quarantined slot 0 and becomes ready.
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 104)
+	if s.slots[0].cur == nil || s.slots[0].cur.pid != 104 {
+		t.Fatalf("B's canary not in slot 0")
+	}
+	// C during B's window: its canary (105) exits before it is ready.
+	sendSignal(s, syscall.SIGHUP)
+	if s.canary == nil || f.pids[len(f.pids)-1] != 105 {
+		t.Fatalf("C's canary not started: %v", f.pids)
+	}
+	exit(s, 105, false)
+	// Slot 0 goes back to generation 0 (a successor, 106).
+	ready(s, 106)
+	exit(s, 104, true)
+	st := s.status()
+	t.Logf("status: generation %d, quarantined %v, workers %+v", st.Generation, st.Quarantined, st.Workers)
+	if s.slots[0].cur == nil || s.slots[0].cur.gen != 0 {
+		t.Fatalf("slot 0 does not run generation 0")
+	}
+	if len(st.Quarantined) != 0 {
+		t.Errorf("quarantined slots %v while slot 0 serves worker %d of the good generation", st.Quarantined, s.slots[0].cur.pid)
+	}
+	// That worker crashes: it must be respawned.
+	n := len(f.starts)
+	exit(s, 106, false)
+	advance(f, s, time.Minute)
+	if len(f.starts) == n {
+		t.Errorf("slot 0's worker crashed and was never respawned: the fleet stays at %d workers", len(s.procs))
+	}
+}
