@@ -72,12 +72,21 @@ func judge(canary, fleet RequestCounts, minRequests int, maxDelta float64) judge
 		return j
 	}
 	j.test, j.pValue = proportionTest(canary, fleet)
-	if (j.canaryRate-j.fleetRate)*100 >= maxDelta && j.pValue < canaryAlpha {
+	if j.overDelta(maxDelta) && j.pValue < canaryAlpha {
 		j.verdict = VerdictUnhealthy
 	} else {
 		j.verdict = VerdictHealthy
 	}
 	return j
+}
+
+// overDelta reports whether the canary's rate exceeds the fleet's by at
+// least maxDelta percentage points. The rates are ratios of counts: a
+// delta of exactly maxDelta can come out a hair below it in floating
+// point (12% − 10% is 1.9999999999999991 points), hence the tolerance,
+// far below any count's step.
+func (j judgement) overDelta(maxDelta float64) bool {
+	return (j.canaryRate-j.fleetRate)*100 >= maxDelta-1e-9
 }
 
 func rate(c RequestCounts) float64 {

@@ -37,6 +37,10 @@ func TestJudge(t *testing.T) {
 		// Significant but within the allowed delta (3% vs 2%), then beyond it.
 		{"significant, within delta", rc(300, 10000), rc(2000, 100000), 50, 2, VerdictHealthy, testZ, 1.33382e-11},
 		{"significant, beyond delta", rc(450, 10000), rc(2000, 100000), 50, 2, VerdictUnhealthy, testZ, 5.42515e-59},
+		// A delta of exactly the threshold is "at least" it (12% − 10%
+		// is 1.9999999999999991 points in floating point).
+		{"exactly the delta", rc(1200, 10000), rc(1000, 10000), 50, 2, VerdictUnhealthy, testZ, 0},
+		{"exactly a delta of 6", rc(700, 10000), rc(100, 10000), 50, 6, VerdictUnhealthy, testZ, 0},
 		{"significant, beyond a delta of 0.5", rc(300, 10000), rc(2000, 100000), 50, 0.5, VerdictUnhealthy, testZ, 1.33382e-11},
 		// A canary better than the fleet is healthy.
 		{"better than the fleet", rc(0, 500), rc(100, 1000), 50, 2, VerdictHealthy, testZ, 0},
