@@ -78,7 +78,7 @@ func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
 	t.Family("preforkd_draining", "gauge", "1 from the moment a graceful shutdown began.")
 	t.Uint("preforkd_draining", b2u(st.Draining))
 
-	t.Family("preforkd_reload_generation", "gauge", "Configurations accepted since start (0: the first one runs).")
+	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload, the good one's after an aborted canary.")
 	t.Uint("preforkd_reload_generation", uint64(st.Generation))
 	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load; the running configuration was kept).")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Accepted), "result", "accepted")
