@@ -79,6 +79,12 @@ func (b *bodyIn) taking() bool {
 	return !b.done && b.err == nil && b.sink != sinkNone && !(b.sink == sinkKeep && len(b.buf) >= b.limit)
 }
 
+// upstreamFull reports whether the body goes upstream and highWater of it
+// waits there to be written: no more is taken until that drains.
+func (r *request) upstreamFull() bool {
+	return r.body.sink == sinkUpstream && r.up != nil && r.up.backlog() >= highWater
+}
+
 // feedBody takes what it can of the body from p and returns how many
 // bytes of p it took; what follows the body is left.
 func (r *request) feedBody(p []byte) int {
@@ -115,7 +121,7 @@ func (r *request) feedBody(p []byte) int {
 		if b.err != nil {
 			break
 		}
-		if b.sink == sinkUpstream && r.up.backlog() >= highWater {
+		if r.upstreamFull() {
 			break // the upstream takes its time: so does the client
 		}
 	}

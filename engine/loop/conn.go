@@ -258,7 +258,11 @@ func (c *conn) process(p []byte) {
 			continue
 		}
 		r := c.r
-		if !r.body.taking() {
+		if !r.body.taking() || r.upstreamFull() {
+			// Nothing more is wanted now, or the upstream has highWater
+			// queued: the rest waits in the input buffer, and reading
+			// stops when that fills (checkInput) until flush drains the
+			// queue and processes again.
 			break
 		}
 		n := r.feedBody(p)

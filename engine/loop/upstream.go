@@ -99,8 +99,11 @@ func (p *upPool) get() (*upConn, error) {
 }
 
 // put keeps u for another request, or closes it.
+// A connection with request bytes still queued (an upstream that answered
+// before it read the whole body) is closed: the next request's head would
+// go out behind them, inside this one's body.
 func (p *upPool) put(u *upConn) {
-	if !u.keep || len(p.idle) >= p.max || p.l.draining && p.l.s.closing() {
+	if !u.keep || u.backlog() > 0 || len(p.idle) >= p.max || p.l.draining && p.l.s.closing() {
 		u.close()
 		return
 	}
