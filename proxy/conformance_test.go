@@ -422,9 +422,9 @@ var exchanges = []exchange{
 		upLine: "GET / HTTP/1.1",
 	},
 	{
-		name:    "interim responses are forwarded, without their hop-by-hop fields; 100 is not",
+		name:    "interim responses are forwarded, without their hop-by-hop fields (those Connection names too); 100 is not",
 		send:    "GET / HTTP/1.1\nHost: a\n\n",
-		reply:   "HTTP/1.1 100 Continue\n\nHTTP/1.1 102 Processing\n\nHTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\nConnection: keep-alive\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+		reply:   "HTTP/1.1 100 Continue\n\nHTTP/1.1 102 Processing\n\nHTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\nX-Hop: 1\nConnection: keep-alive, X-Hop\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",
 		interim: []string{"102 ", "103 Link=</s.css>; rel=preload "},
 		status:  200, body: "ok",
 		upLine: "GET / HTTP/1.1",

@@ -342,8 +342,20 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide [
 	primeDate(dst, src.Peek("Date")) // the upstream's own Date, else now
 	dst.SetStatusCode(src.StatusCode())
 	var few [8][]byte // fields named by Connection: a few, on the stack
-	named := few[:0]
+	named := connectionNamed(src, few[:0])
 	for k, v := range src.All() {
+		if !engine.ResponseFieldPassed(engine.ClassifyField(k), upgraded) ||
+			isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
+			continue
+		}
+		dst.AddBytesKV(k, v)
+	}
+}
+
+// connectionNamed appends to named the fields h's Connection names
+// (hop-by-hop: never passed on), but its own options.
+func connectionNamed(h *fasthttp.ResponseHeader, named [][]byte) [][]byte {
+	for k, v := range h.All() {
 		if engine.ClassifyField(k) == engine.FieldConnection {
 			engine.EachToken(v, func(t []byte) {
 				if !engine.EqualFold(t, "close") && !engine.EqualFold(t, "keep-alive") && !engine.EqualFold(t, "upgrade") {
@@ -352,13 +364,7 @@ func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide [
 			})
 		}
 	}
-	for k, v := range src.All() {
-		if !engine.ResponseFieldPassed(engine.ClassifyField(k), upgraded) ||
-			isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
-			continue
-		}
-		dst.AddBytesKV(k, v)
-	}
+	return named
 }
 
 func isHidden(k []byte, hide []string) bool {

@@ -50,9 +50,11 @@ func (r *request) interim(h *fasthttp.ResponseHeader) {
 	b = append(b, ' ')
 	b = append(b, fasthttp.StatusMessage(st)...)
 	b = append(b, "\r\n"...)
+	var few [4][]byte
+	named := connectionNamed(h, few[:0])
 	for k, v := range h.All() {
-		if engine.ClassifyField(k) != engine.FieldOther {
-			continue // hop-by-hop, or framing
+		if engine.ClassifyField(k) != engine.FieldOther || isNamed(k, named) {
+			continue // hop-by-hop (named so by Connection too), or framing
 		}
 		b = append(b, k...)
 		b = append(b, ": "...)
