@@ -42,6 +42,9 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 			uc, err = s.up.Get(context.Background())
 		}
 		if err == nil {
+			err = uc.AwaitHead()
+		}
+		if err == nil {
 			if streamed {
 				err = s.exchangeStreamed(r, uc)
 			} else {
@@ -50,6 +53,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 					err = readResponseHead(uc.Buf, up, interimTo(r))
 				}
 			}
+			uc.HeadRead()
 		}
 		if err == nil {
 			break

@@ -130,3 +130,30 @@ func TestUploadToASlowUpstreamIsBounded(t *testing.T) {
 // TestReviewHeaderTrickle: upstream_timeout bounds the wait for the
 // response header (README: "wait for the upstream's response header
 // (504)"): an upstream that sends its header a line at a time, each
+
+// upstream_timeout bounds the wait for the response head (README: 504),
+// however the head comes: an upstream that sends it a line every 150 ms,
+// 1.8 s in all, is cut off at 300 ms on every engine. (The blocking
+// engines once moved the deadline at each read of the head, and served
+// it whole.)
+func TestUpstreamHeadTrickleTimesOut(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 200 OK\r\n")
+			w.Flush()
+			for i := range 12 {
+				time.Sleep(150 * time.Millisecond)
+				fmt.Fprintf(w, "X-Slow-%d: 1\r\n", i)
+				w.Flush()
+			}
+			w.WriteString("Content-Length: 2\r\n\r\nok")
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL(),
+			Client: engine.Upstream{ConnectTimeout: 300 * time.Millisecond, Timeout: 300 * time.Millisecond}})
+		c, br := dial(t, r.Addr)
+		if resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 504 {
+			t.Errorf("status %d, want 504: the head took 1.8 s against a 300 ms upstream_timeout", resp.StatusCode)
+		}
+	})
+}

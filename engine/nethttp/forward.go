@@ -311,6 +311,10 @@ func appendHead(dst []byte, r *http.Request, fwd core.Forward, t *engine.Target,
 // rest is then not sent, and the connection not reused.
 func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h http.Header, interim func(int)) (hd respHead, err error) {
 	defer body.release()
+	if err := uc.AwaitHead(); err != nil {
+		return hd, err
+	}
+	defer uc.HeadRead()
 	if body.stream == nil {
 		if _, err := uc.Write(append(head, body.bytes...)); err != nil {
 			return hd, err

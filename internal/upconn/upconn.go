@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,18 +84,43 @@ type Conn struct {
 	peekFn  func(fd uintptr) bool
 	peekN   int
 	peekErr error
+
+	// awaiting: the response head is awaited (AwaitHead). Its wait runs
+	// from the last byte of the request sent, and reads do not move it:
+	// an upstream that trickles its head a line at a time is cut off at
+	// the timeout as the event loop does it (504), not fed on.
+	awaiting atomic.Bool
 }
 
+// AwaitHead starts the wait for the response head: the Upstream's Timeout
+// from now, then from each write of the request (a body may still be
+// sent meanwhile), never moved by the head's own bytes. HeadRead ends it.
+func (c *Conn) AwaitHead() error {
+	c.awaiting.Store(true)
+	return c.Conn.SetReadDeadline(time.Now().Add(c.u.timeout))
+}
+
+// HeadRead ends the wait AwaitHead began: reads move their deadline again.
+func (c *Conn) HeadRead() { c.awaiting.Store(false) }
+
 func (c *Conn) Read(p []byte) (int, error) {
-	if err := c.Conn.SetReadDeadline(time.Now().Add(c.u.timeout)); err != nil {
-		return 0, err
+	if !c.awaiting.Load() {
+		if err := c.Conn.SetReadDeadline(time.Now().Add(c.u.timeout)); err != nil {
+			return 0, err
+		}
 	}
 	return c.Conn.Read(p)
 }
 
 func (c *Conn) Write(p []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.u.timeout)); err != nil {
+	deadline := time.Now().Add(c.u.timeout)
+	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
 		return 0, err
+	}
+	if c.awaiting.Load() {
+		if err := c.Conn.SetReadDeadline(deadline); err != nil {
+			return 0, err
+		}
 	}
 	return c.Conn.Write(p)
 }
