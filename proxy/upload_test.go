@@ -105,7 +105,10 @@ func TestUploadToASlowUpstreamIsBounded(t *testing.T) {
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			})
 			r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String(),
-				Client: engine.Upstream{Timeout: 10 * time.Second}})
+				Client: engine.Upstream{Timeout: 10 * time.Second},
+				// The wait is the upstream's, not the client's: a client
+				// held back meanwhile is not timed out for it.
+				Limits: engine.Limits{ClientBodyTimeout: 500 * time.Millisecond}})
 			runtime.GC()
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)

@@ -169,7 +169,10 @@ func (r *request) bodyProgress() {
 		return
 	}
 	if c != nil {
-		if b.taking() {
+		// While the upstream has highWater queued, the client is not
+		// read: the wait is the upstream's (upstream_timeout), not the
+		// client's.
+		if b.taking() && !r.upstreamFull() {
 			c.setRead(r.l.s.o.limits.ClientBodyTimeout)
 		} else {
 			c.clearRead()

@@ -308,6 +308,11 @@ func (u *upConn) flush() {
 		if c := r.c; c != nil && !c.processing && c.inLen() > 0 {
 			c.process(nil)
 		} else if c != nil && !c.processing {
+			if r.body.taking() {
+				// The client's turn again (bodyProgress stopped its
+				// clock while the upstream had highWater queued).
+				c.setRead(l.s.o.limits.ClientBodyTimeout)
+			}
 			c.checkInput()
 		}
 	}
