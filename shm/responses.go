@@ -288,8 +288,10 @@ func (t *Responses) Begin(k Key, q, addr Quota, fp Fingerprint, now time.Duratio
 // the account that holds its maximum (ErrQuota first, then ErrAddrQuota).
 // The claim checks the counts again under their locks.
 func (t *Responses) withinQuota(home uint64, cand int, q, addr Quota, now time.Duration, owner uint64) (int, error) {
-	overKey := q.Max > 0 && t.acc.held(q.Account) >= q.Max
-	overAddr := addr.Max > 0 && t.addr.held(addr.Account) >= addr.Max
+	over := func() (key, address bool) {
+		return q.Max > 0 && t.acc.held(q.Account) >= q.Max, addr.Max > 0 && t.addr.held(addr.Account) >= addr.Max
+	}
+	overKey, overAddr := over()
 	if !overKey && !overAddr {
 		return cand, nil
 	}
@@ -312,8 +314,7 @@ func (t *Responses) withinQuota(home uint64, cand int, q, addr Quota, now time.D
 		swept = true
 	}
 	if swept {
-		overKey = q.Max > 0 && t.acc.held(q.Account) >= q.Max
-		overAddr = addr.Max > 0 && t.addr.held(addr.Account) >= addr.Max
+		overKey, overAddr = over()
 	}
 	switch {
 	case overKey:
