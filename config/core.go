@@ -72,13 +72,20 @@ func (rl RateLimit) core(ro route.Options) (core.RateLimit, error) {
 		return core.RateLimit{}, err
 	}
 	r := core.RateLimit{Rule: rl.BucketRule(), Route: rt, By: by, Shadow: rl.Mode == Shadow, Status: rl.Status, Exempt: rl.Exempt}
-	for _, o := range rl.Overrides {
-		r.Overrides = append(r.Overrides, core.Override{Key: o.Key, Clients: o.Client, Limit: o.Limit, Window: o.Window, Burst: o.Burst})
-	}
+	r.Overrides = rl.coreOverrides()
 	if rl.Store == StoreRedis {
 		r.Redis = &core.RedisRule{OnUnavailable: rl.OnUnavailable, LocalShare: rl.LocalShare, Sync: time.Duration(rl.Sync)}
 	}
 	return r, r.Check()
+}
+
+// coreOverrides are the rule's overrides as the core takes them.
+func (rl RateLimit) coreOverrides() []core.Override {
+	var out []core.Override
+	for _, o := range rl.Overrides {
+		out = append(out, core.Override{Key: o.Key, Clients: o.Client, Limit: o.Limit, Window: o.Window, Burst: o.Burst})
+	}
+	return out
 }
 
 // core is the block as the core takes it, under the [server] of s: a

@@ -163,6 +163,10 @@ func TestErrors(t *testing.T) {
 		{"max_keys negative", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 10\nwindow = \"1s\"\nmax_keys = -1 # <-\n", `ratelimit "a": max_keys must not be negative`, 0},
 		{"two rules on one account", "[[ratelimit]]\nname = \"rule-18\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit]]\nname = \"rule-39\" # <-\npath = \"/b\"\nlimit = 1\nwindow = \"1s\"\n",
 			`ratelimit "rule-39": name: its name hashes to the 16-bit account 0xdde1 of rule "rule-18"`, 0},
+		// An override's state is kept under a tag of its own; one that
+		// another rule has would lose both at every restart.
+		{"override on another rule's tag", "[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 5\nwindow = \"1h\"\n[[ratelimit]]\nname = \"api\" # <-\npath = \"/api\"\nlimit = 100\nwindow = \"1h\"\n[[ratelimit.override]]\nkey = \"k1\"\nlimit = 1000\n[[ratelimit.override]]\nkey = \"k47527\"\nlimit = 1000\n",
+			`ratelimit "api": name: the state of its override 2 hashes to the 16-bit tag 0x1239 of rule "login"`, 0},
 		{"status", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nstatus = 418 # <-\n", `status 418: want 429 or 503`, 0},
 		{"exempt", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nexempt = [\"10.0.0.0/33\"] # <-\n", `invalid CIDR "10.0.0.0/33"`, 0},
 		{"server exempt", "[server]\nexempt = [\"x\"] # <-\n", `invalid IP address or CIDR "x"`, 0},

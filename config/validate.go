@@ -167,10 +167,18 @@ func (c Config) check(r *report) {
 	for i, rl := range c.RateLimits {
 		rl.check(r, i, names, s.routes())
 		rl.checkStore(r, i, c.Redis.Enabled())
-		rules[i].Rule = rl.BucketRule()
+		rules[i].Rule, rules[i].Overrides = rl.BucketRule(), rl.coreOverrides()
+		if rl.Store == StoreRedis {
+			rules[i].Redis = &core.RedisRule{}
+		}
 	}
 	var ae *core.AccountError
-	if errors.As(core.CheckAccounts(rules), &ae) {
+	switch {
+	case !errors.As(core.CheckAccounts(rules), &ae):
+	case ae.Override > 0:
+		r.at([]string{"ratelimit", elem(ae.Index)}, fmt.Sprintf("ratelimit %q: ", ae.Rule))("name",
+			"the state of its override %d hashes to the 16-bit tag %#04x of %s, and a dump could not tell them apart (both would be dropped at every restart); rename the rule", ae.Override, ae.Account, ae.Other)
+	default:
 		r.at([]string{"ratelimit", elem(ae.Index)}, fmt.Sprintf("ratelimit %q: ", ae.Rule))("name",
 			"its name hashes to the 16-bit account %#04x of rule %q, which counts their keys; rename one of them", ae.Account, ae.Other)
 	}

@@ -113,20 +113,31 @@ func DefaultMaxKeys(slots, rules int) int {
 // that one rule's flood could take the other's room, and a dump could not
 // tell their state apart (persistence drops both at every restart).
 // Renaming either rule ends it.
+//
+// With Override set (1-based), it is that override of the later rule,
+// whose state's 16-bit tag Other (a rule or an override, described)
+// has: persistence could not tell their state apart. Renaming the rule
+// ends it.
 type AccountError struct {
-	Rule    string // the later rule
-	Index   int    // its index among the rules
-	Other   string // the earlier rule
-	Account uint16
+	Rule     string // the later rule
+	Index    int    // its index among the rules
+	Override int    // 1-based index of the rule's override at fault; 0: the rule itself
+	Other    string // the earlier rule (with Override set: "rule NAME" or "override N of rule NAME")
+	Account  uint16 // the account (with Override set: the tag) they share
 }
 
 func (e *AccountError) Error() string {
+	if e.Override > 0 {
+		return fmt.Sprintf("core: rule %q: the state of its override %d hashes to the 16-bit tag %#04x of %s; rename the rule", e.Rule, e.Override, e.Account, e.Other)
+	}
 	return fmt.Sprintf("core: rule %q: its name hashes to the 16-bit account %#04x of rule %q; rename one of them", e.Rule, e.Account, e.Other)
 }
 
 // CheckAccounts reports the first rule whose account an earlier rule
-// has, as an *AccountError. Rules are told apart by a 16-bit hash of
-// their names: two of 20 rules collide with a chance of about 0.3%.
+// has, as an *AccountError, else the first override whose state shares
+// its 16-bit tag with another rule's or override's, as an *AccountError
+// with Override set. Rules are told apart by a 16-bit hash of their
+// names: two of 20 rules collide with a chance of about 0.3%.
 func CheckAccounts(rls []RateLimit) error {
 	seen := make(map[uint16]string, len(rls))
 	for i := range rls {
@@ -136,6 +147,34 @@ func CheckAccounts(rls []RateLimit) error {
 			return &AccountError{Rule: r.Name, Index: i, Other: other, Account: a}
 		}
 		seen[a] = r.Name
+	}
+	// An override's state is kept under a name of its own (stateName),
+	// whose tag marks its slots: persistence tells rules' state apart by
+	// it, and a rule's limiter judges by it which slots its own earlier
+	// definitions left. A tag shared with another rule's or override's
+	// would lose both at every restart. The base rules' tags are their
+	// accounts, checked above.
+	type owner struct{ state, desc string }
+	owners := make(map[uint16]owner, len(rls))
+	for i := range rls {
+		n := rls[i].Rule.Name
+		owners[rls[i].Rule.Tag()] = owner{n, fmt.Sprintf("rule %q", n)}
+	}
+	for i := range rls {
+		rl := &rls[i]
+		if rl.Redis != nil {
+			continue // its overrides keep their state in Redis
+		}
+		for j := range rl.Overrides {
+			r := rl.Overrides[j].rule(rl.Rule)
+			t := r.Tag()
+			// One key overridden twice is one state (and the rule's
+			// own check's to report).
+			if other, ok := owners[t]; ok && other.state != r.Name {
+				return &AccountError{Rule: rl.Rule.Name, Index: i, Override: j + 1, Other: other.desc, Account: t}
+			}
+			owners[t] = owner{r.Name, fmt.Sprintf("override %d of rule %q", j+1, rl.Rule.Name)}
+		}
 	}
 	return nil
 }
