@@ -266,8 +266,12 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
 	}
 	next.Server.Workers = running.Server.Workers
-	if next.RegionTable() != running.RegionTable() {
-		ignored = append(ignored, fmt.Sprintf("table %+v", next.RegionTable()))
+	// The file's [table], not the geometry made from it: a reload that
+	// only removes or adds [[idempotency]] and [[cache]] blocks changes
+	// no key of it (adding the first one is refused above, by the
+	// region's own geometry).
+	if next.Table != running.Table {
+		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
 		next.Table = running.Table
 	}
 	keep("persist.path", &next.Persist.Path, running.Persist.Path)

@@ -48,6 +48,26 @@ func TestReloadKeepsRestartOnlySettings(t *testing.T) {
 	}
 }
 
+// Removing the last [[idempotency]] block, or adding one back, changes no
+// key of [table]: no restart-only warning, though the geometry made from
+// it differs.
+func TestReloadOfBlocksKeepsTableQuiet(t *testing.T) {
+	with := config.Config{Table: config.Table{Counters: 4096, Responses: 1024, ResponseBytes: 1 << 20},
+		Idempotency: []config.Idempotency{{Path: "/orders"}}}
+	without := with
+	without.Idempotency = nil
+	for _, tc := range []struct {
+		name          string
+		running, next config.Config
+	}{{"removed", with, without}, {"added back", without, with}} {
+		var lines logtest.Buffer
+		got := keepRestartOnly(slog.New(slog.NewTextHandler(&lines, nil)), tc.running, tc.next)
+		if lines.String() != "" || got.Table != tc.next.Table {
+			t.Errorf("%s: table %+v, logged:\n%s", tc.name, got.Table, lines.String())
+		}
+	}
+}
+
 // The reload reads the file again, with the command line's overrides:
 // its settings carry the new configuration, and what changed by key,
 // never a value (a changed upstream stays out of the log); a
