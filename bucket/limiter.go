@@ -133,8 +133,11 @@ func (r Rule) Compile() (Policy, error) {
 
 // Namespace is the key namespace of the rule's state: its name, algorithm
 // and window, which fix what a payload means. A reload that changes only
-// the limit or burst keeps the counts; one that changes the window or the
-// algorithm starts the rule afresh.
+// the limit or burst keeps each key's state, read under the new rate: a
+// fixed window's count, and GCRA's time until the bucket is full again,
+// which keeps the share of the bucket a key has used (5 of 10 used, then
+// a limit of 5 leaves 2). One that changes the window or the algorithm
+// starts the rule afresh (see [Superseded]).
 func (r Rule) Namespace() uint64 {
 	var d xxhash.Digest
 	d.Reset()
@@ -153,14 +156,16 @@ type Limiter struct {
 	quota shm.Quota
 }
 
-// NewLimiter binds r to t. It installs this package's freshness judgement
-// in t, so that only keys equivalent to fresh ones are ever reclaimed.
+// NewLimiter binds r to t. It installs this package's judgements in t
+// (JudgeTable), so that only keys equivalent to fresh ones are ever
+// reclaimed, and, by a rule at its MaxKeys, those its earlier definition
+// left.
 func NewLimiter(r Rule, t *shm.Counters) (*Limiter, error) {
 	p, err := r.Compile()
 	if err != nil {
 		return nil, err
 	}
-	t.SetFresh(Fresh)
+	JudgeTable(t)
 	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: r.Meta(),
 		quota: shm.Quota{Account: r.Account(), Max: r.MaxKeys}}, nil
 }

@@ -43,6 +43,14 @@ type slot struct {
 // only such a slot may be reclaimed for another key. It must be pure.
 type FreshFunc func(meta, payload uint64, now time.Duration) bool
 
+// SupersededFunc reports whether a LIVE slot whose meta is held holds
+// state that a writer of meta claimant can never reach again: an earlier
+// definition of the claimant's own (a rule whose window or algorithm a
+// reload changed, so that its keys moved to another namespace). An
+// account at its maximum reclaims such slots as it does fresh ones (see
+// Update). It must be pure.
+type SupersededFunc func(held, claimant uint64) bool
+
 // Op computes a key's next payload from its current one (0 for a new key)
 // at now. write=false leaves the slot untouched (a refusal writes nothing).
 // Update may call it more than once, so it must be pure. now is the
@@ -58,6 +66,7 @@ type Counters struct {
 	probe int
 	acc   accounts
 	fresh atomic.Pointer[FreshFunc]
+	super atomic.Pointer[SupersededFunc]
 	// lockWait bounds how long Update waits for an insert lock held by a
 	// live process before it answers ErrLockTimeout: defaultLockWait,
 	// shortened by tests.
@@ -86,6 +95,23 @@ func (c *Counters) isFresh(meta, payload uint64, now time.Duration) bool {
 	return (*c.fresh.Load())(meta, payload, now)
 }
 
+// SetSuperseded installs the judgement of superseded state (none until
+// then). Every process should judge alike: install it before the table
+// is used.
+func (c *Counters) SetSuperseded(f SupersededFunc) { c.super.Store(&f) }
+
+// yields reports whether the LIVE slot sl, in state s, may be taken by a
+// new key of meta claimant whose account is at its maximum: its state is
+// as fresh as none, or superseded.
+func (c *Counters) yields(sl *slot, s, claimant uint64, now time.Duration) bool {
+	held := atomic.LoadUint64(&sl.meta)
+	if c.isFresh(held, payloadOf(s), now) {
+		return true
+	}
+	f := c.super.Load()
+	return f != nil && (*f)(held, claimant)
+}
+
 // Len is the number of slots.
 func (c *Counters) Len() int { return len(c.slots) }
 
@@ -109,11 +135,12 @@ var testHook func(stage string)
 // decides) and ErrNotJoined.
 //
 // A new key of an account that holds q.Max slots already may take only a
-// slot of its own account whose key is as fresh as a new one: in its
-// probe window, or found by a sweep of the account's slots (a bounded
-// number of slots, at most once a millisecond per account), which frees
-// every fresh slot of the account it meets. Otherwise it is refused with
-// ErrQuota, and the other accounts keep their room.
+// slot of its own account whose key is as fresh as a new one, or whose
+// state is superseded (see SetSuperseded): in its probe window, or found
+// by a sweep of the account's slots (a bounded number of slots, at most
+// once a millisecond per account), which frees every such slot of the
+// account it meets. Otherwise it is refused with ErrQuota, and the other
+// accounts keep their room.
 //
 // A key without a slot may be one whose slot was reclaimed, judged fresh at
 // another process's later `now`. Starting it afresh at an earlier `now`
@@ -146,7 +173,7 @@ func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op)
 			c.r.count(evFull, 1)
 			return 0, ErrFull
 		}
-		if cand = c.withinQuota(home, cand, q, now, owner); cand < 0 {
+		if cand = c.withinQuota(home, cand, q, meta, now, owner); cand < 0 {
 			if locked {
 				c.unlock(home, owner)
 			}
@@ -189,11 +216,11 @@ func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op)
 	}
 }
 
-// withinQuota returns the slot a new key of q's account may take, given
-// cand, the one the scan chose: cand while the account is under its
-// maximum, else a fresh slot of the account's own (its count unchanged),
-// or -1.
-func (c *Counters) withinQuota(home uint64, cand int, q Quota, now time.Duration, owner uint64) int {
+// withinQuota returns the slot a new key of q's account, of meta, may
+// take, given cand, the one the scan chose: cand while the account is
+// under its maximum, else a fresh or superseded slot of the account's own
+// (its count unchanged), or -1.
+func (c *Counters) withinQuota(home uint64, cand int, q Quota, meta uint64, now time.Duration, owner uint64) int {
 	if q.Max <= 0 || c.acc.held(q.Account) < q.Max {
 		return cand
 	}
@@ -205,22 +232,23 @@ func (c *Counters) withinQuota(home uint64, cand int, q Quota, now time.Duration
 		if phaseOf(s) == phaseEmpty {
 			break
 		}
-		if phaseOf(s) == phaseLive && atomic.LoadUint64(&sl.acct) == want && c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
+		if phaseOf(s) == phaseLive && atomic.LoadUint64(&sl.acct) == want && c.yields(sl, s, meta, now) {
 			return i
 		}
 	}
-	if c.sweep(q.Account, now, owner) > 0 && c.acc.held(q.Account) < q.Max {
+	if c.sweep(q.Account, meta, now, owner) > 0 && c.acc.held(q.Account) < q.Max {
 		return cand
 	}
 	return -1
 }
 
 // sweep frees the slots of account a whose keys are as fresh as new ones,
-// among the next slots of the account's sweep (see accounts.sweepRange),
-// and returns how many it freed. A key's state is lost only when it is
-// equivalent to no state, as in a reclaim, which each step is: the reclaim
+// or whose state a new key of meta claimant supersedes, among the next
+// slots of the account's sweep (see accounts.sweepRange), and returns how
+// many it freed. A key's state is lost only when it is equivalent to no
+// state or unreachable, as in a reclaim, which each step is: the reclaim
 // watermark raised, LIVE → BUSY, the charge cleared, BUSY → TOMB.
-func (c *Counters) sweep(a uint16, now time.Duration, owner uint64) (n int) {
+func (c *Counters) sweep(a uint16, claimant uint64, now time.Duration, owner uint64) (n int) {
 	from, count, ok := c.acc.sweepRange(a)
 	if !ok {
 		return 0
@@ -235,7 +263,7 @@ func (c *Counters) sweep(a uint16, now time.Duration, owner uint64) (n int) {
 		s := atomic.LoadUint64(&sl.state)
 		switch phaseOf(s) {
 		case phaseLive:
-			if !c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
+			if !c.yields(sl, s, claimant, now) {
 				continue
 			}
 			c.raiseReclaimMark(now)
@@ -358,7 +386,8 @@ func (c *Counters) claim(i int, k Key, q Quota, meta, owner uint64, now time.Dur
 	switch phaseOf(s) {
 	case phaseEmpty, phaseTomb:
 	case phaseLive:
-		if !c.isFresh(atomic.LoadUint64(&sl.meta), payloadOf(s), now) {
+		// A fresh slot (the scan's choice), or one withinQuota chose.
+		if !c.yields(sl, s, meta, now) {
 			return false, nil
 		}
 		reclaim = true

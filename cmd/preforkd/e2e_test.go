@@ -261,3 +261,42 @@ func TestAdminEndpoint(t *testing.T) {
 		t.Errorf("/status workers %v (body %s), want the running workers %v", live, r.body, want)
 	}
 }
+
+// A reload that changes a rule's window moves its keys to a namespace of
+// their own. With the rule at its max_keys, the slots of the old window
+// are taken over by the new keys: held against them until the old window
+// ended, they capped the rule, and every request was served uncounted
+// (on_full open) for up to an hour. Across 4 workers each key gets
+// exactly its limit after the reload, as before it.
+func TestReloadedWindowAtMaxKeys(t *testing.T) {
+	t.Parallel()
+	cfg := func(window string) string {
+		return noCanary(baseServer(4, "")) + fmt.Sprintf(`
+[[ratelimit]]
+name = "api"
+path = "/api"
+limit = 2
+window = %q
+algorithm = "fixed-window"
+by = "header:X-Api-Key"
+max_keys = 3
+`, window)
+	}
+	d := startDaemon(t, daemonOptions{config: cfg("1h")})
+	c := newClient(t, nil, false)
+	exact := func(when string) {
+		t.Helper()
+		for _, key := range []string{"a", "b", "c"} {
+			var rs []result
+			for range 4 {
+				rs = append(rs, do(c, "GET", d.url("/api"), http.Header{"X-Api-Key": {key}}))
+			}
+			if got := statuses(rs); got[200] != 2 || got[429] != 2 {
+				t.Fatalf("%s: key %q got %v, want exactly 2×200 and 2×429", when, key, got)
+			}
+		}
+	}
+	exact("before the reload")
+	waitReloaded(t, d, reloadTo(d, cfg("2h")), 20*time.Second)
+	exact("after the reload to a 2h window")
+}
