@@ -53,14 +53,21 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 }
 
 // appendVariant appends the identity of the variant key of the request
-// for the Vary names.
+// for the Vary names: "name:value,value\n" for a field sent, even empty,
+// and "name\n" for one absent, which matches only its absence (RFC 9111
+// §4.1).
 func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 	b = binary.LittleEndian.AppendUint64(b, ex.cache.primary.A)
 	b = binary.LittleEndian.AppendUint64(b, ex.cache.primary.B)
 	for _, n := range names {
 		b = append(b, n...)
+		lines := ex.req.HeaderLines(n, ex.lines[:0])
+		if len(lines) == 0 {
+			b = append(b, '\n')
+			continue
+		}
 		b = append(b, ':')
-		for i, v := range ex.req.HeaderLines(n, ex.lines[:0]) {
+		for i, v := range lines {
 			if i > 0 {
 				b = append(b, ',')
 			}

@@ -358,6 +358,24 @@ func TestCacheVary(t *testing.T) {
 	f.want(f.get("/v", "Accept-Encoding", "br"), 200, "HIT", "/v #4")
 }
 
+// A field sent empty is not a field absent (RFC 9111 §4.1: an absent
+// field matches only its absence): the two are two variants, in either
+// order, as the application tells them apart.
+func TestCacheVaryEmptyIsNotAbsent(t *testing.T) {
+	f := newCacheFixture(t, cacheAll(), func(n int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "max-age=60")
+		w.Header().Set("Vary", "X-V")
+		_, present := r.Header["X-V"]
+		fmt.Fprintf(w, "present=%v #%d", present, n)
+	})
+	f.want(f.get("/a", "X-V", ""), 200, "MISS", "present=true #1")
+	f.want(f.get("/a"), 200, "MISS", "present=false #2")
+	f.want(f.get("/b"), 200, "MISS", "present=false #1")
+	f.want(f.get("/b", "X-V", ""), 200, "MISS", "present=true #2")
+	f.want(f.get("/a", "X-V", ""), 200, "HIT", "present=true #1")
+	f.want(f.get("/a"), 200, "HIT", "present=false #2")
+}
+
 // Conditional requests are answered 304 from the cache, without a body
 // and without asking the application; a miss forwards no conditional
 // field, so that what it stores is whole.
