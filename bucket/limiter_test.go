@@ -7,7 +7,10 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
-func TestLimiterLookupAndReset(t *testing.T) {
+// joinedRegion is a private region of 64 counter slots, joined as
+// worker 0.
+func joinedRegion(t *testing.T) *shm.Region {
+	t.Helper()
 	r, err := shm.CreatePrivate(shm.Options{Counters: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -15,6 +18,11 @@ func TestLimiterLookupAndReset(t *testing.T) {
 	if err := r.Join(0); err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+func TestLimiterLookupAndReset(t *testing.T) {
+	r := joinedRegion(t)
 	l, err := NewLimiter(Rule{Name: "login", Limit: 2, Window: time.Minute}, r.Counters())
 	if err != nil {
 		t.Fatal(err)
@@ -51,13 +59,7 @@ func TestReloadedRuleTakesOverItsEarlierSlots(t *testing.T) {
 		{"algorithm", Rule{Name: "api", Limit: 2, Window: time.Hour, Algorithm: FixedWindow, MaxKeys: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := shm.CreatePrivate(shm.Options{Counters: 64})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := r.Join(0); err != nil {
-				t.Fatal(err)
-			}
+			r := joinedRegion(t)
 			tab := r.Counters()
 			before := Rule{Name: "api", Limit: 2, Window: time.Hour, MaxKeys: 3}
 			old, err := NewLimiter(before, tab)
@@ -134,13 +136,7 @@ func TestReloadedLimitReadsTheStateAsItStands(t *testing.T) {
 		{"gcra raised from 5", GCRA, 5, 3, 10, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := shm.CreatePrivate(shm.Options{Counters: 64})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := r.Join(0); err != nil {
-				t.Fatal(err)
-			}
+			r := joinedRegion(t)
 			rule := Rule{Name: "api", Limit: tc.before, Window: time.Hour, Algorithm: tc.algo}
 			old, err := NewLimiter(rule, r.Counters())
 			if err != nil {
