@@ -137,7 +137,7 @@ func (r Rule) Compile() (Policy, error) {
 // fixed window's count, and GCRA's time until the bucket is full again,
 // which keeps the share of the bucket a key has used (5 of 10 used, then
 // a limit of 5 leaves 2). One that changes the window or the algorithm
-// starts the rule afresh (see [Superseded]).
+// starts the rule afresh (see [NewLimiter]).
 func (r Rule) Namespace() uint64 {
 	var d xxhash.Digest
 	d.Reset()
@@ -156,18 +156,22 @@ type Limiter struct {
 	quota shm.Quota
 }
 
-// NewLimiter binds r to t. It installs this package's judgements in t
-// (JudgeTable), so that only keys equivalent to fresh ones are ever
-// reclaimed, and, by a rule at its MaxKeys, those its earlier definition
-// left.
+// NewLimiter binds r to t. It installs this package's freshness judgement
+// in t, so that only keys equivalent to fresh ones are ever reclaimed, and
+// records the rule's meta word as one this process writes (shm's
+// Counters.Use): once every worker runs rules of the same definitions, a
+// rule at its MaxKeys takes over the slots that its definition before a
+// reload left (another window or algorithm), as it does fresh ones.
 func NewLimiter(r Rule, t *shm.Counters) (*Limiter, error) {
 	p, err := r.Compile()
 	if err != nil {
 		return nil, err
 	}
-	JudgeTable(t)
-	return &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: r.Meta(),
-		quota: shm.Quota{Account: r.Account(), Max: r.MaxKeys}}, nil
+	t.SetFresh(Fresh)
+	l := &Limiter{rule: r, pol: p, tab: t, ns: r.Namespace(), meta: r.Meta(),
+		quota: shm.Quota{Account: r.Account(), Max: r.MaxKeys}}
+	t.Use(l.meta)
+	return l, nil
 }
 
 // Keys reports how many counter slots the keys of the limiter's group

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -47,9 +48,11 @@ func TestLimiterLookupAndReset(t *testing.T) {
 // A reload that changes a rule's window or algorithm moves its keys to
 // another namespace. With the rule at its MaxKeys, the slots its earlier
 // definition left must not cap it until they turn fresh (up to the old
-// window): a new key takes one over, and the rule's count of slots stays
-// within MaxKeys. Another rule's slots, and entries kept beside the rule
-// under a window no rule has (charged to its account), are left alone.
+// window): once no worker of the old definition is left, a new key takes
+// one over, and the rule's count of slots stays within MaxKeys. While old
+// and new workers both serve (a reload replaces them one at a time, a
+// canary may be rolled back), neither takes the other's slots: those are
+// counts in use. Another rule's slots are left alone.
 func TestReloadedRuleTakesOverItsEarlierSlots(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -59,55 +62,57 @@ func TestReloadedRuleTakesOverItsEarlierSlots(t *testing.T) {
 		{"algorithm", Rule{Name: "api", Limit: 2, Window: time.Hour, Algorithm: FixedWindow, MaxKeys: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := joinedRegion(t)
-			tab := r.Counters()
-			before := Rule{Name: "api", Limit: 2, Window: time.Hour, MaxKeys: 3}
-			old, err := NewLimiter(before, tab)
+			// The supervisor's region, and two workers' mappings of it.
+			sup := shmtest.Create(t, shm.Options{Counters: 64})
+			w0, w1 := shmtest.Attach(t, sup, 0), shmtest.Attach(t, sup, 1)
+			old, err := NewLimiter(Rule{Name: "api", Limit: 2, Window: time.Hour, MaxKeys: 3}, w0.Counters())
 			if err != nil {
 				t.Fatal(err)
 			}
-			login, err := NewLimiter(Rule{Name: "login", Limit: 2, Window: time.Hour, MaxKeys: 3}, tab)
+			login, err := NewLimiter(Rule{Name: "login", Limit: 2, Window: time.Hour, MaxKeys: 3}, w0.Counters())
 			if err != nil {
 				t.Fatal(err)
 			}
 			now := time.Hour
-			for _, id := range []string{"a", "b"} {
-				old.Allow(id, now)
-			}
 			for _, id := range []string{"a", "b", "c"} {
+				old.Allow(id, now)
 				login.Allow(id, now)
 			}
-			// An entry kept beside the rule (a deny cache's), charged to
-			// its account: never superseded.
-			beside := tab.KeyOf(99, []byte("deny"))
-			if _, err := tab.Update(beside, shm.Quota{Account: before.Account()}, MetaOf(before.Tag(), GCRA, time.Microsecond), now,
-				func(uint64, time.Duration) (uint64, bool) { return uint64(now/time.Microsecond) + 1e9, true }); err != nil {
-				t.Fatal(err)
-			}
-			if got := old.Keys(); got != 3 {
-				t.Fatalf("the rule's account holds %d slots, want its MaxKeys, 3", got)
-			}
+			old.Allow("a", now) // a's limit used up
 
-			next, err := NewLimiter(tc.next, tab)
+			// The reload's first new worker, beside the old one.
+			next, err := NewLimiter(tc.next, w1.Counters())
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, id := range []string{"a", "b"} {
+			if d := next.Allow("x", now); !d.Capped {
+				t.Fatalf("a new key while the old worker serves: %+v, want capped", d)
+			}
+			if d := old.Allow("a", now); d.Allowed {
+				t.Fatalf("key a on the old worker after a new key on the new one: %+v, want its count kept (limited)", d)
+			}
+			if d := old.Allow("y", now); !d.Capped {
+				t.Fatalf("a new key on the old worker: %+v, want capped (the new worker's slots are in use)", d)
+			}
+
+			// The old worker leaves: reaped by the supervisor.
+			if _, err := sup.Reap(0); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond) // an account sweeps at most once a millisecond
+			for _, id := range []string{"a", "b", "c"} {
 				if d := next.Allow(id, now); !d.Allowed || d.Full {
-					t.Fatalf("key %q after the reload: %+v, want allowed with a slot", id, d)
+					t.Fatalf("key %q once only the new definition serves: %+v, want allowed with a slot", id, d)
 				}
 			}
-			if d := next.Allow("x", now); !d.Capped {
-				t.Errorf("a 3rd key after the reload: %+v, want capped (the entry beside is not the rule's to take)", d)
-			}
 			if got := next.Keys(); got != 3 {
-				t.Errorf("the rule's account holds %d slots, want 3: its 2 keys and the entry beside them", got)
+				t.Errorf("the rule holds %d slots, want its MaxKeys, 3", got)
+			}
+			if d := next.Allow("z", now); !d.Capped {
+				t.Errorf("a 4th key: %+v, want capped (the rule's 3 slots are its own keys')", d)
 			}
 			if d := next.Allow("a", now); d.Remaining != 0 {
 				t.Errorf("key a's second request: remaining %d, want 0 (it is counted)", d.Remaining)
-			}
-			if _, ok := tab.Peek(beside, now); !ok {
-				t.Error("the entry kept beside the rule was taken")
 			}
 			for _, id := range []string{"a", "b", "c"} {
 				if d, ok := login.Lookup(login.Key([]byte(id)), now); !ok || d.Remaining != 1 {

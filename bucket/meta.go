@@ -4,8 +4,6 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-
-	"github.com/preforkd/preforkd/shm"
 )
 
 // The meta word a limiter stores beside each key (shm's Entry.Meta) tells
@@ -53,28 +51,6 @@ func Fresh(meta, payload uint64, now time.Duration) bool {
 		return payload == 0
 	}
 	return fresh(algo, window, payload, max(int64(now/time.Microsecond), 0))
-}
-
-// Superseded is the table-wide judgement of superseded state (see
-// shm.Counters.SetSuperseded) for slots written by limiters of this
-// package: a slot of the claimant's rule (the same tag) written under
-// another window or algorithm, by the rule's definition before a reload
-// changed it, whose keys are in a namespace the rule no longer reads.
-// Entries kept under a window no rule can have (MetaOf's, under
-// MinWindow: a deny cache, a shared breaker) are never superseded, nor
-// superseding: they live beside the rule's state.
-func Superseded(held, claimant uint64) bool {
-	minUS := uint64(MinWindow / time.Microsecond)
-	return held != claimant && MetaTag(held) == MetaTag(claimant) &&
-		held&windowMask >= minUS && claimant&windowMask >= minUS
-}
-
-// JudgeTable installs this package's judgements in t: Fresh and
-// Superseded. NewLimiter does; a package that keeps entries of its own
-// in the table (MetaOf) does before it uses it.
-func JudgeTable(t *shm.Counters) {
-	t.SetFresh(Fresh)
-	t.SetSuperseded(Superseded)
 }
 
 // MetaOf is the meta word of a slot that holds a payload of algorithm a

@@ -167,6 +167,10 @@ func TestErrors(t *testing.T) {
 		// another rule has would lose both at every restart.
 		{"override on another rule's tag", "[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 5\nwindow = \"1h\"\n[[ratelimit]]\nname = \"api\" # <-\npath = \"/api\"\nlimit = 100\nwindow = \"1h\"\n[[ratelimit.override]]\nkey = \"k1\"\nlimit = 1000\n[[ratelimit.override]]\nkey = \"k47527\"\nlimit = 1000\n",
 			`ratelimit "api": name: the state of its override 2 hashes to the 16-bit tag 0x1239 of rule "login"`, 0},
+		// A Redis rule's overrides keep counts in this host's table too
+		// (sync mode, on_unavailable "local").
+		{"redis override on its rule's tag", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[[ratelimit]]\nname = \"api\" # <-\npath = \"/api\"\nlimit = 100\nwindow = \"1m\"\nalgorithm = \"fixed-window\"\nstore = \"redis\"\nsync = \"1s\"\n[[ratelimit.override]]\nkey = \"k56449\"\nlimit = 1000\n",
+			`ratelimit "api": name: the state of its override 1 hashes to the 16-bit tag`, 0},
 		{"status", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nstatus = 418 # <-\n", `status 418: want 429 or 503`, 0},
 		{"exempt", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nexempt = [\"10.0.0.0/33\"] # <-\n", `invalid CIDR "10.0.0.0/33"`, 0},
 		{"server exempt", "[server]\nexempt = [\"x\"] # <-\n", `invalid IP address or CIDR "x"`, 0},

@@ -168,9 +168,6 @@ func (c Config) check(r *report) {
 		rl.check(r, i, names, s.routes())
 		rl.checkStore(r, i, c.Redis.Enabled())
 		rules[i].Rule, rules[i].Overrides = rl.BucketRule(), rl.coreOverrides()
-		if rl.Store == StoreRedis {
-			rules[i].Redis = &core.RedisRule{}
-		}
 	}
 	var ae *core.AccountError
 	switch {

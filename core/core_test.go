@@ -88,3 +88,21 @@ func TestNewErrors(t *testing.T) {
 		t.Errorf("unjoined region: %v, want ErrNotJoined", err)
 	}
 }
+
+// An override's state shares no 16-bit tag with another rule's or
+// override's, a Redis rule's included (its overrides' counts are in this
+// host's table in sync mode and for on_unavailable "local").
+func TestCheckAccountsOverrideTags(t *testing.T) {
+	api := bucket.Rule{Name: "api", Limit: 100, Window: time.Minute, Algorithm: bucket.FixedWindow}
+	for _, redis := range []*core.RedisRule{nil, {Sync: time.Second}} {
+		rls := []core.RateLimit{{Rule: api, Redis: redis, Overrides: []core.Override{{Key: "k1", Limit: 1000}, {Key: "k56449", Limit: 1000}}}}
+		var ae *core.AccountError
+		if err := core.CheckAccounts(rls); !errors.As(err, &ae) || ae.Override != 2 || ae.Other != `rule "api"` {
+			t.Errorf("redis %v: %v, want override 2 on rule api's tag", redis != nil, err)
+		}
+		rls[0].Overrides = rls[0].Overrides[:1]
+		if err := core.CheckAccounts(rls); err != nil {
+			t.Errorf("redis %v, no collision: %v", redis != nil, err)
+		}
+	}
+}

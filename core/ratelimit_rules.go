@@ -162,9 +162,8 @@ func CheckAccounts(rls []RateLimit) error {
 	}
 	for i := range rls {
 		rl := &rls[i]
-		if rl.Redis != nil {
-			continue // its overrides keep their state in Redis
-		}
+		// A Redis rule's overrides too: in sync mode, and for
+		// on_unavailable "local", their counts are in this host's table.
 		for j := range rl.Overrides {
 			r := rl.Overrides[j].rule(rl.Rule)
 			t := r.Tag()

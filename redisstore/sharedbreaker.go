@@ -38,11 +38,13 @@ var breakerQuota = shm.Quota{Account: 0xb4ea}
 const breakerNS = 0x6272_6561_6b65_7200 // "breaker"
 
 func newSharedBreaker(tab *shm.Counters, pol Breaker, target string, self int, log *slog.Logger) sharedBreaker {
-	return sharedBreaker{
+	b := sharedBreaker{
 		tab: tab, key: tab.KeyOfString(breakerNS, target),
 		meta: bucket.MetaOf(0xb4ea, bucket.GCRA, 0), // window 0: fresh only as payload 0
 		pol:  pol, self: self, log: log, target: target,
 	}
+	tab.Use(b.meta)
+	return b
 }
 
 // word reads the breaker's state word (0, closed, when it has no slot).

@@ -98,7 +98,7 @@ func New(region *shm.Region, o Options) (*Store, error) {
 		a, b := region.Seeds()
 		s.host = fmt.Sprintf("%016x", a^b*0x9e3779b97f4a7c15)
 	}
-	bucket.JudgeTable(s.tab) // the deny cache and the sync counts are judged as bucket's
+	s.tab.SetFresh(bucket.Fresh) // the deny cache and the sync counts are judged as bucket's
 	s.br = newSharedBreaker(s.tab, o.Breaker, target(o), region.Worker(), s.log)
 	s.warmed = make(chan struct{})
 	go s.warm()
@@ -297,7 +297,13 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 			s.addSync(l)
 		}
 	}
-	bucket.JudgeTable(s.tab)
+	s.tab.SetFresh(bucket.Fresh)
+	// The metas this process writes (shm's Counters.Use), so that none is
+	// taken for a definition a reload left.
+	s.tab.Use(l.denyMeta)
+	if r.Sync > 0 {
+		s.tab.Use(l.syncMeta)
+	}
 	return l, nil
 }
 

@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -43,14 +45,6 @@ type slot struct {
 // only such a slot may be reclaimed for another key. It must be pure.
 type FreshFunc func(meta, payload uint64, now time.Duration) bool
 
-// SupersededFunc reports whether a LIVE slot whose meta is held holds
-// state that a writer of meta claimant can never reach again: an earlier
-// definition of the claimant's own (a rule whose window or algorithm a
-// reload changed, so that its keys moved to another namespace). An
-// account at its maximum reclaims such slots as it does fresh ones (see
-// Update). It must be pure.
-type SupersededFunc func(held, claimant uint64) bool
-
 // Op computes a key's next payload from its current one (0 for a new key)
 // at now. write=false leaves the slot untouched (a refusal writes nothing).
 // Update may call it more than once, so it must be pure. now is the
@@ -66,7 +60,10 @@ type Counters struct {
 	probe int
 	acc   accounts
 	fresh atomic.Pointer[FreshFunc]
-	super atomic.Pointer[SupersededFunc]
+	// uses are the meta words this process writes (Use), sorted; usesMu
+	// serialises their changes.
+	uses   atomic.Pointer[[]uint64]
+	usesMu sync.Mutex
 	// lockWait bounds how long Update waits for an insert lock held by a
 	// live process before it answers ErrLockTimeout: defaultLockWait,
 	// shortened by tests.
@@ -95,21 +92,91 @@ func (c *Counters) isFresh(meta, payload uint64, now time.Duration) bool {
 	return (*c.fresh.Load())(meta, payload, now)
 }
 
-// SetSuperseded installs the judgement of superseded state (none until
-// then). Every process should judge alike: install it before the table
-// is used.
-func (c *Counters) SetSuperseded(f SupersededFunc) { c.super.Store(&f) }
+// Use records that this process writes entries under meta (a rule's
+// definition: package bucket's limiters call it as they are made), and
+// publishes the set of them in the process's worker entry. Once every
+// live worker publishes the same set, an entry under a meta outside it is
+// one no process can reach again (the state of a rule's definition before
+// a reload that changed its window or algorithm): superseded, it is taken
+// over like a fresh one by an account at its maximum (see Update). A
+// claim uses its meta itself, but a process should call Use for each
+// meta before it serves: until it has, it keeps every other from judging
+// anything superseded.
+func (c *Counters) Use(meta uint64) {
+	if c.using(meta) {
+		return
+	}
+	c.usesMu.Lock()
+	defer c.usesMu.Unlock()
+	if c.using(meta) {
+		return
+	}
+	var next []uint64
+	if p := c.uses.Load(); p != nil {
+		next = append(next, *p...)
+	}
+	i, _ := slices.BinarySearch(next, meta)
+	next = slices.Insert(next, i, meta)
+	c.uses.Store(&next)
+	c.publishUses()
+}
+
+// using reports whether this process has recorded meta (Use).
+func (c *Counters) using(meta uint64) bool {
+	p := c.uses.Load()
+	if p == nil {
+		return false
+	}
+	_, ok := slices.BinarySearch(*p, meta)
+	return ok
+}
+
+// usesWord is the word that stands for this process's set of metas in its
+// worker entry: never 0, the word of an entry no process of this build
+// has written.
+func (c *Counters) usesWord() uint64 {
+	h := uint64(0x9e3779b97f4a7c15)
+	if p := c.uses.Load(); p != nil {
+		for _, m := range *p {
+			h = (h ^ m) * 0xbf58476d1ce4e5b9
+			h ^= h >> 31
+		}
+	}
+	return max(h, 1)
+}
+
+// publishUses writes this process's set of metas in its worker entry, if
+// it has joined.
+func (c *Counters) publishUses() {
+	if o := c.r.owner.Load(); o != 0 {
+		atomic.StoreUint64(&c.r.workers[o>>32].uses, c.usesWord())
+	}
+}
+
+// settled reports whether every live worker process (joined and not
+// reaped) has published this process's set of metas: then none writes a
+// meta outside it.
+func (c *Counters) settled() bool {
+	mine := c.usesWord()
+	for w := range c.r.workers {
+		e := &c.r.workers[w]
+		if atomic.LoadUint64(&e.pid) != 0 && atomic.LoadUint64(&e.uses) != mine {
+			return false
+		}
+	}
+	return true
+}
 
 // yields reports whether the LIVE slot sl, in state s, may be taken by a
-// new key of meta claimant whose account is at its maximum: its state is
-// as fresh as none, or superseded.
-func (c *Counters) yields(sl *slot, s, claimant uint64, now time.Duration) bool {
+// new key: its state is as fresh as none, or superseded (see Use). The
+// slot's state and meta are read before the live workers' sets: a worker
+// that wrote it under a meta of a new set had published that set first.
+func (c *Counters) yields(sl *slot, s uint64, now time.Duration) bool {
 	held := atomic.LoadUint64(&sl.meta)
 	if c.isFresh(held, payloadOf(s), now) {
 		return true
 	}
-	f := c.super.Load()
-	return f != nil && (*f)(held, claimant)
+	return !c.using(held) && c.settled()
 }
 
 // Len is the number of slots.
@@ -136,7 +203,7 @@ var testHook func(stage string)
 //
 // A new key of an account that holds q.Max slots already may take only a
 // slot of its own account whose key is as fresh as a new one, or whose
-// state is superseded (see SetSuperseded): in its probe window, or found
+// state is superseded (see Use): in its probe window, or found
 // by a sweep of the account's slots (a bounded number of slots, at most
 // once a millisecond per account), which frees every such slot of the
 // account it meets. Otherwise it is refused with ErrQuota, and the other
@@ -173,7 +240,7 @@ func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op)
 			c.r.count(evFull, 1)
 			return 0, ErrFull
 		}
-		if cand = c.withinQuota(home, cand, q, meta, now, owner); cand < 0 {
+		if cand = c.withinQuota(home, cand, q, now, owner); cand < 0 {
 			if locked {
 				c.unlock(home, owner)
 			}
@@ -216,11 +283,11 @@ func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op)
 	}
 }
 
-// withinQuota returns the slot a new key of q's account, of meta, may
-// take, given cand, the one the scan chose: cand while the account is
-// under its maximum, else a fresh or superseded slot of the account's own
-// (its count unchanged), or -1.
-func (c *Counters) withinQuota(home uint64, cand int, q Quota, meta uint64, now time.Duration, owner uint64) int {
+// withinQuota returns the slot a new key of q's account may take, given
+// cand, the one the scan chose: cand while the account is under its
+// maximum, else a fresh or superseded slot of the account's own (its
+// count unchanged), or -1.
+func (c *Counters) withinQuota(home uint64, cand int, q Quota, now time.Duration, owner uint64) int {
 	if q.Max <= 0 || c.acc.held(q.Account) < q.Max {
 		return cand
 	}
@@ -232,23 +299,23 @@ func (c *Counters) withinQuota(home uint64, cand int, q Quota, meta uint64, now 
 		if phaseOf(s) == phaseEmpty {
 			break
 		}
-		if phaseOf(s) == phaseLive && atomic.LoadUint64(&sl.acct) == want && c.yields(sl, s, meta, now) {
+		if phaseOf(s) == phaseLive && atomic.LoadUint64(&sl.acct) == want && c.yields(sl, s, now) {
 			return i
 		}
 	}
-	if c.sweep(q.Account, meta, now, owner) > 0 && c.acc.held(q.Account) < q.Max {
+	if c.sweep(q.Account, now, owner) > 0 && c.acc.held(q.Account) < q.Max {
 		return cand
 	}
 	return -1
 }
 
 // sweep frees the slots of account a whose keys are as fresh as new ones,
-// or whose state a new key of meta claimant supersedes, among the next
-// slots of the account's sweep (see accounts.sweepRange), and returns how
-// many it freed. A key's state is lost only when it is equivalent to no
-// state or unreachable, as in a reclaim, which each step is: the reclaim
-// watermark raised, LIVE → BUSY, the charge cleared, BUSY → TOMB.
-func (c *Counters) sweep(a uint16, claimant uint64, now time.Duration, owner uint64) (n int) {
+// or whose state is superseded (see Use), among the next slots of the
+// account's sweep (see accounts.sweepRange), and returns how many it
+// freed. A key's state is lost only when it is equivalent to no state or
+// unreachable, as in a reclaim, which each step is: the reclaim watermark
+// raised, LIVE → BUSY, the charge cleared, BUSY → TOMB.
+func (c *Counters) sweep(a uint16, now time.Duration, owner uint64) (n int) {
 	from, count, ok := c.acc.sweepRange(a)
 	if !ok {
 		return 0
@@ -263,7 +330,7 @@ func (c *Counters) sweep(a uint16, claimant uint64, now time.Duration, owner uin
 		s := atomic.LoadUint64(&sl.state)
 		switch phaseOf(s) {
 		case phaseLive:
-			if !c.yields(sl, s, claimant, now) {
+			if !c.yields(sl, s, now) {
 				continue
 			}
 			c.raiseReclaimMark(now)
@@ -380,6 +447,7 @@ func (c *Counters) apply(k Key, q Quota, i int, s uint64, meta uint64, now time.
 // It reports false with a nil error when the slot was taken meanwhile or
 // this process was reaped.
 func (c *Counters) claim(i int, k Key, q Quota, meta, owner uint64, now time.Duration, op Op) (bool, error) {
+	c.Use(meta) // published before any slot holds it
 	sl := &c.slots[i]
 	s := atomic.LoadUint64(&sl.state)
 	reclaim := false
@@ -387,7 +455,7 @@ func (c *Counters) claim(i int, k Key, q Quota, meta, owner uint64, now time.Dur
 	case phaseEmpty, phaseTomb:
 	case phaseLive:
 		// A fresh slot (the scan's choice), or one withinQuota chose.
-		if !c.yields(sl, s, meta, now) {
+		if !c.yields(sl, s, now) {
 			return false, nil
 		}
 		reclaim = true

@@ -17,7 +17,8 @@ import (
 type workerEntry struct {
 	incarnation uint64 // bumped by the supervisor when the worker is reaped
 	pid         uint64
-	_           [14]uint64
+	uses        uint64 // the word of the metas the process writes (Counters.Use); 0 before one did
+	_           [13]uint64
 }
 
 // Owner ids pack a worker index and its incarnation; 0 is nobody.
@@ -32,6 +33,12 @@ func (r *Region) Join(w int) error {
 		return fmt.Errorf("shm: worker index %d outside [0, %d)", w, len(r.workers))
 	}
 	inc := uint32(atomic.LoadUint64(&r.workers[w].incarnation))
+	// The metas this process writes are published before its pid makes
+	// the entry live (Counters.settled): never a word left by the last
+	// process of this index.
+	if r.counts != nil {
+		atomic.StoreUint64(&r.workers[w].uses, r.counts.usesWord())
+	}
 	atomic.StoreUint64(&r.workers[w].pid, uint64(os.Getpid()))
 	r.owner.Store(ownerID(w, inc))
 	return nil

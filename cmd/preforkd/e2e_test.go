@@ -264,10 +264,10 @@ func TestAdminEndpoint(t *testing.T) {
 
 // A reload that changes a rule's window moves its keys to a namespace of
 // their own. With the rule at its max_keys, the slots of the old window
-// are taken over by the new keys: held against them until the old window
-// ended, they capped the rule, and every request was served uncounted
-// (on_full open) for up to an hour. Across 4 workers each key gets
-// exactly its limit after the reload, as before it.
+// are taken over by the new keys once no old worker serves: held against
+// them until the old window ended, they capped the rule, and every
+// request was served uncounted (on_full open) for up to an hour. Across 4
+// workers each key gets exactly its limit after the reload, as before it.
 func TestReloadedWindowAtMaxKeys(t *testing.T) {
 	t.Parallel()
 	cfg := func(window string) string {
@@ -297,6 +297,10 @@ max_keys = 3
 		}
 	}
 	exact("before the reload")
-	waitReloaded(t, d, reloadTo(d, cfg("2h")), 20*time.Second)
+	from := reloadTo(d, cfg("2h"))
+	waitReloaded(t, d, from, 20*time.Second)
+	// The old window's slots are counts in use while a worker of the old
+	// configuration serves; once the last is gone they are taken over.
+	waitRetired(t, d, from)
 	exact("after the reload to a 2h window")
 }
