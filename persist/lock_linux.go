@@ -13,9 +13,25 @@ import (
 // process holds is an error that wraps ErrInUse and names the holder.
 func (l *Lock) lock(path string) error {
 	name := path + ".lock"
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	// Never through a link, and only a file of this user's: in a
+	// directory others can write (/dev/shm), another user could plant a
+	// link that the truncation below would follow, or a file of theirs
+	// whose lock they hold.
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return fmt.Errorf("persist: lock %s is a symbolic link: refused (remove it; keep the file in a directory of the service's own)", name)
+		}
 		return fmt.Errorf("persist: lock: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return fmt.Errorf("persist: lock %s: %w", name, err)
+	}
+	if why := untrustedLock(st); why != "" {
+		f.Close()
+		return fmt.Errorf("persist: lock %s %s: refused (remove it; keep the file in a directory of the service's own)", name, why)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
@@ -29,6 +45,21 @@ func (l *Lock) lock(path string) error {
 	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	l.files = append(l.files, f)
 	return nil
+}
+
+// untrustedLock says what makes an opened lock file one this process
+// must not use, or "": it must be a regular file of this user's, with one
+// name (a hard link to another file would be truncated with it).
+func untrustedLock(st unix.Stat_t) string {
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return "is not a regular file"
+	case st.Uid != uint32(os.Geteuid()):
+		return fmt.Sprintf("is owned by uid %d, not this process's %d", st.Uid, os.Geteuid())
+	case st.Nlink != 1:
+		return fmt.Sprintf("has %d names (a hard link)", st.Nlink)
+	}
+	return ""
 }
 
 // Files returns duplicates of the descriptors that hold l's locks, for a

@@ -36,3 +36,61 @@ func TestPathLocked(t *testing.T) {
 		lock.Unlock()
 	}
 }
+
+// A lock file that another user could have planted in a shared directory
+// (/dev/shm) is refused, and what it points at is left as it was: a
+// symbolic link (followed, the truncation would have rewritten any file
+// the service may write), a hard link, a file of another user's.
+func TestUntrustedLockRefused(t *testing.T) {
+	geo := shm.Options{Counters: 64, MaxWorkers: 8}
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, lock, victim string)
+		want  string
+	}{
+		{"symbolic link", func(t *testing.T, lock, victim string) {
+			if err := os.Symlink(victim, lock); err != nil {
+				t.Fatal(err)
+			}
+		}, "is a symbolic link"},
+		{"hard link", func(t *testing.T, lock, victim string) {
+			if err := os.Link(victim, lock); err != nil {
+				t.Fatal(err)
+			}
+		}, "has 2 names"},
+		{"another user's", func(t *testing.T, lock, _ string) {
+			if err := os.WriteFile(lock, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(lock, os.Geteuid()+1, -1); err != nil {
+				t.Fatalf("chown (the test runs as root in CI): %v", err)
+			}
+		}, "is owned by uid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "another user's" && os.Geteuid() != 0 {
+				t.Log("not root: no file of another user's can be made here")
+				return
+			}
+			dir := t.TempDir()
+			live := filepath.Join(dir, "region")
+			victim := filepath.Join(t.TempDir(), "secret")
+			if err := os.WriteFile(victim, []byte("keep me\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tc.plant(t, live+".lock", victim)
+			r, lock, _, err := OpenRegion(Options{Live: live}, geo, quiet)
+			if err == nil {
+				r.Close()
+				lock.Unlock()
+				t.Fatal("the planted lock was used")
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), live+".lock") {
+				t.Errorf("error %q, want one naming the lock and %q", err, tc.want)
+			}
+			if b, _ := os.ReadFile(victim); string(b) != "keep me\n" {
+				t.Errorf("the file behind the lock was changed: %q", b)
+			}
+		})
+	}
+}
