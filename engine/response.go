@@ -182,22 +182,19 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 // dropConnectionNamed marks every field of raw a Connection field names,
 // but close, keep-alive and upgrade, as not to be passed on.
 func dropConnectionNamed(raw []byte, fields []Field) {
+	var named NameSet
 	for _, cf := range fields {
-		if cf.Kind != FieldConnection {
-			continue
+		if cf.Kind == FieldConnection {
+			named.AddOptions(cf.Value.Of(raw))
 		}
-		for list := cf.Value.Of(raw); len(list) > 0; {
-			var t []byte
-			t, list = nextToken(list)
-			if len(t) == 0 || EqualFold(t, "close") || EqualFold(t, "keep-alive") || EqualFold(t, "upgrade") {
-				continue
-			}
-			for i := range fields {
-				f := &fields[i]
-				if f.Kind != FieldConnection && f.Kind != FieldUpgrade && bytes.EqualFold(f.Name.Of(raw), t) {
-					f.Kind = FieldDropped
-				}
-			}
+	}
+	if named.Empty() {
+		return
+	}
+	for i := range fields {
+		f := &fields[i]
+		if f.Kind != FieldConnection && f.Kind != FieldUpgrade && named.Has(f.Name.Of(raw)) {
+			f.Kind = FieldDropped
 		}
 	}
 }

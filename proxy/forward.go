@@ -345,27 +345,22 @@ func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide []string) {
 	primeDate(dst, src.Peek("Date")) // the upstream's own Date, else now
 	dst.SetStatusCode(src.StatusCode())
-	var few [8][]byte // fields named by Connection: a few, on the stack
-	named := connectionNamed(src, few[:0])
+	named := connectionNamed(src)
 	for k, v := range src.All() {
 		if !engine.ResponseFieldPassed(engine.ClassifyField(k), upgraded) ||
-			isNamed(k, named) || len(hide) > 0 && isHidden(k, hide) {
+			named.Has(k) || len(hide) > 0 && isHidden(k, hide) {
 			continue
 		}
 		dst.AddBytesKV(k, v)
 	}
 }
 
-// connectionNamed appends to named the fields h's Connection names
-// (hop-by-hop: never passed on), but its own options.
-func connectionNamed(h *fasthttp.ResponseHeader, named [][]byte) [][]byte {
+// connectionNamed is the set of fields h's Connection names (hop-by-hop:
+// never passed on), but its own options.
+func connectionNamed(h *fasthttp.ResponseHeader) (named engine.NameSet) {
 	for k, v := range h.All() {
 		if engine.ClassifyField(k) == engine.FieldConnection {
-			engine.EachToken(v, func(t []byte) {
-				if !engine.EqualFold(t, "close") && !engine.EqualFold(t, "keep-alive") && !engine.EqualFold(t, "upgrade") {
-					named = append(named, t)
-				}
-			})
+			named.AddOptions(v)
 		}
 	}
 	return named
@@ -374,15 +369,6 @@ func connectionNamed(h *fasthttp.ResponseHeader, named [][]byte) [][]byte {
 func isHidden(k []byte, hide []string) bool {
 	for _, h := range hide {
 		if len(h) == len(k) && engine.EqualFold(k, h) {
-			return true
-		}
-	}
-	return false
-}
-
-func isNamed(k []byte, named [][]byte) bool {
-	for _, n := range named {
-		if len(n) == len(k) && engine.EqualFold(k, b2s(n)) {
 			return true
 		}
 	}

@@ -50,11 +50,11 @@ func (r *request) interim(h *fasthttp.ResponseHeader) {
 	b = append(b, ' ')
 	b = append(b, fasthttp.StatusMessage(st)...)
 	b = append(b, "\r\n"...)
-	var few [4][]byte
-	named := connectionNamed(h, few[:0])
+	named := connectionNamed(h)
+	hide := r.fwd.Hide
 	for k, v := range h.All() {
-		if engine.ClassifyField(k) != engine.FieldOther || isNamed(k, named) {
-			continue // hop-by-hop (named so by Connection too), or framing
+		if engine.ClassifyField(k) != engine.FieldOther || named.Has(k) || len(hide) > 0 && isHidden(k, hide) {
+			continue // hop-by-hop (named so by Connection too), framing, or the core's own (core.Forward.Hide)
 		}
 		b = append(b, k...)
 		b = append(b, ": "...)

@@ -204,18 +204,20 @@ func (r *request) parseTarget() *engine.BadRequest {
 // dropConnectionNamed marks the fields named by Connection as hop-by-hop
 // (RFC 9110 §7.6.1), except those whose kind already decides their fate.
 func (r *request) dropConnectionNamed() {
+	var named engine.NameSet
 	for _, cf := range r.fields {
-		if cf.kind != engine.FieldConnection {
-			continue
+		if cf.kind == engine.FieldConnection {
+			named.AddOptions(r.raw[cf.value.from:cf.value.to])
 		}
-		engine.EachToken(r.raw[cf.value.from:cf.value.to], func(t []byte) {
-			for i := range r.fields {
-				f := &r.fields[i]
-				if f.kind == engine.FieldOther && bytes.EqualFold(r.raw[f.name.from:f.name.to], t) {
-					f.kind = engine.FieldDropped
-				}
-			}
-		})
+	}
+	if named.Empty() {
+		return
+	}
+	for i := range r.fields {
+		f := &r.fields[i]
+		if f.kind == engine.FieldOther && named.Has(r.raw[f.name.from:f.name.to]) {
+			f.kind = engine.FieldDropped
+		}
 	}
 }
 

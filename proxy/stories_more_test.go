@@ -298,3 +298,39 @@ func TestBrokenUpstreamBodies(t *testing.T) {
 		}
 	})
 }
+
+// TestInterimHidesTheCoresFields: an interim response (103 Early Hints)
+// is passed on without the fields the core hides from every response
+// (the reset header here), as the final one is.
+func TestInterimHidesTheCoresFields(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		ln := listen(t)
+		acceptEach(ln, func(c net.Conn) {
+			br := bufio.NewReader(c)
+			for {
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\nPreforkd-Reset: login\r\n\r\n"+
+					"HTTP/1.1 200 OK\r\nPreforkd-Reset: login\r\nContent-Length: 2\r\n\r\nok")
+			}
+		})
+		c := configCore(t, "[server]\nreset_header = \"Preforkd-Reset\"\n", nil)
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String(), Core: c})
+		conn, _ := dial(t, r.Addr)
+		io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		all, err := io.ReadAll(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := string(all)
+		if !strings.Contains(got, "HTTP/1.1 103 Early Hints\r\n") || !strings.Contains(got, "Link: </s.css>; rel=preload\r\n") {
+			t.Fatalf("no 103 with its Link passed on:\n%s", got)
+		}
+		if strings.Contains(strings.ToLower(got), "preforkd-reset") {
+			t.Errorf("the reset header reached the client:\n%s", got)
+		}
+	})
+}

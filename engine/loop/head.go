@@ -305,18 +305,20 @@ func (h *head) encoding(v []byte) *engine.BadRequest {
 // dropConnectionNamed marks the fields named by Connection as hop-by-hop
 // (RFC 9110 §7.6.1), except those whose kind already decides their fate.
 func (h *head) dropConnectionNamed() {
+	var named engine.NameSet
 	for _, cf := range h.fields {
-		if cf.kind != engine.FieldConnection {
-			continue
+		if cf.kind == engine.FieldConnection {
+			named.AddOptions(cf.value.of(h.raw))
 		}
-		engine.EachToken(cf.value.of(h.raw), func(t []byte) {
-			for i := range h.fields {
-				f := &h.fields[i]
-				if f.kind == engine.FieldOther && bytes.EqualFold(f.name.of(h.raw), t) {
-					f.kind = engine.FieldDropped
-				}
-			}
-		})
+	}
+	if named.Empty() {
+		return
+	}
+	for i := range h.fields {
+		f := &h.fields[i]
+		if f.kind == engine.FieldOther && named.Has(f.name.of(h.raw)) {
+			f.kind = engine.FieldDropped
+		}
 	}
 }
 

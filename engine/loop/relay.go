@@ -145,8 +145,11 @@ func (r *request) interim(h *respHead) {
 	}
 	l := r.l
 	dst := appendStatusLine(l.head[:0], h.Status, nil)
+	hide := len(r.fwd.Hide) > 0
 	for i := range h.Fields {
-		if f := &h.Fields[i]; f.Kind == engine.FieldOther {
+		// The end-to-end fields, but those the core hides from every
+		// response (core.Forward.Hide: the reset header, ...).
+		if f := &h.Fields[i]; f.Kind == engine.FieldOther && !(hide && r.fwd.Hidden(b2s(f.Name.Of(h.Raw)))) {
 			dst = append(dst, h.Raw[f.Name.From:f.Value.To]...)
 			dst = append(dst, "\r\n"...)
 		}

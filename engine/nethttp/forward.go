@@ -103,7 +103,7 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 		}
 		var hd respHead
 		if err == nil {
-			hd, err = f.exchange(uc, head, body, rw.w.Header(), interimTo(rw.w, r))
+			hd, err = f.exchange(uc, head, body, rw.w.Header(), interimTo(rw.w, r, rw.hide))
 		}
 		if err == nil {
 			return f.relay(rw, r, ex, uc, hd, upgrade)
@@ -344,13 +344,17 @@ type respHead struct {
 // come, as RFC 9110 §15.2 asks of a proxy, from the fields the head was
 // read into (w's header, cleared before the next): nil for an HTTP/1.0
 // client, which gets none. 100 is not forwarded: net/http answers Expect
-// itself. They are never recorded or stored.
-func interimTo(w http.ResponseWriter, r *http.Request) func(int) {
+// itself. They are never recorded or stored, and carry none of the fields
+// the core hides from every response (hide: core.Forward.Hide).
+func interimTo(w http.ResponseWriter, r *http.Request, hide []string) func(int) {
 	if !r.ProtoAtLeast(1, 1) {
 		return nil
 	}
 	return func(status int) {
 		if status != http.StatusContinue {
+			for _, n := range hide {
+				w.Header().Del(n)
+			}
 			w.WriteHeader(status)
 		}
 	}
