@@ -659,13 +659,83 @@ func (ex *Exchange) checkPath() (Verdict, bool) {
 		return ex.respond(&Problem{Status: 400, Detail: "the request path is not acceptable: " + route.PathReason(err)}, true)
 	}
 	ex.match, ex.forward = match, fwd
-	if host, _ := ex.req.Header("Host"); strings.IndexByte(host, '@') >= 0 {
-		// RFC 9112 §3.2.2, RFC 9110 §4.2.4: userinfo has no place in a
-		// request's authority; passed on, it would be a host to the
-		// cache, the rules and the application alike.
-		return ex.respond(&Problem{Status: 400, Detail: "the request's authority is not acceptable: it has userinfo"}, true)
+	if host, _ := ex.req.Header("Host"); host != "" {
+		if why := hostProblem(host); why != "" {
+			// RFC 9112 §3.2: a Host that is not uri-host [":" port] is
+			// a 400. Passed on, it would be a host to the cache, the
+			// rules and the application alike, and the X-Forwarded-Host
+			// an application builds links from.
+			return ex.respond(&Problem{Status: 400, Detail: "the request's authority is not acceptable: " + why}, true)
+		}
 	}
 	return Pass, false
+}
+
+// hostProblem says why host is not a Host field value (RFC 9112 §3.2,
+// RFC 3986 §3.2.2: IP-literal, IPv4address or reg-name, then an optional
+// ":" port of digits), or "".
+func hostProblem(host string) string {
+	if strings.IndexByte(host, '@') >= 0 {
+		// RFC 9110 §4.2.4: userinfo has no place in a request's authority.
+		return "it has userinfo"
+	}
+	name, port := host, ""
+	if host[0] == '[' {
+		end := strings.IndexByte(host, ']')
+		if end < 0 {
+			return "an IP literal without its closing ]"
+		}
+		name, port = host[:end+1], host[end+1:]
+		for i := 1; i < end; i++ {
+			if c := host[i]; !hostByte(c) && c != ':' {
+				return "a character an IP literal cannot have"
+			}
+		}
+		if end == 1 {
+			return "an empty IP literal"
+		}
+	} else if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		name, port = host[:i], host[i:]
+	}
+	if port != "" {
+		if port[0] != ':' {
+			return "something after the IP literal that is not a port"
+		}
+		for i := 1; i < len(port); i++ {
+			if port[i] < '0' || port[i] > '9' {
+				return "a port that is not a number"
+			}
+		}
+	}
+	if name[0] == '[' {
+		return ""
+	}
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c == '%':
+			if i+2 >= len(name) || !isHex(name[i+1]) || !isHex(name[i+2]) {
+				return "a bad percent-encoding"
+			}
+			i += 2
+		case !hostByte(c):
+			return "a character a host name cannot have"
+		}
+	}
+	return ""
+}
+
+// hostByte reports whether c is unreserved or a sub-delim (RFC 3986): a
+// byte a reg-name may have as is.
+func hostByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("-._~!$&'()*+,;=", c) >= 0
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 func (c *Core) logger() *slog.Logger {

@@ -530,6 +530,45 @@ var exchanges = []exchange{
 		netHTTP: netHTTPOwn(400),
 	},
 	{
+		name:   "a Host with a blank is refused, and the connection closes",
+		send:   "GET / HTTP/1.1\nHost: a b\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
+	{
+		name:   "a Host with a path, a query and a fragment is refused, and the connection closes",
+		send:   "GET / HTTP/1.1\nHost: evil.example/x?y#\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
+	{
+		name:   "a Host with quotes and angle brackets is refused, and the connection closes",
+		send:   "GET / HTTP/1.1\nHost: a\"<x>\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(400),
+	},
+	{
+		name:   "a Host with an unclosed IP literal is refused, and the connection closes",
+		send:   "GET / HTTP/1.1\nHost: [::1\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "a Host with a port that is not a number is refused, and the connection closes",
+		send:   "GET / HTTP/1.1\nHost: a:8o\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "a Host with a bad percent-encoding is refused, and the connection closes",
+		send:   "GET / HTTP/1.1\nHost: a%zz\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "a Host with sub-delims is passed on, and so is an IP literal with a port",
+		send:   "GET / HTTP/1.1\nHost: a-b.c_d~e,x=1\n\n",
+		status: 200, then: "GET / HTTP/1.1\nHost: [::1]:8080\n\n",
+		upLine: "GET / HTTP/1.1", upCount: 2,
+	},
+	{
 		name:   "userinfo in an absolute-form target is refused, and the connection closes",
 		send:   "GET http://u@app.example/ HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true,
