@@ -686,13 +686,8 @@ func hostProblem(host string) string {
 			return "an IP literal without its closing ]"
 		}
 		name, port = host[:end+1], host[end+1:]
-		for i := 1; i < end; i++ {
-			if c := host[i]; !hostByte(c) && c != ':' {
-				return "a character an IP literal cannot have"
-			}
-		}
-		if end == 1 {
-			return "an empty IP literal"
+		if !ipLiteral(host[1:end]) {
+			return "an IP literal that is neither an IPv6 address nor IPvFuture"
 		}
 	} else if i := strings.LastIndexByte(host, ':'); i >= 0 {
 		name, port = host[:i], host[i:]
@@ -722,6 +717,32 @@ func hostProblem(host string) string {
 		}
 	}
 	return ""
+}
+
+// ipLiteral reports whether s, between an IP literal's brackets, is an
+// IPv6address or IPvFuture ("v" HEXDIG... "." then unreserved,
+// sub-delims or ":"), RFC 3986 §3.2.2: no zone id (RFC 6874 has clients
+// strip it).
+func ipLiteral(s string) bool {
+	if len(s) > 1 && (s[0] == 'v' || s[0] == 'V') {
+		dot := strings.IndexByte(s, '.')
+		if dot < 2 || dot == len(s)-1 {
+			return false
+		}
+		for i := 1; i < dot; i++ {
+			if !isHex(s[i]) {
+				return false
+			}
+		}
+		for i := dot + 1; i < len(s); i++ {
+			if !hostByte(s[i]) && s[i] != ':' {
+				return false
+			}
+		}
+		return true
+	}
+	a, err := netip.ParseAddr(s)
+	return err == nil && a.Is6() && a.Zone() == ""
 }
 
 // hostByte reports whether c is unreserved or a sub-delim (RFC 3986): a

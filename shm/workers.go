@@ -108,6 +108,10 @@ func (e *workerEntry) retire() {
 		}
 		if atomic.CompareAndSwapUint64(&e.incarnation, old, next) {
 			atomic.StoreUint64(&e.pid, 0)
+			// No word of the reaped process's metas is left for the next
+			// one: a process of an older build, which publishes none,
+			// must not pass for one that writes this build's (Counters.settled).
+			atomic.StoreUint64(&e.uses, 0)
 			return
 		}
 	}
