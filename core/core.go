@@ -702,7 +702,7 @@ func hostProblem(host string) string {
 			}
 		}
 	}
-	if name[0] == '[' {
+	if name != "" && name[0] == '[' {
 		return ""
 	}
 	for i := 0; i < len(name); i++ {
