@@ -92,6 +92,22 @@ type proc struct {
 	killed   bool
 	recycle  string        // why it asked to be replaced (max_requests, max_rss); "" = it did not
 	rssDelay time.Duration // it judges its memory from start + rssDelay
+	// held are the notes (USR1, USR2) sent while it was not yet ready,
+	// for it once it is: a process just started may not handle them yet,
+	// and their default action ends it.
+	held []syscall.Signal
+}
+
+// note sends a worker a note (sigReopen, sigDrain), or holds it until
+// the worker is ready (see proc.held).
+func (p *proc) note(sig syscall.Signal) error {
+	if !p.ready {
+		if !slices.Contains(p.held, sig) {
+			p.held = append(p.held, sig)
+		}
+		return nil
+	}
+	return p.signal(sig)
 }
 
 // slot is one of the N places a worker fills. During a reload a slot has
@@ -242,7 +258,7 @@ func (s *supervisor) reopen() {
 		if p.killed {
 			continue
 		}
-		if err := p.signal(sigReopen); err != nil {
+		if err := p.note(sigReopen); err != nil {
 			s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR1", "err", err)
 			continue
 		}
@@ -408,6 +424,12 @@ func (s *supervisor) onReady(pid int) {
 	}
 	p.ready = true
 	s.log.Debug("worker ready", "pid", pid, "index", p.index)
+	for _, sig := range p.held {
+		if err := p.signal(sig); err != nil {
+			s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", sig.String(), "err", err)
+		}
+	}
+	p.held = nil
 	sl := &s.slots[p.slot]
 	if sl.succ != p {
 		return
@@ -591,7 +613,7 @@ func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 	if delay > 0 {
 		s.stopAt = s.env.now().Add(delay)
 		for _, p := range s.sortedProcs() {
-			if err := p.signal(sigDrain); err != nil {
+			if err := p.note(sigDrain); err != nil {
 				s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR2", "err", err)
 			}
 		}

@@ -815,6 +815,33 @@ func TestSignalsAsNginx(t *testing.T) {
 	}
 }
 
+// A worker not yet ready may not handle USR1 and USR2 yet (their default
+// action ends a process): the supervisor holds them for it until it
+// reports ready, then sends them, once each. A USR1 near a reload's start
+// (logrotate beside a deploy) killed the canary and aborted the reload.
+func TestNotesHeldUntilReady(t *testing.T) {
+	f := newFake()
+	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, DrainDelay: 3 * time.Second}), 2, minMaxWorkers(2))
+	s.step()
+	ready(s, 100)
+	sendSignal(s, syscall.SIGUSR1)
+	sendSignal(s, syscall.SIGUSR1)
+	if got := f.signalled(syscall.SIGUSR1); !slices.Equal(got, []int{100, 100}) {
+		t.Fatalf("USR1 sent to %v, want the ready worker alone, twice", got)
+	}
+	sendSignal(s, syscall.SIGTERM) // drain_delay: USR2, "stopping"
+	if got := f.signalled(syscall.SIGUSR2); !slices.Equal(got, []int{100}) {
+		t.Fatalf("USR2 sent to %v, want the ready worker alone", got)
+	}
+	ready(s, 101)
+	if got := f.signalled(syscall.SIGUSR1); !slices.Equal(got, []int{100, 100, 101}) {
+		t.Errorf("USR1 sent to %v once 101 is ready, want it once more, to 101", got)
+	}
+	if got := f.signalled(syscall.SIGUSR2); !slices.Equal(got, []int{100, 101}) {
+		t.Errorf("USR2 sent to %v once 101 is ready, want it to 101 too", got)
+	}
+}
+
 // With a drain delay, TERM leaves the workers serving, told only that the
 // instance stops (USR2: their health answers 503), with readiness off and
 // nothing respawned; at the delay's end they drain as without one.
