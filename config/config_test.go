@@ -522,9 +522,9 @@ func TestCacheBlock(t *testing.T) {
 		t.Fatalf("a block built in Go: %+v", g)
 	}
 	o, err := c.CoreOptions()
-	if err != nil || len(o.Caches) != 2 || o.Caches[1].MaxBody != 4<<10 || !o.Caches[1].Heuristic || len(o.Caches[1].TagHeaders) != 0 || o.Caches[0].LockTimeout != 5*time.Second ||
-		o.Caches[1].Targeted != "Edge-Cache-Control" {
-		t.Fatalf("core options: %+v %v", o.Caches, err)
+	if cs := o.Caches.Blocks(); err != nil || len(cs) != 2 || cs[1].MaxBody != 4<<10 || !cs[1].Heuristic || len(cs[1].TagHeaders) != 0 || cs[0].LockTimeout != 5*time.Second ||
+		cs[1].Targeted != "Edge-Cache-Control" {
+		t.Fatalf("core options: %+v %v", cs, err)
 	}
 	var b strings.Builder
 	c.WriteEffective(&b)

@@ -33,19 +33,27 @@ func (c Config) CoreOptions() (core.Options, error) {
 		}
 		o.RateLimits = append(o.RateLimits, r)
 	}
+	var blocks []core.Idempotency
 	for _, d := range c.Idempotency {
 		b, err := d.core(s)
 		if err != nil {
 			return o, err
 		}
-		o.Idempotency = append(o.Idempotency, b)
+		blocks = append(blocks, b)
 	}
+	var caches []core.Cache
 	for _, d := range c.Caches {
 		b, err := d.core(s.routes())
 		if err != nil {
 			return o, err
 		}
-		o.Caches = append(o.Caches, b)
+		caches = append(caches, b)
+	}
+	if blocks != nil {
+		o.Idempotency = core.IdempotencyBlocks(blocks...)
+	}
+	if caches != nil {
+		o.Caches = core.CacheBlocks(caches...)
 	}
 	return o, nil
 }

@@ -49,7 +49,7 @@ func TestAccessEntries(t *testing.T) {
 		AccessLog: log,
 		RateLimits: []core.RateLimit{{Rule: bucket.Rule{Name: "once", Limit: 1, Window: time.Hour},
 			Route: mustRoute(t, "/limited")}},
-		Caches: []core.Cache{{Route: mustRoute(t, "/cached/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20}},
+		Caches: core.CacheBlocks(core.Cache{Route: mustRoute(t, "/cached/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20}),
 		Now:    func() time.Duration { clock += time.Millisecond; return clock },
 		Wall:   func() time.Time { return time.Unix(1700000000, 0) },
 	})

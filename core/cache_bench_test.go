@@ -24,7 +24,7 @@ func cacheCore(b testing.TB, urls int) (*core.Core, []*fakeReq) {
 	}
 	var clock atomic.Int64
 	c, err := core.New(r, core.Options{
-		Caches: []core.Cache{{Route: rt, TTL: time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second}},
+		Caches: core.CacheBlocks(core.Cache{Route: rt, TTL: time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second}),
 		Now:    func() time.Duration { return time.Hour + time.Duration(clock.Add(1)) },
 	})
 	if err != nil {

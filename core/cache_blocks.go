@@ -115,7 +115,9 @@ type cacheBlock struct {
 	hide        []string         // Forward.Hide: own
 }
 
-func (c *Core) compileCaches(ds []Cache) error {
+// installCache compiles the blocks of ds and installs the stage that
+// runs them (CacheBlocks).
+func (c *Core) installCache(ds []Cache) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -148,6 +150,15 @@ func (c *Core) compileCaches(ds []Cache) error {
 			b.tagHeaders = append(b.tagHeaders, textproto.CanonicalMIMEHeaderKey(h))
 		}
 		c.caches = append(c.caches, b)
+	}
+	c.steps[stepCache] = (*Exchange).decideCache
+	c.steps[stepCacheWait] = (*Exchange).lookup
+	c.cache = &stage{
+		forward:  (*Exchange).cacheForward,
+		head:     (*Exchange).cacheHead,
+		fallback: (*Exchange).fallback,
+		complete: (*Exchange).completeCache,
+		release:  (*Exchange).releaseCache,
 	}
 	return nil
 }

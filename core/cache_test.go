@@ -87,7 +87,7 @@ func storyCoreRegion(t *testing.T, targeted string) (*core.Core, *storyClock, *s
 	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
 	clk := &storyClock{}
 	c, err := core.New(r, core.Options{
-		Caches: []core.Cache{{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: 24 * time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second, Targeted: targeted}},
+		Caches: core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: 24 * time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second, Targeted: targeted}),
 		Now:    clk.now,
 		Wall:   clk.wall,
 	})

@@ -40,20 +40,41 @@ func (ex *Exchange) conditional() {
 // sent on; a fill leaves out the client's conditional and range fields,
 // since what it stores must be whole, and a revalidation sends the
 // entry's validators instead.
-func (ex *Exchange) cacheForward(f *Forward) {
+// It takes and returns f by value: a pointer handed to a stage's hook
+// would move every request's Forward to the heap.
+func (ex *Exchange) cacheForward(f Forward) Forward {
 	f.Hide = ex.cache.blk.hide
 	if ex.cache.flags&cFill == 0 {
-		return
+		return f
 	}
 	f.Drop = unconditionalFields
 	if ex.cache.flags&cRevalidate != 0 {
 		// After the request id, if any (fwdAdd is a prefix of fwdAddBuf).
 		f.Add = append(ex.fwdAddBuf[:len(f.Add)], ex.cache.validators[:ex.cache.nval]...)
 	}
+	return f
 }
 
 // unconditionalFields are what a cache fill leaves out of the request.
 var unconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range", "Range"}
+
+// cacheHead is the cache's part of the application's response head: a
+// successful unsafe request invalidates its URL; what to send instead is
+// the stale entry a 304 to a revalidation refreshed, or for a 500, 502,
+// 503 or 504 a stored response stale-if-error lets the cache serve.
+func (ex *Exchange) cacheHead(status int, h Header) *Response {
+	ex.invalidateOnSuccess(status, h)
+	if r := ex.revalidated(status, h); r != nil {
+		return r
+	}
+	if status >= 500 {
+		if fb := ex.fallback(status); fb != nil {
+			ex.rec.Failed = true
+			return fb
+		}
+	}
+	return nil
+}
 
 // revalidated is what a 304 to a revalidation makes of the stale entry
 // (RFC 9111 §4.3.4): the entry with the 304's fields in place of its

@@ -147,7 +147,7 @@ func TestControlResetKey(t *testing.T) {
 func TestControlForgetResponse(t *testing.T) {
 	region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10, BlockSize: 256})
 	by, _ := clientip.ParseBy("header:Authorization|ip")
-	opts := core.Options{Idempotency: []core.Idempotency{{Route: mustRoute(t, "/orders", "POST"), TTL: time.Hour, MaxBody: 1 << 10, By: by}}}
+	opts := core.Options{Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Hour, MaxBody: 1 << 10, By: by})}
 	c, err := core.New(region, opts)
 	if err != nil {
 		t.Fatal(err)

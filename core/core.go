@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,12 +23,12 @@ type Options struct {
 	// RateLimits are the rate-limit rules, in the order their header items
 	// are sent.
 	RateLimits []RateLimit
-	// Idempotency are the idempotent-replay blocks; the first whose route
-	// matches a request applies.
-	Idempotency []Idempotency
-	// Caches are the response cache blocks; the first whose path matches
-	// a request applies.
-	Caches []Cache
+	// Idempotency is the idempotent-replay stage (IdempotencyBlocks); the
+	// zero value is none.
+	Idempotency IdempotencyStage
+	// Caches is the response cache stage (CacheBlocks); the zero value is
+	// none.
+	Caches CacheStage
 	// Resolver decides who the client is (trusted proxies, IPv6 prefix).
 	Resolver clientip.Resolver
 	// Exempt clients (judged on the resolved client address) are never
@@ -117,6 +116,12 @@ type Core struct {
 
 	caches []*cacheBlock
 
+	// steps are what each step of a decision runs: the optional stages'
+	// are installed with them (stage.go), and idem and cache reach the
+	// rest of their code; nil without the stage.
+	steps       [stepDone]func(*Exchange) (Verdict, bool)
+	idem, cache *stage
+
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate
 	forwarded    forwardedLog // forwarding fields from peers not trusted
@@ -191,16 +196,14 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 			total: func() uint64 { return metrics.Total(region, metrics.UpstreamErrors, kind) }}
 	}
 	c.forwarded = newForwardedLog(region)
+	copy(c.steps[:], baseSteps[:])
 	if err := c.compileReset(opts.ResetHeader); err != nil {
 		return nil, err
 	}
 	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
 		return nil, err
 	}
-	if err := c.compileBlocks(opts.Idempotency); err != nil {
-		return nil, err
-	}
-	if err := c.compileCaches(opts.Caches); err != nil {
+	if err := c.installStages(&opts); err != nil {
 		return nil, err
 	}
 	c.pool.New = func() any { return &Exchange{c: c} }
@@ -311,11 +314,10 @@ func (c *Core) Begin(req Request) *Exchange {
 // runs; a fill lock is given up. The Exchange must not be used after.
 func (ex *Exchange) release() {
 	if ex.idem.reserved {
-		ex.c.region.Responses().Release(ex.idem.tk)
-		ex.c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
+		ex.c.idem.release(ex)
 	}
 	if ex.cache.blk != nil {
-		ex.releaseCache()
+		ex.c.cache.release(ex)
 	}
 	c := ex.c
 	body, cbuf := ex.idem.stored.Body, ex.cache.buf
@@ -376,7 +378,7 @@ func (ex *Exchange) DecideHead() Verdict {
 // once every step before end has passed.
 func (ex *Exchange) runSteps(end decideStep) Verdict {
 	for ex.step < end {
-		v, done := steps[ex.step](ex)
+		v, done := ex.c.steps[ex.step](ex)
 		if v == Wait {
 			return Wait
 		}
@@ -404,17 +406,13 @@ const (
 	stepDone
 )
 
-// steps are what each step runs: a Verdict, and whether it is the
-// step's last word (Respond then ends the decision).
-var steps = [stepDone]func(*Exchange) (Verdict, bool){
-	stepPath:            (*Exchange).checkPath,
-	stepRateLimit:       (*Exchange).rateLimit,
-	stepRedis:           (*Exchange).rateLimitRemote,
-	stepDeclaredSize:    (*Exchange).declaredTooLarge,
-	stepIdempotency:     (*Exchange).idempotency,
-	stepIdempotencyWait: (*Exchange).reserveAgain,
-	stepCache:           (*Exchange).decideCache,
-	stepCacheWait:       (*Exchange).lookup,
+// baseSteps are the steps every Core runs (Core.steps): each returns a
+// Verdict, and whether it is the step's last word (Respond then ends the
+// decision). The optional stages install theirs.
+var baseSteps = [...]func(*Exchange) (Verdict, bool){
+	stepPath:      (*Exchange).checkPath,
+	stepRateLimit: (*Exchange).rateLimit,
+	stepRedis:     (*Exchange).rateLimitRemote,
 }
 
 // next is the step after s, skipping the ones a step that returned
@@ -457,29 +455,6 @@ func (ex *Exchange) WantsBody() (max int64, ok bool) {
 		return 0, false
 	}
 	return ex.c.maxReq, true
-}
-
-// declaredTooLarge refuses, before anything of the body is read, a
-// request whose idempotency key makes the core read its body and whose
-// Content-Length is already over MaxRequestBody: the 413 the read would
-// end in.
-func (ex *Exchange) declaredTooLarge() (Verdict, bool) {
-	b := ex.matchBlock()
-	if b == nil {
-		return Pass, false
-	}
-	if _, lines := ex.req.Header(b.header); lines == 0 {
-		return Pass, false
-	}
-	cl, n := ex.req.Header("Content-Length")
-	if n != 1 {
-		return Pass, false
-	}
-	if size, err := strconv.ParseInt(cl, 10, 64); err != nil || size <= ex.c.maxReq {
-		return Pass, false
-	}
-	ex.c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
-	return ex.idemProblem(b, problemTooLarge)
 }
 
 // Fields are the header fields to add to the application's response

@@ -50,7 +50,7 @@ func TestNewErrors(t *testing.T) {
 	block := func(mod func(*core.Idempotency)) core.Options {
 		d := orders
 		mod(&d)
-		return core.Options{Idempotency: []core.Idempotency{d}}
+		return core.Options{Idempotency: core.IdempotencyBlocks(d)}
 	}
 	for _, tt := range []struct {
 		name   string

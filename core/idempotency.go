@@ -133,6 +133,36 @@ func (ex *Exchange) addrQuota(b *block) shm.Quota {
 	return shm.Quota{Account: acct, Max: b.maxRecords}
 }
 
+// declaredTooLarge refuses, before anything of the body is read, a
+// request whose idempotency key makes the core read its body and whose
+// Content-Length is already over MaxRequestBody: the 413 the read would
+// end in.
+func (ex *Exchange) declaredTooLarge() (Verdict, bool) {
+	b := ex.matchBlock()
+	if b == nil {
+		return Pass, false
+	}
+	if _, lines := ex.req.Header(b.header); lines == 0 {
+		return Pass, false
+	}
+	cl, n := ex.req.Header("Content-Length")
+	if n != 1 {
+		return Pass, false
+	}
+	if size, err := strconv.ParseInt(cl, 10, 64); err != nil || size <= ex.c.maxReq {
+		return Pass, false
+	}
+	ex.c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
+	return ex.idemProblem(b, problemTooLarge)
+}
+
+// releaseIdem lets go of a reservation never completed (the application
+// panicked, the engine gave up), so that the retry runs.
+func (ex *Exchange) releaseIdem() {
+	ex.c.region.Responses().Release(ex.idem.tk)
+	ex.c.row.Add(metrics.IdempotencyCompletions, metrics.IdemReleased, 1)
+}
+
 // matchBlock returns the first block whose route covers the request.
 func (ex *Exchange) matchBlock() *block {
 	if len(ex.c.blocks) == 0 {
@@ -230,17 +260,9 @@ func (ex *Exchange) reserveAgain() (Verdict, bool) {
 	return ex.reserve(w.b, w.k, w.q, w.addr, w.fp)
 }
 
-// complete gives the stages what the application answered a request that
-// record asked to record. A reserved idempotency key's response is stored
-// for replay, recorded as not replayable, or the reservation released so
-// that a retry runs again (5xx, 408, 429, or no whole response); a cache
-// fill's response is stored if it may be; a successful unsafe request
-// invalidates the cached responses of its URL.
-func (ex *Exchange) complete(rec *recorded) {
-	ex.completeIdem(rec)
-	ex.completeCache(rec)
-}
-
+// completeIdem stores a reserved idempotency key's response for replay,
+// records it as not replayable, or releases the reservation so that a
+// retry runs again (5xx, 408, 429, or no whole response).
 func (ex *Exchange) completeIdem(rec *recorded) {
 	if !ex.idem.reserved {
 		return

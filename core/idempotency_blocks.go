@@ -65,7 +65,9 @@ func (d *Idempotency) Check() error {
 	return nil
 }
 
-func (c *Core) compileBlocks(ds []Idempotency) error {
+// installIdempotency compiles the blocks of ds and installs the stage
+// that runs them (IdempotencyBlocks).
+func (c *Core) installIdempotency(ds []Idempotency) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -103,6 +105,10 @@ func (c *Core) compileBlocks(ds []Idempotency) error {
 		}
 		c.blocks = append(c.blocks, b)
 	}
+	c.steps[stepDeclaredSize] = (*Exchange).declaredTooLarge
+	c.steps[stepIdempotency] = (*Exchange).idempotency
+	c.steps[stepIdempotencyWait] = (*Exchange).reserveAgain
+	c.idem = &stage{complete: (*Exchange).completeIdem, release: (*Exchange).releaseIdem}
 	return nil
 }
 

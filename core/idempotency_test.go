@@ -62,8 +62,8 @@ func TestIdempotencyAddressCap(t *testing.T) {
 	c, err := core.New(region, core.Options{
 		Resolver: clientip.Resolver{Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, IPv6Prefix: 64},
 		Now:      func() time.Duration { return now },
-		Idempotency: []core.Idempotency{{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10,
-			By: by, MaxRecords: max}},
+		Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10,
+			By: by, MaxRecords: max}),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -146,8 +146,8 @@ func TestIdempotencyAddressCap(t *testing.T) {
 func TestIdempotencyReplayKeepsContentEncoding(t *testing.T) {
 	region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10})
 	c, err := core.New(region, core.Options{
-		Idempotency: []core.Idempotency{{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10,
-			By: clientip.MustParseBy("ip")}},
+		Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10,
+			By: clientip.MustParseBy("ip")}),
 	})
 	if err != nil {
 		t.Fatal(err)

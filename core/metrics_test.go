@@ -254,7 +254,7 @@ func TestUpstreamTimeCounted(t *testing.T) {
 	c, err := core.New(region, core.Options{
 		RateLimits: []core.RateLimit{{Rule: bucket.Rule{Name: "once", Limit: 1, Window: time.Hour},
 			Route: mustRoute(t, "/limited")}},
-		Caches: []core.Cache{{Route: mustRoute(t, "/cached/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20}},
+		Caches: core.CacheBlocks(core.Cache{Route: mustRoute(t, "/cached/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20}),
 		Now:    func() time.Duration { return clock },
 		Logger: slog.New(slog.DiscardHandler),
 	})

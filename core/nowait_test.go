@@ -24,8 +24,8 @@ import (
 func TestNoWaitDuplicate(t *testing.T) {
 	region := shmtest.Attach(t, statRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10}), 0)
 	c, err := core.New(region, core.Options{
-		Idempotency: []core.Idempotency{{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, Wait: 5 * time.Second,
-			MaxBody: 1 << 10, By: clientip.MustParseBy("ip")}},
+		Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, Wait: 5 * time.Second,
+			MaxBody: 1 << 10, By: clientip.MustParseBy("ip")}),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestNoWaitDuplicate(t *testing.T) {
 func TestNoWaitCacheFill(t *testing.T) {
 	region := shmtest.Attach(t, statRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10}), 0)
 	c, err := core.New(region, core.Options{
-		Caches: []core.Cache{{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Minute, MaxBody: 1 << 10, LockTimeout: 5 * time.Second}},
+		Caches: core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Minute, MaxBody: 1 << 10, LockTimeout: 5 * time.Second}),
 	})
 	if err != nil {
 		t.Fatal(err)

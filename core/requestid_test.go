@@ -144,7 +144,7 @@ func TestRequestIDCacheHit(t *testing.T) {
 	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
 	c, err := core.New(r, core.Options{
 		RequestID: "X-Request-Id",
-		Caches:    []core.Cache{{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20}},
+		Caches:    core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20}),
 	})
 	if err != nil {
 		t.Fatal(err)

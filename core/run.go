@@ -122,7 +122,7 @@ func (ex *Exchange) Forward() Forward {
 	ex.forwarded()
 	f := Forward{Path: ex.forward, Add: ex.fwdAdd}
 	if ex.cache.blk != nil {
-		ex.cacheForward(&f)
+		f = ex.c.cache.forward(ex, f)
 	}
 	ex.forwardReset(&f)
 	return f
@@ -147,16 +147,10 @@ func (ex *Exchange) Head(status int, h Header) *Response {
 	ex.answered()
 	ex.status = status
 	ex.applicationReset(h)
-	ex.invalidateOnSuccess(status, h)
-	if r := ex.revalidated(status, h); r != nil {
-		ex.status = r.Status
-		return r
-	}
-	if status >= 500 {
-		if fb := ex.fallback(status); fb != nil {
-			ex.rec.Failed = true
-			ex.status = fb.Status
-			return fb
+	if ex.cache.blk != nil {
+		if r := ex.c.cache.head(ex, status, h); r != nil {
+			ex.status = r.Status
+			return r
 		}
 	}
 	max, ok := ex.record()
@@ -224,9 +218,11 @@ func (ex *Exchange) Failed(kind UpstreamError, upstream string, err error) *Resp
 		status, detail = http.StatusGatewayTimeout, "the application did not answer in time"
 	}
 	ex.rec.Failed = true
-	if fb := ex.fallback(status); fb != nil {
-		ex.status = fb.Status
-		return fb
+	if ex.cache.blk != nil {
+		if fb := ex.c.cache.fallback(ex, status); fb != nil {
+			ex.status = fb.Status
+			return fb
+		}
 	}
 	return ex.Refuse(status, detail, false)
 }
@@ -314,7 +310,15 @@ func (ex *Exchange) completeRecorded(err error) {
 	if ex.rec.Status == 0 {
 		ex.rec.Status = ex.status
 	}
-	ex.complete(&ex.rec)
+	// What the stages recorded for: a reserved idempotency key's response,
+	// a cache fill's, or a successful unsafe request that invalidates the
+	// cached responses of its URL.
+	if ex.idem.reserved {
+		ex.c.idem.complete(ex, &ex.rec)
+	}
+	if ex.cache.blk != nil {
+		ex.c.cache.complete(ex, &ex.rec)
+	}
 }
 
 // Status is the status of the response sent to the client, as far as the

@@ -10,9 +10,10 @@ import (
 
 // An embedding program that serves cleartext net/http links only what it
 // uses: neither the daemon's parts (fasthttp, go-redis, the TOML parser)
-// nor the net/http engine's TLS serving, HTTP/2 and forwarding, each
-// reached only through a value a program builds (nethttp.Edge,
-// nethttp.NewUpstream).
+// nor the net/http engine's TLS serving, HTTP/2 and forwarding, nor the
+// core's idempotent replay and response cache, each reached only through
+// a value a program builds (nethttp.Edge, nethttp.NewUpstream,
+// core.IdempotencyBlocks, core.CacheBlocks). So it stays at most 10 MiB.
 func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds the example")
@@ -41,13 +42,23 @@ func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 		" crypto/tls.(*Conn).serverHandshake",                        // TLS serving
 		" github.com/preforkd/preforkd/engine/nethttp.(*forwarder).", // forwarding
 		" github.com/preforkd/preforkd/internal/upconn.",
-		" encoding/json.Unmarshal", // prefork's handoff is its own text
+		" encoding/json.Unmarshal",                                   // prefork's handoff is its own text
+		" github.com/preforkd/preforkd/core.(*Exchange).idempotency", // the optional stages
+		" github.com/preforkd/preforkd/core.(*Exchange).decideCache",
+		" github.com/preforkd/preforkd/core/httpcache.",
+		" github.com/preforkd/preforkd/shm.(*Responses).CacheLookup",
+		" github.com/preforkd/preforkd/shm.(*Responses).Begin",
 	} {
 		if strings.Contains(string(syms), s) {
 			t.Errorf("the example links %s", strings.TrimSpace(s))
 		}
 	}
-	if fi, err := os.Stat(bin); err == nil {
-		t.Logf("go build ./examples/embed: %d bytes", fi.Size())
+	fi, err := os.Stat(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("go build ./examples/embed: %d bytes", fi.Size())
+	if fi.Size() > 10<<20 {
+		t.Errorf("go build ./examples/embed: %d bytes, more than 10 MiB", fi.Size())
 	}
 }
