@@ -33,7 +33,13 @@ func FuzzHostProblem(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, host string) {
-		if host == "" || hostProblem(host) != "" {
+		if host == "" {
+			return
+		}
+		if fast, full := hostProblem(host), hostProblemOf(host); fast != full {
+			t.Fatalf("%q: %q, and %q by the general check", host, fast, full)
+		}
+		if hostProblem(host) != "" {
 			return
 		}
 		if i := strings.IndexAny(host, " \t\r\n\x00/?#\"<>@\\"); i >= 0 {
