@@ -255,6 +255,15 @@ func killFirstWhile(t *testing.T, r *shm.Region, procs []*proctest.Proc, d time.
 // one a scan finds.
 func checkTable(t *testing.T, r *shm.Region) {
 	t.Helper()
+	checkTableKilled(t, r, 0)
+}
+
+// checkTableKilled is checkTable after kills processes were SIGKILLed at
+// a moment of the test's choosing: each may have died between a slot's
+// change (a CAS) and its count in the process's statistics row, which
+// leaves the occupancy counted off by one (README: the metric's bound).
+func checkTableKilled(t *testing.T, r *shm.Region, kills int) {
+	t.Helper()
 	c := r.Counters()
 	seen := map[shm.Key]bool{}
 	for _, k := range c.LiveKeys() {
@@ -269,8 +278,8 @@ func checkTable(t *testing.T, r *shm.Region) {
 	}
 	var sum shm.StatSum
 	r.SumStats(&sum)
-	if sum.Table.Live != st.Live || !sum.Consistent {
-		t.Fatalf("counted %d live slots (consistent %v), the scan finds %d", sum.Table.Live, sum.Consistent, st.Live)
+	if d := sum.Table.Live - st.Live; d < -kills || d > kills || !sum.Consistent {
+		t.Fatalf("counted %d live slots (consistent %v), the scan finds %d (%d kills)", sum.Table.Live, sum.Consistent, st.Live, kills)
 	}
 }
 
@@ -466,7 +475,7 @@ func TestMultiProcessQuota(t *testing.T) {
 	if err := r.Counters().VerifyAccounts(); err != nil {
 		t.Fatal(err)
 	}
-	checkTable(t, r)
+	checkTableKilled(t, r, 1) // the kill above came at any moment
 }
 
 // Processes racing for the last slots of a quota, each claim paused
