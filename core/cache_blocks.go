@@ -153,7 +153,7 @@ func (c *Core) installCache(ds []Cache) error {
 	}
 	c.steps[stepCache] = (*Exchange).decideCache
 	c.steps[stepCacheWait] = (*Exchange).lookup
-	c.cache = &stage{
+	c.cache = &stageHooks{
 		forward:  (*Exchange).cacheForward,
 		head:     (*Exchange).cacheHead,
 		fallback: (*Exchange).fallback,

@@ -25,10 +25,10 @@ type Options struct {
 	RateLimits []RateLimit
 	// Idempotency is the idempotent-replay stage (IdempotencyBlocks); the
 	// zero value is none.
-	Idempotency IdempotencyStage
+	Idempotency Stage[Idempotency]
 	// Caches is the response cache stage (CacheBlocks); the zero value is
 	// none.
-	Caches CacheStage
+	Caches Stage[Cache]
 	// Resolver decides who the client is (trusted proxies, IPv6 prefix).
 	Resolver clientip.Resolver
 	// Exempt clients (judged on the resolved client address) are never
@@ -120,7 +120,7 @@ type Core struct {
 	// are installed with them (stage.go), and idem and cache reach the
 	// rest of their code; nil without the stage.
 	steps       [stepDone]func(*Exchange) (Verdict, bool)
-	idem, cache *stage
+	idem, cache *stageHooks
 
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate

@@ -108,7 +108,7 @@ func (c *Core) installIdempotency(ds []Idempotency) error {
 	c.steps[stepDeclaredSize] = (*Exchange).declaredTooLarge
 	c.steps[stepIdempotency] = (*Exchange).idempotency
 	c.steps[stepIdempotencyWait] = (*Exchange).reserveAgain
-	c.idem = &stage{complete: (*Exchange).completeIdem, release: (*Exchange).releaseIdem}
+	c.idem = &stageHooks{complete: (*Exchange).completeIdem, release: (*Exchange).releaseIdem}
 	return nil
 }
 

@@ -6,42 +6,41 @@ package core
 // their code, which with the response table's is 100 KB of machine code
 // (a quarter of what preforkd adds to a net/http program).
 
-// IdempotencyStage is the idempotent-replay stage of a Core
-// (Options.Idempotency), built by IdempotencyBlocks. The zero value is no
-// stage.
-type IdempotencyStage struct {
-	blocks  []Idempotency
-	install func(*Core, []Idempotency) error
+// Stage is an optional stage of a Core, over blocks of type B: idempotent
+// replay (Options.Idempotency, built by IdempotencyBlocks) or the
+// response cache (Options.Caches, built by CacheBlocks). The zero value
+// is no stage.
+type Stage[B any] struct {
+	blocks  []B
+	install func(*Core, []B) error
 }
 
 // IdempotencyBlocks is the idempotent-replay stage of blocks: the first
 // whose route matches a request applies. New checks them.
-func IdempotencyBlocks(blocks ...Idempotency) IdempotencyStage {
-	return IdempotencyStage{blocks: blocks, install: (*Core).installIdempotency}
-}
-
-// Blocks are the stage's blocks, in order (nil for the zero value).
-func (s IdempotencyStage) Blocks() []Idempotency { return s.blocks }
-
-// CacheStage is the response cache stage of a Core (Options.Caches),
-// built by CacheBlocks. The zero value is no stage.
-type CacheStage struct {
-	blocks  []Cache
-	install func(*Core, []Cache) error
+func IdempotencyBlocks(blocks ...Idempotency) Stage[Idempotency] {
+	return Stage[Idempotency]{blocks: blocks, install: (*Core).installIdempotency}
 }
 
 // CacheBlocks is the response cache stage of blocks: the first whose path
 // matches a request applies. New checks them.
-func CacheBlocks(blocks ...Cache) CacheStage {
-	return CacheStage{blocks: blocks, install: (*Core).installCache}
+func CacheBlocks(blocks ...Cache) Stage[Cache] {
+	return Stage[Cache]{blocks: blocks, install: (*Core).installCache}
 }
 
 // Blocks are the stage's blocks, in order (nil for the zero value).
-func (s CacheStage) Blocks() []Cache { return s.blocks }
+func (s Stage[B]) Blocks() []B { return s.blocks }
 
-// stage is an optional stage's code, as the exchange's steps outside the
-// decision reach it; a hook that a stage does not need is nil.
-type stage struct {
+// installIn installs the stage in c, if there is one.
+func (s Stage[B]) installIn(c *Core) error {
+	if s.install == nil {
+		return nil
+	}
+	return s.install(c, s.blocks)
+}
+
+// stageHooks are an optional stage's code, as the exchange reaches it
+// outside the decision's steps; a hook that a stage does not need is nil.
+type stageHooks struct {
 	// forward completes the Forward of a request the stage runs.
 	forward func(*Exchange, Forward) Forward
 	// head sees the application's response head: it returns what to send
@@ -64,15 +63,8 @@ func (c *Core) installStages(opts *Options) error {
 	for s := len(baseSteps); s < len(c.steps); s++ {
 		c.steps[s] = passStep
 	}
-	if opts.Idempotency.install != nil {
-		if err := opts.Idempotency.install(c, opts.Idempotency.blocks); err != nil {
-			return err
-		}
+	if err := opts.Idempotency.installIn(c); err != nil {
+		return err
 	}
-	if opts.Caches.install != nil {
-		if err := opts.Caches.install(c, opts.Caches.blocks); err != nil {
-			return err
-		}
-	}
-	return nil
+	return opts.Caches.installIn(c)
 }
