@@ -141,7 +141,7 @@ func (ex *Exchange) plan(status int, h []httpcache.Field, body []byte, now time.
 	for _, f := range h {
 		name := textproto.CanonicalMIMEHeaderKey(f.Name)
 		switch {
-		case unstoredFields[name], ex.coreField(name), connectionNames(conn, name), j.NoDate && name == "Date":
+		case unstoredFields[name], ex.coreField(name), httpfield.HasToken(conn, name), j.NoDate && name == "Date":
 			continue
 		case len(f.Value) > httpcache.MaxFieldValue || len(name) > httpcache.MaxFieldName || n == maxStoredFields:
 			return p, true
@@ -222,18 +222,6 @@ func (ex *Exchange) coreField(name string) bool {
 	for i := range ex.fields {
 		if ex.fields[i].Name == name {
 			return true
-		}
-	}
-	return false
-}
-
-// connectionNames reports whether the Connection field lines name name.
-func connectionNames(conn []string, name string) bool {
-	for _, line := range conn {
-		for f := range strings.SplitSeq(line, ",") {
-			if strings.EqualFold(httpfield.TrimOWS(f), name) {
-				return true
-			}
 		}
 	}
 	return false

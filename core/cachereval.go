@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/preforkd/preforkd/core/httpcache"
+	"github.com/preforkd/preforkd/internal/httpfield"
 )
 
 // Revalidation (RFC 9111 §4.3): the fill of a stale entry with a
@@ -133,7 +134,7 @@ func (ex *Exchange) mergeFields(got []httpcache.Field) []httpcache.Field {
 	fresh := got[:0:0]
 	for _, f := range got {
 		name := textproto.CanonicalMIMEHeaderKey(f.Name)
-		if unstoredFields[name] || ex.coreField(name) || connectionNames(conn, name) {
+		if unstoredFields[name] || ex.coreField(name) || httpfield.HasToken(conn, name) {
 			continue
 		}
 		fresh = append(fresh, httpcache.Field{Name: name, Value: f.Value})

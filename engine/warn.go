@@ -27,3 +27,14 @@ func (g *WarnGate) Pass(now time.Time) (held int64, ok bool) {
 	g.last, g.held = now, 0
 	return held, true
 }
+
+// Args is Pass for a line of attributes args: when the warning may be
+// written at now, it returns args with "suppressed" and the number held
+// back added, if any were.
+func (g *WarnGate) Args(now time.Time, args ...any) ([]any, bool) {
+	held, ok := g.Pass(now)
+	if ok && held > 0 {
+		args = append(args, "suppressed", held)
+	}
+	return args, ok
+}

@@ -25,3 +25,18 @@ func TestWarnGate(t *testing.T) {
 		t.Fatalf("the next second: %d held, %v; want 0, true", held, ok)
 	}
 }
+
+func TestWarnGateArgs(t *testing.T) {
+	var g engine.WarnGate
+	t0 := time.Unix(1000, 0)
+	if args, ok := g.Args(t0, "k", 1); !ok || len(args) != 2 {
+		t.Fatalf("the first warning: %v, %v", args, ok)
+	}
+	if _, ok := g.Args(t0.Add(time.Millisecond), "k", 2); ok {
+		t.Fatal("a second warning within the second passed")
+	}
+	args, ok := g.Args(t0.Add(time.Second), "k", 3)
+	if !ok || len(args) != 4 || args[2] != "suppressed" || args[3] != int64(1) {
+		t.Fatalf("a second later: %v, %v", args, ok)
+	}
+}

@@ -39,14 +39,9 @@ const (
 )
 
 func (s *Server) warn(k warnKind, msg string, args ...any) {
-	n, ok := s.warns[k].Pass(time.Now())
-	if !ok {
-		return
+	if args, ok := s.warns[k].Args(time.Now(), args...); ok {
+		s.opts.Logger.Warn(msg, args...)
 	}
-	if n > 0 {
-		args = append(args, "suppressed", n)
-	}
-	s.opts.Logger.Warn(msg, args...)
 }
 
 // problemScratch holds the bytes of one problem answer being built.

@@ -423,12 +423,9 @@ type warning struct {
 }
 
 func (s *Server) warn(k warnKind, msg string, args ...any) {
-	n, ok := s.gates[k].Pass(time.Now())
+	args, ok := s.gates[k].Args(time.Now(), args...)
 	if !ok {
 		return
-	}
-	if n > 0 {
-		args = append(args, "suppressed", n)
 	}
 	select {
 	case s.warnings <- warning{msg, args}:

@@ -17,6 +17,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/httpfield"
 	"github.com/preforkd/preforkd/internal/upconn"
 )
 
@@ -216,22 +217,10 @@ func isUpgrade(r *http.Request) bool {
 		return false
 	}
 	up := r.Header["Upgrade"]
-	if len(up) == 0 || !hasToken(r.Header["Connection"], "upgrade") {
+	if len(up) == 0 || !httpfield.HasToken(r.Header["Connection"], "upgrade") {
 		return false
 	}
-	return !hasToken(up, "h2c")
-}
-
-// hasToken reports whether a comma-separated list field has token t.
-func hasToken(lines []string, t string) bool {
-	for _, l := range lines {
-		for v := range strings.SplitSeq(l, ",") {
-			if strings.EqualFold(textproto.TrimString(v), t) {
-				return true
-			}
-		}
-	}
-	return false
+	return !httpfield.HasToken(up, "h2c")
 }
 
 // hopByHop reports whether the field called name (canonical) never goes

@@ -407,12 +407,8 @@ func (e *errorLog) Write(p []byte) (int, error) {
 		e.log.Warn(msg)
 		return len(p), nil
 	}
-	if held, ok := e.gate.Pass(time.Now()); ok {
-		if held > 0 {
-			e.log.Warn(msg, "suppressed", held)
-		} else {
-			e.log.Warn(msg)
-		}
+	if args, ok := e.gate.Args(time.Now()); ok {
+		e.log.Warn(msg, args...)
 	}
 	return len(p), nil
 }

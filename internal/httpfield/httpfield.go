@@ -1,5 +1,7 @@
 package httpfield
 
+import "strings"
+
 // TrimOWS drops the optional whitespace (SP, HTAB) around a field value;
 // other bytes, CR and LF among them, are kept.
 func TrimOWS(s string) string {
@@ -10,4 +12,17 @@ func TrimOWS(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// HasToken reports whether the comma-separated list of the field lines
+// lines (Connection, Upgrade) has token, in any case.
+func HasToken(lines []string, token string) bool {
+	for _, line := range lines {
+		for item := range strings.SplitSeq(line, ",") {
+			if strings.EqualFold(TrimOWS(item), token) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -23,3 +23,23 @@ func TestTrimOWS(t *testing.T) {
 		}
 	}
 }
+
+func TestHasToken(t *testing.T) {
+	for _, tt := range []struct {
+		lines []string
+		token string
+		want  bool
+	}{
+		{nil, "close", false},
+		{[]string{"close"}, "close", true},
+		{[]string{"keep-alive, Upgrade"}, "upgrade", true},
+		{[]string{"keep-alive", " \tX-Foo\t "}, "x-foo", true},
+		{[]string{"x-foo-bar"}, "x-foo", false},
+		{[]string{",,"}, "", true}, // an empty item is a token of none but ""
+		{[]string{"a b"}, "a", false},
+	} {
+		if got := httpfield.HasToken(tt.lines, tt.token); got != tt.want {
+			t.Errorf("HasToken(%q, %q) = %v, want %v", tt.lines, tt.token, got, tt.want)
+		}
+	}
+}

@@ -129,11 +129,7 @@ func (e *edge) Shutdown(ctx context.Context) error {
 // serveH2 serves an HTTP/2 connection, through its flood guard.
 func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
 	g := newH2Guard(c, e.limits.MaxHeaderBytes, e.limits.ReadHeaderTimeout, func(err *errFlood) {
-		if held, ok := e.cuts[err.kind].Pass(time.Now()); ok {
-			args := []any{"client", c.RemoteAddr().String(), "why", err.why}
-			if held > 0 {
-				args = append(args, "suppressed", held)
-			}
+		if args, ok := e.cuts[err.kind].Args(time.Now(), "client", c.RemoteAddr().String(), "why", err.why); ok {
 			e.log.Warn("HTTP/2 client cut off", args...)
 		}
 	})
