@@ -24,9 +24,12 @@ type rateState struct {
 	hits    []hit
 	hitBuf  [inlineHits]hit
 	refusal Refusal
-	remotes int // hits of Redis rules
-	rhits   []SharedHit
-	rhitBuf [inlineHits]SharedHit
+	// refusalBuf holds refusal.Fields: the rate-limit fields and
+	// Retry-After, as many as one rule sends.
+	refusalBuf [6]Field
+	remotes    int // hits of Redis rules
+	rhits      []SharedHit
+	rhitBuf    [inlineHits]SharedHit
 }
 
 // hit is one rule matching the request being decided.
@@ -473,7 +476,7 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 	n := len(ex.fields)
 	ex.respond(&p, false)
 	ex.rl.refusal = Refusal{Rule: refusing.r.name, Status: p.Status, RetryAfter: refusing.d.RetryAfter, Full: refusing.d.Full,
-		Unavailable: refusing.unavailableClosed(), Fields: ex.fields[:n:n]}
+		Unavailable: refusing.unavailableClosed(), Fields: append(ex.rl.refusalBuf[:0], ex.fields[:n]...)}
 	for _, f := range ex.fields[n:] {
 		if f.Name == fieldRetryAfter {
 			ex.rl.refusal.Fields = append(ex.rl.refusal.Fields, f)
