@@ -17,6 +17,7 @@ import (
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
+	"github.com/preforkd/preforkd/shm"
 	"github.com/preforkd/preforkd/tlsconf"
 )
 
@@ -783,17 +784,23 @@ func (c Config) storing() string {
 	return ""
 }
 
-// RegionTable is the geometry the region is made with for c: Table, but
-// without the response table (Responses and ResponseBytes 0) when no
-// [[idempotency]] or [[cache]] block would store a response in it, so
-// that an instance that only limits rates maps its counters and not the
-// 64 MiB of the default block pool. The region's geometry is fixed for
-// its life: a reload that adds the first such block needs a restart.
+// RegionTable is the geometry the region is made with for c: Table as
+// package shm rounds it (records up to a power of two, the block pool
+// down to whole blocks), but without the response table (Responses and
+// ResponseBytes 0) when no [[idempotency]] or [[cache]] block would store
+// a response in it, so that an instance that only limits rates maps its
+// counters and not the 64 MiB of the default block pool. The region's
+// geometry is fixed for its life: a reload that adds the first such block
+// needs a restart.
 func (c Config) RegionTable() Table {
 	t := c.Table
 	if c.storing() == "" {
 		t.Responses, t.ResponseBytes = 0, 0
+		return t
 	}
+	if n, err := (shm.Options{Counters: t.Counters, Responses: t.Responses, ResponseBytes: int64(t.ResponseBytes)}).Normalized(); err == nil {
+		t.Responses, t.ResponseBytes = n.Responses, Size(n.ResponseBytes)
+	} // else Validate refuses the table
 	return t
 }
 

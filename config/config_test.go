@@ -614,7 +614,13 @@ func TestRegionTable(t *testing.T) {
 		{"idempotency", "[[idempotency]]\npath = \"/orders\"\n",
 			Table{Counters: 262144, Responses: 16384, ResponseBytes: 64 << 20}},
 		{"cache, table set", "[table]\nresponses = 100\nresponse_bytes = \"1MiB\"\n[[cache]]\npath = \"/c/*\"\n",
-			Table{Counters: 262144, Responses: 100, ResponseBytes: 1 << 20}},
+			Table{Counters: 262144, Responses: 128, ResponseBytes: 1 << 20}},
+		// As the region is made: records up to a power of two, the block
+		// pool down to whole 4 KiB blocks; check says so, and an
+		// idempotency block's default max_records (1% of the records)
+		// is that of the records the region has.
+		{"idempotency, table rounded", "[table]\nresponses = 3000\nresponse_bytes = 3000000\n[[idempotency]]\npath = \"/o\"\n",
+			Table{Counters: 262144, Responses: 4096, ResponseBytes: 2998272}},
 	} {
 		c := mustParse(t, tc.toml)
 		if got := c.RegionTable(); got != tc.want {
@@ -627,6 +633,9 @@ func TestRegionTable(t *testing.T) {
 		wantLine := fmt.Sprintf("table: counters=%d responses=%d response_bytes=%v\n", tc.want.Counters, tc.want.Responses, tc.want.ResponseBytes)
 		if !strings.Contains(b.String(), wantLine) {
 			t.Errorf("%s: check prints\n%s\nwant the line %q", tc.name, b.String(), wantLine)
+		}
+		if tc.want.Responses == 4096 && !strings.Contains(b.String(), " max_records=40\n") {
+			t.Errorf("%s: check prints\n%s\nwant max_records=40 (1%% of 4096 records)", tc.name, b.String())
 		}
 		if note := strings.Contains(b.String(), "no response table"); note != (tc.want.Responses == 0) {
 			t.Errorf("%s: the note about no response table printed: %v\n%s", tc.name, note, b.String())

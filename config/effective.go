@@ -28,8 +28,9 @@ func (c Config) WriteEffective(w io.Writer) error {
 	var b strings.Builder
 	line(&b, "server:", c.Server, "")
 	line(&b, "admin:", c.Admin, "")
-	line(&b, "table:", c.RegionTable(), "")
-	if t := c.RegionTable(); t != c.Table {
+	table := c.RegionTable()
+	line(&b, "table:", table, "")
+	if table.Responses == 0 && c.Table.Responses != 0 {
 		b.WriteString("table: no response table: no [[idempotency]] or [[cache]] block stores responses (adding the first one needs a restart)\n")
 	}
 	line(&b, "persist:", c.Persist, "")
@@ -70,7 +71,7 @@ func (c Config) WriteEffective(w io.Writer) error {
 	}
 	for _, d := range c.Idempotency {
 		if d.MaxRecords == 0 {
-			d.MaxRecords = core.DefaultMaxRecords(c.Table.Responses)
+			d.MaxRecords = core.DefaultMaxRecords(table.Responses) // the records the region has
 		}
 		line(&b, "idempotency "+quote(d.Path)+":", d, "path")
 		if d.Wait == UntilDone {

@@ -281,6 +281,11 @@ func (o Options) normalize() (Options, error) {
 	return o, nil
 }
 
+// Normalized is o as a region is made with it: defaults filled in, the
+// counter slots, records and tag slots rounded up to powers of two, the
+// block pool down to whole blocks; or why no region can be.
+func (o Options) Normalized() (Options, error) { return o.normalize() }
+
 // Size reports the bytes a region with these options occupies.
 func (o Options) Size() (int64, error) {
 	n, err := o.normalize()
