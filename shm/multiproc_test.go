@@ -258,11 +258,12 @@ func checkTable(t *testing.T, r *shm.Region) {
 	checkTableKilled(t, r, 0)
 }
 
-// checkTableKilled is checkTable after kills processes were SIGKILLed at
-// a moment of the test's choosing: each may have died between a slot's
-// change (a CAS) and its count in the process's statistics row, which
-// leaves the occupancy counted off by one (README: the metric's bound).
-func checkTableKilled(t *testing.T, r *shm.Region, kills int) {
+// checkTableKilled is checkTable after SIGKILLs at a moment the test did
+// not choose, with lost updates in flight at most: each goroutine of a
+// killed process may have died between a slot's change (a CAS) and its
+// count in the process's statistics row, which leaves the occupancy
+// counted off by one (README: the metric's bound).
+func checkTableKilled(t *testing.T, r *shm.Region, lost int) {
 	t.Helper()
 	c := r.Counters()
 	seen := map[shm.Key]bool{}
@@ -278,8 +279,8 @@ func checkTableKilled(t *testing.T, r *shm.Region, kills int) {
 	}
 	var sum shm.StatSum
 	r.SumStats(&sum)
-	if d := sum.Table.Live - st.Live; d < -kills || d > kills || !sum.Consistent {
-		t.Fatalf("counted %d live slots (consistent %v), the scan finds %d (%d kills)", sum.Table.Live, sum.Consistent, st.Live, kills)
+	if d := sum.Table.Live - st.Live; d < -lost || d > lost || !sum.Consistent {
+		t.Fatalf("counted %d live slots (consistent %v), the scan finds %d (%d updates in flight killed at most)", sum.Table.Live, sum.Consistent, st.Live, lost)
 	}
 }
 
@@ -475,7 +476,7 @@ func TestMultiProcessQuota(t *testing.T) {
 	if err := r.Counters().VerifyAccounts(); err != nil {
 		t.Fatal(err)
 	}
-	checkTableKilled(t, r, 1) // the kill above came at any moment
+	checkTableKilled(t, r, spec(1, capped).Goroutines) // the kill above came at any moment, in each goroutine
 }
 
 // Processes racing for the last slots of a quota, each claim paused
