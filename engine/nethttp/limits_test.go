@@ -159,8 +159,9 @@ func TestServerLimits(t *testing.T) {
 	})
 }
 
-// max_connections: a worker holds at most that many connections; one
-// more waits in the listener's backlog until one closes.
+// max_connections: a worker holds at most that many connections, across
+// every listener its Server serves; one more waits in the listener's
+// backlog until one closes.
 func TestServerMaxConnections(t *testing.T) {
 	t.Parallel()
 	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
@@ -176,7 +177,12 @@ func TestServerMaxConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	go srv.Serve(ln)
+	go srv.Serve(ln2)
 	t.Cleanup(func() { srv.Shutdown(t.Context()) })
 	get := func(conn net.Conn, wait time.Duration) error {
 		conn.SetDeadline(time.Now().Add(wait))
@@ -190,8 +196,8 @@ func TestServerMaxConnections(t *testing.T) {
 		return err
 	}
 	var conns []net.Conn
-	for range 3 {
-		conn, err := net.Dial("tcp", ln.Addr().String())
+	for i := range 3 {
+		conn, err := net.Dial("tcp", []net.Listener{ln, ln2}[i%2].Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -216,6 +222,55 @@ func TestServerMaxConnections(t *testing.T) {
 		resp.Body.Close()
 	} else {
 		resp.Body.Close()
+	}
+}
+
+// A handler whose body Read fails at client_body_timeout answers at once:
+// its answer is not held back while what is left of the body is drained
+// for a second timeout (the connection closes after it instead).
+func TestBodyTimeoutAnsweredAtOnce(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Second
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan time.Time, 1)
+	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Limits: engine.Limits{ClientBodyTimeout: timeout},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, err := io.ReadAll(r.Body)
+			answered <- time.Now()
+			http.Error(w, "body: "+err.Error(), http.StatusRequestTimeout)
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(t.Context()) })
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * timeout))
+	io.WriteString(conn, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789") // and no more
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	got := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || !resp.Close {
+		t.Errorf("%d, close %v: want the handler's 408, closing", resp.StatusCode, resp.Close)
+	}
+	// Without the fix the answer came a whole timeout after the handler
+	// wrote it; half of one is room for a loaded machine.
+	if wrote := <-answered; got.Sub(wrote) > timeout/2 {
+		t.Errorf("the handler answered at once, the client got it %v later", got.Sub(wrote).Round(time.Millisecond))
 	}
 }
 

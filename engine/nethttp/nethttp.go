@@ -54,8 +54,17 @@ type Options struct {
 }
 
 // New returns the handler that decides about each request with c and
-// passes those it lets through to next.
+// passes those it lets through to next. It panics if either is nil, as
+// http.Handle does for a nil handler: the first request would.
 func New(c *core.Core, next http.Handler, opts Options) *Handler {
+	if c == nil || next == nil {
+		panic("nethttp: New with a nil core or handler")
+	}
+	return newHandler(c, next, opts)
+}
+
+// newHandler is New for a Server, whose forwarder may stand in for next.
+func newHandler(c *core.Core, next http.Handler, opts Options) *Handler {
 	return &Handler{c: c, next: next, opts: opts}
 }
 
@@ -78,7 +87,7 @@ func (h *Handler) KeyOf(name string, r *http.Request) []byte { return KeyOf(h.c,
 // (after a successful login), use Reset: an override's clients are
 // counted apart from the rule's Limiter.
 func KeyOf(c *core.Core, name string, r *http.Request) []byte {
-	k, err := c.KeyOf(name, &request{r: r})
+	k, err := c.KeyOf(name, &request{r: withoutConnectionNamed(r)})
 	if err != nil {
 		return nil
 	}
@@ -90,7 +99,9 @@ func KeyOf(c *core.Core, name string, r *http.Request) []byte {
 //
 //	nethttp.Reset(c, "login", r) // after a successful login
 func Reset(c *core.Core, name string, r *http.Request) error {
-	return c.Reset(name, &request{r: r})
+	// The request as the handler decided it: without the fields its
+	// Connection field names, which a key must not be read from.
+	return c.Reset(name, &request{r: withoutConnectionNamed(r)})
 }
 
 // HTTPRequest is the net/http request behind the core's view of it, for

@@ -56,7 +56,8 @@ type Server struct {
 	limits engine.Limits
 	conns  connTracker
 	log    *slog.Logger
-	edge   Edge // TLS and HTTP/2, or nil
+	edge   Edge          // TLS and HTTP/2, or nil
+	slots  *engine.Slots // Limits.MaxConnections, across every listener
 
 	mu  sync.Mutex
 	lns []net.Listener
@@ -88,7 +89,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{h: New(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger}
+	s := &Server{h: newHandler(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger, slots: engine.NewSlots(lim.MaxConnections)}
 	s.conns.cm = o.Core.Conns()
 	s.h.fwd = o.Upstream
 	s.srv = &http.Server{
@@ -122,7 +123,7 @@ func (s *Server) Handler() *Handler { return s.h }
 // Serve serves the connections of ln until Shutdown (it returns nil then)
 // or a failure of ln. At most Limits.MaxConnections are open at once.
 func (s *Server) Serve(ln net.Listener) error {
-	l := engine.NewListener(ln, s.limits.MaxConnections, func(err error, wait time.Duration) {
+	l := engine.SlotListener(ln, s.slots, func(err error, wait time.Duration) {
 		s.log.Warn("accepting a connection failed; retrying", "err", err, "retry_in", wait)
 	})
 	l.OnFull = s.conns.cm.MaxReached
@@ -243,13 +244,17 @@ type bodyReader struct {
 	w       http.ResponseWriter
 	timeout time.Duration
 	ended   bool // read to its end
+	failed  bool // a read failed (client_body_timeout): the rest will not come in time
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	b.deadline()
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
+	switch {
+	case err == io.EOF:
 		b.ended = true
+	case err != nil:
+		b.failed = true
 	}
 	return n, err
 }
@@ -298,7 +303,9 @@ func (lw *limitWriter) head() {
 	}
 	lw.headed = true
 	h := lw.w.Header()
-	if lw.s.conns.draining.Load() {
+	if lw.s.conns.draining.Load() || lw.body != nil && lw.body.failed {
+		// A body whose read failed is not drained: that would wait out
+		// client_body_timeout once more before the answer went.
 		h.Set("Connection", "close")
 	}
 	if lw.body != nil && !lw.body.ended && h.Get("Connection") != "close" {
