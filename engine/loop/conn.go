@@ -250,6 +250,12 @@ func (c *conn) process(p []byte) {
 			if c.state == csTunnel || c.state == csLinger || c.closeAfter {
 				break
 			}
+			if c.outLen() >= highWater {
+				// The client does not read its answers: the next request
+				// waits in the input until they drain (drained), however
+				// fast the core answers them (cache hits, refusals).
+				break
+			}
 			n := c.readHead(p)
 			if n == 0 {
 				break
@@ -322,7 +328,10 @@ func (c *conn) checkInput() {
 		return
 	}
 	want := c.have &^ wantRead
-	if !full && !c.eof && !c.broken && !(c.closeAfter && c.r == nil) {
+	// Between requests, a client with highWater of answers unread is not
+	// read either: what it sends waits in the socket.
+	held := c.r == nil && (c.closeAfter || c.outLen() >= highWater)
+	if !full && !c.eof && !c.broken && !held {
 		want |= wantRead
 	}
 	_ = c.l.interest(c.fd, &c.have, want)
@@ -345,6 +354,11 @@ func (c *conn) readHead(p []byte) int {
 	if c.scanned == 0 {
 		if skip := skipEmptyLines(p); skip > 0 {
 			return skip
+		}
+		if len(p) == 1 && p[0] == '\r' {
+			// An empty line's CR whose LF comes in the next read: still
+			// before the request line, which scanHead would take it for.
+			return 0
 		}
 	}
 	end, bad := scanHead(p, max(c.scanned-3, 0))
@@ -609,8 +623,11 @@ func (c *conn) endRequest() {
 		_ = unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		c.noDelay = true
 	}
+	// Idle, or with a head begun in the input, read_header_timeout. While
+	// process runs, the input is not trimmed yet (inLen counts what it
+	// took): it finds the next head itself, and readHead sets that wait.
 	wait := l.s.o.limits.IdleTimeout
-	if c.inLen() > 0 {
+	if c.inLen() > 0 && !c.processing {
 		wait = l.s.o.limits.ReadHeaderTimeout
 	}
 	c.setRead(wait)

@@ -144,6 +144,13 @@ func (r *request) takeBody(sink uint8, limit int) {
 	c := r.c
 	b := &r.body
 	b.sink, b.limit = sink, limit
+	if b.err != nil {
+		// The body failed while the request waited for its decision (the
+		// client ended it early or went away): nothing more will come,
+		// and nothing would wake the request.
+		r.bodyFailed(b.err)
+		return
+	}
 	if b.expect {
 		b.expect = false
 		c.write(continue100)

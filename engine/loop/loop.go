@@ -310,7 +310,9 @@ func (l *loop) grow(b, p []byte) []byte {
 	if len(b)+len(p) <= cap(b) {
 		return append(b, p...)
 	}
-	nb := l.getBuf(len(b) + len(p))
+	// Twice as large at least: a backlog that grows by one answer at a
+	// time is copied a logarithmic number of times, not once per answer.
+	nb := l.getBuf(max(len(b)+len(p), 2*cap(b)))
 	nb = append(nb, b...)
 	nb = append(nb, p...)
 	if cap(b) > 0 {

@@ -1,0 +1,347 @@
+//go:build linux
+
+package loop_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/engine/loop"
+	"github.com/preforkd/preforkd/internal/wiretest"
+)
+
+const cacheRules = "[table]\ncounters = 1024\nresponses = 64\nresponse_bytes = \"64KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"4KiB\"\n"
+
+// A GET with a body waits for another request's cache fill (Wait in
+// Decide, before its body is read); its client half-closes mid-body
+// meanwhile. Once the fill ends without an entry, the request is
+// answered (the body failed) and the connection closed: it used to hang,
+// whatever client_body_timeout.
+func TestBodyEndsWhileWaiting(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var n atomic.Int32
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		if n.Add(1) == 1 {
+			<-release
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 2\r\n\r\nok")
+	})
+	addr, s := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules),
+		Limits: engine.Limits{ClientBodyTimeout: 500 * time.Millisecond}})
+	first, firstR := dial(t, addr)
+	io.WriteString(first, "GET /hot HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(200 * time.Millisecond) // it holds the fill lock
+	second, secondR := dial(t, addr)
+	io.WriteString(second, "GET /hot HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+	time.Sleep(200 * time.Millisecond) // it waits for the fill
+	second.(*net.TCPConn).CloseWrite()
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	if resp, _ := readResponse(t, firstR, "GET"); resp.StatusCode != 200 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	second.SetReadDeadline(time.Now().Add(3 * time.Second))
+	b, err := io.ReadAll(secondR)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Errorf("the half-closed client waited 3s (client_body_timeout 500ms): got %q, nothing more, connection still open; open=%d", b, s.Stats().Open)
+	}
+}
+
+// The same with a client that closes: its connection is closed (it used
+// to stay open, Stats().Open up and the descriptor held, for good).
+func TestClientClosesWhileWaiting(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var n atomic.Int32
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		if n.Add(1) == 1 {
+			<-release
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 2\r\n\r\nok")
+	})
+	addr, s := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules),
+		Limits: engine.Limits{ClientBodyTimeout: 500 * time.Millisecond}})
+	first, firstR := dial(t, addr)
+	io.WriteString(first, "GET /hot HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(200 * time.Millisecond)
+	second, _ := dial(t, addr)
+	io.WriteString(second, "GET /hot HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+	time.Sleep(200 * time.Millisecond)
+	second.Close()
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	if resp, _ := readResponse(t, firstR, "GET"); resp.StatusCode != 200 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	first.Close()
+	time.Sleep(3 * time.Second)
+	if open := s.Stats().Open; open != 0 {
+		t.Errorf("both clients closed 3s ago (client_body_timeout 500ms): %d connection(s) still open", open)
+	}
+}
+
+type want struct {
+	method string
+	status int
+	body   string
+}
+
+func pipelineUpstream(t *testing.T) *wiretest.Upstream {
+	return wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		p := req.Req.URL.Path
+		switch {
+		case p == "/204":
+			w.WriteString("HTTP/1.1 204 No Content\r\n\r\n")
+		case p == "/304":
+			w.WriteString("HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n")
+		case req.Req.Method == "HEAD":
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n")
+		case p == "/early":
+			w.WriteString("HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+			b := p + ":" + string(req.Body)
+			w.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+			for i := range len(b) {
+				w.WriteString("1\r\n" + b[i:i+1] + "\r\n")
+			}
+			w.WriteString("0\r\n\r\n")
+		default:
+			b := p + ":" + string(req.Body)
+			cc := ""
+			if len(p) > 6 && p[:6] == "/cache" {
+				cc = "Cache-Control: max-age=60\r\n"
+			}
+			w.WriteString("HTTP/1.1 200 OK\r\n" + cc + "Content-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b)
+		}
+	})
+}
+
+// Pipelined requests of many kinds, the batch split in two at every byte.
+func TestPipelineSplitEverywhere(t *testing.T) {
+	t.Parallel()
+	up := pipelineUpstream(t)
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t,
+		"[table]\ncounters = 4096\nresponses = 64\nresponse_bytes = \"64KiB\"\n"+
+			"[[ratelimit]]\nname = \"rl\"\npath = \"/rl\"\nby = \"header:X-K\"\nlimit = 1\nwindow = \"1m\"\n"+
+			"[[cache]]\npath = \"/cached\"\nmax_body = \"4KiB\"\n")})
+	// warm the cache
+	c0, br0 := dial(t, addr)
+	roundTrip(t, c0, br0, "GET /cached HTTP/1.1\r\nHost: a\r\n\r\n")
+	for k := 0; ; k++ {
+		key := "k" + strconv.Itoa(k)
+		batch := "GET /a HTTP/1.1\r\nHost: a\r\n\r\n" +
+			"POST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nxyz" +
+			"POST /rl HTTP/1.1\r\nHost: a\r\nX-K: " + key + "\r\nContent-Length: 2\r\n\r\nr1" +
+			"POST /rl HTTP/1.1\r\nHost: a\r\nX-K: " + key + "\r\nContent-Length: 2\r\n\r\nr2" +
+			"GET /cached HTTP/1.1\r\nHost: a\r\n\r\n" +
+			"HEAD /h HTTP/1.1\r\nHost: a\r\n\r\n" +
+			"GET /204 HTTP/1.1\r\nHost: a\r\n\r\n" +
+			"GET /304 HTTP/1.1\r\nHost: a\r\n\r\n" +
+			"POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2;e=1\r\nab\r\n1\r\nc\r\n0\r\nT: v\r\n\r\n" +
+			"POST /early HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nq" +
+			"GET /last HTTP/1.1\r\nHost: a\r\n\r\n"
+		if k > len(batch) {
+			break
+		}
+		wants := []want{{"GET", 200, "/a:"}, {"POST", 200, "/b:xyz"}, {"POST", 200, "/rl:r1"}, {"POST", 429, ""},
+			{"GET", 200, "/cached:"}, {"HEAD", 200, ""}, {"GET", 204, ""}, {"GET", 304, ""}, {"POST", 200, "/c:abc"},
+			{"POST", 200, "/early:q"}, {"GET", 200, "/last:"}}
+		c, br := dial(t, addr)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, batch[:k])
+		time.Sleep(2 * time.Millisecond)
+		io.WriteString(c, batch[k:])
+		for i, w := range wants {
+			resp, err := httpRead(br, w.method)
+			if err != nil {
+				t.Fatalf("split at %d (%q|%q): answer %d: %v", k, batch[max(0, k-10):k], batch[k:min(len(batch), k+10)], i, err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			if err != nil || resp.StatusCode != w.status || w.status != 429 && string(b) != w.body {
+				t.Fatalf("split at %d: answer %d: %d %q %v, want %d %q", k, i, resp.StatusCode, b, err, w.status, w.body)
+			}
+		}
+		c.Close()
+	}
+}
+
+func httpRead(br *bufio.Reader, method string) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(br, &http.Request{Method: method})
+		if err != nil || resp.StatusCode >= 200 {
+			return resp, err
+		}
+	}
+}
+
+// RFC 9112 §2.2: a CRLF before a request line is ignored (skipEmptyLines),
+// also when its CR and LF arrive in two reads.
+func TestEmptyLineSplitBeforeRequest(t *testing.T) {
+	t.Parallel()
+	up := pipelineUpstream(t)
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1})
+	for _, parts := range [][]string{
+		{"POST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nq\r\n", "GET /last HTTP/1.1\r\nHost: a\r\n\r\n"}, // passes
+		{"POST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nq\r", "\nGET /last HTTP/1.1\r\nHost: a\r\n\r\n"}, // fails
+	} {
+		c, br := dial(t, addr)
+		io.WriteString(c, parts[0])
+		time.Sleep(50 * time.Millisecond)
+		io.WriteString(c, parts[1])
+		resp, body := readResponse(t, br, "POST")
+		if resp.StatusCode != 200 || string(body) != "/b:q" {
+			t.Fatalf("%q: first answer %d %q", parts, resp.StatusCode, body)
+		}
+		resp, body = readResponse(t, br, "GET")
+		if resp.StatusCode != 200 || string(body) != "/last:" {
+			t.Errorf("%q|%q: the request after the CRLF: %d %q", parts[0][len(parts[0])-3:], parts[1][:5], resp.StatusCode, body)
+		}
+	}
+}
+
+// A duplicate that waits (idempotency), pipelined before requests the
+// core answers at once (a cache hit, a 429) and forwarded ones.
+func TestWaitInPipelineKeepsOrder(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		p := req.Req.URL.Path
+		if p == "/orders" {
+			<-release
+			w.WriteString("HTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\norder")
+			return
+		}
+		b := p + ":" + string(req.Body)
+		cc := ""
+		if p == "/cached" {
+			cc = "Cache-Control: max-age=60\r\n"
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\n" + cc + "Content-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b)
+	})
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, idemRules+
+		"[[ratelimit]]\nname = \"rl\"\npath = \"/rl\"\nlimit = 1\nwindow = \"1m\"\n"+
+		"[[cache]]\npath = \"/cached\"\nmax_body = \"4KiB\"\n")})
+	c0, br0 := dial(t, addr)
+	roundTrip(t, c0, br0, "GET /cached HTTP/1.1\r\nHost: a\r\n\r\n")
+	roundTrip(t, c0, br0, "GET /rl HTTP/1.1\r\nHost: a\r\n\r\n")
+	orig := "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"w1\"\r\nContent-Length: 2\r\n\r\n{}"
+	a, ar := dial(t, addr)
+	io.WriteString(a, orig)
+	time.Sleep(150 * time.Millisecond)
+	b, brd := dial(t, addr)
+	io.WriteString(b, orig+"GET /x HTTP/1.1\r\nHost: a\r\n\r\nGET /cached HTTP/1.1\r\nHost: a\r\n\r\nGET /rl HTTP/1.1\r\nHost: a\r\n\r\n"+
+		"POST /y HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc"+orig)
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	if resp, body := readResponse(t, ar, "POST"); resp.StatusCode != 201 || string(body) != "order" {
+		t.Fatalf("original: %d %q", resp.StatusCode, body)
+	}
+	for i, w := range []want{{"POST", 201, "order"}, {"GET", 200, "/x:"}, {"GET", 200, "/cached:"}, {"GET", 429, ""}, {"POST", 200, "/y:abc"}, {"POST", 201, "order"}} {
+		resp, err := httpRead(brd, w.method)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != w.status || w.status != 429 && string(body) != w.body {
+			t.Errorf("answer %d: %d %q, want %d %q", i, resp.StatusCode, body, w.status, w.body)
+		}
+	}
+}
+
+// One client pipelines cache hits and reads nothing. The loop stops
+// reading it once highWater of answers wait, as it does for forwarded
+// ones: it used to go on answering into an output buffer grown by the
+// exact size needed (a copy of the whole backlog per answer), and another
+// client of the loop waited seconds.
+func TestUnreadAnswersHoldTheInput(t *testing.T) {
+	t.Parallel()
+	body := strings.Repeat("x", 1000)
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: 1000\r\n\r\n" + body)
+	})
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules)})
+	victim, vr := dial(t, addr)
+	roundTrip(t, victim, vr, "GET /hot HTTP/1.1\r\nHost: a\r\n\r\n")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := strings.Repeat("GET /hot HTTP/1.1\r\nHost: a\r\n\r\n", 1000)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := io.WriteString(c, req); err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	for i := range 3 {
+		t0 := time.Now()
+		resp, _ := roundTrip(t, victim, vr, "GET /hot HTTP/1.1\r\nHost: a\r\n\r\n")
+		d := time.Since(t0)
+		t.Logf("victim request %d: %d in %v (heap in use %d MiB)", i, resp.StatusCode, d, m.HeapInuse>>20)
+		if d > 500*time.Millisecond {
+			t.Errorf("a cache hit on another connection of the loop took %v", d)
+		}
+	}
+}
+
+// A request the core answers (a cache hit) whose head came in two reads,
+// then an idle connection: it waits idle_timeout, not read_header_timeout
+// (endRequest ran inside process, before the input was trimmed, and took
+// the head just read for the next one).
+func TestIdleAfterSplitHeadIsIdle(t *testing.T) {
+	t.Parallel()
+	up := pipelineUpstream(t)
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules),
+		Limits: engine.Limits{ReadHeaderTimeout: 500 * time.Millisecond, IdleTimeout: 5 * time.Second}})
+	for _, batch := range []string{
+		"GET /a HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET /cached HTTP/1.1\r\nHost: a\r\n\r\n",                                        // warms the cache
+		"GET /cached HTTP/1.1\r\nHost: a\r\n\r\nGET /cached HTTP/1.1\r\nHost: a\r\n\r\n", // two hits
+		"splitGET /cached HTTP/1.1\r\nHost: a\r\n\r\n",                                   // one hit whose head came in two reads
+	} {
+		c, br := dial(t, addr)
+		if strings.HasPrefix(batch, "split") {
+			batch = batch[5:]
+			io.WriteString(c, batch[:len(batch)-2])
+			time.Sleep(50 * time.Millisecond)
+			io.WriteString(c, "\r\n")
+		} else {
+			io.WriteString(c, batch)
+		}
+		for range strings.Count(batch, "GET") {
+			readResponse(t, br, "GET")
+		}
+		time.Sleep(1500 * time.Millisecond) // idle: over read_header_timeout, under idle_timeout
+		if _, err := io.WriteString(c, "GET /c HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := http.ReadResponse(br, &http.Request{Method: "GET"}); err != nil {
+			t.Errorf("%d pipelined, then idle 1.5s (idle_timeout 5s): the next request: %v", strings.Count(batch, "GET"), err)
+		} else {
+			io.Copy(io.Discard, resp.Body)
+		}
+	}
+}
