@@ -24,7 +24,8 @@ type Options struct {
 	// socket passed by the service manager (LISTEN_FDS, LISTEN_PID:
 	// systemd's socket activation) is served instead of Listen.
 	Listener net.Listener
-	// Workers is the number of worker processes; 0 means one per CPU.
+	// Workers is the number of worker processes; 0 means one per CPU. Run
+	// refuses a negative number.
 	Workers int
 
 	// Region is the geometry of the shared region the supervisor creates

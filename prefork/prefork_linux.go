@@ -35,6 +35,9 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if opts.Engine == nil {
 		return errors.New("prefork: Options.Engine is nil")
 	}
+	if opts.Workers < 0 {
+		return fmt.Errorf("prefork: Options.Workers %d is negative (0 means one per CPU)", opts.Workers)
+	}
 	cfg, err := opts.Settings.withDefaults()
 	if err != nil {
 		return err

@@ -66,6 +66,7 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		err  string
 	}{
 		{Options{}, "prefork: Options.Engine is nil"},
+		{Options{Engine: testEngine, Workers: -3}, "prefork: Options.Workers -3 is negative"},
 		{Options{Engine: testEngine, Settings: Settings{MaxRSS: 1}}, "prefork: Settings.MaxRSS (server.max_rss): must be at least 32MiB"},
 	} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -175,7 +175,11 @@ func (r *Region) Responses() *Responses { return r.resps }
 // response table).
 func (r *Region) Tags() *Tags { return r.tags }
 
-// Close unmaps the region and closes its file. Idempotent.
+// Close unmaps the region and closes its file. Idempotent. Nothing of the
+// region may be used after: its tables, a bucket.Limiter or a core.Core
+// over it read memory no longer mapped, and the process dies of the
+// fault (a runtime fatal error, not a panic that can be recovered). A
+// worker closes its region only once it has drained.
 func (r *Region) Close() error {
 	var err error
 	r.close.Do(func() {
