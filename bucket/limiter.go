@@ -182,6 +182,9 @@ func (l *Limiter) Keys() int { return l.tab.Held(l.quota.Account) }
 func (l *Limiter) Key(id []byte) shm.Key { return l.tab.KeyOf(l.ns, id) }
 
 // Allow decides one request for id at now (region time: shm.Region.Now).
+// It panics when this process has not joined the region (shm.Region.Join):
+// a limiter that cannot count would otherwise answer as a full table does,
+// and a forgotten Join would let every request through.
 func (l *Limiter) Allow(id string, now time.Duration) Decision {
 	return l.AllowKey(l.tab.KeyOfString(l.ns, id), now)
 }
@@ -196,6 +199,9 @@ func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 		at = t
 		return next, d.Allowed
 	})
+	if err == shm.ErrNotJoined {
+		panic("bucket: Allow on a region this process has not joined (call shm.Region.Join first)")
+	}
 	if err != nil {
 		return l.full(err == shm.ErrQuota)
 	}

@@ -168,3 +168,26 @@ func TestReloadedLimitReadsTheStateAsItStands(t *testing.T) {
 		})
 	}
 }
+
+// A limiter over a region this process never joined cannot count: Allow
+// panics rather than answer as a full table does (on_full "open" would
+// let every request through), and Lookup still reads.
+func TestAllowOnARegionNotJoined(t *testing.T) {
+	r, err := shm.CreatePrivate(shm.Options{Counters: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLimiter(Rule{Name: "login", Limit: 1, Window: time.Minute}, r.Counters())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.Lookup(l.Key([]byte("k")), time.Hour); ok {
+		t.Fatal("a key never counted is stored")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Allow on a region not joined did not panic")
+		}
+	}()
+	l.Allow("k", time.Hour)
+}
