@@ -22,71 +22,59 @@ import (
 const cacheRules = "[table]\ncounters = 1024\nresponses = 64\nresponse_bytes = \"64KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"4KiB\"\n"
 
 // A GET with a body waits for another request's cache fill (Wait in
-// Decide, before its body is read); its client half-closes mid-body
-// meanwhile. Once the fill ends without an entry, the request is
-// answered (the body failed) and the connection closed: it used to hang,
-// whatever client_body_timeout.
+// Decide, before its body is read); its client half-closes mid-body, or
+// closes, meanwhile. Once the fill ends without an entry, the request is
+// answered (its body failed) and the connection closed: it used to hang
+// whatever client_body_timeout, and a closed client's descriptor stayed
+// open for good (Stats().Open up).
 func TestBodyEndsWhileWaiting(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	var n atomic.Int32
-	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
-		if n.Add(1) == 1 {
-			<-release
-		}
-		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 2\r\n\r\nok")
-	})
-	addr, s := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules),
-		Limits: engine.Limits{ClientBodyTimeout: 500 * time.Millisecond}})
-	first, firstR := dial(t, addr)
-	io.WriteString(first, "GET /hot HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(200 * time.Millisecond) // it holds the fill lock
-	second, secondR := dial(t, addr)
-	io.WriteString(second, "GET /hot HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
-	time.Sleep(200 * time.Millisecond) // it waits for the fill
-	second.(*net.TCPConn).CloseWrite()
-	time.Sleep(200 * time.Millisecond)
-	close(release)
-	if resp, _ := readResponse(t, firstR, "GET"); resp.StatusCode != 200 {
-		t.Fatalf("first: %d", resp.StatusCode)
-	}
-	second.SetReadDeadline(time.Now().Add(3 * time.Second))
-	b, err := io.ReadAll(secondR)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		t.Errorf("the half-closed client waited 3s (client_body_timeout 500ms): got %q, nothing more, connection still open; open=%d", b, s.Stats().Open)
-	}
-}
-
-// The same with a client that closes: its connection is closed (it used
-// to stay open, Stats().Open up and the descriptor held, for good).
-func TestClientClosesWhileWaiting(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	var n atomic.Int32
-	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
-		if n.Add(1) == 1 {
-			<-release
-		}
-		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 2\r\n\r\nok")
-	})
-	addr, s := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules),
-		Limits: engine.Limits{ClientBodyTimeout: 500 * time.Millisecond}})
-	first, firstR := dial(t, addr)
-	io.WriteString(first, "GET /hot HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(200 * time.Millisecond)
-	second, _ := dial(t, addr)
-	io.WriteString(second, "GET /hot HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
-	time.Sleep(200 * time.Millisecond)
-	second.Close()
-	time.Sleep(200 * time.Millisecond)
-	close(release)
-	if resp, _ := readResponse(t, firstR, "GET"); resp.StatusCode != 200 {
-		t.Fatalf("first: %d", resp.StatusCode)
-	}
-	first.Close()
-	time.Sleep(3 * time.Second)
-	if open := s.Stats().Open; open != 0 {
-		t.Errorf("both clients closed 3s ago (client_body_timeout 500ms): %d connection(s) still open", open)
+	for _, end := range []string{"half-close", "close"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			release := make(chan struct{})
+			var n atomic.Int32
+			up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+				if n.Add(1) == 1 {
+					<-release
+				}
+				w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 2\r\n\r\nok")
+			})
+			addr, s := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules),
+				Limits: engine.Limits{ClientBodyTimeout: 500 * time.Millisecond}})
+			first, firstR := dial(t, addr)
+			io.WriteString(first, "GET /hot HTTP/1.1\r\nHost: a\r\n\r\n")
+			time.Sleep(200 * time.Millisecond) // it holds the fill lock
+			second, secondR := dial(t, addr)
+			io.WriteString(second, "GET /hot HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+			time.Sleep(200 * time.Millisecond) // it waits for the fill
+			if end == "close" {
+				second.Close()
+			} else {
+				second.(*net.TCPConn).CloseWrite()
+			}
+			time.Sleep(200 * time.Millisecond)
+			close(release)
+			if resp, _ := readResponse(t, firstR, "GET"); resp.StatusCode != 200 {
+				t.Fatalf("first: %d", resp.StatusCode)
+			}
+			if end == "close" {
+				first.Close()
+				deadline := time.Now().Add(3 * time.Second)
+				for s.Stats().Open != 0 && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if open := s.Stats().Open; open != 0 {
+					t.Errorf("both clients closed (client_body_timeout 500ms): %d connection(s) still open 3s on", open)
+				}
+				return
+			}
+			second.SetReadDeadline(time.Now().Add(3 * time.Second))
+			b, err := io.ReadAll(secondR)
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Errorf("the half-closed client waited 3s (client_body_timeout 500ms): got %q, nothing more, connection still open; open=%d", b, s.Stats().Open)
+			}
+		})
 	}
 }
 

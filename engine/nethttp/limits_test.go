@@ -45,20 +45,7 @@ func TestServerLimits(t *testing.T) {
 			io.WriteString(w, "ok")
 		}
 	})
-	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Limits: lim})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(t.Context()) })
+	_, ln := limitedServer(t, lim, app)
 	dial := func() (net.Conn, *bufio.Reader) {
 		t.Helper()
 		conn, err := net.Dial("tcp", ln.Addr().String())
@@ -164,26 +151,13 @@ func TestServerLimits(t *testing.T) {
 // backlog until one closes.
 func TestServerMaxConnections(t *testing.T) {
 	t.Parallel()
-	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Limits: engine.Limits{MaxConnections: 2},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, ln := limitedServer(t, engine.Limits{MaxConnections: 2},
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
 	ln2, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(ln)
 	go srv.Serve(ln2)
-	t.Cleanup(func() { srv.Shutdown(t.Context()) })
 	get := func(conn net.Conn, wait time.Duration) error {
 		conn.SetDeadline(time.Now().Add(wait))
 		if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
@@ -231,26 +205,12 @@ func TestServerMaxConnections(t *testing.T) {
 func TestBodyTimeoutAnsweredAtOnce(t *testing.T) {
 	t.Parallel()
 	const timeout = time.Second
-	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	answered := make(chan time.Time, 1)
-	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Limits: engine.Limits{ClientBodyTimeout: timeout},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, err := io.ReadAll(r.Body)
-			answered <- time.Now()
-			http.Error(w, "body: "+err.Error(), http.StatusRequestTimeout)
-		})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(t.Context()) })
+	_, ln := limitedServer(t, engine.Limits{ClientBodyTimeout: timeout}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.ReadAll(r.Body)
+		answered <- time.Now()
+		http.Error(w, "body: "+err.Error(), http.StatusRequestTimeout)
+	}))
 	conn, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -272,6 +232,27 @@ func TestBodyTimeoutAnsweredAtOnce(t *testing.T) {
 	if wrote := <-answered; got.Sub(wrote) > timeout/2 {
 		t.Errorf("the handler answered at once, the client got it %v later", got.Sub(wrote).Round(time.Millisecond))
 	}
+}
+
+// limitedServer serves app with lim and a core of no rules on a listener
+// of its own, until the test ends.
+func limitedServer(t *testing.T, lim engine.Limits, app http.Handler) (*nethttp.Server, net.Listener) {
+	t.Helper()
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(t.Context()) })
+	return srv, ln
 }
 
 func isReset(err error) bool { return err != nil && strings.Contains(err.Error(), "connection reset") }
