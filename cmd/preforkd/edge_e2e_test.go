@@ -405,7 +405,8 @@ func TestSocketActivation(t *testing.T) {
 	t.Parallel()
 	activate := needTool(t, "systemd-socket-activate", "systemd")
 	dir := t.TempDir()
-	passed, unused := freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 2)
+	passed, unused := addrs[0], addrs[1]
 	d := &daemon{t: t, addr: passed, cfgPath: filepath.Join(dir, "preforkd.toml"), wrapper: []string{activate, "-l", passed}}
 	if err := os.WriteFile(d.cfgPath, []byte(baseServer(2, "")), 0o600); err != nil {
 		t.Fatal(err)

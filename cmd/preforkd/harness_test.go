@@ -242,10 +242,11 @@ func startDaemon(t testing.TB, opts daemonOptions) *daemon {
 		ready = msgIs("ready")
 	}
 	for attempt := 1; ; attempt++ {
-		d := &daemon{t: t, addr: freeAddr(t), cfgPath: filepath.Join(dir, "preforkd.toml")}
+		addrs := freeAddrs(t, 2) // the listener's, and the admin endpoint's
+		d := &daemon{t: t, addr: addrs[0], cfgPath: filepath.Join(dir, "preforkd.toml")}
 		text := opts.config
 		if opts.admin {
-			d.admin = freeAddr(t)
+			d.admin = addrs[1]
 			text = strings.ReplaceAll(text, "ADMIN_ADDR", d.admin)
 		}
 		if err := os.WriteFile(d.cfgPath, []byte(text), 0o600); err != nil {
@@ -422,12 +423,23 @@ func (d *daemon) stop() {
 // freeAddr returns 127.0.0.1 with a port that was free a moment ago.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return freeAddrs(t, 1)[0]
+}
+
+// freeAddrs is n free loopback addresses, distinct: each is held until all
+// are picked (two picks in a row may otherwise get one port twice).
+func freeAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
 
 // alive reports whether pid is a worker of this daemon that has not

@@ -189,7 +189,9 @@ path = "/orders"
 	if code != exitOK {
 		t.Fatalf("check: exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{`rule "a": `, ` max_keys=2048`, `rule "b": `, ` max_keys=100`, ` max_records=100`} {
+	// responses = 10000 makes a table of 16384 records (a power of two),
+	// whose 1% is the idempotency block's max_records in force.
+	for _, want := range []string{`rule "a": `, ` max_keys=2048`, `rule "b": `, ` max_keys=100`, `responses=16384 `, ` max_records=163`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check does not print %q:\n%s", want, out)
 		}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -332,4 +333,45 @@ func TestIdleAfterSplitHeadIsIdle(t *testing.T) {
 			io.Copy(io.Discard, resp.Body)
 		}
 	}
+}
+
+// A client slow to read a large answer (a cache hit of 12 MiB, queued in
+// one write) reads it whole, then sends its next request on the same
+// connection: it is read and answered. Reading stops while highWater of
+// answers wait; it must start again once they went, input or not.
+func TestNextRequestAfterLargeAnswer(t *testing.T) {
+	t.Parallel()
+	body := strings.Repeat("x", 12<<20)
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	})
+	rules := "[table]\ncounters = 1024\nresponses = 64\nresponse_bytes = \"64MiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"16MiB\"\n"
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, rules),
+		Limits: engine.Limits{IdleTimeout: 10 * time.Second}})
+	c0, br0 := dial(t, addr)
+	if resp, b := roundTrip(t, c0, br0, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 || len(b) != len(body) {
+		t.Fatalf("the fill: %d, %d bytes", resp.StatusCode, len(b))
+	}
+	// A small receive buffer: the answer waits in the server's output.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(300 * time.Millisecond)
+	if resp, b := readResponse(t, br, "GET"); resp.StatusCode != 200 || len(b) != len(body) {
+		t.Fatalf("the hit: %d, %d bytes", resp.StatusCode, len(b))
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+	if err != nil {
+		t.Fatalf("the next request, after the large answer was read whole: %v (idle_timeout 10s)", err)
+	}
+	io.Copy(io.Discard, resp.Body)
 }
