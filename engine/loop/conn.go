@@ -480,9 +480,10 @@ func (c *conn) drained() {
 		// A pipelined request waits for this output to go (endRequest
 		// leaves it while the output is over highWater): its turn.
 		c.process(nil)
-	case c.state == csIdle && !c.processing:
-		// Nothing in the input, but reading stopped while highWater of
-		// answers waited (checkInput): the client is read again.
+	case !c.processing:
+		// Between requests with nothing in the input: reading stopped
+		// while highWater of answers waited (checkInput), and the client
+		// is read again.
 		c.checkInput()
 	}
 }
