@@ -31,8 +31,9 @@ type Limits struct {
 	// a larger one gets 431. 0 means 64 KiB; at least 4 KiB.
 	MaxHeaderBytes int
 	// MaxConnections bounds the client connections a worker has open at
-	// once; at the bound it stops accepting until one closes (the other
-	// workers on the shared listener accept meanwhile). 0 means no bound.
+	// once on a listener (the daemon's workers serve one); at the bound it
+	// stops accepting until one closes (the other workers on the shared
+	// listener accept meanwhile). 0 means no bound.
 	MaxConnections int
 }
 

@@ -18,7 +18,7 @@ import (
 // reported to onRetry, when set.
 type Listener struct {
 	net.Listener
-	slots   chan struct{} // Slots.c: a token per open connection; nil without a bound
+	slots   chan struct{} // a token per open connection; nil without a bound
 	done    chan struct{} // closed by Close
 	once    sync.Once
 	onRetry func(err error, wait time.Duration)
@@ -28,30 +28,13 @@ type Listener struct {
 	OnFull func()
 }
 
-// NewListener wraps ln, with max slots of its own.
+// NewListener wraps ln.
 func NewListener(ln net.Listener, max int, onRetry func(err error, wait time.Duration)) *Listener {
-	return SlotListener(ln, NewSlots(max), onRetry)
-}
-
-// Slots are the connection slots of one or more listeners
-// (SlotListener): max connections open at once across all of them, as
-// Limits.MaxConnections bounds a server that serves several.
-type Slots struct {
-	c chan struct{} // a token per open connection; nil without a bound
-}
-
-// NewSlots makes max slots; 0 means no bound.
-func NewSlots(max int) *Slots {
-	if max <= 0 {
-		return &Slots{}
+	l := &Listener{Listener: ln, done: make(chan struct{}), onRetry: onRetry}
+	if max > 0 {
+		l.slots = make(chan struct{}, max)
 	}
-	return &Slots{c: make(chan struct{}, max)}
-}
-
-// SlotListener wraps ln, its connections taking slots of slots, which
-// other listeners may share.
-func SlotListener(ln net.Listener, slots *Slots, onRetry func(err error, wait time.Duration)) *Listener {
-	return &Listener{Listener: ln, slots: slots.c, done: make(chan struct{}), onRetry: onRetry}
+	return l
 }
 
 // Accept waits for a free slot, then for a connection. The connection

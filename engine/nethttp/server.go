@@ -49,15 +49,15 @@ type ServerOptions struct {
 
 // Server is the net/http engine: an http.Server in front of which the
 // core runs every request, honouring engine.Limits and draining by
-// engine's rule. It serves any number of listeners.
+// engine's rule. It serves any number of listeners, each bounded by
+// Limits.MaxConnections on its own.
 type Server struct {
 	h      *Handler
 	srv    *http.Server
 	limits engine.Limits
 	conns  connTracker
 	log    *slog.Logger
-	edge   Edge          // TLS and HTTP/2, or nil
-	slots  *engine.Slots // Limits.MaxConnections, across every listener
+	edge   Edge // TLS and HTTP/2, or nil
 
 	mu  sync.Mutex
 	lns []net.Listener
@@ -89,7 +89,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{h: newHandler(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger, slots: engine.NewSlots(lim.MaxConnections)}
+	s := &Server{h: newHandler(o.Core, o.Handler, o.Options), limits: lim, log: o.Logger}
 	s.conns.cm = o.Core.Conns()
 	s.h.fwd = o.Upstream
 	s.srv = &http.Server{
@@ -121,9 +121,12 @@ func NewServer(o ServerOptions) (*Server, error) {
 func (s *Server) Handler() *Handler { return s.h }
 
 // Serve serves the connections of ln until Shutdown (it returns nil then)
-// or a failure of ln. At most Limits.MaxConnections are open at once.
+// or a failure of ln. At most Limits.MaxConnections of ln's connections
+// are open at once: the bound is each listener's. (Shared by several,
+// the slot a listener takes before it accepts would sit idle while other
+// listeners' clients waited for one.)
 func (s *Server) Serve(ln net.Listener) error {
-	l := engine.SlotListener(ln, s.slots, func(err error, wait time.Duration) {
+	l := engine.NewListener(ln, s.limits.MaxConnections, func(err error, wait time.Duration) {
 		s.log.Warn("accepting a connection failed; retrying", "err", err, "retry_in", wait)
 	})
 	l.OnFull = s.conns.cm.MaxReached
