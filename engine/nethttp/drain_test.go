@@ -260,7 +260,8 @@ func TestHTTP2ConnStates(t *testing.T) {
 }
 
 // net/http's lines of a client's failed TLS handshake (one per connection
-// a scanner opens) reach the log at most once a second; its others all.
+// a scanner opens), and x/net's of an HTTP/2 connection without its
+// preface, reach the log at most once a second each; its others all.
 func TestErrorLogIsRateLimited(t *testing.T) {
 	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
 	if err != nil {
@@ -276,6 +277,14 @@ func TestErrorLogIsRateLimited(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "\n"); n != 1 || !strings.Contains(out.String(), "level=WARN") {
 		t.Errorf("%d lines for 50 handshake errors within a second, want 1 warning:\n%s", n, out.String())
+	}
+	// Nor does x/net's line for an HTTP/2 connection that sent no
+	// preface, which a client also makes at will; its gate is its own.
+	for i := range 50 {
+		srv.srv.ErrorLog.Printf("http2: server: error reading preface from client 192.0.2.1:%d: bogus greeting \"GET / HTTP/1.1\"", 2000+i)
+	}
+	if n := strings.Count(out.String(), "\n"); n != 2 || strings.Count(out.String(), "error reading preface") != 1 {
+		t.Errorf("%d lines for 50 handshake errors and 50 connections without a preface, want 2:\n%s", n, out.String())
 	}
 	// Any other line (a handler's panic, with its stack) is never held.
 	srv.srv.ErrorLog.Printf("http: panic serving 192.0.2.1:1: boom")

@@ -228,6 +228,31 @@ func TestBodyTimeoutAnsweredAtOnce(t *testing.T) {
 	}
 }
 
+// A handler that refuses a request with Expect: 100-continue without
+// reading its body answers at once, with no 100 Continue before it, and
+// closes: the client sends no body for nothing, nor waits for
+// client_body_timeout (RFC 9110 §10.1.1).
+func TestExpectContinueRefusedAtOnce(t *testing.T) {
+	t.Parallel()
+	_, ln := limitedServer(t, engine.Limits{ClientBodyTimeout: 5 * time.Second},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", http.StatusUnauthorized) }))
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(3 * time.Second)) // under client_body_timeout
+	io.WriteString(conn, "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1000000\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+		t.Errorf("%d, close %v: want the handler's 401 first, closing", resp.StatusCode, resp.Close)
+	}
+}
+
 // limitedServer serves app with lim and a core of no rules on a listener
 // of its own, until the test ends.
 func limitedServer(t *testing.T, lim engine.Limits, app http.Handler) (*nethttp.Server, net.Listener) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/httpfield"
 	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/metrics"
 )
@@ -173,7 +174,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var body *bodyReader
 	if r.Body != nil && r.Body != http.NoBody {
-		body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout}
+		body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout,
+			expect: httpfield.HasToken(r.Header["Expect"], "100-continue")}
 		r.Body = body
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
@@ -248,9 +250,12 @@ type bodyReader struct {
 	timeout time.Duration
 	ended   bool // read to its end
 	failed  bool // a read failed (client_body_timeout): the rest will not come in time
+	expect  bool // the client waits for 100 Continue before it sends the body
+	read    bool // Read was called: a 100 Continue went, if expected
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
+	b.read = true
 	b.deadline()
 	n, err := b.ReadCloser.Read(p)
 	switch {
@@ -306,9 +311,13 @@ func (lw *limitWriter) head() {
 	}
 	lw.headed = true
 	h := lw.w.Header()
-	if lw.s.conns.draining.Load() || lw.body != nil && lw.body.failed {
+	if lw.s.conns.draining.Load() || lw.body != nil && (lw.body.failed || lw.body.expect && !lw.body.read) {
 		// A body whose read failed is not drained: that would wait out
-		// client_body_timeout once more before the answer went.
+		// client_body_timeout once more before the answer went. Nor is
+		// one the client has not sent, waiting for 100 Continue: the
+		// drain's first read would send it, and the answer (a refusal,
+		// most likely) would wait for the whole body (RFC 9110 §10.1.1;
+		// net/http closes after such an answer too).
 		h.Set("Connection", "close")
 	}
 	if lw.body != nil && !lw.body.ended && h.Get("Connection") != "close" {
@@ -402,22 +411,31 @@ func (s *Server) closeHijacked() {
 }
 
 // errorLog takes net/http's own log lines for the Server at warn: a
-// handler's panic, an accept error, an HTTP/2 connection's error. Those of
-// a failed TLS handshake, which a client makes at will (a port scanner
-// fails one on every connection), go at most one a second, the next
-// saying how many were held back; the others all go.
+// handler's panic, an accept error, an HTTP/2 connection's error. Those a
+// client makes at will, a failed TLS handshake (a port scanner fails one
+// on every connection) and an HTTP/2 connection without its preface, go
+// at most one a second each, the next saying how many were held back;
+// the others all go.
 type errorLog struct {
-	log  *slog.Logger
-	gate engine.WarnGate // TLS handshakes
+	log     *slog.Logger
+	gate    engine.WarnGate // TLS handshakes
+	preface engine.WarnGate // HTTP/2 connections that sent no preface
 }
 
 func (e *errorLog) Write(p []byte) (int, error) {
 	msg := strings.TrimSuffix(string(p), "\n")
-	if !strings.HasPrefix(msg, "http: TLS handshake error") {
+	var g *engine.WarnGate
+	switch {
+	case strings.HasPrefix(msg, "http: TLS handshake error"):
+		g = &e.gate
+	case strings.HasPrefix(msg, "http2: server: error reading preface"):
+		// A client that negotiated h2 and sent something else.
+		g = &e.preface
+	default:
 		e.log.Warn(msg)
 		return len(p), nil
 	}
-	if args, ok := e.gate.Args(time.Now()); ok {
+	if args, ok := g.Args(time.Now()); ok {
 		e.log.Warn(msg, args...)
 	}
 	return len(p), nil
