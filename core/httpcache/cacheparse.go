@@ -42,38 +42,48 @@ func ParseCacheControl(lines []string) Directives {
 		for rest := line; rest != ""; {
 			var name, value string
 			name, value, rest = nextDirective(rest)
-			delta := func(p *int64) {
-				if *p < 0 {
-					*p = ParseDelta(value)
-				}
-			}
-			switch strings.ToLower(name) {
-			case "no-store":
-				cc.NoStore = true
-			case "no-cache":
-				cc.NoCache = true
-			case "private":
-				cc.Private = true
-			case "public":
-				cc.Public = true
-			case "must-revalidate":
-				cc.MustRevalidate = true
-			case "proxy-revalidate":
-				cc.ProxyRevalidate = true
-			case "must-understand":
-				cc.MustUnderstand = true
-			case "max-age":
-				delta(&cc.MaxAge)
-			case "s-maxage":
-				delta(&cc.SMaxAge)
-			case "stale-while-revalidate":
-				delta(&cc.SWR)
-			case "stale-if-error":
-				delta(&cc.SIE)
+			flag, delta := cc.directive(strings.ToLower(name))
+			switch {
+			case flag != nil:
+				*flag = true
+			case delta != nil && *delta < 0:
+				*delta = ParseDelta(value)
 			}
 		}
 	}
 	return cc
+}
+
+// directive is where d keeps the directive of a lower-case name: flag
+// for one that is present or not, delta for one with delta-seconds; both
+// nil for an extension. Cache-Control and the targeted fields share it,
+// so that a directive this cache learns is learnt by both.
+func (d *Directives) directive(name string) (flag *bool, delta *int64) {
+	switch name {
+	case "no-store":
+		return &d.NoStore, nil
+	case "no-cache":
+		return &d.NoCache, nil
+	case "private":
+		return &d.Private, nil
+	case "public":
+		return &d.Public, nil
+	case "must-revalidate":
+		return &d.MustRevalidate, nil
+	case "proxy-revalidate":
+		return &d.ProxyRevalidate, nil
+	case "must-understand":
+		return &d.MustUnderstand, nil
+	case "max-age":
+		return nil, &d.MaxAge
+	case "s-maxage":
+		return nil, &d.SMaxAge
+	case "stale-while-revalidate":
+		return nil, &d.SWR
+	case "stale-if-error":
+		return nil, &d.SIE
+	}
+	return nil, nil
 }
 
 // nextDirective splits the first directive off a Cache-Control value:

@@ -65,53 +65,18 @@ func ParseTargeted(lines []string) (d Directives, ok bool) {
 // set applies one directive of a targeted field; false for a known
 // directive with a value of the wrong type.
 func (d *Directives) set(key string, v sfItem) bool {
-	flag := func(p *bool) bool {
-		switch v.kind {
-		case sfBoolean:
-			*p = v.boolean
-			return true
-		}
+	flag, delta := d.directive(key)
+	switch {
+	case flag != nil && v.kind == sfBoolean:
+		*flag = v.boolean
+	case flag != nil && v.kind == sfString && (flag == &d.NoCache || flag == &d.Private):
+		// no-cache and private may list field names (a String): taken
+		// as the unqualified directive, as for Cache-Control.
+		*flag = true
+	case delta != nil && v.kind == sfInteger && v.integer >= 0:
+		*delta = min(v.integer, MaxDelta)
+	case flag != nil || delta != nil:
 		return false
-	}
-	// no-cache and private may list field names (a String): taken as the
-	// unqualified directive, as for Cache-Control.
-	flagOrNames := func(p *bool) bool {
-		if v.kind == sfString {
-			*p = true
-			return true
-		}
-		return flag(p)
-	}
-	delta := func(p *int64) bool {
-		if v.kind != sfInteger || v.integer < 0 {
-			return false
-		}
-		*p = min(v.integer, MaxDelta)
-		return true
-	}
-	switch key {
-	case "no-store":
-		return flag(&d.NoStore)
-	case "no-cache":
-		return flagOrNames(&d.NoCache)
-	case "private":
-		return flagOrNames(&d.Private)
-	case "public":
-		return flag(&d.Public)
-	case "must-revalidate":
-		return flag(&d.MustRevalidate)
-	case "proxy-revalidate":
-		return flag(&d.ProxyRevalidate)
-	case "must-understand":
-		return flag(&d.MustUnderstand)
-	case "max-age":
-		return delta(&d.MaxAge)
-	case "s-maxage":
-		return delta(&d.SMaxAge)
-	case "stale-while-revalidate":
-		return delta(&d.SWR)
-	case "stale-if-error":
-		return delta(&d.SIE)
 	}
 	return true // an extension: ignored
 }

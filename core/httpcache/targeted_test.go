@@ -22,6 +22,9 @@ func TestParseTargeted(t *testing.T) {
 		{[]string{"max-age=99999999999"}, with(func(d *Directives) { d.MaxAge = MaxDelta }), true},
 		{[]string{"no-store, private"}, with(func(d *Directives) { d.NoStore, d.Private = true, true }), true},
 		{[]string{`no-cache="Set-Cookie"`}, with(func(d *Directives) { d.NoCache = true }), true},
+		{[]string{`private="Authorization", public`}, with(func(d *Directives) { d.Private, d.Public = true, true }), true},
+		{[]string{"proxy-revalidate, must-understand, stale-while-revalidate=7, stale-if-error=9"},
+			with(func(d *Directives) { d.ProxyRevalidate, d.MustUnderstand, d.SWR, d.SIE = true, true, 7, 9 }), true},
 		{[]string{"no-store=?0, max-age=5"}, with(func(d *Directives) { d.MaxAge = 5 }), true},
 		{[]string{"max-age=10;a=1, foo=bar, baz=(1 2)"}, with(func(d *Directives) { d.MaxAge = 10 }), true},
 		{[]string{"max-age=10", "must-revalidate"}, with(func(d *Directives) { d.MaxAge, d.MustRevalidate = 10, true }), true},
@@ -35,6 +38,7 @@ func TestParseTargeted(t *testing.T) {
 		{[]string{"max-age=-1"}, absent, false},
 		{[]string{"max-age=1.5"}, absent, false},
 		{[]string{"no-store=1"}, absent, false},
+		{[]string{`public="x"`}, absent, false}, // only no-cache and private list names
 		{[]string{"MaX-aGe=10"}, absent, false},
 		{[]string{"max-age =10"}, absent, false},
 		{[]string{"max-age= 10"}, absent, false},
