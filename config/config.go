@@ -2,10 +2,8 @@ package config
 
 import (
 	"fmt"
-	"io"
 	"math/bits"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +13,7 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/smallfile"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/shm"
@@ -215,19 +214,12 @@ func (p *Persist) readFiles(rep *report) {
 
 // readKeyFile reads a one-line version from path, without its line end.
 func readKeyFile(path string) (string, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer fh.Close()
-	b, err := io.ReadAll(io.LimitReader(fh, maxKeyFile+1))
+	b, err := smallfile.Read(path, maxKeyFile, nil)
 	if err != nil {
 		return "", err
 	}
 	s := strings.TrimRight(string(b), " \t\r\n")
 	switch {
-	case len(b) > maxKeyFile:
-		return "", fmt.Errorf("%s is larger than %d bytes: it holds the application's version alone", path, maxKeyFile)
 	case s == "":
 		return "", fmt.Errorf("%s is empty: write the application's version to it (a git SHA, a release number)", path)
 	case strings.ContainsAny(s, "\r\n"):

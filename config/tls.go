@@ -6,9 +6,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 
+	"github.com/preforkd/preforkd/internal/smallfile"
 	"github.com/preforkd/preforkd/tlsconf"
 )
 
@@ -98,21 +97,7 @@ func checkChain(b []byte) error {
 	return nil
 }
 
-func readPEM(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxPEMFile+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxPEMFile {
-		return nil, fmt.Errorf("%s: larger than 1 MiB: not a PEM file", path)
-	}
-	return b, nil
-}
+func readPEM(path string) ([]byte, error) { return smallfile.Read(path, maxPEMFile, nil) }
 
 // readFiles reads every certificate's files. A certificate that cannot be
 // used is reported at its key's line, unless running has one at its

@@ -3,10 +3,12 @@ package redisstore
 import (
 	"crypto/x509"
 	"fmt"
-	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
+
+	"github.com/preforkd/preforkd/internal/smallfile"
 )
 
 // Secret is a password. It prints as "xxxxx" (fmt, and slog through
@@ -75,27 +77,14 @@ func ReadCAFile(path string) ([]byte, error) {
 // secret must be closed to other users (not to the file's group: a
 // credential may be shared with a group of services).
 func readFile(path string, limit int64, secret bool) ([]byte, error) {
-	f, err := os.Open(path)
+	b, err := smallfile.Read(path, limit, func(_ *os.File, fi fs.FileInfo) error {
+		if perm := fi.Mode().Perm(); secret && perm&0o006 != 0 {
+			return fmt.Errorf("%s has mode %#o: every user may read or write the password; chmod o-rwx %s", path, perm, path)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("redisstore: %s is not a regular file", path)
-	}
-	if perm := st.Mode().Perm(); secret && perm&0o006 != 0 {
-		return nil, fmt.Errorf("redisstore: %s has mode %#o: every user may read or write the password; chmod o-rwx %s", path, perm, path)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("redisstore: %s is longer than %d bytes", path, limit)
 	}
 	return b, nil
 }

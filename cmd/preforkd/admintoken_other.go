@@ -8,5 +8,5 @@ import "fmt"
 // and owner) cannot be checked on this system, and a token anybody may
 // read guards nothing.
 func readToken(path string) ([]byte, error) {
-	return nil, fmt.Errorf("admin.token_file %s: who may read it cannot be checked on this system", path)
+	return nil, fmt.Errorf("admin.token_file: %s: who may read it cannot be checked on this system", path)
 }

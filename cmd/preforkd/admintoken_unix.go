@@ -6,11 +6,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"io"
+	"io/fs"
 	"os"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/internal/smallfile"
 )
 
 // readToken reads the bearer token of admin.token_file: the file's
@@ -20,38 +22,25 @@ import (
 // is not that: aclKeepsOthersOut), one owned by another user than this
 // process's or root, and a token shorter than minTokenLen.
 func readToken(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	b, err := smallfile.Read(path, maxTokenFile, func(f *os.File, fi fs.FileInfo) error {
+		if perm := fi.Mode().Perm(); perm&0o066 != 0 && !aclKeepsOthersOut(f, perm) {
+			return fmt.Errorf("%s: mode %#o lets group or others read or write the token; chmod 600 %s", path, perm, path)
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != uint32(os.Geteuid()) && st.Uid != 0 {
+			return fmt.Errorf("%s: owned by uid %d, not by this user (%d) or root", path, st.Uid, os.Geteuid())
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("admin.token_file: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("admin.token_file: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("admin.token_file %s: not a regular file", path)
-	}
-	if perm := fi.Mode().Perm(); perm&0o066 != 0 && !aclKeepsOthersOut(f, perm) {
-		return nil, fmt.Errorf("admin.token_file %s: mode %#o lets group or others read or write the token; chmod 600 %s", path, perm, path)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != uint32(os.Geteuid()) && st.Uid != 0 {
-		return nil, fmt.Errorf("admin.token_file %s: owned by uid %d, not by this user (%d) or root", path, st.Uid, os.Geteuid())
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("admin.token_file: %w", err)
-	}
-	if len(b) > maxTokenFile {
-		return nil, fmt.Errorf("admin.token_file %s: longer than %d bytes", path, maxTokenFile)
 	}
 	tok := bytes.TrimSpace(b)
 	if len(tok) < minTokenLen {
-		return nil, fmt.Errorf("admin.token_file %s: a token of %d characters is too short (at least %d; e.g. head -c 32 /dev/urandom | base64 > %s)",
+		return nil, fmt.Errorf("admin.token_file: %s: a token of %d characters is too short (at least %d; e.g. head -c 32 /dev/urandom | base64 > %s)",
 			path, len(tok), minTokenLen, path)
 	}
 	if bytes.ContainsAny(tok, " \t\r\n") {
-		return nil, fmt.Errorf("admin.token_file %s: the token has blanks inside: a bearer token cannot", path)
+		return nil, fmt.Errorf("admin.token_file: %s: the token has blanks inside: a bearer token cannot", path)
 	}
 	return tok, nil
 }
