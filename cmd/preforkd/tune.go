@@ -449,9 +449,9 @@ func timeRequests(ctx context.Context, target string, n int, pids []int) *timing
 		}
 	}
 	// What the processes use with no request: subtracted below.
-	quiet, err := cpuTimes(pids)
+	quiet, err := ofEach(pids, cpuTime)
 	time.Sleep(idleWindow)
-	before, berr := cpuTimes(pids)
+	before, berr := ofEach(pids, cpuTime)
 	t.idle = usedBetween(quiet, before)
 	err = errors.Join(err, berr)
 	if len(pids) == 0 {
@@ -459,7 +459,7 @@ func timeRequests(ctx context.Context, target string, n int, pids []int) *timing
 	}
 	var merr error
 	if len(pids) > 0 {
-		t.memBefore, merr = memOfAll(pids)
+		t.memBefore, merr = ofEach(pids, memOf)
 	}
 	start := time.Now()
 	for range n {
@@ -480,12 +480,12 @@ func timeRequests(ctx context.Context, target string, n int, pids []int) *timing
 		t.statuses[resp.StatusCode]++
 	}
 	t.wall = time.Since(start)
-	after, aerr := cpuTimes(pids)
+	after, aerr := ofEach(pids, cpuTime)
 	t.cpu = max(usedBetween(before, after)-t.idle*t.wall/idleWindow, 0)
 	t.waited = waitedBetween(before, after)
 	t.cpuErr = errors.Join(err, aerr)
 	if merr == nil && len(pids) > 0 {
-		t.memAfter, merr = memOfAll(pids)
+		t.memAfter, merr = ofEach(pids, memOf)
 	}
 	t.memErr = merr
 	slices.Sort(t.walls)

@@ -74,11 +74,11 @@ func (s cpuSample) used(later cpuSample) time.Duration {
 	return max(fine, 0)
 }
 
-// cpuTimes reads cpuTime of every pid; a missing one makes it fail.
-func cpuTimes(pids []int) ([]cpuSample, error) {
-	out := make([]cpuSample, len(pids))
+// ofEach reads one sample of every pid; a missing process makes it fail.
+func ofEach[S any](pids []int, read func(pid int) (S, error)) ([]S, error) {
+	out := make([]S, len(pids))
 	for i, pid := range pids {
-		s, err := cpuTime(pid)
+		s, err := read(pid)
 		if err != nil {
 			return nil, err
 		}
@@ -230,17 +230,4 @@ func memOf(pid int) (memSample, error) {
 	// lazily, at page-table events).
 	m.peak = max(m.peak, m.resident)
 	return m, nil
-}
-
-// memOfAll reads memOf of every pid; a missing one makes it fail.
-func memOfAll(pids []int) ([]memSample, error) {
-	out := make([]memSample, len(pids))
-	for i, pid := range pids {
-		m, err := memOf(pid)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = m
-	}
-	return out, nil
 }
