@@ -203,3 +203,9 @@ const (
 	DrainIdleGrace = time.Second
 	DrainNewGrace  = 5 * time.Second
 )
+
+// CloseWait bounds how long an engine's Close, and its Shutdown after the
+// drain, waits for its serving goroutines to let go of the connections it
+// closed (each counts its connection out of the worker's row as it goes).
+// After it, nothing of the engine touches the core or its region.
+const CloseWait = 2 * time.Second

@@ -250,23 +250,16 @@ func (s *Server) Close() error {
 			s.up.Close()
 		}
 	})
-	s.waitClosed(closeWait)
+	waitfor.Cond(engine.CloseWait, s.closed)
 	return nil
 }
 
-// closeWait bounds how long Close waits for the serving goroutines to
-// close the connections it cut.
-const closeWait = 2 * time.Second
-
-// waitClosed waits until every connection was closed by its serving
-// goroutine (which counts it out of the worker's row), or for d: after
-// Close, nothing of the server touches the core or its region.
-func (s *Server) waitClosed(d time.Duration) {
-	waitfor.Cond(d, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.conns) == 0
-	})
+// closed reports whether every connection was closed by its serving
+// goroutine.
+func (s *Server) closed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns) == 0
 }
 
 // open returns the listeners being served and the connections open, for

@@ -220,14 +220,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err != nil {
 		s.srv.Close()
 	}
-	s.conns.waitGone(closeWait)
+	waitfor.Cond(engine.CloseWait, s.conns.gone)
 	// Handlers still running serve upgraded connections (or were cut
 	// above): they have until ctx is done, then their connections are
 	// closed under them.
 	noHandler := func() bool { return s.handlers.Load() == 0 }
 	if !waitfor.Until(ctx, noHandler) {
 		s.closeHijacked()
-		waitfor.Cond(closeWait, noHandler)
+		waitfor.Cond(engine.CloseWait, noHandler)
 	}
 	refreshed := make(chan struct{})
 	go func() { s.h.Wait(); close(refreshed) }()
@@ -499,19 +499,11 @@ func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 	}
 }
 
-// closeWait bounds how long Shutdown waits for the serving goroutines to
-// let go of the connections it closed.
-const closeWait = 2 * time.Second
-
-// waitGone waits until the ConnState hook saw every connection close (it
-// counts them out of the worker's row), or for d: after Shutdown, nothing
-// of the server touches the core or its region.
-func (c *connTracker) waitGone(d time.Duration) {
-	waitfor.Cond(d, func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return len(c.conns) == 0
-	})
+// gone reports whether the ConnState hook saw every connection close.
+func (c *connTracker) gone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.conns) == 0
 }
 
 // writing counts conn's HTTP/1 request as in progress: its head was read.
