@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,12 +99,33 @@ func Dump(r *shm.Region, o Options) (DumpStats, error) {
 	return st, nil
 }
 
-// tempPattern names a dump's temporary files: PATH.tmp-RANDOM.
-func tempPattern(path string) string { return filepath.Base(path) + ".tmp-*" }
+// tempPattern names a dump's temporary files: PATH.tmp-PID-RANDOM, PID
+// the writer's.
+func tempPattern(path string) string {
+	return filepath.Base(path) + ".tmp-" + strconv.Itoa(os.Getpid()) + "-*"
+}
 
-// removeTemps removes temporary files an earlier Dump left when it crashed
-// before its rename. One supervisor dumps to a path at a time.
-func removeTemps(path string) { removePrefixed(filepath.Dir(path), filepath.Base(path)+".tmp-") }
+// removeTemps removes the temporary files that a Dump left when its
+// process died before the rename. A living process's are its own: during
+// a binary upgrade the old supervisor and the new one both dump to the
+// path for a moment, and each writes and renames its own file.
+func removeTemps(path string) {
+	dir, prefix := filepath.Dir(path), filepath.Base(path)+".tmp-"
+	des, _ := os.ReadDir(dir)
+	for _, de := range des {
+		name := de.Name()
+		rest, ok := strings.CutPrefix(name, prefix)
+		if !ok || !de.Type().IsRegular() {
+			continue
+		}
+		if pid, _, ok := strings.Cut(rest, "-"); ok {
+			if n, err := strconv.Atoi(pid); err == nil && processAlive(n) {
+				continue
+			}
+		}
+		os.Remove(filepath.Join(dir, name))
+	}
+}
 
 // removePrefixed removes the files in dir whose names start with prefix.
 func removePrefixed(dir, prefix string) {

@@ -10,7 +10,8 @@ import (
 
 // CheckDirs reports whether the directories of o.Path and o.Live exist
 // and take new files, as writing a dump (a temporary file, renamed) and
-// creating a live region need. A supervisor calls it at start: a dump
+// creating a live region need, and whether whatever is at o.Path and
+// o.Live already is a regular file. A supervisor calls it at start: a dump
 // directory that is missing or read-only is then a configuration error at
 // once, rather than a dump lost at shutdown.
 func CheckDirs(o Options) error {
@@ -23,6 +24,13 @@ func CheckDirs(o Options) error {
 		}
 		if err := checkDir(filepath.Dir(f.path), f.pattern); err != nil {
 			return fmt.Errorf("persist: %s %q: %w", f.key, f.path, err)
+		}
+		// What is there must be a file that a rename can replace: a
+		// directory there (the path read as "the state directory") would
+		// pass every load as a refused dump and fail every dump.
+		if fi, err := os.Lstat(f.path); err == nil && !fi.Mode().IsRegular() {
+			return fmt.Errorf("persist: %s %q is not a regular file (%s): name a file, e.g. %s", f.key, f.path, fi.Mode().Type(),
+				filepath.Join(f.path, "dump"))
 		}
 	}
 	return nil

@@ -54,6 +54,9 @@ func TestCheckDirs(t *testing.T) {
 		// Not even root can create files in /proc/self.
 		{"not writable", Options{Path: "/proc/self/dump"}, "is not writable"},
 		{"live region's directory", Options{Live: filepath.Join(dir, "missing", "live")}, "persist.live"},
+		{"path is a directory", Options{Path: readOnly}, `persist.path "` + readOnly + `" is not a regular file (d---------): name a file, e.g. ` + readOnly + "/dump"},
+		{"live is a directory", Options{Live: readOnly}, "persist.live"},
+		{"an existing dump", Options{Path: file}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := CheckDirs(tc.o)

@@ -24,3 +24,9 @@ func untrusted(fi fs.FileInfo) string {
 	}
 	return ""
 }
+
+// processAlive reports whether a process of that pid exists (one of
+// another user's too).
+func processAlive(pid int) bool {
+	return pid > 0 && syscall.Kill(pid, 0) != syscall.ESRCH
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -244,19 +245,71 @@ func TestCrashBeforeRename(t *testing.T) {
 	if d := limiter(t, b, login).Allow("first", rep.RegionTime); d.Allowed {
 		t.Fatal("state of the previous dump was lost")
 	}
-	// The next dump cleans up the stray temporary file.
-	if _, err := os.Stat(tmp); err != nil {
+	// The next dump cleans up the stray temporary file of the process
+	// that crashed, and leaves a living writer's alone (two supervisors
+	// dump to one path during a binary upgrade).
+	stray := filepath.Join(dir, fmt.Sprintf("dump.tmp-%d-1234", deadPID(t)))
+	if err := os.Rename(tmp, stray); err != nil {
 		t.Fatal(err)
 	}
+	legacy := filepath.Join(dir, "dump.tmp-5678") // named before writers' pids were
+	os.WriteFile(legacy, nil, 0o600)
+	living := filepath.Join(dir, fmt.Sprintf("dump.tmp-%d-99", os.Getppid()))
+	os.WriteFile(living, nil, 0o600)
 	dumpTo(t, a, o)
-	if _, err := os.Stat(tmp); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("stray temporary file left: %v", err)
+	for _, f := range []string{stray, legacy} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("stray temporary file %s left: %v", f, err)
+		}
+	}
+	if err := os.Remove(living); err != nil {
+		t.Fatalf("a living writer's temporary file was removed: %v", err)
 	}
 	left, _ := filepath.Glob(filepath.Join(dir, "*"))
 	for _, f := range left {
 		if b := filepath.Base(f); b != "dump" && b != "dump"+SuffixLoaded {
 			t.Errorf("unexpected file %s", b)
 		}
+	}
+}
+
+// deadPID is the pid of a process that has exited.
+func deadPID(t *testing.T) int {
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
+}
+
+// Two writers of one path (the old and the new supervisor of a binary
+// upgrade, each with its periodic dumps) never spoil each other's dump.
+func TestConcurrentDumpsToOnePath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dump")
+	a := region(t, 4096)
+	exhaust(t, a, "c")
+	o := Options{Path: path, Rules: rules, Now: wallAt(wall0)}
+	want := dumpTo(t, a, o).Entries
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			for range 100 {
+				if _, err := Dump(a, o); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := region(t, 4096)
+	if rep, err := Load(b, o, slog.New(slog.DiscardHandler)); err != nil || rep.Counters != want {
+		t.Fatalf("the last dump: %+v, %v", rep, err)
 	}
 }
 

@@ -26,6 +26,7 @@ func TestPersistDirCheckedAtStart(t *testing.T) {
 		{"missing directory", filepath.Join(dir, "missing", "dump"), "does not exist"},
 		{"not a directory", filepath.Join(notDir, "dump"), "is not a directory"},
 		{"not writable", "/proc/self/dump", "is not writable"}, // not even by root
+		{"a directory", dir, "is not a regular file"},          // read as "the state directory"
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
