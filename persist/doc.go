@@ -52,7 +52,10 @@
 // [OpenRegion] and [Lock.Files] need Linux: elsewhere (where the package
 // builds for development, and dumps can be inspected) they return an
 // error that wraps shm.ErrNeedsLinux.
-// A re-attached live region records no rule definitions: it keeps every
+// A live region records the persist.key its stored responses were made
+// under (the one it was made or loaded with): re-attached under another,
+// its responses and cache are dropped and its counters kept, as at a load.
+// It records no rule definitions: it keeps every
 // key, as a reload (HUP) does, so a changed limit applies to the existing
 // counts, and keys of a rule whose window or algorithm changed are
 // unreachable (another namespace) and age out. Dump and Load each scan the

@@ -311,7 +311,7 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 	// that has not expired (reservations and requests in flight are not
 	// visited).
 	rs := e.section(sectionResponses)
-	rs.buf = append(rs.buf, responsesHead(s1, s2, o.Key)...)
+	rs.buf = append(rs.buf, responsesHead(s1, s2, responsesKey(r, o))...)
 	for se := range r.Responses().Snapshot(now) {
 		if se.Kind != shm.KindIdempotency {
 			continue
@@ -332,7 +332,7 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 		gens = append(gens, g)
 	}
 	xs := e.section(sectionCache)
-	xs.buf = append(xs.buf, cacheHead(s1, s2, o.Key, tags.Len(), len(gens))...)
+	xs.buf = append(xs.buf, cacheHead(s1, s2, responsesKey(r, o), tags.Len(), len(gens))...)
 	for _, g := range gens {
 		xs.room(tagGenSize)
 		xs.buf = le.AppendUint32(xs.buf, uint32(g.Slot))

@@ -344,12 +344,12 @@ func countersHead(seed1, seed2 uint64, rules []ruleDef) []byte {
 }
 
 // responsesHead is the responses payload before its records.
-func responsesHead(seed1, seed2 uint64, key string) []byte {
+func responsesHead(seed1, seed2, key uint64) []byte {
 	le := binary.LittleEndian
 	b := make([]byte, 0, responsesFix)
 	b = le.AppendUint64(b, seed1)
 	b = le.AppendUint64(b, seed2)
-	return le.AppendUint64(b, keyHash(key))
+	return le.AppendUint64(b, key)
 }
 
 // A stored response's flags.
@@ -389,6 +389,17 @@ func appendRecord(b []byte, e *shm.StoredEntry) []byte {
 
 // keyHash identifies persist.key without storing it.
 func keyHash(key string) uint64 { return xxhash.Sum64String("preforkd persist.key\x00" + key) }
+
+// responsesKey is the persist.key hash that r's stored responses were
+// made under: the one its region records (the key at start: a reload
+// that changes persist.key does not make the responses already stored
+// the new version's), or o.Key's for a region that records none.
+func responsesKey(r *shm.Region, o Options) uint64 {
+	if k := r.ResponsesKey(); k != 0 {
+		return k
+	}
+	return keyHash(o.Key)
+}
 
 // section is one framed section of a parsed dump.
 type section struct {
@@ -633,12 +644,12 @@ func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
 }
 
 // cacheHead is the cache payload before its generations.
-func cacheHead(seed1, seed2 uint64, key string, slots, gens int) []byte {
+func cacheHead(seed1, seed2, key uint64, slots, gens int) []byte {
 	le := binary.LittleEndian
 	b := make([]byte, 0, cacheFix)
 	b = le.AppendUint64(b, seed1)
 	b = le.AppendUint64(b, seed2)
-	b = le.AppendUint64(b, keyHash(key))
+	b = le.AppendUint64(b, key)
 	b = le.AppendUint32(b, uint32(slots))
 	return le.AppendUint32(b, uint32(gens))
 }

@@ -37,7 +37,7 @@ import (
 // the region and no longer uses it; a nil log means slog.Default().
 func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lock *Lock, reattached bool, err error) {
 	if o.Path == "" && o.Live == "" {
-		r, err = shm.Create(geo)
+		r, err = create("", o, geo)
 		return r, nil, false, err
 	}
 	if log == nil {
@@ -64,7 +64,7 @@ func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lo
 // openRegion is OpenRegion once the locks are held.
 func openRegion(o Options, geo shm.Options, log *slog.Logger) (*shm.Region, bool, error) {
 	if o.Live == "" {
-		r, err := shm.Create(geo)
+		r, err := create("", o, geo)
 		return r, false, err
 	}
 	log = log.With("live", o.Live)
@@ -82,8 +82,22 @@ func openRegion(o Options, geo shm.Options, log *slog.Logger) (*shm.Region, bool
 	default:
 		log.Warn("persist: live region refused: creating a fresh one", "detail", err.Error())
 	}
-	r, err = shm.CreateFile(o.Live, geo)
+	r, err = create(o.Live, o, geo)
 	return r, false, err
+}
+
+// create makes a fresh region, in a file at live or in memory, that
+// records persist.key as what makes its stored responses.
+func create(live string, o Options, geo shm.Options) (r *shm.Region, err error) {
+	if live == "" {
+		r, err = shm.Create(geo)
+	} else {
+		r, err = shm.CreateFile(live, geo)
+	}
+	if err == nil {
+		r.SetResponsesKey(keyHash(o.Key))
+	}
+	return r, err
 }
 
 // openLive attaches the live region at path, unless it cannot be trusted
@@ -131,10 +145,30 @@ func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm
 	st := r.Counters().Stats()
 	log.Info("persist: live region re-attached", "entries", st.Live, "released", released,
 		"created", r.Created().UTC().Format(time.RFC3339), "region_time", r.Now())
+	// Stored responses and cache entries made under another persist.key
+	// (another version of the application) are dropped, as a load drops
+	// them: the counters are copied into a new region without them.
+	if r.ResponsesKey() != keyHash(o.Key) {
+		st := r.Responses().Stats()
+		if st.Complete+st.Cached > 0 {
+			nr, err := migrate(r, o.Live, geo, false)
+			if err != nil {
+				// Never serve them: a fresh region, the counters lost too.
+				log.Warn("persist: live region replaced: its stored responses are of another persist.key and could not be dropped alone",
+					"detail", err.Error())
+				r.Close()
+				return create(o.Live, o, geo)
+			}
+			log.Warn("persist: live region's stored responses dropped", "reason", ReasonKeyChanged,
+				"responses", st.Complete, "cached", st.Cached, "entries", nr.Counters().Stats().Live)
+			r = nr
+		}
+		r.SetResponsesKey(keyHash(o.Key))
+	}
 	// Another size, or statistics rows laid out by another build (whose
 	// counts this one would misread): a new region, the state copied.
 	if want, err := geo.Size(); err == nil && (want != regionSize(r) || r.Geometry().StatLayout != geo.StatLayout) {
-		nr, err := migrate(r, o.Live, geo)
+		nr, err := migrate(r, o.Live, geo, true)
 		if err != nil {
 			log.Warn("persist: live region kept at its old size", "detail", err.Error())
 		} else {
@@ -156,11 +190,11 @@ func reattach(r *shm.Region, o Options, geo shm.Options, log *slog.Logger) (*shm
 }
 
 // migrate re-creates the live region at path with geometry geo and copies
-// old's counters, stored responses, cache entries and tag generations into
-// it (keeping seeds and clock); what the new tables cannot hold is
-// dropped, and so is the cache when the tag table's size changed. old is
-// closed on success.
-func migrate(old *shm.Region, path string, geo shm.Options) (*shm.Region, error) {
+// old's counters into it, and with responses its stored responses, cache
+// entries, tag generations and the key they were made under (keeping
+// seeds and clock); what the new tables cannot hold is dropped, and so is
+// the cache when the tag table's size changed. old is closed on success.
+func migrate(old *shm.Region, path string, geo shm.Options, responses bool) (*shm.Region, error) {
 	nr, err := shm.CreateFile(path, geo) // renamed over old's file; old's mapping stays valid
 	if err != nil {
 		return nil, err
@@ -178,6 +212,11 @@ func migrate(old *shm.Region, path string, geo shm.Options) (*shm.Region, error)
 			nr.Counters().Place(e)
 		}
 	}
+	if !responses {
+		old.Close()
+		return nr, nil
+	}
+	nr.SetResponsesKey(old.ResponsesKey())
 	sameTags := old.Tags().Len() == nr.Tags().Len()
 	if sameTags {
 		for g := range old.Tags().Snapshot() {

@@ -187,6 +187,83 @@ func TestLiveRegionMigrates(t *testing.T) {
 // A live region left by a build whose statistics rows are laid out
 // otherwise (other metrics) is migrated even at the same size: the state
 // is kept, the rows start afresh rather than being misread.
+// A live region re-attached under another persist.key (a restart after
+// a deploy) drops the stored responses and the cache the old version of
+// the application made, as a load of a dump does; the counters are kept.
+func TestLiveRegionDropsResponsesOfAnotherKey(t *testing.T) {
+	o := liveOptions(t)
+	o.Key = "app-v1"
+	geo := shm.Options{Counters: 64, MaxWorkers: 8, Responses: 64, ResponseBytes: 64 << 10}
+	open := func(o Options) (*shm.Region, func()) {
+		r, lock, _, err := OpenRegion(o, geo, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, func() { r.Close(); lock.Unlock() }
+	}
+	r, done := open(o)
+	r.SetNow(t1)
+	exhaust(t, r, "c")
+	storedResponses(t, r)
+	cachedResponses(t, r)
+	done()
+
+	for _, tc := range []struct {
+		key  string
+		kept bool
+	}{{"app-v1", true}, {"app-v2", false}, {"app-v2", false}} {
+		o.Key = tc.key
+		r, done := open(o)
+		if d := limiter(t, r, login).Allow("c", t1); d.Allowed {
+			t.Fatalf("under %s: the count was lost", tc.key)
+		}
+		var got shm.Response
+		out, tk, err := r.Responses().Begin(kDone, shm.Quota{}, shm.Quota{}, fp1, t1, &got)
+		if err != nil || (out == shm.Replay) != tc.kept {
+			t.Fatalf("under %s: stored response %v %v, want kept=%v", tc.key, out, err, tc.kept)
+		}
+		if out == shm.Reserved {
+			r.Responses().Release(tk)
+		}
+		if f, _ := r.Responses().CacheLookup(kPage, t1, nil); bytes.Equal(f.Data, page) != tc.kept {
+			t.Fatalf("under %s: cache entry found=%v, want kept=%v", tc.key, f.Data != nil, tc.kept)
+		}
+		if r.ResponsesKey() != keyHash(tc.key) {
+			t.Fatalf("under %s: the region records key %#x", tc.key, r.ResponsesKey())
+		}
+		if err := r.Responses().VerifyAccounts(); err != nil {
+			t.Fatal(err)
+		}
+		done()
+	}
+}
+
+// A reload that changes persist.key does not make the responses already
+// stored the new version's: the dump carries the key they were made
+// under, and the next start under the new key drops them.
+func TestDumpKeepsTheKeyResponsesWereMadeUnder(t *testing.T) {
+	o := liveOptions(t)
+	o.Live, o.Key = "", "app-v1"
+	r, lock, _, err := OpenRegion(o, shm.Options{Counters: 64, MaxWorkers: 8, Responses: 64, ResponseBytes: 64 << 10}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetNow(t1)
+	if err := r.Join(1); err != nil {
+		t.Fatal(err)
+	}
+	storedResponses(t, r)
+	o.Key = "app-v2" // HUP with the new version's key
+	dumpTo(t, r, o)
+	r.Close()
+	lock.Unlock()
+	b := responseRegion(t)
+	rep, err := Load(b, o, quiet)
+	if err != nil || rep.Responses != 0 || len(rep.Refused) != 1 || rep.Refused[0].Reason != ReasonKeyChanged {
+		t.Fatalf("load under the new key: %+v, %v", rep, err)
+	}
+}
+
 func TestLiveRegionMigratesAnotherStatLayout(t *testing.T) {
 	o := liveOptions(t)
 	geo := shm.Options{Counters: 64, MaxWorkers: 8, StatWords: 16, StatLayout: 1}

@@ -96,6 +96,7 @@ const (
 	hOffAddrAccounts   = 296
 	hStatGauges        = 304 // the first caller's words of a row that are gauges (a reap drops them)
 	hStatLayout        = 312 // the caller's name for the layout of its words in a row (Options.StatLayout)
+	hResponsesKey      = 320 // the caller's name for what made the stored responses (SetResponsesKey); 0: none given
 )
 
 const byteOrderMark = 0x0102030405060708

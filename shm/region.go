@@ -165,6 +165,17 @@ func (r *Region) Seeds() (uint64, uint64) { return r.seed1, r.seed2 }
 // Created reports the wall-clock time at which the region was created.
 func (r *Region) Created() time.Time { return time.Unix(0, int64(r.word(hCreated))) }
 
+// ResponsesKey is the caller's name for what made the stored responses
+// and cache entries, as SetResponsesKey last gave it: 0 when none was
+// given (a region made by a build that did not name it).
+func (r *Region) ResponsesKey() uint64 { return r.word(hResponsesKey) }
+
+// SetResponsesKey names what makes the stored responses and cache entries
+// from now on. persist gives the hash of persist.key, the application's
+// version, so that a region re-attached under another version drops what
+// the old one made instead of serving it.
+func (r *Region) SetResponsesKey(k uint64) { r.store(hResponsesKey, k) }
+
 // Counters returns the region's counter table.
 func (r *Region) Counters() *Counters { return r.counts }
 

@@ -250,8 +250,10 @@ func usesRedis(o core.Options) bool {
 // persistence files, locked and checked at start, and the interval of
 // their dumps, the admin listener)
 // taken from running, and logs any such change that was asked for.
-// persist.key, the application's version, changes with a reload: the
-// final dump is stamped with the running one.
+// persist.key, the application's version, is among them: the region
+// records the key its stored responses were made under when it is made,
+// and a dump carries that one, so that the next start under the new key
+// drops them (the responses stored now are the old version's).
 func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Config {
 	var ignored []string
 	// keep puts the running value of a restart-only key back in next.
@@ -278,6 +280,10 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 	keep("persist.live", &next.Persist.Live, running.Persist.Live)
 	// The supervisor's admin server listens where it started.
 	keep("admin.listen", &next.Admin.Listen, running.Admin.Listen)
+	if next.Persist.AppKey() != running.Persist.AppKey() {
+		ignored = append(ignored, "persist.key (takes effect at the next start)") // never its value: it may be a secret
+		next.Persist.Key, next.Persist.KeyFile, next.Persist.FileKey = running.Persist.Key, running.Persist.KeyFile, running.Persist.FileKey
+	}
 	if next.Persist.Interval != running.Persist.Interval {
 		ignored = append(ignored, fmt.Sprintf("persist.interval %v", next.Persist.Interval))
 		next.Persist.Interval = running.Persist.Interval

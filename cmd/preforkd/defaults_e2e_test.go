@@ -319,6 +319,28 @@ func TestPersistKeyFile(t *testing.T) {
 	if r := fill(d); r.header.Get("X-Cache") != "MISS" {
 		t.Errorf("after a deploy (another key in the file): X-Cache %q, want MISS", r.header.Get("X-Cache"))
 	}
+
+	// A reload does not make what is stored the new key's: it is said to
+	// take effect at the next start, which drops the cache again.
+	if err := os.WriteFile(keyFile, []byte("build-3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from := reloadTo(d, withFile)
+	waitReloaded(t, d, from, 20*time.Second)
+	if n := strings.Count(d.logs.text(), "persist.key (takes effect at the next start)"); n != 1 {
+		t.Errorf("%d lines saying the reloaded key waits for a restart, want 1", n)
+	}
+	if strings.Contains(d.logs.text(), "build-3") {
+		t.Error("the log shows the key's value")
+	}
+	if r := fill(d); r.header.Get("X-Cache") != "HIT" {
+		t.Errorf("after the reload: X-Cache %q, want the HIT stored under build-2", r.header.Get("X-Cache"))
+	}
+	d.stop()
+	d = startDaemon(t, daemonOptions{config: withFile})
+	if n := countLines(d, "persist: cache refused: persist key changed"); n != 1 {
+		t.Errorf("%d lines refusing the cache stored before the reload, want 1", n)
+	}
 }
 
 // defaultsRoutes are the upstream process's routes of these tests
