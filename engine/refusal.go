@@ -63,3 +63,55 @@ func (f FieldFault) BadRequest() *BadRequest {
 	}
 	return nil
 }
+
+// Framing decides a request's body framing from its Content-Length and
+// Transfer-Encoding field lines, as every engine that reads heads must
+// (RFC 9112 §6): a request it cannot frame is refused, never guessed at,
+// since a guess that differs from the upstream's is request smuggling.
+// Each engine feeds it the lines as it meets them, then asks Problem.
+type Framing struct {
+	length   bool // a Content-Length line
+	encoding bool // a Transfer-Encoding line
+	chunked  bool // the Transfer-Encoding lines so far end in chunked, once
+}
+
+// Encoding reads one Transfer-Encoding field line: chunked is the one
+// coding known here (RFC 9112 §6.1), and it must be the last, once. A
+// line after the one that said chunked ("chunked" then "identity") makes
+// the length unknowable.
+func (f *Framing) Encoding(v []byte) *BadRequest {
+	f.encoding = true
+	n, lastChunked := 0, false
+	EachToken(v, func(t []byte) {
+		n++
+		lastChunked = EqualFold(t, "chunked")
+	})
+	switch {
+	case n == 0, f.chunked, !lastChunked:
+		return ErrEncoding // the body's length cannot be known
+	case n > 1:
+		return ErrCoding // another coding under chunked
+	}
+	f.chunked = true
+	return nil
+}
+
+// Length notes a Content-Length field line.
+func (f *Framing) Length() { f.length = true }
+
+// Chunked reports whether the body is chunked (once Problem is nil).
+func (f *Framing) Chunked() bool { return f.chunked }
+
+// Problem is the refusal of the request's framing once its header section
+// is read, http10 telling an HTTP/1.0 request; nil when it can be framed.
+func (f *Framing) Problem(http10 bool) *BadRequest {
+	switch {
+	case f.length && f.encoding:
+		return ErrCLTE
+	case f.encoding && http10:
+		return ErrEncoding10
+	case f.encoding && !f.chunked:
+		return ErrEncoding
+	}
+	return nil
+}

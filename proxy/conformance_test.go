@@ -463,6 +463,20 @@ var exchanges = []exchange{
 			why: "net/http frames the body by Transfer-Encoding and drops Content-Length"},
 	},
 	{
+		// fasthttp alone frames this body as none: its bytes would be read
+		// as the next request.
+		name:   "Transfer-Encoding other than chunked: 400, closed, nothing forwarded",
+		send:   "POST / HTTP/1.1\nHost: a\nTransfer-Encoding: identity\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(501), // "Unsupported transfer encoding": refused all the same
+	},
+	{
+		name:   "Transfer-Encoding lines after chunked: 400, closed, nothing forwarded",
+		send:   "POST / HTTP/1.1\nHost: a\nTransfer-Encoding: chunked\nTransfer-Encoding: identity\n\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTPOwn(501), // "Unsupported transfer encoding": refused all the same
+	},
+	{
 		name:   "two Content-Lengths: 400, closed",
 		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nContent-Length: 4\n\nabcd",
 		status: 400, closed: true,

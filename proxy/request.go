@@ -88,7 +88,8 @@ func (r *request) parse() *engine.BadRequest {
 		return engine.ErrVersion
 	}
 	r.fields = r.inline[:0]
-	hasLength, hasEncoding, upgradeToken, hasUpgrade, h2c := false, false, false, false, false
+	var framing engine.Framing
+	hasLength, upgradeToken, hasUpgrade, h2c := false, false, false, false
 	dropped, hosts := false, 0
 	for pos := 0; pos < len(r.raw); {
 		end := bytes.IndexByte(r.raw[pos:], '\n')
@@ -121,9 +122,15 @@ func (r *request) parse() *engine.BadRequest {
 			r.host = r.raw[f.value.from:f.value.to]
 			hosts++
 		case engine.FieldLength:
+			framing.Length()
 			hasLength = true
 		case engine.FieldEncoding:
-			hasEncoding = true
+			// fasthttp frames a body it does not know the coding of
+			// (Transfer-Encoding: identity) as none, and would read it
+			// as the next request: the engines refuse alike.
+			if bad := framing.Encoding(r.raw[f.value.from:f.value.to]); bad != nil {
+				return bad
+			}
 		case engine.FieldUpgrade:
 			hasUpgrade = true
 			engine.EachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
@@ -142,8 +149,8 @@ func (r *request) parse() *engine.BadRequest {
 		}
 		r.fields = append(r.fields, f)
 	}
-	if hasLength && hasEncoding {
-		return engine.ErrCLTE
+	if bad := framing.Problem(!h.IsHTTP11()); bad != nil {
+		return bad
 	}
 	if hosts == 0 && h.IsHTTP11() {
 		return engine.ErrNoHost // RFC 9112 §3.2, absolute-form too

@@ -113,7 +113,7 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		return bad
 	}
 	upgradeToken, hasUpgrade, h2c, named := false, false, false, false
-	hasEncoding := false
+	var framing engine.Framing
 	for pos := end + 2; pos < len(raw); {
 		eol := pos + bytes.IndexByte(raw[pos:], '\n') - 1
 		line := span{int32(pos), int32(eol)}
@@ -142,9 +142,9 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 				return engine.ErrLength
 			}
 			h.hasLength, h.length = true, n
+			framing.Length()
 		case engine.FieldEncoding:
-			hasEncoding = true
-			if bad := h.encoding(v); bad != nil {
+			if bad := framing.Encoding(v); bad != nil {
 				return bad
 			}
 		case engine.FieldUpgrade:
@@ -173,13 +173,11 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 	// An HTTP/1.0 client's expectation is ignored: it gets no 100
 	// Continue, an interim response it does not know (RFC 9110 §10.1.1).
 	h.expect = h.expect && h.minor == 1
+	if bad := framing.Problem(h.minor == 0); bad != nil {
+		return bad
+	}
+	h.chunked = framing.Chunked()
 	switch {
-	case h.hasLength && hasEncoding:
-		return engine.ErrCLTE
-	case hasEncoding && h.minor == 0:
-		return engine.ErrEncoding10
-	case hasEncoding && !h.chunked:
-		return engine.ErrEncoding
 	case h.hostFields > 1:
 		return engine.ErrTwoHosts
 	case h.hostFields == 0 && h.minor == 1:
@@ -281,24 +279,6 @@ func (h *head) parseTarget() *engine.BadRequest {
 		h.query = span{t.from + int32(q) + 1, t.to}
 		h.hasQuery = true
 	}
-	return nil
-}
-
-// encoding reads a Transfer-Encoding field value: chunked is the one
-// coding known here (RFC 9112 §6.1), and it must be the last, once.
-func (h *head) encoding(v []byte) *engine.BadRequest {
-	n, lastChunked := 0, false
-	engine.EachToken(v, func(t []byte) {
-		n++
-		lastChunked = engine.EqualFold(t, "chunked")
-	})
-	switch {
-	case n == 0, h.chunked, !lastChunked:
-		return engine.ErrEncoding // the body's length cannot be known
-	case n > 1:
-		return engine.ErrCoding // another coding under chunked
-	}
-	h.chunked = true
 	return nil
 }
 
