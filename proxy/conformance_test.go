@@ -98,6 +98,7 @@ type exchange struct {
 	reply string
 
 	status int      // the client gets this status
+	reason string   // with this reason phrase, when not ""
 	has    []string // header lines the response has ("Name: value")
 	hasNot []string // header names it has not
 	body   string   // its body, when not ""
@@ -528,6 +529,28 @@ var exchanges = []exchange{
 		then: "GET / HTTP/1.1\nHost: a\n\n", upLine: "GET / HTTP/1.1",
 	},
 	{
+		// The body was never asked for: the connection closes after the
+		// answer rather than guess whether the client sends it.
+		name:   "OPTIONS * with Expect: 100-continue is answered here, its body not awaited",
+		send:   "OPTIONS * HTTP/1.1\nHost: a\nExpect: 100-continue\nContent-Length: 3\n\n",
+		status: 200, has: []string{"Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}, closed: true,
+		netHTTP: &exchange{status: 200, has: []string{"Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+			why: "net/http keeps the connection: the client is to send the body anyway, which net/http reads and drops before the next request"},
+	},
+	{
+		name:   "Expect: 100-continue on a request without a body gets no 100",
+		send:   "GET / HTTP/1.1\nHost: a\nExpect: 100-continue\n\n",
+		status: 200, body: "ok", upLine: "GET / HTTP/1.1", upNot: []string{"Expect"},
+	},
+	{
+		name:   "the upstream's reason phrase is kept",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 Fine Thanks\nContent-Length: 2\n\nok",
+		status: 200, reason: "Fine Thanks", body: "ok", upLine: "GET / HTTP/1.1",
+		netHTTP: &exchange{status: 200, reason: "OK", body: "ok", upLine: "GET / HTTP/1.1",
+			why: "a net/http handler cannot choose the reason phrase: it writes each status's own"},
+	},
+	{
 		name:   "a fragment in the target is refused, and the connection closes",
 		send:   "GET /a#b HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true,
@@ -731,6 +754,9 @@ func runExchange(t *testing.T, e servingEngine, x exchange) {
 	}
 	if resp.StatusCode != x.status {
 		t.Errorf("status %d, want %d (body %q)", resp.StatusCode, x.status, body)
+	}
+	if want := fmt.Sprintf("%d %s", x.status, x.reason); x.reason != "" && resp.Status != want {
+		t.Errorf("status line %q, want %q", resp.Status, want)
 	}
 	if x.body != "" && string(body) != x.body {
 		t.Errorf("body %q, want %q", body, x.body)

@@ -345,6 +345,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 func copyResponseHeader(dst, src *fasthttp.ResponseHeader, upgraded bool, hide []string) {
 	primeDate(dst, src.Peek("Date")) // the upstream's own Date, else now
 	dst.SetStatusCode(src.StatusCode())
+	dst.SetStatusMessage(src.StatusMessage()) // the upstream's reason phrase, as the event loop passes it
 	named := connectionNamed(src)
 	for k, v := range src.All() {
 		if !engine.ResponseFieldPassed(engine.ClassifyField(k), upgraded) ||

@@ -106,6 +106,10 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 	if n := h.ContentLength(); n > 0 || n == -1 {
 		return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout}
 	}
+	// No body to continue to: no 100 Continue either (RFC 9110 §10.1.1
+	// lets a server omit it; the event loop does). Expect is never
+	// forwarded.
+	h.Del("Expect")
 	return fasthttp.RequestConfig{}
 }
 
@@ -294,9 +298,9 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	r.ctx, r.c = ctx, ctx.Conn().(*conn)
 	r.readsAtStart = r.c.reads.Load()
 	if bad := r.parse(); bad != nil {
-		s.refuse(ctx, bad, nil)
+		s.refuseHead(ctx, bad)
 		s.done(r)
-		return bad.Status
+		return ctx.Response.StatusCode()
 	}
 	ex := s.opts.Core.Begin(r)
 	r.begun = true
@@ -329,19 +333,24 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	r.readsAtStart = c.reads.Load()
 	defer s.done(r)
 	if bad := r.parse(); bad != nil {
-		if bad == engine.ErrTarget && isOptionsAsterisk(ctx) {
-			// OPTIONS * asks about the server, not a resource: answered
-			// here, never forwarded.
-			primeDate(&ctx.Response.Header, nil)
-			ctx.Response.SetStatusCode(fasthttp.StatusOK)
-			ctx.Response.Header.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
-			return
-		}
-		s.refuse(ctx, bad, nil)
+		s.refuseHead(ctx, bad)
 		return
 	}
 	r.begun = true
 	s.serveParsed(r, s.opts.Core.Begin(r))
+}
+
+// refuseHead answers a request whose head parse refused, but for OPTIONS
+// *, which asks about the server, not a resource: answered here, never
+// forwarded.
+func (s *Server) refuseHead(ctx *fasthttp.RequestCtx, bad *engine.BadRequest) {
+	if bad == engine.ErrTarget && isOptionsAsterisk(ctx) {
+		primeDate(&ctx.Response.Header, nil)
+		ctx.Response.SetStatusCode(fasthttp.StatusOK)
+		ctx.Response.Header.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		return
+	}
+	s.refuse(ctx, bad, nil)
 }
 
 // serveParsed runs a request whose head was parsed through the core: its
