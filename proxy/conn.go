@@ -89,11 +89,16 @@ func (c *conn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
+	if c.head.refuse {
+		// The section now awaited came whole with the request before
+		// it, and has a bare LF: fasthttp would wait for the CRLF CRLF.
+		return 0, errBareLFRead
+	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.reads.Add(1)
 	}
-	if n > 0 && c.head.active && c.head.scan(p[:n]) {
+	if n > 0 && c.head.scan(p[:n]) {
 		return 0, errBareLFRead
 	}
 	return n, err
@@ -102,27 +107,52 @@ func (c *conn) Read(p []byte) (int, error) {
 // errBareLFRead is a header section with a line ended by a bare LF.
 var errBareLFRead = errors.New("proxy: a header line ended by a bare LF")
 
-// headScan follows the bytes of a header section as they are read, from
-// its first byte to the CRLF CRLF that ends it.
+// headScan follows the bytes read from the client. It checks those of a
+// header section, from the read after start to the CRLF CRLF that ends
+// it, and remembers the last bytes of every read: fasthttp reads ahead,
+// so a pipelined section may begin in a read made for the previous
+// request, and its CR and LF may come in two reads.
 type headScan struct {
 	active bool
-	last   [3]byte // the last bytes seen, the latest at the end
+	// ahead: checking the bytes read after a section ended, up to the
+	// next CRLF CRLF. They are the next request's section if the request
+	// has no body (bodyless); aheadBareLF, whether they have a bare LF.
+	ahead, aheadBareLF bool
+	bodyless           bool
+	refuse             bool    // the section now awaited has a bare LF: refuse it at the next read
+	last               [3]byte // the last bytes read, the latest at the end
 }
 
-// start begins scanning at the first byte of a new header section.
-func (h *headScan) start() { *h = headScan{active: true} }
+// start begins checking with the next read: a new header section is
+// awaited (its first bytes may have come already, with the request
+// before it).
+func (h *headScan) start() {
+	h.active = true
+	h.refuse = h.bodyless && h.aheadBareLF
+	h.ahead, h.aheadBareLF, h.bodyless = false, false, false
+}
 
-// scan reads b, and reports a bare LF; it stops at the end of the
-// section (what follows is a body, or the next request).
+// scan reads b, and reports a bare LF in a header section; it stops
+// checking at the end of the section (what follows is a body, or the
+// next request).
 func (h *headScan) scan(b []byte) (bareLF bool) {
-	for _, x := range b {
-		if x == '\n' {
-			if h.last[2] != '\r' {
-				return true
+	for i, x := range b {
+		if !h.active && !h.ahead {
+			for _, y := range b[max(i, len(b)-len(h.last)):] {
+				h.last = [3]byte{h.last[1], h.last[2], y}
 			}
-			if h.last[0] == '\r' && h.last[1] == '\n' {
-				h.active = false // CRLF CRLF: the section ended
-				return false
+			return false
+		}
+		if x == '\n' {
+			switch {
+			case h.last[2] != '\r' && h.active:
+				return true
+			case h.last[2] != '\r':
+				h.ahead, h.aheadBareLF = false, true
+			case h.last[0] == '\r' && h.last[1] == '\n':
+				// CRLF CRLF: the section ended; what follows is a body,
+				// or the next request's section.
+				h.active, h.ahead = false, h.active
 			}
 		}
 		h.last = [3]byte{h.last[1], h.last[2], x}

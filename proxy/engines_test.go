@@ -605,3 +605,71 @@ func TestRefusedUnreadBodyCloses(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelinedSectionSplitAtCRLF: a pipelined request whose header line
+// ends in two reads, its CR in the one that carried the request before it
+// and its LF in the next, is served: the engines read ahead, and the
+// fast one checks for bare LFs in what it reads.
+func TestPipelinedSectionSplitAtCRLF(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, err := net.Dial("tcp", r.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r")
+		for i, more := range []string{"\nHost: a\r\n\r\n", ""} {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("response %d: %v", i+1, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("response %d: %d %s", i+1, resp.StatusCode, body)
+			}
+			time.Sleep(100 * time.Millisecond) // the LF comes in a read of its own
+			io.WriteString(c, more)
+		}
+	})
+}
+
+// TestPipelinedBareLFRefusedAtOnce: a pipelined request whose header
+// section has a line ended by a bare LF, sent whole with the request
+// before it, is refused 400 at once, never left to read_header_timeout:
+// fasthttp, which has it in its buffer already, waits for a CRLF CRLF
+// that never comes.
+func TestPipelinedBareLFRefusedAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, second := range []string{"GET /b HTTP/1.1\r\nHost: a\n\n", "GET /b HTTP/1.1\r\nHost: a\nX: y\r\n\r\n"} {
+		eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+			up := startUpstream(t, nil)
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{ReadHeaderTimeout: 20 * time.Second}})
+			c, err := net.Dial("tcp", r.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(15 * time.Second))
+			br := bufio.NewReader(c)
+			io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n"+second)
+			for i, want := range []int{200, 400} {
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("%q: response %d: %v", second, i+1, err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != want {
+					t.Fatalf("%q: response %d: %d %s, want %d", second, i+1, resp.StatusCode, body, want)
+				}
+			}
+			if n := len(up.Requests()); n != 1 {
+				t.Errorf("%q: the upstream saw %d requests, want 1", second, n)
+			}
+		})
+	}
+}

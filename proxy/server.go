@@ -318,6 +318,12 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 // serve is the fasthttp handler: every request that could be read.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	c := ctx.Conn().(*conn)
+	// What was read after its section is the next request's if it has no
+	// body (headScan): fasthttp's length is 0, or -2 (no Content-Length
+	// nor Transfer-Encoding: no body, in a request; another coding is
+	// refused by parse).
+	n := ctx.Request.Header.ContentLength()
+	c.head.bodyless = n == 0 || n == -2
 	c.mu.Lock()
 	c.setMetric(metrics.ConnWriting) // the request is in progress
 	c.mu.Unlock()
