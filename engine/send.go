@@ -112,12 +112,16 @@ func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
 // SendWhileReading sends a request whose body streams (send) while it
 // reads the response head (read) on conn: an upstream may answer before
 // it has the whole body (a 413, a 401). The rest of the body is then not
-// sent: a write fails from there on, and the sender stops at its next. A
-// client that fails to send its body (a *BodyReadError) has conn closed
-// at once, so that the upstream neither waits for the rest nor takes
-// what it got for a whole request, and its error comes first (400 or
-// 408). reuse is false when conn must not serve another request.
-func SendWhileReading(conn net.Conn, send, read func() error) (reuse bool, err error) {
+// sent: a write fails from there on, and the sender stops at its next.
+// Then, and when reading the answer fails, stop, when not nil, ends at
+// once the sender's wait for the client's next bytes (a client that
+// pauses mid-body would otherwise hold the answer until it sends more or
+// client_body_timeout ends its read). The client's body is then left
+// unread: its connection must close after the answer. A client that fails to send its body (a *BodyReadError) has
+// conn closed at once, so that the upstream neither waits for the rest
+// nor takes what it got for a whole request, and its error comes first
+// (400 or 408). reuse is false when conn must not serve another request.
+func SendWhileReading(conn net.Conn, send, read func() error, stop func()) (reuse bool, err error) {
 	sent := make(chan error, 1)
 	go func() {
 		err := send()
@@ -139,6 +143,9 @@ func SendWhileReading(conn net.Conn, send, read func() error) (reuse bool, err e
 			}
 		} else {
 			conn.Close() // the sender stops at its next write
+		}
+		if stop != nil {
+			stop()
 		}
 		werr = <-sent
 		if err == nil {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,7 +70,7 @@ func TestSendWhileReadingWhole(t *testing.T) {
 		func() error {
 			defer close(sent)
 			return engine.SendBody(p, nil, []byte("he"), strings.NewReader("llo"), 5)
-		}, readHead(p))
+		}, readHead(p), nil)
 	if err != nil || !reuse {
 		t.Fatalf("reuse %v, err %v", reuse, err)
 	}
@@ -86,7 +88,7 @@ func TestSendWhileReadingEarlyAnswer(t *testing.T) {
 	}()
 	body := &endless{}
 	reuse, err := engine.SendWhileReading(p,
-		func() error { return engine.SendBody(p, nil, nil, body, -1) }, readHead(p))
+		func() error { return engine.SendBody(p, nil, nil, body, -1) }, readHead(p), nil)
 	if err != nil || reuse {
 		t.Fatalf("reuse %v, err %v", reuse, err)
 	}
@@ -106,7 +108,7 @@ func TestSendWhileReadingClientFails(t *testing.T) {
 	reuse, err := engine.SendWhileReading(p,
 		func() error {
 			return engine.SendBody(p, []byte("POST / HTTP/1.1\r\n\r\n"), nil, strings.NewReader("hel"), 5)
-		}, readHead(p))
+		}, readHead(p), nil)
 	var be *engine.BodyReadError
 	if !errors.As(err, &be) || !errors.Is(err, io.ErrUnexpectedEOF) || reuse {
 		t.Fatalf("reuse %v, err %v; want a BodyReadError", reuse, err)
@@ -140,8 +142,52 @@ func TestSendWhileReadingWriteFails(t *testing.T) {
 		func() error {
 			close(failed)
 			return io.ErrClosedPipe
-		}, readHead(p))
+		}, readHead(p), nil)
 	if err != nil || reuse {
 		t.Fatalf("reuse %v, err %v", reuse, err)
 	}
 }
+
+// An upstream that answers while the client pauses mid-body: stop ends
+// the sender's wait for the client at once, and the answer goes.
+func TestSendWhileReadingStopsAPausedClient(t *testing.T) {
+	p, u := upstreamConn(t)
+	go func() {
+		_, _ = u.Write([]byte("HTTP/1.1 200 OK\r\n"))
+		_, _ = io.Copy(io.Discard, u)
+	}()
+	body := &paused{stopped: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		reuse, err := engine.SendWhileReading(p,
+			func() error {
+				return engine.SendBody(p, []byte("POST / HTTP/1.1\r\n\r\n"), []byte("first"), body, 1<<20)
+			},
+			readHead(p), body.stop)
+		if err == nil && reuse {
+			err = errors.New("the connection is to be reused")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the answer waited for the paused client")
+	}
+}
+
+// paused is a client body that sends nothing more until it is stopped.
+type paused struct {
+	stopped chan struct{}
+	once    sync.Once
+}
+
+func (b *paused) Read([]byte) (int, error) {
+	<-b.stopped
+	return 0, os.ErrDeadlineExceeded
+}
+
+func (b *paused) stop() { b.once.Do(func() { close(b.stopped) }) }

@@ -48,6 +48,10 @@ type conn struct {
 	// every read: the request body is being read. Touched only by the
 	// goroutine that serves the connection.
 	bodyTimeout time.Duration
+	// readMu orders the deadline a body read sets and stopReading, which
+	// another goroutine calls while a sender reads the body (readStopped).
+	readMu      sync.Mutex
+	readStopped bool
 	// mute drops what is written: an error response to a connection that
 	// sent no byte of a request (an idle timeout, a drain) would be read
 	// as the answer to the client's next request.
@@ -85,7 +89,13 @@ type conn struct {
 // never sends, until ReadHeaderTimeout; it is refused at once instead.
 func (c *conn) Read(p []byte) (int, error) {
 	if c.bodyTimeout > 0 {
-		if err := c.Conn.SetReadDeadline(time.Now().Add(c.bodyTimeout)); err != nil {
+		c.readMu.Lock()
+		err := errReadStopped
+		if !c.readStopped {
+			err = c.Conn.SetReadDeadline(time.Now().Add(c.bodyTimeout))
+		}
+		c.readMu.Unlock()
+		if err != nil {
 			return 0, err
 		}
 	}
@@ -102,6 +112,19 @@ func (c *conn) Read(p []byte) (int, error) {
 		return 0, errBareLFRead
 	}
 	return n, err
+}
+
+// errReadStopped is a read of a body whose reading was stopped.
+var errReadStopped = errors.New("proxy: the request body is no longer read")
+
+// stopReading ends a read of the request body that waits for the client,
+// and every later one: the upstream answered before it had the whole body
+// (engine.SendWhileReading). The connection closes after the answer.
+func (c *conn) stopReading() {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	c.readStopped = true
+	_ = c.Conn.SetReadDeadline(time.Now())
 }
 
 // errBareLFRead is a header section with a line ended by a bare LF.

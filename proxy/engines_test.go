@@ -673,3 +673,41 @@ func TestPipelinedBareLFRefusedAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestEarlyAnswerWhileClientPauses: an upstream answers 413 to the head
+// of a long upload while the client, having sent more than the engines
+// read ahead, pauses (reading the answer as it uploads). The answer
+// reaches the client at once, not when it sends its next bytes or
+// client_body_timeout passes, and the connection closes after it: the
+// rest of the body is never read.
+func TestEarlyAnswerWhileClientPauses(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		ln := listen(t)
+		acceptEach(ln, func(c net.Conn) {
+			br := bufio.NewReader(c)
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
+			io.Copy(io.Discard, br)
+		})
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String(),
+			Limits: engine.Limits{ClientBodyTimeout: 20 * time.Second}})
+		c, br := dial(t, r.Addr)
+		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 1<<20)
+		io.WriteString(c, strings.Repeat("x", 100<<10)) // past the read-ahead: streamed
+		c.SetReadDeadline(time.Now().Add(15 * time.Second))
+		resp, err := http.ReadResponse(br, &http.Request{Method: "POST"})
+		if err != nil {
+			t.Fatalf("no answer while the client pauses: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 413 || string(body) != "big" {
+			t.Fatalf("%d %q, want the upstream's 413", resp.StatusCode, body)
+		}
+		if b, err := br.ReadByte(); err == nil {
+			t.Errorf("after the answer: %q; want the connection closed", b)
+		}
+	})
+}

@@ -326,9 +326,19 @@ func (s *Server) upstreamFailed(err error) core.UpstreamError {
 // the whole body (a 413, a 401). Then the rest of the body is not sent,
 // and the connection is not reused.
 func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
+	stopped := false
 	reuse, err := engine.SendWhileReading(uc.Conn,
 		func() error { return engine.SendBody(uc, r.head, r.body.bytes(), r.body.stream, r.body.length) },
-		func() error { return readResponseHead(uc.Buf, &r.up, interimTo(r)) })
+		func() error { return readResponseHead(uc.Buf, &r.up, interimTo(r)) },
+		func() {
+			// The client's body is left unread: its connection closes
+			// after the answer.
+			stopped = true
+			r.c.stopReading()
+		})
+	if stopped {
+		r.ctx.SetConnectionClose()
+	}
 	if err == nil && !reuse {
 		r.up.SetConnectionClose()
 	}

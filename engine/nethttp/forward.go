@@ -310,12 +310,16 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 		}
 		return readResponseHead(uc.Buf, h, interim)
 	}
+	var stop func()
+	if s, ok := body.stream.(interface{ StopReading() }); ok {
+		stop = s.StopReading
+	}
 	reuse, err := engine.SendWhileReading(uc.Conn,
 		func() error { return engine.SendBody(uc, head, body.bytes, body.stream, body.length) },
 		func() (err error) {
 			hd, err = readResponseHead(uc.Buf, h, interim)
 			return err
-		})
+		}, stop)
 	hd.close = hd.close || !reuse
 	return hd, err
 }

@@ -252,11 +252,17 @@ type bodyReader struct {
 	failed  bool // a read failed (client_body_timeout): the rest will not come in time
 	expect  bool // the client waits for 100 Continue before it sends the body
 	read    bool // Read was called: a 100 Continue went, if expected
+
+	mu      sync.Mutex // orders deadline and StopReading, which run in two goroutines
+	stopped bool       // StopReading was called: no read waits any more
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	b.read = true
-	b.deadline()
+	if !b.deadline() {
+		b.failed = true
+		return 0, errReadStopped
+	}
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case err == io.EOF:
@@ -267,9 +273,32 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *bodyReader) deadline() {
+// deadline moves the read deadline on, unless reading was stopped.
+func (b *bodyReader) deadline() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return false
+	}
 	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
 		_ = d.SetReadDeadline(time.Now().Add(b.timeout))
+	}
+	return true
+}
+
+// errReadStopped is a read of a body whose reading was stopped.
+var errReadStopped = errors.New("nethttp: the request body is no longer read")
+
+// StopReading ends a read of the body that waits for the client, and
+// every later one: the upstream answered before it had the whole body
+// (engine.SendWhileReading). The response then closes the connection
+// (limitWriter.head: the read failed).
+func (b *bodyReader) StopReading() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
+		_ = d.SetReadDeadline(time.Now())
 	}
 }
 

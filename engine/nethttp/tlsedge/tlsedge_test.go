@@ -361,3 +361,51 @@ func BenchmarkTLSForward(b *testing.B) {
 		})
 	}
 }
+
+// An upstream that answers the head of a long upload (413) while the
+// HTTP/2 client pauses mid-body: the answer reaches the client at once,
+// not at client_body_timeout, and the connection serves the next stream.
+func TestEarlyAnswerWhileHTTP2ClientPauses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	wiretest.AcceptEach(ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		if req.Method == http.MethodGet {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
+		io.Copy(io.Discard, br)
+	})
+	addr, conf, _, _ := tlsServerConfig(t, "http://"+ln.Addr().String(), engine.Limits{ClientBodyTimeout: 20 * time.Second}, nil)
+	c := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 15 * time.Second}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go pw.Write(bytes.Repeat([]byte("x"), 100<<10)) // past the read-ahead: streamed; then the client pauses
+	req, _ := http.NewRequest(http.MethodPost, "https://"+addr+"/up", pr)
+	req.ContentLength = 1 << 20
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("no answer while the client pauses: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 413 || string(body) != "big" {
+		t.Fatalf("%d %q, want the upstream's 413", resp.StatusCode, body)
+	}
+	resp, err = c.Get("https://" + addr + "/next")
+	if err != nil {
+		t.Fatalf("the next stream: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the next stream: %d", resp.StatusCode)
+	}
+}
