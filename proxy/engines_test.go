@@ -615,13 +615,7 @@ func TestPipelinedSectionSplitAtCRLF(t *testing.T) {
 	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
 		up := startUpstream(t, nil)
 		r := e.serve(t, storyOptions{Upstream: up.URL()})
-		c, err := net.Dial("tcp", r.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		br := bufio.NewReader(c)
+		c, br := dial(t, r.Addr)
 		io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r")
 		for i, more := range []string{"\nHost: a\r\n\r\n", ""} {
 			resp, err := http.ReadResponse(br, nil)
@@ -649,13 +643,8 @@ func TestPipelinedBareLFRefusedAtOnce(t *testing.T) {
 		eachEngine(t, readers, func(t *testing.T, e storyEngine) {
 			up := startUpstream(t, nil)
 			r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{ReadHeaderTimeout: 20 * time.Second}})
-			c, err := net.Dial("tcp", r.Addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c, br := dial(t, r.Addr)
 			c.SetDeadline(time.Now().Add(15 * time.Second))
-			br := bufio.NewReader(c)
 			io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n"+second)
 			for i, want := range []int{200, 400} {
 				resp, err := http.ReadResponse(br, nil)
@@ -672,42 +661,4 @@ func TestPipelinedBareLFRefusedAtOnce(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestEarlyAnswerWhileClientPauses: an upstream answers 413 to the head
-// of a long upload while the client, having sent more than the engines
-// read ahead, pauses (reading the answer as it uploads). The answer
-// reaches the client at once, not when it sends its next bytes or
-// client_body_timeout passes, and the connection closes after it: the
-// rest of the body is never read.
-func TestEarlyAnswerWhileClientPauses(t *testing.T) {
-	t.Parallel()
-	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		ln := listen(t)
-		acceptEach(ln, func(c net.Conn) {
-			br := bufio.NewReader(c)
-			if _, err := http.ReadRequest(br); err != nil {
-				return
-			}
-			io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
-			io.Copy(io.Discard, br)
-		})
-		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String(),
-			Limits: engine.Limits{ClientBodyTimeout: 20 * time.Second}})
-		c, br := dial(t, r.Addr)
-		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 1<<20)
-		io.WriteString(c, strings.Repeat("x", 100<<10)) // past the read-ahead: streamed
-		c.SetReadDeadline(time.Now().Add(15 * time.Second))
-		resp, err := http.ReadResponse(br, &http.Request{Method: "POST"})
-		if err != nil {
-			t.Fatalf("no answer while the client pauses: %v", err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 413 || string(body) != "big" {
-			t.Fatalf("%d %q, want the upstream's 413", resp.StatusCode, body)
-		}
-		if b, err := br.ReadByte(); err == nil {
-			t.Errorf("after the answer: %q; want the connection closed", b)
-		}
-	})
 }

@@ -707,30 +707,48 @@ func TestStaleUpstreamConnection(t *testing.T) {
 }
 
 // TestEarlyResponse: the upstream answers 413 after the head of a long
-// upload, without reading it.
+// upload, without reading it, while the client sends the whole body, and
+// while it pauses past the read-ahead (reading the answer as it uploads).
+// The paused client gets the answer at once, not when it sends its next
+// bytes or client_body_timeout passes, and the connection closes after
+// it: the rest of the body is never read.
 func TestEarlyResponse(t *testing.T) {
 	t.Parallel()
-	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		ln := listen(t)
-		acceptEach(ln, func(c net.Conn) {
-			br := bufio.NewReader(c)
-			if _, err := http.ReadRequest(br); err != nil {
-				return
-			}
-			io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
-			c.(*net.TCPConn).CloseWrite()
-			io.Copy(io.Discard, br)
+	for _, pause := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pause=%v", pause), func(t *testing.T) {
+			t.Parallel()
+			eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+				ln := listen(t)
+				acceptEach(ln, func(c net.Conn) {
+					br := bufio.NewReader(c)
+					if _, err := http.ReadRequest(br); err != nil {
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
+					c.(*net.TCPConn).CloseWrite()
+					io.Copy(io.Discard, br)
+				})
+				r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String(),
+					Limits: engine.Limits{ClientBodyTimeout: 20 * time.Second}})
+				c, br := dial(t, r.Addr)
+				const size = 4 << 20
+				fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+				if pause {
+					io.WriteString(c, strings.Repeat("x", 100<<10)) // past the read-ahead: streamed
+					c.SetReadDeadline(time.Now().Add(15 * time.Second))
+				} else {
+					go io.Copy(c, wiretest.Pattern(size))
+				}
+				resp, body := readResponse(t, br, "POST")
+				if resp.StatusCode != 413 || string(body) != "big" {
+					t.Errorf("pause=%v: %d %q", pause, resp.StatusCode, body)
+				}
+				if b, err := br.ReadByte(); pause && err == nil {
+					t.Errorf("after the answer to a paused client: %q; want the connection closed", b)
+				}
+			})
 		})
-		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
-		c, br := dial(t, r.Addr)
-		const size = 4 << 20
-		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
-		go io.Copy(c, wiretest.Pattern(size))
-		resp, body := readResponse(t, br, "POST")
-		if resp.StatusCode != 413 || string(body) != "big" {
-			t.Errorf("%d %q", resp.StatusCode, body)
-		}
-	})
+	}
 }
 
 // TestShutdownFailsNoRequest: a drain lets the request in flight finish,
