@@ -227,6 +227,7 @@ func TestErrors(t *testing.T) {
 		{"two redis targets", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ncluster = [\"a:1\"] # <-\n", "only one of url, cluster and sentinel", 1},
 		{"sentinel without addrs", "[redis]\nsentinel = { master = \"m\" } # <-\n", "sentinel needs both", 0},
 		{"redis timeout", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntimeout = \"2m\" # <-\n", "timeout 2m0s outside 1ms..1m", 0},
+		{"redis prefix with a hash tag", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nprefix = \"app{}:\" # <-\n", `redis: prefix "app{}:" has a brace`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line := tc.line

@@ -466,7 +466,7 @@ func (rd Redis) check(r *report) {
 		{"sentinel", "sentinel"}, {"username", "username"}, {"password", "password_file"},
 		{"ca", "ca_file"}, {"timeout", "timeout"}, {"pool size", "pool_size"},
 		{"breaker failures", "breaker_failures"}, {"breaker backoff", "breaker_backoff"},
-		{"success threshold", "success_threshold"},
+		{"success threshold", "success_threshold"}, {"prefix", "prefix"},
 	} {
 		if strings.HasPrefix(msg, k.word) && r.has("redis", k.key) {
 			path = append(path, k.key)

@@ -129,8 +129,9 @@ func (v *variant) state(id []byte, now time.Duration) (d bucket.Decision, stored
 
 // reset forgets the key made of id under v: in the table, or for a Redis
 // rule in Redis, in this host's deny cache and sync counts, and in its
-// local share.
-func (v *variant) reset(id []byte, now time.Duration) error {
+// local share; request for a reset on a request's path
+// (SharedLimiter.Reset).
+func (v *variant) reset(id []byte, now time.Duration, request bool) error {
 	if v.remote == nil {
 		v.lim.ResetKey(v.lim.Key(id), now)
 		return nil
@@ -139,7 +140,7 @@ func (v *variant) reset(id []byte, now time.Duration) error {
 		v.fallback.lim.ResetKey(v.fallback.lim.Key(id), now)
 	}
 	k := v.remote.Key(id)
-	return v.remote.Reset(&k, now)
+	return v.remote.Reset(&k, now, request)
 }
 
 // ResetKey forgets key under the rule called rule: its next request finds
@@ -155,7 +156,7 @@ func (ct *Control) ResetKey(rule, key string) (before KeyState, err error) {
 	id, value := ct.keyBytes(ru, ref)
 	now := ct.c.now()
 	for _, v := range ct.variants(ru, ref, value) {
-		if err := v.reset(id, now); err != nil {
+		if err := v.reset(id, now, false); err != nil {
 			return before, fmt.Errorf("core: rule %q: %w", rule, err)
 		}
 	}

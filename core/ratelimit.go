@@ -652,7 +652,8 @@ func (c *Core) KeyOf(name string, req Request) ([]byte, error) {
 // Reset forgets req's count under the rule called name, in every process,
 // as the application's reset header does: under the limit that applies to
 // req's key (an override's, when one does), wherever the rule keeps it
-// (the region; Redis and this host's share of it). A successful login may
+// (the region; Redis and this host's share of it: within redis.timeout,
+// through the breaker, as a decision). A successful login may
 // forgive the client's failed attempts with it. Whether the rule's route
 // matches does not matter. No such rule is ErrUnknownRule; a request the
 // core would refuse as malformed (a bad path, a repeated key header) is an
@@ -663,7 +664,7 @@ func (c *Core) Reset(name string, req Request) error {
 		return fmt.Errorf("%w %q", ErrUnknownRule, name)
 	}
 	return c.withKey(ru, req, func(ex *Exchange, id []byte, value string) error {
-		return ex.variantOf(ru, value).reset(id, c.now())
+		return ex.variantOf(ru, value).reset(id, c.now(), true)
 	})
 }
 

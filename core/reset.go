@@ -131,7 +131,7 @@ func (ex *Exchange) applicationReset(h Header) {
 		if err != nil {
 			continue // the request was refused for it already
 		}
-		if err := ex.variantOf(ru, value).reset(id, c.now()); err != nil {
+		if err := ex.variantOf(ru, value).reset(id, c.now(), true); err != nil {
 			ex.logReset("reset header: rule not reset", slog.String("rule", n), slog.String("err", err.Error()))
 		}
 	}

@@ -85,8 +85,11 @@ type SharedLimiter interface {
 	// State is k's state in the store, without charging; stored is false
 	// for a key it has no state of (a fresh key).
 	State(k *SharedKey, now time.Duration) (d bucket.Decision, stored bool, err error)
-	// Reset forgets k's state, in the store and on this host.
-	Reset(k *SharedKey, now time.Duration) error
+	// Reset forgets k's state, in the store and on this host. request
+	// tells a reset on a request's path (the application's reset header,
+	// Core.Reset), which must not wait longer than a decision would nor
+	// pass the store's breaker, from an operator's (Control).
+	Reset(k *SharedKey, now time.Duration, request bool) error
 }
 
 // OnUnavailable is what a shared rule answers when the store cannot

@@ -100,17 +100,50 @@ func (l *Limiter) windowKey(k *Key, widx int64) string {
 // and its sync-mode counts are cleared too. (Counts a worker admitted
 // since its last flush still reach Redis with its next one.) Errors wrap
 // ErrUnavailable; the host's entries are cleared whatever Redis answered.
-func (l *Limiter) Reset(k *Key, now time.Duration) error {
-	l.s.tab.Reset(k.Deny, now)
-	ctx, cancel := l.s.controlContext()
+//
+// request tells a reset on a request's path (the application's reset
+// header, core.Core.Reset from a handler) from an operator's: it keeps to
+// the breaker (while it is open Redis is not asked, and the key's count
+// there stays) and waits for Redis no longer than a decision does
+// (redis.timeout), telling the breaker what came of it. An operator's
+// waits up to controlTimeout, outside the breaker.
+func (l *Limiter) Reset(k *Key, now time.Duration, request bool) error {
+	s := l.s
+	s.tab.Reset(k.Deny, now)
+	if l.Sync() {
+		s.tab.Reset(k.Host, now)
+		s.tab.Reset(k.Remote, now)
+	}
+	if !request {
+		ctx, cancel := s.controlContext()
+		defer cancel()
+		if err := l.forget(ctx, k); err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return nil
+	}
+	adm := s.br.admit(now)
+	if adm == Refuse {
+		s.st.shortCircuits.Add(1)
+		return ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
+	if err := l.forget(ctx, k); err != nil {
+		s.failed(err, now, adm == Probe)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	s.br.success(now, adm == Probe)
+	return nil
+}
+
+// forget deletes k's Redis keys.
+func (l *Limiter) forget(ctx context.Context, k *Key) error {
 	var keys []string
 	if l.Sync() {
-		l.s.tab.Reset(k.Host, now)
-		l.s.tab.Reset(k.Remote, now)
 		t, err := l.s.rdb.Time(ctx).Result()
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return err
 		}
 		widx := t.UnixMicro() / l.b
 		keys = []string{l.windowKey(k, widx), l.windowKey(k, widx-1)}
@@ -118,8 +151,5 @@ func (l *Limiter) Reset(k *Key, now time.Duration) error {
 		keys = []string{l.redisKey(k, "")}
 	}
 	// One hash tag: one Cluster slot, one DEL.
-	if err := l.s.rdb.Del(ctx, keys...).Err(); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	return nil
+	return l.s.rdb.Del(ctx, keys...).Err()
 }

@@ -72,7 +72,7 @@ func TestStateAndReset(t *testing.T) {
 		if _, ok := l.Denied(&wk, h.region.Now()); !ok {
 			t.Fatalf("%v: the refusal is not in the deny cache", algo)
 		}
-		if err := ctl.Reset(&k, h.region.Now()); err != nil {
+		if err := ctl.Reset(&k, h.region.Now(), false); err != nil {
 			t.Fatal(err)
 		}
 		if _, ok := l.Denied(&wk, h.region.Now()); ok {
@@ -122,7 +122,7 @@ func TestSyncStateAndReset(t *testing.T) {
 	if err != nil || !stored || d.Remaining != 3 || !d.Allowed {
 		t.Fatalf("state: %+v stored %v, %v; want 3 remaining of 10", d, stored, err)
 	}
-	if err := ctl.Reset(&k, hs[0].region.Now()); err != nil {
+	if err := ctl.Reset(&k, hs[0].region.Now(), false); err != nil {
 		t.Fatal(err)
 	}
 	if d, stored, err := ctl.State(&k, hs[0].region.Now()); err != nil || stored || d.Remaining != 10 {
@@ -154,9 +154,27 @@ func TestStateUnavailable(t *testing.T) {
 	if _, _, err := ctl.State(&k, h.region.Now()); !errors.Is(err, redisstore.ErrUnavailable) {
 		t.Fatalf("State with Redis down: %v", err)
 	}
-	if err := ctl.Reset(&k, h.region.Now()); !errors.Is(err, redisstore.ErrUnavailable) {
+	if err := ctl.Reset(&k, h.region.Now(), false); !errors.Is(err, redisstore.ErrUnavailable) {
 		t.Fatalf("Reset with Redis down: %v", err)
 	}
+}
+
+// busyFor keeps srv busy for d with a script that runs until Redis's
+// clock moved on (a slow script, a KEYS on a large database), and returns
+// once it has begun; its result comes on the channel when it ends.
+func busyFor(srv *redistest.Server, d time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		done <- srv.Client().Eval(context.Background(), `
+local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+repeat
+  t = redis.call('TIME')
+until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1`, nil, d.Microseconds()).Err()
+	}()
+	time.Sleep(50 * time.Millisecond) // the script has begun
+	return done
 }
 
 // A call off the request path has its own budget, however short a
@@ -166,28 +184,13 @@ func TestOffRequestCallsOutwaitTimeout(t *testing.T) {
 	t.Parallel()
 	srv, h, l := oneHost(t, redisstore.Options{Timeout: 25 * time.Millisecond},
 		redisstore.Rule{Rule: bucket.Rule{Name: "busy", Limit: 5, Window: time.Minute}})
-	busy := func() <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			// 300ms of a script that runs until Redis's clock moved on.
-			done <- srv.Client().Eval(context.Background(), `
-local t = redis.call('TIME')
-local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 300000
-repeat
-  t = redis.call('TIME')
-until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
-return 1`, nil).Err()
-		}()
-		time.Sleep(50 * time.Millisecond) // the script has begun
-		return done
-	}
 	k := l.Key([]byte("k"))
-	done := busy()
+	done := busyFor(srv, 300*time.Millisecond)
 	if _, _, err := h.decide(t, "k", l); err == nil {
 		t.Error("a request waited for a Redis busy for longer than its Timeout")
 	}
 	<-done
-	done = busy()
+	done = busyFor(srv, 300*time.Millisecond)
 	start := time.Now()
 	if _, _, err := l.State(&k, h.region.Now()); err != nil {
 		t.Errorf("State, with Redis busy %v: %v", time.Since(start), err)

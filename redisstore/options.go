@@ -165,6 +165,11 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("redisstore: timeout %v outside 1ms..1m", o.Timeout)
 	case o.PoolSize < 0:
 		return o, fmt.Errorf("redisstore: pool size %d is negative", o.PoolSize)
+	case strings.ContainsAny(o.Prefix, "{}"):
+		// Redis Cluster hashes a key's first {...}: the prefix's would
+		// take the place of the key's own tag, which keeps one request's
+		// rules in one slot.
+		return o, fmt.Errorf("redisstore: prefix %q has a brace: keys carry hash tags of their own ({...}), which a Cluster places them by", o.Prefix)
 	}
 	return o, b.validate()
 }

@@ -321,6 +321,8 @@ func TestOptionsErrors(t *testing.T) {
 		{redisstore.Options{Sentinel: redisstore.Sentinel{Master: "m"}}, "both a master name and addresses"},
 		{redisstore.Options{URL: "http://x"}, "url"},
 		{redisstore.Options{URL: "redis://x:1", Timeout: time.Hour}, "timeout"},
+		{redisstore.Options{URL: "redis://x:1", Prefix: "app{}:"}, "prefix"},
+		{redisstore.Options{URL: "redis://x:1", Prefix: "{preforkd}:"}, "brace"},
 	} {
 		_, err := redisstore.New(r, c.o)
 		if err == nil || !contains(err.Error(), c.want) || !contains(err.Error(), "redisstore: ") {

@@ -260,6 +260,10 @@ func (s *Store) setClock(redisUS int64, before, after time.Duration) {
 	s.clockKnown.Store(true)
 }
 
+// flushTimeout is how long a flush (and the clock reading before the
+// first) waits for Redis: the shortest sync interval, at least the
+// Store's timeout, at most maxFlushWait, so that a worker's last flush
+// holds its drain no longer than that on a Redis that stalls.
 func (s *Store) flushTimeout() time.Duration {
 	var every time.Duration
 	for _, l := range s.syncRules {
@@ -267,8 +271,11 @@ func (s *Store) flushTimeout() time.Duration {
 			every = l.rule.Sync
 		}
 	}
-	return max(s.timeout, every)
+	return max(s.timeout, min(every, maxFlushWait))
 }
+
+// maxFlushWait bounds a flush's wait for Redis (flushTimeout).
+const maxFlushWait = 2 * time.Second
 
 // flushItem is one key's count on its way to Redis.
 type flushItem struct {

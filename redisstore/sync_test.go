@@ -154,3 +154,24 @@ func TestSyncCountFiledUnderOneClock(t *testing.T) {
 		}
 	}
 }
+
+// A flush waits for Redis up to the sync interval but at most 2s: a
+// worker's last flush (its drain) is not held for a long interval by a
+// Redis that stalls.
+func TestFlushWaitsAtMost2s(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := newHost(t, srv, 0, redisstore.Options{})
+	l := h.limiter(t, redisstore.Rule{Rule: bucket.Rule{Name: "sync-slow", Limit: 1000, Window: time.Hour, Algorithm: bucket.FixedWindow},
+		Sync: 5 * time.Second})
+	k := l.Key([]byte("client"))
+	l.AllowKey(&k, h.region.Now())
+	done := busyFor(srv, 4*time.Second)
+	start := time.Now()
+	h.store.Close()
+	took := time.Since(start)
+	<-done
+	if took > 3*time.Second {
+		t.Fatalf("Close (its last flush) waited %v on a busy Redis, want at most about 2s", took)
+	}
+}

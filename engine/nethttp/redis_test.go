@@ -3,6 +3,7 @@ package nethttp_test
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/internal/redistest"
 	"github.com/preforkd/preforkd/redisstore"
 	"github.com/preforkd/preforkd/route"
@@ -339,5 +341,40 @@ func TestRedisRuleFeatures(t *testing.T) {
 		if rs.Name == "watch" && (rs.Allowed != 1 || rs.ShadowLimited != 4) {
 			t.Fatalf("shadow stats %+v, want 1 counted and 4 served that it would have refused", rs)
 		}
+	}
+}
+
+// The application's reset header resets a Redis rule on the request's
+// path, as a decision is made there: within redis.timeout, and not at all
+// while the breaker is open. A hung Redis (stopped, accepting and never
+// answering) opens the breaker at the first reset that meets it; no
+// response with the header waits on it after that.
+func TestResetHeaderKeepsToTheBreaker(t *testing.T) {
+	srv := redistest.Start(t)
+	rules := []core.RateLimit{redisRule(t, "login", "/login", bucket.GCRA, 10, time.Minute, &core.RedisRule{OnUnavailable: redisstore.FailLocal})}
+	f := newRedisFixture(t, srv, core.Options{RateLimits: rules, ResetHeader: "Preforkd-Reset"},
+		redisstore.Options{Breaker: redisstore.Breaker{Failures: 1, Backoff: time.Hour}})
+	login := newHandler(f.mw.Core(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Preforkd-Reset", "login") // the login succeeded
+		w.Write([]byte("welcome"))
+	}), nethttp.Options{}, f.region, rules)
+	srv.Freeze()
+	for i := range 3 {
+		start := time.Now()
+		w := httptest.NewRecorder()
+		login.ServeHTTP(w, request("GET", "/login", "192.0.2.40:1"))
+		took := time.Since(start)
+		if w.Code != 200 {
+			t.Fatalf("login %d: %d", i, w.Code)
+		}
+		// The first meets the hung Redis twice (its decision, then its
+		// reset unless the decision opened the breaker); each within
+		// redis.timeout.
+		if bound := 4 * redisstore.DefaultTimeout; i == 0 && took > bound+time.Second || i > 0 && took > bound {
+			t.Errorf("login %d: the response waited %v on a hung Redis", i, took)
+		}
+	}
+	if st := f.mw.Core().Redis().(*redisstore.Store).Stats(f.region.Now()); st.Breaker.Phase != redisstore.Open {
+		t.Errorf("breaker %v after the hung resets, want open", st.Breaker.Phase)
 	}
 }

@@ -278,6 +278,24 @@ func (s *Server) Kill() {
 	<-exited
 }
 
+// Freeze stops the server (SIGSTOP) until the test ends, or until the
+// function it returns is called: a Redis that accepts connections and
+// answers nothing (a hung host, a paused VM, a network that drops the
+// replies).
+func (s *Server) Freeze() (thaw func()) {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		s.tb.Fatal("redistest: Freeze of a server that is not running")
+	}
+	stopGroup(cmd, true)
+	var once sync.Once
+	thaw = func() { once.Do(func() { stopGroup(cmd, false) }) }
+	s.tb.Cleanup(thaw)
+	return thaw
+}
+
 // Restart starts the server again on the same address, empty: no data,
 // no scripts (as after a failover or SCRIPT FLUSH).
 func (s *Server) Restart() {
