@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
@@ -123,7 +124,7 @@ func Check(path string) error {
 	if path == Stderr {
 		return nil
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		f, err = os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check-*")
 		if err == nil {
@@ -131,17 +132,29 @@ func Check(path string) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("accesslog: %w", err)
+		return openError(path, err)
 	}
 	return f.Close()
 }
 
+// openFile opens path for appending, creating it. O_NONBLOCK: a FIFO
+// that nothing reads fails at once (ENXIO) rather than blocking the
+// opener (a supervisor's reload, a worker's start) until a reader comes;
+// a FIFO that is read is written through Go's poller all the same.
 func openFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK, 0o640)
 	if err != nil {
-		return nil, fmt.Errorf("accesslog: %w", err)
+		return nil, openError(path, err)
 	}
 	return f, nil
+}
+
+// openError says why path could not be opened.
+func openError(path string, err error) error {
+	if errors.Is(err, syscall.ENXIO) {
+		return fmt.Errorf("accesslog: %s is a FIFO that nothing reads: start its reader first", path)
+	}
+	return fmt.Errorf("accesslog: %w", err)
 }
 
 // open opens the file at its path, replacing the one open.

@@ -634,3 +634,25 @@ func TestMakeRunPassesArgs(t *testing.T) {
 		t.Errorf("make run ARGS=\"-workers 2 -shadow\" runs %q", last)
 	}
 }
+
+// A reload whose [log] access names a FIFO that nothing reads (a log
+// shipper that died) is refused, saying so, and the supervisor goes on
+// answering signals: opening such a FIFO would block its loop for good.
+func TestReloadToAnUnreadFIFOIsRefused(t *testing.T) {
+	t.Parallel()
+	fifo := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseServer(2, "")
+	d := startDaemon(t, daemonOptions{config: cfg})
+	from := reloadTo(d, cfg+"\n[log]\naccess = \""+fifo+"\"\n")
+	_, l, ok := d.logs.waitFor(from, 10*time.Second, msgIs("reload refused: keeping the running configuration"))
+	if !ok || !strings.Contains(l.get("err"), "a FIFO that nothing reads") {
+		t.Fatalf("the reload was not refused naming the FIFO: %v %s", ok, l.raw)
+	}
+	d.signal(syscall.SIGTERM)
+	if code, exited := d.wait(10 * time.Second); !exited || code != 0 {
+		t.Fatalf("TERM after the refused reload: exited %v, code %d", exited, code)
+	}
+}

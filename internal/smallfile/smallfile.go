@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"syscall"
 )
 
 // Read reads the regular file at path, of at most limit bytes. check, if
@@ -17,7 +18,10 @@ import (
 // read: a file that holds a secret refuses there the modes or owners it
 // must not have. Errors name path; callers add what the file is for.
 func Read(path string, limit int64, check func(f *os.File, fi fs.FileInfo) error) ([]byte, error) {
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO that nothing writes returns at once (and
+	// is then refused as not a regular file) rather than blocking the
+	// reader, a supervisor's reload among them.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}

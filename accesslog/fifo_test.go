@@ -1,0 +1,61 @@
+//go:build unix
+
+package accesslog_test
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/accesslog"
+)
+
+// A FIFO as the access log (a log shipper's): one that nothing reads is
+// refused at once, saying so, by Check and New alike; neither blocks its
+// caller (a supervisor's reload, a worker's start) until a reader comes.
+// One that is read gets the lines.
+func TestFIFO(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	go func() {
+		done <- accesslog.Check(path)
+		_, err := accesslog.New(accesslog.Options{Path: path})
+		done <- err
+	}()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "a FIFO that nothing reads") {
+				t.Errorf("a FIFO nothing reads: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("opening a FIFO that nothing reads blocked")
+		}
+	}
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := accesslog.Check(path); err != nil {
+		t.Fatalf("a FIFO that is read: %v", err)
+	}
+	l, err := accesslog.New(accesslog.Options{Path: path, FlushEvery: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Log(entry())
+	l.Close()
+	r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil || !strings.Contains(line, `"GET /a?b=1 HTTP/1.1" 200`) {
+		t.Errorf("read from the FIFO: %q, %v", line, err)
+	}
+}
