@@ -160,6 +160,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		reap:     region.Reap,
 		notify:   note.send,
 		watchdog: watchdog,
+		pid:      os.Getpid(),
 		// From the region's statistics: a worker index's row, and the sum
 		// of every other row and of the reaped workers' (it never goes
 		// down), read together so the two never overlap.

@@ -57,6 +57,9 @@ type sysEnv struct {
 	// tellReady, in a supervisor started by an upgrade, reports it
 	// ready to the old one; nil in one that was not.
 	tellReady func() error
+	// pid is this supervisor's process id: its MAINPID= when it makes
+	// itself the main process (tellReady failed: the old one is gone).
+	pid int
 }
 
 // spawnSpec is what a worker process is started with.
@@ -479,9 +482,16 @@ func (s *supervisor) checkReady() {
 	if s.env.tellReady != nil && first {
 		// Started by an upgrade: the old supervisor makes this one the
 		// main process, and READY=1 is its to send.
-		if err := s.env.tellReady(); err != nil {
-			s.log.Error("telling the old supervisor this one is ready failed", "err", err)
+		err := s.env.tellReady()
+		if err == nil {
+			return
 		}
+		// The old supervisor is gone (killed before it handed over):
+		// nobody makes this one the main process, so it says so itself,
+		// or systemd would never hear it is ready.
+		s.log.Error("telling the old supervisor this one is ready failed: it is the main process now", "err", err)
+		s.notifyHeld = false
+		s.sendNotify(fmt.Sprintf("MAINPID=%d\n%s", s.env.pid, notifyReady))
 		return
 	}
 	s.sendNotify(notifyReady)

@@ -3,6 +3,7 @@
 package prefork
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -240,6 +241,24 @@ func TestUpgradeInherits(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(f.notes, ","), "WATCHDOG=1") {
 		t.Error("no watchdog")
+	}
+}
+
+// A new supervisor whose old one died before it handed over (kill -9
+// between USR2 and the new one's readiness) cannot report ready to it:
+// it makes itself the main process and sends READY=1 itself, or systemd
+// would never hear it is ready.
+func TestUpgradeOrphanedNewSupervisorTellsSystemd(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	e := withUpgrades(f, u, f.env())
+	e.tellReady = func() error { u.readies++; return errors.New("write: broken pipe") }
+	e.pid = 4242
+	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	s.inherit([]int{0, 1})
+	s.step()
+	ready(s, 100, 101)
+	if u.readies != 1 || !slices.Contains(f.notes, "MAINPID=4242\nREADY=1") {
+		t.Fatalf("ready reported %d times; notifications %q, want MAINPID=4242 and READY=1", u.readies, f.notes)
 	}
 }
 
