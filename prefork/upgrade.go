@@ -123,6 +123,9 @@ func (in *inheritance) watch(post func(any)) {
 		var b [1]byte
 		for {
 			if _, err := in.channel.Read(b[:]); err != nil {
+				// The old supervisor is gone: its end of the channel
+				// with it. A later tellReady fails, as it must.
+				in.channel.Close()
 				post(mainEvent{gone: true})
 				return
 			}
