@@ -174,6 +174,14 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		if ex.req.Method() == http.MethodHead {
 			return ex.cachePass(xMiss) // a HEAD response has no body to store
 		}
+		if waited && !f.Filling {
+			// The fetch this one waited for ended and left nothing to
+			// serve (the response was not storable, or failed): fetched
+			// at once, not stored, rather than in turn behind yet another
+			// fetch of the same (every request for a private page
+			// would queue behind the one before).
+			return ex.cachePass(xMiss)
+		}
 		if !f.Filling {
 			lock, held, err := tab.CacheLock(ex.cache.key, now)
 			if err != nil {

@@ -189,6 +189,23 @@ func TestCacheRevalidation(t *testing.T) {
 	a.resps = []fakeResp{{status: 304, header: hdr("Date", clk.date(0), "Cache-Control", "max-age=60")}}
 	wantAnswer(t, "revalidated, to a conditional request", get("If-None-Match", `"e1"`), 304, "REVALIDATED", "")
 
+	// A 304 with Set-Cookie (a session renewed): its cookie goes to this
+	// client, and to nobody else, and like a 200 with one it outdates the
+	// entry rather than refresh it.
+	clk.advance(2 * time.Minute)
+	a.resps = []fakeResp{{status: 304, header: hdr("Date", clk.date(0), "Cache-Control", "max-age=60", "Set-Cookie", "s=renewed")}}
+	r = get()
+	wantAnswer(t, "revalidated with a cookie", r, 200, "REVALIDATED", "one")
+	if r.get("Set-Cookie") != "s=renewed" {
+		t.Fatalf("the 304's Set-Cookie did not reach its client: %+v", r.header)
+	}
+	a.resps = []fakeResp{{status: 200, body: []byte("after"), header: hdr("Cache-Control", "max-age=60", "Date", clk.date(0))}}
+	r = get()
+	wantAnswer(t, "the entry the cookie outdated", r, 200, "MISS", "after")
+	if r.get("Set-Cookie") != "" {
+		t.Fatalf("another client got the cookie: %+v", r.header)
+	}
+
 	// A new response replaces the entry.
 	clk.advance(2 * time.Minute)
 	a.resps = []fakeResp{{status: 200, body: []byte("two"), header: hdr("Cache-Control", "max-age=60", "Etag", `"e2"`, "Date", clk.date(0))}}

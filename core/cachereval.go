@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/textproto"
+	"strings"
 	"unsafe"
 
 	"github.com/preforkd/preforkd/core/httpcache"
@@ -121,20 +122,30 @@ func (ex *Exchange) revalidated(status int, h Header) *Response {
 	age := max(ex.cache.ent.Age+now-ex.cache.ent.Stored, 0)
 	ex.fields = ex.fields[:ex.cache.fieldsAt] // no X-Cache: MISS
 	ex.serve(age, xRevalidated)
+	// The 304's Set-Cookie is this client's (a session renewed): never
+	// stored, always passed on.
+	for _, f := range got {
+		if strings.EqualFold(f.Name, "Set-Cookie") {
+			ex.fields = append(ex.fields, Field{"Set-Cookie", f.Value})
+		}
+	}
+	ex.resp.Fields = ex.fields
 	return &ex.resp
 }
 
 // mergeFields is the stale entry's fields updated with those of a 304
 // (RFC 9111 §3.2): every field the 304 has that a cache stores replaces
 // the entry's of that name; the others stay. A 304 without a Date gets
-// the time it arrived (plan adds it).
+// the time it arrived (plan adds it). Its Set-Cookie stays in, so that
+// plan refuses to store the updated response, as it refuses a 200 with
+// one (the entry is outdated by it).
 func (ex *Exchange) mergeFields(got []httpcache.Field) []httpcache.Field {
 	var cb [8]string
 	conn := httpcache.Lines(got, "Connection", cb[:0])
 	fresh := got[:0:0]
 	for _, f := range got {
 		name := textproto.CanonicalMIMEHeaderKey(f.Name)
-		if unstoredFields[name] || ex.coreField(name) || httpfield.HasToken(conn, name) {
+		if unstoredFields[name] && name != "Set-Cookie" || ex.coreField(name) || httpfield.HasToken(conn, name) {
 			continue
 		}
 		fresh = append(fresh, httpcache.Field{Name: name, Value: f.Value})

@@ -689,6 +689,47 @@ func TestCacheOneFetchPerMiss(t *testing.T) {
 	}
 }
 
+// Misses that waited for a fetch whose response could not be stored
+// (private here) go to the application together, not in turn behind one
+// fetch after another: every request for a private page would queue.
+func TestCacheUnstorableFetchesAreNotQueued(t *testing.T) {
+	release := make(chan struct{})
+	var inFlight, most atomic.Int32
+	f := newCacheFixture(t, cacheAll(), func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			<-release
+		} else {
+			// Wait a moment for another fetch beside this one.
+			now := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			for end := time.Now().Add(300 * time.Millisecond); now < 2 && time.Now().Before(end); now = inFlight.Load() {
+				time.Sleep(time.Millisecond)
+			}
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+		}
+		cacheable("private, max-age=60")(n, w, r)
+	})
+	var wg sync.WaitGroup
+	results := make([]*httptest.ResponseRecorder, 6)
+	for i := range results {
+		wg.Go(func() { results[i] = f.get("/account") })
+	}
+	for f.stats().Waits < 5 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	for _, w := range results {
+		if w.Code != 200 || w.Header().Get("X-Cache") != "MISS" {
+			t.Fatalf("%d X-Cache %q", w.Code, w.Header().Get("X-Cache"))
+		}
+	}
+	if n := f.o.count("/account"); n != 6 || most.Load() < 2 {
+		t.Fatalf("%d fetches, at most %d at once after the first; want 6, several at once", n, most.Load())
+	}
+}
+
 // The cache comes after rate limiting: a refused request never fills it,
 // and a hit is counted by the rule.
 func TestCacheAfterRateLimit(t *testing.T) {
