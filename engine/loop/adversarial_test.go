@@ -4,6 +4,8 @@ package loop_test
 
 import (
 	"bufio"
+	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -374,4 +376,37 @@ func TestNextRequestAfterLargeAnswer(t *testing.T) {
 		t.Fatalf("the next request, after the large answer was read whole: %v (idle_timeout 10s)", err)
 	}
 	io.Copy(io.Discard, resp.Body)
+}
+
+// A response the core keeps (a cache fill) whose client stopped reading,
+// so that the upstream was held back, and then went away: the rest is
+// read to its end (and dropped), not left with the upstream's connection
+// and its timer both stopped for good.
+func TestKeptResponseOfAGoneClientIsReadToItsEnd(t *testing.T) {
+	t.Parallel()
+	const size = 16 << 20
+	ln := listen(t)
+	result := make(chan error, 1)
+	wiretest.AcceptEach(ln, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			result <- err
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
+		c.SetWriteDeadline(time.Now().Add(8 * time.Second))
+		_, err := c.Write(bytes.Repeat([]byte("x"), size))
+		result <- err
+	})
+	addr, _ := serve(t, loop.Options{Upstream: "http://" + ln.Addr().String(), Loops: 1, Core: configCore(t, cacheRules),
+		Client: engine.Upstream{Timeout: 20 * time.Second}})
+	c, _ := dial(t, addr)
+	c.(*net.TCPConn).SetReadBuffer(4096)
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(300 * time.Millisecond) // the client's output passes highWater: the upstream is held back
+	c.Close()
+	if err := <-result; err != nil {
+		t.Fatalf("the upstream's body after its client went away: %v; want it read to its end", err)
+	}
 }

@@ -341,6 +341,10 @@ func (r *request) clientClosed(err error) {
 		// A waiter decides it; resume finishes it.
 	case r.keep && (r.phase == phUpstream || r.phase == phRelay) && r.up != nil && r.body.done:
 		r.discarded = true
+		// Held back while the client's output was full (and its timer
+		// with it, the client's send timeout watching): nobody drains
+		// that output any more.
+		r.up.resumeRead()
 	case r.up != nil:
 		r.up.close()
 		r.up = nil
