@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"strconv"
 	"strings"
@@ -408,5 +409,28 @@ func TestKeptResponseOfAGoneClientIsReadToItsEnd(t *testing.T) {
 	c.Close()
 	if err := <-result; err != nil {
 		t.Fatalf("the upstream's body after its client went away: %v; want it read to its end", err)
+	}
+}
+
+// An upstream name of several addresses: the dials go round them, and
+// one that refuses gives way to the next (localhost as ::1 and 127.0.0.1
+// to an application on IPv4 only; a dead address among live ones).
+func TestUpstreamAddressesTriedInTurn(t *testing.T) {
+	t.Parallel()
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	live := netip.MustParseAddrPort(strings.TrimPrefix(up, "http://"))
+	addr, s := serve(t, loop.Options{Upstream: up, Loops: 1, Client: engine.Upstream{MaxIdle: -1}})
+	loop.SetUpstreamAddrs(s, []netip.AddrPort{
+		netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), live.Port()), // nothing listens there
+		netip.AddrPortFrom(netip.IPv6Loopback(), live.Port()),
+		live,
+	})
+	for i := range 6 {
+		c, br := dial(t, addr)
+		resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+		c.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
 	}
 }

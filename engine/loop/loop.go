@@ -247,6 +247,9 @@ func (l *loop) interest(fd int, have *uint8, want uint8) error {
 // listener, shared with the other workers, is taken out by hand).
 func (l *loop) forget(fd int, have *uint8) {
 	*have = 0
+	if fd < 0 {
+		return // none (an upstream connection whose every address failed)
+	}
 	if fd < len(l.fds) {
 		l.fds[fd] = nil
 	}

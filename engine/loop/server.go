@@ -38,6 +38,7 @@ type Server struct {
 	draining  atomic.Bool
 
 	addrs    atomic.Pointer[[]netip.AddrPort] // the upstream's, resolved
+	nextAddr atomic.Uint32                    // where the next dial starts in addrs (round robin)
 	resolve  chan struct{}                    // closed by Close: ends the resolver
 	resolver sync.WaitGroup
 	warnerWG sync.WaitGroup
@@ -395,13 +396,18 @@ func (s *Server) lookup() bool {
 	return true
 }
 
-// upstreamAddr is the address to connect to.
-func (s *Server) upstreamAddr() (netip.AddrPort, bool) {
+// upstreamAddrs are the addresses a dial tries, and where it starts:
+// each dial one further on (round robin over a name's addresses, as the
+// fasthttp engine dials), each next one tried when one fails.
+func (s *Server) upstreamAddrs() (addrs []netip.AddrPort, first int) {
 	p := s.addrs.Load()
 	if p == nil || len(*p) == 0 {
-		return netip.AddrPort{}, false
+		return nil, 0
 	}
-	return (*p)[0], true
+	if len(*p) == 1 {
+		return *p, 0
+	}
+	return *p, int((s.nextAddr.Add(1) - 1) % uint32(len(*p)))
 }
 
 // Warnings: at most one line a second per kind, the next saying how many

@@ -5,6 +5,7 @@ package loop
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 	"unsafe"
 
@@ -53,6 +54,11 @@ type upConn struct {
 
 	tun      *tunnel // the tunnel it carries, once upgraded
 	writeErr error   // a write failed: the failure is handled by a task
+
+	// The dial's addresses, the one it began with, and how many it tried:
+	// one that refuses or does not answer in time gives way to the next.
+	addrs        []netip.AddrPort
+	first, tried int
 
 	resp     respHead
 	headDone bool
@@ -135,10 +141,37 @@ func (p *upPool) closeIdle() {
 
 // dial opens a connection to the upstream, without waiting for it.
 func (l *loop) dial() (*upConn, error) {
-	ap, ok := l.s.upstreamAddr()
-	if !ok {
+	addrs, first := l.s.upstreamAddrs()
+	if len(addrs) == 0 {
 		return nil, &dialError{errUnresolved}
 	}
+	u := &upConn{l: l, state: upBusy, addrs: addrs, first: first}
+	u.t.f = u
+	if err := u.connect(); err != nil {
+		return nil, err
+	}
+	l.upstreams++
+	return u, nil
+}
+
+// connect begins a connection to the next of the dial's addresses not
+// tried yet, passing over those that fail at once; the error is the last
+// one's.
+func (u *upConn) connect() error {
+	var err error
+	for u.tried < len(u.addrs) {
+		ap := u.addrs[(u.first+u.tried)%len(u.addrs)]
+		u.tried++
+		if err = u.connectTo(ap); err == nil {
+			return nil
+		}
+	}
+	return &dialError{err}
+}
+
+// connectTo begins a connection to ap on a new socket.
+func (u *upConn) connectTo(ap netip.AddrPort) error {
+	l := u.l
 	var sa unix.Sockaddr
 	family := unix.AF_INET
 	if ap.Addr().Is4() {
@@ -149,11 +182,10 @@ func (l *loop) dial() (*upConn, error) {
 	}
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, &dialError{fmt.Errorf("socket: %w", err)}
+		return fmt.Errorf("socket: %w", err)
 	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	u := &upConn{l: l, fd: fd, state: upBusy}
-	u.t.f = u
+	u.state = upBusy
 	want := wantRead
 	switch err = unix.Connect(fd, sa); err {
 	case nil:
@@ -161,17 +193,38 @@ func (l *loop) dial() (*upConn, error) {
 		u.state, want = upConnecting, wantWrite
 	default:
 		_ = unix.Close(fd)
-		return nil, &dialError{err}
+		return err
 	}
 	if err := l.register(fd, u, &u.have, want); err != nil {
 		_ = unix.Close(fd)
-		return nil, &dialError{err}
+		return err
 	}
-	l.upstreams++
+	u.fd = fd
 	if u.state == upConnecting {
 		l.wheel.arm(&u.t, l.s.o.client.ConnectTimeout)
 	}
-	return u, nil
+	return nil
+}
+
+// redial moves a connection attempt that failed (refused, or no answer
+// within the connect timeout) on to the dial's next address, keeping what
+// is queued for it; false when none is left, or none can be tried.
+func (u *upConn) redial() bool {
+	if u.tried >= len(u.addrs) {
+		return false
+	}
+	u.l.wheel.unlink(&u.t)
+	u.l.forget(u.fd, &u.have)
+	if err := u.connect(); err != nil {
+		// Not even a socket: the connection is closed as failed, and
+		// close forgets no descriptor twice.
+		u.fd = -1
+		return false
+	}
+	if u.state == upBusy {
+		u.connected() // connected at once: what is queued goes
+	}
+	return true
 }
 
 // clean reports, without blocking, whether an idle connection has nothing
@@ -367,7 +420,9 @@ func (u *upConn) connected() {
 		err = unix.Errno(soerr)
 	}
 	if err != nil {
-		u.failed(&dialError{err})
+		if !u.redial() {
+			u.failed(&dialError{err})
+		}
 		return
 	}
 	u.state = upBusy
@@ -632,7 +687,9 @@ func (u *upConn) expire() {
 	}
 	switch u.state {
 	case upConnecting:
-		u.failed(&dialError{errConnectTimeout})
+		if !u.redial() {
+			u.failed(&dialError{errConnectTimeout})
+		}
 	case upIdle:
 		u.l.pool.remove(u)
 		u.close()
