@@ -129,8 +129,10 @@ type Upstream struct {
 	ConnectTimeout time.Duration
 	// Timeout bounds the wait for the upstream's response header (504
 	// when it passes) and then between two reads of its body, like nginx's
-	// proxy_read_timeout; also between two writes of the request. 0 means
-	// 60s.
+	// proxy_read_timeout; also between two writes of the request. While a
+	// request body streams from the client, the waits for its next bytes
+	// are not the upstream's (client_body_timeout bounds them): the wait
+	// for the header runs from the last byte sent. 0 means 60s.
 	Timeout time.Duration
 	// MaxIdle is how many idle keep-alive connections to the upstream
 	// each worker keeps for reuse. 0 means 256; negative keeps none.

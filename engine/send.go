@@ -31,9 +31,12 @@ var lastChunk = []byte("0\r\n\r\n")
 // the client: pre (what was read ahead), then the rest read from rest,
 // length bytes in all, or re-chunked when length is negative (unknown).
 // A chunk goes in one write. A failure to read rest is a
-// *BodyReadError, as is a body that ends before length.
+// *BodyReadError, as is a body that ends before length. A w with a
+// ClientTurn method is told before each read of rest: what comes next is
+// the client's to send, not the upstream's to take.
 func SendBody(w io.Writer, head, pre []byte, rest io.Reader, length int64) error {
 	chunked := length < 0
+	turn, _ := w.(interface{ ClientTurn() })
 	bp := sendBufPool.Get().(*[]byte)
 	defer sendBufPool.Put(bp)
 	buf := *bp
@@ -50,6 +53,9 @@ func SendBody(w io.Writer, head, pre []byte, rest io.Reader, length int64) error
 		data := buf[chunkData : len(buf)-2]
 		if !chunked && int64(len(data)) > left {
 			data = data[:left]
+		}
+		if turn != nil {
+			turn.ClientTurn()
 		}
 		n, err := rest.Read(data)
 		if n > 0 {

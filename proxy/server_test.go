@@ -751,6 +751,44 @@ func TestEarlyResponse(t *testing.T) {
 	}
 }
 
+// TestSlowUploadIsTheClients: a body streamed with pauses longer than
+// upstream_timeout but within client_body_timeout is the client's to
+// send: the upstream's clock does not run while it waits for the client,
+// and the request is served (not 504, nor 408).
+func TestSlowUploadIsTheClients(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		ln := listen(t)
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			n, _ := io.Copy(io.Discard, req.Body)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%d", len(strconv.FormatInt(n, 10)), n)
+		})
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String(),
+			Client: engine.Upstream{Timeout: 300 * time.Millisecond},
+			Limits: engine.Limits{ClientBodyTimeout: 5 * time.Second}})
+		c, br := dial(t, r.Addr)
+		const total = 100<<10 + 2
+		go func() {
+			fmt.Fprintf(c, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", total)
+			c.Write(make([]byte, 100<<10)) // past the read-ahead: streamed
+			for range 2 {
+				time.Sleep(700 * time.Millisecond)
+				c.Write([]byte("x"))
+			}
+		}()
+		resp, body := readResponse(t, br, "POST")
+		if resp.StatusCode != 200 || string(body) != strconv.Itoa(total) {
+			t.Errorf("%d %q, want 200 and the whole body upstream", resp.StatusCode, body)
+		}
+	})
+}
+
 // TestShutdownFailsNoRequest: a drain lets the request in flight finish,
 // tells a busy keep-alive connection Connection: close, serves a request
 // that arrives on an idle connection within the grace

@@ -181,6 +181,12 @@ func (r *request) bodyProgress() {
 		// client's.
 		if b.taking() && !r.upstreamFull() {
 			c.setRead(r.l.s.o.limits.ClientBodyTimeout)
+			if u := r.up; u != nil && b.sink == sinkUpstream && u.state == upBusy && !u.headDone && u.backlog() == 0 {
+				// The upstream took all it was sent: the wait is the
+				// client's alone, and the upstream's clock stops until
+				// the next bytes go (flush arms it).
+				r.l.wheel.disarm(&u.t)
+			}
 		} else {
 			c.clearRead()
 		}

@@ -363,8 +363,13 @@ func (u *upConn) flush() {
 		} else if c != nil && !c.processing {
 			if r.body.taking() {
 				// The client's turn again (bodyProgress stopped its
-				// clock while the upstream had highWater queued).
+				// clock while the upstream had highWater queued), and
+				// not the upstream's: its clock stops until the next
+				// bytes go (a slow client is client_body_timeout's).
 				c.setRead(l.s.o.limits.ClientBodyTimeout)
+				if !u.headDone {
+					l.wheel.disarm(&u.t)
+				}
 			}
 			c.checkInput()
 		}

@@ -100,6 +100,16 @@ func (c *Conn) AwaitHead() error {
 	return c.Conn.SetReadDeadline(time.Now().Add(c.u.timeout))
 }
 
+// ClientTurn stops the wait for the response head while the request's
+// next bytes are the client's to send (a body streamed as it comes): a
+// slow client is client_body_timeout's to judge, not the upstream's. The
+// next Write starts the wait again.
+func (c *Conn) ClientTurn() {
+	if c.awaiting.Load() {
+		_ = c.Conn.SetReadDeadline(time.Time{})
+	}
+}
+
 // HeadRead ends the wait AwaitHead began: reads move their deadline again.
 func (c *Conn) HeadRead() { c.awaiting.Store(false) }
 
