@@ -434,3 +434,53 @@ func TestUpstreamAddressesTriedInTurn(t *testing.T) {
 		}
 	}
 }
+
+// upstream_max_idle is the worker's, whatever its number of loops: 16
+// requests at once over 4 loops leave at most one idle upstream
+// connection for upstream_max_idle 1.
+func TestMaxIdleIsTheWorkers(t *testing.T) {
+	t.Parallel()
+	ln := listen(t)
+	var open atomic.Int32
+	wiretest.AcceptEach(ln, func(c net.Conn) {
+		open.Add(1)
+		defer open.Add(-1)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond) // so that the requests overlap
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	addr, _ := serve(t, loop.Options{Upstream: "http://" + ln.Addr().String(), Loops: 4, Client: engine.Upstream{MaxIdle: 1}})
+	done := make(chan error, 16)
+	for range 16 {
+		go func() {
+			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+			_, err = http.ReadResponse(bufio.NewReader(c), nil)
+			done <- err
+		}()
+	}
+	for range 16 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for end := time.Now().Add(5 * time.Second); open.Load() > 1 && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := open.Load(); n > 1 {
+		t.Errorf("upstream_max_idle 1: %d idle upstream connections kept", n)
+	}
+}

@@ -81,14 +81,19 @@ func New(o Options) (*Server, error) {
 	}
 	s.warnerWG.Add(1)
 	go s.warner()
-	perLoop := (so.client.MaxIdle + so.Loops - 1) / so.Loops
-	for range so.Loops {
+	// upstream_max_idle is the worker's: shared out among its loops, the
+	// first ones taking one more of what does not divide.
+	maxIdle := max(so.client.MaxIdle, 0)
+	for i := range so.Loops {
 		l, err := newLoop(s)
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("loop: %w", err)
 		}
-		l.pool.max = perLoop
+		l.pool.max = maxIdle / so.Loops
+		if i < maxIdle%so.Loops {
+			l.pool.max++
+		}
 		s.loops = append(s.loops, l)
 	}
 	for _, l := range s.loops {
