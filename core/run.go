@@ -242,6 +242,16 @@ func (ex *Exchange) Refuse(status int, detail string, close bool) *Response {
 // refresh the previous Finish asked for: the exchange then ends.
 var ErrNoRefresh = errors.New("core: refresh not made")
 
+// ErrClientGone is what an engine gives Finish (wrapped or not) when the
+// client went away: one that went before any response began is counted
+// and logged as StatusClientClosed, as nginx logs 499, not as a server
+// error (which a canary judges).
+var ErrClientGone = errors.New("core: the client went away")
+
+// StatusClientClosed is the status counted and logged for a request
+// whose client went away before its response began (nginx's 499).
+const StatusClientClosed = 499
+
 // Finish ends the exchange: err is nil when the response reached its end
 // (it was sent whole, or in a refresh, read whole), else why not. What was
 // recorded is stored or let go; the response sent to the client is
@@ -264,6 +274,9 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 	}
 	if ex.status == 0 {
 		ex.status = ex.resp.Status // a Respond answer
+	}
+	if ex.status == 0 && errors.Is(err, ErrClientGone) {
+		ex.status = StatusClientClosed
 	}
 	if ex.status == 0 {
 		// Passed, and the engine was never told of a response (the

@@ -88,6 +88,13 @@ func reloader(path string, o overrides, region func() *shm.Region, log *slog.Log
 			}
 		}
 		cfg = keepRestartOnly(log, old, cfg)
+		// What runs is the file with the running values of the
+		// restart-only keys: checked again as such, since a check can
+		// span the two ([[idempotency]] max_body within [table]'s
+		// response_bytes).
+		if err := cfg.Validate(); err != nil {
+			return running, fmt.Errorf("%w (with the running values of the settings that need a restart)", err)
+		}
 		if cfg, err = withTickets(cfg, &old, time.Now()); err != nil {
 			return running, err
 		}

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/metrics"
 )
@@ -57,7 +58,7 @@ const (
 
 var (
 	errServerClosed = errors.New("loop: the server closed")
-	errClientGone   = errors.New("loop: the client went away")
+	errClientGone   = core.ErrClientGone
 	errSendTimeout  = errors.New("loop: the client read nothing for the send timeout")
 )
 

@@ -340,6 +340,9 @@ func (r *request) done() {
 // (its connection closed). A response the core keeps is still read to its
 // end, and stored.
 func (r *request) clientClosed(err error) {
+	if err != errServerClosed && !errors.Is(err, core.ErrClientGone) {
+		err = errors.Join(core.ErrClientGone, err) // a reset, a send timeout
+	}
 	r.gone.Store(true)
 	r.c = nil
 	switch {

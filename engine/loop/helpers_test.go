@@ -22,8 +22,8 @@ import (
 var quietLog = slog.New(slog.DiscardHandler)
 
 // configCore is the decision core a worker builds from the configuration
-// text toml, over a region of its own.
-func configCore(t testing.TB, toml string) *core.Core {
+// text toml, over a region of its own, its options changed by set.
+func configCore(t testing.TB, toml string, set ...func(*core.Options)) *core.Core {
 	t.Helper()
 	cfg, err := config.Parse([]byte(toml), "test.toml")
 	if err != nil {
@@ -42,6 +42,9 @@ func configCore(t testing.TB, toml string) *core.Core {
 		t.Fatal(err)
 	}
 	o.Logger = quietLog
+	for _, f := range set {
+		f(&o)
+	}
 	c, err := core.New(region, o)
 	if err != nil {
 		t.Fatal(err)
