@@ -177,3 +177,30 @@ func TestStatusRulesShadow(t *testing.T) {
 		t.Errorf("under server.shadow: mode %q, want shadow", got)
 	}
 }
+
+// A reload is checked as it will run: the file with the running values of
+// the restart-only keys. An [[idempotency]] max_body that fits the file's
+// own [table] but not the running one is refused, not run invalid.
+func TestReloadCheckedWithTheRunningTable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "preforkd.toml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[server]\nworkers = 1\n[table]\nresponse_bytes = \"1MiB\"\n[[idempotency]]\npath = \"/orders\"\nmax_body = \"512KiB\"\n")
+	base, err := loadConfig(path, overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := settingsOf(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines logtest.Buffer
+	reload := reloader(path, overrides{}, func() *shm.Region { return nil }, slog.New(slog.NewTextHandler(&lines, nil)))
+	write("[server]\nworkers = 1\n[table]\nresponse_bytes = \"8MiB\"\n[[idempotency]]\npath = \"/orders\"\nmax_body = \"4MiB\"\n")
+	if _, err := reload(running); err == nil || !strings.Contains(err.Error(), "max_body") || !strings.Contains(err.Error(), "need a restart") {
+		t.Fatalf("reload: %v; want it refused, naming max_body and the restart", err)
+	}
+}
