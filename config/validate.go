@@ -98,8 +98,8 @@ func (c Config) check(r *report) {
 		f := r.at([]string{"admin"}, "admin.")
 		if err := checkAdminAddr(a); err != nil {
 			f("listen", "%v", err)
-		} else if a == s.Listen {
-			f("listen", "%q is also server.listen", a)
+		} else if sameSocket(a, s.Listen) {
+			f("listen", "%q takes server.listen's port (%q)", a, s.Listen)
 		}
 	}
 
@@ -482,4 +482,20 @@ func (r *report) has(path ...string) bool {
 	r.line()
 	_, ok := r.lines[joinPath(path)]
 	return ok
+}
+
+// sameSocket reports whether listening on a and on b would take one
+// port: the same port, and hosts that are the same or of which one is a
+// wildcard (all addresses). Unix socket paths are compared as written.
+func sameSocket(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa != pb {
+		return false
+	}
+	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wild(ha) || wild(hb)
 }

@@ -68,7 +68,7 @@ func Inspect(path string, w io.Writer) error {
 func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	defer w.Flush()
-	fmt.Fprintf(w, "file:\t%s (dump, %d bytes, mode %v)\n", path, len(data), fi.Mode().Perm())
+	fmt.Fprintf(w, "file:\t%s (dump, %d bytes, mode %v)\n", path, fi.Size(), fi.Mode().Perm())
 	p, whole := parse(data)
 	if whole != nil {
 		fmt.Fprintf(w, "verdict:\trefused: %s\n", whole)

@@ -56,7 +56,7 @@ func TestInspect(t *testing.T) {
 		{"bad", []string{`refused:\s+counters: checksum`, `verdict:\s+partly refused: counters: checksum`}, true},
 		{"seeded", []string{`counters: seed: section seeds 0x[0-9a-f]+/0x[0-9a-f]+, header seeds 0x[0-9a-f]+/0x[0-9a-f]+`,
 			`verdict:\s+partly refused: counters: seed`}, true},
-		{"notadump", []string{`verdict:\s+refused: dump: bad magic`}, true},
+		{"notadump", []string{`dump, 12 bytes,`, `verdict:\s+refused: dump: bad magic`}, true},
 		{"shared", []string{`section 1:\s+counters`, `verdict:\s+refused: dump: untrusted: mode 0666: writable by group or others`}, true},
 		{"adir", []string{`verdict:\s+refused: dump: unreadable: not a regular file \(d---------\)`}, true},
 		{"live", []string{`live region`, `lock:\s+last taken by pid \d+, which is running`, `occupancy:\s+3.12%: 2 live`,

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +110,30 @@ func TestConnectionStates(t *testing.T) {
 			c.Close()
 		}
 		waitConns(t, region, "all closed", connCounts{0, 0, 0, 7, 2})
+	})
+}
+
+// A connection whose request awaits its body after 100 Continue is
+// writing (a request in progress), on every engine.
+func TestConnectionAwaitingItsBodyIsWriting(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		o := shm.Options{Counters: 64, MaxWorkers: 2}
+		metrics.Geometry(&o, 0)
+		region := shmtest.Joined(t, o)
+		c, err := core.New(region, core.Options{Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := e.serve(t, storyOptions{Core: c, Upstream: up.URL()}).Addr
+		conn, br := dial(t, addr)
+		io.WriteString(conn, "POST /u HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
+		if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+			t.Fatalf("%q, %v; want 100 Continue", line, err)
+		}
+		waitConns(t, region, "its body awaited", connCounts{0, 1, 0, 1, 0})
+		conn.Close()
+		waitConns(t, region, "closed", connCounts{0, 0, 0, 1, 0})
 	})
 }

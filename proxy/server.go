@@ -312,6 +312,9 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	}
 	r.ex = ex
 	r.c.early = r
+	r.c.mu.Lock()
+	r.c.setMetric(metrics.ConnWriting) // its body comes: the request is in progress, as on the loop
+	r.c.mu.Unlock()
 	return fasthttp.StatusContinue
 }
 
