@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"io"
 	"net"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
