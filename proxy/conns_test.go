@@ -40,6 +40,20 @@ func waitConns(t *testing.T, r *shm.Region, when string, want connCounts) {
 	}
 }
 
+// countedCore is a core without rules over a region of its own, with
+// the statistics rows that count connections.
+func countedCore(t *testing.T) (*shm.Region, *core.Core) {
+	t.Helper()
+	o := shm.Options{Counters: 64, MaxWorkers: 2}
+	metrics.Geometry(&o, 0)
+	region := shmtest.Joined(t, o)
+	c, err := core.New(region, core.Options{Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return region, c
+}
+
 // Every connection is counted in the state it is in, as nginx's
 // stub_status counts them: a new one and one sending its header reading,
 // one whose request is at the upstream writing, one kept alive idle; the
@@ -57,13 +71,7 @@ func TestConnectionStates(t *testing.T) {
 			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		})
 		t.Cleanup(func() { once.Do(func() { close(release) }) })
-		o := shm.Options{Counters: 64, MaxWorkers: 2}
-		metrics.Geometry(&o, 0)
-		region := shmtest.Joined(t, o)
-		c, err := core.New(region, core.Options{Logger: quietLog})
-		if err != nil {
-			t.Fatal(err)
-		}
+		region, c := countedCore(t)
 		addr := e.serve(t, storyOptions{Core: c, Upstream: up.URL(), Limits: engine.Limits{MaxConnections: 6}}).Addr
 
 		fresh, _ := dial(t, addr) // no byte yet: reading, as it awaits its header
@@ -119,13 +127,7 @@ func TestConnectionAwaitingItsBodyIsWriting(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		up := startUpstream(t, nil)
-		o := shm.Options{Counters: 64, MaxWorkers: 2}
-		metrics.Geometry(&o, 0)
-		region := shmtest.Joined(t, o)
-		c, err := core.New(region, core.Options{Logger: quietLog})
-		if err != nil {
-			t.Fatal(err)
-		}
+		region, c := countedCore(t)
 		addr := e.serve(t, storyOptions{Core: c, Upstream: up.URL()}).Addr
 		conn, br := dial(t, addr)
 		io.WriteString(conn, "POST /u HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -78,24 +79,9 @@ func TestReloadOfBlocksKeepsTableQuiet(t *testing.T) {
 // file that does not load keeps the running settings, its error naming
 // the line.
 func TestReloader(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "preforkd.toml")
-	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("[server]\nworkers = 1\nupstream = \"http://127.0.0.1:9000\"\n\n[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 5\nwindow = \"1m\"\n")
-	base, err := loadConfig(path, overrides{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running, err := settingsOf(base)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var buf logtest.Buffer
-	reload := reloader(path, overrides{listen: "127.0.0.1:7"}, func() *shm.Region { return nil }, slog.New(slog.NewTextHandler(&buf, nil)))
+	write, running, reload := reloadFixture(t, "[server]\nworkers = 1\nupstream = \"http://127.0.0.1:9000\"\n\n[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 5\nwindow = \"1m\"\n",
+		overrides{listen: "127.0.0.1:7"}, &buf)
 
 	write("[server]\nworkers = 1\nupstream = \"http://127.0.0.1:9001/s3cret\"\n\n" +
 		"[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 10\nwindow = \"1m\"\n\n" +
@@ -105,6 +91,7 @@ func TestReloader(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg, err := configOf(next)
+	base, _ := configOf(running)
 	if err != nil || len(cfg.RateLimits) != 2 || cfg.Server.Listen != base.Server.Listen {
 		t.Fatalf("the new settings' configuration: %+v, %v (listen is restart-only, whatever -listen says)", cfg, err)
 	}
@@ -124,7 +111,7 @@ func TestReloader(t *testing.T) {
 	}
 
 	write("[server]\nworkers = 1\nlisen = \"x\"\n")
-	if _, err := reload(next); err == nil || !strings.Contains(err.Error(), path+":3") || !strings.Contains(err.Error(), "lisen") {
+	if _, err := reload(next); err == nil || !strings.Contains(err.Error(), "preforkd.toml:3") || !strings.Contains(err.Error(), "lisen") {
 		t.Errorf("a broken file: %v, want its line and key", err)
 	}
 }
@@ -182,25 +169,33 @@ func TestStatusRulesShadow(t *testing.T) {
 // the restart-only keys. An [[idempotency]] max_body that fits the file's
 // own [table] but not the running one is refused, not run invalid.
 func TestReloadCheckedWithTheRunningTable(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "preforkd.toml")
-	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("[server]\nworkers = 1\n[table]\nresponse_bytes = \"1MiB\"\n[[idempotency]]\npath = \"/orders\"\nmax_body = \"512KiB\"\n")
-	base, err := loadConfig(path, overrides{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running, err := settingsOf(base)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var lines logtest.Buffer
-	reload := reloader(path, overrides{}, func() *shm.Region { return nil }, slog.New(slog.NewTextHandler(&lines, nil)))
+	write, running, reload := reloadFixture(t, "[server]\nworkers = 1\n[table]\nresponse_bytes = \"1MiB\"\n[[idempotency]]\npath = \"/orders\"\nmax_body = \"512KiB\"\n",
+		overrides{}, &lines)
 	write("[server]\nworkers = 1\n[table]\nresponse_bytes = \"8MiB\"\n[[idempotency]]\npath = \"/orders\"\nmax_body = \"4MiB\"\n")
 	if _, err := reload(running); err == nil || !strings.Contains(err.Error(), "max_body") || !strings.Contains(err.Error(), "need a restart") {
 		t.Fatalf("reload: %v; want it refused, naming max_body and the restart", err)
 	}
+}
+
+// reloadFixture writes first as the configuration file and loads it as
+// running; write rewrites the file, and reload is the reloader over it,
+// with o, logging to log.
+func reloadFixture(t *testing.T, first string, o overrides, log io.Writer) (write func(string), running prefork.Settings, reload func(prefork.Settings) (prefork.Settings, error)) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "preforkd.toml")
+	write = func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(first)
+	base, err := loadConfig(path, overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running, err = settingsOf(base); err != nil {
+		t.Fatal(err)
+	}
+	return write, running, reloader(path, o, func() *shm.Region { return nil }, slog.New(slog.NewTextHandler(log, nil)))
 }
