@@ -31,13 +31,6 @@ const (
 	stateHijacked                  // upgraded: a tunnel owns it
 )
 
-// lingerTime and lingerBytes bound the reading that a close after an error
-// response does first (see conn.Close).
-const (
-	lingerTime  = 500 * time.Millisecond
-	lingerBytes = 256 << 10
-)
-
 // conn is a client connection as fasthttp sees it.
 type conn struct {
 	net.Conn
@@ -57,7 +50,7 @@ type conn struct {
 	// as the answer to the client's next request.
 	mute bool
 	// head scans a header section being read (Read).
-	head headScan
+	head engine.HeadScan
 	// early is the request expect parsed and began deciding, until the
 	// handler serves it. Touched only by the serving goroutine.
 	early *request
@@ -99,7 +92,7 @@ func (c *conn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	if c.head.refuse {
+	if c.head.Refuse() {
 		// The section now awaited came whole with the request before
 		// it, and has a bare LF: fasthttp would wait for the CRLF CRLF.
 		return 0, errBareLFRead
@@ -108,7 +101,7 @@ func (c *conn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.reads.Add(1)
 	}
-	if n > 0 && c.head.scan(p[:n]) {
+	if n > 0 && c.head.Scan(p[:n]) {
 		return 0, errBareLFRead
 	}
 	return n, err
@@ -129,59 +122,6 @@ func (c *conn) stopReading() {
 
 // errBareLFRead is a header section with a line ended by a bare LF.
 var errBareLFRead = errors.New("proxy: a header line ended by a bare LF")
-
-// headScan follows the bytes read from the client. It checks those of a
-// header section, from the read after start to the CRLF CRLF that ends
-// it, and remembers the last bytes of every read: fasthttp reads ahead,
-// so a pipelined section may begin in a read made for the previous
-// request, and its CR and LF may come in two reads.
-type headScan struct {
-	active bool
-	// ahead: checking the bytes read after a section ended, up to the
-	// next CRLF CRLF. They are the next request's section if the request
-	// has no body (bodyless); aheadBareLF, whether they have a bare LF.
-	ahead, aheadBareLF bool
-	bodyless           bool
-	refuse             bool    // the section now awaited has a bare LF: refuse it at the next read
-	last               [3]byte // the last bytes read, the latest at the end
-}
-
-// start begins checking with the next read: a new header section is
-// awaited (its first bytes may have come already, with the request
-// before it).
-func (h *headScan) start() {
-	h.active = true
-	h.refuse = h.bodyless && h.aheadBareLF
-	h.ahead, h.aheadBareLF, h.bodyless = false, false, false
-}
-
-// scan reads b, and reports a bare LF in a header section; it stops
-// checking at the end of the section (what follows is a body, or the
-// next request).
-func (h *headScan) scan(b []byte) (bareLF bool) {
-	for i, x := range b {
-		if !h.active && !h.ahead {
-			for _, y := range b[max(i, len(b)-len(h.last)):] {
-				h.last = [3]byte{h.last[1], h.last[2], y}
-			}
-			return false
-		}
-		if x == '\n' {
-			switch {
-			case h.last[2] != '\r' && h.active:
-				return true
-			case h.last[2] != '\r':
-				h.ahead, h.aheadBareLF = false, true
-			case h.last[0] == '\r' && h.last[1] == '\n':
-				// CRLF CRLF: the section ended; what follows is a body,
-				// or the next request's section.
-				h.active, h.ahead = false, h.active
-			}
-		}
-		h.last = [3]byte{h.last[1], h.last[2], x}
-	}
-	return false
-}
 
 // Write writes to the client with SendTimeout as the longest wait.
 func (c *conn) Write(p []byte) (int, error) {
@@ -221,7 +161,7 @@ func (c *conn) Close() error {
 			r.ex.Finish(nil)
 		}
 		if c.linger && !c.mute {
-			lingerClose(c.Conn)
+			engine.LingerClose(c.Conn)
 		}
 		c.mu.Lock()
 		c.setMetric(metrics.ConnClosed)
@@ -232,19 +172,6 @@ func (c *conn) Close() error {
 		c.closeErr = c.Conn.Close()
 	})
 	return c.closeErr
-}
-
-// lingerClose half-closes nc and discards what the peer still sends for a
-// moment: closing a socket with unread data in it resets the connection,
-// and a reset can destroy the response the peer has not read yet.
-func lingerClose(nc net.Conn) {
-	cw, ok := nc.(interface{ CloseWrite() error })
-	if !ok || cw.CloseWrite() != nil {
-		return
-	}
-	if nc.SetReadDeadline(time.Now().Add(lingerTime)) == nil {
-		_, _ = io.CopyN(io.Discard, nc, lingerBytes)
-	}
 }
 
 // setState is the fasthttp ConnState hook: it moves the read deadline to
@@ -269,7 +196,7 @@ func (s *Server) setState(nc net.Conn, st fasthttp.ConnState) {
 		c.mu.Unlock()
 	case fasthttp.StateIdle:
 		c.bodyTimeout = 0
-		c.head.start()
+		c.head.Start()
 		c.mu.Lock()
 		c.state = stateIdle
 		c.setMetric(metrics.ConnIdle)

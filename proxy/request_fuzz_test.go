@@ -89,7 +89,7 @@ func CheckRequest(t testing.TB, data []byte) (forwarded int) {
 		}
 	}
 	c := &conn{Conn: &byteConn{r: bytes.NewReader(data)}, s: s, peer: checkPeer, idleSince: time.Now()}
-	c.head.start()
+	c.head.Start()
 	_ = s.srv.ServeConn(c) // a refused request ends it with an error
 	return forwarded
 }

@@ -146,7 +146,7 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) track(nc net.Conn, l *listener) *conn {
 	now := time.Now()
 	c := &conn{Conn: nc, s: s, idleSince: now}
-	c.head.start()
+	c.head.Start()
 	if ap, err := netip.ParseAddrPort(nc.RemoteAddr().String()); err == nil {
 		c.peer = ap.Addr().Unmap().WithZone("")
 	}
@@ -322,11 +322,11 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	c := ctx.Conn().(*conn)
 	// What was read after its section is the next request's if it has no
-	// body (headScan): fasthttp's length is 0, or -2 (no Content-Length
+	// body (engine.HeadScan): fasthttp's length is 0, or -2 (no Content-Length
 	// nor Transfer-Encoding: no body, in a request; another coding is
 	// refused by parse).
 	n := ctx.Request.Header.ContentLength()
-	c.head.bodyless = n == 0 || n == -2
+	c.head.Bodyless = n == 0 || n == -2
 	c.mu.Lock()
 	c.setMetric(metrics.ConnWriting) // the request is in progress
 	c.mu.Unlock()

@@ -48,14 +48,6 @@ func (c *conn) setState(st connState) {
 	c.state = st
 }
 
-// lingerTime and lingerBytes bound the reading that a close after an error
-// response does: closing a socket with unread data in it resets the
-// connection, and a reset can destroy the response the peer has not read.
-const (
-	lingerTime  = 500 * time.Millisecond
-	lingerBytes = 256 << 10
-)
-
 var (
 	errServerClosed = errors.New("loop: the server closed")
 	errClientGone   = core.ErrClientGone
@@ -519,7 +511,7 @@ func (c *conn) shut() {
 	}
 	c.setState(csLinger)
 	c.writeDue = 0
-	c.setRead(lingerTime)
+	c.setRead(engine.LingerTime)
 	_ = c.l.interest(c.fd, &c.have, wantRead)
 }
 
@@ -533,7 +525,7 @@ func (c *conn) drainLinger() {
 			c.close(nil)
 			return
 		}
-		if c.lingered += n; c.lingered >= lingerBytes {
+		if c.lingered += n; c.lingered >= engine.LingerBytes {
 			c.close(nil)
 			return
 		}

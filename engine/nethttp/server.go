@@ -141,7 +141,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	var sl net.Listener = l
+	var sl net.Listener = clientListener{l, s}
 	if s.edge != nil {
 		sl = s.edge.Listener(l)
 	}
@@ -160,6 +160,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor == 1 {
 		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
 			s.conns.writing(c)
+			if cc, ok := c.(*clientConn); ok && !cc.began(r.Body == http.NoBody) {
+				// Refused already (clientConn.idle): what net/http writes
+				// for it goes nowhere, and the connection closes.
+				w.Header().Set("Connection", "close")
+				return
+			}
 		}
 	}
 	if s.conns.draining.Load() {
@@ -617,6 +623,9 @@ func (s *Server) trackConn(c net.Conn, st http.ConnState) {
 	g, h2 := c.(h2Conn)
 	if h2 {
 		c = g.TLSConn()
+	}
+	if cc, ok := c.(*clientConn); ok && st == http.StateIdle {
+		cc.idle()
 	}
 	s.conns.track(c, st, h2)
 }

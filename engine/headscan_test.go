@@ -1,8 +1,12 @@
-package proxy
+package engine_test
 
-import "testing"
+import (
+	"testing"
 
-// headScan over reads as they come: a bare LF in the section being read
+	"github.com/preforkd/preforkd/engine"
+)
+
+// HeadScan over reads as they come: a bare LF in the section being read
 // is refused at once; one in the bytes read ahead after a section is
 // refused at the next section's start only when the request had no body
 // (they were that next section, not a body).
@@ -23,16 +27,16 @@ func TestHeadScan(t *testing.T) {
 		{name: "a good section read ahead", reads: []string{"GET / HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r", "\nHost: a\r\n\r\n"}, bodyless: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var h headScan
-			h.start()
+			var h engine.HeadScan
+			h.Start()
 			bare := false
 			for _, r := range tc.reads {
-				bare = bare || h.scan([]byte(r))
+				bare = bare || h.Scan([]byte(r))
 			}
-			h.bodyless = tc.bodyless
-			h.start()
-			if bare != tc.bareLF || h.refuse != tc.refuse {
-				t.Errorf("bare LF %v, next refused %v; want %v, %v", bare, h.refuse, tc.bareLF, tc.refuse)
+			h.Bodyless = tc.bodyless
+			h.Start()
+			if bare != tc.bareLF || h.Refuse() != tc.refuse {
+				t.Errorf("bare LF %v, next refused %v; want %v, %v", bare, h.Refuse(), tc.bareLF, tc.refuse)
 			}
 		})
 	}

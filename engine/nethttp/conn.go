@@ -1,0 +1,247 @@
+package nethttp
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+)
+
+// clientConn is an HTTP/1 client connection as net/http serves it. It
+// does for the Server what net/http leaves undone, so that a client gets
+// from this engine what it gets from the others:
+//
+//   - a header section with a line ended by a bare LF is refused 400
+//     (net/http takes it);
+//   - net/http's own answers to requests it refuses before any handler
+//     runs (400, 431, 501, 505, 417) become the server's: problem+json
+//     with a Date, counted by status (Core.Responded), the connection
+//     closed after a moment of reading (engine.LingerClose);
+//   - a header section cut short by read_header_timeout (or the idle
+//     timeout, once a byte of it came) gets 408, where net/http closes
+//     quietly.
+//
+// net/http reads from two goroutines, one at a time (the one serving
+// the connection, and one watching for the client to leave while a
+// handler runs), and the handler marks the connection from a third: mu
+// orders them.
+type clientConn struct {
+	net.Conn
+	s *Server
+
+	mu     sync.Mutex
+	head   engine.HeadScan
+	served bool // a handler runs or ran for the request now read (ServeHTTP); StateIdle clears it
+	// refused is what Read refused, for the answer net/http writes next.
+	refused *engine.BadRequest
+	// answered: the server's own answer was written in place of
+	// net/http's; what net/http writes after it is dropped, and the close
+	// lingers.
+	answered bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// errBareLF is what Read gives net/http for a header section with a bare
+// LF: an error net/http answers with 400 (the answer the client gets is
+// the server's, engine.ErrBareLF).
+var errBareLF = errors.New("nethttp: a header line ended by a bare LF")
+
+// clientListener hands net/http its connections as clientConns.
+type clientListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l clientListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	cc := &clientConn{Conn: c, s: l.s}
+	cc.head.Start()
+	return cc, nil
+}
+
+func (c *clientConn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	answered := c.answered
+	c.mu.Unlock()
+	if answered {
+		return 0, io.EOF // nothing more is served
+	}
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n > 0 && c.head.Scan(p[:n]) {
+		c.refused = engine.ErrBareLF
+		return 0, errBareLF
+	}
+	var ne net.Error
+	if err != nil && c.head.Begun() && !c.served && !c.answered && errors.As(err, &ne) && ne.Timeout() {
+		// net/http closes a section cut short by its timeout without a
+		// word; the other engines answer 408.
+		c.answer(engine.ErrHeadTimeout.Status, engine.ErrHeadTimeout.Detail)
+	}
+	return n, err
+}
+
+// Write writes to the client. What net/http writes while no handler runs
+// for the request being read is its own answer to a request it refused:
+// an error status is answered the server's way instead.
+func (c *clientConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if c.answered {
+		c.mu.Unlock()
+		return len(p), nil
+	}
+	if !c.served {
+		if status, reason, ok := ownStatus(p); ok && status >= 400 {
+			defer c.mu.Unlock()
+			c.answer(status, c.ownDetail(status, reason))
+			return len(p), nil
+		}
+	}
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+// ReadFrom hands a response body to the connection's own ReadFrom
+// (sendfile, splice), as net/http does with a connection it is given.
+func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(writeOnly{c.Conn}, r)
+}
+
+// writeOnly hides its writer's ReadFrom from io.Copy.
+type writeOnly struct{ io.Writer }
+
+// CloseWrite half-closes the connection where it can: net/http does so
+// before it closes a connection whose request body it did not read.
+func (c *clientConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// Close closes the connection once, first lingering after an answer of
+// the server's own.
+func (c *clientConn) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		linger := c.answered
+		c.mu.Unlock()
+		if linger {
+			engine.LingerClose(c.Conn)
+		}
+		c.closeErr = c.Conn.Close()
+	})
+	return c.closeErr
+}
+
+// began marks the request whose head net/http read as served: a handler
+// runs for it. bodyless says that it has no body, so what was read after
+// its head is the next request's. It reports false when the connection
+// was answered already: the request, which net/http parsed from what it
+// had read ahead, must not be served.
+func (c *clientConn) began(bodyless bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.answered {
+		return false
+	}
+	c.served = true
+	c.head.Bodyless = bodyless
+	return true
+}
+
+// idle readies the connection for its next request (StateIdle). A next
+// section already read, with the request before it, is refused at once
+// if it has a bare LF: net/http would parse it from its buffer without
+// another read.
+func (c *clientConn) idle() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.served = false
+	c.head.Start()
+	if c.head.Refuse() && !c.answered {
+		c.refused = engine.ErrBareLF
+		c.answer(c.refused.Status, c.refused.Detail)
+	}
+}
+
+// answer writes the server's own answer (c.mu is held): a problem with
+// status and detail, the connection closing after it.
+func (c *clientConn) answer(status int, detail string) {
+	c.answered = true
+	p := core.Problem{Status: status, Detail: detail}
+	body := p.AppendJSON(nil)
+	fields, _ := core.ProblemFields(nil, nil, 0, len(body))
+	b := make([]byte, 0, 256+len(body))
+	b = append(b, "HTTP/1.1 "...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, ' ')
+	b = append(b, http.StatusText(status)...)
+	b = append(b, "\r\nDate: "...)
+	b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
+	b = append(b, "\r\n"...)
+	for _, f := range fields {
+		b = engine.AppendField(b, f.Name, f.Value)
+	}
+	b = append(b, "Connection: close\r\n\r\n"...)
+	b = append(b, body...)
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.s.limits.SendTimeout))
+	_, _ = c.Conn.Write(b)
+	c.s.h.c.Responded(status, 0)
+}
+
+// ownDetail is the problem detail of net/http's own answer of status,
+// whose status line says reason after the code: the one the other
+// engines give for the same fault where it is known, else net/http's
+// words.
+func (c *clientConn) ownDetail(status int, reason []byte) string {
+	if c.refused != nil {
+		return c.refused.Detail
+	}
+	switch status {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		return engine.ErrTooLarge.Detail
+	case http.StatusHTTPVersionNotSupported:
+		return engine.ErrVersion.Detail
+	case http.StatusNotImplemented:
+		return engine.ErrCoding.Detail
+	case http.StatusExpectationFailed:
+		return "an Expect other than 100-continue"
+	}
+	// "Bad Request: missing required Host header"
+	if _, why, ok := bytes.Cut(reason, []byte(": ")); ok && len(why) > 0 {
+		return string(why)
+	}
+	return "malformed request"
+}
+
+// ownStatus reads the status line at the start of p, which net/http
+// writes whole in its first write of an answer: the code, and what
+// follows it on the line.
+func ownStatus(p []byte) (status int, reason []byte, ok bool) {
+	if len(p) < 12 || !bytes.HasPrefix(p, []byte("HTTP/1.")) || p[8] != ' ' {
+		return 0, nil, false
+	}
+	status, err := strconv.Atoi(string(p[9:12]))
+	if err != nil {
+		return 0, nil, false
+	}
+	line, _, _ := bytes.Cut(p[12:], []byte("\r\n"))
+	return status, bytes.TrimSpace(line), true
+}
