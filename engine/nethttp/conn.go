@@ -2,6 +2,7 @@ package nethttp
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -68,7 +69,35 @@ func (l clientListener) Accept() (net.Conn, error) {
 	}
 	cc := &clientConn{Conn: c, s: l.s}
 	cc.head.Start()
+	if cs, ok := c.(connectionStater); ok {
+		return &tlsClientConn{cc, cs}, nil
+	}
 	return cc, nil
+}
+
+// connectionStater is a connection over TLS: an Edge's.
+type connectionStater interface {
+	ConnectionState() tls.ConnectionState
+}
+
+// tlsClientConn is a clientConn over TLS. net/http takes its
+// ConnectionState for Request.TLS.
+type tlsClientConn struct {
+	*clientConn
+	cs connectionStater
+}
+
+func (c *tlsClientConn) ConnectionState() tls.ConnectionState { return c.cs.ConnectionState() }
+
+// clientOf is the clientConn c is, or nil.
+func clientOf(c net.Conn) *clientConn {
+	switch c := c.(type) {
+	case *clientConn:
+		return c
+	case *tlsClientConn:
+		return c.clientConn
+	}
+	return nil
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {

@@ -17,15 +17,22 @@ import (
 // HTTP/2 server: an embedding binary is about 1.1 MB smaller for it.
 // An Edge serves one Server.
 type Edge interface {
-	// Configure readies srv, once, before it serves: its TLSNextProto
-	// (the protocols past TLS other than HTTP/1.1), with lim the
-	// Server's limits (defaults applied) and log where to warn of
-	// clients cut off. An HTTP/2 connection is reported to
-	// srv.ConnState as a net.Conn with a method TLSConn() *tls.Conn
-	// naming the TLS connection under it; its streams count as
-	// requests in progress.
+	// Configure readies srv, once, before it serves, and keeps it:
+	// lim are the Server's limits (defaults applied) and log where to
+	// warn of clients cut off. An HTTP/2 connection is served with
+	// srv's handler, and reported to srv.ConnState as a net.Conn with a
+	// method TLSConn() *tls.Conn naming the TLS connection under it; its
+	// streams count as requests in progress.
 	Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) error
-	// Listener returns ln speaking TLS.
+	// Listener returns ln speaking TLS. It makes each handshake itself,
+	// within lim.ReadHeaderTimeout (a failed one is logged on
+	// srv.ErrorLog in net/http's words), serves the HTTP/2 connections,
+	// and returns from Accept the HTTP/1.1 ones, handshake done, as
+	// net.Conns with a method ConnectionState() tls.ConnectionState:
+	// the Server wraps them as it wraps cleartext ones, and net/http
+	// takes the method for Request.TLS. Each connection is reported to
+	// srv.ConnState as the TLS connection: new when accepted, closed
+	// if it ends before net/http or the HTTP/2 server serves it.
 	Listener(ln net.Listener) net.Listener
 	// Shutdown tells every HTTP/2 connection to finish (GOAWAY) and
 	// returns once they did or ctx is done: the drain rule's step 2

@@ -141,10 +141,11 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	var sl net.Listener = clientListener{l, s}
+	var sl net.Listener = l
 	if s.edge != nil {
 		sl = s.edge.Listener(l)
 	}
+	sl = clientListener{sl, s}
 	err := s.srv.Serve(sl)
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) || s.conns.draining.Load() {
 		return nil
@@ -159,8 +160,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer s.handlers.Add(-1)
 	if r.ProtoMajor == 1 {
 		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-			s.conns.writing(c)
-			if cc, ok := c.(*clientConn); ok && !cc.began(r.Body == http.NoBody) {
+			s.conns.writing(trackedAs(c))
+			if cc := clientOf(c); cc != nil && !cc.began(r.Body == http.NoBody) {
 				// Refused already (clientConn.idle): what net/http writes
 				// for it goes nowhere, and the connection closes.
 				w.Header().Set("Connection", "close")
@@ -507,7 +508,9 @@ func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 	metric := metrics.ConnClosed
 	switch st {
 	case http.StateNew:
-		c.cm.Accepted()
+		if _, seen := c.conns[conn]; !seen {
+			c.cm.Accepted() // an Edge reported it before net/http did
+		}
 		metric = metrics.ConnReading
 	case http.StateActive:
 		// HTTP/1: the first byte of a request came; its head is read
@@ -616,16 +619,25 @@ func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration
 	return len(c.conns), next, c.changed
 }
 
-// trackConn is the ConnState hook: an Edge's HTTP/2 server reports its
-// connections' states with a wrapper (Edge), net/http with the TLS
-// connection under it, which is the one tracked.
+// trackConn is the ConnState hook. A connection is tracked as the one
+// under its wrappers: net/http reports a clientConn, an Edge's HTTP/2
+// server its own wrapper of the TLS connection, and the Edge the TLS
+// connection itself, from its accept on.
 func (s *Server) trackConn(c net.Conn, st http.ConnState) {
-	g, h2 := c.(h2Conn)
-	if h2 {
-		c = g.TLSConn()
-	}
-	if cc, ok := c.(*clientConn); ok && st == http.StateIdle {
+	if cc := clientOf(c); cc != nil && st == http.StateIdle {
 		cc.idle()
 	}
-	s.conns.track(c, st, h2)
+	_, h2 := c.(h2Conn)
+	s.conns.track(trackedAs(c), st, h2)
+}
+
+// trackedAs is the connection c is tracked as (trackConn).
+func trackedAs(c net.Conn) net.Conn {
+	if g, ok := c.(h2Conn); ok {
+		return g.TLSConn()
+	}
+	if cc := clientOf(c); cc != nil {
+		return cc.Conn
+	}
+	return c
 }

@@ -64,6 +64,7 @@ func New(o Options) (nethttp.Edge, error) {
 }
 
 type edge struct {
+	srv     *http.Server // the Server's, which serves the HTTP/1.1 connections
 	conf    *tls.Config
 	streams uint32
 	limits  engine.Limits
@@ -79,7 +80,7 @@ type edge struct {
 }
 
 func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) error {
-	e.limits, e.log = lim, log
+	e.srv, e.limits, e.log = srv, lim, log
 	// Never net/http's own HTTP/2: the floods are bounded here.
 	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
 	if !slices.Contains(e.conf.NextProtos, http2.NextProtoTLS) {
@@ -117,7 +118,11 @@ func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) 
 	return nil
 }
 
-func (e *edge) Listener(ln net.Listener) net.Listener { return tls.NewListener(ln, e.conf) }
+func (e *edge) Listener(ln net.Listener) net.Listener {
+	l := &listener{Listener: ln, e: e, ready: make(chan net.Conn), done: make(chan struct{})}
+	go l.acceptLoop()
+	return l
+}
 
 func (e *edge) Shutdown(ctx context.Context) error {
 	if e.goaway == nil {
@@ -126,7 +131,8 @@ func (e *edge) Shutdown(ctx context.Context) error {
 	return e.goaway.Shutdown(ctx)
 }
 
-// serveH2 serves an HTTP/2 connection, through its flood guard.
+// serveH2 serves an HTTP/2 connection, through its flood guard, with hs's
+// settings and hooks.
 func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
 	g := newH2Guard(c, e.limits.MaxHeaderBytes, e.limits.ReadHeaderTimeout, func(err *errFlood) {
 		if args, ok := e.cuts[err.kind].Args(time.Now(), "client", c.RemoteAddr().String(), "why", err.why); ok {

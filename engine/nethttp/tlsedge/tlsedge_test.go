@@ -44,15 +44,21 @@ func tlsServer(t testing.TB, upstream string) (string, *tls.Config, *nethttp.Ser
 // and the TLS configuration it serves.
 func tlsServerConfig(t testing.TB, upstream string, lim engine.Limits, log *slog.Logger) (string, *tls.Config, *nethttp.Server, *tls.Config) {
 	t.Helper()
+	o := shm.Options{Counters: 64}
+	metrics.Geometry(&o, 8)
+	return tlsServerIn(t, shmtest.Private(t, o), upstream, lim, log)
+}
+
+// tlsServerIn is tlsServerConfig counting in region.
+func tlsServerIn(t testing.TB, region *shm.Region, upstream string, lim engine.Limits, log *slog.Logger) (string, *tls.Config, *nethttp.Server, *tls.Config) {
+	t.Helper()
 	ca := tlstest.NewCA(t)
 	cert, key := ca.Leaf(t, "a.example")
 	tc, err := tlsconf.Options{Certificates: []tlsconf.Pair{{Cert: cert, Key: key}}, HTTP2: true}.Config()
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := shm.Options{Counters: 64}
-	metrics.Geometry(&o, 8)
-	c, err := core.New(shmtest.Private(t, o), core.Options{})
+	c, err := core.New(region, core.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,4 +414,102 @@ func TestEarlyAnswerWhileHTTP2ClientPauses(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("the next stream: %d", resp.StatusCode)
 	}
+}
+
+// Over TLS, HTTP/1.1 requests are checked as in cleartext: the bytes past
+// TLS go through the Server's checks, so a header line ended by a bare LF
+// is refused and net/http's own refusals are the server's problem+json;
+// a cleartext request on the TLS port gets net/http's words for it.
+func TestTLSHTTP1Checked(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	addr, conf, _ := tlsServer(t, up)
+	for _, tc := range []struct{ send, detail string }{
+		{"GET / HTTP/1.1\r\nHost: a\nX-A: b\r\n\r\n", engine.ErrBareLF.Detail},
+		{"GET / HTTP/1.1\r\nX-A: b\r\n\r\n", "missing required Host header"},
+	} {
+		c, err := tls.Dial("tcp", addr, conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, tc.send)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" ||
+			!bytes.Contains(body, []byte(`"detail":"`+tc.detail+`"`)) {
+			t.Errorf("%q: %d %q %s, want 400 problem+json saying %q", tc.send, resp.StatusCode, resp.Header.Get("Content-Type"), body, tc.detail)
+		}
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	got, _ := io.ReadAll(c)
+	if !bytes.HasPrefix(got, []byte("HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.")) {
+		t.Errorf("a cleartext request on the TLS port: %q", got)
+	}
+}
+
+// Every TLS connection is counted from its accept, in one state at a
+// time: during its handshake (reading), HTTP/1.1 and HTTP/2 alike once
+// served, and none once closed, whether it was served, failed its
+// handshake or never finished it.
+func TestTLSConnectionsCounted(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	o := shm.Options{Counters: 64}
+	metrics.Geometry(&o, 8)
+	region := shmtest.Private(t, o)
+	addr, conf, _, _ := tlsServerIn(t, region, up, engine.Limits{}, nil)
+	type counts struct{ reading, writing, idle, accepted uint64 }
+	want := func(when string, w counts) {
+		t.Helper()
+		var got counts
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			var s metrics.Snapshot
+			metrics.Read(region, &s)
+			got = counts{s.Conns(metrics.ConnReading), s.Conns(metrics.ConnWriting), s.Conns(metrics.ConnIdle),
+				s.Value(metrics.ConnectionsAccepted, 0)}
+			if got == w || time.Now().After(deadline) {
+				break
+			}
+		}
+		if got != w {
+			t.Fatalf("%s: %+v, want %+v", when, got, w)
+		}
+	}
+	h1 := &http.Transport{TLSClientConfig: conf}
+	h2 := &http2.Transport{TLSClientConfig: conf}
+	for _, rt := range []http.RoundTripper{h1, h2} {
+		req, _ := http.NewRequest("GET", "https://"+addr+"/", nil)
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	silent, err := net.Dial("tcp", addr) // no ClientHello
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	bad, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(bad, "\x16\x03\x01\x00\x05hello") // not a ClientHello
+	io.Copy(io.Discard, bad)
+	bad.Close()
+	want("served and pending", counts{reading: 1, idle: 2, accepted: 4})
+	h1.CloseIdleConnections()
+	h2.CloseIdleConnections()
+	silent.Close()
+	want("all closed", counts{accepted: 4})
 }
