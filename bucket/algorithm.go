@@ -166,10 +166,18 @@ func fresh(algo Algorithm, window int64, payload uint64, us int64) bool {
 	return int64(payload) <= us
 }
 
-// widxDiff is cur − stored as a signed distance modulo 2^28.
+// widxAhead is how many windows ahead of the clock a stored window may be
+// and still be taken for one still to come (the clock read behind the
+// key's state), not for one long past: 2^20, 12 days at 1 s, 17 minutes
+// at 1 ms. A key is misread only when left untouched for within that of
+// a multiple of 2^28 windows.
+const widxAhead = 1 << 20
+
+// widxDiff is cur − stored modulo 2^28, as a signed distance: negative
+// when stored is at most widxAhead windows ahead.
 func widxDiff(cur, stored uint64) int64 {
 	d := int64((cur - stored) & widxMask)
-	if d >= 1<<(widxBits-1) {
+	if d >= 1<<widxBits-widxAhead {
 		d -= 1 << widxBits
 	}
 	return d

@@ -419,3 +419,38 @@ func TestMaxWindowWithinMaxDowntime(t *testing.T) {
 		t.Fatalf("4 × MaxWindow %v is not below shm.MaxDowntime %v", 4*MaxWindow, shm.MaxDowntime)
 	}
 }
+
+// A fixed-window key left untouched for far longer than any clock step
+// back, here 2^27+1 windows (37 hours at 1 ms), is in a new window: its
+// stored window is long past, not one still to come. Within 2^20
+// windows ahead, a stored window is still taken for a clock that reads
+// behind: nothing is granted.
+func TestFixedWindowLongIdleIsFresh(t *testing.T) {
+	p, err := Rule{Name: "r", Limit: 1, Window: time.Millisecond, Algorithm: FixedWindow}.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Duration(1<<21) * time.Millisecond
+	payload, d := p.Take(0, base)
+	if !d.Allowed {
+		t.Fatal("the first request refused")
+	}
+	for _, idle := range []int64{1 << 27, 1<<27 + 1, 1<<28 - widxAhead - 1} {
+		later := base + time.Duration(idle)*time.Millisecond
+		if _, d := p.Take(payload, later); !d.Allowed {
+			t.Errorf("untouched for %d windows: refused, RetryAfter %v", idle, d.RetryAfter)
+		}
+		if !p.Fresh(payload, later) {
+			t.Errorf("untouched for %d windows: not fresh, so its slot is never reclaimed", idle)
+		}
+	}
+	for _, back := range []int64{1, widxAhead} {
+		earlier := base - time.Duration(back)*time.Millisecond
+		if _, d := p.Take(payload, earlier); d.Allowed {
+			t.Errorf("a clock %d windows behind the key's state: allowed", back)
+		}
+		if p.Fresh(payload, earlier) {
+			t.Errorf("a clock %d windows behind the key's state: fresh", back)
+		}
+	}
+}

@@ -21,15 +21,18 @@
 //
 // FixedWindow lets exactly Limit requests through per window aligned to
 // the region's time base. Its state is the window index modulo 2^28 and a
-// 20-bit count, so Limit is at most [MaxLimit]; a key left untouched for
-// exactly 2^28 windows could be misread as current (8.5 years at 1 s).
+// 20-bit count, so Limit is at most [MaxLimit]. A stored window at most
+// 2^20 windows ahead of the clock is taken for one still to come (see
+// Time), any other for one past: a key left untouched for within 2^20
+// windows short of a multiple of 2^28 windows (8.5 years at 1 s, 74
+// hours at 1 ms) could be misread as current or as still to come.
 //
 // # Time
 //
 // Every function takes `now`, the region's clock (shm.Region.Now), as a
 // parameter. A clock that reads behind a key's state grants nothing: GCRA
 // keeps the later arrival time, and a fixed window keeps counting in the
-// later window.
+// later window (up to 2^20 windows behind it).
 //
 // # Concurrency
 //
