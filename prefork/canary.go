@@ -211,7 +211,12 @@ func (s *supervisor) abortCanary(st CanaryStatus, what string, attrs []any) {
 	c := s.canary
 	sl := &s.slots[c.slot]
 	p := c.proc
-	if p != nil {
+	// A canary that took its slot and is the one worker left serving
+	// (the others crashed and are not ready again) keeps serving until a
+	// worker of the good generation replaces it, as the roll replaces any
+	// worker of another generation.
+	keep := p != nil && p == sl.cur && s.procs[p.pid] == p && p.ready && !p.retiring && !s.othersReady(c.slot)
+	if p != nil && !keep {
 		switch p {
 		case sl.succ:
 			sl.succ = nil
@@ -224,6 +229,8 @@ func (s *supervisor) abortCanary(st CanaryStatus, what string, attrs []any) {
 	}
 	var fate string
 	switch {
+	case keep:
+		fate = fmt.Sprintf("slot %d keeps the canary until a worker of generation %d replaces it: the fleet never goes below one worker", c.slot, s.good.gen)
 	case sl.cur != nil:
 		fate = fmt.Sprintf("slot %d keeps generation %d", c.slot, sl.cur.gen)
 	case s.othersReady(c.slot):

@@ -342,6 +342,43 @@ func TestCanaryOfTheOnlyWorker(t *testing.T) {
 	}
 }
 
+// A canary judged unhealthy while it is the one worker left serving (the
+// other crashed, and its respawn is not ready yet) keeps serving until a
+// worker of the good generation is ready in its slot: the fleet never
+// goes below one worker.
+func TestCanaryAbortKeepsTheLastServingWorker(t *testing.T) {
+	f, s, logs := canaryFixture(t, 2, canaryConfig(nil)) // 100, 101
+	sendSignal(s, syscall.SIGHUP)                         // canary 102 in slot 0
+	ready(s, 102)                                         // 100 retires
+	f.serve(1, 100, 0)
+	exit(s, 101, false)        // crashed during the window
+	advance(f, s, backoffBase) // respawned as 103, not ready yet
+	f.serve(2, 100, 100)       // the canary answers 5xx
+	advance(f, s, testWindow)
+	if v := verdictLine(t, logs); !strings.HasSuffix(v.msg, "reload aborted, slot 0 keeps the canary until a worker of generation 0 replaces it: the fleet never goes below one worker") {
+		t.Fatalf("verdict %q", v.msg)
+	}
+	serving := func() (pids []int) {
+		for _, p := range s.sortedProcs() {
+			if p.ready && !p.retiring {
+				pids = append(pids, p.pid)
+			}
+		}
+		return pids
+	}
+	if got := serving(); !slices.Equal(got, []int{102}) {
+		t.Fatalf("serving after the abort %v, want the canary 102", got)
+	}
+	advance(f, s, time.Millisecond)
+	if sp := f.starts[len(f.starts)-1]; sp.Gen != 0 || s.slots[0].succ == nil || s.slots[0].succ.pid != 104 {
+		t.Fatalf("the canary's replacement starts with generation %d (want 0), slot 0's successor %+v (want 104)", sp.Gen, s.slots[0].succ)
+	}
+	ready(s, 104)
+	if got := serving(); !slices.Equal(got, []int{104}) {
+		t.Fatalf("serving once the replacement is ready %v, want 104 alone (103 not ready yet)", got)
+	}
+}
+
 // An aborted canary's slot is filled again rather than quarantined when
 // no other slot has a ready worker: the fleet never goes below one.
 func TestCanaryAbortNeverEmptiesTheFleet(t *testing.T) {
