@@ -27,13 +27,13 @@ type HeadScan struct {
 	Bodyless bool
 
 	active bool
-	begun  bool // a byte of the awaited section was read
+	n      int // bytes of the awaited section read so far, to its end
+	aheadN int // bytes read ahead, to the next section's end
 	// ahead: checking the bytes read after a section ended, up to the
-	// next CRLF CRLF; aheadBareLF, whether they have a bare LF;
-	// aheadAny, whether there were any.
-	ahead, aheadBareLF, aheadAny bool
-	refuse                       bool    // the awaited section has a bare LF: refuse it at the next read
-	last                         [3]byte // the last bytes read, the latest at the end
+	// next CRLF CRLF; aheadBareLF, whether they have a bare LF.
+	ahead, aheadBareLF bool
+	refuse             bool    // the awaited section has a bare LF: refuse it at the next read
+	last               [3]byte // the last bytes read, the latest at the end
 }
 
 // Start begins checking with the next read: a new header section is
@@ -42,8 +42,11 @@ type HeadScan struct {
 func (h *HeadScan) Start() {
 	h.active = true
 	h.refuse = h.Bodyless && h.aheadBareLF
-	h.begun = h.Bodyless && h.aheadAny
-	h.ahead, h.aheadBareLF, h.aheadAny, h.Bodyless = false, false, false, false
+	h.n = 0
+	if h.Bodyless {
+		h.n = h.aheadN
+	}
+	h.ahead, h.aheadBareLF, h.aheadN, h.Bodyless = false, false, 0, false
 }
 
 // Refuse reports whether the section now awaited came whole with the
@@ -53,7 +56,11 @@ func (h *HeadScan) Refuse() bool { return h.refuse }
 // Begun reports whether a byte of the section now awaited was read: a
 // timeout then cuts a request short, where before it only ends an idle
 // connection.
-func (h *HeadScan) Begun() bool { return h.active && h.begun }
+func (h *HeadScan) Begun() bool { return h.active && h.n > 0 }
+
+// Len is how many bytes of the last section awaited were read, through
+// the CRLF CRLF that ends it once it came: what max_header_bytes bounds.
+func (h *HeadScan) Len() int { return h.n }
 
 // Scan reads b, and reports a bare LF in a header section; it stops
 // checking at the end of the section (what follows is a body, or the
@@ -67,9 +74,9 @@ func (h *HeadScan) Scan(b []byte) (bareLF bool) {
 			return false
 		}
 		if h.active {
-			h.begun = true
+			h.n++
 		} else {
-			h.aheadAny = true
+			h.aheadN++
 		}
 		if x == '\n' {
 			switch {

@@ -51,10 +51,10 @@ type clientConn struct {
 	closeErr  error
 }
 
-// errBareLF is what Read gives net/http for a header section with a bare
-// LF: an error net/http answers with 400 (the answer the client gets is
-// the server's, engine.ErrBareLF).
-var errBareLF = errors.New("nethttp: a header line ended by a bare LF")
+// errRefused is what Read gives net/http for a header section it refuses
+// (clientConn.refused says why): an error net/http answers with 400, and
+// the client gets the server's answer instead.
+var errRefused = errors.New("nethttp: the header section is refused")
 
 // clientListener hands net/http its connections as clientConns.
 type clientListener struct {
@@ -110,9 +110,16 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n > 0 && c.head.Scan(p[:n]) {
-		c.refused = engine.ErrBareLF
-		return 0, errBareLF
+	if n > 0 && !c.served {
+		switch {
+		case c.head.Scan(p[:n]):
+			c.refused = engine.ErrBareLF
+			return 0, errRefused
+		case c.head.Len() > c.s.limits.MaxHeaderBytes:
+			// net/http's own bound has 4 KiB of slack.
+			c.refused = engine.ErrTooLarge
+			return 0, errRefused
+		}
 	}
 	var ne net.Error
 	if err != nil && c.head.Begun() && !c.served && !c.answered && errors.As(err, &ne) && ne.Timeout() {
@@ -135,7 +142,11 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	if !c.served {
 		if status, reason, ok := ownStatus(p); ok && status >= 400 {
 			defer c.mu.Unlock()
-			c.answer(status, c.ownDetail(status, reason))
+			if r := c.refused; r != nil {
+				c.answer(r.Status, r.Detail)
+			} else {
+				c.answer(status, ownDetail(status, reason))
+			}
 			return len(p), nil
 		}
 	}
@@ -197,17 +208,24 @@ func (c *clientConn) began(bodyless bool) bool {
 
 // idle readies the connection for its next request (StateIdle). A next
 // section already read, with the request before it, is refused at once
-// if it has a bare LF: net/http would parse it from its buffer without
-// another read.
+// if it has a bare LF or is too large: net/http would parse it from its
+// buffer without another read.
 func (c *clientConn) idle() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.served = false
 	c.head.Start()
-	if c.head.Refuse() && !c.answered {
+	switch {
+	case c.answered:
+		return
+	case c.head.Refuse():
 		c.refused = engine.ErrBareLF
-		c.answer(c.refused.Status, c.refused.Detail)
+	case c.head.Len() > c.s.limits.MaxHeaderBytes:
+		c.refused = engine.ErrTooLarge
+	default:
+		return
 	}
+	c.answer(c.refused.Status, c.refused.Detail)
 }
 
 // answer writes the server's own answer (c.mu is held): a problem with
@@ -239,10 +257,7 @@ func (c *clientConn) answer(status int, detail string) {
 // whose status line says reason after the code: the one the other
 // engines give for the same fault where it is known, else net/http's
 // words.
-func (c *clientConn) ownDetail(status int, reason []byte) string {
-	if c.refused != nil {
-		return c.refused.Detail
-	}
+func ownDetail(status int, reason []byte) string {
 	switch status {
 	case http.StatusRequestHeaderFieldsTooLarge:
 		return engine.ErrTooLarge.Detail

@@ -78,6 +78,10 @@ func TestOwnAnswers(t *testing.T) {
 			oks: 1, status: 408, detail: engine.ErrHeadTimeout.Detail},
 		{name: "a section too large", send: "GET /x HTTP/1.1\r\nHost: a\r\nX-Big: " + strings.Repeat("b", 9<<10) + "\r\n\r\n",
 			status: 431, detail: engine.ErrTooLarge.Detail},
+		{name: "a section one byte over max_header_bytes", send: sized("/x", 8<<10+1),
+			status: 431, detail: engine.ErrTooLarge.Detail},
+		{name: "a section over max_header_bytes read ahead", send: sized("/a", 8<<10) + sized("/x", 8<<10+1),
+			oks: 1, status: 431, detail: engine.ErrTooLarge.Detail},
 		{name: "no Host", send: "GET /x HTTP/1.1\r\nX-A: b\r\n\r\n",
 			status: 400, detail: "missing required Host header"},
 		{name: "HTTP/2.0", send: "GET /x HTTP/2.0\r\nHost: a\r\n\r\n",
@@ -168,4 +172,32 @@ func TestOwnAnswers(t *testing.T) {
 			t.Errorf("counted %v", counted)
 		}
 	})
+}
+
+// sized is a GET of path whose header section is n bytes long, its CRLF
+// CRLF included.
+func sized(path string, n int) string {
+	h := "GET " + path + " HTTP/1.1\r\nHost: a\r\nX-Pad: "
+	return h + strings.Repeat("p", n-len(h)-4) + "\r\n\r\n"
+}
+
+// max_header_bytes is exact at its smallest too, where net/http's own
+// bound (with its 4 KiB of slack) would let a byte more through.
+func TestMaxHeaderBytesExact(t *testing.T) {
+	t.Parallel()
+	lim := engine.Limits{MaxHeaderBytes: engine.MinMaxHeaderBytes}
+	_, ln := limitedServer(t, lim, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	for n, want := range map[int]int{lim.MaxHeaderBytes: 200, lim.MaxHeaderBytes + 1: 431} {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(conn, sized("/", n))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		conn.Close()
+		if err != nil || resp.StatusCode != want {
+			t.Errorf("a section of %d bytes: %v %v, want %d", n, resp, err, want)
+		}
+	}
 }
