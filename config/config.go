@@ -737,7 +737,7 @@ func (d Idempotency) withDefaults() Idempotency {
 		d.Methods = []string{"POST", "PATCH"}
 	}
 	d.Methods = upperAll(d.Methods)
-	setDefault(&d.Header, "Idempotency-Key")
+	setDefault(&d.Header, core.DefaultIdempotencyHeader)
 	setDefault(&d.TTL, 24*time.Hour)
 	setDefault(&d.By, "header:Authorization|ip")
 	setDefault(&d.MaxBody, 1<<20)

@@ -71,6 +71,12 @@ func TestErrors(t *testing.T) {
 		{"small header limit", "[server]\nmax_header_bytes = \"1KiB\" # <-\n", "max_header_bytes: must be at least 4KiB", 0},
 		{"negative connections", "[server]\nmax_connections = -1 # <-\n", "max_connections: must not be negative", 0},
 		{"negative idle pool", "[server]\nupstream_max_idle = -2 # <-\n", "upstream_max_idle: must not be negative", 0},
+		// A zero or "" the file writes is its own, never the default.
+		{"no idle pool", "[server]\nupstream_max_idle = 0 # <-\n", "server.upstream_max_idle: is 0; it must be at least 1 (leave the key out for the default 256)", 0},
+		{"redis timeout 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntimeout = \"0s\" # <-\n", "redis.timeout: is 0; leave the key out for the default 25ms", 0},
+		{"redis prefix empty", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nprefix = \"\" # <-\n", `redis.prefix: is empty; leave the key out for the default "preforkd:"`, 0},
+		{"idempotency header empty", "[[idempotency]]\npath = \"/o\"\nheader = \"\" # <-\n", `idempotency[1]: header: is empty; leave the key out for the default "Idempotency-Key"`, 0},
+		{"cache targeted empty", "[[cache]]\npath = \"/c\"\ntargeted = \"\" # <-\n", `cache[1]: targeted: is empty; leave the key out for the default "Preforkd-Cache-Control"`, 0},
 		{"ipv6_prefix 0", "[server]\nipv6_prefix = 0 # <-\n", "between 1 and 128, got 0", 0},
 		{"ipv6_prefix 129", "[server]\nipv6_prefix = 129 # <-\n", "between 1 and 128, got 129", 0},
 		{"shutdown_timeout", "[server]\nshutdown_timeout = \"0s\" # <-\n", "must be positive", 0},

@@ -84,6 +84,10 @@ func (c Config) check(r *report) {
 	if err := s.UpstreamClient().Check(); err != nil {
 		ownerError(f, err)
 	}
+	if s.UpstreamMaxIdle == 0 {
+		// The engines take a zero for their default.
+		f("upstream_max_idle", "is 0; it must be at least 1 (leave the key out for the default %d)", engine.DefaultUpstreamMaxIdle)
+	}
 	if err := c.settings().Check(); err != nil {
 		var fe *prefork.FieldError
 		if errors.As(err, &fe) && fe.Table == "reload" {
@@ -201,6 +205,9 @@ func (d Cache) check(r *report, i int, c Config) {
 	}
 	if c.Table.ResponseBytes > 0 && d.MaxBody > c.Table.ResponseBytes {
 		f("max_body", "%d is larger than table.response_bytes (%d)", d.MaxBody, c.Table.ResponseBytes)
+	}
+	if d.Targeted == "" {
+		f("targeted", "is empty; leave the key out for the default %q", core.DefaultTargeted)
 	}
 }
 
@@ -328,6 +335,9 @@ func (d Idempotency) check(r *report, i int, c Config) {
 	if len(d.Methods) == 0 {
 		f("methods", `is empty; leave the key out for the default ["POST", "PATCH"]`)
 	}
+	if d.Header == "" {
+		f("header", "is empty; leave the key out for the default %q", core.DefaultIdempotencyHeader)
+	}
 	if c.Table.ResponseBytes > 0 && d.MaxBody > c.Table.ResponseBytes {
 		f("max_body", "%d is larger than table.response_bytes (%d)", d.MaxBody, c.Table.ResponseBytes)
 	}
@@ -453,6 +463,15 @@ func checkUpstream(s string) error {
 func (rd Redis) check(r *report) {
 	if !rd.Enabled() {
 		return
+	}
+	// The store takes a zero for its default; the file's zero is the
+	// file's own.
+	f := r.at([]string{"redis"}, "redis.")
+	if rd.Timeout == 0 {
+		f("timeout", "is 0; leave the key out for the default %v", redisstore.DefaultTimeout)
+	}
+	if rd.Prefix == "" {
+		f("prefix", "is empty; leave the key out for the default %q", redisstore.DefaultPrefix)
 	}
 	err := rd.StoreOptions().Validate()
 	if err == nil {

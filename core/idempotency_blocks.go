@@ -30,7 +30,9 @@ type block struct {
 	problems   [nProblems]Problem
 }
 
-const defaultIdemHeader = "Idempotency-Key"
+// DefaultIdempotencyHeader is the field that carries the key when a
+// block names none (IdempotencyBlock.Header "").
+const DefaultIdempotencyHeader = "Idempotency-Key"
 
 // maxTTL bounds a block's ttl: the longest span the region's times are
 // meant to count, as for a rule's window.
@@ -81,7 +83,7 @@ func (c *Core) installIdempotency(ds []Idempotency) error {
 		}
 		header := d.Header
 		if header == "" {
-			header = defaultIdemHeader
+			header = DefaultIdempotencyHeader
 		}
 		b := &block{
 			route:      d.Route,
