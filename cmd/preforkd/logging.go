@@ -27,11 +27,13 @@ func (lf *logFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&lf.level, "log-level", "", "least `LEVEL` logged: debug, info, warn or error; overrides log.level")
 }
 
-// check refuses a flag value that names no format or level.
+// check refuses a flag value that names no format or level. Flags are
+// read in any case (-log-level INFO, -log-format JSON), as slog and
+// shells write them; the file's values are exact, as every key's.
 func (lf *logFlags) check() error {
 	var f config.LogFormat
 	var l config.LogLevel
-	if lf.format != "" && f.UnmarshalText([]byte(lf.format)) != nil {
+	if lf.format != "" && f.UnmarshalText([]byte(strings.ToLower(lf.format))) != nil {
 		return &usageError{"-log-format " + lf.format + ": want text or json"}
 	}
 	if lf.level != "" && l.UnmarshalText([]byte(strings.ToLower(lf.level))) != nil {
@@ -43,7 +45,7 @@ func (lf *logFlags) check() error {
 // effective is the file's [log] with the flags given applied over it.
 func (lf *logFlags) effective(file config.Log) config.Log {
 	if lf.format != "" {
-		file.Format.UnmarshalText([]byte(lf.format))
+		file.Format.UnmarshalText([]byte(strings.ToLower(lf.format)))
 	}
 	if lf.level != "" {
 		file.Level.UnmarshalText([]byte(strings.ToLower(lf.level)))

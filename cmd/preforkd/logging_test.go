@@ -45,6 +45,14 @@ func TestLogSwitch(t *testing.T) {
 	if err := (&logFlags{format: "xml"}).check(); err == nil {
 		t.Fatal("-log-format xml accepted")
 	}
+	// Either flag in any case.
+	upper := logFlags{format: "JSON", level: "WARN"}
+	if err := upper.check(); err != nil {
+		t.Fatalf("-log-format JSON -log-level WARN: %v", err)
+	}
+	if got := upper.effective(config.Log{}); got.Format != config.LogJSON || got.Level != config.LogWarn {
+		t.Fatalf("-log-format JSON -log-level WARN: %+v", got)
+	}
 }
 
 // In the JSON format a duration is a number of seconds, also inside a
