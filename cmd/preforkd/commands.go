@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -116,7 +117,29 @@ func (o overrides) apply(cfg config.Config) (config.Config, error) {
 	if o.shadow {
 		cfg.Server.Shadow = true
 	}
-	return cfg, cfg.Validate()
+	return cfg, o.blame(cfg.Validate())
+}
+
+// blame names the flag that set the value err is about, rather than the
+// key it overrode: the file alone was valid.
+func (o overrides) blame(err error) error {
+	var ce *config.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	for _, f := range []struct {
+		key, flag string
+		set       bool
+	}{
+		{"server.listen: ", "-listen", o.listen != ""},
+		{"server.workers: ", "-workers", o.workers.set},
+		{"server.upstream: ", "-upstream", o.upstream != ""},
+	} {
+		if rest, ok := strings.CutPrefix(ce.Msg, f.key); ok && f.set {
+			return fmt.Errorf("%s: %s", f.flag, rest)
+		}
+	}
+	return err
 }
 
 func loadConfig(path string, o overrides) (config.Config, error) {

@@ -199,3 +199,29 @@ func reloadFixture(t *testing.T, first string, o overrides, log io.Writer) (writ
 	}
 	return write, running, reloader(path, o, func() *shm.Region { return nil }, slog.New(slog.NewTextHandler(log, nil)))
 }
+
+// A flag's bad value is blamed on the flag, not on the key it overrides
+// (the file alone was valid); a bad value in the file keeps its line.
+func TestFlagErrorsNameTheFlag(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "preforkd.toml")
+	if err := os.WriteFile(path, []byte("[server]\nworkers = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		o    overrides
+		want string
+	}{
+		{overrides{upstream: "ftp://x"}, `-upstream: "ftp://x": want an absolute http:// or https:// URL with a host`},
+		{overrides{listen: "nonsense"}, `-listen: invalid address "nonsense"`},
+	} {
+		if _, err := loadConfig(path, tc.o); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.o, err, tc.want)
+		}
+	}
+	if err := os.WriteFile(path, []byte("[server]\nupstream = \"ftp://y\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadConfig(path, overrides{listen: "127.0.0.1:1"}); err == nil || !strings.Contains(err.Error(), "preforkd.toml:2: server.upstream") {
+		t.Errorf("a bad file value with a flag given: %v", err)
+	}
+}
