@@ -316,14 +316,15 @@ func (c *conn) checkInput() {
 		return
 	}
 	full := c.inLen() >= c.maxInput()
-	if full && c.r == nil && (c.state == csHead || c.state == csNew || c.state == csIdle) {
+	// Between requests, a client with highWater of answers unread is not
+	// read either: what it sends waits in the socket, and what it sent
+	// waits in the input, unread for heads (process), however much.
+	held := c.r == nil && (c.closeAfter || c.outLen() >= highWater)
+	if full && !held && c.r == nil && (c.state == csHead || c.state == csNew || c.state == csIdle) {
 		c.refuse(engine.ErrTooLarge)
 		return
 	}
 	want := c.have &^ wantRead
-	// Between requests, a client with highWater of answers unread is not
-	// read either: what it sends waits in the socket.
-	held := c.r == nil && (c.closeAfter || c.outLen() >= highWater)
 	if !full && !c.eof && !c.broken && !held {
 		want |= wantRead
 	}
@@ -474,11 +475,26 @@ func (c *conn) drained() {
 		// leaves it while the output is over highWater): its turn.
 		c.process(nil)
 	case !c.processing:
-		// Between requests with nothing in the input: reading stopped
-		// while highWater of answers waited (checkInput), and the client
-		// is read again.
+		// Between requests with nothing in the input: the idle wait
+		// begins now that the last answer was sent (endRequest), and
+		// the client is read again if reading stopped while highWater
+		// of answers waited (checkInput).
+		if c.state == csIdle && c.readDue == 0 {
+			c.since = c.l.wheel.now
+			c.setRead(c.idleWait())
+		}
 		c.checkInput()
 	}
+}
+
+// idleWait is how long a connection with no request in progress is
+// kept: idle_timeout, or during a drain its grace.
+func (c *conn) idleWait() time.Duration {
+	s := c.l.s
+	if c.l.draining {
+		return min(s.drainIdleGrace, s.o.limits.IdleTimeout)
+	}
+	return s.o.limits.IdleTimeout
 }
 
 // backlog is how much output waits.
@@ -546,7 +562,15 @@ func (c *conn) expire() {
 	}
 	c.readDue = 0
 	switch c.state {
-	case csNew, csIdle, csLinger:
+	case csIdle:
+		if c.outLen() > 0 {
+			// Its last answer is still being sent, under send_timeout:
+			// the idle wait begins once it was (drained).
+			c.rearm()
+			return
+		}
+		c.close(nil) // nobody to answer
+	case csNew, csLinger:
 		c.close(nil) // nobody to answer
 	case csHead:
 		c.refuse(engine.ErrHeadTimeout)
@@ -606,13 +630,17 @@ func (c *conn) endRequest() {
 	if c.broken {
 		return // the close task ends it
 	}
-	if c.closeAfter || l.draining {
-		c.closeAfter = true
+	if c.closeAfter {
+		// It said Connection: close (always, once the drain began
+		// before its head was written).
 		if c.outLen() == 0 {
 			c.shut()
 		}
 		return
 	}
+	// A response whose head went out before the drain began did not say
+	// Connection: close: the client may send another request at once,
+	// which is answered with it. The connection waits the drain's grace.
 	c.setState(csIdle)
 	c.since = l.wheel.now
 	if !c.noDelay {
@@ -624,11 +652,18 @@ func (c *conn) endRequest() {
 	// Idle, or with a head begun in the input, read_header_timeout. While
 	// process runs, the input is not trimmed yet (inLen counts what it
 	// took): it finds the next head itself, and readHead sets that wait.
-	wait := l.s.o.limits.IdleTimeout
+	wait := c.idleWait()
 	if c.inLen() > 0 && !c.processing {
 		wait = l.s.o.limits.ReadHeaderTimeout
 	}
-	c.setRead(wait)
+	if c.outLen() == 0 {
+		c.setRead(wait)
+	} else {
+		// The answer is still being sent, under send_timeout: the wait
+		// for the next request begins once it was (drained), or when
+		// its head is begun.
+		c.clearRead()
+	}
 	if c.processing {
 		return // process goes on with the input
 	}

@@ -316,6 +316,9 @@ func (l *loop) drain(any) error {
 		case csNew:
 			due = c.since + 1 + ticks(min(s.drainNewGrace, s.o.limits.ReadHeaderTimeout))
 		case csIdle:
+			if c.outLen() > 0 {
+				break // its last answer is being sent: drained gives it the grace after
+			}
 			due = c.since + 1 + ticks(min(s.drainIdleGrace, s.o.limits.IdleTimeout))
 		}
 		if due != 0 {

@@ -1,0 +1,125 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/engine"
+)
+
+// The answers a client has not taken yet, on every engine: the drain and
+// the idle wait leave them alone, and pipelined requests queued behind
+// them are requests, not an oversized head.
+
+// Every engine: a response whose head went out before the drain began
+// (no Connection: close) ends during the drain; the client, told
+// nothing, sends its next request at once. The drain rule keeps the
+// connection DrainIdleGrace: that request is answered, with
+// Connection: close.
+func TestDrainKeepsAConnectionNotToldToClose(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if req.Req.URL.Path == "/slow" {
+				w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+				w.Flush()
+				time.Sleep(400 * time.Millisecond)
+				w.WriteString("cd")
+				return
+			}
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		resp := roundTripHead(t, c, br, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.Close {
+			t.Fatal("Connection: close before the drain")
+		}
+		go r.Shutdown(context.Background())
+		if b := readBody(t, resp); string(b) != "abcd" {
+			t.Fatalf("body %q", b)
+		}
+		io.WriteString(c, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		resp2, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil {
+			t.Fatalf("the next request: %v", err)
+		}
+		io.Copy(io.Discard, resp2.Body)
+		if resp2.StatusCode != 200 || !resp2.Close {
+			t.Errorf("the next request: %d close=%v", resp2.StatusCode, resp2.Close)
+		}
+	})
+}
+
+// Every engine: a cache hit of 16 MiB that the client starts reading a
+// second after it asked (idle_timeout 300ms, send_timeout 5s) arrives
+// whole: idle_timeout is the wait for the next request, not for the
+// client to take its answer.
+func TestIdleTimeoutWaitsForTheAnswerToGo(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		big := strings.Repeat("x", 16<<20)
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n\r\n" + big)
+		})
+		rules := "[table]\ncounters = 1024\nresponses = 64\nresponse_bytes = \"64MiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"32MiB\"\n"
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: configCore(t, rules, nil),
+			Limits: engine.Limits{IdleTimeout: 300 * time.Millisecond, SendTimeout: 5 * time.Second}})
+		c0, br0 := dial(t, r.Addr)
+		if resp, b := roundTrip(t, c0, br0, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 || len(b) != len(big) {
+			t.Fatalf("the fill: %d, %d bytes", resp.StatusCode, len(b))
+		}
+		c, br := dial(t, r.Addr)
+		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+		time.Sleep(time.Second)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		if err != nil || n != int64(len(big)) {
+			t.Fatalf("the hit (X-Cache %s): got %d of %d bytes: %v", resp.Header.Get("X-Cache"), n, len(big), err)
+		}
+	})
+}
+
+// Every engine: a cache fill, then pipelined hits of a large cached
+// answer, read only later: each is answered 200, in order, though more
+// than max_header_bytes of them wait in the input while the answers do.
+func TestPipelinedHitsBehindAFill(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		big := strings.Repeat("x", 300<<10) // over the loop's highWater: reading the input is held
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			time.Sleep(300 * time.Millisecond)
+			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n\r\n" + big)
+		})
+		rules := "[table]\ncounters = 1024\nresponses = 64\nresponse_bytes = \"8MiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"2MiB\"\n"
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: configCore(t, rules, nil)})
+		c, br := dial(t, r.Addr)
+		const n = 80 // 88 KiB of requests: more than max_header_bytes held in the input
+		req := "GET /big HTTP/1.1\r\nHost: a\r\nX-Pad: " + strings.Repeat("p", 1000) + "\r\n\r\n"
+		go io.WriteString(c, strings.Repeat(req, n))
+		time.Sleep(600 * time.Millisecond)
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		for i := range n {
+			resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+			if err != nil {
+				t.Fatalf("response %d: %v", i, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || len(b) != len(big) {
+				t.Fatalf("response %d of %d pipelined: %d, %d bytes", i, n, resp.StatusCode, len(b))
+			}
+		}
+	})
+}
