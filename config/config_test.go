@@ -849,3 +849,24 @@ upstream_max_idle = 32
 		t.Errorf("default Client: got %+v, want the engines' defaults %+v", got, client)
 	}
 }
+
+// check says which engine the workers serve with when it is not
+// server.engine's, and why; the daemon picks by the same function.
+func TestServingEngine(t *testing.T) {
+	for _, tc := range []struct{ src, engine, note string }{
+		{"", "loop", ""},
+		{"[server]\nengine = \"fasthttp\"\n", "fasthttp", ""},
+		{"[server]\nupstream = \"https://app.example\"\n", "fasthttp",
+			"server: the workers serve with fasthttp, not server.engine's loop: the upstream is https://, which the event loop does not speak\n"},
+	} {
+		c := mustParse(t, tc.src)
+		if e, _ := c.ServingEngine(); e != tc.engine {
+			t.Errorf("%q: %s, want %s", tc.src, e, tc.engine)
+		}
+		var b strings.Builder
+		c.WriteEffective(&b)
+		if got := strings.Contains(b.String(), "the workers serve with"); got != (tc.note != "") || !strings.Contains(b.String(), tc.note) {
+			t.Errorf("%q: check says\n%s\nwant the note %q", tc.src, b.String(), tc.note)
+		}
+	}
+}

@@ -27,6 +27,9 @@ func (c Config) WriteEffective(w io.Writer) error {
 	c.Server.Workers = c.Server.WorkerCount()
 	var b strings.Builder
 	line(&b, "server:", c.Server, "")
+	if e, why := c.ServingEngine(); why != "" {
+		fmt.Fprintf(&b, "server: the workers serve with %s, not server.engine's %s: %s\n", e, c.Server.Engine, why)
+	}
 	line(&b, "admin:", c.Admin, "")
 	table := c.RegionTable()
 	line(&b, "table:", table, "")
@@ -139,4 +142,18 @@ func quote(s string) string {
 		}
 	}
 	return s
+}
+
+// ServingEngine is the engine the workers serve with, and why it is not
+// server.engine's when it is not: net/http on a [tls] listener
+// (crypto/tls needs a blocking connection), fasthttp for an https://
+// upstream (the event loop speaks no TLS to one).
+func (c Config) ServingEngine() (engine, why string) {
+	switch {
+	case c.TLS.Enabled():
+		return "net/http", "the listener speaks TLS ([tls])"
+	case strings.HasPrefix(c.Server.Upstream, "https://") && c.Server.Engine != EngineFasthttp:
+		return EngineFasthttp.String(), "the upstream is https://, which the event loop does not speak"
+	}
+	return c.Server.Engine.String(), ""
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/accesslog"
@@ -155,11 +154,11 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 	}
 	w.Defer(c.Close)
 	w.OnDrain(c.Drain) // health_path answers 503 from the drain (delay) on
-	if cfg.TLS.Enabled() {
+	switch e, _ := cfg.ServingEngine(); e {
+	case "net/http":
 		return tlsEngine(w, cfg, c)
-	}
-	u := cfg.Server.Upstream
-	if cfg.Server.Engine == config.EngineFasthttp || strings.HasPrefix(u, "https://") {
+	case config.EngineFasthttp.String():
+		u := cfg.Server.Upstream
 		o := cfg.ProxyOptions()
 		o.Core, o.Logger = c, w.Logger
 		if u == "" || u == demoUpstream {
