@@ -10,89 +10,118 @@ import (
 // (fasthttp, net/http), for what the library does not check: a header
 // line ended by a bare LF, which the library either waits on (fasthttp
 // waits for a CRLF CRLF that such a section never sends) or takes
-// (net/http). It checks the bytes of a header section, from the read
-// after Start to the CRLF CRLF that ends it, and remembers the last bytes
-// of every read: a library reads ahead, so a pipelined section may begin
-// in a read made for the request before it, and its CR and LF may come in
-// two reads.
+// (net/http), and the section's length. It checks the bytes of a header
+// section, from the read after Start to the CRLF CRLF that ends it, and
+// remembers the last bytes of every read: a library reads ahead, so
+// pipelined sections may come whole in a read made for the request
+// before them, and a CR and its LF may come in two reads.
 //
-// Bytes read ahead after a section are taken for the next section only
-// when the request had no body (Bodyless): after a body, where the body
-// ends among them is the library's to know. A bare LF in a section that
-// follows a body in one read goes unchecked.
+// What is read after the awaited section is split into sections too,
+// each the next request's if the one before it has no body (Bodyless):
+// Start takes the first of them for the section now awaited. After a
+// body, where the body ends among them is the library's to know: they
+// are dropped, and a bare LF in a section that follows a body in one
+// read goes unchecked, as do sections read ahead past the first
+// maxAhead.
 type HeadScan struct {
 	// Bodyless is set by the engine once a request's head is parsed: the
 	// request has no body, so what was read after its section is the
-	// next request's section. Start clears it.
+	// next request's. Start clears it.
 	Bodyless bool
 
-	active bool
-	n      int // bytes of the awaited section read so far, to its end
-	aheadN int // bytes read ahead, to the next section's end
-	// ahead: checking the bytes read after a section ended, up to the
-	// next CRLF CRLF; aheadBareLF, whether they have a bare LF.
-	ahead, aheadBareLF bool
-	refuse             bool    // the awaited section has a bare LF: refuse it at the next read
-	last               [3]byte // the last bytes read, the latest at the end
+	cur    headSection   // the section awaited
+	active bool          // cur is not whole yet: what is read goes on with it
+	ahead  []headSection // sections read after cur, in order; the last may not be whole
+	full   bool          // more was read ahead than maxAhead sections: the rest goes unchecked
+	last   [3]byte       // the last bytes read, the latest at the end
 }
 
-// Start begins checking with the next read: a new header section is
-// awaited (its first bytes may have come already, with the request
-// before it).
+// headSection is what HeadScan knows of one header section.
+type headSection struct {
+	n      int  // its bytes read so far, to its CRLF CRLF
+	bareLF bool // a line of it ends with a bare LF
+	whole  bool // its CRLF CRLF was read
+}
+
+// maxAhead bounds the sections read ahead that HeadScan follows.
+const maxAhead = 64
+
+// Start begins checking the next section: the first read ahead if the
+// request before had no body, else what the next read brings.
 func (h *HeadScan) Start() {
-	h.active = true
-	h.refuse = h.Bodyless && h.aheadBareLF
-	h.n = 0
-	if h.Bodyless {
-		h.n = h.aheadN
+	switch {
+	case h.Bodyless && len(h.ahead) > 0:
+		h.cur = h.ahead[0]
+		h.ahead = h.ahead[:copy(h.ahead, h.ahead[1:])]
+	default:
+		h.cur = headSection{}
+		if !h.Bodyless {
+			h.ahead, h.full = h.ahead[:0], false
+		}
 	}
-	h.ahead, h.aheadBareLF, h.aheadN, h.Bodyless = false, false, 0, false
+	h.active = !h.cur.whole
+	h.Bodyless = false
 }
 
-// Refuse reports whether the section now awaited came whole with the
-// request before it and has a bare LF: the next read should refuse it.
-func (h *HeadScan) Refuse() bool { return h.refuse }
+// Refuse reports whether the section now awaited came, whole or in part,
+// with the request before it and has a bare LF: the next read should
+// refuse it (a library may parse it from what it read without reading
+// again).
+func (h *HeadScan) Refuse() bool { return h.cur.bareLF }
 
-// Begun reports whether a byte of the section now awaited was read: a
-// timeout then cuts a request short, where before it only ends an idle
-// connection.
-func (h *HeadScan) Begun() bool { return h.active && h.n > 0 }
+// Begun reports whether a byte of the section now awaited was read and
+// its end was not: a timeout then cuts a request short, where before it
+// only ends an idle connection.
+func (h *HeadScan) Begun() bool { return h.active && h.cur.n > 0 }
 
-// Len is how many bytes of the last section awaited were read, through
-// the CRLF CRLF that ends it once it came: what max_header_bytes bounds.
-func (h *HeadScan) Len() int { return h.n }
+// Len is how many bytes of the section awaited were read, through the
+// CRLF CRLF that ends it once it came: what max_header_bytes bounds.
+func (h *HeadScan) Len() int { return h.cur.n }
 
-// Scan reads b, and reports a bare LF in a header section; it stops
-// checking at the end of the section (what follows is a body, or the
-// next request).
+// Scan reads b, and reports a bare LF in the section awaited.
 func (h *HeadScan) Scan(b []byte) (bareLF bool) {
-	for i, x := range b {
-		if !h.active && !h.ahead {
-			for _, y := range b[max(i, len(b)-len(h.last)):] {
-				h.last = [3]byte{h.last[1], h.last[2], y}
-			}
-			return false
+	for _, x := range b {
+		sec := &h.cur
+		if !h.active {
+			sec = h.aheadSection()
 		}
-		if h.active {
-			h.n++
-		} else {
-			h.aheadN++
-		}
-		if x == '\n' {
-			switch {
-			case h.last[2] != '\r' && h.active:
-				return true
-			case h.last[2] != '\r':
-				h.ahead, h.aheadBareLF = false, true
-			case h.last[0] == '\r' && h.last[1] == '\n':
-				// CRLF CRLF: the section ended; what follows is a body,
-				// or the next request's section.
-				h.active, h.ahead = false, h.active
+		if sec != nil {
+			sec.n++
+			if x == '\n' {
+				switch {
+				case h.last[2] != '\r':
+					sec.bareLF = true
+					if sec == &h.cur {
+						return true
+					}
+				case h.last[0] == '\r' && h.last[1] == '\n' && sec.n > 2:
+					// CRLF CRLF: the section ended (a CRLF of its own
+					// is an empty line before a request line). What
+					// follows is a body, or the next section.
+					sec.whole = true
+					if sec == &h.cur {
+						h.active = false
+					}
+				}
 			}
 		}
 		h.last = [3]byte{h.last[1], h.last[2], x}
 	}
 	return false
+}
+
+// aheadSection is the section read ahead that the next byte belongs to,
+// or nil past maxAhead.
+func (h *HeadScan) aheadSection() *headSection {
+	if n := len(h.ahead); n > 0 && !h.ahead[n-1].whole {
+		return &h.ahead[n-1]
+	}
+	if h.full || len(h.ahead) == maxAhead {
+		h.full = true
+		return nil
+	}
+	h.ahead = append(h.ahead, headSection{})
+	return &h.ahead[len(h.ahead)-1]
 }
 
 // LingerTime and LingerBytes bound the reading that a close after an

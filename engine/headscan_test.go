@@ -41,3 +41,52 @@ func TestHeadScan(t *testing.T) {
 		})
 	}
 }
+
+// Sections pipelined in one read are followed one by one: each is taken
+// for the section awaited once the request before it proved bodyless,
+// with its length and its bare LF; after a request with a body, what was
+// read ahead is dropped (it may be that body).
+func TestHeadScanPipelined(t *testing.T) {
+	const a, b = "GET /a HTTP/1.1\r\nHost: a\r\n\r\n", "GET /b HTTP/1.1\r\nHost: a\r\n\r\n"
+	const bad = "GET /x HTTP/1.1\nHost: a\n\n"
+	var h engine.HeadScan
+	h.Start()
+	if h.Scan([]byte(a + b + bad)) {
+		t.Fatal("a bare LF reported in a section read ahead")
+	}
+	if h.Len() != len(a) || h.Begun() {
+		t.Fatalf("the first section: %d bytes, begun %v", h.Len(), h.Begun())
+	}
+	h.Bodyless = true
+	h.Start()
+	if h.Refuse() || h.Len() != len(b) {
+		t.Fatalf("the second section: refused %v, %d bytes", h.Refuse(), h.Len())
+	}
+	h.Bodyless = true
+	h.Start()
+	if !h.Refuse() || h.Len() != len(bad) {
+		t.Fatalf("the third section: refused %v, %d bytes; want refused", h.Refuse(), h.Len())
+	}
+
+	// The same, but the second request has a body: the third "section"
+	// may be that body.
+	h = engine.HeadScan{}
+	h.Start()
+	h.Scan([]byte(a + b + bad))
+	h.Bodyless = true
+	h.Start()
+	h.Start() // Bodyless not set: a body followed
+	if h.Refuse() || h.Len() != 0 || h.Begun() {
+		t.Fatalf("after a body: refused %v, %d bytes, begun %v; want a fresh section", h.Refuse(), h.Len(), h.Begun())
+	}
+	// An empty line before a request line is not a section's end.
+	h = engine.HeadScan{}
+	h.Start()
+	h.Scan([]byte(a))
+	h.Bodyless = true
+	h.Start()
+	h.Scan([]byte("\r\nGET /c HTTP/1.1\r\n"))
+	if !h.Begun() {
+		t.Fatal("a section begun by an empty line taken for a whole one")
+	}
+}

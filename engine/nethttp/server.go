@@ -2,6 +2,7 @@ package nethttp
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -107,9 +108,10 @@ func NewServer(o ServerOptions) (*Server, error) {
 		},
 		ErrorLog: log.New(&errorLog{log: o.Logger}, "", 0),
 	}
-	if s.h.fwd != nil {
-		s.srv.DisableGeneralOptionsHandler = true // OPTIONS * is refuseUnforwardable's
-	}
+	// OPTIONS * is ServeHTTP's: refuseUnforwardable's when forwarding,
+	// else answered as net/http answers it, but as a request the Server
+	// saw (clientConn, counted).
+	s.srv.DisableGeneralOptionsHandler = true
 	if s.edge = o.Edge; s.edge != nil {
 		if err := s.edge.Configure(s.srv, lim, o.Logger); err != nil {
 			return nil, err
@@ -178,6 +180,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.h.c.Responded(status, time.Since(start)) // no exchange counts it
 			return
 		}
+	} else if r.RequestURI == "*" && r.Method == http.MethodOptions {
+		// What net/http's own handler of it does: 200, no body, and at
+		// most 4 KiB of the request's read (more closes the connection).
+		w.Header().Set("Content-Length", "0")
+		if r.ContentLength != 0 {
+			_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, 4<<10))
+		}
+		s.h.c.Responded(http.StatusOK, 0)
+		return
 	}
 	var body *bodyReader
 	if r.Body != nil && r.Body != http.NoBody {
@@ -224,8 +235,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.conns.drain(ctx, engine.DrainIdleGrace, engine.DrainNewGrace) // step 3
 	err := s.srv.Shutdown(ctx)                                      // nothing left, or cut (step 4)
-	if err != nil {
+	if err != nil || ctx.Err() != nil {
 		s.srv.Close()
+		// net/http closes only what it serves: an Edge's connections in
+		// their handshake and its HTTP/2 ones, which the drain waited
+		// for, are the tracker's to cut.
+		s.conns.closeAll()
+		err = cmp.Or(err, ctx.Err())
 	}
 	waitfor.Cond(engine.CloseWait, s.conns.gone)
 	// Handlers still running serve upgraded connections (or were cut
@@ -534,6 +550,19 @@ func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 	if c.draining.Load() {
 		close(c.changed)
 		c.changed = make(chan struct{})
+	}
+}
+
+// closeAll closes every connection still open.
+func (c *connTracker) closeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for conn, ci := range c.conns {
+		if !ci.closed {
+			conn.Close() // its server reports StateClosed
+			ci.closed = true
+			c.conns[conn] = ci
+		}
 	}
 }
 

@@ -1,0 +1,139 @@
+package tlsedge_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/wiretest"
+)
+
+// The edge makes the handshakes and serves HTTP/2 itself: the Server's
+// limits and its Shutdown hold over what it holds.
+
+func okUpstream(t *testing.T) string {
+	return wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Header.Get("X-Forwarded-Proto")+" "+r.URL.Path)
+	})
+}
+
+// A header section cut short over TLS gets 408 at read_header_timeout.
+func TestHeadTimeoutOverTLS(t *testing.T) {
+	addr, conf, _, _ := tlsServerConfig(t, okUpstream(t), engine.Limits{ReadHeaderTimeout: 500 * time.Millisecond}, nil)
+	c, err := tls.Dial("tcp", addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 408 {
+		t.Fatalf("%d, want 408", resp.StatusCode)
+	}
+}
+
+// max_connections holds over TLS: with one connection open, a second
+// client gets no handshake until the first closes.
+func TestMaxConnectionsOverTLS(t *testing.T) {
+	addr, conf, _, _ := tlsServerConfig(t, okUpstream(t), engine.Limits{MaxConnections: 1}, nil)
+	conf.NextProtos = []string{"http/1.1"}
+	c1, err := tls.Dial("tcp", addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &net.Dialer{Timeout: 500 * time.Millisecond}
+	raw, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	c2 := tls.Client(raw, conf)
+	raw.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if err := c2.Handshake(); err == nil {
+		t.Fatalf("a second handshake completed with max_connections 1")
+	}
+	raw.Close()
+	c1.Close()
+	c3, err := tls.DialWithDialer(&net.Dialer{Timeout: 3 * time.Second}, "tcp", addr, conf)
+	if err != nil {
+		t.Fatalf("after the first closed: %v", err)
+	}
+	c3.Close()
+}
+
+// Shutdown's ctx runs out while an HTTP/2 stream is in progress (its
+// upstream is slow): Shutdown returns "having closed the rest", so the
+// client's connection is closed by then, as net/http's Close does for
+// every connection it serves (and did for HTTP/2 before the edge served
+// it itself).
+func TestShutdownDeadlineClosesHTTP2(t *testing.T) {
+	release := make(chan struct{})
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		io.WriteString(w, "late")
+	})
+	t.Cleanup(func() { close(release) })
+	addr, conf, s, _ := tlsServerConfig(t, up, engine.Limits{}, nil)
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}}
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := h2.Get("https://" + addr + "/slow")
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the stream reached the upstream
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	s.Shutdown(ctx)
+	t.Logf("Shutdown returned after %v", time.Since(start))
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Errorf("the stream was answered after Shutdown returned")
+		}
+	case <-time.After(time.Second):
+		t.Errorf("Shutdown returned past its deadline with the HTTP/2 connection still open")
+	}
+}
+
+// Shutdown's ctx runs out while a client has not finished its
+// handshake: the connection is closed by the time Shutdown returns.
+func TestShutdownDeadlineClosesHandshakes(t *testing.T) {
+	addr, _, s, _ := tlsServerConfig(t, okUpstream(t), engine.Limits{}, nil) // read_header_timeout 10s
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	s.Shutdown(ctx)
+	t.Logf("Shutdown returned after %v", time.Since(start))
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("a connection in its handshake still open after Shutdown returned: %v", err)
+	}
+}
