@@ -169,7 +169,7 @@ func (c Config) check(r *report) {
 	names := map[string]int{} // rule name → index of its first use
 	rules := make([]core.RateLimit, len(c.RateLimits))
 	for i, rl := range c.RateLimits {
-		rl.check(r, i, names, s.routes())
+		rl.check(r, i, names, s.routes(), s.Exempt)
 		rl.checkStore(r, i, c.Redis.Enabled())
 		rules[i].Rule, rules[i].Overrides = rl.BucketRule(), rl.coreOverrides()
 	}
@@ -236,7 +236,7 @@ func (rl Reload) check(r *report) {
 	}
 }
 
-func (rl RateLimit) check(r *report, i int, names map[string]int, ro route.Options) {
+func (rl RateLimit) check(r *report, i int, names map[string]int, ro route.Options, serverExempt Prefixes) {
 	path := []string{"ratelimit", elem(i)}
 	label := fmt.Sprintf("ratelimit[%d]: ", i+1)
 	if checkName(rl.Name) == nil {
@@ -254,7 +254,11 @@ func (rl RateLimit) check(r *report, i int, names map[string]int, ro route.Optio
 	} else {
 		names[rl.Name] = i
 	}
-	if _, err := rl.core(ro); err != nil {
+	// Checked with server.exempt among its exempt ranges: an override of
+	// clients that one covers would never apply either.
+	checked := rl
+	checked.Exempt = slices.Concat(serverExempt, rl.Exempt)
+	if _, err := checked.core(ro); err != nil {
 		var oe *core.OverrideError
 		if errors.As(err, &oe) {
 			r.owned(append(path, "override", elem(oe.Index)), fmt.Sprintf("%soverride %d: ", label, oe.Index+1), reflect.TypeFor[Override](), oe.Err)
@@ -382,7 +386,12 @@ func (r *report) owned(path []string, label string, t reflect.Type, err error) {
 	case errors.Is(err, clientip.ErrBy):
 		field = "By"
 	}
-	if sf, ok := t.FieldByName(field); ok {
+	sf, ok := t.FieldByName(field)
+	if !ok {
+		// An owner's list may be a key in the singular (Clients, client).
+		sf, ok = t.FieldByName(strings.TrimSuffix(field, "s"))
+	}
+	if ok {
 		key, _, _ := strings.Cut(sf.Tag.Get("toml"), ",")
 		path = append(path[:len(path):len(path)], key)
 	}

@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,40 @@ func TestCheckAccountsOverrideTags(t *testing.T) {
 		rls[0].Overrides = rls[0].Overrides[:1]
 		if err := core.CheckAccounts(rls); err != nil {
 			t.Errorf("redis %v, no collision: %v", redis != nil, err)
+		}
+	}
+}
+
+// An override of clients that the rule's exempt ranges or the client
+// overrides before it take whole would never apply: Check refuses it,
+// and accepts one with a range left to it.
+func TestOverrideShadowed(t *testing.T) {
+	pfx := func(ss ...string) (out []netip.Prefix) {
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	rule := bucket.Rule{Name: "r", Limit: 1, Window: time.Second}
+	for _, tc := range []struct {
+		exempt  []netip.Prefix
+		clients [][]netip.Prefix
+		refused bool
+	}{
+		{nil, [][]netip.Prefix{pfx("10.0.0.0/8"), pfx("10.1.0.0/16")}, true},
+		{nil, [][]netip.Prefix{pfx("10.0.0.0/8"), pfx("10.1.0.0/16", "192.0.2.0/24")}, false},
+		{pfx("10.0.0.0/8"), [][]netip.Prefix{pfx("10.1.2.3/32")}, true},
+		{pfx("10.0.0.0/8"), [][]netip.Prefix{pfx("2001:db8::/32")}, false},
+		{nil, [][]netip.Prefix{pfx("10.1.0.0/16"), pfx("10.0.0.0/8")}, false}, // the wider one still has the rest
+	} {
+		rl := core.RateLimit{Rule: rule, Exempt: tc.exempt}
+		for _, c := range tc.clients {
+			rl.Overrides = append(rl.Overrides, core.Override{Clients: c, Limit: 2})
+		}
+		err := rl.Check()
+		var oe *core.OverrideError
+		if got := errors.As(err, &oe); got != tc.refused {
+			t.Errorf("exempt %v, overrides %v: %v, want refused %v", tc.exempt, tc.clients, err, tc.refused)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -221,6 +222,10 @@ func (rl *RateLimit) Check() error {
 			return fail(&FieldError{"Key", "give it either a key or clients"})
 		case o.Key != "" && keys[o.Key]:
 			return fail(&FieldError{"Key", fmt.Sprintf("key %q is overridden twice", o.Key)})
+		case len(o.Clients) > 0:
+			if by := shadowedBy(o.Clients, rl.Exempt, rl.Overrides[:i]); by != "" {
+				return fail(&FieldError{"Clients", "every client range of it is " + by + ": it would never apply"})
+			}
 		}
 		keys[o.Key] = true
 		if _, err := o.rule(rl.Rule).Compile(); err != nil {
@@ -228,6 +233,36 @@ func (rl *RateLimit) Check() error {
 		}
 	}
 	return nil
+}
+
+// shadowedBy says what takes every one of clients before an override of
+// them could ("" if something is left to it): the rule's exempt ranges,
+// or the client overrides before it (the first that holds a client
+// applies).
+func shadowedBy(clients, exempt []netip.Prefix, before []Override) string {
+	within := func(p netip.Prefix, of []netip.Prefix) bool {
+		for _, q := range of {
+			if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+				return true
+			}
+		}
+		return false
+	}
+	var by []string
+	for _, p := range clients {
+		switch {
+		case within(p, exempt):
+			by = append(by, "exempt")
+		default:
+			j := slices.IndexFunc(before, func(o Override) bool { return within(p, o.Clients) })
+			if j < 0 {
+				return ""
+			}
+			by = append(by, fmt.Sprintf("override %d's", j+1))
+		}
+	}
+	slices.Sort(by)
+	return "within " + strings.Join(slices.Compact(by), " or ") + " ranges"
 }
 
 // rule is the bucket rule of an override of base: base's, with the
