@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 )
 
@@ -120,6 +121,45 @@ func TestPipelinedHitsBehindAFill(t *testing.T) {
 			if resp.StatusCode != 200 || len(b) != len(big) {
 				t.Fatalf("response %d of %d pipelined: %d, %d bytes", i, n, resp.StatusCode, len(b))
 			}
+		}
+	})
+}
+
+// The loop and net/http: a client that goes away (a reset) while its
+// request is with the upstream is counted as 499 at once, as nginx logs
+// it, not as a 5xx that the canary would take for the server's error,
+// and its upstream request is cut. (fasthttp does not watch a connection
+// while its handler runs: README says so.)
+func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
+	t.Parallel()
+	var watching []storyEngine
+	for _, e := range withNetHTTP() {
+		if e.name != "fasthttp" {
+			watching = append(watching, e)
+		}
+	}
+	eachEngine(t, watching, func(t *testing.T, e storyEngine) {
+		release := make(chan struct{})
+		defer close(release)
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			<-release
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		})
+		statuses := make(chan int, 4)
+		c := configCoreWith(t, "", func(o *core.Options) { o.OnResponse = func(status int) { statuses <- status } })
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		conn, _ := dial(t, r.Addr)
+		io.WriteString(conn, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+		time.Sleep(100 * time.Millisecond) // with the upstream
+		conn.(*net.TCPConn).SetLinger(0)   // a reset
+		conn.Close()
+		select {
+		case status := <-statuses:
+			if status != core.StatusClientClosed {
+				t.Errorf("counted as %d, want %d", status, core.StatusClientClosed)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("not counted within 5 s of the client's reset")
 		}
 	})
 }

@@ -183,11 +183,16 @@ func (rt *Route) String() string {
 // IsToken reports whether s is an RFC 9110 token.
 func IsToken(s string) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' ||
-			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+		if !IsTokenByte(s[i]) {
 			return false
 		}
 	}
 	return s != ""
+}
+
+// IsTokenByte reports whether c may be in a token (RFC 9110 §5.6.2's
+// tchar).
+func IsTokenByte(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' ||
+		strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/route"
 )
 
 // The chunked transfer coding (RFC 9112 §7.1), read incrementally: bytes
@@ -28,7 +29,8 @@ const (
 	chDataCR               // the CR after a chunk's data
 	chDataLF               // its LF
 	chTrailer              // the start of a trailer line (or of the blank line)
-	chTLine                // inside a trailer line, up to its CR
+	chTName                // a trailer field's name, up to its colon
+	chTLine                // a trailer field's value, up to its CR
 	chTLF                  // a trailer line's LF
 	chEndLF                // the LF of the blank line that ends the body
 	chDone
@@ -112,13 +114,30 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			d.state = chSize
 			n++
 		case chTrailer:
-			switch c {
-			case '\r':
+			switch {
+			case c == '\r':
 				d.state = chEndLF
-			case '\n':
-				return nil, n, false, errChunk // a bare LF
-			default:
+			case route.IsTokenByte(c):
+				d.state = chTName
+			case (c == ' ' || c == '\t') && d.trailer > 0:
+				// obs-fold: the field before goes on (dropped all the
+				// same, as net/http and fasthttp take it).
 				d.state = chTLine
+			default:
+				// A bare LF, no name: a trailer line is a field line,
+				// checked as a header line is.
+				return nil, n, false, errChunk
+			}
+			n++
+			if d.trailer++; d.trailer > engine.MaxTrailer {
+				return nil, n, false, errChunk
+			}
+		case chTName:
+			switch {
+			case c == ':':
+				d.state = chTLine
+			case !route.IsTokenByte(c):
+				return nil, n, false, errChunk
 			}
 			n++
 			if d.trailer++; d.trailer > engine.MaxTrailer {
@@ -128,8 +147,8 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			switch {
 			case c == '\r':
 				d.state = chTLF
-			case c == '\n':
-				return nil, n, false, errChunk // a bare LF
+			case c < ' ' && c != '\t' || c == 0x7f:
+				return nil, n, false, errChunk // a bare LF, a control character
 			}
 			n++
 			if d.trailer++; d.trailer > engine.MaxTrailer {

@@ -165,6 +165,15 @@ func TestChunkDecoder(t *testing.T) {
 		{in: "0\r\nX: 1\n\r\n", err: true},
 		{in: "-1\r\n", err: true},
 		{in: "0\r\n\n", err: true}, // a bare LF ends the trailer
+		// A trailer line is a field line, checked as a header line is
+		// (and dropped); any field name is taken.
+		{in: "0\r\nContent-Type: text/plain\r\n\r\n", data: ""},
+		{in: "0\r\nX-T: a\x01b\r\n\r\n", err: true},
+		{in: "0\r\nno colon here\r\n\r\n", err: true},
+		{in: "0\r\nX-T: a\r\n folded\r\n\r\n", data: ""}, // obs-fold, as net/http and fasthttp take it
+		{in: "0\r\n folded\r\n\r\n", err: true},          // a fold with no field before
+		{in: "0\r\n:x\r\n\r\n", err: true},
+		{in: "0\r\nX T: a\r\n\r\n", err: true},
 	} {
 		for _, step := range []int{1, 2, 3, 7, len(tc.in)} {
 			data, rest, done, err := decodeAll([]byte(tc.in), step)

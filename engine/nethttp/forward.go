@@ -104,7 +104,21 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 		}
 		var hd respHead
 		if err == nil {
+			// A client that goes away while its request is with the
+			// upstream cuts it (the event loop does the same), unless
+			// the core keeps the response: it is stored for the retry,
+			// or the cache, all the same.
+			stop := func() bool { return true }
+			if !rw.keep {
+				conn := uc.Conn
+				stop = context.AfterFunc(r.Context(), func() { _ = conn.SetDeadline(time.Now()) })
+			}
 			hd, err = f.exchange(uc, head, body, rw.w.Header(), interimTo(rw.w, r, rw.hide))
+			if !stop() {
+				uc.Conn.Close()
+				clear(rw.w.Header())
+				return core.ErrClientGone // counted and logged as 499
+			}
 		}
 		if err == nil {
 			return f.relay(rw, r, ex, uc, hd, upgrade)

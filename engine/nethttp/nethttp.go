@@ -174,7 +174,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 		rw := &req.rw
 		*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide, h1: r.ProtoMajor == 1}
 		err := h.fwd.serve(rw, r, req, ex, fwd)
-		rw.finish()
+		if !errors.Is(err, core.ErrClientGone) {
+			rw.finish() // a client gone gets no head (and the core counts 499)
+		}
 		return err
 	}
 	setFields(w.Header(), ex.Fields())
@@ -363,9 +365,19 @@ func (q *request) Method() string { return q.r.Method }
 func (q *request) Proto() string { return q.r.Proto }
 
 // Path is the path as sent: from the request line where the server kept
-// it, else re-encoded from the URL.
+// it (after the authority of an absolute-form target), else re-encoded
+// from the URL.
 func (q *request) Path() string {
-	if t := q.r.RequestURI; t != "" && t[0] == '/' {
+	t := q.r.RequestURI
+	if _, rest, ok := strings.Cut(t, "://"); ok && t[0] != '/' {
+		// Absolute form: the path begins where the authority ends, if
+		// it ends with one.
+		t = ""
+		if j := strings.IndexAny(rest, "/?#"); j >= 0 && rest[j] == '/' {
+			t = rest[j:]
+		}
+	}
+	if t != "" && t[0] == '/' {
 		if i := strings.IndexByte(t, '?'); i >= 0 {
 			return t[:i]
 		}
