@@ -348,8 +348,8 @@ func TestCanaryOfTheOnlyWorker(t *testing.T) {
 // goes below one worker.
 func TestCanaryAbortKeepsTheLastServingWorker(t *testing.T) {
 	f, s, logs := canaryFixture(t, 2, canaryConfig(nil)) // 100, 101
-	sendSignal(s, syscall.SIGHUP)                         // canary 102 in slot 0
-	ready(s, 102)                                         // 100 retires
+	sendSignal(s, syscall.SIGHUP)                        // canary 102 in slot 0
+	ready(s, 102)                                        // 100 retires
 	f.serve(1, 100, 0)
 	exit(s, 101, false)        // crashed during the window
 	advance(f, s, backoffBase) // respawned as 103, not ready yet

@@ -107,9 +107,12 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 			// A client that goes away while its request is with the
 			// upstream cuts it (the event loop does the same), unless
 			// the core keeps the response: it is stored for the retry,
-			// or the cache, all the same.
+			// or the cache, all the same. Only once the body was read
+			// whole: while it is streamed, the request's context also
+			// ends when reading it stops or fails (an early answer, a
+			// client_body_timeout), which the body's reads report.
 			stop := func() bool { return true }
-			if !rw.keep {
+			if !rw.keep && body.stream == nil {
 				conn := uc.Conn
 				stop = context.AfterFunc(r.Context(), func() { _ = conn.SetDeadline(time.Now()) })
 			}

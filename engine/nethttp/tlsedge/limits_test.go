@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 x/net's http2.Transport is the client that speaks HTTP/2 over a TLS connection with test-chosen settings; the server under test is x/net's too (tlsedge.go).
+
 package tlsedge_test
 
 import (
