@@ -3,7 +3,6 @@ package clientip
 import (
 	"encoding/binary"
 	"net/netip"
-	"slices"
 	"sort"
 )
 
@@ -55,8 +54,11 @@ func NewPrefixSet(ps []netip.Prefix) PrefixSet {
 		}
 		s.v6 = append(s.v6, range6{lo, hi})
 	}
-	slices.SortFunc(s.v4, func(a, b range4) int { return cmp4(a.lo, b.lo) })
-	slices.SortFunc(s.v6, func(a, b range6) int { return cmp6(a.lo, b.lo) })
+	// sort.Sort, not slices.SortFunc: a generic sort is compiled anew for
+	// each element type (some 15 KB of an embedding binary for these two),
+	// and sort.Sort is linked already.
+	sort.Sort(byLo4(s.v4))
+	sort.Sort(byLo6(s.v6))
 	s.v4 = merge(s.v4, func(a, b range4) bool { return b.lo <= a.hi || a.hi != ^uint32(0) && b.lo == a.hi+1 },
 		func(a, b range4) range4 { return range4{a.lo, max(a.hi, b.hi)} })
 	s.v6 = merge(s.v6, func(a, b range6) bool { return cmp6(b.lo, a.hi) <= 0 },
@@ -68,6 +70,19 @@ func NewPrefixSet(ps []netip.Prefix) PrefixSet {
 		})
 	return s
 }
+
+// byLo4 and byLo6 sort ranges by their first address.
+type (
+	byLo4 []range4
+	byLo6 []range6
+)
+
+func (r byLo4) Len() int           { return len(r) }
+func (r byLo4) Less(i, j int) bool { return r[i].lo < r[j].lo }
+func (r byLo4) Swap(i, j int)      { r[i], r[j] = r[j], r[i] }
+func (r byLo6) Len() int           { return len(r) }
+func (r byLo6) Less(i, j int) bool { return cmp6(r[i].lo, r[j].lo) < 0 }
+func (r byLo6) Swap(i, j int)      { r[i], r[j] = r[j], r[i] }
 
 // merge joins neighbours of a sorted slice that overlap.
 func merge[T any](rs []T, overlaps func(a, b T) bool, join func(a, b T) T) []T {
@@ -90,15 +105,6 @@ func split(a netip.Addr) [2]uint64 {
 	return [2]uint64{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])}
 }
 
-func cmp4(a, b uint32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 func cmp6(a, b [2]uint64) int {
 	switch {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
@@ -222,10 +221,8 @@ func (rl *RateLimit) Check() error {
 			return fail(&FieldError{"Key", "give it either a key or clients"})
 		case o.Key != "" && keys[o.Key]:
 			return fail(&FieldError{"Key", fmt.Sprintf("key %q is overridden twice", o.Key)})
-		case len(o.Clients) > 0:
-			if by := shadowedBy(o.Clients, rl.Exempt, rl.Overrides[:i]); by != "" {
-				return fail(&FieldError{"Clients", "every client range of it is " + by + ": it would never apply"})
-			}
+		case len(o.Clients) > 0 && shadowed(o.Clients, rl.Exempt, rl.Overrides[:i]):
+			return fail(&FieldError{"Clients", "every client range of it is exempt or an earlier override's: it would never apply"})
 		}
 		keys[o.Key] = true
 		if _, err := o.rule(rl.Rule).Compile(); err != nil {
@@ -235,11 +232,10 @@ func (rl *RateLimit) Check() error {
 	return nil
 }
 
-// shadowedBy says what takes every one of clients before an override of
-// them could ("" if something is left to it): the rule's exempt ranges,
-// or the client overrides before it (the first that holds a client
-// applies).
-func shadowedBy(clients, exempt []netip.Prefix, before []Override) string {
+// shadowed reports whether the rule's exempt ranges and the client
+// overrides before (the first that holds a client applies) take every
+// one of clients, so that an override of them would never apply.
+func shadowed(clients, exempt []netip.Prefix, before []Override) bool {
 	within := func(p netip.Prefix, of []netip.Prefix) bool {
 		for _, q := range of {
 			if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
@@ -248,21 +244,16 @@ func shadowedBy(clients, exempt []netip.Prefix, before []Override) string {
 		}
 		return false
 	}
-	var by []string
 	for _, p := range clients {
-		switch {
-		case within(p, exempt):
-			by = append(by, "exempt")
-		default:
-			j := slices.IndexFunc(before, func(o Override) bool { return within(p, o.Clients) })
-			if j < 0 {
-				return ""
-			}
-			by = append(by, fmt.Sprintf("override %d's", j+1))
+		taken := within(p, exempt)
+		for i := 0; i < len(before) && !taken; i++ {
+			taken = within(p, before[i].Clients)
+		}
+		if !taken {
+			return false
 		}
 	}
-	slices.Sort(by)
-	return "within " + strings.Join(slices.Compact(by), " or ") + " ranges"
+	return true
 }
 
 // rule is the bucket rule of an override of base: base's, with the

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -47,8 +46,10 @@ type clientConn struct {
 	// lingers.
 	answered bool
 
-	closeOnce sync.Once
-	closeErr  error
+	// tls is the connection's TLS state over an Edge, nil in cleartext:
+	// ServeHTTP gives it each request as Request.TLS, as net/http gives
+	// a *tls.Conn's (one per connection).
+	tls *tls.ConnectionState
 }
 
 // errRefused is what Read gives net/http for a header section it refuses
@@ -70,7 +71,8 @@ func (l clientListener) Accept() (net.Conn, error) {
 	cc := &clientConn{Conn: c, s: l.s}
 	cc.head.Start()
 	if cs, ok := c.(connectionStater); ok {
-		return &tlsClientConn{cc, cs}, nil
+		st := cs.ConnectionState() // the handshake is done
+		cc.tls = &st
 	}
 	return cc, nil
 }
@@ -78,26 +80,6 @@ func (l clientListener) Accept() (net.Conn, error) {
 // connectionStater is a connection over TLS: an Edge's.
 type connectionStater interface {
 	ConnectionState() tls.ConnectionState
-}
-
-// tlsClientConn is a clientConn over TLS. net/http takes its
-// ConnectionState for Request.TLS.
-type tlsClientConn struct {
-	*clientConn
-	cs connectionStater
-}
-
-func (c *tlsClientConn) ConnectionState() tls.ConnectionState { return c.cs.ConnectionState() }
-
-// clientOf is the clientConn c is, or nil.
-func clientOf(c net.Conn) *clientConn {
-	switch c := c.(type) {
-	case *clientConn:
-		return c
-	case *tlsClientConn:
-		return c.clientConn
-	}
-	return nil
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
@@ -156,15 +138,7 @@ func (c *clientConn) Write(p []byte) (int, error) {
 
 // ReadFrom hands a response body to the connection's own ReadFrom
 // (sendfile, splice), as net/http does with a connection it is given.
-func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
-	if rf, ok := c.Conn.(io.ReaderFrom); ok {
-		return rf.ReadFrom(r)
-	}
-	return io.Copy(writeOnly{c.Conn}, r)
-}
-
-// writeOnly hides its writer's ReadFrom from io.Copy.
-type writeOnly struct{ io.Writer }
+func (c *clientConn) ReadFrom(r io.Reader) (int64, error) { return io.Copy(c.Conn, r) }
 
 // CloseWrite half-closes the connection where it can: net/http does so
 // before it closes a connection whose request body it did not read.
@@ -175,19 +149,17 @@ func (c *clientConn) CloseWrite() error {
 	return nil
 }
 
-// Close closes the connection once, first lingering after an answer of
-// the server's own.
+// Close closes the connection, first lingering after an answer of the
+// server's own. (net/http closes it once; the drain closes what is under
+// it.)
 func (c *clientConn) Close() error {
-	c.closeOnce.Do(func() {
-		c.mu.Lock()
-		linger := c.answered
-		c.mu.Unlock()
-		if linger {
-			engine.LingerClose(c.Conn)
-		}
-		c.closeErr = c.Conn.Close()
-	})
-	return c.closeErr
+	c.mu.Lock()
+	linger := c.answered
+	c.mu.Unlock()
+	if linger {
+		engine.LingerClose(c.Conn)
+	}
+	return c.Conn.Close()
 }
 
 // began marks the request whose head net/http read as served: a handler
@@ -237,8 +209,7 @@ func (c *clientConn) answer(status int, detail string) {
 	fields, _ := core.ProblemFields(nil, nil, 0, len(body))
 	b := make([]byte, 0, 256+len(body))
 	b = append(b, "HTTP/1.1 "...)
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, ' ')
+	b = append(b, byte('0'+status/100), byte('0'+status/10%10), byte('0'+status%10), ' ')
 	b = append(b, http.StatusText(status)...)
 	b = append(b, "\r\nDate: "...)
 	b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
@@ -282,10 +253,12 @@ func ownStatus(p []byte) (status int, reason []byte, ok bool) {
 	if len(p) < 12 || !bytes.HasPrefix(p, []byte("HTTP/1.")) || p[8] != ' ' {
 		return 0, nil, false
 	}
-	status, err := strconv.Atoi(string(p[9:12]))
-	if err != nil {
-		return 0, nil, false
+	for _, d := range p[9:12] {
+		if d < '0' || d > '9' {
+			return 0, nil, false
+		}
+		status = status*10 + int(d-'0')
 	}
 	line, _, _ := bytes.Cut(p[12:], []byte("\r\n"))
-	return status, bytes.TrimSpace(line), true
+	return status, line, true
 }

@@ -112,7 +112,7 @@ func TestDrainTellsBeforeClosing(t *testing.T) {
 
 	conns.draining.Store(true)
 	now := time.Now()
-	if left, _, _ := conns.closeIdle(now, time.Second, 5*time.Second); left != 3 {
+	if left, _, _ := conns.closeIdle(now, time.Second, 5*time.Second, false); left != 3 {
 		t.Fatalf("%d connections left, want all 3 within their grace", left)
 	}
 	// The busy client sends its next request within the grace: it is
@@ -125,14 +125,14 @@ func TestDrainTellsBeforeClosing(t *testing.T) {
 	}
 	// Past the idle grace, the quiet one goes; the fresh one (no request
 	// yet) keeps its longer grace.
-	left, next, _ := conns.closeIdle(now.Add(2*time.Second), time.Second, 5*time.Second)
+	left, next, _ := conns.closeIdle(now.Add(2*time.Second), time.Second, 5*time.Second, false)
 	if !closed(quiet) {
 		t.Fatal("a connection idle past the grace was not closed")
 	}
 	if left == 0 || next.IsZero() || next.Sub(now) > 5*time.Second {
 		t.Fatalf("after the idle grace: %d left, next at %v; want the new connection due within 5s", left, next.Sub(now))
 	}
-	conns.closeIdle(now.Add(6*time.Second), time.Second, 5*time.Second)
+	conns.closeIdle(now.Add(6*time.Second), time.Second, 5*time.Second, false)
 	if !closed(fresh) {
 		t.Fatal("a connection that never sent a request outlived its grace")
 	}

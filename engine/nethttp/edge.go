@@ -29,8 +29,8 @@ type Edge interface {
 	// srv.ErrorLog in net/http's words), serves the HTTP/2 connections,
 	// and returns from Accept the HTTP/1.1 ones, handshake done, as
 	// net.Conns with a method ConnectionState() tls.ConnectionState:
-	// the Server wraps them as it wraps cleartext ones, and net/http
-	// takes the method for Request.TLS. Each connection is reported to
+	// the Server wraps them as it wraps cleartext ones, and gives their
+	// state to each request as Request.TLS. Each connection is reported to
 	// srv.ConnState as the TLS connection: new when accepted, closed
 	// if it ends before net/http or the HTTP/2 server serves it.
 	Listener(ln net.Listener) net.Listener

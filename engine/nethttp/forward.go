@@ -51,6 +51,10 @@ const readAheadBytes = 64 << 10
 // links no forwarding.
 type Upstream interface {
 	serve(rw *writer, r *http.Request, req *request, ex *core.Exchange, fwd core.Forward) error
+	// unforwardable answers what cannot be forwarded
+	// (refuseUnforwardable): a method, so that a program that forwards
+	// nothing links none of it.
+	unforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool)
 	close()
 }
 
@@ -78,6 +82,10 @@ type forwarder struct {
 }
 
 func (f *forwarder) close() { f.up.Close() }
+
+func (f *forwarder) unforwardable(w http.ResponseWriter, r *http.Request) (int, bool) {
+	return refuseUnforwardable(w, r)
+}
 
 // headPool holds the buffers request heads are written into.
 var headPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}

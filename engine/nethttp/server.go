@@ -161,13 +161,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handlers.Add(1)
 	defer s.handlers.Add(-1)
 	if r.ProtoMajor == 1 {
-		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-			s.conns.writing(trackedAs(c))
-			if cc := clientOf(c); cc != nil && !cc.began(r.Body == http.NoBody) {
+		// Every HTTP/1 connection is a clientConn (clientListener).
+		if cc, ok := r.Context().Value(connKey{}).(*clientConn); ok {
+			s.conns.writing(cc.Conn)
+			if !cc.began(r.Body == http.NoBody) {
 				// Refused already (clientConn.idle): what net/http writes
 				// for it goes nowhere, and the connection closes.
 				w.Header().Set("Connection", "close")
 				return
+			}
+			if r.TLS == nil {
+				r.TLS = cc.tls
 			}
 		}
 	}
@@ -176,7 +180,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.h.fwd != nil {
 		start := time.Now()
-		if status, ok := refuseUnforwardable(w, r); ok {
+		if status, ok := s.h.fwd.unforwardable(w, r); ok {
 			s.h.c.Responded(status, time.Since(start)) // no exchange counts it
 			return
 		}
@@ -240,7 +244,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// net/http closes only what it serves: an Edge's connections in
 		// their handshake and its HTTP/2 ones, which the drain waited
 		// for, are the tracker's to cut.
-		s.conns.closeAll()
+		s.conns.closeIdle(time.Now(), 0, 0, true)
 		err = cmp.Or(err, ctx.Err())
 	}
 	waitfor.Cond(engine.CloseWait, s.conns.gone)
@@ -553,19 +557,6 @@ func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 	}
 }
 
-// closeAll closes every connection still open.
-func (c *connTracker) closeAll() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for conn, ci := range c.conns {
-		if !ci.closed {
-			conn.Close() // its server reports StateClosed
-			ci.closed = true
-			c.conns[conn] = ci
-		}
-	}
-}
-
 // gone reports whether the ConnState hook saw every connection close.
 func (c *connTracker) gone() bool {
 	c.mu.Lock()
@@ -593,7 +584,7 @@ func (c *connTracker) drain(ctx context.Context, idleGrace, newGrace time.Durati
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		left, next, changed := c.closeIdle(time.Now(), idleGrace, newGrace)
+		left, next, changed := c.closeIdle(time.Now(), idleGrace, newGrace, false)
 		if left == 0 {
 			return
 		}
@@ -611,11 +602,12 @@ func (c *connTracker) drain(ctx context.Context, idleGrace, newGrace time.Durati
 	}
 }
 
-// closeIdle closes the connections that are past their grace at now. It
-// returns how many connections are left, when the next one will be past
-// its grace (zero if none is idle), and a channel closed at the next
-// change of state.
-func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration) (left int, next time.Time, changed <-chan struct{}) {
+// closeIdle closes the connections that are past their grace at now, and
+// with all those with a request in progress too (a drain past its
+// deadline). It returns how many connections are left, when the next one
+// will be past its grace (zero if none is idle), and a channel closed at
+// the next change of state.
+func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration, all bool) (left int, next time.Time, changed <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.changed == nil {
@@ -629,7 +621,9 @@ func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration
 		case http.StateNew:
 			grace = newGrace
 		default:
-			continue // a request in progress: its response says Connection: close
+			if !all {
+				continue // a request in progress: its response says Connection: close
+			}
 		}
 		if ci.closed {
 			continue
@@ -653,20 +647,15 @@ func (c *connTracker) closeIdle(now time.Time, idleGrace, newGrace time.Duration
 // server its own wrapper of the TLS connection, and the Edge the TLS
 // connection itself, from its accept on.
 func (s *Server) trackConn(c net.Conn, st http.ConnState) {
-	if cc := clientOf(c); cc != nil && st == http.StateIdle {
-		cc.idle()
+	g, h2 := c.(h2Conn)
+	switch cc, _ := c.(*clientConn); {
+	case h2:
+		c = g.TLSConn()
+	case cc != nil:
+		if st == http.StateIdle {
+			cc.idle()
+		}
+		c = cc.Conn
 	}
-	_, h2 := c.(h2Conn)
-	s.conns.track(trackedAs(c), st, h2)
-}
-
-// trackedAs is the connection c is tracked as (trackConn).
-func trackedAs(c net.Conn) net.Conn {
-	if g, ok := c.(h2Conn); ok {
-		return g.TLSConn()
-	}
-	if cc := clientOf(c); cc != nil {
-		return cc.Conn
-	}
-	return c
+	s.conns.track(c, st, h2)
 }
