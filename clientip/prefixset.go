@@ -105,7 +105,6 @@ func split(a netip.Addr) [2]uint64 {
 	return [2]uint64{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])}
 }
 
-
 func cmp6(a, b [2]uint64) int {
 	switch {
 	case a[0] != b[0]:
