@@ -639,14 +639,23 @@ func TestPipelinedSectionSplitAtCRLF(t *testing.T) {
 // that never comes.
 func TestPipelinedBareLFRefusedAtOnce(t *testing.T) {
 	t.Parallel()
-	for _, second := range []string{"GET /b HTTP/1.1\r\nHost: a\n\n", "GET /b HTTP/1.1\r\nHost: a\nX: y\r\n\r\n"} {
-		eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+	const ok = "GET /a HTTP/1.1\r\nHost: a\r\n\r\n"
+	for _, tc := range []struct {
+		send  string
+		wants []int
+	}{
+		{ok + "GET /b HTTP/1.1\r\nHost: a\n\n", []int{200, 400}},
+		{ok + "GET /b HTTP/1.1\r\nHost: a\nX: y\r\n\r\n", []int{200, 400}},
+		{ok + ok + "GET /b HTTP/1.1\r\nHost: a\nX: y\r\n\r\n", []int{200, 200, 400}}, // the third section read ahead
+	} {
+		second := tc.send
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 			up := startUpstream(t, nil)
 			r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{ReadHeaderTimeout: 20 * time.Second}})
 			c, br := dial(t, r.Addr)
 			c.SetDeadline(time.Now().Add(15 * time.Second))
-			io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n"+second)
-			for i, want := range []int{200, 400} {
+			io.WriteString(c, second)
+			for i, want := range tc.wants {
 				resp, err := http.ReadResponse(br, nil)
 				if err != nil {
 					t.Fatalf("%q: response %d: %v", second, i+1, err)
@@ -656,8 +665,8 @@ func TestPipelinedBareLFRefusedAtOnce(t *testing.T) {
 					t.Fatalf("%q: response %d: %d %s, want %d", second, i+1, resp.StatusCode, body, want)
 				}
 			}
-			if n := len(up.Requests()); n != 1 {
-				t.Errorf("%q: the upstream saw %d requests, want 1", second, n)
+			if n := len(up.Requests()); n != len(tc.wants)-1 {
+				t.Errorf("%q: the upstream saw %d requests, want %d", second, n, len(tc.wants)-1)
 			}
 		})
 	}
