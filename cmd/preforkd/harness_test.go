@@ -408,6 +408,25 @@ func waitReloaded(t testing.TB, d *daemon, from int, timeout time.Duration) {
 	}
 }
 
+// waitRetiredGone waits until every worker that a reload begun after log
+// line from retired has exited (waitReloaded first): a worker of the old
+// generation drains for a while, serving the connections it has with the
+// old configuration.
+func waitRetiredGone(t *testing.T, d *daemon, from int) {
+	t.Helper()
+	end, _, ok := d.logs.waitFor(from, 15*time.Second, msgIs("reload finished"))
+	if !ok {
+		t.Fatal("the reload did not finish")
+	}
+	for i := from; ; i++ {
+		var l logLine
+		if i, l, ok = d.logs.waitFor(i, 0, msgIs("worker retiring")); !ok || i > end {
+			return
+		}
+		waitExited(t, d, i, l.int("pid"))
+	}
+}
+
 // stop sends TERM and requires a clean exit (status 0) within 15 s, with
 // the log read to its end.
 func (d *daemon) stop() {

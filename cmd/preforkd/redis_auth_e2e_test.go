@@ -118,6 +118,10 @@ func TestRedisPasswordFile(t *testing.T) {
 	if _, l, ok := d.logs.waitFor(from, time.Second, msgIs("reload begun")); !ok || !strings.Contains(l.get("keys_changed"), "redis.password_file") {
 		t.Errorf("the reload's line does not name the rotated password's key: %v", l.kv)
 	}
+	// A worker of the old generation that still drains serves its
+	// connections' next requests (with Connection: close), dialing Redis
+	// with the old password: exactness is for the new generation alone.
+	waitRetiredGone(t, d, from)
 	exactOnHost(t, d, "rotated")
 
 	// A world-readable file: the reload is refused, with the key's line;
