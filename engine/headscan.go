@@ -22,7 +22,8 @@ import (
 // body, where the body ends among them is the library's to know: they
 // are dropped, and a bare LF in a section that follows a body in one
 // read goes unchecked, as do sections read ahead past the first
-// maxAhead.
+// maxAhead or past maxAheadBytes (a body, most likely: past those, a
+// read costs nothing but keeping its last bytes).
 type HeadScan struct {
 	// Bodyless is set by the engine once a request's head is parsed: the
 	// request has no body, so what was read after its section is the
@@ -32,7 +33,8 @@ type HeadScan struct {
 	cur    headSection   // the section awaited
 	active bool          // cur is not whole yet: what is read goes on with it
 	ahead  []headSection // sections read after cur, in order; the last may not be whole
-	full   bool          // more was read ahead than maxAhead sections: the rest goes unchecked
+	full   bool          // more was read ahead than is followed: the rest goes unchecked
+	aheadN int           // bytes read ahead since Start
 	last   [3]byte       // the last bytes read, the latest at the end
 }
 
@@ -43,8 +45,12 @@ type headSection struct {
 	whole  bool // its CRLF CRLF was read
 }
 
-// maxAhead bounds the sections read ahead that HeadScan follows.
-const maxAhead = 64
+// maxAhead and maxAheadBytes bound what is read ahead that HeadScan
+// follows, between two Starts.
+const (
+	maxAhead      = 64
+	maxAheadBytes = 64 << 10
+)
 
 // Start begins checking the next section: the first read ahead if the
 // request before had no body, else what the next read brings.
@@ -60,7 +66,7 @@ func (h *HeadScan) Start() {
 		}
 	}
 	h.active = !h.cur.whole
-	h.Bodyless = false
+	h.Bodyless, h.aheadN = false, 0
 }
 
 // Refuse reports whether the section now awaited came, whole or in part,
@@ -80,28 +86,33 @@ func (h *HeadScan) Len() int { return h.cur.n }
 
 // Scan reads b, and reports a bare LF in the section awaited.
 func (h *HeadScan) Scan(b []byte) (bareLF bool) {
-	for _, x := range b {
+	for i, x := range b {
 		sec := &h.cur
 		if !h.active {
-			sec = h.aheadSection()
+			if sec = h.aheadSection(); sec == nil {
+				// Past what is followed: only the last bytes count.
+				for _, y := range b[max(i, len(b)-len(h.last)):] {
+					h.last = [3]byte{h.last[1], h.last[2], y}
+				}
+				return false
+			}
+			h.aheadN++
 		}
-		if sec != nil {
-			sec.n++
-			if x == '\n' {
-				switch {
-				case h.last[2] != '\r':
-					sec.bareLF = true
-					if sec == &h.cur {
-						return true
-					}
-				case h.last[0] == '\r' && h.last[1] == '\n' && sec.n > 2:
-					// CRLF CRLF: the section ended (a CRLF of its own
-					// is an empty line before a request line). What
-					// follows is a body, or the next section.
-					sec.whole = true
-					if sec == &h.cur {
-						h.active = false
-					}
+		sec.n++
+		if x == '\n' {
+			switch {
+			case h.last[2] != '\r':
+				sec.bareLF = true
+				if sec == &h.cur {
+					return true
+				}
+			case h.last[0] == '\r' && h.last[1] == '\n' && sec.n > 2:
+				// CRLF CRLF: the section ended (a CRLF of its own is an
+				// empty line before a request line). What follows is a
+				// body, or the next section.
+				sec.whole = true
+				if sec == &h.cur {
+					h.active = false
 				}
 			}
 		}
@@ -116,7 +127,7 @@ func (h *HeadScan) aheadSection() *headSection {
 	if n := len(h.ahead); n > 0 && !h.ahead[n-1].whole {
 		return &h.ahead[n-1]
 	}
-	if h.full || len(h.ahead) == maxAhead {
+	if h.full || len(h.ahead) == maxAhead || h.aheadN >= maxAheadBytes {
 		h.full = true
 		return nil
 	}

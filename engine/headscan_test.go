@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/preforkd/preforkd/engine"
@@ -88,5 +89,37 @@ func TestHeadScanPipelined(t *testing.T) {
 	h.Scan([]byte("\r\nGET /c HTTP/1.1\r\n"))
 	if !h.Begun() {
 		t.Fatal("a section begun by an empty line taken for a whole one")
+	}
+}
+
+// What is read ahead is followed only so far: 64 sections, or 64 KiB
+// (a body, most likely). Past that nothing is checked, and nothing is
+// refused that was not seen.
+func TestHeadScanAheadBounds(t *testing.T) {
+	const ok = "GET / HTTP/1.1\r\n\r\n"
+	var h engine.HeadScan
+	h.Start()
+	h.Scan([]byte(ok + strings.Repeat(ok, 64) + "GET /x HTTP/1.1\nHost: a\n\n"))
+	for i := range 64 {
+		h.Bodyless = true
+		h.Start()
+		if h.Refuse() || h.Len() != len(ok) {
+			t.Fatalf("section %d read ahead: refused %v, %d bytes", i+2, h.Refuse(), h.Len())
+		}
+	}
+	h.Bodyless = true
+	h.Start()
+	if h.Refuse() || h.Len() != 0 {
+		t.Fatalf("the section past 64 read ahead: refused %v, %d bytes; want it unchecked", h.Refuse(), h.Len())
+	}
+
+	// A long body read ahead: past 64 KiB it is not followed, and a
+	// section after it in the same read is not taken for the next.
+	h = engine.HeadScan{}
+	h.Start()
+	h.Scan([]byte("POST / HTTP/1.1\r\nContent-Length: 70000\r\n\r\n" + strings.Repeat("x", 70000) + "GET /x HTTP/1.1\nHost: a\n\n"))
+	h.Start() // the request had a body
+	if h.Refuse() || h.Len() != 0 || h.Begun() {
+		t.Fatalf("after a body: refused %v, %d bytes", h.Refuse(), h.Len())
 	}
 }

@@ -92,7 +92,10 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n > 0 && !c.served {
+	// Every read is scanned, a request's body too (HeadScan follows
+	// where sections end, and soon stops following a body): a byte of
+	// the next section may come in a read made while a handler runs.
+	if n > 0 {
 		switch {
 		case c.head.Scan(p[:n]):
 			c.refused = engine.ErrBareLF
