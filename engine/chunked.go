@@ -120,9 +120,11 @@ func HexDigit(c byte) int {
 	return -1
 }
 
-// trailer reads trailer lines up to the empty one.
+// trailer reads trailer lines up to the empty one. Each is a field line,
+// checked as a header line is but for obs-fold, which goes with the field
+// before (as net/http and fasthttp take it); all are dropped.
 func (c *ChunkedReader) trailer() error {
-	for size := 0; ; {
+	for size, fields := 0, 0; ; {
 		line, err := c.line()
 		if err != nil {
 			return err
@@ -130,8 +132,18 @@ func (c *ChunkedReader) trailer() error {
 		if size += max(len(line), 1); size > MaxTrailer {
 			return ErrChunked
 		}
-		if len(line) == 0 {
+		switch {
+		case len(line) == 0:
 			return nil
+		case line[0] == ' ' || line[0] == '\t':
+			if fields == 0 || !FieldValueOK(line) {
+				return ErrChunked
+			}
+		default:
+			if _, f := ParseFieldLine(line); f != FieldOK {
+				return ErrChunked
+			}
+			fields++
 		}
 	}
 }

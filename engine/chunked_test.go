@@ -39,6 +39,12 @@ func TestChunkedReader(t *testing.T) {
 		{name: "a trailer section over 16 KiB", in: "0\r\n" + strings.Repeat("X-T: 1\r\n", 3000) + "\r\n", err: engine.ErrChunked},
 		{name: "a trailer ended by a bare LF", in: "0\r\nX-T: 1\r\n\n", err: engine.ErrChunked},
 		{name: "a bare CR in a trailer line", in: "0\r\n\r\r\n\r\n", err: engine.ErrChunked},
+		// A trailer line is a field line, checked as a header line is.
+		{name: "a trailer line with no colon", in: "0\r\n0\r\n\r\n", err: engine.ErrChunked},
+		{name: "a trailer field with no name", in: "0\r\n:x\r\n\r\n", err: engine.ErrChunked},
+		{name: "a control character in a trailer field", in: "0\r\nX-T: a\x01b\r\n\r\n", err: engine.ErrChunked},
+		{name: "a trailer that begins with a fold", in: "0\r\n x\r\n\r\n", err: engine.ErrChunked},
+		{name: "a folded trailer field", in: "0\r\nX-T: a\r\n b\r\n\r\nNEXT", want: "", rest: "NEXT"},
 		{name: "a bare CR in a size line", in: "3;a\rb\r\nabc\r\n0\r\n\r\n", err: engine.ErrChunked},
 		{name: "a control character in an extension", in: "3;a=\x00\r\nabc\r\n0\r\n\r\n", err: engine.ErrChunked},
 		{name: "a size line longer than the buffer", in: "5;" + strings.Repeat("x", 5000) + "\r\nhello\r\n0\r\n\r\n", err: engine.ErrChunked},
