@@ -602,8 +602,8 @@ func (c *connTracker) drain(ctx context.Context, idleGrace, newGrace time.Durati
 	}
 }
 
-// closeIdle closes the connections that are past their grace at now, and
-// with all those with a request in progress too (a drain past its
+// closeIdle closes the connections that are past their grace at now;
+// with all, also those with a request in progress (a drain past its
 // deadline). It returns how many connections are left, when the next one
 // will be past its grace (zero if none is idle), and a channel closed at
 // the next change of state.
