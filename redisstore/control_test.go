@@ -45,7 +45,7 @@ func TestStateAndReset(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
-		r := rule("ctl-"+algo.String(), algo, 3, time.Minute)
+		r := rule("ctl-"+algo.String(), algo, 3, time.Hour)
 		h, cs := supervised(t, srv, counting)
 		l := h.limiter(t, r)
 		ctl, err := cs.NewLimiter(r)

@@ -93,12 +93,14 @@ func rule(name string, algo bucket.Algorithm, limit int64, window time.Duration)
 }
 
 // Two hosts (two regions, two stores, one Redis): a limit of 10 per
-// minute lets exactly 10 of 40 requests through, for either algorithm.
+// hour lets exactly 10 of 40 requests through, for either algorithm.
+// (Fixed windows here are hours: they are aligned to Redis's clock, and a
+// test that straddled a minute's end would count in two windows.)
 func TestExactAcrossHosts(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
-		hs, ls := newHosts(t, srv, 2, counting, rule("exact-"+algo.String(), algo, 10, time.Minute))
+		hs, ls := newHosts(t, srv, 2, counting, rule("exact-"+algo.String(), algo, 10, time.Hour))
 		allowed := 0
 		for i := range 40 {
 			h, l := hs[i%2], ls[i%2]
@@ -128,8 +130,8 @@ func TestLowerLimitRemainingNotNegative(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, algo := range []bucket.Algorithm{bucket.GCRA, bucket.FixedWindow} {
 		a, b := newHost(t, srv, 0, counting), newHost(t, srv, 0, counting)
-		la := a.limiter(t, rule("lower-"+algo.String(), algo, 5, time.Minute))
-		lb := b.limiter(t, rule("lower-"+algo.String(), algo, 2, time.Minute))
+		la := a.limiter(t, rule("lower-"+algo.String(), algo, 5, time.Hour))
+		lb := b.limiter(t, rule("lower-"+algo.String(), algo, 2, time.Hour))
 		for range 5 {
 			if refused, _, err := a.decide(t, "client", la); refused || err != nil {
 				t.Fatalf("%v: the limit of 5 refused: %v %v", algo, refused, err)
@@ -152,7 +154,7 @@ func TestOneRoundTripAndRefusalChargesNone(t *testing.T) {
 	srv := redistest.Start(t)
 	h := newHost(t, srv, 0, counting)
 	wide := h.limiter(t, rule("wide", bucket.GCRA, 100, time.Minute))
-	narrow := h.limiter(t, rule("narrow", bucket.FixedWindow, 2, time.Minute))
+	narrow := h.limiter(t, rule("narrow", bucket.FixedWindow, 2, time.Hour))
 	third := h.limiter(t, rule("third", bucket.GCRA, 50, time.Hour))
 	before := srv.Calls("evalsha")
 	for i := range 5 {
@@ -184,7 +186,7 @@ func TestOneRoundTripAndRefusalChargesNone(t *testing.T) {
 // its retry time.
 func TestDenyCache(t *testing.T) {
 	t.Parallel()
-	srv, h, l := oneHost(t, counting, rule("deny", bucket.FixedWindow, 1, time.Minute))
+	srv, h, l := oneHost(t, counting, rule("deny", bucket.FixedWindow, 1, time.Hour))
 	if refused, _, err := h.decide(t, "flood", l); err != nil || refused {
 		t.Fatalf("first: refused %v, %v", refused, err)
 	}
@@ -203,7 +205,7 @@ func TestDenyCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	lo, err := other.NewLimiter(rule("deny", bucket.FixedWindow, 1, time.Minute))
+	lo, err := other.NewLimiter(rule("deny", bucket.FixedWindow, 1, time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +222,7 @@ func TestDenyCache(t *testing.T) {
 	}
 	// The rule with a higher limit (a reload): what Redis refused under
 	// the old one is not refused from the cache.
-	raised, err := other.NewLimiter(rule("deny", bucket.FixedWindow, 5, time.Minute))
+	raised, err := other.NewLimiter(rule("deny", bucket.FixedWindow, 5, time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
