@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/loop"
 	"github.com/preforkd/preforkd/internal/wiretest"
@@ -484,38 +483,4 @@ func TestMaxIdleIsTheWorkers(t *testing.T) {
 	if n := open.Load(); n > 1 {
 		t.Errorf("upstream_max_idle 1: %d idle upstream connections kept", n)
 	}
-}
-
-// A client that goes away (a reset) while its request is with the
-// upstream is counted as 499, as nginx logs it, not as a 500 that the
-// canary would take for the server's error.
-func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	ln := listen(t)
-	wiretest.AcceptEach(ln, func(c net.Conn) {
-		defer c.Close()
-		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-			return
-		}
-		<-release
-		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-	})
-	statuses := make(chan int, 1)
-	c := configCore(t, "", func(o *core.Options) { o.OnResponse = func(status int) { statuses <- status } })
-	addr, _ := serve(t, loop.Options{Upstream: "http://" + ln.Addr().String(), Loops: 1, Core: c})
-	conn, _ := dial(t, addr)
-	io.WriteString(conn, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(100 * time.Millisecond) // with the upstream
-	conn.(*net.TCPConn).SetLinger(0)   // a reset
-	conn.Close()
-	select {
-	case status := <-statuses:
-		if status != core.StatusClientClosed {
-			t.Errorf("counted as %d, want %d", status, core.StatusClientClosed)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("never counted")
-	}
-	close(release)
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -15,9 +14,6 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
-	"github.com/preforkd/preforkd/engine/nethttp"
-	"github.com/preforkd/preforkd/internal/shmtest"
-	"github.com/preforkd/preforkd/shm"
 )
 
 // What net/http refuses before any handler runs, and what it would take
@@ -31,14 +27,11 @@ func TestOwnAnswers(t *testing.T) {
 	var mu sync.Mutex
 	var counted []int
 	var served []string
-	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{OnResponse: func(status int) {
+	count := core.Options{OnResponse: func(status int) {
 		mu.Lock()
 		counted = append(counted, status)
 		mu.Unlock()
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	}}
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		served = append(served, r.URL.Path)
@@ -46,16 +39,7 @@ func TestOwnAnswers(t *testing.T) {
 		io.WriteString(w, "ok")
 	})
 	lim := engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, MaxHeaderBytes: 8 << 10}
-	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Limits: lim, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(t.Context()) })
+	_, ln := limitedServerWith(t, lim, app, count)
 
 	for _, tc := range []struct {
 		name   string

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -257,11 +258,17 @@ func TestExpectContinueRefusedAtOnce(t *testing.T) {
 // of its own, until the test ends.
 func limitedServer(t *testing.T, lim engine.Limits, app http.Handler) (*nethttp.Server, net.Listener) {
 	t.Helper()
-	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), core.Options{})
+	return limitedServerWith(t, lim, app, core.Options{})
+}
+
+// limitedServerWith is limitedServer with a core made with o.
+func limitedServerWith(t *testing.T, lim engine.Limits, app http.Handler, o core.Options) (*nethttp.Server, net.Listener) {
+	t.Helper()
+	c, err := core.New(shmtest.Private(t, shm.Options{Counters: 64, MaxWorkers: 2}), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Limits: lim})
+	srv, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Limits: lim, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
