@@ -268,8 +268,7 @@ func (ex *Exchange) invalidate(loc, cloc string) {
 			continue
 		}
 		if _, fwd, err := route.Normalize(path); err == nil {
-			id := append(append(append(ex.keyBuf[:0], fwd...), '?'), query...)
-			tags.Bump(c.urlHash(id))
+			tags.Bump(c.urlHash(appendURLID(ex.keyBuf[:0], fwd, query)))
 		}
 	}
 }

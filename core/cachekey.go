@@ -21,8 +21,9 @@ import (
 //     entry). It holds the entry, or a vary stub.
 //   - variant key: the primary key and the request's values of the
 //     fields the stub names. It holds the entry of a response that varies.
-//   - URL: the forward path and the query, whatever the host: the
-//     generation an unsafe request or a purge by URL advances.
+//   - URL: the forward path and the query, whatever the host and however
+//     percent-encoded (appendURLID): the generation an unsafe request or
+//     a purge by URL advances.
 //   - tag: the tag's bytes as the response sent them.
 const (
 	nsCachePrimary = 0x3a91_5d0c_7e2b_4f01
@@ -31,11 +32,20 @@ const (
 	nsCacheTag     = 0x3a91_5d0c_7e2b_4f04
 )
 
-// appendURL appends the request's URL identity: forward path, '?', query.
+// appendURL appends the request's URL identity (see appendURLID).
 func (ex *Exchange) appendURL(b []byte) []byte {
-	b = append(b, ex.forward...)
+	return appendURLID(b, ex.forward, ex.req.Query())
+}
+
+// appendURLID appends the URL identity of a forward path and a query: each
+// in the spelling its equivalent spellings share (route.AppendSpelling),
+// joined by '?', so that an unsafe request, a Location or a purge that
+// spells the URL otherwise than the request that stored it still reaches
+// its entries.
+func appendURLID(b []byte, forward, query string) []byte {
+	b = route.AppendSpelling(b, forward)
 	b = append(b, '?')
-	return append(b, ex.req.Query()...)
+	return route.AppendSpelling(b, query)
 }
 
 // appendPrimary appends the identity of the request's primary key.
@@ -49,7 +59,9 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 		b = append(b, c)
 	}
 	b = append(b, 0)
-	return ex.appendURL(b)
+	b = append(b, ex.forward...)
+	b = append(b, '?')
+	return append(b, ex.req.Query()...)
 }
 
 // appendVariant appends the identity of the variant key of the request
@@ -117,10 +129,11 @@ var ErrPurgeTarget = errors.New("core: purge: not a path with an optional query,
 
 // PurgeURL purges the entries of target, in every process of the region
 // at once: every variant, on every host. target is a path with an
-// optional query ("/products/1?page=2", as a client sends it; the query
-// must be the same bytes) or an absolute http:// or https:// URL, whose
-// host is ignored. The path is normalized as a request's is (dot segments
-// removed, slashes merged). It reports false for a region without a
+// optional query ("/products/1?page=2", as a client sends it) or an
+// absolute http:// or https:// URL, whose host is ignored. The path is
+// normalized as a request's is (dot segments removed, slashes merged), and
+// it and the query match whatever their percent-encoding: "/caf%c3%a9"
+// purges what "/café" and "/caf%C3%A9" stored. It reports false for a region without a
 // response table; the error (ErrPurgeTarget) is CheckPurgeURL's.
 func PurgeURL(r *shm.Region, target string) (bool, error) {
 	id, err := purgeID(target)
@@ -164,6 +177,5 @@ func purgeID(target string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrPurgeTarget, strings.TrimPrefix(err.Error(), "route: "))
 	}
-	id := make([]byte, 0, len(fwd)+1+len(query))
-	return append(append(append(id, fwd...), '?'), query...), nil
+	return appendURLID(nil, fwd, query), nil
 }

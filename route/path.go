@@ -185,7 +185,12 @@ func appendMatch(dst []byte, p string) []byte {
 			seg = seg[:k] // Tomcat, Jetty and Spring ignore ";params"
 		}
 		start := len(dst)
-		dst = appendSegment(dst, seg)
+		// Unreserved characters decoded, every other byte percent-encoded
+		// with upper-case hex digits: encoding the bytes a client may send
+		// raw (":", "@", UTF-8) lets "/@me" and "/%40me" match one route,
+		// as they reach one handler in applications that decode the path
+		// before routing. (seg holds no '/': an encoded one was refused.)
+		dst = AppendSpelling(dst, seg)
 		switch string(dst[start:]) {
 		case ".":
 			dst = dst[:start]
@@ -211,29 +216,34 @@ func appendMatch(dst []byte, p string) []byte {
 	return dst
 }
 
-// appendSegment appends seg in RFC 3986 normal form: unreserved characters
-// decoded, every other byte percent-encoded with upper-case hex digits.
-// Encoding the bytes a client may send raw (":", "@", UTF-8) lets "/@me"
-// and "/%40me" match one route, as they reach one handler in applications
-// that decode the path before routing. Requires valid escapes.
-func appendSegment(dst []byte, seg string) []byte {
-	for i := 0; i < len(seg); i++ {
+// AppendSpelling appends the one spelling of s, a path or a query as sent,
+// that every spelling RFC 3986 §6.2.2 holds equivalent shares, and some it
+// does not: each valid percent-encoding is decoded, and then every byte
+// other than an unreserved character or '/' is percent-encoded with
+// upper-case digits. So "/caf%c3%a9?%7Ea" and "/caf%C3%A9?~a" have one
+// spelling, and so do "a=b" and "a%3Db", which an application may read
+// apart: use it where taking two URLs for one errs safely (an
+// invalidation that reaches too far is only an extra miss).
+func AppendSpelling(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
 		j := i
-		for j < len(seg) && isUnreserved(seg[j]) {
+		for j < len(s) && (isUnreserved(s[j]) || s[j] == '/') {
 			j++
 		}
 		if j > i {
-			dst = append(dst, seg[i:j]...)
-			if i = j; i == len(seg) {
+			dst = append(dst, s[i:j]...)
+			if i = j; i == len(s) {
 				break
 			}
 		}
-		c := seg[i]
-		if c == '%' {
-			c, _ = unhex2(seg[i+1], seg[i+2])
-			i += 2
+		c := s[i]
+		if c == '%' && i+2 < len(s) {
+			if v, ok := unhex2(s[i+1], s[i+2]); ok {
+				c = v
+				i += 2
+			}
 		}
-		if isUnreserved(c) {
+		if isUnreserved(c) || c == '/' {
 			dst = append(dst, c)
 		} else {
 			dst = append(dst, '%', upperHex[c>>4], upperHex[c&15])

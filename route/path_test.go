@@ -377,3 +377,28 @@ func BenchmarkNormalize(b *testing.B) {
 		}
 	})
 }
+
+// AppendSpelling gives equivalent spellings one spelling, and is its own
+// fixed point.
+func TestAppendSpelling(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"", ""},
+		{"/caf%c3%a9", "/caf%C3%A9"},
+		{"/caf%C3%A9", "/caf%C3%A9"},
+		{"/caf\xc3\xa9", "/caf%C3%A9"},
+		{"/%41%7e%2d", "/A~-"},
+		{"q=%7Ea&b", "q%3D~a%26b"},
+		{"q%3d~a&b", "q%3D~a%26b"},
+		{"a%2fb", "a/b"},
+		{"100%", "100%25"},
+		{"%zz%4", "%25zz%254"},
+		{"a+b c", "a%2Bb%20c"},
+	} {
+		if got := string(AppendSpelling([]byte("x"), tt.in)); got != "x"+tt.want {
+			t.Errorf("AppendSpelling(%q) = %q, want %q", tt.in, got[1:], tt.want)
+		}
+		if again := string(AppendSpelling(nil, tt.want)); again != tt.want {
+			t.Errorf("AppendSpelling(%q) = %q: not a fixed point", tt.want, again)
+		}
+	}
+}
