@@ -38,11 +38,23 @@ func (l *Lock) Unlock() error {
 }
 
 // AdoptLock takes over the locks whose descriptors files are (Files of
-// the process that took them), and writes this process's pid in them.
+// the process that took them). The files keep naming that process, which
+// holds them too until this one serves: Claim names this one then, so
+// that a takeover that fails before (a binary upgrade whose new
+// supervisor exits) leaves them naming the process that still holds
+// them.
 func AdoptLock(files []*os.File) *Lock {
-	for _, f := range files {
+	return &Lock{files: files}
+}
+
+// Claim writes this process's pid in every lock file l holds: whoever is
+// refused the lock learns whom to look for. A nil Lock holds none.
+func (l *Lock) Claim() {
+	if l == nil {
+		return
+	}
+	for _, f := range l.files {
 		f.Truncate(0)
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return &Lock{files: files}
 }

@@ -48,6 +48,9 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 		}
 	}
 	reattached := false
+	// adopted: the locks were handed over by the old supervisor of a
+	// binary upgrade; claimed: this one's pid is written in them.
+	adopted, claimed := false, false
 	// The options of the configuration in force, for the periodic dumps:
 	// a reload changes the rules and the key; the files are the starting
 	// ones.
@@ -93,11 +96,24 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 			}
 			fs = append(fs, f)
 		}
-		lock, reattached = persist.AdoptLock(fs), true
+		lock, reattached, adopted = persist.AdoptLock(fs), true, true
 		if adopt != nil {
 			return adopt(files)
 		}
 		return nil
+	}
+	// The adopted locks name the old supervisor, which holds them too,
+	// until this one serves: an upgrade that fails before then leaves
+	// them naming the one that serves on.
+	onStatus := opts.OnStatus
+	opts.OnStatus = func(st prefork.Status) {
+		if adopted && !claimed && st.Serving {
+			claimed = true
+			lock.Claim()
+		}
+		if onStatus != nil {
+			onStatus(st)
+		}
 	}
 	// Once the new supervisor serves, its periodic dumps are the ones:
 	// the old one's stop (its workers drain without Finish).
