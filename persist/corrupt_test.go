@@ -8,9 +8,11 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 )
@@ -298,5 +300,47 @@ func TestLargeForeignFileNotRead(t *testing.T) {
 	rep, err := Load(region(t, 64), Options{Path: path, Key: "k"}, log)
 	if err != nil || rep.Loaded || len(rep.Refused) != 1 || rep.Refused[0].Reason != ReasonMagic {
 		t.Errorf("Load: %+v, %v; want refused for its magic", rep, err)
+	}
+}
+
+// A dump followed by a large run of bytes that are no part of it (a
+// sparse file extended by a truncate, a copy gone wrong) is read only as
+// far as its header and frames say: its sections load, the rest is
+// counted as trailing and never read into memory. A file of 200 GiB
+// with a dump's magic made Load and Inspect allocate its whole size,
+// and the daemon die at start with "out of memory".
+func TestLongTailNotRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dump")
+	good := goodDump(t, "k")
+	writeFile(t, path, good)
+	const tail = 256 << 20
+	if err := os.Truncate(path, int64(len(good))+tail); err != nil {
+		t.Fatal(err)
+	}
+	allocated := func(f func()) uint64 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		f()
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	var out bytes.Buffer
+	var ierr error
+	if n := allocated(func() { ierr = Inspect(path, &out) }); n > tail/4 {
+		t.Errorf("Inspect allocated %d bytes for a %d-byte dump", n, len(good))
+	}
+	if ierr != nil || !strings.Contains(out.String(), fmt.Sprintf("%d bytes after the last section", tail)) {
+		t.Errorf("Inspect: %v\n%s", ierr, out.String())
+	}
+	var rep Report
+	var lerr error
+	n := allocated(func() {
+		rep, lerr = Load(region(t, 64), Options{Path: path, Key: "k", Rules: rules, Now: wallAt(wall0.Add(time.Second))}, quiet)
+	})
+	if n > tail/4 {
+		t.Errorf("Load allocated %d bytes for a %d-byte dump", n, len(good))
+	}
+	if lerr != nil || !rep.Loaded || rep.Counters == 0 {
+		t.Errorf("Load: %+v, %v", rep, lerr)
 	}
 }
