@@ -414,6 +414,15 @@ type parsed struct {
 	sections []section // those whose frame and checksum passed
 	refused  []Refusal // sections refused on their frame or checksum
 	trailing int       // bytes after the last section (ignored)
+	ended    bool      // every section's frame was read: trailing counts
+}
+
+// unread adds to p the bytes of the file that readDump left unread after
+// the last section (data is what it read of size bytes).
+func (p *parsed) unread(data []byte, size int64) {
+	if p != nil && p.ended {
+		p.trailing += int(size - int64(len(data)))
+	}
 }
 
 // nothingKnown refuses a dump none of whose sections this build restores
@@ -521,7 +530,7 @@ func parse(data []byte) (*parsed, *Refusal) {
 		}
 		p.sections = append(p.sections, s)
 	}
-	p.trailing = len(data) - off
+	p.trailing, p.ended = len(data)-off, true
 	return p, nil
 }
 

@@ -74,6 +74,7 @@ func inspectDump(path string, fi os.FileInfo, data []byte, out io.Writer) string
 		fmt.Fprintf(w, "verdict:\trefused: %s\n", whole)
 		return whole.String()
 	}
+	p.unread(data, fi.Size())
 	h := p.hdr
 	fmt.Fprintf(w, "format:\tversion %d, header checksum ok\n", h.version)
 	fmt.Fprintf(w, "build:\t%q\n", h.build)

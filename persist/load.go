@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -141,7 +142,7 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 		l.refuse(notRegular(fi))
 		return rep, nil
 	}
-	data, why, err := readTrusted(o.Path)
+	data, size, why, err := readTrusted(o.Path)
 	if err != nil {
 		return rep, err
 	}
@@ -150,6 +151,7 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 		l.refuse(Refusal{ReasonUntrusted, "dump", why})
 		return rep, nil
 	}
+	l.size = size
 	if err := l.load(data); err != nil {
 		return rep, err
 	}
@@ -164,42 +166,73 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 	return rep, nil
 }
 
-// readTrusted reads the file at path, unless it cannot be trusted (why
-// says so): its owner and mode are those of the open file, the one read.
-func readTrusted(path string) (data []byte, why string, err error) {
+// readTrusted reads the dump in the file at path (see readDump), of size
+// bytes, unless it cannot be trusted (why says so): its owner and mode
+// are those of the open file, the one read.
+func readTrusted(path string) (data []byte, size int64, why string, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, "", fmt.Errorf("persist: load: %w", err)
+		return nil, 0, "", fmt.Errorf("persist: load: %w", err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, "", fmt.Errorf("persist: load: %w", err)
+		return nil, 0, "", fmt.Errorf("persist: load: %w", err)
 	}
 	if why := untrusted(fi); why != "" {
-		return nil, why, nil
+		return nil, 0, why, nil
 	}
 	if data, err = readDump(f, fi.Size()); err != nil {
-		return nil, "", fmt.Errorf("persist: load: %w", err)
+		return nil, 0, "", fmt.Errorf("persist: load: %w", err)
 	}
-	return data, "", nil
+	return data, fi.Size(), "", nil
 }
 
-// readDump reads the dump in r, size bytes: all of them, unless the first
-// are not a dump's magic, when those alone are returned (for parse to
-// refuse): a large file of another kind is not read whole to say so.
+// readDump reads the dump in r, a file of size bytes, as far as its
+// header and section frames say it goes: what follows the last section
+// (parsed.unread counts it) is not read, nor is what follows a frame that
+// fails its checksum (whose length cannot be trusted), so that a file
+// with a long tail (a sparse file extended by a truncate) is not read
+// whole. A file that does not start with a dump's magic is read no
+// further (for parse to refuse).
 func readDump(r io.Reader, size int64) ([]byte, error) {
-	head := make([]byte, min(size, int64(len(Magic))))
-	if _, err := io.ReadFull(r, head); err != nil {
-		return nil, err
+	var data []byte
+	// take reads n more bytes, or as many as the file has left; ok says
+	// whether it had them all.
+	take := func(n uint64) (ok bool, err error) {
+		m := min(n, uint64(size-int64(len(data))))
+		at := len(data)
+		data = append(data, make([]byte, m)...)
+		if _, err := io.ReadFull(r, data[at:]); err != nil {
+			return false, err
+		}
+		return m == n, nil
 	}
-	if string(head) != Magic {
-		return head, nil
+	le := binary.LittleEndian
+	if ok, err := take(uint64(len(Magic))); err != nil || !ok || string(data) != Magic {
+		return data, err
 	}
-	data := make([]byte, size)
-	copy(data, head)
-	if _, err := io.ReadFull(r, data[len(head):]); err != nil {
-		return nil, err
+	if ok, err := take(8); err != nil || !ok { // format version, header length
+		return data, err
+	}
+	n := uint64(le.Uint32(data[12:]))
+	if n < headerFixed+4 || n > headerFixed+maxBuild+4 {
+		return data, nil // parse refuses it
+	}
+	if ok, err := take(n - uint64(len(data))); err != nil || !ok {
+		return data, err
+	}
+	for i := le.Uint32(data[88:]); i > 0; i-- {
+		if ok, err := take(frameSize); err != nil || !ok {
+			return data, err
+		}
+		f := data[len(data)-frameSize:]
+		if crc32.Checksum(f[:20], crcTable) != le.Uint32(f[20:]) {
+			return data, nil
+		}
+		if ok, err := take(le.Uint64(f[8:])); err != nil || !ok {
+			return data, err
+		}
 	}
 	return data, nil
 }
@@ -217,10 +250,11 @@ func consume(path, dest string) error {
 }
 
 type loader struct {
-	r   *shm.Region
-	o   Options
-	log *slog.Logger
-	rep *Report
+	r    *shm.Region
+	o    Options
+	log  *slog.Logger
+	rep  *Report
+	size int64 // of the file data was read from; 0: data is all of it
 }
 
 func (l *loader) refuse(f Refusal, attrs ...any) {
@@ -236,6 +270,7 @@ func (l *loader) load(data []byte) error {
 		l.refuse(*whole)
 		return nil
 	}
+	p.unread(data, max(l.size, int64(len(data))))
 	l.rep.Build, l.rep.Written = p.hdr.build, p.hdr.wall
 	for _, f := range p.refused {
 		l.refuse(f)
