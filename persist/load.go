@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -200,9 +201,9 @@ func readDump(r io.Reader, size int64) ([]byte, error) {
 	// take reads n more bytes, or as many as the file has left; ok says
 	// whether it had them all.
 	take := func(n uint64) (ok bool, err error) {
-		m := min(n, uint64(size-int64(len(data))))
+		m := min(n, uint64(max(size-int64(len(data)), 0)))
 		at := len(data)
-		data = append(data, make([]byte, m)...)
+		data = slices.Grow(data, int(m))[:at+int(m)]
 		if _, err := io.ReadFull(r, data[at:]); err != nil {
 			return false, err
 		}
