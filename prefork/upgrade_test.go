@@ -122,6 +122,10 @@ func TestUpgradeFails(t *testing.T) {
 		if len(f.starts) != 2 {
 			t.Fatalf("timeout=%v: a worker started on an index not yet reaped", timeout)
 		}
+		sendSignal(s, syscall.SIGUSR2) // refused until the indexes are reaped
+		if len(u.held) != 1 {
+			t.Fatalf("timeout=%v: an upgrade began with indexes not yet reaped", timeout)
+		}
 		for _, i := range u.waits[0] {
 			s.onOrphan(orphanEvent{i})
 		}

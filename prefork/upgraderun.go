@@ -25,6 +25,10 @@ func (s *supervisor) startUpgrade() {
 		why = "a reload is under way"
 	case s.notifyHeld || len(s.oldIndexes) > 0:
 		why = "the previous upgrade has not finished (its old supervisor still runs)"
+	case s.orphans > 0:
+		// Its indexes are held until reaped: a new supervisor now would
+		// find too few and ask for a restart.
+		why = "the indexes of the failed upgrade's workers are not all reaped yet"
 	case !s.announced:
 		why = "not ready yet"
 	case s.env.upgrade == nil:

@@ -164,6 +164,10 @@ func TestFailedUpgradeLockNamesTheOldSupervisor(t *testing.T) {
 	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade failed: the new supervisor exited before it was ready; serving on")); !ok {
 		t.Fatalf("no failed upgrade; log:\n%s", d.logs.text())
 	}
+	// The next USR2 is taken once the indexes it may have used are reaped.
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade abandoned: the new supervisor's workers are gone, their indexes reaped")); !ok {
+		t.Fatalf("the failed upgrade's indexes were not reaped; log:\n%s", d.logs.text())
+	}
 	second := filepath.Join(t.TempDir(), "second.toml")
 	os.WriteFile(second, []byte(cfg), 0o600)
 	code, _, stderr := runBinary(t, "run", "-config", second, "-listen", freeAddr(t))
