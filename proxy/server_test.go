@@ -683,6 +683,39 @@ func TestUpgradeRefusedByUpstream(t *testing.T) {
 	})
 }
 
+// A tunnel idle on both sides for upstream_timeout ends, on every
+// engine (nginx's proxy_read_timeout on an upgraded connection): a peer
+// that went silent holds neither the client's connection nor the
+// upstream's for ever.
+func TestUpgradeIdleTunnelEnds(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		upEnded := make(chan struct{})
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.Flush()
+			io.Copy(io.Discard, c) // silent, until the tunnel is closed
+			close(upEnded)
+		})
+		const timeout = 300 * time.Millisecond
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
+		c, br := dial(t, r.Addr)
+		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		start := time.Now()
+		c.SetReadDeadline(start.Add(10 * timeout))
+		if b, err := br.ReadByte(); err != io.EOF {
+			t.Fatalf("a tunnel idle for %v (timeout %v): %q, %v; want it closed", time.Since(start), timeout, b, err)
+		}
+		select {
+		case <-upEnded:
+		case <-time.After(10 * timeout):
+			t.Errorf("the idle tunnel's upstream connection was kept")
+		}
+	})
+}
+
 // TestStaleUpstreamConnection: the upstream closes every keep-alive
 // connection right after its response; requests sent on such a pooled
 // connection are sent again on a new one, never answered 502.
