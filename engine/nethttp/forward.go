@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
@@ -72,13 +74,16 @@ func NewUpstream(c *core.Core, upstreamURL string, client engine.Upstream) (Upst
 	if err != nil {
 		return nil, fmt.Errorf("nethttp: %w", err)
 	}
-	return &forwarder{c: c, up: upconn.New(t, client)}, nil
+	return &forwarder{c: c, up: upconn.New(t, client), timeout: client.Timeout}, nil
 }
 
 // forwarder sends what passed the core to the upstream.
 type forwarder struct {
 	c  *core.Core
 	up *upconn.Pool
+	// timeout is the upstream's (engine.Upstream.Timeout): a tunnel
+	// idle on both sides for that long ends.
+	timeout time.Duration
 }
 
 func (f *forwarder) close() { f.up.Close() }
@@ -605,7 +610,11 @@ func (f *forwarder) done(uc *upconn.Conn, reusable bool) error {
 	return nil
 }
 
-// tunnel hands the client's connection to the upstream's after its 101.
+// tunnel hands the client's connection to the upstream's after its 101,
+// and carries bytes both ways until each side's end was passed on to the
+// other (a half-close), or until neither side sent anything for the
+// upstream timeout, as the other engines do (nginx closes an idle
+// upgraded connection after proxy_read_timeout the same way).
 func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 	cc, brw, err := rw.Hijack()
 	if err != nil {
@@ -618,38 +627,87 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
 	rw.w.Header().Write(&head)
 	head.WriteString("\r\n")
+	_ = cc.SetWriteDeadline(time.Now().Add(f.timeout))
 	if _, err := cc.Write(head.Bytes()); err != nil {
 		return err
 	}
-	_ = cc.SetDeadline(time.Time{})
-	_ = uc.Conn.SetDeadline(time.Time{})
-	done := make(chan struct{}, 2)
-	go func() {
-		// What the client sent past its request: already read by net/http.
-		if n := brw.Reader.Buffered(); n > 0 {
-			b, _ := brw.Reader.Peek(n)
-			_, _ = uc.Conn.Write(b)
-		}
-		_, _ = io.Copy(uc.Conn, cc)
-		if cw, ok := uc.Conn.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		}
-		done <- struct{}{}
-	}()
-	go func() {
-		if n := uc.Buf.Buffered(); n > 0 {
-			b, _ := uc.Buf.Peek(n)
-			_, _ = cc.Write(b)
-		}
-		_, _ = io.Copy(cc, uc.Conn)
-		if cw, ok := cc.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		}
-		done <- struct{}{}
-	}()
-	<-done
-	<-done
+	// What each side sent past its head was read already: the client's
+	// by net/http, the upstream's with its 101.
+	fromClient, _ := brw.Reader.Peek(brw.Reader.Buffered())
+	fromUp, _ := uc.Buf.Peek(uc.Buf.Buffered())
+	t := &tunnel{cc: cc, uc: uc.Conn, timeout: f.timeout}
+	t.last.Store(time.Now().UnixNano())
+	var wg sync.WaitGroup
+	wg.Go(func() { t.copy(uc.Conn, cc, fromClient) })
+	t.copy(cc, uc.Conn, fromUp)
+	wg.Wait()
 	return nil
+}
+
+// tunnel is one upgraded connection: the client's and the upstream's.
+type tunnel struct {
+	cc, uc  net.Conn
+	timeout time.Duration
+	last    atomic.Int64 // unix nanoseconds of the last bytes either way
+	once    sync.Once
+	dead    atomic.Bool
+}
+
+// copy carries first to dst, then what src sends. Every read of src and
+// every write to dst waits at most the timeout; a read that waited so
+// long is made again while the other direction carried bytes meanwhile.
+// At src's end dst is half-closed, so that the other direction can
+// finish; at an error both are closed.
+func (t *tunnel) copy(dst, src net.Conn, first []byte) {
+	if len(first) > 0 && !t.write(dst, first) {
+		return
+	}
+	bp := relayPool.Get().(*[]byte)
+	defer relayPool.Put(bp)
+	for {
+		_ = src.SetReadDeadline(time.Now().Add(t.timeout))
+		n, err := src.Read(*bp)
+		if n > 0 {
+			t.last.Store(time.Now().UnixNano())
+			if !t.write(dst, (*bp)[:n]) {
+				return
+			}
+		}
+		switch {
+		case err == nil:
+		case isTimeout(err) && !t.dead.Load() && time.Since(time.Unix(0, t.last.Load())) < t.timeout:
+			// This side was quiet, the other was not: the tunnel lives.
+		case err == io.EOF:
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+				return
+			}
+			t.abort()
+			return
+		default:
+			t.abort()
+			return
+		}
+	}
+}
+
+// write writes b to dst within the timeout, and closes the tunnel if it
+// cannot.
+func (t *tunnel) write(dst net.Conn, b []byte) bool {
+	_ = dst.SetWriteDeadline(time.Now().Add(t.timeout))
+	if _, err := dst.Write(b); err != nil {
+		t.abort()
+		return false
+	}
+	return true
+}
+
+// abort closes both connections: the other direction's copy ends too.
+func (t *tunnel) abort() {
+	t.once.Do(func() {
+		t.dead.Store(true)
+		t.cc.Close()
+		t.uc.Close()
+	})
 }
 
 // limitedBody is a body of a known length.
