@@ -716,6 +716,33 @@ func TestUpgradeIdleTunnelEnds(t *testing.T) {
 	})
 }
 
+// An upgrade request whose body is longer than what is read ahead is
+// refused 400 and never forwarded, on every engine: past the request,
+// the connection's bytes are the tunnel's, and a body streamed to the
+// upstream would run into them.
+func TestUpgradeWithALongBodyRefused(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		const n = 100 << 10 // past the 64 KiB read ahead
+		go func() {
+			fmt.Fprintf(c, "POST /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: %d\r\n\r\n", n)
+			io.Copy(c, wiretest.Pattern(n))
+		}()
+		resp, body := readResponse(t, br, "POST")
+		if resp.StatusCode != 400 {
+			t.Errorf("an upgrade with a %d-byte body: %d %q, want 400", n, resp.StatusCode, body)
+		}
+		if seen := up.Requests(); len(seen) != 0 {
+			t.Errorf("the upstream saw %q", seen[0].Line)
+		}
+	})
+}
+
 // TestStaleUpstreamConnection: the upstream closes every keep-alive
 // connection right after its response; requests sent on such a pooled
 // connection are sent again on a new one, never answered 502.
