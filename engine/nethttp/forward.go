@@ -104,6 +104,15 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 	if err != nil {
 		return f.refuse(rw, ex, err)
 	}
+	if upgrade && body.stream != nil {
+		// Past the request the connection's bytes are the tunnel's: a
+		// body that does not end within the read-ahead would be streamed
+		// into them (the other engines refuse it too).
+		body.release()
+		b := engine.ErrUpgradeBody
+		f.answer(rw, ex.Refuse(b.Status, b.Detail, b.CloseConn))
+		return nil
+	}
 	hp := headPool.Get().(*[]byte)
 	defer headPool.Put(hp)
 	head := appendHead((*hp)[:0], r, fwd, &f.up.Target, upgrade, body)
