@@ -743,6 +743,29 @@ func TestUpgradeWithALongBodyRefused(t *testing.T) {
 	})
 }
 
+// The application's reset header on a 101 does what it does on any
+// response, on every engine: it resets the rules it names for the
+// request's key, and never reaches the client.
+func TestUpgradeResetHeader(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\nPreforkd-Reset: ws\r\n\r\n")
+		})
+		c := configCore(t, "[server]\nreset_header = \"Preforkd-Reset\"\n[table]\ncounters = 1024\n"+
+			"[[ratelimit]]\nname = \"ws\"\npath = \"/ws\"\nlimit = 2\nwindow = \"1h\"\n", nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		for i := range 3 {
+			conn, br := dial(t, r.Addr)
+			resp := roundTripHead(t, conn, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			if resp.StatusCode != 101 || resp.Header.Get("X-Ratelimit-Remaining") != "1" || resp.Header.Get("Preforkd-Reset") != "" {
+				t.Errorf("upgrade %d: %d %v, want 101 with one left each time, without Preforkd-Reset", i+1, resp.StatusCode, resp.Header)
+			}
+			conn.Close()
+		}
+	})
+}
+
 // TestStaleUpstreamConnection: the upstream closes every keep-alive
 // connection right after its response; requests sent on such a pooled
 // connection are sent again on a new one, never answered 502.
