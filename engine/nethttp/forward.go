@@ -625,6 +625,20 @@ func (f *forwarder) done(uc *upconn.Conn, reusable bool) error {
 // upstream timeout, as the other engines do (nginx closes an idle
 // upgraded connection after proxy_read_timeout the same way).
 func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
+	// The core is told the head with its fields, as for any response
+	// (its reset header, say), before the client gets it without those
+	// it hides.
+	h := rw.w.Header()
+	rw.sent, rw.status = true, status
+	if rw.replaced = rw.ex.Head(status, header(h)); rw.replaced != nil {
+		uc.Conn.Close()
+		clear(h)
+		writeResponse(rw.w, rw.replaced, rw.h1)
+		return nil
+	}
+	for _, n := range rw.hide {
+		delete(h, n)
+	}
 	cc, brw, err := rw.Hijack()
 	if err != nil {
 		uc.Conn.Close()
@@ -634,7 +648,7 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 	defer uc.Conn.Close()
 	var head bytes.Buffer
 	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
-	rw.w.Header().Write(&head)
+	h.Write(&head)
 	head.WriteString("\r\n")
 	_ = cc.SetWriteDeadline(time.Now().Add(f.timeout))
 	if _, err := cc.Write(head.Bytes()); err != nil {
