@@ -20,6 +20,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/proxy"
@@ -762,6 +763,36 @@ func TestUpgradeResetHeader(t *testing.T) {
 				t.Errorf("upgrade %d: %d %v, want 101 with one left each time, without Preforkd-Reset", i+1, resp.StatusCode, resp.Header)
 			}
 			conn.Close()
+		}
+	})
+}
+
+// A 101 is counted once it is handed over, on every engine, as the
+// request duration histogram says ("from reading a request to handing
+// its response over"): not when its tunnel ends, maybe hours later, or
+// never if the worker is replaced meanwhile.
+func TestUpgradeCountedWhenHandedOver(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.Flush()
+			io.Copy(c, c)
+		})
+		counted := make(chan int, 4)
+		c := configCoreWith(t, "", func(o *core.Options) { o.OnResponse = func(status int) { counted <- status } })
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		conn, br := dial(t, r.Addr)
+		if resp := roundTripHead(t, conn, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		select {
+		case status := <-counted:
+			if status != 101 {
+				t.Errorf("counted %d, want 101", status)
+			}
+		case <-time.After(2 * time.Second):
+			t.Errorf("the 101 of a tunnel open for 2 s is not counted")
 		}
 	})
 }
