@@ -644,14 +644,14 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 		uc.Conn.Close()
 		return err
 	}
-	defer cc.Close()
-	defer uc.Conn.Close()
 	var head bytes.Buffer
 	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
 	h.Write(&head)
 	head.WriteString("\r\n")
 	_ = cc.SetWriteDeadline(time.Now().Add(f.timeout))
 	if _, err := cc.Write(head.Bytes()); err != nil {
+		cc.Close()
+		uc.Conn.Close()
 		return err
 	}
 	// What each side sent past its head was read already: the client's
@@ -659,11 +659,17 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 	fromClient, _ := brw.Reader.Peek(brw.Reader.Buffered())
 	fromUp, _ := uc.Buf.Peek(uc.Buf.Buffered())
 	t := &tunnel{cc: cc, uc: uc.Conn, timeout: f.timeout}
-	t.last.Store(time.Now().UnixNano())
-	var wg sync.WaitGroup
-	wg.Go(func() { t.copy(uc.Conn, cc, fromClient) })
-	t.copy(cc, uc.Conn, fromUp)
-	wg.Wait()
+	// The bytes are carried once the exchange has ended (ServeHTTP):
+	// the 101 is the response, counted and logged when it was sent.
+	rw.tunnel = func() {
+		defer cc.Close()
+		defer uc.Conn.Close()
+		t.last.Store(time.Now().UnixNano())
+		var wg sync.WaitGroup
+		wg.Go(func() { t.copy(uc.Conn, cc, fromClient) })
+		t.copy(cc, uc.Conn, fromUp)
+		wg.Wait()
+	}
 	return nil
 }
 

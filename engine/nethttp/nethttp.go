@@ -159,7 +159,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = h.pass(w, r, req, ex)
 	}
 	finished = true
+	tunnel := req.rw.tunnel
 	h.finish(ex, req, err)
+	if tunnel != nil {
+		// An upgrade: its exchange ended with the 101 handed over, as on
+		// the other engines; the tunnel runs on in the handler, which a
+		// drain waits for.
+		tunnel()
+	}
 }
 
 // errPanicked ends the exchange of a handler that panicked.

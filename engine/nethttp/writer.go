@@ -37,6 +37,9 @@ type writer struct {
 	replaced   *core.Response // what the core sent instead
 	clientGone error          // the first failed write to the client, when keeping
 	hijacked   bool
+	// tunnel, set by the forwarder after an upgrade's 101, carries the
+	// upgraded connection once the exchange has ended.
+	tunnel func()
 }
 
 func (rw *writer) Header() http.Header { return rw.w.Header() }
