@@ -644,6 +644,10 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 		uc.Conn.Close()
 		return err
 	}
+	if _, ok := h["Date"]; !ok {
+		// net/http adds one to the heads it writes; this one it does not.
+		h["Date"] = []string{time.Now().UTC().Format(http.TimeFormat)}
+	}
 	var head bytes.Buffer
 	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
 	h.Write(&head)
