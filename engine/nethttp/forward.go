@@ -7,14 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
@@ -658,89 +656,12 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 		uc.Conn.Close()
 		return err
 	}
-	// What each side sent past its head was read already: the client's
-	// by net/http, the upstream's with its 101.
-	fromClient, _ := brw.Reader.Peek(brw.Reader.Buffered())
-	fromUp, _ := uc.Buf.Peek(uc.Buf.Buffered())
-	t := &tunnel{cc: cc, uc: uc.Conn, timeout: f.timeout}
 	// The bytes are carried once the exchange has ended (ServeHTTP):
-	// the 101 is the response, counted and logged when it was sent.
-	rw.tunnel = func() {
-		defer cc.Close()
-		defer uc.Conn.Close()
-		t.last.Store(time.Now().UnixNano())
-		var wg sync.WaitGroup
-		wg.Go(func() { t.copy(uc.Conn, cc, fromClient) })
-		t.copy(cc, uc.Conn, fromUp)
-		wg.Wait()
-	}
+	// the 101 is the response, counted and logged when it was sent. What
+	// each side sent past its head is in its reader already: the
+	// client's read by net/http, the upstream's with its 101.
+	rw.tunnel = func() { engine.Tunnel(cc, brw.Reader, uc.Conn, uc.Buf, f.timeout) }
 	return nil
-}
-
-// tunnel is one upgraded connection: the client's and the upstream's.
-type tunnel struct {
-	cc, uc  net.Conn
-	timeout time.Duration
-	last    atomic.Int64 // unix nanoseconds of the last bytes either way
-	once    sync.Once
-	dead    atomic.Bool
-}
-
-// copy carries first to dst, then what src sends. Every read of src and
-// every write to dst waits at most the timeout; a read that waited so
-// long is made again while the other direction carried bytes meanwhile.
-// At src's end dst is half-closed, so that the other direction can
-// finish; at an error both are closed.
-func (t *tunnel) copy(dst, src net.Conn, first []byte) {
-	if len(first) > 0 && !t.write(dst, first) {
-		return
-	}
-	bp := relayPool.Get().(*[]byte)
-	defer relayPool.Put(bp)
-	for {
-		_ = src.SetReadDeadline(time.Now().Add(t.timeout))
-		n, err := src.Read(*bp)
-		if n > 0 {
-			t.last.Store(time.Now().UnixNano())
-			if !t.write(dst, (*bp)[:n]) {
-				return
-			}
-		}
-		switch {
-		case err == nil:
-		case isTimeout(err) && !t.dead.Load() && time.Since(time.Unix(0, t.last.Load())) < t.timeout:
-			// This side was quiet, the other was not: the tunnel lives.
-		case err == io.EOF:
-			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
-				return
-			}
-			t.abort()
-			return
-		default:
-			t.abort()
-			return
-		}
-	}
-}
-
-// write writes b to dst within the timeout, and closes the tunnel if it
-// cannot.
-func (t *tunnel) write(dst net.Conn, b []byte) bool {
-	_ = dst.SetWriteDeadline(time.Now().Add(t.timeout))
-	if _, err := dst.Write(b); err != nil {
-		t.abort()
-		return false
-	}
-	return true
-}
-
-// abort closes both connections: the other direction's copy ends too.
-func (t *tunnel) abort() {
-	t.once.Do(func() {
-		t.dead.Store(true)
-		t.cc.Close()
-		t.uc.Close()
-	})
 }
 
 // limitedBody is a body of a known length.

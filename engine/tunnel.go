@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Tunnel carries an upgraded connection, once the upstream's 101 was sent,
+// for the engines that block (the event loop carries its own): bytes both
+// ways until each side's end was passed on to the other as a half-close,
+// or until an error, or until neither side sent anything for timeout
+// (nginx closes an idle upgraded connection after proxy_read_timeout the
+// same way). A side is its connection and the reader its bytes come from,
+// which holds what was read past the heads. Every read and every write
+// waits at most timeout. Both connections are closed when it returns.
+func Tunnel(client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader, timeout time.Duration) {
+	t := &tunnel{client: client, up: up, timeout: timeout}
+	t.last.Store(time.Now().UnixNano())
+	var wg sync.WaitGroup
+	wg.Go(func() { t.copy(up, client, fromClient) })
+	t.copy(client, up, fromUp)
+	wg.Wait()
+	client.Close()
+	up.Close()
+}
+
+type tunnel struct {
+	client, up net.Conn
+	timeout    time.Duration
+	last       atomic.Int64 // unix nanoseconds of the last bytes either way
+	once       sync.Once
+	dead       atomic.Bool
+}
+
+var tunnelBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copy carries src, read from srcConn, to dst. A read that waited the
+// timeout is made again while the other direction carried bytes meanwhile.
+// At src's end dst is half-closed, so that the other direction can
+// finish; at an error both are closed.
+func (t *tunnel) copy(dst, srcConn net.Conn, src io.Reader) {
+	bp := tunnelBufPool.Get().(*[]byte)
+	defer tunnelBufPool.Put(bp)
+	for {
+		_ = srcConn.SetReadDeadline(time.Now().Add(t.timeout))
+		n, err := src.Read(*bp)
+		if n > 0 {
+			t.last.Store(time.Now().UnixNano())
+			_ = dst.SetWriteDeadline(time.Now().Add(t.timeout))
+			if _, werr := dst.Write((*bp)[:n]); werr != nil {
+				t.abort()
+				return
+			}
+		}
+		var te interface{ Timeout() bool }
+		switch {
+		case err == nil:
+		case errors.As(err, &te) && te.Timeout() && !t.dead.Load() && time.Since(time.Unix(0, t.last.Load())) < t.timeout:
+			// This side was quiet, the other was not: the tunnel lives.
+		case err == io.EOF:
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+				return
+			}
+			t.abort()
+			return
+		default:
+			t.abort()
+			return
+		}
+	}
+}
+
+// abort closes both connections: the other direction's copy ends too.
+func (t *tunnel) abort() {
+	t.once.Do(func() {
+		t.dead.Store(true)
+		t.client.Close()
+		t.up.Close()
+	})
+}
