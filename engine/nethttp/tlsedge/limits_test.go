@@ -139,3 +139,31 @@ func TestShutdownDeadlineClosesHandshakes(t *testing.T) {
 		t.Errorf("a connection in its handshake still open after Shutdown returned: %v", err)
 	}
 }
+
+// send_timeout bounds a write the client does not take, not the pause
+// between two writes: an upstream that streams (server-sent events) and
+// pauses longer than send_timeout, within upstream_timeout, reaches an
+// HTTP/2 client whole, as it reaches an HTTP/1.1 one.
+func TestSendTimeoutIsNotAPauseBoundOverHTTP2(t *testing.T) {
+	const send = 300 * time.Millisecond
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "a")
+		w.(http.Flusher).Flush()
+		time.Sleep(4 * send) // the upstream thinks; the client reads all it got
+		io.WriteString(w, "b")
+	})
+	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{SendTimeout: send}, nil)
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}, Timeout: 10 * time.Second}
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 10 * time.Second}
+	for name, c := range map[string]*http.Client{"HTTP/1.1": h1, "HTTP/2.0": h2} {
+		resp, err := c.Get("https://" + addr + "/events")
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(b) != "ab" {
+			t.Errorf("%s: %q, %v; want the whole stream %q", name, b, err, "ab")
+		}
+	}
+}
