@@ -201,12 +201,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = body
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
-	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, s: s}
+	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, s: s, h2: r.ProtoMajor == 2}
 	if r.ProtoMajor == 1 {
 		lw.body = body
 	}
 	s.h.ServeHTTP(lw, r)
 	lw.head() // net/http writes the head of a response the handler left unwritten
+	if lw.h2 {
+		// The HTTP/2 server writes what the handler left buffered, and
+		// the end of the stream, once it returns: within send_timeout.
+		lw.deadline()
+	}
 	*lw = limitWriter{}
 	limitWriterPool.Put(lw)
 }
@@ -340,6 +345,7 @@ type limitWriter struct {
 	s       *Server
 	body    *bodyReader // an HTTP/1 request's, or nil
 	headed  bool        // the final response head was written
+	h2      bool        // the response is an HTTP/2 stream's
 }
 
 // maxDrop is how much of a request body the application left unread is
@@ -353,6 +359,21 @@ var limitWriterPool = sync.Pool{New: func() any { return new(limitWriter) }}
 func (lw *limitWriter) deadline() {
 	if d, ok := lw.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
 		_ = d.SetWriteDeadline(time.Now().Add(lw.timeout))
+	}
+}
+
+// written ends the deadline of a write that returned, on HTTP/2. There
+// the deadline is a timer of the stream's that resets the stream when it
+// fires, a write pending or not: left armed, it would cut a response
+// whose application pauses between two writes (server-sent events, an
+// upstream within upstream_timeout) longer than send_timeout. On HTTP/1
+// it is the connection's, which only a write in progress meets.
+func (lw *limitWriter) written() {
+	if !lw.h2 {
+		return
+	}
+	if d, ok := lw.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
+		_ = d.SetWriteDeadline(time.Time{})
 	}
 }
 
@@ -393,18 +414,23 @@ func (lw *limitWriter) WriteHeader(code int) {
 	}
 	lw.deadline()
 	lw.w.WriteHeader(code)
+	lw.written()
 }
 func (lw *limitWriter) Write(p []byte) (int, error) {
 	lw.head()
 	lw.deadline()
-	return lw.w.Write(p)
+	n, err := lw.w.Write(p)
+	lw.written()
+	return n, err
 }
 
 // FlushError is Flush for http.ResponseController.
 func (lw *limitWriter) FlushError() error {
 	lw.head()
 	lw.deadline()
-	return http.NewResponseController(lw.w).Flush()
+	err := http.NewResponseController(lw.w).Flush()
+	lw.written()
+	return err
 }
 
 func (lw *limitWriter) Flush() { _ = lw.FlushError() }

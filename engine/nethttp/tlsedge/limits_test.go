@@ -167,3 +167,39 @@ func TestSendTimeoutIsNotAPauseBoundOverHTTP2(t *testing.T) {
 		}
 	}
 }
+
+// send_timeout still cuts an HTTP/2 stream its client gives no room to
+// (a flow-control window of 0): the write that waits for room is the one
+// bounded, while the connection serves on.
+func TestSendTimeoutCutsAStalledHTTP2Stream(t *testing.T) {
+	const send = 300 * time.Millisecond
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Write(make([]byte, 256<<10))
+	})
+	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{SendTimeout: send}, nil)
+	conf.NextProtos = []string{"h2"}
+	c, err := tls.Dial("tcp", addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, http2.ClientPreface)
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	block := []byte{0x82, 0x87, 0x84, 0x41, 0x01, 'a'} // :method GET, :scheme https, :path /, :authority a
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndStream: true, EndHeaders: true})
+	start := time.Now()
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("after %v: %v, want the stream reset", time.Since(start), err)
+		}
+		if f, ok := f.(*http2.RSTStreamFrame); ok && f.StreamID == 1 {
+			break
+		}
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the stalled stream was reset after %v, want about send_timeout (%v)", d, send)
+	}
+}
