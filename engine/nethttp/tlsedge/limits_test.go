@@ -203,3 +203,69 @@ func TestSendTimeoutCutsAStalledHTTP2Stream(t *testing.T) {
 		t.Errorf("the stalled stream was reset after %v, want about send_timeout (%v)", d, send)
 	}
 }
+
+// A connection accepted before a drain began, whose handshake ends after
+// it, is served as the drain rule serves every connection accepted (its
+// request may be on its way): its request is answered, with Connection:
+// close, not dropped when the handshake ends. Over HTTP/2 and HTTP/1.1
+// alike.
+func TestHandshakeAcrossDrainIsServed(t *testing.T) {
+	for _, proto := range []string{"http/1.1", "h2"} {
+		t.Run(proto, func(t *testing.T) {
+			addr, conf, s, _ := tlsServerConfig(t, okUpstream(t), engine.Limits{}, nil)
+			raw, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			raw.SetDeadline(time.Now().Add(10 * time.Second))
+			time.Sleep(100 * time.Millisecond) // accepted: its handshake awaits the ClientHello
+			drained := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				drained <- s.Shutdown(ctx)
+			}()
+			time.Sleep(100 * time.Millisecond) // the drain began: the listener is closed
+			conf.NextProtos = []string{proto}
+			c := tls.Client(raw, conf)
+			if err := c.Handshake(); err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+			var rt http.RoundTripper
+			if proto == "h2" {
+				cc, err := (&http2.Transport{}).NewClientConn(c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rt = cc
+			} else {
+				rt = oneConn{c}
+			}
+			req, _ := http.NewRequest("GET", "https://a.example/late", nil)
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatalf("a request on a connection accepted before the drain: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(b) != "https /late" {
+				t.Errorf("%d %q, want the upstream's answer", resp.StatusCode, b)
+			}
+			c.Close()
+			if err := <-drained; err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		})
+	}
+}
+
+// oneConn is an HTTP/1.1 round trip on one connection.
+type oneConn struct{ c net.Conn }
+
+func (o oneConn) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := req.Write(o.c); err != nil {
+		return nil, err
+	}
+	return http.ReadResponse(bufio.NewReader(o.c), req)
+}
