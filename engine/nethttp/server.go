@@ -231,16 +231,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, l := range lns {
 		l.Close() // step 1
 	}
+	if s.edge != nil {
+		// Step 2 for HTTP/2: GOAWAY on every connection served now; each
+		// closes once its streams in flight are answered. One whose
+		// handshake ends later is told by its first response's
+		// Connection: close, as an HTTP/1.1 one (a GOAWAY before it sent
+		// anything would refuse what it is about to send).
+		go s.edge.Shutdown(ctx)
+	}
 	served := make(chan struct{})
 	go func() { s.wg.Wait(); close(served) }()
 	select {
 	case <-served: // every connection accepted is tracked
 	case <-ctx.Done():
-	}
-	if s.edge != nil {
-		// Step 2 for HTTP/2: GOAWAY on every connection; each closes once
-		// its streams in flight are answered.
-		go s.edge.Shutdown(ctx)
+		// An Edge's Serve returns once the handshakes under way when its
+		// listener closed have ended (each may carry a request): those
+		// are cut now.
+		s.conns.closeIdle(time.Now(), 0, 0, true)
 	}
 	s.conns.drain(ctx, engine.DrainIdleGrace, engine.DrainNewGrace) // step 3
 	err := s.srv.Shutdown(ctx)                                      // nothing left, or cut (step 4)

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/preforkd/preforkd/engine"
 )
 
 // listener is an Edge's TLS listener. It makes the handshakes itself,
@@ -28,21 +30,33 @@ type listener struct {
 	net.Listener
 	e     *edge
 	ready chan net.Conn // HTTP/1.1 connections, handshake done, for Accept
-	done  chan struct{} // closed by Close
+	ended chan struct{} // closed once the accept loop ended and no connection it accepted is on its way to Accept
 
-	closeOnce sync.Once
-	errMu     sync.Mutex
-	err       error // why the accept loop ended
+	mu       sync.Mutex
+	err      error                  // why the accept loop ended
+	loopDone bool                   // the accept loop ended
+	closed   bool                   // Close was called
+	pending  map[*tls.Conn]*pending // accepted, not yet served nor closed
 }
 
+// pending is a connection on its way to Accept or the HTTP/2 server.
+type pending struct {
+	accepted  time.Time
+	handshake bool // its handshake is under way
+}
+
+// Accept returns the HTTP/1.1 connections whose handshake is done. Once
+// the listener under it stopped accepting (a drain closed it), Accept
+// still returns those accepted before, as their handshakes end: each may
+// carry a request, which the drain rule serves (engine.DrainNewGrace).
 func (l *listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.ready:
 		return c, nil
-	case <-l.done:
-		l.errMu.Lock()
-		defer l.errMu.Unlock()
-		if l.err != nil {
+	case <-l.ended:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.err != nil && !l.closed {
 			return nil, l.err
 		}
 		return nil, net.ErrClosed
@@ -50,34 +64,66 @@ func (l *listener) Accept() (net.Conn, error) {
 }
 
 func (l *listener) Close() error {
-	err := l.Listener.Close()
-	l.end(net.ErrClosed)
-	return err
-}
-
-// end stops Accept with err (the first reason given).
-func (l *listener) end(err error) {
-	l.closeOnce.Do(func() {
-		l.errMu.Lock()
-		l.err = err
-		l.errMu.Unlock()
-		close(l.done)
-	})
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	return l.Listener.Close()
 }
 
 // acceptLoop accepts until the listener fails or is closed (the
 // listener under it retries what is transient), a handshake for each.
+// A handshake still under way when it ends has until
+// engine.DrainNewGrace from its accept, as a connection that sent no
+// request has in a drain, if read_header_timeout would give it more.
 func (l *listener) acceptLoop() {
 	for {
 		raw, err := l.Listener.Accept()
 		if err != nil {
-			l.end(err)
+			l.mu.Lock()
+			l.err, l.loopDone = err, true
+			for c, p := range l.pending {
+				if p.handshake && engine.DrainNewGrace < l.e.limits.ReadHeaderTimeout {
+					_ = c.SetDeadline(p.accepted.Add(engine.DrainNewGrace))
+				}
+			}
+			l.endIfDone()
+			l.mu.Unlock()
 			return
 		}
 		c := tls.Server(raw, l.e.conf)
 		l.state(c, http.StateNew)
+		now := time.Now()
+		if d := l.e.limits.ReadHeaderTimeout; d > 0 {
+			_ = c.SetDeadline(now.Add(d)) // before the end of the loop may move it
+		}
+		l.mu.Lock()
+		if l.pending == nil {
+			l.pending = make(map[*tls.Conn]*pending)
+		}
+		l.pending[c] = &pending{accepted: now, handshake: true}
+		l.mu.Unlock()
 		go l.handshake(c)
 	}
+}
+
+// endIfDone ends Accept once the accept loop ended and nothing it
+// accepted is on its way (l.mu is held).
+func (l *listener) endIfDone() {
+	if l.loopDone && len(l.pending) == 0 {
+		select {
+		case <-l.ended:
+		default:
+			close(l.ended)
+		}
+	}
+}
+
+// done takes c off the connections on their way.
+func (l *listener) done(c *tls.Conn) {
+	l.mu.Lock()
+	delete(l.pending, c)
+	l.endIfDone()
+	l.mu.Unlock()
 }
 
 // state reports c's state to the Server's ConnState hook.
@@ -91,10 +137,13 @@ func (l *listener) state(c net.Conn, st http.ConnState) {
 // to Accept, as the client chose.
 func (l *listener) handshake(c *tls.Conn) {
 	srv := l.e.srv
-	if d := l.e.limits.ReadHeaderTimeout; d > 0 {
-		_ = c.SetDeadline(time.Now().Add(d))
-	}
-	if err := c.Handshake(); err != nil {
+	err := c.Handshake()
+	l.mu.Lock()
+	// Its deadline is its own from now on: the accept loop's end moves
+	// only those of handshakes under way.
+	l.pending[c].handshake = false
+	l.mu.Unlock()
+	if err != nil {
 		reason := err.Error()
 		var re tls.RecordHeaderError
 		if errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader) {
@@ -109,21 +158,20 @@ func (l *listener) handshake(c *tls.Conn) {
 		}
 		c.Close()
 		l.state(c, http.StateClosed)
+		l.done(c)
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
 	if c.ConnectionState().NegotiatedProtocol == "h2" && l.e.h2 != nil {
+		l.done(c)
 		l.e.serveH2(srv, c, srv.Handler)
 		c.Close()
 		l.state(c, http.StateClosed)
 		return
 	}
-	select {
-	case l.ready <- c:
-	case <-l.done:
-		c.Close()
-		l.state(c, http.StateClosed)
-	}
+	// Accept takes it: it cannot end before.
+	l.ready <- c
+	l.done(c)
 }
 
 // looksLikeHTTP reports whether a TLS record header is the start of a

@@ -119,7 +119,7 @@ func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) 
 }
 
 func (e *edge) Listener(ln net.Listener) net.Listener {
-	l := &listener{Listener: ln, e: e, ready: make(chan net.Conn), done: make(chan struct{})}
+	l := &listener{Listener: ln, e: e, ready: make(chan net.Conn), ended: make(chan struct{})}
 	go l.acceptLoop()
 	return l
 }
