@@ -4,9 +4,11 @@ package tlsedge_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -268,4 +270,39 @@ func (o oneConn) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	return http.ReadResponse(bufio.NewReader(o.c), req)
+}
+
+// client_body_timeout bounds the wait for a client's next bytes, not a
+// pause of the upstream's in reading the body: an upload that the
+// upstream takes slowly (it stops reading for longer than
+// client_body_timeout, its buffers full) reaches it whole over HTTP/2 as
+// over HTTP/1.1, the client having sent all it was let send.
+func TestClientBodyTimeoutIsNotTheUpstreamsPauseOverHTTP2(t *testing.T) {
+	const cbt = 300 * time.Millisecond
+	const size = 16 << 20
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
+		io.CopyN(io.Discard, r.Body, 64<<10)
+		time.Sleep(5 * cbt) // the upstream is busy; what the client sends waits
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+		}
+		fmt.Fprint(w, 64<<10+n)
+	})
+	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{ClientBodyTimeout: cbt}, nil)
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}, Timeout: 20 * time.Second}
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 20 * time.Second}
+	for _, name := range []string{"HTTP/1.1", "HTTP/2.0"} {
+		c := map[string]*http.Client{"HTTP/1.1": h1, "HTTP/2.0": h2}[name]
+		resp, err := c.Post("https://"+addr+"/upload", "application/octet-stream", bytes.NewReader(make([]byte, size)))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != fmt.Sprint(size) {
+			t.Errorf("%s: %d %q, want 200 and the whole body (%d bytes) with the upstream", name, resp.StatusCode, b, size)
+		}
+	}
 }
