@@ -197,7 +197,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var body *bodyReader
 	if r.Body != nil && r.Body != http.NoBody {
 		body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout,
-			expect: httpfield.HasToken(r.Header["Expect"], "100-continue")}
+			expect: httpfield.HasToken(r.Header["Expect"], "100-continue"), h2: r.ProtoMajor == 2}
 		r.Body = body
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
@@ -291,6 +291,7 @@ type bodyReader struct {
 	failed  bool // a read failed (client_body_timeout): the rest will not come in time
 	expect  bool // the client waits for 100 Continue before it sends the body
 	read    bool // Read was called: a 100 Continue went, if expected
+	h2      bool // the body is an HTTP/2 stream's
 
 	mu      sync.Mutex // orders deadline and StopReading, which run in two goroutines
 	stopped bool       // StopReading was called: no read waits any more
@@ -303,6 +304,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		return 0, errReadStopped
 	}
 	n, err := b.ReadCloser.Read(p)
+	b.settled()
 	switch {
 	case err == io.EOF:
 		b.ended = true
@@ -323,6 +325,26 @@ func (b *bodyReader) deadline() bool {
 		_ = d.SetReadDeadline(time.Now().Add(b.timeout))
 	}
 	return true
+}
+
+// settled ends the deadline of a read that returned, on HTTP/2. There
+// the deadline is a timer of the stream's that ends its body when it
+// fires, a read pending or not: left armed, it would fail the body of a
+// client that sent all it was let send while the reader paused (an
+// upstream slow to take an upload) for longer than client_body_timeout.
+// On HTTP/1 it is the connection's, which only a read in progress meets.
+func (b *bodyReader) settled() {
+	if !b.h2 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return
+	}
+	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
+		_ = d.SetReadDeadline(time.Time{})
+	}
 }
 
 // errReadStopped is a read of a body whose reading was stopped.

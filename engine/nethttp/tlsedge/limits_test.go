@@ -306,3 +306,25 @@ func TestClientBodyTimeoutIsNotTheUpstreamsPauseOverHTTP2(t *testing.T) {
 		}
 	}
 }
+
+// client_body_timeout still answers 408 to an HTTP/2 client that stops
+// sending its body.
+func TestClientBodyTimeoutCutsAStalledHTTP2Upload(t *testing.T) {
+	const cbt = 300 * time.Millisecond
+	addr, conf, _, _ := tlsServerConfig(t, okUpstream(t), engine.Limits{ClientBodyTimeout: cbt}, nil)
+	c := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 10 * time.Second}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go pw.Write(make([]byte, 100)) // then nothing
+	req, _ := http.NewRequest(http.MethodPost, "https://"+addr+"/up", pr)
+	req.ContentLength = 1 << 20
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || time.Since(start) > 5*time.Second {
+		t.Errorf("%d after %v, want 408 at about client_body_timeout (%v)", resp.StatusCode, time.Since(start), cbt)
+	}
+}
