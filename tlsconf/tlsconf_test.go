@@ -222,3 +222,29 @@ func TestRotate(t *testing.T) {
 	stop()
 	stop() // idempotent
 }
+
+// The first certificate is the default, served to the SNIs the others do
+// not cover: a default that covers a name too (a wildcard) does not take
+// it from the certificate listed for it.
+func TestDefaultCertificateDoesNotShadowAnother(t *testing.T) {
+	ca := tlstest.NewCA(t)
+	wc, wk := ca.Leaf(t, "*.a.example", "a.example")
+	ac, ak := ca.Leaf(t, "api.a.example")
+	cfg, err := tlsconf.Options{Certificates: []tlsconf.Pair{{Cert: wc, Key: wk}, {Cert: ac, Key: ak}}}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := listener(t, cfg)
+	for _, tc := range []struct{ sni, want string }{
+		{"api.a.example", "api.a.example"}, {"www.a.example", "*.a.example"}, {"a.example", "*.a.example"}, {"", "*.a.example"},
+	} {
+		c, err := tls.Dial("tcp", addr, &tls.Config{ServerName: tc.sni, InsecureSkipVerify: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.ConnectionState().PeerCertificates[0].Subject.CommonName; got != tc.want {
+			t.Errorf("SNI %q: served %q, want %q", tc.sni, got, tc.want)
+		}
+		c.Close()
+	}
+}
