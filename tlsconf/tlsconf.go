@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 )
 
 // Key is a private key in PEM. It prints as "xxxxx" (fmt, and slog through
@@ -88,12 +90,46 @@ func (o Options) Config() (*tls.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("certificate %d: %w", i+1, err)
 		}
-		// With several, crypto/tls serves the first one the client's
-		// hello (its SNI, its algorithms) supports, else the first.
 		cfg.Certificates = append(cfg.Certificates, c)
+	}
+	if certs := cfg.Certificates; len(certs) > 1 {
+		// crypto/tls alone serves the first certificate the client's
+		// hello supports: a default that covers a name (a wildcard)
+		// would take it from the certificate listed for it.
+		cfg.GetCertificate = func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return choose(certs, hello), nil
+		}
 	}
 	if !o.Tickets.IsZero() {
 		cfg.SetSessionTicketKeys(o.Tickets.Keys(timeNow()))
 	}
 	return cfg, nil
+}
+
+// choose is the certificate for hello: one of those after the first whose
+// names cover its SNI, a name before a wildcard, else what crypto/tls
+// chooses (the first one hello supports, else the first).
+func choose(certs []tls.Certificate, hello *tls.ClientHelloInfo) *tls.Certificate {
+	if name := strings.ToLower(strings.TrimSuffix(hello.ServerName, ".")); name != "" {
+		_, parent, _ := strings.Cut(name, ".")
+		for _, wild := range []bool{false, true} {
+			want := name
+			if wild {
+				want = "*." + parent
+			}
+			for i := 1; i < len(certs); i++ {
+				c := &certs[i]
+				if c.Leaf != nil && slices.ContainsFunc(c.Leaf.DNSNames, func(n string) bool { return strings.EqualFold(n, want) }) &&
+					hello.SupportsCertificate(c) == nil {
+					return c
+				}
+			}
+		}
+	}
+	for i := range certs {
+		if hello.SupportsCertificate(&certs[i]) == nil {
+			return &certs[i]
+		}
+	}
+	return &certs[0]
 }
