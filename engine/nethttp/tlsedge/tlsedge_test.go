@@ -52,13 +52,19 @@ func tlsServerConfig(t testing.TB, upstream string, lim engine.Limits, log *slog
 // tlsServerIn is tlsServerConfig counting in region.
 func tlsServerIn(t testing.TB, region *shm.Region, upstream string, lim engine.Limits, log *slog.Logger) (string, *tls.Config, *nethttp.Server, *tls.Config) {
 	t.Helper()
-	ca := tlstest.NewCA(t)
-	cert, key := ca.Leaf(t, "a.example")
-	tc, err := tlsconf.Options{Certificates: []tlsconf.Pair{{Cert: cert, Key: key}}, HTTP2: true}.Config()
+	c, err := core.New(region, core.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := core.New(region, core.Options{})
+	return tlsServerCore(t, c, upstream, lim, log)
+}
+
+// tlsServerCore is tlsServerIn deciding with c.
+func tlsServerCore(t testing.TB, c *core.Core, upstream string, lim engine.Limits, log *slog.Logger) (string, *tls.Config, *nethttp.Server, *tls.Config) {
+	t.Helper()
+	ca := tlstest.NewCA(t)
+	cert, key := ca.Leaf(t, "a.example")
+	tc, err := tlsconf.Options{Certificates: []tlsconf.Pair{{Cert: cert, Key: key}}, HTTP2: true}.Config()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,4 +518,50 @@ func TestTLSConnectionsCounted(t *testing.T) {
 	h2.CloseIdleConnections()
 	silent.Close()
 	want("all closed", counts{accepted: 4})
+}
+
+// An HTTP/2 client that cancels its stream (RST_STREAM) while the request
+// is with the upstream is counted as 499 at once, as an HTTP/1.1 client
+// that goes away is, and the connection serves on.
+func TestStreamResetIs499(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		io.WriteString(w, "ok")
+	})
+	o := shm.Options{Counters: 64}
+	metrics.Geometry(&o, 8)
+	statuses := make(chan int, 4)
+	c, err := core.New(shmtest.Private(t, o), core.Options{OnResponse: func(status int) { statuses <- status }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, conf, _, _ := tlsServerCore(t, c, up, engine.Limits{}, nil)
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 10 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+addr+"/slow", nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := h2.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // with the upstream
+	cancel()                           // RST_STREAM CANCEL
+	<-done
+	select {
+	case status := <-statuses:
+		if status != core.StatusClientClosed {
+			t.Errorf("counted as %d, want %d", status, core.StatusClientClosed)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("not counted within 5 s of the stream's reset")
+	}
 }
