@@ -299,12 +299,20 @@ type bodyReader struct {
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	b.read = true
-	if !b.deadline() {
+	if !b.deadline(time.Now().Add(b.timeout)) {
 		b.failed = true
 		return 0, errReadStopped
 	}
 	n, err := b.ReadCloser.Read(p)
-	b.settled()
+	if b.h2 {
+		// On HTTP/2 the deadline is a timer of the stream's that ends its
+		// body when it fires, a read pending or not: left armed, it would
+		// fail the body of a client that sent all it was let send while
+		// the reader paused (an upstream slow to take an upload) for
+		// longer than client_body_timeout. On HTTP/1 it is the
+		// connection's, which only a read in progress meets.
+		b.deadline(time.Time{})
+	}
 	switch {
 	case err == io.EOF:
 		b.ended = true
@@ -314,37 +322,18 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// deadline moves the read deadline on, unless reading was stopped.
-func (b *bodyReader) deadline() bool {
+// deadline sets the read deadline (zero: none), unless reading was
+// stopped.
+func (b *bodyReader) deadline(at time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.stopped {
 		return false
 	}
 	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
-		_ = d.SetReadDeadline(time.Now().Add(b.timeout))
+		_ = d.SetReadDeadline(at)
 	}
 	return true
-}
-
-// settled ends the deadline of a read that returned, on HTTP/2. There
-// the deadline is a timer of the stream's that ends its body when it
-// fires, a read pending or not: left armed, it would fail the body of a
-// client that sent all it was let send while the reader paused (an
-// upstream slow to take an upload) for longer than client_body_timeout.
-// On HTTP/1 it is the connection's, which only a read in progress meets.
-func (b *bodyReader) settled() {
-	if !b.h2 {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopped {
-		return
-	}
-	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
-		_ = d.SetReadDeadline(time.Time{})
-	}
 }
 
 // errReadStopped is a read of a body whose reading was stopped.
