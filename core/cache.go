@@ -97,6 +97,11 @@ func (ex *Exchange) decideCache() (Verdict, bool) {
 	if ex.idem.reserved {
 		return ex.cachePass(xBypass) // an idempotency block runs it
 	}
+	// An upgrade is the upstream's to grant, never a stored response's
+	// (nginx operators write proxy_cache_bypass $http_upgrade for it).
+	if _, n := ex.req.Header("Upgrade"); n > 0 {
+		return ex.cachePass(xBypass)
+	}
 	// Preconditions other than If-None-Match and If-Modified-Since are the
 	// application's to judge (a 412 from the cache would need its rules).
 	if _, n := ex.req.Header("If-Match"); n > 0 {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -765,6 +766,35 @@ func TestUpgradeResetHeader(t *testing.T) {
 				t.Errorf("upgrade %d: %d %v, want 101 with one left each time, without Preforkd-Reset", i+1, resp.StatusCode, resp.Header)
 			}
 			conn.Close()
+		}
+	})
+}
+
+// An upgrade request is the upstream's to grant: a response the cache
+// holds for its URL is never the answer (nginx operators write
+// proxy_cache_bypass $http_upgrade for it), on every engine.
+func TestUpgradeNotAnsweredFromCache(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if len(req.Field("Upgrade")) == 0 {
+				w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 4\r\n\r\npage")
+				return
+			}
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		for i, want := range []string{"MISS", "HIT"} {
+			if status, xcache, _ := fetch(t, "http://"+r.Addr+"/ws"); status != 200 || xcache != want {
+				t.Fatalf("GET %d: %d, X-Cache %q, want 200 %s", i+1, status, xcache, want)
+			}
+		}
+		conn, br := dial(t, r.Addr)
+		defer conn.Close()
+		// The Host of the GETs: the same primary key.
+		if resp := roundTripHead(t, conn, br, "GET /ws HTTP/1.1\r\nHost: "+r.Addr+"\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
+			t.Errorf("upgrade: %d %v, want the upstream's 101", resp.StatusCode, resp.Header)
 		}
 	})
 }
