@@ -87,7 +87,9 @@ type Options struct {
 	// ready, before the old one drains its workers (on its loop: it must
 	// return at once): stop serving what the new one took over (an
 	// admin endpoint on the inherited listener). Finish does not run
-	// after a handover: the region lives on in the new supervisor.
+	// after a handover: the region lives on in the new supervisor. Nor
+	// does it in a new supervisor stopped before the old one handed over:
+	// the old one serves on and runs its own.
 	HandedOver func()
 	// Adopt, if set, is called in a supervisor started by USR2, before
 	// Prepare, with the files Handover gave (by name): the program takes

@@ -206,9 +206,8 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if s.fatal != nil {
 		err = s.fatal
 	}
-	if s.handedOver {
-		// The new supervisor holds the region: nothing to finish here.
-		log.Info("upgrade: the old supervisor exits; the new one serves")
+	if why := s.regionLeft(); why != "" {
+		log.Info(why)
 		return err
 	}
 	if opts.Finish != nil {

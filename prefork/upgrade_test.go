@@ -74,7 +74,7 @@ func TestUpgradeHandsOver(t *testing.T) {
 	if got := f.notes[notes:]; !slices.Equal(got, []string{"MAINPID=901"}) {
 		t.Errorf("notifications at the handover %q, want MAINPID=901 alone (no STOPPING=1)", got)
 	}
-	if u.mains != 1 || handed != 1 || !s.handedOver || !s.draining {
+	if u.mains != 1 || handed != 1 || !s.handedOver || !s.draining || s.regionLeft() == "" {
 		t.Fatalf("mains %d, HandedOver %d, handed over %v, draining %v", u.mains, handed, s.handedOver, s.draining)
 	}
 	if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{100}) {
@@ -326,6 +326,10 @@ func TestUpgradeStopWaitsForTheOldWorkers(t *testing.T) {
 			t.Fatalf("main=%v: finished %v with the old workers still running", main, s.finished())
 		}
 		if !main {
+			// Nor does it dump: the old one serves on, and will.
+			if s.regionLeft() == "" {
+				t.Fatal("stopped before the handover, it would finish the old supervisor's region")
+			}
 			continue
 		}
 		s.onMain(mainEvent{gone: true})
@@ -334,8 +338,8 @@ func TestUpgradeStopWaitsForTheOldWorkers(t *testing.T) {
 			t.Fatal("finished with an old worker still running")
 		}
 		s.onOrphan(orphanEvent{1})
-		if !s.finished() {
-			t.Fatal("not finished once the old workers are gone")
+		if !s.finished() || s.regionLeft() != "" {
+			t.Fatalf("finished %v, region left %q, once the old workers are gone", s.finished(), s.regionLeft())
 		}
 	}
 }

@@ -154,3 +154,20 @@ func (s *supervisor) inherit(oldIndexes []int) {
 		}
 	}
 }
+
+// regionLeft says why Options.Finish does not run once this supervisor
+// has stopped, or is "" when it does. After a handover the new
+// supervisor holds the region. Started by an upgrade and stopped before
+// the old supervisor made this one the main process, the old one serves
+// on and finishes the region in its time: a dump here would be older than
+// the state it serves (and be loaded after a later crash), and an admin
+// socket closed here would be the one it serves on.
+func (s *supervisor) regionLeft() string {
+	switch {
+	case s.handedOver:
+		return "upgrade: the old supervisor exits; the new one serves"
+	case s.notifyHeld:
+		return "upgrade: stopped before the old supervisor handed over; it serves on"
+	}
+	return ""
+}
