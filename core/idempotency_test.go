@@ -170,3 +170,41 @@ func TestIdempotencyReplayKeepsContentEncoding(t *testing.T) {
 		}
 	}
 }
+
+// The fingerprint reads the path the application gets (SPEC "One view of
+// a request"): a retry that spells the same path otherwise (a doubled
+// slash, a dot segment) is the same request to the application, and is
+// answered with the stored response, never a 422 nor a second run.
+func TestIdempotencyFingerprintsForwardedPath(t *testing.T) {
+	region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10})
+	c, err := core.New(region, core.Options{
+		Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10,
+			By: clientip.MustParseBy("ip")}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	app := func(f core.Forward) fakeResp {
+		runs++
+		if f.Path != "/orders" {
+			t.Errorf("forwarded %q, want /orders", f.Path)
+		}
+		return fakeResp{status: 201, body: []byte("order 1")}
+	}
+	for i, path := range []string{"/orders", "//orders", "/./orders", "/x/../orders"} {
+		got := serve(c, newReq("POST", path, "192.0.2.1", "Idempotency-Key", `"k"`), app)
+		replayed := ""
+		for _, f := range got.header {
+			if f.Name == "Idempotent-Replayed" {
+				replayed = string(f.Value)
+			}
+		}
+		if want := map[bool]string{false: "", true: "true"}[i > 0]; got.status != 201 || string(got.body) != "order 1" || replayed != want {
+			t.Errorf("POST %s: %d %q replayed=%q, want 201 %q replayed=%q", path, got.status, got.body, replayed, "order 1", want)
+		}
+	}
+	if runs != 1 {
+		t.Errorf("the application ran %d times, want once", runs)
+	}
+}
