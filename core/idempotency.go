@@ -345,16 +345,17 @@ func BodyAllowed(status int) bool {
 	return !(status >= 100 && status < 200 || status == http.StatusNoContent || status == http.StatusNotModified)
 }
 
-// fingerprint is the SHA-256 of the method, the path (as sent), the
-// query, the Content-Type and the body, each prefixed with its length, so
-// that no two different requests can be made to hash the same fields by
+// fingerprint is the SHA-256 of the method, the path (as forwarded: two
+// spellings of one path are one request to the application), the query,
+// the Content-Type and the body, each prefixed with its length, so that
+// no two different requests can be made to hash the same fields by
 // shifting a boundary. Content-Type is in it because the same bytes sent
 // as JSON and as a form are two different requests.
 func (ex *Exchange) fingerprint(body []byte) shm.Fingerprint {
 	var buf [512]byte
 	ct, _ := ex.req.Header("Content-Type")
 	b := appendField(buf[:0], ex.req.Method())
-	b = appendField(b, ex.req.Path())
+	b = appendField(b, ex.forward)
 	b = appendField(b, ex.req.Query())
 	b = appendField(b, ct)
 	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
