@@ -129,8 +129,11 @@ type coreStep struct {
 	status int
 	has    []string // "Name: value" lines the response has
 	hasNot []string
-	body   string        // the body has this in it, when not ""
-	pause  time.Duration // waited before the step is sent
+	body   string // the body has this in it, when not ""
+	// hasCodings is the response's Content-Encoding lines as one list,
+	// when not "": one line or several say the same (RFC 9110 §5.3).
+	hasCodings string
+	pause      time.Duration // waited before the step is sent
 }
 
 var coreCases = []coreCase{
@@ -167,6 +170,17 @@ var coreCases = []coreCase{
 				has: []string{"Content-Type: application/problem+json"}},
 		},
 		upSeen: []string{"POST /orders HTTP/1.1"},
+	},
+	{
+		name:  "a body coded twice keeps both codings: sent as the application sent them, replayed as one list",
+		rules: "[[idempotency]]\npath = \"/orders/*\"\nmax_body = \"4KiB\"\n",
+		steps: []coreStep{
+			{send: "POST /orders/coded HTTP/1.1\nHost: h\nIdempotency-Key: \"c1\"\nContent-Length: 0\n\n", status: 201, body: "coded",
+				hasCodings: "br, zstd"},
+			{send: "POST /orders/coded HTTP/1.1\nHost: h\nIdempotency-Key: \"c1\"\nContent-Length: 0\n\n", status: 201, body: "coded",
+				hasCodings: "br, zstd", has: []string{"Idempotent-Replayed: true"}},
+		},
+		upSeen: []string{"POST /orders/coded HTTP/1.1"},
 	},
 	{
 		name:  "a key header sent twice is refused",
@@ -424,6 +438,10 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			}
 			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n%sX-Seen-Reset: %s\r\nContent-Length: 2\r\n\r\nok", reset, seen)
 			return
+		case "/orders/coded":
+			// A body coded twice, the codings in two lines (RFC 9110 §8.4).
+			w.WriteString("HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Encoding: br\r\nContent-Encoding: zstd\r\nContent-Length: 5\r\n\r\ncoded")
+			return
 		case "/cached/reset":
 			fmt.Fprintf(w, ok+"2\r\nPreforkd-Reset: login\r\n\r\nok")
 			return
@@ -530,14 +548,21 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			t.Errorf("%s step %d: status %d, want %d: %s", e.name, i, resp.StatusCode, st.status, body)
 		}
 		checkHeader(t, fmt.Sprintf("%s step %d", e.name, i), resp.Header, st.has, st.hasNot)
+		if got := strings.Join(resp.Header.Values("Content-Encoding"), ", "); st.hasCodings != "" && got != st.hasCodings {
+			t.Errorf("%s step %d: Content-Encoding %q, want %q", e.name, i, got, st.hasCodings)
+		}
 		if !strings.Contains(string(body), st.body) {
 			t.Errorf("%s step %d: body %q, want it to have %q", e.name, i, body, st.body)
 		}
 		var h strings.Builder
 		for _, k := range []string{"Content-Type", "Cache-Control", "Location", "Retry-After", "Idempotent-Replayed",
 			"Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Content-Type-Options", "Content-Length",
-			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "Preforkd-Reset", "X-Seen-Reset", "X-A", "Cdn-Cache-Control", "Preforkd-Cache-Control", "Content-Range", "X-Request-Id"} {
-			fmt.Fprintf(&h, "%s=%q ", k, resp.Header.Values(k))
+			"X-Cache", "Age", "Etag", "Vary", "Set-Cookie", "Preforkd-Reset", "X-Seen-Reset", "X-A", "Cdn-Cache-Control", "Preforkd-Cache-Control", "Content-Range", "X-Request-Id", "Content-Encoding"} {
+			v := resp.Header.Values(k)
+			if k == "Content-Encoding" && len(v) > 1 {
+				v = []string{strings.Join(v, ", ")} // one list, in one line or several
+			}
+			fmt.Fprintf(&h, "%s=%q ", k, v)
 		}
 		out = append(out, answer{resp.StatusCode, h.String(), string(body)})
 	}
