@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -241,7 +242,7 @@ func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSi
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
 	for range engine.MaxInterims + 1 {
-		closes, err := checkHead(br)
+		closes, coding, err := checkHead(br)
 		if err != nil {
 			return err
 		}
@@ -250,6 +251,9 @@ func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSi
 		}
 		if closes {
 			h.SetConnectionClose()
+		}
+		if coding != nil {
+			h.SetContentEncodingBytes(coding)
 		}
 		if st := h.StatusCode(); st >= 200 || st == http.StatusSwitchingProtocols {
 			return nil
@@ -263,12 +267,15 @@ func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSi
 
 // checkHead waits until br holds a whole header section, or as much as it
 // can hold, and refuses one with a line ended by a bare LF or that
-// engine.ResponseHead refuses; closes is the head's Close.
-func checkHead(br *bufio.Reader) (closes bool, err error) {
+// engine.ResponseHead refuses; closes is the head's Close. coding is the
+// head's codings as one list when they come in several Content-Encoding
+// lines (RFC 9110 §8.4), else nil: fasthttp keeps the last line alone,
+// and a body whose first coding is lost cannot be decoded.
+func checkHead(br *bufio.Reader) (closes bool, coding []byte, err error) {
 	for want := 1; ; {
 		b, err := br.Peek(want)
 		if len(b) < want {
-			return false, err // fasthttp's read reports it
+			return false, nil, err // fasthttp's read reports it
 		}
 		b, _ = br.Peek(br.Buffered())
 		for i, c := range b {
@@ -276,20 +283,41 @@ func checkHead(br *bufio.Reader) (closes bool, err error) {
 				continue
 			}
 			if i == 0 || b[i-1] != '\r' {
-				return false, engine.ErrRespBareLF
+				return false, nil, engine.ErrRespBareLF
 			}
 			if i >= 3 && b[i-2] == '\n' && b[i-3] == '\r' {
 				// CRLF CRLF: the section is whole.
 				var fields [32]engine.Field
 				h, err := engine.ParseResponseHead(b[:i+1], fields[:0])
-				return h.Close, err
+				return h.Close, codings(&h), err
 			}
 		}
 		if len(b) == br.Size() {
-			return false, nil // too large: fasthttp's read says so
+			return false, nil, nil // too large: fasthttp's read says so
 		}
 		want = len(b) + 1
 	}
+}
+
+// codings is h's Content-Encoding lines joined in one list (a copy), when
+// there are several; nil otherwise.
+func codings(h *engine.ResponseHead) []byte {
+	var list []byte
+	n := 0
+	for i := range h.Fields {
+		f := &h.Fields[i]
+		if !bytes.EqualFold(f.Name.Of(h.Raw), []byte("Content-Encoding")) {
+			continue
+		}
+		if n++; n > 1 {
+			list = append(list, ", "...)
+		}
+		list = append(list, f.Value.Of(h.Raw)...)
+	}
+	if n < 2 {
+		return nil
+	}
+	return list
 }
 
 // staleConn reports whether err is what a request sent on a connection the
