@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -144,44 +143,4 @@ func TestPersistPathLocked(t *testing.T) {
 	if _, err := os.Stat(dump); err != nil {
 		t.Fatalf("the first supervisor's dump: %v", err)
 	}
-}
-
-// A binary upgrade whose new supervisor fails after it took over the
-// locks (here: its file adds the first [[idempotency]] block, which the
-// running region has no table for) leaves the old one holding them, and
-// the lock still names it: a second supervisor on the path is told the
-// pid of the one that serves, not of the one that exited.
-func TestFailedUpgradeLockNamesTheOldSupervisor(t *testing.T) {
-	t.Parallel()
-	dump := filepath.Join(t.TempDir(), "dump")
-	cfg := persistConfig(fmt.Sprintf("[persist]\npath = %q\n", dump))
-	d := startDaemon(t, daemonOptions{config: cfg})
-	if err := os.WriteFile(d.cfgPath, []byte(cfg+"\n[[idempotency]]\npath = \"/orders\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	from := d.logs.len()
-	d.signal(syscall.SIGUSR2)
-	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade failed: the new supervisor exited before it was ready; serving on")); !ok {
-		t.Fatalf("no failed upgrade; log:\n%s", d.logs.text())
-	}
-	// The next USR2 is taken once the indexes it may have used are reaped.
-	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade abandoned: the new supervisor's workers are gone, their indexes reaped")); !ok {
-		t.Fatalf("the failed upgrade's indexes were not reaped; log:\n%s", d.logs.text())
-	}
-	second := filepath.Join(t.TempDir(), "second.toml")
-	os.WriteFile(second, []byte(cfg), 0o600)
-	code, _, stderr := runBinary(t, "run", "-config", second, "-listen", freeAddr(t))
-	holder := fmt.Sprintf("(pid %d holds", d.pid())
-	if code != 1 || !strings.Contains(stderr, "in use by another supervisor") || !strings.Contains(stderr, holder) {
-		t.Fatalf("second supervisor after a failed upgrade: exit %d, want 1 naming %s:\n%s", code, holder, stderr)
-	}
-	// Fixed, it upgrades, and the lock names the new one.
-	os.WriteFile(d.cfgPath, []byte(cfg), 0o600)
-	newPID := upgrade(t, d)
-	code, _, stderr = runBinary(t, "run", "-config", second, "-listen", freeAddr(t))
-	holder = fmt.Sprintf("(pid %d holds", newPID)
-	if code != 1 || !strings.Contains(stderr, holder) {
-		t.Fatalf("second supervisor after an upgrade: exit %d, want 1 naming %s:\n%s", code, holder, stderr)
-	}
-	stopPID(t, d, newPID)
 }
