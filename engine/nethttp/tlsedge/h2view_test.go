@@ -1,0 +1,89 @@
+package tlsedge_test
+
+import (
+	"bytes"
+	"crypto/tls"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/preforkd/preforkd/internal/wiretest"
+)
+
+// h2Request sends one HTTP/2 stream of the header fields given as name,
+// value pairs (pseudo-fields included, as they are: no client would send
+// some of them), with no body, on a connection of its own, and returns
+// the response's status ("" for none: a reset stream) and body.
+func h2Request(t *testing.T, addr string, conf *tls.Config, fields ...string) (status, body string) {
+	t.Helper()
+	conf = conf.Clone()
+	conf.NextProtos = []string{"h2"}
+	c, err := tls.Dial("tcp", addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write([]byte(http2.ClientPreface))
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for i := 0; i+1 < len(fields); i += 2 {
+		enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+	}
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, EndStream: true, EndHeaders: true, BlockFragment: hb.Bytes()})
+	dec := hpack.NewDecoder(4096, nil)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("%q: %v", fields, err)
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			hs, _ := dec.DecodeFull(f.HeaderBlockFragment())
+			for _, h := range hs {
+				if h.Name == ":status" {
+					status = h.Value
+				}
+			}
+			if f.StreamEnded() {
+				return status, body
+			}
+		case *http2.DataFrame:
+			body += string(f.Data())
+			if f.StreamEnded() {
+				return status, body
+			}
+		case *http2.RSTStreamFrame:
+			return status, body
+		case *http2.GoAwayFrame:
+			return status, body
+		}
+	}
+}
+
+// A :path holds what HTTP/2 lets a field value hold, a space among
+// them, where an HTTP/1.1 request line cannot: such a target is
+// refused (400), as nginx refuses it, and never written into the
+// upstream's request line ("GET /a b HTTP/1.1", which the upstream reads
+// as another request than the one the rules saw, or not at all).
+func TestHTTP2TargetWithSpaceIsRefused(t *testing.T) {
+	up := wiretest.StartUpstream(t, nil)
+	addr, conf, _ := tlsServer(t, up.URL())
+	for _, path := range []string{"/a b", "/p?q=a b", "/p HTTP/1.1"} {
+		status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", path)
+		if status != "400" {
+			t.Errorf(":path %q: %q %q, want 400", path, status, body)
+		}
+	}
+	if seen := up.Requests(); len(seen) != 0 {
+		t.Errorf("the upstream got %q", seen[0].Line)
+	}
+	// The same target percent-encoded is served.
+	if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/a%20b?q=a%20b"); status != "200" {
+		t.Errorf("/a%%20b: %q %q, want 200", status, body)
+	}
+}
