@@ -697,12 +697,16 @@ func staleConn(err error) bool {
 // refuseUnforwardable answers, before the core sees them, the requests a
 // reverse proxy never forwards (as the fast engine refuses them):
 // CONNECT (405), PRI (400: the HTTP/2 preface is no request), an
-// asterisk-form target but OPTIONS * (400) and an absolute-form target of
+// asterisk-form target but OPTIONS * (400), an absolute-form target of
 // another scheme than the connection's (400: "ftp://", or "https://" on
-// cleartext), each closing the connection; OPTIONS * is answered here
+// cleartext) and an HTTP/2 :path with a space (400: an HTTP/1.1 request
+// line cannot carry it, and written into the upstream's it would end the
+// target there), each closing the connection; OPTIONS * is answered here
 // (200, with Allow). It reports whether it answered.
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
 	switch {
+	case strings.IndexByte(r.RequestURI, ' ') >= 0:
+		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target has a space"), true
 	case r.URL != nil && r.URL.IsAbs() && !strings.EqualFold(r.URL.Scheme, ownScheme(r)):
 		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target is not an absolute path"), true
 	case r.Method == http.MethodConnect:
