@@ -9,7 +9,13 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/shmtest"
 	"github.com/preforkd/preforkd/internal/wiretest"
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // h2Request sends one HTTP/2 stream of the header fields given as name,
@@ -85,5 +91,49 @@ func TestHTTP2TargetWithSpaceIsRefused(t *testing.T) {
 	// The same target percent-encoded is served.
 	if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/a%20b?q=a%20b"); status != "200" {
 		t.Errorf("/a%%20b: %q %q, want 200", status, body)
+	}
+}
+
+// HTTP/1.1 parsers strip the whitespace around a field value; HTTP/2
+// carries it to the handler as sent. Keyed as sent, " k" would be a
+// client of its own for the rules while the upstream, which reads the
+// forwarded line over HTTP/1.1, gets "k": every padding of one API key
+// another budget. The rules read it as the upstream will, as they read
+// "X-Api-Key:  k" over HTTP/1.1: one key, one budget.
+func TestHTTP2PaddedFieldValueIsOneKey(t *testing.T) {
+	up := wiretest.StartUpstream(t, nil)
+	cfg, err := config.Parse([]byte(`
+[[ratelimit]]
+name = "by-key"
+path = "/x"
+limit = 1
+window = "1h"
+by = "header:X-Api-Key"
+`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	so := shm.Options{Counters: 64}
+	metrics.Geometry(&so, 8)
+	c, err := core.New(shmtest.Private(t, so), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, conf, _, _ := tlsServerCore(t, c, up.URL(), engine.Limits{}, nil)
+	for i, v := range []string{"k", " k", "k ", "\tk", "k\t", "  k  "} {
+		status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/x", "x-api-key", v)
+		switch {
+		case i == 0 && status != "200":
+			t.Fatalf("%q: %q %q, want 200", v, status, body)
+		case i > 0 && status != "429":
+			t.Errorf("%q: %q, want 429: the upstream reads it as %q, whose budget is spent", v, status, "k")
+		}
+	}
+	if seen := up.Requests(); len(seen) != 1 {
+		t.Errorf("the upstream got %d requests for one key, limit 1", len(seen))
 	}
 }
