@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"time"
 
@@ -146,5 +147,26 @@ func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
 	if hs.ConnState != nil {
 		hs.ConnState(g, http.StateActive)
 	}
-	e.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: e.h2base, Handler: h})
+	e.h2.ServeConn(g, &http2.ServeConnOpts{BaseConfig: e.h2base, Handler: trimmed{h}})
 }
+
+// trimmed serves HTTP/2 streams with h, each field value without the
+// whitespace around it: net/http strips it from HTTP/1 fields, x/net's
+// HTTP/2 server passes it on (RFC 9113 §8.2.1 makes such a value
+// malformed), and the upstream, which gets the field over HTTP/1.1,
+// reads it stripped. Seen as sent by the core, " k" and "k" would be two
+// clients of a rule by header and one of the application.
+type trimmed struct{ h http.Handler }
+
+func (t trimmed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	for _, vs := range r.Header {
+		for i, v := range vs {
+			if v != "" && (blank(v[0]) || blank(v[len(v)-1])) {
+				vs[i] = textproto.TrimString(v)
+			}
+		}
+	}
+	t.h.ServeHTTP(w, r)
+}
+
+func blank(c byte) bool { return c == ' ' || c == '\t' }
