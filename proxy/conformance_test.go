@@ -550,6 +550,11 @@ var exchanges = []exchange{
 		status: 400, closed: true,
 	},
 	{
+		name:   "a fragment after the query is refused, and the connection closes",
+		send:   "GET /a?q=k#b HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
 		name:   "an absolute-form target of another scheme is refused, and the connection closes",
 		send:   "GET ftp://app.example/p HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true,
