@@ -699,12 +699,16 @@ func staleConn(err error) bool {
 // CONNECT (405), PRI (400: the HTTP/2 preface is no request), an
 // asterisk-form target but OPTIONS * (400), an absolute-form target of
 // another scheme than the connection's (400: "ftp://", or "https://" on
-// cleartext) and an HTTP/2 :path with a space (400: an HTTP/1.1 request
-// line cannot carry it, and written into the upstream's it would end the
-// target there), each closing the connection; OPTIONS * is answered here
-// (200, with Allow). It reports whether it answered.
+// cleartext), a target with a '#' anywhere (400: the path's checks do
+// not read the query, where the upstream may take it for a fragment) and
+// an HTTP/2 :path with a space (400: an HTTP/1.1 request line cannot
+// carry it, and written into the upstream's it would end the target
+// there), each closing the connection; OPTIONS * is answered here (200,
+// with Allow). It reports whether it answered.
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
 	switch {
+	case strings.IndexByte(r.RequestURI, '#') >= 0:
+		return writeOwnProblem(w, r, engine.ErrTarget.Status, engine.ErrTarget.Detail), true
 	case strings.IndexByte(r.RequestURI, ' ') >= 0:
 		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target has a space"), true
 	case r.URL != nil && r.URL.IsAbs() && !strings.EqualFold(r.URL.Scheme, ownScheme(r)):
