@@ -1,8 +1,11 @@
 package tlsedge_test
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/tls"
+	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -154,5 +157,43 @@ by = "header:X-Api-Key"
 	}
 	if seen := up.Requests(); len(seen) != 1 {
 		t.Errorf("the upstream got %d requests for one key, limit 1", len(seen))
+	}
+}
+
+// An HTTP/2 stream names its scheme (:scheme), and x/net's server gives a
+// stream that says "http" no TLS state, whatever its connection. That is
+// the request "GET http://a.example/page HTTP/1.1" on the TLS port, which
+// is refused (400): so is the stream. Forwarded, it told the upstream
+// X-Forwarded-Proto: http, and the cache, whose key has no scheme, kept
+// the answer for every https client (a redirect to https, links with
+// http://).
+func TestHTTP2SchemeIsTheConnections(t *testing.T) {
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		p := req.Req.Header.Get("X-Forwarded-Proto")
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n%s", len(p), p)
+	})
+	cfg, err := config.Parse([]byte(`
+[[cache]]
+path = "/*"
+`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	so := cfg.RegionOptions()
+	metrics.Geometry(&so, 8)
+	c, err := core.New(shmtest.Private(t, so), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, conf, _, _ := tlsServerCore(t, c, up.URL(), engine.Limits{}, nil)
+	if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "http", ":authority", "a.example", ":path", "/page"); status != "400" {
+		t.Errorf(":scheme http on TLS: %q %q, want 400", status, body)
+	}
+	if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/page"); status != "200" || body != "https" {
+		t.Errorf(":scheme https: %q %q, want 200 and the upstream told https", status, body)
 	}
 }
