@@ -699,12 +699,13 @@ func staleConn(err error) bool {
 // CONNECT (405), PRI (400: the HTTP/2 preface is no request), an
 // asterisk-form target but OPTIONS * (400), an absolute-form target of
 // another scheme than the connection's (400: "ftp://", or "https://" on
-// cleartext), a target with a '#' anywhere (400: the path's checks do
-// not read the query, where the upstream may take it for a fragment) and
-// an HTTP/2 :path with a space (400: an HTTP/1.1 request line cannot
-// carry it, and written into the upstream's it would end the target
-// there), each closing the connection; OPTIONS * is answered here (200,
-// with Allow). It reports whether it answered.
+// cleartext; on HTTP/2, a :scheme of http, to which x/net's server gives
+// no TLS state on a TLS connection), a target with a '#' anywhere (400:
+// the path's checks do not read the query, where the upstream may take
+// it for a fragment) and an HTTP/2 :path with a space (400: an HTTP/1.1
+// request line cannot carry it, and written into the upstream's it would
+// end the target there), each closing the connection; OPTIONS * is
+// answered here (200, with Allow). It reports whether it answered.
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
 	switch {
 	case strings.IndexByte(r.RequestURI, '#') >= 0:
@@ -715,6 +716,10 @@ func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, an
 		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target is not an absolute path"), true
 	case r.Method == http.MethodConnect:
 		return writeOwnProblem(w, r, http.StatusMethodNotAllowed, "CONNECT is not supported"), true
+	case r.ProtoMajor == 2 && r.TLS == nil:
+		// HTTP/2 is served on TLS connections only (package tlsedge);
+		// a CONNECT stream has no :scheme, and no TLS state either.
+		return writeOwnProblem(w, r, http.StatusBadRequest, "the request's scheme is not the connection's"), true
 	case r.Method == "PRI":
 		return writeOwnProblem(w, r, http.StatusBadRequest, "PRI is the HTTP/2 connection preface, not a request"), true
 	case r.RequestURI == "*" && r.Method == http.MethodOptions:
