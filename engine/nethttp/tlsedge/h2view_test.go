@@ -116,6 +116,26 @@ func TestHTTP2FragmentIsRefused(t *testing.T) {
 	}
 }
 
+// An https request names its authority (RFC 9113 §8.3.1: :authority or
+// Host, else it is malformed), as an HTTP/1.1 request its Host: one with
+// neither is refused (400), as every engine refuses an HTTP/1.1 request
+// without Host, not forwarded with the upstream's own authority for Host,
+// where no rule by host and no cache entry of the site's name applies.
+func TestHTTP2WithoutAuthorityIsRefused(t *testing.T) {
+	up := wiretest.StartUpstream(t, nil)
+	addr, conf, _ := tlsServer(t, up.URL())
+	if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":path", "/"); status != "400" {
+		t.Errorf("no :authority, no host: %q %q, want 400", status, body)
+	}
+	if seen := up.Requests(); len(seen) != 0 {
+		t.Errorf("the upstream got %q %q", seen[0].Line, seen[0].Lines)
+	}
+	// Host in place of :authority is an authority.
+	if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":path", "/", "host", "a.example"); status != "200" {
+		t.Errorf("host without :authority: %q %q, want 200", status, body)
+	}
+}
+
 // HTTP/1.1 parsers strip the whitespace around a field value; HTTP/2
 // carries it to the handler as sent. Keyed as sent, " k" would be a
 // client of its own for the rules while the upstream, which reads the
