@@ -700,7 +700,8 @@ func staleConn(err error) bool {
 // asterisk-form target but OPTIONS * (400), an absolute-form target of
 // another scheme than the connection's (400: "ftp://", or "https://" on
 // cleartext; on HTTP/2, a :scheme of http, to which x/net's server gives
-// no TLS state on a TLS connection), a target with a '#' anywhere (400:
+// no TLS state on a TLS connection), an HTTP/2 request with no authority
+// (400, as an HTTP/1.1 one without Host), a target with a '#' anywhere (400:
 // the path's checks do not read the query, where the upstream may take
 // it for a fragment) and an HTTP/2 :path with a space (400: an HTTP/1.1
 // request line cannot carry it, and written into the upstream's it would
@@ -720,6 +721,10 @@ func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, an
 		// HTTP/2 is served on TLS connections only (package tlsedge);
 		// a CONNECT stream has no :scheme, and no TLS state either.
 		return writeOwnProblem(w, r, http.StatusBadRequest, "the request's scheme is not the connection's"), true
+	case r.ProtoMajor == 2 && r.Host == "":
+		// RFC 9113 §8.3.1: an https request without :authority or Host
+		// is malformed, as an HTTP/1.1 request without Host is.
+		return writeOwnProblem(w, r, http.StatusBadRequest, "an HTTP/2 request without :authority or Host"), true
 	case r.Method == "PRI":
 		return writeOwnProblem(w, r, http.StatusBadRequest, "PRI is the HTTP/2 connection preface, not a request"), true
 	case r.RequestURI == "*" && r.Method == http.MethodOptions:
