@@ -442,6 +442,31 @@ func TestEngineFailureAtStartStops(t *testing.T) {
 	}
 }
 
+// An Options.Engine that panics (a Must function given a bad value, as
+// the factory of README's example may call) fails as one that returns
+// an error: it would panic again in every worker, so Run stops and says
+// why (the worker's line gives the panic), instead of respawning workers
+// for ever.
+func TestEnginePanicAtStartStops(t *testing.T) {
+	t.Setenv(envTestCrash, "engine-panic")
+	h := startSupervisor(t, testConfig(2), false, nil)
+	err := h.wait(10 * time.Second)
+	if err == nil || !strings.Contains(err.Error(), "could not build its engine") {
+		t.Fatalf("Run = %v, want the engine failure", err)
+	}
+	if n := len(h.logs.all("worker started")); n > 2 {
+		t.Errorf("%d workers started, want no respawn", n)
+	}
+	if len(h.logs.all("worker could not build its engine: stopping")) == 0 {
+		t.Errorf("no line says why it stops")
+	}
+	for _, pid := range h.logs.pids("worker started") {
+		if !processGone(pid) {
+			t.Errorf("worker %d left behind", pid)
+		}
+	}
+}
+
 // The supervisor, and only the supervisor, tells systemd: READY=1 once the
 // workers are ready, RELOADING=1 with MONOTONIC_USEC and READY=1 again
 // around a reload, STOPPING=1 at TERM; the workers do not see
