@@ -141,9 +141,10 @@ func WorkerCount(n int) int {
 // IsWorker) it opens the listener, creates the region, runs Prepare,
 // starts the workers and supervises them until ctx is done or a TERM or
 // INT arrives; then it drains the workers, runs Finish and returns nil. It
-// returns an error for a failure to start (Options.Engine failing in a
-// worker before the workers were first ready among them: a worker that
-// crashes is respawned, with a delay that grows), and Finish's error.
+// returns an error for a failure to start (Options.Engine failing, or a
+// worker panicking before it was ready, before the workers were first
+// ready among them: a worker that crashes otherwise is respawned, with a
+// delay that grows), and Finish's error.
 //
 // In a worker it serves the application until it is told to drain, and
 // then exits the process itself: it never returns.

@@ -445,7 +445,7 @@ func TestEngineFailureAtStartStops(t *testing.T) {
 // An Options.Engine that panics (a Must function given a bad value, as
 // the factory of README's example may call) fails as one that returns
 // an error: it would panic again in every worker, so Run stops and says
-// why (the worker's line gives the panic), instead of respawning workers
+// why (the worker's stack trace gives the panic), instead of respawning workers
 // for ever.
 func TestEnginePanicAtStartStops(t *testing.T) {
 	t.Setenv(envTestCrash, "engine-panic")

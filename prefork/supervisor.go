@@ -419,6 +419,10 @@ type exitEvent struct {
 // same way.
 const exitNoEngine = 78
 
+// exitPanic is the exit status of a Go program that panicked (or died
+// of a fatal error), its stack on stderr.
+const exitPanic = 2
+
 // onReady handles a worker's readiness report.
 func (s *supervisor) onReady(pid int) {
 	p := s.procs[pid]
@@ -542,11 +546,14 @@ func (s *supervisor) onExit(ev exitEvent) {
 	case sl.succ:
 		sl.succ = nil
 	}
-	if ev.code == exitNoEngine && !s.announced && !s.draining {
+	if (ev.code == exitNoEngine || ev.code == exitPanic && !p.ready) && !s.announced && !s.draining {
 		// At start-up, a worker that could not build its engine would
 		// not build it on the next try either: the supervisor would
 		// respawn it for ever and never be ready. Stop instead, as for a
-		// worker that cannot be started at all. (A crash is respawned.)
+		// worker that cannot be started at all. So for a panic before
+		// it was ready: what it ran until then (a Must function of the
+		// engine's factory given a bad value) runs again the same way.
+		// (A crash is respawned, a panic once it served too.)
 		s.log.Error("worker could not build its engine: stopping", attrs...)
 		s.fatal = fmt.Errorf("prefork: worker %d could not build its engine (Options.Engine failed; its log says why)", p.index)
 		s.beginDrain("start-up failure", 0)
