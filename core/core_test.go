@@ -66,12 +66,15 @@ func TestNewErrors(t *testing.T) {
 		{"limit", withTable, rule(func(r *core.RateLimit) { r.Rule.Limit = 0 }), "limit must be between 1"},
 		{"window", withTable, rule(func(r *core.RateLimit) { r.Rule.Window = 0 }), "window"},
 		{"burst", withTable, rule(func(r *core.RateLimit) { r.Rule.Algorithm = bucket.FixedWindow; r.Rule.Burst = 3 }), "burst"},
+		// A Route left out would match no request: a rule that never counts.
+		{"no route", withTable, rule(func(r *core.RateLimit) { r.Route = route.Route{} }), "route"},
 		{"no response table", noTable, block(func(*core.Idempotency) {}), "no response table"},
 		{"header", withTable, block(func(d *core.Idempotency) { d.Header = "Idempotency Key" }), "header"},
 		{"ttl", withTable, block(func(d *core.Idempotency) { d.TTL = 0 }), "ttl"},
 		{"long ttl", withTable, block(func(d *core.Idempotency) { d.TTL = bucket.MaxWindow + time.Microsecond }), "ttl"},
 		{"wait", withTable, block(func(d *core.Idempotency) { d.Wait = -1 }), "wait"},
 		{"max_body", withTable, block(func(d *core.Idempotency) { d.MaxBody = 0 }), "max_body"},
+		{"block without route", withTable, block(func(d *core.Idempotency) { d.Route = route.Route{} }), "route"},
 		{"resolver", withTable, core.Options{Resolver: clientip.Resolver{IPv6Prefix: 200}}, "IPv6Prefix"},
 		{"max request body", withTable, core.Options{MaxRequestBody: -1}, "MaxRequestBody"},
 	} {
