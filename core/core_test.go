@@ -133,7 +133,7 @@ func TestOverrideShadowed(t *testing.T) {
 		{pfx("10.0.0.0/8"), [][]netip.Prefix{pfx("2001:db8::/32")}, false},
 		{nil, [][]netip.Prefix{pfx("10.1.0.0/16"), pfx("10.0.0.0/8")}, false}, // the wider one still has the rest
 	} {
-		rl := core.RateLimit{Rule: rule, Exempt: tc.exempt}
+		rl := core.RateLimit{Rule: rule, Route: mustRoute(t, "/*"), Exempt: tc.exempt}
 		for _, c := range tc.clients {
 			rl.Overrides = append(rl.Overrides, core.Override{Clients: c, Limit: 2})
 		}

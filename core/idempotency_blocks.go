@@ -53,6 +53,8 @@ func (d *Idempotency) Check() error {
 		return &FieldError{field, fmt.Sprintf(format, args...)}
 	}
 	switch {
+	case d.Route.String() == "": // the zero Route matches no request
+		return fail("Route", "no route: give it one (route.Compile)")
 	case d.Header != "" && !route.IsToken(d.Header):
 		return fail("Header", "header: %q is not a valid header name", d.Header)
 	case d.TTL <= 0 || d.TTL > maxTTL:
@@ -116,6 +118,8 @@ func (c *Core) installIdempotency(ds []Idempotency) error {
 
 // Idempotency is one compiled idempotent-replay block.
 type Idempotency struct {
+	// Route is the requests the block keeps (route.Compile). Required:
+	// the zero Route matches none, and is refused.
 	Route route.Route
 	// Header carries the key. "" means "Idempotency-Key".
 	Header string

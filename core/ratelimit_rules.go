@@ -209,6 +209,10 @@ func (rl *RateLimit) Check() error {
 	default:
 		return &FieldError{"Status", fmt.Sprintf("rule %q: status %d: want 429 or 503", name, rl.Status)}
 	}
+	if rl.Route.String() == "" {
+		// The zero Route matches no request: a rule that never counts.
+		return &FieldError{"Route", fmt.Sprintf("rule %q: no route: give it one (route.Compile(\"/*\", nil) for every request)", name)}
+	}
 	if _, err := rl.Rule.Compile(); err != nil {
 		return err // bucket's error names the rule
 	}
@@ -385,9 +389,13 @@ func printableASCII(s string) bool {
 type RateLimit struct {
 	// Rule is the limit itself (name, limit, window, algorithm, burst,
 	// on_full); its Name must be printable ASCII, as it is sent in headers.
-	Rule  bucket.Rule
+	Rule bucket.Rule
+	// Route is the requests the rule counts (route.Compile; "/*" for
+	// every one). Required: the zero Route matches none, and is refused.
 	Route route.Route
-	By    clientip.By
+	// By is what the rule counts a request under (clientip.ParseBy); the
+	// zero By is "ip".
+	By clientip.By
 	// Shadow counts and sends headers but never refuses.
 	Shadow bool
 	// Status is the status of a refusal: 429 (0 means 429) or 503.
