@@ -81,3 +81,12 @@ by = "header:X-Forwarded-Proto"
 		t.Errorf("keyed by X-Forwarded-Proto: %d, %d; want 200, 429", a, b)
 	}
 }
+
+// NewUpstream refuses a nil core, which it reports the upstream's
+// failures to: accepted, it panicked at the first response the
+// upstream broke off, instead of the 502s and the log lines.
+func TestNewUpstreamNeedsACore(t *testing.T) {
+	if _, err := nethttp.NewUpstream(nil, "http://127.0.0.1:1", engine.Upstream{}); err == nil {
+		t.Fatal("NewUpstream accepted a nil core")
+	}
+}
