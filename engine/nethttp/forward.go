@@ -64,6 +64,9 @@ type Upstream interface {
 // timeouts, the idle connections kept; zero values are the defaults),
 // its failures reported to c, the Server's core. It serves one Server.
 func NewUpstream(c *core.Core, upstreamURL string, client engine.Upstream) (Upstream, error) {
+	if c == nil {
+		return nil, errors.New("nethttp: NewUpstream: the core is nil")
+	}
 	t, err := engine.ParseTarget(upstreamURL)
 	if err != nil {
 		return nil, fmt.Errorf("nethttp: %w", err)
