@@ -210,7 +210,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if lw.h2 {
 		// The HTTP/2 server writes what the handler left buffered, and
 		// the end of the stream, once it returns: within send_timeout.
-		lw.deadline()
+		lw.deadline(true)
 	}
 	*lw = limitWriter{}
 	limitWriterPool.Put(lw)
@@ -374,24 +374,22 @@ const maxDrop = 256 << 10
 
 var limitWriterPool = sync.Pool{New: func() any { return new(limitWriter) }}
 
-func (lw *limitWriter) deadline() {
-	if d, ok := lw.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
-		_ = d.SetWriteDeadline(time.Now().Add(lw.timeout))
-	}
-}
-
-// written ends the deadline of a write that returned, on HTTP/2. There
-// the deadline is a timer of the stream's that resets the stream when it
-// fires, a write pending or not: left armed, it would cut a response
-// whose application pauses between two writes (server-sent events, an
-// upstream within upstream_timeout) longer than send_timeout. On HTTP/1
-// it is the connection's, which only a write in progress meets.
-func (lw *limitWriter) written() {
-	if !lw.h2 {
+// deadline sets the write deadline send_timeout from now (before a
+// write), or ends it (after one, on HTTP/2). There the deadline is a
+// timer of the stream's that resets the stream when it fires, a write
+// pending or not: left armed, it would cut a response whose application
+// pauses between two writes (server-sent events, an upstream within
+// upstream_timeout) longer than send_timeout. On HTTP/1 it is the
+// connection's, which only a write in progress meets.
+func (lw *limitWriter) deadline(before bool) {
+	var at time.Time
+	if before {
+		at = time.Now().Add(lw.timeout)
+	} else if !lw.h2 {
 		return
 	}
 	if d, ok := lw.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
-		_ = d.SetWriteDeadline(time.Time{})
+		_ = d.SetWriteDeadline(at)
 	}
 }
 
@@ -430,24 +428,24 @@ func (lw *limitWriter) WriteHeader(code int) {
 	case code >= 200:
 		lw.head()
 	}
-	lw.deadline()
+	lw.deadline(true)
 	lw.w.WriteHeader(code)
-	lw.written()
+	lw.deadline(false)
 }
 func (lw *limitWriter) Write(p []byte) (int, error) {
 	lw.head()
-	lw.deadline()
+	lw.deadline(true)
 	n, err := lw.w.Write(p)
-	lw.written()
+	lw.deadline(false)
 	return n, err
 }
 
 // FlushError is Flush for http.ResponseController.
 func (lw *limitWriter) FlushError() error {
 	lw.head()
-	lw.deadline()
+	lw.deadline(true)
 	err := http.NewResponseController(lw.w).Flush()
-	lw.written()
+	lw.deadline(false)
 	return err
 }
 
