@@ -141,8 +141,8 @@ func (c *conn) Write(p []byte) (int, error) {
 // 4 KiB buffer, which a body the upstream cuts short dropped with the
 // connection.
 func (c *conn) ReadFrom(r io.Reader) (int64, error) {
-	bp := tunnelBufPool.Get().(*[]byte)
-	defer tunnelBufPool.Put(bp)
+	bp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bp)
 	return io.CopyBuffer(writeOnly{c}, r, *bp)
 }
 

@@ -114,7 +114,16 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	setFields(resp, ex.Fields())
 
 	if status == http.StatusSwitchingProtocols {
-		s.tunnel(r, uc)
+		// fasthttp writes the 101 after the handler returns, then hands
+		// over the client connection: its bytes are read through the
+		// hijacked connection, which holds what fasthttp read past the
+		// request; deadlines, writes and closing go to the conn itself,
+		// whose Close does the bookkeeping (fasthttp's own Close of a
+		// hijacked connection does nothing).
+		c := r.c
+		r.ctx.Hijack(func(client net.Conn) {
+			engine.Tunnel(c, client, uc.Conn, uc.Buf, s.opts.Client.Timeout)
+		})
 		s.finish(r, ex, nil)
 		return
 	}
@@ -199,7 +208,7 @@ func (s *Server) sendUntilClose(r *request, ub *upBody) {
 	r.ctx.HijackSetNoResponse(true)
 	r.ctx.Hijack(func(hc net.Conn) {
 		_, err := hc.Write(head)
-		bp := tunnelBufPool.Get().(*[]byte)
+		bp := copyBufPool.Get().(*[]byte)
 		for err == nil {
 			var n int
 			n, err = ub.Read(*bp)
@@ -209,7 +218,7 @@ func (s *Server) sendUntilClose(r *request, ub *upBody) {
 				}
 			}
 		}
-		tunnelBufPool.Put(bp)
+		copyBufPool.Put(bp)
 		if err == io.EOF {
 			err = nil
 		}

@@ -101,13 +101,18 @@ func (b *upBody) CloseWithError(werr error) error {
 	return nil
 }
 
+// copyBufPool holds the buffers of the copies the engine makes itself:
+// a streamed body to the client (conn.ReadFrom, sendUntilClose), a body
+// read and dropped.
+var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // drain reads the rest of the body, telling the core.
 func (b *upBody) drain() {
-	bp := tunnelBufPool.Get().(*[]byte)
+	bp := copyBufPool.Get().(*[]byte)
 	for b.err == nil && !b.eof {
 		_, _ = b.Read(*bp)
 	}
-	tunnelBufPool.Put(bp)
+	copyBufPool.Put(bp)
 }
 
 // end gives the connection back when the body was read to its end, or
