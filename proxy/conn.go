@@ -146,6 +146,15 @@ func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 	return io.CopyBuffer(writeOnly{c}, r, *bp)
 }
 
+// CloseWrite half-closes the client's connection: a tunnel passes the
+// upstream's end on so (engine.Tunnel).
+func (c *conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
 // writeOnly hides its writer's ReadFrom from io.CopyBuffer.
 type writeOnly struct{ io.Writer }
 

@@ -642,6 +642,42 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 	})
 }
 
+// The upstream's half-close is passed on as the client's, on every
+// engine: the client still sends, and the upstream still reads.
+func TestUpgradeUpstreamHalfClose(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		got := make(chan string, 1)
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello")
+			w.Flush()
+			c.(*net.TCPConn).CloseWrite()
+			b, _ := io.ReadAll(c)
+			got <- string(b)
+			c.Close()
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if b, err := io.ReadAll(br); err != nil || string(b) != "hello" {
+			t.Fatalf("from the upstream: %q, %v; want hello, then its end", b, err)
+		}
+		io.WriteString(c, "still here")
+		c.(*net.TCPConn).CloseWrite()
+		select {
+		case s := <-got:
+			if s != "still here" {
+				t.Errorf("the upstream read %q after its half-close, want the client's last words", s)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("the upstream never saw the client's end")
+		}
+	})
+}
+
 // A tunnel in use lives past upstream_timeout, on every engine: only a
 // tunnel idle on both sides for that long ends. (The event loop once left
 // the upstream's response timer armed, and its expiry crashed the worker.)
