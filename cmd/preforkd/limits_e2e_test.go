@@ -25,9 +25,11 @@ func TestLimitsE2E(t *testing.T) {
 
 // 3,000 random X-Flood keys on one rule of a 2,048-slot table (it would
 // fill the table: every new /login client then went unlimited): the flood
-// takes its max_keys (1,024, half the table) and meets on_full, with a log
-// line and no RateLimit item, and a new /login client gets exactly its
-// limit.
+// takes its max_keys (512, a quarter of the table) and meets on_full, with
+// a log line and no RateLimit item, and a new /login client gets exactly
+// its limit. (At the default, half the table, a key's 32-slot probe window
+// is full now and then, and the flood's own line is then "table full";
+// this test is of the cap, not of the probing.)
 func limitsFlood(t *testing.T) {
 	cfg := `[server]
 workers = 2
@@ -42,6 +44,7 @@ path = "/api/*"
 limit = 1
 window = "1h"
 by = "header:X-Flood"
+max_keys = 512
 
 [[ratelimit]]
 name = "login"
@@ -79,12 +82,12 @@ window = "1h"
 		t.Fatalf("only %d flood requests in %v", next.Load()-1, took)
 	}
 	t.Logf("3,000 flood keys in %v: %d without a flood item, %d failed", took, blind.Load(), failed.Load())
-	if failed.Load() != 0 || blind.Load() < keys-1024 || blind.Load() > keys-1000 {
-		t.Fatalf("flood: %d failed, %d past max_keys; want 0 and about %d", failed.Load(), blind.Load(), keys-1024)
+	if failed.Load() != 0 || blind.Load() < keys-512 || blind.Load() > keys-490 {
+		t.Fatalf("flood: %d failed, %d past max_keys; want 0 and about %d", failed.Load(), blind.Load(), keys-512)
 	}
 	if _, l, ok := d.logs.waitFor(0, 5*time.Second, func(l logLine) bool {
 		return l.msg() == "rule not enforced: its keys hold max_keys counter slots (on_full open)" && l.get("rule") == "flood"
-	}); !ok || l.int("max_keys") != 1024 {
+	}); !ok || l.int("max_keys") != 512 {
 		t.Fatalf("no log line for the capped rule (%v %q):\n%s", ok, l.raw, d.logs.text())
 	}
 
