@@ -91,14 +91,13 @@ func (a *acceptor) poll() error {
 func (a *acceptor) event(uint32) {
 	l := a.l
 	for range acceptBatch {
-		ok, full := l.s.takeSlot()
-		if !ok {
+		if !l.s.takeSlot() {
 			a.pause()
 			return
 		}
 		fd, peer, err := accept(a.ln.fd)
 		if err != nil {
-			l.s.connClosed() // the slot goes back
+			l.s.slotBack()
 		}
 		switch {
 		case err == unix.EAGAIN:
@@ -122,9 +121,7 @@ func (a *acceptor) event(uint32) {
 		a.wait = 0
 		l.s.count.Accepted.Add(1)
 		l.s.conns.Accepted()
-		if full {
-			// Counted once the connection is in: a slot taken for an
-			// accept that failed went back.
+		if l.s.connIn() {
 			l.s.conns.MaxReached()
 		}
 		l.newConn(fd, peer)

@@ -31,7 +31,8 @@ type Server struct {
 	// (package engine); tests shorten them.
 	drainNewGrace, drainIdleGrace time.Duration
 
-	open      atomic.Int64 // client connections open
+	open      atomic.Int64 // client connections open, and slots taken for an accept under way
+	in        atomic.Int64 // client connections accepted and open (open less those slots)
 	refreshes atomic.Int64 // background refreshes under way
 	count     engine.Counters
 	conns     metrics.Conns // the worker's connection counts, in the region (core.Core.Conns)
@@ -174,24 +175,40 @@ func (s *Server) atCapacity() bool {
 }
 
 // takeSlot counts a connection about to be accepted, unless the worker
-// has MaxConnections open; full says that this one is the last the bound
-// lets in.
-func (s *Server) takeSlot() (ok, full bool) {
+// has MaxConnections open. The slot goes back by slotBack if the accept
+// fails, and is the connection's if connIn counts it in.
+func (s *Server) takeSlot() bool {
 	max := int64(s.o.limits.MaxConnections)
 	for {
 		n := s.open.Load()
 		if max > 0 && n >= max {
-			return false, false
+			return false
 		}
 		if s.open.CompareAndSwap(n, n+1) {
-			return true, n+1 == max
+			return true
 		}
 	}
 }
 
-// connClosed counts a client connection gone; the loops paused at the
-// bound accept again.
+// connIn counts an accepted connection in its slot; full says that the
+// worker now has MaxConnections connections, the bound reached. It is
+// judged on the connections in, not on the slots: the loops all poll
+// the listener, and a slot taken by one whose accept finds nothing
+// (another loop took the connection) would make the bound seem reached
+// with a connection fewer.
+func (s *Server) connIn() (full bool) {
+	n := s.in.Add(1)
+	return n == int64(s.o.limits.MaxConnections)
+}
+
+// connClosed counts a client connection gone.
 func (s *Server) connClosed() {
+	s.in.Add(-1)
+	s.slotBack()
+}
+
+// slotBack gives a slot back; the loops paused at the bound accept again.
+func (s *Server) slotBack() {
 	n := s.open.Add(-1)
 	if max := s.o.limits.MaxConnections; max > 0 && n == int64(max)-1 {
 		for _, l := range s.loops {
@@ -345,7 +362,7 @@ func (l *loop) resumeAccept(any) error {
 type Stats = engine.Stats
 
 // Stats returns the server's counters.
-func (s *Server) Stats() Stats { return s.count.Stats(s.open.Load()) }
+func (s *Server) Stats() Stats { return s.count.Stats(s.in.Load()) }
 
 // The upstream's address: resolved at New and every 30 seconds after
 // (every second while it is not), on a goroutine of the server's: a loop
