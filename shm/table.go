@@ -111,12 +111,13 @@ func (c *Counters) Use(meta uint64) {
 	if c.using(meta) {
 		return
 	}
-	var next []uint64
+	var old []uint64
 	if p := c.uses.Load(); p != nil {
-		next = append(next, *p...)
+		old = *p
 	}
-	i, _ := slices.BinarySearch(next, meta)
-	next = slices.Insert(next, i, meta)
+	// A new slice, in order: readers hold the old one.
+	i, _ := slices.BinarySearch(old, meta)
+	next := append(append(append(make([]uint64, 0, len(old)+1), old[:i]...), meta), old[i:]...)
 	c.uses.Store(&next)
 	c.publishUses()
 }
