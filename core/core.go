@@ -32,7 +32,8 @@ type Options struct {
 	// Resolver decides who the client is (trusted proxies, IPv6 prefix).
 	Resolver clientip.Resolver
 	// Exempt clients (judged on the resolved client address) are never
-	// counted or refused by any rule and get no rate-limit header.
+	// counted or refused by any rule and get no rate-limit header. An
+	// invalid (zero) prefix is refused.
 	Exempt []netip.Prefix
 	// Shadow puts every rule in shadow mode: a dry run.
 	Shadow bool
@@ -151,6 +152,9 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 	}
 	if err := opts.Resolver.Validate(); err != nil {
 		return nil, err
+	}
+	if !validPrefixes(opts.Exempt) {
+		return nil, &FieldError{"Exempt", "an invalid (zero) netip.Prefix in Exempt"}
 	}
 	c := &Core{
 		region:     region,

@@ -77,6 +77,15 @@ func TestNewErrors(t *testing.T) {
 		{"block without route", withTable, block(func(d *core.Idempotency) { d.Route = route.Route{} }), "route"},
 		{"resolver", withTable, core.Options{Resolver: clientip.Resolver{IPv6Prefix: 200}}, "IPv6Prefix"},
 		{"max request body", withTable, core.Options{MaxRequestBody: -1}, "MaxRequestBody"},
+		// The zero Prefix (netip.ParsePrefix's with its error) matches no
+		// client: an exemption or override of it would silently do nothing.
+		{"invalid exempt", withTable, core.Options{Exempt: []netip.Prefix{{}}}, "Exempt"},
+		{"invalid rule exempt", withTable, rule(func(r *core.RateLimit) {
+			r.Exempt = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), {}}
+		}), `rule "r": an invalid (zero) netip.Prefix in Exempt`},
+		{"invalid override clients", withTable, rule(func(r *core.RateLimit) {
+			r.Overrides = []core.Override{{Clients: []netip.Prefix{{}}, Limit: 2}}
+		}), "Clients"},
 	} {
 		_, err := core.New(tt.region, tt.opts)
 		if err == nil {

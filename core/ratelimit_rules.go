@@ -216,6 +216,9 @@ func (rl *RateLimit) Check() error {
 	if _, err := rl.Rule.Compile(); err != nil {
 		return err // bucket's error names the rule
 	}
+	if !validPrefixes(rl.Exempt) {
+		return &FieldError{"Exempt", fmt.Sprintf("rule %q: an invalid (zero) netip.Prefix in Exempt", name)}
+	}
 	keys := map[string]bool{}
 	for i := range rl.Overrides {
 		o := &rl.Overrides[i]
@@ -225,6 +228,8 @@ func (rl *RateLimit) Check() error {
 			return fail(&FieldError{"Key", "give it either a key or clients"})
 		case o.Key != "" && keys[o.Key]:
 			return fail(&FieldError{"Key", fmt.Sprintf("key %q is overridden twice", o.Key)})
+		case !validPrefixes(o.Clients):
+			return fail(&FieldError{"Clients", "an invalid (zero) netip.Prefix in Clients"})
 		case len(o.Clients) > 0 && shadowed(o.Clients, rl.Exempt, rl.Overrides[:i]):
 			return fail(&FieldError{"Clients", "every client range of it is exempt or an earlier override's: it would never apply"})
 		}
@@ -234,6 +239,19 @@ func (rl *RateLimit) Check() error {
 		}
 	}
 	return nil
+}
+
+// validPrefixes reports whether every prefix of ps is valid. The zero
+// Prefix, which netip.ParsePrefix returns with its error, matches no
+// address: a range list holding one would silently leave out the clients
+// it was meant to hold.
+func validPrefixes(ps []netip.Prefix) bool {
+	for _, p := range ps {
+		if !p.IsValid() {
+			return false
+		}
+	}
+	return true
 }
 
 // shadowed reports whether the rule's exempt ranges and the client
@@ -400,7 +418,8 @@ type RateLimit struct {
 	Shadow bool
 	// Status is the status of a refusal: 429 (0 means 429) or 503.
 	Status int
-	// Exempt clients are never counted or refused by this rule.
+	// Exempt clients are never counted or refused by this rule (an
+	// invalid, zero, prefix is refused).
 	Exempt []netip.Prefix
 	// Overrides give some keys or clients another limit.
 	Overrides []Override
@@ -444,7 +463,8 @@ type Override struct {
 	// Key is an exact key value: the header, cookie or query value (or
 	// the path) that the rule's by made the key of.
 	Key string
-	// Clients are client address ranges.
+	// Clients are client address ranges (an invalid, zero, prefix is
+	// refused).
 	Clients []netip.Prefix
 	// Limit, Window and Burst are as a rule's (Window 0: the rule's).
 	Limit  int64
