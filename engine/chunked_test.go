@@ -37,6 +37,10 @@ func TestChunkedReader(t *testing.T) {
 		{name: "cut in the trailer", in: "0\r\nX-T: 1\r\n", err: io.ErrUnexpectedEOF},
 		{name: "a trailer of many short lines", in: "0\r\n" + strings.Repeat("X-T: 1\r\n", 200) + "\r\nNEXT", want: "", rest: "NEXT"},
 		{name: "a trailer section over 16 KiB", in: "0\r\n" + strings.Repeat("X-T: 1\r\n", 3000) + "\r\n", err: engine.ErrChunked},
+		// MaxTrailer counts a line's bytes but its CRLF, and the CR of
+		// the blank line (the loop's decoder too: engine/loop's tests).
+		{name: "a trailer just within MaxTrailer", in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4) + "\r\n", want: ""},
+		{name: "a trailer over MaxTrailer", in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4+1) + "\r\n", err: engine.ErrChunked},
 		{name: "a trailer ended by a bare LF", in: "0\r\nX-T: 1\r\n\n", err: engine.ErrChunked},
 		{name: "a bare CR in a trailer line", in: "0\r\n\r\r\n\r\n", err: engine.ErrChunked},
 		// A trailer line is a field line, checked as a header line is.

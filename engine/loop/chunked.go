@@ -113,47 +113,11 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			}
 			d.state = chSize
 			n++
-		case chTrailer:
-			switch {
-			case c == '\r':
-				d.state = chEndLF
-			case route.IsTokenByte(c):
-				d.state = chTName
-			case (c == ' ' || c == '\t') && d.trailer > 0:
-				// obs-fold: the field before goes on (dropped all the
-				// same, as net/http and fasthttp take it).
-				d.state = chTLine
-			default:
-				// A bare LF, no name: a trailer line is a field line,
-				// checked as a header line is.
+		case chTrailer, chTName, chTLine:
+			if !d.trailerByte(c) {
 				return nil, n, false, errChunk
 			}
 			n++
-			if d.trailer++; d.trailer > engine.MaxTrailer {
-				return nil, n, false, errChunk
-			}
-		case chTName:
-			switch {
-			case c == ':':
-				d.state = chTLine
-			case !route.IsTokenByte(c):
-				return nil, n, false, errChunk
-			}
-			n++
-			if d.trailer++; d.trailer > engine.MaxTrailer {
-				return nil, n, false, errChunk
-			}
-		case chTLine:
-			switch {
-			case c == '\r':
-				d.state = chTLF
-			case c < ' ' && c != '\t' || c == 0x7f:
-				return nil, n, false, errChunk // a bare LF, a control character
-			}
-			n++
-			if d.trailer++; d.trailer > engine.MaxTrailer {
-				return nil, n, false, errChunk
-			}
 		case chTLF:
 			if c != '\n' {
 				return nil, n, false, errChunk
@@ -171,6 +135,46 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 		}
 	}
 	return nil, n, d.state == chDone, nil
+}
+
+// trailerByte takes a byte of a trailer line, and counts it as
+// engine.MaxTrailer counts them: a line's bytes but its CRLF, and the CR
+// of the blank line that ends the section.
+func (d *chunkDecoder) trailerByte(c byte) bool {
+	switch d.state {
+	case chTrailer:
+		switch {
+		case c == '\r':
+			d.state = chEndLF
+		case route.IsTokenByte(c):
+			d.state = chTName
+		case (c == ' ' || c == '\t') && d.trailer > 0:
+			// obs-fold: the field before goes on (dropped all the same,
+			// as net/http and fasthttp take it).
+			d.state = chTLine
+		default:
+			// A bare LF, no name: a trailer line is a field line, checked
+			// as a header line is.
+			return false
+		}
+	case chTName:
+		switch {
+		case c == ':':
+			d.state = chTLine
+		case !route.IsTokenByte(c):
+			return false
+		}
+	case chTLine:
+		switch {
+		case c == '\r':
+			d.state = chTLF
+			return true
+		case c < ' ' && c != '\t' || c == 0x7f:
+			return false // a bare LF, a control character
+		}
+	}
+	d.trailer++
+	return d.trailer <= engine.MaxTrailer
 }
 
 // appendChunkHead appends the size line of a chunk of n bytes.

@@ -147,6 +147,9 @@ func decodeAll(p []byte, step int) (data []byte, rest int, done bool, err error)
 	return data, len(p), done, nil
 }
 
+// trailerOf is a trailer line of n bytes, its CRLF left out.
+func trailerOf(n int) string { return "X: " + strings.Repeat("v", n-3) }
+
 func TestChunkDecoder(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
@@ -174,6 +177,12 @@ func TestChunkDecoder(t *testing.T) {
 		{in: "0\r\n folded\r\n\r\n", err: true},          // a fold with no field before
 		{in: "0\r\n:x\r\n\r\n", err: true},
 		{in: "0\r\nX T: a\r\n\r\n", err: true},
+		// engine.MaxTrailer counts a line's bytes but its CRLF, and the CR
+		// of the blank line, as the blocking engines' reader does.
+		{in: "0\r\n" + trailerOf(engine.MaxTrailer-1) + "\r\n\r\n", data: ""},
+		{in: "0\r\n" + trailerOf(engine.MaxTrailer) + "\r\n\r\n", err: true},
+		{in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4) + "\r\n", data: ""},
+		{in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4+1) + "\r\n", err: true},
 	} {
 		for _, step := range []int{1, 2, 3, 7, len(tc.in)} {
 			data, rest, done, err := decodeAll([]byte(tc.in), step)
@@ -246,7 +255,9 @@ func FuzzRequestHead(f *testing.F) {
 // FuzzChunked: the decoder gives the same bytes whatever pieces they come
 // in, and what it accepts net/http's chunked reader reads the same.
 func FuzzChunked(f *testing.F) {
-	for _, s := range []string{"4\r\nwiki\r\n5;x=y\r\npedia\r\n0\r\nT: 1\r\n\r\n", "0\r\n\r\n", "1\r\na\r\n"} {
+	for _, s := range []string{"4\r\nwiki\r\n5;x=y\r\npedia\r\n0\r\nT: 1\r\n\r\n", "0\r\n\r\n", "1\r\na\r\n",
+		// A trailer section at engine.MaxTrailer, counted alike.
+		"0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4) + "\r\n"} {
 		f.Add([]byte(s), uint8(1))
 	}
 	f.Fuzz(func(t *testing.T, b []byte, step uint8) {
