@@ -36,6 +36,15 @@ const (
 	chDone
 )
 
+// lineEnd is, for the states that read a line's CR or LF, the byte
+// they want and the state after it.
+var lineEnd = [...]struct{ want, next uint8 }{
+	chDataCR: {'\r', chDataLF},
+	chDataLF: {'\n', chSize},
+	chTLF:    {'\n', chTrailer},
+	chEndLF:  {'\n', chDone},
+}
+
 // chunkDecoder is where a chunked body stands.
 type chunkDecoder struct {
 	state   uint8
@@ -101,35 +110,21 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 				d.state = chDataCR
 			}
 			return data, n, false, nil
-		case chDataCR:
-			if c != '\r' {
+		case chDataCR, chDataLF, chTLF, chEndLF:
+			// A line's end: the one byte it may be.
+			if c != lineEnd[d.state].want {
 				return nil, n, false, errChunk
 			}
-			d.state = chDataLF
+			d.state = lineEnd[d.state].next
 			n++
-		case chDataLF:
-			if c != '\n' {
-				return nil, n, false, errChunk
+			if d.state == chDone {
+				return nil, n, true, nil
 			}
-			d.state = chSize
-			n++
 		case chTrailer, chTName, chTLine:
 			if !d.trailerByte(c) {
 				return nil, n, false, errChunk
 			}
 			n++
-		case chTLF:
-			if c != '\n' {
-				return nil, n, false, errChunk
-			}
-			d.state = chTrailer
-			n++
-		case chEndLF:
-			if c != '\n' {
-				return nil, n, false, errChunk
-			}
-			d.state = chDone
-			return nil, n + 1, true, nil
 		case chDone:
 			return nil, n, true, nil
 		}
