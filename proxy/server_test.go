@@ -756,6 +756,58 @@ func TestUpgradeIdleTunnelEnds(t *testing.T) {
 	})
 }
 
+// A tunnel whose client sends but never reads ends once a write to it
+// has waited past the bound of a write, on every engine (nginx's
+// send_timeout): the client's own bytes, which keep the tunnel from
+// being idle, do not keep the upstream's waiting for ever.
+func TestUpgradeClientThatNeverReadsIsCut(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		upEnded := make(chan struct{})
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			// The 101 and the first bytes of the tunnel in one write: the
+			// client's small window takes part of them only.
+			chunk := make([]byte, 256<<10)
+			c.Write(append([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"), chunk...))
+			go io.Copy(io.Discard, c)
+			for {
+				c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+				if _, err := c.Write(chunk); err != nil {
+					break
+				}
+			}
+			close(upEnded)
+		})
+		const timeout = 300 * time.Millisecond
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout},
+			Limits: engine.Limits{SendTimeout: timeout}})
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) {
+				syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+			})
+		}}
+		c, err := d.Dial("tcp", r.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		start := time.Now()
+		for {
+			select {
+			case <-upEnded:
+				return
+			case <-time.After(timeout / 6):
+			}
+			if time.Since(start) > 30*timeout {
+				t.Fatalf("a client that never reads held its tunnel for %v (bound of a write %v)", time.Since(start), timeout)
+			}
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			c.Write([]byte("x")) // busy: the tunnel is not idle
+		}
+	})
+}
+
 // An upgrade request whose body is longer than what is read ahead is
 // refused 400 and never forwarded, on every engine: past the request,
 // the connection's bytes are the tunnel's, and a body streamed to the

@@ -48,7 +48,6 @@ func (r *request) startTunnel(u *upConn, rest []byte) {
 	u.tun, c.tun = t, t
 	c.r = nil
 	c.setState(csTunnel)
-	c.writeDue = 0
 	r.finish(nil)
 	if c.inLen() > 0 {
 		// What the client sent after its request goes first.
