@@ -15,14 +15,16 @@ import (
 // or until an error, or until neither side sent anything for timeout
 // (nginx closes an idle upgraded connection after proxy_read_timeout the
 // same way). A side is its connection and the reader its bytes come from,
-// which holds what was read past the heads. Every read and every write
-// waits at most timeout. Both connections are closed when it returns.
-func Tunnel(client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader, timeout time.Duration) {
+// which holds what was read past the heads. A write to the client waits
+// at most sendTimeout (its send_timeout, as on any connection: a client
+// that sends but never reads is cut), every other read and write at most
+// timeout. Both connections are closed when it returns.
+func Tunnel(client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader, timeout, sendTimeout time.Duration) {
 	t := &tunnel{client: client, up: up, timeout: timeout}
 	t.last.Store(time.Now().UnixNano())
 	var wg sync.WaitGroup
-	wg.Go(func() { t.copy(up, client, fromClient) })
-	t.copy(client, up, fromUp)
+	wg.Go(func() { t.copy(up, client, fromClient, timeout) })
+	t.copy(client, up, fromUp, sendTimeout)
 	wg.Wait()
 	client.Close()
 	up.Close()
@@ -38,11 +40,12 @@ type tunnel struct {
 
 var tunnelBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// copy carries src, read from srcConn, to dst. A read that waited the
+// copy carries src, read from srcConn, to dst, each write waiting at most
+// wait. A read that waited the
 // timeout is made again while the other direction carried bytes meanwhile.
 // At src's end dst is half-closed, so that the other direction can
 // finish; at an error both are closed.
-func (t *tunnel) copy(dst, srcConn net.Conn, src io.Reader) {
+func (t *tunnel) copy(dst, srcConn net.Conn, src io.Reader, wait time.Duration) {
 	bp := tunnelBufPool.Get().(*[]byte)
 	defer tunnelBufPool.Put(bp)
 	for {
@@ -50,7 +53,7 @@ func (t *tunnel) copy(dst, srcConn net.Conn, src io.Reader) {
 		n, err := src.Read(*bp)
 		if n > 0 {
 			t.last.Store(time.Now().UnixNano())
-			_ = dst.SetWriteDeadline(time.Now().Add(t.timeout))
+			_ = dst.SetWriteDeadline(time.Now().Add(wait))
 			if _, werr := dst.Write((*bp)[:n]); werr != nil {
 				t.abort()
 				return

@@ -122,7 +122,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 		// hijacked connection does nothing).
 		c := r.c
 		r.ctx.Hijack(func(client net.Conn) {
-			engine.Tunnel(c, client, uc.Conn, uc.Buf, s.opts.Client.Timeout)
+			engine.Tunnel(c, client, uc.Conn, uc.Buf, s.opts.Client.Timeout, s.opts.SendTimeout)
 		})
 		s.finish(r, ex, nil)
 		return

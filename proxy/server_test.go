@@ -779,7 +779,9 @@ func TestUpgradeClientThatNeverReadsIsCut(t *testing.T) {
 			close(upEnded)
 		})
 		const timeout = 300 * time.Millisecond
-		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout},
+		// The bound of a write to a client is send_timeout, as on every
+		// connection, however long upstream_timeout is.
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: time.Minute},
 			Limits: engine.Limits{SendTimeout: timeout}})
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			return rc.Control(func(fd uintptr) {

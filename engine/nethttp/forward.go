@@ -653,7 +653,13 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
 	h.Write(&head)
 	head.WriteString("\r\n")
-	_ = cc.SetWriteDeadline(time.Now().Add(f.timeout))
+	// A write to the client waits at most its send_timeout on a
+	// Server's connection; under another server, the upstream timeout.
+	send := f.timeout
+	if lw, ok := rw.w.(*limitWriter); ok {
+		send = lw.timeout
+	}
+	_ = cc.SetWriteDeadline(time.Now().Add(send))
 	if _, err := cc.Write(head.Bytes()); err != nil {
 		cc.Close()
 		uc.Conn.Close()
@@ -663,7 +669,7 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 	// the 101 is the response, counted and logged when it was sent. What
 	// each side sent past its head is in its reader already: the
 	// client's read by net/http, the upstream's with its 101.
-	rw.tunnel = func() { engine.Tunnel(cc, brw.Reader, uc.Conn, uc.Buf, f.timeout) }
+	rw.tunnel = func() { engine.Tunnel(cc, brw.Reader, uc.Conn, uc.Buf, f.timeout, send) }
 	return nil
 }
 
