@@ -528,3 +528,57 @@ func TestQuarantineEndsWhenACanaryServesTheSlot(t *testing.T) {
 		t.Errorf("slot 0's worker crashed and was never respawned: the fleet stays at %d workers", len(s.procs))
 	}
 }
+
+// A HUP before the workers were first ready (one sent during start-up is
+// handled before any worker starts) has no fleet to judge a canary
+// against: the file is taken as the start takes it. The instance is ready
+// once its workers of the new configuration are, never held unready for
+// a canary window nor left with a slot quarantined by a canary judged
+// inconclusive on no evidence.
+func TestReloadBeforeFirstReadyHasNoCanary(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		policy  Inconclusive
+		started bool // the HUP comes once the first workers started
+		starts  int
+	}{
+		{"during start-up", InconclusiveContinue, false, 2},
+		{"during start-up, abort", InconclusiveAbort, false, 2},
+		{"workers starting", InconclusiveAbort, true, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake()
+			next := canaryConfig(func(c *Canary) { c.Inconclusive = tc.policy })
+			f.load = func(Settings) (Settings, error) { return next, nil }
+			logs := newLogSink()
+			first := canaryConfig(nil)
+			first.Payload = []byte("good")
+			s := newSupervisor(f.env(), slog.New(logs), first, 2, minMaxWorkers(2))
+			if tc.started {
+				s.step()
+				s.onSignal(syscall.SIGHUP)
+			} else {
+				s.onSignal(syscall.SIGHUP) // as run does with a signal of the start-up
+			}
+			s.step()
+			for i := 0; i < len(f.pids); i++ {
+				ready(s, f.pids[i])
+			}
+			st := s.status()
+			if !st.Ready || !st.Serving || st.Canary != nil || len(st.Quarantined) != 0 || st.Generation != 1 {
+				t.Fatalf("after the workers' ready: status %+v, canary %+v; want ready on generation 1 with no canary; log:\n%s", st, st.Canary, logs.dump())
+			}
+			for _, w := range st.Workers {
+				if w.Generation != 1 && !w.Retiring {
+					t.Errorf("worker %+v serves generation %d, want 1", w, w.Generation)
+				}
+			}
+			if len(f.starts) != tc.starts {
+				t.Errorf("%d workers started, want %d", len(f.starts), tc.starts)
+			}
+			if !slices.Equal(f.notes, []string{notifyReady}) {
+				t.Errorf("notes %q, want READY=1 once", f.notes)
+			}
+		})
+	}
+}

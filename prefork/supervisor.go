@@ -726,7 +726,10 @@ func (s *supervisor) reload() {
 		s.onConfig(cfg)
 	}
 	attrs := []any{"generation", s.gen, "workers", len(s.slots)}
-	if !cfg.Canary.Off {
+	// Before the workers were first ready there is no fleet to judge a
+	// canary against (a HUP of the start-up is handled before any worker
+	// starts): the file is taken as the start takes it.
+	if !cfg.Canary.Off && s.announced {
 		s.canary = &canaryRun{gen: s.gen, settings: cfg.Canary}
 		attrs = append(attrs, "canary_window", cfg.Canary.Window)
 	} else {
