@@ -809,3 +809,33 @@ func TestFailedUpgradeLockNamesTheOldSupervisor(t *testing.T) {
 	}
 	stopPID(t, d, newPID)
 }
+
+// The access log's bytes are the body bytes sent (nginx's
+// $body_bytes_sent): none to HEAD, also for the built-in application the
+// event loop runs itself, whose answer to HEAD carries no body.
+func TestAccessLogHeadSendsNoBody(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "access.log")
+	d := startDaemon(t, daemonOptions{config: baseServer(1, "") + fmt.Sprintf("\n[log]\naccess = %q\n", path)})
+	c := newClient(t, nil, false)
+	head := do(c, http.MethodHead, d.url("/h"), nil)
+	got := get(c, d.url("/g"))
+	if head.status != 200 || len(head.body) != 0 || got.status != 200 || len(got.body) == 0 {
+		t.Fatalf("HEAD: %d %q %v; GET: %d %q %v", head.status, head.body, head.err, got.status, got.body, got.err)
+	}
+	lines := accessLines(t, path, 2, 5*time.Second)
+	want := map[string]int{"HEAD /h": 0, "GET /g": len(got.body)}
+	for _, l := range lines {
+		for req, n := range want {
+			if strings.Contains(l, `"`+req+` HTTP/1.1" 200 `) {
+				if !strings.Contains(l, fmt.Sprintf(`"%s HTTP/1.1" 200 %d "`, req, n)) {
+					t.Errorf("%s: logged %q, want %d body bytes", req, l, n)
+				}
+				delete(want, req)
+			}
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("no line for %v in %q", want, lines)
+	}
+}

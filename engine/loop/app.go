@@ -145,7 +145,7 @@ func (r *request) runApp() {
 		return
 	}
 	bodyOK := core.BodyAllowed(status)
-	if bodyOK {
+	if bodyOK && !r.h.isHead { // what is sent: no body to HEAD
 		r.ex.Body(w.body)
 	}
 	c := r.c
