@@ -85,6 +85,7 @@ func TestErrors(t *testing.T) {
 		{"admin listen", "[admin]\nlisten = \"127.0.0.1:8080\" # <-\n", "takes server.listen's port", 0},
 		{"admin listen beside a wildcard", "[server]\nlisten = \"0.0.0.0:18541\"\n[admin]\nlisten = \"127.0.0.1:18541\" # <-\n", "takes server.listen's port", 0},
 		{"admin listen under a wildcard", "[server]\nlisten = \"127.0.0.1:18541\"\n[admin]\nlisten = \":18541\" # <-\n", "takes server.listen's port", 0},
+		{"admin listen on localhost", "[server]\nlisten = \"127.0.0.1:18541\"\n[admin]\nlisten = \"localhost:18541\" # <-\n", "takes server.listen's port", 0},
 		{"admin unix relative", "[admin]\nlisten = \"unix:run/admin.sock\" # <-\n", "want an absolute path", 0},
 		{"admin unix long", "[admin]\nlisten = \"unix:/" + strings.Repeat("d", 107) + "\" # <-\n", "at most 107 fit a socket address", 0},
 		{"admin unix dir", "[admin]\nlisten = \"unix:/run/\" # <-\n", "names a directory", 0},

@@ -515,6 +515,7 @@ func (r *report) has(path ...string) bool {
 // sameSocket reports whether listening on a and on b would take one
 // port: the same port, and hosts that are the same or of which one is a
 // wildcard (all addresses). Unix socket paths are compared as written.
+// localhost is the address Go listens on for it, 127.0.0.1.
 func sameSocket(a, b string) bool {
 	if a == b {
 		return true
@@ -525,5 +526,11 @@ func sameSocket(a, b string) bool {
 		return false
 	}
 	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	return ha == hb || wild(ha) || wild(hb)
+	host := func(h string) string {
+		if strings.EqualFold(h, "localhost") {
+			return "127.0.0.1"
+		}
+		return h
+	}
+	return host(ha) == host(hb) || wild(ha) || wild(hb)
 }
