@@ -234,6 +234,9 @@ func TestErrors(t *testing.T) {
 		{"sync on gcra", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nsync = \"100ms\" # <-\n", "needs algorithm fixed-window", 0},
 		{"local share 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nlocal_share = 0 # <-\n", "local_share: must be between 1 and 65536, got 0", 0},
 		{"local share too large", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nlocal_share = 70000 # <-\n", "local share 70000 outside", 0},
+		// Each override of a redis rule has a local share of its own.
+		{"redis override whose local share holds no request", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[[ratelimit]]\nname = \"api\"\npath = \"/api\"\nlimit = 100\ncost = 10\nwindow = \"1m\"\nstore = \"redis\"\nlocal_share = 2\n[[ratelimit.override]]\nkey = \"gold\"\nlimit = 15 # <-\n",
+			`ratelimit "api": override 1: limit: its local share (limit 15 ÷ 2) cannot hold one request`, 0},
 		{"bad redis url", "[redis]\nurl = \"http://:hunter2@x\" # <-\n", "redis: url", 0},
 		{"two redis targets", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ncluster = [\"a:1\"] # <-\n", "only one of url, cluster and sentinel", 1},
 		{"sentinel without addrs", "[redis]\nsentinel = { master = \"m\" } # <-\n", "sentinel needs both", 0},

@@ -316,6 +316,25 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 			key = "on_unavailable"
 		}
 		f(key, "%s", strings.TrimPrefix(detail(err), fmt.Sprintf("rule %q: ", rl.Name)))
+		return
+	}
+	// Each override is a limiter of its own in Redis, with a local share
+	// of its own: one whose share cannot hold a request is refused by
+	// the workers as the rule's would be. (An override whose own rate is
+	// wrong is reported by check.)
+	for j, o := range rl.Overrides {
+		or := rl.RedisRule()
+		or.Limit, or.Burst = o.Limit, o.Burst
+		if o.Window != 0 {
+			or.Window = o.Window
+		}
+		if _, err := or.Rule.Compile(); err != nil {
+			continue
+		}
+		if err := redisstore.ValidateRule(or); err != nil {
+			r.at(append(path, "override", elem(j)), fmt.Sprintf("%soverride %d: ", label, j+1))("limit", "%s",
+				strings.TrimPrefix(detail(err), fmt.Sprintf("rule %q: ", rl.Name)))
+		}
 	}
 }
 
