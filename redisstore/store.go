@@ -95,8 +95,13 @@ func New(region *shm.Region, o Options) (*Store, error) {
 		s.cluster, s.slots = true, cc
 	}
 	if s.host == "" {
+		// The seeds alone would not do: a region that loads a dump takes
+		// the dump's, and would take the host's counts in Redis from
+		// before the restart for its own, which the region no longer
+		// holds (nothing of a Redis rule is dumped).
 		a, b := region.Seeds()
-		s.host = fmt.Sprintf("%016x", a^b*0x9e3779b97f4a7c15)
+		c := uint64(region.Created().UnixNano())
+		s.host = fmt.Sprintf("%016x", a^b*0x9e3779b97f4a7c15^c*0xbf58476d1ce4e5b9)
 	}
 	s.tab.SetFresh(bucket.Fresh) // the deny cache and the sync counts are judged as bucket's
 	s.br = newSharedBreaker(s.tab, o.Breaker, target(o), region.Worker(), s.log)

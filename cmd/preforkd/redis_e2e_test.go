@@ -513,3 +513,52 @@ by = "ip"
 		t.Errorf("reset of the local rule with Redis down: %d %s", r.status, r.body)
 	}
 }
+
+// A host restarted with persistence keeps the region's hash seeds, but
+// not its sync-mode counts (nothing of a Redis rule is dumped): what it
+// admitted before the restart and added to Redis must count as another
+// host's afterwards, or the restarted host admits the whole limit again
+// in the same window.
+func TestRedisSyncCountsSurviveARestart(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dump := t.TempDir() + "/dump"
+	cfg := redisConfig(srv, `timeout = "1s"`, fmt.Sprintf(`[persist]
+path = %q
+[[ratelimit]]
+name = "sync"
+path = "/s"
+limit = 5
+window = "1h"
+algorithm = "fixed-window"
+store = "redis"
+sync = "20ms"
+`, dump))
+	c := newClient(t, freshClientIP(), false)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	for i := range 5 {
+		if r := get(c, d.url("/s")); r.status != 200 {
+			t.Fatalf("request %d: %d %s", i+1, r.status, firstErr([]result{r}))
+		}
+	}
+	d.stop() // each worker's last flush adds its counts to Redis
+	if !strings.Contains(d.logs.text(), `msg="dump written"`) {
+		t.Fatalf("no dump written:\n%s", d.logs.text())
+	}
+	d = startDaemon(t, daemonOptions{config: cfg, admin: true})
+	defer d.stop()
+	if !strings.Contains(d.logs.text(), `msg="persist: dump loaded"`) {
+		t.Fatalf("dump not loaded:\n%s", d.logs.text())
+	}
+	// A host reads a key's count over the other hosts back from Redis
+	// once it has counted the key: its first request (one per worker, at
+	// worst) has no view yet, as on a host that never saw the key.
+	rs := make([]result, 5)
+	for i := range rs {
+		rs[i] = get(c, d.url("/s"))
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := statuses(rs); st[200] > 2 {
+		t.Fatalf("after a restart, in the window that admitted the limit: %v, want at most the first request of each worker served", st)
+	}
+}
