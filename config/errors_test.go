@@ -241,6 +241,11 @@ func TestErrors(t *testing.T) {
 		{"two redis targets", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ncluster = [\"a:1\"] # <-\n", "only one of url, cluster and sentinel", 1},
 		{"sentinel without addrs", "[redis]\nsentinel = { master = \"m\" } # <-\n", "sentinel needs both", 0},
 		{"redis timeout", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntimeout = \"2m\" # <-\n", "timeout 2m0s outside 1ms..1m", 0},
+		// The store takes 0 for its default; a file that writes 0 asked
+		// for something else.
+		{"redis breaker failures 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nbreaker_failures = 0 # <-\n", "redis.breaker_failures: is 0", 0},
+		{"redis breaker backoff 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nbreaker_backoff = \"0s\" # <-\n", "redis.breaker_backoff: is 0", 0},
+		{"redis success threshold 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nsuccess_threshold = 0 # <-\n", "redis.success_threshold: is 0", 0},
 		{"redis prefix with a hash tag", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nprefix = \"app{}:\" # <-\n", `redis: prefix "app{}:" has a brace`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -501,6 +501,15 @@ func (rd Redis) check(r *report) {
 	if rd.Prefix == "" {
 		f("prefix", "is empty; leave the key out for the default %q", redisstore.DefaultPrefix)
 	}
+	if rd.BreakerFailures == 0 {
+		f("breaker_failures", "is 0; leave the key out for the default %d", redisstore.DefaultBreakerFailures)
+	}
+	if rd.BreakerBackoff == 0 {
+		f("breaker_backoff", "is 0; leave the key out for the default %v", redisstore.DefaultBreakerBackoff)
+	}
+	if rd.SuccessThreshold == 0 {
+		f("success_threshold", "is 0; leave the key out for the default %d", redisstore.DefaultBreakerSuccesses)
+	}
 	err := rd.StoreOptions().Validate()
 	if err == nil {
 		return
