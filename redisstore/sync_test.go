@@ -52,7 +52,7 @@ func syncOverAdmission(t *testing.T) (flushFailed bool) {
 	begin := time.Now().Add(window - time.Duration(rt.UnixNano())%window + 10*time.Millisecond)
 	end := begin.Add(window - 30*time.Millisecond)
 	time.Sleep(time.Until(begin))
-	var admitted atomic.Int64
+	var admitted, tried atomic.Int64
 	var wg sync.WaitGroup
 	for i := range hs {
 		wg.Go(func() {
@@ -61,6 +61,7 @@ func syncOverAdmission(t *testing.T) (flushFailed bool) {
 			defer tick.Stop()
 			for time.Now().Before(end) {
 				<-tick.C
+				tried.Add(1)
 				if d := ls[i].AllowKey(&k, hs[i].region.Now()); d.Allowed {
 					admitted.Add(1)
 				}
@@ -77,9 +78,12 @@ func syncOverAdmission(t *testing.T) (flushFailed bool) {
 	a := admitted.Load()
 	d := interval // the flush timeout: max(timeout, interval)
 	bound := limit + int64(float64(hosts*rate)*(2*interval+d).Seconds())
-	t.Logf("sync %v, %d hosts at %d/s: %d admitted in one window of limit %d (bound %d)", interval, hosts, rate, a, limit, bound)
-	if a < limit || a > bound {
-		t.Fatalf("%d admitted, want %d..%d", a, limit, bound)
+	// A loaded machine drops ticks: fewer than the limit may have been
+	// tried, and all of those are admitted.
+	least := min(limit, tried.Load())
+	t.Logf("sync %v, %d hosts at %d/s: %d of %d admitted in one window of limit %d (bound %d)", interval, hosts, rate, a, tried.Load(), limit, bound)
+	if a < least || a > bound {
+		t.Fatalf("%d admitted, want %d..%d", a, least, bound)
 	}
 	for i := range hs {
 		if st := hs[i].store.Stats(hs[i].region.Now()); st.Flushes == 0 || st.Flushed == 0 {
