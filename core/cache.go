@@ -97,6 +97,12 @@ func (ex *Exchange) decideCache() (Verdict, bool) {
 	if ex.idem.reserved {
 		return ex.cachePass(xBypass) // an idempotency block runs it
 	}
+	// Content in a GET is the application's to read ("fat GET"), and the
+	// key has none of it: an answer stored for one body would be every
+	// other client's, and a stored one is no answer to a body.
+	if ex.req.HasBody() {
+		return ex.cachePass(xBypass)
+	}
 	// An upgrade is the upstream's to grant, never a stored response's
 	// (nginx operators write proxy_cache_bypass $http_upgrade for it).
 	if _, n := ex.req.Header("Upgrade"); n > 0 {

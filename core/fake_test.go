@@ -63,7 +63,8 @@ func (r *fakeReq) Body(max int64) ([]byte, error) {
 	}
 	return r.body, nil
 }
-func (r *fakeReq) Gone() bool { r.read(); return false }
+func (r *fakeReq) HasBody() bool { r.read(); return len(r.body) > 0 }
+func (r *fakeReq) Gone() bool    { r.read(); return false }
 
 // decide runs one request through c and reports its status: the
 // application's 200 for Pass.

@@ -34,6 +34,9 @@ type Request interface {
 	// broke off, bad chunking) is any other error. It is called at most
 	// once per request, and only for requests the core must fingerprint.
 	Body(max int64) ([]byte, error)
+	// HasBody reports whether the request has content: a Content-Length
+	// other than 0, or a chunked body (RFC 9112 §6.3), read or not.
+	HasBody() bool
 	// Gone reports whether the client has gone away, so that a request
 	// waiting for another to finish can stop. An engine that cannot tell
 	// returns false: the wait is bounded anyway.

@@ -231,3 +231,41 @@ func TestCacheApp(t *testing.T) {
 		t.Fatalf("stale-if-error: %d %s %q", st, x, b)
 	}
 }
+
+// A GET with content ("fat GET": a length, or a chunked body) is the
+// application's to answer: its key has no body, so its response is never
+// stored, nor is it answered from the cache; on every engine. Stored, the
+// answer to one client's body was every other client's answer.
+func TestCacheRequestWithBodyNotStored(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			body := fmt.Sprintf("body=[%s]", req.Body)
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		c, br := dial(t, r.Addr)
+		defer c.Close()
+		for _, tt := range []struct{ path, framing, body string }{
+			{"/length", "Content-Length: 4", "evil"},
+			{"/chunked", "Transfer-Encoding: chunked", "4\r\nevil\r\n0\r\n\r\n"},
+		} {
+			resp, b := roundTrip(t, c, br, "GET "+tt.path+" HTTP/1.1\r\nHost: a\r\n"+tt.framing+"\r\n\r\n"+tt.body)
+			if x := resp.Header.Get("X-Cache"); x != "BYPASS" || string(b) != "body=[evil]" {
+				t.Errorf("%s with a body: X-Cache %q, %q; want BYPASS and the application's answer", tt.path, x, b)
+			}
+			for i, want := range []string{"MISS", "HIT"} {
+				resp, b = roundTrip(t, c, br, "GET "+tt.path+" HTTP/1.1\r\nHost: a\r\n\r\n")
+				if x := resp.Header.Get("X-Cache"); x != want || string(b) != "body=[]" {
+					t.Errorf("%s without, %d: X-Cache %q, %q; want %s and body=[]", tt.path, i+1, x, b, want)
+				}
+			}
+			// Nor is a stored response the answer to a body.
+			resp, b = roundTrip(t, c, br, "GET "+tt.path+" HTTP/1.1\r\nHost: a\r\n"+tt.framing+"\r\n\r\n"+tt.body)
+			if x := resp.Header.Get("X-Cache"); x != "BYPASS" || string(b) != "body=[evil]" {
+				t.Errorf("%s with a body, once stored: X-Cache %q, %q", tt.path, x, b)
+			}
+		}
+	})
+}

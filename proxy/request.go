@@ -300,6 +300,13 @@ func (r *request) Proto() string {
 	return "HTTP/1.0"
 }
 
+// HasBody implements core.Request: a length other than 0, or chunked
+// (-1; -2 is fasthttp's "until close", which a request does not have).
+func (r *request) HasBody() bool {
+	n := r.ctx.Request.Header.ContentLength()
+	return n > 0 || n == -1
+}
+
 // Gone implements core.Request: fasthttp cannot tell while a handler
 // runs, and the core's waits are bounded anyway.
 func (r *request) Gone() bool { return false }

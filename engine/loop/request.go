@@ -168,6 +168,9 @@ func (r *request) Query() string { return b2s(r.h.query.of(r.h.raw)) }
 // Peer implements core.Request.
 func (r *request) Peer() netip.Addr { return r.peer }
 
+// HasBody implements core.Request.
+func (r *request) HasBody() bool { return r.h.hasBody() }
+
 // Gone implements core.Request: the client closed its connection.
 func (r *request) Gone() bool { return r.gone.Load() }
 

@@ -487,6 +487,10 @@ func (q *request) forwardedAsSent(name string) bool {
 	return true
 }
 
+// HasBody: net/http says -1 for a length it does not know (chunked, an
+// HTTP/2 stream not ended with its headers), 0 for no body.
+func (q *request) HasBody() bool { return q.r.ContentLength != 0 }
+
 func (q *request) Gone() bool { return q.r.Context().Err() != nil }
 
 // Body reads the request body, never buffering more than max+1 bytes.
