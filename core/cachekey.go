@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
@@ -67,14 +68,20 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 // appendVariant appends the identity of the variant key of the request
 // for the Vary names: "name:value,value\n" for a field sent, even empty,
 // and "name\n" for one absent, which matches only its absence (RFC 9111
-// §4.1).
+// §4.1). X-Forwarded-For is the value the application gets: the client's
+// and then the peer (engine.ForwardedFor), so that a response that varies
+// on it is never another address's.
 func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 	b = binary.LittleEndian.AppendUint64(b, ex.cache.primary.A)
 	b = binary.LittleEndian.AppendUint64(b, ex.cache.primary.B)
 	for _, n := range names {
 		b = append(b, n...)
 		lines := ex.req.HeaderLines(n, ex.lines[:0])
-		if len(lines) == 0 {
+		var peer netip.Addr
+		if n == hdrForwardedFor {
+			peer = ex.req.Peer()
+		}
+		if len(lines) == 0 && !peer.IsValid() {
 			b = append(b, '\n')
 			continue
 		}
@@ -85,10 +92,19 @@ func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 			}
 			b = append(b, v...)
 		}
+		if peer.IsValid() {
+			if len(lines) > 0 {
+				b = append(b, ',')
+			}
+			b = peer.AppendTo(b)
+		}
 		b = append(b, '\n')
 	}
 	return b
 }
+
+// hdrForwardedFor is the field the engines forward with the peer appended.
+const hdrForwardedFor = "X-Forwarded-For"
 
 // stubNames appends the Vary names of stub e to dst (aliasing e).
 func stubNames(e *httpcache.Entry, dst []string) []string {

@@ -269,3 +269,39 @@ func TestCacheRequestWithBodyNotStored(t *testing.T) {
 		}
 	})
 }
+
+// X-Forwarded-For reaches the application with the peer appended: a
+// response that varies on it is the answer for that peer, and is never
+// served to a client at another address that sends the same (or no)
+// X-Forwarded-For; on every engine.
+func TestCacheVaryOnForwardedForKeysThePeer(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			body := fmt.Sprintf("xff=[%s]", req.Req.Header.Get("X-Forwarded-For"))
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nVary: X-Forwarded-For\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		get := func(from string) (string, string) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+			c, err := d.Dial("tcp", r.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			resp, b := roundTrip(t, c, bufio.NewReader(c), "GET /who HTTP/1.1\r\nHost: a\r\n\r\n")
+			return resp.Header.Get("X-Cache"), string(b)
+		}
+		for _, tt := range []struct{ from, xcache, body string }{
+			{"127.0.0.1", "MISS", "xff=[127.0.0.1]"},
+			{"127.0.0.2", "MISS", "xff=[127.0.0.2]"},
+			{"127.0.0.1", "HIT", "xff=[127.0.0.1]"},
+			{"127.0.0.2", "HIT", "xff=[127.0.0.2]"},
+		} {
+			if x, b := get(tt.from); x != tt.xcache || b != tt.body {
+				t.Errorf("from %s: X-Cache %q, %q; want %s, %q", tt.from, x, b, tt.xcache, tt.body)
+			}
+		}
+	})
+}
