@@ -489,3 +489,35 @@ func TestCacheIfNoneMatchStar(t *testing.T) {
 	wantAnswer(t, "fill", serve(c, newReq("GET", "/n", "192.0.2.1", "Host", "h"), a.serve), 200, "MISS", "x")
 	wantAnswer(t, "If-None-Match: *", serve(c, newReq("GET", "/n", "192.0.2.1", "Host", "h", "If-None-Match", "*"), a.serve), 304, "HIT", "")
 }
+
+// A 304 that has been in a cache on its way (Age) refreshes the entry
+// with that age (RFC 9111 §4.2.3), as a 200 with it would be stored: the
+// entry is fresh for what remains of its lifetime, not for all of it.
+func TestCacheRevalidationKeepsThe304sAge(t *testing.T) {
+	c, clk := storyCore(t, "")
+	a := &app{t: t}
+	get := func() answer {
+		return serve(c, newReq("GET", "/r", "192.0.2.1", "Host", "h"), a.serve)
+	}
+	a.resps = []fakeResp{{status: 200, body: []byte("one"),
+		header: hdr("Cache-Control", "max-age=2", "Etag", `"e1"`, "Date", clk.date(0))}}
+	wantAnswer(t, "fill", get(), 200, "MISS", "one")
+	clk.advance(3 * time.Second)
+	a.resps = []fakeResp{{status: 304, header: hdr("Date", clk.date(0), "Cache-Control", "max-age=60", "Etag", `"e1"`, "Age", "50")}}
+	if r := get(); r.get("Age") != "50" {
+		t.Fatalf("revalidated: Age %q, want 50: %+v", r.get("Age"), r.header)
+	}
+	clk.advance(5 * time.Second)
+	if r := get(); r.get("X-Cache") != "HIT" || r.get("Age") != "55" {
+		t.Fatalf("5s later: X-Cache %q Age %q, want HIT 55", r.get("X-Cache"), r.get("Age"))
+	}
+	// 50 + 5 + 6 = 61 > 60: stale, revalidated again.
+	clk.advance(6 * time.Second)
+	a.resps = []fakeResp{{status: 304, header: hdr("Date", clk.date(0), "Cache-Control", "max-age=60", "Etag", `"e1"`)}}
+	if r := get(); r.get("X-Cache") != "REVALIDATED" {
+		t.Fatalf("past its lifetime: X-Cache %q, want REVALIDATED", r.get("X-Cache"))
+	}
+	if len(a.resps) != 0 {
+		t.Fatal("the stale entry was not revalidated")
+	}
+}

@@ -138,14 +138,15 @@ func (ex *Exchange) revalidated(status int, h Header) *Response {
 // the entry's of that name; the others stay. A 304 without a Date gets
 // the time it arrived (plan adds it). Its Set-Cookie stays in, so that
 // plan refuses to store the updated response, as it refuses a 200 with
-// one (the entry is outdated by it).
+// one (the entry is outdated by it); and its Age, which plan ages the
+// refreshed entry by, as it ages a 200 (and never stores).
 func (ex *Exchange) mergeFields(got []httpcache.Field) []httpcache.Field {
 	var cb [8]string
 	conn := httpcache.Lines(got, "Connection", cb[:0])
 	fresh := got[:0:0]
 	for _, f := range got {
 		name := textproto.CanonicalMIMEHeaderKey(f.Name)
-		if unstoredFields[name] && name != "Set-Cookie" || ex.coreField(name) || httpfield.HasToken(conn, name) {
+		if unstoredFields[name] && name != "Set-Cookie" && name != "Age" || ex.coreField(name) || httpfield.HasToken(conn, name) {
 			continue
 		}
 		fresh = append(fresh, httpcache.Field{Name: name, Value: f.Value})
