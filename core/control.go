@@ -202,21 +202,27 @@ func (ct *Control) keyBytesBy(by clientip.By, ref clientip.KeyRef) (id []byte, v
 	case "ip":
 		src.addr = ct.c.resolver.Mask(ref.Addr)
 	case "path":
-		// As rules see it: normalized, and case-folded unless paths are
-		// case-sensitive. A path the core would refuse is kept as given.
-		src.path = ref.Value
-		if match, _, err := route.Normalize(ref.Value); err == nil {
-			src.path = match
-		}
-		if !ct.c.caseSens {
-			src.path = strings.ToLower(src.path)
-		}
+		src.path = ct.c.pathValue(ref.Value)
 	}
 	id, value, err := by.AppendKeyValue(nil, src)
 	if err != nil {
 		panic("core: a key reference made a repeated key: " + err.Error()) // refSource reports one line
 	}
 	return id, strings.Clone(value)
+}
+
+// pathValue is the value a path element makes of the path p as a request
+// sends it: as rules see it, normalized, and case-folded unless paths are
+// case-sensitive (keyView). A path the core would refuse is kept as
+// given.
+func (c *Core) pathValue(p string) string {
+	if match, _, err := route.Normalize(p); err == nil {
+		p = match
+	}
+	if !c.caseSens {
+		p = strings.ToLower(p)
+	}
+	return p
 }
 
 // variants are the limits key may be kept under, most specific first: an

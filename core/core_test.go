@@ -153,3 +153,43 @@ func TestOverrideShadowed(t *testing.T) {
 		}
 	}
 }
+
+// A key override of a rule that counts by path applies to the requests
+// for the path it names as the application's routes write it, in any
+// case and with a trailing '/': a request's path value is its match
+// path, case-folded, and an override keyed by the path as written once
+// matched no request (the rule's own limit applied to it).
+func TestPathKeyOverride(t *testing.T) {
+	c, err := core.New(joinedRegion(t, shm.Options{Counters: 256}), core.Options{RateLimits: []core.RateLimit{{
+		Rule:  bucket.Rule{Name: "per-url", Limit: 3, Window: time.Hour},
+		Route: mustRoute(t, "/api/*"),
+		By:    clientip.MustParseBy("path"),
+		Overrides: []core.Override{
+			{Key: "/api/Export", Limit: 1},
+			{Key: "/api/report/", Limit: 2},
+		},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path   string
+		passes int
+	}{
+		{"/api/Export", 1},
+		{"/api/report", 2},
+		{"/api/other", 3},
+	} {
+		n := 0
+		for n < 5 && decide(c, newReq("GET", tc.path, "192.0.2.1")) == 200 {
+			n++
+		}
+		if n != tc.passes {
+			t.Errorf("%s: %d passed, want %d", tc.path, n, tc.passes)
+		}
+	}
+	st, err := c.Control().KeyState("per-url", "path:/API/EXPORT/")
+	if err != nil || !st.Override || st.Limit != 1 || !st.Limited {
+		t.Errorf("KeyState of path:/API/EXPORT/: %+v, %v; want the override's limit of 1, used up", st, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -79,6 +80,7 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		if err != nil {
 			return err
 		}
+		c.pathKeys(ru)
 		c.statRule(ru)
 		if _, dup := c.byName[ru.name]; dup {
 			return fmt.Errorf("core: rule %q defined twice", ru.name)
@@ -96,6 +98,29 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		c.byName[ru.name] = ru
 	}
 	return nil
+}
+
+// pathKeys makes each key override of a rule that counts by path that
+// names a path apply to the requests for that path: a request's path
+// value is its match path, case-folded unless paths are case-sensitive
+// (keyView), so "/api/Export" or "/api/export/" as written would match
+// no request. The key as written keeps its override, so an exact value
+// wins over one that only reads the same.
+func (c *Core) pathKeys(ru *rule) {
+	if len(ru.byKey) == 0 || !slices.Contains(ru.by.Elements(), "path") {
+		return
+	}
+	as := map[string]*variant{}
+	for k, v := range ru.byKey {
+		if strings.HasPrefix(k, "/") {
+			as[c.pathValue(k)] = v
+		}
+	}
+	for k, v := range as {
+		if ru.byKey[k] == nil {
+			ru.byKey[k] = v
+		}
+	}
 }
 
 // DefaultMaxKeys is a rule's MaxKeys when it sets none: half of the
