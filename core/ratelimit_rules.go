@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -110,10 +111,12 @@ func (c *Core) pathKeys(ru *rule) {
 	if len(ru.byKey) == 0 || !slices.Contains(ru.by.Elements(), "path") {
 		return
 	}
+	// In the keys' order, the first of two that read the same wins: every
+	// worker compiles the same choice.
 	as := map[string]*variant{}
-	for k, v := range ru.byKey {
-		if strings.HasPrefix(k, "/") {
-			as[c.pathValue(k)] = v
+	for _, k := range slices.Sorted(maps.Keys(ru.byKey)) {
+		if p := c.pathValue(k); strings.HasPrefix(k, "/") && as[p] == nil {
+			as[p] = ru.byKey[k]
 		}
 	}
 	for k, v := range as {
