@@ -202,7 +202,7 @@ func (ct *Control) keyBytesBy(by clientip.By, ref clientip.KeyRef) (id []byte, v
 	case "ip":
 		src.addr = ct.c.resolver.Mask(ref.Addr)
 	case "path":
-		src.path = ct.c.pathValue(ref.Value)
+		src.path = pathValue(ref.Value, ct.c.caseSens)
 	}
 	id, value, err := by.AppendKeyValue(nil, src)
 	if err != nil {
@@ -215,11 +215,11 @@ func (ct *Control) keyBytesBy(by clientip.By, ref clientip.KeyRef) (id []byte, v
 // sends it: as rules see it, normalized, and case-folded unless paths are
 // case-sensitive (keyView). A path the core would refuse is kept as
 // given.
-func (c *Core) pathValue(p string) string {
+func pathValue(p string, caseSens bool) string {
 	if match, _, err := route.Normalize(p); err == nil {
 		p = match
 	}
-	if !c.caseSens {
+	if !caseSens {
 		p = strings.ToLower(p)
 	}
 	return p

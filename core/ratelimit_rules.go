@@ -2,7 +2,6 @@ package core
 
 import (
 	"fmt"
-	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -77,11 +76,10 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		if rl.Rule.MaxKeys == 0 {
 			rl.Rule.MaxKeys = DefaultMaxKeys(tab.Len(), len(rls))
 		}
-		ru, err := compileRule(&rl, tab, c.redis)
+		ru, err := compileRule(&rl, tab, c.redis, c.caseSens)
 		if err != nil {
 			return err
 		}
-		c.pathKeys(ru)
 		c.statRule(ru)
 		if _, dup := c.byName[ru.name]; dup {
 			return fmt.Errorf("core: rule %q defined twice", ru.name)
@@ -99,31 +97,6 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		c.byName[ru.name] = ru
 	}
 	return nil
-}
-
-// pathKeys makes each key override of a rule that counts by path that
-// names a path apply to the requests for that path: a request's path
-// value is its match path, case-folded unless paths are case-sensitive
-// (keyView), so "/api/Export" or "/api/export/" as written would match
-// no request. The key as written keeps its override, so an exact value
-// wins over one that only reads the same.
-func (c *Core) pathKeys(ru *rule) {
-	if len(ru.byKey) == 0 || !slices.Contains(ru.by.Elements(), "path") {
-		return
-	}
-	// In the keys' order, the first of two that read the same wins: every
-	// worker compiles the same choice.
-	as := map[string]*variant{}
-	for _, k := range slices.Sorted(maps.Keys(ru.byKey)) {
-		if p := c.pathValue(k); strings.HasPrefix(k, "/") && as[p] == nil {
-			as[p] = ru.byKey[k]
-		}
-	}
-	for k, v := range as {
-		if ru.byKey[k] == nil {
-			ru.byKey[k] = v
-		}
-	}
 }
 
 // DefaultMaxKeys is a rule's MaxKeys when it sets none: half of the
@@ -322,7 +295,7 @@ func (o *Override) rule(base bucket.Rule) bucket.Rule {
 	return r
 }
 
-func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore) (*rule, error) {
+func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore, caseSens bool) (*rule, error) {
 	if err := rl.Check(); err != nil {
 		return nil, err
 	}
@@ -335,6 +308,7 @@ func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore) (*rule, er
 	if ru.base, err = newVariant(rl.Rule, rl.Redis, tab, store); err != nil {
 		return nil, err
 	}
+	byPath := slices.Contains(rl.By.Elements(), "path")
 	for i := range rl.Overrides {
 		o := &rl.Overrides[i]
 		r := o.rule(rl.Rule)
@@ -353,6 +327,16 @@ func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore) (*rule, er
 				ru.byKey = map[string]*variant{}
 			}
 			ru.byKey[o.Key] = &v
+			// A request's path value is its match path (pathValue):
+			// "/api/Export" as written would match no request. The
+			// override applies to the path it reads as, unless another
+			// names that path exactly (written later, it takes it over)
+			// or read as it first: every worker compiles the same choice.
+			if byPath && strings.HasPrefix(o.Key, "/") {
+				if p := pathValue(o.Key, caseSens); ru.byKey[p] == nil {
+					ru.byKey[p] = &v
+				}
+			}
 		} else {
 			ru.overrides = append(ru.overrides, &v)
 		}
