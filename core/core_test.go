@@ -167,6 +167,12 @@ func TestPathKeyOverride(t *testing.T) {
 		Overrides: []core.Override{
 			{Key: "/api/Export", Limit: 1},
 			{Key: "/api/report/", Limit: 2},
+			// Two that read the same path: the first written takes it,
+			// in every worker; one naming it exactly takes it over.
+			{Key: "/api/Twice", Limit: 1},
+			{Key: "/api/twice/", Limit: 2},
+			{Key: "/api/Exact", Limit: 1},
+			{Key: "/api/exact", Limit: 2},
 		},
 	}}})
 	if err != nil {
@@ -178,6 +184,8 @@ func TestPathKeyOverride(t *testing.T) {
 	}{
 		{"/api/Export", 1},
 		{"/api/report", 2},
+		{"/api/twice", 1},
+		{"/api/exact", 2},
 		{"/api/other", 3},
 	} {
 		n := 0
