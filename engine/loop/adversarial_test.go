@@ -435,6 +435,32 @@ func TestUpstreamAddressesTriedInTurn(t *testing.T) {
 	}
 }
 
+// upstream_connect_timeout bounds the whole dial of a name of several
+// addresses, as it does on the engines that dial with net.Dialer: three
+// addresses that never answer give a 502 within the timeout, not after
+// one timeout each.
+func TestUpstreamAddressesShareTheConnectTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = 400 * time.Millisecond
+	var addrs []netip.AddrPort
+	for range 3 {
+		addrs = append(addrs, netip.MustParseAddrPort(wiretest.FullBacklog(t)))
+	}
+	addr, s := serve(t, loop.Options{Upstream: "http://" + addrs[0].String(), Loops: 1,
+		Client: engine.Upstream{ConnectTimeout: timeout}})
+	loop.SetUpstreamAddrs(s, addrs)
+	c, br := dial(t, addr)
+	start := time.Now()
+	resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+	took := time.Since(start)
+	if resp.StatusCode != 502 {
+		t.Fatalf("status %d, want 502: %s", resp.StatusCode, body)
+	}
+	if took < timeout*3/4 || took > timeout*2 {
+		t.Errorf("502 after %v; want it within the connect timeout, %v", took, timeout)
+	}
+}
+
 // upstream_max_idle is the worker's, whatever its number of loops: 16
 // requests at once over 4 loops leave at most one idle upstream
 // connection for upstream_max_idle 1.

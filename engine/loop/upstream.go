@@ -56,9 +56,12 @@ type upConn struct {
 	writeErr error   // a write failed: the failure is handled by a task
 
 	// The dial's addresses, the one it began with, and how many it tried:
-	// one that refuses or does not answer in time gives way to the next.
+	// one that refuses or does not answer in time gives way to the next,
+	// until dialDue, the tick at which the connect timeout of the whole
+	// dial has passed.
 	addrs        []netip.AddrPort
 	first, tried int
+	dialDue      int64
 
 	resp     respHead
 	headDone bool
@@ -145,7 +148,7 @@ func (l *loop) dial() (*upConn, error) {
 	if len(addrs) == 0 {
 		return nil, &dialError{errUnresolved}
 	}
-	u := &upConn{l: l, state: upBusy, addrs: addrs, first: first}
+	u := &upConn{l: l, state: upBusy, addrs: addrs, first: first, dialDue: l.wheel.due(l.s.o.client.ConnectTimeout)}
 	u.t.f = u
 	if err := u.connect(); err != nil {
 		return nil, err
@@ -201,16 +204,33 @@ func (u *upConn) connectTo(ap netip.AddrPort) error {
 	}
 	u.fd = fd
 	if u.state == upConnecting {
-		l.wheel.arm(&u.t, l.s.o.client.ConnectTimeout)
+		l.wheel.armAt(&u.t, u.connectDue())
 	}
 	return nil
 }
 
+// minConnectShare is the least of the connect timeout an address gets
+// while that much is left (net.Dialer's "sane minimum").
+const minConnectShare = 2 * time.Second
+
+// connectDue is the tick by which the attempt just begun must connect:
+// an equal share of what is left of the dial's connect timeout for each
+// address not tried yet (but at least minConnectShare of it), as
+// net.Dialer, which the other engines dial with, shares it. However many
+// addresses a name has, the dial ends within upstream_connect_timeout.
+func (u *upConn) connectDue() int64 {
+	w := &u.l.wheel
+	left := u.dialDue - w.now
+	share := left / int64(len(u.addrs)-u.tried+1)
+	return w.now + max(share, min(left, ticks(minConnectShare)))
+}
+
 // redial moves a connection attempt that failed (refused, or no answer
-// within the connect timeout) on to the dial's next address, keeping what
-// is queued for it; false when none is left, or none can be tried.
+// within its share of the connect timeout) on to the dial's next address,
+// keeping what is queued for it; false when none is left, the dial's
+// connect timeout has passed, or none can be tried.
 func (u *upConn) redial() bool {
-	if u.tried >= len(u.addrs) {
+	if u.tried >= len(u.addrs) || u.l.wheel.now >= u.dialDue {
 		return false
 	}
 	u.l.wheel.unlink(&u.t)

@@ -3,11 +3,13 @@ package wiretest
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -271,4 +273,36 @@ func (u *Upstream) WaitRequests(n int, timeout time.Duration) []*Seen {
 			return seen
 		}
 	}
+}
+
+// FullBacklog returns the address of a loopback listener that accepts
+// nothing and whose backlog is full: a connection attempt to it hangs.
+func FullBacklog(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the backlog: these connect at once, and the next ones hang.
+	for range 4 {
+		d := net.Dialer{Timeout: 100 * time.Millisecond}
+		if c, err := d.Dial("tcp", addr); err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	d := net.Dialer{Timeout: 200 * time.Millisecond}
+	if c, err := d.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("this kernel accepts connections beyond a full backlog")
+	}
+	return addr
 }
