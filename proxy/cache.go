@@ -49,7 +49,7 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 		}
 		if uc != nil {
 			uc.Conn.Close()
-			if attempt == 0 && uc.Reused && staleConn(err) {
+			if attempt == 0 && uc.Reused && !uc.Got() && staleConn(err) {
 				continue // the upstream had closed the idle connection
 			}
 		}

@@ -66,7 +66,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		switch {
 		case errors.As(err, &be):
 			s.refuseAfter(r, ex, bodyProblem(be.Err))
-		case attempt == 0 && uc != nil && uc.Reused && !streamed && r.retryable() && staleConn(err):
+		case attempt == 0 && uc != nil && uc.Reused && !uc.Got() && !streamed && r.retryable() && staleConn(err):
 			// The upstream had closed the idle connection: nothing was
 			// done with the request, which goes on a new one.
 			continue

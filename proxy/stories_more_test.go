@@ -177,6 +177,49 @@ func TestStaleConnectionRetried(t *testing.T) {
 	})
 }
 
+// TestNoRetryOnceTheUpstreamAnswered: a request on a pooled connection
+// that breaks after the upstream sent part of its response (a 103 Early
+// Hints) was taken by the upstream: it is not sent again, even a GET.
+// The client gets the interim response and a 502, and the upstream saw
+// the request once.
+func TestNoRetryOnceTheUpstreamAnswered(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if req.Req.URL.Path == "/2" {
+				w.WriteString("HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n")
+				w.Flush()
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+				return
+			}
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		})
+		c, br := dial(t, e.serve(t, storyOptions{Upstream: up.URL()}).Addr)
+		if resp, _ := roundTrip(t, c, br, "GET /1 HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+			t.Fatalf("first: %d", resp.StatusCode)
+		}
+		io.WriteString(c, "GET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+		var statuses []int
+		for {
+			resp, body := readResponse(t, br, "GET")
+			statuses = append(statuses, resp.StatusCode)
+			if resp.StatusCode >= 200 {
+				if resp.StatusCode != 502 {
+					t.Errorf("final answer %d %s, want 502", resp.StatusCode, body)
+				}
+				break
+			}
+		}
+		if len(statuses) != 2 || statuses[0] != 103 {
+			t.Errorf("the client got %v, want [103 502]", statuses)
+		}
+		if n := len(up.WaitRequests(3, 200*time.Millisecond)); n != 2 {
+			t.Errorf("the upstream saw %d requests, want 2: the second was sent again after it answered", n)
+		}
+	})
+}
+
 // TestDownloadBackPressure: a client that reads nothing while a large
 // body arrives stops the upstream (the engine stops reading it) instead
 // of making the engine hold the body: the upstream's writes stall with

@@ -157,7 +157,8 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 		switch {
 		case errors.As(err, &be):
 			return f.refuse(rw, ex, be.Err)
-		case attempt == 0 && uc != nil && uc.Reused && body.stream == nil && engine.Retryable(r.Method, len(r.Header["Idempotency-Key"]) > 0) && staleConn(err):
+		case attempt == 0 && uc != nil && uc.Reused && !uc.Got() && body.stream == nil &&
+			engine.Retryable(r.Method, len(r.Header["Idempotency-Key"]) > 0) && staleConn(err):
 			continue // the upstream had closed the idle connection: nothing was done
 		}
 		f.answer(rw, ex.Failed(f.failure(err), f.up.Target.Addr, err))

@@ -78,6 +78,7 @@ type Conn struct {
 	Buf       *bufio.Reader   // response bytes
 	idleSince time.Time       // when it was last put back
 	Reused    bool            // it served a request before this one
+	got       bool            // a byte of a response came since Get handed it out (Got)
 
 	// peekFn is peekFD bound once, so that a peek allocates nothing;
 	// peekN and peekErr are its results.
@@ -119,8 +120,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.got = true
+	}
+	return n, err
 }
+
+// Got reports whether any of a response to the request it carries came
+// back (an interim response, a piece of a head): the upstream took that
+// request, and a failure after is no stale connection's (engine.Retryable
+// is for a request nothing came back to).
+func (c *Conn) Got() bool { return c.got }
 
 func (c *Conn) Write(p []byte) (int, error) {
 	deadline := time.Now().Add(c.u.timeout)
@@ -161,7 +172,7 @@ func (u *Pool) Get(ctx context.Context) (*Conn, error) {
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
 		if c.clean() {
-			c.Reused = true
+			c.Reused, c.got = true, false
 			return c, nil
 		}
 		c.Conn.Close()
