@@ -263,6 +263,14 @@ var exchanges = []exchange{
 		upLine: "GET /c HTTP/1.1", upCount: 2, upConns: 1, upHas: []string{"If-None-Match: \"x\""},
 	},
 	{
+		name:   "a 304's Content-Length is not passed on: every engine's 304, the cache's too, goes without",
+		send:   "GET /c HTTP/1.1\nHost: a\nIf-None-Match: \"x\"\n\n",
+		reply:  "HTTP/1.1 304 Not Modified\nETag: \"x\"\nContent-Length: 100\n\n",
+		status: 304, has: []string{"Etag: \"x\""}, hasNot: []string{"Content-Length", "Transfer-Encoding"},
+		then:   "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "GET /c HTTP/1.1", upCount: 2, upConns: 1,
+	},
+	{
 		name:   "a repeated Content-Length from the upstream, even the same: 502",
 		send:   "GET / HTTP/1.1\nHost: a\n\n",
 		reply:  "HTTP/1.1 200 OK\nContent-Length: 2\nContent-Length: 2\n\nok",

@@ -118,8 +118,9 @@ func (r *request) composeHead(h *respHead) []byte {
 		dst = append(dst, "\r\n"...)
 	case r.respMode == frameChunked:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
-	case r.respMode == frameNone && h.HasLength && h.Status != 204 && h.Status >= 200:
-		// HEAD and 304: the length the body would have had.
+	case r.respMode == frameNone && r.h.isHead && h.HasLength && h.Status != 204 && h.Status != 304:
+		// HEAD: the length the body would have had. A 304 goes without,
+		// as the other engines and the cache's own 304 send it.
 		dst = append(dst, "Content-Length: "...)
 		dst = strconv.AppendInt(dst, h.Length, 10)
 		dst = append(dst, "\r\n"...)
