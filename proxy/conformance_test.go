@@ -419,6 +419,26 @@ var exchanges = []exchange{
 		upLine: "GET /old HTTP/1.1", upCount: 2,
 	},
 	{
+		// RFC 9112 §9.6: a client that sends close closes; keep-alive
+		// beside it, before or after, in one line or two, changes nothing.
+		name:   "an HTTP/1.0 client's close wins over a keep-alive after it",
+		send:   "GET /old HTTP/1.0\nHost: a\nConnection: close, keep-alive\n\n",
+		status: 200, body: "ok", closed: true, closeField: true,
+		upLine: "GET /old HTTP/1.1",
+	},
+	{
+		name:   "an HTTP/1.0 client's close wins over a keep-alive before it",
+		send:   "GET /old HTTP/1.0\nHost: a\nConnection: keep-alive, close\n\n",
+		status: 200, body: "ok", closed: true, closeField: true,
+		upLine: "GET /old HTTP/1.1",
+	},
+	{
+		name:   "an HTTP/1.0 client's close wins over a keep-alive in another line",
+		send:   "GET /old HTTP/1.0\nHost: a\nConnection: close\nConnection: keep-alive\n\n",
+		status: 200, body: "ok", closed: true, closeField: true,
+		upLine: "GET /old HTTP/1.1",
+	},
+	{
 		name:   "no Content-Type where the upstream sent none",
 		send:   "GET / HTTP/1.1\nHost: a\n\n",
 		reply:  "HTTP/1.1 200 OK\nContent-Length: 3\n\nabc",

@@ -113,6 +113,7 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		return bad
 	}
 	upgradeToken, hasUpgrade, h2c, named := false, false, false, false
+	closeToken, keepAlive := false, false
 	var framing engine.Framing
 	for pos := end + 2; pos < len(raw); {
 		eol := pos + bytes.IndexByte(raw[pos:], '\n') - 1
@@ -156,11 +157,9 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 				case engine.EqualFold(t, "upgrade"):
 					upgradeToken = true
 				case engine.EqualFold(t, "close"):
-					h.close = true
+					closeToken = true
 				case engine.EqualFold(t, "keep-alive"):
-					if h.minor == 0 {
-						h.close = false
-					}
+					keepAlive = true
 				default:
 					named = true
 				}
@@ -170,6 +169,9 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		}
 		h.fields = append(h.fields, f)
 	}
+	// close wins over keep-alive, wherever each is (RFC 9112 §9.6); an
+	// HTTP/1.0 connection is kept only when the client asks.
+	h.close = closeToken || h.minor == 0 && !keepAlive
 	// An HTTP/1.0 client's expectation is ignored: it gets no 100
 	// Continue, an interim response it does not know (RFC 9110 §10.1.1).
 	h.expect = h.expect && h.minor == 1
@@ -228,7 +230,6 @@ func (h *head) parseLine(l span) *engine.BadRequest {
 		return engine.ErrVersion
 	}
 	h.minor = version[7] - '0'
-	h.close = h.minor == 0 // HTTP/1.0 keeps its connection only when it asks
 	for _, c := range h.target.of(h.raw) {
 		if c <= ' ' || c == 0x7f {
 			return engine.ErrLine

@@ -175,7 +175,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if s.conns.draining.Load() {
+	// net/http keeps an HTTP/1.0 connection whose Connection says
+	// keep-alive beside close (it reads the first line only, and finds
+	// keep-alive there); close wins (RFC 9112 §9.6), as r.Close says.
+	closing := r.ProtoMajor == 1 && r.Close
+	if s.conns.draining.Load() || closing {
 		w.Header().Set("Connection", "close") // the drain rule's step 2 (and limitWriter's)
 	}
 	if s.h.fwd != nil {
@@ -201,7 +205,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = body
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
-	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, s: s, h2: r.ProtoMajor == 2}
+	*lw = limitWriter{w: w, timeout: s.limits.SendTimeout, s: s, h2: r.ProtoMajor == 2, closing: closing}
 	if r.ProtoMajor == 1 {
 		lw.body = body
 	}
@@ -364,6 +368,7 @@ type limitWriter struct {
 	body    *bodyReader // an HTTP/1 request's, or nil
 	headed  bool        // the final response head was written
 	h2      bool        // the response is an HTTP/2 stream's
+	closing bool        // the client closes the connection after the response
 }
 
 // maxDrop is how much of a request body the application left unread is
@@ -404,7 +409,7 @@ func (lw *limitWriter) head() {
 	}
 	lw.headed = true
 	h := lw.w.Header()
-	if lw.s.conns.draining.Load() || lw.body != nil && (lw.body.failed || lw.body.expect && !lw.body.read) {
+	if lw.closing || lw.s.conns.draining.Load() || lw.body != nil && (lw.body.failed || lw.body.expect && !lw.body.read) {
 		// A body whose read failed is not drained: that would wait out
 		// client_body_timeout once more before the answer went. Nor is
 		// one the client has not sent, waiting for 100 Continue: the
