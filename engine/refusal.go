@@ -1,5 +1,7 @@
 package engine
 
+import "bytes"
+
 // BadRequest is why a request cannot be served, before anything is
 // forwarded: the status and the problem detail of the answer, and
 // CloseConn when the connection must close after the answer: the
@@ -78,7 +80,8 @@ type Framing struct {
 // Encoding reads one Transfer-Encoding field line: chunked is the one
 // coding known here (RFC 9112 §6.1), and it must be the last, once. A
 // line after the one that said chunked ("chunked" then "identity") makes
-// the length unknowable.
+// the length unknowable, and so does an empty element ("chunked,"),
+// which fasthttp, net/http and nginx refuse.
 func (f *Framing) Encoding(v []byte) *BadRequest {
 	f.encoding = true
 	n, lastChunked := 0, false
@@ -87,7 +90,7 @@ func (f *Framing) Encoding(v []byte) *BadRequest {
 		lastChunked = EqualFold(t, "chunked")
 	})
 	switch {
-	case n == 0, f.chunked, !lastChunked:
+	case n == 0, f.chunked, !lastChunked, hasEmptyElement(v):
 		return ErrEncoding // the body's length cannot be known
 	case n > 1:
 		return ErrCoding // another coding under chunked
@@ -114,4 +117,24 @@ func (f *Framing) Problem(http10 bool) *BadRequest {
 		return ErrEncoding
 	}
 	return nil
+}
+
+// hasEmptyElement reports whether the comma-separated list v has an
+// element that is empty or blank.
+func hasEmptyElement(v []byte) bool {
+	for {
+		var t []byte
+		i := bytes.IndexByte(v, ',')
+		if i < 0 {
+			t = v
+		} else {
+			t, v = v[:i], v[i+1:]
+		}
+		if len(bytes.Trim(t, " \t")) == 0 {
+			return true
+		}
+		if i < 0 {
+			return false
+		}
+	}
 }

@@ -501,6 +501,22 @@ var exchanges = []exchange{
 		netHTTP: netHTTP501,
 	},
 	{
+		// RFC 9110 §5.6.1 would have empty list elements skipped, but
+		// fasthttp, net/http and nginx all refuse them in this field:
+		// the engines refuse alike rather than frame a body some would
+		// not.
+		name:   "an empty element in Transfer-Encoding: 400, closed, nothing forwarded",
+		send:   "POST / HTTP/1.1\nHost: a\nTransfer-Encoding: chunked,\n\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTP501,
+	},
+	{
+		name:   "an empty element before chunked: 400, closed, nothing forwarded",
+		send:   "POST / HTTP/1.1\nHost: a\nTransfer-Encoding: , chunked\n\n0\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+		netHTTP: netHTTP501,
+	},
+	{
 		name:   "two Content-Lengths: 400, closed",
 		send:   "POST / HTTP/1.1\nHost: a\nContent-Length: 3\nContent-Length: 4\n\nabcd",
 		status: 400, closed: true,
