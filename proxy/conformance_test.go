@@ -675,6 +675,27 @@ var exchanges = []exchange{
 		status: 400, closed: true,
 	},
 	{
+		// An http URI has a host (RFC 9110 §4.2.1), and an HTTP/1.1
+		// client sends it as Host (RFC 9112 §3.2): an empty one is no
+		// Host at all (fasthttp and nginx refuse it too).
+		name:   "an HTTP/1.1 request with an empty Host: 400",
+		send:   "GET / HTTP/1.1\nHost:\n\n",
+		status: 400, closed: true,
+	},
+	{
+		name:   "an HTTP/1.1 request in absolute form with an empty Host: 400",
+		send:   "GET http://a/x HTTP/1.1\nHost:\n\n",
+		status: 400, closed: true,
+		netHTTP: &exchange{status: 200, upLine: "GET /x HTTP/1.1", upHas: []string{"Host: a"},
+			why: "net/http drops the Host line of an absolute-form request before any handler sees it: " +
+				"the target's authority is all there is, as RFC 9112 §3.2.2 says a server uses"},
+	},
+	{
+		name:   "an absolute-form target with an empty authority is refused, and the connection closes",
+		send:   "GET http:///x HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
 		name:   "an HTTP/1.0 request without Host is served",
 		send:   "GET / HTTP/1.0\n\n",
 		status: 200, closed: true,

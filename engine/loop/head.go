@@ -113,7 +113,7 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		return bad
 	}
 	upgradeToken, hasUpgrade, h2c, named := false, false, false, false
-	closeToken, keepAlive := false, false
+	closeToken, keepAlive, emptyHost := false, false, false
 	var framing engine.Framing
 	for pos := end + 2; pos < len(raw); {
 		eol := pos + bytes.IndexByte(raw[pos:], '\n') - 1
@@ -131,6 +131,7 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		switch f.kind {
 		case engine.FieldHost:
 			h.hostFields++
+			emptyHost = f.value.from == f.value.to
 			if !h.absolute {
 				h.host = f.value
 			}
@@ -182,8 +183,10 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 	switch {
 	case h.hostFields > 1:
 		return engine.ErrTwoHosts
-	case h.hostFields == 0 && h.minor == 1:
-		return engine.ErrNoHost // RFC 9112 §3.2, absolute-form too
+	case (h.hostFields == 0 || emptyHost) && h.minor == 1:
+		// RFC 9112 §3.2, absolute-form too; an http URI has a host
+		// (RFC 9110 §4.2.1), so an empty Host is none.
+		return engine.ErrNoHost
 	}
 	if named {
 		h.dropConnectionNamed()

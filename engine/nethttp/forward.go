@@ -723,8 +723,14 @@ func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, an
 		return writeOwnProblem(w, r, engine.ErrTarget.Status, engine.ErrTarget.Detail), true
 	case strings.IndexByte(r.RequestURI, ' ') >= 0:
 		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target has a space"), true
-	case r.URL != nil && r.URL.IsAbs() && !strings.EqualFold(r.URL.Scheme, ownScheme(r)):
+	case r.URL != nil && r.URL.IsAbs() && (!strings.EqualFold(r.URL.Scheme, ownScheme(r)) || r.URL.Host == ""):
+		// An http URI has a host (RFC 9110 §4.2.1): net/http would take
+		// Host's for "http:///x".
 		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target is not an absolute path"), true
+	case r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.Host == "":
+		// net/http takes an empty Host as a Host: an http URI has a
+		// host (RFC 9110 §4.2.1), so it is none (RFC 9112 §3.2).
+		return writeOwnProblem(w, r, engine.ErrNoHost.Status, engine.ErrNoHost.Detail), true
 	case r.Method == http.MethodConnect:
 		return writeOwnProblem(w, r, http.StatusMethodNotAllowed, "CONNECT is not supported"), true
 	case r.ProtoMajor == 2 && r.TLS == nil:
