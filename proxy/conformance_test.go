@@ -571,7 +571,7 @@ var exchanges = []exchange{
 		// answer rather than guess whether the client sends it.
 		name:   "OPTIONS * with Expect: 100-continue is answered here, its body not awaited",
 		send:   "OPTIONS * HTTP/1.1\nHost: a\nExpect: 100-continue\nContent-Length: 3\n\n",
-		status: 200, has: []string{"Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}, closed: true,
+		status: 200, has: []string{"Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}, closed: true, closeField: true,
 		netHTTP: &exchange{status: 200, has: []string{"Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
 			why: "net/http keeps the connection: the client is to send the body anyway, which net/http reads and drops before the next request"},
 	},

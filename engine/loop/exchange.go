@@ -377,13 +377,13 @@ func (r *request) clientDrained() {
 func (r *request) answerOptions() {
 	c := r.c
 	l := r.l
+	r.settleBody() // first: a body it will not read closes the connection, which the answer says
 	dst := appendStatusLine(l.head[:0], 200, nil)
 	dst = append(dst, "Allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\nContent-Length: 0\r\n"...)
 	dst = append(dst, l.dateLine...)
 	dst = r.appendConnection(dst)
 	dst = append(dst, "\r\n"...)
 	l.head = dst
-	r.settleBody()
 	r.responded(200)
 	l.s.o.Core.Responded(200, 0)
 	c.write(dst)
