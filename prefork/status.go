@@ -16,7 +16,8 @@ type Status struct {
 	// configuration they come from.
 	Settings Settings
 	// Ready: every worker slot runs a ready worker of the running
-	// configuration (false while starting, reloading or draining).
+	// configuration (false while starting, reloading or draining, and
+	// while a crashed worker's slot waits for its replacement).
 	Ready bool
 	// Serving is what a load balancer's readiness check wants: every slot
 	// had a ready worker once (READY=1 was sent), no drain has begun, and
@@ -82,7 +83,7 @@ func (w WorkerStatus) State() string {
 func (s *supervisor) status() Status {
 	st := Status{
 		Generation: s.gen, Settings: s.cfg, Draining: s.draining,
-		Ready:   !s.draining && s.announced && !s.reloading,
+		Ready:   !s.draining && s.announced && !s.reloading && s.filled(),
 		Crashes: s.crashes, Reloads: s.reloads, Recycled: s.recycled,
 	}
 	for _, p := range s.sortedProcs() {

@@ -465,13 +465,8 @@ func (s *supervisor) checkReady() {
 	if s.draining || (s.announced && !s.reloading) {
 		return
 	}
-	for _, sl := range s.slots {
-		if sl.quarantined && sl.cur == nil && sl.succ == nil {
-			continue
-		}
-		if sl.cur == nil || !sl.cur.ready || sl.cur.gen != s.gen || sl.succ != nil {
-			return
-		}
+	if !s.filled() || slices.ContainsFunc(s.slots, func(sl slot) bool { return sl.succ != nil }) {
+		return
 	}
 	first := !s.announced
 	s.announced, s.reloading = true, false
@@ -499,6 +494,20 @@ func (s *supervisor) checkReady() {
 		return
 	}
 	s.sendNotify(notifyReady)
+}
+
+// filled reports whether every slot runs a ready worker of the running
+// configuration, but a quarantined one left empty.
+func (s *supervisor) filled() bool {
+	for _, sl := range s.slots {
+		if sl.quarantined && sl.cur == nil && sl.succ == nil {
+			continue
+		}
+		if sl.cur == nil || !sl.cur.ready || sl.cur.gen != s.gen {
+			return false
+		}
+	}
+	return true
 }
 
 // onExit handles the exit of a worker the seam has waited for.

@@ -597,6 +597,39 @@ func TestStatusSnapshots(t *testing.T) {
 	}
 }
 
+// Ready says every slot runs a ready worker: not while a crashed worker's
+// slot is empty, waiting for its respawn (Serving stays true: the others
+// serve), nor while its replacement starts; a worker being recycled
+// still fills its slot until its successor takes over.
+func TestStatusNotReadyWhileASlotIsEmpty(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+	if st := s.status(); !st.Ready || !st.Serving {
+		t.Fatalf("both ready: Ready %v, Serving %v", st.Ready, st.Serving)
+	}
+	exit(s, 101, false)
+	if st := s.status(); st.Ready || !st.Serving || len(st.Workers) != 1 {
+		t.Fatalf("one of two crashed: Ready %v, Serving %v, %d workers; want not ready, serving, 1", st.Ready, st.Serving, len(st.Workers))
+	}
+	advance(f, s, backoffBase)
+	if len(f.starts) != 3 {
+		t.Fatalf("%d starts, want the replacement", len(f.starts))
+	}
+	if st := s.status(); st.Ready {
+		t.Fatal("Ready while the replacement starts")
+	}
+	ready(s, 102)
+	if st := s.status(); !st.Ready {
+		t.Fatal("not Ready once the replacement is")
+	}
+	s.onRecycle(recycleEvent{pid: 100, reason: "max_requests", value: 10, limit: 10})
+	s.step()
+	if st := s.status(); !st.Ready || len(st.Workers) != 3 {
+		t.Fatalf("while a worker is recycled: Ready %v, %d workers", st.Ready, len(st.Workers))
+	}
+}
+
 // A reload logs what its settings say it changes (Settings.LogAttrs), and
 // Options.Configured sees the new settings.
 func TestReloadLogsChanges(t *testing.T) {
