@@ -262,10 +262,12 @@ func parseStatmRSS(b []byte, page int64) (int64, error) {
 }
 
 // onRecycle handles a worker's request to be replaced: step starts its
-// successor.
+// successor. Once the instance is stopping none would start (a worker
+// that passed its limit as the drain began, before it saw USR2): it
+// leaves with the instance, and is not counted as recycled.
 func (s *supervisor) onRecycle(ev recycleEvent) {
 	p := s.procs[ev.pid]
-	if p == nil || p.retiring || p.recycle != "" {
+	if p == nil || p.retiring || p.recycle != "" || s.draining {
 		return
 	}
 	p.recycle = ev.reason

@@ -878,6 +878,28 @@ func TestNotesHeldUntilReady(t *testing.T) {
 // With a drain delay, TERM leaves the workers serving, told only that the
 // instance stops (USR2: their health answers 503), with readiness off and
 // nothing respawned; at the delay's end they drain as without one.
+// A worker that passed max_requests just as the drain began (its message
+// crossed the drain delay's USR2) is not recycled: it leaves with the
+// instance, no successor starts, and neither the log nor Recycled says
+// otherwise.
+func TestNoRecycleDuringDrainDelay(t *testing.T) {
+	f := newFake()
+	logs := newLogSink()
+	s := newSupervisor(f.env(), slog.New(logs), defaulted(Settings{ShutdownTimeout: 5 * time.Second, DrainDelay: 3 * time.Second}), 2, minMaxWorkers(2))
+	s.step()
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGTERM)
+	s.onRecycle(recycleEvent{pid: 101, reason: "max_requests", value: 10, limit: 10})
+	s.step()
+	advance(f, s, 3*time.Second)
+	if st := s.status(); st.Recycled != 0 || len(f.starts) != 2 {
+		t.Fatalf("recycled %d, %d starts; want none and 2", st.Recycled, len(f.starts))
+	}
+	if r := logs.all("worker recycling"); len(r) != 0 {
+		t.Fatalf("logged a recycling during the drain:\n%s", logs.dump())
+	}
+}
+
 func TestDrainDelay(t *testing.T) {
 	f := newFake()
 	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, DrainDelay: 3 * time.Second}), 2, minMaxWorkers(2))
