@@ -32,7 +32,7 @@ import (
 // worker, the canary's predecessor keeps serving beside it until the
 // verdict (and stays if the reload is aborted), and an aborted canary's
 // slot is filled again with the good configuration instead of being
-// quarantined.
+// quarantined, as is a quarantined slot once no other worker serves.
 
 // canaryRun is the canary of the reload in progress.
 type canaryRun struct {

@@ -401,6 +401,39 @@ func TestCanaryAbortNeverEmptiesTheFleet(t *testing.T) {
 	}
 }
 
+// A slot quarantined by an abort is filled again with the good
+// configuration once no other worker serves (the fleet never goes below
+// one worker): here the one other worker crashes after the verdict, and
+// its slot waits for its backoff.
+func TestQuarantineLiftedWhenNoOtherWorkerServes(t *testing.T) {
+	f, s, logs := canaryFixture(t, 2, canaryConfig(nil))
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102)
+	f.serve(2, 112, 71)
+	f.serve(1, 150, 0)
+	advance(f, s, testWindow)
+	if v := verdictLine(t, logs); !strings.HasSuffix(v.msg, "slot 0 quarantined") {
+		t.Fatalf("verdict %q", v.msg)
+	}
+	exit(s, 100, true)
+	exit(s, 102, true)
+	starts := len(f.starts)
+	exit(s, 101, false) // the one worker left crashes
+	if len(f.starts) != starts+1 {
+		t.Fatalf("%d starts after the last serving worker crashed, want the quarantined slot refilled", len(f.starts)-starts)
+	}
+	if sp := f.starts[starts]; sp.Gen != 0 || string(sp.Settings.Payload) != "good" {
+		t.Fatalf("refilled with %+v, want the good generation 0", sp)
+	}
+	if st := s.status(); len(st.Quarantined) != 0 || s.slots[0].cur == nil {
+		t.Fatalf("quarantined %v, slot 0 %v", st.Quarantined, s.slots[0].cur)
+	}
+	advance(f, s, backoffBase)
+	if len(f.starts) != starts+2 {
+		t.Fatalf("%d starts, want slot 1 respawned after its backoff too", len(f.starts)-starts)
+	}
+}
+
 func TestCanaryTermDuringWindow(t *testing.T) {
 	f, s, logs := canaryFixture(t, 2, canaryConfig(nil))
 	sendSignal(s, syscall.SIGHUP)

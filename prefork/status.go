@@ -34,7 +34,7 @@ type Status struct {
 	Canary *CanaryStatus
 	// Quarantined are the slots an aborted reload's canary left empty, in
 	// order: the fleet runs that many workers short until a reload
-	// succeeds.
+	// succeeds, or no other worker serves.
 	Quarantined []int
 	// Recycled counts the workers replaced for server.max_requests or
 	// server.max_rss.

@@ -309,6 +309,13 @@ func (s *supervisor) step() {
 	fleetGen := s.fleet()
 	for i := range s.slots {
 		sl := &s.slots[i]
+		if sl.quarantined && sl.cur == nil && sl.succ == nil && !s.othersReady(i) {
+			// The fleet never goes below one worker: with no other
+			// worker serving (the others crashed since the abort), the
+			// slot serves again, with the good configuration.
+			sl.quarantined, sl.respawnAt = false, time.Time{}
+			s.log.Warn("quarantine lifted: no other worker serves", "slot", i, "generation", fleetGen.gen)
+		}
 		if sl.cur == nil && sl.succ == nil && !sl.quarantined && !now.Before(sl.respawnAt) {
 			sl.cur, _ = s.spawn(i, fleetGen)
 			if s.draining { // a fatal start error
