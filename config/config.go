@@ -97,7 +97,7 @@ type Server struct {
 	// next request. 0 means 75s.
 	IdleTimeout time.Duration `toml:"idle_timeout"`
 	// MaxHeaderBytes bounds a request's line and header section; larger:
-	// 431. At least 4 KiB; 0 means 64 KiB.
+	// 431. 4 KiB..1 MiB; 0 means 64 KiB.
 	MaxHeaderBytes Size `toml:"max_header_bytes"`
 	// MaxConnections bounds the client connections each worker has open;
 	// 0 means no bound.

@@ -69,6 +69,8 @@ func TestErrors(t *testing.T) {
 		{"upstream query", "[server]\nupstream = \"http://h/?a=1\" # <-\n", "no query", 0},
 		{"negative timeout", "[server]\nupstream_timeout = \"-1s\" # <-\n", "upstream_timeout: must be positive", 0},
 		{"small header limit", "[server]\nmax_header_bytes = \"1KiB\" # <-\n", "max_header_bytes: must be at least 4KiB", 0},
+		// fasthttp holds a read buffer of max_header_bytes for each connection.
+		{"large header limit", "[server]\nmax_header_bytes = \"1TiB\" # <-\n", "max_header_bytes: must be at most 1MiB", 0},
 		{"negative connections", "[server]\nmax_connections = -1 # <-\n", "max_connections: must not be negative", 0},
 		{"negative idle pool", "[server]\nupstream_max_idle = -2 # <-\n", "upstream_max_idle: must not be negative", 0},
 		// A zero or "" the file writes is its own, never the default.

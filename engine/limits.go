@@ -28,7 +28,7 @@ type Limits struct {
 	// disconnected. 0 means 60s.
 	SendTimeout time.Duration
 	// MaxHeaderBytes bounds the request line and header section together;
-	// a larger one gets 431. 0 means 64 KiB; at least 4 KiB.
+	// a larger one gets 431. 0 means 64 KiB; 4 KiB..1 MiB.
 	MaxHeaderBytes int
 	// MaxConnections bounds the client connections a worker has open at
 	// once on a listener (the daemon's workers serve one); at the bound it
@@ -48,6 +48,11 @@ const (
 	// MinMaxHeaderBytes is the smallest MaxHeaderBytes: a request line and
 	// the usual headers must fit.
 	MinMaxHeaderBytes = 4 << 10
+	// MaxMaxHeaderBytes is the largest MaxHeaderBytes (net/http's default
+	// bound): the fasthttp engine gives each connection a read buffer of
+	// MaxHeaderBytes, so a larger bound is memory a worker takes per
+	// client, up to more than it can have.
+	MaxMaxHeaderBytes = 1 << 20
 )
 
 // FieldError is a setting an engine refuses: Field names it as the field
@@ -113,6 +118,9 @@ func (l Limits) Check() error {
 	}
 	if l.MaxHeaderBytes < MinMaxHeaderBytes {
 		return &FieldError{"MaxHeaderBytes", "max_header_bytes", fmt.Sprintf("must be at least 4KiB, got %d bytes", l.MaxHeaderBytes)}
+	}
+	if l.MaxHeaderBytes > MaxMaxHeaderBytes {
+		return &FieldError{"MaxHeaderBytes", "max_header_bytes", fmt.Sprintf("must be at most 1MiB, got %d bytes", l.MaxHeaderBytes)}
 	}
 	if l.MaxConnections < 0 {
 		return &FieldError{"MaxConnections", "max_connections", fmt.Sprintf("must not be negative (0 means no bound), got %d", l.MaxConnections)}
