@@ -69,7 +69,8 @@ type Server struct {
 	// sends both kinds.
 	Headers Headers `toml:"headers"`
 	// MaxRequestBody is the largest request body buffered for an
-	// idempotency fingerprint; larger ones get 413. 0 means 1 MiB.
+	// idempotency fingerprint; larger ones get 413. At most 1 GiB; 0
+	// means 1 MiB.
 	MaxRequestBody Size `toml:"max_request_body"`
 	// Exempt clients (judged on the resolved client address) are never
 	// counted or refused by any rule and get no rate-limit header.

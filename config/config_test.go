@@ -292,11 +292,11 @@ func TestLongestWindow(t *testing.T) {
 
 func TestSizes(t *testing.T) {
 	for _, tc := range []struct {
-		in   string // TOML value of server.max_request_body
+		in   string // TOML value of table.response_bytes
 		want int64  // -1: error
 	}{
 		{`512`, 512},
-		{`0`, -1}, // parses, but the body limit must be positive
+		{`0`, 0}, // none: no block stores responses
 		{`"512"`, 512},
 		{`"512B"`, 512},
 		{`"64KiB"`, 64 << 10},
@@ -322,14 +322,16 @@ func TestSizes(t *testing.T) {
 		{`1.5`, -1},
 		{`true`, -1},
 	} {
-		c, err := Parse([]byte("[server]\nmax_request_body = "+tc.in+"\n"), "t.toml")
+		// A key whose own bound is past every size here (without a
+		// block that stores responses, the table is not made).
+		c, err := Parse([]byte("[table]\nresponse_bytes = "+tc.in+"\n"), "t.toml")
 		switch {
 		case tc.want < 0 && err == nil:
-			t.Errorf("%s: parsed as %d, want an error", tc.in, c.Server.MaxRequestBody)
+			t.Errorf("%s: parsed as %d, want an error", tc.in, c.Table.ResponseBytes)
 		case tc.want >= 0 && err != nil:
 			t.Errorf("%s: %v", tc.in, err)
-		case tc.want >= 0 && c.Server.MaxRequestBody != Size(tc.want):
-			t.Errorf("%s = %d, want %d", tc.in, c.Server.MaxRequestBody, tc.want)
+		case tc.want >= 0 && c.Table.ResponseBytes != Size(tc.want):
+			t.Errorf("%s = %d, want %d", tc.in, c.Table.ResponseBytes, tc.want)
 		}
 	}
 }

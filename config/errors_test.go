@@ -71,6 +71,9 @@ func TestErrors(t *testing.T) {
 		{"small header limit", "[server]\nmax_header_bytes = \"1KiB\" # <-\n", "max_header_bytes: must be at least 4KiB", 0},
 		// fasthttp holds a read buffer of max_header_bytes for each connection.
 		{"large header limit", "[server]\nmax_header_bytes = \"1TiB\" # <-\n", "max_header_bytes: must be at most 1MiB", 0},
+		{"no request body", "[server]\nmax_request_body = 0 # <-\n", "server.max_request_body: must be positive", 0},
+		// A body up to the bound is read into memory: the largest int64 overflowed the read's +1.
+		{"huge request body", "[server]\nmax_request_body = 9223372036854775807 # <-\n", "server.max_request_body: must be positive and at most 1GiB", 0},
 		{"negative connections", "[server]\nmax_connections = -1 # <-\n", "max_connections: must not be negative", 0},
 		{"negative idle pool", "[server]\nupstream_max_idle = -2 # <-\n", "upstream_max_idle: must not be negative", 0},
 		// A zero or "" the file writes is its own, never the default.

@@ -68,8 +68,8 @@ func (c Config) check(r *report) {
 	if err := engineNames.check(s.Engine); err != nil {
 		f("engine", "%s", detail(err))
 	}
-	if s.MaxRequestBody <= 0 {
-		f("max_request_body", "must be positive, got %d", s.MaxRequestBody)
+	if s.MaxRequestBody <= 0 || s.MaxRequestBody > core.MaxMaxRequestBody {
+		f("max_request_body", "must be positive and at most %v, got %d", Size(core.MaxMaxRequestBody), s.MaxRequestBody)
 	}
 	if err := core.CheckResetHeader(s.ResetHeader); err != nil {
 		f("reset_header", "%s", detail(err))

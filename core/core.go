@@ -45,7 +45,8 @@ type Options struct {
 	// HeadersBoth.
 	Headers HeaderMode
 	// MaxRequestBody is the largest request body read for an idempotency
-	// fingerprint; larger ones get 413. 0 means 1 MiB.
+	// fingerprint; larger ones get 413. 0 means 1 MiB; at most
+	// MaxMaxRequestBody.
 	MaxRequestBody int64
 	// Logger receives the lines an operator acts on (rate-limited), never
 	// one per request. nil means slog.Default() at the time of the line.
@@ -90,6 +91,10 @@ type Options struct {
 }
 
 const defaultMaxRequestBody = 1 << 20
+
+// MaxMaxRequestBody bounds MaxRequestBody: a body up to it is read into
+// the worker's memory (as a cached one is, whose bound it shares).
+const MaxMaxRequestBody = maxCacheBody
 
 // Core decides about requests for one process: it is built once per worker
 // and is safe for concurrent use. Every process whose Core uses the same
@@ -182,8 +187,8 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 	if err := CheckHealthPath(opts.HealthPath); err != nil {
 		return nil, err
 	}
-	if c.maxReq < 0 {
-		return nil, fmt.Errorf("core: MaxRequestBody %d is negative", c.maxReq)
+	if c.maxReq < 0 || c.maxReq > MaxMaxRequestBody {
+		return nil, fmt.Errorf("core: MaxRequestBody %d is negative or more than %d", c.maxReq, MaxMaxRequestBody)
 	}
 	if _, err := opts.Headers.MarshalText(); err != nil {
 		return nil, err

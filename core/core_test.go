@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"strings"
 	"testing"
@@ -77,6 +78,7 @@ func TestNewErrors(t *testing.T) {
 		{"block without route", withTable, block(func(d *core.Idempotency) { d.Route = route.Route{} }), "route"},
 		{"resolver", withTable, core.Options{Resolver: clientip.Resolver{IPv6Prefix: 200}}, "IPv6Prefix"},
 		{"max request body", withTable, core.Options{MaxRequestBody: -1}, "MaxRequestBody"},
+		{"huge request body", withTable, core.Options{MaxRequestBody: math.MaxInt64}, "MaxRequestBody"},
 		// The zero Prefix (netip.ParsePrefix's with its error) matches no
 		// client: an exemption or override of it would silently do nothing.
 		{"invalid exempt", withTable, core.Options{Exempt: []netip.Prefix{{}}}, "Exempt"},
