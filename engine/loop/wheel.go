@@ -43,7 +43,10 @@ func (w *wheel) init() {
 
 // ticks converts a duration to the ticks that cover it, at least one.
 func ticks(d time.Duration) int64 {
-	n := int64((d + tick - 1) / tick)
+	n := int64(d / tick) // rounded up below: d + tick - 1 could overflow
+	if d%tick != 0 {
+		n++
+	}
 	return max(n, 1)
 }
 
