@@ -191,3 +191,31 @@ func TestAllowOnARegionNotJoined(t *testing.T) {
 	}()
 	l.Allow("k", time.Hour)
 }
+
+// A worker reads the region clock, is descheduled, and decides after
+// another worker decided for the same key at a later reading. With a limit
+// of 2 in a fresh bucket both requests fit whatever their order: the late
+// decision is taken at the clock as it reads once the key's state is
+// loaded, not at the stale reading (which finds the bucket fuller than it
+// is by the gap, and refused the second request).
+func TestStaleClockReadingDecidesAtTheStateItFinds(t *testing.T) {
+	r := joinedRegion(t)
+	l, err := NewLimiter(Rule{Name: "pages", Limit: 2, Window: time.Hour}, r.Counters())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := l.Key([]byte("/pages/a"))
+	stale := r.Now()
+	for r.Now() < stale+time.Millisecond {
+		time.Sleep(100 * time.Microsecond)
+	}
+	if d := l.AllowKey(k, r.Now()); !d.Allowed {
+		t.Fatalf("first request: %+v", d)
+	}
+	if d := l.AllowKey(k, stale); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("second request, its clock read before the first's: %+v; want allowed, 0 left", d)
+	}
+	if d := l.AllowKey(k, stale); d.Allowed {
+		t.Fatalf("third request: %+v; want refused", d)
+	}
+}
