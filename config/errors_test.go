@@ -235,6 +235,7 @@ func TestErrors(t *testing.T) {
 		{"unknown store", rule + "store = \"memcached\" # <-\n", `ratelimit[1].store: "memcached" is not one of "local", "redis"`, 0},
 		{"unknown on_unavailable", rule + "on_unavailable = \"maybe\" # <-\n", `on_unavailable "maybe": want "open", "closed" or "local"`, 0},
 		{"sync on a local rule", rule + "sync = \"100ms\" # <-\n", `sync: applies to store = "redis" only`, 0},
+		{"on_unavailable on a local rule", rule + "on_unavailable = \"open\" # <-\n", `on_unavailable: applies to store = "redis" only`, 0},
 		{"sync not a duration", rule + "sync = \"often\" # <-\n", `want "exact" or an interval`, 0},
 		{"sync on gcra", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nsync = \"100ms\" # <-\n", "needs algorithm fixed-window", 0},
 		{"local share 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n" + rule + "store = \"redis\"\nlocal_share = 0 # <-\n", "local_share: must be between 1 and 65536, got 0", 0},

@@ -296,6 +296,9 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 			f("sync", "applies to store = \"redis\" only")
 		case rl.LocalShare != 1:
 			f("local_share", "applies to store = \"redis\" only")
+		case rl.OnUnavailable != redisstore.FailLocal:
+			// "local" is the default, and what a local rule does anyway.
+			f("on_unavailable", "applies to store = \"redis\" only")
 		}
 		return
 	}
