@@ -122,6 +122,18 @@ func TestCheckAccountsOverrideTags(t *testing.T) {
 	}
 }
 
+// A rule's name is what the reset header lists, comma-separated: a name
+// that such a list cannot hold is refused.
+func TestRuleNameFitsAList(t *testing.T) {
+	for name, ok := range map[string]bool{"login": true, "a b": true, "a,b": false, " a": false, "a ": false, "": false, "é": false} {
+		rl := core.RateLimit{Rule: bucket.Rule{Name: name, Limit: 1, Window: time.Second}, Route: mustRoute(t, "/*")}
+		var fe *core.FieldError
+		if err := rl.Check(); (err == nil) != ok || !ok && (!errors.As(err, &fe) || fe.Field != "Name") {
+			t.Errorf("name %q: %v, want accepted %v", name, err, ok)
+		}
+	}
+}
+
 // An override of clients that the rule's exempt ranges or the client
 // overrides before it take whole would never apply: Check refuses it,
 // and accepts one with a range left to it.

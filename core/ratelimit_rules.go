@@ -205,6 +205,10 @@ func (rl *RateLimit) Check() error {
 	if !printableASCII(name) {
 		return &FieldError{"Name", fmt.Sprintf("rule %q: a name must be 1 or more printable ASCII characters", name)}
 	}
+	if strings.IndexByte(name, ',') >= 0 || strings.TrimSpace(name) != name {
+		// The reset header's value is a list of names (Options.ResetHeader).
+		return &FieldError{"Name", fmt.Sprintf("rule %q: a name is an element of a comma-separated list: no comma, no space at either end", name)}
+	}
 	switch rl.Status {
 	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
 	default:
