@@ -21,6 +21,8 @@ type Target struct {
 }
 
 // TargetError is ParseTarget's error: the URL, and what is wrong with it.
+// A password in the URL is masked ("xxxxx", as url.URL.Redacted): the
+// error is printed by check and logged at a start or a reload.
 type TargetError struct{ URL, Why string }
 
 func (e *TargetError) Error() string { return fmt.Sprintf("upstream %q: %s", e.URL, e.Why) }
@@ -29,7 +31,7 @@ func (e *TargetError) Error() string { return fmt.Sprintf("upstream %q: %s", e.U
 // host, no credentials, query nor fragment.
 func ParseTarget(s string) (Target, error) {
 	u, err := url.Parse(s)
-	bad := func(why string) (Target, error) { return Target{}, &TargetError{s, why} }
+	bad := func(why string) (Target, error) { return Target{}, &TargetError{redacted(s), why} }
 	switch {
 	case err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Opaque != "" || u.Hostname() == "":
 		return bad("want an absolute http:// or https:// URL with a host")
@@ -56,4 +58,26 @@ func ParseTarget(s string) (Target, error) {
 	t.Port = uint16(p)
 	t.Addr = net.JoinHostPort(t.Hostname, port)
 	return t, nil
+}
+
+// redacted is s with the password of its userinfo, if any, masked: also
+// when s does not parse as a URL (a bad port after the credentials).
+func redacted(s string) string {
+	i := strings.Index(s, "://")
+	if i < 0 {
+		return s
+	}
+	auth := s[i+3:]
+	if j := strings.IndexAny(auth, "/?#"); j >= 0 {
+		auth = auth[:j]
+	}
+	at := strings.LastIndexByte(auth, '@')
+	if at < 0 {
+		return s
+	}
+	user, _, ok := strings.Cut(auth[:at], ":")
+	if !ok {
+		return s
+	}
+	return s[:i+3] + user + ":xxxxx" + s[i+3+at:]
 }

@@ -30,6 +30,7 @@ func TestParseTarget(t *testing.T) {
 		{"localhost:8080", "absolute http:// or https://"},
 		{"http://", "absolute http:// or https://"},
 		{"http://u:p@app", "credentials"},
+		{"http://u:secret@app:x", "absolute http:// or https://"}, // no URL: masked all the same
 		{"http://app/#f", "no fragment"},
 		{"http://app/?q=1", "no query"},
 		{"http://app:0", "port"},
@@ -38,8 +39,9 @@ func TestParseTarget(t *testing.T) {
 	for _, b := range bad {
 		_, err := engine.ParseTarget(b.url)
 		var te *engine.TargetError
-		if !errors.As(err, &te) || te.URL != b.url || !strings.Contains(te.Why, b.why) {
-			t.Errorf("ParseTarget(%q) = %v, want a TargetError saying %q", b.url, err, b.why)
+		want := strings.Replace(strings.Replace(b.url, ":p@", ":xxxxx@", 1), ":secret@", ":xxxxx@", 1)
+		if !errors.As(err, &te) || te.URL != want || !strings.Contains(te.Why, b.why) {
+			t.Errorf("ParseTarget(%q) = %v, want a TargetError about %q saying %q", b.url, err, want, b.why)
 		}
 	}
 }

@@ -164,3 +164,29 @@ func TestVersionFromBuildInfo(t *testing.T) {
 		}
 	}
 }
+
+// An upstream URL with credentials is refused, and the refusal never
+// prints the password: not by check, not at start from the file or from
+// -upstream (a CI log, the journal).
+func TestUpstreamCredentialsNotPrinted(t *testing.T) {
+	t.Parallel()
+	const password = "hunter2-upstream-secret"
+	dir := t.TempDir()
+	withCreds := filepath.Join(dir, "creds.toml")
+	os.WriteFile(withCreds, []byte("[server]\nupstream = \"http://app:"+password+"@127.0.0.1:9/\"\n"), 0o600)
+	plain := filepath.Join(dir, "plain.toml")
+	os.WriteFile(plain, []byte("[server]\nupstream = \"builtin:demo\"\n"), 0o600)
+	for _, args := range [][]string{
+		{"check", "-config", withCreds},
+		{"run", "-config", withCreds, "-listen", "127.0.0.1:0"},
+		{"run", "-config", plain, "-listen", "127.0.0.1:0", "-upstream", "http://app:" + password + "@127.0.0.1:9"},
+	} {
+		code, stdout, stderr := runBinary(t, args...)
+		if code != exitUsage || !strings.Contains(stderr, "credentials") {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 saying why", args, code, stderr)
+		}
+		if strings.Contains(stdout+stderr, password) {
+			t.Errorf("%v printed the upstream's password:\n%s%s", args, stdout, stderr)
+		}
+	}
+}
