@@ -443,6 +443,10 @@ const AdminUnix = "unix:"
 // (sun_path, 108 bytes with its NUL).
 const maxSocketPath = 107
 
+// CheckAdminAddr checks an address of the admin endpoint as admin.listen
+// takes it, for the commands that ask one (preforkd health, tune).
+func CheckAdminAddr(a string) error { return checkAdminAddr(a) }
+
 // checkAdminAddr checks an admin.listen: host:port, or unix: and an
 // absolute path.
 func checkAdminAddr(a string) error {

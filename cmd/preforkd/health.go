@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/preforkd/preforkd/config"
 )
 
 // defaultAdminAddr is the admin address `health` asks when -admin is not
@@ -33,6 +35,9 @@ func setupHealth(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io
 		}
 		if *timeout <= 0 {
 			return &usageError{"-timeout must be positive"}
+		}
+		if err := config.CheckAdminAddr(*addr); err != nil {
+			return &usageError{fmt.Sprintf("-admin: %v", err)}
 		}
 		c, base := adminClient(*addr, *timeout)
 		ctx, cancel := context.WithTimeout(ctx, *timeout)

@@ -656,3 +656,19 @@ func TestReloadToAnUnreadFIFOIsRefused(t *testing.T) {
 		t.Fatalf("TERM after the refused reload: exited %v, code %d", exited, code)
 	}
 }
+
+// health and tune take the address as admin.listen does: one that is not
+// host:port nor unix:PATH (a URL, a host without its port) is a mistake
+// on the command line (exit 2), not an instance found unhealthy after a
+// DNS lookup of "http" or a dial of port 80.
+func TestAdminAddrFlagChecked(t *testing.T) {
+	t.Parallel()
+	for _, addr := range []string{"http://127.0.0.1:9901", "127.0.0.1", "unix:run/admin.sock"} {
+		for _, cmd := range []string{"health", "tune"} {
+			code, _, errs := runBinary(t, cmd, "-admin", addr)
+			if code != exitUsage || !strings.Contains(errs, "-admin") || !strings.Contains(errs, "usage: preforkd "+cmd) {
+				t.Errorf("%s -admin %s: exit %d, stderr %q; want 2 naming -admin, and the usage", cmd, addr, code, errs)
+			}
+		}
+	}
+}

@@ -45,6 +45,9 @@ func setupTune(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.W
 		if o.admin == "" {
 			return &usageError{"-admin ADDR is required"}
 		}
+		if err := config.CheckAdminAddr(o.admin); err != nil {
+			return &usageError{fmt.Sprintf("-admin: %v", err)}
+		}
 		if o.requests < 1 || o.requests > 10000 {
 			return &usageError{"-requests: want 1 to 10000"}
 		}
