@@ -208,9 +208,7 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 			// it: the file may have changed (even broken) since. Its lines
 			// are written by a goroutine of their own: its engine's loops
 			// never wait on a pipe.
-			q := newLineQueue(stderr)
-			logs := newLogSwitch(q, lf)
-			log := logs.logger()
+			q, logs, log := workerLogs(stderr, lf)
 			quietRedisLog(log)
 			withQueue := func(w *prefork.Worker) (prefork.Engine, error) {
 				q.Start()

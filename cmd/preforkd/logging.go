@@ -164,11 +164,15 @@ func (h *switchHandler) with(f func(slog.Handler) slog.Handler) slog.Handler {
 // own while it runs (Start to Close): a worker's event loop never waits
 // on its stderr (a pipe to the supervisor, which may be slow to read it).
 // A line that finds the queue full is dropped, and counted in the next
-// line written. Before Start and after Close, lines are written at once:
-// what a worker says before it serves and after it drained is never lost
-// to an exit.
+// line written, by notice. Before Start and after Close, lines are
+// written at once: what a worker says before it serves and after it
+// drained is never lost to an exit.
 type lineQueue struct {
-	w       io.Writer
+	w io.Writer
+	// notice says that n lines were dropped, in the log's format: a
+	// logger whose lines come back through the queue (a notice dropped in
+	// turn is counted in the next one).
+	notice  func(n uint64)
 	mu      sync.RWMutex
 	running bool
 	lines   chan []byte
@@ -176,10 +180,28 @@ type lineQueue struct {
 	dropped atomic.Uint64
 }
 
+// workerLogs is a worker's logging: a switch over a queue to w, whose
+// notices of dropped lines its logger writes.
+func workerLogs(w io.Writer, lf logFlags) (*lineQueue, *logSwitch, *slog.Logger) {
+	q := newLineQueue(w)
+	logs := newLogSwitch(q, lf)
+	log := logs.logger()
+	q.notice = func(n uint64) {
+		log.Warn("log lines dropped: the log was not read fast enough", "lines", n)
+	}
+	return q, logs, log
+}
+
 // lineQueueSize is how many lines wait at most.
 const lineQueueSize = 256
 
-func newLineQueue(w io.Writer) *lineQueue { return &lineQueue{w: w} }
+func newLineQueue(w io.Writer) *lineQueue {
+	q := &lineQueue{w: w}
+	q.notice = func(n uint64) {
+		fmt.Fprintf(q.w, "preforkd: %d log lines dropped: the log was not read fast enough\n", n)
+	}
+	return q
+}
 
 // Start begins writing from the queue's goroutine.
 func (q *lineQueue) Start() {
@@ -210,10 +232,10 @@ func (q *lineQueue) Write(p []byte) (int, error) {
 func (q *lineQueue) run(lines <-chan []byte, done chan<- struct{}) {
 	defer close(done)
 	for line := range lines {
-		if n := q.dropped.Swap(0); n > 0 {
-			fmt.Fprintf(q.w, "preforkd: %d log lines dropped: the log was not read fast enough\n", n)
-		}
 		_, _ = q.w.Write(line)
+		if n := q.dropped.Swap(0); n > 0 {
+			q.notice(n)
+		}
 	}
 }
 

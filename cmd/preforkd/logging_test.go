@@ -134,3 +134,38 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// Lines dropped by a full queue are told of in the log's own format: with
+// log.format = "json" every line is JSON, and the lines written and the
+// ones the notices count are all the lines.
+func TestLineQueueDropNoticeInFormat(t *testing.T) {
+	var out lockedBuffer
+	q, sw, log := workerLogs(&out, logFlags{})
+	sw.configure(config.Log{Format: config.LogJSON})
+	out.block()
+	q.Start()
+	const sent = lineQueueSize + 50
+	for i := range sent {
+		log.Info("line", "i", i)
+	}
+	out.unblock()
+	q.Close()
+	written, dropped := 0, 0
+	for _, line := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+		var rec struct {
+			Msg   string `json:"msg"`
+			Lines int    `json:"lines"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("not a JSON line: %q", line)
+		}
+		if rec.Msg == "line" {
+			written++
+		} else {
+			dropped += rec.Lines
+		}
+	}
+	if dropped == 0 || written+dropped != sent {
+		t.Errorf("%d lines written, %d told dropped; want some dropped, %d in all", written, dropped, sent)
+	}
+}
