@@ -316,7 +316,7 @@ func encode(r *shm.Region, o Options, w *bufio.Writer, f *os.File) (DumpStats, e
 		if se.Kind != shm.KindIdempotency {
 			continue
 		}
-		rs.room(recordFixed + len(se.Response.ContentType) + len(se.Response.Location) + len(se.Response.Body))
+		rs.room(recordFixed + len(se.Response.ContentType) + len(se.Response.Location) + 2 + len(se.Response.ContentEncoding) + len(se.Response.Body))
 		rs.buf = appendRecord(rs.buf, &se)
 		st.Responses++
 	}

@@ -65,13 +65,16 @@ import (
 //	              key A (8) · key B (8) · request fingerprint (32) ·
 //	              expiry, region ns (8) · flags (4: bit 0 not replayable;
 //	              bit 1 the record has a client-address account, which
-//	              bits 16-31 hold; builds before address accounts wrote
-//	              neither, and readers ignore the bits they do not know) ·
+//	              bits 16-31 hold; bit 2 the body field starts with the
+//	              content coding, as length (2) and bytes; builds before
+//	              these wrote none of them, and readers ignore the bits
+//	              they do not know) ·
 //	              status (2) · content-type length C (2) · location
 //	              length L (2) · account (2: the client's count, see
 //	              shm.Quota; 0 in dumps of builds before accounts, which
 //	              wrote it as reserved) · body length N (4) ·
-//	              content type (C) · location (L) · body (N)
+//	              content type (C) · location (L) · body (N, with
+//	              bit 2 the content coding first)
 //
 //	Cache payload (the response cache's entries and tag generations)
 //	0       8     hash seed 1 (must equal the header's)
@@ -356,6 +359,7 @@ func responsesHead(seed1, seed2, key uint64) []byte {
 const (
 	recordUnreplayable = 1  // completed, not replayable
 	recordAddrAccount  = 2  // charged to the address account in the high 16 bits
+	recordEncoding     = 4  // the body field starts with the content coding: length (2), bytes
 	recordAddrShift    = 16 // where the address account is
 	recordAddrMask     = 0xffff0000
 )
@@ -363,10 +367,14 @@ const (
 // appendRecord encodes one stored response.
 func appendRecord(b []byte, e *shm.StoredEntry) []byte {
 	le := binary.LittleEndian
-	ct, loc, body := e.Response.ContentType, e.Response.Location, e.Response.Body
+	ct, loc, ce, body := e.Response.ContentType, e.Response.Location, e.Response.ContentEncoding, e.Response.Body
 	var flags uint32
 	if e.Unreplayable {
-		flags, ct, loc, body = recordUnreplayable, "", "", nil
+		flags, ct, loc, ce, body = recordUnreplayable, "", "", "", nil
+	}
+	ce = ce[:min(len(ce), 0xffff)]
+	if ce != "" {
+		flags |= recordEncoding
 	}
 	if e.HasAddrAccount {
 		flags |= recordAddrAccount | uint32(e.AddrAccount)<<recordAddrShift
@@ -381,9 +389,17 @@ func appendRecord(b []byte, e *shm.StoredEntry) []byte {
 	b = le.AppendUint16(b, uint16(len(ct)))
 	b = le.AppendUint16(b, uint16(len(loc)))
 	b = le.AppendUint16(b, e.Account)
-	b = le.AppendUint32(b, uint32(len(body)))
+	n := len(body)
+	if ce != "" {
+		n += 2 + len(ce)
+	}
+	b = le.AppendUint32(b, uint32(n))
 	b = append(b, ct...)
 	b = append(b, loc...)
+	if ce != "" {
+		b = le.AppendUint16(b, uint16(len(ce)))
+		b = append(b, ce...)
+	}
 	return append(b, body...)
 }
 
@@ -648,6 +664,17 @@ func nextRecord(b []byte) (e shm.StoredEntry, rest []byte, ok bool) {
 	s += ctLen
 	e.Response.Location = string(b[s : s+locLen])
 	s += locLen
+	if flags&recordEncoding != 0 {
+		if end-uint64(s) < 2 {
+			return e, nil, false
+		}
+		ce := uint64(s) + 2 + uint64(le.Uint16(b[s:]))
+		if ce > end {
+			return e, nil, false
+		}
+		e.Response.ContentEncoding = string(b[s+2 : ce])
+		s = int(ce)
+	}
 	e.Response.Body = b[s:end]
 	return e, b[end:], true
 }

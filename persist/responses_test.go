@@ -182,3 +182,33 @@ func TestResponsesGuards(t *testing.T) {
 		}
 	})
 }
+
+// A stored response's content coding survives the restart: a gzip body
+// replayed without its Content-Encoding cannot be read.
+func TestResponsesKeepContentEncoding(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dump")
+	a := responseRegion(t)
+	gz := shm.Response{Status: 201, ContentType: "application/json", Location: "/orders/2", ContentEncoding: "gzip",
+		Body: []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")}
+	tab := a.Responses()
+	var scratch shm.Response
+	out, tk, err := tab.Begin(kDone, shm.Quota{}, shm.Quota{}, fp1, t1, &scratch)
+	if err != nil || out != shm.Reserved {
+		t.Fatalf("begin: %v %v", out, err)
+	}
+	if _, err := tab.Complete(tk, &gz, t1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	dumpTo(t, a, Options{Path: path, Key: "v1", Rules: rules, Now: wallAt(wall0)})
+
+	b := responseRegion(t)
+	b.SetNow(0)
+	rep, err := Load(b, Options{Path: path, Key: "v1", Rules: rules, Now: wallAt(wall0.Add(time.Minute))}, quiet)
+	if err != nil || rep.Responses != 1 {
+		t.Fatalf("%+v, %v", rep, err)
+	}
+	var got shm.Response
+	if out, _, err := b.Responses().Begin(kDone, shm.Quota{}, shm.Quota{}, fp1, rep.RegionTime, &got); err != nil || out != shm.Replay || !reflect.DeepEqual(got, gz) {
+		t.Fatalf("replay after the restart: %v %v %+v, want %+v", out, err, got, gz)
+	}
+}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"fmt"
 	"net"
 	"net/http"
@@ -272,4 +274,55 @@ path = "/orders"
 		}
 		d.stop()
 	})
+}
+
+// A stored gzip response is replayed after a restart with its
+// Content-Encoding: without it the body the client gets cannot be read.
+func TestPersistReplayKeepsContentEncoding(t *testing.T) {
+	var executions atomic.Int32
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(`{"order":1}`))
+	zw.Close()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		executions.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(201)
+		w.Write(gz.Bytes())
+	}))
+	defer up.Close()
+	dump := filepath.Join(t.TempDir(), "dump")
+	cfg := persistConfig(fmt.Sprintf(`upstream = %q
+[table]
+responses = 64
+response_bytes = "1MiB"
+[persist]
+path = %q
+key = "v1"
+[[idempotency]]
+path = "/orders"
+`, up.URL, dump))
+	c := newClient(t, nil, false)
+	post := func(d *daemon) result {
+		return send(c, "POST", d.url("/orders"), http.Header{"Idempotency-Key": {`"order-1"`}, "Accept-Encoding": {"gzip"}}, `{"item":1}`)
+	}
+	d := startDaemon(t, daemonOptions{config: cfg})
+	if r := post(d); r.status != 201 || r.header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("first: %d %v %v", r.status, r.err, r.header)
+	}
+	if r := post(d); r.header.Get("Idempotent-Replayed") != "true" || r.header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("replay before the restart: %d %v", r.status, r.header)
+	}
+	d.stop()
+	d = startDaemon(t, daemonOptions{config: cfg})
+	defer d.stop()
+	r := post(d)
+	if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || executions.Load() != 1 {
+		t.Fatalf("after the restart: %d %v, %d executions", r.status, r.header, executions.Load())
+	}
+	if r.header.Get("Content-Encoding") != "gzip" || !bytes.Equal(r.body, gz.Bytes()) {
+		t.Fatalf("replay after the restart: Content-Encoding %q, body %q: want the gzip body with its coding",
+			r.header.Get("Content-Encoding"), r.body)
+	}
 }
