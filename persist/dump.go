@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
@@ -92,6 +93,7 @@ func Dump(r *shm.Region, o Options) (DumpStats, error) {
 	if err != nil {
 		return st, err
 	}
+	defer inProgress.Delete(tmp)
 	if err := renameDurably(tmp, o.Path); err != nil {
 		os.Remove(tmp)
 		return st, fmt.Errorf("persist: dump: %w", err)
@@ -105,11 +107,23 @@ func tempPattern(path string) string {
 	return filepath.Base(path) + ".tmp-" + strconv.Itoa(os.Getpid()) + "-*"
 }
 
+// inProgress holds the names of the temporary files this process's
+// Dumps are writing: its pid's other ones were left by an earlier process
+// that had the same pid (in a container the supervisor is pid 1 at every
+// start) and died before the rename. tempsMu orders the making of one
+// with removeTemps.
+var (
+	inProgress sync.Map
+	tempsMu    sync.Mutex
+)
+
 // removeTemps removes the temporary files that a Dump left when its
 // process died before the rename. A living process's are its own: during
 // a binary upgrade the old supervisor and the new one both dump to the
 // path for a moment, and each writes and renames its own file.
 func removeTemps(path string) {
+	tempsMu.Lock()
+	defer tempsMu.Unlock()
 	dir, prefix := filepath.Dir(path), filepath.Base(path)+".tmp-"
 	des, _ := os.ReadDir(dir)
 	for _, de := range des {
@@ -119,7 +133,12 @@ func removeTemps(path string) {
 			continue
 		}
 		if pid, _, ok := strings.Cut(rest, "-"); ok {
-			if n, err := strconv.Atoi(pid); err == nil && processAlive(n) {
+			n, err := strconv.Atoi(pid)
+			if err == nil && n == os.Getpid() {
+				if _, writing := inProgress.Load(filepath.Join(dir, name)); writing {
+					continue
+				}
+			} else if err == nil && processAlive(n) {
 				continue
 			}
 		}
@@ -140,7 +159,12 @@ func removePrefixed(dir, prefix string) {
 // writeTemp writes the dump to a new temporary file next to o.Path and
 // fsyncs it. It returns the file's name; on error nothing is left behind.
 func writeTemp(r *shm.Region, o Options) (name string, st DumpStats, err error) {
+	tempsMu.Lock()
 	f, err := os.CreateTemp(filepath.Dir(o.Path), tempPattern(o.Path))
+	if err == nil {
+		inProgress.Store(f.Name(), true)
+	}
+	tempsMu.Unlock()
 	if err != nil {
 		return "", st, fmt.Errorf("persist: dump: %w", err)
 	}
@@ -148,6 +172,7 @@ func writeTemp(r *shm.Region, o Options) (name string, st DumpStats, err error) 
 		if err != nil {
 			f.Close()
 			os.Remove(f.Name())
+			inProgress.Delete(f.Name())
 		}
 	}()
 	if err := f.Chmod(0o600); err != nil {

@@ -273,6 +273,25 @@ func TestCrashBeforeRename(t *testing.T) {
 	}
 }
 
+// A temporary file named with this process's pid, and that no Dump of
+// this process writes, was left by an earlier process that had the same
+// pid (a container's pid 1, killed during a dump): the next dump removes
+// it, rather than keeping one more file the size of a dump per crash.
+func TestDumpRemovesTempOfEarlierProcessWithOwnPID(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "dump")
+	stray := filepath.Join(dir, fmt.Sprintf("dump.tmp-%d-1234", os.Getpid()))
+	if err := os.WriteFile(stray, []byte("torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := region(t, 64)
+	exhaust(t, a, "c")
+	dumpTo(t, a, Options{Path: path, Rules: rules, Now: wallAt(wall0)})
+	if _, err := os.Stat(stray); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("temporary file of an earlier process with this pid left: %v", err)
+	}
+}
+
 // deadPID is the pid of a process that has exited.
 func deadPID(t *testing.T) int {
 	cmd := exec.Command("true")
