@@ -94,11 +94,32 @@ func Dump(r *shm.Region, o Options) (DumpStats, error) {
 		return st, err
 	}
 	defer inProgress.Delete(tmp)
+	if err := keepRefused(o.Path); err != nil {
+		os.Remove(tmp)
+		return st, fmt.Errorf("persist: dump: %w", err)
+	}
 	if err := renameDurably(tmp, o.Path); err != nil {
 		os.Remove(tmp)
 		return st, fmt.Errorf("persist: dump: %w", err)
 	}
 	return st, nil
+}
+
+// keepRefused moves a file at path that a load refuses unread (another
+// user's, or writable by group or others: see untrusted) to
+// PATH.refused, before a dump is renamed over it. Load leaves such a file
+// where it is, for its owner to look at and make trusted; without this,
+// the first dump after the refusal (at once with persist.interval, else
+// at the stop) would destroy the state it holds.
+func keepRefused(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() || untrusted(fi) == "" {
+		return nil
+	}
+	if err := os.Rename(path, path+SuffixRefused); err != nil {
+		return fmt.Errorf("keeping the refused dump: %w", err)
+	}
+	return nil
 }
 
 // tempPattern names a dump's temporary files: PATH.tmp-PID-RANDOM, PID

@@ -73,7 +73,8 @@ type Report struct {
 //   - a file another user owns, or that group or others may write
 //     (checksums are no authentication), a directory or another file that
 //     is not a regular one: the whole dump is refused, and left where it
-//     is;
+//     is (the next Dump moves such a file to PATH.refused rather than
+//     replace it);
 //   - bad magic, format version, layout (slot size or byte order), a
 //     header checksum, a file cut inside its header: the whole dump is
 //     refused;

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -142,5 +143,55 @@ func TestPersistPathLocked(t *testing.T) {
 	d.stop()
 	if _, err := os.Stat(dump); err != nil {
 		t.Fatalf("the first supervisor's dump: %v", err)
+	}
+}
+
+// A dump refused as untrusted is the state of the last stop: the refusal
+// says how to make it trusted again (its owner, its mode), so the server
+// that refused it must not destroy it by writing its own dump over it,
+// at once with persist.interval or at its stop.
+func TestPersistRefusedDumpNotOverwritten(t *testing.T) {
+	dump := filepath.Join(t.TempDir(), "dump")
+	cfg := persistConfig(fmt.Sprintf("[persist]\npath = %q\ninterval = \"1s\"\n", dump) + `
+[[ratelimit]]
+name = "login"
+path = "/login"
+limit = 1
+window = "1h"
+`)
+	d := startDaemon(t, daemonOptions{config: cfg})
+	c := newClient(t, nil, false)
+	do(c, "POST", d.url("/login"), nil)
+	if r := do(c, "POST", d.url("/login"), nil); r.status != 429 {
+		t.Fatalf("second: %d %v", r.status, r.err)
+	}
+	d.stop()
+	want, err := os.ReadFile(dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dump, 0o664) // restored from a backup under umask 002, say
+	d = startDaemon(t, daemonOptions{config: cfg})
+	if _, _, ok := d.logs.waitFor(0, 5*time.Second, msgIs("persist: dump refused: untrusted")); !ok {
+		t.Fatalf("no refusal:\n%s", d.logs.text())
+	}
+	time.Sleep(1500 * time.Millisecond) // a periodic dump or two
+	d.stop()
+	kept := false
+	for _, p := range []string{dump, dump + ".refused"} {
+		if b, err := os.ReadFile(p); err == nil && bytes.Equal(b, want) {
+			kept = true
+		}
+	}
+	if !kept {
+		t.Fatalf("the refused dump was overwritten: neither %s nor %s.refused holds it", dump, dump)
+	}
+	// Made trusted again, it restores the limited client.
+	os.Rename(dump+".refused", dump)
+	os.Chmod(dump, 0o600)
+	d = startDaemon(t, daemonOptions{config: cfg})
+	defer d.stop()
+	if r := do(c, "POST", d.url("/login"), nil); r.status != 429 {
+		t.Fatalf("after restoring the refused dump: %d %v, want 429", r.status, r.err)
 	}
 }
