@@ -420,8 +420,13 @@ func (c *Counters) apply(k Key, q Quota, i int, s uint64, meta uint64, now time.
 		p := payloadOf(s)
 		// The clock is read again after the state: a caller descheduled
 		// between reading it and here would otherwise decide at a time
-		// before the decisions it now builds on.
-		at := max(now, c.r.Now())
+		// before the decisions it now builds on. Later by whole
+		// microseconds (the unit of a payload's times), so that the
+		// times an op reports from now keep now's own fraction.
+		at := now
+		if late := c.r.Now() - now; late > 0 {
+			at += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
+		}
 		if p == 0 {
 			// As fresh as a new key, and perhaps one whose state was
 			// reclaimed at a later `now`: the same rule as in claim.
