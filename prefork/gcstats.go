@@ -1,7 +1,7 @@
 package prefork
 
 import (
-	runtimemetrics "runtime/metrics"
+	"runtime/debug"
 	"time"
 
 	"github.com/preforkd/preforkd/metrics"
@@ -15,26 +15,23 @@ import (
 const gcEvery = time.Second
 
 // gcCounter copies this process's count of garbage collections into its
-// statistics row. runtime/metrics reads it without stopping the world.
+// statistics row. debug.ReadGCStats reads it without stopping the world,
+// and links far less than runtime/metrics, whose table of every metric an
+// embedding program would carry for this one number.
 type gcCounter struct {
-	row    metrics.Row
-	sample [1]runtimemetrics.Sample
-	last   uint64
+	row   metrics.Row
+	stats debug.GCStats // kept: its Pause slice is reused
+	last  uint64
 }
 
 func newGCCounter(r *shm.Region) *gcCounter {
-	g := &gcCounter{row: metrics.NewRow(r)}
-	g.sample[0].Name = "/gc/cycles/total:gc-cycles"
-	return g
+	return &gcCounter{row: metrics.NewRow(r)}
 }
 
 // publish adds the collections since the last call.
 func (g *gcCounter) publish() {
-	runtimemetrics.Read(g.sample[:])
-	if g.sample[0].Value.Kind() != runtimemetrics.KindUint64 {
-		return // a runtime without the metric
-	}
-	n := g.sample[0].Value.Uint64()
+	debug.ReadGCStats(&g.stats)
+	n := uint64(g.stats.NumGC)
 	g.row.SetGCCycles(g.last, n)
 	g.last = max(g.last, n)
 }
