@@ -78,8 +78,7 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 	id, err := b.by.AppendKeyOf(ex.keyBuf[:0], ex.view())
 	if err != nil {
 		c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
-		var re *clientip.RepeatedError
-		if errors.As(err, &re) {
+		if re, ok := errors.AsType[*clientip.RepeatedError](err); ok {
 			return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "send " + re.What + " at most once"}, false)
 		}
 		panic("core: unexpected key error: " + err.Error())

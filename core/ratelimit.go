@@ -120,8 +120,7 @@ func (ex *Exchange) rateLimit() (Verdict, bool) {
 	}
 	now := ex.clock()
 	if err := ex.keys(); err != nil {
-		var re *clientip.RepeatedError
-		if errors.As(err, &re) {
+		if re, ok := errors.AsType[*clientip.RepeatedError](err); ok {
 			return ex.respond(&Problem{Status: http.StatusBadRequest,
 				Detail: "send " + re.What + " at most once"}, false)
 		}

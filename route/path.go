@@ -21,8 +21,7 @@ func (e badPath) Unwrap() error { return ErrBadPath }
 // PathReason is why [Normalize] refused a path, as said to the client
 // ("encoded slash (%2F)"); "" for an error that is not one of its.
 func PathReason(err error) string {
-	var b badPath
-	if errors.As(err, &b) {
+	if b, ok := errors.AsType[badPath](err); ok {
 		return string(b)
 	}
 	return ""

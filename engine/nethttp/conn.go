@@ -106,8 +106,7 @@ func (c *clientConn) Read(p []byte) (int, error) {
 			return 0, errRefused
 		}
 	}
-	var ne net.Error
-	if err != nil && c.head.Begun() && !c.served && !c.answered && errors.As(err, &ne) && ne.Timeout() {
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() && c.head.Begun() && !c.served && !c.answered {
 		// net/http closes a section cut short by its timeout without a
 		// word; the other engines answer 408.
 		c.answer(engine.ErrHeadTimeout.Status, engine.ErrHeadTimeout.Detail)

@@ -7,8 +7,11 @@ import (
 
 // isTimeout reports whether err is a deadline passing.
 func isTimeout(err error) bool {
-	var te interface{ Timeout() bool }
-	return errors.As(err, &te) && te.Timeout()
+	te, ok := errors.AsType[interface {
+		error
+		Timeout() bool
+	}](err)
+	return ok && te.Timeout()
 }
 
 // isConnReset reports whether err is the peer resetting or having closed

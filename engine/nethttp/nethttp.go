@@ -529,8 +529,7 @@ func readBody(body io.Reader, length, max int64) ([]byte, error) {
 		case err == io.EOF:
 			return buf, nil
 		case err != nil:
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 				return nil, core.ErrBodyTooLarge
 			}
 			return nil, err
