@@ -33,7 +33,9 @@ func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 	// -trimpath: a plain build holds the checkout's directory once for
 	// each source file, so its size moves by a page or two with where the
 	// checkout is (a 43-byte directory name put it 4 KiB over at a size
-	// 4 KiB under in a short one). This bound is the program's.
+	// 4 KiB under in a short one). This bound is the program's; the
+	// margin is for the plain build, which the goal is about: it carries
+	// the directory names (some 16 KB more from a short one).
 	bin := filepath.Join(t.TempDir(), "embed")
 	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -47,6 +49,8 @@ func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 		" github.com/preforkd/preforkd/engine/nethttp.(*forwarder).", // forwarding
 		" github.com/preforkd/preforkd/internal/upconn.",
 		" encoding/json.Unmarshal",                                   // prefork's handoff is its own text
+		" errors.As\n",                                               // errors.AsType: no reflection
+		" runtime/metrics.",                                          // a worker's GC cycles: debug.ReadGCStats
 		" github.com/preforkd/preforkd/core.(*Exchange).idempotency", // the optional stages
 		" github.com/preforkd/preforkd/core.(*Exchange).decideCache",
 		" github.com/preforkd/preforkd/core/httpcache.",
@@ -61,8 +65,9 @@ func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("go build -trimpath ./examples/embed: %d bytes", fi.Size())
-	if fi.Size() > 10<<20 {
-		t.Errorf("go build -trimpath ./examples/embed: %d bytes, more than 10 MiB", fi.Size())
+	const limit, margin = 10 << 20, 32 << 10
+	t.Logf("go build -trimpath ./examples/embed: %d bytes, %d under 10 MiB", fi.Size(), limit-fi.Size())
+	if fi.Size() > limit-margin {
+		t.Errorf("go build -trimpath ./examples/embed: %d bytes, less than %d KiB under 10 MiB", fi.Size(), margin>>10)
 	}
 }
