@@ -47,6 +47,25 @@ func AdoptLock(files []*os.File) *Lock {
 	return &Lock{files: files}
 }
 
+// Holds reports whether l holds the lock of path (FILE.lock beside it is
+// one of l's files): a supervisor that adopted its locks checks that the
+// files its configuration names are the ones they guard.
+func (l *Lock) Holds(path string) bool {
+	if l == nil {
+		return false
+	}
+	want, err := os.Stat(path + ".lock")
+	if err != nil {
+		return false
+	}
+	for _, f := range l.files {
+		if fi, err := f.Stat(); err == nil && os.SameFile(fi, want) {
+			return true
+		}
+	}
+	return false
+}
+
 // Claim writes this process's pid in every lock file l holds: whoever is
 // refused the lock learns whom to look for. A nil Lock holds none.
 func (l *Lock) Claim() {

@@ -810,6 +810,43 @@ func TestFailedUpgradeLockNamesTheOldSupervisor(t *testing.T) {
 	stopPID(t, d, newPID)
 }
 
+// A binary upgrade keeps the files the region is persisted to, as a
+// reload does: a new supervisor whose file names another persist.path
+// would write a dump that no lock guards. It is refused with the reason,
+// and the old supervisor serves on, nothing written at the new path.
+func TestUpgradeKeepsThePersistFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dump, moved := filepath.Join(dir, "dump"), filepath.Join(dir, "moved")
+	cfg := persistConfig(fmt.Sprintf("[persist]\npath = %q\n", dump))
+	d := startDaemon(t, daemonOptions{config: cfg})
+	if err := os.WriteFile(d.cfgPath, []byte(persistConfig(fmt.Sprintf("[persist]\npath = %q\n", moved))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	from := d.logs.len()
+	d.signal(syscall.SIGUSR2)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade failed: the new supervisor exited before it was ready; serving on")); !ok {
+		t.Fatalf("no failed upgrade; log:\n%s", d.logs.text())
+	}
+	if !strings.Contains(d.logs.text(), "is not a file the running supervisor persists to") {
+		t.Errorf("the reason is not logged:\n%s", d.logs.text())
+	}
+	if _, err := os.Stat(moved); !os.IsNotExist(err) {
+		t.Errorf("a dump at the new path: %v", err)
+	}
+	if r := get(newClient(t, nil, false), d.url("/")); r.status != 200 {
+		t.Errorf("after the refused upgrade: %d %v", r.status, r.err)
+	}
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade abandoned: the new supervisor's workers are gone, their indexes reaped")); !ok {
+		t.Fatalf("the failed upgrade's indexes were not reaped; log:\n%s", d.logs.text())
+	}
+	os.WriteFile(d.cfgPath, []byte(cfg), 0o600)
+	stopPID(t, d, upgrade(t, d))
+	if _, err := os.Stat(dump); err != nil {
+		t.Errorf("no dump where the region was persisted: %v", err)
+	}
+}
+
 // The access log's bytes are the body bytes sent (nginx's
 // $body_bytes_sent): none to HEAD, also for the built-in application the
 // event loop runs itself, whose answer to HEAD carries no body.

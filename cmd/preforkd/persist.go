@@ -97,6 +97,14 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 			fs = append(fs, f)
 		}
 		lock, reattached, adopted = persist.AdoptLock(fs), true, true
+		// The region goes on as it is, persisted where it was: files the
+		// old supervisor did not lock would be written unguarded (a
+		// second supervisor could take them), as a reload keeps them.
+		for _, f := range []struct{ key, path string }{{"persist.path", cfg.Persist.Path}, {"persist.live", cfg.Persist.Live}} {
+			if f.path != "" && !lock.Holds(f.path) {
+				return fmt.Errorf("%s %q is not a file the running supervisor persists to: a binary upgrade keeps the running files (set it back, or restart to change it)", f.key, f.path)
+			}
+		}
 		if adopt != nil {
 			return adopt(files)
 		}
