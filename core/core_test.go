@@ -215,3 +215,24 @@ func TestPathKeyOverride(t *testing.T) {
 		t.Errorf("KeyState of path:/API/EXPORT/: %+v, %v; want the override's limit of 1, used up", st, err)
 	}
 }
+
+// An override whose own rate is wrong is named by its rule and its
+// number, as the program wrote them: not by the internal name its state
+// is kept under (the rule's name, NUL, its key), which is no field of
+// the program's.
+func TestOverrideErrorNamesTheOverride(t *testing.T) {
+	rl := core.RateLimit{
+		Rule:      bucket.Rule{Name: "login", Limit: 3, Window: time.Minute},
+		Route:     mustRoute(t, "/*"),
+		Overrides: []core.Override{{Key: "k"}},
+	}
+	err := rl.Check()
+	const want = `core: rule "login": override 1: limit must be between 1 and 1048575, got 0`
+	if err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %s", err, want)
+	}
+	var re *bucket.RuleError
+	if !errors.As(err, &re) || re.Field != "Limit" {
+		t.Errorf("%v: want a *bucket.RuleError for Limit underneath", err)
+	}
+}

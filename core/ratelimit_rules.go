@@ -190,7 +190,17 @@ type OverrideError struct {
 }
 
 func (e *OverrideError) Error() string {
-	return fmt.Sprintf("core: rule %q: override %d: %s", e.Rule, e.Index+1, strings.TrimPrefix(strings.TrimPrefix(e.Err.Error(), "core: "), "bucket: "))
+	// Err is a *FieldError or a *bucket.RuleError, whose Rule is the
+	// name the override's state is kept under (the rule's, NUL, the
+	// key): no name the program wrote. Their Msg alone says what.
+	msg := e.Err.Error()
+	switch err := e.Err.(type) {
+	case *FieldError:
+		msg = err.Msg
+	case *bucket.RuleError:
+		msg = err.Msg
+	}
+	return fmt.Sprintf("core: rule %q: override %d: %s", e.Rule, e.Index+1, msg)
 }
 
 func (e *OverrideError) Unwrap() error { return e.Err }
