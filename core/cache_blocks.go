@@ -122,7 +122,7 @@ func (c *Core) installCache(ds []Cache) error {
 		return nil
 	}
 	if c.region.Responses().Len() == 0 || c.region.Tags().Len() == 0 {
-		return fmt.Errorf("core: %w (cache blocks need a response table)", shm.ErrNoResponses)
+		return fmt.Errorf("core: %w (cache blocks need one: "+howResponses+")", shm.ErrNoResponses)
 	}
 	for i := range ds {
 		d := &ds[i]

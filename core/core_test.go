@@ -236,3 +236,19 @@ func TestOverrideErrorNamesTheOverride(t *testing.T) {
 		t.Errorf("%v: want a *bucket.RuleError for Limit underneath", err)
 	}
 }
+
+// A stage that needs stored responses, over a region made without a
+// response table, is refused with the way to one: the region's
+// geometry, which a supervised program gives in prefork.Options.Region.
+func TestNoResponseTableSaysHow(t *testing.T) {
+	r := joinedRegion(t, shm.Options{Counters: 64})
+	for name, o := range map[string]core.Options{
+		"idempotency": {Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/*")})},
+		"cache":       {Caches: core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*")})},
+	} {
+		_, err := core.New(r, o)
+		if !errors.Is(err, shm.ErrNoResponses) || !strings.Contains(err.Error(), "shm.Options.Responses") || !strings.Contains(err.Error(), "prefork.Options.Region") {
+			t.Errorf("%s: %v: want shm.ErrNoResponses, saying to set shm.Options.Responses (prefork.Options.Region)", name, err)
+		}
+	}
+}

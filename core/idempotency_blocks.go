@@ -76,7 +76,7 @@ func (c *Core) installIdempotency(ds []Idempotency) error {
 		return nil
 	}
 	if c.region.Responses().Len() == 0 {
-		return fmt.Errorf("core: %w (idempotency blocks need a response table)", shm.ErrNoResponses)
+		return fmt.Errorf("core: %w (idempotency blocks need one: "+howResponses+")", shm.ErrNoResponses)
 	}
 	for i := range ds {
 		d := &ds[i]
@@ -150,3 +150,7 @@ type Idempotency struct {
 // DefaultMaxRecords is a block's MaxRecords when it sets none: 1% of the
 // response table's records, at least 16.
 func DefaultMaxRecords(records int) int { return max(records/100, 16) }
+
+// howResponses says how a region gets a response table, for the error of
+// a stage that needs one.
+const howResponses = "create the region with shm.Options.Responses, prefork.Options.Region's in a supervised program"
