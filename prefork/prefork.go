@@ -34,8 +34,10 @@ type Options struct {
 	// shm's default geometry.
 	Region shm.Options
 	// NewRegion, if set, replaces shm.Create (e.g. a live region on tmpfs),
-	// given Region with MaxWorkers raised. The region must be shareable
-	// (a file) with room for that many worker indexes.
+	// given Region with MaxWorkers raised and the statistics rows the
+	// workers count in (StatWords...) added: it creates the region with
+	// those options. The region must be shareable (a file) with room for
+	// that many worker indexes and those rows; Run refuses another.
 	NewRegion func(o shm.Options) (*shm.Region, error)
 
 	// Settings are what the supervisor and each worker run with (the
@@ -189,9 +191,17 @@ func newRegion(opts Options, n int) (*shm.Region, error) {
 		r.Close()
 		return nil, errors.New("prefork: NewRegion returned a private region, which workers cannot map")
 	}
-	if got := r.Geometry().MaxWorkers; got < o.MaxWorkers {
+	// A region made with other options than o: each worker would refuse
+	// it (worker.go), respawned without end.
+	const use = "create it with the shm.Options it is given"
+	geo := r.Geometry()
+	if geo.MaxWorkers < o.MaxWorkers {
 		r.Close()
-		return nil, fmt.Errorf("prefork: the region has room for %d workers; %d workers need %d", got, n, o.MaxWorkers)
+		return nil, fmt.Errorf("prefork: NewRegion's region has room for %d workers; %d workers need %d: %s", geo.MaxWorkers, n, o.MaxWorkers, use)
+	}
+	if geo.StatLayout != o.StatLayout || geo.StatWords < o.StatWords {
+		r.Close()
+		return nil, errors.New("prefork: NewRegion's region has not the statistics rows the workers count in: " + use)
 	}
 	return r, nil
 }

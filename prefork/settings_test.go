@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/preforkd/preforkd/shm"
 )
 
 // Settings' zero values are the documented defaults; a value out of range
@@ -79,6 +81,38 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		}
 		if _, err := ln.Accept(); err == nil {
 			t.Error("Run left its listener open")
+		}
+	}
+}
+
+// A NewRegion that makes a region of its own geometry rather than the
+// one it is given lacks the statistics rows the workers count in: Run
+// refuses it at once, saying to use the given options, rather than
+// start workers that each refuse the region, respawned without end
+// under a message about another build.
+func TestRunRefusesNewRegionOfOtherGeometry(t *testing.T) {
+	for _, tc := range []struct {
+		geo  shm.Options
+		want string
+	}{
+		{shm.Options{Counters: 1024, MaxWorkers: 16}, "statistics"},
+		{shm.Options{Counters: 1024, MaxWorkers: 2}, "room for 2 workers"},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = Run(ctx, Options{
+			Listener:  ln,
+			Workers:   1,
+			Engine:    testEngine,
+			Logger:    quietLog(),
+			NewRegion: func(shm.Options) (*shm.Region, error) { return shm.Create(tc.geo) },
+		})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the shm.Options it is given") {
+			t.Errorf("%+v: Run: %v, want an error about %q that says to use the options NewRegion is given", tc.geo, err, tc.want)
 		}
 	}
 }
