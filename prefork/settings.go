@@ -144,7 +144,7 @@ func (s Settings) Check() error {
 	case s.MaxRSS < 0:
 		return fail("MaxRSS", "server", "max_rss", "must not be negative, got %d", s.MaxRSS)
 	case s.MaxRSS > 0 && s.MaxRSS < MinMaxRSS:
-		return fail("MaxRSS", "server", "max_rss", "must be at least 32MiB (a worker takes about 12 MiB as it starts: a limit below what it needs recycles every worker as soon as it serves), or \"\" for no limit; got %s", mib(s.MaxRSS))
+		return fail("MaxRSS", "server", "max_rss", "must be at least 32MiB (a worker takes about 12 MiB as it starts: a limit below what it needs recycles every worker as soon as it serves), or 0 for no limit; got %s", mib(s.MaxRSS))
 	}
 	c := s.Canary
 	switch {

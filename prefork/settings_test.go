@@ -116,3 +116,12 @@ func TestRunRefusesNewRegionOfOtherGeometry(t *testing.T) {
 		}
 	}
 }
+
+// A MaxRSS below MinMaxRSS is refused with the way to no limit that the
+// field and the file share (0): a Go program has no "" to give an int64.
+func TestMaxRSSErrorSaysZero(t *testing.T) {
+	_, err := Settings{MaxRSS: 1 << 20}.WithDefaults()
+	if err == nil || !strings.HasSuffix(err.Error(), "or 0 for no limit; got 1MiB") {
+		t.Errorf("Check: %v, want it to say 0 is no limit", err)
+	}
+}
