@@ -78,8 +78,11 @@ type Options struct {
 	RequestID string
 	// HealthPath, if set, is answered by the core itself for GET and
 	// HEAD, before any rule ("200 ok", never counted by a rule, never
-	// forwarded), and 503 once Core.Drain was called. The path is
-	// compared as sent, without the query. "" means none.
+	// forwarded), and 503 once Core.Drain was called: nothing calls it
+	// but the program, which in a prefork worker registers it with
+	// w.OnDrain(c.Drain), else the check answers 200 through
+	// Settings.DrainDelay. The path is compared as sent, without the
+	// query. "" means none.
 	HealthPath string
 	// AccessLog, if set, takes one entry per request when its exchange
 	// ends (package accesslog writes them out, buffered). nil: none.

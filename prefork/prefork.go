@@ -55,8 +55,9 @@ type Options struct {
 	// request through the worker's decision core (package core), which
 	// it builds over w.Region with core.Options.OnResponse = w.Responded,
 	// so that the recycling limits see each response, closing it with
-	// w.Defer (see the package's example: engine/nethttp's Server over an
-	// http.Handler).
+	// w.Defer, and with a core.Options.HealthPath, telling it of the
+	// drain with w.OnDrain(c.Drain) (see the package's example:
+	// engine/nethttp's Server over an http.Handler).
 	Engine func(w *Worker) (Engine, error)
 
 	// Logger receives one structured line per operator event, in the

@@ -18,8 +18,10 @@ type Settings struct {
 	ShutdownTimeout time.Duration
 	// DrainDelay is how long, after TERM or QUIT (or the context's end),
 	// the workers go on serving before they drain, while readiness
-	// (Status.Serving) and their health checks (Worker.OnDrain) say the
-	// instance is stopping: Kubernetes' preStop. 0 means none.
+	// (Status.Serving) and their health checks say the instance is
+	// stopping: Kubernetes' preStop. A worker's core answers its
+	// core.Options.HealthPath with 503 once the engine's factory had
+	// w.OnDrain(c.Drain). 0 means none.
 	DrainDelay time.Duration
 	// UpgradeTimeout bounds a binary upgrade (USR2): a new supervisor
 	// not ready by then is killed, and the old one serves on. 0 means
