@@ -71,9 +71,9 @@ func newHandler(c *core.Core, next http.Handler, opts Options) *Handler {
 // Core is the decision core the handler applies.
 func (h *Handler) Core() *core.Core { return h.c }
 
-// KeyOf returns the key bytes rule name counts r under (see
-// core.Core.KeyOf), or nil for no such rule or a request whose key header
-// was sent twice.
+// KeyOf returns the key bytes rule name counts r under, as the package's
+// KeyOf does: nil for no such rule, or a request the core would refuse
+// as malformed (a bad path, a key header sent twice).
 func (h *Handler) KeyOf(name string, r *http.Request) []byte { return KeyOf(h.c, name, r) }
 
 // KeyOf returns the key bytes the rule called name of c counts r under,
