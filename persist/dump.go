@@ -32,8 +32,11 @@ type Options struct {
 	// Build names the build that writes the dump (recorded, shown by
 	// Inspect). "" records nothing.
 	Build string
-	// Rules are the rate-limit rules of the configuration in force. Only
-	// counter state of these rules is dumped, and at load only state of
+	// Rules are the rate-limit rules of the configuration in force, with
+	// each override's rule: core.Options.StateRules of the workers' core
+	// options (an override's clients are counted under a rule of its own,
+	// which a list of the RateLimits' Rule fields lacks). Only counter
+	// state of these rules is dumped, and at load only state of
 	// rules whose definition is unchanged is restored. A definition is
 	// what a count is worth: name, algorithm, window, limit and effective
 	// burst (a GCRA burst of 0 is the limit). Path, methods, key source,
