@@ -31,7 +31,8 @@ import (
 
 // Options configures an Edge.
 type Options struct {
-	// Config is the TLS configuration (required): its certificates, and
+	// Config is the TLS configuration (required, with a certificate:
+	// Certificates, GetCertificate or GetConfigForClient): its certificates, and
 	// with "h2" in its NextProtos, HTTP/2 for the clients that ask for it.
 	// The handshake is bounded by the Server's ReadHeaderTimeout. The edge
 	// serves this Config itself, not a copy, so that what changes it while
@@ -47,10 +48,15 @@ type Options struct {
 // (nginx's http2_max_concurrent_streams).
 const DefaultMaxConcurrentStreams = 128
 
-// New returns an Edge for one nethttp.Server (ServerOptions.Edge).
+// New returns an Edge for one nethttp.Server (ServerOptions.Edge); a second
+// Server given it is refused by its NewServer.
 func New(o Options) (nethttp.Edge, error) {
 	if o.Config == nil {
 		return nil, errors.New("tlsedge: Options.Config is nil")
+	}
+	if c := o.Config; len(c.Certificates) == 0 && c.GetCertificate == nil && c.GetConfigForClient == nil {
+		// Every handshake would fail.
+		return nil, errors.New("tlsedge: Options.Config has no certificate: set its Certificates (or GetCertificate)")
 	}
 	e := &edge{conf: o.Config, streams: o.MaxConcurrentStreams}
 	if e.streams == 0 {
@@ -81,6 +87,11 @@ type edge struct {
 }
 
 func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) error {
+	if e.srv != nil {
+		// The first Server's HTTP/2 connections would be served by srv's
+		// handler, and its Shutdown would not drain them.
+		return errors.New("tlsedge: the Edge serves another Server already: build one with tlsedge.New for each")
+	}
 	e.srv, e.limits, e.log = srv, lim, log
 	// Never net/http's own HTTP/2: the floods are bounded here.
 	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}

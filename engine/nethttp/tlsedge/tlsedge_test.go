@@ -565,3 +565,37 @@ func TestStreamResetIs499(t *testing.T) {
 		t.Error("not counted within 5 s of the stream's reset")
 	}
 }
+
+// What an Edge cannot serve is refused when it is built, not left to
+// fail every client: a configuration without a certificate (each
+// handshake would fail), and a second Server on one Edge (whose HTTP/2
+// connections would be served by the last Server's handler and core, and
+// never drained by the first's Shutdown).
+func TestEdgeRefusesWhatCannotServe(t *testing.T) {
+	if _, err := tlsedge.New(tlsedge.Options{Config: &tls.Config{}}); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("New with no certificate: %v, want an error naming the certificate", err)
+	}
+	ca := tlstest.NewCA(t)
+	cert, key := ca.Leaf(t, "a.example")
+	tc, err := tlsconf.Options{Certificates: []tlsconf.Pair{{Cert: cert, Key: key}}, HTTP2: true}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge, err := tlsedge.New(tlsedge.Options{Config: tc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := shm.Options{Counters: 64}
+	metrics.Geometry(&o, 8)
+	c, err := core.New(shmtest.Private(t, o), core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := http.NotFoundHandler()
+	if _, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Edge: edge}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: app, Edge: edge}); err == nil || !strings.Contains(err.Error(), "tlsedge.New") {
+		t.Errorf("a second Server on one Edge: %v, want an error that says to build one with tlsedge.New for each", err)
+	}
+}
