@@ -49,7 +49,10 @@ type Options struct {
 	// Refuse, if set, writes the answer to a request the rate limits
 	// refused, instead of the core's problem+json: the status
 	// (ref.Status) and a body. The rate-limit header fields and
-	// Retry-After (ref.Fields) are set on w already.
+	// Retry-After (ref.Fields) are set on w already; the status is not:
+	// Refuse calls w.WriteHeader(ref.Status) itself, after its own header
+	// fields and before its body, or net/http answers the refused
+	// request with 200.
 	Refuse func(w http.ResponseWriter, r *http.Request, ref *core.Refusal)
 }
 
