@@ -36,8 +36,9 @@
 //
 // A worker inherits, as file descriptors 3 to 7: the region, the listening
 // socket, the read end of a lifeline pipe, the write end of its readiness
-// pipe, and the [Settings] of its generation (JSON in a sealed memory file,
-// with the program's Payload). It maps the region, joins it under its
+// pipe, and the [Settings] of its generation (in a sealed memory file: a
+// line for each field, then the program's Payload as it is; not Config
+// nor LogAttrs, which stay with the supervisor). It maps the region, joins it under its
 // worker index, builds its engine with [Options.Engine], reports readiness
 // and serves; when it is told to drain, the engine's Shutdown drains by
 // package engine's rule, and what [Worker.Defer] was given runs.
