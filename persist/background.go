@@ -27,12 +27,18 @@ type Dumper struct {
 // atomically and durably, as Dump does: one that fails (a full disk) is
 // logged at warn and leaves the previous dump in place. A dump that takes
 // longer than interval is followed by the next at once. Each dump is
-// logged at debug. A nil log means slog.Default().
+// logged at debug. An interval of 0 or less (persist.interval's "0s",
+// off) dumps nothing: the Dumper only waits for Stop. A nil log means
+// slog.Default().
 func StartDumper(r *shm.Region, interval time.Duration, options func() Options, log *slog.Logger) *Dumper {
 	if log == nil {
 		log = slog.Default()
 	}
 	d := &Dumper{stop: make(chan struct{}), done: make(chan struct{})}
+	if interval <= 0 {
+		close(d.done) // time.NewTicker would panic, in a goroutine
+		return d
+	}
 	go func() {
 		defer close(d.done)
 		tick := time.NewTicker(interval)
