@@ -329,7 +329,10 @@ func (ex *Exchange) replay() (Verdict, bool) {
 	}
 	ex.fields = append(ex.fields, Field{"Idempotent-Replayed", valTrue})
 	var body []byte
-	if BodyAllowed(s.Status) {
+	// A HEAD's original had no body, so none was stored: its length is
+	// not known, and a HEAD answer carries either the length a GET would
+	// have had or none (RFC 9110 §8.6), never the empty body's 0.
+	if BodyAllowed(s.Status) && ex.req.Method() != http.MethodHead {
 		body = s.Body
 		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(len(body)), 10) })
 	}

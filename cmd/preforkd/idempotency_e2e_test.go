@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -434,4 +435,58 @@ func idemProcAddr(s string) netip.AddrPort {
 		return netip.AddrPort{}
 	}
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[3], b[2], b[1], b[0]}), uint16(p))
+}
+
+// A block that keeps HEAD: the replay of a HEAD says nothing false about
+// the length a GET would have. The original's answer carried the
+// application's Content-Length; nothing of its body was stored (a HEAD
+// has none), so the replay carries no length rather than "0", on every
+// engine (RFC 9110 §8.6).
+func TestIdempotencyHeadReplayLengthE2E(t *testing.T) {
+	t.Parallel()
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "15")
+		w.WriteHeader(http.StatusOK)
+		if r.Method != http.MethodHead {
+			fmt.Fprintf(w, `{"execution":%d}`, n)
+		}
+	})
+	for _, engine := range []string{"loop", "fasthttp"} {
+		cfg := strings.Replace(idemConfig(up, 64), "[server]\n", "[server]\nengine = \""+engine+"\"\n", 1)
+		cfg = strings.Replace(cfg, `methods = ["POST"]`, `methods = ["POST", "HEAD"]`, 1)
+		d := startDaemon(t, daemonOptions{config: cfg})
+		head := func() (status, length string, replayed bool) {
+			conn, err := net.DialTimeout("tcp", d.addr, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(conn, "HEAD /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"head-%s\"\r\nConnection: close\r\n\r\n", engine)
+			raw, _ := io.ReadAll(conn)
+			lines := strings.Split(string(raw), "\r\n")
+			status = lines[0]
+			length = "(none)"
+			for _, l := range lines[1:] {
+				name, value, _ := strings.Cut(l, ":")
+				switch strings.ToLower(name) {
+				case "content-length":
+					length = strings.TrimSpace(value)
+				case "idempotent-replayed":
+					replayed = true
+				}
+			}
+			return status, length, replayed
+		}
+		s1, l1, r1 := head()
+		s2, l2, r2 := head()
+		if !strings.Contains(s1, " 200 ") || r1 || !strings.Contains(s2, " 200 ") || !r2 {
+			t.Fatalf("%s: original %q (replayed %v), retry %q (replayed %v)", engine, s1, r1, s2, r2)
+		}
+		if l2 != "(none)" && l2 != l1 {
+			t.Errorf("%s: the replayed HEAD says Content-Length %s; the original said %s", engine, l2, l1)
+		}
+		d.stop()
+	}
 }
