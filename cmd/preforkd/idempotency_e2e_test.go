@@ -490,3 +490,42 @@ func TestIdempotencyHeadReplayLengthE2E(t *testing.T) {
 		d.stop()
 	}
 }
+
+// The client of a keyed request resets its connection while the upstream
+// works on it, before any of the response came: the upstream is not cut
+// off, its response is stored, and the client's retry gets it replayed
+// instead of running the request a second time, on every engine.
+func TestIdempotencyClientResetBeforeHeadE2E(t *testing.T) {
+	t.Parallel()
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Second) // the client resets meanwhile
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"execution":%d}`, n)
+	})
+	for _, engine := range []string{"loop", "fasthttp"} {
+		cfg := strings.Replace(idemConfig(up, 64), "[server]\n", "[server]\nengine = \""+engine+"\"\n", 1)
+		d := startDaemon(t, daemonOptions{config: cfg})
+		before := up.executions.Load()
+		key := `"reset-` + engine + `"`
+		conn, err := net.DialTimeout("tcp", d.addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", key)
+		select {
+		case <-up.entered:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the request never reached the upstream", engine)
+		}
+		conn.(*net.TCPConn).SetLinger(0) // a reset, not a FIN
+		conn.Close()
+		time.Sleep(1500 * time.Millisecond) // the upstream answered meanwhile
+		c := newClient(t, nil, false)
+		a := idemPost(c, d.url("/orders"), key, `{}`)
+		if n := up.executions.Load() - before; n != 1 || a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("%s: the upstream ran %d times; the retry got %v %d %v %q", engine, n, a.err, a.status, a.header, a.body)
+		}
+		d.stop()
+	}
+}

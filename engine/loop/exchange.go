@@ -397,6 +397,11 @@ const maxInt = int(^uint(0) >> 1)
 func (r *request) sendUpstream() {
 	l := r.l
 	r.phase = phUpstream
+	// Known before the response comes: a client that goes away while the
+	// upstream works on a request whose response the core keeps (an
+	// idempotency key's) must not cut it, or the key is let go and the
+	// retry runs the request again (clientClosed).
+	r.keep = r.ex.Keep()
 	b := &r.body
 	if r.h.upgrade && !b.done {
 		r.refuseAfter(engine.ErrUpgradeBody)
