@@ -955,6 +955,41 @@ func TestEarlyResponse(t *testing.T) {
 	}
 }
 
+// TestHalfClosedClient: a client that shuts down its side once its
+// requests are sent (a pipelined pair here) gets the application's answers
+// or a connection closed with nothing on it, never an answer made up for
+// it: the net/http engine takes the shutdown for a client gone, and used
+// to return without a head, for net/http to send 200 with an empty body.
+func TestHalfClosedClient(t *testing.T) {
+	t.Parallel()
+	ln := listen(t)
+	acceptEach(ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			time.Sleep(200 * time.Millisecond) // the client's shutdown arrives first
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
+		}
+	})
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
+		c, br := dial(t, r.Addr)
+		io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n")
+		c.(*net.TCPConn).CloseWrite()
+		for i := 0; ; i++ {
+			if _, err := br.Peek(1); err == io.EOF {
+				break
+			}
+			resp, body := readResponse(t, br, "GET")
+			if resp.StatusCode != 200 || string(body) != "slow" {
+				t.Fatalf("response %d: %d %q; want the application's 200 \"slow\", or nothing", i, resp.StatusCode, body)
+			}
+		}
+	})
+}
+
 // TestSlowUploadIsTheClients: a body streamed with pauses longer than
 // upstream_timeout but within client_body_timeout is the client's to
 // send: the upstream's clock does not run while it waits for the client,

@@ -164,6 +164,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	finished = true
 	tunnel := req.rw.tunnel
 	h.finish(ex, req, err)
+	if errors.Is(err, core.ErrClientGone) {
+		// Returning would have net/http send 200 with an empty body, which
+		// a client that only shut down its side (or the next request on
+		// the connection) would read as the answer: the connection is
+		// closed (the HTTP/2 stream reset) with nothing sent.
+		panic(http.ErrAbortHandler)
+	}
 	if tunnel != nil {
 		// An upgrade: its exchange ended with the 101 handed over, as on
 		// the other engines; the tunnel runs on in the handler, which a
