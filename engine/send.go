@@ -129,11 +129,17 @@ func writeChunkInPlace(w io.Writer, buf []byte, n int, chunked bool) error {
 // (400 or 408). reuse is false when conn must not serve another request.
 func SendWhileReading(conn net.Conn, send, read func() error, stop func()) (reuse bool, err error) {
 	sent := make(chan error, 1)
+	var mu sync.Mutex
+	answered := false // an early answer was read: its body is still to come on conn
 	go func() {
 		err := send()
 		var be *BodyReadError
 		if errors.As(err, &be) {
-			conn.Close()
+			mu.Lock()
+			if !answered {
+				conn.Close()
+			}
+			mu.Unlock()
 		}
 		sent <- err
 	}()
@@ -143,7 +149,12 @@ func SendWhileReading(conn net.Conn, send, read func() error, stop func()) (reus
 	case werr = <-sent:
 	default:
 		if err == nil {
-			// An early answer: stop sending.
+			// An early answer: stop sending. The read of the client's
+			// body that stop ends fails, and must not close conn: the
+			// answer's body is still to be read from it.
+			mu.Lock()
+			answered = true
+			mu.Unlock()
 			if cw, ok := conn.(interface{ CloseWrite() error }); ok {
 				_ = cw.CloseWrite()
 			}

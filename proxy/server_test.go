@@ -955,6 +955,40 @@ func TestEarlyResponse(t *testing.T) {
 	}
 }
 
+// TestLongEarlyResponse: an upstream that answers before it read the
+// body, with an answer longer than one read of it, to a client that sent
+// part of its body and waits: the client gets the whole answer. (Stopping
+// the wait for the client's body used to close the upstream connection,
+// as a client that failed to send its body does, and cut the answer
+// after what had been read of it.)
+func TestLongEarlyResponse(t *testing.T) {
+	t.Parallel()
+	const answer = 1 << 20
+	ln := listen(t)
+	acceptEach(ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: %d\r\n\r\n", answer)
+		io.Copy(c, wiretest.Pattern(answer))
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, br)
+	})
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
+		c, br := dial(t, r.Addr)
+		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 4<<20)
+		io.Copy(c, wiretest.Pattern(100<<10)) // past the read-ahead: streamed
+		time.Sleep(200 * time.Millisecond)    // the answer fills the buffers on its way
+		resp := readHead(t, br, "POST")
+		n, err := io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != 413 || n != answer || err != nil {
+			t.Errorf("%d, %d of %d bytes of the answer, %v", resp.StatusCode, n, answer, err)
+		}
+	})
+}
+
 // TestHalfClosedClient: a client that shuts down its side once its
 // requests are sent (a pipelined pair here) gets the application's answers
 // or a connection closed with nothing on it, never an answer made up for
