@@ -375,6 +375,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 		})
 	if stopped {
 		r.ctx.SetConnectionClose()
+		r.c.linger = true // a reset would drop what the client has not yet read
 	}
 	if err == nil && !reuse {
 		r.up.SetConnectionClose()

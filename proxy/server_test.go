@@ -989,6 +989,60 @@ func TestLongEarlyResponse(t *testing.T) {
 	})
 }
 
+// TestEarlyResponseLingers: an upstream that answers before it read the
+// body, to a client that sends its body until it sees the answer's head,
+// then reads the answer slowly: the client gets the whole answer. The
+// connection ends after it with the client's body unread, so the close
+// must linger: a socket closed with unread bytes sends a reset, and a
+// reset drops what was not yet delivered of the answer.
+func TestEarlyResponseLingers(t *testing.T) {
+	t.Parallel()
+	const answer = 1 << 20
+	ln := listen(t)
+	acceptEach(ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: %d\r\n\r\n", answer)
+		io.Copy(c, wiretest.Pattern(answer))
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, br)
+	})
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
+		// A small send buffer keeps what is on its way when the client
+		// stops within what the close reads (engine.LingerBytes).
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 8<<10) })
+		}}
+		c, err := d.Dial("tcp", r.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 64<<20)
+		var stop atomic.Bool
+		go func() {
+			piece := make([]byte, 16<<10)
+			for !stop.Load() {
+				if _, err := c.Write(piece); err != nil {
+					return
+				}
+			}
+		}()
+		resp := readHead(t, br, "POST")
+		stop.Store(true)
+		time.Sleep(200 * time.Millisecond) // a slow reader: the answer waits in the buffers
+		n, err := io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != 413 || n != answer || err != nil {
+			t.Errorf("%d, %d of %d bytes of the answer, %v", resp.StatusCode, n, answer, err)
+		}
+	})
+}
+
 // TestHalfClosedClient: a client that shuts down its side once its
 // requests are sent (a pipelined pair here) gets the application's answers
 // or a connection closed with nothing on it, never an answer made up for

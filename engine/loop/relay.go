@@ -29,11 +29,12 @@ func (r *request) onHead(u *upConn, rest []byte) bool {
 	if r.body.sink == sinkUpstream && !r.body.done {
 		// An early answer (a 413, a 401) before the whole body was sent:
 		// the rest is not sent, the connection not reused, and the
-		// client's connection ends after the answer (its body is unread).
+		// client's connection ends after the answer (its body is unread),
+		// lingering: a reset would drop what the client has not yet read.
 		r.body.sink = sinkNone
 		u.out, u.outOff = u.out[:0], 0
 		if r.c != nil {
-			r.c.closeAfter = true
+			r.c.closeAfter, r.c.linger = true, true
 		}
 	}
 	if replaced := r.ex.Head(status, h); replaced != nil {

@@ -45,6 +45,9 @@ type clientConn struct {
 	// net/http's; what net/http writes after it is dropped, and the close
 	// lingers.
 	answered bool
+	// linger: the close lingers (the client's body was left unread
+	// after an early answer of the upstream's).
+	linger bool
 
 	// tls is the connection's TLS state over an Edge, nil in cleartext:
 	// ServeHTTP gives it each request as Request.TLS, as net/http gives
@@ -156,7 +159,7 @@ func (c *clientConn) CloseWrite() error {
 // it.)
 func (c *clientConn) Close() error {
 	c.mu.Lock()
-	linger := c.answered
+	linger := c.answered || c.linger
 	c.mu.Unlock()
 	if linger {
 		engine.LingerClose(c.Conn)
@@ -263,4 +266,13 @@ func ownStatus(p []byte) (status int, reason []byte, ok bool) {
 	}
 	line, _, _ := bytes.Cut(p[12:], []byte("\r\n"))
 	return status, line, true
+}
+
+// lingerAtClose makes the close linger: what the client still sends
+// would otherwise reset the connection, and a reset drops what it has
+// not yet read of the answer.
+func (c *clientConn) lingerAtClose() {
+	c.mu.Lock()
+	c.linger = true
+	c.mu.Unlock()
 }

@@ -160,9 +160,11 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handlers.Add(1)
 	defer s.handlers.Add(-1)
+	var cc *clientConn
 	if r.ProtoMajor == 1 {
 		// Every HTTP/1 connection is a clientConn (clientListener).
-		if cc, ok := r.Context().Value(connKey{}).(*clientConn); ok {
+		cc, _ = r.Context().Value(connKey{}).(*clientConn)
+		if cc != nil {
 			s.conns.writing(cc.Conn)
 			if !cc.began(r.Body == http.NoBody) {
 				// Refused already (clientConn.idle): what net/http writes
@@ -201,7 +203,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var body *bodyReader
 	if r.Body != nil && r.Body != http.NoBody {
 		body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout,
-			expect: httpfield.HasToken(r.Header["Expect"], "100-continue"), h2: r.ProtoMajor == 2}
+			expect: httpfield.HasToken(r.Header["Expect"], "100-continue"), h2: r.ProtoMajor == 2, cc: cc}
 		r.Body = body
 	}
 	lw := limitWriterPool.Get().(*limitWriter)
@@ -291,11 +293,12 @@ type bodyReader struct {
 	io.ReadCloser
 	w       http.ResponseWriter
 	timeout time.Duration
-	ended   bool // read to its end
-	failed  bool // a read failed (client_body_timeout): the rest will not come in time
-	expect  bool // the client waits for 100 Continue before it sends the body
-	read    bool // Read was called: a 100 Continue went, if expected
-	h2      bool // the body is an HTTP/2 stream's
+	ended   bool        // read to its end
+	failed  bool        // a read failed (client_body_timeout): the rest will not come in time
+	expect  bool        // the client waits for 100 Continue before it sends the body
+	read    bool        // Read was called: a 100 Continue went, if expected
+	h2      bool        // the body is an HTTP/2 stream's
+	cc      *clientConn // an HTTP/1 request's connection, or nil
 
 	mu      sync.Mutex // orders deadline and StopReading, which run in two goroutines
 	stopped bool       // StopReading was called: no read waits any more
@@ -353,6 +356,9 @@ func (b *bodyReader) StopReading() {
 	b.stopped = true
 	if d, ok := b.w.(interface{ SetReadDeadline(time.Time) error }); ok {
 		_ = d.SetReadDeadline(time.Now())
+	}
+	if b.cc != nil {
+		b.cc.lingerAtClose()
 	}
 }
 
