@@ -45,6 +45,14 @@ type clientConn struct {
 	// net/http's; what net/http writes after it is dropped, and the close
 	// lingers.
 	answered bool
+	// headDue is when the header section now begun must be whole:
+	// read_header_timeout from its first byte. net/http starts that
+	// clock on a keep-alive connection only once four bytes came, and
+	// waits for them with the idle timeout; SetReadDeadline keeps its
+	// deadlines within headDue. Zero between sections.
+	headDue time.Time
+	readDue time.Time // the read deadline net/http last set
+	kept    bool      // a request was served: the sections now come after an idle wait
 	// linger: the close lingers (the client's body was left unread
 	// after an early answer of the upstream's).
 	linger bool
@@ -109,12 +117,37 @@ func (c *clientConn) Read(p []byte) (int, error) {
 			return 0, errRefused
 		}
 	}
+	if n > 0 && !c.served && c.headDue.IsZero() && c.head.Begun() {
+		if d := c.s.limits.ReadHeaderTimeout; d > 0 {
+			c.headDue = time.Now().Add(d)
+			if !c.kept && !c.readDue.IsZero() && c.readDue.Before(c.headDue) {
+				c.headDue = c.readDue // the first request's runs from the accept
+			}
+			_ = c.Conn.SetReadDeadline(c.headDue)
+		}
+	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() && c.head.Begun() && !c.served && !c.answered {
 		// net/http closes a section cut short by its timeout without a
 		// word; the other engines answer 408.
 		c.answer(engine.ErrHeadTimeout.Status, engine.ErrHeadTimeout.Detail)
 	}
 	return n, err
+}
+
+// SetReadDeadline sets the read deadline, within read_header_timeout
+// of the first byte of a header section not yet whole (headDue).
+func (c *clientConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.readDue = t
+	due := c.headDue
+	if c.served || !c.head.Begun() {
+		due = time.Time{}
+	}
+	c.mu.Unlock()
+	if !due.IsZero() && (t.IsZero() || t.After(due)) {
+		t = due
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 // Write writes to the client. What net/http writes while no handler runs
@@ -178,7 +211,8 @@ func (c *clientConn) began(bodyless bool) bool {
 	if c.answered {
 		return false
 	}
-	c.served = true
+	c.served, c.kept = true, true
+	c.headDue = time.Time{}
 	c.head.Bodyless = bodyless
 	return true
 }
@@ -191,6 +225,7 @@ func (c *clientConn) idle() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.served = false
+	c.headDue = time.Time{}
 	c.head.Start()
 	switch {
 	case c.answered:
