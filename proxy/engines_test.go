@@ -631,6 +631,39 @@ func TestRefusedUnreadBodyCloses(t *testing.T) {
 	}
 }
 
+// TestRefusedUnreadBodyLingers: a request the core refuses while its long
+// body is still coming is answered, and its connection closed with the
+// body unread; the close lingers (a half-close, then what the client
+// still sends is read for a moment), as after the engines' own error
+// answers: a socket closed with unread bytes is reset, and a reset can
+// destroy the answer before the client read it. The client reads the
+// end of the connection after the answer, not a reset.
+func TestRefusedUnreadBodyLingers(t *testing.T) {
+	t.Parallel()
+	for _, e := range coreEngines {
+		t.Run(e.name, func(t *testing.T) {
+			t.Parallel()
+			up := startUpstream(t, nil)
+			c := configCore(t, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"one\"\npath = \"/u\"\nlimit = 1\nwindow = \"1h\"\n", nil)
+			ln := listen(t)
+			e.start(t, ln, up.URL(), c)
+			c0, br0 := dial(t, ln.Addr().String())
+			roundTrip(t, c0, br0, "GET /u HTTP/1.1\r\nHost: h\r\n\r\n") // the limit's one
+			conn, br := dial(t, ln.Addr().String())
+			io.WriteString(conn, "POST /u HTTP/1.1\r\nHost: h\r\nContent-Length: 1048576\r\n\r\n")
+			conn.Write(make([]byte, 100<<10)) // then the client pauses
+			resp, _ := readResponse(t, br, "POST")
+			if resp.StatusCode != 429 {
+				t.Fatalf("status %d, want 429", resp.StatusCode)
+			}
+			time.Sleep(100 * time.Millisecond) // the close has happened
+			if b, err := br.ReadByte(); err != io.EOF {
+				t.Errorf("after the answer: %q, %v; want the end of the connection", b, err)
+			}
+		})
+	}
+}
+
 // TestPipelinedSectionSplitAtCRLF: a pipelined request whose header line
 // ends in two reads, its CR in the one that carried the request before it
 // and its LF in the next, is served: the engines read ahead, and the

@@ -321,6 +321,7 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 // serve is the fasthttp handler: every request that could be read.
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	c := ctx.Conn().(*conn)
+	c.linger = false // the request before was answered, and the connection kept
 	// What was read after its section is the next request's if it has no
 	// body (engine.HeadScan): fasthttp's length is 0, or -2 (no Content-Length
 	// nor Transfer-Encoding: no body, in a request; another coding is
@@ -368,6 +369,12 @@ func (s *Server) serveParsed(r *request, ex *core.Exchange) {
 	r.ex = nil
 	r.body.reset(r)
 	if ex.Decide() == core.Respond {
+		if !r.body.done {
+			// A body left unread may close the connection (fasthttp drops
+			// a short one): closed at once, it would be reset, and a
+			// reset can destroy the answer before the client read it.
+			r.c.linger = true
+		}
 		s.respond(r.ctx, ex.Response())
 		s.finish(r, ex, nil)
 		return

@@ -287,7 +287,9 @@ func (r *request) settleBody() {
 	if b.mode == bodyLength && b.left <= readAheadBytes && !b.expect {
 		return // dropped after the answer (done)
 	}
-	c.closeAfter = true
+	// Closed with the body unread, the connection would be reset, and a
+	// reset can destroy the answer before the client read it: it lingers.
+	c.closeAfter, c.linger = true, true
 }
 
 // finish ends the exchange (core.Exchange.Finish): err is nil when the

@@ -151,6 +151,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// or a client that never sends it would hold the connection.
 			w.Header().Set("Connection", "close")
 			http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
+			if cc, ok := r.Context().Value(connKey{}).(*clientConn); ok {
+				cc.lingerAtClose() // closed at once, with the body unread, it would be reset
+			}
 		}
 		if ref := ex.Refusal(); ref != nil && h.opts.Refuse != nil {
 			setFields(w.Header(), ref.Fields)
