@@ -154,7 +154,18 @@ type Limiter struct {
 	ns    uint64
 	meta  uint64
 	quota shm.Quota
+	clock func() time.Duration // SetClock's, or nil
 }
+
+// SetClock gives l the clock its callers read `now` from (the region's,
+// shm.Region.Now, or a core's own). A decision is then taken no earlier
+// than the clock reads once the key's state is loaded: a process that read
+// the clock, was descheduled, and decides after another process's
+// decision on the key (taken at a later reading) would otherwise judge a
+// bucket fuller than it is by the gap, and refuse the last request the
+// limit allows. Call it before l is used; without it, a decision is taken
+// at the caller's now.
+func (l *Limiter) SetClock(now func() time.Duration) { l.clock = now }
 
 // NewLimiter binds r to t. It installs this package's freshness judgement
 // in t, so that only keys equivalent to fresh ones are ever reclaimed, and
@@ -194,6 +205,14 @@ func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 	var d Decision
 	var at time.Duration
 	_, err := l.tab.Update(k, l.quota, l.meta, now, func(p uint64, t time.Duration) (uint64, bool) {
+		if l.clock != nil {
+			// Read after the state (see SetClock). Later by whole
+			// microseconds, the unit of a payload's times, so that the
+			// times reported from now keep now's own fraction.
+			if late := l.clock() - t; late > 0 {
+				t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
+			}
+		}
 		var next uint64
 		next, d = l.pol.Take(p, t)
 		at = t

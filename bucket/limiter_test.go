@@ -195,15 +195,16 @@ func TestAllowOnARegionNotJoined(t *testing.T) {
 // A worker reads the region clock, is descheduled, and decides after
 // another worker decided for the same key at a later reading. With a limit
 // of 2 in a fresh bucket both requests fit whatever their order: the late
-// decision is taken at the clock as it reads once the key's state is
-// loaded, not at the stale reading (which finds the bucket fuller than it
-// is by the gap, and refused the second request).
+// decision is taken at the limiter's clock as it reads once the key's
+// state is loaded (SetClock), not at the stale reading (which finds the
+// bucket fuller than it is by the gap, and refused the second request).
 func TestStaleClockReadingDecidesAtTheStateItFinds(t *testing.T) {
 	r := joinedRegion(t)
 	l, err := NewLimiter(Rule{Name: "pages", Limit: 2, Window: time.Hour}, r.Counters())
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.SetClock(r.Now)
 	k := l.Key([]byte("/pages/a"))
 	stale := r.Now()
 	for r.Now() < stale+time.Millisecond {

@@ -53,7 +53,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock decisions are made with and durations measured by.
 	// nil means the region's shared monotonic clock (shm.Region.Now). It
-	// is read at Begin and at Done (and by a duplicate that waits).
+	// is read at Begin and at Done (and by a duplicate that waits), and
+	// again by a rule's decision once the key's state is loaded
+	// (bucket.Limiter.SetClock).
 	Now func() time.Duration
 	// Wall is the wall clock, read for X-RateLimit-Reset and for the
 	// cache's freshness (Date, Expires, Last-Modified). nil means

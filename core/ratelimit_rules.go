@@ -76,7 +76,7 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 		if rl.Rule.MaxKeys == 0 {
 			rl.Rule.MaxKeys = DefaultMaxKeys(tab.Len(), len(rls))
 		}
-		ru, err := compileRule(&rl, tab, c.redis, c.caseSens)
+		ru, err := compileRule(&rl, tab, c.redis, c.caseSens, c.now)
 		if err != nil {
 			return err
 		}
@@ -309,7 +309,7 @@ func (o *Override) rule(base bucket.Rule) bucket.Rule {
 	return r
 }
 
-func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore, caseSens bool) (*rule, error) {
+func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore, caseSens bool, clock func() time.Duration) (*rule, error) {
 	if err := rl.Check(); err != nil {
 		return nil, err
 	}
@@ -319,14 +319,14 @@ func compileRule(rl *RateLimit, tab *shm.Counters, store SharedStore, caseSens b
 		ru.status = http.StatusTooManyRequests
 	}
 	var err error
-	if ru.base, err = newVariant(rl.Rule, rl.Redis, tab, store); err != nil {
+	if ru.base, err = newVariant(rl.Rule, rl.Redis, tab, store, clock); err != nil {
 		return nil, err
 	}
 	byPath := slices.Contains(rl.By.Elements(), "path")
 	for i := range rl.Overrides {
 		o := &rl.Overrides[i]
 		r := o.rule(rl.Rule)
-		v, err := newVariant(r, rl.Redis, tab, store)
+		v, err := newVariant(r, rl.Redis, tab, store, clock)
 		if err != nil {
 			return nil, err
 		}
@@ -397,12 +397,13 @@ func (o *Override) stateName(rule string) string {
 	return b.String()
 }
 
-func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store SharedStore) (variant, error) {
+func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store SharedStore, clock func() time.Duration) (variant, error) {
 	if rr == nil {
 		lim, err := bucket.NewLimiter(r, tab)
 		if err != nil {
 			return variant{}, err
 		}
+		lim.SetClock(clock)
 		return variant{lim: lim, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}, nil
 	}
 	rem, err := store.Limiter(SharedRule{Rule: r, OnUnavailable: rr.OnUnavailable, LocalShare: rr.LocalShare, Sync: rr.Sync})

@@ -60,10 +60,7 @@
 //     table never resets a client being limited. An op on payload 0 runs
 //     no earlier than the reclaim watermark, so a process that read the
 //     clock before another reclaimed the key's slot cannot start it afresh
-//     in a window it used up. An op on a key that exists runs no earlier
-//     than the clock read after the key's state: a process that read the
-//     clock before another's decision on the key does not find a full
-//     bucket fuller by the gap.
+//     in a window it used up.
 //   - Slots never return to EMPTY, so a lookup stops at the first EMPTY slot.
 //   - Whatever a dead process held (a BUSY slot, an insert lock, a
 //     reservation) is owned by an incarnation that [Region.Reap] retires;

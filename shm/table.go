@@ -219,12 +219,6 @@ var testHook func(stage string)
 // certainly fresh: the same rule as for a clock that went backwards (the
 // later time counts). A new key's first decision is published together
 // with the key, so a just-installed key never shows a fresh payload.
-//
-// Likewise op runs on a key that exists no earlier than the region's clock
-// read after the key's state was: decisions are then ordered as their
-// times. At a `now` read before another process's decision on the key, a
-// full GCRA bucket would look fuller by the gap, and the last request a
-// limit allows be refused.
 func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op) (uint64, error) {
 	owner := c.r.owner.Load()
 	if owner == 0 {
@@ -418,15 +412,7 @@ func (c *Counters) apply(k Key, q Quota, i int, s uint64, meta uint64, now time.
 	sl := &c.slots[i]
 	for {
 		p := payloadOf(s)
-		// The clock is read again after the state: a caller descheduled
-		// between reading it and here would otherwise decide at a time
-		// before the decisions it now builds on. Later by whole
-		// microseconds (the unit of a payload's times), so that the
-		// times an op reports from now keep now's own fraction.
 		at := now
-		if late := c.r.Now() - now; late > 0 {
-			at += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
-		}
 		if p == 0 {
 			// As fresh as a new key, and perhaps one whose state was
 			// reclaimed at a later `now`: the same rule as in claim.
