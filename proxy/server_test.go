@@ -1235,6 +1235,40 @@ func TestShutdownClosesIdleAfterGrace(t *testing.T) {
 	})
 }
 
+// A response's last bytes reach the client only once its exchange ended
+// (core.Exchange.Finish: counted, logged, stored), so that a client that
+// has the whole response finds what it left, a cached entry or an
+// idempotency key's stored response, from any connection: with a core
+// slow to finish, the client gets the end after it. On every engine, for
+// a body framed by length and a chunked one.
+func TestResponseEndsAfterItsExchange(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if req.Req.URL.Path == "/chunked" {
+				w.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+			} else {
+				w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+			}
+		})
+		var finished atomic.Bool
+		c := configCoreWith(t, "", func(o *core.Options) {
+			o.OnResponse = func(int) {
+				time.Sleep(200 * time.Millisecond)
+				finished.Store(true)
+			}
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		for _, path := range []string{"/length", "/chunked"} {
+			finished.Store(false)
+			conn, br := dial(t, r.Addr)
+			if _, body := roundTrip(t, conn, br, "GET "+path+" HTTP/1.1\r\nHost: a\r\n\r\n"); string(body) != "hello" || !finished.Load() {
+				t.Errorf("%s: %q, the exchange ended before the end came: %v", path, body, finished.Load())
+			}
+		}
+	})
+}
+
 // OnResponse sees the status of every answer, the server's own ones too
 // (those to requests it could not read among them: fasthttp answers them
 // from its ErrorHandler, where no handler runs), before the client has it.

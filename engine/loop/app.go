@@ -180,6 +180,7 @@ func (r *request) runApp() {
 	if bodyOK && !r.h.isHead {
 		c.queue(w.body)
 	}
+	r.endExchange(nil) // before the response goes, as upConn.end
 	c.send()
 	r.finish(nil)
 }

@@ -296,18 +296,24 @@ func (r *request) settleBody() {
 // response reached its end. A stale response the cache served is then
 // refreshed in the background.
 func (r *request) finish(err error) {
-	if ex := r.ex; ex != nil {
-		r.ex = nil
-		if ex.Finish(err) {
-			r.l.refresh(r, ex)
-		}
-	}
+	r.endExchange(err)
 	r.phase = phDone
 	if r.refresh {
 		r.refresh = false
 		r.l.s.refreshDone()
 	}
 	r.done()
+}
+
+// endExchange ends the exchange, once (finish's first step, which the
+// end of a response takes before its last bytes go).
+func (r *request) endExchange(err error) {
+	if ex := r.ex; ex != nil {
+		r.ex = nil
+		if ex.Finish(err) {
+			r.l.refresh(r, ex)
+		}
+	}
 }
 
 // done ends a request: its connection goes on with the next one, once

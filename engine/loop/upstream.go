@@ -594,15 +594,21 @@ func (u *upConn) relay(p []byte) {
 
 // end: the response reached its end. The connection goes back to the
 // pool, or closes; stray bytes past the end close it, and the response
-// is not stored: its framing cannot be trusted.
+// is not stored: its framing cannot be trusted. The exchange ends before
+// the response's last bytes go, which relay only queued: a client that
+// has the whole response finds what it left (a cached entry, an
+// idempotency key's stored response) from any connection.
 func (u *upConn) end(stray bool) {
 	r := u.r
-	r.endBody()
-	r.up = nil
-	u.r = nil
 	var err error
 	if stray {
 		err = engine.ErrRespStray
+	}
+	r.endExchange(err)
+	r.endBody()
+	r.up = nil
+	u.r = nil
+	if stray {
 		u.close()
 	} else {
 		u.l.pool.put(u)
