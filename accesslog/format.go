@@ -27,7 +27,7 @@ const (
 	Combined Format = iota
 	// JSON is one object per line:
 	//
-	//	{"time":"2026-10-10T13:55:36.123+00:00","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c…","worker":2,"referer":null,"user_agent":"curl/8.5.0"}
+	//	{"time":"2026-10-10T13:55:36.123Z","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c…","worker":2,"referer":null,"user_agent":"curl/8.5.0"}
 	//
 	// Durations are seconds (numbers, microsecond precision); a value
 	// that is not there is null.
