@@ -24,6 +24,17 @@ need() {
 }
 need wrk wrk
 
+# The ports a script uses (PORT to UPSTREAM_PORT) must be free: a server
+# left on one (another run's, a failed stop) would answer in place of the
+# contender, which then fails to bind, and wait_up and wrk would measure
+# the stranger.
+for p in $(seq "$PORT" "$UPSTREAM_PORT"); do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		echo "$me: 127.0.0.1:$p is in use (this script uses $PORT-$UPSTREAM_PORT; PORT=N moves them)" >&2
+		exit 1
+	fi
+done
+
 tmp=$(mktemp -d)
 pids=() # started in the background: stopped at exit
 cleanup() {
