@@ -38,9 +38,20 @@ done
 tmp=$(mktemp -d)
 pids=() # started in the background: stopped at exit
 cleanup() {
+	local rc=$? f
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 	sleep 0.5
 	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	# A failure (not Ctrl-C): the servers' logs say why (a contender
+	# that did not start, a bad nginx.conf); they go with $tmp. Their
+	# errors are shown, at most 5 lines a log.
+	if [ "$rc" != 0 ] && [ "$rc" != 130 ] && [ "$rc" != 143 ]; then
+		for f in "$tmp"/*.log "$tmp"/*/error.log; do
+			[ -s "$f" ] || continue
+			grep -i -m 5 -E '^[a-z]+: |level=error|\[(emerg|crit|alert)\]|fatal|panic|invalid|in use|denied' "$f" |
+				sed "s|^|${f#"$tmp"/}: |" >&2 || true
+		done
+	fi
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
