@@ -25,16 +25,21 @@ go -C bench build -o "$tmp/embedserver" ./cmd/embedserver # bench/ is a module o
 go -C bench build -o "$tmp/hello" ./cmd/hello
 
 declare -A rps p99
-measure() { # name url
+measure() { # name url [expect: 2xx, or refused for a rule refusing every request]
 	curl -s -o /dev/null "$2" # the first request (the only one "refuse" lets through)
 	local out
 	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$2")
 	rps[$1]=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
 	p99[$1]=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
-	local non2xx errors
+	local non2xx errors invalid
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	errors=$(awk '/Socket errors:/ {print}' <<<"$out")
 	printf '%-30s %12s req/s   p99 %8s ms   non-2xx: %s %s\n' "$1" "${rps[$1]}" "${p99[$1]}" "${non2xx:-0}" "$errors"
+	invalid=$(wrk_invalid "$out" "${3:-2xx}")
+	if [ -n "$invalid" ]; then # not the answers meant: no throughput, no ratio
+		echo "  INVALID, left out of the ratios: $invalid"
+		rps[$1]=n/a p99[$1]=n/a
+	fi
 }
 
 rule_toml='
@@ -66,7 +71,9 @@ run_embedded() { # rules
 	local pid=$!
 	pids+=("$pid")
 	wait_up "http://127.0.0.1:$PORT/"
-	measure "embedded rules=$1" "http://127.0.0.1:$PORT/"
+	local expect=2xx
+	[ "$1" = refuse ] && expect=refused
+	measure "embedded rules=$1" "http://127.0.0.1:$PORT/" "$expect"
 	stop "$pid"
 }
 
@@ -88,7 +95,9 @@ EOF
 	local pid=$!
 	pids+=("$pid")
 	wait_up "http://127.0.0.1:$PORT/"
-	measure "$1" "http://127.0.0.1:$PORT/"
+	local expect=2xx
+	[ "$3" = refuse ] && expect=refused
+	measure "$1" "http://127.0.0.1:$PORT/" "$expect"
 	stop "$pid"
 }
 

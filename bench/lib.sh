@@ -158,8 +158,28 @@ nginx_conf() {
 static='default_type text/plain; return 200 "hello\n";'
 proxy_pass='proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";'
 
-# ratio a b: a / b to two decimals, n/a when b is not above zero.
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+# ratio a b: a / b to two decimals, n/a when either is not above zero
+# (such as a measurement that wrk_invalid threw out, n/a).
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+# wrk_invalid wrk-output expect: why the run is no measurement of what it
+# was meant to measure, or nothing when it is one. expect is 2xx (every
+# answer 2xx or 3xx: a 429 or a 502 is not the throughput of a proxy) or
+# refused (every answer non-2xx, a rule refusing each request). Socket
+# errors (connect, read, write, timeout) count against either. Up to
+# 0.1% of the requests may miss (a connection cut at the run's end).
+wrk_invalid() {
+	awk -v want="$2" '
+		/ requests in / { n = $1 }
+		/Socket errors:/ { e = $4 + $6 + $8 + $10 }
+		/Non-2xx or 3xx responses:/ { bad = $5 }
+		END {
+			if (n + 0 == 0) { print "no requests"; exit }
+			miss = (want == "refused") ? n - bad : bad
+			if (miss + e > n / 1000)
+				printf "%d of %d requests %s, %d socket errors\n", miss, n, (want == "refused") ? "not refused" : "non-2xx", e
+		}' <<<"$1"
+}
 
 # verdict ratio target [at-least|at-most]: met, MISSED, or n/a for a
 # ratio that is n/a; at-least unless told.
@@ -176,5 +196,6 @@ verdict() {
 atleast() { printf '%-56s %8s %8s %s\n' "$1" "$2" ">= $3" "$(verdict "$2" "$3" at-least)"; }
 atmost() { printf '%-56s %8s %8s %s\n' "$1" "$2" "<= $3" "$(verdict "$2" "$3" at-most)"; }
 
-# median number...: the middle one, or the mean of the middle two.
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR] = $1} END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
+# median number...: the middle one, or the mean of the middle two; what
+# is not a number (n/a: a round thrown out) is left out, n/a if all are.
+median() { printf '%s\n' "$@" | { grep -E '^[0-9.]+$' || true; } | sort -n | awk '{a[NR] = $1} END { print (NR == 0 ? "n/a" : NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }

@@ -78,9 +78,14 @@ run() {
 		out=$(ab -q -n "$ABN" -c "$CONNS" "${url[${name%:ab}]}" 2>&1)
 		rps[$name]=$(awk '/^Requests per second:/ {print $4}' <<<"$out")
 		p99[$name]=$(awk '$1 == "99%" {print $2}' <<<"$out")
-		local failed
+		local failed non2xx
 		failed=$(awk '/^Failed requests:/ {print $3}' <<<"$out")
-		printf '    %-18s %10s req/s   p99 %7s ms   failed: %s\n' "$name" "${rps[$name]}" "${p99[$name]}" "${failed:-?}"
+		non2xx=$(awk '/^Non-2xx responses:/ {print $3}' <<<"$out")
+		printf '    %-18s %10s req/s   p99 %7s ms   failed: %s   non-2xx: %s\n' "$name" "${rps[$name]}" "${p99[$name]}" "${failed:-?}" "${non2xx:-0}"
+		if [ "${failed:-1}" != 0 ] || [ "${non2xx:-0}" != 0 ]; then # not the answers meant: no ratio
+			echo "      INVALID, left out of the ratios"
+			rps[$name]=n/a p99[$name]=n/a
+		fi
 		return
 	fi
 	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "${url[$name]}")
@@ -90,6 +95,12 @@ run() {
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	errors=$(awk '/Socket errors:/ {print}' <<<"$out")
 	printf '    %-18s %10s req/s   p99 %7s ms   non-2xx: %s %s\n' "$name" "${rps[$name]}" "${p99[$name]}" "${non2xx:-0}" "$errors"
+	local invalid
+	invalid=$(wrk_invalid "$out" 2xx)
+	if [ -n "$invalid" ]; then # not the answers meant: no ratio
+		echo "      INVALID, left out of the ratios: $invalid"
+		rps[$name]=n/a p99[$name]=n/a
+	fi
 }
 
 pairs=("proxy nginx-proxy" "demo nginx-static" "proxy proxy-off" "proxy:ab nginx-proxy:ab" "proxy fasthttp")
