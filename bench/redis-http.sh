@@ -18,6 +18,7 @@ go build -o "$tmp/preforkd" ./cmd/preforkd
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis-cli -p "$REDIS_PORT" ping >/dev/null || { echo "$me: redis-server did not start on 127.0.0.1:$REDIS_PORT" >&2; exit 1; }
 
 declare -A rps
 # run NAME STORE LIMIT [ENGINE]: one daemon with one rule on /, then wrk.
@@ -39,6 +40,7 @@ store = "$2"
 TOML
 	"$tmp/preforkd" run -config "$tmp/$1.toml" 2>"$tmp/$1.log" &
 	local pid=$!
+	pids+=("$pid")
 	wait_up "http://127.0.0.1:$PORT/"
 	curl -s -o /dev/null "http://127.0.0.1:$PORT/" # over the limit: the first refusal fills the deny cache
 	local out
@@ -47,8 +49,7 @@ TOML
 	local non2xx
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	printf '%-22s %12s req/s   non-2xx: %s\n' "$1" "${rps[$1]}" "${non2xx:-0}"
-	kill -TERM "$pid"
-	wait "$pid" 2>/dev/null || true
+	stop "$pid"
 }
 
 echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, $WORKERS workers, one rule, redis-server on loopback"
