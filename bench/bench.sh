@@ -76,7 +76,15 @@ echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
 echo
 "$tmp/benchsummary" <"$OUT"
 
+# Each script runs whatever happened to the one before (a missing tool,
+# a contender that did not start): the failures are listed at the end.
+failed=()
 for script in $AFTER; do
 	echo
-	bash "$script"
+	bash "$script" || failed+=("$script")
 done
+if [ ${#failed[@]} -gt 0 ]; then
+	echo
+	echo "bench.sh: failed: ${failed[*]}" >&2
+	exit 1
+fi
