@@ -12,7 +12,7 @@
 #
 #   WORKERS=2 DURATION=8 CONNS=32 bash bench/tls-http.sh
 set -euo pipefail
-. "$(dirname "$0")/lib.sh" 8 18490 # default DURATION and PORT
+. "$(dirname "$0")/lib.sh" 8 18690 # default DURATION and PORT
 need nginx nginx-light
 need h2load nghttp2-client
 need openssl openssl
