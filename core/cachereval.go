@@ -91,6 +91,9 @@ func (ex *Exchange) revalidated(status int, h Header) *Response {
 	var got []httpcache.Field
 	if h != nil {
 		h.Each(func(name, value []byte) {
+			if ex.c.isResetField(name) {
+				return // the core's alone: never stored, never sent
+			}
 			got = append(got, httpcache.Field{Name: string(name), Value: bytes.Clone(value)})
 		})
 	}

@@ -1,0 +1,60 @@
+package core_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/clientip"
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/shm"
+)
+
+// The reset header of a 304 that revalidates a cached response is the
+// core's alone, as a 200's is: the entry it refreshes never keeps it, so
+// neither the revalidated answer nor a later hit carries it, and a hit
+// resets nothing.
+func TestCacheRevalidationKeepsNoResetHeader(t *testing.T) {
+	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
+	clk := &storyClock{}
+	c, err := core.New(r, core.Options{
+		RateLimits: []core.RateLimit{{Rule: bucket.Rule{Name: "login", Limit: 2, Window: time.Hour},
+			Route: mustRoute(t, "/*"), By: clientip.MustParseBy("ip")}},
+		Caches:      core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: 24 * time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second}),
+		ResetHeader: "Preforkd-Reset",
+		Now:         clk.now,
+		Wall:        clk.wall,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{t: t}
+	get := func() answer {
+		return serve(c, newReq("GET", "/r", "192.0.2.1", "Host", "h"), a.serve)
+	}
+	for _, bg := range []bool{false, true} {
+		cc := "max-age=2"
+		if bg {
+			cc = "max-age=2, stale-while-revalidate=30"
+		}
+		clk.advance(time.Hour)
+		a.resps = []fakeResp{{status: 200, body: []byte("one"), header: hdr("Cache-Control", cc, "Etag", `"e1"`, "Date", clk.date(0))}}
+		get()
+		clk.advance(3 * time.Second)
+		a.resps = []fakeResp{{status: 304, header: hdr("Date", clk.date(0), "Cache-Control", "max-age=60", "Preforkd-Reset", "login")}}
+		ans := get()
+		if v := ans.get("Preforkd-Reset"); v != "" {
+			t.Fatalf("background %v: the revalidated answer carries the reset header: %+v", bg, ans.header)
+		}
+		// A hit is the cache's answer: no reset header, and no reset.
+		for i := range 3 {
+			ans = get()
+			if v := ans.get("Preforkd-Reset"); v != "" {
+				t.Fatalf("background %v: hit %d carries the reset header: %+v", bg, i, ans.header)
+			}
+		}
+		if ans.status != 429 {
+			t.Fatalf("background %v: the hits were not limited (%d): a stored reset header reset the rule", bg, ans.status)
+		}
+	}
+}
