@@ -267,12 +267,17 @@ func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
 		return stAbsent, 0
 	}
 	age = max(e.Age+now-e.Stored, 0)
+	// The block's ttl caps the freshness and each stale window as they
+	// are judged, not only as they were stored: a reload that lowers it
+	// applies to the entries stored under the higher one.
+	ttl := ex.cache.blk.ttl
+	fresh := min(e.Fresh, ttl)
 	switch {
-	case age < e.Fresh:
+	case age < fresh:
 		return stFresh, age
-	case age-e.Fresh < e.SWR:
+	case age-fresh < min(e.SWR, ttl):
 		return stRevalidate, age
-	case age-e.Fresh < e.SIE:
+	case age-fresh < min(e.SIE, ttl):
 		return stIfError, age
 	}
 	return stStale, age

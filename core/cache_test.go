@@ -521,3 +521,34 @@ func TestCacheRevalidationKeepsThe304sAge(t *testing.T) {
 		t.Fatal("the stale entry was not revalidated")
 	}
 }
+
+// A reload that lowers a cache block's ttl caps the entries stored under
+// the higher one too: the ttl is the longest a response is fresh, and
+// the workers of the new configuration serve none fresher.
+func TestCacheTTLLoweredByReload(t *testing.T) {
+	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
+	clk := &storyClock{}
+	coreWith := func(ttl time.Duration) *core.Core {
+		c, err := core.New(r, core.Options{
+			Caches: core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: ttl, MaxBody: 1 << 20, LockTimeout: time.Second}),
+			Now:    clk.now,
+			Wall:   clk.wall,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	before, after := coreWith(time.Hour), coreWith(10*time.Second)
+	a := &app{t: t}
+	get := func(c *core.Core) answer {
+		return serve(c, newReq("GET", "/r", "192.0.2.1", "Host", "h"), a.serve)
+	}
+	a.resps = []fakeResp{{status: 200, body: []byte("old"), header: hdr("Cache-Control", "max-age=3600", "Date", clk.date(0))}}
+	wantAnswer(t, "fill", get(before), 200, "MISS", "old")
+	clk.advance(20 * time.Second)
+	wantAnswer(t, "the old configuration", get(before), 200, "HIT", "old")
+	a.resps = []fakeResp{{status: 200, body: []byte("new"), header: hdr("Cache-Control", "max-age=3600", "Date", clk.date(0))}}
+	wantAnswer(t, "the new configuration", get(after), 200, "MISS", "new")
+	wantAnswer(t, "then", get(after), 200, "HIT", "new")
+}
