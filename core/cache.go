@@ -330,7 +330,9 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		var value []byte
 		var hidden bool
 		name, value, hidden, f = httpcache.NextField(f)
-		if hidden || notModified && !in304(name, hasETag) || ranged == rangeNone && name != "Date" {
+		// The reset header is never sent: one an entry has was stored
+		// before the reset header was configured (a reload, a restore).
+		if hidden || notModified && !in304(name, hasETag) || ranged == rangeNone && name != "Date" || ex.c.isResetName(name) {
 			continue
 		}
 		ex.fields = append(ex.fields, Field{name, value})

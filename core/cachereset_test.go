@@ -58,3 +58,35 @@ func TestCacheRevalidationKeepsNoResetHeader(t *testing.T) {
 		}
 	}
 }
+
+// An entry stored before the reset header was configured (by a reload,
+// or restored from a dump) keeps the field as the application sent it:
+// a hit never sends it.
+func TestCacheHitOfAnEntryStoredBeforeTheResetHeader(t *testing.T) {
+	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
+	clk := &storyClock{}
+	coreWith := func(reset string) *core.Core {
+		c, err := core.New(r, core.Options{
+			Caches:      core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second}),
+			ResetHeader: reset,
+			Now:         clk.now,
+			Wall:        clk.wall,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	before, after := coreWith(""), coreWith("Preforkd-Reset")
+	a := &app{t: t}
+	get := func(c *core.Core) answer {
+		return serve(c, newReq("GET", "/r", "192.0.2.1", "Host", "h"), a.serve)
+	}
+	a.resps = []fakeResp{{status: 200, body: []byte("one"), header: hdr("Cache-Control", "max-age=600", "Date", clk.date(0), "Preforkd-Reset", "login")}}
+	wantAnswer(t, "fill", get(before), 200, "MISS", "one")
+	ans := get(after)
+	wantAnswer(t, "hit", ans, 200, "HIT", "one")
+	if v := ans.get("Preforkd-Reset"); v != "" {
+		t.Fatalf("a hit carries the reset header: %+v", ans.header)
+	}
+}

@@ -101,6 +101,11 @@ func (c *Core) isResetField(name []byte) bool {
 	return true
 }
 
+// isResetName is isResetField for a name held as a string.
+func (c *Core) isResetName(name string) bool {
+	return c.reset != "" && len(name) == len(c.reset) && strings.EqualFold(name, c.reset)
+}
+
 // applicationReset resets the rules the response's reset header names
 // for the request's key. A name of no rule is logged (at most one line a
 // second across the workers) and skipped; so is a key the request cannot
