@@ -217,8 +217,14 @@ func (ex *Exchange) fillKey(k shm.Key, data []byte, expiry, now time.Duration) b
 }
 
 // coreField reports whether name is a field the core added to the
-// response (rate-limit fields, X-Cache): never stored.
+// response (rate-limit fields, X-Cache, the request id): never stored.
+// The request id is named on its own: a background refresh adds no field
+// to its response, yet is forwarded with the id, which an application
+// echoes.
 func (ex *Exchange) coreField(name string) bool {
+	if name == ex.c.ridName && name != "" {
+		return true
+	}
 	for i := range ex.fields {
 		if ex.fields[i].Name == name {
 			return true

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
@@ -88,5 +89,53 @@ func TestCacheHitOfAnEntryStoredBeforeTheResetHeader(t *testing.T) {
 	wantAnswer(t, "hit", ans, 200, "HIT", "one")
 	if v := ans.get("Preforkd-Reset"); v != "" {
 		t.Fatalf("a hit carries the reset header: %+v", ans.header)
+	}
+}
+
+// The response to a background refresh is stored without the request id
+// field, as a fill's is, though the application echoes the id the refresh
+// was forwarded with: a later hit carries its own id, once.
+func TestCacheRefreshStoresNoRequestID(t *testing.T) {
+	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
+	clk := &storyClock{}
+	c, err := core.New(r, core.Options{
+		Caches:    core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second}),
+		RequestID: "X-Request-Id",
+		Now:       clk.now,
+		Wall:      clk.wall,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := "one"
+	echo := func(f core.Forward) fakeResp {
+		h := hdr("Cache-Control", "max-age=2, stale-while-revalidate=60", "Date", clk.date(0))
+		for _, a := range f.Add {
+			if a.Name == "X-Request-Id" {
+				h = append(h, core.Field{Name: a.Name, Value: bytes.Clone(a.Value)})
+			}
+		}
+		return fakeResp{status: 200, body: []byte(body), header: h}
+	}
+	get := func() answer { return serve(c, newReq("GET", "/r", "192.0.2.1", "Host", "h"), echo) }
+	ids := func(a answer) (n int) {
+		for _, f := range a.header {
+			if f.Name == "X-Request-Id" {
+				n++
+			}
+		}
+		return n
+	}
+	wantAnswer(t, "fill", get(), 200, "MISS", "one")
+	if a := get(); ids(a) != 1 {
+		t.Fatalf("hit: %d request ids: %+v", ids(a), a.header)
+	}
+	clk.advance(3 * time.Second)
+	body = "two"
+	wantAnswer(t, "stale", get(), 200, "STALE", "one")
+	a := get()
+	wantAnswer(t, "refreshed", a, 200, "HIT", "two")
+	if ids(a) != 1 {
+		t.Fatalf("a hit of the refreshed response: %d request ids: %+v", ids(a), a.header)
 	}
 }
