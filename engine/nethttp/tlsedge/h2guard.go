@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,7 +20,11 @@ import (
 //     never runs more handlers than MaxConcurrentStreams and refuses a
 //     queue past four times that; the guard also cuts a client that reset
 //     more than h2MaxResets streams and at least half of those it opened,
-//     as no browser does.
+//     as no browser does. A stream the server resets for an error the
+//     client made on it (a WINDOW_UPDATE of 0, DATA past its window:
+//     CVE-2025-8671, "MadeYouReset") is a request started and abandoned
+//     all the same: the guard follows the frames the server writes too,
+//     and counts its resets that blame the client among the client's.
 //   - CONTINUATION floods (CVE-2023-45288): a header block never ended,
 //     or made of many frames. Cut past h2MaxContinuations frames or
 //     max_header_bytes plus a frame of raw bytes in one block.
@@ -93,6 +98,14 @@ type h2Guard struct {
 	resets  int // RST_STREAM frames
 	cut     atomic.Pointer[errFlood]
 
+	// The server's frames, followed by the goroutine that writes them
+	// (x/net writes one frame batch at a time; wmu orders them anyway),
+	// for the streams it resets with an error: provoked is read by the
+	// reading goroutine.
+	wmu      sync.Mutex
+	out      outFrames
+	provoked atomic.Int64
+
 	// headerTimeout is read_header_timeout, kept as on HTTP/1: a header
 	// block, and on a new connection the first one, must have arrived
 	// within it, or the connection is closed (the read deadline set while
@@ -133,6 +146,20 @@ func (g *h2Guard) Read(p []byte) (int, error) {
 				g.onCut(ferr)
 			}
 			return 0, ferr
+		}
+	}
+	return n, err
+}
+
+// Write writes for the server and follows the frames it wrote.
+func (g *h2Guard) Write(p []byte) (int, error) {
+	n, err := g.Conn.Write(p)
+	if n > 0 {
+		g.wmu.Lock()
+		resets := g.out.follow(p[:n])
+		g.wmu.Unlock()
+		if resets > 0 {
+			g.provoked.Add(int64(resets))
 		}
 	}
 	return n, err
@@ -220,8 +247,10 @@ func (g *h2Guard) frameStart() *errFlood {
 		}
 	case frameRSTStream:
 		g.resets++
-		if g.resets > h2MaxResets && 2*g.resets >= g.streams {
-			return &errFlood{floodReset, "rapid reset: it reset most of the streams it opened"}
+	}
+	if g.typ == frameHeaders || g.typ == frameRSTStream {
+		if r := g.resets + int(g.provoked.Load()); r > h2MaxResets && 2*r >= g.streams {
+			return &errFlood{floodReset, "rapid reset: most of the streams it opened were reset, by it or for its errors"}
 		}
 	}
 	if g.typ == frameHeaders || g.typ == frameContinuation {
@@ -275,4 +304,63 @@ func (g *h2Guard) frameEnd() *errFlood {
 		}
 	}
 	return nil
+}
+
+// outFrames follows the frames the server writes.
+type outFrames struct {
+	hdr  [9]byte // the frame header being written
+	hdrN int     // bytes of it written
+	left uint32  // payload bytes of the current frame left
+	rst  bool    // the current frame is a RST_STREAM
+	code uint32  // its error code, as its bytes come
+}
+
+// follow takes bytes the server wrote and returns how many RST_STREAM
+// frames ended in them whose error code blames the client: PROTOCOL_ERROR,
+// FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR. Not NO_ERROR (a
+// stream answered before the client sent all its body: an early answer),
+// nor INTERNAL_ERROR (a response the upstream cut short, a handler's
+// failure), which are no doing of the client's.
+func (o *outFrames) follow(b []byte) (resets int) {
+	for len(b) > 0 {
+		if o.hdrN < 9 {
+			n := copy(o.hdr[o.hdrN:], b)
+			o.hdrN += n
+			b = b[n:]
+			if o.hdrN < 9 {
+				break
+			}
+			o.left = uint32(o.hdr[0])<<16 | uint32(o.hdr[1])<<8 | uint32(o.hdr[2])
+			o.rst, o.code = o.hdr[3] == frameRSTStream && o.left == 4, 0
+			if o.left == 0 {
+				o.hdrN = 0
+			}
+			continue
+		}
+		n := min(int(o.left), len(b))
+		if o.rst {
+			for _, c := range b[:n] {
+				o.code = o.code<<8 | uint32(c)
+			}
+		}
+		o.left -= uint32(n)
+		b = b[n:]
+		if o.left == 0 {
+			o.hdrN = 0
+			if o.rst && clientsFault(o.code) {
+				resets++
+			}
+		}
+	}
+	return resets
+}
+
+// clientsFault reports whether a RST_STREAM's error code blames the
+// client (RFC 9113 §7).
+func clientsFault(code uint32) bool {
+	switch code {
+	case 0x1, 0x3, 0x5, 0x6: // PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR
+		return true
+	}
+	return false
 }

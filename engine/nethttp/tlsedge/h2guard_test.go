@@ -127,3 +127,28 @@ func FuzzH2Guard(f *testing.F) {
 		}
 	})
 }
+
+// The server's resets are followed however its writes cut them; only
+// those whose code blames the client count.
+func TestH2GuardFollowsServerResets(t *testing.T) {
+	var b bytes.Buffer
+	fr := http2.NewFramer(&b, nil)
+	fr.WriteSettings()
+	fr.WriteRSTStream(1, http2.ErrCodeProtocol)
+	fr.WriteData(3, true, []byte("abcd"))       // a payload of 4 bytes, as a reset's
+	fr.WriteRSTStream(5, http2.ErrCodeNo)       // an early answer
+	fr.WriteRSTStream(9, http2.ErrCodeInternal) // an upstream's response cut short
+	fr.WriteRSTStream(7, http2.ErrCodeFlowControl)
+	in := b.Bytes()
+	var whole, bytewise outFrames
+	if n := whole.follow(in); n != 2 {
+		t.Errorf("whole: %d resets, want 2", n)
+	}
+	n := 0
+	for i := range in {
+		n += bytewise.follow(in[i : i+1])
+	}
+	if n != 2 {
+		t.Errorf("byte by byte: %d resets, want 2", n)
+	}
+}
