@@ -66,15 +66,21 @@ path = "/*"
 limit = 1
 window = "1h"'
 
-run_embedded() { # rules
-	"$tmp/embedserver" -listen "127.0.0.1:$PORT" -workers "$WORKERS" -rules "$1" 2>"$tmp/embed-$1.log" &
-	local pid=$!
-	pids+=("$pid")
+# contender NAME PID [EXPECT]: the server PID, just started in the
+# background, once it answers on $PORT: measured (EXPECT as measure's),
+# then stopped.
+contender() {
+	pids+=("$2")
 	wait_up "http://127.0.0.1:$PORT/"
+	measure "$1" "http://127.0.0.1:$PORT/" "${3:-2xx}"
+	stop "$2"
+}
+
+run_embedded() { # rules
 	local expect=2xx
 	[ "$1" = refuse ] && expect=refused
-	measure "embedded rules=$1" "http://127.0.0.1:$PORT/" "$expect"
-	stop "$pid"
+	"$tmp/embedserver" -listen "127.0.0.1:$PORT" -workers "$WORKERS" -rules "$1" 2>"$tmp/embed-$1.log" &
+	contender "embedded rules=$1" $! "$expect"
 }
 
 run_preforkd() { # name upstream rules
@@ -91,25 +97,17 @@ EOF
 	refuse) echo "$refuse_toml" >>"$conf" ;;
 	access) printf '%s\n[log]\naccess = "%s"\n' "$rule_toml" "$tmp/access.log" >>"$conf" ;;
 	esac
-	"$tmp/preforkd" run -config "$conf" 2>"${conf%.toml}.log" &
-	local pid=$!
-	pids+=("$pid")
-	wait_up "http://127.0.0.1:$PORT/"
 	local expect=2xx
 	[ "$3" = refuse ] && expect=refused
-	measure "$1" "http://127.0.0.1:$PORT/" "$expect"
-	stop "$pid"
+	"$tmp/preforkd" run -config "$conf" 2>"${conf%.toml}.log" &
+	contender "$1" $! "$expect"
 }
 
 run_nginx() { # name location-body limit
 	local dir=$tmp/${1//[^a-zA-Z0-9]/-}
 	nginx_conf "$dir" "$WORKERS" "$PORT" "$2" "$3"
 	nginx -c "$dir/nginx.conf" -p "$dir" &
-	local pid=$!
-	pids+=("$pid")
-	wait_up "http://127.0.0.1:$PORT/"
-	measure "$1" "http://127.0.0.1:$PORT/"
-	stop "$pid"
+	contender "$1" $!
 }
 
 echo "wrk -t$THREADS -c$CONNS -d${DURATION}s --latency, $WORKERS workers each, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
