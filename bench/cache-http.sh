@@ -29,10 +29,7 @@ measure() { # name url
 	p99[$1]=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	printf '%-20s %12s req/s   p99 %8s ms   non-2xx: %s\n' "$1" "${rps[$1]}" "${p99[$1]}" "${non2xx:-0}"
-	local invalid
-	invalid=$(wrk_invalid "$out" 2xx)
-	if [ -n "$invalid" ]; then # not the answers meant: no ratio
-		echo "  INVALID, left out of the ratios: $invalid"
+	if thrown_out "$(wrk_invalid "$out" 2xx)"; then
 		rps[$1]=n/a p99[$1]=n/a
 	fi
 }

@@ -31,13 +31,11 @@ measure() { # name url [expect: 2xx, or refused for a rule refusing every reques
 	out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$2")
 	rps[$1]=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
 	p99[$1]=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
-	local non2xx errors invalid
+	local non2xx errors
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	errors=$(awk '/Socket errors:/ {print}' <<<"$out")
 	printf '%-30s %12s req/s   p99 %8s ms   non-2xx: %s %s\n' "$1" "${rps[$1]}" "${p99[$1]}" "${non2xx:-0}" "$errors"
-	invalid=$(wrk_invalid "$out" "${3:-2xx}")
-	if [ -n "$invalid" ]; then # not the answers meant: no throughput, no ratio
-		echo "  INVALID, left out of the ratios: $invalid"
+	if thrown_out "$(wrk_invalid "$out" "${3:-2xx}")"; then
 		rps[$1]=n/a p99[$1]=n/a
 	fi
 }

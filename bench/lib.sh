@@ -181,6 +181,15 @@ wrk_invalid() {
 		}' <<<"$1"
 }
 
+# thrown_out why [indent]: says that a run is thrown out and why (what
+# wrk_invalid or a script's own check found), and succeeds; says nothing
+# and fails when why is empty. The caller then makes the run's numbers
+# n/a: not the answers meant, no throughput and no ratio.
+thrown_out() {
+	[ -n "$1" ] || return 1
+	echo "${2-  }INVALID, left out of the ratios${1:+: $1}"
+}
+
 # verdict ratio target [at-least|at-most]: met, MISSED, or n/a for a
 # ratio that is n/a; at-least unless told.
 verdict() {

@@ -82,8 +82,8 @@ run() {
 		failed=$(awk '/^Failed requests:/ {print $3}' <<<"$out")
 		non2xx=$(awk '/^Non-2xx responses:/ {print $3}' <<<"$out")
 		printf '    %-18s %10s req/s   p99 %7s ms   failed: %s   non-2xx: %s\n' "$name" "${rps[$name]}" "${p99[$name]}" "${failed:-?}" "${non2xx:-0}"
-		if [ "${failed:-1}" != 0 ] || [ "${non2xx:-0}" != 0 ]; then # not the answers meant: no ratio
-			echo "      INVALID, left out of the ratios"
+		if [ "${failed:-1}" != 0 ] || [ "${non2xx:-0}" != 0 ]; then
+			thrown_out "${failed:-?} failed, ${non2xx:-0} non-2xx" "      "
 			rps[$name]=n/a p99[$name]=n/a
 		fi
 		return
@@ -95,10 +95,7 @@ run() {
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	errors=$(awk '/Socket errors:/ {print}' <<<"$out")
 	printf '    %-18s %10s req/s   p99 %7s ms   non-2xx: %s %s\n' "$name" "${rps[$name]}" "${p99[$name]}" "${non2xx:-0}" "$errors"
-	local invalid
-	invalid=$(wrk_invalid "$out" 2xx)
-	if [ -n "$invalid" ]; then # not the answers meant: no ratio
-		echo "      INVALID, left out of the ratios: $invalid"
+	if thrown_out "$(wrk_invalid "$out" 2xx)" "      "; then
 		rps[$name]=n/a p99[$name]=n/a
 	fi
 }

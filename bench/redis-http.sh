@@ -67,8 +67,7 @@ TOML
 		# through, as a 200) measures no Redis at all.
 		invalid=$(awk -v c="$calls" '/ requests in / { if (c < $1 * 0.999) printf "%d requests, %d Redis calls: decided without Redis", $1, c }' <<<"$out")
 	fi
-	if [ -n "$invalid" ]; then # not the answers meant: no ratio
-		echo "  INVALID, left out of the ratios: $invalid"
+	if thrown_out "$invalid"; then
 		rps[$1]=n/a
 	fi
 	stop "$pid"

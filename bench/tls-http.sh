@@ -33,10 +33,7 @@ measure_wrk() { # name url [header]
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	errors=$(awk '/Socket errors:/ {print}' <<<"$out")
 	printf '%-36s %12s req/s   non-2xx: %s %s\n' "$1" "${rate[$1]}" "${non2xx:-0}" "$errors"
-	local invalid
-	invalid=$(wrk_invalid "$out" 2xx)
-	if [ -n "$invalid" ]; then # not the answers meant: no ratio
-		echo "  INVALID, left out of the ratios: $invalid"
+	if thrown_out "$(wrk_invalid "$out" 2xx)"; then
 		rate[$1]=n/a
 	fi
 }
@@ -48,11 +45,8 @@ measure_h2() { # name url
 	codes=$(awk '/^status codes:/ {print $3, $4, $5, $6, $7, $8, $9, $10}' <<<"$out")
 	printf '%-36s %12s req/s   %s\n' "$1" "${rate[$1]}" "$codes"
 	# "requests: N total, N started, N done, N succeeded, N failed, N errored, N timeout"
-	local invalid
-	invalid=$(awk '/^requests:/ { n = $2; failed = $10 } /^status codes:/ { bad = $7 + $9 }
-		END { if (n + 0 == 0 || failed + bad > n / 1000) printf "%d of %d requests failed, %d 4xx/5xx", failed, n, bad }' <<<"$out")
-	if [ -n "$invalid" ]; then # not the answers meant: no ratio
-		echo "  INVALID, left out of the ratios: $invalid"
+	if thrown_out "$(awk '/^requests:/ { n = $2; failed = $10 } /^status codes:/ { bad = $7 + $9 }
+		END { if (n + 0 == 0 || failed + bad > n / 1000) printf "%d of %d requests failed, %d 4xx/5xx", failed, n, bad }' <<<"$out")"; then
 		rate[$1]=n/a
 	fi
 }
