@@ -17,8 +17,8 @@ import (
 // of their own; the namespaces are fixed forever, because entries and
 // generations are dumped and restored by hash.
 //
-//   - primary key: the Host (ASCII lower-cased), the forward path and the
-//     query as sent. GET and HEAD share it (HEAD is answered from GET's
+//   - primary key: the Host (ASCII lower-cased), the forward path, the
+//     query as sent, and the urlFields a request has (none: as before). GET and HEAD share it (HEAD is answered from GET's
 //     entry). It holds the entry, or a vary stub.
 //   - variant key: the primary key and the request's values of the
 //     fields the stub names. It holds the entry of a response that varies.
@@ -62,7 +62,71 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 	b = append(b, 0)
 	b = append(b, ex.forward...)
 	b = append(b, '?')
-	return append(b, ex.req.Query()...)
+	b = append(b, ex.req.Query()...)
+	for _, name := range urlFields {
+		lines := ex.req.HeaderLines(name, ex.lines[:0])
+		if len(lines) == 0 {
+			continue
+		}
+		n := len(b)
+		b = append(b, 0)
+		b = append(b, name...)
+		b = append(b, ':')
+		if name == "Forwarded" {
+			if b = appendForwardedURL(b, lines); len(b) == n+len(name)+2 {
+				b = b[:n] // no host= nor proto=: the same URL
+			}
+			continue
+		}
+		for _, v := range lines {
+			b = append(b, v...)
+			b = append(b, '\n')
+		}
+	}
+	return b
+}
+
+// urlFields are the request fields by which applications behind proxies
+// learn another scheme, host, port, path prefix, URL or method than the
+// request line and Host say (RFC 7239 Forwarded, and the de facto fields
+// of Rack, Spring, Django, Werkzeug, IIS, ...), which preforkd passes on
+// as sent (it writes X-Forwarded-Host and -Proto itself). A response built
+// from them (a redirect, absolute links) is the answer to them only: a
+// request that has one has it in its primary key, so that no client can
+// store such a response for those that send none. Requests without them,
+// or with the same values (a proxy in front that always adds them), share
+// their entries as before. Canonical forms (net/http's header keys).
+// Each costs a look through the request's fields on every cached
+// request: the list is the fields frameworks actually read.
+var urlFields = [...]string{
+	"Forwarded", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Scheme", "X-Forwarded-Ssl",
+	"X-Host", "X-Original-Url", "X-Rewrite-Url", "X-Http-Method-Override",
+}
+
+// appendForwardedURL appends the host= and proto= parameters of the
+// Forwarded field lines, as sent, each element's that has one ended by
+// ','. The other parameters (for=, by=) tell clients and proxies apart,
+// not URLs: left out, so that a proxy adding its client's for= does not
+// split the cache by client. Lines are split at every ';' and ',', even
+// in a quoted string: a parameter an application might see, however
+// lenient its parser, is keyed (at worst an extra miss).
+func appendForwardedURL(b []byte, lines []string) []byte {
+	for _, line := range lines {
+		for elem := range strings.SplitSeq(line, ",") {
+			had := false
+			for pair := range strings.SplitSeq(elem, ";") {
+				name, _, ok := strings.Cut(pair, "=")
+				if name = strings.Trim(name, " \t"); ok && (strings.EqualFold(name, "host") || strings.EqualFold(name, "proto")) {
+					b = append(b, strings.Trim(pair, " \t")...)
+					b, had = append(b, ';'), true
+				}
+			}
+			if had {
+				b = append(b, ',')
+			}
+		}
+	}
+	return b
 }
 
 // appendVariant appends the identity of the variant key of the request

@@ -305,3 +305,47 @@ func TestCacheVaryOnForwardedForKeysThePeer(t *testing.T) {
 		}
 	})
 }
+
+// What tells an application behind proxies another scheme, host, port or
+// URL than the request line and Host (Forwarded's host= and proto=,
+// X-Forwarded-Port, X-Original-URL, ...) is in the key: the links and
+// redirects a client made the application write with them are never
+// another client's answer. Forwarded's for= is not (it tells clients
+// apart, not URLs): a proxy in front that adds it does not split the
+// cache by client. On every engine.
+func TestCacheKeysTheFieldsThatNameTheURL(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		var calls atomic.Int32
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			h := req.Req.Header
+			body := fmt.Sprintf("call %d: fwd=[%s] port=[%s] url=[%s]", calls.Add(1), h.Get("Forwarded"), h.Get("X-Forwarded-Port"), h.Get("X-Original-Url"))
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		c, br := dial(t, r.Addr)
+		defer c.Close()
+		for i, tt := range []struct{ field, xcache, body string }{
+			{"Forwarded: for=192.0.2.1;host=evil.example;proto=https", "MISS", "call 1: fwd=[for=192.0.2.1;host=evil.example;proto=https] port=[] url=[]"},
+			{"X-Forwarded-Port: 8443", "MISS", "call 2: fwd=[] port=[8443] url=[]"},
+			{"X-Original-URL: /admin", "MISS", "call 3: fwd=[] port=[] url=[/admin]"},
+			{"", "MISS", "call 4: fwd=[] port=[] url=[]"},
+			{"", "HIT", "call 4: fwd=[] port=[] url=[]"},
+			{"Forwarded: for=192.0.2.2;host=evil.example;proto=https", "HIT", "call 1: fwd=[for=192.0.2.1;host=evil.example;proto=https] port=[] url=[]"},
+			{"Forwarded: for=192.0.2.2", "HIT", "call 4: fwd=[] port=[] url=[]"},
+			{"X-Forwarded-Port: 8443", "HIT", "call 2: fwd=[] port=[8443] url=[]"},
+			// An unbalanced quote hides nothing from the key.
+			{`Forwarded: for="x;host=evil.example`, "MISS", `call 5: fwd=[for="x;host=evil.example] port=[] url=[]`},
+		} {
+			field := ""
+			if tt.field != "" {
+				field = tt.field + "\r\n"
+			}
+			resp, b := roundTrip(t, c, br, "GET /page HTTP/1.1\r\nHost: a\r\n"+field+"\r\n")
+			if x := resp.Header.Get("X-Cache"); x != tt.xcache || string(b) != tt.body {
+				t.Errorf("%d (%s): X-Cache %q, %q; want %s, %q", i, tt.field, x, b, tt.xcache, tt.body)
+			}
+		}
+	})
+}
