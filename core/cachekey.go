@@ -17,9 +17,9 @@ import (
 // of their own; the namespaces are fixed forever, because entries and
 // generations are dumped and restored by hash.
 //
-//   - primary key: the Host (ASCII lower-cased), the forward path, the
-//     query as sent, and the urlFields a request has (none: as before). GET and HEAD share it (HEAD is answered from GET's
-//     entry). It holds the entry, or a vary stub.
+//   - primary key: the Host as sent, the forward path, the query as
+//     sent, and the urlFields a request has. GET and HEAD share it (HEAD
+//     is answered from GET's entry). It holds the entry, or a vary stub.
 //   - variant key: the primary key and the request's values of the
 //     fields the stub names. It holds the entry of a response that varies.
 //   - URL: the forward path and the query, whatever the host and however
@@ -51,14 +51,13 @@ func appendURLID(b []byte, forward, query string) []byte {
 
 // appendPrimary appends the identity of the request's primary key.
 func (ex *Exchange) appendPrimary(b []byte) []byte {
+	// The Host as the application gets it, case and all: one that tells
+	// "WWW.EXAMPLE" from "www.example" (a redirect to its canonical name,
+	// a 404 for a host it does not serve) must never have its answer to
+	// one served for the other. Browsers send host names in lower case:
+	// the entries a case split costs are those of odd clients.
 	host, _ := ex.req.Header("Host")
-	for i := 0; i < len(host); i++ {
-		c := host[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		b = append(b, c)
-	}
+	b = append(b, host...)
 	b = append(b, 0)
 	b = append(b, ex.forward...)
 	b = append(b, '?')

@@ -349,3 +349,41 @@ func TestCacheKeysTheFieldsThatNameTheURL(t *testing.T) {
 		}
 	})
 }
+
+// The Host is keyed as the application gets it, case and all: an
+// application that answers "Host: WWW.EXAMPLE" otherwise (a redirect to
+// its canonical name, a 404 for an unknown virtual host) never has that
+// answer served for "Host: www.example". On every engine.
+func TestCacheKeysTheHostAsSent(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		var calls atomic.Int32
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			n := calls.Add(1)
+			if req.Req.Host != "www.example" {
+				fmt.Fprintf(w, "HTTP/1.1 301 Moved Permanently\r\nLocation: http://www.example/\r\nCache-Control: max-age=3600\r\nContent-Length: 0\r\n\r\n")
+				return
+			}
+			body := fmt.Sprintf("call %d", n)
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		c, br := dial(t, r.Addr)
+		defer c.Close()
+		for i, tt := range []struct {
+			host, xcache string
+			status       int
+		}{
+			{"WWW.EXAMPLE", "MISS", 301},
+			{"www.example", "MISS", 200},
+			{"WWW.EXAMPLE", "HIT", 301},
+			{"www.example", "HIT", 200},
+		} {
+			resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: "+tt.host+"\r\n\r\n")
+			if x := resp.Header.Get("X-Cache"); x != tt.xcache || resp.StatusCode != tt.status {
+				t.Errorf("%d (Host: %s): %d, X-Cache %q; want %d, %s", i, tt.host, resp.StatusCode, x, tt.status, tt.xcache)
+			}
+		}
+	})
+}
