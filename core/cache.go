@@ -332,7 +332,11 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		name, value, hidden, f = httpcache.NextField(f)
 		// The reset header is never sent: one an entry has was stored
 		// before the reset header was configured (a reload, a restore).
-		if hidden || notModified && !in304(name, hasETag) || ranged == rangeNone && name != "Date" || ex.c.isResetName(name) {
+		// A part or a 416 has the cache's Content-Range only: one the
+		// application sent with its 200 means nothing there, and would
+		// contradict it.
+		if hidden || notModified && !in304(name, hasETag) || ranged == rangeNone && name != "Date" ||
+			ex.c.isResetName(name) || ranged == rangePart && name == "Content-Range" {
 			continue
 		}
 		ex.fields = append(ex.fields, Field{name, value})

@@ -387,3 +387,24 @@ func TestCacheKeysTheHostAsSent(t *testing.T) {
 		}
 	})
 }
+
+// A 206 served from a stored 200 has one Content-Range, the cache's: one
+// the application sent with its 200 (which means nothing there) is not
+// sent beside it, to contradict it. On every engine.
+func TestCacheRangeHasOneContentRange(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Range: bytes 0-9/10\r\nContent-Length: 10\r\n\r\n0123456789")
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		c, br := dial(t, r.Addr)
+		defer c.Close()
+		roundTrip(t, c, br, "GET /r HTTP/1.1\r\nHost: a\r\n\r\n")
+		resp, b := roundTrip(t, c, br, "GET /r HTTP/1.1\r\nHost: a\r\nRange: bytes=2-3\r\n\r\n")
+		if cr := resp.Header.Values("Content-Range"); resp.StatusCode != 206 || len(cr) != 1 || cr[0] != "bytes 2-3/10" || string(b) != "23" {
+			t.Errorf("a range of it: %d, Content-Range %q, %q; want 206, [bytes 2-3/10], 23", resp.StatusCode, cr, b)
+		}
+	})
+}
