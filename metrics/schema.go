@@ -184,7 +184,7 @@ var families = [numFamilies]spec{
 	},
 	IdempotencyStoredBytes: {
 		name: "preforkd_idempotency_stored_bytes", kind: histogram,
-		help:   "Sizes of the responses stored for replay (status, headers kept and body), for sizing table.response_bytes.",
+		help:   "Sizes of the responses stored for replay (the body and the fields kept: Content-Type, Location, Content-Encoding), for sizing table.response_bytes.",
 		bounds: []uint64{256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
 		per:    1,
 	},
