@@ -19,6 +19,9 @@ import (
 //   - [[cache]] or [[idempotency]] blocks, persist.path set and no
 //     persist.key: a restart after a deploy serves the stored responses
 //     of the previous build.
+//   - An override by key on a rule whose key has no value it could match
+//     (by "ip" or "global"; by "path" for a key that is not a path): the
+//     override never applies, and its clients get the rule's limit.
 func (c Config) Warnings() []string {
 	c = c.WithDefaults()
 	var out []string
@@ -44,7 +47,37 @@ func (c Config) Warnings() []string {
 			"after a deploy, a restart serves the responses the previous build stored, which the new one may not produce; "+
 			`set persist.key to the application's version (e.g. key = "v1.42.0" or its git SHA), or persist.key_file to a file the deploy writes (echo "$GIT_SHA" > /etc/preforkd/app-version)`, blocks))
 	}
+	for _, rl := range c.RateLimits {
+		by, err := clientip.ParseBy(rl.By)
+		if err != nil {
+			continue
+		}
+		for i, o := range rl.Overrides {
+			if o.Key != "" && !keyMatchable(by, o.Key) {
+				out = append(out, fmt.Sprintf(`rule %q override %d: a key override never applies to a rule by %q: `+
+					`it matches the value of a header:, cookie: or query: element, or a path (starting with /) of a path element; `+
+					`for client addresses use client = ["192.0.2.7/32"]`, rl.Name, i+1, rl.By))
+			}
+		}
+	}
 	return out
+}
+
+// keyMatchable reports whether a request counted by by may carry key as
+// the value an override's key is matched against (clientip's
+// AppendKeyValue): one of a header, cookie or query element, or a path.
+func keyMatchable(by clientip.By, key string) bool {
+	for _, e := range by.Elements() {
+		switch {
+		case e == "path":
+			if strings.HasPrefix(key, "/") {
+				return true
+			}
+		case e != "ip" && e != "global":
+			return true
+		}
+	}
+	return false
 }
 
 // Notes are what `preforkd check` points out about a configuration that

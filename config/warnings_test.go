@@ -32,6 +32,18 @@ by = "cookie:s|path"
 		{"idempotency, dump, no key", "[persist]\npath = \"/tmp/d\"\n[[idempotency]]\npath = \"/o\"\n", []string{"[[idempotency]] blocks store responses"}, 0},
 		{"cache, dump, key", "[persist]\npath = \"/tmp/d\"\nkey = \"v1\"\n[[cache]]\npath = \"/c/*\"\n", nil, 0},
 		{"cache, no dump", "[[cache]]\npath = \"/c/*\"\n", nil, 0},
+		// A key override matches the value of a header, cookie, query
+		// parameter or path: a rule by ip or global has none, and the
+		// override never applies.
+		{"key override by ip", "[server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit.override]]\nkey = \"192.0.2.7\"\nlimit = 5\n",
+			[]string{`rule "a" override 1: a key override never applies to a rule by "ip"`}, 0},
+		{"key override by global", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"global\"\n[[ratelimit.override]]\nkey = \"k\"\nlimit = 5\n",
+			[]string{`rule "a" override 1: a key override never applies to a rule by "global"`}, 0},
+		{"key override by path, not a path", "[[ratelimit]]\nname = \"a\"\npath = \"/a/*\"\nlimit = 1\nwindow = \"1s\"\nby = \"path\"\n[[ratelimit.override]]\nkey = \"a/b\"\nlimit = 5\n",
+			[]string{`rule "a" override 1: a key override never applies to a rule by "path"`}, 0},
+		{"key override by header", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nby = \"header:X-Api-Key|ip\"\n[[ratelimit.override]]\nkey = \"k\"\nlimit = 5\n[[ratelimit.override]]\nclient = [\"192.0.2.0/24\"]\nlimit = 5\n",
+			[]string{`rule "a" counts clients by their address`}, 1},
+		{"key override by path", "[[ratelimit]]\nname = \"a\"\npath = \"/a/*\"\nlimit = 1\nwindow = \"1s\"\nby = \"path\"\n[[ratelimit.override]]\nkey = \"/a/b\"\nlimit = 5\n", nil, 0},
 	} {
 		c, err := Parse([]byte(tc.file), "t.toml")
 		if err != nil {
