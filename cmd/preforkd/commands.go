@@ -232,6 +232,9 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err := checkPersist(cfg); err != nil {
 			return err
 		}
+		if err := checkAdminListen(cfg.Admin.Listen); err != nil {
+			return &configError{err}
+		}
 		if cfg, err = withTickets(cfg, nil, time.Now()); err != nil {
 			return err
 		}
@@ -283,6 +286,9 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		}
 		if err := checkPersist(cfg); err != nil {
 			return err
+		}
+		if err := checkAdminListen(cfg.Admin.Listen); err != nil {
+			return &configError{err}
 		}
 		if why := adminExposure(cfg.Admin.Listen); why != "" {
 			fmt.Fprintf(stderr, "preforkd check: warning: admin.listen %q: %s, and /metrics and /status answer without a token: keep it on loopback (127.0.0.1:9901) or a unix: socket\n", cfg.Admin.Listen, why)

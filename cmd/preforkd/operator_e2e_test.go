@@ -156,6 +156,40 @@ func TestAdminUnixSocket(t *testing.T) {
 	}
 }
 
+// An admin.listen socket that cannot be made (its directory missing, not
+// a directory or not writable) stops check and run with exit 2 naming the path and why, as a
+// persist.path that cannot be written does: check must not call ok a
+// file that run then refuses.
+func TestAdminSocketDirCheckedAtStart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notDir := filepath.Join(dir, "file")
+	os.WriteFile(notDir, nil, 0o600)
+	for _, tc := range []struct {
+		name, sock, reason string
+	}{
+		{"missing directory", filepath.Join(dir, "missing", "admin.sock"), "does not exist"},
+		{"not a directory", filepath.Join(notDir, "admin.sock"), "is not a directory"},
+		{"not writable", "/proc/self/admin.sock", "is not writable"}, // not even by root
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := filepath.Join(t.TempDir(), "preforkd.toml")
+			os.WriteFile(cfg, []byte(fmt.Sprintf("[admin]\nlisten = %q\n", "unix:"+tc.sock)), 0o600)
+			for _, args := range [][]string{
+				{"check", "-config", cfg},
+				{"run", "-config", cfg, "-listen", freeAddr(t)},
+			} {
+				code, stdout, stderr := runBinary(t, args...)
+				if code != 2 || !strings.Contains(stderr, tc.sock) || !strings.Contains(stderr, tc.reason) || strings.Contains(stdout, "ok") {
+					t.Fatalf("preforkd %s: exit %d, want 2 naming %q and %q\nstdout: %s\nstderr: %s",
+						args[0], code, tc.sock, tc.reason, stdout, stderr)
+				}
+			}
+		})
+	}
+}
+
 // A file at the socket's path that is not a socket is never removed.
 func TestAdminSocketOverAFile(t *testing.T) {
 	t.Parallel()
