@@ -17,16 +17,22 @@ const maxTokenFile = 4 << 10
 
 // authorize guards an admin action: 403 when no token file is configured
 // (actions are off), 401 without the right bearer token, 503 when the file
-// cannot be read now. The file is read at every action, so that a token
-// is rotated by rewriting the file; the comparison takes the same time
-// whatever the tokens (SHA-256 of both, compared in constant time).
+// cannot be read now, or before the supervisor's first status snapshot.
+// The file is read at every action, so that a token is rotated by
+// rewriting the file; the comparison takes the same time whatever the
+// tokens (SHA-256 of both, compared in constant time).
 func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := a.status.Load()
-		path := ""
-		if st != nil {
-			path = runningConfig(st).Admin.TokenFile
+		if st == nil {
+			// The endpoint serves before the supervisor's first
+			// snapshot, which holds the running configuration (and its
+			// token file): whether actions are on is not known yet.
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", "the workers have not started yet; try again")
+			return
 		}
+		path := runningConfig(st).Admin.TokenFile
 		if path == "" {
 			writeProblem(w, http.StatusForbidden, "Forbidden", "admin actions are off: set admin.token_file to enable them")
 			return

@@ -3,6 +3,9 @@ package main
 import (
 	"encoding/binary"
 	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,5 +76,23 @@ func TestTokenFileACL(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("%s (mode %v): readToken: %v, want accepted %v", tc.name, fi.Mode().Perm(), err, tc.ok)
 		}
+	}
+}
+
+// The admin endpoint serves from before the supervisor's first status
+// snapshot, which holds the running configuration's token file: an
+// action then is told to try again (503), not that actions are off (403,
+// "set admin.token_file"), which the configuration may well set.
+func TestActionBeforeTheFirstStatus(t *testing.T) {
+	a := &admin{log: slog.New(slog.DiscardHandler)}
+	ran := false
+	h := a.authorize(func(http.ResponseWriter, *http.Request) { ran = true })
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, "/ratelimit/login/reset?key=192.0.2.1", nil)
+	r.Header.Set("Authorization", "Bearer 0123456789abcdef0123")
+	h.ServeHTTP(w, r)
+	if ran || w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || strings.Contains(w.Body.String(), "token_file") {
+		t.Errorf("an action before the first status: %d (ran %v) Retry-After %q %s; want 503 with Retry-After",
+			w.Code, ran, w.Header().Get("Retry-After"), w.Body.String())
 	}
 }
