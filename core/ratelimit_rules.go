@@ -412,6 +412,7 @@ func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store SharedSto
 	}
 	v := variant{remote: rem, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}
 	if ls, limit := rem.LocalShare(); ls != nil {
+		ls.SetClock(clock) // decided on the host's table, as a local rule's
 		// The share's headers name the rule and announce the limit it
 		// enforces while Redis is away.
 		v.fallback = &variant{lim: ls, hdr: newRuleHeaders(r.Name, limit, r.Window)}
