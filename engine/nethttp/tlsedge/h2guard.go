@@ -313,10 +313,22 @@ type outFrames struct {
 	left uint32  // payload bytes of the current frame left
 	rst  bool    // the current frame is a RST_STREAM
 	code uint32  // its error code, as its bytes come
+	// reset are the streams the server reset last (any code), a ring:
+	// its later resets of one of them (STREAM_CLOSED for each DATA frame
+	// the client had under way when the server ended the stream, an
+	// early answer's) abandon no request again, and count nothing.
+	// Made at the first reset: most connections have none.
+	reset  []uint32
+	resetN int
 }
 
+// outResetRing is how many of the server's last reset streams are kept:
+// more than the streams a client has open at once (DefaultMaxConcurrentStreams).
+const outResetRing = 256
+
 // follow takes bytes the server wrote and returns how many RST_STREAM
-// frames ended in them whose error code blames the client: PROTOCOL_ERROR,
+// frames ended in them, each the first on its stream, whose error code
+// blames the client: PROTOCOL_ERROR,
 // FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR. Not NO_ERROR (a
 // stream answered before the client sent all its body: an early answer),
 // nor INTERNAL_ERROR (a response the upstream cut short, a handler's
@@ -347,12 +359,30 @@ func (o *outFrames) follow(b []byte) (resets int) {
 		b = b[n:]
 		if o.left == 0 {
 			o.hdrN = 0
-			if o.rst && clientsFault(o.code) {
+			if o.rst && o.firstReset() && clientsFault(o.code) {
 				resets++
 			}
 		}
 	}
 	return resets
+}
+
+// firstReset reports whether the RST_STREAM just written is the first
+// the server writes on its stream (of those it reset last), and keeps
+// the stream.
+func (o *outFrames) firstReset() bool {
+	id := (uint32(o.hdr[5])<<24 | uint32(o.hdr[6])<<16 | uint32(o.hdr[7])<<8 | uint32(o.hdr[8])) & (1<<31 - 1)
+	if o.reset == nil {
+		o.reset = make([]uint32, outResetRing)
+	}
+	for _, r := range o.reset[:min(o.resetN, len(o.reset))] {
+		if r == id {
+			return false
+		}
+	}
+	o.reset[o.resetN%len(o.reset)] = id
+	o.resetN++
+	return true
 }
 
 // clientsFault reports whether a RST_STREAM's error code blames the
