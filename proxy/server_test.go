@@ -506,6 +506,29 @@ func TestHeaderTimeoutFromTheFirstByte(t *testing.T) {
 	})
 }
 
+// TestHeaderTimeoutOfASectionReadAhead: the first bytes of the next
+// request that came with the one before it (pipelined) start its header's
+// clock once that request is answered, on every engine: they are not given
+// the idle timeout.
+func TestHeaderTimeoutOfASectionReadAhead(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(),
+			Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 3 * time.Second}})
+		c, br := dial(t, r.Addr)
+		roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\nGE")
+		start := time.Now()
+		resp, _ := readResponse(t, br, "GET")
+		if resp.StatusCode != http.StatusRequestTimeout {
+			t.Errorf("status %d, want 408", resp.StatusCode)
+		}
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Errorf("answered after %v, want about 300ms", took)
+		}
+	})
+}
+
 func TestSendTimeout(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, readers, func(t *testing.T, e storyEngine) {

@@ -227,6 +227,13 @@ func (c *clientConn) idle() {
 	c.served = false
 	c.headDue = time.Time{}
 	c.head.Start()
+	if d := c.s.limits.ReadHeaderTimeout; d > 0 && c.head.Begun() {
+		// The next section began in what was read with the request
+		// before: its clock starts now, and net/http's wait for its
+		// first bytes with the idle timeout (SetReadDeadline, which it
+		// calls next) is kept within it.
+		c.headDue = time.Now().Add(d)
+	}
 	switch {
 	case c.answered:
 		return
