@@ -67,15 +67,22 @@ func redacted(s string) string {
 	if i < 0 {
 		return s
 	}
-	auth := s[i+3:]
+	rest := s[i+3:]
+	auth := rest
 	if j := strings.IndexAny(auth, "/?#"); j >= 0 {
 		auth = auth[:j]
 	}
 	at := strings.LastIndexByte(auth, '@')
 	if at < 0 {
+		// A password with a '/', '?' or '#' ends the authority early
+		// (no URL then): the userinfo runs to the last '@'. A path's
+		// "a:b@c" is masked too, which tells nothing away.
+		at = strings.LastIndexByte(rest, '@')
+	}
+	if at < 0 {
 		return s
 	}
-	user, _, ok := strings.Cut(auth[:at], ":")
+	user, _, ok := strings.Cut(rest[:at], ":")
 	if !ok {
 		return s
 	}

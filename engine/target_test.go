@@ -31,6 +31,8 @@ func TestParseTarget(t *testing.T) {
 		{"http://", "absolute http:// or https://"},
 		{"http://u:p@app", "credentials"},
 		{"http://u:secret@app:x", "absolute http:// or https://"}, // no URL: masked all the same
+		{"http://u:se/cret@app", "absolute http:// or https://"},  // a password with a '/': no URL, masked whole
+		{"http://u:se?cret@app", "absolute http:// or https://"},
 		{"http://app/#f", "no fragment"},
 		{"http://app/?q=1", "no query"},
 		{"http://app:0", "port"},
@@ -39,7 +41,7 @@ func TestParseTarget(t *testing.T) {
 	for _, b := range bad {
 		_, err := engine.ParseTarget(b.url)
 		var te *engine.TargetError
-		want := strings.Replace(strings.Replace(b.url, ":p@", ":xxxxx@", 1), ":secret@", ":xxxxx@", 1)
+		want := strings.NewReplacer(":p@", ":xxxxx@", ":secret@", ":xxxxx@", ":se/cret@", ":xxxxx@", ":se?cret@", ":xxxxx@").Replace(b.url)
 		if !errors.As(err, &te) || te.URL != want || !strings.Contains(te.Why, b.why) {
 			t.Errorf("ParseTarget(%q) = %v, want a TargetError about %q saying %q", b.url, err, want, b.why)
 		}
