@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"testing"
 
-	"golang.org/x/net/http2"
-
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/logtest"
 	"github.com/preforkd/preforkd/internal/wiretest"
@@ -26,7 +24,8 @@ func TestEarlyAnsweredUploadsAreNoRapidReset(t *testing.T) {
 	})
 	var logs logtest.Buffer
 	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{}, slog.New(slog.NewTextHandler(&logs, nil)))
-	tr := &http2.Transport{TLSClientConfig: conf}
+	tr := &http.Transport{TLSClientConfig: conf, Protocols: new(http.Protocols)}
+	tr.Protocols.SetHTTP2(true) // HTTP/2 only: the streams are the point
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	body := make([]byte, 8<<20) // more than the upstream takes
