@@ -5,7 +5,6 @@ import (
 	"math"
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,40 +119,6 @@ func TestCheckAccountsOverrideTags(t *testing.T) {
 		if err := core.CheckAccounts(rls); err != nil {
 			t.Errorf("redis %v, no collision: %v", redis != nil, err)
 		}
-	}
-}
-
-// A request whose clock reading (at Begin) is older than another's
-// decision on its key is decided at the core's clock read again once the
-// key's state is loaded: with a limit of 2, two requests pass in either
-// order. Decided at the stale reading, the second found the bucket fuller
-// by the gap and was refused (three concurrent first requests to one path
-// across workers got one 200 and two 429s).
-func TestStaleReadingDecidedAtTheCoresClock(t *testing.T) {
-	var stale atomic.Bool
-	clock := func() time.Duration {
-		if stale.CompareAndSwap(true, false) {
-			return time.Hour // read before the other request's decision
-		}
-		return time.Hour + time.Millisecond
-	}
-	c, err := core.New(joinedRegion(t, shm.Options{Counters: 64}), core.Options{Now: clock, RateLimits: []core.RateLimit{{
-		Rule:  bucket.Rule{Name: "per-url", Limit: 2, Window: time.Hour},
-		Route: mustRoute(t, "/pages/*"),
-		By:    clientip.MustParseBy("path"),
-	}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := decide(c, newReq("GET", "/pages/a", "192.0.2.1")); got != 200 {
-		t.Fatalf("first request: %d", got)
-	}
-	stale.Store(true)
-	if got := decide(c, newReq("GET", "/pages/a", "192.0.2.2")); got != 200 {
-		t.Fatalf("second request, its clock read before the first's decision: %d, want 200", got)
-	}
-	if got := decide(c, newReq("GET", "/pages/a", "192.0.2.3")); got != 429 {
-		t.Fatalf("third request: %d, want 429", got)
 	}
 }
 

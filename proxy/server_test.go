@@ -485,46 +485,31 @@ func TestHeaderAndIdleTimeouts(t *testing.T) {
 // keep-alive connection has read_header_timeout from its first byte, on
 // every engine: a client that sends a byte or two, then waits, is not
 // given the idle timeout again to send the rest. (net/http starts the
-// header's clock once four bytes came.)
+// header's clock once four bytes came.) The same when those bytes came
+// with the request before (pipelined): the clock starts once that one is
+// answered.
 func TestHeaderTimeoutFromTheFirstByte(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		up := startUpstream(t, nil)
 		r := e.serve(t, storyOptions{Upstream: up.URL(),
 			Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 3 * time.Second}})
-		c, br := dial(t, r.Addr)
-		roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-		io.WriteString(c, "GE")
-		start := time.Now()
-		resp, _ := readResponse(t, br, "GET")
-		if resp.StatusCode != http.StatusRequestTimeout {
-			t.Errorf("status %d, want 408", resp.StatusCode)
-		}
-		if took := time.Since(start); took > 1500*time.Millisecond {
-			t.Errorf("answered after %v, want about 300ms", took)
-		}
-	})
-}
-
-// TestHeaderTimeoutOfASectionReadAhead: the first bytes of the next
-// request that came with the one before it (pipelined) start its header's
-// clock once that request is answered, on every engine: they are not given
-// the idle timeout.
-func TestHeaderTimeoutOfASectionReadAhead(t *testing.T) {
-	t.Parallel()
-	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		up := startUpstream(t, nil)
-		r := e.serve(t, storyOptions{Upstream: up.URL(),
-			Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 3 * time.Second}})
-		c, br := dial(t, r.Addr)
-		roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\nGE")
-		start := time.Now()
-		resp, _ := readResponse(t, br, "GET")
-		if resp.StatusCode != http.StatusRequestTimeout {
-			t.Errorf("status %d, want 408", resp.StatusCode)
-		}
-		if took := time.Since(start); took > 1500*time.Millisecond {
-			t.Errorf("answered after %v, want about 300ms", took)
+		for _, readAhead := range []bool{false, true} {
+			c, br := dial(t, r.Addr)
+			if readAhead {
+				roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\nGE")
+			} else {
+				roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+				io.WriteString(c, "GE")
+			}
+			start := time.Now()
+			resp, _ := readResponse(t, br, "GET")
+			if resp.StatusCode != http.StatusRequestTimeout {
+				t.Errorf("read ahead %v: status %d, want 408", readAhead, resp.StatusCode)
+			}
+			if took := time.Since(start); took > 1500*time.Millisecond {
+				t.Errorf("read ahead %v: answered after %v, want about 300ms", readAhead, took)
+			}
 		}
 	})
 }
