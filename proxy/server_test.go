@@ -997,19 +997,9 @@ func TestEarlyResponse(t *testing.T) {
 func TestLongEarlyResponse(t *testing.T) {
 	t.Parallel()
 	const answer = 1 << 20
-	ln := listen(t)
-	acceptEach(ln, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		if _, err := http.ReadRequest(br); err != nil {
-			return
-		}
-		fmt.Fprintf(c, "HTTP/1.1 413 Content Too Large\r\nContent-Length: %d\r\n\r\n", answer)
-		io.Copy(c, wiretest.Pattern(answer))
-		c.(*net.TCPConn).CloseWrite()
-		io.Copy(io.Discard, br)
-	})
+	up := earlyAnswerer(t, answer)
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
+		r := e.serve(t, storyOptions{Upstream: up})
 		c, br := dial(t, r.Addr)
 		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 4<<20)
 		io.Copy(c, wiretest.Pattern(100<<10)) // past the read-ahead: streamed
@@ -1022,15 +1012,9 @@ func TestLongEarlyResponse(t *testing.T) {
 	})
 }
 
-// TestEarlyResponseLingers: an upstream that answers before it read the
-// body, to a client that sends its body until it sees the answer's head,
-// then reads the answer slowly: the client gets the whole answer. The
-// connection ends after it with the client's body unread, so the close
-// must linger: a socket closed with unread bytes sends a reset, and a
-// reset drops what was not yet delivered of the answer.
-func TestEarlyResponseLingers(t *testing.T) {
-	t.Parallel()
-	const answer = 1 << 20
+// earlyAnswerer is an upstream that answers every request 413 with
+// answer bytes of body as soon as it read its head, then reads the body.
+func earlyAnswerer(t *testing.T, answer int64) (url string) {
 	ln := listen(t)
 	acceptEach(ln, func(c net.Conn) {
 		br := bufio.NewReader(c)
@@ -1042,8 +1026,21 @@ func TestEarlyResponseLingers(t *testing.T) {
 		c.(*net.TCPConn).CloseWrite()
 		io.Copy(io.Discard, br)
 	})
+	return "http://" + ln.Addr().String()
+}
+
+// TestEarlyResponseLingers: an upstream that answers before it read the
+// body, to a client that sends its body until it sees the answer's head,
+// then reads the answer slowly: the client gets the whole answer. The
+// connection ends after it with the client's body unread, so the close
+// must linger: a socket closed with unread bytes sends a reset, and a
+// reset drops what was not yet delivered of the answer.
+func TestEarlyResponseLingers(t *testing.T) {
+	t.Parallel()
+	const answer = 1 << 20
+	up := earlyAnswerer(t, answer)
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
+		r := e.serve(t, storyOptions{Upstream: up})
 		// A small send buffer keeps what is on its way when the client
 		// stops within what the close reads (engine.LingerBytes).
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
