@@ -63,14 +63,20 @@ type AppResponse struct {
 	lines  []byte // "Name: value\r\n" each
 	fields []span // name, then value, of each line
 	body   []byte
+	own    []byte // the body's memory reused from request to request
 	// hasDate: the App set its own Date, which the server sends instead
 	// of its own.
 	hasDate bool
+	lent    bool // Body was called: what SetBody gets is made from it
+	foreign bool // SetBody gave memory of the App's own: never written
 }
 
 func (w *AppResponse) reset() {
-	w.status, w.hasDate = 0, false
-	w.lines, w.fields, w.body = w.lines[:0], w.fields[:0], w.body[:0]
+	if !w.foreign {
+		w.own = w.body // written here, or appended to from Body
+	}
+	w.status, w.hasDate, w.lent, w.foreign = 0, false, false, false
+	w.lines, w.fields, w.body = w.lines[:0], w.fields[:0], w.own[:0]
 }
 
 // WriteHeader sets the status.
@@ -114,10 +120,18 @@ func (w *AppResponse) WriteString(s string) (int, error) {
 
 // Body returns the body so far, for an App that appends to it in place
 // (SetBody gives it back): the memory is reused from request to request.
-func (w *AppResponse) Body() []byte { return w.body }
+func (w *AppResponse) Body() []byte {
+	w.lent = true
+	return w.body
+}
 
-// SetBody makes b the body.
-func (w *AppResponse) SetBody(b []byte) { w.body = b }
+// SetBody makes b the body. Unless b was made from Body in the same call,
+// it stays the App's: the next requests' bodies are not written into it
+// (a body kept for every request, say).
+func (w *AppResponse) SetBody(b []byte) {
+	w.body = b
+	w.foreign = w.foreign || !w.lent
+}
 
 // Each implements core.Header.
 func (w *AppResponse) Each(f func(name, value []byte)) {
