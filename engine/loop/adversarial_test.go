@@ -510,3 +510,29 @@ func TestMaxIdleIsTheWorkers(t *testing.T) {
 		t.Errorf("upstream_max_idle 1: %d idle upstream connections kept", n)
 	}
 }
+
+// A head the server refuses before a request exists (too large, too slow,
+// malformed) is answered on a request object from the loop's pool: what
+// the previous request that used it was (HEAD) must not shape the answer.
+// It used to go out as an answer to HEAD, its Content-Length without the
+// body, and the client read a response cut short.
+func TestRefusedHeadAfterHEADHasItsBody(t *testing.T) {
+	t.Parallel()
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+		if req.Req.Method != "HEAD" {
+			w.WriteString("ok")
+		}
+	})
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Limits: engine.Limits{MaxHeaderBytes: 4 << 10}})
+	c, br := dial(t, addr)
+	if resp, _ := roundTrip(t, c, br, "HEAD / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+		t.Fatalf("HEAD: %d", resp.StatusCode)
+	}
+	c2, br2 := dial(t, addr)
+	io.WriteString(c2, "GET /"+strings.Repeat("a", 5<<10))
+	resp, body := readResponse(t, br2, "GET")
+	if resp.StatusCode != 431 || int64(len(body)) != resp.ContentLength || len(body) == 0 {
+		t.Errorf("a head too large after a HEAD: %d, Content-Length %d, body %q", resp.StatusCode, resp.ContentLength, body)
+	}
+}

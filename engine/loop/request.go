@@ -92,7 +92,9 @@ func (l *loop) recycle(r *request) {
 	r.body.release(l)
 	r.c, r.ex, r.up = nil, nil, nil
 	r.buf, r.sent = nil, nil
-	r.h.raw, r.h.fields = nil, nil
+	// All of the head: a refusal before a head was parsed (conn.refuse)
+	// answers on a request from the pool, as to a GET.
+	r.h.raw, r.h.fields, r.h.headInfo = nil, nil, headInfo{}
 	r.fwd, r.peer, r.verdict = core.Forward{}, netip.Addr{}, 0
 	r.phase, r.waiting, r.begun, r.counted = 0, false, false, false
 	r.gone.Store(false)
