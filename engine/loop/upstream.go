@@ -444,6 +444,14 @@ func (u *upConn) connected() {
 	if err == nil && soerr != 0 {
 		err = unix.Errno(soerr)
 	}
+	if err == nil {
+		if _, perr := unix.Getpeername(u.fd); perr == unix.ENOTCONN {
+			// Not connected yet: the event was the descriptor's this one
+			// replaced, closed and its number reused by the dial in the
+			// same batch of events. The connect's own end comes later.
+			return
+		}
+	}
 	if err != nil {
 		if !u.redial() {
 			u.failed(&dialError{err})
