@@ -296,6 +296,7 @@ func (l *loop) getBuf(size int) []byte {
 func (l *loop) putBuf(b []byte) {
 	for i, class := range bufClasses {
 		if cap(b) == class {
+			poison(b)
 			if free := &l.free[i]; len(*free) < freeBufMax {
 				*free = append(*free, b[:0])
 			}
