@@ -536,3 +536,46 @@ func TestRefusedHeadAfterHEADHasItsBody(t *testing.T) {
 		t.Errorf("a head too large after a HEAD: %d, Content-Length %d, body %q", resp.StatusCode, resp.ContentLength, body)
 	}
 }
+
+// A client that half-closes after its request (shutdown(SHUT_WR), as a
+// client sending a last request may) still gets the whole answer: an EOF
+// read between requests, or in the middle of a head that will never end,
+// used to close the connection at once, dropping what of the answer
+// before it the socket had not taken yet. The listening socket's small
+// send buffer (the accepted connections inherit it) leaves the answer
+// there, under highWater (reading goes on).
+func TestHalfCloseAfterRequestGetsTheWholeAnswer(t *testing.T) {
+	t.Parallel()
+	big := bytes.Repeat([]byte("0123456789abcdef"), 200<<10/16)
+	for _, tc := range []struct{ name, after string }{
+		{"between requests", ""},
+		{"in a head", "GET /next HTTP/1.1\r\nHo"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ln := listen(t)
+			rc, err := ln.(*net.TCPListener).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 16<<10) })
+			s, served := start(t, ln, loop.Options{Loops: 1, App: func(w *loop.AppResponse, r *loop.AppRequest) { w.Write(big) }})
+			t.Cleanup(func() {
+				s.Close()
+				<-served
+			})
+			c, br := dial(t, ln.Addr().String())
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"+tc.after)
+			time.Sleep(100 * time.Millisecond) // answered, and partly sent
+			c.(*net.TCPConn).CloseWrite()
+			time.Sleep(100 * time.Millisecond) // the EOF is read
+			resp, body := readResponse(t, br, "GET")
+			if resp.StatusCode != 200 || !bytes.Equal(body, big) {
+				t.Errorf("%d, %d bytes of %d", resp.StatusCode, len(body), len(big))
+			}
+			if !isClosed(t, c, br) {
+				t.Error("the connection stayed open after the answer")
+			}
+		})
+	}
+}

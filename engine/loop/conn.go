@@ -202,7 +202,17 @@ func (c *conn) readEOF() {
 	c.eof = true
 	switch c.state {
 	case csNew, csIdle, csHead:
-		c.close(nil) // nothing, or half a head: nobody to answer
+		// Nothing, or half a head: nobody to answer. But the answers
+		// to the requests before go out first: the connection closes
+		// once they were sent (drained), under send_timeout.
+		if c.outLen() > 0 {
+			c.closeAfter = true
+			c.readDue = 0
+			c.rearm()
+			_ = c.l.interest(c.fd, &c.have, c.have&^wantRead)
+			return
+		}
+		c.close(nil)
 		return
 	}
 	r := c.r
