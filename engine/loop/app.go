@@ -18,7 +18,9 @@ import (
 // at once — no I/O, no lock held for long, nothing that waits — since
 // every connection of its loop waits for it. What it writes to w is sent
 // with the core's fields added and a Content-Length. Neither w nor r may
-// be kept after it returns.
+// be kept after it returns, nor what r returns: its strings and bytes
+// (the path, a header's value, the body) are views of the loop's buffers,
+// which the next request overwrites; copy (strings.Clone) what is kept.
 type App func(w *AppResponse, r *AppRequest)
 
 // AppRequest is the request an App serves, as the core passed it on.
