@@ -80,15 +80,29 @@ func (s *logSwitch) configure(file config.Log) {
 	if s.base.Load() != nil && eff == s.cur {
 		return
 	}
-	opts := &slog.HandlerOptions{Level: eff.Level.Slog()}
-	var h slog.Handler = slog.NewTextHandler(s.w, opts)
-	if eff.Format == config.LogJSON {
-		opts.ReplaceAttr = durationSeconds
-		h = slog.NewJSONHandler(s.w, opts)
-	}
+	h := newHandler(s.w, eff)
 	s.cur = eff
 	s.base.Store(&h)
 	s.version.Add(1)
+}
+
+// newHandler writes lines to w as eff says.
+func newHandler(w io.Writer, eff config.Log) slog.Handler {
+	opts := &slog.HandlerOptions{Level: eff.Level.Slog()}
+	if eff.Format == config.LogJSON {
+		opts.ReplaceAttr = durationSeconds
+		return slog.NewJSONHandler(w, opts)
+	}
+	return slog.NewTextHandler(w, opts)
+}
+
+// direct writes one line to w as the switch's loggers would now, but not
+// through the switch's own writer.
+func (s *logSwitch) direct(w io.Writer, level slog.Level, msg string, args ...any) {
+	s.mu.Lock()
+	eff := s.cur
+	s.mu.Unlock()
+	slog.New(newHandler(w, eff)).Log(context.Background(), level, msg, args...)
 }
 
 // durationSeconds writes a time.Duration as a number of seconds
@@ -169,9 +183,8 @@ func (h *switchHandler) with(f func(slog.Handler) slog.Handler) slog.Handler {
 // drained is never lost to an exit.
 type lineQueue struct {
 	w io.Writer
-	// notice says that n lines were dropped, in the log's format: a
-	// logger whose lines come back through the queue (a notice dropped in
-	// turn is counted in the next one).
+	// notice says that n lines were dropped, in the log's format; the
+	// queue's goroutine calls it, and it writes to w itself.
 	notice  func(n uint64)
 	mu      sync.RWMutex
 	running bool
@@ -181,15 +194,16 @@ type lineQueue struct {
 }
 
 // workerLogs is a worker's logging: a switch over a queue to w, whose
-// notices of dropped lines its logger writes.
+// notices of dropped lines are in the switch's format. A notice is
+// written by the queue's goroutine straight to w, not queued: queued, it
+// could be dropped in turn, and the count it carries lost.
 func workerLogs(w io.Writer, lf logFlags) (*lineQueue, *logSwitch, *slog.Logger) {
 	q := newLineQueue(w)
 	logs := newLogSwitch(q, lf)
-	log := logs.logger()
 	q.notice = func(n uint64) {
-		log.Warn("log lines dropped: the log was not read fast enough", "lines", n)
+		logs.direct(w, slog.LevelWarn, "log lines dropped: the log was not read fast enough", "lines", n)
 	}
-	return q, logs, log
+	return q, logs, logs.logger()
 }
 
 // lineQueueSize is how many lines wait at most.
