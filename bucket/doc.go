@@ -5,6 +5,7 @@
 // Most users want [NewLimiter] and [Limiter.Allow]:
 //
 //	lim, err := bucket.NewLimiter(bucket.Rule{Name: "login", Limit: 5, Window: 5 * time.Minute}, region.Counters())
+//	lim.SetClock(region.Now)
 //	d := lim.Allow(clientIP, region.Now())
 //	if !d.Allowed { /* 429, Retry-After: d.RetryAfter */ }
 //
@@ -32,7 +33,12 @@
 // Every function takes `now`, the region's clock (shm.Region.Now), as a
 // parameter. A clock that reads behind a key's state grants nothing: GCRA
 // keeps the later arrival time, and a fixed window keeps counting in the
-// later window (up to 2^20 windows behind it).
+// later window (up to 2^20 windows behind it). A Limiter given the clock
+// its callers read ([Limiter.SetClock]) decides no earlier than that clock
+// reads once the key's state is loaded, so that decisions of several
+// processes on one key are ordered as their times; without it, a caller
+// descheduled between reading `now` and deciding may be refused the last
+// request the limit allows.
 //
 // # Concurrency
 //

@@ -22,7 +22,7 @@ func CheckDirs(o Options) error {
 		if f.path == "" {
 			continue
 		}
-		if err := checkDir(filepath.Dir(f.path), f.pattern); err != nil {
+		if err := CheckDir(filepath.Dir(f.path), f.pattern); err != nil {
 			return fmt.Errorf("persist: %s %q: %w", f.key, f.path, err)
 		}
 		// What is there must be a file that a rename can replace: a
@@ -41,10 +41,11 @@ func CheckDirs(o Options) error {
 // them.
 func liveTempPrefix(path string) string { return filepath.Base(path) + ".new-" }
 
-// checkDir creates and removes a file named after pattern in dir: the
+// CheckDir reports whether dir exists and takes new files: it creates
+// and removes a file named after pattern (os.CreateTemp's) in dir, the
 // only test of writability that a read-only mount, an ACL and root agree
-// on.
-func checkDir(dir, pattern string) error {
+// on. The daemon checks an admin socket's directory with it too.
+func CheckDir(dir, pattern string) error {
 	st, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

@@ -3,45 +3,26 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/preforkd/preforkd/persist"
 )
 
 // checkAdminListen refuses an admin.listen socket whose directory does
 // not exist, is not a directory or cannot take a new file, at start and
-// in check (exit 2), as persist.path's: the bind would fail only once
-// the supervisor runs, after check called the file ok.
+// in check (exit 2), as persist.path's (persist.CheckDir): the bind would
+// fail only once the supervisor runs, after check called the file ok.
 func checkAdminListen(addr string) error {
 	path, ok := strings.CutPrefix(addr, adminUnix)
 	if !ok {
 		return nil
 	}
-	dir := filepath.Dir(path)
-	st, err := os.Stat(dir)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		err = fmt.Errorf("directory %s does not exist", dir)
-	case err != nil:
-	case !st.IsDir():
-		err = fmt.Errorf("%s is not a directory", dir)
-	default:
-		// A file made and removed: the one test of what a bind needs
-		// (write and search) that a read-only mount, an ACL and root
-		// agree on.
-		f, cerr := os.CreateTemp(dir, filepath.Base(path)+".check-*")
-		if cerr != nil {
-			err = fmt.Errorf("directory %s is not writable: %w", dir, cerr)
-			break
-		}
-		f.Close()
-		os.Remove(f.Name())
-	}
+	err := persist.CheckDir(filepath.Dir(path), filepath.Base(path)+".check-*")
 	if err != nil {
 		return fmt.Errorf("admin.listen %q: %w", addr, err)
 	}
