@@ -147,6 +147,27 @@ func loadConfig(path string, o overrides) (config.Config, error) {
 	return cfg, err
 }
 
+// loadToStart is what run refuses before it starts, and so what check
+// refuses: -config missing, a configuration that does not load, a dump or
+// live region that could not be written, an admin socket that could not
+// be made.
+func loadToStart(path string, o overrides) (config.Config, error) {
+	if path == "" {
+		return config.Config{}, &usageError{"-config FILE is required"}
+	}
+	cfg, err := loadConfig(path, o)
+	if err != nil {
+		return cfg, err
+	}
+	if err := checkPersist(cfg); err != nil {
+		return cfg, err
+	}
+	if err := checkAdminListen(cfg.Admin.Listen); err != nil {
+		return cfg, &configError{err}
+	}
+	return cfg, nil
+}
+
 // loadConfigOver is loadConfig for a reload of running: a TLS
 // certificate that cannot be used keeps the running one, and kept says
 // which and why.
@@ -222,18 +243,9 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		if err := noArgs(args); err != nil {
 			return err
 		}
-		if *path == "" {
-			return &usageError{"-config FILE is required"}
-		}
-		cfg, err := loadConfig(*path, o)
+		cfg, err := loadToStart(*path, o)
 		if err != nil {
 			return err
-		}
-		if err := checkPersist(cfg); err != nil {
-			return err
-		}
-		if err := checkAdminListen(cfg.Admin.Listen); err != nil {
-			return &configError{err}
 		}
 		if cfg, err = withTickets(cfg, nil, time.Now()); err != nil {
 			return err
@@ -277,18 +289,9 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		if err := noArgs(args); err != nil {
 			return err
 		}
-		if *path == "" {
-			return &usageError{"-config FILE is required"}
-		}
-		cfg, err := loadConfig(*path, overrides{})
+		cfg, err := loadToStart(*path, overrides{})
 		if err != nil {
 			return err
-		}
-		if err := checkPersist(cfg); err != nil {
-			return err
-		}
-		if err := checkAdminListen(cfg.Admin.Listen); err != nil {
-			return &configError{err}
 		}
 		if why := adminExposure(cfg.Admin.Listen); why != "" {
 			fmt.Fprintf(stderr, "preforkd check: warning: admin.listen %q: %s, and /metrics and /status answer without a token: keep it on loopback (127.0.0.1:9901) or a unix: socket\n", cfg.Admin.Listen, why)
