@@ -150,8 +150,10 @@ func (s *supervisor) judgeCanary() {
 		if canary.Requests < uint64(c.settings.MinRequests) {
 			what = fmt.Sprintf("canary inconclusive: %d requests, fewer than canary_min_requests %d; %s",
 				canary.Requests, c.settings.MinRequests, rates)
-		} else {
+		} else if fleet.Requests == 0 {
 			what = fmt.Sprintf("canary inconclusive: the fleet served no request to compare with; %s", rates)
+		} else {
+			what = fmt.Sprintf("canary inconclusive: the fleet served %d requests, too few for any canary to be judged worse; %s", fleet.Requests, rates)
 		}
 	case VerdictHealthy:
 		what = "canary healthy: " + rates

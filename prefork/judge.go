@@ -16,8 +16,9 @@ const (
 	// delta. The reload is aborted.
 	VerdictUnhealthy Verdict = "unhealthy"
 	// VerdictInconclusive: too few requests to tell (fewer than
-	// canary_min_requests for the canary, or none for the others). The
-	// reload continues or aborts as canary_inconclusive says.
+	// canary_min_requests for the canary, or too few for the others for
+	// any outcome to be significant). The reload continues or aborts as
+	// canary_inconclusive says.
 	VerdictInconclusive Verdict = "inconclusive"
 	// VerdictFailed: the canary could not start, exited, or never became
 	// ready. The reload is aborted at once.
@@ -64,10 +65,14 @@ type judgement struct {
 // the fleet is a sample too.
 //
 // With fewer than minRequests canary requests, or no fleet request at
-// all, there is nothing to judge by: inconclusive.
+// all, there is nothing to judge by: inconclusive. So is a fleet too small
+// for any outcome to be significant (one request, against fewer than 100
+// of the canary's): even a canary whose every request failed, beside a
+// fleet that failed none, would pass the test, and "healthy" would claim
+// evidence that the window did not hold.
 func judge(canary, fleet RequestCounts, minRequests int, maxDelta float64) judgement {
 	j := judgement{pValue: 1, canaryRate: rate(canary), fleetRate: rate(fleet)}
-	if canary.Requests < uint64(max(minRequests, 1)) || fleet.Requests == 0 {
+	if canary.Requests < uint64(max(minRequests, 1)) || fleet.Requests == 0 || !canTell(canary, fleet) {
 		j.verdict = VerdictInconclusive
 		return j
 	}
@@ -78,6 +83,14 @@ func judge(canary, fleet RequestCounts, minRequests int, maxDelta float64) judge
 		j.verdict = VerdictHealthy
 	}
 	return j
+}
+
+// canTell reports whether the window's sizes leave any outcome
+// significant: the most extreme one, every canary request a 5xx and no
+// fleet request one, has Fisher's p-value 1/C(n1+n2, n1).
+func canTell(canary, fleet RequestCounts) bool {
+	n := canary.Requests
+	return fisherUpper(n, n, n, n+fleet.Requests) < canaryAlpha
 }
 
 // overDelta reports whether the canary's rate exceeds the fleet's by at

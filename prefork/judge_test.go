@@ -52,6 +52,12 @@ func TestJudge(t *testing.T) {
 		{"below the minimum", rc(49, 49), rc(0, 3000), 50, 2, VerdictInconclusive, "", 1},
 		{"at the minimum", rc(50, 50), rc(0, 3000), 50, 2, VerdictUnhealthy, testFisher, 0},
 		{"no fleet traffic", rc(60, 60), rc(0, 0), 50, 2, VerdictInconclusive, "", 1},
+		// One fleet request: the most extreme window has p 1/(n1+1), not
+		// significant below 100 canary requests, so no verdict is earned.
+		{"one fleet request", rc(60, 60), rc(0, 1), 50, 2, VerdictInconclusive, "", 1},
+		{"one fleet request, 99 canary", rc(99, 99), rc(0, 1), 50, 2, VerdictInconclusive, "", 1},
+		{"one fleet request, 100 canary, 1 failed", rc(1, 100), rc(0, 1), 50, 2, VerdictHealthy, testFisher, 0.990099},
+		{"one fleet request, 100 canary", rc(100, 100), rc(0, 1), 50, 2, VerdictUnhealthy, testFisher, 0.00990099},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := judge(tc.canary, tc.fleet, tc.min, tc.delta)
