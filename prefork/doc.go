@@ -52,7 +52,9 @@
 // serve on, told by USR2 that the instance stops: Worker.OnDrain), the
 // workers stop accepting and finish what is in flight within
 // Settings.ShutdownTimeout, by package engine's drain rule, then
-// Options.Finish runs and Run returns; a second one kills at once. USR1
+// Options.Finish runs and Run returns; a second signal kills at once (a
+// drain begun otherwise, by ctx or a handover, takes a first one as
+// itself: ctx ended by signal.NotifyContext on that same TERM). USR1
 // is passed on to the workers (Worker.OnReopen: logrotate). USR2
 // upgrades the binary (upgrade.go): a new supervisor from the program's
 // file inherits the listener, the region and Options.Handover's files,

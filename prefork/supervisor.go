@@ -171,6 +171,10 @@ type supervisor struct {
 	fatal       error     // a startup failure, returned by Run after the drain
 	crashes     int       // workers replaced after an exit nobody asked for
 	reloads     ReloadStatus
+	// stopSignalled: a TERM, INT or QUIT came. Only the next one shortens
+	// the drain: one begun otherwise (Run's context, a handover, a
+	// start-up failure) takes the first as the graceful stop it is.
+	stopSignalled bool
 
 	onStatus  func(Status)   // Options.OnStatus
 	published *Status        // what onStatus saw last

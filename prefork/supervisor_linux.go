@@ -85,8 +85,16 @@ func (s *supervisor) onSignal(sig os.Signal) {
 	case syscall.SIGHUP:
 		s.reload()
 	case syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT:
-		if s.draining {
+		if s.stopSignalled {
 			s.killAll("second " + name)
+			return
+		}
+		s.stopSignalled = true
+		if s.draining {
+			// Begun otherwise: the same TERM that ended Run's context
+			// (signal.NotifyContext), or a QUIT to the old supervisor
+			// of a binary upgrade. Its workers finish their requests.
+			s.log.Info("already draining: a second signal kills the workers", "signal", name)
 			return
 		}
 		s.beginDrain(name, s.cfg.DrainDelay)

@@ -932,3 +932,26 @@ func TestDrainDelay(t *testing.T) {
 		t.Error("not finished")
 	}
 }
+
+// Only a second stop signal shortens a drain. A drain begun otherwise
+// (Run's context done, as an embedding program's signal.NotifyContext
+// makes it on the very TERM the supervisor also receives; a binary
+// upgrade's handover, after which an operator sends QUIT to the old
+// supervisor as nginx's upgrade procedure has it) takes the first TERM,
+// INT or QUIT as the graceful stop it already is: the workers finish
+// their requests. The next one kills them.
+func TestFirstStopSignalDuringAnotherDrainIsGraceful(t *testing.T) {
+	f := newFake()
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+	s.beginDrain(context.Canceled.Error(), s.cfg.DrainDelay) // as run does when ctx is done
+	s.step()
+	sendSignal(s, syscall.SIGTERM)
+	if k := f.signalled(syscall.SIGKILL); len(k) != 0 {
+		t.Fatalf("the first TERM killed %v during a drain begun by the context", k)
+	}
+	sendSignal(s, syscall.SIGQUIT)
+	if k := f.signalled(syscall.SIGKILL); !slices.Equal(k, []int{100, 101}) {
+		t.Fatalf("the second stop signal killed %v, want [100 101]", k)
+	}
+}

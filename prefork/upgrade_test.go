@@ -375,3 +375,24 @@ func TestUpgradeStopGivesUpTheOldWorkers(t *testing.T) {
 		}
 	}
 }
+
+// After the handover the old supervisor drains its workers by itself. An
+// operator who then stops it (QUIT to the old pid, as nginx's upgrade
+// procedure has it) asks for the graceful stop it already does: its
+// workers' requests are not cut; a second signal cuts them.
+func TestUpgradeOldTakesAStopSignalGracefully(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	s := upgradingSupervisor(t, f, u, 2)
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGUSR2)
+	s.onUpgradeReady(upgradeReadyEvent{u.pid})
+	s.step()
+	sendSignal(s, syscall.SIGQUIT)
+	if k := f.signalled(syscall.SIGKILL); len(k) != 0 {
+		t.Fatalf("QUIT after the handover killed %v", k)
+	}
+	sendSignal(s, syscall.SIGQUIT)
+	if k := f.signalled(syscall.SIGKILL); !slices.Equal(k, []int{100, 101}) {
+		t.Fatalf("a second QUIT killed %v, want [100 101]", k)
+	}
+}
