@@ -194,6 +194,10 @@ type supervisor struct {
 	// until it is gone (oldIndexes).
 	notifyHeld bool
 	oldIndexes []int
+	// toldReady: this one reported ready to the old supervisor, which
+	// then hands over (and dumps no more) unless it is gone first. Until
+	// its word comes (onMain), a drain cannot tell whose dump it is.
+	toldReady bool
 	// Draining, it waits for the old workers (finished) until oldBy, or
 	// a second TERM: then they are given up (oldGivenUp), and the dump is
 	// made without what they still serve, rather than never.
@@ -244,6 +248,11 @@ func (s *supervisor) keepAlive() {
 // supervisor no longer dumps. Before it is the main process, the old one
 // still serves and dumps.
 func (s *supervisor) finished() bool {
+	if s.notifyHeld && s.toldReady && len(s.oldIndexes) > 0 && !s.oldGivenUp {
+		// The old one's word is on its way; the wait has the bound of
+		// the one for its workers (oldBy, a second TERM).
+		return false
+	}
 	return s.draining && len(s.procs) == 0 && s.orphans == 0 &&
 		(s.up == nil || s.up.ready) && (len(s.oldIndexes) == 0 || s.notifyHeld || s.oldGivenUp)
 }
@@ -494,6 +503,7 @@ func (s *supervisor) checkReady() {
 		// main process, and READY=1 is its to send.
 		err := s.env.tellReady()
 		if err == nil {
+			s.toldReady = true
 			return
 		}
 		// The old supervisor is gone (killed before it handed over):

@@ -396,3 +396,34 @@ func TestUpgradeOldTakesAStopSignalGracefully(t *testing.T) {
 		t.Fatalf("a second QUIT killed %v, want [100 101]", k)
 	}
 }
+
+// A new supervisor that reported ready to the old one is handed over to
+// (the old one drains without a dump), even when a TERM reaches it before
+// the old one's word that it is the main process. Its drain must wait
+// for that word (or the old one's exit) to know whether the dump is its
+// own to make: finishing first left the instance without a dump at all.
+func TestUpgradeStopAfterTellingReadyWaitsForTheWord(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	e := withUpgrades(f, u, f.env())
+	e.tellReady = func() error { u.readies++; return nil }
+	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	s.inherit([]int{0, 1})
+	s.step()
+	ready(s, 100, 101)
+	if u.readies != 1 {
+		t.Fatalf("ready reported %d times", u.readies)
+	}
+	sendSignal(s, syscall.SIGTERM) // before the old one's word
+	exit(s, 100, true)
+	exit(s, 101, true)
+	if s.finished() {
+		t.Fatal("finished before the old supervisor said whether it handed over")
+	}
+	s.onMain(mainEvent{}) // it did: the dump is this one's
+	s.onMain(mainEvent{gone: true})
+	s.onOrphan(orphanEvent{0})
+	s.onOrphan(orphanEvent{1})
+	if !s.finished() || s.regionLeft() != "" {
+		t.Fatalf("finished %v, region left %q, once main and the old workers are gone", s.finished(), s.regionLeft())
+	}
+}
