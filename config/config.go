@@ -600,6 +600,10 @@ type Cache struct {
 	// and instead of Cache-Control and Expires, and it is never sent to
 	// clients. "" means Preforkd-Cache-Control.
 	Targeted string `toml:"targeted"`
+	// Since is no key of the file: the region time from which the block
+	// serves stored responses (core.Cache.Since), which the daemon sets
+	// when a reload adds the block.
+	Since time.Duration `toml:"-"`
 }
 
 // Defaults that are not the zero value and are used twice; the others are

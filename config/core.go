@@ -65,7 +65,7 @@ func (d Cache) core(ro route.Options) (core.Cache, error) {
 		return core.Cache{}, err
 	}
 	b := core.Cache{Route: rt, TTL: d.TTL, MaxBody: int64(d.MaxBody), TagHeaders: d.TagHeaders, LockTimeout: d.LockTimeout, Heuristic: d.Heuristic,
-		Targeted: d.Targeted}
+		Targeted: d.Targeted, Since: d.Since}
 	return b, b.Check()
 }
 

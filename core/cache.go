@@ -261,7 +261,9 @@ const (
 // purged entry (a generation it recorded moved on) is dropped.
 func (ex *Exchange) judge(now time.Duration) (state int, age time.Duration) {
 	e := &ex.cache.ent
-	if !ex.gensCurrent(e) {
+	// Stored before the block (re)appeared: unsafe requests may have
+	// changed it unseen (Cache.Since).
+	if e.Stored < ex.cache.blk.since || !ex.gensCurrent(e) {
 		ex.c.region.Responses().CacheEvict(ex.cache.entryTk)
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		return stAbsent, 0

@@ -46,6 +46,14 @@ type Cache struct {
 	// CDN-Cache-Control is, for the CDNs in front. Empty means
 	// DefaultTargeted.
 	Targeted string
+	// Since is the region time (shm.Region.Now) from which the block
+	// serves stored responses: one stored before it is a miss, and is
+	// replaced. A program that adds a block to a running region sets it
+	// to the time it adds it: while no block covered a URL, an unsafe
+	// request to it invalidated nothing, so a response stored under an
+	// earlier block may be one that request changed. 0 serves every
+	// stored response.
+	Since time.Duration
 }
 
 // DefaultTargeted is the targeted field a cache block obeys when
@@ -110,6 +118,7 @@ type cacheBlock struct {
 	maxBody     int64
 	tagHeaders  []string // canonical
 	lockTimeout time.Duration
+	since       time.Duration    // entries stored before it are not served
 	policy      httpcache.Policy // TTL, heuristic and the target list
 	own         string           // the block's targeted field (canonical): hidden
 	hide        []string         // Forward.Hide: own
@@ -135,6 +144,7 @@ func (c *Core) installCache(ds []Cache) error {
 			ttl:         d.TTL,
 			maxBody:     d.MaxBody,
 			lockTimeout: d.LockTimeout,
+			since:       d.Since,
 		}
 		b.own = DefaultTargeted
 		if d.Targeted != "" {

@@ -552,3 +552,49 @@ func TestCacheTTLLoweredByReload(t *testing.T) {
 	wantAnswer(t, "the new configuration", get(after), 200, "MISS", "new")
 	wantAnswer(t, "then", get(after), 200, "HIT", "new")
 }
+
+// A cache block that a reload removed and a later one adds back serves
+// none of the responses stored before it came back: while it was gone,
+// unsafe requests to its URLs invalidated nothing (no block matched
+// them), so what was stored may be what they changed.
+func TestCacheBlockAddedBackByReload(t *testing.T) {
+	r := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20})
+	clk := &storyClock{}
+	coreWith := func(blocks ...core.Cache) *core.Core {
+		o := core.Options{Now: clk.now, Wall: clk.wall}
+		if blocks != nil {
+			o.Caches = core.CacheBlocks(blocks...)
+		}
+		c, err := core.New(r, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	block := core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Hour, MaxBody: 1 << 20, LockTimeout: time.Second}
+	before := coreWith(block)
+	a := &app{t: t}
+	get := func(c *core.Core) answer {
+		return serve(c, newReq("GET", "/r", "192.0.2.1", "Host", "h"), a.serve)
+	}
+	a.resps = []fakeResp{{status: 200, body: []byte("old"), header: hdr("Cache-Control", "max-age=3600", "Date", clk.date(0))}}
+	wantAnswer(t, "fill", get(before), 200, "MISS", "old")
+
+	clk.advance(time.Minute)
+	without := coreWith() // the block removed
+	a.resps = []fakeResp{{status: 201}}
+	if got := serve(without, newReq("POST", "/r", "192.0.2.1", "Host", "h"), a.serve); got.status != 201 {
+		t.Fatalf("POST without the block: %d", got.status)
+	}
+
+	clk.advance(time.Minute)
+	back := block
+	back.Since = clk.now() // as the reload that adds it back sets it
+	again := coreWith(back)
+	a.resps = []fakeResp{{status: 200, body: []byte("new"), header: hdr("Cache-Control", "max-age=3600", "Date", clk.date(0))}}
+	wantAnswer(t, "added back", get(again), 200, "MISS", "new")
+	wantAnswer(t, "then", get(again), 200, "HIT", "new")
+	// The block as it ran before (no Since) is unchanged: the entry the
+	// new one stored is served.
+	wantAnswer(t, "the block as configured at start", get(coreWith(block)), 200, "HIT", "new")
+}

@@ -87,6 +87,9 @@ func reloader(path string, o overrides, region func() *shm.Region, log *slog.Log
 			}
 		}
 		cfg = keepRestartOnly(log, old, cfg)
+		if r := region(); r != nil {
+			cacheSince(&cfg, old, r.Now())
+		}
 		// What runs is the file with the running values of the
 		// restart-only keys: checked again as such, since a check can
 		// span the two ([[idempotency]] max_body within [table]'s
@@ -304,6 +307,24 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		log.Warn("reload: these settings need a restart; keeping the running values", "ignored", ignored)
 	}
 	return next
+}
+
+// cacheSince gives each [[cache]] block of next the time from which it
+// serves stored responses: a block of running's path keeps its own, and
+// one new to running (added, or added back after a reload removed it)
+// gets now. While no block covered its URLs, unsafe requests to them
+// invalidated nothing, so the responses stored before may be ones those
+// requests changed.
+func cacheSince(next *config.Config, running config.Config, now time.Duration) {
+	for i := range next.Caches {
+		next.Caches[i].Since = now
+		for _, r := range running.Caches {
+			if r.Path == next.Caches[i].Path {
+				next.Caches[i].Since = r.Since
+				break
+			}
+		}
+	}
 }
 
 // changeAttrs are the log attributes that say what a reload changes: the

@@ -225,3 +225,62 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		t.Errorf("a bad file value with a flag given: %v", err)
 	}
 }
+
+// A reload that adds a [[cache]] block (back) has it serve only what is
+// stored from then on; a block that stays keeps its time, over any
+// number of reloads, and one running since the start serves everything.
+func TestReloadSetsCacheSince(t *testing.T) {
+	const small = "[server]\nworkers = 1\n[table]\nresponses = 64\nresponse_bytes = \"1MiB\"\n"
+	path := filepath.Join(t.TempDir(), "preforkd.toml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(small+s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[[cache]]\npath = \"/a/*\"\nmax_body = \"64KiB\"\n")
+	base, err := loadConfig(path, overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := shm.Create(base.RegionOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	running, err := settingsOf(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reload := reloader(path, overrides{}, func() *shm.Region { return r }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	step := func(file string) config.Config {
+		t.Helper()
+		write(file)
+		if running, err = reload(running); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := configOf(prefork.Settings{Payload: running.Payload}) // as a worker gets it
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	time.Sleep(time.Millisecond)
+	if kept := step("[[cache]]\npath = \"/a/*\"\nmax_body = \"64KiB\"\n"); kept.Caches[0].Since != 0 {
+		t.Fatalf("a block running since the start serves from %v, want 0 (everything)", kept.Caches[0].Since)
+	}
+	removed := step("[[idempotency]]\npath = \"/orders\"\nmax_body = \"64KiB\"\n")
+	if len(removed.Caches) != 0 {
+		t.Fatalf("caches %+v", removed.Caches)
+	}
+	t0 := r.Now()
+	both := "[[cache]]\npath = \"/a/*\"\nmax_body = \"64KiB\"\n[[cache]]\npath = \"/b/*\"\nmax_body = \"64KiB\"\n"
+	back := step(both)
+	if s := back.Caches[0].Since; s < t0 || s > r.Now() {
+		t.Fatalf("the block added back serves from %v, want the reload's time (after %v)", s, t0)
+	}
+	time.Sleep(time.Millisecond)
+	if again := step(both); again.Caches[0].Since != back.Caches[0].Since || again.Caches[1].Since != back.Caches[1].Since {
+		t.Errorf("a reload that keeps the blocks moved their times: %v, then %v", back.Caches, again.Caches)
+	}
+}
