@@ -208,3 +208,45 @@ func TestIdempotencyFingerprintsForwardedPath(t *testing.T) {
 		t.Errorf("the application ran %d times, want once", runs)
 	}
 }
+
+// A reload keeps a block's records while its path (as matched) and by
+// stay: a retry that reaches a worker of the new configuration gets the
+// stored response, whatever its methods, ttl, wait or max_body became.
+// One that changes the path or by looks the keys up afresh: a retry of a
+// request made before it runs again (README "Idempotent replay").
+func TestIdempotencyRecordsAcrossReload(t *testing.T) {
+	base := core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10, By: clientip.MustParseBy("ip")}
+	for _, tc := range []struct {
+		name   string
+		change func(*core.Idempotency)
+		kept   bool
+	}{
+		{"methods", func(d *core.Idempotency) { d.Route = mustRoute(t, "/orders", "POST", "PATCH") }, true},
+		{"ttl, wait and max_body", func(d *core.Idempotency) { d.TTL, d.Wait, d.MaxBody = time.Hour, time.Second, 1<<9 }, true},
+		{"path", func(d *core.Idempotency) { d.Route = mustRoute(t, "/orders/*", "POST") }, false},
+		{"by", func(d *core.Idempotency) { d.By = clientip.MustParseBy("header:X-Client|ip") }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10})
+			coreOf := func(d core.Idempotency) *core.Core {
+				c, err := core.New(region, core.Options{Idempotency: core.IdempotencyBlocks(d)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			req := func() *fakeReq {
+				return newReq("POST", "/orders", "192.0.2.1", "Idempotency-Key", `"k"`, "X-Client", "c1")
+			}
+			if a := runKeyed(t, coreOf(base), req()); a.status != 200 {
+				t.Fatalf("the original: %+v", a)
+			}
+			next := base
+			tc.change(&next)
+			a := runKeyed(t, coreOf(next), req())
+			if replayed := a.status == 201 && a.fields["Idempotent-Replayed"] == "true"; replayed != tc.kept || !tc.kept && a.status != 200 {
+				t.Fatalf("the retry after the reload: %+v, want replayed %v (else run again)", a, tc.kept)
+			}
+		})
+	}
+}
