@@ -847,6 +847,39 @@ func TestUpgradeKeepsThePersistFiles(t *testing.T) {
 	}
 }
 
+// With persist.interval, the periodic dumps of a binary upgrade's new
+// supervisor begin once it serves: before, the old one dumps, and the new
+// one's first dump at its start raced it to the same file (a failed
+// upgrade could leave the new build's dump behind). The interval here
+// outlasts the test: the file is written at the start, then at the stop
+// of the new supervisor, and not in between.
+func TestUpgradeDumpsPeriodicallyOnceItServes(t *testing.T) {
+	t.Parallel()
+	dump := filepath.Join(t.TempDir(), "dump")
+	d := startDaemon(t, daemonOptions{config: persistConfig(fmt.Sprintf("[persist]\npath = %q\ninterval = \"1h\"\n", dump))})
+	inode := func() uint64 {
+		t.Helper()
+		var st syscall.Stat_t
+		if err := syscall.Stat(dump, &st); err != nil {
+			t.Fatalf("the dump: %v", err)
+		}
+		return st.Ino
+	}
+	first := inode() // each dump is a new file renamed over the last
+	from := d.logs.len()
+	newPID := upgrade(t, d)
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("periodic dumps every interval once this supervisor serves")); !ok {
+		t.Errorf("the new supervisor did not say when it dumps; log:\n%s", d.logs.text())
+	}
+	if inode() != first {
+		t.Errorf("the dump was written during the upgrade")
+	}
+	stopPID(t, d, newPID)
+	if inode() == first {
+		t.Errorf("the new supervisor's stop wrote no dump")
+	}
+}
+
 // The access log's bytes are the body bytes sent (nginx's
 // $body_bytes_sent): none to HEAD, also for the built-in application the
 // event loop runs itself, whose answer to HEAD carries no body.

@@ -113,11 +113,18 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 	// The adopted locks name the old supervisor, which holds them too,
 	// until this one serves: an upgrade that fails before then leaves
 	// them naming the one that serves on.
+	// So do its periodic dumps, which would race the old one's to the
+	// same file until then (and leave a failed upgrade's last dump the
+	// new build's, with its configuration).
+	var startDumps func()
 	onStatus := opts.OnStatus
 	opts.OnStatus = func(st prefork.Status) {
 		if adopted && !claimed && st.Serving {
 			claimed = true
 			lock.Claim()
+			if startDumps != nil {
+				startDumps()
+			}
 		}
 		if onStatus != nil {
 			onStatus(st)
@@ -152,18 +159,27 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 			}
 		}
 		if every := cfg.Persist.Interval; every > 0 && cfg.Persist.Path != "" {
+			o := persistOptions(cfg, build)
+			if running.Load() == nil {
+				running.Store(&o)
+			}
+			startDumps = func() {
+				dumper = persist.StartDumper(r, every, func() persist.Options { return *running.Load() }, log)
+			}
+			if adopted {
+				// The old supervisor dumps until it hands over; the
+				// region goes on, nothing was loaded.
+				log.Info("periodic dumps every interval once this supervisor serves", "interval", every, "path", o.Path)
+				return nil
+			}
 			// The dump just loaded was consumed: until the first interval
 			// ends, a crash must find what it held.
-			o := persistOptions(cfg, build)
 			if st, err := persist.Dump(r, o); err != nil {
 				log.Warn("persist: first periodic dump failed", "path", o.Path, "err", err)
 			} else {
 				log.Info("periodic dumps every interval", "interval", every, "path", o.Path, "counters", st.Entries, "bytes", st.Bytes)
 			}
-			if running.Load() == nil {
-				running.Store(&o)
-			}
-			dumper = persist.StartDumper(r, every, func() persist.Options { return *running.Load() }, log)
+			startDumps()
 		}
 		return nil
 	}
