@@ -365,6 +365,15 @@ var exchanges = []exchange{
 		upLine:  "POST /e HTTP/1.1", upNot: []string{"Expect"}, upBody: ptr("abc"),
 	},
 	{
+		// A field name is case-insensitive (RFC 9110 §5.1); fasthttp,
+		// which keeps names as sent, looks for "Expect" alone.
+		name:    "Expect: 100-continue in any case is answered here",
+		send:    "POST /e HTTP/1.1\nHost: a\nexpect: 100-Continue\nContent-Length: 3\n\nabc",
+		interim: []string{"100 "},
+		status:  200,
+		upLine:  "POST /e HTTP/1.1", upNot: []string{"Expect"}, upBody: ptr("abc"),
+	},
+	{
 		name:   "an HTTP/1.0 client's Expect: 100-continue is ignored: no 100",
 		send:   "POST /e HTTP/1.0\nHost: a\nExpect: 100-continue\nContent-Length: 3\n\nabc",
 		status: 200, closed: true,

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -104,6 +105,7 @@ func New(opts Options) (*Server, error) {
 // from here the body timeout applies.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	if n := h.ContentLength(); n > 0 || n == -1 {
+		expectAnyCase(h)
 		return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout}
 	}
 	// No body to continue to: no 100 Continue either (RFC 9110 §10.1.1
@@ -112,6 +114,34 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 	h.Del("Expect")
 	return fasthttp.RequestConfig{}
 }
+
+// expectAnyCase makes an Expect: 100-continue sent in another case
+// ("expect") one fasthttp sees: it keeps field names as sent and looks
+// for "Expect" alone, and a client waiting for 100 Continue would wait in
+// vain (a field name is case-insensitive, RFC 9110 §5.1). It costs a
+// request with a body one scan of its header section, which is short and
+// in the cache; it allocates nothing unless it finds one.
+func expectAnyCase(h *fasthttp.RequestHeader) {
+	if !h.IsHTTP11() || h.Peek(fasthttp.HeaderExpect) != nil {
+		return
+	}
+	for raw := h.RawHeaders(); len(raw) > 0; {
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, strLF)
+		name, value, ok := bytes.Cut(line, strColon)
+		if ok && engine.EqualFold(name, "expect") {
+			if engine.EqualFold(bytes.TrimSpace(value), "100-continue") {
+				h.Set(fasthttp.HeaderExpect, "100-continue")
+			}
+			return
+		}
+	}
+}
+
+var (
+	strLF    = []byte("\n")
+	strColon = []byte(":")
+)
 
 // Serve serves the connections of ln until ln is closed, Shutdown or
 // Close. It returns nil then, and the listener's error otherwise. The
