@@ -478,11 +478,25 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	} else if r.body.stream != nil {
 		r.c.bodyTimeout = s.opts.ClientBodyTimeout
 	}
-	for _, n := range r.fwd.Drop {
-		ctx.Request.Header.Del(n)
+	if len(r.fwd.Drop) > 0 || len(r.fwd.Add) > 0 {
+		// By the names as sent: fasthttp's Del matches a name exactly
+		// (DisableHeaderNamesNormalizing), and a client's
+		// "preforkd-reset" would reach the application past
+		// Del("Preforkd-Reset"); and by the core's, for the fields
+		// fasthttp keeps apart whatever their case (Cookie, Host).
+		for i := range r.fields {
+			if name := r.raw[r.fields[i].name.from:r.fields[i].name.to]; r.fwd.Dropped(b2s(name)) {
+				ctx.Request.Header.DelBytes(name)
+			}
+		}
+		for _, n := range r.fwd.Drop {
+			ctx.Request.Header.Del(n)
+		}
+		for _, f := range r.fwd.Add {
+			ctx.Request.Header.Del(f.Name)
+		}
 	}
 	for _, f := range r.fwd.Add {
-		ctx.Request.Header.Del(f.Name)
 		ctx.Request.Header.AddBytesV(f.Name, f.Value)
 	}
 	s.opts.App(ctx)
@@ -498,8 +512,8 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 		s.finish(r, ex, nil)
 		return
 	}
-	for _, n := range r.fwd.Hide {
-		resp.Header.Del(n)
+	if len(r.fwd.Hide) > 0 {
+		r.head = hideFields(&resp.Header, &r.fwd, r.head)
 	}
 	setFields(resp, ex.Fields())
 	if resp.IsBodyStream() {
@@ -511,6 +525,29 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	}
 	ex.Body(resp.Body())
 	s.finish(r, ex, nil)
+}
+
+// hideFields deletes the fields of h that the core hides (in any case),
+// with buf as scratch for a name; it returns buf for reuse. The server
+// keeps field names as they were written (DisableHeaderNamesNormalizing)
+// and fasthttp's Del matches a name exactly: an application's
+// "preforkd-reset" would reach the client past Del("Preforkd-Reset").
+// One pass over h when nothing is hidden.
+func hideFields(h *fasthttp.ResponseHeader, fwd *core.Forward, buf []byte) []byte {
+	for range 16 { // a bound, for a field fasthttp makes up and DelBytes cannot take away
+		found := false
+		for k := range h.All() {
+			if fwd.Hidden(b2s(k)) {
+				buf, found = append(buf[:0], k...), true
+				break
+			}
+		}
+		if !found {
+			return buf
+		}
+		h.DelBytes(buf)
+	}
+	return buf
 }
 
 // appBody is an application's streamed response body, told to the core

@@ -1421,3 +1421,33 @@ func TestShutdownServesTheLastAcceptedConnection(t *testing.T) {
 		t.Errorf("Serve: %v", err)
 	}
 }
+
+// An application that echoes the request's fields cannot be made to say
+// the reset header by a client, in whatever case the client writes it
+// (field names are case-insensitive, RFC 9110 §5.1): the field is dropped
+// from what the application gets, and hidden from the client.
+func TestAppResetHeaderInAnyCase(t *testing.T) {
+	t.Parallel()
+	c := configCore(t, "[server]\nreset_header = \"Preforkd-Reset\"\n[[ratelimit]]\nname = \"login\"\npath = \"/signin\"\nlimit = 2\nwindow = \"1m\"\n", nil)
+	ln := listen(t)
+	start(t, ln, proxy.Options{Core: c, App: func(ctx *fasthttp.RequestCtx) {
+		for k, v := range ctx.Request.Header.All() {
+			ctx.Response.Header.AddBytesKV(append([]byte("X-Echo-"), k...), v)
+			if engine.EqualFold(k, "preforkd-reset") {
+				ctx.Response.Header.AddBytesKV(k, v) // as the application would
+			}
+		}
+	}})
+	conn, br := dial(t, ln.Addr().String())
+	for i, want := range []int{200, 200, 429} {
+		resp, _ := roundTrip(t, conn, br, "GET /signin HTTP/1.1\r\nHost: h\r\npreforkd-reset: login\r\n\r\n")
+		if resp.StatusCode != want {
+			t.Errorf("request %d: %d, want %d", i, resp.StatusCode, want)
+		}
+		for k := range resp.Header {
+			if strings.HasSuffix(strings.ToLower(k), "preforkd-reset") {
+				t.Errorf("request %d: the response has %s: %q", i, k, resp.Header[k])
+			}
+		}
+	}
+}
