@@ -410,6 +410,9 @@ func newVariant(r bucket.Rule, rr *RedisRule, tab *shm.Counters, store SharedSto
 	if err != nil {
 		return variant{}, err
 	}
+	if c, ok := rem.(interface{ SetClock(func() time.Duration) }); ok {
+		c.SetClock(clock) // a sync-mode rule decides on the host's table too
+	}
 	v := variant{remote: rem, hdr: newRuleHeaders(r.Name, r.Limit, r.Window)}
 	if ls, limit := rem.LocalShare(); ls != nil {
 		ls.SetClock(clock) // decided on the host's table, as a local rule's

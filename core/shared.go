@@ -63,7 +63,10 @@ type SharedHit struct {
 	D bucket.Decision
 }
 
-// SharedLimiter is one rule of a shared store.
+// SharedLimiter is one rule of a shared store. One that also has a
+// method SetClock(func() time.Duration) is given the core's clock
+// (Options.Now), for AllowKey to read again once a key's state is
+// loaded, as bucket.Limiter.SetClock.
 type SharedLimiter interface {
 	// Rule is the rule it limits by.
 	Rule() SharedRule

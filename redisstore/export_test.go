@@ -39,3 +39,9 @@ func ClientOptions(o Options) (*redis.UniversalOptions, error) {
 
 // RedisKey is the Redis key l counts k under.
 func RedisKey(l *Limiter, k *Key) string { return l.redisKey(k, "") }
+
+// SetRemote records remote as the other hosts' count of k at now, as a
+// flush that read it does.
+func SetRemote(l *Limiter, k *Key, remote int64, now time.Duration) {
+	l.setRemote(k.Remote, remote, now)
+}

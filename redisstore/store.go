@@ -211,6 +211,7 @@ type Limiter struct {
 	// Sync mode.
 	hostNS, remoteNS, syncMeta uint64
 	pending                    pendingCounts
+	clock                      func() time.Duration // SetClock's; the region's by default
 }
 
 // Key tags of the table entries a Limiter keeps under its rule's
@@ -273,7 +274,7 @@ func (s *Store) NewLimiter(r Rule) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{s: s, rule: r, pol: pol, ns: r.Namespace()}
+	l := &Limiter{s: s, rule: r, pol: pol, ns: r.Namespace(), clock: s.region.Now}
 	l.algo, l.a, l.b, l.cost = pol.Params()
 	l.nsx = fmt.Sprintf("%016x", l.ns)
 	// The deny cache is kept per rule and per parameters: a refusal under

@@ -107,18 +107,39 @@ func (l *Limiter) syncDecision(host, remote int64, reset time.Duration, allowed 
 	return d
 }
 
+// SetClock gives l the clock its callers read now from (the region's by
+// default, or a core's own): a sync-mode decision is taken no earlier
+// than the clock reads once the key's host count is loaded, as
+// bucket.Limiter.SetClock does for a local rule. A worker that read the
+// clock, was descheduled, and decides after another worker's decision in
+// a later window would otherwise add the other hosts' count of the window
+// before to this one's, refusing a request the limit allows, and file
+// what it admits under that past window, which is never flushed. Call it
+// before l is used.
+func (l *Limiter) SetClock(now func() time.Duration) {
+	if now != nil {
+		l.clock = now
+	}
+}
+
 // AllowKey decides one request of a sync-mode limiter at now on this
 // host's counts.
 func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 	mod, whole, known := l.shift()
 	at := now + mod
 	win := l.rule.Window
-	rp, _ := l.s.tab.Peek(k.Remote, at)
-	remote, _ := bucket.WindowCount(rp, at, win)
-	var host int64
+	var host, remote int64
 	var reset time.Duration
 	var ok bool
 	_, err := l.s.tab.Update(k.Host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
+		// Read after the state (see SetClock), in whole microseconds as
+		// bucket.Limiter does; the other hosts' count at the same time.
+		if late := l.clock() + mod - t; late > 0 {
+			t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
+		}
+		at = t
+		rp, _ := l.s.tab.Peek(k.Remote, t)
+		remote, _ = bucket.WindowCount(rp, t, win)
 		host, reset = bucket.WindowCount(p, t, win)
 		ok = host+remote+l.cost <= l.rule.Limit
 		if !ok {
@@ -133,7 +154,8 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 	if ok {
 		l.pending.add(pendingKey{id: k.ID, widx: l.windowIndex(at, whole, known)}, k.Remote, l.cost)
 	}
-	return l.syncDecision(host, remote, reset, ok)
+	// Times are reported from the caller's now.
+	return l.syncDecision(host, remote, reset+max(at-mod-now, 0), ok)
 }
 
 // full is the rule's on_full answer for a key with no slot in the host's

@@ -179,3 +179,46 @@ func TestFlushWaitsAtMost2s(t *testing.T) {
 		t.Fatalf("Close (its last flush) waited %v on a busy Redis, want at most about 2s", took)
 	}
 }
+
+// A sync-mode decision whose clock reading is older than another
+// worker's decision on its key (the worker read the clock, was
+// descheduled, and decides after a new window began) is taken at the
+// clock read again, as a local rule's: it neither adds the other hosts'
+// count of the window before to this one's, refusing a request the limit
+// allows, nor files the count it admits under that past window, whose
+// counts are never flushed.
+func TestSyncStaleReading(t *testing.T) {
+	t.Parallel()
+	const window = 10 * time.Second
+	_, h, l := oneHost(t, redisstore.Options{}, redisstore.Rule{Rule: bucket.Rule{Name: "stale", Limit: 2, Window: window, Algorithm: bucket.FixedWindow}, Sync: time.Hour})
+	for !redisstore.ClockKnown(h.store) {
+		time.Sleep(time.Millisecond) // the flusher's own measurement first
+	}
+	// Align Redis's windows so that the current one began at b, half the
+	// region's age ago (times before the region's start count as its
+	// start).
+	for h.region.Now() < 10*time.Millisecond {
+		time.Sleep(time.Millisecond)
+	}
+	n0 := h.region.Now()
+	b := n0 / 2
+	redisstore.SetClock(h.store, int64((window-b)/time.Microsecond), 0, 0)
+	k := l.Key([]byte("k"))
+	// The other hosts counted 1 in the window before.
+	redisstore.SetRemote(l, &k, 1, b-2*time.Millisecond)
+	// A worker admits the first request of the new window.
+	if d := l.AllowKey(&k, h.region.Now()); !d.Allowed {
+		t.Fatalf("first request of the window refused: %+v", d)
+	}
+	// Another read the clock in the window before, and decides now.
+	if d := l.AllowKey(&k, b-time.Millisecond); !d.Allowed {
+		t.Fatalf("second request of the window, its clock read before the first's decision: refused (%+v) under a limit of 2", d)
+	}
+	byWindow, cur := redisstore.PendingWindows(l, h.region.Now())
+	if byWindow[cur] != 2 || len(byWindow) != 1 {
+		t.Fatalf("pending counts by window %v, want 2 under the current one (%d)", byWindow, cur)
+	}
+	if d := l.AllowKey(&k, h.region.Now()); d.Allowed {
+		t.Fatalf("third request of the window allowed under a limit of 2: %+v", d)
+	}
+}
