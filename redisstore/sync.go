@@ -174,11 +174,15 @@ func (l *Limiter) full(capped bool) bucket.Decision {
 func (l *Limiter) PeekKey(k *Key, now time.Duration) bucket.Decision {
 	mod, _, _ := l.shift()
 	at := now + mod
-	rp, _ := l.s.tab.Peek(k.Remote, at)
 	hp, _ := l.s.tab.Peek(k.Host, at)
+	// Read after the state, as AllowKey does (see SetClock).
+	if late := l.clock() + mod - at; late > 0 {
+		at += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
+	}
+	rp, _ := l.s.tab.Peek(k.Remote, at)
 	remote, _ := bucket.WindowCount(rp, at, l.rule.Window)
 	host, reset := bucket.WindowCount(hp, at, l.rule.Window)
-	return l.syncDecision(host, remote, reset, host+remote+l.cost <= l.rule.Limit)
+	return l.syncDecision(host, remote, reset+max(at-mod-now, 0), host+remote+l.cost <= l.rule.Limit)
 }
 
 // RefundKey gives back one request a sync-mode limiter admitted at or

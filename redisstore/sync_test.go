@@ -210,7 +210,11 @@ func TestSyncStaleReading(t *testing.T) {
 	if d := l.AllowKey(&k, h.region.Now()); !d.Allowed {
 		t.Fatalf("first request of the window refused: %+v", d)
 	}
-	// Another read the clock in the window before, and decides now.
+	// Another read the clock in the window before, and decides now: its
+	// peek (a request with two enforcing rules peeks first) and its charge.
+	if d := l.PeekKey(&k, b-time.Millisecond); !d.Allowed {
+		t.Fatalf("peek of the second request of the window, its clock read before the first's decision: refused (%+v) under a limit of 2", d)
+	}
 	if d := l.AllowKey(&k, b-time.Millisecond); !d.Allowed {
 		t.Fatalf("second request of the window, its clock read before the first's decision: refused (%+v) under a limit of 2", d)
 	}
