@@ -324,7 +324,8 @@ scan:
   :: atomic { sst == 1 ->                   /* BUSY: Region.stale(owner) loads inc[w] */
        if
        :: STALE(cp) ->                      /* releaseBusy: CAS BUSY -> TOMB, same gen (see RELEASE) */
-          CAS(i, BUSY, cg, cp, TOMB, cg, 0, ok)
+          CAS(i, BUSY, cg, cp, TOMB, cg, 0, ok);
+          if :: ok && !cfree -> cand = i; cfree = 1 :: else fi   /* a tombstone now: free */
        :: else                              /* live owner: skip the slot */
        fi;
        j++; sst = 0; cph = 0; cg = 0; cp = 0; ok = 0 }
@@ -351,6 +352,7 @@ scan:
   :: atomic { sst == 9 -> UNLOCKA(qa - 1, me); qa = 0; j++; sst = 0; cph = 0; cg = 0; cp = 0 }
   :: atomic { sst == 10 ->
        CAS(i, BUSY, cg, cp, TOMB, cg, 0, ok);
+       if :: ok && !cfree -> cand = i; cfree = 1 :: else fi;   /* a tombstone now: free */
        j++; sst = 0; cph = 0; cg = 0; cp = 0; ok = 0 }
 #endif
 #ifndef KEYFIRST
