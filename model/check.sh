@@ -13,7 +13,7 @@
 # Needs spin and gcc (Debian: apt-get install -y spin gcc).
 # Memory: each pan run is capped at MEMLIM_MB (default 3500 MiB); the largest
 # configuration (cache.pml -DN=3 -DCRASH) needs about 1.4 GiB.  Runtime:
-# about 4-5 minutes on 2 cores.
+# about 5-6 minutes on 2 cores.
 set -eu
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -112,6 +112,10 @@ printf '%-4s | %-44s | %-22s | %-48s | %17s | %7s\n' "" "configuration (spin -D.
 # decision, LIVE(gen, op(0, max(now, watermark))), and every decision on
 # payload 0 runs at max(now, watermark).
 built="-DPUBLISH1 -DTIMEFIX=2"
+# ...and with a limiter given a clock (bucket.Limiter.SetClock, as every
+# limiter of package core is): every decision runs no earlier than the
+# clock read after the key's state.
+clocked="$built -DREREAD"
 
 # --- the protocol as built: exhaustive, must hold ---
 run ok 22        -DN=2 -DNK=3 $built
@@ -122,6 +126,11 @@ run ok 20        -DN=1 -DNK=2 -DCRASH -DLOCKTIMEOUT $built
 run ok 23        -DN=2 -DNK=3 -DL=1 -DOPS=3 -DCRASH $built
 run ok 23        -DN=2 -DNK=3 -DOPS=3 -DCRASH $built
 run nocycle 22   -DN=2 -DNK=3 -DCRASH -DLIVENESS $built
+# the same with the clock read again after the state (REREAD)
+run ok 23        -DN=2 -DNK=3 -DCRASH $clocked
+run ok 24        -DN=3 -DNK=4 -DCRASH $clocked
+run ok 23        -DN=2 -DNK=3 -DL=1 -DOPS=3 -DCRASH $clocked
+run nocycle 22   -DN=2 -DNK=3 -DCRASH -DLIVENESS $clocked
 
 # --- the earlier protocol (publish LIVE(gen, 0), apply afterwards): the
 # defects this model found in it, kept as counterexamples (README "Findings") ---
@@ -151,6 +160,8 @@ run ok 23        -DN=3 -DNK=3 -DCRASH $built -DQUOTA
 run ok 24        -DN=2 -DNK=3 -DCRASH -DM=2 $built -DQUOTA -DEVICT
 run ok 20        -DN=1 -DNK=2 -DCRASH -DLOCKTIMEOUT $built -DQUOTA
 run nocycle 22   -DN=2 -DNK=3 -DCRASH $built -DQUOTA -DLIVENESS
+run ok 23        -DN=2 -DNK=3 -DCRASH $clocked -DQUOTA
+run ok 24        -DN=2 -DNK=3 -DCRASH -DM=2 $clocked -DQUOTA -DEVICT
 # --- broken variants of the accounts: each must produce a counterexample ---
 run violates:held[i]== 20     -DN=2 -DNK=3 -DCRASH -DM=2 $built -DQUOTA -DEVICT -DNORECOUNT   # P7: a dead holder's half change stays
 run 'violates:held[(K%2)]<=' 20 -DN=3 -DNK=3 $built -DQUOTA -DNOQCHECK                         # P6: the cap checked outside the lock only

@@ -4,7 +4,8 @@
  * window (bucket/algorithm.go: fresh, window3, takeWindow), as a Promela model
  * for spin.  model/README.md maps it to the Go code;
  * model/check.sh runs the configurations that must hold or must fail.
- * The code as built is -DPUBLISH1 -DTIMEFIX=2; the default (no knobs) is the
+ * The code as built is -DPUBLISH1 -DTIMEFIX=2, plus -DREREAD for a limiter
+ * with a clock (bucket.Limiter.SetClock); the default (no knobs) is the
  * earlier protocol, kept for its counterexamples (model/README.md).
  *
  * Processes
@@ -68,6 +69,12 @@
  *                   the watermark to its `now` before the BUSY CAS;
  *                2  as built: like 1, and so does ANY decision on payload 0
  *                   (a key installed by another process and not yet applied).
+ *   REREAD       as built for a limiter given a clock (bucket.Limiter.SetClock,
+ *                which every limiter of package core has): op reads the clock
+ *                again once the key's state is loaded, and every decision,
+ *                the claim's first one included, runs no earlier than that
+ *                reading.  Scans, reclaims and the watermark keep the
+ *                request's `now`.
  *   PUBLISH1     fix: claim publishes LIVE(gen, op(0, max(now, watermark)))
  *                instead of LIVE(gen, 0) followed by apply; the request is
  *                answered by the publish.
@@ -140,11 +147,25 @@
 /* bucket.fresh: a slot whose payload is equivalent, at `now`, to a key never
    seen: payload 0, a count of 0, or a window that is over. */
 #ifdef NEWINDOW
-#define OVER(p)   (winOf(p) != now)
+#define OVERAT(p, x) (winOf(p) != (x))
 #else
-#define OVER(p)   (winOf(p) < now)
+#define OVERAT(p, x) (winOf(p) < (x))
 #endif
+#define OVER(p)   OVERAT(p, now)
 #define FRESH(p)  ((p) == 0 || cntOf(p) == 0 || OVER(p))
+
+/* The time a decision is taken at, into t (a window), from the request's
+   `now`: at least the watermark where TIMEFIX says so (PAY0: the payload
+   decided on is 0), and with REREAD at least the clock read after the
+   state (bucket.Limiter with SetClock: op reads its clock again).  mark
+   and win are read in one step: mark is only ever raised to some `now`,
+   which is at most win, and both only grow, so max(now, mark, win) is the
+   same whether mark is read before win or with it. */
+#ifdef REREAD
+#define REREADT   if :: win > t -> t = win :: else fi
+#else
+#define REREADT   skip
+#endif
 
 #ifdef QUOTA
 #define CAPPED (cand != NONE && held[ACC(K)] >= M && \
@@ -263,6 +284,7 @@ byte allowed[(NK + 1) * 2];             /* ghost: allows per (key, window) */
 proctype worker(byte w; byte me) {     /* me: owner id (Region.Join) */
   byte op = 0;             /* requests answered */
   byte K, h, now;          /* the request: key, home(K), its clock reading */
+  byte t;                  /* a decision's time (a window), within one step */
   byte i, j, cand = NONE;  /* slot, probe count, candidate */
   byte k, o;               /* key word read; lock owner read */
   byte cph, cg, cp, np;    /* snapshot of a state word (phase, gen, payload); next payload */
@@ -460,10 +482,12 @@ claim:
     CRASHPOINT }                            /* C3 "keyed" */
 #ifdef PUBLISH1
   atomic {                                  /* op(0, t): the first decision, on payload 0 */
+    t = now;
 #if TIMEFIX >= 1
-    if :: mark > now -> now = mark :: else fi;   /* t = max(now, reclaimMark()) */
+    if :: mark > t -> t = mark :: else fi;  /* t = max(now, reclaimMark()) */
 #endif
-    np = now * 4 + 1 }                      /* L >= 1: a new key's first request passes */
+    REREADT;
+    np = t * 4 + 1; t = 0 }                 /* L >= 1: a new key's first request passes */
 #endif
   atomic {
 #ifdef PUBLISH1
@@ -501,19 +525,24 @@ found:
   /* ---- apply: bucket.Policy.Take (fixed window) on snapshot (i, cg, cp) ---- */
 decide:
   atomic {
+    /* t: the decision's time; `now` stays the request's, for a rescan
+       (apply's Update again runs with the caller's now) */
+    t = now;
 #if TIMEFIX == 2
     /* the fix: ANY decision on payload 0 (a key installed, maybe by another
        process, and not yet applied) runs at max(now, reclaimMark()) */
-    if :: cp == 0 && mark > now -> now = mark :: else fi;
+    if :: cp == 0 && mark > t -> t = mark :: else fi;
 #endif
+    REREADT;
     if
-    :: cp == 0 || OVER(cp) -> np = now * 4 + 1          /* new window: count 1 */
+    :: cp == 0 || OVERAT(cp, t) -> np = t * 4 + 1       /* new window: count 1 */
     :: else ->                                          /* the stored window (never an older one) */
        if
        :: cntOf(cp) < L -> np = cp + 1
-       :: else -> printf("W%d refuse K=%d\n", w, K); FINISH   /* a refusal writes nothing */
+       :: else -> printf("W%d refuse K=%d\n", w, K); t = 0; FINISH   /* a refusal writes nothing */
        fi
-    fi }
+    fi;
+    t = 0 }
   atomic {
     CAS(i, LIVE, cg, cp, LIVE, cg, np, ok);
     if
