@@ -208,60 +208,10 @@ func (s *supervisor) failCanary(why string) {
 
 // abortCanary drains the canary, takes its slot out of service (or
 // leaves it to the predecessor that still serves there) and returns to
-// the good configuration, which the other workers run.
+// the good configuration, which the other workers run (abortReload).
 func (s *supervisor) abortCanary(st CanaryStatus, what string, attrs []any) {
 	c := s.canary
-	sl := &s.slots[c.slot]
-	p := c.proc
-	// A canary that took its slot and is the one worker left serving
-	// (the others crashed and are not ready again) keeps serving until a
-	// worker of the good generation replaces it, as the roll replaces any
-	// worker of another generation.
-	keep := p != nil && p == sl.cur && s.procs[p.pid] == p && p.ready && !p.retiring && !s.othersReady(c.slot)
-	if p != nil && !keep {
-		switch p {
-		case sl.succ:
-			sl.succ = nil
-		case sl.cur:
-			sl.cur = nil
-		}
-		if s.procs[p.pid] == p { // not exited yet
-			s.retire(p, s.env.now().Add(p.drain+drainGrace))
-		}
-	}
-	var fate string
-	switch {
-	case keep:
-		fate = fmt.Sprintf("slot %d keeps the canary until a worker of generation %d replaces it: the fleet never goes below one worker", c.slot, s.good.gen)
-	case sl.cur != nil:
-		fate = fmt.Sprintf("slot %d keeps generation %d", c.slot, sl.cur.gen)
-	case s.othersReady(c.slot):
-		sl.quarantined = true
-		fate = fmt.Sprintf("slot %d quarantined", c.slot)
-	default:
-		sl.quarantined = false
-		sl.respawnAt = time.Time{}
-		fate = fmt.Sprintf("slot %d refilled with generation %d: the fleet never goes below one worker", c.slot, s.good.gen)
-	}
-	s.gen, s.cfg = s.good.gen, s.good.cfg
-	if s.onConfig != nil {
-		s.onConfig(s.cfg) // the aborted configuration's settings (its log) no longer apply
-	}
-	s.canary = nil
-	st.Aborted = true
-	st.Summary = what + "; reload aborted, " + fate
-	s.verdict = &st
-	s.publish() // before the line, as at "ready": /status then shows the verdict
-	s.log.Error(st.Summary, attrs...)
-	// systemd waits for READY=1 after RELOADING=1, whatever the outcome;
-	// if workers of another generation are left (an earlier reload that
-	// was superseded), returning them to the good one ends the reload.
-	s.reloading = slices.ContainsFunc(s.slots, func(sl slot) bool {
-		return sl.cur != nil && sl.cur.gen != s.gen || sl.succ != nil
-	})
-	if !s.reloading && s.announced {
-		s.sendNotify(notifyReady)
-	}
+	s.abortReload(c.slot, c.proc, what, attrs, &st)
 }
 
 // supersedeCanary drops the canary of a reload that a newer one replaces

@@ -290,7 +290,8 @@ func TestCanaryFailureAbortsAtOnce(t *testing.T) {
 				t.Fatalf("%d starts after the canary failed, want none: no respawn loop", len(f.starts)-4)
 			}
 			st := s.status()
-			if st.Canary.Verdict != VerdictFailed || !st.Canary.Aborted || st.Generation != 0 || !st.Ready {
+			if st.Canary.Verdict != VerdictFailed || !st.Canary.Aborted || st.Generation != 0 || !st.Ready ||
+				st.Reloads.Aborted != 1 || st.Reloads.LastError != tc.msg {
 				t.Fatalf("status %+v %+v", st, st.Canary)
 			}
 			if f.notes[len(f.notes)-1] != notifyReady {

@@ -64,7 +64,9 @@
 // takes Options.Reload's settings and replaces the workers one at a time,
 // each new one ready before an old one leaves, the first of them a canary
 // judged against the others (canary.go); the region and its counts carry
-// over. A worker past Settings.MaxRequests or MaxRSS is replaced the same
+// over. A reload whose canary fails or is judged bad, or, without a
+// canary, any of whose workers cannot start or become ready, is aborted:
+// the workers return to the running settings (abort.go). A worker past Settings.MaxRequests or MaxRSS is replaced the same
 // way (recycle.go); a crashed one after a backoff (100ms doubling to 10s);
 // one not ready within a minute is killed and replaced. With
 // NOTIFY_SOCKET it speaks systemd's notify protocol (READY, RELOADING,

@@ -50,8 +50,13 @@ type Status struct {
 type ReloadStatus struct {
 	Accepted int // configurations taken (each bumped the generation)
 	Refused  int // configurations that did not load or validate
+	// Aborted counts the accepted reloads that were aborted, the running
+	// configuration kept: by their canary's verdict, or because a worker
+	// of the new configuration could not start or become ready.
+	Aborted int
 	// Last is when the last reload was asked for (zero: never); LastError
-	// is why it was refused, "" when it was accepted.
+	// is why it was refused or aborted (the log line), "" when it was
+	// accepted and not aborted (yet: it may still be under way).
 	Last      time.Time
 	LastError string
 }

@@ -319,8 +319,10 @@ func (s *supervisor) step() {
 		// indexes it holds are the ones the new one was told of.
 		return
 	}
-	fleetGen := s.fleet()
 	for i := range s.slots {
+		// Asked for each slot: a worker that fails to start may abort
+		// the reload (abort.go), and the next slot gets the good one.
+		fleetGen := s.fleet()
 		sl := &s.slots[i]
 		if sl.quarantined && sl.cur == nil && sl.succ == nil && !s.othersReady(i) {
 			// The fleet never goes below one worker: with no other
@@ -341,12 +343,11 @@ func (s *supervisor) step() {
 	}
 	// A worker past max_requests or max_rss gets a successor of its own,
 	// and leaves once that one is ready.
-	fleetGen = s.fleet()
 	for i := range s.slots {
 		sl := &s.slots[i]
 		if p := sl.cur; p != nil && p.recycle != "" && !p.retiring && sl.succ == nil &&
 			!s.isCanary(p) && !now.Before(sl.respawnAt) {
-			sl.succ, _ = s.spawn(i, fleetGen)
+			sl.succ, _ = s.spawn(i, s.fleet())
 		}
 	}
 	// A reload replaces one slot at a time: a successor starts, and the old
@@ -406,6 +407,13 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 		sl := &s.slots[i]
 		d := sl.backoff.failure(0)
 		sl.respawnAt = s.env.now().Add(d)
+		if s.onTrial(g.gen) {
+			// Not retried: the same build and configuration would fail
+			// the same way. The slot, if empty, is filled again after
+			// the backoff, with the good configuration.
+			s.failReload(i, nil, "could not be started: "+err.Error())
+			return nil, err
+		}
 		s.log.Error("worker start failed", "slot", i, "err", err, "retry_in", d)
 		return nil, err
 	}
@@ -490,6 +498,12 @@ func (s *supervisor) checkReady() {
 	}
 	first := !s.announced
 	s.announced, s.reloading = true, false
+	if s.canary == nil {
+		// Every slot runs it: a reload without a canary is over, its
+		// configuration the good one (while a canary is judged, only
+		// its verdict makes it so).
+		s.good = generation{s.gen, s.cfg}
+	}
 	// Whoever reads the line below or READY=1 and then asks /status or
 	// /metrics finds them saying the same.
 	s.publish()
@@ -531,6 +545,15 @@ func (s *supervisor) filled() bool {
 	return true
 }
 
+// exitReason is a worker's exit status for the line that says it failed
+// a reload, with what the status means when it says more than a crash.
+func exitReason(ev exitEvent) string {
+	if ev.code == exitNoEngine {
+		return ev.status + ": it could not build its engine, its log says why"
+	}
+	return ev.status
+}
+
 // onExit handles the exit of a worker the seam has waited for.
 func (s *supervisor) onExit(ev exitEvent) {
 	p := s.procs[ev.pid]
@@ -564,7 +587,13 @@ func (s *supervisor) onExit(ev exitEvent) {
 		if p.ready {
 			when = "during its window"
 		}
-		s.failCanary(fmt.Sprintf("exited %s (%s)", when, ev.status))
+		s.failCanary(fmt.Sprintf("exited %s (%s)", when, exitReason(ev)))
+		return
+	}
+	if !p.ready && s.onTrial(p.gen) {
+		// A reload's worker without a canary: never respawned either.
+		s.log.Error("worker crashed", append(attrs, "respawn", "no: reload aborted")...)
+		s.failReload(p.slot, p, "exited before it was ready ("+exitReason(ev)+")")
 		return
 	}
 	// A crash (or an exit nobody asked for): replace the worker after a
@@ -763,9 +792,14 @@ func (s *supervisor) reload() {
 		s.canary = &canaryRun{gen: s.gen, settings: cfg.Canary}
 		attrs = append(attrs, "canary_window", cfg.Canary.Window)
 	} else {
-		// No canary: the configuration is good as it is taken, and the
-		// slots a canary left empty are filled with it.
-		s.good = generation{s.gen, cfg}
+		// No canary: the slots a canary left empty are filled with the
+		// configuration. Before the first ready it is good as it is
+		// taken, as the start's is; after, once every slot runs it
+		// (checkReady), and a worker of it that fails to become ready
+		// until then aborts the reload (abort.go).
+		if !s.announced {
+			s.good = generation{s.gen, cfg}
+		}
 		s.clearQuarantine()
 	}
 	for _, a := range cfg.LogAttrs {
