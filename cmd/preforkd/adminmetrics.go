@@ -78,12 +78,16 @@ func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
 	t.Family("preforkd_draining", "gauge", "1 from the moment a graceful shutdown began.")
 	t.Uint("preforkd_draining", b2u(st.Draining))
 
-	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload, the good one's after an aborted canary.")
+	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload, the running one's again after an aborted reload.")
 	t.Uint("preforkd_reload_generation", uint64(st.Generation))
 	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load; the running configuration was kept).")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Accepted), "result", "accepted")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Refused), "result", "refused")
-	t.Family("preforkd_reload_last_success", "gauge", "0 when the last reload was refused, else 1 (also before the first: the configuration at start loaded).")
+	// Aborted reloads were accepted first: a counter of their own, so
+	// that the results above still add up to the reloads asked for.
+	t.Family("preforkd_reloads_aborted_total", "counter", "Accepted reloads that were aborted, the running configuration kept: by their canary, or because a worker of the new configuration could not start or become ready.")
+	t.Uint("preforkd_reloads_aborted_total", uint64(st.Reloads.Aborted))
+	t.Family("preforkd_reload_last_success", "gauge", "0 when the last reload was refused or aborted, else 1 (also before the first: the configuration at start loaded).")
 	t.Uint("preforkd_reload_last_success", b2u(st.Reloads.LastError == ""))
 	// As Prometheus' own config_last_reload_success_timestamp_seconds:
 	// the configuration's load at start is the first.

@@ -50,8 +50,10 @@ type statusJSON struct {
 }
 
 type reloadsJSON struct {
-	Accepted  int    `json:"accepted"`
-	Refused   int    `json:"refused"`
+	Accepted int `json:"accepted"`
+	Refused  int `json:"refused"`
+	// Aborted: accepted, then aborted (prefork.ReloadStatus.Aborted).
+	Aborted   int    `json:"aborted"`
 	Last      string `json:"last,omitempty"`
 	LastError string `json:"last_error,omitempty"`
 }
@@ -148,7 +150,7 @@ func (a *admin) serveStatus(w http.ResponseWriter, _ *http.Request) {
 		Version: a.version, Commit: a.commit, Config: a.configPath, PID: pid(),
 		Started: a.started.UTC().Format(time.RFC3339), UptimeSeconds: now.Sub(a.started).Seconds(),
 		Generation: st.Generation, Ready: st.Ready, Serving: st.Serving, Draining: st.Draining,
-		Reloads:     reloadsJSON{Accepted: st.Reloads.Accepted, Refused: st.Reloads.Refused, LastError: st.Reloads.LastError},
+		Reloads:     reloadsJSON{Accepted: st.Reloads.Accepted, Refused: st.Reloads.Refused, Aborted: st.Reloads.Aborted, LastError: st.Reloads.LastError},
 		Crashes:     st.Crashes,
 		Listen:      runningConfig(st).Server.Listen,
 		Upstream:    redactedURL(runningConfig(st).Server.Upstream),

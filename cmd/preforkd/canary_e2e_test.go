@@ -250,7 +250,8 @@ func TestCanaryBadUpstreamE2E(t *testing.T) {
 	raw := get(newClient(t, nil, false), "http://"+d.admin+"/metrics").body
 	promtoolCheck(t, raw)
 	page := string(raw)
-	for _, want := range []string{"preforkd_workers_quarantined 1\n", `preforkd_canary_verdict{verdict="unhealthy"} 1` + "\n"} {
+	for _, want := range []string{"preforkd_workers_quarantined 1\n", `preforkd_canary_verdict{verdict="unhealthy"} 1` + "\n",
+		"preforkd_reloads_aborted_total 1\n", "preforkd_reload_last_success 0\n"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
