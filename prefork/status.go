@@ -8,7 +8,7 @@ import (
 // Status is a snapshot of the supervisor, for an admin endpoint or a test.
 type Status struct {
 	// Generation numbers the running configuration: 0 at start, the next
-	// one at each accepted reload, the last good one again after a canary
+	// one at each accepted reload, the last good one again after a reload
 	// is aborted (Reloads counts the reloads).
 	Generation int
 	// Settings are the running settings (with defaults), the ones
