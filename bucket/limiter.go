@@ -205,14 +205,7 @@ func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 	var d Decision
 	var at time.Duration
 	_, err := l.tab.Update(k, l.quota, l.meta, now, func(p uint64, t time.Duration) (uint64, bool) {
-		if l.clock != nil {
-			// Read after the state (see SetClock). Later by whole
-			// microseconds, the unit of a payload's times, so that the
-			// times reported from now keep now's own fraction.
-			if late := l.clock() - t; late > 0 {
-				t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
-			}
-		}
+		t = l.reread(t)
 		var next uint64
 		next, d = l.pol.Take(p, t)
 		at = t
@@ -224,9 +217,28 @@ func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 	if err != nil {
 		return l.full(err == shm.ErrQuota)
 	}
-	if late := at - now; late > 0 {
-		// Decided at the reclaim watermark (see shm.Counters.Update):
-		// report times from the caller's now.
+	// Decided at the reclaim watermark (see shm.Counters.Update) or at
+	// the clock read again: report times from the caller's now.
+	return fromNow(d, at-now)
+}
+
+// reread is t, the time a decision would be taken at, no earlier than
+// the clock reads now that the key's state is loaded (see SetClock): later
+// by whole microseconds, the unit of a payload's times, so that the times
+// reported from now keep now's own fraction.
+func (l *Limiter) reread(t time.Duration) time.Duration {
+	if l.clock != nil {
+		if late := l.clock() - t; late > 0 {
+			t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
+		}
+	}
+	return t
+}
+
+// fromNow is d, taken late after the caller's now, with its times told
+// from now.
+func fromNow(d Decision, late time.Duration) Decision {
+	if late > 0 {
 		d.ResetAfter += late
 		if !d.Allowed {
 			d.RetryAfter += late
@@ -254,7 +266,11 @@ func (l *Limiter) Peek(id string, now time.Duration) Decision {
 // PeekKey is Peek for a key from Key.
 func (l *Limiter) PeekKey(k shm.Key, now time.Duration) Decision {
 	p, _ := l.tab.Peek(k, now)
-	return l.pol.Peek(p, now)
+	// As AllowKey, at the clock read after the state: a check before
+	// charging (core's, for a request that several rules match) must not
+	// refuse what AllowKey would then allow.
+	at := l.reread(now)
+	return fromNow(l.pol.Peek(p, at), at-now)
 }
 
 // Lookup is PeekKey that also reports whether k has a slot in the table:

@@ -213,6 +213,11 @@ func TestStaleClockReadingDecidesAtTheStateItFinds(t *testing.T) {
 	if d := l.AllowKey(k, r.Now()); !d.Allowed {
 		t.Fatalf("first request: %+v", d)
 	}
+	// A check before charging (core's, when several rules match) finds
+	// it allowed too.
+	if d := l.PeekKey(k, stale); !d.Allowed {
+		t.Fatalf("peek before the second request, its clock read before the first's: %+v; want allowed", d)
+	}
 	if d := l.AllowKey(k, stale); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("second request, its clock read before the first's: %+v; want allowed, 0 left", d)
 	}
