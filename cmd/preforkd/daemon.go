@@ -281,10 +281,19 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 	// only removes or adds [[idempotency]] and [[cache]] blocks changes
 	// no key of it (adding the first one is refused above, by the
 	// region's own geometry).
-	if next.Table != running.Table {
-		ignored = append(ignored, fmt.Sprintf("table %+v", next.Table))
-		next.Table = running.Table
+	for _, k := range []struct {
+		key         string
+		asked, runs any
+	}{
+		{"table.counters", next.Table.Counters, running.Table.Counters},
+		{"table.responses", next.Table.Responses, running.Table.Responses},
+		{"table.response_bytes", next.Table.ResponseBytes, running.Table.ResponseBytes},
+	} {
+		if k.asked != k.runs {
+			ignored = append(ignored, fmt.Sprintf("%s %v", k.key, k.asked))
+		}
 	}
+	next.Table = running.Table
 	keep("persist.path", &next.Persist.Path, running.Persist.Path)
 	keep("persist.live", &next.Persist.Live, running.Persist.Live)
 	// The supervisor's admin server listens where it started.
