@@ -32,11 +32,19 @@ func canaryConfig(edit func(*Canary)) Settings {
 // to read.
 func canaryFixture(t *testing.T, n int, next Settings) (*fakeSys, *supervisor, *logSink) {
 	t.Helper()
+	first := canaryConfig(nil)
+	first.Payload = []byte("good")
+	return readyFleet(t, n, first, next)
+}
+
+// readyFleet is a supervisor of n ready workers (pids 100.., indexes
+// 0..n-1, generation 0) started with first, whose HUP loads next, with a
+// log to read.
+func readyFleet(t *testing.T, n int, first, next Settings) (*fakeSys, *supervisor, *logSink) {
+	t.Helper()
 	f := newFake()
 	f.load = func(Settings) (Settings, error) { return next, nil }
 	logs := newLogSink()
-	first := canaryConfig(nil)
-	first.Payload = []byte("good")
 	s := newSupervisor(f.env(), slog.New(logs), first, n, minMaxWorkers(n))
 	s.step()
 	for i := range n {

@@ -17,20 +17,7 @@ import (
 // read.
 func rollFixture(t *testing.T, n int) (*fakeSys, *supervisor, *logSink) {
 	t.Helper()
-	f := newFake()
-	f.load = func(Settings) (Settings, error) {
-		return defaulted(noCanary(Settings{ShutdownTimeout: time.Second})), nil
-	}
-	logs := newLogSink()
-	s := newSupervisor(f.env(), slog.New(logs), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), n, minMaxWorkers(n))
-	s.step()
-	for i := range n {
-		ready(s, 100+i)
-	}
-	if !s.announced {
-		t.Fatal("not ready")
-	}
-	return f, s, logs
+	return readyFleet(t, n, defaulted(Settings{ShutdownTimeout: 5 * time.Second}), defaulted(noCanary(Settings{ShutdownTimeout: time.Second})))
 }
 
 // abortLine returns the one log line that says a reload was aborted.
