@@ -340,3 +340,62 @@ func TestLayoutTag(t *testing.T) {
 		}
 	}
 }
+
+// The Redis families: counted in the row like the others, written by
+// AppendRedis only (a page has them while [redis] is configured), the
+// call durations in buckets from 100µs to 1s.
+func TestRedisFamilies(t *testing.T) {
+	r := statRegion(t, 1)
+	row := NewRow(r)
+	row.RedisCall(RedisOK, 300*time.Microsecond)
+	row.RedisCall(RedisOK, 2*time.Millisecond)
+	row.RedisCall(RedisTimeout, 25*time.Millisecond)
+	row.RedisCall(RedisError, -time.Second) // a clock that went back: 0
+	row.Add(RedisShortCircuits, 0, 4)
+	row.Add(RedisDenyCacheHits, 0, 5)
+	row.Add(RedisFlushes, RedisOK, 6)
+	row.Add(RedisFlushes, RedisError, 1)
+	row.Add(RedisNoScript, 0, 2)
+
+	var s Snapshot
+	Read(r, &s)
+	var p Text
+	s.AppendFamilies(&p, nil)
+	if page := string(p.Bytes()); strings.Contains(page, "preforkd_redis_") {
+		t.Errorf("AppendFamilies writes Redis families:\n%s", page)
+	}
+	p.Reset()
+	s.AppendRedis(&p)
+	page := string(p.Bytes())
+	for _, want := range []string{
+		"# TYPE preforkd_redis_calls_total counter\n",
+		`preforkd_redis_calls_total{result="ok"} 2` + "\n",
+		`preforkd_redis_calls_total{result="error"} 1` + "\n",
+		`preforkd_redis_calls_total{result="timeout"} 1` + "\n",
+		"# TYPE preforkd_redis_call_duration_seconds histogram\n",
+		`preforkd_redis_call_duration_seconds_bucket{le="0.0001"} 1` + "\n", // the 0
+		`preforkd_redis_call_duration_seconds_bucket{le="0.0005"} 2` + "\n",
+		`preforkd_redis_call_duration_seconds_bucket{le="0.0025"} 3` + "\n",
+		`preforkd_redis_call_duration_seconds_bucket{le="0.025"} 4` + "\n",
+		`preforkd_redis_call_duration_seconds_bucket{le="1"} 4` + "\n",
+		`preforkd_redis_call_duration_seconds_bucket{le="+Inf"} 4` + "\n",
+		"preforkd_redis_call_duration_seconds_sum 0.0273\n",
+		"preforkd_redis_call_duration_seconds_count 4\n",
+		"preforkd_redis_short_circuits_total 4\n",
+		"preforkd_redis_deny_cache_hits_total 5\n",
+		`preforkd_redis_flushes_total{result="ok"} 6` + "\n",
+		`preforkd_redis_flushes_total{result="error"} 1` + "\n",
+		`preforkd_redis_flushes_total{result="timeout"} 0` + "\n",
+		"preforkd_redis_noscript_total 2\n",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("AppendRedis: no %q in\n%s", want, page)
+		}
+	}
+	if n := strings.Count(page, "# TYPE "); n != 6 {
+		t.Errorf("AppendRedis wrote %d families, want 6:\n%s", n, page)
+	}
+	if a := testing.AllocsPerRun(100, func() { row.RedisCall(RedisOK, time.Millisecond) }); a != 0 {
+		t.Errorf("RedisCall allocates %v", a)
+	}
+}

@@ -91,6 +91,14 @@ func (r Row) Upstream(d time.Duration) {
 	r.Observe(UpstreamDuration, uint64(max(d, 0)/time.Microsecond))
 }
 
+// RedisCall counts a round trip to Redis made for a request, with its
+// result (RedisOK, RedisError, RedisTimeout) and how long it took: three
+// adds.
+func (r Row) RedisCall(result int, d time.Duration) {
+	r.Add(RedisCalls, result, 1)
+	r.Observe(RedisCallDuration, uint64(max(d, 0)/time.Microsecond))
+}
+
 // ConnState is a client connection's state as Connections counts it, as
 // nginx's stub_status does.
 type ConnState uint8

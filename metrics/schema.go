@@ -36,6 +36,12 @@ const (
 	Connections                          // client connections open now, by state (a gauge: Conns)
 	ConnectionsAccepted                  // client connections accepted
 	ConnectionsMaxReached                // times a worker reached server.max_connections and stopped accepting
+	RedisCalls                           // round trips to Redis made for requests, by result (a Redis store's Observer)
+	RedisCallDuration                    // their durations
+	RedisShortCircuits                   // requests' calls the open breaker kept from Redis
+	RedisDenyCacheHits                   // decisions the deny cache answered with no call
+	RedisFlushes                         // sync-mode flushes, by result
+	RedisNoScript                        // calls and flushes that met NOSCRIPT and sent the script again
 	numFamilies
 )
 
@@ -111,6 +117,13 @@ const (
 	CacheLockTimeout        // and its wait ran out: fetched itself, not stored
 )
 
+// Results of RedisCalls and RedisFlushes.
+const (
+	RedisOK      = iota // Redis answered
+	RedisError          // the call failed: refused, reset, an error reply
+	RedisTimeout        // no answer within the timeout
+)
+
 // codes are the status codes HTTPRequests counts one by one; any other
 // (an engine's own 1xx, a handler's 999) is counted as "other".
 const (
@@ -132,6 +145,9 @@ type spec struct {
 	// its bucket, and one for the sum; the counter by value and the
 	// histogram are sums of them.
 	hist, histHelp string
+	// redis: written only while [redis] is configured (AppendRedis), as
+	// the breaker's state; counted all the same.
+	redis bool
 }
 
 type kind uint8
@@ -242,6 +258,34 @@ var families = [numFamilies]spec{
 		name: "preforkd_connections_max_reached_total", kind: counter,
 		help: "Times a worker reached server.max_connections and stopped accepting until one of its connections closed. The connections that come meanwhile wait in the listen queue for another worker: none is accepted and closed, and no idle connection is evicted to make room.",
 	},
+	RedisCalls: {
+		name: "preforkd_redis_calls_total", kind: counter, redis: true,
+		help:  "Round trips to Redis made for requests (one per request decided in Redis, whatever its number of Redis rules or Cluster slots; a reset by the application's reset header), by result: ok, error (refused, reset, an error reply), timeout (no answer within redis.timeout). Sync-mode flushes are preforkd_redis_flushes_total.",
+		label: "result", values: []string{"ok", "error", "timeout"},
+	},
+	RedisCallDuration: {
+		name: "preforkd_redis_call_duration_seconds", kind: histogram, redis: true,
+		help:   "Time the round trips of preforkd_redis_calls_total took, failed ones included (a timeout takes redis.timeout).",
+		bounds: redisBounds,
+		per:    1e6,
+	},
+	RedisShortCircuits: {
+		name: "preforkd_redis_short_circuits_total", kind: counter, redis: true,
+		help: "Requests' calls that the open breaker kept from Redis: on_unavailable answered them with no call.",
+	},
+	RedisDenyCacheHits: {
+		name: "preforkd_redis_deny_cache_hits_total", kind: counter, redis: true,
+		help: "Decisions of Redis rules that the host's deny cache answered with no call: a refusal by Redis that still stood.",
+	},
+	RedisFlushes: {
+		name: "preforkd_redis_flushes_total", kind: counter, redis: true,
+		help:  "Flushes of sync-mode counts to Redis (one pipeline each, in the background), by result: ok, error, timeout. Those the open breaker held back are not counted.",
+		label: "result", values: []string{"ok", "error", "timeout"},
+	},
+	RedisNoScript: {
+		name: "preforkd_redis_noscript_total", kind: counter, redis: true,
+		help: "Calls and flushes that found the script missing in Redis (NOSCRIPT: a restart, a failover, SCRIPT FLUSH) and sent it again.",
+	},
 	WorkerGCCycles: {
 		name: "preforkd_worker_gc_cycles_total", kind: perWorker,
 		help: "Garbage collections each worker process ran, by worker index (its process's own count: a replaced worker starts again from 0), written by the worker every second.",
@@ -252,6 +296,11 @@ var families = [numFamilies]spec{
 // to 60s): the same for a request and for its upstream, so that the two
 // can be read against each other bucket by bucket.
 var durationBounds = []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6, 2.5e6, 5e6, 10e6, 30e6, 60e6}
+
+// redisBounds are the buckets of RedisCallDuration, in µs (100µs to
+// 1s): a call is bounded by redis.timeout (25ms by default), a probe by
+// twice that and 50ms.
+var redisBounds = []uint64{100, 250, 500, 1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6}
 
 func codeValues() []string {
 	v := make([]string, 0, maxCode-minCode+2)

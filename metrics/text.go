@@ -108,50 +108,66 @@ type Rule struct {
 // least once, histograms with their cumulative buckets.
 func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 	for f := range numFamilies {
-		sp := &families[f]
-		switch {
-		case sp.kind == perWorker:
-			// Per process: AppendWorkers.
-		case sp.perRule:
-			t.Family(sp.name, "counter", sp.help)
-			for _, r := range rules {
-				if sp.label == "" {
-					t.Uint(sp.name, s.RuleValue(f, r.Index, 0), "rule", r.Name)
-				}
-				for i, v := range sp.values {
-					t.Uint(sp.name, s.RuleValue(f, r.Index, i), "rule", r.Name, sp.label, v)
-				}
+		if !families[f].redis {
+			s.appendFamily(t, f, rules)
+		}
+	}
+}
+
+// AppendRedis writes the families of a Redis store's calls: a page has
+// them while [redis] is configured, as preforkd_redis_breaker_state.
+func (s *Snapshot) AppendRedis(t *Text) {
+	for f := range numFamilies {
+		if families[f].redis {
+			s.appendFamily(t, f, nil)
+		}
+	}
+}
+
+func (s *Snapshot) appendFamily(t *Text, f Family, rules []Rule) {
+	sp := &families[f]
+	switch {
+	case sp.kind == perWorker:
+		// Per process: AppendWorkers.
+	case sp.perRule:
+		t.Family(sp.name, "counter", sp.help)
+		for _, r := range rules {
+			if sp.label == "" {
+				t.Uint(sp.name, s.RuleValue(f, r.Index, 0), "rule", r.Name)
 			}
-		case sp.kind == connGauge:
-			t.Family(sp.name, "gauge", sp.help)
 			for i, v := range sp.values {
-				t.Uint(sp.name, s.Conns(ConnReading+ConnState(i)), sp.label, v)
+				t.Uint(sp.name, s.RuleValue(f, r.Index, i), "rule", r.Name, sp.label, v)
 			}
-		case sp.kind == histogram:
-			appendHistogram(t, sp.name, sp.help, sp, func(b int) uint64 { return s.Value(f, b) }, s.Value(f, len(sp.bounds)+1))
-		case sp.kind == codeHistogram:
-			t.Family(sp.name, "counter", sp.help)
-			off, nb := rowLayout.off[f], len(sp.bounds)+1
-			for i, v := range sp.values {
-				if n := s.Value(f, i); n > 0 { // 501 codes, most never sent
-					t.Uint(sp.name, n, sp.label, v)
-				}
+		}
+	case sp.kind == connGauge:
+		t.Family(sp.name, "gauge", sp.help)
+		for i, v := range sp.values {
+			t.Uint(sp.name, s.Conns(ConnReading+ConnState(i)), sp.label, v)
+		}
+	case sp.kind == histogram:
+		appendHistogram(t, sp.name, sp.help, sp, func(b int) uint64 { return s.Value(f, b) }, s.Value(f, len(sp.bounds)+1))
+	case sp.kind == codeHistogram:
+		t.Family(sp.name, "counter", sp.help)
+		off, nb := rowLayout.off[f], len(sp.bounds)+1
+		for i, v := range sp.values {
+			if n := s.Value(f, i); n > 0 { // 501 codes, most never sent
+				t.Uint(sp.name, n, sp.label, v)
 			}
-			appendHistogram(t, sp.hist, sp.histHelp, sp, func(b int) uint64 {
-				var n uint64
-				for i := range sp.values {
-					n += s.word(off + i*nb + b)
-				}
-				return n
-			}, s.word(off+len(sp.values)*nb))
-		case sp.label == "":
-			t.Family(sp.name, "counter", sp.help)
-			t.Uint(sp.name, s.Value(f, 0))
-		default:
-			t.Family(sp.name, "counter", sp.help)
-			for i, v := range sp.values {
-				t.Uint(sp.name, s.Value(f, i), sp.label, v)
+		}
+		appendHistogram(t, sp.hist, sp.histHelp, sp, func(b int) uint64 {
+			var n uint64
+			for i := range sp.values {
+				n += s.word(off + i*nb + b)
 			}
+			return n
+		}, s.word(off+len(sp.values)*nb))
+	case sp.label == "":
+		t.Family(sp.name, "counter", sp.help)
+		t.Uint(sp.name, s.Value(f, 0))
+	default:
+		t.Family(sp.name, "counter", sp.help)
+		for i, v := range sp.values {
+			t.Uint(sp.name, s.Value(f, i), sp.label, v)
 		}
 	}
 }
