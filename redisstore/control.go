@@ -125,11 +125,15 @@ func (l *Limiter) Reset(k *Key, now time.Duration, request bool) error {
 	adm := s.br.admit(now)
 	if adm == Refuse {
 		s.st.shortCircuits.Add(1)
+		s.obs.ShortCircuit()
 		return ErrUnavailable
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	if err := l.forget(ctx, k); err != nil {
+	start := time.Now()
+	err := l.forget(ctx, k)
+	s.obs.Call(resultOf(err), time.Since(start))
+	if err != nil {
 		s.failed(err, now, adm == Probe)
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

@@ -73,6 +73,9 @@ type Options struct {
 	// Logger receives the breaker's transitions and the flushers' errors
 	// (rate-limited). nil means slog.Default().
 	Logger *slog.Logger
+	// Observer is told what the Store's calls came to, as they come (a
+	// worker's metrics); nil: nobody. Stats counts the same per process.
+	Observer Observer
 }
 
 // Sentinel is a master name and the addresses of Sentinels that watch it,

@@ -1,6 +1,9 @@
 package redisstore
 
 import (
+	"context"
+	"errors"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +17,59 @@ type counters struct {
 	flushes, flushErrors, flushedCounts                        atomic.Uint64
 	slotReloads                                                atomic.Uint64
 }
+
+// Observer is told, as they happen, what a Store's calls to Redis came
+// to: the daemon counts them in its worker's statistics row (package
+// metrics). It is called on the request path, from any goroutine: its
+// methods must be quick, never block and allocate nothing.
+type Observer interface {
+	// Call is a round trip made for a request: one per request decided
+	// in Redis (whatever its number of rules, or of Cluster slots with
+	// their refund), and a reset on a request's path; d is how long it
+	// took, failed or not.
+	Call(r Result, d time.Duration)
+	// Flush is a sync-mode flush (one pipeline).
+	Flush(r Result)
+	// ShortCircuit is a request's call that the open breaker kept from
+	// Redis.
+	ShortCircuit()
+	// DenyHit is a decision the deny cache answered, with no call.
+	DenyHit()
+	// NoScript is a call or flush that found the script missing and sent
+	// it again.
+	NoScript()
+}
+
+// Result is what a call to Redis came to.
+type Result uint8
+
+// The results of a call.
+const (
+	CallOK      Result = iota // Redis answered
+	CallError                 // the call failed: refused, reset, an error reply, an answer not understood
+	CallTimeout               // no answer within its time
+)
+
+// resultOf is the result of a call that returned err.
+func resultOf(err error) Result {
+	var ne net.Error
+	switch {
+	case err == nil:
+		return CallOK
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		return CallTimeout
+	}
+	return CallError
+}
+
+// noObserver observes nothing.
+type noObserver struct{}
+
+func (noObserver) Call(Result, time.Duration) {}
+func (noObserver) Flush(Result)               {}
+func (noObserver) ShortCircuit()              {}
+func (noObserver) DenyHit()                   {}
+func (noObserver) NoScript()                  {}
 
 // Stats are what a Store did in this process since New, and the shared
 // breaker's state. Every worker counts its own; the breaker is the

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +49,7 @@ type Store struct {
 	decide, flush script
 	br            sharedBreaker
 	st            counters
+	obs           Observer
 
 	syncMu    sync.Mutex
 	syncRules []*Limiter
@@ -83,7 +83,10 @@ func New(region *shm.Region, o Options) (*Store, error) {
 		rdb: o.Client, cluster: len(o.Cluster) > 0, tab: region.Counters(), region: region,
 		timeout: o.Timeout, prefix: o.Prefix, host: o.Host, log: o.Logger,
 		decide: newScript(decideScript), flush: newScript(flushScript),
-		joined: region.Worker() >= 0,
+		joined: region.Worker() >= 0, obs: o.Observer,
+	}
+	if s.obs == nil {
+		s.obs = noObserver{}
 	}
 	if s.rdb == nil {
 		if s.rdb, err = newClient(o); err != nil {
@@ -371,6 +374,7 @@ func (l *Limiter) Denied(k *Key, now time.Duration) (retry time.Duration, ok boo
 		return 0, false
 	}
 	l.s.st.denyHits.Add(1)
+	l.s.obs.DenyHit()
 	return until - now, true
 }
 
@@ -405,13 +409,16 @@ func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) 
 	adm := s.br.admit(now)
 	if adm == Refuse {
 		s.st.shortCircuits.Add(1)
+		s.obs.ShortCircuit()
 		s.reloadSlots(now)
 		return false, ErrUnavailable
 	}
 	probe := adm == Probe
 	start := time.Now()
 	refused, err = s.call(hits)
-	s.st.latency.Add(uint64(time.Since(start)))
+	d := time.Since(start)
+	s.st.latency.Add(uint64(d))
+	s.obs.Call(resultOf(err), d)
 	if err != nil {
 		s.failed(err, now, probe)
 		return false, fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -431,8 +438,7 @@ func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) 
 // failed counts a failed call, tells the breaker, and has a Cluster's
 // slot map reloaded.
 func (s *Store) failed(err error, now time.Duration, probe bool) {
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+	if resultOf(err) == CallTimeout {
 		s.st.timeouts.Add(1)
 	} else {
 		s.st.errors.Add(1)
@@ -479,6 +485,7 @@ func (s *Store) call(hits []Hit) (refused bool, err error) {
 		v, noscript, err := s.decide.run(ctx, s.rdb, keys, args)
 		if noscript {
 			s.st.noscript.Add(1)
+			s.obs.NoScript()
 		}
 		if err != nil {
 			return false, err
@@ -590,6 +597,7 @@ func (s *Store) callSlots(ctx context.Context, hits []Hit) (refused bool, err er
 		}
 		if len(retry) > 0 {
 			s.st.noscript.Add(1)
+			s.obs.NoScript()
 			pipe := s.rdb.Pipeline()
 			ev := make([]*redis.Cmd, len(retry))
 			for k, j := range retry {

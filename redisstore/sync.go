@@ -359,6 +359,7 @@ func (f *flusher) flush(every time.Duration, final bool) {
 	err := s.runFlush(ctx, items)
 	after := s.region.Now()
 	s.st.flushes.Add(1)
+	s.obs.Flush(resultOf(err))
 	if err != nil {
 		s.st.flushErrors.Add(1)
 		s.failed(err, after, probe)
@@ -474,6 +475,7 @@ func (s *Store) runFlush(ctx context.Context, items []flushItem) error {
 	}
 	if len(again) > 0 {
 		s.st.noscript.Add(1)
+		s.obs.NoScript()
 		send(true, again)
 		for _, i := range again {
 			if err := items[i].cmd.Err(); err != nil {
