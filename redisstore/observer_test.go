@@ -56,6 +56,9 @@ func TestObserver(t *testing.T) {
 	if a := testing.AllocsPerRun(100, func() { l.Denied(&k, h.region.Now()) }); a != 0 {
 		t.Errorf("a deny-cache hit allocates %v", a)
 	}
+	if !h.store.Available(h.region.Now()) {
+		t.Fatal("not available with the breaker closed")
+	}
 	if err := srv.Client().ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -88,8 +91,9 @@ func TestObserver(t *testing.T) {
 		t.Fatalf("sync host: flushes %v, calls %v; Stats %+v", sobs.flushes, sobs.calls, st)
 	}
 
-	// Redis gone: 3 failed calls open the breaker, which keeps the next 7
-	// from Redis, and a request's reset.
+	// Redis gone: 3 failed calls open the breaker, which keeps from
+	// Redis the next 7 decisions, a request's reset and a request the
+	// core asked Available for.
 	srv.Kill()
 	for range 10 {
 		if _, _, err := h.decide(t, "k", l); err == nil {
@@ -99,8 +103,11 @@ func TestObserver(t *testing.T) {
 	if err := l.Reset(&k, h.region.Now(), true); err == nil {
 		t.Fatal("reset with Redis dead")
 	}
+	if h.store.Available(h.region.Now()) { // the core asks before Decide
+		t.Fatal("available with the breaker open")
+	}
 	st := h.store.Stats(h.region.Now())
-	if obs.failed() != 3 || obs.shortCircuits.Load() != 8 || obs.calls[0].Load() != 6 || st.Errors+st.Timeouts != 3 {
+	if obs.failed() != 3 || obs.shortCircuits.Load() != 9 || st.ShortCircuits != 9 || obs.calls[0].Load() != 6 || st.Errors+st.Timeouts != 3 {
 		t.Fatalf("with Redis dead: calls %v, short circuits %d; Stats %+v", obs.calls, obs.shortCircuits.Load(), st)
 	}
 }

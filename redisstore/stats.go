@@ -30,8 +30,9 @@ type Observer interface {
 	Call(r Result, d time.Duration)
 	// Flush is a sync-mode flush (one pipeline).
 	Flush(r Result)
-	// ShortCircuit is a request's call that the open breaker kept from
-	// Redis.
+	// ShortCircuit is a request that made no call because the breaker
+	// was open (Available said so, or Decide or a request's reset found
+	// it open): its Redis rules answered by their OnUnavailable.
 	ShortCircuit()
 	// DenyHit is a decision the deny cache answered, with no call.
 	DenyHit()
@@ -85,7 +86,7 @@ type Stats struct {
 	// a failover, SCRIPT FLUSH) and sent it again.
 	NoScript uint64
 	// ShortCircuits counts requests that made no call because the
-	// breaker was open.
+	// breaker was open (Available, Decide, a request's Reset).
 	ShortCircuits uint64
 	// DenyHits counts decisions answered by the deny cache: a refusal
 	// that still stood, with no call.
@@ -121,8 +122,13 @@ func (s *Store) Stats(now time.Duration) Stats {
 // Meanwhile a Cluster's slot map is reloaded, in the background, at most
 // every SlotReloadInterval, so that the probe after a failover finds the
 // new master.
+//
+// A request told false makes no call: it is counted as a short circuit,
+// as one that Decide (or a reset on its path) finds the breaker open for.
 func (s *Store) Available(now time.Duration) bool {
 	if s.br.open(now) {
+		s.st.shortCircuits.Add(1)
+		s.obs.ShortCircuit()
 		s.reloadSlots(now)
 		return false
 	}
