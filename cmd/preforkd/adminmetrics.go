@@ -43,6 +43,7 @@ func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 		b := redisstore.ReadBreaker(a.region, rd.StoreOptions(), a.region.Now())
 		sc.text.Family("preforkd_redis_breaker_state", "gauge", "The Redis breaker shared by the workers: 0 closed, 1 open, 2 half-open.")
 		sc.text.Uint("preforkd_redis_breaker_state", uint64(b.Phase))
+		sc.snap.AppendRedis(&sc.text)
 	}
 	w.Header().Set("Content-Type", metrics.ContentType)
 	w.Write(sc.text.Bytes())

@@ -12,6 +12,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine/nethttp"
 	"github.com/preforkd/preforkd/engine/nethttp/tlsedge"
+	"github.com/preforkd/preforkd/metrics"
 	"github.com/preforkd/preforkd/prefork"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/redisstore"
@@ -215,7 +216,7 @@ func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse
 	}
 	if usesRedis(o) {
 		ro := cfg.WithDefaults().Redis.StoreOptions()
-		ro.Logger = log
+		ro.Logger, ro.Observer = log, redisMetrics{metrics.NewRow(region)}
 		if o.Redis, err = redisstore.New(region, ro); err != nil {
 			return nil, err
 		}
@@ -226,6 +227,21 @@ func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse
 	}
 	return c, err
 }
+
+// redisMetrics counts a worker's Redis calls in its statistics row: the
+// preforkd_redis_ families of /metrics.
+type redisMetrics struct{ row metrics.Row }
+
+// redisResults are the metrics' results of redisstore's.
+var redisResults = [...]int{redisstore.CallOK: metrics.RedisOK, redisstore.CallError: metrics.RedisError, redisstore.CallTimeout: metrics.RedisTimeout}
+
+func (m redisMetrics) Call(r redisstore.Result, d time.Duration) {
+	m.row.RedisCall(redisResults[r], d)
+}
+func (m redisMetrics) Flush(r redisstore.Result) { m.row.Add(metrics.RedisFlushes, redisResults[r], 1) }
+func (m redisMetrics) ShortCircuit()             { m.row.Add(metrics.RedisShortCircuits, 0, 1) }
+func (m redisMetrics) DenyHit()                  { m.row.Add(metrics.RedisDenyCacheHits, 0, 1) }
+func (m redisMetrics) NoScript()                 { m.row.Add(metrics.RedisNoScript, 0, 1) }
 
 // openAccessLog opens the worker's access log ([log] access), if any: it
 // is written until the worker drained (Defer), and reopened at its path

@@ -275,6 +275,10 @@ max_keys = 8
 		t.Errorf("preforkd_table_slots_used = %v, want 8", got)
 	}
 	promtoolCheck(t, before.raw)
+	// No [redis]: no Redis families, as no breaker state.
+	if bytes.Contains(before.raw, []byte("preforkd_redis_")) {
+		t.Errorf("Redis families without [redis]:\n%s", before.raw)
+	}
 
 	// kill -9 a worker that served requests, while a scraper watches.
 	var st struct {
