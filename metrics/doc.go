@@ -6,7 +6,8 @@
 // [Row.AddRule], [Row.Observe], [Row.Response]): atomic adds on memory no
 // other worker writes, a few nanoseconds each, no allocation. The
 // supervisor sums the rows ([Read]) and writes the page
-// ([Snapshot.AppendFamilies], [Snapshot.AppendTable]); sums never go down,
+// ([Snapshot.AppendFamilies], [Snapshot.AppendTable], and
+// [Snapshot.AppendRedis] while Redis is configured); sums never go down,
 // whatever workers come and go (see package shm). Labels are bounded: a
 // rule name, a status code, a fixed list of results and kinds; never a
 // client, a key or a pid.

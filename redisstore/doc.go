@@ -32,7 +32,9 @@
 // Cluster, failing calls and an open breaker have go-redis reload the
 // slot map (at most every [SlotReloadInterval]), so that a failover is
 // seen as soon as the Cluster made it, not a minute later. [Stats] counts
-// calls, errors, timeouts, deny-cache hits and the breaker's state.
+// calls, errors, timeouts, deny-cache hits and the breaker's state in
+// this process; an [Observer] (Options.Observer) is told of each as it
+// happens: the daemon counts them in its worker's statistics row.
 //
 // # Secrets
 //
