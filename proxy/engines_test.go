@@ -183,6 +183,16 @@ var coreCases = []coreCase{
 		upSeen: []string{"POST /orders/coded HTTP/1.1"},
 	},
 	{
+		name:  "HEAD runs the GET handler, and a GET rule counts it",
+		rules: `[[ratelimit]]` + "\nname = \"search\"\npath = \"/search\"\nmethods = [\"GET\"]\nlimit = 2\nwindow = \"1m\"\n",
+		steps: []coreStep{
+			{send: "HEAD /search HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 1"}},
+			{send: "head /search HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0"}},
+			{send: "GET /search HTTP/1.1\nHost: h\n\n", status: 429},
+		},
+		upSeen: []string{"HEAD /search HTTP/1.1", "head /search HTTP/1.1"},
+	},
+	{
 		name:  "a key header sent twice is refused",
 		rules: `[[ratelimit]]` + "\nname = \"key\"\npath = \"/k\"\nlimit = 5\nwindow = \"1m\"\nby = \"header:X-Api-Key\"\n",
 		steps: []coreStep{

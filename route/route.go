@@ -26,6 +26,8 @@ type Route struct {
 	prefix        bool
 	caseSensitive bool
 	methods       []string // upper case; empty matches every method
+	// get: methods has GET, so HEAD matches too (see Match).
+	get bool
 }
 
 // Compile is Options{}.Compile: paths compare without ASCII case.
@@ -100,12 +102,14 @@ func (o Options) Compile(p string, methods []string) (Route, error) {
 			return bad("Methods", "method %q is listed twice", m)
 		}
 		rt.methods = append(rt.methods, m)
+		rt.get = rt.get || m == "GET"
 	}
 	return rt, nil
 }
 
 // Match reports whether a request with method for the match path p (see
-// Normalize) is covered by rt. It does not allocate.
+// Normalize) is covered by rt: methods compare without case, and a route
+// with GET covers HEAD. It does not allocate.
 func (rt *Route) Match(method, p string) bool {
 	n := len(rt.base)
 	if len(p) < n || !rt.equal(p[:n], rt.base) {
@@ -130,7 +134,10 @@ func (rt *Route) Match(method, p string) bool {
 			return true
 		}
 	}
-	return false
+	// HEAD is GET without the content (RFC 9110 §9.3.2): net/http's
+	// ServeMux, Express, Rails, Django and Flask run the GET handler for
+	// it, whose status and headers then answer as a GET's would.
+	return rt.get && strings.EqualFold(method, "HEAD")
 }
 
 // equal compares two paths of equal length byte by byte, folding ASCII

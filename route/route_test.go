@@ -126,7 +126,9 @@ func TestRouteMatch(t *testing.T) {
 		}},
 		{"/search", []string{"GET"}, Options{}, []req{
 			{"GET", "/search", true},
-			{"HEAD", "/search", false}, // HEAD is not GET
+			{"HEAD", "/search", true}, // HEAD runs the GET handler
+			{"head", "/search", true},
+			{"OPTIONS", "/search", false},
 		}},
 	}
 	for _, tt := range tests {
