@@ -664,6 +664,11 @@ var exchanges = []exchange{
 		status: 400, closed: true,
 	},
 	{
+		name:   "a dot segment with parameters is refused: applications read it two ways",
+		send:   "GET /admin/..;/login HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
 		name:   "a refused target's body is never taken for a request",
 		send:   "POST /a#f HTTP/1.1\nHost: a\nContent-Length: 35\n\nGET /smuggled HTTP/1.1\nHost: a\n\n",
 		status: 400, closed: true,

@@ -38,6 +38,7 @@ const (
 	errPercent          badPath = "bad percent-encoding"
 	errQuery            badPath = "'?' in path (split off the query first)"
 	errFragment         badPath = "'#' in path"
+	errDotParams        badPath = "a dot segment with ';' parameters (\"..;\")"
 )
 
 // Normalize reads raw, a request path as sent on the wire (percent-encoded,
@@ -73,9 +74,19 @@ func Normalize(raw string) (match, forward string, err error) {
 	normal := true  // raw is its own match path and forward path
 	dotted := false // a segment of raw is empty or starts with a dot: the forward path may differ
 	prev := byte('/')
+	seg := 1 // where the current segment starts
 	for i := 1; i < len(raw); i++ {
 		c := raw[i]
 		switch {
+		case c == ';':
+			// "..;" is ".." to Tomcat, Jetty and Spring, which drop the
+			// parameters, and a name to net/http, nginx and Express: a
+			// rule on /admin/* would not count /admin/..;/login, which
+			// they route under /admin/.
+			if dots(raw[seg:i]) > 0 {
+				return "", "", errDotParams
+			}
+			normal = false
 		case c == '.':
 			dotted = dotted || prev == '/'
 		case isUnreserved(c):
@@ -84,6 +95,7 @@ func Normalize(raw string) (match, forward string, err error) {
 				normal = false // empty segment, or one ending in '.'
 				dotted = dotted || prev == '/'
 			}
+			seg = i + 1
 		case c == '%':
 			if i+2 >= len(raw) {
 				return "", "", errPercent

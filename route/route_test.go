@@ -38,9 +38,9 @@ func TestRouteMatch(t *testing.T) {
 			{"GET", "/LoGiN/", true},
 			{"GET", "/login;x", true}, // Tomcat, Spring: a parameter
 			{"GET", "/login;jsessionid=x", true},
-			{"GET", "/.;/login", true},
-			{"GET", "/foo/..;/login", true},
-			{"GET", "/login.", true}, // IIS: trailing dots
+			{"GET", "/.;/login", false},      // refused: ".." to Tomcat, a name to net/http
+			{"GET", "/foo/..;/login", false}, // likewise
+			{"GET", "/login.", true},         // IIS: trailing dots
 			{"GET", "/login%2e", true},
 			{"GET", "/%2e%2e/login", true},
 			{"GET", "/%6Cogin", true},
