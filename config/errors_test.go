@@ -218,6 +218,7 @@ func TestErrors(t *testing.T) {
 		{"cache duplicate", "[[cache]]\npath = \"/c/*\"\n[[cache]]\npath = \"/c/*\" # <-\n", "/c/* is already covered by cache[1]", 0},
 		{"cache duplicate once matched", "[[cache]]\npath = \"/c/*\"\n[[cache]]\npath = \"/%43/*\" # <-\n", "/%43/* is already covered by cache[1]", 0},
 		{"cache under an earlier prefix", "[[cache]]\npath = \"/c/*\"\n[[cache]]\npath = \"/c/d\" # <-\n", "/c/d is already covered by cache[1]", 0},
+		{"idempotency HEAD after GET", "[[idempotency]]\npath = \"/o\"\nmethods = [\"GET\"]\n[[idempotency]]\npath = \"/o\" # <-\nmethods = [\"HEAD\"]\n", "HEAD /o is already covered by idempotency[1]", 0},
 		{"idempotency duplicate once matched", "[[idempotency]]\npath = \"/o\"\n[[idempotency]]\npath = \"/O/\" # <-\n", "POST /O/ is already covered by idempotency[1]", 0},
 		{"cache without a response table", "[table]\nresponses = 0 # <-\n[[cache]]\npath = \"/c\"\n", "[[cache]] blocks need stored responses", 0},
 		{"cache unknown key", "[[cache]]\npath = \"/c\"\ntags = [\"X\"] # <-\n", `unknown key "tags" in cache[1]`, 0},

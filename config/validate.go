@@ -351,8 +351,10 @@ func (d Idempotency) check(r *report, i int, c Config) {
 		if err != nil || eerr != nil || !ec.Route.Covers(&dc.Route) {
 			continue
 		}
+		earlier := upperAll(e.Methods)
 		for _, m := range upperAll(d.Methods) {
-			if slices.Contains(upperAll(e.Methods), m) {
+			// A route with GET matches HEAD too (route.Route.Match).
+			if slices.Contains(earlier, m) || m == "HEAD" && slices.Contains(earlier, "GET") {
 				f("path", "%s %s is already covered by idempotency[%d]", m, d.Path, j+1)
 				break
 			}
