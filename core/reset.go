@@ -82,28 +82,30 @@ func (ex *Exchange) forwardReset(f *Forward) {
 }
 
 // isResetField reports whether name is the reset header.
-func (c *Core) isResetField(name []byte) bool {
-	if c.reset == "" || len(name) != len(c.reset) {
+func (c *Core) isResetField(name []byte) bool { return c.reset != "" && asciiEqualFold(name, c.reset) }
+
+// isResetName is isResetField for a name held as a string.
+func (c *Core) isResetName(name string) bool { return c.reset != "" && asciiEqualFold(name, c.reset) }
+
+// asciiEqualFold reports whether a equals b in ASCII, ignoring case (no
+// Unicode folding: a field name is a token).
+func asciiEqualFold[T string | []byte](a T, b string) bool {
+	if len(a) != len(b) {
 		return false
 	}
-	for i := range name {
-		a, b := name[i], c.reset[i]
-		if 'A' <= a && a <= 'Z' {
-			a += 'a' - 'A'
+	for i := 0; i < len(b); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
 		}
-		if 'A' <= b && b <= 'Z' {
-			b += 'a' - 'A'
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
 		}
-		if a != b {
+		if x != y {
 			return false
 		}
 	}
 	return true
-}
-
-// isResetName is isResetField for a name held as a string.
-func (c *Core) isResetName(name string) bool {
-	return c.reset != "" && len(name) == len(c.reset) && strings.EqualFold(name, c.reset)
 }
 
 // applicationReset resets the rules the response's reset header names
