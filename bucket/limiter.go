@@ -223,14 +223,21 @@ func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 }
 
 // reread is t, the time a decision would be taken at, no earlier than
-// the clock reads now that the key's state is loaded (see SetClock): later
-// by whole microseconds, the unit of a payload's times, so that the times
-// reported from now keep now's own fraction.
+// the clock reads now that the key's state is loaded (see SetClock).
 func (l *Limiter) reread(t time.Duration) time.Duration {
 	if l.clock != nil {
-		if late := l.clock() - t; late > 0 {
-			t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
-		}
+		return AtReading(t, l.clock())
+	}
+	return t
+}
+
+// AtReading is t, the time a decision would be taken at, raised to
+// reading, a clock read once the key's state was loaded, if that is
+// later (see Limiter.SetClock): by whole microseconds, the unit of a
+// payload's times, so that times reported from t keep t's own fraction.
+func AtReading(t, reading time.Duration) time.Duration {
+	if late := reading - t; late > 0 {
+		t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
 	}
 	return t
 }

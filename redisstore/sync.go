@@ -132,11 +132,9 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 	var reset time.Duration
 	var ok bool
 	_, err := l.s.tab.Update(k.Host, l.quota, l.syncMeta, at, func(p uint64, t time.Duration) (uint64, bool) {
-		// Read after the state (see SetClock), in whole microseconds as
-		// bucket.Limiter does; the other hosts' count at the same time.
-		if late := l.clock() + mod - t; late > 0 {
-			t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
-		}
+		// Read after the state (see SetClock); the other hosts' count
+		// at the same time.
+		t = bucket.AtReading(t, l.clock()+mod)
 		at = t
 		rp, _ := l.s.tab.Peek(k.Remote, t)
 		remote, _ = bucket.WindowCount(rp, t, win)
@@ -175,10 +173,7 @@ func (l *Limiter) PeekKey(k *Key, now time.Duration) bucket.Decision {
 	mod, _, _ := l.shift()
 	at := now + mod
 	hp, _ := l.s.tab.Peek(k.Host, at)
-	// Read after the state, as AllowKey does (see SetClock).
-	if late := l.clock() + mod - at; late > 0 {
-		at += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
-	}
+	at = bucket.AtReading(at, l.clock()+mod) // after the state, as AllowKey (see SetClock)
 	rp, _ := l.s.tab.Peek(k.Remote, at)
 	remote, _ := bucket.WindowCount(rp, at, l.rule.Window)
 	host, reset := bucket.WindowCount(hp, at, l.rule.Window)
