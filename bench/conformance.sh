@@ -9,6 +9,13 @@
 # required test fails, fewer than MIN_PASS pass, or two engines differ on
 # any test: one request path gives one result.
 #
+# The suite runs 25 tests at once, so a test can fail once for a reason of
+# timing on a loaded machine. A test on which two engines differ is run
+# again, by itself, RERUNS times on every engine: a difference of the
+# engines shows again there and fails; one that does not (every run of
+# every engine gives one outcome) is printed as FLAKY, with both results,
+# and does not fail the run.
+#
 #   make conformance                        # the suite at ../shared/cache-tests
 #   CACHE_TESTS=DIR make conformance        # another copy of it
 #   ENGINES=loop bash bench/conformance.sh  # one engine
@@ -29,6 +36,7 @@ ORIGIN_PORT=${ORIGIN_PORT:-18470}
 PORT=${PORT:-18471}
 MIN_PASS=${MIN_PASS:-230}
 ENGINES=${ENGINES:-loop fasthttp tls}
+RERUNS=${RERUNS:-3}
 UNDICI=${UNDICI:-undici@7}
 modules=${XDG_CACHE_HOME:-$HOME/.cache}/preforkd/cache-tests
 
@@ -75,10 +83,10 @@ up() { # url: wait until something answers it
 pids+=("$!")
 up "http://127.0.0.1:$ORIGIN_PORT/"
 
-# run ENGINE: preforkd with that engine in front of the origin, the suite
-# through it; the raw results in $tmp/results-ENGINE.json.
-run() {
-	local engine=$1 scheme=http extra="" tlsconf="" pid
+# start ENGINE: preforkd with that engine in front of the origin, on
+# $base; stop ends it.
+start() {
+	local engine=$1 scheme=http extra="" tlsconf=""
 	case $engine in
 	loop) ;;
 	fasthttp) extra='engine = "fasthttp"' ;;
@@ -105,15 +113,25 @@ heuristic = true
 
 $tlsconf
 CONF
-	"$BIN" run -config "$tmp/preforkd.toml" 2>"$tmp/preforkd-$engine.log" &
+	"$BIN" run -config "$tmp/preforkd.toml" 2>>"$tmp/preforkd-$engine.log" &
 	pid=$!
 	pids+=("$pid")
-	up "$scheme://127.0.0.1:$PORT/"
-	(cd "$tmp/suite" && env npm_config_base="$scheme://127.0.0.1:$PORT" npm_config_id= npm_package_config_id= \
-		NODE_TLS_REJECT_UNAUTHORIZED=0 node --no-warnings test-engine/cli.mjs >"$tmp/results-$engine.json") ||
-		fail "the suite did not run on $engine (origin log: $(tail -3 "$tmp/origin.log"))"
+	base="$scheme://127.0.0.1:$PORT"
+	up "$base/"
+}
+stop() {
 	kill -TERM "$pid"
 	wait "$pid" 2>/dev/null || true
+}
+
+# run ENGINE: the suite through preforkd with that engine; the raw
+# results in $tmp/results-ENGINE.json.
+run() {
+	start "$1"
+	(cd "$tmp/suite" && env npm_config_base="$base" npm_config_id= npm_package_config_id= \
+		NODE_TLS_REJECT_UNAUTHORIZED=0 node --no-warnings test-engine/cli.mjs >"$tmp/results-$1.json") ||
+		fail "the suite did not run on $1 (origin log: $(tail -3 "$tmp/origin.log"))"
+	stop
 }
 
 # Counted as cache-tests.fyi counts: a test whose dependency did not pass
@@ -148,6 +166,29 @@ if (n('fail') > 0) { console.log(`FAIL: ${n('fail')} required tests failed`); pr
 if (n('pass') < minPass) { console.log(`FAIL: ${n('pass')} passes, fewer than ${minPass}`); process.exit(1) }
 JS
 
+# rerun.mjs ROUNDS ID...: the tests named, by themselves, ROUNDS times
+# through $npm_config_base; one line a test: its id and its outcomes (true
+# for a pass, else the failure), each different one once, in the order
+# they came.
+cat >"$tmp/suite/rerun.mjs" <<'JS'
+import { runTests } from './test-engine/client/runner.mjs'
+import { testResults } from './test-engine/client/test.mjs'
+import tests from './tests/index.mjs'
+const [rounds, ...ids] = process.argv.slice(2)
+const want = new Set(ids)
+const picked = tests.map(s => ({ ...s, tests: s.tests.filter(t => want.has(t.id)) })).filter(s => s.tests.length > 0)
+const seen = Object.fromEntries(ids.map(id => [id, []]))
+for (let i = 0; i < Number(rounds); i++) {
+  for (const k of Object.keys(testResults)) delete testResults[k]
+  await runTests(picked, false, process.env.npm_config_base)
+  for (const id of ids) {
+    const r = JSON.stringify(id in testResults ? testResults[id] : 'not run')
+    if (!seen[id].includes(r)) seen[id].push(r)
+  }
+}
+for (const id of ids) console.log(`${id} ${seen[id].join(' | ')}`)
+JS
+
 echo "$me: $(node --version), $(git describe --always --dirty 2>/dev/null || echo preforkd) in front of the suite's origin, $(nproc) CPUs"
 status=0
 first=""
@@ -158,10 +199,33 @@ for engine in $ENGINES; do
 	if [ -z "$first" ]; then
 		first=$engine
 		[ -z "${RESULTS:-}" ] || cp "$tmp/results-$engine.json" "$RESULTS"
-	elif ! diff "$tmp/signature-$first" "$tmp/signature-$engine" >"$tmp/differ"; then
-		echo "FAIL: $engine and $first differ (test result):"
-		cat "$tmp/differ"
-		status=1
+	elif ! diff "$tmp/signature-$first" "$tmp/signature-$engine" >"$tmp/differ-$engine"; then
+		echo "$engine and $first differ (test result):"
+		cat "$tmp/differ-$engine"
+		sed -n 's/^[<>] \([^ ]*\) .*/\1/p' "$tmp/differ-$engine" >>"$tmp/differ-ids"
 	fi
 done
+
+# A test the engines differed on, by itself on every engine.
+if [ -s "$tmp/differ-ids" ]; then
+	mapfile -t ids < <(sort -u "$tmp/differ-ids")
+	echo "running ${ids[*]} by itself $RERUNS times on each engine"
+	for engine in $ENGINES; do
+		start "$engine"
+		(cd "$tmp/suite" && env npm_config_base="$base" NODE_TLS_REJECT_UNAUTHORIZED=0 \
+			node --no-warnings rerun.mjs "$RERUNS" "${ids[@]}" >"$tmp/rerun-$engine") ||
+			fail "the tests did not run again on $engine"
+		stop
+	done
+	for id in "${ids[@]}"; do
+		outcomes=$(for engine in $ENGINES; do grep "^$id " "$tmp/rerun-$engine" | cut -d' ' -f2-; done | sort -u)
+		if [ "$(wc -l <<<"$outcomes")" = 1 ] && [[ $outcomes != *' | '* ]]; then
+			echo "FLAKY: $id differed in the full run, and gave $outcomes in each of $RERUNS runs on every engine"
+		else
+			echo "FAIL: the engines differ on $id, run by itself:"
+			for engine in $ENGINES; do echo "  $engine: $(grep "^$id " "$tmp/rerun-$engine" | cut -d' ' -f2-)"; done
+			status=1
+		fi
+	done
+fi
 exit $status
