@@ -690,15 +690,18 @@ func TestUpgradeOutlivesTheUpstreamTimeout(t *testing.T) {
 			w.Flush()
 			io.Copy(c, bufio.NewReader(c))
 		})
-		const timeout = 300 * time.Millisecond
+		// Long enough that a loaded machine (the race detector, eight
+		// tests at once) does not leave the tunnel idle that long between
+		// two pings.
+		const timeout = time.Second
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
 		c, br := dial(t, r.Addr)
 		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
 		buf := make([]byte, 4)
-		for range 8 { // a ping every 100 ms: 800 ms, well past the timeout
-			time.Sleep(timeout / 3)
+		for range 8 { // a ping every 250 ms: 2 s, well past the timeout
+			time.Sleep(timeout / 4)
 			c.SetDeadline(time.Now().Add(5 * time.Second))
 			io.WriteString(c, "ping")
 			if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "ping" {
