@@ -42,12 +42,13 @@ check: lint
 # from there, in one pass.
 # The fuzz here is a smoke run (30000 inputs a target, under two minutes
 # in all) that keeps CI within its budget; `make fuzz` runs a million.
-# The first pass runs tests eight at a time, as check does: at the
-# default (one per core) the proxy package's took 97 s on 2 cores, mostly
-# waiting, and 43 s so. Under the race detector they are CPU-bound, and
-# eight at a time starved their timing bounds: that pass keeps the default.
+# Tests run at the default, one per core: eight at a time (as check
+# runs) halves the first pass, but the end-to-end tests' bounds on
+# latency and on what a canary window serves are then met by luck on a
+# busy machine, and under the race detector a Redis flush starved past
+# its 2 s bound.
 test: lint
-	$(GO) test -count=1 -shuffle=on -parallel 8 -timeout 10m ./...
+	$(GO) test -count=1 -shuffle=on -timeout 10m ./...
 	$(GO) test -count=1 -shuffle=on -race -short -timeout 10m ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 5m ./...
 	$(GO) -C bench test -count=1 -shuffle=on -bench . -benchtime 1x -timeout 10m ./...

@@ -251,12 +251,16 @@ local_share = 2
 	wg.Wait()
 	// A request to a path no rule matches (/plain) never waits on Redis:
 	// its slowest is what this machine's scheduling alone costs (a busy
-	// test machine can stall a process for tens of milliseconds), and is
-	// not counted as waiting on Redis.
+	// test machine can stall a process for tens of milliseconds, once
+	// 168 ms where a Redis-rule request met 251 ms), and is not counted
+	// as waiting on Redis. Twice it is allowed: two loops request the
+	// Redis rules where one requests /plain, and the worst of more
+	// requests meets a longer stall. What this guards against waits
+	// seconds (a dial or a pool wait on a Redis that is gone).
 	el, stall := time.Duration(slowest.Load()), time.Duration(plainSlowest.Load())
 	t.Logf("slowest Redis-rule request %v; slowest request without a rule %v", el, stall)
-	if el > timeout+10*time.Millisecond+stall {
-		t.Errorf("the slowest request took %v, want at most the timeout %v + 10ms (+ %v that a request without a rule took)", el, timeout, stall)
+	if el > timeout+10*time.Millisecond+2*stall {
+		t.Errorf("the slowest request took %v, want at most the timeout %v + 10ms (+ twice the %v that a request without a rule took)", el, timeout, stall)
 	}
 	if served != 5 {
 		t.Errorf("on_unavailable local: %d of 8 served, want 10 ÷ 2 = 5", served)
