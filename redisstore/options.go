@@ -190,14 +190,18 @@ func newClient(o Options) (redis.UniversalClient, error) {
 
 func clientOptions(o Options) (*redis.UniversalOptions, error) {
 	u := &redis.UniversalOptions{
-		MaxRetries:         -1,
-		DialTimeout:        o.Timeout,
-		DialerRetries:      1,
-		DialerRetryTimeout: o.Timeout,
+		MaxRetries: -1,
 		// A call's budget is its context's (ContextTimeoutEnabled): a
 		// request's is Timeout; an operator's, the warm-up's and a
-		// flush's are longer, and go-redis would cut them at its read
-		// and write timeouts, which only bound what it does on its own.
+		// flush's are longer, and go-redis would cut them at its dial,
+		// read and write timeouts, which only bound what it does on its
+		// own (a dial takes the earlier of its context's deadline and
+		// DialTimeout: at Timeout, a flush that needed a connection had
+		// 25 ms to open one, where a TLS handshake over a slow link
+		// takes longer, and a worker's last counts were lost).
+		DialTimeout:           max(o.Timeout, controlTimeout),
+		DialerRetries:         1,
+		DialerRetryTimeout:    o.Timeout,
 		ReadTimeout:           max(o.Timeout, controlTimeout),
 		WriteTimeout:          max(o.Timeout, controlTimeout),
 		PoolTimeout:           o.Timeout,
