@@ -45,8 +45,7 @@ check: lint
 # Tests run at the default, one per core: eight at a time (as check
 # runs) halves the first pass, but the end-to-end tests' bounds on
 # latency and on what a canary window serves are then met by luck on a
-# busy machine, and under the race detector a Redis flush starved past
-# its 2 s bound.
+# busy machine.
 test: lint
 	$(GO) test -count=1 -shuffle=on -timeout 10m ./...
 	$(GO) test -count=1 -shuffle=on -race -short -timeout 10m ./...
