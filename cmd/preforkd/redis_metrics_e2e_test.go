@@ -86,6 +86,10 @@ sync = "50ms"
 			t.Fatalf("/tight %d: %d %v", i+1, r.status, r.err)
 		}
 	}
+	// A worker's first call can meet NOSCRIPT too, when it reaches Redis
+	// before any worker's warm-up loaded the scripts (a loaded machine
+	// once made it so): the flush's is counted from here.
+	noscript := scrape().samples["preforkd_redis_noscript_total"]
 	if err := srv.Client().ScriptFlush(t.Context()).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +104,7 @@ sync = "50ms"
 		`preforkd_redis_calls_total{result="timeout"}`: 0,
 		"preforkd_redis_call_duration_seconds_count":   float64(n + 3),
 		"preforkd_redis_deny_cache_hits_total":         5,
-		"preforkd_redis_noscript_total":                1,
+		"preforkd_redis_noscript_total":                noscript + 1,
 		"preforkd_redis_short_circuits_total":          0,
 		`preforkd_redis_flushes_total{result="ok"}`:    0,
 	}
