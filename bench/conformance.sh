@@ -11,8 +11,9 @@
 # required test fails, fewer than MIN_PASS pass, or two engines differ on
 # any test: one request path gives one result.
 #
-# The suite runs 25 tests at once, so a test can fail once for a reason of
-# timing on a loaded machine. A test on which two engines differ is run
+# The suite runs 25 tests at once, so a test can fail once by another
+# test's invalidation (URL generations share slots by hash) or by timing
+# on a loaded machine. A test on which two engines differ is run
 # again, by itself, RERUNS times on every engine: a difference of the
 # engines shows again there and fails; one that does not (every run of
 # every engine gives one outcome) is printed as FLAKY, with both results,

@@ -3,12 +3,12 @@ package redisstore_test
 import (
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
 	"github.com/preforkd/preforkd/internal/redistest"
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/redisstore"
 )
 
@@ -43,46 +43,23 @@ func TestSyncFlushDialsWithinItsOwnBudget(t *testing.T) {
 
 // slowToOpen is a TCP relay to addr that holds each new connection for d
 // before it carries a byte, as a slow link holds a handshake; it returns
-// the relay's address.
+// the relay's address. A relayed connection ends with either side's.
 func slowToOpen(t *testing.T, addr string, d time.Duration) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
+	t.Cleanup(func() { ln.Close() })
+	wiretest.AcceptEach(ln, func(c net.Conn) {
+		time.Sleep(d)
+		up, err := net.Dial("tcp", addr)
+		if err != nil {
+			return
 		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				time.Sleep(d)
-				up, err := net.Dial("tcp", addr)
-				if err != nil {
-					c.Close()
-					return
-				}
-				mu.Lock()
-				open = append(open, c, up)
-				mu.Unlock()
-				go func() { io.Copy(up, c); up.Close() }()
-				io.Copy(c, up)
-				c.Close()
-			})
-		}
+		defer up.Close()
+		go func() { io.Copy(up, c); up.Close() }()
+		io.Copy(c, up)
 	})
 	return ln.Addr().String()
 }
