@@ -233,11 +233,16 @@ func (l *Limiter) reread(t time.Duration) time.Duration {
 
 // AtReading is t, the time a decision would be taken at, raised to
 // reading, a clock read once the key's state was loaded, if that is
-// later (see Limiter.SetClock): by whole microseconds, the unit of a
-// payload's times, so that times reported from t keep t's own fraction.
+// later (see Limiter.SetClock). Both are compared in whole microseconds,
+// the unit a payload's times are decided in, and t is raised by whole
+// microseconds into reading's own microsecond, never past it: times
+// reported from t keep t's fraction, and two readings in one microsecond
+// decide at the same payload time (rounding up would put a decision up to
+// a microsecond after its reading, and a check that read the clock just
+// after it, in the same microsecond, before it).
 func AtReading(t, reading time.Duration) time.Duration {
-	if late := reading - t; late > 0 {
-		t += (late + time.Microsecond - 1) / time.Microsecond * time.Microsecond
+	if late := reading/time.Microsecond - t/time.Microsecond; late > 0 {
+		t += late * time.Microsecond
 	}
 	return t
 }

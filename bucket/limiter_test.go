@@ -225,3 +225,50 @@ func TestStaleClockReadingDecidesAtTheStateItFinds(t *testing.T) {
 		t.Fatalf("third request: %+v; want refused", d)
 	}
 }
+
+// Two clock reads in one microsecond decide at the same payload time: a
+// decision raised to a reading lands in the reading's microsecond, not
+// the next one, or a later check (PeekKey, before charging) that read the
+// clock in the same microsecond as the first decision would find itself
+// before it and refuse what AllowKey then allows.
+func TestClockReadingsInOneMicrosecondDecideAlike(t *testing.T) {
+	r := joinedRegion(t)
+	l, err := NewLimiter(Rule{Name: "pages", Limit: 2, Window: time.Hour}, r.Counters())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := r.Now().Truncate(time.Microsecond) + time.Second
+	var reading time.Duration
+	l.SetClock(func() time.Duration { return reading })
+	k := l.Key([]byte("/pages/a"))
+	// The first request read the clock at base+100ns; the clock reads
+	// base+1.9µs once its state is loaded.
+	reading = base + 1900*time.Nanosecond
+	if d := l.AllowKey(k, base+100*time.Nanosecond); !d.Allowed {
+		t.Fatalf("first request: %+v", d)
+	}
+	// The second request read the clock before the first's, at base-50ns
+	// (a stale reading), and the clock now reads base+1.95µs.
+	reading = base + 1950*time.Nanosecond
+	if d := l.PeekKey(k, base-50*time.Nanosecond); !d.Allowed {
+		t.Fatalf("peek with the clock in the first decision's microsecond: %+v; want allowed", d)
+	}
+	if d := l.AllowKey(k, base-50*time.Nanosecond); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("second request: %+v; want allowed, 0 left", d)
+	}
+}
+
+func TestAtReading(t *testing.T) {
+	us := time.Microsecond
+	for _, c := range []struct{ t, reading, want time.Duration }{
+		{5*us + 900, 6*us + 100, 6*us + 900}, // raised into the reading's µs
+		{5*us + 100, 6*us + 900, 6*us + 100}, // not past it
+		{5*us + 100, 5*us + 900, 5*us + 100}, // same µs: as is
+		{7*us + 100, 6*us + 900, 7*us + 100}, // later than the reading: as is
+		{0, 3*us - 1, 2 * us},
+	} {
+		if got := AtReading(c.t, c.reading); got != c.want {
+			t.Errorf("AtReading(%v, %v) = %v; want %v", c.t, c.reading, got, c.want)
+		}
+	}
+}
