@@ -18,17 +18,26 @@ import (
 // adminUnix marks an admin address that is a unix socket: "unix:/run/preforkd/admin.sock".
 const adminUnix = config.AdminUnix
 
-// removeStaleSocket removes the socket file at path if no process accepts
-// on it: what a supervisor killed with -9 leaves behind.
-func removeStaleSocket(path string) error {
+// socketAt reports whether a socket file is at path; what is there and
+// is not a socket is an error: the admin listener never replaces it.
+func socketAt(path string) (bool, error) {
 	fi, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil
+		return false, nil
 	case err != nil:
-		return err
+		return false, err
 	case fi.Mode().Type() != fs.ModeSocket:
-		return fmt.Errorf("%s exists and is not a socket (%v): not replaced", path, fi.Mode().Type())
+		return false, fmt.Errorf("%s exists and is not a socket (%v): not replaced", path, fi.Mode().Type())
+	}
+	return true, nil
+}
+
+// removeStaleSocket removes the socket file at path if no process accepts
+// on it: what a supervisor killed with -9 leaves behind.
+func removeStaleSocket(path string) error {
+	if there, err := socketAt(path); !there {
+		return err
 	}
 	c, err := net.DialTimeout("unix", path, time.Second)
 	if err == nil {

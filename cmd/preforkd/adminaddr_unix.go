@@ -14,15 +14,21 @@ import (
 )
 
 // checkAdminListen refuses an admin.listen socket whose directory does
-// not exist, is not a directory or cannot take a new file, at start and
-// in check (exit 2), as persist.path's (persist.CheckDir): the bind would
-// fail only once the supervisor runs, after check called the file ok.
+// not exist, is not a directory or cannot take a new file, or whose path
+// holds something that is not a socket (listenAdmin never replaces it),
+// at start and in check (exit 2), as persist.path's (persist.CheckDirs):
+// the bind would fail only once the supervisor runs, after check called
+// the file ok. A socket there is left to listenAdmin: check runs beside
+// the instance that serves on it.
 func checkAdminListen(addr string) error {
 	path, ok := strings.CutPrefix(addr, adminUnix)
 	if !ok {
 		return nil
 	}
 	err := persist.CheckDir(filepath.Dir(path), filepath.Base(path)+".check-*")
+	if err == nil {
+		_, err = socketAt(path)
+	}
 	if err != nil {
 		return fmt.Errorf("admin.listen %q: %w", addr, err)
 	}

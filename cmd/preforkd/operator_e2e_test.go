@@ -157,20 +157,25 @@ func TestAdminUnixSocket(t *testing.T) {
 }
 
 // An admin.listen socket that cannot be made (its directory missing, not
-// a directory or not writable) stops check and run with exit 2 naming the path and why, as a
-// persist.path that cannot be written does: check must not call ok a
-// file that run then refuses.
+// a directory or not writable, or a file that is not a socket at its
+// path, which the listener never replaces) stops check and run with exit
+// 2 naming the path and why, as a persist.path that cannot be written
+// does: check must not call ok a file that run then refuses.
 func TestAdminSocketDirCheckedAtStart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	notDir := filepath.Join(dir, "file")
 	os.WriteFile(notDir, nil, 0o600)
+	notSocket := filepath.Join(dir, "admin.sock")
+	os.WriteFile(notSocket, []byte("not a socket"), 0o600)
 	for _, tc := range []struct {
 		name, sock, reason string
 	}{
 		{"missing directory", filepath.Join(dir, "missing", "admin.sock"), "does not exist"},
 		{"not a directory", filepath.Join(notDir, "admin.sock"), "is not a directory"},
 		{"not writable", "/proc/self/admin.sock", "is not writable"}, // not even by root
+		{"a file that is not a socket", notSocket, "is not a socket"},
+		{"a directory", dir, "is not a socket"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
