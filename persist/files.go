@@ -10,8 +10,9 @@ import (
 
 // CheckDirs reports whether the directories of o.Path and o.Live exist
 // and take new files, as writing a dump (a temporary file, renamed) and
-// creating a live region need, and whether whatever is at o.Path and
-// o.Live already is a regular file. A supervisor calls it at start: a dump
+// creating a live region need, whether whatever is at o.Path and o.Live
+// already is a regular file, and whether a lock file beside either is one
+// OpenRegion would take. A supervisor calls it at start: a dump
 // directory that is missing or read-only is then a configuration error at
 // once, rather than a dump lost at shutdown.
 func CheckDirs(o Options) error {
@@ -31,6 +32,12 @@ func CheckDirs(o Options) error {
 		if fi, err := os.Lstat(f.path); err == nil && !fi.Mode().IsRegular() {
 			return fmt.Errorf("persist: %s %q is not a regular file (%s): name a file, e.g. %s", f.key, f.path, fi.Mode().Type(),
 				filepath.Join(f.path, "dump"))
+		}
+		// And its lock file, if there is one already, one that
+		// OpenRegion takes (see Lock).
+		if why := lockRefusal(f.path); why != "" {
+			return fmt.Errorf("persist: %s %q: lock %s %s: refused (remove it; keep the file in a directory of the service's own)",
+				f.key, f.path, f.path+".lock", why)
 		}
 	}
 	return nil

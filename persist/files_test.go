@@ -42,6 +42,11 @@ func TestCheckDirs(t *testing.T) {
 	os.WriteFile(file, nil, 0o600)
 	readOnly := filepath.Join(dir, "ro")
 	os.Mkdir(readOnly, 0o500)
+	// Lock files that OpenRegion refuses (TestUntrustedLockRefused): the
+	// start must not get past the check to find them.
+	plantedLink, plantedDir := t.TempDir(), t.TempDir()
+	os.Symlink(file, filepath.Join(plantedLink, "dump.lock"))
+	os.Mkdir(filepath.Join(plantedDir, "live.lock"), 0o700)
 	for _, tc := range []struct {
 		name string
 		o    Options
@@ -57,6 +62,8 @@ func TestCheckDirs(t *testing.T) {
 		{"path is a directory", Options{Path: readOnly}, `persist.path "` + readOnly + `" is not a regular file (d---------): name a file, e.g. ` + readOnly + "/dump"},
 		{"live is a directory", Options{Live: readOnly}, "persist.live"},
 		{"an existing dump", Options{Path: file}, ""},
+		{"lock is a symbolic link", Options{Path: filepath.Join(plantedLink, "dump")}, "persist.path " + `"` + plantedLink + `/dump": lock ` + plantedLink + "/dump.lock is a symbolic link: refused"},
+		{"live lock is a directory", Options{Live: filepath.Join(plantedDir, "live")}, "persist.live " + `"` + plantedDir + `/live": lock ` + plantedDir + "/live.lock is not a regular file: refused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := CheckDirs(tc.o)

@@ -47,6 +47,22 @@ func (l *Lock) lock(path string) error {
 	return nil
 }
 
+// lockRefusal says why lock would refuse the lock file of path that is
+// there already, without opening it: CheckDirs asks, so that check and
+// the start refuse it as a configuration error, as they refuse a dump
+// directory that cannot be written. "" when none is there, or lock would
+// take it.
+func lockRefusal(path string) string {
+	var st unix.Stat_t
+	if err := unix.Lstat(path+".lock", &st); err != nil {
+		return ""
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return "is a symbolic link"
+	}
+	return untrustedLock(st)
+}
+
 // untrustedLock says what makes an opened lock file one this process
 // must not use, or "": it must be a regular file of this user's, with one
 // name (a hard link to another file would be truncated with it).

@@ -34,3 +34,6 @@ func (l *Lock) Files() ([]*os.File, error) {
 // a thread's own priority is Linux's (a dump while serving is the
 // supervisor's, which runs on Linux only).
 func lowPriority[T any](f func() T) T { return f() }
+
+// lockRefusal has nothing to refuse where no lock is taken.
+func lockRefusal(string) string { return "" }
