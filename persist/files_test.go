@@ -47,6 +47,13 @@ func TestCheckDirs(t *testing.T) {
 	plantedLink, plantedDir := t.TempDir(), t.TempDir()
 	os.Symlink(file, filepath.Join(plantedLink, "dump.lock"))
 	os.Mkdir(filepath.Join(plantedDir, "live.lock"), 0o700)
+	// A hard link is refused too; another user's lock is left to the
+	// start: check runs as root beside a service whose lock is its user's.
+	linked, others := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(linked, "dump.lock"), nil, 0o600)
+	os.Link(filepath.Join(linked, "dump.lock"), filepath.Join(linked, "other"))
+	os.WriteFile(filepath.Join(others, "dump.lock"), nil, 0o600)
+	othersOwned := os.Chown(filepath.Join(others, "dump.lock"), os.Geteuid()+1, -1) == nil
 	for _, tc := range []struct {
 		name string
 		o    Options
@@ -64,8 +71,13 @@ func TestCheckDirs(t *testing.T) {
 		{"an existing dump", Options{Path: file}, ""},
 		{"lock is a symbolic link", Options{Path: filepath.Join(plantedLink, "dump")}, "persist.path " + `"` + plantedLink + `/dump": lock ` + plantedLink + "/dump.lock is a symbolic link: refused"},
 		{"live lock is a directory", Options{Live: filepath.Join(plantedDir, "live")}, "persist.live " + `"` + plantedDir + `/live": lock ` + plantedDir + "/live.lock is not a regular file: refused"},
+		{"lock is a hard link", Options{Path: filepath.Join(linked, "dump")}, "dump.lock has 2 names (a hard link): refused"},
+		{"lock of another user", Options{Path: filepath.Join(others, "dump")}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "lock of another user" && !othersOwned {
+				t.Skip("giving a file to another user takes root")
+			}
 			err := CheckDirs(tc.o)
 			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("CheckDirs(%+v) = %v, want %q", tc.o, err, tc.want)

@@ -51,7 +51,9 @@ func (l *Lock) lock(path string) error {
 // there already, without opening it: CheckDirs asks, so that check and
 // the start refuse it as a configuration error, as they refuse a dump
 // directory that cannot be written. "" when none is there, or lock would
-// take it.
+// take it. Its owner is not judged here: check often runs as another
+// user than the service (root, before a reload, beside an instance whose
+// lock is the service user's); the start judges it.
 func lockRefusal(path string) string {
 	var st unix.Stat_t
 	if err := unix.Lstat(path+".lock", &st); err != nil {
@@ -60,6 +62,7 @@ func lockRefusal(path string) string {
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		return "is a symbolic link"
 	}
+	st.Uid = uint32(os.Geteuid())
 	return untrustedLock(st)
 }
 
