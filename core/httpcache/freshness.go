@@ -197,8 +197,12 @@ func Judge(status int, h []Field, p *Policy, auth bool, wall time.Time, delay ti
 	fresh = min(fresh, p.TTL)
 	swr := min(time.Duration(max(cc.SWR, 0))*time.Second, p.TTL)
 	sie := min(time.Duration(max(cc.SIE, 0))*time.Second, p.TTL)
-	if cc.NoCache || cc.MustRevalidate || cc.ProxyRevalidate {
-		swr, sie = 0, 0 // never served stale (RFC 9111 §5.2.2.2)
+	if cc.NoCache || cc.MustRevalidate || cc.ProxyRevalidate || cc.SMaxAge >= 0 {
+		// Never served stale (RFC 9111 §5.2.2.2, §4.2.4): s-maxage
+		// carries proxy-revalidate for a shared cache (§5.2.2.10), and
+		// is what let the response to a request with Authorization be
+		// stored on condition that it is revalidated once stale.
+		swr, sie = 0, 0
 	}
 
 	// Age (RFC 9111 §4.2.3): the larger of what the clocks say and what

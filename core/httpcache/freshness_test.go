@@ -38,7 +38,8 @@ func TestJudge(t *testing.T) {
 	p := &Policy{TTL: 24 * time.Hour, Heuristic: true, Targets: []string{"Preforkd-Cache-Control", "Cdn-Cache-Control"}}
 	type want struct {
 		store, outdates bool
-		fresh, swr, age time.Duration
+		fresh, swr, sie time.Duration
+		age             time.Duration
 		keep            bool
 		target          string
 	}
@@ -66,6 +67,10 @@ func TestJudge(t *testing.T) {
 		{"no-cache with a validator: kept, always revalidated", 200, []string{"Cache-Control", "no-cache", "Etag", `"a"`}, false, want{store: true, keep: true, age: time.Second}},
 		{"no-cache without one", 200, []string{"Cache-Control", "no-cache, max-age=60"}, false, want{outdates: true}},
 		{"must-revalidate: no stale windows", 200, []string{"Cache-Control", "max-age=60, must-revalidate, stale-while-revalidate=30"}, false, want{store: true, fresh: time.Minute, age: time.Second}},
+		{"s-maxage: no stale windows (proxy-revalidate)", 200, []string{"Cache-Control", "s-maxage=60, stale-while-revalidate=30, stale-if-error=30"}, false, want{store: true, fresh: time.Minute, age: time.Second}},
+		{"Authorization, s-maxage: never served stale", 200, []string{"Cache-Control", "s-maxage=60, stale-if-error=600"}, true, want{store: true, fresh: time.Minute, age: time.Second}},
+		{"targeted s-maxage: no stale windows", 200, []string{"Cdn-Cache-Control", "s-maxage=60, stale-if-error=30"}, false, want{store: true, fresh: time.Minute, age: time.Second, target: "Cdn-Cache-Control"}},
+		{"stale-if-error", 200, []string{"Cache-Control", "max-age=60, stale-if-error=30"}, false, want{store: true, fresh: time.Minute, sie: 30 * time.Second, age: time.Second}},
 		{"stale-while-revalidate", 200, []string{"Cache-Control", "max-age=60, stale-while-revalidate=30"}, false, want{store: true, fresh: time.Minute, swr: 30 * time.Second, age: time.Second}},
 		{"stale on arrival, with a validator: kept", 200, []string{"Cache-Control", "max-age=1", "Age", "60", "Last-Modified", date(-time.Hour)}, false, want{store: true, fresh: time.Second, age: 61 * time.Second, keep: true}},
 		{"heuristic", 200, []string{"Last-Modified", date(-10 * time.Hour), "Date", date(0)}, false, want{store: true, fresh: time.Hour, age: time.Second, keep: true}},
@@ -91,7 +96,7 @@ func TestJudge(t *testing.T) {
 			h = append(h, Field{tt.h[i], []byte(tt.h[i+1])})
 		}
 		j := Judge(tt.status, h, p, tt.auth, wall, time.Second)
-		got := want{store: j.Store, outdates: j.Outdates, fresh: j.Fresh, swr: j.SWR, age: j.Age, keep: j.Keep > 0, target: j.Target}
+		got := want{store: j.Store, outdates: j.Outdates, fresh: j.Fresh, swr: j.SWR, sie: j.SIE, age: j.Age, keep: j.Keep > 0, target: j.Target}
 		if !j.Store {
 			got = want{outdates: j.Outdates, target: j.Target}
 		}
