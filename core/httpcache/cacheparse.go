@@ -35,7 +35,8 @@ type Directives struct {
 // (max-age=soon, max-age="") counts as 0, so the response is stale: a
 // cache must not guess at a lifetime. no-cache and private with field
 // names ("no-cache=Set-Cookie") are taken as the unqualified directives:
-// stricter than the field-by-field reading, never looser.
+// stricter than the field-by-field reading, never looser; so are the
+// restrictions in directives run together with ';' (restrict).
 func ParseCacheControl(lines []string) Directives {
 	cc := Directives{MaxAge: -1, SMaxAge: -1, SWR: -1, SIE: -1}
 	for _, line := range lines {
@@ -49,9 +50,30 @@ func ParseCacheControl(lines []string) Directives {
 			case delta != nil && *delta < 0:
 				*delta = ParseDelta(value)
 			}
+			if strings.IndexByte(name, ';') >= 0 || strings.IndexByte(value, ';') >= 0 {
+				cc.restrict(name + ";" + value)
+			}
 		}
 	}
 	return cc
+}
+
+// restrict sets the directives that restrict a cache (never one that
+// loosens: a freshness, public, must-understand) named in the
+// ';'-separated parts of a directive that is not one: "private;
+// max-age=600" is what an application that means private writes by
+// mistake, and nginx and Varnish's built-in rules honour it anywhere in
+// the field. Read as an unknown directive, it would let the response be
+// stored and served to everyone by Expires or a heuristic.
+func (d *Directives) restrict(s string) {
+	for part := range strings.SplitSeq(s, ";") {
+		name, _, _ := strings.Cut(part, "=")
+		switch name = strings.ToLower(httpfield.TrimOWS(name)); name {
+		case "no-store", "no-cache", "private", "must-revalidate", "proxy-revalidate":
+			flag, _ := d.directive(name)
+			*flag = true
+		}
+	}
 }
 
 // directive is where d keeps the directive of a lower-case name: flag

@@ -38,6 +38,11 @@ func TestParseCacheControl(t *testing.T) {
 		{[]string{"stale-while-revalidate=30, stale-if-error=600"}, with(func(c *Directives) { c.SWR, c.SIE = 30, 600 })},
 		{[]string{"max-age-extension=5, nomax-age=7, x=\"max-age=9\""}, absent},
 		{[]string{",,, ,max-age=1,,"}, with(func(c *Directives) { c.MaxAge = 1 })},
+		// ';' in place of ',': the restrictions count, nothing that loosens.
+		{[]string{"private; max-age=600"}, with(func(c *Directives) { c.Private = true })},
+		{[]string{"max-age=600; No-Store"}, with(func(c *Directives) { c.MaxAge, c.NoStore = 0, true })},
+		{[]string{"no-cache;must-revalidate, max-age=60"}, with(func(c *Directives) { c.NoCache, c.MustRevalidate, c.MaxAge = true, true, 60 })},
+		{[]string{"public; max-age=60; must-understand"}, absent},
 	} {
 		if got := ParseCacheControl(tt.lines); got != tt.want {
 			t.Errorf("%q: %+v, want %+v", tt.lines, got, tt.want)

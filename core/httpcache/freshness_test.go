@@ -60,6 +60,7 @@ func TestJudge(t *testing.T) {
 		{"Date in the past counts", 200, []string{"Cache-Control", "max-age=3600", "Date", date(-time.Minute)}, false, want{store: true, fresh: time.Hour, age: time.Minute}},
 		{"no-store", 200, []string{"Cache-Control", "max-age=60, no-store"}, false, want{outdates: true}},
 		{"private", 200, []string{"Cache-Control", "max-age=60, private"}, false, want{outdates: true}},
+		{"private run into max-age with ';'", 200, []string{"Cache-Control", "private; max-age=60", "Expires", date(time.Hour), "Date", date(0)}, false, want{outdates: true}},
 		{"Set-Cookie", 200, []string{"Cache-Control", "max-age=60", "Set-Cookie", "a=b"}, false, want{outdates: true}},
 		{"Authorization", 200, []string{"Cache-Control", "max-age=60"}, true, want{}},
 		{"Authorization, public", 200, []string{"Cache-Control", "max-age=60, public"}, true, want{store: true, fresh: time.Minute, age: time.Second}},
