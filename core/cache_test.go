@@ -598,3 +598,32 @@ func TestCacheBlockAddedBackByReload(t *testing.T) {
 	// new one stored is served.
 	wantAnswer(t, "the block as configured at start", get(coreWith(block)), 200, "HIT", "new")
 }
+
+// A hit has the fields a miss gives the client, and no more: every
+// Proxy-* field is hop-by-hop to the engines (never passed on), so it is
+// not stored either, from a 200 or from a 304 that refreshes it; the
+// fields the Connection field names are not stored.
+func TestCacheStoresNoHopByHopField(t *testing.T) {
+	c, clk := storyCore(t, "")
+	a := &app{t: t}
+	get := func() answer {
+		return serve(c, newReq("GET", "/p", "192.0.2.1", "Host", "h"), a.serve)
+	}
+	a.resps = []fakeResp{{status: 200, body: []byte("x"), header: hdr("Cache-Control", "max-age=2", "Etag", `"e"`,
+		"Proxy-Status", "edge; error=http_request_error", "Proxy-Authentication-Info", `nextnonce="n1"`,
+		"Connection", "x-secret", "X-Secret", "s", "X-Kept", "k")}}
+	wantAnswer(t, "fill", get(), 200, "MISS", "x")
+	clk.advance(3 * time.Second)
+	a.resps = []fakeResp{{status: 304, header: hdr("Etag", `"e"`, "Cache-Control", "max-age=60", "Proxy-Authentication-Info", `nextnonce="n2"`)}}
+	for _, step := range []string{"revalidated", "hit"} {
+		r := get()
+		for _, name := range []string{"Proxy-Status", "Proxy-Authentication-Info", "X-Secret", "Connection"} {
+			if v := r.get(name); v != "" {
+				t.Fatalf("%s: %s: %q was stored: %+v", step, name, v, r.header)
+			}
+		}
+		if r.get("X-Kept") != "k" {
+			t.Fatalf("%s: an end-to-end field was not stored: %+v", step, r.header)
+		}
+	}
+}

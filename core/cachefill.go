@@ -63,11 +63,20 @@ type fillPlan struct {
 
 // Fields a cache never stores: hop-by-hop fields (RFC 9110 §7.6.1), the
 // ones it computes (Content-Length, Age), its own, and Set-Cookie (a
-// response with one is not stored at all).
+// response with one is not stored at all). Proxy-* fields are unstored
+// too.
 var unstoredFields = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 	"Content-Length": true, "Age": true, hdrXCache: true, "Set-Cookie": true,
+}
+
+// unstored reports whether the response field called name (canonical) is
+// never stored: one of unstoredFields, or any Proxy-* field (Proxy-Status,
+// Proxy-Authentication-Info), which the engines take for hop-by-hop and
+// never pass on (engine.ClassifyField): a hit has no field that a miss
+// would not have given its client.
+func unstored(name string) bool {
+	return unstoredFields[name] || len(name) > 6 && name[:6] == "Proxy-"
 }
 
 // maxStoredFields bounds the field lines of a stored response.
@@ -141,7 +150,7 @@ func (ex *Exchange) plan(status int, h []httpcache.Field, body []byte, now time.
 	for _, f := range h {
 		name := textproto.CanonicalMIMEHeaderKey(f.Name)
 		switch {
-		case unstoredFields[name], ex.coreField(name), httpfield.HasToken(conn, name), j.NoDate && name == "Date":
+		case unstored(name), ex.coreField(name), httpfield.HasToken(conn, name), j.NoDate && name == "Date":
 			continue
 		case len(f.Value) > httpcache.MaxFieldValue || len(name) > httpcache.MaxFieldName || n == maxStoredFields:
 			return p, true

@@ -149,7 +149,7 @@ func (ex *Exchange) mergeFields(got []httpcache.Field) []httpcache.Field {
 	fresh := got[:0:0]
 	for _, f := range got {
 		name := textproto.CanonicalMIMEHeaderKey(f.Name)
-		if unstoredFields[name] && name != "Set-Cookie" && name != "Age" || ex.coreField(name) || httpfield.HasToken(conn, name) {
+		if unstored(name) && name != "Set-Cookie" && name != "Age" || ex.coreField(name) || httpfield.HasToken(conn, name) {
 			continue
 		}
 		fresh = append(fresh, httpcache.Field{Name: name, Value: f.Value})
