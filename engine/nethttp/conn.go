@@ -53,6 +53,11 @@ type clientConn struct {
 	headDue time.Time
 	readDue time.Time // the read deadline net/http last set
 	kept    bool      // a request was served: the sections now come after an idle wait
+	// firstDue is when an Edge's connection's first header section must
+	// be whole: read_header_timeout from its accept, of which its
+	// handshake took part (net/http's clock starts after it). Zero in
+	// cleartext, where net/http's starts at the accept.
+	firstDue time.Time
 	// linger: the close lingers (the client's body was left unread
 	// after an early answer of the upstream's).
 	linger bool
@@ -79,13 +84,26 @@ func (l clientListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	var accepted time.Time
+	if a, ok := c.(acceptedConn); ok {
+		c, accepted = a.Accepted()
+	}
 	cc := &clientConn{Conn: c, s: l.s}
+	if d := l.s.limits.ReadHeaderTimeout; d > 0 && !accepted.IsZero() {
+		cc.firstDue = accepted.Add(d)
+	}
 	cc.head.Start()
 	if cs, ok := c.(connectionStater); ok {
 		st := cs.ConnectionState() // the handshake is done
 		cc.tls = &st
 	}
 	return cc, nil
+}
+
+// acceptedConn is a connection as an Edge's Accept returns it: the
+// connection, and when the listener under the Edge accepted it.
+type acceptedConn interface {
+	Accepted() (net.Conn, time.Time)
 }
 
 // connectionStater is a connection over TLS: an Edge's.
@@ -123,6 +141,9 @@ func (c *clientConn) Read(p []byte) (int, error) {
 			if !c.kept && !c.readDue.IsZero() && c.readDue.Before(c.headDue) {
 				c.headDue = c.readDue // the first request's runs from the accept
 			}
+			if !c.kept && !c.firstDue.IsZero() && c.firstDue.Before(c.headDue) {
+				c.headDue = c.firstDue // and an Edge's from before its handshake
+			}
 			_ = c.Conn.SetReadDeadline(c.headDue)
 		}
 	}
@@ -142,6 +163,9 @@ func (c *clientConn) SetReadDeadline(t time.Time) error {
 	due := c.headDue
 	if c.served || !c.head.Begun() {
 		due = time.Time{}
+		if !c.served && !c.kept && c.head.Len() == 0 {
+			due = c.firstDue // nothing of an Edge's first section yet: due from its accept
+		}
 	}
 	c.mu.Unlock()
 	if !due.IsZero() && (t.IsZero() || t.After(due)) {

@@ -26,11 +26,15 @@ type Edge interface {
 	Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) error
 	// Listener returns ln speaking TLS. It makes each handshake itself,
 	// within lim.ReadHeaderTimeout (a failed one is logged on
-	// srv.ErrorLog in net/http's words), serves the HTTP/2 connections,
-	// and returns from Accept the HTTP/1.1 ones, handshake done, as
-	// net.Conns with a method ConnectionState() tls.ConnectionState:
-	// the Server wraps them as it wraps cleartext ones, and gives their
-	// state to each request as Request.TLS. Each connection is reported to
+	// srv.ErrorLog in net/http's words), serves the HTTP/2 connections
+	// (their first header block due lim.ReadHeaderTimeout from the
+	// accept, as on HTTP/1.1), and returns from Accept the HTTP/1.1
+	// ones, handshake done, each as a net.Conn with a method Accepted()
+	// (net.Conn, time.Time) that gives the connection, with a method
+	// ConnectionState() tls.ConnectionState, and when ln accepted it:
+	// the Server wraps the connection as it wraps cleartext ones, has
+	// its first header section whole within lim.ReadHeaderTimeout of
+	// that time, and gives its state to each request as Request.TLS. Each connection is reported to
 	// srv.ConnState as the TLS connection: new when accepted, closed
 	// if it ends before net/http or the HTTP/2 server serves it.
 	Listener(ln net.Listener) net.Listener

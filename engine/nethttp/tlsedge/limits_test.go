@@ -50,6 +50,79 @@ func TestHeadTimeoutOverTLS(t *testing.T) {
 	}
 }
 
+// read_header_timeout runs from the accept on a new connection, as in
+// cleartext: the TLS handshake takes part of it, so that a client that
+// makes the handshake slowly and then sends its header slowly holds the
+// connection no longer than one that sends it slowly in cleartext. Each
+// of these clients would be served within read_header_timeout of its
+// handshake's end.
+func TestHeadTimeoutOverTLSRunsFromTheAccept(t *testing.T) {
+	const timeout = 1500 * time.Millisecond
+	addr, conf, _, _ := tlsServerConfig(t, okUpstream(t), engine.Limits{ReadHeaderTimeout: timeout}, nil)
+	for _, proto := range []string{"http/1.1", "h2"} {
+		for _, begun := range []bool{true, false} {
+			if proto == "h2" && !begun {
+				continue // a header block is sent whole or not at all here
+			}
+			raw, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			time.Sleep(time.Second) // a slow handshake, well within its bound
+			conf := conf.Clone()
+			conf.NextProtos = []string{proto}
+			c := tls.Client(raw, conf)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if err := c.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			if proto == "h2" {
+				io.WriteString(c, http2.ClientPreface)
+				fr := http2.NewFramer(c, c)
+				fr.WriteSettings()
+				time.Sleep(time.Second)                            // past read_header_timeout from the accept
+				block := []byte{0x82, 0x87, 0x84, 0x41, 0x01, 'a'} // :method GET, :scheme https, :path /, :authority a
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndStream: true, EndHeaders: true})
+				got = "closed"
+				for {
+					f, err := fr.ReadFrame()
+					if err != nil {
+						break
+					}
+					if h, ok := f.(*http2.HeadersFrame); ok && h.StreamID == 1 {
+						got = "answered"
+						break
+					}
+				}
+			} else {
+				if begun {
+					io.WriteString(c, "GET / HTTP/1.1\r\n")
+				}
+				time.Sleep(time.Second) // past read_header_timeout from the accept
+				if begun {
+					io.WriteString(c, "Host: a\r\n\r\n")
+				} else {
+					io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+				}
+				got = "closed"
+				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+					got = fmt.Sprint(resp.StatusCode)
+				}
+			}
+			want := "closed"
+			if proto == "http/1.1" && begun {
+				want = "408"
+			}
+			if got != want {
+				t.Errorf("%s, header begun %v: %s, want %s: its header came 2s after the accept, read_header_timeout %v",
+					proto, begun, got, want, timeout)
+			}
+		}
+	}
+}
+
 // max_connections holds over TLS: with one connection open, a second
 // client gets no handshake until the first closes.
 func TestMaxConnectionsOverTLS(t *testing.T) {

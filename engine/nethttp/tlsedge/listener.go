@@ -142,6 +142,7 @@ func (l *listener) handshake(c *tls.Conn) {
 	// Its deadline is its own from now on: the accept loop's end moves
 	// only those of handshakes under way.
 	l.pending[c].handshake = false
+	accepted := l.pending[c].accepted
 	l.mu.Unlock()
 	if err != nil {
 		reason := err.Error()
@@ -164,15 +165,25 @@ func (l *listener) handshake(c *tls.Conn) {
 	_ = c.SetDeadline(time.Time{})
 	if c.ConnectionState().NegotiatedProtocol == "h2" && l.e.h2 != nil {
 		l.done(c)
-		l.e.serveH2(srv, c, srv.Handler)
+		l.e.serveH2(srv, c, srv.Handler, accepted)
 		c.Close()
 		l.state(c, http.StateClosed)
 		return
 	}
 	// Accept takes it: it cannot end before.
-	l.ready <- c
+	l.ready <- acceptedConn{Conn: c, at: accepted}
 	l.done(c)
 }
+
+// acceptedConn is an HTTP/1.1 connection as Accept returns it: with when
+// it was accepted, from which its first header section is due
+// (nethttp.Edge).
+type acceptedConn struct {
+	*tls.Conn
+	at time.Time
+}
+
+func (a acceptedConn) Accepted() (net.Conn, time.Time) { return a.Conn, a.at }
 
 // looksLikeHTTP reports whether a TLS record header is the start of a
 // cleartext HTTP request.

@@ -126,7 +126,9 @@ func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) 
 	if err := http2.ConfigureServer(e.goaway, e.h2); err != nil {
 		return fmt.Errorf("tlsedge: HTTP/2: %w", err)
 	}
-	srv.TLSNextProto[http2.NextProtoTLS] = e.serveH2
+	srv.TLSNextProto[http2.NextProtoTLS] = func(hs *http.Server, c *tls.Conn, h http.Handler) {
+		e.serveH2(hs, c, h, time.Now())
+	}
 	return nil
 }
 
@@ -143,14 +145,20 @@ func (e *edge) Shutdown(ctx context.Context) error {
 	return e.goaway.Shutdown(ctx)
 }
 
-// serveH2 serves an HTTP/2 connection, through its flood guard, with hs's
-// settings and hooks.
-func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler) {
+// serveH2 serves an HTTP/2 connection accepted at accepted, through its
+// flood guard, with hs's settings and hooks.
+func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler, accepted time.Time) {
 	g := newH2Guard(c, e.limits.MaxHeaderBytes, e.limits.ReadHeaderTimeout, func(err *errFlood) {
 		if args, ok := e.cuts[err.kind].Args(time.Now(), "client", c.RemoteAddr().String(), "why", err.why); ok {
 			e.log.Warn("HTTP/2 client cut off", args...)
 		}
 	})
+	if d := e.limits.ReadHeaderTimeout; d > 0 {
+		// The guard awaits the first header block from now; it is due
+		// from the accept, as an HTTP/1.1 connection's first section:
+		// the handshake took part of read_header_timeout.
+		_ = c.SetReadDeadline(accepted.Add(d))
+	}
 	// net/http does not tell the ConnState hook that the connection is
 	// active, and the HTTP/2 server tells it of Active and Idle only once
 	// it serves: the drain rule must not take it meanwhile for one that
