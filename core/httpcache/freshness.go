@@ -197,11 +197,15 @@ func Judge(status int, h []Field, p *Policy, auth bool, wall time.Time, delay ti
 	fresh = min(fresh, p.TTL)
 	swr := min(time.Duration(max(cc.SWR, 0))*time.Second, p.TTL)
 	sie := min(time.Duration(max(cc.SIE, 0))*time.Second, p.TTL)
-	if cc.NoCache || cc.MustRevalidate || cc.ProxyRevalidate || cc.SMaxAge >= 0 {
-		// Never served stale (RFC 9111 §5.2.2.2, §4.2.4): s-maxage
+	if cc.NoCache || cc.MustRevalidate || cc.ProxyRevalidate || auth && cc.SMaxAge >= 0 {
+		// Never served stale (RFC 9111 §5.2.2.2, §4.2.4). s-maxage
 		// carries proxy-revalidate for a shared cache (§5.2.2.10), and
-		// is what let the response to a request with Authorization be
-		// stored on condition that it is revalidated once stale.
+		// is what may have let the response to a request with
+		// Authorization be stored, on condition that it is revalidated
+		// once stale (§3.5): such a response is never served stale.
+		// Elsewhere the stale windows the same field gives beside it
+		// hold, as CDNs and reverse proxies read them: frameworks send
+		// "s-maxage=1, stale-while-revalidate=59" meaning just that.
 		swr, sie = 0, 0
 	}
 
