@@ -10,7 +10,7 @@ import (
 // What a worker process inherits from its supervisor: an environment
 // variable that marks the process as a worker and names its region worker
 // index, one with the supervisor's process name (procname.go), its title as
-// argv[0], and five file descriptors (exec.Cmd.ExtraFiles, from 3 on).
+// argv[0], and five file descriptors (from 3 on, as os.StartProcess passes them).
 const (
 	envWorker = "PREFORKD_WORKER"
 	envName   = "PREFORKD_NAME"

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -25,7 +24,7 @@ type spawner struct {
 }
 
 type spawnRequest struct {
-	cmd   *exec.Cmd
+	start func() error
 	reply chan<- error
 }
 
@@ -41,14 +40,34 @@ func (s *spawner) loop() {
 	// runtime terminates the thread — by then no child of it is alive.
 	runtime.LockOSThread()
 	for r := range s.reqs {
-		r.reply <- r.cmd.Start()
+		r.reply <- r.start()
 	}
 }
 
-func (s *spawner) start(cmd *exec.Cmd) error {
+// start runs start, which starts a process, on the spawner's thread.
+func (s *spawner) start(start func() error) error {
 	reply := make(chan error, 1)
-	s.reqs <- spawnRequest{cmd, reply}
+	s.reqs <- spawnRequest{start, reply}
 	return <-reply
+}
+
+// startProcess starts the program at path with args and env, its
+// standard input stdin (nil: /dev/null), its standard output and error
+// this process's, and extra as its descriptors from 3 on. os.StartProcess
+// rather than os/exec, whose Cmd adds nothing a process started with
+// files only needs (it looks up paths and copies streams) and some 11 KB
+// to every program that embeds the supervisor.
+func startProcess(path string, args, env []string, stdin *os.File, extra []*os.File, sys *syscall.SysProcAttr) (*os.Process, error) {
+	if stdin == nil {
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, err
+		}
+		defer null.Close()
+		stdin = null
+	}
+	files := append([]*os.File{stdin, os.Stdout, os.Stderr}, extra...)
+	return os.StartProcess(path, args, &os.ProcAttr{Env: env, Files: files, Sys: sys})
 }
 
 // stop ends the spawner's goroutine (and thread) and waits for it. Only
@@ -141,29 +160,26 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 	if sp.RSSDelay > 0 {
 		env = append(env, envRSSDelay+"="+sp.RSSDelay.String())
 	}
-	cmd := &exec.Cmd{
-		// The supervisor's descriptor, by its /proc path: the child
-		// resolves it before its own descriptors are shuffled into place.
-		Path:       fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), files.exe.Fd()),
-		Args:       args,
-		Env:        env,
-		Stdout:     os.Stdout,
-		Stderr:     os.Stderr,
-		ExtraFiles: []*os.File{e.region, e.listener, e.lifeline, readyW, files.config}, // fdRegion..fdConfig
-		SysProcAttr: &syscall.SysProcAttr{
-			Setpgid:   true, // a terminal's Ctrl-C reaches the supervisor only
-			Pdeathsig: syscall.SIGKILL,
-		},
-	}
-	err = e.spawner.start(cmd)
+	var proc *os.Process
+	err = e.spawner.start(func() (err error) {
+		proc, err = startProcess(
+			// The supervisor's descriptor, by its /proc path: the child
+			// resolves it before its own descriptors are shuffled into place.
+			fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), files.exe.Fd()), args, env, nil,
+			[]*os.File{e.region, e.listener, e.lifeline, readyW, files.config}, // fdRegion..fdConfig
+			&syscall.SysProcAttr{
+				Setpgid:   true, // a terminal's Ctrl-C reaches the supervisor only
+				Pdeathsig: syscall.SIGKILL,
+			})
+		return err
+	})
 	readyW.Close() // the child has its copy; EOF on readyR now means it exited
 	if err != nil {
 		readyR.Close()
 		return started{}, fmt.Errorf("prefork: starting a worker: %w", err)
 	}
 	e.wg.Add(1)
-	go e.watch(cmd, readyR)
-	proc := cmd.Process
+	go e.watch(proc, readyR)
 	// os.Process signals through a pidfd: a reaped worker's pid may be
 	// reused, its Process is never confused with the new owner.
 	return started{pid: proc.Pid, signal: func(sig syscall.Signal) error { return proc.Signal(sig) }}, nil
@@ -206,9 +222,9 @@ func (e *osEnv) filesFor(sp spawnSpec) (genFiles, error) {
 
 // watch waits for one worker's readiness report, then for its exit, and
 // sends both to the loop.
-func (e *osEnv) watch(cmd *exec.Cmd, ready *os.File) {
+func (e *osEnv) watch(proc *os.Process, ready *os.File) {
 	defer e.wg.Done()
-	pid := cmd.Process.Pid
+	pid := proc.Pid
 	var b [1]byte
 	if n, _ := ready.Read(b[:]); n == 1 {
 		e.post(readyEvent{pid})
@@ -227,9 +243,9 @@ func (e *osEnv) watch(cmd *exec.Cmd, ready *os.File) {
 		}
 	}
 	ready.Close()
-	err := cmd.Wait()
+	ps, err := proc.Wait()
 	ev := exitEvent{pid: pid, status: "unknown"}
-	if ps := cmd.ProcessState; ps != nil {
+	if ps != nil {
 		ev.status, ev.clean, ev.code = ps.String(), ps.Success(), ps.ExitCode()
 	} else if err != nil {
 		ev.status = err.Error()

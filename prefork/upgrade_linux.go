@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -112,29 +111,21 @@ func (e *osEnv) upgrade(indexes []int, handover func() (map[string]*os.File, err
 		spec = append(spec, name+":"+strconv.Itoa(fdUpRegion+len(extra)))
 		extra = append(extra, files[name])
 	}
-	cmd := &exec.Cmd{
-		Path:       e.exe,
-		Args:       e.args,
-		Env:        upgradeEnviron(os.Environ(), indexes, spec),
-		Stdin:      os.Stdin,
-		Stdout:     os.Stdout,
-		Stderr:     os.Stderr,
-		ExtraFiles: extra,
-		// No Pdeathsig, and not from the spawner's thread: the new
-		// supervisor outlives this one.
-	}
-	if err := cmd.Start(); err != nil {
+	// No Pdeathsig, and not from the spawner's thread: the new
+	// supervisor outlives this one.
+	proc, err := startProcess(e.exe, e.args, upgradeEnviron(os.Environ(), indexes, spec), os.Stdin, extra, nil)
+	if err != nil {
 		mine.Close()
 		return upgradeProc{}, fmt.Errorf("prefork: starting the new supervisor: %w", err)
 	}
 	conn, err := net.FileConn(mine)
 	mine.Close()
 	if err != nil {
-		cmd.Process.Kill()
-		go cmd.Wait()
+		proc.Kill()
+		go proc.Wait()
 		return upgradeProc{}, fmt.Errorf("prefork: the upgrade's socket: %w", err)
 	}
-	pid := cmd.Process.Pid
+	pid := proc.Pid
 	go func() {
 		var b [1]byte
 		for {
@@ -146,15 +137,13 @@ func (e *osEnv) upgrade(indexes []int, handover func() (map[string]*os.File, err
 				break
 			}
 		}
-		cmd.Wait()
 		status := "unknown"
-		if ps := cmd.ProcessState; ps != nil {
+		if ps, _ := proc.Wait(); ps != nil {
 			status = ps.String()
 		}
 		conn.Close()
 		e.post(upgradeExitEvent{pid, status})
 	}()
-	proc := cmd.Process
 	return upgradeProc{
 		started: started{pid: pid, signal: func(sig syscall.Signal) error { return proc.Signal(sig) }},
 		main: func() error {

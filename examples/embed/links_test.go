@@ -51,6 +51,7 @@ func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 		" encoding/json.Unmarshal",                                   // prefork's handoff is its own text
 		" errors.As\n",                                               // errors.AsType: no reflection
 		" runtime/metrics.",                                          // a worker's GC cycles: debug.ReadGCStats
+		" os/exec.",                                                  // prefork starts processes with os.StartProcess
 		" github.com/preforkd/preforkd/core.(*Exchange).idempotency", // the optional stages
 		" github.com/preforkd/preforkd/core.(*Exchange).decideCache",
 		" github.com/preforkd/preforkd/core/httpcache.",
