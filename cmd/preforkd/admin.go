@@ -46,6 +46,11 @@ type admin struct {
 
 	unauthorized preforkdengine.WarnGate // log lines about refused tokens: one a second
 
+	// acting is held (read) by every action while it runs, and taken by
+	// stopActions, which sets stopped: from then on actions are refused.
+	acting  sync.RWMutex
+	stopped bool
+
 	mu     sync.Mutex
 	ctl    *core.Control // over the rules of generation ctlGen
 	ctlGen int
@@ -175,6 +180,7 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		return nil
 	}
 	opts.Finish = func(r *shm.Region, s prefork.Settings, log *slog.Logger) error {
+		a.stopActions() // before the dump: what they change would not be in it
 		var err error
 		if finish != nil {
 			err = finish(r, s, log)

@@ -23,6 +23,13 @@ const maxTokenFile = 4 << 10
 // tokens (SHA-256 of both, compared in constant time).
 func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.acting.RLock()
+		defer a.acting.RUnlock()
+		if a.stopped {
+			writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable",
+				"the instance is stopping: its state is being dumped, and an action now would not be kept")
+			return
+		}
 		st := a.status.Load()
 		if st == nil {
 			// The endpoint serves before the supervisor's first
@@ -56,6 +63,17 @@ func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 		}
 		next(w, r)
 	})
+}
+
+// stopActions waits for the actions under way and refuses those that
+// come after: called before the final dump, so that an action answered
+// 200 (a purge, a reset) is one the dump holds, never one that runs while
+// it is written and is lost at the next start. /metrics, /status and the
+// health endpoints serve on.
+func (a *admin) stopActions() {
+	a.acting.Lock()
+	a.stopped = true
+	a.acting.Unlock()
 }
 
 // bearer is the token of an Authorization: Bearer header value.
