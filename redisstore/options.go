@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -221,6 +222,9 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 	switch {
 	case o.URL != "":
 		p, err := redis.ParseURL(o.URL)
+		if err == nil && !hasPort(p.Addr) {
+			return nil, fmt.Errorf("redisstore: url %q: the port is not one from 1 to 65535", redactURL(o.URL))
+		}
 		if err != nil {
 			// go-redis's message may quote the URL, password and all.
 			return nil, fmt.Errorf("redisstore: url %q: want redis://[[user]:password@]host:port[/db] or rediss://…", redactURL(o.URL))
@@ -320,7 +324,7 @@ type seed struct {
 // are Options').
 func parseSeed(what, s string) (seed, error) {
 	if !strings.Contains(s, "://") {
-		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
+		if !hasPort(s) {
 			return seed{}, fmt.Errorf("redisstore: %s address %q: want host:port or redis://[[user]:password@]host:port", what, redactURL(s))
 		}
 		return seed{addr: s}, nil
@@ -333,7 +337,7 @@ func parseSeed(what, s string) (seed, error) {
 	if u.Path != "" && u.Path != "/" && u.Path != "/0" {
 		return seed{}, fmt.Errorf("redisstore: %s address %q: a database other than 0 (a Cluster has only one)", what, redactURL(s))
 	}
-	if _, port, err := net.SplitHostPort(u.Host); err != nil || port == "" || u.Hostname() == "" {
+	if !hasPort(u.Host) || u.Hostname() == "" {
 		return seed{}, bad
 	}
 	sd := seed{addr: u.Host, tls: u.Scheme == "rediss"}
@@ -342,6 +346,15 @@ func parseSeed(what, s string) (seed, error) {
 		sd.pass, _ = u.User.Password()
 	}
 	return sd, nil
+}
+
+// hasPort reports whether addr is host:port with a port a TCP dial can
+// reach (1-65535; go-redis takes any number): a check at start, not a
+// dial refused at the first request.
+func hasPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	n, perr := strconv.Atoi(port)
+	return err == nil && perr == nil && n >= 1 && n <= 65535
 }
 
 // OnUnavailable is what a Redis rule answers when Redis cannot decide
