@@ -72,6 +72,9 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 	// one's admin listener, from the moment it serves: until then the
 	// old one answers on it.
 	var adopted net.Listener
+	// orphan is the path of an adopted unix socket this supervisor does
+	// not serve (its file has no admin.listen): removed once it serves.
+	var orphan string
 	serveWhenReady := false
 	serve := func(log *slog.Logger) {
 		go func() {
@@ -84,6 +87,10 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 	handover, handedOver, adopt := opts.Handover, opts.HandedOver, opts.Adopt
 	opts.OnStatus = func(st prefork.Status) {
 		a.status.Store(&st)
+		if orphan != "" && st.Serving {
+			os.Remove(orphan)
+			orphan = ""
+		}
 		if serveWhenReady && st.Serving {
 			serveWhenReady = false
 			serve(a.log)
@@ -157,6 +164,13 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		}
 		if cfg.Admin.Listen == "" {
 			if adopted != nil {
+				// The old supervisor serves on the socket until it
+				// hands over, and on if this one never serves: its file
+				// goes only once this one serves.
+				if ul, ok := adopted.(*net.UnixListener); ok {
+					ul.SetUnlinkOnClose(false)
+					orphan = ul.Addr().String()
+				}
 				adopted.Close()
 			}
 			return nil

@@ -10,12 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/preforkd/preforkd/config"
-	"github.com/preforkd/preforkd/prefork"
 )
 
 // A token file that systemd's LoadCredential= wrote: root-owned, mode
@@ -98,52 +94,5 @@ func TestActionBeforeTheFirstStatus(t *testing.T) {
 	if ran || w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || strings.Contains(w.Body.String(), "token_file") {
 		t.Errorf("an action before the first status: %d (ran %v) Retry-After %q %s; want 503 with Retry-After",
 			w.Code, ran, w.Header().Get("Retry-After"), w.Body.String())
-	}
-}
-
-// The final dump begins once the actions under way have finished, and an
-// action after that is refused (503), never answered 200 while the dump
-// is written and then lost at the next start.
-func TestActionsStopBeforeTheFinalDump(t *testing.T) {
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a := &admin{log: slog.New(slog.DiscardHandler)}
-	cfg := config.Config{Admin: config.Admin{TokenFile: token}}
-	a.status.Store(&prefork.Status{Settings: prefork.Settings{Config: cfg}, Serving: true})
-	entered, release := make(chan struct{}), make(chan struct{})
-	ran := 0
-	h := a.authorize(func(w http.ResponseWriter, _ *http.Request) {
-		ran++
-		if ran == 1 {
-			close(entered)
-			<-release
-		}
-	})
-	act := func() *httptest.ResponseRecorder {
-		w := httptest.NewRecorder()
-		r := httptest.NewRequest(http.MethodPost, "/cache/purge?tag=a", nil)
-		r.Header.Set("Authorization", "Bearer 0123456789abcdef0123")
-		h.ServeHTTP(w, r)
-		return w
-	}
-	first := make(chan int)
-	go func() { first <- act().Code }()
-	<-entered
-	stopped := make(chan struct{})
-	go func() { a.stopActions(); close(stopped) }()
-	select {
-	case <-stopped:
-		t.Fatal("the actions stopped while one was under way")
-	case <-time.After(50 * time.Millisecond):
-	}
-	close(release)
-	<-stopped
-	if code := <-first; code != http.StatusOK {
-		t.Errorf("the action under way: %d, want 200", code)
-	}
-	if w := act(); w.Code != http.StatusServiceUnavailable || ran != 1 {
-		t.Errorf("an action after the stop: %d (ran %d times) %s; want 503, not run", w.Code, ran, w.Body.String())
 	}
 }
