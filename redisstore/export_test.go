@@ -45,3 +45,12 @@ func RedisKey(l *Limiter, k *Key) string { return l.redisKey(k, "") }
 func SetRemote(l *Limiter, k *Key, remote int64, now time.Duration) {
 	l.setRemote(k.Remote, remote, now)
 }
+
+// Flush adds the pending counts of every sync-mode rule with an interval
+// of at most an hour to Redis now, as a tick of the flusher does.
+func Flush(s *Store) { s.flusher.flush(time.Hour, false) }
+
+// WindowKey is the Redis key of k's current window, as a flush writes it.
+func WindowKey(l *Limiter, k *Key, now time.Duration) string {
+	return l.windowKey(k, l.window(now))
+}

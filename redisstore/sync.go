@@ -425,11 +425,14 @@ func (l *Limiter) takePending(items []flushItem, now time.Duration) []flushItem 
 }
 
 // putBack returns the counts of a flush that failed to their pending
-// entries.
+// entries: those of the calls that were not sent or did not succeed. A
+// call Redis answered has added its count (each key's is a call of its
+// own in the pipeline, and one may fail while the others succeed): put
+// back, it would be added twice.
 func (s *Store) putBack(items []flushItem) {
 	for i := range items {
 		it := &items[i]
-		if it.v.n != 0 {
+		if it.v.n != 0 && (it.cmd == nil || it.cmd.Err() != nil) {
 			it.l.pending.add(it.k, it.v.remote, it.v.n)
 		}
 	}

@@ -226,3 +226,45 @@ func TestSyncStaleReading(t *testing.T) {
 		t.Fatalf("third request of the window allowed under a limit of 2: %+v", d)
 	}
 }
+
+// A flush whose pipeline Redis answers in part (one key's call fails: a
+// Cluster node down, a key of the wrong type) puts back only the counts
+// that did not reach Redis: those that did are never added twice, which
+// would have the other hosts refuse requests the limit allows.
+func TestSyncPartialFlushCountsOnce(t *testing.T) {
+	t.Parallel()
+	srv, h, l := oneHost(t, redisstore.Options{}, redisstore.Rule{Rule: bucket.Rule{Name: "partial", Limit: 100, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour})
+	for !redisstore.ClockKnown(h.store) {
+		time.Sleep(time.Millisecond) // the flusher's own measurement first
+	}
+	ctx := context.Background()
+	a, b := l.Key([]byte("a")), l.Key([]byte("b"))
+	for range 3 {
+		l.AllowKey(&a, h.region.Now())
+	}
+	for range 5 {
+		l.AllowKey(&b, h.region.Now())
+	}
+	ka, kb := redisstore.WindowKey(l, &a, h.region.Now()), redisstore.WindowKey(l, &b, h.region.Now())
+	// b's call fails: its window key holds a string.
+	if err := srv.Client().Set(ctx, kb, "x", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redisstore.Flush(h.store)
+	if err := srv.Client().Del(ctx, kb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redisstore.Flush(h.store)
+	for _, c := range []struct {
+		key  string
+		want int64
+	}{{ka, 3}, {kb, 5}} {
+		got, err := srv.Client().HGet(ctx, c.key, "t").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("%s: Redis counts %d, want the %d admitted", c.key, got, c.want)
+		}
+	}
+}
