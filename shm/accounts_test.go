@@ -354,6 +354,40 @@ func TestResponsesQuotaBothAccountsExpired(t *testing.T) {
 	}
 }
 
+// Expired records whose blocks another response's store takes back (the
+// pool is short) take their charges with them, as a sweep's do: their
+// client and its address count no record that is gone, and a new key of
+// theirs reserves without waiting for a sweep.
+func TestResponsesEvictedRecordsUncharged(t *testing.T) {
+	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 64, ResponseBytes: 8 * 256, BlockSize: 256})
+	tab := r.Responses()
+	q, addr := shm.Quota{Account: 7, Max: 4}, shm.Quota{Account: 5, Max: 4}
+	key := func(s string) shm.Key { return r.Counters().KeyOf(9, []byte(s)) }
+	var got shm.Response
+	for i := range 4 {
+		_, tk, err := tab.Begin(key(fmt.Sprint("k", i)), q, addr, fpOf("x"), 0, &got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: make([]byte, 300)}, 0, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another client's response needs every block: the expired records
+	// are evicted for it.
+	_, tk, err := tab.Begin(key("big"), shm.Quota{Account: 8, Max: 4}, shm.Quota{}, fpOf("x"), 2*time.Second, &got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored, err := tab.Complete(tk, &shm.Response{Status: 200, Body: make([]byte, 7*240)}, 2*time.Second, time.Hour); !stored || err != nil {
+		t.Fatalf("the large response: stored %v, %v", stored, err)
+	}
+	if tab.Held(7) != 0 || tab.AddrHeld(5) != 0 {
+		t.Fatalf("after their records were evicted the client holds %d, its address %d; want 0", tab.Held(7), tab.AddrHeld(5))
+	}
+	checkAccounts(t, r)
+}
+
 func TestResponsesAddrQuota(t *testing.T) {
 	r := shmtest.Private(t, shm.Options{Counters: 8, Responses: 256, ResponseBytes: 64 << 10})
 	tab := r.Responses()

@@ -182,13 +182,23 @@ func (t *Responses) evictBlocks(need int, now time.Duration) (freed int) {
 	start := int(t.hand.Load())
 	j := 0
 	for ; j < n && freed < need; j++ {
-		rec := &t.recs[(start+j)&int(t.mask)]
+		i := (start + j) & int(t.mask)
+		rec := &t.recs[i]
 		s := atomic.LoadUint64(&rec.state)
 		if recPhase(s) != recComplete {
 			continue
 		}
 		expired := time.Duration(atomic.LoadUint64(&rec.expiry)) <= now
 		if !expired && Kind(atomic.LoadUint64(&rec.kind)) != KindCache {
+			continue
+		}
+		if t.charged(i) {
+			// An idempotency record: its charges go with it, as a
+			// sweep's do, so that its client and its address count no
+			// record that is gone.
+			if b, ok, _ := t.retire(i, s, t.r.owner.Load()); ok {
+				freed += b
+			}
 			continue
 		}
 		// The chain is stable while the record is COMPLETE in state s: read

@@ -351,20 +351,7 @@ func (t *Responses) sweep(as *accounts, a uint16, now time.Duration, owner uint6
 		default:
 			continue
 		}
-		gen := recGen(s) + 1
-		busy := mkRec(recBusy, gen, owner)
-		if !atomic.CompareAndSwapUint64(&rec.state, s, busy) {
-			continue
-		}
-		if recPhase(s) == recComplete {
-			t.freeChain(atomic.LoadUint64(&rec.chain))
-			atomic.StoreUint64(&rec.chain, noBlock)
-		}
-		err := t.uncharge(i, busy, owner, t.lockWait)
-		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) && recPhase(s) == recComplete {
-			t.r.count(evRecFreed, 1) // an expired record in use until now
-		}
-		if err == nil {
+		if _, ok, err := t.retire(i, s, owner); ok && err == nil {
 			n++
 		}
 	}
@@ -372,6 +359,30 @@ func (t *Responses) sweep(as *accounts, a uint16, now time.Duration, owner uint6
 		t.r.count(evRespSwept, uint64(n))
 	}
 	return n
+}
+
+// retire frees record i, found in state s (COMPLETE and expired, or a
+// TOMB still charged), for owner: COMPLETE → BUSY, its blocks freed, its
+// charges (of both sets) cleared, BUSY → TOMB. It returns the blocks it
+// freed; ok is false when the record changed meanwhile, and err is a
+// charge a lock timeout kept, for a later claim or sweep to clear.
+func (t *Responses) retire(i int, s, owner uint64) (blocks int, ok bool, err error) {
+	rec := &t.recs[i]
+	gen := recGen(s) + 1
+	busy := mkRec(recBusy, gen, owner)
+	if !atomic.CompareAndSwapUint64(&rec.state, s, busy) {
+		return 0, false, nil
+	}
+	if recPhase(s) == recComplete {
+		chain := atomic.SwapUint64(&rec.chain, noBlock)
+		t.freeChain(chain)
+		blocks = int(min(chain>>32, uint64(t.nblocks)))
+	}
+	err = t.uncharge(i, busy, owner, t.lockWait)
+	if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) && recPhase(s) == recComplete {
+		t.r.count(evRecFreed, 1) // an expired record in use until now
+	}
+	return blocks, true, err
 }
 
 // scan probes from home for an idempotency key: the record holding k
