@@ -338,6 +338,69 @@ func TestIdleAfterSplitHeadIsIdle(t *testing.T) {
 	}
 }
 
+// An empty line after a request (the CRLF some clients send after a body,
+// RFC 9112 §2.2) begins no request: the connection stays idle for
+// idle_timeout and then closes without a word. It used to start a head,
+// and read_header_timeout later the client, idle, got a 408 it never asked
+// for, which it would read as the answer to its next request. Whether the
+// CRLF comes with the body, on its own once the answer was read, or waits
+// in the input behind an answer over highWater (then the idle wait begins
+// once that answer went), the same.
+func TestEmptyLineAfterRequestLeavesItIdle(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 1<<20)
+	ln := listen(t)
+	rc, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A small send buffer keeps most of the large answer in the server's output.
+	rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 16<<10) })
+	s, served := start(t, ln, loop.Options{Loops: 1,
+		Limits: engine.Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 2 * time.Second},
+		App: func(w *loop.AppResponse, r *loop.AppRequest) {
+			if r.Path() == "/big" {
+				w.WriteString(big)
+				return
+			}
+			w.WriteString("ok")
+		}})
+	t.Cleanup(func() {
+		s.Close()
+		<-served
+	})
+	for _, tc := range []struct {
+		name       string
+		send, then string
+		method     string
+	}{
+		{"with the body", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nq\r\n", "", "POST"},
+		{"after the answer", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nq", "\r\n", "POST"},
+		{"behind a large answer", "GET /big HTTP/1.1\r\nHost: a\r\n\r\n\r\n", "", "GET"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, br := dial(t, ln.Addr().String())
+			io.WriteString(c, tc.send)
+			time.Sleep(100 * time.Millisecond) // the CRLF is read (before the answer, if it is large)
+			if resp, _ := readResponse(t, br, tc.method); resp.StatusCode != 200 {
+				t.Fatalf("%d", resp.StatusCode)
+			}
+			io.WriteString(c, tc.then)
+			time.Sleep(time.Second) // over read_header_timeout, under idle_timeout
+			if isClosed(t, c, br) {
+				t.Fatal("closed after read_header_timeout, idle_timeout not over")
+			}
+			c.SetReadDeadline(time.Now().Add(4 * time.Second))
+			if b, err := br.ReadByte(); err == nil {
+				t.Errorf("idle after an empty line: got %q, want the close at idle_timeout", b)
+			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Error("idle after an empty line: still open 5s after the answer (idle_timeout 2s)")
+			}
+		})
+	}
+}
+
 // A client slow to read a large answer (a cache hit of 12 MiB, queued in
 // one write) reads it whole, then sends its next request on the same
 // connection: it is read and answered. Reading stops while highWater of

@@ -345,6 +345,19 @@ func (c *conn) checkInput() {
 // 0 when the head is not whole yet.
 func (c *conn) readHead(p []byte) int {
 	l := c.l
+	if c.state != csHead {
+		// Empty lines before a request line (a CRLF some clients send
+		// after a body, RFC 9112 §2.2) begin no head: the connection stays
+		// as it was, under its idle wait, and is never answered a 408.
+		if skip := skipEmptyLines(p); skip > 0 {
+			return skip
+		}
+		if len(p) == 1 && p[0] == '\r' {
+			// An empty line's CR whose LF comes in the next read: still
+			// before the request line, which scanHead would take it for.
+			return 0
+		}
+	}
 	switch c.state {
 	case csIdle:
 		// The header must be whole ReadHeaderTimeout after its first
@@ -354,16 +367,6 @@ func (c *conn) readHead(p []byte) int {
 	case csNew:
 		c.setState(csHead)
 		c.scanned = 0
-	}
-	if c.scanned == 0 {
-		if skip := skipEmptyLines(p); skip > 0 {
-			return skip
-		}
-		if len(p) == 1 && p[0] == '\r' {
-			// An empty line's CR whose LF comes in the next read: still
-			// before the request line, which scanHead would take it for.
-			return 0
-		}
 	}
 	end, bad := scanHead(p, max(c.scanned-3, 0))
 	switch {
@@ -482,8 +485,14 @@ func (c *conn) drained() {
 		c.shut()
 	case c.state == csIdle && c.inLen() > 0 && !c.processing:
 		// A pipelined request waits for this output to go (endRequest
-		// leaves it while the output is over highWater): its turn.
+		// leaves it while the output is over highWater): its turn. What
+		// began no head (empty lines) leaves the connection idle, and its
+		// idle wait begins now, as below.
 		c.process(nil)
+		if c.state == csIdle && c.readDue == 0 {
+			c.since = c.l.wheel.now
+			c.setRead(c.idleWait())
+		}
 	case !c.processing:
 		// Between requests with nothing in the input: the idle wait
 		// begins now that the last answer was sent (endRequest), and
@@ -659,15 +668,10 @@ func (c *conn) endRequest() {
 		_ = unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		c.noDelay = true
 	}
-	// Idle, or with a head begun in the input, read_header_timeout. While
-	// process runs, the input is not trimmed yet (inLen counts what it
-	// took): it finds the next head itself, and readHead sets that wait.
-	wait := c.idleWait()
-	if c.inLen() > 0 && !c.processing {
-		wait = l.s.o.limits.ReadHeaderTimeout
-	}
+	// Idle: a head in the input is begun by process, which readHead gives
+	// read_header_timeout from there (empty lines begin none).
 	if c.outLen() == 0 {
-		c.setRead(wait)
+		c.setRead(c.idleWait())
 	} else {
 		// The answer is still being sent, under send_timeout: the wait
 		// for the next request begins once it was (drained), or when
