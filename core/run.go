@@ -130,10 +130,13 @@ func (ex *Exchange) Forward() Forward {
 
 // Keep reports whether the application's response must be read to its end
 // even when the client has gone away: it is stored for the client's retry
-// (an idempotency key), or for the cache.
+// (an idempotency key), or for the cache. A cache fill that outgrew its
+// max_body is not kept any more (nothing of it will be stored), where an
+// idempotency key's response still is: its end tells a retry that it ran.
+// An engine asks again as the body comes.
 func (ex *Exchange) Keep() bool {
 	max, ok := ex.record()
-	return ok && max > 0
+	return ok && max > 0 && (ex.idem.reserved || !ex.rec.Overflow)
 }
 
 // Head tells the core the final status and header section of the

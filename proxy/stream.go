@@ -106,10 +106,11 @@ func (b *upBody) CloseWithError(werr error) error {
 // read and dropped.
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// drain reads the rest of the body, telling the core.
+// drain reads the rest of the body, telling the core, while the core
+// keeps it (a cache fill over max_body it keeps no more).
 func (b *upBody) drain() {
 	bp := copyBufPool.Get().(*[]byte)
-	for b.err == nil && !b.eof {
+	for b.err == nil && !b.eof && b.ex.Keep() {
 		_, _ = b.Read(*bp)
 	}
 	copyBufPool.Put(bp)

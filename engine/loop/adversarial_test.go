@@ -442,10 +442,11 @@ func TestNextRequestAfterLargeAnswer(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 }
 
-// A response the core keeps (a cache fill) whose client stopped reading,
-// so that the upstream was held back, and then went away: the rest is
-// read to its end (and dropped), not left with the upstream's connection
-// and its timer both stopped for good.
+// A response the core keeps (an idempotency key's, read to its end over
+// max_body too: its end tells a retry that the request ran) whose client
+// stopped reading, so that the upstream was held back, and then went
+// away: the rest is read to its end (and dropped), not left with the
+// upstream's connection and its timer both stopped for good.
 func TestKeptResponseOfAGoneClientIsReadToItsEnd(t *testing.T) {
 	t.Parallel()
 	const size = 16 << 20
@@ -463,15 +464,43 @@ func TestKeptResponseOfAGoneClientIsReadToItsEnd(t *testing.T) {
 		_, err := c.Write(bytes.Repeat([]byte("x"), size))
 		result <- err
 	})
-	addr, _ := serve(t, loop.Options{Upstream: "http://" + ln.Addr().String(), Loops: 1, Core: configCore(t, cacheRules),
+	addr, _ := serve(t, loop.Options{Upstream: "http://" + ln.Addr().String(), Loops: 1, Core: configCore(t, idemRules),
 		Client: engine.Upstream{Timeout: 20 * time.Second}})
 	c, _ := dial(t, addr)
 	c.(*net.TCPConn).SetReadBuffer(4096)
-	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	io.WriteString(c, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"big\"\r\nContent-Length: 2\r\n\r\n{}")
 	time.Sleep(300 * time.Millisecond) // the client's output passes highWater: the upstream is held back
 	c.Close()
 	if err := <-result; err != nil {
 		t.Fatalf("the upstream's body after its client went away: %v; want it read to its end", err)
+	}
+}
+
+// A cache fill whose client went away is read on only while the cache
+// can still store it: once it outgrew max_body nothing of it is kept, and
+// its upstream connection is cut as for any response of a gone client. A
+// client that sends a GET for a large download on a cached path and resets
+// at once must not make the worker pull the whole of it from the upstream.
+func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
+	t.Parallel()
+	const size = 256 << 20
+	result := make(chan error, 1)
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
+		w.Flush()
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.Copy(c, wiretest.Pattern(size))
+		result <- err
+	})
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules)})
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	readHead(t, br, "GET")
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close() // a reset: the client is gone
+	err := <-result
+	if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
+		t.Errorf("the upstream's %d MiB to a gone client, over the cache's max_body (4KiB): %v; want its connection cut", size>>20, err)
 	}
 }
 

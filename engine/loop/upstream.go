@@ -594,6 +594,14 @@ func (u *upConn) relay(p []byte) {
 		u.end(len(p) > 0)
 		return
 	}
+	if r.discarded && !r.ex.Keep() {
+		// Its client is gone and the core keeps it no more (a cache fill
+		// over max_body): nothing is left to read it for.
+		u.close()
+		r.up = nil
+		r.finish(errClientGone)
+		return
+	}
 	r.sendQueued()
 	if c := r.c; c != nil && !r.discarded && c.backlog() >= highWater {
 		u.pauseRead()
