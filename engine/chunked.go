@@ -15,6 +15,13 @@ var ErrChunked = errors.New("engine: malformed chunked body")
 // as every engine reads it: more is a malformed body.
 const MaxTrailer = 16 << 10
 
+// MaxChunkLine bounds a chunk-size line (its size, the whitespace after it
+// and its extensions, without its CRLF), as every engine that reads chunks
+// itself reads it, and as net/http bounds it: longer is a malformed body.
+// Extensions carry no data, so without it a body of extensions alone is
+// read without end (RFC 9112 §7.1.1 asks a server to limit them).
+const MaxChunkLine = 4 << 10
+
 // ChunkedReader decodes a chunked body read from a buffered connection:
 // Read returns the data of its chunks, at most one chunk's a call, then
 // io.EOF once the last chunk and the trailer section (dropped: the
@@ -83,6 +90,9 @@ func (c *ChunkedReader) size() (int64, error) {
 	line, err := c.line()
 	if err != nil {
 		return 0, err
+	}
+	if len(line) > MaxChunkLine {
+		return 0, ErrChunked
 	}
 	if i := bytes.IndexByte(line, ';'); i >= 0 {
 		if !FieldValueOK(line[i+1:]) {

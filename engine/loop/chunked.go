@@ -50,6 +50,7 @@ type chunkDecoder struct {
 	state   uint8
 	digits  uint8 // hex digits of the size read so far
 	sawBWS  bool  // whitespace after the size: only an extension may follow
+	line    int   // bytes of the size line read so far, but its CRLF
 	left    int64 // data bytes left in the chunk, or the size being read
 	trailer int   // bytes of trailer section read
 }
@@ -61,6 +62,11 @@ type chunkDecoder struct {
 func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err error) {
 	for n < len(p) {
 		c := p[n]
+		if (d.state == chSize || d.state == chExt) && c != '\r' {
+			if d.line++; d.line > engine.MaxChunkLine {
+				return nil, n, false, errChunk
+			}
+		}
 		switch d.state {
 		case chSize:
 			switch {
@@ -95,7 +101,7 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 				return nil, n, false, errChunk
 			}
 			n++
-			d.digits, d.sawBWS = 0, false
+			d.digits, d.sawBWS, d.line = 0, false, 0
 			if d.left == 0 {
 				d.state = chTrailer
 			} else {

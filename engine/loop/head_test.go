@@ -183,6 +183,11 @@ func TestChunkDecoder(t *testing.T) {
 		{in: "0\r\n" + trailerOf(engine.MaxTrailer) + "\r\n\r\n", err: true},
 		{in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4) + "\r\n", data: ""},
 		{in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4+1) + "\r\n", err: true},
+		// engine.MaxChunkLine bounds a size line but its CRLF: a body of
+		// extensions alone is not read without end, none of it data.
+		{in: "1;" + strings.Repeat("x", engine.MaxChunkLine-2) + "\r\nA\r\n0\r\n\r\n", data: "A"},
+		{in: "1;" + strings.Repeat("x", engine.MaxChunkLine-1) + "\r\nA\r\n0\r\n\r\n", err: true},
+		{in: "1" + strings.Repeat(" ", engine.MaxChunkLine) + "\r\nA\r\n0\r\n\r\n", err: true},
 	} {
 		for _, step := range []int{1, 2, 3, 7, len(tc.in)} {
 			data, rest, done, err := decodeAll([]byte(tc.in), step)
