@@ -213,6 +213,12 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		}
 		// Another request fetches this response: wait for it, or let the
 		// engine wait elsewhere (NoWait), which looks again from the start.
+		if ex.giveUp {
+			// No goroutine was free to wait (GiveUpWait): as if the wait
+			// had run out.
+			c.row.Add(metrics.CacheWaits, metrics.CacheLockTimeout, 1)
+			return ex.cachePass(xMiss)
+		}
 		if ex.nowait {
 			ex.step = stepCacheWait
 			return Wait, false

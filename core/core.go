@@ -249,6 +249,7 @@ type Exchange struct {
 
 	step   decideStep // the next step of the decision (DecideHead, Decide)
 	nowait bool       // NoWait: a step that would wait returns Wait instead
+	giveUp bool       // GiveUpWait: a wait for another request ends at once
 	passed bool       // Decide said Pass: the application's response is told
 
 	// The response sent, and what is recorded of the application's.
@@ -453,6 +454,24 @@ func (s decideStep) next() decideStep {
 // An event loop decides every request on its loop so, and only the few
 // that must wait elsewhere.
 func (ex *Exchange) NoWait(on bool) { ex.nowait = on }
+
+// LongWait reports whether the Wait DecideHead or Decide just returned is
+// one for another request — a duplicate's for its original, a miss's for
+// another's fetch — which may last the block's wait or lock_timeout,
+// rather than a Redis rule's round trip, bounded by redis.timeout. An
+// engine that finishes waits on a bounded set of goroutines keeps the
+// long ones apart: clients that hold them all (duplicates of their own
+// request, left in flight) must not stall the others' Redis decisions.
+func (ex *Exchange) LongWait() bool {
+	return ex.step == stepIdempotencyWait || ex.step == stepCacheWait
+}
+
+// GiveUpWait ends a long wait (LongWait) at once, as if its time had run
+// out: the duplicate is answered 409, the miss is fetched without
+// waiting and not stored. An engine calls it, then the same method
+// again, when no goroutine is free to wait (never queueing behind
+// whoever holds them all).
+func (ex *Exchange) GiveUpWait() { ex.giveUp = true }
 
 // WantsBody reports whether Decide reads the request's body, and how
 // much of it at most (Request.Body's max): an idempotency block applies

@@ -221,6 +221,12 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemConflict, 1)
 			return ex.idemProblem(b, problemUnreplayable)
 		case shm.InFlight:
+			if ex.giveUp {
+				// No goroutine was free to wait (GiveUpWait): as if the
+				// wait had run out.
+				c.row.Add(metrics.IdempotencyRequests, metrics.IdemConflict, 1)
+				return ex.idemProblem(b, problemInFlight)
+			}
 			if ex.nowait {
 				// Nothing is held yet: the wait is made elsewhere
 				// (reserveAgain), from a fresh look at the table.

@@ -166,3 +166,74 @@ func TestNoWaitDecidesAtOnce(t *testing.T) {
 		ex.Finish(nil)
 	}
 }
+
+// A long wait given up (no goroutine free to wait: GiveUpWait) ends at
+// once as if its time had run out: a duplicate gets 409, a miss while
+// another fills is fetched and not stored. Both are long waits; neither
+// is counted as a wait made.
+func TestGiveUpWait(t *testing.T) {
+	region := shmtest.Attach(t, statRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10}), 0)
+	c, err := core.New(region, core.Options{
+		Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, Wait: 5 * time.Second,
+			MaxBody: 1 << 10, By: clientip.MustParseBy("ip")}),
+		Caches: core.CacheBlocks(core.Cache{Route: mustRoute(t, "/*", "GET", "HEAD"), TTL: time.Minute, MaxBody: 1 << 10, LockTimeout: 5 * time.Second}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := func() *fakeReq {
+		r := newReq("POST", "/orders", "192.0.2.1", "Idempotency-Key", `"k1"`)
+		r.body = []byte("{}")
+		return r
+	}
+	get := func() *fakeReq { return newReq("GET", "/a", "192.0.2.1", "Host", "h") }
+	for _, tc := range []struct {
+		name string
+		req  func() *fakeReq
+		want func(*testing.T, core.Verdict, *core.Exchange)
+	}{
+		{"a duplicate", order, func(t *testing.T, v core.Verdict, ex *core.Exchange) {
+			if a := answerOf(ex.Response()); v != core.Respond || a.status != 409 || a.get("Retry-After") == "" {
+				t.Errorf("given up: %v %d %v; want Respond 409 with Retry-After", v, a.status, a.header)
+			}
+		}},
+		{"a miss while another fills", get, func(t *testing.T, v core.Verdict, ex *core.Exchange) {
+			if v != core.Pass {
+				t.Errorf("given up: %v; want Pass (fetched itself)", v)
+			}
+			ex.Head(200, fakeHeader{{Name: "Cache-Control", Value: []byte("max-age=60")}})
+			ex.Body([]byte("not stored"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first := c.Begin(tc.req())
+			first.NoWait(true)
+			if v := first.Decide(); v != core.Pass {
+				t.Fatalf("the first: %v, want Pass", v)
+			}
+			second := c.Begin(tc.req())
+			second.NoWait(true)
+			if v := second.Decide(); v != core.Wait || !second.LongWait() {
+				t.Fatalf("the second: %v (long %v), want a long Wait", v, second.LongWait())
+			}
+			second.GiveUpWait()
+			done := make(chan core.Verdict, 1)
+			go func() { done <- second.Decide() }()
+			select {
+			case v := <-done:
+				tc.want(t, v, second)
+			case <-time.After(2 * time.Second):
+				t.Fatal("a given-up wait waited")
+			}
+			second.Finish(nil)
+			first.Head(201, nil)
+			first.Finish(nil)
+		})
+	}
+	if n := metrics.Total(region, metrics.CacheWaits, metrics.CacheWaited) + metrics.Total(region, metrics.IdempotencyWaits, 0); n != 0 {
+		t.Errorf("%d waits counted for waits given up, want 0", n)
+	}
+	if n := metrics.Total(region, metrics.CacheWaits, metrics.CacheLockTimeout); n != 1 {
+		t.Errorf("%d cache waits ended by lock_timeout, want the one given up", n)
+	}
+}

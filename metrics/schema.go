@@ -224,7 +224,7 @@ var families = [numFamilies]spec{
 	},
 	CacheWaits: {
 		name: "preforkd_cache_waits_total", kind: counter,
-		help:  "Misses that waited for another request's fetch of the same response, in any worker (waited), and those whose wait ran out after lock_timeout: they fetched themselves, not storing (lock_timeout).",
+		help:  "Misses that waited for another request's fetch of the same response, in any worker (waited), and those whose wait ran out after lock_timeout, or that found every wait of the event loop taken: they fetched themselves, not storing (lock_timeout).",
 		label: "result", values: []string{"waited", "lock_timeout"},
 	},
 	CacheRefreshes: {

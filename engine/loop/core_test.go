@@ -202,3 +202,41 @@ func TestClientGoneStillStores(t *testing.T) {
 		t.Errorf("the retry: %d %q replayed=%q, the upstream ran %d times", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"), runs.Load())
 	}
 }
+
+// The waiters for other requests are bounded and never queued for: a
+// client whose duplicates of its own in-flight request hold them all
+// delays no one else's. Another client's duplicate, with none free, is
+// answered at once (409, as when its wait runs out), not after the
+// first's wait.
+func TestLongWaitsNeverQueue(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var runs atomic.Int32
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		runs.Add(1)
+		<-release
+		w.WriteString("HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+	})
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Waiters: 1, Core: configCore(t, idemRules)})
+	order := func(key string) (int, string) {
+		c, br := dial(t, addr)
+		resp, _ := roundTrip(t, c, br, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \""+key+"\"\r\nContent-Length: 2\r\n\r\n{}")
+		return resp.StatusCode, resp.Header.Get("Retry-After")
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	for _, key := range []string{"a", "b"} { // two originals, in flight until released
+		wg.Go(func() { order(key) })
+	}
+	for deadline := time.Now().Add(5 * time.Second); runs.Load() < 2 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Go(func() { order("a") }) // a's duplicate takes the one waiter (wait = "5s")
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	status, retry := order("b")
+	if took := time.Since(start); status != 409 || retry == "" || took > 2*time.Second {
+		t.Errorf("b's duplicate, the one waiter busy: %d (Retry-After %q) after %v; want 409 at once, not after a's wait", status, retry, took)
+	}
+}

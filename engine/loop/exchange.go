@@ -68,7 +68,22 @@ func (r *request) afterHead(v core.Verdict) {
 func (r *request) settled(v core.Verdict) bool {
 	switch v {
 	case core.Wait:
-		r.l.s.waiters.submit(r)
+		if !r.ex.LongWait() {
+			r.l.s.waiters.submit(r)
+			return true
+		}
+		if r.l.s.long.trySubmit(r) {
+			return true
+		}
+		// Every waiter for other requests is busy (clients that hold
+		// them all, with duplicates of their own requests left in
+		// flight): the wait ends at once, never in turn behind theirs.
+		r.ex.GiveUpWait()
+		if r.phase == phHead {
+			r.afterHead(r.ex.DecideHead())
+		} else {
+			r.afterDecide(r.ex.Decide())
+		}
 		return true
 	case core.Respond:
 		r.respondCore(r.ex.Response())

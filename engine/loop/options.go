@@ -55,9 +55,12 @@ type Options struct {
 	// thread for nothing.)
 	Loops int
 	// Waiters is how many goroutines finish the decisions that must
-	// wait (core.Exchange.NoWait: a Redis rule's round trip, a duplicate
-	// of a request in flight, a cache miss another request fetches),
-	// for every loop together; the rest wait their turn. 0 means 64.
+	// wait (core.Exchange.NoWait), for every loop together: as many for
+	// Redis rules' round trips, the rest of which wait their turn, and as
+	// many again for waits on other requests (core.Exchange.LongWait: a
+	// duplicate of a request in flight, a cache miss another request
+	// fetches), which never wait their turn: with all of those busy, the
+	// wait is given up (core.Exchange.GiveUpWait). 0 means 64.
 	Waiters int
 
 	// OnResponse, if set, is called once for every response the server

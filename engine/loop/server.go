@@ -25,7 +25,8 @@ import (
 type Server struct {
 	o       settings
 	loops   []*loop
-	waiters waiters
+	waiters waiters // Redis rules' round trips
+	long    waiters // waits on other requests (core.Exchange.LongWait)
 
 	// drainNewGrace and drainIdleGrace are the drain rule's graces
 	// (package engine); tests shorten them.
@@ -77,6 +78,7 @@ func New(o Options) (*Server, error) {
 		reserveP(so.Loops)
 	}
 	s.waiters.init(so.Waiters)
+	s.long.init(so.Waiters)
 	if so.Upstream != "" {
 		s.startResolver()
 	}
@@ -308,6 +310,7 @@ func (s *Server) Close() error {
 		close(s.resolve)
 		s.resolver.Wait()
 		s.waiters.wait()
+		s.long.wait()
 		close(s.warnings)
 		s.warnerWG.Wait()
 	})
