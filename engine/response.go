@@ -173,15 +173,16 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 		// the connection cannot be trusted after.
 		h.HasLength, h.Close = false, true
 	}
-	if named {
-		dropConnectionNamed(raw, h.Fields)
+	if named && dropConnectionNamed(raw, h.Fields) {
+		h.HasDate = false // not passed on: the server sends its own
 	}
 	return h, nil
 }
 
 // dropConnectionNamed marks every field of raw a Connection field names,
-// but close, keep-alive and upgrade, as not to be passed on.
-func dropConnectionNamed(raw []byte, fields []Field) {
+// but close, keep-alive and upgrade, as not to be passed on, and reports
+// whether a Date was one.
+func dropConnectionNamed(raw []byte, fields []Field) (date bool) {
 	var named NameSet
 	for _, cf := range fields {
 		if cf.Kind == FieldConnection {
@@ -189,14 +190,16 @@ func dropConnectionNamed(raw []byte, fields []Field) {
 		}
 	}
 	if named.Empty() {
-		return
+		return false
 	}
 	for i := range fields {
 		f := &fields[i]
-		if f.Kind != FieldConnection && f.Kind != FieldUpgrade && named.Has(f.Name.Of(raw)) {
+		if name := f.Name.Of(raw); f.Kind != FieldConnection && f.Kind != FieldUpgrade && named.Has(name) {
 			f.Kind = FieldDropped
+			date = date || len(name) == 4 && EqualFold(name, "date")
 		}
 	}
+	return date
 }
 
 // Passed reports whether field f goes on to the client

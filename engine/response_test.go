@@ -14,6 +14,7 @@ func TestResponseHead(t *testing.T) {
 		length          int64 // -1: none
 		chunked, closes bool
 		passed          string // the fields passed on, "name=value;..."
+		date            bool   // a Date passed on: the server adds none
 	}
 	for _, tc := range []struct {
 		name, head string
@@ -33,7 +34,9 @@ func TestResponseHead(t *testing.T) {
 		{name: "Transfer-Encoding overrides Content-Length, and the connection ends", head: "HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n",
 			want: want{status: 200, length: -1, chunked: true, closes: true}},
 		{name: "no framing field: a 204 keeps the connection", head: "HTTP/1.1 204 No Content\r\nDate: x\r\n",
-			want: want{status: 204, length: -1, passed: "Date=x"}},
+			want: want{status: 204, length: -1, passed: "Date=x", date: true}},
+		{name: "a Date that Connection names is dropped: the server adds its own", head: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: date\r\nDate: x\r\n",
+			want: want{status: 200, length: 0}},
 		{name: "HTTP/1.0 closes", head: "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n",
 			want: want{status: 200, length: 0, closes: true}},
 		{name: "HTTP/1.0 keep-alive keeps", head: "HTTP/1.0 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n",
@@ -67,7 +70,7 @@ func TestResponseHead(t *testing.T) {
 			if err != nil {
 				return
 			}
-			got := want{status: h.Status, length: -1, chunked: h.Chunked, closes: h.Close}
+			got := want{status: h.Status, length: -1, chunked: h.Chunked, closes: h.Close, date: h.HasDate}
 			if h.HasLength {
 				got.length = h.Length
 			}
