@@ -671,3 +671,42 @@ func TestHalfCloseAfterRequestGetsTheWholeAnswer(t *testing.T) {
 		})
 	}
 }
+
+// A background refresh (stale-while-revalidate) whose response grew past
+// the cache's max_body is cut there, as a gone client's fill is: nothing
+// of it can be stored, and nobody waits for it. Without that, any request
+// for the stale entry made the worker pull the whole of it.
+func TestRefreshOverMaxBodyIsCut(t *testing.T) {
+	t.Parallel()
+	const size = 256 << 20
+	var n atomic.Int32
+	result := make(chan error, 1)
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		if n.Add(1) == 1 {
+			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=1, stale-while-revalidate=60\r\nContent-Length: 3\r\n\r\nold")
+			return
+		}
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
+		w.Flush()
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.Copy(c, wiretest.Pattern(size))
+		result <- err
+	})
+	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules)})
+	get := func() string {
+		c, br := dial(t, addr)
+		resp, body := roundTrip(t, c, br, "GET /grows HTTP/1.1\r\nHost: a\r\n\r\n")
+		return resp.Header.Get("X-Cache") + " " + string(body)
+	}
+	if got := get(); got != "MISS old" {
+		t.Fatalf("the first request: %q", got)
+	}
+	time.Sleep(2100 * time.Millisecond) // stale, within stale-while-revalidate
+	if got := get(); got != "STALE old" {
+		t.Fatalf("the stale request: %q", got)
+	}
+	err := <-result
+	if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
+		t.Errorf("the refresh's %d MiB, over the cache's max_body (4KiB): %v; want its connection cut", size>>20, err)
+	}
+}

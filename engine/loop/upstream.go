@@ -594,9 +594,10 @@ func (u *upConn) relay(p []byte) {
 		u.end(len(p) > 0)
 		return
 	}
-	if r.discarded && !r.ex.Keep() {
-		// Its client is gone and the core keeps it no more (a cache fill
-		// over max_body): nothing is left to read it for.
+	if (r.discarded || r.refresh) && !r.ex.Keep() {
+		// Its client is gone, or it is a background refresh, which has
+		// none, and the core keeps it no more (a cache fill over
+		// max_body): nothing is left to read it for.
 		u.close()
 		r.up = nil
 		r.finish(errClientGone)
