@@ -1,12 +1,15 @@
 package nethttp_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
@@ -88,5 +91,61 @@ by = "header:X-Forwarded-Proto"
 func TestNewUpstreamNeedsACore(t *testing.T) {
 	if _, err := nethttp.NewUpstream(nil, "http://127.0.0.1:1", engine.Upstream{}); err == nil {
 		t.Fatal("NewUpstream accepted a nil core")
+	}
+}
+
+// A cache fill whose client went away is read on only while it can be
+// stored: past the cache's max_body, the upstream's connection is cut,
+// as the event loop cuts it (a client that asks for a large download on
+// a cached path and resets at once makes the worker pull none of it).
+func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
+	const size = 256 << 20
+	result := make(chan error, 1)
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
+		w.Flush()
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.Copy(c, wiretest.Pattern(size))
+		result <- err
+	})
+	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"64KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"4KiB\"\n"), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := core.New(newRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10}), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := nethttp.NewUpstream(c, up.URL(), engine.Upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: u, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(conn, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	if _, err := http.ReadResponse(bufio.NewReader(conn), nil); err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.TCPConn).SetLinger(0)
+	conn.Close() // a reset: the client is gone
+	err = <-result
+	if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
+		t.Errorf("the upstream's %d MiB to a gone client, over the cache's max_body (4KiB): %v; want its connection cut", size>>20, err)
 	}
 }

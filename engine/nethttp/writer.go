@@ -104,6 +104,11 @@ func (rw *writer) Write(p []byte) (int, error) {
 			rw.clientGone = err
 		}
 	}
+	if rw.clientGone != nil && !rw.ex.Keep() {
+		// The client is gone and the core keeps the response no more (a
+		// cache fill over max_body): nothing is left to read it for.
+		return 0, rw.clientGone
+	}
 	return len(p), nil
 }
 
