@@ -485,13 +485,7 @@ func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
 	t.Parallel()
 	const size = 256 << 20
 	result := make(chan error, 1)
-	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
-		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
-		w.Flush()
-		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		_, err := io.Copy(c, wiretest.Pattern(size))
-		result <- err
-	})
+	up := wiretest.StartUpstream(t, wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result))
 	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules)})
 	c, br := dial(t, addr)
 	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -681,16 +675,13 @@ func TestRefreshOverMaxBodyIsCut(t *testing.T) {
 	const size = 256 << 20
 	var n atomic.Int32
 	result := make(chan error, 1)
+	grown := wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result)
 	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
 		if n.Add(1) == 1 {
 			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=1, stale-while-revalidate=60\r\nContent-Length: 3\r\n\r\nold")
 			return
 		}
-		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
-		w.Flush()
-		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		_, err := io.Copy(c, wiretest.Pattern(size))
-		result <- err
+		grown(req, w, c)
 	})
 	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules)})
 	get := func() string {

@@ -3,13 +3,11 @@ package nethttp_test
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
@@ -49,22 +47,9 @@ by = "header:X-Forwarded-Proto"
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := nethttp.NewUpstream(c, up, engine.Upstream{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: u, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	addr := serveForwarding(t, c, up)
 	get := func(path, name, value string) int {
-		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+path, nil)
+		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
 		req.Header.Set(name, value)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -101,13 +86,7 @@ func TestNewUpstreamNeedsACore(t *testing.T) {
 func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
 	const size = 256 << 20
 	result := make(chan error, 1)
-	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
-		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
-		w.Flush()
-		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		_, err := io.Copy(c, wiretest.Pattern(size))
-		result <- err
-	})
+	up := wiretest.StartUpstream(t, wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result))
 	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"64KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"4KiB\"\n"), "t")
 	if err != nil {
 		t.Fatal(err)
@@ -120,21 +99,7 @@ func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := nethttp.NewUpstream(c, up.URL(), engine.Upstream{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: u, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
-	conn, err := net.Dial("tcp", ln.Addr().String())
+	conn, err := net.Dial("tcp", serveForwarding(t, c, up.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,4 +113,25 @@ func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
 	if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
 		t.Errorf("the upstream's %d MiB to a gone client, over the cache's max_body (4KiB): %v; want its connection cut", size>>20, err)
 	}
+}
+
+// serveForwarding serves net/http's engine over c, forwarding to up, on
+// a port of its own, until the test ends; it returns the address.
+func serveForwarding(t *testing.T, c *core.Core, up string) string {
+	t.Helper()
+	u, err := nethttp.NewUpstream(c, up, engine.Upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: u, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	return ln.Addr().String()
 }

@@ -73,6 +73,21 @@ func (p *pattern) Read(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// CutOff is an upstream's answer (a StartUpstream handler's) that sends
+// a 200 of size bytes (Pattern) with the extra header lines given, and
+// reports on result how the copy ended: nil when all of it went, an
+// error when the server cut the connection, a timeout after 5 s when it
+// neither read nor cut. For the tests of what is read for a client gone.
+func CutOff(size int64, extra string, result chan<- error) func(*Seen, *bufio.Writer, net.Conn) {
+	return func(_ *Seen, w *bufio.Writer, c net.Conn) {
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n", extra, size)
+		w.Flush()
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.Copy(c, Pattern(size))
+		result <- err
+	}
+}
+
 // Trickle writes body to w one byte at a time, interval apart, and stops
 // at the first error (the server closed the connection).
 func Trickle(w io.Writer, body string, interval time.Duration) {
