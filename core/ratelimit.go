@@ -453,6 +453,12 @@ func (ex *Exchange) refuse(refusing *hit, now time.Duration) (Verdict, bool) {
 				h.unknown = true // Redis was not asked: no header item
 			} else {
 				h.d, h.decided = h.peek(now), true
+				if !h.r.shadow && !h.d.Allowed && !h.d.Full && h.d.RetryAfter > refusing.d.RetryAfter {
+					// It refuses too, and for longer (the deny cache
+					// refused before it was looked at): the client is
+					// told the latest retry, as when both are charged.
+					h.refused, refusing = true, h
+				}
 			}
 		}
 		switch {

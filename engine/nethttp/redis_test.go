@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -376,5 +377,36 @@ func TestResetHeaderKeepsToTheBreaker(t *testing.T) {
 	}
 	if st := f.mw.Core().Redis().(*redisstore.Store).Stats(f.region.Now()); st.Breaker.Phase != redisstore.Open {
 		t.Errorf("breaker %v after the hung resets, want open", st.Breaker.Phase)
+	}
+}
+
+// A refusal from the deny cache reports the latest retry time of the
+// rules that refuse: a local rule of the request that would refuse for
+// longer is not only peeked for its header item. A client that obeys the
+// Retry-After is not refused again by the other rule.
+func TestDenyCacheRefusalTakesTheLatestRetry(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	f := newRedisFixture(t, srv, core.Options{RateLimits: []core.RateLimit{
+		redisRule(t, "remote", "/r", bucket.GCRA, 1, time.Minute, exact),
+		redisRule(t, "local", "/*", bucket.GCRA, 2, time.Hour, nil),
+	}}, countingStore)
+	const client = "192.0.2.30:1"
+	for i, tc := range []struct {
+		path string
+		code int
+	}{
+		{"/r", 200},     // both charged
+		{"/r", 429},     // Redis refuses: its key in the deny cache; local not charged
+		{"/other", 200}, // local's last
+	} {
+		if w := f.get(tc.path, client); w.Code != tc.code {
+			t.Fatalf("request %d (%s): %d, want %d", i+1, tc.path, w.Code, tc.code)
+		}
+	}
+	w := f.get("/r", client)
+	retry, _ := strconv.Atoi(w.Header().Get("Retry-After"))
+	if w.Code != 429 || retry < 25*60 {
+		t.Errorf("refused by the deny cache (remote: a minute) and local (half an hour): %d, Retry-After %d s; want 429, the local rule's half hour", w.Code, retry)
 	}
 }
