@@ -16,6 +16,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/waitfor"
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/proxy"
 )
 
@@ -407,4 +408,64 @@ func TestCacheRangeHasOneContentRange(t *testing.T) {
 			t.Errorf("a range of it: %d, Content-Range %q, %q; want 206, [bytes 2-3/10], 23", resp.StatusCode, cr, b)
 		}
 	})
+}
+
+// A response the cache can no longer store, once it outgrew max_body, is
+// not read on for nobody, on every engine: the fill of a client that went
+// away, and a background refresh (stale-while-revalidate), which has no
+// client, have their upstream connection cut. Without that, a GET for a
+// large download on a cached path and a reset made the worker pull the
+// whole of it, and so did every request for a stale entry that grew.
+func TestCacheFillOverMaxBodyIsCut(t *testing.T) {
+	t.Parallel()
+	const size = 256 << 20
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		t.Run("a gone client's fill", func(t *testing.T) {
+			result := make(chan error, 1)
+			up := startUpstream(t, wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result))
+			var clock atomic.Int64
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+			c, br := dial(t, r.Addr)
+			io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+			if _, err := http.ReadResponse(br, nil); err != nil {
+				t.Fatal(err)
+			}
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close() // a reset: the client is gone
+			if err := <-result; !cut(err) {
+				t.Errorf("the upstream's %d MiB to a gone client, over the cache's max_body: %v; want its connection cut", size>>20, err)
+			}
+		})
+		t.Run("a refresh", func(t *testing.T) {
+			result := make(chan error, 1)
+			var n atomic.Int32
+			grown := wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result)
+			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+				if n.Add(1) == 1 {
+					w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=10, stale-while-revalidate=60\r\nContent-Length: 3\r\n\r\nold")
+					return
+				}
+				grown(req, w, c)
+			})
+			var clock atomic.Int64
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+			if st, x, b := fetch(t, "http://"+r.Addr+"/grows"); st != 200 || x != "MISS" || b != "old" {
+				t.Fatalf("first: %d %s %q", st, x, b)
+			}
+			clock.Add(int64(20 * time.Second))
+			if st, x, b := fetch(t, "http://"+r.Addr+"/grows"); st != 200 || x != "STALE" || b != "old" {
+				t.Fatalf("stale: %d %s %q", st, x, b)
+			}
+			if err := <-result; !cut(err) {
+				t.Errorf("the refresh's %d MiB, over the cache's max_body: %v; want its connection cut", size>>20, err)
+			}
+		})
+	})
+}
+
+// cut reports whether err, what wiretest.CutOff reported, is the
+// server's cut: not the whole body sent, nor a write that timed out.
+func cut(err error) bool {
+	ne, ok := err.(net.Error)
+	return err != nil && !(ok && ne.Timeout())
 }

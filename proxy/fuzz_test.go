@@ -38,11 +38,15 @@ func TestCheckRequestForwardsAsTheServer(t *testing.T) {
 		if !x.raw {
 			send = crlf(send)
 		}
-		if x.then != "" && !x.closed {
+		w := x
+		if x.fastHTTP != nil {
+			w = *x.fastHTTP // the fast engine's own behaviour, which CheckRequest models
+		}
+		if x.then != "" && !w.closed {
 			send += crlf(x.then)
 		}
-		want := x.upCount
-		if want == 0 && x.upLine != "" {
+		want := w.upCount
+		if want == 0 && w.upLine != "" {
 			want = 1
 		}
 		if got := proxy.CheckRequest(t, []byte(send)); got != want {

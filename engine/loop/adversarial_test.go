@@ -476,28 +476,6 @@ func TestKeptResponseOfAGoneClientIsReadToItsEnd(t *testing.T) {
 	}
 }
 
-// A cache fill whose client went away is read on only while the cache
-// can still store it: once it outgrew max_body nothing of it is kept, and
-// its upstream connection is cut as for any response of a gone client. A
-// client that sends a GET for a large download on a cached path and resets
-// at once must not make the worker pull the whole of it from the upstream.
-func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
-	t.Parallel()
-	const size = 256 << 20
-	result := make(chan error, 1)
-	up := wiretest.StartUpstream(t, wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result))
-	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules)})
-	c, br := dial(t, addr)
-	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
-	readHead(t, br, "GET")
-	c.(*net.TCPConn).SetLinger(0)
-	c.Close() // a reset: the client is gone
-	err := <-result
-	if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
-		t.Errorf("the upstream's %d MiB to a gone client, over the cache's max_body (4KiB): %v; want its connection cut", size>>20, err)
-	}
-}
-
 // An upstream name of several addresses: the dials go round them, and
 // one that refuses gives way to the next (localhost as ::1 and 127.0.0.1
 // to an application on IPv4 only; a dead address among live ones).
@@ -663,41 +641,5 @@ func TestHalfCloseAfterRequestGetsTheWholeAnswer(t *testing.T) {
 				t.Error("the connection stayed open after the answer")
 			}
 		})
-	}
-}
-
-// A background refresh (stale-while-revalidate) whose response grew past
-// the cache's max_body is cut there, as a gone client's fill is: nothing
-// of it can be stored, and nobody waits for it. Without that, any request
-// for the stale entry made the worker pull the whole of it.
-func TestRefreshOverMaxBodyIsCut(t *testing.T) {
-	t.Parallel()
-	const size = 256 << 20
-	var n atomic.Int32
-	result := make(chan error, 1)
-	grown := wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result)
-	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
-		if n.Add(1) == 1 {
-			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=1, stale-while-revalidate=60\r\nContent-Length: 3\r\n\r\nold")
-			return
-		}
-		grown(req, w, c)
-	})
-	addr, _ := serve(t, loop.Options{Upstream: up.URL(), Loops: 1, Core: configCore(t, cacheRules)})
-	get := func() string {
-		c, br := dial(t, addr)
-		resp, body := roundTrip(t, c, br, "GET /grows HTTP/1.1\r\nHost: a\r\n\r\n")
-		return resp.Header.Get("X-Cache") + " " + string(body)
-	}
-	if got := get(); got != "MISS old" {
-		t.Fatalf("the first request: %q", got)
-	}
-	time.Sleep(2100 * time.Millisecond) // stale, within stale-while-revalidate
-	if got := get(); got != "STALE old" {
-		t.Fatalf("the stale request: %q", got)
-	}
-	err := <-result
-	if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
-		t.Errorf("the refresh's %d MiB, over the cache's max_body (4KiB): %v; want its connection cut", size>>20, err)
 	}
 }

@@ -1,7 +1,6 @@
 package nethttp_test
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"log/slog"
@@ -47,9 +46,22 @@ by = "header:X-Forwarded-Proto"
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := serveForwarding(t, c, up)
+	u, err := nethttp.NewUpstream(c, up, engine.Upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: u, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
 	get := func(path, name, value string) int {
-		req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
+		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+path, nil)
 		req.Header.Set(name, value)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -77,61 +89,4 @@ func TestNewUpstreamNeedsACore(t *testing.T) {
 	if _, err := nethttp.NewUpstream(nil, "http://127.0.0.1:1", engine.Upstream{}); err == nil {
 		t.Fatal("NewUpstream accepted a nil core")
 	}
-}
-
-// A cache fill whose client went away is read on only while it can be
-// stored: past the cache's max_body, the upstream's connection is cut,
-// as the event loop cuts it (a client that asks for a large download on
-// a cached path and resets at once makes the worker pull none of it).
-func TestGoneClientsFillOverMaxBodyIsCut(t *testing.T) {
-	const size = 256 << 20
-	result := make(chan error, 1)
-	up := wiretest.StartUpstream(t, wiretest.CutOff(size, "Cache-Control: max-age=60\r\n", result))
-	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"64KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"4KiB\"\n"), "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := cfg.CoreOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := core.New(newRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10}), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.Dial("tcp", serveForwarding(t, c, up.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.WriteString(conn, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
-	if _, err := http.ReadResponse(bufio.NewReader(conn), nil); err != nil {
-		t.Fatal(err)
-	}
-	conn.(*net.TCPConn).SetLinger(0)
-	conn.Close() // a reset: the client is gone
-	err = <-result
-	if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
-		t.Errorf("the upstream's %d MiB to a gone client, over the cache's max_body (4KiB): %v; want its connection cut", size>>20, err)
-	}
-}
-
-// serveForwarding serves net/http's engine over c, forwarding to up, on
-// a port of its own, until the test ends; it returns the address.
-func serveForwarding(t *testing.T, c *core.Core, up string) string {
-	t.Helper()
-	u, err := nethttp.NewUpstream(c, up, engine.Upstream{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := nethttp.NewServer(nethttp.ServerOptions{Core: c, Upstream: u, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
-	return ln.Addr().String()
 }

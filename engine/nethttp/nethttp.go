@@ -330,7 +330,9 @@ func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 			_ = recover()
 			ex.Finish(err)
 		}()
-		rw := &writer{w: &nowhere{header: http.Header{}}, ex: ex, keep: true}
+		// No client from the start: what the core keeps no more (a fill
+		// that outgrew max_body) is not read on (writer.Write).
+		rw := &writer{w: &nowhere{header: http.Header{}}, ex: ex, keep: true, clientGone: errNoClient}
 		if h.fwd != nil {
 			err = h.fwd.serve(rw, r2, &request{r: r2, bodyRead: true}, ex, fwd)
 			rw.finish()
@@ -344,6 +346,9 @@ func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 
 // Wait waits for the background refreshes in flight to end.
 func (h *Handler) Wait() { h.background.Wait() }
+
+// errNoClient is the client of a background refresh: there is none.
+var errNoClient = errors.New("nethttp: a background refresh has no client")
 
 // nowhere is the client of a background refresh: it keeps nothing.
 type nowhere struct{ header http.Header }
