@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"time"
 )
 
 // The rules of an upstream's response head, for the engines that read
@@ -60,6 +61,11 @@ type ResponseHead struct {
 	Chunked   bool  // ... and it is chunked (else the body ends at the close)
 	Close     bool  // the upstream closes the connection after it
 	HasDate   bool  // a Date field, which goes on as sent
+
+	// IdleFor is how long the connection may wait idle for the next
+	// request: a margin short of the Keep-Alive timeout the upstream gave
+	// (KeepAliveIdle). 0: it gave none, and the pool's own bound holds.
+	IdleFor time.Duration
 }
 
 // ParseResponseHead indexes raw, one whole head (the status line, the fields, the
@@ -151,6 +157,17 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 					named = true
 				}
 			}
+		case FieldHopByHop:
+			if len(name) == 10 && EqualFold(name, "keep-alive") {
+				if secs, ok := keepAliveTimeout(v); ok {
+					idle := KeepAliveIdle(secs)
+					if idle == 0 {
+						h.Close = true // kept for no time at all
+					} else if h.IdleFor == 0 || idle < h.IdleFor {
+						h.IdleFor = idle
+					}
+				}
+			}
 		case FieldOther:
 			if len(name) == 4 && EqualFold(name, "date") {
 				h.HasDate = true // kept: the server sends its own only without
@@ -177,6 +194,47 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 		h.HasDate = false // not passed on: the server sends its own
 	}
 	return h, nil
+}
+
+// KeepAliveIdle is how long a connection may wait idle in the pool after
+// a response whose Keep-Alive field said timeout=secs (RFC 2068 §19.7.1.1,
+// what Node.js, Apache and others send): a second short of it, or half a
+// shorter one, so that the next request does not reach the upstream just
+// as it closes the connection, which a request that is not retried (a
+// POST, without an idempotency key) would get as a 502. (Node.js closes
+// after 5 s; the pools keep a connection 60 s.)
+func KeepAliveIdle(secs int64) time.Duration {
+	d := time.Duration(secs) * time.Second
+	return d - min(time.Second, d/2)
+}
+
+// keepAliveTimeout reads the timeout parameter of a Keep-Alive field's
+// value ("timeout=5, max=100"): whole seconds, up to a day; ok is false
+// without one.
+func keepAliveTimeout(v []byte) (secs int64, ok bool) {
+	for len(v) > 0 {
+		var p []byte
+		p, v = nextToken(v)
+		name, val, found := bytes.Cut(p, []byte("="))
+		if !found || !EqualFold(bytes.TrimRight(name, " \t"), "timeout") {
+			continue
+		}
+		val = bytes.TrimLeft(val, " \t")
+		if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
+			val = val[1 : len(val)-1]
+		}
+		if len(val) == 0 || len(val) > 5 {
+			return 0, false // 86400 has five digits
+		}
+		for _, c := range val {
+			if !isDigit(c) {
+				return 0, false
+			}
+			secs = secs*10 + int64(c-'0')
+		}
+		return min(secs, 86400), true
+	}
+	return 0, false
 }
 
 // dropConnectionNamed marks every field of raw a Connection field names,

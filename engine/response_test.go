@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/engine"
 )
@@ -126,4 +127,41 @@ func FuzzResponseHead(f *testing.F) {
 			}
 		})
 	})
+}
+
+// An upstream's Keep-Alive timeout bounds how long its connection may
+// wait idle for the next request, a margin short of it: the next request
+// must not reach the upstream just as it closes the connection (Node.js
+// closes after 5 s, with Keep-Alive: timeout=5), which a request that is
+// not retried (a POST) would get as a 502.
+func TestResponseHeadKeepAlive(t *testing.T) {
+	for _, tc := range []struct {
+		fields  string
+		idleFor time.Duration // 0: the pool's own bound
+		closes  bool
+	}{
+		{"", 0, false},
+		{"Keep-Alive: timeout=5\r\n", 4 * time.Second, false},
+		{"Keep-Alive: timeout=5, max=1000\r\n", 4 * time.Second, false},
+		{"keep-alive: MAX=3 , Timeout=30\r\n", 29 * time.Second, false},
+		{"Keep-Alive: timeout=\"5\"\r\n", 4 * time.Second, false},
+		{"Keep-Alive: timeout=1\r\n", 500 * time.Millisecond, false},
+		{"Keep-Alive: timeout=0\r\n", 0, true},  // kept for no time at all
+		{"Keep-Alive: timeout=x\r\n", 0, false}, // no number: no bound
+		{"Keep-Alive: timeout=-5\r\n", 0, false},
+		{"Keep-Alive: timeout=5.5\r\n", 0, false},
+		{"Keep-Alive: timeout=99999999999999999999\r\n", 0, false},
+		{"Keep-Alive: timeout=5\r\nKeep-Alive: timeout=3\r\n", 2 * time.Second, false}, // the shorter
+		{"Keep-Alive: mytimeout=5\r\n", 0, false},
+		{"Keep-Alive: 5\r\n", 0, false},
+		{"Connection: keep-alive\r\nKeep-Alive: timeout=10\r\n", 9 * time.Second, false},
+	} {
+		h, err := engine.ParseResponseHead([]byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"+tc.fields+"\r\n"), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.fields, err)
+		}
+		if h.IdleFor != tc.idleFor || h.Close != tc.closes {
+			t.Errorf("%q: idle for %v, close %v; want %v, %v", tc.fields, h.IdleFor, h.Close, tc.idleFor, tc.closes)
+		}
+	}
 }

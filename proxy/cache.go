@@ -41,7 +41,7 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 		uc, err = s.up.Get(context.Background())
 		if err == nil {
 			if _, err = uc.Write(head); err == nil {
-				err = readResponseHead(uc.Buf, &h, nil) // nobody to tell of interim responses
+				err = readResponseHead(uc, &h, nil) // nobody to tell of interim responses
 			}
 		}
 		if err == nil {

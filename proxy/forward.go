@@ -51,7 +51,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 			} else {
 				_, err = uc.Write(r.head)
 				if err == nil {
-					err = readResponseHead(uc.Buf, up, interimTo(r))
+					err = readResponseHead(uc, up, interimTo(r))
 				}
 			}
 			uc.HeadRead()
@@ -246,18 +246,21 @@ func (s *Server) upDone(uc *upconn.Conn, reusable bool) error {
 // wait for the next, until UpstreamTimeout. Where those rules say the
 // connection ends after the response (a Transfer-Encoding with a
 // Content-Length, which fasthttp takes and keeps the connection for), h
-// says Connection: close.
-func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSink) error {
+// says Connection: close; where the upstream's Keep-Alive bounds the
+// connection's idle time, uc's IdleFor says so.
+func readResponseHead(uc *upconn.Conn, h *fasthttp.ResponseHeader, to interimSink) error {
+	br := uc.Buf
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
 	for range engine.MaxInterims + 1 {
-		closes, coding, err := checkHead(br)
+		closes, idleFor, coding, err := checkHead(br)
 		if err != nil {
 			return err
 		}
 		if err := h.Read(br); err != nil {
 			return err
 		}
+		uc.IdleFor = idleFor
 		if closes {
 			h.SetConnectionClose()
 		}
@@ -276,15 +279,16 @@ func readResponseHead(br *bufio.Reader, h *fasthttp.ResponseHeader, to interimSi
 
 // checkHead waits until br holds a whole header section, or as much as it
 // can hold, and refuses one with a line ended by a bare LF or that
-// engine.ResponseHead refuses; closes is the head's Close. coding is the
+// engine.ResponseHead refuses; closes and idleFor are the head's Close
+// and IdleFor. coding is the
 // head's codings as one list when they come in several Content-Encoding
 // lines (RFC 9110 §8.4), else nil: fasthttp keeps the last line alone,
 // and a body whose first coding is lost cannot be decoded.
-func checkHead(br *bufio.Reader) (closes bool, coding []byte, err error) {
+func checkHead(br *bufio.Reader) (closes bool, idleFor time.Duration, coding []byte, err error) {
 	for want := 1; ; {
 		b, err := br.Peek(want)
 		if len(b) < want {
-			return false, nil, err // fasthttp's read reports it
+			return false, 0, nil, err // fasthttp's read reports it
 		}
 		b, _ = br.Peek(br.Buffered())
 		for i, c := range b {
@@ -292,17 +296,17 @@ func checkHead(br *bufio.Reader) (closes bool, coding []byte, err error) {
 				continue
 			}
 			if i == 0 || b[i-1] != '\r' {
-				return false, nil, engine.ErrRespBareLF
+				return false, 0, nil, engine.ErrRespBareLF
 			}
 			if i >= 3 && b[i-2] == '\n' && b[i-3] == '\r' {
 				// CRLF CRLF: the section is whole.
 				var fields [32]engine.Field
 				h, err := engine.ParseResponseHead(b[:i+1], fields[:0])
-				return h.Close, codings(&h), err
+				return h.Close, h.IdleFor, codings(&h), err
 			}
 		}
 		if len(b) == br.Size() {
-			return false, nil, nil // too large: fasthttp's read says so
+			return false, 0, nil, nil // too large: fasthttp's read says so
 		}
 		want = len(b) + 1
 	}
@@ -366,7 +370,7 @@ func (s *Server) exchangeStreamed(r *request, uc *upconn.Conn) error {
 	stopped := false
 	reuse, err := engine.SendWhileReading(uc.Conn,
 		func() error { return engine.SendBody(uc, r.head, r.body.bytes(), r.body.stream, r.body.length) },
-		func() error { return readResponseHead(uc.Buf, &r.up, interimTo(r)) },
+		func() error { return readResponseHead(uc, &r.up, interimTo(r)) },
 		func() {
 			// The client's body is left unread: its connection closes
 			// after the answer.

@@ -47,6 +47,7 @@ func (r *request) onHead(u *upConn, rest []byte) bool {
 	}
 	r.keep = r.ex.Keep()
 	u.keep = !h.Close && !r.h.isHead && r.body.done && r.body.err == nil
+	u.idleFor = h.IdleFor
 	switch {
 	case status == 101:
 		r.startTunnel(u, rest)

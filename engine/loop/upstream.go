@@ -43,9 +43,13 @@ type upConn struct {
 	r     *request
 
 	reused bool // it served a request before this one
-	keep   bool // it may serve another after this response
-	got    bool // a byte of the response arrived
-	paused bool // not read: the client's output is full
+	// idleFor bounds its wait for the next request, from its last
+	// response's Keep-Alive (engine.ResponseHead's IdleFor); 0:
+	// upstreamIdleTime.
+	idleFor time.Duration
+	keep    bool // it may serve another after this response
+	got     bool // a byte of the response arrived
+	paused  bool // not read: the client's output is full
 
 	parts  [2][]byte // what send writes: a field, so that it does not escape per call
 	in     []byte    // a response head read in part
@@ -120,7 +124,11 @@ func (p *upPool) put(u *upConn) {
 	u.state = upIdle
 	u.resetResponse()
 	_ = p.l.interest(u.fd, &u.have, wantRead)
-	p.l.wheel.arm(&u.t, upstreamIdleTime)
+	idle := upstreamIdleTime
+	if u.idleFor > 0 {
+		idle = min(idle, u.idleFor)
+	}
+	p.l.wheel.arm(&u.t, idle)
 	p.idle = append(p.idle, u)
 }
 

@@ -349,7 +349,9 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 		if _, err := uc.Write(append(head, body.bytes...)); err != nil {
 			return hd, err
 		}
-		return readResponseHead(uc.Buf, h, interim)
+		hd, err = readResponseHead(uc.Buf, h, interim)
+		uc.IdleFor = hd.idleFor
+		return hd, err
 	}
 	var stop func()
 	if s, ok := body.stream.(interface{ StopReading() }); ok {
@@ -362,15 +364,17 @@ func (f *forwarder) exchange(uc *upconn.Conn, head []byte, body aheadBody, h htt
 			return err
 		}, stop)
 	hd.close = hd.close || !reuse
+	uc.IdleFor = hd.idleFor
 	return hd, err
 }
 
 // respHead is what framing a response head says.
 type respHead struct {
 	status  int
-	length  int64 // the body's length; -1 chunked; -2 until the upstream closes
-	close   bool  // the connection is not reused after it
-	upgrade bool  // a 101 with its Connection and Upgrade kept
+	length  int64         // the body's length; -1 chunked; -2 until the upstream closes
+	close   bool          // the connection is not reused after it
+	upgrade bool          // a 101 with its Connection and Upgrade kept
+	idleFor time.Duration // engine.ResponseHead's IdleFor: the connection's idle bound
 }
 
 // interimTo is what forwards the upstream's interim responses (1xx but
@@ -428,7 +432,7 @@ func readOneHead(br *bufio.Reader, h http.Header) (respHead, error) {
 	if err != nil {
 		return respHead{}, err
 	}
-	hd := respHead{status: ph.Status, length: -2, close: ph.Close, upgrade: ph.Status == http.StatusSwitchingProtocols}
+	hd := respHead{status: ph.Status, length: -2, close: ph.Close, upgrade: ph.Status == http.StatusSwitchingProtocols, idleFor: ph.IdleFor}
 	switch {
 	case ph.Chunked:
 		hd.length = -1

@@ -77,8 +77,12 @@ type Conn struct {
 	u         *Pool           //
 	Buf       *bufio.Reader   // response bytes
 	idleSince time.Time       // when it was last put back
-	Reused    bool            // it served a request before this one
-	got       bool            // a byte of a response came since Get handed it out (Got)
+	// IdleFor bounds how long it may wait idle for its next request, from
+	// its last response's Keep-Alive timeout (engine.ResponseHead's
+	// IdleFor); 0: IdleTime. The engine sets it with each response.
+	IdleFor time.Duration
+	Reused  bool // it served a request before this one
+	got     bool // a byte of a response came since Get handed it out (Got)
 
 	// peekFn is peekFD bound once, so that a peek allocates nothing;
 	// peekN and peekErr are its results.
@@ -171,7 +175,8 @@ func (u *Pool) Get(ctx context.Context) (*Conn, error) {
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
-		if c.clean() {
+		// (The clock is read only for a bound shorter than the reaper's.)
+		if (c.IdleFor == 0 || c.fresh(time.Now())) && c.clean() {
 			c.Reused, c.got = true, false
 			return c, nil
 		}
@@ -245,6 +250,13 @@ func (u *Pool) Done(c *Conn, reusable bool, now time.Time) (clean bool) {
 	return clean
 }
 
+// fresh reports whether an idle connection was idle for less than its
+// bound at now: IdleTime, or less as the upstream's Keep-Alive said.
+func (c *Conn) fresh(now time.Time) bool {
+	idle := now.Sub(c.idleSince)
+	return idle <= IdleTime && (c.IdleFor == 0 || idle < c.IdleFor)
+}
+
 // clean reports, without blocking, whether an idle connection has nothing
 // to read and is still open: any byte or an EOF means it must not carry
 // another request. A TLS connection may hold records that are no
@@ -293,8 +305,8 @@ func (c *Conn) peek() (pending, open bool) {
 	return true, true
 }
 
-// reap closes connections idle for longer than IdleTime, until
-// close.
+// reap closes connections idle for longer than their bound (fresh),
+// every quarter of IdleTime, until close.
 func (u *Pool) reap() {
 	defer close(u.done)
 	tick := time.NewTicker(IdleTime / 4)
@@ -305,13 +317,16 @@ func (u *Pool) reap() {
 			return
 		case now := <-tick.C:
 			u.mu.Lock()
-			// The oldest are at the bottom of the stack.
-			n := 0
-			for n < len(u.idle) && now.Sub(u.idle[n].idleSince) > IdleTime {
-				u.idle[n].Conn.Close()
-				n++
+			kept := u.idle[:0]
+			for _, c := range u.idle {
+				if c.fresh(now) {
+					kept = append(kept, c)
+				} else {
+					c.Conn.Close()
+				}
 			}
-			u.idle = append(u.idle[:0], u.idle[n:]...)
+			clear(u.idle[len(kept):])
+			u.idle = kept
 			u.mu.Unlock()
 		}
 	}
