@@ -118,6 +118,10 @@ type Server struct {
 	// UpstreamMaxIdle is how many idle keep-alive connections to the
 	// upstream each worker keeps. 0 means 256.
 	UpstreamMaxIdle int `toml:"upstream_max_idle"`
+	// UpstreamIdleTimeout is how long an idle keep-alive connection to
+	// the upstream is kept (less when the upstream's Keep-Alive says
+	// less). 0 means 60s.
+	UpstreamIdleTimeout time.Duration `toml:"upstream_idle_timeout"`
 	// MaxRequests recycles a worker after it served about this many
 	// requests (each worker draws its own limit within ±10%, so that they
 	// do not recycle together). 0 means never.
@@ -664,6 +668,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&s.UpstreamConnectTimeout, engine.DefaultUpstreamConnectTimeout)
 	setDefault(&s.UpstreamTimeout, engine.DefaultUpstreamTimeout)
 	setDefault(&s.UpstreamMaxIdle, engine.DefaultUpstreamMaxIdle)
+	setDefault(&s.UpstreamIdleTimeout, engine.DefaultUpstreamIdleTimeout)
 	s.TrustedProxies = slices.Clone(s.TrustedProxies)
 	s.Exempt = slices.Clone(s.Exempt)
 

@@ -68,6 +68,7 @@ func TestDefault(t *testing.T) {
 		{"server.upstream_connect_timeout", d.Server.UpstreamConnectTimeout, 5 * time.Second},
 		{"server.upstream_timeout", d.Server.UpstreamTimeout, 60 * time.Second},
 		{"server.upstream_max_idle", d.Server.UpstreamMaxIdle, 256},
+		{"server.upstream_idle_timeout", d.Server.UpstreamIdleTimeout, 60 * time.Second},
 		{"admin.listen", d.Admin.Listen, ""},
 		{"admin.token_file", d.Admin.TokenFile, ""},
 		{"table.counters", d.Table.Counters, 262144},
@@ -150,6 +151,7 @@ send_timeout = "25s"
 upstream_connect_timeout = "2s"
 upstream_timeout = "2m"
 upstream_max_idle = 32
+upstream_idle_timeout = "5s"
 max_requests = 1000
 max_rss = "512MiB"
 request_id = "x-trace-id"
@@ -241,6 +243,7 @@ by = "global"
 			UpstreamConnectTimeout: 2 * time.Second,
 			UpstreamTimeout:        2 * time.Minute,
 			UpstreamMaxIdle:        32,
+			UpstreamIdleTimeout:    5 * time.Second,
 			MaxRequests:            1000,
 			MaxRSS:                 512 << 20,
 			RequestID:              "x-trace-id",
@@ -573,7 +576,7 @@ max_body = 1000
 	if err := c.WriteEffective(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo engine=loop trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false reset_header="" read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s upgrade_timeout=30s
+	want := `server: listen=127.0.0.1:8080 workers=2 upstream=builtin:demo engine=loop trusted_proxies=[10.0.0.0/8,::1/128] ipv6_prefix=64 shutdown_timeout=30s headers=both max_request_body=1MiB exempt=[] shadow=false case_sensitive=false reset_header="" read_header_timeout=10s idle_timeout=1m15s max_header_bytes=64KiB max_connections=0 client_body_timeout=1m0s send_timeout=1m0s upstream_connect_timeout=5s upstream_timeout=1m0s upstream_max_idle=256 upstream_idle_timeout=1m0s max_requests=0 max_rss="" request_id=X-Request-Id health_path="" drain_delay=0s upgrade_timeout=30s
 admin: listen=127.0.0.1:9901 token_file=""
 table: counters=262144 responses=16384 response_bytes=64MiB
 persist: path="/var/lib/my dump" key="" key_file="" live="" interval=0s
@@ -828,13 +831,14 @@ send_timeout = "25s"
 upstream_connect_timeout = "2s"
 upstream_timeout = "2m"
 upstream_max_idle = 32
+upstream_idle_timeout = "4s"
 `)
 	wantLimits := engine.Limits{ReadHeaderTimeout: 3 * time.Second, IdleTimeout: 20 * time.Second, MaxHeaderBytes: 16 << 10,
 		MaxConnections: 1000, ClientBodyTimeout: 15 * time.Second, SendTimeout: 25 * time.Second}
 	if got := c.Server.Limits(); got != wantLimits {
 		t.Errorf("Limits: got %+v, want %+v", got, wantLimits)
 	}
-	wantClient := engine.Upstream{ConnectTimeout: 2 * time.Second, Timeout: 2 * time.Minute, MaxIdle: 32}
+	wantClient := engine.Upstream{ConnectTimeout: 2 * time.Second, Timeout: 2 * time.Minute, MaxIdle: 32, IdleTimeout: 4 * time.Second}
 	if got := c.Server.UpstreamClient(); got != wantClient {
 		t.Errorf("Client: got %+v, want %+v", got, wantClient)
 	}

@@ -78,6 +78,7 @@ func TestErrors(t *testing.T) {
 		{"negative idle pool", "[server]\nupstream_max_idle = -2 # <-\n", "upstream_max_idle: must not be negative", 0},
 		// A zero or "" the file writes is its own, never the default.
 		{"no idle pool", "[server]\nupstream_max_idle = 0 # <-\n", "server.upstream_max_idle: is 0; it must be at least 1 (leave the key out for the default 256)", 0},
+		{"a negative upstream idle timeout", "[server]\nupstream_idle_timeout = \"-1s\" # <-\n", "upstream_idle_timeout: must be positive", 0},
 		{"redis timeout 0", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntimeout = \"0s\" # <-\n", "redis.timeout: is 0; leave the key out for the default 25ms", 0},
 		{"redis prefix empty", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nprefix = \"\" # <-\n", `redis.prefix: is empty; leave the key out for the default "preforkd:"`, 0},
 		{"idempotency header empty", "[[idempotency]]\npath = \"/o\"\nheader = \"\" # <-\n", `idempotency[1]: header: is empty; leave the key out for the default "Idempotency-Key"`, 0},

@@ -22,7 +22,8 @@ func (s Server) Limits() engine.Limits {
 
 // UpstreamClient are the [server] keys of an engine's upstream client.
 func (s Server) UpstreamClient() engine.Upstream {
-	return engine.Upstream{ConnectTimeout: s.UpstreamConnectTimeout, Timeout: s.UpstreamTimeout, MaxIdle: s.UpstreamMaxIdle}
+	return engine.Upstream{ConnectTimeout: s.UpstreamConnectTimeout, Timeout: s.UpstreamTimeout, MaxIdle: s.UpstreamMaxIdle,
+		IdleTimeout: s.UpstreamIdleTimeout}
 }
 
 // ProxyOptions translates the [server] timeouts and limits into the fast

@@ -129,8 +129,9 @@ func (l Limits) Check() error {
 }
 
 // Upstream is how an engine's client talks to the application: the
-// [server] keys upstream_connect_timeout, upstream_timeout and
-// upstream_max_idle. Zero values are the defaults.
+// [server] keys upstream_connect_timeout, upstream_timeout,
+// upstream_max_idle and upstream_idle_timeout. Zero values are the
+// defaults.
 type Upstream struct {
 	// ConnectTimeout bounds a connection attempt to the upstream; a
 	// failure is 502. 0 means 5s.
@@ -145,6 +146,14 @@ type Upstream struct {
 	// MaxIdle is how many idle keep-alive connections to the upstream
 	// each worker keeps for reuse. 0 means 256; negative keeps none.
 	MaxIdle int
+	// IdleTimeout is how long an idle connection to the upstream is kept
+	// for reuse, like nginx's keepalive_timeout in an upstream block; less
+	// when the upstream's Keep-Alive gives a shorter timeout
+	// (ResponseHead.IdleFor). Set it below an upstream's own idle timeout
+	// when the upstream does not say it (a request sent just as the
+	// upstream closes the connection, if it is not retried, is a 502).
+	// 0 means 60s.
+	IdleTimeout time.Duration
 }
 
 // Defaults of Upstream.
@@ -152,12 +161,14 @@ const (
 	DefaultUpstreamConnectTimeout = 5 * time.Second
 	DefaultUpstreamTimeout        = 60 * time.Second
 	DefaultUpstreamMaxIdle        = 256
+	DefaultUpstreamIdleTimeout    = 60 * time.Second
 )
 
 func (u *Upstream) durations() []duration {
 	return []duration{
 		{"ConnectTimeout", "upstream_connect_timeout", &u.ConnectTimeout, DefaultUpstreamConnectTimeout},
 		{"Timeout", "upstream_timeout", &u.Timeout, DefaultUpstreamTimeout},
+		{"IdleTimeout", "upstream_idle_timeout", &u.IdleTimeout, DefaultUpstreamIdleTimeout},
 	}
 }
 

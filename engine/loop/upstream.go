@@ -21,10 +21,6 @@ import (
 // it at once, and every reuse peeks at it once more (SPEC "One request,
 // one truth": a connection is reused only when clean).
 
-// upstreamIdleTime is how long an idle upstream connection is kept
-// (nginx's upstream keepalive_timeout).
-const upstreamIdleTime = 60 * time.Second
-
 type upState uint8
 
 const (
@@ -44,8 +40,8 @@ type upConn struct {
 
 	reused bool // it served a request before this one
 	// idleFor bounds its wait for the next request, from its last
-	// response's Keep-Alive (engine.ResponseHead's IdleFor); 0:
-	// upstreamIdleTime.
+	// response's Keep-Alive (engine.ResponseHead's IdleFor); 0: the
+	// upstream_idle_timeout.
 	idleFor time.Duration
 	keep    bool // it may serve another after this response
 	got     bool // a byte of the response arrived
@@ -124,7 +120,7 @@ func (p *upPool) put(u *upConn) {
 	u.state = upIdle
 	u.resetResponse()
 	_ = p.l.interest(u.fd, &u.have, wantRead)
-	idle := upstreamIdleTime
+	idle := p.l.s.o.client.IdleTimeout
 	if u.idleFor > 0 {
 		idle = min(idle, u.idleFor)
 	}

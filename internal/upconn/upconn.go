@@ -28,10 +28,6 @@ const (
 	// (a larger one is a 502, like nginx's proxy_buffer_size) and is the
 	// unit of body reads.
 	ReadBuffer = 16 << 10
-	// IdleTime is how long an idle upstream connection is kept at
-	// least (nginx's upstream keepalive_timeout); the reaper, every quarter
-	// of it, closes those idle longer, so up to 75 s.
-	IdleTime = 60 * time.Second
 )
 
 // Pool is the connection pool to one upstream.
@@ -41,6 +37,10 @@ type Pool struct {
 	tls     *tls.Config // nil for http
 	timeout time.Duration
 	maxIdle int
+	// idleTime is how long an idle connection is kept (the Upstream's
+	// IdleTimeout, nginx's upstream keepalive_timeout): one idle longer is
+	// not reused, and the reaper closes it within a quarter of it.
+	idleTime time.Duration
 
 	mu     sync.Mutex
 	idle   []*Conn // LIFO: the most recently used connection is reused first
@@ -53,12 +53,13 @@ type Pool struct {
 // New starts the pool of connections to t; o has its defaults.
 func New(t engine.Target, o engine.Upstream) *Pool {
 	u := &Pool{
-		Target:  t,
-		dialer:  net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second},
-		timeout: o.Timeout,
-		maxIdle: o.MaxIdle,
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		Target:   t,
+		dialer:   net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second},
+		timeout:  o.Timeout,
+		maxIdle:  o.MaxIdle,
+		idleTime: o.IdleTimeout,
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	if t.TLS {
 		u.tls = &tls.Config{ServerName: t.Hostname, MinVersion: tls.VersionTLS12}
@@ -79,7 +80,8 @@ type Conn struct {
 	idleSince time.Time       // when it was last put back
 	// IdleFor bounds how long it may wait idle for its next request, from
 	// its last response's Keep-Alive timeout (engine.ResponseHead's
-	// IdleFor); 0: IdleTime. The engine sets it with each response.
+	// IdleFor); 0: the pool's idle time. The engine sets it with each
+	// response.
 	IdleFor time.Duration
 	Reused  bool // it served a request before this one
 	got     bool // a byte of a response came since Get handed it out (Got)
@@ -175,8 +177,7 @@ func (u *Pool) Get(ctx context.Context) (*Conn, error) {
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
-		// (The clock is read only for a bound shorter than the reaper's.)
-		if (c.IdleFor == 0 || c.fresh(time.Now())) && c.clean() {
+		if c.fresh(time.Now()) && c.clean() {
 			c.Reused, c.got = true, false
 			return c, nil
 		}
@@ -251,10 +252,11 @@ func (u *Pool) Done(c *Conn, reusable bool, now time.Time) (clean bool) {
 }
 
 // fresh reports whether an idle connection was idle for less than its
-// bound at now: IdleTime, or less as the upstream's Keep-Alive said.
+// bound at now: the pool's idle time, or less as the upstream's
+// Keep-Alive said.
 func (c *Conn) fresh(now time.Time) bool {
 	idle := now.Sub(c.idleSince)
-	return idle <= IdleTime && (c.IdleFor == 0 || idle < c.IdleFor)
+	return idle < c.u.idleTime && (c.IdleFor == 0 || idle < c.IdleFor)
 }
 
 // clean reports, without blocking, whether an idle connection has nothing
@@ -306,10 +308,10 @@ func (c *Conn) peek() (pending, open bool) {
 }
 
 // reap closes connections idle for longer than their bound (fresh),
-// every quarter of IdleTime, until close.
+// every quarter of the pool's idle time, until close.
 func (u *Pool) reap() {
 	defer close(u.done)
-	tick := time.NewTicker(IdleTime / 4)
+	tick := time.NewTicker(u.idleTime / 4)
 	defer tick.Stop()
 	for {
 		select {

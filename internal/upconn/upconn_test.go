@@ -32,7 +32,7 @@ func BenchmarkCleanCheck(b *testing.B) {
 			io.Copy(io.Discard, c)
 		}
 	}()
-	u := New(engine.Target{Addr: ln.Addr().String()}, engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second})
+	u := New(engine.Target{Addr: ln.Addr().String()}, engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, IdleTimeout: time.Minute})
 	defer u.Close()
 	c, err := u.Dial(context.Background())
 	if err != nil {
@@ -77,7 +77,7 @@ func TestCleanCheck(t *testing.T) {
 			}
 		}()
 		u := New(engine.Target{Addr: ln.Addr().String(), TLS: useTLS, Hostname: "localhost"},
-			engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second})
+			engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, IdleTimeout: time.Minute})
 		defer u.Close()
 		if useTLS {
 			u.tls = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
@@ -151,7 +151,7 @@ func TestDone(t *testing.T) {
 		io.WriteString(c, resp)
 		io.Copy(io.Discard, c)
 	})
-	u := New(engine.Target{Addr: ln.Addr().String()}, engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, MaxIdle: 4})
+	u := New(engine.Target{Addr: ln.Addr().String()}, engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, MaxIdle: 4, IdleTimeout: time.Minute})
 	defer u.Close()
 	for _, tc := range []struct {
 		name            string
