@@ -229,6 +229,35 @@ func TestBodyTimeoutAnsweredAtOnce(t *testing.T) {
 	}
 }
 
+// send_timeout bounds a wait for the client, not the application: a
+// handler that writes a short answer (net/http buffers it) and works on
+// for longer than send_timeout before it returns still has its answer
+// sent whole. The buffered bytes go out once the handler returns, and
+// the client, which reads at once, gets them.
+func TestSendTimeoutCountsFromTheWrite(t *testing.T) {
+	t.Parallel()
+	const timeout = 300 * time.Millisecond
+	_, ln := limitedServer(t, engine.Limits{SendTimeout: timeout}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello")
+		time.Sleep(3 * timeout) // the work after the answer: no write waits meanwhile
+	}))
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("an answer written before the handler worked on: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(body) != "hello" || err != nil {
+		t.Errorf("got %d %q (%v), want 200 \"hello\"", resp.StatusCode, body, err)
+	}
+}
+
 // A handler that refuses a request with Expect: 100-continue without
 // reading its body answers at once, with no 100 Continue before it, and
 // closes: the client sends no body for nothing, nor waits for

@@ -213,9 +213,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.h.ServeHTTP(lw, r)
 	lw.head() // net/http writes the head of a response the handler left unwritten
-	if lw.h2 {
-		// The HTTP/2 server writes what the handler left buffered, and
-		// the end of the stream, once it returns: within send_timeout.
+	if !lw.hijacked {
+		// net/http writes what the handler left buffered (and the HTTP/2
+		// server the end of the stream) once it returns: within
+		// send_timeout from now, not from the handler's last write, which
+		// may have been long before (work done after a short answer).
 		lw.deadline(true)
 	}
 	*lw = limitWriter{}
@@ -375,6 +377,9 @@ type limitWriter struct {
 	headed  bool        // the final response head was written
 	h2      bool        // the response is an HTTP/2 stream's
 	closing bool        // the client closes the connection after the response
+	// hijacked: Hijack handed the connection over; its deadlines are
+	// the hijacker's.
+	hijacked bool
 }
 
 // maxDrop is how much of a request body the application left unread is
@@ -473,7 +478,7 @@ func (lw *limitWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	lw.headed = true // the connection is the hijacker's now
+	lw.headed, lw.hijacked = true, true // the connection is the hijacker's now
 	hc := &hijackedConn{Conn: c, s: lw.s}
 	lw.s.hjMu.Lock()
 	if lw.s.hijacked == nil {
