@@ -405,6 +405,24 @@ func TestDurationsAndCounters(t *testing.T) {
 	}
 }
 
+// A window written as a bare integer is that many seconds however the
+// rule is written: an inline array of tables as a [[ratelimit]].
+func TestWindowSecondsInline(t *testing.T) {
+	for _, src := range []string{
+		"[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 300\n[[ratelimit.override]]\nkey = \"k\"\nlimit = 2\nwindow = 600\n",
+		"ratelimit = [{name = \"a\", path = \"/a\", limit = 1, window = 300, override = [{key = \"k\", limit = 2, window = 600}]}]\n",
+		"[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 300\noverride = [{key = \"k\", limit = 2, window = 600}]\n",
+	} {
+		c := mustParse(t, src)
+		if got := c.RateLimits[0].Window; got != 300*time.Second {
+			t.Errorf("window = 300: got %v\n%s", got, src)
+		}
+		if got := c.RateLimits[0].Overrides[0].Window; got != 600*time.Second {
+			t.Errorf("override window = 600: got %v\n%s", got, src)
+		}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	if err := (Config{}).Validate(); err != nil {
 		t.Errorf("zero Config: %v", err)

@@ -147,7 +147,7 @@ const maxWholeSeconds = 1 << 32
 // windowSeconds makes each window the file wrote as a bare integer that
 // many seconds: the decoder took it for nanoseconds.
 func (c *Config) windowSeconds(tree map[string]any) {
-	rules, _ := tree["ratelimit"].([]map[string]any)
+	rules := tables(tree["ratelimit"])
 	for i, m := range rules {
 		if i >= len(c.RateLimits) {
 			break
@@ -156,13 +156,28 @@ func (c *Config) windowSeconds(tree map[string]any) {
 		if n, ok := m["window"].(int64); ok {
 			rl.Window = time.Duration(n) * time.Second
 		}
-		overrides, _ := m["override"].([]map[string]any)
-		for j, o := range overrides {
+		for j, o := range tables(m["override"]) {
 			if n, ok := o["window"].(int64); ok && j < len(rl.Overrides) {
 				rl.Overrides[j].Window = time.Duration(n) * time.Second
 			}
 		}
 	}
+}
+
+// tables is v as the decoder gives an array of tables: []map[string]any
+// for [[name]] blocks, []any of maps for an inline array (name = [{...}]).
+func tables(v any) []map[string]any {
+	switch a := v.(type) {
+	case []map[string]any:
+		return a
+	case []any:
+		out := make([]map[string]any, len(a))
+		for i, e := range a {
+			out[i], _ = e.(map[string]any)
+		}
+		return out
+	}
+	return nil
 }
 
 func decodeError(name string, err error) *Error {
