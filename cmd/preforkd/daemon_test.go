@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -285,5 +286,19 @@ func TestReloadSetsCacheSince(t *testing.T) {
 	time.Sleep(time.Millisecond)
 	if again := step(both); again.Caches[0].Since != back.Caches[0].Since || again.Caches[1].Since != back.Caches[1].Since {
 		t.Errorf("a reload that keeps the blocks moved their times: %v, then %v", back.Caches, again.Caches)
+	}
+}
+
+// Every flag of a command is in its synopsis, which the usage and
+// README's "Command line" show.
+func TestSynopsisShowsEveryFlag(t *testing.T) {
+	for _, c := range commands() {
+		fs := commandFlags(c)
+		c.setup(fs)
+		fs.VisitAll(func(f *flag.Flag) {
+			if !strings.Contains(c.synopsis+" ", "-"+f.Name+" ") && !strings.Contains(c.synopsis+" ", "-"+f.Name+"]") {
+				t.Errorf("preforkd %s: the synopsis %q does not show -%s", c.name, c.synopsis, f.Name)
+			}
+		})
 	}
 }

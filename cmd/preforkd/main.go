@@ -44,7 +44,7 @@ func commands() []*command {
 			"describe a dump or a live region (header, guards, occupancy); exit 1 if a load would refuse it", setupInspect},
 		{"health", "[-admin ADDR] [-timeout D]",
 			"ask a running instance's /readyz; exit 0 when it serves, 1 otherwise (a container's HEALTHCHECK)", setupHealth},
-		{"tune", "-admin ADDR [-upstream URL] [-path PATH] [-requests N]",
+		{"tune", "-admin ADDR [-upstream URL] [-upstream-pid PID] [-path PATH] [-requests N]",
 			"advise on table sizes and workers of a running instance, with the evidence and what was not measured", setupTune},
 		{"example-config", "",
 			"print an example configuration that documents every key, to start from", setupExampleConfig},
