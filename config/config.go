@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -868,4 +869,19 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(e.Msg)
 	return b.String()
+}
+
+// KeyError is msg, what a caller found wrong with the value of key (its
+// dotted name, "admin.token_file"), as an *Error of the file named file
+// at the line of the key there, read again: for what only the caller
+// checks (a file it reads itself, a directory it writes to), so that the
+// operator meets it as the configuration's own problems. The line falls
+// back to the key's table's, and is 0 when the file cannot be read.
+func KeyError(file, key, msg string) *Error {
+	e := &Error{File: file, Msg: msg}
+	if src, err := os.ReadFile(file); err == nil {
+		r := &report{file: file, src: string(src)}
+		e.Line = r.line(strings.Split(key, ".")...)
+	}
+	return e
 }

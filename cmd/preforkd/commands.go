@@ -160,12 +160,22 @@ func loadToStart(path string, o overrides) (config.Config, error) {
 		return cfg, err
 	}
 	if err := checkPersist(cfg); err != nil {
-		return cfg, err
+		return cfg, atKey(path, err)
 	}
 	if err := checkAdminListen(cfg.Admin.Listen); err != nil {
-		return cfg, &configError{err}
+		return cfg, atKey(path, &keyError{"admin.listen", err})
 	}
 	return cfg, nil
+}
+
+// atKey is a keyError as a configError of the file at path, at the key's
+// line there; any other error as it is.
+func atKey(path string, err error) error {
+	var ke *keyError
+	if !errors.As(err, &ke) {
+		return err
+	}
+	return &configError{config.KeyError(path, ke.key, ke.err.Error())}
 }
 
 // loadConfigOver is loadConfig for a reload of running: a TLS
@@ -184,7 +194,7 @@ func loadConfigOver(path string, o overrides, running *config.Config) (config.Co
 		return cfg, nil, &configError{err}
 	}
 	cfg, err = checkLoaded(cfg, o)
-	return cfg, kept, err
+	return cfg, kept, atKey(path, err)
 }
 
 // checkLoaded applies the flags to a configuration read from its file
@@ -199,13 +209,13 @@ func checkLoaded(cfg config.Config, o overrides) (config.Config, error) {
 	// refuse every action refuses the configuration instead.
 	if cfg.Admin.TokenFile != "" {
 		if _, err := readToken(cfg.Admin.TokenFile); err != nil {
-			return cfg, &configError{err}
+			return cfg, &keyError{"admin.token_file", err}
 		}
 	}
 	// So does an access log no worker could open.
 	if path, on := cfg.Log.AccessLog(); on {
 		if err := accesslog.Check(path); err != nil {
-			return cfg, &configError{fmt.Errorf("log.access: %w", err)}
+			return cfg, &keyError{"log.access", fmt.Errorf("log.access: %w", err)}
 		}
 	}
 	return cfg, nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"io"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -300,5 +302,30 @@ func TestSynopsisShowsEveryFlag(t *testing.T) {
 				t.Errorf("preforkd %s: the synopsis %q does not show -%s", c.name, c.synopsis, f.Name)
 			}
 		})
+	}
+}
+
+// What only the daemon checks of a key (a file it reads, a directory it
+// writes to) is refused, by check as by run, at the key's line, as the
+// configuration's own checks are.
+func TestDaemonChecksNameTheLine(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing", "x")
+	for _, tc := range []struct{ src, want string }{
+		{"[server]\nworkers = 1\n\n[admin]\nlisten = \"127.0.0.1:1\"\ntoken_file = " + strconv.Quote(missing) + "\n", ":6: admin.token_file: "},
+		{"[server]\nworkers = 1\n\n[log]\naccess = " + strconv.Quote(missing) + "\n", ":5: log.access: "},
+		{"[server]\nworkers = 1\n\n[persist]\nkey = \"v1\"\npath = " + strconv.Quote(missing) + "\n", ":6: persist: persist.path "},
+		{"[server]\nworkers = 1\n\n[persist]\nlive = " + strconv.Quote(missing) + "\n", ":5: persist: persist.live "},
+		{"[server]\nworkers = 1\n\n[admin]\nlisten = \"unix:" + missing + "\"\n", ":5: admin.listen "},
+	} {
+		path := filepath.Join(dir, "preforkd.toml")
+		if err := os.WriteFile(path, []byte(tc.src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), []string{"check", "-config", path}, &stdout, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), "preforkd: config: "+path+tc.want) {
+			t.Errorf("check of\n%s: exit %d, stderr %q; want exit 2 and %q", tc.src, code, stderr.String(), path+tc.want)
+		}
 	}
 }

@@ -76,6 +76,17 @@ type configError struct{ err error }
 func (e *configError) Error() string { return e.err.Error() }
 func (e *configError) Unwrap() error { return e.err }
 
+// keyError is what the daemon itself found wrong with the value of a key
+// (a file it reads, a directory it writes to): atKey places it at the
+// key's line, as the configuration's own problems are.
+type keyError struct {
+	key string // dotted: "admin.token_file"
+	err error
+}
+
+func (e *keyError) Error() string { return e.err.Error() }
+func (e *keyError) Unwrap() error { return e.err }
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := dispatch(ctx, args, stdout, stderr)
 	var ue *usageError

@@ -21,8 +21,14 @@ func regionLayoutVersion() int { return shm.LayoutVersion }
 // not be written (exit 2), at start and in check, rather than losing the
 // state at shutdown.
 func checkPersist(cfg config.Config) error {
-	if err := persist.CheckDirs(persistOptions(cfg, "")); err != nil {
-		return &configError{err}
+	o := persistOptions(cfg, "")
+	path, live := o, o
+	path.Live, live.Path = "", ""
+	if err := persist.CheckDirs(path); err != nil {
+		return &keyError{"persist.path", err}
+	}
+	if err := persist.CheckDirs(live); err != nil {
+		return &keyError{"persist.live", err}
 	}
 	return nil
 }
