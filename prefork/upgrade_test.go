@@ -427,3 +427,34 @@ func TestUpgradeStopAfterTellingReadyWaitsForTheWord(t *testing.T) {
 		t.Fatalf("finished %v, region left %q, once main and the old workers are gone", s.finished(), s.regionLeft())
 	}
 }
+
+// Workers that a reload replaced hold their indexes while they drain
+// their last requests (up to shutdown_timeout): with two reloads' worth
+// of them, the new supervisor would find too few indexes for its workers
+// and exit asking for a restart. USR2 is refused until they are gone, as
+// during a reload, and taken once they are.
+func TestUpgradeRefusedWhileReplacedWorkersHoldTheIndexes(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	s := upgradingSupervisor(t, f, u, 2)
+	s.cfg.Canary.Off = true
+	ready(s, 100, 101)
+	for range 2 {
+		sendSignal(s, syscall.SIGHUP)
+		ready(s, f.nextPID-1)
+		ready(s, f.nextPID-1)
+	}
+	if s.reloading || slices.Contains(s.inUse, false) {
+		t.Fatalf("reloading %v, indexes in use %v: want both reloads done, every index held", s.reloading, s.inUse)
+	}
+	sendSignal(s, syscall.SIGUSR2)
+	if len(u.held) != 0 {
+		t.Fatalf("an upgrade began with the indexes %v, leaving none for the new supervisor's workers", u.held)
+	}
+	for _, pid := range []int{100, 101, 102, 103} {
+		exit(s, pid, true)
+	}
+	sendSignal(s, syscall.SIGUSR2)
+	if len(u.held) != 1 || !slices.Equal(u.held[0], []int{4, 5}) {
+		t.Fatalf("upgrade handed %v once the replaced workers were gone, want [[4 5]]", u.held)
+	}
+}

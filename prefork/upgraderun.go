@@ -29,6 +29,11 @@ func (s *supervisor) startUpgrade() {
 		// Its indexes are held until reaped: a new supervisor now would
 		// find too few and ask for a restart.
 		why = "the indexes of the failed upgrade's workers are not all reaped yet"
+	case s.freeIndexes() < len(s.slots):
+		// Workers a reload or a recycling replaced still drain: the new
+		// supervisor would find too few indexes for its workers and
+		// exit asking for a restart, when waiting is enough.
+		why = "replaced workers still drain and hold the indexes the new supervisor's workers need (send USR2 again once they exited)"
 	case !s.announced:
 		why = "not ready yet"
 	case s.env.upgrade == nil:
@@ -51,6 +56,17 @@ func (s *supervisor) startUpgrade() {
 	}
 	s.up = &upgradeRun{proc: p, deadline: s.env.now().Add(s.cfg.UpgradeTimeout)}
 	s.log.Info("upgrade begun: new supervisor started", "pid", p.pid, "upgrade_timeout", s.cfg.UpgradeTimeout)
+}
+
+// freeIndexes counts the region worker indexes no worker holds.
+func (s *supervisor) freeIndexes() int {
+	n := 0
+	for _, used := range s.inUse {
+		if !used {
+			n++
+		}
+	}
+	return n
 }
 
 // onUpgradeReady hands over to the new supervisor: it becomes the
