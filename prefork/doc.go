@@ -49,7 +49,7 @@
 // worker exists, runs Options.Prepare, starts the workers and watches them
 // with one select loop; it never serves a request. TERM, INT or QUIT (or
 // ctx done) drains: after Settings.DrainDelay (during which the workers
-// serve on, told by USR2 that the instance stops: Worker.OnDrain), the
+// serve on, told by SIGRTMIN+2 that the instance stops: Worker.OnDrain), the
 // workers stop accepting and finish what is in flight within
 // Settings.ShutdownTimeout, by package engine's drain rule, then
 // Options.Finish runs and Run returns; a second signal kills at once (a

@@ -263,7 +263,7 @@ func parseStatmRSS(b []byte, page int64) (int64, error) {
 
 // onRecycle handles a worker's request to be replaced: step starts its
 // successor. Once the instance is stopping none would start (a worker
-// that passed its limit as the drain began, before it saw USR2): it
+// that passed its limit as the drain began, before it saw sigDrain): it
 // leaves with the instance, and is not counted as recycled.
 func (s *supervisor) onRecycle(ev recycleEvent) {
 	p := s.procs[ev.pid]

@@ -95,7 +95,7 @@ type proc struct {
 	killed   bool
 	recycle  string        // why it asked to be replaced (max_requests, max_rss); "" = it did not
 	rssDelay time.Duration // it judges its memory from start + rssDelay
-	// held are the notes (USR1, USR2) sent while it was not yet ready,
+	// held are the notes (sigReopen, sigDrain) sent while it was not yet ready,
 	// for it once it is: a process just started may not handle them yet,
 	// and their default action ends it.
 	held []syscall.Signal
@@ -657,7 +657,7 @@ func (s *supervisor) kill(p *proc) {
 // beginDrain starts the graceful shutdown: none is started any more, and
 // every worker is told to drain, after delay (Settings.DrainDelay): until
 // then the workers serve on, told only that the instance is stopping
-// (USR2: their health check answers 503), and readiness says draining, so
+// (sigDrain: their health check answers 503), and readiness says draining, so
 // that a load balancer takes the instance out before its listener closes.
 func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 	if s.draining {
@@ -690,7 +690,7 @@ func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 		s.stopAt = s.env.now().Add(delay)
 		for _, p := range s.sortedProcs() {
 			if err := p.note(sigDrain); err != nil {
-				s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "USR2", "err", err)
+				s.log.Warn("signalling a worker failed", "pid", p.pid, "signal", "RTMIN+2", "err", err)
 			}
 		}
 		return

@@ -10,10 +10,15 @@ import (
 )
 
 // sigReopen and sigDrain are what the supervisor sends a worker to have
-// it reopen the files it writes (USR1), and to have it drain (USR2).
+// it reopen the files it writes (USR1), and to tell it that the instance
+// stops (SIGRTMIN+2, as kill -l names 36): not USR2, which an operator
+// sends the binary upgrade with, and systemctl kill sends every process
+// of the unit, workers included, unless told --kill-whom=main. A
+// worker that took it for the notice would answer 503 to health checks
+// and stop recycling for good when the upgrade is refused or fails.
 const (
 	sigReopen = syscall.SIGUSR1
-	sigDrain  = syscall.SIGUSR2
+	sigDrain  = syscall.Signal(36)
 )
 
 // run is the supervisor's one select loop. It returns once the supervisor

@@ -856,14 +856,14 @@ func TestNotesHeldUntilReady(t *testing.T) {
 		t.Fatalf("USR1 sent to %v, want the ready worker alone, twice", got)
 	}
 	sendSignal(s, syscall.SIGTERM) // drain_delay: USR2, "stopping"
-	if got := f.signalled(syscall.SIGUSR2); !slices.Equal(got, []int{100}) {
+	if got := f.signalled(sigDrain); !slices.Equal(got, []int{100}) {
 		t.Fatalf("USR2 sent to %v, want the ready worker alone", got)
 	}
 	ready(s, 101)
 	if got := f.signalled(syscall.SIGUSR1); !slices.Equal(got, []int{100, 100, 101}) {
 		t.Errorf("USR1 sent to %v once 101 is ready, want it once more, to 101", got)
 	}
-	if got := f.signalled(syscall.SIGUSR2); !slices.Equal(got, []int{100, 101}) {
+	if got := f.signalled(sigDrain); !slices.Equal(got, []int{100, 101}) {
 		t.Errorf("USR2 sent to %v once 101 is ready, want it to 101 too", got)
 	}
 }
@@ -899,7 +899,7 @@ func TestDrainDelay(t *testing.T) {
 	s.step()
 	ready(s, 100, 101)
 	sendSignal(s, syscall.SIGTERM)
-	if got := f.signalled(syscall.SIGUSR2); !slices.Equal(got, []int{100, 101}) {
+	if got := f.signalled(sigDrain); !slices.Equal(got, []int{100, 101}) {
 		t.Fatalf("USR2 sent to %v, want both workers", got)
 	}
 	if len(f.signalled(syscall.SIGTERM)) != 0 || f.stopped != 0 {

@@ -32,15 +32,16 @@ func runWorker(ctx context.Context, opts Options) int {
 	if n, err := raiseOpenFileLimit(); err != nil {
 		log.Warn("open-file limit not raised", "open_files", n, "err", err)
 	}
-	// Ctrl-C and HUP are the supervisor's business. From the supervisor:
-	// TERM (or QUIT, as nginx's workers take it) means drain, USR1
-	// reopen the files, USR2 that the instance is stopping (its health
-	// answers 503 while it still serves, Settings.DrainDelay).
-	signal.Ignore(syscall.SIGINT, syscall.SIGHUP)
+	// Ctrl-C, HUP and USR2 (the binary upgrade) are the supervisor's
+	// business. From the supervisor: TERM (or QUIT, as nginx's workers
+	// take it) means drain, USR1 reopen the files, sigDrain that the
+	// instance is stopping (its health answers 503 while it still
+	// serves, Settings.DrainDelay).
+	signal.Ignore(syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR2)
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGQUIT)
 	notes := make(chan os.Signal, 4)
-	signal.Notify(notes, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(notes, sigReopen, sigDrain)
 
 	w, ln, err := joinWorker(opts, index, log)
 	if err != nil {
@@ -162,7 +163,7 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 			recycle = nil
 			askRecycling(report, msg, log)
 		case sig := <-notes:
-			if sig == syscall.SIGUSR1 {
+			if sig == sigReopen {
 				w.reopen(log)
 			} else {
 				w.draining()

@@ -290,6 +290,29 @@ func TestHealthPathAndDrainDelay(t *testing.T) {
 	}
 }
 
+// systemctl kill -s USR2 (the binary upgrade), as systemctl kill does
+// by default, signals every process of the unit: the workers too. A
+// worker takes from the supervisor alone that the instance stops: the
+// USR2 an operator meant for the supervisor leaves its health check and
+// its recycling as they were, also when the upgrade is refused or fails
+// and the worker serves on.
+func TestUSR2ToTheWorkersLeavesThemServing(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOptions{config: baseServer(2, "health_path = \"/healthz\"")})
+	for _, pid := range d.workerPIDs() {
+		if err := syscall.Kill(pid, syscall.SIGUSR2); err != nil {
+			t.Fatalf("kill -USR2 %d: %v", pid, err)
+		}
+	}
+	c := newClient(t, nil, false)
+	// The signal reaches the workers a moment later: watch for a while.
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if r := get(c, d.url("/healthz")); r.status != 200 {
+			t.Fatalf("GET /healthz after USR2 to the workers: %d %q %v, want 200: the instance does not stop", r.status, r.body, r.err)
+		}
+	}
+}
+
 // inFlight sends a request in the background and returns once it reached
 // up, with the channel its result comes on.
 func inFlight(t *testing.T, up *idemUpstream, send func() result) <-chan result {
