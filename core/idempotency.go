@@ -167,9 +167,8 @@ func (ex *Exchange) matchBlock() *block {
 	if len(ex.c.blocks) == 0 {
 		return nil
 	}
-	method := ex.req.Method()
 	for _, b := range ex.c.blocks {
-		if b.route.Match(method, ex.match) {
+		if ex.matchRoute(&b.route) {
 			return b
 		}
 	}

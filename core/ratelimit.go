@@ -180,9 +180,8 @@ func (ex *Exchange) redisPending() bool {
 // gets no header.
 func (ex *Exchange) matchRules() (enforcing int) {
 	c := ex.c
-	method := ex.req.Method()
 	for _, ru := range c.rules {
-		if !ru.route.Route.Match(method, ex.match) {
+		if !ex.matchRoute(&ru.route.Route) {
 			continue
 		}
 		if c.exempt.Len() > 0 && c.exempt.Contains(ex.Client()) {

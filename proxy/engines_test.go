@@ -193,6 +193,22 @@ var coreCases = []coreCase{
 		upSeen: []string{"HEAD /search HTTP/1.1", "head /search HTTP/1.1"},
 	},
 	{
+		// Symfony (so Laravel), Express's method-override, Rack and
+		// ASP.NET Core run a POST that says X-HTTP-Method-Override:
+		// DELETE with their DELETE handler: a rule for DELETE counts it.
+		name: "a method override counts under the method the application runs",
+		rules: `[[ratelimit]]` + "\nname = \"del\"\npath = \"/items/*\"\nmethods = [\"DELETE\"]\nlimit = 1\nwindow = \"1m\"\n" +
+			`[[idempotency]]` + "\npath = \"/orders/*\"\nmethods = [\"PUT\"]\nrequired = true\nmax_body = \"4KiB\"\n",
+		steps: []coreStep{
+			{send: "DELETE /items/1 HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0"}},
+			{send: "POST /items/2 HTTP/1.1\nHost: h\nX-HTTP-Method-Override: DELETE\nContent-Length: 0\n\n", status: 429},
+			{send: "POST /items/3 HTTP/1.1\nHost: h\nx-http-method-override: delete\nContent-Length: 0\n\n", status: 429},
+			{send: "POST /items/4 HTTP/1.1\nHost: h\nContent-Length: 0\n\n", status: 201, hasNot: []string{"Ratelimit-Policy"}},
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nX-HTTP-Method-Override: PUT\nContent-Length: 0\n\n", status: 400},
+		},
+		upSeen: []string{"DELETE /items/1 HTTP/1.1", "POST /items/4 HTTP/1.1"},
+	},
+	{
 		name:  "a key header sent twice is refused",
 		rules: `[[ratelimit]]` + "\nname = \"key\"\npath = \"/k\"\nlimit = 5\nwindow = \"1m\"\nby = \"header:X-Api-Key\"\n",
 		steps: []coreStep{
