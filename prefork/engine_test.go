@@ -26,15 +26,7 @@ func testFastEngine(w *Worker) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	// What the worker is asked to close runs once it has drained, the
-	// last asked first: each says so on stderr, as a line of the
-	// supervisor's JSON log.
-	for _, n := range []int{1, 2} {
-		w.Defer(func() error {
-			fmt.Fprintf(os.Stderr, "{\"msg\":\"test worker closing\",\"pid\":%d,\"n\":%d}\n", os.Getpid(), n)
-			return nil
-		})
-	}
+	deferClosingLines(w)
 	s, err := proxy.New(proxy.Options{App: testFastApp(w), Core: c, Logger: w.Logger})
 	if err != nil {
 		return nil, err
@@ -153,5 +145,17 @@ func TestFastEngine(t *testing.T) {
 	}
 	if len(closing) != 2 {
 		t.Errorf("deferred functions ran in %d processes, want the 2 workers: %v", len(closing), closing)
+	}
+}
+
+// deferClosingLines has what the worker is asked to close run once it
+// has drained, the last asked first: each says so on stderr, as a line of
+// the supervisor's JSON log ("test worker closing", its pid and n, 1 or 2).
+func deferClosingLines(w *Worker) {
+	for _, n := range []int{1, 2} {
+		w.Defer(func() error {
+			fmt.Fprintf(os.Stderr, "{\"msg\":\"test worker closing\",\"pid\":%d,\"n\":%d}\n", os.Getpid(), n)
+			return nil
+		})
 	}
 }

@@ -246,6 +246,7 @@ func testEngine(w *Worker) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	deferClosingLines(w)
 	var srv *nethttp.Server
 	keyOf := func(rule string, r *http.Request) []byte { return srv.Handler().KeyOf(rule, r) }
 	srv, err = nethttp.NewServer(nethttp.ServerOptions{Core: c, Handler: testHandler(w, c, keyOf, spec), Logger: w.Logger})

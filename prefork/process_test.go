@@ -1008,3 +1008,33 @@ func TestWorkerRefusesAnotherStatLayout(t *testing.T) {
 		t.Errorf("the worker joined the region: %+v", w)
 	}
 }
+
+// A handler that ignores the end of shutdown_timeout keeps its request,
+// which the drain then cuts; the worker still exits by itself, running
+// what it deferred (a core's last counts to a shared store), before the
+// supervisor's patience ends: it is not killed.
+func TestDrainPastTheTimeoutRunsTheDeferred(t *testing.T) {
+	setup := testConfig(1)
+	setup.Settings.ShutdownTimeout = time.Second
+	sup := startSupervisorProcess(t, "", setup)
+	resp, err := client.Get("http://" + sup.addr + "/slow?d=8s") // sleeps on, whatever the drain
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := sup.Signal(unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := sup.Wait(15 * time.Second); err != nil {
+		t.Errorf("supervisor after TERM: %v", err)
+	}
+	if !sup.logs.WaitEnd(10 * time.Second) {
+		t.Fatal("the supervisor's stderr is still open 10s after it exited")
+	}
+	if r := sup.logs.all("worker did not drain in time: killing it"); len(r) > 0 {
+		t.Errorf("the worker was killed: %v", r[0].attrs)
+	}
+	if n := len(sup.logs.all("test worker closing")); n != 2 {
+		t.Errorf("the worker ran %d of its 2 deferred functions", n)
+	}
+}

@@ -10,9 +10,12 @@ import (
 )
 
 // drainGrace is how long past Server.ShutdownTimeout the supervisor waits
-// for a draining worker (which bounds its own drain by ShutdownTimeout)
-// before it kills it.
-const drainGrace = 2 * time.Second
+// for a draining worker before it kills it. The worker bounds its drain
+// by ShutdownTimeout; past it, an engine waits up to 2 s for what it cut
+// to let go (a handler that ignores its request's end), Serve up to 1 s
+// to return, and then what the worker deferred runs (a core's last counts
+// to a shared store): killed, the worker would lose that.
+const drainGrace = 5 * time.Second
 
 // readyTimeout bounds the start of a worker: one that has not reported
 // ready by then (a handler that hangs while it is built) is killed and

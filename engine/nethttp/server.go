@@ -267,14 +267,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.conns.closeIdle(time.Now(), 0, 0, true)
 		err = cmp.Or(err, ctx.Err())
 	}
-	waitfor.Cond(engine.CloseWait, s.conns.gone)
+	gone := waitfor.Cond(engine.CloseWait, s.conns.gone)
 	// Handlers still running serve upgraded connections (or were cut
 	// above): they have until ctx is done, then their connections are
-	// closed under them.
+	// closed under them. When the connections cut did not let go, a
+	// handler that ignores its request's end holds one: it is the same
+	// handler, and is not waited for twice, so that what the worker
+	// defers runs within one CloseWait past ctx (the supervisor's
+	// patience is longer).
 	noHandler := func() bool { return s.handlers.Load() == 0 }
 	if !waitfor.Until(ctx, noHandler) {
 		s.closeHijacked()
-		waitfor.Cond(engine.CloseWait, noHandler)
+		if gone {
+			waitfor.Cond(engine.CloseWait, noHandler)
+		}
 	}
 	refreshed := make(chan struct{})
 	go func() { s.h.Wait(); close(refreshed) }()
