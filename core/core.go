@@ -251,6 +251,7 @@ type Exchange struct {
 	nowait bool       // NoWait: a step that would wait returns Wait instead
 	giveUp bool       // GiveUpWait: a wait for another request ends at once
 	passed bool       // Decide said Pass: the application's response is told
+	probe  bool       // a health check: not counted in the statistics (Finish)
 
 	// The response sent, and what is recorded of the application's.
 	status     int      // the status sent to the client
@@ -384,6 +385,7 @@ func (ex *Exchange) DecideHead() Verdict {
 		ex.takeRequestID()
 		if ex.isHealthCheck() {
 			ex.step = stepIdempotency // final
+			ex.probe = true
 			v, _ := ex.health()
 			return v
 		}

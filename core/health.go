@@ -10,8 +10,9 @@ import (
 // The health check on the data port (Options.HealthPath): answered by the
 // core before any stage, so that a load balancer or a kubelet that can
 // reach only the data port learns whether this instance serves. It is
-// never counted by a rule, never forwarded, and says 503 from the moment
-// the worker was told it is about to stop (Drain).
+// never counted by a rule or in the statistics (it is logged), never
+// forwarded, and says 503 from the moment the worker was told it is about
+// to stop (Drain).
 
 // CheckHealthPath reports whether p may be Options.HealthPath: "" (off)
 // or an absolute path without a query.

@@ -10,10 +10,13 @@ import (
 )
 
 // The health path is answered before any rule, never forwarded and never
-// counted; 503 once the core was told the worker drains; other methods
-// and paths go on as usual.
+// counted, by a rule or in the statistics (the canary's, recycling's);
+// 503 once the core was told the worker drains; other methods and paths
+// go on as usual.
 func TestHealthPath(t *testing.T) {
+	responded := 0
 	c, err := core.New(joinedRegion(t, shm.Options{Counters: 64}), core.Options{
+		OnResponse: func(int) { responded++ },
 		HealthPath: "/healthz",
 		RequestID:  "X-Request-Id",
 		RateLimits: []core.RateLimit{{Rule: bucket.Rule{Name: "all", Limit: 1, Window: time.Hour}, Route: mustRoute(t, "/*")}},
@@ -33,12 +36,12 @@ func TestHealthPath(t *testing.T) {
 	if a := serve(c, newReq("HEAD", "/healthz?probe=1", "192.0.2.1"), app); a.status != 200 || len(a.body) != 0 || a.get("Content-Length") != "3" {
 		t.Errorf("HEAD /healthz: %+v", a)
 	}
-	if forwarded != 0 {
-		t.Fatalf("the health check was forwarded %d times", forwarded)
+	if forwarded != 0 || responded != 0 {
+		t.Fatalf("the health check was forwarded %d times, and counted in the statistics %d times", forwarded, responded)
 	}
 	// The rule counted none of them: the client's one request is left.
-	if st := decide(c, newReq("GET", "/other", "192.0.2.1")); st != 200 {
-		t.Errorf("after the health checks: %d, want the rule's one allowed request", st)
+	if a := serve(c, newReq("GET", "/other", "192.0.2.1"), app); a.status != 200 || responded != 1 {
+		t.Errorf("after the health checks: %d, counted %d times; want the rule's one allowed request, counted", a.status, responded)
 	}
 	if st := decide(c, newReq("POST", "/healthz", "192.0.2.2")); st != 200 {
 		t.Errorf("POST /healthz: %d", st)

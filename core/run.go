@@ -293,7 +293,12 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 	if !ex.counted {
 		ex.counted = true
 		elapsed := ex.c.now() - ex.now
-		ex.c.Responded(ex.status, elapsed)
+		if !ex.probe {
+			// A load balancer's probes are no traffic: they would pass a
+			// canary's min_requests alone, and their 503s from a
+			// retiring worker would count as the fleet's errors.
+			ex.c.Responded(ex.status, elapsed)
+		}
 		if ex.c.access != nil {
 			ex.logAccess(elapsed)
 		}

@@ -172,7 +172,7 @@ var families = [numFamilies]spec{
 	},
 	HTTPRequests: {
 		name: "preforkd_http_requests_total", kind: codeHistogram,
-		help:  "Responses sent by the workers, by status code (the application's, or preforkd's own).",
+		help:  "Responses sent by the workers, by status code (the application's, or preforkd's own; not the health_path's answers).",
 		label: "code", values: codeValues(),
 		hist:     "preforkd_http_request_duration_seconds",
 		histHelp: "Time from reading a request to handing its response over (a streamed body may go on after).",
