@@ -272,6 +272,86 @@ func TestAppendKeyOfRepeated(t *testing.T) {
 	}
 }
 
+// QueryValue counts as a copy of the parameter every one that some
+// application's parser reads as it: its exact decoded name; a name PHP
+// reads as it (cut at a NUL, leading spaces dropped, ' ', '+' and '.' as
+// '_', a first '[' without a ']' after it as '_', and, from PHP 8, the
+// ' ', '.' and '[' after that '[' as '_' too); and one in a pair with a ';', which Rack
+// before 3 and Python before 3.9.2 split, counted twice since those read
+// another value there than the others do.
+func TestQueryValueCopies(t *testing.T) {
+	tests := []struct {
+		q, name string
+		value   string
+		n       int
+	}{
+		{"api_key=k1", "api_key", "k1", 1},
+		{"a=1&api_key=k1&b=2", "api_key", "k1", 1},
+		{"api_key=k1&api_key=k2", "api_key", "k1", 2},
+		{"api_key=k1&api.key=k2", "api_key", "k1", 2},
+		{"api.key=k2&api_key=k1", "api_key", "k1", 2}, // the value is the exact name's
+		{"api_key=k1&api+key=k2", "api_key", "k1", 2},
+		{"api_key=k1&api%20key=k2", "api_key", "k1", 2},
+		{"api_key=k1&api%2Ekey=k2", "api_key", "k1", 2},
+		{"api_key=k1&+api_key=k2", "api_key", "k1", 2},
+		{"api_key=k1&%20%20api_key=k2", "api_key", "k1", 2},
+		{"api_key=k1&api[key=k2", "api_key", "k1", 2},
+		{"api_key=k1&api%5Bkey=k2", "api_key", "k1", 2},
+		{"a_b_c=1&a[b.c=2", "a_b_c", "1", 2}, // PHP 8; PHP 7 reads "a_b.c"
+		{"a_b_c=1&a[b[c=2", "a_b_c", "1", 2},
+		{"api_key=k1&api_key%00x=k2", "api_key", "k1", 2}, // PHP cuts names at a NUL
+		{"api.key=k1&api_key=k2", "api.key", "k1", 2},
+		// Not PHP's api_key: an array, a '[' past the first, a '+' as sent.
+		{"api_key=k1&api[key]=k2", "api_key", "k1", 1},
+		{"api_key=k1&api[key]x=k2", "api_key", "k1", 1},
+		{"api_key=k1&api_key_=k2&api-key=k3&api%2Bkey=k4&api_key%20=k5", "api_key", "k1", 1},
+		// ';' hides a copy from all but Rack before 3 and Python before
+		// 3.9.2, or gives them another value.
+		{"x=1;api_key=k1", "api_key", "", 2},
+		{"api_key=k1;x=1", "api_key", "k1;x=1", 3},
+		{"api_key=k1&x=1;api_key=k2", "api_key", "k1", 3},
+		{"api_key;x=1", "api_key", "", 2},
+		{"x=1;y=2&api_key=k1", "api_key", "k1", 1},
+		{"api_key=k1%3Bx", "api_key", "k1;x", 1},
+		{"x=1;api.key=k2&api_key=k1", "api_key", "k1", 1}, // no ';' reader mangles
+	}
+	for _, tt := range tests {
+		v, n := QueryValue(tt.q, tt.name, nil)
+		if string(v) != tt.value || n != tt.n {
+			t.Errorf("QueryValue(%q, %q) = %q, %d; want %q, %d", tt.q, tt.name, v, n, tt.value, tt.n)
+		}
+	}
+}
+
+// QueryValue allocates nothing when its scratch buffer has room, names
+// PHP or Rack could read otherwise included.
+func TestQueryValueDoesNotAllocate(t *testing.T) {
+	scratch := make([]byte, 0, 64)
+	for _, q := range []string{
+		"id=7&page=2&api_key=k1",
+		"a.b=1&c%20d=2&e[f=3&g[h]=4&x=1;y=2&api_key=k%201",
+	} {
+		if n := testing.AllocsPerRun(100, func() { QueryValue(q, "api_key", scratch) }); n != 0 {
+			t.Errorf("QueryValue(%q): %v allocations", q, n)
+		}
+	}
+}
+
+func BenchmarkQueryValue(b *testing.B) {
+	for _, bc := range []struct{ name, q string }{
+		{"plain", "id=7&page=2&sort=name&api_key=0123456789abcdef"},
+		{"mangled", "a.b=1&c%20d=2&e[f=3&g[h]=4&x=1;y=2&api_key=0123456789abcdef"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			scratch := make([]byte, 0, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				QueryValue(bc.q, "api_key", scratch)
+			}
+		})
+	}
+}
+
 // fakeSource is a Source with fixed answers.
 type fakeSource struct {
 	headers map[string][]string
@@ -318,6 +398,15 @@ func TestKeysOfCookieQueryPath(t *testing.T) {
 		{"query:key|ip", fakeSource{query: "%6Bey=%6B1"}, "q:key:k1", "k1", ""},
 		{"query:key|ip", fakeSource{query: "key=k1&key=k2"}, "", "", "the key query parameter was sent more than once"},
 		{"query:key|ip", fakeSource{query: "keys=1"}, "ip:192.0.2.1", "", ""},
+		// What PHP, or Rack before 3 and Python before 3.9.2, read as
+		// another copy of key is a repeat too.
+		{"query:api_key|ip", fakeSource{query: "api_key=r&api.key=k1"}, "", "", "the api_key query parameter was sent more than once"},
+		{"query:api_key|ip", fakeSource{query: "api.key=k1&api_key=r"}, "", "", "the api_key query parameter was sent more than once"},
+		{"query:api_key|ip", fakeSource{query: "api_key=r&x=1;api_key=k1"}, "", "", "the api_key query parameter was sent more than once"},
+		{"query:api_key|ip", fakeSource{query: "x=1;api_key=k1"}, "", "", "the api_key query parameter was sent more than once"},
+		{"query:api_key|ip", fakeSource{query: "api_key=k1;r"}, "", "", "the api_key query parameter was sent more than once"},
+		{"query:api_key|ip", fakeSource{query: "x=1;y=2&api_key=k1"}, "q:api_key:k1", "k1", ""},
+		{"query:api_key|ip", fakeSource{query: "api_key=k%3B1&api_keys=1&api.key[x]=2"}, "q:api_key:k;1", "k;1", ""},
 		{"query:key|ip", fakeSource{query: "key=" + long}, "Q:key:" + digest(long), long, ""},
 		{"cookie:s|ip", fakeSource{cookie: "s=" + long}, "C:s:" + digest(long), long, ""},
 		{"path", fakeSource{path: "/a"}, "p:/a", "/a", ""},

@@ -218,6 +218,23 @@ var coreCases = []coreCase{
 		upSeen: []string{"GET /k HTTP/1.1"},
 	},
 	{
+		// PHP reads api.key, api+key and api[key as api_key (and keeps
+		// the last); Rack before 3 and Python before 3.9.2 split pairs at
+		// ';' too: each is a copy of the key parameter the rule would not
+		// read, so refused as a repeat is.
+		name:  "a query key parameter another parser reads otherwise is refused",
+		rules: `[[ratelimit]]` + "\nname = \"key\"\npath = \"/q\"\nlimit = 5\nwindow = \"1m\"\nby = \"query:api_key\"\n",
+		steps: []coreStep{
+			{send: "GET /q?api_key=r1&api.key=k1 HTTP/1.1\nHost: h\n\n", status: 400, has: []string{"Content-Type: application/problem+json"}},
+			{send: "GET /q?api_key=r2&api+key=k1 HTTP/1.1\nHost: h\n\n", status: 400},
+			{send: "GET /q?api_key=r3&api[key=k1 HTTP/1.1\nHost: h\n\n", status: 400},
+			{send: "GET /q?x=1;api_key=k1 HTTP/1.1\nHost: h\n\n", status: 400},
+			{send: "GET /q?api_key=k1;r4 HTTP/1.1\nHost: h\n\n", status: 400},
+			{send: "GET /q?api_key=k1&api[key]=x&api_keys=y HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 4"}},
+		},
+		upSeen: []string{"GET /q?api_key=k1&api[key]=x&api_keys=y HTTP/1.1"},
+	},
+	{
 		name: "the application's reset header resets the rule for the request's key, and reaches no client",
 		rules: "[server]\nreset_header = \"Preforkd-Reset\"\n[[ratelimit]]\nname = \"login\"\npath = \"/signin\"\nlimit = 2\nwindow = \"1m\"\n" +
 			"[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
