@@ -99,7 +99,8 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 // request: the list is the fields frameworks actually read.
 var urlFields = [...]string{
 	"Forwarded", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Scheme", "X-Forwarded-Ssl",
-	"X-Host", "X-Original-Url", "X-Rewrite-Url", "X-Http-Method-Override",
+	"X-Host", "X-Original-Url", "X-Rewrite-Url",
+	"X-Http-Method-Override", "X-Http-Method", "X-Method-Override", // methodOverrides
 }
 
 // appendForwardedURL appends the host= and proto= parameters of the

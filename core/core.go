@@ -264,8 +264,8 @@ type Exchange struct {
 	client, clientKey netip.Addr
 	hasClient         bool
 
-	// override: whether the request has X-HTTP-Method-Override lines
-	// (matchRoute): 0 not looked yet, 1 none, 2 some.
+	// override: whether the request has lines of a methodOverrides
+	// field (matchRoute): 0 not looked yet, 1 none, 2 some.
 	override uint8
 
 	// Each stage's state.
@@ -597,33 +597,41 @@ func (ex *Exchange) view() *keyView {
 	return v
 }
 
-// hdrMethodOverride is the field by which applications run a request
+// methodOverrides are the fields by which applications run a request
 // with another method's handler: Symfony (so Laravel), Express's
 // method-override, Rack and ASP.NET Core run a POST that says
-// "X-HTTP-Method-Override: DELETE" as a DELETE.
-const hdrMethodOverride = "X-Http-Method-Override"
+// "X-HTTP-Method-Override: DELETE" as a DELETE; OData services and
+// SharePoint one that says "X-HTTP-Method: DELETE", Google's APIs one
+// that says "X-Method-Override: DELETE". Canonical forms (net/http's
+// header keys).
+var methodOverrides = [...]string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
 // matchRoute reports whether rt covers the request: by its method, or by
-// a method its X-HTTP-Method-Override lines name (each element of each
-// line), which the application may run it as. As for "post" and HEAD,
-// counting such a request costs nothing and closes the bypass.
+// a method its methodOverrides lines name (each element of each line),
+// which the application may run it as. As for "post" and HEAD, counting
+// such a request costs nothing and closes the bypass.
 func (ex *Exchange) matchRoute(rt *route.Route) bool {
 	if rt.Match(ex.req.Method(), ex.match) {
 		return true
 	}
 	if ex.override == 0 {
 		ex.override = 1
-		if _, n := ex.req.Header(hdrMethodOverride); n > 0 {
-			ex.override = 2
+		for _, name := range methodOverrides {
+			if _, n := ex.req.Header(name); n > 0 {
+				ex.override = 2
+				break
+			}
 		}
 	}
 	if ex.override == 1 {
 		return false
 	}
-	for _, line := range ex.req.HeaderLines(hdrMethodOverride, ex.lines[:0]) {
-		for m := range strings.SplitSeq(line, ",") {
-			if m = strings.Trim(m, " \t"); m != "" && rt.Match(m, ex.match) {
-				return true
+	for _, name := range methodOverrides {
+		for _, line := range ex.req.HeaderLines(name, ex.lines[:0]) {
+			for m := range strings.SplitSeq(line, ",") {
+				if m = strings.Trim(m, " \t"); m != "" && rt.Match(m, ex.match) {
+					return true
+				}
 			}
 		}
 	}

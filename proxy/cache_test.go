@@ -307,9 +307,10 @@ func TestCacheVaryOnForwardedForKeysThePeer(t *testing.T) {
 	})
 }
 
-// What tells an application behind proxies another scheme, host, port or
-// URL than the request line and Host (Forwarded's host= and proto=,
-// X-Forwarded-Port, X-Original-URL, ...) is in the key: the links and
+// What tells an application behind proxies another scheme, host, port,
+// URL or method than the request line and Host (Forwarded's host= and
+// proto=, X-Forwarded-Port, X-Original-URL, X-HTTP-Method, ...) is in the
+// key: the links and
 // redirects a client made the application write with them are never
 // another client's answer. Forwarded's for= is not (it tells clients
 // apart, not URLs): a proxy in front that adds it does not split the
@@ -338,6 +339,12 @@ func TestCacheKeysTheFieldsThatNameTheURL(t *testing.T) {
 			{"X-Forwarded-Port: 8443", "HIT", "call 2: fwd=[] port=[8443] url=[]"},
 			// An unbalanced quote hides nothing from the key.
 			{`Forwarded: for="x;host=evil.example`, "MISS", `call 5: fwd=[for="x;host=evil.example] port=[] url=[]`},
+			// Each field that may make the application run another
+			// method's handler.
+			{"X-HTTP-Method-Override: PUT", "MISS", "call 6: fwd=[] port=[] url=[]"},
+			{"X-HTTP-Method: PUT", "MISS", "call 7: fwd=[] port=[] url=[]"},
+			{"X-Method-Override: PUT", "MISS", "call 8: fwd=[] port=[] url=[]"},
+			{"X-HTTP-Method: PUT", "HIT", "call 7: fwd=[] port=[] url=[]"},
 		} {
 			field := ""
 			if tt.field != "" {

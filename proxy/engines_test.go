@@ -195,7 +195,9 @@ var coreCases = []coreCase{
 	{
 		// Symfony (so Laravel), Express's method-override, Rack and
 		// ASP.NET Core run a POST that says X-HTTP-Method-Override:
-		// DELETE with their DELETE handler: a rule for DELETE counts it.
+		// DELETE with their DELETE handler, OData and SharePoint one
+		// that says X-HTTP-Method: DELETE, Google's APIs one that says
+		// X-Method-Override: DELETE: a rule for DELETE counts each.
 		name: "a method override counts under the method the application runs",
 		rules: `[[ratelimit]]` + "\nname = \"del\"\npath = \"/items/*\"\nmethods = [\"DELETE\"]\nlimit = 1\nwindow = \"1m\"\n" +
 			`[[idempotency]]` + "\npath = \"/orders/*\"\nmethods = [\"PUT\"]\nrequired = true\nmax_body = \"4KiB\"\n",
@@ -205,6 +207,10 @@ var coreCases = []coreCase{
 			{send: "POST /items/3 HTTP/1.1\nHost: h\nx-http-method-override: delete\nContent-Length: 0\n\n", status: 429},
 			{send: "POST /items/4 HTTP/1.1\nHost: h\nContent-Length: 0\n\n", status: 201, hasNot: []string{"Ratelimit-Policy"}},
 			{send: "POST /orders/1 HTTP/1.1\nHost: h\nX-HTTP-Method-Override: PUT\nContent-Length: 0\n\n", status: 400},
+			{send: "POST /items/5 HTTP/1.1\nHost: h\nX-HTTP-Method: DELETE\nContent-Length: 0\n\n", status: 429},
+			{send: "POST /items/6 HTTP/1.1\nHost: h\nx-method-override: delete\nContent-Length: 0\n\n", status: 429},
+			{send: "POST /orders/2 HTTP/1.1\nHost: h\nX-HTTP-Method: PUT\nContent-Length: 0\n\n", status: 400},
+			{send: "POST /orders/3 HTTP/1.1\nHost: h\nX-Method-Override: GET, PUT\nContent-Length: 0\n\n", status: 400},
 		},
 		upSeen: []string{"DELETE /items/1 HTTP/1.1", "POST /items/4 HTTP/1.1"},
 	},
