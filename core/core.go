@@ -264,9 +264,11 @@ type Exchange struct {
 	client, clientKey netip.Addr
 	hasClient         bool
 
-	// override: whether the request has lines of a methodOverrides
-	// field (matchRoute): 0 not looked yet, 1 none, 2 some.
+	// override is what matchRoute found of the request's override
+	// fields: 0 not looked yet, else ovLooked with ovMethod (lines of a
+	// methodOverrides field) and ovPath (altPaths holds a path).
 	override uint8
+	altPaths [len(pathOverrides)]string // the pathOverrides' normalized paths; "" for none
 
 	// Each stage's state.
 	rl    rateState
@@ -606,36 +608,91 @@ func (ex *Exchange) view() *keyView {
 // header keys).
 var methodOverrides = [...]string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
-// matchRoute reports whether rt covers the request: by its method, or by
-// a method its methodOverrides lines name (each element of each line),
+// pathOverrides are the fields by which applications run a request as
+// another path than its target's: Laminas and Zend before 2018, and
+// applications behind IIS URL Rewrite, route by "X-Original-URL:
+// /admin/x" or "X-Rewrite-URL: /admin/x" when present. Canonical forms.
+var pathOverrides = [...]string{"X-Original-Url", "X-Rewrite-Url"}
+
+// What matchRoute found of the override fields (Exchange.override).
+const (
+	ovLooked = 1 << iota
+	ovMethod
+	ovPath
+)
+
+// matchRoute reports whether rt covers the request: by its method and
+// path, or by a method its methodOverrides lines name (each element of
+// each line) or a path its pathOverrides name (the first line's, up to a
+// '?', normalized as the request's path; one that cannot be is no path),
 // which the application may run it as. As for "post" and HEAD, counting
-// such a request costs nothing and closes the bypass.
+// such a request costs nothing and closes the bypass. The fields are
+// looked for only when rt does not match the request as it is, once per
+// request.
 func (ex *Exchange) matchRoute(rt *route.Route) bool {
-	if rt.Match(ex.req.Method(), ex.match) {
+	method := ex.req.Method()
+	if rt.Match(method, ex.match) {
 		return true
 	}
 	if ex.override == 0 {
-		ex.override = 1
-		for _, name := range methodOverrides {
-			if _, n := ex.req.Header(name); n > 0 {
-				ex.override = 2
-				break
-			}
-		}
+		ex.lookOverrides()
 	}
-	if ex.override == 1 {
+	if ex.override == ovLooked {
+		return false
+	}
+	if ex.matchPaths(rt, method, false) {
+		return true
+	}
+	if ex.override&ovMethod == 0 {
 		return false
 	}
 	for _, name := range methodOverrides {
 		for _, line := range ex.req.HeaderLines(name, ex.lines[:0]) {
 			for m := range strings.SplitSeq(line, ",") {
-				if m = strings.Trim(m, " \t"); m != "" && rt.Match(m, ex.match) {
+				if m = strings.Trim(m, " \t"); m != "" && ex.matchPaths(rt, m, true) {
 					return true
 				}
 			}
 		}
 	}
 	return false
+}
+
+// matchPaths reports whether rt covers method on one of the paths the
+// request may run as: an override's, and with request its own.
+func (ex *Exchange) matchPaths(rt *route.Route, method string, request bool) bool {
+	if request && rt.Match(method, ex.match) {
+		return true
+	}
+	for _, p := range ex.altPaths {
+		if p != "" && rt.Match(method, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// lookOverrides notes which override fields the request has, and the
+// paths of its pathOverrides.
+func (ex *Exchange) lookOverrides() {
+	ex.override = ovLooked
+	for _, name := range methodOverrides {
+		if _, n := ex.req.Header(name); n > 0 {
+			ex.override |= ovMethod
+			break
+		}
+	}
+	for i, name := range pathOverrides {
+		v, n := ex.req.Header(name)
+		if n == 0 {
+			continue
+		}
+		v, _, _ = strings.Cut(v, "?")
+		if match, _, err := route.Normalize(v); err == nil {
+			ex.altPaths[i] = match
+			ex.override |= ovPath
+		}
+	}
 }
 
 func hasUpper(s string) bool {

@@ -215,6 +215,24 @@ var coreCases = []coreCase{
 		upSeen: []string{"DELETE /items/1 HTTP/1.1", "POST /items/4 HTTP/1.1"},
 	},
 	{
+		// Laminas and Zend before 2018, and applications behind IIS URL
+		// Rewrite, route by X-Original-URL or X-Rewrite-URL when present
+		// (the cache keys on them): a rule and a block count the path
+		// they name too.
+		name: "a path override counts under the path the application runs",
+		rules: `[[ratelimit]]` + "\nname = \"admin\"\npath = \"/admin/*\"\nlimit = 1\nwindow = \"1m\"\n" +
+			`[[idempotency]]` + "\npath = \"/orders/*\"\nrequired = true\nmax_body = \"4KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /admin/x HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0"}},
+			{send: "GET /public HTTP/1.1\nHost: h\nX-Original-URL: /admin/y\n\n", status: 429},
+			{send: "GET /public HTTP/1.1\nHost: h\nx-rewrite-url: /ADMIN/./z?q=1\n\n", status: 429},
+			{send: "GET /public HTTP/1.1\nHost: h\n\n", status: 200, hasNot: []string{"Ratelimit-Policy"}},
+			{send: "POST /x HTTP/1.1\nHost: h\nX-Original-URL: /orders/1\nContent-Length: 0\n\n", status: 400},
+			{send: "POST /x HTTP/1.1\nHost: h\nX-Original-URL: /orders/1\nX-HTTP-Method-Override: PATCH\nContent-Length: 0\n\n", status: 400},
+		},
+		upSeen: []string{"GET /admin/x HTTP/1.1", "GET /public HTTP/1.1"},
+	},
+	{
 		name:  "a key header sent twice is refused",
 		rules: `[[ratelimit]]` + "\nname = \"key\"\npath = \"/k\"\nlimit = 5\nwindow = \"1m\"\nby = \"header:X-Api-Key\"\n",
 		steps: []coreStep{
