@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -267,8 +268,9 @@ type Exchange struct {
 	// override is what matchRoute found of the request's override
 	// fields: 0 not looked yet, else ovLooked with ovMethod (lines of a
 	// methodOverrides field) and ovPath (altPaths holds a path).
-	override uint8
-	altPaths [len(pathOverrides)]string // the pathOverrides' normalized paths; "" for none
+	override   uint8
+	altPaths   [len(pathOverrides)]string // the pathOverrides' normalized paths; "" for none
+	altMethods []string                   // a POST's _method query parameters
 
 	// Each stage's state.
 	rl    rateState
@@ -623,7 +625,8 @@ const (
 
 // matchRoute reports whether rt covers the request: by its method and
 // path, or by a method its methodOverrides lines name (each element of
-// each line) or a path its pathOverrides name (the first line's, up to a
+// each line) or a POST's _method query parameter names, or a path its
+// pathOverrides name (the first line's, up to a
 // '?', normalized as the request's path; one that cannot be is no path),
 // which the application may run it as. As for "post" and HEAD, counting
 // such a request costs nothing and closes the bypass. The fields are
@@ -645,6 +648,11 @@ func (ex *Exchange) matchRoute(rt *route.Route) bool {
 	}
 	if ex.override&ovMethod == 0 {
 		return false
+	}
+	for _, m := range ex.altMethods {
+		if ex.matchPaths(rt, m, true) {
+			return true
+		}
 	}
 	for _, name := range methodOverrides {
 		for _, line := range ex.req.HeaderLines(name, ex.lines[:0]) {
@@ -672,6 +680,22 @@ func (ex *Exchange) matchPaths(rt *route.Route, method string, request bool) boo
 	return false
 }
 
+// queryMethods are the values of the _method parameters of the query q,
+// decoded: every copy, as parsers differ in the one they keep (PHP the
+// last), between '&'s or ';'s.
+func queryMethods(q string) (ms []string) {
+	for pair := range strings.FieldsFuncSeq(q, func(r rune) bool { return r == '&' || r == ';' }) {
+		k, v, _ := strings.Cut(pair, "=")
+		if k, err := url.QueryUnescape(k); err != nil || k != "_method" {
+			continue
+		}
+		if v, err := url.QueryUnescape(v); err == nil && v != "" {
+			ms = append(ms, v)
+		}
+	}
+	return ms
+}
+
 // lookOverrides notes which override fields the request has, and the
 // paths of its pathOverrides.
 func (ex *Exchange) lookOverrides() {
@@ -680,6 +704,14 @@ func (ex *Exchange) lookOverrides() {
 		if _, n := ex.req.Header(name); n > 0 {
 			ex.override |= ovMethod
 			break
+		}
+	}
+	// Symfony with its parameter override on, and so Laravel, run a POST
+	// as the method its _method parameter names (from the body first:
+	// a body is not read here).
+	if q := ex.req.Query(); strings.EqualFold(ex.req.Method(), "POST") && strings.Contains(q, "_method") {
+		if ex.altMethods = queryMethods(q); len(ex.altMethods) > 0 {
+			ex.override |= ovMethod
 		}
 	}
 	for i, name := range pathOverrides {

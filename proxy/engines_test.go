@@ -211,8 +211,13 @@ var coreCases = []coreCase{
 			{send: "POST /items/6 HTTP/1.1\nHost: h\nx-method-override: delete\nContent-Length: 0\n\n", status: 429},
 			{send: "POST /orders/2 HTTP/1.1\nHost: h\nX-HTTP-Method: PUT\nContent-Length: 0\n\n", status: 400},
 			{send: "POST /orders/3 HTTP/1.1\nHost: h\nX-Method-Override: GET, PUT\nContent-Length: 0\n\n", status: 400},
+			// Symfony and Laravel read _method from the query of a POST.
+			{send: "POST /items/7?_method=DELETE HTTP/1.1\nHost: h\nContent-Length: 0\n\n", status: 429},
+			{send: "POST /orders/4?a=1&_method=put HTTP/1.1\nHost: h\nContent-Length: 0\n\n", status: 400},
+			{send: "POST /items/9?_method=GET&_m%65thod=DELETE HTTP/1.1\nHost: h\nContent-Length: 0\n\n", status: 429}, // PHP keeps the last
+			{send: "GET /items/8?_method=DELETE HTTP/1.1\nHost: h\n\n", status: 200, hasNot: []string{"Ratelimit-Policy"}},
 		},
-		upSeen: []string{"DELETE /items/1 HTTP/1.1", "POST /items/4 HTTP/1.1"},
+		upSeen: []string{"DELETE /items/1 HTTP/1.1", "POST /items/4 HTTP/1.1", "GET /items/8?_method=DELETE HTTP/1.1"},
 	},
 	{
 		// Laminas and Zend before 2018, and applications behind IIS URL
