@@ -130,13 +130,14 @@ func (ex *Exchange) Forward() Forward {
 
 // Keep reports whether the application's response must be read to its end
 // even when the client has gone away: it is stored for the client's retry
-// (an idempotency key), or for the cache. A cache fill that outgrew its
-// max_body is not kept any more (nothing of it will be stored), where an
-// idempotency key's response still is: its end tells a retry that it ran.
-// An engine asks again as the body comes.
+// (an idempotency key), or for the cache. One that outgrew its max_body
+// is not kept any more: nothing of it will be stored, and an idempotency
+// key's is then unreplayable whether its end comes or not (the
+// application ran the request: a retry gets 409). An engine asks again as
+// the body comes.
 func (ex *Exchange) Keep() bool {
 	max, ok := ex.record()
-	return ok && max > 0 && (ex.idem.reserved || !ex.rec.Overflow)
+	return ok && max > 0 && !ex.rec.Overflow
 }
 
 // Head tells the core the final status and header section of the
@@ -323,9 +324,11 @@ func (ex *Exchange) completeRecorded(err error) {
 	if _, ok := ex.record(); !ok {
 		return
 	}
-	if err != nil || !ex.recording && !ex.rec.Failed {
+	if err != nil && !ex.rec.Overflow || !ex.recording && !ex.rec.Failed {
 		// No whole response: nothing of it can be stored, and a
-		// reservation is let go for the retry.
+		// reservation is let go for the retry. (One that had outgrown
+		// max_body was not to be stored: its end, read or cut once the
+		// client was gone, changes nothing; Keep.)
 		ex.rec.Failed = true
 	}
 	if ex.rec.Status == 0 {

@@ -476,3 +476,37 @@ func cut(err error) bool {
 	ne, ok := err.(net.Error)
 	return err != nil && !(ok && ne.Timeout())
 }
+
+// TestIdempotentResponseOverMaxBodyIsCut: a keyed request's response that
+// outgrew its block's max_body cannot be replayed; once its client is
+// gone nothing needs the rest of it, and it is cut, as a cache fill is.
+// The key stays executed (the application ran the request): a retry gets
+// 409, and the upstream sees the request once.
+func TestIdempotentResponseOverMaxBodyIsCut(t *testing.T) {
+	t.Parallel()
+	const size = 256 << 20
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		result := make(chan error, 1)
+		up := startUpstream(t, wiretest.CutOff(size, "", result))
+		c := configCore(t, "[[idempotency]]\npath = \"/orders\"\nmax_body = \"4KiB\"\nwait = \"1s\"\n", nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		const post = "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: k1\r\nContent-Length: 0\r\n\r\n"
+		conn, br := dial(t, r.Addr)
+		io.WriteString(conn, post)
+		if _, err := http.ReadResponse(br, nil); err != nil {
+			t.Fatal(err)
+		}
+		conn.(*net.TCPConn).SetLinger(0)
+		conn.Close() // a reset: the client is gone
+		if err := <-result; !cut(err) {
+			t.Errorf("the upstream's %d MiB to a gone client, over the block's max_body: %v; want its connection cut", size>>20, err)
+		}
+		conn, br = dial(t, r.Addr)
+		if resp, body := roundTrip(t, conn, br, post); resp.StatusCode != 409 {
+			t.Errorf("the retry: %d %q; want 409: the request ran", resp.StatusCode, body)
+		}
+		if n := len(up.Requests()); n != 1 {
+			t.Errorf("the upstream saw the keyed request %d times", n)
+		}
+	})
+}

@@ -442,10 +442,9 @@ func TestNextRequestAfterLargeAnswer(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 }
 
-// A response the core keeps (an idempotency key's, read to its end over
-// max_body too: its end tells a retry that the request ran) whose client
-// stopped reading, so that the upstream was held back, and then went
-// away: the rest is read to its end (and dropped), not left with the
+// A response the core keeps (a cache fill within its max_body) whose
+// client stopped reading, so that the upstream was held back, and then
+// went away: the rest is read to its end (and stored), not left with the
 // upstream's connection and its timer both stopped for good.
 func TestKeptResponseOfAGoneClientIsReadToItsEnd(t *testing.T) {
 	t.Parallel()
@@ -464,11 +463,12 @@ func TestKeptResponseOfAGoneClientIsReadToItsEnd(t *testing.T) {
 		_, err := c.Write(bytes.Repeat([]byte("x"), size))
 		result <- err
 	})
-	addr, _ := serve(t, loop.Options{Upstream: "http://" + ln.Addr().String(), Loops: 1, Core: configCore(t, idemRules),
+	cache := "[table]\ncounters = 1024\nresponses = 64\nresponse_bytes = \"64MiB\"\n[[cache]]\npath = \"/big\"\nmax_body = \"32MiB\"\n"
+	addr, _ := serve(t, loop.Options{Upstream: "http://" + ln.Addr().String(), Loops: 1, Core: configCore(t, cache),
 		Client: engine.Upstream{Timeout: 20 * time.Second}})
 	c, _ := dial(t, addr)
 	c.(*net.TCPConn).SetReadBuffer(4096)
-	io.WriteString(c, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"big\"\r\nContent-Length: 2\r\n\r\n{}")
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
 	time.Sleep(300 * time.Millisecond) // the client's output passes highWater: the upstream is held back
 	c.Close()
 	if err := <-result; err != nil {
