@@ -70,9 +70,9 @@ type Protocol interface {
 
 // ownBodySent is how much of a response of the core's own (a refusal, a
 // stored answer) went out as body: none to HEAD, whose answer the engines
-// send without it.
+// send without it, nor to a client that went away before it (499).
 func (ex *Exchange) ownBodySent() int64 {
-	if ex.req.Method() == http.MethodHead {
+	if ex.req.Method() == http.MethodHead || ex.status == StatusClientClosed {
 		return 0
 	}
 	return int64(len(ex.resp.Body))

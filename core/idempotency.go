@@ -246,9 +246,12 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 			}
 			if ex.req.Gone() {
 				// The client went away: nobody to answer. A response is
-				// still needed to end the exchange; it is never read.
-				c.row.Add(metrics.IdempotencyRequests, metrics.IdemConflict, 1)
-				return ex.idemProblem(b, problemInFlight)
+				// still needed to end the exchange; it is never read, so
+				// it is no conflict: counted and logged as 499, as a
+				// client gone while the application has its request.
+				v, ok := ex.idemProblem(b, problemInFlight)
+				ex.status = StatusClientClosed
+				return v, ok
 			}
 			tab.Wait(tk, min(left, waitSlice))
 		default:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/waitfor"
 )
 
 // The answers a client has not taken yet, on every engine: the drain and
@@ -163,3 +164,72 @@ func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
 		}
 	})
 }
+
+// The loop and net/http: a client that goes away while its request waits
+// for another's (a duplicate of an idempotency key in flight) is counted
+// as 499, as one that goes away while its request is with the upstream,
+// not as the 409 nobody read.
+func TestClientGoneWhileItsDuplicateWaitsIs499(t *testing.T) {
+	t.Parallel()
+	clientGoneWhileWaiting(t, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k1\"\r\nContent-Length: 2\r\n\r\nhi")
+}
+
+// clientGoneWhileWaiting sends req twice, the second while the upstream
+// holds the first, and resets the second client while its request waits
+// for the first: on the loop and net/http it is counted 499, and never
+// reaches the application.
+func clientGoneWhileWaiting(t *testing.T, req string) {
+	var watching []storyEngine
+	for _, e := range withNetHTTP() {
+		if e.name != "fasthttp" {
+			watching = append(watching, e)
+		}
+	}
+	eachEngine(t, watching, func(t *testing.T, e storyEngine) {
+		release := make(chan struct{})
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			<-release
+			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok")
+		})
+		statuses := make(chan int, 4)
+		lines := make(chan core.AccessEntry, 4)
+		c := configCoreWith(t, "[[idempotency]]\npath = \"/orders\"\n[[cache]]\npath = \"/c\"\n", func(o *core.Options) {
+			o.OnResponse = func(status int) { statuses <- status }
+			o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		first, _ := dial(t, r.Addr)
+		io.WriteString(first, req)
+		if !waitfor.Cond(5*time.Second, func() bool { return len(up.Requests()) == 1 }) {
+			t.Fatal("the first request did not reach the upstream")
+		}
+		second, _ := dial(t, r.Addr)
+		io.WriteString(second, req)
+		time.Sleep(100 * time.Millisecond) // waiting for the first
+		second.(*net.TCPConn).SetLinger(0) // a reset
+		second.Close()
+		select {
+		case status := <-statuses:
+			if status != core.StatusClientClosed {
+				t.Errorf("counted as %d, want %d", status, core.StatusClientClosed)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("not counted within 5 s of the client's reset")
+		}
+		if e := <-lines; e.Status != core.StatusClientClosed || e.Bytes != 0 {
+			t.Errorf("logged as %d with %d bytes sent, want %d with none", e.Status, e.Bytes, core.StatusClientClosed)
+		}
+		close(release)
+		if !waitfor.Cond(5*time.Second, func() bool { return len(statuses) == 1 }) {
+			t.Error("the first request was not counted")
+		}
+		if n := len(up.Requests()); n != 1 {
+			t.Errorf("the upstream got %d requests, want 1: the waiting client's went on after it left", n)
+		}
+	})
+}
+
+// accessFunc is a core.AccessLog that calls itself.
+type accessFunc func(e *core.AccessEntry)
+
+func (f accessFunc) Log(e *core.AccessEntry) { f(e) }
