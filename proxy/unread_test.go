@@ -174,6 +174,15 @@ func TestClientGoneWhileItsDuplicateWaitsIs499(t *testing.T) {
 	clientGoneWhileWaiting(t, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k1\"\r\nContent-Length: 2\r\n\r\nhi")
 }
 
+// The loop and net/http: a client that goes away while its miss waits for
+// another's fetch of the same response is counted as 499, and its request
+// is not forwarded after all (net/http forwarded it, for nobody, once the
+// wait ended).
+func TestClientGoneWhileItsMissWaitsIsNotForwarded(t *testing.T) {
+	t.Parallel()
+	clientGoneWhileWaiting(t, "GET /c HTTP/1.1\r\nHost: a\r\n\r\n")
+}
+
 // clientGoneWhileWaiting sends req twice, the second while the upstream
 // holds the first, and resets the second client while its request waits
 // for the first: on the loop and net/http it is counted 499, and never

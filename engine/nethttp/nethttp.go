@@ -161,6 +161,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			writeResponse(w, ex.Response(), r.ProtoMajor == 1)
 		}
+	} else if req.Gone() {
+		// The client went away while its request waited (for another's
+		// fetch of the same response): nobody to forward it for, as on
+		// the event loop.
+		err = core.ErrClientGone
 	} else {
 		err = h.pass(w, r, req, ex)
 	}
