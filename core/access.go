@@ -124,6 +124,16 @@ func (ex *Exchange) forwarded() {
 	}
 }
 
+// Sending tells the core that the request goes to the application now,
+// its body read ahead: the upstream time runs from here, not from
+// Forward, so that a client's slow upload of a body the engine reads
+// whole first is not counted as the application's time.
+func (ex *Exchange) Sending() {
+	if ex.fwdAt != 0 && ex.upDur < 0 {
+		ex.fwdAt = max(ex.c.now(), 1)
+	}
+}
+
 // answered notes when the application's head (or its failure) came, and
 // counts the upstream time, once per forwarded request. Finish calls it
 // for a request whose application gave neither (the client went away):

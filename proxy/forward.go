@@ -28,6 +28,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		s.refuseAfter(r, ex, engine.ErrUpgradeBody)
 		return
 	}
+	ex.Sending()
 	r.head = r.appendHead(r.head[:0])
 	streamed := !r.body.done
 	if !streamed {

@@ -7,11 +7,14 @@ package main
 // upgrade, socket activation, TLS and HTTP/2, against the built daemon.
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -930,5 +933,53 @@ func TestAccessLogHeadSendsNoBody(t *testing.T) {
 	}
 	if len(want) != 0 {
 		t.Errorf("no line for %v in %q", want, lines)
+	}
+}
+
+// upstream_time runs from sending the request to the application to its
+// response head: a short body the worker reads whole before it forwards
+// is the client's time, not the application's, on every engine.
+func TestAccessLogUpstreamTimeStartsWhenSent(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write([]byte("ok"))
+	}))
+	t.Cleanup(up.Close)
+	for _, eng := range []string{"loop", "fasthttp"} {
+		t.Run(eng, parallel(func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "access.log")
+			d := startDaemon(t, daemonOptions{config: baseServer(1, fmt.Sprintf("upstream = %q\nengine = %q", up.URL, eng)) +
+				fmt.Sprintf("\n[log]\naccess = %q\naccess_format = \"json\"\n", path)})
+			conn, err := net.Dial("tcp", d.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// Half the body, a pause, then the rest: the worker forwards
+			// the request only once its body is whole.
+			io.WriteString(conn, "POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabc")
+			time.Sleep(time.Second)
+			io.WriteString(conn, "def")
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("%v %v", resp, err)
+			}
+			lines := accessLines(t, path, 1, 5*time.Second)
+			if len(lines) != 1 {
+				t.Fatalf("lines %q", lines)
+			}
+			var e struct {
+				Duration     float64  `json:"duration"`
+				UpstreamTime *float64 `json:"upstream_time"`
+			}
+			if err := json.Unmarshal([]byte(lines[0]), &e); err != nil || e.UpstreamTime == nil {
+				t.Fatalf("line %s: %v", lines[0], err)
+			}
+			if e.Duration < 0.9 || *e.UpstreamTime > 0.5 {
+				t.Errorf("duration %.3f, upstream_time %.3f: want the client's second in the first only (%s)", e.Duration, *e.UpstreamTime, lines[0])
+			}
+		}))
 	}
 }

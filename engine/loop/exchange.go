@@ -431,6 +431,7 @@ func (r *request) sendUpstream() {
 		return
 	}
 	r.streamed = !b.done
+	r.ex.Sending()
 	// The head sent upstream goes after the client's in the same buffer:
 	// one buffer a request.
 	r.sent = r.appendHead(r.buf[len(r.buf):], &l.s.o.target)

@@ -114,6 +114,7 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 		f.answer(rw, ex.Refuse(b.Status, b.Detail, b.CloseConn))
 		return nil
 	}
+	ex.Sending()
 	hp := headPool.Get().(*[]byte)
 	defer headPool.Put(hp)
 	head := appendHead((*hp)[:0], r, fwd, &f.up.Target, upgrade, body)
