@@ -6,11 +6,15 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"net/http"
 	"net/http/httputil"
+	"net/textproto"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/route"
 )
 
 // The request head's rules, one by one (the conformance tables of package
@@ -231,7 +235,13 @@ func FuzzRequestHead(f *testing.F) {
 			t.Fatal("both framings accepted")
 		}
 		r := &request{h: h}
-		r.fwd.Path = r.Path()
+		// The path the core passes on (route.Normalize's forward path):
+		// one it refuses is not forwarded.
+		_, fwdPath, err := route.Normalize(r.Path())
+		if err != nil {
+			return
+		}
+		r.fwd.Path = fwdPath
 		r.body.start(&r.h)
 		r.body.done = true
 		out := r.appendHead(nil, &engine.Target{Authority: "up"})
@@ -253,6 +263,34 @@ func FuzzRequestHead(f *testing.F) {
 		}
 		if h2.chunked {
 			t.Fatalf("a body read whole went chunked: %q", out)
+		}
+		// The upstream, net/http, reads one request from it: the
+		// client's method, host, query and end-to-end fields.
+		br := bufio.NewReader(bytes.NewReader(out))
+		up, err := http.ReadRequest(br)
+		if err != nil {
+			t.Fatalf("net/http refuses the head sent upstream (%v): %q", err, out)
+		}
+		if br.Buffered() != 0 || up.ContentLength > 0 {
+			t.Fatalf("net/http reads more than one request without a body in %q", out)
+		}
+		if up.Method != string(h.method.of(h.raw)) || up.URL.RawQuery != string(h.query.of(h.raw)) {
+			t.Fatalf("net/http reads %s %q from %q", up.Method, up.URL.RawQuery, out)
+		}
+		if host := string(h.host.of(h.raw)); host != "" && up.Host != host || host == "" && up.Host != "up" {
+			t.Fatalf("net/http reads host %q from %q", up.Host, out)
+		}
+		want := map[string][]string{}
+		for _, f := range h.fields {
+			if f.kind == engine.FieldOther {
+				name := textproto.CanonicalMIMEHeaderKey(string(f.name.of(h.raw)))
+				want[name] = append(want[name], string(f.value.of(h.raw)))
+			}
+		}
+		for name, vs := range want {
+			if !slices.Equal(up.Header[name], vs) {
+				t.Fatalf("field %s: net/http reads %q, the client sent %q, in %q", name, up.Header[name], vs, out)
+			}
 		}
 	})
 }
