@@ -110,20 +110,30 @@ func TestH2GuardFloods(t *testing.T) {
 	}
 }
 
-// Whatever a client sends, the guard neither panics nor loops.
+// Whatever a client sends, the guard neither panics nor loops, and it
+// decides the same however the reads cut what it sends.
 func FuzzH2Guard(f *testing.F) {
 	f.Add(frames(f, func(fr *http2.Framer) {
 		fr.WriteSettings()
 		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82, 0x84}, EndHeaders: true, PadLength: 3})
 	}), 7)
 	f.Fuzz(func(t *testing.T, in []byte, cut int) {
+		whole := guardOn()
+		werr := whole.look(in)
 		g := guardOn()
-		for len(in) > 0 {
-			n := min(max(cut%64, 1), len(in))
-			if g.look(in[:n]) != nil {
-				return
-			}
-			in = in[n:]
+		var err *errFlood
+		for rest := in; len(rest) > 0 && err == nil; {
+			n := min(max(cut%64, 1), len(rest))
+			err = g.look(rest[:n])
+			rest = rest[n:]
+		}
+		switch {
+		case (werr == nil) != (err == nil), werr != nil && werr.kind != err.kind:
+			t.Fatalf("whole: %v; in pieces of %d: %v", werr, max(cut%64, 1), err)
+		case werr == nil && (g.streams != whole.streams || g.resets != whole.resets || g.decoded != whole.decoded ||
+			g.block != whole.block || g.frames != whole.frames || g.raw != whole.raw):
+			t.Fatalf("whole: streams %d resets %d decoded %d; in pieces of %d: streams %d resets %d decoded %d",
+				whole.streams, whole.resets, whole.decoded, max(cut%64, 1), g.streams, g.resets, g.decoded)
 		}
 	})
 }
