@@ -162,10 +162,34 @@ func FuzzCacheControl(f *testing.F) {
 				t.Fatalf("%q: %+v", s, cc)
 			}
 		}
-		if strings.Contains(strings.ToLower(s), "no-store") != cc.NoStore && !strings.Contains(s, `"`) {
+		if noStoreNamed(s) != cc.NoStore && !strings.Contains(s, `"`) {
 			t.Fatalf("%q: no-store %v", s, cc.NoStore)
 		}
 	})
+}
+
+// noStoreNamed reports whether a Cache-Control value without quotes has a
+// no-store directive: as a directive's name, or as one of the ';'-separated
+// parts of a directive run together with others. A name that only
+// contains it (x-no-store) or a value (a=no-store) is not one.
+func noStoreNamed(s string) bool {
+	for _, d := range strings.Split(s, ",") {
+		name, value, _ := strings.Cut(d, "=")
+		name, value = strings.Trim(name, " \t"), strings.Trim(value, " \t")
+		if strings.ToLower(name) == "no-store" {
+			return true
+		}
+		if !strings.Contains(name+value, ";") {
+			continue
+		}
+		for _, part := range strings.Split(name+";"+value, ";") {
+			n, _, _ := strings.Cut(part, "=")
+			if strings.ToLower(strings.Trim(n, " \t")) == "no-store" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func FuzzVary(f *testing.F) {
