@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -63,6 +64,19 @@ func FuzzParse(f *testing.F) {
 		}
 		if err := c.WriteEffective(io.Discard); err != nil {
 			t.Fatal(err)
+		}
+		// The workers get it as JSON (the supervisor's settings'
+		// payload): whole.
+		payload, err := json.Marshal(c)
+		if err != nil {
+			t.Fatalf("the configuration does not encode for the workers: %v\n%q", err, data)
+		}
+		var got Config
+		if err := json.Unmarshal(payload, &got); err != nil {
+			t.Fatalf("a worker cannot decode the configuration (%v): %s\nfrom %q", err, payload, data)
+		}
+		if !reflect.DeepEqual(got, c) {
+			t.Fatalf("a worker decodes\n%+v\nof\n%+v\nfrom %q", got, c, data)
 		}
 		for _, r := range c.RateLimits {
 			_, err1 := r.BucketRule().Compile()
