@@ -260,6 +260,23 @@ func FuzzDecodeEntry(f *testing.F) {
 		if n != e.NFields {
 			t.Fatalf("%d fields, header says %d", n, e.NFields)
 		}
+		// What decodes is what the Writer writes from it (in this
+		// version).
+		var w Writer
+		w.Begin(nil, e.Flags, e.Status, e.Stored, e.Age, e.Fresh, e.SWR, e.SIE, e.NumGens())
+		for i := range e.NumGens() {
+			hash, gen := e.Gen(i)
+			w.Gen(i, hash, gen)
+		}
+		for fl := e.Fields; len(fl) > 0; {
+			name, value, hidden, rest := NextField(fl)
+			w.Field(name, value, hidden)
+			fl = rest
+		}
+		again := w.Finish(e.Body)
+		if want := append([]byte{EntryVersion}, b[1:]...); !bytes.Equal(again, want) {
+			t.Fatalf("%x decodes to %+v, which the Writer writes as %x", b, e, again)
+		}
 	})
 }
 
