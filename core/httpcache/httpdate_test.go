@@ -1,6 +1,8 @@
 package httpcache
 
 import (
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,6 +54,23 @@ func FuzzParseHTTPDate(f *testing.F) {
 	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, s string) {
 		got, ok := ParseHTTPDate(s, now)
+		// net/http reads the IMF-fixdate and asctime forms too, more
+		// leniently (a one-digit hour, runs of spaces, fractional
+		// seconds) but for case: what it reads that is written as it
+		// writes those forms (but for the weekday, which neither checks,
+		// and the case of names), this reads too, as the same instant.
+		// (Its rfc850 form places a two-digit year otherwise.)
+		if std, err := http.ParseTime(s); err == nil && len(s) > 4 {
+			imf := std.Format(http.TimeFormat)
+			asc := std.Format(time.ANSIC)
+			asc0 := asc[:8] + strings.Replace(asc[8:9], " ", "0", 1) + asc[9:] // "Nov 06" for "Nov  6"
+			if len(s) == len(imf) && strings.EqualFold(s[4:], imf[4:]) && s[3] == ',' ||
+				len(s) == len(asc) && (strings.EqualFold(s[4:], asc[4:]) || strings.EqualFold(s[4:], asc0[4:])) && s[3] == ' ' {
+				if !ok || !got.Equal(std) {
+					t.Fatalf("%q: net/http reads %v, this %v %v", s, std, got, ok)
+				}
+			}
+		}
 		if !ok {
 			return
 		}
