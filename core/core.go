@@ -643,21 +643,21 @@ func (ex *Exchange) matchRoute(rt *route.Route) bool {
 	if ex.override == ovLooked {
 		return false
 	}
-	if ex.matchPaths(rt, method, false) {
+	if ex.matchAltPaths(rt, method) {
 		return true
 	}
 	if ex.override&ovMethod == 0 {
 		return false
 	}
 	for _, m := range ex.altMethods {
-		if ex.matchPaths(rt, m, true) {
+		if rt.Match(m, ex.match) || ex.matchAltPaths(rt, m) {
 			return true
 		}
 	}
 	for _, name := range methodOverrides {
 		for _, line := range ex.req.HeaderLines(name, ex.lines[:0]) {
 			for m := range strings.SplitSeq(line, ",") {
-				if m = strings.Trim(m, " \t"); m != "" && ex.matchPaths(rt, m, true) {
+				if m = strings.Trim(m, " \t"); m != "" && (rt.Match(m, ex.match) || ex.matchAltPaths(rt, m)) {
 					return true
 				}
 			}
@@ -666,12 +666,9 @@ func (ex *Exchange) matchRoute(rt *route.Route) bool {
 	return false
 }
 
-// matchPaths reports whether rt covers method on one of the paths the
-// request may run as: an override's, and with request its own.
-func (ex *Exchange) matchPaths(rt *route.Route, method string, request bool) bool {
-	if request && rt.Match(method, ex.match) {
-		return true
-	}
+// matchAltPaths reports whether rt covers method on a path a
+// pathOverrides field names.
+func (ex *Exchange) matchAltPaths(rt *route.Route, method string) bool {
 	for _, p := range ex.altPaths {
 		if p != "" && rt.Match(method, p) {
 			return true
