@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"fmt"
+	"math/bits"
 	"sync/atomic"
 	"time"
 )
@@ -61,3 +63,47 @@ func (t *Responses) AllowAddrSweep(a uint16) { atomic.StoreUint64(&t.addr.a[a].s
 
 // SetHeld sets the count of the records' (by) account a.
 func (t *Responses) SetHeld(a uint16, n int) { atomic.StoreUint64(&t.acc.a[a].held, uint64(n)) }
+
+// CheckPool checks the response table at rest (no process inside an
+// operation): every block in use is in the chain of exactly one
+// completed record, and no record or insert lock is held; it returns the
+// first problem found, or "". leaked is how many blocks are in use but in
+// no chain.
+func (t *Responses) CheckPool() (leaked int, problem string) {
+	owned := make([]int, t.nblocks) // record index + 1
+	inChains := 0
+	for i := range t.recs {
+		rec := &t.recs[i]
+		s := atomic.LoadUint64(&rec.state)
+		if p := recPhase(s); p == recBusy || p == recReserved {
+			return 0, fmt.Sprintf("record %d left in phase %d by owner %x", i, p, recOwner(s))
+		}
+		if l := atomic.LoadUint64(&rec.ilock); l != 0 {
+			return 0, fmt.Sprintf("insert lock of record %d left held by %x", i, l)
+		}
+		if recPhase(s) != recComplete {
+			continue
+		}
+		chain := atomic.LoadUint64(&rec.chain)
+		b, n := uint32(chain), uint32(chain>>32)
+		for j := uint32(0); j < n; j++ {
+			if b >= t.nblocks {
+				return 0, fmt.Sprintf("record %d: block %d of its chain is %d, past the pool", i, j, b)
+			}
+			if o := owned[b]; o != 0 {
+				return 0, fmt.Sprintf("block %d is in the chains of records %d and %d", b, o-1, i)
+			}
+			if atomic.LoadUint64(&t.bitmap[b/64])&(1<<(b%64)) == 0 {
+				return 0, fmt.Sprintf("block %d of record %d's chain is free", b, i)
+			}
+			owned[b] = i + 1
+			inChains++
+			b = uint32(atomic.LoadUint64(&t.blockWords(b)[0]))
+		}
+	}
+	used := 0
+	for i := range t.bitmap {
+		used += bits.OnesCount64(atomic.LoadUint64(&t.bitmap[i]))
+	}
+	return used - inChains, ""
+}

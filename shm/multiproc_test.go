@@ -24,7 +24,7 @@ import (
 // that all start hammering at once.
 func TestMain(m *testing.M) {
 	proctest.Main(map[string]proctest.Role{
-		"hammer": hammerChild, "stall": stallChild, "idem": idemChild,
+		"hammer": hammerChild, "torture": tortureChild, "stall": stallChild, "idem": idemChild,
 		"records": regionRole(recordsChild), "cache": regionRole(cacheChild),
 		"forgotten": regionRole(forgottenChild),
 	})
