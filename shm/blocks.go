@@ -228,3 +228,39 @@ func (t *Responses) drop(rec *record, s uint64) bool {
 	t.wake(rec)
 	return true
 }
+
+// reclaimLeaked gives back to the pool every block in use that no
+// completed record's chain holds: those a process killed while it built
+// a chain, completed a record or freed a record's chain left taken
+// (which Reap cannot tell from the chain in progress of a live process).
+// Only ReapAll calls it, after the records of the dead are released,
+// when no process is left that could hold a chain of its own. It returns
+// how many blocks it freed.
+func (t *Responses) reclaimLeaked() (n int) {
+	if t.nblocks == 0 {
+		return 0
+	}
+	held := make([]uint64, len(t.bitmap))
+	for i := range t.recs {
+		rec := &t.recs[i]
+		if recPhase(atomic.LoadUint64(&rec.state)) != recComplete {
+			continue
+		}
+		chain := atomic.LoadUint64(&rec.chain)
+		b, count := uint32(chain), uint32(chain>>32)
+		for j := uint32(0); j < count && b < t.nblocks; j++ {
+			held[b/64] |= 1 << (b % 64)
+			b = uint32(atomic.LoadUint64(&t.blockWords(b)[0]))
+		}
+	}
+	for wi := range t.bitmap {
+		if leaked := atomic.LoadUint64(&t.bitmap[wi]) &^ held[wi]; leaked != 0 {
+			atomic.AndUint64(&t.bitmap[wi], ^leaked)
+			n += bits.OnesCount64(leaked)
+		}
+	}
+	if n > 0 {
+		t.r.count(evBlocksFreed, uint64(n))
+	}
+	return n
+}

@@ -69,7 +69,12 @@
 //     most 250 ms, after which the caller's on_full policy answers. A
 //     retired process claims nothing ([ErrRetired]); a supervisor that
 //     re-attaches a live region first kills the orphans that still map it
-//     ([Region.KillOrphans]).
+//     ([Region.KillOrphans]). Response blocks are the exception: those of
+//     a chain that a process killed was storing or freeing (no record
+//     holds them) stay taken after [Region.Reap], which cannot tell them
+//     from a live process's chain in progress; [Region.ReapAll], with no
+//     process left, gives back every block no completed record holds, as
+//     a load does.
 //
 // # Accounts
 //

@@ -785,8 +785,8 @@ func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
 			testHook("forgetting")
 		}
 		// Taken from the record before it is freed: a supervisor killed
-		// in between leaks the blocks, rather than leave them for
-		// endForgets to free twice.
+		// in between leaves the blocks to the pool's reclaim in ReapAll,
+		// rather than for endForgets to free twice.
 		t.freeChain(atomic.SwapUint64(&rec.chain, noBlock))
 		t.uncharge(i, busy, sweeperID, t.lockWait) // a charge kept by a timeout is cleared by a later claim or sweep
 		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) {

@@ -210,4 +210,10 @@ func TestTortureKills(t *testing.T) {
 	// them up and their return to the pool, leaks them; Reap cannot tell
 	// them from the blocks of a live process's chain in progress.
 	t.Logf("%d of the pool's blocks leaked by the kills (known: see Responses.Complete)", leaked)
+	// With every process gone, as when a live region is re-attached,
+	// ReapAll gives them back: the pool is exact again.
+	r.ReapAll()
+	if leaked, msg := r.Responses().CheckPool(); leaked > 0 || msg != "" {
+		t.Errorf("after ReapAll: %d blocks leaked; %s", leaked, msg)
+	}
 }

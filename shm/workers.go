@@ -83,8 +83,10 @@ func (r *Region) Reap(w int) (released int, err error) {
 
 // ReapAll treats every worker as dead: for a region re-attached after the
 // whole process tree died, before any process uses it again. It also
-// ends a Forget the dead supervisor was inside, and counts every account
-// again from its elements' charges.
+// ends a Forget the dead supervisor was inside, counts every account
+// again from its elements' charges, and gives back to the pool the
+// blocks that no completed record holds (those of a chain a killed
+// process was building or freeing, which Reap leaves taken).
 func (r *Region) ReapAll() (released int) {
 	r.stats.unlockDead() // a supervisor that died inside a fold
 	for w := range r.workers {
@@ -92,6 +94,7 @@ func (r *Region) ReapAll() (released int) {
 		r.stats.fold(w)
 	}
 	released = r.counts.releaseStale() + r.resps.releaseStale() + r.resps.endForgets()
+	released += r.resps.reclaimLeaked() // last: after the records above gave up their chains
 	r.counts.acc.rebuild()
 	r.resps.acc.rebuild()
 	r.resps.addr.rebuild()
