@@ -45,8 +45,9 @@ type AccessEntry struct {
 	// whole (or the exchange gave up on it).
 	Duration time.Duration
 	// Upstream is how long the application took to answer with a head,
-	// from Forward to Head (or to Failed); negative when the request was
-	// not forwarded (the core answered it).
+	// from Sending to Head (or to Failed, or to Finish for a client gone
+	// first); negative when the request never went to the application
+	// (the core answered it, or the engine refused it before it went).
 	Upstream time.Duration
 	// Rule names the rule that refused the request; "" when none did.
 	Rule string
@@ -114,23 +115,27 @@ func (ex *Exchange) logAccess(elapsed time.Duration) {
 	*e = AccessEntry{}
 }
 
-// forwarded notes when the request went to the application, for its
-// upstream time (the access log's, and UpstreamDuration): at the first
-// Forward.
+// forwarded is Forward's part in the upstream time: a background
+// refresh's request has no body and goes to the application at once, so
+// its clock starts here; any other starts at Sending, which the engine
+// calls when the request really goes, so that one refused before then (a
+// body that never arrived: 408, a client gone) has no upstream time.
 func (ex *Exchange) forwarded() {
-	if ex.fwdAt == 0 {
-		ex.fwdAt = max(ex.c.now(), 1)
-		ex.upDur = -1
+	if ex.refreshing {
+		ex.Sending()
 	}
 }
 
-// Sending tells the core that the request goes to the application now,
-// its body read ahead: the upstream time runs from here, not from
-// Forward, so that a client's slow upload of a body the engine reads
-// whole first is not counted as the application's time.
+// Sending tells the core that the request goes to the application now
+// (upstream, or to an application served in process), its body read
+// ahead: the upstream time (the access log's, and UpstreamDuration) runs
+// from the first Sending, not from Forward, so that a client's slow
+// upload of a body the engine reads whole first is not counted as the
+// application's time, and a request that never went has none.
 func (ex *Exchange) Sending() {
-	if ex.fwdAt != 0 && ex.upDur < 0 {
+	if ex.fwdAt == 0 {
 		ex.fwdAt = max(ex.c.now(), 1)
+		ex.upDur = -1
 	}
 }
 

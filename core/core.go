@@ -295,8 +295,8 @@ type Exchange struct {
 	fwdAddBuf [3]Field
 
 	// For the access log: the wall clock at Begin, the body bytes told
-	// (Body), when the request was forwarded and how long its head took
-	// (upDur < 0: not yet), and the entry handed to the log.
+	// (Body), when the request went to the application (Sending; 0: it
+	// did not) and how long its head took (upDur < 0: not yet), and the entry handed to the log.
 	began time.Time
 	sent  int64
 	fwdAt time.Duration

@@ -156,7 +156,9 @@ func decideNow(ex *core.Exchange) core.Verdict {
 // forward gives the application the request that passed, and the core
 // its response.
 func forward(ex *core.Exchange, app func(core.Forward) fakeResp) (answer, error) {
-	resp := app(ex.Forward())
+	fwd := ex.Forward()
+	ex.Sending()
+	resp := app(fwd)
 	if resp.none {
 		return answerOf(ex.Failed(core.UpstreamConnect, "fake", errors.New("fake: down"))), nil
 	}
@@ -165,7 +167,7 @@ func forward(ex *core.Exchange, app func(core.Forward) fakeResp) (answer, error)
 	}
 	// The core's fields alias the exchange, which Finish reuses: copied,
 	// as an engine writes them before.
-	fwd := ex.Forward()
+	fwd = ex.Forward()
 	a := answer{status: resp.status, body: resp.body}
 	for _, f := range resp.header {
 		if !fwd.Hidden(f.Name) {

@@ -283,6 +283,7 @@ func TestUpstreamTimeCounted(t *testing.T) {
 		t.Fatal("/gone was answered by the core")
 	}
 	ex.Forward()
+	ex.Sending()
 	clock += 20 * time.Second
 	ex.Finish(errors.New("the client went away"))
 

@@ -20,6 +20,8 @@ import (
 //		send(ex.Response())
 //	} else {
 //		fwd := ex.Forward() // the path, and the fields to drop and add
+//		// ...read ahead what of the body goes with the head...
+//		ex.Sending() // the upstream time starts
 //		// ...send the request to the application...
 //		switch {
 //		case it gave no response:

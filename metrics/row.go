@@ -85,7 +85,7 @@ func (r Row) Response(code int, d time.Duration) {
 	atomic.AddUint64(&r.w[off+len(families[HTTPRequests].values)*httpBuckets], us)
 }
 
-// Upstream counts the time d from forwarding a request to the upstream's
+// Upstream counts the time d from sending a request to the upstream to its
 // response head (or its failure), in UpstreamDuration: two adds.
 func (r Row) Upstream(d time.Duration) {
 	r.Observe(UpstreamDuration, uint64(max(d, 0)/time.Microsecond))

@@ -32,7 +32,7 @@ const (
 	CacheInvalidations                   // URLs invalidated by successful unsafe requests
 	CachePurged                          // entries a lookup found purged and dropped
 	WorkerGCCycles                       // per worker: garbage collections its process ran, written by itself (Row.SetGCCycles)
-	UpstreamDuration                     // time from forwarding a request to the upstream's response head, or its failure
+	UpstreamDuration                     // time from sending a request to the upstream to its response head, or its failure
 	Connections                          // client connections open now, by state (a gauge: Conns)
 	ConnectionsAccepted                  // client connections accepted
 	ConnectionsMaxReached                // times a worker reached server.max_connections and stopped accepting
@@ -241,7 +241,7 @@ var families = [numFamilies]spec{
 	},
 	UpstreamDuration: {
 		name: "preforkd_upstream_response_duration_seconds", kind: histogram,
-		help:   "Time from forwarding a request to the upstream to its response header, or to its failure (as the access log's upstream_time). Only forwarded requests: not preforkd's own answers, not cache hits.",
+		help:   "Time from sending a request to the upstream to its response header, or to its failure (as the access log's upstream_time). Only requests that reached the upstream: not preforkd's own answers, not cache hits, not requests refused before they went (a 408 body timeout).",
 		bounds: durationBounds,
 		per:    1e6,
 	},

@@ -499,6 +499,7 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	for _, f := range r.fwd.Add {
 		ctx.Request.Header.AddBytesV(f.Name, f.Value)
 	}
+	ex.Sending()
 	s.opts.App(ctx)
 	resp := &ctx.Response
 	if ctx.Hijacked() {

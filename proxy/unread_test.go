@@ -242,3 +242,63 @@ func clientGoneWhileWaiting(t *testing.T, req string) {
 type accessFunc func(e *core.AccessEntry)
 
 func (f accessFunc) Log(e *core.AccessEntry) { f(e) }
+
+// A request whose body stops arriving before it went upstream ends in 408
+// with no upstream time, on every engine, forwarding or serving an
+// application: the access log says "-" (and the upstream histogram counts
+// nothing), as for any request the application never got. The clock
+// starts when the request goes to the application, not when the core let
+// it pass.
+func TestBodyTimeoutBeforeUpstreamHasNoUpstreamTime(t *testing.T) {
+	t.Parallel()
+	const req = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 300000\r\n\r\nab"
+	// check sends the request, and wants either a 408 with no upstream
+	// time, or (an application given the request before its body: the
+	// fast engine's streams it) the application's answer with one.
+	check := func(t *testing.T, e storyEngine, o storyOptions) {
+		lines := make(chan core.AccessEntry, 4)
+		o.Core = configCoreWith(t, "", func(o *core.Options) {
+			o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
+		})
+		o.Limits = engine.Limits{ClientBodyTimeout: 300 * time.Millisecond}
+		r := e.serve(t, o)
+		conn, br := dial(t, r.Addr)
+		// A whole request first: it reached the application.
+		io.WriteString(conn, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nab")
+		if resp, _ := readResponse(t, br, "POST"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("a whole request: status %d", resp.StatusCode)
+		}
+		if l := <-lines; l.Upstream < 0 {
+			t.Errorf("a whole request: logged %d with no upstream time", l.Status)
+		}
+		io.WriteString(conn, req)
+		resp, _ := readResponse(t, br, "POST")
+		if resp.StatusCode != http.StatusRequestTimeout && (o.App == nil || resp.StatusCode != http.StatusOK) {
+			t.Errorf("status %d, want 408", resp.StatusCode)
+		}
+		select {
+		case l := <-lines:
+			if l.Status != resp.StatusCode {
+				t.Errorf("logged %d, sent %d", l.Status, resp.StatusCode)
+			}
+			if went := l.Status == http.StatusOK; went != (l.Upstream >= 0) {
+				t.Errorf("logged %d with upstream time %v: want one only for a request that reached the application", l.Status, l.Upstream)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("no access log entry within 5 s")
+		}
+	}
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		check(t, e, storyOptions{Upstream: up.URL()})
+		if n := len(up.Requests()); n != 1 {
+			t.Errorf("the upstream saw %d requests, want the whole one alone", n)
+		}
+	})
+	t.Run("app", func(t *testing.T) {
+		t.Parallel()
+		eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+			check(t, e, storyOptions{App: func(string) int { return 200 }})
+		})
+	})
+}

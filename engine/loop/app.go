@@ -150,6 +150,7 @@ func (r *request) runApp() {
 	w := &l.appResp
 	w.reset()
 	l.appReq.r = r
+	r.ex.Sending()
 	l.s.o.App(w, &l.appReq)
 	l.appReq.r = nil
 	status := w.status

@@ -125,3 +125,41 @@ func TestCountingDoesNotAllocate(t *testing.T) {
 		t.Errorf("%v allocations per request", n)
 	}
 }
+
+// accessFunc is a core.AccessLog that calls itself.
+type accessFunc func(e *core.AccessEntry)
+
+func (f accessFunc) Log(e *core.AccessEntry) { f(e) }
+
+// The application a Handler wraps is the request's upstream: its time is
+// logged from when it gets the request (core.Exchange.Sending) to its
+// head, as the other engines log an application's; one the core answered
+// has none.
+func TestHandlerLogsTheApplicationsTime(t *testing.T) {
+	lines := make(chan core.AccessEntry, 2)
+	c, err := core.New(newRegion(t, shm.Options{Counters: 64}), core.Options{
+		AccessLog: accessFunc(func(e *core.AccessEntry) { lines <- *e })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		io.WriteString(w, "ok")
+	})
+	srv := httptest.NewServer(nethttp.New(c, app, nethttp.Options{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	select {
+	case e := <-lines:
+		if e.Status != 200 || e.Upstream < 20*time.Millisecond || e.Upstream > e.Duration {
+			t.Errorf("logged %d with upstream time %v of %v, want the application's 20ms", e.Status, e.Upstream, e.Duration)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no access log entry")
+	}
+}

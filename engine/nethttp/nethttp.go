@@ -223,6 +223,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 		// response from being stored for its retry (or for the cache).
 		r = r.WithContext(context.WithoutCancel(r.Context()))
 	}
+	ex.Sending()
 	h.next.ServeHTTP(rw, r)
 	rw.finish()
 	return nil
