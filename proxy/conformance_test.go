@@ -631,6 +631,18 @@ var exchanges = []exchange{
 		status: 400, closed: true,
 	},
 	{
+		// An https URI names a resource of the TLS service (RFC 9110
+		// §4.2.2): a cleartext listener cannot answer for it with
+		// authority, and forwarding it as http would carry a request
+		// meant for TLS in clear to the application. RFC 9112 §3.2.2
+		// asks a server to accept the absolute form, not every scheme
+		// in it; every engine refuses it alike (a TLS listener, the
+		// net/http engine's, takes https:// and refuses http://).
+		name:   "an https:// absolute-form target on a cleartext listener is refused, and the connection closes",
+		send:   "GET https://app.example/p HTTP/1.1\nHost: a\n\n",
+		status: 400, closed: true,
+	},
+	{
 		name:   "userinfo in Host is refused, and the connection closes",
 		send:   "GET / HTTP/1.1\nHost: u@a\n\n",
 		status: 400, closed: true,
