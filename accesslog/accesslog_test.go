@@ -53,6 +53,8 @@ func TestFormats(t *testing.T) {
 	odd := entry()
 	odd.Path, odd.Query, odd.UserAgent, odd.Referer, odd.RequestID = `/q"\`, "", "a\x01é", "https://x/", nil
 	odd.Client = netip.Addr{}
+	absolute := entry() // the target as sent stands for Path and Query
+	absolute.Target = `http://h/a?b="1"`
 	for _, tt := range []struct {
 		f    accesslog.Format
 		e    *core.AccessEntry
@@ -64,6 +66,10 @@ func TestFormats(t *testing.T) {
 			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET /a?b=1 HTTP/1.1" 429 187 "-" "-" request_id=5f0c request_time=0.004 upstream_time=- rule=login cache=- worker=2` + "\n"},
 		{accesslog.Combined, odd,
 			`- - - [10/Oct/2026:13:55:36 +0200] "GET /q\x22\x5C HTTP/1.1" 200 2326 "https://x/" "a\x01\xC3\xA9" request_id=- request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2` + "\n"},
+		{accesslog.Combined, absolute,
+			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET http://h/a?b=\x221\x22 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2` + "\n"},
+		{accesslog.JSON, absolute,
+			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"http://h/a?b=\"1\"","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c","worker":2,"referer":null,"user_agent":"curl/8.5.0"}` + "\n"},
 		{accesslog.JSON, entry(),
 			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c","worker":2,"referer":null,"user_agent":"curl/8.5.0"}` + "\n"},
 		{accesslog.JSON, refused,

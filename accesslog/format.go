@@ -19,9 +19,10 @@ const (
 	//
 	//	192.0.2.7 - - [10/Oct/2026:13:55:36 +0000] "GET /a?b=1 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c… request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2
 	//
-	// Times are in seconds with millisecond precision; "-" is a value
-	// that is not there (upstream_time when the request was not
-	// forwarded, rule when none refused it, cache when no block applied,
+	// The request's target is the one the client sent, an absolute-form
+	// "http://host/p?q" whole (nginx's $request). Times are in seconds
+	// with millisecond precision; "-" is a value that is not there
+	// (upstream_time when the request never reached the application, rule when none refused it, cache when no block applied,
 	// request_id when ids are off). Bytes that are not printable ASCII,
 	// '"' and '\' are written as \xHH, as nginx does.
 	Combined Format = iota
@@ -29,8 +30,8 @@ const (
 	//
 	//	{"time":"2026-10-10T13:55:36.123Z","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c…","worker":2,"referer":null,"user_agent":"curl/8.5.0"}
 	//
-	// Durations are seconds (numbers, microsecond precision); a value
-	// that is not there is null.
+	// target is as in Combined. Durations are seconds (numbers,
+	// microsecond precision); a value that is not there is null.
 	JSON
 )
 
@@ -69,10 +70,14 @@ func (l *Log) appendCombined(dst []byte, e *core.AccessEntry) []byte {
 	dst = append(dst, `] "`...)
 	dst = appendEscaped(dst, e.Method)
 	dst = append(dst, ' ')
-	dst = appendEscaped(dst, e.Path)
-	if e.Query != "" {
-		dst = append(dst, '?')
-		dst = appendEscaped(dst, e.Query)
+	if e.Target != "" {
+		dst = appendEscaped(dst, e.Target)
+	} else {
+		dst = appendEscaped(dst, e.Path)
+		if e.Query != "" {
+			dst = append(dst, '?')
+			dst = appendEscaped(dst, e.Query)
+		}
 	}
 	dst = append(dst, ' ')
 	dst = appendEscaped(dst, e.Proto)
@@ -156,10 +161,14 @@ func appendJSON(dst []byte, e *core.AccessEntry) []byte {
 	dst = append(dst, `,"method":`...)
 	dst = jsonstring.Append(dst, e.Method, jsonstring.Latin1)
 	dst = append(dst, `,"target":"`...)
-	dst = jsonstring.AppendText(dst, e.Path, jsonstring.Latin1)
-	if e.Query != "" {
-		dst = append(dst, '?')
-		dst = jsonstring.AppendText(dst, e.Query, jsonstring.Latin1)
+	if e.Target != "" {
+		dst = jsonstring.AppendText(dst, e.Target, jsonstring.Latin1)
+	} else {
+		dst = jsonstring.AppendText(dst, e.Path, jsonstring.Latin1)
+		if e.Query != "" {
+			dst = append(dst, '?')
+			dst = jsonstring.AppendText(dst, e.Query, jsonstring.Latin1)
+		}
 	}
 	dst = append(dst, `","protocol":`...)
 	dst = jsonstring.Append(dst, e.Proto, jsonstring.Latin1)

@@ -31,6 +31,12 @@ type AccessEntry struct {
 	// Method, Path and Query are the request's as sent (Query without
 	// its '?', "" when none).
 	Method, Path, Query string
+	// Target is the request target as the client sent it (the request
+	// line's, an absolute-form "http://host/p?q" whole), when the
+	// engine's request view says it (RequestTarget); else "", and Path
+	// and Query stand for it. The log writes it, as nginx's $request
+	// has the request line as received.
+	Target string
 	// Proto is the protocol as the engine reports it ("HTTP/1.1",
 	// "HTTP/2.0"; the engine's request view may say it, see Protocol),
 	// else "HTTP/1.1".
@@ -69,6 +75,13 @@ type Protocol interface {
 	Proto() string
 }
 
+// RequestTarget is what a request view may implement to give the access
+// log the request target as sent (an absolute-form one whole), which
+// Path, without the authority, does not say.
+type RequestTarget interface {
+	Target() string
+}
+
 // ownBodySent is how much of a response of the core's own (a refusal, a
 // stored answer) went out as body: none to HEAD, whose answer the engines
 // send without it, nor to a client that went away before it (499).
@@ -99,6 +112,9 @@ func (ex *Exchange) logAccess(elapsed time.Duration) {
 	}
 	if p, ok := ex.req.(Protocol); ok {
 		e.Proto = p.Proto()
+	}
+	if t, ok := ex.req.(RequestTarget); ok {
+		e.Target = t.Target()
 	}
 	if ex.fwdAt != 0 {
 		e.Upstream = ex.upDur // Finish made it final

@@ -6,11 +6,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/waitfor"
@@ -300,5 +303,65 @@ func TestBodyTimeoutBeforeUpstreamHasNoUpstreamTime(t *testing.T) {
 		eachEngine(t, readers, func(t *testing.T, e storyEngine) {
 			check(t, e, storyOptions{App: func(string) int { return 200 }})
 		})
+	})
+}
+
+// accessBoth is a core.AccessLog that gives each entry to every log.
+type accessBoth []*accesslog.Log
+
+func (b accessBoth) Log(e *core.AccessEntry) {
+	for _, l := range b {
+		l.Log(e)
+	}
+}
+
+// The access log's target is the request target as the client sent it,
+// an absolute-form one included (nginx's $request is the request line as
+// received), in the combined format and in JSON, on every engine; an
+// origin-form one is its path and query, as before.
+func TestAccessLogTargetAsSent(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		dir := t.TempDir()
+		var logs accessBoth
+		for _, f := range []accesslog.Format{accesslog.Combined, accesslog.JSON} {
+			l, err := accesslog.New(accesslog.Options{Path: filepath.Join(dir, strconv.Itoa(int(f))), Format: f, FlushEvery: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs = append(logs, l)
+		}
+		served := make(chan struct{}, 4)
+		c := configCoreWith(t, "", func(o *core.Options) {
+			o.AccessLog = accessFunc(func(e *core.AccessEntry) { logs.Log(e); served <- struct{}{} })
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		conn, br := dial(t, r.Addr)
+		targets := []string{"http://App.example:8080/p?q=1", "http://app.example?q=2", "/o?q=3"}
+		for _, target := range targets {
+			io.WriteString(conn, "GET "+target+" HTTP/1.1\r\nHost: a\r\n\r\n")
+			if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: status %d", target, resp.StatusCode)
+			}
+			select {
+			case <-served:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: not logged within 5 s", target)
+			}
+		}
+		for _, l := range logs {
+			l.Close()
+		}
+		combined, _ := os.ReadFile(filepath.Join(dir, strconv.Itoa(int(accesslog.Combined))))
+		json, _ := os.ReadFile(filepath.Join(dir, strconv.Itoa(int(accesslog.JSON))))
+		for _, target := range targets {
+			if want := `"GET ` + target + ` HTTP/1.1"`; !strings.Contains(string(combined), want) {
+				t.Errorf("combined: no %s in\n%s", want, combined)
+			}
+			if want := `"target":"` + target + `"`; !strings.Contains(string(json), want) {
+				t.Errorf("json: no %s in\n%s", want, json)
+			}
+		}
 	})
 }

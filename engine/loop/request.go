@@ -164,6 +164,10 @@ func (r *request) Path() string {
 	return b2s(r.h.path.of(r.h.raw))
 }
 
+// Target implements core.RequestTarget, for the access log: the target
+// as sent.
+func (r *request) Target() string { return b2s(r.h.target.of(r.h.raw)) }
+
 // Query implements core.Request.
 func (r *request) Query() string { return b2s(r.h.query.of(r.h.raw)) }
 

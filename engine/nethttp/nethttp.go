@@ -423,6 +423,11 @@ func (q *request) Path() string {
 	return q.r.URL.EscapedPath()
 }
 
+// Target implements core.RequestTarget, for the access log: the target
+// as sent (an HTTP/2 request's :path); "" for a request a server did not
+// read, whose Path and Query stand for it.
+func (q *request) Target() string { return q.r.RequestURI }
+
 func (q *request) Query() string {
 	if q.r.URL == nil {
 		return ""
