@@ -248,7 +248,9 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 				// The client went away: nobody to answer. A response is
 				// still needed to end the exchange; it is never read, so
 				// it is no conflict: counted and logged as 499, as a
-				// client gone while the application has its request.
+				// client gone while the application has its request,
+				// and counted as gone.
+				c.row.Add(metrics.IdempotencyRequests, metrics.IdemGone, 1)
 				v, ok := ex.idemProblem(b, problemInFlight)
 				ex.status = StatusClientClosed
 				return v, ok

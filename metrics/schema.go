@@ -87,6 +87,7 @@ const (
 	IdemFull            // 503: no record could be had
 	IdemInvalid         // 400 or 413: no usable key or body
 	IdemCapped          // 429: the client holds max_records records already
+	IdemGone            // 499: the client went away while its duplicate waited for the original
 )
 
 // Results of IdempotencyCompletions: one per executed keyed request.
@@ -186,8 +187,8 @@ var families = [numFamilies]spec{
 	},
 	IdempotencyRequests: {
 		name: "preforkd_idempotency_requests_total", kind: counter,
-		help:  "Requests with an idempotency key, by what they got: executed (reserved the key and ran), replayed, conflict (409), mismatch (422), full (503: no record), invalid (400 or 413), capped (429: the client holds max_records records).",
-		label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid", "capped"},
+		help:  "Requests with an idempotency key, by what they got: executed (reserved the key and ran), replayed, conflict (409), mismatch (422), full (503: no record), invalid (400 or 413), capped (429: the client holds max_records records), gone (499: the client went away while its duplicate waited for the original).",
+		label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid", "capped", "gone"},
 	},
 	IdempotencyCompletions: {
 		name: "preforkd_idempotency_completions_total", kind: counter,

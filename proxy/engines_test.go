@@ -90,6 +90,14 @@ func configCore(t testing.TB, toml string, now func() time.Duration) *core.Core 
 // logger).
 func configCoreWith(t testing.TB, toml string, mod func(*core.Options)) *core.Core {
 	t.Helper()
+	c, _ := configCoreIn(t, toml, mod)
+	return c
+}
+
+// configCoreIn is configCoreWith and the region the core is over, whose
+// statistics a test reads.
+func configCoreIn(t testing.TB, toml string, mod func(*core.Options)) (*core.Core, *shm.Region) {
+	t.Helper()
 	cfg, err := config.Parse([]byte(toml), "test.toml")
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +120,7 @@ func configCoreWith(t testing.TB, toml string, mod func(*core.Options)) *core.Co
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c, region
 }
 
 // coreCase is a story of requests on one keep-alive connection, with the

@@ -17,6 +17,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/waitfor"
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // The answers a client has not taken yet, on every engine: the drain and
@@ -172,9 +173,17 @@ func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
 // for another's (a duplicate of an idempotency key in flight) is counted
 // as 499, as one that goes away while its request is with the upstream,
 // not as the 409 nobody read.
+// It is counted under preforkd_idempotency_requests_total as gone: it
+// got neither the original's response nor a conflict.
 func TestClientGoneWhileItsDuplicateWaitsIs499(t *testing.T) {
 	t.Parallel()
-	clientGoneWhileWaiting(t, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k1\"\r\nContent-Length: 2\r\n\r\nhi")
+	clientGoneWhileWaiting(t, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k1\"\r\nContent-Length: 2\r\n\r\nhi", func(t *testing.T, s *metrics.Snapshot) {
+		got := func(res int) uint64 { return s.Value(metrics.IdempotencyRequests, res) }
+		if got(metrics.IdemExecuted) != 1 || got(metrics.IdemGone) != 1 || got(metrics.IdemConflict) != 0 {
+			t.Errorf("executed %d, gone %d, conflict %d; want 1, 1, 0",
+				got(metrics.IdemExecuted), got(metrics.IdemGone), got(metrics.IdemConflict))
+		}
+	})
 }
 
 // The loop and net/http: a client that goes away while its miss waits for
@@ -183,14 +192,15 @@ func TestClientGoneWhileItsDuplicateWaitsIs499(t *testing.T) {
 // wait ended).
 func TestClientGoneWhileItsMissWaitsIsNotForwarded(t *testing.T) {
 	t.Parallel()
-	clientGoneWhileWaiting(t, "GET /c HTTP/1.1\r\nHost: a\r\n\r\n")
+	clientGoneWhileWaiting(t, "GET /c HTTP/1.1\r\nHost: a\r\n\r\n", nil)
 }
 
 // clientGoneWhileWaiting sends req twice, the second while the upstream
 // holds the first, and resets the second client while its request waits
 // for the first: on the loop and net/http it is counted 499, and never
-// reaches the application.
-func clientGoneWhileWaiting(t *testing.T, req string) {
+// reaches the application; check, unless nil, is then given the
+// statistics.
+func clientGoneWhileWaiting(t *testing.T, req string, check func(t *testing.T, s *metrics.Snapshot)) {
 	var watching []storyEngine
 	for _, e := range withNetHTTP() {
 		if e.name != "fasthttp" {
@@ -205,7 +215,7 @@ func clientGoneWhileWaiting(t *testing.T, req string) {
 		})
 		statuses := make(chan int, 4)
 		lines := make(chan core.AccessEntry, 4)
-		c := configCoreWith(t, "[[idempotency]]\npath = \"/orders\"\n[[cache]]\npath = \"/c\"\n", func(o *core.Options) {
+		c, region := configCoreIn(t, "[[idempotency]]\npath = \"/orders\"\n[[cache]]\npath = \"/c\"\n", func(o *core.Options) {
 			o.OnResponse = func(status int) { statuses <- status }
 			o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
 		})
@@ -237,6 +247,11 @@ func clientGoneWhileWaiting(t *testing.T, req string) {
 		}
 		if n := len(up.Requests()); n != 1 {
 			t.Errorf("the upstream got %d requests, want 1: the waiting client's went on after it left", n)
+		}
+		if check != nil {
+			var s metrics.Snapshot
+			metrics.Read(region, &s)
+			check(t, &s)
 		}
 	})
 }
