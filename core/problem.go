@@ -40,6 +40,17 @@ const (
 	fieldLength       = "Content-Length"
 )
 
+// StatusText is the text of a status, as a problem's title and the
+// reason phrase of a status line the engines write themselves:
+// http.StatusText, but with RFC 9110's name where Go keeps an older one
+// (413 is Content Too Large, RFC 9110 §15.5.14).
+func StatusText(code int) string {
+	if code == http.StatusRequestEntityTooLarge {
+		return "Content Too Large"
+	}
+	return http.StatusText(code)
+}
+
 // AppendJSON appends the problem's JSON body (with a final newline).
 func (p *Problem) AppendJSON(dst []byte) []byte {
 	typ, title := p.Type, p.Title
@@ -47,7 +58,7 @@ func (p *Problem) AppendJSON(dst []byte) []byte {
 		typ = "about:blank"
 	}
 	if title == "" {
-		title = http.StatusText(p.Status)
+		title = StatusText(p.Status)
 	}
 	dst = append(dst, `{"type":`...)
 	dst = jsonstring.Append(dst, typ, jsonstring.Replace)

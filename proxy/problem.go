@@ -63,7 +63,7 @@ func (s *Server) answer(ctx *fasthttp.RequestCtx, status int, detail string, clo
 	sc.fields, sc.vals = core.ProblemFields(sc.fields[:0], sc.vals[:0], 0, len(sc.body))
 	resp := &ctx.Response
 	resp.Reset()
-	resp.SetStatusCode(status)
+	setStatus(&resp.Header, status)
 	setFields(resp, sc.fields)
 	setFields(resp, extra)
 	resp.SetBody(sc.body)
@@ -93,7 +93,7 @@ func (s *Server) respond(ctx *fasthttp.RequestCtx, r *core.Response) {
 		}
 	}
 	primeDate(&resp.Header, date)
-	resp.SetStatusCode(r.Status)
+	setStatus(&resp.Header, r.Status)
 	setFields(resp, r.Fields)
 	resp.SetBody(r.Body)
 	if r.Body == nil && ctx.IsHead() {
@@ -172,4 +172,16 @@ func (s *Server) unread(ctx *fasthttp.RequestCtx, err error) *engine.BadRequest 
 // the connection.
 func isConnReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// setStatus sets a response's status, with the reason phrase the other
+// engines write (core.StatusText) where fasthttp's differs: its 413 is
+// RFC 2616's Request Entity Too Large.
+func setStatus(h *fasthttp.ResponseHeader, status int) {
+	h.SetStatusCode(status)
+	if status == fasthttp.StatusRequestEntityTooLarge {
+		h.SetStatusMessage(s2b(core.StatusText(status)))
+	} else if len(h.StatusMessage()) > 0 {
+		h.SetStatusMessage(nil)
+	}
 }

@@ -380,3 +380,29 @@ func TestAccessLogTargetAsSent(t *testing.T) {
 		}
 	})
 }
+
+// A 413 of preforkd's own says RFC 9110's name for it, Content Too Large,
+// in its problem's title and, where the engine writes its status line
+// itself (the loop, the fast engine), in its reason phrase too, on every
+// engine: Go's and fasthttp's status texts keep RFC 2616's Request Entity
+// Too Large.
+func TestContentTooLarge(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		c := configCore(t, "[server]\nmax_request_body = 4\n[[idempotency]]\npath = \"/orders\"\n", nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		conn, br := dial(t, r.Addr)
+		io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k1\"\r\nContent-Length: 10\r\n\r\n0123456789")
+		resp, body := readResponse(t, br, "POST")
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), `"title":"Content Too Large"`) {
+			t.Errorf("%d %s, want 413 titled Content Too Large", resp.StatusCode, body)
+		}
+		// net/http writes the status line of what a handler answers
+		// itself, with Go's status text: a reason phrase, which clients
+		// ignore (RFC 9112 §4), that the engine cannot choose.
+		if e.name != "nethttp-forward" && resp.Status != "413 Content Too Large" {
+			t.Errorf("status line %q, want 413 Content Too Large", resp.Status)
+		}
+	})
+}

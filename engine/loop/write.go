@@ -4,7 +4,6 @@ package loop
 
 import (
 	"bytes"
-	"net/http"
 	"strconv"
 
 	"github.com/preforkd/preforkd/core"
@@ -21,7 +20,7 @@ func appendStatusLine(dst []byte, code int, reason []byte) []byte {
 	dst = strconv.AppendInt(dst, int64(code), 10)
 	dst = append(dst, ' ')
 	if reason == nil {
-		dst = append(dst, http.StatusText(code)...)
+		dst = append(dst, core.StatusText(code)...)
 	} else {
 		dst = append(dst, reason...)
 	}

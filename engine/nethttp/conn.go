@@ -281,7 +281,7 @@ func (c *clientConn) answer(status int, detail string) {
 	b := make([]byte, 0, 256+len(body))
 	b = append(b, "HTTP/1.1 "...)
 	b = append(b, byte('0'+status/100), byte('0'+status/10%10), byte('0'+status%10), ' ')
-	b = append(b, http.StatusText(status)...)
+	b = append(b, core.StatusText(status)...)
 	b = append(b, "\r\nDate: "...)
 	b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
 	b = append(b, "\r\n"...)

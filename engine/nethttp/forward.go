@@ -656,7 +656,7 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 		h["Date"] = []string{time.Now().UTC().Format(http.TimeFormat)}
 	}
 	var head bytes.Buffer
-	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
+	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", status, core.StatusText(status))
 	h.Write(&head)
 	head.WriteString("\r\n")
 	// A write to the client waits at most its send_timeout on a
