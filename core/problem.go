@@ -42,11 +42,15 @@ const (
 
 // StatusText is the text of a status, as a problem's title and the
 // reason phrase of a status line the engines write themselves:
-// http.StatusText, but with RFC 9110's name where Go keeps an older one
-// (413 is Content Too Large, RFC 9110 §15.5.14).
+// http.StatusText, but with RFC 9110's names where Go keeps RFC 2616's
+// (413 is Content Too Large, §15.5.14; 422 Unprocessable Content,
+// §15.5.21).
 func StatusText(code int) string {
-	if code == http.StatusRequestEntityTooLarge {
+	switch code {
+	case http.StatusRequestEntityTooLarge:
 		return "Content Too Large"
+	case http.StatusUnprocessableEntity:
+		return "Unprocessable Content"
 	}
 	return http.StatusText(code)
 }

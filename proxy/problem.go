@@ -175,11 +175,11 @@ func isConnReset(err error) bool {
 }
 
 // setStatus sets a response's status, with the reason phrase the other
-// engines write (core.StatusText) where fasthttp's differs: its 413 is
-// RFC 2616's Request Entity Too Large.
+// engines write (core.StatusText) where fasthttp's differs: its 413 and
+// 422 are RFC 2616's Request Entity Too Large and Unprocessable Entity.
 func setStatus(h *fasthttp.ResponseHeader, status int) {
 	h.SetStatusCode(status)
-	if status == fasthttp.StatusRequestEntityTooLarge {
+	if status == fasthttp.StatusRequestEntityTooLarge || status == fasthttp.StatusUnprocessableEntity {
 		h.SetStatusMessage(s2b(core.StatusText(status)))
 	} else if len(h.StatusMessage()) > 0 {
 		h.SetStatusMessage(nil)

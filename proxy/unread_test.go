@@ -404,5 +404,20 @@ func TestContentTooLarge(t *testing.T) {
 		if e.name != "nethttp-forward" && resp.Status != "413 Content Too Large" {
 			t.Errorf("status line %q, want 413 Content Too Large", resp.Status)
 		}
+		// 422 too is RFC 9110's Unprocessable Content (§15.5.21): the
+		// idempotency key reused with another body.
+		conn, br = dial(t, r.Addr)
+		io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k2\"\r\nContent-Length: 2\r\n\r\nab")
+		if resp, body := readResponse(t, br, "POST"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("first: %d %s", resp.StatusCode, body)
+		}
+		io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k2\"\r\nContent-Length: 2\r\n\r\ncd")
+		resp, body = readResponse(t, br, "POST")
+		if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(string(body), `"title":"Unprocessable Content"`) {
+			t.Errorf("%d %s, want 422 titled Unprocessable Content", resp.StatusCode, body)
+		}
+		if e.name != "nethttp-forward" && resp.Status != "422 Unprocessable Content" {
+			t.Errorf("status line %q, want 422 Unprocessable Content", resp.Status)
+		}
 	})
 }
