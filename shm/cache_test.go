@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sync"
@@ -390,4 +391,97 @@ func cacheChild(r *shm.Region, spec childSpec) error {
 // what it stored.
 func TestCacheOneFillAcrossProcesses(t *testing.T) {
 	checkRunsOnce(t, "cache", "GET /hot", 4, 8, "fetched by pid")
+}
+
+// An entry read in part and then a piece at a time, from any prefix and
+// in pieces of any size, comes out whole; one dropped (its blocks taken
+// by another entry) while it is read ends with ErrEntryChanged, never
+// with the other's bytes, and so does one whose bytes are damaged.
+func TestCacheReaderReadsInPieces(t *testing.T) {
+	r := respRegion(t, 64, 64*256)
+	tab := r.Responses()
+	now := time.Minute
+	put := func(name string, data []byte) shm.Key {
+		k := r.Counters().KeyOf(2, []byte(name))
+		lock, held, err := tab.CacheLock(k, now)
+		if err != nil || !held {
+			t.Fatalf("lock %s: %v %v", name, held, err)
+		}
+		if ok, err := tab.CacheFill(lock, data, now+time.Hour, now); !ok || err != nil {
+			t.Fatalf("fill %s: %v %v", name, ok, err)
+		}
+		return k
+	}
+	data := make([]byte, 10000) // 40 blocks of 248 bytes, and more
+	for i := range data {
+		data[i] = byte(i*7 + i>>8)
+	}
+	k := put("a", data)
+	for _, prefix := range []int{0, 1, 7, 8, 247, 248, 249, 600, 9999, 10000} {
+		for _, piece := range []int{1, 5, 8, 248, 1000, 20000} {
+			f, err := tab.CacheLookupPart(k, now, nil, 100, prefix)
+			if err != nil || f.Size != len(data) || !bytes.Equal(f.Data, data[:prefix]) {
+				t.Fatalf("lookup in part %d: size %d, %d bytes, %v", prefix, f.Size, len(f.Data), err)
+			}
+			var rd shm.CacheReader
+			if err := tab.CacheRead(f.Entry, f.Data, &rd); err != nil {
+				t.Fatalf("prefix %d: %v", prefix, err)
+			}
+			got := append([]byte(nil), f.Data...)
+			p := make([]byte, piece)
+			for {
+				n, err := rd.Read(p)
+				got = append(got, p[:n]...)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("prefix %d piece %d: %v after %d bytes", prefix, piece, err, len(got))
+				}
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("prefix %d piece %d: %d bytes, not the entry's", prefix, piece, len(got))
+			}
+		}
+	}
+	// Small enough: copied whole, as CacheLookup does.
+	if f, _ := tab.CacheLookupPart(k, now, nil, len(data), 10); !bytes.Equal(f.Data, data) {
+		t.Fatalf("whole: %d bytes", len(f.Data))
+	}
+
+	// Dropped mid-read, its blocks filled with another entry's bytes.
+	f, _ := tab.CacheLookupPart(k, now, nil, 100, 16)
+	var rd shm.CacheReader
+	if err := tab.CacheRead(f.Entry, f.Data, &rd); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 1000)
+	if n, err := rd.Read(p); n != 1000 || err != nil || !bytes.Equal(p, data[16:1016]) {
+		t.Fatalf("first piece: %d %v", n, err)
+	}
+	if n := tab.CacheDrop(k); n != 1 {
+		t.Fatalf("dropped %d", n)
+	}
+	put("b", bytes.Repeat([]byte{0xee}, len(data)))
+	if n, err := rd.Read(p); n != 0 || err != shm.ErrEntryChanged {
+		t.Fatalf("after the drop: %d %v, want ErrEntryChanged", n, err)
+	}
+	var again shm.CacheReader
+	if err := tab.CacheRead(f.Entry, f.Data, &again); err != shm.ErrEntryChanged {
+		t.Fatalf("begun after the drop: %v", err)
+	}
+
+	// A prefix that is not the entry's fails the checksum at the end,
+	// before the last piece is returned.
+	k = put("c", data)
+	f, _ = tab.CacheLookupPart(k, now, nil, 100, 16)
+	bad := append([]byte(nil), f.Data...)
+	bad[3] ^= 1
+	if err := tab.CacheRead(f.Entry, bad, &rd); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, len(data))
+	if n, err := rd.Read(big); n != 0 || err != shm.ErrEntryChanged {
+		t.Fatalf("damaged: %d %v, want ErrEntryChanged", n, err)
+	}
 }
