@@ -60,7 +60,11 @@ type Entry struct {
 	Gens    []byte        // 16 bytes each: slot hash, generation
 	NFields int
 	Fields  []byte // walked with NextField
-	Body    []byte
+	// Body is the body; nil when the entry was decoded from its head
+	// alone (DecodeHead): BodyAt and BodySize say where it is.
+	Body     []byte
+	BodyAt   int // the body's offset in the entry
+	BodySize int // the body's length
 }
 
 // Stub reports whether e is a vary stub.
@@ -69,12 +73,39 @@ func (e *Entry) Stub() bool { return e.Flags&EntryStub != 0 }
 // Decode decodes b, checking every length; false for bytes that are
 // not an entry of this version.
 func Decode(b []byte, e *Entry) bool {
+	if !decode(b, len(b), e) {
+		return false
+	}
+	e.Body = b[e.BodyAt:]
+	return true
+}
+
+// HeadSize is the length of the head (all but the body) of the entry
+// that b begins, from its first EntryFixed bytes; false when b is shorter.
+func HeadSize(b []byte) (int, bool) {
+	if len(b) < EntryFixed {
+		return 0, false
+	}
+	le := binary.LittleEndian
+	return EntryFixed + 16*int(le.Uint16(b[48:])) + int(le.Uint32(b[52:])), true
+}
+
+// DecodeHead decodes the head of an entry of size bytes from b, its first
+// bytes (the head whole, some of the body perhaps), as Decode does but
+// for the body, which e leaves nil (e.BodyAt and e.BodySize say where it
+// is).
+func DecodeHead(b []byte, size int, e *Entry) bool {
+	return decode(b, size, e)
+}
+
+// decode decodes the head of an entry of size bytes that b begins.
+func decode(b []byte, size int, e *Entry) bool {
 	if len(b) < EntryFixed || b[0] != EntryVersion && b[0] != 1 {
 		return false
 	}
 	le := binary.LittleEndian
 	ng, nf, fl, bl := int(le.Uint16(b[48:])), int(le.Uint16(b[50:])), int(le.Uint32(b[52:])), int(le.Uint32(b[4:]))
-	if EntryFixed+16*ng+fl+bl != len(b) {
+	if EntryFixed+16*ng+fl+bl != size || EntryFixed+16*ng+fl > len(b) {
 		return false
 	}
 	*e = Entry{
@@ -91,7 +122,7 @@ func Decode(b []byte, e *Entry) bool {
 	e.Gens = b[at : at+16*ng]
 	at += 16 * ng
 	e.Fields = b[at : at+fl]
-	e.Body = b[at+fl:]
+	e.BodyAt, e.BodySize = at+fl, bl
 	// Check the fields' framing once, so that iterating never fails.
 	n, f := 0, e.Fields
 	for ; len(f) > 0; n++ {
