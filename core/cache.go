@@ -1,6 +1,7 @@
 package core
 
 import (
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -30,6 +31,8 @@ type cacheState struct {
 	epoch     uint64          // the tag epoch before the fetch
 	buf       []byte          // the entry found, copied out of the table
 	ent       httpcache.Entry // buf decoded
+	part      bool            // buf is the entry's head: its body is streamed (BodyStream)
+	stream    BodyStream      // the body of a part entry served
 	varyNames [httpcache.MaxVary]string
 
 	// A revalidation: the validators sent (Forward.Add), and the entry a
@@ -140,7 +143,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		// unusable (plan), while one that ran as this request waited for
 		// another's fetch came before its own.
 		ex.cache.urlGen, ex.cache.epoch = tags.Gen(ex.cache.urlHash), tags.Epoch()
-		f, err := tab.CacheLookup(ex.cache.primary, now, ex.cache.buf[:0])
+		f, err := ex.cacheLookup(ex.cache.primary, now)
 		if err != nil {
 			return ex.cachePass(xMiss) // New rules out a region without a table
 		}
@@ -151,7 +154,7 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 			ex.cache.namesHash = namesHash(names)
 			ex.cache.key = c.region.Counters().KeyOf(nsCacheVariant, ex.appendVariant(ex.keyBuf[:0], names))
 			ex.cache.flags |= cVariant
-			if f, err = tab.CacheLookup(ex.cache.key, now, ex.cache.buf[:0]); err != nil {
+			if f, err = ex.cacheLookup(ex.cache.key, now); err != nil {
 				return ex.cachePass(xMiss)
 			}
 			if f = ex.found(f); f.Data != nil && ex.cache.ent.Stub() {
@@ -171,6 +174,10 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 			// no body.
 			if !f.Filling && ex.req.Method() == http.MethodGet {
 				if lock, held, err := tab.CacheLock(ex.cache.key, now); err == nil && held {
+					if !ex.wholeEntry() {
+						tab.CacheUnlock(lock)
+						continue // it changed: look again
+					}
 					ex.cache.lock = lock
 					ex.cache.flags |= cFill | cRefresh
 					ex.conditional()
@@ -199,6 +206,10 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 				return ex.cachePass(xMiss) // no record: fetched, not stored
 			}
 			if held {
+				if state != stAbsent && !ex.wholeEntry() {
+					tab.CacheUnlock(lock)
+					continue // it changed: look again
+				}
 				ex.cache.lock = lock
 				ex.cache.flags |= cFill
 				if state == stIfError {
@@ -239,14 +250,63 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 	}
 }
 
+// cacheLookup looks key up at now, into ex.cache.buf: an entry longer
+// than streamOver is copied in part, its head (and what of its body fits
+// in headPart, or as much as a longer head is).
+func (ex *Exchange) cacheLookup(key shm.Key, now time.Duration) (shm.CacheFind, error) {
+	tab := ex.c.region.Responses()
+	f, err := tab.CacheLookupPart(key, now, ex.cache.buf[:0], streamOver, headPart)
+	if err != nil || f.Data == nil || len(f.Data) == f.Size {
+		return f, err
+	}
+	if head, ok := httpcache.HeadSize(f.Data); ok && head > len(f.Data) && head <= f.Size {
+		f, err = tab.CacheLookupPart(key, now, f.Data[:0], streamOver, head)
+	}
+	return f, err
+}
+
+// wholeEntry makes the entry in ex.cache.ent whole, when the lookup copied
+// its head alone: a fill that may store it again (a 304 refreshes it) or
+// serve it for a failure (stale-if-error) needs its body. False when the
+// entry changed meanwhile (it is evicted, in case its bytes are damaged).
+func (ex *Exchange) wholeEntry() bool {
+	if !ex.cache.part {
+		return true
+	}
+	tab := ex.c.region.Responses()
+	e := &ex.cache.ent
+	whole := make([]byte, e.BodyAt+e.BodySize)
+	prefix := copy(whole, ex.cache.buf[:e.BodyAt])
+	var r shm.CacheReader
+	ok := tab.CacheRead(ex.cache.entryTk, whole[:prefix], &r) == nil
+	if ok {
+		_, err := io.ReadFull(&r, whole[prefix:])
+		ok = err == nil
+	}
+	if !ok || !httpcache.Decode(whole, e) {
+		tab.CacheEvict(ex.cache.entryTk)
+		return false
+	}
+	ex.cache.buf, ex.cache.part = whole, false
+	return true
+}
+
 // found decodes what a lookup found into ex.cent, keeping the buffer; an
-// entry that does not decode is evicted and is no entry.
+// entry that does not decode is evicted and is no entry. An entry copied
+// in part has its head decoded (ex.cache.part).
 func (ex *Exchange) found(f shm.CacheFind) shm.CacheFind {
 	if f.Data == nil {
 		return f
 	}
 	ex.cache.buf, ex.cache.entryTk = f.Data, f.Entry
-	if !httpcache.Decode(f.Data, &ex.cache.ent) {
+	ex.cache.part = len(f.Data) < f.Size
+	var ok bool
+	if ex.cache.part {
+		ok = httpcache.DecodeHead(f.Data, f.Size, &ex.cache.ent)
+	} else {
+		ok = httpcache.Decode(f.Data, &ex.cache.ent)
+	}
+	if !ok {
 		ex.c.region.Responses().CacheEvict(f.Entry)
 		ex.c.row.Add(metrics.CachePurged, 0, 1)
 		f.Data = nil
@@ -323,11 +383,10 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		status = http.StatusNotModified
 		ex.c.row.Add(metrics.CacheNotModified, 0, 1)
 	}
-	body := e.Body
-	from, to, ranged := 0, 0, rangeWhole
+	from, to, ranged := 0, e.BodySize, rangeWhole
 	if status == http.StatusOK && ex.req.Method() == http.MethodGet {
 		if from, to, ranged = ex.byteRange(e); ranged == rangePart {
-			status, body = http.StatusPartialContent, body[from:to]
+			status = http.StatusPartialContent
 		} else if ranged == rangeNone {
 			status = http.StatusRequestedRangeNotSatisfiable
 		}
@@ -350,7 +409,7 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		ex.fields = append(ex.fields, Field{name, value})
 	}
 	if ranged != rangeWhole {
-		n := len(e.Body)
+		n := e.BodySize
 		ex.addField("Content-Range", func(b []byte) []byte {
 			if ranged == rangeNone {
 				b = append(b, "bytes */"...)
@@ -368,18 +427,26 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		return strconv.AppendInt(b, int64(min(age/time.Second, httpcache.MaxDelta)), 10)
 	})
 	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
-	if notModified || !BodyAllowed(status) || ranged == rangeNone {
-		body = nil
-	} else {
-		n := len(body)
+	var body []byte
+	var stream *BodyStream
+	if !notModified && BodyAllowed(status) && ranged != rangeNone {
+		if ranged == rangeWhole {
+			from, to = 0, e.BodySize
+		}
+		n := to - from
 		ex.addField(fieldLength, func(b []byte) []byte { return strconv.AppendInt(b, int64(n), 10) })
-		if ex.req.Method() == http.MethodHead {
-			body = nil
-		} else {
+		switch {
+		case ex.req.Method() == http.MethodHead:
+		case ex.cache.part:
 			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
+			stream = &ex.cache.stream
+			*stream = BodyStream{c: ex.c, tk: ex.cache.entryTk, head: ex.cache.buf[:e.BodyAt], skip: from, n: n, left: n}
+		default:
+			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
+			body = e.Body[from:to]
 		}
 	}
-	ex.resp = Response{Status: status, Fields: ex.fields, Body: body}
+	ex.resp = Response{Status: status, Fields: ex.fields, Body: body, Stream: stream}
 	return Respond, true
 }
 
@@ -469,6 +536,7 @@ func safeMethod(m string) bool {
 // completed is given up, and the request is counted by its X-Cache.
 func (ex *Exchange) releaseCache() {
 	c := ex.c
+	ex.cache.stream.release()
 	if ex.cache.flags&cFill != 0 {
 		c.region.Responses().CacheUnlock(ex.cache.lock)
 	}

@@ -32,7 +32,7 @@ func (ex *Exchange) byteRange(e *httpcache.Entry) (from, to, kind int) {
 		}
 	}
 	first, last, suffix, ok := httpcache.ParseByteRange(spec)
-	size := int64(len(e.Body))
+	size := int64(e.BodySize)
 	switch {
 	case !ok:
 		return 0, 0, rangeWhole

@@ -143,6 +143,7 @@ type Core struct {
 	reset                    string
 	resetHide, resetDropFill []string
 	resetLog                 lineGate
+	cutLog                   lineGate // cached bodies cut off (BodyStream): this process's lines
 	pool                     sync.Pool
 }
 
@@ -211,6 +212,7 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 			total: func() uint64 { return metrics.Total(region, metrics.UpstreamErrors, kind) }}
 	}
 	c.forwarded = newForwardedLog(region)
+	c.cutLog = lineGate{g: region.Gate(-1), total: func() uint64 { return metrics.Total(region, metrics.CacheCutSends, 0) }}
 	copy(c.steps[:], baseSteps[:])
 	if err := c.compileReset(opts.ResetHeader); err != nil {
 		return nil, err

@@ -79,6 +79,10 @@ type Response struct {
 	// Body is sent as is; nil for none. Aliases the Exchange's (or the
 	// table's copy's) memory.
 	Body []byte
+	// Stream, when not nil, is the body instead (Body is nil): a large
+	// cached body, sent a piece at a time as the client takes it. It is
+	// the Exchange's, read until Finish.
+	Stream *BodyStream
 	// Close asks the engine to close the connection after the response:
 	// the request's framing cannot be trusted (RFC 9112 §6.3).
 	Close bool

@@ -31,6 +31,7 @@ const (
 	CacheRefreshes                       // background refreshes (stale-while-revalidate)
 	CacheInvalidations                   // URLs invalidated by successful unsafe requests
 	CachePurged                          // entries a lookup found purged and dropped
+	CacheCutSends                        // hits whose body was cut off: the entry changed while it was sent
 	WorkerGCCycles                       // per worker: garbage collections its process ran, written by itself (Row.SetGCCycles)
 	UpstreamDuration                     // time from sending a request to the upstream to its response head, or its failure
 	Connections                          // client connections open now, by state (a gauge: Conns)
@@ -239,6 +240,10 @@ var families = [numFamilies]spec{
 	CachePurged: {
 		name: "preforkd_cache_purged_entries_total", kind: counter,
 		help: "Cached responses a lookup found purged (by tag, by URL or by an unsafe request) and dropped.",
+	},
+	CacheCutSends: {
+		name: "preforkd_cache_cut_sends_total", kind: counter,
+		help: "Responses from the cache whose body was cut off, the connection closed: the entry changed (evicted, purged, replaced) while its body was sent.",
 	},
 	UpstreamDuration: {
 		name: "preforkd_upstream_response_duration_seconds", kind: histogram,

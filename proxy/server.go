@@ -405,7 +405,12 @@ func (s *Server) serveParsed(r *request, ex *core.Exchange) {
 			// reset can destroy the answer before the client read it.
 			r.c.linger = true
 		}
-		s.respond(r.ctx, ex.Response())
+		resp := ex.Response()
+		s.respond(r.ctx, resp)
+		if resp.Stream != nil {
+			s.sendStream(r, ex, resp.Stream)
+			return
+		}
 		s.finish(r, ex, nil)
 		return
 	}

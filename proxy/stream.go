@@ -135,3 +135,52 @@ func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
 }
+
+// cacheBody is a large cached body (core.BodyStream) as fasthttp copies
+// it to the client: a piece at a time, each read from the region as the
+// one before was written, so that a client that reads slowly holds a
+// piece of it, not the whole. A body cut off (the entry changed) fails
+// the copy, and fasthttp closes the connection: the client's body is
+// short of its Content-Length, never wrong.
+type cacheBody struct {
+	s   *Server
+	req *request
+	ex  *core.Exchange
+	st  *core.BodyStream
+	p   []byte // what is left of the piece
+	err error
+}
+
+// sendStream has the body of the core's answer st sent after the handler
+// returns; the exchange ends, and the request is recycled, once it was.
+func (s *Server) sendStream(r *request, ex *core.Exchange, st *core.BodyStream) {
+	b := &cacheBody{s: s, req: r, ex: ex, st: st}
+	r.ctx.Response.SetBodyStream(b, st.Len())
+	r.streaming = true
+}
+
+// Read implements io.Reader.
+func (b *cacheBody) Read(p []byte) (int, error) {
+	for len(b.p) == 0 {
+		if b.err != nil {
+			return 0, b.err
+		}
+		b.p, b.err = b.st.Next()
+	}
+	n := copy(p, b.p)
+	b.p = b.p[n:]
+	return n, nil
+}
+
+// CloseWithError ends the exchange once the body was written, cut, or
+// the client failed (werr).
+func (b *cacheBody) CloseWithError(werr error) error {
+	err := werr
+	if b.err != nil && b.err != io.EOF {
+		err = b.err
+	}
+	b.s.finish(b.req, b.ex, err)
+	b.s.recycle(b.req)
+	*b = cacheBody{}
+	return nil
+}

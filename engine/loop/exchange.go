@@ -285,6 +285,11 @@ func (r *request) respondCore(resp *core.Response) {
 		}
 		r.settleBody()
 		r.writeCore(resp)
+		if r.stream != nil {
+			r.phase = phStream
+			r.pump()
+			return
+		}
 	}
 	r.finish(nil)
 }
@@ -390,8 +395,11 @@ func (r *request) clientClosed(err error) {
 
 // clientDrained: the client took all the output.
 func (r *request) clientDrained() {
-	if r.up != nil && r.phase == phRelay {
+	switch {
+	case r.up != nil && r.phase == phRelay:
 		r.up.resumeRead()
+	case r.phase == phStream:
+		r.pump()
 	}
 }
 

@@ -47,6 +47,9 @@ type request struct {
 	headSent  bool  // the response head went to the client
 	keep      bool  // the core keeps the response: it is read to its end whatever the client does
 	discarded bool  // the client went away: the response is read, not sent
+	// stream is the core's answer's body while it is sent a piece at a
+	// time (phStream): a large cached body.
+	stream *core.BodyStream
 }
 
 // phase is where a request stands.
@@ -61,6 +64,7 @@ const (
 	phUpstream               // sent upstream, the response awaited
 	phRelay                  // the response is relayed
 	phTunnel                 // upgraded
+	phStream                 // the core's answer's body is sent as the client takes it
 	phDone
 )
 
@@ -101,6 +105,7 @@ func (l *loop) recycle(r *request) {
 	r.streamed, r.retried = false, false
 	r.status, r.respMode, r.respLeft = 0, 0, 0
 	r.headSent, r.keep, r.discarded = false, false, false
+	r.stream = nil
 	if len(l.requests) < 1024 {
 		l.requests = append(l.requests, r)
 	}

@@ -4,6 +4,7 @@ package loop
 
 import (
 	"bytes"
+	"io"
 	"strconv"
 
 	"github.com/preforkd/preforkd/core"
@@ -68,7 +69,10 @@ func (r *request) writeCore(resp *core.Response) {
 	sendBody := bodyOK && !r.h.isHead
 	dst := appendStatusLine(l.head[:0], resp.Status, nil)
 	length := -1
-	if bodyOK && (resp.Body != nil || !r.h.isHead) {
+	switch {
+	case bodyOK && resp.Stream != nil:
+		length = resp.Stream.Len()
+	case bodyOK && (resp.Body != nil || !r.h.isHead):
 		length = len(resp.Body)
 	}
 	date := l.dateLine // a stored response's own Date (a cache hit), else now
@@ -97,10 +101,42 @@ func (r *request) writeCore(resp *core.Response) {
 	dst = append(dst, "\r\n"...)
 	l.head = dst
 	c.queue(dst)
-	if sendBody {
+	switch {
+	case sendBody && resp.Stream != nil:
+		r.stream = resp.Stream // sent by pump
+	case sendBody:
 		c.queue(resp.Body)
 	}
 	c.send()
+}
+
+// pump sends the pieces of a streamed body (r.stream) while the client
+// takes them: it stops while output waits, and the output's draining
+// (clientDrained) calls it again, so that the connection holds a piece of
+// the body at most. The exchange ends once the last piece was sent; an
+// entry that changed meanwhile (core.ErrBodyCut) cuts the connection, so
+// that the client's body is short of its Content-Length, never wrong.
+func (r *request) pump() {
+	for {
+		c := r.c
+		if c == nil || c.broken || c.state == csClosed || c.outLen() > 0 {
+			return // clientDrained or the close goes on
+		}
+		p, err := r.stream.Next()
+		switch {
+		case err == io.EOF:
+			r.stream = nil
+			r.finish(nil)
+			return
+		case err != nil:
+			r.stream = nil
+			r.c, c.r = nil, nil
+			c.close(nil)
+			r.finish(err)
+			return
+		}
+		c.write(p)
+	}
 }
 
 // refuse answers a request the server will not pass on, before the core

@@ -159,7 +159,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			setFields(w.Header(), ref.Fields)
 			h.opts.Refuse(w, r, ref)
 		} else {
-			writeResponse(w, ex.Response(), r.ProtoMajor == 1)
+			err = writeResponse(w, ex.Response(), r.ProtoMajor == 1)
 		}
 	} else if req.Gone() {
 		// The client went away while its request waited (for another's
@@ -177,6 +177,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// a client that only shut down its side (or the next request on
 		// the connection) would read as the answer: the connection is
 		// closed (the HTTP/2 stream reset) with nothing sent.
+		panic(http.ErrAbortHandler)
+	}
+	if errors.Is(err, core.ErrBodyCut) {
+		// A cached body cut off: the connection is closed (the HTTP/2
+		// stream reset), so that the client sees it short.
 		panic(http.ErrAbortHandler)
 	}
 	if tunnel != nil {
@@ -611,8 +616,11 @@ func repeated(fields []core.Field, name string) bool {
 // writeResponse sends one of the core's own answers; its Close closes an
 // HTTP/1 connection (h1). HTTP/2 keeps the connection: the request was
 // one stream, and net/http would send GOAWAY for Connection: close,
-// sending every other stream's client to a new connection.
-func writeResponse(w http.ResponseWriter, resp *core.Response, h1 bool) {
+// sending every other stream's client to a new connection. A streamed
+// body (a large cached one) is written a piece at a time; the error is
+// core.ErrBodyCut when it was cut off, and one that says the client is
+// gone when a write failed.
+func writeResponse(w http.ResponseWriter, resp *core.Response, h1 bool) error {
 	h := w.Header()
 	setFields(h, resp.Fields)
 	if _, ok := h["Content-Type"]; !ok {
@@ -624,5 +632,20 @@ func writeResponse(w http.ResponseWriter, resp *core.Response, h1 bool) {
 	w.WriteHeader(resp.Status)
 	if len(resp.Body) > 0 {
 		_, _ = w.Write(resp.Body) // the client went away: nothing to do
+	}
+	if resp.Stream == nil {
+		return nil
+	}
+	for {
+		p, err := resp.Stream.Next()
+		switch {
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+		if _, err := w.Write(p); err != nil {
+			return errors.Join(core.ErrClientGone, err)
+		}
 	}
 }

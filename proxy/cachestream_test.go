@@ -1,0 +1,234 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/waitfor"
+	"github.com/preforkd/preforkd/internal/wiretest"
+)
+
+// A large cached body is sent from the shared memory as the client reads
+// it: a worker holds a chunk of it per connection, never the whole, and an
+// entry that changes while it is sent cuts the connection (a short body),
+// never sends other bytes.
+
+// bigCacheCore is a core with one cache block over every path that stores
+// bodies of up to 8 MiB, in a block pool of poolMiB MiB.
+func bigCacheCore(t *testing.T, poolMiB int) *core.Core {
+	t.Helper()
+	return configCore(t, fmt.Sprintf("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"%dMiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"8MiB\"\n", poolMiB), nil)
+}
+
+// bigBody is the pattern body of size bytes that path's upstream sends.
+func bigBody(path string, size int) []byte {
+	b, _ := io.ReadAll(wiretest.Pattern(int64(size)))
+	for i := range b {
+		b[i] ^= path[len(path)-1] // one path's bytes are not another's
+	}
+	return b
+}
+
+// bigUpstream answers each path with its bigBody of size bytes, cacheable.
+func bigUpstream(t *testing.T, size int) *wiretest.Upstream {
+	return startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		body := bigBody(req.Req.URL.Path, size)
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: %d\r\n\r\n", len(body))
+		w.Write(body)
+	})
+}
+
+// dialSlow connects to addr with a small receive buffer, so that what the
+// kernel takes of a response it does not read stays small.
+func dialSlow(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 8<<10)
+		})
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c, bufio.NewReaderSize(c, 4<<10)
+}
+
+// fill fetches path once (a miss that stores it), checks its body, and
+// waits until it is stored.
+func fill(t *testing.T, addr, path string, want []byte) {
+	t.Helper()
+	c, br := dial(t, addr)
+	defer c.Close()
+	resp, body := roundTrip(t, c, br, "GET "+path+" HTTP/1.1\r\nHost: a\r\n\r\n")
+	if resp.StatusCode != 200 || !bytes.Equal(body, want) {
+		t.Fatalf("GET %s: %d, %d bytes (X-Cache %s), want 200 and its %d bytes", path, resp.StatusCode, len(body), resp.Header.Get("X-Cache"), len(want))
+	}
+	// Stored once the fill's exchange ended, which may be after its
+	// client read the body.
+	if !waitfor.Cond(5*time.Second, func() bool {
+		resp, _ := roundTrip(t, c, br, "HEAD "+path+" HTTP/1.1\r\nHost: a\r\n\r\n")
+		return resp.Header.Get("X-Cache") == "HIT"
+	}) {
+		t.Fatalf("%s was not stored", path)
+	}
+}
+
+// Twenty clients that ask for a 6 MiB cached body and read nothing: the
+// heap grows by a chunk or so each, not by the body each (a worker's
+// memory was max_body × connections).
+func TestCacheHitToSlowClientsIsBounded(t *testing.T) {
+	// Not parallel: it measures the process's heap.
+	for _, e := range withNetHTTP() {
+		t.Run(e.name, func(t *testing.T) {
+			const size, clients = 6 << 20, 20
+			up := bigUpstream(t, size)
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Core: bigCacheCore(t, 16)})
+			fill(t, r.Addr, "/big", bigBody("/big", size))
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var conns []net.Conn
+			for range clients {
+				c, br := dialSlow(t, r.Addr)
+				io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+				conns = append(conns, c)
+				_ = br
+			}
+			time.Sleep(1500 * time.Millisecond)
+			runtime.ReadMemStats(&after)
+			for _, c := range conns {
+				c.Close()
+			}
+			grew := int64(after.HeapInuse) - int64(before.HeapInuse)
+			t.Logf("heap in use grew by %d KiB for %d clients reading nothing of a %d MiB hit", grew>>10, clients, size>>20)
+			if grew > 16<<20 {
+				t.Errorf("the heap grew by %d MiB for %d clients that read nothing of a %d MiB hit: the body is held per connection", grew>>20, clients, size>>20)
+			}
+		})
+	}
+}
+
+// A large hit, and a range of it, arrive byte for byte; so does a HEAD's
+// length.
+func TestCacheLargeHitIsExact(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size = 3<<20 + 12345
+		up := bigUpstream(t, size)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: bigCacheCore(t, 8)})
+		want := bigBody("/x", size)
+		fill(t, r.Addr, "/x", want)
+		c, br := dial(t, r.Addr)
+		resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "HIT" || !bytes.Equal(body, want) {
+			t.Fatalf("hit: %d %s, %d bytes, equal %v", resp.StatusCode, resp.Header.Get("X-Cache"), len(body), bytes.Equal(body, want))
+		}
+		for _, rg := range []struct {
+			spec     string
+			from, to int
+		}{
+			{"bytes=5-70000", 5, 70001},
+			{"bytes=1000000-", 1000000, size},
+			{"bytes=-100", size - 100, size},
+			{"bytes=65530-65545", 65530, 65546},
+		} {
+			resp, body := roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\nRange: "+rg.spec+"\r\n\r\n")
+			wantCR := fmt.Sprintf("bytes %d-%d/%d", rg.from, rg.to-1, size)
+			if resp.StatusCode != 206 || resp.Header.Get("Content-Range") != wantCR || !bytes.Equal(body, want[rg.from:rg.to]) {
+				t.Errorf("%s: %d %q, %d bytes, equal %v", rg.spec, resp.StatusCode, resp.Header.Get("Content-Range"), len(body), bytes.Equal(body, want[rg.from:rg.to]))
+			}
+		}
+		resp, body = roundTrip(t, c, br, "HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.StatusCode != 200 || resp.ContentLength != size || len(body) != 0 {
+			t.Errorf("HEAD: %d, length %d, %d bytes", resp.StatusCode, resp.ContentLength, len(body))
+		}
+		// The connection goes on after them.
+		resp, body = roundTrip(t, c, br, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.StatusCode != 200 || !bytes.Equal(body, want) {
+			t.Errorf("hit again: %d, %d bytes", resp.StatusCode, len(body))
+		}
+	})
+}
+
+// An entry evicted while a slow client is in the middle of its body (its
+// blocks taken by another entry's fill) cuts that client's connection:
+// what it got is the entry's bytes, short, never the other entry's.
+func TestCacheEntryEvictedMidBodyCutsTheConnection(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size = 5 << 20
+		up := bigUpstream(t, size)
+		// Room for one entry: the second's fill evicts the first.
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: bigCacheCore(t, 8)})
+		want := bigBody("/a", size)
+		fill(t, r.Addr, "/a", want)
+		c, br := dialSlow(t, r.Addr)
+		io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+		resp := readHead(t, br, "GET")
+		if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "HIT" {
+			t.Fatalf("hit: %d %s", resp.StatusCode, resp.Header.Get("X-Cache"))
+		}
+		got := make([]byte, 64<<10)
+		if _, err := io.ReadFull(resp.Body, got); err != nil {
+			t.Fatal(err)
+		}
+		fill(t, r.Addr, "/b", bigBody("/b", size)) // takes /a's blocks
+		rest, err := io.ReadAll(resp.Body)
+		got = append(got, rest...)
+		if len(got) >= size {
+			t.Fatalf("the whole body came (%d bytes, equal %v) after its entry was evicted mid-body", len(got), bytes.Equal(got, want))
+		}
+		if err == nil || !strings.Contains(err.Error(), "EOF") {
+			t.Errorf("the short body ended with %v, want an unexpected EOF", err)
+		}
+		if !bytes.Equal(got, want[:len(got)]) {
+			t.Errorf("the %d bytes that came are not the entry's", len(got))
+		}
+	})
+}
+
+// A large stale entry that the application confirms (304) is served
+// whole and stored again whole: the fill that revalidates it reads its
+// body, which a hit streams.
+func TestCacheLargeEntryRevalidated(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size = 1<<20 + 3
+		want := bigBody("/v", size)
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if len(req.Field("If-None-Match")) > 0 {
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n")
+				return
+			}
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n", size)
+			w.Write(want)
+		})
+		var clock atomic.Int64
+		c := configCore(t, "[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"8MiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"8MiB\"\n",
+			func() time.Duration { return time.Hour + time.Duration(clock.Load()) })
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		fill(t, r.Addr, "/v", want)
+		clock.Add(int64(2 * time.Minute))
+		for _, x := range []string{"REVALIDATED", "HIT"} {
+			conn, br := dial(t, r.Addr)
+			resp, body := roundTrip(t, conn, br, "GET /v HTTP/1.1\r\nHost: a\r\n\r\n")
+			if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != x || !bytes.Equal(body, want) {
+				t.Errorf("want %s: %d %s, %d bytes, equal %v", x, resp.StatusCode, resp.Header.Get("X-Cache"), len(body), bytes.Equal(body, want))
+			}
+			conn.Close()
+		}
+	})
+}
