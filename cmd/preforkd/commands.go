@@ -289,6 +289,13 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		logWarnings(log, cfg)
 		defer persistHooks(&opts, cfg, v)()
 		adminHooks(&opts, cfg, adminInfo{version: v, commit: c, configPath: abs})
+		// The supervisor listens for signals once Prepare runs: the ones
+		// held since the start go to it first, before a dump is loaded.
+		prepare := opts.Prepare
+		opts.Prepare = func(r *shm.Region, log *slog.Logger) error {
+			releaseSignals()
+			return prepare(r, log)
+		}
 		return prefork.Run(ctx, opts)
 	}
 }
