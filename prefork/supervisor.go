@@ -164,6 +164,9 @@ type supervisor struct {
 	slots []slot
 	procs map[int]*proc // unreaped workers by pid
 	inUse []bool        // region worker indexes held by unreaped workers
+	// indexWait: a start waits for an index (logged once, until a start
+	// takes one).
+	indexWait bool
 
 	draining    bool
 	stopAt      time.Time // the drain delay's end, when the workers are told to drain; zero: none pending
@@ -392,9 +395,23 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 	index := slices.Index(s.inUse, false)
 	if index < 0 {
 		// Every index is held by a worker that still drains; its exit
-		// brings the supervisor back here.
+		// brings the supervisor back here. Said once: a reload (HUPs in
+		// a row while retired workers drain slow requests) may wait up
+		// to their shutdown_timeout, and would otherwise seem stuck.
+		if !s.indexWait {
+			s.indexWait = true
+			draining := 0
+			for _, p := range s.procs {
+				if p.retiring {
+					draining++
+				}
+			}
+			s.log.Warn("worker start waits for a free index: every one is held by a worker that still drains",
+				"slot", i, "generation", g.gen, "max_workers", len(s.inUse), "draining", draining)
+		}
 		return nil, nil
 	}
+	s.indexWait = false
 	keep := []int{s.good.gen}
 	if s.gen != s.good.gen {
 		keep = append(keep, s.gen)

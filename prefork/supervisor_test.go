@@ -494,6 +494,38 @@ func TestIndexesAreNotReusedWhileHeld(t *testing.T) {
 	}
 }
 
+// A start that waits for an index says so, once: a reload that seems to
+// do nothing (HUPs in a row while retired workers still drain slow
+// requests) is explained by one line, and the start that ends the wait
+// is a worker started as usual.
+func TestWaitForAnIndexIsLogged(t *testing.T) {
+	f := newFake()
+	f.load = func(Settings) (Settings, error) { return noCanary(Settings{}), nil }
+	var buf logtest.Buffer
+	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&buf, nil)), defaulted(Settings{ShutdownTimeout: time.Second}), 2, 3)
+	s.step()
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102) // index 2; 100 (index 0) retires and holds index 0
+	advance(f, s, time.Millisecond)
+	advance(f, s, time.Millisecond)
+	const msg = "worker start waits for a free index: every one is held by a worker that still drains"
+	lines := buf.Lines(msg)
+	if len(lines) != 1 || !strings.Contains(lines[0], "slot=1") || !strings.Contains(lines[0], "draining=1") {
+		t.Fatalf("lines %q, want one that names slot 1 and the draining worker", lines)
+	}
+	exit(s, 100, true)
+	if len(f.starts) != 4 {
+		t.Fatalf("%d starts after the index was freed, want 4", len(f.starts))
+	}
+	ready(s, 103)
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 104)
+	if lines := buf.Lines(msg); len(lines) != 2 {
+		t.Fatalf("lines %q: the next wait is logged again", lines)
+	}
+}
+
 func TestWorkerNotReadyInTimeIsReplaced(t *testing.T) {
 	f := newFake()
 	s := newTestSupervisor(f, 2)
