@@ -100,17 +100,29 @@ func checkChain(b []byte) error {
 func readPEM(path string) ([]byte, error) { return smallfile.Read(path, maxPEMFile, nil) }
 
 // readFiles reads every certificate's files. A certificate that cannot be
-// used is reported at its key's line, unless running has one at its
-// place: then that one is kept, and kept says why (a reload keeps serving
-// the certificate it had rather than none).
+// used is reported at its key's line, unless running has one read from
+// the same cert file: then that one is kept, and kept says why (a reload
+// keeps serving the certificate it had rather than none). Matched by its
+// file, not by its place: with a certificate removed or moved before it,
+// the one at its place is another site's, which would then be served for
+// this one (and as the default), or one the file no longer lists.
 func (t *TLS) readFiles(r *report, running *TLS) (kept []error) {
 	for i, c := range t.Certificates {
 		read, err := readCertificate(c)
+		var was *Certificate
+		if running != nil {
+			for j := range running.Certificates {
+				if rc := &running.Certificates[j]; rc.Cert == c.Cert && len(rc.CertPEM) > 0 {
+					was = rc
+					break
+				}
+			}
+		}
 		switch {
 		case err == nil:
 			t.Certificates[i] = read
-		case running != nil && i < len(running.Certificates) && len(running.Certificates[i].CertPEM) > 0:
-			t.Certificates[i] = running.Certificates[i]
+		case was != nil:
+			t.Certificates[i] = *was
 			kept = append(kept, fmt.Errorf("tls.certificate[%d]: %v: the running certificate is kept", i+1, err))
 		default:
 			key := "cert"

@@ -62,6 +62,24 @@ func TestLoadTLS(t *testing.T) {
 	if _, _, err := LoadReload(path, c); err == nil || !strings.Contains(err.Error(), "tls.certificate[3].cert") {
 		t.Errorf("a third, missing certificate: %v", err)
 	}
+	// The running certificate kept is the one read from the same cert
+	// file, wherever the file lists it: with a removed (or reordered)
+	// one before it, the one at its place is another site's.
+	if err := os.Rename(bCert, bCert+".renewing"); err != nil {
+		t.Fatal(err)
+	}
+	write(cfgText(bCert, bKey))
+	next, kept, err = LoadReload(path, c)
+	if err != nil || len(kept) != 1 || len(next.TLS.Certificates) != 1 ||
+		string(next.TLS.Certificates[0].CertPEM) != string(c.TLS.Certificates[1].CertPEM) {
+		t.Errorf("reload with b first, its file away: kept %v, err %v; want b's running certificate kept", kept, err)
+	}
+	// A certificate new to the configuration whose file cannot be used,
+	// listed where another one ran: refused, not that other one served.
+	write(cfgText(filepath.Join(dir, "missing.crt"), aKey, aCert, aKey))
+	if _, _, err := LoadReload(path, c); err == nil || !strings.Contains(err.Error(), "tls.certificate[1].cert") {
+		t.Errorf("a new, missing first certificate: %v", err)
+	}
 	if _, err := Parse([]byte("[[tls.certificate]]\ncert = \"/x\"\n"), "t"); err == nil || !strings.Contains(err.Error(), "key: is required") {
 		t.Errorf("no key: %v", err)
 	}
