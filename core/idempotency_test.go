@@ -212,7 +212,8 @@ func TestIdempotencyFingerprintsForwardedPath(t *testing.T) {
 // A reload keeps a block's records while its path (as matched) and by
 // stay: a retry that reaches a worker of the new configuration gets the
 // stored response, whatever its methods, ttl, wait or max_body became.
-// One that changes the path or by looks the keys up afresh: a retry of a
+// One that changes the path looks the keys up afresh, and so does one
+// that changes by for each client whose by key changes: a retry of a
 // request made before it runs again (README "Idempotent replay").
 func TestIdempotencyRecordsAcrossReload(t *testing.T) {
 	base := core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Minute, MaxBody: 1 << 10, By: clientip.MustParseBy("ip")}
@@ -225,6 +226,9 @@ func TestIdempotencyRecordsAcrossReload(t *testing.T) {
 		{"ttl, wait and max_body", func(d *core.Idempotency) { d.TTL, d.Wait, d.MaxBody = time.Hour, time.Second, 1<<9 }, true},
 		{"path", func(d *core.Idempotency) { d.Route = mustRoute(t, "/orders/*", "POST") }, false},
 		{"by", func(d *core.Idempotency) { d.By = clientip.MustParseBy("header:X-Client|ip") }, false},
+		// A client keyed alike under both (by its address: it sends no
+		// X-Other) is the same client: its records stay.
+		{"by, the client keyed alike", func(d *core.Idempotency) { d.By = clientip.MustParseBy("header:X-Other|ip") }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10})
