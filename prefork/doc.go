@@ -38,7 +38,9 @@
 // socket, the read end of a lifeline pipe, the write end of its readiness
 // pipe, and the [Settings] of its generation (in a sealed memory file: a
 // line for each field, then the program's Payload as it is; not Config
-// nor LogAttrs, which stay with the supervisor). It maps the region, joins it under its
+// nor LogAttrs, which stay with the supervisor), then from 8 on the
+// sockets of [Options.ExtraListen], named in the environment variable
+// PREFORKD_LISTENERS ([Worker.Listener]). It maps the region, joins it under its
 // worker index, builds its engine with [Options.Engine], reports readiness
 // and serves; when it is told to drain, the engine's Shutdown drains by
 // package engine's rule, and what [Worker.Defer] was given runs.
@@ -57,10 +59,14 @@
 // itself: ctx ended by signal.NotifyContext on that same TERM). USR1
 // is passed on to the workers (Worker.OnReopen: logrotate). USR2
 // upgrades the binary (upgrade.go): a new supervisor from the program's
-// file inherits the listener, the region and Options.Handover's files,
+// file inherits the listeners (the extra ones by name), the region and Options.Handover's files,
 // and once it serves, this one drains its workers and returns without
 // Finish. Any other signal is logged and ignored. A socket passed by the
-// service manager (LISTEN_FDS) is served instead of Options.Listen. HUP
+// service manager (LISTEN_FDS) is served instead of Options.Listen; with
+// Options.ExtraListen, sockets named as one of them (LISTEN_FDNAMES,
+// systemd's FileDescriptorName=) serve it and the first other one
+// Options.Listen, or, when no name matches, they go in order: Listen's
+// first, then ExtraListen's. HUP
 // takes Options.Reload's settings and replaces the workers one at a time,
 // each new one ready before an old one leaves, the first of them a canary
 // judged against the others (canary.go); the region and its counts carry

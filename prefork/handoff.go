@@ -10,7 +10,8 @@ import (
 // What a worker process inherits from its supervisor: an environment
 // variable that marks the process as a worker and names its region worker
 // index, one with the supervisor's process name (procname.go), its title as
-// argv[0], and five file descriptors (from 3 on, as os.StartProcess passes them).
+// argv[0], and five file descriptors (from 3 on, as os.StartProcess passes them),
+// then one per extra listener (Options.ExtraListen).
 const (
 	envWorker = "PREFORKD_WORKER"
 	envName   = "PREFORKD_NAME"
@@ -18,12 +19,16 @@ const (
 	// begins judging its memory against server.max_rss (a Go duration):
 	// the supervisor backs off memory recycling (see recycle.go).
 	envRSSDelay = "PREFORKD_RSS_DELAY"
+	// envListeners names Options.ExtraListen's sockets, comma-separated,
+	// in the order of their descriptors from fdExtra on.
+	envListeners = "PREFORKD_LISTENERS"
 
 	fdRegion   = 3 // the shared-memory region (memfd or tmpfs file)
 	fdListener = 4 // the listening socket, shared by every worker
 	fdLifeline = 5 // read end of a pipe the supervisor never writes: EOF = supervisor gone
 	fdReady    = 6 // write end of this worker's readiness pipe
 	fdConfig   = 7 // the settings (handoff_codec.go), read with pread (the offset is shared)
+	fdExtra    = 8 // Options.ExtraListen's sockets, from here on (envListeners)
 )
 
 // IsWorker reports whether this process was started by a supervisor as one

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/internal/cpuquota"
@@ -24,6 +25,14 @@ type Options struct {
 	// socket passed by the service manager (LISTEN_FDS, LISTEN_PID:
 	// systemd's socket activation) is served instead of Listen.
 	Listener net.Listener
+	// ExtraListen are further listening sockets beside Listen, each with
+	// a name: opened by the supervisor as Listen's is (net.Listen, or a
+	// socket the service manager passed: see Run), inherited by every
+	// worker (Worker.Listener) and handed on at a binary upgrade by name,
+	// as Listen's is. The engine serves Listen's; the program serves the
+	// others from Options.Engine, and drains them with it. Names are
+	// distinct, non-empty, without ',', ':' or ';'.
+	ExtraListen []NamedListen
 	// Workers is the number of worker processes; 0 means one per CPU. Run
 	// refuses a negative number.
 	Workers int
@@ -108,6 +117,24 @@ type Options struct {
 	OnStatus func(Status)
 }
 
+// NamedListen is one of Options.ExtraListen: its name, and the address
+// to open ("host:port").
+type NamedListen struct {
+	Name, Addr string
+}
+
+// checkExtraListen refuses names that cannot be told apart or passed on.
+func checkExtraListen(ls []NamedListen) error {
+	seen := make(map[string]bool, len(ls))
+	for _, l := range ls {
+		if l.Name == "" || strings.ContainsAny(l.Name, ",:;=") || seen[l.Name] {
+			return fmt.Errorf("prefork: Options.ExtraListen: name %q is empty, repeated or holds one of \",:;=\"", l.Name)
+		}
+		seen[l.Name] = true
+	}
+	return nil
+}
+
 // DefaultListen is Options.Listen's default.
 const DefaultListen = "127.0.0.1:8080"
 
@@ -141,7 +168,7 @@ func WorkerCount(n int) int {
 // it before it does anything else with side effects.
 //
 // In the supervisor (a process that was not started as a worker, see
-// IsWorker) it opens the listener, creates the region, runs Prepare,
+// IsWorker) it opens the listeners, creates the region, runs Prepare,
 // starts the workers and supervises them until ctx is done or a TERM or
 // INT arrives; then it drains the workers, runs Finish and returns nil. It
 // returns an error for a failure to start (Options.Engine failing, or a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -34,6 +35,9 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	}
 	if opts.Engine == nil {
 		return errors.New("prefork: Options.Engine is nil")
+	}
+	if err := checkExtraListen(opts.ExtraListen); err != nil {
+		return err
 	}
 	if opts.Workers < 0 {
 		return fmt.Errorf("prefork: Options.Workers %d is negative (0 means one per CPU)", opts.Workers)
@@ -79,7 +83,11 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		log.Info("upgrade: serving the old supervisor's listener and region", "listen", ln.Addr().String(),
 			"old_worker_indexes", inherited.oldIndexes)
 	}
-	activated, err := activatedListener(log)
+	wanted := make([]string, len(opts.ExtraListen))
+	for i, l := range opts.ExtraListen {
+		wanted[i] = l.Name
+	}
+	activated, activatedExtra, err := activatedListeners(wanted, log)
 	if err != nil {
 		return err
 	}
@@ -104,6 +112,14 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	defer lnFile.Close()
+	extra, err := openExtra(opts.ExtraListen, inherited, activatedExtra, log)
+	for _, x := range extra {
+		defer x.ln.Close()
+		defer x.file.Close()
+	}
+	if err != nil {
+		return err
+	}
 
 	var region *shm.Region
 	if inherited != nil {
@@ -148,6 +164,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		region:   region.File(),
 		listener: lnFile,
 		lifeline: lifeR,
+		extra:    namedFiles(extra),
 		events:   events,
 		quit:     quit,
 	}
@@ -177,6 +194,10 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		stopListening: func() {
 			ln.Close()
 			lnFile.Close()
+			for _, x := range extra {
+				x.ln.Close()
+				x.file.Close()
+			}
 		},
 	}
 	sys.load = opts.Reload
@@ -189,6 +210,9 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	started := []any{"pid", os.Getpid(), "listen", ln.Addr().String(),
 		"workers", n, "counters", region.Geometry().Counters, "max_workers", region.Geometry().MaxWorkers,
 		"open_files", openFiles}
+	for _, x := range extra {
+		started = append(started, "listen_"+x.name, x.ln.Addr().String())
+	}
 	if watchdog > 0 {
 		started = append(started, "watchdog_ping", watchdog)
 	}
@@ -216,6 +240,78 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		}
 	}
 	return err
+}
+
+// extraListener is one of Options.ExtraListen, open, with the socket's
+// duplicate the workers inherit.
+type extraListener struct {
+	name string
+	ln   net.Listener
+	file *os.File
+}
+
+// openExtra opens Options.ExtraListen's listeners: each the old
+// supervisor's of its name after an upgrade, else the one the service
+// manager passed by its name, else a new socket at its address. Those
+// inherited or passed that serve nothing are closed. What was opened is
+// returned with an error too, for the caller to close.
+func openExtra(ls []NamedListen, in *inheritance, activated map[string]net.Listener, log *slog.Logger) ([]extraListener, error) {
+	var out []extraListener
+	var err error
+	for _, l := range ls {
+		var ln net.Listener
+		how := "inherited from the old supervisor"
+		if in != nil {
+			if ln, err = in.extra(l.Name); err != nil {
+				break
+			}
+		}
+		if a := activated[l.Name]; a != nil {
+			delete(activated, l.Name)
+			if ln == nil {
+				ln, how = a, "passed by the service manager"
+			} else {
+				a.Close()
+			}
+		}
+		if ln == nil {
+			if ln, err = net.Listen("tcp", l.Addr); err != nil {
+				err = fmt.Errorf("prefork: %s: %w", l.Name, err)
+				break
+			}
+			how = ""
+		}
+		if how != "" {
+			log.Info("listening on a socket "+how, "name", l.Name, "listen", ln.Addr().String())
+		}
+		f, ferr := ListenerFile(ln)
+		if ferr != nil {
+			ln.Close()
+			err = ferr
+			break
+		}
+		out = append(out, extraListener{l.Name, ln, f})
+	}
+	for _, a := range activated {
+		a.Close()
+	}
+	if in != nil {
+		for name, f := range in.listeners {
+			log.Warn("upgrade: the old supervisor's listener serves nothing here: closed", "name", name)
+			f.Close()
+		}
+		in.listeners = nil
+	}
+	return out, err
+}
+
+// namedFiles are the sockets of xs, for the workers.
+func namedFiles(xs []extraListener) []namedFile {
+	out := make([]namedFile, len(xs))
+	for i, x := range xs {
+		out[i] = namedFile{x.name, x.file}
+	}
+	return out
 }
 
 // ListenerFile duplicates ln's socket, for the workers (and for a program's

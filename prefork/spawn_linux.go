@@ -92,13 +92,20 @@ type osEnv struct {
 	environ  []string // for every worker; without NOTIFY_SOCKET and the worker markers
 	region   *os.File
 	listener *os.File
-	lifeline *os.File // read end; the supervisor holds the write end
+	lifeline *os.File    // read end; the supervisor holds the write end
+	extra    []namedFile // Options.ExtraListen's sockets, from fdExtra on
 
 	gens map[int]genFiles // by generation, those that may be started
 
 	events chan<- any
 	quit   <-chan struct{} // closed when the loop no longer reads events
 	wg     sync.WaitGroup  // one per process watcher
+}
+
+// namedFile is a named listener's socket, as passed to a process.
+type namedFile struct {
+	name string
+	file *os.File
 }
 
 // genFiles are what every worker of one generation is started from: its
@@ -126,7 +133,7 @@ func workerEnviron(environ []string, workers int) []string {
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case envNotifySocket, envWatchdogUsec, envWatchdogPID, envWorker, envName, envRSSDelay:
+		case envNotifySocket, envWatchdogUsec, envWatchdogPID, envWorker, envName, envRSSDelay, envListeners:
 			continue
 		case "GOMAXPROCS":
 			gomaxprocs = true
@@ -160,13 +167,22 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 	if sp.RSSDelay > 0 {
 		env = append(env, envRSSDelay+"="+sp.RSSDelay.String())
 	}
+	fds := []*os.File{e.region, e.listener, e.lifeline, readyW, files.config} // fdRegion..fdConfig
+	if len(e.extra) > 0 {
+		names := make([]string, len(e.extra))
+		for i, x := range e.extra {
+			names[i] = x.name
+			fds = append(fds, x.file)
+		}
+		env = append(env, envListeners+"="+strings.Join(names, ","))
+	}
 	var proc *os.Process
 	err = e.spawner.start(func() (err error) {
 		proc, err = startProcess(
 			// The supervisor's descriptor, by its /proc path: the child
 			// resolves it before its own descriptors are shuffled into place.
 			fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), files.exe.Fd()), args, env, nil,
-			[]*os.File{e.region, e.listener, e.lifeline, readyW, files.config}, // fdRegion..fdConfig
+			fds,
 			&syscall.SysProcAttr{
 				Setpgid:   true, // a terminal's Ctrl-C reaches the supervisor only
 				Pdeathsig: syscall.SIGKILL,

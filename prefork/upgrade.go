@@ -27,7 +27,8 @@ import (
 
 // What a supervisor started by USR2 inherits: the variable, and from fd 3
 // the region, the listener, its end of the socket pair, then the
-// program's files.
+// extra listeners (Options.ExtraListen) and the program's files, each
+// named in the variable with its descriptor.
 const (
 	envUpgrade  = "PREFORKD_UPGRADE"
 	fdUpRegion  = 3
@@ -80,6 +81,7 @@ type inheritance struct {
 	channel          *net.UnixConn
 	oldIndexes       []int
 	files            map[string]*os.File
+	listeners        map[string]*os.File // the extra listeners' sockets, by name
 }
 
 // listen returns the inherited listener.
@@ -88,6 +90,22 @@ func (in *inheritance) listen() (net.Listener, error) {
 	in.listener.Close()
 	if err != nil {
 		return nil, fmt.Errorf("prefork: the inherited listener: %w", err)
+	}
+	return ln, nil
+}
+
+// extra returns the inherited extra listener called name, or nil; it
+// is no longer the inheritance's.
+func (in *inheritance) extra(name string) (net.Listener, error) {
+	f := in.listeners[name]
+	if f == nil {
+		return nil, nil
+	}
+	delete(in.listeners, name)
+	ln, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("prefork: the inherited listener %q: %w", name, err)
 	}
 	return ln, nil
 }
@@ -145,12 +163,12 @@ func (in *inheritance) tellReady() error {
 // upgradeEnviron is the new supervisor's environment: this one's, without
 // what marks a worker, the watchdog's pid (the new supervisor is to ping
 // it once it is the main process) and an earlier upgrade's variable.
-func upgradeEnviron(environ []string, indexes []int, files []string) []string {
+func upgradeEnviron(environ []string, indexes []int, files, listeners []string) []string {
 	out := make([]string, 0, len(environ)+1)
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case envWorker, envName, envRSSDelay, envWatchdogPID, envUpgrade:
+		case envWorker, envName, envRSSDelay, envWatchdogPID, envUpgrade, envListeners:
 			continue
 		}
 		out = append(out, kv)
@@ -159,5 +177,9 @@ func upgradeEnviron(environ []string, indexes []int, files []string) []string {
 	for i, x := range indexes {
 		is[i] = strconv.Itoa(x)
 	}
-	return append(out, envUpgrade+"=indexes="+strings.Join(is, ",")+";files="+strings.Join(files, ","))
+	v := envUpgrade + "=indexes=" + strings.Join(is, ",") + ";files=" + strings.Join(files, ",")
+	if len(listeners) > 0 {
+		v += ";listeners=" + strings.Join(listeners, ",")
+	}
+	return append(out, v)
 }

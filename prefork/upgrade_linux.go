@@ -26,7 +26,7 @@ func takeInheritance() (*inheritance, error) {
 		return nil, nil
 	}
 	os.Unsetenv(envUpgrade)
-	in := &inheritance{files: map[string]*os.File{}}
+	in := &inheritance{files: map[string]*os.File{}, listeners: map[string]*os.File{}}
 	for part := range strings.SplitSeq(v, ";") {
 		key, val, _ := strings.Cut(part, "=")
 		switch key {
@@ -41,7 +41,7 @@ func takeInheritance() (*inheritance, error) {
 				}
 				in.oldIndexes = append(in.oldIndexes, i)
 			}
-		case "files":
+		case "files", "listeners":
 			for s := range strings.SplitSeq(val, ",") {
 				if s == "" {
 					continue
@@ -53,7 +53,11 @@ func takeInheritance() (*inheritance, error) {
 				}
 				f := os.NewFile(uintptr(n), name)
 				syscall.CloseOnExec(n)
-				in.files[name] = f
+				if key == "listeners" {
+					in.listeners[name] = f
+				} else {
+					in.files[name] = f
+				}
 			}
 		}
 	}
@@ -78,7 +82,7 @@ func takeInheritance() (*inheritance, error) {
 }
 
 // upgrade is sysEnv.upgrade: it starts the program's file on disk as a
-// new supervisor, handing it the listener, the region, its end of a socket
+// new supervisor, handing it the listeners, the region, its end of a socket
 // pair and the program's files; indexes are the worker indexes this
 // supervisor's workers hold.
 func (e *osEnv) upgrade(indexes []int, handover func() (map[string]*os.File, error)) (upgradeProc, error) {
@@ -106,6 +110,11 @@ func (e *osEnv) upgrade(indexes []int, handover func() (map[string]*os.File, err
 	}
 	sort.Strings(names)
 	extra := []*os.File{e.region, e.listener, theirs}
+	var lspec []string
+	for _, x := range e.extra {
+		lspec = append(lspec, x.name+":"+strconv.Itoa(fdUpRegion+len(extra)))
+		extra = append(extra, x.file)
+	}
 	var spec []string
 	for _, name := range names {
 		spec = append(spec, name+":"+strconv.Itoa(fdUpRegion+len(extra)))
@@ -113,7 +122,7 @@ func (e *osEnv) upgrade(indexes []int, handover func() (map[string]*os.File, err
 	}
 	// No Pdeathsig, and not from the spawner's thread: the new
 	// supervisor outlives this one.
-	proc, err := startProcess(e.exe, e.args, upgradeEnviron(os.Environ(), indexes, spec), os.Stdin, extra, nil)
+	proc, err := startProcess(e.exe, e.args, upgradeEnviron(os.Environ(), indexes, spec, lspec), os.Stdin, extra, nil)
 	if err != nil {
 		mine.Close()
 		return upgradeProc{}, fmt.Errorf("prefork: starting the new supervisor: %w", err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,8 @@ type Worker struct {
 	// Logger is Options.Logger with the worker's index and pid.
 	Logger *slog.Logger
 
+	extra map[string]net.Listener // Options.ExtraListen's sockets, by name
+
 	served atomic.Int64 // responses, counted by Responded
 	limits *limits      // recycling limits; nil without any
 
@@ -37,6 +40,21 @@ type Worker struct {
 	reopens []func() error // OnReopen's
 	drains  []func()       // OnDrain's, until they ran
 	drained bool           // OnDrain's functions ran
+}
+
+// Listener is the extra listener called name (Options.ExtraListen) that
+// this worker inherited, or nil when the supervisor passed none by that
+// name. The program serves it from Options.Engine and drains it with the
+// engine's Shutdown (an Engine that serves several listeners); past a
+// recycling limit the worker closes it with the main one.
+func (w *Worker) Listener(name string) net.Listener { return w.extra[name] }
+
+// closeExtra closes the extra listeners: the worker stops accepting on
+// every socket.
+func (w *Worker) closeExtra() {
+	for _, ln := range w.extra {
+		ln.Close()
+	}
 }
 
 // OnReopen has f run whenever the supervisor is told USR1 (logrotate):
@@ -193,6 +211,10 @@ func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listene
 		return nil, nil, fmt.Errorf("prefork: inherited listener: %w", err)
 	}
 	lnFile.Close() // FileListener holds its own descriptor
+	extra, err := inheritedExtra(os.Getenv(envListeners))
+	if err != nil {
+		return nil, nil, err
+	}
 	rssDelay, err := inheritedRSSDelay()
 	if err != nil {
 		return nil, nil, err
@@ -201,7 +223,26 @@ func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listene
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Worker{Index: index, Region: region, Settings: cfg, Logger: log, limits: lim}, ln, nil
+	return &Worker{Index: index, Region: region, Settings: cfg, Logger: log, limits: lim, extra: extra}, ln, nil
+}
+
+// inheritedExtra opens the extra listeners named by names (envListeners),
+// from fdExtra on.
+func inheritedExtra(names string) (map[string]net.Listener, error) {
+	if names == "" {
+		return nil, nil
+	}
+	extra := map[string]net.Listener{}
+	for i, name := range strings.Split(names, ",") {
+		f := os.NewFile(uintptr(fdExtra+i), name)
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("prefork: inherited listener %q: %w", name, err)
+		}
+		extra[name] = ln
+	}
+	return extra, nil
 }
 
 // watchLifeline returns a channel closed when the supervisor is gone: the

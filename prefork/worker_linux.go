@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -24,9 +25,13 @@ func runWorker(ctx context.Context, opts Options) int {
 		log.Warn("worker keeps the name the kernel gave it", "err", err)
 	}
 	// Nothing this worker starts is a worker, nor inherits its descriptors.
+	extraFDs := 0
+	if v := os.Getenv(envListeners); v != "" {
+		extraFDs = strings.Count(v, ",") + 1
+	}
 	os.Unsetenv(envWorker)
 	os.Unsetenv(envName)
-	for fd := fdRegion; fd <= fdConfig; fd++ {
+	for fd := fdRegion; fd < fdExtra+extraFDs; fd++ {
 		syscall.CloseOnExec(fd)
 	}
 	if n, err := raiseOpenFileLimit(); err != nil {
@@ -44,6 +49,7 @@ func runWorker(ctx context.Context, opts Options) int {
 	signal.Notify(notes, sigReopen, sigDrain)
 
 	w, ln, err := joinWorker(opts, index, log)
+	os.Unsetenv(envListeners)
 	if err != nil {
 		log.Error("worker failed to start", "err", err)
 		return 1
@@ -66,6 +72,7 @@ func runWorker(ctx context.Context, opts Options) int {
 	defer cutRecycleDrain()
 	recycle := w.recycling(func() {
 		ln.Close()
+		w.closeExtra()
 		go func() { recycled <- eng.Shutdown(recycleCtx) }()
 	})
 	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, notes, log)
