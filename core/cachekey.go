@@ -17,8 +17,9 @@ import (
 // of their own; the namespaces are fixed forever, because entries and
 // generations are dumped and restored by hash.
 //
-//   - primary key: the Host as sent, the forward path, the query as
-//     sent, and the urlFields a request has. GET and HEAD share it (HEAD
+//   - primary key: the Host as sent (marked on a cleartext listener
+//     beside a TLS one), the forward path, the query as sent, and the
+//     urlFields a request has. GET and HEAD share it (HEAD
 //     is answered from GET's entry). It holds the entry, or a vary stub.
 //   - variant key: the primary key and the request's values of the
 //     fields the stub names. It holds the entry of a response that varies.
@@ -58,6 +59,12 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 	// the entries a case split costs are those of odd clients.
 	host, _ := ex.req.Header("Host")
 	b = append(b, host...)
+	if ex.c.cleartext != nil {
+		// The cleartext listener beside a TLS one (Core.Cleartext): its
+		// entries apart. The TLS listener's keys are those of an
+		// instance without one.
+		b = append(b, 0, 'h', 't', 't', 'p')
+	}
 	b = append(b, 0)
 	b = append(b, ex.forward...)
 	b = append(b, '?')

@@ -124,7 +124,9 @@ type Core struct {
 	access   AccessLog
 	// healthPath is Options.HealthPath; drained makes it answer 503.
 	healthPath string
-	drained    atomic.Bool
+	drained    *atomic.Bool // shared with the Cleartext views
+	// cleartext is set on a Cleartext view: how it answers.
+	cleartext *CleartextOptions
 
 	caches []*cacheBlock
 
@@ -183,6 +185,7 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		redis:      opts.Redis,
 		access:     opts.AccessLog,
 		healthPath: opts.HealthPath,
+		drained:    new(atomic.Bool),
 	}
 	if c.maxReq == 0 {
 		c.maxReq = defaultMaxRequestBody
@@ -231,7 +234,7 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 // flusher adds its last counts to Redis first). A worker calls it once it
 // has drained; the Core must not decide after. It is idempotent.
 func (c *Core) Close() error {
-	if c.redis != nil {
+	if c.redis != nil && c.cleartext == nil {
 		return c.redis.Close()
 	}
 	return nil
@@ -393,6 +396,11 @@ func (ex *Exchange) DecideHead() Verdict {
 			ex.step = stepIdempotency // final
 			ex.probe = true
 			v, _ := ex.health()
+			return v
+		}
+		if o := ex.c.cleartext; o != nil && o.Redirect {
+			ex.step = stepIdempotency // final
+			v, _ := ex.redirect(o.TLSPort)
 			return v
 		}
 	}
