@@ -252,6 +252,14 @@ type TLS struct {
 	// every worker, change; a ticket is accepted for up to two periods.
 	// 1m..168h; 0 means 12h.
 	TicketRotation time.Duration `toml:"ticket_rotation"`
+	// CleartextListen is the address of a cleartext HTTP/1.1 listener
+	// beside the TLS one (server.listen), served by the same workers over
+	// the same region; "" means none. Only with a certificate; a restart
+	// changes it, as server.listen.
+	CleartextListen string `toml:"cleartext_listen"`
+	// Cleartext is what that listener does: redirect to https (the zero
+	// value), or serve as the TLS listener does.
+	Cleartext Cleartext `toml:"cleartext"`
 	// Tickets is the secret the supervisor draws at start, from which
 	// every worker derives the ticket keys: handed to the workers with
 	// the configuration, in memory; never in a file or a dump.

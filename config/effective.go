@@ -30,6 +30,13 @@ func (c Config) WriteEffective(w io.Writer) error {
 	if e, why := c.ServingEngine(); why != "" {
 		fmt.Fprintf(&b, "server: the workers serve with %s, not server.engine's %s: %s\n", e, c.Server.Engine, why)
 	}
+	if c.TLS.Enabled() && c.TLS.CleartextListen != "" {
+		plain := c
+		plain.TLS = TLS{}
+		e, _ := plain.ServingEngine()
+		fmt.Fprintf(&b, "server: the cleartext port %s (tls.cleartext_listen) is served with %s, over the same region: %s\n",
+			c.TLS.CleartextListen, e, map[Cleartext]string{CleartextRedirect: "redirect to https", CleartextServe: "served as the TLS port"}[c.TLS.Cleartext])
+	}
 	line(&b, "admin:", c.Admin, "")
 	table := c.RegionTable()
 	line(&b, "table:", table, "")

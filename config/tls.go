@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/preforkd/preforkd/internal/smallfile"
 	"github.com/preforkd/preforkd/tlsconf"
@@ -33,14 +34,27 @@ func (c Config) TLSOptions() (o tlsconf.Options, ok bool) {
 	return o, true
 }
 
-// check reports what is wrong with [tls], without reading a file.
-func (t TLS) check(r *report) {
+// check reports what is wrong with [tls], without reading a file;
+// listen is server.listen.
+func (t TLS) check(r *report, listen string) {
 	f := r.at([]string{"tls"}, "tls.")
+	if l := t.CleartextListen; l != "" {
+		if err := checkAddr(l); err != nil {
+			f("cleartext_listen", "%v", err)
+		} else if !t.Enabled() {
+			f("cleartext_listen", "needs a [[tls.certificate]]: without one, server.listen speaks cleartext itself")
+		} else if _, port, _ := net.SplitHostPort(l); port != "0" && sameSocket(l, listen) {
+			f("cleartext_listen", "%q takes server.listen's port (%q)", l, listen)
+		}
+	}
 	if err := tlsVersionNames.check(t.MinVersion); err != nil {
 		f("min_version", "%s", detail(err))
 	}
 	if err := t.HTTP2.check(); err != nil {
 		f("http2", "%s", detail(err))
+	}
+	if err := cleartextNames.check(t.Cleartext); err != nil {
+		f("cleartext", "%s", detail(err))
 	}
 	if t.TicketRotation < tlsconf.MinRotation || t.TicketRotation > tlsconf.MaxRotation {
 		f("ticket_rotation", "must be between %v and %v, got %v", tlsconf.MinRotation, tlsconf.MaxRotation, t.TicketRotation)

@@ -41,7 +41,7 @@ func TestLoadTLS(t *testing.T) {
 	}
 	var b strings.Builder
 	c.WriteEffective(&b)
-	if !strings.Contains(b.String(), "tls: min_version=1.2 http2=true ticket_rotation=12h0m0s\n") ||
+	if !strings.Contains(b.String(), "tls: min_version=1.2 http2=true ticket_rotation=12h0m0s cleartext_listen=\"\" cleartext=redirect\n") ||
 		!strings.Contains(b.String(), "tls certificate 2: cert="+bCert+" key="+bKey+"\n") || strings.Contains(b.String(), "PRIVATE") {
 		t.Errorf("check prints:\n%s", b.String())
 	}
@@ -88,5 +88,48 @@ func TestLoadTLS(t *testing.T) {
 	}
 	if _, err := Parse([]byte("[tls]\nticket_rotation = \"1s\"\n"), "t"); err == nil {
 		t.Error("a rotation of 1s accepted")
+	}
+}
+
+// tls.cleartext_listen is a cleartext port beside the TLS one: only with
+// a certificate, never server.listen's address; tls.cleartext says what
+// it does.
+func TestTLSCleartext(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cert, key := tlstest.NewCA(t).Files(t, dir, "a", "a.example")
+	certs := "[[tls.certificate]]\ncert = \"" + cert + "\"\nkey = \"" + key + "\"\n"
+	path := filepath.Join(dir, "preforkd.toml")
+	load := func(s string) (Config, error) {
+		if err := os.WriteFile(path, []byte("[server]\nlisten = \"127.0.0.1:8443\"\n"+s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return Load(path)
+	}
+	for _, tc := range []struct{ text, err string }{
+		{"[tls]\ncleartext_listen = \"127.0.0.1:8080\"\n", ":4: tls.cleartext_listen: needs a [[tls.certificate]]"},
+		{"[tls]\ncleartext_listen = \"127.0.0.1:8443\"\n" + certs, ":4: tls.cleartext_listen: \"127.0.0.1:8443\" takes server.listen's port"},
+		{"[tls]\ncleartext_listen = \":8443\"\n" + certs, "takes server.listen's port"},
+		{"[tls]\ncleartext_listen = \"127.0.0.1\"\n" + certs, ":4: tls.cleartext_listen: invalid address"},
+		{"[tls]\ncleartext_listen = \"127.0.0.1:8080\"\ncleartext = \"proxy\"\n" + certs, ":5: tls.cleartext"},
+		{"[tls]\ncleartext = \"serve\"\n", ""},
+	} {
+		_, err := load(tc.text)
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%q: %v, want %q", tc.text, err, tc.err)
+		}
+	}
+	c, err := load("[tls]\ncleartext_listen = \"127.0.0.1:8080\"\n" + certs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, mode := c.TLS.CleartextListen, c.WithDefaults().TLS.Cleartext; l != "127.0.0.1:8080" || mode != CleartextRedirect || mode.String() != "redirect" {
+		t.Errorf("cleartext_listen %q, cleartext %v", l, mode)
+	}
+	var b strings.Builder
+	c.WriteEffective(&b)
+	if !strings.Contains(b.String(), "cleartext_listen=127.0.0.1:8080 cleartext=redirect") ||
+		!strings.Contains(b.String(), "server: the cleartext port 127.0.0.1:8080 (tls.cleartext_listen) is served with loop, over the same region: redirect to https\n") {
+		t.Errorf("check prints:\n%s", b.String())
 	}
 }

@@ -164,7 +164,7 @@ func (c Config) check(r *report) {
 	}
 
 	c.Redis.check(r)
-	c.TLS.check(r)
+	c.TLS.check(r, s.Listen)
 
 	names := map[string]int{} // rule name → index of its first use
 	rules := make([]core.RateLimit, len(c.RateLimits))

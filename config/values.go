@@ -362,6 +362,22 @@ func (e enum[T]) unmarshal(b []byte, v *T) error {
 	return textvalue.Enum[T](e).Unmarshal("config", b, v)
 }
 
+// Cleartext is what [TLS]'s cleartext listener does: "redirect" (the
+// zero value: 308 to https, but the health check) or "serve" (as the TLS
+// listener).
+type Cleartext uint8
+
+const (
+	CleartextRedirect Cleartext = iota // "redirect"
+	CleartextServe                     // "serve"
+)
+
+var cleartextNames = enum[Cleartext]{"redirect", "serve"}
+
+func (v Cleartext) String() string                { return cleartextNames.name(v) }
+func (v Cleartext) MarshalText() ([]byte, error)  { return cleartextNames.marshal(v) }
+func (v *Cleartext) UnmarshalText(b []byte) error { return cleartextNames.unmarshal(b, v) }
+
 // TLSVersion is the least TLS version of [TLS]: "1.2" (the zero value) or
 // "1.3".
 type TLSVersion uint8
