@@ -30,6 +30,7 @@ type Worker struct {
 	// Logger is Options.Logger with the worker's index and pid.
 	Logger *slog.Logger
 
+	main  net.Listener            // Options.Listen's socket
 	extra map[string]net.Listener // Options.ExtraListen's sockets, by name
 
 	served atomic.Int64 // responses, counted by Responded
@@ -44,10 +45,17 @@ type Worker struct {
 
 // Listener is the extra listener called name (Options.ExtraListen) that
 // this worker inherited, or nil when the supervisor passed none by that
-// name. The program serves it from Options.Engine and drains it with the
-// engine's Shutdown (an Engine that serves several listeners); past a
-// recycling limit the worker closes it with the main one.
-func (w *Worker) Listener(name string) net.Listener { return w.extra[name] }
+// name; "" names Options.Listen's, which the engine serves (for its
+// address: the port a client is sent to). The program serves an extra
+// one from Options.Engine and drains it with the engine's Shutdown (an
+// Engine that serves several listeners); past a recycling limit the
+// worker closes it with the main one.
+func (w *Worker) Listener(name string) net.Listener {
+	if name == "" {
+		return w.main
+	}
+	return w.extra[name]
+}
 
 // closeExtra closes the extra listeners: the worker stops accepting on
 // every socket.
@@ -223,7 +231,7 @@ func joinWorker(opts Options, index int, log *slog.Logger) (*Worker, net.Listene
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Worker{Index: index, Region: region, Settings: cfg, Logger: log, limits: lim, extra: extra}, ln, nil
+	return &Worker{Index: index, Region: region, Settings: cfg, Logger: log, limits: lim, main: ln, extra: extra}, ln, nil
 }
 
 // inheritedExtra opens the extra listeners named by names (envListeners),

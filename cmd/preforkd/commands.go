@@ -267,11 +267,12 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		}
 		var region atomic.Pointer[shm.Region] // once the supervisor made it
 		opts := prefork.Options{
-			Listen:   cfg.Server.Listen,
-			Workers:  cfg.Server.Workers,
-			Region:   cfg.RegionOptions(),
-			Settings: settings,
-			Reload:   reloader(*path, o, region.Load, log),
+			Listen:      cfg.Server.Listen,
+			ExtraListen: extraListen(cfg),
+			Workers:     cfg.Server.Workers,
+			Region:      cfg.RegionOptions(),
+			Settings:    settings,
+			Reload:      reloader(*path, o, region.Load, log),
 			Prepare: func(r *shm.Region, _ *slog.Logger) error {
 				region.Store(r)
 				return fitsRegion(r, cfg) // a live region re-attached from a run without the table

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/accesslog"
@@ -158,10 +159,20 @@ func engine(w *prefork.Worker) (prefork.Engine, error) {
 	}
 	w.Defer(c.Close)
 	w.OnDrain(c.Drain) // health_path answers 503 from the drain (delay) on
-	switch e, _ := cfg.ServingEngine(); e {
-	case "net/http":
+	if cfg.TLS.Enabled() {
 		return tlsEngine(w, cfg, c)
-	case config.EngineFasthttp.String():
+	}
+	return plainEngine(w, cfg, c)
+}
+
+// plainEngine is the engine of a cleartext listener: server.engine's,
+// or package proxy's for an https:// upstream.
+func plainEngine(w *prefork.Worker, cfg config.Config, c *core.Core) (prefork.Engine, error) {
+	e := cfg.Server.Engine.String()
+	if strings.HasPrefix(cfg.Server.Upstream, "https://") {
+		e = config.EngineFasthttp.String()
+	}
+	if e == config.EngineFasthttp.String() {
 		u := cfg.Server.Upstream
 		o := cfg.ProxyOptions()
 		o.Core, o.Logger = c, w.Logger
@@ -196,7 +207,11 @@ func tlsEngine(w *prefork.Worker, cfg config.Config, c *core.Core) (prefork.Engi
 	} else if o.Upstream, err = nethttp.NewUpstream(c, u, cfg.Server.UpstreamClient()); err != nil {
 		return nil, err
 	}
-	return nethttp.NewServer(o)
+	eng, err := nethttp.NewServer(o)
+	if err != nil || cfg.TLS.CleartextListen == "" {
+		return eng, err
+	}
+	return withCleartext(w, cfg, c, eng)
 }
 
 // newCore builds a worker's decision core from cfg over region, joined by
@@ -289,6 +304,7 @@ func keepRestartOnly(log *slog.Logger, running, next config.Config) config.Confi
 		}
 	}
 	keep("server.listen", &next.Server.Listen, running.Server.Listen)
+	keep("tls.cleartext_listen", &next.TLS.CleartextListen, running.TLS.CleartextListen)
 	if next.Server.WorkerCount() != running.Server.WorkerCount() {
 		ignored = append(ignored, fmt.Sprintf("server.workers %d", next.Server.Workers))
 	}

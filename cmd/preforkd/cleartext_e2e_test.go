@@ -1,0 +1,198 @@
+//go:build linux
+
+package main
+
+// End-to-end tests of tls.cleartext_listen: a cleartext port beside the
+// TLS one, served by the same workers over the same region.
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/internal/tlstest"
+)
+
+// clearDaemon is a TLS daemon (a.example) with a cleartext port.
+type clearDaemon struct {
+	*daemon
+	ca    *tlstest.CA
+	clear string // the cleartext port's address
+}
+
+func startClearDaemon(t *testing.T, mode, server, extra string) *clearDaemon {
+	t.Helper()
+	cd := &clearDaemon{ca: tlstest.NewCA(t), clear: freeAddr(t)}
+	dir := t.TempDir()
+	cert, key := cd.ca.Files(t, dir, "a", "a.example")
+	cfg := baseServer(2, server) + extra + fmt.Sprintf(`
+[tls]
+cleartext_listen = %q
+cleartext = %q
+[[tls.certificate]]
+cert = %q
+key = %q
+`, cd.clear, mode, cert, key)
+	cd.daemon = startDaemon(t, daemonOptions{config: noCanary(cfg)})
+	return cd
+}
+
+// clients are an https client (verifying a.example) and a cleartext one,
+// neither following redirects, each connection anew.
+func (cd *clearDaemon) clients(t *testing.T) (tlsc, plain *http.Client) {
+	noFollow := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	plain = newClient(t, nil, false)
+	plain.CheckRedirect = noFollow
+	tlsc = newClient(t, nil, false)
+	tlsc.CheckRedirect = noFollow
+	tlsc.Transport.(*http.Transport).TLSClientConfig = &tls.Config{ServerName: "a.example", RootCAs: cd.ca.Pool}
+	return tlsc, plain
+}
+
+// A limit of 3 holds across both ports: exactly 3 of 8 requests, half on
+// each, are let through; the cleartext port's application sees
+// X-Forwarded-Proto: http through the same rules.
+func TestCleartextServeSharesLimitsE2E(t *testing.T) {
+	t.Parallel()
+	cd := startClearDaemon(t, "serve", "", rule("three", "/u", "gcra", 3, "1h"))
+	tlsc, plain := cd.clients(t)
+	got := map[string]map[int]int{"https": {}, "http": {}}
+	for i := range 8 {
+		c, url, scheme := plain, "http://"+cd.clear+"/u", "http"
+		if i%2 == 0 {
+			c, url, scheme = tlsc, "https://"+cd.addr+"/u", "https"
+		}
+		r := get(c, url)
+		if r.err != nil {
+			t.Fatalf("%s: %v", url, r.err)
+		}
+		got[scheme][r.status]++
+	}
+	if n := got["https"][200] + got["http"][200]; n != 3 || got["https"][429]+got["http"][429] != 5 {
+		t.Errorf("across both ports: %v, want exactly 3 × 200 and 5 × 429", got)
+	}
+}
+
+// Redirect mode: 308 to https at the TLS port, path and query kept, the
+// Host's port dropped; a Host no URL can hold gets 400; the health check
+// is answered on the cleartext port.
+func TestCleartextRedirectE2E(t *testing.T) {
+	t.Parallel()
+	cd := startClearDaemon(t, "redirect", `health_path = "/healthz"`, rule("one", "/*", "gcra", 1, "1h"))
+	_, plain := cd.clients(t)
+	_, tlsPort, _ := net.SplitHostPort(cd.addr)
+	for _, host := range []string{"a.example", "a.example:80"} {
+		req, _ := http.NewRequest("GET", "http://"+cd.clear+"/a/b?x=1&y=%20z", nil)
+		req.Host = host
+		resp, err := plain.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		want := "https://a.example:" + tlsPort + "/a/b?x=1&y=%20z"
+		if resp.StatusCode != 308 || resp.Header.Get("Location") != want || resp.ContentLength <= 0 {
+			t.Errorf("Host %q: %d Location %q length %d, want 308 %q", host, resp.StatusCode, resp.Header.Get("Location"), resp.ContentLength, want)
+		}
+	}
+	// A Host that is no authority, by hand: Go's client refuses to send one.
+	conn, err := net.DialTimeout("tcp", cd.clear, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /a HTTP/1.1\r\nHost: a.example/evil\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != 400 || resp.Header.Get("Location") != "" {
+		t.Errorf("a bad Host: %v %v, want 400 without Location", resp, err)
+	}
+	if r := get(plain, "http://"+cd.clear+"/healthz"); r.status != 200 || string(r.body) != "ok\n" {
+		t.Errorf("health check on the cleartext port: %d %q", r.status, r.body)
+	}
+	// The redirects counted against no rule: the one request is left.
+	tlsc, _ := cd.clients(t)
+	if r := get(tlsc, "https://"+cd.addr+"/x"); r.status != 200 {
+		t.Errorf("on the TLS port after the redirects: %d %v, want the rule's one request", r.status, r.err)
+	}
+}
+
+// USR2: the new supervisor inherits both listeners; clients on both
+// ports see no refused connection across it, and both answer after.
+func TestCleartextUpgradeE2E(t *testing.T) {
+	t.Parallel()
+	cd := startClearDaemon(t, "serve", "", "")
+	tlsc, plain := cd.clients(t)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []string
+	served := map[string]int{}
+	for _, c := range []struct {
+		c   *http.Client
+		url string
+	}{{tlsc, "https://" + cd.addr + "/p"}, {plain, "http://" + cd.clear + "/p"}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				r := get(c.c, c.url)
+				mu.Lock()
+				if r.err != nil || r.status != 200 {
+					failures = append(failures, fmt.Sprintf("%s: %d %v", c.url, r.status, r.err))
+				} else {
+					served[c.url]++
+				}
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	newPID := upgrade(t, cd.daemon)
+	time.Sleep(200 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Errorf("%d requests failed across the upgrade: %v", len(failures), failures[:min(len(failures), 5)])
+	}
+	for _, url := range []string{"https://" + cd.addr + "/p", "http://" + cd.clear + "/p"} {
+		c := plain
+		if strings.HasPrefix(url, "https") {
+			c = tlsc
+		}
+		if r := get(c, url); r.status != 200 {
+			t.Errorf("%s after the upgrade: %d %v", url, r.status, r.err)
+		}
+	}
+	t.Logf("served across the upgrade: %v", served)
+	stopPID(t, cd.daemon, newPID)
+}
+
+// check refuses tls.cleartext_listen without a certificate, and at
+// server.listen's address, as a worker would.
+func TestCleartextCheckE2E(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cert, key := tlstest.NewCA(t).Files(t, dir, "a", "a.example")
+	certs := fmt.Sprintf("[[tls.certificate]]\ncert = %q\nkey = %q\n", cert, key)
+	for _, tc := range []struct{ text, want string }{
+		{"[server]\nlisten = \"127.0.0.1:8443\"\n[tls]\ncleartext_listen = \"127.0.0.1:8080\"\n", "tls.cleartext_listen: needs a [[tls.certificate]]"},
+		{"[server]\nlisten = \"127.0.0.1:8443\"\n[tls]\ncleartext_listen = \"127.0.0.1:8443\"\n" + certs, "takes server.listen's port"},
+	} {
+		path := filepath.Join(dir, "preforkd.toml")
+		if err := os.WriteFile(path, []byte(tc.text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errs := runBinary(t, "check", "-config", path)
+		if code == 0 || !strings.Contains(out+errs, tc.want) {
+			t.Errorf("check %q: exit %d, %s%s; want %q", tc.text, code, out, errs, tc.want)
+		}
+	}
+}
