@@ -196,3 +196,46 @@ func TestCleartextCheckE2E(t *testing.T) {
 		}
 	}
 }
+
+// Socket activation with two sockets: the one named cleartext
+// (FileDescriptorName=) serves tls.cleartext_listen, passed first here,
+// and the other server.listen; neither configured address is bound.
+func TestCleartextSocketActivationE2E(t *testing.T) {
+	t.Parallel()
+	activate := needTool(t, "systemd-socket-activate", "systemd")
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	cert, key := ca.Files(t, dir, "a", "a.example")
+	addrs := freeAddrs(t, 4)
+	passedTLS, passedClear, unusedTLS, unusedClear := addrs[0], addrs[1], addrs[2], addrs[3]
+	d := &daemon{t: t, addr: passedTLS, cfgPath: filepath.Join(dir, "preforkd.toml"),
+		wrapper: []string{activate, "-l", passedClear, "-l", passedTLS, "--fdname=cleartext:preforkd.socket"}}
+	cfg := baseServer(2, "") + fmt.Sprintf("\n[tls]\ncleartext_listen = %q\n[[tls.certificate]]\ncert = %q\nkey = %q\n", unusedClear, cert, key)
+	if err := os.WriteFile(d.cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.start(nil, "run", "-config", d.cfgPath, "-listen", unusedTLS)
+	cd := &clearDaemon{daemon: d, ca: ca, clear: passedClear}
+	tlsc, plain := cd.clients(t)
+	var r result
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if r = get(plain, "http://"+passedClear+"/first"); r.err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // systemd-socket-activate not listening yet
+	}
+	_, port, _ := net.SplitHostPort(passedTLS)
+	if want := "https://" + passedClear[:strings.LastIndexByte(passedClear, ':')] + ":" + port + "/first"; r.status != 308 || r.header.Get("Location") != want {
+		t.Fatalf("the cleartext socket: %d %q %v, want 308 to %s", r.status, r.header.Get("Location"), r.err, want)
+	}
+	if r := get(tlsc, "https://"+passedTLS+"/x"); r.status != 200 {
+		t.Errorf("the TLS socket: %d %v", r.status, r.err)
+	}
+	for _, a := range []string{unusedTLS, unusedClear} {
+		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s was bound besides the passed sockets", a)
+		}
+	}
+	d.stop()
+}

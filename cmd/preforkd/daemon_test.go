@@ -28,12 +28,14 @@ func TestReloadKeepsRestartOnlySettings(t *testing.T) {
 		Table:   config.Table{Counters: 1024},
 		Persist: config.Persist{Path: "/var/lib/preforkd/dump", Key: "v1"},
 		Admin:   config.Admin{Listen: "127.0.0.1:3"},
+		TLS:     config.TLS{CleartextListen: "127.0.0.1:5"},
 	}
 	next := config.Config{
 		Server:  config.Server{Listen: "127.0.0.1:2", Workers: 5, Upstream: "http://b"},
 		Table:   config.Table{Counters: 2048},
 		Persist: config.Persist{Path: "/elsewhere/dump", Key: "v2", Live: "/dev/shm/x"},
 		Admin:   config.Admin{Listen: "127.0.0.1:4", TokenFile: "/etc/token"},
+		TLS:     config.TLS{CleartextListen: "127.0.0.1:6", Cleartext: config.CleartextServe},
 	}
 	var lines logtest.Buffer
 	got := keepRestartOnly(slog.New(slog.NewTextHandler(&lines, nil)), running, next)
@@ -43,10 +45,11 @@ func TestReloadKeepsRestartOnlySettings(t *testing.T) {
 	// until the next start.
 	if got.Server.Listen != want.Server.Listen || got.Server.Workers != 2 || got.Table != want.Table ||
 		got.Persist != want.Persist || got.Server.Upstream != "http://b" ||
-		got.Admin.Listen != running.Admin.Listen || got.Admin.TokenFile != "/etc/token" {
+		got.Admin.Listen != running.Admin.Listen || got.Admin.TokenFile != "/etc/token" ||
+		got.TLS.CleartextListen != "127.0.0.1:5" || got.TLS.Cleartext != config.CleartextServe {
 		t.Fatalf("got %+v", got)
 	}
-	for _, ignored := range []string{"server.listen", "server.workers", "table.counters 2048", "persist.path", "persist.live", "persist.key", "admin.listen"} {
+	for _, ignored := range []string{"server.listen", "tls.cleartext_listen", "server.workers", "table.counters 2048", "persist.path", "persist.live", "persist.key", "admin.listen"} {
 		if !strings.Contains(lines.String(), ignored) {
 			t.Errorf("the warning does not name %s:\n%s", ignored, lines.String())
 		}
