@@ -481,6 +481,24 @@ var exchanges = []exchange{
 		upLine: "GET / HTTP/1.1",
 	},
 	{
+		// engine.MaxInterims: the one past the bound is refused, not
+		// passed on first.
+		name:    "16 interim responses pass",
+		send:    "GET / HTTP/1.1\nHost: a\n\n",
+		reply:   strings.Repeat("HTTP/1.1 102 Processing\n\n", 16) + "HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+		interim: slices.Repeat([]string{"102 "}, 16),
+		status:  200, body: "ok",
+		upLine: "GET / HTTP/1.1",
+	},
+	{
+		name:    "17 interim responses: a 502 after the first 16, the 17th not passed on",
+		send:    "GET / HTTP/1.1\nHost: a\n\n",
+		reply:   strings.Repeat("HTTP/1.1 102 Processing\n\n", 17) + "HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+		interim: slices.Repeat([]string{"102 "}, 16),
+		status:  502,
+		upLine:  "GET / HTTP/1.1",
+	},
+	{
 		name:   "an HTTP/1.0 client gets no interim response",
 		send:   "GET / HTTP/1.0\nHost: a\n\n",
 		reply:  "HTTP/1.1 103 Early Hints\nLink: </s.css>; rel=preload\n\nHTTP/1.1 200 OK\nContent-Length: 2\n\nok",

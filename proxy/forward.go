@@ -240,7 +240,8 @@ func (s *Server) upDone(uc *upconn.Conn, reusable bool) error {
 
 // readResponseHead reads the final response's header section into h,
 // giving interim (1xx) responses but 101 to to, when not nil, as
-// they come. Each head is checked first by the rules every engine applies
+// they come: engine.MaxInterims of them, and one more is
+// engine.ErrRespInterims, not given first. Each head is checked first by the rules every engine applies
 // (engine.ResponseHead): one with a line ended by a bare LF, or a status
 // outside 100-599, is refused at once (502), where fasthttp would wait for
 // a CRLF CRLF that never comes, or take "099" for an interim response and
@@ -253,7 +254,7 @@ func readResponseHead(uc *upconn.Conn, h *fasthttp.ResponseHeader, to interimSin
 	br := uc.Buf
 	// What the upstream did not send is not sent: no default Content-Type.
 	h.SetNoDefaultContentType(true)
-	for range engine.MaxInterims + 1 {
+	for interims := 0; ; interims++ {
 		closes, idleFor, coding, err := checkHead(br)
 		if err != nil {
 			return err
@@ -271,11 +272,13 @@ func readResponseHead(uc *upconn.Conn, h *fasthttp.ResponseHeader, to interimSin
 		if st := h.StatusCode(); st >= 200 || st == http.StatusSwitchingProtocols {
 			return nil
 		}
+		if interims == engine.MaxInterims {
+			return engine.ErrRespInterims // refused, not passed on first
+		}
 		if to != nil {
 			to.interim(h)
 		}
 	}
-	return engine.ErrRespInterims
 }
 
 // checkHead waits until br holds a whole header section, or as much as it

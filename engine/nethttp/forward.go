@@ -401,9 +401,11 @@ func interimTo(w http.ResponseWriter, r *http.Request, hide []string) func(int) 
 
 // readResponseHead reads the final response head, putting its end-to-end
 // fields in h. Interim responses but 101 come before it: each is read into
-// h too and given to interim, when not nil, as it comes.
+// h too and given to interim, when not nil, as it comes: up to
+// engine.MaxInterims, and one more is engine.ErrRespInterims, not given
+// first.
 func readResponseHead(br *bufio.Reader, h http.Header, interim func(status int)) (respHead, error) {
-	for range engine.MaxInterims + 1 {
+	for interims := 0; ; interims++ {
 		clear(h)
 		hd, err := readOneHead(br, h)
 		if err != nil {
@@ -412,11 +414,13 @@ func readResponseHead(br *bufio.Reader, h http.Header, interim func(status int))
 		if hd.status >= 200 || hd.status == http.StatusSwitchingProtocols {
 			return hd, nil
 		}
+		if interims == engine.MaxInterims {
+			return respHead{}, engine.ErrRespInterims // refused, not passed on first
+		}
 		if interim != nil {
 			interim(hd.status)
 		}
 	}
-	return respHead{}, engine.ErrRespInterims
 }
 
 // readOneHead reads one response head, checked by the rules every engine
