@@ -118,16 +118,25 @@ func RequestFieldSeen(k FieldKind, ownHost, upgrade bool) bool {
 
 // ResponseFieldPassed reports whether a response field of kind k goes on
 // to the client: the hop-by-hop fields and the framing are the server's
-// to send; on a 101 (switched) Connection and Upgrade go with it.
+// to send; on a 101 (switched) Upgrade goes with it, and the server
+// sends its own Connection (SwitchedConnection), as nginx does.
 func ResponseFieldPassed(k FieldKind, switched bool) bool {
 	switch k {
 	case FieldOther, FieldHost, FieldForwardedFor, FieldForwardedOther, FieldExpect:
 		return true
-	case FieldConnection, FieldUpgrade:
+	case FieldUpgrade:
 		return switched
 	}
 	return false
 }
+
+// SwitchedConnection is the Connection field every engine sends with a
+// 101 in place of the upstream's: the connection goes on as the tunnel
+// whatever the upstream's head said of keeping it for another exchange
+// (an HTTP/1.0 status line, close among its options, Keep-Alive:
+// timeout=0), for there is none on it, and the client is told so (RFC
+// 9110 §7.8: the sender of Upgrade sends the upgrade option).
+const SwitchedConnection = "Upgrade"
 
 // ForwardedField returns the value the server sends for a request field
 // it writes itself, whatever the client sent: Host and X-Forwarded-Host

@@ -105,7 +105,7 @@ func TestFieldFate(t *testing.T) {
 		{seen(true, false), "10000100100"},
 		{seen(false, true), "11001100100"},
 		{passed(false), "11000001110"},
-		{passed(true), "11011001110"},
+		{passed(true), "11001001110"}, // the server sends its own Connection with a 101
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %s, want %s", tc.got, tc.want)

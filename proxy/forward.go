@@ -121,6 +121,12 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 		// request; deadlines, writes and closing go to the conn itself,
 		// whose Close does the bookkeeping (fasthttp's own Close of a
 		// hijacked connection does nothing).
+		// Whatever the upstream's head said of reusing the connection,
+		// it is the tunnel's now: fasthttp skips the hijack of a
+		// response that says close, which would send the client a 101
+		// and then close under it (and leave the upstream's open).
+		resp.Header.ResetConnectionClose()
+		resp.Header.Set("Connection", engine.SwitchedConnection)
 		c := r.c
 		r.ctx.Hijack(func(client net.Conn) {
 			engine.Tunnel(c, client, uc.Conn, uc.Buf, s.opts.Client.Timeout, s.opts.SendTimeout)

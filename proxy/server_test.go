@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/httpfield"
 	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/proxy"
 )
@@ -641,6 +643,53 @@ func TestUpgradeIsTunnelled(t *testing.T) {
 			t.Errorf("the upstream saw %+v", seen)
 		}
 	})
+}
+
+// TestUpgradeWhateverTheHeadSaysOfReuse: a 101 switches the connection
+// to the tunnel, whatever its head says of keeping the connection for
+// another HTTP exchange (an HTTP/1.0 status line, Keep-Alive: timeout=0,
+// close among the Connection options): there is no next exchange on
+// it, so it is tunnelled on every engine, as nginx tunnels it, and the
+// client is told Connection: upgrade, never told protocols switched on
+// a connection then closed under it.
+func TestUpgradeWhateverTheHeadSaysOfReuse(t *testing.T) {
+	t.Parallel()
+	for _, head := range []string{
+		"HTTP/1.0 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n",
+		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\nKeep-Alive: timeout=0\r\n\r\n",
+		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade, close\r\n\r\n",
+	} {
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+				w.WriteString(head + "hello ")
+				w.Flush()
+				io.Copy(c, bufio.NewReader(c))
+				io.WriteString(c, "bye")
+				c.Close()
+			})
+			r := e.serve(t, storyOptions{Upstream: up.URL()})
+			c, br := dial(t, r.Addr)
+			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			tp := textproto.NewReader(br)
+			status, err := tp.ReadLine()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := tp.ReadMIMEHeader()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(status, "HTTP/1.1 101 ") || !httpfield.HasToken(h["Connection"], "upgrade") ||
+				httpfield.HasToken(h["Connection"], "close") || h.Get("Upgrade") != "echo" {
+				t.Fatalf("%q: the client got %q %v", head, status, h)
+			}
+			io.WriteString(c, "ping")
+			c.(*net.TCPConn).CloseWrite()
+			if got, err := io.ReadAll(br); err != nil || string(got) != "hello pingbye" {
+				t.Errorf("%q: through the tunnel %q, %v", head, got, err)
+			}
+		})
+	}
 }
 
 // The upstream's half-close is passed on as the client's, on every

@@ -129,6 +129,8 @@ func (r *request) composeHead(h *respHead) []byte {
 	}
 	if h.Status != 101 {
 		dst = r.appendConnection(dst)
+	} else {
+		dst = engine.AppendField(dst, "Connection", engine.SwitchedConnection)
 	}
 	dst = append(dst, "\r\n"...)
 	l.head = dst

@@ -655,6 +655,7 @@ func (f *forwarder) tunnel(rw *writer, uc *upconn.Conn, status int) error {
 		uc.Conn.Close()
 		return err
 	}
+	h["Connection"] = []string{engine.SwitchedConnection}
 	if _, ok := h["Date"]; !ok {
 		// net/http adds one to the heads it writes; this one it does not.
 		h["Date"] = []string{time.Now().UTC().Format(http.TimeFormat)}
