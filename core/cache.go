@@ -32,7 +32,7 @@ type cacheState struct {
 	buf       []byte          // the entry found, copied out of the table
 	ent       httpcache.Entry // buf decoded
 	part      bool            // buf is the entry's head: its body is streamed (BodyStream)
-	stream    BodyStream      // the body of a part entry served
+	stream    BodyStream      // the body of a part entry served (a *cacheStream), or nil
 	varyNames [httpcache.MaxVary]string
 
 	// A revalidation: the validators sent (Forward.Add), and the entry a
@@ -428,7 +428,7 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 	})
 	ex.fields = append(ex.fields, Field{hdrXCache, xcacheValues[x]})
 	var body []byte
-	var stream *BodyStream
+	var stream BodyStream
 	if !notModified && BodyAllowed(status) && ranged != rangeNone {
 		if ranged == rangeWhole {
 			from, to = 0, e.BodySize
@@ -439,8 +439,10 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		case ex.req.Method() == http.MethodHead:
 		case ex.cache.part:
 			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
-			stream = &ex.cache.stream
-			*stream = BodyStream{c: ex.c, tk: ex.cache.entryTk, head: ex.cache.buf[:e.BodyAt], skip: from, n: n, left: n}
+			s := cacheStreams.Get().(*cacheStream)
+			*s = cacheStream{c: ex.c, tk: ex.cache.entryTk, head: ex.cache.buf[:e.BodyAt], skip: from, n: n, left: n}
+			ex.releaseStream() // one served before, if any
+			ex.cache.stream, stream = s, s
 		default:
 			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
 			body = e.Body[from:to]
@@ -536,7 +538,7 @@ func safeMethod(m string) bool {
 // completed is given up, and the request is counted by its X-Cache.
 func (ex *Exchange) releaseCache() {
 	c := ex.c
-	ex.cache.stream.release()
+	ex.releaseStream()
 	if ex.cache.flags&cFill != 0 {
 		c.region.Responses().CacheUnlock(ex.cache.lock)
 	}

@@ -14,7 +14,7 @@ import (
 // A large cached body is not copied out of the region whole: the lookup
 // copies the entry's head (streamOver, headPart), and the engine sends
 // the body a piece at a time, read from the shared blocks as the client
-// takes the pieces before (BodyStream). A worker's memory for a client
+// takes the pieces before (cacheStream, a BodyStream). A worker's memory for a client
 // that reads slowly is a piece, not max_body.
 
 const (
@@ -30,7 +30,14 @@ const (
 	streamScratch = 4 << 10
 )
 
-var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamPiece+streamScratch); return &b }}
+var (
+	streamBufs = sync.Pool{New: func() any { b := make([]byte, streamPiece+streamScratch); return &b }}
+	// cacheStreams are the streams, off the Exchange: a field of its own
+	// type would link the cache's reading into every program (an
+	// Exchange goes through an interface, its pool, and the linker keeps
+	// what reflection could reach from it).
+	cacheStreams = sync.Pool{New: func() any { return new(cacheStream) }}
+)
 
 // ErrBodyCut is what BodyStream.Next returns when the entry changed while
 // its body was sent (evicted, purged, replaced: its blocks may hold other
@@ -38,12 +45,28 @@ var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamPiece+strea
 // a body shorter than its Content-Length, never a wrong one.
 var ErrBodyCut = errors.New("core: the cached entry changed while its body was sent")
 
-// BodyStream is a cached body an engine sends a piece at a time: Next
-// after Next, each once what the one before gave was written (or copied
-// into a buffer of the connection's), until io.EOF. Its pieces are the
-// entry's bytes, checked: a change of the entry ends it with ErrBodyCut
-// before its last piece, and the engine must then cut the connection.
-type BodyStream struct {
+// BodyStream is a body an engine sends a piece at a time (Response.Stream):
+// Next after Next, each once what the one before gave was written (or
+// copied into a buffer of the connection's), until io.EOF. Any other
+// error (ErrBodyCut) ends it before its last piece, and the engine must
+// then cut the connection, so that the client sees a body shorter than
+// its Content-Length, never a wrong one. It is the Exchange's, valid
+// until Finish.
+//
+// An interface, so that only a program that builds the cache stage links
+// the cached body's reading (shm's CacheReader and its checks).
+type BodyStream interface {
+	// Len is the length of the body.
+	Len() int
+	// Next returns the next piece of the body, valid until the next call
+	// (or Finish); io.EOF after the last.
+	Next() ([]byte, error)
+}
+
+// cacheStream is a large cached body as a BodyStream: its pieces are the
+// entry's bytes, read from the shared blocks and checked, and a change of
+// the entry ends it with ErrBodyCut.
+type cacheStream struct {
 	c    *Core
 	r    shm.CacheReader
 	tk   shm.Ticket
@@ -56,12 +79,11 @@ type BodyStream struct {
 	on   bool // CacheRead began r
 }
 
-// Len is the length of the body.
-func (s *BodyStream) Len() int { return s.n }
+// Len implements BodyStream.
+func (s *cacheStream) Len() int { return s.n }
 
-// Next returns the next piece of the body, valid until the next call (or
-// Finish); io.EOF after the last, ErrBodyCut when the entry changed.
-func (s *BodyStream) Next() ([]byte, error) {
+// Next implements BodyStream: ErrBodyCut when the entry changed.
+func (s *cacheStream) Next() ([]byte, error) {
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -99,7 +121,7 @@ func (s *BodyStream) Next() ([]byte, error) {
 }
 
 // cut ends the stream with ErrBodyCut, counted and logged.
-func (s *BodyStream) cut() error {
+func (s *cacheStream) cut() error {
 	s.err = ErrBodyCut
 	c := s.c
 	c.row.Add(metrics.CacheCutSends, 0, 1)
@@ -110,10 +132,20 @@ func (s *BodyStream) cut() error {
 	return s.err
 }
 
-// release gives the stream's buffer back.
-func (s *BodyStream) release() {
+// release gives the stream and its buffer back.
+func (s *cacheStream) release() {
 	if s.bp != nil {
 		streamBufs.Put(s.bp)
 	}
-	*s = BodyStream{}
+	*s = cacheStream{}
+	cacheStreams.Put(s)
+}
+
+// releaseStream gives back the stream of the cached body served, if any
+// (through an interface, for the reason of cacheStreams).
+func (ex *Exchange) releaseStream() {
+	if s, ok := ex.cache.stream.(interface{ release() }); ok {
+		s.release()
+	}
+	ex.cache.stream = nil
 }

@@ -38,6 +38,9 @@ func (c *Core) Cleartext(o CleartextOptions) *Core {
 		row: c.row, upstreamLogs: c.upstreamLogs, forwarded: c.forwarded,
 		reset: c.reset, resetHide: c.resetHide, resetDropFill: c.resetDropFill, resetLog: c.resetLog, cutLog: c.cutLog,
 	}
+	if o.Redirect {
+		v.redirect = (*Exchange).redirectHTTPS
+	}
 	v.pool.New = func() any { return &Exchange{c: v} }
 	return v
 }
@@ -47,10 +50,11 @@ var (
 	redirectPrefix = []byte("Redirecting to ")
 )
 
-// redirect answers 308 to the request's URL over https at port (the
-// Host's name, without its port), or 400 when the Host is not an
-// authority: none, several, or one no URL can hold.
-func (ex *Exchange) redirect(port int) (Verdict, bool) {
+// redirectHTTPS answers 308 to the request's URL over https at the TLS
+// listener's port (the Host's name, without its port), or 400 when the
+// Host is not an authority: none, several, or one no URL can hold.
+func (ex *Exchange) redirectHTTPS() (Verdict, bool) {
+	port := ex.c.cleartext.TLSPort
 	host, lines := ex.req.Header("Host")
 	if lines != 1 || host == "" || hostProblem(host) != "" {
 		return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "the request has no Host an https URL can be made of"}, true)

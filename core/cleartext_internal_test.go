@@ -15,7 +15,7 @@ import (
 // would be zero in the view, and the cleartext port would serve without
 // it. Every field but the view's own must be the original's, to the byte.
 func TestCleartextCarriesEveryField(t *testing.T) {
-	own := map[string]bool{"pool": true, "cleartext": true}
+	own := map[string]bool{"pool": true, "cleartext": true, "redirect": true}
 	c, err := newCore(shmtest.Private(t, shm.Options{Counters: 64, Responses: 8}), Options{HealthPath: "/healthz", RequestID: "X-Request-Id", ResetHeader: "Preforkd-Reset"})
 	if err != nil {
 		t.Fatal(err)

@@ -125,8 +125,11 @@ type Core struct {
 	// healthPath is Options.HealthPath; drained makes it answer 503.
 	healthPath string
 	drained    *atomic.Bool // shared with the Cleartext views
-	// cleartext is set on a Cleartext view: how it answers.
+	// cleartext is set on a Cleartext view: how it answers; redirect,
+	// its redirect when it redirects (a hook, so that a program that
+	// makes no view links none of it).
 	cleartext *CleartextOptions
+	redirect  func(*Exchange) (Verdict, bool)
 
 	caches []*cacheBlock
 
@@ -145,7 +148,7 @@ type Core struct {
 	reset                    string
 	resetHide, resetDropFill []string
 	resetLog                 lineGate
-	cutLog                   lineGate // cached bodies cut off (BodyStream): this process's lines
+	cutLog                   lineGate // cached bodies cut off (cacheStream): this process's lines
 	pool                     sync.Pool
 }
 
@@ -398,9 +401,9 @@ func (ex *Exchange) DecideHead() Verdict {
 			v, _ := ex.health()
 			return v
 		}
-		if o := ex.c.cleartext; o != nil && o.Redirect {
+		if redirect := ex.c.redirect; redirect != nil {
 			ex.step = stepIdempotency // final
-			v, _ := ex.redirect(o.TLSPort)
+			v, _ := redirect(ex)
 			return v
 		}
 	}

@@ -309,7 +309,7 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 	if ex.cache.flags&cRefresh != 0 {
 		// The stale response was sent; its fill lock is held for the
 		// refresh.
-		ex.cache.stream.release()
+		ex.releaseStream()
 		ex.refreshing = true
 		ex.rec = recorded{}
 		ex.recording = false

@@ -82,7 +82,7 @@ type Response struct {
 	// Stream, when not nil, is the body instead (Body is nil): a large
 	// cached body, sent a piece at a time as the client takes it. It is
 	// the Exchange's, read until Finish.
-	Stream *BodyStream
+	Stream BodyStream
 	// Close asks the engine to close the connection after the response:
 	// the request's framing cannot be trusted (RFC 9112 §6.3).
 	Close bool

@@ -146,14 +146,14 @@ type cacheBody struct {
 	s   *Server
 	req *request
 	ex  *core.Exchange
-	st  *core.BodyStream
+	st  core.BodyStream
 	p   []byte // what is left of the piece
 	err error
 }
 
 // sendStream has the body of the core's answer st sent after the handler
 // returns; the exchange ends, and the request is recycled, once it was.
-func (s *Server) sendStream(r *request, ex *core.Exchange, st *core.BodyStream) {
+func (s *Server) sendStream(r *request, ex *core.Exchange, st core.BodyStream) {
 	b := &cacheBody{s: s, req: r, ex: ex, st: st}
 	r.ctx.Response.SetBodyStream(b, st.Len())
 	r.streaming = true

@@ -49,7 +49,7 @@ type request struct {
 	discarded bool  // the client went away: the response is read, not sent
 	// stream is the core's answer's body while it is sent a piece at a
 	// time (phStream): a large cached body.
-	stream *core.BodyStream
+	stream core.BodyStream
 }
 
 // phase is where a request stands.
