@@ -26,8 +26,8 @@ func TestFamilyNames(t *testing.T) {
 	seen := map[string]bool{}
 	for f := range numFamilies {
 		s := &families[f]
-		if s.name == "" || s.help == "" || seen[s.name] {
-			t.Errorf("family %d: name %q, help %q: missing or repeated", f, s.name, s.help)
+		if s.name == "" || helps[f].family == "" || seen[s.name] || (s.hist != "") != (helps[f].hist != "") {
+			t.Errorf("family %d: name %q, help %q, histogram %q help %q: missing or repeated", f, s.name, helps[f].family, s.hist, helps[f].hist)
 		}
 		seen[s.name] = true
 		if !strings.HasPrefix(s.name, "preforkd_") || strings.Contains(s.name, "counter") {
@@ -43,7 +43,7 @@ func TestFamilyNames(t *testing.T) {
 				t.Errorf("gauge %s: want no _total, and a label", s.name)
 			}
 		case codeHistogram:
-			if !strings.HasSuffix(s.name, "_total") || !strings.HasSuffix(s.hist, "_seconds") || s.histHelp == "" {
+			if !strings.HasSuffix(s.name, "_total") || !strings.HasSuffix(s.hist, "_seconds") || helps[f].hist == "" {
 				t.Errorf("%s: want a counter name and a histogram in seconds", s.name)
 			}
 		case histogram:

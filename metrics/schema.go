@@ -135,18 +135,18 @@ const (
 
 // spec describes a family.
 type spec struct {
-	name, help string
-	kind       kind
-	label      string   // "" for none
-	values     []string // label values, a word each
-	perRule    bool     // a block of words per rule index, labelled rule=NAME
-	bounds     []uint64 // histogram: upper bounds, in counted units; +Inf is implicit
-	per        float64  // histogram: counted units per unit of the family (µs per second)
-	// codeHistogram: the histogram's name and help. Its buckets are kept
+	name    string // its HELP is in helps
+	kind    kind
+	label   string   // "" for none
+	values  []string // label values, a word each
+	perRule bool     // a block of words per rule index, labelled rule=NAME
+	bounds  []uint64 // histogram: upper bounds, in counted units; +Inf is implicit
+	per     float64  // histogram: counted units per unit of the family (µs per second)
+	// codeHistogram: the histogram's name (its HELP in helps). Its buckets are kept
 	// per label value, so that a response is one add for its value and
 	// its bucket, and one for the sum; the counter by value and the
 	// histogram are sums of them.
-	hist, histHelp string
+	hist string
 	// redis: written only while [redis] is configured (AppendRedis), as
 	// the breaker's state; counted all the same.
 	redis bool
@@ -165,136 +165,107 @@ const (
 var families = [numFamilies]spec{
 	RateLimitRequests: {
 		name: "preforkd_ratelimit_requests_total", kind: counter, perRule: true,
-		help:  "Requests a rate-limit rule matched, by rule and by what the rule did: allowed, limited (refused by it), shadow_limited (over the limit, served: shadow mode), full_open (no slot for the key: served uncounted), full_closed (no slot: refused with 503), unavailable_open and unavailable_closed (a Redis rule Redis could not decide: served uncounted, or refused with 503), capped_open and capped_closed (no slot for a new key because the rule's keys hold max_keys slots: served uncounted, or refused with 503). near_limit counts, among the allowed ones, those after which at most a fifth of the limit is left (80% used); it is not added to the others.",
 		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed", "capped_open", "capped_closed", "near_limit"},
 	},
 	RateLimitUnavailable: {
 		name: "preforkd_ratelimit_unavailable_total", kind: counter, perRule: true,
-		help: "Decisions of a Redis rule that Redis could not make (down, slow, the breaker open), answered by its on_unavailable, whatever that answered (with local, the host's share decides).",
 	},
 	HTTPRequests: {
 		name: "preforkd_http_requests_total", kind: codeHistogram,
-		help:  "Responses sent by the workers, by status code (the application's, or preforkd's own; not the health_path's answers).",
 		label: "code", values: codeValues(),
-		hist:     "preforkd_http_request_duration_seconds",
-		histHelp: "Time from reading a request to handing its response over (a streamed body may go on after).",
-		bounds:   durationBounds,
-		per:      1e6,
+		hist:   "preforkd_http_request_duration_seconds",
+		bounds: durationBounds,
+		per:    1e6,
 	},
 	UpstreamErrors: {
 		name: "preforkd_upstream_errors_total", kind: counter,
-		help:  "Requests the upstream failed: connect (refused, unreachable, connect timeout: 502), timeout (no response header in time: 504), response (invalid, or closed before one: 502), broken (cut off after its header).",
 		label: "kind", values: []string{"connect", "timeout", "response", "broken"},
 	},
 	IdempotencyRequests: {
 		name: "preforkd_idempotency_requests_total", kind: counter,
-		help:  "Requests with an idempotency key, by what they got: executed (reserved the key and ran), replayed, conflict (409), mismatch (422), full (503: no record), invalid (400 or 413), capped (429: the client holds max_records records), gone (499: the client went away while its duplicate waited for the original).",
 		label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid", "capped", "gone"},
 	},
 	IdempotencyCompletions: {
 		name: "preforkd_idempotency_completions_total", kind: counter,
-		help:  "Executed keyed requests, by what became of their response: stored (replayable), unreplayable (over max_body or no blocks: retries get 409), released (5xx, 408, 429 or no whole response: retries run again).",
 		label: "result", values: []string{"stored", "unreplayable", "released"},
 	},
 	IdempotencyWaits: {
 		name: "preforkd_idempotency_waits_total", kind: counter,
-		help: "Duplicates that waited for their original, in any worker, to finish.",
 	},
 	IdempotencyStoredBytes: {
 		name: "preforkd_idempotency_stored_bytes", kind: histogram,
-		help:   "Sizes of the responses stored for replay (the body and the fields kept: Content-Type, Location, Content-Encoding), for sizing table.response_bytes.",
 		bounds: []uint64{256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
 		per:    1,
 	},
 	CacheRequests: {
 		name: "preforkd_cache_requests_total", kind: counter,
-		help:  "Requests of a cache block, by the X-Cache they were sent: hit (from the cache, fresh), stale (from the cache, stale: stale-while-revalidate or stale-if-error), miss (the application answered), bypass (not a request the cache answers), revalidated (from the cache after the application answered 304 to its validators).",
 		label: "result", values: []string{"hit", "stale", "miss", "bypass", "revalidated"},
 	},
 	CacheNotModified: {
 		name: "preforkd_cache_not_modified_total", kind: counter,
-		help: "Hits answered 304 to a conditional request (If-None-Match, If-Modified-Since).",
 	},
 	CacheSentBytes: {
 		name: "preforkd_cache_sent_bytes_total", kind: counter,
-		help: "Body bytes sent from the cache.",
 	},
 	CacheFills: {
 		name: "preforkd_cache_fills_total", kind: counter,
-		help:  "Responses fetched to fill the cache (misses and refreshes that held the key's fill lock), by what became of them: stored, not_stored (not storable, over max_body, no room, or a purge ran while it was fetched).",
 		label: "result", values: []string{"stored", "not_stored"},
 	},
 	CacheWaits: {
 		name: "preforkd_cache_waits_total", kind: counter,
-		help:  "Misses that waited for another request's fetch of the same response, in any worker (waited), and those whose wait ran out after lock_timeout, or that found every wait of the event loop taken: they fetched themselves, not storing (lock_timeout).",
 		label: "result", values: []string{"waited", "lock_timeout"},
 	},
 	CacheRefreshes: {
 		name: "preforkd_cache_refreshes_total", kind: counter,
-		help: "Stale responses refreshed in the background (stale-while-revalidate).",
 	},
 	CacheInvalidations: {
 		name: "preforkd_cache_invalidations_total", kind: counter,
-		help: "Successful unsafe requests (POST, PUT, DELETE, ...) that invalidated the cached responses of their URL.",
 	},
 	CachePurged: {
 		name: "preforkd_cache_purged_entries_total", kind: counter,
-		help: "Cached responses a lookup found purged (by tag, by URL or by an unsafe request) and dropped.",
 	},
 	CacheCutSends: {
 		name: "preforkd_cache_cut_sends_total", kind: counter,
-		help: "Responses from the cache whose body was cut off, the connection closed: the entry changed (evicted, purged, replaced) while its body was sent.",
 	},
 	UpstreamDuration: {
 		name: "preforkd_upstream_response_duration_seconds", kind: histogram,
-		help:   "Time from sending a request to the upstream to its response header, or to its failure (as the access log's upstream_time). Only requests that reached the upstream: not preforkd's own answers, not cache hits, not requests refused before they went (a 408 body timeout).",
 		bounds: durationBounds,
 		per:    1e6,
 	},
 	Connections: {
 		name: "preforkd_connections", kind: connGauge,
-		help:  "Client connections the workers have open, by state: reading (a request header being read, or awaited on a new connection), writing (a request in progress: its body, the decision, the upstream, the response; an upgraded connection), idle (keep-alive, between two requests). Their sum is the connections open.",
 		label: "state", values: []string{"reading", "writing", "idle"},
 	},
 	ConnectionsAccepted: {
 		name: "preforkd_connections_accepted_total", kind: counter,
-		help: "Client connections the workers accepted.",
 	},
 	ConnectionsMaxReached: {
 		name: "preforkd_connections_max_reached_total", kind: counter,
-		help: "Times a worker reached server.max_connections and stopped accepting until one of its connections closed. The connections that come meanwhile wait in the listen queue for another worker: none is accepted and closed, and no idle connection is evicted to make room.",
 	},
 	RedisCalls: {
 		name: "preforkd_redis_calls_total", kind: counter, redis: true,
-		help:  "Round trips to Redis made for requests (one per request decided in Redis, whatever its number of Redis rules or Cluster slots; a reset by the application's reset header), by result: ok, error (refused, reset, an error reply), timeout (no answer within redis.timeout). Sync-mode flushes are preforkd_redis_flushes_total.",
 		label: "result", values: []string{"ok", "error", "timeout"},
 	},
 	RedisCallDuration: {
 		name: "preforkd_redis_call_duration_seconds", kind: histogram, redis: true,
-		help:   "Time the round trips of preforkd_redis_calls_total took, failed ones included (a timeout takes redis.timeout).",
 		bounds: redisBounds,
 		per:    1e6,
 	},
 	RedisShortCircuits: {
 		name: "preforkd_redis_short_circuits_total", kind: counter, redis: true,
-		help: "Requests' calls that the open breaker kept from Redis: on_unavailable answered them with no call.",
 	},
 	RedisDenyCacheHits: {
 		name: "preforkd_redis_deny_cache_hits_total", kind: counter, redis: true,
-		help: "Decisions of Redis rules that the host's deny cache answered with no call: a refusal by Redis that still stood.",
 	},
 	RedisFlushes: {
 		name: "preforkd_redis_flushes_total", kind: counter, redis: true,
-		help:  "Flushes of sync-mode counts to Redis (one pipeline each, in the background), by result: ok, error, timeout. Those the open breaker held back are not counted.",
 		label: "result", values: []string{"ok", "error", "timeout"},
 	},
 	RedisNoScript: {
 		name: "preforkd_redis_noscript_total", kind: counter, redis: true,
-		help: "Calls and flushes that found the script missing in Redis (NOSCRIPT: a restart, a failover, SCRIPT FLUSH) and sent it again.",
 	},
 	WorkerGCCycles: {
 		name: "preforkd_worker_gc_cycles_total", kind: perWorker,
-		help: "Garbage collections each worker process ran, by worker index (its process's own count: a replaced worker starts again from 0), written by the worker every second.",
 	},
 }
 

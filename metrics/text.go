@@ -130,7 +130,7 @@ func (s *Snapshot) appendFamily(t *Text, f Family, rules []Rule) {
 	case sp.kind == perWorker:
 		// Per process: AppendWorkers.
 	case sp.perRule:
-		t.Family(sp.name, "counter", sp.help)
+		t.Family(sp.name, "counter", helps[f].family)
 		for _, r := range rules {
 			if sp.label == "" {
 				t.Uint(sp.name, s.RuleValue(f, r.Index, 0), "rule", r.Name)
@@ -140,21 +140,21 @@ func (s *Snapshot) appendFamily(t *Text, f Family, rules []Rule) {
 			}
 		}
 	case sp.kind == connGauge:
-		t.Family(sp.name, "gauge", sp.help)
+		t.Family(sp.name, "gauge", helps[f].family)
 		for i, v := range sp.values {
 			t.Uint(sp.name, s.Conns(ConnReading+ConnState(i)), sp.label, v)
 		}
 	case sp.kind == histogram:
-		appendHistogram(t, sp.name, sp.help, sp, func(b int) uint64 { return s.Value(f, b) }, s.Value(f, len(sp.bounds)+1))
+		appendHistogram(t, sp.name, helps[f].family, sp, func(b int) uint64 { return s.Value(f, b) }, s.Value(f, len(sp.bounds)+1))
 	case sp.kind == codeHistogram:
-		t.Family(sp.name, "counter", sp.help)
+		t.Family(sp.name, "counter", helps[f].family)
 		off, nb := rowLayout.off[f], len(sp.bounds)+1
 		for i, v := range sp.values {
 			if n := s.Value(f, i); n > 0 { // 501 codes, most never sent
 				t.Uint(sp.name, n, sp.label, v)
 			}
 		}
-		appendHistogram(t, sp.hist, sp.histHelp, sp, func(b int) uint64 {
+		appendHistogram(t, sp.hist, helps[f].hist, sp, func(b int) uint64 {
 			var n uint64
 			for i := range sp.values {
 				n += s.word(off + i*nb + b)
@@ -162,10 +162,10 @@ func (s *Snapshot) appendFamily(t *Text, f Family, rules []Rule) {
 			return n
 		}, s.word(off+len(sp.values)*nb))
 	case sp.label == "":
-		t.Family(sp.name, "counter", sp.help)
+		t.Family(sp.name, "counter", helps[f].family)
 		t.Uint(sp.name, s.Value(f, 0))
 	default:
-		t.Family(sp.name, "counter", sp.help)
+		t.Family(sp.name, "counter", helps[f].family)
 		for i, v := range sp.values {
 			t.Uint(sp.name, s.Value(f, i), sp.label, v)
 		}
@@ -188,7 +188,7 @@ func AppendWorkers(t *Text, workers []Worker) {
 		if sp.kind != perWorker {
 			continue
 		}
-		t.Family(sp.name, "counter", sp.help)
+		t.Family(sp.name, "counter", helps[f].family)
 		for _, w := range workers {
 			t.Uint(sp.name, w.Snap.Value(f, 0), "worker", strconv.Itoa(w.Index))
 		}
