@@ -39,6 +39,7 @@ const (
 	envTestCrash   = "PREFORK_TEST_CRASH"       // set: a worker exits at once with status 3; "engine": its Engine fails; "engine-panic": it panics
 	envTestEngine  = "PREFORK_TEST_ENGINE"      // "fast": workers serve testFastApp with the fast engine (package proxy)
 	envTestBallast = "PREFORK_TEST_BALLAST_MIB" // N: a worker holds N MiB more, touched, from its start
+	envTestLate    = "PREFORK_TEST_LATE"        // a duration: a worker waits that long before it calls Run
 )
 
 // ballast is what a worker of envTestBallast holds for its whole life.
@@ -46,6 +47,9 @@ var ballast []byte
 
 func TestMain(m *testing.M) {
 	if IsWorker() {
+		if d, err := time.ParseDuration(os.Getenv(envTestLate)); err == nil {
+			time.Sleep(d) // a program that has work to do before Run
+		}
 		if n, err := strconv.Atoi(os.Getenv(envTestBallast)); err == nil && n > 0 {
 			ballast = make([]byte, n<<20)
 			for i := 0; i < len(ballast); i += 4096 {

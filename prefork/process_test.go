@@ -1038,3 +1038,30 @@ func TestDrainPastTheTimeoutRunsTheDeferred(t *testing.T) {
 		t.Errorf("the worker ran %d of its 2 deferred functions", n)
 	}
 }
+
+// A worker ignores the supervisor's signals (INT, HUP, USR2) and takes
+// USR1 as a reopen, but a program may have work to do before it calls
+// Run (its flags, its logs): a HUP that `systemctl kill` sends every
+// process of the unit, or a logrotate USR1, must not kill a worker then
+// (a canary that dies so aborts the reload). From the package's
+// initialization on, they are ignored until Run listens.
+func TestWorkerSurvivesSignalsBeforeRun(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envWorker+"=1", envTestLate+"=400ms")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // past the runtime's start, into the wait
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGINT} {
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := cmd.Wait()
+	// Run then fails: the test started it without a supervisor's
+	// descriptors. What matters is that it got there.
+	if st, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && st.Signaled() {
+		t.Fatalf("the worker was killed by %v before Run (%v)", st.Signal(), err)
+	}
+}

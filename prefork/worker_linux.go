@@ -12,6 +12,20 @@ import (
 	"time"
 )
 
+// A worker ignores the supervisor's signals (INT, HUP, USR2) from Run on,
+// and takes USR1 as a reopen; but a program may have work to do before
+// it calls Run (its flags, its logs), and a signal that reached it then
+// would end it, as it ends a Go program that does not listen for it: a
+// HUP that `systemctl kill` sends every process of the unit would kill a
+// canary as it starts, and abort the reload. So a worker ignores them
+// from this package's initialization on, until Run listens (a USR1 then
+// has nothing to reopen: the files are not open yet).
+func init() {
+	if IsWorker() {
+		signal.Ignore(syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR2, sigReopen)
+	}
+}
+
 // runWorker is Run in a worker: it returns the process's exit code.
 func runWorker(ctx context.Context, opts Options) int {
 	log := opts.Logger.With("pid", os.Getpid())
