@@ -6,7 +6,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/preforkd/preforkd/internal/smallfile"
 	"github.com/preforkd/preforkd/tlsconf"
@@ -43,7 +42,7 @@ func (t TLS) check(r *report, listen string) {
 			f("cleartext_listen", "%v", err)
 		} else if !t.Enabled() {
 			f("cleartext_listen", "needs a [[tls.certificate]]: without one, server.listen speaks cleartext itself")
-		} else if _, port, _ := net.SplitHostPort(l); port != "0" && sameSocket(l, listen) {
+		} else if !anyPort(l) && sameSocket(l, listen) {
 			f("cleartext_listen", "%q takes server.listen's port (%q)", l, listen)
 		}
 	}

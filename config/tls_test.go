@@ -113,6 +113,11 @@ func TestTLSCleartext(t *testing.T) {
 		{"[tls]\ncleartext_listen = \"127.0.0.1\"\n" + certs, ":4: tls.cleartext_listen: invalid address"},
 		{"[tls]\ncleartext_listen = \"127.0.0.1:8080\"\ncleartext = \"proxy\"\n" + certs, ":5: tls.cleartext"},
 		{"[tls]\ncleartext = \"serve\"\n", ""},
+		// admin.listen on the cleartext port: the start would fail to
+		// bind the second of them, after check said ok.
+		{"[admin]\nlisten = \"127.0.0.1:8080\"\n[tls]\ncleartext_listen = \"127.0.0.1:8080\"\n" + certs, ":4: admin.listen: \"127.0.0.1:8080\" takes tls.cleartext_listen's port"},
+		{"[admin]\nlisten = \"localhost:8080\"\n[tls]\ncleartext_listen = \":8080\"\n" + certs, "takes tls.cleartext_listen's port"},
+		{"[admin]\nlisten = \"127.0.0.1:0\"\n[tls]\ncleartext_listen = \"127.0.0.1:0\"\n" + certs, ""},
 	} {
 		_, err := load(tc.text)
 		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {

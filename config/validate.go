@@ -104,6 +104,8 @@ func (c Config) check(r *report) {
 			f("listen", "%v", err)
 		} else if sameSocket(a, s.Listen) {
 			f("listen", "%q takes server.listen's port (%q)", a, s.Listen)
+		} else if cl := c.TLS.CleartextListen; cl != "" && c.TLS.Enabled() && !anyPort(cl) && sameSocket(a, cl) {
+			f("listen", "%q takes tls.cleartext_listen's port (%q)", a, cl)
 		}
 	}
 
@@ -547,6 +549,13 @@ func (r *report) has(path ...string) bool {
 	r.line()
 	_, ok := r.lines[joinPath(path)]
 	return ok
+}
+
+// anyPort reports whether the address a asks for a port of the
+// system's choosing: it never takes another listener's.
+func anyPort(a string) bool {
+	_, port, err := net.SplitHostPort(a)
+	return err == nil && port == "0"
 }
 
 // sameSocket reports whether listening on a and on b would take one
