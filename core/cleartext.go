@@ -51,8 +51,9 @@ var (
 )
 
 // redirectHTTPS answers 308 to the request's URL over https at the TLS
-// listener's port (the Host's name, without its port), or 400 when the
-// Host is not an authority: none, several, or one no URL can hold.
+// listener's port (the Host's name, without its port, in lower case and
+// without a trailing dot, as nginx's $host), or 400 when the Host is not
+// an authority: none, several, or one no URL can hold.
 func (ex *Exchange) redirectHTTPS() (Verdict, bool) {
 	port := ex.c.cleartext.TLSPort
 	host, lines := ex.req.Header("Host")
@@ -65,12 +66,26 @@ func (ex *Exchange) redirectHTTPS() (Verdict, bool) {
 	} else if i := strings.LastIndexByte(name, ':'); i >= 0 {
 		name = name[:i]
 	}
+	if len(name) > 1 && name[len(name)-1] == '.' {
+		// A fully qualified name's root: nginx's $host drops it, and a
+		// browser would take "a.example." for another origin than
+		// "a.example" (its cookies, its HSTS).
+		name = name[:len(name)-1]
+	}
 	if name == "" {
 		return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "the request has no Host an https URL can be made of"}, true)
 	}
 	from := len(ex.buf)
 	ex.buf = append(ex.buf, "https://"...)
-	ex.buf = append(ex.buf, name...)
+	for i := 0; i < len(name); i++ {
+		// In lower case, as nginx's $host: a host name is
+		// case-insensitive, and the redirect names it once for good.
+		c := name[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		ex.buf = append(ex.buf, c)
+	}
 	if port != 443 && port > 0 {
 		ex.buf = append(ex.buf, ':')
 		ex.buf = strconv.AppendInt(ex.buf, int64(port), 10)

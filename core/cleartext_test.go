@@ -38,6 +38,10 @@ func TestCleartextRedirect(t *testing.T) {
 		{443, "POST", "/login", "example.com:80", 308, "https://example.com/login"},
 		{8443, "GET", "/", "example.com:8080", 308, "https://example.com:8443/"},
 		{8443, "GET", "/p", "[2001:db8::1]:80", 308, "https://[2001:db8::1]:8443/p"},
+		// The name as nginx's $host has it: in lower case, without the
+		// trailing dot of a fully qualified name.
+		{443, "GET", "/p", "WWW.Example.COM.:80", 308, "https://www.example.com/p"},
+		{443, "GET", "/p", "[2001:DB8::A]", 308, "https://[2001:db8::a]/p"},
 		{443, "GET", "/p", "", 400, ""},
 		{443, "GET", "/p", "bad host", 400, ""},
 		{443, "GET", "/p", "evil.com/x", 400, ""},
@@ -60,8 +64,8 @@ func TestCleartextRedirect(t *testing.T) {
 	if a := serve(v, newReq("GET", "/healthz", "192.0.2.1", "Host", "example.com"), app); a.status != 200 {
 		t.Errorf("the health check on the cleartext listener: %d, want 200", a.status)
 	}
-	if responded != 8 {
-		t.Errorf("%d responses counted, want the 8 redirects and 400s of the core", responded)
+	if responded != 10 {
+		t.Errorf("%d responses counted, want the 10 redirects and 400s of the core", responded)
 	}
 	// The rule counted none of the redirects: its one request is left,
 	// on the TLS listener (the Core itself), and the drain is shared.
