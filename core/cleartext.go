@@ -94,13 +94,13 @@ func (ex *Exchange) redirectHTTPS() (Verdict, bool) {
 	if !strings.HasPrefix(path, "/") {
 		path = "/" // "*", or a target without a path
 	}
-	if !visible(path) || !visible(query) {
+	if !printable(path) || !printable(query) {
 		return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "the request target has a byte a URL cannot hold"}, true)
 	}
-	ex.buf = append(ex.buf, path...)
+	ex.buf = appendEscaped(ex.buf, path)
 	if query != "" {
 		ex.buf = append(ex.buf, '?')
-		ex.buf = append(ex.buf, query...)
+		ex.buf = appendEscaped(ex.buf, query)
 	}
 	loc := ex.buf[from:len(ex.buf):len(ex.buf)]
 	from = len(ex.buf)
@@ -118,13 +118,31 @@ func (ex *Exchange) redirectHTTPS() (Verdict, bool) {
 	return Respond, true
 }
 
-// visible reports whether s is visible ASCII only, as a field value that
-// goes out as sent must be.
-func visible(s string) bool {
+// printable reports whether s has no control byte, space nor DEL:
+// nothing a URL can hold even percent-encoded, in the target a client
+// meant.
+func printable(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if s[i] <= ' ' || s[i] >= 0x7f {
+		if s[i] <= ' ' || s[i] == 0x7f {
 			return false
 		}
 	}
 	return true
+}
+
+// appendEscaped appends s with every byte past ASCII percent-encoded
+// (UTF-8 sent raw, as some clients send a path), as a browser maps an
+// IRI to a URI (RFC 3987 §3.1), so that the Location is visible ASCII, as
+// a field value that goes out as sent must be; nothing else is changed,
+// and nothing decoded.
+func appendEscaped(b []byte, s string) []byte {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 0x80 {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return b
 }

@@ -42,6 +42,10 @@ func TestCleartextRedirect(t *testing.T) {
 		// trailing dot of a fully qualified name.
 		{443, "GET", "/p", "WWW.Example.COM.:80", 308, "https://www.example.com/p"},
 		{443, "GET", "/p", "[2001:DB8::A]", 308, "https://[2001:db8::a]/p"},
+		// Bytes a URL cannot hold as they are, percent-encoded as a
+		// browser would (RFC 3987 §3.1), never decoded: the target the
+		// TLS listener would serve, not a 400.
+		{443, "GET", "/caf\xc3\xa9/%2F?q=\xc3\xa9&r=%41", "example.com", 308, "https://example.com/caf%C3%A9/%2F?q=%C3%A9&r=%41"},
 		{443, "GET", "/p", "", 400, ""},
 		{443, "GET", "/p", "bad host", 400, ""},
 		{443, "GET", "/p", "evil.com/x", 400, ""},
@@ -64,8 +68,8 @@ func TestCleartextRedirect(t *testing.T) {
 	if a := serve(v, newReq("GET", "/healthz", "192.0.2.1", "Host", "example.com"), app); a.status != 200 {
 		t.Errorf("the health check on the cleartext listener: %d, want 200", a.status)
 	}
-	if responded != 10 {
-		t.Errorf("%d responses counted, want the 10 redirects and 400s of the core", responded)
+	if responded != 11 {
+		t.Errorf("%d responses counted, want the 11 redirects and 400s of the core", responded)
 	}
 	// The rule counted none of the redirects: its one request is left,
 	// on the TLS listener (the Core itself), and the drain is shared.
