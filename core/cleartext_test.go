@@ -127,3 +127,27 @@ func TestCleartextCacheIsApart(t *testing.T) {
 	wantAnswer(t, "TLS hit", get(c), 200, "HIT", "https")
 	wantAnswer(t, "cleartext hit", get(v), 200, "HIT", "http")
 }
+
+// An idempotency key is one key on both listeners: a retry over the
+// other scheme gets the stored response and does not run again (the
+// operation is the client's, whichever port it reached), unlike the
+// cache, whose answers are kept apart.
+func TestCleartextIdempotencyKeyIsShared(t *testing.T) {
+	t.Parallel()
+	c, err := core.New(joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 1 << 20}), core.Options{
+		Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Hour, MaxBody: 1 << 10}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := c.Cleartext(core.CleartextOptions{})
+	order := func() *fakeReq {
+		return newReq("POST", "/orders", "192.0.2.1", "Host", "example.com", "Idempotency-Key", "k1")
+	}
+	if a := runKeyed(t, v, order()); a.status != 200 {
+		t.Fatalf("the first request, over http: %d, want it run", a.status)
+	}
+	if a := runKeyed(t, c, order()); a.status != 201 || a.fields["Idempotent-Replayed"] != "true" {
+		t.Errorf("its retry over https: %d %v, want the stored 201 replayed", a.status, a.fields)
+	}
+}
