@@ -260,6 +260,11 @@ type TLS struct {
 	// Cleartext is what that listener does: redirect to https (the zero
 	// value), or serve as the TLS listener does.
 	Cleartext Cleartext `toml:"cleartext"`
+	// RedirectPort is the port the redirect's Location names (443: none),
+	// for clients that reach the TLS listener at another port than
+	// server.listen's (a container's port mapping, a load balancer's);
+	// 0 means server.listen's port. 0..65535.
+	RedirectPort int `toml:"redirect_port"`
 	// Tickets is the secret the supervisor draws at start, from which
 	// every worker derives the ticket keys: handed to the workers with
 	// the configuration, in memory; never in a file or a dump.

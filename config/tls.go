@@ -55,6 +55,9 @@ func (t TLS) check(r *report, listen string) {
 	if err := cleartextNames.check(t.Cleartext); err != nil {
 		f("cleartext", "%s", detail(err))
 	}
+	if t.RedirectPort < 0 || t.RedirectPort > 65535 {
+		f("redirect_port", "must be a port from 1 to 65535, or 0 for server.listen's, got %d", t.RedirectPort)
+	}
 	if t.TicketRotation < tlsconf.MinRotation || t.TicketRotation > tlsconf.MaxRotation {
 		f("ticket_rotation", "must be between %v and %v, got %v", tlsconf.MinRotation, tlsconf.MaxRotation, t.TicketRotation)
 	}

@@ -41,7 +41,7 @@ func TestLoadTLS(t *testing.T) {
 	}
 	var b strings.Builder
 	c.WriteEffective(&b)
-	if !strings.Contains(b.String(), "tls: min_version=1.2 http2=true ticket_rotation=12h0m0s cleartext_listen=\"\" cleartext=redirect\n") ||
+	if !strings.Contains(b.String(), "tls: min_version=1.2 http2=true ticket_rotation=12h0m0s cleartext_listen=\"\" cleartext=redirect redirect_port=0\n") ||
 		!strings.Contains(b.String(), "tls certificate 2: cert="+bCert+" key="+bKey+"\n") || strings.Contains(b.String(), "PRIVATE") {
 		t.Errorf("check prints:\n%s", b.String())
 	}
@@ -118,6 +118,9 @@ func TestTLSCleartext(t *testing.T) {
 		{"[admin]\nlisten = \"127.0.0.1:8080\"\n[tls]\ncleartext_listen = \"127.0.0.1:8080\"\n" + certs, ":4: admin.listen: \"127.0.0.1:8080\" takes tls.cleartext_listen's port"},
 		{"[admin]\nlisten = \"localhost:8080\"\n[tls]\ncleartext_listen = \":8080\"\n" + certs, "takes tls.cleartext_listen's port"},
 		{"[admin]\nlisten = \"127.0.0.1:0\"\n[tls]\ncleartext_listen = \"127.0.0.1:0\"\n" + certs, ""},
+		{"[tls]\ncleartext_listen = \"127.0.0.1:8080\"\nredirect_port = 70000\n" + certs, ":5: tls.redirect_port: must be a port from 1 to 65535"},
+		{"[tls]\ncleartext_listen = \"127.0.0.1:8080\"\nredirect_port = -1\n" + certs, "tls.redirect_port"},
+		{"[tls]\ncleartext_listen = \"127.0.0.1:8080\"\nredirect_port = 443\n" + certs, ""},
 	} {
 		_, err := load(tc.text)
 		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
@@ -133,7 +136,7 @@ func TestTLSCleartext(t *testing.T) {
 	}
 	var b strings.Builder
 	c.WriteEffective(&b)
-	if !strings.Contains(b.String(), "cleartext_listen=127.0.0.1:8080 cleartext=redirect") ||
+	if !strings.Contains(b.String(), "cleartext_listen=127.0.0.1:8080 cleartext=redirect redirect_port=0") ||
 		!strings.Contains(b.String(), "server: the cleartext port 127.0.0.1:8080 (tls.cleartext_listen) is served with loop, over the same region: redirect to https\n") {
 		t.Errorf("check prints:\n%s", b.String())
 	}

@@ -28,8 +28,8 @@ func extraListen(cfg config.Config) []prefork.NamedListen {
 // withCleartext adds to the TLS engine tls the cleartext port's: the
 // daemon's cleartext engine (server.engine's) over a view of the same
 // core (core.Core.Cleartext: the same counts, stored responses and
-// statistics), redirecting to the TLS listener's port or serving as
-// tls.cleartext says.
+// statistics), redirecting to tls.redirect_port or the TLS listener's
+// port, or serving, as tls.cleartext says.
 func withCleartext(w *prefork.Worker, cfg config.Config, c *core.Core, tls prefork.Engine) (prefork.Engine, error) {
 	ln := w.Listener(cleartextListener)
 	if ln == nil {
@@ -37,7 +37,9 @@ func withCleartext(w *prefork.Worker, cfg config.Config, c *core.Core, tls prefo
 		return nil, errors.New("tls.cleartext_listen: the supervisor passed no cleartext listener (it was started without one): restart to open it")
 	}
 	port := 443
-	if main := w.Listener(""); main != nil {
+	if p := cfg.TLS.RedirectPort; p > 0 {
+		port = p
+	} else if main := w.Listener(""); main != nil {
 		if _, p, err := net.SplitHostPort(main.Addr().String()); err == nil {
 			port, _ = strconv.Atoi(p)
 		}

@@ -29,7 +29,8 @@ type clearDaemon struct {
 	clear string // the cleartext port's address
 }
 
-func startClearDaemon(t *testing.T, mode, server, extra string) *clearDaemon {
+// tlsKeys are further lines of [tls].
+func startClearDaemon(t *testing.T, mode, server, extra string, tlsKeys ...string) *clearDaemon {
 	t.Helper()
 	cd := &clearDaemon{ca: tlstest.NewCA(t), clear: freeAddr(t)}
 	dir := t.TempDir()
@@ -38,10 +39,11 @@ func startClearDaemon(t *testing.T, mode, server, extra string) *clearDaemon {
 [tls]
 cleartext_listen = %q
 cleartext = %q
+%s
 [[tls.certificate]]
 cert = %q
 key = %q
-`, cd.clear, mode, cert, key)
+`, cd.clear, mode, strings.Join(tlsKeys, "\n"), cert, key)
 	cd.daemon = startDaemon(t, daemonOptions{config: noCanary(cfg)})
 	return cd
 }
@@ -121,6 +123,30 @@ func TestCleartextRedirectE2E(t *testing.T) {
 	tlsc, _ := cd.clients(t)
 	if r := get(tlsc, "https://"+cd.addr+"/x"); r.status != 200 {
 		t.Errorf("on the TLS port after the redirects: %d %v, want the rule's one request", r.status, r.err)
+	}
+}
+
+// tls.redirect_port: the port the redirect names, for a TLS port the
+// clients reach at another one than server.listen's (a container's
+// -p 443:8443, a load balancer's port mapping); 443 names none.
+func TestCleartextRedirectPortE2E(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ port, want string }{
+		{"443", "https://a.example/a?b"},
+		{"8443", "https://a.example:8443/a?b"},
+	} {
+		cd := startClearDaemon(t, "redirect", "", "", "redirect_port = "+tc.port)
+		_, plain := cd.clients(t)
+		req, _ := http.NewRequest("GET", "http://"+cd.clear+"/a?b", nil)
+		req.Host = "a.example"
+		resp, err := plain.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 308 || resp.Header.Get("Location") != tc.want {
+			t.Errorf("redirect_port = %s: %d Location %q, want 308 %q", tc.port, resp.StatusCode, resp.Header.Get("Location"), tc.want)
+		}
 	}
 }
 
