@@ -201,6 +201,36 @@ func TestCleartextUpgradeE2E(t *testing.T) {
 	stopPID(t, cd.daemon, newPID)
 }
 
+// USR2 with a file that drops tls.cleartext_listen: the new supervisor
+// closes the socket it inherited, logged at warn, and serves TLS; the
+// cleartext port refuses once the old supervisor is gone.
+func TestCleartextUpgradeDropsItE2E(t *testing.T) {
+	t.Parallel()
+	cd := startClearDaemon(t, "redirect", "", "")
+	text, err := os.ReadFile(cd.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := strings.Replace(string(text), fmt.Sprintf("cleartext_listen = %q\n", cd.clear), "", 1)
+	if err := os.WriteFile(cd.cfgPath, []byte(dropped), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	from := cd.logs.len()
+	newPID := upgrade(t, cd.daemon)
+	if _, l, ok := cd.logs.waitFor(from, 5*time.Second, msgIs("upgrade: the old supervisor's listener serves nothing here: closed")); !ok || l.get("name") != "cleartext" || l.get("level") != "WARN" {
+		t.Errorf("no warning of the cleartext socket closed: %v %v; log:\n%s", ok, l.raw, cd.logs.text())
+	}
+	tlsc, _ := cd.clients(t)
+	if r := get(tlsc, "https://"+cd.addr+"/x"); r.status != 200 {
+		t.Errorf("the TLS port after the upgrade: %d %v", r.status, r.err)
+	}
+	if c, err := net.DialTimeout("tcp", cd.clear, time.Second); err == nil {
+		c.Close()
+		t.Errorf("the cleartext port %s still accepts after an upgrade that dropped it", cd.clear)
+	}
+	stopPID(t, cd.daemon, newPID)
+}
+
 // check refuses tls.cleartext_listen without a certificate, and at
 // server.listen's address, as a worker would.
 func TestCleartextCheckE2E(t *testing.T) {
