@@ -150,17 +150,15 @@ func TestCleartextRedirectPortE2E(t *testing.T) {
 	}
 }
 
-// USR2: the new supervisor inherits both listeners; clients on both
-// ports see no refused connection across it, and both answer after.
-func TestCleartextUpgradeE2E(t *testing.T) {
-	t.Parallel()
-	cd := startClearDaemon(t, "serve", "", "")
-	tlsc, plain := cd.clients(t)
+// onBothPorts requests /p on both ports, each request on a new
+// connection, one client on each, until during returns; it returns the
+// requests that failed (an error or a status but 200) and the count of
+// those served by port.
+func (cd *clearDaemon) onBothPorts(tlsc, plain *http.Client, during func()) (failures []string, served map[string]int) {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var failures []string
-	served := map[string]int{}
+	served = map[string]int{}
 	for _, c := range []struct {
 		c   *http.Client
 		url string
@@ -181,10 +179,50 @@ func TestCleartextUpgradeE2E(t *testing.T) {
 			}
 		}()
 	}
-	newPID := upgrade(t, cd.daemon)
-	time.Sleep(200 * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
+	func() {
+		// Stopped also when during fails the test (runtime.Goexit).
+		defer func() { stop.Store(true); wg.Wait() }()
+		during()
+	}()
+	return failures, served
+}
+
+// max_requests recycles workers that serve both ports: a retiring one
+// stops accepting on both, and neither port refuses a connection or
+// fails a request meanwhile.
+func TestCleartextRecyclingE2E(t *testing.T) {
+	t.Parallel()
+	cd := startClearDaemon(t, "serve", "max_requests = 20", "")
+	tlsc, plain := cd.clients(t)
+	from := cd.logs.len()
+	failures, served := cd.onBothPorts(tlsc, plain, func() {
+		for i := 0; i < 4; i++ {
+			if _, _, ok := cd.logs.waitFor(from, 10*time.Second, msgIs("worker recycling")); !ok {
+				t.Errorf("no worker recycled; log:\n%s", cd.logs.text())
+				return
+			}
+			from = cd.logs.len()
+		}
+	})
+	if len(failures) > 0 {
+		t.Errorf("%d requests failed across recycling: %v", len(failures), failures[:min(len(failures), 5)])
+	}
+	if served["https://"+cd.addr+"/p"] == 0 || served["http://"+cd.clear+"/p"] == 0 {
+		t.Errorf("served %v, want requests on both ports", served)
+	}
+}
+
+// USR2: the new supervisor inherits both listeners; clients on both
+// ports see no refused connection across it, and both answer after.
+func TestCleartextUpgradeE2E(t *testing.T) {
+	t.Parallel()
+	cd := startClearDaemon(t, "serve", "", "")
+	tlsc, plain := cd.clients(t)
+	var newPID int
+	failures, served := cd.onBothPorts(tlsc, plain, func() {
+		newPID = upgrade(t, cd.daemon)
+		time.Sleep(200 * time.Millisecond)
+	})
 	if len(failures) > 0 {
 		t.Errorf("%d requests failed across the upgrade: %v", len(failures), failures[:min(len(failures), 5)])
 	}
