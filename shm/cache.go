@@ -117,19 +117,9 @@ func (t *Responses) CacheLookupPart(k Key, now time.Duration, buf []byte, whole,
 // the checksum right. buf is grown when it is too small.
 func (t *Responses) readInto(rec *record, s uint64, buf []byte) ([]byte, bool) {
 	n := int(uint32(atomic.LoadUint64(&rec.length)))
-	chain := atomic.LoadUint64(&rec.chain)
 	sum := atomic.LoadUint64(&rec.sum)
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	data := buf[:n]
-	if !t.load(uint32(chain), uint32(chain>>32), data) {
-		return data, false
-	}
-	if atomic.LoadUint64(&rec.state) != s || xxhash.Sum64(data) != sum {
-		return data, false
-	}
-	return data, true
+	data, ok := t.readPart(rec, s, buf, n)
+	return data, ok && xxhash.Sum64(data) == sum
 }
 
 // readPart copies the first n bytes of COMPLETE record rec (state s)
