@@ -89,6 +89,9 @@ func (ex *Exchange) ownBodySent() int64 {
 	if ex.req.Method() == http.MethodHead || ex.status == StatusClientClosed {
 		return 0
 	}
+	if st := ex.resp.Stream; st != nil {
+		return int64(st.Sent()) // what went of it: it may have been cut
+	}
 	return int64(len(ex.resp.Body))
 }
 

@@ -438,7 +438,7 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		switch {
 		case ex.req.Method() == http.MethodHead:
 		case ex.cache.part:
-			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
+			// Counted as it goes (cacheStream.release): it may be cut.
 			s := cacheStreams.Get().(*cacheStream)
 			*s = cacheStream{c: ex.c, tk: ex.cache.entryTk, head: ex.cache.buf[:e.BodyAt], skip: from, n: n, left: n}
 			ex.releaseStream() // one served before, if any

@@ -59,8 +59,14 @@ type BodyStream interface {
 	// Len is the length of the body.
 	Len() int
 	// Next returns the next piece of the body, valid until the next call
-	// (or Finish); io.EOF after the last.
+	// (or Finish); io.EOF after the last. The engine asks for a piece
+	// only once the one before was written (or copied into a buffer of
+	// the connection's).
 	Next() ([]byte, error)
+	// Sent is how much of the body went: the pieces the engine took, all
+	// of them once Next returned io.EOF; fewer when it was cut off or the
+	// client went away (the access log's bytes).
+	Sent() int
 }
 
 // cacheStream is a large cached body as a BodyStream: its pieces are the
@@ -74,6 +80,8 @@ type cacheStream struct {
 	skip int    // bytes of the body before what is sent (a range's start)
 	n    int    // the bytes sent
 	left int    // of them, still to hand over
+	last int    // the length of the piece handed over last
+	sent int    // of them, those the engine took: it asks for more only once a piece went
 	bp   *[]byte
 	err  error
 	on   bool // CacheRead began r
@@ -84,6 +92,8 @@ func (s *cacheStream) Len() int { return s.n }
 
 // Next implements BodyStream: ErrBodyCut when the entry changed.
 func (s *cacheStream) Next() ([]byte, error) {
+	s.sent += s.last // the engine asks for a piece once the one before went
+	s.last = 0
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -117,8 +127,12 @@ func (s *cacheStream) Next() ([]byte, error) {
 			return nil, s.cut()
 		}
 	}
+	s.last = len(p)
 	return p, nil
 }
+
+// Sent implements BodyStream.
+func (s *cacheStream) Sent() int { return s.sent }
 
 // cut ends the stream with ErrBodyCut, counted and logged.
 func (s *cacheStream) cut() error {
@@ -127,13 +141,17 @@ func (s *cacheStream) cut() error {
 	c.row.Add(metrics.CacheCutSends, 0, 1)
 	if suppressed, ok := c.cutLog.allow(c.now()); ok {
 		c.logger().LogAttrs(context.Background(), slog.LevelWarn, "a cached body was cut off: its entry changed while it was sent",
-			slog.Int("sent", s.n-s.left), slog.Int("length", s.n), slog.Uint64("suppressed", suppressed))
+			slog.Int("sent", s.sent), slog.Int("length", s.n), slog.Uint64("suppressed", suppressed))
 	}
 	return s.err
 }
 
-// release gives the stream and its buffer back.
+// release gives the stream and its buffer back, and counts what of the
+// body went (CacheSentBytes).
 func (s *cacheStream) release() {
+	if s.sent > 0 {
+		s.c.row.Add(metrics.CacheSentBytes, 0, uint64(s.sent))
+	}
 	if s.bp != nil {
 		streamBufs.Put(s.bp)
 	}

@@ -16,6 +16,8 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/internal/wiretest"
+	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // A large cached body is sent from the shared memory as the client reads
@@ -229,6 +231,90 @@ func TestCacheLargeEntryRevalidated(t *testing.T) {
 				t.Errorf("want %s: %d %s, %d bytes, equal %v", x, resp.StatusCode, resp.Header.Get("X-Cache"), len(body), bytes.Equal(body, want))
 			}
 			conn.Close()
+		}
+	})
+}
+
+// bigCacheCoreLogged is bigCacheCore logging each request's access entry
+// to lines, and the region it counts in.
+func bigCacheCoreLogged(t *testing.T, poolMiB int, lines chan<- core.AccessEntry) (*core.Core, *shm.Region) {
+	t.Helper()
+	return configCoreIn(t, fmt.Sprintf("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"%dMiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"8MiB\"\n", poolMiB),
+		func(o *core.Options) {
+			o.AccessLog = accessFunc(func(e *core.AccessEntry) {
+				c := *e // its strings are the request's memory, reused after
+				c.Method, c.Path = strings.Clone(e.Method), strings.Clone(e.Path)
+				lines <- c
+			})
+		})
+}
+
+// nextEntry is the next access entry for path.
+func nextEntry(t *testing.T, lines <-chan core.AccessEntry, path string) core.AccessEntry {
+	t.Helper()
+	for {
+		select {
+		case e := <-lines:
+			if e.Path == path && e.Method == "GET" {
+				return e
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no access entry for GET %s", path)
+		}
+	}
+}
+
+// A large hit's access entry and preforkd_cache_sent_bytes_total say the
+// bytes of the body that went, all of them when it was sent whole; one
+// cut off (its entry evicted mid-body) is logged and counted with what
+// went of it, not with the whole body.
+func TestCacheLargeHitBytesLoggedAndCounted(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size = 5 << 20
+		up := bigUpstream(t, size)
+		lines := make(chan core.AccessEntry, 64)
+		c, region := bigCacheCoreLogged(t, 8, lines)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		want := bigBody("/a", size)
+		fill(t, r.Addr, "/a", want)
+		nextEntry(t, lines, "/a") // the fill's
+		sentBefore := metrics.Total(region, metrics.CacheSentBytes, 0)
+
+		conn, br := dial(t, r.Addr)
+		resp, body := roundTrip(t, conn, br, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "HIT" || !bytes.Equal(body, want) {
+			t.Fatalf("hit: %d %s, %d bytes", resp.StatusCode, resp.Header.Get("X-Cache"), len(body))
+		}
+		if got := nextEntry(t, lines, "/a"); got.Status != 200 || got.Bytes != size {
+			t.Errorf("a whole hit logged as %d with %d bytes, want 200 with %d", got.Status, got.Bytes, size)
+		}
+		if sent := metrics.Total(region, metrics.CacheSentBytes, 0) - sentBefore; sent != size {
+			t.Errorf("a whole hit counted %d bytes sent from the cache, want %d", sent, size)
+		}
+		conn.Close()
+
+		sentBefore = metrics.Total(region, metrics.CacheSentBytes, 0)
+		slow, sbr := dialSlow(t, r.Addr)
+		io.WriteString(slow, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+		resp = readHead(t, sbr, "GET")
+		if _, err := io.ReadFull(resp.Body, make([]byte, 64<<10)); err != nil {
+			t.Fatal(err)
+		}
+		fill(t, r.Addr, "/b", bigBody("/b", size)) // takes /a's blocks
+		got, _ := io.ReadAll(resp.Body)
+		if len(got)+64<<10 >= size {
+			t.Fatalf("the whole body came after its entry was evicted")
+		}
+		cut := nextEntry(t, lines, "/a")
+		if cut.Bytes <= 0 || cut.Bytes >= size {
+			t.Errorf("a cut hit logged as %d with %d bytes, want some of the %d bytes and not all", cut.Status, cut.Bytes, size)
+		}
+		if sent := metrics.Total(region, metrics.CacheSentBytes, 0) - sentBefore; sent == 0 || sent >= size {
+			t.Errorf("a cut hit counted %d bytes sent from the cache, want some of the %d bytes and not all", sent, size)
+		}
+		if n := metrics.Total(region, metrics.CacheCutSends, 0); n != 1 {
+			t.Errorf("preforkd_cache_cut_sends_total %d, want 1", n)
 		}
 	})
 }
