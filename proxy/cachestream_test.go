@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/metrics"
@@ -316,5 +318,95 @@ func TestCacheLargeHitBytesLoggedAndCounted(t *testing.T) {
 		if n := metrics.Total(region, metrics.CacheCutSends, 0); n != 1 {
 			t.Errorf("preforkd_cache_cut_sends_total %d, want 1", n)
 		}
+	})
+}
+
+// A large hit's exchange ends once, whatever ends its body: a client
+// that resets the connection mid-body, one that reads nothing past
+// send_timeout, a request pipelined behind it (answered after it, whole),
+// and a drain that outlasts its deadline with one still being sent. Each
+// is logged once, and the server serves on after each.
+func TestCacheLargeHitEndsOnce(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size = 7 << 20 // more than the kernel's buffers take of it
+		up := bigUpstream(t, size)
+		lines := make(chan core.AccessEntry, 64)
+		c, _ := bigCacheCoreLogged(t, 16, lines)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c, Limits: engine.Limits{SendTimeout: time.Second}})
+		want := bigBody("/a", size)
+		fill(t, r.Addr, "/a", want)
+		nextEntry(t, lines, "/a")
+		noMore := func(what string) {
+			t.Helper()
+			select {
+			case e := <-lines:
+				if e.Method == "GET" {
+					t.Errorf("%s: another entry, %s %s %d", what, e.Method, e.Path, e.Status)
+				}
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		hitOK := func(what string) {
+			t.Helper()
+			conn, br := dial(t, r.Addr)
+			defer conn.Close()
+			resp, body := roundTrip(t, conn, br, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+			if resp.StatusCode != 200 || !bytes.Equal(body, want) {
+				t.Fatalf("after %s: %d, %d bytes", what, resp.StatusCode, len(body))
+			}
+			if got := nextEntry(t, lines, "/a"); got.Bytes != size {
+				t.Errorf("after %s: logged %d bytes, want %d", what, got.Bytes, size)
+			}
+		}
+
+		// A reset mid-body.
+		slow, sbr := dialSlow(t, r.Addr)
+		io.WriteString(slow, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+		resp := readHead(t, sbr, "GET")
+		io.ReadFull(resp.Body, make([]byte, 100<<10))
+		slow.(*net.TCPConn).SetLinger(0)
+		slow.Close()
+		if got := nextEntry(t, lines, "/a"); got.Bytes >= size {
+			t.Errorf("reset: logged %d bytes, the whole body's", got.Bytes)
+		}
+		noMore("reset")
+		hitOK("a reset")
+
+		// Nothing read past send_timeout.
+		stuck, sbr := dialSlow(t, r.Addr)
+		io.WriteString(stuck, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+		readHead(t, sbr, "GET")
+		if got := nextEntry(t, lines, "/a"); got.Bytes >= size {
+			t.Errorf("send_timeout: logged %d bytes, the whole body's", got.Bytes)
+		}
+		noMore("send_timeout")
+		hitOK("a send timeout")
+
+		// Pipelined behind a large hit: a small answer and another hit.
+		conn, br := dial(t, r.Addr)
+		io.WriteString(conn, "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /a HTTP/1.1\r\nHost: a\r\n\r\nHEAD /a HTTP/1.1\r\nHost: a\r\n\r\n")
+		for i, m := range []string{"GET", "GET", "HEAD"} {
+			resp := readHead(t, br, m)
+			body, err := io.ReadAll(resp.Body)
+			if err != nil || resp.StatusCode != 200 || m == "GET" && !bytes.Equal(body, want) || resp.ContentLength != size {
+				t.Fatalf("pipelined %d (%s): %d, %d bytes, %v", i, m, resp.StatusCode, len(body), err)
+			}
+		}
+		nextEntry(t, lines, "/a")
+		nextEntry(t, lines, "/a")
+		conn.Close()
+
+		// A drain whose deadline passes while a body is being sent.
+		slow, sbr = dialSlow(t, r.Addr)
+		io.WriteString(slow, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+		readHead(t, sbr, "GET")
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		r.Shutdown(ctx)
+		if got := nextEntry(t, lines, "/a"); got.Bytes >= size {
+			t.Errorf("drain: logged %d bytes, the whole body's", got.Bytes)
+		}
+		noMore("drain")
 	})
 }
