@@ -410,3 +410,117 @@ func TestCacheLargeHitEndsOnce(t *testing.T) {
 		noMore("drain")
 	})
 }
+
+// The answers a large entry gives besides a plain hit, each exact: ranges
+// at and across the 64 KiB pieces' edges, several ranges (the whole), a
+// 304 to a conditional request, HEAD, a Vary'd entry's variants, and a
+// stale entry served while it is refreshed (stale-while-revalidate) or
+// for the application's failure (stale-if-error), whose fill reads the
+// entry whole.
+func TestCacheLargeEntryAnswers(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size = 1<<20 + 7
+		var failing atomic.Bool
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			path := req.Req.URL.Path
+			cc := "max-age=60"
+			switch path {
+			case "/swr":
+				cc += ", stale-while-revalidate=600"
+			case "/sie":
+				cc += ", stale-if-error=600"
+				if failing.Load() {
+					w.WriteString("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail")
+					return
+				}
+			}
+			body := bigBody(path+req.Req.Header.Get("X-Variant"), size)
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: %s\r\nETag: \"e1\"\r\nVary: X-Variant\r\nContent-Length: %d\r\n\r\n", cc, len(body))
+			w.Write(body)
+		})
+		var clock atomic.Int64
+		c := configCore(t, "[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"16MiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"8MiB\"\n",
+			func() time.Duration { return time.Hour + time.Duration(clock.Load()) })
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		want := bigBody("/x", size)
+		fill(t, r.Addr, "/x", want)
+		conn, br := dial(t, r.Addr)
+		defer conn.Close()
+		for _, rg := range []struct {
+			spec     string
+			from, to int
+		}{
+			{"bytes=0-65535", 0, 65536},
+			{"bytes=65536-131071", 65536, 131072},
+			{"bytes=65535-65536", 65535, 65537},
+			{"bytes=131071-131072", 131071, 131073},
+			{"bytes=0-0", 0, 1},
+			{"bytes=-65536", size - 65536, size},
+			{"bytes=-65537", size - 65537, size},
+			{"bytes=" + fmt.Sprint(size-1) + "-", size - 1, size},
+			{"bytes=100-999999999", 100, size},
+			{"bytes=0-", 0, size},
+		} {
+			resp, body := roundTrip(t, conn, br, "GET /x HTTP/1.1\r\nHost: a\r\nRange: "+rg.spec+"\r\n\r\n")
+			wantCR := fmt.Sprintf("bytes %d-%d/%d", rg.from, rg.to-1, size)
+			if resp.StatusCode != 206 || resp.Header.Get("Content-Range") != wantCR || !bytes.Equal(body, want[rg.from:rg.to]) {
+				t.Errorf("%s: %d %q, %d bytes, equal %v", rg.spec, resp.StatusCode, resp.Header.Get("Content-Range"), len(body), bytes.Equal(body, want[rg.from:rg.to]))
+			}
+		}
+		for _, spec := range []string{"bytes=0-1,65536-65537", "bytes=5-2", "items=0-1"} {
+			resp, body := roundTrip(t, conn, br, "GET /x HTTP/1.1\r\nHost: a\r\nRange: "+spec+"\r\n\r\n")
+			if resp.StatusCode != 200 || !bytes.Equal(body, want) {
+				t.Errorf("%s: %d, %d bytes, want the whole 200", spec, resp.StatusCode, len(body))
+			}
+		}
+		resp, body := roundTrip(t, conn, br, "GET /x HTTP/1.1\r\nHost: a\r\nRange: bytes="+fmt.Sprint(size)+"-\r\n\r\n")
+		if resp.StatusCode != 416 || resp.Header.Get("Content-Range") != fmt.Sprintf("bytes */%d", size) || len(body) == size {
+			t.Errorf("past the end: %d %q, %d bytes", resp.StatusCode, resp.Header.Get("Content-Range"), len(body))
+		}
+		resp, body = roundTrip(t, conn, br, "GET /x HTTP/1.1\r\nHost: a\r\nIf-None-Match: \"e1\"\r\n\r\n")
+		if resp.StatusCode != 304 || len(body) != 0 || resp.Header.Get("X-Cache") != "HIT" {
+			t.Errorf("If-None-Match: %d %s, %d bytes, want a 304 hit", resp.StatusCode, resp.Header.Get("X-Cache"), len(body))
+		}
+		resp, body = roundTrip(t, conn, br, "HEAD /x HTTP/1.1\r\nHost: a\r\nRange: bytes=0-9\r\n\r\n")
+		if resp.StatusCode != 200 || len(body) != 0 || resp.ContentLength != size {
+			t.Errorf("HEAD with a Range: %d, length %d, %d bytes", resp.StatusCode, resp.ContentLength, len(body))
+		}
+
+		// Variants.
+		for _, v := range []string{"one", "two"} {
+			roundTrip(t, conn, br, "GET /v HTTP/1.1\r\nHost: a\r\nX-Variant: "+v+"\r\n\r\n")
+		}
+		time.Sleep(100 * time.Millisecond) // stored
+		for _, v := range []string{"one", "two", "one"} {
+			resp, body := roundTrip(t, conn, br, "GET /v HTTP/1.1\r\nHost: a\r\nX-Variant: "+v+"\r\n\r\n")
+			if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "HIT" || !bytes.Equal(body, bigBody("/v"+v, size)) {
+				t.Errorf("variant %s: %d %s, %d bytes, its own %v", v, resp.StatusCode, resp.Header.Get("X-Cache"), len(body), bytes.Equal(body, bigBody("/v"+v, size)))
+			}
+		}
+
+		// Stale.
+		fill(t, r.Addr, "/swr", bigBody("/swr", size))
+		fill(t, r.Addr, "/sie", bigBody("/sie", size))
+		clock.Add(int64(2 * time.Minute))
+		failing.Store(true)
+		seen := len(up.Requests())
+		resp, body = roundTrip(t, conn, br, "GET /swr HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "STALE" || !bytes.Equal(body, bigBody("/swr", size)) {
+			t.Errorf("stale-while-revalidate: %d %s, %d bytes", resp.StatusCode, resp.Header.Get("X-Cache"), len(body))
+		}
+		if !waitfor.Cond(5*time.Second, func() bool { return len(up.Requests()) > seen }) {
+			t.Error("stale-while-revalidate: no refresh")
+		}
+		if !waitfor.Cond(5*time.Second, func() bool {
+			resp, body := roundTrip(t, conn, br, "GET /swr HTTP/1.1\r\nHost: a\r\n\r\n")
+			return resp.Header.Get("X-Cache") == "HIT" && bytes.Equal(body, bigBody("/swr", size))
+		}) {
+			t.Error("stale-while-revalidate: the refreshed entry is no hit")
+		}
+		resp, body = roundTrip(t, conn, br, "GET /sie HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "STALE" || !bytes.Equal(body, bigBody("/sie", size)) {
+			t.Errorf("stale-if-error: %d %s, %d bytes", resp.StatusCode, resp.Header.Get("X-Cache"), len(body))
+		}
+	})
+}
