@@ -1,0 +1,96 @@
+package core_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// A range of a large entry (streamed) whose entry changes before or while
+// it is read ends with ErrBodyCut: what came of it is the entry's bytes,
+// and nothing comes after the change, not even a range's last piece.
+func TestCacheStreamedRangeCut(t *testing.T) {
+	c, _ := storyCore(t, "")
+	body := make([]byte, 300<<10)
+	for i := range body {
+		body[i] = byte(i*7 + i>>9)
+	}
+	a := &app{t: t}
+	fillR := func() {
+		t.Helper()
+		a.resps = append(a.resps, fakeResp{status: 200, body: body, header: hdr("Cache-Control", "max-age=600")})
+		serve(c, newReq("GET", "/r", "192.0.2.1", "Host", "h"), a.serve)
+		if r := serve(c, newReq("HEAD", "/r", "192.0.2.1", "Host", "h"), a.serve); r.get("X-Cache") != "HIT" {
+			t.Fatalf("not stored: %+v", r)
+		}
+	}
+	// change replaces /r: an unsafe request invalidates it, and the next
+	// GET drops it (its record changes) and stores it again.
+	change := func() {
+		t.Helper()
+		a.resps = append(a.resps, fakeResp{status: 200})
+		serve(c, newReq("POST", "/r", "192.0.2.1", "Host", "h"), a.serve)
+		fillR()
+	}
+	stream := func(rng string) (*core.Exchange, *core.BodyStream) {
+		t.Helper()
+		ex := c.Begin(newReq("GET", "/r", "192.0.2.1", "Host", "h", "Range", rng))
+		if decideNow(ex) != core.Respond {
+			t.Fatal("not answered from the cache")
+		}
+		resp := ex.Response()
+		if resp.Status != 206 || resp.Stream == nil {
+			t.Fatalf("%s: %d, streamed %v", rng, resp.Status, resp.Stream != nil)
+		}
+		return ex, resp.Stream
+	}
+	fillR()
+
+	for _, rng := range []string{"bytes=0-99", "bytes=-100", "bytes=70000-70099"} {
+		ex, st := stream(rng)
+		change()
+		if p, err := st.Next(); !errors.Is(err, core.ErrBodyCut) {
+			t.Errorf("%s, its entry changed before it was read: %d bytes, %v; want ErrBodyCut", rng, len(p), err)
+		}
+		ex.Finish(core.ErrBodyCut)
+	}
+
+	ex, st := stream("bytes=100-")
+	p, err := st.Next()
+	if err != nil || !bytes.Equal(p, body[100:100+len(p)]) || len(p) == 0 {
+		t.Fatalf("first piece: %d bytes, %v, the entry's %v", len(p), err, bytes.Equal(p, body[100:100+len(p)]))
+	}
+	got := len(p)
+	change()
+	for {
+		p, err := st.Next()
+		if err != nil {
+			if !errors.Is(err, core.ErrBodyCut) {
+				t.Errorf("after the change: %v, want ErrBodyCut", err)
+			}
+			break
+		}
+		got += len(p)
+	}
+	if got >= len(body)-100 {
+		t.Errorf("%d bytes came, the whole range, after its entry changed", got)
+	}
+	if st.Sent() > got {
+		t.Errorf("Sent %d, more than came (%d)", st.Sent(), got)
+	}
+	ex.Finish(core.ErrBodyCut)
+
+	// Unchanged, a range comes whole, and then io.EOF.
+	ex, st = stream("bytes=65535-65536")
+	p, err = st.Next()
+	if err != nil || !bytes.Equal(p, body[65535:65537]) {
+		t.Errorf("across the piece edge: %q, %v", p, err)
+	}
+	if _, err := st.Next(); err != io.EOF {
+		t.Errorf("after the range: %v, want io.EOF", err)
+	}
+	ex.Finish(nil)
+}
