@@ -35,7 +35,7 @@ func TestCacheStreamedRangeCut(t *testing.T) {
 		serve(c, newReq("POST", "/r", "192.0.2.1", "Host", "h"), a.serve)
 		fillR()
 	}
-	stream := func(rng string) (*core.Exchange, *core.BodyStream) {
+	stream := func(rng string) (*core.Exchange, core.BodyStream) {
 		t.Helper()
 		ex := c.Begin(newReq("GET", "/r", "192.0.2.1", "Host", "h", "Range", rng))
 		if decideNow(ex) != core.Respond {
