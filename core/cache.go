@@ -1,7 +1,6 @@
 package core
 
 import (
-	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -275,14 +274,7 @@ func (ex *Exchange) wholeEntry() bool {
 	}
 	tab := ex.c.region.Responses()
 	e := &ex.cache.ent
-	whole := make([]byte, e.BodyAt+e.BodySize)
-	prefix := copy(whole, ex.cache.buf[:e.BodyAt])
-	var r shm.CacheReader
-	ok := tab.CacheRead(ex.cache.entryTk, whole[:prefix], &r) == nil
-	if ok {
-		_, err := io.ReadFull(&r, whole[prefix:])
-		ok = err == nil
-	}
+	whole, ok := tab.CacheCopy(ex.cache.entryTk, nil)
 	if !ok || !httpcache.Decode(whole, e) {
 		tab.CacheEvict(ex.cache.entryTk)
 		return false
@@ -440,7 +432,7 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		case ex.cache.part:
 			// Counted as it goes (cacheStream.release): it may be cut.
 			s := cacheStreams.Get().(*cacheStream)
-			*s = cacheStream{c: ex.c, tk: ex.cache.entryTk, head: ex.cache.buf[:e.BodyAt], skip: from, n: n, left: n}
+			*s = cacheStream{c: ex.c, tk: ex.cache.entryTk, at: e.BodyAt + from, end: e.BodyAt + from + n, n: n}
 			ex.releaseStream() // one served before, if any
 			ex.cache.stream, stream = s, s
 		default:

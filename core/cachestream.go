@@ -11,38 +11,105 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
-// A large cached body is not copied out of the region whole: the lookup
-// copies the entry's head (streamOver, headPart), and the engine sends
-// the body a piece at a time, read from the shared blocks as the client
-// takes the pieces before (cacheStream, a BodyStream). A worker's memory for a client
-// that reads slowly is a piece, not max_body.
+// A large cached body is not copied out of the region for each client:
+// the lookup copies the entry's head (streamOver, headPart), and the
+// engine sends the body a piece at a time, as the client takes the pieces
+// before (cacheStream, a BodyStream), from one copy of the entry that
+// every connection of this worker sending it shares (snapshots): what a
+// worker holds for slow clients is a copy of each large entry they read,
+// not one for each of them. A copy is the entry as it was when it was
+// read, checked whole: an entry refreshed, replaced or evicted meanwhile
+// (its blocks reused) does not change what its readers get, as nginx's
+// readers of a replaced cache file go on reading the file they opened.
 
 const (
 	// streamOver: an entry longer than it is streamed; a shorter one is
-	// copied whole (the fast path).
+	// copied whole for each request (the fast path).
 	streamOver = 64 << 10
 	// headPart is how much of a streamed entry a lookup copies: its head
 	// when that fits (else as much as the head is).
 	headPart = 16 << 10
-	// streamPiece is the most a BodyStream hands over at a time.
+	// streamPiece is the most a BodyStream hands over at a time: what a
+	// connection's output holds of it at most.
 	streamPiece = 64 << 10
-	// streamScratch is where a range's tail is read through.
-	streamScratch = 4 << 10
 )
 
-var (
-	streamBufs = sync.Pool{New: func() any { b := make([]byte, streamPiece+streamScratch); return &b }}
-	// cacheStreams are the streams, off the Exchange: a field of its own
-	// type would link the cache's reading into every program (an
-	// Exchange goes through an interface, its pool, and the linker keeps
-	// what reflection could reach from it).
-	cacheStreams = sync.Pool{New: func() any { return new(cacheStream) }}
-)
+// cacheStreams are the streams, off the Exchange: a field of its own type
+// would link the cache's reading into every program (an Exchange goes
+// through an interface, its pool, and the linker keeps what reflection
+// could reach from it).
+var cacheStreams = sync.Pool{New: func() any { return new(cacheStream) }}
 
-// ErrBodyCut is what BodyStream.Next returns when the entry changed while
-// its body was sent (evicted, purged, replaced: its blocks may hold other
-// bytes now): the engine closes the connection, so that the client sees
-// a body shorter than its Content-Length, never a wrong one.
+// snapshots are a worker's copies of the large entries it sends, by the
+// entry's table, record and state (a ticket: a record refilled is
+// another), each shared by the streams that send it and dropped when the
+// last is done. One for the process, so that a program without the cache
+// stage links none of it (a Core's field would be linked with the Core).
+type snapshots struct {
+	mu sync.Mutex
+	m  map[snapKey]*snapshot
+}
+
+// snapKey names an entry: its table (a region's, which a stream's Core
+// keeps while the key is in the map) and its ticket.
+type snapKey struct {
+	tab *shm.Responses
+	tk  shm.Ticket
+}
+
+var largeCopies snapshots
+
+type snapshot struct {
+	copying sync.Mutex // held while the entry is copied: the others wait
+	data    []byte     // the entry, whole and checked; nil: it changed before its copy
+	refs    int
+}
+
+// get returns the copy of the entry tk names, copied out of tab first
+// when no stream of this worker holds one (once: a stream that comes
+// meanwhile waits for that copy rather than make its own, so that a burst
+// of readers of one entry holds one copy); nil when it changed since tk.
+func (ss *snapshots) get(tab *shm.Responses, tk shm.Ticket) *snapshot {
+	key := snapKey{tab, tk}
+	ss.mu.Lock()
+	if ss.m == nil {
+		ss.m = map[snapKey]*snapshot{}
+	}
+	sn := ss.m[key]
+	if sn != nil {
+		sn.refs++
+		ss.mu.Unlock()
+		sn.copying.Lock() // its copy is made
+		sn.copying.Unlock()
+	} else {
+		sn = &snapshot{refs: 1}
+		sn.copying.Lock()
+		ss.m[key] = sn
+		ss.mu.Unlock()
+		sn.data, _ = tab.CacheCopy(tk, nil)
+		sn.copying.Unlock()
+	}
+	if sn.data == nil {
+		ss.put(key, sn)
+		return nil
+	}
+	return sn
+}
+
+// put ends a stream's hold of sn, the copy of key's entry.
+func (ss *snapshots) put(key snapKey, sn *snapshot) {
+	ss.mu.Lock()
+	if sn.refs--; sn.refs == 0 {
+		delete(ss.m, key)
+	}
+	ss.mu.Unlock()
+}
+
+// ErrBodyCut is what BodyStream.Next returns when the entry changed
+// between its lookup and the copy of its body (evicted, purged, replaced:
+// its blocks may hold other bytes now): the engine closes the connection,
+// so that the client sees a body shorter than its Content-Length, never a
+// wrong one.
 var ErrBodyCut = errors.New("core: the cached entry changed while its body was sent")
 
 // BodyStream is a body an engine sends a piece at a time (Response.Stream):
@@ -54,7 +121,7 @@ var ErrBodyCut = errors.New("core: the cached entry changed while its body was s
 // until Finish.
 //
 // An interface, so that only a program that builds the cache stage links
-// the cached body's reading (shm's CacheReader and its checks).
+// the cached body's reading.
 type BodyStream interface {
 	// Len is the length of the body.
 	Len() int
@@ -69,64 +136,42 @@ type BodyStream interface {
 	Sent() int
 }
 
-// cacheStream is a large cached body as a BodyStream: its pieces are the
-// entry's bytes, read from the shared blocks and checked, and a change of
-// the entry ends it with ErrBodyCut.
+// cacheStream is a large cached body as a BodyStream: its pieces are
+// those of the worker's copy of the entry (snapshots), taken at the first
+// piece; an entry that changed before then ends it with ErrBodyCut.
 type cacheStream struct {
 	c    *Core
-	r    shm.CacheReader
 	tk   shm.Ticket
-	head []byte // the entry's head as the lookup copied it
-	skip int    // bytes of the body before what is sent (a range's start)
-	n    int    // the bytes sent
-	left int    // of them, still to hand over
-	last int    // the length of the piece handed over last
-	sent int    // of them, those the engine took: it asks for more only once a piece went
-	bp   *[]byte
+	at   int // where the body's next piece is in the entry (the body's offset, and a range's start)
+	end  int // where what is sent of the body ends
+	n    int // the bytes sent
+	last int // the length of the piece handed over last
+	sent int // of them, those the engine took: it asks for more only once a piece went
+	snap *snapshot
 	err  error
-	on   bool // CacheRead began r
 }
 
 // Len implements BodyStream.
 func (s *cacheStream) Len() int { return s.n }
 
-// Next implements BodyStream: ErrBodyCut when the entry changed.
+// Next implements BodyStream: ErrBodyCut when the entry changed before
+// its copy.
 func (s *cacheStream) Next() ([]byte, error) {
 	s.sent += s.last // the engine asks for a piece once the one before went
 	s.last = 0
 	if s.err != nil {
 		return nil, s.err
 	}
-	if s.left == 0 {
+	if s.at == s.end {
 		return nil, io.EOF
 	}
-	if !s.on {
-		s.on = true
-		s.bp = streamBufs.Get().(*[]byte)
-		if err := s.c.region.Responses().CacheRead(s.tk, s.head, &s.r); err != nil {
+	if s.snap == nil {
+		if s.snap = largeCopies.get(s.c.region.Responses(), s.tk); s.snap == nil || s.end > len(s.snap.data) {
 			return nil, s.cut()
 		}
 	}
-	buf := *s.bp
-	for s.skip > 0 {
-		k := min(s.skip, len(buf))
-		if _, err := s.r.Read(buf[:k]); err != nil {
-			return nil, s.cut()
-		}
-		s.skip -= k
-	}
-	p := buf[:min(s.left, streamPiece)]
-	if _, err := s.r.Read(p); err != nil {
-		return nil, s.cut()
-	}
-	s.left -= len(p)
-	// A range that ends before the entry: the rest is read through for
-	// the checksum before the last piece goes.
-	for s.left == 0 && s.r.Left() > 0 {
-		if _, err := s.r.Read(buf[streamPiece:][:min(s.r.Left(), streamScratch)]); err != nil {
-			return nil, s.cut()
-		}
-	}
+	p := s.snap.data[s.at:min(s.end, s.at+streamPiece)]
+	s.at += len(p)
 	s.last = len(p)
 	return p, nil
 }
@@ -140,20 +185,20 @@ func (s *cacheStream) cut() error {
 	c := s.c
 	c.row.Add(metrics.CacheCutSends, 0, 1)
 	if suppressed, ok := c.cutLog.allow(c.now()); ok {
-		c.logger().LogAttrs(context.Background(), slog.LevelWarn, "a cached body was cut off: its entry changed while it was sent",
+		c.logger().LogAttrs(context.Background(), slog.LevelWarn, "a cached body was cut off: its entry changed before its body was read",
 			slog.Int("sent", s.sent), slog.Int("length", s.n), slog.Uint64("suppressed", suppressed))
 	}
 	return s.err
 }
 
-// release gives the stream and its buffer back, and counts what of the
-// body went (CacheSentBytes).
+// release gives the stream and its hold of the copy back, and counts
+// what of the body went (CacheSentBytes).
 func (s *cacheStream) release() {
 	if s.sent > 0 {
 		s.c.row.Add(metrics.CacheSentBytes, 0, uint64(s.sent))
 	}
-	if s.bp != nil {
-		streamBufs.Put(s.bp)
+	if s.snap != nil {
+		largeCopies.put(snapKey{s.c.region.Responses(), s.tk}, s.snap)
 	}
 	*s = cacheStream{}
 	cacheStreams.Put(s)

@@ -31,7 +31,7 @@ const (
 	CacheRefreshes                       // background refreshes (stale-while-revalidate)
 	CacheInvalidations                   // URLs invalidated by successful unsafe requests
 	CachePurged                          // entries a lookup found purged and dropped
-	CacheCutSends                        // hits whose body was cut off: the entry changed while it was sent
+	CacheCutSends                        // hits whose body was cut off: the entry changed before its body was copied
 	WorkerGCCycles                       // per worker: garbage collections its process ran, written by itself (Row.SetGCCycles)
 	UpstreamDuration                     // time from sending a request to the upstream to its response head, or its failure
 	Connections                          // client connections open now, by state (a gauge: Conns)

@@ -157,17 +157,6 @@ func loadWords(dst []byte, words []uint64) {
 	}
 }
 
-// loadAt copies into dst the data bytes of words from byte offset off.
-func loadAt(dst []byte, words []uint64, off int) {
-	if r := off % 8; r != 0 && len(dst) > 0 {
-		var tail [8]byte
-		binary.LittleEndian.PutUint64(tail[:], atomic.LoadUint64(&words[off/8]))
-		k := copy(dst, tail[r:])
-		dst, off = dst[k:], off+k
-	}
-	loadWords(dst, words[off/8:])
-}
-
 // storeEvicting is store that, when the pool is short, evicts (see
 // evictBlocks) and tries once more.
 func (t *Responses) storeEvicting(data []byte, now time.Duration) (first, count uint32, ok bool) {

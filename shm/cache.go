@@ -1,8 +1,6 @@
 package shm
 
 import (
-	"errors"
-	"io"
 	"sync/atomic"
 	"time"
 
@@ -28,7 +26,7 @@ type CacheFind struct {
 	// Data is the entry's bytes, copied into the caller's buffer; nil
 	// when the key has no entry. From CacheLookupPart, an entry larger
 	// than its whole is copied in part: Data is its first bytes, Size
-	// its length, and a CacheReader reads the rest.
+	// its length, and CacheCopy copies it whole.
 	Data []byte
 	// Size is the entry's length in bytes.
 	Size int
@@ -57,8 +55,8 @@ func (t *Responses) CacheLookup(k Key, now time.Duration, buf []byte) (CacheFind
 
 // CacheLookupPart is CacheLookup that copies an entry longer than whole
 // bytes (whole < 0: none is) only in part: its first part bytes, checked
-// unchanged after the copy but not against the checksum, which a
-// CacheReader reading the rest checks (Data is then shorter than Size).
+// unchanged after the copy but not against the checksum, which
+// CacheCopy checks (Data is then shorter than Size).
 func (t *Responses) CacheLookupPart(k Key, now time.Duration, buf []byte, whole, part int) (CacheFind, error) {
 	if len(t.recs) == 0 {
 		return CacheFind{}, ErrNoResponses
@@ -136,120 +134,19 @@ func (t *Responses) readPart(rec *record, s uint64, buf []byte, n int) ([]byte, 
 	return data, atomic.LoadUint64(&rec.state) == s
 }
 
-// ErrEntryChanged is CacheReader's error when the entry it reads changed
-// (it was dropped, evicted or replaced, its blocks perhaps reused) or its
-// bytes are not those stored (the checksum): what was read of it may be
-// used, but nothing more comes.
-var ErrEntryChanged = errors.New("shm: the cache entry changed while it was read")
-
-// CacheReader reads a cache entry's bytes in order, a piece at a time,
-// from the shared blocks: the whole entry is never copied. The blocks of
-// a COMPLETE record are freed, and may be rewritten, only after its state
-// changed, so each piece is checked as a lookup checks a whole copy: the
-// state unchanged after it was copied; and the checksum of the whole is
-// checked before the last piece is returned, over every piece in turn.
-type CacheReader struct {
-	t     *Responses
-	rec   *record
-	state uint64
-	size  int
-	at    int // the next byte to read
-	sum   uint64
-	d     xxhash.Digest
-	block uint32 // the block that holds byte at
-	off   int    // at's offset in the block's data
-	hops  uint32 // blocks walked past, bounded by the chain's count
-	count uint32
-}
-
-// CacheRead begins r on the entry tk names (as CacheLookupPart found it),
-// whose first bytes the caller has as prefix: r reads from the end of
-// prefix on, and checks the checksum over prefix and what it reads. It
-// returns ErrEntryChanged when the entry changed since tk.
-func (t *Responses) CacheRead(tk Ticket, prefix []byte, r *CacheReader) error {
-	rec := &t.recs[tk.idx]
-	*r = CacheReader{t: t, rec: rec, state: tk.state}
-	if recPhase(tk.state) != recComplete {
-		return ErrEntryChanged
+// CacheCopy copies the whole entry tk names (as CacheLookupPart found
+// it) into buf (grown if it is too small), checked as a lookup checks
+// one; false when the entry changed since tk (dropped, evicted or
+// replaced, its blocks perhaps reused) or its bytes are not those stored.
+func (t *Responses) CacheCopy(tk Ticket, buf []byte) ([]byte, bool) {
+	if tk.idx < 0 || tk.idx >= len(t.recs) || recPhase(tk.state) != recComplete {
+		return nil, false
 	}
-	r.size = int(uint32(atomic.LoadUint64(&rec.length)))
-	chain := atomic.LoadUint64(&rec.chain)
-	r.sum = atomic.LoadUint64(&rec.sum)
-	r.block, r.count = uint32(chain), uint32(chain>>32)
-	r.d.Reset()
-	r.d.Write(prefix)
-	per := t.dataPerBlock()
-	r.at = len(prefix)
-	if r.at > r.size {
-		return ErrEntryChanged
+	data, ok := t.readInto(&t.recs[tk.idx], tk.state, buf)
+	if !ok {
+		return nil, false
 	}
-	target := r.at / per // the block that holds byte at
-	if r.at == r.size && r.at > 0 {
-		target = (r.at - 1) / per // none: the last
-	}
-	for int(r.hops) < target {
-		if !r.next() {
-			return ErrEntryChanged
-		}
-	}
-	r.off = r.at - target*per
-	if atomic.LoadUint64(&rec.state) != tk.state {
-		return ErrEntryChanged
-	}
-	return nil
-}
-
-// next moves r to the next block of the chain.
-func (r *CacheReader) next() bool {
-	t := r.t
-	if r.block >= t.nblocks || r.hops+1 >= r.count {
-		return false
-	}
-	r.block = uint32(atomic.LoadUint64(&t.blockWords(r.block)[0]))
-	r.hops++
-	r.off = 0
-	return r.block < t.nblocks
-}
-
-// Size is the entry's length; Left what is still to read of it.
-func (r *CacheReader) Size() int { return r.size }
-
-// Left is how many bytes of the entry are still to read.
-func (r *CacheReader) Left() int { return r.size - r.at }
-
-// Read copies the next bytes of the entry into p, as many as fit (p is
-// filled unless the entry ends first), and returns how many: 0 and
-// io.EOF once it was read whole, ErrEntryChanged when the entry changed
-// (or its checksum is wrong: checked before the read that ends it
-// returns).
-func (r *CacheReader) Read(p []byte) (int, error) {
-	if r.at >= r.size {
-		return 0, io.EOF
-	}
-	t := r.t
-	per := t.dataPerBlock()
-	n := min(len(p), r.size-r.at)
-	for done := 0; done < n; {
-		if r.off == per && !r.next() {
-			return 0, ErrEntryChanged
-		}
-		if r.block >= t.nblocks {
-			return 0, ErrEntryChanged
-		}
-		k := min(per-r.off, n-done)
-		loadAt(p[done:done+k], t.blockWords(r.block)[1:], r.off)
-		r.off += k
-		done += k
-	}
-	if atomic.LoadUint64(&r.rec.state) != r.state {
-		return 0, ErrEntryChanged
-	}
-	r.d.Write(p[:n])
-	r.at += n
-	if r.at == r.size && r.d.Sum64() != r.sum {
-		return 0, ErrEntryChanged
-	}
-	return n, nil
+	return data, true
 }
 
 // CacheLock takes the fill lock of k at region time now: a RESERVED cache

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"sync"
@@ -393,11 +392,10 @@ func TestCacheOneFillAcrossProcesses(t *testing.T) {
 	checkRunsOnce(t, "cache", "GET /hot", 4, 8, "fetched by pid")
 }
 
-// An entry read in part and then a piece at a time, from any prefix and
-// in pieces of any size, comes out whole; one dropped (its blocks taken
-// by another entry) while it is read ends with ErrEntryChanged, never
-// with the other's bytes, and so does one whose bytes are damaged.
-func TestCacheReaderReadsInPieces(t *testing.T) {
+// An entry looked up in part, from any prefix, is copied whole by its
+// ticket; one dropped (its blocks taken by another entry) since is not
+// copied at all, never with the other's bytes.
+func TestCacheCopyOfAnEntryFoundInPart(t *testing.T) {
 	r := respRegion(t, 64, 64*256)
 	tab := r.Responses()
 	now := time.Minute
@@ -418,30 +416,12 @@ func TestCacheReaderReadsInPieces(t *testing.T) {
 	}
 	k := put("a", data)
 	for _, prefix := range []int{0, 1, 7, 8, 247, 248, 249, 600, 9999, 10000} {
-		for _, piece := range []int{1, 5, 8, 248, 1000, 20000} {
-			f, err := tab.CacheLookupPart(k, now, nil, 100, prefix)
-			if err != nil || f.Size != len(data) || !bytes.Equal(f.Data, data[:prefix]) {
-				t.Fatalf("lookup in part %d: size %d, %d bytes, %v", prefix, f.Size, len(f.Data), err)
-			}
-			var rd shm.CacheReader
-			if err := tab.CacheRead(f.Entry, f.Data, &rd); err != nil {
-				t.Fatalf("prefix %d: %v", prefix, err)
-			}
-			got := append([]byte(nil), f.Data...)
-			p := make([]byte, piece)
-			for {
-				n, err := rd.Read(p)
-				got = append(got, p[:n]...)
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					t.Fatalf("prefix %d piece %d: %v after %d bytes", prefix, piece, err, len(got))
-				}
-			}
-			if !bytes.Equal(got, data) {
-				t.Fatalf("prefix %d piece %d: %d bytes, not the entry's", prefix, piece, len(got))
-			}
+		f, err := tab.CacheLookupPart(k, now, nil, 100, prefix)
+		if err != nil || f.Size != len(data) || !bytes.Equal(f.Data, data[:prefix]) {
+			t.Fatalf("lookup in part %d: size %d, %d bytes, %v", prefix, f.Size, len(f.Data), err)
+		}
+		if got, ok := tab.CacheCopy(f.Entry, nil); !ok || !bytes.Equal(got, data) {
+			t.Fatalf("prefix %d: copied %v, %d bytes, not the entry's", prefix, ok, len(got))
 		}
 	}
 	// Small enough: copied whole, as CacheLookup does.
@@ -449,39 +429,17 @@ func TestCacheReaderReadsInPieces(t *testing.T) {
 		t.Fatalf("whole: %d bytes", len(f.Data))
 	}
 
-	// Dropped mid-read, its blocks filled with another entry's bytes.
+	// Dropped after the lookup, its blocks filled with another entry's
+	// bytes.
 	f, _ := tab.CacheLookupPart(k, now, nil, 100, 16)
-	var rd shm.CacheReader
-	if err := tab.CacheRead(f.Entry, f.Data, &rd); err != nil {
-		t.Fatal(err)
-	}
-	p := make([]byte, 1000)
-	if n, err := rd.Read(p); n != 1000 || err != nil || !bytes.Equal(p, data[16:1016]) {
-		t.Fatalf("first piece: %d %v", n, err)
-	}
 	if n := tab.CacheDrop(k); n != 1 {
 		t.Fatalf("dropped %d", n)
 	}
 	put("b", bytes.Repeat([]byte{0xee}, len(data)))
-	if n, err := rd.Read(p); n != 0 || err != shm.ErrEntryChanged {
-		t.Fatalf("after the drop: %d %v, want ErrEntryChanged", n, err)
+	if got, ok := tab.CacheCopy(f.Entry, nil); ok || got != nil {
+		t.Fatalf("after the drop: copied %v, %d bytes", ok, len(got))
 	}
-	var again shm.CacheReader
-	if err := tab.CacheRead(f.Entry, f.Data, &again); err != shm.ErrEntryChanged {
-		t.Fatalf("begun after the drop: %v", err)
-	}
-
-	// A prefix that is not the entry's fails the checksum at the end,
-	// before the last piece is returned.
-	k = put("c", data)
-	f, _ = tab.CacheLookupPart(k, now, nil, 100, 16)
-	bad := append([]byte(nil), f.Data...)
-	bad[3] ^= 1
-	if err := tab.CacheRead(f.Entry, bad, &rd); err != nil {
-		t.Fatal(err)
-	}
-	big := make([]byte, len(data))
-	if n, err := rd.Read(big); n != 0 || err != shm.ErrEntryChanged {
-		t.Fatalf("damaged: %d %v, want ErrEntryChanged", n, err)
+	if _, ok := tab.CacheCopy(shm.Ticket{}, nil); ok {
+		t.Fatal("the zero ticket copied")
 	}
 }
