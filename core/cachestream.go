@@ -60,9 +60,9 @@ type snapKey struct {
 var largeCopies snapshots
 
 type snapshot struct {
-	copying sync.Mutex // held while the entry is copied: the others wait
-	data    []byte     // the entry, whole and checked; nil: it changed before its copy
-	refs    int
+	copied chan struct{} // closed once the entry is copied: the others wait for it
+	data   []byte        // the entry, whole and checked; nil: it changed before its copy
+	refs   int
 }
 
 // get returns the copy of the entry tk names, copied out of tab first
@@ -79,15 +79,13 @@ func (ss *snapshots) get(tab *shm.Responses, tk shm.Ticket) *snapshot {
 	if sn != nil {
 		sn.refs++
 		ss.mu.Unlock()
-		sn.copying.Lock() // its copy is made
-		sn.copying.Unlock()
+		<-sn.copied
 	} else {
-		sn = &snapshot{refs: 1}
-		sn.copying.Lock()
+		sn = &snapshot{refs: 1, copied: make(chan struct{})}
 		ss.m[key] = sn
 		ss.mu.Unlock()
 		sn.data, _ = tab.CacheCopy(tk, nil)
-		sn.copying.Unlock()
+		close(sn.copied)
 	}
 	if sn.data == nil {
 		ss.put(key, sn)
