@@ -167,6 +167,9 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 		}
 		switch {
 		case state == stFresh:
+			if !ex.takeCopy() {
+				continue // it changed: look again
+			}
 			return ex.serve(age, xHit)
 		case state == stRevalidate:
 			// The refresh is a copy of the request: a HEAD's would store
@@ -183,9 +186,15 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 					c.row.Add(metrics.CacheRefreshes, 0, 1)
 				}
 			}
+			if !ex.takeCopy() { // made whole above if it took the fill lock
+				continue // it changed: look again
+			}
 			return ex.serve(age, xStale)
 		case state == stIfError && waited && !f.Filling:
 			// The fetch waited for ended without a new entry: it failed.
+			if !ex.takeCopy() {
+				continue
+			}
 			return ex.serve(age, xStale)
 		}
 		if ex.req.Method() == http.MethodHead {
@@ -431,10 +440,16 @@ func (ex *Exchange) serve(age time.Duration, x xcache) (Verdict, bool) {
 		case ex.req.Method() == http.MethodHead:
 		case ex.cache.part:
 			// Counted as it goes (cacheStream.release): it may be cut.
-			s := cacheStreams.Get().(*cacheStream)
-			*s = cacheStream{c: ex.c, tk: ex.cache.entryTk, at: e.BodyAt + from, end: e.BodyAt + from + n, n: n}
-			ex.releaseStream() // one served before, if any
-			ex.cache.stream, stream = s, s
+			s, ok := ex.cache.stream.(*cacheStream)
+			if !ok {
+				// Not taken by the lookup (no path does so): taken now,
+				// and cut if the entry changed.
+				if s, ok = ex.copyEntry(); !ok {
+					s.cut()
+				}
+			}
+			s.at, s.end, s.n = e.BodyAt+from, e.BodyAt+from+n, n
+			stream = s
 		default:
 			ex.c.row.Add(metrics.CacheSentBytes, 0, uint64(n))
 			body = e.Body[from:to]

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"sync"
 
 	"github.com/preforkd/preforkd/metrics"
@@ -108,7 +109,7 @@ func (ss *snapshots) put(key snapKey, sn *snapshot) {
 // its blocks may hold other bytes now): the engine closes the connection,
 // so that the client sees a body shorter than its Content-Length, never a
 // wrong one.
-var ErrBodyCut = errors.New("core: the cached entry changed while its body was sent")
+var ErrBodyCut = errors.New("core: the cached entry changed before its body was copied")
 
 // BodyStream is a body an engine sends a piece at a time (Response.Stream):
 // Next after Next, each once what the one before gave was written (or
@@ -135,8 +136,8 @@ type BodyStream interface {
 }
 
 // cacheStream is a large cached body as a BodyStream: its pieces are
-// those of the worker's copy of the entry (snapshots), taken at the first
-// piece; an entry that changed before then ends it with ErrBodyCut.
+// those of the worker's copy of the entry (snapshots), taken before the
+// lookup serves it (takeCopy).
 type cacheStream struct {
 	c    *Core
 	tk   shm.Ticket
@@ -152,8 +153,7 @@ type cacheStream struct {
 // Len implements BodyStream.
 func (s *cacheStream) Len() int { return s.n }
 
-// Next implements BodyStream: ErrBodyCut when the entry changed before
-// its copy.
+// Next implements BodyStream.
 func (s *cacheStream) Next() ([]byte, error) {
 	s.sent += s.last // the engine asks for a piece once the one before went
 	s.last = 0
@@ -163,15 +163,41 @@ func (s *cacheStream) Next() ([]byte, error) {
 	if s.at == s.end {
 		return nil, io.EOF
 	}
-	if s.snap == nil {
-		if s.snap = largeCopies.get(s.c.region.Responses(), s.tk); s.snap == nil || s.end > len(s.snap.data) {
-			return nil, s.cut()
-		}
-	}
 	p := s.snap.data[s.at:min(s.end, s.at+streamPiece)]
 	s.at += len(p)
 	s.last = len(p)
 	return p, nil
+}
+
+// takeCopy takes the worker's copy of the large entry the lookup is about
+// to serve (ex.cache.part), before anything of the answer is made, into
+// ex.cache.stream: false when the entry changed since its lookup (a
+// refresh that landed meanwhile, an eviction), which is then looked up
+// again rather than cut once its head is sent. Nothing is copied for an
+// answer without a body (HEAD, a 304).
+func (ex *Exchange) takeCopy() bool {
+	e := &ex.cache.ent
+	if !ex.cache.part || ex.req.Method() == http.MethodHead || e.Status >= 200 && e.Status < 300 && ex.notModified(e) {
+		return true
+	}
+	if _, ok := ex.copyEntry(); !ok {
+		ex.releaseStream()
+		return false
+	}
+	return true
+}
+
+// copyEntry makes ex.cache.stream a stream of the worker's copy of the
+// entry found, in place of one taken before; false when the entry changed
+// since it was found.
+func (ex *Exchange) copyEntry() (*cacheStream, bool) {
+	e := &ex.cache.ent
+	ex.releaseStream()
+	s := cacheStreams.Get().(*cacheStream)
+	*s = cacheStream{c: ex.c, tk: ex.cache.entryTk}
+	ex.cache.stream = s
+	s.snap = largeCopies.get(ex.c.region.Responses(), s.tk)
+	return s, s.snap != nil && len(s.snap.data) >= e.BodyAt+e.BodySize
 }
 
 // Sent implements BodyStream.
