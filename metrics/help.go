@@ -23,7 +23,7 @@ var helps = [numFamilies]struct{ family, hist string }{
 	CacheRefreshes:         {family: "Stale responses refreshed in the background (stale-while-revalidate)."},
 	CacheInvalidations:     {family: "Successful unsafe requests (POST, PUT, DELETE, ...) that invalidated the cached responses of their URL."},
 	CachePurged:            {family: "Cached responses a lookup found purged (by tag, by URL or by an unsafe request) and dropped."},
-	CacheCutSends:          {family: "Responses from the cache whose body was cut off, the connection closed: the entry changed (evicted, purged, replaced) between its lookup and the copy of its body."},
+	CacheCutSends:          {family: "Responses from the cache whose body was cut off, the connection closed: the entry changed (evicted, purged, replaced) before the copy of its body was taken, which no path of the lookup leaves to happen (0 is expected)."},
 	UpstreamDuration:       {family: "Time from sending a request to the upstream to its response header, or to its failure (as the access log's upstream_time). Only requests that reached the upstream: not preforkd's own answers, not cache hits, not requests refused before they went (a 408 body timeout)."},
 	Connections:            {family: "Client connections the workers have open, by state: reading (a request header being read, or awaited on a new connection), writing (a request in progress: its body, the decision, the upstream, the response; an upgraded connection), idle (keep-alive, between two requests). Their sum is the connections open."},
 	ConnectionsAccepted:    {family: "Client connections the workers accepted."},
