@@ -48,8 +48,9 @@ type request struct {
 	path   []byte // the path as sent (the authority dropped from an absolute-form target)
 	query  []byte // without '?'; nil when there is none
 	host   []byte // Host, or the authority of an absolute-form target
-	// target is the target as sent, for the access log: a copy, since an
-	// application's request gets the forwarded path in fasthttp's (runApp).
+	// target is a copy of the target as sent, made only when an
+	// application's request gets the forwarded path in its place in
+	// fasthttp's (runApp); empty otherwise, and fasthttp's is the target.
 	target []byte
 	// fwd is how the request is forwarded (the core's Forward): the path,
 	// and the client's fields left out.
@@ -179,7 +180,6 @@ func (r *request) parseTarget() *engine.BadRequest {
 		return engine.ErrPRI
 	}
 	uri := r.ctx.Request.Header.RequestURI()
-	r.target = append(r.target[:0], uri...)
 	if len(uri) > 0 && uri[0] != '/' {
 		// absolute-form: the server must use its authority (RFC 9112
 		// §3.2.2). Only http is spoken here.
@@ -295,7 +295,12 @@ func (r *request) Query() string { return b2s(r.query) }
 
 // Target implements core.RequestTarget, for the access log: the target
 // as sent.
-func (r *request) Target() string { return b2s(r.target) }
+func (r *request) Target() string {
+	if len(r.target) > 0 {
+		return b2s(r.target)
+	}
+	return b2s(r.ctx.Request.Header.RequestURI())
+}
 
 // Peer implements core.Request.
 func (r *request) Peer() netip.Addr { return r.c.peer }

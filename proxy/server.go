@@ -454,6 +454,7 @@ func (s *Server) done(r *request) {
 func (s *Server) recycle(r *request) {
 	r.ctx, r.c, r.ex = nil, nil, nil
 	r.raw, r.fields, r.method, r.path, r.query, r.host = nil, nil, nil, nil, nil, nil
+	r.target = r.target[:0]
 	r.fwd = core.Forward{}
 	r.upgrade, r.absolute, r.begun, r.streaming = false, false, false, false
 	s.requests.Put(r)
@@ -475,6 +476,7 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 			r.head = append(r.head, '?')
 			r.head = append(r.head, r.query...)
 		}
+		r.target = append(r.target[:0], ctx.Request.Header.RequestURI()...) // for the access log
 		ctx.Request.SetRequestURIBytes(r.head)
 	}
 	if r.body.done && r.body.buf != nil {

@@ -421,3 +421,31 @@ func TestContentTooLarge(t *testing.T) {
 		}
 	})
 }
+
+// An application served in process gets the path the core forwards
+// (dot segments resolved), which fasthttp's engine writes in place of
+// the target it read: the access log still has the target as sent.
+func TestAccessLogTargetAsSentToAnApp(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		lines := make(chan string, 4)
+		c := configCoreWith(t, "", func(o *core.Options) {
+			o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- e.Target })
+		})
+		r := e.serve(t, storyOptions{App: func(string) int { return 200 }, Core: c})
+		conn, br := dial(t, r.Addr)
+		const target = "/a/./b/../c?q=1"
+		io.WriteString(conn, "GET "+target+" HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp, _ := readResponse(t, br, "GET"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		select {
+		case got := <-lines:
+			if got != target {
+				t.Errorf("logged target %q, want %q as sent", got, target)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("not logged within 5 s")
+		}
+	})
+}
