@@ -158,14 +158,7 @@ func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // with the upstream
 		conn.(*net.TCPConn).SetLinger(0)   // a reset
 		conn.Close()
-		select {
-		case status := <-statuses:
-			if status != core.StatusClientClosed {
-				t.Errorf("counted as %d, want %d", status, core.StatusClientClosed)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("not counted within 5 s of the client's reset")
-		}
+		wantCountedGone(t, statuses)
 	})
 }
 
@@ -230,14 +223,7 @@ func clientGoneWhileWaiting(t *testing.T, req string, check func(t *testing.T, s
 		time.Sleep(100 * time.Millisecond) // waiting for the first
 		second.(*net.TCPConn).SetLinger(0) // a reset
 		second.Close()
-		select {
-		case status := <-statuses:
-			if status != core.StatusClientClosed {
-				t.Errorf("counted as %d, want %d", status, core.StatusClientClosed)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("not counted within 5 s of the client's reset")
-		}
+		wantCountedGone(t, statuses)
 		if e := <-lines; e.Status != core.StatusClientClosed || e.Bytes != 0 {
 			t.Errorf("logged as %d with %d bytes sent, want %d with none", e.Status, e.Bytes, core.StatusClientClosed)
 		}
@@ -448,4 +434,18 @@ func TestAccessLogTargetAsSentToAnApp(t *testing.T) {
 			t.Fatal("not logged within 5 s")
 		}
 	})
+}
+
+// wantCountedGone waits for a request whose client reset its connection
+// to be counted, as 499.
+func wantCountedGone(t *testing.T, statuses <-chan int) {
+	t.Helper()
+	select {
+	case status := <-statuses:
+		if status != core.StatusClientClosed {
+			t.Errorf("counted as %d, want %d", status, core.StatusClientClosed)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("not counted within 5 s of the client's reset")
+	}
 }

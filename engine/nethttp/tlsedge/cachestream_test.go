@@ -21,6 +21,7 @@ import (
 	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/metrics"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // A large cached body over HTTP/2 is sent a piece at a time, as over
@@ -45,21 +46,7 @@ func TestLargeHitOverHTTP2(t *testing.T) {
 		w.Write(pattern(r.URL.Path))
 	})
 	// Room for one entry: the second's fill evicts the first.
-	cfg, err := config.Parse([]byte("[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"12MiB\"\n[[cache]]\npath = \"/big/*\"\nmax_body = \"8MiB\"\n"), "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := cfg.CoreOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	so := cfg.RegionOptions()
-	metrics.Geometry(&so, 8)
-	region := shmtest.Private(t, so)
-	c, err := core.New(region, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, region := configCore(t, "[table]\ncounters = 64\nresponses = 64\nresponse_bytes = \"12MiB\"\n[[cache]]\npath = \"/big/*\"\nmax_body = \"8MiB\"\n")
 	addr, conf, _, _ := tlsServerCore(t, c, up, engine.Limits{}, nil)
 	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 20 * time.Second}
 	get := func(path string) (*http.Response, bool) {
@@ -134,4 +121,26 @@ func TestLargeHitOverHTTP2(t *testing.T) {
 	if err != nil || !bytes.Equal(body, pattern("/big/b")) || !reused {
 		t.Errorf("after it: %d bytes, %v, on the same connection %v", len(body), err, reused)
 	}
+}
+
+// configCore is a core of the configuration toml over a private region
+// (its statistics included), and that region.
+func configCore(t *testing.T, toml string) (*core.Core, *shm.Region) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(toml), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := cfg.CoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	so := cfg.RegionOptions()
+	metrics.Geometry(&so, 8)
+	region := shmtest.Private(t, so)
+	c, err := core.New(region, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, region
 }

@@ -192,23 +192,7 @@ func TestHTTP2SchemeIsTheConnections(t *testing.T) {
 		p := req.Req.Header.Get("X-Forwarded-Proto")
 		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n%s", len(p), p)
 	})
-	cfg, err := config.Parse([]byte(`
-[[cache]]
-path = "/*"
-`), "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := cfg.CoreOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	so := cfg.RegionOptions()
-	metrics.Geometry(&so, 8)
-	c, err := core.New(shmtest.Private(t, so), o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _ := configCore(t, "[[cache]]\npath = \"/*\"\n")
 	addr, conf, _, _ := tlsServerCore(t, c, up.URL(), engine.Limits{}, nil)
 	if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "http", ":authority", "a.example", ":path", "/page"); status != "400" {
 		t.Errorf(":scheme http on TLS: %q %q, want 400", status, body)
