@@ -260,18 +260,36 @@ func (ex *Exchange) lookup() (Verdict, bool) {
 
 // cacheLookup looks key up at now, into ex.cache.buf: an entry longer
 // than streamOver is copied in part, its head (and what of its body fits
-// in headPart, or as much as a longer head is).
+// in headPart, or as much as a longer head is). A head longer than
+// headPart takes a second lookup, which may find another entry (the key's
+// was replaced meanwhile) with a longer head still: that one is looked up
+// again for its own head, a few times at most, and then it is a miss,
+// never an entry cut short, which found would evict as damaged.
 func (ex *Exchange) cacheLookup(key shm.Key, now time.Duration) (shm.CacheFind, error) {
 	tab := ex.c.region.Responses()
 	f, err := tab.CacheLookupPart(key, now, ex.cache.buf[:0], streamOver, headPart)
-	if err != nil || f.Data == nil || len(f.Data) == f.Size {
-		return f, err
-	}
-	if head, ok := httpcache.HeadSize(f.Data); ok && head > len(f.Data) && head <= f.Size {
+	for tries := 0; ; tries++ {
+		if err != nil || f.Data == nil || len(f.Data) == f.Size {
+			return f, err
+		}
+		head, ok := httpcache.HeadSize(f.Data)
+		if !ok || head <= len(f.Data) || head > f.Size {
+			return f, err // the head is whole (or the entry damaged: found evicts it)
+		}
+		if tries == headTries {
+			f.Data = nil // it kept changing
+			return f, err
+		}
+		if testHook != nil {
+			testHook("head")
+		}
 		f, err = tab.CacheLookupPart(key, now, f.Data[:0], streamOver, head)
 	}
-	return f, err
 }
+
+// headTries bounds the lookups of a large entry's head, which a key's
+// entry replaced by one with a longer head each time makes longer.
+const headTries = 4
 
 // wholeEntry makes the entry in ex.cache.ent whole, when the lookup copied
 // its head alone: a fill that may store it again (a 304 refreshes it) or

@@ -60,6 +60,11 @@ type snapKey struct {
 
 var largeCopies snapshots
 
+// testHook, set by this package's tests only, is called at the named
+// moments of a large entry's lookup: "head" between its two lookups (a
+// head over headPart), "copy" as a copy of the entry begins.
+var testHook func(stage string)
+
 type snapshot struct {
 	copied chan struct{} // closed once the entry is copied: the others wait for it
 	data   []byte        // the entry, whole and checked; nil: it changed before its copy

@@ -3,6 +3,7 @@ package core_test
 import (
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/preforkd/preforkd/core"
@@ -115,4 +116,75 @@ func TestCacheStreamedRangeIsTheEntryAsServed(t *testing.T) {
 		t.Errorf("after the range: %v, want io.EOF", err)
 	}
 	ex.Finish(nil)
+}
+
+// drain reads what a streamed answer sends.
+func drain(t *testing.T, st core.BodyStream) []byte {
+	t.Helper()
+	var all []byte
+	for {
+		p, err := st.Next()
+		if err == io.EOF {
+			return all
+		}
+		if err != nil {
+			t.Fatalf("the stream: %v after %d bytes", err, len(all))
+		}
+		all = append(all, p...)
+	}
+}
+
+// A large entry whose head is over headPart (16 KiB) is found in two
+// lookups, the head's length read in the first. One replaced between them
+// by an entry with a longer head is the new entry, served: neither a
+// miss nor an eviction of the good entry another client stored.
+func TestCacheLongHeadReplacedBetweenLookups(t *testing.T) {
+	c, _ := storyCore(t, "")
+	a := &app{t: t}
+	entry := func(pad int, b byte) fakeResp {
+		return fakeResp{status: 200, body: bytes.Repeat([]byte{b}, 100<<10),
+			header: hdr("Cache-Control", "max-age=600", "X-Pad", strings.Repeat("p", pad))}
+	}
+	fillH := func(r fakeResp) {
+		t.Helper()
+		a.resps = append(a.resps, r)
+		serve(c, newReq("GET", "/h", "192.0.2.1", "Host", "h"), a.serve)
+		if r := serve(c, newReq("HEAD", "/h", "192.0.2.1", "Host", "h"), a.serve); r.get("X-Cache") != "HIT" {
+			t.Fatalf("not stored: %d %s", r.status, r.get("X-Cache"))
+		}
+	}
+	fillH(entry(17<<10, 'a'))
+	replaced := false
+	core.SetTestHook(t.Cleanup, func(stage string) {
+		if stage != "head" || replaced {
+			return
+		}
+		replaced = true
+		// Another client's: an unsafe request invalidates /h, and the
+		// next GET stores it again, with a longer head.
+		a.resps = append(a.resps, fakeResp{status: 200})
+		serve(c, newReq("POST", "/h", "192.0.2.1", "Host", "h"), a.serve)
+		fillH(entry(20<<10, 'b'))
+	})
+	ex := c.Begin(newReq("GET", "/h", "192.0.2.1", "Host", "h"))
+	v := decideNow(ex)
+	if !replaced {
+		t.Fatal("the hook did not run: no second lookup")
+	}
+	if v != core.Respond {
+		ex.Finish(nil)
+		t.Fatalf("the entry replaced between the lookups: %v (a miss), want the new entry served", v)
+	}
+	resp := ex.Response()
+	got := answerOf(resp)
+	if got.status != 200 || got.get("X-Cache") != "HIT" || len(got.get("X-Pad")) != 20<<10 || resp.Stream == nil {
+		t.Fatalf("served: %d %s, X-Pad of %d bytes, streamed %v; want the new entry", got.status, got.get("X-Cache"), len(got.get("X-Pad")), resp.Stream != nil)
+	}
+	if body := drain(t, resp.Stream); !bytes.Equal(body, entry(0, 'b').body) {
+		t.Errorf("the body: %d bytes, not the new entry's", len(body))
+	}
+	ex.Finish(nil)
+	if r := serve(c, newReq("HEAD", "/h", "192.0.2.1", "Host", "h"), a.serve); r.get("X-Cache") != "HIT" {
+		t.Errorf("the new entry after the lookup: %d %s, want a HIT (it was evicted)", r.status, r.get("X-Cache"))
+	}
 }
