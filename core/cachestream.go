@@ -66,38 +66,61 @@ var largeCopies snapshots
 var testHook func(stage string)
 
 type snapshot struct {
-	copied chan struct{} // closed once the entry is copied: the others wait for it
+	copied chan struct{} // closed once a copy is published: the waiters wait for it
+	done   bool          // a copy is published in data (snapshots.mu)
 	data   []byte        // the entry, whole and checked; nil: it changed before its copy
 	refs   int
 }
 
 // get returns the copy of the entry tk names, copied out of tab first
-// when no stream of this worker holds one (once: a stream that comes
-// meanwhile waits for that copy rather than make its own, so that a burst
-// of readers of one entry holds one copy); nil when it changed since tk.
-func (ss *snapshots) get(tab *shm.Responses, tk shm.Ticket) *snapshot {
+// when no stream of this worker holds one. A stream that comes while
+// another goroutine copies it waits for that copy when it may (wait: a
+// goroutine of its own), so that a burst of readers of one entry holds
+// one copy. One that may not (an event loop's, whose other connections
+// would stall behind another goroutine's copy, however long that one is
+// held up) makes a copy of its own, as it would were it the first: its
+// loop waits for its own work only. The first copy done is the one
+// published and shared; the other is dropped at once, so what a loop
+// spends on it is memory for a moment, an entry at most per loop. nil
+// when the entry changed since tk.
+func (ss *snapshots) get(tab *shm.Responses, tk shm.Ticket, wait bool) *snapshot {
 	key := snapKey{tab, tk}
 	ss.mu.Lock()
 	if ss.m == nil {
 		ss.m = map[snapKey]*snapshot{}
 	}
 	sn := ss.m[key]
-	if sn != nil {
-		sn.refs++
-		ss.mu.Unlock()
-		<-sn.copied
-	} else {
-		sn = &snapshot{refs: 1, copied: make(chan struct{})}
+	mine := sn == nil || !sn.done && !wait // copied here
+	if sn == nil {
+		sn = &snapshot{copied: make(chan struct{})}
 		ss.m[key] = sn
-		ss.mu.Unlock()
-		sn.data, _ = tab.CacheCopy(tk, nil)
-		close(sn.copied)
+	}
+	sn.refs++
+	ss.mu.Unlock()
+	if mine {
+		if testHook != nil {
+			testHook("copy")
+		}
+		data, _ := tab.CacheCopy(tk, nil)
+		ss.publish(sn, data)
+	} else {
+		<-sn.copied
 	}
 	if sn.data == nil {
 		ss.put(key, sn)
 		return nil
 	}
 	return sn
+}
+
+// publish makes data sn's copy, unless another was published first.
+func (ss *snapshots) publish(sn *snapshot, data []byte) {
+	ss.mu.Lock()
+	if !sn.done {
+		sn.data, sn.done = data, true
+		close(sn.copied)
+	}
+	ss.mu.Unlock()
 }
 
 // put ends a stream's hold of sn, the copy of key's entry.
@@ -201,7 +224,7 @@ func (ex *Exchange) copyEntry() (*cacheStream, bool) {
 	s := cacheStreams.Get().(*cacheStream)
 	*s = cacheStream{c: ex.c, tk: ex.cache.entryTk}
 	ex.cache.stream = s
-	s.snap = largeCopies.get(ex.c.region.Responses(), s.tk)
+	s.snap = largeCopies.get(ex.c.region.Responses(), s.tk, !ex.nowait)
 	return s, s.snap != nil && len(s.snap.data) >= e.BodyAt+e.BodySize
 }
 

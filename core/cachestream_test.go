@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"io"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/core"
 )
@@ -186,5 +189,70 @@ func TestCacheLongHeadReplacedBetweenLookups(t *testing.T) {
 	ex.Finish(nil)
 	if r := serve(c, newReq("HEAD", "/h", "192.0.2.1", "Host", "h"), a.serve); r.get("X-Cache") != "HIT" {
 		t.Errorf("the new entry after the lookup: %d %s, want a HIT (it was evicted)", r.status, r.get("X-Cache"))
+	}
+}
+
+// An event loop decides with NoWait: its other connections wait while it
+// decides. One that meets a large entry another goroutine of its worker
+// is copying makes a copy of its own rather than wait for that one (held
+// here by the test hook): it is answered while the other copy is still
+// being made, and so is the other, from its copy, once done.
+func TestCacheLoopNeverWaitsForAnotherCopy(t *testing.T) {
+	c, _ := storyCore(t, "")
+	a := &app{t: t}
+	body := bytes.Repeat([]byte("0123456789abcdef"), 9<<10) // 144 KiB: streamed
+	a.resps = append(a.resps, fakeResp{status: 200, body: body, header: hdr("Cache-Control", "max-age=600")})
+	serve(c, newReq("GET", "/big", "192.0.2.1", "Host", "h"), a.serve)
+
+	held, release := make(chan struct{}), make(chan struct{})
+	var copies atomic.Int32
+	core.SetTestHook(t.Cleanup, func(stage string) {
+		if stage == "copy" && copies.Add(1) == 1 {
+			close(held)
+			<-release
+		}
+	})
+	released := sync.OnceFunc(func() { close(release) })
+	defer released()
+
+	// A goroutine of the worker (a net/http connection's) copies first,
+	// and is held there.
+	first := make(chan []byte, 1)
+	go func() {
+		ex := c.Begin(newReq("GET", "/big", "192.0.2.1", "Host", "h"))
+		var got []byte
+		if ex.Decide() == core.Respond && ex.Response().Stream != nil {
+			got = drain(t, ex.Response().Stream)
+		}
+		ex.Finish(nil)
+		first <- got
+	}()
+	<-held
+
+	// The loop's request meanwhile.
+	done := make(chan core.Verdict, 1)
+	ex := c.Begin(newReq("GET", "/big", "192.0.2.1", "Host", "h"))
+	go func() {
+		ex.NoWait(true)
+		done <- ex.Decide()
+	}()
+	select {
+	case v := <-done:
+		resp := ex.Response()
+		if v != core.Respond || resp.Stream == nil {
+			t.Fatalf("the loop's request: %v, streamed %v; want the entry", v, resp.Stream != nil)
+		}
+		if got := drain(t, resp.Stream); !bytes.Equal(got, body) {
+			t.Errorf("the loop's copy: %d bytes, not the entry's", len(got))
+		}
+	case <-time.After(10 * time.Second):
+		released()
+		<-done
+		t.Fatal("the loop's request waited for another goroutine's copy of the entry: its loop stalled")
+	}
+	ex.Finish(nil)
+	released()
+	if got := <-first; !bytes.Equal(got, body) {
+		t.Errorf("the first copy's request: %d bytes, not the entry's", len(got))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -513,6 +514,53 @@ func TestCacheLargeEntryAnswers(t *testing.T) {
 		resp, body = roundTrip(t, conn, br, "GET /sie HTTP/1.1\r\nHost: a\r\n\r\n")
 		if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "STALE" || !bytes.Equal(body, bigBody("/sie", size)) {
 			t.Errorf("stale-if-error: %d %s, %d bytes", resp.StatusCode, resp.Header.Get("X-Cache"), len(body))
+		}
+	})
+}
+
+// Clients that ask for a large cached entry at once each get it whole:
+// those whose connection's goroutine (net/http's, fasthttp's) meets the
+// worker's copy of it being made wait for that copy; those of an event
+// loop make their own rather than stall the loop's other connections, and
+// the copy done first is the one shared.
+func TestCacheLargeHitBurstIsExact(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		const size, clients = 2<<20 + 3, 8
+		up := bigUpstream(t, size)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: bigCacheCore(t, 8)})
+		want := bigBody("/b", size)
+		fill(t, r.Addr, "/b", want)
+		for range 3 { // the copy goes with the last reader of each burst
+			errs := make(chan string, clients)
+			for range clients {
+				go func() {
+					c, err := net.Dial("tcp", r.Addr)
+					if err != nil {
+						errs <- err.Error()
+						return
+					}
+					defer c.Close()
+					c.SetDeadline(time.Now().Add(20 * time.Second))
+					io.WriteString(c, "GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
+					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+					if err != nil {
+						errs <- err.Error()
+						return
+					}
+					body, err := io.ReadAll(resp.Body)
+					if resp.StatusCode != 200 || resp.Header.Get("X-Cache") != "HIT" || err != nil || !bytes.Equal(body, want) {
+						errs <- fmt.Sprintf("%d %s, %d bytes (%v), equal %v", resp.StatusCode, resp.Header.Get("X-Cache"), len(body), err, bytes.Equal(body, want))
+						return
+					}
+					errs <- ""
+				}()
+			}
+			for range clients {
+				if msg := <-errs; msg != "" {
+					t.Error(msg)
+				}
+			}
 		}
 	})
 }
