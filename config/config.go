@@ -265,6 +265,10 @@ type TLS struct {
 	// server.listen's (a container's port mapping, a load balancer's);
 	// 0 means server.listen's port. 0..65535.
 	RedirectPort int `toml:"redirect_port"`
+	// cleartextSet and redirectPortSet say that the file writes
+	// cleartext and redirect_port, for Warnings: either written without
+	// a cleartext_listen does nothing.
+	cleartextSet, redirectPortSet bool
 	// Tickets is the secret the supervisor draws at start, from which
 	// every worker derives the ticket keys: handed to the workers with
 	// the configuration, in memory; never in a file or a dump.

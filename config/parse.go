@@ -90,6 +90,10 @@ func Parse(data []byte, name string) (Config, error) {
 		return Config{}, decodeError(name, err) // the shape check let through what the decoder refuses
 	}
 	c.windowSeconds(tree)
+	if t, ok := tree["tls"].(map[string]any); ok {
+		_, c.TLS.cleartextSet = t["cleartext"]
+		_, c.TLS.redirectPortSet = t["redirect_port"]
+	}
 	c.check(r)
 	if err := r.first(); err != nil {
 		return Config{}, err

@@ -22,9 +22,26 @@ import (
 //   - An override by key on a rule whose key has no value it could match
 //     (by "ip" or "global"; by "path" for a key that is not a path): the
 //     override never applies, and its clients get the rule's limit.
+//   - tls.cleartext or tls.redirect_port written without a
+//     tls.cleartext_listen, or redirect_port beside cleartext = "serve":
+//     there is no cleartext port, or it redirects nothing, and the key
+//     does nothing.
 func (c Config) Warnings() []string {
 	c = c.WithDefaults()
 	var out []string
+	if t := c.TLS; t.CleartextListen == "" {
+		for _, k := range []struct {
+			set  bool
+			name string
+		}{{t.cleartextSet, "cleartext"}, {t.redirectPortSet, "redirect_port"}} {
+			if k.set {
+				out = append(out, "tls."+k.name+" has no effect without tls.cleartext_listen: no cleartext port is opened; "+
+					`set cleartext_listen (e.g. ":80") beside a [[tls.certificate]], or remove the key`)
+			}
+		}
+	} else if t.redirectPortSet && t.Cleartext == CleartextServe {
+		out = append(out, `tls.redirect_port has no effect with cleartext = "serve": the cleartext_listen port serves requests and redirects none; remove the key, or set cleartext = "redirect"`)
+	}
 	if len(c.Server.TrustedProxies) == 0 {
 		var names []string
 		for _, rl := range c.RateLimits {

@@ -333,3 +333,39 @@ func TestCleartextSocketActivationE2E(t *testing.T) {
 	}
 	d.stop()
 }
+
+// tls.cleartext and tls.redirect_port do nothing without a
+// cleartext_listen, and redirect_port nothing when the cleartext port
+// serves: check warns of each, and stays quiet when they take effect.
+func TestCleartextNoEffectWarning(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	cert, key := ca.Files(t, t.TempDir(), "a", "a.example")
+	tlsConf := func(keys string) string {
+		return baseServer(2, "") + fmt.Sprintf("\n[tls]\n%s\n[[tls.certificate]]\ncert = %q\nkey = %q\n", keys, cert, key)
+	}
+	clear := "cleartext_listen = \"127.0.0.1:0\"\n"
+	for _, tc := range []struct {
+		name, cfg string
+		want      []string // substrings of the warnings, one each
+	}{
+		{"serve, no listener", tlsConf(`cleartext = "serve"`), []string{"tls.cleartext has no effect"}},
+		{"redirect, no listener", tlsConf(`cleartext = "redirect"`), []string{"tls.cleartext has no effect"}},
+		{"redirect_port, no listener", tlsConf(`redirect_port = 8443`), []string{"tls.redirect_port has no effect"}},
+		{"both, no tls", baseServer(2, "") + "\n[tls]\ncleartext = \"serve\"\nredirect_port = 8443\n",
+			[]string{"tls.cleartext has no effect", "tls.redirect_port has no effect"}},
+		{"redirect_port, serving", tlsConf(clear + "cleartext = \"serve\"\nredirect_port = 8443"), []string{"tls.redirect_port has no effect"}},
+		{"redirect with listener", tlsConf(clear + "cleartext = \"redirect\"\nredirect_port = 8443"), nil},
+		{"serve with listener", tlsConf(clear + `cleartext = "serve"`), nil},
+	} {
+		code, _, stderr := runBinary(t, "check", "-config", writeConfig(t, tc.cfg))
+		if n := strings.Count(stderr, "preforkd check: warning: "); code != 0 || n != len(tc.want) {
+			t.Errorf("%s: exit %d, %d warnings, stderr:\n%s\nwant exit 0 and %d", tc.name, code, n, stderr, len(tc.want))
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr, w) || !strings.Contains(stderr, "cleartext_listen") {
+				t.Errorf("%s: stderr lacks %q:\n%s", tc.name, w, stderr)
+			}
+		}
+	}
+}
