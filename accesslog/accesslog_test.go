@@ -22,7 +22,7 @@ func entry() *core.AccessEntry {
 	return &core.AccessEntry{
 		Time: at, Client: netip.MustParseAddr("192.0.2.7"), Method: "GET", Path: "/a", Query: "b=1",
 		Proto: "HTTP/1.1", Status: 200, Bytes: 2326, Duration: 4211 * time.Microsecond, Upstream: 3105 * time.Microsecond,
-		Cache: "MISS", RequestID: []byte("5f0c"), UserAgent: "curl/8.5.0", Worker: 2,
+		Cache: "MISS", RequestID: []byte("5f0c"), UserAgent: "curl/8.5.0", Worker: 2, Scheme: "https",
 	}
 }
 
@@ -52,7 +52,7 @@ func TestFormats(t *testing.T) {
 	refused.Status, refused.Bytes, refused.Upstream, refused.Rule, refused.Cache, refused.UserAgent = 429, 187, -1, "login", "", ""
 	odd := entry()
 	odd.Path, odd.Query, odd.UserAgent, odd.Referer, odd.RequestID = `/q"\`, "", "a\x01é", "https://x/", nil
-	odd.Client = netip.Addr{}
+	odd.Client, odd.Scheme = netip.Addr{}, ""
 	absolute := entry() // the target as sent stands for Path and Query
 	absolute.Target = `http://h/a?b="1"`
 	for _, tt := range []struct {
@@ -61,21 +61,21 @@ func TestFormats(t *testing.T) {
 		want string
 	}{
 		{accesslog.Combined, entry(),
-			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET /a?b=1 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2` + "\n"},
+			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET /a?b=1 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2 scheme=https` + "\n"},
 		{accesslog.Combined, refused,
-			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET /a?b=1 HTTP/1.1" 429 187 "-" "-" request_id=5f0c request_time=0.004 upstream_time=- rule=login cache=- worker=2` + "\n"},
+			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET /a?b=1 HTTP/1.1" 429 187 "-" "-" request_id=5f0c request_time=0.004 upstream_time=- rule=login cache=- worker=2 scheme=https` + "\n"},
 		{accesslog.Combined, odd,
-			`- - - [10/Oct/2026:13:55:36 +0200] "GET /q\x22\x5C HTTP/1.1" 200 2326 "https://x/" "a\x01\xC3\xA9" request_id=- request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2` + "\n"},
+			`- - - [10/Oct/2026:13:55:36 +0200] "GET /q\x22\x5C HTTP/1.1" 200 2326 "https://x/" "a\x01\xC3\xA9" request_id=- request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2 scheme=-` + "\n"},
 		{accesslog.Combined, absolute,
-			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET http://h/a?b=\x221\x22 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2` + "\n"},
+			`192.0.2.7 - - [10/Oct/2026:13:55:36 +0200] "GET http://h/a?b=\x221\x22 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2 scheme=https` + "\n"},
 		{accesslog.JSON, absolute,
-			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"http://h/a?b=\"1\"","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c","worker":2,"referer":null,"user_agent":"curl/8.5.0"}` + "\n"},
+			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"http://h/a?b=\"1\"","protocol":"HTTP/1.1","scheme":"https","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c","worker":2,"referer":null,"user_agent":"curl/8.5.0"}` + "\n"},
 		{accesslog.JSON, entry(),
-			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c","worker":2,"referer":null,"user_agent":"curl/8.5.0"}` + "\n"},
+			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","scheme":"https","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c","worker":2,"referer":null,"user_agent":"curl/8.5.0"}` + "\n"},
 		{accesslog.JSON, refused,
-			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","status":429,"bytes":187,"duration":0.004211,"upstream_time":null,"rule":"login","cache":null,"request_id":"5f0c","worker":2,"referer":null,"user_agent":null}` + "\n"},
+			`{"time":"2026-10-10T13:55:36.123+02:00","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","scheme":"https","status":429,"bytes":187,"duration":0.004211,"upstream_time":null,"rule":"login","cache":null,"request_id":"5f0c","worker":2,"referer":null,"user_agent":null}` + "\n"},
 		{accesslog.JSON, odd,
-			`{"time":"2026-10-10T13:55:36.123+02:00","client":null,"method":"GET","target":"/q\"\\","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":null,"worker":2,"referer":"https://x/","user_agent":"a\u0001\u00c3\u00a9"}` + "\n"},
+			`{"time":"2026-10-10T13:55:36.123+02:00","client":null,"method":"GET","target":"/q\"\\","protocol":"HTTP/1.1","scheme":null,"status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":null,"worker":2,"referer":"https://x/","user_agent":"a\u0001\u00c3\u00a9"}` + "\n"},
 	} {
 		l, path := memLog(t, tt.f)
 		l.Log(tt.e)

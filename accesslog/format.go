@@ -17,18 +17,19 @@ const (
 	// fields, so that every tool that reads nginx's logs reads these),
 	// followed by preforkd's fields as key=value pairs:
 	//
-	//	192.0.2.7 - - [10/Oct/2026:13:55:36 +0000] "GET /a?b=1 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c… request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2
+	//	192.0.2.7 - - [10/Oct/2026:13:55:36 +0000] "GET /a?b=1 HTTP/1.1" 200 2326 "-" "curl/8.5.0" request_id=5f0c… request_time=0.004 upstream_time=0.003 rule=- cache=MISS worker=2 scheme=http
 	//
 	// The request's target is the one the client sent, an absolute-form
 	// "http://host/p?q" whole (nginx's $request). Times are in seconds
 	// with millisecond precision; "-" is a value that is not there
 	// (upstream_time when the request never reached the application, rule when none refused it, cache when no block applied,
-	// request_id when ids are off). Bytes that are not printable ASCII,
+	// request_id when ids are off). scheme is the listener's, http or
+	// https: with a cleartext port beside TLS, which one. Bytes that are not printable ASCII,
 	// '"' and '\' are written as \xHH, as nginx does.
 	Combined Format = iota
 	// JSON is one object per line:
 	//
-	//	{"time":"2026-10-10T13:55:36.123Z","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c…","worker":2,"referer":null,"user_agent":"curl/8.5.0"}
+	//	{"time":"2026-10-10T13:55:36.123Z","client":"192.0.2.7","method":"GET","target":"/a?b=1","protocol":"HTTP/1.1","scheme":"http","status":200,"bytes":2326,"duration":0.004211,"upstream_time":0.003105,"rule":null,"cache":"MISS","request_id":"5f0c…","worker":2,"referer":null,"user_agent":"curl/8.5.0"}
 	//
 	// target is as in Combined. Durations are seconds (numbers,
 	// microsecond precision); a value that is not there is null.
@@ -109,6 +110,8 @@ func (l *Log) appendCombined(dst []byte, e *core.AccessEntry) []byte {
 	dst = appendOrDash(dst, e.Cache)
 	dst = append(dst, " worker="...)
 	dst = strconv.AppendInt(dst, int64(e.Worker), 10)
+	dst = append(dst, " scheme="...)
+	dst = appendOrDash(dst, e.Scheme)
 	return append(dst, '\n')
 }
 
@@ -172,6 +175,8 @@ func appendJSON(dst []byte, e *core.AccessEntry) []byte {
 	}
 	dst = append(dst, `","protocol":`...)
 	dst = jsonstring.Append(dst, e.Proto, jsonstring.Latin1)
+	dst = append(dst, `,"scheme":`...)
+	dst = appendJSONOrNull(dst, e.Scheme)
 	dst = append(dst, `,"status":`...)
 	dst = strconv.AppendInt(dst, int64(e.Status), 10)
 	dst = append(dst, `,"bytes":`...)

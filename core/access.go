@@ -41,6 +41,10 @@ type AccessEntry struct {
 	// "HTTP/2.0"; the engine's request view may say it, see Protocol),
 	// else "HTTP/1.1".
 	Proto string
+	// Scheme is the scheme of the listener the request came on, "http"
+	// or "https" (the engine's request view may say it, see Scheme):
+	// with a cleartext port beside a TLS one, which of the two it was.
+	Scheme string
 	// Status is the status sent.
 	Status int
 	// Bytes counts the body bytes sent (nginx's $body_bytes_sent): the
@@ -75,6 +79,12 @@ type Protocol interface {
 	Proto() string
 }
 
+// Scheme is what a request view may implement to give the access log
+// its listener's scheme ("https"); one that does not is logged as http.
+type Scheme interface {
+	Scheme() string
+}
+
 // RequestTarget is what a request view may implement to give the access
 // log the request target as sent (an absolute-form one whole), which
 // Path, without the authority, does not say.
@@ -106,6 +116,7 @@ func (ex *Exchange) logAccess(elapsed time.Duration) {
 		Path:      ex.req.Path(),
 		Query:     ex.req.Query(),
 		Proto:     "HTTP/1.1",
+		Scheme:    "http",
 		Status:    ex.status,
 		Bytes:     ex.sent + ex.ownBodySent(),
 		Duration:  elapsed,
@@ -115,6 +126,9 @@ func (ex *Exchange) logAccess(elapsed time.Duration) {
 	}
 	if p, ok := ex.req.(Protocol); ok {
 		e.Proto = p.Proto()
+	}
+	if s, ok := ex.req.(Scheme); ok {
+		e.Scheme = s.Scheme()
 	}
 	if t, ok := ex.req.(RequestTarget); ok {
 		e.Target = t.Target()

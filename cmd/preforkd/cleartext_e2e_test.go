@@ -369,3 +369,37 @@ func TestCleartextNoEffectWarning(t *testing.T) {
 		}
 	}
 }
+
+// The access log says which port a request came on: the cleartext
+// port's redirect is logged with scheme=http, the TLS port's request
+// with scheme=https.
+func TestCleartextAccessLogScheme(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "access.log")
+	cd := startClearDaemon(t, "redirect", "", fmt.Sprintf("\n[log]\naccess = %q\n", path))
+	tlsc, plain := cd.clients(t)
+	req, _ := http.NewRequest("GET", "http://"+cd.clear+"/onclear", nil)
+	req.Host = "a.example"
+	if resp, err := plain.Do(req); err != nil || resp.StatusCode != 308 {
+		t.Fatalf("cleartext port: %v %v, want 308", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if r := get(tlsc, "https://"+cd.addr+"/ontls"); r.status != 200 {
+		t.Fatalf("TLS port: %d %v", r.status, r.err)
+	}
+	want := map[string]string{"GET /onclear ": " scheme=http", "GET /ontls ": " scheme=https"}
+	for _, l := range accessLines(t, path, 2, 5*time.Second) {
+		for req, scheme := range want {
+			if strings.Contains(l, req) {
+				if !strings.HasSuffix(l, scheme) {
+					t.Errorf("logged %q, want it to end with %q", l, scheme)
+				}
+				delete(want, req)
+			}
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("no line for %v", want)
+	}
+}

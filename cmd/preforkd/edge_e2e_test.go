@@ -136,11 +136,12 @@ func TestAccessLogE2E(t *testing.T) {
 						Client    string  `json:"client"`
 						Target    string  `json:"target"`
 						Worker    *int    `json:"worker"`
+						Scheme    string  `json:"scheme"`
 						UserAgent string  `json:"user_agent"`
 						Duration  float64 `json:"duration"`
 					}
 					if err := json.Unmarshal([]byte(l), &e); err != nil || e.Client != "127.0.0.1" || !strings.HasPrefix(e.Target, "/limited?i=") ||
-						e.Worker == nil || e.UserAgent != "e2e/1" {
+						e.Worker == nil || e.UserAgent != "e2e/1" || e.Scheme != "http" {
 						t.Errorf("line %s: %v", l, err)
 					}
 					id, status = e.RequestID, strconv.Itoa(e.Status)
@@ -204,7 +205,7 @@ func TestAccessLogE2E(t *testing.T) {
 // combinedLine is nginx's combined format and preforkd's fields after it:
 // status, request id and rule are captured.
 var combinedLine = regexp.MustCompile(`^127\.0\.0\.1 - - \[\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "GET /limited\?i=\d HTTP/1\.1" (\d{3}) (\d+) "-" "e2e/1" ` +
-	`request_id=(\S+) request_time=\d+\.\d{3} upstream_time=(?:\d+\.\d{3}|-) rule=(\S+) cache=- worker=\d+$`)
+	`request_id=(\S+) request_time=\d+\.\d{3} upstream_time=(?:\d+\.\d{3}|-) rule=(\S+) cache=- worker=\d+ scheme=http$`)
 
 // QUIT drains and dumps as TERM does (Go's default would dump the
 // goroutines' stacks and exit at once, losing the counts); the counts

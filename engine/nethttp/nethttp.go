@@ -400,6 +400,9 @@ func (q *request) Method() string { return q.r.Method }
 // Proto is the request's protocol, for the access log ("HTTP/2.0").
 func (q *request) Proto() string { return q.r.Proto }
 
+// Scheme implements core.Scheme, for the access log: https on TLS.
+func (q *request) Scheme() string { return ownScheme(q.r) }
+
 // Path is the path as sent: from the request line where the server kept
 // it (after the authority of an absolute-form target), else re-encoded
 // from the URL.

@@ -599,3 +599,40 @@ func TestEdgeRefusesWhatCannotServe(t *testing.T) {
 		t.Errorf("a second Server on one Edge: %v, want an error that says to build one with tlsedge.New for each", err)
 	}
 }
+
+// accessFunc is a core.AccessLog that calls itself.
+type accessFunc func(e *core.AccessEntry)
+
+func (f accessFunc) Log(e *core.AccessEntry) { f(e) }
+
+// The access log entry of a request over TLS says https, over HTTP/1.1
+// and HTTP/2 alike: the operator tells it from the cleartext port's.
+func TestAccessEntrySchemeHTTPS(t *testing.T) {
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	o := shm.Options{Counters: 64}
+	metrics.Geometry(&o, 8)
+	lines := make(chan core.AccessEntry, 4)
+	c, err := core.New(shmtest.Private(t, o), core.Options{AccessLog: accessFunc(func(e *core.AccessEntry) { lines <- *e })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, conf, _, _ := tlsServerCore(t, c, up, engine.Limits{}, nil)
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}, Timeout: 10 * time.Second}
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 10 * time.Second}
+	for name, cl := range map[string]*http.Client{"HTTP/1.1": h1, "HTTP/2.0": h2} {
+		resp, err := cl.Get("https://" + addr + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		select {
+		case l := <-lines:
+			if l.Scheme != "https" || l.Proto != name {
+				t.Errorf("%s: logged %s with scheme %q, want https", name, l.Proto, l.Scheme)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no access log entry within 5 s", name)
+		}
+	}
+}
