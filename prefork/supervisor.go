@@ -763,7 +763,14 @@ func (s *supervisor) refuseReload(level slog.Level, lastError, msg string, attrs
 // replacing the workers with ones that run it.
 func (s *supervisor) reload() {
 	if s.draining {
-		s.log.Warn("reload ignored: draining")
+		// Refused and counted as any refused reload, so that /metrics
+		// and /status say the HUP did not happen; no READY=1: the
+		// instance is stopping.
+		s.reloads.Last = s.env.now()
+		s.reloads.Refused++
+		s.reloads.LastError = "draining"
+		s.publish()
+		s.log.Warn("reload refused: draining; the running configuration is kept until the workers exit")
 		return
 	}
 	if s.announced {

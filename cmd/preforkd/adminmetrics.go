@@ -81,7 +81,7 @@ func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
 
 	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload, the running one's again after an aborted reload.")
 	t.Uint("preforkd_reload_generation", uint64(st.Generation))
-	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load; the running configuration was kept).")
+	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load, or an upgrade or a drain was under way; the running configuration was kept).")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Accepted), "result", "accepted")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Refused), "result", "refused")
 	// Aborted reloads were accepted first: a counter of their own, so

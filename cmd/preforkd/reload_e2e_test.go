@@ -8,6 +8,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -71,5 +72,36 @@ func TestSignalsAtStartE2E(t *testing.T) {
 			}
 			d.stop()
 		}))
+	}
+}
+
+// A HUP that arrives during a drain is refused, and counted so: the
+// running configuration is kept until the workers exit, and /metrics
+// says the reload asked for did not happen (preforkd_reloads_total
+// refused, preforkd_reload_last_success 0), as for any refused reload.
+func TestReloadDuringDrainCountedRefusedE2E(t *testing.T) {
+	t.Parallel()
+	cfg := strings.Replace(baseServer(1, `drain_delay = "3s"`), "[table]", "[admin]\nlisten = \"ADMIN_ADDR\"\n\n[table]", 1)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	admin := newClient(t, nil, false)
+	from := d.logs.len()
+	d.signal(syscall.SIGTERM)
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, msgIs("drain begun")); !ok {
+		t.Fatal("no drain begun")
+	}
+	d.signal(syscall.SIGHUP)
+	if _, _, ok := d.logs.waitFor(from, 5*time.Second, func(l logLine) bool { return strings.HasPrefix(l.msg(), "reload refused: draining") }); !ok {
+		t.Fatal("no line of the HUP refused")
+	}
+	m := scrapeMetrics(t, admin, d.admin).samples
+	if _, _, over := d.logs.waitFor(from, 0, msgIs("drain delay over")); over {
+		t.Fatal("the delay ended before the scrape: the machine is too slow for this test")
+	}
+	if m[`preforkd_reloads_total{result="refused"}`] != 1 || m[`preforkd_reloads_total{result="accepted"}`] != 0 || m["preforkd_reload_last_success"] != 0 {
+		t.Errorf("after a HUP during the drain: reloads refused %v, accepted %v, last success %v; want 1, 0, 0",
+			m[`preforkd_reloads_total{result="refused"}`], m[`preforkd_reloads_total{result="accepted"}`], m["preforkd_reload_last_success"])
+	}
+	if code, ok := d.wait(15 * time.Second); !ok || code != 0 {
+		t.Fatalf("exit %v %d, want 0", ok, code)
 	}
 }
