@@ -9,7 +9,9 @@ import (
 type Status struct {
 	// Generation numbers the running configuration: 0 at start, the next
 	// one at each accepted reload, the last good one again after a reload
-	// is aborted (Reloads counts the reloads).
+	// is aborted (Reloads counts the reloads). While a canary is judged
+	// it is the configuration the other workers serve, until the canary
+	// passes: Canary.Generation is the canary's.
 	Generation int
 	// Settings are the running settings (with defaults), the ones
 	// workers of Generation run; Settings.Config is the program's
@@ -86,8 +88,12 @@ func (w WorkerStatus) State() string {
 
 // status takes the snapshot.
 func (s *supervisor) status() Status {
+	running := generation{s.gen, s.cfg}
+	if s.canary != nil {
+		running = s.good // the reload is on trial: the fleet's stands
+	}
 	st := Status{
-		Generation: s.gen, Settings: s.cfg, Draining: s.draining,
+		Generation: running.gen, Settings: running.cfg, Draining: s.draining,
 		Ready:   !s.draining && s.announced && !s.reloading && s.filled(),
 		Crashes: s.crashes, Reloads: s.reloads, Recycled: s.recycled,
 	}

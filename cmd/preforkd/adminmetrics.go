@@ -79,7 +79,7 @@ func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
 	t.Family("preforkd_draining", "gauge", "1 from the moment a graceful shutdown began.")
 	t.Uint("preforkd_draining", b2u(st.Draining))
 
-	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload, the running one's again after an aborted reload.")
+	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload (once its canary passed), the running one's again after an aborted reload.")
 	t.Uint("preforkd_reload_generation", uint64(st.Generation))
 	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load, or an upgrade or a drain was under way; the running configuration was kept).")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Accepted), "result", "accepted")

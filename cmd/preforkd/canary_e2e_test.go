@@ -453,3 +453,59 @@ func recycledExits(d *daemon) []logLine {
 	}
 	return out
 }
+
+// While a canary is judged, /status and the admin actions follow the
+// running configuration, the one every worker but the canary serves: the
+// generation and rules are its, a key of a rule the reload drops can
+// still be inspected. The canary is shown apart (canary.generation, its
+// worker's). Once it passes, the new configuration is the running one.
+func TestCanaryStatusShowsRunningConfig(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef-canary-token"
+	base := strings.Replace(baseServer(2, ""), shortCanary, `canary_window = "3s"`, 1) + adminSection +
+		fmt.Sprintf("token_file = %q\n", writeToken(t, 0o600, token))
+	d := startDaemon(t, daemonOptions{config: base + rule("old", "/old", "gcra", 5, "1h"), admin: true})
+	admin := newClient(t, nil, false)
+	type statusView struct {
+		Generation int
+		Rules      []struct{ Name string }
+		Canary     *struct {
+			Generation int
+			Verdict    string
+		}
+	}
+	look := func(when string, gen int, rule string) {
+		t.Helper()
+		r := get(admin, "http://"+d.admin+"/status")
+		var st statusView
+		if err := json.Unmarshal(r.body, &st); r.status != 200 || err != nil {
+			t.Fatalf("%s: /status %d %v", when, r.status, err)
+		}
+		if st.Generation != gen || len(st.Rules) != 1 || st.Rules[0].Name != rule {
+			t.Errorf("%s: /status generation %d rules %+v, want %d [%s]", when, st.Generation, st.Rules, gen, rule)
+		}
+		h := http.Header{"Authorization": {"Bearer " + token}}
+		if r := do(admin, "GET", "http://"+d.admin+"/ratelimit/"+rule+"?key=192.0.2.7", h); r.status != 200 {
+			t.Errorf("%s: GET /ratelimit/%s: %d %s, want 200", when, rule, r.status, r.body)
+		}
+	}
+	look("before the reload", 0, "old")
+
+	from := reloadTo(d, base+rule("new", "/new", "gcra", 5, "1h"))
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("canary ready: judging it")); !ok {
+		t.Fatal("no canary ready")
+	}
+	look("while the canary is judged", 0, "old")
+	r := get(admin, "http://"+d.admin+"/status")
+	var st statusView
+	json.Unmarshal(r.body, &st)
+	if _, _, judged := d.logs.waitFor(from, 0, func(l logLine) bool { return l.get("verdict") != "" }); judged {
+		t.Fatal("the canary was judged before the checks: the machine is too slow for this test")
+	}
+	if st.Canary == nil || st.Canary.Generation != 1 || st.Canary.Verdict != "" {
+		t.Errorf("while the canary is judged: /status canary %+v, want generation 1 without a verdict", st.Canary)
+	}
+
+	waitReloaded(t, d, from, 20*time.Second)
+	look("after the reload", 1, "new")
+}
