@@ -312,6 +312,16 @@ func checkHead(br *bufio.Reader) (closes bool, idleFor time.Duration, coding []b
 				// CRLF CRLF: the section is whole.
 				var fields [32]engine.Field
 				h, err := engine.ParseResponseHead(b[:i+1], fields[:0])
+				if err == nil && h.Minor > 1 {
+					// A higher minor version is HTTP/1.1 (RFC 9112
+					// §2.3), as the other engines read it; fasthttp
+					// takes it for HTTP/1.0, drops its
+					// Transfer-Encoding and closes. Its status line
+					// is rewritten where fasthttp reads it, in br's
+					// buffer: the client gets a status line of the
+					// server's own.
+					b[7] = '1'
+				}
 				return h.Close, h.IdleFor, codings(&h), err
 			}
 		}
