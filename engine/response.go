@@ -32,6 +32,7 @@ var (
 	ErrRespUnasked  = errors.New("the upstream switched protocols unasked")
 	ErrRespCoding   = errors.New("a response transfer coding other than chunked alone")
 	ErrRespStray    = errors.New("the upstream sent bytes past the end of its response")
+	ErrRespSwitch   = errors.New("a 101 response without Upgrade")
 )
 
 // Span is a piece of a head, as offsets into it.
@@ -73,7 +74,8 @@ type ResponseHead struct {
 // It refuses what a proxy must not pass on: a status line that is not
 // HTTP/1.x with three digits in 100-599, a field line RFC 9112 §5 refuses
 // (ParseFieldLine), a Content-Length that is not one number, a
-// Transfer-Encoding that is not chunked alone or comes in HTTP/1.0. A
+// Transfer-Encoding that is not chunked alone or comes in HTTP/1.0, a
+// 101 without Upgrade. A
 // Transfer-Encoding overrides a Content-Length (RFC 9112 §6.3) and the
 // connection is not reused after it. (Without any framing field, the body
 // of a response that has one ends at the close: Bodyless says which.)
@@ -104,7 +106,7 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 			return h, ErrRespLine
 		}
 	}
-	named, codings := false, 0
+	named, codings, upgrade := false, 0, false
 	for pos := end + 2; pos < len(raw); {
 		eol := pos + bytes.IndexByte(raw[pos:], '\n') - 1
 		if eol <= pos {
@@ -142,6 +144,12 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 			if codings == before {
 				return h, ErrRespCoding // a Transfer-Encoding that names none
 			}
+		case FieldUpgrade:
+			for list := v; len(list) > 0 && !upgrade; {
+				var t []byte
+				t, list = nextToken(list)
+				upgrade = len(t) > 0
+			}
 		case FieldConnection:
 			for list := v; len(list) > 0; {
 				var t []byte
@@ -176,6 +184,10 @@ func ParseResponseHead(raw []byte, fields []Field) (ResponseHead, error) {
 		h.Fields = append(h.Fields, f)
 	}
 	switch {
+	case h.Status == 101 && !upgrade:
+		// RFC 9110 §15.2.2: a 101 says in Upgrade what it switches to;
+		// a tunnel to a protocol nobody named is not one to open.
+		return h, ErrRespSwitch
 	case h.Encoded && (codings != 1 || !h.Chunked):
 		// Another coding (gzip, chunked) would reach the client coded
 		// with nothing to say so once this hop's Transfer-Encoding is

@@ -48,6 +48,8 @@ func TestResponseHead(t *testing.T) {
 			want: want{status: 200, length: 0, passed: "X-B=2"}},
 		{name: "a 101 passes Upgrade (the server sends its own Connection)", head: "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade, close\r\nUpgrade: ws\r\n",
 			want: want{status: 101, length: -1, closes: true, passed: "Upgrade=ws"}},
+		{name: "a 101 without Upgrade", head: "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n", err: engine.ErrRespSwitch},
+		{name: "a 101 with an empty Upgrade", head: "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: ,\r\n", err: engine.ErrRespSwitch},
 		{name: "no reason", head: "HTTP/1.1 200\r\nContent-Length: 0\r\n", want: want{status: 200, length: 0}},
 		{name: "status 099", head: "HTTP/1.1 099 x\r\n", err: engine.ErrRespStatus},
 		{name: "status 600", head: "HTTP/1.1 600 x\r\n", err: engine.ErrRespStatus},

@@ -1,7 +1,15 @@
 package proxy_test
 
 import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
 	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // TestHigherMinorResponseReused: a response whose status line says a
@@ -18,6 +26,51 @@ func TestHigherMinorResponseReused(t *testing.T) {
 			const want = `client [200 "hello" whole 200 "second" whole]; upstream connections 1`
 			if got := relayOnce(t, e, reply); got != want {
 				t.Errorf("%q: %s, want %s", reply, got, want)
+			}
+		})
+	}
+}
+
+// TestSwitchWithoutUpgradeRefused: a 101 is a tunnel only to a request
+// that asked for an upgrade, and only when it says the protocol it
+// switches to (RFC 9110 §15.2.2: Upgrade is a MUST in a 101). Else it is
+// an invalid response, on every engine: 502 with the problem body, the
+// upstream connection closed, counted as a response failure.
+func TestSwitchWithoutUpgradeRefused(t *testing.T) {
+	t.Parallel()
+	const asks = "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+	for _, tc := range []struct{ send, reply string }{
+		{asks, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\r\n"},
+		{asks, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade:\r\n\r\n"},
+		{"GET /ws HTTP/1.1\r\nHost: a\r\n\r\n", "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"},
+	} {
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+			closed := make(chan error, 1)
+			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+				w.WriteString(tc.reply)
+				w.Flush()
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, err := c.Read(make([]byte, 1))
+				closed <- err
+			})
+			c, region := configCoreIn(t, "", func(*core.Options) {})
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+			conn, br := dial(t, r.Addr)
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(conn, tc.send)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%q: %v", tc.reply, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 502 || resp.Header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("%q: %d %q %s, want a 502 problem", tc.reply, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+			}
+			if err := <-closed; err != io.EOF {
+				t.Errorf("%q: the upstream connection: %v, want it closed", tc.reply, err)
+			}
+			if n := metrics.Total(region, metrics.UpstreamErrors, metrics.UpstreamResponse); n != 1 {
+				t.Errorf("%q: %d response failures counted, want 1", tc.reply, n)
 			}
 		})
 	}
