@@ -18,7 +18,9 @@ const (
 	// UpstreamTimeout: no response header within the upstream timeout. 504.
 	UpstreamTimeout UpstreamError = metrics.UpstreamTimeout
 	// UpstreamResponse: an invalid response, or the connection closed
-	// before one. 502.
+	// before one: 502. Also bytes the upstream sent past a response, or
+	// unasked on an idle connection (engine.ErrRespStray), which close
+	// the connection: the client keeps the whole response it got.
 	UpstreamResponse UpstreamError = metrics.UpstreamResponse
 	// UpstreamBroken: the response broke off after its header was sent on
 	// to the client.

@@ -235,10 +235,13 @@ func (s *Server) sendUntilClose(r *request, ub *upBody) {
 }
 
 // upDone puts a connection whose response was read back in the pool. It
-// returns engine.ErrRespStray when the upstream sent more than the response: what it
-// sent cannot be trusted, and is not stored.
+// returns engine.ErrRespStray when the upstream sent more than the
+// response: what it sent cannot be trusted, and is not stored, and the
+// core counts it as a response failure, as every engine does (the
+// client, which has the whole response, keeps it).
 func (s *Server) upDone(uc *upconn.Conn, reusable bool) error {
 	if !s.up.Done(uc, reusable, time.Now()) {
+		s.opts.Core.UpstreamFailed(core.UpstreamResponse, s.up.Target.Addr, engine.ErrRespStray)
 		return engine.ErrRespStray
 	}
 	return nil

@@ -63,6 +63,7 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Upstream != "" {
 		s.up = upconn.New(up, opts.Client)
+		s.up.Stray = func() { opts.Core.UpstreamFailed(core.UpstreamResponse, up.Addr, engine.ErrRespStray) }
 	}
 	s.requests.New = func() any {
 		r := &request{s: s}

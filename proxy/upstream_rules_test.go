@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,6 +69,69 @@ func TestSwitchWithoutUpgradeRefused(t *testing.T) {
 			}
 			if err := <-closed; err != io.EOF {
 				t.Errorf("%q: the upstream connection: %v, want it closed", tc.reply, err)
+			}
+			if n := metrics.Total(region, metrics.UpstreamErrors, metrics.UpstreamResponse); n != 1 {
+				t.Errorf("%q: %d response failures counted, want 1", tc.reply, n)
+			}
+		})
+	}
+}
+
+// TestStrayBytesCounted: bytes an upstream sends past the end of a
+// response, with it or on the idle connection after it, close its
+// connection and are counted as a response failure on every engine,
+// while the client, which got the whole response, gets it as sent and
+// keeps its connection.
+func TestStrayBytesCounted(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ reply, late string }{
+		{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloEXTRA", ""},
+		{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nEXTRA", ""},
+		{"HTTP/1.1 204 No Content\r\n\r\nEXTRA", ""},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", "EXTRA"},
+	} {
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+				if req.Line != "GET /first HTTP/1.1" {
+					w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+					return
+				}
+				w.WriteString(tc.reply)
+				if tc.late != "" {
+					w.Flush()
+					time.Sleep(20 * time.Millisecond)
+					w.WriteString(tc.late)
+				}
+			})
+			c, region := configCoreIn(t, "", func(*core.Options) {})
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+			conn, br := dial(t, r.Addr)
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			var got []string
+			for i, path := range []string{"/first", "/second"} {
+				if i > 0 {
+					time.Sleep(100 * time.Millisecond) // late bytes have come
+				}
+				io.WriteString(conn, "GET "+path+" HTTP/1.1\r\nHost: a\r\n\r\n")
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("%q: %s: %v", tc.reply, path, err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				if err != nil || resp.Close {
+					t.Errorf("%q: %s: %v, close %v: want it whole and the connection kept", tc.reply, path, err, resp.Close)
+				}
+				got = append(got, resp.Status[:3]+" "+string(body))
+			}
+			want := "200 hello, 200 second"
+			if strings.HasPrefix(tc.reply, "HTTP/1.1 204") {
+				want = "204 , 200 second"
+			}
+			if g := strings.Join(got, ", "); g != want {
+				t.Errorf("%q: the client got %s, want %s", tc.reply, g, want)
+			}
+			if seen := up.Requests(); len(seen) != 2 || seen[1].Conn != 2 {
+				t.Errorf("%q: the second request went on the same upstream connection", tc.reply)
 			}
 			if n := metrics.Total(region, metrics.UpstreamErrors, metrics.UpstreamResponse); n != 1 {
 				t.Errorf("%q: %d response failures counted, want 1", tc.reply, n)

@@ -102,7 +102,7 @@ func (p *upPool) get() (*upConn, error) {
 			u.state, u.reused = upBusy, true
 			return u, nil
 		}
-		u.close()
+		u.drop()
 	}
 	return p.l.dial()
 }
@@ -251,6 +251,25 @@ func (u *upConn) redial() bool {
 	return true
 }
 
+// drop closes an idle connection that is not clean, counting bytes the
+// upstream sent on it unasked (strayFound); an EOF or an error is no
+// fault of a response.
+func (u *upConn) drop() {
+	if n, e := u.peek(); e == 0 && n > 0 {
+		u.l.s.strayFound()
+	}
+	u.close()
+}
+
+// peek looks at the socket without blocking or reading: n is 1 when a
+// byte waits, 0 at EOF; e is EAGAIN when nothing does.
+func (u *upConn) peek() (n uintptr, e unix.Errno) {
+	var b [1]byte
+	n, _, e = unix.Syscall6(unix.SYS_RECVFROM, uintptr(u.fd), uintptr(unsafe.Pointer(&b[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	return n, e
+}
+
 // clean reports, without blocking, whether an idle connection has nothing
 // to read and is still open: any byte or an EOF means it must not carry
 // another request — bytes an upstream sent after a response (a body to a
@@ -258,9 +277,7 @@ func (u *upConn) redial() bool {
 // otherwise be read as the response to the next request, another
 // client's.
 func (u *upConn) clean() bool {
-	var b [1]byte
-	_, _, e := unix.Syscall6(unix.SYS_RECVFROM, uintptr(u.fd), uintptr(unsafe.Pointer(&b[0])), 1,
-		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	_, e := u.peek()
 	return e == unix.EAGAIN
 }
 
@@ -428,7 +445,7 @@ func (u *upConn) event(ev uint32) {
 		// Bytes, an EOF or an error on a connection nobody asked
 		// anything: it is not clean any more.
 		u.l.pool.remove(u)
-		u.close()
+		u.drop()
 		return
 	}
 	if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 && u.backlog() > 0 {
@@ -614,8 +631,9 @@ func (u *upConn) relay(p []byte) {
 }
 
 // end: the response reached its end. The connection goes back to the
-// pool, or closes; stray bytes past the end close it, and the response
-// is not stored: its framing cannot be trusted. The exchange ends before
+// pool, or closes; stray bytes past the end close it, are counted as a
+// response failure, and the response is not stored: its framing cannot
+// be trusted. The exchange ends before
 // the response's last bytes go, which relay only queued: a client that
 // has the whole response finds what it left (a cached entry, an
 // idempotency key's stored response) from any connection.
@@ -624,6 +642,7 @@ func (u *upConn) end(stray bool) {
 	var err error
 	if stray {
 		err = engine.ErrRespStray
+		u.l.s.strayFound()
 	}
 	r.endExchange(err)
 	r.endBody()
@@ -724,6 +743,13 @@ func (u *upConn) failed(err error) {
 		}
 	}
 	r.respondCore(r.ex.Failed(kind, s.o.target.Addr, err))
+}
+
+// strayFound counts bytes an upstream sent past a response, or
+// unasked on an idle connection, as a response failure, as the other
+// engines count them.
+func (s *Server) strayFound() {
+	s.o.Core.UpstreamFailed(core.UpstreamResponse, s.o.target.Addr, engine.ErrRespStray)
 }
 
 // staleConn reports whether err is what a request sent on a connection

@@ -75,7 +75,9 @@ func NewUpstream(c *core.Core, upstreamURL string, client engine.Upstream) (Upst
 	if err != nil {
 		return nil, fmt.Errorf("nethttp: %w", err)
 	}
-	return &forwarder{c: c, up: upconn.New(t, client), timeout: client.Timeout}, nil
+	f := &forwarder{c: c, up: upconn.New(t, client), timeout: client.Timeout}
+	f.up.Stray = func() { c.UpstreamFailed(core.UpstreamResponse, t.Addr, engine.ErrRespStray) }
+	return f, nil
 }
 
 // forwarder sends what passed the core to the upstream.
@@ -621,10 +623,12 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 }
 
 // done puts a connection whose response was read back in the pool; a
-// connection with bytes past the response is closed, and the response is
-// not whole to the core (engine.ErrRespStray).
+// connection with bytes past the response is closed, the response is not
+// whole to the core (engine.ErrRespStray), and the bytes are counted as a
+// response failure.
 func (f *forwarder) done(uc *upconn.Conn, reusable bool) error {
 	if !f.up.Done(uc, reusable, time.Now()) {
+		f.c.UpstreamFailed(core.UpstreamResponse, f.up.Target.Addr, engine.ErrRespStray)
 		return engine.ErrRespStray
 	}
 	return nil

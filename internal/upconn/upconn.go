@@ -42,6 +42,11 @@ type Pool struct {
 	// not reused, and the reaper closes it within a quarter of it.
 	idleTime time.Duration
 
+	// Stray, when set, is called when Get finds bytes the upstream sent
+	// unasked on an idle connection (which it closes), for the engine to
+	// count them as the bytes past a response Put and Done report.
+	Stray func()
+
 	mu     sync.Mutex
 	idle   []*Conn // LIFO: the most recently used connection is reused first
 	closed bool
@@ -177,9 +182,15 @@ func (u *Pool) Get(ctx context.Context) (*Conn, error) {
 		u.idle[n-1] = nil
 		u.idle = u.idle[:n-1]
 		u.mu.Unlock()
-		if c.fresh(time.Now()) && c.clean() {
-			c.Reused, c.got = true, false
-			return c, nil
+		if c.fresh(time.Now()) {
+			clean, stray := c.clean()
+			if clean {
+				c.Reused, c.got = true, false
+				return c, nil
+			}
+			if stray && u.Stray != nil {
+				u.Stray()
+			}
 		}
 		c.Conn.Close()
 	}
@@ -261,35 +272,36 @@ func (c *Conn) fresh(now time.Time) bool {
 
 // clean reports, without blocking, whether an idle connection has nothing
 // to read and is still open: any byte or an EOF means it must not carry
-// another request. A TLS connection may hold records that are no
-// application data (TLS 1.3 session tickets, sent after the handshake):
-// they are read through TLS, which consumes them, and only application
-// data or a close counts.
-func (c *Conn) clean() bool {
+// another request; stray says it was bytes (of a TLS connection, only
+// application data read). A TLS connection may hold
+// records that are no application data (TLS 1.3 session tickets, sent
+// after the handshake): they are read through TLS, which consumes them,
+// and only application data or a close counts.
+func (c *Conn) clean() (clean, stray bool) {
 	if c.raw == nil {
-		return true // not TCP: nothing to peek at
+		return true, false // not TCP: nothing to peek at
 	}
 	pending, open := c.peek()
 	switch {
 	case !open:
-		return false
+		return false, false
 	case !pending:
-		return true
+		return true, false
 	case c.tls == nil:
-		return false
+		return false, true
 	}
 	// Records are waiting: read them with a deadline already passed, so
 	// that a read finding no application data returns at once.
 	if c.tls.SetReadDeadline(time.Now()) != nil {
-		return false
+		return false, false
 	}
 	var b [1]byte
 	n, err := c.tls.Read(b[:])
 	if n > 0 || !isTimeout(err) {
-		return false // application data, a close, or an error
+		return false, n > 0 // application data, a close, or an error
 	}
 	pending, open = c.peek()
-	return open && !pending
+	return open && !pending, false // bytes through TLS may be a close_notify
 }
 
 // peek looks at the TCP socket without blocking: pending when bytes wait
