@@ -223,6 +223,28 @@ func EachToken(list []byte, f func([]byte)) {
 	}
 }
 
+// SwitchAsked reports whether a 101 switches only to protocols the
+// request asked for: each in switched, the 101's Upgrade list, is in
+// asked, the request's (RFC 9110 §7.8: a server must not switch to one
+// the client did not name), ignoring case. Several field lines of
+// either are one list joined by commas.
+func SwitchAsked(asked, switched []byte) bool {
+	for list := switched; len(list) > 0; {
+		var t []byte
+		t, list = nextToken(list)
+		found := len(t) == 0
+		for a := asked; len(a) > 0 && !found; {
+			var o []byte
+			o, a = nextToken(a)
+			found = len(o) == len(t) && bytes.EqualFold(o, t)
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
 // nextToken returns the first element of a comma-separated list, trimmed
 // (it may be empty), and the rest of the list.
 func nextToken(list []byte) (t, rest []byte) {

@@ -169,3 +169,23 @@ func TestFieldLineAllocs(t *testing.T) {
 		t.Errorf("%v allocations a line", n)
 	}
 }
+
+func TestSwitchAsked(t *testing.T) {
+	for _, tc := range []struct {
+		asked, switched string
+		want            bool
+	}{
+		{"websocket", "websocket", true},
+		{"WebSocket", "websocket", true},
+		{",websocket, echo", ",echo", true},
+		{"websocket", "echo", false},
+		{"websocket", "websocket, h2c", false},
+		{"websocket", "websocke", false},
+		{"", "websocket", false},
+		{"websocket", "", true}, // no Upgrade: ParseResponseHead's to refuse
+	} {
+		if got := engine.SwitchAsked([]byte(tc.asked), []byte(tc.switched)); got != tc.want {
+			t.Errorf("SwitchAsked(%q, %q) = %v, want %v", tc.asked, tc.switched, got, tc.want)
+		}
+	}
+}

@@ -32,7 +32,7 @@ var (
 	ErrRespUnasked  = errors.New("the upstream switched protocols unasked")
 	ErrRespCoding   = errors.New("a response transfer coding other than chunked alone")
 	ErrRespStray    = errors.New("the upstream sent bytes past the end of its response")
-	ErrRespSwitch   = errors.New("a 101 response without Upgrade")
+	ErrRespSwitch   = errors.New("a 101 response to no protocol the request asked for")
 )
 
 // Span is a piece of a head, as offsets into it.

@@ -93,10 +93,14 @@ func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *engine.BadRequest
 func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	ctx, up := r.ctx, &r.up
 	status := up.StatusCode()
-	if status == http.StatusSwitchingProtocols && !r.upgrade {
+	if status == http.StatusSwitchingProtocols && (!r.upgrade || !switchAsked(r, up)) {
 		uc.Conn.Close()
 		s.count.UpstreamErrors.Add(1)
-		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.Target.Addr, engine.ErrRespUnasked))
+		err := engine.ErrRespUnasked
+		if r.upgrade {
+			err = engine.ErrRespSwitch
+		}
+		s.respond(ctx, ex.Failed(core.UpstreamResponse, s.up.Target.Addr, err))
 		s.finish(r, ex, nil)
 		return
 	}
@@ -182,6 +186,19 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	// body, as nginx does, rather than before anything reached the client.
 	resp.ImmediateHeaderFlush = true
 	resp.SetBodyStream(ub, length)
+}
+
+// switchAsked reports whether the 101 in up switches only to protocols
+// r asked for (engine.SwitchAsked).
+func switchAsked(r *request, up *fasthttp.ResponseHeader) bool {
+	var asked, switched []byte
+	for _, v := range r.HeaderLines("Upgrade", nil) {
+		asked = append(append(asked, ','), v...)
+	}
+	for _, v := range up.PeekAll("Upgrade") {
+		switched = append(append(switched, ','), v...)
+	}
+	return engine.SwitchAsked(asked, switched)
 }
 
 // upHeader is the upstream's response header as the core reads it.

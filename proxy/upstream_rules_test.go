@@ -32,17 +32,21 @@ func TestHigherMinorResponseReused(t *testing.T) {
 	}
 }
 
-// TestSwitchWithoutUpgradeRefused: a 101 is a tunnel only to a request
-// that asked for an upgrade, and only when it says the protocol it
-// switches to (RFC 9110 §15.2.2: Upgrade is a MUST in a 101). Else it is
-// an invalid response, on every engine: 502 with the problem body, the
-// upstream connection closed, counted as a response failure.
-func TestSwitchWithoutUpgradeRefused(t *testing.T) {
+// TestInvalidSwitchRefused: a 101 is a tunnel only to a request that
+// asked for an upgrade, and only when it says the protocol it switches
+// to (RFC 9110 §15.2.2: Upgrade is a MUST in a 101), one the request
+// asked for (§7.8: a server MUST NOT switch to another; h2c, which the
+// engines never ask for, would carry HTTP/2 requests past the core).
+// Else it is an invalid response, on every engine: 502 with the problem
+// body, the upstream connection closed, counted as a response failure.
+func TestInvalidSwitchRefused(t *testing.T) {
 	t.Parallel()
 	const asks = "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
 	for _, tc := range []struct{ send, reply string }{
 		{asks, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\r\n"},
 		{asks, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade:\r\n\r\n"},
+		{asks, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"},
+		{asks, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket, h2c\r\n\r\n"},
 		{"GET /ws HTTP/1.1\r\nHost: a\r\n\r\n", "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"},
 	} {
 		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {

@@ -38,6 +38,16 @@ type head struct {
 	headInfo
 }
 
+// upgrades is the request's Upgrade lines as one list.
+func (h *head) upgrades() (list []byte) {
+	for _, f := range h.fields {
+		if f.kind == engine.FieldUpgrade {
+			list = append(append(list, ','), f.value.of(h.raw)...)
+		}
+	}
+	return list
+}
+
 // headInfo is what parsing a head found, apart from its fields.
 type headInfo struct {
 	method span

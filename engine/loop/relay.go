@@ -26,6 +26,11 @@ func (r *request) onHead(u *upConn, rest []byte) bool {
 		u.failed(engine.ErrRespUnasked)
 		return false
 	}
+	if status == 101 && !engine.SwitchAsked(r.h.upgrades(), h.upgrades()) {
+		u.headDone = false
+		u.failed(engine.ErrRespSwitch)
+		return false
+	}
 	if r.body.sink == sinkUpstream && !r.body.done {
 		// An early answer (a 413, a 401) before the whole body was sent:
 		// the rest is not sent, the connection not reused, and the

@@ -24,6 +24,16 @@ type respHead struct {
 	inline [inlineFields]engine.Field
 }
 
+// upgrades is the head's Upgrade lines as one list.
+func (h *respHead) upgrades() (list []byte) {
+	for _, f := range h.Fields {
+		if f.Kind == engine.FieldUpgrade {
+			list = append(append(list, ','), f.Value.Of(h.Raw)...)
+		}
+	}
+	return list
+}
+
 // parse indexes raw, a whole head (scanHead).
 func (h *respHead) parse(raw []byte) (err error) {
 	h.ResponseHead, err = engine.ParseResponseHead(raw, h.inline[:0])

@@ -536,10 +536,14 @@ func fieldName(b []byte) string {
 func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *upconn.Conn, hd respHead, upgrade bool) error {
 	status := hd.status
 	h := rw.w.Header()
-	if hd.upgrade && !upgrade {
+	if hd.upgrade && (!upgrade || !engine.SwitchAsked([]byte(strings.Join(r.Header["Upgrade"], ",")), []byte(strings.Join(h["Upgrade"], ",")))) {
 		uc.Conn.Close()
 		clear(h)
-		f.answer(rw, ex.Failed(core.UpstreamResponse, f.up.Target.Addr, engine.ErrRespUnasked))
+		err := engine.ErrRespUnasked
+		if upgrade {
+			err = engine.ErrRespSwitch
+		}
+		f.answer(rw, ex.Failed(core.UpstreamResponse, f.up.Target.Addr, err))
 		return nil
 	}
 	setFields(h, ex.Fields())
