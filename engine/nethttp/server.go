@@ -60,6 +60,10 @@ type Server struct {
 	conns  connTracker
 	log    *slog.Logger
 	edge   Edge // TLS and HTTP/2, or nil
+	// acceptWarn lets a failed accept's line through once a second: out
+	// of descriptors, each listener retries up to a second apart, and
+	// from 5 ms again after every connection it could take.
+	acceptWarn engine.WarnGate
 
 	mu  sync.Mutex
 	lns []net.Listener
@@ -130,7 +134,9 @@ func (s *Server) Handler() *Handler { return s.h }
 // listeners' clients waited for one.)
 func (s *Server) Serve(ln net.Listener) error {
 	l := engine.NewListener(ln, s.limits.MaxConnections, func(err error, wait time.Duration) {
-		s.log.Warn("accepting a connection failed; retrying", "err", err, "retry_in", wait)
+		if args, ok := s.acceptWarn.Args(time.Now(), "err", err, "retry_in", wait); ok {
+			s.log.Warn("accepting a connection failed; retrying", args...)
+		}
 	})
 	l.OnFull = s.conns.cm.MaxReached
 	s.mu.Lock()

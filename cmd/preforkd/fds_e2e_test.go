@@ -1,0 +1,232 @@
+//go:build linux
+
+package main
+
+// End-to-end tests of a worker out of file descriptors: on every engine
+// and port, it says so in a log line a second at most, spends no CPU
+// retrying accept, keeps serving the connections it has, answers a
+// request whose upstream connection it cannot open with a 502, is not
+// taken for a dead worker, and accepts again on its own once
+// descriptors are free.
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/internal/tlstest"
+)
+
+func TestWorkerOutOfDescriptors(t *testing.T) {
+	// Every request to /fresh ends its upstream connection, so that the
+	// next needs a new one.
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	server := fmt.Sprintf("upstream = %q\nread_header_timeout = \"60s\"\nidle_timeout = \"60s\"", up.URL)
+	for _, tc := range []struct {
+		name  string
+		start func(t *testing.T) (d *daemon, addr string, tlsConf *tls.Config)
+	}{
+		{"loop", func(t *testing.T) (*daemon, string, *tls.Config) {
+			d := startDaemon(t, daemonOptions{config: baseServer(1, server+"\nengine = \"loop\"")})
+			return d, d.addr, nil
+		}},
+		{"fasthttp", func(t *testing.T) (*daemon, string, *tls.Config) {
+			d := startDaemon(t, daemonOptions{config: baseServer(1, server+"\nengine = \"fasthttp\"")})
+			return d, d.addr, nil
+		}},
+		{"tls", func(t *testing.T) (*daemon, string, *tls.Config) {
+			d, ca := startFDTLSDaemon(t, server, "")
+			return d, d.addr, &tls.Config{ServerName: "a.example", RootCAs: ca.Pool}
+		}},
+		{"cleartext-beside-tls", func(t *testing.T) (*daemon, string, *tls.Config) {
+			clear := freeAddr(t)
+			d, _ := startFDTLSDaemon(t, server, fmt.Sprintf("cleartext_listen = %q\ncleartext = \"serve\"\n", clear))
+			return d, clear, nil
+		}},
+	} {
+		t.Run(tc.name, parallel(func(t *testing.T) {
+			d, addr, tlsConf := tc.start(t)
+			outOfDescriptors(t, d, addr, tlsConf)
+		}))
+	}
+}
+
+// startFDTLSDaemon starts a one-worker TLS daemon (a.example) with
+// further [tls] lines tlsKeys.
+func startFDTLSDaemon(t *testing.T, server, tlsKeys string) (*daemon, *tlstest.CA) {
+	ca := tlstest.NewCA(t)
+	cert, key := ca.Files(t, t.TempDir(), "a", "a.example")
+	cfg := baseServer(1, server) + fmt.Sprintf("\n[tls]\n%s[[tls.certificate]]\ncert = %q\nkey = %q\n", tlsKeys, cert, key)
+	return startDaemon(t, daemonOptions{config: noCanary(cfg)}), ca
+}
+
+// outOfDescriptors runs the story against d's one worker, serving at addr
+// (TLS when tlsConf is set).
+func outOfDescriptors(t *testing.T, d *daemon, addr string, tlsConf *tls.Config) {
+	pids := d.workerPIDs()
+	if len(pids) != 1 {
+		t.Fatalf("workers %v, want one", pids)
+	}
+	worker := pids[0]
+	dial := func() (net.Conn, error) {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil || tlsConf == nil {
+			return c, err
+		}
+		tc := tls.Client(c, tlsConf)
+		tc.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			c.Close()
+			return nil, err
+		}
+		tc.SetDeadline(time.Time{})
+		return tc, nil
+	}
+	request := func(c net.Conn, br *bufio.Reader, path string) int {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		defer c.SetDeadline(time.Time{})
+		if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: a.example\r\n\r\n", path); err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	// A keep-alive connection opened before: it must go on being served.
+	held, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	heldBr := bufio.NewReader(held)
+	if code := request(held, heldBr, "/fresh"); code != 200 {
+		t.Fatalf("before: %d", code)
+	}
+
+	// What it spends idle with a connection open, for the log.
+	const window = 3 * time.Second
+	idleAt := cpuTicks(t, worker)
+	time.Sleep(window)
+	idle := cpuTicks(t, worker) - idleAt
+
+	// The worker gets a few descriptors more than it has, then clients
+	// take them all, and more wait in the listen queue.
+	const room = 16
+	limit := uint64(openFiles(t, worker) + room)
+	if err := unix.Prlimit(worker, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatal(err)
+	}
+	from := d.logs.len()
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 2*room; i++ {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		flood = append(flood, c)
+	}
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
+		return strings.Contains(l.msg(), "accepting a connection failed")
+	}); !ok {
+		t.Fatalf("no warning that accept failed; the worker holds %d descriptors of %d", openFiles(t, worker), limit)
+	}
+
+	// Out of descriptors for 3 s: little CPU, few log lines.
+	logsAt, cpuAt := d.logs.len(), cpuTicks(t, worker)
+	time.Sleep(window)
+	ticks := cpuTicks(t, worker) - cpuAt
+	var warnings int
+	for _, l := range d.logs.snapshot()[logsAt:] {
+		if l.get("level") == "WARN" || l.get("level") == "warn" {
+			warnings++
+		}
+	}
+	t.Logf("out of descriptors for %v: %d CPU ticks (of %d a second; %d idle before), %d warnings, %d descriptors open of %d",
+		window, ticks, clockTicks, idle, warnings, openFiles(t, worker), limit)
+	if ticks > clockTicks/2 { // half a second of CPU in 3 s: it spins
+		t.Errorf("the worker used %d CPU ticks in %v out of descriptors, want at most %d", ticks, window, clockTicks/2)
+	}
+	if warnings > int(window/time.Second)+1 {
+		t.Errorf("%d warnings in %v out of descriptors, want at most one a second:\n%s", warnings, window, d.logs.text())
+	}
+
+	// The connection it has is still served: a request its worker answers
+	// is a 200, one whose upstream connection it cannot open a 502.
+	if code := request(held, heldBr, "/fresh"); code != http.StatusBadGateway && code != http.StatusServiceUnavailable {
+		t.Errorf("a request needing an upstream connection, out of descriptors: %d, want 502 or 503", code)
+	}
+
+	// Descriptors freed: it accepts again on its own, the same worker.
+	for _, c := range flood {
+		c.Close()
+	}
+	flood = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := dial()
+		if err == nil {
+			code := request(c, bufio.NewReader(c), "/fresh")
+			c.Close()
+			if code == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not served again 10s after the descriptors were freed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if now := d.workerPIDs(); len(now) != 1 || now[0] != worker {
+		t.Errorf("workers %v after, want the same one %d", now, worker)
+	}
+	for _, l := range d.logs.snapshot() {
+		if strings.Contains(l.msg(), "crash") || strings.Contains(l.msg(), "unresponsive") {
+			t.Errorf("%s", l.raw)
+		}
+	}
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every
+// Linux architecture Go runs on.
+const clockTicks = 100
+
+// cpuTicks is the CPU time pid spent, user and system, in clock ticks.
+func cpuTicks(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command, which is in parentheses and may
+	// hold spaces: state is field 3, utime 14, stime 15.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	u, _ := strconv.Atoi(f[11])
+	s, _ := strconv.Atoi(f[12])
+	return u + s
+}
