@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	preforkdengine "github.com/preforkd/preforkd/engine"
 )
 
 // adminLimits bound what clients of the admin listener can hold. The
@@ -67,6 +69,9 @@ type cappedListener struct {
 	// Only the accepting goroutine touches these.
 	refused, evicted int
 	lastWarn         time.Time
+	// acceptWarn gates the line about a failed accept, which net/http
+	// retries (up to a second apart) and logs only at debug.
+	acceptWarn preforkdengine.WarnGate
 }
 
 // refusedLogEvery bounds the warnings about refused connections.
@@ -80,6 +85,11 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
+			if preforkdengine.TransientAcceptError(err) {
+				if args, ok := l.acceptWarn.Args(time.Now(), "err", err); ok {
+					l.log.Warn("admin: accepting a connection failed; retrying", args...)
+				}
+			}
 			return nil, err
 		}
 		cc := &cappedConn{Conn: c, l: l}

@@ -230,3 +230,68 @@ func cpuTicks(t *testing.T, pid int) int {
 	s, _ := strconv.Atoi(f[12])
 	return u + s
 }
+
+// A supervisor out of descriptors says so when its admin endpoint cannot
+// accept, once a second at most, spends no CPU on it, and answers again
+// once the clients let go.
+func TestAdminOutOfDescriptors(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOptions{config: baseServer(1, "") + adminSection, admin: true})
+	sup := d.pid()
+	const room = 4
+	limit := uint64(openFiles(t, sup) + room)
+	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatal(err)
+	}
+	from := d.logs.len()
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 4*room; i++ {
+		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		flood = append(flood, c)
+	}
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "too many open files")
+	}); !ok {
+		t.Fatalf("no line says the admin endpoint is out of descriptors; the supervisor holds %d of %d", openFiles(t, sup), limit)
+	}
+	const window = 3 * time.Second
+	logsAt, cpuAt := d.logs.len(), cpuTicks(t, sup)
+	time.Sleep(window)
+	ticks := cpuTicks(t, sup) - cpuAt
+	var lines int
+	for _, l := range d.logs.snapshot()[logsAt:] {
+		if strings.Contains(l.raw, "too many open files") {
+			lines++
+		}
+	}
+	t.Logf("supervisor out of descriptors for %v: %d CPU ticks, %d lines about it", window, ticks, lines)
+	if ticks > clockTicks/2 {
+		t.Errorf("the supervisor used %d CPU ticks in %v out of descriptors, want at most %d", ticks, window, clockTicks/2)
+	}
+	if lines > int(window/time.Second)+1 {
+		t.Errorf("%d lines in %v about the admin endpoint out of descriptors, want at most one a second", lines, window)
+	}
+	for _, c := range flood {
+		c.Close()
+	}
+	flood = nil
+	c := newClient(t, nil, false)
+	deadline := time.Now().Add(10 * time.Second)
+	for r := get(c, "http://"+d.admin+"/healthz"); r.status != 200; r = get(c, "http://"+d.admin+"/healthz") {
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz once the clients let go: %d %v", r.status, r.err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if pids := d.workerPIDs(); len(pids) != 1 {
+		t.Errorf("workers started: %v, want the first alone", pids)
+	}
+}
