@@ -110,11 +110,21 @@ func (c *slotConn) Close() error {
 	return err
 }
 
-// TransientAcceptError reports whether Accept may succeed if tried again.
+// TransientAcceptError reports whether Accept may succeed if tried again:
+// out of descriptors or memory for a moment, or a failure of the
+// connection it took, not of the listener (Linux passes a new
+// connection's pending network error on, and a firewall's refusal,
+// accept(2): to be retried as EAGAIN).
 func TransientAcceptError(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
-		errors.Is(err, syscall.ECONNABORTED)
+	for ; err != nil; err = errors.Unwrap(err) {
+		switch err {
+		case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED,
+			syscall.ENETDOWN, syscall.EPROTO, syscall.ENOPROTOOPT, syscall.EHOSTDOWN,
+			syscall.EHOSTUNREACH, syscall.EOPNOTSUPP, syscall.ENETUNREACH, syscall.EPERM:
+			return true
+		}
+	}
+	return false
 }
 
 // CloseWrite half-closes the connection when it can (a server's lingering

@@ -4,6 +4,7 @@ package loop
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -95,7 +96,7 @@ func (a *acceptor) event(uint32) {
 			a.pause()
 			return
 		}
-		fd, peer, err := accept(a.ln.fd)
+		fd, peer, err := l.s.accept(a.ln.fd)
 		if err != nil {
 			l.s.slotBack()
 		}
@@ -196,6 +197,20 @@ func (a *acceptor) stop() {
 	}
 	a.l.s.releaseListener(a.ln)
 	a.ln = nil
+}
+
+// acceptFailures makes accepts fail with errno while n counts down.
+type acceptFailures struct {
+	n     atomic.Int64
+	errno unix.Errno
+}
+
+// accept is accept(lfd), unless a test makes it fail.
+func (s *Server) accept(lfd int) (int, netip.Addr, error) {
+	if f := s.failAccept; f != nil && f.n.Add(-1) >= 0 {
+		return -1, netip.Addr{}, f.errno
+	}
+	return accept(lfd)
 }
 
 // accept is accept4(2) without the allocation of a Sockaddr: the new

@@ -5,7 +5,16 @@ package loop
 import (
 	"net/netip"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
+
+// FailAccepts makes s's next n accepts fail with errno, taking no
+// connection; before Serve.
+func FailAccepts(s *Server, n int, errno unix.Errno) {
+	s.failAccept = &acceptFailures{errno: errno}
+	s.failAccept.n.Store(int64(n))
+}
 
 // SetDrainGraces shortens the drain rule's graces for a test.
 func SetDrainGraces(s *Server, idle, fresh time.Duration) {

@@ -31,6 +31,9 @@ type Server struct {
 	// drainNewGrace and drainIdleGrace are the drain rule's graces
 	// (package engine); tests shorten them.
 	drainNewGrace, drainIdleGrace time.Duration
+	// failAccept, set by a test before Serve, is an errno the next
+	// accepts fail with, while it counts down; nil in a worker.
+	failAccept *acceptFailures
 
 	open      atomic.Int64 // client connections open, and slots taken for an accept under way
 	in        atomic.Int64 // client connections accepted and open (open less those slots)
