@@ -89,6 +89,7 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 				if args, ok := l.acceptWarn.Args(time.Now(), "err", err); ok {
 					l.log.Warn("admin: accepting a connection failed; retrying", args...)
 				}
+				return nil, retryAccept{err}
 			}
 			return nil, err
 		}
@@ -124,6 +125,17 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 		}
 	}
 }
+
+// retryAccept is an accept error that a moment cures, which http.Server
+// waits out (up to a second apart) instead of ending Serve: it takes
+// only an error whose Temporary says so, and syscall.Errno's does not
+// for ENOBUFS, ENOMEM, nor the errors of the connection accept took.
+type retryAccept struct{ error }
+
+func (retryAccept) Temporary() bool { return true }
+func (retryAccept) Timeout() bool   { return false }
+
+func (e retryAccept) Unwrap() error { return e.error }
 
 // longestWaiting is the open connection that has waited longest for a
 // request, nil when every one has a request in progress. l.mu is held.

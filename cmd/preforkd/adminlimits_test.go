@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -176,5 +178,58 @@ func TestAdminLimits(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "admin: connection limit reached") {
 		t.Errorf("no warning about the closed connections; log:\n%s", logs.String())
+	}
+}
+
+// failOnce fails its first Accept with err.
+type failOnce struct {
+	net.Listener
+	once sync.Once
+	err  error
+}
+
+func (l *failOnce) Accept() (net.Conn, error) {
+	var err error
+	l.once.Do(func() { err = l.err })
+	if err != nil {
+		return nil, err
+	}
+	return l.Listener.Accept()
+}
+
+// An accept that fails for a moment (out of memory or buffers) or for
+// the connection it took (accept(2) on Linux) does not end the admin
+// endpoint: it answers the next connection, and says what failed.
+func TestAdminAcceptErrors(t *testing.T) {
+	t.Parallel()
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EPROTO, syscall.EPERM} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			t.Parallel()
+			logs := &logtest.Buffer{}
+			log := slog.New(slog.NewTextHandler(logs, nil))
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fail := &failOnce{Listener: ln, err: &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", errno)}}
+			capped := capListener(fail, 4, log)
+			srv := newAdminServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+				defaultAdminLimits, capped, log)
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(capped) }()
+			defer func() {
+				srv.Close()
+				<-served
+			}()
+			c := &http.Client{Timeout: 5 * time.Second}
+			resp, err := c.Get("http://" + ln.Addr().String() + "/")
+			if err != nil {
+				t.Fatalf("after an accept failed with %v: %v", errno, err)
+			}
+			resp.Body.Close()
+			if !strings.Contains(logs.String(), "admin: accepting a connection failed") {
+				t.Errorf("no warning; log:\n%s", logs.String())
+			}
+		})
 	}
 }
