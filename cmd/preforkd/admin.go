@@ -28,6 +28,9 @@ import (
 type adminInfo struct {
 	version, commit string
 	configPath      string
+	// closer, when set, is given a function that closes the endpoint
+	// and its connections at once (their descriptors given back).
+	closer *func()
 }
 
 // admin is the endpoint on [admin] listen, served by the supervisor, which
@@ -82,6 +85,13 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 				log.Error("admin endpoint stopped", "err", err)
 			}
 		}()
+	}
+	if info.closer != nil {
+		*info.closer = func() {
+			if srv != nil {
+				srv.Close()
+			}
+		}
 	}
 	prepare, finish, onStatus := opts.Prepare, opts.Finish, opts.OnStatus
 	handover, handedOver, adopt := opts.Handover, opts.HandedOver, opts.Adopt

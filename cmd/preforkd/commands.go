@@ -288,8 +288,15 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		}
 		banner(log, v, c, abs, cfg)
 		logWarnings(log, cfg)
-		defer persistHooks(&opts, cfg, v)()
-		adminHooks(&opts, cfg, adminInfo{version: v, commit: c, configPath: abs})
+		// The final dump, out of descriptors, closes the admin endpoint,
+		// whose connections may hold the last ones, and tries again.
+		var closeAdmin func()
+		defer persistHooks(&opts, cfg, v, func() {
+			if closeAdmin != nil {
+				closeAdmin()
+			}
+		})()
+		adminHooks(&opts, cfg, adminInfo{version: v, commit: c, configPath: abs, closer: &closeAdmin})
 		// The supervisor listens for signals once Prepare runs: the ones
 		// held since the start go to it first, before a dump is loaded.
 		prepare := opts.Prepare

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -293,5 +294,59 @@ func TestAdminOutOfDescriptors(t *testing.T) {
 	}
 	if pids := d.workerPIDs(); len(pids) != 1 {
 		t.Errorf("workers started: %v, want the first alone", pids)
+	}
+}
+
+// A supervisor out of descriptors when it stops (its admin endpoint
+// took the last ones, and takes those its workers gave back) still
+// writes its dump, whole.
+func TestDumpOutOfDescriptors(t *testing.T) {
+	t.Parallel()
+	dump := filepath.Join(t.TempDir(), "dump")
+	cfg := baseServer(1, "") + adminSection + fmt.Sprintf("\n[persist]\npath = %q\n", dump) + rule("one", "/one", "gcra", 1, "1h")
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	c := newClient(t, nil, false)
+	get(c, d.url("/one"))
+	if r := get(c, d.url("/one")); r.status != 429 {
+		t.Fatalf("second /one: %d", r.status)
+	}
+	sup := d.pid()
+	const room = 4
+	limit := uint64(openFiles(t, sup) + room)
+	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 8*room; i++ {
+		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		flood = append(flood, c)
+	}
+	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "too many open files")
+	}); !ok {
+		t.Fatalf("the supervisor is not out of descriptors: %d of %d", openFiles(t, sup), limit)
+	}
+	d.signal(unix.SIGTERM)
+	if _, ok := d.wait(20 * time.Second); !ok {
+		t.Fatal("the supervisor did not exit")
+	}
+	if !strings.Contains(d.logs.text(), `msg="dump written"`) {
+		t.Errorf("no dump written:\n%s", d.logs.text())
+	}
+	for _, l := range d.logs.snapshot() {
+		if strings.HasPrefix(l.msg(), "persist: out of descriptors") {
+			t.Logf("%s", l.raw)
+		}
+	}
+	if code, out, errOut := runBinary(t, "inspect", dump); code != 0 {
+		t.Errorf("inspect %s: %d\n%s%s", dump, code, out, errOut)
 	}
 }

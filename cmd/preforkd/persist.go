@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/persist"
@@ -41,7 +43,9 @@ func checkPersist(cfg config.Config) error {
 // consumed), then every interval, with the configuration then in force.
 // stop ends the periodic dumps if Finish did not run (Run failed after
 // Prepare); the caller defers it.
-func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop func()) {
+// makeRoom, called when the final dump finds the supervisor out of
+// descriptors, gives some back; the dump is then tried again.
+func persistHooks(opts *prefork.Options, cfg config.Config, build string, makeRoom func()) (stop func()) {
 	stop = func() {}
 	if cfg.Persist.Path == "" && cfg.Persist.Live == "" {
 		return stop
@@ -202,7 +206,7 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 			cfg = last
 		}
 		if cfg.Persist.Path != "" {
-			if st, derr := persist.Dump(r, persistOptions(cfg, build)); derr != nil {
+			if st, derr := finalDump(r, persistOptions(cfg, build), makeRoom, log); derr != nil {
 				err = errors.Join(err, derr)
 			} else {
 				log.Info("dump written", "path", cfg.Persist.Path, "counters", st.Entries, "responses", st.Responses, "cached", st.Cached, "tag_generations", st.TagGens, "bytes", st.Bytes)
@@ -214,6 +218,28 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string) (stop 
 		return err
 	}
 	return stop
+}
+
+// finalDump is the dump at the stop, which no later one replaces: out of
+// descriptors (the admin endpoint's clients can take the last ones, and
+// those the workers gave back), it calls makeRoom and tries again while
+// the descriptors come back (a closed connection's may be released a
+// moment later), for up to a second.
+func finalDump(r *shm.Region, o persist.Options, makeRoom func(), log *slog.Logger) (persist.DumpStats, error) {
+	st, err := persist.Dump(r, o)
+	if !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.ENFILE) {
+		return st, err
+	}
+	log.Warn("persist: out of descriptors for the dump; closing the admin endpoint and trying again", "err", err)
+	makeRoom()
+	for range 20 {
+		time.Sleep(50 * time.Millisecond)
+		st, err = persist.Dump(r, o)
+		if !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.ENFILE) {
+			break
+		}
+	}
+	return st, err
 }
 
 func persistOptions(cfg config.Config, build string) persist.Options {
