@@ -3,6 +3,7 @@ package prefork
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"slices"
@@ -191,11 +192,12 @@ func (e *osEnv) waitGone(r *shm.Region, indexes []int) {
 }
 
 // processAlive reports whether pid is a process that has not exited (a
-// zombie has).
+// zombie has). When /proc cannot be read for another reason than the
+// process's end (out of descriptors), kill(2) tells, zombies as alive.
 func processAlive(pid int) bool {
 	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return false
+		return !errors.Is(err, fs.ErrNotExist) && syscall.Kill(pid, 0) != syscall.ESRCH
 	}
 	i := strings.LastIndexByte(string(stat), ')')
 	if i < 0 || i+2 >= len(stat) {
