@@ -350,3 +350,63 @@ func TestDumpOutOfDescriptors(t *testing.T) {
 		t.Errorf("inspect %s: %d\n%s%s", dump, code, out, errOut)
 	}
 }
+
+// USR2 to a supervisor out of descriptors fails, says so, and leaves it
+// serving as before; once descriptors are free, the next USR2 upgrades.
+func TestUpgradeOutOfDescriptors(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOptions{config: noCanary(baseServer(1, "")) + adminSection, admin: true})
+	sup := d.pid()
+	const room = 16 // what the upgrade needs, once the clients let go
+	before := openFiles(t, sup)
+	limit := uint64(before + room)
+	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 3*room; i++ {
+		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		flood = append(flood, c)
+	}
+	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "too many open files")
+	}); !ok {
+		t.Fatalf("the supervisor is not out of descriptors: %d of %d", openFiles(t, sup), limit)
+	}
+	from := d.logs.len()
+	d.signal(unix.SIGUSR2)
+	_, l, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
+		return strings.HasPrefix(l.msg(), "upgrade failed") || strings.HasPrefix(l.msg(), "upgrade refused") || strings.HasPrefix(l.msg(), "upgrade begun")
+	})
+	if !ok {
+		t.Fatalf("no line about the upgrade within 10s:\n%s", d.logs.text())
+	}
+	t.Logf("USR2 out of descriptors: %s", l.raw)
+	c := newClient(t, nil, false)
+	if r := get(c, d.url("/")); r.status != 200 {
+		t.Errorf("after USR2 out of descriptors: %d %v", r.status, r.err)
+	}
+	if _, state := procStat(sup); state == 0 || state == 'Z' {
+		t.Fatal("the supervisor exited")
+	}
+	for _, c := range flood {
+		c.Close()
+	}
+	flood = nil
+	// The failed upgrade left nothing open: what it had opened is closed.
+	for deadline := time.Now().Add(5 * time.Second); openFiles(t, sup) > before; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the supervisor holds %d descriptors once its clients are gone, %d before the failed upgrade", openFiles(t, sup), before)
+		}
+	}
+	newPID := upgrade(t, d)
+	stopPID(t, d, newPID)
+}
