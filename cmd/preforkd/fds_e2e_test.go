@@ -410,3 +410,75 @@ func TestUpgradeOutOfDescriptors(t *testing.T) {
 	newPID := upgrade(t, d)
 	stopPID(t, d, newPID)
 }
+
+// A worker that dies while its supervisor is out of descriptors is
+// replaced once they are free: meanwhile the supervisor says why it
+// cannot start one, without spinning, and does not give up.
+func TestRespawnOutOfDescriptors(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOptions{config: baseServer(1, "") + adminSection, admin: true})
+	sup := d.pid()
+	const room = 4
+	limit := uint64(openFiles(t, sup) + room)
+	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	// More than the worker's descriptors will give back when it dies.
+	for i := 0; i < 16*room; i++ {
+		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		flood = append(flood, c)
+	}
+	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "too many open files")
+	}); !ok {
+		t.Fatalf("the supervisor is not out of descriptors: %d of %d", openFiles(t, sup), limit)
+	}
+	from := d.logs.len()
+	if err := unix.Kill(d.workerPIDs()[0], unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	const window = 3 * time.Second
+	time.Sleep(500 * time.Millisecond)
+	cpuAt, logsAt := cpuTicks(t, sup), d.logs.len()
+	time.Sleep(window)
+	ticks := cpuTicks(t, sup) - cpuAt
+	lines := d.logs.len() - logsAt
+	var started int
+	for _, l := range d.logs.snapshot()[from:] {
+		if l.msg() == "worker started" {
+			started++
+		}
+	}
+	t.Logf("worker killed, supervisor out of descriptors for %v: %d CPU ticks, %d log lines, %d workers started",
+		window, ticks, lines, started)
+	if lines > 2*int(window/time.Second)+2 { // the admin's line and the start's, each backing off
+		t.Errorf("%d log lines in %v:\n%s", lines, window, d.logs.text())
+	}
+	if ticks > clockTicks/2 {
+		t.Errorf("the supervisor used %d CPU ticks in %v", ticks, window)
+	}
+	for _, c := range flood {
+		c.Close()
+	}
+	flood = nil
+	if _, _, ok := d.logs.waitFor(from, 30*time.Second, msgIs("worker started")); !ok {
+		t.Fatalf("no worker started once descriptors were free")
+	}
+	c := newClient(t, nil, false)
+	deadline := time.Now().Add(10 * time.Second)
+	for r := get(c, d.url("/")); r.status != 200; r = get(c, d.url("/")) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not served after the respawn: %d %v", r.status, r.err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
