@@ -20,8 +20,7 @@ import (
 // that sends but never reads is cut), every other read and write at most
 // timeout. Both connections are closed when it returns.
 func Tunnel(client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader, timeout, sendTimeout time.Duration) {
-	t := &tunnel{client: client, up: up, timeout: timeout}
-	t.last.Store(time.Now().UnixNano())
+	t := &tunnel{client: client, up: up, timeout: timeout, start: tunnelNow()}
 	var wg sync.WaitGroup
 	wg.Go(func() { t.copy(up, client, fromClient, timeout) })
 	t.copy(client, up, fromUp, sendTimeout)
@@ -30,10 +29,15 @@ func Tunnel(client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader
 	up.Close()
 }
 
+// tunnelNow is the clock a tunnel's quiet time is measured by; a test
+// steps it.
+var tunnelNow = time.Now
+
 type tunnel struct {
 	client, up net.Conn
 	timeout    time.Duration
-	last       atomic.Int64 // unix nanoseconds of the last bytes either way
+	start      time.Time    // with its monotonic reading: a wall-clock step neither cuts a busy tunnel nor keeps an idle one
+	last       atomic.Int64 // the last bytes either way, in ns since start
 	once       sync.Once
 	dead       atomic.Bool
 }
@@ -52,7 +56,7 @@ func (t *tunnel) copy(dst, srcConn net.Conn, src io.Reader, wait time.Duration) 
 		_ = srcConn.SetReadDeadline(time.Now().Add(t.timeout))
 		n, err := src.Read(*bp)
 		if n > 0 {
-			t.last.Store(time.Now().UnixNano())
+			t.last.Store(int64(t.since()))
 			_ = dst.SetWriteDeadline(time.Now().Add(wait))
 			if _, werr := dst.Write((*bp)[:n]); werr != nil {
 				t.abort()
@@ -62,7 +66,7 @@ func (t *tunnel) copy(dst, srcConn net.Conn, src io.Reader, wait time.Duration) 
 		var te interface{ Timeout() bool }
 		switch {
 		case err == nil:
-		case errors.As(err, &te) && te.Timeout() && !t.dead.Load() && time.Since(time.Unix(0, t.last.Load())) < t.timeout:
+		case errors.As(err, &te) && te.Timeout() && !t.dead.Load() && t.since()-time.Duration(t.last.Load()) < t.timeout:
 			// This side was quiet, the other was not: the tunnel lives.
 		case err == io.EOF:
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
@@ -76,6 +80,9 @@ func (t *tunnel) copy(dst, srcConn net.Conn, src io.Reader, wait time.Duration) 
 		}
 	}
 }
+
+// since is the time since the tunnel began, by the monotonic clock.
+func (t *tunnel) since() time.Duration { return tunnelNow().Sub(t.start) }
 
 // abort closes both connections: the other direction's copy ends too.
 func (t *tunnel) abort() {
