@@ -65,6 +65,9 @@ type cappedListener struct {
 
 	mu   sync.Mutex
 	open map[*cappedConn]struct{}
+	// epoch, with its monotonic reading, is what waiting times count
+	// from: a wall-clock step does not reorder them.
+	epoch time.Time
 
 	// Only the accepting goroutine touches these.
 	refused, evicted int
@@ -74,12 +77,19 @@ type cappedListener struct {
 	acceptWarn preforkdengine.WarnGate
 }
 
+// adminNow is the clock the admin listener's connections wait by; a test
+// steps it.
+var adminNow = time.Now
+
 // refusedLogEvery bounds the warnings about refused connections.
 const refusedLogEvery = time.Minute
 
 func capListener(ln net.Listener, max int, log *slog.Logger) *cappedListener {
-	return &cappedListener{Listener: ln, max: max, log: log, open: make(map[*cappedConn]struct{}, max)}
+	return &cappedListener{Listener: ln, max: max, log: log, open: make(map[*cappedConn]struct{}, max), epoch: adminNow()}
 }
+
+// since is the time since l's epoch, in ns, at least 1.
+func (l *cappedListener) since() int64 { return max(int64(adminNow().Sub(l.epoch)), 1) }
 
 func (l *cappedListener) Accept() (net.Conn, error) {
 	for {
@@ -94,7 +104,7 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		cc := &cappedConn{Conn: c, l: l}
-		cc.waiting.Store(time.Now().UnixNano())
+		cc.waiting.Store(l.since())
 		l.mu.Lock()
 		var victim *cappedConn
 		if len(l.open) >= l.max {
@@ -160,7 +170,7 @@ func (l *cappedListener) connState(c net.Conn, s http.ConnState) {
 	}
 	switch s {
 	case http.StateNew, http.StateIdle:
-		cc.waiting.Store(time.Now().UnixNano())
+		cc.waiting.Store(cc.l.since())
 	case http.StateActive, http.StateHijacked:
 		cc.waiting.Store(0)
 	}
@@ -171,7 +181,7 @@ type cappedConn struct {
 	net.Conn
 	l       *cappedListener
 	once    sync.Once
-	waiting atomic.Int64 // Unix ns since which it waits for a request's header; 0 while one is in progress
+	waiting atomic.Int64 // when it began to wait for a request's header (cappedListener.since); 0 while one is in progress
 }
 
 func (c *cappedConn) Close() error {
