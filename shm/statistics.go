@@ -46,8 +46,15 @@ const (
 	evRespQuota           // reservations refused: their account held its maximum of records
 	evRespSwept           // expired records freed by an account's sweep
 	evCacheEvicted        // cache entries dropped before their expiry, to make room
+	evSupervisor          // SupervisorWords words: the supervisors' own counts (Region.SupervisorCounts)
 	shmWords       = 24   // room for more events without moving the caller's words
 )
+
+// SupervisorWords is how many words Region.SupervisorCounts has.
+const SupervisorWords = 5
+
+// shmWords has room for them.
+const _ = uint(shmWords - evSupervisor - SupervisorWords)
 
 // Geometry limits of the statistics section.
 const (
@@ -138,6 +145,16 @@ func (r *Region) StatRow() []uint64 {
 		return r.stats.row(int(o >> 32))[shmWords:]
 	}
 	return r.stats.private[shmWords:]
+}
+
+// SupervisorCounts returns the words the region's supervisors count in
+// (their caller's meanings: workers replaced, reloads), to add to and
+// read with atomics and nothing else. They are words of the retired row,
+// which no worker writes and no fold moves: they go on with the region,
+// as the workers' counts do, across a binary upgrade whose two
+// supervisors share it and a live region attached again by a restart.
+func (r *Region) SupervisorCounts() []uint64 {
+	return r.stats.row(r.stats.retired)[evSupervisor : evSupervisor+SupervisorWords : evSupervisor+SupervisorWords]
 }
 
 // fold moves row w's counters into the retired row and drops its gauges

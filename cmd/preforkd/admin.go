@@ -95,7 +95,11 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 	}
 	prepare, finish, onStatus := opts.Prepare, opts.Finish, opts.OnStatus
 	handover, handedOver, adopt := opts.Handover, opts.HandedOver, opts.Adopt
+	var tallied supervisorCounts
 	opts.OnStatus = func(st prefork.Status) {
+		if a.region != nil {
+			tallied.carry(a.region.SupervisorCounts(), &st)
+		}
 		a.status.Store(&st)
 		if orphan != "" && st.Serving {
 			os.Remove(orphan)
@@ -420,4 +424,29 @@ type redisLog struct{ log *slog.Logger }
 
 func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.Log(ctx, slog.LevelDebug, "redis client: "+fmt.Sprintf(format, v...))
+}
+
+// supervisorCounts are the counts of a prefork.Status that carry moves
+// into the region: workers crashed and recycled, reloads accepted,
+// refused and aborted.
+type supervisorCounts [shm.SupervisorWords]int
+
+func countsOf(st *prefork.Status) []*int {
+	return []*int{&st.Crashes, &st.Recycled, &st.Reloads.Accepted, &st.Reloads.Refused, &st.Reloads.Aborted}
+}
+
+// carry adds what st counts beyond the last snapshot (c) to the region's
+// words, and sets st's counts to their totals there. A supervisor's
+// counts start at zero, but the region's go on while it lives, as the
+// workers' do: across a binary upgrade, whose two supervisors both add
+// to them, and a restart that attaches a persist.live region again. So
+// no counter of /metrics goes back while any other goes on.
+func (c *supervisorCounts) carry(words []uint64, st *prefork.Status) {
+	for i, n := range countsOf(st) {
+		if *n > c[i] {
+			atomic.AddUint64(&words[i], uint64(*n-c[i]))
+		}
+		c[i] = *n
+		*n = int(atomic.LoadUint64(&words[i]))
+	}
 }
