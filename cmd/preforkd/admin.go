@@ -176,6 +176,9 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 				return err
 			}
 		}
+		// Also without admin.listen: the supervisor's counts go to the
+		// region (OnStatus) for a later one that serves them.
+		a.region = r
 		if cfg.Admin.Listen == "" {
 			if adopted != nil {
 				// The old supervisor serves on the socket until it
@@ -189,7 +192,7 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 			}
 			return nil
 		}
-		a.region, a.log = r, log
+		a.log = log
 		if adopted != nil {
 			ln = adopted
 		}

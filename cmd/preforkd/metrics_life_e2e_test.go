@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -323,4 +324,24 @@ func TestMetricsAcrossRestartE2E(t *testing.T) {
 			}
 		}))
 	}
+}
+
+// A supervisor without admin.listen counts into the region all the same:
+// upgraded to a file with one, the new supervisor's page has the reload
+// its predecessor took.
+func TestMetricsCountedWithoutAdminE2E(t *testing.T) {
+	t.Parallel()
+	cfg := baseServer(1, "")
+	d := startDaemon(t, daemonOptions{config: cfg})
+	waitReloaded(t, d, reloadTo(d, cfg+"\n# again\n"), 15*time.Second)
+	d.admin = freeAddr(t)
+	if err := os.WriteFile(d.cfgPath, []byte(cfg+adminSection[:len(adminSection)-len("\"ADMIN_ADDR\"\n")]+fmt.Sprintf("%q\n", d.admin)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	newPID := upgrade(t, d)
+	p := scrapeMetrics(t, newClient(t, nil, false), d.admin)
+	if got := p.samples[`preforkd_reloads_total{result="accepted"}`]; got != 1 {
+		t.Errorf(`preforkd_reloads_total{result="accepted"} = %v after the upgrade, want 1: the reload before it`, got)
+	}
+	stopPID(t, d, newPID)
 }
