@@ -592,9 +592,17 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 	default:
 		body = uc.Buf
 	}
-	flush := hd.length < 0 // a body of unknown length goes out as it comes (server-sent events)
 	bp := relayPool.Get().(*[]byte)
 	defer relayPool.Put(bp)
+	// What the client was given goes out before a read that may wait for
+	// the upstream, whatever the framing: the head (net/http holds it
+	// until the body fills its buffer: a stream's head before its first
+	// event, a long poll's), each piece of a body of unknown length (a
+	// chunk's end may still be buffered), and a piece of a body with a
+	// length once nothing more of it came.
+	if uc.Buf.Buffered() == 0 {
+		rw.Flush()
+	}
 	for {
 		n, err := body.Read(*bp)
 		if n > 0 {
@@ -603,7 +611,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 				uc.Conn.Close()
 				return werr
 			}
-			if flush {
+			if hd.length < 0 || uc.Buf.Buffered() == 0 {
 				rw.Flush()
 			}
 		}

@@ -1,0 +1,96 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// eventsArriveOneByOne has the upstream answer req with head (its fields
+// and framing: "chunked", "length" or "close") and three events, each
+// written only once the client has read the one before; it fails if the
+// engine holds a piece back (a buffer that waits to fill, a response held
+// until it ends).
+func eventsArriveOneByOne(t *testing.T, e storyEngine, c *core.Core, framing, fields, req string) {
+	t.Helper()
+	next := make(chan struct{})
+	up := startUpstream(t, func(_ *seenRequest, w *bufio.Writer, c net.Conn) {
+		ev := func(i int) string { return fmt.Sprintf("data: %d\n\n", i) }
+		switch framing {
+		case "chunked":
+			w.WriteString("HTTP/1.1 200 OK\r\n" + fields + "Transfer-Encoding: chunked\r\n\r\n")
+		case "length":
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n", fields, 3*len(ev(0)))
+		case "close":
+			w.WriteString("HTTP/1.1 200 OK\r\n" + fields + "Connection: close\r\n\r\n")
+		}
+		w.Flush()
+		for i := range 3 {
+			if _, ok := <-next; !ok {
+				c.Close() // the test failed: nothing is left hanging
+				return
+			}
+			if framing == "chunked" {
+				fmt.Fprintf(w, "%x\r\n%s\r\n", len(ev(i)), ev(i))
+			} else {
+				w.WriteString(ev(i))
+			}
+			w.Flush()
+		}
+		switch framing {
+		case "chunked":
+			w.WriteString("0\r\n\r\n")
+		case "close":
+			w.Flush()
+			c.Close()
+		}
+	})
+	defer close(next)
+	r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+	conn, br := dial(t, r.Addr)
+	conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	resp := roundTripHead(t, conn, br, req)
+	events := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		next <- struct{}{}
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		line, err := events.ReadString('\n')
+		if want := fmt.Sprintf("data: %d\n", i); line != want || err != nil {
+			t.Fatalf("event %d: %q, %v; want %q on its own", i, line, err, want)
+		}
+		events.ReadString('\n')
+	}
+}
+
+// Every engine passes each piece of a response on as the upstream sends
+// it, the head first, whatever its framing, and whatever the cache or
+// idempotency would keep of it (a stream the cache may store, one it may
+// not, a keyed POST whose response is kept for its retries).
+func TestEventsArriveOneByOne(t *testing.T) {
+	t.Parallel()
+	const sse = "Content-Type: text/event-stream\r\n"
+	const get = "GET /events HTTP/1.1\r\nHost: a\r\n\r\n"
+	cases := []struct {
+		name, toml, framing, fields, req string
+	}{
+		{"chunked", "", "chunked", sse, get},
+		{"length", "", "length", sse, get},
+		{"close", "", "close", sse, get},
+		{"cacheable", "[[cache]]\npath = \"/events\"\n", "chunked", sse + "Cache-Control: max-age=60\r\n", get},
+		{"not cacheable", "[[cache]]\npath = \"/events\"\n", "chunked", sse + "Cache-Control: no-store\r\n", get},
+		{"idempotency key", "[[idempotency]]\npath = \"/events\"\n", "chunked", sse,
+			"POST /events HTTP/1.1\r\nHost: a\r\nIdempotency-Key: \"k\"\r\nContent-Length: 2\r\n\r\nhi"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+				eventsArriveOneByOne(t, e, configCore(t, tc.toml, nil), tc.framing, tc.fields, tc.req)
+			})
+		})
+	}
+}
