@@ -54,6 +54,31 @@ func (ex *Exchange) completeCache(rec *recorded) {
 	}
 }
 
+// endFillAtHead ends a fill whose response's head h already says it
+// will not be stored (no-store, private, a stream, a status never stored:
+// httpcache.Judge). The key's lock is let go at once, not when the body
+// ends: the misses waiting on it go on (an event stream may never end),
+// and nothing of the body is recorded, nor read on for the store once
+// its client is gone (Keep).
+func (ex *Exchange) endFillAtHead(status int, h Header) {
+	var fields []httpcache.Field
+	if h != nil {
+		h.Each(func(name, value []byte) { fields = append(fields, httpcache.Field{Name: string(name), Value: value}) })
+	}
+	c := ex.c
+	j := httpcache.Judge(status, fields, &ex.cache.blk.policy, ex.cache.flags&cAuth != 0, c.wall(), max(c.now()-ex.clock(), 0))
+	if j.Store {
+		return
+	}
+	ex.cache.flags &^= cFill
+	tab := c.region.Responses()
+	tab.CacheUnlock(ex.cache.lock)
+	if j.Outdates {
+		tab.CacheDrop(ex.cache.key) // as completeCache drops it
+	}
+	c.row.Add(metrics.CacheFills, metrics.CacheNotStored, 1)
+}
+
 // fillPlan is a response that may be stored.
 type fillPlan struct {
 	data   []byte        // the entry

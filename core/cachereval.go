@@ -63,7 +63,8 @@ var unconditionalFields = []string{"If-Match", "If-None-Match", "If-Modified-Sin
 // cacheHead is the cache's part of the application's response head: a
 // successful unsafe request invalidates its URL; what to send instead is
 // the stale entry a 304 to a revalidation refreshed, or for a 500, 502,
-// 503 or 504 a stored response stale-if-error lets the cache serve.
+// 503 or 504 a stored response stale-if-error lets the cache serve. A
+// fill whose response will not be stored ends here.
 func (ex *Exchange) cacheHead(status int, h Header) *Response {
 	ex.invalidateOnSuccess(status, h)
 	if r := ex.revalidated(status, h); r != nil {
@@ -74,6 +75,9 @@ func (ex *Exchange) cacheHead(status int, h Header) *Response {
 			ex.rec.Failed = true
 			return fb
 		}
+	}
+	if ex.cache.flags&cFill != 0 {
+		ex.endFillAtHead(status, h)
 	}
 	return nil
 }

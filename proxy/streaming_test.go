@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -93,4 +94,61 @@ func TestEventsArriveOneByOne(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A stream under a cache block that will not be stored (its head says
+// no-store, or it is a stream, which is passed through and never stored
+// whatever its Cache-Control) does not hold the key's fill lock until it
+// ends: a second subscriber's request goes upstream while the first
+// stream lives, not after lock_timeout.
+func TestUnstoredStreamHoldsNoFill(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, fields string }{
+		{"no-store", "Content-Type: text/plain\r\nCache-Control: no-store\r\n"},
+		{"events max-age", "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: max-age=60\r\n"},
+		{"X-Accel-Buffering", "Content-Type: text/plain\r\nX-Accel-Buffering: no\r\nCache-Control: max-age=60\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+				up, stop := liveStream(t, tc.fields, nil)
+				c := configCore(t, "[[cache]]\npath = \"/events\"\nlock_timeout = \"60s\"\n", nil)
+				r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+				t.Cleanup(stop) // before the engine stops
+				for i := range 2 {
+					subscribe(t, r.Addr, fmt.Sprintf("subscriber %d", i))
+				}
+			})
+		})
+	}
+}
+
+// liveStream is an upstream whose response, with fields, is one event
+// and then nothing, until the proxy closes the connection (its read's
+// result goes to gone, when not nil) or stop is called.
+func liveStream(t *testing.T, fields string, gone chan<- error) (up *rawUpstream, stop func()) {
+	stopped := make(chan struct{})
+	up = startUpstream(t, func(_ *seenRequest, w *bufio.Writer, c net.Conn) {
+		go func() { <-stopped; c.Close() }()
+		w.WriteString("HTTP/1.1 200 OK\r\n" + fields + "Transfer-Encoding: chunked\r\n\r\n9\r\ndata: 0\n\n\r\n")
+		w.Flush()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		if gone != nil {
+			gone <- err
+		}
+	})
+	return up, sync.OnceFunc(func() { close(stopped) })
+}
+
+// subscribe asks addr for /events and reads its head and first event.
+func subscribe(t *testing.T, addr, who string) net.Conn {
+	t.Helper()
+	conn, br := dial(t, addr)
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp := roundTripHead(t, conn, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); line != "data: 0\n" {
+		t.Fatalf("%s: first event %q, %v", who, line, err)
+	}
+	return conn
 }

@@ -101,15 +101,27 @@ type Plan struct {
 	Target string
 }
 
+// streamed reports whether a response is a stream to pass through, never
+// to store (as nginx stores only what it buffers): server-sent events
+// (Content-Type text/event-stream), whose events are for the clients
+// listening as they come, not a representation to replay, or a response
+// whose application asks that it not be buffered (X-Accel-Buffering: no).
+func streamed(h []Field) bool {
+	ct, _ := Only(h, "Content-Type")
+	mt, _, _ := strings.Cut(ct, ";")
+	xab, _ := Only(h, "X-Accel-Buffering")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream") || strings.EqualFold(strings.TrimSpace(xab), "no")
+}
+
 // Judge says what a shared cache may do with a final response (RFC 9111
 // §3 and §4.2): its status, its fields h, the policy p; auth says that
 // the request carried Authorization; wall is the wall clock when the
 // response arrived and delay the time from the request's start to then
 // (response_time − request_time).
 //
-// Status codes: 206, 304 and 1xx are never stored; an error status
-// (4xx beside the heuristically cacheable ones, 5xx) only with explicit
-// freshness, and a 5xx that may not be stored leaves the stored response
+// Status codes: 206, 304 and 1xx are never stored; an error status (4xx
+// beside the heuristically cacheable ones, 5xx) only with explicit
+// freshness; nor is a stream (server-sent events, X-Accel-Buffering: no), and a 5xx that may not be stored leaves the stored response
 // to stale-if-error. With must-understand, no-store is ignored for a
 // status this cache understands, and the response is not stored for one
 // it does not.
@@ -142,6 +154,8 @@ func Judge(status int, h []Field, p *Policy, auth bool, wall time.Time, delay ti
 		return outdated()
 	case Has(h, "Set-Cookie"):
 		// A cookie is for one client: never served to another.
+		return outdated()
+	case streamed(h):
 		return outdated()
 	case auth && !cc.Public && cc.SMaxAge < 0 && !cc.MustRevalidate:
 		// RFC 9111 §3.5: the response to a request with credentials is
