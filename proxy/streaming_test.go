@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,7 +133,7 @@ func liveStream(t *testing.T, fields string, gone chan<- error) (up *rawUpstream
 		go func() { <-stopped; c.Close() }()
 		w.WriteString("HTTP/1.1 200 OK\r\n" + fields + "Transfer-Encoding: chunked\r\n\r\n9\r\ndata: 0\n\n\r\n")
 		w.Flush()
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		_, err := c.Read(make([]byte, 1))
 		if gone != nil {
 			gone <- err
@@ -151,4 +152,50 @@ func subscribe(t *testing.T, addr, who string) net.Conn {
 		t.Fatalf("%s: first event %q, %v", who, line, err)
 	}
 	return conn
+}
+
+// The loop and net/http: a client that goes away mid-stream, while the
+// upstream has nothing to send (an event stream between two events), has
+// the upstream's connection closed at once, as nginx closes it, not at
+// the next event or after upstream_timeout; so has one under a cache
+// block whose stream will not be stored (nothing is read on for it).
+// (fasthttp does not watch a connection while the upstream answers:
+// README says so.)
+func TestClientGoneMidStreamCutsTheUpstream(t *testing.T) {
+	t.Parallel()
+	var watching []storyEngine
+	for _, e := range withNetHTTP() {
+		if e.name != "fasthttp" {
+			watching = append(watching, e)
+		}
+	}
+	for _, toml := range []string{"", "[[cache]]\npath = \"/events\"\n"} {
+		t.Run(fmt.Sprintf("cache=%v", toml != ""), func(t *testing.T) {
+			t.Parallel()
+			eachEngine(t, watching, func(t *testing.T, e storyEngine) {
+				gone := make(chan error, 1)
+				up, stop := liveStream(t, "Content-Type: text/event-stream\r\n", gone)
+				lines := make(chan core.AccessEntry, 1)
+				c := configCoreWith(t, toml, func(o *core.Options) {
+					o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
+				})
+				r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+				t.Cleanup(stop) // before the engine stops
+				conn := subscribe(t, r.Addr, "the subscriber")
+				conn.(*net.TCPConn).SetLinger(0) // a reset
+				conn.Close()
+				if err := <-gone; err == nil || strings.Contains(err.Error(), "timeout") {
+					t.Errorf("the upstream's connection: %v, want it closed", err)
+				}
+				select {
+				case l := <-lines:
+					if l.Status != 200 || l.Bytes != 9 {
+						t.Errorf("logged %d with %d bytes, want 200 with the 9 sent", l.Status, l.Bytes)
+					}
+				case <-time.After(5 * time.Second):
+					t.Error("not logged")
+				}
+			})
+		})
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
@@ -150,7 +151,7 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 			}
 		}
 		if err == nil {
-			return f.relay(rw, r, ex, uc, hd, upgrade)
+			return f.relay(rw, r, ex, uc, hd, upgrade, body.stream == nil)
 		}
 		if uc != nil {
 			uc.Conn.Close()
@@ -532,8 +533,10 @@ func fieldName(b []byte) string {
 }
 
 // relay makes the upstream's response the answer: the head through the
-// core (which may send a stale response instead), then the body.
-func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *upconn.Conn, hd respHead, upgrade bool) error {
+// core (which may send a stale response instead), then the body; watch
+// says that the request's context ends when its client goes away (its
+// body was read whole).
+func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *upconn.Conn, hd respHead, upgrade, watch bool) error {
 	status := hd.status
 	h := rw.w.Header()
 	if hd.upgrade && (!upgrade || !engine.SwitchAsked([]byte(strings.Join(r.Header["Upgrade"], ",")), []byte(strings.Join(h["Upgrade"], ",")))) {
@@ -592,6 +595,24 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 	default:
 		body = uc.Buf
 	}
+	// A client that goes away mid-body cuts the upstream's connection at
+	// once, as before the head (and as nginx does), unless the core keeps
+	// the response, which is read on to be stored: an event stream that
+	// has nothing to send for a while would hold it until its next event
+	// or the upstream timeout.
+	var kept, cut atomic.Bool
+	kept.Store(ex.Keep())
+	stop := func() bool { return true }
+	if watch {
+		conn := uc.Conn
+		stop = context.AfterFunc(r.Context(), func() {
+			if !kept.Load() {
+				cut.Store(true)
+				_ = conn.Close()
+			}
+		})
+	}
+	defer stop()
 	bp := relayPool.Get().(*[]byte)
 	defer relayPool.Put(bp)
 	// What the client was given goes out before a read that may wait for
@@ -614,13 +635,21 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 			if hd.length < 0 || uc.Buf.Buffered() == 0 {
 				rw.Flush()
 			}
+			kept.Store(ex.Keep())
+			if watch && !kept.Load() && r.Context().Err() != nil {
+				// Gone while the response was kept: not any more.
+				uc.Conn.Close()
+				return core.ErrClientGone
+			}
 		}
 		switch {
 		case err == io.EOF && hd.length == -2:
 			uc.Conn.Close()
 			return nil
 		case err == io.EOF:
-			return f.done(uc, reusable)
+			return f.done(uc, reusable && stop())
+		case err != nil && cut.Load():
+			return core.ErrClientGone // logged with what was sent
 		case err != nil:
 			uc.Conn.Close()
 			f.c.UpstreamFailed(core.UpstreamBroken, f.up.Target.Addr, err)
