@@ -203,6 +203,11 @@ func (ex *Exchange) Body(p []byte) {
 	}
 	if int64(len(ex.rec.Body)+len(p)) > ex.recMax {
 		ex.rec.Overflow, ex.rec.Body = true, nil
+		if ex.cache.flags&cFill != 0 {
+			// Not to be stored: the fill ends now, and its lock goes,
+			// not when the body ends (a stream may never end).
+			ex.c.cache.complete(ex, &ex.rec)
+		}
 		return
 	}
 	ex.rec.Body = append(ex.rec.Body, p...)

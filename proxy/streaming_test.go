@@ -128,10 +128,15 @@ func TestUnstoredStreamHoldsNoFill(t *testing.T) {
 // and then nothing, until the proxy closes the connection (its read's
 // result goes to gone, when not nil) or stop is called.
 func liveStream(t *testing.T, fields string, gone chan<- error) (up *rawUpstream, stop func()) {
+	return liveStreamOf(t, fields, "data: 0\n\n", gone)
+}
+
+// liveStreamOf is liveStream with first as its first chunk.
+func liveStreamOf(t *testing.T, fields, first string, gone chan<- error) (up *rawUpstream, stop func()) {
 	stopped := make(chan struct{})
 	up = startUpstream(t, func(_ *seenRequest, w *bufio.Writer, c net.Conn) {
 		go func() { <-stopped; c.Close() }()
-		w.WriteString("HTTP/1.1 200 OK\r\n" + fields + "Transfer-Encoding: chunked\r\n\r\n9\r\ndata: 0\n\n\r\n")
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\n%sTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", fields, len(first), first)
 		w.Flush()
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		_, err := c.Read(make([]byte, 1))
@@ -198,4 +203,27 @@ func TestClientGoneMidStreamCutsTheUpstream(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A cacheable response of unknown length that outgrows its block's
+// max_body lets the key's fill lock go then, not when it ends (it may
+// never): a second request goes upstream at once, not after
+// lock_timeout.
+func TestOutgrownFillLetsItsLockGo(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		big := strings.Repeat("x", 2000) + "\n"
+		up, stop := liveStreamOf(t, "Content-Type: text/plain\r\nCache-Control: max-age=60\r\n", big, nil)
+		c := configCore(t, "[[cache]]\npath = \"/events\"\nmax_body = \"1KiB\"\nlock_timeout = \"60s\"\n", nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		t.Cleanup(stop) // before the engine stops
+		for i := range 2 {
+			conn, br := dial(t, r.Addr)
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp := roundTripHead(t, conn, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+			if line, err := bufio.NewReader(resp.Body).ReadString('\n'); line != big {
+				t.Fatalf("request %d: %d bytes, %v", i, len(line), err)
+			}
+		}
+	})
 }
