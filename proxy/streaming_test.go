@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/engine"
 )
 
 // eventsArriveOneByOne has the upstream answer req with head (its fields
@@ -224,6 +226,110 @@ func TestOutgrownFillLetsItsLockGo(t *testing.T) {
 			if line, err := bufio.NewReader(resp.Body).ReadString('\n'); line != big {
 				t.Fatalf("request %d: %d bytes, %v", i, len(line), err)
 			}
+		}
+	})
+}
+
+// upstream_timeout is the longest wait between two reads of a body, not a
+// bound on the whole response: a stream whose events come closer together
+// lives past it, and one that stops for longer is cut (the client's
+// connection ends short of the body's end).
+func TestUpstreamTimeoutIsBetweenReads(t *testing.T) {
+	t.Parallel()
+	const timeout = 400 * time.Millisecond
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		t.Run("events within it", func(t *testing.T) {
+			next := make(chan struct{})
+			up := startUpstream(t, func(_ *seenRequest, w *bufio.Writer, _ net.Conn) {
+				w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+				w.Flush()
+				for range next {
+					w.WriteString("9\r\ndata: x\n\n\r\n")
+					w.Flush()
+				}
+				w.WriteString("0\r\n\r\n")
+			})
+			go func() {
+				defer close(next)
+				for range 8 { // twice the timeout in all
+					time.Sleep(timeout / 4)
+					next <- struct{}{}
+				}
+			}()
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
+			c, br := dial(t, r.Addr)
+			resp, body := roundTrip(t, c, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+			if resp.StatusCode != 200 || strings.Count(string(body), "data: x") != 8 {
+				t.Errorf("status %d, body %q: want the 8 events", resp.StatusCode, body)
+			}
+		})
+		t.Run("a silence past it", func(t *testing.T) {
+			gone := make(chan error, 1)
+			up, stop := liveStream(t, "Content-Type: text/event-stream\r\n", gone)
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
+			t.Cleanup(stop)
+			conn := subscribe(t, r.Addr, "the subscriber")
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadAll(conn); err != nil {
+				t.Errorf("the client's connection: %v, want it closed", err)
+			}
+			if err := <-gone; err == nil || strings.Contains(err.Error(), "timeout") {
+				t.Errorf("the upstream's connection: %v, want it closed", err)
+			}
+		})
+	})
+}
+
+// A long stream is logged once, when it ends, with every byte sent and
+// its whole duration (at least what the client saw of it).
+func TestLongStreamLogged(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		next := make(chan struct{})
+		up := startUpstream(t, func(_ *seenRequest, w *bufio.Writer, _ net.Conn) {
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			w.Flush()
+			for range next {
+				w.WriteString("9\r\ndata: x\n\n\r\n")
+				w.Flush()
+			}
+			w.WriteString("0\r\n\r\n")
+		})
+		lines := make(chan core.AccessEntry, 2)
+		c := configCoreWith(t, "", func(o *core.Options) {
+			o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		conn, br := dial(t, r.Addr)
+		resp := roundTripHead(t, conn, br, "GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+		began := time.Now()
+		go func() {
+			defer close(next)
+			for range 4 {
+				time.Sleep(100 * time.Millisecond)
+				next <- struct{}{}
+			}
+		}()
+		events := bufio.NewReader(resp.Body)
+		for range 4 {
+			events.ReadString('\n')
+			events.ReadString('\n')
+		}
+		saw := time.Since(began) // to the last event (net/http ends a chunked body after the exchange)
+		rest, err := io.ReadAll(events)
+		if len(rest) != 0 || err != nil {
+			t.Errorf("after the events: %q, %v", rest, err)
+		}
+		select {
+		case l := <-lines:
+			if l.Status != 200 || l.Bytes != 36 || l.Duration < saw {
+				t.Errorf("logged %d, %d bytes in %v; want 200, the 36 sent, in at least the %v the client saw", l.Status, l.Bytes, l.Duration, saw)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("not logged")
+		}
+		if len(lines) != 0 {
+			t.Error("logged twice")
 		}
 	})
 }
