@@ -12,6 +12,8 @@ import (
 
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
+	"github.com/preforkd/preforkd/internal/waitfor"
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // eventsArriveOneByOne has the upstream answer req with head (its fields
@@ -266,7 +268,8 @@ func TestUpstreamTimeoutIsBetweenReads(t *testing.T) {
 		t.Run("a silence past it", func(t *testing.T) {
 			gone := make(chan error, 1)
 			up, stop := liveStream(t, "Content-Type: text/event-stream\r\n", gone)
-			r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
+			c, region := configCoreIn(t, "", func(*core.Options) {})
+			r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c, Client: engine.Upstream{Timeout: timeout}})
 			t.Cleanup(stop)
 			conn := subscribe(t, r.Addr, "the subscriber")
 			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -275,6 +278,9 @@ func TestUpstreamTimeoutIsBetweenReads(t *testing.T) {
 			}
 			if err := <-gone; err == nil || strings.Contains(err.Error(), "timeout") {
 				t.Errorf("the upstream's connection: %v, want it closed", err)
+			}
+			if !waitfor.Cond(5*time.Second, func() bool { return metrics.Total(region, metrics.UpstreamErrors, metrics.UpstreamBroken) == 1 }) {
+				t.Error("not counted as a broken upstream response")
 			}
 		})
 	})
