@@ -3,7 +3,9 @@ package tlsedge_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -57,5 +59,40 @@ func TestEventStreamOverTLS(t *testing.T) {
 				events.ReadString('\n')
 			}
 		})
+	}
+}
+
+// An HTTP/2 client that resets its stream mid-stream, between two events,
+// has the upstream's connection closed at once (the application's request
+// ends), as over HTTP/1.1.
+func TestEventStreamResetOverHTTP2(t *testing.T) {
+	ended := make(chan struct{})
+	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: 0\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(ended)
+		case <-time.After(5 * time.Second):
+		}
+	})
+	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{}, nil)
+	h2 := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf}, Timeout: 5 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+addr+"/events", nil)
+	resp, err := h2.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); line != "data: 0\n" {
+		t.Fatalf("first event %q, %v", line, err)
+	}
+	cancel() // RST_STREAM
+	resp.Body.Close()
+	select {
+	case <-ended:
+	case <-time.After(3 * time.Second):
+		t.Error("the application's request still open 3 s after the stream's reset")
 	}
 }
