@@ -4,6 +4,7 @@ package main
 // front of an upstream that this test runs and that counts its calls.
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -106,6 +107,15 @@ func (o *cacheOrigin) serve(w http.ResponseWriter, r *http.Request) {
 		h.Set("Vary", "*")
 	case "/sie":
 		h.Set("Cache-Control", "max-age=1, stale-if-error=600")
+	case "/events":
+		// An event stream that looks cacheable: one event, then nothing
+		// until the client (or the test) goes.
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "max-age=60")
+		fmt.Fprint(w, "data: 0\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		return
 	default:
 		h.Set("Cache-Control", "max-age=60")
 		h.Set("Etag", fmt.Sprintf(`"%s-%d"`, r.URL.Path, n))
@@ -179,6 +189,32 @@ func TestCacheE2E(t *testing.T) {
 	t.Run("semantics", parallel(cacheTestSemantics))
 	t.Run("persistence", parallel(cacheTestPersistence))
 	t.Run("revalidation after a restart", parallel(cacheTestRevalidationPersists))
+	t.Run("streams", parallel(cacheTestStreams))
+}
+
+// An event stream is never stored, and holds no other subscriber back:
+// with lock_timeout at a minute, four subscribers over four workers each
+// get their first event at once, each from the application.
+func cacheTestStreams(t *testing.T) {
+	o := startCacheOrigin(t)
+	cfg, _ := cacheConfig(t, o, "lock_timeout = \"60s\"\n")
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	c := newClient(t, nil, false) // a connection per request: any worker
+	c.Timeout = 10 * time.Second
+	for i := range 4 {
+		resp, err := c.Get(d.url("/events"))
+		if err != nil {
+			t.Fatalf("subscriber %d: %v", i, err)
+		}
+		defer resp.Body.Close()
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if line != "data: 0\n" || resp.Header.Get("X-Cache") != "MISS" {
+			t.Fatalf("subscriber %d: %q, %v, X-Cache %q", i, line, err, resp.Header.Get("X-Cache"))
+		}
+	}
+	if n := o.count("/events"); n != 4 {
+		t.Errorf("the application served %d subscribers, want 4", n)
+	}
 }
 
 // A stale entry restored from the dump is revalidated with its ETag (a
