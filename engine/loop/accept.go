@@ -67,9 +67,8 @@ func (l *loop) addAcceptor(arg any) error {
 // poll starts polling the listener. Every worker's loops poll the one
 // socket: with EPOLLEXCLUSIVE (as nginx does), a connection that arrives
 // wakes one of them, not all — the others would each wake for an accept
-// that fails. netpoll cannot register so; the loop's epoll descriptor
-// can (pollerFD). Without it, the listener is polled as any descriptor,
-// and so it is with MaxConnections: a registration that is taken out at
+// that fails. With MaxConnections the listener is polled as any
+// descriptor (level triggered, every loop woken): a registration that is taken out at
 // the bound and made again later lost the wake-up of a connection that
 // arrived after, under load (TestSlowloris, one run in two), and a
 // connection must never wait for one that does not come.
@@ -189,7 +188,7 @@ func (a *acceptor) stop() {
 	}
 	a.l.wheel.unlink(&a.t)
 	if a.have != 0 {
-		_ = a.l.poller.Delete(a.ln.fd)
+		_ = a.l.poller.del(a.ln.fd)
 		a.have, a.exclusive = 0, false
 	}
 	if int(a.ln.fd) < len(a.l.fds) && a.l.fds[a.ln.fd] == a {

@@ -81,7 +81,7 @@ func benchCore(b *testing.B) *core.Core {
 
 // cannedUpstream answers every request on a connection with the same
 // response, without parsing more than the end of the request head.
-func cannedUpstream(b *testing.B) string {
+func cannedUpstream(b testing.TB) string {
 	ln := listen(b)
 	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nok\n")
 	wiretest.AcceptEach(ln, func(c net.Conn) {

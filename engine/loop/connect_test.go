@@ -53,7 +53,7 @@ func TestConnectingTakesNoStaleEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.poller.Close()
+	defer l.poller.close()
 	u, err := l.dial()
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,6 @@
 // Package loop is preforkd's event-loop engine: cleartext HTTP/1.1 served
-// by a few goroutines that each own an epoll poller (gnet v2's netpoll:
-// level-triggered epoll, an eventfd wake-up and a lock-free task queue),
+// by a few goroutines that each own an epoll poller (level-triggered
+// epoll, an eventfd wake-up and gnet v2's lock-free task queue),
 // with the upstream connections registered on the same poller as the
 // clients they serve. A socket is read when epoll says it has bytes, and
 // a response goes out in one write with its head: two reads and two

@@ -23,3 +23,12 @@ func SetDrainGraces(s *Server, idle, fresh time.Duration) {
 
 // SetUpstreamAddrs replaces what the upstream's name resolved to.
 func SetUpstreamAddrs(s *Server, addrs []netip.AddrPort) { s.addrs.Store(&addrs) }
+
+// PollerWaits is how many times the server's loops called epoll_wait.
+func PollerWaits(s *Server) uint64 {
+	var n uint64
+	for _, l := range s.loops {
+		n += l.poller.waits.Load()
+	}
+	return n
+}

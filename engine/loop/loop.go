@@ -4,21 +4,17 @@ package loop
 
 import (
 	"net/http"
-	"reflect"
-	"strconv"
 	"time"
 	"unsafe"
 
-	gerrors "github.com/panjf2000/gnet/v2/pkg/errors"
-	"github.com/panjf2000/gnet/v2/pkg/netpoll"
 	"github.com/panjf2000/gnet/v2/pkg/queue"
 	"golang.org/x/sys/unix"
 
 	"github.com/preforkd/preforkd/core"
 )
 
-// A loop is one goroutine that owns a poller (gnet's epoll, level
-// triggered, with its eventfd wake-up and task queue) and everything
+// A loop is one goroutine that owns a poller (epoll, level triggered,
+// with an eventfd wake-up and a task queue: poller.go) and everything
 // registered on it: its share of the client connections, its upstream
 // connections and their pool, its timers. Nothing of a loop is touched
 // from another goroutine but through its task queue (run), so none of it
@@ -46,8 +42,8 @@ const (
 
 type loop struct {
 	s      *Server
-	poller *netpoll.Poller
-	epfd   int        // the poller's epoll descriptor, or -1 (pollerFD)
+	poller *poller
+	epfd   int        // the poller's epoll descriptor
 	fds    []pollable // by descriptor
 	wheel  wheel
 
@@ -84,14 +80,14 @@ type loop struct {
 }
 
 func newLoop(s *Server) (*loop, error) {
-	p, err := netpoll.OpenPoller()
+	p, err := openPoller()
 	if err != nil {
 		return nil, err
 	}
 	l := &loop{
 		s:          s,
 		poller:     p,
-		epfd:       pollerFD(p),
+		epfd:       p.fd,
 		fds:        make([]pollable, 1024),
 		rbuf:       make([]byte, readSize),
 		tickerStop: make(chan struct{}),
@@ -102,7 +98,7 @@ func newLoop(s *Server) (*loop, error) {
 	l.pool.init(l)
 	l.onTick = l.tick
 	l.onResume = l.resume
-	l.onStop = func(any) error { return gerrors.ErrEngineShutdown }
+	l.onStop = func(any) error { return errStop }
 	l.onDrain = l.drain
 	l.onAccept = l.addAcceptor
 	l.onResumeAccept = l.resumeAccept
@@ -115,42 +111,23 @@ func newLoop(s *Server) (*loop, error) {
 	return l, nil
 }
 
-// pollerFD is the epoll descriptor of a gnet poller, which gnet v2.9.7
-// keeps in an unexported field with no accessor: read it (reflect reads
-// an unexported int), and check that it is an epoll instance; -1 when it
-// is not there (another gnet), and then what needs it does without.
-func pollerFD(p *netpoll.Poller) int {
-	v := reflect.ValueOf(p).Elem().FieldByName("fd")
-	if !v.IsValid() || v.Kind() != reflect.Int {
-		return -1
-	}
-	fd := int(v.Int())
-	var buf [32]byte
-	n, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf[:])
-	if err != nil || string(buf[:n]) != "anon_inode:[eventpoll]" {
-		return -1
-	}
-	return fd
-}
-
 // run is the loop's goroutine: it polls until stop.
 func (l *loop) run() {
 	defer close(l.done)
 	go l.ticker()
-	_ = l.poller.Polling(l.dispatch)
+	_ = l.poller.polling(l.dispatch)
 	close(l.tickerStop)
 	l.closeAll()
-	_ = l.poller.Close()
+	_ = l.poller.close()
 }
 
 // dispatch hands an event to the descriptor's owner.
-func (l *loop) dispatch(fd int, ev uint32, _ uint16) error {
+func (l *loop) dispatch(fd int, ev uint32) {
 	if fd < len(l.fds) {
 		if p := l.fds[fd]; p != nil {
 			p.event(ev)
 		}
 	}
-	return nil
 }
 
 // ticker moves the loop's wheel on, from a goroutine of its own.
@@ -162,7 +139,7 @@ func (l *loop) ticker() {
 		case <-l.tickerStop:
 			return
 		case <-t.C:
-			if l.poller.Trigger(queue.HighPriority, l.onTick, nil) != nil {
+			if l.poller.trigger(l.onTick, nil) != nil {
 				return
 			}
 		}
@@ -188,12 +165,12 @@ func (l *loop) updateDate(now time.Time) {
 
 // run queues f(arg) on the loop, from any goroutine.
 func (l *loop) run1(f queue.Func, arg any) error {
-	return l.poller.Trigger(queue.HighPriority, f, arg)
+	return l.poller.trigger(f, arg)
 }
 
 // stop makes the loop return once it has run what is queued.
 func (l *loop) stop() {
-	if l.poller.Trigger(queue.LowPriority, l.onStop, nil) != nil {
+	if l.poller.trigger(l.onStop, nil) != nil {
 		return // stopped already
 	}
 }
@@ -208,32 +185,31 @@ func (l *loop) register(fd int, p pollable, have *uint8, want uint8) error {
 	return l.interest(fd, have, want)
 }
 
-// interest changes what fd is polled for. netpoll has no write-only
-// change: a descriptor that stops reading while it writes is entered
-// anew. That is the rare case (a paused stream with a backlog the other
-// way); the usual changes are one epoll_ctl.
+// interest changes what fd is polled for. A descriptor that stops
+// reading while it writes is entered anew, as with gnet's poller, whose
+// calls these were. That is the rare case (a paused stream with a
+// backlog the other way); the usual changes are one epoll_ctl.
 func (l *loop) interest(fd int, have *uint8, want uint8) error {
 	if *have == want {
 		return nil
 	}
-	pa := netpoll.PollAttachment{FD: fd}
 	var err error
 	switch {
 	case *have == 0 && want == wantRead:
-		err = l.poller.AddRead(&pa, false)
+		err = l.poller.add(fd, readEvents)
 	case *have == 0 && want == wantWrite:
-		err = l.poller.AddWrite(&pa, false)
+		err = l.poller.add(fd, writeEvents)
 	case *have == 0:
-		err = l.poller.AddReadWrite(&pa, false)
+		err = l.poller.add(fd, readEvents|writeEvents)
 	case want == 0:
-		err = l.poller.Delete(fd)
+		err = l.poller.del(fd)
 	case want == wantRead:
-		err = l.poller.ModRead(&pa, false)
+		err = l.poller.mod(fd, readEvents)
 	case want == wantRead|wantWrite:
-		err = l.poller.ModReadWrite(&pa, false)
+		err = l.poller.mod(fd, readEvents|writeEvents)
 	default: // write only, from read (and write)
-		if err = l.poller.Delete(fd); err == nil {
-			err = l.poller.AddWrite(&pa, false)
+		if err = l.poller.del(fd); err == nil {
+			err = l.poller.add(fd, writeEvents)
 		}
 	}
 	if err == nil {

@@ -50,8 +50,8 @@ type Options struct {
 	// milliseconds: with a core that has Redis rules (core.Core.Redis),
 	// New raises GOMAXPROCS to Loops+1, and the one more P runs the
 	// waiters and their network calls at once. (Without Redis the extra P
-	// costs more than it brings: gnet's poller yields the loop's goroutine
-	// each time it finds nothing to do, which with an idle P wakes another
+	// costs more than it brings: the poller yields the loop's goroutine
+	// before each wait, which with an idle P wakes another
 	// thread for nothing.)
 	Loops int
 	// Waiters is how many goroutines finish the decisions that must
