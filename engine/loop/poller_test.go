@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/preforkd/preforkd/engine/loop"
 )
@@ -37,15 +38,17 @@ func TestOneEpollWaitPerRound(t *testing.T) {
 	}
 	roundTrip() // the connection to the upstream made
 	const n = 400
-	before := loop.PollerWaits(s)
+	before, start := loop.PollerWaits(s), time.Now()
 	for range n {
 		roundTrip()
 	}
 	waits := loop.PollerWaits(s) - before
-	// 2 a request, and the wheel's ticks (one each 25 ms) besides.
-	if perReq := float64(waits) / n; perReq > 2.5 {
-		t.Errorf("%d epoll_wait calls for %d requests: %.2f a request, want 2 (one a round)", waits, n, perReq)
+	// 2 a request, and the wheel's ticks (one each 25 ms) besides, which
+	// a loaded machine makes more of.
+	ticks := uint64(time.Since(start)/(25*time.Millisecond)) + 2
+	if perReq := float64(waits-min(waits, ticks)) / n; perReq > 2.5 {
+		t.Errorf("%d epoll_wait calls for %d requests (%d ticks): %.2f a request, want 2 (one a round)", waits, n, ticks, perReq)
 	} else {
-		t.Logf("%d epoll_wait calls for %d requests: %.2f a request", waits, n, perReq)
+		t.Logf("%d epoll_wait calls for %d requests (%d ticks): %.2f a request", waits, n, ticks, perReq)
 	}
 }
