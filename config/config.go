@@ -435,7 +435,7 @@ type Redis struct {
 	// Timeout bounds each call made for a request; no retries. 0 means
 	// 25ms.
 	Timeout time.Duration `toml:"timeout"`
-	// PoolSize is the connection pool per worker; 0 means go-redis's
+	// PoolSize is the connection pool per worker, 0..10000; 0 means go-redis's
 	// default.
 	PoolSize int `toml:"pool_size"`
 	// Prefix starts every key. "" means "preforkd:".

@@ -56,8 +56,8 @@ type Options struct {
 	// write and read together); a call is never retried on the request
 	// path. 0 means DefaultTimeout.
 	Timeout time.Duration
-	// PoolSize is the connection pool of the client (per worker process).
-	// 0 means go-redis's default (10 per CPU).
+	// PoolSize is the connection pool of the client (per worker process),
+	// 0..MaxPoolSize. 0 means go-redis's default (10 per CPU).
 	PoolSize int
 	// Prefix starts every key, so that several deployments can share one
 	// Redis. "" means DefaultPrefix.
@@ -100,6 +100,11 @@ const (
 	// breaker (Breaker.Successes).
 	DefaultBreakerSuccesses = 3
 )
+
+// MaxPoolSize bounds Options.PoolSize: as each worker builds its client,
+// go-redis fills a semaphore of that many tokens and sizes its idle list
+// by it (and takes it as an int32).
+const MaxPoolSize = 10000
 
 // Enabled reports whether o names a Redis to use.
 func (o *Options) Enabled() bool {
@@ -167,8 +172,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.New("redisstore: set only one of url, cluster and sentinel")
 	case o.Timeout < time.Millisecond || o.Timeout > time.Minute:
 		return o, fmt.Errorf("redisstore: timeout %v outside 1ms..1m", o.Timeout)
-	case o.PoolSize < 0:
-		return o, fmt.Errorf("redisstore: pool size %d is negative", o.PoolSize)
+	case o.PoolSize < 0 || o.PoolSize > MaxPoolSize:
+		return o, fmt.Errorf("redisstore: pool size %d outside 0..%d", o.PoolSize, MaxPoolSize)
 	case strings.ContainsAny(o.Prefix, "{}"):
 		// Redis Cluster hashes a key's first {...}: the prefix's would
 		// take the place of the key's own tag, which keeps one request's

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// edgeValues are values past the edge of their key's range, each with
+// what the one line that refuses it says.
+var edgeValues = []struct{ name, extra, msg string }{
+	// A worker built its Redis client with this and panicked.
+	{"redis pool past int32", "[redis]\nurl = \"redis://127.0.0.1:1\"\npool_size = 2147483648\n",
+		"redis: pool size 2147483648 outside 0..10000"},
+}
+
+// A value past its key's range is refused by check, by run before any
+// worker starts, and by a HUP, which keeps the running configuration and
+// counts the reload refused: never a worker that panics, or a limit that
+// wraps around.
+func TestEdgeValuesRefusedE2E(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, tc := range edgeValues {
+		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".toml")
+		if err := os.WriteFile(path, []byte(baseServer(1, "")+tc.extra), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"check", "run"} {
+			code, _, stderr := runBinary(t, cmd, "-config", path, "-listen", "127.0.0.1:0")
+			if cmd == "check" {
+				code, _, stderr = runBinary(t, cmd, "-config", path)
+			}
+			if code != exitUsage || !strings.Contains(stderr, tc.msg) || strings.Contains(stderr, "worker") {
+				t.Errorf("%s: %s: exit %d, stderr:\n%s\nwant exit 2 and one line with %q", tc.name, cmd, code, stderr, tc.msg)
+			}
+		}
+	}
+
+	cfg := strings.Replace(baseServer(1, ""), "[table]", "[admin]\nlisten = \"ADMIN_ADDR\"\n\n[table]", 1)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	defer d.stop()
+	for _, tc := range edgeValues {
+		from := reloadTo(d, cfg+tc.extra)
+		_, l, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool { return strings.HasPrefix(l.msg(), "reload") })
+		if !ok || !strings.HasPrefix(l.msg(), "reload refused") || !strings.Contains(l.get("err"), tc.msg) {
+			t.Errorf("%s: HUP: %q err=%q; want the reload refused with %q", tc.name, l.msg(), l.get("err"), tc.msg)
+		}
+	}
+	m := scrapeMetrics(t, newClient(t, nil, false), d.admin).samples
+	if n := m[`preforkd_reloads_total{result="refused"}`]; n != float64(len(edgeValues)) {
+		t.Errorf("reloads refused: %v, want %d", n, len(edgeValues))
+	}
+	if r := get(newClient(t, freshClientIP(), false), d.url("/")); r.status != http.StatusOK {
+		t.Errorf("after the refused reloads: %d %v, want 200 from the running configuration", r.status, r.err)
+	}
+}

@@ -1,0 +1,54 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestValuesAtTheirEdges checks values at and past the edges of their
+// range: each is refused at the line marked "<-" with a message that
+// names the key, the value and what is allowed, however the file writes
+// it and whether or not the rest of the file makes use of it.
+func TestValuesAtTheirEdges(t *testing.T) {
+	const redis = "[redis]\nurl = \"redis://127.0.0.1:6379\"\n"
+	for _, tc := range []struct {
+		name, src string
+		want      []string // each in the message
+	}{
+		// go-redis takes the pool size as an int32 and fills a
+		// semaphore of that many tokens as each worker starts: past
+		// MaxInt32 the worker panicked, at 1e9 it took 20 s and GiBs.
+		{"redis pool past int32", redis + "pool_size = 2147483648 # <-\n",
+			[]string{"redis", "pool size 2147483648", "0..10000"}},
+		{"redis pool absurd", redis + "pool_size = 1000000000 # <-\n",
+			[]string{"redis", "pool size 1000000000", "0..10000"}},
+		{"redis pool just past", redis + "pool_size = 10001 # <-\n",
+			[]string{"redis", "pool size 10001", "0..10000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			line := markedLine(t, tc.src)
+			_, err := Parse([]byte(tc.src), "t.toml")
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("Parse = %v, want an *Error\n%s", err, tc.src)
+			}
+			if e.Line != line {
+				t.Errorf("Parse = %q: line %d, want %d", err, e.Line, line)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(e.Msg, w) {
+					t.Errorf("Parse = %q: want %q in the message", err, w)
+				}
+			}
+		})
+	}
+	// Values at the edges are taken.
+	for _, src := range []string{
+		redis + "pool_size = 10000\n",
+	} {
+		if _, err := Parse([]byte(src), "t.toml"); err != nil {
+			t.Errorf("Parse(%q) = %v, want it taken", src, err)
+		}
+	}
+}
