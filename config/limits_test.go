@@ -25,6 +25,13 @@ func TestValuesAtTheirEdges(t *testing.T) {
 			[]string{"redis", "pool size 1000000000", "0..10000"}},
 		{"redis pool just past", redis + "pool_size = 10001 # <-\n",
 			[]string{"redis", "pool size 10001", "0..10000"}},
+
+		// A window in seconds past what the shape check takes is
+		// positive: the message says how long a window may be.
+		{"window of too many seconds", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 4294967297 # <-\n",
+			[]string{"ratelimit[1].window", "4294967297 seconds", "at most 17592186 seconds"}},
+		{"override window of too many seconds", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 1\n[[ratelimit.override]]\nkey = \"k\"\nlimit = 2\nwindow = 99999999999 # <-\n",
+			[]string{"ratelimit[1].override[1].window", "99999999999 seconds", "at most 17592186 seconds"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line := markedLine(t, tc.src)
@@ -46,6 +53,7 @@ func TestValuesAtTheirEdges(t *testing.T) {
 	// Values at the edges are taken.
 	for _, src := range []string{
 		redis + "pool_size = 10000\n",
+		"[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 17592186\n",
 	} {
 		if _, err := Parse([]byte(src), "t.toml"); err != nil {
 			t.Errorf("Parse(%q) = %v, want it taken", src, err)

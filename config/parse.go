@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/preforkd/preforkd/bucket"
 )
 
 // Load reads the file at path and parses it with [Parse], then reads the
@@ -144,9 +146,9 @@ func decode(md *toml.MetaData, doc toml.Primitive) (Config, error) {
 // as limit_req-style configurations write them ("window = 300").
 func inSeconds(path []string) bool { return len(path) > 0 && path[len(path)-1] == "window" }
 
-// maxWholeSeconds bounds a window written in seconds far below what a
-// time.Duration holds; the rule's own check then says what it accepts.
-const maxWholeSeconds = 1 << 32
+// maxWholeSeconds is the longest window written in seconds: the longest
+// a rule takes (bucket.MaxWindow), far below what a time.Duration holds.
+const maxWholeSeconds = int64(bucket.MaxWindow / time.Second)
 
 // windowSeconds makes each window the file wrote as a bare integer that
 // many seconds: the decoder took it for nanoseconds.
@@ -237,8 +239,10 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 	switch u := reflect.New(t).Interface().(type) {
 	case *time.Duration:
 		if n, ok := v.(int64); ok && inSeconds(path) {
-			if n <= 0 || n > maxWholeSeconds {
+			if n <= 0 {
 				r.fail(path, fmt.Sprintf("%s: %d seconds: want a positive whole number of seconds (or a duration string such as \"5m\")", name(path), n))
+			} else if n > maxWholeSeconds {
+				r.fail(path, fmt.Sprintf("%s: %d seconds: want at most %d seconds (%v)", name(path), n, maxWholeSeconds, time.Duration(maxWholeSeconds)*time.Second))
 			}
 			return
 		}
