@@ -32,6 +32,19 @@ func TestValuesAtTheirEdges(t *testing.T) {
 			[]string{"ratelimit[1].window", "4294967297 seconds", "at most 17592186 seconds"}},
 		{"override window of too many seconds", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 1\n[[ratelimit.override]]\nkey = \"k\"\nlimit = 2\nwindow = 99999999999 # <-\n",
 			[]string{"ratelimit[1].override[1].window", "99999999999 seconds", "at most 17592186 seconds"}},
+
+		// An integer past int64 is the decoder's error; it names the
+		// key and the range all the same.
+		{"20-digit integer", "[server]\nworkers = 99999999999999999999 # <-\n",
+			[]string{"server.workers", "99999999999999999999", "out of range", "9223372036854775807"}},
+		{"20-digit integer in an array of tables", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nwindow = \"1s\"\n  limit = -99999999999999999999 # <-\n",
+			[]string{"ratelimit[2].limit", "-99999999999999999999", "out of range"}},
+		{"20-digit integer in an override", rule + "[[ratelimit.override]]\nkey = \"k\"\n[[ratelimit.override]]\nkey = \"j\"\nlimit = 99999999999999999999 # <-\n",
+			[]string{"ratelimit[1].override[2].limit", "99999999999999999999", "out of range"}},
+		{"20-digit size", "[table]\nresponse_bytes = 99999999999999999999 # <-\n",
+			[]string{"table.response_bytes", "99999999999999999999", "out of range"}},
+		{"20-digit integer in an inline table", "admin = { listen = \"\" }\ntable = { counters = 99999999999999999999 } # <-\n",
+			[]string{"table.counters", "99999999999999999999", "out of range"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line := markedLine(t, tc.src)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -76,7 +77,7 @@ func Parse(data []byte, name string) (Config, error) {
 	var doc toml.Primitive
 	md, err := toml.Decode(string(data), &doc)
 	if err != nil {
-		return Config{}, decodeError(name, err)
+		return Config{}, decodeError(name, err, string(data))
 	}
 	r := &report{file: name, src: string(data)}
 	var tree map[string]any
@@ -186,12 +187,47 @@ func tables(v any) []map[string]any {
 	return nil
 }
 
-func decodeError(name string, err error) *Error {
+func decodeError(name string, err error, src ...string) *Error {
 	var pe toml.ParseError
 	if errors.As(err, &pe) {
-		return &Error{File: name, Line: pe.Position.Line, Msg: pe.Message}
+		msg := pe.Message
+		if n, ok := strings.CutSuffix(msg, " is out of range for int64"); ok && pe.LastKey != "" && len(src) > 0 {
+			// The decoder names the type, not the key.
+			msg = fmt.Sprintf("%s: %s is out of range: an integer is from %d to %d", arrayKey(src[0], pe.Position.Line, pe.LastKey), n, math.MinInt64, math.MaxInt64)
+		}
+		return &Error{File: name, Line: pe.Position.Line, Msg: msg}
 	}
 	return &Error{File: name, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+}
+
+// arrayKey is the dotted key the decoder names for a value at line of src,
+// with the element of each array of tables it is in ("ratelimit.limit"
+// in the second [[ratelimit]] is "ratelimit[2].limit"), as name shows a
+// path. The headers are found by their text: src is only read up to line.
+func arrayKey(src string, line int, key string) string {
+	segs := strings.Split(key, ".")
+	lines := strings.Split(src, "\n")
+	lines = lines[:min(max(line-1, 0), len(lines))]
+	var b strings.Builder
+	from := 0 // the element of the enclosing array starts after this line
+	for i, seg := range segs {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(seg)
+		header := "[[" + strings.Join(segs[:i+1], ".") + "]]"
+		n, last := 0, from
+		for j := from; j < len(lines) && i < len(segs)-1; j++ {
+			if h, _, _ := strings.Cut(strings.ReplaceAll(strings.TrimSpace(lines[j]), " ", ""), "#"); h == header {
+				n, last = n+1, j
+			}
+		}
+		if n > 0 {
+			fmt.Fprintf(&b, "[%d]", n)
+			from = last
+		}
+	}
+	return b.String()
 }
 
 // report collects the problems of one configuration, each at the line of

@@ -15,6 +15,9 @@ var edgeValues = []struct{ name, extra, msg string }{
 	// A worker built its Redis client with this and panicked.
 	{"redis pool past int32", "[redis]\nurl = \"redis://127.0.0.1:1\"\npool_size = 2147483648\n",
 		"redis: pool size 2147483648 outside 0..10000"},
+	// The decoder's own error, which named no key.
+	{"20-digit integer", "[tls]\nredirect_port = 99999999999999999999\n",
+		"tls.redirect_port: 99999999999999999999 is out of range"},
 }
 
 // A value past its key's range is refused by check, by run before any
