@@ -641,7 +641,12 @@ const (
 const (
 	minCounters = 8
 	maxCounters = 1 << 26 // 4 GiB of 64-byte slots
-	maxNameLen  = 64      // a rule name is a header parameter and a metric label
+	// The response table's bounds (package shm's): checked whether or
+	// not a block makes the table, as README states them.
+	maxResponses     = 1 << 26
+	responseBlock    = 4096 // the region's block of stored bodies
+	maxResponseBytes = (1<<32 - 2) * responseBlock
+	maxNameLen       = 64 // a rule name is a header parameter and a metric label
 )
 
 // MinPersistInterval is the least persist.interval: a dump of a large

@@ -108,8 +108,8 @@ func TestErrors(t *testing.T) {
 		{"cache ttl 0s", "[[cache]]\npath = \"/c\"\nttl = \"0s\" # <-\n", "cache[1]: ttl: must be positive", 0},
 		{"cache max_body 0", "[[cache]]\npath = \"/c\"\nmax_body = 0 # <-\n", "cache[1]: max_body: must be positive", 0},
 		// The region's own bounds: check refuses what run would.
-		{"responses past the region's", "[table] # <-\nresponses = 67108865\n[[cache]]\npath = \"/c\"\n", "table: the region cannot be made: shm: 67108865 response records is more than the maximum 67108864", 0},
-		{"response_bytes past the region's", "[table] # <-\nresponse_bytes = \"99999999GiB\"\n[[idempotency]]\npath = \"/o\"\n", "response bytes is more than 4294967294 blocks", 0},
+		{"responses past the region's", "[table]\nresponses = 67108865 # <-\n[[cache]]\npath = \"/c\"\n", "table.responses: must be between 0 and 67108864, got 67108865", 0},
+		{"response_bytes past the region's", "[table]\nresponse_bytes = \"99999999GiB\" # <-\n[[idempotency]]\npath = \"/o\"\n", "table.response_bytes: must be between 0 and 17592186036224 bytes", 0},
 		{"response_bytes 0 with cache", "[table]\nresponse_bytes = 0 # <-\n[[cache]]\npath = \"/c\"\n", "table.response_bytes: is 0 but [[cache]] blocks need room for stored bodies", 0},
 		{"persist live", "[persist]\npath = \"/x\"\nlive = \"/x\" # <-\n", "same file", 0},
 		{"max_requests", "[server]\nmax_requests = -1 # <-\n", "server.max_requests: must not be negative", 0},

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/preforkd/preforkd/shm"
 )
 
 // TestValuesAtTheirEdges checks values at and past the edges of their
@@ -45,6 +47,20 @@ func TestValuesAtTheirEdges(t *testing.T) {
 			[]string{"table.response_bytes", "99999999999999999999", "out of range"}},
 		{"20-digit integer in an inline table", "admin = { listen = \"\" }\ntable = { counters = 99999999999999999999 } # <-\n",
 			[]string{"table.counters", "99999999999999999999", "out of range"}},
+
+		// The response table's bounds hold whether or not a block makes
+		// one: README gives them, and a block added later would meet
+		// them only at the next start.
+		{"responses past the maximum, no block", "[table]\nresponses = 1000000000000 # <-\n",
+			[]string{"table.responses", "1000000000000", "67108864"}},
+		{"responses just past the maximum, no block", "[table]\nresponses = 67108865 # <-\n",
+			[]string{"table.responses", "67108865", "67108864"}},
+		{"responses past the maximum, with a block", "[table]\nresponses = 67108865 # <-\n[[idempotency]]\npath = \"/o\"\n",
+			[]string{"table.responses", "67108865", "67108864"}},
+		{"response bytes past the maximum, no block", "[table]\nresponse_bytes = \"8388607TiB\" # <-\n",
+			[]string{"table.response_bytes", "9223370937343148032", "17592186036224"}},
+		{"response bytes just past the maximum, with a block", "[table]\nresponse_bytes = 17592186040320 # <-\n[[idempotency]]\npath = \"/o\"\n",
+			[]string{"table.response_bytes", "17592186040320", "17592186036224"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line := markedLine(t, tc.src)
@@ -67,9 +83,26 @@ func TestValuesAtTheirEdges(t *testing.T) {
 	for _, src := range []string{
 		redis + "pool_size = 10000\n",
 		"[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = 17592186\n",
+		"[table]\nresponses = 67108864\nresponse_bytes = 17592186036224\n",
 	} {
 		if _, err := Parse([]byte(src), "t.toml"); err != nil {
 			t.Errorf("Parse(%q) = %v, want it taken", src, err)
+		}
+	}
+}
+
+// The response table's bounds that check states are the region's own.
+func TestResponseTableBoundsAreTheRegions(t *testing.T) {
+	at := shm.Options{Counters: 8, Responses: maxResponses, ResponseBytes: int64(maxResponseBytes)}
+	if _, err := at.Normalized(); err != nil {
+		t.Errorf("the region refuses the bounds check takes: %v", err)
+	}
+	for _, past := range []shm.Options{
+		{Counters: 8, Responses: maxResponses + 1},
+		{Counters: 8, Responses: 16, ResponseBytes: int64(maxResponseBytes) + responseBlock},
+	} {
+		if _, err := past.Normalized(); err == nil {
+			t.Errorf("the region takes %+v, past the bounds check takes", past)
 		}
 	}
 }

@@ -118,11 +118,15 @@ func (c Config) check(r *report) {
 	storing := c.storing()
 	if t.Responses < 0 {
 		f("responses", "must not be negative, got %d", t.Responses)
+	} else if t.Responses > maxResponses {
+		f("responses", "must be between 0 and %d, got %d", maxResponses, t.Responses)
 	} else if t.Responses == 0 && storing != "" {
 		f("responses", "is 0 but %s blocks need stored responses", storing)
 	}
 	if t.ResponseBytes < 0 {
 		f("response_bytes", "must not be negative, got %d", t.ResponseBytes)
+	} else if t.ResponseBytes > maxResponseBytes {
+		f("response_bytes", "must be between 0 and %d bytes (2^32 - 2 blocks of %v), got %d", Size(maxResponseBytes), Size(responseBlock), t.ResponseBytes)
 	} else if t.ResponseBytes == 0 && storing != "" {
 		f("response_bytes", "is 0 but %s blocks need room for stored bodies", storing)
 	}

@@ -10,14 +10,20 @@ import (
 )
 
 // edgeValues are values past the edge of their key's range, each with
-// what the one line that refuses it says.
-var edgeValues = []struct{ name, extra, msg string }{
+// what the one line that refuses it says: in the test's configuration,
+// from is replaced by extra, or extra is added at its end.
+var edgeValues = []struct{ name, from, extra, msg string }{
 	// A worker built its Redis client with this and panicked.
-	{"redis pool past int32", "[redis]\nurl = \"redis://127.0.0.1:1\"\npool_size = 2147483648\n",
+	{"redis pool past int32", "", "[redis]\nurl = \"redis://127.0.0.1:1\"\npool_size = 2147483648\n",
 		"redis: pool size 2147483648 outside 0..10000"},
 	// The decoder's own error, which named no key.
-	{"20-digit integer", "[tls]\nredirect_port = 99999999999999999999\n",
+	{"20-digit integer", "", "[tls]\nredirect_port = 99999999999999999999\n",
 		"tls.redirect_port: 99999999999999999999 is out of range"},
+	// Taken, and ignored, while no block made the response table.
+	{"responses past the table's", "responses = 64", "responses = 1000000000000",
+		"table.responses: must be between 0 and 67108864, got 1000000000000"},
+	{"response bytes past the table's", `response_bytes = "64KiB"`, `response_bytes = "8388607TiB"`,
+		"table.response_bytes: must be between 0 and 17592186036224 bytes"},
 }
 
 // A value past its key's range is refused by check, by run before any
@@ -25,11 +31,17 @@ var edgeValues = []struct{ name, extra, msg string }{
 // counts the reload refused: never a worker that panics, or a limit that
 // wraps around.
 func TestEdgeValuesRefusedE2E(t *testing.T) {
+	with := func(cfg string, i int) string {
+		if v := edgeValues[i]; v.from != "" {
+			return strings.Replace(cfg, v.from, v.extra, 1)
+		}
+		return cfg + edgeValues[i].extra
+	}
 	t.Parallel()
 	dir := t.TempDir()
-	for _, tc := range edgeValues {
+	for i, tc := range edgeValues {
 		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".toml")
-		if err := os.WriteFile(path, []byte(baseServer(1, "")+tc.extra), 0o600); err != nil {
+		if err := os.WriteFile(path, []byte(with(baseServer(1, ""), i)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		for _, cmd := range []string{"check", "run"} {
@@ -46,8 +58,8 @@ func TestEdgeValuesRefusedE2E(t *testing.T) {
 	cfg := strings.Replace(baseServer(1, ""), "[table]", "[admin]\nlisten = \"ADMIN_ADDR\"\n\n[table]", 1)
 	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
 	defer d.stop()
-	for _, tc := range edgeValues {
-		from := reloadTo(d, cfg+tc.extra)
+	for i, tc := range edgeValues {
+		from := reloadTo(d, with(cfg, i))
 		_, l, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool { return strings.HasPrefix(l.msg(), "reload") })
 		if !ok || !strings.HasPrefix(l.msg(), "reload refused") || !strings.Contains(l.get("err"), tc.msg) {
 			t.Errorf("%s: HUP: %q err=%q; want the reload refused with %q", tc.name, l.msg(), l.get("err"), tc.msg)
