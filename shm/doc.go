@@ -124,7 +124,8 @@
 // builds for development: [CreatePrivate] works (its waiters poll), and
 // [Create], [CreateFile] and [OpenFile] return an error that wraps
 // [ErrNeedsLinux]. A region that does not fit in the memory available
-// (MemAvailable, and the cgroup's memory.max) is refused by [Create]. The
+// (MemAvailable, and the cgroup's memory.max) is refused by [Create],
+// with an error that wraps [ErrNoRoom]. The
 // race detector does not see accesses inside a mapping: [CreatePrivate]
 // makes a heap-backed region for goroutine tests.
 // The bulk operations for persistence ([Counters.Snapshot],

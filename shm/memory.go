@@ -3,6 +3,7 @@ package shm
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -47,10 +48,14 @@ func readUint(path string) (uint64, error) {
 	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64) // "max" fails: no limit
 }
 
+// ErrNoRoom is wrapped by the error of a region that does not fit in the
+// memory available.
+var ErrNoRoom = errors.New("does not fit in the memory available")
+
 // checkFits refuses a region that the machine cannot hold.
 func checkFits(size uint64) error {
 	if avail, ok := memoryAvailable(); ok && size > avail {
-		return fmt.Errorf("shm: a region of %s does not fit in the memory available (%s)", human(size), human(avail))
+		return fmt.Errorf("shm: a region of %s %w (%s)", human(size), ErrNoRoom, human(avail))
 	}
 	return nil
 }

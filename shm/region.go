@@ -134,7 +134,7 @@ func reserve(f *os.File, size uint64) error {
 		return fmt.Errorf("shm: sizing the region to %d bytes: %w", size, err)
 	}
 	if err := allocate(f, size); err != nil {
-		return fmt.Errorf("shm: a region of %d bytes does not fit in the memory available: %w", size, err)
+		return fmt.Errorf("shm: a region of %d bytes %w: %w", size, ErrNoRoom, err)
 	}
 	return nil
 }

@@ -304,8 +304,18 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 			releaseSignals()
 			return prepare(r, log)
 		}
-		return prefork.Run(ctx, opts)
+		return tableError(prefork.Run(ctx, opts), cfg)
 	}
+}
+
+// tableError adds to err, when it is that of a region the machine cannot
+// hold, the keys of the file that size the region and their values.
+func tableError(err error, cfg config.Config) error {
+	if !errors.Is(err, shm.ErrNoRoom) {
+		return err
+	}
+	t := cfg.RegionTable()
+	return fmt.Errorf("%w: [table] sizes it (table.counters = %d, table.responses = %d, table.response_bytes = %v)", err, t.Counters, t.Responses, t.ResponseBytes)
 }
 
 func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Writer) error {

@@ -49,7 +49,7 @@ func TestEdgeValuesRefusedE2E(t *testing.T) {
 			if cmd == "check" {
 				code, _, stderr = runBinary(t, cmd, "-config", path)
 			}
-			if code != exitUsage || !strings.Contains(stderr, tc.msg) || strings.Contains(stderr, "worker") {
+			if code != exitUsage || !strings.Contains(stderr, tc.msg) || strings.Contains(stderr, `msg="worker`) {
 				t.Errorf("%s: %s: exit %d, stderr:\n%s\nwant exit 2 and one line with %q", tc.name, cmd, code, stderr, tc.msg)
 			}
 		}
@@ -71,5 +71,27 @@ func TestEdgeValuesRefusedE2E(t *testing.T) {
 	}
 	if r := get(newClient(t, freshClientIP(), false), d.url("/")); r.status != http.StatusOK {
 		t.Errorf("after the refused reloads: %d %v, want 200 from the running configuration", r.status, r.err)
+	}
+}
+
+// A [table] that check takes but this machine cannot hold is refused by
+// run before any worker starts, on one line that names the keys that
+// size the region: not the region's bytes alone.
+func TestRegionTooLargeNamesTheKeysE2E(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "preforkd.toml")
+	// The largest table check takes: 16 TiB of blocks.
+	cfg := strings.Replace(baseServer(1, ""), `response_bytes = "64KiB"`, "response_bytes = 17592186036224", 1) +
+		"[[idempotency]]\npath = \"/o\"\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runBinary(t, "check", "-config", path); code != exitOK {
+		t.Fatalf("check: exit %d: %s", code, stderr)
+	}
+	code, _, stderr := runBinary(t, "run", "-config", path, "-listen", "127.0.0.1:0")
+	if code == exitOK || !strings.Contains(stderr, "does not fit in the memory available") ||
+		!strings.Contains(stderr, "table.response_bytes = 17179869176KiB") || !strings.Contains(stderr, "table.counters = 1024") || strings.Contains(stderr, `msg="worker`) {
+		t.Errorf("run: exit %d, stderr:\n%s\nwant a refusal before any worker, naming the [table] keys and their values", code, stderr)
 	}
 }
