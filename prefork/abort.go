@@ -66,7 +66,7 @@ func (s *supervisor) abortReload(i int, p *proc, what string, attrs []any, canar
 			sl.cur = nil
 		}
 		if s.procs[p.pid] == p { // not exited yet
-			s.retire(p, s.env.now().Add(p.drain+drainGrace))
+			s.retire(p, p.drainBy(s.env.now()))
 		}
 	}
 	var fate string

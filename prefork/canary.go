@@ -226,7 +226,7 @@ func (s *supervisor) supersedeCanary() {
 	}
 	if sl := &s.slots[c.slot]; sl.succ == c.proc {
 		sl.succ = nil
-		s.retire(c.proc, s.env.now().Add(c.proc.drain+drainGrace))
+		s.retire(c.proc, c.proc.drainBy(s.env.now()))
 	}
 	s.log.Warn("canary superseded by a newer reload", "pid", c.proc.pid, "generation", c.gen)
 }

@@ -503,7 +503,7 @@ func (s *supervisor) promote(sl *slot) {
 	old := sl.cur
 	sl.cur, sl.succ = sl.succ, nil
 	if old != nil {
-		s.retire(old, s.env.now().Add(old.drain+drainGrace))
+		s.retire(old, old.drainBy(s.env.now()))
 	}
 }
 
@@ -651,6 +651,11 @@ func (s *supervisor) onExit(ev exitEvent) {
 }
 
 // retire tells p to drain and kills it if it has not exited by killAt.
+// drainBy is when p, told to drain at now, is killed: its drain and the
+// grace added to now one at a time, as their sum could wrap around
+// (shutdown_timeout may be as long as a Duration holds).
+func (p *proc) drainBy(now time.Time) time.Time { return now.Add(p.drain).Add(drainGrace) }
+
 func (s *supervisor) retire(p *proc, killAt time.Time) {
 	if p.killAt.IsZero() || killAt.Before(p.killAt) {
 		p.killAt = killAt
@@ -693,7 +698,7 @@ func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 	if len(s.oldIndexes) > 0 {
 		// The old supervisor drains them within its shutdown_timeout,
 		// then they are reaped: twice that is time enough.
-		s.oldBy = s.env.now().Add(delay + 2*s.cfg.ShutdownTimeout)
+		s.oldBy = s.env.now().Add(delay).Add(s.cfg.ShutdownTimeout).Add(s.cfg.ShutdownTimeout) // a sum could wrap
 	}
 	if u := s.up; u != nil && !u.ready && !u.killed {
 		s.log.Info("upgrade abandoned: draining", "pid", u.proc.pid)
@@ -727,7 +732,7 @@ func (s *supervisor) retireAll() {
 	}
 	now := s.env.now()
 	for _, p := range s.sortedProcs() {
-		s.retire(p, now.Add(p.drain+drainGrace))
+		s.retire(p, p.drainBy(now))
 	}
 }
 

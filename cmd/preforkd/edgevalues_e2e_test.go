@@ -95,3 +95,25 @@ func TestRegionTooLargeNamesTheKeysE2E(t *testing.T) {
 		t.Errorf("run: exit %d, stderr:\n%s\nwant a refusal before any worker, naming the [table] keys and their values", code, stderr)
 	}
 }
+
+// The longest shutdown_timeout check takes drains as any other: the
+// deadline of a retiring worker was now + timeout + a grace, and the sum
+// wrapped around to the past, so that every worker was killed at once
+// (at a reload, and at TERM) instead of draining.
+func TestLongestShutdownTimeoutDrainsE2E(t *testing.T) {
+	t.Parallel()
+	cfg := strings.Replace(baseServer(1, ""), `shutdown_timeout = "10s"`, `shutdown_timeout = "2562047h47m16s"`, 1)
+	d := startDaemon(t, daemonOptions{config: cfg})
+	from := reloadTo(d, cfg+rule("r", "/r", "gcra", 5, "1m"))
+	waitReloaded(t, d, from, 15*time.Second)
+	waitRetiredGone(t, d, from)
+	if r := get(newClient(t, freshClientIP(), false), d.url("/")); r.status != http.StatusOK {
+		t.Errorf("after the reload: %d %v", r.status, r.err)
+	}
+	d.stop()
+	for _, l := range d.logs.snapshot() {
+		if strings.Contains(l.msg(), "did not drain in time") || strings.Contains(l.get("status"), "killed") {
+			t.Errorf("a worker was killed instead of draining: %s %v", l.msg(), l.kv)
+		}
+	}
+}
