@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 	"net/http"
 	"os"
@@ -834,8 +835,13 @@ func (c Config) RegionTable() Table {
 // original waits for its application's answer to begin (a connection,
 // then the response header). By then the original has its answer, whose
 // body it reads within upstream_timeout a read, or it failed and let the
-// key go, and the duplicate runs in its place.
+// key go, and the duplicate runs in its place. The sum is held at the
+// longest Duration: two of the longest timeouts would wrap around to a
+// negative wait.
 func (s Server) UntilDone() time.Duration {
+	if s.UpstreamTimeout > math.MaxInt64-s.UpstreamConnectTimeout {
+		return math.MaxInt64
+	}
 	return s.UpstreamConnectTimeout + s.UpstreamTimeout
 }
 

@@ -106,3 +106,17 @@ func TestResponseTableBoundsAreTheRegions(t *testing.T) {
 		}
 	}
 }
+
+// A duplicate that waits "until-done" waits as long as the two upstream
+// timeouts together: at their longest, their sum wrapped around to a
+// negative wait, and the file was refused for a wait it did not write.
+func TestUntilDoneOfTheLongestTimeouts(t *testing.T) {
+	src := "[server]\nupstream_connect_timeout = \"2562047h\"\nupstream_timeout = \"2562047h\"\n[[idempotency]]\npath = \"/o\"\nwait = \"until-done\"\n"
+	c, err := Parse([]byte(src), "t.toml")
+	if err != nil {
+		t.Fatalf("Parse = %v, want it taken", err)
+	}
+	if w := c.Server.UntilDone(); w < c.Server.UpstreamTimeout {
+		t.Errorf("UntilDone = %v, want at least upstream_timeout (%v)", w, c.Server.UpstreamTimeout)
+	}
+}
