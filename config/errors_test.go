@@ -186,7 +186,7 @@ func TestErrors(t *testing.T) {
 		// (sync mode, on_unavailable "local").
 		{"redis override on its rule's tag", "[redis]\nurl = \"redis://127.0.0.1:6379\"\n[[ratelimit]]\nname = \"api\" # <-\npath = \"/api\"\nlimit = 100\nwindow = \"1m\"\nalgorithm = \"fixed-window\"\nstore = \"redis\"\nsync = \"1s\"\n[[ratelimit.override]]\nkey = \"k56449\"\nlimit = 1000\n",
 			`ratelimit "api": name: the state of its override 1 hashes to the 16-bit tag`, 0},
-		{"status", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nstatus = 418 # <-\n", `status 418: want 429 or 503`, 0},
+		{"status", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nstatus = 418 # <-\n", `ratelimit "a": status 418: want 429 or 503`, 0},
 		{"exempt", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\nexempt = [\"10.0.0.0/33\"] # <-\n", `invalid CIDR "10.0.0.0/33"`, 0},
 		{"server exempt", "[server]\nexempt = [\"x\"] # <-\n", `invalid IP address or CIDR "x"`, 0},
 		{"override neither", "[[ratelimit]]\nname = \"a\"\npath = \"/a\"\nlimit = 1\nwindow = \"1s\"\n[[ratelimit.override]] # <-\nlimit = 5\n", `ratelimit "a": override 1: give it either a key or clients`, 0},

@@ -73,7 +73,7 @@ var defaultTagHeaders = []string{"Cache-Tag", "Surrogate-Key"}
 // is a *FieldError.
 func (d *Cache) Check() error {
 	fail := func(field, format string, args ...any) error {
-		return &FieldError{field, fmt.Sprintf(format, args...)}
+		return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	ms := d.Route.Methods()
 	get := false

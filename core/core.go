@@ -171,7 +171,7 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		return nil, err
 	}
 	if !validPrefixes(opts.Exempt) {
-		return nil, &FieldError{"Exempt", "an invalid (zero) netip.Prefix in Exempt"}
+		return nil, &FieldError{Field: "Exempt", Msg: "an invalid (zero) netip.Prefix in Exempt"}
 	}
 	c := &Core{
 		region:     region,

@@ -39,18 +39,26 @@ const DefaultIdempotencyHeader = "Idempotency-Key"
 const maxTTL = bucket.MaxWindow
 
 // FieldError is an option the core refuses: Field names it (as the field
-// of Idempotency, say: "TTL"), Msg says what is wrong.
+// of Idempotency, say: "TTL"), Msg says what is wrong, and Rule is the
+// name of the rate-limit rule it is an option of ("" for none), which
+// Error puts before Msg: a caller that names the rule itself reads Msg.
 type FieldError struct {
 	Field, Msg string
+	Rule       string
 }
 
-func (e *FieldError) Error() string { return "core: " + e.Msg }
+func (e *FieldError) Error() string {
+	if e.Rule != "" {
+		return fmt.Sprintf("core: rule %q: %s", e.Rule, e.Msg)
+	}
+	return "core: " + e.Msg
+}
 
 // Check reports what is wrong with a block, as New would; every problem
 // is a *FieldError.
 func (d *Idempotency) Check() error {
 	fail := func(field, format string, args ...any) error {
-		return &FieldError{field, fmt.Sprintf(format, args...)}
+		return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case d.Route.String() == "": // the zero Route matches no request

@@ -213,26 +213,26 @@ func (e *OverrideError) Unwrap() error { return e.Err }
 func (rl *RateLimit) Check() error {
 	name := rl.Rule.Name
 	if !printableASCII(name) {
-		return &FieldError{"Name", fmt.Sprintf("rule %q: a name must be 1 or more printable ASCII characters", name)}
+		return &FieldError{Field: "Name", Msg: "a name must be 1 or more printable ASCII characters", Rule: name}
 	}
 	if strings.IndexByte(name, ',') >= 0 || strings.TrimSpace(name) != name {
 		// The reset header's value is a list of names (Options.ResetHeader).
-		return &FieldError{"Name", fmt.Sprintf("rule %q: a name is an element of a comma-separated list: no comma, no space at either end", name)}
+		return &FieldError{Field: "Name", Msg: "a name is an element of a comma-separated list: no comma, no space at either end", Rule: name}
 	}
 	switch rl.Status {
 	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
 	default:
-		return &FieldError{"Status", fmt.Sprintf("rule %q: status %d: want 429 or 503", name, rl.Status)}
+		return &FieldError{Field: "Status", Msg: fmt.Sprintf("status %d: want 429 or 503", rl.Status), Rule: name}
 	}
 	if rl.Route.String() == "" {
 		// The zero Route matches no request: a rule that never counts.
-		return &FieldError{"Route", fmt.Sprintf("rule %q: no route: give it one (route.Compile(\"/*\", nil) for every request)", name)}
+		return &FieldError{Field: "Route", Msg: "no route: give it one (route.Compile(\"/*\", nil) for every request)", Rule: name}
 	}
 	if _, err := rl.Rule.Compile(); err != nil {
 		return err // bucket's error names the rule
 	}
 	if !validPrefixes(rl.Exempt) {
-		return &FieldError{"Exempt", fmt.Sprintf("rule %q: an invalid (zero) netip.Prefix in Exempt", name)}
+		return &FieldError{Field: "Exempt", Msg: "an invalid (zero) netip.Prefix in Exempt", Rule: name}
 	}
 	keys := map[string]bool{}
 	for i := range rl.Overrides {
@@ -240,13 +240,13 @@ func (rl *RateLimit) Check() error {
 		fail := func(err error) error { return &OverrideError{name, i, err} }
 		switch {
 		case (o.Key == "") == (len(o.Clients) == 0):
-			return fail(&FieldError{"Key", "give it either a key or clients"})
+			return fail(&FieldError{Field: "Key", Msg: "give it either a key or clients"})
 		case o.Key != "" && keys[o.Key]:
-			return fail(&FieldError{"Key", fmt.Sprintf("key %q is overridden twice", o.Key)})
+			return fail(&FieldError{Field: "Key", Msg: fmt.Sprintf("key %q is overridden twice", o.Key)})
 		case !validPrefixes(o.Clients):
-			return fail(&FieldError{"Clients", "an invalid (zero) netip.Prefix in Clients"})
+			return fail(&FieldError{Field: "Clients", Msg: "an invalid (zero) netip.Prefix in Clients"})
 		case len(o.Clients) > 0 && shadowed(o.Clients, rl.Exempt, rl.Overrides[:i]):
-			return fail(&FieldError{"Clients", "every client range of it is exempt or an earlier override's: it would never apply"})
+			return fail(&FieldError{Field: "Clients", Msg: "every client range of it is exempt or an earlier override's: it would never apply"})
 		}
 		keys[o.Key] = true
 		if _, err := o.rule(rl.Rule).Compile(); err != nil {
