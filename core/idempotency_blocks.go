@@ -49,7 +49,7 @@ type FieldError struct {
 
 func (e *FieldError) Error() string {
 	if e.Rule != "" {
-		return fmt.Sprintf("core: rule %q: %s", e.Rule, e.Msg)
+		return `core: rule "` + e.Rule + `": ` + e.Msg
 	}
 	return "core: " + e.Msg
 }

@@ -117,11 +117,16 @@ func (c *slotConn) Close() error {
 // accept(2): to be retried as EAGAIN).
 func TransientAcceptError(err error) bool {
 	for ; err != nil; err = errors.Unwrap(err) {
-		switch err {
-		case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED,
-			syscall.ENETDOWN, syscall.EPROTO, syscall.ENOPROTOOPT, syscall.EHOSTDOWN,
-			syscall.EHOSTUNREACH, syscall.EOPNOTSUPP, syscall.ENETUNREACH, syscall.EPERM:
-			return true
+		// On the errno itself, not the interface: a switch on integers
+		// is a few bytes of code, which every embedding program links.
+		if e, ok := err.(syscall.Errno); ok {
+			switch e {
+			case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED,
+				syscall.ENETDOWN, syscall.EPROTO, syscall.ENOPROTOOPT, syscall.EHOSTDOWN,
+				syscall.EHOSTUNREACH, syscall.EOPNOTSUPP, syscall.ENETUNREACH, syscall.EPERM:
+				return true
+			}
+			return false
 		}
 	}
 	return false

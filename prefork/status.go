@@ -88,9 +88,9 @@ func (w WorkerStatus) State() string {
 
 // status takes the snapshot.
 func (s *supervisor) status() Status {
-	running := generation{s.gen, s.cfg}
+	running := &generation{s.gen, s.cfg}
 	if s.canary != nil {
-		running = s.good // the reload is on trial: the fleet's stands
+		running = &s.good // the reload is on trial: the fleet's stands
 	}
 	st := Status{
 		Generation: running.gen, Settings: running.cfg, Draining: s.draining,

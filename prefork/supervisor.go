@@ -650,12 +650,12 @@ func (s *supervisor) onExit(ev exitEvent) {
 	s.log.Error("worker crashed", append(attrs, "respawn_in", d)...)
 }
 
-// retire tells p to drain and kills it if it has not exited by killAt.
 // drainBy is when p, told to drain at now, is killed: its drain and the
 // grace added to now one at a time, as their sum could wrap around
 // (shutdown_timeout may be as long as a Duration holds).
 func (p *proc) drainBy(now time.Time) time.Time { return now.Add(p.drain).Add(drainGrace) }
 
+// retire tells p to drain and kills it if it has not exited by killAt.
 func (s *supervisor) retire(p *proc, killAt time.Time) {
 	if p.killAt.IsZero() || killAt.Before(p.killAt) {
 		p.killAt = killAt
