@@ -60,8 +60,11 @@
 // the client's upload): memory per connection is bounded whatever the
 // bodies' sizes. Every timeout of engine.Limits and engine.Upstream is
 // kept by a timer wheel of 25 ms ticks (a timeout fires within two ticks
-// after it is due); MaxConnections stops the loops' accepting, which the
-// other workers on the shared socket take over meanwhile.
+// after it is due). A loop ticks only while something happens: after a
+// tick with no event it sleeps until its earliest timeout is due, so
+// that an idle worker spends no CPU. MaxConnections stops the loops'
+// accepting, which the other workers on the shared socket take over
+// meanwhile.
 //
 // # Listening
 //

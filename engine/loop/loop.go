@@ -4,6 +4,7 @@ package loop
 
 import (
 	"net/http"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -57,7 +58,7 @@ type loop struct {
 	pfields []core.Field
 	pvals   []byte
 
-	dateLine []byte // "Date: ...\r\n", remade each second
+	dateLine []byte // "Date: ...\r\n", remade each second (catchUp)
 	date     []byte // "Date: ...\r\n" of a core's answer with its own
 	dateSec  int64
 
@@ -74,6 +75,19 @@ type loop struct {
 	appResp AppResponse // an App's answer being made
 	appReq  AppRequest
 
+	// The wheel's clock: tick 1 is at start, tick n (n-1)*tick later.
+	// The ticker triggers tick at the tick wakeAt holds (never: it
+	// waits), and from there at every tick. A tick that finds nothing
+	// happened since the one before (no event, no task: stirred unset)
+	// sets wakeAt to the earliest timer's tick, and the loop sleeps
+	// (asleep) until then; the first event or task wakes it (stir): the
+	// wheel and the Date line catch up with the clock before it is
+	// handled, and the ticker ticks again.
+	start      time.Time
+	stirred    bool
+	asleep     bool
+	wakeAt     atomic.Int64
+	wakeUp     chan struct{} // wakeAt changed
 	tickerStop chan struct{}
 	done       chan struct{} // closed when the loop returned
 	draining   bool
@@ -90,23 +104,26 @@ func newLoop(s *Server) (*loop, error) {
 		epfd:       p.fd,
 		fds:        make([]pollable, 1024),
 		rbuf:       make([]byte, readSize),
+		start:      time.Now(),
+		wakeUp:     make(chan struct{}, 1),
 		tickerStop: make(chan struct{}),
 		done:       make(chan struct{}),
 	}
 	l.wheel.init()
+	l.wakeAt.Store(l.wheel.now + 1)
 	l.conns.init()
 	l.pool.init(l)
 	l.onTick = l.tick
-	l.onResume = l.resume
+	l.onResume = l.task(l.resume)
 	l.onStop = func(any) error { return errStop }
-	l.onDrain = l.drain
-	l.onAccept = l.addAcceptor
-	l.onResumeAccept = l.resumeAccept
-	l.onUpFail = l.upFail
-	l.onClose = func(arg any) error {
+	l.onDrain = l.task(l.drain)
+	l.onAccept = l.task(l.addAcceptor)
+	l.onResumeAccept = l.task(l.resumeAccept)
+	l.onUpFail = l.task(l.upFail)
+	l.onClose = l.task(func(arg any) error {
 		arg.(*conn).close(errClientGone)
 		return nil
-	}
+	})
 	l.updateDate(time.Now())
 	return l, nil
 }
@@ -123,6 +140,9 @@ func (l *loop) run() {
 
 // dispatch hands an event to the descriptor's owner.
 func (l *loop) dispatch(fd int, ev uint32) {
+	if !l.stirred {
+		l.stir()
+	}
 	if fd < len(l.fds) {
 		if p := l.fds[fd]; p != nil {
 			p.event(ev)
@@ -130,30 +150,97 @@ func (l *loop) dispatch(fd int, ev uint32) {
 	}
 }
 
-// ticker moves the loop's wheel on, from a goroutine of its own.
+// task is f as a task of the loop's, which wakes it as an event does.
+func (l *loop) task(f queue.Func) queue.Func {
+	return func(arg any) error {
+		if !l.stirred {
+			l.stir()
+		}
+		return f(arg)
+	}
+}
+
+// stir notes an event or a task, the first since the last tick: a loop
+// asleep catches up with the clock before it handles it, and its ticker
+// ticks again.
+func (l *loop) stir() {
+	l.stirred = true
+	if l.asleep {
+		l.asleep = false
+		l.catchUp(time.Now())
+		l.setWake(l.wheel.now + 1)
+	}
+}
+
+// setWake makes the ticker trigger tick at the tick at, and tick by tick
+// after.
+func (l *loop) setWake(at int64) {
+	l.wakeAt.Store(at)
+	select {
+	case l.wakeUp <- struct{}{}:
+	default: // one is pending
+	}
+}
+
+// sleepMost bounds a ticker's sleep, which a timeout of years would make
+// overflow a Duration: it wakes, and sleeps again.
+const sleepMost = int64(time.Hour / tick)
+
+// ticker moves the loop's wheel on, from a goroutine of its own: it
+// triggers tick at the tick wakeAt says, and at each tick after unless
+// the loop said otherwise meanwhile.
 func (l *loop) ticker() {
-	t := time.NewTicker(tick)
+	t := time.NewTimer(time.Hour)
+	t.Stop()
 	defer t.Stop()
 	for {
+		at := l.wakeAt.Load()
+		var fired <-chan time.Time
+		if at != never {
+			n := min(at, l.clock()+sleepMost) - 1
+			t.Reset(time.Until(l.start.Add(time.Duration(n) * tick)))
+			fired = t.C
+		}
 		select {
 		case <-l.tickerStop:
 			return
-		case <-t.C:
+		case <-l.wakeUp:
+			t.Stop()
+		case <-fired:
 			if l.poller.trigger(l.onTick, nil) != nil {
 				return
 			}
+			l.wakeAt.CompareAndSwap(at, l.clock()+1)
 		}
 	}
 }
 
-// tick fires the timers due.
+// clock is the tick of the wheel's clock now.
+func (l *loop) clock() int64 { return l.clockAt(time.Now()) }
+
+func (l *loop) clockAt(now time.Time) int64 { return 1 + int64(now.Sub(l.start)/tick) }
+
+// tick fires the timers due. After a tick in which nothing happened, the
+// loop sleeps until the earliest timer is due: an idle worker wakes for
+// its timeouts, not 40 times a second.
 func (l *loop) tick(any) error {
-	now := time.Now()
+	l.catchUp(time.Now())
+	if l.stirred {
+		l.stirred = false
+		return nil
+	}
+	l.asleep = true
+	l.setWake(l.wheel.next())
+	return nil
+}
+
+// catchUp brings the Date line and the wheel to now, firing the timers
+// due by then.
+func (l *loop) catchUp(now time.Time) {
 	if sec := now.Unix(); sec != l.dateSec {
 		l.updateDate(now)
 	}
-	l.wheel.advance()
-	return nil
+	l.wheel.advanceTo(l.clockAt(now))
 }
 
 func (l *loop) updateDate(now time.Time) {

@@ -2,7 +2,10 @@
 
 package loop
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // The timeouts of a loop's connections, on a hashed timer wheel: a slot
 // per tick, a timer in the slot of the tick it is due at (modulo the
@@ -92,21 +95,45 @@ func (w *wheel) unlink(t *timer) {
 	t.prev, t.next, t.slot = nil, nil, 0
 }
 
-// advance moves the wheel on by a tick and fires the timers due. A timer
-// fired may arm or unlink timers, its own and the others of the slot
-// included.
-func (w *wheel) advance() {
-	w.now++
-	s := &w.slots[w.now%wheelSlots]
+// advanceTo moves the wheel on to the tick to, firing the timers due by
+// then tick by tick. A timer fired may arm or unlink timers, its own and
+// the others of the slot included. A wheel that is more than a round
+// behind (its loop slept, or was held up) has every slot come round: they
+// are taken at once, and what is overdue fires together.
+func (w *wheel) advanceTo(to int64) {
+	if to-w.now > wheelSlots {
+		w.now = to
+		for i := range w.slots {
+			w.take(&w.slots[i])
+		}
+		w.fire()
+		return
+	}
+	for w.now < to {
+		w.now++
+		w.take(&w.slots[w.now%wheelSlots])
+		w.fire()
+	}
+}
+
+// take moves the timers of slot s to the firing list, a list like the
+// others (unlink works on it): what firing arms goes into the slots
+// afresh.
+func (w *wheel) take(s *timer) {
 	if s.next == s {
 		return
 	}
-	// The slot's timers move to the firing list, a list like the others
-	// (unlink works on it): what firing arms goes into the slots afresh.
 	f := &w.firing
-	f.next, f.prev = s.next, s.prev
-	f.next.prev, f.prev.next = f, f
+	first, last := s.next, s.prev
+	f.prev.next, first.prev = first, f.prev
+	last.next, f.prev = f, last
 	s.prev, s.next = s, s
+}
+
+// fire empties the firing list: each timer is due now and fires, is due
+// later and goes to its slot, or was disarmed and goes.
+func (w *wheel) fire() {
+	f := &w.firing
 	for f.next != f {
 		t := f.next
 		w.unlink(t)
@@ -119,4 +146,26 @@ func (w *wheel) advance() {
 			t.f.expire()
 		}
 	}
+}
+
+// never is the due tick of a wheel with no timer armed.
+const never = math.MaxInt64
+
+// next is the earliest tick a timer is due at, or never. Slots are looked
+// at in the order they come round, and a timer is never due before its
+// slot comes round (armAt moves it to an earlier slot, never a later
+// one), so the look ends at the first slot that comes round after the
+// earliest due found: at most a round of slots, and the timers of those
+// slots. It is for a loop about to sleep, not for every tick.
+func (w *wheel) next() int64 {
+	best := int64(never)
+	for at := w.now + 1; at <= w.now+wheelSlots && at < best; at++ {
+		s := &w.slots[at%wheelSlots]
+		for t := s.next; t != s; t = t.next {
+			if t.due != 0 && t.due < best {
+				best = t.due
+			}
+		}
+	}
+	return best
 }
