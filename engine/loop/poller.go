@@ -32,8 +32,11 @@ type poller struct {
 // errStop, returned by a task, ends polling.
 var errStop = errors.New("loop stopped")
 
+// readEvents is EPOLLIN alone, as nginx asks: not gnet's EPOLLPRI, which
+// a client's urgent byte (TCP out-of-band data, which nothing reads)
+// holds up until it is read, so that every wait would return at once.
 const (
-	readEvents  = unix.EPOLLIN | unix.EPOLLPRI
+	readEvents  = unix.EPOLLIN
 	writeEvents = unix.EPOLLOUT
 	maxEvents   = 1024 // events taken by one wait, at most
 )

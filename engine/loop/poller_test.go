@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/preforkd/preforkd/engine/loop"
 )
 
@@ -50,5 +52,50 @@ func TestOneEpollWaitPerRound(t *testing.T) {
 		t.Errorf("%d epoll_wait calls for %d requests (%d ticks): %.2f a request, want 2 (one a round)", waits, n, ticks, perReq)
 	} else {
 		t.Logf("%d epoll_wait calls for %d requests (%d ticks): %.2f a request", waits, n, ticks, perReq)
+	}
+}
+
+// A client's urgent byte (TCP out-of-band data, which no HTTP client
+// sends and the loop does not read) does not keep the loop polling: the
+// loop asks for no EPOLLPRI, which stays up, level triggered, until the
+// byte is read, and would make every epoll_wait return at once.
+func TestUrgentByteIgnored(t *testing.T) {
+	up := cannedUpstream(t)
+	addr, s := serve(t, loop.Options{Upstream: "http://" + up, Loops: 1})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	req := []byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	if err := skipResponse(br); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Sendto(int(fd), []byte{'x'}, unix.MSG_OOB, nil) }); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	time.Sleep(50 * time.Millisecond) // the byte came
+	before := loop.PollerWaits(s)
+	time.Sleep(200 * time.Millisecond)
+	// Eight ticks at most in 200 ms, and a few wake-ups besides.
+	if waits := loop.PollerWaits(s) - before; waits > 50 {
+		t.Errorf("%d epoll_wait calls in 200 ms after an urgent byte: the loop spins", waits)
+	}
+	// The connection serves on.
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if err := skipResponse(br); err != nil {
+		t.Fatal(err)
 	}
 }
