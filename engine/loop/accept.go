@@ -49,14 +49,16 @@ func (l *loop) addAcceptor(arg any) error {
 		a.stop()
 		return nil
 	}
-	if l.s.atCapacity() {
-		a.paused = true
-		return nil
-	}
+	// In the table before anything polls it: an acceptor paused at the
+	// bound is polled by resume, whose events must find it.
 	for a.ln.fd >= len(l.fds) {
 		l.fds = append(l.fds, make([]pollable, len(l.fds))...)
 	}
 	l.fds[a.ln.fd] = a
+	if l.s.atCapacity() {
+		a.paused = true
+		return nil
+	}
 	if err := a.poll(); err != nil {
 		l.s.warn(warnAccept, "polling the listener failed", "err", err)
 		a.stop()

@@ -4,10 +4,13 @@ package loop_test
 
 import (
 	"io"
+	"net/http"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/loop"
 )
 
@@ -42,5 +45,36 @@ func TestAcceptErrorsKeepListening(t *testing.T) {
 				c.Close()
 			}
 		})
+	}
+}
+
+// A listener the server begins to serve while it holds MaxConnections
+// is polled once a connection closes, and the connections that wait on
+// it are accepted (not left waiting while the loop spins on their
+// events, with nobody in its table to take them).
+func TestListenerAddedAtCapacityAccepts(t *testing.T) {
+	t.Parallel()
+	up := pipelineUpstream(t)
+	ln1 := listen(t)
+	s, served := start(t, ln1, loop.Options{Upstream: up.URL(), Loops: 1,
+		Limits: engine.Limits{MaxConnections: 1}})
+	defer func() {
+		s.Close()
+		<-served
+	}()
+	const req = "GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+	c1, br1 := dial(t, ln1.Addr().String())
+	roundTrip(t, c1, br1, req) // the one connection allowed is in
+	ln2 := listen(t)
+	go s.Serve(ln2)
+	time.Sleep(100 * time.Millisecond) // the loop took ln2 on, at the bound
+	c1.Close()
+	c2, br2 := dial(t, ln2.Addr().String())
+	c2.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c2, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.ReadResponse(br2, nil); err != nil {
+		t.Fatalf("the listener added at the bound: %v", err)
 	}
 }
