@@ -360,7 +360,13 @@ func TestUpgradeOutOfDescriptors(t *testing.T) {
 	const room = 16 // what the upgrade needs, once the clients let go
 	before := openFiles(t, sup)
 	limit := uint64(before + room)
-	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+	// The soft limit alone, which the supervisor gets back below (raising
+	// a hard one takes a privilege a container may not give).
+	var was unix.Rlimit
+	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, nil, &was); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: was.Max}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var flood []net.Conn
@@ -406,6 +412,12 @@ func TestUpgradeOutOfDescriptors(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the supervisor holds %d descriptors once its clients are gone, %d before the failed upgrade", openFiles(t, sup), before)
 		}
+	}
+	// Its descriptors back: the admin endpoint still takes, for a moment,
+	// the connections of the flood left in its backlog, so the limit goes
+	// back up rather than the test race them.
+	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &was, nil); err != nil {
+		t.Fatal(err)
 	}
 	newPID := upgrade(t, d)
 	stopPID(t, d, newPID)
