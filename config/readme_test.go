@@ -1,0 +1,147 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// defaultsByKey are the defaults of every key of a table ([server],
+// [redis], ...) that holds a value of its own: section.key → the value
+// as Default writes it; and the keys that are tables of their own
+// (redis.sentinel, tls.certificate).
+func defaultsByKey(t *testing.T) (out map[string]string, tables map[string]bool) {
+	t.Helper()
+	out, tables = map[string]string{}, map[string]bool{}
+	c := reflect.ValueOf(Default())
+	for sec := range c.Type().Fields() {
+		section, _, _ := strings.Cut(sec.Tag.Get("toml"), ",")
+		v := c.FieldByIndex(sec.Index)
+		if v.Kind() != reflect.Struct || section == "" {
+			continue
+		}
+		for f := range v.Type().Fields() {
+			key, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			if key == "" || key == "-" {
+				continue
+			}
+			fv := v.FieldByIndex(f.Index)
+			if fv.Kind() == reflect.Struct || fv.Kind() == reflect.Slice && fv.Type().Elem().Kind() == reflect.Struct {
+				tables[section+"."+key] = true
+				continue
+			}
+			out[section+"."+key] = fmt.Sprint(fv.Interface())
+		}
+	}
+	return out, tables
+}
+
+// sameDefault reports whether a documented default (without its quotes
+// or backticks) is the value def, as Default holds it: durations and sizes
+// by what they mean ("75s" is "1m15s"), lists and the rest as written.
+func sameDefault(doc, def string) bool {
+	doc, def = strings.Trim(doc, "`\""), strings.Trim(def, "\"")
+	if doc == def {
+		return true
+	}
+	if d, err := time.ParseDuration(doc); err == nil {
+		e, err := time.ParseDuration(def)
+		return err == nil && d == e
+	}
+	var d, e Size
+	if d.UnmarshalText([]byte(doc)) == nil && e.UnmarshalText([]byte(def)) == nil {
+		return d == e
+	}
+	switch doc {
+	case "[]":
+		return def == "[]" || def == ""
+	case "":
+		return def == "" || def == "0" || def == "0s" // off
+	}
+	return false
+}
+
+// README's configuration table and the example file give each key's
+// default: the one Default holds. (TestEveryKeyDocumented sees that each
+// key is there at all.)
+func TestDocumentedDefaults(t *testing.T) {
+	defs, tables := defaultsByKey(t)
+	if len(defs) < 60 {
+		t.Fatalf("found %d keys: the walk missed the tags", len(defs))
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| `([a-z_]+\\.[a-z_0-9]+)` \\| ([^|]*) \\|")
+	seen := 0
+	for _, m := range row.FindAllStringSubmatch(string(readme), -1) {
+		key, doc := m[1], strings.TrimSpace(m[2])
+		def, ok := defs[key]
+		if !ok {
+			if !tables[key] {
+				t.Errorf("README's table has %s, which is no key", key)
+			}
+			continue
+		}
+		seen++
+		if !sameDefault(doc, def) {
+			t.Errorf("README: %s defaults to %s, but its default is %q", key, doc, def)
+		}
+	}
+	for key := range defs {
+		if !regexp.MustCompile("(?m)^\\| [^|]*`" + regexp.QuoteMeta(key) + "`").Match(readme) {
+			t.Errorf("README's configuration table has no row for %s", key)
+		}
+	}
+	if seen < 50 {
+		t.Fatalf("read %d rows of README's configuration table: the pattern missed them", seen)
+	}
+
+	// The example: each key's "Default:" is the key's default, and a key
+	// written (or shown commented out) right after its comment holds it,
+	// but where the comment says the example sets another value.
+	example, err := os.ReadFile("../examples/preforkd.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section, comment, last := "", "", ""
+	assign := regexp.MustCompile(`^(?:# )?([a-z_0-9]+) = (.*)$`)
+	defaultIs := regexp.MustCompile(`Default: ("[^"]*"|[^ .,;(]+)`)
+	for ln, l := range strings.Split(string(example), "\n") {
+		switch {
+		case strings.HasPrefix(l, "[") || strings.HasPrefix(l, "# ["):
+			section = strings.Trim(strings.TrimPrefix(l, "# "), "[]")
+			comment = ""
+			continue
+		case strings.HasPrefix(l, "#") && !assign.MatchString(l):
+			comment += strings.TrimLeft(l, "# ") + " "
+			continue
+		}
+		m := assign.FindStringSubmatch(l)
+		if m == nil {
+			comment = ""
+			continue
+		}
+		key := section + "." + m[1]
+		def, ok := defs[key]
+		if !ok || key == last && strings.HasPrefix(l, "#") {
+			// a rule's, a block's: their defaults are per block; or
+			// an example of another value, after the key's default
+			comment = ""
+			continue
+		}
+		last = key
+		if d := defaultIs.FindStringSubmatch(comment); d != nil && !sameDefault(d[1], def) {
+			t.Errorf("examples/preforkd.toml:%d: %s says Default: %s, but its default is %q", ln+1, key, d[1], def)
+		}
+		if v := strings.TrimSpace(m[2]); !sameDefault(v, def) && !strings.Contains(comment, "Default:") {
+			t.Errorf("examples/preforkd.toml:%d: %s = %s, not its default %q, with no Default: to say so", ln+1, key, v, def)
+		}
+		comment = ""
+	}
+}
