@@ -14,9 +14,8 @@ import (
 )
 
 // Accepting: the listening socket is the supervisor's (inherited by every
-// worker, handed on by socket activation and a binary upgrade), so the
-// loops accept from it themselves — gnet opens listeners of its own and
-// cannot adopt one. Each loop polls a duplicate of the descriptor and
+// worker, handed on by socket activation and a binary upgrade), and the
+// loops accept from it themselves. Each loop polls a duplicate of the descriptor and
 // accepts, without blocking, when the kernel says a connection waits:
 // one accept4 a connection, nothing handed between goroutines.
 

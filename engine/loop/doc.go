@@ -69,9 +69,8 @@
 // # Listening
 //
 // Serve takes the listener the supervisor made (inherited by the worker):
-// gnet opens listening sockets of its own and cannot adopt one, so the
-// loops poll a duplicate of its descriptor and accept without blocking
-// when it is readable. The engine speaks cleartext to clients and to the
+// the loops poll a duplicate of its descriptor, each on its own poller,
+// and accept without blocking when it is readable. The engine speaks cleartext to clients and to the
 // upstream: an https:// upstream is refused ([ErrTLSUpstream]); TLS and
 // HTTP/2 are engine/nethttp's.
 //
