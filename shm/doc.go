@@ -30,7 +30,10 @@
 // scan) and the caller's words ([Region.StatRow]). [Region.Reap] folds the
 // row of the reaped process into a retired row under a sequence lock, and
 // [Region.SumStats] sums the rows between two folds, so that a sum never
-// goes down and never counts anything twice. A name table gives each name
+// goes down and never counts anything twice. The supervisors count in
+// words of the retired row of their own ([Region.SupervisorCounts]: workers
+// replaced, reloads), which go on with the region as the workers' counts
+// do. A name table gives each name
 // (a rule) one index for the region's life, and gates let one log line a
 // second through across all workers.
 // The region holds no Go pointers, only offsets; every word that two
