@@ -10,7 +10,7 @@ var helps = [numFamilies]struct{ family, hist string }{
 		family: "Responses sent by the workers, by status code (the application's, or preforkd's own; not the health_path's answers).",
 		hist:   "Time from reading a request to handing its response over (a streamed body may go on after).",
 	},
-	UpstreamErrors:         {family: "Requests the upstream failed: connect (refused, unreachable, connect timeout: 502), timeout (no response header in time: 504), response (invalid, or closed before one: 502; or bytes past a response the client got whole), broken (cut off after its header)."},
+	UpstreamErrors:         {family: "Requests the upstream failed: connect (refused, unreachable, connect timeout: 502), timeout (no response header in time: 504), response (invalid, or closed before one: 502; or bytes past a response the client got whole, or sent unasked on an idle connection), broken (cut off after its header)."},
 	IdempotencyRequests:    {family: "Requests with an idempotency key, by what they got: executed (reserved the key and ran), replayed, conflict (409), mismatch (422), full (503: no record), invalid (400 or 413), capped (429: the client holds max_records records), gone (499: the client went away while its duplicate waited for the original)."},
 	IdempotencyCompletions: {family: "Executed keyed requests, by what became of their response: stored (replayable), unreplayable (over max_body or no blocks: retries get 409), released (5xx, 408, 429 or no whole response: retries run again)."},
 	IdempotencyWaits:       {family: "Duplicates that waited for their original, in any worker, to finish."},

@@ -75,7 +75,7 @@ func IsNearLimit(remaining, limit int64) bool { return limit > 0 && remaining*5 
 const (
 	UpstreamConnect  = iota // refused, unreachable, or no connection within the connect timeout: 502
 	UpstreamTimeout         // no response header within the upstream timeout: 504
-	UpstreamResponse        // an invalid response, or the connection closed before one: 502; or bytes past a whole response
+	UpstreamResponse        // an invalid response, or the connection closed before one: 502; or bytes past a whole response, or on an idle connection
 	UpstreamBroken          // the response broke off after its header: the client got part of it
 )
 
