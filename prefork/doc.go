@@ -70,7 +70,8 @@
 // takes Options.Reload's settings and replaces the workers one at a time,
 // each new one ready before an old one leaves, the first of them a canary
 // judged against the others (canary.go); the region and its counts carry
-// over. A reload whose canary fails or is judged bad, or, without a
+// over. A HUP during an upgrade or a drain is refused, and counted as a
+// refused reload (Status.Reloads). A reload whose canary fails or is judged bad, or, without a
 // canary, any of whose workers cannot start or become ready, is aborted:
 // the workers return to the running settings (abort.go). A worker past Settings.MaxRequests or MaxRSS is replaced the same
 // way (recycle.go); a crashed one after a backoff (100ms doubling to 10s);

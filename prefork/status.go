@@ -51,7 +51,9 @@ type Status struct {
 // ReloadStatus counts the reloads (HUP) and says how the last one went.
 type ReloadStatus struct {
 	Accepted int // configurations taken (each bumped the generation)
-	Refused  int // configurations that did not load or validate
+	// Refused counts the reloads refused: a configuration that did not
+	// load or validate, or a HUP during an upgrade or a drain.
+	Refused int
 	// Aborted counts the accepted reloads that were aborted, the running
 	// configuration kept: by their canary's verdict, or because a worker
 	// of the new configuration could not start or become ready.
