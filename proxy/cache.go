@@ -60,6 +60,7 @@ func (s *Server) fetchInBackground(head []byte, ex *core.Exchange) {
 	status := h.StatusCode()
 	ex.Head(status, (*upHeader)(&h))
 	ub := &upBody{s: s, uc: uc, reusable: !h.ConnectionClose(), ex: ex}
+	s.up.Relaying(uc)
 	switch length := h.ContentLength(); {
 	case engine.Bodyless(status, false):
 		ub.eof = true

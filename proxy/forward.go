@@ -164,6 +164,7 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 	}
 	ub := bodyPool2.Get().(*upBody)
 	*ub = upBody{s: s, uc: uc, reusable: reusable, ex: ex, req: r}
+	s.up.Relaying(uc)
 	r.streaming = true
 	switch {
 	case length >= 0:

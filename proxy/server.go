@@ -265,9 +265,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// Close closes the listeners and every connection at once, and the idle
-// upstream connections; it returns once the connections' serving
-// goroutines let them go (within a bound).
+// Close closes the listeners and every connection at once, the idle
+// upstream connections and those a response body is still read from (a
+// stream, a response the core keeps, a cache refresh); it returns once
+// the connections' serving goroutines let them go and the refreshes
+// ended (within a bound).
 func (s *Server) Close() error {
 	s.draining.Store(true)
 	s.mu.Lock()
@@ -280,12 +282,22 @@ func (s *Server) Close() error {
 	for _, c := range conns {
 		c.Conn.Close() // the serving goroutine then closes c itself
 	}
+	if s.up != nil {
+		s.up.Cut()
+	}
 	s.closeOnce.Do(func() {
 		if s.up != nil {
 			s.up.Close()
 		}
 	})
+	refreshed := make(chan struct{})
+	go func() { s.background.Wait(); close(refreshed) }()
+	deadline := time.Now().Add(engine.CloseWait)
 	waitfor.Cond(engine.CloseWait, s.closed)
+	select {
+	case <-refreshed:
+	case <-time.After(time.Until(deadline)):
+	}
 	return nil
 }
 

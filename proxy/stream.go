@@ -119,6 +119,7 @@ func (b *upBody) drain() {
 // end gives the connection back when the body was read to its end, or
 // closes it, and notes in b.failed whether the response was whole.
 func (b *upBody) end() {
+	b.s.up.Relayed(b.uc)
 	if b.eof {
 		b.failed = b.s.upDone(b.uc, b.reusable)
 	} else {

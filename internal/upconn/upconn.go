@@ -47,9 +47,10 @@ type Pool struct {
 	// count them as the bytes past a response Put and Done report.
 	Stray func()
 
-	mu     sync.Mutex
-	idle   []*Conn // LIFO: the most recently used connection is reused first
-	closed bool
+	mu       sync.Mutex
+	idle     []*Conn // LIFO: the most recently used connection is reused first
+	closed   bool
+	relaying map[*Conn]struct{} // connections a body is read from (Relaying)
 
 	stop chan struct{} // closed by close: ends the reaper
 	done chan struct{} // closed when the reaper has returned
@@ -362,6 +363,36 @@ func (u *Pool) Close() {
 	u.mu.Unlock()
 	close(u.stop)
 	<-u.done
+}
+
+// Relaying notes that a response body is read from c until Relayed: Cut
+// closes it under its reader.
+func (u *Pool) Relaying(c *Conn) {
+	u.mu.Lock()
+	if u.relaying == nil {
+		u.relaying = map[*Conn]struct{}{}
+	}
+	u.relaying[c] = struct{}{}
+	u.mu.Unlock()
+}
+
+// Relayed ends what Relaying began.
+func (u *Pool) Relayed(c *Conn) {
+	u.mu.Lock()
+	delete(u.relaying, c)
+	u.mu.Unlock()
+}
+
+// Cut closes the connections bodies are read from (Relaying): an engine
+// that stops ends the goroutines that wait on them, rather than leave
+// them to run into what it then lets go (a core's region unmapped) when
+// the upstream ends their responses later, or never.
+func (u *Pool) Cut() {
+	u.mu.Lock()
+	for c := range u.relaying {
+		c.Conn.Close()
+	}
+	u.mu.Unlock()
 }
 
 // isTimeout reports whether err is a deadline passing.
