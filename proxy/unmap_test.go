@@ -26,7 +26,7 @@ func TestStoryEndsMidStream(t *testing.T) {
 	if os.Getenv(envMidStream) != "" {
 		// What outlives a story would run on while other tests do.
 		t.Cleanup(func() { time.Sleep(500 * time.Millisecond) })
-		eachEngine(t, readers, func(t *testing.T, e storyEngine) {
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 			t.Run("relayed", func(t *testing.T) {
 				t.Parallel()
 				storyEndsMidStream(t, e, nil, "GET /events HTTP/1.1\r\nHost: h\r\n\r\n")

@@ -57,6 +57,9 @@ type Upstream interface {
 	// nothing links none of it.
 	unforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool)
 	close()
+	// cut closes the upstream connections responses are still read
+	// from (upconn.Pool.Cut).
+	cut()
 }
 
 // NewUpstream returns the application at upstreamURL ("http://host:port"
@@ -91,6 +94,7 @@ type forwarder struct {
 }
 
 func (f *forwarder) close() { f.up.Close() }
+func (f *forwarder) cut()   { f.up.Cut() }
 
 func (f *forwarder) unforwardable(w http.ResponseWriter, r *http.Request) (int, bool) {
 	return refuseUnforwardable(w, r)
@@ -613,6 +617,8 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 		})
 	}
 	defer stop()
+	f.up.Relaying(uc) // Shutdown cuts it once its time is up
+	defer f.up.Relayed(uc)
 	bp := relayPool.Get().(*[]byte)
 	defer relayPool.Put(bp)
 	// What the client was given goes out before a read that may wait for
@@ -668,6 +674,7 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 // whole to the core (engine.ErrRespStray), and the bytes are counted as a
 // response failure.
 func (f *forwarder) done(uc *upconn.Conn, reusable bool) error {
+	f.up.Relayed(uc) // before another request may take it
 	if !f.up.Done(uc, reusable, time.Now()) {
 		f.c.UpstreamFailed(core.UpstreamResponse, f.up.Target.Addr, engine.ErrRespStray)
 		return engine.ErrRespStray

@@ -271,6 +271,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// their handshake and its HTTP/2 ones, which the drain waited
 		// for, are the tracker's to cut.
 		s.conns.closeIdle(time.Now(), 0, 0, true)
+		if s.h.fwd != nil {
+			// A body read on for the core, its client gone, waits on
+			// the upstream only: its handler ends once it is cut.
+			s.h.fwd.cut()
+		}
 		err = cmp.Or(err, ctx.Err())
 	}
 	gone := waitfor.Cond(engine.CloseWait, s.conns.gone)
