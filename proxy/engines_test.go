@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/engine/nethttp"
+	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/proxy"
 	"github.com/preforkd/preforkd/shm"
 )
@@ -45,6 +47,7 @@ var coreEngines = []coreEngine{
 		if err != nil {
 			t.Fatal(err)
 		}
+		var conns dialed
 		rp := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(u)
@@ -57,11 +60,28 @@ var coreEngines = []coreEngine{
 			// stray-bytes rows) may come after that, as the next
 			// request's answer, when the machine is loaded. The
 			// forwarders' own reuse is nethttp-forward's to show.
-			Transport: &http.Transport{DisableKeepAlives: true},
+			// Its connections are closed when the test ends: a response
+			// the core keeps is read on whatever the client does
+			// (nethttp.New), as long as the upstream sends it.
+			Transport: &http.Transport{DisableKeepAlives: true, DialContext: conns.dial},
 		}
-		srv := &http.Server{Handler: nethttp.New(c, rp, nethttp.Options{})}
+		// net/http's Close does not wait for the handlers: they are
+		// counted, and waited for before the core's region goes.
+		h := nethttp.New(c, rp, nethttp.Options{})
+		var running atomic.Int64
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			running.Add(1)
+			defer running.Add(-1)
+			h.ServeHTTP(w, r)
+		})}
 		go srv.Serve(ln)
-		t.Cleanup(func() { srv.Close() })
+		t.Cleanup(func() {
+			srv.Close()
+			conns.close()
+			if !waitfor.Cond(engine.CloseWait, func() bool { return running.Load() == 0 }) {
+				leftRunning(t, fmt.Sprintf("%d handlers", running.Load()))
+			}
+		})
 	}},
 	{"nethttp-forward", func(t *testing.T, ln net.Listener, upstream string, c *core.Core) {
 		// The net/http engine forwarding by itself, as the daemon's TLS
@@ -77,6 +97,46 @@ var coreEngines = []coreEngine{
 }
 
 var quietLog = slog.New(slog.DiscardHandler)
+
+// dialed are the connections its dial opened, to close at once.
+type dialed struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (d *dialed) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var dialer net.Dialer
+	c, err := dialer.DialContext(ctx, network, addr)
+	if err == nil {
+		d.mu.Lock()
+		d.conns = append(d.conns, c)
+		d.mu.Unlock()
+	}
+	return c, err
+}
+
+func (d *dialed) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		c.Close()
+	}
+}
+
+// stillRunning holds the tests whose engine left goroutines running when
+// it was stopped (leftRunning): their core's region is not unmapped,
+// which such a goroutine would touch, a fault that ends the whole test
+// binary. The process's exit unmaps it.
+var stillRunning sync.Map // testing.TB → struct{}
+
+// leftRunning fails t, whose engine still runs what (goroutines that may
+// touch its core's region) once it was stopped, and keeps the region
+// mapped. An engine's cleanup calls it before the region's runs (cleanups
+// run last first).
+func leftRunning(t testing.TB, what string) {
+	t.Errorf("%s still running once the engine was stopped: its core's region is left mapped", what)
+	stillRunning.Store(t, struct{}{})
+}
 
 // configCore is the decision core a worker builds from the configuration
 // text toml, over a region of its own, logging to quietLog, on the clock
@@ -110,7 +170,11 @@ func configCoreIn(t testing.TB, toml string, mod func(*core.Options)) (*core.Cor
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { region.Close() })
+	t.Cleanup(func() {
+		if _, ok := stillRunning.Load(t); !ok {
+			region.Close()
+		}
+	})
 	if err := region.Join(0); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -88,12 +89,18 @@ func (e storyEngine) serve(t *testing.T, o storyOptions) *running {
 }
 
 // stopAtEnd closes r when the test ends with stop, and checks what Serve
-// returned.
+// returned, and that no connection is still served (its goroutine would
+// touch the core's region, unmapped next).
 func stopAtEnd(t *testing.T, r *running, stop func()) {
 	t.Cleanup(func() {
 		stop()
 		if err := r.Served(); err != nil {
 			t.Errorf("Serve: %v", err)
+		}
+		if r.Stats != nil {
+			if n := r.Stats().Open; n > 0 {
+				leftRunning(t, fmt.Sprintf("%d connections", n))
+			}
 		}
 	})
 }

@@ -26,19 +26,23 @@ func TestStoryEndsMidStream(t *testing.T) {
 	if os.Getenv(envMidStream) != "" {
 		// What outlives a story would run on while other tests do.
 		t.Cleanup(func() { time.Sleep(500 * time.Millisecond) })
-		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-			t.Run("relayed", func(t *testing.T) {
-				t.Parallel()
-				storyEndsMidStream(t, e, nil, "GET /events HTTP/1.1\r\nHost: h\r\n\r\n")
+		for _, e := range withNetHTTP() {
+			endsMidStream(t, e.name, func(t *testing.T, upstream string, c *core.Core) string {
+				return e.serve(t, storyOptions{Upstream: upstream, Core: c}).Addr
 			})
-			t.Run("kept", func(t *testing.T) {
-				// A response the core keeps is read on after its client
-				// went away.
-				t.Parallel()
-				c := configCore(t, "[[idempotency]]\npath = \"/orders\"\nmax_body = \"4KiB\"\n", nil)
-				storyEndsMidStream(t, e, c, "POST /orders HTTP/1.1\r\nHost: h\r\nIdempotency-Key: \"k\"\r\nContent-Length: 0\r\n\r\n")
+		}
+		// The engines as the decision-core tables run them (core
+		// behind net/http's ReverseProxy among them).
+		for _, ce := range coreEngines {
+			endsMidStream(t, "core-"+ce.name, func(t *testing.T, upstream string, c *core.Core) string {
+				if c == nil {
+					c = configCore(t, "", nil)
+				}
+				ln := listen(t)
+				ce.start(t, ln, upstream, c)
+				return ln.Addr().String()
 			})
-		})
+		}
 		return
 	}
 	t.Parallel()
@@ -50,18 +54,35 @@ func TestStoryEndsMidStream(t *testing.T) {
 	}
 }
 
+// endsMidStream runs storyEndsMidStream on the engine serve starts: a
+// stream only relayed, and a response the core keeps, which is read on
+// after its client went away.
+func endsMidStream(t *testing.T, name string, serve func(t *testing.T, upstream string, c *core.Core) string) {
+	t.Run(name, func(t *testing.T) {
+		t.Parallel()
+		t.Run("relayed", func(t *testing.T) {
+			t.Parallel()
+			storyEndsMidStream(t, serve, nil, "GET /events HTTP/1.1\r\nHost: h\r\n\r\n")
+		})
+		t.Run("kept", func(t *testing.T) {
+			t.Parallel()
+			c := configCore(t, "[[idempotency]]\npath = \"/orders\"\nmax_body = \"4KiB\"\n", nil)
+			storyEndsMidStream(t, serve, c, "POST /orders HTTP/1.1\r\nHost: h\r\nIdempotency-Key: \"k\"\r\nContent-Length: 0\r\n\r\n")
+		})
+	})
+}
+
 // storyEndsMidStream ends with the upstream's response under way: its
 // head and a first chunk relayed, the rest only once the upstream is
 // closed, after the story's cleanups stopped the engine and closed the
 // region.
-func storyEndsMidStream(t *testing.T, e storyEngine, c *core.Core, req string) {
+func storyEndsMidStream(t *testing.T, serve func(t *testing.T, upstream string, c *core.Core) string, c *core.Core, req string) {
 	up := startUpstream(t, func(_ *seenRequest, w *bufio.Writer, c net.Conn) {
 		w.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata:\n\r\n")
 		w.Flush()
 		io.Copy(io.Discard, c) // until the upstream is closed
 	})
-	r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
-	conn, br := dial(t, r.Addr)
+	conn, br := dial(t, serve(t, up.URL(), c))
 	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	resp := roundTripHead(t, conn, br, req)
 	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); line != "data:\n" {
