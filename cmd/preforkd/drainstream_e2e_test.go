@@ -1,0 +1,132 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/internal/tlstest"
+)
+
+// foreverStream is an upstream whose every response is a stream that
+// never ends: a chunk each 100 ms, until the client goes.
+func foreverStream(t *testing.T) *httptest.Server {
+	t.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/events" {
+			w.Write([]byte("ok"))
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}))
+	t.Cleanup(up.CloseClientConnections)
+	t.Cleanup(up.Close)
+	return up
+}
+
+// A worker whose drain times out with a response still streaming exits
+// cleanly (status 0, no crash trace, not counted as a crash) on every
+// engine, told by TERM or recycled past max_requests: the goroutines
+// still relaying when the engine gives up never find the shared region
+// unmapped under them (a worker leaves its unmapping to the kernel).
+func TestDrainTimeoutMidStreamE2E(t *testing.T) {
+	for _, e := range []struct{ name, extra string }{
+		{"loop", ""},
+		{"fasthttp", "engine = \"fasthttp\"\n"},
+		{"tls", "tls"},
+		{"loop-recycled", "max_requests = 1\n"},
+		{"fasthttp-recycled", "engine = \"fasthttp\"\nmax_requests = 1\n"},
+	} {
+		t.Run(e.name, parallel(func(t *testing.T) {
+			up := foreverStream(t)
+			server := fmt.Sprintf("upstream = %q\n", up.URL)
+			var d *daemon
+			var conn net.Conn
+			cfg := strings.Replace(noCanary(baseServer(1, server)), `shutdown_timeout = "10s"`, `shutdown_timeout = "1s"`, 1)
+			if e.extra == "tls" {
+				ca, dir := tlstest.NewCA(t), t.TempDir()
+				cert, key := ca.Files(t, dir, "a", "a.example")
+				d = startDaemon(t, daemonOptions{config: cfg + fmt.Sprintf("\n[tls]\n[[tls.certificate]]\ncert = %q\nkey = %q\n", cert, key)})
+				c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", d.addr,
+					&tls.Config{ServerName: "a.example", RootCAs: ca.Pool, NextProtos: []string{"http/1.1"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				conn = c
+			} else {
+				d = startDaemon(t, daemonOptions{config: strings.Replace(cfg, "[table]", e.extra+"[table]", 1)})
+				c, err := net.DialTimeout("tcp", d.addr, 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conn = c
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(30 * time.Second))
+			fmt.Fprintf(conn, "GET /events HTTP/1.1\r\nHost: h\r\n\r\n")
+			br := bufio.NewReader(conn)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("reading the stream: %v", err)
+				}
+				if strings.HasPrefix(line, "data: 2") {
+					break
+				}
+			}
+			// The drain waits 1 s: the stream outlives it.
+			if strings.Contains(e.extra, "max_requests") {
+				first := d.workerPIDs()[0]
+				get(newClient(t, nil, false), d.url("/"))
+				waitExited(t, d, 0, first)
+			}
+			d.signal(syscall.SIGTERM)
+			go func() {
+				for {
+					if _, err := br.ReadString('\n'); err != nil {
+						return
+					}
+				}
+			}()
+			code, ok := d.wait(25 * time.Second)
+			d.logs.waitEOF(5 * time.Second)
+			text := d.logs.text()
+			if !ok || code != 0 {
+				t.Errorf("supervisor after TERM: exited=%v code=%d", ok, code)
+			}
+			for _, bad := range []string{"fatal error", "panic", "goroutine ", "worker crashed", "SIGSEGV"} {
+				if strings.Contains(text, bad) {
+					t.Errorf("the log has %q", bad)
+				}
+			}
+			for _, l := range d.logs.snapshot() {
+				if l.msg() == "worker exited" && l.get("status") != "exit status 0" {
+					t.Errorf("worker %s exited with %q", l.get("pid"), l.get("status"))
+				}
+			}
+			if t.Failed() {
+				t.Logf("log:\n%s", text)
+			}
+		}))
+	}
+}
