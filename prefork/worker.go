@@ -22,7 +22,9 @@ type Worker struct {
 	// among the running workers, 0 <= Index < the region's MaxWorkers. A
 	// replacement (after a crash or a reload) may get another one.
 	Index int
-	// Region is the shared region, joined as Index.
+	// Region is the shared region, joined as Index. The worker never
+	// closes it (the kernel unmaps it at exit): what Defer runs must not
+	// either, as an engine's goroutine it gave up on may still touch it.
 	Region *shm.Region
 	// Settings are the supervisor's settings at the time this worker was
 	// started (after a HUP, the new ones), with their Payload.

@@ -190,7 +190,9 @@ func (r *Region) Tags() *Tags { return r.tags }
 // region may be used after: its tables, a bucket.Limiter or a core.Core
 // over it read memory no longer mapped, and the process dies of the
 // fault (a runtime fatal error, not a panic that can be recovered). A
-// worker closes its region only once it has drained.
+// prefork worker never closes its region: a goroutine its engine gave up
+// on at the end of the drain may still run, and the kernel unmaps the
+// region when the process exits.
 func (r *Region) Close() error {
 	var err error
 	r.close.Do(func() {
