@@ -66,7 +66,8 @@ var coreEngines = []coreEngine{
 			Transport: &http.Transport{DisableKeepAlives: true, DialContext: conns.dial},
 		}
 		// net/http's Close does not wait for the handlers: they are
-		// counted, and waited for before the core's region goes.
+		// counted, and waited for before the core's region goes, and
+		// so are the core's background refreshes (Handler.Wait).
 		h := nethttp.New(c, rp, nethttp.Options{})
 		var running atomic.Int64
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -80,6 +81,13 @@ var coreEngines = []coreEngine{
 			conns.close()
 			if !waitfor.Cond(engine.CloseWait, func() bool { return running.Load() == 0 }) {
 				leftRunning(t, fmt.Sprintf("%d handlers", running.Load()))
+			}
+			refreshed := make(chan struct{})
+			go func() { h.Wait(); close(refreshed) }()
+			select {
+			case <-refreshed:
+			case <-time.After(engine.CloseWait):
+				leftRunning(t, "a background refresh")
 			}
 		})
 	}},
