@@ -299,6 +299,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-refreshed:
 	case <-ctx.Done():
 		err = errors.Join(err, ctx.Err())
+		if s.h.fwd != nil {
+			// A refresh waits on the upstream only: cut, it ends.
+			s.h.fwd.cut()
+			select {
+			case <-refreshed:
+			case <-time.After(engine.CloseWait):
+			}
+		}
 	}
 	if s.h.fwd != nil {
 		s.h.fwd.close()
