@@ -407,7 +407,9 @@ type RateLimit struct {
 
 // Redis is the [redis] table: the Redis that rules with store = "redis"
 // share with the other hosts. Zero is "off"; set one of URL, Cluster and
-// Sentinel.
+// Sentinel. A field's owner tag is the redisstore.Options field it sets
+// where their names differ: a refusal of that field is reported at its
+// key.
 type Redis struct {
 	// URL is one server, "redis://[[user]:password@]host:6379/0" or
 	// "rediss://…". It is shown with its password redacted.
@@ -431,7 +433,7 @@ type Redis struct {
 	// SentinelUsername and SentinelPasswordFile are what the Sentinels
 	// themselves want, if anything (Username and PasswordFile are the
 	// master's).
-	SentinelUsername     string `toml:"sentinel_username"`
+	SentinelUsername     string `toml:"sentinel_username" owner:"Sentinel.Username"`
 	SentinelPasswordFile string `toml:"sentinel_password_file"`
 	// Timeout bounds each call made for a request; no retries. 0 means
 	// 25ms.
@@ -443,13 +445,13 @@ type Redis struct {
 	Prefix string `toml:"prefix"`
 	// BreakerFailures is how many consecutive failed calls open the
 	// breaker shared by the host's workers. 0 means 5.
-	BreakerFailures int `toml:"breaker_failures"`
+	BreakerFailures int `toml:"breaker_failures" owner:"Breaker.Failures"`
 	// BreakerBackoff is how long the breaker stays open before one
 	// worker probes. 0 means 1s.
-	BreakerBackoff time.Duration `toml:"breaker_backoff"`
+	BreakerBackoff time.Duration `toml:"breaker_backoff" owner:"Breaker.Backoff"`
 	// SuccessThreshold is how many probes, one at a time, must succeed
 	// in a row to close the breaker again. 0 means 3.
-	SuccessThreshold int `toml:"success_threshold"`
+	SuccessThreshold int `toml:"success_threshold" owner:"Breaker.Successes"`
 
 	// Password, SentinelPassword and CA are what PasswordFile,
 	// SentinelPasswordFile and CAFile hold: [Load] reads them (at start
@@ -457,7 +459,7 @@ type Redis struct {
 	// empty, and a Config built in Go sets them itself. They travel to
 	// the workers with the rest; nothing prints them.
 	Password         redisstore.Secret `toml:"-" file:"password_file"`
-	SentinelPassword redisstore.Secret `toml:"-" file:"sentinel_password_file"`
+	SentinelPassword redisstore.Secret `toml:"-" file:"sentinel_password_file" owner:"Sentinel.Password"`
 	CA               []byte            `toml:"-" file:"ca_file"`
 }
 

@@ -22,11 +22,11 @@ func TestValuesAtTheirEdges(t *testing.T) {
 		// semaphore of that many tokens as each worker starts: past
 		// MaxInt32 the worker panicked, at 1e9 it took 20 s and GiBs.
 		{"redis pool past int32", redis + "pool_size = 2147483648 # <-\n",
-			[]string{"redis", "pool size 2147483648", "0..10000"}},
+			[]string{"redis.pool_size: must be between 0 and 10000, got 2147483648"}},
 		{"redis pool absurd", redis + "pool_size = 1000000000 # <-\n",
-			[]string{"redis", "pool size 1000000000", "0..10000"}},
+			[]string{"redis.pool_size: must be between 0 and 10000, got 1000000000"}},
 		{"redis pool just past", redis + "pool_size = 10001 # <-\n",
-			[]string{"redis", "pool size 10001", "0..10000"}},
+			[]string{"redis.pool_size: must be between 0 and 10000, got 10001"}},
 
 		// A window in seconds past what the shape check takes is
 		// positive: the message says how long a window may be.

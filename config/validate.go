@@ -317,14 +317,7 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 		return
 	}
 	if err := redisstore.ValidateRule(rl.RedisRule()); err != nil {
-		key := "sync"
-		switch msg := err.Error(); {
-		case strings.Contains(msg, "local share"):
-			key = "local_share"
-		case strings.Contains(msg, "on_unavailable"):
-			key = "on_unavailable"
-		}
-		f(key, "%s", strings.TrimPrefix(detail(err), fmt.Sprintf("rule %q: ", rl.Name)))
+		r.owned(path, label, reflect.TypeFor[RateLimit](), err)
 		return
 	}
 	// Each override is a limiter of its own in Redis, with a local share
@@ -341,8 +334,12 @@ func (rl RateLimit) checkStore(r *report, i int, redisOn bool) {
 			continue
 		}
 		if err := redisstore.ValidateRule(or); err != nil {
-			r.at(append(path, "override", elem(j)), fmt.Sprintf("%soverride %d: ", label, j+1))("limit", "%s",
-				strings.TrimPrefix(detail(err), fmt.Sprintf("rule %q: ", rl.Name)))
+			msg := detail(err)
+			var fe *redisstore.FieldError
+			if errors.As(err, &fe) {
+				msg = fe.Msg
+			}
+			r.at(append(path, "override", elem(j)), fmt.Sprintf("%soverride %d: ", label, j+1))("limit", "%s", msg)
 		}
 	}
 }
@@ -397,16 +394,23 @@ func (r *report) at(path []string, label string) func(key, format string, args .
 
 // owned reports err, from the package that owns a value of the table at
 // path (of type t), at the line of the key it is about: the field a
-// *bucket.RuleError or a *route.Error names.
+// *bucket.RuleError, a *route.Error, a *core.FieldError or a
+// *redisstore.FieldError names. A redisstore message does not name its
+// setting: the key comes before it ("timeout: ..."); a label that ends in
+// '.' ("redis.") is then a table's, which a message about no key takes as
+// "redis: ...".
 func (r *report) owned(path []string, label string, t reflect.Type, err error) {
 	if err == nil {
 		return
 	}
 	field, msg := "", detail(err)
+	var se *redisstore.FieldError
 	var be *bucket.RuleError
 	var re *route.Error
 	var ce *core.FieldError
 	switch {
+	case errors.As(err, &se):
+		field, msg = se.Field, se.Msg
 	case errors.As(err, &be):
 		field, msg = be.Field, be.Msg
 	case errors.As(err, &re):
@@ -416,16 +420,44 @@ func (r *report) owned(path []string, label string, t reflect.Type, err error) {
 	case errors.Is(err, clientip.ErrBy):
 		field = "By"
 	}
-	sf, ok := t.FieldByName(field)
-	if !ok {
-		// An owner's list may be a key in the singular (Clients, client).
-		sf, ok = t.FieldByName(strings.TrimSuffix(field, "s"))
-	}
-	if ok {
-		key, _, _ := strings.Cut(sf.Tag.Get("toml"), ",")
-		path = append(path[:len(path):len(path)], key)
+	keys := ownerKeys(t, field)
+	path = append(path[:len(path):len(path)], keys...)
+	if se != nil {
+		if keys != nil {
+			msg = strings.Join(keys, ".") + ": " + msg
+		} else if l, ok := strings.CutSuffix(label, "."); ok {
+			label = l + ": "
+		}
 	}
 	r.fail(path, label+msg)
+}
+
+// ownerKeys returns the keys, from the table of type t down, of the field
+// that an owner's field name stands for: a field of t of that name, or of
+// that name in the singular (Clients, client), or tagged owner:"name"
+// (Breaker.Successes, success_threshold), or a dotted name's field of a
+// table (Sentinel.Addrs, sentinel.addrs); nil when none is.
+func ownerKeys(t reflect.Type, field string) []string {
+	if field == "" {
+		return nil
+	}
+	sf, ok := t.FieldByName(field)
+	if !ok {
+		sf, ok = t.FieldByName(strings.TrimSuffix(field, "s"))
+	}
+	for i := 0; !ok && i < t.NumField(); i++ {
+		sf, ok = t.Field(i), t.Field(i).Tag.Get("owner") == field
+	}
+	if ok {
+		return []string{keyName(sf)}
+	}
+	head, rest, dotted := strings.Cut(field, ".")
+	if hf, ok := t.FieldByName(head); dotted && ok && hf.Type.Kind() == reflect.Struct {
+		if keys := ownerKeys(hf.Type, rest); keys != nil {
+			return append([]string{keyName(hf)}, keys...)
+		}
+	}
+	return nil
 }
 
 func checkName(n string) error {
@@ -525,34 +557,7 @@ func (rd Redis) check(r *report) {
 	if rd.SuccessThreshold == 0 {
 		f("success_threshold", "is 0; leave the key out for the default %d", redisstore.DefaultBreakerSuccesses)
 	}
-	err := rd.StoreOptions().Validate()
-	if err == nil {
-		return
-	}
-	path := []string{"redis"}
-	msg := detail(err)
-	for _, k := range []struct{ word, key string }{
-		{"url", "url"}, {"cluster", "cluster"}, {"sentinel credentials", "sentinel_password_file"},
-		{"sentinel credentials", "sentinel_username"},
-		{"sentinel", "sentinel"}, {"username", "username"}, {"password", "password_file"},
-		{"ca", "ca_file"}, {"timeout", "timeout"}, {"pool size", "pool_size"},
-		{"breaker failures", "breaker_failures"}, {"breaker backoff", "breaker_backoff"},
-		{"success threshold", "success_threshold"}, {"prefix", "prefix"},
-	} {
-		if strings.HasPrefix(msg, k.word) && r.has("redis", k.key) {
-			path = append(path, k.key)
-			break
-		}
-	}
-	r.fail(path, "redis: "+msg)
-}
-
-// has reports whether the file sets the key at path (line, by contrast,
-// falls back to the table's line).
-func (r *report) has(path ...string) bool {
-	r.line()
-	_, ok := r.lines[joinPath(path)]
-	return ok
+	r.owned([]string{"redis"}, "redis.", reflect.TypeFor[Redis](), rd.StoreOptions().Validate())
 }
 
 // anyPort reports whether the address a asks for a port of the

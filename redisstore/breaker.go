@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/preforkd/preforkd/internal/textvalue"
@@ -269,13 +268,13 @@ func DecodeBreaker(w uint64, now time.Duration) BreakerState {
 func (b *Breaker) validate() error {
 	switch {
 	case b.Failures < 1 || b.Failures > midMask:
-		return fmt.Errorf("redisstore: breaker failures %d outside 1..%d", b.Failures, midMask)
+		return fieldErr("Breaker.Failures", "must be between 1 and %d, got %d", midMask, b.Failures)
 	case b.Backoff < timeUnit || b.Backoff > maxAhead:
-		return fmt.Errorf("redisstore: breaker backoff %v outside %v..%v", b.Backoff, timeUnit, maxAhead)
+		return fieldErr("Breaker.Backoff", "must be between %v and %v, got %v", timeUnit, maxAhead, b.Backoff)
 	case b.ProbeTimeout < timeUnit || b.ProbeTimeout > maxAhead:
-		return fmt.Errorf("redisstore: probe timeout %v outside %v..%v", b.ProbeTimeout, timeUnit, maxAhead)
+		return fieldErr("Breaker.ProbeTimeout", "must be between %v and %v, got %v", timeUnit, maxAhead, b.ProbeTimeout)
 	case b.Successes < 1 || b.Successes > MaxBreakerSuccesses:
-		return fmt.Errorf("redisstore: success threshold %d outside 1..%d", b.Successes, MaxBreakerSuccesses)
+		return fieldErr("Breaker.Successes", "must be between 1 and %d, got %d", MaxBreakerSuccesses, b.Successes)
 	}
 	return nil
 }

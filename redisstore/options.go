@@ -3,7 +3,6 @@ package redisstore
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -106,13 +105,43 @@ const (
 // by it (and takes it as an int32).
 const MaxPoolSize = 10000
 
+// FieldError is a setting that New, Validate, NewLimiter or ValidateRule
+// refuses. Field names it: a field of Options ("Timeout",
+// "Breaker.Failures", "Sentinel.Addrs") or of Rule ("LocalShare",
+// "Sync"), or "" when no one field is at fault (none of URL, Cluster and
+// Sentinel is set, or several are). Rule is the rule's name, for a
+// rule's; Msg says what is wrong; Err is the cause, if another error is.
+type FieldError struct {
+	Field, Msg string
+	Rule       string
+	Err        error
+}
+
+func (e *FieldError) Error() string {
+	s := "redisstore: "
+	if e.Rule != "" {
+		s += "rule " + strconv.Quote(e.Rule) + ": "
+	}
+	if e.Field != "" {
+		s += e.Field + ": "
+	}
+	return s + e.Msg
+}
+
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// fieldErr is a *FieldError about field of Options.
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
 // Enabled reports whether o names a Redis to use.
 func (o *Options) Enabled() bool {
 	return o.Client != nil || o.URL != "" || len(o.Cluster) > 0 || o.Sentinel.Master != "" || len(o.Sentinel.Addrs) > 0
 }
 
 // Validate reports the first problem with o (zero values standing for
-// their defaults), as New would: no I/O.
+// their defaults), as New would: no I/O. Every problem is a *FieldError.
 func (o Options) Validate() error {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -158,27 +187,27 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Sentinel.Master != "" || len(o.Sentinel.Addrs) > 0 {
 		n++
 		if o.Sentinel.Master == "" || len(o.Sentinel.Addrs) == 0 {
-			return o, errors.New("redisstore: sentinel needs both a master name and addresses")
+			return o, fieldErr("Sentinel", "needs both a master name and addresses")
 		}
 	}
 	switch {
 	case o.Client != nil && n > 0:
-		return o, errors.New("redisstore: give either a Client or an address, not both")
+		return o, fieldErr("Client", "give either a Client or an address, not both")
 	case o.Client != nil && (o.Username != "" || o.Password != "" || o.TLS || len(o.CA) > 0):
-		return o, errors.New("redisstore: a Client brings its own username, password and TLS")
+		return o, fieldErr("Client", "a Client brings its own username, password and TLS")
 	case o.Client == nil && n == 0:
-		return o, errors.New("redisstore: no Redis: set url, cluster or sentinel")
+		return o, fieldErr("", "no Redis: set url, cluster or sentinel")
 	case n > 1:
-		return o, errors.New("redisstore: set only one of url, cluster and sentinel")
+		return o, fieldErr("", "set only one of url, cluster and sentinel")
 	case o.Timeout < time.Millisecond || o.Timeout > time.Minute:
-		return o, fmt.Errorf("redisstore: timeout %v outside 1ms..1m", o.Timeout)
+		return o, fieldErr("Timeout", "must be between %v and %v, got %v", time.Millisecond, time.Minute, o.Timeout)
 	case o.PoolSize < 0 || o.PoolSize > MaxPoolSize:
-		return o, fmt.Errorf("redisstore: pool size %d outside 0..%d", o.PoolSize, MaxPoolSize)
+		return o, fieldErr("PoolSize", "must be between 0 and %d, got %d", MaxPoolSize, o.PoolSize)
 	case strings.ContainsAny(o.Prefix, "{}"):
 		// Redis Cluster hashes a key's first {...}: the prefix's would
 		// take the place of the key's own tag, which keeps one request's
 		// rules in one slot.
-		return o, fmt.Errorf("redisstore: prefix %q has a brace: keys carry hash tags of their own ({...}), which a Cluster places them by", o.Prefix)
+		return o, fieldErr("Prefix", "%q has a brace: keys carry hash tags of their own ({...}), which a Cluster places them by", o.Prefix)
 	}
 	return o, b.validate()
 }
@@ -222,31 +251,31 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		// on any other server it costs a round trip at every connection.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
-	data := credentials{user: o.Username, pass: string(o.Password), tls: o.TLS}
-	sentinel := credentials{user: o.Sentinel.Username, pass: string(o.Sentinel.Password)}
+	data := credentials{user: o.Username, pass: string(o.Password), tls: o.TLS, userField: "Username", passField: "Password"}
+	sentinel := credentials{user: o.Sentinel.Username, pass: string(o.Sentinel.Password), userField: "Sentinel.Username", passField: "Sentinel.Password"}
 	switch {
 	case o.URL != "":
 		p, err := redis.ParseURL(o.URL)
 		if err == nil && !hasPort(p.Addr) {
-			return nil, fmt.Errorf("redisstore: url %q: the port is not one from 1 to 65535", redactURL(o.URL))
+			return nil, fieldErr("URL", "%q: the port is not one from 1 to 65535", redactURL(o.URL))
 		}
 		if err != nil {
 			// go-redis's message may quote the URL, password and all.
-			return nil, fmt.Errorf("redisstore: url %q: want redis://[[user]:password@]host:port[/db] or rediss://…", redactURL(o.URL))
+			return nil, fieldErr("URL", "%q: want redis://[[user]:password@]host:port[/db] or rediss://…", redactURL(o.URL))
 		}
 		u.Addrs = []string{p.Addr}
 		u.DB = p.DB
-		if err := data.add("url", seed{user: p.Username, pass: p.Password, tls: p.TLSConfig != nil}); err != nil {
+		if err := data.add("URL", "the url", seed{user: p.Username, pass: p.Password, tls: p.TLSConfig != nil}); err != nil {
 			return nil, err
 		}
 	case len(o.Cluster) > 0:
 		u.IsClusterMode = true
 		for _, a := range o.Cluster {
-			sd, err := parseSeed("cluster", a)
+			sd, err := parseSeed("Cluster", a)
 			if err != nil {
 				return nil, err
 			}
-			if err := data.add("a cluster seed", sd); err != nil {
+			if err := data.add("Cluster", "a cluster seed", sd); err != nil {
 				return nil, err
 			}
 			u.Addrs = append(u.Addrs, sd.addr)
@@ -254,11 +283,11 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 	default:
 		u.MasterName = o.Sentinel.Master
 		for _, a := range o.Sentinel.Addrs {
-			sd, err := parseSeed("sentinel", a)
+			sd, err := parseSeed("Sentinel.Addrs", a)
 			if err != nil {
 				return nil, err
 			}
-			if err := sentinel.add("a sentinel address", sd); err != nil {
+			if err := sentinel.add("Sentinel.Addrs", "a sentinel address", sd); err != nil {
 				return nil, err
 			}
 			data.tls = data.tls || sd.tls // one TLS setting for the Sentinels and the master
@@ -267,7 +296,11 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		u.SentinelUsername, u.SentinelPassword = sentinel.user, sentinel.pass
 	}
 	if (sentinel.user != "" || sentinel.pass != "") && o.Sentinel.Master == "" {
-		return nil, errors.New("redisstore: sentinel credentials without a sentinel: set sentinel, or drop sentinel_username and sentinel_password_file")
+		field := sentinel.userField
+		if sentinel.user == "" {
+			field = sentinel.passField
+		}
+		return nil, fieldErr(field, "no sentinel to use it: set sentinel, or drop sentinel_username and sentinel_password_file")
 	}
 	u.Username, u.Password = data.user, data.pass
 	switch {
@@ -276,14 +309,14 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		if len(o.CA) > 0 {
 			tc.RootCAs = x509.NewCertPool()
 			if !tc.RootCAs.AppendCertsFromPEM(o.CA) {
-				return nil, errors.New("redisstore: ca: no PEM certificate in it")
+				return nil, fieldErr("CA", "no PEM certificate in it")
 			}
 		}
 		// ServerName stays empty: each connection verifies the host it
 		// dials (tls.DialWithDialer), a Cluster node's own name included.
 		u.TLSConfig = tc
 	case len(o.CA) > 0:
-		return nil, errors.New("redisstore: ca: a CA is given but TLS is off: set tls = true, or use rediss:// URLs")
+		return nil, fieldErr("CA", "a CA is given but TLS is off: set tls = true, or use rediss:// URLs")
 	}
 	return u, nil
 }
@@ -294,22 +327,30 @@ type credentials struct {
 	user, pass string
 	tls        bool
 	fromURL    bool // user and pass come from URLs, which may repeat them
+	// userField and passField are the Options fields of user and pass.
+	userField, passField string
 }
 
-// add takes a URL's user, password and TLS (from what, for messages). A
-// user or password given in a URL and besides is an error, even when the
-// same, so that no one edits one copy and wonders why nothing changed;
-// several seed URLs may repeat theirs, but must agree.
-func (c *credentials) add(what string, sd seed) error {
+// add takes a URL's user, password and TLS (from field, what for
+// messages). A user or password given in a URL and besides is an error,
+// even when the same, so that no one edits one copy and wonders why
+// nothing changed; several seed URLs may repeat theirs, but must agree.
+func (c *credentials) add(field, what string, sd seed) error {
 	if sd.user != "" {
-		if c.user != "" && (c.user != sd.user || !c.fromURL) {
-			return fmt.Errorf("redisstore: username given twice: %s names %q, and %q is given besides", what, sd.user, c.user)
+		if c.user != "" && !c.fromURL {
+			return fieldErr(c.userField, "given twice: %s names %q, and %q is given besides", what, sd.user, c.user)
+		}
+		if c.user != "" && c.user != sd.user {
+			return fieldErr(field, "the seeds disagree on the username: %q and %q", c.user, sd.user)
 		}
 		c.user = sd.user
 	}
 	if sd.pass != "" {
-		if c.pass != "" && (c.pass != sd.pass || !c.fromURL) {
-			return fmt.Errorf("redisstore: password given twice: %s has one, and another is given besides (a password file or another URL)", what)
+		if c.pass != "" && !c.fromURL {
+			return fieldErr(c.passField, "given twice: %s has a password, and another is given besides", what)
+		}
+		if c.pass != "" && c.pass != sd.pass {
+			return fieldErr(field, "the seeds disagree on the password")
 		}
 		c.pass = sd.pass
 	}
@@ -326,21 +367,21 @@ type seed struct {
 
 // parseSeed reads "host:port" or "redis[s]://[[user]:password@]host:port"
 // (no database, no options: a Cluster has one database, and the options
-// are Options').
-func parseSeed(what, s string) (seed, error) {
+// are Options') for field.
+func parseSeed(field, s string) (seed, error) {
 	if !strings.Contains(s, "://") {
 		if !hasPort(s) {
-			return seed{}, fmt.Errorf("redisstore: %s address %q: want host:port or redis://[[user]:password@]host:port", what, redactURL(s))
+			return seed{}, fieldErr(field, "address %q: want host:port or redis://[[user]:password@]host:port", redactURL(s))
 		}
 		return seed{addr: s}, nil
 	}
-	bad := fmt.Errorf("redisstore: %s address %q: want host:port or redis://[[user]:password@]host:port (rediss:// for TLS)", what, redactURL(s))
+	bad := fieldErr(field, "address %q: want host:port or redis://[[user]:password@]host:port (rediss:// for TLS)", redactURL(s))
 	u, err := url.Parse(s)
 	if err != nil || u.Scheme != "redis" && u.Scheme != "rediss" || u.Opaque != "" || u.RawQuery != "" || u.Fragment != "" {
 		return seed{}, bad
 	}
 	if u.Path != "" && u.Path != "/" && u.Path != "/0" {
-		return seed{}, fmt.Errorf("redisstore: %s address %q: a database other than 0 (a Cluster has only one)", what, redactURL(s))
+		return seed{}, fieldErr(field, "address %q: a database other than 0 (a Cluster has only one)", redactURL(s))
 	}
 	if !hasPort(u.Host) || u.Hostname() == "" {
 		return seed{}, bad

@@ -242,7 +242,8 @@ func localShare(r Rule) bucket.Rule {
 	return lr
 }
 
-// ValidateRule reports the first problem with r, as NewLimiter would.
+// ValidateRule reports the first problem with r, as NewLimiter would: a
+// *bucket.RuleError for r.Rule's fields, a *FieldError for the others.
 func ValidateRule(r Rule) error {
 	_, err := compileRule(r)
 	return err
@@ -253,19 +254,28 @@ func compileRule(r Rule) (bucket.Policy, error) {
 	if err != nil {
 		return pol, err
 	}
+	fail := func(field, format string, args ...any) (bucket.Policy, error) {
+		return pol, &FieldError{Field: field, Rule: r.Name, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case r.LocalShare < 0 || r.LocalShare > MaxLocalShare:
-		return pol, fmt.Errorf("redisstore: rule %q: local share %d outside 1..%d", r.Name, r.LocalShare, MaxLocalShare)
+		return fail("LocalShare", "must be between 1 and %d, got %d", MaxLocalShare, r.LocalShare)
 	case r.Sync < 0 || r.Sync > time.Hour:
-		return pol, fmt.Errorf("redisstore: rule %q: sync interval %v outside 0 (exact)..1h", r.Name, r.Sync)
+		return fail("Sync", "must be between 0 (exact) and 1h, got %v", r.Sync)
 	case r.Sync > 0 && r.Algorithm != bucket.FixedWindow:
-		return pol, fmt.Errorf("redisstore: rule %q: sync %v needs algorithm fixed-window (gcra is decided in Redis: sync \"exact\")", r.Name, r.Sync)
+		return fail("Sync", "%v needs algorithm fixed-window (gcra is decided in Redis: sync \"exact\")", r.Sync)
 	case r.OnUnavailable > FailClosed:
-		return pol, fmt.Errorf("redisstore: rule %q: unknown on_unavailable %d", r.Name, r.OnUnavailable)
+		return fail("OnUnavailable", "unknown value %d", r.OnUnavailable)
 	}
 	if r.OnUnavailable == FailLocal {
 		if _, err := localShare(r).Compile(); err != nil {
-			return pol, fmt.Errorf("redisstore: rule %q: its local share (limit %d ÷ %d) cannot hold one request: %w", r.Name, r.Limit, max(r.LocalShare, 1), err)
+			why := err.Error()
+			var be *bucket.RuleError
+			if errors.As(err, &be) {
+				why = be.Msg
+			}
+			return pol, &FieldError{Field: "LocalShare", Rule: r.Name, Err: err,
+				Msg: fmt.Sprintf("its local share (limit %d ÷ %d) cannot hold one request: %s", r.Limit, max(r.LocalShare, 1), why)}
 		}
 	}
 	return pol, nil

@@ -314,21 +314,33 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 
 func TestOptionsErrors(t *testing.T) {
 	r := shmtest.Private(t, shm.Options{Counters: 64})
+	// Each is a *FieldError naming the field at fault.
 	for _, c := range []struct {
-		o    redisstore.Options
-		want string
+		o           redisstore.Options
+		field, want string
 	}{
-		{redisstore.Options{}, "no Redis"},
-		{redisstore.Options{URL: "redis://x:1", Cluster: []string{"a:1"}}, "only one"},
-		{redisstore.Options{Sentinel: redisstore.Sentinel{Master: "m"}}, "both a master name and addresses"},
-		{redisstore.Options{URL: "http://x"}, "url"},
-		{redisstore.Options{URL: "redis://x:1", Timeout: time.Hour}, "timeout"},
-		{redisstore.Options{URL: "redis://x:1", Prefix: "app{}:"}, "prefix"},
-		{redisstore.Options{URL: "redis://x:1", Prefix: "{preforkd}:"}, "brace"},
+		{redisstore.Options{}, "", "no Redis"},
+		{redisstore.Options{URL: "redis://x:1", Cluster: []string{"a:1"}}, "", "only one"},
+		{redisstore.Options{Sentinel: redisstore.Sentinel{Master: "m"}}, "Sentinel", "both a master name and addresses"},
+		{redisstore.Options{URL: "http://x"}, "URL", "want redis://"},
+		{redisstore.Options{URL: "redis://x:1", Timeout: time.Hour}, "Timeout", "must be between 1ms and 1m0s, got 1h0m0s"},
+		{redisstore.Options{URL: "redis://x:1", PoolSize: -1}, "PoolSize", "got -1"},
+		{redisstore.Options{URL: "redis://x:1", Prefix: "app{}:"}, "Prefix", "brace"},
+		{redisstore.Options{URL: "redis://x:1", Prefix: "{preforkd}:"}, "Prefix", "brace"},
+		{redisstore.Options{URL: "redis://x:1", Breaker: redisstore.Breaker{Failures: -1}}, "Breaker.Failures", "got -1"},
+		{redisstore.Options{URL: "redis://x:1", Breaker: redisstore.Breaker{Backoff: 2 * time.Hour}}, "Breaker.Backoff", "got 2h0m0s"},
+		{redisstore.Options{URL: "redis://x:1", Breaker: redisstore.Breaker{ProbeTimeout: 2 * time.Hour}}, "Breaker.ProbeTimeout", "got 2h0m0s"},
+		{redisstore.Options{URL: "redis://x:1", Breaker: redisstore.Breaker{Successes: 17}}, "Breaker.Successes", "got 17"},
+		{redisstore.Options{Sentinel: redisstore.Sentinel{Master: "m", Addrs: []string{"s"}}}, "Sentinel.Addrs", `address "s"`},
+		{redisstore.Options{URL: "redis://x:1", Sentinel: redisstore.Sentinel{Username: "u"}}, "Sentinel.Username", "no sentinel"},
 	} {
 		_, err := redisstore.New(r, c.o)
-		if err == nil || !contains(err.Error(), c.want) || !contains(err.Error(), "redisstore: ") {
-			t.Errorf("%+v: %v, want an error about %q", c.o, err, c.want)
+		var fe *redisstore.FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field || !contains(fe.Msg, c.want) || !contains(err.Error(), "redisstore: ") {
+			t.Errorf("%+v: %v, want a *FieldError about %q: %q", c.o, err, c.field, c.want)
+		}
+		if c.o.Validate() == nil {
+			t.Errorf("%+v: Validate accepts what New refuses", c.o)
 		}
 	}
 	s, err := redisstore.New(r, redisstore.Options{URL: "redis://127.0.0.1:1"})
@@ -336,11 +348,14 @@ func TestOptionsErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := s.NewLimiter(redisstore.Rule{Rule: bucket.Rule{Name: "g", Limit: 1, Window: time.Second}, Sync: time.Second}); err == nil {
-		t.Error("sync on a gcra rule accepted")
+	var fe *redisstore.FieldError
+	if _, err := s.NewLimiter(redisstore.Rule{Rule: bucket.Rule{Name: "g", Limit: 1, Window: time.Second}, Sync: time.Second}); !errors.As(err, &fe) || fe.Field != "Sync" || fe.Rule != "g" {
+		t.Errorf("sync on a gcra rule: %v, want a *FieldError about Sync", err)
 	}
-	if _, err := s.NewLimiter(redisstore.Rule{Rule: bucket.Rule{Name: "c", Limit: 4, Window: time.Second, Cost: 3}, OnUnavailable: redisstore.FailLocal, LocalShare: 2}); err == nil {
-		t.Error("a local share that cannot hold one request's cost accepted")
+	_, err = s.NewLimiter(redisstore.Rule{Rule: bucket.Rule{Name: "c", Limit: 4, Window: time.Second, Cost: 3}, OnUnavailable: redisstore.FailLocal, LocalShare: 2})
+	var be *bucket.RuleError
+	if !errors.As(err, &fe) || fe.Field != "LocalShare" || !errors.As(err, &be) {
+		t.Errorf("a local share that cannot hold one request's cost: %v, want a *FieldError about LocalShare, from a *bucket.RuleError", err)
 	}
 }
 

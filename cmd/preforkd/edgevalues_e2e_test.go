@@ -15,7 +15,7 @@ import (
 var edgeValues = []struct{ name, from, extra, msg string }{
 	// A worker built its Redis client with this and panicked.
 	{"redis pool past int32", "", "[redis]\nurl = \"redis://127.0.0.1:1\"\npool_size = 2147483648\n",
-		"redis: pool size 2147483648 outside 0..10000"},
+		"redis.pool_size: must be between 0 and 10000, got 2147483648"},
 	// The decoder's own error, which named no key.
 	{"20-digit integer", "", "[tls]\nredirect_port = 99999999999999999999\n",
 		"tls.redirect_port: 99999999999999999999 is out of range"},

@@ -152,12 +152,12 @@ func TestRedisCheckSecrets(t *testing.T) {
 	}{
 		{"world-readable", fmt.Sprintf("url = \"redis://127.0.0.1:6379\"\npassword_file = %q", open), ":10: redis.password_file: " + open + " has mode 0644"},
 		{"missing", "url = \"redis://127.0.0.1:6379\"\npassword_file = \"" + dir + "/none\"", ":10: redis.password_file: open " + dir + "/none: no such file"},
-		{"twice", fmt.Sprintf("url = \"redis://:hunter2@127.0.0.1:6379\"\npassword_file = %q", good), ":10: redis: password given twice"},
+		{"twice", fmt.Sprintf("url = \"redis://:hunter2@127.0.0.1:6379\"\npassword_file = %q", good), ":10: redis.password_file: given twice: the url has a password"},
 		{"sentinel", fmt.Sprintf("sentinel = { master = \"m\", addrs = [\"127.0.0.1:26379\"] }\nsentinel_password_file = %q", open), ":10: redis.sentinel_password_file: "},
-		{"ca without tls", fmt.Sprintf("url = \"redis://127.0.0.1:6379\"\nca_file = %q", writeCAFile(t, dir)), ":10: redis: ca: a CA is given but TLS is off"},
+		{"ca without tls", fmt.Sprintf("url = \"redis://127.0.0.1:6379\"\nca_file = %q", writeCAFile(t, dir)), ":10: redis.ca_file: a CA is given but TLS is off"},
 		{"ca missing", "url = \"rediss://127.0.0.1:6379\"\nca_file = \"" + dir + "/none.pem\"", ":10: redis.ca_file: open "},
-		{"success threshold", "url = \"redis://127.0.0.1:6379\"\nsuccess_threshold = 17", ":10: redis: success threshold 17 outside 1..16"},
-		{"sentinel username alone", "url = \"redis://127.0.0.1:6379\"\nsentinel_username = \"s\"", ":10: redis: sentinel credentials without a sentinel"},
+		{"success threshold", "url = \"redis://127.0.0.1:6379\"\nsuccess_threshold = 17", ":10: redis.success_threshold: must be between 1 and 16, got 17"},
+		{"sentinel username alone", "url = \"redis://127.0.0.1:6379\"\nsentinel_username = \"s\"", ":10: redis.sentinel_username: no sentinel to use it"},
 	} {
 		path := filepath.Join(dir, c.name+".toml")
 		if err := os.WriteFile(path, []byte(strings.ReplaceAll(redisAuthConfig(c.redis), "ADMIN_ADDR", "127.0.0.1:1")), 0o600); err != nil {
