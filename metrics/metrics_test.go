@@ -25,7 +25,7 @@ func statRegion(t testing.TB, rules int) *shm.Region {
 func TestFamilyNames(t *testing.T) {
 	seen := map[string]bool{}
 	for f := range numFamilies {
-		s := &families[f]
+		s := &specs()[f]
 		if s.name == "" || helps[f].family == "" || seen[s.name] || (s.hist != "") != (helps[f].hist != "") {
 			t.Errorf("family %d: name %q, help %q, histogram %q help %q: missing or repeated", f, s.name, helps[f].family, s.hist, helps[f].hist)
 		}
@@ -321,7 +321,7 @@ func TestIsNearLimit(t *testing.T) {
 func TestLayoutTag(t *testing.T) {
 	var o shm.Options
 	Geometry(&o, 0)
-	if o.StatLayout == 0 || o.StatLayout != tagOf(&families) {
+	if o.StatLayout == 0 || o.StatLayout != tagOf(specs()) {
 		t.Fatalf("Geometry's tag %#x", o.StatLayout)
 	}
 	changes := map[string]func(f *[numFamilies]spec){
@@ -333,7 +333,7 @@ func TestLayoutTag(t *testing.T) {
 		"per rule": func(f *[numFamilies]spec) { f[UpstreamErrors].perRule = true },
 	}
 	for name, change := range changes {
-		f := families
+		f := *specs()
 		change(&f)
 		if tagOf(&f) == o.StatLayout {
 			t.Errorf("%s: the same tag", name)

@@ -55,10 +55,10 @@ func (r Row) SetGCCycles(last, n uint64) {
 // Observe counts v, in the histogram f's counted unit (µs for durations,
 // bytes for sizes).
 func (r Row) Observe(f Family, v uint64) {
-	s := &families[f]
+	bounds := histBounds[f]
 	off := rowLayout.off[f]
-	atomic.AddUint64(&r.w[off+bucket(s.bounds, v)], 1)
-	atomic.AddUint64(&r.w[off+len(s.bounds)+1], v)
+	atomic.AddUint64(&r.w[off+bucket(bounds, v)], 1)
+	atomic.AddUint64(&r.w[off+len(bounds)+1], v)
 }
 
 func bucket(bounds []uint64, v uint64) int {
@@ -70,7 +70,7 @@ func bucket(bounds []uint64, v uint64) int {
 }
 
 // httpBuckets is the width of a status code's buckets in HTTPRequests.
-var httpBuckets = len(families[HTTPRequests].bounds) + 1
+var httpBuckets = len(histBounds[HTTPRequests]) + 1
 
 // Response counts a response sent with status code after d: two adds,
 // one for its code and duration bucket, one for the durations' sum.
@@ -81,8 +81,8 @@ func (r Row) Response(code int, d time.Duration) {
 	}
 	us := uint64(max(d, 0) / time.Microsecond)
 	off := rowLayout.off[HTTPRequests]
-	atomic.AddUint64(&r.w[off+i*httpBuckets+bucket(families[HTTPRequests].bounds, us)], 1)
-	atomic.AddUint64(&r.w[off+len(families[HTTPRequests].values)*httpBuckets], us)
+	atomic.AddUint64(&r.w[off+i*httpBuckets+bucket(histBounds[HTTPRequests], us)], 1)
+	atomic.AddUint64(&r.w[off+numCodes*httpBuckets], us)
 }
 
 // Upstream counts the time d from sending a request to the upstream to its
@@ -257,7 +257,7 @@ func (s *Snapshot) Conns(st ConnState) uint64 {
 // Value is value i of the family f (of a histogram, bucket i, the last
 // but one +Inf, the last the sum); 0 when the rows have no such word.
 func (s *Snapshot) Value(f Family, i int) uint64 {
-	if families[f].kind == codeHistogram {
+	if f == HTTPRequests { // the one codeHistogram
 		var n uint64
 		for b := range httpBuckets {
 			n += s.word(rowLayout.off[f] + i*httpBuckets + b)
@@ -288,7 +288,7 @@ func (s *Snapshot) RuleValue(f Family, rule, i int) uint64 {
 // Requests is the number of responses counted, whatever their status.
 func (s *Snapshot) Requests() uint64 {
 	var n uint64
-	for i := range families[HTTPRequests].values {
+	for i := range numCodes {
 		n += s.Value(HTTPRequests, i)
 	}
 	return n

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"strconv"
+	"sync"
 
 	"github.com/preforkd/preforkd/shm"
 )
@@ -12,7 +13,7 @@ import (
 type Family uint16
 
 // The families. Adding a metric is a constant here and its entry in
-// families; the words of every row, the sums and the Prometheus text
+// newSpecs; the words of every row, the sums and the Prometheus text
 // follow from the table.
 const (
 	RateLimitRequests      Family = iota // per rule: what each matching rule did with a request
@@ -129,8 +130,9 @@ const (
 // codes are the status codes HTTPRequests counts one by one; any other
 // (an engine's own 1xx, a handler's 999) is counted as "other".
 const (
-	minCode = 100
-	maxCode = 599
+	minCode  = 100
+	maxCode  = 599
+	numCodes = maxCode - minCode + 2 // and "other"
 )
 
 // spec describes a family.
@@ -162,111 +164,126 @@ const (
 	connGauge     // the connections open now, by state, in one word (Conns); dropped when a worker is reaped
 )
 
-var families = [numFamilies]spec{
-	RateLimitRequests: {
-		name: "preforkd_ratelimit_requests_total", kind: counter, perRule: true,
-		label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed", "capped_open", "capped_closed", "near_limit"},
-	},
-	RateLimitUnavailable: {
-		name: "preforkd_ratelimit_unavailable_total", kind: counter, perRule: true,
-	},
-	HTTPRequests: {
-		name: "preforkd_http_requests_total", kind: codeHistogram,
-		label: "code", values: codeValues(),
-		hist:   "preforkd_http_request_duration_seconds",
-		bounds: durationBounds,
-		per:    1e6,
-	},
-	UpstreamErrors: {
-		name: "preforkd_upstream_errors_total", kind: counter,
-		label: "kind", values: []string{"connect", "timeout", "response", "broken"},
-	},
-	IdempotencyRequests: {
-		name: "preforkd_idempotency_requests_total", kind: counter,
-		label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid", "capped", "gone"},
-	},
-	IdempotencyCompletions: {
-		name: "preforkd_idempotency_completions_total", kind: counter,
-		label: "result", values: []string{"stored", "unreplayable", "released"},
-	},
-	IdempotencyWaits: {
-		name: "preforkd_idempotency_waits_total", kind: counter,
-	},
-	IdempotencyStoredBytes: {
-		name: "preforkd_idempotency_stored_bytes", kind: histogram,
-		bounds: []uint64{256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
-		per:    1,
-	},
-	CacheRequests: {
-		name: "preforkd_cache_requests_total", kind: counter,
-		label: "result", values: []string{"hit", "stale", "miss", "bypass", "revalidated"},
-	},
-	CacheNotModified: {
-		name: "preforkd_cache_not_modified_total", kind: counter,
-	},
-	CacheSentBytes: {
-		name: "preforkd_cache_sent_bytes_total", kind: counter,
-	},
-	CacheFills: {
-		name: "preforkd_cache_fills_total", kind: counter,
-		label: "result", values: []string{"stored", "not_stored"},
-	},
-	CacheWaits: {
-		name: "preforkd_cache_waits_total", kind: counter,
-		label: "result", values: []string{"waited", "lock_timeout"},
-	},
-	CacheRefreshes: {
-		name: "preforkd_cache_refreshes_total", kind: counter,
-	},
-	CacheInvalidations: {
-		name: "preforkd_cache_invalidations_total", kind: counter,
-	},
-	CachePurged: {
-		name: "preforkd_cache_purged_entries_total", kind: counter,
-	},
-	CacheCutSends: {
-		name: "preforkd_cache_cut_sends_total", kind: counter,
-	},
-	UpstreamDuration: {
-		name: "preforkd_upstream_response_duration_seconds", kind: histogram,
-		bounds: durationBounds,
-		per:    1e6,
-	},
-	Connections: {
-		name: "preforkd_connections", kind: connGauge,
-		label: "state", values: []string{"reading", "writing", "idle"},
-	},
-	ConnectionsAccepted: {
-		name: "preforkd_connections_accepted_total", kind: counter,
-	},
-	ConnectionsMaxReached: {
-		name: "preforkd_connections_max_reached_total", kind: counter,
-	},
-	RedisCalls: {
-		name: "preforkd_redis_calls_total", kind: counter, redis: true,
-		label: "result", values: []string{"ok", "error", "timeout"},
-	},
-	RedisCallDuration: {
-		name: "preforkd_redis_call_duration_seconds", kind: histogram, redis: true,
-		bounds: redisBounds,
-		per:    1e6,
-	},
-	RedisShortCircuits: {
-		name: "preforkd_redis_short_circuits_total", kind: counter, redis: true,
-	},
-	RedisDenyCacheHits: {
-		name: "preforkd_redis_deny_cache_hits_total", kind: counter, redis: true,
-	},
-	RedisFlushes: {
-		name: "preforkd_redis_flushes_total", kind: counter, redis: true,
-		label: "result", values: []string{"ok", "error", "timeout"},
-	},
-	RedisNoScript: {
-		name: "preforkd_redis_noscript_total", kind: counter, redis: true,
-	},
-	WorkerGCCycles: {
-		name: "preforkd_worker_gc_cycles_total", kind: perWorker,
-	},
+// specs is the schema, built when first asked for (by the page writer
+// and the tests): a program that only counts (an embedding one) links
+// rowLayout and histBounds, not the names, labels and values.
+func specs() *[numFamilies]spec {
+	specsOnce.Do(func() { specsTab = newSpecs() })
+	return specsTab
+}
+
+var (
+	specsOnce sync.Once
+	specsTab  *[numFamilies]spec
+)
+
+func newSpecs() *[numFamilies]spec {
+	return &[numFamilies]spec{
+		RateLimitRequests: {
+			name: "preforkd_ratelimit_requests_total", kind: counter, perRule: true,
+			label: "result", values: []string{"allowed", "limited", "shadow_limited", "full_open", "full_closed", "unavailable_open", "unavailable_closed", "capped_open", "capped_closed", "near_limit"},
+		},
+		RateLimitUnavailable: {
+			name: "preforkd_ratelimit_unavailable_total", kind: counter, perRule: true,
+		},
+		HTTPRequests: {
+			name: "preforkd_http_requests_total", kind: codeHistogram,
+			label: "code", values: codeValues(),
+			hist:   "preforkd_http_request_duration_seconds",
+			bounds: histBounds[HTTPRequests],
+			per:    1e6,
+		},
+		UpstreamErrors: {
+			name: "preforkd_upstream_errors_total", kind: counter,
+			label: "kind", values: []string{"connect", "timeout", "response", "broken"},
+		},
+		IdempotencyRequests: {
+			name: "preforkd_idempotency_requests_total", kind: counter,
+			label: "result", values: []string{"executed", "replayed", "conflict", "mismatch", "full", "invalid", "capped", "gone"},
+		},
+		IdempotencyCompletions: {
+			name: "preforkd_idempotency_completions_total", kind: counter,
+			label: "result", values: []string{"stored", "unreplayable", "released"},
+		},
+		IdempotencyWaits: {
+			name: "preforkd_idempotency_waits_total", kind: counter,
+		},
+		IdempotencyStoredBytes: {
+			name: "preforkd_idempotency_stored_bytes", kind: histogram,
+			bounds: histBounds[IdempotencyStoredBytes],
+			per:    1,
+		},
+		CacheRequests: {
+			name: "preforkd_cache_requests_total", kind: counter,
+			label: "result", values: []string{"hit", "stale", "miss", "bypass", "revalidated"},
+		},
+		CacheNotModified: {
+			name: "preforkd_cache_not_modified_total", kind: counter,
+		},
+		CacheSentBytes: {
+			name: "preforkd_cache_sent_bytes_total", kind: counter,
+		},
+		CacheFills: {
+			name: "preforkd_cache_fills_total", kind: counter,
+			label: "result", values: []string{"stored", "not_stored"},
+		},
+		CacheWaits: {
+			name: "preforkd_cache_waits_total", kind: counter,
+			label: "result", values: []string{"waited", "lock_timeout"},
+		},
+		CacheRefreshes: {
+			name: "preforkd_cache_refreshes_total", kind: counter,
+		},
+		CacheInvalidations: {
+			name: "preforkd_cache_invalidations_total", kind: counter,
+		},
+		CachePurged: {
+			name: "preforkd_cache_purged_entries_total", kind: counter,
+		},
+		CacheCutSends: {
+			name: "preforkd_cache_cut_sends_total", kind: counter,
+		},
+		UpstreamDuration: {
+			name: "preforkd_upstream_response_duration_seconds", kind: histogram,
+			bounds: histBounds[UpstreamDuration],
+			per:    1e6,
+		},
+		Connections: {
+			name: "preforkd_connections", kind: connGauge,
+			label: "state", values: []string{"reading", "writing", "idle"},
+		},
+		ConnectionsAccepted: {
+			name: "preforkd_connections_accepted_total", kind: counter,
+		},
+		ConnectionsMaxReached: {
+			name: "preforkd_connections_max_reached_total", kind: counter,
+		},
+		RedisCalls: {
+			name: "preforkd_redis_calls_total", kind: counter, redis: true,
+			label: "result", values: []string{"ok", "error", "timeout"},
+		},
+		RedisCallDuration: {
+			name: "preforkd_redis_call_duration_seconds", kind: histogram, redis: true,
+			bounds: histBounds[RedisCallDuration],
+			per:    1e6,
+		},
+		RedisShortCircuits: {
+			name: "preforkd_redis_short_circuits_total", kind: counter, redis: true,
+		},
+		RedisDenyCacheHits: {
+			name: "preforkd_redis_deny_cache_hits_total", kind: counter, redis: true,
+		},
+		RedisFlushes: {
+			name: "preforkd_redis_flushes_total", kind: counter, redis: true,
+			label: "result", values: []string{"ok", "error", "timeout"},
+		},
+		RedisNoScript: {
+			name: "preforkd_redis_noscript_total", kind: counter, redis: true,
+		},
+		WorkerGCCycles: {
+			name: "preforkd_worker_gc_cycles_total", kind: perWorker,
+		},
+	}
 }
 
 // durationBounds are the buckets of the duration histograms, in µs (1ms
@@ -279,8 +296,18 @@ var durationBounds = []uint64{1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 5
 // twice that and 50ms.
 var redisBounds = []uint64{100, 250, 500, 1e3, 2.5e3, 5e3, 10e3, 25e3, 50e3, 100e3, 250e3, 500e3, 1e6}
 
+// histBounds are the histograms' bounds, apart from their specs: a row
+// counts with them (Row.Observe, Row.Response) and needs nothing else of
+// the schema but rowLayout.
+var histBounds = [numFamilies][]uint64{
+	HTTPRequests:           durationBounds,
+	IdempotencyStoredBytes: {256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
+	UpstreamDuration:       durationBounds,
+	RedisCallDuration:      redisBounds,
+}
+
 func codeValues() []string {
-	v := make([]string, 0, maxCode-minCode+2)
+	v := make([]string, 0, numCodes)
 	for c := minCode; c <= maxCode; c++ {
 		v = append(v, strconv.Itoa(c))
 	}
@@ -312,13 +339,6 @@ type layout struct {
 	perRuleWords int
 }
 
-var rowLayout = newLayout()
-
-// layoutTag names rowLayout (shm.Options.StatLayout): a hash of every
-// family's name, kind and words in table order, so that two builds with
-// the same tag read each other's rows alike. Never 0 (unnamed).
-var layoutTag = tagOf(&families)
-
 func tagOf(fams *[numFamilies]spec) uint64 {
 	h := fnv.New64a()
 	var b []byte
@@ -335,7 +355,7 @@ func tagOf(fams *[numFamilies]spec) uint64 {
 	return max(h.Sum64(), 1)
 }
 
-func newLayout() layout {
+func newLayout(families *[numFamilies]spec) layout {
 	var l layout
 	for f := range numFamilies {
 		if s := &families[f]; s.kind == connGauge {

@@ -108,7 +108,7 @@ type Rule struct {
 // least once, histograms with their cumulative buckets.
 func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 	for f := range numFamilies {
-		if !families[f].redis {
+		if !specs()[f].redis {
 			s.appendFamily(t, f, rules)
 		}
 	}
@@ -118,14 +118,14 @@ func (s *Snapshot) AppendFamilies(t *Text, rules []Rule) {
 // them while [redis] is configured, as preforkd_redis_breaker_state.
 func (s *Snapshot) AppendRedis(t *Text) {
 	for f := range numFamilies {
-		if families[f].redis {
+		if specs()[f].redis {
 			s.appendFamily(t, f, nil)
 		}
 	}
 }
 
 func (s *Snapshot) appendFamily(t *Text, f Family, rules []Rule) {
-	sp := &families[f]
+	sp := &specs()[f]
 	switch {
 	case sp.kind == perWorker:
 		// Per process: AppendWorkers.
@@ -184,7 +184,7 @@ type Worker struct {
 // index.
 func AppendWorkers(t *Text, workers []Worker) {
 	for f := range numFamilies {
-		sp := &families[f]
+		sp := &specs()[f]
 		if sp.kind != perWorker {
 			continue
 		}
