@@ -263,7 +263,7 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	chain, sum := uint64(noBlock), uint64(0)
 	switch {
 	case e.Kind == KindCache:
-		first, count, ok := t.store(e.Data)
+		first, count, ok := t.store(e.Data, stampSuper)
 		if !ok {
 			return ErrFull
 		}
@@ -271,7 +271,7 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 		flags, n, sum = 0, uint32(len(e.Data)), xxhash.Sum64(e.Data)
 	case !e.Unreplayable:
 		data := encodeResponse(&e.Response)
-		if first, count, ok := t.store(data); ok {
+		if first, count, ok := t.store(data, stampSuper); ok {
 			chain = uint64(count)<<32 | uint64(first)
 			flags, n, sum = 0, uint32(len(data)), xxhash.Sum64(data)
 		}
@@ -279,7 +279,7 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	rec := &t.recs[cand]
 	s := atomic.LoadUint64(&rec.state)
 	if recPhase(s) == recComplete { // expired
-		t.freeChain(atomic.LoadUint64(&rec.chain))
+		t.freeRec(rec, stampSuper)
 		t.r.count(evRecReused, 1)
 	} else {
 		t.r.count(evRecTaken, 1)
@@ -294,7 +294,7 @@ func (t *Responses) Place(e StoredEntry, now time.Duration) error {
 	}
 	atomic.StoreUint64(&rec.keyA, e.Key.A)
 	atomic.StoreUint64(&rec.keyB, e.Key.B)
-	atomic.StoreUint64(&rec.kind, uint64(e.Kind))
+	atomic.StoreUint64(&rec.kind, uint64(e.Kind)|stampSuper<<32) // the stamp of its chain
 	for w := range rec.fp {
 		atomic.StoreUint64(&rec.fp[w], binary.LittleEndian.Uint64(e.Fingerprint[w*8:]))
 	}

@@ -218,8 +218,9 @@ func (t *Responses) cacheScan(k Key, home uint64, now time.Duration) (lock Ticke
 			cand = firstOf(cand, i)
 		case recBusy, recReserved:
 			if t.r.stale(recOwner(s)) {
-				t.releaseRec(i, s, t.r.owner.Load(), 0)
-				cand = firstOf(cand, i)
+				if t.releaseRec(i, s, t.r.owner.Load(), 0) {
+					cand = firstOf(cand, i)
+				}
 				continue
 			}
 			if recPhase(s) == recReserved && t.keyIs(rec, k, KindCache) {
@@ -260,7 +261,8 @@ func (t *Responses) CacheFill(tk Ticket, data []byte, expiry, now time.Duration)
 	atomic.StoreUint64(&rec.sum, xxhash.Sum64(data))
 	atomic.StoreUint64(&rec.expiry, uint64(expiry))
 	if !atomic.CompareAndSwapUint64(&rec.state, tk.state, mkRec(recComplete, recGen(tk.state), 0)) {
-		t.freeChain(chain)
+		me := stampOf(t.r.owner.Load())
+		t.freeChain(chain, me, me, me, nil)
 		return false, errReservationLost
 	}
 	k := Key{A: atomic.LoadUint64(&rec.keyA), B: atomic.LoadUint64(&rec.keyB)}
@@ -276,16 +278,11 @@ func (t *Responses) CacheUnlock(tk Ticket) { t.Release(tk) }
 // CacheEvict drops the entry tk names (one found purged or unreadable),
 // unless it changed meanwhile.
 func (t *Responses) CacheEvict(tk Ticket) bool {
-	rec := &t.recs[tk.idx]
 	if recPhase(tk.state) != recComplete {
 		return false
 	}
-	chain := atomic.LoadUint64(&rec.chain)
-	if !t.drop(rec, tk.state) {
-		return false
-	}
-	t.freeChain(chain)
-	return true
+	_, ok := t.drop(tk.idx, tk.state)
+	return ok
 }
 
 // CacheDrop drops every entry of k (one that its application no longer
@@ -309,9 +306,7 @@ func (t *Responses) dropEntries(k Key, keep int) (n int) {
 		if i == keep || recPhase(s) != recComplete || !t.keyIs(rec, k, KindCache) {
 			continue
 		}
-		chain := atomic.LoadUint64(&rec.chain)
-		if t.drop(rec, s) {
-			t.freeChain(chain)
+		if _, ok := t.drop(i, s); ok {
 			n++
 		}
 	}

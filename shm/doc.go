@@ -72,12 +72,14 @@
 //     most 250 ms, after which the caller's on_full policy answers. A
 //     retired process claims nothing ([ErrRetired]); a supervisor that
 //     re-attaches a live region first kills the orphans that still map it
-//     ([Region.KillOrphans]). Response blocks are the exception: those of
-//     a chain that a process killed was storing or freeing (no record
-//     holds them) stay taken after [Region.Reap], which cannot tell them
-//     from a live process's chain in progress; [Region.ReapAll], with no
-//     process left, gives back every block no completed record holds, as
-//     a load does.
+//     ([Region.KillOrphans]). Response blocks too: each block's header
+//     carries the stamp of the process that holds it (a chain it builds,
+//     or frees after taking each block from its builder's stamp by a
+//     CAS), and a record whose chain is being freed is BUSY and names
+//     what is left of it; [Region.Reap] finishes a dead process's frees
+//     and gives back every block of a dead process's stamp that no
+//     completed record holds, while the others go on, each block by a
+//     CAS, so that a block is never freed twice.
 //
 // # Accounts
 //

@@ -66,7 +66,8 @@ func (t *Responses) SetHeld(a uint16, n int) { atomic.StoreUint64(&t.acc.a[a].he
 
 // CheckPool checks the response table at rest (no process inside an
 // operation): every block in use is in the chain of exactly one
-// completed record, and no record or insert lock is held; it returns the
+// completed record, with the stamp that record names, every free block
+// has no stamp or a dead process's, and no record or insert lock is held; it returns the
 // first problem found, or "". leaked is how many blocks are in use but in
 // no chain.
 func (t *Responses) CheckPool() (leaked int, problem string) {
@@ -96,14 +97,23 @@ func (t *Responses) CheckPool() (leaked int, problem string) {
 			if atomic.LoadUint64(&t.bitmap[b/64])&(1<<(b%64)) == 0 {
 				return 0, fmt.Sprintf("block %d of record %d's chain is free", b, i)
 			}
+			h := atomic.LoadUint64(&t.blockWords(b)[0])
+			if st, want := uint32(h>>32), uint32(atomic.LoadUint64(&rec.kind)>>32); st != want {
+				return 0, fmt.Sprintf("block %d of record %d's chain has stamp %x, its record names %x", b, i, st, want)
+			}
 			owned[b] = i + 1
 			inChains++
-			b = uint32(atomic.LoadUint64(&t.blockWords(b)[0]))
+			b = uint32(h)
 		}
 	}
 	used := 0
 	for i := range t.bitmap {
 		used += bits.OnesCount64(atomic.LoadUint64(&t.bitmap[i]))
+	}
+	for b := uint32(0); b < t.nblocks; b++ {
+		if st := uint32(atomic.LoadUint64(&t.blockWords(b)[0]) >> 32); atomic.LoadUint64(&t.bitmap[b/64])&(1<<(b%64)) == 0 && st != 0 && !t.r.staleStamp(st) {
+			return 0, fmt.Sprintf("free block %d has stamp %x", b, atomic.LoadUint64(&t.blockWords(b)[0])>>32)
+		}
 	}
 	return used - inChains, ""
 }

@@ -9,7 +9,7 @@ import (
 // Magic opens every region; LayoutVersion changes whenever the layout does.
 const (
 	Magic         = "PFKDSHM\x00"
-	LayoutVersion = 4
+	LayoutVersion = 5
 )
 
 // Geometry defaults and limits (see Options).

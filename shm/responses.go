@@ -20,6 +20,7 @@ import (
 //
 //	EMPTY/TOMB/expired COMPLETE ─claim─▶ BUSY ─key, fingerprint─▶ RESERVED
 //	RESERVED ─Complete─▶ COMPLETE      RESERVED ─Release/owner reaped─▶ TOMB
+//	COMPLETE ─drop/retire/Forget─▶ BUSY, its chain freed ─▶ TOMB
 //
 // (and, loading a dump before any worker exists, EMPTY ─Place─▶ COMPLETE).
 // Claims follow the counter table's protocol (insert lock on the home
@@ -374,9 +375,7 @@ func (t *Responses) retire(i int, s, owner uint64) (blocks int, ok bool, err err
 		return 0, false, nil
 	}
 	if recPhase(s) == recComplete {
-		chain := atomic.SwapUint64(&rec.chain, noBlock)
-		t.freeChain(chain)
-		blocks = int(min(chain>>32, uint64(t.nblocks)))
+		blocks = t.freeRec(rec, stampOf(owner))
 	}
 	err = t.uncharge(i, busy, owner, t.lockWait)
 	if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) && recPhase(s) == recComplete {
@@ -516,8 +515,7 @@ func (t *Responses) claim(i int, k Key, kind Kind, q, addr *Quota, fp *Fingerpri
 	}
 	reused := recPhase(s) == recComplete
 	if reused {
-		t.freeChain(atomic.LoadUint64(&rec.chain))
-		atomic.StoreUint64(&rec.chain, noBlock)
+		t.freeRec(rec, stampOf(owner))
 	}
 	if err := t.recharge(i, busy, q, addr, owner); err != nil {
 		if err != errLost {
@@ -545,7 +543,8 @@ func (t *Responses) claim(i int, k Key, kind Kind, q, addr *Quota, fp *Fingerpri
 	}
 	atomic.StoreUint64(&rec.keyA, k.A)
 	atomic.StoreUint64(&rec.keyB, k.B)
-	atomic.StoreUint64(&rec.kind, uint64(kind))
+	// The stamp of the blocks this owner's chain will have (see freeChain).
+	atomic.StoreUint64(&rec.kind, uint64(kind)|uint64(stampOf(owner))<<32)
 	for w := range rec.fp {
 		var v uint64
 		if fp != nil {
@@ -618,7 +617,8 @@ func (t *Responses) Complete(tk Ticket, resp *Response, now, ttl time.Duration) 
 	atomic.StoreUint64(&rec.chain, chain)
 	atomic.StoreUint64(&rec.expiry, uint64(now+ttl))
 	if !atomic.CompareAndSwapUint64(&rec.state, tk.state, mkRec(recComplete, recGen(tk.state), 0)) {
-		t.freeChain(chain)
+		me := stampOf(t.r.owner.Load())
+		t.freeChain(chain, me, me, me, nil)
 		return false, errReservationLost
 	}
 	t.wake(rec)
@@ -641,12 +641,29 @@ func (t *Responses) Release(tk Ticket) {
 // records.
 func (t *Responses) releaseRec(i int, s, owner uint64, wait time.Duration) bool {
 	rec := &t.recs[i]
-	dead := t.r.stale(recOwner(s))
+	dead, finished := t.r.stale(recOwner(s)), false
+	if atomic.LoadUint64(&rec.chain)>>32 != 0 {
+		// A chain being freed (BUSY) or completed (RESERVED): only the
+		// supervisor, reaping the dead owner, lets go of it, holding the
+		// record BUSY meanwhile so that no other release does.
+		taken := mkRec(recBusy, recGen(s)+1, sweeperRec)
+		if owner != sweeperID || !dead || !atomic.CompareAndSwapUint64(&rec.state, s, taken) {
+			return false
+		}
+		if recPhase(s) == recBusy {
+			t.freeChain(atomic.LoadUint64(&rec.chain), uint32(atomic.LoadUint64(&rec.kind)>>32), stampOf(recOwner(s)), stampSuper, &rec.chain)
+		} else {
+			atomic.StoreUint64(&rec.chain, noBlock) // its blocks, of the dead owner's stamp, are reclaimStale's
+		}
+		s, finished = taken, true
+	}
 	if t.charged(i) {
 		if owner == 0 {
 			return false
 		}
-		if err := t.uncharge(i, s, owner, wait); err != nil && (dead || err == errLost) {
+		// Once finished, released though still charged (as a lock
+		// timeout leaves it, for a claim or a sweep to clear).
+		if err := t.uncharge(i, s, owner, wait); err != nil && (dead || err == errLost) && !finished {
 			return false
 		}
 	}
@@ -742,7 +759,7 @@ func (t *Responses) endForgets() (n int) {
 		if recPhase(s) != recBusy || recOwner(s) != sweeperRec {
 			continue
 		}
-		t.freeChain(atomic.SwapUint64(&rec.chain, noBlock))
+		t.freeRec(rec, stampSuper)
 		if atomic.CompareAndSwapUint64(&rec.state, s, mkRec(recTomb, recGen(s), 0)) {
 			t.r.count(evRecFreed, 1)
 			t.r.count(evRecovered, 1)
@@ -784,10 +801,9 @@ func (t *Responses) Forget(k Key, now time.Duration) (bool, error) {
 		if testHook != nil {
 			testHook("forgetting")
 		}
-		// Taken from the record before it is freed: a supervisor killed
-		// in between leaves the blocks to the pool's reclaim in ReapAll,
-		// rather than for endForgets to free twice.
-		t.freeChain(atomic.SwapUint64(&rec.chain, noBlock))
+		// The record names what is left of the chain as it is freed: a
+		// supervisor killed meanwhile leaves the rest to endForgets.
+		t.freeRec(rec, stampSuper)
 		t.uncharge(i, busy, sweeperID, t.lockWait) // a charge kept by a timeout is cleared by a later claim or sweep
 		if atomic.CompareAndSwapUint64(&rec.state, busy, mkRec(recTomb, gen, 0)) {
 			t.r.count(evRecFreed, 1)

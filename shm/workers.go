@@ -68,7 +68,10 @@ func (r *Region) stale(o uint64) bool {
 // Reap is called by the supervisor after it has waited for worker w's
 // process: it bumps w's incarnation, so that everything the dead process
 // held is recognisably stale, and releases it at once. It returns how many
-// BUSY slots, reservations and insert locks it released. It also folds
+// BUSY slots, reservations and insert locks it released. It also gives
+// back to the pool the response blocks the dead process held that no
+// completed record holds (a chain it was building, completing or
+// freeing), while the other processes go on. It also folds
 // w's statistics row into the retired row: the totals keep the dead
 // process's counts, and w's row starts at zero for the next process to
 // Join(w), which gets the new incarnation.
@@ -78,15 +81,17 @@ func (r *Region) Reap(w int) (released int, err error) {
 	}
 	r.workers[w].retire()
 	r.stats.fold(w)
-	return r.counts.releaseStale() + r.resps.releaseStale(), nil
+	released = r.counts.releaseStale() + r.resps.releaseStale()
+	r.resps.reclaimStale() // last: after the records above gave up their chains
+	return released, nil
 }
 
 // ReapAll treats every worker as dead: for a region re-attached after the
 // whole process tree died, before any process uses it again. It also
 // ends a Forget the dead supervisor was inside, counts every account
 // again from its elements' charges, and gives back to the pool the
-// blocks that no completed record holds (those of a chain a killed
-// process was building or freeing, which Reap leaves taken).
+// blocks that no completed record holds (any a supervisor killed inside
+// a Forget left).
 func (r *Region) ReapAll() (released int) {
 	r.stats.unlockDead() // a supervisor that died inside a fold
 	for w := range r.workers {
