@@ -1,7 +1,8 @@
 #!/bin/bash
 # Checks model/slot.pml, the spin model of the counter-slot protocol of
-# package shm, and model/cache.pml, the model of the response cache's
-# records, in every configuration below, and exits non-zero unless
+# package shm, model/cache.pml, the model of the response cache's
+# records, and model/blocks.pml, the model of the response blocks, in
+# every configuration below, and exits non-zero unless
 #   - every "ok" configuration is searched exhaustively with errors: 0
 #     (no assertion violated, no invalid end state, search complete),
 #   - every "nocycle" configuration has no non-progress cycle,
@@ -177,6 +178,16 @@ run ok 25                  -DN=3 -DCRASH
 run 'violates:ph[0]==2' 20   -DN=2 -DOPS=1 -DNOLOCK   # P1 (LOCKS<=1): two fill locks of one key
 run 'violates:d==pub' 22     -DN=3 -DNORECHECK        # P2: a torn read served
 run 'violates:d>=floor' 22   -DN=3 -DNODROP           # P3: an older response after a newer fill
+CFLAGS_EXTRA=""
+# --- the response blocks (model/blocks.pml; shm/blocks.go as built) ---
+model=$here/blocks.pml
+echo "spin model: $model"
+CFLAGS_EXTRA="-DCOLLAPSE -w"
+run ok 24                        -DNB=3
+# broken variants: each must produce a counterexample
+run 'violates:who[fh]==5' 22     -DNB=3 -DNOCAS        # B2: a freer takes a block the reaper took
+run 'violates:who[i]==1' 22      -DNB=3 -DNOHELD       # B3: the reaper frees a completed record's block
+run 'violates:st[i]==rB' 22      -DNB=3 -DNOPROGRESS   # B4: a dead freer's chain left taken
 CFLAGS_EXTRA=""
 
 total=$(( $(date +%s) - start ))
