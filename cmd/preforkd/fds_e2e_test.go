@@ -134,24 +134,8 @@ func outOfDescriptors(t *testing.T, d *daemon, addr string, tlsConf *tls.Config)
 	// The worker gets a few descriptors more than it has, then clients
 	// take them all, and more wait in the listen queue.
 	const room = 16
-	limit := uint64(openFiles(t, worker) + room)
-	if err := unix.Prlimit(worker, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatal(err)
-	}
 	from := d.logs.len()
-	var flood []net.Conn
-	defer func() {
-		for _, c := range flood {
-			c.Close()
-		}
-	}()
-	for i := 0; i < 2*room; i++ {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		flood = append(flood, c)
-	}
+	limit, release, _ := exhaust(t, worker, room, 2*room, addr)
 	if _, _, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
 		return strings.Contains(l.msg(), "accepting a connection failed")
 	}); !ok {
@@ -184,10 +168,7 @@ func outOfDescriptors(t *testing.T, d *daemon, addr string, tlsConf *tls.Config)
 	}
 
 	// Descriptors freed: it accepts again on its own, the same worker.
-	for _, c := range flood {
-		c.Close()
-	}
-	flood = nil
+	release()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := dial()
@@ -240,24 +221,8 @@ func TestAdminOutOfDescriptors(t *testing.T) {
 	d := startDaemon(t, daemonOptions{config: baseServer(1, "") + adminSection, admin: true})
 	sup := d.pid()
 	const room = 4
-	limit := uint64(openFiles(t, sup) + room)
-	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatal(err)
-	}
 	from := d.logs.len()
-	var flood []net.Conn
-	defer func() {
-		for _, c := range flood {
-			c.Close()
-		}
-	}()
-	for i := 0; i < 4*room; i++ {
-		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		flood = append(flood, c)
-	}
+	limit, release, _ := exhaust(t, sup, room, 4*room, d.admin)
 	if _, _, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
 		return strings.Contains(l.raw, "too many open files")
 	}); !ok {
@@ -280,10 +245,7 @@ func TestAdminOutOfDescriptors(t *testing.T) {
 	if lines > int(window/time.Second)+1 {
 		t.Errorf("%d lines in %v about the admin endpoint out of descriptors, want at most one a second", lines, window)
 	}
-	for _, c := range flood {
-		c.Close()
-	}
-	flood = nil
+	release()
 	c := newClient(t, nil, false)
 	deadline := time.Now().Add(10 * time.Second)
 	for r := get(c, "http://"+d.admin+"/healthz"); r.status != 200; r = get(c, "http://"+d.admin+"/healthz") {
@@ -312,23 +274,7 @@ func TestDumpOutOfDescriptors(t *testing.T) {
 	}
 	sup := d.pid()
 	const room = 4
-	limit := uint64(openFiles(t, sup) + room)
-	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatal(err)
-	}
-	var flood []net.Conn
-	defer func() {
-		for _, c := range flood {
-			c.Close()
-		}
-	}()
-	for i := 0; i < 8*room; i++ {
-		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		flood = append(flood, c)
-	}
+	limit, _, _ := exhaust(t, sup, room, 8*room, d.admin)
 	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
 		return strings.Contains(l.raw, "too many open files")
 	}); !ok {
@@ -359,29 +305,7 @@ func TestUpgradeOutOfDescriptors(t *testing.T) {
 	sup := d.pid()
 	const room = 16 // what the upgrade needs, once the clients let go
 	before := openFiles(t, sup)
-	limit := uint64(before + room)
-	// The soft limit alone, which the supervisor gets back below (raising
-	// a hard one takes a privilege a container may not give).
-	var was unix.Rlimit
-	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, nil, &was); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: was.Max}, nil); err != nil {
-		t.Fatal(err)
-	}
-	var flood []net.Conn
-	defer func() {
-		for _, c := range flood {
-			c.Close()
-		}
-	}()
-	for i := 0; i < 3*room; i++ {
-		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		flood = append(flood, c)
-	}
+	limit, release, restore := exhaust(t, sup, room, 3*room, d.admin)
 	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
 		return strings.Contains(l.raw, "too many open files")
 	}); !ok {
@@ -403,10 +327,7 @@ func TestUpgradeOutOfDescriptors(t *testing.T) {
 	if _, state := procStat(sup); state == 0 || state == 'Z' {
 		t.Fatal("the supervisor exited")
 	}
-	for _, c := range flood {
-		c.Close()
-	}
-	flood = nil
+	release()
 	// The failed upgrade left nothing open: what it had opened is closed.
 	for deadline := time.Now().Add(5 * time.Second); openFiles(t, sup) > before; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -416,9 +337,7 @@ func TestUpgradeOutOfDescriptors(t *testing.T) {
 	// Its descriptors back: the admin endpoint still takes, for a moment,
 	// the connections of the flood left in its backlog, so the limit goes
 	// back up rather than the test race them.
-	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &was, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore()
 	newPID := upgrade(t, d)
 	stopPID(t, d, newPID)
 }
@@ -431,24 +350,8 @@ func TestRespawnOutOfDescriptors(t *testing.T) {
 	d := startDaemon(t, daemonOptions{config: baseServer(1, "") + adminSection, admin: true})
 	sup := d.pid()
 	const room = 4
-	limit := uint64(openFiles(t, sup) + room)
-	if err := unix.Prlimit(sup, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatal(err)
-	}
-	var flood []net.Conn
-	defer func() {
-		for _, c := range flood {
-			c.Close()
-		}
-	}()
 	// More than the worker's descriptors will give back when it dies.
-	for i := 0; i < 16*room; i++ {
-		c, err := net.DialTimeout("tcp", d.admin, 5*time.Second)
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		flood = append(flood, c)
-	}
+	limit, release, _ := exhaust(t, sup, room, 16*room, d.admin)
 	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
 		return strings.Contains(l.raw, "too many open files")
 	}); !ok {
@@ -478,10 +381,7 @@ func TestRespawnOutOfDescriptors(t *testing.T) {
 	if ticks > clockTicks/2 {
 		t.Errorf("the supervisor used %d CPU ticks in %v", ticks, window)
 	}
-	for _, c := range flood {
-		c.Close()
-	}
-	flood = nil
+	release()
 	if _, _, ok := d.logs.waitFor(from, 30*time.Second, msgIs("worker started")); !ok {
 		t.Fatalf("no worker started once descriptors were free")
 	}
@@ -493,4 +393,43 @@ func TestRespawnOutOfDescriptors(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// exhaust gives process pid room descriptors more than it holds (its
+// soft limit: raising a hard one back takes a privilege a container may
+// not give), then opens n connections to addr, which take them all and
+// wait in its listen queue. It returns the limit, a function that closes
+// the connections (the test's end does too) and one that puts the limit
+// back.
+func exhaust(t *testing.T, pid, room, n int, addr string) (limit uint64, release, restore func()) {
+	t.Helper()
+	var was unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &was); err != nil {
+		t.Fatal(err)
+	}
+	limit = uint64(openFiles(t, pid) + room)
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: was.Max}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	release = func() {
+		for _, c := range conns {
+			c.Close()
+		}
+		conns = nil
+	}
+	t.Cleanup(release)
+	for i := range n {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	restore = func() {
+		if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &was, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return limit, release, restore
 }
