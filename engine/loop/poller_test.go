@@ -21,23 +21,7 @@ import (
 // when that found nothing: an empty epoll_wait more per round most of
 // the time, 3.1 to 3.5 calls a request here.
 func TestOneEpollWaitPerRound(t *testing.T) {
-	up := cannedUpstream(t)
-	addr, s := serve(t, loop.Options{Upstream: "http://" + up, Loops: 1})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	br := bufio.NewReader(c)
-	req := []byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	roundTrip := func() {
-		if _, err := c.Write(req); err != nil {
-			t.Fatal(err)
-		}
-		if err := skipResponse(br); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, s, roundTrip := oneLoopClient(t)
 	roundTrip() // the connection to the upstream made
 	const n = 400
 	before, start := loop.PollerWaits(s), time.Now()
@@ -60,21 +44,8 @@ func TestOneEpollWaitPerRound(t *testing.T) {
 // loop asks for no EPOLLPRI, which stays up, level triggered, until the
 // byte is read, and would make every epoll_wait return at once.
 func TestUrgentByteIgnored(t *testing.T) {
-	up := cannedUpstream(t)
-	addr, s := serve(t, loop.Options{Upstream: "http://" + up, Loops: 1})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	br := bufio.NewReader(c)
-	req := []byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	if _, err := c.Write(req); err != nil {
-		t.Fatal(err)
-	}
-	if err := skipResponse(br); err != nil {
-		t.Fatal(err)
-	}
+	c, s, roundTrip := oneLoopClient(t)
+	roundTrip()
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -91,11 +62,30 @@ func TestUrgentByteIgnored(t *testing.T) {
 		t.Errorf("%d epoll_wait calls in 200 ms after an urgent byte: the loop spins", waits)
 	}
 	// The connection serves on.
-	if _, err := c.Write(req); err != nil {
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	roundTrip()
+}
+
+// oneLoopClient is a server of one loop in front of a canned upstream,
+// a connection to it, and a request and its response on that connection.
+func oneLoopClient(t *testing.T) (net.Conn, *loop.Server, func()) {
+	t.Helper()
+	up := cannedUpstream(t)
+	addr, s := serve(t, loop.Options{Upstream: "http://" + up, Loops: 1})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if err := skipResponse(br); err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { c.Close() })
+	br := bufio.NewReader(c)
+	req := []byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	return c, s, func() {
+		t.Helper()
+		if _, err := c.Write(req); err != nil {
+			t.Fatal(err)
+		}
+		if err := skipResponse(br); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
