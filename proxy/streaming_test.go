@@ -13,6 +13,7 @@ import (
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/waitfor"
+	"github.com/preforkd/preforkd/internal/wiretest"
 	"github.com/preforkd/preforkd/metrics"
 )
 
@@ -242,15 +243,7 @@ func TestUpstreamTimeoutIsBetweenReads(t *testing.T) {
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		t.Run("events within it", func(t *testing.T) {
 			next := make(chan struct{})
-			up := startUpstream(t, func(_ *seenRequest, w *bufio.Writer, _ net.Conn) {
-				w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-				w.Flush()
-				for range next {
-					w.WriteString("9\r\ndata: x\n\n\r\n")
-					w.Flush()
-				}
-				w.WriteString("0\r\n\r\n")
-			})
+			up := eventsUpstream(t, next)
 			go func() {
 				defer close(next)
 				for range 8 { // twice the timeout in all
@@ -292,15 +285,7 @@ func TestLongStreamLogged(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		next := make(chan struct{})
-		up := startUpstream(t, func(_ *seenRequest, w *bufio.Writer, _ net.Conn) {
-			w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-			w.Flush()
-			for range next {
-				w.WriteString("9\r\ndata: x\n\n\r\n")
-				w.Flush()
-			}
-			w.WriteString("0\r\n\r\n")
-		})
+		up := eventsUpstream(t, next)
 		lines := make(chan core.AccessEntry, 2)
 		c := configCoreWith(t, "", func(o *core.Options) {
 			o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
@@ -337,5 +322,20 @@ func TestLongStreamLogged(t *testing.T) {
 		if len(lines) != 0 {
 			t.Error("logged twice")
 		}
+	})
+}
+
+// eventsUpstream answers with an event stream that sends an event each
+// time next gives one, and ends when next is closed.
+func eventsUpstream(t *testing.T, next <-chan struct{}) *wiretest.Upstream {
+	t.Helper()
+	return startUpstream(t, func(_ *seenRequest, w *bufio.Writer, _ net.Conn) {
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		w.Flush()
+		for range next {
+			w.WriteString("9\r\ndata: x\n\n\r\n")
+			w.Flush()
+		}
+		w.WriteString("0\r\n\r\n")
 	})
 }
