@@ -280,7 +280,7 @@ func TestUpstreamTimeoutIsBetweenReads(t *testing.T) {
 }
 
 // A long stream is logged once, when it ends, with every byte sent and
-// its whole duration (at least what the client saw of it).
+// its whole duration (at least as long as the upstream held it open).
 func TestLongStreamLogged(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
