@@ -275,11 +275,7 @@ func TestDumpOutOfDescriptors(t *testing.T) {
 	sup := d.pid()
 	const room = 4
 	limit, _, _ := exhaust(t, sup, room, 8*room, d.admin)
-	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
-		return strings.Contains(l.raw, "too many open files")
-	}); !ok {
-		t.Fatalf("the supervisor is not out of descriptors: %d of %d", openFiles(t, sup), limit)
-	}
+	waitOutOfDescriptors(t, d, sup, limit)
 	d.signal(unix.SIGTERM)
 	if _, ok := d.wait(20 * time.Second); !ok {
 		t.Fatal("the supervisor did not exit")
@@ -306,11 +302,7 @@ func TestUpgradeOutOfDescriptors(t *testing.T) {
 	const room = 16 // what the upgrade needs, once the clients let go
 	before := openFiles(t, sup)
 	limit, release, restore := exhaust(t, sup, room, 3*room, d.admin)
-	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
-		return strings.Contains(l.raw, "too many open files")
-	}); !ok {
-		t.Fatalf("the supervisor is not out of descriptors: %d of %d", openFiles(t, sup), limit)
-	}
+	waitOutOfDescriptors(t, d, sup, limit)
 	from := d.logs.len()
 	d.signal(unix.SIGUSR2)
 	_, l, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
@@ -352,11 +344,7 @@ func TestRespawnOutOfDescriptors(t *testing.T) {
 	const room = 4
 	// More than the worker's descriptors will give back when it dies.
 	limit, release, _ := exhaust(t, sup, room, 16*room, d.admin)
-	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
-		return strings.Contains(l.raw, "too many open files")
-	}); !ok {
-		t.Fatalf("the supervisor is not out of descriptors: %d of %d", openFiles(t, sup), limit)
-	}
+	waitOutOfDescriptors(t, d, sup, limit)
 	from := d.logs.len()
 	if err := unix.Kill(d.workerPIDs()[0], unix.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -432,4 +420,15 @@ func exhaust(t *testing.T, pid, room, n int, addr string) (limit uint64, release
 		}
 	}
 	return limit, release, restore
+}
+
+// waitOutOfDescriptors waits for d's log to say that the supervisor sup,
+// whose limit is limit, ran out of descriptors.
+func waitOutOfDescriptors(t *testing.T, d *daemon, sup int, limit uint64) {
+	t.Helper()
+	if _, _, ok := d.logs.waitFor(0, 10*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "too many open files")
+	}); !ok {
+		t.Fatalf("the supervisor is not out of descriptors: %d of %d", openFiles(t, sup), limit)
+	}
 }
