@@ -174,6 +174,7 @@ type cacheStream struct {
 	n    int // the bytes sent
 	last int // the length of the piece handed over last
 	sent int // of them, those the engine took: it asks for more only once a piece went
+	told int // of them, those counted in CacheSentBytes
 	snap *snapshot
 	err  error
 }
@@ -243,17 +244,33 @@ func (s *cacheStream) cut() error {
 	return s.err
 }
 
-// release gives the stream and its hold of the copy back, and counts
-// what of the body went (CacheSentBytes).
-func (s *cacheStream) release() {
-	if s.sent > 0 {
-		s.c.row.Add(metrics.CacheSentBytes, 0, uint64(s.sent))
+// count counts what of the body went and is not counted yet
+// (CacheSentBytes).
+func (s *cacheStream) count() {
+	if s.sent > s.told {
+		s.c.row.Add(metrics.CacheSentBytes, 0, uint64(s.sent-s.told))
+		s.told = s.sent
 	}
+}
+
+// release gives the stream and its hold of the copy back, and counts
+// what of the body went.
+func (s *cacheStream) release() {
+	s.count()
 	if s.snap != nil {
 		largeCopies.put(snapKey{s.c.region.Responses(), s.tk}, s.snap)
 	}
 	*s = cacheStream{}
 	cacheStreams.Put(s)
+}
+
+// countStream counts what of the cached body served went, when the
+// exchange is counted: before its access entry is written, so that a
+// page scraped after the line has it.
+func (ex *Exchange) countStream() {
+	if s, ok := ex.cache.stream.(interface{ count() }); ok {
+		s.count()
+	}
 }
 
 // releaseStream gives back the stream of the cached body served, if any

@@ -301,6 +301,7 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 	if !ex.counted {
 		ex.counted = true
 		elapsed := ex.c.now() - ex.now
+		ex.countStream()
 		if !ex.probe {
 			// A load balancer's probes are no traffic: they would pass a
 			// canary's min_requests alone, and their 503s from a
