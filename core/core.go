@@ -91,9 +91,10 @@ type Options struct {
 	// ends (package accesslog writes them out, buffered). nil: none.
 	AccessLog AccessLog
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
-	// shared by every host that uses it. The Core owns it from New on:
-	// Close closes it. nil: no rule may be a Redis rule.
-	Redis SharedStore
+	// shared by every host that uses it (built by RedisRules). The Core
+	// owns its store from New on: Close closes it. The zero value: no
+	// rule may be a Redis rule.
+	Redis Stage[SharedStore]
 }
 
 const defaultMaxRequestBody = 1 << 20
@@ -185,7 +186,6 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 		wall:       opts.Wall,
 		respond:    opts.OnResponse,
 		log:        opts.Logger,
-		redis:      opts.Redis,
 		access:     opts.AccessLog,
 		healthPath: opts.HealthPath,
 		drained:    new(atomic.Bool),
@@ -221,6 +221,9 @@ func newCore(region *shm.Region, opts Options) (*Core, error) {
 	c.cutLog = lineGate{g: region.Gate(-1), total: func() uint64 { return metrics.Total(region, metrics.CacheCutSends, 0) }}
 	copy(c.steps[:], baseSteps[:])
 	if err := c.compileReset(opts.ResetHeader); err != nil {
+		return nil, err
+	}
+	if err := opts.Redis.installIn(c); err != nil {
 		return nil, err
 	}
 	if err := c.compileRules(opts.RateLimits, opts.Shadow); err != nil {
@@ -450,7 +453,7 @@ const (
 var baseSteps = [...]func(*Exchange) (Verdict, bool){
 	stepPath:      (*Exchange).checkPath,
 	stepRateLimit: (*Exchange).rateLimit,
-	stepRedis:     (*Exchange).rateLimitRemote,
+	stepRedis:     passStep, // RedisRules installs it
 }
 
 // next is the step after s, skipping the ones a step that returned

@@ -139,7 +139,7 @@ func (ex *Exchange) rateLimit() (Verdict, bool) {
 			ex.step = stepRedis
 			return Wait, false
 		}
-		return ex.rateLimitRemote()
+		return ex.c.steps[stepRedis](ex) // rateLimitRemote, which RedisRules installs
 	}
 	return ex.rateLimitServed(now)
 }

@@ -7,9 +7,10 @@ package core
 // (a quarter of what preforkd adds to a net/http program).
 
 // Stage is an optional stage of a Core, over blocks of type B: idempotent
-// replay (Options.Idempotency, built by IdempotencyBlocks) or the
-// response cache (Options.Caches, built by CacheBlocks). The zero value
-// is no stage.
+// replay (Options.Idempotency, built by IdempotencyBlocks), the response
+// cache (Options.Caches, built by CacheBlocks) or the Redis rules'
+// round trip (Options.Redis, built by RedisRules over one store). The
+// zero value is no stage.
 type Stage[B any] struct {
 	blocks  []B
 	install func(*Core, []B) error
@@ -25,6 +26,24 @@ func IdempotencyBlocks(blocks ...Idempotency) Stage[Idempotency] {
 // matches a request applies. New checks them.
 func CacheBlocks(blocks ...Cache) Stage[Cache] {
 	return Stage[Cache]{blocks: blocks, install: (*Core).installCache}
+}
+
+// RedisRules is the stage that decides the rules whose RateLimit.Redis is
+// set in store (a redisstore.Store), for Options.Redis; nil is no stage.
+// Its code, the round trip's, is linked only into a program that calls
+// it.
+func RedisRules(store SharedStore) Stage[SharedStore] {
+	if store == nil {
+		return Stage[SharedStore]{}
+	}
+	return Stage[SharedStore]{blocks: []SharedStore{store}, install: (*Core).installRedis}
+}
+
+// installRedis makes s's store the Core's, and its round trip a step.
+func (c *Core) installRedis(s []SharedStore) error {
+	c.redis = s[0]
+	c.steps[stepRedis] = (*Exchange).rateLimitRemote
+	return nil
 }
 
 // Blocks are the stage's blocks, in order (nil for the zero value).

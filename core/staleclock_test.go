@@ -41,7 +41,7 @@ func TestStaleReadingDecidedAtTheCoresClock(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer store.Close()
-			o.Redis, rl.Redis = store, &core.RedisRule{OnUnavailable: core.FailLocal}
+			o.Redis, rl.Redis = core.RedisRules(store), &core.RedisRule{OnUnavailable: core.FailLocal}
 		}
 		o.RateLimits = []core.RateLimit{rl}
 		c, err := core.New(region, o)

@@ -329,20 +329,20 @@ func (a *admin) buildControl() (*core.Control, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, rl := range o.RateLimits {
-		if rl.Redis != nil {
-			ro := runningConfig(st).WithDefaults().Redis.StoreOptions()
-			ro.Logger = a.log
-			if o.Redis, err = redisstore.New(a.region, ro); err != nil {
-				return nil, err
-			}
-			break
+	var store core.SharedStore
+	if usesRedis(o) {
+		ro := runningConfig(st).WithDefaults().Redis.StoreOptions()
+		ro.Logger = a.log
+		s, err := redisstore.New(a.region, ro)
+		if err != nil {
+			return nil, err
 		}
+		store, o.Redis = s, core.RedisRules(s)
 	}
 	ctl, err := core.NewControl(a.region, o)
 	if err != nil {
-		if o.Redis != nil {
-			o.Redis.Close()
+		if store != nil {
+			store.Close()
 		}
 		return nil, err
 	}
@@ -351,7 +351,7 @@ func (a *admin) buildControl() (*core.Control, error) {
 	if a.redis != nil {
 		a.redis.Close()
 	}
-	a.ctl, a.ctlGen, a.redis = ctl, st.Generation, o.Redis
+	a.ctl, a.ctlGen, a.redis = ctl, st.Generation, store
 	return ctl, nil
 }
 

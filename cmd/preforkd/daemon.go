@@ -229,16 +229,18 @@ func newCore(cfg config.Config, region *shm.Region, log *slog.Logger, onResponse
 	if access != nil {
 		o.AccessLog = access
 	}
+	var store *redisstore.Store
 	if usesRedis(o) {
 		ro := cfg.WithDefaults().Redis.StoreOptions()
 		ro.Logger, ro.Observer = log, redisMetrics{metrics.NewRow(region)}
-		if o.Redis, err = redisstore.New(region, ro); err != nil {
+		if store, err = redisstore.New(region, ro); err != nil {
 			return nil, err
 		}
+		o.Redis = core.RedisRules(store)
 	}
 	c, err := core.New(region, o)
-	if err != nil && o.Redis != nil {
-		o.Redis.Close()
+	if err != nil && store != nil {
+		store.Close()
 	}
 	return c, err
 }

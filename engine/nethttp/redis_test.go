@@ -60,7 +60,7 @@ func newRedisFixture(t *testing.T, srv *redistest.Server, o core.Options, ro red
 		t.Fatal(err)
 	}
 	<-st.Warmed()
-	o.Redis = st
+	o.Redis = core.RedisRules(st)
 	f = newCoreFixtureOn(t, o, region)
 	t.Cleanup(func() { f.mw.Core().Close() })
 	return f
