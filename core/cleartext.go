@@ -34,7 +34,7 @@ func (c *Core) Cleartext(o CleartextOptions) *Core {
 		resolver: c.resolver, exempt: c.exempt, caseSens: c.caseSens, headers: c.headers, maxReq: c.maxReq,
 		now: c.now, wall: c.wall, respond: c.respond, log: c.log, redis: c.redis, ridName: c.ridName, access: c.access,
 		healthPath: c.healthPath, drained: c.drained, cleartext: &o,
-		caches: c.caches, steps: c.steps, idem: c.idem, cache: c.cache,
+		caches: c.caches, steps: c.steps, preRedis: c.preRedis, idem: c.idem, cache: c.cache,
 		row: c.row, upstreamLogs: c.upstreamLogs, forwarded: c.forwarded,
 		reset: c.reset, resetHide: c.resetHide, resetDropFill: c.resetDropFill, resetLog: c.resetLog, cutLog: c.cutLog,
 	}

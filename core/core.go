@@ -139,6 +139,9 @@ type Core struct {
 	// rest of their code; nil without the stage.
 	steps       [stepDone]func(*Exchange) (Verdict, bool)
 	idem, cache *stageHooks
+	// preRedis is the Redis rules' check before anything is charged
+	// (Exchange.preRedis), which RedisRules installs.
+	preRedis func(*Exchange, time.Duration) *hit
 
 	row          metrics.Row // this process's statistics row
 	upstreamLogs [metrics.UpstreamBroken + 1]lineGate

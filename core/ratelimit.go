@@ -281,16 +281,24 @@ func (ex *Exchange) keyOf(ru *rule) ([]byte, string, error) {
 // charged last, when the request is served.
 func (ex *Exchange) charge(now time.Duration) *hit {
 	if ex.rl.remotes > 0 {
-		if h := ex.denied(now); h != nil {
+		if h := ex.c.preRedis(ex, now); h != nil {
 			return h
-		}
-		if !ex.c.redis.Available(now) {
-			if h := ex.unavailable(now, false); h != nil {
-				return h
-			}
 		}
 	}
 	return ex.chargeLocal(now)
+}
+
+// preRedis is what charge does first for a request with Redis rules
+// (Core.preRedis, which RedisRules installs): a refusal the deny cache
+// holds, or the answer of on_unavailable while the breaker is open.
+func (ex *Exchange) preRedis(now time.Duration) *hit {
+	if h := ex.denied(now); h != nil {
+		return h
+	}
+	if !ex.c.redis.Available(now) {
+		return ex.unavailable(now, false)
+	}
+	return nil
 }
 
 // denied returns the enforcing Redis rule whose key the deny cache holds

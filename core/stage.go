@@ -43,6 +43,7 @@ func RedisRules(store SharedStore) Stage[SharedStore] {
 func (c *Core) installRedis(s []SharedStore) error {
 	c.redis = s[0]
 	c.steps[stepRedis] = (*Exchange).rateLimitRemote
+	c.preRedis = (*Exchange).preRedis
 	return nil
 }
 
