@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,7 +43,15 @@ type admin struct {
 	adminInfo
 	region  *shm.Region
 	log     *slog.Logger
-	started time.Time
+	started time.Time // this supervisor's start, when it loaded its configuration
+	// since is when the instance started: this supervisor's start, or
+	// after a binary upgrade its predecessor's (instanceFile), as its
+	// counts go on from the predecessor's. genBase is added to the
+	// generations of prefork.Status, which start at 0 in each
+	// supervisor: after an upgrade, the predecessor's and one more (the
+	// new supervisor loaded the file again).
+	since   time.Time
+	genBase int
 
 	// status is the supervisor's last snapshot (prefork.Options.OnStatus);
 	// nil before the first.
@@ -68,6 +78,7 @@ type admin struct {
 // the whole drain.
 func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 	a := &admin{adminInfo: info, started: time.Now()}
+	a.since = a.started
 	var srv *http.Server
 	var ln net.Listener
 	var capped *cappedListener
@@ -100,6 +111,7 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		if a.region != nil {
 			tallied.carry(a.region.SupervisorCounts(), &st)
 		}
+		a.numberGenerations(&st)
 		a.status.Store(&st)
 		if orphan != "" && st.Serving {
 			os.Remove(orphan)
@@ -114,6 +126,9 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		}
 	}
 	opts.Adopt = func(files map[string]*os.File) error {
+		if f := files[instanceFile]; f != nil {
+			a.adoptInstance(f)
+		}
 		if f := files["admin"]; f != nil {
 			l, err := net.FileListener(f)
 			f.Close()
@@ -132,8 +147,17 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 	}
 	opts.Handover = func() (map[string]*os.File, error) {
 		files, err := chainHandover(handover)
-		if err != nil || ln == nil {
+		if err != nil {
 			return files, err
+		}
+		inst, err := a.instance()
+		if err != nil {
+			closeFiles(files)
+			return nil, fmt.Errorf("admin: the instance's start and generation: %w", err)
+		}
+		files[instanceFile] = inst
+		if ln == nil {
+			return files, nil
 		}
 		f, err := prefork.ListenerFile(ln)
 		if err != nil {
@@ -451,5 +475,62 @@ func (c *supervisorCounts) carry(words []uint64, st *prefork.Status) {
 		}
 		c[i] = *n
 		*n = int(atomic.LoadUint64(&words[i]))
+	}
+}
+
+// instanceFile names the file Handover gives a new supervisor with the
+// instance's start and generation (admin.instance).
+const instanceFile = "admin.instance"
+
+// instance is a pipe that holds "START GENERATION": the instance's start
+// in Unix nanoseconds and the running generation, for the new supervisor
+// of a binary upgrade, so that preforkd_start_time_seconds stays and
+// preforkd_reload_generation goes on, as the counts do. No reload runs
+// during an upgrade: the generation is the one the old workers run.
+func (a *admin) instance() (*os.File, error) {
+	gen := 0
+	if st := a.status.Load(); st != nil {
+		gen = st.Generation
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	_, err = fmt.Fprintf(w, "%d %d", a.since.UnixNano(), gen)
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// adoptInstance reads what instance handed over; without it (an older
+// build's upgrade), the instance starts with this supervisor.
+func (a *admin) adoptInstance(f *os.File) {
+	defer f.Close()
+	b, _ := io.ReadAll(io.LimitReader(f, 64))
+	var start int64
+	var gen int
+	if n, _ := fmt.Sscanf(string(b), "%d %d", &start, &gen); n == 2 && start > 0 && gen >= 0 {
+		a.since, a.genBase = time.Unix(0, start), gen+1
+	}
+}
+
+// numberGenerations makes st's generations the instance's (genBase).
+// st's slices are the supervisor's: they are copied before they change.
+func (a *admin) numberGenerations(st *prefork.Status) {
+	if a.genBase == 0 {
+		return
+	}
+	st.Generation += a.genBase
+	st.Workers = slices.Clone(st.Workers)
+	for i := range st.Workers {
+		st.Workers[i].Generation += a.genBase
+	}
+	if st.Canary != nil {
+		c := *st.Canary
+		c.Generation += a.genBase
+		st.Canary = &c
 	}
 }

@@ -30,8 +30,9 @@ func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	if st == nil {
 		st = &prefork.Status{}
 	}
-	a.appendSupervisor(&sc.text, st)
-	appendWorkers(&sc.text, st, a.region, &sc.workers)
+	predecessor := collectWorkers(st, a.region, &sc.workers)
+	a.appendSupervisor(&sc.text, st, predecessor)
+	appendWorkers(&sc.text, a.region, &sc.workers)
 	metrics.Read(a.region, &sc.snap)
 	sc.rules = sc.rules[:0]
 	for _, r := range runningConfig(st).RateLimits {
@@ -50,14 +51,16 @@ func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 }
 
 // appendSupervisor writes what the supervisor knows: the build, the
-// workers, the reloads.
-func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
+// workers, the reloads. predecessor workers of the old supervisor of a
+// binary upgrade still drain: they are counted retiring.
+func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status, predecessor int) {
 	t.Family("preforkd_build_info", "gauge", "The running build: 1, labelled with its version and commit.")
 	t.Uint("preforkd_build_info", 1, "version", a.version, "commit", a.commit)
-	t.Family("preforkd_start_time_seconds", "gauge", "When the supervisor started, in Unix seconds.")
-	t.Float("preforkd_start_time_seconds", float64(a.started.UnixNano())/1e9)
+	t.Family("preforkd_start_time_seconds", "gauge", "When the instance started, in Unix seconds: its first supervisor's start, kept across binary upgrades (USR2) as the counters are.")
+	t.Float("preforkd_start_time_seconds", float64(a.since.UnixNano())/1e9)
 
-	var starting, ready, retiring uint64
+	var starting, ready uint64
+	retiring := uint64(predecessor)
 	for _, w := range st.Workers {
 		switch w.State() {
 		case "starting":
@@ -68,7 +71,7 @@ func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
 			retiring++
 		}
 	}
-	t.Family("preforkd_workers", "gauge", "Worker processes, by state: starting (not yet ready), ready, retiring (draining after a reload or at shutdown).")
+	t.Family("preforkd_workers", "gauge", "Worker processes, by state: starting (not yet ready), ready, retiring (draining after a reload, at shutdown, or the old supervisor's after a binary upgrade).")
 	t.Uint("preforkd_workers", starting, "state", "starting")
 	t.Uint("preforkd_workers", ready, "state", "ready")
 	t.Uint("preforkd_workers", retiring, "state", "retiring")
@@ -79,7 +82,7 @@ func (a *admin) appendSupervisor(t *metrics.Text, st *prefork.Status) {
 	t.Family("preforkd_draining", "gauge", "1 from the moment a graceful shutdown began.")
 	t.Uint("preforkd_draining", b2u(st.Draining))
 
-	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload (once its canary passed), the running one's again after an aborted reload.")
+	t.Family("preforkd_reload_generation", "gauge", "The generation the workers run: 0 at start, one more for each accepted reload (once its canary passed) and for each binary upgrade (the new supervisor loads the file again), the running one's again after an aborted reload.")
 	t.Uint("preforkd_reload_generation", uint64(st.Generation))
 	t.Family("preforkd_reloads_total", "counter", "Reloads (HUP), by result: accepted, or refused (the file did not load, or an upgrade or a drain was under way; the running configuration was kept).")
 	t.Uint("preforkd_reloads_total", uint64(st.Reloads.Accepted), "result", "accepted")

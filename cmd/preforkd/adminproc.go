@@ -133,23 +133,68 @@ type workerFigures struct {
 	own   metrics.Snapshot // its row: what it counted itself
 }
 
-// appendWorkers writes every worker's figures: the workers of st that
-// /proc still shows as this supervisor's children.
-func appendWorkers(t *metrics.Text, st *prefork.Status, r *shm.Region, ws *[]workerFigures) {
-	self := os.Getpid()
+// collectWorkers reads the figures of every worker process: the workers
+// of st that /proc still shows as this supervisor's children, and during
+// a binary upgrade the other supervisor's, which serve or drain beside
+// them in the same region until they exit: the processes joined to
+// region entries st does not hold, whose parent is this supervisor's
+// parent (the old supervisor, seen from the new one) or a child of this
+// one (the new supervisor, seen from the old one). It returns how many
+// are the old supervisor's, seen from the new one: they drain.
+func collectWorkers(st *prefork.Status, r *shm.Region, ws *[]workerFigures) (predecessor int) {
+	self, parent := os.Getpid(), os.Getppid()
 	all, n := (*ws)[:cap(*ws)], 0 // the snapshots' buffers are kept
-	for _, w := range st.Workers {
-		p, ok := readProc(w.PID, self)
-		if !ok {
-			continue
-		}
+	add := func(index int, p procFigures) {
 		if n == len(all) {
 			all = append(all, workerFigures{})
 		}
-		all[n].index, all[n].proc = w.Index, p
+		all[n].index, all[n].proc = index, p
 		n++
 	}
+	mine := make(map[int]bool, len(st.Workers))
+	for _, w := range st.Workers {
+		mine[w.Index] = true
+		if p, ok := readProc(w.PID, self); ok {
+			add(w.Index, p)
+		}
+	}
+	for _, e := range r.Workers() {
+		if e.PID == 0 || mine[e.Index] {
+			continue
+		}
+		ppid, ok := parentOf(e.PID)
+		if !ok || ppid == self || (ppid != parent && !isChild(ppid, self)) {
+			continue
+		}
+		if p, ok := readProc(e.PID, ppid); ok {
+			add(e.Index, p)
+			if ppid == parent {
+				predecessor++
+			}
+		}
+	}
 	*ws = all[:n]
+	return predecessor
+}
+
+// parentOf is pid's parent, from /proc.
+func parentOf(pid int) (int, bool) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	ppid, _, ok := parseProcStat(stat)
+	return ppid, ok
+}
+
+// isChild reports whether pid is a child of parent.
+func isChild(pid, parent int) bool {
+	ppid, ok := parentOf(pid)
+	return ok && ppid == parent
+}
+
+// appendWorkers writes the figures collectWorkers read.
+func appendWorkers(t *metrics.Text, r *shm.Region, ws *[]workerFigures) {
 	gauge := func(name, help string, v func(*workerFigures) int64) {
 		t.Family(name, "gauge", help)
 		for i := range *ws {

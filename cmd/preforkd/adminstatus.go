@@ -148,7 +148,7 @@ func (a *admin) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	now := time.Now()
 	out := statusJSON{
 		Version: a.version, Commit: a.commit, Config: a.configPath, PID: pid(),
-		Started: a.started.UTC().Format(time.RFC3339), UptimeSeconds: now.Sub(a.started).Seconds(),
+		Started: a.since.UTC().Format(time.RFC3339), UptimeSeconds: now.Sub(a.since).Seconds(),
 		Generation: st.Generation, Ready: st.Ready, Serving: st.Serving, Draining: st.Draining,
 		Reloads:     reloadsJSON{Accepted: st.Reloads.Accepted, Refused: st.Reloads.Refused, Aborted: st.Reloads.Aborted, LastError: st.Reloads.LastError},
 		Crashes:     st.Crashes,

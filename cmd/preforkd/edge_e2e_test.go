@@ -470,12 +470,28 @@ func TestSocketActivation(t *testing.T) {
 // exit 0; it returns the new supervisor's pid.
 func upgrade(t *testing.T, d *daemon) int {
 	t.Helper()
-	from := d.logs.len()
+	from, pid := beginUpgrade(t, d)
+	endUpgrade(t, d, from)
+	return pid
+}
+
+// beginUpgrade sends USR2 and returns where the log was and the new
+// supervisor's pid once it started.
+func beginUpgrade(t *testing.T, d *daemon) (from, pid int) {
+	t.Helper()
+	from = d.logs.len()
 	d.signal(syscall.SIGUSR2)
 	_, begun, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade begun: new supervisor started"))
 	if !ok {
 		t.Fatalf("no upgrade begun; log:\n%s", d.logs.text())
 	}
+	return from, begun.int("pid")
+}
+
+// endUpgrade waits for the old supervisor of the upgrade begun at from
+// to exit 0, handed over and without a dump.
+func endUpgrade(t *testing.T, d *daemon, from int) {
+	t.Helper()
 	code, ok := d.wait(30 * time.Second)
 	if !ok || code != 0 {
 		t.Fatalf("the old supervisor after USR2: exited %v, code %d; log:\n%s", ok, code, d.logs.text())
@@ -491,7 +507,6 @@ func upgrade(t *testing.T, d *daemon) int {
 			t.Errorf("the old supervisor wrote a dump: %s", l.raw)
 		}
 	}
-	return begun.int("pid")
 }
 
 // stopPID sends TERM to a supervisor the harness did not start (the new

@@ -12,14 +12,18 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -156,6 +160,14 @@ func watchMetrics(t *testing.T, admin string) *watcher {
 			w.pages++
 			w.problems = append(w.problems, bad...)
 			if prev != nil {
+				// Gauges of the instance, not of a process: the
+				// generation only goes on, the start stays.
+				if g, pg := p.samples["preforkd_reload_generation"], prev.samples["preforkd_reload_generation"]; g < pg {
+					w.problems = append(w.problems, fmt.Sprintf("scrape %d: preforkd_reload_generation went from %v to %v", w.pages, pg, g))
+				}
+				if s, ps := p.samples["preforkd_start_time_seconds"], prev.samples["preforkd_start_time_seconds"]; s != ps {
+					w.problems = append(w.problems, fmt.Sprintf("scrape %d: preforkd_start_time_seconds went from %v to %v", w.pages, ps, s))
+				}
 				now := p.counters()
 				for s, v := range prev.counters() {
 					if got, ok := now[s]; !ok || got < v {
@@ -194,7 +206,8 @@ func (w *watcher) end() {
 
 func TestMetricsAcrossProcessLifeE2E(t *testing.T) {
 	t.Parallel()
-	good, bad := flakyUpstream(t, 0), flakyUpstream(t, 1)
+	hold := &holder{arrived: make(chan struct{}, 1), release: make(chan struct{})}
+	good, bad := holdingUpstream(t, 0, hold), holdingUpstream(t, 1, hold)
 	cfg := canaryConfig(2, good.URL, "", "max_requests = 1000")
 	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
 	load := startLoops(t, 2, d.url("/x"))
@@ -244,9 +257,31 @@ func TestMetricsAcrossProcessLifeE2E(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	w.check(t, "a rolled back canary")
 
-	// The binary upgrade: the new supervisor takes the region.
-	at = d.logs.len()
-	newPID := upgrade(t, d)
+	// The binary upgrade: the new supervisor takes the region. A request
+	// in flight holds an old worker draining: once the new supervisor
+	// serves the page, the old workers that still live are on it, and
+	// counted retiring; the generation goes on (the upgrade loaded the
+	// file again) and the start time stays.
+	before := scrapeMetrics(t, newClient(t, nil, false), d.admin)
+	oldWorkers := loggedWorkers(d)
+	heldDone := make(chan struct{})
+	go func() {
+		defer close(heldDone)
+		get(newClient(t, nil, false), d.url("/hold"))
+	}()
+	select {
+	case <-hold.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request did not reach the upstream")
+	}
+	at, newPID := beginUpgrade(t, d)
+	if _, _, ok := d.logs.waitFor(at, 20*time.Second, msgIs("upgrade: the new supervisor serves; draining the old workers")); !ok {
+		t.Fatalf("no handover; log:\n%s", d.logs.text())
+	}
+	checkOldWorkersShown(t, d, newPID, before, oldWorkers)
+	close(hold.release)
+	<-heldDone
+	endUpgrade(t, d, at)
 	if _, _, ok := d.logs.waitFor(at, 10*time.Second, msgIs("upgrade finished: the old supervisor's workers are gone")); !ok {
 		t.Errorf("the new supervisor did not see the old workers gone")
 	}
@@ -276,6 +311,98 @@ func TestMetricsAcrossProcessLifeE2E(t *testing.T) {
 	promtoolCheck(t, w.last.raw)
 	w.mu.Unlock()
 	stopPID(t, d, newPID)
+}
+
+// holder holds the requests for /hold at the upstream: arrived says one
+// came, release lets them go (4 s at most).
+type holder struct{ arrived, release chan struct{} }
+
+// holdingUpstream is flakyUpstream, and holds /hold by h.
+func holdingUpstream(t *testing.T, n int64, h *holder) *httptest.Server {
+	var count atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			select {
+			case h.arrived <- struct{}{}:
+			default:
+			}
+			select {
+			case <-h.release:
+			case <-time.After(4 * time.Second):
+			}
+			fmt.Fprint(w, "held")
+			return
+		}
+		if n > 0 && count.Add(1)%n == 0 {
+			http.Error(w, "broken", http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+// checkOldWorkersShown checks the page of the new supervisor (newPID) of
+// an upgrade while the old workers drain: each old worker that still
+// lives after the scrape lived during it, and is on the page; the
+// generation is the one before the upgrade's and one more, in /status
+// too, and the start time is the one before.
+func checkOldWorkersShown(t *testing.T, d *daemon, newPID int, before page, old map[int]logLine) {
+	t.Helper()
+	c := newClient(t, nil, false) // a connection each: the old supervisor's endpoint is closed
+	var st struct {
+		PID        int
+		Generation int
+		Started    string
+	}
+	for deadline := time.Now().Add(10 * time.Second); st.PID != newPID; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("/status is not the new supervisor's (pid %d): %+v", newPID, st)
+		}
+		r := get(c, "http://"+d.admin+"/status")
+		if r.err == nil && r.status == 200 {
+			json.Unmarshal(r.body, &st)
+		}
+	}
+	bad, p := pageProblems(scrapeMetrics(t, c, d.admin).raw)
+	for _, b := range bad {
+		t.Error(b)
+	}
+	alive := 0
+	for pid, l := range old {
+		if !pidLives(pid) {
+			continue
+		}
+		alive++
+		if _, ok := p.samples[fmt.Sprintf(`preforkd_worker_cpu_seconds_total{worker="%d"}`, l.int("index"))]; !ok {
+			t.Errorf("the old worker %d (index %d) still drains, but the new supervisor's page has no series of it", pid, l.int("index"))
+		}
+	}
+	if alive == 0 {
+		t.Error("no old worker lived on: the held request did not hold one")
+	}
+	if r := p.samples[`preforkd_workers{state="retiring"}`]; r < float64(alive) {
+		t.Errorf(`preforkd_workers{state="retiring"} = %v while %d old workers drain`, r, alive)
+	}
+	gen := before.samples["preforkd_reload_generation"]
+	if got := p.samples["preforkd_reload_generation"]; got != gen+1 || st.Generation != int(gen+1) {
+		t.Errorf("after the upgrade: preforkd_reload_generation %v, /status generation %d; want %v: one more than before it", got, st.Generation, gen+1)
+	}
+	start := before.samples["preforkd_start_time_seconds"]
+	if got := p.samples["preforkd_start_time_seconds"]; got != start {
+		t.Errorf("after the upgrade: preforkd_start_time_seconds %v, want %v as before it", got, start)
+	}
+	if want := time.Unix(int64(start), 0).UTC().Format(time.RFC3339); st.Started != want {
+		t.Errorf("after the upgrade: /status started %s, want %s as before it", st.Started, want)
+	}
+}
+
+// pidLives reports whether pid is a process that has not exited.
+func pidLives(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := bytes.LastIndexByte(b, ')')
+	return err == nil && i > 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // A restart with persist: with a dump, every counter starts again at
