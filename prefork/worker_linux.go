@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/preforkd/preforkd/metrics"
 )
 
 // A worker ignores the supervisor's signals (INT, HUP, USR2) from Run on,
@@ -118,21 +120,15 @@ func runWorker(ctx context.Context, opts Options) int {
 		close(reopenDone)
 		<-reopening
 	}
-	if w.pastLimit() {
-		select {
-		case err = <-recycled:
-		case <-time.After(timeout):
-			cutRecycleDrain()
-			err = <-recycled
-		}
-	} else {
-		sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	drained, cut := recycled, cutRecycleDrain
+	if !w.pastLimit() {
+		sctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		err = eng.Shutdown(sctx)
+		done := make(chan error, 1)
+		go func() { done <- eng.Shutdown(sctx) }()
+		drained, cut = done, cancel
 	}
-	if err != nil {
-		log.Warn("worker drain timed out: closing the remaining connections", "err", err)
-	}
+	drainOutcome(w, drained, cut, timeout, log)
 	select {
 	case <-served:
 	case <-time.After(time.Second): // Serve returns once its listener is closed
@@ -140,6 +136,36 @@ func runWorker(ctx context.Context, opts Options) int {
 	stopReopening()
 	w.runDeferred(log)
 	return 0
+}
+
+// drainOutcome waits for the engine's drain to end (drained), cutting it
+// (cut) once timeout has passed, and logs its outcome in one line: the
+// worker drained, or its drain was cut at the timeout with so many
+// connections still open, as its statistics row counted them just before
+// the cut. The engine's error then is only the context's, whose text
+// ("context canceled") says nothing of a timeout.
+func drainOutcome(w *Worker, drained <-chan error, cut func(), timeout time.Duration, log *slog.Logger) {
+	start := time.Now()
+	t := time.NewTimer(timeout)
+	var err error
+	select {
+	case err = <-drained:
+		t.Stop()
+	case <-t.C:
+		var s metrics.Snapshot
+		metrics.ReadWorker(w.Region, w.Index, &s)
+		open := s.Conns(metrics.ConnReading) + s.Conns(metrics.ConnWriting) + s.Conns(metrics.ConnIdle)
+		cut()
+		if err = <-drained; err != nil {
+			log.Warn("worker drain cut at shutdown_timeout", "timeout", timeout, "connections", open)
+			return
+		}
+	}
+	if err != nil {
+		log.Warn("worker drain failed", "err", err)
+		return
+	}
+	log.Info("worker drained", "took", time.Since(start).Round(time.Millisecond))
 }
 
 // serveUntilTold reports the worker ready and serves with serve until it

@@ -95,8 +95,9 @@ func TestDrainTimeoutMidStreamE2E(t *testing.T) {
 				}
 			}
 			// The drain waits 1 s: the stream outlives it.
+			held := d.workerPIDs()[0]
 			if strings.Contains(e.extra, "max_requests") {
-				first := d.workerPIDs()[0]
+				first := held
 				get(newClient(t, nil, false), d.url("/"))
 				waitExited(t, d, 0, first)
 			}
@@ -124,9 +125,49 @@ func TestDrainTimeoutMidStreamE2E(t *testing.T) {
 					t.Errorf("worker %s exited with %q", l.get("pid"), l.get("status"))
 				}
 			}
+			checkDrainOutcomes(t, d.logs.snapshot(), held)
 			if t.Failed() {
 				t.Logf("log:\n%s", text)
 			}
 		}))
+	}
+}
+
+// checkDrainOutcomes checks that every worker that drained logged its
+// drain's outcome in one line: the one holding the stream (pid held) cut
+// after shutdown_timeout with its one connection, any other drained, and
+// none with a context's error, which tells the operator nothing.
+func checkDrainOutcomes(t *testing.T, lines []logLine, held int) {
+	t.Helper()
+	outcomes := map[int][]logLine{}
+	for _, l := range lines {
+		if l.msg() == "worker draining" {
+			outcomes[l.int("pid")] = outcomes[l.int("pid")][:0:0]
+		}
+	}
+	for _, l := range lines {
+		if m := l.msg(); strings.HasPrefix(m, "worker drain") && m != "worker draining" {
+			outcomes[l.int("pid")] = append(outcomes[l.int("pid")], l)
+		}
+		if strings.Contains(l.get("err"), "context ") {
+			t.Errorf("a line with a context's error: %s %q", l.msg(), l.get("err"))
+		}
+	}
+	if _, ok := outcomes[held]; !ok {
+		t.Errorf("worker %d did not log that it drains", held)
+	}
+	for pid, ls := range outcomes {
+		if len(ls) != 1 {
+			t.Errorf("worker %d logged %d lines on its drain's outcome, want 1", pid, len(ls))
+			continue
+		}
+		l := ls[0]
+		switch {
+		case pid == held && (l.msg() != "worker drain cut at shutdown_timeout" || l.get("connections") != "1" || l.get("timeout") != "1s"):
+			t.Errorf("worker %d holding a stream: %q connections=%q timeout=%q, want the drain cut at shutdown_timeout, 1 connection, 1s",
+				pid, l.msg(), l.get("connections"), l.get("timeout"))
+		case pid != held && l.msg() != "worker drained":
+			t.Errorf("worker %d with nothing open: %q, want \"worker drained\"", pid, l.msg())
+		}
 	}
 }
