@@ -139,7 +139,7 @@ func (t *TLS) readFiles(r *report, running *TLS) (kept []error) {
 			t.Certificates[i] = read
 		case was != nil:
 			t.Certificates[i] = *was
-			kept = append(kept, fmt.Errorf("tls.certificate[%d]: %v: the running certificate is kept", i+1, err))
+			kept = append(kept, fmt.Errorf("tls.certificate[%d]: %v", i+1, err)) // the caller says it is kept
 		default:
 			key := "cert"
 			var fe *fileError

@@ -126,6 +126,8 @@ func TestTLSCertificatesE2E(t *testing.T) {
 	if _, l, ok := td.logs.waitFor(from, 0, msgIs("reload: a TLS certificate could not be used: the running one is kept")); !ok ||
 		!strings.Contains(l.get("err"), "tls.certificate[2]") {
 		t.Errorf("no line about the broken certificate (%q)", l.raw)
+	} else if n := strings.Count(l.raw, "kept"); n != 1 {
+		t.Errorf("the line about the broken certificate says %d times that it is kept, want once: %q", n, l.raw)
 	}
 	if cn, serial := td.served(t, "b.example"); cn != "b.example" || serial != after {
 		t.Errorf("after a broken file: served %s serial %s, want the running b.example (%s)", cn, serial, after)
