@@ -319,7 +319,18 @@ func forwardFields(r *http.Request, drop []string, add []core.Field) *http.Reque
 // fields in place of the client's.
 func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 	fwd := ex.Forward()
-	r2 := r.Clone(context.WithoutCancel(r.Context()))
+	// Not r.Clone, which links the multipart form's copying into every
+	// program: what the refresh may change (its fields, its URL's path)
+	// is copied, and the forms are its own to parse (the application
+	// never ran for r, a hit).
+	r2 := r.WithContext(context.WithoutCancel(r.Context()))
+	r2.Header, r2.Trailer = r.Header.Clone(), nil
+	if r2.Header == nil {
+		r2.Header = http.Header{}
+	}
+	u := *r.URL
+	r2.URL = &u
+	r2.Form, r2.PostForm, r2.MultipartForm = nil, nil, nil
 	for _, n := range fwd.Drop {
 		delete(r2.Header, n)
 	}
