@@ -201,7 +201,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 		},
 	}
 	sys.load = opts.Reload
-	sys.upgrade = func(indexes []int) (upgradeProc, error) { return env.upgrade(indexes, opts.Handover) }
+	sys.upgrade = func(indexes []int, gen int) (upgradeProc, error) { return env.upgrade(indexes, gen, opts.Handover) }
 	sys.waitGone = func(indexes []int) { env.waitGone(region, indexes) }
 	if inherited != nil {
 		sys.tellReady = inherited.tellReady
@@ -220,7 +220,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	s := newSupervisor(sys, log, cfg, n, region.Geometry().MaxWorkers)
 	s.onStatus, s.onConfig, s.onHandedOver = opts.OnStatus, opts.Configured, opts.HandedOver
 	if inherited != nil {
-		s.inherit(inherited.oldIndexes)
+		s.inherit(inherited.oldIndexes, inherited.gen)
 		inherited.watch(env.post)
 	}
 	stopBeat := beat(region)

@@ -53,7 +53,7 @@ type sysEnv struct {
 	// (USR2), handing it what it needs; indexes are the worker indexes
 	// this supervisor's workers hold. Its readiness and its exit come
 	// as upgradeReadyEvent and upgradeExitEvent.
-	upgrade func(indexes []int) (upgradeProc, error)
+	upgrade func(indexes []int, gen int) (upgradeProc, error)
 	// waitGone posts an orphanEvent for each of indexes once no live
 	// process is joined as it (the workers of the other supervisor).
 	waitGone func(indexes []int)

@@ -80,6 +80,7 @@ type inheritance struct {
 	region, listener *os.File
 	channel          *net.UnixConn
 	oldIndexes       []int
+	gen              int // the generation the old workers run; -1 from a build that does not say
 	files            map[string]*os.File
 	listeners        map[string]*os.File // the extra listeners' sockets, by name
 }
@@ -163,7 +164,7 @@ func (in *inheritance) tellReady() error {
 // upgradeEnviron is the new supervisor's environment: this one's, without
 // what marks a worker, the watchdog's pid (the new supervisor is to ping
 // it once it is the main process) and an earlier upgrade's variable.
-func upgradeEnviron(environ []string, indexes []int, files, listeners []string) []string {
+func upgradeEnviron(environ []string, indexes []int, gen int, files, listeners []string) []string {
 	out := make([]string, 0, len(environ)+1)
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
@@ -177,7 +178,7 @@ func upgradeEnviron(environ []string, indexes []int, files, listeners []string) 
 	for i, x := range indexes {
 		is[i] = strconv.Itoa(x)
 	}
-	v := envUpgrade + "=indexes=" + strings.Join(is, ",") + ";files=" + strings.Join(files, ",")
+	v := envUpgrade + "=indexes=" + strings.Join(is, ",") + ";generation=" + strconv.Itoa(gen) + ";files=" + strings.Join(files, ",")
 	if len(listeners) > 0 {
 		v += ";listeners=" + strings.Join(listeners, ",")
 	}

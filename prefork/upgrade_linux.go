@@ -27,7 +27,7 @@ func takeInheritance() (*inheritance, error) {
 		return nil, nil
 	}
 	os.Unsetenv(envUpgrade)
-	in := &inheritance{files: map[string]*os.File{}, listeners: map[string]*os.File{}}
+	in := &inheritance{gen: -1, files: map[string]*os.File{}, listeners: map[string]*os.File{}}
 	for part := range strings.SplitSeq(v, ";") {
 		key, val, _ := strings.Cut(part, "=")
 		switch key {
@@ -42,6 +42,12 @@ func takeInheritance() (*inheritance, error) {
 				}
 				in.oldIndexes = append(in.oldIndexes, i)
 			}
+		case "generation":
+			g, err := strconv.Atoi(val)
+			if err != nil || g < 0 {
+				return nil, fmt.Errorf("prefork: %s: bad generation %q", envUpgrade, val)
+			}
+			in.gen = g
 		case "files", "listeners":
 			for s := range strings.SplitSeq(val, ",") {
 				if s == "" {
@@ -86,7 +92,7 @@ func takeInheritance() (*inheritance, error) {
 // new supervisor, handing it the listeners, the region, its end of a socket
 // pair and the program's files; indexes are the worker indexes this
 // supervisor's workers hold.
-func (e *osEnv) upgrade(indexes []int, handover func() (map[string]*os.File, error)) (upgradeProc, error) {
+func (e *osEnv) upgrade(indexes []int, gen int, handover func() (map[string]*os.File, error)) (upgradeProc, error) {
 	var files map[string]*os.File
 	if handover != nil {
 		var err error
@@ -123,7 +129,7 @@ func (e *osEnv) upgrade(indexes []int, handover func() (map[string]*os.File, err
 	}
 	// No Pdeathsig, and not from the spawner's thread: the new
 	// supervisor outlives this one.
-	proc, err := startProcess(e.exe, e.args, upgradeEnviron(os.Environ(), indexes, spec, lspec), os.Stdin, extra, nil)
+	proc, err := startProcess(e.exe, e.args, upgradeEnviron(os.Environ(), indexes, gen, spec, lspec), os.Stdin, extra, nil)
 	if err != nil {
 		mine.Close()
 		return upgradeProc{}, fmt.Errorf("prefork: starting the new supervisor: %w", err)

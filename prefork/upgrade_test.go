@@ -18,6 +18,7 @@ import (
 // upgradeFake records the seam's upgrade calls.
 type upgradeFake struct {
 	held    [][]int // indexes handed to each upgrade
+	gens    []int   // and the generation
 	pid     int
 	mains   int // main() calls
 	waits   [][]int
@@ -25,8 +26,8 @@ type upgradeFake struct {
 }
 
 func withUpgrades(f *fakeSys, u *upgradeFake, e sysEnv) sysEnv {
-	e.upgrade = func(indexes []int) (upgradeProc, error) {
-		u.held = append(u.held, slices.Clone(indexes))
+	e.upgrade = func(indexes []int, gen int) (upgradeProc, error) {
+		u.held, u.gens = append(u.held, slices.Clone(indexes)), append(u.gens, gen)
 		u.pid = 900 + len(u.held)
 		pid := u.pid
 		return upgradeProc{
@@ -209,18 +210,22 @@ func TestUpgradeRefusesReload(t *testing.T) {
 
 // The new side: the old supervisor's indexes are left alone until it and
 // its workers are gone; ready is reported to it instead of READY=1, and
-// notifications wait until it made this one the main process.
+// notifications wait until it made this one the main process. Its
+// generations go on from the old one's.
 func TestUpgradeInherits(t *testing.T) {
 	f, u := newFake(), &upgradeFake{}
 	e := withUpgrades(f, u, f.env())
 	e.tellReady = func() error { u.readies++; return nil }
 	e.watchdog = time.Second
 	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
-	s.inherit([]int{0, 1})
+	s.inherit([]int{0, 1}, 4)
 	s.step()
 	s.keepAlive()
 	if f.starts[0].Index != 2 || f.starts[1].Index != 3 {
 		t.Fatalf("started on %d and %d, want 2 and 3", f.starts[0].Index, f.starts[1].Index)
+	}
+	if f.starts[0].Gen != 5 || f.starts[1].Gen != 5 {
+		t.Errorf("workers of generations %d and %d, want 5: the old supervisor's 4, and one more", f.starts[0].Gen, f.starts[1].Gen)
 	}
 	ready(s, 100, 101)
 	if u.readies != 1 || len(f.notes) != 0 {
@@ -258,7 +263,7 @@ func TestUpgradeOrphanedNewSupervisorTellsSystemd(t *testing.T) {
 	e.tellReady = func() error { u.readies++; return errors.New("write: broken pipe") }
 	e.pid = 4242
 	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
-	s.inherit([]int{0, 1})
+	s.inherit([]int{0, 1}, -1)
 	s.step()
 	ready(s, 100, 101)
 	if u.readies != 1 || !slices.Contains(f.notes, "MAINPID=4242\nREADY=1") {
@@ -313,7 +318,7 @@ func TestUpgradeStopWaitsForTheOldWorkers(t *testing.T) {
 	for _, main := range []bool{true, false} {
 		f, u := newFake(), &upgradeFake{}
 		s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
-		s.inherit([]int{0, 1})
+		s.inherit([]int{0, 1}, -1)
 		s.step()
 		ready(s, 100, 101)
 		if main {
@@ -351,7 +356,7 @@ func TestUpgradeStopGivesUpTheOldWorkers(t *testing.T) {
 	for _, by := range []string{"time", "TERM"} {
 		f, u := newFake(), &upgradeFake{}
 		s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
-		s.inherit([]int{0, 1})
+		s.inherit([]int{0, 1}, -1)
 		s.step()
 		ready(s, 100, 101)
 		s.onMain(mainEvent{})
@@ -407,7 +412,7 @@ func TestUpgradeStopAfterTellingReadyWaitsForTheWord(t *testing.T) {
 	e := withUpgrades(f, u, f.env())
 	e.tellReady = func() error { u.readies++; return nil }
 	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
-	s.inherit([]int{0, 1})
+	s.inherit([]int{0, 1}, -1)
 	s.step()
 	ready(s, 100, 101)
 	if u.readies != 1 {
@@ -456,5 +461,8 @@ func TestUpgradeRefusedWhileReplacedWorkersHoldTheIndexes(t *testing.T) {
 	sendSignal(s, syscall.SIGUSR2)
 	if len(u.held) != 1 || !slices.Equal(u.held[0], []int{4, 5}) {
 		t.Fatalf("upgrade handed %v once the replaced workers were gone, want [[4 5]]", u.held)
+	}
+	if u.gens[0] != 2 {
+		t.Errorf("upgrade handed generation %d, want 2: the workers' after two reloads", u.gens[0])
 	}
 }

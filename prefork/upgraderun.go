@@ -49,7 +49,7 @@ func (s *supervisor) startUpgrade() {
 			held = append(held, i)
 		}
 	}
-	p, err := s.env.upgrade(held)
+	p, err := s.env.upgrade(held, s.gen) // no reload is under way: the workers run s.gen
 	if err != nil {
 		s.log.Error("upgrade failed: serving on", "err", err)
 		return
@@ -161,8 +161,15 @@ func (s *supervisor) onMain(ev mainEvent) {
 // inherit makes a supervisor started by an upgrade leave the old one's
 // indexes alone until they are free, and hold its notifications until it
 // is the main process.
-func (s *supervisor) inherit(oldIndexes []int) {
+func (s *supervisor) inherit(oldIndexes []int, gen int) {
 	s.notifyHeld = true
+	if gen >= 0 {
+		// The new supervisor loaded the configuration again: one
+		// generation more than the old one's, so that the numbers in
+		// logs, process titles and Status go on across the upgrade.
+		s.gen = gen + 1
+		s.good.gen = s.gen
+	}
 	for _, i := range oldIndexes {
 		if i >= 0 && i < len(s.inUse) {
 			s.inUse[i] = true

@@ -10,7 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,12 +46,9 @@ type admin struct {
 	started time.Time // this supervisor's start, when it loaded its configuration
 	// since is when the instance started: this supervisor's start, or
 	// after a binary upgrade its predecessor's (instanceFile), as its
-	// counts go on from the predecessor's. genBase is added to the
-	// generations of prefork.Status, which start at 0 in each
-	// supervisor: after an upgrade, the predecessor's and one more (the
-	// new supervisor loaded the file again).
-	since   time.Time
-	genBase int
+	// counts go on from the predecessor's (and prefork numbers its
+	// generations on from the predecessor's).
+	since time.Time
 
 	// status is the supervisor's last snapshot (prefork.Options.OnStatus);
 	// nil before the first.
@@ -111,7 +108,6 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		if a.region != nil {
 			tallied.carry(a.region.SupervisorCounts(), &st)
 		}
-		a.numberGenerations(&st)
 		a.status.Store(&st)
 		if orphan != "" && st.Serving {
 			os.Remove(orphan)
@@ -153,7 +149,7 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		inst, err := a.instance()
 		if err != nil {
 			closeFiles(files)
-			return nil, fmt.Errorf("admin: the instance's start and generation: %w", err)
+			return nil, fmt.Errorf("admin: the instance's start: %w", err)
 		}
 		files[instanceFile] = inst
 		if ln == nil {
@@ -479,24 +475,18 @@ func (c *supervisorCounts) carry(words []uint64, st *prefork.Status) {
 }
 
 // instanceFile names the file Handover gives a new supervisor with the
-// instance's start and generation (admin.instance).
+// instance's start (admin.instance).
 const instanceFile = "admin.instance"
 
-// instance is a pipe that holds "START GENERATION": the instance's start
-// in Unix nanoseconds and the running generation, for the new supervisor
-// of a binary upgrade, so that preforkd_start_time_seconds stays and
-// preforkd_reload_generation goes on, as the counts do. No reload runs
-// during an upgrade: the generation is the one the old workers run.
+// instance is a pipe that holds the instance's start in Unix nanoseconds,
+// for the new supervisor of a binary upgrade, so that
+// preforkd_start_time_seconds stays, as the counts go on.
 func (a *admin) instance() (*os.File, error) {
-	gen := 0
-	if st := a.status.Load(); st != nil {
-		gen = st.Generation
-	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	_, err = fmt.Fprintf(w, "%d %d", a.since.UnixNano(), gen)
+	_, err = fmt.Fprintf(w, "%d", a.since.UnixNano())
 	w.Close()
 	if err != nil {
 		r.Close()
@@ -510,27 +500,7 @@ func (a *admin) instance() (*os.File, error) {
 func (a *admin) adoptInstance(f *os.File) {
 	defer f.Close()
 	b, _ := io.ReadAll(io.LimitReader(f, 64))
-	var start int64
-	var gen int
-	if n, _ := fmt.Sscanf(string(b), "%d %d", &start, &gen); n == 2 && start > 0 && gen >= 0 {
-		a.since, a.genBase = time.Unix(0, start), gen+1
-	}
-}
-
-// numberGenerations makes st's generations the instance's (genBase).
-// st's slices are the supervisor's: they are copied before they change.
-func (a *admin) numberGenerations(st *prefork.Status) {
-	if a.genBase == 0 {
-		return
-	}
-	st.Generation += a.genBase
-	st.Workers = slices.Clone(st.Workers)
-	for i := range st.Workers {
-		st.Workers[i].Generation += a.genBase
-	}
-	if st.Canary != nil {
-		c := *st.Canary
-		c.Generation += a.genBase
-		st.Canary = &c
+	if start, err := strconv.ParseInt(string(b), 10, 64); err == nil && start > 0 {
+		a.since = time.Unix(0, start)
 	}
 }
