@@ -514,6 +514,16 @@ var cacheCases = []coreCase{
 		upSeen: []string{"GET /cached/reval HTTP/1.1", "GET /cached/reval HTTP/1.1"},
 	},
 	{
+		name:  "a revalidation for a client that asked no condition answers it 200: the cache's validators are not the client's",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/reval?plain HTTP/1.1\nHost: h\n\n", status: 200, body: "reval call 0001", has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/reval?plain HTTP/1.1\nHost: h\n\n", status: 200, body: "reval call 0001", pause: 1100 * time.Millisecond,
+				has: []string{"X-Cache: REVALIDATED", "X-A: 2", "Content-Length: 15"}},
+		},
+		upSeen: []string{"GET /cached/reval?plain HTTP/1.1", "GET /cached/reval?plain HTTP/1.1"},
+	},
+	{
 		name:  "a byte range of a stored response is served from it: 206, 416 past its end; several ranges get it whole",
 		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
 		steps: []coreStep{

@@ -289,12 +289,19 @@ func withoutConnectionNamed(r *http.Request) *http.Request {
 // conditional fields) and with the fields add, each in place of the
 // client's of the same name (the request id the core made, the
 // validators of a revalidation). Dropping makes a copy of r with a header
-// of its own; adding sets fields in the header r then has, as a
-// request-id middleware does, so that a request without an id costs the
-// id's string and its slice, not a copy of the header.
+// of its own, and so does adding a field drop names (a validator): the
+// core reads the client's conditions from r's header after the response,
+// and the cache's are not the client's. Adding any other field sets it in
+// the header r then has, as a request-id middleware does, so that a
+// request without an id costs the id's string and its slice, not a copy
+// of the header.
 func forwardFields(r *http.Request, drop []string, add []core.Field) *http.Request {
 	for _, n := range drop {
-		if _, ok := r.Header[n]; ok {
+		_, ok := r.Header[n]
+		for _, f := range add {
+			ok = ok || f.Name == n
+		}
+		if ok {
 			r2 := *r
 			r2.Header = r.Header.Clone()
 			for _, n := range drop {
