@@ -153,7 +153,8 @@ func wantAnswer(t *testing.T, step string, a answer, status int, xcache, body st
 // A stale response with validators is revalidated with them in place of
 // the client's own; a 304 refreshes its fields (RFC 9111 §4.3.4) and
 // serves the stored body, fresh again, also as a 304 to a client whose
-// condition it meets; another answer replaces it.
+// condition it meets; another answer replaces it; a 304 for another tag
+// serves it unchanged.
 func TestCacheRevalidation(t *testing.T) {
 	c, clk := storyCore(t, "")
 	a := &app{t: t}
@@ -212,10 +213,18 @@ func TestCacheRevalidation(t *testing.T) {
 	wantAnswer(t, "modified", get(), 200, "MISS", "two")
 	wantAnswer(t, "the new one", get(), 200, "HIT", "two")
 
-	// A 304 for another entity-tag validates nothing: it is passed on.
+	// A 304 naming another entity-tag updates nothing (RFC 9111 §4.3.4),
+	// but it says the tag sent matched: the entry is served as stored,
+	// never a 304 to a client that asked no condition, and stays stale.
 	clk.advance(2 * time.Minute)
-	a.resps = []fakeResp{{status: 304, header: hdr("Etag", `"e9"`, "Date", clk.date(0))}}
-	wantAnswer(t, "a 304 for another tag", get(), 304, "MISS", "")
+	a.resps = []fakeResp{{status: 304, header: hdr("Etag", `"e9"`, "X-A", "9", "Date", clk.date(0))}}
+	r = get()
+	wantAnswer(t, "a 304 for another tag", r, 200, "REVALIDATED", "two")
+	if r.get("Etag") != `"e2"` || r.get("X-A") != "" {
+		t.Fatalf("a 304 for another tag updated the entry: %+v", r.header)
+	}
+	a.resps = []fakeResp{{status: 304, header: hdr("Etag", `"e2"`, "Date", clk.date(0))}}
+	wantAnswer(t, "still stale after it", get(), 200, "REVALIDATED", "two")
 	if len(a.resps) != 0 {
 		t.Fatal("responses left")
 	}

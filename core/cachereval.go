@@ -86,8 +86,8 @@ func (ex *Exchange) cacheHead(status int, h Header) *Response {
 // (RFC 9111 §4.3.4): the entry with the 304's fields in place of its
 // own, fresh again, sent to the client (X-Cache: REVALIDATED, or a 304 to
 // a client whose own condition it meets) and stored when the exchange
-// completes. nil for any other response, and for a 304 whose ETag is not
-// the entry's (it validates another response: the engine passes it on).
+// completes; a 304 whose ETag is not the entry's serves the entry as it
+// is, not refreshed. nil for any other response.
 func (ex *Exchange) revalidated(status int, h Header) *Response {
 	if status != http.StatusNotModified || ex.cache.flags&(cFill|cRevalidate) != cFill|cRevalidate {
 		return nil
@@ -102,22 +102,29 @@ func (ex *Exchange) revalidated(status int, h Header) *Response {
 		})
 	}
 	e := &ex.cache.ent
+	// A 304 naming another ETag than the entry's must not update it
+	// (RFC 9111 §4.3.4), but it still says the entry's own validator
+	// matched (RFC 9110 §13.1.2): the entry is served as stored, and
+	// left stale, so the next request validates again. Passing the 304
+	// on would answer a client that asked no condition with no body.
+	foreign := false
 	if etag, ok := e.Get("Etag"); ok {
-		if sent, n := httpcache.Only(got, "Etag"); n > 0 && !httpcache.SameTag(sent, etag) {
-			return nil
-		}
+		sent, n := httpcache.Only(got, "Etag")
+		foreign = n > 0 && !httpcache.SameTag(sent, etag)
 	}
 	now := ex.c.now()
-	merged := ex.mergeFields(got)
-	p, drop := ex.plan(e.Status, merged, e.Body, now)
-	if p.data != nil {
-		ex.cache.refreshed = p
-		ex.cache.flags |= cRefreshed
-		// The entry served is the new one; the old one's buffer stays
-		// the exchange's.
-		httpcache.Decode(p.data, &ex.cache.ent)
-	} else {
-		ex.cache.dropAfter = drop
+	if !foreign {
+		merged := ex.mergeFields(got)
+		p, drop := ex.plan(e.Status, merged, e.Body, now)
+		if p.data != nil {
+			ex.cache.refreshed = p
+			ex.cache.flags |= cRefreshed
+			// The entry served is the new one; the old one's buffer
+			// stays the exchange's.
+			httpcache.Decode(p.data, &ex.cache.ent)
+		} else {
+			ex.cache.dropAfter = drop
+		}
 	}
 	if ex.refreshing {
 		// A background refresh: the stale response was sent, nothing

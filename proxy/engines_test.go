@@ -524,6 +524,18 @@ var cacheCases = []coreCase{
 		upSeen: []string{"GET /cached/reval?plain HTTP/1.1", "GET /cached/reval?plain HTTP/1.1"},
 	},
 	{
+		name:  "a 304 whose ETag is not the stale entry's serves the entry as stored, never a 304 to an unconditional request",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/reval-other HTTP/1.1\nHost: h\n\n", status: 200, body: "reval call 0001", has: []string{"X-Cache: MISS", "Etag: \"r1\""}},
+			{send: "GET /cached/reval-other HTTP/1.1\nHost: h\n\n", status: 200, body: "reval call 0001", pause: 1100 * time.Millisecond,
+				has: []string{"X-Cache: REVALIDATED", "Etag: \"r1\"", "X-A: 1", "Cache-Control: max-age=1"}, hasNot: []string{"X-A: 2"}},
+			// Not refreshed by it: the next request validates again.
+			{send: "GET /cached/reval-other HTTP/1.1\nHost: h\nIf-None-Match: \"r1\"\n\n", status: 304, has: []string{"X-Cache: REVALIDATED", "Etag: \"r1\""}},
+		},
+		upSeen: []string{"GET /cached/reval-other HTTP/1.1", "GET /cached/reval-other HTTP/1.1", "GET /cached/reval-other HTTP/1.1"},
+	},
+	{
 		name:  "a byte range of a stored response is served from it: 206, 416 past its end; several ranges get it whole",
 		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
 		steps: []coreStep{
@@ -642,6 +654,16 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			}
 			body := fmt.Sprintf("reval call %04d", n.Add(1))
 			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=1\r\nEtag: \"r1\"\r\nX-A: 1\r\nDate: Fri, 01 Jan 2100 00:00:00 GMT\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			return
+		case "/cached/reval-other":
+			// As /cached/reval, but its 304 names another ETag than the
+			// one it validated.
+			if values("If-None-Match") == `"r1"` {
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nCache-Control: max-age=60\r\nEtag: \"r2\"\r\nX-A: 2\r\n\r\n")
+				return
+			}
+			body := fmt.Sprintf("reval call %04d", n.Add(1))
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=1\r\nEtag: \"r1\"\r\nX-A: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 			return
 		case "/cached/cdn", "/cached/own":
 			// Cache-Control says no-store to every other cache; the
