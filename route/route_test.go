@@ -320,3 +320,15 @@ func FuzzCleanPath(f *testing.F) {
 		}
 	})
 }
+
+// TestIsTokenByte checks every byte against RFC 9110 §5.6.2's tchar,
+// written out as the RFC lists it.
+func TestIsTokenByte(t *testing.T) {
+	const tchar = "!#$%&'*+-.^_`|~0123456789" +
+		"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	for c := 0; c < 256; c++ {
+		if got, want := IsTokenByte(byte(c)), strings.IndexByte(tchar, byte(c)) >= 0; got != want {
+			t.Errorf("IsTokenByte(%#x) = %v, want %v", c, got, want)
+		}
+	}
+}
