@@ -253,7 +253,19 @@ func nextToken(list []byte) (t, rest []byte) {
 	} else {
 		t = list
 	}
-	return bytes.Trim(t, " \t"), rest
+	return trimOWS(t), rest
+}
+
+// trimOWS is b without the spaces and tabs around it: bytes.Trim(b,
+// " \t") without making a set of the cutset at each call.
+func trimOWS(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
 }
 
 // EqualFold reports whether b equals s in ASCII, ignoring case (unlike
