@@ -422,9 +422,17 @@ func read(fd int, p []byte) (int, error) {
 // bytes or iovecs at p, again when a signal interrupts it, without
 // allocating for an error. p is an unsafe.Pointer up to the call, so
 // that what it points to stays put until then.
+//
+// The call is raw, without telling the scheduler (entersyscall,
+// exitsyscall): every descriptor the loop reads and writes is a socket of
+// its own opened non-blocking (accept4, socket with SOCK_NONBLOCK), so the
+// call returns as soon as the kernel has copied what fits, and the P has
+// nothing to hand over meanwhile. The loop makes four or five of these
+// calls a proxied request; only epoll_wait, which sleeps, goes through
+// the scheduler.
 func rw(trap uintptr, fd int, p unsafe.Pointer, n int) (int, error) {
 	for {
-		r, _, e := unix.Syscall(trap, uintptr(fd), uintptr(p), uintptr(n))
+		r, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(p), uintptr(n))
 		switch e {
 		case 0:
 			return int(r), nil

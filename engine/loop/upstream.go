@@ -262,10 +262,11 @@ func (u *upConn) drop() {
 }
 
 // peek looks at the socket without blocking or reading: n is 1 when a
-// byte waits, 0 at EOF; e is EAGAIN when nothing does.
+// byte waits, 0 at EOF; e is EAGAIN when nothing does. Raw, as rw's
+// calls: MSG_DONTWAIT returns at once.
 func (u *upConn) peek() (n uintptr, e unix.Errno) {
 	var b [1]byte
-	n, _, e = unix.Syscall6(unix.SYS_RECVFROM, uintptr(u.fd), uintptr(unsafe.Pointer(&b[0])), 1,
+	n, _, e = unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(u.fd), uintptr(unsafe.Pointer(&b[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	return n, e
 }
