@@ -253,6 +253,26 @@ func TestUpgradeInherits(t *testing.T) {
 	}
 }
 
+// A reload after an upgrade goes on from the generation the new
+// supervisor started at: the numbers never go back.
+func TestUpgradeGenerationGoesOnAtReload(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	e := withUpgrades(f, u, f.env())
+	e.tellReady = func() error { return nil }
+	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, Canary: Canary{Off: true}}), 1, minMaxWorkers(1))
+	s.inherit([]int{0}, 4)
+	s.step()
+	ready(s, 100)
+	s.onMain(mainEvent{})
+	sendSignal(s, syscall.SIGHUP)
+	if got := s.status().Generation; got != 6 {
+		t.Fatalf("generation %d after a reload, want 6: one more than the upgrade's 5", got)
+	}
+	if sp := f.starts[len(f.starts)-1]; sp.Gen != 6 {
+		t.Errorf("the reload's worker is of generation %d, want 6", sp.Gen)
+	}
+}
+
 // A new supervisor whose old one died before it handed over (kill -9
 // between USR2 and the new one's readiness) cannot report ready to it:
 // it makes itself the main process and sends READY=1 itself, or systemd

@@ -167,8 +167,9 @@ func (s *supervisor) inherit(oldIndexes []int, gen int) {
 		// The new supervisor loaded the configuration again: one
 		// generation more than the old one's, so that the numbers in
 		// logs, process titles and Status go on across the upgrade.
+		// A reload numbers on from it (lastGen), not from 0.
 		s.gen = gen + 1
-		s.good.gen = s.gen
+		s.good.gen, s.lastGen = s.gen, s.gen
 	}
 	for _, i := range oldIndexes {
 		if i >= 0 && i < len(s.inUse) {
