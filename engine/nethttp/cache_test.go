@@ -613,6 +613,39 @@ func TestCacheStaleWhileRevalidate(t *testing.T) {
 	g.want(g.get("/s"), 200, "MISS", "/s #2")
 }
 
+// A refresh's application may change its request (a router setting
+// path values): the client's request, which the handlers around this one
+// still read, keeps its own. The refresh still sees the path values the
+// outer mux matched.
+func TestCacheRefreshRequestIsItsOwn(t *testing.T) {
+	var seen []string
+	f := newCacheFixture(t, cacheAll(), func(n int, w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, r.PathValue("id")+" "+r.Pattern)
+		r.SetPathValue("id", "changed")
+		cacheable("max-age=10, stale-while-revalidate=30")(n, w, r)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("GET /items/{id}", f.h)
+	get := func() (*http.Request, *httptest.ResponseRecorder) {
+		req := httptest.NewRequest(http.MethodGet, "/items/7", nil)
+		req.Host = "example.com"
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		return req, w
+	}
+	get()
+	f.advance(15 * time.Second)
+	req, w := get()
+	f.want(w, 200, "STALE", "/items/7 #1")
+	f.h.Wait()
+	if got := req.PathValue("id"); got != "7" {
+		t.Errorf("the client's request has path value %q after the refresh, want 7", got)
+	}
+	if len(seen) != 2 || seen[1] != "7 GET /items/{id}" {
+		t.Errorf("the application saw %q, want the refresh to see 7 and the pattern", seen)
+	}
+}
+
 // Many stale hits while a refresh runs make one refresh.
 func TestCacheOneRefresh(t *testing.T) {
 	release := make(chan struct{})

@@ -272,7 +272,7 @@ func withoutConnectionNamed(r *http.Request) *http.Request {
 				continue
 			}
 			if h == nil {
-				h = r.Header.Clone()
+				h = cloneHeader(r.Header)
 			}
 			delete(h, name)
 		}
@@ -303,7 +303,7 @@ func forwardFields(r *http.Request, drop []string, add []core.Field) *http.Reque
 		}
 		if ok {
 			r2 := *r
-			r2.Header = r.Header.Clone()
+			r2.Header = cloneHeader(r.Header)
 			for _, n := range drop {
 				delete(r2.Header, n)
 			}
@@ -326,25 +326,38 @@ func forwardFields(r *http.Request, drop []string, add []core.Field) *http.Reque
 // fields in place of the client's.
 func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 	fwd := ex.Forward()
-	// Not r.Clone, which links the multipart form's copying into every
-	// program: what the refresh may change (its fields, its URL's path)
-	// is copied, and the forms are its own to parse (the application
-	// never ran for r, a hit).
-	r2 := r.WithContext(context.WithoutCancel(r.Context()))
-	r2.Header, r2.Trailer = r.Header.Clone(), nil
-	if r2.Header == nil {
-		r2.Header = http.Header{}
-	}
+	// The refresh runs while the handlers around this one may still read
+	// r: it gets a request of its own, with no body (a refresh is a GET),
+	// its own header and URL, and the path values of the pattern an outer
+	// ServeMux matched (r.Pattern) set in it, so that an application that
+	// changes any of them (a router's SetPathValue) changes the refresh's
+	// alone. Not a copy of r, whose path values a copy would share, nor
+	// r.Clone, which links the multipart form's copying into every
+	// program; the forms are its own to parse (the application never ran
+	// for r, a hit). Path values set by SetPathValue outside r's pattern
+	// are not the refresh's.
 	u := *r.URL
-	r2.URL = &u
-	r2.Form, r2.PostForm, r2.MultipartForm = nil, nil, nil
+	r2 := (&http.Request{
+		Method: r.Method, URL: &u, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
+		Header: cloneHeader(r.Header), Body: http.NoBody, Host: r.Host,
+		RemoteAddr: r.RemoteAddr, RequestURI: r.RequestURI, TLS: r.TLS, Pattern: r.Pattern,
+	}).WithContext(context.WithoutCancel(r.Context()))
+	for p := r.Pattern; ; {
+		i := strings.IndexByte(p, '{')
+		j := strings.IndexByte(p[i+1:], '}')
+		if i < 0 || j < 0 {
+			break
+		}
+		name := strings.TrimSuffix(p[i+1:i+1+j], "...") // "$" too: it has no value
+		setPathValue(r2, name, getPathValue(r, name))
+		p = p[i+2+j:]
+	}
 	for _, n := range fwd.Drop {
 		delete(r2.Header, n)
 	}
 	for _, f := range fwd.Add {
 		r2.Header[f.Name] = []string{string(f.Value)}
 	}
-	r2.Body, r2.ContentLength = http.NoBody, 0
 	if fwd.Path != r2.URL.EscapedPath() {
 		forwardPath(r2, fwd.Path)
 	}
@@ -371,6 +384,21 @@ func (h *Handler) refresh(ex *core.Exchange, r *http.Request) {
 		rw.finish()
 		err = nil
 	}()
+}
+
+// getPathValue and setPathValue are called, not inlined: a pattern's
+// wildcards are a refresh's rare case.
+var getPathValue, setPathValue = (*http.Request).PathValue, (*http.Request).SetPathValue
+
+// cloneHeader is h.Clone, once in the program rather than inlined at
+// each copy of a request's header, and never nil.
+//
+//go:noinline
+func cloneHeader(h http.Header) http.Header {
+	if h == nil {
+		return http.Header{}
+	}
+	return h.Clone()
 }
 
 // Wait waits for the background refreshes in flight to end.
