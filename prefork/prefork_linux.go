@@ -221,6 +221,7 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	s.onStatus, s.onConfig, s.onHandedOver = opts.OnStatus, opts.Configured, opts.HandedOver
 	if inherited != nil {
 		s.inherit(inherited.oldIndexes, inherited.gen)
+		env.startsAt(s.gen)
 		inherited.watch(env.post)
 	}
 	stopBeat := beat(region)

@@ -96,6 +96,10 @@ type osEnv struct {
 	extra    []namedFile // Options.ExtraListen's sockets, from fdExtra on
 
 	gens map[int]genFiles // by generation, those that may be started
+	// first is the generation this supervisor starts with, which runs
+	// its own binary: 0, or after a binary upgrade the one after the old
+	// supervisor's (startsAt).
+	first int
 
 	events chan<- any
 	quit   <-chan struct{} // closed when the loop no longer reads events
@@ -201,15 +205,18 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 	return started{pid: proc.Pid, signal: func(sig syscall.Signal) error { return proc.Signal(sig) }}, nil
 }
 
+// startsAt makes gen the generation this supervisor starts with.
+func (e *osEnv) startsAt(gen int) { e.first = gen }
+
 // filesFor returns the files of generation sp.Gen, opening them at its
 // first start, and closes those of the generations that will not be
-// started again. The first generation runs the supervisor's own binary;
+// started again. The first generation (e.first) runs the supervisor's own binary;
 // each later one the file at e.exe when it is first started.
 func (e *osEnv) filesFor(sp spawnSpec) (genFiles, error) {
 	g, ok := e.gens[sp.Gen]
 	if !ok {
 		path := e.exe
-		if len(e.gens) == 0 && sp.Gen == 0 {
+		if len(e.gens) == 0 && sp.Gen == e.first {
 			path = "/proc/self/exe"
 		}
 		exe, err := os.Open(path)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -484,5 +485,22 @@ func TestUpgradeRefusedWhileReplacedWorkersHoldTheIndexes(t *testing.T) {
 	}
 	if u.gens[0] != 2 {
 		t.Errorf("upgrade handed generation %d, want 2: the workers' after two reloads", u.gens[0])
+	}
+}
+
+// A supervisor started by an upgrade starts its first workers, of the
+// generation after the old one's, from its own binary, as a first start
+// does with generation 0: not from the file at the program's path, which
+// may be gone or another build by then. A reload still opens that file.
+func TestUpgradeFirstGenerationRunsOwnBinary(t *testing.T) {
+	e := &osEnv{exe: filepath.Join(t.TempDir(), "gone")}
+	e.startsAt(5)
+	g, err := e.filesFor(spawnSpec{Gen: 5, Settings: defaulted(Settings{}), Keep: []int{5}})
+	if err != nil {
+		t.Fatalf("the first generation of an upgraded supervisor: %v", err)
+	}
+	defer g.close()
+	if _, err := e.filesFor(spawnSpec{Gen: 6, Settings: defaulted(Settings{}), Keep: []int{5}}); err == nil {
+		t.Fatal("a reload did not open the file at the program's path")
 	}
 }
