@@ -107,7 +107,7 @@ func (cl *connList) first() *conn {
 
 // newConn starts serving an accepted connection.
 func (l *loop) newConn(fd int, peer netip.Addr) {
-	c := &conn{l: l, fd: fd, peer: peer, since: l.wheel.now}
+	c := &conn{l: l, fd: fd, peer: peer, since: l.wheel.at()}
 	c.t.f = c
 	if err := l.register(fd, c, &c.have, wantRead); err != nil {
 		_ = unix.Close(fd)
@@ -490,7 +490,7 @@ func (c *conn) drained() {
 		// idle wait begins now, as below.
 		c.process(nil)
 		if c.state == csIdle && c.readDue == 0 {
-			c.since = c.l.wheel.now
+			c.since = c.l.wheel.at()
 			c.setRead(c.idleWait())
 		}
 	case !c.processing:
@@ -499,7 +499,7 @@ func (c *conn) drained() {
 		// the client is read again if reading stopped while highWater
 		// of answers waited (checkInput).
 		if c.state == csIdle && c.readDue == 0 {
-			c.since = c.l.wheel.now
+			c.since = c.l.wheel.at()
 			c.setRead(c.idleWait())
 		}
 		c.checkInput()
@@ -661,7 +661,7 @@ func (c *conn) endRequest() {
 	// Connection: close: the client may send another request at once,
 	// which is answered with it. The connection waits the drain's grace.
 	c.setState(csIdle)
-	c.since = l.wheel.now
+	c.since = l.wheel.at()
 	if !c.noDelay {
 		// A connection that stays: its next response must not wait for
 		// the acknowledgement of this one (nginx's tcp_nodelay).

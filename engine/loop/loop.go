@@ -132,11 +132,17 @@ func newLoop(s *Server) (*loop, error) {
 func (l *loop) run() {
 	defer close(l.done)
 	go l.ticker()
-	_ = l.poller.polling(l.dispatch)
+	_ = l.poller.polling(l.round, l.dispatch)
 	close(l.tickerStop)
 	l.closeAll()
 	_ = l.poller.close()
 }
+
+// round reads the clock as a round of events begins, so that what they
+// arm counts from now (wheel.at), though the ticks that fire the timers
+// run after them: one clock reading a round, as nginx updates its time
+// after each epoll_wait.
+func (l *loop) round() { l.wheel.clock = l.clock() }
 
 // dispatch hands an event to the descriptor's owner.
 func (l *loop) dispatch(fd int, ev uint32) {

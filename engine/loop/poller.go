@@ -104,7 +104,7 @@ func (p *poller) wake() error {
 
 // polling waits for events and hands each to dispatch, and runs the
 // queued tasks, until a task returns errStop or epoll fails.
-func (p *poller) polling(dispatch func(fd int, ev uint32)) error {
+func (p *poller) polling(round func(), dispatch func(fd int, ev uint32)) error {
 	for {
 		// Let the process's other goroutines have the P before the wait
 		// (the loop holds it while it waits in the kernel).
@@ -117,6 +117,7 @@ func (p *poller) polling(dispatch func(fd int, ev uint32)) error {
 			}
 			return os.NewSyscallError("epoll_wait", err)
 		}
+		round()
 		chores := false
 		for i := range n {
 			ev := &p.events[i]

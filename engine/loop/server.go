@@ -328,7 +328,7 @@ func (l *loop) drain(any) error {
 		a.stop()
 	}
 	s := l.s
-	now := l.wheel.now
+	now := l.wheel.at()
 	for c := l.conns.first(); c != nil; {
 		next := c.next
 		if next == &l.conns.head {

@@ -224,9 +224,10 @@ const minConnectShare = 2 * time.Second
 // addresses a name has, the dial ends within upstream_connect_timeout.
 func (u *upConn) connectDue() int64 {
 	w := &u.l.wheel
-	left := u.dialDue - w.now
+	at := w.at()
+	left := u.dialDue - at
 	share := left / int64(len(u.addrs)-u.tried+1)
-	return w.now + max(share, min(left, ticks(minConnectShare)))
+	return at + max(share, min(left, ticks(minConnectShare)))
 }
 
 // redial moves a connection attempt that failed (refused, or no answer
@@ -234,7 +235,7 @@ func (u *upConn) connectDue() int64 {
 // keeping what is queued for it; false when none is left, the dial's
 // connect timeout has passed, or none can be tried.
 func (u *upConn) redial() bool {
-	if u.tried >= len(u.addrs) || u.l.wheel.now >= u.dialDue {
+	if u.tried >= len(u.addrs) || u.l.wheel.at() >= u.dialDue {
 		return false
 	}
 	u.l.wheel.unlink(&u.t)

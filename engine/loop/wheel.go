@@ -30,7 +30,11 @@ type expirer interface{ expire() }
 
 // wheel is a loop's timers. It is used by its loop only.
 type wheel struct {
-	now    int64 // ticks since the loop started; 1 at the start
+	now int64 // ticks since the loop started; 1 at the start
+	// clock is the tick the loop read as its round of events began: its
+	// ticks fire the timers in a task of their own, after the round's
+	// events, so now trails it when the loop was held up (at).
+	clock  int64
 	slots  [wheelSlots]timer
 	firing timer // the timers of the slot being fired
 }
@@ -53,10 +57,14 @@ func ticks(d time.Duration) int64 {
 	return max(n, 1)
 }
 
-// due is the tick at which d from now has passed: the wheel's now is the
-// last tick, up to a tick ago, so one more is counted (a timeout fires
-// between d and d plus two ticks, never before).
-func (w *wheel) due(d time.Duration) int64 { return w.now + 1 + ticks(d) }
+// at is the tick the loop is at: the clock as its round began, or the
+// wheel's now if that is later. Waits count from it.
+func (w *wheel) at() int64 { return max(w.now, w.clock) }
+
+// due is the tick at which d from now has passed: at is a tick read up
+// to a tick ago, so one more is counted (a timeout fires between d and d
+// plus two ticks, never before, however late the wheel's firing is).
+func (w *wheel) due(d time.Duration) int64 { return w.at() + 1 + ticks(d) }
 
 // arm makes t fire d from now.
 func (w *wheel) arm(t *timer, d time.Duration) {
