@@ -286,10 +286,15 @@ func (r *request) respondCore(resp *core.Response) {
 		r.settleBody()
 		r.writeCore(resp)
 		if r.stream != nil {
+			c.send()
 			r.phase = phStream
 			r.pump()
 			return
 		}
+		// Counted and logged before the answer goes, as upConn.end: a
+		// client that has it finds it in the access log and the metrics.
+		r.endExchange(nil)
+		c.send()
 	}
 	r.finish(nil)
 }

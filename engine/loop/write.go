@@ -61,7 +61,8 @@ func (r *request) responded(status int) {
 // writeCore writes a complete answer of the core's own (or the server's,
 // through the core): its fields as given but Date, which is the server's,
 // and a Content-Length of its body. A HEAD answered from the cache
-// carries the length GET would have had.
+// carries the length GET would have had. It is queued: the caller sends it
+// (c.send).
 func (r *request) writeCore(resp *core.Response) {
 	c, l := r.c, r.l
 	r.responded(resp.Status)
@@ -99,15 +100,15 @@ func (r *request) writeCore(resp *core.Response) {
 	}
 	dst = r.appendConnection(dst)
 	dst = append(dst, "\r\n"...)
-	l.head = dst
-	c.queue(dst)
 	switch {
 	case sendBody && resp.Stream != nil:
 		r.stream = resp.Stream // sent by pump
 	case sendBody:
-		c.queue(resp.Body)
+		// Copied: the exchange whose memory it is may end before it goes.
+		dst = append(dst, resp.Body...)
 	}
-	c.send()
+	l.head = dst
+	c.queue(dst)
 }
 
 // pump sends the pieces of a streamed body (r.stream) while the client
@@ -161,6 +162,7 @@ func (c *conn) refuse(bad *engine.BadRequest) {
 		c.r = r
 		c.setState(csBusy)
 		r.writeCore(&resp)
+		c.send()
 		c.r = nil
 		l.recycle(r)
 		if c.outLen() == 0 {
@@ -172,6 +174,7 @@ func (c *conn) refuse(bad *engine.BadRequest) {
 	}
 	r.settleBody()
 	r.writeCore(&resp)
+	c.send()
 	r.phase = phDone
 	r.done()
 }
