@@ -21,10 +21,23 @@ import (
 )
 
 // flakyUpstream answers every nth request with 500 (n = 1: every one;
-// 0: none) and the others with 200.
-func flakyUpstream(t *testing.T, n int64) *httptest.Server {
+// 0: none) and the others with 200; with a holder, it holds the requests
+// for /hold by it.
+func flakyUpstream(t *testing.T, n int64, hold ...*holder) *httptest.Server {
 	var count atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(hold) > 0 && r.URL.Path == "/hold" {
+			select {
+			case hold[0].arrived <- struct{}{}:
+			default:
+			}
+			select {
+			case <-hold[0].release:
+			case <-time.After(4 * time.Second):
+			}
+			fmt.Fprint(w, "held")
+			return
+		}
 		if n > 0 && count.Add(1)%n == 0 {
 			http.Error(w, "broken", http.StatusInternalServerError)
 			return

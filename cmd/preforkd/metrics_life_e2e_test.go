@@ -15,15 +15,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -207,7 +204,7 @@ func (w *watcher) end() {
 func TestMetricsAcrossProcessLifeE2E(t *testing.T) {
 	t.Parallel()
 	hold := &holder{arrived: make(chan struct{}, 1), release: make(chan struct{})}
-	good, bad := holdingUpstream(t, 0, hold), holdingUpstream(t, 1, hold)
+	good, bad := flakyUpstream(t, 0, hold), flakyUpstream(t, 1, hold)
 	cfg := canaryConfig(2, good.URL, "", "max_requests = 1000")
 	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
 	load := startLoops(t, 2, d.url("/x"))
@@ -316,32 +313,6 @@ func TestMetricsAcrossProcessLifeE2E(t *testing.T) {
 // holder holds the requests for /hold at the upstream: arrived says one
 // came, release lets them go (4 s at most).
 type holder struct{ arrived, release chan struct{} }
-
-// holdingUpstream is flakyUpstream, and holds /hold by h.
-func holdingUpstream(t *testing.T, n int64, h *holder) *httptest.Server {
-	var count atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
-			select {
-			case h.arrived <- struct{}{}:
-			default:
-			}
-			select {
-			case <-h.release:
-			case <-time.After(4 * time.Second):
-			}
-			fmt.Fprint(w, "held")
-			return
-		}
-		if n > 0 && count.Add(1)%n == 0 {
-			http.Error(w, "broken", http.StatusInternalServerError)
-			return
-		}
-		fmt.Fprint(w, "ok")
-	}))
-	t.Cleanup(up.Close)
-	return up
-}
 
 // checkOldWorkersShown checks the page of the new supervisor (newPID) of
 // an upgrade while the old workers drain: each old worker that still
