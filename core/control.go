@@ -25,9 +25,9 @@ import (
 // worker, Core.Control returns one. It is safe for concurrent use, and
 // every process sharing the region sees what it does at once. The state
 // of a Redis rule is Redis's: a Control looks it up there and resets it
-// there (through Options.Redis, which may be a redisstore.Store over a
-// region this process has not joined); when Redis does not answer, the
-// error wraps redisstore.ErrUnavailable.
+// there (through Options.Redis, RedisRules of a redisstore.Store, which
+// may be over a region this process has not joined); when Redis does not
+// answer, the error wraps redisstore.ErrUnavailable.
 type Control struct{ c *Core }
 
 // NewControl compiles opts over region, which this process need not have

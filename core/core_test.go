@@ -88,6 +88,10 @@ func TestNewErrors(t *testing.T) {
 		{"invalid override clients", withTable, rule(func(r *core.RateLimit) {
 			r.Overrides = []core.Override{{Clients: []netip.Prefix{{}}, Limit: 2}}
 		}), "Clients"},
+		// Options.Redis is a Stage: the message says how to build one, not
+		// that a field is nil that a caller cannot set to a store.
+		{"redis rule without the stage", withTable, rule(func(r *core.RateLimit) { r.Redis = &core.RedisRule{} }),
+			`rule "r" is a Redis rule, but Options.Redis has no store: set it to core.RedisRules(store)`},
 	} {
 		_, err := core.New(tt.region, tt.opts)
 		if err == nil {

@@ -71,7 +71,7 @@ func (c *Core) compileRules(rls []RateLimit, shadowAll bool) error {
 	for i := range rls {
 		rl := rls[i]
 		if rl.Redis != nil && c.redis == nil {
-			return fmt.Errorf("core: rule %q is a Redis rule but Options.Redis is nil", rl.Rule.Name)
+			return fmt.Errorf("core: rule %q is a Redis rule, but Options.Redis has no store: set it to core.RedisRules(store)", rl.Rule.Name)
 		}
 		if rl.Rule.MaxKeys == 0 {
 			rl.Rule.MaxKeys = DefaultMaxKeys(tab.Len(), len(rls))
