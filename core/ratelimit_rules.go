@@ -458,9 +458,15 @@ type RateLimit struct {
 	// only the application can read (the user of a verified session or
 	// token, say: engine/nethttp's HTTPRequest gives the net/http request
 	// of r). It must be fast and must not block: it runs for every
-	// request the rule matches, before the rule decides. An empty value
-	// (or one with control bytes) falls back to By. A value longer than
-	// 256 bytes is hashed; an override's Key is matched against the value.
+	// request the rule matches, before the rule decides, and so before
+	// the application's handler: it reads the request as the client sent
+	// it (verifying the session or token itself), never what a middleware
+	// inside the handler adds to it. KeyOf and Reset run it again, on the
+	// request they are given. An empty value (or one with control bytes)
+	// falls back to By. A value longer than 256 bytes is hashed; an
+	// override's Key is matched against the value. The key, as KeyOf
+	// makes it ("f:" and the value, or its hash), is what
+	// Limiter(name).Peek and Reset take; a Control does not name it.
 	KeyFunc func(r Request) string
 	// Redis, if set, keeps the rule's counts (and each override's) in
 	// Options.Redis instead of this host's table: one limit for every

@@ -110,7 +110,9 @@ func Reset(c *core.Core, name string, r *http.Request) error {
 // HTTPRequest is the net/http request behind the core's view of it, for
 // a rule's key function (core.RateLimit.KeyFunc) that keys by what only
 // the application can read (a session, a verified token); nil for a
-// request of another engine.
+// request of another engine. In a decision it is the request as the
+// client sent it, before the handler runs: what a middleware inside the
+// handler puts in its context is not there yet (see the example).
 func HTTPRequest(r core.Request) *http.Request {
 	if q, ok := r.(*request); ok {
 		return q.r
