@@ -15,7 +15,9 @@ import (
 // Cache is one compiled response cache block.
 type Cache struct {
 	// Route is the block's path, and the methods answered from the cache:
-	// GET, and optionally HEAD (answered from GET's entries). A
+	// GET, and optionally HEAD (answered from GET's entries), as in
+	// route.MustCompile("/pages/*", []string{"GET", "HEAD"}); a route of
+	// every method (nil) is refused. A
 	// successful unsafe request (POST, PUT, DELETE, ...) to the path
 	// invalidates its entries whatever the methods.
 	Route route.Route

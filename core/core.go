@@ -92,8 +92,9 @@ type Options struct {
 	AccessLog AccessLog
 	// Redis keeps the counts of the rules whose RateLimit.Redis is set,
 	// shared by every host that uses it (built by RedisRules). The Core
-	// owns its store from New on: Close closes it. The zero value: no
-	// rule may be a Redis rule.
+	// owns its store once New succeeds: Close closes it (when New fails,
+	// the store is still the caller's to close). The zero value: no rule
+	// may be a Redis rule.
 	Redis Stage[SharedStore]
 }
 
