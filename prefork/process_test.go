@@ -435,6 +435,11 @@ func TestEngineFailureAtStartStops(t *testing.T) {
 	if len(h.logs.all("worker could not build its engine: stopping")) == 0 {
 		t.Errorf("no line says why it stops")
 	}
+	// The other worker failed too, and may be gone before it is told to
+	// drain: a worker already gone is no failure to warn about.
+	for _, l := range h.logs.all("signalling a worker failed") {
+		t.Errorf("a warning about a worker that had exited: %v", l.attrs)
+	}
 	for _, pid := range h.logs.pids("worker started") {
 		if !processGone(pid) {
 			t.Errorf("worker %d left behind", pid)

@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -201,8 +202,15 @@ func (e *osEnv) start(sp spawnSpec) (started, error) {
 	e.wg.Add(1)
 	go e.watch(proc, readyR)
 	// os.Process signals through a pidfd: a reaped worker's pid may be
-	// reused, its Process is never confused with the new owner.
-	return started{pid: proc.Pid, signal: func(sig syscall.Signal) error { return proc.Signal(sig) }}, nil
+	// reused, its Process is never confused with the new owner. One that
+	// exited (and was waited for by watch) before the loop handled its
+	// exit has nothing left to be told: that is no failure to warn about.
+	return started{pid: proc.Pid, signal: func(sig syscall.Signal) error {
+		if err := proc.Signal(sig); !errors.Is(err, os.ErrProcessDone) {
+			return err
+		}
+		return nil
+	}}, nil
 }
 
 // startsAt makes gen the generation this supervisor starts with.
