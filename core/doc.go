@@ -4,9 +4,10 @@
 // each engine implements; what the application answered is told back to
 // it, and it stores, counts and releases. An engine only carries bytes:
 // the same rules give the same answers, byte for byte, on every engine.
-// Idempotent replay and the cache run when Options builds them
-// ([IdempotencyBlocks], [CacheBlocks]): a program that builds neither
-// links none of their code.
+// Idempotent replay, the cache and the Redis rules' round trip run when
+// Options builds them ([IdempotencyBlocks], [CacheBlocks], [RedisRules]
+// over a redisstore.Store): a program that builds none links none of
+// their code.
 //
 // Per worker process, once: [New] over a joined shm.Region. Per request,
 // the protocol every engine follows (run.go has it in full):

@@ -71,7 +71,12 @@ type Options struct {
 	Host string
 
 	// Logger receives the breaker's transitions and the flushers' errors
-	// (rate-limited). nil means slog.Default().
+	// (rate-limited). nil means slog.Default(). go-redis logs besides,
+	// through a logger of its own for the whole process: a line on
+	// stderr for each connection it fails to open, while Redis is away.
+	// redis.SetLogger sends those where the program wants them (the
+	// daemon: to its log, at debug, as the breaker's lines say what an
+	// operator acts on).
 	Logger *slog.Logger
 	// Observer is told what the Store's calls came to, as they come (a
 	// worker's metrics); nil: nobody. Stats counts the same per process.
