@@ -12,7 +12,13 @@ import (
 	"github.com/preforkd/preforkd/shm"
 )
 
-// Cache is one compiled response cache block.
+// Cache is one compiled response cache block. It stores what the
+// application marks fresh (Cache-Control s-maxage or max-age, Expires),
+// never a private, no-store or Set-Cookie response, nor one to a request
+// with Authorization unless it says public, s-maxage or must-revalidate
+// (README.md "Response cache" has every rule). A request with cookies is
+// answered from the cache like any other: a response meant for one
+// client says private, or Vary on what tells clients apart.
 type Cache struct {
 	// Route is the block's path, and the methods answered from the cache:
 	// GET, and optionally HEAD (answered from GET's entries), as in
