@@ -20,6 +20,10 @@ import (
 	"github.com/preforkd/preforkd/internal/looptest"
 )
 
+// holder holds the requests for /hold at the upstream: arrived says one
+// came, release lets them go (4 s at most).
+type holder struct{ arrived, release chan struct{} }
+
 // flakyUpstream answers every nth request with 500 (n = 1: every one;
 // 0: none) and the others with 200; with a holder, it holds the requests
 // for /hold by it.

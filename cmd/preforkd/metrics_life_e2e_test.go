@@ -310,10 +310,6 @@ func TestMetricsAcrossProcessLifeE2E(t *testing.T) {
 	stopPID(t, d, newPID)
 }
 
-// holder holds the requests for /hold at the upstream: arrived says one
-// came, release lets them go (4 s at most).
-type holder struct{ arrived, release chan struct{} }
-
 // checkOldWorkersShown checks the page of the new supervisor (newPID) of
 // an upgrade while the old workers drain: each old worker that still
 // lives after the scrape lived during it, and is on the page; the
