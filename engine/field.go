@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"unsafe"
 
+	"github.com/preforkd/preforkd/internal/httpfield"
 	"github.com/preforkd/preforkd/route"
 )
 
@@ -253,19 +254,7 @@ func nextToken(list []byte) (t, rest []byte) {
 	} else {
 		t = list
 	}
-	return trimOWS(t), rest
-}
-
-// trimOWS is b without the spaces and tabs around it: bytes.Trim(b,
-// " \t") without making a set of the cutset at each call.
-func trimOWS(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
-		b = b[:len(b)-1]
-	}
-	return b
+	return httpfield.TrimOWS(t), rest
 }
 
 // EqualFold reports whether b equals s in ASCII, ignoring case (unlike

@@ -3,8 +3,9 @@ package httpfield
 import "strings"
 
 // TrimOWS drops the optional whitespace (SP, HTAB) around a field value;
-// other bytes, CR and LF among them, are kept.
-func TrimOWS(s string) string {
+// other bytes, CR and LF among them, are kept. Unlike bytes.Trim, it makes
+// no set of the cutset at each call.
+func TrimOWS[T string | []byte](s T) T {
 	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
 		s = s[1:]
 	}

@@ -21,6 +21,9 @@ func TestTrimOWS(t *testing.T) {
 		if got := httpfield.TrimOWS(tt.in); got != tt.want {
 			t.Errorf("TrimOWS(%q) = %q, want %q", tt.in, got, tt.want)
 		}
+		if got := httpfield.TrimOWS([]byte(tt.in)); string(got) != tt.want {
+			t.Errorf("TrimOWS([]byte(%q)) = %q, want %q", tt.in, got, tt.want)
+		}
 	}
 }
 
