@@ -70,6 +70,19 @@ var netHTTPStory = storyEngine{"nethttp-forward", startNetHTTPStory}
 // honours as they do.
 func withNetHTTP() []storyEngine { return append(readers[:len(readers):len(readers)], netHTTPStory) }
 
+// watchingEngines are the engines of withNetHTTP that watch a client's
+// connection while its request is with the upstream or the handler: all
+// but fasthttp (README says so).
+func watchingEngines() []storyEngine {
+	var es []storyEngine
+	for _, e := range withNetHTTP() {
+		if e.name != "fasthttp" {
+			es = append(es, e)
+		}
+	}
+	return es
+}
+
 // eachEngine runs story on each of es, in parallel.
 func eachEngine(t *testing.T, es []storyEngine, story func(t *testing.T, e storyEngine)) {
 	t.Helper()

@@ -173,16 +173,10 @@ func subscribe(t *testing.T, addr, who string) net.Conn {
 // README says so.)
 func TestClientGoneMidStreamCutsTheUpstream(t *testing.T) {
 	t.Parallel()
-	var watching []storyEngine
-	for _, e := range withNetHTTP() {
-		if e.name != "fasthttp" {
-			watching = append(watching, e)
-		}
-	}
 	for _, toml := range []string{"", "[[cache]]\npath = \"/events\"\n"} {
 		t.Run(fmt.Sprintf("cache=%v", toml != ""), func(t *testing.T) {
 			t.Parallel()
-			eachEngine(t, watching, func(t *testing.T, e storyEngine) {
+			eachEngine(t, watchingEngines(), func(t *testing.T, e storyEngine) {
 				gone := make(chan error, 1)
 				up, stop := liveStream(t, "Content-Type: text/event-stream\r\n", gone)
 				lines := make(chan core.AccessEntry, 1)

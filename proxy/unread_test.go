@@ -137,13 +137,7 @@ func TestPipelinedHitsBehindAFill(t *testing.T) {
 // while its handler runs: README says so.)
 func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
 	t.Parallel()
-	var watching []storyEngine
-	for _, e := range withNetHTTP() {
-		if e.name != "fasthttp" {
-			watching = append(watching, e)
-		}
-	}
-	eachEngine(t, watching, func(t *testing.T, e storyEngine) {
+	eachEngine(t, watchingEngines(), func(t *testing.T, e storyEngine) {
 		release := make(chan struct{})
 		defer close(release)
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
@@ -194,13 +188,7 @@ func TestClientGoneWhileItsMissWaitsIsNotForwarded(t *testing.T) {
 // reaches the application; check, unless nil, is then given the
 // statistics.
 func clientGoneWhileWaiting(t *testing.T, req string, check func(t *testing.T, s *metrics.Snapshot)) {
-	var watching []storyEngine
-	for _, e := range withNetHTTP() {
-		if e.name != "fasthttp" {
-			watching = append(watching, e)
-		}
-	}
-	eachEngine(t, watching, func(t *testing.T, e storyEngine) {
+	eachEngine(t, watchingEngines(), func(t *testing.T, e storyEngine) {
 		release := make(chan struct{})
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 			<-release
