@@ -616,14 +616,8 @@ func (c *conn) close(err error) {
 	l.wheel.unlink(&c.t)
 	l.conns.remove(c)
 	l.forget(c.fd, &c.have)
-	if c.in != nil {
-		l.putBuf(c.in)
-		c.in = nil
-	}
-	if c.out != nil {
-		l.putBuf(c.out)
-		c.out = nil
-	}
+	l.release(&c.in)
+	l.release(&c.out)
 	if c.tun != nil {
 		c.tun.close()
 	}

@@ -374,6 +374,14 @@ func (l *loop) putBuf(b []byte) {
 	}
 }
 
+// release gives *b back to the loop, if it holds a buffer, and forgets it.
+func (l *loop) release(b *[]byte) {
+	if *b != nil {
+		l.putBuf(*b)
+		*b = nil
+	}
+}
+
 // bufClasses are the sizes of the buffers a loop keeps.
 var bufClasses = [...]int{smallBuf, readSize, backlogBuf}
 

@@ -312,10 +312,7 @@ func (u *upConn) start(r *request) {
 func (u *upConn) resetResponse() {
 	u.headDone, u.interims, u.mode, u.left, u.paused = false, 0, frameNone, 0, false
 	u.dec = chunkDecoder{}
-	if u.in != nil {
-		u.l.putBuf(u.in)
-		u.in = nil
-	}
+	u.l.release(&u.in)
 }
 
 // send writes head and body at once, in one system call, and queues
@@ -822,12 +819,6 @@ func (u *upConn) close() {
 	l.wheel.unlink(&u.t)
 	l.forget(u.fd, &u.have)
 	l.upstreams--
-	if u.in != nil {
-		l.putBuf(u.in)
-		u.in = nil
-	}
-	if u.out != nil {
-		l.putBuf(u.out)
-		u.out = nil
-	}
+	l.release(&u.in)
+	l.release(&u.out)
 }
