@@ -14,10 +14,12 @@ import (
 // bytes the table hashes.
 type KeyRef struct {
 	// Element is the element in canonical form, as By.Elements lists it:
-	// "ip", "global", "path", "header:NAME", "cookie:NAME", "query:NAME".
+	// "ip", "global", "path", "header:NAME", "cookie:NAME", "query:NAME";
+	// or "func", the key an application's key function gave
+	// (AppendFuncKey), which no By has.
 	Element string
-	// Value is the header, cookie or query value or the path, as a
-	// request would carry it; "" for ip and global.
+	// Value is the header, cookie or query value, the path, or the key
+	// function's value, as a request would make it; "" for ip and global.
 	Value string
 	// Addr is the client address of an ip element.
 	Addr netip.Addr
@@ -28,7 +30,8 @@ var ErrKeyRef = errors.New("clientip: invalid key")
 
 // ParseKeyRef parses an operator's key: "ip:ADDR" or a bare address,
 // "header:NAME:VALUE", "cookie:NAME:VALUE", "query:NAME:VALUE",
-// "path:PATH", or "global". The name ends at the first ':' after the
+// "path:PATH", "func:VALUE" (the value of a rule's key function: an
+// authenticated user, say), or "global". The name ends at the first ':' after the
 // element (names are tokens, without ':'); the value is the rest, as it
 // is, colons and all.
 func ParseKeyRef(s string) (KeyRef, error) {
@@ -42,7 +45,7 @@ func ParseKeyRef(s string) (KeyRef, error) {
 	}
 	word, rest, ok := strings.Cut(s, ":")
 	if !ok {
-		return bad(`want ip:ADDR (or an address), header:NAME:VALUE, cookie:NAME:VALUE, query:NAME:VALUE, path:PATH or global`)
+		return bad(`want ip:ADDR (or an address), header:NAME:VALUE, cookie:NAME:VALUE, query:NAME:VALUE, path:PATH, func:VALUE or global`)
 	}
 	switch word {
 	case "ip":
@@ -51,6 +54,11 @@ func ParseKeyRef(s string) (KeyRef, error) {
 			return bad("not an IP address")
 		}
 		return KeyRef{Element: "ip", Addr: a.Unmap().WithZone("")}, nil
+	case "func":
+		if !usable(rest) {
+			return bad("the value is empty or has control characters: no request is counted under it")
+		}
+		return KeyRef{Element: "func", Value: rest}, nil
 	case "path":
 		if !strings.HasPrefix(rest, "/") {
 			return bad("a path starts with /")

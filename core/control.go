@@ -18,7 +18,8 @@ import (
 // does after a support call ("this customer was locked out"), and what an
 // application does after a successful login. Keys are named as operators
 // know them (clientip.ParseKeyRef): "ip:192.0.2.1", or a bare address,
-// "header:X-Api-Key:VALUE", "path:/api/x", "global".
+// "header:X-Api-Key:VALUE", "path:/api/x", "global"; and the key of a
+// rule's RateLimit.KeyFunc by the value it gave, "func:alice".
 //
 // Unlike a Core, a Control needs no worker identity: a supervisor that
 // never serves builds one over the region it created (NewControl); in a
@@ -182,7 +183,11 @@ func (ct *Control) ruleKey(rule, key string) (*rule, clientip.KeyRef, error) {
 	if err != nil {
 		return nil, ref, &KeyError{Rule: rule, Msg: strings.TrimPrefix(err.Error(), "clientip: ")}
 	}
-	if els := ru.by.Elements(); !slices.Contains(els, ref.Element) {
+	els := ru.by.Elements()
+	if ru.keyFunc != nil {
+		els = append([]string{"func"}, els...)
+	}
+	if !slices.Contains(els, ref.Element) {
 		return nil, ref, &KeyError{Rule: rule, Msg: fmt.Sprintf("it counts by %s, and %s is not one of them",
 			strings.Join(els, "|"), ref.Element)}
 	}
@@ -192,6 +197,10 @@ func (ct *Control) ruleKey(rule, key string) (*rule, clientip.KeyRef, error) {
 // keyBytes makes the key a request carrying ref's element would be counted
 // under, by the rule's own `by` (the one source of key bytes).
 func (ct *Control) keyBytes(ru *rule, ref clientip.KeyRef) (id []byte, value string) {
+	if ref.Element == "func" { // ruleKey let it through: ru has a key function
+		id, _ = clientip.AppendFuncKey(nil, ref.Value) // ParseKeyRef made sure it is usable
+		return id, ref.Value
+	}
 	return ct.keyBytesBy(ru.by, ref)
 }
 

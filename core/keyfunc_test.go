@@ -95,3 +95,43 @@ func TestResetRequest(t *testing.T) {
 		t.Errorf("Reset of no such rule: %v, want ErrUnknownRule", err)
 	}
 }
+
+// An operator names a key function's key as "func:VALUE" (the value the
+// function gave): a Control looks it up and resets it, under an
+// override that names the value too; a rule without a key function has
+// no such key.
+func TestControlKeyFunc(t *testing.T) {
+	region := joinedRegion(t, shm.Options{Counters: 64})
+	opts := core.Options{RateLimits: []core.RateLimit{{
+		Rule:      bucket.Rule{Name: "per-user", Limit: 1, Window: time.Hour},
+		Route:     mustRoute(t, "/api/*"),
+		KeyFunc:   func(r core.Request) string { v, _ := r.Header("X-User"); return v },
+		Overrides: []core.Override{{Key: "gold", Limit: 2}},
+	}, {
+		Rule: bucket.Rule{Name: "plain", Limit: 1, Window: time.Hour}, Route: mustRoute(t, "/x"),
+	}}}
+	c, err := core.New(region, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := c.Control()
+	for _, user := range []string{"alice", "gold"} {
+		r := func() *fakeReq { return newReq("GET", "/api/x", "192.0.2.1", "X-User", user) }
+		for decide(c, r()) == 200 {
+		}
+		st, err := ctl.KeyState("per-user", "func:"+user)
+		if err != nil || !st.Stored || !st.Limited || st.Element != "func" || st.Override != (user == "gold") {
+			t.Fatalf("KeyState(func:%s) = %+v, %v; want stored, limited, element func", user, st, err)
+		}
+		if _, err := ctl.ResetKey("per-user", "func:"+user); err != nil {
+			t.Fatalf("ResetKey(func:%s): %v", user, err)
+		}
+		if got := decide(c, r()); got != 200 {
+			t.Errorf("%s after ResetKey: %d, want 200", user, got)
+		}
+	}
+	var ke *core.KeyError
+	if _, err := ctl.KeyState("plain", "func:alice"); !errors.As(err, &ke) {
+		t.Errorf("func key of a rule without a key function: %v, want a KeyError", err)
+	}
+}

@@ -466,7 +466,8 @@ type RateLimit struct {
 	// falls back to By. A value longer than 256 bytes is hashed; an
 	// override's Key is matched against the value. The key, as KeyOf
 	// makes it ("f:" and the value, or its hash), is what
-	// Limiter(name).Peek and Reset take; a Control does not name it.
+	// Limiter(name).Peek and Reset take; a Control names it "func:" and
+	// the value ("func:alice").
 	KeyFunc func(r Request) string
 	// Redis, if set, keeps the rule's counts (and each override's) in
 	// Options.Redis instead of this host's table: one limit for every
