@@ -36,7 +36,7 @@ import (
 // supervisor of its own (role "supervisor", for the tests that kill or
 // signal the supervisor's process).
 const (
-	envTestCrash   = "PREFORK_TEST_CRASH"       // set: a worker exits at once with status 3; "engine": its Engine fails; "engine-panic": it panics
+	envTestCrash   = "PREFORK_TEST_CRASH"       // set: a worker exits at once with status 3; "engine": its Engine fails; "engine-panic": it panics; "stdlib-server": it returns a *http.Server
 	envTestEngine  = "PREFORK_TEST_ENGINE"      // "fast": workers serve testFastApp with the fast engine (package proxy)
 	envTestBallast = "PREFORK_TEST_BALLAST_MIB" // N: a worker holds N MiB more, touched, from its start
 	envTestLate    = "PREFORK_TEST_LATE"        // a duration: a worker waits that long before it calls Run
@@ -237,6 +237,11 @@ func testCore(w *Worker) (*core.Core, testSpec, error) {
 func testEngine(w *Worker) (Engine, error) {
 	if os.Getenv(envTestCrash) == "engine" {
 		return nil, errors.New("the test's engine refuses to be built")
+	}
+	if os.Getenv(envTestCrash) == "stdlib-server" {
+		// It has Engine's methods, but neither the drain rule nor the
+		// [server] limits.
+		return &http.Server{Handler: http.NotFoundHandler()}, nil
 	}
 	if os.Getenv(envTestCrash) == "engine-panic" {
 		// As a route.MustCompile or clientip.MustParseBy of a bad value

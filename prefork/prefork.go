@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -140,7 +141,10 @@ const DefaultListen = "127.0.0.1:8080"
 
 // Engine is an HTTP engine a worker serves its listener with:
 // loop.Server (the daemon's event loop), proxy.Server (fasthttp) and
-// nethttp.Server are three.
+// nethttp.Server are three. A net/http *http.Server has its methods, but
+// a worker refuses it, as an engine that failed to build: it would drain
+// by its own rule and take none of the [server] limits (serve its
+// Handler with nethttp.NewServer).
 type Engine interface {
 	// Serve serves the connections of ln until Shutdown, and then returns
 	// nil; it returns an error if it cannot go on serving.
@@ -152,6 +156,24 @@ type Engine interface {
 	// it never sent one) and returns once no connection is left, or with
 	// ctx's error when ctx is done first, having closed them all.
 	Shutdown(ctx context.Context) error
+}
+
+// checkEngine refuses what Options.Engine returned when no worker should
+// serve with it: nothing, or a net/http *http.Server, which has Engine's
+// methods by accident. Its Shutdown closes idle connections at once and
+// sends no Connection: close, and none of the limits of Settings.Payload
+// reach it: a worker serving with it would lose the drain rule without a
+// word. (Found by its type's name: a program without net/http does not
+// link it for this.)
+func checkEngine(eng Engine) error {
+	if eng == nil {
+		return errors.New("Options.Engine returned no engine")
+	}
+	if t := reflect.TypeOf(eng); t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "net/http" && t.Elem().Name() == "Server" {
+		return errors.New("Options.Engine returned a *http.Server, which has neither the drain rule nor the server limits: " +
+			"serve its Handler with engine/nethttp's Server (nethttp.NewServer)")
+	}
+	return nil
 }
 
 // WorkerCount is the number of workers n asks for: n, or for 0 the CPUs

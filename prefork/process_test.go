@@ -447,6 +447,21 @@ func TestEngineFailureAtStartStops(t *testing.T) {
 	}
 }
 
+// A net/http *http.Server has Engine's methods, but would serve without
+// the drain rule and the [server] limits: a worker refuses it as an
+// engine that failed, and Run stops.
+func TestStdlibServerEngineRefused(t *testing.T) {
+	t.Setenv(envTestCrash, "stdlib-server")
+	h := startSupervisor(t, testConfig(1), false, nil)
+	err := h.wait(10 * time.Second)
+	if err == nil || !strings.Contains(err.Error(), "could not build its engine") {
+		t.Fatalf("Run = %v, want the engine refused", err)
+	}
+	if err := checkEngine(&http.Server{}); err == nil || !strings.Contains(err.Error(), "nethttp.NewServer") {
+		t.Errorf("checkEngine(*http.Server) = %v, want an error naming nethttp.NewServer", err)
+	}
+}
+
 // An Options.Engine that panics (a Must function given a bad value, as
 // the factory of README's example may call) fails as one that returns
 // an error: it would panic again in every worker, so Run stops and says

@@ -71,8 +71,8 @@ func runWorker(ctx context.Context, opts Options) int {
 		return 1
 	}
 	eng, err := opts.Engine(w)
-	if err == nil && eng == nil {
-		err = errors.New("Options.Engine returned no engine")
+	if err == nil {
+		err = checkEngine(eng)
 	}
 	if err != nil {
 		log.Error("worker failed to start", "err", fmt.Errorf("prefork: building the engine: %w", err))
