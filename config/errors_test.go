@@ -258,7 +258,7 @@ func TestErrors(t *testing.T) {
 		{"two redis targets", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ncluster = [\"a:1\"] # <-\n", "redis: set only one of url, cluster and sentinel", 1},
 		{"sentinel without addrs", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nsentinel = { master = \"m\" } # <-\n", "redis.sentinel: needs both a master name and addresses", 0},
 		{"sentinel address", "[redis]\nsentinel = { master = \"m\", addrs = [\"s\"] } # <-\n", `redis.sentinel.addrs: address "s": want host:port`, 0},
-		{"sentinel username without a sentinel", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nsentinel_username = \"s\" # <-\n", "redis.sentinel_username: no sentinel to use it", 0},
+		{"sentinel username without a sentinel", "[redis]\nurl = \"redis://127.0.0.1:6379\"\nsentinel_username = \"s\" # <-\n", "redis.sentinel_username: no sentinel to use it: set sentinel, or drop sentinel_username and sentinel_password_file", 0},
 		{"redis username given twice", "[redis]\nurl = \"redis://u:p@127.0.0.1:6379\"\nusername = \"v\" # <-\n", `redis.username: given twice: the url names "u", and "v" is given besides`, 0},
 		{"redis timeout", "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntimeout = \"2m\" # <-\n", "redis.timeout: must be between 1ms and 1m0s, got 2m0s", 0},
 		{"redis pool size", "[redis]\nurl = \"redis://127.0.0.1:6379\"\npool_size = 10001 # <-\n", "redis.pool_size: must be between 0 and 10000, got 10001", 0},

@@ -410,7 +410,13 @@ func (r *report) owned(path []string, label string, t reflect.Type, err error) {
 	var ce *core.FieldError
 	switch {
 	case errors.As(err, &se):
-		field, msg = se.Field, se.Msg
+		// The fields its message names, as this file's keys.
+		field, msg = se.Field, se.Message(func(f string) string {
+			if keys := ownerKeys(t, f); keys != nil {
+				return strings.Join(keys, ".")
+			}
+			return f
+		})
 	case errors.As(err, &be):
 		field, msg = be.Field, be.Msg
 	case errors.As(err, &re):

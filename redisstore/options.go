@@ -120,6 +120,37 @@ type FieldError struct {
 	Field, Msg string
 	Rule       string
 	Err        error
+	// format is Msg with {Field} where it names a field besides Field,
+	// and args its values (Message); "" when it names none.
+	format string
+	args   []any
+}
+
+// Message is Msg with each field of Options it names besides Field
+// ("set only one of URL, Cluster and Sentinel") named by name(field)
+// instead: what a program that fills Options from settings of its own,
+// such as a configuration file's keys, shows its users. Field names are
+// as Field gives them ("Sentinel.Username").
+func (e *FieldError) Message(name func(field string) string) string {
+	if e.format == "" {
+		return e.Msg
+	}
+	return fmt.Sprintf(nameFields(e.format, name), e.args...)
+}
+
+// nameFields replaces each {Field} of format by name(Field).
+func nameFields(format string, name func(string) string) string {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(format, '{')
+		j := strings.IndexByte(format[i+1:], '}')
+		if i < 0 || j < 0 {
+			return b.String() + format
+		}
+		b.WriteString(format[:i])
+		b.WriteString(strings.ReplaceAll(name(format[i+1:i+1+j]), "%", "%%"))
+		format = format[i+2+j:]
+	}
 }
 
 func (e *FieldError) Error() string {
@@ -138,6 +169,13 @@ func (e *FieldError) Unwrap() error { return e.Err }
 // fieldErr is a *FieldError about field of Options.
 func fieldErr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// namedErr is fieldErr for a message that names other fields, as
+// {Field} in format (FieldError.Message).
+func namedErr(field, format string, args ...any) error {
+	self := func(f string) string { return f }
+	return &FieldError{Field: field, Msg: fmt.Sprintf(nameFields(format, self), args...), format: format, args: args}
 }
 
 // Enabled reports whether o names a Redis to use.
@@ -201,9 +239,9 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Client != nil && (o.Username != "" || o.Password != "" || o.TLS || len(o.CA) > 0):
 		return o, fieldErr("Client", "a Client brings its own username, password and TLS")
 	case o.Client == nil && n == 0:
-		return o, fieldErr("", "no Redis: set url, cluster or sentinel")
+		return o, namedErr("", "no Redis: set {URL}, {Cluster} or {Sentinel}")
 	case n > 1:
-		return o, fieldErr("", "set only one of url, cluster and sentinel")
+		return o, namedErr("", "set only one of {URL}, {Cluster} and {Sentinel}")
 	case o.Timeout < time.Millisecond || o.Timeout > time.Minute:
 		return o, fieldErr("Timeout", "must be between %v and %v, got %v", time.Millisecond, time.Minute, o.Timeout)
 	case o.PoolSize < 0 || o.PoolSize > MaxPoolSize:
@@ -270,7 +308,7 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		}
 		u.Addrs = []string{p.Addr}
 		u.DB = p.DB
-		if err := data.add("URL", "the url", seed{user: p.Username, pass: p.Password, tls: p.TLSConfig != nil}); err != nil {
+		if err := data.add("URL", "the {URL}", seed{user: p.Username, pass: p.Password, tls: p.TLSConfig != nil}); err != nil {
 			return nil, err
 		}
 	case len(o.Cluster) > 0:
@@ -280,7 +318,7 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 			if err != nil {
 				return nil, err
 			}
-			if err := data.add("Cluster", "a cluster seed", sd); err != nil {
+			if err := data.add("Cluster", "a {Cluster} seed", sd); err != nil {
 				return nil, err
 			}
 			u.Addrs = append(u.Addrs, sd.addr)
@@ -292,7 +330,7 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 			if err != nil {
 				return nil, err
 			}
-			if err := sentinel.add("Sentinel.Addrs", "a sentinel address", sd); err != nil {
+			if err := sentinel.add("Sentinel.Addrs", "a {Sentinel} address", sd); err != nil {
 				return nil, err
 			}
 			data.tls = data.tls || sd.tls // one TLS setting for the Sentinels and the master
@@ -305,7 +343,7 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		if sentinel.user == "" {
 			field = sentinel.passField
 		}
-		return nil, fieldErr(field, "no sentinel to use it: set sentinel, or drop sentinel_username and sentinel_password_file")
+		return nil, namedErr(field, "no sentinel to use it: set {Sentinel}, or drop {Sentinel.Username} and {Sentinel.Password}")
 	}
 	u.Username, u.Password = data.user, data.pass
 	switch {
@@ -321,7 +359,7 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 		// dials (tls.DialWithDialer), a Cluster node's own name included.
 		u.TLSConfig = tc
 	case len(o.CA) > 0:
-		return nil, fieldErr("CA", "a CA is given but TLS is off: set tls = true, or use rediss:// URLs")
+		return nil, namedErr("CA", "a CA is given but TLS is off: set {TLS}, or use rediss:// URLs")
 	}
 	return u, nil
 }
@@ -337,13 +375,13 @@ type credentials struct {
 }
 
 // add takes a URL's user, password and TLS (from field, what for
-// messages). A user or password given in a URL and besides is an error,
+// messages, naming fields as namedErr's format does). A user or password given in a URL and besides is an error,
 // even when the same, so that no one edits one copy and wonders why
 // nothing changed; several seed URLs may repeat theirs, but must agree.
 func (c *credentials) add(field, what string, sd seed) error {
 	if sd.user != "" {
 		if c.user != "" && !c.fromURL {
-			return fieldErr(c.userField, "given twice: %s names %q, and %q is given besides", what, sd.user, c.user)
+			return namedErr(c.userField, "given twice: "+what+" names %q, and %q is given besides", sd.user, c.user)
 		}
 		if c.user != "" && c.user != sd.user {
 			return fieldErr(field, "the seeds disagree on the username: %q and %q", c.user, sd.user)
@@ -352,7 +390,7 @@ func (c *credentials) add(field, what string, sd seed) error {
 	}
 	if sd.pass != "" {
 		if c.pass != "" && !c.fromURL {
-			return fieldErr(c.passField, "given twice: %s has a password, and another is given besides", what)
+			return namedErr(c.passField, "given twice: "+what+" has a password, and another is given besides")
 		}
 		if c.pass != "" && c.pass != sd.pass {
 			return fieldErr(field, "the seeds disagree on the password")

@@ -390,4 +390,32 @@ func TestOnUnavailableText(t *testing.T) {
 	}
 }
 
+// An error of the Go API speaks of Options' fields, never of a
+// configuration file's keys (that is package config's wording: Message
+// names each field as its caller knows it).
+func TestOptionsErrorsNameFields(t *testing.T) {
+	for _, c := range []struct {
+		o          redisstore.Options
+		want, keys string
+	}{
+		{redisstore.Options{}, "no Redis: set URL, Cluster or Sentinel", "no Redis: set url, cluster or sentinel"},
+		{redisstore.Options{URL: "redis://x:1", Cluster: []string{"a:1"}}, "set only one of URL, Cluster and Sentinel", "set only one of url, cluster and sentinel"},
+		{redisstore.Options{URL: "redis://x:1", Sentinel: redisstore.Sentinel{Username: "u"}},
+			"set Sentinel, or drop Sentinel.Username and Sentinel.Password", "set sentinel, or drop sentinel.username and sentinel.password"},
+		{redisstore.Options{URL: "redis://x:1", CA: []byte("x")}, "TLS is off: set TLS, or", "TLS is off: set tls, or"},
+		{redisstore.Options{URL: "redis://u:p@x:1", Username: "v"}, `given twice: the URL names "u"`, `given twice: the url names "u"`},
+		{redisstore.Options{Cluster: []string{"redis://u:p@x:1"}, Username: "v"}, `given twice: a Cluster seed names "u"`, `given twice: a cluster seed names "u"`},
+	} {
+		err := c.o.Validate()
+		var fe *redisstore.FieldError
+		if !errors.As(err, &fe) || !contains(fe.Msg, c.want) {
+			t.Errorf("%+v: %v, want %q", c.o, err, c.want)
+			continue
+		}
+		if got := fe.Message(strings.ToLower); !contains(got, c.keys) {
+			t.Errorf("%+v: Message(lower) = %q, want %q", c.o, got, c.keys)
+		}
+	}
+}
+
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
