@@ -7,7 +7,8 @@
 // It only translates: the rules, the answers and the headers are the
 // core's, the same for every engine.
 //
-// [Server] is the net/http engine built on it: the [server] limits and
+// [Server] is the net/http engine built on it, the one to give a prefork
+// worker (a bare *http.Server is refused there): the [server] limits and
 // the drain rule of package engine, an application handler or its own
 // forwarding to an upstream ([NewUpstream], forward.go: the fast engine's
 // rules), and with an [Edge] (package tlsedge), TLS and HTTP/2. The
