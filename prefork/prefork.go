@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"reflect"
 	"strings"
 	"time"
 
@@ -163,13 +162,17 @@ type Engine interface {
 // methods by accident. Its Shutdown closes idle connections at once and
 // sends no Connection: close, and none of the limits of Settings.Payload
 // reach it: a worker serving with it would lose the drain rule without a
-// word. (Found by its type's name: a program without net/http does not
-// link it for this.)
+// word. (It is known by methods only it has beside Engine's, so that a
+// program without net/http does not link it for this.)
 func checkEngine(eng Engine) error {
 	if eng == nil {
 		return errors.New("Options.Engine returned no engine")
 	}
-	if t := reflect.TypeOf(eng); t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "net/http" && t.Elem().Name() == "Server" {
+	if _, ok := eng.(interface {
+		RegisterOnShutdown(func())
+		SetKeepAlivesEnabled(bool)
+		ServeTLS(l net.Listener, certFile, keyFile string) error
+	}); ok {
 		return errors.New("Options.Engine returned a *http.Server, which has neither the drain rule nor the server limits: " +
 			"serve its Handler with engine/nethttp's Server (nethttp.NewServer)")
 	}
