@@ -1,0 +1,71 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// signalsConfig is two workers, the admin endpoint, a fixed-window rule of
+// 3 per hour on /u and a dump: what every test here counts with.
+func signalsConfig(t *testing.T) string {
+	dump := filepath.Join(t.TempDir(), "table.dump")
+	return strings.Replace(baseServer(2, ""), "[table]", "[admin]\nlisten = \"ADMIN_ADDR\"\n\n[table]", 1) +
+		rule("three", "/u", "fixed-window", 3, "1h") + fmt.Sprintf("\n[persist]\npath = %q\n", dump)
+}
+
+// sendU sends n requests to /u and counts the answers by status.
+func sendU(t *testing.T, d *daemon, n int) map[int]int {
+	t.Helper()
+	c := newClient(t, nil, false)
+	var rs []result
+	for range n {
+		rs = append(rs, get(c, d.url("/u")))
+	}
+	return statuses(rs)
+}
+
+// wantOneLeft restarts on cfg (the dump of a limit of 3 with 2 used) and
+// requires exactly one more request admitted.
+func wantOneLeft(t *testing.T, cfg string) {
+	t.Helper()
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	if got := sendU(t, d, 3); got[200] != 1 || got[429] != 2 {
+		t.Errorf("after the restart: %v, want exactly 1 admitted (3 - 2), then 429", got)
+	}
+	d.stop()
+}
+
+// A HUP while a reload's canary is judged supersedes that reload: the
+// canary is dropped, the newer file is rolled out, both HUPs count as
+// accepted, and the counts carry over.
+func TestHUPDuringReloadSupersedesItE2E(t *testing.T) {
+	t.Parallel()
+	cfg := signalsConfig(t)
+	slow := strings.Replace(cfg, shortCanary, `canary_window = "1m"`, 1)
+	d := startDaemon(t, daemonOptions{config: slow, admin: true})
+	if got := sendU(t, d, 2); got[200] != 2 {
+		t.Fatalf("before: %v", got)
+	}
+	from := reloadTo(d, slow+"\n# first edit\n")
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("canary ready: judging it")); !ok {
+		t.Fatal("no canary judged")
+	}
+	second := reloadTo(d, noCanary(cfg))
+	if _, _, ok := d.logs.waitFor(second, 10*time.Second, msgIs("canary superseded by a newer reload")); !ok {
+		t.Fatal("the canary was not superseded")
+	}
+	_, l, ok := d.logs.waitFor(second, 10*time.Second, msgIs("reload finished"))
+	if !ok || l.int("generation") != 2 {
+		t.Fatalf("the second reload did not finish: %v %q", ok, l.raw)
+	}
+	waitRetiredGone(t, d, second)
+	m := scrapeMetrics(t, newClient(t, nil, false), d.admin)
+	if a, r := m.samples[`preforkd_reloads_total{result="accepted"}`], m.samples[`preforkd_reloads_total{result="refused"}`]; a != 2 || r != 0 {
+		t.Errorf("reloads accepted %v, refused %v; want 2 and 0", a, r)
+	}
+	d.stop()
+	wantOneLeft(t, cfg)
+}
