@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -67,5 +68,65 @@ func TestHUPDuringReloadSupersedesItE2E(t *testing.T) {
 		t.Errorf("reloads accepted %v, refused %v; want 2 and 0", a, r)
 	}
 	d.stop()
+	wantOneLeft(t, cfg)
+}
+
+// TERM to the supervisor while the new one of a binary upgrade starts
+// abandons the upgrade: the new one is killed, this one drains and dumps,
+// as for any TERM.
+func TestStopBeforeUpgradeHandoverE2E(t *testing.T) {
+	t.Parallel()
+	cfg := signalsConfig(t)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	if got := sendU(t, d, 2); got[200] != 2 {
+		t.Fatalf("before: %v", got)
+	}
+	from, newPID := beginUpgrade(t, d)
+	d.signal(syscall.SIGTERM)
+	if code, ok := d.wait(15 * time.Second); !ok || code != 0 {
+		t.Fatalf("after TERM: exited %v, code %d", ok, code)
+	}
+	if !d.logs.waitEOF(10 * time.Second) {
+		t.Fatalf("a process of the upgrade outlived the old supervisor; log:\n%s", d.logs.text())
+	}
+	for _, msg := range []string{"upgrade abandoned: draining", "dump written"} {
+		if _, _, ok := d.logs.waitFor(from, 0, msgIs(msg)); !ok {
+			t.Errorf("no %q line", msg)
+		}
+	}
+	if syscall.Kill(newPID, 0) == nil {
+		t.Errorf("the new supervisor %d is still running", newPID)
+	}
+	wantOneLeft(t, cfg)
+}
+
+// kill -9 of the supervisor while the new one of a binary upgrade starts:
+// the new one is the main process from then on, serves, and dumps at its
+// stop.
+func TestOldSupervisorKilledDuringUpgradeE2E(t *testing.T) {
+	t.Parallel()
+	cfg := signalsConfig(t)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	if got := sendU(t, d, 2); got[200] != 2 {
+		t.Fatalf("before: %v", got)
+	}
+	from, newPID := beginUpgrade(t, d)
+	syscall.Kill(d.pid(), syscall.SIGKILL)
+	if _, ok := d.wait(5 * time.Second); !ok {
+		t.Fatal("the supervisor survived SIGKILL")
+	}
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: the old supervisor exited")); !ok {
+		t.Fatal("the new supervisor did not see the old one gone")
+	}
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("ready")); !ok {
+		t.Fatal("the new supervisor did not become ready")
+	}
+	if r := get(newClient(t, nil, false), d.url("/")); r.status != 200 {
+		t.Errorf("the new supervisor does not serve: %d %v", r.status, r.err)
+	}
+	stopPID(t, d, newPID)
+	if _, _, ok := d.logs.waitFor(from, 0, msgIs("dump written")); !ok {
+		t.Errorf("the new supervisor wrote no dump at its stop")
+	}
 	wantOneLeft(t, cfg)
 }
