@@ -132,7 +132,7 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 	log = log.With("path", o.Path)
 	fi, err := os.Stat(o.Path)
 	if errors.Is(err, fs.ErrNotExist) {
-		log.Info("persist: no dump to load")
+		noDump(o.Path, log)
 		return rep, nil
 	}
 	if err != nil {
@@ -166,6 +166,21 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 	}
 	rep.MovedTo = dest
 	return rep, nil
+}
+
+// noDump says that there is no dump at path. With a consumed one beside
+// it (PATH.loaded), the last start loaded that dump and no stop nor
+// periodic dump wrote one since: it ended without a graceful stop (kill
+// -9, a crash, a power loss) or its dump at the stop failed, and the state
+// it served is lost. A warning says so, not a first start's line.
+func noDump(path string, log *slog.Logger) {
+	loaded := path + SuffixLoaded
+	if fi, err := os.Lstat(loaded); err == nil && fi.Mode().IsRegular() {
+		log.Warn("persist: no dump to load: the last start loaded one and wrote none since (it did not stop gracefully, or its dump failed); the counts start from nothing",
+			"loaded", loaded, "dump_written", fi.ModTime().UTC().Format(time.RFC3339))
+		return
+	}
+	log.Info("persist: no dump to load")
 }
 
 // readTrusted reads the dump in the file at path (see readDump), of size

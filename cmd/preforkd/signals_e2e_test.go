@@ -130,3 +130,36 @@ func TestOldSupervisorKilledDuringUpgradeE2E(t *testing.T) {
 	}
 	wantOneLeft(t, cfg)
 }
+
+// kill -9 of a supervisor that loaded a dump, without persist.interval:
+// the dump it loaded was consumed (PATH.loaded) and none was written
+// since, so the next start has none and its counts start from nothing.
+// It says so at warn, naming the file, rather than as a first start.
+func TestKilledAfterLoadSaysTheStateIsLostE2E(t *testing.T) {
+	t.Parallel()
+	cfg := signalsConfig(t)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	if got := sendU(t, d, 2); got[200] != 2 {
+		t.Fatalf("before: %v", got)
+	}
+	d.stop()
+	d2 := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	if _, l, ok := d2.logs.waitFor(0, 0, msgIs("persist: dump loaded")); !ok {
+		t.Fatalf("no dump loaded; log:\n%s", d2.logs.text())
+	} else {
+		t.Log(l.raw)
+	}
+	syscall.Kill(d2.pid(), syscall.SIGKILL)
+	if _, ok := d2.wait(5 * time.Second); !ok {
+		t.Fatal("the supervisor survived SIGKILL")
+	}
+	d3 := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	_, l, ok := d3.logs.waitFor(0, 0, func(l logLine) bool { return strings.HasPrefix(l.msg(), "persist: no dump to load") })
+	if !ok || l.get("level") != "WARN" || !strings.HasSuffix(l.get("loaded"), ".loaded") {
+		t.Errorf("the start after the kill says %q; want a warning naming the consumed dump", l.raw)
+	}
+	if got := sendU(t, d3, 4); got[200] != 3 || got[429] != 1 {
+		t.Errorf("after the kill: %v, want the counts started from nothing (3 admitted)", got)
+	}
+	d3.stop()
+}
