@@ -3,7 +3,10 @@ package persist
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"hash/crc32"
+	"io"
+	"os"
 	"runtime"
 	"testing"
 
@@ -84,4 +87,67 @@ func TestLoadAllocation(t *testing.T) {
 			t.Errorf("%s: %d bytes allocated, refused %v", name, n, rep.Refused)
 		}
 	}
+}
+
+// FuzzReadDump feeds arbitrary files to the file reader behind Load and
+// Inspect (readDump, which decides how much of a file to read from its
+// header and frames): neither may panic, a load from the file must judge
+// it as a load of all its bytes does, and Inspect must call it loadable
+// only when that load refused nothing.
+func FuzzReadDump(f *testing.F) {
+	good := goodDump(f, "k")
+	at := offsetsOf(good)
+	f.Add(good)
+	f.Add(good[:at.countersPayload])
+	f.Add(good[:at.responses+3])
+	f.Add(append(bytes.Clone(good), make([]byte, 100)...))
+	f.Add([]byte(Magic + "\x01\x00\x00\x00\xff\xff\xff\xff"))
+	f.Add([]byte(shm.Magic))
+	path := f.TempDir() + "/dump"
+	judge := func(t *testing.T, d []byte, all bool) Report {
+		r, err := shm.CreatePrivate(shm.Options{Counters: 16, MaxWorkers: 4, Responses: 4, ResponseBytes: 1024, BlockSize: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		o := Options{Path: path, Key: "k", Rules: rules, Now: wallAt(wall0)}
+		if all {
+			rep := newReport()
+			l := &loader{r: r, o: o, log: quiet, rep: &rep}
+			if err := l.load(d); err != nil {
+				t.Fatal(err)
+			}
+			return rep
+		}
+		if err := os.WriteFile(path, d, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Load(r, o, quiet)
+		if err != nil {
+			t.Fatalf("load: %v", err)
+		}
+		return rep
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 1<<16 || bytes.HasPrefix(data, []byte(shm.Magic)) {
+			return // a live region's reader is shm's
+		}
+		for _, d := range [][]byte{data, fixChecksums(data)} {
+			if err := os.WriteFile(path, d, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ierr := Inspect(path, io.Discard)
+			if ierr != nil && !errors.Is(ierr, ErrRefused) {
+				t.Fatalf("inspect: %v", ierr)
+			}
+			whole, file := judge(t, d, true), judge(t, d, false)
+			if whole.Loaded != file.Loaded || whole.Counters != file.Counters || whole.Responses != file.Responses ||
+				whole.Cached != file.Cached || len(whole.Refused) != len(file.Refused) {
+				t.Fatalf("the file was judged otherwise than its bytes:\n file  %+v\n bytes %+v", file, whole)
+			}
+			if ierr == nil && len(file.Refused) > 0 {
+				t.Fatalf("inspect called it loadable; the load refused %v", file.Refused)
+			}
+		}
+	})
 }
