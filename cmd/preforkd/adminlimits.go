@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -38,7 +40,8 @@ var defaultAdminLimits = adminLimits{
 // for the connections of ln.
 func newAdminServer(h http.Handler, lim adminLimits, ln *cappedListener, log *slog.Logger) *http.Server {
 	return &http.Server{
-		Handler:           h,
+		Handler:           ln.bodyLeft(h),
+		ConnContext:       withCappedConn,
 		ConnState:         ln.connState,
 		ReadHeaderTimeout: lim.readHeaderTimeout,
 		ReadTimeout:       lim.readTimeout,
@@ -174,6 +177,53 @@ func (l *cappedListener) connState(c net.Conn, s http.ConnState) {
 	case http.StateActive, http.StateHijacked:
 		cc.waiting.Store(0)
 	}
+}
+
+// cappedConnKey is the context key of a request's *cappedConn.
+type cappedConnKey struct{}
+
+func withCappedConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, cappedConnKey{}, c)
+}
+
+// bodyLeft serves h, then deals with a request body h left unread (every
+// endpoint but an authorized purge ignores one): net/http reads what is
+// left of it, up to 256 KiB, before it writes the answer and again
+// before the connection serves another request, and a client that
+// declared a body and sends it a byte at a time (or never) would hold
+// its slot as a request in progress until the read timeout, so that a
+// few such clients kept every other one out. A request with a body is
+// answered with Connection: close (net/http then writes the answer at
+// once), and when h left some of the body, its connection waits on its
+// client as between two requests: a new connection may take its slot.
+func (l *cappedListener) bodyLeft(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		body := &eofBody{ReadCloser: r.Body}
+		r.Body = body
+		h.ServeHTTP(w, r)
+		if cc, ok := r.Context().Value(cappedConnKey{}).(*cappedConn); ok && !body.eof {
+			cc.waiting.Store(l.since())
+		}
+	})
+}
+
+// eofBody records whether its body was read to the end.
+type eofBody struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (b *eofBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
 }
 
 // cappedConn gives its slot back when it is closed, once.

@@ -233,3 +233,61 @@ func TestAdminAcceptErrors(t *testing.T) {
 		})
 	}
 }
+
+// A client that declares a request body and never sends it (a slow POST)
+// waits on itself once the endpoint has answered: net/http reads what is
+// left of the body to reuse the connection, but the connection holds its
+// slot as one between two requests does, so that such clients, whoever
+// sends them, cannot keep /metrics from answering.
+func TestAdminSlowBodyDoesNotHoldASlot(t *testing.T) {
+	t.Parallel()
+	lim := defaultAdminLimits
+	lim.maxConns = 2
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capped := capListener(ln, lim.maxConns, log)
+	handled := make(chan struct{}, lim.maxConns+1)
+	srv := newAdminServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+		handled <- struct{}{}
+	}), lim, capped, log)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(capped) }()
+	t.Cleanup(func() {
+		srv.Close()
+		<-served
+	})
+	dial := func() (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	var slow *bufio.Reader
+	for range lim.maxConns {
+		c, r := dial()
+		io.WriteString(c, "POST /metrics HTTP/1.1\r\nHost: admin\r\nContent-Length: 1000\r\n\r\nx")
+		<-handled
+		slow = r
+	}
+	// Answered at once, not at the read timeout (10s).
+	resp, err := http.ReadResponse(slow, nil)
+	if err != nil {
+		t.Fatalf("the answer to a request whose body is held back: %v", err)
+	}
+	resp.Body.Close()
+	c, r := dial()
+	io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: admin\r\n\r\n")
+	resp, err = http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatalf("a scrape while %d clients hold a request body back: %v", lim.maxConns, err)
+	}
+	resp.Body.Close()
+}
