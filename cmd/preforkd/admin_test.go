@@ -9,11 +9,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/prefork"
+	"github.com/preforkd/preforkd/shm"
 )
 
 // The final dump begins once the actions under way have finished, and an
@@ -97,5 +99,43 @@ func TestUpgradeDroppingTheAdminSocketKeepsItsFileUntilServing(t *testing.T) {
 	opts.OnStatus(prefork.Status{Serving: true})
 	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the socket once the new supervisor serves: %v; want it removed", err)
+	}
+}
+
+// An action's parameters are checked before it acts: one it does not
+// take (a typo) or one given twice that it takes once is a 400 naming
+// it, never an action on the first value alone or without the
+// misspelled target, answered 200.
+func TestActionParamsChecked(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := shm.CreatePrivate(shm.Options{Counters: 16, MaxWorkers: 4, Responses: 4, ResponseBytes: 1024, BlockSize: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a := &admin{log: slog.New(slog.DiscardHandler), region: r}
+	cfg := config.Config{Admin: config.Admin{TokenFile: token}}
+	a.status.Store(&prefork.Status{Settings: prefork.Settings{Config: cfg}, Serving: true})
+	mux := a.mux()
+	for _, c := range []struct{ method, target, body, names string }{
+		{http.MethodPost, "/ratelimit/login/reset?key=192.0.2.1&key=192.0.2.2", "", `\"key\"`},
+		{http.MethodGet, "/ratelimit/login?key=192.0.2.1&kye=192.0.2.2", "", `\"kye\"`},
+		{http.MethodDelete, "/idempotency?key=k&by=ip:192.0.2.1&by=ip:192.0.2.2", "", `\"by\"`},
+		{http.MethodPost, "/cache/purge?tag=a&kye=/x", "", `\"kye\"`},
+		{http.MethodPost, "/cache/purge", "tag=a&tags=b", `\"tags\"`},
+	} {
+		r := httptest.NewRequest(c.method, c.target, strings.NewReader(c.body))
+		if c.body != "" {
+			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		r.Header.Set("Authorization", "Bearer 0123456789abcdef0123")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), c.names) {
+			t.Errorf("%s %s %s: %d %s; want 400 naming %s", c.method, c.target, c.body, w.Code, w.Body.String(), c.names)
+		}
 	}
 }

@@ -2,7 +2,10 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/preforkd/preforkd/core"
@@ -75,6 +78,9 @@ func (a *admin) serveKeyReset(w http.ResponseWriter, r *http.Request) {
 // again. 404 when none is stored, 409 while its request runs.
 func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if badParams(w, q, []string{"key", "by"}, nil) {
+		return
+	}
 	key, by := q.Get("key"), q.Get("by")
 	if key == "" || by == "" {
 		writeProblem(w, http.StatusBadRequest, "Bad Request",
@@ -107,7 +113,11 @@ func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
 // with the problem.
 func (a *admin) keyAction(w http.ResponseWriter, r *http.Request,
 	op func(ctl *core.Control, rule, key string) (core.KeyState, error)) (st core.KeyState, ok bool) {
-	key := r.URL.Query().Get("key")
+	q := r.URL.Query()
+	if badParams(w, q, []string{"key"}, nil) {
+		return core.KeyState{}, false
+	}
+	key := q.Get("key")
 	if key == "" {
 		writeProblem(w, http.StatusBadRequest, "Bad Request",
 			"give ?key=: an address (ip:192.0.2.1 or 192.0.2.1), header:NAME:VALUE, cookie:NAME:VALUE, query:NAME:VALUE, path:PATH or global")
@@ -122,6 +132,32 @@ func (a *admin) keyAction(w http.ResponseWriter, r *http.Request,
 		return core.KeyState{}, false
 	}
 	return st, true
+}
+
+// badParams answers 400 and reports true when params hold a parameter
+// that is neither one of once nor one of many, or one of once more than
+// once: an action never acts on the first of two values, or without a
+// target whose name was mistyped, and answers 200 as if it had done
+// what was asked.
+func badParams(w http.ResponseWriter, params url.Values, once, many []string) bool {
+	names := make([]string, 0, len(params))
+	for name := range params {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	takes := strings.Join(append(slices.Clone(once), many...), "=, ") + "="
+	for _, name := range names {
+		switch {
+		case slices.Contains(many, name):
+		case !slices.Contains(once, name):
+			writeProblem(w, http.StatusBadRequest, "Bad Request", fmt.Sprintf("unknown parameter %q: this action takes %s", name, takes))
+			return true
+		case len(params[name]) > 1:
+			writeProblem(w, http.StatusBadRequest, "Bad Request", fmt.Sprintf("parameter %q given %d times: give it once (one action per request)", name, len(params[name])))
+			return true
+		}
+	}
+	return false
 }
 
 // keyError answers a Control error: 404 for an unknown rule, 400 for a key

@@ -20,6 +20,9 @@ func (a *admin) serveCachePurge(w http.ResponseWriter, req *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "Bad Request", "the form cannot be read: "+err.Error())
 		return
 	}
+	if badParams(w, req.Form, nil, []string{"tag", "key"}) {
+		return
+	}
 	tags, keys := req.Form["tag"], req.Form["key"]
 	if len(tags)+len(keys) == 0 {
 		writeProblem(w, http.StatusBadRequest, "Bad Request", "give tag=TAG or key=URL (each may repeat)")
