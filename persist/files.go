@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // CheckDirs reports whether the directories of o.Path and o.Live exist
@@ -41,6 +42,50 @@ func CheckDirs(o Options) error {
 		}
 	}
 	return nil
+}
+
+// CheckNames reports whether o.Path and o.Live name files that stay
+// apart: neither may be a file that persistence keeps beside the other
+// (its lock, a consumed dump, a temporary file), which the other's
+// handling would truncate, rename over or remove: a live region named
+// PATH.loaded would be replaced by the dump a load consumes, a dump named
+// LIVE.lock truncated as the live region's lock. key is the option that
+// names the other's file ("persist.path" or "persist.live"). Either ""
+// passes.
+func CheckNames(o Options) (key string, err error) {
+	if o.Path == "" || o.Live == "" {
+		return "", nil
+	}
+	path, live := absPath(o.Path), absPath(o.Live)
+	// within says which of the files kept beside a b is, or "".
+	within := func(a, b, temp string) string {
+		for _, s := range []string{lockSuffix, SuffixLoaded, SuffixRefused, SuffixSuperseded} {
+			if b == a+s {
+				return s + " file"
+			}
+		}
+		if filepath.Dir(a) == filepath.Dir(b) && strings.HasPrefix(filepath.Base(b), temp) {
+			return "temporary files' name"
+		}
+		return ""
+	}
+	switch {
+	case path == live:
+		return "persist.live", fmt.Errorf("persist: persist.live %q is persist.path", o.Live)
+	case within(path, live, filepath.Base(path)+".tmp-") != "":
+		return "persist.live", fmt.Errorf("persist: persist.live %q is persist.path's %s: name another", o.Live, within(path, live, filepath.Base(path)+".tmp-"))
+	case within(live, path, liveTempPrefix(live)) != "":
+		return "persist.path", fmt.Errorf("persist: persist.path %q is persist.live's %s: name another", o.Path, within(live, path, liveTempPrefix(live)))
+	}
+	return "", nil
+}
+
+// absPath is path made absolute (and clean), or clean when it cannot be.
+func absPath(path string) string {
+	if abs, err := filepath.Abs(path); err == nil {
+		return abs
+	}
+	return filepath.Clean(path)
 }
 
 // liveTempPrefix starts the names of the temporary files of a live region

@@ -40,6 +40,9 @@ func OpenRegion(o Options, geo shm.Options, log *slog.Logger) (r *shm.Region, lo
 		r, err = create("", o, geo)
 		return r, nil, false, err
 	}
+	if _, err := CheckNames(o); err != nil {
+		return nil, nil, false, err
+	}
 	if log == nil {
 		log = slog.Default()
 	}

@@ -7,6 +7,9 @@ import (
 	"strings"
 )
 
+// lockSuffix names the lock file beside a file persisted to: FILE.lock.
+const lockSuffix = ".lock"
+
 // ErrInUse means another supervisor holds a file this one would use.
 var ErrInUse = errors.New("persist: in use by another supervisor")
 
@@ -54,7 +57,7 @@ func (l *Lock) Holds(path string) bool {
 	if l == nil {
 		return false
 	}
-	want, err := os.Stat(path + ".lock")
+	want, err := os.Stat(path + lockSuffix)
 	if err != nil {
 		return false
 	}

@@ -12,7 +12,7 @@ import (
 // lock adds the lock of path to l, without waiting: a file another
 // process holds is an error that wraps ErrInUse and names the holder.
 func (l *Lock) lock(path string) error {
-	name := path + ".lock"
+	name := path + lockSuffix
 	// Never through a link, and only a file of this user's: in a
 	// directory others can write (/dev/shm), another user could plant a
 	// link that the truncation below would follow, or a file of theirs
@@ -56,7 +56,7 @@ func (l *Lock) lock(path string) error {
 // lock is the service user's); the start judges it.
 func lockRefusal(path string) string {
 	var st unix.Stat_t
-	if err := unix.Lstat(path+".lock", &st); err != nil {
+	if err := unix.Lstat(path+lockSuffix, &st); err != nil {
 		return ""
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {

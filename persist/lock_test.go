@@ -94,3 +94,16 @@ func TestUntrustedLockRefused(t *testing.T) {
 		})
 	}
 }
+
+// OpenRegion refuses a live region named as a file kept beside the dump
+// (or the reverse): a load would rename the consumed dump over it.
+func TestOpenRegionRefusesOverlappingNames(t *testing.T) {
+	d := filepath.Join(t.TempDir(), "dump")
+	t.Chdir(filepath.Dir(d))
+	for _, o := range []Options{{Path: d, Live: d + SuffixLoaded}, {Path: d + ".lock", Live: d}, {Path: d, Live: "./dump.lock"}} {
+		if r, _, _, err := OpenRegion(o, shm.Options{Counters: 64, MaxWorkers: 4}, quiet); err == nil {
+			r.Close()
+			t.Errorf("OpenRegion(path %s, live %s) made a region", o.Path, o.Live)
+		}
+	}
+}

@@ -32,6 +32,9 @@ func checkPersist(cfg config.Config) error {
 	if err := persist.CheckDirs(live); err != nil {
 		return &keyError{"persist.live", err}
 	}
+	if key, err := persist.CheckNames(o); err != nil {
+		return &keyError{key, err}
+	}
 	return nil
 }
 

@@ -195,3 +195,37 @@ window = "1h"
 		t.Fatalf("after restoring the refused dump: %d %v, want 429", r.status, r.err)
 	}
 }
+
+// persist.live named as one of the files persistence keeps beside
+// persist.path (its lock, a consumed dump), or the reverse, would have
+// one truncate or rename the other: a live region renamed over by the
+// consumed dump, a dump truncated as the live region's lock. run and
+// check refuse it (exit 2), naming the key, its line and the clash.
+func TestPersistFilesDoNotOverlap(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dump := filepath.Join(dir, "dump")
+	for _, tc := range []struct{ path, live, key string }{
+		{dump, dump + ".lock", "persist.live"},
+		{dump, dump + ".loaded", "persist.live"},
+		{dump, dump + ".refused", "persist.live"},
+		{dump + ".lock", dump, "persist.path"},
+	} {
+		t.Run(filepath.Base(tc.live)+"+"+filepath.Base(tc.path), func(t *testing.T) {
+			t.Parallel()
+			cfg := filepath.Join(t.TempDir(), "preforkd.toml")
+			os.WriteFile(cfg, []byte(fmt.Sprintf("[persist]\nlive = %q\npath = %q\n", tc.live, tc.path)), 0o600)
+			line := map[string]string{"persist.live": "preforkd.toml:2: ", "persist.path": "preforkd.toml:3: "}[tc.key]
+			for _, args := range [][]string{
+				{"check", "-config", cfg},
+				{"run", "-config", cfg, "-listen", freeAddr(t)},
+			} {
+				code, stdout, stderr := runBinary(t, args...)
+				if code != 2 || !strings.Contains(stderr, line+"persist: "+tc.key) || strings.Contains(stdout, "ok") {
+					t.Fatalf("preforkd %s: exit %d, want 2 naming %s at %s\nstdout: %s\nstderr: %s",
+						args[0], code, tc.key, line, stdout, stderr)
+				}
+			}
+		})
+	}
+}
