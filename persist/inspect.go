@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
+	"github.com/preforkd/preforkd/internal/smallfile"
 	"github.com/preforkd/preforkd/shm"
 )
 
@@ -282,8 +283,9 @@ func trust(fi os.FileInfo, what string) *Refusal {
 }
 
 // lockHolder describes the live region's lock file, without taking it.
+// Only a regular file is read: a FIFO there would block inspect.
 func lockHolder(path string) string {
-	b, err := os.ReadFile(path + ".lock")
+	b, err := smallfile.Read(path+lockSuffix, 64, nil)
 	if err != nil {
 		return ""
 	}

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/preforkd/preforkd/internal/smallfile"
 )
 
 // lockSuffix names the lock file beside a file persisted to: FILE.lock.
@@ -20,7 +22,7 @@ type Lock struct{ files []*os.File }
 
 // holder is the pid a lock file names, or "unknown".
 func holder(name string) string {
-	b, _ := os.ReadFile(name)
+	b, _ := smallfile.Read(name, 64, nil) // a regular file only: never blocks on a FIFO
 	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
 		return strconv.Itoa(pid)
 	}
