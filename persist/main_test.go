@@ -9,10 +9,11 @@ import (
 
 	"github.com/preforkd/preforkd/internal/proctest"
 	"github.com/preforkd/preforkd/shm"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
-	proctest.Main(map[string]proctest.Role{"orphan": orphan, "decide": decideChild})
+	proctest.Main(map[string]proctest.Role{"orphan": orphan, "decide": decideChild, "dumpfull": dumpFull})
 	code := m.Run()
 	cleanupBench()
 	os.Exit(code)
@@ -37,4 +38,23 @@ func orphan(c *proctest.Child) error {
 	}
 	time.Sleep(time.Minute) // until killed
 	return nil
+}
+
+// dumpFull dumps a fresh region to the path its spec names with a file
+// size limit of 64 bytes, less than any dump (a full disk, as the
+// process sees it), and reports the error.
+func dumpFull(c *proctest.Child) error {
+	var path string
+	if err := c.Spec(&path); err != nil {
+		return err
+	}
+	r, err := shm.CreatePrivate(shm.Options{Counters: 64, MaxWorkers: 4})
+	if err != nil {
+		return err
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: 64, Max: 64}); err != nil {
+		return err
+	}
+	_, err = Dump(r, Options{Path: path, Rules: rules})
+	return c.Say("%v", err)
 }
