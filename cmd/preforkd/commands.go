@@ -288,6 +288,9 @@ func setupRun(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.Wr
 		}
 		banner(log, v, c, abs, cfg)
 		logWarnings(log, cfg)
+		for _, w := range persistWarnings(cfg) { // read at start only
+			log.Warn("configuration: " + w)
+		}
 		// The final dump, out of descriptors, closes the admin endpoint,
 		// whose connections may hold the last ones, and tries again.
 		var closeAdmin func()
@@ -331,7 +334,7 @@ func setupCheck(fs *flag.FlagSet) func(context.Context, []string, io.Writer, io.
 		if why := adminExposure(cfg.Admin.Listen); why != "" {
 			fmt.Fprintf(stderr, "preforkd check: warning: admin.listen %q: %s, and /metrics and /status answer without a token: keep it on loopback (127.0.0.1:9901) or a unix: socket\n", cfg.Admin.Listen, why)
 		}
-		for _, w := range cfg.Warnings() {
+		for _, w := range append(cfg.Warnings(), persistWarnings(cfg)...) {
 			fmt.Fprintf(stderr, "preforkd check: warning: %s\n", w)
 		}
 		for _, n := range cfg.Notes() {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -36,6 +37,25 @@ func checkPersist(cfg config.Config) error {
 		return &keyError{key, err}
 	}
 	return nil
+}
+
+// persistWarnings says, for check and the start, which of persist.path
+// and persist.live is in a directory every user can write (/dev/shm,
+// /tmp): any of them can take a name there first (the file, its lock)
+// and keep the service from starting, or its state from being kept.
+func persistWarnings(cfg config.Config) []string {
+	var out []string
+	for _, f := range []struct{ key, path string }{{"persist.path", cfg.Persist.Path}, {"persist.live", cfg.Persist.Live}} {
+		if f.path == "" {
+			continue
+		}
+		dir := filepath.Dir(f.path)
+		if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm()&0o002 != 0 {
+			out = append(out, fmt.Sprintf("%s %q: its directory %s is writable by every user (mode %#o): any of them can take the file's name or its lock's first and keep the service from starting; use a directory of the service's own (install -d -m 0700 -o USER %s)",
+				f.key, f.path, dir, fi.Mode().Perm(), filepath.Join(dir, "preforkd")))
+		}
+	}
+	return out
 }
 
 // persistHooks wires [persist] into the supervisor: the region is made

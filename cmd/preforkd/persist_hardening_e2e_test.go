@@ -229,3 +229,21 @@ func TestPersistFilesDoNotOverlap(t *testing.T) {
 		})
 	}
 }
+
+// persist.path or persist.live in a directory every user can write
+// (/dev/shm, /tmp) is warned about by check: another user can take the
+// names there first and keep the service from starting. One of the
+// service's own is not.
+func TestPersistSharedDirWarned(t *testing.T) {
+	t.Parallel()
+	shared := filepath.Join(t.TempDir(), "shared")
+	os.Mkdir(shared, 0o700)
+	os.Chmod(shared, 0o1777)
+	own := t.TempDir()
+	cfg := filepath.Join(t.TempDir(), "preforkd.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("[persist]\npath = %q\nlive = %q\n", filepath.Join(own, "dump"), filepath.Join(shared, "region"))), 0o600)
+	code, _, stderr := runBinary(t, "check", "-config", cfg)
+	if code != 0 || !strings.Contains(stderr, "warning: persist.live") || !strings.Contains(stderr, shared) || strings.Contains(stderr, "persist.path") {
+		t.Fatalf("check: exit %d, want 0 with a warning about persist.live's directory alone\nstderr: %s", code, stderr)
+	}
+}
