@@ -136,11 +136,6 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 			return fmt.Errorf("prefork: adopting the old supervisor's files: %w", err)
 		}
 	}
-	if opts.Prepare != nil {
-		if err := opts.Prepare(region, log); err != nil {
-			return fmt.Errorf("prefork: prepare: %w", err)
-		}
-	}
 
 	lifeR, lifeW, err := os.Pipe()
 	if err != nil {
@@ -153,6 +148,14 @@ func runSupervisor(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return fmt.Errorf("prefork: locating this program's file: %w", err)
 	}
+	// Prepare last of what can fail: it may take the state a graceful stop
+	// left (persist consumes the dump), which only Finish gives back.
+	if opts.Prepare != nil {
+		if err := opts.Prepare(region, log); err != nil {
+			return fmt.Errorf("prefork: prepare: %w", err)
+		}
+	}
+
 	events := make(chan any)
 	quit := make(chan struct{})
 	env := &osEnv{
