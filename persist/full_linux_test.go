@@ -36,3 +36,30 @@ func TestDumpOnAFullDisk(t *testing.T) {
 		t.Errorf("files left beside the dump: %v", des)
 	}
 }
+
+// TestLoadUnreadableKeepsTheDump: a dump that cannot be read (here: no
+// descriptor left to open it) is an error naming the cause, and the file
+// is moved to PATH.refused unread, as it was, so that the dump written at
+// the stop (or at once, with persist.interval) does not replace the state
+// it holds.
+func TestLoadUnreadableKeepsTheDump(t *testing.T) {
+	good := goodDump(t, "k")
+	path := filepath.Join(t.TempDir(), "dump")
+	if err := os.WriteFile(path, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := proctest.Start(t, proctest.Options{Role: "loadnofd", Spec: path})
+	line, err := p.Line(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(line, "too many open files") || !strings.Contains(line, path+SuffixRefused) {
+		t.Errorf("the load's error: %q; want the cause (EMFILE) and where the dump is kept", line)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		t.Errorf("the unread dump is still at %s, where the next dump replaces it", path)
+	}
+	if got := readFile(t, path+SuffixRefused); !bytes.Equal(got, good) {
+		t.Errorf("the kept dump: %d bytes, had %d", len(got), len(good))
+	}
+}

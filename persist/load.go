@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -118,7 +119,8 @@ type Report struct {
 // The dump is then consumed: renamed to PATH.loaded (or PATH.refused when
 // no section passed its guards), and the rename fsynced, so that a later crash
 // never restores state older than itself. The error is for I/O trouble
-// (unreadable file, failed rename) and for a region that is not fresh
+// (an unreadable file, which is then moved to PATH.refused unread so that
+// no dump is written over it; a failed rename) and for a region that is not fresh
 // (shm.ErrNotEmpty, and nothing is changed); the caller logs it and
 // starts. A nil log means slog.Default().
 func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
@@ -146,7 +148,18 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 	}
 	data, size, why, err := readTrusted(o.Path)
 	if err != nil {
-		return rep, err
+		// Unread, but this service's state all the same: left at PATH,
+		// the first dump would be renamed over it. Kept aside, for the
+		// operator to load again once the cause is gone.
+		// (The directory's fsync is best effort: a rename a crash undoes
+		// leaves the dump where the next start tries it again.)
+		kept := o.Path + SuffixRefused
+		if rerr := os.Rename(o.Path, kept); rerr != nil {
+			return rep, fmt.Errorf("%w; keeping it aside failed too: %w", err, rerr)
+		}
+		_ = syncDir(filepath.Dir(kept))
+		rep.MovedTo = kept
+		return rep, fmt.Errorf("%w (the dump is kept unread as %s)", err, kept)
 	}
 	if why != "" {
 		// Not consumed: it is not this service's file to move.

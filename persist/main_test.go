@@ -13,7 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	proctest.Main(map[string]proctest.Role{"orphan": orphan, "decide": decideChild, "dumpfull": dumpFull})
+	proctest.Main(map[string]proctest.Role{"orphan": orphan, "decide": decideChild, "dumpfull": dumpFull, "loadnofd": loadNoFD})
 	code := m.Run()
 	cleanupBench()
 	os.Exit(code)
@@ -56,5 +56,35 @@ func dumpFull(c *proctest.Child) error {
 		return err
 	}
 	_, err = Dump(r, Options{Path: path, Rules: rules})
+	return c.Say("%v", err)
+}
+
+// loadNoFD loads the dump at the path its spec names into a fresh region
+// once no file can be opened (the descriptors are used up: an I/O error
+// as the process sees it), and reports the error.
+func loadNoFD(c *proctest.Child) error {
+	var path string
+	if err := c.Spec(&path); err != nil {
+		return err
+	}
+	r, err := shm.CreatePrivate(shm.Options{Counters: 64, MaxWorkers: 4})
+	if err != nil {
+		return err
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 64, Max: 64}); err != nil {
+		return err
+	}
+	var held []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		held = append(held, f)
+	}
+	_, err = Load(r, Options{Path: path, Rules: rules}, quiet)
+	for _, f := range held {
+		f.Close()
+	}
 	return c.Say("%v", err)
 }
