@@ -139,3 +139,33 @@ func TestConnectionAwaitingItsBodyIsWriting(t *testing.T) {
 		waitConns(t, region, "closed", connCounts{0, 0, 0, 1, 0})
 	})
 }
+
+// An upgraded connection is counted as writing while its tunnel is open,
+// on every engine, TLS listeners included, as nginx's stub_status counts
+// it; it leaves the counts when its tunnel ends. (The net/http engine
+// once dropped it from the counts at the hijack: a drain cut with
+// tunnels open then logged that it cut no connection.)
+func TestConnectionStatesOfATunnel(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.Flush()
+			io.Copy(c, c)
+			c.Close()
+		})
+		region, c := countedCore(t)
+		addr := e.serve(t, storyOptions{Core: c, Upstream: up.URL()}).Addr
+		conn, br := dial(t, addr)
+		if resp := roundTripHead(t, conn, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		io.WriteString(conn, "ping")
+		if b := make([]byte, 4); func() error { _, err := io.ReadFull(br, b); return err }() != nil {
+			t.Fatal("nothing came through the tunnel")
+		}
+		waitConns(t, region, "a tunnel open", connCounts{0, 1, 0, 1, 0})
+		conn.Close()
+		waitConns(t, region, "the tunnel ended", connCounts{0, 0, 0, 1, 0})
+	})
+}

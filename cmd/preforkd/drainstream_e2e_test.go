@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -169,5 +170,96 @@ func checkDrainOutcomes(t *testing.T, lines []logLine, held int) {
 		case pid != held && l.msg() != "worker drained":
 			t.Errorf("worker %d with nothing open: %q, want \"worker drained\"", pid, l.msg())
 		}
+	}
+}
+
+// tunnelUpstream answers 101 to an upgrade request and echoes the
+// tunnel's bytes until the engine closes its side; any other request
+// gets 200.
+func tunnelUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				if req.Header.Get("Upgrade") == "" {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+				io.Copy(c, br)
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// A drain with a tunnel open (a WebSocket nobody ends) is cut at
+// shutdown_timeout on every engine, and its line counts the tunnel among
+// the connections it cut: the TLS listeners once dropped an upgraded
+// connection from the counts and logged connections=0.
+func TestDrainTimeoutWithTunnelE2E(t *testing.T) {
+	for _, e := range []string{"loop", "fasthttp", "tls"} {
+		t.Run(e, parallel(func(t *testing.T) {
+			cfg := strings.Replace(noCanary(baseServer(1, fmt.Sprintf("upstream = %q\n", tunnelUpstream(t)))),
+				`shutdown_timeout = "10s"`, `shutdown_timeout = "1s"`, 1)
+			var d *daemon
+			var conn net.Conn
+			var err error
+			switch e {
+			case "tls":
+				ca, dir := tlstest.NewCA(t), t.TempDir()
+				cert, key := ca.Files(t, dir, "a", "a.example")
+				d = startDaemon(t, daemonOptions{config: cfg + fmt.Sprintf("\n[tls]\n[[tls.certificate]]\ncert = %q\nkey = %q\n", cert, key)})
+				conn, err = tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", d.addr,
+					&tls.Config{ServerName: "a.example", RootCAs: ca.Pool, NextProtos: []string{"http/1.1"}})
+			case "fasthttp":
+				d = startDaemon(t, daemonOptions{config: strings.Replace(cfg, "[table]", "engine = \"fasthttp\"\n[table]", 1)})
+				conn, err = net.DialTimeout("tcp", d.addr, 5*time.Second)
+			default:
+				d = startDaemon(t, daemonOptions{config: cfg})
+				conn, err = net.DialTimeout("tcp", d.addr, 5*time.Second)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(30 * time.Second))
+			fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			br := bufio.NewReader(conn)
+			if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("upgrade: %v %v", resp, err)
+			}
+			io.WriteString(conn, "ping")
+			if _, err := io.ReadFull(br, make([]byte, 4)); err != nil {
+				t.Fatalf("through the tunnel: %v", err)
+			}
+			held := d.workerPIDs()[0]
+			d.signal(syscall.SIGTERM)
+			go io.Copy(io.Discard, br)
+			code, ok := d.wait(25 * time.Second)
+			d.logs.waitEOF(5 * time.Second)
+			if !ok || code != 0 {
+				t.Errorf("supervisor after TERM: exited=%v code=%d", ok, code)
+			}
+			checkDrainOutcomes(t, d.logs.snapshot(), held)
+			if t.Failed() {
+				t.Logf("log:\n%s", d.logs.text())
+			}
+		}))
 	}
 }

@@ -514,8 +514,8 @@ func (lw *limitWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return hc, brw, nil
 }
 
-// hijackedConn is an upgraded connection: it leaves the Server's set when
-// closed.
+// hijackedConn is an upgraded connection: it leaves the Server's set,
+// and the worker's connection counts, when closed.
 type hijackedConn struct {
 	net.Conn
 	s *Server
@@ -523,8 +523,12 @@ type hijackedConn struct {
 
 func (c *hijackedConn) Close() error {
 	c.s.hjMu.Lock()
+	_, open := c.s.hijacked[c]
 	delete(c.s.hijacked, c)
 	c.s.hjMu.Unlock()
+	if open {
+		c.s.conns.cm.Move(metrics.ConnWriting, metrics.ConnClosed)
+	}
 	return c.Conn.Close()
 }
 
@@ -541,7 +545,7 @@ func (s *Server) closeHijacked() {
 	s.hjMu.Lock()
 	cs := make([]net.Conn, 0, len(s.hijacked))
 	for c := range s.hijacked {
-		cs = append(cs, c.Conn)
+		cs = append(cs, c)
 	}
 	s.hjMu.Unlock()
 	for _, c := range cs {
@@ -626,6 +630,11 @@ func (c *connTracker) track(conn net.Conn, st http.ConnState, h2 bool) {
 		}
 	case http.StateIdle:
 		metric = metrics.ConnIdle
+	case http.StateHijacked:
+		// An upgraded connection is writing until its tunnel closes it
+		// (hijackedConn), as on the other engines: not gone from the
+		// counts, nor from a cut drain's.
+		metric = metrics.ConnWriting
 	}
 	c.cm.Move(old.metric, metric)
 	switch st {
