@@ -890,6 +890,42 @@ func TestUpgradeWithALongBodyRefused(t *testing.T) {
 	})
 }
 
+// An upgrade request whose body ends within the read-ahead (64 KiB, that
+// bound included) is forwarded with it, on every engine, as nginx reads
+// a body before it forwards the request: the upstream gets the body,
+// then the tunnel carries what the client sends after it. (The net/http
+// engine once refused a body of exactly 64 KiB as longer than that.)
+func TestUpgradeWithABodyForwarded(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{5, 64 << 10} {
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+				w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+				w.Flush()
+				io.Copy(c, c)
+				c.Close()
+			})
+			r := e.serve(t, storyOptions{Upstream: up.URL()})
+			c, br := dial(t, r.Addr)
+			go func() {
+				fmt.Fprintf(c, "POST /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: %d\r\n\r\n", n)
+				io.Copy(c, wiretest.Pattern(int64(n)))
+			}()
+			if resp := readHead(t, br, "POST"); resp.StatusCode != 101 {
+				t.Fatalf("an upgrade with a %d-byte body: %d, want the upstream's 101", n, resp.StatusCode)
+			}
+			io.WriteString(c, "ping")
+			c.(*net.TCPConn).CloseWrite()
+			if got, err := io.ReadAll(br); err != nil || string(got) != "ping" {
+				t.Errorf("through the tunnel after a %d-byte body: %q, %v", n, got, err)
+			}
+			if seen := up.Requests(); len(seen) != 1 || len(seen[0].Body) != n || !seen[0].BodyOK {
+				t.Errorf("the upstream saw %d requests, want one with the %d-byte body", len(seen), n)
+			}
+		})
+	}
+}
+
 // The application's reset header on a 101 does what it does on any
 // response, on every engine: it resets the rules it names for the
 // request's key, and never reaches the client.

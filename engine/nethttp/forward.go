@@ -235,6 +235,9 @@ func readAhead(r *http.Request, req *request) (aheadBody, error) {
 	}
 	bp := aheadPool.Get().(*[]byte)
 	n, err := io.ReadFull(r.Body, *bp)
+	if err == nil && r.ContentLength == int64(n) {
+		err = io.EOF // the declared length fills the buffer: the body is whole, as on the other engines
+	}
 	switch {
 	case err == io.EOF || err == io.ErrUnexpectedEOF:
 		if r.ContentLength > 0 && int64(n) != r.ContentLength {
