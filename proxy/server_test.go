@@ -926,6 +926,49 @@ func TestUpgradeWithABodyForwarded(t *testing.T) {
 	}
 }
 
+// A 101 has no body (RFC 9110 §15.2: a 1xx ends at its head): what the
+// application sends after the head is the tunnel's, whatever a
+// Content-Length or Transfer-Encoding in it says, and that field is not
+// passed on (§8.6, §6.1: neither is sent in a 1xx), on every engine. nginx
+// also sends on what follows a 101's head as the tunnel's first bytes.
+func TestUpgradeSwitchBodyIsTheTunnels(t *testing.T) {
+	t.Parallel()
+	for _, field := range []string{"Content-Length: 5", "Content-Length: 0", "Transfer-Encoding: chunked"} {
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+				w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n" + field + "\r\n\r\nhello")
+				w.Flush()
+				io.Copy(c, c)
+				c.Close()
+			})
+			r := e.serve(t, storyOptions{Upstream: up.URL()})
+			c, br := dial(t, r.Addr)
+			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			tp := textproto.NewReader(br)
+			status, err := tp.ReadLine()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := tp.ReadMIMEHeader()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(status, "HTTP/1.1 101 ") || h.Get("Content-Length") != "" || h.Get("Transfer-Encoding") != "" {
+				t.Fatalf("%s: the client got %q %v, want the 101 without the field", field, status, h)
+			}
+			if b := make([]byte, 5); func() error { _, err := io.ReadFull(br, b); return err }() != nil || string(b) != "hello" {
+				t.Fatalf("%s: the tunnel's first bytes %q, want the application's hello", field, b)
+			}
+			io.WriteString(c, "ping")
+			c.(*net.TCPConn).CloseWrite()
+			if got, err := io.ReadAll(br); err != nil || string(got) != "ping" {
+				t.Errorf("%s: through the tunnel %q, %v", field, got, err)
+			}
+		})
+	}
+}
+
 // The application's reset header on a 101 does what it does on any
 // response, on every engine: it resets the rules it names for the
 // request's key, and never reaches the client.
