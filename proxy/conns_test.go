@@ -147,6 +147,14 @@ func TestConnectionAwaitingItsBodyIsWriting(t *testing.T) {
 // tunnels open then logged that it cut no connection.)
 func TestConnectionStatesOfATunnel(t *testing.T) {
 	t.Parallel()
+	for _, reset := range []bool{false, true} {
+		testConnectionStatesOfATunnel(t, reset)
+	}
+}
+
+// testConnectionStatesOfATunnel ends the tunnel by the client's close, or
+// its reset.
+func testConnectionStatesOfATunnel(t *testing.T, reset bool) {
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
@@ -165,6 +173,9 @@ func TestConnectionStatesOfATunnel(t *testing.T) {
 			t.Fatal("nothing came through the tunnel")
 		}
 		waitConns(t, region, "a tunnel open", connCounts{0, 1, 0, 1, 0})
+		if reset {
+			conn.(*net.TCPConn).SetLinger(0)
+		}
 		conn.Close()
 		waitConns(t, region, "the tunnel ended", connCounts{0, 0, 0, 1, 0})
 	})

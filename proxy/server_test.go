@@ -569,6 +569,42 @@ func TestMaxConnections(t *testing.T) {
 	})
 }
 
+// An upgraded connection counts against max_connections until its tunnel
+// ends, on every engine (a tunnel is a connection, as nginx counts it
+// against worker_connections): with a bound of one, a tunnel open keeps
+// the next connection waiting, and it is served once the tunnel ends.
+func TestMaxConnectionsCountsTunnels(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if len(req.Field("Upgrade")) == 0 {
+				w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				return
+			}
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.Flush()
+			io.Copy(c, c)
+			c.Close()
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: 1}})
+		c, br := dial(t, r.Addr)
+		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		c2, br2 := dial(t, r.Addr)
+		io.WriteString(c2, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		c2.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := br2.ReadByte(); err == nil {
+			t.Fatal("a second connection was served while a tunnel held the one allowed")
+		}
+		c.Close()
+		c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if resp, _ := readResponse(t, br2, "GET"); resp.StatusCode != 200 {
+			t.Errorf("once the tunnel ended: %d", resp.StatusCode)
+		}
+	})
+}
+
 // TestSlowloris opens many connections that send a partial header and
 // nothing more: each is cut at the header timeout, and the server never
 // holds more than MaxConnections.
