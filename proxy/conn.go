@@ -65,7 +65,8 @@ type conn struct {
 	reads       atomic.Uint64
 	readsAtDone uint64
 
-	mu        sync.Mutex // guards state, metric, served and idleSince against Shutdown
+	mu        sync.Mutex // guards state, metric, served, idleSince and switching against Shutdown
+	switching io.Closer  // the upstream's connection of a 101 not yet handed to its tunnel
 	state     connState
 	metric    metrics.ConnState // the state the worker's row counts it in
 	served    int               // requests begun on this connection
@@ -158,6 +159,14 @@ func (c *conn) CloseWrite() error {
 // writeOnly hides its writer's ReadFrom from io.CopyBuffer.
 type writeOnly struct{ io.Writer }
 
+// switch101 makes up the upstream connection c closes with it, until the
+// tunnel takes it (nil).
+func (c *conn) switch101(up io.Closer) {
+	c.mu.Lock()
+	c.switching = up
+	c.mu.Unlock()
+}
+
 // Close closes the connection once and forgets it.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
@@ -174,7 +183,13 @@ func (c *conn) Close() error {
 		}
 		c.mu.Lock()
 		c.setMetric(metrics.ConnClosed)
+		up := c.switching
+		c.switching = nil
 		c.mu.Unlock()
+		if up != nil {
+			// fasthttp could not send the 101, and never ran the tunnel.
+			up.Close()
+		}
 		// Forgotten before the close frees its slot: the next connection
 		// the slot lets in is never counted beside it (Stats().Open).
 		c.s.forget(c)

@@ -131,8 +131,13 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 		// and then close under it (and leave the upstream's open).
 		resp.Header.ResetConnectionClose()
 		resp.Header.Set("Connection", engine.SwitchedConnection)
+		// fasthttp runs the tunnel only once the 101 is written: until
+		// then the client's connection holds the upstream's, and closes
+		// it if it closes first (the 101 could not be sent).
 		c := r.c
+		c.switch101(uc.Conn)
 		r.ctx.Hijack(func(client net.Conn) {
+			c.switch101(nil)
 			engine.Tunnel(c, client, uc.Conn, uc.Buf, s.opts.Client.Timeout, s.opts.SendTimeout)
 		})
 		s.finish(r, ex, nil)

@@ -899,6 +899,44 @@ func TestUpgradeClientThatNeverReadsIsCut(t *testing.T) {
 	})
 }
 
+// A client that resets its connection after an upgrade request, before
+// the upstream's 101 comes, has the upstream's connection closed once the
+// 101 cannot be sent, on every engine: no tunnel starts, and nothing is
+// left open (fasthttp once skipped the tunnel when it could not write
+// the 101, and the upstream's connection stayed open for good, whatever
+// upstream_timeout said).
+func TestUpgradeClientGoneBeforeTheSwitch(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		upEnded := make(chan error, 1)
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			time.Sleep(200 * time.Millisecond) // the client is gone by then
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello")
+			w.Flush()
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err := io.Copy(io.Discard, c)
+			upEnded <- err
+		})
+		region, c := countedCore(t)
+		r := e.serve(t, storyOptions{Core: c, Upstream: up.URL(), Client: engine.Upstream{Timeout: time.Minute}})
+		conn, _ := dial(t, r.Addr)
+		io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		time.Sleep(50 * time.Millisecond)
+		conn.(*net.TCPConn).SetLinger(0)
+		conn.Close()
+		select {
+		case err := <-upEnded:
+			var te interface{ Timeout() bool }
+			if errors.As(err, &te) && te.Timeout() {
+				t.Errorf("the upstream's connection was left open after its 101 found the client gone: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the upstream never ended")
+		}
+		waitConns(t, region, "the client gone", connCounts{0, 0, 0, 1, 0})
+	})
+}
+
 // An upgrade request whose body is longer than what is read ahead is
 // refused 400 and never forwarded, on every engine: past the request,
 // the connection's bytes are the tunnel's, and a body streamed to the
