@@ -448,7 +448,9 @@ func (s *Server) done(r *request) {
 	if s.opts.OnResponse != nil {
 		s.opts.OnResponse(r.ctx.Response.StatusCode())
 	}
-	if s.draining.Load() {
+	if s.draining.Load() && !r.ctx.Hijacked() {
+		// Not a 101's: its connection is the tunnel's, which the drain
+		// waits for; fasthttp would send it and close, never tunnelling.
 		r.ctx.SetConnectionClose()
 	}
 	r.body.release()

@@ -937,6 +937,62 @@ func TestUpgradeClientGoneBeforeTheSwitch(t *testing.T) {
 	})
 }
 
+// A 101 that comes while the server drains still switches, on every
+// engine: the client gets Connection: Upgrade, not close, and the tunnel
+// carries its bytes until it ends, which the drain waits for (within its
+// deadline), as nginx lets an upgraded connection run until
+// worker_shutdown_timeout. (fasthttp once added close to the 101 of a
+// drain, and so told the client protocols switched on a connection it
+// then closed.)
+func TestUpgradeSwitchedDuringADrain(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		asked := make(chan struct{})
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			close(asked)
+			time.Sleep(200 * time.Millisecond) // the drain begins meanwhile
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.Flush()
+			io.Copy(c, c)
+			c.Close()
+		})
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		<-asked
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		drained := make(chan struct{})
+		go func() { r.Shutdown(ctx); close(drained) }()
+		tp := textproto.NewReader(br)
+		status, err := tp.ReadLine()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := tp.ReadMIMEHeader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(status, "HTTP/1.1 101 ") || httpfield.HasToken(h["Connection"], "close") {
+			t.Fatalf("the 101 of a drain: %q %v, want it without close", status, h)
+		}
+		io.WriteString(c, "ping")
+		if b := make([]byte, 4); func() error { _, err := io.ReadFull(br, b); return err }() != nil || string(b) != "ping" {
+			t.Fatalf("the tunnel of a drain carried %q", b)
+		}
+		c.(*net.TCPConn).CloseWrite()
+		if got, err := io.ReadAll(br); err != nil || len(got) != 0 {
+			t.Errorf("the tunnel's end: %q, %v", got, err)
+		}
+		select {
+		case <-drained:
+		case <-time.After(5 * time.Second):
+			t.Error("the drain did not end with the tunnel")
+		}
+	})
+}
+
 // An upgrade request whose body is longer than what is read ahead is
 // refused 400 and never forwarded, on every engine: past the request,
 // the connection's bytes are the tunnel's, and a body streamed to the
