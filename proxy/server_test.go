@@ -1122,6 +1122,47 @@ func TestUpgradeResetHeader(t *testing.T) {
 	})
 }
 
+// The rules decide an upgrade request as any request, on every engine:
+// counted once (its tunnel's end counts nothing more), refused ones
+// never reach the upstream; an idempotency key's 101 is kept, never
+// replayed (what the tunnel carried is unknown), so the key's retry is
+// refused 409, and not forwarded either.
+func TestUpgradeDecidedByTheRules(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.Flush()
+			io.Copy(c, c)
+			c.Close()
+		})
+		c := configCore(t, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"ws\"\npath = \"/ws\"\nlimit = 2\nwindow = \"1h\"\n"+
+			"[[idempotency]]\npath = \"/ws\"\nmax_body = \"4KiB\"\n", nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		const ask = "POST /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\nIdempotency-Key: k1\r\nContent-Length: 0\r\n\r\n"
+		for i, want := range []struct {
+			status    int
+			remaining string
+		}{{101, "1"}, {409, "0"}, {429, "0"}} {
+			conn, br := dial(t, r.Addr)
+			resp := roundTripHead(t, conn, br, ask)
+			if resp.StatusCode != want.status || resp.Header.Get("X-Ratelimit-Remaining") != want.remaining {
+				t.Errorf("upgrade %d: %d, %q left; want %d, %q left", i+1, resp.StatusCode, resp.Header.Get("X-Ratelimit-Remaining"), want.status, want.remaining)
+			}
+			if resp.StatusCode == 101 {
+				// The tunnel ends before the next request: its end is not
+				// counted again.
+				conn.(*net.TCPConn).CloseWrite()
+				io.ReadAll(br)
+			}
+			conn.Close()
+		}
+		if seen := up.Requests(); len(seen) != 1 {
+			t.Errorf("the upstream saw %d upgrade requests, want the first only", len(seen))
+		}
+	})
+}
+
 // An upgrade request is the upstream's to grant: a response the cache
 // holds for its URL is never the answer (nginx operators write
 // proxy_cache_bypass $http_upgrade for it), on every engine.
