@@ -263,3 +263,41 @@ func TestDrainTimeoutWithTunnelE2E(t *testing.T) {
 		}))
 	}
 }
+
+// On a TLS listener an upgraded connection is counted as writing while
+// its tunnel is open and leaves the counts when it ends, as on the
+// cleartext engines: the /metrics page says so.
+func TestTunnelCountedOnTLSE2E(t *testing.T) {
+	t.Parallel()
+	ca, dir := tlstest.NewCA(t), t.TempDir()
+	cert, key := ca.Files(t, dir, "a", "a.example")
+	cfg := noCanary(baseServer(1, fmt.Sprintf("upstream = %q\n", tunnelUpstream(t)))) + adminSection +
+		fmt.Sprintf("\n[tls]\n[[tls.certificate]]\ncert = %q\nkey = %q\n", cert, key)
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	admin := newClient(t, nil, true)
+	writing := func(want float64) {
+		t.Helper()
+		var got float64
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if got = scrapeMetrics(t, admin, d.admin).samples[`preforkd_connections{state="writing"}`]; got == want {
+				return
+			}
+		}
+		t.Fatalf("connections writing: %v, want %v", got, want)
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", d.addr,
+		&tls.Config{ServerName: "a.example", RootCAs: ca.Pool, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	writing(1)
+	conn.Close()
+	writing(0)
+}
