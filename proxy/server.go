@@ -105,6 +105,12 @@ func New(opts Options) (*Server, error) {
 // fasthttp waits for the first byte of its body (MaxRequestBodySize):
 // from here the body timeout applies.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if h.ConnectionClose() && h.IsHTTP11() && h.Peek(fasthttp.HeaderUpgrade) != nil {
+		// fasthttp takes the close of a request it sees now for its
+		// connection, and would never run the tunnel of a 101 to it
+		// (nginx tunnels it): done closes after any other answer.
+		h.ResetConnectionClose()
+	}
 	if n := h.ContentLength(); n > 0 || n == -1 {
 		expectAnyCase(h)
 		return fasthttp.RequestConfig{ReadTimeout: s.opts.ClientBodyTimeout}
@@ -137,6 +143,24 @@ func expectAnyCase(h *fasthttp.RequestHeader) {
 			return
 		}
 	}
+}
+
+// upgradeSaidClose reports whether h is a request whose close
+// headerReceived took from fasthttp: HTTP/1.1 with an Upgrade field and
+// close among its Connection options.
+func upgradeSaidClose(h *fasthttp.RequestHeader) bool {
+	if !h.IsHTTP11() || h.Peek(fasthttp.HeaderUpgrade) == nil {
+		return false
+	}
+	said := false
+	for raw := h.RawHeaders(); len(raw) > 0 && !said; {
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, strLF)
+		if name, value, ok := bytes.Cut(line, strColon); ok && engine.EqualFold(name, "connection") {
+			engine.EachToken(bytes.TrimSpace(value), func(t []byte) { said = said || engine.EqualFold(t, "close") })
+		}
+	}
+	return said
 }
 
 var (
@@ -448,7 +472,7 @@ func (s *Server) done(r *request) {
 	if s.opts.OnResponse != nil {
 		s.opts.OnResponse(r.ctx.Response.StatusCode())
 	}
-	if s.draining.Load() && !r.ctx.Hijacked() {
+	if !r.ctx.Hijacked() && (s.draining.Load() || upgradeSaidClose(&r.ctx.Request.Header)) {
 		// Not a 101's: its connection is the tunnel's, which the drain
 		// waits for; fasthttp would send it and close, never tunnelling.
 		r.ctx.SetConnectionClose()

@@ -728,6 +728,62 @@ func TestUpgradeWhateverTheHeadSaysOfReuse(t *testing.T) {
 	}
 }
 
+// A request that asks for an upgrade and also says close is tunnelled
+// once the application answers 101, on every engine, as nginx tunnels it:
+// close is for an HTTP exchange that does not come, and the client is
+// told Connection: Upgrade alone. Any other answer closes the connection
+// after it, as the client asked. (fasthttp once sent such a client the
+// 101 with Connection: close too, and closed the connection under it.)
+func TestUpgradeRequestThatSaysClose(t *testing.T) {
+	t.Parallel()
+	for _, conn := range []string{"Connection: close, Upgrade\r\n", "Connection: Upgrade\r\nConnection: close\r\n"} {
+		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+				if req.Req.URL.Path != "/ws" {
+					w.WriteString("HTTP/1.1 426 Upgrade Required\r\nContent-Length: 2\r\n\r\nno")
+					return
+				}
+				w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+				w.Flush()
+				io.Copy(c, c)
+				c.Close()
+			})
+			r := e.serve(t, storyOptions{Upstream: up.URL()})
+			c, br := dial(t, r.Addr)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\n"+conn+"Upgrade: echo\r\n\r\n")
+			tp := textproto.NewReader(br)
+			status, err := tp.ReadLine()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := tp.ReadMIMEHeader()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(status, "HTTP/1.1 101 ") || httpfield.HasToken(h["Connection"], "close") {
+				t.Fatalf("%q: the client got %q %v, want a 101 without close", conn, status, h)
+			}
+			io.WriteString(c, "ping")
+			c.(*net.TCPConn).CloseWrite()
+			if got, err := io.ReadAll(br); err != nil || string(got) != "ping" {
+				t.Errorf("%q: through the tunnel %q, %v", conn, got, err)
+			}
+
+			// Refused, the request's close is honoured.
+			c, br = dial(t, r.Addr)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			resp, _ := roundTrip(t, c, br, "GET /refused HTTP/1.1\r\nHost: a\r\n"+conn+"Upgrade: echo\r\n\r\n")
+			if resp.StatusCode != 426 || !resp.Close {
+				t.Errorf("%q: a refused upgrade: %d, close %v; want 426 and the connection closed", conn, resp.StatusCode, resp.Close)
+			}
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Errorf("%q: after a refused upgrade that said close: %v, want the connection closed", conn, err)
+			}
+		})
+	}
+}
+
 // The upstream's half-close is passed on as the client's, on every
 // engine: the client still sends, and the upstream still reads.
 func TestUpgradeUpstreamHalfClose(t *testing.T) {
