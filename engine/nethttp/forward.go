@@ -20,6 +20,7 @@ import (
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/internal/httpfield"
 	"github.com/preforkd/preforkd/internal/upconn"
+	"github.com/preforkd/preforkd/route"
 )
 
 // Forwarding: the net/http engine's own way to one upstream, for what the
@@ -780,10 +781,16 @@ func staleConn(err error) bool {
 // the path's checks do not read the query, where the upstream may take
 // it for a fragment) and an HTTP/2 :path with a space (400: an HTTP/1.1
 // request line cannot carry it, and written into the upstream's it would
-// end the target there), each closing the connection; OPTIONS * is
+// end the target there), an HTTP/2 :method that is not a token (400: it
+// would be the upstream's request line's first word, and a space in it
+// another target), each closing the connection; OPTIONS * is
 // answered here (200, with Allow). It reports whether it answered.
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
 	switch {
+	case !route.IsToken(r.Method):
+		// net/http refuses such an HTTP/1 request line itself; x/net's
+		// HTTP/2 server takes any :method without a control character.
+		return writeOwnProblem(w, r, engine.ErrLine.Status, "the request method is not a token"), true
 	case strings.IndexByte(r.RequestURI, '#') >= 0:
 		return writeOwnProblem(w, r, engine.ErrTarget.Status, engine.ErrTarget.Detail), true
 	case strings.IndexByte(r.RequestURI, ' ') >= 0:

@@ -201,3 +201,28 @@ func TestHTTP2SchemeIsTheConnections(t *testing.T) {
 		t.Errorf(":scheme https: %q %q, want 200 and the upstream told https", status, body)
 	}
 }
+
+// A :method is a token (RFC 9110 §9.1), as an HTTP/1.1 request line's
+// first word; HTTP/2 lets its value hold spaces and tabs. Written into the
+// upstream's request line, "GET /admin?" makes "GET /admin? /p HTTP/1.1":
+// a request line the upstream reads as another target than the one the
+// rules saw, or not at all (a 502 for the client's error). It is refused
+// (400), as the other engines refuse such a request line, and never
+// forwarded.
+func TestHTTP2MethodNotATokenIsRefused(t *testing.T) {
+	up := wiretest.StartUpstream(t, nil)
+	addr, conf, _ := tlsServer(t, up.URL())
+	for _, m := range []string{"GE T", "GET /admin?", "GET\t", "G\"T", "GET,"} {
+		status, body := h2Request(t, addr, conf, ":method", m, ":scheme", "https", ":authority", "a.example", ":path", "/p")
+		if status != "400" {
+			t.Errorf(":method %q: %q %q, want 400", m, status, body)
+		}
+	}
+	if seen := up.Requests(); len(seen) != 0 {
+		t.Errorf("the upstream got %q", seen[0].Line)
+	}
+	// A method the server does not know, but a token, is forwarded.
+	if status, body := h2Request(t, addr, conf, ":method", "PROPFIND", ":scheme", "https", ":authority", "a.example", ":path", "/p"); status != "200" {
+		t.Errorf("PROPFIND: %q %q, want 200", status, body)
+	}
+}
