@@ -783,9 +783,15 @@ func staleConn(err error) bool {
 // request line cannot carry it, and written into the upstream's it would
 // end the target there), an HTTP/2 :method that is not a token (400: it
 // would be the upstream's request line's first word, and a space in it
-// another target), each closing the connection; OPTIONS * is
+// another target), an HTTP/2 request whose content-length disagrees with
+// its DATA (400: h2Length), each closing the connection; OPTIONS * is
 // answered here (200, with Allow). It reports whether it answered.
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
+	if r.ProtoMajor == 2 {
+		if b := h2Length(r); b != nil {
+			return writeOwnProblem(w, r, b.Status, b.Detail), true
+		}
+	}
 	switch {
 	case !route.IsToken(r.Method):
 		// net/http refuses such an HTTP/1 request line itself; x/net's
@@ -824,6 +830,27 @@ func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, an
 		return writeOwnProblem(w, r, http.StatusBadRequest, "the request target is not an absolute path"), true
 	}
 	return 0, false
+}
+
+// h2Length is the refusal of an HTTP/2 request's content-length that
+// x/net's server lets through, nil for none. It resets a stream whose
+// DATA run past the first content-length or end short of it, but takes
+// the length of a stream ended with its headers for 0 and a length that
+// is no number for 0, and reads no second one: each such request is
+// malformed (RFC 9113 §8.1.1), and forwarded it would carry a length of
+// the forwarder's own that the rules did not see.
+func h2Length(r *http.Request) *engine.BadRequest {
+	vs := r.Header["Content-Length"]
+	switch {
+	case len(vs) == 0:
+		return nil
+	case len(vs) > 1:
+		return engine.ErrTwoLengths
+	}
+	if n, err := strconv.ParseUint(vs[0], 10, 63); err != nil || int64(n) != r.ContentLength {
+		return engine.ErrLength
+	}
+	return nil
 }
 
 // writeOwnProblem writes a problem of the server's own, closing an

@@ -226,3 +226,95 @@ func TestHTTP2MethodNotATokenIsRefused(t *testing.T) {
 		t.Errorf("PROPFIND: %q %q, want 200", status, body)
 	}
 }
+
+// An HTTP/2 request whose content-length disagrees with its DATA is
+// malformed (RFC 9113 §8.1.1). x/net's server resets a stream whose DATA
+// run past it or stop short of it, but not one that declares a length and
+// ends with its headers, nor one that declares two lengths (it checks the
+// first) or one that is not a number: those reached the upstream, with a
+// Content-Length of the forwarder's own that the rules, which read the
+// client's, did not see. Each is refused (400), never forwarded.
+func TestHTTP2LengthThatDisagreesIsRefused(t *testing.T) {
+	up := wiretest.StartUpstream(t, nil)
+	addr, conf, _ := tlsServer(t, up.URL())
+	post := []string{":method", "POST", ":scheme", "https", ":authority", "a.example", ":path", "/p"}
+	for _, tc := range []struct {
+		name   string
+		fields []string
+		data   []string
+	}{
+		{"a length, no DATA", []string{"content-length", "5"}, nil},
+		{"a length not a number, no DATA", []string{"content-length", "x"}, nil},
+		{"two lengths", []string{"content-length", "3", "content-length", "8"}, []string{"abc"}},
+		{"a length not a number, empty DATA", []string{"content-length", "x"}, []string{""}},
+	} {
+		status, body := h2Exchange(t, addr, conf, append(post[:len(post):len(post)], tc.fields...), tc.data)
+		if status != "400" && status != "" {
+			t.Errorf("%s: %q %q, want 400 or the stream reset", tc.name, status, body)
+		}
+	}
+	if seen := up.Requests(); len(seen) != 0 {
+		t.Errorf("the upstream got %q %q", seen[0].Line, seen[0].Lines)
+	}
+	// A length that agrees is served: 0 with no DATA, 3 with 3 bytes.
+	for _, tc := range []struct {
+		length string
+		data   []string
+	}{{"0", nil}, {"3", []string{"abc"}}} {
+		if status, body := h2Exchange(t, addr, conf, append(post[:len(post):len(post)], "content-length", tc.length), tc.data); status != "200" {
+			t.Errorf("content-length %s: %q %q, want 200", tc.length, status, body)
+		}
+	}
+}
+
+// h2Exchange is h2Request with a body: the DATA frames given, the last
+// ending the stream (none: the headers end it).
+func h2Exchange(t *testing.T, addr string, conf *tls.Config, fields []string, data []string) (status, body string) {
+	t.Helper()
+	conf = conf.Clone()
+	conf.NextProtos = []string{"h2"}
+	c, err := tls.Dial("tcp", addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write([]byte(http2.ClientPreface))
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for i := 0; i+1 < len(fields); i += 2 {
+		enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+	}
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, EndStream: len(data) == 0, EndHeaders: true, BlockFragment: hb.Bytes()})
+	for i, d := range data {
+		fr.WriteData(1, i == len(data)-1, []byte(d))
+	}
+	dec := hpack.NewDecoder(4096, nil)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("%q: %v", fields, err)
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			hs, _ := dec.DecodeFull(f.HeaderBlockFragment())
+			for _, h := range hs {
+				if h.Name == ":status" {
+					status = h.Value
+				}
+			}
+			if f.StreamEnded() {
+				return status, body
+			}
+		case *http2.DataFrame:
+			body += string(f.Data())
+			if f.StreamEnded() {
+				return status, body
+			}
+		case *http2.RSTStreamFrame, *http2.GoAwayFrame:
+			return status, body
+		}
+	}
+}
