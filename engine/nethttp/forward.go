@@ -784,12 +784,18 @@ func staleConn(err error) bool {
 // end the target there), an HTTP/2 :method that is not a token (400: it
 // would be the upstream's request line's first word, and a space in it
 // another target), an HTTP/2 request whose content-length disagrees with
-// its DATA (400: h2Length), each closing the connection; OPTIONS * is
+// its DATA (400: h2Length) or that has a :protocol but is no CONNECT
+// (400), each closing the connection; OPTIONS * is
 // answered here (200, with Allow). It reports whether it answered.
 func refuseUnforwardable(w http.ResponseWriter, r *http.Request) (status int, answered bool) {
 	if r.ProtoMajor == 2 {
 		if b := h2Length(r); b != nil {
 			return writeOwnProblem(w, r, b.Status, b.Detail), true
+		}
+		if _, ok := r.Header[":protocol"]; ok && r.Method != http.MethodConnect {
+			// x/net's server, with extended CONNECT on, passes a
+			// :protocol on any method as this field: no HTTP/1.1 name.
+			return writeOwnProblem(w, r, http.StatusBadRequest, "a :protocol on a request that is not CONNECT"), true
 		}
 	}
 	switch {

@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -316,5 +318,38 @@ func h2Exchange(t *testing.T, addr string, conf *tls.Config, fields []string, da
 		case *http2.RSTStreamFrame, *http2.GoAwayFrame:
 			return status, body
 		}
+	}
+}
+
+// With extended CONNECT on (GODEBUG=http2xconnect=1, which x/net reads
+// from the daemon's environment), x/net's server takes a :protocol on any
+// request and hands it to the handler as a header field called
+// ":protocol". On a request other than CONNECT it is malformed (RFC 8441
+// §4), and it was forwarded: ":protocol: x" went to the upstream as a
+// header line whose name is no HTTP/1.1 field name. It is refused (400).
+// The test runs itself again with the setting, which x/net reads once.
+func TestHTTP2ProtocolOutsideConnectIsRefused(t *testing.T) {
+	if os.Getenv("TLSEDGE_XCONNECT") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHTTP2ProtocolOutsideConnectIsRefused$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "TLSEDGE_XCONNECT=1", "GODEBUG=http2xconnect=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return
+	}
+	up := wiretest.StartUpstream(t, nil)
+	addr, conf, _ := tlsServer(t, up.URL())
+	for _, m := range []string{"GET", "POST", "OPTIONS"} {
+		status, body := h2Request(t, addr, conf, ":method", m, ":protocol", "websocket", ":scheme", "https", ":authority", "a.example", ":path", "/p")
+		if status != "400" && status != "" {
+			t.Errorf("%s with :protocol: %q %q, want 400 or the stream reset", m, status, body)
+		}
+	}
+	if status, body := h2Request(t, addr, conf, ":method", "CONNECT", ":protocol", "websocket", ":scheme", "https", ":authority", "a.example", ":path", "/p"); status != "405" {
+		t.Errorf("extended CONNECT: %q %q, want 405", status, body)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if seen := up.Requests(); len(seen) != 0 {
+		t.Errorf("the upstream got %q %q", seen[0].Line, seen[0].Lines)
 	}
 }
