@@ -24,6 +24,10 @@ import (
 // read goes unchecked, as do sections read ahead past the first
 // maxAhead or past maxAheadBytes (a body, most likely: past those, a
 // read costs nothing but keeping its last bytes).
+//
+// It also notes a section's framing lines for a library that takes
+// ambiguous framing (net/http): Content-Length with Transfer-Encoding,
+// and Transfer-Encoding in an HTTP/1.0 request (Framing).
 type HeadScan struct {
 	// Bodyless is set by the engine once a request's head is parsed: the
 	// request has no body, so what was read after its section is the
@@ -35,7 +39,9 @@ type HeadScan struct {
 	ahead  []headSection // sections read after cur, in order; the last may not be whole
 	full   bool          // more was read ahead than is followed: the rest goes unchecked
 	aheadN int           // bytes read ahead since Start
-	last   [3]byte       // the last bytes read, the latest at the end
+	last   uint64        // the last 8 bytes read, the latest lowest
+	col    int           // bytes of the line being read so far
+	ruled  uint8         // the framing names the line cannot start with (framingLength, framingEncoding)
 }
 
 // headSection is what HeadScan knows of one header section.
@@ -43,7 +49,26 @@ type headSection struct {
 	n      int  // its bytes read so far, to its CRLF CRLF
 	bareLF bool // a line of it ends with a bare LF
 	whole  bool // its CRLF CRLF was read
+	// framing: its framing lines (framingLength, framingEncoding), and
+	// framingPast once its request line was read, framing10 if that
+	// said HTTP/1.0.
+	framing uint8
 }
+
+const (
+	framingLength = 1 << iota
+	framingEncoding
+	framingPast
+	framing10
+)
+
+// framingNames are the names of the framing lines, as a line starts
+// (lower case): framingLength's, then framingEncoding's.
+var framingNames = [2]string{"content-length:", "transfer-encoding:"}
+
+// http10 is how a request line of HTTP/1.0 ends, to its CR: the last 8
+// bytes read before its LF.
+const http10 = 'T'<<56 | 'T'<<48 | 'P'<<40 | '/'<<32 | '1'<<24 | '.'<<16 | '0'<<8 | '\r'
 
 // maxAhead and maxAheadBytes bound what is read ahead that HeadScan
 // follows, between two Starts.
@@ -61,6 +86,7 @@ func (h *HeadScan) Start() {
 		h.ahead = h.ahead[:copy(h.ahead, h.ahead[1:])]
 	default:
 		h.cur = headSection{}
+		h.col, h.ruled = 0, 0
 		if !h.Bodyless {
 			h.ahead, h.full = h.ahead[:0], false
 		}
@@ -74,6 +100,23 @@ func (h *HeadScan) Start() {
 // refuse it (a library may parse it from what it read without reading
 // again).
 func (h *HeadScan) Refuse() bool { return h.cur.bareLF }
+
+// Framing is the refusal of the section now awaited for its framing
+// lines, nil for none: ErrCLTE for Content-Length with
+// Transfer-Encoding, ErrEncoding10 for Transfer-Encoding in HTTP/1.0.
+// Each of them a library may frame otherwise than a front end did, and
+// serve the bytes after it as another request.
+func (h *HeadScan) Framing() *BadRequest {
+	switch f := h.cur.framing; {
+	case f&framingEncoding == 0:
+		return nil
+	case f&framingLength != 0:
+		return ErrCLTE
+	case f&framing10 != 0:
+		return ErrEncoding10
+	}
+	return nil
+}
 
 // Begun reports whether a byte of the section now awaited was read and
 // its end was not: a timeout then cuts a request short, where before it
@@ -91,8 +134,8 @@ func (h *HeadScan) Scan(b []byte) (bareLF bool) {
 		if !h.active {
 			if sec = h.aheadSection(); sec == nil {
 				// Past what is followed: only the last bytes count.
-				for _, y := range b[max(i, len(b)-len(h.last)):] {
-					h.last = [3]byte{h.last[1], h.last[2], y}
+				for _, y := range b[max(i, len(b)-8):] {
+					h.last = h.last<<8 | uint64(y)
 				}
 				return false
 			}
@@ -100,13 +143,20 @@ func (h *HeadScan) Scan(b []byte) (bareLF bool) {
 		}
 		sec.n++
 		if x == '\n' {
+			if sec.framing&framingPast == 0 {
+				sec.framing |= framingPast
+				if h.last == http10 {
+					sec.framing |= framing10
+				}
+			}
+			h.col, h.ruled = 0, 0
 			switch {
-			case h.last[2] != '\r':
+			case byte(h.last) != '\r':
 				sec.bareLF = true
 				if sec == &h.cur {
 					return true
 				}
-			case h.last[0] == '\r' && h.last[1] == '\n' && sec.n > 2:
+			case byte(h.last>>16) == '\r' && byte(h.last>>8) == '\n' && sec.n > 2:
 				// CRLF CRLF: the section ended (a CRLF of its own is an
 				// empty line before a request line). What follows is a
 				// body, or the next section.
@@ -115,10 +165,36 @@ func (h *HeadScan) Scan(b []byte) (bareLF bool) {
 					h.active = false
 				}
 			}
+		} else if h.ruled != framingLength|framingEncoding {
+			h.framingName(sec, x)
 		}
-		h.last = [3]byte{h.last[1], h.last[2], x}
+		h.last = h.last<<8 | uint64(x)
 	}
 	return false
+}
+
+// framingName takes x, the next byte of a line of sec that may still
+// begin with a framing name.
+func (h *HeadScan) framingName(sec *headSection, x byte) {
+	if sec.framing&framingPast == 0 {
+		h.ruled = framingLength | framingEncoding // the request line
+		return
+	}
+	if 'A' <= x && x <= 'Z' {
+		x += 'a' - 'A'
+	}
+	for i, name := range framingNames {
+		bit := uint8(1) << i
+		switch {
+		case h.ruled&bit != 0:
+		case h.col >= len(name) || name[h.col] != x:
+			h.ruled |= bit
+		case h.col == len(name)-1:
+			sec.framing |= bit
+			h.ruled |= bit
+		}
+	}
+	h.col++
 }
 
 // aheadSection is the section read ahead that the next byte belongs to,

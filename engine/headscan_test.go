@@ -123,3 +123,42 @@ func TestHeadScanAheadBounds(t *testing.T) {
 		t.Fatalf("after a body: refused %v, %d bytes", h.Refuse(), h.Len())
 	}
 }
+
+// HeadScan notes a section's framing lines however reads cut them: both
+// Content-Length and Transfer-Encoding, or Transfer-Encoding in HTTP/1.0,
+// is a refusal; one of them alone, a name that only begins like one, or
+// one in a body or the request line is not.
+func TestHeadScanFraming(t *testing.T) {
+	for _, tc := range []struct {
+		head string
+		want *engine.BadRequest
+	}{
+		{"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", engine.ErrCLTE},
+		{"POST / HTTP/1.1\r\ntransfer-ENCODING: chunked\r\nCONTENT-length:3\r\n\r\n", engine.ErrCLTE},
+		{"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", engine.ErrEncoding10},
+		{"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", nil},
+		{"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n", nil},
+		{"POST / HTTP/1.1\r\nContent-Length: 3\r\nX-Transfer-Encoding: chunked\r\nTransfer-Encodings: x\r\n\r\n", nil},
+		{"POST /Transfer-Encoding: HTTP/1.0\r\nContent-Length: 3\r\n\r\n", nil},
+	} {
+		for _, cut := range []int{1, 7, len(tc.head)} {
+			var h engine.HeadScan
+			h.Start()
+			for rest := tc.head; rest != ""; {
+				n := min(cut, len(rest))
+				h.Scan([]byte(rest[:n]))
+				rest = rest[n:]
+			}
+			if got := h.Framing(); got != tc.want {
+				t.Errorf("%q in reads of %d: %v, want %v", tc.head, cut, got, tc.want)
+			}
+		}
+	}
+	// A body read with its section is not one of its lines.
+	var h engine.HeadScan
+	h.Start()
+	h.Scan([]byte("POST / HTTP/1.1\r\nContent-Length: 24\r\n\r\nTransfer-Encoding: x\r\n\r\n"))
+	if got := h.Framing(); got != nil {
+		t.Errorf("a body like a framing line: %v", got)
+	}
+}

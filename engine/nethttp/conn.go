@@ -19,7 +19,10 @@ import (
 // from this engine what it gets from the others:
 //
 //   - a header section with a line ended by a bare LF is refused 400
-//     (net/http takes it);
+//     (net/http takes it), and so is one with ambiguous framing:
+//     Content-Length with Transfer-Encoding, Transfer-Encoding in
+//     HTTP/1.0 (net/http frames the body by the one, or ignores it, and
+//     serves what follows as the next request);
 //   - net/http's own answers to requests it refuses before any handler
 //     runs (400, 431, 501, 505, 417) become the server's: problem+json
 //     with a Date, counted by status (Core.Responded), the connection
@@ -128,6 +131,9 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		switch {
 		case c.head.Scan(p[:n]):
 			c.refused = engine.ErrBareLF
+			return 0, errRefused
+		case c.head.Framing() != nil:
+			c.refused = c.head.Framing()
 			return 0, errRefused
 		case c.head.Len() > c.s.limits.MaxHeaderBytes:
 			// net/http's own bound has 4 KiB of slack.
@@ -263,6 +269,8 @@ func (c *clientConn) idle() {
 		return
 	case c.head.Refuse():
 		c.refused = engine.ErrBareLF
+	case c.head.Framing() != nil:
+		c.refused = c.head.Framing()
 	case c.head.Len() > c.s.limits.MaxHeaderBytes:
 		c.refused = engine.ErrTooLarge
 	default:

@@ -636,3 +636,51 @@ func TestAccessEntrySchemeHTTPS(t *testing.T) {
 		}
 	}
 }
+
+// Over TLS, HTTP/1.1 framing that is ambiguous is refused (400) and the
+// connection closed, as the other engines refuse it: net/http framed a
+// body with both Content-Length and Transfer-Encoding by the latter and
+// ignored Transfer-Encoding in HTTP/1.0, then served what followed on the
+// connection as the next request, where a front end that framed the body
+// the other way (RFC 9112 §6.1 has the server close the connection after
+// such a request) forwarded it as that body: a request smuggled past it.
+func TestTLSHTTP1AmbiguousFramingIsRefused(t *testing.T) {
+	up := wiretest.StartUpstream(t, nil)
+	addr, conf, _ := tlsServer(t, up.URL())
+	conf.NextProtos = []string{"http/1.1"}
+	const smuggled = "GET /smuggled HTTP/1.1\r\nHost: a.example\r\n\r\n"
+	for _, tc := range []struct{ send, detail string }{
+		{"POST /p HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, engine.ErrCLTE.Detail},
+		{"POST /p HTTP/1.1\r\nHost: a.example\r\ntransfer-encoding: chunked\r\ncontent-length: 44\r\n\r\n0\r\n\r\n" + smuggled, engine.ErrCLTE.Detail},
+		{"POST /p HTTP/1.0\r\nHost: a.example\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" + smuggled, engine.ErrEncoding10.Detail},
+	} {
+		c, err := tls.Dial("tcp", addr, conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, tc.send)
+		got, _ := io.ReadAll(c)
+		c.Close()
+		if !bytes.HasPrefix(got, []byte("HTTP/1.1 400 ")) || bytes.Count(got, []byte("HTTP/1.1 ")) != 1 ||
+			!bytes.Contains(got, []byte(`"detail":"`+tc.detail+`"`)) {
+			t.Errorf("%q: got %q, want one 400 saying %q, then the connection closed", tc.send, got, tc.detail)
+		}
+	}
+	for _, s := range up.Requests() {
+		t.Errorf("the upstream got %q", s.Line)
+	}
+	// Framing that is not ambiguous is served, with a request after it.
+	c, err := tls.Dial("tcp", addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "POST /p HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\nX-Content-Length: 5\r\n\r\n3\r\nabc\r\n0\r\n\r\n"+
+		"POST /q HTTP/1.0\r\nHost: a.example\r\nX-Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\nhi")
+	got, _ := io.ReadAll(c)
+	if n := bytes.Count(got, []byte(" 200 OK\r\n")); n != 2 {
+		t.Errorf("two requests framed one way each: %q, want two 200s", got)
+	}
+}
