@@ -27,7 +27,7 @@ import (
 //
 // It also notes a section's framing lines for a library that takes
 // ambiguous framing (net/http): Content-Length with Transfer-Encoding,
-// and Transfer-Encoding in an HTTP/1.0 request (Framing).
+// Transfer-Encoding in an HTTP/1.0 request, and obs-fold (Framing).
 type HeadScan struct {
 	// Bodyless is set by the engine once a request's head is parsed: the
 	// request has no body, so what was read after its section is the
@@ -60,6 +60,7 @@ const (
 	framingEncoding
 	framingPast
 	framing10
+	framingFold // a line that begins with a blank: obs-fold
 )
 
 // framingNames are the names of the framing lines, as a line starts
@@ -102,12 +103,15 @@ func (h *HeadScan) Start() {
 func (h *HeadScan) Refuse() bool { return h.cur.bareLF }
 
 // Framing is the refusal of the section now awaited for its framing
-// lines, nil for none: ErrCLTE for Content-Length with
-// Transfer-Encoding, ErrEncoding10 for Transfer-Encoding in HTTP/1.0.
-// Each of them a library may frame otherwise than a front end did, and
-// serve the bytes after it as another request.
+// lines, nil for none: ErrObsFold for a folded line, ErrCLTE for
+// Content-Length with Transfer-Encoding, ErrEncoding10 for
+// Transfer-Encoding in HTTP/1.0. Each of them a library may read
+// otherwise than a front end did (and serve the bytes after it as
+// another request).
 func (h *HeadScan) Framing() *BadRequest {
 	switch f := h.cur.framing; {
+	case f&framingFold != 0:
+		return ErrObsFold
 	case f&framingEncoding == 0:
 		return nil
 	case f&framingLength != 0:
@@ -180,7 +184,10 @@ func (h *HeadScan) framingName(sec *headSection, x byte) {
 		h.ruled = framingLength | framingEncoding // the request line
 		return
 	}
-	if 'A' <= x && x <= 'Z' {
+	switch {
+	case h.col == 0 && (x == ' ' || x == '\t'):
+		sec.framing |= framingFold
+	case 'A' <= x && x <= 'Z':
 		x += 'a' - 'A'
 	}
 	for i, name := range framingNames {

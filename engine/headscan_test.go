@@ -125,8 +125,8 @@ func TestHeadScanAheadBounds(t *testing.T) {
 }
 
 // HeadScan notes a section's framing lines however reads cut them: both
-// Content-Length and Transfer-Encoding, or Transfer-Encoding in HTTP/1.0,
-// is a refusal; one of them alone, a name that only begins like one, or
+// Content-Length and Transfer-Encoding, Transfer-Encoding in HTTP/1.0,
+// or a folded line is a refusal; one of them alone, a name that only begins like one, or
 // one in a body or the request line is not.
 func TestHeadScanFraming(t *testing.T) {
 	for _, tc := range []struct {
@@ -140,6 +140,9 @@ func TestHeadScanFraming(t *testing.T) {
 		{"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n", nil},
 		{"POST / HTTP/1.1\r\nContent-Length: 3\r\nX-Transfer-Encoding: chunked\r\nTransfer-Encodings: x\r\n\r\n", nil},
 		{"POST /Transfer-Encoding: HTTP/1.0\r\nContent-Length: 3\r\n\r\n", nil},
+		{"GET / HTTP/1.1\r\nX-A: b\r\n c\r\n\r\n", engine.ErrObsFold},
+		{"GET / HTTP/1.1\r\nX-A: b\r\n\tc\r\n\r\n", engine.ErrObsFold},
+		{"GET / HTTP/1.1\r\nX-A: b c\t\r\n\r\n", nil},
 	} {
 		for _, cut := range []int{1, 7, len(tc.head)} {
 			var h engine.HeadScan

@@ -22,7 +22,8 @@ import (
 //     (net/http takes it), and so is one with ambiguous framing:
 //     Content-Length with Transfer-Encoding, Transfer-Encoding in
 //     HTTP/1.0 (net/http frames the body by the one, or ignores it, and
-//     serves what follows as the next request);
+//     serves what follows as the next request), obs-fold (net/http
+//     unfolds it);
 //   - net/http's own answers to requests it refuses before any handler
 //     runs (400, 431, 501, 505, 417) become the server's: problem+json
 //     with a Date, counted by status (Core.Responded), the connection
