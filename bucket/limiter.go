@@ -248,10 +248,13 @@ func AtReading(t, reading time.Duration) time.Duration {
 }
 
 // fromNow is d, taken late after the caller's now, with its times told
-// from now.
+// from now. A state fresh at the later reading (ResetAfter 0) is told as
+// fresh: the gap is no time to wait.
 func fromNow(d Decision, late time.Duration) Decision {
 	if late > 0 {
-		d.ResetAfter += late
+		if d.ResetAfter > 0 {
+			d.ResetAfter += late
+		}
 		if !d.Allowed {
 			d.RetryAfter += late
 		}

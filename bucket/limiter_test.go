@@ -272,3 +272,21 @@ func TestAtReading(t *testing.T) {
 		}
 	}
 }
+
+// A key never seen is as fresh as it can be: its state resets in no time,
+// whenever the clock is read. A check that read the clock a while before
+// the limiter's own reading (PeekKey, as the admin endpoint's KeyState
+// asks it) must not report the gap as time to wait: the endpoint rounds
+// it up to a whole second, "reset_after_seconds":1 for a fresh client.
+func TestFreshKeyResetsInNoTime(t *testing.T) {
+	r := joinedRegion(t)
+	l, err := NewLimiter(Rule{Name: "login", Limit: 5, Window: 5 * time.Minute}, r.Counters())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := r.Now()
+	l.SetClock(func() time.Duration { return now + 3*time.Microsecond })
+	if d := l.PeekKey(l.Key([]byte("never-seen")), now); !d.Allowed || d.Remaining != 5 || d.ResetAfter != 0 {
+		t.Fatalf("fresh key: %+v; want allowed, 5 left, reset after 0", d)
+	}
+}
