@@ -156,18 +156,11 @@ func TestConnectionStatesOfATunnel(t *testing.T) {
 // its reset.
 func testConnectionStatesOfATunnel(t *testing.T, reset bool) {
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-			w.Flush()
-			io.Copy(c, c)
-			c.Close()
-		})
+		up := startEchoUpstream(t)
 		region, c := countedCore(t)
 		addr := e.serve(t, storyOptions{Core: c, Upstream: up.URL()}).Addr
 		conn, br := dial(t, addr)
-		if resp := roundTripHead(t, conn, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		openTunnel(t, conn, br)
 		io.WriteString(conn, "ping")
 		if b := make([]byte, 4); func() error { _, err := io.ReadFull(br, b); return err }() != nil {
 			t.Fatal("nothing came through the tunnel")

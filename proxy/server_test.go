@@ -136,6 +136,65 @@ func readBody(t *testing.T, resp *http.Response) []byte {
 	return body
 }
 
+// switchHead is the 101 of the test upstreams that switch to their echo
+// protocol.
+const switchHead = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"
+
+// upgradeRequest asks for the echo protocol.
+const upgradeRequest = "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"
+
+// echoTunnel answers head, echoes the tunnel's bytes until the client's
+// side ends, then closes the connection.
+func echoTunnel(w *bufio.Writer, c net.Conn, head string) {
+	w.WriteString(head)
+	w.Flush()
+	io.Copy(c, c)
+	c.Close()
+}
+
+// startEchoUpstream starts an upstream that switches every request to an
+// echo tunnel.
+func startEchoUpstream(t *testing.T) *wiretest.Upstream {
+	t.Helper()
+	return startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) { echoTunnel(w, c, switchHead) })
+}
+
+// openTunnel sends upgradeRequest on c and fails the test unless it is
+// answered 101.
+func openTunnel(t *testing.T, c io.Writer, br *bufio.Reader) {
+	t.Helper()
+	if resp := roundTripHead(t, c, br, upgradeRequest); resp.StatusCode != 101 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+// readRawHead reads a response's status line and header from br as they
+// came, with nothing net/http would add or drop.
+func readRawHead(t *testing.T, br *bufio.Reader) (string, textproto.MIMEHeader) {
+	t.Helper()
+	tp := textproto.NewReader(br)
+	status, err := tp.ReadLine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := tp.ReadMIMEHeader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status, h
+}
+
+// wantEcho sends "ping" through the tunnel on c, ends the client's side,
+// and wants want back before the tunnel's end.
+func wantEcho(t *testing.T, c net.Conn, br *bufio.Reader, want, what string) {
+	t.Helper()
+	io.WriteString(c, "ping")
+	c.(*net.TCPConn).CloseWrite()
+	if got, err := io.ReadAll(br); err != nil || string(got) != want {
+		t.Errorf("%s: through the tunnel %q, %v", what, got, err)
+	}
+}
+
 func TestServerSentEventsArriveOneByOne(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
@@ -581,16 +640,11 @@ func TestMaxConnectionsCountsTunnels(t *testing.T) {
 				w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 				return
 			}
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-			w.Flush()
-			io.Copy(c, c)
-			c.Close()
+			echoTunnel(w, c, switchHead)
 		})
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Limits: engine.Limits{MaxConnections: 1}})
 		c, br := dial(t, r.Addr)
-		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		openTunnel(t, c, br)
 		c2, br2 := dial(t, r.Addr)
 		io.WriteString(c2, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 		c2.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
@@ -705,25 +759,13 @@ func TestUpgradeWhateverTheHeadSaysOfReuse(t *testing.T) {
 			})
 			r := e.serve(t, storyOptions{Upstream: up.URL()})
 			c, br := dial(t, r.Addr)
-			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-			tp := textproto.NewReader(br)
-			status, err := tp.ReadLine()
-			if err != nil {
-				t.Fatal(err)
-			}
-			h, err := tp.ReadMIMEHeader()
-			if err != nil {
-				t.Fatal(err)
-			}
+			io.WriteString(c, upgradeRequest)
+			status, h := readRawHead(t, br)
 			if !strings.HasPrefix(status, "HTTP/1.1 101 ") || !httpfield.HasToken(h["Connection"], "upgrade") ||
 				httpfield.HasToken(h["Connection"], "close") || h.Get("Upgrade") != "echo" {
 				t.Fatalf("%q: the client got %q %v", head, status, h)
 			}
-			io.WriteString(c, "ping")
-			c.(*net.TCPConn).CloseWrite()
-			if got, err := io.ReadAll(br); err != nil || string(got) != "hello pingbye" {
-				t.Errorf("%q: through the tunnel %q, %v", head, got, err)
-			}
+			wantEcho(t, c, br, "hello pingbye", fmt.Sprintf("%q", head))
 		})
 	}
 }
@@ -743,32 +785,17 @@ func TestUpgradeRequestThatSaysClose(t *testing.T) {
 					w.WriteString("HTTP/1.1 426 Upgrade Required\r\nContent-Length: 2\r\n\r\nno")
 					return
 				}
-				w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-				w.Flush()
-				io.Copy(c, c)
-				c.Close()
+				echoTunnel(w, c, switchHead)
 			})
 			r := e.serve(t, storyOptions{Upstream: up.URL()})
 			c, br := dial(t, r.Addr)
 			c.SetDeadline(time.Now().Add(10 * time.Second))
 			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\n"+conn+"Upgrade: echo\r\n\r\n")
-			tp := textproto.NewReader(br)
-			status, err := tp.ReadLine()
-			if err != nil {
-				t.Fatal(err)
-			}
-			h, err := tp.ReadMIMEHeader()
-			if err != nil {
-				t.Fatal(err)
-			}
+			status, h := readRawHead(t, br)
 			if !strings.HasPrefix(status, "HTTP/1.1 101 ") || httpfield.HasToken(h["Connection"], "close") {
 				t.Fatalf("%q: the client got %q %v, want a 101 without close", conn, status, h)
 			}
-			io.WriteString(c, "ping")
-			c.(*net.TCPConn).CloseWrite()
-			if got, err := io.ReadAll(br); err != nil || string(got) != "ping" {
-				t.Errorf("%q: through the tunnel %q, %v", conn, got, err)
-			}
+			wantEcho(t, c, br, "ping", fmt.Sprintf("%q", conn))
 
 			// Refused, the request's close is honoured.
 			c, br = dial(t, r.Addr)
@@ -791,7 +818,7 @@ func TestUpgradeUpstreamHalfClose(t *testing.T) {
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		got := make(chan string, 1)
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello")
+			w.WriteString(switchHead + "hello")
 			w.Flush()
 			c.(*net.TCPConn).CloseWrite()
 			b, _ := io.ReadAll(c)
@@ -800,9 +827,7 @@ func TestUpgradeUpstreamHalfClose(t *testing.T) {
 		})
 		r := e.serve(t, storyOptions{Upstream: up.URL()})
 		c, br := dial(t, r.Addr)
-		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		openTunnel(t, c, br)
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		if b, err := io.ReadAll(br); err != nil || string(b) != "hello" {
 			t.Fatalf("from the upstream: %q, %v; want hello, then its end", b, err)
@@ -827,7 +852,7 @@ func TestUpgradeOutlivesTheUpstreamTimeout(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.WriteString(switchHead)
 			w.Flush()
 			io.Copy(c, bufio.NewReader(c))
 		})
@@ -837,9 +862,7 @@ func TestUpgradeOutlivesTheUpstreamTimeout(t *testing.T) {
 		const timeout = time.Second
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
 		c, br := dial(t, r.Addr)
-		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		openTunnel(t, c, br)
 		buf := make([]byte, 4)
 		for range 8 { // a ping every 250 ms: 2 s, well past the timeout
 			time.Sleep(timeout / 4)
@@ -877,7 +900,7 @@ func TestUpgradeIdleTunnelEnds(t *testing.T) {
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		upEnded := make(chan struct{})
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.WriteString(switchHead)
 			w.Flush()
 			io.Copy(io.Discard, c) // silent, until the tunnel is closed
 			close(upEnded)
@@ -885,9 +908,7 @@ func TestUpgradeIdleTunnelEnds(t *testing.T) {
 		const timeout = 300 * time.Millisecond
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Client: engine.Upstream{Timeout: timeout}})
 		c, br := dial(t, r.Addr)
-		if resp := roundTripHead(t, c, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		openTunnel(t, c, br)
 		start := time.Now()
 		c.SetReadDeadline(start.Add(10 * timeout))
 		if b, err := br.ReadByte(); err != io.EOF {
@@ -913,7 +934,7 @@ func TestUpgradeClientThatNeverReadsIsCut(t *testing.T) {
 			// The 101 and the first bytes of the tunnel in one write: the
 			// client's small window takes part of them only.
 			chunk := make([]byte, 256<<10)
-			c.Write(append([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"), chunk...))
+			c.Write(append([]byte(switchHead), chunk...))
 			go io.Copy(io.Discard, c)
 			for {
 				c.SetWriteDeadline(time.Now().Add(20 * time.Second))
@@ -938,7 +959,7 @@ func TestUpgradeClientThatNeverReadsIsCut(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		io.WriteString(c, upgradeRequest)
 		start := time.Now()
 		for {
 			select {
@@ -967,7 +988,7 @@ func TestUpgradeClientGoneBeforeTheSwitch(t *testing.T) {
 		upEnded := make(chan error, 1)
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 			time.Sleep(200 * time.Millisecond) // the client is gone by then
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nhello")
+			w.WriteString(switchHead + "hello")
 			w.Flush()
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			_, err := io.Copy(io.Discard, c)
@@ -976,7 +997,7 @@ func TestUpgradeClientGoneBeforeTheSwitch(t *testing.T) {
 		region, c := countedCore(t)
 		r := e.serve(t, storyOptions{Core: c, Upstream: up.URL(), Client: engine.Upstream{Timeout: time.Minute}})
 		conn, _ := dial(t, r.Addr)
-		io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		io.WriteString(conn, upgradeRequest)
 		time.Sleep(50 * time.Millisecond)
 		conn.(*net.TCPConn).SetLinger(0)
 		conn.Close()
@@ -1007,29 +1028,18 @@ func TestUpgradeSwitchedDuringADrain(t *testing.T) {
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 			close(asked)
 			time.Sleep(200 * time.Millisecond) // the drain begins meanwhile
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-			w.Flush()
-			io.Copy(c, c)
-			c.Close()
+			echoTunnel(w, c, switchHead)
 		})
 		r := e.serve(t, storyOptions{Upstream: up.URL()})
 		c, br := dial(t, r.Addr)
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		io.WriteString(c, upgradeRequest)
 		<-asked
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		drained := make(chan struct{})
 		go func() { r.Shutdown(ctx); close(drained) }()
-		tp := textproto.NewReader(br)
-		status, err := tp.ReadLine()
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := tp.ReadMIMEHeader()
-		if err != nil {
-			t.Fatal(err)
-		}
+		status, h := readRawHead(t, br)
 		if !strings.HasPrefix(status, "HTTP/1.1 101 ") || httpfield.HasToken(h["Connection"], "close") {
 			t.Fatalf("the 101 of a drain: %q %v, want it without close", status, h)
 		}
@@ -1057,7 +1067,7 @@ func TestUpgradeWithALongBodyRefused(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.WriteString(switchHead)
 		})
 		r := e.serve(t, storyOptions{Upstream: up.URL()})
 		c, br := dial(t, r.Addr)
@@ -1085,12 +1095,7 @@ func TestUpgradeWithABodyForwarded(t *testing.T) {
 	t.Parallel()
 	for _, n := range []int{5, 64 << 10} {
 		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-				w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-				w.Flush()
-				io.Copy(c, c)
-				c.Close()
-			})
+			up := startEchoUpstream(t)
 			r := e.serve(t, storyOptions{Upstream: up.URL()})
 			c, br := dial(t, r.Addr)
 			go func() {
@@ -1100,11 +1105,7 @@ func TestUpgradeWithABodyForwarded(t *testing.T) {
 			if resp := readHead(t, br, "POST"); resp.StatusCode != 101 {
 				t.Fatalf("an upgrade with a %d-byte body: %d, want the upstream's 101", n, resp.StatusCode)
 			}
-			io.WriteString(c, "ping")
-			c.(*net.TCPConn).CloseWrite()
-			if got, err := io.ReadAll(br); err != nil || string(got) != "ping" {
-				t.Errorf("through the tunnel after a %d-byte body: %q, %v", n, got, err)
-			}
+			wantEcho(t, c, br, "ping", fmt.Sprintf("after a %d-byte body", n))
 			if seen := up.Requests(); len(seen) != 1 || len(seen[0].Body) != n || !seen[0].BodyOK {
 				t.Errorf("the upstream saw %d requests, want one with the %d-byte body", len(seen), n)
 			}
@@ -1122,35 +1123,20 @@ func TestUpgradeSwitchBodyIsTheTunnels(t *testing.T) {
 	for _, field := range []string{"Content-Length: 5", "Content-Length: 0", "Transfer-Encoding: chunked"} {
 		eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
 			up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-				w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n" + field + "\r\n\r\nhello")
-				w.Flush()
-				io.Copy(c, c)
-				c.Close()
+				echoTunnel(w, c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n"+field+"\r\n\r\nhello")
 			})
 			r := e.serve(t, storyOptions{Upstream: up.URL()})
 			c, br := dial(t, r.Addr)
-			io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			io.WriteString(c, upgradeRequest)
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			tp := textproto.NewReader(br)
-			status, err := tp.ReadLine()
-			if err != nil {
-				t.Fatal(err)
-			}
-			h, err := tp.ReadMIMEHeader()
-			if err != nil {
-				t.Fatal(err)
-			}
+			status, h := readRawHead(t, br)
 			if !strings.HasPrefix(status, "HTTP/1.1 101 ") || h.Get("Content-Length") != "" || h.Get("Transfer-Encoding") != "" {
 				t.Fatalf("%s: the client got %q %v, want the 101 without the field", field, status, h)
 			}
 			if b := make([]byte, 5); func() error { _, err := io.ReadFull(br, b); return err }() != nil || string(b) != "hello" {
 				t.Fatalf("%s: the tunnel's first bytes %q, want the application's hello", field, b)
 			}
-			io.WriteString(c, "ping")
-			c.(*net.TCPConn).CloseWrite()
-			if got, err := io.ReadAll(br); err != nil || string(got) != "ping" {
-				t.Errorf("%s: through the tunnel %q, %v", field, got, err)
-			}
+			wantEcho(t, c, br, "ping", field)
 		})
 	}
 }
@@ -1169,7 +1155,7 @@ func TestUpgradeResetHeader(t *testing.T) {
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
 		for i := range 3 {
 			conn, br := dial(t, r.Addr)
-			resp := roundTripHead(t, conn, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			resp := roundTripHead(t, conn, br, upgradeRequest)
 			if resp.StatusCode != 101 || resp.Header.Get("X-Ratelimit-Remaining") != "1" || resp.Header.Get("Preforkd-Reset") != "" {
 				t.Errorf("upgrade %d: %d %v, want 101 with one left each time, without Preforkd-Reset", i+1, resp.StatusCode, resp.Header)
 			}
@@ -1186,12 +1172,7 @@ func TestUpgradeResetHeader(t *testing.T) {
 func TestUpgradeDecidedByTheRules(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-			w.Flush()
-			io.Copy(c, c)
-			c.Close()
-		})
+		up := startEchoUpstream(t)
 		c := configCore(t, "[table]\ncounters = 1024\n[[ratelimit]]\nname = \"ws\"\npath = \"/ws\"\nlimit = 2\nwindow = \"1h\"\n"+
 			"[[idempotency]]\npath = \"/ws\"\nmax_body = \"4KiB\"\n", nil)
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
@@ -1230,7 +1211,7 @@ func TestUpgradeNotAnsweredFromCache(t *testing.T) {
 				w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 4\r\n\r\npage")
 				return
 			}
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			w.WriteString(switchHead)
 		})
 		var clock atomic.Int64
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
@@ -1255,18 +1236,12 @@ func TestUpgradeNotAnsweredFromCache(t *testing.T) {
 func TestUpgradeCountedWhenHandedOver(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
-		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-			w.Flush()
-			io.Copy(c, c)
-		})
+		up := startEchoUpstream(t)
 		counted := make(chan int, 4)
 		c := configCoreWith(t, "", func(o *core.Options) { o.OnResponse = func(status int) { counted <- status } })
 		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
 		conn, br := dial(t, r.Addr)
-		if resp := roundTripHead(t, conn, br, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); resp.StatusCode != 101 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		openTunnel(t, conn, br)
 		select {
 		case status := <-counted:
 			if status != 101 {
