@@ -2,7 +2,6 @@ package tlsedge_test
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"fmt"
 	"net"
@@ -10,9 +9,6 @@ import (
 	"os/exec"
 	"testing"
 	"time"
-
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/preforkd/preforkd/config"
 	"github.com/preforkd/preforkd/core"
@@ -29,51 +25,7 @@ import (
 // the response's status ("" for none: a reset stream) and body.
 func h2Request(t *testing.T, addr string, conf *tls.Config, fields ...string) (status, body string) {
 	t.Helper()
-	conf = conf.Clone()
-	conf.NextProtos = []string{"h2"}
-	c, err := tls.Dial("tcp", addr, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write([]byte(http2.ClientPreface))
-	fr := http2.NewFramer(c, c)
-	fr.WriteSettings()
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for i := 0; i+1 < len(fields); i += 2 {
-		enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
-	}
-	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, EndStream: true, EndHeaders: true, BlockFragment: hb.Bytes()})
-	dec := hpack.NewDecoder(4096, nil)
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			t.Fatalf("%q: %v", fields, err)
-		}
-		switch f := f.(type) {
-		case *http2.HeadersFrame:
-			hs, _ := dec.DecodeFull(f.HeaderBlockFragment())
-			for _, h := range hs {
-				if h.Name == ":status" {
-					status = h.Value
-				}
-			}
-			if f.StreamEnded() {
-				return status, body
-			}
-		case *http2.DataFrame:
-			body += string(f.Data())
-			if f.StreamEnded() {
-				return status, body
-			}
-		case *http2.RSTStreamFrame:
-			return status, body
-		case *http2.GoAwayFrame:
-			return status, body
-		}
-	}
+	return h2Exchange(t, addr, conf, fields, nil)
 }
 
 // A :path holds what HTTP/2 lets a field value hold, a space among
@@ -281,44 +233,11 @@ func h2Exchange(t *testing.T, addr string, conf *tls.Config, fields []string, da
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write([]byte(http2.ClientPreface))
-	fr := http2.NewFramer(c, c)
-	fr.WriteSettings()
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for i := 0; i+1 < len(fields); i += 2 {
-		enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+	status, body, err = wiretest.H2Stream(c, fields, data)
+	if err != nil {
+		t.Fatalf("%q: %v", fields, err)
 	}
-	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, EndStream: len(data) == 0, EndHeaders: true, BlockFragment: hb.Bytes()})
-	for i, d := range data {
-		fr.WriteData(1, i == len(data)-1, []byte(d))
-	}
-	dec := hpack.NewDecoder(4096, nil)
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			t.Fatalf("%q: %v", fields, err)
-		}
-		switch f := f.(type) {
-		case *http2.HeadersFrame:
-			hs, _ := dec.DecodeFull(f.HeaderBlockFragment())
-			for _, h := range hs {
-				if h.Name == ":status" {
-					status = h.Value
-				}
-			}
-			if f.StreamEnded() {
-				return status, body
-			}
-		case *http2.DataFrame:
-			body += string(f.Data())
-			if f.StreamEnded() {
-				return status, body
-			}
-		case *http2.RSTStreamFrame, *http2.GoAwayFrame:
-			return status, body
-		}
-	}
+	return status, body
 }
 
 // With extended CONNECT on (GODEBUG=http2xconnect=1, which x/net reads
