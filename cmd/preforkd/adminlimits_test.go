@@ -17,6 +17,36 @@ import (
 	"github.com/preforkd/preforkd/internal/logtest"
 )
 
+// serveAdmin serves h as the admin endpoint does, with lim, on a
+// loopback listener capped at lim.maxConns, until the test ends.
+func serveAdmin(t *testing.T, h http.Handler, lim adminLimits, log *slog.Logger) *cappedListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capped := capListener(ln, lim.maxConns, log)
+	srv := newAdminServer(h, lim, capped, log)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(capped) }()
+	t.Cleanup(func() {
+		srv.Close()
+		<-served
+	})
+	return capped
+}
+
+// dialAdmin connects to ln, for the test's length.
+func dialAdmin(t *testing.T, ln net.Listener) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, bufio.NewReader(c)
+}
+
 // The admin listener's limits, in process with short timeouts: a cap on
 // open connections, where a new one takes the slot of the one that has
 // waited longest for a request and is closed at once only when every
@@ -33,10 +63,6 @@ func TestAdminLimits(t *testing.T) {
 	}
 	logs := &logtest.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -47,24 +73,13 @@ func TestAdminLimits(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	})
-	capped := capListener(ln, lim.maxConns, log)
-	srv := newAdminServer(h, lim, capped, log)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(capped) }()
-	t.Cleanup(func() {
-		releaseOnce.Do(func() { close(release) })
-		srv.Close()
-		<-served
-	})
+	capped := serveAdmin(t, h, lim, log)
+	// Before the server's close (cleanups run last first).
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
 
 	dial := func() (net.Conn, *bufio.Reader) {
 		t.Helper()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c, bufio.NewReader(c)
+		return dialAdmin(t, capped)
 	}
 	send := func(c net.Conn, path string) error {
 		_, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: admin\r\n\r\n")
@@ -244,31 +259,16 @@ func TestAdminSlowBodyDoesNotHoldASlot(t *testing.T) {
 	lim := defaultAdminLimits
 	lim.maxConns = 2
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	capped := capListener(ln, lim.maxConns, log)
 	handled := make(chan struct{}, lim.maxConns+1)
-	srv := newAdminServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	ln := serveAdmin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
 		handled <- struct{}{}
-	}), lim, capped, log)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(capped) }()
-	t.Cleanup(func() {
-		srv.Close()
-		<-served
-	})
+	}), lim, log)
 	dial := func() (net.Conn, *bufio.Reader) {
 		t.Helper()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c, r := dialAdmin(t, ln)
 		c.SetDeadline(time.Now().Add(3 * time.Second))
-		return c, bufio.NewReader(c)
+		return c, r
 	}
 	var slow *bufio.Reader
 	for range lim.maxConns {

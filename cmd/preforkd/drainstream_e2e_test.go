@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/preforkd/preforkd/internal/tlstest"
+	"github.com/preforkd/preforkd/internal/wiretest"
 )
 
 // foreverStream is an upstream whose every response is a stream that
@@ -183,29 +184,33 @@ func tunnelUpstream(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				if req.Header.Get("Upgrade") == "" {
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-				io.Copy(c, br)
-			}()
+	wiretest.AcceptEach(ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
 		}
-	}()
+		if req.Header.Get("Upgrade") == "" {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		io.Copy(c, br)
+	})
 	return "http://" + ln.Addr().String()
+}
+
+// openTunnel asks tunnelUpstream, through the daemon on conn, for its
+// echo, and fails the test unless the answer is 101: what follows on the
+// reader returned is the tunnel's.
+func openTunnel(t *testing.T, conn net.Conn) *bufio.Reader {
+	t.Helper()
+	io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	return br
 }
 
 // A drain with a tunnel open (a WebSocket nobody ends) is cut at
@@ -239,11 +244,7 @@ func TestDrainTimeoutWithTunnelE2E(t *testing.T) {
 			}
 			defer conn.Close()
 			conn.SetDeadline(time.Now().Add(30 * time.Second))
-			fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-			br := bufio.NewReader(conn)
-			if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-				t.Fatalf("upgrade: %v %v", resp, err)
-			}
+			br := openTunnel(t, conn)
 			io.WriteString(conn, "ping")
 			if _, err := io.ReadFull(br, make([]byte, 4)); err != nil {
 				t.Fatalf("through the tunnel: %v", err)
@@ -292,11 +293,7 @@ func TestTunnelCountedOnTLSE2E(t *testing.T) {
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-	br := bufio.NewReader(conn)
-	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("upgrade: %v %v", resp, err)
-	}
+	openTunnel(t, conn)
 	writing(1)
 	conn.Close()
 	writing(0)

@@ -30,6 +30,26 @@ func sendU(t *testing.T, d *daemon, n int) map[int]int {
 	return statuses(rs)
 }
 
+// startTwoUsed starts the daemon on cfg and uses 2 of the 3 requests
+// its rule admits.
+func startTwoUsed(t *testing.T, cfg string) *daemon {
+	t.Helper()
+	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
+	if got := sendU(t, d, 2); got[200] != 2 {
+		t.Fatalf("before: %v", got)
+	}
+	return d
+}
+
+// killSupervisor kills d's supervisor with SIGKILL and waits for its end.
+func killSupervisor(t *testing.T, d *daemon) {
+	t.Helper()
+	syscall.Kill(d.pid(), syscall.SIGKILL)
+	if _, ok := d.wait(5 * time.Second); !ok {
+		t.Fatal("the supervisor survived SIGKILL")
+	}
+}
+
 // wantOneLeft restarts on cfg (the dump of a limit of 3 with 2 used) and
 // requires exactly one more request admitted.
 func wantOneLeft(t *testing.T, cfg string) {
@@ -48,10 +68,7 @@ func TestHUPDuringReloadSupersedesItE2E(t *testing.T) {
 	t.Parallel()
 	cfg := signalsConfig(t)
 	slow := strings.Replace(cfg, shortCanary, `canary_window = "1m"`, 1)
-	d := startDaemon(t, daemonOptions{config: slow, admin: true})
-	if got := sendU(t, d, 2); got[200] != 2 {
-		t.Fatalf("before: %v", got)
-	}
+	d := startTwoUsed(t, slow)
 	from := reloadTo(d, slow+"\n# first edit\n")
 	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("canary ready: judging it")); !ok {
 		t.Fatal("no canary judged")
@@ -79,10 +96,7 @@ func TestHUPDuringReloadSupersedesItE2E(t *testing.T) {
 func TestStopBeforeUpgradeHandoverE2E(t *testing.T) {
 	t.Parallel()
 	cfg := signalsConfig(t)
-	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
-	if got := sendU(t, d, 2); got[200] != 2 {
-		t.Fatalf("before: %v", got)
-	}
+	d := startTwoUsed(t, cfg)
 	from, newPID := beginUpgrade(t, d)
 	d.signal(syscall.SIGTERM)
 	if code, ok := d.wait(15 * time.Second); !ok || code != 0 {
@@ -108,15 +122,9 @@ func TestStopBeforeUpgradeHandoverE2E(t *testing.T) {
 func TestOldSupervisorKilledDuringUpgradeE2E(t *testing.T) {
 	t.Parallel()
 	cfg := signalsConfig(t)
-	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
-	if got := sendU(t, d, 2); got[200] != 2 {
-		t.Fatalf("before: %v", got)
-	}
+	d := startTwoUsed(t, cfg)
 	from, newPID := beginUpgrade(t, d)
-	syscall.Kill(d.pid(), syscall.SIGKILL)
-	if _, ok := d.wait(5 * time.Second); !ok {
-		t.Fatal("the supervisor survived SIGKILL")
-	}
+	killSupervisor(t, d)
 	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: the old supervisor exited")); !ok {
 		t.Fatal("the new supervisor did not see the old one gone")
 	}
@@ -140,10 +148,7 @@ func TestOldSupervisorKilledDuringUpgradeE2E(t *testing.T) {
 func TestKilledAfterLoadSaysTheStateIsLostE2E(t *testing.T) {
 	t.Parallel()
 	cfg := signalsConfig(t)
-	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
-	if got := sendU(t, d, 2); got[200] != 2 {
-		t.Fatalf("before: %v", got)
-	}
+	d := startTwoUsed(t, cfg)
 	d.stop()
 	d2 := startDaemon(t, daemonOptions{config: cfg, admin: true})
 	if _, l, ok := d2.logs.waitFor(0, 0, msgIs("persist: dump loaded")); !ok {
@@ -151,10 +156,7 @@ func TestKilledAfterLoadSaysTheStateIsLostE2E(t *testing.T) {
 	} else {
 		t.Log(l.raw)
 	}
-	syscall.Kill(d2.pid(), syscall.SIGKILL)
-	if _, ok := d2.wait(5 * time.Second); !ok {
-		t.Fatal("the supervisor survived SIGKILL")
-	}
+	killSupervisor(t, d2)
 	d3 := startDaemon(t, daemonOptions{config: cfg, admin: true})
 	_, l, ok := d3.logs.waitFor(0, 0, func(l logLine) bool { return strings.HasPrefix(l.msg(), "persist: no dump to load") })
 	if !ok || l.get("level") != "WARN" || !strings.HasSuffix(l.get("loaded"), ".loaded") {

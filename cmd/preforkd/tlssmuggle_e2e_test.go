@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
-
 	"github.com/preforkd/preforkd/internal/tlstest"
 	"github.com/preforkd/preforkd/internal/wiretest"
 )
@@ -39,32 +36,13 @@ key = %q
 		c := td.dial(t, "a.example", &tls.Config{NextProtos: []string{"h2"}})
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		io.WriteString(c, http2.ClientPreface)
-		fr := http2.NewFramer(c, c)
-		fr.WriteSettings()
-		var hb bytes.Buffer
-		enc := hpack.NewEncoder(&hb)
-		for i := 0; i+1 < len(fields); i += 2 {
-			enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
-		}
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, EndStream: true, EndHeaders: true, BlockFragment: hb.Bytes()})
-		dec := hpack.NewDecoder(4096, nil)
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return err.Error()
-			}
-			switch f := f.(type) {
-			case *http2.HeadersFrame:
-				hs, _ := dec.DecodeFull(f.HeaderBlockFragment())
-				for _, h := range hs {
-					if h.Name == ":status" {
-						return h.Value
-					}
-				}
-			case *http2.RSTStreamFrame:
-				return "reset"
-			}
+		switch status, _, err := wiretest.H2Stream(c, fields, nil); {
+		case err != nil:
+			return err.Error()
+		case status == "":
+			return "reset"
+		default:
+			return status
 		}
 	}
 	get := []string{":scheme", "https", ":authority", "a.example", ":path", "/p"}
