@@ -18,14 +18,7 @@ func TestDumpOnAFullDisk(t *testing.T) {
 	good := goodDump(t, "k")
 	dir := t.TempDir()
 	path := filepath.Join(dir, "dump")
-	if err := os.WriteFile(path, good, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := proctest.Start(t, proctest.Options{Role: "dumpfull", Spec: path})
-	line, err := p.Line(10 * time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	line := childOnDump(t, "dumpfull", path, good)
 	if !strings.Contains(line, "file too large") {
 		t.Errorf("the dump's error: %q; want it to name the cause (EFBIG)", line)
 	}
@@ -45,14 +38,7 @@ func TestDumpOnAFullDisk(t *testing.T) {
 func TestLoadUnreadableKeepsTheDump(t *testing.T) {
 	good := goodDump(t, "k")
 	path := filepath.Join(t.TempDir(), "dump")
-	if err := os.WriteFile(path, good, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := proctest.Start(t, proctest.Options{Role: "loadnofd", Spec: path})
-	line, err := p.Line(10 * time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	line := childOnDump(t, "loadnofd", path, good)
 	if !strings.Contains(line, "too many open files") || !strings.Contains(line, path+SuffixRefused) {
 		t.Errorf("the load's error: %q; want the cause (EMFILE) and where the dump is kept", line)
 	}
@@ -62,4 +48,18 @@ func TestLoadUnreadableKeepsTheDump(t *testing.T) {
 	if got := readFile(t, path+SuffixRefused); !bytes.Equal(got, good) {
 		t.Errorf("the kept dump: %d bytes, had %d", len(got), len(good))
 	}
+}
+
+// childOnDump writes dump at path, runs the child role on it, and
+// returns the line it says.
+func childOnDump(t *testing.T, role, path string, dump []byte) string {
+	t.Helper()
+	if err := os.WriteFile(path, dump, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	line, err := proctest.Start(t, proctest.Options{Role: role, Spec: path}).Line(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return line
 }

@@ -44,15 +44,8 @@ func orphan(c *proctest.Child) error {
 // size limit of 64 bytes, less than any dump (a full disk, as the
 // process sees it), and reports the error.
 func dumpFull(c *proctest.Child) error {
-	var path string
-	if err := c.Spec(&path); err != nil {
-		return err
-	}
-	r, err := shm.CreatePrivate(shm.Options{Counters: 64, MaxWorkers: 4})
+	path, r, err := limitedRegion(c, unix.RLIMIT_FSIZE, 64)
 	if err != nil {
-		return err
-	}
-	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: 64, Max: 64}); err != nil {
 		return err
 	}
 	_, err = Dump(r, Options{Path: path, Rules: rules})
@@ -63,15 +56,8 @@ func dumpFull(c *proctest.Child) error {
 // once no file can be opened (the descriptors are used up: an I/O error
 // as the process sees it), and reports the error.
 func loadNoFD(c *proctest.Child) error {
-	var path string
-	if err := c.Spec(&path); err != nil {
-		return err
-	}
-	r, err := shm.CreatePrivate(shm.Options{Counters: 64, MaxWorkers: 4})
+	path, r, err := limitedRegion(c, unix.RLIMIT_NOFILE, 64)
 	if err != nil {
-		return err
-	}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 64, Max: 64}); err != nil {
 		return err
 	}
 	var held []*os.File
@@ -87,4 +73,19 @@ func loadNoFD(c *proctest.Child) error {
 		f.Close()
 	}
 	return c.Say("%v", err)
+}
+
+// limitedRegion is the set-up of a child that meets a resource limit:
+// the path its spec names, a fresh region, and the process's limit of
+// resource lowered to n.
+func limitedRegion(c *proctest.Child, resource int, n uint64) (string, *shm.Region, error) {
+	var path string
+	if err := c.Spec(&path); err != nil {
+		return "", nil, err
+	}
+	r, err := shm.CreatePrivate(shm.Options{Counters: 64, MaxWorkers: 4})
+	if err != nil {
+		return "", nil, err
+	}
+	return path, r, unix.Setrlimit(resource, &unix.Rlimit{Cur: n, Max: n})
 }
