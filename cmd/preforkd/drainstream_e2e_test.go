@@ -179,25 +179,16 @@ func checkDrainOutcomes(t *testing.T, lines []logLine, held int) {
 // gets 200.
 func tunnelUpstream(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	wiretest.AcceptEach(ln, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		req, err := http.ReadRequest(br)
-		if err != nil {
+	return wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		if len(req.Field("Upgrade")) == 0 {
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			return
 		}
-		if req.Header.Get("Upgrade") == "" {
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			return
-		}
-		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
-		io.Copy(c, br)
-	})
-	return "http://" + ln.Addr().String()
+		w.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		w.Flush()
+		io.Copy(c, c)
+		c.Close()
+	}).URL()
 }
 
 // openTunnel asks tunnelUpstream, through the daemon on conn, for its
