@@ -221,9 +221,9 @@ func TestHTTP2LengthThatDisagreesIsRefused(t *testing.T) {
 	}
 }
 
-// h2Exchange is h2Request with a body: the DATA frames given, the last
-// ending the stream (none: the headers end it).
-func h2Exchange(t *testing.T, addr string, conf *tls.Config, fields []string, data []string) (status, body string) {
+// h2Dial connects to addr over TLS with conf, h2 agreed, with a deadline
+// for the whole exchange.
+func h2Dial(t *testing.T, addr string, conf *tls.Config) *tls.Conn {
 	t.Helper()
 	conf = conf.Clone()
 	conf.NextProtos = []string{"h2"}
@@ -231,9 +231,17 @@ func h2Exchange(t *testing.T, addr string, conf *tls.Config, fields []string, da
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	status, body, err = wiretest.H2Stream(c, fields, data)
+	return c
+}
+
+// h2Exchange is h2Request with a body: the DATA frames given, the last
+// ending the stream (none: the headers end it).
+func h2Exchange(t *testing.T, addr string, conf *tls.Config, fields []string, data []string) (status, body string) {
+	t.Helper()
+	c := h2Dial(t, addr, conf)
+	defer c.Close()
+	status, body, err := wiretest.H2Stream(c, fields, data)
 	if err != nil {
 		t.Fatalf("%q: %v", fields, err)
 	}

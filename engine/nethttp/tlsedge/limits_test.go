@@ -252,13 +252,8 @@ func TestSendTimeoutCutsAStalledHTTP2Stream(t *testing.T) {
 		w.Write(make([]byte, 256<<10))
 	})
 	addr, conf, _, _ := tlsServerConfig(t, up, engine.Limits{SendTimeout: send}, nil)
-	conf.NextProtos = []string{"h2"}
-	c, err := tls.Dial("tcp", addr, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := h2Dial(t, addr, conf)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, http2.ClientPreface)
 	fr := http2.NewFramer(c, c)
 	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})

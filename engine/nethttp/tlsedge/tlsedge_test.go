@@ -267,13 +267,8 @@ func TestReadHeaderTimeoutOverHTTP2(t *testing.T) {
 func TestOwnRefusalKeepsTheHTTP2Connection(t *testing.T) {
 	up := wiretest.Application(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	addr, conf, _ := tlsServer(t, up)
-	conf.NextProtos = []string{"h2"}
-	c, err := tls.Dial("tcp", addr, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := h2Dial(t, addr, conf)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, http2.ClientPreface)
 	fr := http2.NewFramer(c, c)
 	fr.WriteSettings()
