@@ -130,10 +130,6 @@ func TestUploadToASlowUpstreamIsBounded(t *testing.T) {
 	}
 }
 
-// TestReviewHeaderTrickle: upstream_timeout bounds the wait for the
-// response header (README: "wait for the upstream's response header
-// (504)"): an upstream that sends its header a line at a time, each
-
 // upstream_timeout bounds the wait for the response head (README: 504),
 // however the head comes: an upstream that sends it a line every 150 ms,
 // 1.8 s in all, is cut off at 300 ms on every engine. (The blocking
