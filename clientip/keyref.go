@@ -63,6 +63,9 @@ func ParseKeyRef(s string) (KeyRef, error) {
 		if !strings.HasPrefix(rest, "/") {
 			return bad("a path starts with /")
 		}
+		if !usable(rest) {
+			return bad("the path has control characters: no request is counted under it")
+		}
 		return KeyRef{Element: "path", Value: rest}, nil
 	case "header", "cookie", "query":
 		name, value, ok := strings.Cut(rest, ":")

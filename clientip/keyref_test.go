@@ -30,7 +30,7 @@ func TestParseKeyRef(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"", "nope", "ip:", "ip:999.0.0.1", "header:X-Api-Key", "header::v",
-		"header:X Key:s3cret", "header:X-Api-Key:", "cookie:s:s3cret\x01", "path:relative", "host:s3cret"} {
+		"header:X Key:s3cret", "header:X-Api-Key:", "cookie:s:s3cret\x01", "path:relative", "path:/s3cret\x7f", "host:s3cret"} {
 		got, err := ParseKeyRef(in)
 		if !errors.Is(err, ErrKeyRef) {
 			t.Errorf("ParseKeyRef(%q) = %+v, %v; want an ErrKeyRef", in, got, err)

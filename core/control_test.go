@@ -130,6 +130,9 @@ func TestControlResetKey(t *testing.T) {
 		{"login", "header:X-Api-Key:k"}, // login counts by ip only
 		{"login", "not a key"},
 		{"api", "cookie:s:v"},
+		// No request path has a control character: the key would be
+		// the client address's, of no address.
+		{"urls", "path:/u/\x01report"},
 	} {
 		var ke *core.KeyError
 		if _, err := ctl.KeyState(tc.rule, tc.key); !errors.As(err, &ke) || strings.Count(err.Error(), ": ") < 1 {
