@@ -57,6 +57,10 @@ func ParseTarget(s string) (Target, error) {
 	}
 	t.Port = uint16(p)
 	t.Addr = net.JoinHostPort(t.Hostname, port)
+	if h, _, err := net.SplitHostPort(t.Addr); err != nil || h != t.Hostname {
+		// url.Parse takes a ']' in a name ("http://a]"): no dial would.
+		return bad("the host is neither a name nor an IP address")
+	}
 	return t, nil
 }
 

@@ -37,6 +37,9 @@ func TestParseTarget(t *testing.T) {
 		{"http://app/?q=1", "no query"},
 		{"http://app:0", "port"},
 		{"http://app:70000", "port"},
+		// url.Parse takes these, and no dial ever would.
+		{"http://]", "host"},
+		{"http://a]b:8080/p", "host"},
 	}
 	for _, b := range bad {
 		_, err := engine.ParseTarget(b.url)
