@@ -339,8 +339,10 @@ func ParseByteRange(v string) (first, last int64, suffix, ok bool) {
 		return n, true
 	}
 	if a == "" {
-		n, ok := num(b)
-		return 0, n, true, ok
+		if n, ok := num(b); ok {
+			return 0, n, true, true
+		}
+		return 0, 0, false, false
 	}
 	first, ok = num(a)
 	if !ok {
