@@ -153,6 +153,11 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		{"app:hunter2@h:1", "xxxxx@h:1"},
 		{"10.0.0.1:6379", "10.0.0.1:6379"},
 		{"redis://h:1", "redis://h:1"},
+		// A '#' or '?' in a password makes a URL whose fragment or
+		// query holds the rest of it: url.Parse takes it, and no
+		// userinfo is seen.
+		{"redis://:2024#hunter2@h:1", "redis://xxxxx@h:1"},
+		{"redis://:2024?hunter2@h:1", "redis://xxxxx@h:1"},
 	} {
 		if got := redisstore.RedactURL(c.in); got != c.want {
 			t.Errorf("RedactURL(%q) = %q, want %q", c.in, got, c.want)

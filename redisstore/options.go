@@ -469,7 +469,9 @@ func RedactURL(s string) string { return redactURL(s) }
 func redactURL(s string) string {
 	scheme, rest, isURL := strings.Cut(s, "://")
 	if isURL {
-		if u, err := url.Parse(s); err == nil {
+		// A URL with an '@' but no userinfo has its password in what
+		// url.Parse read as a path, query or fragment ("…:2024#pw@h").
+		if u, err := url.Parse(s); err == nil && (u.User != nil || !strings.Contains(rest, "@")) {
 			return u.Redacted()
 		}
 		scheme += "://"
