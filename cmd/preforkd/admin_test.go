@@ -125,6 +125,11 @@ func TestActionParamsChecked(t *testing.T) {
 		{http.MethodGet, "/ratelimit/login?key=192.0.2.1&kye=192.0.2.2", "", `\"kye\"`},
 		{http.MethodDelete, "/idempotency?key=k&by=ip:192.0.2.1&by=ip:192.0.2.2", "", `\"by\"`},
 		{http.MethodPost, "/cache/purge?tag=a&kye=/x", "", `\"kye\"`},
+		// A pair the query cannot read is not dropped: it may be the
+		// second value, or the misspelled target.
+		{http.MethodPost, "/ratelimit/login/reset?key=192.0.2.1&key=%zz", "", `%zz`},
+		{http.MethodGet, "/ratelimit/login?key=192.0.2.1&k%ye=1", "", `%ye`},
+		{http.MethodDelete, "/idempotency?key=k&by=ip:192.0.2.1;by=ip:192.0.2.2", "", `semicolon`},
 		{http.MethodPost, "/cache/purge", "tag=a&tags=b", `\"tags\"`},
 	} {
 		r := httptest.NewRequest(c.method, c.target, strings.NewReader(c.body))

@@ -77,8 +77,8 @@ func (a *admin) serveKeyReset(w http.ResponseWriter, r *http.Request) {
 // stored for idempotency key K of the client V, so that its retry runs
 // again. 404 when none is stored, 409 while its request runs.
 func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	if badParams(w, q, []string{"key", "by"}, nil) {
+	q, ok := query(w, r)
+	if !ok || badParams(w, q, []string{"key", "by"}, nil) {
 		return
 	}
 	key, by := q.Get("key"), q.Get("by")
@@ -113,8 +113,8 @@ func (a *admin) serveForgetResponse(w http.ResponseWriter, r *http.Request) {
 // with the problem.
 func (a *admin) keyAction(w http.ResponseWriter, r *http.Request,
 	op func(ctl *core.Control, rule, key string) (core.KeyState, error)) (st core.KeyState, ok bool) {
-	q := r.URL.Query()
-	if badParams(w, q, []string{"key"}, nil) {
+	q, ok := query(w, r)
+	if !ok || badParams(w, q, []string{"key"}, nil) {
 		return core.KeyState{}, false
 	}
 	key := q.Get("key")
@@ -132,6 +132,19 @@ func (a *admin) keyAction(w http.ResponseWriter, r *http.Request,
 		return core.KeyState{}, false
 	}
 	return st, true
+}
+
+// query is r's query parameters; when ok is false it has answered 400:
+// a pair that cannot be read (a bad escape, a ';') is never dropped, as
+// URL.Query drops it, for it may be a value given twice or a misspelled
+// name that badParams would refuse.
+func query(w http.ResponseWriter, r *http.Request) (url.Values, bool) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "Bad Request", "the query cannot be read: "+err.Error())
+		return nil, false
+	}
+	return q, true
 }
 
 // badParams answers 400 and reports true when params hold a parameter
