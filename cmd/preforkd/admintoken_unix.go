@@ -39,8 +39,10 @@ func readToken(path string) ([]byte, error) {
 		return nil, fmt.Errorf("admin.token_file: %s: a token of %d characters is too short (at least %d; e.g. head -c 32 /dev/urandom | base64 > %s)",
 			path, len(tok), minTokenLen, path)
 	}
-	if bytes.ContainsAny(tok, " \t\r\n") {
-		return nil, fmt.Errorf("admin.token_file: %s: the token has blanks inside: a bearer token cannot", path)
+	if bytes.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		// No request carries a control character in a field: the
+		// actions would stay locked.
+		return nil, fmt.Errorf("admin.token_file: %s: the token has blanks or control characters inside: a bearer token cannot", path)
 	}
 	return tok, nil
 }
