@@ -66,6 +66,7 @@ type Log struct {
 	file   *os.File   // nil for Stderr
 	out    io.Writer
 	spare  []byte // the writer's buffer, swapped with pending
+	torn   bool   // a write to file stopped within a line (a full disk)
 
 	dropped atomic.Uint64
 	failed  atomic.Uint64 // writes that failed, since New
@@ -169,6 +170,9 @@ func (l *Log) open() error {
 	}
 	l.fileMu.Lock()
 	old := l.file
+	if l.torn { // the torn line stays in the file it is in
+		l.torn = sameFile(old, f)
+	}
 	l.file, l.out = f, f
 	l.fileMu.Unlock()
 	if old != nil {
@@ -268,9 +272,19 @@ func (l *Log) flush() {
 
 // writeLines writes buf, whole lines: a file in one append, standard
 // error in pieces a pipe writes whole. Requires fileMu.
+//
+// A write to the file that stops within a line (the disk filled) leaves
+// part of it at the file's end: the next write ends that line first, so
+// that the lines after it are lines of their own, not its end.
 func (l *Log) writeLines(buf []byte) error {
 	if l.file != nil {
-		_, err := l.file.Write(buf)
+		if l.torn {
+			buf = append([]byte{'\n'}, buf...) // rare: a copy
+		}
+		n, err := l.file.Write(buf)
+		if n > 0 {
+			l.torn = buf[n-1] != '\n'
+		}
 		return err
 	}
 	for len(buf) > 0 {
@@ -290,6 +304,20 @@ func (l *Log) writeLines(buf []byte) error {
 		buf = buf[n:]
 	}
 	return nil
+}
+
+// sameFile reports whether a and b are one file; false when either
+// cannot be told.
+func sameFile(a, b *os.File) bool {
+	if a == nil {
+		return false
+	}
+	ai, err := a.Stat()
+	if err != nil {
+		return false
+	}
+	bi, err := b.Stat()
+	return err == nil && os.SameFile(ai, bi)
 }
 
 // Close writes what is pending, stops the writer and closes the file.
