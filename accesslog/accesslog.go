@@ -67,6 +67,7 @@ type Log struct {
 	out    io.Writer
 	spare  []byte // the writer's buffer, swapped with pending
 	torn   bool   // a write to file stopped within a line (a full disk)
+	pipe   bool   // file is no regular file (a FIFO): written as Stderr is
 
 	dropped atomic.Uint64
 	failed  atomic.Uint64 // writes that failed, since New
@@ -174,6 +175,7 @@ func (l *Log) open() error {
 		l.torn = sameFile(old, f)
 	}
 	l.file, l.out = f, f
+	l.pipe = !isRegular(f)
 	l.fileMu.Unlock()
 	if old != nil {
 		return old.Close()
@@ -271,13 +273,15 @@ func (l *Log) flush() {
 }
 
 // writeLines writes buf, whole lines: a file in one append, standard
-// error in pieces a pipe writes whole. Requires fileMu.
+// error and a FIFO in pieces a pipe writes whole (a pipe takes a write
+// whole only up to PIPE_BUF: a longer one may be split around another
+// worker's). Requires fileMu.
 //
 // A write to the file that stops within a line (the disk filled) leaves
 // part of it at the file's end: the next write ends that line first, so
 // that the lines after it are lines of their own, not its end.
 func (l *Log) writeLines(buf []byte) error {
-	if l.file != nil {
+	if l.file != nil && !l.pipe {
 		if l.torn {
 			buf = append([]byte{'\n'}, buf...) // rare: a copy
 		}
@@ -304,6 +308,13 @@ func (l *Log) writeLines(buf []byte) error {
 		buf = buf[n:]
 	}
 	return nil
+}
+
+// isRegular reports whether f is a regular file; false when it cannot be
+// told (pieces are whole lines in a file too).
+func isRegular(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // sameFile reports whether a and b are one file; false when either

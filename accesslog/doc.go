@@ -21,6 +21,7 @@
 //
 // A Log is safe for concurrent use. Several processes may append to one
 // file: each write is whole lines, appended (O_APPEND); to standard
-// error, in pieces of at most 4 KiB cut at line ends, which a pipe
-// writes whole (PIPE_BUF), so that the lines of the workers never mix.
+// error or a FIFO, in pieces of at most 4 KiB cut at line ends, which a
+// pipe writes whole (PIPE_BUF), so that the lines of the workers never
+// mix.
 package accesslog
