@@ -556,13 +556,15 @@ func (s *Server) closeHijacked() {
 // errorLog takes net/http's own log lines for the Server at warn: a
 // handler's panic, an accept error, an HTTP/2 connection's error. Those a
 // client makes at will, a failed TLS handshake (a port scanner fails one
-// on every connection) and an HTTP/2 connection without its preface, go
-// at most one a second each, the next saying how many were held back;
-// the others all go.
+// on every connection), an HTTP/2 connection without its preface, and
+// one the client broke (a frame the protocol forbids, its GOAWAY with an
+// error, no SETTINGS), go at most one a second each, the next saying how
+// many were held back; the others all go.
 type errorLog struct {
 	log     *slog.Logger
 	gate    engine.WarnGate // TLS handshakes
 	preface engine.WarnGate // HTTP/2 connections that sent no preface
+	broken  engine.WarnGate // HTTP/2 connections the client broke
 }
 
 func (e *errorLog) Write(p []byte) (int, error) {
@@ -574,6 +576,10 @@ func (e *errorLog) Write(p []byte) (int, error) {
 	case strings.HasPrefix(msg, "http2: server: error reading preface"):
 		// A client that negotiated h2 and sent something else.
 		g = &e.preface
+	case strings.HasPrefix(msg, "http2: server connection error"),
+		strings.HasPrefix(msg, "http2: received GOAWAY"),
+		strings.HasPrefix(msg, "timeout waiting for SETTINGS"):
+		g = &e.broken
 	default:
 		e.log.Warn(msg)
 		return len(p), nil
