@@ -61,6 +61,8 @@ type Log struct {
 	pending []byte // lines not yet handed to the writer
 	kicked  bool   // the writer was woken for pending
 	closed  bool
+	next    *os.File // Reopen's file, for the writer to switch to
+	cut     int      // the bytes of pending that go to the file before next
 
 	fileMu sync.Mutex // the file and the writes to it
 	file   *os.File   // nil for Stderr
@@ -170,29 +172,62 @@ func (l *Log) open() error {
 		return err
 	}
 	l.fileMu.Lock()
+	l.switchTo(f)
+	l.fileMu.Unlock()
+	return nil
+}
+
+// switchTo makes f the file written, closing the one before. Requires
+// fileMu.
+func (l *Log) switchTo(f *os.File) {
 	old := l.file
 	if l.torn { // the torn line stays in the file it is in
 		l.torn = sameFile(old, f)
 	}
 	l.file, l.out = f, f
 	l.pipe = !isRegular(f)
-	l.fileMu.Unlock()
-	if old != nil {
-		return old.Close()
+	if old != nil && old.Close() != nil {
+		l.failed.Add(1) // a close reports a write that failed late (NFS)
 	}
-	return nil
 }
 
-// Reopen writes what is pending to the open file, then opens the file
-// again at its path: after a rotation renamed it, the next lines go to a
-// new file at the path. An error (the directory is gone) keeps the open
-// file.
+// Reopen opens the file again at its path: after a rotation renamed it,
+// the lines logged from now on go to a new file at the path, those before
+// to the file open until now. The writer switches files once it has
+// written those: Reopen never waits on a write (a disk or a FIFO's reader
+// that stalls). An error (the directory is gone) keeps the open file.
 func (l *Log) Reopen() error {
 	if l.o.Path == Stderr {
 		return nil
 	}
-	l.flush()
-	return l.open()
+	f, err := openFile(l.o.Path)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return f.Close()
+	}
+	if l.next != nil {
+		l.next.Close() // one the writer has not switched to: this is newer
+	} else {
+		l.cut = len(l.pending)
+	}
+	l.next = f
+	l.wake()
+	return nil
+}
+
+// wake has the writer write what is pending now. Requires mu.
+func (l *Log) wake() {
+	if !l.kicked {
+		l.kicked = true
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Log formats e and queues its line; it never waits on the file.
@@ -211,12 +246,8 @@ func (l *Log) Log(e *core.AccessEntry) {
 		l.dropped.Add(1)
 	default:
 		l.pending = append(l.pending, line...)
-		if len(l.pending) >= flushAt && !l.kicked {
-			l.kicked = true
-			select {
-			case l.kick <- struct{}{}:
-			default:
-			}
+		if len(l.pending) >= flushAt {
+			l.wake()
 		}
 	}
 	l.mu.Unlock()
@@ -258,17 +289,27 @@ func (l *Log) flush() {
 	defer l.fileMu.Unlock()
 	l.mu.Lock()
 	buf := l.pending
-	l.pending, l.spare = l.spare[:0], nil
+	next, cut := l.next, l.cut
+	l.pending, l.spare, l.next = l.spare[:0], nil, nil
 	l.kicked = false
 	l.mu.Unlock()
-	if len(buf) > 0 {
-		if err := l.writeLines(buf); err != nil {
-			l.failed.Add(1)
-		}
+	rest := buf
+	if next != nil {
+		l.put(buf[:cut])
+		l.switchTo(next)
+		rest = buf[cut:]
 	}
+	l.put(rest)
 	l.spare = buf[:0]
 	if cap(l.spare) > keepBuffer {
 		l.spare = make([]byte, 0, 2*flushAt) // a burst's buffer is not kept
+	}
+}
+
+// put writes lines, counting a failure. Requires fileMu.
+func (l *Log) put(lines []byte) {
+	if len(lines) > 0 && l.writeLines(lines) != nil {
+		l.failed.Add(1)
 	}
 }
 

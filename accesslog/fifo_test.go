@@ -4,6 +4,7 @@ package accesslog_test
 
 import (
 	"bufio"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,5 +58,51 @@ func TestFIFO(t *testing.T) {
 	line, err := bufio.NewReader(r).ReadString('\n')
 	if err != nil || !strings.Contains(line, `"GET /a?b=1 HTTP/1.1" 200`) {
 		t.Errorf("read from the FIFO: %q, %v", line, err)
+	}
+}
+
+// A rotation while the log's reader stalls (a shipper that stopped
+// reading its FIFO, a disk that hangs): Reopen, which a worker runs on
+// USR1 between its other duties (a TERM to act on), returns at once
+// rather than wait behind the stalled write. Once the reader reads again,
+// every line arrives.
+func TestReopenDoesNotWaitOnAStalledWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	l, err := accesslog.New(accesslog.Options{Path: path, FlushEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lines = 2000 // far over a pipe's 64 KiB: the writer waits for room
+	for range lines {
+		l.Log(entry())
+	}
+	reopened := make(chan error, 1)
+	go func() { reopened <- l.Reopen() }()
+	select {
+	case err := <-reopened:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("Reopen waited for the stalled write")
+	}
+	l.Log(entry())
+	read := make(chan int, 1)
+	go func() {
+		r.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b, _ := io.ReadAll(r) // to the end: every writer closed
+		read <- strings.Count(string(b), "\n")
+	}()
+	l.Close()
+	if n := <-read; n != lines+1 {
+		t.Errorf("%d lines read, want %d", n, lines+1)
 	}
 }

@@ -2,7 +2,9 @@ package accesslog_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,7 +61,9 @@ func fullDisk(c *proctest.Child) error {
 	if err := c.Spec(&path); err != nil {
 		return err
 	}
-	l, err := accesslog.New(accesslog.Options{Path: path, Format: accesslog.JSON, FlushEvery: time.Hour})
+	behind := make(chanWriter, 1) // the writer says the write failed
+	l, err := accesslog.New(accesslog.Options{Path: path, Format: accesslog.JSON, FlushEvery: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(behind, nil))})
 	if err != nil {
 		return err
 	}
@@ -73,8 +77,13 @@ func fullDisk(c *proctest.Child) error {
 	e := entry()
 	e.RequestID = []byte("before")
 	l.Log(e)
-	if err := l.Reopen(); err != nil { // writes what is pending
+	if err := l.Reopen(); err != nil { // has the writer write it now
 		return err
+	}
+	select {
+	case <-behind:
+	case <-time.After(5 * time.Second):
+		return errors.New("no failed write was reported")
 	}
 	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &lim); err != nil {
 		return err
@@ -87,4 +96,15 @@ func fullDisk(c *proctest.Child) error {
 		return err
 	}
 	return c.Say("done")
+}
+
+// chanWriter signals each write.
+type chanWriter chan struct{}
+
+func (c chanWriter) Write(p []byte) (int, error) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+	return len(p), nil
 }
