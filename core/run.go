@@ -254,9 +254,11 @@ func (ex *Exchange) Refuse(status int, detail string, close bool) *Response {
 var ErrNoRefresh = errors.New("core: refresh not made")
 
 // ErrClientGone is what an engine gives Finish (wrapped or not) when the
-// client went away: one that went before any response began is counted
-// and logged as StatusClientClosed, as nginx logs 499, not as a server
-// error (which a canary judges).
+// client's connection ended under its request: the client went away, or
+// the server cut it (a drain past its deadline). One that ended before
+// any response began is counted and logged as StatusClientClosed, as
+// nginx logs 499: no response was sent, and it is no server error (which
+// a canary judges).
 var ErrClientGone = errors.New("core: the client went away")
 
 // StatusClientClosed is the status counted and logged for a request

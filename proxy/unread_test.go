@@ -156,6 +156,32 @@ func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
 	})
 }
 
+// The loop and net/http: a request the drain cuts at its deadline, with
+// the upstream and no response begun, is counted as 499 like one whose
+// client went: the client got no response, and it is no server error
+// that a canary judges. (The loop counted a 500 no client was sent.)
+func TestDrainCutBeforeItsResponseIs499(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, watchingEngines(), func(t *testing.T, e storyEngine) {
+		release := make(chan struct{})
+		defer close(release)
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			<-release
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		})
+		statuses := make(chan int, 4)
+		c := configCoreWith(t, "", func(o *core.Options) { o.OnResponse = func(status int) { statuses <- status } })
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		conn, _ := dial(t, r.Addr)
+		io.WriteString(conn, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+		time.Sleep(100 * time.Millisecond) // with the upstream
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		r.Shutdown(ctx)
+		wantCountedGone(t, statuses)
+	})
+}
+
 // The loop and net/http: a client that goes away while its request waits
 // for another's (a duplicate of an idempotency key in flight) is counted
 // as 499, as one that goes away while its request is with the upstream,

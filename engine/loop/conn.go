@@ -4,6 +4,7 @@ package loop
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -49,7 +50,11 @@ func (c *conn) setState(st connState) {
 }
 
 var (
-	errServerClosed = errors.New("loop: the server closed")
+	// errServerClosed ends what the loop still held when it stopped (a
+	// drain past its deadline): no response reaches those clients, which
+	// the core counts as it counts a client gone (499), not as a 500 it
+	// was never sent.
+	errServerClosed = fmt.Errorf("loop: the server closed the connection: %w", core.ErrClientGone)
 	errClientGone   = core.ErrClientGone
 	errSendTimeout  = errors.New("loop: the client read nothing for the send timeout")
 )
