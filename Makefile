@@ -40,7 +40,7 @@ check: lint
 # cache conformance suite. bench/ is a
 # module of its own (see bench/README.md): its tests and benchmarks run
 # from there, in one pass.
-# The fuzz here is a smoke run (30000 inputs a target, under two minutes
+# The fuzz here is a smoke run (30000 inputs a target, about three minutes
 # in all) that keeps CI within its budget; `make fuzz` runs a million.
 # Tests run at the default, one per core: eight at a time (as check
 # runs) halves the first pass, but the end-to-end tests' bounds on
