@@ -262,6 +262,7 @@ func (a *admin) mux() http.Handler {
 	}
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
 		fmt.Fprintln(w, "ok")
 	}))
 	handle("GET /readyz", http.HandlerFunc(a.serveReady))

@@ -144,3 +144,24 @@ func TestActionParamsChecked(t *testing.T) {
 		}
 	}
 }
+
+// Every answer of the admin endpoint is the instance's state at that
+// moment: none may be kept by a cache between it and the prober or the
+// scraper (a stale "ok" or "ready" hides an instance that went down).
+func TestAdminAnswersAreNotStored(t *testing.T) {
+	r, err := shm.CreatePrivate(shm.Options{Counters: 16, MaxWorkers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a := &admin{log: slog.New(slog.DiscardHandler), region: r}
+	a.status.Store(&prefork.Status{Serving: true})
+	mux := a.mux()
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/status", "/nothing"} {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		if got := w.Header().Get("Cache-Control"); got != "no-store" {
+			t.Errorf("GET %s (%d): Cache-Control %q, want no-store", path, w.Code, got)
+		}
+	}
+}

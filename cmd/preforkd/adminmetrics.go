@@ -47,6 +47,7 @@ func (a *admin) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 		sc.snap.AppendRedis(&sc.text)
 	}
 	w.Header().Set("Content-Type", metrics.ContentType)
+	w.Header().Set("Cache-Control", "no-store")
 	w.Write(sc.text.Bytes())
 }
 
