@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -574,7 +575,7 @@ func (m metricsPage) quantile(name string, q float64) float64 {
 			}
 		}
 	}
-	slices.SortFunc(bs, func(a, b bucket) int { return int(math.Copysign(1, a.le-b.le)) })
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
 	for _, b := range bs {
 		if b.n >= q*total {
 			return b.le
@@ -614,6 +615,9 @@ func getMetrics(ctx context.Context, c *http.Client, u string) (metricsPage, err
 		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
 			m[line[:i]] = v
 		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("tune: %s: %w", u, err)
 	}
 	return m, nil
 }
