@@ -147,7 +147,9 @@ func (h *HeadScan) Scan(b []byte) (bareLF bool) {
 		}
 		sec.n++
 		if x == '\n' {
-			if sec.framing&framingPast == 0 {
+			if sec.framing&framingPast == 0 && h.ruled != 0 {
+				// The request line; an empty one before it is not (net/http
+				// drops those after a POST).
 				sec.framing |= framingPast
 				if h.last == http10 {
 					sec.framing |= framing10
@@ -160,9 +162,9 @@ func (h *HeadScan) Scan(b []byte) (bareLF bool) {
 				if sec == &h.cur {
 					return true
 				}
-			case byte(h.last>>16) == '\r' && byte(h.last>>8) == '\n' && sec.n > 2:
-				// CRLF CRLF: the section ended (a CRLF of its own is an
-				// empty line before a request line). What follows is a
+			case byte(h.last>>16) == '\r' && byte(h.last>>8) == '\n' && sec.framing&framingPast != 0:
+				// CRLF CRLF after the request line: the section ended
+				// (CRLFs before it are empty lines). What follows is a
 				// body, or the next section.
 				sec.whole = true
 				if sec == &h.cur {
@@ -181,7 +183,9 @@ func (h *HeadScan) Scan(b []byte) (bareLF bool) {
 // begin with a framing name.
 func (h *HeadScan) framingName(sec *headSection, x byte) {
 	if sec.framing&framingPast == 0 {
-		h.ruled = framingLength | framingEncoding // the request line
+		if x != '\r' {
+			h.ruled = framingLength | framingEncoding // the request line
+		}
 		return
 	}
 	switch {
