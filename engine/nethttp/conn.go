@@ -43,7 +43,8 @@ type clientConn struct {
 	mu     sync.Mutex
 	head   engine.HeadScan
 	served bool // a handler runs or ran for the request now read (ServeHTTP); StateIdle clears it
-	// refused is what Read refused, for the answer net/http writes next.
+	// refused is what Read refused: answered at once, or, when a
+	// handler ran, for the answer net/http writes next.
 	refused *engine.BadRequest
 	// answered: the server's own answer was written in place of
 	// net/http's; what net/http writes after it is dropped, and the close
@@ -73,8 +74,9 @@ type clientConn struct {
 }
 
 // errRefused is what Read gives net/http for a header section it refuses
-// (clientConn.refused says why): an error net/http answers with 400, and
-// the client gets the server's answer instead.
+// (clientConn.refused says why). With no handler running, Read wrote the
+// server's answer already, and what net/http writes after it (a 400 of
+// its own) is dropped; else net/http's 400 becomes that answer (Write).
 var errRefused = errors.New("nethttp: the header section is refused")
 
 // clientListener hands net/http its connections as clientConns.
@@ -132,13 +134,19 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		switch {
 		case c.head.Scan(p[:n]):
 			c.refused = engine.ErrBareLF
-			return 0, errRefused
 		case c.head.Framing() != nil:
 			c.refused = c.head.Framing()
-			return 0, errRefused
 		case c.head.Len() > c.s.limits.MaxHeaderBytes:
 			// net/http's own bound has 4 KiB of slack.
 			c.refused = engine.ErrTooLarge
+		}
+		if c.refused != nil {
+			if !c.served {
+				// Answered here: on a kept connection net/http waits for
+				// the next section with a read whose failure it takes for
+				// the client leaving, and writes no 400 of its own.
+				c.answer(c.refused.Status, c.refused.Detail)
+			}
 			return 0, errRefused
 		}
 	}
