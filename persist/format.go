@@ -587,8 +587,13 @@ func parseCounters(b []byte) (counters, *Refusal) {
 		if nl > len(rest)-ruleFixed {
 			return bad("rule %d of %d: name of %d bytes, %d left", i+1, n, nl, len(rest)-ruleFixed)
 		}
+		algo := bucket.Algorithm(rest[2])
+		if _, err := algo.MarshalText(); err != nil {
+			// No build wrote it: what its keys count cannot be read.
+			return bad("rule %d of %d: algorithm %d is none this build knows", i+1, n, rest[2])
+		}
 		c.rules = append(c.rules, ruleDef{
-			algo:   bucket.Algorithm(rest[2]),
+			algo:   algo,
 			window: time.Duration(le.Uint64(rest[8:])),
 			limit:  int64(le.Uint32(rest[16:])),
 			burst:  int64(le.Uint32(rest[20:])),
