@@ -359,10 +359,15 @@ func BodyAllowed(status int) bool {
 
 // fingerprint is the SHA-256 of the method, the path (as forwarded: two
 // spellings of one path are one request to the application), the query,
-// the Content-Type and the body, each prefixed with its length, so that
+// the Content-Type, the override fields by which the application runs
+// the request as another method or path (methodOverrides,
+// pathOverrides: a POST that says X-HTTP-Method-Override: PATCH is a
+// PATCH to it) and the body, each prefixed with its length, so that
 // no two different requests can be made to hash the same fields by
 // shifting a boundary. Content-Type is in it because the same bytes sent
-// as JSON and as a form are two different requests.
+// as JSON and as a form are two different requests. An override field
+// sent adds its name and lines; a request without one hashes as it did
+// before they were in it, so that records stored then still replay.
 func (ex *Exchange) fingerprint(body []byte) shm.Fingerprint {
 	var buf [512]byte
 	ct, _ := ex.req.Header("Content-Type")
@@ -370,6 +375,19 @@ func (ex *Exchange) fingerprint(body []byte) shm.Fingerprint {
 	b = appendField(b, ex.forward)
 	b = appendField(b, ex.req.Query())
 	b = appendField(b, ct)
+	for _, names := range [...][]string{methodOverrides[:], pathOverrides[:]} {
+		for _, name := range names {
+			lines := ex.req.HeaderLines(name, ex.lines[:0])
+			if len(lines) == 0 {
+				continue
+			}
+			b = appendField(b, name)
+			b = binary.BigEndian.AppendUint64(b, uint64(len(lines)))
+			for _, v := range lines {
+				b = appendField(b, v)
+			}
+		}
+	}
 	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
 	h := sha256.New()
 	h.Write(b)

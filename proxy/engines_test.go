@@ -252,6 +252,24 @@ var coreCases = []coreCase{
 		upSeen: []string{"POST /orders HTTP/1.1"},
 	},
 	{
+		// An application runs a POST that names another method in an
+		// override field (or another path in X-Original-URL) as that
+		// method (path): the same key and body with another override is
+		// another request, refused as any other change is.
+		name:  "an idempotent request whose override fields differ is refused, not replayed",
+		rules: "[[idempotency]]\npath = \"/orders/*\"\nmax_body = \"4KiB\"\n",
+		steps: []coreStep{
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nIdempotency-Key: o1\nContent-Length: 1\n\nx", status: 201, hasNot: []string{"Idempotent-Replayed"}},
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nIdempotency-Key: o1\nX-HTTP-Method-Override: PATCH\nContent-Length: 1\n\nx", status: 422},
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nIdempotency-Key: o1\nX-Original-URL: /orders/2\nContent-Length: 1\n\nx", status: 422},
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nIdempotency-Key: o2\nX-Method-Override: PATCH\nContent-Length: 1\n\nx", status: 201, hasNot: []string{"Idempotent-Replayed"}},
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nIdempotency-Key: o2\nx-method-override: PATCH\nContent-Length: 1\n\nx", status: 201, has: []string{"Idempotent-Replayed: true"}},
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nIdempotency-Key: o2\nContent-Length: 1\n\nx", status: 422},
+			{send: "POST /orders/1 HTTP/1.1\nHost: h\nIdempotency-Key: o1\nContent-Length: 1\n\nx", status: 201, has: []string{"Idempotent-Replayed: true"}},
+		},
+		upSeen: []string{"POST /orders/1 HTTP/1.1", "POST /orders/1 HTTP/1.1"},
+	},
+	{
 		name:  "a body coded twice keeps both codings: sent as the application sent them, replayed as one list",
 		rules: "[[idempotency]]\npath = \"/orders/*\"\nmax_body = \"4KiB\"\n",
 		steps: []coreStep{
