@@ -364,27 +364,28 @@ func BodyAllowed(status int) bool {
 // pathOverrides: a POST that says X-HTTP-Method-Override: PATCH is a
 // PATCH to it) and the body, each prefixed with its length, so that
 // no two different requests can be made to hash the same fields by
-// shifting a boundary. Content-Type is in it because the same bytes sent
-// as JSON and as a form are two different requests. An override field
-// sent adds its name and lines; a request without one hashes as it did
-// before they were in it, so that records stored then still replay.
+// shifting a boundary. Content-Type is in it (every line: the
+// application may read another than the first) because the same bytes
+// sent as JSON and as a form are two different requests. An override
+// field sent, or a second Content-Type line, adds its name and lines; a
+// request without one hashes as it did before they were in it, so that
+// records stored then still replay.
 func (ex *Exchange) fingerprint(body []byte) shm.Fingerprint {
 	var buf [512]byte
-	ct, _ := ex.req.Header("Content-Type")
+	ct, n := ex.req.Header("Content-Type")
 	b := appendField(buf[:0], ex.req.Method())
 	b = appendField(b, ex.forward)
 	b = appendField(b, ex.req.Query())
 	b = appendField(b, ct)
+	if n > 1 {
+		// Every line reaches the application, which may read another
+		// than the first (Puma and gunicorn join them).
+		b = appendLines(b, "Content-Type", ex.req.HeaderLines("Content-Type", ex.lines[:0])[1:])
+	}
 	for _, names := range [...][]string{methodOverrides[:], pathOverrides[:]} {
 		for _, name := range names {
-			lines := ex.req.HeaderLines(name, ex.lines[:0])
-			if len(lines) == 0 {
-				continue
-			}
-			b = appendField(b, name)
-			b = binary.BigEndian.AppendUint64(b, uint64(len(lines)))
-			for _, v := range lines {
-				b = appendField(b, v)
+			if lines := ex.req.HeaderLines(name, ex.lines[:0]); len(lines) > 0 {
+				b = appendLines(b, name, lines)
 			}
 		}
 	}
@@ -400,6 +401,17 @@ func (ex *Exchange) fingerprint(body []byte) shm.Fingerprint {
 func appendField(b []byte, s string) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
 	return append(b, s...)
+}
+
+// appendLines appends the field name, the number of lines and each line,
+// each string prefixed with its length.
+func appendLines(b []byte, name string, lines []string) []byte {
+	b = appendField(b, name)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(lines)))
+	for _, v := range lines {
+		b = appendField(b, v)
+	}
+	return b
 }
 
 // problemKind is an answer the idempotency stage gives instead of the

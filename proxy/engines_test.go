@@ -248,6 +248,13 @@ var coreCases = []coreCase{
 				has: []string{"Location: /orders/1", "Idempotent-Replayed: true"}},
 			{send: "POST /orders HTTP/1.1\nHost: h\nIdempotency-Key: \"k1\"\nContent-Type: application/json\nContent-Length: 7\n\n{\"n\":2}", status: 422,
 				has: []string{"Content-Type: application/problem+json"}},
+			// A second Content-Type line reaches the application, which
+			// may read it (Puma and gunicorn join the lines): another
+			// request.
+			{send: "POST /orders HTTP/1.1\nHost: h\nIdempotency-Key: \"k1\"\nContent-Type: application/json\nContent-Type: text/plain\nContent-Length: 7\n\n{\"n\":1}", status: 422,
+				has: []string{"Content-Type: application/problem+json"}},
+			{send: "POST /orders HTTP/1.1\nHost: h\nIdempotency-Key: \"k1\"\nContent-Type: application/json\nContent-Length: 7\n\n{\"n\":1}", status: 201,
+				has: []string{"Location: /orders/1", "Idempotent-Replayed: true"}},
 		},
 		upSeen: []string{"POST /orders HTTP/1.1"},
 	},
