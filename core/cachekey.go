@@ -18,9 +18,9 @@ import (
 // generations are dumped and restored by hash.
 //
 //   - primary key: the Host as sent (marked on a cleartext listener
-//     beside a TLS one), the forward path, the query as sent, and the
-//     urlFields a request has. GET and HEAD share it (HEAD
-//     is answered from GET's entry). It holds the entry, or a vary stub.
+//     beside a TLS one), the forward path, the query as sent (an empty
+//     one apart from none), and the urlFields a request has. GET and
+//     HEAD share it (HEAD is answered from GET's entry). It holds the entry, or a vary stub.
 //   - variant key: the primary key and the request's values of the
 //     fields the stub names. It holds the entry of a response that varies.
 //   - URL: the forward path and the query, whatever the host and however
@@ -68,7 +68,11 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 	b = append(b, 0)
 	b = append(b, ex.forward...)
 	b = append(b, '?')
-	b = append(b, ex.req.Query()...)
+	q := ex.req.Query()
+	b = append(b, q...)
+	if q == "" && emptyQuery(ex.req) {
+		b = append(b, 0, '?')
+	}
 	for _, name := range urlFields {
 		lines := ex.req.HeaderLines(name, ex.lines[:0])
 		if len(lines) == 0 {
@@ -90,6 +94,18 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// emptyQuery reports whether the target ends in a '?' with no query after
+// it ("/a?"), as the request view's target says (RequestTarget). Every
+// engine forwards it so, and an application may answer it otherwise than
+// "/a" (a redirect to its canonical URL, which served for "/a" would
+// redirect to itself): its primary key is its own, as nginx's
+// $request_uri keeps it. The URL identity does not tell them apart: an
+// invalidation or purge of one reaches both.
+func emptyQuery(r Request) bool {
+	t, ok := r.(RequestTarget)
+	return ok && strings.HasSuffix(t.Target(), "?")
 }
 
 // urlFields are the request fields by which applications behind proxies

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -398,6 +399,41 @@ func TestCacheKeysTheHostAsSent(t *testing.T) {
 			resp, _ := roundTrip(t, c, br, "GET / HTTP/1.1\r\nHost: "+tt.host+"\r\n\r\n")
 			if x := resp.Header.Get("X-Cache"); x != tt.xcache || resp.StatusCode != tt.status {
 				t.Errorf("%d (Host: %s): %d, X-Cache %q; want %d, %s", i, tt.host, resp.StatusCode, x, tt.status, tt.xcache)
+			}
+		}
+	})
+}
+
+// A target with an empty query ("/a?") reaches the application as sent,
+// and the application may answer it otherwise than "/a" (a redirect to
+// its canonical URL): that answer is keyed apart, never served for "/a"
+// (where it would redirect to itself), nor "/a"'s for it. On every engine.
+func TestCacheKeysAnEmptyQueryApart(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			if strings.HasSuffix(req.Req.RequestURI, "?") {
+				w.WriteString("HTTP/1.1 301 Moved Permanently\r\nLocation: /a\r\nCache-Control: max-age=3600\r\nContent-Length: 0\r\n\r\n")
+				return
+			}
+			w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok")
+		})
+		var clock atomic.Int64
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: cacheCore(t, &clock)})
+		c, br := dial(t, r.Addr)
+		defer c.Close()
+		for i, tt := range []struct {
+			target, xcache string
+			status         int
+		}{
+			{"/a?", "MISS", 301},
+			{"/a", "MISS", 200},
+			{"/a?", "HIT", 301},
+			{"/a", "HIT", 200},
+		} {
+			resp, _ := roundTrip(t, c, br, "GET "+tt.target+" HTTP/1.1\r\nHost: a\r\n\r\n")
+			if x := resp.Header.Get("X-Cache"); x != tt.xcache || resp.StatusCode != tt.status {
+				t.Errorf("%d (GET %s): %d, X-Cache %q; want %d, %s", i, tt.target, resp.StatusCode, x, tt.status, tt.xcache)
 			}
 		}
 	})

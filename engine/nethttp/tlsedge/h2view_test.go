@@ -280,3 +280,23 @@ func TestHTTP2ProtocolOutsideConnectIsRefused(t *testing.T) {
 		t.Errorf("the upstream got %q %q", seen[0].Line, seen[0].Lines)
 	}
 }
+
+// A :path with an empty query ("/a?") is forwarded as sent, and keyed
+// apart from "/a": an application's redirect from it to "/a" is never
+// served for "/a", where it would redirect to itself.
+func TestHTTP2EmptyQueryIsKeyedApart(t *testing.T) {
+	up := wiretest.StartUpstream(t, func(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
+		if req.Req.RequestURI == "/a?" {
+			w.WriteString("HTTP/1.1 301 Moved Permanently\r\nLocation: /a\r\nCache-Control: max-age=3600\r\nContent-Length: 0\r\n\r\n")
+			return
+		}
+		w.WriteString("HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok")
+	})
+	c, _ := configCore(t, "[[cache]]\npath = \"/*\"\n")
+	addr, conf, _, _ := tlsServerCore(t, c, up.URL(), engine.Limits{}, nil)
+	for _, tt := range []struct{ path, status string }{{"/a?", "301"}, {"/a", "200"}, {"/a?", "301"}, {"/a", "200"}} {
+		if status, body := h2Request(t, addr, conf, ":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", tt.path); status != tt.status {
+			t.Errorf(":path %s: %q %q, want %s", tt.path, status, body, tt.status)
+		}
+	}
+}
