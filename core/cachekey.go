@@ -73,10 +73,19 @@ func (ex *Exchange) appendPrimary(b []byte) []byte {
 	if q == "" && emptyQuery(ex.req) {
 		b = append(b, 0, '?')
 	}
+	scheme := "http"
+	if s, ok := ex.req.(Scheme); ok {
+		scheme = s.Scheme()
+	}
 	for _, name := range urlFields {
 		lines := ex.req.HeaderLines(name, ex.lines[:0])
-		if len(lines) == 0 {
+		switch {
+		case len(lines) == 0:
 			continue
+		case len(lines) > 1:
+		case name == hdrForwardedHost && lines[0] == host,
+			name == hdrForwardedProto && lines[0] == scheme:
+			continue // what the engines forward: the request's own
 		}
 		n := len(b)
 		b = append(b, 0)
@@ -112,16 +121,19 @@ func emptyQuery(r Request) bool {
 // learn another scheme, host, port, path prefix, URL or method than the
 // request line and Host say (RFC 7239 Forwarded, and the de facto fields
 // of Rack, Spring, Django, Werkzeug, IIS, ...), which preforkd passes on
-// as sent (it writes X-Forwarded-Host and -Proto itself). A response built
-// from them (a redirect, absolute links) is the answer to them only: a
-// request that has one has it in its primary key, so that no client can
-// store such a response for those that send none. Requests without them,
-// or with the same values (a proxy in front that always adds them), share
-// their entries as before. Canonical forms (net/http's header keys).
-// Each costs a look through the request's fields on every cached
-// request: the list is the fields frameworks actually read.
+// as sent. A response built from them (a redirect, absolute links) is the
+// answer to them only: a request that has one has it in its primary key,
+// so that no client can store such a response for those that send none.
+// Requests without them, or with the same values (a proxy in front that
+// always adds them), share their entries as before. X-Forwarded-Host and
+// -Proto are keyed only when they are not the request's own Host and
+// scheme: the engines that forward write those themselves, but an
+// http.Handler behind engine/nethttp gets a client's as sent. Canonical
+// forms (net/http's header keys). Each costs a look through the
+// request's fields on every cached request: the list is the fields
+// frameworks actually read.
 var urlFields = [...]string{
-	"Forwarded", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Scheme", "X-Forwarded-Ssl",
+	"Forwarded", hdrForwardedHost, hdrForwardedProto, "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Scheme", "X-Forwarded-Ssl",
 	"X-Host", "X-Original-Url", "X-Rewrite-Url",
 	"X-Http-Method-Override", "X-Http-Method", "X-Method-Override", // methodOverrides
 }
@@ -192,6 +204,13 @@ func (ex *Exchange) appendVariant(b []byte, names []string) []byte {
 
 // hdrForwardedFor is the field the engines forward with the peer appended.
 const hdrForwardedFor = "X-Forwarded-For"
+
+// hdrForwardedHost and hdrForwardedProto are the fields the engines that
+// forward write themselves: the request's Host, and its scheme.
+const (
+	hdrForwardedHost  = "X-Forwarded-Host"
+	hdrForwardedProto = "X-Forwarded-Proto"
+)
 
 // stubNames appends the Vary names of stub e to dst (aliasing e).
 func stubNames(e *httpcache.Entry, dst []string) []string {

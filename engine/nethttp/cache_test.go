@@ -206,6 +206,32 @@ func TestCacheHit(t *testing.T) {
 	}
 }
 
+// An http.Handler behind the adapter is the application with no proxy in
+// between: it gets X-Forwarded-Host and X-Forwarded-Proto as the client
+// sent them, and frameworks build redirects and absolute links from them.
+// A client's values that are not the request's own Host and scheme key
+// the response apart: one client never stores a redirect to its host,
+// or to http, for the others. The same values as the request's share
+// the entry.
+func TestCacheKeysForwardedHostAndProtoOfAHandler(t *testing.T) {
+	f := newCacheFixture(t, cacheAll(), func(n int, w http.ResponseWriter, r *http.Request) {
+		host, scheme := r.Host, "http"
+		if h := r.Header.Get("X-Forwarded-Host"); h != "" {
+			host = h
+		}
+		if p := r.Header.Get("X-Forwarded-Proto"); p != "" {
+			scheme = p
+		}
+		w.Header().Set("Cache-Control", "max-age=60")
+		fmt.Fprintf(w, "%s://%s/login #%d", scheme, host, n)
+	})
+	f.want(f.get("/r", "X-Forwarded-Host", "evil.example"), 200, "MISS", "http://evil.example/login #1")
+	f.want(f.get("/r", "X-Forwarded-Proto", "https"), 200, "MISS", "https://example.com/login #2")
+	f.want(f.get("/r"), 200, "MISS", "http://example.com/login #3")
+	f.want(f.get("/r", "X-Forwarded-Host", "example.com", "X-Forwarded-Proto", "http"), 200, "HIT", "http://example.com/login #3")
+	f.want(f.get("/r", "X-Forwarded-Host", "evil.example"), 200, "HIT", "http://evil.example/login #1")
+}
+
 // What a shared cache must not store is fetched every time.
 func TestCacheNotStored(t *testing.T) {
 	for _, tt := range []struct {
