@@ -241,6 +241,32 @@ func TestCacheApp(t *testing.T) {
 	}
 }
 
+// The App gets X-Forwarded-Host and X-Forwarded-Proto as an upstream
+// does, written by the server whatever the client sent, as the core reads
+// them: a client's values never reach it, to make an answer (a redirect,
+// absolute links) the cache keeps for every client.
+func TestCacheAppGetsTheForwardedHostAndProto(t *testing.T) {
+	app := func(ctx *fasthttp.RequestCtx) {
+		h := &ctx.Request.Header
+		ctx.Response.Header.Set("Cache-Control", "max-age=60")
+		fmt.Fprintf(ctx, "%q://%q", h.Peek("X-Forwarded-Proto"), h.Peek("X-Forwarded-Host"))
+	}
+	var clock atomic.Int64
+	base := cacheProxy(t, proxy.Options{App: app}, &clock)
+	addr := strings.TrimPrefix(base, "http://")
+	c, br := dial(t, addr)
+	defer c.Close()
+	for i, tt := range []struct{ fields, xcache string }{
+		{"X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\n", "MISS"},
+		{"", "HIT"},
+	} {
+		resp, b := roundTrip(t, c, br, "GET /r HTTP/1.1\r\nHost: a\r\n"+tt.fields+"\r\n")
+		if x := resp.Header.Get("X-Cache"); x != tt.xcache || string(b) != `"http"://"a"` {
+			t.Errorf("%d: X-Cache %q, %s; want %s, \"http\"://\"a\"", i, x, b, tt.xcache)
+		}
+	}
+}
+
 // A GET with content ("fat GET": a length, or a chunked body) is the
 // application's to answer: its key has no body, so its response is never
 // stored, nor is it answered from the cache; on every engine. Stored, the

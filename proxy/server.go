@@ -545,6 +545,19 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 	for _, f := range r.fwd.Add {
 		ctx.Request.Header.AddBytesV(f.Name, f.Value)
 	}
+	// X-Forwarded-Proto and -Host as a forward writes them, and as the
+	// core read them (its cache key leaves them out): a client's, which
+	// frameworks build redirects and links from, never reach the App. By
+	// the names as sent, as above.
+	for i := range r.fields {
+		if f := &r.fields[i]; f.kind == engine.FieldForwardedOther {
+			ctx.Request.Header.DelBytes(r.raw[f.name.from:f.name.to])
+		}
+	}
+	ctx.Request.Header.Set("X-Forwarded-Proto", "http")
+	if len(r.host) > 0 {
+		ctx.Request.Header.SetBytesV("X-Forwarded-Host", r.host)
+	}
 	ex.Sending()
 	s.opts.App(ctx)
 	resp := &ctx.Response
