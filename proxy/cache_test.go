@@ -267,6 +267,34 @@ func TestCacheAppGetsTheForwardedHostAndProto(t *testing.T) {
 	}
 }
 
+// An absolute-form target's authority is the request's host (RFC 9112
+// §3.2.2): the core keys it, a forward sends it as Host, and the App gets
+// it as Host too, not the client's Host line, with its path normalized
+// or not. Otherwise "GET http://a/p" with "Host: evil.example" stored an
+// answer made for evil.example as a's.
+func TestCacheAppGetsTheAbsoluteFormAuthority(t *testing.T) {
+	app := func(ctx *fasthttp.RequestCtx) {
+		ctx.Response.Header.Set("Cache-Control", "max-age=60")
+		fmt.Fprintf(ctx, "%s %s %s", ctx.Request.Header.Host(), ctx.Host(), ctx.Request.Header.Peek("X-Forwarded-Host"))
+	}
+	var clock atomic.Int64
+	base := cacheProxy(t, proxy.Options{App: app}, &clock)
+	c, br := dial(t, strings.TrimPrefix(base, "http://"))
+	defer c.Close()
+	for i, tt := range []struct{ target, host, xcache string }{
+		{"http://a/p", "evil.example", "MISS"},
+		{"/p", "a", "HIT"},
+		{"http://a//x/../q", "evil.example", "MISS"},
+		{"/q", "a", "HIT"},
+		{"http://a/x/./a/much/longer/path", "evil.example", "MISS"},
+	} {
+		resp, b := roundTrip(t, c, br, "GET "+tt.target+" HTTP/1.1\r\nHost: "+tt.host+"\r\n\r\n")
+		if x := resp.Header.Get("X-Cache"); x != tt.xcache || string(b) != "a a a" {
+			t.Errorf("%d (GET %s, Host: %s): X-Cache %q, %q; want %s, \"a a a\"", i, tt.target, tt.host, x, b, tt.xcache)
+		}
+	}
+}
+
 // A GET with content ("fat GET": a length, or a chunked body) is the
 // application's to answer: its key has no body, so its response is never
 // stored, nor is it answered from the cache; on every engine. Stored, the

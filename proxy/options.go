@@ -24,9 +24,10 @@ type Options struct {
 	// App serves the requests itself instead of forwarding them (the
 	// demo application, a fasthttp application embedded in a worker). It
 	// runs after the Core let the request through, with the path the
-	// Core forwards and X-Forwarded-Proto and -Host as a forward writes
-	// them (never the client's); what it writes to ctx.Response is sent
-	// with the Core's fields added.
+	// Core forwards, X-Forwarded-Proto and -Host as a forward writes them
+	// (never the client's), and an absolute-form target's authority as
+	// its Host; what it writes to ctx.Response is sent with the Core's
+	// fields added.
 	App fasthttp.RequestHandler
 
 	// OnResponse, if set, is called once for every request the server

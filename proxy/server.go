@@ -508,6 +508,14 @@ func isOptionsAsterisk(ctx *fasthttp.RequestCtx) bool {
 func (s *Server) runApp(r *request, ex *core.Exchange) {
 	ctx := r.ctx
 	primeDate(&ctx.Response.Header, nil) // the application may set its own
+	if r.absolute {
+		// An absolute-form target's authority is the request's host (RFC
+		// 9112 §3.2.2), as the core read it and a forward sends it: the
+		// App gets it as Host, not the client's Host line. r.host is kept
+		// in that copy, as the target it was cut from is rewritten below.
+		ctx.Request.Header.SetHostBytes(r.host)
+		r.host = ctx.Request.Header.Host()
+	}
 	if r.fwd.Path != b2s(r.path) {
 		// The application gets the path the core passes on.
 		r.head = append(r.head[:0], r.fwd.Path...)
