@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/proxy"
 )
 
 // The access log entry says the scheme of the listener a request came
@@ -34,4 +37,33 @@ func TestAccessEntryScheme(t *testing.T) {
 			}
 		}
 	})
+}
+
+// An App (fasthttp) gets the path the core passes on, rewritten in
+// fasthttp's request buffer: the access log still says the path and
+// query as sent, not bytes of the rewritten target.
+func TestAccessEntryOfAnAppWithARewrittenPath(t *testing.T) {
+	t.Parallel()
+	lines := make(chan core.AccessEntry, 4)
+	c := configCoreWith(t, "", func(o *core.Options) {
+		o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
+	})
+	addr, _ := serve(t, proxy.Options{Core: c, App: func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") }})
+	conn, br := dial(t, addr)
+	for _, tc := range []struct{ target, path, query string }{
+		{"/a/../b?abcdefgh", "/a/../b", "abcdefgh"},
+		{"/x/./y/z?q=1", "/x/./y/z", "q=1"},
+		{"//c", "//c", ""},
+	} {
+		io.WriteString(conn, "GET "+tc.target+" HTTP/1.1\r\nHost: a\r\n\r\n")
+		readResponse(t, br, "GET")
+		select {
+		case l := <-lines:
+			if l.Path != tc.path || l.Query != tc.query || l.Target != tc.target {
+				t.Errorf("%s: logged path %q query %q target %q", tc.target, l.Path, l.Query, l.Target)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no access log entry within 5 s", tc.target)
+		}
+	}
 }

@@ -523,7 +523,18 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 			r.head = append(r.head, '?')
 			r.head = append(r.head, r.query...)
 		}
-		r.target = append(r.target[:0], ctx.Request.Header.RequestURI()...) // for the access log
+		// The target as sent, and the path and query the request view
+		// says (the access log reads them after the App), are views of
+		// the buffer the new target is written over: they move to a copy.
+		r.target = append(r.target[:0], ctx.Request.Header.RequestURI()...)
+		n := len(r.target)
+		r.target = append(append(r.target, r.path...), r.query...)
+		p := n + len(r.path)
+		r.path = r.target[n:p:p]
+		if r.query != nil {
+			r.query = r.target[p:len(r.target):len(r.target)]
+		}
+		r.target = r.target[:n:n] // an append moves it, never over the copies
 		ctx.Request.SetRequestURIBytes(r.head)
 	}
 	if r.body.done && r.body.buf != nil {
