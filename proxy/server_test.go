@@ -587,6 +587,11 @@ func TestSendTimeout(t *testing.T) {
 		c, _ := dial(t, r.Addr)
 		c.(*net.TCPConn).SetReadBuffer(4 << 10)
 		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+		// Counted first: 0 open before the engine accepted it would say
+		// nothing (and the connection would outlive the test).
+		if !waitOpen(r, 1, 5*time.Second) {
+			t.Fatalf("the connection was not counted open within 5s")
+		}
 		// Read nothing: the server's writes stall, and it must give up.
 		if !waitOpen(r, 0, 5*time.Second) {
 			t.Fatalf("a client that reads nothing still holds its connection after 5s")

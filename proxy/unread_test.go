@@ -138,19 +138,8 @@ func TestPipelinedHitsBehindAFill(t *testing.T) {
 func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, watchingEngines(), func(t *testing.T, e storyEngine) {
-		release := make(chan struct{})
-		defer close(release)
-		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			<-release
-			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		})
-		statuses := make(chan int, 4)
-		c := configCoreWith(t, "", func(o *core.Options) { o.OnResponse = func(status int) { statuses <- status } })
-		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
-		conn, _ := dial(t, r.Addr)
-		io.WriteString(conn, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
-		time.Sleep(100 * time.Millisecond) // with the upstream
-		conn.(*net.TCPConn).SetLinger(0)   // a reset
+		_, conn, statuses := requestWithTheUpstream(t, e)
+		conn.(*net.TCPConn).SetLinger(0) // a reset
 		conn.Close()
 		wantCountedGone(t, statuses)
 	})
@@ -163,23 +152,33 @@ func TestClientGoneBeforeItsResponseIs499(t *testing.T) {
 func TestDrainCutBeforeItsResponseIs499(t *testing.T) {
 	t.Parallel()
 	eachEngine(t, watchingEngines(), func(t *testing.T, e storyEngine) {
-		release := make(chan struct{})
-		defer close(release)
-		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
-			<-release
-			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		})
-		statuses := make(chan int, 4)
-		c := configCoreWith(t, "", func(o *core.Options) { o.OnResponse = func(status int) { statuses <- status } })
-		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
-		conn, _ := dial(t, r.Addr)
-		io.WriteString(conn, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
-		time.Sleep(100 * time.Millisecond) // with the upstream
+		r, _, statuses := requestWithTheUpstream(t, e)
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		r.Shutdown(ctx)
 		wantCountedGone(t, statuses)
 	})
+}
+
+// requestWithTheUpstream serves e in front of an upstream that holds
+// every request until the test ends, and sends it one: it returns when
+// the request has been with the upstream a moment, and the statuses the
+// core counts.
+func requestWithTheUpstream(t *testing.T, e storyEngine) (*running, net.Conn, <-chan int) {
+	t.Helper()
+	release := make(chan struct{})
+	up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+		<-release
+		w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	statuses := make(chan int, 4)
+	c := configCoreWith(t, "", func(o *core.Options) { o.OnResponse = func(status int) { statuses <- status } })
+	r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+	t.Cleanup(func() { close(release) }) // first of the clean-ups: the upstream's stop waits for its handler
+	conn, _ := dial(t, r.Addr)
+	io.WriteString(conn, "GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(100 * time.Millisecond) // with the upstream
+	return r, conn, statuses
 }
 
 // The loop and net/http: a client that goes away while its request waits
