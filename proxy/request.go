@@ -56,9 +56,13 @@ type request struct {
 	// and the client's fields left out.
 	fwd core.Forward
 
-	upgrade   bool // Connection: upgrade with an Upgrade field
-	absolute  bool // absolute-form target: Host is replaced by its authority
-	hasLength bool // the client sent a Content-Length
+	upgrade bool // Connection: upgrade with an Upgrade field
+	// upgradeClose: HTTP/1.1 with an Upgrade field and close among its
+	// Connection options, whose close headerReceived took from fasthttp
+	// (so that a 101 can tunnel): done puts it back for any other answer.
+	upgradeClose bool
+	absolute     bool // absolute-form target: Host is replaced by its authority
+	hasLength    bool // the client sent a Content-Length
 	// begun: an exchange was begun for the request, and counts its
 	// response; a request refused before one is counted by done.
 	begun bool
@@ -93,7 +97,7 @@ func (r *request) parse() *engine.BadRequest {
 	}
 	r.fields = r.inline[:0]
 	var framing engine.Framing
-	hasLength, upgradeToken, hasUpgrade, h2c := false, false, false, false
+	hasLength, upgradeToken, hasUpgrade, h2c, closeToken := false, false, false, false, false
 	dropped, hosts := false, 0
 	for pos := 0; pos < len(r.raw); {
 		end := bytes.IndexByte(r.raw[pos:], '\n')
@@ -145,7 +149,9 @@ func (r *request) parse() *engine.BadRequest {
 				switch {
 				case engine.EqualFold(t, "upgrade"):
 					upgradeToken = true
-				case engine.EqualFold(t, "close"), engine.EqualFold(t, "keep-alive"):
+				case engine.EqualFold(t, "close"):
+					closeToken = true
+				case engine.EqualFold(t, "keep-alive"):
 				default:
 					dropped = true
 				}
@@ -153,6 +159,7 @@ func (r *request) parse() *engine.BadRequest {
 		}
 		r.fields = append(r.fields, f)
 	}
+	r.upgradeClose = hasUpgrade && closeToken && h.IsHTTP11()
 	if bad := framing.Problem(!h.IsHTTP11()); bad != nil {
 		return bad
 	}

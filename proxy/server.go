@@ -145,24 +145,6 @@ func expectAnyCase(h *fasthttp.RequestHeader) {
 	}
 }
 
-// upgradeSaidClose reports whether h is a request whose close
-// headerReceived took from fasthttp: HTTP/1.1 with an Upgrade field and
-// close among its Connection options.
-func upgradeSaidClose(h *fasthttp.RequestHeader) bool {
-	if !h.IsHTTP11() || h.Peek(fasthttp.HeaderUpgrade) == nil {
-		return false
-	}
-	said := false
-	for raw := h.RawHeaders(); len(raw) > 0 && !said; {
-		var line []byte
-		line, raw, _ = bytes.Cut(raw, strLF)
-		if name, value, ok := bytes.Cut(line, strColon); ok && engine.EqualFold(name, "connection") {
-			engine.EachToken(bytes.TrimSpace(value), func(t []byte) { said = said || engine.EqualFold(t, "close") })
-		}
-	}
-	return said
-}
-
 var (
 	strLF    = []byte("\n")
 	strColon = []byte(":")
@@ -472,7 +454,7 @@ func (s *Server) done(r *request) {
 	if s.opts.OnResponse != nil {
 		s.opts.OnResponse(r.ctx.Response.StatusCode())
 	}
-	if !r.ctx.Hijacked() && (s.draining.Load() || upgradeSaidClose(&r.ctx.Request.Header)) {
+	if !r.ctx.Hijacked() && (s.draining.Load() || r.upgradeClose) {
 		// Not a 101's: its connection is the tunnel's, which the drain
 		// waits for; fasthttp would send it and close, never tunnelling.
 		r.ctx.SetConnectionClose()
@@ -495,7 +477,7 @@ func (s *Server) recycle(r *request) {
 	r.raw, r.fields, r.method, r.path, r.query, r.host = nil, nil, nil, nil, nil, nil
 	r.target = r.target[:0]
 	r.fwd = core.Forward{}
-	r.upgrade, r.absolute, r.begun, r.streaming = false, false, false, false
+	r.upgrade, r.upgradeClose, r.absolute, r.begun, r.streaming = false, false, false, false, false
 	s.requests.Put(r)
 }
 
