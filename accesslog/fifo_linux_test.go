@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,15 +20,8 @@ import (
 // once; every line the reader gets is one of theirs, whole. Which writer
 // a pipe's room goes to is the scheduler's: a few rounds.
 func TestFIFOLinesWhole(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "access.fifo")
-	if err := syscall.Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	path := newFIFO(t)
+	r := readFIFO(t, path)
 	// One page: every wait for room is a chance for another writer.
 	if _, err := unix.FcntlInt(r.Fd(), unix.F_SETPIPE_SZ, os.Getpagesize()); err != nil {
 		t.Fatal(err)

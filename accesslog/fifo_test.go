@@ -20,10 +20,7 @@ import (
 // caller (a supervisor's reload, a worker's start) until a reader comes.
 // One that is read gets the lines.
 func TestFIFO(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "access.fifo")
-	if err := syscall.Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := newFIFO(t)
 	done := make(chan error, 2)
 	go func() {
 		done <- accesslog.Check(path)
@@ -40,11 +37,7 @@ func TestFIFO(t *testing.T) {
 			t.Fatal("opening a FIFO that nothing reads blocked")
 		}
 	}
-	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := readFIFO(t, path)
 	if err := accesslog.Check(path); err != nil {
 		t.Fatalf("a FIFO that is read: %v", err)
 	}
@@ -67,15 +60,8 @@ func TestFIFO(t *testing.T) {
 // rather than wait behind the stalled write. Once the reader reads again,
 // every line arrives.
 func TestReopenDoesNotWaitOnAStalledWrite(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "access.fifo")
-	if err := syscall.Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	path := newFIFO(t)
+	r := readFIFO(t, path)
 	l, err := accesslog.New(accesslog.Options{Path: path, FlushEvery: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -105,4 +91,26 @@ func TestReopenDoesNotWaitOnAStalledWrite(t *testing.T) {
 	if n := <-read; n != lines+1 {
 		t.Errorf("%d lines read, want %d", n, lines+1)
 	}
+}
+
+// newFIFO makes a FIFO in a directory of t's own and returns its path.
+func newFIFO(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// readFIFO opens the FIFO at path for reading, without waiting for a
+// writer; it is closed when t ends.
+func readFIFO(t *testing.T, path string) *os.File {
+	t.Helper()
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
 }
