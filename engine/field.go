@@ -224,6 +224,62 @@ func EachToken(list []byte, f func([]byte)) {
 	}
 }
 
+// Hops gathers what a request's Connection and Upgrade field lines say
+// about its connection, which every engine that reads heads must read
+// alike: each feeds it the lines as it meets them, then asks.
+type Hops struct {
+	upgradeField bool // an Upgrade line
+	h2c          bool // h2c among the Upgrade lines' protocols
+	upgrade      bool // upgrade among the Connection lines' options
+	close        bool // close among them
+	keepAlive    bool // keep-alive among them
+	named        bool // another option: a field name
+}
+
+// Upgrade reads one Upgrade field line.
+func (h *Hops) Upgrade(v []byte) {
+	h.upgradeField = true
+	EachToken(v, func(t []byte) { h.h2c = h.h2c || EqualFold(t, "h2c") })
+}
+
+// Connection reads one Connection field line.
+func (h *Hops) Connection(v []byte) {
+	EachToken(v, func(t []byte) {
+		switch {
+		case EqualFold(t, "upgrade"):
+			h.upgrade = true
+		case EqualFold(t, "close"):
+			h.close = true
+		case EqualFold(t, "keep-alive"):
+			h.keepAlive = true
+		default:
+			h.named = true
+		}
+	})
+}
+
+// Close reports whether the connection ends after this request: close
+// wins over keep-alive, wherever each is (RFC 9112 §9.6); an HTTP/1.0
+// connection is kept only when the client asks.
+func (h *Hops) Close(http10 bool) bool { return h.close || http10 && !h.keepAlive }
+
+// Upgrades reports whether the request asks to switch protocols: HTTP/1.1
+// with an Upgrade field and upgrade among Connection's options. An
+// upgrade to h2c is never tunnelled: HTTP/2 spoken straight to the
+// upstream would pass every later request by the core. Such a request
+// goes on without it, as HTTP/1.1.
+func (h *Hops) Upgrades(http10 bool) bool {
+	return h.upgrade && h.upgradeField && !h.h2c && !http10
+}
+
+// UpgradeClose reports whether an HTTP/1.1 request has an Upgrade field
+// and close among Connection's options: a 101 to it is not tunnelled.
+func (h *Hops) UpgradeClose(http10 bool) bool { return h.upgradeField && h.close && !http10 }
+
+// Named reports whether Connection names other fields, which are then
+// hop-by-hop too (RFC 9110 §7.6.1).
+func (h *Hops) Named() bool { return h.named }
+
 // SwitchAsked reports whether a 101 switches only to protocols the
 // request asked for: each in switched, the 101's Upgrade list, is in
 // asked, the request's (RFC 9110 §7.8: a server must not switch to one

@@ -97,8 +97,8 @@ func (r *request) parse() *engine.BadRequest {
 	}
 	r.fields = r.inline[:0]
 	var framing engine.Framing
-	hasLength, upgradeToken, hasUpgrade, h2c, closeToken := false, false, false, false, false
-	dropped, hosts := false, 0
+	var hops engine.Hops
+	hasLength, hosts := false, 0
 	for pos := 0; pos < len(r.raw); {
 		end := bytes.IndexByte(r.raw[pos:], '\n')
 		if end < 0 {
@@ -140,40 +140,25 @@ func (r *request) parse() *engine.BadRequest {
 				return bad
 			}
 		case engine.FieldUpgrade:
-			hasUpgrade = true
-			engine.EachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
-				h2c = h2c || engine.EqualFold(t, "h2c")
-			})
+			hops.Upgrade(r.raw[f.value.from:f.value.to])
 		case engine.FieldConnection:
-			engine.EachToken(r.raw[f.value.from:f.value.to], func(t []byte) {
-				switch {
-				case engine.EqualFold(t, "upgrade"):
-					upgradeToken = true
-				case engine.EqualFold(t, "close"):
-					closeToken = true
-				case engine.EqualFold(t, "keep-alive"):
-				default:
-					dropped = true
-				}
-			})
+			hops.Connection(r.raw[f.value.from:f.value.to])
 		}
 		r.fields = append(r.fields, f)
 	}
-	r.upgradeClose = hasUpgrade && closeToken && h.IsHTTP11()
-	if bad := framing.Problem(!h.IsHTTP11()); bad != nil {
+	http10 := !h.IsHTTP11()
+	r.upgradeClose = hops.UpgradeClose(http10)
+	if bad := framing.Problem(http10); bad != nil {
 		return bad
 	}
-	if hosts == 0 && h.IsHTTP11() {
+	if hosts == 0 && !http10 {
 		return engine.ErrNoHost // RFC 9112 §3.2, absolute-form too
 	}
 	r.hasLength = hasLength
-	if dropped {
+	if hops.Named() {
 		r.dropConnectionNamed()
 	}
-	// An upgrade to h2c is never tunnelled: HTTP/2 spoken straight to
-	// the upstream would pass every later request by the core. The
-	// request goes on without it, as HTTP/1.1.
-	r.upgrade = upgradeToken && hasUpgrade && !h2c && h.IsHTTP11()
+	r.upgrade = hops.Upgrades(http10)
 	return r.parseTarget()
 }
 

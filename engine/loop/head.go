@@ -122,9 +122,9 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 	if bad := h.parseLine(span{0, int32(end)}); bad != nil {
 		return bad
 	}
-	upgradeToken, hasUpgrade, h2c, named := false, false, false, false
-	closeToken, keepAlive, emptyHost := false, false, false
+	emptyHost := false
 	var framing engine.Framing
+	var hops engine.Hops
 	for pos := end + 2; pos < len(raw); {
 		eol := pos + bytes.IndexByte(raw[pos:], '\n') - 1
 		line := span{int32(pos), int32(eol)}
@@ -160,29 +160,15 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 				return bad
 			}
 		case engine.FieldUpgrade:
-			hasUpgrade = true
-			engine.EachToken(v, func(t []byte) { h2c = h2c || engine.EqualFold(t, "h2c") })
+			hops.Upgrade(v)
 		case engine.FieldConnection:
-			engine.EachToken(v, func(t []byte) {
-				switch {
-				case engine.EqualFold(t, "upgrade"):
-					upgradeToken = true
-				case engine.EqualFold(t, "close"):
-					closeToken = true
-				case engine.EqualFold(t, "keep-alive"):
-					keepAlive = true
-				default:
-					named = true
-				}
-			})
+			hops.Connection(v)
 		case engine.FieldExpect:
 			h.expect = h.expect || engine.EqualFold(v, "100-continue")
 		}
 		h.fields = append(h.fields, f)
 	}
-	// close wins over keep-alive, wherever each is (RFC 9112 §9.6); an
-	// HTTP/1.0 connection is kept only when the client asks.
-	h.close = closeToken || h.minor == 0 && !keepAlive
+	h.close = hops.Close(h.minor == 0)
 	// An HTTP/1.0 client's expectation is ignored: it gets no 100
 	// Continue, an interim response it does not know (RFC 9110 §10.1.1).
 	h.expect = h.expect && h.minor == 1
@@ -198,13 +184,10 @@ func (h *head) parse(raw []byte) *engine.BadRequest {
 		// (RFC 9110 §4.2.1), so an empty Host is none.
 		return engine.ErrNoHost
 	}
-	if named {
+	if hops.Named() {
 		h.dropConnectionNamed()
 	}
-	// An upgrade to h2c is never tunnelled: HTTP/2 spoken straight to
-	// the upstream would pass every later request by the core. The
-	// request goes on without it, as HTTP/1.1.
-	h.upgrade = upgradeToken && hasUpgrade && !h2c && h.minor == 1
+	h.upgrade = hops.Upgrades(h.minor == 0)
 	return nil
 }
 
