@@ -102,7 +102,7 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 		}
 	}
 	prepare, finish, onStatus := opts.Prepare, opts.Finish, opts.OnStatus
-	handover, handedOver, adopt := opts.Handover, opts.HandedOver, opts.Adopt
+	handedOver := opts.HandedOver
 	var tallied supervisorCounts
 	opts.OnStatus = func(st prefork.Status) {
 		if a.region != nil {
@@ -121,7 +121,7 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 			onStatus(st)
 		}
 	}
-	opts.Adopt = func(files map[string]*os.File) error {
+	addAdopt(opts, func(files map[string]*os.File) error {
 		if f := files[instanceFile]; f != nil {
 			a.adoptInstance(f)
 		}
@@ -136,33 +136,24 @@ func adminHooks(opts *prefork.Options, cfg config.Config, info adminInfo) {
 			}
 			adopted = l
 		}
-		if adopt != nil {
-			return adopt(files)
-		}
 		return nil
-	}
-	opts.Handover = func() (map[string]*os.File, error) {
-		files, err := chainHandover(handover)
-		if err != nil {
-			return files, err
-		}
+	})
+	addHandover(opts, func(files map[string]*os.File) error {
 		inst, err := a.instance()
 		if err != nil {
-			closeFiles(files)
-			return nil, fmt.Errorf("admin: the instance's start: %w", err)
+			return fmt.Errorf("admin: the instance's start: %w", err)
 		}
 		files[instanceFile] = inst
 		if ln == nil {
-			return files, nil
+			return nil
 		}
 		f, err := prefork.ListenerFile(ln)
 		if err != nil {
-			closeFiles(files)
-			return nil, fmt.Errorf("admin: %w", err)
+			return fmt.Errorf("admin: %w", err)
 		}
 		files["admin"] = f
-		return files, nil
-	}
+		return nil
+	})
 	opts.HandedOver = func() {
 		if srv != nil {
 			if ul, ok := ln.(*net.UnixListener); ok {

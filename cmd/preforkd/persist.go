@@ -104,23 +104,14 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string, makeRo
 	}
 	// A binary upgrade (USR2) hands the locks to the new supervisor,
 	// which takes the old one's region as it is: nothing is loaded.
-	handover, adopt := opts.Handover, opts.Adopt
-	opts.Handover = func() (map[string]*os.File, error) {
-		files, err := chainHandover(handover)
-		if err != nil {
-			return nil, err
-		}
+	addHandover(opts, func(files map[string]*os.File) error {
 		fs, err := lock.Files()
-		if err != nil {
-			closeFiles(files)
-			return nil, err
-		}
 		for i, f := range fs {
 			files[fmt.Sprintf("persist.lock.%d", i)] = f
 		}
-		return files, nil
-	}
-	opts.Adopt = func(files map[string]*os.File) error {
+		return err
+	})
+	addAdopt(opts, func(files map[string]*os.File) error {
 		var fs []*os.File
 		for i := 0; ; i++ {
 			f := files[fmt.Sprintf("persist.lock.%d", i)]
@@ -138,11 +129,8 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string, makeRo
 				return fmt.Errorf("%s %q is not a file the running supervisor persists to: a binary upgrade keeps the running files (set it back, or restart to change it)", f.key, f.path)
 			}
 		}
-		if adopt != nil {
-			return adopt(files)
-		}
 		return nil
-	}
+	})
 	// The adopted locks name the old supervisor, which holds them too,
 	// until this one serves: an upgrade that fails before then leaves
 	// them naming the one that serves on.
@@ -285,15 +273,41 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 
 // chainHandover runs the Handover hook set before, if any, for a hook
 // that adds its files to it.
-func chainHandover(h func() (map[string]*os.File, error)) (map[string]*os.File, error) {
-	if h == nil {
-		return map[string]*os.File{}, nil
+// addHandover makes opts.Handover give, after the files of the one set
+// before it, those add puts in the map. When either fails, every file
+// given so far is closed.
+func addHandover(opts *prefork.Options, add func(files map[string]*os.File) error) {
+	prev := opts.Handover
+	opts.Handover = func() (map[string]*os.File, error) {
+		files := map[string]*os.File{}
+		if prev != nil {
+			fs, err := prev()
+			if err != nil {
+				closeFiles(fs)
+				return nil, err
+			}
+			if fs != nil {
+				files = fs
+			}
+		}
+		if err := add(files); err != nil {
+			closeFiles(files)
+			return nil, err
+		}
+		return files, nil
 	}
-	files, err := h()
-	if files == nil && err == nil {
-		files = map[string]*os.File{}
+}
+
+// addAdopt makes opts.Adopt have take take its files over, then the one
+// set before it.
+func addAdopt(opts *prefork.Options, take func(files map[string]*os.File) error) {
+	prev := opts.Adopt
+	opts.Adopt = func(files map[string]*os.File) error {
+		if err := take(files); err != nil || prev == nil {
+			return err
+		}
+		return prev(files)
 	}
-	return files, err
 }
 
 func closeFiles(files map[string]*os.File) {
