@@ -27,13 +27,7 @@ func imfFixdate(s string) (time.Time, bool) {
 	if !dayName(s[:3]) || s[4] != ' ' || s[7] != ' ' || s[11] != ' ' || s[16] != ' ' || s[25] != ' ' || !gmt(s[26:]) {
 		return time.Time{}, false
 	}
-	day, ok1 := digits(s[5:7])
-	month, ok2 := monthName(s[8:11])
-	year, ok3 := digits(s[12:16])
-	if !ok1 || !ok2 || !ok3 {
-		return time.Time{}, false
-	}
-	return clock(year, month, day, s[17:25])
+	return date(s[5:7], s[8:11], s[12:16], s[17:25], time.Time{})
 }
 
 // asctime reads "Sun Nov  6 08:49:37 1994" (24 bytes): the day is two
@@ -42,17 +36,11 @@ func asctime(s string) (time.Time, bool) {
 	if !dayName(s[:3]) || s[7] != ' ' || s[10] != ' ' || s[19] != ' ' {
 		return time.Time{}, false
 	}
-	month, ok1 := monthName(s[4:7])
 	d := s[8:10]
 	if d[0] == ' ' {
 		d = d[1:]
 	}
-	day, ok2 := digits(d)
-	year, ok3 := digits(s[20:24])
-	if !ok1 || !ok2 || !ok3 {
-		return time.Time{}, false
-	}
-	return clock(year, month, day, s[11:19])
+	return date(d, s[4:7], s[20:24], s[11:19], time.Time{})
 }
 
 // rfc850 reads "Sunday, 06-Nov-94 08:49:37 GMT".
@@ -71,17 +59,26 @@ func rfc850(s string, now time.Time) (time.Time, bool) {
 	if len(s) != 23 || s[0] != ' ' || s[3] != '-' || s[7] != '-' || s[10] != ' ' || s[19] != ' ' || !gmt(s[20:]) {
 		return time.Time{}, false
 	}
-	day, ok1 := digits(s[1:3])
-	month, ok2 := monthName(s[4:7])
-	yy, ok3 := digits(s[8:10])
+	return date(s[1:3], s[4:7], s[8:10], s[11:19], now)
+}
+
+// date reads a date's day, month name, year and "08:49:37", and makes the
+// instant. A two-digit year is the one nearest now, at most 50 years
+// ahead of it.
+func date(day, month, year, hms string, now time.Time) (time.Time, bool) {
+	d, ok1 := digits(day)
+	m, ok2 := monthName(month)
+	y, ok3 := digits(year)
 	if !ok1 || !ok2 || !ok3 {
 		return time.Time{}, false
 	}
-	year := now.Year() - now.Year()%100 + yy
-	if year > now.Year()+50 {
-		year -= 100
+	if len(year) == 2 {
+		y += now.Year() - now.Year()%100
+		if y > now.Year()+50 {
+			y -= 100
+		}
 	}
-	return clock(year, month, day, s[11:19])
+	return clock(y, m, d, hms)
 }
 
 // clock reads "08:49:37" and makes the instant, refusing a day the month
