@@ -103,7 +103,10 @@ func (c *conn) Read(p []byte) (int, error) {
 		c.reads.Add(1)
 	}
 	if n > 0 && c.head.Scan(p[:n]) {
-		return 0, errBareLFRead
+		// The bytes go with the error: fasthttp takes a read of none
+		// on a kept connection for the client leaving, and closes it
+		// without the 400.
+		return n, errBareLFRead
 	}
 	return n, err
 }

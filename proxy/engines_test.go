@@ -899,6 +899,38 @@ func TestPipelinedSectionSplitAtCRLF(t *testing.T) {
 	})
 }
 
+// TestKeptConnectionBareLFRefused: a request on a kept connection, sent
+// after the response to the one before it, whose header section has a
+// line ended by a bare LF gets 400 like a first request does, never a
+// silent close (fasthttp took a read that returned nothing for the
+// client leaving).
+func TestKeptConnectionBareLFRefused(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, nil)
+		r := e.serve(t, storyOptions{Upstream: up.URL()})
+		c, br := dial(t, r.Addr)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		for i, tc := range []struct {
+			send string
+			want int
+		}{{"GET /a HTTP/1.1\r\nHost: a\r\n\r\n", 200}, {"GET /b HTTP/1.1\nHost: a\n\n", 400}} {
+			io.WriteString(c, tc.send)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("response %d: %v", i+1, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != tc.want {
+				t.Fatalf("response %d: %d, want %d", i+1, resp.StatusCode, tc.want)
+			}
+		}
+		if n := len(up.Requests()); n != 1 {
+			t.Errorf("the upstream saw %d requests, want 1", n)
+		}
+	})
+}
+
 // TestPipelinedBareLFRefusedAtOnce: a pipelined request whose header
 // section has a line ended by a bare LF, sent whole with the request
 // before it, is refused 400 at once, never left to read_header_timeout:
