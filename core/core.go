@@ -282,10 +282,10 @@ type Exchange struct {
 
 	// override is what matchRoute found of the request's override
 	// fields: 0 not looked yet, else ovLooked with ovMethod (lines of a
-	// methodOverrides field) and ovPath (altPaths holds a path).
+	// methodOverrides field) and ovPath (a line of a pathOverrides
+	// field).
 	override   uint8
-	altPaths   [len(pathOverrides)]string // the pathOverrides' normalized paths; "" for none
-	altMethods []string                   // a POST's _method query parameters
+	altMethods []string // a POST's _method query parameters
 
 	// Each stage's state.
 	rl    rateState
@@ -646,12 +646,12 @@ const (
 // matchRoute reports whether rt covers the request: by its method and
 // path, or by a method its methodOverrides lines name (each element of
 // each line) or a POST's _method query parameter names, or a path its
-// pathOverrides name (the first line's, up to a
-// '?', normalized as the request's path; one that cannot be is no path),
-// which the application may run it as. As for "post" and HEAD, counting
-// such a request costs nothing and closes the bypass. The fields are
-// looked for only when rt does not match the request as it is, once per
-// request.
+// pathOverrides name (each line's, read by overridePath; one that cannot
+// be normalized is no path), which the application may run it as. As for
+// "post" and HEAD, counting such a request costs nothing and closes the
+// bypass. The fields are looked for only when rt does not match the
+// request as it is: which of them the request has, once per request; the
+// paths, for each rule, only in a request that has a path override.
 func (ex *Exchange) matchRoute(rt *route.Route) bool {
 	method := ex.req.Method()
 	if rt.Match(method, ex.match) {
@@ -689,9 +689,18 @@ func (ex *Exchange) matchRoute(rt *route.Route) bool {
 // matchAltPaths reports whether rt covers method on a path a
 // pathOverrides field names.
 func (ex *Exchange) matchAltPaths(rt *route.Route, method string) bool {
-	for _, p := range ex.altPaths {
-		if p != "" && rt.Match(method, p) {
-			return true
+	if ex.override&ovPath == 0 {
+		return false
+	}
+	// Every line: PHP keeps the last of the FastCGI parameters a
+	// server that passes each line (nginx before 1.23) sends. Read into
+	// the key view's buffer (free between keys), as matchRoute may be
+	// going through ex.lines.
+	for _, name := range pathOverrides {
+		for _, v := range ex.req.HeaderLines(name, ex.kv.lines[:0]) {
+			if p, ok := overridePath(v); ok && rt.Match(method, p) {
+				return true
+			}
 		}
 	}
 	return false
@@ -714,7 +723,7 @@ func queryMethods(q string) (ms []string) {
 }
 
 // lookOverrides notes which override fields the request has, and the
-// paths of its pathOverrides.
+// methods of its _method query parameters.
 func (ex *Exchange) lookOverrides() {
 	ex.override = ovLooked
 	for _, name := range methodOverrides {
@@ -731,17 +740,37 @@ func (ex *Exchange) lookOverrides() {
 			ex.override |= ovMethod
 		}
 	}
-	for i, name := range pathOverrides {
-		v, n := ex.req.Header(name)
-		if n == 0 {
-			continue
-		}
-		v, _, _ = strings.Cut(v, "?")
-		if match, _, err := route.Normalize(v); err == nil {
-			ex.altPaths[i] = match
+	for _, name := range pathOverrides {
+		if _, n := ex.req.Header(name); n > 0 {
 			ex.override |= ovPath
 		}
 	}
+}
+
+// overridePath is the match path of v, a pathOverrides line, read as
+// Zend and Diactoros read it: a "scheme://authority" before the path
+// dropped (they replace #^[^/:]+://[^/]+# with nothing), and the query
+// and the fragment split off. ok is false for a path Normalize refuses.
+func overridePath(v string) (match string, ok bool) {
+	for i := 0; i < len(v) && v[i] != '/'; i++ {
+		if v[i] == ':' {
+			if rest := v[i+1:]; i > 0 && len(rest) > 2 && rest[0] == '/' && rest[1] == '/' && rest[2] != '/' {
+				v = ""
+				if j := strings.IndexByte(rest[2:], '/'); j >= 0 {
+					v = rest[2+j:]
+				}
+			}
+			break
+		}
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] == '?' || v[i] == '#' {
+			v = v[:i]
+			break
+		}
+	}
+	match, _, err := route.Normalize(v)
+	return match, err == nil
 }
 
 func hasUpper(s string) bool {

@@ -314,6 +314,7 @@ var coreCases = []coreCase{
 			{send: "POST /orders/1 HTTP/1.1\nHost: h\nX-HTTP-Method-Override: PUT\nContent-Length: 0\n\n", status: 400},
 			{send: "POST /items/5 HTTP/1.1\nHost: h\nX-HTTP-Method: DELETE\nContent-Length: 0\n\n", status: 429},
 			{send: "POST /items/6 HTTP/1.1\nHost: h\nx-method-override: delete\nContent-Length: 0\n\n", status: 429},
+			{send: "POST /other HTTP/1.1\nHost: h\nX-HTTP-Method-Override: GET\nX-HTTP-Method-Override: DELETE\nX-Original-URL: /other\nX-Original-URL: http://h/items/6\nContent-Length: 0\n\n", status: 429},
 			{send: "POST /orders/2 HTTP/1.1\nHost: h\nX-HTTP-Method: PUT\nContent-Length: 0\n\n", status: 400},
 			{send: "POST /orders/3 HTTP/1.1\nHost: h\nX-Method-Override: GET, PUT\nContent-Length: 0\n\n", status: 400},
 			// Symfony and Laravel read _method from the query of a POST.
@@ -336,11 +337,19 @@ var coreCases = []coreCase{
 			{send: "GET /admin/x HTTP/1.1\nHost: h\n\n", status: 200, has: []string{"X-Ratelimit-Remaining: 0"}},
 			{send: "GET /public HTTP/1.1\nHost: h\nX-Original-URL: /admin/y\n\n", status: 429},
 			{send: "GET /public HTTP/1.1\nHost: h\nx-rewrite-url: /ADMIN/./z?q=1\n\n", status: 429},
+			// Zend and Diactoros drop a "scheme://authority" before the
+			// path and split off a fragment; of a field sent twice, PHP
+			// may get the last line (FastCGI): each line counts.
+			{send: "GET /public HTTP/1.1\nHost: h\nX-Original-URL: http://h/admin/y\n\n", status: 429},
+			{send: "GET /public HTTP/1.1\nHost: h\nX-Rewrite-URL: /admin/y#f\n\n", status: 429},
+			{send: "GET /public HTTP/1.1\nHost: h\nX-Original-URL: /public\nX-Original-URL: /admin/y\n\n", status: 429},
+			{send: "GET /public HTTP/1.1\nHost: h\nX-Original-URL: http:///admin/y\n\n", status: 200, hasNot: []string{"Ratelimit-Policy"}},
 			{send: "GET /public HTTP/1.1\nHost: h\n\n", status: 200, hasNot: []string{"Ratelimit-Policy"}},
 			{send: "POST /x HTTP/1.1\nHost: h\nX-Original-URL: /orders/1\nContent-Length: 0\n\n", status: 400},
 			{send: "POST /x HTTP/1.1\nHost: h\nX-Original-URL: /orders/1\nX-HTTP-Method-Override: PATCH\nContent-Length: 0\n\n", status: 400},
+			{send: "POST /x HTTP/1.1\nHost: h\nX-Original-URL: https://h:8443/orders/1?a#b\nContent-Length: 0\n\n", status: 400},
 		},
-		upSeen: []string{"GET /admin/x HTTP/1.1", "GET /public HTTP/1.1"},
+		upSeen: []string{"GET /admin/x HTTP/1.1", "GET /public HTTP/1.1", "GET /public HTTP/1.1"},
 	},
 	{
 		name:  "a key header sent twice is refused",
