@@ -127,6 +127,10 @@ func (h *HeadScan) Framing() *BadRequest {
 // only ends an idle connection.
 func (h *HeadScan) Begun() bool { return h.active && h.cur.n > 0 }
 
+// Whole reports whether the section now awaited came whole: a read
+// that fails after it fails its request's body.
+func (h *HeadScan) Whole() bool { return h.cur.whole }
+
 // Len is how many bytes of the section awaited were read, through the
 // CRLF CRLF that ends it once it came: what max_header_bytes bounds.
 func (h *HeadScan) Len() int { return h.cur.n }

@@ -174,9 +174,9 @@ func (c *conn) switch101(up io.Closer) {
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		if r := c.early; r != nil && r.ex != nil {
-			// The body of a request that expect let go on could not be
-			// read: the handler never ran.
-			// fasthttp answered it 400: the exchange ends so.
+			// A request that expect let go on, whose handler never ran
+			// and whose body's failure bodyUnread did not answer (the
+			// 100 Continue could not be written): the exchange ends so.
 			c.early = nil
 			r.ex.Refuse(http.StatusBadRequest, "the request body could not be read", true)
 			r.ex.Finish(nil)

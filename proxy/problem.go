@@ -129,6 +129,9 @@ func setFields(resp *fasthttp.Response, fields []core.Field) {
 // answer is counted here, as done counts the server's own answers: no
 // handler runs for it.
 func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
+	if s.bodyUnread(ctx, err) {
+		return
+	}
 	bad := s.unread(ctx, err)
 	if bad == nil {
 		return
@@ -138,6 +141,26 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	if s.opts.OnResponse != nil {
 		s.opts.OnResponse(bad.Status)
 	}
+}
+
+// bodyUnread answers a request that expect let go on but whose body
+// fasthttp could not begin to read: it reads a body's first bytes itself,
+// after expect and before the handler, under client_body_timeout. The
+// answer is the body's (a 408 for a body that never came, not the
+// head's), and the exchange expect began ends with it: logged and
+// counted once, with the status sent and the request id. It reports
+// false when no such request waits.
+func (s *Server) bodyUnread(ctx *fasthttp.RequestCtx, err error) bool {
+	c, _ := ctx.Conn().(*conn)
+	if c == nil || c.early == nil || c.early.ex == nil {
+		return false
+	}
+	r := c.early
+	c.early = nil
+	r.ctx = ctx
+	s.refuseAfter(r, r.ex, bodyProblem(err))
+	s.done(r)
+	return true
 }
 
 // unread is the refusal of a request fasthttp could not read, or nil when
@@ -163,6 +186,12 @@ func (s *Server) unread(ctx *fasthttp.RequestCtx, err error) *engine.BadRequest 
 	case errors.As(err, &small), errors.Is(err, fasthttp.ErrSmallReadBuffer):
 		return engine.ErrTooLarge
 	case isTimeout(err):
+		if c, _ := ctx.Conn().(*conn); c != nil && c.head.Whole() {
+			// The head came: fasthttp waited for the first byte of a
+			// body of a known length (it reads one before the handler,
+			// and drops the head when it cannot).
+			return engine.ErrBodyTimeout
+		}
 		return engine.ErrHeadTimeout
 	}
 	return &engine.BadRequest{Status: http.StatusBadRequest, Detail: "malformed request", CloseConn: true}
