@@ -251,6 +251,12 @@ func TestErrors(t *testing.T) {
 		// key, at its line.
 		{"bad redis url", "[redis]\nurl = \"http://:hunter2@x\" # <-\n", `redis.url: "http://:xxxxx@x": want redis://`, 0},
 		{"redis url port out of range", "[redis]\nurl = \"redis://127.0.0.1:99999\" # <-\n", `redis.url: "redis://127.0.0.1:99999": the port is not one from 1 to 65535`, 0},
+		// go-redis would take a query's options (pool_size, read_timeout,
+		// skip_verify, …) which the store then ignores, and a negative
+		// database as 0: each is refused rather than run as another setting.
+		{"redis url with options", "[redis]\nurl = \"redis://127.0.0.1:6379/0?pool_size=3\" # <-\n", `redis.url: "redis://127.0.0.1:6379/0?pool_size=3": options in the URL are not read: use the keys of [redis]`, 0},
+		{"redis url with a fragment", "[redis]\nurl = \"redis://127.0.0.1:6379/0#x\" # <-\n", `redis.url: "redis://127.0.0.1:6379/0#x": want redis://`, 0},
+		{"redis url negative database", "[redis]\nurl = \"redis://127.0.0.1:6379/-1\" # <-\n", `redis.url: "redis://127.0.0.1:6379/-1": the database is not a number from 0 to 2147483646`, 0},
 		{"redis url port 0", "[redis]\nurl = \"redis://127.0.0.1:0/0\" # <-\n", "redis.url: \"redis://127.0.0.1:0/0\": the port is not one from 1 to 65535", 0},
 		{"cluster seed port out of range", "[redis]\ncluster = [\"a:1\", \"redis://b:70000\"] # <-\n", `redis.cluster: address "redis://b:70000": want host:port`, 0},
 		{"cluster seed port not a number", "[redis]\ncluster = [\"a:http\"] # <-\n", `redis.cluster: address "a:http": want host:port`, 0},

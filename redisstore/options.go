@@ -3,8 +3,10 @@ package redisstore
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"strconv"
@@ -299,6 +301,17 @@ func clientOptions(o Options) (*redis.UniversalOptions, error) {
 	switch {
 	case o.URL != "":
 		p, err := redis.ParseURL(o.URL)
+		if u, uerr := url.Parse(o.URL); err == nil && (uerr != nil || u.Fragment != "") {
+			err = errors.New("redisstore: a fragment") // go-redis ignores it
+		} else if err == nil && u.RawQuery != "" {
+			// go-redis reads pool_size, timeouts, skip_verify… from
+			// the query; the client is built from Options alone.
+			return nil, fieldErr("URL", "%q: options in the URL are not read: use the keys of [redis]", redactURL(o.URL))
+		}
+		if err == nil && (p.DB < 0 || p.DB > math.MaxInt32-1) {
+			// go-redis selects no database under 1: -1 would be 0.
+			return nil, fieldErr("URL", "%q: the database is not a number from 0 to %d", redactURL(o.URL), math.MaxInt32-1)
+		}
 		if err == nil && !hasPort(p.Addr) {
 			return nil, fieldErr("URL", "%q: the port is not one from 1 to 65535", redactURL(o.URL))
 		}
