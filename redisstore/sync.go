@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -43,8 +45,8 @@ import (
 // last I + d it had no view yet: then h admitted at most R × (I + d) in
 // all, and the others, bounded on their own by the same argument, admit
 // no more for h's counts. Counts a worker admitted but could not flush
-// (Redis down, the worker killed) never reach the other hosts: they are
-// over the bound by as much.
+// (a flush that timed out, see putBack; the worker killed) never reach
+// the other hosts: they are over the bound by as much.
 
 // pendingKey is one key in one window of Redis's clock.
 type pendingKey struct {
@@ -425,17 +427,32 @@ func (l *Limiter) takePending(items []flushItem, now time.Duration) []flushItem 
 }
 
 // putBack returns the counts of a flush that failed to their pending
-// entries: those of the calls that were not sent or did not succeed. A
-// call Redis answered has added its count (each key's is a call of its
-// own in the pipeline, and one may fail while the others succeed): put
-// back, it would be added twice.
+// entries: those of the calls that certainly did not add them. A call
+// Redis answered has added its count (each key's is a call of its own in
+// the pipeline, and one may fail while the others succeed), and so may a
+// call sent but not answered in time (Redis stalled, the reply was lost):
+// Redis runs it when it can. Put back, either would be added twice, and
+// the other hosts would refuse requests the limit allows; the counts of a
+// call that timed out are rather lost, as a worker's that could not
+// flush at all, and the request path never retries a call either.
 func (s *Store) putBack(items []flushItem) {
 	for i := range items {
 		it := &items[i]
-		if it.v.n != 0 && (it.cmd == nil || it.cmd.Err() != nil) {
+		if it.v.n != 0 && (it.cmd == nil || notRun(it.cmd.Err())) {
 			it.l.pending.add(it.k, it.v.remote, it.v.n)
 		}
 	}
+}
+
+// notRun reports whether a flush call that failed with err certainly did
+// not change Redis: Redis answered with an error (the script is not
+// loaded, a key of the wrong type, out of memory, busy, a Cluster
+// redirection), or the call was never sent (no connection could be had).
+func notRun(err error) bool {
+	var re redis.Error
+	var oe *net.OpError
+	return err != nil && (errors.As(err, &re) || errors.Is(err, redis.ErrPoolTimeout) ||
+		errors.Is(err, redis.ErrClosed) || errors.As(err, &oe) && oe.Op == "dial")
 }
 
 // runFlush sends one pipeline of flushScript calls, and again with EVAL

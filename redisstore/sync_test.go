@@ -268,3 +268,50 @@ func TestSyncPartialFlushCountsOnce(t *testing.T) {
 		}
 	}
 }
+
+// A flush that times out on a Redis that then runs it (a stalled server,
+// replies lost) is not sent again: its counts may be in Redis, and sent
+// again they would be added twice, having the other hosts refuse requests
+// the limit allows. The request path never retries a timed-out call
+// either; a count that did not reach Redis is lost, as a worker's that
+// could not flush.
+func TestSyncTimedOutFlushNotResent(t *testing.T) {
+	t.Parallel()
+	srv, h, l := oneHost(t, redisstore.Options{}, redisstore.Rule{Rule: bucket.Rule{Name: "stall", Limit: 100, Window: time.Hour, Algorithm: bucket.FixedWindow}, Sync: time.Hour})
+	for !redisstore.ClockKnown(h.store) {
+		time.Sleep(time.Millisecond)
+	}
+	ctx := context.Background()
+	// A first flush opens the pipeline's connection: the stalled flush
+	// is written on it, not held up by a new connection's handshake.
+	w := l.Key([]byte("w"))
+	l.AllowKey(&w, h.region.Now())
+	redisstore.Flush(h.store)
+	k := l.Key([]byte("k"))
+	for range 3 {
+		l.AllowKey(&k, h.region.Now())
+	}
+	wk := redisstore.WindowKey(l, &k, h.region.Now())
+	thaw := srv.Freeze()
+	redisstore.Flush(h.store) // times out after the flush timeout (2s here)
+	if st := h.store.Stats(h.region.Now()); st.FlushErrors != 1 {
+		t.Fatalf("the flush to a frozen Redis did not fail: %+v", st)
+	}
+	thaw()
+	// The stalled server runs what it was sent.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := srv.Client().HGet(ctx, wk, "t").Int64()
+		if err == nil && n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled flush never reached Redis: %d, %v", n, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	redisstore.Flush(h.store)
+	if n, err := srv.Client().HGet(ctx, wk, "t").Int64(); err != nil || n != 3 {
+		t.Fatalf("Redis counts %d (%v), want the 3 admitted", n, err)
+	}
+}
