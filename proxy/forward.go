@@ -38,8 +38,11 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 	var uc *upconn.Conn
 	for attempt := 0; ; attempt++ {
 		var err error
-		if r.upgrade {
-			uc, err = s.up.Dial(context.Background()) // it will not come back to the pool
+		if r.upgrade || attempt > 0 {
+			// A tunnel will not come back to the pool; a retry goes on a
+			// new connection, not on the next idle one, which the same
+			// idle close may have met.
+			uc, err = s.up.Dial(context.Background())
 		} else {
 			uc, err = s.up.Get(context.Background())
 		}

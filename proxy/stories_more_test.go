@@ -177,6 +177,66 @@ func TestStaleConnectionRetried(t *testing.T) {
 	})
 }
 
+// TestStaleRetryGoesOnANewConnection: the one retry of a request whose
+// pooled connection the upstream had closed goes on a new connection, on
+// every engine, not on the next idle one: connections that went idle
+// together are closed together by the upstream's idle timeout, and a GET
+// sent again on the second of them met the same close and got a 502.
+func TestStaleRetryGoesOnANewConnection(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		var mu sync.Mutex
+		conns, both := 0, make(chan struct{})
+		wiretest.AcceptEach(ln, func(c net.Conn) {
+			mu.Lock()
+			conns++
+			n := conns
+			mu.Unlock()
+			br := bufio.NewReader(c)
+			for first := true; ; first = false {
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				switch {
+				case n > 2:
+				case first && n == 2:
+					close(both)
+				case first:
+					select { // the two first connections serve at once
+					case <-both:
+					case <-time.After(5 * time.Second):
+					}
+				default:
+					// Idle closes that raced the next request on each.
+					c.(*net.TCPConn).SetLinger(0)
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+		})
+		r := e.serve(t, storyOptions{Upstream: "http://" + ln.Addr().String()})
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Go(func() {
+				c, br := dial(t, r.Addr)
+				if resp, _ := roundTrip(t, c, br, fmt.Sprintf("GET /%d HTTP/1.1\r\nHost: a\r\n\r\n", i)); resp.StatusCode != 200 {
+					t.Errorf("request %d: %d", i, resp.StatusCode)
+				}
+			})
+		}
+		wg.Wait()
+		c, br := dial(t, r.Addr)
+		if resp, body := roundTrip(t, c, br, "GET /3 HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+			t.Errorf("a GET whose pooled connections were all closed under it: %d %s, want it sent again on a new one", resp.StatusCode, body)
+		}
+	})
+}
+
 // TestNoRetryOnceTheUpstreamAnswered: a request on a pooled connection
 // that breaks after the upstream sent part of its response (a 103 Early
 // Hints) was taken by the upstream: it is not sent again, even a GET.

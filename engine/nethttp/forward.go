@@ -129,8 +129,10 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 	*hp = head
 	var uc *upconn.Conn
 	for attempt := 0; ; attempt++ {
-		if upgrade {
-			uc, err = f.up.Dial(context.Background()) // it will not go back to the pool
+		if upgrade || attempt > 0 {
+			// A tunnel will not go back to the pool; a retry goes on a
+			// new connection, not on the next idle one.
+			uc, err = f.up.Dial(context.Background())
 		} else {
 			uc, err = f.up.Get(context.Background())
 		}
