@@ -273,6 +273,7 @@ type Exchange struct {
 	status     int      // the status sent to the client
 	rec        recorded // what Head and Body recorded
 	recording  bool     // Head began recording (record said so)
+	stray      bool     // bytes came past the response (Stray)
 	recMax     int64    // how much of the body is kept
 	counted    bool     // the response was counted (Finish)
 	refreshing bool     // the exchange lives on for a background refresh

@@ -172,6 +172,13 @@ func (ex *Exchange) Head(status int, h Header) *Response {
 	return nil
 }
 
+// Stray tells the core that the upstream sent bytes past the end of the
+// response Head was told of, when Finish will not be told so
+// (engine.ErrRespStray): a 304 to the cache's revalidation, which the
+// refreshed entry replaced. Its framing cannot be trusted: nothing of it
+// is stored, the entry's refresh included.
+func (ex *Exchange) Stray() { ex.stray = true }
+
 // recordField keeps a field line of a recorded response.
 func (ex *Exchange) recordField(name, value []byte) {
 	if ex.c.isResetField(name) {
@@ -320,7 +327,7 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 		ex.releaseStream()
 		ex.refreshing = true
 		ex.rec = recorded{}
-		ex.recording = false
+		ex.recording, ex.stray = false, false
 		// The fields sent were the stale response's: none is added to
 		// the refresh's response, and none of its own is the core's.
 		ex.fields = ex.fields[:0]
@@ -341,6 +348,11 @@ func (ex *Exchange) completeRecorded(err error) {
 		// max_body was not to be stored: its end, read or cut once the
 		// client was gone, changes nothing; Keep.)
 		ex.rec.Failed = true
+	}
+	if err != nil || ex.stray {
+		// Nor the fields of a 304 that refreshed the stored entry: bytes
+		// came past it (Stray), or its exchange failed.
+		ex.cache.flags &^= cRefreshed
 	}
 	if ex.rec.Status == 0 {
 		ex.rec.Status = ex.status

@@ -108,8 +108,12 @@ func (s *Server) relay(r *request, ex *core.Exchange, uc *upconn.Conn) {
 		return
 	}
 	if replaced := ex.Head(status, (*upHeader)(up)); replaced != nil {
-		// stale-if-error: the cache's stale response goes instead; the
-		// upstream's body is not read, nor its connection kept.
+		// stale-if-error, or the entry a 304 refreshed: the cache's
+		// response goes instead; the upstream's body is not read, nor its
+		// connection kept. Bytes already past a 304 are stray.
+		if engine.Bodyless(status, r.ctx.IsHead()) && s.upDone(uc, false) != nil {
+			ex.Stray()
+		}
 		uc.Conn.Close()
 		s.respond(ctx, replaced)
 		s.finish(r, ex, nil)

@@ -6,10 +6,12 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
+	"github.com/preforkd/preforkd/internal/waitfor"
 	"github.com/preforkd/preforkd/metrics"
 )
 
@@ -142,4 +144,96 @@ func TestStrayBytesCounted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStrayBytesAfterA304RefreshNothing: a 304 to the cache's
+// revalidation followed by bytes (a body a 304 cannot have) is not
+// trusted, as a 200 followed by more than its length is not, on every
+// engine: the client gets the stored response it revalidated, but the
+// 304's fields are not stored, the entry stays stale (the next request
+// revalidates again), and the bytes are counted as a response failure.
+// The 304 refreshed the entry all the same: the stray bytes went
+// unseen with the connection, which a replaced response closes.
+func TestStrayBytesAfterA304RefreshNothing(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		var n atomic.Int32
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			switch n.Add(1) {
+			case 1:
+				w.WriteString("HTTP/1.1 200 OK\r\nETag: \"x\"\r\nCache-Control: max-age=1\r\nContent-Length: 2\r\n\r\nv1")
+			case 2:
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nCache-Control: max-age=600\r\nX-New: stray\r\n\r\nEXTRA")
+			default:
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nCache-Control: max-age=600\r\n\r\n")
+			}
+		})
+		var clock atomic.Int64
+		c, region := configCoreIn(t, "[table]\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n",
+			func(o *core.Options) { o.Now = func() time.Duration { return time.Hour + time.Duration(clock.Load()) } })
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		get := func() (*http.Response, string) {
+			conn, br := dial(t, r.Addr) // a connection each
+			defer conn.Close()
+			resp, body := roundTrip(t, conn, br, "GET /r HTTP/1.1\r\nHost: a\r\n\r\n")
+			return resp, string(body)
+		}
+		if resp, body := get(); resp.Header.Get("X-Cache") != "MISS" || body != "v1" {
+			t.Fatalf("first: %s %q", resp.Header.Get("X-Cache"), body)
+		}
+		clock.Add(int64(5 * time.Second))
+		if resp, body := get(); resp.Header.Get("X-Cache") != "REVALIDATED" || body != "v1" {
+			t.Errorf("revalidated: %s %q, want the stored body", resp.Header.Get("X-Cache"), body)
+		}
+		resp, body := get()
+		if x := resp.Header.Get("X-Cache"); x != "REVALIDATED" || body != "v1" || resp.Header.Get("X-New") != "" {
+			t.Errorf("after a 304 with stray bytes: %s %q X-New %q; want the entry revalidated again, unchanged", x, body, resp.Header.Get("X-New"))
+		}
+		if n := metrics.Total(region, metrics.UpstreamErrors, metrics.UpstreamResponse); n != 1 {
+			t.Errorf("%d response failures counted, want 1", n)
+		}
+	})
+}
+
+// TestStrayBytesAfterA304RefreshNothingInTheBackground: the same 304,
+// to the background refresh of a response served stale, refreshes
+// nothing either: the entry is still stale, served so and refreshed
+// again, on every engine.
+func TestStrayBytesAfterA304RefreshNothingInTheBackground(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		var n atomic.Int32
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			switch n.Add(1) {
+			case 1:
+				w.WriteString("HTTP/1.1 200 OK\r\nETag: \"x\"\r\nCache-Control: max-age=1, stale-while-revalidate=600\r\nContent-Length: 2\r\n\r\nv1")
+			case 2:
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nCache-Control: max-age=600\r\nX-New: stray\r\n\r\nEXTRA")
+			default:
+				w.WriteString("HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nCache-Control: max-age=600\r\n\r\n")
+			}
+		})
+		var clock atomic.Int64
+		c, region := configCoreIn(t, "[table]\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n",
+			func(o *core.Options) { o.Now = func() time.Duration { return time.Hour + time.Duration(clock.Load()) } })
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		get := func() string {
+			conn, br := dial(t, r.Addr)
+			defer conn.Close()
+			resp, body := roundTrip(t, conn, br, "GET /r HTTP/1.1\r\nHost: a\r\n\r\n")
+			return resp.Header.Get("X-Cache") + " " + string(body) + " " + resp.Header.Get("X-New")
+		}
+		get()
+		clock.Add(int64(5 * time.Second))
+		if got := get(); got != "STALE v1 " {
+			t.Fatalf("stale: %q", got)
+		}
+		// The refresh ends after its 304: its fill is not stored.
+		if !waitfor.Cond(5*time.Second, func() bool { return metrics.Total(region, metrics.CacheFills, metrics.CacheNotStored) == 1 }) {
+			t.Fatalf("the background refresh did not end with nothing stored: %q", get())
+		}
+		if got := get(); got != "STALE v1 " {
+			t.Errorf("after a background 304 with stray bytes: %q, want the entry served stale again, unchanged", got)
+		}
+	})
 }

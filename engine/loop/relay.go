@@ -43,8 +43,13 @@ func (r *request) onHead(u *upConn, rest []byte) bool {
 		}
 	}
 	if replaced := r.ex.Head(status, h); replaced != nil {
-		// stale-if-error: the cache's stale response goes instead; the
-		// upstream's body is not read, nor its connection kept.
+		// stale-if-error, or the entry a 304 refreshed: the cache's
+		// response goes instead; the upstream's body is not read, nor its
+		// connection kept. Bytes already past a 304 are stray.
+		if len(rest) > 0 && engine.Bodyless(status, r.h.isHead) {
+			u.l.s.strayFound()
+			r.ex.Stray()
+		}
 		u.close()
 		r.up = nil
 		r.respondCore(replaced)
