@@ -215,6 +215,7 @@ func (l *Limiter) AllowKey(k shm.Key, now time.Duration) Decision {
 		panic("bucket: Allow on a region this process has not joined (call shm.Region.Join first)")
 	}
 	if err != nil {
+		l.tab.Refused(err)
 		return l.full(err == shm.ErrQuota)
 	}
 	// Decided at the reclaim watermark (see shm.Counters.Update) or at

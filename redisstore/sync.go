@@ -149,6 +149,7 @@ func (l *Limiter) AllowKey(k *Key, now time.Duration) bucket.Decision {
 		return bucket.WindowPayload(p, t, win, host), true
 	})
 	if err != nil {
+		l.s.tab.Refused(err)
 		return l.full(err == shm.ErrQuota)
 	}
 	if ok {

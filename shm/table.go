@@ -200,7 +200,7 @@ var testHook func(stage string)
 // first time is installed with meta, its payload starting at 0, and its
 // slot charged to q's account. Errors: ErrFull, ErrQuota, ErrLockTimeout
 // or ErrRetired (no slot could be had: the caller's on_full policy
-// decides) and ErrNotJoined.
+// decides, and counts it with Refused) and ErrNotJoined.
 //
 // A new key of an account that holds q.Max slots already may take only a
 // slot of its own account whose key is as fresh as a new one, or whose
@@ -238,14 +238,12 @@ func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op)
 			if locked {
 				c.unlock(home, owner)
 			}
-			c.r.count(evFull, 1)
 			return 0, ErrFull
 		}
 		if cand = c.withinQuota(home, cand, q, now, owner); cand < 0 {
 			if locked {
 				c.unlock(home, owner)
 			}
-			c.r.count(evQuota, 1)
 			return 0, ErrQuota
 		}
 		if !locked {
@@ -273,9 +271,6 @@ func (c *Counters) Update(k Key, q Quota, meta uint64, now time.Duration, op Op)
 		}
 		if err != nil {
 			c.unlock(home, owner)
-			if err == ErrQuota {
-				c.r.count(evQuota, 1)
-			}
 			return 0, err
 		}
 		if c.r.stale(owner) {
@@ -486,9 +481,6 @@ func (c *Counters) claim(i int, k Key, q Quota, meta, owner uint64, now time.Dur
 		if err == errLost {
 			return false, nil
 		}
-		if err == ErrLockTimeout {
-			c.r.count(evLockTimeout, 1)
-		}
 		return false, err
 	}
 	atomic.StoreUint64(&sl.keyA, k.A)
@@ -552,11 +544,23 @@ func (c *Counters) raiseReclaimMark(now time.Duration) {
 // lock takes the insert lock of home slot h, releasing it from a dead
 // holder, and waits a bounded time for a live one.
 func (c *Counters) lock(h, owner uint64) error {
-	err := lockWord(c.r, &c.slots[h].ilock, owner, c.lockWait, nil)
-	if err != nil {
+	return lockWord(c.r, &c.slots[h].ilock, owner, c.lockWait, nil)
+}
+
+// Refused counts a decision that err, from Update, left to a rule's
+// on_full: no slot (ErrFull), its account at its maximum (ErrQuota) or an
+// insert lock held too long (ErrLockTimeout). Update counts none itself:
+// a caller that keeps a cache of state held elsewhere (a Redis rule's
+// refusals) decides nothing when it finds no slot.
+func (c *Counters) Refused(err error) {
+	switch err {
+	case ErrFull:
+		c.r.count(evFull, 1)
+	case ErrQuota:
+		c.r.count(evQuota, 1)
+	case ErrLockTimeout:
 		c.r.count(evLockTimeout, 1)
 	}
-	return err
 }
 
 func (c *Counters) unlock(h, owner uint64) { unlockWord(&c.slots[h].ilock, owner) }
