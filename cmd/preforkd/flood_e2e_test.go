@@ -18,29 +18,13 @@ func TestFloodE2E(t *testing.T) {
 	t.Run("IPv6Network", parallel(floodIPv6Network))
 }
 
-// 64 slots, one rule by ip (limit 1 per 2s) behind a trusted proxy: 200
+// 64 slots, one rule by ip (limit 1 per 4s) behind a trusted proxy: 200
 // forwarded addresses fill the table with keys that used their allowance.
 // A new client then gets 503 with Retry-After: 1 (on_full closed), counted
 // as no_slot and full_closed; once the flood's keys are as fresh as new
-// ones (2s on), a new client is counted again.
+// ones (4s on), a new client is counted again.
 func floodFullTable(t *testing.T) {
-	cfg := `[server]
-workers = 2
-shutdown_timeout = "5s"
-trusted_proxies = ["127.0.0.1/32"]
-[table]
-counters = 64
-` + adminSection + `
-[[ratelimit]]
-name = "r"
-path = "/*"
-limit = 1
-window = "2s"
-on_full = "closed"
-`
-	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
-	proxy := newClient(t, nil, true)
-	admin := newClient(t, nil, false)
+	d, proxy, admin := floodDaemon(t, "", 1, "4s")
 	from := func(addr string) result {
 		return do(proxy, http.MethodGet, d.url("/x"), http.Header{"X-Forwarded-For": {addr}})
 	}
@@ -53,7 +37,7 @@ on_full = "closed"
 			full++
 		}
 	}
-	if time.Since(start) > 1500*time.Millisecond {
+	if time.Since(start) > 3500*time.Millisecond {
 		t.Skipf("the flood took %v, longer than its keys stay used", time.Since(start))
 	}
 	r := from("203.0.113.9")
@@ -67,7 +51,7 @@ on_full = "closed"
 	if got := p.rule("r", "full_closed"); got != float64(full+1) {
 		t.Errorf("full_closed = %v, want %d", got, full+1)
 	}
-	time.Sleep(time.Until(start.Add(2100 * time.Millisecond)))
+	time.Sleep(time.Until(start.Add(4100 * time.Millisecond)))
 	for i := range 3 {
 		r := from(fmt.Sprintf("203.0.113.%d", 10+i))
 		if r.status != http.StatusOK || r.header.Get("RateLimit") == "" {
@@ -82,24 +66,7 @@ on_full = "closed"
 // A client that spreads over its /48 with ipv6_prefix = 48 is one key:
 // its second address is refused, and its requests take one slot.
 func floodIPv6Network(t *testing.T) {
-	cfg := `[server]
-workers = 2
-shutdown_timeout = "5s"
-trusted_proxies = ["127.0.0.1/32"]
-ipv6_prefix = 48
-[table]
-counters = 64
-` + adminSection + `
-[[ratelimit]]
-name = "r"
-path = "/*"
-limit = 2
-window = "1h"
-on_full = "closed"
-`
-	d := startDaemon(t, daemonOptions{config: cfg, admin: true})
-	proxy := newClient(t, nil, true)
-	admin := newClient(t, nil, false)
+	d, proxy, admin := floodDaemon(t, "ipv6_prefix = 48\n", 2, "1h")
 	seen := map[int]int{}
 	for i := range 300 {
 		r := do(proxy, http.MethodGet, d.url("/x"), http.Header{"X-Forwarded-For": {fmt.Sprintf("2001:db8:7:%x::%x", i, i+1)}})
@@ -117,4 +84,26 @@ on_full = "closed"
 	if got := scrapeMetrics(t, admin, d.admin).samples["preforkd_table_slots_used"]; got != 2 {
 		t.Errorf("preforkd_table_slots_used = %v, want 2", got)
 	}
+}
+
+// floodDaemon starts two workers behind a trusted proxy (127.0.0.1), with
+// server more of [server], a table of 64 counter slots and one rule "r"
+// on every path of limit per window, on_full closed; proxy is a client
+// through that proxy, admin one of the admin listener.
+func floodDaemon(t *testing.T, server string, limit int, window string) (d *daemon, proxy, admin *http.Client) {
+	cfg := fmt.Sprintf(`[server]
+workers = 2
+shutdown_timeout = "5s"
+trusted_proxies = ["127.0.0.1/32"]
+%s[table]
+counters = 64
+%s
+[[ratelimit]]
+name = "r"
+path = "/*"
+limit = %d
+window = %q
+on_full = "closed"
+`, server, adminSection, limit, window)
+	return startDaemon(t, daemonOptions{config: cfg, admin: true}), newClient(t, nil, true), newClient(t, nil, false)
 }
