@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/preforkd/preforkd/core"
@@ -66,6 +67,8 @@ type clientConn struct {
 	// linger: the close lingers (the client's body was left unread
 	// after an early answer of the upstream's).
 	linger bool
+	// writeFailed: a write to the client failed (a reset, send_timeout).
+	writeFailed atomic.Bool
 
 	// tls is the connection's TLS state over an Edge, nil in cleartext:
 	// ServeHTTP gives it each request as Request.TLS, as net/http gives
@@ -210,7 +213,18 @@ func (c *clientConn) Write(p []byte) (int, error) {
 		}
 	}
 	c.mu.Unlock()
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		c.writeFailed.Store(true)
+	}
+	return n, err
+}
+
+// writeFailed reports whether a write to r's connection failed: the 100
+// Continue net/http writes as the body is first read, say.
+func writeFailed(r *http.Request) bool {
+	c, ok := r.Context().Value(connKey{}).(*clientConn)
+	return ok && c.writeFailed.Load()
 }
 
 // ReadFrom hands a response body to the connection's own ReadFrom

@@ -111,7 +111,7 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 	upgrade := isUpgrade(r)
 	body, err := readAhead(r, req)
 	if err != nil {
-		return f.refuse(rw, ex, err)
+		return f.refuse(rw, r, ex, err)
 	}
 	if upgrade && body.stream != nil {
 		// Past the request the connection's bytes are the tunnel's: a
@@ -167,7 +167,7 @@ func (f *forwarder) serve(rw *writer, r *http.Request, req *request, ex *core.Ex
 		var be *engine.BodyReadError
 		switch {
 		case errors.As(err, &be):
-			return f.refuse(rw, ex, be.Err)
+			return f.refuse(rw, r, ex, be.Err)
 		case attempt == 0 && uc != nil && uc.Reused && !uc.Got() && body.stream == nil &&
 			engine.Retryable(r.Method, len(r.Header["Idempotency-Key"]) > 0) && staleConn(err):
 			continue // the upstream had closed the idle connection: nothing was done
@@ -196,8 +196,14 @@ func (f *forwarder) answer(rw *writer, resp *core.Response) {
 	writeResponse(rw.w, resp, rw.h1)
 }
 
-// refuse answers a request whose body could not be read.
-func (f *forwarder) refuse(rw *writer, ex *core.Exchange, err error) error {
+// refuse answers a request whose body could not be read. A client that
+// reset its connection (or, over HTTP/2, its stream: its context ends)
+// went away before its response began: it is sent nothing, and the core
+// counts and logs 499, as on the other engines; so is one the 100
+// Continue could not be written to (a reset: the body's read then sees
+// the end of the connection). One that only ended its body short (a FIN)
+// may still read the 400.
+func (f *forwarder) refuse(rw *writer, r *http.Request, ex *core.Exchange, err error) error {
 	status, detail := http.StatusBadRequest, "the request body could not be read"
 	var mbe *http.MaxBytesError
 	switch {
@@ -205,6 +211,9 @@ func (f *forwarder) refuse(rw *writer, ex *core.Exchange, err error) error {
 		status, detail = http.StatusRequestTimeout, "the request body did not arrive in time"
 	case errors.As(err, &mbe):
 		status, detail = http.StatusRequestEntityTooLarge, "the request body is too large"
+	case isConnReset(err), r.ProtoMajor == 2 && r.Context().Err() != nil, writeFailed(r):
+		clear(rw.w.Header())
+		return core.ErrClientGone
 	}
 	f.answer(rw, ex.Refuse(status, detail, true))
 	return nil
