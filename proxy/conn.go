@@ -4,12 +4,12 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/engine"
 	"github.com/preforkd/preforkd/metrics"
 	"github.com/valyala/fasthttp"
@@ -175,11 +175,13 @@ func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		if r := c.early; r != nil && r.ex != nil {
 			// A request that expect let go on, whose handler never ran
-			// and whose body's failure bodyUnread did not answer (the
-			// 100 Continue could not be written): the exchange ends so.
+			// and whose body's failure bodyUnread did not answer: the
+			// 100 Continue could not be written, so the client went
+			// away before its response began (499, as on the other
+			// engines; a 400 nobody was sent counted among client
+			// errors).
 			c.early = nil
-			r.ex.Refuse(http.StatusBadRequest, "the request body could not be read", true)
-			r.ex.Finish(nil)
+			r.ex.Finish(core.ErrClientGone)
 		}
 		if c.linger && !c.mute {
 			engine.LingerClose(c.Conn)

@@ -21,7 +21,7 @@ import (
 func (s *Server) forward(r *request, ex *core.Exchange) {
 	ctx := r.ctx
 	if err := r.body.readAhead(r, readAheadBytes); err != nil {
-		s.refuseAfter(r, ex, bodyProblem(err))
+		s.bodyFailed(r, ex, err)
 		return
 	}
 	if r.upgrade && !r.body.done {
@@ -69,7 +69,7 @@ func (s *Server) forward(r *request, ex *core.Exchange) {
 		var be *engine.BodyReadError
 		switch {
 		case errors.As(err, &be):
-			s.refuseAfter(r, ex, bodyProblem(be.Err))
+			s.bodyFailed(r, ex, be.Err)
 		case attempt == 0 && uc != nil && uc.Reused && !uc.Got() && !streamed && r.retryable() && staleConn(err):
 			// The upstream had closed the idle connection: nothing was
 			// done with the request, which goes on a new one.
@@ -89,6 +89,24 @@ func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *engine.BadRequest
 	s.count.BadRequests.Add(1)
 	s.respond(r.ctx, ex.Refuse(b.Status, b.Detail, b.CloseConn))
 	s.finish(r, ex, nil)
+}
+
+// bodyFailed ends the exchange of a request whose body could not be
+// read. A client that reset its connection went away before its response
+// began: it is sent nothing, and the core counts and logs 499
+// (core.ErrClientGone), as on the other engines; a 400 nobody was sent
+// would count among client errors. Any other failure (a FIN short of the
+// body, a timeout, a bad chunk) is answered with the body's problem: a
+// client that only closed its sending side may still read it.
+func (s *Server) bodyFailed(r *request, ex *core.Exchange, err error) {
+	if !isConnReset(err) {
+		s.refuseAfter(r, ex, bodyProblem(err))
+		return
+	}
+	r.gone = true
+	r.c.mute = true // fasthttp writes a response once the handler returns
+	r.ctx.SetConnectionClose()
+	s.finish(r, ex, core.ErrClientGone)
 }
 
 // relay makes the upstream response read into r.up the answer, and streams

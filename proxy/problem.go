@@ -132,6 +132,20 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 	if s.bodyUnread(ctx, err) {
 		return
 	}
+	if isConnReset(err) {
+		// The client reset its connection: nobody to answer. One whose
+		// head came whole (fasthttp then waited for its body's first
+		// bytes) went away before its response began: 499, as on the
+		// other engines, with no access line (fasthttp dropped the head).
+		ctx.SetConnectionClose()
+		if c, _ := ctx.Conn().(*conn); c != nil {
+			c.mute = true
+			if c.head.Whole() {
+				s.opts.Core.Responded(core.StatusClientClosed, 0)
+			}
+		}
+		return
+	}
 	bad := s.unread(ctx, err)
 	if bad == nil {
 		return
@@ -148,8 +162,9 @@ func (s *Server) onError(ctx *fasthttp.RequestCtx, err error) {
 // after expect and before the handler, under client_body_timeout. The
 // answer is the body's (a 408 for a body that never came, not the
 // head's), and the exchange expect began ends with it: logged and
-// counted once, with the status sent and the request id. It reports
-// false when no such request waits.
+// counted once, with the status sent and the request id; a client that
+// reset its connection is sent nothing, and counted 499 (bodyFailed). It
+// reports false when no such request waits.
 func (s *Server) bodyUnread(ctx *fasthttp.RequestCtx, err error) bool {
 	c, _ := ctx.Conn().(*conn)
 	if c == nil || c.early == nil || c.early.ex == nil {
@@ -158,7 +173,7 @@ func (s *Server) bodyUnread(ctx *fasthttp.RequestCtx, err error) bool {
 	r := c.early
 	c.early = nil
 	r.ctx = ctx
-	s.refuseAfter(r, r.ex, bodyProblem(err))
+	s.bodyFailed(r, r.ex, err)
 	s.done(r)
 	return true
 }

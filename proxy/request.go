@@ -71,6 +71,9 @@ type request struct {
 	// streaming: the response body streams once the handler returned;
 	// the request is recycled when it ends (upBody.CloseWithError).
 	streaming bool
+	// gone: the client reset its connection before its response began,
+	// and is sent nothing (bodyFailed).
+	gone bool
 
 	body body // the request body as read so far
 	// up is the upstream's response header, copied to the client's once

@@ -451,7 +451,7 @@ func (s *Server) done(r *request) {
 	if !r.begun {
 		s.opts.Core.Responded(r.ctx.Response.StatusCode(), time.Since(r.ctx.Time()))
 	}
-	if s.opts.OnResponse != nil {
+	if s.opts.OnResponse != nil && !r.gone {
 		s.opts.OnResponse(r.ctx.Response.StatusCode())
 	}
 	if !r.ctx.Hijacked() && (s.draining.Load() || r.upgradeClose) {
@@ -477,7 +477,7 @@ func (s *Server) recycle(r *request) {
 	r.raw, r.fields, r.method, r.path, r.query, r.host = nil, nil, nil, nil, nil, nil
 	r.target = r.target[:0]
 	r.fwd = core.Forward{}
-	r.upgrade, r.upgradeClose, r.absolute, r.begun, r.streaming = false, false, false, false, false
+	r.upgrade, r.upgradeClose, r.absolute, r.begun, r.streaming, r.gone = false, false, false, false, false, false
 	s.requests.Put(r)
 }
 

@@ -1,0 +1,124 @@
+package proxy_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/core"
+)
+
+// A client that resets its connection while its request body is still
+// arriving, before any response began, went away: every engine counts
+// and logs it once as 499, writes nothing and forwards nothing. One that
+// only closes its sending side (a FIN) with its body short may still read
+// the answer: every engine answers it 400 ("the request body ended
+// early" or could not be read), logged and counted once; so is one whose
+// body streamed to the upstream past the read-ahead. With Expect:
+// 100-continue the same, whether the reset comes after part of the body
+// or before any of it (fasthttp reads a body's first bytes itself before
+// its handler runs), or at once after the head, before the 100 Continue
+// could be written.
+func TestBodyResetMidwayIsClientGone(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		expect bool
+		part   int  // body bytes sent of the 100000 declared; -1: none, reset at once
+		reset  bool // else a FIN
+		want   int
+	}{
+		{"reset", false, 1000, true, core.StatusClientClosed},
+		{"reset-streaming", false, 70000, true, core.StatusClientClosed}, // past the read-ahead: the upstream has the head
+		{"fin", false, 1000, false, http.StatusBadRequest},
+		{"expect-reset", true, 1000, true, core.StatusClientClosed},
+		{"expect-reset-unbegun", true, 0, true, core.StatusClientClosed},
+		{"expect-fin", true, 1000, false, http.StatusBadRequest},
+		{"reset-at-once", false, -1, true, core.StatusClientClosed},
+		{"expect-reset-at-once", true, -1, true, core.StatusClientClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+				up := startUpstream(t, nil)
+				statuses := make(chan int, 4)
+				lines := make(chan core.AccessEntry, 4)
+				c := configCoreWith(t, "", func(o *core.Options) {
+					o.OnResponse = func(status int) { statuses <- status }
+					o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
+				})
+				r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+				conn, br := dial(t, r.Addr)
+				head := "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n"
+				if tc.part < 0 {
+					io.WriteString(conn, head+map[bool]string{true: "Expect: 100-continue\r\n"}[tc.expect]+"\r\n")
+				} else if tc.expect {
+					io.WriteString(conn, head+"Expect: 100-continue\r\n\r\n")
+					if resp, _ := readResponse(t, br, "POST"); resp.StatusCode != http.StatusContinue {
+						t.Fatalf("answered %d, want 100 Continue", resp.StatusCode)
+					}
+				} else {
+					io.WriteString(conn, head+"\r\n")
+				}
+				if tc.part >= 0 {
+					conn.Write(make([]byte, tc.part))
+					time.Sleep(200 * time.Millisecond) // the engine waits for the rest
+				}
+				if tc.reset {
+					conn.(*net.TCPConn).SetLinger(0)
+					conn.Close()
+				} else {
+					conn.(*net.TCPConn).CloseWrite()
+					resp, _ := readResponse(t, br, "POST")
+					if resp.StatusCode != tc.want {
+						t.Errorf("answered %d, want %d", resp.StatusCode, tc.want)
+					}
+					wantEnd(t, br)
+				}
+				select {
+				case s := <-statuses:
+					if s != tc.want {
+						t.Errorf("counted %d, want %d", s, tc.want)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("not counted within 5 s")
+				}
+				// fasthttp drops the head of a request with no Expect whose
+				// body's first read fails: no access line (README says so).
+				headless := e.name == "fasthttp" && !tc.expect && tc.part < 0
+				select {
+				case l := <-lines:
+					if headless || l.Status != tc.want || tc.reset && l.Bytes != 0 {
+						t.Errorf("logged %d with %d bytes sent, want %d (headless %v)", l.Status, l.Bytes, tc.want, headless)
+					}
+				case <-time.After(time.Second):
+					if !headless {
+						t.Error("not logged within a second")
+					}
+				}
+				time.Sleep(200 * time.Millisecond) // a second count or line would come now
+				if len(statuses) > 0 || len(lines) > 0 {
+					t.Errorf("counted again (%d) or logged again (%d)", len(statuses), len(lines))
+				}
+				if n := len(up.Requests()); n != 0 && tc.part < 64<<10 {
+					t.Errorf("the upstream saw %d requests, want none", n)
+				}
+			})
+		})
+	}
+}
+
+// wantEnd reads the end of the connection from br, with nothing more.
+func wantEnd(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	if b, err := br.ReadByte(); err == nil {
+		rest, _ := br.Peek(br.Buffered())
+		t.Errorf("more after the answer: %q", append([]byte{b}, rest...))
+	} else if !strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "reset") {
+		t.Errorf("after the answer: %v, want the end of the connection", err)
+	}
+}
