@@ -46,6 +46,7 @@ func readyFleet(t *testing.T, n int, first, next Settings) (*fakeSys, *superviso
 	f.load = func(Settings) (Settings, error) { return next, nil }
 	logs := newLogSink()
 	s := newSupervisor(f.env(), slog.New(logs), first, n, minMaxWorkers(n))
+	f.sup = s
 	s.step()
 	for i := range n {
 		ready(s, 100+i)
@@ -596,6 +597,7 @@ func TestReloadBeforeFirstReadyHasNoCanary(t *testing.T) {
 			first := canaryConfig(nil)
 			first.Payload = []byte("good")
 			s := newSupervisor(f.env(), slog.New(logs), first, 2, minMaxWorkers(2))
+			f.sup = s
 			if tc.started {
 				s.step()
 				s.onSignal(syscall.SIGHUP)

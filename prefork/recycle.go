@@ -56,6 +56,10 @@ const (
 	recycleMsgLen      = 1 + 1 + 8 + 8
 )
 
+// stoppedMsg is the one byte a worker writes on its readiness pipe once
+// it accepts no more connections (stoppedEvent).
+const stoppedMsg byte = 3
+
 // Memory recycling's backoff (see above).
 const (
 	rssEarly       = 10 * time.Second

@@ -252,17 +252,25 @@ func (e *osEnv) filesFor(sp spawnSpec) (genFiles, error) {
 }
 
 // watch waits for one worker's readiness report, then for its exit, and
-// sends both to the loop.
+// sends both to the loop, with what the worker says in between.
 func (e *osEnv) watch(proc *os.Process, ready *os.File) {
 	defer e.wg.Done()
 	pid := proc.Pid
 	var b [1]byte
 	if n, _ := ready.Read(b[:]); n == 1 {
 		e.post(readyEvent{pid})
-		// Then requests to be recycled, until the worker exits (EOF).
+		// Then requests to be recycled, and the word that it stopped
+		// accepting, until the worker exits (EOF).
 		msg := make([]byte, recycleMsgLen)
 		for {
-			if _, err := io.ReadFull(ready, msg); err != nil {
+			if _, err := io.ReadFull(ready, msg[:1]); err != nil {
+				break
+			}
+			if msg[0] == stoppedMsg {
+				e.post(stoppedEvent{pid})
+				continue
+			}
+			if _, err := io.ReadFull(ready, msg[1:]); err != nil {
 				break
 			}
 			ev, err := decodeRecycle(pid, msg)

@@ -96,6 +96,7 @@ type proc struct {
 	retiring bool      // told to drain (shutdown or reload): its exit is no crash
 	killAt   time.Time // when a retiring worker is killed; zero = never
 	killed   bool
+	stopped  bool          // it said it accepts no more (stoppedEvent)
 	recycle  string        // why it asked to be replaced (max_requests, max_rss); "" = it did not
 	rssDelay time.Duration // it judges its memory from start + rssDelay
 	// held are the notes (sigReopen, sigDrain) sent while it was not yet ready,
@@ -455,6 +456,10 @@ func (s *supervisor) spawn(i int, g generation) (*proc, error) {
 // that broke the protocol, for the log.
 type readyEvent struct{ pid int }
 
+// stoppedEvent: a worker accepts no more connections; until a retiring
+// one says so, a client that connects may still get its configuration.
+type stoppedEvent struct{ pid int }
+
 type exitEvent struct {
 	pid    int
 	status string // "exit status 0", "signal: killed", ...
@@ -515,6 +520,15 @@ func (s *supervisor) checkReady() {
 	}
 	if !s.filled() || slices.ContainsFunc(s.slots, func(sl slot) bool { return sl.succ != nil }) {
 		return
+	}
+	// Nor while a worker told to drain may still accept a connection (it
+	// has neither said it stopped, stoppedEvent, nor exited): a client
+	// that connects once the reload is announced gets its configuration.
+	// The wait is bounded by the worker's kill at its drain deadline.
+	for _, p := range s.procs {
+		if p.retiring && !p.stopped {
+			return
+		}
 	}
 	first := !s.announced
 	s.announced, s.reloading = true, false

@@ -55,6 +55,10 @@ func (s *supervisor) run(ctx context.Context, sigs <-chan os.Signal, events <-ch
 			switch ev := ev.(type) {
 			case readyEvent:
 				s.onReady(ev.pid)
+			case stoppedEvent:
+				if p := s.procs[ev.pid]; p != nil {
+					p.stopped = true
+				}
 			case exitEvent:
 				s.onExit(ev)
 			case recycleEvent:

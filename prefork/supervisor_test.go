@@ -33,16 +33,21 @@ type sent struct {
 
 // fakeSys records what the supervisor asks of the operating system.
 type fakeSys struct {
-	now      time.Time
-	nextPID  int
-	starts   []spawnSpec
-	pids     []int // pid of each start
-	signals  []sent
-	reaps    []int
-	notes    []string
-	stopped  int
-	startErr error
-	load     func(running Settings) (Settings, error)
+	now     time.Time
+	nextPID int
+	starts  []spawnSpec
+	pids    []int // pid of each start
+	signals []sent
+	// sup is the supervisor driven (set after newSupervisor). A worker
+	// told TERM stops accepting at once, as if it said so before the
+	// next event, unless holdStops: then only onStopped or its exit tell.
+	sup       *supervisor
+	holdStops bool
+	reaps     []int
+	notes     []string
+	stopped   int
+	startErr  error
+	load      func(running Settings) (Settings, error)
 	// counts are what each region worker index counted (never reset, as
 	// in the region); retired adds what no index shows any more.
 	counts  map[int]RequestCounts
@@ -74,6 +79,9 @@ func (f *fakeSys) env() sysEnv {
 			f.pids = append(f.pids, pid)
 			return started{pid: pid, signal: func(sig syscall.Signal) error {
 				f.signals = append(f.signals, sent{pid, sig})
+				if sig == syscall.SIGTERM && !f.holdStops && f.sup != nil && f.sup.procs[pid] != nil {
+					f.sup.procs[pid].stopped = true
+				}
 				return nil
 			}}, nil
 		},
@@ -131,6 +139,7 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 // first step (started its workers).
 func newTestSupervisor(f *fakeSys, n int) *supervisor {
 	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), n, minMaxWorkers(n))
+	f.sup = s
 	s.step()
 	return s
 }
@@ -363,6 +372,32 @@ func TestReloadReplacesOneAtATime(t *testing.T) {
 	}
 }
 
+// A reload is over (READY=1, a ready Status) only once every worker it
+// retired stopped accepting, as it says, or exited: until then a client
+// that connects may still get the old configuration.
+func TestReloadEndsOnceTheRetiredStopAccepting(t *testing.T) {
+	f := newFake()
+	f.holdStops = true
+	f.load = func(Settings) (Settings, error) { return noCanary(Settings{ShutdownTimeout: time.Second}), nil }
+	s := newTestSupervisor(f, 2)
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGHUP)
+	ready(s, 102)
+	exit(s, 100, true) // said nothing: its exit is enough
+	ready(s, 103)
+	if !slices.Equal(f.signalled(syscall.SIGTERM), []int{100, 101}) {
+		t.Fatalf("TERM %v, want both old workers", f.signalled(syscall.SIGTERM))
+	}
+	if n := f.notes[len(f.notes)-1]; n == notifyReady || !s.reloading || s.status().Ready {
+		t.Fatalf("notes %q, reloading %v: the reload ended while retired 101 may still accept", f.notes, s.reloading)
+	}
+	s.procs[101].stopped = true // as the loop takes its stoppedEvent
+	s.step()
+	if f.notes[len(f.notes)-1] != notifyReady || s.reloading || !s.status().Ready {
+		t.Fatalf("notes %q, reloading %v: want READY=1 once 101 stopped accepting", f.notes, s.reloading)
+	}
+}
+
 // A reload whose Reload fails, or whose settings are not valid, is
 // refused: the workers stay, and systemd is told the reload ended.
 func TestReloadRefused(t *testing.T) {
@@ -481,6 +516,7 @@ func TestIndexesAreNotReusedWhileHeld(t *testing.T) {
 	f := newFake()
 	f.load = func(Settings) (Settings, error) { return noCanary(Settings{}), nil }
 	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: time.Second}), 2, 3)
+	f.sup = s
 	s.step()
 	ready(s, 100, 101)
 	sendSignal(s, syscall.SIGHUP)
@@ -503,6 +539,7 @@ func TestWaitForAnIndexIsLogged(t *testing.T) {
 	f.load = func(Settings) (Settings, error) { return noCanary(Settings{}), nil }
 	var buf logtest.Buffer
 	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&buf, nil)), defaulted(Settings{ShutdownTimeout: time.Second}), 2, 3)
+	f.sup = s
 	s.step()
 	ready(s, 100, 101)
 	sendSignal(s, syscall.SIGHUP)
@@ -559,6 +596,7 @@ func TestStatusSnapshots(t *testing.T) {
 	var got []Status
 	first := defaulted(Settings{ShutdownTimeout: time.Second, Payload: []byte("first"), Config: "the first configuration"})
 	s := newSupervisor(f.env(), quietLog(), first, 2, minMaxWorkers(2))
+	f.sup = s
 	s.onStatus = func(st Status) { got = append(got, st) }
 	last := func() Status { return got[len(got)-1] }
 	s.step()
@@ -666,6 +704,7 @@ func TestReloadLogsChanges(t *testing.T) {
 	f.load = func(Settings) (Settings, error) { return next, nil }
 	var buf strings.Builder
 	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&buf, nil)), base, 1, minMaxWorkers(1))
+	f.sup = s
 	var configured []Settings
 	s.onConfig = func(c Settings) { configured = append(configured, c) }
 	s.step()
@@ -707,6 +746,7 @@ func TestAnnouncedAfterPublished(t *testing.T) {
 		}
 	}))
 	s := newSupervisor(f.env(), log, defaulted(Settings{ShutdownTimeout: time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.onStatus = func(st Status) { got = append(got, st) }
 	s.step()
 	s.publish()
@@ -740,6 +780,7 @@ func TestMemoryRecyclingBacksOff(t *testing.T) {
 	var lines logtest.Buffer
 	cfg := defaulted(noCanary(Settings{ShutdownTimeout: 5 * time.Second, MaxRSS: 32 << 20}))
 	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&lines, nil)), cfg, 2, minMaxWorkers(2))
+	f.sup = s
 	s.step()
 	ready(s, 100, 101)
 	// recycleNow: the worker of slot 0 passes max_rss after ran, and its
@@ -817,6 +858,7 @@ func TestWatchdogDeadline(t *testing.T) {
 	env := f.env()
 	env.watchdog = 10 * time.Second
 	s := newSupervisor(env, quietLog(), defaulted(Settings{ShutdownTimeout: 30 * time.Second}), 1, minMaxWorkers(1))
+	f.sup = s
 	s.step()
 	s.keepAlive()
 	pings := func() int { return strings.Count(strings.Join(f.notes, " "), notifyWatchdog) }
@@ -848,6 +890,7 @@ func TestSignalsAsNginx(t *testing.T) {
 	f := newFake()
 	var logs logtest.Buffer
 	s := newSupervisor(f.env(), slog.New(slog.NewTextHandler(&logs, nil)), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.step()
 	ready(s, 100, 101)
 	sendSignal(s, syscall.SIGUSR1)
@@ -880,6 +923,7 @@ func TestSignalsAsNginx(t *testing.T) {
 func TestNotesHeldUntilReady(t *testing.T) {
 	f := newFake()
 	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, DrainDelay: 3 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.step()
 	ready(s, 100)
 	sendSignal(s, syscall.SIGUSR1)
@@ -911,6 +955,7 @@ func TestNoRecycleDuringDrainDelay(t *testing.T) {
 	f := newFake()
 	logs := newLogSink()
 	s := newSupervisor(f.env(), slog.New(logs), defaulted(Settings{ShutdownTimeout: 5 * time.Second, DrainDelay: 3 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.step()
 	ready(s, 100, 101)
 	sendSignal(s, syscall.SIGTERM)
@@ -928,6 +973,7 @@ func TestNoRecycleDuringDrainDelay(t *testing.T) {
 func TestDrainDelay(t *testing.T) {
 	f := newFake()
 	s := newSupervisor(f.env(), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, DrainDelay: 3 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.step()
 	ready(s, 100, 101)
 	sendSignal(s, syscall.SIGTERM)

@@ -43,6 +43,7 @@ func withUpgrades(f *fakeSys, u *upgradeFake, e sysEnv) sysEnv {
 func upgradingSupervisor(t *testing.T, f *fakeSys, u *upgradeFake, n int) *supervisor {
 	t.Helper()
 	s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, UpgradeTimeout: 10 * time.Second}), n, minMaxWorkers(n))
+	f.sup = s
 	s.step()
 	return s
 }
@@ -219,6 +220,7 @@ func TestUpgradeInherits(t *testing.T) {
 	e.tellReady = func() error { u.readies++; return nil }
 	e.watchdog = time.Second
 	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.inherit([]int{0, 1}, 4)
 	s.step()
 	s.keepAlive()
@@ -261,6 +263,7 @@ func TestUpgradeGenerationGoesOnAtReload(t *testing.T) {
 	e := withUpgrades(f, u, f.env())
 	e.tellReady = func() error { return nil }
 	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, Canary: Canary{Off: true}}), 1, minMaxWorkers(1))
+	f.sup = s
 	s.inherit([]int{0}, 4)
 	s.step()
 	ready(s, 100)
@@ -284,6 +287,7 @@ func TestUpgradeOrphanedNewSupervisorTellsSystemd(t *testing.T) {
 	e.tellReady = func() error { u.readies++; return errors.New("write: broken pipe") }
 	e.pid = 4242
 	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.inherit([]int{0, 1}, -1)
 	s.step()
 	ready(s, 100, 101)
@@ -339,6 +343,7 @@ func TestUpgradeStopWaitsForTheOldWorkers(t *testing.T) {
 	for _, main := range []bool{true, false} {
 		f, u := newFake(), &upgradeFake{}
 		s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+		f.sup = s
 		s.inherit([]int{0, 1}, -1)
 		s.step()
 		ready(s, 100, 101)
@@ -377,6 +382,7 @@ func TestUpgradeStopGivesUpTheOldWorkers(t *testing.T) {
 	for _, by := range []string{"time", "TERM"} {
 		f, u := newFake(), &upgradeFake{}
 		s := newSupervisor(withUpgrades(f, u, f.env()), quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+		f.sup = s
 		s.inherit([]int{0, 1}, -1)
 		s.step()
 		ready(s, 100, 101)
@@ -433,6 +439,7 @@ func TestUpgradeStopAfterTellingReadyWaitsForTheWord(t *testing.T) {
 	e := withUpgrades(f, u, f.env())
 	e.tellReady = func() error { u.readies++; return nil }
 	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
 	s.inherit([]int{0, 1}, -1)
 	s.step()
 	ready(s, 100, 101)

@@ -184,7 +184,15 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 		return "", nil, false
 	}
 	result := make(chan error, 1)
-	go func() { result <- serve() }()
+	go func() {
+		err := serve()
+		// The engine accepts no more (Serve returns once it stopped
+		// accepting on every listener it serves): a retiring worker's
+		// word, which the supervisor waits for before it announces a
+		// reload finished. The supervisor may be gone: no error to report.
+		_, _ = report.Write([]byte{stoppedMsg})
+		result <- err
+	}()
 	serving := (<-chan error)(result)
 	gc := newGCCounter(w.Region)
 	gc.publish()

@@ -1,0 +1,91 @@
+package prefork
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestReloadFinishedServesOnlyTheNewConfiguration: once a reload is
+// announced finished ("reload finished", READY=1, a ready Status), no
+// retired worker accepts a connection any more: a client that connects
+// at once is served by a worker of the new configuration, on either
+// engine of the test workers.
+func TestReloadFinishedServesOnlyTheNewConfiguration(t *testing.T) {
+	for _, engine := range []string{"nethttp", "fast"} {
+		t.Run(engine, func(t *testing.T) {
+			if engine == "fast" {
+				t.Setenv(envTestEngine, "fast")
+			}
+			setup := testConfig(2)
+			setup.Settings.Canary.Off = true
+			h := startSupervisor(t, setup, true, func(o *Options) {
+				o.Reload = func(Settings) (Settings, error) { return setup.Settings, nil }
+			})
+			for gen := 1; gen <= 3; gen++ {
+				from := h.logs.Len()
+				h.signal(unix.SIGHUP)
+				if _, _, ok := h.logs.WaitFor(from, 20*time.Second, func(r record) bool { return r.msg == "reload finished" }); !ok {
+					t.Fatalf("reload %d did not finish; log:\n%s", gen, h.logs.dump())
+				}
+				// A burst of new connections, sent at once.
+				pids := make([]int, 16)
+				var wg sync.WaitGroup
+				for i := range pids {
+					wg.Go(func() {
+						_, body, err := h.get(pidPath(engine), "")
+						if err != nil {
+							t.Errorf("GET: %v", err)
+							return
+						}
+						pids[i] = pidOf(body)
+					})
+				}
+				wg.Wait()
+				fresh := map[int]bool{}
+				for _, r := range h.logs.all("worker started") {
+					if r.int("generation") == gen {
+						fresh[r.int("pid")] = true
+					}
+				}
+				var old []int
+				for _, pid := range pids {
+					if pid != 0 && !fresh[pid] {
+						old = append(old, pid)
+					}
+				}
+				if len(old) > 0 {
+					t.Errorf("reload %d: once it was announced finished, %d of %d new connections were served by workers %v, not of generation %d %v",
+						gen, len(old), len(pids), old, gen, fresh)
+				}
+			}
+			if err := h.stop(15 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// pidPath is the path a test worker of engine answers its pid on.
+func pidPath(engine string) string {
+	if engine == "fast" {
+		return "/x" // "fast <pid> <index>"
+	}
+	return "/pid"
+}
+
+// pidOf reads the pid out of a /pid or fast answer; 0 if none.
+func pidOf(body string) int {
+	if n, err := strconv.Atoi(body); err == nil {
+		return n
+	}
+	var pid, index int
+	if _, err := fmt.Sscanf(body, "fast %d %d", &pid, &index); err != nil {
+		return 0
+	}
+	return pid
+}
