@@ -177,6 +177,17 @@ func (c *Core) installCache(ds []Cache) error {
 		fallback: (*Exchange).fallback,
 		complete: (*Exchange).completeCache,
 		release:  (*Exchange).releaseCache,
+		refresh:  (*Exchange).startRefresh,
 	}
 	return nil
+}
+
+// startRefresh starts the background refresh by by, which has a method
+// Refresh(*Exchange) (see RefreshBy), and reports whether it has one.
+func (ex *Exchange) startRefresh(by any) bool {
+	r, ok := by.(interface{ Refresh(*Exchange) })
+	if ok {
+		r.Refresh(ex)
+	}
+	return ok
 }

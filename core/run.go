@@ -337,6 +337,16 @@ func (ex *Exchange) Finish(err error) (refresh bool) {
 	return false
 }
 
+// RefreshBy starts, once Finish reported true, the background refresh by
+// by, whose method Refresh(*Exchange) makes it as Finish says. Reached
+// so, through the response cache (the one stage that asks for a
+// refresh), an engine's refresh code is linked only into a program that
+// caches. It reports false when by has no such method, or there is no
+// refresh to make: the engine then calls Finish(ErrNoRefresh).
+func (ex *Exchange) RefreshBy(by any) bool {
+	return ex.refreshing && ex.c.cache != nil && ex.c.cache.refresh(ex, by)
+}
+
 // completeRecorded gives the core's stages what was recorded, once.
 func (ex *Exchange) completeRecorded(err error) {
 	if _, ok := ex.record(); !ok {

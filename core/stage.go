@@ -72,6 +72,8 @@ type stageHooks struct {
 	complete func(*Exchange, *recorded)
 	// release ends the stage's part of an exchange.
 	release func(*Exchange)
+	// refresh starts a background refresh by an engine's value (RefreshBy).
+	refresh func(*Exchange, any) bool
 }
 
 // passStep is the step of a stage a Core was not built with.

@@ -244,10 +244,21 @@ func (h *Handler) finish(ex *core.Exchange, req *request, err error) {
 	refresh := ex.Finish(err)
 	*req = request{}
 	requests.Put(req)
-	if refresh {
-		h.refresh(ex, r)
+	if refresh && !ex.RefreshBy(refresher{h, r}) {
+		ex.Finish(core.ErrNoRefresh)
 	}
 }
+
+// refresher is h's background refresh of r, started by the core's
+// response cache (core.Exchange.RefreshBy): a program without one does
+// not link it.
+type refresher struct {
+	h *Handler
+	r *http.Request
+}
+
+// Refresh is the refresh's start.
+func (f refresher) Refresh(ex *core.Exchange) { f.h.refresh(ex, f.r) }
 
 // withoutConnectionNamed is r without the fields its Connection field
 // names (RFC 9110 §7.6.1: they are for this hop only), so that the core

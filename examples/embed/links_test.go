@@ -59,10 +59,11 @@ func TestEmbedLinksOnlyWhatItUses(t *testing.T) {
 		" github.com/preforkd/preforkd/core/httpcache.",
 		" github.com/preforkd/preforkd/shm.(*Responses).CacheLookup",
 		" github.com/preforkd/preforkd/shm.(*Responses).Begin",
-		" github.com/preforkd/preforkd/core.(*cacheStream)",          // a large cached body's reading
-		" github.com/preforkd/preforkd/core.(*Exchange).chargeRedis", // the Redis rules' round trip
-		" github.com/preforkd/preforkd/core.(*Exchange).unavailable", // and their breaker's answer
-		" net/http.(*Request).Clone",                                 // with the multipart form's copying (a cache refresh's copy)
+		" github.com/preforkd/preforkd/core.(*cacheStream)",               // a large cached body's reading
+		" github.com/preforkd/preforkd/engine/nethttp.(*Handler).refresh", // the cache's background refresh
+		" github.com/preforkd/preforkd/core.(*Exchange).chargeRedis",      // the Redis rules' round trip
+		" github.com/preforkd/preforkd/core.(*Exchange).unavailable",      // and their breaker's answer
+		" net/http.(*Request).Clone",                                      // with the multipart form's copying (a cache refresh's copy)
 		" github.com/preforkd/preforkd/shm.(*Responses).CacheCopy",
 		" github.com/preforkd/preforkd/core.(*Exchange).redirectHTTPS", // the cleartext port's redirect
 		" github.com/preforkd/preforkd/metrics.helps",                  // the page's HELP texts
