@@ -275,9 +275,11 @@ upstream_timeout = "300ms"`, log: fmt.Sprintf("access = %q", access)}, false, fu
 			if s.refuse {
 				return
 			}
-			// Once the old worker exited: until it drains, it may still
-			// take a connection from the shared socket.
-			waitRetiredGone(t, d, from)
+			// Once the reload is announced: the old workers took no
+			// connection after they said they stopped accepting, which
+			// the announcement waits for (README: READY=1 once every
+			// worker runs the new configuration).
+			waitReloaded(t, d, from, 15*time.Second)
 			s.check(t, from)
 		})
 	}
