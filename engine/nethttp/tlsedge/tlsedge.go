@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -178,14 +179,43 @@ func (e *edge) serveH2(hs *http.Server, c *tls.Conn, h http.Handler, accepted ti
 type trimmed struct{ h http.Handler }
 
 func (t trimmed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	for _, vs := range r.Header {
+	for name, vs := range r.Header {
 		for i, v := range vs {
+			if name == "Cookie" {
+				v = trimCrumbs(v)
+				vs[i] = v
+			}
 			if v != "" && (blank(v[0]) || blank(v[len(v)-1])) {
 				vs[i] = textproto.TrimString(v)
 			}
 		}
 	}
 	t.h.ServeHTTP(w, r)
+}
+
+// trimCrumbs is a Cookie value that x/net's server joined with "; " from
+// the crumbs a client split it into (RFC 9113 §8.2.3), each crumb without
+// the whitespace around it, as any field value: "a=1 " and " b=2" make
+// "a=1; b=2", the Cookie line of the same pairs over HTTP/1.1, not
+// "a=1 ;  b=2", which the upstream got and which varied a cached answer
+// by Cookie apart from the line's. A crumb of whitespace alone is none.
+// One field spaced so is rewritten alike: a cookie-string has no
+// whitespace around its ';' (RFC 6265 §4.2.1), and the joint cannot be
+// told from it.
+func trimCrumbs(v string) string {
+	if !strings.Contains(v, " ;") && !strings.Contains(v, "\t;") && !strings.Contains(v, ";  ") && !strings.Contains(v, "; \t") {
+		return v
+	}
+	var b strings.Builder
+	for c := range strings.SplitSeq(v, ";") {
+		if c = textproto.TrimString(c); c != "" {
+			if b.Len() > 0 {
+				b.WriteString("; ")
+			}
+			b.WriteString(c)
+		}
+	}
+	return b.String()
 }
 
 func blank(c byte) bool { return c == ' ' || c == '\t' }
