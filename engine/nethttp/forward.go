@@ -574,8 +574,12 @@ func (f *forwarder) relay(rw *writer, r *http.Request, ex *core.Exchange, uc *up
 	}
 	head := r.Method == http.MethodHead
 	noBody := engine.Bodyless(status, head)
-	if noBody && !head {
-		delete(h, "Content-Length") // readOneHead kept the upstream's: no body here
+	if noBody && (!head || status == http.StatusNoContent || status == http.StatusNotModified) {
+		// readOneHead kept the upstream's: no body here. HEAD's gives the
+		// length a GET's body would have, but a 204 has none, and a 304
+		// goes without, as the other engines send both: net/http's
+		// HTTP/1 writer drops it, x/net's HTTP/2 one sent it.
+		delete(h, "Content-Length")
 	}
 	if status == http.StatusSwitchingProtocols {
 		return f.tunnel(rw, uc, status)

@@ -137,11 +137,34 @@ window = "1h"
 path = "/c/*"
 `
 
+// oneViewReplies are the upstream's answers of their own, by path (under
+// /c too, with the cache on).
+var oneViewReplies = map[string]string{
+	"/r/chunked":  "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+	"/r/trailers": "HTTP/1.1 200 OK\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Sum: 7\r\n\r\n",
+	"/r/hop":      "HTTP/1.1 200 OK\r\nConnection: X-Hop, Keep-Alive\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nUpgrade: h2c\r\nTE: trailers\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok",
+	"/r/204":      "HTTP/1.1 204 No Content\r\nCache-Control: max-age=60\r\nContent-Length: 0\r\n\r\n",
+	"/r/304":      "HTTP/1.1 304 Not Modified\r\nETag: \"e\"\r\nCache-Control: max-age=60\r\nContent-Length: 5\r\n\r\n",
+	"/r/multi":    "HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-Multi: 1\r\nx-multi: 2\r\nVary: Accept\r\nVary: Cookie\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok",
+	"/r/early":    "HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok",
+	"/r/close":    "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nConnection: close\r\n\r\nread to the end",
+	"/r/empty":    "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 0\r\n\r\n",
+	"/r/redirect": "HTTP/1.1 301 Moved Permanently\r\nLocation: /r/empty\r\nCache-Control: max-age=60\r\nContent-Length: 0\r\n\r\n",
+}
+
 // oneViewUpstream answers with what it got: the Host, the Cookie lines,
 // the target and the body, cacheable for a minute, varying by Cookie
 // under /c/vary.
 func oneViewUpstream(req *wiretest.Seen, w *bufio.Writer, c net.Conn) {
 	body := fmt.Sprintf("%s host=%q cookie=%q body=%q", req.Line, req.Field("Host"), req.Field("Cookie"), req.Body)
+	if r, ok := oneViewReplies[strings.TrimPrefix(req.Req.URL.Path, "/c")]; ok {
+		w.WriteString(r)
+		if strings.HasSuffix(req.Req.URL.Path, "/r/close") {
+			w.Flush()
+			c.Close() // the body's end
+		}
+		return
+	}
 	vary := ""
 	if strings.HasPrefix(req.Req.URL.Path, "/c/vary") {
 		vary = "Vary: Cookie\r\n"
@@ -297,6 +320,7 @@ func h2Send(t *testing.T, addr string, conf *tls.Config, st viewStep) (a viewAns
 			for _, f := range hs {
 				if f.Name == ":status" && a.status != "" {
 					a.status += " " + f.Value // after an interim response
+					h = http.Header{}         // whose fields are not the response's
 				} else if f.Name == ":status" {
 					a.status = f.Value
 				} else {
@@ -553,6 +577,48 @@ func TestOneViewOverHTTP1AndHTTP2(t *testing.T) {
 				h2: h2get("/rl/ip", "x-forwarded-for", " 192.0.2.3 ")},
 			{h1: "GET /rl/ip HTTP/1.1\r\nHost: a.example\r\nX-Forwarded-For: 192.0.2.3\r\n\r\n",
 				h2: h2get("/rl/ip", "x-forwarded-for", "192.0.2.3")},
+		}},
+		{"the upstream's answers", []viewStep{
+			{h1: "GET /r/chunked HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/chunked")},
+			{h1: "HEAD /r/chunked HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/chunked"}},
+			{h1: "GET /c/r/chunked HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/chunked")},
+			{h1: "HEAD /c/r/chunked HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/chunked"}},
+			{h1: "GET /r/trailers HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/trailers")},
+			{h1: "HEAD /r/trailers HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/trailers"}},
+			{h1: "GET /c/r/trailers HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/trailers")},
+			{h1: "HEAD /c/r/trailers HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/trailers"}},
+			{h1: "GET /r/hop HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/hop")},
+			{h1: "HEAD /r/hop HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/hop"}},
+			{h1: "GET /c/r/hop HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/hop")},
+			{h1: "HEAD /c/r/hop HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/hop"}},
+			{h1: "GET /r/204 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/204")},
+			{h1: "HEAD /r/204 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/204"}},
+			{h1: "GET /c/r/204 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/204")},
+			{h1: "HEAD /c/r/204 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/204"}},
+			{h1: "GET /r/304 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/304")},
+			{h1: "HEAD /r/304 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/304"}},
+			{h1: "GET /c/r/304 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/304")},
+			{h1: "HEAD /c/r/304 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/304"}},
+			{h1: "GET /r/multi HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/multi")},
+			{h1: "HEAD /r/multi HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/multi"}},
+			{h1: "GET /c/r/multi HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/multi")},
+			{h1: "HEAD /c/r/multi HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/multi"}},
+			{h1: "GET /r/early HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/early")},
+			{h1: "HEAD /r/early HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/early"}},
+			{h1: "GET /c/r/early HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/early")},
+			{h1: "HEAD /c/r/early HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/early"}},
+			{h1: "GET /r/close HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/close")},
+			{h1: "HEAD /r/close HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/close"}},
+			{h1: "GET /c/r/close HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/close")},
+			{h1: "HEAD /c/r/close HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/close"}},
+			{h1: "GET /r/empty HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/empty")},
+			{h1: "HEAD /r/empty HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/empty"}},
+			{h1: "GET /c/r/empty HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/empty")},
+			{h1: "HEAD /c/r/empty HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/empty"}},
+			{h1: "GET /r/redirect HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/r/redirect")},
+			{h1: "HEAD /r/redirect HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/r/redirect"}},
+			{h1: "GET /c/r/redirect HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/r/redirect")},
+			{h1: "HEAD /c/r/redirect HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "HEAD", ":scheme", "https", ":authority", "a.example", ":path", "/c/r/redirect"}},
 		}},
 		{"HEAD from GET", []viewStep{
 			{h1: "GET /c/head HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/head")},
