@@ -87,6 +87,7 @@ const oneViewConfig = `
 [server]
 request_id = ""
 trusted_proxies = ["127.0.0.1/32"]
+max_request_body = "100KiB"
 
 [[ratelimit]]
 name = "by-cookie"
@@ -511,6 +512,13 @@ func TestOneViewOverHTTP1AndHTTP2(t *testing.T) {
 			{h1: "GET /c/q?a&&b= HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/q?a&&b=")},
 			{h1: "GET /c/q?%zz HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/q?%zz")},
 			{h1: "GET /c/%00 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/%00")},
+			{h1: "get /c/lower HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: []string{":method", "get", ":scheme", "https", ":authority", "a.example", ":path", "/c/lower"}},
+			{h1: "GET /c/q?x=\xc3\xa9 HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/q?x=\xc3\xa9")},
+			{h1: "GET /c/%7e HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/%7e")},
+			{h1: "GET /c/~ HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/~")},
+			{h1: "GET /c/%7E HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/%7E")},
+			{h1: "GET /c/q?a=%2f HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/q?a=%2f")},
+			{h1: "GET /c/q?a=%2F HTTP/1.1\r\nHost: a.example\r\n\r\n", h2: h2get("/c/q?a=%2F")},
 		}},
 		{"odd authorities", []viewStep{
 			{h1: "GET /c/h HTTP/1.1\r\nHost: a.example:x\r\n\r\n", h2: []string{":method", "GET", ":scheme", "https", ":authority", "a.example:x", ":path", "/c/h"}},
@@ -714,8 +722,8 @@ func TestOneViewOverHTTP1AndHTTP2(t *testing.T) {
 // resets their stream (PROTOCOL_ERROR, RFC 9113 §8.1.1: a malformed
 // request is a stream error; an answer before the reset is only
 // allowed) where the HTTP/1.1 engines answer 400: a :path that is not an
-// origin-form target ("c/rel", "https://b.example/p") or whose
-// percent-encoding is bad, an authority with userinfo, and a Host that
+// origin-form target ("c/rel", "https://b.example/p"), whose
+// percent-encoding is bad or that holds a control character, an authority with userinfo, and a Host that
 // differs from the :authority (§8.3.1; over HTTP/1.1 an absolute-form
 // target's authority replaces Host, RFC 9112 §3.2.2). Either way the
 // request is refused and never forwarded; no response was sent on the
@@ -726,6 +734,7 @@ func TestHTTP2MalformedStreamsAreReset(t *testing.T) {
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "c/rel"},
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "https://b.example/c/p"},
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/%zz"},
+		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/x\x7f"},
 		{":method", "GET", ":scheme", "https", ":path", "/c/p", "host", "u@a.example"},
 		{":method", "GET", ":scheme", "https", ":authority", "u@a.example", ":path", "/c/p"},
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/p", "host", "b.example"},
