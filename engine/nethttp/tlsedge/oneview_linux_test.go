@@ -342,7 +342,7 @@ func h2Send(t *testing.T, addr string, conf *tls.Config, st viewStep) (a viewAns
 	}
 }
 
-// h2Client sends st with x/net's client, which keeps to the server's
+// h2Client sends st with net/http's HTTP/2 client, which keeps to the server's
 // flow-control windows: a body of many DATA frames, its length unknown
 // unless the fields give it.
 func h2Client(t *testing.T, addr string, conf *tls.Config, st viewStep) viewAnswer {
@@ -368,13 +368,16 @@ func h2Client(t *testing.T, addr string, conf *tls.Config, st viewStep) viewAnsw
 		}
 	}
 	req.Header.Set("User-Agent", "")
-	cl := &http.Client{Transport: &http2.Transport{TLSClientConfig: conf, DisableCompression: true}, Timeout: 10 * time.Second}
+	cl := &http.Client{Transport: &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: true, DisableCompression: true}, Timeout: 10 * time.Second}
 	defer cl.CloseIdleConnections()
 	resp, err := cl.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("%s, not HTTP/2", resp.Proto)
+	}
 	body, _ := io.ReadAll(resp.Body)
 	return viewAnswer{status: fmt.Sprint(resp.StatusCode), head: headView(resp.Header), body: string(body)}
 }
