@@ -558,6 +558,8 @@ func TestOneViewOverHTTP1AndHTTP2(t *testing.T) {
 				h2: h2get("/rl/ip", "x-real-ip", "192.0.2.6")},
 			{h1: "GET /rl/ip HTTP/1.1\r\nHost: a.example\r\nX-Forwarded-For: 192.0.2.5,\r\n\r\n",
 				h2: h2get("/rl/ip", "x-forwarded-for", "192.0.2.5,")},
+			{h1: "GET /c/xfh HTTP/1.1\r\nHost: a.example\r\nX-Forwarded-Host: b.example\r\nX-Forwarded-Port: 8443\r\nVia: 1.1 p\r\n\r\n",
+				h2: h2get("/c/xfh", "x-forwarded-host", "b.example", "x-forwarded-port", "8443", "via", "1.1 p")},
 			{h1: "GET /rl/ip HTTP/1.1\r\nHost: a.example\r\nX-Forwarded-For: 192.0.2.4\r\nX-Forwarded-For:\r\n\r\n",
 				h2: h2get("/rl/ip", "x-forwarded-for", "192.0.2.4", "x-forwarded-for", "")},
 		}},
@@ -722,15 +724,17 @@ func TestOneViewOverHTTP1AndHTTP2(t *testing.T) {
 }
 
 // Some malformed HTTP/2 requests never reach the engine: x/net's server
-// resets their stream (PROTOCOL_ERROR, RFC 9113 §8.1.1: a malformed
-// request is a stream error; an answer before the reset is only
-// allowed) where the HTTP/1.1 engines answer 400: a :path that is not an
+// resets their stream (PROTOCOL_ERROR; RFC 9113 §8.1.1 makes a malformed
+// request a stream error and only allows an answer before the reset)
+// where the HTTP/1.1 engines answer 400: a :path that is not an
 // origin-form target ("c/rel", "https://b.example/p"), whose
-// percent-encoding is bad or that holds a control character, an authority with userinfo, and a Host that
-// differs from the :authority (§8.3.1; over HTTP/1.1 an absolute-form
-// target's authority replaces Host, RFC 9112 §3.2.2). Either way the
-// request is refused and never forwarded; no response was sent on the
-// stream, so none is logged or counted.
+// percent-encoding is bad or that holds a control character; an
+// authority with userinfo; two Host fields, or a Host that differs from
+// the :authority, even in case only (§8.3.1; over HTTP/1.1 an
+// absolute-form target's authority replaces Host, RFC 9112 §3.2.2); a
+// connection-specific field (§8.2.2). Either way the request is refused
+// and never forwarded; no response was sent on the stream, so none is
+// logged or counted.
 func TestHTTP2MalformedStreamsAreReset(t *testing.T) {
 	h2, conf := startViewSide(t, true, "")
 	for _, fields := range [][]string{
@@ -738,6 +742,9 @@ func TestHTTP2MalformedStreamsAreReset(t *testing.T) {
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "https://b.example/c/p"},
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/%zz"},
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/x\x7f"},
+		{":method", "GET", ":scheme", "https", ":path", "/c/p", "host", "a.example", "host", "a.example"},
+		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/p", "te", "gzip"},
+		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/p", "connection", "close"},
 		{":method", "GET", ":scheme", "https", ":path", "/c/p", "host", "u@a.example"},
 		{":method", "GET", ":scheme", "https", ":authority", "u@a.example", ":path", "/c/p"},
 		{":method", "GET", ":scheme", "https", ":authority", "a.example", ":path", "/c/p", "host", "b.example"},
