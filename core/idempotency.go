@@ -94,6 +94,14 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 		return ex.idemProblem(b, keyProblemKind(kp))
 	}
 	body, err := ex.req.Body(c.maxReq)
+	if errors.Is(err, ErrClientGone) {
+		// Nobody to answer, and nothing reserved: the answer ends the
+		// exchange unsent, counted and logged as 499, as on the event
+		// loop, which reads the body before Decide.
+		v, ok := ex.idemProblem(b, problemUnreadable)
+		ex.status = StatusClientClosed
+		return v, ok
+	}
 	if err != nil {
 		c.row.Add(metrics.IdempotencyRequests, metrics.IdemInvalid, 1)
 		var te interface{ Timeout() bool }

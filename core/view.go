@@ -30,9 +30,11 @@ type Request interface {
 	// dst, in order, and returns the extended slice.
 	HeaderLines(name string, dst []string) []string
 	// Body reads the whole request body into memory. A body longer than
-	// max bytes is ErrBodyTooLarge; a body that cannot be read (the client
-	// broke off, bad chunking) is any other error. It is called at most
-	// once per request, and only for requests the core must fingerprint.
+	// max bytes is ErrBodyTooLarge; a client that went away as it came (a
+	// reset connection) is an error wrapping ErrClientGone; a body that
+	// cannot be read otherwise (ended short, bad chunking) is any other
+	// error. It is called at most once per request, and only for requests
+	// the core must fingerprint.
 	Body(max int64) ([]byte, error)
 	// HasBody reports whether the request has content: a Content-Length
 	// other than 0, or a chunked body (RFC 9112 §6.3), read or not.

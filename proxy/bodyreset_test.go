@@ -22,7 +22,9 @@ import (
 // 100-continue the same, whether the reset comes after part of the body
 // or before any of it (fasthttp reads a body's first bytes itself before
 // its handler runs), or at once after the head, before the 100 Continue
-// could be written.
+// could be written. And the same with an idempotency key, whose body the
+// core reads itself to fingerprint it: the key is not held, so that the
+// client's retry runs.
 func TestBodyResetMidwayIsClientGone(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -31,15 +33,18 @@ func TestBodyResetMidwayIsClientGone(t *testing.T) {
 		part   int  // body bytes sent of the 100000 declared; -1: none, reset at once
 		reset  bool // else a FIN
 		want   int
+		keyed  bool // through an [[idempotency]] block, with a key
 	}{
-		{"reset", false, 1000, true, core.StatusClientClosed},
-		{"reset-streaming", false, 70000, true, core.StatusClientClosed}, // past the read-ahead: the upstream has the head
-		{"fin", false, 1000, false, http.StatusBadRequest},
-		{"expect-reset", true, 1000, true, core.StatusClientClosed},
-		{"expect-reset-unbegun", true, 0, true, core.StatusClientClosed},
-		{"expect-fin", true, 1000, false, http.StatusBadRequest},
-		{"reset-at-once", false, -1, true, core.StatusClientClosed},
-		{"expect-reset-at-once", true, -1, true, core.StatusClientClosed},
+		{"reset", false, 1000, true, core.StatusClientClosed, false},
+		{"reset-streaming", false, 70000, true, core.StatusClientClosed, false}, // past the read-ahead: the upstream has the head
+		{"fin", false, 1000, false, http.StatusBadRequest, false},
+		{"expect-reset", true, 1000, true, core.StatusClientClosed, false},
+		{"expect-reset-unbegun", true, 0, true, core.StatusClientClosed, false},
+		{"expect-fin", true, 1000, false, http.StatusBadRequest, false},
+		{"reset-at-once", false, -1, true, core.StatusClientClosed, false},
+		{"expect-reset-at-once", true, -1, true, core.StatusClientClosed, false},
+		{"keyed-reset", false, 1000, true, core.StatusClientClosed, true},
+		{"keyed-fin", false, 1000, false, http.StatusBadRequest, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -47,13 +52,17 @@ func TestBodyResetMidwayIsClientGone(t *testing.T) {
 				up := startUpstream(t, nil)
 				statuses := make(chan int, 4)
 				lines := make(chan core.AccessEntry, 4)
-				c := configCoreWith(t, "", func(o *core.Options) {
+				conf, key := "", ""
+				if tc.keyed {
+					conf, key = "[[idempotency]]\npath = \"/x\"\n", "Idempotency-Key: \"k1\"\r\n"
+				}
+				c := configCoreWith(t, conf, func(o *core.Options) {
 					o.OnResponse = func(status int) { statuses <- status }
 					o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
 				})
 				r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
 				conn, br := dial(t, r.Addr)
-				head := "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n"
+				head := "POST /x HTTP/1.1\r\nHost: a\r\n" + key + "Content-Length: 100000\r\n"
 				if tc.part < 0 {
 					io.WriteString(conn, head+map[bool]string{true: "Expect: 100-continue\r\n"}[tc.expect]+"\r\n")
 				} else if tc.expect {
@@ -106,6 +115,14 @@ func TestBodyResetMidwayIsClientGone(t *testing.T) {
 				}
 				if n := len(up.Requests()); n != 0 && tc.part < 64<<10 {
 					t.Errorf("the upstream saw %d requests, want none", n)
+				}
+				if tc.keyed {
+					// The key is free: the retry runs (no 409).
+					conn, br := dial(t, r.Addr)
+					io.WriteString(conn, "POST /x HTTP/1.1\r\nHost: a\r\n"+key+"Content-Length: 2\r\n\r\nab")
+					if resp, _ := readResponse(t, br, "POST"); resp.StatusCode != http.StatusOK {
+						t.Errorf("the retry was answered %d, want 200", resp.StatusCode)
+					}
 				}
 			})
 		})

@@ -103,6 +103,12 @@ func (s *Server) bodyFailed(r *request, ex *core.Exchange, err error) {
 		s.refuseAfter(r, ex, bodyProblem(err))
 		return
 	}
+	s.clientGone(r, ex)
+}
+
+// clientGone ends the exchange of a request whose client went away
+// before its response began: nothing is sent, and the core counts 499.
+func (s *Server) clientGone(r *request, ex *core.Exchange) {
 	r.gone = true
 	r.c.mute = true // fasthttp writes a response once the handler returns
 	r.ctx.SetConnectionClose()

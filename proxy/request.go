@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"unsafe"
 
@@ -321,7 +322,11 @@ func (r *request) Gone() bool { return false }
 
 // Body implements core.Request: the whole body, read into memory.
 func (r *request) Body(max int64) ([]byte, error) {
-	return r.body.readAll(r, max)
+	b, err := r.body.readAll(r, max)
+	if isConnReset(err) {
+		err = errors.Join(core.ErrClientGone, err)
+	}
+	return b, err
 }
 
 var _ core.Request = (*request)(nil)

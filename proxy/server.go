@@ -418,6 +418,12 @@ func (s *Server) serveParsed(r *request, ex *core.Exchange) {
 	r.ex = nil
 	r.body.reset(r)
 	if ex.Decide() == core.Respond {
+		if ex.Status() == core.StatusClientClosed {
+			// The client reset its connection as the core read its body
+			// (Body): an answer nobody reads.
+			s.clientGone(r, ex)
+			return
+		}
 		if !r.body.done {
 			// A body left unread may close the connection (fasthttp drops
 			// a short one): closed at once, it would be reset, and a

@@ -2,6 +2,7 @@ package nethttp
 
 import (
 	"errors"
+	"net/http"
 	"syscall"
 )
 
@@ -18,4 +19,13 @@ func isTimeout(err error) bool {
 // the connection.
 func isConnReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// bodyGone reports whether err, the failure of a read of r's body, is
+// its client gone: a reset connection (or, over HTTP/2, a reset stream:
+// its context ends), or a 100 Continue that could not be written to it
+// (a reset: the body's read then sees the end of the connection). One
+// that only ended its body short (a FIN) may still read an answer.
+func bodyGone(r *http.Request, err error) bool {
+	return isConnReset(err) || r.ProtoMajor == 2 && r.Context().Err() != nil || writeFailed(r)
 }

@@ -197,12 +197,9 @@ func (f *forwarder) answer(rw *writer, resp *core.Response) {
 }
 
 // refuse answers a request whose body could not be read. A client that
-// reset its connection (or, over HTTP/2, its stream: its context ends)
-// went away before its response began: it is sent nothing, and the core
-// counts and logs 499, as on the other engines; so is one the 100
-// Continue could not be written to (a reset: the body's read then sees
-// the end of the connection). One that only ended its body short (a FIN)
-// may still read the 400.
+// went away (bodyGone) before its response began is sent nothing, and
+// the core counts and logs 499, as on the other engines. One that only
+// ended its body short (a FIN) may still read the 400.
 func (f *forwarder) refuse(rw *writer, r *http.Request, ex *core.Exchange, err error) error {
 	status, detail := http.StatusBadRequest, "the request body could not be read"
 	var mbe *http.MaxBytesError
@@ -211,7 +208,7 @@ func (f *forwarder) refuse(rw *writer, r *http.Request, ex *core.Exchange, err e
 		status, detail = http.StatusRequestTimeout, "the request body did not arrive in time"
 	case errors.As(err, &mbe):
 		status, detail = http.StatusRequestEntityTooLarge, "the request body is too large"
-	case isConnReset(err), r.ProtoMajor == 2 && r.Context().Err() != nil, writeFailed(r):
+	case bodyGone(r, err):
 		clear(rw.w.Header())
 		return core.ErrClientGone
 	}

@@ -143,7 +143,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(p)
 	}()
 	var err error
-	if ex.Decide() == core.Respond {
+	if v := ex.Decide(); v == core.Respond && ex.Status() == core.StatusClientClosed {
+		// The client went away as the core read its body (request.Body)
+		// or while its request waited: an answer nobody reads.
+		err = core.ErrClientGone
+	} else if v == core.Respond {
 		if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && !req.bodyRead {
 			// net/http reads what is left of a body before it sends the
 			// answer, to keep the connection: a client that sent part of
@@ -595,6 +599,9 @@ func (q *request) Body(max int64) ([]byte, error) {
 	q.bodyRead = true
 	b, err := readBody(q.r.Body, q.r.ContentLength, max)
 	q.body = b
+	if err != nil && err != core.ErrBodyTooLarge && bodyGone(q.r, err) {
+		err = errors.Join(core.ErrClientGone, err)
+	}
 	return b, err
 }
 
