@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -137,5 +138,65 @@ func wantEnd(t *testing.T, br *bufio.Reader) {
 		t.Errorf("more after the answer: %q", append([]byte{b}, rest...))
 	} else if !strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "reset") {
 		t.Errorf("after the answer: %v, want the end of the connection", err)
+	}
+}
+
+// A request whose body is still arriving when the drain cuts it at its
+// deadline got no response, as one whose client reset mid-body: every
+// engine counts and logs it once as 499, with nothing sent (net/http and
+// fasthttp answered the read of the closed connection 400), whether the
+// engine reads that body or the core does (an idempotency key), and
+// whether any of the body came. But fasthttp reads a body's first bytes
+// before its handler, and drops a request whose connection the server
+// closed under that read before anything of ours sees it: neither
+// counted nor logged (README says so).
+func TestDrainCutMidBodyIs499(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		key  string
+		part int // body bytes sent of the 100000 declared
+	}{
+		{"plain", "", 1000},
+		{"keyed", "Idempotency-Key: \"k1\"\r\n", 1000},
+		{"unbegun", "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+				up := startUpstream(t, nil)
+				statuses := make(chan int, 4)
+				lines := make(chan core.AccessEntry, 4)
+				c := configCoreWith(t, "[[idempotency]]\npath = \"/x\"\n", func(o *core.Options) {
+					o.OnResponse = func(status int) { statuses <- status }
+					o.AccessLog = accessFunc(func(e *core.AccessEntry) { lines <- *e })
+				})
+				r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+				conn, _ := dial(t, r.Addr)
+				io.WriteString(conn, "POST /x HTTP/1.1\r\nHost: a\r\n"+tc.key+"Content-Length: 100000\r\n\r\n")
+				conn.Write(make([]byte, tc.part))
+				time.Sleep(200 * time.Millisecond) // the engine waits for the rest
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				defer cancel()
+				r.Shutdown(ctx)
+				if e.name == "fasthttp" && tc.part == 0 {
+					time.Sleep(500 * time.Millisecond) // nothing comes
+				} else {
+					wantCountedGone(t, statuses)
+					select {
+					case l := <-lines:
+						if l.Status != core.StatusClientClosed || l.Bytes != 0 {
+							t.Errorf("logged %d with %d bytes sent, want %d with none", l.Status, l.Bytes, core.StatusClientClosed)
+						}
+					case <-time.After(time.Second):
+						t.Error("not logged within a second")
+					}
+				}
+				time.Sleep(200 * time.Millisecond) // a second count or line would come now
+				if len(statuses) > 0 || len(lines) > 0 {
+					t.Errorf("counted again (%d) or logged again (%d)", len(statuses), len(lines))
+				}
+			})
+		})
 	}
 }

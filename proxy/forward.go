@@ -95,11 +95,13 @@ func (s *Server) refuseAfter(r *request, ex *core.Exchange, b *engine.BadRequest
 // read. A client that reset its connection went away before its response
 // began: it is sent nothing, and the core counts and logs 499
 // (core.ErrClientGone), as on the other engines; a 400 nobody was sent
-// would count among client errors. Any other failure (a FIN short of the
-// body, a timeout, a bad chunk) is answered with the body's problem: a
-// client that only closed its sending side may still read it.
+// would count among client errors. So is one the drain cut at its
+// deadline (the read sees the connection closed). Any other failure (a
+// FIN short of the body, a timeout, a bad chunk) is answered with the
+// body's problem: a client that only closed its sending side may still
+// read it.
 func (s *Server) bodyFailed(r *request, ex *core.Exchange, err error) {
-	if !isConnReset(err) {
+	if !isGone(err) {
 		s.refuseAfter(r, ex, bodyProblem(err))
 		return
 	}

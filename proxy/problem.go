@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -216,6 +217,13 @@ func (s *Server) unread(ctx *fasthttp.RequestCtx, err error) *engine.BadRequest 
 // the connection.
 func isConnReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// isGone reports whether err, from reading a request, says its client is
+// gone: it reset the connection, or the server closed it (a drain cut at
+// its deadline). Nobody reads an answer.
+func isGone(err error) bool {
+	return isConnReset(err) || errors.Is(err, net.ErrClosed)
 }
 
 // setStatus sets a response's status, with the reason phrase the other

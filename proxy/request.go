@@ -323,7 +323,7 @@ func (r *request) Gone() bool { return false }
 // Body implements core.Request: the whole body, read into memory.
 func (r *request) Body(max int64) ([]byte, error) {
 	b, err := r.body.readAll(r, max)
-	if isConnReset(err) {
+	if isGone(err) {
 		err = errors.Join(core.ErrClientGone, err)
 	}
 	return b, err

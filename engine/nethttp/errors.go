@@ -2,6 +2,7 @@ package nethttp
 
 import (
 	"errors"
+	"net"
 	"net/http"
 	"syscall"
 )
@@ -23,9 +24,11 @@ func isConnReset(err error) bool {
 
 // bodyGone reports whether err, the failure of a read of r's body, is
 // its client gone: a reset connection (or, over HTTP/2, a reset stream:
-// its context ends), or a 100 Continue that could not be written to it
-// (a reset: the body's read then sees the end of the connection). One
+// its context ends), a 100 Continue that could not be written to it (a
+// reset: the body's read then sees the end of the connection), or a
+// connection the drain cut at its deadline (closed under the read). One
 // that only ended its body short (a FIN) may still read an answer.
 func bodyGone(r *http.Request, err error) bool {
-	return isConnReset(err) || r.ProtoMajor == 2 && r.Context().Err() != nil || writeFailed(r)
+	return isConnReset(err) || errors.Is(err, net.ErrClosed) ||
+		r.ProtoMajor == 2 && r.Context().Err() != nil || writeFailed(r)
 }
