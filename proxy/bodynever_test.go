@@ -14,7 +14,7 @@ import (
 // A request whose body never begins to arrive (nothing after its head,
 // with or without Expect: 100-continue) gets client_body_timeout's 408,
 // on every engine: the body's detail, the request id, one access line
-// and one count, all of the 408 sent. fasthttp reads a body's first
+// (naming the request sent) and one count, all of the 408 sent. fasthttp reads a body's first
 // bytes itself before any handler runs; its failure there is still the
 // body's, not the header's. It drops the head of a request with a
 // Content-Length when that read fails, though: that one is counted, but
@@ -60,6 +60,9 @@ func TestBodyThatNeverBeginsTimesOut(t *testing.T) {
 					}
 					if l.Status != http.StatusRequestTimeout {
 						t.Errorf("logged %d, sent 408", l.Status)
+					}
+					if l.Method != "POST" || l.Path != "/x" || (l.Target != "" && l.Target != "/x") {
+						t.Errorf("logged %s %q (target %q), sent POST /x", l.Method, l.Path, l.Target)
 					}
 				case <-time.After(time.Second):
 					if !headless {

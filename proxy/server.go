@@ -359,6 +359,9 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 		s.done(r)
 		return ctx.Response.StatusCode()
 	}
+	// fasthttp resets the head when the body then fails to arrive
+	// (bodyUnread answers it): the access log still names the target.
+	r.keepTarget()
 	r.ex = ex
 	r.c.early = r
 	r.c.mu.Lock()
@@ -487,6 +490,20 @@ func (s *Server) recycle(r *request) {
 	s.requests.Put(r)
 }
 
+// keepTarget copies the target as sent, and the path and query views of
+// it, out of fasthttp's head into the request's own buffer.
+func (r *request) keepTarget() {
+	r.target = append(r.target[:0], r.ctx.Request.Header.RequestURI()...)
+	n := len(r.target)
+	r.target = append(append(r.target, r.path...), r.query...)
+	p := n + len(r.path)
+	r.path = r.target[n:p:p]
+	if r.query != nil {
+		r.query = r.target[p:len(r.target):len(r.target)]
+	}
+	r.target = r.target[:n:n] // an append moves it, never over the copies
+}
+
 func isOptionsAsterisk(ctx *fasthttp.RequestCtx) bool {
 	return string(ctx.Request.Header.Method()) == fasthttp.MethodOptions &&
 		string(ctx.Request.Header.RequestURI()) == "*"
@@ -514,15 +531,7 @@ func (s *Server) runApp(r *request, ex *core.Exchange) {
 		// The target as sent, and the path and query the request view
 		// says (the access log reads them after the App), are views of
 		// the buffer the new target is written over: they move to a copy.
-		r.target = append(r.target[:0], ctx.Request.Header.RequestURI()...)
-		n := len(r.target)
-		r.target = append(append(r.target, r.path...), r.query...)
-		p := n + len(r.path)
-		r.path = r.target[n:p:p]
-		if r.query != nil {
-			r.query = r.target[p:len(r.target):len(r.target)]
-		}
-		r.target = r.target[:n:n] // an append moves it, never over the copies
+		r.keepTarget()
 		ctx.Request.SetRequestURIBytes(r.head)
 	}
 	if r.body.done && r.body.buf != nil {
