@@ -24,8 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-
 	"github.com/preforkd/preforkd/internal/tlstest"
 )
 
@@ -335,7 +333,7 @@ func http1Mix(scheme string) []censusCase {
 }
 
 // h2Mix is the mix sent over HTTP/2.
-func h2Mix(tr *http2.Transport, base string) []censusCase {
+func h2Mix(tr *http.Transport, base string) []censusCase {
 	c := &http.Client{Transport: tr}
 	req := func(method, path string, h http.Header, body string) func(*testing.T, *censusClient) int {
 		return func(t *testing.T, _ *censusClient) int {
@@ -509,7 +507,8 @@ access_format = "json"
 	cl.addr = d.addr
 	switch engine {
 	case "tls-h2":
-		tr := &http2.Transport{TLSClientConfig: &tls.Config{ServerName: "a.example", RootCAs: cl.tls.RootCAs}}
+		tr := &http.Transport{TLSClientConfig: &tls.Config{ServerName: "a.example", RootCAs: cl.tls.RootCAs}, Protocols: new(http.Protocols)}
+		tr.Protocols.SetHTTP2(true) // HTTP/2 only
 		t.Cleanup(tr.CloseIdleConnections)
 		mix = h2Mix(tr, "https://"+d.addr)
 	case "tls-h1":
@@ -597,19 +596,23 @@ access_format = "json"
 	}
 	// Lines are written within a second; wait for them, then a moment more
 	// for any extra.
-	lines := accessLines(t, access, total, 5*time.Second)
+	accessLines(t, access, total, 5*time.Second)
 	time.Sleep(1200 * time.Millisecond)
-	lines = accessLines(t, access, 0, 0)
+	lines := accessLines(t, access, 0, 0)
 	gotLines := map[string]int{}
 	for _, l := range lines {
 		var e struct {
-			Target string `json:"target"`
-			Status int    `json:"status"`
+			Target   string `json:"target"`
+			Status   int    `json:"status"`
+			Protocol string `json:"protocol"`
 		}
 		if err := json.Unmarshal([]byte(l), &e); err != nil {
 			t.Fatalf("%s: access line %q: %v", engine, l, err)
 		}
 		gotLines[fmt.Sprintf("%s %d", e.Target, e.Status)]++
+		if engine == "tls-h2" && e.Protocol != "HTTP/2.0" {
+			t.Errorf("%s: a line of %s", engine, e.Protocol)
+		}
 	}
 	diff(t, engine+": access log (target status → lines)", wantLines, gotLines)
 
