@@ -91,7 +91,8 @@ func runWorker(ctx context.Context, opts Options) int {
 		w.closeExtra()
 		go func() { recycled <- eng.Shutdown(recycleCtx) }()
 	})
-	why, served, ok := serveUntilTold(ctx, w, func() error { return eng.Serve(ln) }, recycle, term, notes, log)
+	report, lifeline := os.NewFile(fdReady, "ready"), watchLifeline(os.NewFile(fdLifeline, "lifeline"))
+	why, served, ok := serveUntilTold(ctx, w, report, lifeline, func() error { return eng.Serve(ln) }, recycle, term, notes, log)
 	if !ok {
 		w.runDeferred(log) // what it opened still closes (a store's last counts)
 		return 1
@@ -176,22 +177,26 @@ func drainOutcome(w *Worker, drained <-chan error, cut func(), timeout time.Dura
 // listener, closed then, makes serve return early, which is expected.
 // served has serve's result once it returned. ok is false when the
 // worker could not report ready or serve stopped on its own (logged).
-func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle <-chan []byte, term, notes <-chan os.Signal, log *slog.Logger) (why string, served <-chan error, ok bool) {
-	lifeline := watchLifeline(os.NewFile(fdLifeline, "lifeline"))
-	report := os.NewFile(fdReady, "ready")
+func serveUntilTold(ctx context.Context, w *Worker, report *os.File, lifeline <-chan struct{}, serve func() error, recycle <-chan []byte, term, notes <-chan os.Signal, log *slog.Logger) (why string, served <-chan error, ok bool) {
 	if _, err := report.Write([]byte{1}); err != nil {
 		log.Error("worker failed to report readiness", "err", err)
 		return "", nil, false
 	}
 	result := make(chan error, 1)
+	told := make(chan struct{}) // closed once told to drain
 	go func() {
-		err := serve()
+		result <- serve()
 		// The engine accepts no more (Serve returns once it stopped
 		// accepting on every listener it serves): a retiring worker's
 		// word, which the supervisor waits for before it announces a
-		// reload finished. The supervisor may be gone: no error to report.
+		// reload finished. Said only once told to drain, so that it is
+		// the pipe's last message: a worker past a recycling limit stops
+		// serving before it asks for a successor, and a supervisor of a
+		// build without this word reads whole recycle requests, then the
+		// one byte before EOF, which it ignores. The supervisor may be
+		// gone: no error to report.
+		<-told
 		_, _ = report.Write([]byte{stoppedMsg})
-		result <- err
 	}()
 	serving := (<-chan error)(result)
 	gc := newGCCounter(w.Region)
@@ -234,5 +239,6 @@ func serveUntilTold(ctx context.Context, w *Worker, serve func() error, recycle 
 			why = context.Cause(ctx).Error()
 		}
 	}
+	close(told)
 	return why, result, true
 }
