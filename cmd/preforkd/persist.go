@@ -271,8 +271,6 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 	return persist.Inspect(args[0], stdout)
 }
 
-// chainHandover runs the Handover hook set before, if any, for a hook
-// that adds its files to it.
 // addHandover makes opts.Handover give, after the files of the one set
 // before it, those add puts in the map. When either fails, every file
 // given so far is closed.
