@@ -2,7 +2,6 @@ package prefork
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -117,14 +116,12 @@ func (s *supervisor) abortReload(i int, p *proc, what string, attrs []any, canar
 	}
 	s.publish() // before the line, as at "ready": /status then shows the outcome
 	s.log.Error(summary, attrs...)
-	// systemd waits for READY=1 after RELOADING=1, whatever the outcome;
-	// if workers of another generation are left (replaced by the roll, or
-	// by a reload this one superseded), returning them to the good one
-	// ends the reload (checkReady).
-	s.reloading = slices.ContainsFunc(s.slots, func(sl slot) bool {
-		return sl.cur != nil && sl.cur.gen != s.gen || sl.succ != nil
-	})
-	if !s.reloading && s.announced {
-		s.sendNotify(notifyReady)
-	}
+	// systemd waits for READY=1 after RELOADING=1, whatever the outcome.
+	// The reload ends as one that finished does (checkReady): once every
+	// slot runs the good configuration again (a roll, or a reload this one
+	// superseded, may have replaced some) and every worker told to drain,
+	// the failed one first, stopped accepting; until then a client that
+	// connects may still get the configuration that failed. This line is
+	// the reload's one record: its end is logged at debug level only.
+	s.reloading, s.aborted = true, true
 }

@@ -70,6 +70,71 @@ func TestReloadFinishedServesOnlyTheNewConfiguration(t *testing.T) {
 	}
 }
 
+// TestAbortedReloadServesOnlyTheRunningConfiguration: once an aborted
+// reload is announced over (READY=1, a ready Status), its canary no
+// longer accepts connections: a client that connects at once is served
+// by a worker of the running configuration, never by the one that
+// failed.
+func TestAbortedReloadServesOnlyTheRunningConfiguration(t *testing.T) {
+	for _, engine := range []string{"nethttp", "fast"} {
+		t.Run(engine, func(t *testing.T) {
+			if engine == "fast" {
+				t.Setenv(envTestEngine, "fast")
+			}
+			setup := testConfig(2)
+			// No traffic in its window: inconclusive, so aborted.
+			setup.Settings.Canary = Canary{Window: 100 * time.Millisecond, Inconclusive: InconclusiveAbort}
+			over := make(chan struct{}, 8)
+			aborted := 0 // the aborts seen over; only OnStatus's goroutine uses it
+			h := startSupervisor(t, setup, true, func(o *Options) {
+				o.Reload = func(Settings) (Settings, error) { return setup.Settings, nil }
+				o.OnStatus = func(st Status) {
+					if st.Ready && st.Reloads.Aborted > aborted {
+						aborted = st.Reloads.Aborted
+						over <- struct{}{}
+					}
+				}
+			})
+			for n := 1; n <= 3; n++ {
+				h.signal(unix.SIGHUP)
+				select {
+				case <-over:
+				case <-time.After(20 * time.Second):
+					t.Fatalf("reload %d: no ready Status after its abort; log:\n%s", n, h.logs.dump())
+				}
+				pids := make([]int, 16)
+				var wg sync.WaitGroup
+				for i := range pids {
+					wg.Go(func() {
+						_, body, err := h.get(pidPath(engine), "")
+						if err != nil {
+							t.Errorf("GET: %v", err)
+							return
+						}
+						pids[i] = pidOf(body)
+					})
+				}
+				wg.Wait()
+				running := map[int]bool{}
+				for _, r := range h.logs.all("worker started") {
+					if r.int("generation") == 0 {
+						running[r.int("pid")] = true
+					}
+				}
+				for _, pid := range pids {
+					if pid != 0 && !running[pid] {
+						t.Errorf("reload %d: once its abort was announced over, worker %d of the failed configuration served a new connection (%v)", n, pid, pids)
+						break
+					}
+				}
+			}
+			if err := h.stop(15 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // pidPath is the path a test worker of engine answers its pid on.
 func pidPath(engine string) string {
 	if engine == "fast" {

@@ -173,6 +173,7 @@ type supervisor struct {
 	stopAt      time.Time // the drain delay's end, when the workers are told to drain; zero: none pending
 	watchdogAt  time.Time // when the loop sends the next WATCHDOG=1
 	reloading   bool      // a reload was accepted and not all slots run it yet
+	aborted     bool      // that reload was aborted: its end is not logged (abortReload)
 	announced   bool      // READY=1 was sent once
 	everStarted bool      // a worker was started: start errors are no longer fatal
 	fatal       error     // a startup failure, returned by Run after the drain
@@ -530,8 +531,8 @@ func (s *supervisor) checkReady() {
 			return
 		}
 	}
-	first := !s.announced
-	s.announced, s.reloading = true, false
+	first, aborted := !s.announced, s.aborted
+	s.announced, s.reloading, s.aborted = true, false, false
 	if s.canary == nil {
 		// Every slot runs it: a reload without a canary is over, its
 		// configuration the good one (while a canary is judged, only
@@ -541,9 +542,15 @@ func (s *supervisor) checkReady() {
 	// Whoever reads the line below or READY=1 and then asks /status or
 	// /metrics finds them saying the same.
 	s.publish()
-	if first {
+	switch {
+	case first:
 		s.log.Info("ready", "workers", len(s.slots), "generation", s.gen)
-	} else {
+	case aborted:
+		// Its ERROR line said the outcome: "reload finished" would read
+		// as a success, and end the wait of whoever waits for one. At
+		// debug level, for whoever times READY=1.
+		s.log.Debug("aborted reload over: no retired worker accepts any more", "generation", s.gen)
+	default:
 		s.log.Info("reload finished", "workers", len(s.slots), "generation", s.gen)
 	}
 	if s.env.tellReady != nil && first {
@@ -826,7 +833,7 @@ func (s *supervisor) reload() {
 	s.reloads.LastError = ""
 	s.lastGen++
 	s.cfg, s.gen = cfg, s.lastGen
-	s.reloading = true
+	s.reloading, s.aborted = true, false
 	if s.onConfig != nil {
 		s.onConfig(cfg)
 	}

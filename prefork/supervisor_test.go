@@ -398,6 +398,92 @@ func TestReloadEndsOnceTheRetiredStopAccepting(t *testing.T) {
 	}
 }
 
+// An aborted reload ends (READY=1, a ready Status) as one that finished
+// does: once every worker it retired stopped accepting or exited, the
+// canary or trial worker of the failed configuration first, so that a
+// client that connects then never gets it. The abort's ERROR line is its
+// one record: its end logs no "reload finished". A HUP meanwhile starts a
+// reload that finishes as any; a TERM ends the wait with no READY=1; a
+// USR2 is refused as during any reload.
+func TestAbortedReloadEndsOnceTheRetiredStopAccepting(t *testing.T) {
+	for _, tc := range []string{"canary", "trial", "hup", "term", "usr2"} {
+		t.Run(tc, func(t *testing.T) {
+			var f *fakeSys
+			var s *supervisor
+			var logs *logSink
+			var failed int // the retired worker of the failed configuration
+			if tc == "trial" {
+				f, s, logs = rollFixture(t, 3) // 100, 101, 102
+				f.holdStops = true
+				sendSignal(s, syscall.SIGHUP)
+				ready(s, 103)       // slot 0 runs generation 1; 100 retires
+				exit(s, 104, false) // slot 1's fails: the abort
+				ready(s, 105)       // slot 0 back to generation 0: 103 retires
+				failed = 103
+			} else {
+				f, s, logs = canaryFixture(t, 2, canaryConfig(func(c *Canary) { c.Inconclusive = InconclusiveAbort }))
+				f.holdStops = true
+				sendSignal(s, syscall.SIGHUP)
+				ready(s, 102)             // the canary takes slot 0; 100 retires
+				advance(f, s, testWindow) // inconclusive: aborted, 102 retires
+				failed = 102
+			}
+			exit(s, 100, true) // generation 0's retiree is gone
+			abortLine(t, logs)
+			if !slices.Contains(f.signalled(syscall.SIGTERM), failed) {
+				t.Fatalf("TERM to %v, want the failed configuration's %d", f.signalled(syscall.SIGTERM), failed)
+			}
+			if n := f.notes[len(f.notes)-1]; n == notifyReady || !s.reloading || s.status().Ready {
+				t.Fatalf("notes %q, reloading %v: the aborted reload ended while %d of the failed configuration may still accept", f.notes, s.reloading, failed)
+			}
+			switch tc {
+			case "hup":
+				s.env.load = func(Settings) (Settings, error) {
+					return defaulted(noCanary(Settings{ShutdownTimeout: time.Second})), nil
+				}
+				sendSignal(s, syscall.SIGHUP) // fills slot 0, replaces 101
+				if n := len(f.pids); n != 5 {
+					t.Fatalf("%d starts, want slot 0 filled and slot 1 replaced", n-3)
+				}
+				ready(s, f.pids[3:]...) // 101 retires
+				s.procs[101].stopped = true
+			case "term":
+				sendSignal(s, syscall.SIGTERM)
+			case "usr2": // refused until the reload is over, as during any
+				sendSignal(s, syscall.SIGUSR2)
+				if r := logs.all("upgrade refused"); len(r) != 1 || r[0].attrs["why"] != "a reload is under way" {
+					t.Fatalf("USR2 during the wait: %v", r)
+				}
+			}
+			if n := f.notes[len(f.notes)-1]; n == notifyReady {
+				t.Fatalf("notes %q: READY=1 while %d may still accept", f.notes, failed)
+			}
+			s.procs[failed].stopped = true // as the loop takes its stoppedEvent
+			s.step()
+			last := f.notes[len(f.notes)-1]
+			finished := len(logs.all("reload finished"))
+			switch tc {
+			case "term":
+				if last != notifyStopping || s.status().Ready {
+					t.Fatalf("notes %q: a drain begun during the wait sends no READY=1", f.notes)
+				}
+			case "hup":
+				if last != notifyReady || s.reloading || !s.status().Ready || finished != 1 || s.status().Generation != 2 {
+					t.Fatalf("notes %q, reloading %v, %d \"reload finished\": want the newer reload finished", f.notes, s.reloading, finished)
+				}
+			default:
+				if last != notifyReady || s.reloading || !s.status().Ready || finished != 0 {
+					t.Fatalf("notes %q, reloading %v, %d \"reload finished\": want READY=1 once %d stopped accepting, and the abort line alone",
+						f.notes, s.reloading, finished, failed)
+				}
+				if st := s.status(); st.Generation != 0 || st.Reloads.Aborted != 1 || (tc != "trial") != (st.Canary != nil && st.Canary.Aborted) {
+					t.Fatalf("status after the abort: %+v", st)
+				}
+			}
+		})
+	}
+}
+
 // A reload whose Reload fails, or whose settings are not valid, is
 // refused: the workers stay, and systemd is told the reload ended.
 func TestReloadRefused(t *testing.T) {
