@@ -274,6 +274,7 @@ type Exchange struct {
 	rec        recorded // what Head and Body recorded
 	recording  bool     // Head began recording (record said so)
 	stray      bool     // bytes came past the response (Stray)
+	gone       bool     // the core found the client gone as it decided (Gone)
 	recMax     int64    // how much of the body is kept
 	counted    bool     // the response was counted (Finish)
 	refreshing bool     // the exchange lives on for a background refresh

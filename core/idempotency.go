@@ -99,7 +99,7 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 		// exchange unsent, counted and logged as 499, as on the event
 		// loop, which reads the body before Decide.
 		v, ok := ex.idemProblem(b, problemUnreadable)
-		ex.status = StatusClientClosed
+		ex.status, ex.gone = StatusClientClosed, true
 		return v, ok
 	}
 	if err != nil {
@@ -260,7 +260,7 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 				// and counted as gone.
 				c.row.Add(metrics.IdempotencyRequests, metrics.IdemGone, 1)
 				v, ok := ex.idemProblem(b, problemInFlight)
-				ex.status = StatusClientClosed
+				ex.status, ex.gone = StatusClientClosed, true
 				return v, ok
 			}
 			tab.Wait(tk, min(left, waitSlice))

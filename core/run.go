@@ -378,6 +378,13 @@ func (ex *Exchange) completeRecorded(err error) {
 	}
 }
 
+// Gone reports whether the core found, as it decided, that the client
+// went away (its body could not be read, or it left while its request
+// waited): the Respond answer is for nobody, and the engine sends nothing
+// and calls Finish(ErrClientGone). Not a 499 the upstream sent, which a
+// cache may serve like any status.
+func (ex *Exchange) Gone() bool { return ex.gone }
+
 // Status is the status of the response sent to the client, as far as the
 // core knows it (0 before Head, Failed, Refuse or a Respond verdict).
 func (ex *Exchange) Status() int {

@@ -200,3 +200,28 @@ func TestDrainCutMidBodyIs499(t *testing.T) {
 		})
 	}
 }
+
+// TestUpstream499IsAnAnswer: a 499 the upstream sends is a response like
+// any other, not the client gone (core.StatusClientClosed, which the core
+// counts for a client that left): relayed, stored by the cache, and then
+// served from it, on every engine. The engines once took a stored 499 for
+// the core's own and sent nothing.
+func TestUpstream499IsAnAnswer(t *testing.T) {
+	t.Parallel()
+	eachEngine(t, withNetHTTP(), func(t *testing.T, e storyEngine) {
+		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
+			w.WriteString("HTTP/1.1 499 Custom\r\nCache-Control: max-age=3600\r\nContent-Length: 2\r\n\r\nhi")
+		})
+		c, _ := configCoreIn(t, "[table]\nresponses = 64\nresponse_bytes = \"256KiB\"\n[[cache]]\npath = \"/*\"\nmax_body = \"64KiB\"\n", func(*core.Options) {})
+		r := e.serve(t, storyOptions{Upstream: up.URL(), Core: c})
+		for _, want := range []string{"MISS", "HIT"} {
+			conn, br := dial(t, r.Addr)
+			conn.SetDeadline(time.Now().Add(5 * time.Second))
+			resp, body := roundTrip(t, conn, br, "GET /s HTTP/1.1\r\nHost: a\r\n\r\n")
+			conn.Close()
+			if resp.StatusCode != 499 || string(body) != "hi" || resp.Header.Get("X-Cache") != want {
+				t.Fatalf("%s: %d %q X-Cache %q, want the upstream's 499", want, resp.StatusCode, body, resp.Header.Get("X-Cache"))
+			}
+		}
+	})
+}

@@ -421,7 +421,7 @@ func (s *Server) serveParsed(r *request, ex *core.Exchange) {
 	r.ex = nil
 	r.body.reset(r)
 	if ex.Decide() == core.Respond {
-		if ex.Status() == core.StatusClientClosed {
+		if ex.Gone() {
 			// The client reset its connection as the core read its body
 			// (Body): an answer nobody reads.
 			s.clientGone(r, ex)

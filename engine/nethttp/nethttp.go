@@ -143,7 +143,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(p)
 	}()
 	var err error
-	if v := ex.Decide(); v == core.Respond && ex.Status() == core.StatusClientClosed {
+	if v := ex.Decide(); v == core.Respond && ex.Gone() {
 		// The client went away as the core read its body (request.Body)
 		// or while its request waited: an answer nobody reads.
 		err = core.ErrClientGone
