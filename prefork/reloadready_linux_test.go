@@ -32,26 +32,8 @@ func TestReloadFinishedServesOnlyTheNewConfiguration(t *testing.T) {
 				if _, _, ok := h.logs.WaitFor(from, 20*time.Second, func(r record) bool { return r.msg == "reload finished" }); !ok {
 					t.Fatalf("reload %d did not finish; log:\n%s", gen, h.logs.dump())
 				}
-				// A burst of new connections, sent at once.
-				pids := make([]int, 16)
-				var wg sync.WaitGroup
-				for i := range pids {
-					wg.Go(func() {
-						_, body, err := h.get(pidPath(engine), "")
-						if err != nil {
-							t.Errorf("GET: %v", err)
-							return
-						}
-						pids[i] = pidOf(body)
-					})
-				}
-				wg.Wait()
-				fresh := map[int]bool{}
-				for _, r := range h.logs.all("worker started") {
-					if r.int("generation") == gen {
-						fresh[r.int("pid")] = true
-					}
-				}
+				pids := burst(t, h, engine)
+				fresh := startedIn(h, gen)
 				var old []int
 				for _, pid := range pids {
 					if pid != 0 && !fresh[pid] {
@@ -102,25 +84,8 @@ func TestAbortedReloadServesOnlyTheRunningConfiguration(t *testing.T) {
 				case <-time.After(20 * time.Second):
 					t.Fatalf("reload %d: no ready Status after its abort; log:\n%s", n, h.logs.dump())
 				}
-				pids := make([]int, 16)
-				var wg sync.WaitGroup
-				for i := range pids {
-					wg.Go(func() {
-						_, body, err := h.get(pidPath(engine), "")
-						if err != nil {
-							t.Errorf("GET: %v", err)
-							return
-						}
-						pids[i] = pidOf(body)
-					})
-				}
-				wg.Wait()
-				running := map[int]bool{}
-				for _, r := range h.logs.all("worker started") {
-					if r.int("generation") == 0 {
-						running[r.int("pid")] = true
-					}
-				}
+				pids := burst(t, h, engine)
+				running := startedIn(h, 0)
 				for _, pid := range pids {
 					if pid != 0 && !running[pid] {
 						t.Errorf("reload %d: once its abort was announced over, worker %d of the failed configuration served a new connection (%v)", n, pid, pids)
@@ -133,6 +98,37 @@ func TestAbortedReloadServesOnlyTheRunningConfiguration(t *testing.T) {
 			}
 		})
 	}
+}
+
+// burst sends 16 requests on new connections at once, and returns the
+// pid of the worker that answered each (0 for none).
+func burst(t *testing.T, h *harness, engine string) []int {
+	pids := make([]int, 16)
+	var wg sync.WaitGroup
+	for i := range pids {
+		wg.Go(func() {
+			_, body, err := h.get(pidPath(engine), "")
+			if err != nil {
+				t.Errorf("GET: %v", err)
+				return
+			}
+			pids[i] = pidOf(body)
+		})
+	}
+	wg.Wait()
+	return pids
+}
+
+// startedIn is the set of pids the log says started as workers of
+// generation gen.
+func startedIn(h *harness, gen int) map[int]bool {
+	pids := map[int]bool{}
+	for _, r := range h.logs.all("worker started") {
+		if r.int("generation") == gen {
+			pids[r.int("pid")] = true
+		}
+	}
+	return pids
 }
 
 // pidPath is the path a test worker of engine answers its pid on.
