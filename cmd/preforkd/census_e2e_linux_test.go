@@ -187,6 +187,21 @@ func readStatuses(c net.Conn, method string, n int) []int {
 	return out
 }
 
+// resetAfter sends raw on a new connection, waits for before, then
+// resets the connection (and gives the engine a moment to see it); the
+// client reads no answer.
+func resetAfter(raw string, before time.Duration) func(*testing.T, *censusClient) int {
+	return func(t *testing.T, cl *censusClient) int {
+		c, tc := cl.dial(t)
+		io.WriteString(c, raw)
+		time.Sleep(before)
+		tc.SetLinger(0)
+		tc.Close()
+		time.Sleep(100 * time.Millisecond)
+		return 0
+	}
+}
+
 func one(t *testing.T, cl *censusClient, raw, method string) int {
 	return cl.exchange(t, raw, method, 1)[0]
 }
@@ -258,40 +273,10 @@ func http1Mix(scheme string) []censusCase {
 		{name: "upgrade", n: 1, status: 101, logged: true, target: "/upgrade", up: "GET /upgrade", send: func(t *testing.T, cl *censusClient) int {
 			return one(t, cl, "GET /upgrade HTTP/1.1\r\nHost: census\r\nConnection: Upgrade\r\nUpgrade: census\r\n\r\n", "GET")
 		}},
-		{name: "client resets", n: 1, status: 0, counted: 499, logged: true, target: "/hang", up: "GET /hang", send: func(t *testing.T, cl *censusClient) int {
-			c, tc := cl.dial(t)
-			io.WriteString(c, "GET /hang HTTP/1.1\r\nHost: census\r\n\r\n")
-			time.Sleep(200 * time.Millisecond)
-			tc.SetLinger(0)
-			tc.Close()
-			return 0
-		}},
-		{name: "client resets after an Expect head", n: 1, status: 0, counted: 499, logged: true, target: "/rst100", send: func(t *testing.T, cl *censusClient) int {
-			c, tc := cl.dial(t)
-			io.WriteString(c, "POST /rst100 HTTP/1.1\r\nHost: census\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n")
-			tc.SetLinger(0)
-			tc.Close()
-			time.Sleep(100 * time.Millisecond)
-			return 0
-		}},
-		{name: "client resets mid-body", n: 1, status: 0, counted: 499, logged: true, target: "/rstbody", send: func(t *testing.T, cl *censusClient) int {
-			c, tc := cl.dial(t)
-			io.WriteString(c, "POST /rstbody HTTP/1.1\r\nHost: census\r\nContent-Length: 10\r\n\r\nabc")
-			time.Sleep(100 * time.Millisecond)
-			tc.SetLinger(0)
-			tc.Close()
-			time.Sleep(100 * time.Millisecond)
-			return 0
-		}},
-		{name: "client resets mid-body of an idempotent request", n: 1, status: 0, counted: 499, logged: true, target: "/idem", send: func(t *testing.T, cl *censusClient) int {
-			c, tc := cl.dial(t)
-			io.WriteString(c, "POST /idem HTTP/1.1\r\nHost: census\r\nIdempotency-Key: r\r\nContent-Length: 10\r\n\r\nabc")
-			time.Sleep(100 * time.Millisecond)
-			tc.SetLinger(0)
-			tc.Close()
-			time.Sleep(100 * time.Millisecond)
-			return 0
-		}},
+		{name: "client resets", n: 1, status: 0, counted: 499, logged: true, target: "/hang", up: "GET /hang", send: resetAfter("GET /hang HTTP/1.1\r\nHost: census\r\n\r\n", 200*time.Millisecond)},
+		{name: "client resets after an Expect head", n: 1, status: 0, counted: 499, logged: true, target: "/rst100", send: resetAfter("POST /rst100 HTTP/1.1\r\nHost: census\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n", 0)},
+		{name: "client resets mid-body", n: 1, status: 0, counted: 499, logged: true, target: "/rstbody", send: resetAfter("POST /rstbody HTTP/1.1\r\nHost: census\r\nContent-Length: 10\r\n\r\nabc", 100*time.Millisecond)},
+		{name: "client resets mid-body of an idempotent request", n: 1, status: 0, counted: 499, logged: true, target: "/idem", send: resetAfter("POST /idem HTTP/1.1\r\nHost: census\r\nIdempotency-Key: r\r\nContent-Length: 10\r\n\r\nabc", 100*time.Millisecond)},
 		{name: "upstream garbage", n: 1, status: 502, logged: true, target: "/bad", up: "GET /bad", send: get("/bad")},
 		{name: "upstream slow", n: 1, status: 504, logged: true, target: "/slow", up: "GET /slow", send: get("/slow")},
 		{name: "OPTIONS *", n: 1, status: 200, send: func(t *testing.T, cl *censusClient) int {
