@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"syscall"
+	"time"
 )
 
 // isTimeout reports whether err is a deadline passing.
@@ -30,5 +31,21 @@ func isConnReset(err error) bool {
 // that only ended its body short (a FIN) may still read an answer.
 func bodyGone(r *http.Request, err error) bool {
 	return isConnReset(err) || errors.Is(err, net.ErrClosed) ||
-		r.ProtoMajor == 2 && r.Context().Err() != nil || writeFailed(r)
+		r.ProtoMajor == 2 && streamEnded(r) || writeFailed(r)
+}
+
+// streamEnded reports whether r's HTTP/2 stream was reset, or its
+// connection closed. x/net ends the stream's context just after it fails
+// the read of its body, so a read that failed waits a moment for it. A
+// stream that only ended short of its content-length is not ended: the
+// wait runs out, and the client, still there, gets its 400.
+func streamEnded(r *http.Request) bool {
+	t := time.NewTimer(100 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-r.Context().Done():
+		return true
+	case <-t.C:
+		return false
+	}
 }
