@@ -340,9 +340,12 @@ func (l *loader) load(data []byte) error {
 		rp, bad := parseResponses(rs.payload)
 		switch {
 		case !l.passes("responses", &p.hdr, rp.seeds(), bad):
+		case rp.count == 0:
+			// Nothing to restore, so nothing refused for another
+			// persist.key: as the cache section and a live region.
 		case rp.keyHash != keyHash(l.o.Key):
 			l.refuse(Refusal{ReasonKeyChanged, "responses", fmt.Sprintf("%d stored responses dropped; counters are kept", rp.count)})
-		case rp.count > 0:
+		default:
 			resp = &rp
 		}
 	}
