@@ -337,31 +337,19 @@ func (l *loader) load(data []byte) error {
 		}
 	}
 	if rs != nil {
-		rp, bad := parseResponses(rs.payload)
-		switch {
-		case !l.passes("responses", &p.hdr, rp.seeds(), bad):
-		case rp.count == 0:
-			// Nothing to restore, so nothing refused for another
-			// persist.key: as the cache section and a live region.
-		case rp.keyHash != keyHash(l.o.Key):
-			l.refuse(Refusal{ReasonKeyChanged, "responses", fmt.Sprintf("%d stored responses dropped; counters are kept", rp.count)})
-		default:
+		if rp, bad := parseResponses(rs.payload); l.keyed("responses", "stored", &p.hdr, rp.seeds(), bad, rp.count, rp.keyHash) {
 			resp = &rp
 		}
 	}
 	var cache *cacheSection
 	if xs != nil {
 		cp, bad := parseCache(xs.payload)
-		switch {
-		case !l.passes("cache", &p.hdr, cp.seeds(), bad):
-		case cp.count == 0:
-			// Nothing to restore: generations matter only to entries.
-		case cp.keyHash != keyHash(l.o.Key):
-			l.refuse(Refusal{ReasonKeyChanged, "cache", fmt.Sprintf("%d cached responses dropped; counters are kept", cp.count)})
-		case cp.slots != l.r.Tags().Len():
-			l.refuse(Refusal{ReasonTagSlots, "cache", fmt.Sprintf("%d tag slots in the dump, %d in the region: %d cached responses dropped", cp.slots, l.r.Tags().Len(), cp.count)})
-		default:
-			cache = &cp
+		if l.keyed("cache", "cached", &p.hdr, cp.seeds(), bad, cp.count, cp.keyHash) {
+			if cp.slots == l.r.Tags().Len() {
+				cache = &cp
+			} else {
+				l.refuse(Refusal{ReasonTagSlots, "cache", fmt.Sprintf("%d tag slots in the dump, %d in the region: %d cached responses dropped", cp.slots, l.r.Tags().Len(), cp.count)})
+			}
 		}
 	}
 	if c == nil && resp == nil && cache == nil {
@@ -445,6 +433,24 @@ func (l *loader) passes(what string, h *header, s sectionSeeds, bad *Refusal) bo
 	}
 	if bad != nil {
 		l.refuse(*bad)
+		return false
+	}
+	return true
+}
+
+// keyed runs the guards of a section of responses (what: the stored
+// responses or the cache, whose entries are kind): it must pass (see
+// passes), and hold count entries made under this persist.key (key, its
+// hash in the dump). It reports whether its entries are to be restored.
+// A section that holds none refuses nothing for another persist.key, as
+// a live region does: nothing is dropped (the cache's tag generations
+// matter only to its entries).
+func (l *loader) keyed(what, kind string, h *header, s sectionSeeds, bad *Refusal, count int, key uint64) bool {
+	switch {
+	case !l.passes(what, h, s, bad), count == 0:
+		return false
+	case key != keyHash(l.o.Key):
+		l.refuse(Refusal{ReasonKeyChanged, what, fmt.Sprintf("%d %s responses dropped; counters are kept", count, kind)})
 		return false
 	}
 	return true
