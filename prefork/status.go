@@ -19,7 +19,9 @@ type Status struct {
 	Settings Settings
 	// Ready: every worker slot runs a ready worker of the running
 	// configuration (false while starting, reloading or draining, and
-	// while a crashed worker's slot waits for its replacement).
+	// while a crashed worker's slot waits for its replacement; started
+	// by a binary upgrade, until the old supervisor made this one the
+	// main process, once its workers stopped accepting).
 	Ready bool
 	// Serving is what a load balancer's readiness check wants: every slot
 	// had a ready worker once (READY=1 was sent), no drain has begun, and
@@ -96,7 +98,7 @@ func (s *supervisor) status() Status {
 	}
 	st := Status{
 		Generation: running.gen, Settings: running.cfg, Draining: s.draining,
-		Ready:   !s.draining && s.announced && !s.reloading && s.filled(),
+		Ready:   !s.draining && s.announced && !s.reloading && !s.notifyHeld && s.filled(),
 		Crashes: s.crashes, Reloads: s.reloads, Recycled: s.recycled,
 	}
 	for _, p := range s.sortedProcs() {

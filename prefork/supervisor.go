@@ -322,6 +322,7 @@ func (s *supervisor) step() {
 			"pid", u.proc.pid, "upgrade_timeout", s.cfg.UpgradeTimeout)
 		s.killUpgrade()
 	}
+	s.handOver()
 	if s.draining || s.up != nil {
 		// While a new supervisor starts, this one starts no worker: the
 		// indexes it holds are the ones the new one was told of.
@@ -918,9 +919,10 @@ func (s *supervisor) sortedProcs() []*proc {
 }
 
 func (s *supervisor) sendNotify(state string) {
-	if s.notifyHeld || s.handedOver {
+	if s.notifyHeld || s.handedOver && (state != notifyWatchdog || s.up.main) {
 		// Not the service's main process (yet, or any more): systemd
-		// would refuse it, or, with NotifyAccess=all, believe it.
+		// would refuse it, or, with NotifyAccess=all, believe it. Handing
+		// over, it pings on until MAINPID= (handOver).
 		return
 	}
 	if err := s.env.notify(state); err != nil {

@@ -19,9 +19,9 @@ import (
 // on tmpfs or not), and the program's own files (Options.Handover). The
 // new supervisor starts its workers on worker indexes the old one's do
 // not hold, and reports ready over a socket pair; only then does the old
-// one make it the service's main process (MAINPID= to systemd), tell it
-// so, and drain its own workers and exit, without Finish: nothing is
-// dumped, the region lives on. A new supervisor that exits, or is not
+// one drain its own workers and, once none accepts any more, make it the
+// service's main process (MAINPID= to systemd) and tell it so; it exits
+// without Finish: nothing is dumped, the region lives on. A new supervisor that exits, or is not
 // ready within Settings.UpgradeTimeout, is killed and the old one serves
 // on; the indexes its workers held are reaped once they are gone.
 
@@ -72,6 +72,8 @@ type upgradeRun struct {
 	proc     upgradeProc
 	deadline time.Time
 	ready    bool
+	main     bool // told it is the main process (handOver)
+	exited   bool // after it was ready
 	killed   bool
 }
 

@@ -511,3 +511,67 @@ func TestUpgradeFirstGenerationRunsOwnBinary(t *testing.T) {
 		t.Fatal("a reload did not open the file at the program's path")
 	}
 }
+
+// The old side hands over (MAINPID=, the new one told it is the main
+// process) only once each of its workers said it stopped accepting or
+// exited, and pings the watchdog until then; a new supervisor that
+// exited meanwhile is not made the main process.
+func TestUpgradeHandsOverOnceTheOldWorkersStopAccepting(t *testing.T) {
+	for _, exits := range []bool{false, true} {
+		f, u := newFake(), &upgradeFake{}
+		f.holdStops = true
+		e := withUpgrades(f, u, f.env())
+		e.watchdog = time.Second
+		s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second, UpgradeTimeout: 10 * time.Second}), 2, minMaxWorkers(2))
+		f.sup = s
+		s.step()
+		ready(s, 100, 101)
+		sendSignal(s, syscall.SIGUSR2)
+		notes := len(f.notes)
+		s.onUpgradeReady(upgradeReadyEvent{u.pid})
+		s.step()
+		exit(s, 100, true) // said nothing: its exit is enough
+		advance(f, s, 2*time.Second)
+		s.keepAlive()
+		if got := f.notes[notes:]; u.mains != 0 || !slices.Equal(got, []string{notifyWatchdog}) {
+			t.Fatalf("mains %d, notifications %q while worker 101 may accept: want none but WATCHDOG=1", u.mains, got)
+		}
+		if exits {
+			s.onUpgradeExit(upgradeExitEvent{u.pid, "signal: killed"})
+		}
+		s.procs[101].stopped = true // as the loop takes its stoppedEvent
+		s.step()
+		s.keepAlive()
+		want, mains := []string{notifyWatchdog, "MAINPID=901"}, 1
+		if exits {
+			want, mains = []string{notifyWatchdog}, 0
+		}
+		if got := f.notes[notes:]; u.mains != mains || !slices.Equal(got, want) {
+			t.Errorf("new one exited %v: mains %d, notifications %q once no worker accepts; want %d, %q", exits, u.mains, got, mains, want)
+		}
+		exit(s, 101, true)
+		if !s.finished() {
+			t.Errorf("new one exited %v: not finished", exits)
+		}
+	}
+}
+
+// The new side's Status is ready only once the old supervisor made it
+// the main process, which it does once its workers stopped accepting.
+func TestUpgradeReadyOnceMain(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	e := withUpgrades(f, u, f.env())
+	e.tellReady = func() error { u.readies++; return nil }
+	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+	f.sup = s
+	s.inherit([]int{0, 1}, 4)
+	s.step()
+	ready(s, 100, 101)
+	if st := s.status(); u.readies != 1 || st.Ready || !st.Serving {
+		t.Fatalf("reported %d, Status ready %v serving %v before the handover: want reported, serving, not ready", u.readies, st.Ready, st.Serving)
+	}
+	s.onMain(mainEvent{})
+	if !s.status().Ready {
+		t.Error("not ready once main")
+	}
+}

@@ -69,24 +69,47 @@ func (s *supervisor) freeIndexes() int {
 	return n
 }
 
-// onUpgradeReady hands over to the new supervisor: it becomes the
-// service's main process, and this one drains its workers and exits.
+// onUpgradeReady hands over to the new supervisor: this one drains its
+// workers and exits, and the new one becomes the service's main process
+// once they stopped accepting (handOver).
 func (s *supervisor) onUpgradeReady(ev upgradeReadyEvent) {
 	u := s.up
 	if u == nil || u.proc.pid != ev.pid || u.killed || s.draining {
 		return
 	}
 	u.ready = true
-	s.sendNotify(fmt.Sprintf("MAINPID=%d", u.proc.pid))
-	s.handedOver = true // from here on, not a word to systemd
-	if err := u.proc.main(); err != nil {
-		s.log.Warn("telling the new supervisor it is the main process failed", "pid", u.proc.pid, "err", err)
-	}
+	s.handedOver = true // from here on, no word to systemd but the watchdog's until MAINPID=
 	s.log.Info("upgrade: the new supervisor serves; draining the old workers", "new_pid", u.proc.pid)
 	if s.onHandedOver != nil {
 		s.onHandedOver()
 	}
 	s.beginDrain("upgraded", 0)
+	s.handOver()
+}
+
+// handOver makes the new supervisor the service's main process (MAINPID=
+// to systemd, msgMain to it, whose Status is ready only then) once every
+// worker of this one said it accepts no more (stoppedEvent) or exited:
+// until then a client that connects may be served by the old binary, and
+// whoever waits for either would test it. The wait is bounded by the
+// workers' kill at their drain deadline. Not if the new one exited.
+func (s *supervisor) handOver() {
+	u := s.up
+	if u == nil || !u.ready || u.main || u.exited {
+		return
+	}
+	for _, p := range s.procs {
+		if !p.stopped {
+			return
+		}
+	}
+	u.main = true
+	if err := s.env.notify(fmt.Sprintf("MAINPID=%d", u.proc.pid)); err != nil {
+		s.log.Warn("systemd notification failed", "err", err)
+	}
+	if err := u.proc.main(); err != nil {
+		s.log.Warn("telling the new supervisor it is the main process failed", "pid", u.proc.pid, "err", err)
+	}
 }
 
 // onUpgradeExit handles the exit of the new supervisor: before it was
@@ -98,6 +121,7 @@ func (s *supervisor) onUpgradeExit(ev upgradeExitEvent) {
 		return
 	}
 	if u.ready {
+		u.exited = true
 		s.log.Warn("the new supervisor exited while this one drains", "pid", ev.pid, "status", ev.status)
 		return
 	}
@@ -148,6 +172,7 @@ func (s *supervisor) onOrphan(ev orphanEvent) {
 func (s *supervisor) onMain(ev mainEvent) {
 	if s.notifyHeld {
 		s.notifyHeld = false
+		s.publish() // ready now (status): before the line, as at "ready"
 		s.log.Info("upgrade: this supervisor is the main process now")
 		s.watchdogAt = time.Time{} // the pings held back: one now
 		s.keepAlive()
