@@ -21,9 +21,10 @@ import (
 // not hold, and reports ready over a socket pair; only then does the old
 // one drain its own workers and, once none accepts any more, make it the
 // service's main process (MAINPID= to systemd) and tell it so; it exits
-// without Finish: nothing is dumped, the region lives on. A new supervisor that exits, or is not
-// ready within Settings.UpgradeTimeout, is killed and the old one serves
-// on; the indexes its workers held are reaped once they are gone.
+// without Finish: nothing is dumped, the region lives on. A new
+// supervisor that exits, or is not ready within Settings.UpgradeTimeout,
+// is killed and the old one serves on; the indexes its workers held are
+// reaped once they are gone.
 
 // What a supervisor started by USR2 inherits: the variable, and from fd 3
 // the region, the listener, its end of the socket pair, then the
