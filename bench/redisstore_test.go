@@ -81,7 +81,7 @@ func BenchmarkRedisStore(b *testing.B) {
 				continue
 			}
 			hits[0] = redisstore.Hit{Lim: lim, Key: &k}
-			refused, err := st.Decide(hits[:], now)
+			refused, err := st.Decide(context.Background(), hits[:], now)
 			if err != nil {
 				b.Fatal(err)
 			}

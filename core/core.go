@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,6 +123,10 @@ type Core struct {
 	respond  func(status int) // Options.OnResponse
 	log      *slog.Logger     // nil: slog.Default()
 	redis    SharedStore
+	// redisCtx is the Redis decisions' context, which cutRedis ends
+	// (Cut); both are set with Redis.
+	redisCtx context.Context
+	cutRedis context.CancelFunc
 	ridName  string // Options.RequestID, canonical; "" when off
 	access   AccessLog
 	// healthPath is Options.HealthPath; drained makes it answer 503.
@@ -248,6 +253,20 @@ func (c *Core) Close() error {
 		return c.redis.Close()
 	}
 	return nil
+}
+
+// Cut ends the Redis decisions in flight, and those not yet sent, at
+// once, however long redis.timeout would let them wait: their requests
+// end unanswered (Gone; counted and logged as 499, as a request a drain
+// cuts elsewhere), nothing of them charged. An engine calls it when its
+// drain is cut (its Shutdown's context ended), once its connections are
+// closed; the Core's Redis decisions stay cut from then on. Close still
+// adds the last sync-mode counts. It is idempotent; without Redis rules
+// it does nothing.
+func (c *Core) Cut() {
+	if c.cutRedis != nil {
+		c.cutRedis()
+	}
 }
 
 // Redis is the Redis store the Core decides Redis rules with, or nil.

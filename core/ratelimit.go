@@ -148,7 +148,16 @@ func (ex *Exchange) rateLimit() (Verdict, bool) {
 // (step 3 of charge).
 func (ex *Exchange) rateLimitRemote() (Verdict, bool) {
 	now := ex.clock()
-	if h := ex.chargeRedis(now); h != nil {
+	h, cut := ex.chargeRedis(now)
+	if cut {
+		// Core.Cut: the drain ended the request's connection, so nobody
+		// is answered, nor charged.
+		ex.refundLocal(now)
+		v, ok := ex.respond(&Problem{Status: http.StatusServiceUnavailable}, true)
+		ex.status, ex.gone = StatusClientClosed, true
+		return v, ok
+	}
+	if h != nil {
 		ex.refundLocal(now)
 		return ex.refuse(h, now)
 	}
@@ -417,8 +426,9 @@ func (ex *Exchange) refundLocal(now time.Duration) {
 
 // chargeRedis decides the Redis rules not yet settled in one round trip
 // (step 3 of charge). When Redis cannot decide, on_unavailable answers,
-// "local" on the host's table.
-func (ex *Exchange) chargeRedis(now time.Duration) *hit {
+// "local" on the host's table; cut reports that Core.Cut ended the round
+// trip instead.
+func (ex *Exchange) chargeRedis(now time.Duration) (refusing *hit, cut bool) {
 	rh := ex.rl.rhits[:0]
 	for i := range ex.rl.hits {
 		if h := &ex.rl.hits[i]; h.exact() && !h.settled {
@@ -426,16 +436,18 @@ func (ex *Exchange) chargeRedis(now time.Duration) *hit {
 		}
 	}
 	if len(rh) == 0 {
-		return nil
+		return nil, false
 	}
-	refused, err := ex.c.redis.Decide(rh, now)
+	refused, err := ex.c.redis.Decide(ex.c.redisCtx, rh, now)
 	if err != nil {
-		if h := ex.unavailable(now, true); h != nil {
-			return h
+		if ex.c.redisCtx.Err() != nil {
+			return nil, true
 		}
-		return ex.chargeLocal(now)
+		if h := ex.unavailable(now, true); h != nil {
+			return h, false
+		}
+		return ex.chargeLocal(now), false
 	}
-	var refusing *hit
 	j := 0
 	for i := range ex.rl.hits {
 		h := &ex.rl.hits[i]
@@ -451,7 +463,7 @@ func (ex *Exchange) chargeRedis(now time.Duration) *hit {
 			}
 		}
 	}
-	return refusing
+	return refusing, false
 }
 
 // refuse answers a request that refusing refused; nothing is charged for

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -23,8 +24,10 @@ type SharedStore interface {
 	Available(now time.Duration) bool
 	// Decide charges the hits of one request in one round trip, all or
 	// none: refused reports that an enforcing hit refused it, and each
-	// hit's D is set. An error means the store could not decide.
-	Decide(hits []SharedHit, now time.Duration) (refused bool, err error)
+	// hit's D is set. An error means the store could not decide. ctx
+	// ending (Core.Cut) cuts the decision: one not sent is not, one in
+	// flight returns at once, and hits are not written to after.
+	Decide(ctx context.Context, hits []SharedHit, now time.Duration) (refused bool, err error)
 	// Close releases the store (a sync-mode limiter's last counts are
 	// added first). It is idempotent.
 	Close() error

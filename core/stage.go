@@ -1,5 +1,7 @@
 package core
 
+import "context"
+
 // The optional stages, idempotent replay and the response cache, are
 // reached only through what their constructor installs: a program that
 // builds neither (a rate limit in front of its own handler) links none of
@@ -42,6 +44,7 @@ func RedisRules(store SharedStore) Stage[SharedStore] {
 // installRedis makes s's store the Core's, and its round trip a step.
 func (c *Core) installRedis(s []SharedStore) error {
 	c.redis = s[0]
+	c.redisCtx, c.cutRedis = context.WithCancel(context.Background())
 	c.steps[stepRedis] = (*Exchange).rateLimitRemote
 	c.preRedis = (*Exchange).preRedis
 	return nil

@@ -267,7 +267,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err == nil {
 		err = s.waitBackground(ctx)
 	}
-	s.Close()
+	s.close(err != nil)
 	return err
 }
 
@@ -276,7 +276,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // stream, a response the core keeps, a cache refresh); it returns once
 // the connections' serving goroutines let them go and the refreshes
 // ended (within a bound).
-func (s *Server) Close() error {
+func (s *Server) Close() error { return s.close(false) }
+
+// close is Close; cut (the drain's deadline passed) also cuts the core's
+// Redis decisions (core.Core.Cut) once the connections are closed, so
+// that the requests waiting on one end with them rather than when
+// redis.timeout would.
+func (s *Server) close(cut bool) error {
 	s.draining.Store(true)
 	s.mu.Lock()
 	s.shutdown = true
@@ -287,6 +293,9 @@ func (s *Server) Close() error {
 	}
 	for _, c := range conns {
 		c.Conn.Close() // the serving goroutine then closes c itself
+	}
+	if cut {
+		s.opts.Core.Cut()
 	}
 	if s.up != nil {
 		s.up.Cut()

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ func TestClusterRefundsWhatItCharged(t *testing.T) {
 	shadowed := h.limiter(t, rule("shadowed", bucket.FixedWindow, 2, time.Hour))
 	wide := h.limiter(t, rule("wide", bucket.FixedWindow, 5, time.Hour))
 	decide := func(hits ...redisstore.Hit) (bool, error) {
-		return h.store.Decide(hits, h.region.Now())
+		return h.store.Decide(context.Background(), hits, h.region.Now())
 	}
 	hit := func(l *redisstore.Limiter, id string, shadow bool) redisstore.Hit {
 		k := l.Key([]byte(id))

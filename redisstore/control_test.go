@@ -132,7 +132,7 @@ func TestSyncStateAndReset(t *testing.T) {
 	if d := ls[0].AllowKey(&k0, hs[0].region.Now()); !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("the next request on host 0: %+v, want 9 remaining", d)
 	}
-	if _, err := ctlStore.Decide([]redisstore.Hit{{Lim: ctl, Key: &k}}, hs[0].region.Now()); !errors.Is(err, redisstore.ErrUnavailable) || !errors.Is(err, shm.ErrNotJoined) {
+	if _, err := ctlStore.Decide(context.Background(), []redisstore.Hit{{Lim: ctl, Key: &k}}, hs[0].region.Now()); !errors.Is(err, redisstore.ErrUnavailable) || !errors.Is(err, shm.ErrNotJoined) {
 		t.Fatalf("Decide on a region not joined: %v", err)
 	}
 }

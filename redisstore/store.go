@@ -409,12 +409,23 @@ func (l *Limiter) deny(k *Key, now, retry time.Duration) {
 // nothing is known and the caller's OnUnavailable answers. now is the
 // region's clock, for the deny cache and the breaker; the decisions use
 // Redis's.
-func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) {
+//
+// ctx ending cuts the decision (a server's drain cut at its deadline):
+// one not sent yet never is, and Decide returns at once for one in
+// flight, with an error wrapping ctx's cause; the call itself goes on in
+// the background until Redis answers or Options.Timeout passes (go-redis
+// stops a read at a deadline only), writing to none of the caller's
+// hits. A call that ctx ending made fail is no failure of Redis for the
+// breaker.
+func (s *Store) Decide(ctx context.Context, hits []Hit, now time.Duration) (refused bool, err error) {
 	if len(hits) == 0 {
 		return false, nil
 	}
 	if !s.joined {
 		return false, fmt.Errorf("%w: %w", ErrUnavailable, shm.ErrNotJoined)
+	}
+	if ctx.Err() != nil {
+		return false, fmt.Errorf("%w: %w", ErrUnavailable, context.Cause(ctx))
 	}
 	adm := s.br.admit(now)
 	if adm == Refuse {
@@ -423,9 +434,51 @@ func (s *Store) Decide(hits []Hit, now time.Duration) (refused bool, err error) 
 		s.reloadSlots(now)
 		return false, ErrUnavailable
 	}
-	probe := adm == Probe
+	if ctx.Done() == nil {
+		return s.roundTrip(ctx, hits, now, adm == Probe)
+	}
+	return s.decideCut(ctx, hits, now, adm == Probe)
+}
+
+// decideCut is roundTrip on a goroutine of its own, over copies of hits and
+// their keys (a request cut may be gone, its memory reused), so that ctx
+// ending returns at once.
+func (s *Store) decideCut(ctx context.Context, hits []Hit, now time.Duration, probe bool) (bool, error) {
+	own := make([]Hit, len(hits))
+	keys := make([]Key, len(hits))
+	for i := range hits {
+		own[i], keys[i] = hits[i], *hits[i].Key
+		own[i].Key = &keys[i]
+	}
+	type result struct {
+		refused bool
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := s.roundTrip(ctx, own, now, probe)
+		done <- result{r, err}
+	}()
+	select {
+	case r := <-done:
+		for i := range hits {
+			hits[i].D = own[i].D
+		}
+		return r.refused, r.err
+	case <-ctx.Done():
+		return false, fmt.Errorf("%w: %w", ErrUnavailable, context.Cause(ctx))
+	}
+}
+
+// roundTrip is Decide's round trip, which the breaker admitted
+// (probe: as its probe).
+func (s *Store) roundTrip(ctx context.Context, hits []Hit, now time.Duration, probe bool) (refused bool, err error) {
 	start := time.Now()
-	refused, err = s.call(hits)
+	refused, err = s.call(ctx, hits)
+	if err != nil && ctx.Err() != nil {
+		// Cut while it waited for a connection: never sent.
+		return false, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	d := time.Since(start)
 	s.st.latency.Add(uint64(d))
 	s.obs.Call(resultOf(err), d)
@@ -486,8 +539,8 @@ func (s *Store) reloadSlots(now time.Duration) {
 }
 
 // call runs the decide script for hits and fills their decisions.
-func (s *Store) call(hits []Hit) (refused bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+func (s *Store) call(ctx context.Context, hits []Hit) (refused bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if !s.cluster || oneSlot(hits) {
 		keys, args := s.scriptArgs(hits, "d")

@@ -84,7 +84,7 @@ func (h *host) decide(t *testing.T, id string, lims ...*redisstore.Limiter) (ref
 		keys[i] = l.Key([]byte(id))
 		hits[i] = redisstore.Hit{Lim: l, Key: &keys[i]}
 	}
-	refused, err = h.store.Decide(hits, h.region.Now())
+	refused, err = h.store.Decide(context.Background(), hits, h.region.Now())
 	return refused, hits, err
 }
 

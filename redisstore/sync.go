@@ -228,6 +228,7 @@ type flusher struct {
 	quit     chan struct{}
 	done     chan struct{}
 	once     sync.Once
+	by       time.Time // the last flush's deadline, set before quit closes
 	last     map[*Limiter]time.Duration
 }
 
@@ -238,9 +239,23 @@ func newFlusher(s *Store) *flusher {
 	return f
 }
 
+// stop has the flusher make its last flush and waits for it, at most
+// maxFlushWait in all: a flush under way (whose wait may be longer, see
+// flushTimeout) ends first, and the last one has what is left. A worker
+// that Redis keeps waiting so still exits in time, its counts not
+// flushed, as when Redis refused them.
 func (f *flusher) stop() {
-	f.once.Do(func() { close(f.quit) })
-	<-f.done
+	f.once.Do(func() {
+		f.by = time.Now().Add(maxFlushWait)
+		close(f.quit)
+	})
+	t := time.NewTimer(time.Until(f.by))
+	defer t.Stop()
+	select {
+	case <-f.done:
+	case <-t.C:
+		f.s.log.Warn("redis: the last flush of sync counts did not end in time: other hosts will not see them", "waited", maxFlushWait)
+	}
 }
 
 func (f *flusher) run(every time.Duration) {
@@ -286,8 +301,9 @@ func (s *Store) setClock(redisUS int64, before, after time.Duration) {
 
 // flushTimeout is how long a flush (and the clock reading before the
 // first) waits for Redis: the shortest sync interval, at least the
-// Store's timeout, at most maxFlushWait, so that a worker's last flush
-// holds its drain no longer than that on a Redis that stalls.
+// Store's timeout, at most maxFlushWait unless the timeout is longer (a
+// worker's last flush, and the one under way, wait at most maxFlushWait
+// in all: flusher.stop).
 func (s *Store) flushTimeout() time.Duration {
 	var every time.Duration
 	for _, l := range s.syncRules {
@@ -298,7 +314,8 @@ func (s *Store) flushTimeout() time.Duration {
 	return max(s.timeout, min(every, maxFlushWait))
 }
 
-// maxFlushWait bounds a flush's wait for Redis (flushTimeout).
+// maxFlushWait bounds a flush's wait for Redis (flushTimeout), and a
+// worker's last flush (flusher.stop).
 const maxFlushWait = 2 * time.Second
 
 // flushItem is one key's count on its way to Redis.
@@ -351,7 +368,11 @@ func (f *flusher) flush(every time.Duration, final bool) {
 			probe = true
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.flushTimeout())
+	deadline := time.Now().Add(s.flushTimeout())
+	if final {
+		deadline = f.by // stop's
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	before := s.region.Now()
 	err := s.runFlush(ctx, items)

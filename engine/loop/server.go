@@ -285,12 +285,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	s.Close()
+	s.close(err != nil)
 	return err
 }
 
 // Close closes the listeners and every connection at once.
-func (s *Server) Close() error {
+func (s *Server) Close() error { return s.close(false) }
+
+// close is Close; cut (the drain's deadline passed) also cuts the core's
+// Redis decisions (core.Core.Cut) once the loops stopped, so that the
+// waiters holding them, whose requests are cut with the rest, end now
+// rather than when redis.timeout would.
+func (s *Server) close(cut bool) error {
 	s.once.Do(func() {
 		s.draining.Store(true)
 		s.mu.Lock()
@@ -312,6 +318,9 @@ func (s *Server) Close() error {
 		s.mu.Unlock()
 		close(s.resolve)
 		s.resolver.Wait()
+		if cut {
+			s.o.Core.Cut()
+		}
 		s.waiters.wait()
 		s.long.wait()
 		close(s.warnings)

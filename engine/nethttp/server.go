@@ -267,6 +267,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.Shutdown(ctx)                                      // nothing left, or cut (step 4)
 	if err != nil || ctx.Err() != nil {
 		s.srv.Close()
+		// The requests waiting on a Redis decision end with their
+		// connections, not when redis.timeout would.
+		s.h.c.Cut()
 		// net/http closes only what it serves: an Edge's connections in
 		// their handshake and its HTTP/2 ones, which the drain waited
 		// for, are the tracker's to cut.

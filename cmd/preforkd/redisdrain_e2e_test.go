@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/preforkd/preforkd/internal/redistest"
+	"github.com/preforkd/preforkd/internal/tlstest"
+)
+
+// A request whose Redis decision is in flight when the drain is cut
+// (shutdown_timeout) ends with the cut, on every engine, however long
+// redis.timeout lets the call wait: the worker logs the cut, the request
+// as 499 (nobody was answered), and exits by itself, its last sync-mode
+// flush reaching Redis, rather than waiting for the call and being
+// killed with its counts.
+func TestRedisCallCutAtShutdownTimeout(t *testing.T) {
+	for _, e := range []struct{ name, extra string }{
+		{"loop", ""},
+		{"fasthttp", "engine = \"fasthttp\"\n"},
+		{"tls", "tls"},
+	} {
+		t.Run(e.name, parallel(func(t *testing.T) {
+			srv := redistest.Start(t)
+			access := t.TempDir() + "/access.log"
+			cfg := fmt.Sprintf(`[server]
+workers = 1
+shutdown_timeout = "500ms"
+%s
+[log]
+access = %q
+[redis]
+url = %q
+timeout = "20s"
+[[ratelimit]]
+name = "exact"
+path = "/r"
+limit = 1000
+window = "1m"
+store = "redis"
+[[ratelimit]]
+name = "synced"
+path = "/s"
+limit = 1000
+window = "1h"
+algorithm = "fixed-window"
+store = "redis"
+sync = "1h"
+`, strings.TrimPrefix(e.extra, "tls"), access, srv.URL())
+			dial := func(d *daemon) net.Conn {
+				c, err := net.DialTimeout("tcp", d.addr, 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			if e.extra == "tls" {
+				ca, dir := tlstest.NewCA(t), t.TempDir()
+				cert, key := ca.Files(t, dir, "a", "a.example")
+				cfg += fmt.Sprintf("\n[tls]\n[[tls.certificate]]\ncert = %q\nkey = %q\n", cert, key)
+				dial = func(d *daemon) net.Conn {
+					c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", d.addr,
+						&tls.Config{ServerName: "a.example", RootCAs: ca.Pool, NextProtos: []string{"http/1.1"}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return c
+				}
+			}
+			d := startDaemon(t, daemonOptions{config: cfg})
+			conn := dial(d)
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(30 * time.Second))
+			br := bufio.NewReader(conn)
+			// The worker reads Redis's clock once (TIME) before its
+			// synced counts have a window to be flushed in.
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Client().Info(context.Background(), "commandstats").Val(), "cmdstat_time:"); {
+				if time.Now().After(deadline) {
+					t.Fatal("the worker never read Redis's clock")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			// One request of each rule: the exact one is decided in Redis
+			// (its key made there), the synced one counted on the host,
+			// for the worker's last flush (the interval is an hour).
+			for _, path := range []string{"/r", "/s"} {
+				fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: h\r\n\r\n", path)
+				line, err := br.ReadString('\n')
+				if err != nil || !strings.Contains(line, " 200 ") {
+					t.Fatalf("GET %s: %q %v", path, line, err)
+				}
+				if err := drainResponse(br); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A synced count's key names its window (":w…").
+			synced := func() []string { return srv.Client().Keys(context.Background(), "*:w*").Val() }
+			if k := synced(); len(k) != 0 {
+				t.Fatalf("synced keys before the last flush: %q", k)
+			}
+			thaw := srv.Freeze()
+			// The next request's Redis call waits for a Redis that answers
+			// nothing, past the drain's timeout.
+			fmt.Fprintf(conn, "GET /r?inflight HTTP/1.1\r\nHost: h\r\n\r\n")
+			d.signal(syscall.SIGTERM)
+			if _, _, ok := d.logs.waitFor(0, 15*time.Second, msgIs("worker drain cut at shutdown_timeout")); !ok {
+				t.Fatalf("no drain cut logged:\n%s", d.logs.text())
+			}
+			thaw() // the last flush may reach Redis now
+			if b, _ := io.ReadAll(br); len(b) > 0 {
+				t.Errorf("the request cut was sent %q, want nothing", b)
+			}
+			code, ok := d.wait(15 * time.Second)
+			d.logs.waitEOF(5 * time.Second)
+			text := d.logs.text()
+			if !ok || code != 0 {
+				t.Errorf("supervisor after TERM: exited=%v code=%d", ok, code)
+			}
+			for _, bad := range []string{"worker did not drain in time", "signal: killed", "last flush of sync counts failed"} {
+				if strings.Contains(text, bad) {
+					t.Errorf("the log has %q", bad)
+				}
+			}
+			lines, _ := os.ReadFile(access)
+			if !strings.Contains(string(lines), `"GET /r?inflight HTTP/1.1" 499 `) {
+				t.Errorf("the request cut is not logged as 499:\n%s", lines)
+			}
+			if k := synced(); len(k) != 1 {
+				t.Errorf("synced keys after the worker's last flush: %q, want its one", k)
+			}
+			if t.Failed() {
+				t.Logf("log:\n%s", text)
+			}
+		}))
+	}
+}
+
+// drainResponse reads the rest of a response whose status line was read:
+// its header, and a Content-Length body.
+func drainResponse(br *bufio.Reader) error {
+	n := 0
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if line == "\r\n" {
+			break
+		}
+		if v, ok := strings.CutPrefix(strings.ToLower(line), "content-length:"); ok {
+			fmt.Sscan(strings.TrimSpace(v), &n)
+		}
+	}
+	_, err := io.CopyN(io.Discard, br, int64(n))
+	return err
+}
