@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"syscall"
@@ -111,6 +112,9 @@ sync = "1h"
 			// The next request's Redis call waits for a Redis that answers
 			// nothing, past the drain's timeout.
 			fmt.Fprintf(conn, "GET /r?inflight HTTP/1.1\r\nHost: h\r\n\r\n")
+			// The worker has read it before the drain begins: else the
+			// drain could close the kept connection as idle.
+			waitConsumed(t, conn.RemoteAddr().String(), conn.LocalAddr().String())
 			d.signal(syscall.SIGTERM)
 			if _, _, ok := d.logs.waitFor(0, 15*time.Second, msgIs("worker drain cut at shutdown_timeout")); !ok {
 				t.Fatalf("no drain cut logged:\n%s", d.logs.text())
@@ -162,4 +166,29 @@ func drainResponse(br *bufio.Reader) error {
 	}
 	_, err := io.CopyN(io.Discard, br, int64(n))
 	return err
+}
+
+// waitConsumed waits until the server's end of the TCP connection from
+// remote to local (its address) has nothing left unread in its receive
+// queue (/proc/net/tcp's rx_queue): what the client wrote, the worker
+// read.
+func waitConsumed(t *testing.T, local, remote string) {
+	t.Helper()
+	l, r := netip.MustParseAddrPort(local), netip.MustParseAddrPort(remote)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		table, err := os.ReadFile("/proc/net/tcp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(table), "\n")[1:] {
+			if f := strings.Fields(line); len(f) > 4 && idemProcAddr(f[1]) == l && idemProcAddr(f[2]) == r &&
+				strings.HasSuffix(f[4], ":00000000") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server never read what was sent on %s → %s", remote, local)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
