@@ -229,6 +229,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 	r = forwardFields(r, fwd.Drop, fwd.Add)
 	rw := &req.rw
 	*rw = writer{w: w, ex: ex, keep: ex.Keep(), hide: fwd.Hide, h1: r.ProtoMajor == 1}
+	rw.body, _ = r.Body.(*bodyReader)
 	if rw.keep {
 		// A request whose response is kept runs without the client's
 		// cancellation: a client that disconnects does not stop the
@@ -238,6 +239,9 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, req *request, ex 
 	ex.Sending()
 	h.next.ServeHTTP(rw, r)
 	rw.finish()
+	if rw.gone {
+		return core.ErrClientGone
+	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,7 +209,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var body *bodyReader
 	if r.Body != nil && r.Body != http.NoBody {
-		body = &bodyReader{ReadCloser: r.Body, w: w, timeout: s.limits.ClientBodyTimeout,
+		body = &bodyReader{ReadCloser: r.Body, r: r, w: w, timeout: s.limits.ClientBodyTimeout,
 			expect: httpfield.HasToken(r.Header["Expect"], "100-continue"), h2: r.ProtoMajor == 2, cc: cc}
 		r.Body = body
 	}
@@ -321,10 +322,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // request body: Limits.ClientBodyTimeout is the longest wait between two.
 type bodyReader struct {
 	io.ReadCloser
+	r       *http.Request // the request whose body it is
 	w       http.ResponseWriter
 	timeout time.Duration
 	ended   bool        // read to its end
 	failed  bool        // a read failed (client_body_timeout): the rest will not come in time
+	err     error       // what the failed read returned
 	expect  bool        // the client waits for 100 Continue before it sends the body
 	read    bool        // Read was called: a 100 Continue went, if expected
 	h2      bool        // the body is an HTTP/2 stream's
@@ -354,9 +357,15 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.ended = true
 	case err != nil:
-		b.failed = true
+		b.failed, b.err = true, err
 	}
 	return n, err
+}
+
+// gone reports whether a read of the body failed because its client went
+// away (bodyGone), not because the body ended short or came too slowly.
+func (b *bodyReader) gone() bool {
+	return b.err != nil && !errors.Is(b.err, os.ErrDeadlineExceeded) && bodyGone(b.r, b.err)
 }
 
 // deadline sets the read deadline (zero: none), unless reading was

@@ -37,6 +37,13 @@ type writer struct {
 	replaced   *core.Response // what the core sent instead
 	clientGone error          // the first failed write to the client, when keeping
 	hijacked   bool
+	// body is the request's body as the Server reads it, or nil; gone:
+	// its read failed because the client went away (bodyReader.gone)
+	// before the head was sent, which then goes nowhere (replaced by
+	// noAnswer): the exchange ends as the client gone (499), as the
+	// forwarder's does.
+	body *bodyReader
+	gone bool
 	// tunnel, set by the forwarder after an upgrade's 101, carries the
 	// upgraded connection once the exchange has ended.
 	tunnel func()
@@ -67,6 +74,10 @@ func (rw *writer) WriteHeader(code int) {
 // instead; first is the first write of body, if any, for sniffing.
 func (rw *writer) sendHeader(first []byte) {
 	rw.sent = true
+	if !rw.keep && rw.body != nil && rw.body.gone() {
+		rw.gone, rw.replaced = true, &noAnswer // what the handler writes is dropped
+		return
+	}
 	if rw.status == 0 {
 		rw.status = http.StatusOK
 	}
@@ -167,6 +178,9 @@ func (rw *writer) finish() {
 		rw.sendHeader(nil)
 	}
 }
+
+// noAnswer stands in writer.replaced for the head of a client gone.
+var noAnswer core.Response
 
 // header is a net/http header as the core reads a response's.
 type header http.Header
