@@ -478,12 +478,6 @@ func documented(engine string, mix []censusCase) []censusCase {
 			// net/http takes the FIN for the client gone (499) when it
 			// sees it before the response is sent.
 			k.asGot = true
-		case engine == "tls-h1" && k.name == "client resets after an Expect head":
-			// Left out: net/http writes its 100 Continue to the reset
-			// connection, and then reads an end of the body it cannot
-			// tell from a FIN's, which is a 400 (not a 499) whenever the
-			// reset comes before the 100 Continue is written.
-			k.n, k.logged, k.up = 0, false, ""
 		case engine == "tls-h1" && k.name == "a refused body, then a request":
 			// net/http closes a connection whose body is left unread.
 			k.seq, k.lines, k.up = []int{429, 0}, k.lines[:1], ""
