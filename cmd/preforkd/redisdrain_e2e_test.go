@@ -23,12 +23,20 @@ import (
 // redis.timeout lets the call wait: the worker logs the cut, the request
 // as 499 (nobody was answered), and exits by itself, its last sync-mode
 // flush reaching Redis, rather than waiting for the call and being
-// killed with its counts.
+// killed with its counts. So too when its client reset the connection
+// first: the drain has no connection left, but the decision is still in
+// flight.
 func TestRedisCallCutAtShutdownTimeout(t *testing.T) {
-	for _, e := range []struct{ name, extra string }{
-		{"loop", ""},
-		{"fasthttp", "engine = \"fasthttp\"\n"},
-		{"tls", "tls"},
+	for _, e := range []struct {
+		name, extra string
+		reset       bool
+	}{
+		{"loop", "", false},
+		{"fasthttp", "engine = \"fasthttp\"\n", false},
+		{"tls", "tls", false},
+		{"loop/reset", "", true},
+		{"fasthttp/reset", "engine = \"fasthttp\"\n", true},
+		{"tls/reset", "tls", true},
 	} {
 		t.Run(e.name, parallel(func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -115,12 +123,15 @@ sync = "1h"
 			// The worker has read it before the drain begins: else the
 			// drain could close the kept connection as idle.
 			waitConsumed(t, conn.RemoteAddr().String(), conn.LocalAddr().String())
+			if e.reset {
+				reset(t, conn)
+			}
 			d.signal(syscall.SIGTERM)
 			if _, _, ok := d.logs.waitFor(0, 15*time.Second, msgIs("worker drain cut at shutdown_timeout")); !ok {
 				t.Fatalf("no drain cut logged:\n%s", d.logs.text())
 			}
 			thaw() // the last flush may reach Redis now
-			if b, _ := io.ReadAll(br); len(b) > 0 {
+			if b, _ := io.ReadAll(br); len(b) > 0 && !e.reset {
 				t.Errorf("the request cut was sent %q, want nothing", b)
 			}
 			code, ok := d.wait(15 * time.Second)
@@ -146,6 +157,18 @@ sync = "1h"
 			}
 		}))
 	}
+}
+
+// reset closes c with a reset (SO_LINGER 0), as a client that gives up.
+func reset(t *testing.T, c net.Conn) {
+	t.Helper()
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if err := c.(*net.TCPConn).SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
 }
 
 // drainResponse reads the rest of a response whose status line was read:

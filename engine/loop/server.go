@@ -267,7 +267,8 @@ func (s *Server) closing() bool { return s.draining.Load() }
 // once it has been idle for engine.DrainIdleGrace (engine.DrainNewGrace
 // when it never sent one), and returns once none is left and the
 // background refreshes ended — or when ctx is done, having closed the
-// rest, with ctx's error.
+// rest, with ctx's error (so too when a Redis decision of a connection
+// already gone was still in flight then: it is cut, core.Core.Cut).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	s.mu.Lock()
@@ -279,14 +280,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.checkDrained()
 	s.mu.Unlock()
-	var err error
 	select {
 	case <-s.drained:
 	case <-ctx.Done():
-		err = ctx.Err()
+		s.close(true)
+		return ctx.Err()
 	}
-	s.close(err != nil)
-	return err
+	// No connection is left, but a waiter may still hold the Redis
+	// decision of one whose client reset it: ctx ending cuts it as it
+	// cuts those of connections still open, rather than close waiting
+	// for it as long as redis.timeout lets it.
+	stop := context.AfterFunc(ctx, s.o.Core.Cut)
+	s.close(false)
+	if !stop() {
+		return ctx.Err()
+	}
+	return nil
 }
 
 // Close closes the listeners and every connection at once.
