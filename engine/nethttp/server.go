@@ -327,13 +327,13 @@ type bodyReader struct {
 	timeout time.Duration
 	ended   bool        // read to its end
 	failed  bool        // a read failed (client_body_timeout): the rest will not come in time
-	err     error       // what the failed read returned
+	err     error       // what the failed read returned; under mu (gone)
 	expect  bool        // the client waits for 100 Continue before it sends the body
 	read    bool        // Read was called: a 100 Continue went, if expected
 	h2      bool        // the body is an HTTP/2 stream's
 	cc      *clientConn // an HTTP/1 request's connection, or nil
 
-	mu      sync.Mutex // orders deadline and StopReading, which run in two goroutines
+	mu      sync.Mutex // orders deadline and StopReading, which run in two goroutines, and err's write and read
 	stopped bool       // StopReading was called: no read waits any more
 }
 
@@ -357,15 +357,22 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.ended = true
 	case err != nil:
+		b.mu.Lock()
 		b.failed, b.err = true, err
+		b.mu.Unlock()
 	}
 	return n, err
 }
 
 // gone reports whether a read of the body failed because its client went
 // away (bodyGone), not because the body ended short or came too slowly.
+// The response's writer asks, perhaps on another goroutine than the
+// reader's (a full-duplex handler): err is read under mu.
 func (b *bodyReader) gone() bool {
-	return b.err != nil && !errors.Is(b.err, os.ErrDeadlineExceeded) && bodyGone(b.r, b.err)
+	b.mu.Lock()
+	err := b.err
+	b.mu.Unlock()
+	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && bodyGone(b.r, err)
 }
 
 // deadline sets the read deadline (zero: none), unless reading was

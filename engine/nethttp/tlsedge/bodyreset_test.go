@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,6 +64,7 @@ func TestBodyResetOverTLSIsClientGone(t *testing.T) {
 		{"app-h2-stream-reset", true, false, true, false, resetStream, appReset},
 		{"app-h2-conn-reset", true, false, true, false, resetConn, appReset},
 		{"app-h2-end-short", true, false, true, false, endShort, appFIN},
+		{"app-h2-duplex-stream-reset", true, false, true, false, resetStream, appReset},
 		{"app-clear-reset", false, false, true, true, resetConn, appReset},
 		{"app-clear-fin", false, false, true, true, finConn, appFIN},
 		{"app-clear-expect-reset", false, true, true, true, resetConn, appReset},
@@ -95,6 +97,16 @@ func TestBodyResetOverTLSIsClientGone(t *testing.T) {
 			var conf *tls.Config
 			if tc.app {
 				addr, conf = appServer(t, c, !tc.clear, func(w http.ResponseWriter, r *http.Request) {
+					if strings.Contains(tc.name, "duplex") {
+						// Full duplex, as a streaming RPC: the body is read
+						// on a goroutine of its own, and the handler answers
+						// once the read failed, nothing but time between them.
+						go read(w, r)
+						<-reading
+						time.Sleep(600 * time.Millisecond)
+						http.Error(w, "the body could not be read", http.StatusBadRequest)
+						return
+					}
 					if read(w, r) != nil {
 						http.Error(w, "the body could not be read", http.StatusBadRequest)
 					}
