@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -213,5 +216,71 @@ func waitConsumed(t *testing.T, local, remote string) {
 			t.Fatalf("the server never read what was sent on %s → %s", remote, local)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// The same over HTTP/2 when the client resets its connection with its
+// request's Redis decision in flight: the drain has no connection left,
+// the handler still waits on Redis, and the cut reaches it.
+func TestRedisCallCutAtShutdownTimeoutH2Reset(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	access := t.TempDir() + "/access.log"
+	ca, dir := tlstest.NewCA(t), t.TempDir()
+	cert, key := ca.Files(t, dir, "a", "a.example")
+	d := startDaemon(t, daemonOptions{config: fmt.Sprintf(`[server]
+workers = 1
+shutdown_timeout = "500ms"
+[log]
+access = %q
+[redis]
+url = %q
+timeout = "20s"
+[[ratelimit]]
+name = "exact"
+path = "/r"
+limit = 1000
+window = "1m"
+store = "redis"
+[tls]
+[[tls.certificate]]
+cert = %q
+key = %q
+`, access, srv.URL(), cert, key)})
+	var c *tls.Conn // the one connection, read once a response came on it
+	var dialed atomic.Bool
+	client := &http.Client{Transport: &http.Transport{ForceAttemptHTTP2: true,
+		DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
+			if dialed.Swap(true) {
+				return nil, errors.New("no second connection: the request is not sent again")
+			}
+			tc, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", d.addr,
+				&tls.Config{ServerName: "a.example", RootCAs: ca.Pool, NextProtos: []string{"h2"}})
+			c = tc
+			return tc, err
+		}}}
+	defer client.CloseIdleConnections()
+	get := func(path string) (*http.Response, error) { return client.Get("https://" + d.addr + path) }
+	if resp, err := get("/r"); err != nil || resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("GET /r: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	thaw := srv.Freeze()
+	go get("/r?inflight")
+	waitConsumed(t, c.RemoteAddr().String(), c.LocalAddr().String())
+	time.Sleep(100 * time.Millisecond) // its handler waits on Redis
+	reset(t, c)
+	d.signal(syscall.SIGTERM)
+	if _, _, ok := d.logs.waitFor(0, 10*time.Second, msgIs("worker drain cut at shutdown_timeout")); !ok {
+		t.Errorf("no drain cut logged:\n%s", d.logs.text())
+	}
+	thaw()
+	if _, ok := d.wait(15 * time.Second); !ok {
+		t.Fatal("the supervisor did not exit")
+	}
+	lines, _ := os.ReadFile(access)
+	if !strings.Contains(string(lines), `"GET /r?inflight HTTP/2.0" 499 `) {
+		t.Errorf("the request cut is not logged as 499:\n%s", lines)
 	}
 }

@@ -292,6 +292,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// patience is longer).
 	noHandler := func() bool { return s.handlers.Load() == 0 }
 	if !waitfor.Until(ctx, noHandler) {
+		// One may wait on a Redis decision, its connection gone before
+		// the drain ended (an HTTP/2 client's reset): cut too.
+		s.h.c.Cut()
+		err = cmp.Or(err, ctx.Err())
 		s.closeHijacked()
 		if gone {
 			waitfor.Cond(engine.CloseWait, noHandler)
