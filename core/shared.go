@@ -25,8 +25,9 @@ type SharedStore interface {
 	// Decide charges the hits of one request in one round trip, all or
 	// none: refused reports that an enforcing hit refused it, and each
 	// hit's D is set. An error means the store could not decide. ctx
-	// ending (Core.Cut) cuts the decision: one not sent is not, one in
-	// flight returns at once, and hits are not written to after.
+	// ending (Core.Cut) cuts the decision: one not sent is not, and one
+	// in flight returns at once (or, a store may choose, within a short
+	// timeout of its own), and hits are not written to after it returned.
 	Decide(ctx context.Context, hits []SharedHit, now time.Duration) (refused bool, err error)
 	// Close releases the store (a sync-mode limiter's last counts are
 	// added first). It is idempotent.

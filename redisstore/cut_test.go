@@ -55,3 +55,38 @@ func TestDecideCutInFlight(t *testing.T) {
 		t.Fatalf("the cut call counted as a failure: %+v", st)
 	}
 }
+
+// With a timeout under a second, a decision runs on the caller's
+// goroutine even when its context can end: it costs what one whose
+// context cannot end costs (no goroutine, no copies), and a cut call
+// ends by itself within the timeout, counted as no failure.
+func TestDecideCutInline(t *testing.T) {
+	// Not parallel: AllocsPerRun counts the whole process's.
+	const timeout = 300 * time.Millisecond
+	srv, h, l := oneHost(t, redisstore.Options{Timeout: timeout}, rule("inline", bucket.GCRA, 1<<20-1, time.Minute))
+	ctx, cut := context.WithCancel(context.Background())
+	defer cut()
+	k := l.Key([]byte("k"))
+	hits := []redisstore.Hit{{Lim: l, Key: &k}}
+	allocs := func(ctx context.Context) float64 {
+		return testing.AllocsPerRun(50, func() {
+			if _, err := h.store.Decide(ctx, hits, h.region.Now()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if a, b := allocs(ctx), allocs(context.Background()); a > b+1 {
+		t.Errorf("a decision whose context can end allocates %.0f times, one whose cannot %.0f", a, b)
+	}
+	thaw := srv.Freeze()
+	defer thaw()
+	time.AfterFunc(50*time.Millisecond, cut)
+	start := time.Now()
+	_, err := h.store.Decide(ctx, hits, h.region.Now())
+	if took := time.Since(start); !errors.Is(err, redisstore.ErrUnavailable) || took > 3*timeout {
+		t.Fatalf("a decision cut in flight: %v after %v", err, took)
+	}
+	if st := h.store.Stats(h.region.Now()); st.Errors+st.Timeouts != 0 {
+		t.Fatalf("the cut call counted as a failure: %+v", st)
+	}
+}
