@@ -23,10 +23,15 @@ func FuzzParseTarget(f *testing.F) {
 			if tg != (engine.Target{}) {
 				t.Fatalf("ParseTarget(%q) = %+v with %v", s, tg, err)
 			}
-			// A password put into the userinfo is never shown.
+			// A password put into the userinfo is never shown. (One the
+			// rest of the URL does not hold: the host may be shown.)
+			secret := "Zq9Secret"
+			for strings.Contains(s, secret) {
+				secret += "x"
+			}
 			if i, j := strings.Index(s, "://"), strings.IndexByte(s, '@'); i >= 0 && j > i && !strings.ContainsAny(s[i+3:j], "/?#") {
-				in := s[:j] + ":Zq9Secret" + s[j:]
-				if _, err := engine.ParseTarget(in); err == nil || strings.Contains(err.Error(), "Zq9Secret") {
+				in := s[:j] + ":" + secret + s[j:]
+				if _, err := engine.ParseTarget(in); err == nil || strings.Contains(err.Error(), secret) {
 					t.Fatalf("ParseTarget(%q): %v", in, err)
 				}
 			}
