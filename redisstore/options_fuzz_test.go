@@ -20,9 +20,15 @@ func FuzzParseSeed(f *testing.F) {
 			if sd != (seed{}) {
 				t.Fatalf("parseSeed(%q) = %+v with %v", s, sd, err)
 			}
+			// A password put into the userinfo is never shown. (One the
+			// rest of the seed does not hold: the host may be shown.)
+			secret := "Zq9Secret"
+			for strings.Contains(s, secret) {
+				secret += "x"
+			}
 			if i, j := strings.Index(s, "://"), strings.IndexByte(s, '@'); i >= 0 && j > i && !strings.ContainsAny(s[i+3:j], "/?#") {
-				in := s[:j] + ":Zq9Secret" + s[j:]
-				if _, err := parseSeed("seeds", in); err == nil || strings.Contains(err.Error(), "Zq9Secret") {
+				in := s[:j] + ":" + secret + s[j:]
+				if _, err := parseSeed("seeds", in); err == nil || strings.Contains(err.Error(), secret) {
 					t.Fatalf("parseSeed(%q): %v", in, err)
 				}
 			}
