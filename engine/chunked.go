@@ -159,9 +159,18 @@ func (c *ChunkedReader) trailer() error {
 }
 
 // line reads a line ended by CRLF, with no other CR, and returns it
-// without its CRLF.
+// without its CRLF. A line longer than the buffer is gathered, up to
+// MaxTrailer: one trailer line may be that long, whatever the buffer.
 func (c *ChunkedReader) line() ([]byte, error) {
 	line, err := c.r.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		long := bytes.Clone(line)
+		for err == bufio.ErrBufferFull && len(long) <= MaxTrailer+2 {
+			line, err = c.r.ReadSlice('\n')
+			long = append(long, line...)
+		}
+		line = long
+	}
 	switch {
 	case err == bufio.ErrBufferFull:
 		return nil, ErrChunked

@@ -41,6 +41,10 @@ func TestChunkedReader(t *testing.T) {
 		// the blank line (the loop's decoder too: engine/loop's tests).
 		{name: "a trailer just within MaxTrailer", in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4) + "\r\n", want: ""},
 		{name: "a trailer over MaxTrailer", in: "0\r\n" + strings.Repeat("X: 1\r\n", (engine.MaxTrailer-1)/4+1) + "\r\n", err: engine.ErrChunked},
+		// One line as long as MaxTrailer allows: longer than the
+		// connection's buffer (16 KiB with its CRLF), as the loop takes it.
+		{name: "one trailer line of MaxTrailer", in: "0\r\nX: " + strings.Repeat("a", engine.MaxTrailer-4) + "\r\n\r\nNEXT", want: "", rest: "NEXT"},
+		{name: "one trailer line over MaxTrailer", in: "0\r\nX: " + strings.Repeat("a", engine.MaxTrailer-3) + "\r\n\r\n", err: engine.ErrChunked},
 		{name: "a trailer ended by a bare LF", in: "0\r\nX-T: 1\r\n\n", err: engine.ErrChunked},
 		{name: "a bare CR in a trailer line", in: "0\r\n\r\r\n\r\n", err: engine.ErrChunked},
 		// A trailer line is a field line, checked as a header line is.

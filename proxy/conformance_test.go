@@ -405,6 +405,15 @@ var exchanges = []exchange{
 		upLine: "GET / HTTP/1.1", upCount: 2, upConns: 1,
 	},
 	{
+		// MaxTrailer bounds the section, not a line: one line of it is
+		// longer than the upstream connection's buffer.
+		name:   "a chunked response with one trailer line of MaxTrailer",
+		send:   "GET / HTTP/1.1\nHost: a\n\n",
+		reply:  "HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n3\nabc\n0\nX: " + strings.Repeat("a", engine.MaxTrailer-4) + "\n\n",
+		status: 200, body: "abc", then: "GET / HTTP/1.1\nHost: a\n\n",
+		upLine: "GET / HTTP/1.1", upCount: 2, upConns: 1,
+	},
+	{
 		name:   "Transfer-Encoding overrides Content-Length, and that upstream connection is not reused",
 		send:   "GET / HTTP/1.1\nHost: a\n\n",
 		reply:  "HTTP/1.1 200 OK\nContent-Length: 3\nTransfer-Encoding: chunked\n\n6\nabcdef\n0\n\n",
