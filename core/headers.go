@@ -136,7 +136,11 @@ func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return clampSF(int64((d + time.Second - 1) / time.Second))
+	s := d / time.Second // not (d + 1s - 1) / 1s: that overflows near the largest d
+	if d%time.Second != 0 {
+		s++
+	}
+	return clampSF(int64(s))
 }
 
 func clampSF(v int64) int64 { return min(max(v, 0), maxSFInt) }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -399,4 +400,21 @@ func FuzzHeaders(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Whole seconds are rounded up, and the largest durations do not wrap
+// around to a small count.
+func TestCeilSeconds(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want int64
+	}{
+		{-time.Second, 0}, {0, 0}, {1, 1}, {time.Second, 1}, {time.Second + 1, 2},
+		{math.MaxInt64, 9_223_372_037},
+		{math.MaxInt64 - time.Second + 2, 9_223_372_036},
+	} {
+		if got := ceilSeconds(c.d); got != c.want {
+			t.Errorf("ceilSeconds(%d) = %d, want %d", c.d, got, c.want)
+		}
+	}
 }
