@@ -115,18 +115,12 @@ func TestNothingGrowsPerEvent(t *testing.T) {
 		}
 		return from
 	}
-	event := func(i int) {
+	// event i is a reload (two in three of them a good one) or, with
+	// upgrade, a binary upgrade.
+	event := func(i int, upgrade bool) {
 		t.Helper()
-		switch i % 4 {
-		case 0, 1: // a reload
-			waitReloaded(t, d, hup(cfg(1000+i)), 15*time.Second)
-		case 2: // a refused reload, then the file as it was
-			from := hup(cfg(1000+i) + "\n[[ratelimit]]\nname = \"bad\"\n")
-			if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("reload refused: keeping the running configuration")); !ok {
-				t.Fatalf("event %d: the refused reload was not logged; log:\n%s", i, d.logs.text())
-			}
-			os.WriteFile(d.cfgPath, []byte(strings.ReplaceAll(cfg(1000+i), "ADMIN_ADDR", d.admin)), 0o600)
-		case 3: // a binary upgrade
+		switch {
+		case upgrade:
 			from := d.logs.len()
 			if err := syscall.Kill(sup, syscall.SIGUSR2); err != nil {
 				t.Fatal(err)
@@ -139,6 +133,14 @@ func TestNothingGrowsPerEvent(t *testing.T) {
 				t.Fatalf("event %d: the upgrade did not finish; log:\n%s", i, d.logs.text())
 			}
 			sup = begun.int("pid")
+		case i%3 != 2: // a reload
+			waitReloaded(t, d, hup(cfg(1000+i)), 15*time.Second)
+		default: // a refused reload, then the file as it was
+			from := hup(cfg(1000+i) + "\n[[ratelimit]]\nname = \"bad\"\n")
+			if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("reload refused: keeping the running configuration")); !ok {
+				t.Fatalf("event %d: the refused reload was not logged; log:\n%s", i, d.logs.text())
+			}
+			os.WriteFile(d.cfgPath, []byte(strings.ReplaceAll(cfg(1000+i), "ADMIN_ADDR", d.admin)), 0o600)
 		}
 		// Enough requests that max_requests recycles each worker at
 		// least once.
@@ -146,29 +148,36 @@ func TestNothingGrowsPerEvent(t *testing.T) {
 			get(c, d.url("/r"))
 		}
 	}
-	const warm, events = 4, 16
-	for i := range warm {
-		event(i)
+	// Reloads in one supervisor first (an upgrade replaces it, and what
+	// it leaked with it), then upgrades: each new supervisor holds what
+	// it was handed.
+	compare := func(what string, warm, events int, upgrade bool) {
+		t.Helper()
+		for i := range warm {
+			event(i, upgrade)
+		}
+		sup0, worker0, files0 := measure()
+		for i := warm; i < events; i++ {
+			event(i, upgrade)
+		}
+		sup1, worker1, files1 := measure()
+		t.Logf("%s: after %d: supervisor %+v, worker %+v, %d files; after %d: %+v, %+v, %d",
+			what, warm, sup0, worker0, files0, events, sup1, worker1, files1)
+		if sup1.zombies != 0 || worker1.zombies != 0 {
+			t.Errorf("%s: after %d: %d unreaped children of the supervisor, %d of a worker", what, events, sup1.zombies, worker1.zombies)
+		}
+		// Exact: every count is the same at each event's end.
+		if sup1.fds != sup0.fds || sup1.region != sup0.region {
+			t.Errorf("%s: the supervisor grew: %+v after %d, %+v after %d", what, sup0, warm, sup1, events)
+		}
+		if worker1.fds != worker0.fds || worker1.region != worker0.region {
+			t.Errorf("%s: a new worker holds more: %+v after %d, %+v after %d", what, worker0, warm, worker1, events)
+		}
+		if files1 != files0 {
+			t.Errorf("%s: the persist directory grew: %d entries after %d, %d after %d", what, files0, warm, files1, events)
+		}
 	}
-	sup0, worker0, files0 := measure()
-	for i := warm; i < events; i++ {
-		event(i)
-	}
-	sup1, worker1, files1 := measure()
-	t.Logf("after %d events: supervisor %+v, worker %+v, %d files; after %d: %+v, %+v, %d",
-		warm, sup0, worker0, files0, events, sup1, worker1, files1)
-	if sup1.zombies != 0 || worker1.zombies != 0 {
-		t.Errorf("after %d events: %d unreaped children of the supervisor, %d of a worker", events, sup1.zombies, worker1.zombies)
-	}
-	// Exact: every count is the same at each event's end.
-	if sup1.fds != sup0.fds || sup1.region != sup0.region {
-		t.Errorf("the supervisor grew: %+v after %d events, %+v after %d", sup0, warm, sup1, events)
-	}
-	if worker1.fds != worker0.fds || worker1.region != worker0.region {
-		t.Errorf("a new worker holds more: %+v after %d events, %+v after %d", worker0, warm, worker1, events)
-	}
-	if files1 != files0 {
-		t.Errorf("the persist directory grew: %d entries after %d events, %d after %d", files0, warm, files1, events)
-	}
+	compare("reloads", 3, 12, false)
+	compare("upgrades", 1, 4, true)
 	stopPID(t, d, sup)
 }
