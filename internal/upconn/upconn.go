@@ -2,10 +2,11 @@
 // that the engines which forward on blocking connections share (package
 // proxy's fasthttp engine, engine/nethttp's forwarder): the same reuse
 // rules, written once. A connection is reused only when clean, checked
-// before each reuse by one non-blocking peek; its reads and writes move
-// their deadline, so that the upstream's timeout is the longest wait for
-// the next bytes. (The event loop keeps connections of its own, on its
-// poller.)
+// before each reuse by one non-blocking peek, and so every second while
+// idle (sweepEvery), so that one the upstream closes is closed too; its
+// reads and writes move their deadline, so that the upstream's timeout is
+// the longest wait for the next bytes. (The event loop keeps connections
+// of its own, on its poller.)
 package upconn
 
 import (
@@ -39,12 +40,14 @@ type Pool struct {
 	maxIdle int
 	// idleTime is how long an idle connection is kept (the Upstream's
 	// IdleTimeout, nginx's upstream keepalive_timeout): one idle longer is
-	// not reused, and the reaper closes it within a quarter of it.
+	// not reused, and the reaper closes it within a quarter of it, or
+	// sweepEvery if that is shorter.
 	idleTime time.Duration
 
-	// Stray, when set, is called when Get finds bytes the upstream sent
-	// unasked on an idle connection (which it closes), for the engine to
-	// count them as the bytes past a response Put and Done report.
+	// Stray, when set, is called when Get or the reaper finds bytes the
+	// upstream sent unasked on an idle connection (which it closes), for
+	// the engine to count them as the bytes past a response Put and Done
+	// report.
 	Stray func()
 
 	mu       sync.Mutex
@@ -52,9 +55,21 @@ type Pool struct {
 	closed   bool
 	relaying map[*Conn]struct{} // connections a body is read from (Relaying)
 
-	stop chan struct{} // closed by close: ends the reaper
-	done chan struct{} // closed when the reaper has returned
+	stop    chan struct{} // closed by close: ends the reaper
+	done    chan struct{} // closed when the reaper has returned
+	wake    chan struct{} // Put's word to the reaper resting
+	resting bool          // the reaper waits for wake: no connection is idle
 }
+
+// sweepEvery is the longest time between two looks of the reaper at the
+// idle connections while there are any: one the upstream closed meanwhile
+// (its own idle timeout, often a few seconds) would otherwise wait in
+// CLOSE_WAIT, holding a descriptor, until it is next taken or its idle
+// time runs out. nginx's upstream keepalive closes it at once, as the
+// event loop does: it watches its idle connections on its poller. A look
+// is one non-blocking peek per idle connection (a fraction of a
+// microsecond: BenchmarkCleanCheck).
+const sweepEvery = time.Second
 
 // New starts the pool of connections to t; o has its defaults.
 func New(t engine.Target, o engine.Upstream) *Pool {
@@ -66,6 +81,7 @@ func New(t engine.Target, o engine.Upstream) *Pool {
 		idleTime: o.IdleTimeout,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
+		wake:     make(chan struct{}, 1),
 	}
 	if t.TLS {
 		u.tls = &tls.Config{ServerName: t.Hostname, MinVersion: tls.VersionTLS12}
@@ -247,6 +263,10 @@ func (u *Pool) Put(c *Conn, now time.Time) (clean bool) {
 		return true
 	}
 	u.idle = append(u.idle, c)
+	if u.resting {
+		u.resting = false
+		u.wake <- struct{}{} // never blocks: one word a rest
+	}
 	u.mu.Unlock()
 	return true
 }
@@ -320,31 +340,62 @@ func (c *Conn) peek() (pending, open bool) {
 	return true, true
 }
 
-// reap closes connections idle for longer than their bound (fresh),
-// every quarter of the pool's idle time, until close.
+// reap looks at the idle connections (sweep) every sweepEvery, or a
+// quarter of the pool's idle time if that is shorter, while there are
+// any; it rests while none is idle, until Put wakes it, and returns at
+// close.
 func (u *Pool) reap() {
 	defer close(u.done)
-	tick := time.NewTicker(u.idleTime / 4)
-	defer tick.Stop()
+	every := min(u.idleTime/4, sweepEvery)
+	t := time.NewTimer(every)
+	defer t.Stop()
 	for {
 		select {
 		case <-u.stop:
 			return
-		case now := <-tick.C:
-			u.mu.Lock()
-			kept := u.idle[:0]
-			for _, c := range u.idle {
-				if c.fresh(now) {
-					kept = append(kept, c)
-				} else {
-					c.Conn.Close()
-				}
+		case <-u.wake:
+			t.Reset(every)
+		case now := <-t.C:
+			if u.sweep(now) {
+				t.Reset(every)
 			}
-			clear(u.idle[len(kept):])
-			u.idle = kept
-			u.mu.Unlock()
 		}
 	}
+}
+
+// sweep closes the idle connections idle longer than their bound (fresh)
+// and those that are no longer clean: closed by the upstream, or holding
+// bytes it sent unasked (counted as Get counts them). It reports whether
+// any is left; when none is, the reaper rests (resting). The checks do
+// not block (one peek each; of a TLS connection with records waiting, a
+// read whose deadline has passed), and run under the lock, so that no
+// connection is handed out while it is checked.
+func (u *Pool) sweep(now time.Time) (left bool) {
+	stray := 0
+	u.mu.Lock()
+	kept := u.idle[:0]
+	for _, c := range u.idle {
+		if c.fresh(now) {
+			clean, s := c.clean()
+			if clean {
+				kept = append(kept, c)
+				continue
+			}
+			if s {
+				stray++
+			}
+		}
+		c.Conn.Close()
+	}
+	clear(u.idle[len(kept):])
+	u.idle = kept
+	left = len(kept) > 0
+	u.resting = !left
+	u.mu.Unlock()
+	for ; stray > 0 && u.Stray != nil; stray-- {
+		u.Stray()
+	}
+	return left
 }
 
 // Close closes the idle connections and stops the reaper; connections in

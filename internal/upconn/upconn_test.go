@@ -195,3 +195,85 @@ func TestDone(t *testing.T) {
 		}
 	}
 }
+
+// An idle connection the upstream closes is closed soon after, not kept
+// until its idle time runs out (a socket in CLOSE_WAIT meanwhile), over
+// TLS too (where a close_notify comes before the EOF); a quiet one is
+// kept. The reaper that rests while none is idle wakes for the next.
+func TestClosedIdleConnectionsClosed(t *testing.T) {
+	for _, useTLS := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		if useTLS {
+			ln = tls.NewListener(ln, testServerTLS(t))
+		}
+		conns := make(chan net.Conn, 4)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if tc, ok := c.(*tls.Conn); ok {
+					tc.Handshake()
+				}
+				conns <- c
+			}
+		}()
+		u := New(engine.Target{Addr: ln.Addr().String(), TLS: useTLS, Hostname: "localhost"},
+			engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, MaxIdle: 4, IdleTimeout: time.Minute})
+		defer u.Close()
+		if useTLS {
+			u.tls = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
+		}
+		var srv []net.Conn
+		for range 4 {
+			c, err := u.Dial(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv = append(srv, <-conns)
+			u.Put(c, time.Now())
+		}
+		defer srv[0].Close()
+		for _, s := range srv[1:] {
+			s.Close()
+		}
+		idle := func() int {
+			u.mu.Lock()
+			defer u.mu.Unlock()
+			return len(u.idle)
+		}
+		for deadline := time.Now().Add(3 * time.Second); idle() > 1 && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if n := idle(); n != 1 {
+			t.Fatalf("tls %v: %d idle connections kept 3s after the upstream closed 3 of 4, want 1", useTLS, n)
+		}
+
+		// With none idle the reaper rests; the next Put wakes it.
+		c, err := u.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		resting := func() bool {
+			u.mu.Lock()
+			defer u.mu.Unlock()
+			return u.resting
+		}
+		for deadline := time.Now().Add(3 * time.Second); !resting() && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		u.Put(c, time.Now())
+		srv[0].Close()
+		for deadline := time.Now().Add(3 * time.Second); idle() > 0 && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !resting() || idle() > 0 {
+			t.Errorf("tls %v: a connection put back to a resting reaper and closed by the upstream is kept", useTLS)
+		}
+	}
+}
