@@ -10,7 +10,7 @@ import (
 
 // peekFD is recv(fd, 1 byte, MSG_PEEK|MSG_DONTWAIT), called by hand:
 // unix.Recvfrom allocates the peer's address it returns.
-func (c *Conn) peekFD(fd uintptr) bool {
+func (c *Conn) peekFD(fd uintptr) {
 	var b [1]byte
 	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
@@ -18,5 +18,4 @@ func (c *Conn) peekFD(fd uintptr) bool {
 	if errno != 0 {
 		c.peekN, c.peekErr = 0, errno
 	}
-	return true
 }

@@ -110,7 +110,7 @@ type Conn struct {
 
 	// peekFn is peekFD bound once, so that a peek allocates nothing;
 	// peekN and peekErr are its results.
-	peekFn  func(fd uintptr) bool
+	peekFn  func(fd uintptr)
 	peekN   int
 	peekErr error
 
@@ -326,9 +326,14 @@ func (c *Conn) clean() (clean, stray bool) {
 }
 
 // peek looks at the TCP socket without blocking: pending when bytes wait
-// to be read, open unless the peer closed it (or it failed).
+// to be read, open unless the peer closed it (or it failed). It peeks
+// through Control, not the RawConn's Read, which fails once the read
+// deadline has passed: the deadline the last read set (the upstream
+// timeout, often shorter than the idle time), or the one clean sets to
+// read TLS records without waiting. Through Read, every connection idle
+// longer than the timeout was judged closed, and never reused.
 func (c *Conn) peek() (pending, open bool) {
-	if c.raw.Read(c.peekFn) != nil {
+	if c.raw.Control(c.peekFn) != nil {
 		return false, false
 	}
 	switch {

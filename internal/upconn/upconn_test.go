@@ -277,3 +277,54 @@ func TestClosedIdleConnectionsClosed(t *testing.T) {
 		}
 	}
 }
+
+// An idle connection is reused after waiting longer than the upstream
+// timeout (which bounds a wait for the upstream's bytes, not idleness),
+// over TLS too.
+func TestIdleLongerThanTimeoutReused(t *testing.T) {
+	for _, useTLS := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		if useTLS {
+			ln = tls.NewListener(ln, testServerTLS(t))
+		}
+		wiretest.AcceptEach(ln, func(c net.Conn) {
+			var b [1]byte
+			for {
+				if _, err := c.Read(b[:]); err != nil {
+					return
+				}
+				c.Write(b[:])
+			}
+		})
+		u := New(engine.Target{Addr: ln.Addr().String(), TLS: useTLS, Hostname: "localhost"},
+			engine.Upstream{ConnectTimeout: time.Second, Timeout: 100 * time.Millisecond, MaxIdle: 4, IdleTimeout: time.Minute})
+		defer u.Close()
+		if useTLS {
+			u.tls = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
+		}
+		c, err := u.Dial(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(c, "x"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Buf.ReadByte(); err != nil {
+			t.Fatal(err)
+		}
+		u.Put(c, time.Now())
+		time.Sleep(1500 * time.Millisecond) // past the timeout, and a look of the reaper
+		got, err := u.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != c {
+			t.Errorf("tls %v: an idle connection is not reused after the upstream timeout", useTLS)
+		}
+		got.Close()
+	}
+}
