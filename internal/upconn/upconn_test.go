@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,7 +200,9 @@ func TestDone(t *testing.T) {
 // An idle connection the upstream closes is closed soon after, not kept
 // until its idle time runs out (a socket in CLOSE_WAIT meanwhile), over
 // TLS too (where a close_notify comes before the EOF); a quiet one is
-// kept. The reaper that rests while none is idle wakes for the next.
+// kept; bytes sent unasked also close it, and are counted (Stray) when
+// not over TLS. The reaper that rests while none is idle wakes for the
+// next.
 func TestClosedIdleConnectionsClosed(t *testing.T) {
 	for _, useTLS := range []bool{false, true} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -238,8 +241,12 @@ func TestClosedIdleConnectionsClosed(t *testing.T) {
 			srv = append(srv, <-conns)
 			u.Put(c, time.Now())
 		}
+		var strays atomic.Int32
+		u.Stray = func() { strays.Add(1) }
 		defer srv[0].Close()
-		for _, s := range srv[1:] {
+		defer srv[1].Close()
+		io.WriteString(srv[1], "HTTP/1.1 200 OK\r\n\r\n") // unasked
+		for _, s := range srv[2:] {
 			s.Close()
 		}
 		idle := func() int {
@@ -251,7 +258,10 @@ func TestClosedIdleConnectionsClosed(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		if n := idle(); n != 1 {
-			t.Fatalf("tls %v: %d idle connections kept 3s after the upstream closed 3 of 4, want 1", useTLS, n)
+			t.Fatalf("tls %v: %d idle connections kept 3s after the upstream closed 2 of 4 and wrote on 1, want 1", useTLS, n)
+		}
+		if n := strays.Load(); n != 1 && !useTLS { // over TLS they are not read (TestCleanCheck)
+			t.Errorf("bytes sent unasked counted %d times, want 1", n)
 		}
 
 		// With none idle the reaper rests; the next Put wakes it.
