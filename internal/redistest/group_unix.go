@@ -7,9 +7,6 @@ import (
 	"syscall"
 )
 
-// ownGroup has cmd start in a process group of its own, for killGroup.
-func ownGroup(cmd *exec.Cmd) { cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} }
-
 // killGroup kills (SIGKILL) the process group of cmd, started by ownGroup:
 // the server and whatever it forked (a background save).
 func killGroup(cmd *exec.Cmd) { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
