@@ -83,7 +83,7 @@ func TestBodyResetOverTLSIsClientGone(t *testing.T) {
 			// reading is closed once the upstream, or the application,
 			// has the body's first bytes: the reset comes while it waits
 			// for the rest.
-			reading := make(chan struct{})
+			reading, ended := make(chan struct{}), make(chan struct{})
 			read := func(w http.ResponseWriter, r *http.Request) error {
 				var b [1]byte
 				if _, err := io.ReadFull(r.Body, b[:]); err != nil {
@@ -100,10 +100,17 @@ func TestBodyResetOverTLSIsClientGone(t *testing.T) {
 					if strings.Contains(tc.name, "duplex") {
 						// Full duplex, as a streaming RPC: the body is read
 						// on a goroutine of its own, and the handler answers
-						// once the read failed, nothing but time between them.
+						// once the read failed, nothing but time between them
+						// (a channel from the reader would hide from -race
+						// the read of its error without a lock): once the
+						// reset was sent, a moment for it to arrive.
 						go read(w, r)
 						<-reading
-						time.Sleep(600 * time.Millisecond)
+						select {
+						case <-ended:
+						case <-time.After(5 * time.Second): // the test failed before
+						}
+						time.Sleep(300 * time.Millisecond)
 						http.Error(w, "the body could not be read", http.StatusBadRequest)
 						return
 					}
@@ -175,6 +182,7 @@ func TestBodyResetOverTLSIsClientGone(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond) // the server waits for the rest
 			tc.end(t, conn, fr)
+			close(ended)
 			if !tc.h2 && tc.want != core.StatusClientClosed {
 				resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 				if err != nil {
