@@ -44,22 +44,7 @@ func TestRedisCallCutAtShutdownTimeout(t *testing.T) {
 		t.Run(e.name, parallel(func(t *testing.T) {
 			srv := redistest.Start(t)
 			access := t.TempDir() + "/access.log"
-			cfg := fmt.Sprintf(`[server]
-workers = 1
-shutdown_timeout = "500ms"
-%s
-[log]
-access = %q
-[redis]
-url = %q
-timeout = "20s"
-[[ratelimit]]
-name = "exact"
-path = "/r"
-limit = 1000
-window = "1m"
-store = "redis"
-[[ratelimit]]
+			cfg := redisCutConfig(strings.TrimPrefix(e.extra, "tls"), access, srv.URL()) + `[[ratelimit]]
 name = "synced"
 path = "/s"
 limit = 1000
@@ -67,7 +52,7 @@ window = "1h"
 algorithm = "fixed-window"
 store = "redis"
 sync = "1h"
-`, strings.TrimPrefix(e.extra, "tls"), access, srv.URL())
+`
 			dial := func(d *daemon) net.Conn {
 				c, err := net.DialTimeout("tcp", d.addr, 5*time.Second)
 				if err != nil {
@@ -228,25 +213,8 @@ func TestRedisCallCutAtShutdownTimeoutH2Reset(t *testing.T) {
 	access := t.TempDir() + "/access.log"
 	ca, dir := tlstest.NewCA(t), t.TempDir()
 	cert, key := ca.Files(t, dir, "a", "a.example")
-	d := startDaemon(t, daemonOptions{config: fmt.Sprintf(`[server]
-workers = 1
-shutdown_timeout = "500ms"
-[log]
-access = %q
-[redis]
-url = %q
-timeout = "20s"
-[[ratelimit]]
-name = "exact"
-path = "/r"
-limit = 1000
-window = "1m"
-store = "redis"
-[tls]
-[[tls.certificate]]
-cert = %q
-key = %q
-`, access, srv.URL(), cert, key)})
+	d := startDaemon(t, daemonOptions{config: redisCutConfig("", access, srv.URL()) +
+		fmt.Sprintf("[tls]\n[[tls.certificate]]\ncert = %q\nkey = %q\n", cert, key)})
 	var c *tls.Conn // the one connection, read once a response came on it
 	var dialed atomic.Bool
 	client := &http.Client{Transport: &http.Transport{ForceAttemptHTTP2: true,
@@ -283,4 +251,26 @@ key = %q
 	if !strings.Contains(string(lines), `"GET /r?inflight HTTP/2.0" 499 `) {
 		t.Errorf("the request cut is not logged as 499:\n%s", lines)
 	}
+}
+
+// redisCutConfig is the Redis cut tests' configuration: one worker whose
+// drain is cut at 500 ms, the access log, a Redis whose calls may wait
+// 20 s, and an exact Redis rule on /r; server holds more [server] keys.
+func redisCutConfig(server, access, url string) string {
+	return fmt.Sprintf(`[server]
+workers = 1
+shutdown_timeout = "500ms"
+%s
+[log]
+access = %q
+[redis]
+url = %q
+timeout = "20s"
+[[ratelimit]]
+name = "exact"
+path = "/r"
+limit = 1000
+window = "1m"
+store = "redis"
+`, server, access, url)
 }

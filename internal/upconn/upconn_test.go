@@ -56,27 +56,8 @@ func BenchmarkCleanCheck(b *testing.B) {
 // that sends them later is not exercised here.
 func TestCleanCheck(t *testing.T) {
 	for _, useTLS := range []bool{false, true} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		if useTLS {
-			ln = tls.NewListener(ln, testServerTLS(t))
-		}
 		conns := make(chan net.Conn, 3)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				if tc, ok := c.(*tls.Conn); ok {
-					tc.Handshake()
-				}
-				conns <- c
-			}
-		}()
+		ln := upstream(t, useTLS, conns)
 		u := New(engine.Target{Addr: ln.Addr().String(), TLS: useTLS, Hostname: "localhost"},
 			engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, IdleTimeout: time.Minute})
 		defer u.Close()
@@ -205,27 +186,8 @@ func TestDone(t *testing.T) {
 // next.
 func TestClosedIdleConnectionsClosed(t *testing.T) {
 	for _, useTLS := range []bool{false, true} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		if useTLS {
-			ln = tls.NewListener(ln, testServerTLS(t))
-		}
 		conns := make(chan net.Conn, 4)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				if tc, ok := c.(*tls.Conn); ok {
-					tc.Handshake()
-				}
-				conns <- c
-			}
-		}()
+		ln := upstream(t, useTLS, conns)
 		u := New(engine.Target{Addr: ln.Addr().String(), TLS: useTLS, Hostname: "localhost"},
 			engine.Upstream{ConnectTimeout: time.Second, Timeout: time.Second, MaxIdle: 4, IdleTimeout: time.Minute})
 		defer u.Close()
@@ -293,14 +255,7 @@ func TestClosedIdleConnectionsClosed(t *testing.T) {
 // over TLS too.
 func TestIdleLongerThanTimeoutReused(t *testing.T) {
 	for _, useTLS := range []bool{false, true} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		if useTLS {
-			ln = tls.NewListener(ln, testServerTLS(t))
-		}
+		ln := upstream(t, useTLS, nil)
 		wiretest.AcceptEach(ln, func(c net.Conn) {
 			var b [1]byte
 			for {
@@ -337,4 +292,34 @@ func TestIdleLongerThanTimeoutReused(t *testing.T) {
 		}
 		got.Close()
 	}
+}
+
+// upstream listens on 127.0.0.1, over TLS with useTLS, until the test
+// ends; with conns, it accepts each connection itself, in order, and
+// passes it on once its handshake is done.
+func upstream(t *testing.T, useTLS bool, conns chan<- net.Conn) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	if useTLS {
+		ln = tls.NewListener(ln, testServerTLS(t))
+	}
+	if conns != nil {
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if tc, ok := c.(*tls.Conn); ok {
+					tc.Handshake()
+				}
+				conns <- c
+			}
+		}()
+	}
+	return ln
 }
