@@ -257,7 +257,8 @@ func (c *Core) Close() error {
 
 // Cut ends the Redis decisions not yet sent, and those in flight (at
 // once when redis.timeout is a second or more; a shorter call ends by
-// itself within it, see SharedStore.Decide): their requests end unanswered (Gone; counted and logged as 499, as a request a drain
+// itself within it, see SharedStore.Decide): their requests end
+// unanswered (Gone; counted and logged as 499, as a request a drain
 // cuts elsewhere), nothing of them charged. An engine calls it when its
 // drain is cut (its Shutdown's context ended), once its connections are
 // closed; the Core's Redis decisions stay cut from then on. Close still
