@@ -54,7 +54,8 @@ type admin struct {
 	// nil before the first.
 	status atomic.Pointer[prefork.Status]
 
-	unauthorized preforkdengine.WarnGate // log lines about refused tokens: one a second
+	unauthorized  preforkdengine.WarnGate // log lines about refused tokens: one a second
+	tokenUnusable preforkdengine.WarnGate // log lines about an unusable token file: one a second
 
 	// acting is held (read) by every action while it runs, and taken by
 	// stopActions, which sets stopped: from then on actions are refused.

@@ -46,7 +46,11 @@ func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 		}
 		want, err := readToken(path)
 		if err != nil {
-			a.log.Error("admin action refused: token file unusable", "err", err)
+			// Logged at most once a second: the request that finds it
+			// need not carry a token at all.
+			if args, ok := a.tokenUnusable.Args(time.Now(), "err", err); ok {
+				a.log.Error("admin action refused: token file unusable", args...)
+			}
 			writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", "the admin token file cannot be used; see the log")
 			return
 		}

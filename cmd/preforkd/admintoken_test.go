@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"log/slog"
@@ -9,9 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/preforkd/preforkd/config"
+	"github.com/preforkd/preforkd/prefork"
 )
 
 // A token file that systemd's LoadCredential= wrote: root-owned, mode
@@ -94,5 +100,52 @@ func TestActionBeforeTheFirstStatus(t *testing.T) {
 	if ran || w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || strings.Contains(w.Body.String(), "token_file") {
 		t.Errorf("an action before the first status: %d (ran %v) Retry-After %q %s; want 503 with Retry-After",
 			w.Code, ran, w.Header().Get("Retry-After"), w.Body.String())
+	}
+}
+
+// countingHandler counts the log lines at or above level.
+type countingHandler struct {
+	level slog.Level
+	n     *atomic.Int64
+}
+
+func (h countingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level }
+func (h countingHandler) Handle(context.Context, slog.Record) error    { h.n.Add(1); return nil }
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler           { return h }
+func (h countingHandler) WithGroup(string) slog.Handler                { return h }
+
+// A token file that became unusable after the start (rewritten with
+// mode 0644, or removed) refuses every action with 503 and says why in
+// the log; whoever reaches the endpoint, token or not, must not be able
+// to write a log line per request with it: the line is written at most
+// once a second, as for wrong tokens.
+func TestUnusableTokenFileLogsAtMostOnceASecond(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("0123456789abcdef0123\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(token, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var lines atomic.Int64
+	a := &admin{log: slog.New(countingHandler{slog.LevelWarn, &lines})}
+	a.status.Store(&prefork.Status{Settings: prefork.Settings{Config: config.Config{Admin: config.Admin{TokenFile: token}}}, Serving: true})
+	h := a.authorize(func(http.ResponseWriter, *http.Request) { t.Error("an action ran with an unusable token file") })
+	start := time.Now()
+	const requests = 50
+	for range requests {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/ratelimit/login/reset?key=192.0.2.1", nil))
+		if w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("an action with a 0644 token file: %d %s, want 503", w.Code, w.Body.String())
+		}
+	}
+	// One line for the first request, and one more for each second the
+	// requests took beyond it.
+	if most := int64(1 + time.Since(start)/time.Second); lines.Load() > most {
+		t.Errorf("%d requests with an unusable token file wrote %d log lines, want at most %d", requests, lines.Load(), most)
+	}
+	if lines.Load() == 0 {
+		t.Error("an unusable token file was not logged")
 	}
 }
