@@ -16,8 +16,9 @@ const minTokenLen = 16
 const maxTokenFile = 4 << 10
 
 // authorize guards an admin action: 403 when no token file is configured
-// (actions are off), 401 without the right bearer token, 503 when the file
-// cannot be read now, or before the supervisor's first status snapshot.
+// (actions are off), 401 without the right bearer token (or with more
+// than one Authorization field), 503 when the file cannot be read now, or
+// before the supervisor's first status snapshot.
 // The file is read at every action, so that a token is rotated by
 // rewriting the file; the comparison takes the same time whatever the
 // tokens (SHA-256 of both, compared in constant time).
@@ -54,7 +55,13 @@ func (a *admin) authorize(next http.HandlerFunc) http.Handler {
 			writeProblem(w, http.StatusServiceUnavailable, "Service Unavailable", "the admin token file cannot be used; see the log")
 			return
 		}
-		got, ok := bearer(r.Header.Get("Authorization"))
+		// Exactly one Authorization field: of two, which was meant cannot
+		// be told (an intermediary may have added either), so the request
+		// is refused rather than authorized by the first.
+		got, ok := "", false
+		if fields := r.Header.Values("Authorization"); len(fields) == 1 {
+			got, ok = bearer(fields[0])
+		}
 		ws, gs := sha256.Sum256(want), sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(ws[:], gs[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="preforkd admin"`)

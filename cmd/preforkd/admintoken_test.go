@@ -149,3 +149,38 @@ func TestUnusableTokenFileLogsAtMostOnceASecond(t *testing.T) {
 		t.Error("an unusable token file was not logged")
 	}
 }
+
+// Authorization is a field a request has once (RFC 9110 §11.6.2): with two
+// of them, which one was meant cannot be told, and an intermediary may
+// have added either. Such a request is refused (401) whichever of the two
+// holds the token, never authorized by the first field alone.
+func TestTwoAuthorizationFieldsAreRefused(t *testing.T) {
+	const right = "Bearer 0123456789abcdef0123"
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := &admin{log: slog.New(slog.DiscardHandler)}
+	a.status.Store(&prefork.Status{Settings: prefork.Settings{Config: config.Config{Admin: config.Admin{TokenFile: token}}}, Serving: true})
+	for _, c := range []struct {
+		name   string
+		fields []string
+		want   int
+	}{
+		{"the token", []string{right}, http.StatusOK},
+		{"the token, then another", []string{right, "Bearer 0123456789abcdef-wrong"}, http.StatusUnauthorized},
+		{"another, then the token", []string{"Bearer 0123456789abcdef-wrong", right}, http.StatusUnauthorized},
+		{"the token twice", []string{right, right}, http.StatusUnauthorized},
+		{"the token, then an empty field", []string{right, ""}, http.StatusUnauthorized},
+	} {
+		ran := false
+		h := a.authorize(func(http.ResponseWriter, *http.Request) { ran = true })
+		r := httptest.NewRequest(http.MethodPost, "/ratelimit/login/reset?key=192.0.2.1", nil)
+		r.Header["Authorization"] = c.fields
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if code := map[bool]int{true: http.StatusOK, false: w.Code}[ran]; code != c.want {
+			t.Errorf("%s: %d (ran %v) %s, want %d", c.name, w.Code, ran, w.Body.String(), c.want)
+		}
+	}
+}
