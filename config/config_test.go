@@ -9,10 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/BurntSushi/toml"
 
 	"github.com/preforkd/preforkd/accesslog"
 	"github.com/preforkd/preforkd/bucket"
@@ -770,9 +773,85 @@ func TestExample(t *testing.T) {
 	}
 }
 
+// fileKeys are the keys a file may hold, as [Config]'s toml tags name
+// them, dotted from the top ("server.listen", "ratelimit.override.key"),
+// each with whether it is a table of its own (a struct, or an array of
+// them: "redis.sentinel", "tls.certificate").
+func fileKeys() map[string]bool {
+	keys := map[string]bool{}
+	var walk func(prefix string, typ reflect.Type)
+	walk = func(prefix string, typ reflect.Type) {
+		for f := range typ.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+				ft = ft.Elem()
+			}
+			table := ft.Kind() == reflect.Struct
+			keys[prefix+name] = table
+			if table {
+				walk(prefix+name+".", ft)
+			}
+		}
+	}
+	walk("", reflect.TypeFor[Config]())
+	return keys
+}
+
+// exampleKeys are the keys examples/preforkd.toml shows, dotted, with the
+// line of each: those it writes and those it shows commented out
+// ("# cleartext_listen = ..."; "# [[idempotency]]" and the "# key = ..."
+// lines after it, whose comments are "# # ..."). A key of an inline table
+// ("sentinel = { master = ... }") is shown with it.
+func exampleKeys(src string) map[string]int {
+	keys := map[string]int{}
+	header := regexp.MustCompile(`^(# )?\[\[?([a-z_.]+)\]\]?$`)
+	assign := regexp.MustCompile(`^(# )?([a-z_0-9]+) = `)
+	live, commented := "", "" // the tables of the lines written, and of those commented out
+	for ln, l := range strings.Split(src, "\n") {
+		if m := header.FindStringSubmatch(l); m != nil {
+			if m[1] == "" {
+				live = m[2]
+			}
+			commented = m[2]
+			keys[m[2]] = ln + 1
+			continue
+		}
+		m := assign.FindStringSubmatch(l)
+		var v map[string]any
+		if m == nil || toml.Unmarshal([]byte(strings.TrimPrefix(l, "# ")), &v) != nil {
+			continue // prose: `# cleartext = "serve", it does nothing`
+		}
+		table := live
+		if m[1] == "" {
+			commented = live // a key written ends the commented-out table
+		} else {
+			table = commented
+		}
+		key := m[2]
+		if table != "" {
+			key = table + "." + key
+		}
+		keys[key] = ln + 1
+		if inline, ok := v[m[2]].(map[string]any); ok {
+			for k := range inline {
+				keys[key+"."+k] = ln + 1
+			}
+		}
+	}
+	return keys
+}
+
 // TestEveryKeyDocumented: every key a file may hold, as [Config]'s toml
-// tags name it, appears in README.md's reference and in the example file.
-// A key that exists is documented.
+// tags name it, is in README.md's configuration table and in the example
+// file, in its own table: a key of [server] in a row of its own
+// ("server.listen"), a key of a block in its block's row ("[[cache]]",
+// "redis.sentinel"), and shown in the example under its table, commented
+// out where it is optional. Neither shows a key that does not exist. A
+// key that exists is documented.
 func TestEveryKeyDocumented(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -782,55 +861,59 @@ func TestEveryKeyDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := map[string]bool{}
-	var walk func(reflect.Type)
-	walk = func(typ reflect.Type) {
-		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Map {
-			typ = typ.Elem()
-		}
-		if typ.Kind() != reflect.Struct {
-			return
-		}
-		for f := range typ.Fields() {
-			name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
-			if name == "" || name == "-" {
-				continue
-			}
-			keys[name] = true
-			walk(f.Type)
-		}
-	}
-	walk(reflect.TypeFor[Config]())
-	if len(keys) < 50 {
+	keys := fileKeys()
+	if len(keys) < 100 {
 		t.Fatalf("found %d keys: the walk missed the tags", len(keys))
 	}
-	word := func(doc []byte, k string) bool {
-		for i := 0; ; {
-			j := strings.Index(string(doc[i:]), k)
-			if j < 0 {
-				return false
-			}
-			j += i
-			before, after := byte(' '), byte(' ')
-			if j > 0 {
-				before = doc[j-1]
-			}
-			if end := j + len(k); end < len(doc) {
-				after = doc[end]
-			}
-			isWord := func(c byte) bool { return c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
-			if !isWord(before) && !isWord(after) {
-				return true
-			}
-			i = j + 1
+	// README's rows, by what their first cell names: "server.listen",
+	// "redis.sentinel_username" (one of two), "[[ratelimit]]".
+	_, ref, _ := strings.Cut(string(readme), "\n## Configuration\n")
+	ref, _, _ = strings.Cut(ref, "\n## ")
+	rows := map[string]string{}
+	for _, l := range strings.Split(ref, "\n") {
+		cells := strings.SplitN(l, " | ", 2)
+		if !strings.HasPrefix(l, "| `") || len(cells) < 2 {
+			continue
+		}
+		for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(cells[0], -1) {
+			rows[strings.Trim(m[1], "[]")] = cells[1]
 		}
 	}
+	if len(rows) < 60 {
+		t.Fatalf("read %d rows of README's configuration table: the scan misreads it", len(rows))
+	}
 	for k := range keys {
-		if !word(readme, k) {
-			t.Errorf("key %q is not in README.md", k)
+		table, name := "", k
+		if i := strings.LastIndex(k, "."); i >= 0 {
+			table, name = k[:i], k[i+1:]
 		}
-		if !word(example, k) {
-			t.Errorf("key %q is not in examples/preforkd.toml", k)
+		if _, ok := rows[k]; ok || table == "" && keys[k] {
+			continue // a row of its own; or [server], whose keys have theirs
+		}
+		row, ok := rows[table] // a block's row names its keys
+		if !ok {
+			t.Errorf("README's configuration table has no row for %s", k)
+			continue
+		}
+		if !regexp.MustCompile(`\b` + name + `\b`).MatchString(row) {
+			t.Errorf("README's row for %s does not name its key %s", table, name)
+		}
+	}
+	for k := range rows {
+		if _, ok := keys[k]; !ok {
+			t.Errorf("README's configuration table has a row for %s, which is no key", k)
+		}
+	}
+
+	shown := exampleKeys(string(example))
+	for k := range keys {
+		if _, ok := shown[k]; !ok {
+			t.Errorf("examples/preforkd.toml does not show %s", k)
+		}
+	}
+	for k, ln := range shown {
+		if _, ok := keys[k]; !ok {
+			t.Errorf("examples/preforkd.toml:%d shows %s, which is no key", ln, k)
 		}
 	}
 }
