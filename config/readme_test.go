@@ -145,3 +145,25 @@ func TestDocumentedDefaults(t *testing.T) {
 		comment = ""
 	}
 }
+
+// The TOML examples in README (```toml blocks) are files the parser
+// takes: no key misspelt, renamed or of the wrong type.
+func TestReadmeExamplesParse(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(readme), "\n```toml\n")[1:]
+	if len(blocks) < 3 {
+		t.Fatalf("found %d TOML examples in README: the scan misreads it", len(blocks))
+	}
+	for _, b := range blocks {
+		src, _, ok := strings.Cut(b, "\n```")
+		if !ok {
+			t.Fatalf("a TOML example in README does not end:\n%s", b)
+		}
+		if _, err := Parse([]byte(src+"\n"), "README"); err != nil {
+			t.Errorf("README's example does not parse: %v\n%s", err, src)
+		}
+	}
+}
