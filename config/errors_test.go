@@ -34,6 +34,12 @@ func TestErrors(t *testing.T) {
 		// Types.
 		{"table not array", "\n[ratelimit] # <-\nname = \"x\"\n", "want an array of tables ([[ratelimit]]), got table", 0},
 		{"section not table", "server = 1 # <-\n", "server: want a table, got integer", 0},
+		// The header the message asks for is one TOML takes: without the
+		// rule's index.
+		{"override not array", rule + "[ratelimit.override] # <-\nkey = \"k\"\nlimit = 3\n",
+			"ratelimit[1].override: want an array of tables ([[ratelimit.override]]), got table", 0},
+		{"certificate not array", "[tls.certificate] # <-\ncert = \"c\"\nkey = \"k\"\n",
+			"tls.certificate: want an array of tables ([[tls.certificate]]), got table", 0},
 		{"int as string", "[server]\nworkers = \"4\" # <-\n", "server.workers: want an integer, got string", 0},
 		{"string as int", "[server]\nlisten = 8080 # <-\n", "server.listen: want a string, got integer", 0},
 		{"float limit", rule + "[[ratelimit]]\nname = \"b\"\npath = \"/b\"\nlimit = 5.0 # <-\nwindow = \"1s\"\n", "ratelimit[2].limit: want an integer, got float", 0},

@@ -340,7 +340,9 @@ func (r *report) shape(path []string, v any, t reflect.Type) {
 		a := reflect.ValueOf(v)
 		if a.Kind() != reflect.Slice {
 			if t.Elem().Kind() == reflect.Struct {
-				bad(fmt.Sprintf("an array of tables ([[%s]])", name(path)))
+				// The header as a file writes it: no element's index.
+				header := slices.DeleteFunc(slices.Clone(path), func(p string) bool { return strings.HasPrefix(p, "#") })
+				bad(fmt.Sprintf("an array of tables ([[%s]])", name(header)))
 			} else {
 				bad("an array of strings")
 			}
