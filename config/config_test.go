@@ -801,29 +801,46 @@ func fileKeys() map[string]bool {
 	return keys
 }
 
-// exampleKeys are the keys examples/preforkd.toml shows, dotted, with the
-// line of each: those it writes and those it shows commented out
-// ("# cleartext_listen = ..."; "# [[idempotency]]" and the "# key = ..."
-// lines after it, whose comments are "# # ..."). A key of an inline table
-// ("sentinel = { master = ... }") is shown with it.
-func exampleKeys(src string) map[string]int {
-	keys := map[string]int{}
+// exampleKey is a key examples/preforkd.toml shows, written or
+// commented out, at line ln: dotted ("tls.cleartext"), with its value as
+// the line writes it, and the comment lines above it.
+type exampleKey struct {
+	ln                  int
+	key, value, comment string
+	commented           bool
+}
+
+// exampleKeys are the keys examples/preforkd.toml shows, in order: those
+// it writes and those it shows commented out ("# cleartext_listen = ...";
+// "# [[idempotency]]" and the "# key = ..." lines after it, whose
+// comments are "# # ..."), and the tables it names. A key of an inline
+// table ("sentinel = { master = ... }") is shown with it.
+func exampleKeys(src string) []exampleKey {
+	var keys []exampleKey
 	header := regexp.MustCompile(`^(# )?\[\[?([a-z_.]+)\]\]?$`)
-	assign := regexp.MustCompile(`^(# )?([a-z_0-9]+) = `)
+	assign := regexp.MustCompile(`^(# )?([a-z_0-9]+) = (.*)$`)
 	live, commented := "", "" // the tables of the lines written, and of those commented out
+	comment := ""
 	for ln, l := range strings.Split(src, "\n") {
 		if m := header.FindStringSubmatch(l); m != nil {
 			if m[1] == "" {
 				live = m[2]
 			}
 			commented = m[2]
-			keys[m[2]] = ln + 1
+			keys = append(keys, exampleKey{ln: ln + 1, key: m[2], commented: m[1] != ""})
+			comment = ""
 			continue
 		}
 		m := assign.FindStringSubmatch(l)
 		var v map[string]any
 		if m == nil || toml.Unmarshal([]byte(strings.TrimPrefix(l, "# ")), &v) != nil {
-			continue // prose: `# cleartext = "serve", it does nothing`
+			// prose: `# cleartext = "serve", it does nothing`
+			if strings.HasPrefix(l, "#") {
+				comment += strings.TrimLeft(l, "# ") + " "
+			} else {
+				comment = ""
+			}
+			continue
 		}
 		table := live
 		if m[1] == "" {
@@ -835,10 +852,12 @@ func exampleKeys(src string) map[string]int {
 		if table != "" {
 			key = table + "." + key
 		}
-		keys[key] = ln + 1
+		value, _, _ := strings.Cut(m[3], " #")
+		keys = append(keys, exampleKey{ln + 1, key, strings.TrimSpace(value), comment, m[1] != ""})
+		comment = ""
 		if inline, ok := v[m[2]].(map[string]any); ok {
 			for k := range inline {
-				keys[key+"."+k] = ln + 1
+				keys = append(keys, exampleKey{ln: ln + 1, key: key + "." + k, commented: m[1] != ""})
 			}
 		}
 	}
@@ -905,15 +924,16 @@ func TestEveryKeyDocumented(t *testing.T) {
 		}
 	}
 
-	shown := exampleKeys(string(example))
-	for k := range keys {
-		if _, ok := shown[k]; !ok {
-			t.Errorf("examples/preforkd.toml does not show %s", k)
+	shown := map[string]bool{}
+	for _, k := range exampleKeys(string(example)) {
+		shown[k.key] = true
+		if _, ok := keys[k.key]; !ok {
+			t.Errorf("examples/preforkd.toml:%d shows %s, which is no key", k.ln, k.key)
 		}
 	}
-	for k, ln := range shown {
-		if _, ok := keys[k]; !ok {
-			t.Errorf("examples/preforkd.toml:%d shows %s, which is no key", ln, k)
+	for k := range keys {
+		if !shown[k] {
+			t.Errorf("examples/preforkd.toml does not show %s", k)
 		}
 	}
 }
