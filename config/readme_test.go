@@ -5,6 +5,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,6 +151,33 @@ path = "/c"
 			}
 		}
 	}
+	// README's row of a block gives the default of each of its keys in
+	// parentheses after it ("`ttl` (24h, ...)", "`algorithm` (`gcra`,
+	// `fixed-window`)": the default first), but where it is off or empty.
+	for key := range block {
+		i := strings.LastIndex(key, ".")
+		table, name, def := key[:i], key[i+1:], defs[key]
+		switch def {
+		case "", "0", "0s", "false", "[]":
+			continue
+		}
+		m := regexp.MustCompile("(?m)^\\| `\\[\\[" + regexp.QuoteMeta(table) + "\\]\\]` \\|.*?`" + name + "` \\(([^()]*)").FindSubmatch(readme)
+		if m == nil {
+			t.Errorf("README's row of [[%s]] does not give %s its default, %s", table, name, def)
+			continue
+		}
+		tokens := regexp.MustCompile(`[A-Za-z0-9:|._-]+`).FindAllString(strings.ReplaceAll(string(m[1]), `\`, ""), -1)
+		want := []string{def}
+		if list, ok := strings.CutPrefix(def, "["); ok {
+			want = strings.Fields(strings.TrimSuffix(list, "]"))
+		}
+		for _, w := range want {
+			if !slices.ContainsFunc(tokens, func(tok string) bool { return sameDefault(strings.TrimRight(tok, ":."), w) }) {
+				t.Errorf("README's row of [[%s]]: %s (%s), but its default is %s", table, name, m[1], def)
+			}
+		}
+	}
+
 	example, err := os.ReadFile("../examples/preforkd.toml")
 	if err != nil {
 		t.Fatal(err)
