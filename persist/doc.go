@@ -22,11 +22,14 @@
 // A dump replaces the previous one atomically and durably (temporary file
 // in the same directory, fsync, rename, fsync of the directory; mode
 // 0600): a crash at any point leaves the old dump or the new one, never a
-// torn file. Only LIVE counter slots, completed responses and cache
-// entries are written: nothing a worker held in flight (a reservation, a
-// fill lock) survives a dump. Cache entries go with the tag generations
-// they recorded, so that a purge made before the dump still applies and
-// one made after the restart reaches restored entries.
+// torn file; one that finds its file system full first makes room by
+// removing the consumed dumps beside it (PATH.loaded, PATH.superseded),
+// older state that no load takes again. Only LIVE counter slots,
+// completed responses and cache entries are written: nothing a worker
+// held in flight (a reservation, a fill lock) survives a dump. Cache
+// entries go with the tag generations they recorded, so that a purge made
+// before the dump still applies and one made after the restart reaches
+// restored entries.
 //
 // A dump made while workers serve (a [Dumper], every persist.interval)
 // reads the region without a lock, at the lowest CPU priority: workers

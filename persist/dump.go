@@ -3,6 +3,7 @@ package persist
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/preforkd/preforkd/bucket"
@@ -65,13 +67,18 @@ type DumpStats struct {
 	Unowned    int           // entries of no rule in Options.Rules (or of two rules with one tag): not written
 	Bytes      int64         // size of the dump
 	RegionTime time.Duration // the region's clock at dump
+	Removed    int           // consumed dumps (PATH.loaded, PATH.superseded) removed to make room (see Dump)
 }
 
 // Dump writes r's state to o.Path, replacing the previous dump atomically
 // and durably: a unique temporary file in the same directory is written,
 // fsynced and renamed over the old dump, then the directory is fsynced. A
 // crash at any point leaves the old dump or the new one, never a torn
-// file. Temporary files left by an earlier crash are removed first.
+// file. Temporary files left by an earlier crash are removed first. A
+// dump that finds its file system (or quota) full removes the consumed
+// dumps beside it, PATH.loaded and PATH.superseded, which hold older state
+// than it does and which no load takes again, and is written once more
+// (DumpStats.Removed counts them); PATH.refused is kept.
 //
 // Dump is exact when nothing writes r: after the last worker has exited.
 // It may also run while workers serve from r (a Dumper does, every
@@ -93,6 +100,17 @@ func Dump(r *shm.Region, o Options) (DumpStats, error) {
 	}
 	removeTemps(o.Path)
 	tmp, st, err := writeTemp(r, o)
+	if noSpace(err) {
+		// The consumed dumps beside it hold older state than this one,
+		// which no load takes again: their room is this dump's.
+		if n := removeConsumed(o.Path); n > 0 {
+			tmp, st, err = writeTemp(r, o)
+			st.Removed = n
+			if err != nil {
+				err = fmt.Errorf("%w (after removing %d consumed dumps to make room)", err, n)
+			}
+		}
+	}
 	if err != nil {
 		return st, err
 	}
@@ -106,6 +124,24 @@ func Dump(r *shm.Region, o Options) (DumpStats, error) {
 		return st, fmt.Errorf("persist: dump: %w", err)
 	}
 	return st, nil
+}
+
+// noSpace reports whether err is a full file system's (or a full quota's).
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// removeConsumed removes the consumed dumps beside path that hold older
+// state than a dump being written there, PATH.loaded and PATH.superseded
+// (regular files only), and returns how many it removed. PATH.refused is
+// kept: it holds state that no load took.
+func removeConsumed(path string) (n int) {
+	for _, s := range []string{SuffixLoaded, SuffixSuperseded} {
+		if fi, err := os.Lstat(path + s); err == nil && fi.Mode().IsRegular() && os.Remove(path+s) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // keepRefused moves a file at path that a load refuses unread (another

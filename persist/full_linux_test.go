@@ -2,9 +2,13 @@ package persist
 
 import (
 	"bytes"
+	"encoding/json"
+	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,4 +66,47 @@ func childOnDump(t *testing.T, role, path string, dump []byte) string {
 		t.Fatal(err)
 	}
 	return line
+}
+
+// TestDumpOnAFullFileSystemMakesRoom: a dump that finds its file system
+// full while the consumed dumps beside it take the room (PATH.loaded, the
+// dump the start loaded, and PATH.superseded: older state than the one
+// being written, never loaded again) removes them and is written; a
+// refused dump (PATH.refused, state no load took) is kept. The file
+// system is a small tmpfs of the child's own (a user and mount namespace),
+// where the consumed dumps leave too little room for the new one.
+func TestDumpOnAFullFileSystemMakesRoom(t *testing.T) {
+	ns := &syscall.SysProcAttr{
+		Cloneflags:                 syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
+		GidMappingsEnableSetgroups: false,
+	}
+	probe := exec.Command("/bin/true")
+	probe.SysProcAttr = ns
+	if err := probe.Run(); err != nil {
+		t.Skipf("no user and mount namespace for a file system of the test's own: %v", err)
+	}
+	p := proctest.Start(t, proctest.Options{Role: "dumpnospace", Spec: t.TempDir(), SysProcAttr: ns})
+	line, err := p.Line(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got noSpaceReport
+	if err := json.Unmarshal([]byte(line), &got); err != nil {
+		t.Fatalf("%v: %q", err, line)
+	}
+	if got.Err != "" {
+		t.Fatalf("the dump failed: %s (files: %v)", got.Err, got.Files)
+	}
+	want := map[string]int64{"dump": got.Bytes, "dump" + SuffixRefused: noSpaceRefused}
+	if !maps.Equal(got.Files, want) {
+		t.Errorf("files after the dump: %v, want %v", got.Files, want)
+	}
+	if !strings.Contains(got.Inspect, "loadable") || got.Entries != noSpaceKeys {
+		t.Errorf("the dump: %d entries, want %d; inspect says:\n%s", got.Entries, noSpaceKeys, got.Inspect)
+	}
+	if got.Removed != 2 {
+		t.Errorf("DumpStats.Removed = %d, want 2 (PATH.loaded and PATH.superseded)", got.Removed)
+	}
 }

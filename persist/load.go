@@ -34,7 +34,8 @@ const (
 // Suffixes of a consumed dump: PATH.loaded after a load in which a section
 // passed its guards (Report.Loaded), PATH.refused after one in which none
 // did, PATH.superseded when a live region was preferred to it. Each
-// overwrites an older one.
+// overwrites an older one. A dump that finds its file system full removes
+// PATH.loaded and PATH.superseded to make room (see Dump).
 const (
 	SuffixLoaded     = ".loaded"
 	SuffixRefused    = ".refused"

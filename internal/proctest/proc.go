@@ -44,6 +44,9 @@ type Options struct {
 	// output). A file is written by the child directly, so that a
 	// process that inherits it from the child does not delay [Proc.Wait].
 	Stderr *os.File
+	// SysProcAttr, if not nil, is the child's (namespaces of its own, on
+	// Linux: a file system of a size the test chooses).
+	SysProcAttr *syscall.SysProcAttr
 }
 
 // Proc is a child started by [Start].
@@ -91,6 +94,7 @@ func Start(tb testing.TB, o Options) *Proc {
 	cmd := exec.Command(exe, "-test.run=^$", "-test.bench=^$")
 	cmd.Env = append(append(os.Environ(), o.Env...), envChild+"="+string(js))
 	cmd.ExtraFiles = files
+	cmd.SysProcAttr = o.SysProcAttr
 	cmd.Stderr = os.Stderr
 	if o.Stderr != nil {
 		cmd.Stderr = o.Stderr
