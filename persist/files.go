@@ -12,8 +12,10 @@ import (
 // CheckDirs reports whether the directories of o.Path and o.Live exist
 // and take new files, as writing a dump (a temporary file, renamed) and
 // creating a live region need, whether whatever is at o.Path and o.Live
-// already is a regular file, and whether a lock file beside either is one
-// OpenRegion would take. A supervisor calls it at start: a dump
+// already is a regular file, whether a consumed dump's name beside o.Path
+// (PATH.loaded, PATH.refused, PATH.superseded) is free of a directory
+// that a rename could not replace, and whether a lock file beside either
+// is one OpenRegion would take. A supervisor calls it at start: a dump
 // directory that is missing or read-only is then a configuration error at
 // once, rather than a dump lost at shutdown.
 func CheckDirs(o Options) error {
@@ -33,6 +35,17 @@ func CheckDirs(o Options) error {
 		if fi, err := os.Lstat(f.path); err == nil && !fi.Mode().IsRegular() {
 			return fmt.Errorf("persist: %s %q is not a regular file (%s): name a file, e.g. %s", f.key, f.path, fi.Mode().Type(),
 				filepath.Join(f.path, "dump"))
+		}
+		// Nor may a directory take a consumed dump's name: the rename
+		// of a loaded dump to it fails, which leaves the dump to be
+		// loaded again after a crash, and so does setting a refused dump
+		// aside, which then stops every dump.
+		if f.key == "persist.path" {
+			for _, sfx := range []string{SuffixLoaded, SuffixRefused, SuffixSuperseded} {
+				if fi, err := os.Lstat(f.path + sfx); err == nil && fi.IsDir() {
+					return fmt.Errorf("persist: %s %q: %s is a directory, where a consumed dump is renamed: remove it", f.key, f.path, f.path+sfx)
+				}
+			}
 		}
 		// And its lock file, if there is one already, one that
 		// OpenRegion takes (see Lock).

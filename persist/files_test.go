@@ -49,6 +49,8 @@ func TestCheckDirs(t *testing.T) {
 	os.Mkdir(filepath.Join(plantedDir, "live.lock"), 0o700)
 	// A hard link is refused too; another user's lock is left to the
 	// start: check runs as root beside a service whose lock is its user's.
+	consumed := t.TempDir()
+	os.Mkdir(filepath.Join(consumed, "dump"+SuffixRefused), 0o700)
 	linked, others := t.TempDir(), t.TempDir()
 	os.WriteFile(filepath.Join(linked, "dump.lock"), nil, 0o600)
 	os.Link(filepath.Join(linked, "dump.lock"), filepath.Join(linked, "other"))
@@ -69,6 +71,7 @@ func TestCheckDirs(t *testing.T) {
 		{"path is a directory", Options{Path: readOnly}, `persist.path "` + readOnly + `" is not a regular file (d---------): name a file, e.g. ` + readOnly + "/dump"},
 		{"live is a directory", Options{Live: readOnly}, "persist.live"},
 		{"an existing dump", Options{Path: file}, ""},
+		{"a directory at PATH.refused", Options{Path: filepath.Join(consumed, "dump")}, `persist.path "` + consumed + `/dump": ` + consumed + "/dump.refused is a directory, where a consumed dump is renamed: remove it"},
 		{"lock is a symbolic link", Options{Path: filepath.Join(plantedLink, "dump")}, "persist.path " + `"` + plantedLink + `/dump": lock ` + plantedLink + "/dump.lock is a symbolic link: refused"},
 		{"live lock is a directory", Options{Live: filepath.Join(plantedDir, "live")}, "persist.live " + `"` + plantedDir + `/live": lock ` + plantedDir + "/live.lock is not a regular file: refused"},
 		{"lock is a hard link", Options{Path: filepath.Join(linked, "dump")}, "dump.lock has 2 names (a hard link): refused"},

@@ -21,6 +21,14 @@ func TestPersistDirCheckedAtStart(t *testing.T) {
 	dir := t.TempDir()
 	notDir := filepath.Join(dir, "file")
 	os.WriteFile(notDir, nil, 0o600)
+	// A directory where a consumed dump goes: the load's rename to it
+	// fails (the dump is loaded and stays, to be loaded again after a
+	// crash), and so does setting a refused dump aside before a dump.
+	consumed := t.TempDir()
+	for _, s := range []string{".loaded", ".refused", ".superseded"} {
+		os.Mkdir(filepath.Join(consumed, "dump"+s+"-dir"), 0o700)
+		os.Mkdir(filepath.Join(consumed, "dump"+s+"-dir", "dump"+s), 0o700)
+	}
 	for _, tc := range []struct {
 		name, dump, reason string
 	}{
@@ -28,6 +36,9 @@ func TestPersistDirCheckedAtStart(t *testing.T) {
 		{"not a directory", filepath.Join(notDir, "dump"), "is not a directory"},
 		{"not writable", "/proc/self/dump", "is not writable"}, // not even by root
 		{"a directory", dir, "is not a regular file"},          // read as "the state directory"
+		{"a directory at PATH.loaded", filepath.Join(consumed, "dump.loaded-dir", "dump"), "dump.loaded is a directory"},
+		{"a directory at PATH.refused", filepath.Join(consumed, "dump.refused-dir", "dump"), "dump.refused is a directory"},
+		{"a directory at PATH.superseded", filepath.Join(consumed, "dump.superseded-dir", "dump"), "dump.superseded is a directory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
