@@ -3,16 +3,19 @@ package persist
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // CheckDirs reports whether the directories of o.Path and o.Live exist
 // and take new files, as writing a dump (a temporary file, renamed) and
 // creating a live region need, whether whatever is at o.Path and o.Live
-// already is a regular file, whether a consumed dump's name beside o.Path
+// already is a regular file (and at o.Live no dump, which a region would
+// be made over), whether a consumed dump's name beside o.Path
 // (PATH.loaded, PATH.refused, PATH.superseded) is free of a directory
 // that a rename could not replace, and whether a lock file beside either
 // is one OpenRegion would take. A supervisor calls it at start: a dump
@@ -35,6 +38,12 @@ func CheckDirs(o Options) error {
 		if fi, err := os.Lstat(f.path); err == nil && !fi.Mode().IsRegular() {
 			return fmt.Errorf("persist: %s %q is not a regular file (%s): name a file, e.g. %s", f.key, f.path, fi.Mode().Type(),
 				filepath.Join(f.path, "dump"))
+		}
+		// Nor may the live region be made over a dump (the two files'
+		// names swapped, or live set to the dump's): a file that is no
+		// region is replaced by a fresh one.
+		if f.key == "persist.live" && isDump(f.path) {
+			return liveIsDump(f.path)
 		}
 		// Nor may a directory take a consumed dump's name: the rename
 		// of a loaded dump to it fails, which leaves the dump to be
@@ -91,6 +100,28 @@ func CheckNames(o Options) (key string, err error) {
 		return "persist.path", fmt.Errorf("persist: persist.path %q is persist.live's %s: name another", o.Path, within(live, path, liveTempPrefix(live)))
 	}
 	return "", nil
+}
+
+// isDump reports whether the regular file at path opens with a dump's
+// magic.
+func isDump(path string) bool {
+	// O_NONBLOCK: a FIFO there is refused, never waited on.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	magic := make([]byte, len(Magic))
+	_, err = io.ReadFull(f, magic)
+	return err == nil && string(magic) == Magic
+}
+
+// liveIsDump is the refusal of a dump at persist.live.
+func liveIsDump(path string) error {
+	return fmt.Errorf("persist: persist.live %q is a dump, which a live region would replace: name another file for persist.live (a dump is loaded from persist.path)", path)
 }
 
 // absPath is path made absolute (and clean), or clean when it cannot be.

@@ -30,8 +30,9 @@ import (
 // PATH.superseded unread, because the live region is newer than any dump.
 // A region of another size than geo asks for is migrated into a new one
 // of that size (its entries re-inserted by key). A region that is refused
-// is logged with the reason and replaced by a fresh one. Otherwise a fresh
-// region is created there.
+// is logged with the reason and replaced by a fresh one; a dump there
+// (persist.path's kind of file) is an error, and left as it is. Otherwise
+// a fresh region is created there.
 //
 // The caller keeps lock until its process ends, or until it has dumped
 // the region and no longer uses it; a nil log means slog.Default().
@@ -82,6 +83,10 @@ func openRegion(o Options, geo shm.Options, log *slog.Logger) (*shm.Region, bool
 	case errors.Is(err, fs.ErrNotExist):
 	case errors.Is(err, fs.ErrPermission):
 		return nil, false, err
+	case isDump(o.Live):
+		// Not a region of a run that crashed: a dump, named as the live
+		// region by mistake, whose state a fresh region would destroy.
+		return nil, false, liveIsDump(o.Live)
 	default:
 		log.Warn("persist: live region refused: creating a fresh one", "detail", err.Error())
 	}

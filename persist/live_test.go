@@ -345,3 +345,28 @@ func TestReattachKillsOrphans(t *testing.T) {
 		t.Errorf("no log line for the killed orphan:\n%s", lines)
 	}
 }
+
+// A dump at persist.live (the two files' names swapped, or live set to
+// the dump's when moving to a live region) is no region to replace with
+// a fresh one: OpenRegion refuses it, and leaves it as it was.
+func TestOpenRegionRefusesADumpAsLive(t *testing.T) {
+	o := liveOptions(t)
+	good := goodDump(t, "")
+	os.WriteFile(o.Live, good, 0o600)
+	r, lock, _, err := OpenRegion(o, shm.Options{Counters: 64, MaxWorkers: 8}, quiet)
+	if err == nil {
+		lock.Unlock()
+		r.Close()
+		t.Fatal("a dump at persist.live was taken")
+	}
+	if !strings.Contains(err.Error(), o.Live) || !strings.Contains(err.Error(), "is a dump") {
+		t.Errorf("the error: %v; want it to name the file and say it is a dump", err)
+	}
+	if now, _ := os.ReadFile(o.Live); !bytes.Equal(now, good) {
+		t.Errorf("the dump at persist.live was changed: %d bytes, had %d", len(now), len(good))
+	}
+	// CheckDirs, which check and the start run first, says so too.
+	if err := CheckDirs(Options{Live: o.Live}); err == nil || !strings.Contains(err.Error(), "is a dump") {
+		t.Errorf("CheckDirs: %v", err)
+	}
+}

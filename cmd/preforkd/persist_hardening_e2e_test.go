@@ -258,3 +258,44 @@ func TestPersistSharedDirWarned(t *testing.T) {
 		t.Fatalf("check: exit %d, want 0 with a warning about persist.live's directory alone\nstderr: %s", code, stderr)
 	}
 }
+
+// persist.live naming a dump (persist.path's file, the two swapped, or
+// live set to the dump's name when moving to a live region): the live
+// region would be made there, over the dump. run and check refuse it
+// (exit 2), naming the key and the file, which is left as it was.
+func TestPersistLiveNamingADumpRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dump, region := filepath.Join(dir, "dump"), filepath.Join(dir, "region")
+	rule := "[[ratelimit]]\nname = \"login\"\npath = \"/login\"\nlimit = 1\nwindow = \"1h\"\n"
+	d := startDaemon(t, daemonOptions{config: persistConfig(fmt.Sprintf("[persist]\npath = %q\n", dump) + rule)})
+	if r := do(newClient(t, nil, false), "POST", d.url("/login"), nil); r.status != 200 {
+		t.Fatalf("first: %d %v", r.status, r.err)
+	}
+	d.stop()
+	written, err := os.ReadFile(dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, persist := range []string{
+		fmt.Sprintf("[persist]\nlive = %q\n", dump),
+		fmt.Sprintf("[persist]\nlive = %q\npath = %q\n", dump, region), // swapped
+	} {
+		cfg := filepath.Join(t.TempDir(), "preforkd.toml")
+		os.WriteFile(cfg, []byte(persist+rule), 0o600)
+		for _, args := range [][]string{
+			{"check", "-config", cfg},
+			{"run", "-config", cfg, "-listen", freeAddr(t)},
+		} {
+			code, stdout, stderr := runBinary(t, args...)
+			if code != 2 || !strings.Contains(stderr, "preforkd.toml:2: persist: persist.live "+fmt.Sprintf("%q", dump)) ||
+				!strings.Contains(stderr, "is a dump") || strings.Contains(stdout, "ok") {
+				t.Errorf("preforkd %s with %q: exit %d, want 2 naming persist.live and the dump\nstdout: %s\nstderr: %s",
+					args[0], persist, code, stdout, stderr)
+			}
+			if now, _ := os.ReadFile(dump); !bytes.Equal(now, written) {
+				t.Fatalf("preforkd %s with %q: the dump was changed (%d bytes, had %d)", args[0], persist, len(now), len(written))
+			}
+		}
+	}
+}
