@@ -214,6 +214,9 @@ func TestCorruption(t *testing.T) {
 				}
 			} else if _, err := os.Stat(path); err == nil {
 				t.Error("the dump was not consumed")
+			} else if !rep.Loaded && !strings.Contains(lines.String(), "moved_to="+path+SuffixRefused) {
+				// Nothing of it loaded: the operator is told where it went.
+				t.Errorf("the dump refused whole went to %q unsaid:\n%s", rep.MovedTo, lines)
 			}
 		})
 	}

@@ -179,6 +179,9 @@ func Load(r *shm.Region, o Options, log *slog.Logger) (Report, error) {
 		return rep, err
 	}
 	rep.MovedTo = dest
+	if !rep.Loaded {
+		log.Warn("persist: nothing of the dump loaded: kept aside", "moved_to", dest)
+	}
 	return rep, nil
 }
 

@@ -170,7 +170,11 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string, makeRo
 	prepare, finish := opts.Prepare, opts.Finish
 	opts.Prepare = func(r *shm.Region, log *slog.Logger) error {
 		if cfg.Persist.Path != "" && !reattached {
-			if _, err := persist.Load(r, persistOptions(cfg, build), log); err != nil {
+			if rep, err := persist.Load(r, persistOptions(cfg, build), log); err != nil && rep.Loaded {
+				// Served from, but left at its path: a start after a crash
+				// would load it again.
+				log.Error("dump loaded but not set aside", "path", cfg.Persist.Path, "err", err)
+			} else if err != nil {
 				log.Error("dump not loaded", "path", cfg.Persist.Path, "err", err)
 			}
 		}
