@@ -582,12 +582,15 @@ func (ex *Exchange) served(now time.Duration) {
 // out are counted in the next line.
 func (ex *Exchange) logRefusal(h *hit, now time.Duration) {
 	msg := "request refused"
-	if h.d.Full {
+	attrs := []slog.Attr{slog.Int("status", ex.resp.Status), slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter))}
+	switch {
+	case h.d.Capped: // the table has room: the rule's keys hold their share
+		msg = "request refused: its keys hold max_keys counter slots (on_full closed)"
+		attrs = append(attrs, slog.Int("max_keys", h.r.maxKeys), slog.Int("keys", ex.c.region.Counters().Held(h.r.account)))
+	case h.d.Full:
 		msg = "request refused: counter table full (on_full closed)"
 	}
-	ex.logRule(&h.r.refusedLog, now, slog.LevelInfo, msg, h,
-		slog.Int("status", ex.resp.Status),
-		slog.Int64("retry_after", retryAfterSeconds(h.d.RetryAfter)))
+	ex.logRule(&h.r.refusedLog, now, slog.LevelInfo, msg, h, attrs...)
 }
 
 // logShadow logs a shadow rule's would-be refusal, at most one line per

@@ -901,6 +901,10 @@ func TestMaxKeys(t *testing.T) {
 			if onFull == bucket.Open && !strings.Contains(f.logs.String(), `msg="rule not enforced: its keys hold max_keys counter slots (on_full open)" rule=flood method=GET path=/api/x client=192.0.2.1 max_keys=32 keys=32`) {
 				t.Errorf("no log line about max_keys:\n%s", f.logs)
 			}
+			if onFull == bucket.Closed && (!strings.Contains(f.logs.String(), `msg="request refused: its keys hold max_keys counter slots (on_full closed)" rule=flood method=GET path=/api/x client=192.0.2.1`) ||
+				!strings.Contains(f.logs.String(), `max_keys=32 keys=32`) || strings.Contains(f.logs.String(), "counter table full")) {
+				t.Errorf("a capped refusal's log line does not name max_keys:\n%s", f.logs)
+			}
 		})
 	}
 }
