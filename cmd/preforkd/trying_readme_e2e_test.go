@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,6 +107,24 @@ func TestReadmeTryingIt(t *testing.T) {
 		if w != g {
 			t.Errorf("line %d of the refusal: %q, README says %q", i+1, g, w)
 		}
+	}
+
+	// X-Ratelimit-Reset is the Unix time Retry-After ends at: a whole
+	// Retry-After after Date, or a second more (README "Rate limiting":
+	// Date drops the fraction of a second that the reset rounds up).
+	fields := map[string]string{}
+	for _, l := range head {
+		if k, v, ok := strings.Cut(l, ": "); ok {
+			fields[k] = v
+		}
+	}
+	date, errDate := http.ParseTime(fields["Date"])
+	retry, errRetry := strconv.ParseInt(fields["Retry-After"], 10, 64)
+	reset, errReset := strconv.ParseInt(fields["X-Ratelimit-Reset"], 10, 64)
+	if errDate != nil || errRetry != nil || errReset != nil {
+		t.Errorf("the refusal's Date, Retry-After or X-Ratelimit-Reset does not read: %v %v %v", errDate, errRetry, errReset)
+	} else if d := reset - date.Unix(); d != retry && d != retry+1 {
+		t.Errorf("X-Ratelimit-Reset %d is %d s after Date %q, want Retry-After %d (or a second more)", reset, d, fields["Date"], retry)
 	}
 
 	var xcache []string
