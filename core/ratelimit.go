@@ -609,7 +609,11 @@ func (ex *Exchange) logShadow(h *hit, now time.Duration) {
 // enforced.
 func (ex *Exchange) logFull(h *hit, now time.Duration) {
 	if h.d.Capped {
-		ex.logRule(&h.r.fullLog, now, slog.LevelWarn, "rule not enforced: its keys hold max_keys counter slots (on_full open)", h,
+		msg := "rule not enforced: its keys hold max_keys counter slots (on_full open)"
+		if h.r.shadow {
+			msg = "shadow rule not counting: its keys hold max_keys counter slots"
+		}
+		ex.logRule(&h.r.fullLog, now, slog.LevelWarn, msg, h,
 			slog.Int("max_keys", h.r.maxKeys), slog.Int("keys", ex.c.region.Counters().Held(h.r.account)))
 		return
 	}

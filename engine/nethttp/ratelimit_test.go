@@ -925,3 +925,21 @@ func TestRulesOnOneAccount(t *testing.T) {
 		t.Fatalf("New: %v", err)
 	}
 }
+
+// A shadow rule whose keys hold max_keys slots says it is not counting,
+// not that on_full "open" lets requests through: a shadow rule enforces
+// nothing either way.
+func TestMaxKeysShadow(t *testing.T) {
+	dry := config.RateLimit{Name: "dry", Path: "/api/*", Limit: 1, Window: time.Hour, By: "header:X-Dry",
+		Mode: config.Shadow, MaxKeys: 2}
+	f := newFixture(t, cfgWith(dry), shm.Options{Counters: 64})
+	for i := range 4 {
+		if w := f.get("/api/x", "192.0.2.1:1", "X-Dry", fmt.Sprint("k", i)); w.Code != 200 {
+			t.Fatalf("key %d: %d", i, w.Code)
+		}
+	}
+	logs := f.logs.String()
+	if !strings.Contains(logs, `msg="shadow rule not counting: its keys hold max_keys counter slots" rule=dry`) || strings.Contains(logs, "on_full") {
+		t.Errorf("a capped shadow rule's log line:\n%s", logs)
+	}
+}
