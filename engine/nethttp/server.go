@@ -183,6 +183,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				r.TLS = cc.tls
 			}
 		}
+	} else if headLen(r) > s.limits.MaxHeaderBytes {
+		// An HTTP/2 stream's header list, which an Edge's server lets
+		// through up to twice the bound: refused as net/http's reader
+		// refuses an HTTP/1 section over it (clientConn), the
+		// connection kept.
+		s.h.c.Responded(writeOwnProblem(w, r, engine.ErrTooLarge.Status, engine.ErrTooLarge.Detail), 0)
+		return
 	}
 	// net/http keeps an HTTP/1.0 connection whose Connection says
 	// keep-alive beside close (it reads the first line only, and finds
@@ -229,6 +236,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	*lw = limitWriter{}
 	limitWriterPool.Put(lw)
+}
+
+// headLen is the size of r's header section as its HTTP/1.1 twin sends
+// it: the request line, Host, a line per field value, the empty line.
+func headLen(r *http.Request) int {
+	n := len(r.Method) + len(r.RequestURI) + len(r.Host) + len("  HTTP/1.1\r\nHost: \r\n\r\n")
+	for name, vs := range r.Header {
+		if name != "Host" {
+			for _, v := range vs {
+				n += len(name) + len(": \r\n") + len(v)
+			}
+		}
+	}
+	return n
 }
 
 // Shutdown drains by the rule of a retiring worker (engine's drain rule):

@@ -29,10 +29,13 @@ import (
 //     or made of many frames. Cut past h2MaxContinuations frames or
 //     max_header_bytes plus a frame of raw bytes in one block.
 //   - HPACK bombs: a small block that decodes into a huge header list
-//     (one large dynamic-table entry named again and again). The server
-//     answers 431 to a list over max_header_bytes; the guard decodes each
-//     block too (the same table, 4 KiB) and cuts a client whose list
-//     decodes to more than twice that: no client sends one by mistake.
+//     (one large dynamic-table entry named again and again). A list over
+//     max_header_bytes is answered 431 (nethttp.Server); the guard
+//     decodes each block too (the same table, 4 KiB) and cuts a client
+//     whose list, or one string of it, decodes to more than twice that:
+//     no client sends one by mistake. The HTTP/2 server's own bound is
+//     set past it (Configure), so that what the guard lets through gets
+//     the 431, not a connection error.
 //
 // A cut-off client's connection is closed; the server sees it end. Memory
 // per connection: the decoder's table (4 KiB) and a few counters.
@@ -122,7 +125,8 @@ func newH2Guard(c *tls.Conn, maxHeaderBytes int, headerTimeout time.Duration, on
 	g.await() // the first request
 	// The table size the server advertises (x/net's default, 4 KiB).
 	g.dec = hpack.NewDecoder(4096, func(f hpack.HeaderField) { g.decoded += f.Size() })
-	g.dec.SetMaxStringLength(maxHeaderBytes)
+	// A longer string takes the list past the cut: refused as it comes.
+	g.dec.SetMaxStringLength(2 * maxHeaderBytes)
 	return g
 }
 

@@ -106,17 +106,20 @@ func (e *edge) Configure(srv *http.Server, lim engine.Limits, log *slog.Logger) 
 		// past send_timeout without progress, the connection is closed.
 		WriteByteTimeout: lim.SendTimeout,
 	}
-	// srv's settings, but max_header_bytes whole: srv's is less by the 4
-	// KiB of slack net/http's HTTP/1 reader adds, and the HTTP/2 server
+	// srv's settings, but max_header_bytes doubled: the HTTP/2 server
 	// makes its header list bound of it (and of HPACK strings, whose
-	// excess is a connection error) with a padding of its own.
+	// excess is a connection error) with a padding of its own, and
+	// answers a list over it with a 431 of its own, before any handler
+	// runs. Doubled, that bound is past the guard's (an HPACK bomb's):
+	// every list the guard lets through reaches the nethttp.Server,
+	// which refuses one over max_header_bytes as on HTTP/1.1.
 	e.h2base = &http.Server{
 		TLSConfig:         srv.TLSConfig,
 		ReadTimeout:       srv.ReadTimeout,
 		ReadHeaderTimeout: srv.ReadHeaderTimeout,
 		WriteTimeout:      srv.WriteTimeout,
 		IdleTimeout:       srv.IdleTimeout,
-		MaxHeaderBytes:    lim.MaxHeaderBytes,
+		MaxHeaderBytes:    2 * lim.MaxHeaderBytes,
 		ConnState:         srv.ConnState,
 		ErrorLog:          srv.ErrorLog,
 		BaseContext:       srv.BaseContext,
