@@ -40,9 +40,8 @@ import (
 // 304 without one, an upgrade (WebSocket, HTTP/1.1 only) tunnelled after
 // the upstream's 101. What differs from the fast engine, because net/http
 // parses the request: field names reach the upstream in canonical form
-// ("x-custom" as "X-Custom"), in no fixed order, and the requests
-// net/http refuses itself (a malformed request line, obs-fold, a header
-// over max_header_bytes) get its plain-text answers.
+// ("x-custom" as "X-Custom") and in no fixed order. The requests net/http
+// refuses itself get the server's problem+json answers (clientConn).
 
 // readAheadBytes is how much of a request body is read before it is
 // forwarded: one that ends within it goes with a Content-Length.
