@@ -544,12 +544,27 @@ func TestUpgradeHandsOverOnceTheOldWorkersStopAccepting(t *testing.T) {
 		s.keepAlive()
 		want, mains := []string{notifyWatchdog, "MAINPID=901"}, 1
 		if exits {
-			want, mains = []string{notifyWatchdog}, 0
+			// Still the main process, and stopping: it says so.
+			want, mains = []string{notifyWatchdog, notifyStopping}, 0
 		}
 		if got := f.notes[notes:]; u.mains != mains || !slices.Equal(got, want) {
 			t.Errorf("new one exited %v: mains %d, notifications %q once no worker accepts; want %d, %q", exits, u.mains, got, mains, want)
 		}
 		exit(s, 101, true)
+		if exits {
+			// Nobody took the region over: its dead one's workers'
+			// indexes are reaped, then this one finishes it (Finish)
+			// and fails, for a restart.
+			if s.finished() || len(u.waits) != 1 {
+				t.Fatalf("finished %v before the dead one's indexes %v were reaped", s.finished(), u.waits)
+			}
+			for _, i := range u.waits[0] {
+				s.onOrphan(orphanEvent{i})
+			}
+			if s.regionLeft() != "" || s.fatal == nil {
+				t.Errorf("region left %q, fatal %v: want Finish to run, and an error", s.regionLeft(), s.fatal)
+			}
+		}
 		if !s.finished() {
 			t.Errorf("new one exited %v: not finished", exits)
 		}

@@ -113,21 +113,33 @@ func (s *supervisor) handOver() {
 }
 
 // onUpgradeExit handles the exit of the new supervisor: before it was
-// ready, the upgrade failed, and the indexes its workers held are reaped
-// once they are gone.
+// made the main process, the upgrade failed, and the indexes its workers
+// held are reaped once they are gone.
 func (s *supervisor) onUpgradeExit(ev upgradeExitEvent) {
 	u := s.up
 	if u == nil || u.proc.pid != ev.pid {
 		return
 	}
-	if u.ready {
+	switch {
+	case u.main:
 		u.exited = true
 		s.log.Warn("the new supervisor exited while this one drains", "pid", ev.pid, "status", ev.status)
 		return
-	}
-	s.up = nil
-	if !u.killed {
-		s.log.Error("upgrade failed: the new supervisor exited before it was ready; serving on", "pid", ev.pid, "status", ev.status)
+	case u.ready:
+		// Dead before it was made the main process: nobody took the
+		// region over, and this one, whose workers drain, cannot serve
+		// on. It is still the main process: it finishes the region
+		// (the dump) and exits with an error, for a restart.
+		u.exited, s.handedOver = true, false
+		s.fatal = fmt.Errorf("prefork: the new supervisor (pid %d) exited before the handover: %s", ev.pid, ev.status)
+		s.log.Error("upgrade failed: the new supervisor exited after it was ready, before the handover; "+
+			"this one drains, finishes and exits with an error", "pid", ev.pid, "status", ev.status)
+		s.sendNotify(notifyStopping)
+	default:
+		s.up = nil
+		if !u.killed {
+			s.log.Error("upgrade failed: the new supervisor exited before it was ready; serving on", "pid", ev.pid, "status", ev.status)
+		}
 	}
 	var theirs []int
 	for i, used := range s.inUse {

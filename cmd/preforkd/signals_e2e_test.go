@@ -167,3 +167,54 @@ func TestKilledAfterLoadSaysTheStateIsLostE2E(t *testing.T) {
 	}
 	d3.stop()
 }
+
+// The new supervisor of an upgrade dies after it reported ready but
+// before the old one made it the main process (the old workers had not
+// all stopped accepting yet: here they are held stopped until it is
+// gone). The old one cannot serve on, its workers told to drain, and it
+// is still the service's main process: it must not exit 0 without a dump
+// as if it had handed over. It dumps, says why, and exits with an error
+// (systemd's Restart=on-failure restarts it, the dump loaded).
+func TestNewSupervisorDiesBeforeHandoverE2E(t *testing.T) {
+	t.Parallel()
+	cfg := signalsConfig(t)
+	d := startTwoUsed(t, cfg)
+	old := d.workerPIDs()
+	for _, pid := range old {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	cont := func() {
+		for _, pid := range old {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	from, newPID := beginUpgrade(t, d)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: the new supervisor serves; draining the old workers")); !ok {
+		t.Fatalf("no handover begun; log:\n%s", d.logs.text())
+	}
+	syscall.Kill(newPID, syscall.SIGKILL)
+	seen := func(l logLine) bool {
+		return l.msg() == "the new supervisor exited while this one drains" || strings.HasPrefix(l.msg(), "upgrade failed")
+	}
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, seen); !ok {
+		t.Fatalf("the old supervisor did not see the new one exit; log:\n%s", d.logs.text())
+	}
+	cont()
+	code, ok := d.wait(20 * time.Second)
+	if !ok || code != exitRuntime {
+		t.Errorf("the old supervisor: exited %v, code %d; want %d, for a restart", ok, code, exitRuntime)
+	}
+	if !d.logs.waitEOF(10 * time.Second) {
+		t.Fatalf("a process outlived the old supervisor; log:\n%s", d.logs.text())
+	}
+	for _, l := range d.logs.snapshot()[from:] {
+		if l.msg() == "upgrade: the old supervisor exits; the new one serves" {
+			t.Errorf("the old supervisor says the dead one serves: %s", l.raw)
+		}
+	}
+	if _, _, ok := d.logs.waitFor(from, 0, msgIs("dump written")); !ok {
+		t.Errorf("no dump written")
+	}
+	wantOneLeft(t, cfg)
+}
