@@ -322,6 +322,10 @@ func (s *supervisor) step() {
 			"pid", u.proc.pid, "upgrade_timeout", s.cfg.UpgradeTimeout)
 		s.killUpgrade()
 	}
+	if u := s.up; u != nil && u.killed && !u.killAt.IsZero() && !now.Before(u.killAt) {
+		u.killAt = time.Time{}
+		s.signalUpgrade(syscall.SIGKILL)
+	}
 	s.handOver()
 	if s.draining || s.up != nil {
 		// While a new supervisor starts, this one starts no worker: the
@@ -767,6 +771,9 @@ func (s *supervisor) killAll(reason string) {
 			n++
 		}
 	}
+	if u := s.up; u != nil && u.killed && !u.killAt.IsZero() {
+		u.killAt = s.env.now() // and the new supervisor an upgrade abandoned (step)
+	}
 	s.log.Warn("drain shortened: killing workers", "reason", reason, "workers", n)
 	s.giveUpOld("drain shortened")
 }
@@ -880,6 +887,8 @@ func (s *supervisor) nextDeadline() (time.Time, bool) {
 	consider(s.stopAt)
 	if u := s.up; u != nil && !u.ready && !u.killed {
 		consider(u.deadline)
+	} else if u != nil {
+		consider(u.killAt) // zero but while a stopped one is waited for
 	}
 	if len(s.oldIndexes) > 0 && !s.oldGivenUp {
 		consider(s.oldBy) // zero until the drain

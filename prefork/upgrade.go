@@ -39,10 +39,11 @@ const (
 )
 
 // The messages on the socket pair: the new supervisor is ready; the old
-// one made it the main process.
+// one made it the main process, or stops it and will not (a TERM follows).
 const (
-	msgReady byte = 'R'
-	msgMain  byte = 'M'
+	msgReady   byte = 'R'
+	msgMain    byte = 'M'
+	msgAbandon byte = 'A'
 )
 
 // Events of an upgrade, for the supervisor's loop.
@@ -55,8 +56,8 @@ type (
 		status string
 	}
 	// mainEvent: the old supervisor (new side) made this one the main
-	// process, or is gone (gone).
-	mainEvent struct{ gone bool }
+	// process, is gone (gone), or abandoned the upgrade (abandoned).
+	mainEvent struct{ gone, abandoned bool }
 	// orphanEvent: no live process is joined as the index any more.
 	orphanEvent struct{ index int }
 )
@@ -64,8 +65,8 @@ type (
 // upgradeProc is the new supervisor as the old one's seam returns it.
 type upgradeProc struct {
 	started
-	// main tells it that it is the main process now.
-	main func() error
+	// tell sends it a message (msgMain, msgAbandon).
+	tell func(msg byte) error
 }
 
 // upgradeRun is the old supervisor's upgrade in progress.
@@ -73,9 +74,10 @@ type upgradeRun struct {
 	proc     upgradeProc
 	deadline time.Time
 	ready    bool
-	main     bool // told it is the main process (handOver)
-	exited   bool // after it was ready
-	killed   bool
+	main     bool      // told it is the main process (handOver)
+	exited   bool      // after it was ready
+	killed   bool      // told to stop (killUpgrade)
+	killAt   time.Time // then killed at; zero once it was
 }
 
 // inheritance is what a supervisor started by USR2 was handed.
@@ -151,8 +153,8 @@ func (in *inheritance) watch(post func(any)) {
 				post(mainEvent{gone: true})
 				return
 			}
-			if b[0] == msgMain {
-				post(mainEvent{})
+			if b[0] == msgMain || b[0] == msgAbandon {
+				post(mainEvent{abandoned: b[0] == msgAbandon})
 			}
 		}
 	}()

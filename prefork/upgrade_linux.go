@@ -162,8 +162,8 @@ func (e *osEnv) upgrade(indexes []int, gen int, handover func() (map[string]*os.
 	}()
 	return upgradeProc{
 		started: started{pid: pid, signal: func(sig syscall.Signal) error { return proc.Signal(sig) }},
-		main: func() error {
-			_, err := conn.Write([]byte{msgMain})
+		tell: func(msg byte) error {
+			_, err := conn.Write([]byte{msg})
 			return err
 		},
 	}, nil

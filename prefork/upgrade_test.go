@@ -18,12 +18,13 @@ import (
 
 // upgradeFake records the seam's upgrade calls.
 type upgradeFake struct {
-	held    [][]int // indexes handed to each upgrade
-	gens    []int   // and the generation
-	pid     int
-	mains   int // main() calls
-	waits   [][]int
-	readies int // tellReady calls
+	held     [][]int // indexes handed to each upgrade
+	gens     []int   // and the generation
+	pid      int
+	mains    int // msgMain sent
+	abandons int // msgAbandon sent
+	waits    [][]int
+	readies  int // tellReady calls
 }
 
 func withUpgrades(f *fakeSys, u *upgradeFake, e sysEnv) sysEnv {
@@ -33,7 +34,14 @@ func withUpgrades(f *fakeSys, u *upgradeFake, e sysEnv) sysEnv {
 		pid := u.pid
 		return upgradeProc{
 			started: started{pid: pid, signal: func(sig syscall.Signal) error { f.signals = append(f.signals, sent{pid, sig}); return nil }},
-			main:    func() error { u.mains++; return nil },
+			tell: func(msg byte) error {
+				if msg == msgMain {
+					u.mains++
+				} else {
+					u.abandons++
+				}
+				return nil
+			},
 		}, nil
 	}
 	e.waitGone = func(indexes []int) { u.waits = append(u.waits, slices.Clone(indexes)) }
@@ -109,8 +117,12 @@ func TestUpgradeFails(t *testing.T) {
 				t.Fatal("killed before upgrade_timeout")
 			}
 			advance(f, s, time.Millisecond)
+			if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{901}) {
+				t.Fatalf("at upgrade_timeout: TERM to %v, want the new supervisor", got)
+			}
+			advance(f, s, 10*time.Second) // not gone within a drain
 			if got := f.signalled(syscall.SIGKILL); !slices.Equal(got, []int{901}) {
-				t.Fatalf("at upgrade_timeout: killed %v, want the new supervisor", got)
+				t.Fatalf("past the drain: killed %v, want the new supervisor", got)
 			}
 		}
 		s.onUpgradeExit(upgradeExitEvent{u.pid, "exit status 2"})
@@ -161,18 +173,39 @@ func TestUpgradeRefused(t *testing.T) {
 	}
 }
 
-// TERM while a new supervisor starts kills it; the drain finishes only
-// once it exited and the indexes its workers may hold are reaped, not as
-// soon as this one's own workers are gone.
+// TERM while a new supervisor starts stops it: TERM, so that its workers
+// that serve already finish what they serve, then KILL past a drain, or
+// at a second TERM. The drain finishes only once it exited and the
+// indexes its workers may hold are reaped, not as soon as this one's own
+// workers are gone.
 func TestUpgradeDrainWaitsForTheKilledOne(t *testing.T) {
-	f, u := newFake(), &upgradeFake{}
-	s := upgradingSupervisor(t, f, u, 2)
-	ready(s, 100, 101)
-	sendSignal(s, syscall.SIGUSR2)
-	sendSignal(s, syscall.SIGTERM)
-	if got := f.signalled(syscall.SIGKILL); !slices.Equal(got, []int{901}) {
-		t.Fatalf("killed %v, want the new supervisor", got)
+	for _, second := range []bool{false, true} {
+		f, u := newFake(), &upgradeFake{}
+		s := upgradingSupervisor(t, f, u, 2)
+		ready(s, 100, 101)
+		sendSignal(s, syscall.SIGUSR2)
+		sendSignal(s, syscall.SIGTERM)
+		if got := f.signalled(syscall.SIGTERM); !slices.Equal(got, []int{901, 100, 101}) || u.abandons != 1 {
+			t.Fatalf("TERM to %v, abandon told %d times; want the new supervisor and the workers, told once", got, u.abandons)
+		}
+		if second {
+			sendSignal(s, syscall.SIGTERM)
+		} else {
+			advance(f, s, 10*time.Second-time.Millisecond) // shutdown_timeout and drainGrace
+			if got := f.signalled(syscall.SIGKILL); len(got) != 0 {
+				t.Fatalf("killed %v within the drain", got)
+			}
+			advance(f, s, time.Millisecond)
+		}
+		if got := f.signalled(syscall.SIGKILL); !slices.Contains(got, 901) {
+			t.Fatalf("second TERM %v: killed %v, want the new supervisor", second, got)
+		}
+		drainWaitsForTheKilledOne(t, s, u)
 	}
+}
+
+func drainWaitsForTheKilledOne(t *testing.T, s *supervisor, u *upgradeFake) {
+	t.Helper()
 	exit(s, 100, true)
 	exit(s, 101, true)
 	if s.finished() {
@@ -435,29 +468,40 @@ func TestUpgradeOldTakesAStopSignalGracefully(t *testing.T) {
 // for that word (or the old one's exit) to know whether the dump is its
 // own to make: finishing first left the instance without a dump at all.
 func TestUpgradeStopAfterTellingReadyWaitsForTheWord(t *testing.T) {
-	f, u := newFake(), &upgradeFake{}
-	e := withUpgrades(f, u, f.env())
-	e.tellReady = func() error { u.readies++; return nil }
-	s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
-	f.sup = s
-	s.inherit([]int{0, 1}, -1)
-	s.step()
-	ready(s, 100, 101)
-	if u.readies != 1 {
-		t.Fatalf("ready reported %d times", u.readies)
-	}
-	sendSignal(s, syscall.SIGTERM) // before the old one's word
-	exit(s, 100, true)
-	exit(s, 101, true)
-	if s.finished() {
-		t.Fatal("finished before the old supervisor said whether it handed over")
-	}
-	s.onMain(mainEvent{}) // it did: the dump is this one's
-	s.onMain(mainEvent{gone: true})
-	s.onOrphan(orphanEvent{0})
-	s.onOrphan(orphanEvent{1})
-	if !s.finished() || s.regionLeft() != "" {
-		t.Fatalf("finished %v, region left %q, once main and the old workers are gone", s.finished(), s.regionLeft())
+	for _, abandoned := range []bool{false, true} {
+		f, u := newFake(), &upgradeFake{}
+		e := withUpgrades(f, u, f.env())
+		e.tellReady = func() error { u.readies++; return nil }
+		s := newSupervisor(e, quietLog(), defaulted(Settings{ShutdownTimeout: 5 * time.Second}), 2, minMaxWorkers(2))
+		f.sup = s
+		s.inherit([]int{0, 1}, -1)
+		s.step()
+		ready(s, 100, 101)
+		if u.readies != 1 {
+			t.Fatalf("ready reported %d times", u.readies)
+		}
+		sendSignal(s, syscall.SIGTERM) // before the old one's word
+		exit(s, 100, true)
+		exit(s, 101, true)
+		if s.finished() {
+			t.Fatal("finished before the old supervisor said whether it handed over")
+		}
+		if abandoned {
+			// The old one stops this one (its ready unread there): no
+			// handover comes, and the old one waits for this one's exit.
+			s.onMain(mainEvent{abandoned: true})
+			if !s.finished() || s.regionLeft() == "" {
+				t.Fatalf("abandoned: finished %v, region left %q; want finished, without Finish", s.finished(), s.regionLeft())
+			}
+			continue
+		}
+		s.onMain(mainEvent{}) // it did: the dump is this one's
+		s.onMain(mainEvent{gone: true})
+		s.onOrphan(orphanEvent{0})
+		s.onOrphan(orphanEvent{1})
+		if !s.finished() || s.regionLeft() != "" {
+			t.Fatalf("finished %v, region left %q, once main and the old workers are gone", s.finished(), s.regionLeft())
+		}
 	}
 }
 

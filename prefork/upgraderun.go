@@ -107,7 +107,7 @@ func (s *supervisor) handOver() {
 	if err := s.env.notify(fmt.Sprintf("MAINPID=%d", u.proc.pid)); err != nil {
 		s.log.Warn("systemd notification failed", "err", err)
 	}
-	if err := u.proc.main(); err != nil {
+	if err := u.proc.tell(msgMain); err != nil {
 		s.log.Warn("telling the new supervisor it is the main process failed", "pid", u.proc.pid, "err", err)
 	}
 }
@@ -152,12 +152,24 @@ func (s *supervisor) onUpgradeExit(ev upgradeExitEvent) {
 	s.env.waitGone(theirs)
 }
 
-// killUpgrade kills the new supervisor; its exit follows.
+// killUpgrade stops the new supervisor; its exit follows. With TERM
+// first: its workers that are ready already serve on the shared socket,
+// and finish what they serve (it neither dumps nor hands anything over,
+// stopped before the handover). KILL follows when it has not exited
+// within a drain (step), or at a second stop signal (killAll).
 func (s *supervisor) killUpgrade() {
 	u := s.up
 	u.killed = true
-	if err := u.proc.signal(syscall.SIGKILL); err != nil {
-		s.log.Warn("signalling the new supervisor failed", "pid", u.proc.pid, "signal", "KILL", "err", err)
+	u.killAt = s.env.now().Add(s.cfg.DrainDelay).Add(s.cfg.ShutdownTimeout).Add(drainGrace) // a sum could wrap
+	// Told first, that it wait for no handover once it said it is ready
+	// (it may have, unread here): else it would, and this one for it.
+	_ = u.proc.tell(msgAbandon) // it may be gone
+	s.signalUpgrade(syscall.SIGTERM)
+}
+
+func (s *supervisor) signalUpgrade(sig syscall.Signal) {
+	if err := s.up.proc.signal(sig); err != nil {
+		s.log.Warn("signalling the new supervisor failed", "pid", s.up.proc.pid, "signal", sig.String(), "err", err)
 	}
 }
 
@@ -182,6 +194,12 @@ func (s *supervisor) onOrphan(ev orphanEvent) {
 
 // onMain: the old supervisor made this one the main process, or is gone.
 func (s *supervisor) onMain(ev mainEvent) {
+	if ev.abandoned {
+		// A TERM follows: stopped, this one waits neither for a
+		// handover nor for the old workers (finished).
+		s.oldGivenUp = true
+		return
+	}
 	if s.notifyHeld {
 		s.notifyHeld = false
 		s.publish() // ready now (status): before the line, as at "ready"

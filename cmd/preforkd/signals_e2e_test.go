@@ -4,6 +4,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -217,4 +219,81 @@ func TestNewSupervisorDiesBeforeHandoverE2E(t *testing.T) {
 		t.Errorf("no dump written")
 	}
 	wantOneLeft(t, cfg)
+}
+
+// TERM to the old supervisor while the new one of an upgrade is not
+// ready yet, but its workers already serve (each accepts on the shared
+// socket once it is ready itself): the upgrade is abandoned, and a
+// request one of those workers has in flight is finished, as TERM
+// promises, not cut by the new supervisor's kill. Here the old workers
+// are held stopped, so that only a new one accepts the request, and the
+// new supervisor is held stopped from its first worker's start, so that
+// it does not report ready meanwhile.
+func TestStopBeforeUpgradeHandoverFinishesTheNewWorkersRequestsE2E(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := idemStartUpstream(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		io.WriteString(w, "done")
+	})
+	d := startDaemon(t, daemonOptions{config: baseServer(2, fmt.Sprintf("upstream = \"http://%s\"", up.addr))})
+	var held []int
+	cont := func() {
+		for _, pid := range held {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	for _, pid := range d.workerPIDs() {
+		syscall.Kill(pid, syscall.SIGSTOP)
+		held = append(held, pid)
+	}
+	from, newPID := beginUpgrade(t, d)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool { return l.msg() == "worker started" && l.int("index") >= 2 }); !ok {
+		t.Fatalf("the new supervisor started no worker; log:\n%s", d.logs.text())
+	}
+	syscall.Kill(newPID, syscall.SIGSTOP)
+	held = append(held, newPID)
+	if _, _, ok := d.logs.waitFor(from, 0, msgIs("upgrade: the new supervisor serves; draining the old workers")); ok {
+		t.Fatal("the new supervisor reported ready before it was held: nothing to test")
+	}
+	c := newClient(t, nil, false)
+	done := inFlight(t, up, func() result { return get(c, d.url("/slow")) })
+	d.signal(syscall.SIGTERM)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade abandoned: draining")); !ok {
+		t.Fatalf("the upgrade was not abandoned; log:\n%s", d.logs.text())
+	}
+	cont()
+	// Until the new supervisor is gone (killed) or drains too (its own
+	// "drain begun", the second since the upgrade began), whichever it does.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		drains := 0
+		for _, l := range d.logs.snapshot()[from:] {
+			if l.msg() == "drain begun" {
+				drains++
+			}
+		}
+		if _, state := procStat(newPID); state == 0 || state == 'Z' || drains >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new supervisor neither exited nor drains; log:\n%s", d.logs.text())
+		}
+	}
+	close(release)
+	if r := <-done; r.err != nil || r.status != http.StatusOK || string(r.body) != "done" {
+		t.Errorf("the request in flight on the new supervisor's worker: %d %q %v; want 200 done", r.status, r.body, r.err)
+	}
+	// Well before the new supervisor's kill (shutdown_timeout and 5 s):
+	// it waits for no handover once the old one abandoned the upgrade,
+	// even when it reported ready meanwhile.
+	if code, ok := d.wait(5 * time.Second); !ok || code != 0 {
+		t.Errorf("the old supervisor: exited %v, code %d", ok, code)
+	}
+	if !d.logs.waitEOF(5 * time.Second) {
+		t.Fatalf("a process of the upgrade outlived the old supervisor; log:\n%s", d.logs.text())
+	}
 }
