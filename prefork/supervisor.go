@@ -262,7 +262,7 @@ func (s *supervisor) finished() bool {
 		return false
 	}
 	return s.draining && len(s.procs) == 0 && s.orphans == 0 &&
-		(s.up == nil || s.up.ready) && (len(s.oldIndexes) == 0 || s.notifyHeld || s.oldGivenUp)
+		(s.up == nil || s.up.ready && (s.up.exited || !s.up.killed)) && (len(s.oldIndexes) == 0 || s.notifyHeld || s.oldGivenUp)
 }
 
 // giveUpOld stops waiting for the old supervisor's workers.
@@ -727,8 +727,7 @@ func (s *supervisor) beginDrain(reason string, delay time.Duration) {
 		s.oldBy = s.env.now().Add(delay).Add(s.cfg.ShutdownTimeout).Add(s.cfg.ShutdownTimeout) // a sum could wrap
 	}
 	if u := s.up; u != nil && !u.ready && !u.killed {
-		s.log.Info("upgrade abandoned: draining", "pid", u.proc.pid)
-		s.killUpgrade()
+		s.abandonUpgrade()
 	}
 	if c := s.canary; c != nil {
 		s.log.Info("canary abandoned: draining", "generation", c.gen)

@@ -99,6 +99,15 @@ func (s *supervisor) onSignal(sig os.Signal) {
 			return
 		}
 		s.stopSignalled = true
+		if u := s.up; u != nil && u.ready && !u.main && !u.exited && !u.killed {
+			// Handing over, this one is still the service's main
+			// process (systemctl stop signals it): the stop is the
+			// service's. The new one stops too, and this one finishes.
+			s.handedOver = false
+			s.sendNotify(notifyStopping)
+			s.abandonUpgrade()
+			return
+		}
 		if s.draining {
 			// Begun otherwise: the same TERM that ended Run's context
 			// (signal.NotifyContext), or a QUIT to the old supervisor

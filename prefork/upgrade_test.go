@@ -615,6 +615,46 @@ func TestUpgradeHandsOverOnceTheOldWorkersStopAccepting(t *testing.T) {
 	}
 }
 
+// A stop signal to the old side while it hands over (the new one said
+// it is ready, the old workers have not all stopped accepting) is the
+// service's: this one is still its main process. The upgrade is
+// abandoned, the new one stopped, and this one finishes the region once
+// the new one and its workers are gone, without an error.
+func TestUpgradeStopDuringTheHandover(t *testing.T) {
+	f, u := newFake(), &upgradeFake{}
+	f.holdStops = true
+	s := upgradingSupervisor(t, f, u, 2)
+	ready(s, 100, 101)
+	sendSignal(s, syscall.SIGUSR2)
+	notes := len(f.notes)
+	s.onUpgradeReady(upgradeReadyEvent{u.pid})
+	s.step()
+	sendSignal(s, syscall.SIGTERM)
+	if got := f.signalled(syscall.SIGTERM); !slices.Contains(got, 901) || u.abandons != 1 {
+		t.Fatalf("TERM to %v, abandon told %d times; want the new supervisor, told", got, u.abandons)
+	}
+	s.procs[100].stopped, s.procs[101].stopped = true, true
+	s.step()
+	exit(s, 100, true)
+	exit(s, 101, true)
+	if got := f.notes[notes:]; u.mains != 0 || !slices.Equal(got, []string{notifyStopping}) {
+		t.Errorf("mains %d, notifications %q; want no handover, STOPPING=1", u.mains, got)
+	}
+	if s.finished() {
+		t.Fatal("finished before the new supervisor exited")
+	}
+	s.onUpgradeExit(upgradeExitEvent{u.pid, "exit status 0"})
+	if s.finished() || len(u.waits) != 1 {
+		t.Fatalf("finished %v before its workers' indexes %v were reaped", s.finished(), u.waits)
+	}
+	for _, i := range u.waits[0] {
+		s.onOrphan(orphanEvent{i})
+	}
+	if !s.finished() || s.regionLeft() != "" || s.fatal != nil {
+		t.Errorf("finished %v, region left %q, fatal %v; want finished, Finish to run, no error", s.finished(), s.regionLeft(), s.fatal)
+	}
+}
+
 // The new side's Status is ready only once the old supervisor made it
 // the main process, which it does once its workers stopped accepting.
 func TestUpgradeReadyOnceMain(t *testing.T) {

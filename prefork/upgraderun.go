@@ -1,6 +1,7 @@
 package prefork
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"syscall"
@@ -95,7 +96,7 @@ func (s *supervisor) onUpgradeReady(ev upgradeReadyEvent) {
 // workers' kill at their drain deadline. Not if the new one exited.
 func (s *supervisor) handOver() {
 	u := s.up
-	if u == nil || !u.ready || u.main || u.exited {
+	if u == nil || !u.ready || u.main || u.exited || u.killed {
 		return
 	}
 	for _, p := range s.procs {
@@ -126,15 +127,19 @@ func (s *supervisor) onUpgradeExit(ev upgradeExitEvent) {
 		s.log.Warn("the new supervisor exited while this one drains", "pid", ev.pid, "status", ev.status)
 		return
 	case u.ready:
-		// Dead before it was made the main process: nobody took the
+		// Gone before it was made the main process: nobody took the
 		// region over, and this one, whose workers drain, cannot serve
 		// on. It is still the main process: it finishes the region
-		// (the dump) and exits with an error, for a restart.
-		u.exited, s.handedOver = true, false
-		s.fatal = fmt.Errorf("prefork: the new supervisor (pid %d) exited before the handover: %s", ev.pid, ev.status)
-		s.log.Error("upgrade failed: the new supervisor exited after it was ready, before the handover; "+
-			"this one drains, finishes and exits with an error", "pid", ev.pid, "status", ev.status)
-		s.sendNotify(notifyStopping)
+		// (the dump); with an error, for a restart, unless it stopped
+		// the new one itself (a stop during the handover).
+		u.exited = true
+		if !u.killed {
+			s.handedOver = false
+			s.fatal = errors.New("prefork: the new supervisor of the upgrade exited before the handover")
+			s.log.Error("upgrade failed: the new supervisor exited after it was ready, before the handover; "+
+				"this one drains, finishes and exits with an error", "pid", ev.pid, "status", ev.status)
+			s.sendNotify(notifyStopping)
+		}
 	default:
 		s.up = nil
 		if !u.killed {
@@ -150,6 +155,12 @@ func (s *supervisor) onUpgradeExit(ev upgradeExitEvent) {
 	}
 	s.orphans += len(theirs)
 	s.env.waitGone(theirs)
+}
+
+// abandonUpgrade stops the new supervisor for this one's drain.
+func (s *supervisor) abandonUpgrade() {
+	s.log.Info("upgrade abandoned: draining", "pid", s.up.proc.pid)
+	s.killUpgrade()
 }
 
 // killUpgrade stops the new supervisor; its exit follows. With TERM

@@ -297,3 +297,47 @@ func TestStopBeforeUpgradeHandoverFinishesTheNewWorkersRequestsE2E(t *testing.T)
 		t.Fatalf("a process of the upgrade outlived the old supervisor; log:\n%s", d.logs.text())
 	}
 }
+
+// TERM to the old supervisor once the new one reported ready but before
+// the old one made it the main process (its workers have not all stopped
+// accepting: here they are held stopped until then). The old one is
+// still the service's main process, the one systemctl stop signals: the
+// stop is the service's. It abandons the upgrade, the new one stops too
+// (its workers finish what they serve), and the old one dumps and exits
+// 0, the state kept.
+func TestStopDuringUpgradeHandoverE2E(t *testing.T) {
+	t.Parallel()
+	cfg := signalsConfig(t)
+	d := startTwoUsed(t, cfg)
+	old := d.workerPIDs()
+	for _, pid := range old {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	cont := func() {
+		for _, pid := range old {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	from, _ := beginUpgrade(t, d)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: the new supervisor serves; draining the old workers")); !ok {
+		t.Fatalf("no handover begun; log:\n%s", d.logs.text())
+	}
+	d.signal(syscall.SIGTERM)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
+		return strings.HasPrefix(l.msg(), "upgrade abandoned") || strings.HasPrefix(l.msg(), "already draining")
+	}); !ok {
+		t.Fatalf("the TERM was not taken; log:\n%s", d.logs.text())
+	}
+	cont()
+	if code, ok := d.wait(10 * time.Second); !ok || code != 0 {
+		t.Fatalf("the old supervisor: exited %v, code %d", ok, code)
+	}
+	if !d.logs.waitEOF(10 * time.Second) {
+		t.Fatalf("the new supervisor serves on after the stop; log:\n%s", d.logs.text())
+	}
+	if _, _, ok := d.logs.waitFor(from, 0, msgIs("dump written")); !ok {
+		t.Errorf("no dump written")
+	}
+	wantOneLeft(t, cfg)
+}
