@@ -127,12 +127,20 @@ func (s Settings) WithDefaults() (Settings, error) {
 	return s, s.Check()
 }
 
+// fieldError is Check's error. Not inlined: Check refuses a setting in
+// ten places, each of which would otherwise carry a copy of it.
+//
+//go:noinline
+func fieldError(field, table, key, format string, args []any) error {
+	return &FieldError{field, table, key, fmt.Sprintf(format, args...)}
+}
+
 // Check reports what is wrong with s taken as it is (a zero timeout is a
 // zero timeout here: WithDefaults fills the defaults first); every error
 // is a *FieldError.
 func (s Settings) Check() error {
 	fail := func(field, table, key, format string, args ...any) error {
-		return &FieldError{field, table, key, fmt.Sprintf(format, args...)}
+		return fieldError(field, table, key, format, args)
 	}
 	switch {
 	case s.ShutdownTimeout <= 0:

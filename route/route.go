@@ -60,18 +60,23 @@ func MustCompile(p string, methods []string) Route {
 	return r
 }
 
+// compileError is Compile's error. Not inlined: Compile refuses a path in
+// eight places, each of which would otherwise carry a copy of it.
+//
+//go:noinline
+func compileError(field, format string, args ...any) error {
+	return &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
 func (o Options) Compile(p string, methods []string) (Route, error) {
-	bad := func(field, format string, args ...any) (Route, error) {
-		return Route{}, &Error{Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
 	if p == "" || p[0] != '/' {
-		return bad("Path", "path %q must start with /", p)
+		return Route{}, compileError("Path", "path %q must start with /", p)
 	}
 	if i := strings.IndexFunc(p, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
-		return bad("Path", "path %q contains a blank or control character", p)
+		return Route{}, compileError("Path", "path %q contains a blank or control character", p)
 	}
 	if strings.ContainsAny(p, "?#") {
-		return bad("Path", "path %q: a path has no query or fragment", p)
+		return Route{}, compileError("Path", "path %q: a path has no query or fragment", p)
 	}
 	rt := Route{caseSensitive: o.CaseSensitive}
 	base := p
@@ -80,14 +85,14 @@ func (o Options) Compile(p string, methods []string) (Route, error) {
 		base = p[:len(p)-1] // keep the slash: "/api/" normalizes to "/api", "/" stays "/"
 	}
 	if strings.IndexByte(base, '*') >= 0 {
-		return bad("Path", "path %q: '*' is only allowed as a final \"/*\"", p)
+		return Route{}, compileError("Path", "path %q: '*' is only allowed as a final \"/*\"", p)
 	}
 	if strings.IndexByte(base, ';') >= 0 {
-		return bad("Path", "path %q: ';' starts a parameter, which matching ignores", p)
+		return Route{}, compileError("Path", "path %q: ';' starts a parameter, which matching ignores", p)
 	}
 	match, _, err := Normalize(base)
 	if err != nil {
-		return bad("Path", "path %q: %s", p, string(err.(badPath)))
+		return Route{}, compileError("Path", "path %q: %s", p, string(err.(badPath)))
 	}
 	rt.base = match
 	if rt.prefix && rt.base == "/" {
@@ -95,11 +100,11 @@ func (o Options) Compile(p string, methods []string) (Route, error) {
 	}
 	for _, m := range methods {
 		if m == "" || !IsToken(m) {
-			return bad("Methods", "method %q is not a token", m)
+			return Route{}, compileError("Methods", "method %q is not a token", m)
 		}
 		m = strings.ToUpper(m)
 		if slices.Contains(rt.methods, m) {
-			return bad("Methods", "method %q is listed twice", m)
+			return Route{}, compileError("Methods", "method %q is listed twice", m)
 		}
 		rt.methods = append(rt.methods, m)
 		rt.get = rt.get || m == "GET"
