@@ -120,7 +120,7 @@ func emptyQuery(r Request) bool {
 // urlFields are the request fields by which applications behind proxies
 // learn another scheme, host, port, path prefix, URL or method than the
 // request line and Host say (RFC 7239 Forwarded, and the de facto fields
-// of Rack, Spring, Django, Werkzeug, IIS, ...), which preforkd passes on
+// of Rack, Spring, Django, Werkzeug, IIS, Tornado, ...), which preforkd passes on
 // as sent. A response built from them (a redirect, absolute links) is the
 // answer to them only: a request that has one has it in its primary key,
 // so that no client can store such a response for those that send none.
@@ -128,13 +128,16 @@ func emptyQuery(r Request) bool {
 // always adds them), share their entries as before. X-Forwarded-Host and
 // -Proto are keyed only when they are not the request's own Host and
 // scheme: the engines that forward write those themselves, but an
-// http.Handler behind engine/nethttp gets a client's as sent. Canonical
-// forms (net/http's header keys). Each costs a look through the
-// request's fields on every cached request: the list is the fields
-// frameworks actually read.
+// http.Handler behind engine/nethttp gets a client's as sent. X-Scheme
+// is read before X-Forwarded-Proto by Tornado (xheaders) and the WSGI
+// ReverseProxied middleware Flask applications copy, which takes its
+// path prefix from X-Script-Name: the X-Forwarded-Proto preforkd writes
+// does not overrule them. Canonical forms (net/http's header keys).
+// Each costs a look through the request's fields on every cached
+// request: the list is the fields frameworks actually read.
 var urlFields = [...]string{
 	"Forwarded", hdrForwardedHost, hdrForwardedProto, "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Scheme", "X-Forwarded-Ssl",
-	"X-Host", "X-Original-Url", "X-Rewrite-Url",
+	"X-Scheme", "X-Script-Name", "X-Host", "X-Original-Url", "X-Rewrite-Url",
 	"X-Http-Method-Override", "X-Http-Method", "X-Method-Override", // methodOverrides
 }
 

@@ -371,7 +371,8 @@ func TestCacheVaryOnForwardedForKeysThePeer(t *testing.T) {
 
 // What tells an application behind proxies another scheme, host, port,
 // URL or method than the request line and Host (Forwarded's host= and
-// proto=, X-Forwarded-Port, X-Original-URL, X-HTTP-Method, ...) is in the
+// proto=, X-Forwarded-Port, X-Original-URL, X-HTTP-Method, X-Scheme,
+// X-Script-Name, ...) is in the
 // key: the links and
 // redirects a client made the application write with them are never
 // another client's answer. Forwarded's for= is not (it tells clients
@@ -384,6 +385,9 @@ func TestCacheKeysTheFieldsThatNameTheURL(t *testing.T) {
 		up := startUpstream(t, func(req *seenRequest, w *bufio.Writer, c net.Conn) {
 			h := req.Req.Header
 			body := fmt.Sprintf("call %d: fwd=[%s] port=[%s] url=[%s]", calls.Add(1), h.Get("Forwarded"), h.Get("X-Forwarded-Port"), h.Get("X-Original-Url"))
+			if s, p := h.Get("X-Scheme"), h.Get("X-Script-Name"); s != "" || p != "" {
+				body += fmt.Sprintf(" scheme=[%s] script=[%s]", s, p)
+			}
 			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		})
 		var clock atomic.Int64
@@ -407,6 +411,13 @@ func TestCacheKeysTheFieldsThatNameTheURL(t *testing.T) {
 			{"X-HTTP-Method: PUT", "MISS", "call 7: fwd=[] port=[] url=[]"},
 			{"X-Method-Override: PUT", "MISS", "call 8: fwd=[] port=[] url=[]"},
 			{"X-HTTP-Method: PUT", "HIT", "call 7: fwd=[] port=[] url=[]"},
+			// The scheme and path prefix that Tornado (X-Scheme before
+			// X-Forwarded-Proto) and the WSGI ReverseProxied middleware
+			// Flask applications copy (X-Scheme, X-Script-Name) read.
+			{"X-Scheme: https", "MISS", "call 9: fwd=[] port=[] url=[] scheme=[https] script=[]"},
+			{"X-Script-Name: /evil", "MISS", "call 10: fwd=[] port=[] url=[] scheme=[] script=[/evil]"},
+			{"", "HIT", "call 4: fwd=[] port=[] url=[]"},
+			{"X-Scheme: https", "HIT", "call 9: fwd=[] port=[] url=[] scheme=[https] script=[]"},
 		} {
 			field := ""
 			if tt.field != "" {
