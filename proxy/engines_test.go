@@ -593,6 +593,15 @@ var cacheCases = []coreCase{
 		},
 		upSeen: []string{"GET /cached/cdn HTTP/1.1", "GET /cached/own HTTP/1.1"},
 	},
+	{
+		name:  "private run into max-age with a blank is private: one client's page is never another's",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/blank HTTP/1.1\nHost: h\nCookie: session=alice\n\n", status: 200, body: "page for [session=alice] call 0001", has: []string{"X-Cache: MISS"}},
+			{send: "GET /cached/blank HTTP/1.1\nHost: h\n\n", status: 200, body: "page for [] call 0002", has: []string{"X-Cache: MISS"}},
+		},
+		upSeen: []string{"GET /cached/blank HTTP/1.1", "GET /cached/blank HTTP/1.1"},
+	},
 }
 
 // answer is what a client got, for comparing engines.
@@ -698,6 +707,12 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 			}
 			body := fmt.Sprintf("reval call %04d", n.Add(1))
 			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=1\r\nEtag: \"r1\"\r\nX-A: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			return
+		case "/cached/blank":
+			// private run into max-age with a blank, and an Expires that
+			// would make the response fresh for everyone.
+			body := fmt.Sprintf("page for [%s] call %04d", values("Cookie"), n.Add(1))
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: private max-age=600\r\nExpires: Fri, 01 Jan 2100 00:00:00 GMT\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 			return
 		case "/cached/cdn", "/cached/own":
 			// Cache-Control says no-store to every other cache; the

@@ -36,7 +36,7 @@ type Directives struct {
 // cache must not guess at a lifetime. no-cache and private with field
 // names ("no-cache=Set-Cookie") are taken as the unqualified directives:
 // stricter than the field-by-field reading, never looser; so are the
-// restrictions in directives run together with ';' (restrict).
+// restrictions in directives run together with ';' or blanks (restrict).
 func ParseCacheControl(lines []string) Directives {
 	cc := Directives{MaxAge: -1, SMaxAge: -1, SWR: -1, SIE: -1}
 	for _, line := range lines {
@@ -50,7 +50,7 @@ func ParseCacheControl(lines []string) Directives {
 			case delta != nil && *delta < 0:
 				*delta = ParseDelta(value)
 			}
-			if strings.IndexByte(name, ';') >= 0 || strings.IndexByte(value, ';') >= 0 {
+			if strings.ContainsAny(name, runTogether) || strings.ContainsAny(value, runTogether) {
 				cc.restrict(name + ";" + value)
 			}
 		}
@@ -58,17 +58,22 @@ func ParseCacheControl(lines []string) Directives {
 	return cc
 }
 
+// runTogether are what separate directives written without their
+// commas: ';', and blanks.
+const runTogether = "; \t"
+
 // restrict sets the directives that restrict a cache (never one that
-// loosens: a freshness, public, must-understand) named in the
-// ';'-separated parts of a directive that is not one: "private;
-// max-age=600" is what an application that means private writes by
-// mistake, and nginx and Varnish's built-in rules honour it anywhere in
-// the field. Read as an unknown directive, it would let the response be
-// stored and served to everyone by Expires or a heuristic.
+// loosens: a freshness, public, must-understand) named in the parts,
+// separated by ';' or blanks, of a directive that is not one: "private;
+// max-age=600" and "private max-age=600" are what an application that
+// means private writes by mistake, and nginx and Varnish's built-in
+// rules honour it anywhere in the field. Read as an unknown directive,
+// it would let the response be stored and served to everyone by
+// Expires or a heuristic.
 func (d *Directives) restrict(s string) {
-	for part := range strings.SplitSeq(s, ";") {
+	for part := range strings.FieldsFuncSeq(s, func(r rune) bool { return strings.ContainsRune(runTogether, r) }) {
 		name, _, _ := strings.Cut(part, "=")
-		switch name = strings.ToLower(httpfield.TrimOWS(name)); name {
+		switch name = strings.ToLower(name); name {
 		case "no-store", "no-cache", "private", "must-revalidate", "proxy-revalidate":
 			flag, _ := d.directive(name)
 			*flag = true

@@ -43,6 +43,12 @@ func TestParseCacheControl(t *testing.T) {
 		{[]string{"max-age=600; No-Store"}, with(func(c *Directives) { c.MaxAge, c.NoStore = 0, true })},
 		{[]string{"no-cache;must-revalidate, max-age=60"}, with(func(c *Directives) { c.NoCache, c.MustRevalidate, c.MaxAge = true, true, 60 })},
 		{[]string{"public; max-age=60; must-understand"}, absent},
+		// A blank in place of ',', likewise (nginx and Varnish find the
+		// word anywhere in the field).
+		{[]string{"private max-age=600"}, with(func(c *Directives) { c.Private = true })},
+		{[]string{"max-age=600 no-store"}, with(func(c *Directives) { c.MaxAge, c.NoStore = 0, true })},
+		{[]string{"no-cache\tmust-revalidate s-maxage=60, max-age=60"}, with(func(c *Directives) { c.NoCache, c.MustRevalidate, c.MaxAge = true, true, 60 })},
+		{[]string{"public max-age=60 must-understand"}, absent},
 	} {
 		if got := ParseCacheControl(tt.lines); got != tt.want {
 			t.Errorf("%q: %+v, want %+v", tt.lines, got, tt.want)
@@ -169,9 +175,10 @@ func FuzzCacheControl(f *testing.F) {
 }
 
 // noStoreNamed reports whether a Cache-Control value without quotes has a
-// no-store directive: as a directive's name, or as one of the ';'-separated
-// parts of a directive run together with others. A name that only
-// contains it (x-no-store) or a value (a=no-store) is not one.
+// no-store directive: as a directive's name, or as one of the parts
+// (separated by ';' or blanks) of a directive run together with others.
+// A name that only contains it (x-no-store) or a value alone (a=no-store)
+// is not one.
 func noStoreNamed(s string) bool {
 	for _, d := range strings.Split(s, ",") {
 		name, value, _ := strings.Cut(d, "=")
@@ -179,12 +186,12 @@ func noStoreNamed(s string) bool {
 		if strings.ToLower(name) == "no-store" {
 			return true
 		}
-		if !strings.Contains(name+value, ";") {
+		if !strings.ContainsAny(name+value, "; \t") {
 			continue
 		}
-		for _, part := range strings.Split(name+";"+value, ";") {
+		for _, part := range strings.FieldsFunc(name+";"+value, func(r rune) bool { return r == ';' || r == ' ' || r == '\t' }) {
 			n, _, _ := strings.Cut(part, "=")
-			if strings.ToLower(strings.Trim(n, " \t")) == "no-store" {
+			if strings.ToLower(n) == "no-store" {
 				return true
 			}
 		}

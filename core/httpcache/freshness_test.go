@@ -61,6 +61,8 @@ func TestJudge(t *testing.T) {
 		{"no-store", 200, []string{"Cache-Control", "max-age=60, no-store"}, false, want{outdates: true}},
 		{"private", 200, []string{"Cache-Control", "max-age=60, private"}, false, want{outdates: true}},
 		{"private run into max-age with ';'", 200, []string{"Cache-Control", "private; max-age=60", "Expires", date(time.Hour), "Date", date(0)}, false, want{outdates: true}},
+		{"private run into max-age with a blank", 200, []string{"Cache-Control", "private max-age=60", "Expires", date(time.Hour), "Date", date(0)}, false, want{outdates: true}},
+		{"no-store run into max-age with a blank", 200, []string{"Cache-Control", "no-store max-age=60", "Last-Modified", date(-time.Hour), "Date", date(0)}, false, want{outdates: true}},
 		{"Set-Cookie", 200, []string{"Cache-Control", "max-age=60", "Set-Cookie", "a=b"}, false, want{outdates: true}},
 		{"server-sent events: a stream", 200, []string{"Cache-Control", "max-age=60", "Content-Type", "Text/Event-Stream; charset=utf-8"}, false, want{outdates: true}},
 		{"X-Accel-Buffering: no", 200, []string{"Cache-Control", "max-age=60", "X-Accel-Buffering", "No"}, false, want{outdates: true}},
