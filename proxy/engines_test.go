@@ -594,6 +594,16 @@ var cacheCases = []coreCase{
 		upSeen: []string{"GET /cached/cdn HTTP/1.1", "GET /cached/own HTTP/1.1"},
 	},
 	{
+		name:  "Vary names run together with a blank are each varied on: one cookie's page is never another's",
+		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
+		steps: []coreStep{
+			{send: "GET /cached/vblank HTTP/1.1\nHost: h\nCookie: session=alice\n\n", status: 200, body: "call 0001", has: []string{"X-Cache: MISS", "X-Cookie: session=alice"}},
+			{send: "GET /cached/vblank HTTP/1.1\nHost: h\n\n", status: 200, body: "call 0002", has: []string{"X-Cache: MISS"}, hasNot: []string{"X-Cookie"}},
+			{send: "GET /cached/vblank HTTP/1.1\nHost: h\nCookie: session=alice\n\n", status: 200, body: "call 0001", has: []string{"X-Cache: HIT", "X-Cookie: session=alice"}},
+		},
+		upSeen: []string{"GET /cached/vblank HTTP/1.1", "GET /cached/vblank HTTP/1.1"},
+	},
+	{
 		name:  "private run into max-age with a blank is private: one client's page is never another's",
 		rules: "[[cache]]\npath = \"/cached/*\"\nmax_body = \"8KiB\"\n",
 		steps: []coreStep{
@@ -736,6 +746,12 @@ func runCoreCase(t *testing.T, e coreEngine, cc coreCase) []answer {
 				extra = "Vary: Accept-Encoding\r\n"
 			case "/cached/star":
 				extra = "Vary: *\r\n"
+			case "/cached/vblank":
+				// Accept-Encoding and Cookie, the comma left out.
+				extra = "Vary: Accept-Encoding Cookie\r\n"
+				if c := values("Cookie"); c != "" {
+					extra += "X-Cookie: " + c + "\r\n"
+				}
 			case "/cached/cookie":
 				extra = "Set-Cookie: s=1\r\n"
 			}

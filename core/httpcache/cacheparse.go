@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/preforkd/preforkd/internal/httpfield"
+	"github.com/preforkd/preforkd/route"
 )
 
 // The parsers of the response cache: Cache-Control (RFC 9111 §5.2), Vary
@@ -200,15 +201,16 @@ func ParseAge(lines []string) (seconds int64, ok bool) {
 // ParseVary reads the Vary field lines: the request field names a
 // response varies on, canonical ("Accept-Encoding"), sorted, each once;
 // star reports a "*" (the response varies on something no request field
-// shows, so a stored copy never matches). Names that are not tokens are
-// kept as sent: a request never has such a field, so its value is empty.
+// shows, so a stored copy never matches). Names are separated by commas
+// or blanks: "Accept-Encoding Cookie" is two, as nginx and Varnish read
+// it, not one name no request has, which every request would match. A
+// member that is not a field name ("Cookie;") counts as "*": what the
+// response varies on is not known.
 func ParseVary(lines []string) (names []string, star bool) {
 	for _, line := range lines {
-		for f := range strings.SplitSeq(line, ",") {
-			f = httpfield.TrimOWS(f)
+		for f := range strings.FieldsFuncSeq(line, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
 			switch {
-			case f == "":
-			case f == "*":
+			case f == "*", !route.IsToken(f):
 				star = true
 			default:
 				names = append(names, textproto.CanonicalMIMEHeaderKey(f))
