@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/clientip"
@@ -34,7 +35,16 @@ type idemWait struct {
 	b       *block
 	k       shm.Key
 	q, addr shm.Quota
-	fp      shm.Fingerprint
+	fp      idemFP
+}
+
+// idemFP is a request's fingerprint, and the one a build that did not
+// fingerprint the Host gave it: a record that build stored (in this
+// region, or in a dump) is looked up by it once the first says Mismatch,
+// so that its retries still replay rather than get 422.
+type idemFP struct {
+	now, legacy shm.Fingerprint
+	old, tried  bool // legacy is the one in use; it was tried
 }
 
 // idemKeyBufSize is the buffer for a key's identity: the `by` key
@@ -114,7 +124,8 @@ func (ex *Exchange) idempotency() (Verdict, bool) {
 		return ex.idemProblem(b, problemUnreadable)
 	}
 	k := c.region.Counters().KeyOf(b.ns, id)
-	return ex.reserve(b, k, shm.Quota{Account: acct, Max: b.maxRecords}, addr, ex.fingerprint(body))
+	legacy := ex.fingerprint(body)
+	return ex.reserve(b, k, shm.Quota{Account: acct, Max: b.maxRecords}, addr, idemFP{now: ex.hostBound(legacy), legacy: legacy})
 }
 
 // Salts keep a client's account hash and its address's apart from its
@@ -186,11 +197,15 @@ func (ex *Exchange) matchBlock() *block {
 // reserve answers a keyed request: it reserves k (Pass), replays the
 // stored response, or refuses; a duplicate of an original in flight waits
 // for it and looks again.
-func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Fingerprint) (Verdict, bool) {
+func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp idemFP) (Verdict, bool) {
 	c, tab := ex.c, ex.c.region.Responses()
 	var deadline time.Time
 	for waited := false; ; {
-		out, tk, err := tab.Begin(k, q, addr, fp, c.now(), &ex.idem.stored)
+		use := fp.now
+		if fp.old {
+			use = fp.legacy
+		}
+		out, tk, err := tab.Begin(k, q, addr, use, c.now(), &ex.idem.stored)
 		switch {
 		case errors.Is(err, shm.ErrQuota):
 			// This client holds its maximum of records: it waits, others
@@ -215,6 +230,13 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 		}
 		switch out {
 		case shm.Reserved:
+			if fp.old {
+				// The record the legacy fingerprint was tried for is
+				// gone: this one is stored under today's.
+				tab.Release(tk)
+				fp.old = false
+				continue
+			}
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemExecuted, 1)
 			ex.idem.blk, ex.idem.tk, ex.idem.reserved = b, tk, true
 			return Pass, true
@@ -222,6 +244,10 @@ func (ex *Exchange) reserve(b *block, k shm.Key, q, addr shm.Quota, fp shm.Finge
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemReplayed, 1)
 			return ex.replay()
 		case shm.Mismatch:
+			if !fp.tried && fp.legacy != fp.now {
+				fp.old, fp.tried = true, true
+				continue
+			}
 			c.row.Add(metrics.IdempotencyRequests, metrics.IdemMismatch, 1)
 			return ex.idemProblem(b, problemMismatch)
 		case shm.Unreplayable:
@@ -365,6 +391,35 @@ func BodyAllowed(status int) bool {
 	return !(status >= 100 && status < 200 || status == http.StatusNoContent || status == http.StatusNotModified)
 }
 
+// hostBound is the fingerprint of a request with a Host: the SHA-256 of
+// its host name (ASCII lower case: host names are case-insensitive) and
+// of fp, the fingerprint of the rest. The host is what tells one
+// application's tenants apart (a.example and b.example behind one
+// upstream): the same key and body sent to another is another request,
+// never answered with the first one's response. The port is not: the
+// operation is the client's whichever listener it reached (cleartext or
+// TLS). A request without a Host keeps fp.
+func (ex *Exchange) hostBound(fp shm.Fingerprint) shm.Fingerprint {
+	host, n := ex.req.Header("Host")
+	if n == 0 {
+		return fp
+	}
+	if i := strings.LastIndexByte(host, ':'); i > strings.LastIndexByte(host, ']') {
+		host = host[:i]
+	}
+	var buf [320]byte
+	b := appendField(buf[:0], "Host")
+	b = binary.BigEndian.AppendUint64(b, uint64(len(host)))
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return sha256.Sum256(append(b, fp[:]...))
+}
+
 // fingerprint is the SHA-256 of the method, the path (as forwarded: two
 // spellings of one path are one request to the application), the query,
 // the Content-Type, the override fields by which the application runs
@@ -493,7 +548,7 @@ func newIdemProblem(p problemKind, b *block, maxReq int64) Problem {
 		detail = "a request with the " + header + " header may have a body of at most " + strconv.FormatInt(maxReq, 10) + " bytes"
 	case problemMismatch:
 		status = http.StatusUnprocessableEntity
-		detail = "this " + header + " was already used for a request with another method, path, query, content type or body"
+		detail = "this " + header + " was already used for a request with another method, host, path, query, content type or body"
 	case problemInFlight:
 		status, retry = http.StatusConflict, retryInFlight
 		detail = "a request with this " + header + " is still being processed; retry later"

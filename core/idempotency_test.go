@@ -1,6 +1,8 @@
 package core_test
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/preforkd/preforkd/clientip"
 	"github.com/preforkd/preforkd/core"
 	"github.com/preforkd/preforkd/shm"
@@ -252,5 +255,74 @@ func TestIdempotencyRecordsAcrossReload(t *testing.T) {
 				t.Fatalf("the retry after the reload: %+v, want replayed %v (else run again)", a, tc.kept)
 			}
 		})
+	}
+}
+
+// The fingerprint has the Host, case aside: the same key and body sent
+// to another host (one application serving its tenants by name) is
+// another request, 422, never the first host's response. A record stored
+// by a build whose fingerprint had no Host (in the region a binary
+// upgrade keeps, or in a dump) still replays to its retry, and only to
+// it: a retry with another body is still 422.
+func TestIdempotencyFingerprintsHost(t *testing.T) {
+	region := joinedRegion(t, shm.Options{Counters: 64, Responses: 64, ResponseBytes: 64 << 10})
+	c, err := core.New(region, core.Options{
+		Idempotency: core.IdempotencyBlocks(core.Idempotency{Route: mustRoute(t, "/orders", "POST"), TTL: time.Hour, MaxBody: 1 << 10,
+			By: clientip.MustParseBy("ip")}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(host, key, body string) *fakeReq {
+		r := newReq("POST", "/orders", "192.0.2.1", "Host", host, "Idempotency-Key", key)
+		r.body = []byte(body)
+		return r
+	}
+	if a := runKeyed(t, c, post("a.example", "k", "x")); a.status != 200 {
+		t.Fatalf("the original: %+v", a)
+	}
+	if a := runKeyed(t, c, post("b.example", "k", "x")); a.status != 422 {
+		t.Errorf("the same key and body to another host: %+v, want 422", a)
+	}
+	for _, host := range []string{"A.Example", "a.example:8443"} {
+		if a := runKeyed(t, c, post(host, "k", "x")); a.status != 201 || a.fields["Idempotent-Replayed"] != "true" {
+			t.Errorf("a retry to the same host, as %s: %+v, want the replay", host, a)
+		}
+	}
+	if a := runKeyed(t, c, post("[2001:db8::1]:443", "k6", "x")); a.status != 200 {
+		t.Errorf("another key, to an IPv6 host: %+v, want it run", a)
+	}
+	if a := runKeyed(t, c, post("[2001:db8::2]:443", "k6", "x")); a.status != 422 {
+		t.Errorf("that key to another IPv6 host: %+v, want 422", a)
+	}
+	if a := runKeyed(t, c, post("[2001:db8::1]", "k6", "x")); a.status != 201 || a.fields["Idempotent-Replayed"] != "true" {
+		t.Errorf("its retry without the port: %+v, want the replay", a)
+	}
+
+	// A record as the earlier build stored it: its key, and the SHA-256 of
+	// the method, path, query, Content-Type and body, each after its length.
+	var pre []byte
+	for _, f := range []string{"POST", "/orders", "", ""} {
+		pre = binary.BigEndian.AppendUint64(pre, uint64(len(f)))
+		pre = append(pre, f...)
+	}
+	pre = binary.BigEndian.AppendUint64(pre, 1)
+	tab := region.Responses()
+	key := region.Counters().KeyOf(xxhash.Sum64String("idempotency\x00/orders"), []byte("ip:192.0.2.1\x00old"))
+	var got shm.Response
+	out, tk, err := tab.Begin(key, shm.Quota{Max: 16}, shm.Quota{}, sha256.Sum256(append(pre, 'x')), time.Hour, &got)
+	if err != nil || out != shm.Reserved {
+		t.Fatalf("storing the old record: %v %v", out, err)
+	}
+	if _, err := tab.Complete(tk, &shm.Response{Status: 201, Body: []byte("old order")}, time.Hour, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, host := range []string{"a.example", "b.example"} {
+		if a := runKeyed(t, c, post(host, "old", "x")); a.status != 201 || a.fields["Idempotent-Replayed"] != "true" {
+			t.Errorf("the retry of a request stored without its host (to %s): %+v, want the replay", host, a)
+		}
+	}
+	if a := runKeyed(t, c, post("a.example", "old", "y")); a.status != 422 {
+		t.Errorf("the old key with another body: %+v, want 422", a)
 	}
 }

@@ -28,6 +28,7 @@ import (
 func TestIdempotencyE2E(t *testing.T) {
 	t.Run("ParallelDuplicatesRunOnce", parallel(idemTestParallel))
 	t.Run("Mismatch", parallel(idemTestMismatch))
+	t.Run("OtherHost", parallel(idemTestOtherHost))
 	t.Run("ServerErrorThenCreated", parallel(idemTestServerError))
 	t.Run("WorkerKilledMidRequest", parallel(idemTestWorkerKilled))
 	t.Run("TableFull", parallel(idemTestTableFull))
@@ -93,6 +94,50 @@ func idemTestMismatch(t *testing.T) {
 	}
 	if n := up.executions.Load(); n != 1 {
 		t.Fatalf("the upstream ran %d times", n)
+	}
+}
+
+// (2b) The same key and body sent to another Host (one application that
+// serves several tenants by name): another request to the application,
+// which must not be answered with the first host's response (its body,
+// its Location) while its own never runs. 422, as for another path; the
+// original still replays to its own host.
+func idemTestOtherHost(t *testing.T) {
+	up := idemStartUpstream(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "https://"+r.Host+"/orders/"+strconv.FormatInt(n, 10))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"tenant":%q,"execution":%d}`, r.Host, n)
+	})
+	d := startDaemon(t, daemonOptions{config: idemConfig(up, 64)})
+	c := newClient(t, nil, false)
+	post := func(host string) result {
+		req, err := http.NewRequest(http.MethodPost, d.url("/orders"), strings.NewReader(`{"item":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header = http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {`"order-1"`}}
+		resp, err := c.Do(req)
+		if err != nil {
+			return result{err: err}
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return result{status: resp.StatusCode, header: resp.Header, body: body, err: err}
+	}
+	first := post("a.example")
+	if first.err != nil || first.status != http.StatusCreated || first.header.Get("Location") != "https://a.example/orders/1" {
+		t.Fatalf("first: %v %d %v %q", first.err, first.status, first.header, first.body)
+	}
+	other := post("b.example")
+	idemWantProblem(t, other, http.StatusUnprocessableEntity)
+	again := post("a.example")
+	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("the original again: %d %q", again.status, again.body)
+	}
+	if n := up.executions.Load(); n != 1 {
+		t.Fatalf("the upstream ran %d times, want once", n)
 	}
 }
 
@@ -512,7 +557,8 @@ func TestIdempotencyClientResetBeforeHeadE2E(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", key)
+		// The Host its retry sends: the fingerprint has it.
+		fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: %s\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", d.addr, key)
 		select {
 		case <-up.entered:
 		case <-time.After(5 * time.Second):
