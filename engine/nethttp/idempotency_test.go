@@ -227,6 +227,9 @@ func TestMismatch(t *testing.T) {
 		{"/orders", ``, ""},
 		// The same bytes as another media type are another request.
 		{"/orders", `{"item":1}`, "application/x-www-form-urlencoded"},
+		// The same request to another host (one application serving
+		// its tenants by name) is another request.
+		{"http://tenant-b.example/orders", `{"item":1}`, ""},
 	} {
 		var a answer
 		if other.ct != "" {
@@ -252,7 +255,7 @@ func TestMismatch(t *testing.T) {
 	if again.status != http.StatusCreated || !again.replayed() || !bytes.Equal(again.body, first.body) {
 		t.Fatalf("original again: %d %q replayed=%v", again.status, again.body, again.replayed())
 	}
-	if st := m.IdemStats(); st.Mismatches != 5 || st.Executions != 1 {
+	if st := m.IdemStats(); st.Mismatches != 6 || st.Executions != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }
