@@ -170,6 +170,31 @@ func TestKilledAfterLoadSaysTheStateIsLostE2E(t *testing.T) {
 	d3.stop()
 }
 
+// upgradeHeldAtHandover starts an instance with two counts used and
+// upgrades it, its workers held stopped (SIGSTOP) so that the handover,
+// begun once the new supervisor is ready, cannot finish: it returns the
+// instance, where its log stood before the upgrade, the new supervisor's
+// pid, and cont, which lets the old workers go on.
+func upgradeHeldAtHandover(t *testing.T, cfg string) (d *daemon, from int, newPID int, cont func()) {
+	t.Helper()
+	d = startTwoUsed(t, cfg)
+	old := d.workerPIDs()
+	for _, pid := range old {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	cont = func() {
+		for _, pid := range old {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	from, newPID = beginUpgrade(t, d)
+	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: the new supervisor serves; draining the old workers")); !ok {
+		t.Fatalf("no handover begun; log:\n%s", d.logs.text())
+	}
+	return d, from, newPID, cont
+}
+
 // The new supervisor of an upgrade dies after it reported ready but
 // before the old one made it the main process (the old workers had not
 // all stopped accepting yet: here they are held stopped until it is
@@ -180,21 +205,7 @@ func TestKilledAfterLoadSaysTheStateIsLostE2E(t *testing.T) {
 func TestNewSupervisorDiesBeforeHandoverE2E(t *testing.T) {
 	t.Parallel()
 	cfg := signalsConfig(t)
-	d := startTwoUsed(t, cfg)
-	old := d.workerPIDs()
-	for _, pid := range old {
-		syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	cont := func() {
-		for _, pid := range old {
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(cont)
-	from, newPID := beginUpgrade(t, d)
-	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: the new supervisor serves; draining the old workers")); !ok {
-		t.Fatalf("no handover begun; log:\n%s", d.logs.text())
-	}
+	d, from, newPID, cont := upgradeHeldAtHandover(t, cfg)
 	syscall.Kill(newPID, syscall.SIGKILL)
 	seen := func(l logLine) bool {
 		return l.msg() == "the new supervisor exited while this one drains" || strings.HasPrefix(l.msg(), "upgrade failed")
@@ -308,21 +319,7 @@ func TestStopBeforeUpgradeHandoverFinishesTheNewWorkersRequestsE2E(t *testing.T)
 func TestStopDuringUpgradeHandoverE2E(t *testing.T) {
 	t.Parallel()
 	cfg := signalsConfig(t)
-	d := startTwoUsed(t, cfg)
-	old := d.workerPIDs()
-	for _, pid := range old {
-		syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	cont := func() {
-		for _, pid := range old {
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(cont)
-	from, _ := beginUpgrade(t, d)
-	if _, _, ok := d.logs.waitFor(from, 10*time.Second, msgIs("upgrade: the new supervisor serves; draining the old workers")); !ok {
-		t.Fatalf("no handover begun; log:\n%s", d.logs.text())
-	}
+	d, from, _, cont := upgradeHeldAtHandover(t, cfg)
 	d.signal(syscall.SIGTERM)
 	if _, _, ok := d.logs.waitFor(from, 10*time.Second, func(l logLine) bool {
 		return strings.HasPrefix(l.msg(), "upgrade abandoned") || strings.HasPrefix(l.msg(), "already draining")
