@@ -60,12 +60,7 @@ func (ex *Exchange) redirectHTTPS() (Verdict, bool) {
 	if lines != 1 || host == "" || hostProblem(host) != "" {
 		return ex.respond(&Problem{Status: http.StatusBadRequest, Detail: "the request has no Host an https URL can be made of"}, true)
 	}
-	name := host
-	if name[0] == '[' {
-		name = name[:strings.IndexByte(name, ']')+1]
-	} else if i := strings.LastIndexByte(name, ':'); i >= 0 {
-		name = name[:i]
-	}
+	name := hostName(host)
 	if len(name) > 1 && name[len(name)-1] == '.' {
 		// A fully qualified name's root: nginx's $host drops it, and a
 		// browser would take "a.example." for another origin than

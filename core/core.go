@@ -954,6 +954,15 @@ func hostProblemOf(host string) string {
 	return ""
 }
 
+// hostName is a valid Host field value's name, without its port (an IP
+// literal keeps its brackets).
+func hostName(host string) string {
+	if i := strings.LastIndexByte(host, ':'); i > strings.LastIndexByte(host, ']') {
+		return host[:i]
+	}
+	return host
+}
+
 // ipLiteral reports whether s, between an IP literal's brackets, is an
 // IPv6address or IPvFuture ("v" HEXDIG... "." then unreserved,
 // sub-delims or ":"), RFC 3986 §3.2.2: no zone id (RFC 6874 has clients

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/preforkd/preforkd/clientip"
@@ -404,9 +403,7 @@ func (ex *Exchange) hostBound(fp shm.Fingerprint) shm.Fingerprint {
 	if n == 0 {
 		return fp
 	}
-	if i := strings.LastIndexByte(host, ':'); i > strings.LastIndexByte(host, ']') {
-		host = host[:i]
-	}
+	host = hostName(host)
 	var buf [320]byte
 	b := appendField(buf[:0], "Host")
 	b = binary.BigEndian.AppendUint64(b, uint64(len(host)))
