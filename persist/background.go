@@ -14,9 +14,15 @@ import (
 // dump holds). It reads the region without a lock: the workers never
 // wait for it, and it takes only the CPU time they leave (lowPriority).
 
-// RoomMade is the warning logged when a dump found its file system full
-// and removed the consumed dumps beside it to make room (see Dump).
-const RoomMade = "persist: the dump's file system was full: consumed dumps (PATH.loaded, PATH.superseded) removed to make room"
+// LogRoomMade logs, at warn, that the dump at path found its file system
+// full and removed the consumed dumps beside it to make room (see Dump),
+// if it did.
+func (st DumpStats) LogRoomMade(log *slog.Logger, path string) {
+	if st.Removed > 0 {
+		log.Warn("persist: the dump's file system was full: consumed dumps (PATH.loaded, PATH.superseded) removed to make room",
+			"path", path, "removed", st.Removed)
+	}
+}
 
 // Dumper writes a dump of a region every interval until Stop.
 type Dumper struct {
@@ -30,7 +36,7 @@ type Dumper struct {
 // its key stamps it), until Stop. Each dump replaces the last one
 // atomically and durably, as Dump does: one that fails (a full disk) is
 // logged at warn and leaves the previous dump in place; one that made room
-// by removing consumed dumps says so at warn (RoomMade). A dump that takes
+// by removing consumed dumps says so at warn (LogRoomMade). A dump that takes
 // longer than interval is followed by the next at once. Each dump is
 // logged at debug. An interval of 0 or less (persist.interval's "0s",
 // off) dumps nothing: the Dumper only waits for Stop. A nil log means
@@ -64,9 +70,7 @@ func StartDumper(r *shm.Region, interval time.Duration, options func() Options, 
 				log.Warn("persist: periodic dump failed: the previous dump is kept", "path", o.Path, "err", err)
 				continue
 			}
-			if st.Removed > 0 {
-				log.Warn(RoomMade, "path", o.Path, "removed", st.Removed)
-			}
+			st.LogRoomMade(log, o.Path)
 			log.Debug("persist: periodic dump written", "path", o.Path, "counters", st.Entries, "responses", st.Responses,
 				"cached", st.Cached, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
 		}

@@ -202,7 +202,7 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string, makeRo
 			if st, err := persist.Dump(r, o); err != nil {
 				log.Warn("persist: first periodic dump failed", "path", o.Path, "err", err)
 			} else {
-				roomMade(st, o.Path, log)
+				st.LogRoomMade(log, o.Path)
 				log.Info("periodic dumps every interval", "interval", every, "path", o.Path, "counters", st.Entries, "bytes", st.Bytes)
 			}
 			startDumps()
@@ -225,7 +225,7 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string, makeRo
 			if st, derr := finalDump(r, persistOptions(cfg, build), makeRoom, log); derr != nil {
 				err = errors.Join(err, derr)
 			} else {
-				roomMade(st, cfg.Persist.Path, log)
+				st.LogRoomMade(log, cfg.Persist.Path)
 				log.Info("dump written", "path", cfg.Persist.Path, "counters", st.Entries, "responses", st.Responses, "cached", st.Cached, "tag_generations", st.TagGens, "bytes", st.Bytes)
 			}
 		}
@@ -235,14 +235,6 @@ func persistHooks(opts *prefork.Options, cfg config.Config, build string, makeRo
 		return err
 	}
 	return stop
-}
-
-// roomMade says, when a dump found its file system full and removed the
-// consumed dumps beside it to make room, that it did.
-func roomMade(st persist.DumpStats, path string, log *slog.Logger) {
-	if st.Removed > 0 {
-		log.Warn(persist.RoomMade, "path", path, "removed", st.Removed)
-	}
 }
 
 // finalDump is the dump at the stop, which no later one replaces: out of
